@@ -1,0 +1,82 @@
+//! The `host` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::commands;
+use crate::plugins::{PluginLoadError, RegistryError};
+
+/// Kiln: serve model architectures loaded as plugins.
+#[derive(Debug, Parser)]
+#[command(name = "host", version, about)]
+pub struct Cli {
+    /// More log detail (-v: debug, -vv: trace) and full error reports.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the architectures this host can run, built-in and custom.
+    ListArchitectures(ListArchitecturesArgs),
+}
+
+/// Plugin options shared by every command that resolves architectures.
+#[derive(Debug, Args)]
+pub struct PluginArgs {
+    /// A plugin library, or a directory of them, to load beside the built-ins
+    /// (repeatable). A custom architecture overrides a built-in of the same name.
+    #[arg(long = "custom-architectures", value_name = "PATH")]
+    pub custom_architectures: Vec<PathBuf>,
+}
+
+/// Options of `host list-architectures`.
+#[derive(Debug, Args)]
+pub struct ListArchitecturesArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// Print a JSON array instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the command line and returns the process exit code. Errors are printed
+/// as `error: …` lines (their full detail with `-v`), never as panics.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    crate::logging::init(cli.verbose);
+    let result = match &cli.command {
+        Command::ListArchitectures(args) => commands::list_architectures(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            report(&error, cli.verbose > 0);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn report(error: &anyhow::Error, verbose: bool) {
+    eprintln!("error: {error:#}");
+    if verbose {
+        let detail = error
+            .downcast_ref::<RegistryError>()
+            .and_then(|e| match e {
+                RegistryError::Load(load) => load.detail(),
+                RegistryError::DuplicateName { .. } => None,
+            })
+            .or_else(|| error.downcast_ref::<PluginLoadError>().and_then(PluginLoadError::detail));
+        if let Some(detail) = detail {
+            eprintln!("\ndetail:\n{detail}");
+        }
+    }
+}

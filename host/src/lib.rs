@@ -1,0 +1,9 @@
+//! The Kiln host: everything that is not specific to one architecture.
+//!
+//! Today: plugin discovery and loading through the stable ABI, the registry of
+//! architectures, logging, and the command line. See `docs/ARCHITECTURE.md`.
+
+pub mod cli;
+mod commands;
+pub mod logging;
+pub mod plugins;

@@ -1,0 +1,270 @@
+//! The stable binary interface between the host and a plugin.
+//!
+//! This is the only module that touches `abi_stable`; plugin authors never use
+//! it directly (the [`export_plugin!`](crate::export_plugin) macro does). Only
+//! `StableAbi` data crosses: strings, vectors, plain enums and `extern "C"`
+//! function pointers. Rich data (configs, and later weight maps and graphs)
+//! crosses as versioned, serialized payloads, so the interface stays small
+//! while what flows through it grows.
+//!
+//! # Versioning policy
+//!
+//! The interface version is this crate's version ([`INTERFACE_VERSION`]). A host
+//! loads a plugin when both were built against the same `major.minor` of
+//! `kiln-plugin-api` (for `0.y.z`: the same `y`); the patch level may differ in
+//! either direction (from 1.0: the same major). Any change to a type in this
+//! module is a breaking bump (the minor while 0.x, the major from 1.0) and
+//! plugins must be rebuilt; a test pins a fingerprint of the ABI layout so that
+//! such a change cannot land without the bump. Growth
+//! inside the serialized payloads (new optional fields, new graph ops under the
+//! IR's own version) changes nothing here and needs no bump.
+
+use abi_stable::{
+    declare_root_module_statics,
+    library::RootModule,
+    package_version_strings,
+    sabi_types::VersionStrings,
+    std_types::{RResult, RSlice, RStr, RString, RVec},
+    StableAbi,
+};
+
+/// The `kiln-plugin-api` version this crate was built as: the interface version.
+pub const INTERFACE_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The root-module name every Kiln plugin exports; anything else is not a Kiln plugin.
+pub const ROOT_MODULE_NAME: &str = "kiln_plugin";
+
+/// The root module a plugin exports: one function that describes the plugin.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = PluginRootRef)))]
+#[sabi(missing_field(panic))]
+pub struct PluginRoot {
+    /// Hands the plugin the host's services and returns what it provides.
+    /// The host calls it once, before anything else.
+    #[sabi(last_prefix_field)]
+    pub load: extern "C" fn(HostServices) -> RResult<PluginManifest, PluginError>,
+}
+
+impl RootModule for PluginRootRef {
+    declare_root_module_statics! {PluginRootRef}
+    const BASE_NAME: &'static str = ROOT_MODULE_NAME;
+    const NAME: &'static str = ROOT_MODULE_NAME;
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
+
+/// What the host offers a plugin.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct HostServices {
+    /// Receives the plugin's log records; the host adds the plugin's name.
+    pub log: extern "C" fn(plugin: RStr<'_>, level: LogLevel, target: RStr<'_>, message: RStr<'_>),
+    /// The most verbose level the host will print; plugins skip formatting the rest.
+    pub max_log_level: LogLevel,
+    /// True when the plugin was opened from a shared library (it then has its own
+    /// copy of the standard library, its panic hook and its logger), false for a
+    /// built-in linked into the host.
+    pub dynamically_loaded: bool,
+}
+
+/// Log levels, most severe first.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// Logging disabled.
+    Off = 0,
+    /// Errors.
+    Error = 1,
+    /// Warnings.
+    Warn = 2,
+    /// Progress a user wants to see.
+    Info = 3,
+    /// Detail for debugging.
+    Debug = 4,
+    /// Everything.
+    Trace = 5,
+}
+
+/// What a plugin provides, returned by [`PluginRoot::load`].
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct PluginManifest {
+    /// The plugin's name, shown in listings and log lines.
+    pub name: RString,
+    /// The plugin's own version.
+    pub version: RString,
+    /// The Rust crate that defines the plugin (used to attribute log records of
+    /// built-in plugins, which share the host's logger).
+    pub crate_name: RString,
+    /// The architectures the plugin registers.
+    pub architectures: RVec<ArchitectureDescriptor>,
+}
+
+/// One architecture as it crosses the boundary. Enumerations travel as their
+/// canonical strings (see [`crate::Task`], [`crate::Encoding`],
+/// [`crate::WeightsFormat`]) so that a value unknown to the host is reported,
+/// not misread.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct ArchitectureDescriptor {
+    /// The Hugging Face `architectures[0]` name, e.g. `LlamaForCausalLM`.
+    pub name: RString,
+    /// Other names, e.g. the GGUF `general.architecture` value `llama`.
+    pub aliases: RVec<RString>,
+    /// What the model does, e.g. `text-generation`.
+    pub task: RString,
+    /// Weight encodings the architecture can run, e.g. `bfloat16`, `q4_k`.
+    pub supported_encodings: RVec<RString>,
+    /// The encoding used when the user names none.
+    pub default_encoding: RString,
+    /// The checkpoint format preferred when several are available.
+    pub default_weights_format: RString,
+    /// Hugging Face repository ids known to work.
+    pub example_repo_ids: RVec<RString>,
+    /// Index of this architecture in its plugin; passed back to every entry point.
+    pub index: u32,
+    /// The calls the host makes for this architecture.
+    pub entry_points: EntryPoints,
+}
+
+/// An architecture's entry points. Each takes the architecture's index and a
+/// serialized request and returns a serialized response (JSON for now; every
+/// payload type documents its own shape and version). An entry point the
+/// plugin does not implement returns [`PluginErrorKind::Unsupported`].
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy, Debug)]
+#[allow(clippy::type_complexity)]
+pub struct EntryPoints {
+    /// Hugging Face config in, the parsed architecture config out
+    /// ([`crate::ConfigRequest`] → [`crate::ArchConfig`]).
+    pub config: extern "C" fn(u32, RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>,
+    /// Checkpoint tensor list in, the mapping onto the module's names out.
+    pub adapt_weights: extern "C" fn(u32, RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>,
+    /// Architecture config in, the serialized graph IR out.
+    pub build_graph: extern "C" fn(u32, RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>,
+    /// Pipeline description: how a batch becomes graph inputs.
+    pub pipeline: extern "C" fn(u32, RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>,
+}
+
+/// The signature shared by every architecture entry point (spelled out in
+/// [`EntryPoints`] because the layout derive reads function types literally).
+pub type EntryPoint =
+    extern "C" fn(architecture: u32, request: RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>;
+
+/// An error returned across the boundary.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct PluginError {
+    /// What kind of failure.
+    pub kind: PluginErrorKind,
+    /// A human-readable message.
+    pub message: RString,
+}
+
+/// Kinds of [`PluginError`].
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PluginErrorKind {
+    /// The request was malformed or rejected by the plugin.
+    Invalid = 0,
+    /// The plugin does not implement this entry point.
+    Unsupported = 1,
+    /// The plugin's code panicked; the message carries the panic message.
+    Panicked = 2,
+    /// Any other failure inside the plugin.
+    Internal = 3,
+}
+
+/// A parsed `major.minor.patch` interface version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InterfaceVersion {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+    /// Patch version.
+    pub patch: u32,
+}
+
+impl InterfaceVersion {
+    /// The version of the interface this crate implements.
+    pub fn current() -> Self {
+        Self::parse(INTERFACE_VERSION).expect("the crate version is valid semver")
+    }
+
+    /// Parses `major.minor.patch` (a pre-release or build suffix is ignored).
+    pub fn parse(text: &str) -> Option<Self> {
+        let core = text.split(['-', '+']).next()?;
+        let mut parts = core.split('.').map(|p| p.parse::<u32>().ok());
+        let version = Self {
+            major: parts.next()??,
+            minor: parts.next()??,
+            patch: parts.next()??,
+        };
+        parts.next().is_none().then_some(version)
+    }
+
+    /// The versioning policy: a host built against `self` loads a plugin built
+    /// against `plugin` when both have the same major version and, for 0.x, the
+    /// same minor version (1.x and later: the same major).
+    pub fn loads(&self, plugin: &Self) -> bool {
+        if self.major == 0 {
+            plugin.major == 0 && plugin.minor == self.minor
+        } else {
+            plugin.major == self.major
+        }
+    }
+
+    /// The range of plugin interface versions this host loads, for messages.
+    pub fn compatible_range(&self) -> String {
+        if self.major == 0 {
+            format!("0.{}.x", self.minor)
+        } else {
+            format!("{}.x.y", self.major)
+        }
+    }
+}
+
+impl std::fmt::Display for InterfaceVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(text: &str) -> InterfaceVersion {
+        InterfaceVersion::parse(text).unwrap()
+    }
+
+    #[test]
+    fn parses_versions() {
+        assert_eq!(v("0.1.2"), InterfaceVersion { major: 0, minor: 1, patch: 2 });
+        assert_eq!(v("1.4.0-rc.1"), InterfaceVersion { major: 1, minor: 4, patch: 0 });
+        assert!(InterfaceVersion::parse("1.2").is_none());
+        assert!(InterfaceVersion::parse("1.2.3.4").is_none());
+        assert!(InterfaceVersion::parse("a.b.c").is_none());
+    }
+
+    #[test]
+    fn zero_x_needs_the_same_minor_any_patch() {
+        let host = v("0.1.3");
+        assert!(host.loads(&v("0.1.0")));
+        assert!(host.loads(&v("0.1.9")));
+        assert!(!host.loads(&v("0.2.0")));
+        assert!(!host.loads(&v("0.0.9")));
+        assert!(!host.loads(&v("1.1.3")));
+        assert_eq!(host.compatible_range(), "0.1.x");
+    }
+
+    #[test]
+    fn one_x_needs_the_same_major() {
+        let host = v("1.2.0");
+        assert!(host.loads(&v("1.0.0")));
+        assert!(host.loads(&v("1.7.1")));
+        assert!(!host.loads(&v("2.0.0")));
+        assert!(!host.loads(&v("0.2.0")));
+    }
+}

@@ -1,0 +1,307 @@
+//! Describing a plugin and the architectures it registers (MAX's
+//! `SupportedArchitecture`, in Rust).
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::config::{ArchConfig, ConfigRequest};
+use crate::error::{Error, Result};
+
+/// Declares a string-backed enumeration: canonical names in both directions,
+/// so that the host and every plugin agree on the spelling that crosses the ABI.
+macro_rules! named_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+        pub enum $name {
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The canonical name, as it crosses the ABI and appears in listings.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = Error;
+
+            fn from_str(text: &str) -> Result<Self> {
+                match text {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(Error::invalid(format!(
+                        "unknown {} `{other}` (known: {})",
+                        stringify!($name),
+                        [$($text),+].join(", ")
+                    ))),
+                }
+            }
+        }
+    };
+}
+
+named_enum! {
+    /// What a model does.
+    Task {
+        /// Autoregressive text generation.
+        TextGeneration => "text-generation",
+        /// Sentence or token embeddings.
+        Embeddings => "embeddings",
+    }
+}
+
+named_enum! {
+    /// How a model's weights are stored in memory (the names follow MAX's).
+    Encoding {
+        /// 32-bit floats.
+        Float32 => "float32",
+        /// IEEE half precision.
+        Float16 => "float16",
+        /// bfloat16.
+        BFloat16 => "bfloat16",
+        /// GGUF Q8_0 blocks.
+        Q8_0 => "q8_0",
+        /// GGUF Q4_0 blocks.
+        Q4_0 => "q4_0",
+        /// GGUF Q4_1 blocks.
+        Q4_1 => "q4_1",
+        /// GGUF Q5_0 blocks.
+        Q5_0 => "q5_0",
+        /// GGUF Q5_1 blocks.
+        Q5_1 => "q5_1",
+        /// GGUF Q2_K super-blocks.
+        Q2K => "q2_k",
+        /// GGUF Q3_K super-blocks.
+        Q3K => "q3_k",
+        /// GGUF Q4_K super-blocks.
+        Q4K => "q4_k",
+        /// GGUF Q5_K super-blocks.
+        Q5K => "q5_k",
+        /// GGUF Q6_K super-blocks.
+        Q6K => "q6_k",
+    }
+}
+
+named_enum! {
+    /// A checkpoint file format.
+    WeightsFormat {
+        /// Hugging Face safetensors (single or sharded).
+        Safetensors => "safetensors",
+        /// llama.cpp GGUF.
+        Gguf => "gguf",
+    }
+}
+
+/// Parses the architecture's Hugging Face config into its [`ArchConfig`].
+pub type ConfigFn = dyn Fn(&ConfigRequest) -> Result<ArchConfig> + Send + Sync;
+
+/// One architecture a plugin registers: its names, what it supports, and its
+/// entry points. Build it with [`SupportedArchitecture::new`] and the builder
+/// methods.
+pub struct SupportedArchitecture {
+    /// The Hugging Face `architectures[0]` name, e.g. `LlamaForCausalLM`.
+    pub name: String,
+    /// Alternative names, e.g. GGUF's `general.architecture` (`llama`).
+    pub aliases: Vec<String>,
+    /// What the model does.
+    pub task: Task,
+    /// Encodings the architecture can run.
+    pub supported_encodings: Vec<Encoding>,
+    /// The encoding used when the user names none; one of `supported_encodings`.
+    pub default_encoding: Encoding,
+    /// The checkpoint format preferred when several are present.
+    pub default_weights_format: WeightsFormat,
+    /// Hugging Face repository ids known to work with this architecture.
+    pub example_repo_ids: Vec<String>,
+    /// The config entry point; `None` reports "unsupported" to the host.
+    pub config: Option<Box<ConfigFn>>,
+}
+
+impl SupportedArchitecture {
+    /// A new architecture with float32 weights from safetensors and no entry points.
+    pub fn new(name: impl Into<String>, task: Task) -> Self {
+        Self {
+            name: name.into(),
+            aliases: Vec::new(),
+            task,
+            supported_encodings: vec![Encoding::Float32],
+            default_encoding: Encoding::Float32,
+            default_weights_format: WeightsFormat::Safetensors,
+            example_repo_ids: Vec::new(),
+            config: None,
+        }
+    }
+
+    /// Sets the alternative names (e.g. the GGUF architecture name).
+    pub fn with_aliases<S: Into<String>>(mut self, aliases: impl IntoIterator<Item = S>) -> Self {
+        self.aliases = aliases.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the supported encodings and the default one.
+    pub fn with_encodings(
+        mut self,
+        default: Encoding,
+        supported: impl IntoIterator<Item = Encoding>,
+    ) -> Self {
+        self.default_encoding = default;
+        self.supported_encodings = supported.into_iter().collect();
+        self
+    }
+
+    /// Sets the preferred checkpoint format.
+    pub fn with_default_weights_format(mut self, format: WeightsFormat) -> Self {
+        self.default_weights_format = format;
+        self
+    }
+
+    /// Sets the example Hugging Face repository ids.
+    pub fn with_example_repo_ids<S: Into<String>>(
+        mut self,
+        repos: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.example_repo_ids = repos.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the config entry point.
+    pub fn with_config(
+        mut self,
+        config: impl Fn(&ConfigRequest) -> Result<ArchConfig> + Send + Sync + 'static,
+    ) -> Self {
+        self.config = Some(Box::new(config));
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.name.trim().is_empty() {
+            return Err(Error::invalid("an architecture has an empty name"));
+        }
+        if !self.supported_encodings.contains(&self.default_encoding) {
+            return Err(Error::invalid(format!(
+                "architecture `{}`: default encoding `{}` is not among its supported encodings",
+                self.name, self.default_encoding
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for SupportedArchitecture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SupportedArchitecture")
+            .field("name", &self.name)
+            .field("aliases", &self.aliases)
+            .field("task", &self.task)
+            .field("supported_encodings", &self.supported_encodings)
+            .field("default_encoding", &self.default_encoding)
+            .field("default_weights_format", &self.default_weights_format)
+            .field("example_repo_ids", &self.example_repo_ids)
+            .field("config", &self.config.is_some())
+            .finish()
+    }
+}
+
+/// Everything a plugin provides: its name, version and architectures.
+#[derive(Debug)]
+pub struct Plugin {
+    /// The plugin's name, shown in listings and in each of its log lines.
+    pub name: String,
+    /// The plugin's own version.
+    pub version: String,
+    /// The architectures it registers.
+    pub architectures: Vec<SupportedArchitecture>,
+}
+
+impl Plugin {
+    /// A plugin with no architectures yet.
+    pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            version: version.into(),
+            architectures: Vec::new(),
+        }
+    }
+
+    /// Adds an architecture.
+    pub fn with_architecture(mut self, architecture: SupportedArchitecture) -> Self {
+        self.architectures.push(architecture);
+        self
+    }
+
+    /// Checks what the host relies on: a name, at least one architecture, no
+    /// name registered twice, and consistent encodings.
+    pub fn validate(&self) -> Result<()> {
+        if self.name.trim().is_empty() {
+            return Err(Error::invalid("the plugin has an empty name"));
+        }
+        if self.architectures.is_empty() {
+            return Err(Error::invalid(format!(
+                "plugin `{}` registers no architectures",
+                self.name
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for arch in &self.architectures {
+            arch.validate()?;
+            for name in std::iter::once(&arch.name).chain(&arch.aliases) {
+                if !seen.insert(name.as_str()) {
+                    return Err(Error::invalid(format!(
+                        "plugin `{}` registers the name `{name}` twice",
+                        self.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for encoding in Encoding::ALL {
+            assert_eq!(encoding.as_str().parse::<Encoding>().unwrap(), *encoding);
+        }
+        for task in Task::ALL {
+            assert_eq!(task.as_str().parse::<Task>().unwrap(), *task);
+        }
+        let err = "q9_9".parse::<Encoding>().unwrap_err().to_string();
+        assert!(err.contains("unknown Encoding `q9_9`"), "{err}");
+    }
+
+    #[test]
+    fn validation_catches_inconsistent_plugins() {
+        let empty = Plugin::new("p", "1.0");
+        assert!(empty.validate().unwrap_err().to_string().contains("no architectures"));
+
+        let bad_default = Plugin::new("p", "1.0").with_architecture(
+            SupportedArchitecture::new("A", Task::TextGeneration)
+                .with_encodings(Encoding::Q4K, [Encoding::Float32]),
+        );
+        let err = bad_default.validate().unwrap_err().to_string();
+        assert!(err.contains("default encoding `q4_k`"), "{err}");
+
+        let twice = Plugin::new("p", "1.0")
+            .with_architecture(SupportedArchitecture::new("A", Task::TextGeneration))
+            .with_architecture(
+                SupportedArchitecture::new("B", Task::TextGeneration).with_aliases(["A"]),
+            );
+        assert!(twice.validate().unwrap_err().to_string().contains("`A` twice"));
+    }
+}

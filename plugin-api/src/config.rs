@@ -1,0 +1,159 @@
+//! Architecture configuration: the Hugging Face `config.json` in, what the
+//! host needs to size caches and build graphs out (MAX's `ArchConfig`).
+//!
+//! These types cross the ABI as JSON ([`ConfigRequest`] in, [`ArchConfig`]
+//! out). New fields are added as optional ones, which keeps older plugins and
+//! hosts working without an interface bump.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// What the host hands an architecture's config entry point.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConfigRequest {
+    /// The model's Hugging Face `config.json`, parsed (GGUF metadata is mapped
+    /// into the same shape by the host).
+    pub hf_config: Value,
+    /// The user's `--max-length`, if given.
+    #[serde(default)]
+    pub max_length: Option<u32>,
+}
+
+/// What the host needs from an architecture's config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ArchConfig {
+    /// The longest sequence (prompt + generated) a request may reach.
+    pub max_seq_len: u32,
+    /// The shape of the key/value cache.
+    pub kv: KvCacheParams,
+    /// The plugin's own parsed config, handed back to it when building graphs.
+    #[serde(default)]
+    pub model: Value,
+}
+
+/// The per-layer shape of the key/value cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvCacheParams {
+    /// Transformer layers that keep a cache.
+    pub num_layers: u32,
+    /// Key/value heads per layer.
+    pub num_kv_heads: u32,
+    /// Size of one head.
+    pub head_dim: u32,
+}
+
+/// Typed, error-reporting access to a Hugging Face `config.json` object.
+#[derive(Clone, Copy, Debug)]
+pub struct HfConfig<'a> {
+    object: &'a serde_json::Map<String, Value>,
+}
+
+impl<'a> HfConfig<'a> {
+    /// Wraps a parsed config; fails unless it is a JSON object.
+    pub fn new(config: &'a Value) -> Result<Self> {
+        config
+            .as_object()
+            .map(|object| Self { object })
+            .ok_or_else(|| Error::invalid("config.json is not a JSON object"))
+    }
+
+    /// A required non-negative integer field.
+    pub fn u32(&self, key: &str) -> Result<u32> {
+        self.opt_u32(key)?
+            .ok_or_else(|| Error::invalid(format!("config.json has no `{key}`")))
+    }
+
+    /// An optional non-negative integer field (`null` counts as absent).
+    pub fn opt_u32(&self, key: &str) -> Result<Option<u32>> {
+        match self.object.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "config.json field `{key}` must be a non-negative integer, found {value}"
+                    ))
+                }),
+        }
+    }
+
+    /// The sequence limit: the model's `max_position_embeddings`, lowered to the
+    /// user's `--max-length` when that is smaller. Asking for more than the
+    /// model supports is an error rather than a silent clamp.
+    pub fn max_seq_len(&self, requested: Option<u32>) -> Result<u32> {
+        let model_limit = self.u32("max_position_embeddings")?;
+        match requested {
+            None => Ok(model_limit),
+            Some(0) => Err(Error::invalid("--max-length must be at least 1")),
+            Some(n) if n > model_limit => Err(Error::invalid(format!(
+                "--max-length {n} exceeds the model's limit of {model_limit} tokens"
+            ))),
+            Some(n) => Ok(n),
+        }
+    }
+
+    /// KV parameters of a standard decoder: `num_hidden_layers`,
+    /// `num_key_value_heads` (default: `num_attention_heads`) and `head_dim`
+    /// (default: `hidden_size / num_attention_heads`).
+    pub fn decoder_kv_params(&self) -> Result<KvCacheParams> {
+        let num_layers = self.u32("num_hidden_layers")?;
+        let num_heads = self.u32("num_attention_heads")?;
+        if num_heads == 0 {
+            return Err(Error::invalid("config.json `num_attention_heads` is 0"));
+        }
+        let num_kv_heads = self.opt_u32("num_key_value_heads")?.unwrap_or(num_heads);
+        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(Error::invalid(format!(
+                "config.json `num_key_value_heads` ({num_kv_heads}) must divide `num_attention_heads` ({num_heads})"
+            )));
+        }
+        let head_dim = match self.opt_u32("head_dim")? {
+            Some(dim) => dim,
+            None => self.u32("hidden_size")? / num_heads,
+        };
+        Ok(KvCacheParams {
+            num_layers,
+            num_kv_heads,
+            head_dim,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reads_decoder_params_with_defaults() {
+        let value = json!({
+            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "hidden_size": 576, "max_position_embeddings": 8192
+        });
+        let config = HfConfig::new(&value).unwrap();
+        assert_eq!(
+            config.decoder_kv_params().unwrap(),
+            KvCacheParams { num_layers: 30, num_kv_heads: 3, head_dim: 64 }
+        );
+        assert_eq!(config.max_seq_len(None).unwrap(), 8192);
+        assert_eq!(config.max_seq_len(Some(2048)).unwrap(), 2048);
+        let err = config.max_seq_len(Some(9000)).unwrap_err().to_string();
+        assert!(err.contains("exceeds the model's limit of 8192"), "{err}");
+    }
+
+    #[test]
+    fn reports_missing_and_mistyped_fields() {
+        let value = json!({"num_hidden_layers": "thirty", "num_attention_heads": 4});
+        let config = HfConfig::new(&value).unwrap();
+        let err = config.decoder_kv_params().unwrap_err().to_string();
+        assert!(err.contains("`num_hidden_layers` must be a non-negative integer"), "{err}");
+        let value = json!({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 3});
+        let err = HfConfig::new(&value).unwrap().decoder_kv_params().unwrap_err().to_string();
+        assert!(err.contains("must divide"), "{err}");
+        assert!(HfConfig::new(&json!([1])).is_err());
+    }
+}
