@@ -74,7 +74,11 @@ fn report(error: &anyhow::Error, verbose: bool) {
                 RegistryError::Load(load) => load.detail(),
                 RegistryError::DuplicateName { .. } => None,
             })
-            .or_else(|| error.downcast_ref::<PluginLoadError>().and_then(PluginLoadError::detail));
+            .or_else(|| {
+                error
+                    .downcast_ref::<PluginLoadError>()
+                    .and_then(PluginLoadError::detail)
+            });
         if let Some(detail) = detail {
             eprintln!("\ndetail:\n{detail}");
         }

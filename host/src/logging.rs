@@ -4,6 +4,7 @@
 //! plugins linked into the host. Either way each line names the plugin.
 
 use std::collections::HashMap;
+use std::io::IsTerminal;
 use std::sync::{OnceLock, RwLock};
 
 use abi_stable::std_types::RStr;
@@ -25,6 +26,7 @@ pub fn init(verbosity: u8) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
     if log::set_boxed_logger(Box::new(LogBridge)).is_ok() {
         log::set_max_level(kiln_plugin_api::from_abi_level(max_plugin_level()));
@@ -44,7 +46,12 @@ pub fn max_plugin_level() -> LogLevel {
 }
 
 /// The host callback behind `HostServices::log`.
-pub extern "C" fn plugin_log(plugin: RStr<'_>, level: LogLevel, _target: RStr<'_>, message: RStr<'_>) {
+pub extern "C" fn plugin_log(
+    plugin: RStr<'_>,
+    level: LogLevel,
+    _target: RStr<'_>,
+    message: RStr<'_>,
+) {
     emit(level, plugin.as_str(), message.as_str());
 }
 
@@ -88,9 +95,15 @@ impl log::Log for LogBridge {
         }
         let target = record.target();
         let crate_name = target.split("::").next().unwrap_or(target);
-        let crates = builtin_crates().read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let crates = builtin_crates()
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let origin = crates.get(crate_name).map_or(target, String::as_str);
-        emit(kiln_plugin_api::to_abi_level(record.level()), origin, &record.args().to_string());
+        emit(
+            kiln_plugin_api::to_abi_level(record.level()),
+            origin,
+            &record.args().to_string(),
+        );
     }
 
     fn flush(&self) {}

@@ -288,7 +288,11 @@ mod tests {
     #[test]
     fn validation_catches_inconsistent_plugins() {
         let empty = Plugin::new("p", "1.0");
-        assert!(empty.validate().unwrap_err().to_string().contains("no architectures"));
+        assert!(empty
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("no architectures"));
 
         let bad_default = Plugin::new("p", "1.0").with_architecture(
             SupportedArchitecture::new("A", Task::TextGeneration)
@@ -302,6 +306,10 @@ mod tests {
             .with_architecture(
                 SupportedArchitecture::new("B", Task::TextGeneration).with_aliases(["A"]),
             );
-        assert!(twice.validate().unwrap_err().to_string().contains("`A` twice"));
+        assert!(twice
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("`A` twice"));
     }
 }

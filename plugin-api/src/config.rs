@@ -137,7 +137,11 @@ mod tests {
         let config = HfConfig::new(&value).unwrap();
         assert_eq!(
             config.decoder_kv_params().unwrap(),
-            KvCacheParams { num_layers: 30, num_kv_heads: 3, head_dim: 64 }
+            KvCacheParams {
+                num_layers: 30,
+                num_kv_heads: 3,
+                head_dim: 64
+            }
         );
         assert_eq!(config.max_seq_len(None).unwrap(), 8192);
         assert_eq!(config.max_seq_len(Some(2048)).unwrap(), 2048);
@@ -150,9 +154,17 @@ mod tests {
         let value = json!({"num_hidden_layers": "thirty", "num_attention_heads": 4});
         let config = HfConfig::new(&value).unwrap();
         let err = config.decoder_kv_params().unwrap_err().to_string();
-        assert!(err.contains("`num_hidden_layers` must be a non-negative integer"), "{err}");
-        let value = json!({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 3});
-        let err = HfConfig::new(&value).unwrap().decoder_kv_params().unwrap_err().to_string();
+        assert!(
+            err.contains("`num_hidden_layers` must be a non-negative integer"),
+            "{err}"
+        );
+        let value =
+            json!({"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 3});
+        let err = HfConfig::new(&value)
+            .unwrap()
+            .decoder_kv_params()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("must divide"), "{err}");
         assert!(HfConfig::new(&json!([1])).is_err());
     }

@@ -9,10 +9,10 @@
 use std::any::Any;
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use abi_stable::prefix_type::PrefixTypeTrait;
-use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
+use abi_stable::std_types::{RResult, RSlice, RString, RVec};
 
 use crate::abi::{
     self, ArchitectureDescriptor, EntryPoints, HostServices, LogLevel, PluginManifest, PluginRoot,
@@ -69,7 +69,9 @@ impl PluginRuntime {
         &'static self,
         load: extern "C" fn(HostServices) -> RResult<PluginManifest, abi::PluginError>,
     ) -> PluginRootRef {
-        *self.root.get_or_init(|| PluginRoot { load }.leak_into_prefix())
+        *self
+            .root
+            .get_or_init(|| PluginRoot { load }.leak_into_prefix())
     }
 
     /// The body of the root module's `load`: defines the plugin (once), wires
@@ -81,19 +83,19 @@ impl PluginRuntime {
     ) -> RResult<PluginManifest, abi::PluginError> {
         if host.dynamically_loaded {
             install_panic_hook();
+            forward_logs_to_host(self, host);
         }
         guarded("load", || {
             let plugin = match self.plugin.get() {
                 Some(plugin) => plugin,
                 None => {
-                    let plugin = (self.define)();
+                    let defined = (self.define)();
+                    let plugin = self.plugin.get_or_init(|| defined);
+                    flush_early_logs();
                     plugin.validate()?;
-                    self.plugin.get_or_init(|| plugin)
+                    plugin
                 }
             };
-            if host.dynamically_loaded {
-                forward_logs_to_host(&plugin.name, host);
-            }
             Ok(manifest(plugin, self.crate_name, entry_points))
         })
     }
@@ -215,17 +217,31 @@ fn install_panic_hook() {
     INSTALLED.get_or_init(|| {
         std::panic::set_hook(Box::new(|info| {
             if let Some(location) = info.location() {
-                let at = format!("{}:{}:{}", location.file(), location.line(), location.column());
+                let at = format!(
+                    "{}:{}:{}",
+                    location.file(),
+                    location.line(),
+                    location.column()
+                );
                 LAST_PANIC_LOCATION.with(|slot| *slot.borrow_mut() = Some(at));
             }
         }));
     });
 }
 
-/// Sends a dynamically loaded plugin's `log` records to the host.
+/// Sends a dynamically loaded plugin's `log` records to the host, named after
+/// the plugin. Records logged while the plugin defines itself (before its name
+/// is known) are held back and sent right after.
 struct HostLogger {
-    plugin: String,
+    runtime: &'static PluginRuntime,
     host: HostServices,
+    early: Mutex<Vec<(LogLevel, String, String)>>,
+}
+
+impl HostLogger {
+    fn send(&self, plugin: &str, level: LogLevel, target: &str, message: &str) {
+        (self.host.log)(plugin.into(), level, target.into(), message.into());
+    }
 }
 
 impl log::Log for HostLogger {
@@ -234,30 +250,48 @@ impl log::Log for HostLogger {
     }
 
     fn log(&self, record: &log::Record<'_>) {
-        if self.enabled(record.metadata()) {
-            let message = record.args().to_string();
-            (self.host.log)(
-                RStr::from(self.plugin.as_str()),
-                to_abi_level(record.level()),
-                RStr::from(record.target()),
-                RStr::from(message.as_str()),
-            );
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let level = to_abi_level(record.level());
+        let message = record.args().to_string();
+        match self.runtime.plugin.get() {
+            Some(plugin) => self.send(&plugin.name, level, record.target(), &message),
+            None => lock(&self.early).push((level, record.target().to_owned(), message)),
         }
     }
 
-    fn flush(&self) {}
+    fn flush(&self) {
+        if let Some(plugin) = self.runtime.plugin.get() {
+            for (level, target, message) in lock(&self.early).drain(..) {
+                self.send(&plugin.name, level, &target, &message);
+            }
+        }
+    }
 }
 
-fn forward_logs_to_host(plugin: &str, host: HostServices) {
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn forward_logs_to_host(runtime: &'static PluginRuntime, host: HostServices) {
     let logger = HostLogger {
-        plugin: plugin.to_owned(),
+        runtime,
         host,
+        early: Mutex::new(Vec::new()),
     };
     // Fails only if this library's logger is already set (a second load of
     // the same file), in which case logs already reach the host.
     if log::set_boxed_logger(Box::new(logger)).is_ok() {
         log::set_max_level(from_abi_level(host.max_log_level));
     }
+}
+
+/// Sends the records held back while the plugin defined itself.
+fn flush_early_logs() {
+    log::logger().flush();
 }
 
 /// Converts a `log` level to the ABI's.
@@ -309,16 +343,28 @@ macro_rules! declare_plugin {
                     },
                 )
             }
-            extern "C" fn config(arch: u32, request: RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError> {
+            extern "C" fn config(
+                arch: u32,
+                request: RSlice<'_, u8>,
+            ) -> RResult<RVec<u8>, PluginError> {
                 RUNTIME.call(Entry::Config, arch, request)
             }
-            extern "C" fn adapt_weights(arch: u32, request: RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError> {
+            extern "C" fn adapt_weights(
+                arch: u32,
+                request: RSlice<'_, u8>,
+            ) -> RResult<RVec<u8>, PluginError> {
                 RUNTIME.call(Entry::AdaptWeights, arch, request)
             }
-            extern "C" fn build_graph(arch: u32, request: RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError> {
+            extern "C" fn build_graph(
+                arch: u32,
+                request: RSlice<'_, u8>,
+            ) -> RResult<RVec<u8>, PluginError> {
                 RUNTIME.call(Entry::BuildGraph, arch, request)
             }
-            extern "C" fn pipeline(arch: u32, request: RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError> {
+            extern "C" fn pipeline(
+                arch: u32,
+                request: RSlice<'_, u8>,
+            ) -> RResult<RVec<u8>, PluginError> {
                 RUNTIME.call(Entry::Pipeline, arch, request)
             }
 
@@ -381,10 +427,17 @@ mod tests {
         let result: RResult<(), _> = guarded("config", || panic!("boom {}", 42));
         let error = result.unwrap_err();
         assert_eq!(error.kind, abi::PluginErrorKind::Panicked);
-        assert!(error.message.starts_with("`config` panicked: boom 42"), "{}", error.message);
+        assert!(
+            error.message.starts_with("`config` panicked: boom 42"),
+            "{}",
+            error.message
+        );
 
         let result: RResult<(), _> = guarded("config", || Err(Error::invalid("bad input")));
         let error = result.unwrap_err();
-        assert_eq!((error.kind, error.message.as_str()), (abi::PluginErrorKind::Invalid, "bad input"));
+        assert_eq!(
+            (error.kind, error.message.as_str()),
+            (abi::PluginErrorKind::Invalid, "bad input")
+        );
     }
 }

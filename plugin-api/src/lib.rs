@@ -27,6 +27,7 @@ mod architecture;
 mod config;
 mod error;
 mod export;
+mod version;
 
 pub use architecture::{ConfigFn, Encoding, Plugin, SupportedArchitecture, Task, WeightsFormat};
 pub use config::{ArchConfig, ConfigRequest, HfConfig, KvCacheParams};
@@ -39,8 +40,8 @@ pub use log;
 pub mod __private {
     pub use crate::export::{Entry, PluginRuntime};
     pub use abi_stable::library::{
-        CheckTypeLayout, LibHeader, RootModuleResult,
-        __call_root_module_loader as call_root_module_loader,
+        __call_root_module_loader as call_root_module_loader, CheckTypeLayout, LibHeader,
+        RootModuleResult,
     };
     pub use abi_stable::std_types::{RResult, RSlice, RVec};
 }

@@ -1,0 +1,203 @@
+//! Helpers for Kiln's end-to-end tests: building fixture plugins the way a
+//! third party would (separate crates, `cargo build`), and running the `host`
+//! binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the workspace")
+        .to_owned()
+}
+
+/// Where fixture plugins are built (separate from the workspace's own target
+/// directory, which the running `cargo test` holds).
+pub fn fixture_target_dir() -> PathBuf {
+    workspace_root().join("target").join("fixtures")
+}
+
+/// The `host` binary of the build these tests belong to.
+pub fn host_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary has a path");
+    // target/<profile>/deps/<test binary> → target/<profile>/host
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binaries live in target/<profile>/deps");
+    let host = profile_dir.join(format!("host{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        host.exists(),
+        "{} is missing: run the tests with `cargo test --workspace`, which builds it",
+        host.display()
+    );
+    host
+}
+
+/// Runs `host` with the given arguments and environment additions.
+pub fn run_host<I, S>(args: I, env: &[(&str, &str)]) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut command = Command::new(host_binary());
+    command
+        .args(args)
+        .env_remove("KILN_LOG")
+        .env_remove("RUST_BACKTRACE");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("host runs")
+}
+
+/// The file name of a `cdylib` crate's library on this platform.
+pub fn library_file_name(crate_name: &str) -> String {
+    format!(
+        "{}{}.{}",
+        std::env::consts::DLL_PREFIX,
+        crate_name.replace('-', "_"),
+        std::env::consts::DLL_EXTENSION
+    )
+}
+
+/// Builds the fixture plugin workspace (`tests/fixtures`) once per test
+/// process and returns the path of the named fixture's library.
+pub fn fixture_plugin(crate_name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        cargo_build(&workspace_root().join("tests/fixtures/Cargo.toml"));
+    });
+    let path = fixture_target_dir()
+        .join("debug")
+        .join(library_file_name(crate_name));
+    assert!(
+        path.exists(),
+        "fixture build produced no {}",
+        path.display()
+    );
+    path
+}
+
+/// Builds the example plugin against a copy of `kiln-plugin-api` whose version
+/// is `version` and whose `abi.rs` has each `(from, to)` replacement applied,
+/// as if it were built against another release of the interface. Returns the
+/// plugin library; `label` keeps copies apart.
+pub fn example_plugin_against_interface(
+    label: &str,
+    version: &str,
+    abi_edits: &[(&str, &str)],
+) -> PathBuf {
+    // Builds share one target directory; serialize them.
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+
+    let root = workspace_root();
+    let dir = fixture_target_dir().join("interfaces").join(label);
+    let api = dir.join("kiln-plugin-api");
+    let plugin = dir.join("plugin");
+    copy_tree(&root.join("plugin-api"), &api, &|relative, contents| {
+        let text = || String::from_utf8(contents.clone()).expect("UTF-8 source");
+        if relative == Path::new("Cargo.toml") {
+            let current = format!("version = \"{}\"", kiln_plugin_api::abi::INTERFACE_VERSION);
+            assert!(
+                text().contains(&current),
+                "plugin-api/Cargo.toml has no {current}"
+            );
+            text()
+                .replacen(&current, &format!("version = \"{version}\""), 1)
+                .into_bytes()
+        } else if relative == Path::new("src/abi.rs") {
+            let mut abi = text();
+            for (from, to) in abi_edits {
+                assert!(abi.contains(from), "abi.rs no longer contains {from:?}");
+                abi = abi.replacen(from, to, 1);
+            }
+            abi.into_bytes()
+        } else {
+            contents
+        }
+    });
+    copy_tree(
+        &root.join("tests/fixtures/example-plugin/src"),
+        &plugin.join("src"),
+        &|_, contents| contents,
+    );
+
+    let crate_name = format!("example-plugin-{label}");
+    std::fs::write(
+        plugin.join("Cargo.toml"),
+        format!(
+            "[package]\nname = \"{crate_name}\"\nversion = \"0.3.0\"\nedition = \"2021\"\n\n\
+             [lib]\ncrate-type = [\"cdylib\"]\n\n\
+             [dependencies]\nkiln-plugin-api = {{ path = \"../kiln-plugin-api\" }}\n\n[workspace]\n"
+        ),
+    )
+    .unwrap();
+    // Reuse the fixtures' lock file so that the dependencies resolve (and
+    // compile) exactly as for the other fixtures.
+    std::fs::copy(
+        root.join("tests/fixtures/Cargo.lock"),
+        plugin.join("Cargo.lock"),
+    )
+    .unwrap();
+    cargo_build(&plugin.join("Cargo.toml"));
+    fixture_target_dir()
+        .join("debug")
+        .join(library_file_name(&crate_name))
+}
+
+fn cargo_build(manifest: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(cargo)
+        .arg("build")
+        .arg("--manifest-path")
+        .arg(manifest)
+        .arg("--target-dir")
+        .arg(fixture_target_dir())
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "building {} failed:\n{}",
+        manifest.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Copies a directory tree, passing each file (by its path relative to
+/// `from`) through `transform`. Files whose contents would not change are not
+/// rewritten, so cargo does not rebuild them.
+fn copy_tree(from: &Path, to: &Path, transform: &dyn Fn(&Path, Vec<u8>) -> Vec<u8>) {
+    fn walk(root: &Path, dir: &Path, to: &Path, transform: &dyn Fn(&Path, Vec<u8>) -> Vec<u8>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let relative = path.strip_prefix(root).unwrap();
+            let target = to.join(relative);
+            if path.is_dir() {
+                std::fs::create_dir_all(&target).unwrap();
+                walk(root, &path, to, transform);
+            } else {
+                let contents = transform(relative, std::fs::read(&path).unwrap());
+                if std::fs::read(&target).ok().as_deref() != Some(contents.as_slice()) {
+                    std::fs::write(&target, contents).unwrap();
+                }
+            }
+        }
+    }
+    std::fs::create_dir_all(to).unwrap();
+    walk(from, from, to, transform);
+}
+
+/// stdout and stderr of a finished command, as text.
+pub fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}

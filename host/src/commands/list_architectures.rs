@@ -29,7 +29,11 @@ impl<'a> Listing<'a> {
             plugin: &arch.plugin.name,
             plugin_version: &arch.plugin.version,
             task: arch.task.as_str(),
-            encodings: arch.supported_encodings.iter().map(|e| e.as_str()).collect(),
+            encodings: arch
+                .supported_encodings
+                .iter()
+                .map(|e| e.as_str())
+                .collect(),
             default_encoding: arch.default_encoding.as_str(),
             default_weights_format: arch.default_weights_format.as_str(),
             example_repo_ids: &arch.example_repo_ids,
@@ -57,7 +61,13 @@ fn table(rows: &[Listing<'_>]) -> String {
             let encodings = row
                 .encodings
                 .iter()
-                .map(|e| if *e == row.default_encoding { format!("{e}*") } else { (*e).to_owned() })
+                .map(|e| {
+                    if *e == row.default_encoding {
+                        format!("{e}*")
+                    } else {
+                        (*e).to_owned()
+                    }
+                })
                 .collect::<Vec<_>>()
                 .join(",");
             let source = if row.source == "built-in" {
@@ -65,7 +75,13 @@ fn table(rows: &[Listing<'_>]) -> String {
             } else {
                 row.source.clone()
             };
-            [row.name.to_owned(), row.aliases.join(","), row.task.to_owned(), encodings, source]
+            [
+                row.name.to_owned(),
+                row.aliases.join(","),
+                row.task.to_owned(),
+                encodings,
+                source,
+            ]
         })
         .collect();
     let mut widths = header.map(str::len);

@@ -102,14 +102,21 @@ impl Architecture {
         Ok(Self {
             name: descriptor.name.to_string(),
             aliases: descriptor.aliases.iter().map(|a| a.to_string()).collect(),
-            task: descriptor.task.parse().map_err(|e: kiln_plugin_api::Error| bad(e.to_string()))?,
+            task: descriptor
+                .task
+                .parse()
+                .map_err(|e: kiln_plugin_api::Error| bad(e.to_string()))?,
             supported_encodings,
             default_encoding,
             default_weights_format: descriptor
                 .default_weights_format
                 .parse()
                 .map_err(|e: kiln_plugin_api::Error| bad(e.to_string()))?,
-            example_repo_ids: descriptor.example_repo_ids.iter().map(|r| r.to_string()).collect(),
+            example_repo_ids: descriptor
+                .example_repo_ids
+                .iter()
+                .map(|r| r.to_string())
+                .collect(),
             plugin: Arc::clone(plugin),
             index: descriptor.index,
             entry_points: descriptor.entry_points,
@@ -134,7 +141,12 @@ impl Architecture {
         })
     }
 
-    fn call(&self, entry: &'static str, function: EntryPoint, request: &[u8]) -> Result<Vec<u8>, EntryPointError> {
+    fn call(
+        &self,
+        entry: &'static str,
+        function: EntryPoint,
+        request: &[u8],
+    ) -> Result<Vec<u8>, EntryPointError> {
         function(self.index, request.into())
             .into_result()
             .map(|bytes| bytes.into_vec())

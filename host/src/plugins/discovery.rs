@@ -78,7 +78,9 @@ mod tests {
         let missing = dir.path().join("nope.so");
         let err = plugin_files(&[missing]).unwrap_err().to_string();
         assert!(err.ends_with("nope.so does not exist"), "{err}");
-        let err = plugin_files(&[dir.path().to_owned()]).unwrap_err().to_string();
+        let err = plugin_files(&[dir.path().to_owned()])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("contains no ."), "{err}");
     }
 }

@@ -105,9 +105,8 @@ impl PluginLoadError {
     /// Long diagnostics behind the short message, if any (shown with `-v`).
     pub fn detail(&self) -> Option<&str> {
         match self {
-            PluginLoadError::LayoutMismatch { detail, .. } | PluginLoadError::Other { detail, .. } => {
-                Some(detail)
-            }
+            PluginLoadError::LayoutMismatch { detail, .. }
+            | PluginLoadError::Other { detail, .. } => Some(detail),
             _ => None,
         }
     }

@@ -49,7 +49,8 @@ pub fn load_plugin_file(path: &Path) -> Result<LoadedPlugin, PluginLoadError> {
 
     let host_version = InterfaceVersion::current();
     let plugin_version_text = header.version_strings().version.as_str();
-    let compatible = InterfaceVersion::parse(plugin_version_text).is_some_and(|v| host_version.loads(&v));
+    let compatible =
+        InterfaceVersion::parse(plugin_version_text).is_some_and(|v| host_version.loads(&v));
     if !compatible {
         return Err(PluginLoadError::IncompatibleVersion {
             path: path.to_owned(),
@@ -66,18 +67,22 @@ pub fn load_plugin_file(path: &Path) -> Result<LoadedPlugin, PluginLoadError> {
 }
 
 /// Calls a plugin's `load` and converts what it describes.
-fn load_root(root: PluginRootRef, source: PluginSource) -> Result<LoadedPlugin, PluginLoadError> {
+pub(super) fn load_root(
+    root: PluginRootRef,
+    source: PluginSource,
+) -> Result<LoadedPlugin, PluginLoadError> {
     let services = HostServices {
         log: logging::plugin_log,
         max_log_level: logging::max_plugin_level(),
         dynamically_loaded: source != PluginSource::BuiltIn,
     };
-    let manifest = root.load()(services)
-        .into_result()
-        .map_err(|e| PluginLoadError::PluginFailed {
-            source_name: source.to_string(),
-            message: e.message.into_string(),
-        })?;
+    let manifest =
+        root.load()(services)
+            .into_result()
+            .map_err(|e| PluginLoadError::PluginFailed {
+                source_name: source.to_string(),
+                message: e.message.into_string(),
+            })?;
     if source == PluginSource::BuiltIn {
         logging::attribute_crate_to_plugin(&manifest.crate_name, &manifest.name);
     }
@@ -190,4 +195,3 @@ fn open_error(path: &Path, error: LibraryError) -> PluginLoadError {
         }
     }
 }
-

@@ -109,7 +109,9 @@ impl ArchitectureRegistry {
 
     /// The architecture with this name or alias.
     pub fn get(&self, name: &str) -> Option<&Architecture> {
-        self.by_name.get(name).map(|&index| &self.architectures[index])
+        self.by_name
+            .get(name)
+            .map(|&index| &self.architectures[index])
     }
 
     /// All architectures: built-ins first, then custom ones, each in load order.
@@ -120,4 +122,54 @@ impl ArchitectureRegistry {
 
 fn describe(arch: &Architecture) -> String {
     format!("plugin `{}` ({})", arch.plugin.name, arch.plugin.source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::loader::load_root;
+    use super::*;
+    use kiln_plugin_api::{Plugin, SupportedArchitecture, Task};
+
+    mod alpha {
+        fn plugin() -> kiln_plugin_api::Plugin {
+            super::single("alpha", "AlphaForCausalLM", "shared")
+        }
+        kiln_plugin_api::declare_plugin!(plugin);
+    }
+
+    mod beta {
+        fn plugin() -> kiln_plugin_api::Plugin {
+            super::single("beta", "BetaForCausalLM", "shared")
+        }
+        kiln_plugin_api::declare_plugin!(plugin);
+    }
+
+    fn single(plugin: &str, arch: &str, alias: &str) -> Plugin {
+        Plugin::new(plugin, "1.0.0").with_architecture(
+            SupportedArchitecture::new(arch, Task::TextGeneration).with_aliases([alias]),
+        )
+    }
+
+    #[test]
+    fn builtins_sharing_a_name_are_an_error() {
+        let load = |root| load_root(root, PluginSource::BuiltIn).unwrap();
+        let plugins = vec![
+            load(alpha::kiln_plugin_root()),
+            load(beta::kiln_plugin_root()),
+        ];
+        let error = ArchitectureRegistry::from_plugins(plugins, Vec::new()).unwrap_err();
+        assert_eq!(
+            error.to_string().lines().next().unwrap(),
+            "architecture name `shared` is registered twice: by plugin `alpha` (built-in) and by plugin `beta` (built-in)"
+        );
+    }
+
+    #[test]
+    fn the_real_builtins_register_distinct_names() {
+        let registry =
+            ArchitectureRegistry::from_plugins(load_builtin_plugins().unwrap(), Vec::new())
+                .unwrap();
+        assert!(registry.get("LlamaForCausalLM").is_some());
+        assert!(registry.get("mistral").is_some());
+    }
 }

@@ -77,7 +77,14 @@ mod tests {
         };
         let config = llama_config(&request).unwrap();
         assert_eq!(config.max_seq_len, 4096);
-        assert_eq!((config.kv.num_layers, config.kv.num_kv_heads, config.kv.head_dim), (30, 3, 64));
+        assert_eq!(
+            (
+                config.kv.num_layers,
+                config.kv.num_kv_heads,
+                config.kv.head_dim
+            ),
+            (30, 3, 64)
+        );
     }
 
     #[test]

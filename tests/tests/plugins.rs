@@ -1,0 +1,362 @@
+//! End to end: third-party plugins built with cargo, loaded by the `host`
+//! binary and in-process, and every way loading can fail.
+
+use std::path::Path;
+
+use kiln_host::plugins::{load_plugin_file, ArchitectureRegistry};
+use kiln_plugin_api::abi::{PluginErrorKind, INTERFACE_VERSION};
+use kiln_plugin_api::ConfigRequest;
+use kiln_tests::{example_plugin_against_interface, fixture_plugin, run_host, text};
+use serde_json::{json, Value};
+
+fn list_json(plugins: &[&Path]) -> Vec<Value> {
+    let mut args = vec!["list-architectures".to_owned(), "--json".to_owned()];
+    for plugin in plugins {
+        args.push("--custom-architectures".to_owned());
+        args.push(plugin.display().to_string());
+    }
+    let output = run_host(&args, &[]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "host failed: {stderr}");
+    serde_json::from_str::<Value>(&stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn entry<'a>(listing: &'a [Value], name: &str) -> &'a Value {
+    listing
+        .iter()
+        .find(|arch| arch["name"] == name)
+        .unwrap_or_else(|| panic!("{name} is not listed in {listing:?}"))
+}
+
+/// Runs `host list-architectures` with logging off and expects a failure
+/// reported in at most two lines, without a panic or a backtrace.
+fn expect_load_failure(plugins: &[&Path], env: &[(&str, &str)]) -> String {
+    let mut args = vec!["list-architectures".to_owned()];
+    for plugin in plugins {
+        args.push("--custom-architectures".to_owned());
+        args.push(plugin.display().to_string());
+    }
+    let mut env = env.to_vec();
+    env.push(("KILN_LOG", "off"));
+    let output = run_host(&args, &env);
+    let (stdout, stderr) = text(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(stdout.is_empty(), "nothing is listed on failure: {stdout}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.lines().count() <= 2, "the error is short:\n{stderr}");
+    for noise in [
+        "panicked at",
+        "stack backtrace",
+        "RUST_BACKTRACE",
+        "Attempted to panic",
+    ] {
+        assert!(!stderr.contains(noise), "{noise:?} in:\n{stderr}");
+    }
+    stderr
+}
+
+#[test]
+fn builtin_architectures_are_listed_without_flags() {
+    let listing = list_json(&[]);
+    let llama = entry(&listing, "LlamaForCausalLM");
+    assert_eq!(llama["source"], "built-in");
+    assert_eq!(llama["aliases"], json!(["llama"]));
+    assert_eq!(llama["task"], "text-generation");
+    assert_eq!(llama["default_encoding"], "bfloat16");
+    assert!(llama["encodings"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("q4_k")));
+    assert_eq!(entry(&listing, "MistralForCausalLM")["source"], "built-in");
+}
+
+#[test]
+fn example_plugin_is_listed_with_its_source() {
+    let plugin = fixture_plugin("example-plugin");
+    let listing = list_json(&[&plugin]);
+    let example = entry(&listing, "ExampleForCausalLM");
+    assert_eq!(example["source"], plugin.display().to_string());
+    assert_eq!(example["plugin"], "example");
+    assert_eq!(example["plugin_version"], "0.3.0");
+    assert_eq!(example["aliases"], json!(["example"]));
+    assert_eq!(example["task"], "text-generation");
+    assert_eq!(example["encodings"], json!(["float32", "bfloat16"]));
+    assert_eq!(
+        example["example_repo_ids"],
+        json!(["example-org/example-tiny"])
+    );
+    // The built-ins are still there.
+    assert_eq!(entry(&listing, "LlamaForCausalLM")["source"], "built-in");
+
+    let output = run_host(
+        [
+            "list-architectures",
+            "--custom-architectures",
+            plugin.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (stdout, stderr) = text(&output);
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("ExampleForCausalLM"))
+        .unwrap();
+    assert!(
+        row.contains("float32*,bfloat16") && row.ends_with(plugin.to_str().unwrap()),
+        "{row}"
+    );
+    // The plugin's log line reaches the host's logger, named after the plugin.
+    assert!(
+        stderr.contains("[example] registering the example architecture"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_directory_loads_every_plugin_in_it_once() {
+    let plugin = fixture_plugin("example-plugin");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join(plugin.file_name().unwrap());
+    std::fs::copy(&plugin, &copy).unwrap();
+    std::fs::write(dir.path().join("README.txt"), "not a plugin").unwrap();
+    // The same file through the directory and directly is loaded once.
+    let listing = list_json(&[dir.path(), &copy]);
+    let names: Vec<_> = listing
+        .iter()
+        .filter(|a| a["name"] == "ExampleForCausalLM")
+        .collect();
+    assert_eq!(names.len(), 1);
+    assert_eq!(names[0]["source"], copy.display().to_string());
+}
+
+#[test]
+fn a_custom_architecture_overrides_a_builtin_with_a_warning() {
+    let plugin = fixture_plugin("llama-override-plugin");
+    let output = run_host(
+        [
+            "list-architectures",
+            "--json",
+            "--custom-architectures",
+            plugin.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("WARN")
+            && stderr.contains("custom architecture `LlamaForCausalLM`")
+            && stderr.contains("overrides the built-in `LlamaForCausalLM` of plugin `llama`"),
+        "{stderr}"
+    );
+    let listing: Vec<Value> = serde_json::from_str(&stdout).unwrap();
+    let llamas: Vec<_> = listing
+        .iter()
+        .filter(|a| a["name"] == "LlamaForCausalLM")
+        .collect();
+    assert_eq!(
+        llamas.len(),
+        1,
+        "the built-in is replaced, not listed twice"
+    );
+    assert_eq!(llamas[0]["source"], plugin.display().to_string());
+    assert_eq!(llamas[0]["encodings"], json!(["q4_0"]));
+    assert_eq!(entry(&listing, "MistralForCausalLM")["source"], "built-in");
+}
+
+#[test]
+fn a_missing_path_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("libmissing.so");
+    let stderr = expect_load_failure(&[&missing], &[]);
+    assert_eq!(
+        stderr.trim(),
+        format!("error: plugin path {} does not exist", missing.display())
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_shared_library_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("libfake.so");
+    std::fs::write(&fake, "#!/bin/sh\necho I am not a library\n").unwrap();
+    let stderr = expect_load_failure(&[&fake], &[]);
+    assert_eq!(
+        stderr.trim(),
+        format!("error: {} is not a shared library", fake.display())
+    );
+}
+
+#[test]
+fn a_shared_library_that_is_not_a_plugin_is_reported() {
+    let library = fixture_plugin("not-a-plugin");
+    let stderr = expect_load_failure(&[&library], &[]);
+    assert!(
+        stderr.contains(&format!("{} is not a Kiln plugin", library.display()))
+            && stderr.contains("export_plugin!"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_plugin_built_against_another_minor_version_is_rejected_naming_both() {
+    let plugin = example_plugin_against_interface("v0-99-0", "0.99.0", &[]);
+    let stderr = expect_load_failure(&[&plugin], &[]);
+    assert!(
+        stderr.contains("was built against kiln-plugin-api 0.99.0")
+            && stderr.contains(&format!("this host uses {INTERFACE_VERSION}")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_plugin_built_against_another_patch_version_loads() {
+    let host = kiln_plugin_api::abi::InterfaceVersion::current();
+    let patch = format!("{}.{}.{}", host.major, host.minor, host.patch + 7);
+    let plugin = example_plugin_against_interface("next-patch", &patch, &[]);
+    let listing = list_json(&[&plugin]);
+    assert_eq!(
+        entry(&listing, "ExampleForCausalLM")["source"],
+        plugin.display().to_string()
+    );
+}
+
+#[test]
+fn a_changed_layout_without_a_version_bump_is_rejected_briefly() {
+    // The same version number, but a field added to a boundary type: what
+    // happens when someone edits the ABI and forgets the bump.
+    let plugin = example_plugin_against_interface(
+        "changed-layout",
+        INTERFACE_VERSION,
+        &[(
+            "    pub dynamically_loaded: bool,\n",
+            "    pub dynamically_loaded: bool,\n    /// Added.\n    pub extra: u64,\n",
+        )],
+    );
+    let stderr = expect_load_failure(&[&plugin], &[]);
+    assert!(
+        stderr.contains("does not match this host's plugin interface"),
+        "{stderr}"
+    );
+
+    // With -v the full report follows.
+    let output = run_host(
+        [
+            "-v",
+            "list-architectures",
+            "--custom-architectures",
+            plugin.to_str().unwrap(),
+        ],
+        &[("KILN_LOG", "off")],
+    );
+    let (_, stderr) = text(&output);
+    assert!(
+        stderr.contains("detail:") && stderr.lines().count() > 10,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn two_plugins_registering_the_same_name_are_rejected() {
+    let plugin = fixture_plugin("example-plugin");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("libexample_again.so");
+    std::fs::copy(&plugin, &copy).unwrap();
+    let stderr = expect_load_failure(&[&plugin, &copy], &[]);
+    assert!(
+        stderr.contains("architecture name `ExampleForCausalLM` is registered twice")
+            && stderr.contains(&plugin.display().to_string())
+            && stderr.contains(&copy.display().to_string()),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_plugin_that_panics_while_loading_is_reported() {
+    let plugin = fixture_plugin("panicking-plugin");
+    let stderr = expect_load_failure(&[&plugin], &[("KILN_FIXTURE_PANIC_ON_LOAD", "1")]);
+    assert!(
+        stderr.contains("failed to load: `load` panicked: intentional panic while loading"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_panicking_entry_point_is_reported_and_the_host_keeps_running() {
+    let panicking = load_plugin_file(&fixture_plugin("panicking-plugin")).unwrap();
+    let arch = &panicking.architectures[0];
+    let request = ConfigRequest {
+        hf_config: json!({}),
+        max_length: None,
+    };
+    for _ in 0..2 {
+        let error = arch.config(&request).unwrap_err();
+        assert_eq!(error.kind, PluginErrorKind::Panicked);
+        assert!(
+            error
+                .message
+                .starts_with("`config` panicked: intentional panic in config (at "),
+            "{}",
+            error.message
+        );
+    }
+
+    // Other plugins keep working in the same process.
+    let example = load_plugin_file(&fixture_plugin("example-plugin")).unwrap();
+    let request = ConfigRequest {
+        hf_config: json!({
+            "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+            "hidden_size": 256, "max_position_embeddings": 1024
+        }),
+        max_length: Some(512),
+    };
+    let config = example.architectures[0].config(&request).unwrap();
+    assert_eq!(config.max_seq_len, 512);
+    assert_eq!(
+        (
+            config.kv.num_layers,
+            config.kv.num_kv_heads,
+            config.kv.head_dim
+        ),
+        (4, 2, 32)
+    );
+
+    // Plugin errors (not panics) keep their kind and message.
+    let bad = ConfigRequest {
+        hf_config: json!({"num_hidden_layers": -1, "max_position_embeddings": 64}),
+        max_length: None,
+    };
+    let error = example.architectures[0].config(&bad).unwrap_err();
+    assert_eq!(error.kind, PluginErrorKind::Invalid);
+    assert!(
+        error
+            .to_string()
+            .contains("`num_hidden_layers` must be a non-negative integer"),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_registry_resolves_names_and_aliases_across_plugins() {
+    let registry = ArchitectureRegistry::load(&[fixture_plugin("example-plugin")]).unwrap();
+    assert_eq!(registry.get("llama").unwrap().name, "LlamaForCausalLM");
+    assert_eq!(registry.get("example").unwrap().name, "ExampleForCausalLM");
+    assert!(registry.get("Qwen9ForCausalLM").is_none());
+    let llama = registry.get("LlamaForCausalLM").unwrap();
+    let request = ConfigRequest {
+        hf_config: json!({
+            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "hidden_size": 576, "max_position_embeddings": 8192
+        }),
+        max_length: None,
+    };
+    assert_eq!(llama.config(&request).unwrap().kv.head_dim, 64);
+}
