@@ -4,6 +4,9 @@
 use std::fmt;
 use std::str::FromStr;
 
+use abi_stable::std_types::RString;
+
+use crate::abi::{ArchitectureDescriptor, EntryPoints};
 use crate::config::{ArchConfig, ConfigRequest};
 use crate::error::{Error, Result};
 
@@ -107,10 +110,11 @@ named_enum! {
 /// Parses the architecture's Hugging Face config into its [`ArchConfig`].
 pub type ConfigFn = dyn Fn(&ConfigRequest) -> Result<ArchConfig> + Send + Sync;
 
-/// One architecture a plugin registers: its names, what it supports, and its
-/// entry points. Build it with [`SupportedArchitecture::new`] and the builder
-/// methods.
-pub struct SupportedArchitecture {
+/// What an architecture is, as listings show it and as the host matches models
+/// against it: its names, task, encodings and preferred checkpoint format. The
+/// same type describes an architecture on both sides of the boundary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArchitectureInfo {
     /// The Hugging Face `architectures[0]` name, e.g. `LlamaForCausalLM`.
     pub name: String,
     /// Alternative names, e.g. GGUF's `general.architecture` (`llama`).
@@ -125,67 +129,16 @@ pub struct SupportedArchitecture {
     pub default_weights_format: WeightsFormat,
     /// Hugging Face repository ids known to work with this architecture.
     pub example_repo_ids: Vec<String>,
-    /// The config entry point; `None` reports "unsupported" to the host.
-    pub config: Option<Box<ConfigFn>>,
 }
 
-impl SupportedArchitecture {
-    /// A new architecture with float32 weights from safetensors and no entry points.
-    pub fn new(name: impl Into<String>, task: Task) -> Self {
-        Self {
-            name: name.into(),
-            aliases: Vec::new(),
-            task,
-            supported_encodings: vec![Encoding::Float32],
-            default_encoding: Encoding::Float32,
-            default_weights_format: WeightsFormat::Safetensors,
-            example_repo_ids: Vec::new(),
-            config: None,
-        }
+impl ArchitectureInfo {
+    /// All names the architecture answers to: its name, then its aliases.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.name.as_str()).chain(self.aliases.iter().map(String::as_str))
     }
 
-    /// Sets the alternative names (e.g. the GGUF architecture name).
-    pub fn with_aliases<S: Into<String>>(mut self, aliases: impl IntoIterator<Item = S>) -> Self {
-        self.aliases = aliases.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// Sets the supported encodings and the default one.
-    pub fn with_encodings(
-        mut self,
-        default: Encoding,
-        supported: impl IntoIterator<Item = Encoding>,
-    ) -> Self {
-        self.default_encoding = default;
-        self.supported_encodings = supported.into_iter().collect();
-        self
-    }
-
-    /// Sets the preferred checkpoint format.
-    pub fn with_default_weights_format(mut self, format: WeightsFormat) -> Self {
-        self.default_weights_format = format;
-        self
-    }
-
-    /// Sets the example Hugging Face repository ids.
-    pub fn with_example_repo_ids<S: Into<String>>(
-        mut self,
-        repos: impl IntoIterator<Item = S>,
-    ) -> Self {
-        self.example_repo_ids = repos.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// Sets the config entry point.
-    pub fn with_config(
-        mut self,
-        config: impl Fn(&ConfigRequest) -> Result<ArchConfig> + Send + Sync + 'static,
-    ) -> Self {
-        self.config = Some(Box::new(config));
-        self
-    }
-
-    fn validate(&self) -> Result<()> {
+    /// Checks that the name is set and the default encoding is supported.
+    pub fn validate(&self) -> Result<()> {
         if self.name.trim().is_empty() {
             return Err(Error::invalid("an architecture has an empty name"));
         }
@@ -197,18 +150,121 @@ impl SupportedArchitecture {
         }
         Ok(())
     }
+
+    /// The descriptor that carries this architecture across the boundary.
+    pub fn to_descriptor(&self, index: u32, entry_points: EntryPoints) -> ArchitectureDescriptor {
+        let strings = |items: &[String]| items.iter().map(|s| RString::from(s.as_str())).collect();
+        ArchitectureDescriptor {
+            name: self.name.as_str().into(),
+            aliases: strings(&self.aliases),
+            task: self.task.as_str().into(),
+            supported_encodings: self
+                .supported_encodings
+                .iter()
+                .map(|e| e.as_str().into())
+                .collect(),
+            default_encoding: self.default_encoding.as_str().into(),
+            default_weights_format: self.default_weights_format.as_str().into(),
+            example_repo_ids: strings(&self.example_repo_ids),
+            index,
+            entry_points,
+        }
+    }
+
+    /// Reads a descriptor back, rejecting names this side does not know (a
+    /// plugin built for a newer interface) and inconsistent encodings.
+    pub fn from_descriptor(descriptor: &ArchitectureDescriptor) -> Result<Self> {
+        let strings = |items: &[RString]| items.iter().map(|s| s.to_string()).collect();
+        let info = Self {
+            name: descriptor.name.to_string(),
+            aliases: strings(&descriptor.aliases),
+            task: descriptor.task.parse()?,
+            supported_encodings: descriptor
+                .supported_encodings
+                .iter()
+                .map(|e| e.parse())
+                .collect::<Result<_>>()?,
+            default_encoding: descriptor.default_encoding.parse()?,
+            default_weights_format: descriptor.default_weights_format.parse()?,
+            example_repo_ids: strings(&descriptor.example_repo_ids),
+        };
+        info.validate()?;
+        Ok(info)
+    }
+}
+
+/// One architecture a plugin registers: what it is, and its entry points.
+/// Build it with [`SupportedArchitecture::new`] and the builder methods.
+pub struct SupportedArchitecture {
+    /// Names, task, encodings and formats.
+    pub info: ArchitectureInfo,
+    /// The config entry point; `None` reports "unsupported" to the host.
+    pub config: Option<Box<ConfigFn>>,
+}
+
+impl SupportedArchitecture {
+    /// A new architecture with float32 weights from safetensors and no entry points.
+    pub fn new(name: impl Into<String>, task: Task) -> Self {
+        Self {
+            info: ArchitectureInfo {
+                name: name.into(),
+                aliases: Vec::new(),
+                task,
+                supported_encodings: vec![Encoding::Float32],
+                default_encoding: Encoding::Float32,
+                default_weights_format: WeightsFormat::Safetensors,
+                example_repo_ids: Vec::new(),
+            },
+            config: None,
+        }
+    }
+
+    /// Sets the alternative names (e.g. the GGUF architecture name).
+    pub fn with_aliases<S: Into<String>>(mut self, aliases: impl IntoIterator<Item = S>) -> Self {
+        self.info.aliases = aliases.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the supported encodings and the default one.
+    pub fn with_encodings(
+        mut self,
+        default: Encoding,
+        supported: impl IntoIterator<Item = Encoding>,
+    ) -> Self {
+        self.info.default_encoding = default;
+        self.info.supported_encodings = supported.into_iter().collect();
+        self
+    }
+
+    /// Sets the preferred checkpoint format.
+    pub fn with_default_weights_format(mut self, format: WeightsFormat) -> Self {
+        self.info.default_weights_format = format;
+        self
+    }
+
+    /// Sets the example Hugging Face repository ids.
+    pub fn with_example_repo_ids<S: Into<String>>(
+        mut self,
+        repos: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.info.example_repo_ids = repos.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets the config entry point.
+    pub fn with_config(
+        mut self,
+        config: impl Fn(&ConfigRequest) -> Result<ArchConfig> + Send + Sync + 'static,
+    ) -> Self {
+        self.config = Some(Box::new(config));
+        self
+    }
 }
 
 impl fmt::Debug for SupportedArchitecture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SupportedArchitecture")
-            .field("name", &self.name)
-            .field("aliases", &self.aliases)
-            .field("task", &self.task)
-            .field("supported_encodings", &self.supported_encodings)
-            .field("default_encoding", &self.default_encoding)
-            .field("default_weights_format", &self.default_weights_format)
-            .field("example_repo_ids", &self.example_repo_ids)
+            .field("info", &self.info)
             .field("config", &self.config.is_some())
             .finish()
     }
@@ -255,9 +311,9 @@ impl Plugin {
         }
         let mut seen = std::collections::HashSet::new();
         for arch in &self.architectures {
-            arch.validate()?;
-            for name in std::iter::once(&arch.name).chain(&arch.aliases) {
-                if !seen.insert(name.as_str()) {
+            arch.info.validate()?;
+            for name in arch.info.names() {
+                if !seen.insert(name) {
                     return Err(Error::invalid(format!(
                         "plugin `{}` registers the name `{name}` twice",
                         self.name

@@ -12,11 +12,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, OnceLock};
 
 use abi_stable::prefix_type::PrefixTypeTrait;
-use abi_stable::std_types::{RResult, RSlice, RString, RVec};
+use abi_stable::std_types::{RResult, RSlice, RVec};
 
 use crate::abi::{
-    self, ArchitectureDescriptor, EntryPoints, HostServices, LogLevel, PluginManifest, PluginRoot,
-    PluginRootRef,
+    self, EntryPoints, HostServices, LogLevel, PluginManifest, PluginRoot, PluginRootRef,
 };
 use crate::architecture::{Plugin, SupportedArchitecture};
 use crate::config::ConfigRequest;
@@ -127,7 +126,7 @@ fn dispatch(entry: Entry, arch: &SupportedArchitecture, request: &[u8]) -> Resul
     let unsupported = || {
         Error::unsupported(format!(
             "architecture `{}` does not implement `{}`",
-            arch.name,
+            arch.info.name,
             entry.name()
         ))
     };
@@ -145,25 +144,13 @@ fn dispatch(entry: Entry, arch: &SupportedArchitecture, request: &[u8]) -> Resul
 }
 
 fn manifest(plugin: &Plugin, crate_name: &str, entry_points: EntryPoints) -> PluginManifest {
-    let strings = |items: &[String]| items.iter().map(|s| RString::from(s.as_str())).collect();
     let architectures = plugin
         .architectures
         .iter()
         .enumerate()
-        .map(|(index, arch)| ArchitectureDescriptor {
-            name: arch.name.as_str().into(),
-            aliases: strings(&arch.aliases),
-            task: arch.task.as_str().into(),
-            supported_encodings: arch
-                .supported_encodings
-                .iter()
-                .map(|e| RString::from(e.as_str()))
-                .collect(),
-            default_encoding: arch.default_encoding.as_str().into(),
-            default_weights_format: arch.default_weights_format.as_str().into(),
-            example_repo_ids: strings(&arch.example_repo_ids),
-            index: u32::try_from(index).expect("fewer than 2^32 architectures"),
-            entry_points,
+        .map(|(index, arch)| {
+            let index = u32::try_from(index).expect("fewer than 2^32 architectures");
+            arch.info.to_descriptor(index, entry_points)
         })
         .collect();
     PluginManifest {

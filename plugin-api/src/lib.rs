@@ -29,7 +29,9 @@ mod error;
 mod export;
 mod version;
 
-pub use architecture::{ConfigFn, Encoding, Plugin, SupportedArchitecture, Task, WeightsFormat};
+pub use architecture::{
+    ArchitectureInfo, ConfigFn, Encoding, Plugin, SupportedArchitecture, Task, WeightsFormat,
+};
 pub use config::{ArchConfig, ConfigRequest, HfConfig, KvCacheParams};
 pub use error::{Error, ErrorKind, Result};
 pub use export::{from_abi_level, to_abi_level};

@@ -347,8 +347,11 @@ fn a_panicking_entry_point_is_reported_and_the_host_keeps_running() {
 #[test]
 fn the_registry_resolves_names_and_aliases_across_plugins() {
     let registry = ArchitectureRegistry::load(&[fixture_plugin("example-plugin")]).unwrap();
-    assert_eq!(registry.get("llama").unwrap().name, "LlamaForCausalLM");
-    assert_eq!(registry.get("example").unwrap().name, "ExampleForCausalLM");
+    assert_eq!(registry.get("llama").unwrap().info.name, "LlamaForCausalLM");
+    assert_eq!(
+        registry.get("example").unwrap().info.name,
+        "ExampleForCausalLM"
+    );
     assert!(registry.get("Qwen9ForCausalLM").is_none());
     let llama = registry.get("LlamaForCausalLM").unwrap();
     let request = ConfigRequest {

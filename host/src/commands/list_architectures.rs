@@ -22,21 +22,22 @@ struct Listing<'a> {
 
 impl<'a> Listing<'a> {
     fn new(arch: &'a Architecture) -> Self {
+        let info = &arch.info;
         Self {
-            name: &arch.name,
-            aliases: &arch.aliases,
+            name: &info.name,
+            aliases: &info.aliases,
             source: arch.plugin.source.to_string(),
             plugin: &arch.plugin.name,
             plugin_version: &arch.plugin.version,
-            task: arch.task.as_str(),
-            encodings: arch
+            task: info.task.as_str(),
+            encodings: info
                 .supported_encodings
                 .iter()
                 .map(|e| e.as_str())
                 .collect(),
-            default_encoding: arch.default_encoding.as_str(),
-            default_weights_format: arch.default_weights_format.as_str(),
-            example_repo_ids: &arch.example_repo_ids,
+            default_encoding: info.default_encoding.as_str(),
+            default_weights_format: info.default_weights_format.as_str(),
+            example_repo_ids: &info.example_repo_ids,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kiln_plugin_api::abi::{self, ArchitectureDescriptor, EntryPoint, EntryPoints};
-use kiln_plugin_api::{ArchConfig, ConfigRequest, Encoding, Task, WeightsFormat};
+use kiln_plugin_api::{ArchConfig, ArchitectureInfo, ConfigRequest};
 
 use super::PluginLoadError;
 
@@ -41,20 +41,8 @@ pub struct PluginIdentity {
 /// One architecture, as registered by a plugin.
 #[derive(Clone, Debug)]
 pub struct Architecture {
-    /// The Hugging Face `architectures[0]` name.
-    pub name: String,
-    /// Other names (GGUF architecture names).
-    pub aliases: Vec<String>,
-    /// What the model does.
-    pub task: Task,
-    /// Encodings it runs.
-    pub supported_encodings: Vec<Encoding>,
-    /// The default encoding.
-    pub default_encoding: Encoding,
-    /// The preferred checkpoint format.
-    pub default_weights_format: WeightsFormat,
-    /// Hugging Face repository ids known to work.
-    pub example_repo_ids: Vec<String>,
+    /// Names, task, encodings and formats.
+    pub info: ArchitectureInfo,
     /// The plugin that registered it.
     pub plugin: Arc<PluginIdentity>,
     index: u32,
@@ -82,50 +70,19 @@ impl Architecture {
         descriptor: &ArchitectureDescriptor,
         plugin: &Arc<PluginIdentity>,
     ) -> Result<Self, PluginLoadError> {
-        let bad = |message: String| PluginLoadError::BadDescriptor {
-            source_name: plugin.source.to_string(),
-            architecture: descriptor.name.to_string(),
-            message,
-        };
-        let parse_encoding = |text: &str| text.parse::<Encoding>().map_err(|e| bad(e.to_string()));
-        let supported_encodings = descriptor
-            .supported_encodings
-            .iter()
-            .map(|e| parse_encoding(e))
-            .collect::<Result<Vec<_>, _>>()?;
-        let default_encoding = parse_encoding(&descriptor.default_encoding)?;
-        if !supported_encodings.contains(&default_encoding) {
-            return Err(bad(format!(
-                "default encoding `{default_encoding}` is not among its supported encodings"
-            )));
-        }
+        let info = ArchitectureInfo::from_descriptor(descriptor).map_err(|e| {
+            PluginLoadError::BadDescriptor {
+                source_name: plugin.source.to_string(),
+                architecture: descriptor.name.to_string(),
+                message: e.to_string(),
+            }
+        })?;
         Ok(Self {
-            name: descriptor.name.to_string(),
-            aliases: descriptor.aliases.iter().map(|a| a.to_string()).collect(),
-            task: descriptor
-                .task
-                .parse()
-                .map_err(|e: kiln_plugin_api::Error| bad(e.to_string()))?,
-            supported_encodings,
-            default_encoding,
-            default_weights_format: descriptor
-                .default_weights_format
-                .parse()
-                .map_err(|e: kiln_plugin_api::Error| bad(e.to_string()))?,
-            example_repo_ids: descriptor
-                .example_repo_ids
-                .iter()
-                .map(|r| r.to_string())
-                .collect(),
+            info,
             plugin: Arc::clone(plugin),
             index: descriptor.index,
             entry_points: descriptor.entry_points,
         })
-    }
-
-    /// All names this architecture answers to: its name, then its aliases.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.name.as_str()).chain(self.aliases.iter().map(String::as_str))
     }
 
     /// Parses a Hugging Face config into the architecture's config.
@@ -133,7 +90,7 @@ impl Architecture {
         let request = serde_json::to_vec(request).expect("a ConfigRequest serializes");
         let response = self.call("config", self.entry_points.config, &request)?;
         serde_json::from_slice(&response).map_err(|e| EntryPointError {
-            architecture: self.name.clone(),
+            architecture: self.info.name.clone(),
             plugin: self.plugin.name.clone(),
             entry: "config",
             kind: abi::PluginErrorKind::Invalid,
@@ -151,7 +108,7 @@ impl Architecture {
             .into_result()
             .map(|bytes| bytes.into_vec())
             .map_err(|error| EntryPointError {
-                architecture: self.name.clone(),
+                architecture: self.info.name.clone(),
                 plugin: self.plugin.name.clone(),
                 entry,
                 kind: error.kind,

@@ -70,7 +70,7 @@ impl ArchitectureRegistry {
 
     fn insert(&mut self, arch: Architecture, custom: bool) -> Result<(), RegistryError> {
         let mut replaced = Vec::new();
-        for name in arch.names() {
+        for name in arch.info.names() {
             let Some(&index) = self.by_name.get(name) else {
                 continue;
             };
@@ -85,9 +85,9 @@ impl ArchitectureRegistry {
             if !replaced.contains(&index) {
                 tracing::warn!(
                     "custom architecture `{}` from {} overrides the built-in `{}` of plugin `{}`",
-                    arch.name,
+                    arch.info.name,
                     arch.plugin.source,
-                    owner.name,
+                    owner.info.name,
                     owner.plugin.name
                 );
                 replaced.push(index);
@@ -102,7 +102,7 @@ impl ArchitectureRegistry {
             .architectures
             .iter()
             .enumerate()
-            .flat_map(|(index, arch)| arch.names().map(move |name| (name.to_owned(), index)))
+            .flat_map(|(index, arch)| arch.info.names().map(move |name| (name.to_owned(), index)))
             .collect();
         Ok(())
     }
