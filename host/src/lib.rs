@@ -5,5 +5,7 @@
 
 pub mod cli;
 mod commands;
+pub mod compiler;
 pub mod logging;
 pub mod plugins;
+pub mod runtime;

@@ -27,6 +27,8 @@ mod architecture;
 mod config;
 mod error;
 mod export;
+pub mod graph;
+pub mod nn;
 mod version;
 
 pub use architecture::{

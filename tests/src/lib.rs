@@ -2,6 +2,8 @@
 //! third party would (separate crates, `cargo build`), and running the `host`
 //! binary.
 
+pub mod reference;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};

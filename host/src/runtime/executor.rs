@@ -1,0 +1,469 @@
+//! Runs a compiled program on the CPU.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use kiln_kernels::dense::attention::{self, AttentionParams, SequenceRows};
+use kiln_kernels::dense::matmul::{self, HalfFormat};
+use kiln_kernels::quant::{Precision, QuantMatrix};
+use kiln_plugin_api::graph::{AttentionSpec, Dim, Op, ValueId};
+use kiln_plugin_api::Encoding;
+
+use super::cpu_ops;
+use super::fused;
+use super::kv_cache::KvCache;
+use super::tensor::{storage_of, Tensor};
+use super::weights::{WeightData, WeightStore};
+use crate::compiler::{Kernel, Program, Step};
+
+/// A failure while running a graph, naming the op and module when it is one
+/// op's fault.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// An input does not fit the graph.
+    #[error("input `{name}`: {message}")]
+    Input {
+        /// The input's name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A weight is missing or does not match the graph.
+    #[error("weight `{name}`: {message}")]
+    Weight {
+        /// The weight's name.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An op failed (e.g. an index out of range).
+    #[error("`{op}`{}: {message}", if module.is_empty() { String::new() } else { format!(" in module `{module}`") })]
+    Op {
+        /// The op.
+        op: String,
+        /// The module that created it.
+        module: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// A program bound to its weights, ready to run many times.
+pub struct Executor {
+    program: Arc<Program>,
+    /// Weight data by the graph's weight index.
+    weights: Vec<WeightData>,
+    /// Weights decoded to f32, made on first use by a generic kernel.
+    dense: Vec<OnceLock<Tensor>>,
+    /// Constants by value id.
+    constants: HashMap<ValueId, Tensor>,
+    precision: Precision,
+}
+
+impl Executor {
+    /// Binds `program` to weights from `store`, checking that each weight the
+    /// graph reads exists with the expected name, shape and type.
+    pub fn new(
+        program: Arc<Program>,
+        store: &WeightStore,
+        precision: Precision,
+    ) -> Result<Self, RuntimeError> {
+        let weights = program
+            .graph
+            .weights
+            .iter()
+            .map(|spec| {
+                let data = store.get(&spec.name).ok_or_else(|| RuntimeError::Weight {
+                    name: spec.name.clone(),
+                    message: "not in the checkpoint".to_owned(),
+                })?;
+                if data.spec.shape != spec.shape || data.spec.encoding != spec.encoding {
+                    return Err(RuntimeError::Weight {
+                        name: spec.name.clone(),
+                        message: format!(
+                            "the graph expects {:?} {}, the checkpoint has {:?} {}",
+                            spec.shape, spec.encoding, data.spec.shape, data.spec.encoding
+                        ),
+                    });
+                }
+                Ok(data.clone())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let constants = program
+            .graph
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(id, node)| match &node.op {
+                Op::Constant(c) => {
+                    let shape = node
+                        .ty
+                        .static_shape()?
+                        .iter()
+                        .map(|&d| d as usize)
+                        .collect();
+                    Some((
+                        id as ValueId,
+                        Tensor::from_f64(node.ty.dtype, shape, &c.values),
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        let dense = weights.iter().map(|_| OnceLock::new()).collect();
+        Ok(Self {
+            program,
+            weights,
+            dense,
+            constants,
+            precision,
+        })
+    }
+
+    /// The program being run.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// Runs the graph on `inputs` (in the graph's input order), reading and
+    /// writing `cache` for paged attention. Returns the graph's outputs.
+    pub fn run(
+        &self,
+        inputs: Vec<Tensor>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Vec<Tensor>, RuntimeError> {
+        let graph = &self.program.graph;
+        let symbols = bind_symbols(graph, &inputs)?;
+        let mut values: Vec<Option<Tensor>> = vec![None; graph.nodes.len()];
+        let mut inputs = inputs.into_iter();
+        for (id, node) in graph.nodes.iter().enumerate() {
+            if let Op::Input { .. } = node.op {
+                values[id] = inputs.next();
+            }
+        }
+        for (index, step) in self.program.steps.iter().enumerate() {
+            let output = self.run_step(step, &values, &symbols, cache.as_deref_mut())?;
+            values[step.output as usize] = Some(output);
+            for &input in &step.inputs {
+                if self.program.last_use[input as usize] == Some(index) {
+                    values[input as usize] = None;
+                }
+            }
+        }
+        graph
+            .outputs
+            .iter()
+            .map(|&o| {
+                self.value(o, &values)
+                    .map(|t| t.into_owned())
+                    .map_err(|message| self.op_error(o, message))
+            })
+            .collect()
+    }
+
+    fn value<'a>(
+        &'a self,
+        id: ValueId,
+        values: &'a [Option<Tensor>],
+    ) -> Result<std::borrow::Cow<'a, Tensor>, String> {
+        if let Some(t) = &values[id as usize] {
+            return Ok(std::borrow::Cow::Borrowed(t));
+        }
+        if let Some(t) = self.constants.get(&id) {
+            return Ok(std::borrow::Cow::Borrowed(t));
+        }
+        if let Op::Weight { index } = self.program.graph.nodes[id as usize].op {
+            let dense = match self.dense[index].get() {
+                Some(t) => t,
+                None => {
+                    let t = self.weights[index].to_tensor()?;
+                    self.dense[index].get_or_init(|| t)
+                }
+            };
+            return Ok(std::borrow::Cow::Borrowed(dense));
+        }
+        Err(format!("value %{id} is not available (freed too early?)"))
+    }
+
+    fn op_error(&self, id: ValueId, message: String) -> RuntimeError {
+        let node = &self.program.graph.nodes[id as usize];
+        RuntimeError::Op {
+            op: format!("%{id} = {}", node.op.name()),
+            module: node.module.clone(),
+            message,
+        }
+    }
+
+    fn run_step(
+        &self,
+        step: &Step,
+        values: &[Option<Tensor>],
+        symbols: &HashMap<String, usize>,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, RuntimeError> {
+        let node = &self.program.graph.nodes[step.output as usize];
+        let fail = |message: String| self.op_error(step.output, message);
+        let inputs = step
+            .inputs
+            .iter()
+            .map(|&i| self.value(i, values))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(fail)?;
+        let inputs: Vec<&Tensor> = inputs.iter().map(|t| t.as_ref()).collect();
+        let shape = resolve(&node.ty.shape, symbols);
+        let dtype = node.ty.dtype;
+        let result = match &step.kernel {
+            Kernel::Node => match &node.op {
+                Op::PagedAttention(spec) => {
+                    let cache =
+                        cache.ok_or_else(|| fail("paged attention needs a KV cache".to_owned()))?;
+                    paged_attention(spec, &inputs, cache)
+                        .map(|out| Tensor::from_f32(dtype, shape, out))
+                }
+                Op::Print { label } => {
+                    print_tensor(label, inputs[0]);
+                    Ok(inputs[0].clone())
+                }
+                op => cpu_ops::eval(op, &inputs, dtype, shape),
+            },
+            Kernel::Linear { weight } => self.linear(*weight, inputs[0], shape, dtype),
+            Kernel::Embedding { weight } => self.embedding(*weight, inputs[0], shape, dtype),
+            Kernel::Fused { program } => fused::run(program, &inputs, dtype, shape),
+        };
+        result.map_err(fail)
+    }
+
+    fn linear(
+        &self,
+        index: usize,
+        x: &Tensor,
+        shape: Vec<usize>,
+        dtype: kiln_plugin_api::graph::DType,
+    ) -> Result<Tensor, String> {
+        let weight = &self.weights[index];
+        let (n, k) = (weight.spec.shape[0] as usize, weight.spec.shape[1] as usize);
+        let m = x.len() / k.max(1);
+        let mut y = vec![0f32; m * n];
+        let xs = x.as_f32();
+        match weight.spec.encoding {
+            Encoding::Float32 => {
+                let dense = self.value_of_weight(index)?;
+                matmul::linear(xs, dense.as_f32(), &mut y, m, k, n);
+            }
+            Encoding::Float16 | Encoding::BFloat16 => {
+                let format = if weight.spec.encoding == Encoding::Float16 {
+                    HalfFormat::F16
+                } else {
+                    HalfFormat::BF16
+                };
+                let bits: Vec<u16> = weight
+                    .bytes()
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect();
+                matmul::linear_half(xs, &bits, format, &mut y, m, k, n);
+            }
+            _ => {
+                let ty = weight
+                    .quant_type()
+                    .expect("non-float encodings are quantized");
+                QuantMatrix::new(ty, n, k, weight.bytes())
+                    .and_then(|w| w.matmul(self.precision, xs, m, &mut y))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(Tensor::from_f32(dtype, shape, y))
+    }
+
+    fn value_of_weight(&self, index: usize) -> Result<&Tensor, String> {
+        match self.dense[index].get() {
+            Some(t) => Ok(t),
+            None => {
+                let t = self.weights[index].to_tensor()?;
+                Ok(self.dense[index].get_or_init(|| t))
+            }
+        }
+    }
+
+    fn embedding(
+        &self,
+        index: usize,
+        ids: &Tensor,
+        shape: Vec<usize>,
+        dtype: kiln_plugin_api::graph::DType,
+    ) -> Result<Tensor, String> {
+        let weight = &self.weights[index];
+        let (rows, cols) = (weight.spec.shape[0] as usize, weight.spec.shape[1] as usize);
+        let mut out = vec![0f32; ids.len() * cols];
+        for (i, &id) in ids.as_i64().iter().enumerate() {
+            let row = usize::try_from(id)
+                .ok()
+                .filter(|&r| r < rows)
+                .ok_or_else(|| format!("token id {id} is outside the vocabulary of {rows}"))?;
+            weight.decode_rows(row..row + 1, &mut out[i * cols..(i + 1) * cols])?;
+        }
+        Ok(Tensor::from_f32(dtype, shape, out))
+    }
+}
+
+/// Binds symbolic dimensions from the actual inputs and checks the rest.
+fn bind_symbols(
+    graph: &kiln_plugin_api::graph::GraphIr,
+    inputs: &[Tensor],
+) -> Result<HashMap<String, usize>, RuntimeError> {
+    if inputs.len() != graph.inputs.len() {
+        return Err(RuntimeError::Input {
+            name: "(all)".to_owned(),
+            message: format!(
+                "the graph takes {} inputs, got {}",
+                graph.inputs.len(),
+                inputs.len()
+            ),
+        });
+    }
+    let mut symbols = HashMap::new();
+    for (spec, tensor) in graph.inputs.iter().zip(inputs) {
+        let fail = |message: String| RuntimeError::Input {
+            name: spec.name.clone(),
+            message,
+        };
+        if storage_of(spec.ty.dtype) != storage_of(tensor.dtype) {
+            return Err(fail(format!(
+                "expected {}, got {}",
+                spec.ty.dtype, tensor.dtype
+            )));
+        }
+        if spec.ty.rank() != tensor.shape.len() {
+            return Err(fail(format!(
+                "expected {}, got shape {:?}",
+                spec.ty, tensor.shape
+            )));
+        }
+        for (dim, &actual) in spec.ty.shape.iter().zip(&tensor.shape) {
+            match dim {
+                Dim::Static(n) if *n as usize != actual => {
+                    return Err(fail(format!(
+                        "expected {}, got shape {:?}",
+                        spec.ty, tensor.shape
+                    )))
+                }
+                Dim::Symbolic(name) => match symbols.insert(name.clone(), actual) {
+                    Some(bound) if bound != actual => {
+                        return Err(fail(format!(
+                            "`{name}` is {bound} in an earlier input but {actual} here"
+                        )))
+                    }
+                    _ => {}
+                },
+                Dim::Static(_) => {}
+            }
+        }
+    }
+    Ok(symbols)
+}
+
+fn resolve(shape: &[Dim], symbols: &HashMap<String, usize>) -> Vec<usize> {
+    shape
+        .iter()
+        .map(|d| match d {
+            Dim::Static(n) => *n as usize,
+            Dim::Symbolic(name) => symbols[name],
+        })
+        .collect()
+}
+
+fn paged_attention(
+    spec: &AttentionSpec,
+    inputs: &[&Tensor],
+    cache: &mut KvCache,
+) -> Result<Vec<f32>, String> {
+    let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+    let (row_offsets, context_lens, block_tables) =
+        (inputs[3].as_i64(), inputs[4].as_i64(), inputs[5]);
+    let layout = cache.layout();
+    let (num_heads, kv_heads, head_dim) = (q.shape[1], k.shape[1], k.shape[2]);
+    if kv_heads != layout.num_kv_heads || head_dim != layout.head_dim {
+        return Err(format!(
+            "k is [.., {kv_heads}, {head_dim}] but the cache holds {} heads of {}",
+            layout.num_kv_heads, layout.head_dim
+        ));
+    }
+    let batch = context_lens.len();
+    if row_offsets.len() != batch + 1 || block_tables.shape[0] != batch {
+        return Err(format!(
+            "row_offsets has {} entries and block_tables {} rows for {batch} sequences",
+            row_offsets.len(),
+            block_tables.shape[0]
+        ));
+    }
+    let blocks_per_seq = block_tables.shape[1];
+    let tables: Vec<usize> = block_tables
+        .as_i64()
+        .iter()
+        .map(|&b| {
+            usize::try_from(b)
+                .ok()
+                .filter(|&b| b < cache.num_blocks())
+                .ok_or_else(|| format!("block {b} is not in the cache"))
+        })
+        .collect::<Result<_, _>>()?;
+    let tokens = q.shape[0];
+    let mut sequences = Vec::with_capacity(batch);
+    for b in 0..batch {
+        let (start, end) = (row_offsets[b], row_offsets[b + 1]);
+        let context = context_lens[b];
+        if start < 0 || end < start || end as usize > tokens || context < end - start {
+            return Err(format!(
+                "sequence {b}: rows {start}..{end} and context {context} are inconsistent"
+            ));
+        }
+        if context as usize > blocks_per_seq * layout.block_size {
+            return Err(format!(
+                "sequence {b}: {context} positions do not fit {blocks_per_seq} blocks"
+            ));
+        }
+        sequences.push(SequenceRows {
+            rows: start as usize..end as usize,
+            context_len: context as usize,
+            block_table: &tables[b * blocks_per_seq..(b + 1) * blocks_per_seq],
+        });
+    }
+    let (k_cache, v_cache) = cache
+        .layer_mut(spec.layer as usize)
+        .ok_or_else(|| format!("the cache has no layer {}", spec.layer))?;
+    attention::write_kv(layout, k_cache, v_cache, k.as_f32(), v.as_f32(), &sequences);
+    let mut out = vec![0f32; q.len()];
+    let params = AttentionParams {
+        scale: spec.scale,
+        sliding_window: spec.sliding_window.map(|w| w as usize),
+        softcap: spec.softcap,
+    };
+    attention::paged_attention(
+        layout,
+        k_cache,
+        v_cache,
+        q.as_f32(),
+        &mut out,
+        num_heads,
+        &sequences,
+        params,
+    );
+    Ok(out)
+}
+
+/// The `print` op's output: label, shape and (up to 64) values.
+fn print_tensor(label: &str, t: &Tensor) {
+    let values = t.to_f64();
+    let shown: Vec<String> = values.iter().take(64).map(|v| format!("{v:.6}")).collect();
+    let more = if values.len() > 64 {
+        format!(", … ({} values)", values.len())
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "{label}: {}{:?} [{}{more}]",
+        t.dtype,
+        t.shape,
+        shown.join(", ")
+    );
+}

@@ -1,0 +1,133 @@
+//! Quantized matrix-vector products (m = 1, decode) at SmolLM2-135M's shapes,
+//! in weight bytes per second, beside the machine's memory bandwidth.
+//!
+//! `cargo bench -p kiln-kernels --bench quant_matvec`; the rayon pool has its
+//! default size (one thread per core). K-quants need rows of a multiple of 256
+//! values, so they only run where `cols` is one.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use half::f16;
+use kiln_kernels::quant::{Precision, QuantMatrix, QuantType};
+use rayon::prelude::*;
+
+/// rows x cols of SmolLM2-135M's projections: attention q/o, MLP up/gate,
+/// MLP down, and the tied embedding / LM head.
+const SHAPES: [(usize, usize); 4] = [(576, 576), (1536, 576), (576, 1536), (49152, 576)];
+const TYPES: [QuantType; 5] = [
+    QuantType::Q4_1,
+    QuantType::Q4_0,
+    QuantType::Q8_0,
+    QuantType::Q4K,
+    QuantType::Q6K,
+];
+
+/// Deterministic bytes (xorshift).
+fn bytes(n: usize, mut s: u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect()
+}
+
+/// Random blocks with a finite f16 scale (and minimum) in every block.
+fn random_weights(ty: QuantType, rows: usize, cols: usize) -> Vec<u8> {
+    let len = rows * ty.row_bytes(cols).expect("bench shapes are whole blocks");
+    let mut data = bytes(len, 0x9E37_79B9_7F4A_7C15);
+    let fields: &[usize] = match ty {
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q2K => &[80, 82],
+        QuantType::Q3K => &[108],
+        QuantType::Q6K => &[208],
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+    };
+    for block in data.chunks_exact_mut(ty.block_bytes()) {
+        for &at in fields {
+            block[at..at + 2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+        }
+    }
+    data
+}
+
+fn quant_matvec(c: &mut Criterion) {
+    let mut group = c.benchmark_group("quant_matvec");
+    for ty in TYPES {
+        for (rows, cols) in SHAPES {
+            if cols % ty.block_elems() != 0 {
+                continue;
+            }
+            let data = random_weights(ty, rows, cols);
+            let w = QuantMatrix::new(ty, rows, cols, &data).expect("valid matrix");
+            let x: Vec<f32> = bytes(cols, 7)
+                .iter()
+                .map(|&b| f32::from(b) / 128.0 - 1.0)
+                .collect();
+            let mut y = vec![0f32; rows];
+            group.throughput(Throughput::Bytes(data.len() as u64));
+            for precision in [Precision::Exact, Precision::Fast] {
+                let id = BenchmarkId::new(format!("{ty}/{precision:?}"), format!("{rows}x{cols}"));
+                group.bench_function(id, |b| {
+                    b.iter(|| {
+                        w.matmul(precision, black_box(&x), 1, &mut y)
+                            .expect("matmul")
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+/// Sum with 32 independent partial sums, so that it vectorizes and is bound
+/// by memory rather than by the latency of one chain of additions.
+fn sum(v: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    for c in v.chunks_exact(32) {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum()
+}
+
+fn memory_bandwidth(c: &mut Criterion) {
+    const BYTES: usize = 256 << 20;
+    let src: Vec<f32> = (0..BYTES / 4).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; src.len()];
+    let mut group = c.benchmark_group("memory");
+    group.throughput(Throughput::Bytes(BYTES as u64));
+    group.sample_size(10);
+    group.bench_function("sum_f32_256MiB/1_thread", |b| {
+        b.iter(|| sum(black_box(&src)))
+    });
+    group.bench_function("sum_f32_256MiB/rayon", |b| {
+        b.iter(|| black_box(&src).par_chunks(1 << 16).map(sum).sum::<f32>())
+    });
+    group.bench_function("memcpy_256MiB/1_thread", |b| {
+        b.iter(|| dst.copy_from_slice(black_box(&src)))
+    });
+    group.bench_function("memcpy_256MiB/rayon", |b| {
+        b.iter(|| {
+            dst.par_chunks_mut(1 << 20)
+                .zip(black_box(&src).par_chunks(1 << 20))
+                .for_each(|(d, s)| d.copy_from_slice(s))
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(20);
+    targets = quant_matvec, memory_bandwidth
+}
+criterion_main!(benches);

@@ -1,0 +1,258 @@
+//! Matrix products. `matmul`: `c = a·b`; `linear`: `y = x·wᵀ` with `w` in the
+//! PyTorch `[out, in]` layout, stored as f32, f16 or bf16.
+
+use gemm::Parallelism;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+fn parallelism(flops: usize) -> Parallelism {
+    // Below ~1 MFLOP the threads cost more than they save.
+    if flops < (1 << 20) || rayon::current_num_threads() == 1 {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(rayon::current_num_threads())
+    }
+}
+
+/// `c [m, n] = a [m, k] · b [k, n]`, all row-major.
+pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) {
+    assert!(
+        a.len() == m * k && b.len() == k * n && c.len() == m * n,
+        "matmul sizes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.fill(0.0);
+        return;
+    }
+    // SAFETY: the slices hold exactly the elements the strides address.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            1,
+            n as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism(2 * m * n * k),
+        );
+    }
+}
+
+/// `y [m, n] = x [m, k] · wᵀ` with f32 `w [n, k]`.
+pub fn linear(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize) {
+    assert!(
+        x.len() == m * k && w.len() == n * k && y.len() == m * n,
+        "linear sizes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        y.fill(0.0);
+        return;
+    }
+    // SAFETY: as above; `w` is read as the k×n matrix wᵀ (row stride 1, column stride k).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism(2 * m * n * k),
+        );
+    }
+}
+
+/// A 16-bit float weight format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfFormat {
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl HalfFormat {
+    #[inline]
+    fn to_f32(self, bits: u16) -> f32 {
+        match self {
+            HalfFormat::F16 => f16::from_bits(bits).to_f32(),
+            HalfFormat::BF16 => bf16::from_bits(bits).to_f32(),
+        }
+    }
+
+    /// Converts a row of raw bits to f32.
+    pub fn convert(self, bits: &[u16], out: &mut [f32]) {
+        assert_eq!(bits.len(), out.len(), "conversion sizes");
+        match self {
+            HalfFormat::BF16 => {
+                for (o, &b) in out.iter_mut().zip(bits) {
+                    *o = f32::from_bits(u32::from(b) << 16);
+                }
+            }
+            HalfFormat::F16 => {
+                for (o, &b) in out.iter_mut().zip(bits) {
+                    *o = self.to_f32(b);
+                }
+            }
+        }
+    }
+}
+
+/// Rows of `w` converted per tile before a product.
+const HALF_TILE_ROWS: usize = 64;
+
+/// `y [m, n] = x [m, k] · wᵀ` with 16-bit `w [n, k]` (raw bits), computed
+/// from the 16-bit data: tiles of rows are widened to f32 as they are used,
+/// never the whole matrix.
+pub fn linear_half(
+    x: &[f32],
+    w: &[u16],
+    format: HalfFormat,
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    assert!(
+        x.len() == m * k && w.len() == n * k && y.len() == m * n,
+        "linear_half sizes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    // Work on tiles of output columns (weight rows); each writes its own columns of y.
+    let tiles: Vec<(usize, Vec<f32>)> = (0..n)
+        .step_by(HALF_TILE_ROWS)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|start| {
+            let rows = HALF_TILE_ROWS.min(n - start);
+            let mut tile = vec![0f32; rows * k];
+            format.convert(&w[start * k..(start + rows) * k], &mut tile);
+            let mut out = vec![0f32; m * rows];
+            for i in 0..m {
+                let xi = &x[i * k..(i + 1) * k];
+                for r in 0..rows {
+                    out[i * rows + r] = dot(xi, &tile[r * k..(r + 1) * k]);
+                }
+            }
+            (start, out)
+        })
+        .collect();
+    for (start, out) in tiles {
+        let rows = out.len() / m;
+        for i in 0..m {
+            y[i * n + start..i * n + start + rows].copy_from_slice(&out[i * rows..(i + 1) * rows]);
+        }
+    }
+}
+
+/// Dot product with eight independent accumulators (vectorizes well).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        sum += a[i] * b[i];
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k)
+                    .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * n + j]))
+                    .sum::<f64>() as f32;
+            }
+        }
+        c
+    }
+
+    fn data(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 16) % 1000) as f32
+                    / 500.0
+                    - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matmul_and_linear_agree_with_a_naive_product() {
+        for (m, k, n) in [(1, 1, 1), (3, 5, 7), (17, 64, 33), (64, 130, 65)] {
+            let a = data(m * k, 1);
+            let b = data(k * n, 2);
+            let expected = naive(&a, &b, m, k, n);
+            let mut c = vec![0f32; m * n];
+            matmul(&a, &b, &mut c, m, k, n);
+            for (x, y) in c.iter().zip(&expected) {
+                assert!((x - y).abs() < 1e-4, "matmul {m}x{k}x{n}: {x} vs {y}");
+            }
+            // linear with w = bᵀ
+            let w: Vec<f32> = (0..n * k).map(|idx| b[(idx % k) * n + idx / k]).collect();
+            linear(&a, &w, &mut c, m, k, n);
+            for (x, y) in c.iter().zip(&expected) {
+                assert!((x - y).abs() < 1e-4, "linear {m}x{k}x{n}: {x} vs {y}");
+            }
+            for format in [HalfFormat::F16, HalfFormat::BF16] {
+                let bits: Vec<u16> = w
+                    .iter()
+                    .map(|&v| match format {
+                        HalfFormat::F16 => f16::from_f32(v).to_bits(),
+                        HalfFormat::BF16 => bf16::from_f32(v).to_bits(),
+                    })
+                    .collect();
+                let widened: Vec<f32> = bits.iter().map(|&b| format.to_f32(b)).collect();
+                let mut expected_half = vec![0f32; m * n];
+                linear(&a, &widened, &mut expected_half, m, k, n);
+                linear_half(&a, &bits, format, &mut c, m, k, n);
+                for (x, y) in c.iter().zip(&expected_half) {
+                    assert!((x - y).abs() < 1e-4, "{format:?} {m}x{k}x{n}: {x} vs {y}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! 8-bit activation blocks for the fast (integer) dot products, and the
+//! reference Q8_0 weight quantizer.
+
+use half::f16;
+
+use super::format::{QK, QK_K};
+use super::{QuantError, QuantType};
+
+/// 32 activations quantized like Q8_0 (but with an f32 scale), and the
+/// quants' sum (for the offsets and minimums of Q4_0/Q4_1/Q5_0/Q5_1).
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub(crate) struct BlockQ8 {
+    pub qs: [i8; QK],
+    pub d: f32,
+    pub sum: i32,
+}
+
+/// 256 activations quantized like ggml's Q8_K: f32 scale, quants, and the
+/// sums of each run of 16 quants (for the K-quants' minimums and offsets).
+/// Unlike ggml the scale is positive (`max|x| / 127`), which changes nothing
+/// in the products.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub(crate) struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; QK_K],
+    pub bsums: [i16; 16],
+}
+
+impl Default for BlockQ8 {
+    fn default() -> Self {
+        Self {
+            qs: [0; QK],
+            d: 0.0,
+            sum: 0,
+        }
+    }
+}
+
+impl Default for BlockQ8K {
+    fn default() -> Self {
+        Self {
+            d: 0.0,
+            qs: [0; QK_K],
+            bsums: [0; 16],
+        }
+    }
+}
+
+/// Quantizes a run of activations symmetrically: `d = max|x| / 127`, quants
+/// `x / d` rounded to nearest even (as the SIMD versions round). Returns `d`.
+pub(crate) fn quantize_run(x: &[f32], qs: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+    }
+    d
+}
+
+impl BlockQ8 {
+    /// Fills in the sum from the quants.
+    pub(crate) fn finish(&mut self, d: f32) {
+        self.d = d;
+        self.sum = self.qs.iter().map(|&q| i32::from(q)).sum();
+    }
+}
+
+impl BlockQ8K {
+    /// Fills in the run sums from the quants.
+    pub(crate) fn finish(&mut self, d: f32) {
+        self.d = d;
+        for (s, q16) in self.bsums.iter_mut().zip(self.qs.chunks_exact(16)) {
+            *s = q16.iter().map(|&q| i16::from(q)).sum();
+        }
+    }
+}
+
+/// Quantizes `src` to GGUF Q8_0 blocks in `dst`, exactly as ggml's
+/// `quantize_row_q8_0_ref` (and gguf-py) do: per block of 32, scale
+/// `d = max|x| / 127` stored as f16, quants `round(x / d)`.
+///
+/// `src.len()` must be a multiple of 32 and `dst.len()` equal to
+/// [`QuantType::Q8_0`]`.row_bytes(src.len())`.
+pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    let ty = QuantType::Q8_0;
+    let bytes = ty.row_bytes(src.len())?;
+    if dst.len() != bytes {
+        return Err(QuantError::WrongLength {
+            what: "Q8_0 destination",
+            expected: bytes,
+            actual: dst.len(),
+        });
+    }
+    for (x, block) in src
+        .chunks_exact(QK)
+        .zip(dst.chunks_exact_mut(ty.block_bytes()))
+    {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+        for (q, &v) in block[2..].iter_mut().zip(x) {
+            *q = (v * id).round() as i8 as u8;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_round_trip_within_half_a_step() {
+        let x: Vec<f32> = (0..256).map(|i| ((i * 7) % 13) as f32 - 6.5).collect();
+        let mut b = BlockQ8K::default();
+        let d = quantize_run(&x, &mut b.qs);
+        b.finish(d);
+        assert!((d * 127.0 - 6.5).abs() < 1e-5);
+        for (q, v) in b.qs.iter().zip(&x) {
+            assert!((f32::from(*q) * d - v).abs() <= d / 2.0 + 1e-6);
+        }
+        for (j, s) in b.bsums.iter().enumerate() {
+            let expected: i16 = b.qs[j * 16..j * 16 + 16]
+                .iter()
+                .map(|&q| i16::from(q))
+                .sum();
+            assert_eq!(*s, expected);
+        }
+        let mut z = BlockQ8::default();
+        let d = quantize_run(&[0.0; 32], &mut z.qs);
+        z.finish(d);
+        assert_eq!((z.d, z.sum), (0.0, 0));
+    }
+
+    #[test]
+    fn q8_0_weights_round_half_away_from_zero() {
+        let mut x = [0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -2.5;
+        let mut out = [0u8; 34];
+        quantize_row_q8_0(&x, &mut out).unwrap();
+        assert_eq!(half::f16::from_le_bytes([out[0], out[1]]).to_f32(), 1.0);
+        assert_eq!((out[2] as i8, out[3] as i8, out[4] as i8), (127, 3, -3));
+        assert!(quantize_row_q8_0(&x, &mut out[..33]).is_err());
+        assert!(quantize_row_q8_0(&x[..31], &mut out).is_err());
+    }
+}

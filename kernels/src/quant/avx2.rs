@@ -1,0 +1,569 @@
+//! AVX2 + FMA + F16C kernels (x86_64).
+//!
+//! Safety: every function here may only run on a CPU with AVX2, FMA and F16C
+//! ([`Isa::Avx2`](super::Isa::Avx2) available). Loads go through slices, so
+//! they stay in bounds.
+//!
+//! The kernels have the portable kernels' contract (see `scalar`) and work
+//! on four rows at a time, sharing the activation loads and keeping four
+//! independent accumulators in flight.
+
+use std::arch::x86_64::*;
+
+use super::act::{BlockQ8, BlockQ8K};
+use super::format::{k4_scales_mins, Format, Unpacked, QK_K};
+use super::QuantType;
+
+// ---------------------------------------------------------------- helpers
+
+/// The little-endian f16 at `at`, converted with F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// Sum of the eight lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Loads 32 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn load32(bytes: &[u8]) -> __m256i {
+    debug_assert!(bytes.len() >= 32);
+    _mm256_loadu_si256(bytes.as_ptr().cast())
+}
+
+/// Loads 32 signed bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn load32_i8(q: &[i8]) -> __m256i {
+    debug_assert!(q.len() >= 32);
+    _mm256_loadu_si256(q.as_ptr().cast())
+}
+
+/// Loads eight f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load8(x: &[f32]) -> __m256 {
+    debug_assert!(x.len() >= 8);
+    _mm256_loadu_ps(x.as_ptr())
+}
+
+/// Expands 16 bytes of packed nibbles to 32 bytes: the low nibbles (values
+/// 0..16 of a block) then the high nibbles (values 16..32).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn nibbles32(bytes: &[u8]) -> __m256i {
+    debug_assert!(bytes.len() >= 16);
+    let v = _mm_loadu_si128(bytes.as_ptr().cast());
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(v), v);
+    _mm256_and_si256(both, _mm256_set1_epi8(0xF))
+}
+
+/// Spreads the 32 bits of `bits` over 32 bytes: byte `i` is 0xFF when bit
+/// `i` is set, else 0.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn bits32(bits: u32) -> __m256i {
+    let pick = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), pick);
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1))
+}
+
+/// The 32-bit little-endian word at `at`.
+#[inline]
+pub(super) fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+}
+
+/// Sums of adjacent products of unsigned bytes `u` and signed bytes `s`,
+/// as eight i32 (each the sum of four products).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn mul_sum_u8_i8(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// Loads 32 f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load32_f32(x: &[f32]) -> [__m256; 4] {
+    [load8(x), load8(&x[8..]), load8(&x[16..]), load8(&x[24..])]
+}
+
+/// Products of 32 signed bytes with 32 f32: the first 16 summed into eight
+/// lanes, and the last 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_i8x32(q: __m256i, x: &[__m256; 4]) -> (__m256, __m256) {
+    let lo = _mm256_castsi256_si128(q);
+    let hi = _mm256_extracti128_si256::<1>(q);
+    let a = _mm256_mul_ps(i8x8_to_f32(lo), x[0]);
+    let a = _mm256_fmadd_ps(i8x8_to_f32(_mm_unpackhi_epi64(lo, lo)), x[1], a);
+    let b = _mm256_mul_ps(i8x8_to_f32(hi), x[2]);
+    let b = _mm256_fmadd_ps(i8x8_to_f32(_mm_unpackhi_epi64(hi, hi)), x[3], b);
+    (a, b)
+}
+
+/// The low eight signed bytes of `v` as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn i8x8_to_f32(v: __m128i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+}
+
+/// Sum of 32 f32, in eight lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn sum32(x: &[__m256; 4]) -> __m256 {
+    _mm256_add_ps(_mm256_add_ps(x[0], x[1]), _mm256_add_ps(x[2], x[3]))
+}
+
+/// f32 dot product.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let (a32, b32) = (a.chunks_exact(32), b.chunks_exact(32));
+    let tail = super::scalar::dot_f32(a32.remainder(), b32.remainder());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (x, y) in a32.zip(b32) {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_fmadd_ps(load8(&x[8 * k..]), load8(&y[8 * k..]), *acc);
+        }
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    hsum(s) + tail
+}
+
+/// Runs a row kernel `$k::<F, R>` over every row of `w`: four at a time,
+/// then one at a time. `$n` is the number of blocks per row.
+macro_rules! by_rows {
+    ($k:ident::<$f:ty>, $w:expr, $n:expr, $acts:expr, $out:expr) => {{
+        let (w, acts, out): (&[u8], _, &mut [f32]) = ($w, $acts, $out);
+        let row_bytes = $n * <$f as Format>::BYTES;
+        let fours = out.len() / 4 * 4;
+        let (out4, out1) = out.split_at_mut(fours);
+        let (w4, w1) = w.split_at(fours * row_bytes);
+        for (w, o) in w4.chunks_exact(4 * row_bytes).zip(out4.chunks_exact_mut(4)) {
+            $k::<$f, 4>(w, row_bytes, acts, o);
+        }
+        for (w, o) in w1.chunks_exact(row_bytes).zip(out1.chunks_exact_mut(1)) {
+            $k::<$f, 1>(w, row_bytes, acts, o);
+        }
+    }};
+}
+
+/// Block `i` of row `r` of `w`, whose rows are `row_bytes` long.
+#[inline(always)]
+fn block<F: Format>(w: &[u8], row_bytes: usize, r: usize, i: usize) -> &[u8] {
+    &w[r * row_bytes + i * F::BYTES..][..F::BYTES]
+}
+
+/// The 32 quants of a Q4_0/Q4_1/Q5_0/Q5_1 block as unsigned bytes (0..16 or
+/// 0..32, before the offset of Q4_0/Q5_0).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn unsigned_quants<F: Format>(b: &[u8]) -> __m256i {
+    match F::TY {
+        QuantType::Q4_0 => nibbles32(&b[2..]),
+        QuantType::Q4_1 => nibbles32(&b[4..]),
+        QuantType::Q5_0 => {
+            let high = _mm256_and_si256(bits32(u32_at(b, 2)), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles32(&b[6..]), high)
+        }
+        _ => {
+            let high = _mm256_and_si256(bits32(u32_at(b, 4)), _mm256_set1_epi8(0x10));
+            _mm256_or_si256(nibbles32(&b[8..]), high)
+        }
+    }
+}
+
+/// The offset subtracted from [`unsigned_quants`] (0 for the formats with a
+/// minimum instead).
+const fn quant_offset(ty: QuantType) -> i8 {
+    match ty {
+        QuantType::Q4_0 => 8,
+        QuantType::Q5_0 => 16,
+        _ => 0,
+    }
+}
+
+/// Sums the accumulators of each row into `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn store_sums<const R: usize>(acc: &[__m256; R], extra: &[f32; R], out: &mut [f32]) {
+    for ((o, a), e) in out.iter_mut().zip(acc).zip(extra) {
+        *o = hsum(*a) + e;
+    }
+}
+
+// ---------------------------------------------------------- exact (f32 x)
+
+/// Any format: dequantizes one block at a time (portable code) and takes the
+/// dot product with FMA.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_any<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    let row_bytes = x.len() / F::ELEMS * F::BYTES;
+    let mut u = Unpacked::default();
+    let mut buf = [0f32; QK_K];
+    let buf = &mut buf[..F::ELEMS];
+    for (row, y) in w.chunks_exact(row_bytes).zip(out) {
+        let mut acc = 0.0;
+        for (block, xs) in row.chunks_exact(F::BYTES).zip(x.chunks_exact(F::ELEMS)) {
+            F::TY.dequantize_block(block, &mut u, buf);
+            acc += dot_f32(buf, xs);
+        }
+        *y = acc;
+    }
+}
+
+/// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    by_rows!(exact_32_rows::<F>, w, x.len() / 32, x, out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn exact_32_rows<F: Format, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    let has_min = matches!(F::TY, QuantType::Q4_1 | QuantType::Q5_1);
+    let offset = _mm256_set1_epi8(quant_offset(F::TY));
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, x) in x.chunks_exact(32).enumerate() {
+        let xv = load32_f32(x);
+        let xsum = sum32(&xv);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let b = block::<F>(w, row_bytes, r, i);
+            let q = if F::TY == QuantType::Q8_0 {
+                load32(&b[2..])
+            } else {
+                _mm256_sub_epi8(unsigned_quants::<F>(b), offset)
+            };
+            let (lo, hi) = dot_i8x32(q, &xv);
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0)), _mm256_add_ps(lo, hi), *acc);
+            if has_min {
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 2)), xsum, *acc);
+            }
+        }
+    }
+    store_sums(&acc, &[0.0; R], out);
+}
+
+/// Q4_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_q4k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    by_rows!(exact_q4k_rows::<F>, w, x.len() / QK_K, x, out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn exact_q4k_rows<F: Format, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mask = _mm256_set1_epi8(0xF);
+    for (i, x) in x.chunks_exact(QK_K).enumerate() {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let b = block::<F>(w, row_bytes, r, i);
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let (sc, mn) = k4_scales_mins(&b[4..16]);
+            for (p, q32) in b[16..].chunks_exact(32).enumerate() {
+                let bits = load32(q32);
+                let low = _mm256_and_si256(bits, mask);
+                let high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask);
+                for (k, q) in [(0, low), (1, high)] {
+                    let j = 2 * p + k;
+                    let xv = load32_f32(&x[32 * j..]);
+                    let (lo, hi) = dot_i8x32(q, &xv);
+                    let scale = _mm256_set1_ps(d * f32::from(sc[j]));
+                    let min = _mm256_set1_ps(-dmin * f32::from(mn[j]));
+                    *acc = _mm256_fmadd_ps(scale, _mm256_add_ps(lo, hi), *acc);
+                    *acc = _mm256_fmadd_ps(min, sum32(&xv), *acc);
+                }
+            }
+        }
+    }
+    store_sums(&acc, &[0.0; R], out);
+}
+
+/// The four 32-byte vectors of unsigned 6-bit Q6_K quants (0..64) for the
+/// 128 values of half `h` of a block: values 0..32, 32..64, 64..96, 96..128.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q6k_half(b: &[u8], h: usize) -> [__m256i; 4] {
+    let (ql, qh) = (&b[64 * h..], &b[128 + 32 * h..]);
+    let mask = _mm256_set1_epi8(0xF);
+    let top = _mm256_set1_epi8(0x30);
+    let (l0, l1, hb) = (load32(ql), load32(&ql[32..]), load32(qh));
+    let (h0, h1) = (_mm256_srli_epi16::<4>(l0), _mm256_srli_epi16::<4>(l1));
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(l0, mask),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(hb), top),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(l1, mask),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(hb), top),
+        ),
+        _mm256_or_si256(_mm256_and_si256(h0, mask), _mm256_and_si256(hb, top)),
+        _mm256_or_si256(
+            _mm256_and_si256(h1, mask),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(hb), top),
+        ),
+    ]
+}
+
+/// Q6_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_q6k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    by_rows!(exact_q6k_rows::<F>, w, x.len() / QK_K, x, out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn exact_q6k_rows<F: Format, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, x) in x.chunks_exact(QK_K).enumerate() {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let b = block::<F>(w, row_bytes, r, i);
+            let d = f16_at(b, 208);
+            let scales = &b[192..208];
+            for h in 0..2 {
+                for (k, q) in q6k_half(b, h).into_iter().enumerate() {
+                    let q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+                    let j = 8 * h + 2 * k;
+                    let (lo, hi) = dot_i8x32(q, &load32_f32(&x[16 * j..]));
+                    let s_lo = _mm256_set1_ps(d * f32::from(scales[j] as i8));
+                    let s_hi = _mm256_set1_ps(d * f32::from(scales[j + 1] as i8));
+                    *acc = _mm256_fmadd_ps(s_lo, lo, *acc);
+                    *acc = _mm256_fmadd_ps(s_hi, hi, *acc);
+                }
+            }
+        }
+    }
+    store_sums(&acc, &[0.0; R], out);
+}
+
+// ------------------------------------------------- fast (8-bit activations)
+
+/// Q8_0 with Q8 activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fast_q8_0<F: Format>(w: &[u8], acts: &[BlockQ8], out: &mut [f32]) {
+    by_rows!(fast_q8_0_rows::<F>, w, acts.len(), acts, out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fast_q8_0_rows<F: Format, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[BlockQ8],
+    out: &mut [f32],
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, a) in acts.iter().enumerate() {
+        let x = load32_i8(&a.qs);
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let b = block::<F>(w, row_bytes, r, i);
+            let q = load32(&b[2..]);
+            // maddubs needs an unsigned operand: |q| times x with q's sign.
+            let p = mul_sum_u8_i8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+            let d = _mm256_set1_ps(f16_at(b, 0) * a.d);
+            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *acc);
+        }
+    }
+    store_sums(&acc, &[0.0; R], out);
+}
+
+/// Q4_0, Q4_1, Q5_0 and Q5_1 with Q8 activations: unsigned quants times the
+/// activations, then the offset (-8 or -16) or the minimum through the
+/// activation block's sum.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fast_32<F: Format>(w: &[u8], acts: &[BlockQ8], out: &mut [f32]) {
+    by_rows!(fast_32_rows::<F>, w, acts.len(), acts, out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fast_32_rows<F: Format, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[BlockQ8],
+    out: &mut [f32],
+) {
+    let offset = f32::from(quant_offset(F::TY));
+    let mut acc = [_mm256_setzero_ps(); R];
+    // Σ scale × (activation sum), or Σ minimum × (activation sum).
+    let mut corr = [0f32; R];
+    for (i, a) in acts.iter().enumerate() {
+        let x = load32_i8(&a.qs);
+        let sum = a.d * a.sum as f32;
+        for r in 0..R {
+            let b = block::<F>(w, row_bytes, r, i);
+            let p = mul_sum_u8_i8(unsigned_quants::<F>(b), x);
+            let d = f16_at(b, 0);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), acc[r]);
+            let c = if offset == 0.0 { f16_at(b, 2) } else { d };
+            corr[r] = c.mul_add(sum, corr[r]);
+        }
+    }
+    let k = if offset == 0.0 { 1.0 } else { -offset };
+    store_sums(&acc, &corr.map(|c| k * c), out);
+}
+
+/// Q4_K with Q8_K activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fast_q4k<F: Format>(w: &[u8], acts: &[BlockQ8K], out: &mut [f32]) {
+    by_rows!(fast_q4k_rows::<F>, w, acts.len(), acts, out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fast_q4k_rows<F: Format, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[BlockQ8K],
+    out: &mut [f32],
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut corr = [0f32; R];
+    let mask = _mm256_set1_epi8(0xF);
+    for (i, a) in acts.iter().enumerate() {
+        for r in 0..R {
+            let b = block::<F>(w, row_bytes, r, i);
+            let (sc, mn) = k4_scales_mins(&b[4..16]);
+            let mut mins = 0i32;
+            for (j, &m) in mn.iter().enumerate() {
+                mins += i32::from(m) * (i32::from(a.bsums[2 * j]) + i32::from(a.bsums[2 * j + 1]));
+            }
+            let mut sumi = _mm256_setzero_si256();
+            for (p, q32) in b[16..].chunks_exact(32).enumerate() {
+                let bits = load32(q32);
+                let low = _mm256_and_si256(bits, mask);
+                let high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask);
+                let pl = _mm256_maddubs_epi16(low, load32_i8(&a.qs[64 * p..]));
+                let ph = _mm256_maddubs_epi16(high, load32_i8(&a.qs[64 * p + 32..]));
+                let pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(i16::from(sc[2 * p])));
+                let ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(i16::from(sc[2 * p + 1])));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+            }
+            let d = f16_at(b, 0) * a.d;
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+            corr[r] = (-f16_at(b, 2) * a.d).mul_add(mins as f32, corr[r]);
+        }
+    }
+    store_sums(&acc, &corr, out);
+}
+
+/// Q6_K with Q8_K activations: unsigned quants (0..64) times the activations,
+/// with the offset -32 applied through the block sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fast_q6k<F: Format>(w: &[u8], acts: &[BlockQ8K], out: &mut [f32]) {
+    by_rows!(fast_q6k_rows::<F>, w, acts.len(), acts, out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fast_q6k_rows<F: Format, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: &[BlockQ8K],
+    out: &mut [f32],
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, a) in acts.iter().enumerate() {
+        let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let b = block::<F>(w, row_bytes, r, i);
+            let scales = _mm_loadu_si128(b[192..208].as_ptr().cast());
+            // -32 × Σ over the 16 runs of scale × (run sum of x), in eight lanes.
+            let offsets = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bsums);
+            let mut sumi =
+                _mm256_slli_epi32::<5>(_mm256_sub_epi32(_mm256_setzero_si256(), offsets));
+            for h in 0..2 {
+                for (k, q) in q6k_half(b, h).into_iter().enumerate() {
+                    let j = (8 * h + 2 * k) as u8;
+                    let pick =
+                        _mm_set_epi64x(i64::from_le_bytes([j + 1; 8]), i64::from_le_bytes([j; 8]));
+                    let scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+                    let p = _mm256_maddubs_epi16(q, load32_i8(&a.qs[128 * h + 32 * k..]));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale));
+                }
+            }
+            let d = f16_at(b, 208) * a.d;
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
+        }
+    }
+    store_sums(&acc, &[0.0; R], out);
+}
+
+// ------------------------------------------------- activation quantization
+
+/// [`quantize_run`](super::act::quantize_run) for a multiple of 32 values,
+/// with identical results.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_run(x: &[f32], qs: &mut [i8]) -> f32 {
+    debug_assert!(x.len() % 32 == 0 && qs.len() == x.len());
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let mut max = _mm256_setzero_ps();
+    for x8 in x.chunks_exact(8) {
+        max = _mm256_max_ps(max, _mm256_and_ps(load8(x8), abs));
+    }
+    let m = _mm_max_ps(_mm256_castps256_ps128(max), _mm256_extractf128_ps::<1>(max));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    // packs interleave the 128-bit lanes; this permutation restores order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (x32, q32) in x.chunks_exact(32).zip(qs.chunks_exact_mut(32)) {
+        let lo = _mm256_packs_epi32(
+            scale_round(load8(x32), id),
+            scale_round(load8(&x32[8..]), id),
+        );
+        let hi = _mm256_packs_epi32(
+            scale_round(load8(&x32[16..]), id),
+            scale_round(load8(&x32[24..]), id),
+        );
+        let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(lo, hi), order);
+        _mm256_storeu_si256(q32.as_mut_ptr().cast(), bytes);
+    }
+    d
+}
+
+/// `v * id` rounded to the nearest integer, ties to even.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scale_round(v: __m256, id: __m256) -> __m256i {
+    let v = _mm256_mul_ps(v, id);
+    _mm256_cvtps_epi32(_mm256_round_ps::<
+        { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+    >(v))
+}

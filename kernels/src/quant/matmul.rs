@@ -1,0 +1,412 @@
+//! Matrix products with quantized weights: kernel selection by instruction
+//! set, activation quantization, and splitting the rows over threads.
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use super::act::{quantize_run, BlockQ8, BlockQ8K};
+use super::format::marker;
+use super::{scalar, Precision, QuantError, QuantType};
+use crate::cpu::CpuFeatures;
+
+/// An instruction set the quantized kernels are written for, from the most
+/// portable up.
+///
+/// Formats without a kernel for an instruction set use the best one below it
+/// (ultimately the portable one, which covers every format).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable Rust, on every CPU.
+    Scalar,
+    /// x86_64 AVX2 with FMA and F16C.
+    Avx2,
+    /// x86_64 AVX-512 (F, BW) with VNNI, on top of AVX2.
+    Avx512,
+}
+
+impl Isa {
+    /// Every instruction set, from the most portable up.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    /// The best instruction set this CPU supports (detected once).
+    pub fn detect() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            Self::ALL
+                .into_iter()
+                .rev()
+                .find(|isa| isa.is_available())
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+
+    /// Whether this CPU supports the instruction set.
+    pub fn is_available(self) -> bool {
+        let f = CpuFeatures::detect();
+        let avx2 = cfg!(target_arch = "x86_64") && f.avx2 && f.fma && f.f16c;
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => avx2,
+            Isa::Avx512 => avx2 && f.avx512 && f.avx512_vnni,
+        }
+    }
+}
+
+/// A kernel: `out[r]` = the dot product of weight row `r` (of the
+/// `out.len()` rows in the bytes given) with one activation row, given as f32
+/// values or 8-bit blocks. Unsafe because it may need CPU features.
+type Kernel<A> = unsafe fn(&[u8], &[A], &mut [f32]);
+
+/// The kernel for a format, precision and instruction set, with its
+/// activation representation.
+enum Selected {
+    Exact(Kernel<f32>),
+    Q8(Kernel<BlockQ8>),
+    Q8K(Kernel<BlockQ8K>),
+}
+
+/// Evaluates `$body` with `$f` naming the [`Format`] marker of `$ty`.
+macro_rules! with_format {
+    ($ty:expr, $f:ident => $body:expr) => {
+        match $ty {
+            QuantType::Q4_0 => {
+                type $f = marker::Q4_0;
+                $body
+            }
+            QuantType::Q4_1 => {
+                type $f = marker::Q4_1;
+                $body
+            }
+            QuantType::Q5_0 => {
+                type $f = marker::Q5_0;
+                $body
+            }
+            QuantType::Q5_1 => {
+                type $f = marker::Q5_1;
+                $body
+            }
+            QuantType::Q8_0 => {
+                type $f = marker::Q8_0;
+                $body
+            }
+            QuantType::Q2K => {
+                type $f = marker::Q2K;
+                $body
+            }
+            QuantType::Q3K => {
+                type $f = marker::Q3K;
+                $body
+            }
+            QuantType::Q4K => {
+                type $f = marker::Q4K;
+                $body
+            }
+            QuantType::Q5K => {
+                type $f = marker::Q5K;
+                $body
+            }
+            QuantType::Q6K => {
+                type $f = marker::Q6K;
+                $body
+            }
+        }
+    };
+}
+
+fn select(ty: QuantType, precision: Precision, isa: Isa) -> Selected {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        return select_avx2(ty, precision);
+    }
+    let _ = isa;
+    with_format!(ty, F => match (precision, ty.is_k_quant()) {
+        (Precision::Exact, _) => Selected::Exact(scalar::exact::<F>),
+        (Precision::Fast, false) => Selected::Q8(scalar::fast_q8::<F>),
+        (Precision::Fast, true) => Selected::Q8K(scalar::fast_q8k::<F>),
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
+    use super::avx2 as k;
+    use marker as m;
+    use Precision::{Exact, Fast};
+    match (precision, ty) {
+        (Exact, QuantType::Q4_0) => Selected::Exact(k::exact_32::<m::Q4_0>),
+        (Exact, QuantType::Q4_1) => Selected::Exact(k::exact_32::<m::Q4_1>),
+        (Exact, QuantType::Q5_0) => Selected::Exact(k::exact_32::<m::Q5_0>),
+        (Exact, QuantType::Q5_1) => Selected::Exact(k::exact_32::<m::Q5_1>),
+        (Exact, QuantType::Q8_0) => Selected::Exact(k::exact_32::<m::Q8_0>),
+        (Exact, QuantType::Q4K) => Selected::Exact(k::exact_q4k::<m::Q4K>),
+        (Exact, QuantType::Q6K) => Selected::Exact(k::exact_q6k::<m::Q6K>),
+        (Exact, _) => with_format!(ty, F => Selected::Exact(k::exact_any::<F>)),
+        (Fast, QuantType::Q4_0) => Selected::Q8(k::fast_32::<m::Q4_0>),
+        (Fast, QuantType::Q4_1) => Selected::Q8(k::fast_32::<m::Q4_1>),
+        (Fast, QuantType::Q5_0) => Selected::Q8(k::fast_32::<m::Q5_0>),
+        (Fast, QuantType::Q5_1) => Selected::Q8(k::fast_32::<m::Q5_1>),
+        (Fast, QuantType::Q8_0) => Selected::Q8(k::fast_q8_0::<m::Q8_0>),
+        (Fast, QuantType::Q4K) => Selected::Q8K(k::fast_q4k::<m::Q4K>),
+        (Fast, QuantType::Q6K) => Selected::Q8K(k::fast_q6k::<m::Q6K>),
+        (Fast, QuantType::Q2K) => Selected::Q8K(scalar::fast_q8k::<m::Q2K>),
+        (Fast, QuantType::Q3K) => Selected::Q8K(scalar::fast_q8k::<m::Q3K>),
+        (Fast, QuantType::Q5K) => Selected::Q8K(scalar::fast_q8k::<m::Q5K>),
+    }
+}
+
+/// An 8-bit activation block.
+trait ActBlock: Default + Copy + Send + Sync {
+    const ELEMS: usize;
+    fn quantize(isa: Isa, x: &[f32], out: &mut Self);
+}
+
+/// Quantizes a run of `qs.len()` values (a multiple of 32) with the best
+/// available code; all versions give identical results.
+fn quantize_with(isa: Isa, x: &[f32], qs: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: the caller checked that `isa` is available.
+        return unsafe { super::avx2::quantize_run(x, qs) };
+    }
+    let _ = isa;
+    quantize_run(x, qs)
+}
+
+impl ActBlock for BlockQ8 {
+    const ELEMS: usize = 32;
+    fn quantize(isa: Isa, x: &[f32], out: &mut Self) {
+        let d = quantize_with(isa, x, &mut out.qs);
+        out.finish(d);
+    }
+}
+
+impl ActBlock for BlockQ8K {
+    const ELEMS: usize = 256;
+    fn quantize(isa: Isa, x: &[f32], out: &mut Self) {
+        let d = quantize_with(isa, x, &mut out.qs);
+        out.finish(d);
+    }
+}
+
+/// Activations (`m * cols` values) at or above which quantizing them is split
+/// over threads.
+const PAR_QUANTIZE_MIN: usize = 1 << 16;
+
+fn quantize_acts<B: ActBlock>(isa: Isa, x: &[f32]) -> Vec<B> {
+    let mut blocks = vec![B::default(); x.len() / B::ELEMS];
+    if x.len() >= PAR_QUANTIZE_MIN {
+        x.par_chunks_exact(B::ELEMS)
+            .zip(blocks.par_iter_mut())
+            .for_each(|(x, b)| B::quantize(isa, x, b));
+    } else {
+        for (x, b) in x.chunks_exact(B::ELEMS).zip(blocks.iter_mut()) {
+            B::quantize(isa, x, b);
+        }
+    }
+    blocks
+}
+
+/// Rows computed for every activation row before moving on, so that they stay
+/// in L1 while the activations stream past.
+const ROW_TILE: usize = 8;
+/// The least work (weight bytes times activation rows) worth a task.
+const MIN_TASK_WORK: usize = 48 * 1024;
+/// Tasks per thread, for balance.
+const TASKS_PER_THREAD: usize = 4;
+
+/// A product to run: the kernel, the weights, and the prepared activations.
+struct Job<'a, A> {
+    kernel: Kernel<A>,
+    weight: &'a [u8],
+    row_bytes: usize,
+    /// `m` rows of `act_len` values or blocks each.
+    acts: &'a [A],
+    act_len: usize,
+}
+
+impl<A: Sync> Job<'_, A> {
+    /// Computes weight rows `r0..r0 + outs[i].len()` for every activation
+    /// row `i`, writing `outs[i][r - r0]`.
+    fn rows(&self, r0: usize, outs: &mut [&mut [f32]]) {
+        let n = outs.first().map_or(0, |o| o.len());
+        for t0 in (0..n).step_by(ROW_TILE) {
+            let t1 = (t0 + ROW_TILE).min(n);
+            let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
+            for (out, a) in outs.iter_mut().zip(self.acts.chunks_exact(self.act_len)) {
+                // SAFETY: the kernel was selected for an instruction set the
+                // CPU supports; `w` holds whole rows and `a` a whole row.
+                unsafe { (self.kernel)(w, a, &mut out[t0..t1]) };
+            }
+        }
+    }
+
+    /// Runs the job over all `rows`, writing `y` (`m x rows`).
+    fn run(&self, rows: usize, y: &mut [f32]) {
+        let m = y.len() / rows;
+        let work_per_row = (self.row_bytes * m).max(1);
+        let tasks = rayon::current_num_threads() * TASKS_PER_THREAD;
+        let chunk = rows
+            .div_ceil(tasks)
+            .max(MIN_TASK_WORK.div_ceil(work_per_row))
+            .min(rows);
+        if chunk == rows {
+            let mut outs: Vec<&mut [f32]> = y.chunks_exact_mut(rows).collect();
+            self.rows(0, &mut outs);
+        } else if m == 1 {
+            y.par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(c, out)| self.rows(c * chunk, &mut [out]));
+        } else {
+            // Task c gets columns c*chunk.. of every output row.
+            let mut tasks: Vec<Vec<&mut [f32]>> = (0..rows.div_ceil(chunk))
+                .map(|_| Vec::with_capacity(m))
+                .collect();
+            for out in y.chunks_exact_mut(rows) {
+                for (task, part) in tasks.iter_mut().zip(out.chunks_mut(chunk)) {
+                    task.push(part);
+                }
+            }
+            tasks
+                .into_par_iter()
+                .enumerate()
+                .for_each(|(c, mut outs)| self.rows(c * chunk, &mut outs));
+        }
+    }
+}
+
+/// A borrowed quantized weight matrix: `rows` rows of `cols` values, each row
+/// stored as `ty.row_bytes(cols)` bytes of blocks, rows one after another.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantMatrix<'a> {
+    ty: QuantType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    data: &'a [u8],
+}
+
+impl<'a> QuantMatrix<'a> {
+    /// Wraps `data`, checking that `cols` is a multiple of the block size and
+    /// that `data` holds exactly `rows` rows.
+    pub fn new(
+        ty: QuantType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Self, QuantError> {
+        let row_bytes = ty.row_bytes(cols)?;
+        let expected = row_bytes.checked_mul(rows).ok_or(QuantError::TooLarge)?;
+        check_len("weight", expected, data.len())?;
+        Ok(Self {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            data,
+        })
+    }
+
+    /// The block format.
+    pub fn quant_type(&self) -> QuantType {
+        self.ty
+    }
+
+    /// Number of rows (outputs).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns (inputs).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The quantized bytes.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// `y = x · Wᵀ` on the best instruction set: `x` is `m x cols`, `y` is
+    /// `m x rows`, both row-major, and `y[i][r]` is the dot product of
+    /// activation row `i` with weight row `r`.
+    pub fn matmul(
+        &self,
+        precision: Precision,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), QuantError> {
+        self.matmul_with(Isa::detect(), precision, x, m, y)
+    }
+
+    /// [`matmul`](Self::matmul) on a given instruction set (an error if the
+    /// CPU lacks it); for tests and benchmarks.
+    pub fn matmul_with(
+        &self,
+        isa: Isa,
+        precision: Precision,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), QuantError> {
+        check_len(
+            "activation",
+            m.checked_mul(self.cols).ok_or(QuantError::TooLarge)?,
+            x.len(),
+        )?;
+        check_len(
+            "output",
+            m.checked_mul(self.rows).ok_or(QuantError::TooLarge)?,
+            y.len(),
+        )?;
+        if !isa.is_available() {
+            return Err(QuantError::IsaUnavailable(isa));
+        }
+        if self.rows == 0 || m == 0 {
+            return Ok(());
+        }
+        if self.cols == 0 {
+            y.fill(0.0);
+            return Ok(());
+        }
+        let blocks = self.cols / self.ty.block_elems();
+        match select(self.ty, precision, isa) {
+            Selected::Exact(kernel) => self.job(kernel, x, self.cols).run(self.rows, y),
+            Selected::Q8(kernel) => {
+                let acts = quantize_acts::<BlockQ8>(isa, x);
+                self.job(kernel, &acts, blocks).run(self.rows, y);
+            }
+            Selected::Q8K(kernel) => {
+                let acts = quantize_acts::<BlockQ8K>(isa, x);
+                self.job(kernel, &acts, blocks).run(self.rows, y);
+            }
+        }
+        Ok(())
+    }
+
+    fn job<'j, A>(&'j self, kernel: Kernel<A>, acts: &'j [A], act_len: usize) -> Job<'j, A> {
+        Job {
+            kernel,
+            weight: self.data,
+            row_bytes: self.row_bytes,
+            acts,
+            act_len,
+        }
+    }
+}
+
+pub(super) fn check_len(
+    what: &'static str,
+    expected: usize,
+    actual: usize,
+) -> Result<(), QuantError> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(QuantError::WrongLength {
+            what,
+            expected,
+            actual,
+        })
+    }
+}

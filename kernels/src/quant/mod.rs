@@ -1,0 +1,100 @@
+//! Quantized GGUF weights on the CPU: the block formats, dequantization, and
+//! matrix products computed straight from the blocks.
+//!
+//! # Formats
+//!
+//! [`QuantType`] covers ggml's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32
+//! values) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (super-blocks of 256), with
+//! ggml's exact byte layouts. [`dequantize_row`] is the reference
+//! dequantization (bit-exact with ggml and gguf-py);
+//! [`quantize_row_q8_0`] the reference Q8_0 quantizer.
+//!
+//! # Products
+//!
+//! [`QuantMatrix::matmul`] computes `y = x · Wᵀ` for a `rows x cols`
+//! quantized `W` and `m` rows of f32 activations, block by block, never
+//! dequantizing the matrix. [`Precision`] picks the arithmetic:
+//!
+//! - [`Precision::Exact`] dequantizes one block at a time in registers and
+//!   accumulates in f32: the result matches dequantize-then-dot up to f32
+//!   rounding.
+//! - [`Precision::Fast`] quantizes each activation row once to 8 bits (blocks
+//!   of 32 with an f32 scale and the quants' sum, or Q8_K super-blocks with
+//!   run sums for the K-quants), then takes integer dot products, as
+//!   llama.cpp does. The error is that of 8-bit activations (about 1e-3
+//!   relative to the sum of |w·x|).
+//!
+//! Kernels are chosen at run time ([`Isa::detect`]): AVX-512 VNNI and AVX2
+//! for the common formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, and in
+//! exact mode every format), portable code for everything, always compiled
+//! and the reference the others are tested against. Output rows are split
+//! over the rayon thread pool; small products run on the calling thread.
+
+mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod format;
+mod matmul;
+mod scalar;
+#[cfg(test)]
+mod tests;
+
+pub use act::quantize_row_q8_0;
+pub use format::QuantType;
+pub use matmul::{Isa, QuantMatrix};
+
+/// Errors from the quantized kernels; they never panic on bad input.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    /// A GGUF type id this crate has no format for.
+    #[error("unsupported GGUF tensor type id {0}")]
+    UnsupportedTypeId(u32),
+    /// A row length that is not a whole number of blocks.
+    #[error("{ty} rows need a multiple of {} values, got {cols}", ty.block_elems())]
+    UnalignedCols {
+        /// The format.
+        ty: QuantType,
+        /// The requested row length.
+        cols: usize,
+    },
+    /// A buffer of the wrong size.
+    #[error("{what} buffer has {actual} elements, expected {expected}")]
+    WrongLength {
+        /// Which buffer.
+        what: &'static str,
+        /// The size the shapes call for.
+        expected: usize,
+        /// The size given.
+        actual: usize,
+    },
+    /// Shapes whose size overflows `usize`.
+    #[error("tensor shape too large")]
+    TooLarge,
+    /// An instruction set this CPU lacks.
+    #[error("this CPU does not support {0:?}")]
+    IsaUnavailable(Isa),
+}
+
+/// The arithmetic of a quantized matrix product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 activations and accumulation: dequantize-then-dot up to rounding.
+    #[default]
+    Exact,
+    /// 8-bit quantized activations and integer dot products (llama.cpp's way).
+    Fast,
+}
+
+/// Dequantizes one row: `src` holds `dst.len()` values of format `ty`
+/// (`ty.row_bytes(dst.len())` bytes), as ggml's `dequantize_row_*` does.
+pub fn dequantize_row(ty: QuantType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    matmul::check_len("quantized row", ty.row_bytes(dst.len())?, src.len())?;
+    let mut u = format::Unpacked::default();
+    for (block, out) in src
+        .chunks_exact(ty.block_bytes())
+        .zip(dst.chunks_exact_mut(ty.block_elems()))
+    {
+        ty.dequantize_block(block, &mut u, out);
+    }
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! Every kernel on every available instruction set against the dequantized
+//! reference, in both precisions.
+
+use half::f16;
+
+use super::act::quantize_run;
+use super::*;
+
+/// splitmix64: a tiny deterministic generator for test data.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub(crate) fn f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Offsets of the f16 scale (and minimum) fields in a block.
+fn f16_fields(ty: QuantType) -> &'static [usize] {
+    match ty {
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q2K => &[80, 82],
+        QuantType::Q3K => &[108],
+        QuantType::Q6K => &[208],
+    }
+}
+
+/// Random blocks: random quant bytes, scales of moderate magnitude.
+fn random_blocks(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut data: Vec<u8> = (0..blocks * ty.block_bytes())
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    for block in data.chunks_exact_mut(ty.block_bytes()) {
+        for &at in f16_fields(ty) {
+            let v = f16::from_f32(rng.f32() * 0.05);
+            block[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    data
+}
+
+fn dequantize_matrix(ty: QuantType, data: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; rows * cols];
+    let rb = ty.row_bytes(cols).unwrap();
+    for (src, dst) in data.chunks_exact(rb).zip(out.chunks_exact_mut(cols)) {
+        dequantize_row(ty, src, dst).unwrap();
+    }
+    out
+}
+
+/// The activations as the fast kernels see them: quantized per block of 32
+/// (256 for K-quants) and dequantized.
+fn quantized_activations(ty: QuantType, x: &[f32]) -> Vec<f32> {
+    let n = if ty.is_k_quant() { 256 } else { 32 };
+    let mut qs = vec![0i8; n];
+    let mut out = Vec::with_capacity(x.len());
+    for run in x.chunks_exact(n) {
+        let d = quantize_run(run, &mut qs);
+        out.extend(qs.iter().map(|&q| d * f32::from(q)));
+    }
+    out
+}
+
+/// `y[i][r] = Σ w[r][k] x[i][k]` in f64, with `Σ |w x|` for the tolerance.
+fn reference(w: &[f32], x: &[f32], rows: usize, cols: usize, m: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut y = vec![0f64; m * rows];
+    let mut mag = vec![0f64; m * rows];
+    for i in 0..m {
+        for r in 0..rows {
+            let (wr, xi) = (&w[r * cols..][..cols], &x[i * cols..][..cols]);
+            for (a, b) in wr.iter().zip(xi) {
+                y[i * rows + r] += f64::from(*a) * f64::from(*b);
+                mag[i * rows + r] += (f64::from(*a) * f64::from(*b)).abs();
+            }
+        }
+    }
+    (y, mag)
+}
+
+fn assert_close(label: &str, got: &[f32], want: &[f64], mag: &[f64], tol: f64) {
+    for (k, ((g, w), s)) in got.iter().zip(want).zip(mag).enumerate() {
+        let err = (f64::from(*g) - w).abs();
+        assert!(
+            err <= tol * s.max(1e-12),
+            "{label}: y[{k}] = {g}, expected {w} (error {err:e}, scale {s:e})"
+        );
+    }
+}
+
+fn check_type(ty: QuantType, rows: usize, cols: usize, m: usize, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let data = random_blocks(ty, rows * cols / ty.block_elems(), &mut rng);
+    let x: Vec<f32> = (0..m * cols).map(|_| rng.f32()).collect();
+    let w = dequantize_matrix(ty, &data, rows, cols);
+    let (exact, mag) = reference(&w, &x, rows, cols, m);
+    let (fast, fast_mag) = reference(&w, &quantized_activations(ty, &x), rows, cols, m);
+    let matrix = QuantMatrix::new(ty, rows, cols, &data).unwrap();
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
+        let mut y = vec![f32::NAN; m * rows];
+        let label = format!("{ty} {isa:?} exact {rows}x{cols} m={m}");
+        matrix
+            .matmul_with(isa, Precision::Exact, &x, m, &mut y)
+            .unwrap();
+        assert_close(&label, &y, &exact, &mag, 1e-5);
+
+        let label = format!("{ty} {isa:?} fast {rows}x{cols} m={m}");
+        y.fill(f32::NAN);
+        matrix
+            .matmul_with(isa, Precision::Fast, &x, m, &mut y)
+            .unwrap();
+        // The same arithmetic as the reference on the quantized activations...
+        assert_close(&label, &y, &fast, &fast_mag, 1e-5);
+        // ...which is close to the exact product.
+        assert_close(&label, &y, &exact, &mag, 2e-2);
+    }
+}
+
+#[test]
+fn every_type_and_isa_matches_the_reference() {
+    for (seed, ty) in QuantType::ALL.into_iter().enumerate() {
+        let cols = 2 * ty.block_elems().max(256);
+        check_type(ty, 13, cols, 1, seed as u64);
+        check_type(ty, 5, cols, 3, 100 + seed as u64);
+    }
+}
+
+#[test]
+fn threaded_products_match_the_reference() {
+    for (seed, ty) in [
+        QuantType::Q4_0,
+        QuantType::Q8_0,
+        QuantType::Q4K,
+        QuantType::Q6K,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        check_type(ty, 700, 1024, 1, 200 + seed as u64);
+        check_type(ty, 150, 512, 5, 300 + seed as u64);
+    }
+}
+
+#[test]
+fn extreme_quants_do_not_overflow() {
+    // All-ones quant bytes give each format's largest quants; activations of
+    // one sign make every product add up.
+    for ty in QuantType::ALL {
+        let mut data = vec![0xFFu8; 4 * ty.block_bytes()];
+        for block in data.chunks_exact_mut(ty.block_bytes()) {
+            for &at in f16_fields(ty) {
+                block[at..at + 2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+            }
+        }
+        let cols = ty.block_elems();
+        let x = vec![1.0f32; cols];
+        let w = dequantize_matrix(ty, &data, 4, cols);
+        let (exact, mag) = reference(&w, &x, 4, cols, 1);
+        let matrix = QuantMatrix::new(ty, 4, cols, &data).unwrap();
+        for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
+            for precision in [Precision::Exact, Precision::Fast] {
+                let mut y = vec![0f32; 4];
+                matrix.matmul_with(isa, precision, &x, 1, &mut y).unwrap();
+                assert_close(
+                    &format!("{ty} {isa:?} {precision:?}"),
+                    &y,
+                    &exact,
+                    &mag,
+                    1e-5,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_activation_quantization_is_identical() {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.is_available() {
+        let mut rng = Rng::new(7);
+        for scale in [0.0f32, 1e-3, 1.0, 300.0] {
+            let x: Vec<f32> = (0..512).map(|_| rng.f32() * scale).collect();
+            let (mut a, mut b) = (vec![0i8; 512], vec![0i8; 512]);
+            let da = quantize_run(&x, &mut a);
+            // SAFETY: AVX2 is available.
+            let db = unsafe { super::avx2::quantize_run(&x, &mut b) };
+            assert_eq!((da, &a), (db, &b));
+        }
+    }
+}
+
+#[test]
+fn empty_and_degenerate_shapes() {
+    let ty = QuantType::Q4_0;
+    let m = QuantMatrix::new(ty, 0, 64, &[]).unwrap();
+    m.matmul(Precision::Fast, &[0.0; 128], 2, &mut []).unwrap();
+    let m = QuantMatrix::new(ty, 3, 0, &[]).unwrap();
+    let mut y = [f32::NAN; 6];
+    m.matmul(Precision::Exact, &[], 2, &mut y).unwrap();
+    assert_eq!(y, [0.0; 6]);
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let ty = QuantType::Q8_0;
+    let data = vec![0u8; 2 * 34];
+    assert!(matches!(
+        QuantMatrix::new(ty, 2, 48, &data),
+        Err(QuantError::UnalignedCols { .. })
+    ));
+    assert!(matches!(
+        QuantMatrix::new(ty, 3, 32, &data),
+        Err(QuantError::WrongLength { .. })
+    ));
+    assert_eq!(
+        QuantMatrix::new(ty, usize::MAX, 32, &data).unwrap_err(),
+        QuantError::TooLarge
+    );
+    let m = QuantMatrix::new(ty, 2, 32, &data).unwrap();
+    let mut y = [0f32; 2];
+    assert!(m.matmul(Precision::Exact, &[0.0; 31], 1, &mut y).is_err());
+    assert!(m
+        .matmul(Precision::Exact, &[0.0; 32], 1, &mut y[..1])
+        .is_err());
+    assert!(m
+        .matmul(Precision::Fast, &[0.0; 32], usize::MAX, &mut y)
+        .is_err());
+    let mut out = [0f32; 32];
+    assert!(dequantize_row(ty, &data, &mut out).is_err());
+    assert!(dequantize_row(ty, &data[..34], &mut out[..31]).is_err());
+}
