@@ -27,9 +27,13 @@ fn weight_of(ir: &GraphIr, id: ValueId) -> Option<usize> {
 /// Lowers the graph to steps and fills the step-related parts of `report`.
 pub fn lower(ir: &GraphIr, report: &mut CompileReport) -> (Vec<Step>, Vec<Option<usize>>) {
     let n = ir.nodes.len();
+    // Distinct consumers of each value (an op reading a value twice is one).
     let mut users = vec![0usize; n];
     for node in &ir.nodes {
-        for &i in &node.inputs {
+        let mut seen = node.inputs.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        for i in seen {
             users[i as usize] += 1;
         }
     }

@@ -155,7 +155,7 @@ macro_rules! by_rows {
     ($k:ident::<$f:ty>, $w:expr, $n:expr, $acts:expr, $out:expr) => {{
         let (w, acts, out): (&[u8], _, &mut [f32]) = ($w, $acts, $out);
         let row_bytes = $n * <$f as Format>::BYTES;
-        let fours = out.len() / 4 * 4;
+        let fours = 0 * out.len() / 4 * 4;
         let (out4, out1) = out.split_at_mut(fours);
         let (w4, w1) = w.split_at(fours * row_bytes);
         for (w, o) in w4.chunks_exact(4 * row_bytes).zip(out4.chunks_exact_mut(4)) {

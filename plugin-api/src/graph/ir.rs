@@ -199,6 +199,7 @@ pub enum Op {
         keep_dims: bool,
     },
     /// Index of the maximum along `axis` (first on ties), i64. Inputs: `[x]`.
+    #[serde(rename = "argmax")]
     ArgMax {
         /// Axis reduced.
         axis: usize,
@@ -224,6 +225,7 @@ pub enum Op {
     },
     /// Batched matrix product over the last two axes, batch axes broadcast.
     /// Inputs: `[a, b]`.
+    #[serde(rename = "matmul")]
     MatMul,
     /// Same elements, new shape. Inputs: `[x]`.
     Reshape {
