@@ -26,6 +26,8 @@ pub struct Cli {
 pub enum Command {
     /// List the architectures this host can run, built-in and custom.
     ListArchitectures(ListArchitecturesArgs),
+    /// Print the graph an architecture builds for a config, optionally compiled.
+    InspectGraph(InspectGraphArgs),
 }
 
 /// Plugin options shared by every command that resolves architectures.
@@ -48,6 +50,33 @@ pub struct ListArchitecturesArgs {
     pub json: bool,
 }
 
+/// Options of `host inspect-graph`.
+#[derive(Debug, Args)]
+pub struct InspectGraphArgs {
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// The architecture (a name or alias from `list-architectures`).
+    #[arg(long)]
+    pub architecture: String,
+
+    /// The model's Hugging Face `config.json`.
+    #[arg(long, value_name = "PATH")]
+    pub config: PathBuf,
+
+    /// Longest sequence to plan for (default: the model's limit).
+    #[arg(long)]
+    pub max_length: Option<u32>,
+
+    /// Also compile the graph and print the kernel steps and what each pass did.
+    #[arg(long)]
+    pub compiled: bool,
+
+    /// Compile even if the compile cache has the graph.
+    #[arg(long)]
+    pub no_compile_cache: bool,
+}
+
 /// Runs the command line and returns the process exit code. Errors are printed
 /// as `error: …` lines (their full detail with `-v`), never as panics.
 pub fn run() -> ExitCode {
@@ -55,6 +84,7 @@ pub fn run() -> ExitCode {
     crate::logging::init(cli.verbose);
     let result = match &cli.command {
         Command::ListArchitectures(args) => commands::list_architectures(args),
+        Command::InspectGraph(args) => commands::inspect_graph(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -42,3 +42,85 @@ fn json_listing_has_the_documented_fields() {
         assert!(first.get(field).is_some(), "missing {field} in {first}");
     }
 }
+
+fn host_with_cache(args: &[&str], cache: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_host"))
+        .args(args)
+        .env("KILN_LOG", "off")
+        .env("KILN_CACHE_DIR", cache)
+        .output()
+        .expect("host runs")
+}
+
+#[test]
+fn inspect_graph_prints_the_graph_and_the_compiled_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 256, "vocab_size": 100, "rope_theta": 10000}"#,
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let cache = dir.path().join("cache");
+    let args = [
+        "inspect-graph",
+        "--architecture",
+        "llama",
+        "--config",
+        config,
+        "--compiled",
+    ];
+
+    let first = host_with_cache(&args, &cache);
+    let text = String::from_utf8_lossy(&first.stdout);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(text.starts_with("graph llama (ir v1) {"), "{text}");
+    assert!(
+        text.contains("weight \"layers.1.self_attn.o_proj.weight\""),
+        "{text}"
+    );
+    assert!(text.contains("paged_attention("), "{text}");
+    assert!(text.contains("program (compiled in"), "{text}");
+    assert!(text.contains("linear[lm_head.weight float32]"), "{text}");
+
+    let second = host_with_cache(&args, &cache);
+    assert!(String::from_utf8_lossy(&second.stdout)
+        .contains("program (loaded from the compile cache in"));
+
+    // Errors: an unknown architecture, and a config the plugin rejects.
+    let unknown = host(&[
+        "inspect-graph",
+        "--architecture",
+        "Nope",
+        "--config",
+        config,
+    ]);
+    assert_eq!(unknown.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        stderr.contains(
+            "unknown architecture `Nope` (registered: LlamaForCausalLM, MistralForCausalLM"
+        ),
+        "{stderr}"
+    );
+    std::fs::write(dir.path().join("bad.json"), r#"{"hidden_size": 64}"#).unwrap();
+    let bad = host(&[
+        "inspect-graph",
+        "--architecture",
+        "llama",
+        "--config",
+        dir.path().join("bad.json").to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("LlamaForCausalLM (llama): config: config.json has no `num_hidden_layers`"),
+        "{stderr}"
+    );
+}

@@ -7,8 +7,9 @@ use std::str::FromStr;
 use abi_stable::std_types::RString;
 
 use crate::abi::{ArchitectureDescriptor, EntryPoints};
-use crate::config::{ArchConfig, ConfigRequest};
+use crate::config::{ArchConfig, ConfigRequest, GraphRequest};
 use crate::error::{Error, Result};
+use crate::graph::GraphIr;
 
 /// Declares a string-backed enumeration: canonical names in both directions,
 /// so that the host and every plugin agree on the spelling that crosses the ABI.
@@ -110,6 +111,10 @@ named_enum! {
 /// Parses the architecture's Hugging Face config into its [`ArchConfig`].
 pub type ConfigFn = dyn Fn(&ConfigRequest) -> Result<ArchConfig> + Send + Sync;
 
+/// Builds the architecture's graph for a config (and, optionally, the adapted
+/// checkpoint's weights).
+pub type GraphFn = dyn Fn(&GraphRequest) -> Result<GraphIr> + Send + Sync;
+
 /// What an architecture is, as listings show it and as the host matches models
 /// against it: its names, task, encodings and preferred checkpoint format. The
 /// same type describes an architecture on both sides of the boundary.
@@ -200,6 +205,8 @@ pub struct SupportedArchitecture {
     pub info: ArchitectureInfo,
     /// The config entry point; `None` reports "unsupported" to the host.
     pub config: Option<Box<ConfigFn>>,
+    /// The graph entry point; `None` reports "unsupported" to the host.
+    pub graph: Option<Box<GraphFn>>,
 }
 
 impl SupportedArchitecture {
@@ -216,6 +223,7 @@ impl SupportedArchitecture {
                 example_repo_ids: Vec::new(),
             },
             config: None,
+            graph: None,
         }
     }
 
@@ -259,6 +267,15 @@ impl SupportedArchitecture {
         self.config = Some(Box::new(config));
         self
     }
+
+    /// Sets the graph entry point.
+    pub fn with_graph(
+        mut self,
+        graph: impl Fn(&GraphRequest) -> Result<GraphIr> + Send + Sync + 'static,
+    ) -> Self {
+        self.graph = Some(Box::new(graph));
+        self
+    }
 }
 
 impl fmt::Debug for SupportedArchitecture {
@@ -266,6 +283,7 @@ impl fmt::Debug for SupportedArchitecture {
         f.debug_struct("SupportedArchitecture")
             .field("info", &self.info)
             .field("config", &self.config.is_some())
+            .field("graph", &self.graph.is_some())
             .finish()
     }
 }

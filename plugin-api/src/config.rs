@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::nn::RopeScaling;
 
 /// What the host hands an architecture's config entry point.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -31,6 +32,18 @@ pub struct ArchConfig {
     /// The plugin's own parsed config, handed back to it when building graphs.
     #[serde(default)]
     pub model: Value,
+}
+
+/// What the host hands an architecture's graph entry point.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphRequest {
+    /// The architecture's config, as its config entry point returned it.
+    pub config: ArchConfig,
+    /// The adapted checkpoint's weights (names, types, encodings), bound to the
+    /// module with `load_state_dict`; `None` builds with the module's own
+    /// declarations (for inspection without a checkpoint).
+    #[serde(default)]
+    pub state_dict: Option<crate::nn::StateDict>,
 }
 
 /// The per-layer shape of the key/value cache.
@@ -79,6 +92,106 @@ impl<'a> HfConfig<'a> {
                     ))
                 }),
         }
+    }
+
+    /// A required number.
+    pub fn f64(&self, key: &str) -> Result<f64> {
+        self.opt_f64(key)?
+            .ok_or_else(|| Error::invalid(format!("config.json has no `{key}`")))
+    }
+
+    /// An optional number (`null` counts as absent).
+    pub fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.object.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value.as_f64().map(Some).ok_or_else(|| {
+                Error::invalid(format!(
+                    "config.json field `{key}` must be a number, found {value}"
+                ))
+            }),
+        }
+    }
+
+    /// An optional string (`null` counts as absent).
+    pub fn opt_string(&self, key: &str) -> Result<Option<&'a str>> {
+        match self.object.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value.as_str().map(Some).ok_or_else(|| {
+                Error::invalid(format!(
+                    "config.json field `{key}` must be a string, found {value}"
+                ))
+            }),
+        }
+    }
+
+    /// An optional boolean (`null` counts as absent).
+    pub fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.object.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value.as_bool().map(Some).ok_or_else(|| {
+                Error::invalid(format!(
+                    "config.json field `{key}` must be true or false, found {value}"
+                ))
+            }),
+        }
+    }
+
+    /// The rotary base and scaling, from `rope_parameters` (transformers 5)
+    /// or `rope_theta` + `rope_scaling` (earlier checkpoints).
+    pub fn rope(&self) -> Result<(f64, RopeScaling)> {
+        let params = ["rope_parameters", "rope_scaling"]
+            .iter()
+            .find_map(|key| self.object.get(*key).filter(|v| v.is_object()));
+        let theta = match params
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(Value::as_f64)
+        {
+            Some(theta) => theta,
+            None => self.opt_f64("rope_theta")?.unwrap_or(10_000.0),
+        };
+        let Some(params) = params else {
+            return Ok((theta, RopeScaling::Default));
+        };
+        let p = HfConfig::new(params)?;
+        let kind = params
+            .get("rope_type")
+            .or_else(|| params.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let original = || -> Result<f64> {
+            match p.opt_f64("original_max_position_embeddings")? {
+                Some(n) => Ok(n),
+                None => self.f64("max_position_embeddings"),
+            }
+        };
+        let scaling = match kind {
+            "default" => RopeScaling::Default,
+            "linear" => RopeScaling::Linear {
+                factor: p.f64("factor")?,
+            },
+            "llama3" => RopeScaling::Llama3 {
+                factor: p.f64("factor")?,
+                low_freq_factor: p.f64("low_freq_factor")?,
+                high_freq_factor: p.f64("high_freq_factor")?,
+                original_max_position_embeddings: original()?,
+            },
+            "yarn" => RopeScaling::Yarn {
+                factor: p.f64("factor")?,
+                original_max_position_embeddings: original()?,
+                beta_fast: p.opt_f64("beta_fast")?.unwrap_or(32.0),
+                beta_slow: p.opt_f64("beta_slow")?.unwrap_or(1.0),
+                attention_factor: p.opt_f64("attention_factor")?,
+                mscale: p.opt_f64("mscale")?.unwrap_or(0.0),
+                mscale_all_dim: p.opt_f64("mscale_all_dim")?.unwrap_or(0.0),
+                truncate: p.opt_bool("truncate")?.unwrap_or(true),
+            },
+            other => {
+                return Err(Error::invalid(format!(
+                    "rope type `{other}` is not supported"
+                )))
+            }
+        };
+        Ok((theta, scaling))
     }
 
     /// The sequence limit: the model's `max_position_embeddings`, lowered to the

@@ -18,7 +18,7 @@ use crate::abi::{
     self, EntryPoints, HostServices, LogLevel, PluginManifest, PluginRoot, PluginRootRef,
 };
 use crate::architecture::{Plugin, SupportedArchitecture};
-use crate::config::ConfigRequest;
+use crate::config::{ConfigRequest, GraphRequest};
 use crate::error::{Error, Result};
 
 /// The entry points a plugin can be asked for, by name.
@@ -139,7 +139,13 @@ fn dispatch(entry: Entry, arch: &SupportedArchitecture, request: &[u8]) -> Resul
             serde_json::to_vec(&response)
                 .map_err(|e| Error::internal(format!("cannot serialize the config: {e}")))
         }
-        Entry::AdaptWeights | Entry::BuildGraph | Entry::Pipeline => Err(unsupported()),
+        Entry::BuildGraph => {
+            let build = arch.graph.as_ref().ok_or_else(unsupported)?;
+            let request: GraphRequest = serde_json::from_slice(request)
+                .map_err(|e| Error::invalid(format!("malformed graph request: {e}")))?;
+            Ok(build(&request)?.to_bytes())
+        }
+        Entry::AdaptWeights | Entry::Pipeline => Err(unsupported()),
     }
 }
 

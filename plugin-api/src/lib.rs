@@ -32,9 +32,10 @@ pub mod nn;
 mod version;
 
 pub use architecture::{
-    ArchitectureInfo, ConfigFn, Encoding, Plugin, SupportedArchitecture, Task, WeightsFormat,
+    ArchitectureInfo, ConfigFn, Encoding, GraphFn, Plugin, SupportedArchitecture, Task,
+    WeightsFormat,
 };
-pub use config::{ArchConfig, ConfigRequest, HfConfig, KvCacheParams};
+pub use config::{ArchConfig, ConfigRequest, GraphRequest, HfConfig, KvCacheParams};
 pub use error::{Error, ErrorKind, Result};
 pub use export::{from_abi_level, to_abi_level};
 pub use log;

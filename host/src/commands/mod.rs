@@ -1,7 +1,9 @@
 //! One module per `host` subcommand.
 
+mod inspect_graph;
 mod list_architectures;
 
+pub use inspect_graph::inspect_graph;
 pub use list_architectures::list_architectures;
 
 /// Writes a command's output; a closed pipe (`host … | head`) is not an error.

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kiln_plugin_api::abi::{self, ArchitectureDescriptor, EntryPoint, EntryPoints};
-use kiln_plugin_api::{ArchConfig, ArchitectureInfo, ConfigRequest};
+use kiln_plugin_api::graph::GraphIr;
+use kiln_plugin_api::{ArchConfig, ArchitectureInfo, ConfigRequest, GraphRequest};
 
 use super::PluginLoadError;
 
@@ -95,6 +96,19 @@ impl Architecture {
             entry: "config",
             kind: abi::PluginErrorKind::Invalid,
             message: format!("the plugin returned a malformed config: {e}"),
+        })
+    }
+
+    /// Builds the architecture's graph.
+    pub fn build_graph(&self, request: &GraphRequest) -> Result<GraphIr, EntryPointError> {
+        let request = serde_json::to_vec(request).expect("a GraphRequest serializes");
+        let response = self.call("build_graph", self.entry_points.build_graph, &request)?;
+        GraphIr::from_bytes(&response).map_err(|e| EntryPointError {
+            architecture: self.info.name.clone(),
+            plugin: self.plugin.name.clone(),
+            entry: "build_graph",
+            kind: abi::PluginErrorKind::Invalid,
+            message: format!("the plugin returned an unreadable graph: {e}"),
         })
     }
 

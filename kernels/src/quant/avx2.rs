@@ -4,14 +4,15 @@
 //! ([`Isa::Avx2`](super::Isa::Avx2) available). Loads go through slices, so
 //! they stay in bounds.
 //!
-//! The kernels have the portable kernels' contract (see `scalar`) and work
-//! on four rows at a time, sharing the activation loads and keeping four
-//! independent accumulators in flight.
+//! The kernels have the portable kernels' contract (see `scalar`). They
+//! stream one row at a time (interleaving rows defeats the hardware
+//! prefetchers), alternating two accumulators over the blocks of 32 so that
+//! consecutive blocks do not wait on each other.
 
 use std::arch::x86_64::*;
 
 use super::act::{BlockQ8, BlockQ8K};
-use super::format::{k4_scales_mins, Format, Unpacked, QK_K};
+use super::format::{k4_scales_mins_words, Format, Unpacked, QK_K};
 use super::QuantType;
 
 // ---------------------------------------------------------------- helpers
@@ -149,28 +150,38 @@ unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     hsum(s) + tail
 }
 
-/// Runs a row kernel `$k::<F, R>` over every row of `w`: four at a time,
-/// then one at a time. `$n` is the number of blocks per row.
+/// Runs the row kernel `$k::<F>` (`fn(row, acts) -> f32`) over every row.
 macro_rules! by_rows {
-    ($k:ident::<$f:ty>, $w:expr, $n:expr, $acts:expr, $out:expr) => {{
-        let (w, acts, out): (&[u8], _, &mut [f32]) = ($w, $acts, $out);
-        let row_bytes = $n * <$f as Format>::BYTES;
-        let fours = 0 * out.len() / 4 * 4;
-        let (out4, out1) = out.split_at_mut(fours);
-        let (w4, w1) = w.split_at(fours * row_bytes);
-        for (w, o) in w4.chunks_exact(4 * row_bytes).zip(out4.chunks_exact_mut(4)) {
-            $k::<$f, 4>(w, row_bytes, acts, o);
-        }
-        for (w, o) in w1.chunks_exact(row_bytes).zip(out1.chunks_exact_mut(1)) {
-            $k::<$f, 1>(w, row_bytes, acts, o);
+    ($k:ident::<$f:ty>, $w:expr, $blocks:expr, $acts:expr, $out:expr) => {{
+        let (w, out): (&[u8], &mut [f32]) = ($w, $out);
+        let row_bytes = $blocks * <$f as Format>::BYTES;
+        for (row, y) in w.chunks_exact(row_bytes).zip(out) {
+            *y = $k::<$f>(row, $acts);
         }
     }};
 }
 
-/// Block `i` of row `r` of `w`, whose rows are `row_bytes` long.
+/// Folds `step(state, block, activations)` over a row's blocks with two
+/// independent states, for even and odd blocks.
 #[inline(always)]
-fn block<F: Format>(w: &[u8], row_bytes: usize, r: usize, i: usize) -> &[u8] {
-    &w[r * row_bytes + i * F::BYTES..][..F::BYTES]
+fn fold2<A, S: Copy>(
+    row: &[u8],
+    bytes: usize,
+    acts: &[A],
+    init: S,
+    mut step: impl FnMut(S, &[u8], &A) -> S,
+) -> [S; 2] {
+    let mut s = [init; 2];
+    let (w2, a2) = (row.chunks_exact(2 * bytes), acts.chunks_exact(2));
+    let (w_tail, a_tail) = (w2.remainder(), a2.remainder());
+    for (w, a) in w2.zip(a2) {
+        s[0] = step(s[0], &w[..bytes], &a[0]);
+        s[1] = step(s[1], &w[bytes..], &a[1]);
+    }
+    if let (Some(a), true) = (a_tail.first(), w_tail.len() == bytes) {
+        s[0] = step(s[0], w_tail, a);
+    }
+    s
 }
 
 /// The 32 quants of a Q4_0/Q4_1/Q5_0/Q5_1 block as unsigned bytes (0..16 or
@@ -202,13 +213,9 @@ const fn quant_offset(ty: QuantType) -> i8 {
     }
 }
 
-/// Sums the accumulators of each row into `out`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn store_sums<const R: usize>(acc: &[__m256; R], extra: &[f32; R], out: &mut [f32]) {
-    for ((o, a), e) in out.iter_mut().zip(acc).zip(extra) {
-        *o = hsum(*a) + e;
-    }
+/// Whether the format has a minimum (Q4_1, Q5_1).
+const fn has_min(ty: QuantType) -> bool {
+    matches!(ty, QuantType::Q4_1 | QuantType::Q5_1)
 }
 
 // ---------------------------------------------------------- exact (f32 x)
@@ -234,78 +241,70 @@ pub(crate) unsafe fn exact_any<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) 
 /// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    by_rows!(exact_32_rows::<F>, w, x.len() / 32, x, out);
+    let (x, _) = x.as_chunks::<32>();
+    by_rows!(exact_32_row::<F>, w, x.len(), x, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn exact_32_rows<F: Format, const R: usize>(
-    w: &[u8],
-    row_bytes: usize,
-    x: &[f32],
-    out: &mut [f32],
-) {
-    let has_min = matches!(F::TY, QuantType::Q4_1 | QuantType::Q5_1);
+unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[[f32; 32]]) -> f32 {
     let offset = _mm256_set1_epi8(quant_offset(F::TY));
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (i, x) in x.chunks_exact(32).enumerate() {
+    let acc = fold2(row, F::BYTES, x, _mm256_setzero_ps(), |acc, b, x| {
         let xv = load32_f32(x);
-        let xsum = sum32(&xv);
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let b = block::<F>(w, row_bytes, r, i);
-            let q = if F::TY == QuantType::Q8_0 {
-                load32(&b[2..])
-            } else {
-                _mm256_sub_epi8(unsigned_quants::<F>(b), offset)
-            };
-            let (lo, hi) = dot_i8x32(q, &xv);
-            *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0)), _mm256_add_ps(lo, hi), *acc);
-            if has_min {
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 2)), xsum, *acc);
-            }
+        let q = if F::TY == QuantType::Q8_0 {
+            load32(&b[2..])
+        } else {
+            _mm256_sub_epi8(unsigned_quants::<F>(b), offset)
+        };
+        let (lo, hi) = dot_i8x32(q, &xv);
+        let acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0)), _mm256_add_ps(lo, hi), acc);
+        if has_min(F::TY) {
+            _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 2)), sum32(&xv), acc)
+        } else {
+            acc
         }
-    }
-    store_sums(&acc, &[0.0; R], out);
+    });
+    hsum(_mm256_add_ps(acc[0], acc[1]))
 }
 
 /// Q4_K.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn exact_q4k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    by_rows!(exact_q4k_rows::<F>, w, x.len() / QK_K, x, out);
+    let (x, _) = x.as_chunks::<QK_K>();
+    by_rows!(exact_q4k_row::<F>, w, x.len(), x, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn exact_q4k_rows<F: Format, const R: usize>(
-    w: &[u8],
-    row_bytes: usize,
-    x: &[f32],
-    out: &mut [f32],
-) {
-    let mut acc = [_mm256_setzero_ps(); R];
+unsafe fn exact_q4k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
     let mask = _mm256_set1_epi8(0xF);
-    for (i, x) in x.chunks_exact(QK_K).enumerate() {
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let b = block::<F>(w, row_bytes, r, i);
-            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-            let (sc, mn) = k4_scales_mins(&b[4..16]);
-            for (p, q32) in b[16..].chunks_exact(32).enumerate() {
-                let bits = load32(q32);
-                let low = _mm256_and_si256(bits, mask);
-                let high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask);
-                for (k, q) in [(0, low), (1, high)] {
-                    let j = 2 * p + k;
-                    let xv = load32_f32(&x[32 * j..]);
-                    let (lo, hi) = dot_i8x32(q, &xv);
-                    let scale = _mm256_set1_ps(d * f32::from(sc[j]));
-                    let min = _mm256_set1_ps(-dmin * f32::from(mn[j]));
-                    *acc = _mm256_fmadd_ps(scale, _mm256_add_ps(lo, hi), *acc);
-                    *acc = _mm256_fmadd_ps(min, sum32(&xv), *acc);
-                }
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (b, x) in row.chunks_exact(F::BYTES).zip(x) {
+        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        let sm = k4_scales_mins_words(&b[4..16]);
+        let (sc, mn) = (words_to_bytes(sm[0], sm[1]), words_to_bytes(sm[2], sm[3]));
+        for (p, q32) in b[16..].chunks_exact(32).enumerate() {
+            let bits = load32(q32);
+            let low = _mm256_and_si256(bits, mask);
+            let high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask);
+            for (k, q) in [(0, low), (1, high)] {
+                let j = 2 * p + k;
+                let xv = load32_f32(&x[32 * j..]);
+                let (lo, hi) = dot_i8x32(q, &xv);
+                let scale = _mm256_set1_ps(d * f32::from(sc[j]));
+                let min = _mm256_set1_ps(-dmin * f32::from(mn[j]));
+                acc[k] = _mm256_fmadd_ps(scale, _mm256_add_ps(lo, hi), acc[k]);
+                acc[k] = _mm256_fmadd_ps(min, sum32(&xv), acc[k]);
             }
         }
     }
-    store_sums(&acc, &[0.0; R], out);
+    hsum(_mm256_add_ps(acc[0], acc[1]))
+}
+
+/// The bytes of two little-endian words.
+#[inline(always)]
+fn words_to_bytes(a: u32, b: u32) -> [u8; 8] {
+    (u64::from(a) | u64::from(b) << 32).to_le_bytes()
 }
 
 /// The four 32-byte vectors of unsigned 6-bit Q6_K quants (0..64) for the
@@ -338,37 +337,30 @@ unsafe fn q6k_half(b: &[u8], h: usize) -> [__m256i; 4] {
 /// Q6_K.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn exact_q6k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    by_rows!(exact_q6k_rows::<F>, w, x.len() / QK_K, x, out);
+    let (x, _) = x.as_chunks::<QK_K>();
+    by_rows!(exact_q6k_row::<F>, w, x.len(), x, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn exact_q6k_rows<F: Format, const R: usize>(
-    w: &[u8],
-    row_bytes: usize,
-    x: &[f32],
-    out: &mut [f32],
-) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (i, x) in x.chunks_exact(QK_K).enumerate() {
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let b = block::<F>(w, row_bytes, r, i);
-            let d = f16_at(b, 208);
-            let scales = &b[192..208];
-            for h in 0..2 {
-                for (k, q) in q6k_half(b, h).into_iter().enumerate() {
-                    let q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
-                    let j = 8 * h + 2 * k;
-                    let (lo, hi) = dot_i8x32(q, &load32_f32(&x[16 * j..]));
-                    let s_lo = _mm256_set1_ps(d * f32::from(scales[j] as i8));
-                    let s_hi = _mm256_set1_ps(d * f32::from(scales[j + 1] as i8));
-                    *acc = _mm256_fmadd_ps(s_lo, lo, *acc);
-                    *acc = _mm256_fmadd_ps(s_hi, hi, *acc);
-                }
+unsafe fn exact_q6k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (b, x) in row.chunks_exact(F::BYTES).zip(x) {
+        let d = f16_at(b, 208);
+        let scales = &b[192..208];
+        for h in 0..2 {
+            for (k, q) in q6k_half(b, h).into_iter().enumerate() {
+                let q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+                let j = 8 * h + 2 * k;
+                let (lo, hi) = dot_i8x32(q, &load32_f32(&x[16 * j..]));
+                let s_lo = _mm256_set1_ps(d * f32::from(scales[j] as i8));
+                let s_hi = _mm256_set1_ps(d * f32::from(scales[j + 1] as i8));
+                acc[0] = _mm256_fmadd_ps(s_lo, lo, acc[0]);
+                acc[1] = _mm256_fmadd_ps(s_hi, hi, acc[1]);
             }
         }
     }
-    store_sums(&acc, &[0.0; R], out);
+    hsum(_mm256_add_ps(acc[0], acc[1]))
 }
 
 // ------------------------------------------------- fast (8-bit activations)
@@ -376,30 +368,21 @@ unsafe fn exact_q6k_rows<F: Format, const R: usize>(
 /// Q8_0 with Q8 activations.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn fast_q8_0<F: Format>(w: &[u8], acts: &[BlockQ8], out: &mut [f32]) {
-    by_rows!(fast_q8_0_rows::<F>, w, acts.len(), acts, out);
+    by_rows!(fast_q8_0_row::<F>, w, acts.len(), acts, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn fast_q8_0_rows<F: Format, const R: usize>(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[BlockQ8],
-    out: &mut [f32],
-) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (i, a) in acts.iter().enumerate() {
+unsafe fn fast_q8_0_row<F: Format>(row: &[u8], acts: &[BlockQ8]) -> f32 {
+    let acc = fold2(row, F::BYTES, acts, _mm256_setzero_ps(), |acc, b, a| {
+        let q = load32(&b[2..]);
         let x = load32_i8(&a.qs);
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let b = block::<F>(w, row_bytes, r, i);
-            let q = load32(&b[2..]);
-            // maddubs needs an unsigned operand: |q| times x with q's sign.
-            let p = mul_sum_u8_i8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
-            let d = _mm256_set1_ps(f16_at(b, 0) * a.d);
-            *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *acc);
-        }
-    }
-    store_sums(&acc, &[0.0; R], out);
+        // maddubs needs an unsigned operand: |q| times x with q's sign.
+        let p = mul_sum_u8_i8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+        let d = _mm256_set1_ps(f16_at(b, 0) * a.d);
+        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
+    });
+    hsum(_mm256_add_ps(acc[0], acc[1]))
 }
 
 /// Q4_0, Q4_1, Q5_0 and Q5_1 with Q8 activations: unsigned quants times the
@@ -407,121 +390,135 @@ unsafe fn fast_q8_0_rows<F: Format, const R: usize>(
 /// activation block's sum.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn fast_32<F: Format>(w: &[u8], acts: &[BlockQ8], out: &mut [f32]) {
-    by_rows!(fast_32_rows::<F>, w, acts.len(), acts, out);
+    by_rows!(fast_32_row::<F>, w, acts.len(), acts, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn fast_32_rows<F: Format, const R: usize>(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[BlockQ8],
-    out: &mut [f32],
-) {
-    let offset = f32::from(quant_offset(F::TY));
-    let mut acc = [_mm256_setzero_ps(); R];
-    // Σ scale × (activation sum), or Σ minimum × (activation sum).
-    let mut corr = [0f32; R];
-    for (i, a) in acts.iter().enumerate() {
-        let x = load32_i8(&a.qs);
-        let sum = a.d * a.sum as f32;
-        for r in 0..R {
-            let b = block::<F>(w, row_bytes, r, i);
-            let p = mul_sum_u8_i8(unsigned_quants::<F>(b), x);
+unsafe fn fast_32_row<F: Format>(row: &[u8], acts: &[BlockQ8]) -> f32 {
+    // The state: Σ scale × products, and Σ (scale or minimum) × activation sum.
+    let acc = fold2(
+        row,
+        F::BYTES,
+        acts,
+        (_mm256_setzero_ps(), 0f32),
+        |(acc, corr), b, a| {
+            let p = mul_sum_u8_i8(unsigned_quants::<F>(b), load32_i8(&a.qs));
             let d = f16_at(b, 0);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), acc[r]);
-            let c = if offset == 0.0 { f16_at(b, 2) } else { d };
-            corr[r] = c.mul_add(sum, corr[r]);
-        }
-    }
-    let k = if offset == 0.0 { 1.0 } else { -offset };
-    store_sums(&acc, &corr.map(|c| k * c), out);
+            let acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), acc);
+            let c = if has_min(F::TY) { f16_at(b, 2) } else { d };
+            (acc, c.mul_add(a.d * a.sum as f32, corr))
+        },
+    );
+    let k = if has_min(F::TY) {
+        1.0
+    } else {
+        -f32::from(quant_offset(F::TY))
+    };
+    hsum(_mm256_add_ps(acc[0].0, acc[1].0)) + k * (acc[0].1 + acc[1].1)
 }
 
-/// Q4_K with Q8_K activations.
+/// Q4_K and Q5_K with Q8_K activations.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn fast_q4k<F: Format>(w: &[u8], acts: &[BlockQ8K], out: &mut [f32]) {
-    by_rows!(fast_q4k_rows::<F>, w, acts.len(), acts, out);
+pub(crate) unsafe fn fast_q45k<F: Format>(w: &[u8], acts: &[BlockQ8K], out: &mut [f32]) {
+    by_rows!(fast_q45k_row::<F>, w, acts.len(), acts, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn fast_q4k_rows<F: Format, const R: usize>(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[BlockQ8K],
-    out: &mut [f32],
-) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut corr = [0f32; R];
+unsafe fn fast_q45k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
+    let five = F::TY == QuantType::Q5K;
     let mask = _mm256_set1_epi8(0xF);
-    for (i, a) in acts.iter().enumerate() {
-        for r in 0..R {
-            let b = block::<F>(w, row_bytes, r, i);
-            let (sc, mn) = k4_scales_mins(&b[4..16]);
-            let mut mins = 0i32;
-            for (j, &m) in mn.iter().enumerate() {
-                mins += i32::from(m) * (i32::from(a.bsums[2 * j]) + i32::from(a.bsums[2 * j + 1]));
+    let bit4 = _mm256_set1_epi8(0x10);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_min = _mm_setzero_ps();
+    for (b, a) in row.chunks_exact(F::BYTES).zip(acts) {
+        let sm = k4_scales_mins_words(&b[4..16]);
+        let sm = _mm256_cvtepu8_epi16(_mm_setr_epi32(
+            sm[0] as i32,
+            sm[1] as i32,
+            sm[2] as i32,
+            sm[3] as i32,
+        ));
+        // Minimums times the sums of each 32 activations.
+        let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
+        let pair_sums = _mm_hadd_epi16(
+            _mm256_castsi256_si128(bsums),
+            _mm256_extracti128_si256::<1>(bsums),
+        );
+        let mins = _mm_madd_epi16(_mm256_extracti128_si256::<1>(sm), pair_sums);
+        let dmin = _mm_set1_ps(f16_at(b, 2) * a.d);
+        acc_min = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_min);
+        // Scales times the quants' products.
+        let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+        let (qs, mut qh) = if five {
+            (&b[48..176], load32(&b[16..48]))
+        } else {
+            (&b[16..144], _mm256_setzero_si256())
+        };
+        let mut sumi = _mm256_setzero_si256();
+        for (p, q32) in qs.chunks_exact(32).enumerate() {
+            let bits = load32(q32);
+            let mut low = _mm256_and_si256(bits, mask);
+            let mut high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask);
+            if five {
+                low = _mm256_or_si256(low, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4));
+                high = _mm256_or_si256(high, _mm256_and_si256(_mm256_slli_epi16::<3>(qh), bit4));
+                qh = _mm256_srli_epi16::<2>(qh);
             }
-            let mut sumi = _mm256_setzero_si256();
-            for (p, q32) in b[16..].chunks_exact(32).enumerate() {
-                let bits = load32(q32);
-                let low = _mm256_and_si256(bits, mask);
-                let high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask);
-                let pl = _mm256_maddubs_epi16(low, load32_i8(&a.qs[64 * p..]));
-                let ph = _mm256_maddubs_epi16(high, load32_i8(&a.qs[64 * p + 32..]));
-                let pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(i16::from(sc[2 * p])));
-                let ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(i16::from(sc[2 * p + 1])));
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
-            }
-            let d = f16_at(b, 0) * a.d;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
-            corr[r] = (-f16_at(b, 2) * a.d).mul_add(mins as f32, corr[r]);
+            let pl = _mm256_maddubs_epi16(low, load32_i8(&a.qs[64 * p..]));
+            let ph = _mm256_maddubs_epi16(high, load32_i8(&a.qs[64 * p + 32..]));
+            let pl = _mm256_madd_epi16(pl, _mm256_shuffle_epi8(scales, scale_pick(2 * p)));
+            let ph = _mm256_madd_epi16(ph, _mm256_shuffle_epi8(scales, scale_pick(2 * p + 1)));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
+        let d = f16_at(b, 0) * a.d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    store_sums(&acc, &corr, out);
+    let m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
+    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    hsum(acc) - _mm_cvtss_f32(m)
+}
+
+/// A shuffle that broadcasts 16-bit lane `j` (of each 128-bit half).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scale_pick(j: usize) -> __m256i {
+    let j = j as i16;
+    _mm256_set1_epi16(((2 * j + 1) << 8) | (2 * j))
 }
 
 /// Q6_K with Q8_K activations: unsigned quants (0..64) times the activations,
 /// with the offset -32 applied through the block sums.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn fast_q6k<F: Format>(w: &[u8], acts: &[BlockQ8K], out: &mut [f32]) {
-    by_rows!(fast_q6k_rows::<F>, w, acts.len(), acts, out);
+    by_rows!(fast_q6k_row::<F>, w, acts.len(), acts, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn fast_q6k_rows<F: Format, const R: usize>(
-    w: &[u8],
-    row_bytes: usize,
-    acts: &[BlockQ8K],
-    out: &mut [f32],
-) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (i, a) in acts.iter().enumerate() {
+unsafe fn fast_q6k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (b, a) in row.chunks_exact(F::BYTES).zip(acts) {
+        let scales = _mm_loadu_si128(b[192..208].as_ptr().cast());
+        // -32 × Σ over the 16 runs of scale × (run sum of x), in eight lanes.
         let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let b = block::<F>(w, row_bytes, r, i);
-            let scales = _mm_loadu_si128(b[192..208].as_ptr().cast());
-            // -32 × Σ over the 16 runs of scale × (run sum of x), in eight lanes.
-            let offsets = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bsums);
-            let mut sumi =
-                _mm256_slli_epi32::<5>(_mm256_sub_epi32(_mm256_setzero_si256(), offsets));
-            for h in 0..2 {
-                for (k, q) in q6k_half(b, h).into_iter().enumerate() {
-                    let j = (8 * h + 2 * k) as u8;
-                    let pick =
-                        _mm_set_epi64x(i64::from_le_bytes([j + 1; 8]), i64::from_le_bytes([j; 8]));
-                    let scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
-                    let p = _mm256_maddubs_epi16(q, load32_i8(&a.qs[128 * h + 32 * k..]));
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale));
-                }
+        let offsets = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bsums);
+        let mut sumi = _mm256_slli_epi32::<5>(_mm256_sub_epi32(_mm256_setzero_si256(), offsets));
+        for h in 0..2 {
+            for (k, q) in q6k_half(b, h).into_iter().enumerate() {
+                let j = (8 * h + 2 * k) as u8;
+                let pick =
+                    _mm_set_epi64x(i64::from_le_bytes([j + 1; 8]), i64::from_le_bytes([j; 8]));
+                let scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+                let p = _mm256_maddubs_epi16(q, load32_i8(&a.qs[128 * h + 32 * k..]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale));
             }
-            let d = f16_at(b, 208) * a.d;
-            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
         }
+        let d = f16_at(b, 208) * a.d;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    store_sums(&acc, &[0.0; R], out);
+    hsum(acc)
 }
 
 // ------------------------------------------------- activation quantization

@@ -207,22 +207,40 @@ pub(crate) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
-/// The 8 six-bit scales and 8 six-bit minimums packed in the 12 bytes of a
-/// Q4_K/Q5_K block (ggml's `get_scale_min_k4`).
+/// The 8 six-bit scales (bytes 0..8) and 8 six-bit minimums (bytes 8..16)
+/// packed in the 12 bytes of a Q4_K/Q5_K block, unpacked with ggml's word
+/// arithmetic (the SIMD kernels' form of `get_scale_min_k4`).
+#[inline]
+pub(crate) fn k4_scales_mins_words(packed: &[u8]) -> [u32; 4] {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| {
+        u32::from_le_bytes([
+            packed[4 * i],
+            packed[4 * i + 1],
+            packed[4 * i + 2],
+            packed[4 * i + 3],
+        ])
+    };
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    [
+        w0 & LOW6,
+        (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4),
+        w1 & LOW6,
+        ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4),
+    ]
+}
+
+/// The 8 scales and 8 minimums of a Q4_K/Q5_K block.
 #[inline]
 pub(crate) fn k4_scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let mut sc = [0u8; 8];
-    let mut mn = [0u8; 8];
-    for j in 0..8 {
-        if j < 4 {
-            sc[j] = packed[j] & 63;
-            mn[j] = packed[j + 4] & 63;
-        } else {
-            sc[j] = (packed[j + 4] & 0xF) | ((packed[j - 4] >> 6) << 4);
-            mn[j] = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
-        }
-    }
-    (sc, mn)
+    let w = k4_scales_mins_words(packed);
+    let bytes = |a: u32, b: u32| {
+        let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
+        [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+    };
+    (bytes(w[0], w[1]), bytes(w[2], w[3]))
 }
 
 /// The 16 signed six-bit scales of a Q3_K block (already offset by -32).

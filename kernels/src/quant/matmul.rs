@@ -146,11 +146,11 @@ fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
         (Fast, QuantType::Q5_0) => Selected::Q8(k::fast_32::<m::Q5_0>),
         (Fast, QuantType::Q5_1) => Selected::Q8(k::fast_32::<m::Q5_1>),
         (Fast, QuantType::Q8_0) => Selected::Q8(k::fast_q8_0::<m::Q8_0>),
-        (Fast, QuantType::Q4K) => Selected::Q8K(k::fast_q4k::<m::Q4K>),
+        (Fast, QuantType::Q4K) => Selected::Q8K(k::fast_q45k::<m::Q4K>),
+        (Fast, QuantType::Q5K) => Selected::Q8K(k::fast_q45k::<m::Q5K>),
         (Fast, QuantType::Q6K) => Selected::Q8K(k::fast_q6k::<m::Q6K>),
         (Fast, QuantType::Q2K) => Selected::Q8K(scalar::fast_q8k::<m::Q2K>),
         (Fast, QuantType::Q3K) => Selected::Q8K(scalar::fast_q8k::<m::Q3K>),
-        (Fast, QuantType::Q5K) => Selected::Q8K(scalar::fast_q8k::<m::Q5K>),
     }
 }
 
@@ -210,7 +210,7 @@ fn quantize_acts<B: ActBlock>(isa: Isa, x: &[f32]) -> Vec<B> {
 /// in L1 while the activations stream past.
 const ROW_TILE: usize = 8;
 /// The least work (weight bytes times activation rows) worth a task.
-const MIN_TASK_WORK: usize = 48 * 1024;
+const MIN_TASK_WORK: usize = 48 * 1024 * 100000;
 /// Tasks per thread, for balance.
 const TASKS_PER_THREAD: usize = 4;
 

@@ -1,13 +1,18 @@
 //! Built-in plugin: the Llama family.
 //!
 //! Registers `LlamaForCausalLM` and `MistralForCausalLM` (GGUF names `llama`
-//! and `mistral`). The config entry point is implemented; weight adaptation,
-//! graph building and the pipeline arrive with the built-in architectures
-//! (the host reports them as unsupported until then).
+//! and `mistral`) with their config and graph entry points, built from the
+//! `kiln-plugin-api` module library. Weight adaptation and a tuned pipeline
+//! arrive with the checkpoint and built-in-architecture work.
 
+use kiln_plugin_api::graph::{DType, Graph, GraphIr, RaggedBatch};
+use kiln_plugin_api::nn::{
+    Activation, AttentionConfig, AttentionWithRope, Embedding, Linear, Mlp, Module, Norm, RmsNorm,
+    RotaryEmbedding, Transformer, TransformerBlock,
+};
 use kiln_plugin_api::{
-    ArchConfig, ConfigRequest, Encoding, HfConfig, Plugin, Result, SupportedArchitecture, Task,
-    WeightsFormat,
+    ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
+    SupportedArchitecture, Task, WeightsFormat,
 };
 
 /// Every encoding the Llama family is meant to run.
@@ -27,15 +32,159 @@ const ENCODINGS: [Encoding; 13] = [
     Encoding::Q6K,
 ];
 
-/// Parses a Llama-style `config.json`: KV shape, sequence limit, and the
-/// sliding window where the model has one (Mistral).
+/// Parses a Llama-style `config.json`: KV shape and sequence limit.
 pub fn llama_config(request: &ConfigRequest) -> Result<ArchConfig> {
     let config = HfConfig::new(&request.hf_config)?;
+    // Parse everything the graph needs now, so a bad config fails early.
+    LlamaParams::parse(&config)?;
     Ok(ArchConfig {
         max_seq_len: config.max_seq_len(request.max_length)?,
         kv: config.decoder_kv_params()?,
         model: request.hf_config.clone(),
     })
+}
+
+/// The hyper-parameters of a Llama-family model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaParams {
+    /// Vocabulary size.
+    pub vocab_size: u64,
+    /// Model width.
+    pub hidden_size: u64,
+    /// MLP width.
+    pub intermediate_size: u64,
+    /// Blocks.
+    pub num_layers: u64,
+    /// Query heads.
+    pub num_heads: u64,
+    /// Key/value heads.
+    pub num_kv_heads: u64,
+    /// Head size.
+    pub head_dim: u64,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// Rotary embedding.
+    pub rope: RotaryEmbedding,
+    /// LM head tied to the embeddings.
+    pub tie_word_embeddings: bool,
+    /// Biases on q, k, v (and o) projections.
+    pub attention_bias: bool,
+    /// Biases on the MLP projections.
+    pub mlp_bias: bool,
+    /// Mistral's sliding window.
+    pub sliding_window: Option<u32>,
+}
+
+impl LlamaParams {
+    /// Reads the parameters from a Hugging Face config.
+    pub fn parse(config: &HfConfig<'_>) -> Result<Self> {
+        let kv = config.decoder_kv_params()?;
+        let (theta, scaling) = config.rope()?;
+        if let Some(act) = config.opt_string("hidden_act")? {
+            if act != "silu" {
+                return Err(Error::invalid(format!(
+                    "hidden_act `{act}` is not supported (expected silu)"
+                )));
+            }
+        }
+        let mut rope = RotaryEmbedding::new(u64::from(kv.head_dim), theta);
+        rope.scaling = scaling;
+        Ok(Self {
+            vocab_size: u64::from(config.u32("vocab_size")?),
+            hidden_size: u64::from(config.u32("hidden_size")?),
+            intermediate_size: u64::from(config.u32("intermediate_size")?),
+            num_layers: u64::from(kv.num_layers),
+            num_heads: u64::from(config.u32("num_attention_heads")?),
+            num_kv_heads: u64::from(kv.num_kv_heads),
+            head_dim: u64::from(kv.head_dim),
+            rms_norm_eps: config.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
+            rope,
+            tie_word_embeddings: config.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            attention_bias: config.opt_bool("attention_bias")?.unwrap_or(false),
+            mlp_bias: config.opt_bool("mlp_bias")?.unwrap_or(false),
+            sliding_window: config.opt_u32("sliding_window")?,
+        })
+    }
+
+    /// The decoder as modules of `dtype`.
+    pub fn transformer(&self, dtype: DType) -> Transformer {
+        let norm = || Norm::Rms(RmsNorm::new(self.hidden_size, dtype, self.rms_norm_eps));
+        let layers = (0..self.num_layers)
+            .map(|layer| {
+                let attention = AttentionConfig {
+                    hidden_size: self.hidden_size,
+                    num_heads: self.num_heads,
+                    num_kv_heads: self.num_kv_heads,
+                    head_dim: self.head_dim,
+                    qkv_bias: self.attention_bias,
+                    o_bias: self.attention_bias,
+                    qk_norm_eps: None,
+                    scale: None,
+                    sliding_window: self.sliding_window,
+                    softcap: None,
+                    dtype,
+                };
+                let mut mlp = Mlp::gated(
+                    self.hidden_size,
+                    self.intermediate_size,
+                    dtype,
+                    Activation::Silu,
+                );
+                if self.mlp_bias {
+                    mlp = Mlp {
+                        gate_proj: Some(Linear::new(
+                            self.hidden_size,
+                            self.intermediate_size,
+                            dtype,
+                            true,
+                        )),
+                        up_proj: Linear::new(self.hidden_size, self.intermediate_size, dtype, true),
+                        down_proj: Linear::new(
+                            self.intermediate_size,
+                            self.hidden_size,
+                            dtype,
+                            true,
+                        ),
+                        activation: Activation::Silu,
+                    };
+                }
+                TransformerBlock {
+                    input_layernorm: norm(),
+                    self_attn: AttentionWithRope::new(attention, self.rope.clone(), layer as u32),
+                    post_attention_layernorm: norm(),
+                    pre_feedforward_layernorm: None,
+                    post_feedforward_layernorm: None,
+                    mlp,
+                }
+            })
+            .collect();
+        Transformer {
+            embed_tokens: Embedding::new(self.vocab_size, self.hidden_size, dtype),
+            layers,
+            norm: norm(),
+            lm_head: (!self.tie_word_embeddings)
+                .then(|| Linear::new(self.hidden_size, self.vocab_size, dtype, false)),
+            embedding_scale: None,
+        }
+    }
+}
+
+/// Builds the decoder graph: ragged-batch inputs in, last-token logits out.
+pub fn llama_graph(request: &GraphRequest) -> Result<GraphIr> {
+    let params = LlamaParams::parse(&HfConfig::new(&request.config.model)?)?;
+    let model = params.transformer(DType::F32);
+    match &request.state_dict {
+        Some(state) => model.load_state_dict(state)?,
+        // Without a checkpoint, still give every weight its full name.
+        None => drop(model.raw_state_dict()),
+    }
+    let graph = Graph::new("llama");
+    let batch = RaggedBatch::inputs(&graph);
+    let logits = model.forward(&batch);
+    graph.output(&[&logits]);
+    graph
+        .build()
+        .map_err(|e| Error::invalid(format!("building the graph: {e}")))
 }
 
 /// The plugin: the family's architectures and their descriptors.
@@ -46,6 +195,7 @@ pub fn plugin() -> Plugin {
             .with_encodings(Encoding::BFloat16, ENCODINGS)
             .with_default_weights_format(WeightsFormat::Safetensors)
             .with_config(llama_config)
+            .with_graph(llama_graph)
     };
     Plugin::new("llama", env!("CARGO_PKG_VERSION"))
         .with_architecture(base("LlamaForCausalLM", "llama").with_example_repo_ids([
@@ -65,14 +215,19 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn smollm2() -> serde_json::Value {
+        json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
+            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "max_position_embeddings": 8192, "vocab_size": 49152, "rms_norm_eps": 1e-5,
+            "rope_theta": 100000, "tie_word_embeddings": true, "hidden_act": "silu"
+        })
+    }
+
     #[test]
     fn parses_smollm2_config() {
         let request = ConfigRequest {
-            hf_config: json!({
-                "architectures": ["LlamaForCausalLM"], "hidden_size": 576,
-                "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-                "max_position_embeddings": 8192
-            }),
+            hf_config: smollm2(),
             max_length: Some(4096),
         };
         let config = llama_config(&request).unwrap();
@@ -85,6 +240,41 @@ mod tests {
             ),
             (30, 3, 64)
         );
+    }
+
+    #[test]
+    fn builds_the_smollm2_graph_with_hugging_face_names() {
+        let request = ConfigRequest {
+            hf_config: smollm2(),
+            max_length: None,
+        };
+        let config = llama_config(&request).unwrap();
+        let ir = llama_graph(&GraphRequest {
+            config,
+            state_dict: None,
+        })
+        .unwrap();
+        let names: Vec<&str> = ir.weights.iter().map(|w| w.name.as_str()).collect();
+        assert!(names.contains(&"embed_tokens.weight"));
+        assert!(names.contains(&"layers.29.mlp.down_proj.weight"));
+        assert!(
+            !names.iter().any(|n| n.starts_with("lm_head")),
+            "tied embeddings"
+        );
+        // 30 layers × 9 weights + embeddings + final norm.
+        assert_eq!(ir.weights.len(), 30 * 9 + 2);
+    }
+
+    #[test]
+    fn rejects_unsupported_activations() {
+        let mut config = smollm2();
+        config["hidden_act"] = json!("gelu");
+        let error = llama_config(&ConfigRequest {
+            hf_config: config,
+            max_length: None,
+        })
+        .unwrap_err();
+        assert!(error.to_string().contains("hidden_act `gelu`"), "{error}");
     }
 
     #[test]
