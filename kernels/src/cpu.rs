@@ -16,6 +16,8 @@ pub struct CpuFeatures {
     pub avx512: bool,
     /// 512-bit integer dot products (VNNI).
     pub avx512_vnni: bool,
+    /// 512-bit byte permutes (VBMI).
+    pub avx512_vbmi: bool,
     /// 256-bit integer dot products (AVX-VNNI).
     pub avx_vnni: bool,
 }
@@ -32,6 +34,7 @@ impl CpuFeatures {
                 f16c: has!("f16c"),
                 avx512: has!("avx512f") && has!("avx512bw"),
                 avx512_vnni: has!("avx512vnni"),
+                avx512_vbmi: has!("avx512vbmi"),
                 avx_vnni: has!("avxvnni"),
             }
         }
@@ -50,6 +53,7 @@ impl fmt::Display for CpuFeatures {
             ("f16c", self.f16c),
             ("avx512", self.avx512),
             ("avx512-vnni", self.avx512_vnni),
+            ("avx512-vbmi", self.avx512_vbmi),
             ("avx-vnni", self.avx_vnni),
         ];
         let present: Vec<&str> = named

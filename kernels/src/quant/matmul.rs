@@ -6,6 +6,8 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use super::act::{quantize_run, BlockQ8, BlockQ8K};
+#[cfg(target_arch = "x86_64")]
+use super::avx512::BlockQ8x2;
 use super::format::marker;
 use super::{scalar, Precision, QuantError, QuantType};
 use crate::cpu::CpuFeatures;
@@ -21,7 +23,7 @@ pub enum Isa {
     Scalar,
     /// x86_64 AVX2 with FMA and F16C.
     Avx2,
-    /// x86_64 AVX-512 (F, BW) with VNNI, on top of AVX2.
+    /// x86_64 AVX-512 (F, BW, VBMI, VNNI), on top of AVX2.
     Avx512,
 }
 
@@ -48,7 +50,7 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => avx2,
-            Isa::Avx512 => avx2 && f.avx512 && f.avx512_vnni,
+            Isa::Avx512 => avx2 && f.avx512 && f.avx512_vnni && f.avx512_vbmi,
         }
     }
 }
@@ -64,6 +66,8 @@ enum Selected {
     Exact(Kernel<f32>),
     Q8(Kernel<BlockQ8>),
     Q8K(Kernel<BlockQ8K>),
+    #[cfg(target_arch = "x86_64")]
+    Q8x2(Kernel<BlockQ8x2>),
 }
 
 /// Evaluates `$body` with `$f` naming the [`Format`] marker of `$ty`.
@@ -116,6 +120,10 @@ macro_rules! with_format {
 
 fn select(ty: QuantType, precision: Precision, isa: Isa) -> Selected {
     #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && !ty.is_k_quant() {
+        return select_avx512(ty, precision);
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         return select_avx2(ty, precision);
     }
@@ -124,6 +132,15 @@ fn select(ty: QuantType, precision: Precision, isa: Isa) -> Selected {
         (Precision::Exact, _) => Selected::Exact(scalar::exact::<F>),
         (Precision::Fast, false) => Selected::Q8(scalar::fast_q8::<F>),
         (Precision::Fast, true) => Selected::Q8K(scalar::fast_q8k::<F>),
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn select_avx512(ty: QuantType, precision: Precision) -> Selected {
+    use super::avx512 as k;
+    with_format!(ty, F => match precision {
+        Precision::Exact => Selected::Exact(k::exact_32::<F>),
+        Precision::Fast => Selected::Q8x2(k::fast_32::<F>),
     })
 }
 
@@ -188,31 +205,53 @@ impl ActBlock for BlockQ8K {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+impl ActBlock for BlockQ8x2 {
+    const ELEMS: usize = 64;
+    fn quantize(isa: Isa, x: &[f32], out: &mut Self) {
+        debug_assert!(isa >= Isa::Avx512);
+        // SAFETY: these blocks are only made for the AVX-512 kernels, after
+        // the caller checked that the CPU has AVX-512 (and so AVX2).
+        unsafe { BlockQ8x2::quantize(x, out) }
+    }
+}
+
 /// Activations (`m * cols` values) at or above which quantizing them is split
 /// over threads.
 const PAR_QUANTIZE_MIN: usize = 1 << 16;
 
-fn quantize_acts<B: ActBlock>(isa: Isa, x: &[f32]) -> Vec<B> {
-    let mut blocks = vec![B::default(); x.len() / B::ELEMS];
-    if x.len() >= PAR_QUANTIZE_MIN {
-        x.par_chunks_exact(B::ELEMS)
-            .zip(blocks.par_iter_mut())
-            .for_each(|(x, b)| B::quantize(isa, x, b));
-    } else {
-        for (x, b) in x.chunks_exact(B::ELEMS).zip(blocks.iter_mut()) {
+/// Quantizes the `x.len() / cols` activation rows; returns the blocks and
+/// the number per row (a row's last block may be partial).
+fn quantize_acts<B: ActBlock>(isa: Isa, x: &[f32], cols: usize) -> (Vec<B>, usize) {
+    let per_row = cols.div_ceil(B::ELEMS);
+    let mut blocks = vec![B::default(); x.len() / cols * per_row];
+    let quantize_row = |(x, out): (&[f32], &mut [B])| {
+        for (x, b) in x.chunks(B::ELEMS).zip(out) {
             B::quantize(isa, x, b);
         }
+    };
+    if x.len() >= PAR_QUANTIZE_MIN {
+        x.par_chunks_exact(cols)
+            .zip(blocks.par_chunks_mut(per_row))
+            .for_each(quantize_row);
+    } else {
+        x.chunks_exact(cols).zip(blocks.chunks_mut(per_row)).for_each(quantize_row);
     }
-    blocks
+    (blocks, per_row)
 }
 
 /// Rows computed for every activation row before moving on, so that they stay
 /// in L1 while the activations stream past.
 const ROW_TILE: usize = 8;
 /// The least work (weight bytes times activation rows) worth a task.
-const MIN_TASK_WORK: usize = 48 * 1024 * 100000;
+const MIN_TASK_WORK: usize = 32 * 1024;
 /// Tasks per thread, for balance.
 const TASKS_PER_THREAD: usize = 4;
+/// The least work worth handing to the thread pool from a thread outside it:
+/// waking a pool thread and being woken again costs tens of microseconds on
+/// some machines (about 40 µs on a 2-vCPU VM), so smaller products run on the
+/// calling thread. Inside the pool, splitting costs about a microsecond.
+const MIN_WORK_FROM_OUTSIDE: usize = 2 << 20;
 
 /// A product to run: the kernel, the weights, and the prepared activations.
 struct Job<'a, A> {
@@ -244,11 +283,15 @@ impl<A: Sync> Job<'_, A> {
     fn run(&self, rows: usize, y: &mut [f32]) {
         let m = y.len() / rows;
         let work_per_row = (self.row_bytes * m).max(1);
-        let tasks = rayon::current_num_threads() * TASKS_PER_THREAD;
-        let chunk = rows
-            .div_ceil(tasks)
-            .max(MIN_TASK_WORK.div_ceil(work_per_row))
-            .min(rows);
+        let threads = rayon::current_num_threads();
+        let outside = rayon::current_thread_index().is_none();
+        let chunk = if outside && work_per_row.saturating_mul(rows) < MIN_WORK_FROM_OUTSIDE {
+            rows
+        } else {
+            rows.div_ceil(threads * TASKS_PER_THREAD)
+                .max(MIN_TASK_WORK.div_ceil(work_per_row))
+                .min(rows)
+        };
         if chunk == rows {
             let mut outs: Vec<&mut [f32]> = y.chunks_exact_mut(rows).collect();
             self.rows(0, &mut outs);
@@ -369,16 +412,20 @@ impl<'a> QuantMatrix<'a> {
             y.fill(0.0);
             return Ok(());
         }
-        let blocks = self.cols / self.ty.block_elems();
         match select(self.ty, precision, isa) {
             Selected::Exact(kernel) => self.job(kernel, x, self.cols).run(self.rows, y),
             Selected::Q8(kernel) => {
-                let acts = quantize_acts::<BlockQ8>(isa, x);
-                self.job(kernel, &acts, blocks).run(self.rows, y);
+                let (acts, per_row) = quantize_acts::<BlockQ8>(isa, x, self.cols);
+                self.job(kernel, &acts, per_row).run(self.rows, y);
             }
             Selected::Q8K(kernel) => {
-                let acts = quantize_acts::<BlockQ8K>(isa, x);
-                self.job(kernel, &acts, blocks).run(self.rows, y);
+                let (acts, per_row) = quantize_acts::<BlockQ8K>(isa, x, self.cols);
+                self.job(kernel, &acts, per_row).run(self.rows, y);
+            }
+            #[cfg(target_arch = "x86_64")]
+            Selected::Q8x2(kernel) => {
+                let (acts, per_row) = quantize_acts::<BlockQ8x2>(isa, x, self.cols);
+                self.job(kernel, &acts, per_row).run(self.rows, y);
             }
         }
         Ok(())

@@ -1,0 +1,198 @@
+//! Whole models against Hugging Face transformers: tiny random Llama
+//! checkpoints (`tests/fixtures/reference/tiny_*.json`, made by
+//! `gen_tiny_models.py`) run through the built-in plugin's graph, the
+//! compiler and the CPU runtime, in prefill, chunked prefill, token-by-token
+//! decode, a ragged batch of all prompts, and greedy generation.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kiln_host::compiler::compile;
+use kiln_host::plugins::ArchitectureRegistry;
+use kiln_host::runtime::{CacheLayout, Executor, KvCache, Precision, Tensor, WeightData, WeightStore};
+use kiln_plugin_api::graph::{DType, WeightSpec};
+use kiln_plugin_api::{ConfigRequest, Encoding, GraphRequest};
+use kiln_tests::reference::{compare, FixtureTensor};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct TinyModel {
+    architecture: String,
+    config: serde_json::Value,
+    weights: BTreeMap<String, FixtureTensor>,
+    prompts: Vec<Vec<i64>>,
+    logits: Vec<FixtureTensor>,
+    greedy: Vec<i64>,
+}
+
+const BLOCK_SIZE: usize = 4;
+const ATOL: f64 = 1e-4;
+const RTOL: f64 = 1e-4;
+
+struct Engine {
+    executor: Executor,
+    layout: CacheLayout,
+    layers: usize,
+}
+
+/// One sequence's step: which tokens, at which positions, with which blocks.
+struct Step<'a> {
+    tokens: &'a [i64],
+    start: usize,
+    blocks: Vec<i64>,
+}
+
+impl Engine {
+    fn load(name: &str) -> (Self, TinyModel) {
+        let path = kiln_tests::workspace_root().join("tests/fixtures/reference").join(name);
+        let model: TinyModel = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let registry = ArchitectureRegistry::load(&[]).unwrap();
+        let arch = registry.get(&model.architecture).expect("a built-in architecture");
+        let config = arch.config(&ConfigRequest { hf_config: model.config.clone(), max_length: None }).unwrap();
+        // Hugging Face names, adapted like the safetensors adapter does: no `model.` prefix.
+        let mut store = WeightStore::new();
+        let mut state = BTreeMap::new();
+        for (name, tensor) in &model.weights {
+            let name = name.strip_prefix("model.").unwrap_or(name).to_owned();
+            let spec = WeightSpec {
+                name: name.clone(),
+                dtype: DType::F32,
+                shape: tensor.shape.iter().map(|&d| d as u64).collect(),
+                encoding: Encoding::Float32,
+                device: Default::default(),
+            };
+            let values: Vec<f32> = tensor.values().iter().map(|&v| v as f32).collect();
+            store.insert(WeightData::from_f32(spec.clone(), &values)).unwrap();
+            state.insert(name, spec);
+        }
+        let layout = CacheLayout {
+            block_size: BLOCK_SIZE,
+            num_kv_heads: config.kv.num_kv_heads as usize,
+            head_dim: config.kv.head_dim as usize,
+        };
+        let layers = config.kv.num_layers as usize;
+        let graph = arch.build_graph(&GraphRequest { config, state_dict: Some(state) }).unwrap();
+        let executor = Executor::new(Arc::new(compile(&graph).unwrap()), &store, Precision::Exact).unwrap();
+        (Self { executor, layout, layers }, model)
+    }
+
+    fn cache(&self, blocks: usize) -> KvCache {
+        KvCache::new(self.layers, blocks, self.layout)
+    }
+
+    /// Runs one step for several sequences; returns each one's last-token logits.
+    fn step(&self, cache: &mut KvCache, steps: &[Step<'_>]) -> Vec<Vec<f32>> {
+        let (mut tokens, mut positions, mut offsets, mut context, mut last) = (vec![], vec![], vec![0i64], vec![], vec![]);
+        let width = steps.iter().map(|s| s.blocks.len()).max().unwrap();
+        let mut tables = vec![];
+        for s in steps {
+            tokens.extend_from_slice(s.tokens);
+            positions.extend((s.start..s.start + s.tokens.len()).map(|p| p as i64));
+            offsets.push(tokens.len() as i64);
+            context.push((s.start + s.tokens.len()) as i64);
+            last.push(tokens.len() as i64 - 1);
+            tables.extend(s.blocks.iter().copied().chain(std::iter::repeat_n(0, width - s.blocks.len())));
+        }
+        let (t, b) = (tokens.len(), steps.len());
+        let inputs = vec![
+            Tensor::i64(vec![t], tokens),
+            Tensor::i64(vec![t], positions),
+            Tensor::i64(vec![b + 1], offsets),
+            Tensor::i64(vec![b], context),
+            Tensor::i64(vec![b, width], tables),
+            Tensor::i64(vec![b], last),
+        ];
+        let logits = self.executor.run(inputs, Some(cache)).unwrap().remove(0);
+        let vocab = logits.shape[1];
+        logits.as_f32().chunks(vocab).map(<[f32]>::to_vec).collect()
+    }
+}
+
+fn row(tensor: &FixtureTensor, index: usize) -> FixtureTensor {
+    let vocab = tensor.shape[1];
+    FixtureTensor {
+        dtype: tensor.dtype.clone(),
+        shape: vec![vocab],
+        data: tensor.data[index * vocab..(index + 1) * vocab].to_vec(),
+    }
+}
+
+fn check(actual: &[f32], expected: &FixtureTensor, what: &str) {
+    let tensor = Tensor::f32(vec![actual.len()], actual.to_vec());
+    if let Err(e) = compare(&tensor, expected, ATOL, RTOL) {
+        panic!("{what}: {e}");
+    }
+}
+
+fn blocks_for(first: i64, len: usize) -> Vec<i64> {
+    (first..first + len.div_ceil(BLOCK_SIZE) as i64).collect()
+}
+
+fn matches_transformers(name: &str) {
+    let (engine, model) = Engine::load(name);
+    for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
+        let len = prompt.len();
+        // Whole-prompt prefill: the last position's logits.
+        let mut cache = engine.cache(8);
+        let out = engine.step(&mut cache, &[Step { tokens: prompt, start: 0, blocks: blocks_for(0, len) }]);
+        check(&out[0], &row(logits, len - 1), &format!("{name} prompt {p} prefill"));
+
+        // Token by token: every position's logits, through the cache.
+        let mut cache = engine.cache(8);
+        for i in 0..len {
+            let out = engine.step(&mut cache, &[Step { tokens: &prompt[i..=i], start: i, blocks: blocks_for(0, len) }]);
+            check(&out[0], &row(logits, i), &format!("{name} prompt {p} decode position {i}"));
+        }
+
+        // Chunked prefill: two chunks.
+        if len > 2 {
+            let mut cache = engine.cache(8);
+            let split = len / 2;
+            engine.step(&mut cache, &[Step { tokens: &prompt[..split], start: 0, blocks: blocks_for(0, len) }]);
+            let out = engine.step(&mut cache, &[Step { tokens: &prompt[split..], start: split, blocks: blocks_for(0, len) }]);
+            check(&out[0], &row(logits, len - 1), &format!("{name} prompt {p} chunked prefill"));
+        }
+    }
+
+    // All prompts in one ragged batch, each with its own blocks.
+    let mut cache = engine.cache(16);
+    let mut first = 0;
+    let steps: Vec<Step<'_>> = model
+        .prompts
+        .iter()
+        .map(|prompt| {
+            let blocks = blocks_for(first, prompt.len());
+            first += blocks.len() as i64;
+            Step { tokens: prompt, start: 0, blocks }
+        })
+        .collect();
+    let out = engine.step(&mut cache, &steps);
+    for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
+        check(&out[p], &row(logits, prompt.len() - 1), &format!("{name} batched prompt {p}"));
+    }
+
+    // Greedy generation from the longest prompt.
+    let prompt = model.prompts.iter().max_by_key(|p| p.len()).unwrap();
+    let total = prompt.len() + model.greedy.len();
+    let blocks = blocks_for(0, total);
+    let mut cache = engine.cache(16);
+    let mut logits = engine.step(&mut cache, &[Step { tokens: prompt, start: 0, blocks: blocks.clone() }]).remove(0);
+    let mut generated = Vec::new();
+    for _ in 0..model.greedy.len() {
+        let next = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as i64;
+        generated.push(next);
+        let start = prompt.len() + generated.len() - 1;
+        logits = engine.step(&mut cache, &[Step { tokens: &[next], start, blocks: blocks.clone() }]).remove(0);
+    }
+    assert_eq!(generated, model.greedy, "{name}: greedy tokens");
+}
+
+#[test]
+fn tiny_llama_with_llama3_rope_matches_transformers() {
+    matches_transformers("tiny_llama.json");
+}
+
+#[test]
+fn tiny_llama_with_tied_embeddings_and_mqa_matches_transformers() {
+    matches_transformers("tiny_llama_tied.json");
+}
