@@ -10,7 +10,9 @@ use kiln_kernels::dense::matmul::{linear, linear_half, HalfFormat};
 const SHAPES: [(usize, usize); 4] = [(576, 576), (576, 1536), (1536, 576), (576, 49152)];
 
 fn data(len: usize) -> Vec<f32> {
-    (0..len).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect()
+    (0..len)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect()
 }
 
 fn bench(c: &mut Criterion) {
@@ -20,9 +22,11 @@ fn bench(c: &mut Criterion) {
             let (x, w) = (data(rows * k), data(n * k));
             let mut y = vec![0f32; rows * n];
             group.throughput(Throughput::Elements((2 * rows * k * n) as u64));
-            group.bench_with_input(BenchmarkId::new(format!("m{rows}"), format!("{k}x{n}")), &(), |b, _| {
-                b.iter(|| linear(&x, &w, &mut y, rows, k, n))
-            });
+            group.bench_with_input(
+                BenchmarkId::new(format!("m{rows}"), format!("{k}x{n}")),
+                &(),
+                |b, _| b.iter(|| linear(&x, &w, &mut y, rows, k, n)),
+            );
         }
     }
     group.finish();
@@ -31,12 +35,17 @@ fn bench(c: &mut Criterion) {
     for rows in [1usize, 64] {
         for (k, n) in SHAPES {
             let x = data(rows * k);
-            let w: Vec<u16> = data(n * k).iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+            let w: Vec<u16> = data(n * k)
+                .iter()
+                .map(|v| half::bf16::from_f32(*v).to_bits())
+                .collect();
             let mut y = vec![0f32; rows * n];
             group.throughput(Throughput::Elements((2 * rows * k * n) as u64));
-            group.bench_with_input(BenchmarkId::new(format!("m{rows}"), format!("{k}x{n}")), &(), |b, _| {
-                b.iter(|| linear_half(&x, &w, HalfFormat::BF16, &mut y, rows, k, n))
-            });
+            group.bench_with_input(
+                BenchmarkId::new(format!("m{rows}"), format!("{k}x{n}")),
+                &(),
+                |b, _| b.iter(|| linear_half(&x, &w, HalfFormat::BF16, &mut y, rows, k, n)),
+            );
         }
     }
     group.finish();

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use kiln_host::compiler::compile;
 use kiln_host::plugins::ArchitectureRegistry;
-use kiln_host::runtime::{CacheLayout, Executor, KvCache, Precision, Tensor, WeightData, WeightStore};
+use kiln_host::runtime::{
+    CacheLayout, Executor, KvCache, Precision, Tensor, WeightData, WeightStore,
+};
 use kiln_plugin_api::graph::{DType, WeightSpec};
 use kiln_plugin_api::{ConfigRequest, Encoding, GraphRequest};
 use kiln_tests::reference::{compare, FixtureTensor};
@@ -44,11 +46,21 @@ struct Step<'a> {
 
 impl Engine {
     fn load(name: &str) -> (Self, TinyModel) {
-        let path = kiln_tests::workspace_root().join("tests/fixtures/reference").join(name);
-        let model: TinyModel = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let path = kiln_tests::workspace_root()
+            .join("tests/fixtures/reference")
+            .join(name);
+        let model: TinyModel =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let registry = ArchitectureRegistry::load(&[]).unwrap();
-        let arch = registry.get(&model.architecture).expect("a built-in architecture");
-        let config = arch.config(&ConfigRequest { hf_config: model.config.clone(), max_length: None }).unwrap();
+        let arch = registry
+            .get(&model.architecture)
+            .expect("a built-in architecture");
+        let config = arch
+            .config(&ConfigRequest {
+                hf_config: model.config.clone(),
+                max_length: None,
+            })
+            .unwrap();
         // Hugging Face names, adapted like the safetensors adapter does: no `model.` prefix.
         let mut store = WeightStore::new();
         let mut state = BTreeMap::new();
@@ -62,7 +74,9 @@ impl Engine {
                 device: Default::default(),
             };
             let values: Vec<f32> = tensor.values().iter().map(|&v| v as f32).collect();
-            store.insert(WeightData::from_f32(spec.clone(), &values)).unwrap();
+            store
+                .insert(WeightData::from_f32(spec.clone(), &values))
+                .unwrap();
             state.insert(name, spec);
         }
         let layout = CacheLayout {
@@ -71,9 +85,22 @@ impl Engine {
             head_dim: config.kv.head_dim as usize,
         };
         let layers = config.kv.num_layers as usize;
-        let graph = arch.build_graph(&GraphRequest { config, state_dict: Some(state) }).unwrap();
-        let executor = Executor::new(Arc::new(compile(&graph).unwrap()), &store, Precision::Exact).unwrap();
-        (Self { executor, layout, layers }, model)
+        let graph = arch
+            .build_graph(&GraphRequest {
+                config,
+                state_dict: Some(state),
+            })
+            .unwrap();
+        let executor =
+            Executor::new(Arc::new(compile(&graph).unwrap()), &store, Precision::Exact).unwrap();
+        (
+            Self {
+                executor,
+                layout,
+                layers,
+            },
+            model,
+        )
     }
 
     fn cache(&self, blocks: usize) -> KvCache {
@@ -82,7 +109,8 @@ impl Engine {
 
     /// Runs one step for several sequences; returns each one's last-token logits.
     fn step(&self, cache: &mut KvCache, steps: &[Step<'_>]) -> Vec<Vec<f32>> {
-        let (mut tokens, mut positions, mut offsets, mut context, mut last) = (vec![], vec![], vec![0i64], vec![], vec![]);
+        let (mut tokens, mut positions, mut offsets, mut context, mut last) =
+            (vec![], vec![], vec![0i64], vec![], vec![]);
         let width = steps.iter().map(|s| s.blocks.len()).max().unwrap();
         let mut tables = vec![];
         for s in steps {
@@ -91,7 +119,12 @@ impl Engine {
             offsets.push(tokens.len() as i64);
             context.push((s.start + s.tokens.len()) as i64);
             last.push(tokens.len() as i64 - 1);
-            tables.extend(s.blocks.iter().copied().chain(std::iter::repeat_n(0, width - s.blocks.len())));
+            tables.extend(
+                s.blocks
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(0, width - s.blocks.len())),
+            );
         }
         let (t, b) = (tokens.len(), steps.len());
         let inputs = vec![
@@ -134,23 +167,63 @@ fn matches_transformers(name: &str) {
         let len = prompt.len();
         // Whole-prompt prefill: the last position's logits.
         let mut cache = engine.cache(8);
-        let out = engine.step(&mut cache, &[Step { tokens: prompt, start: 0, blocks: blocks_for(0, len) }]);
-        check(&out[0], &row(logits, len - 1), &format!("{name} prompt {p} prefill"));
+        let out = engine.step(
+            &mut cache,
+            &[Step {
+                tokens: prompt,
+                start: 0,
+                blocks: blocks_for(0, len),
+            }],
+        );
+        check(
+            &out[0],
+            &row(logits, len - 1),
+            &format!("{name} prompt {p} prefill"),
+        );
 
         // Token by token: every position's logits, through the cache.
         let mut cache = engine.cache(8);
         for i in 0..len {
-            let out = engine.step(&mut cache, &[Step { tokens: &prompt[i..=i], start: i, blocks: blocks_for(0, len) }]);
-            check(&out[0], &row(logits, i), &format!("{name} prompt {p} decode position {i}"));
+            let out = engine.step(
+                &mut cache,
+                &[Step {
+                    tokens: &prompt[i..=i],
+                    start: i,
+                    blocks: blocks_for(0, len),
+                }],
+            );
+            check(
+                &out[0],
+                &row(logits, i),
+                &format!("{name} prompt {p} decode position {i}"),
+            );
         }
 
         // Chunked prefill: two chunks.
         if len > 2 {
             let mut cache = engine.cache(8);
             let split = len / 2;
-            engine.step(&mut cache, &[Step { tokens: &prompt[..split], start: 0, blocks: blocks_for(0, len) }]);
-            let out = engine.step(&mut cache, &[Step { tokens: &prompt[split..], start: split, blocks: blocks_for(0, len) }]);
-            check(&out[0], &row(logits, len - 1), &format!("{name} prompt {p} chunked prefill"));
+            engine.step(
+                &mut cache,
+                &[Step {
+                    tokens: &prompt[..split],
+                    start: 0,
+                    blocks: blocks_for(0, len),
+                }],
+            );
+            let out = engine.step(
+                &mut cache,
+                &[Step {
+                    tokens: &prompt[split..],
+                    start: split,
+                    blocks: blocks_for(0, len),
+                }],
+            );
+            check(
+                &out[0],
+                &row(logits, len - 1),
+                &format!("{name} prompt {p} chunked prefill"),
+            );
         }
     }
 
@@ -163,12 +236,20 @@ fn matches_transformers(name: &str) {
         .map(|prompt| {
             let blocks = blocks_for(first, prompt.len());
             first += blocks.len() as i64;
-            Step { tokens: prompt, start: 0, blocks }
+            Step {
+                tokens: prompt,
+                start: 0,
+                blocks,
+            }
         })
         .collect();
     let out = engine.step(&mut cache, &steps);
     for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
-        check(&out[p], &row(logits, prompt.len() - 1), &format!("{name} batched prompt {p}"));
+        check(
+            &out[p],
+            &row(logits, prompt.len() - 1),
+            &format!("{name} batched prompt {p}"),
+        );
     }
 
     // Greedy generation from the longest prompt.
@@ -176,13 +257,36 @@ fn matches_transformers(name: &str) {
     let total = prompt.len() + model.greedy.len();
     let blocks = blocks_for(0, total);
     let mut cache = engine.cache(16);
-    let mut logits = engine.step(&mut cache, &[Step { tokens: prompt, start: 0, blocks: blocks.clone() }]).remove(0);
+    let mut logits = engine
+        .step(
+            &mut cache,
+            &[Step {
+                tokens: prompt,
+                start: 0,
+                blocks: blocks.clone(),
+            }],
+        )
+        .remove(0);
     let mut generated = Vec::new();
     for _ in 0..model.greedy.len() {
-        let next = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as i64;
+        let next = logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0 as i64;
         generated.push(next);
         let start = prompt.len() + generated.len() - 1;
-        logits = engine.step(&mut cache, &[Step { tokens: &[next], start, blocks: blocks.clone() }]).remove(0);
+        logits = engine
+            .step(
+                &mut cache,
+                &[Step {
+                    tokens: &[next],
+                    start,
+                    blocks: blocks.clone(),
+                }],
+            )
+            .remove(0);
     }
     assert_eq!(generated, model.greedy, "{name}: greedy tokens");
 }
@@ -195,4 +299,9 @@ fn tiny_llama_with_llama3_rope_matches_transformers() {
 #[test]
 fn tiny_llama_with_tied_embeddings_and_mqa_matches_transformers() {
     matches_transformers("tiny_llama_tied.json");
+}
+
+#[test]
+fn tiny_qwen2_with_qkv_biases_matches_transformers() {
+    matches_transformers("tiny_qwen2.json");
 }

@@ -5,5 +5,8 @@ use kiln_plugin_api::abi::PluginRootRef;
 
 /// The root modules of every built-in plugin.
 pub(super) fn roots() -> Vec<PluginRootRef> {
-    vec![kiln_arch_llama::kiln_plugin_root()]
+    vec![
+        kiln_arch_llama::kiln_plugin_root(),
+        kiln_arch_qwen::kiln_plugin_root(),
+    ]
 }

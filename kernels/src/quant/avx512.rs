@@ -51,7 +51,11 @@ impl BlockQ8x2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn quantize(x: &[f32], out: &mut Self) {
         *out = Self::default();
-        for (k, (x, qs)) in x.chunks_exact(32).zip(out.qs.chunks_exact_mut(32)).enumerate() {
+        for (k, (x, qs)) in x
+            .chunks_exact(32)
+            .zip(out.qs.chunks_exact_mut(32))
+            .enumerate()
+        {
             let d = super::avx2::quantize_run(x, qs);
             let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
             out.d[8 * k..8 * k + 8].fill(d);
@@ -152,7 +156,9 @@ unsafe fn unsigned_quants<F: Format>(b: &[u8], v: __m512i, nibbles: __m512i) -> 
         let at = qs_offset(F::TY) - 4;
         let bits = |k: usize| {
             b.get(k * F::BYTES + at..k * F::BYTES + at + 4)
-                .map_or(0, |h| u64::from(u32::from_le_bytes([h[0], h[1], h[2], h[3]])))
+                .map_or(0, |h| {
+                    u64::from(u32::from_le_bytes([h[0], h[1], h[2], h[3]]))
+                })
         };
         let high = _mm512_movm_epi8(bits(0) | bits(1) << 32);
         return _mm512_or_si512(q, _mm512_and_si512(high, _mm512_set1_epi8(0x10)));
@@ -217,7 +223,11 @@ unsafe fn fast_32_row<F: Format>(row: &[u8], acts: &[BlockQ8x2]) -> f32 {
         let a = &acts[i];
         let v = load_pair::<F>(b);
         let q = unsigned_quants::<F>(b, v, nibbles);
-        let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(a.qs.as_ptr().cast()));
+        let p = _mm512_dpbusd_epi32(
+            _mm512_setzero_si512(),
+            q,
+            _mm512_loadu_si512(a.qs.as_ptr().cast()),
+        );
         let (d0, _) = halves(_mm512_permutexvar_epi16(scale_idx, v));
         let dx = _mm512_loadu_ps(a.d.as_ptr());
         let acc = _mm512_fmadd_ps(_mm512_mul_ps(d0, dx), _mm512_cvtepi32_ps(p), acc);
@@ -228,7 +238,11 @@ unsafe fn fast_32_row<F: Format>(row: &[u8], acts: &[BlockQ8x2]) -> f32 {
         };
         (acc, _mm512_fmadd_ps(c, _mm512_loadu_ps(a.s.as_ptr()), corr))
     });
-    let k = if has_min(F::TY) { 1.0 } else { -(quant_offset(F::TY) as f32) };
+    let k = if has_min(F::TY) {
+        1.0
+    } else {
+        -(quant_offset(F::TY) as f32)
+    };
     hsum(_mm512_add_ps(acc[0].0, acc[1].0)) + k * hsum(_mm512_add_ps(acc[0].1, acc[1].1))
 }
 

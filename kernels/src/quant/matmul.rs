@@ -235,7 +235,9 @@ fn quantize_acts<B: ActBlock>(isa: Isa, x: &[f32], cols: usize) -> (Vec<B>, usiz
             .zip(blocks.par_chunks_mut(per_row))
             .for_each(quantize_row);
     } else {
-        x.chunks_exact(cols).zip(blocks.chunks_mut(per_row)).for_each(quantize_row);
+        x.chunks_exact(cols)
+            .zip(blocks.chunks_mut(per_row))
+            .for_each(quantize_row);
     }
     (blocks, per_row)
 }

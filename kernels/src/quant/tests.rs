@@ -135,6 +135,10 @@ fn every_type_and_isa_matches_the_reference() {
         let cols = 2 * ty.block_elems().max(256);
         check_type(ty, 13, cols, 1, seed as u64);
         check_type(ty, 5, cols, 3, 100 + seed as u64);
+        // Odd block counts (the AVX-512 kernels work on pairs of blocks).
+        let elems = ty.block_elems();
+        check_type(ty, 6, 3 * elems, 2, 400 + seed as u64);
+        check_type(ty, 3, elems, 1, 500 + seed as u64);
     }
 }
 

@@ -67,8 +67,12 @@ pub struct LlamaParams {
     pub rope: RotaryEmbedding,
     /// LM head tied to the embeddings.
     pub tie_word_embeddings: bool,
-    /// Biases on q, k, v (and o) projections.
-    pub attention_bias: bool,
+    /// Biases on the q, k, v projections.
+    pub qkv_bias: bool,
+    /// Bias on the output projection.
+    pub o_bias: bool,
+    /// RMSNorm of queries and keys per head (Qwen3).
+    pub qk_norm: bool,
     /// Biases on the MLP projections.
     pub mlp_bias: bool,
     /// Mistral's sliding window.
@@ -100,7 +104,9 @@ impl LlamaParams {
             rms_norm_eps: config.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
             rope,
             tie_word_embeddings: config.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            attention_bias: config.opt_bool("attention_bias")?.unwrap_or(false),
+            qkv_bias: config.opt_bool("attention_bias")?.unwrap_or(false),
+            o_bias: config.opt_bool("attention_bias")?.unwrap_or(false),
+            qk_norm: false,
             mlp_bias: config.opt_bool("mlp_bias")?.unwrap_or(false),
             sliding_window: config.opt_u32("sliding_window")?,
         })
@@ -116,9 +122,9 @@ impl LlamaParams {
                     num_heads: self.num_heads,
                     num_kv_heads: self.num_kv_heads,
                     head_dim: self.head_dim,
-                    qkv_bias: self.attention_bias,
-                    o_bias: self.attention_bias,
-                    qk_norm_eps: None,
+                    qkv_bias: self.qkv_bias,
+                    o_bias: self.o_bias,
+                    qk_norm_eps: self.qk_norm.then_some(self.rms_norm_eps),
                     scale: None,
                     sliding_window: self.sliding_window,
                     softcap: None,
@@ -172,13 +178,18 @@ impl LlamaParams {
 /// Builds the decoder graph: ragged-batch inputs in, last-token logits out.
 pub fn llama_graph(request: &GraphRequest) -> Result<GraphIr> {
     let params = LlamaParams::parse(&HfConfig::new(&request.config.model)?)?;
+    decoder_graph(&params, request)
+}
+
+/// The decoder graph of any Llama-shaped family, from its parameters.
+pub fn decoder_graph(params: &LlamaParams, request: &GraphRequest) -> Result<GraphIr> {
     let model = params.transformer(DType::F32);
     match &request.state_dict {
         Some(state) => model.load_state_dict(state)?,
         // Without a checkpoint, still give every weight its full name.
         None => drop(model.raw_state_dict()),
     }
-    let graph = Graph::new("llama");
+    let graph = Graph::new("decoder");
     let batch = RaggedBatch::inputs(&graph);
     let logits = model.forward(&batch);
     graph.output(&[&logits]);
