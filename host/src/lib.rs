@@ -3,6 +3,7 @@
 //! Today: plugin discovery and loading through the stable ABI, the registry of
 //! architectures, logging, and the command line. See `docs/ARCHITECTURE.md`.
 
+pub mod checkpoint;
 pub mod cli;
 mod commands;
 pub mod compiler;

@@ -184,20 +184,26 @@ unsafe fn halves(words: __m512i) -> (__m512, __m512) {
     )
 }
 
-/// Runs `step(state, pair)` over `pairs` pairs with two independent states.
+/// Folds `step(state, blocks, activations, loaded bytes)` over the pairs of
+/// blocks of a row, and its odd last block.
 #[inline(always)]
-fn fold2<S: Copy>(pairs: usize, init: S, mut step: impl FnMut(S, usize) -> S) -> [S; 2] {
-    let mut s = [init; 2];
-    let mut i = 0;
-    while i + 1 < pairs {
-        s[0] = step(s[0], i);
-        s[1] = step(s[1], i + 1);
-        i += 2;
+fn fold_pairs<F: Format, A, S>(
+    row: &[u8],
+    acts: &[A],
+    init: S,
+    mut step: impl FnMut(S, &[u8], &A, __m512i) -> S,
+    mut load: impl FnMut(&[u8]) -> __m512i,
+) -> S {
+    let pairs = row.chunks_exact(2 * F::BYTES);
+    let tail = pairs.remainder();
+    let mut state = init;
+    for (b, a) in pairs.zip(acts) {
+        state = step(state, b, a, load(b));
     }
-    if i < pairs {
-        s[0] = step(s[0], i);
+    match acts.get(row.len() / (2 * F::BYTES)) {
+        Some(a) if !tail.is_empty() => step(state, tail, a, load(tail)),
+        _ => state,
     }
-    s
 }
 
 /// Fast kernel: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 with [`BlockQ8x2`]
@@ -216,12 +222,8 @@ unsafe fn fast_32_row<F: Format>(row: &[u8], acts: &[BlockQ8x2]) -> f32 {
     let nibbles = nibble_index::<F>();
     let scale_idx = half_index::<F>(0, 8);
     let min_idx = half_index::<F>(2, 8);
-    let blocks = row.len() / F::BYTES;
     let zero = _mm512_setzero_ps();
-    let acc = fold2(blocks.div_ceil(2), (zero, zero), |(acc, corr), i| {
-        let b = &row[2 * i * F::BYTES..];
-        let a = &acts[i];
-        let v = load_pair::<F>(b);
+    let step = |(acc, corr), b: &[u8], a: &BlockQ8x2, v| {
         let q = unsigned_quants::<F>(b, v, nibbles);
         let p = _mm512_dpbusd_epi32(
             _mm512_setzero_si512(),
@@ -255,27 +257,15 @@ pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Sixteen f32 from `x` at `at`, or zeros past its end.
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn load16(x: &[f32], at: usize) -> __m512 {
-    match x.get(at..at + 16) {
-        Some(v) => _mm512_loadu_ps(v.as_ptr()),
-        None => _mm512_setzero_ps(),
-    }
-}
-
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[f32]) -> f32 {
     let nibbles = nibble_index::<F>();
     let scale_idx = half_index::<F>(0, 16);
     let min_idx = half_index::<F>(2, 16);
-    let blocks = row.len() / F::BYTES;
     let offset = _mm512_set1_epi8(quant_offset(F::TY) as u8 as i8);
-    let acc = fold2(blocks.div_ceil(2), _mm512_setzero_ps(), |acc, i| {
-        let b = &row[2 * i * F::BYTES..];
-        let v = load_pair::<F>(b);
+    let (xs, _) = x.as_chunks::<64>();
+    let step = |acc, b: &[u8], x: &[f32; 64], v| {
         let q = _mm512_sub_epi8(unsigned_quants::<F>(b, v, nibbles), offset);
         let f = |k: i32| -> __m512 {
             let lane = match k {
@@ -286,7 +276,7 @@ unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[f32]) -> f32 {
             };
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lane))
         };
-        let xs = [0, 1, 2, 3].map(|k| load16(x, 64 * i + 16 * k));
+        let xs = [0, 1, 2, 3].map(|k| _mm512_loadu_ps(x[16 * k..].as_ptr()));
         let p0 = _mm512_fmadd_ps(f(1), xs[1], _mm512_mul_ps(f(0), xs[0]));
         let p1 = _mm512_fmadd_ps(f(3), xs[3], _mm512_mul_ps(f(2), xs[2]));
         let (d0, d1) = halves(_mm512_permutexvar_epi16(scale_idx, v));
@@ -298,6 +288,14 @@ unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[f32]) -> f32 {
         } else {
             acc
         }
-    });
-    hsum(_mm512_add_ps(acc[0], acc[1]))
+    };
+    let mut acc = fold_pairs::<F, _, _>(row, xs, _mm512_setzero_ps(), step, |b| load_pair::<F>(b));
+    // An odd last block pairs with activations beyond the 64-value chunks.
+    if row.len() % (2 * F::BYTES) != 0 {
+        let b = &row[row.len() - F::BYTES..];
+        let mut tail = [0f32; 64];
+        tail[..32].copy_from_slice(&x[x.len() - 32..]);
+        acc = step(acc, b, &tail, load_pair::<F>(b));
+    }
+    hsum(acc)
 }

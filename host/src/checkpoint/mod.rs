@@ -1,0 +1,4 @@
+//! Checkpoints: reading weights and metadata from safetensors and GGUF files,
+//! memory-mapped and zero-copy.
+
+pub mod gguf;
