@@ -10,3 +10,4 @@ pub mod compiler;
 pub mod logging;
 pub mod plugins;
 pub mod runtime;
+pub mod tokenizer;

@@ -1,12 +1,14 @@
 //! Quantized matrix-vector products (m = 1, decode) at SmolLM2-135M's shapes,
 //! in weight bytes per second, beside the machine's memory bandwidth.
 //!
-//! `cargo bench -p kiln-kernels --bench quant_matvec`; the rayon pool has its
-//! default size (one thread per core). K-quants need rows of a multiple of 256
-//! values, so they only run where `cols` is one.
+//! `cargo bench -p kiln-kernels --bench quant_matvec`. The rayon pool has its
+//! default size (one thread per core) and the products are called from inside
+//! it, as a runtime does (`quant_matvec_outside_pool` shows the cost of calling
+//! from another thread). K-quants need rows of a multiple of 256 values, so
+//! they only run where `cols` is one.
 
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
@@ -55,11 +57,22 @@ fn random_weights(ty: QuantType, rows: usize, cols: usize) -> Vec<u8> {
     data
 }
 
+/// Times `iters` calls of `f` made from a thread of the rayon pool.
+fn in_pool(iters: u64, mut f: impl FnMut() + Send) -> Duration {
+    rayon::scope(|_| {
+        let start = Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        start.elapsed()
+    })
+}
+
 fn quant_matvec(c: &mut Criterion) {
     let mut group = c.benchmark_group("quant_matvec");
     for ty in TYPES {
         for (rows, cols) in SHAPES {
-            if cols % ty.block_elems() != 0 {
+            if !cols.is_multiple_of(ty.block_elems()) {
                 continue;
             }
             let data = random_weights(ty, rows, cols);
@@ -73,9 +86,11 @@ fn quant_matvec(c: &mut Criterion) {
             for precision in [Precision::Exact, Precision::Fast] {
                 let id = BenchmarkId::new(format!("{ty}/{precision:?}"), format!("{rows}x{cols}"));
                 group.bench_function(id, |b| {
-                    b.iter(|| {
-                        w.matmul(precision, black_box(&x), 1, &mut y)
-                            .expect("matmul")
+                    b.iter_custom(|iters| {
+                        in_pool(iters, || {
+                            w.matmul(precision, black_box(&x), 1, &mut y)
+                                .expect("matmul")
+                        })
                     })
                 });
             }
@@ -94,6 +109,23 @@ fn sum(v: &[f32]) -> f32 {
         }
     }
     acc.iter().sum()
+}
+
+fn quant_matvec_outside_pool(c: &mut Criterion) {
+    let mut group = c.benchmark_group("quant_matvec_outside_pool");
+    let ty = QuantType::Q4_0;
+    for (rows, cols) in SHAPES {
+        let data = random_weights(ty, rows, cols);
+        let w = QuantMatrix::new(ty, rows, cols, &data).expect("valid matrix");
+        let x = vec![0.5f32; cols];
+        let mut y = vec![0f32; rows];
+        group.throughput(Throughput::Bytes(data.len() as u64));
+        let id = BenchmarkId::new(format!("{ty}/Fast"), format!("{rows}x{cols}"));
+        group.bench_function(id, |b| {
+            b.iter(|| w.matmul(Precision::Fast, black_box(&x), 1, &mut y).expect("matmul"))
+        });
+    }
+    group.finish();
 }
 
 fn memory_bandwidth(c: &mut Criterion) {
@@ -128,6 +160,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(20);
-    targets = quant_matvec, memory_bandwidth
+    targets = quant_matvec, quant_matvec_outside_pool, memory_bandwidth
 }
 criterion_main!(benches);

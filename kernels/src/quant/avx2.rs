@@ -267,26 +267,24 @@ unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[[f32; 32]]) -> f32 {
     hsum(_mm256_add_ps(acc[0], acc[1]))
 }
 
-/// Q4_K.
+/// Q4_K and Q5_K.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn exact_q4k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
+pub(crate) unsafe fn exact_q45k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
     let (x, _) = x.as_chunks::<QK_K>();
-    by_rows!(exact_q4k_row::<F>, w, x.len(), x, out);
+    by_rows!(exact_q45k_row::<F>, w, x.len(), x, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn exact_q4k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
-    let mask = _mm256_set1_epi8(0xF);
+unsafe fn exact_q45k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 2];
     for (b, x) in row.chunks_exact(F::BYTES).zip(x) {
         let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
         let sm = k4_scales_mins_words(&b[4..16]);
         let (sc, mn) = (words_to_bytes(sm[0], sm[1]), words_to_bytes(sm[2], sm[3]));
-        for (p, q32) in b[16..].chunks_exact(32).enumerate() {
-            let bits = load32(q32);
-            let low = _mm256_and_si256(bits, mask);
-            let high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask);
+        let mut qh = q5k_high_bits::<F>(b);
+        for p in 0..4 {
+            let (low, high) = q45k_group::<F>(b, p, &mut qh);
             for (k, q) in [(0, low), (1, high)] {
                 let j = 2 * p + k;
                 let xv = load32_f32(&x[32 * j..]);
@@ -299,6 +297,37 @@ unsafe fn exact_q4k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
         }
     }
     hsum(_mm256_add_ps(acc[0], acc[1]))
+}
+
+/// The 32 bytes of Q5_K high bits (zeros for Q4_K).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q5k_high_bits<F: Format>(b: &[u8]) -> __m256i {
+    if F::TY == QuantType::Q5K {
+        load32(&b[16..48])
+    } else {
+        _mm256_setzero_si256()
+    }
+}
+
+/// The unsigned quants of the two sub-blocks (low then high nibbles) in
+/// 32-byte group `p` of a Q4_K/Q5_K block. For Q5_K, `qh` holds the high bits
+/// of this group in bits 0 and 1 of each byte, and is shifted for the next.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q45k_group<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> (__m256i, __m256i) {
+    let mask = _mm256_set1_epi8(0xF);
+    let bit4 = _mm256_set1_epi8(0x10);
+    let five = F::TY == QuantType::Q5K;
+    let bits = load32(&b[if five { 48 } else { 16 } + 32 * p..]);
+    let mut low = _mm256_and_si256(bits, mask);
+    let mut high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask);
+    if five {
+        low = _mm256_or_si256(low, _mm256_and_si256(_mm256_slli_epi16::<4>(*qh), bit4));
+        high = _mm256_or_si256(high, _mm256_and_si256(_mm256_slli_epi16::<3>(*qh), bit4));
+        *qh = _mm256_srli_epi16::<2>(*qh);
+    }
+    (low, high)
 }
 
 /// The bytes of two little-endian words.
@@ -427,9 +456,6 @@ pub(crate) unsafe fn fast_q45k<F: Format>(w: &[u8], acts: &[BlockQ8K], out: &mut
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn fast_q45k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
-    let five = F::TY == QuantType::Q5K;
-    let mask = _mm256_set1_epi8(0xF);
-    let bit4 = _mm256_set1_epi8(0x10);
     let mut acc = _mm256_setzero_ps();
     let mut acc_min = _mm_setzero_ps();
     for (b, a) in row.chunks_exact(F::BYTES).zip(acts) {
@@ -451,21 +477,10 @@ unsafe fn fast_q45k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
         acc_min = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_min);
         // Scales times the quants' products.
         let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
-        let (qs, mut qh) = if five {
-            (&b[48..176], load32(&b[16..48]))
-        } else {
-            (&b[16..144], _mm256_setzero_si256())
-        };
+        let mut qh = q5k_high_bits::<F>(b);
         let mut sumi = _mm256_setzero_si256();
-        for (p, q32) in qs.chunks_exact(32).enumerate() {
-            let bits = load32(q32);
-            let mut low = _mm256_and_si256(bits, mask);
-            let mut high = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), mask);
-            if five {
-                low = _mm256_or_si256(low, _mm256_and_si256(_mm256_slli_epi16::<4>(qh), bit4));
-                high = _mm256_or_si256(high, _mm256_and_si256(_mm256_slli_epi16::<3>(qh), bit4));
-                qh = _mm256_srli_epi16::<2>(qh);
-            }
+        for p in 0..4 {
+            let (low, high) = q45k_group::<F>(b, p, &mut qh);
             let pl = _mm256_maddubs_epi16(low, load32_i8(&a.qs[64 * p..]));
             let ph = _mm256_maddubs_epi16(high, load32_i8(&a.qs[64 * p + 32..]));
             let pl = _mm256_madd_epi16(pl, _mm256_shuffle_epi8(scales, scale_pick(2 * p)));
@@ -527,7 +542,7 @@ unsafe fn fast_q6k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
 /// with identical results.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn quantize_run(x: &[f32], qs: &mut [i8]) -> f32 {
-    debug_assert!(x.len() % 32 == 0 && qs.len() == x.len());
+    debug_assert!(x.len().is_multiple_of(32) && qs.len() == x.len());
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
     let mut max = _mm256_setzero_ps();
     for x8 in x.chunks_exact(8) {

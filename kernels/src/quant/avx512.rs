@@ -239,13 +239,10 @@ unsafe fn fast_32_row<F: Format>(row: &[u8], acts: &[BlockQ8x2]) -> f32 {
             d0
         };
         (acc, _mm512_fmadd_ps(c, _mm512_loadu_ps(a.s.as_ptr()), corr))
-    });
-    let k = if has_min(F::TY) {
-        1.0
-    } else {
-        -(quant_offset(F::TY) as f32)
     };
-    hsum(_mm512_add_ps(acc[0].0, acc[1].0)) + k * hsum(_mm512_add_ps(acc[0].1, acc[1].1))
+    let (acc, corr) = fold_pairs::<F, _, _>(row, acts, (zero, zero), step, |b| load_pair::<F>(b));
+    let k = if has_min(F::TY) { 1.0 } else { -(quant_offset(F::TY) as f32) };
+    hsum(acc) + k * hsum(corr)
 }
 
 /// Exact kernel: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 with f32 activations.
@@ -291,7 +288,7 @@ unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[f32]) -> f32 {
     };
     let mut acc = fold_pairs::<F, _, _>(row, xs, _mm512_setzero_ps(), step, |b| load_pair::<F>(b));
     // An odd last block pairs with activations beyond the 64-value chunks.
-    if row.len() % (2 * F::BYTES) != 0 {
+    if !row.len().is_multiple_of(2 * F::BYTES) {
         let b = &row[row.len() - F::BYTES..];
         let mut tail = [0f32; 64];
         tail[..32].copy_from_slice(&x[x.len() - 32..]);

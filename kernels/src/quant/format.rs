@@ -139,7 +139,7 @@ impl QuantType {
     /// [`block_elems`](QuantType::block_elems).
     pub fn row_bytes(self, cols: usize) -> Result<usize, QuantError> {
         let elems = self.block_elems();
-        if cols % elems != 0 {
+        if !cols.is_multiple_of(elems) {
             return Err(QuantError::UnalignedCols { ty: self, cols });
         }
         (cols / elems)
