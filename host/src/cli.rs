@@ -28,6 +28,39 @@ pub enum Command {
     ListArchitectures(ListArchitecturesArgs),
     /// Print the graph an architecture builds for a config, optionally compiled.
     InspectGraph(InspectGraphArgs),
+    /// Show a checkpoint's tensors and metadata, what the architecture
+    /// expects, and how the weight adapter maps one onto the other.
+    Inspect(InspectArgs),
+}
+
+/// Options that locate a model.
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// A model directory, a `.gguf` file, or a Hugging Face id (`org/name`)
+    /// in the local Hugging Face cache.
+    pub model: String,
+
+    /// The revision of a Hugging Face id (branch, tag or commit).
+    #[arg(long)]
+    pub revision: Option<String>,
+
+    /// Weights from elsewhere (e.g. a GGUF file next to a Hugging Face config).
+    #[arg(long, value_name = "PATH")]
+    pub weight_path: Option<PathBuf>,
+}
+
+/// Options of `host inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Plugin options shared by every command that resolves architectures.
@@ -85,6 +118,7 @@ pub fn run() -> ExitCode {
     let result = match &cli.command {
         Command::ListArchitectures(args) => commands::list_architectures(args),
         Command::InspectGraph(args) => commands::inspect_graph(args),
+        Command::Inspect(args) => commands::inspect(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

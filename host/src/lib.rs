@@ -8,6 +8,7 @@ pub mod cli;
 mod commands;
 pub mod compiler;
 pub mod logging;
+pub mod model;
 pub mod plugins;
 pub mod runtime;
 pub mod tokenizer;

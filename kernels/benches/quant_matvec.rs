@@ -122,7 +122,10 @@ fn quant_matvec_outside_pool(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(data.len() as u64));
         let id = BenchmarkId::new(format!("{ty}/Fast"), format!("{rows}x{cols}"));
         group.bench_function(id, |b| {
-            b.iter(|| w.matmul(Precision::Fast, black_box(&x), 1, &mut y).expect("matmul"))
+            b.iter(|| {
+                w.matmul(Precision::Fast, black_box(&x), 1, &mut y)
+                    .expect("matmul")
+            })
         });
     }
     group.finish();

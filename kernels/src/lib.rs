@@ -6,10 +6,11 @@
 //!
 //! - [`quant`]: the GGUF quantized block formats, their dequantization, and
 //!   matrix-vector / matrix-matrix products straight from the blocks (exact or
-//!   llama.cpp-style 8-bit), with AVX-512 VNNI, AVX2 and portable kernels.
+//!   llama.cpp-style 8-bit), with AVX-512, AVX2 and portable kernels.
+//! - [`dense`]: dense f32 kernels: matrix products (f32, f16 and bf16
+//!   weights), normalizations, softmax, rotary embeddings, paged attention.
 //!
-//! The f32 matmul and attention kernels and the CUDA sources land with the
-//! compiler and backend issues (see `docs/ARCHITECTURE.md`).
+//! The CUDA sources land with the backend issues (see `docs/ARCHITECTURE.md`).
 
 pub mod cpu;
 pub mod dense;

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use abi_stable::std_types::RString;
 
 use crate::abi::{ArchitectureDescriptor, EntryPoints};
+use crate::adapters::{AdaptRequest, AdaptResponse};
 use crate::config::{ArchConfig, ConfigRequest, GraphRequest};
 use crate::error::{Error, Result};
 use crate::graph::GraphIr;
@@ -111,6 +112,9 @@ named_enum! {
 /// Parses the architecture's Hugging Face config into its [`ArchConfig`].
 pub type ConfigFn = dyn Fn(&ConfigRequest) -> Result<ArchConfig> + Send + Sync;
 
+/// A weight adapter for one format (see [`crate::adapters`]).
+pub use crate::adapters::WeightAdapterFn;
+
 /// Builds the architecture's graph for a config (and, optionally, the adapted
 /// checkpoint's weights).
 pub type GraphFn = dyn Fn(&GraphRequest) -> Result<GraphIr> + Send + Sync;
@@ -207,6 +211,9 @@ pub struct SupportedArchitecture {
     pub config: Option<Box<ConfigFn>>,
     /// The graph entry point; `None` reports "unsupported" to the host.
     pub graph: Option<Box<GraphFn>>,
+    /// Weight adapters by checkpoint format; a format without one keeps the
+    /// checkpoint's names.
+    pub weight_adapters: Vec<(WeightsFormat, Box<WeightAdapterFn>)>,
 }
 
 impl SupportedArchitecture {
@@ -224,6 +231,7 @@ impl SupportedArchitecture {
             },
             config: None,
             graph: None,
+            weight_adapters: Vec::new(),
         }
     }
 
@@ -268,6 +276,17 @@ impl SupportedArchitecture {
         self
     }
 
+    /// Registers the weight adapter for checkpoints in `format`.
+    pub fn with_weight_adapter(
+        mut self,
+        format: WeightsFormat,
+        adapter: impl Fn(&AdaptRequest) -> Result<AdaptResponse> + Send + Sync + 'static,
+    ) -> Self {
+        self.weight_adapters.retain(|(f, _)| *f != format);
+        self.weight_adapters.push((format, Box::new(adapter)));
+        self
+    }
+
     /// Sets the graph entry point.
     pub fn with_graph(
         mut self,
@@ -284,6 +303,14 @@ impl fmt::Debug for SupportedArchitecture {
             .field("info", &self.info)
             .field("config", &self.config.is_some())
             .field("graph", &self.graph.is_some())
+            .field(
+                "weight_adapters",
+                &self
+                    .weight_adapters
+                    .iter()
+                    .map(|(f, _)| *f)
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }

@@ -39,6 +39,10 @@ pub struct ArchConfig {
 pub struct GraphRequest {
     /// The architecture's config, as its config entry point returned it.
     pub config: ArchConfig,
+    /// The checkpoint's format (GGUF llama stores Q and K rows permuted for
+    /// the interleaved rotary layout).
+    #[serde(default)]
+    pub weights_format: Option<crate::WeightsFormat>,
     /// The adapted checkpoint's weights (names, types, encodings), bound to the
     /// module with `load_state_dict`; `None` builds with the module's own
     /// declarations (for inspection without a checkpoint).

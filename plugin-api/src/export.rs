@@ -17,6 +17,7 @@ use abi_stable::std_types::{RResult, RSlice, RVec};
 use crate::abi::{
     self, EntryPoints, HostServices, LogLevel, PluginManifest, PluginRoot, PluginRootRef,
 };
+use crate::adapters::AdaptRequest;
 use crate::architecture::{Plugin, SupportedArchitecture};
 use crate::config::{ConfigRequest, GraphRequest};
 use crate::error::{Error, Result};
@@ -145,7 +146,24 @@ fn dispatch(entry: Entry, arch: &SupportedArchitecture, request: &[u8]) -> Resul
                 .map_err(|e| Error::invalid(format!("malformed graph request: {e}")))?;
             Ok(build(&request)?.to_bytes())
         }
-        Entry::AdaptWeights | Entry::Pipeline => Err(unsupported()),
+        Entry::AdaptWeights => {
+            let request: AdaptRequest = serde_json::from_slice(request)
+                .map_err(|e| Error::invalid(format!("malformed adaptation request: {e}")))?;
+            let adapter = arch
+                .weight_adapters
+                .iter()
+                .find(|(format, _)| *format == request.format)
+                .map(|(_, adapter)| adapter)
+                .ok_or_else(|| {
+                    Error::unsupported(format!(
+                        "architecture `{}` has no weight adapter for {}",
+                        arch.info.name, request.format
+                    ))
+                })?;
+            serde_json::to_vec(&adapter(&request)?)
+                .map_err(|e| Error::internal(format!("cannot serialize the adaptation: {e}")))
+        }
+        Entry::Pipeline => Err(unsupported()),
     }
 }
 

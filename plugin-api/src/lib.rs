@@ -23,6 +23,7 @@
 //! See `docs/writing-a-plugin.md` in the Kiln repository for a walk-through.
 
 pub mod abi;
+pub mod adapters;
 mod architecture;
 mod config;
 mod error;

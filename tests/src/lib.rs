@@ -2,6 +2,7 @@
 //! third party would (separate crates, `cargo build`), and running the `host`
 //! binary.
 
+pub mod models;
 pub mod reference;
 
 use std::path::{Path, PathBuf};

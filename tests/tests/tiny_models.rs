@@ -1,19 +1,17 @@
 //! Whole models against Hugging Face transformers: tiny random Llama
 //! checkpoints (`tests/fixtures/reference/tiny_*.json`, made by
 //! `gen_tiny_models.py`) run through the built-in plugin's graph, the
-//! compiler and the CPU runtime, in prefill, chunked prefill, token-by-token
+//! compiler and the CPU runtime — loaded from safetensors directories written
+//! from the fixtures, through resolution and the weight adapters — in prefill, chunked prefill, token-by-token
 //! decode, a ragged batch of all prompts, and greedy generation.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use kiln_host::compiler::compile;
+use kiln_host::compiler::CompileCache;
+use kiln_host::model::{resolve, LoadOptions};
 use kiln_host::plugins::ArchitectureRegistry;
-use kiln_host::runtime::{
-    CacheLayout, Executor, KvCache, Precision, Tensor, WeightData, WeightStore,
-};
-use kiln_plugin_api::graph::{DType, WeightSpec};
-use kiln_plugin_api::{ConfigRequest, Encoding, GraphRequest};
+use kiln_host::runtime::{CacheLayout, Executor, KvCache, Precision, Tensor};
+use kiln_tests::models::write_model_dir;
 use kiln_tests::reference::{compare, FixtureTensor};
 use serde::Deserialize;
 
@@ -45,57 +43,39 @@ struct Step<'a> {
 }
 
 impl Engine {
-    fn load(name: &str) -> (Self, TinyModel) {
+    /// Writes the fixture as a Hugging Face model directory (config.json and
+    /// safetensors, sharded in two when `sharded`) and loads it like a user's.
+    fn load(name: &str, sharded: bool) -> (Self, TinyModel) {
         let path = kiln_tests::workspace_root()
             .join("tests/fixtures/reference")
             .join(name);
         let model: TinyModel =
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        write_model_dir(&model.config, &model.weights, dir.path(), sharded);
         let registry = ArchitectureRegistry::load(&[]).unwrap();
-        let arch = registry
-            .get(&model.architecture)
-            .expect("a built-in architecture");
-        let config = arch
-            .config(&ConfigRequest {
-                hf_config: model.config.clone(),
-                max_length: None,
-            })
-            .unwrap();
-        // Hugging Face names, adapted like the safetensors adapter does: no `model.` prefix.
-        let mut store = WeightStore::new();
-        let mut state = BTreeMap::new();
-        for (name, tensor) in &model.weights {
-            let name = name.strip_prefix("model.").unwrap_or(name).to_owned();
-            let spec = WeightSpec {
-                name: name.clone(),
-                dtype: DType::F32,
-                shape: tensor.shape.iter().map(|&d| d as u64).collect(),
-                encoding: Encoding::Float32,
-                device: Default::default(),
-            };
-            let values: Vec<f32> = tensor.values().iter().map(|&v| v as f32).collect();
-            store
-                .insert(WeightData::from_f32(spec.clone(), &values))
-                .unwrap();
-            state.insert(name, spec);
-        }
+        let resolved = resolve(dir.path().to_str().unwrap(), None, None).unwrap();
+        let options = LoadOptions {
+            max_length: None,
+            precision: Precision::Exact,
+            compile_cache: CompileCache::disabled(),
+        };
+        let loaded = kiln_host::model::load(&registry, resolved, &options).unwrap();
+        assert_eq!(loaded.architecture.info.name, model.architecture);
+        assert!(
+            loaded.unused_tensors.is_empty(),
+            "{:?}",
+            loaded.unused_tensors
+        );
         let layout = CacheLayout {
             block_size: BLOCK_SIZE,
-            num_kv_heads: config.kv.num_kv_heads as usize,
-            head_dim: config.kv.head_dim as usize,
+            num_kv_heads: loaded.config.kv.num_kv_heads as usize,
+            head_dim: loaded.config.kv.head_dim as usize,
         };
-        let layers = config.kv.num_layers as usize;
-        let graph = arch
-            .build_graph(&GraphRequest {
-                config,
-                state_dict: Some(state),
-            })
-            .unwrap();
-        let executor =
-            Executor::new(Arc::new(compile(&graph).unwrap()), &store, Precision::Exact).unwrap();
+        let layers = loaded.config.kv.num_layers as usize;
         (
             Self {
-                executor,
+                executor: loaded.executor,
                 layout,
                 layers,
             },
@@ -161,8 +141,8 @@ fn blocks_for(first: i64, len: usize) -> Vec<i64> {
     (first..first + len.div_ceil(BLOCK_SIZE) as i64).collect()
 }
 
-fn matches_transformers(name: &str) {
-    let (engine, model) = Engine::load(name);
+fn matches_transformers(name: &str, sharded: bool) {
+    let (engine, model) = Engine::load(name, sharded);
     for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
         let len = prompt.len();
         // Whole-prompt prefill: the last position's logits.
@@ -293,15 +273,15 @@ fn matches_transformers(name: &str) {
 
 #[test]
 fn tiny_llama_with_llama3_rope_matches_transformers() {
-    matches_transformers("tiny_llama.json");
+    matches_transformers("tiny_llama.json", false);
 }
 
 #[test]
-fn tiny_llama_with_tied_embeddings_and_mqa_matches_transformers() {
-    matches_transformers("tiny_llama_tied.json");
+fn tiny_llama_with_tied_embeddings_and_mqa_from_shards_matches_transformers() {
+    matches_transformers("tiny_llama_tied.json", true);
 }
 
 #[test]
 fn tiny_qwen2_with_qkv_biases_matches_transformers() {
-    matches_transformers("tiny_qwen2.json");
+    matches_transformers("tiny_qwen2.json", false);
 }

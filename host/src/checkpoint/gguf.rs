@@ -1,1 +1,949 @@
-//! GGUF files (being written).
+//! GGUF files (llama.cpp's checkpoint format), memory-mapped and zero-copy.
+//!
+//! [`GgufFile::open`] maps the file and parses GGUF versions 2 and 3
+//! (little-endian; the two lay out identically): the metadata into
+//! [`GgufValue`]s and the tensor directory into [`GgufTensor`]s. Every count,
+//! length, type and offset is checked against the file before it is used, so
+//! a malformed or truncated file gives a [`GgufError::Invalid`] naming the
+//! byte and the problem; nothing is allocated from an unchecked count.
+//! [`GgufFile::weight_data`] hands a tensor to the runtime as a
+//! [`WeightData`] that borrows the map.
+//!
+//! Tensor types: every ggml type is recognised at open (an unknown type id is
+//! an error there, since its size is unknown), so every tensor's byte range is
+//! checked. F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K,
+//! Q5_K and Q6_K map to an [`Encoding`]; the others (IQ*, TQ*, integer types,
+//! ...) open fine and fail only when the tensor is used
+//! ([`GgufTensor::encoding`], [`GgufFile::weight_data`]).
+//!
+//! Shapes are given in PyTorch / Hugging Face order: GGUF stores dimensions
+//! innermost first, so they are reversed, and a quantized row is the last axis.
+//!
+//! # Hugging Face config
+//!
+//! [`GgufFile::hf_config`] rebuilds a `config.json` for `llama`, `qwen2`,
+//! `qwen3`, `gemma3`, `phi3` and `gpt2`, from the keys present (`{arch}` is
+//! `general.architecture`; float32 values are written as their shortest
+//! decimal, e.g. `1e-5`, as `config.json` had them):
+//!
+//! | config.json (GPT-2's name)               | GGUF                                                          |
+//! | ---------------------------------------- | ------------------------------------------------------------- |
+//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2` |
+//! | `vocab_size`                             | `{arch}.vocab_size`, else the length of `tokenizer.ggml.tokens`, else the rows of `token_embd.weight` |
+//! | `hidden_size` (`n_embd`)                 | `{arch}.embedding_length`                                     |
+//! | `intermediate_size` (`n_inner`)          | `{arch}.feed_forward_length`                                  |
+//! | `num_hidden_layers` (`n_layer`)          | `{arch}.block_count`                                          |
+//! | `num_attention_heads` (`n_head`)         | `{arch}.attention.head_count`                                 |
+//! | `num_key_value_heads`                    | `{arch}.attention.head_count_kv`                              |
+//! | `head_dim`                               | `{arch}.attention.key_length`                                 |
+//! | `max_position_embeddings` (`n_positions`, `n_ctx`) | `{arch}.context_length`                             |
+//! | `rms_norm_eps`                           | `{arch}.attention.layer_norm_rms_epsilon`                     |
+//! | `layer_norm_eps` (`layer_norm_epsilon`)  | `{arch}.attention.layer_norm_epsilon`                         |
+//! | `rope_theta`                             | `{arch}.rope.freq_base`                                       |
+//! | `rope_scaling`                           | `{arch}.rope.scaling.type` (omitted when absent or `none`) as `rope_type`, `.factor` as `factor`, `.original_context_length` as `original_max_position_embeddings` |
+//! | `original_max_position_embeddings` (phi3)| `{arch}.rope.scaling.original_context_length`                 |
+//! | `sliding_window`                         | `{arch}.attention.sliding_window`                             |
+//! | `attn_logit_softcapping`, `final_logit_softcapping` | `{arch}.attn_logit_softcapping`, `{arch}.final_logit_softcapping` |
+//! | `tie_word_embeddings`                    | true when there is no `output.weight` tensor                  |
+//! | `bos_token_id`, `eos_token_id`, `pad_token_id` | `tokenizer.ggml.bos_token_id`, `.eos_token_id`, `.padding_token_id` |
+//! | `hidden_act` (`activation_function`)     | fixed: `silu` (llama, qwen2, qwen3, phi3), `gelu_pytorch_tanh` (gemma3, also as `hidden_activation`), `gelu_new` (gpt2) |
+//! | `rope_local_base_freq` (gemma3)          | `gemma3.rope.freq_base_swa`, else 10000                       |
+//! | `query_pre_attn_scalar` (gemma3)         | llama.cpp's rule: `hidden_size / num_attention_heads` for the 62-layer (27B) model, else `head_dim` |
+//! | `sliding_window_pattern`, `layer_types` (gemma3) | with a sliding window: every 6th layer global, as llama.cpp |
+//!
+//! Not mapped: Phi-3 "longrope" factors (stored as the `rope_factors_*`
+//! tensors) and Llama 3 rope scaling (stored as `rope_freqs.weight`).
+//!
+//! [`hf_tensor_name`] maps tensor names. It maps names only: llama.cpp's
+//! converter permutes the `llama` query and key projections for interleaved
+//! rotary embedding, and GPT-2's `Conv1D` weights are stored transposed
+//! relative to the Hugging Face checkpoint.
+
+mod hf;
+mod value;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kiln_kernels::quant::QuantType;
+use kiln_plugin_api::graph::{DType, Device, WeightSpec};
+use kiln_plugin_api::Encoding;
+use memmap2::Mmap;
+
+pub use hf::hf_tensor_name;
+pub use value::{GgufArray, GgufValue};
+
+use crate::runtime::WeightData;
+
+/// Alignment of tensor data when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// Most dimensions a GGUF tensor may have (`GGML_MAX_DIMS`).
+const MAX_DIMS: u32 = 4;
+/// Deepest array nesting accepted (guards the recursion, not a GGUF limit).
+const MAX_ARRAY_DEPTH: usize = 16;
+/// Fewest bytes a metadata pair takes: key length, value type, one byte.
+const MIN_KV_BYTES: u64 = 8 + 4 + 1;
+/// Fewest bytes a tensor info takes: name length, dims count, type, offset.
+const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
+
+/// Errors from reading a GGUF file.
+#[derive(Debug, thiserror::Error)]
+pub enum GgufError {
+    /// The file could not be opened or mapped.
+    #[error("cannot read GGUF file {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not a well-formed GGUF file Kiln can read.
+    #[error("{}: invalid GGUF file at byte {offset}: {problem}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Where the offending field starts.
+        offset: u64,
+        /// What is wrong.
+        problem: Problem,
+    },
+    /// No tensor has this name.
+    #[error("no tensor named `{0}` in the GGUF file")]
+    NoTensor(String),
+    /// The tensor's ggml type has no Kiln encoding.
+    #[error("tensor `{name}` is stored as {ty}, which Kiln cannot decode")]
+    UnsupportedType {
+        /// The tensor.
+        name: String,
+        /// Its ggml type.
+        ty: GgmlType,
+    },
+    /// A required metadata key is absent.
+    #[error("GGUF metadata has no `{0}`")]
+    MissingKey(String),
+    /// A metadata value has the wrong type.
+    #[error("GGUF metadata `{key}` is {found}, expected {expected}")]
+    WrongType {
+        /// The key.
+        key: String,
+        /// What the caller asked for.
+        expected: &'static str,
+        /// The stored type.
+        found: &'static str,
+    },
+    /// `general.architecture` names an architecture without a config mapping.
+    #[error("GGUF architecture `{0}` has no Hugging Face config mapping")]
+    UnsupportedArchitecture(String),
+}
+
+/// What is wrong with a malformed GGUF file.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Problem {
+    /// The first four bytes are not `GGUF`.
+    #[error("not a GGUF file (magic {0:02x?}, expected \"GGUF\")")]
+    BadMagic([u8; 4]),
+    /// A version other than 2 or 3.
+    #[error("GGUF version {0} is not supported (Kiln reads versions 2 and 3)")]
+    UnsupportedVersion(u32),
+    /// A byte-swapped version: a big-endian file.
+    #[error("big-endian GGUF files are not supported")]
+    BigEndian,
+    /// The file ends inside a field.
+    #[error("file ends inside {what}: {needed} bytes needed, {left} left")]
+    Truncated {
+        /// The field.
+        what: String,
+        /// Bytes the field needs.
+        needed: u64,
+        /// Bytes left in the file.
+        left: u64,
+    },
+    /// A count that the rest of the file cannot possibly hold.
+    #[error("{what}: count {count} cannot fit in the {left} bytes left")]
+    ImpossibleCount {
+        /// What is counted.
+        what: String,
+        /// The stored count.
+        count: u64,
+        /// Bytes left in the file.
+        left: u64,
+    },
+    /// A string that is not UTF-8.
+    #[error("{0} is not valid UTF-8")]
+    InvalidUtf8(String),
+    /// A metadata value type id outside GGUF's 0..=12.
+    #[error("{what} has unknown value type {ty}")]
+    UnknownValueType {
+        /// The value.
+        what: String,
+        /// The stored type id.
+        ty: u32,
+    },
+    /// Arrays nested deeper than Kiln accepts.
+    #[error("{0} nests arrays more than {MAX_ARRAY_DEPTH} deep")]
+    TooDeep(String),
+    /// A key that appears twice.
+    #[error("duplicate metadata key `{0}`")]
+    DuplicateKey(String),
+    /// `general.alignment` that is not a power of two.
+    #[error("`general.alignment` must be a power of two, found {0}")]
+    BadAlignment(String),
+    /// A tensor name that appears twice.
+    #[error("duplicate tensor `{0}`")]
+    DuplicateTensor(String),
+    /// More than four dimensions.
+    #[error("tensor `{name}` has {n_dims} dimensions, at most {MAX_DIMS} allowed")]
+    TooManyDims {
+        /// The tensor.
+        name: String,
+        /// The stored count.
+        n_dims: u32,
+    },
+    /// A ggml type id this reader does not know.
+    #[error("tensor `{name}` has unknown ggml type {ty}")]
+    UnknownTensorType {
+        /// The tensor.
+        name: String,
+        /// The stored type id.
+        ty: u32,
+    },
+    /// A row that is not a whole number of blocks.
+    #[error("tensor `{name}`: {ty} rows need a multiple of {block} values, found {cols}")]
+    UnalignedRow {
+        /// The tensor.
+        name: String,
+        /// Its type.
+        ty: GgmlType,
+        /// Values per block.
+        block: u64,
+        /// The row length.
+        cols: u64,
+    },
+    /// A tensor whose size overflows.
+    #[error("tensor `{name}` with dimensions {dims:?} is too large")]
+    TooLarge {
+        /// The tensor.
+        name: String,
+        /// Its dimensions, as stored (innermost first).
+        dims: Vec<u64>,
+    },
+    /// A data offset that is not a multiple of the alignment.
+    #[error("tensor `{name}` has offset {offset}, not a multiple of the alignment {alignment}")]
+    MisalignedOffset {
+        /// The tensor.
+        name: String,
+        /// Its offset in the data section.
+        offset: u64,
+        /// The file's alignment.
+        alignment: u64,
+    },
+    /// Tensor data past the end of the file.
+    #[error("tensor `{name}` needs bytes {start}..{end} of a {len}-byte file")]
+    OutOfBounds {
+        /// The tensor.
+        name: String,
+        /// First byte, from the start of the file (saturated).
+        start: u64,
+        /// One past the last byte (saturated).
+        end: u64,
+        /// The file size.
+        len: u64,
+    },
+}
+
+/// A ggml tensor type: one of the ids GGUF files use, with its block layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GgmlType {
+    id: u32,
+    name: &'static str,
+    block_elems: u64,
+    block_bytes: u64,
+}
+
+/// Every ggml type: id, name, values per block, bytes per block.
+const GGML_TYPES: [(u32, &str, u64, u64); 34] = [
+    (0, "F32", 1, 4),
+    (1, "F16", 1, 2),
+    (2, "Q4_0", 32, 18),
+    (3, "Q4_1", 32, 20),
+    (6, "Q5_0", 32, 22),
+    (7, "Q5_1", 32, 24),
+    (8, "Q8_0", 32, 34),
+    (9, "Q8_1", 32, 40),
+    (10, "Q2_K", 256, 84),
+    (11, "Q3_K", 256, 110),
+    (12, "Q4_K", 256, 144),
+    (13, "Q5_K", 256, 176),
+    (14, "Q6_K", 256, 210),
+    (15, "Q8_K", 256, 292),
+    (16, "IQ2_XXS", 256, 66),
+    (17, "IQ2_XS", 256, 74),
+    (18, "IQ3_XXS", 256, 98),
+    (19, "IQ1_S", 256, 50),
+    (20, "IQ4_NL", 32, 18),
+    (21, "IQ3_S", 256, 110),
+    (22, "IQ2_S", 256, 82),
+    (23, "IQ4_XS", 256, 136),
+    (24, "I8", 1, 1),
+    (25, "I16", 1, 2),
+    (26, "I32", 1, 4),
+    (27, "I64", 1, 8),
+    (28, "F64", 1, 8),
+    (29, "IQ1_M", 256, 56),
+    (30, "BF16", 1, 2),
+    (34, "TQ1_0", 256, 54),
+    (35, "TQ2_0", 256, 66),
+    (39, "MXFP4", 32, 17),
+    (40, "NVFP4", 64, 36),
+    (41, "Q1_0", 128, 18),
+];
+
+impl GgmlType {
+    /// The type with ggml id `id`, if it is one.
+    pub fn from_id(id: u32) -> Option<Self> {
+        GGML_TYPES
+            .iter()
+            .find(|t| t.0 == id)
+            .map(|&(id, name, block_elems, block_bytes)| Self {
+                id,
+                name,
+                block_elems,
+                block_bytes,
+            })
+    }
+
+    /// The ggml type id.
+    pub fn id(self) -> u32 {
+        self.id
+    }
+
+    /// The ggml name (`"Q4_K"`).
+    pub fn name(self) -> &'static str {
+        self.name
+    }
+
+    /// The Kiln encoding, for the types Kiln can decode.
+    pub fn encoding(self) -> Option<Encoding> {
+        Some(match self.id {
+            0 => Encoding::Float32,
+            1 => Encoding::Float16,
+            30 => Encoding::BFloat16,
+            id => match QuantType::from_gguf_type_id(id).ok()? {
+                QuantType::Q4_0 => Encoding::Q4_0,
+                QuantType::Q4_1 => Encoding::Q4_1,
+                QuantType::Q5_0 => Encoding::Q5_0,
+                QuantType::Q5_1 => Encoding::Q5_1,
+                QuantType::Q8_0 => Encoding::Q8_0,
+                QuantType::Q2K => Encoding::Q2K,
+                QuantType::Q3K => Encoding::Q3K,
+                QuantType::Q4K => Encoding::Q4K,
+                QuantType::Q5K => Encoding::Q5K,
+                QuantType::Q6K => Encoding::Q6K,
+            },
+        })
+    }
+
+    /// Bytes of a tensor with dimensions `dims` (innermost first), or the
+    /// problem; Kiln's block formats are sized by [`QuantType::row_bytes`].
+    fn tensor_bytes(self, name: &str, dims: &[u64]) -> Result<u64, Problem> {
+        let cols = dims.first().copied().unwrap_or(1);
+        if cols % self.block_elems != 0 {
+            return Err(Problem::UnalignedRow {
+                name: name.to_owned(),
+                ty: self,
+                block: self.block_elems,
+                cols,
+            });
+        }
+        let row = match QuantType::from_gguf_type_id(self.id) {
+            Ok(quant) => usize::try_from(cols)
+                .ok()
+                .and_then(|cols| quant.row_bytes(cols).ok())
+                .and_then(|bytes| u64::try_from(bytes).ok()),
+            Err(_) => (cols / self.block_elems).checked_mul(self.block_bytes),
+        };
+        dims.iter()
+            .skip(1)
+            .try_fold(row, |bytes, &dim| bytes?.checked_mul(dim).map(Some))
+            .flatten()
+            .ok_or_else(|| Problem::TooLarge {
+                name: name.to_owned(),
+                dims: dims.to_vec(),
+            })
+    }
+}
+
+impl fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// One tensor of a GGUF file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GgufTensor {
+    name: String,
+    shape: Vec<u64>,
+    ggml_type: GgmlType,
+    range: Range<usize>,
+}
+
+impl GgufTensor {
+    /// The GGUF name (`blk.0.attn_q.weight`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The shape in PyTorch / Hugging Face order (GGUF's dimensions reversed).
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    /// The stored ggml type.
+    pub fn ggml_type(&self) -> GgmlType {
+        self.ggml_type
+    }
+
+    /// The Kiln encoding, or [`GgufError::UnsupportedType`].
+    pub fn encoding(&self) -> Result<Encoding, GgufError> {
+        self.ggml_type
+            .encoding()
+            .ok_or_else(|| GgufError::UnsupportedType {
+                name: self.name.clone(),
+                ty: self.ggml_type,
+            })
+    }
+
+    /// The tensor's bytes, as a range of the whole file.
+    pub fn byte_range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+}
+
+/// A memory-mapped, parsed GGUF file.
+pub struct GgufFile {
+    path: PathBuf,
+    map: Arc<Mmap>,
+    version: u32,
+    alignment: u64,
+    data_offset: u64,
+    metadata: BTreeMap<String, GgufValue>,
+    tensors: Vec<GgufTensor>,
+    by_name: HashMap<String, usize>,
+}
+
+impl fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Maps and parses the GGUF file at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
+        let path = path.as_ref();
+        let io = |source| GgufError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only and private to this value; as with any
+        // memory-mapped loader, the file must not be changed while mapped.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let parsed = parse(&map).map_err(|e| GgufError::Invalid {
+            path: path.to_owned(),
+            offset: e.offset,
+            problem: e.problem,
+        })?;
+        Ok(Self {
+            path: path.to_owned(),
+            map: Arc::new(map),
+            version: parsed.version,
+            alignment: parsed.alignment,
+            data_offset: parsed.data_offset,
+            metadata: parsed.metadata,
+            tensors: parsed.tensors,
+            by_name: parsed.by_name,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The GGUF version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The tensor data alignment (`general.alignment`, default 32).
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// Where the tensor data section starts in the file.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    /// All metadata, by key.
+    pub fn metadata(&self) -> &BTreeMap<String, GgufValue> {
+        &self.metadata
+    }
+
+    /// The metadata value at `key`.
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata.get(key)
+    }
+
+    /// A string value; `None` when absent, an error when of another type.
+    pub fn get_str(&self, key: &str) -> Result<Option<&str>, GgufError> {
+        self.typed(key, "a string", GgufValue::as_str)
+    }
+
+    /// A non-negative integer of any integer type; `None` when absent.
+    pub fn get_u64(&self, key: &str) -> Result<Option<u64>, GgufError> {
+        self.typed(key, "a non-negative integer", GgufValue::as_u64)
+    }
+
+    /// A float32 or float64 value; `None` when absent.
+    pub fn get_f64(&self, key: &str) -> Result<Option<f64>, GgufError> {
+        self.typed(key, "a float", GgufValue::as_f64)
+    }
+
+    /// An array value; `None` when absent.
+    pub fn get_array(&self, key: &str) -> Result<Option<&GgufArray>, GgufError> {
+        self.typed(key, "an array", GgufValue::as_array)
+    }
+
+    /// `general.architecture` (`llama`, `qwen2`, ...).
+    pub fn architecture(&self) -> Result<&str, GgufError> {
+        self.get_str("general.architecture")?
+            .ok_or_else(|| GgufError::MissingKey("general.architecture".into()))
+    }
+
+    /// The tensors, in file order.
+    pub fn tensors(&self) -> &[GgufTensor] {
+        &self.tensors
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Option<&GgufTensor> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The tensor `name` as runtime weight data borrowing the file's map. Its
+    /// logical dtype is its float type, or F32 for a quantized tensor.
+    pub fn weight_data(&self, name: &str) -> Result<WeightData, GgufError> {
+        let tensor = self
+            .tensor(name)
+            .ok_or_else(|| GgufError::NoTensor(name.to_owned()))?;
+        let encoding = tensor.encoding()?;
+        let spec = WeightSpec {
+            name: tensor.name.clone(),
+            dtype: DType::of_encoding(encoding).unwrap_or(DType::F32),
+            shape: tensor.shape.clone(),
+            encoding,
+            device: Device::Cpu,
+        };
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = self.map.clone();
+        Ok(WeightData::new(spec, owner, tensor.byte_range()))
+    }
+
+    fn typed<'a, T>(
+        &'a self,
+        key: &str,
+        expected: &'static str,
+        cast: impl FnOnce(&'a GgufValue) -> Option<T>,
+    ) -> Result<Option<T>, GgufError> {
+        let Some(value) = self.metadata.get(key) else {
+            return Ok(None);
+        };
+        cast(value).map(Some).ok_or_else(|| GgufError::WrongType {
+            key: key.to_owned(),
+            expected,
+            found: value.type_name(),
+        })
+    }
+}
+
+/// A parse failure and where it happened.
+struct Located {
+    offset: u64,
+    problem: Problem,
+}
+
+impl Located {
+    fn at(offset: usize, problem: Problem) -> Self {
+        Self {
+            offset: offset as u64,
+            problem,
+        }
+    }
+}
+
+/// The parsed header, before it is paired with its map.
+struct Parsed {
+    version: u32,
+    alignment: u64,
+    data_offset: u64,
+    metadata: BTreeMap<String, GgufValue>,
+    tensors: Vec<GgufTensor>,
+    by_name: HashMap<String, usize>,
+}
+
+/// A tensor info as stored, before its data range is checked.
+struct RawTensor {
+    at: usize,
+    name: String,
+    dims: Vec<u64>,
+    ty: GgmlType,
+    offset: u64,
+}
+
+fn parse(bytes: &[u8]) -> Result<Parsed, Located> {
+    let mut r = Reader { bytes, pos: 0 };
+    let magic: [u8; 4] = r.fixed("the magic")?;
+    if magic != *b"GGUF" {
+        return Err(Located::at(0, Problem::BadMagic(magic)));
+    }
+    let version = r.le("the version", u32::from_le_bytes)?;
+    match version {
+        2 | 3 => {}
+        v if matches!(v.swap_bytes(), 2 | 3) => return Err(Located::at(4, Problem::BigEndian)),
+        v => return Err(Located::at(4, Problem::UnsupportedVersion(v))),
+    }
+    let n_tensors = r.le("the tensor count", u64::from_le_bytes)?;
+    let n_kv = r.le("the metadata count", u64::from_le_bytes)?;
+    let n_kv = r.count(n_kv, MIN_KV_BYTES, "metadata pairs", 16)?;
+
+    let mut metadata = BTreeMap::new();
+    let mut alignment = DEFAULT_ALIGNMENT;
+    for i in 0..n_kv {
+        let at = r.pos;
+        let key = r.string(&format!("metadata key #{i}"))?;
+        let what = format!("metadata `{key}`");
+        let value = r.value(&what)?;
+        if key == "general.alignment" {
+            alignment = value
+                .as_u64()
+                .filter(|a| a.is_power_of_two())
+                .ok_or_else(|| Located::at(at, Problem::BadAlignment(format!("{value:?}"))))?;
+        }
+        if metadata.contains_key(&key) {
+            return Err(Located::at(at, Problem::DuplicateKey(key)));
+        }
+        metadata.insert(key, value);
+    }
+
+    let n_tensors = r.count(n_tensors, MIN_TENSOR_INFO_BYTES, "tensor infos", 8)?;
+    let mut raw = Vec::with_capacity(n_tensors);
+    for i in 0..n_tensors {
+        let at = r.pos;
+        let name = r.string(&format!("the name of tensor #{i}"))?;
+        let what = format!("the info of tensor `{name}`");
+        let n_dims = r.le(&what, u32::from_le_bytes)?;
+        if n_dims > MAX_DIMS {
+            return Err(Located::at(at, Problem::TooManyDims { name, n_dims }));
+        }
+        let dims = (0..n_dims)
+            .map(|_| r.le(&what, u64::from_le_bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ty_id = r.le(&what, u32::from_le_bytes)?;
+        let ty = GgmlType::from_id(ty_id).ok_or_else(|| {
+            Located::at(
+                at,
+                Problem::UnknownTensorType {
+                    name: name.clone(),
+                    ty: ty_id,
+                },
+            )
+        })?;
+        let offset = r.le(&what, u64::from_le_bytes)?;
+        raw.push(RawTensor {
+            at,
+            name,
+            dims,
+            ty,
+            offset,
+        });
+    }
+
+    let len = bytes.len() as u64;
+    // `r.pos` is at most the file size, so rounding it up cannot overflow.
+    let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
+    let mut tensors = Vec::with_capacity(raw.len());
+    let mut by_name = HashMap::with_capacity(raw.len());
+    for t in raw {
+        let fail = |problem| Located::at(t.at, problem);
+        if by_name.insert(t.name.clone(), tensors.len()).is_some() {
+            return Err(fail(Problem::DuplicateTensor(t.name)));
+        }
+        let size = t.ty.tensor_bytes(&t.name, &t.dims).map_err(fail)?;
+        if t.offset % alignment != 0 {
+            return Err(fail(Problem::MisalignedOffset {
+                name: t.name,
+                offset: t.offset,
+                alignment,
+            }));
+        }
+        let start = data_offset.saturating_add(t.offset);
+        let end = start.saturating_add(size);
+        if end > len {
+            return Err(fail(Problem::OutOfBounds {
+                name: t.name,
+                start,
+                end,
+                len,
+            }));
+        }
+        // Both fit `usize`: they are within the mapped file.
+        let range = start as usize..end as usize;
+        tensors.push(GgufTensor {
+            shape: t.dims.iter().rev().copied().collect(),
+            name: t.name,
+            ggml_type: t.ty,
+            range,
+        });
+    }
+    Ok(Parsed {
+        version,
+        alignment,
+        data_offset,
+        metadata,
+        tensors,
+        by_name,
+    })
+}
+
+/// GGUF metadata value types, by their ids 0..=12.
+#[derive(Clone, Copy)]
+enum ValueType {
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    F32,
+    Bool,
+    String,
+    Array,
+    U64,
+    I64,
+    F64,
+}
+
+impl ValueType {
+    fn from_id(id: u32) -> Option<Self> {
+        use ValueType::*;
+        let all = [
+            U8, I8, U16, I16, U32, I32, F32, Bool, String, Array, U64, I64, F64,
+        ];
+        all.get(usize::try_from(id).ok()?).copied()
+    }
+
+    /// Fewest bytes a value of this type takes.
+    fn min_bytes(self) -> u64 {
+        match self {
+            ValueType::U8 | ValueType::I8 | ValueType::Bool => 1,
+            ValueType::U16 | ValueType::I16 => 2,
+            ValueType::U32 | ValueType::I32 | ValueType::F32 => 4,
+            ValueType::U64 | ValueType::I64 | ValueType::F64 | ValueType::String => 8,
+            ValueType::Array => 4 + 8,
+        }
+    }
+}
+
+/// A bounds-checked little-endian cursor over the file.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn left(&self) -> u64 {
+        (self.bytes.len() - self.pos) as u64
+    }
+
+    fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], Located> {
+        let left = self.left();
+        if n > left {
+            return Err(Located::at(
+                self.pos,
+                Problem::Truncated {
+                    what: what.to_owned(),
+                    needed: n,
+                    left,
+                },
+            ));
+        }
+        let start = self.pos;
+        // `n <= left`, so it fits `usize` and stays within the slice.
+        self.pos += n as usize;
+        Ok(&self.bytes[start..self.pos])
+    }
+
+    fn fixed<const N: usize>(&mut self, what: &str) -> Result<[u8; N], Located> {
+        let mut out = [0; N];
+        out.copy_from_slice(self.take(N as u64, what)?);
+        Ok(out)
+    }
+
+    fn le<const N: usize, T>(&mut self, what: &str, from: fn([u8; N]) -> T) -> Result<T, Located> {
+        self.fixed(what).map(from)
+    }
+
+    /// `n` fixed-size values; the caller has checked `n` with [`Self::count`].
+    fn vec<const N: usize, T>(
+        &mut self,
+        n: usize,
+        what: &str,
+        from: fn([u8; N]) -> T,
+    ) -> Result<Vec<T>, Located> {
+        let raw = self.take((n as u64).saturating_mul(N as u64), what)?;
+        Ok(raw
+            .chunks_exact(N)
+            .map(|chunk| {
+                let mut bytes = [0; N];
+                bytes.copy_from_slice(chunk);
+                from(bytes)
+            })
+            .collect())
+    }
+
+    /// Checks that `count` items of at least `min_bytes` each fit in the rest
+    /// of the file (the count was read at `at`).
+    fn count(&self, count: u64, min_bytes: u64, what: &str, at: usize) -> Result<usize, Located> {
+        let left = self.left();
+        if count > left / min_bytes {
+            return Err(Located::at(
+                at,
+                Problem::ImpossibleCount {
+                    what: what.to_owned(),
+                    count,
+                    left,
+                },
+            ));
+        }
+        // `count <= left`, which fits `usize`.
+        Ok(count as usize)
+    }
+
+    fn string(&mut self, what: &str) -> Result<String, Located> {
+        let at = self.pos;
+        let len = self.le(what, u64::from_le_bytes)?;
+        let raw = self.take(len, what)?;
+        String::from_utf8(raw.to_vec())
+            .map_err(|_| Located::at(at, Problem::InvalidUtf8(what.to_owned())))
+    }
+
+    /// A value type id and its value (a metadata pair's value).
+    fn value(&mut self, what: &str) -> Result<GgufValue, Located> {
+        Ok(match self.value_type(what)? {
+            ValueType::U8 => GgufValue::U8(self.le(what, u8::from_le_bytes)?),
+            ValueType::I8 => GgufValue::I8(self.le(what, i8::from_le_bytes)?),
+            ValueType::U16 => GgufValue::U16(self.le(what, u16::from_le_bytes)?),
+            ValueType::I16 => GgufValue::I16(self.le(what, i16::from_le_bytes)?),
+            ValueType::U32 => GgufValue::U32(self.le(what, u32::from_le_bytes)?),
+            ValueType::I32 => GgufValue::I32(self.le(what, i32::from_le_bytes)?),
+            ValueType::U64 => GgufValue::U64(self.le(what, u64::from_le_bytes)?),
+            ValueType::I64 => GgufValue::I64(self.le(what, i64::from_le_bytes)?),
+            ValueType::F32 => GgufValue::F32(self.le(what, f32::from_le_bytes)?),
+            ValueType::F64 => GgufValue::F64(self.le(what, f64::from_le_bytes)?),
+            ValueType::Bool => GgufValue::Bool(self.le(what, |[b]: [u8; 1]| b != 0)?),
+            ValueType::String => GgufValue::String(self.string(what)?),
+            ValueType::Array => GgufValue::Array(self.array(what, 1)?),
+        })
+    }
+
+    fn value_type(&mut self, what: &str) -> Result<ValueType, Located> {
+        let at = self.pos;
+        let id = self.le(what, u32::from_le_bytes)?;
+        ValueType::from_id(id).ok_or_else(|| {
+            Located::at(
+                at,
+                Problem::UnknownValueType {
+                    what: what.to_owned(),
+                    ty: id,
+                },
+            )
+        })
+    }
+
+    /// An array's element type, count and elements; `depth` counts the
+    /// arrays this one is inside, itself included.
+    fn array(&mut self, what: &str, depth: usize) -> Result<GgufArray, Located> {
+        if depth > MAX_ARRAY_DEPTH {
+            return Err(Located::at(self.pos, Problem::TooDeep(what.to_owned())));
+        }
+        let ty = self.value_type(what)?;
+        let count_at = self.pos;
+        let n = self.le(what, u64::from_le_bytes)?;
+        let n = self.count(n, ty.min_bytes(), what, count_at)?;
+        Ok(match ty {
+            ValueType::U8 => GgufArray::U8(self.vec(n, what, u8::from_le_bytes)?),
+            ValueType::I8 => GgufArray::I8(self.vec(n, what, i8::from_le_bytes)?),
+            ValueType::U16 => GgufArray::U16(self.vec(n, what, u16::from_le_bytes)?),
+            ValueType::I16 => GgufArray::I16(self.vec(n, what, i16::from_le_bytes)?),
+            ValueType::U32 => GgufArray::U32(self.vec(n, what, u32::from_le_bytes)?),
+            ValueType::I32 => GgufArray::I32(self.vec(n, what, i32::from_le_bytes)?),
+            ValueType::U64 => GgufArray::U64(self.vec(n, what, u64::from_le_bytes)?),
+            ValueType::I64 => GgufArray::I64(self.vec(n, what, i64::from_le_bytes)?),
+            ValueType::F32 => GgufArray::F32(self.vec(n, what, f32::from_le_bytes)?),
+            ValueType::F64 => GgufArray::F64(self.vec(n, what, f64::from_le_bytes)?),
+            ValueType::Bool => GgufArray::Bool(self.vec(n, what, |[b]: [u8; 1]| b != 0)?),
+            ValueType::String => GgufArray::String(
+                (0..n)
+                    .map(|_| self.string(what))
+                    .collect::<Result<_, _>>()?,
+            ),
+            ValueType::Array => GgufArray::Array(
+                (0..n)
+                    .map(|_| self.array(what, depth + 1))
+                    .collect::<Result<_, _>>()?,
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes_agree_with_the_kernels() {
+        for quant in QuantType::ALL {
+            let ty = GgmlType::from_id(quant.gguf_type_id()).expect("known id");
+            assert_eq!(ty.name(), quant.name());
+            assert_eq!(ty.block_elems, quant.block_elems() as u64);
+            assert_eq!(ty.block_bytes, quant.block_bytes() as u64);
+            assert!(ty.encoding().is_some());
+        }
+    }
+
+    #[test]
+    fn tensor_bytes_checks_rows_and_overflow() {
+        let q4k = GgmlType::from_id(12).expect("Q4_K");
+        assert_eq!(q4k.tensor_bytes("t", &[512, 3]), Ok(3 * 288));
+        assert!(matches!(
+            q4k.tensor_bytes("t", &[32, 1]),
+            Err(Problem::UnalignedRow { .. })
+        ));
+        let f32_ = GgmlType::from_id(0).expect("F32");
+        assert!(matches!(
+            f32_.tensor_bytes("t", &[u64::MAX / 2, 3]),
+            Err(Problem::TooLarge { .. })
+        ));
+    }
+}

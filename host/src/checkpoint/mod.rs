@@ -1,4 +1,214 @@
-//! Checkpoints: reading weights and metadata from safetensors and GGUF files,
-//! memory-mapped and zero-copy.
+//! Checkpoints: weights and metadata from safetensors and GGUF files,
+//! memory-mapped and zero-copy, and binding them to an architecture's module
+//! names through its weight adapter.
 
 pub mod gguf;
+mod safetensors;
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kiln_plugin_api::adapters::{self, AdaptRequest, AdaptResponse};
+use kiln_plugin_api::graph::{DType, Device, WeightSpec};
+use kiln_plugin_api::nn::StateDict;
+use kiln_plugin_api::{Encoding, WeightsFormat};
+
+pub use self::safetensors::open_safetensors;
+use crate::runtime::{WeightData, WeightStore};
+
+/// Why a checkpoint could not be read or bound.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file is malformed.
+    #[error("{}: {message}", path.display())]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The adapter maps a weight to something the checkpoint cannot provide.
+    #[error("weight adaptation: {0}")]
+    Adaptation(String),
+}
+
+/// A tensor of a checkpoint: its description and where its bytes are.
+#[derive(Clone)]
+pub struct Tensor {
+    /// Name, shape, storage type and encoding.
+    pub info: adapters::CheckpointTensor,
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("info", &self.info)
+            .field("bytes", &self.range.len())
+            .finish()
+    }
+}
+
+impl Tensor {
+    /// A tensor whose bytes are `range` of `owner`.
+    pub fn new(
+        info: adapters::CheckpointTensor,
+        owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        range: Range<usize>,
+    ) -> Self {
+        Self { info, owner, range }
+    }
+
+    /// Size of the data in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.range.len()
+    }
+
+    /// The tensor (or rows `rows` of it) as the weight `name`, zero-copy.
+    /// Fails for tensors that cannot be weights (integers) and for row ranges
+    /// outside the tensor.
+    pub fn weight(&self, name: &str, rows: Option<(u64, u64)>) -> Result<WeightData, String> {
+        let encoding = self.info.encoding.ok_or_else(|| {
+            format!(
+                "`{}` is {}, not a weight type",
+                self.info.name, self.info.storage
+            )
+        })?;
+        let mut shape = self.info.shape.clone();
+        let mut range = self.range.clone();
+        if let Some((start, end)) = rows {
+            let total = *shape
+                .first()
+                .ok_or_else(|| format!("`{}` has no rows", self.info.name))?;
+            if start >= end || end > total {
+                return Err(format!(
+                    "rows {start}..{end} of `{}` (which has {total})",
+                    self.info.name
+                ));
+            }
+            let row_bytes = self.range.len() / total as usize;
+            range = self.range.start + start as usize * row_bytes
+                ..self.range.start + end as usize * row_bytes;
+            shape[0] = end - start;
+        }
+        let dtype = DType::of_encoding(encoding).unwrap_or(DType::F32);
+        let spec = WeightSpec {
+            name: name.to_owned(),
+            dtype,
+            shape,
+            encoding,
+            device: Device::Cpu,
+        };
+        let weight = WeightData::new(spec, Arc::clone(&self.owner), range);
+        weight.validate()?;
+        Ok(weight)
+    }
+}
+
+/// A whole checkpoint: every tensor by name, and the file-level metadata.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// The format.
+    pub format: WeightsFormat,
+    /// The files it was read from.
+    pub files: Vec<PathBuf>,
+    /// Tensors by name.
+    pub tensors: BTreeMap<String, Tensor>,
+    /// File-level metadata (safetensors `__metadata__`, GGUF key/values).
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A checkpoint bound to module names: the state dict for `load_state_dict`
+/// and the weight data for the runtime.
+#[derive(Debug)]
+pub struct BoundWeights {
+    /// Module weights as the adapter named them.
+    pub state_dict: StateDict,
+    /// Their data, by module name.
+    pub store: WeightStore,
+    /// Checkpoint tensors the adapter did not use.
+    pub unused: Vec<String>,
+}
+
+impl Checkpoint {
+    /// Describes the tensors for a weight adapter.
+    pub fn adapt_request(&self, config: &serde_json::Value) -> AdaptRequest {
+        AdaptRequest {
+            format: self.format,
+            tensors: self.tensors.values().map(|t| t.info.clone()).collect(),
+            config: config.clone(),
+        }
+    }
+
+    /// Applies an adapter's answer: every module weight becomes a zero-copy
+    /// view of its source tensor.
+    pub fn bind(&self, adaptation: &AdaptResponse) -> Result<BoundWeights, CheckpointError> {
+        let mut state_dict = StateDict::new();
+        let mut store = WeightStore::new();
+        let mut used = std::collections::BTreeSet::new();
+        for adapted in &adaptation.weights {
+            let source = self.tensors.get(&adapted.source).ok_or_else(|| {
+                CheckpointError::Adaptation(format!(
+                    "`{}` maps to `{}`, which the checkpoint does not have",
+                    adapted.name, adapted.source
+                ))
+            })?;
+            if state_dict.contains_key(&adapted.name) {
+                return Err(CheckpointError::Adaptation(format!(
+                    "two tensors map to `{}`",
+                    adapted.name
+                )));
+            }
+            let weight = source
+                .weight(&adapted.name, adapted.rows)
+                .map_err(CheckpointError::Adaptation)?;
+            used.insert(adapted.source.clone());
+            state_dict.insert(adapted.name.clone(), weight.spec.clone());
+            store.insert(weight).map_err(CheckpointError::Adaptation)?;
+        }
+        let unused = self
+            .tensors
+            .keys()
+            .filter(|n| !used.contains(*n))
+            .cloned()
+            .collect();
+        Ok(BoundWeights {
+            state_dict,
+            store,
+            unused,
+        })
+    }
+}
+
+/// Opens a GGUF file as a checkpoint, with its metadata mapped to a Hugging
+/// Face shaped config.
+pub fn open_gguf(
+    path: &std::path::Path,
+) -> Result<(Checkpoint, serde_json::Value), CheckpointError> {
+    // WIP: wired to the GGUF reader when it lands.
+    Err(CheckpointError::Malformed {
+        path: path.to_owned(),
+        message: "GGUF support is not wired yet".to_owned(),
+    })
+}
+
+/// The encoding of a float storage type name, as safetensors spells it.
+pub fn float_encoding(storage: &str) -> Option<Encoding> {
+    match storage {
+        "F32" => Some(Encoding::Float32),
+        "F16" => Some(Encoding::Float16),
+        "BF16" => Some(Encoding::BFloat16),
+        _ => None,
+    }
+}

@@ -36,6 +36,7 @@ pub fn inspect_graph(args: &InspectGraphArgs) -> anyhow::Result<()> {
     })?;
     let graph = arch.build_graph(&GraphRequest {
         config,
+        weights_format: None,
         state_dict: None,
     })?;
     let mut out = format!("{graph}\n");

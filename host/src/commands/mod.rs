@@ -1,8 +1,10 @@
 //! One module per `host` subcommand.
 
+mod inspect;
 mod inspect_graph;
 mod list_architectures;
 
+pub use inspect::inspect;
 pub use inspect_graph::inspect_graph;
 pub use list_architectures::list_architectures;
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kiln_plugin_api::abi::{self, ArchitectureDescriptor, EntryPoint, EntryPoints};
+use kiln_plugin_api::adapters::{self, AdaptRequest, AdaptResponse};
 use kiln_plugin_api::graph::GraphIr;
 use kiln_plugin_api::{ArchConfig, ArchitectureInfo, ConfigRequest, GraphRequest};
 
@@ -97,6 +98,25 @@ impl Architecture {
             kind: abi::PluginErrorKind::Invalid,
             message: format!("the plugin returned a malformed config: {e}"),
         })
+    }
+
+    /// Maps a checkpoint's tensors onto module weights with the architecture's
+    /// adapter for the format; without one, names are kept as they are.
+    pub fn adapt_weights(&self, request: &AdaptRequest) -> Result<AdaptResponse, EntryPointError> {
+        let bytes = serde_json::to_vec(request).expect("an AdaptRequest serializes");
+        match self.call("adapt_weights", self.entry_points.adapt_weights, &bytes) {
+            Ok(response) => serde_json::from_slice(&response).map_err(|e| EntryPointError {
+                architecture: self.info.name.clone(),
+                plugin: self.plugin.name.clone(),
+                entry: "adapt_weights",
+                kind: abi::PluginErrorKind::Invalid,
+                message: format!("the plugin returned a malformed adaptation: {e}"),
+            }),
+            Err(e) if e.kind == abi::PluginErrorKind::Unsupported => {
+                Ok(adapters::rename(request, |n| Some(n.to_owned())))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Builds the architecture's graph.

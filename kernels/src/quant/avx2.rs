@@ -20,7 +20,7 @@ use super::QuantType;
 /// The little-endian f16 at `at`, converted with F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn f16_at(bytes: &[u8], at: usize) -> f32 {
+unsafe fn f16_at(bytes: &[u8], at: usize) -> f32 {
     let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
@@ -28,7 +28,7 @@ pub(super) unsafe fn f16_at(bytes: &[u8], at: usize) -> f32 {
 /// Sum of the eight lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn hsum(v: __m256) -> f32 {
+unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
@@ -37,7 +37,7 @@ pub(super) unsafe fn hsum(v: __m256) -> f32 {
 /// Loads 32 bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn load32(bytes: &[u8]) -> __m256i {
+unsafe fn load32(bytes: &[u8]) -> __m256i {
     debug_assert!(bytes.len() >= 32);
     _mm256_loadu_si256(bytes.as_ptr().cast())
 }
@@ -45,7 +45,7 @@ pub(super) unsafe fn load32(bytes: &[u8]) -> __m256i {
 /// Loads 32 signed bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn load32_i8(q: &[i8]) -> __m256i {
+unsafe fn load32_i8(q: &[i8]) -> __m256i {
     debug_assert!(q.len() >= 32);
     _mm256_loadu_si256(q.as_ptr().cast())
 }
@@ -62,7 +62,7 @@ unsafe fn load8(x: &[f32]) -> __m256 {
 /// 0..16 of a block) then the high nibbles (values 16..32).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn nibbles32(bytes: &[u8]) -> __m256i {
+unsafe fn nibbles32(bytes: &[u8]) -> __m256i {
     debug_assert!(bytes.len() >= 16);
     let v = _mm_loadu_si128(bytes.as_ptr().cast());
     let both = _mm256_set_m128i(_mm_srli_epi16::<4>(v), v);
@@ -73,7 +73,7 @@ pub(super) unsafe fn nibbles32(bytes: &[u8]) -> __m256i {
 /// `i` is set, else 0.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn bits32(bits: u32) -> __m256i {
+unsafe fn bits32(bits: u32) -> __m256i {
     let pick = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
         0x0202_0202_0202_0202,
@@ -87,7 +87,7 @@ pub(super) unsafe fn bits32(bits: u32) -> __m256i {
 
 /// The 32-bit little-endian word at `at`.
 #[inline]
-pub(super) fn u32_at(bytes: &[u8], at: usize) -> u32 {
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
 }
 

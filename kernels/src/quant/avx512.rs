@@ -210,8 +210,10 @@ fn fold_pairs<F: Format, A, S>(
 /// activations (the portable kernels' contract).
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn fast_32<F: Format>(w: &[u8], acts: &[BlockQ8x2], out: &mut [f32]) {
-    let blocks = w.len() / out.len() / F::BYTES;
-    for (row, y) in w.chunks_exact(blocks * F::BYTES).zip(out) {
+    let Some(row_bytes) = w.len().checked_div(out.len()) else {
+        return;
+    };
+    for (row, y) in w.chunks_exact(row_bytes).zip(out) {
         *y = fast_32_row::<F>(row, acts);
     }
 }
@@ -241,7 +243,11 @@ unsafe fn fast_32_row<F: Format>(row: &[u8], acts: &[BlockQ8x2]) -> f32 {
         (acc, _mm512_fmadd_ps(c, _mm512_loadu_ps(a.s.as_ptr()), corr))
     };
     let (acc, corr) = fold_pairs::<F, _, _>(row, acts, (zero, zero), step, |b| load_pair::<F>(b));
-    let k = if has_min(F::TY) { 1.0 } else { -(quant_offset(F::TY) as f32) };
+    let k = if has_min(F::TY) {
+        1.0
+    } else {
+        -(quant_offset(F::TY) as f32)
+    };
     hsum(acc) + k * hsum(corr)
 }
 

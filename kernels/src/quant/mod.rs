@@ -12,23 +12,43 @@
 //! # Products
 //!
 //! [`QuantMatrix::matmul`] computes `y = x · Wᵀ` for a `rows x cols`
-//! quantized `W` and `m` rows of f32 activations, block by block, never
-//! dequantizing the matrix. [`Precision`] picks the arithmetic:
+//! quantized `W` (row-major, each row `ty.row_bytes(cols)` bytes) and `m`
+//! rows of f32 activations: `y[i][r] = dot(W[r], x[i])`, with `y` row-major
+//! `m x rows`. It works block by block and never dequantizes the matrix.
+//! [`Precision`] picks the arithmetic:
 //!
 //! - [`Precision::Exact`] dequantizes one block at a time in registers and
 //!   accumulates in f32: the result matches dequantize-then-dot up to f32
-//!   rounding.
+//!   rounding (about 1e-7 relative to `Σ|w·x|`).
 //! - [`Precision::Fast`] quantizes each activation row once to 8 bits (blocks
 //!   of 32 with an f32 scale and the quants' sum, or Q8_K super-blocks with
 //!   run sums for the K-quants), then takes integer dot products, as
-//!   llama.cpp does. The error is that of 8-bit activations (about 1e-3
-//!   relative to the sum of |w·x|).
+//!   llama.cpp does. The error is that of 8-bit activations: a few 1e-3
+//!   relative to `Σ|w·x|` for random data.
 //!
-//! Kernels are chosen at run time ([`Isa::detect`]): AVX-512 VNNI and AVX2
-//! for the common formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, and in
-//! exact mode every format), portable code for everything, always compiled
-//! and the reference the others are tested against. Output rows are split
-//! over the rayon thread pool; small products run on the calling thread.
+//! # Kernels
+//!
+//! The instruction set is chosen at run time ([`Isa::detect`]; tests and
+//! benchmarks can force one with [`QuantMatrix::matmul_with`]):
+//!
+//! | | Q4_0 Q4_1 Q5_0 Q5_1 | Q8_0 | Q4_K Q5_K | Q6_K | Q2_K Q3_K |
+//! | --- | --- | --- | --- | --- | --- |
+//! | AVX-512 (VBMI, VNNI) | both | fast | — | — | — |
+//! | AVX2 + FMA + F16C | both | both | both | both | exact |
+//! | portable | both | both | both | both | both |
+//!
+//! A format without a kernel for the detected instruction set uses the best
+//! one below it. The portable kernels are always compiled and are the
+//! reference the others are tested against.
+//!
+//! # Threads
+//!
+//! Output rows are split over the rayon pool (the only parallelism when
+//! `m = 1`). Call from inside the pool (for instance under
+//! `ThreadPool::install`), as a runtime does: splitting then costs about a
+//! microsecond. From another thread, handing work to the pool and waiting
+//! for it costs tens of microseconds (about 40 µs on a 2-vCPU VM), so products
+//! under 2 MiB of weights then run on the calling thread alone.
 
 mod act;
 #[cfg(target_arch = "x86_64")]

@@ -11,7 +11,7 @@ use kiln_plugin_api::nn::{
     RotaryEmbedding, Transformer, TransformerBlock,
 };
 use kiln_plugin_api::{
-    ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
+    adapters, ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
     SupportedArchitecture, Task, WeightsFormat,
 };
 
@@ -177,8 +177,21 @@ impl LlamaParams {
 
 /// Builds the decoder graph: ragged-batch inputs in, last-token logits out.
 pub fn llama_graph(request: &GraphRequest) -> Result<GraphIr> {
-    let params = LlamaParams::parse(&HfConfig::new(&request.config.model)?)?;
+    let mut params = LlamaParams::parse(&HfConfig::new(&request.config.model)?)?;
+    // llama.cpp stores Llama's Q and K rows permuted for adjacent-pair
+    // rotation; rotating adjacent pairs reads them as they are, zero-copy.
+    params.rope.interleaved = request.weights_format == Some(WeightsFormat::Gguf);
     decoder_graph(&params, request)
+}
+
+/// Hugging Face checkpoints: strip `model.`; GGUF: llama.cpp names.
+pub fn with_decoder_adapters(arch: SupportedArchitecture) -> SupportedArchitecture {
+    arch.with_weight_adapter(WeightsFormat::Safetensors, |r| {
+        Ok(adapters::rename(r, adapters::hf_decoder_name))
+    })
+    .with_weight_adapter(WeightsFormat::Gguf, |r| {
+        Ok(adapters::rename(r, adapters::gguf_decoder_name))
+    })
 }
 
 /// The decoder graph of any Llama-shaped family, from its parameters.
@@ -201,12 +214,13 @@ pub fn decoder_graph(params: &LlamaParams, request: &GraphRequest) -> Result<Gra
 /// The plugin: the family's architectures and their descriptors.
 pub fn plugin() -> Plugin {
     let base = |name: &str, alias: &str| {
-        SupportedArchitecture::new(name, Task::TextGeneration)
+        let arch = SupportedArchitecture::new(name, Task::TextGeneration)
             .with_aliases([alias])
             .with_encodings(Encoding::BFloat16, ENCODINGS)
             .with_default_weights_format(WeightsFormat::Safetensors)
             .with_config(llama_config)
-            .with_graph(llama_graph)
+            .with_graph(llama_graph);
+        with_decoder_adapters(arch)
     };
     Plugin::new("llama", env!("CARGO_PKG_VERSION"))
         .with_architecture(base("LlamaForCausalLM", "llama").with_example_repo_ids([

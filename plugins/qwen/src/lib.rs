@@ -2,7 +2,7 @@
 //! overriding only what differs: Qwen2 has q/k/v biases (no output bias),
 //! Qwen3 has per-head q/k RMSNorms and a head size independent of the width.
 
-use kiln_arch_llama::{decoder_graph, llama_config, LlamaParams};
+use kiln_arch_llama::{decoder_graph, llama_config, with_decoder_adapters, LlamaParams};
 use kiln_plugin_api::graph::GraphIr;
 use kiln_plugin_api::{
     Encoding, GraphRequest, HfConfig, Plugin, Result, SupportedArchitecture, Task, WeightsFormat,
@@ -35,7 +35,7 @@ pub fn qwen3_graph(request: &GraphRequest) -> Result<GraphIr> {
 /// The plugin: Qwen2 and Qwen3.
 pub fn plugin() -> Plugin {
     let base = |name: &str, alias: &str| {
-        SupportedArchitecture::new(name, Task::TextGeneration)
+        let arch = SupportedArchitecture::new(name, Task::TextGeneration)
             .with_aliases([alias])
             .with_encodings(
                 Encoding::BFloat16,
@@ -54,7 +54,8 @@ pub fn plugin() -> Plugin {
                 ],
             )
             .with_default_weights_format(WeightsFormat::Safetensors)
-            .with_config(llama_config)
+            .with_config(llama_config);
+        with_decoder_adapters(arch)
     };
     Plugin::new("qwen", env!("CARGO_PKG_VERSION"))
         .with_architecture(

@@ -1,0 +1,173 @@
+//! A model ready to run: resolved, its checkpoint bound through the
+//! architecture's weight adapter, its graph built, compiled and loaded.
+
+pub mod resolve;
+
+use std::sync::Arc;
+
+use kiln_plugin_api::graph::Device;
+use kiln_plugin_api::{ArchConfig, ConfigRequest, GraphRequest, WeightsFormat};
+
+use crate::checkpoint::{self, BoundWeights, Checkpoint, CheckpointError};
+use crate::compiler::{CompileCache, CompileError, CompileOutcome};
+use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
+use crate::runtime::{Executor, Precision, RuntimeError};
+pub use resolve::{resolve, ResolvedModel};
+
+/// Why a model could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// `--model` did not resolve.
+    #[error(transparent)]
+    Resolve(#[from] resolve::ResolveError),
+    /// The checkpoint could not be read or bound.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// No registered architecture matches.
+    #[error("{0}\n  hint: `host list-architectures` shows what is registered; docs/writing-a-plugin.md explains how to add one")]
+    UnknownArchitecture(String),
+    /// The plugin rejected the config or failed.
+    #[error(transparent)]
+    Plugin(#[from] EntryPointError),
+    /// The graph does not compile.
+    #[error(transparent)]
+    Compile(#[from] CompileError),
+    /// The weights do not fit the graph.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// How to load a model.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// `--max-length`.
+    pub max_length: Option<u32>,
+    /// Exact or fast quantized arithmetic.
+    pub precision: Precision,
+    /// Where compiled programs are cached.
+    pub compile_cache: CompileCache,
+}
+
+/// A loaded model.
+pub struct Model {
+    /// Where it came from.
+    pub resolved: ResolvedModel,
+    /// Its architecture.
+    pub architecture: Architecture,
+    /// The Hugging Face shaped config it was built from.
+    pub hf_config: serde_json::Value,
+    /// The architecture's parsed config.
+    pub config: ArchConfig,
+    /// Checkpoint tensors the adapter did not use.
+    pub unused_tensors: Vec<String>,
+    /// How the program was obtained.
+    pub compile: CompileOutcome,
+    /// The compiled graph bound to the weights.
+    pub executor: Executor,
+}
+
+/// The checkpoint and the Hugging Face shaped config of a resolved model.
+pub fn open_checkpoint(
+    resolved: &ResolvedModel,
+) -> Result<(Checkpoint, serde_json::Value), ModelError> {
+    match resolved.format {
+        WeightsFormat::Safetensors => {
+            let dir = resolved
+                .dir
+                .as_deref()
+                .expect("resolution requires a directory for safetensors");
+            let checkpoint = checkpoint::open_safetensors(&resolved.weights)?;
+            Ok((checkpoint, resolve::read_config(dir)?))
+        }
+        WeightsFormat::Gguf => {
+            let (checkpoint, gguf_config) = checkpoint::open_gguf(&resolved.weights)?;
+            // A config.json beside the weights wins over the GGUF metadata.
+            let config = match resolved
+                .dir
+                .as_deref()
+                .filter(|d| d.join("config.json").is_file())
+            {
+                Some(dir) => resolve::read_config(dir)?,
+                None => gguf_config,
+            };
+            Ok((checkpoint, config))
+        }
+    }
+}
+
+/// The registered architecture for a config: `architectures[0]`, else (for
+/// GGUF) `general.architecture` as an alias.
+pub fn find_architecture<'r>(
+    registry: &'r ArchitectureRegistry,
+    hf_config: &serde_json::Value,
+    checkpoint: &Checkpoint,
+) -> Result<&'r Architecture, ModelError> {
+    let declared = hf_config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(|a| a.as_str());
+    let gguf = checkpoint
+        .metadata
+        .get("general.architecture")
+        .and_then(|a| a.as_str());
+    for name in declared.into_iter().chain(gguf) {
+        if let Some(arch) = registry.get(name) {
+            return Ok(arch);
+        }
+    }
+    let known: Vec<&str> = registry
+        .architectures()
+        .iter()
+        .map(|a| a.info.name.as_str())
+        .collect();
+    Err(ModelError::UnknownArchitecture(match declared.or(gguf) {
+        Some(name) => format!(
+            "architecture `{name}` is not registered (registered: {})",
+            known.join(", ")
+        ),
+        None => {
+            "the model's config names no architecture (`architectures` in config.json)".to_owned()
+        }
+    }))
+}
+
+/// Binds the checkpoint to `arch`'s module names with its weight adapter.
+pub fn bind_weights(
+    arch: &Architecture,
+    checkpoint: &Checkpoint,
+    hf_config: &serde_json::Value,
+) -> Result<BoundWeights, ModelError> {
+    let adaptation = arch.adapt_weights(&checkpoint.adapt_request(hf_config))?;
+    Ok(checkpoint.bind(&adaptation)?)
+}
+
+/// Resolves nothing: loads the model `resolved` points at.
+pub fn load(
+    registry: &ArchitectureRegistry,
+    resolved: ResolvedModel,
+    options: &LoadOptions,
+) -> Result<Model, ModelError> {
+    let (checkpoint, hf_config) = open_checkpoint(&resolved)?;
+    let architecture = find_architecture(registry, &hf_config, &checkpoint)?.clone();
+    let config = architecture.config(&ConfigRequest {
+        hf_config: hf_config.clone(),
+        max_length: options.max_length,
+    })?;
+    let bound = bind_weights(&architecture, &checkpoint, &hf_config)?;
+    let graph = architecture.build_graph(&GraphRequest {
+        config: config.clone(),
+        weights_format: Some(checkpoint.format),
+        state_dict: Some(bound.state_dict.clone()),
+    })?;
+    let (program, compile) = options.compile_cache.get_or_compile(&graph, Device::Cpu)?;
+    let executor = Executor::new(Arc::new(program), &bound.store, options.precision)?;
+    Ok(Model {
+        resolved,
+        architecture,
+        hf_config,
+        config,
+        unused_tensors: bound.unused,
+        compile,
+        executor,
+    })
+}

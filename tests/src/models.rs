@@ -1,0 +1,72 @@
+//! Model directories for tests, written the way Hugging Face saves them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, TensorView};
+
+use crate::reference::FixtureTensor;
+
+/// Writes `config.json` and the weights as f32 safetensors into `dir`: one
+/// `model.safetensors`, or two shards and `model.safetensors.index.json`.
+pub fn write_model_dir(
+    config: &serde_json::Value,
+    weights: &BTreeMap<String, FixtureTensor>,
+    dir: &Path,
+    sharded: bool,
+) {
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let tensors: Vec<(String, Vec<u8>, Vec<usize>)> = weights
+        .iter()
+        .map(|(name, t)| {
+            (
+                name.clone(),
+                t.values()
+                    .iter()
+                    .flat_map(|&v| (v as f32).to_le_bytes())
+                    .collect(),
+                t.shape.clone(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, bytes, shape)| {
+            (
+                name.clone(),
+                TensorView::new(Dtype::F32, shape.clone(), bytes).unwrap(),
+            )
+        })
+        .collect();
+    if sharded {
+        let (first, second) = views.split_at(views.len() / 2);
+        let mut weight_map = serde_json::Map::new();
+        for (file, part) in [
+            ("model-00001-of-00002.safetensors", first),
+            ("model-00002-of-00002.safetensors", second),
+        ] {
+            safetensors::serialize_to_file(part.iter().cloned(), None, &dir.join(file)).unwrap();
+            for (name, _) in part {
+                weight_map.insert(name.clone(), file.into());
+            }
+        }
+        let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+        std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    } else {
+        safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    }
+}
+
+/// The tiny model fixture `name` (config and weights).
+pub fn tiny_model(name: &str) -> (serde_json::Value, BTreeMap<String, FixtureTensor>) {
+    #[derive(serde::Deserialize)]
+    struct Parts {
+        config: serde_json::Value,
+        weights: BTreeMap<String, FixtureTensor>,
+    }
+    let path = crate::workspace_root()
+        .join("tests/fixtures/reference")
+        .join(name);
+    let parts: Parts = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    (parts.config, parts.weights)
+}
