@@ -357,7 +357,8 @@ fn the_registry_resolves_names_and_aliases_across_plugins() {
     let request = ConfigRequest {
         hf_config: json!({
             "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-            "hidden_size": 576, "max_position_embeddings": 8192
+            "hidden_size": 576, "max_position_embeddings": 8192, "vocab_size": 49152,
+            "intermediate_size": 1536
         }),
         max_length: None,
     };

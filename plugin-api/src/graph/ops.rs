@@ -560,12 +560,14 @@ pub struct RaggedBatch {
     pub context_lens: TensorValue,
     /// Cache blocks of each sequence (`[B, M]`, i64).
     pub block_tables: TensorValue,
-    /// Row of each sequence's last token, whose logits are returned (`[B]`, i64).
-    pub last_token_rows: TensorValue,
+    /// The rows whose logits are returned (`[R]`, i64): usually each
+    /// sequence's last token, every row when scoring a whole prompt.
+    pub logit_rows: TensorValue,
 }
 
 impl RaggedBatch {
-    /// Declares the batch inputs on `graph` (symbols `T`, `B`, `B1` = B+1, `M`).
+    /// Declares the batch inputs on `graph` (symbols `T` tokens, `B`
+    /// sequences, `B1` = B+1, `M` blocks per sequence, `R` logit rows).
     pub fn inputs(graph: &super::Graph) -> Self {
         use super::types::TensorType;
         let int = |name: &str, shape: &[&str]| {
@@ -577,7 +579,7 @@ impl RaggedBatch {
             row_offsets: int("row_offsets", &["B1"]),
             context_lens: int("context_lens", &["B"]),
             block_tables: int("block_tables", &["B", "M"]),
-            last_token_rows: int("last_token_rows", &["B"]),
+            logit_rows: int("logit_rows", &["R"]),
         }
     }
 }

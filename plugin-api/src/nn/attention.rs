@@ -203,7 +203,8 @@ pub struct Transformer {
 }
 
 impl Transformer {
-    /// Logits `[B, vocab]` for the last token of each sequence in `batch`.
+    /// Logits `[R, vocab]` for the rows `batch.logit_rows` (usually each
+    /// sequence's last token).
     pub fn forward(&self, batch: &RaggedBatch) -> TensorValue {
         let mut h = self.embed_tokens.forward(&batch.tokens);
         if let Some(scale) = self.embedding_scale {
@@ -214,7 +215,7 @@ impl Transformer {
             h = layer.forward(&h, batch);
         }
         let h = self.norm.forward(&h);
-        let last = ops::gather(&h, &batch.last_token_rows, 0);
+        let last = ops::gather(&h, &batch.logit_rows, 0);
         match &self.lm_head {
             Some(head) => head.forward(&last),
             None => {

@@ -276,6 +276,7 @@ mod tests {
         let config = llama_config(&request).unwrap();
         let ir = llama_graph(&GraphRequest {
             config,
+            weights_format: None,
             state_dict: None,
         })
         .unwrap();

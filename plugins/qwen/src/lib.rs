@@ -97,6 +97,7 @@ mod tests {
         assert_eq!(config.kv.head_dim, 32);
         let ir = qwen3_graph(&GraphRequest {
             config,
+            weights_format: None,
             state_dict: None,
         })
         .unwrap();
