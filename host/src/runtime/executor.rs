@@ -142,7 +142,10 @@ impl Executor {
             }
         }
         for (index, step) in self.program.steps.iter().enumerate() {
-            let output = self.run_step(step, &values, &symbols, cache.as_deref_mut())?;
+            let output = match self.reuse_for_reshape(index, step, &mut values, &symbols) {
+                Some(reshaped) => reshaped,
+                None => self.run_step(step, &values, &symbols, cache.as_deref_mut())?,
+            };
             values[step.output as usize] = Some(output);
             for &input in &step.inputs {
                 if self.program.last_use[input as usize] == Some(index) {
@@ -159,6 +162,28 @@ impl Executor {
                     .map_err(|message| self.op_error(o, message))
             })
             .collect()
+    }
+
+    /// A reshape of a value that dies here takes the value's buffer instead
+    /// of copying it.
+    fn reuse_for_reshape(
+        &self,
+        index: usize,
+        step: &Step,
+        values: &mut [Option<Tensor>],
+        symbols: &HashMap<String, usize>,
+    ) -> Option<Tensor> {
+        let node = &self.program.graph.nodes[step.output as usize];
+        let (Kernel::Node, Op::Reshape { .. }) = (&step.kernel, &node.op) else {
+            return None;
+        };
+        let input = step.inputs[0] as usize;
+        if self.program.last_use[input] != Some(index) {
+            return None;
+        }
+        let mut tensor = values[input].take()?;
+        tensor.shape = resolve(&node.ty.shape, symbols);
+        Some(tensor)
     }
 
     fn value<'a>(

@@ -193,3 +193,47 @@ impl GgufValue {
         }
     }
 }
+
+impl GgufValue {
+    /// The value as JSON (integers and floats as numbers, non-finite floats
+    /// as `null`, arrays as arrays).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value;
+        match self {
+            GgufValue::U8(v) => Value::from(*v),
+            GgufValue::I8(v) => Value::from(*v),
+            GgufValue::U16(v) => Value::from(*v),
+            GgufValue::I16(v) => Value::from(*v),
+            GgufValue::U32(v) => Value::from(*v),
+            GgufValue::I32(v) => Value::from(*v),
+            GgufValue::U64(v) => Value::from(*v),
+            GgufValue::I64(v) => Value::from(*v),
+            GgufValue::F32(v) => Value::from(*v),
+            GgufValue::F64(v) => Value::from(*v),
+            GgufValue::Bool(v) => Value::from(*v),
+            GgufValue::String(v) => Value::from(v.as_str()),
+            GgufValue::Array(v) => v.to_json(),
+        }
+    }
+}
+
+impl GgufArray {
+    /// The array as a JSON array (see [`GgufValue::to_json`]).
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            GgufArray::Array(v) => v.iter().map(GgufArray::to_json).collect(),
+            GgufArray::String(v) => v.as_slice().into(),
+            GgufArray::F32(v) => v.as_slice().into(),
+            GgufArray::F64(v) => v.as_slice().into(),
+            GgufArray::Bool(v) => v.as_slice().into(),
+            GgufArray::U8(v) => v.as_slice().into(),
+            GgufArray::I8(v) => v.as_slice().into(),
+            GgufArray::U16(v) => v.as_slice().into(),
+            GgufArray::I16(v) => v.as_slice().into(),
+            GgufArray::U32(v) => v.as_slice().into(),
+            GgufArray::I32(v) => v.as_slice().into(),
+            GgufArray::U64(v) => v.as_slice().into(),
+            GgufArray::I64(v) => v.as_slice().into(),
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Choosing the next token from logits: temperature, top-k, top-p, min-p,
+//! with a seeded generator so a request with a seed is reproducible.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Sampling parameters (OpenAI / vLLM semantics).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens (0: all).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `top_p` (1: all).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` × the most likely one (0: none).
+    pub min_p: f32,
+    /// Seed of the generator (`None`: from the OS).
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: None }
+    }
+}
+
+impl SamplingParams {
+    /// Checks the ranges, naming the offending parameter.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(format!("temperature must be ≥ 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        Ok(())
+    }
+}
+
+/// A sampler: parameters plus its random state.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+}
+
+impl Sampler {
+    /// A sampler with `params` (seeded if they say so).
+    pub fn new(params: SamplingParams) -> Self {
+        let rng = match params.seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_os_rng(),
+        };
+        Self { params, rng }
+    }
+
+    /// Picks the next token.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.params.temperature == 0.0 {
+            return argmax(logits);
+        }
+        let mut candidates: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, &l)| (i as u32, l / self.params.temperature))
+            .collect();
+        if candidates.is_empty() {
+            return argmax(logits);
+        }
+        candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if self.params.top_k > 0 {
+            candidates.truncate(self.params.top_k);
+        }
+        // Softmax over the survivors.
+        let max = candidates[0].1;
+        let mut probs: Vec<f32> = candidates.iter().map(|(_, l)| (l - max).exp()).collect();
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        let mut keep = probs.len();
+        if self.params.min_p > 0.0 {
+            let floor = self.params.min_p * probs[0];
+            keep = keep.min(probs.iter().position(|&p| p < floor).unwrap_or(probs.len()).max(1));
+        }
+        if self.params.top_p < 1.0 {
+            let mut cumulative = 0.0;
+            for (i, p) in probs.iter().enumerate().take(keep) {
+                cumulative += p;
+                if cumulative >= self.params.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        let kept: f32 = probs[..keep].iter().sum();
+        let mut draw = self.rng.random::<f32>() * kept;
+        for (i, p) in probs[..keep].iter().enumerate() {
+            draw -= p;
+            if draw <= 0.0 {
+                return candidates[i].0;
+            }
+        }
+        candidates[keep - 1].0
+    }
+}
+
+/// The index of the largest logit (the first on ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(temperature: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64) -> Sampler {
+        Sampler::new(SamplingParams { temperature, top_k, top_p, min_p, seed: Some(seed) })
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax() {
+        assert_eq!(sampler(0.0, 0, 1.0, 0.0, 1).sample(&[0.1, 3.0, 2.9]), 1);
+    }
+
+    #[test]
+    fn filters_restrict_the_choice() {
+        let logits = [2.0, 1.9, 1.8, -5.0];
+        for seed in 0..200 {
+            assert_eq!(sampler(1.0, 1, 1.0, 0.0, seed).sample(&logits), 0, "top_k = 1");
+            assert!(sampler(1.0, 0, 0.5, 0.0, seed).sample(&logits) <= 1, "top_p = 0.5 keeps two");
+            assert!(sampler(1.0, 0, 1.0, 0.5, seed).sample(&logits) <= 2, "min_p drops the unlikely one");
+        }
+    }
+
+    #[test]
+    fn seeds_reproduce_and_distributions_follow_the_logits() {
+        let logits = [0.0, (3.0f32).ln()]; // p = 0.25, 0.75
+        let draws = |seed| {
+            let mut s = sampler(1.0, 0, 1.0, 0.0, seed);
+            (0..4000).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+        };
+        assert_eq!(draws(7), draws(7));
+        let ones = draws(7).iter().filter(|&&t| t == 1).count() as f64 / 4000.0;
+        assert!((ones - 0.75).abs() < 0.03, "{ones}");
+    }
+
+    #[test]
+    fn validation_names_the_parameter() {
+        let bad = SamplingParams { top_p: 0.0, ..SamplingParams::default() };
+        assert!(bad.validate().unwrap_err().contains("top_p"));
+    }
+}
