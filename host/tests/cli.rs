@@ -81,7 +81,7 @@ fn inspect_graph_prints_the_graph_and_the_compiled_program() {
         "{}",
         String::from_utf8_lossy(&first.stderr)
     );
-    assert!(text.starts_with("graph llama (ir v1) {"), "{text}");
+    assert!(text.starts_with("graph decoder (ir v1) {"), "{text}");
     assert!(
         text.contains("weight \"layers.1.self_attn.o_proj.weight\""),
         "{text}"

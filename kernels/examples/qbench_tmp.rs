@@ -13,7 +13,50 @@ fn bytes(n: usize, mut s: u64) -> Vec<u8> {
         })
         .collect()
 }
+fn sum(v: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    for c in v.chunks_exact(32) {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    acc.iter().sum()
+}
+fn mem() {
+    use rayon::prelude::*;
+    let src: Vec<f32> = (0..(64usize << 20)).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; src.len()];
+    let bytes = (src.len() * 4) as f64;
+    let mut b = [f64::MAX; 4];
+    for _ in 0..15 {
+        let t = Instant::now();
+        std::hint::black_box(sum(&src));
+        b[0] = b[0].min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        std::hint::black_box(src.par_chunks(1 << 16).map(sum).sum::<f32>());
+        b[1] = b[1].min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        dst.copy_from_slice(&src);
+        b[2] = b[2].min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        dst.par_chunks_mut(1 << 20)
+            .zip(src.par_chunks(1 << 20))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        b[3] = b[3].min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "mem: sum 1t {:.1} GB/s, sum rayon {:.1}, memcpy 1t {:.1}, memcpy rayon {:.1}",
+        bytes / b[0] / 1e9,
+        bytes / b[1] / 1e9,
+        bytes / b[2] / 1e9,
+        bytes / b[3] / 1e9
+    );
+}
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("mem") {
+        mem();
+        return;
+    }
     let args: Vec<String> = std::env::args().collect();
     let filter = args.get(1).cloned().unwrap_or_default();
     let isa = match args.get(2).map(|s| s.as_str()) {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use kiln_plugin_api::graph::{Constant, GraphIr, Node, Op, ValueId};
 
-use crate::runtime::{cpu_ops, Tensor};
+use crate::runtime::{cpu_ops, BufferPool, Tensor};
 
 /// Constants larger than this many elements are not folded (they would bloat
 /// the program and the compile cache).
@@ -129,7 +129,7 @@ pub fn fold_constants(ir: &GraphIr) -> Result<(GraphIr, usize), String> {
                     .iter()
                     .map(|i| &values[&(*i as usize)])
                     .collect();
-                let tensor = cpu_ops::eval(op, &inputs, node.ty.dtype, shape)?;
+                let tensor = cpu_ops::eval(op, &inputs, node.ty.dtype, shape, &BufferPool::default())?;
                 let node = &mut ir.nodes[id];
                 node.op = Op::Constant(Constant {
                     values: tensor.to_f64(),

@@ -22,7 +22,11 @@ impl<'m> Generator<'m> {
     /// A generator with room for `capacity` tokens (prompt and output).
     pub fn new(model: &'m Model, capacity: usize) -> Self {
         let kv = model.config.kv;
-        let layout = CacheLayout { block_size: BLOCK_SIZE, num_kv_heads: kv.num_kv_heads as usize, head_dim: kv.head_dim as usize };
+        let layout = CacheLayout {
+            block_size: BLOCK_SIZE,
+            num_kv_heads: kv.num_kv_heads as usize,
+            head_dim: kv.head_dim as usize,
+        };
         let blocks = capacity.div_ceil(BLOCK_SIZE).max(1);
         Self {
             model,
@@ -45,19 +49,35 @@ impl<'m> Generator<'m> {
         if n == 0 || self.position + n > self.capacity {
             return Err(RuntimeError::Input {
                 name: "tokens".to_owned(),
-                message: format!("{n} tokens at position {} exceed the capacity of {}", self.position, self.capacity),
+                message: format!(
+                    "{n} tokens at position {} exceed the capacity of {}",
+                    self.position, self.capacity
+                ),
             });
         }
-        let rows: Vec<i64> = if all_logits { (0..n as i64).collect() } else { vec![n as i64 - 1] };
+        let rows: Vec<i64> = if all_logits {
+            (0..n as i64).collect()
+        } else {
+            vec![n as i64 - 1]
+        };
         let inputs = vec![
             Tensor::i64(vec![n], tokens.iter().map(|&t| i64::from(t)).collect()),
-            Tensor::i64(vec![n], (self.position..self.position + n).map(|p| p as i64).collect()),
+            Tensor::i64(
+                vec![n],
+                (self.position..self.position + n)
+                    .map(|p| p as i64)
+                    .collect(),
+            ),
             Tensor::i64(vec![2], vec![0, n as i64]),
             Tensor::i64(vec![1], vec![(self.position + n) as i64]),
             Tensor::i64(vec![1, self.blocks.len()], self.blocks.clone()),
             Tensor::i64(vec![rows.len()], rows),
         ];
-        let logits = self.model.executor.run(inputs, Some(&mut self.cache))?.remove(0);
+        let logits = self
+            .model
+            .executor
+            .run(inputs, Some(&mut self.cache))?
+            .remove(0);
         self.position += n;
         Ok(logits)
     }

@@ -21,7 +21,13 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: None }
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+        }
     }
 }
 
@@ -83,7 +89,13 @@ impl Sampler {
         let mut keep = probs.len();
         if self.params.min_p > 0.0 {
             let floor = self.params.min_p * probs[0];
-            keep = keep.min(probs.iter().position(|&p| p < floor).unwrap_or(probs.len()).max(1));
+            keep = keep.min(
+                probs
+                    .iter()
+                    .position(|&p| p < floor)
+                    .unwrap_or(probs.len())
+                    .max(1),
+            );
         }
         if self.params.top_p < 1.0 {
             let mut cumulative = 0.0;
@@ -123,7 +135,13 @@ mod tests {
     use super::*;
 
     fn sampler(temperature: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64) -> Sampler {
-        Sampler::new(SamplingParams { temperature, top_k, top_p, min_p, seed: Some(seed) })
+        Sampler::new(SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed: Some(seed),
+        })
     }
 
     #[test]
@@ -135,9 +153,19 @@ mod tests {
     fn filters_restrict_the_choice() {
         let logits = [2.0, 1.9, 1.8, -5.0];
         for seed in 0..200 {
-            assert_eq!(sampler(1.0, 1, 1.0, 0.0, seed).sample(&logits), 0, "top_k = 1");
-            assert!(sampler(1.0, 0, 0.5, 0.0, seed).sample(&logits) <= 1, "top_p = 0.5 keeps two");
-            assert!(sampler(1.0, 0, 1.0, 0.5, seed).sample(&logits) <= 2, "min_p drops the unlikely one");
+            assert_eq!(
+                sampler(1.0, 1, 1.0, 0.0, seed).sample(&logits),
+                0,
+                "top_k = 1"
+            );
+            assert!(
+                sampler(1.0, 0, 0.5, 0.0, seed).sample(&logits) <= 1,
+                "top_p = 0.5 keeps two"
+            );
+            assert!(
+                sampler(1.0, 0, 1.0, 0.5, seed).sample(&logits) <= 2,
+                "min_p drops the unlikely one"
+            );
         }
     }
 
@@ -155,7 +183,10 @@ mod tests {
 
     #[test]
     fn validation_names_the_parameter() {
-        let bad = SamplingParams { top_p: 0.0, ..SamplingParams::default() };
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..SamplingParams::default()
+        };
         assert!(bad.validate().unwrap_err().contains("top_p"));
     }
 }

@@ -4,14 +4,21 @@
 use kiln_kernels::dense::{matmul, norm, rope};
 use kiln_plugin_api::graph::{BinaryOp, DType, Op, ReduceOp, TopKOutput, UnaryOp};
 
-use super::tensor::{round_floats, storage_of, strides, wrap_integers, Data, Storage, Tensor};
+use super::pool::BufferPool;
+use super::tensor::{storage_of, strides, wrap_integers, Data, Storage, Tensor};
 
 /// A failed op, with its reason (the executor adds the op and module).
 pub type OpResult = Result<Tensor, String>;
 
 /// Evaluates an op whose inputs are all available; `shape` is the output's
 /// concrete shape and `dtype` its type (from the compiled graph).
-pub fn eval(op: &Op, inputs: &[&Tensor], dtype: DType, shape: Vec<usize>) -> OpResult {
+pub fn eval(
+    op: &Op,
+    inputs: &[&Tensor],
+    dtype: DType,
+    shape: Vec<usize>,
+    pool: &BufferPool,
+) -> OpResult {
     match op {
         Op::Unary { op } => Ok(unary(*op, inputs[0])),
         Op::Binary { op } => binary(*op, inputs[0], inputs[1], shape),
@@ -20,9 +27,9 @@ pub fn eval(op: &Op, inputs: &[&Tensor], dtype: DType, shape: Vec<usize>) -> OpR
         Op::Reduce { op, axis, .. } => Ok(reduce(inputs[0], *op, *axis, shape)),
         Op::ArgMax { axis, .. } => Ok(argmax(inputs[0], *axis, shape)),
         Op::TopK { k, output } => Ok(top_k(inputs[0], *k as usize, *output, shape)),
-        Op::Softmax { axis } => Ok(softmax(inputs[0], *axis, false)),
-        Op::LogSoftmax { axis } => Ok(softmax(inputs[0], *axis, true)),
-        Op::MatMul => Ok(batched_matmul(inputs[0], inputs[1], shape)),
+        Op::Softmax { axis } => Ok(softmax(inputs[0], *axis, false, pool)),
+        Op::LogSoftmax { axis } => Ok(softmax(inputs[0], *axis, true, pool)),
+        Op::MatMul => Ok(batched_matmul(inputs[0], inputs[1], shape, pool)),
         Op::Reshape { .. } | Op::Print { .. } => Ok(Tensor {
             shape,
             ..inputs[0].clone()
@@ -52,7 +59,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], dtype: DType, shape: Vec<usize>) -> OpR
         }
         Op::LayerNorm { eps } => {
             let x = inputs[0];
-            let mut out = vec![0f32; x.len()];
+            let mut out = pool.take(x.len());
             norm::layer_norm_rows(
                 x.as_f32(),
                 inputs[1].as_f32(),
@@ -64,7 +71,7 @@ pub fn eval(op: &Op, inputs: &[&Tensor], dtype: DType, shape: Vec<usize>) -> OpR
         }
         Op::RmsNorm { eps, weight_offset } => {
             let x = inputs[0];
-            let mut out = vec![0f32; x.len()];
+            let mut out = pool.take(x.len());
             norm::rms_norm_rows(
                 x.as_f32(),
                 inputs[1].as_f32(),
@@ -76,7 +83,8 @@ pub fn eval(op: &Op, inputs: &[&Tensor], dtype: DType, shape: Vec<usize>) -> OpR
         }
         Op::Rope { interleaved, scale } => {
             let x = inputs[0];
-            let mut out = x.as_f32().to_vec();
+            let mut out = pool.take(x.len());
+            out.copy_from_slice(x.as_f32());
             rope::rope(
                 &mut out,
                 inputs[1].as_i64(),
@@ -433,10 +441,10 @@ fn top_k(x: &Tensor, k: usize, output: TopKOutput, shape: Vec<usize>) -> Tensor 
     }
 }
 
-fn softmax(x: &Tensor, axis: usize, log: bool) -> Tensor {
+fn softmax(x: &Tensor, axis: usize, log: bool, pool: &BufferPool) -> Tensor {
     let (outer, n, inner) = split_axis(&x.shape, axis);
     let src = x.as_f32();
-    let mut out = vec![0f32; src.len()];
+    let mut out = pool.take(src.len());
     let mut row = vec![0f32; n];
     for o in 0..outer {
         for i in 0..inner {
@@ -456,7 +464,7 @@ fn softmax(x: &Tensor, axis: usize, log: bool) -> Tensor {
     Tensor::from_f32(x.dtype, x.shape.clone(), out)
 }
 
-fn batched_matmul(a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
+fn batched_matmul(a: &Tensor, b: &Tensor, shape: Vec<usize>, pool: &BufferPool) -> Tensor {
     let (ra, rb, r) = (a.shape.len(), b.shape.len(), shape.len());
     let (m, k, n) = (a.shape[ra - 2], a.shape[ra - 1], b.shape[rb - 1]);
     let batch_shape = &shape[..r - 2];
@@ -464,7 +472,7 @@ fn batched_matmul(a: &Tensor, b: &Tensor, shape: Vec<usize>) -> Tensor {
     let a_batches = broadcast_offsets(&a.shape[..ra - 2], batch_shape);
     let b_batches = broadcast_offsets(&b.shape[..rb - 2], batch_shape);
     let (x, y) = (a.as_f32(), b.as_f32());
-    let mut out = vec![0f32; batches * m * n];
+    let mut out = pool.take(batches * m * n);
     for (batch, c) in out.chunks_mut((m * n).max(1)).enumerate().take(batches) {
         let (ia, ib) = (a_batches[batch], b_batches[batch]);
         matmul::matmul(
@@ -668,9 +676,4 @@ fn band_part(x: &Tensor, num_lower: i64, num_upper: i64, exclude: bool) -> Tenso
             .for_each(|(_, e)| *e = false),
     }
     out
-}
-
-/// Rounds f32 results of fused programs to their logical type.
-pub fn finish_floats(dtype: DType, values: &mut [f32]) {
-    round_floats(dtype, values);
 }

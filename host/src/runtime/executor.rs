@@ -12,6 +12,7 @@ use kiln_plugin_api::Encoding;
 use super::cpu_ops;
 use super::fused;
 use super::kv_cache::KvCache;
+use super::pool::BufferPool;
 use super::tensor::{storage_of, Tensor};
 use super::weights::{WeightData, WeightStore};
 use crate::compiler::{Kernel, Program, Step};
@@ -58,6 +59,8 @@ pub struct Executor {
     /// Constants by value id.
     constants: HashMap<ValueId, Tensor>,
     precision: Precision,
+    /// Buffers of dead values, reused for new ones (across runs too).
+    pool: BufferPool,
 }
 
 impl Executor {
@@ -117,6 +120,7 @@ impl Executor {
             dense,
             constants,
             precision,
+            pool: BufferPool::default(),
         })
     }
 
@@ -149,7 +153,9 @@ impl Executor {
             values[step.output as usize] = Some(output);
             for &input in &step.inputs {
                 if self.program.last_use[input as usize] == Some(index) {
-                    values[input as usize] = None;
+                    if let Some(dead) = values[input as usize].take() {
+                        self.pool.give(dead);
+                    }
                 }
             }
         }
@@ -242,14 +248,14 @@ impl Executor {
                 Op::PagedAttention(spec) => {
                     let cache =
                         cache.ok_or_else(|| fail("paged attention needs a KV cache".to_owned()))?;
-                    paged_attention(spec, &inputs, cache)
+                    paged_attention(spec, &inputs, cache, &self.pool)
                         .map(|out| Tensor::from_f32(dtype, shape, out))
                 }
                 Op::Print { label } => {
                     print_tensor(label, inputs[0]);
                     Ok(inputs[0].clone())
                 }
-                op => cpu_ops::eval(op, &inputs, dtype, shape),
+                op => cpu_ops::eval(op, &inputs, dtype, shape, &self.pool),
             },
             Kernel::Linear { weight } => self.linear(*weight, inputs[0], shape, dtype),
             Kernel::Embedding { weight } => self.embedding(*weight, inputs[0], shape, dtype),
@@ -268,7 +274,7 @@ impl Executor {
         let weight = &self.weights[index];
         let (n, k) = (weight.spec.shape[0] as usize, weight.spec.shape[1] as usize);
         let m = x.len() / k.max(1);
-        let mut y = vec![0f32; m * n];
+        let mut y = self.pool.take(m * n);
         let xs = x.as_f32();
         match weight.spec.encoding {
             Encoding::Float32 => {
@@ -319,7 +325,7 @@ impl Executor {
     ) -> Result<Tensor, String> {
         let weight = &self.weights[index];
         let (rows, cols) = (weight.spec.shape[0] as usize, weight.spec.shape[1] as usize);
-        let mut out = vec![0f32; ids.len() * cols];
+        let mut out = self.pool.take(ids.len() * cols);
         for (i, &id) in ids.as_i64().iter().enumerate() {
             let row = usize::try_from(id)
                 .ok()
@@ -401,6 +407,7 @@ fn paged_attention(
     spec: &AttentionSpec,
     inputs: &[&Tensor],
     cache: &mut KvCache,
+    pool: &BufferPool,
 ) -> Result<Vec<f32>, String> {
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
     let (row_offsets, context_lens, block_tables) =
@@ -457,7 +464,7 @@ fn paged_attention(
         .layer_mut(spec.layer as usize)
         .ok_or_else(|| format!("the cache has no layer {}", spec.layer))?;
     attention::write_kv(layout, k_cache, v_cache, k.as_f32(), v.as_f32(), &sequences);
-    let mut out = vec![0f32; q.len()];
+    let mut out = pool.take(q.len());
     let params = AttentionParams {
         scale: spec.scale,
         sliding_window: spec.sliding_window.map(|w| w as usize),

@@ -5,6 +5,7 @@ use kiln_plugin_api::graph::{BinaryOp, DType};
 use rayon::prelude::*;
 
 use super::cpu_ops::{arithmetic_f32, broadcast_offsets, cast, compare_f32, unary, unary_f32};
+use super::pool::BufferPool;
 use super::tensor::{round_floats, storage_of, Data, Storage, Tensor};
 use crate::compiler::{ElementOp, Instr, Operand};
 
@@ -152,12 +153,14 @@ fn apply(instr: &Instr, mut args: Vec<Reg>) -> Result<Reg, String> {
                     &refs,
                     instr.dtype,
                     vec![len],
+                    &BufferPool::default(),
                 )?,
                 ElementOp::Where => super::cpu_ops::eval(
                     &kiln_plugin_api::graph::Op::Where,
                     &refs,
                     instr.dtype,
                     vec![len],
+                    &BufferPool::default(),
                 )?,
                 ElementOp::Cast => cast(refs[0], instr.dtype),
             };

@@ -6,6 +6,7 @@ pub mod cpu_ops;
 mod executor;
 mod fused;
 mod kv_cache;
+mod pool;
 mod tensor;
 mod weights;
 
@@ -13,5 +14,6 @@ pub use executor::{Executor, RuntimeError};
 pub use kiln_kernels::dense::attention::CacheLayout;
 pub use kiln_kernels::quant::Precision;
 pub use kv_cache::KvCache;
+pub use pool::BufferPool;
 pub use tensor::{Data, Tensor};
 pub use weights::{WeightData, WeightStore};

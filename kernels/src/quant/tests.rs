@@ -109,21 +109,32 @@ fn check_type(ty: QuantType, rows: usize, cols: usize, m: usize, seed: u64) {
     let (exact, mag) = reference(&w, &x, rows, cols, m);
     let (fast, fast_mag) = reference(&w, &quantized_activations(ty, &x), rows, cols, m);
     let matrix = QuantMatrix::new(ty, rows, cols, &data).unwrap();
-    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
+    let run = |isa, precision| {
         let mut y = vec![f32::NAN; m * rows];
+        matrix.matmul_with(isa, precision, &x, m, &mut y).unwrap();
+        y
+    };
+    let widen = |y: &[f32]| y.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+    let scalar_exact = widen(&run(Isa::Scalar, Precision::Exact));
+    let scalar_fast = widen(&run(Isa::Scalar, Precision::Fast));
+    for isa in Isa::ALL.into_iter().filter(|isa| isa.is_available()) {
         let label = format!("{ty} {isa:?} exact {rows}x{cols} m={m}");
-        matrix
-            .matmul_with(isa, Precision::Exact, &x, m, &mut y)
-            .unwrap();
+        let y = run(isa, Precision::Exact);
         assert_close(&label, &y, &exact, &mag, 1e-5);
+        assert_close(&format!("{label} vs scalar"), &y, &scalar_exact, &mag, 1e-5);
 
         let label = format!("{ty} {isa:?} fast {rows}x{cols} m={m}");
-        y.fill(f32::NAN);
-        matrix
-            .matmul_with(isa, Precision::Fast, &x, m, &mut y)
-            .unwrap();
-        // The same arithmetic as the reference on the quantized activations...
+        let y = run(isa, Precision::Fast);
+        // The same arithmetic as the reference on the quantized activations
+        // (and as the portable kernel)...
         assert_close(&label, &y, &fast, &fast_mag, 1e-5);
+        assert_close(
+            &format!("{label} vs scalar"),
+            &y,
+            &scalar_fast,
+            &fast_mag,
+            1e-5,
+        );
         // ...which is close to the exact product.
         assert_close(&label, &y, &exact, &mag, 2e-2);
     }

@@ -1,0 +1,67 @@
+//! Buffer reuse by liveness: when a value dies (its last reader has run) its
+//! float buffer returns here, and the next kernel output of a similar size
+//! takes it instead of allocating. The pool lives as long as the executor,
+//! so steady-state decode steps allocate nothing for their large values.
+
+use std::sync::Mutex;
+
+use super::tensor::{Data, Tensor};
+
+/// Buffers kept at most; beyond that, freed buffers go back to the allocator.
+const MAX_BUFFERS: usize = 64;
+
+/// Free f32 buffers.
+#[derive(Debug, Default)]
+pub struct BufferPool {
+    free: Mutex<Vec<Vec<f32>>>,
+}
+
+impl BufferPool {
+    /// A zeroed buffer of `len` floats: the smallest free one that fits, else
+    /// a new one.
+    pub fn take(&self, len: usize) -> Vec<f32> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= len)
+            .min_by_key(|(_, b)| b.capacity())
+            .map(|(i, _)| i);
+        let mut buffer = best.map(|i| free.swap_remove(i)).unwrap_or_default();
+        drop(free);
+        buffer.clear();
+        buffer.resize(len, 0.0);
+        buffer
+    }
+
+    /// Returns a dead value's buffer.
+    pub fn give(&self, tensor: Tensor) {
+        if let Data::F32(buffer) = tensor.data {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            if free.len() < MAX_BUFFERS && buffer.capacity() > 0 {
+                free.push(buffer);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_reused_best_fit_and_zeroed() {
+        let pool = BufferPool::default();
+        pool.give(Tensor::f32(vec![100], vec![1.0; 100]));
+        pool.give(Tensor::f32(vec![10], vec![1.0; 10]));
+        let small = pool.take(8);
+        assert_eq!(small.capacity(), 10, "the smallest buffer that fits");
+        assert_eq!(small, vec![0.0; 8]);
+        let large = pool.take(50);
+        assert!(large.capacity() >= 100);
+        assert!(
+            pool.take(1000).capacity() >= 1000,
+            "a new buffer when none fits"
+        );
+    }
+}
