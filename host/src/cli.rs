@@ -31,6 +31,101 @@ pub enum Command {
     /// Show a checkpoint's tensors and metadata, what the architecture
     /// expects, and how the weight adapter maps one onto the other.
     Inspect(InspectArgs),
+    /// Generate text from one prompt, streamed to the terminal.
+    Generate(GenerateArgs),
+}
+
+/// Arithmetic of quantized weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrecisionArg {
+    /// Dequantize blocks and accumulate in f32 (matches transformers fp32).
+    Exact,
+    /// Quantize activations to 8 bits and use integer dot products (llama.cpp's way).
+    Fast,
+}
+
+impl From<PrecisionArg> for crate::runtime::Precision {
+    fn from(value: PrecisionArg) -> Self {
+        match value {
+            PrecisionArg::Exact => crate::runtime::Precision::Exact,
+            PrecisionArg::Fast => crate::runtime::Precision::Fast,
+        }
+    }
+}
+
+/// Options of `host generate`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_ids"])))]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// The prompt text.
+    #[arg(long)]
+    pub prompt: Option<String>,
+
+    /// The prompt as token ids, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+
+    /// A system message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+
+    /// Sampling temperature (0: greedy; default: the model's generation config, else greedy).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+
+    /// Nucleus sampling threshold.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+
+    /// Keep only the k most likely tokens.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+
+    /// Drop tokens less likely than min_p × the most likely.
+    #[arg(long)]
+    pub min_p: Option<f32>,
+
+    /// Seed for reproducible sampling.
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// Longest sequence (default: the model's limit).
+    #[arg(long)]
+    pub max_length: Option<u32>,
+
+    /// Where to run: `cpu`, or `gpu`/`gpu:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+
+    /// Arithmetic of quantized weights.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
+    pub precision: PrecisionArg,
+
+    /// Print `{"prompt_ids", "generated_ids", "text"}` instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Write the prompt's teacher-forced logits, float32 [prompt_len, vocab], to this .npy file.
+    #[arg(long, value_name = "PATH")]
+    pub dump_logits: Option<PathBuf>,
+
+    /// Compile even if the compile cache has the graph.
+    #[arg(long)]
+    pub no_compile_cache: bool,
 }
 
 /// Options that locate a model.
@@ -119,6 +214,7 @@ pub fn run() -> ExitCode {
         Command::ListArchitectures(args) => commands::list_architectures(args),
         Command::InspectGraph(args) => commands::inspect_graph(args),
         Command::Inspect(args) => commands::inspect(args),
+        Command::Generate(args) => commands::generate(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

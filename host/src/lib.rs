@@ -12,4 +12,5 @@ pub mod logging;
 pub mod model;
 pub mod plugins;
 pub mod runtime;
+pub mod scheduler;
 pub mod tokenizer;

@@ -12,6 +12,7 @@ use kiln_host::model::{resolve, LoadOptions};
 use kiln_host::plugins::ArchitectureRegistry;
 use kiln_host::runtime::{CacheLayout, Executor, KvCache, Precision, Tensor};
 use kiln_tests::models::write_model_dir;
+
 use kiln_tests::reference::{compare, FixtureTensor};
 use serde::Deserialize;
 
@@ -284,4 +285,82 @@ fn tiny_llama_with_tied_embeddings_and_mqa_from_shards_matches_transformers() {
 #[test]
 fn tiny_qwen2_with_qkv_biases_matches_transformers() {
     matches_transformers("tiny_qwen2.json", false);
+}
+
+/// Greedy continuation of `prompt` by a single-sequence generator.
+fn greedy_alone(model: &kiln_host::model::Model, prompt: &[u32], new: usize) -> Vec<u32> {
+    let mut generator = kiln_host::engine::Generator::new(model, prompt.len() + new);
+    let mut logits = generator.feed(prompt, false).unwrap().remove(0);
+    let mut out = Vec::new();
+    for _ in 0..new {
+        let next = kiln_host::engine::sampling::argmax(&logits);
+        out.push(next);
+        logits = generator.feed(&[next], false).unwrap().remove(0);
+    }
+    out
+}
+
+#[test]
+fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_sequences() {
+    use kiln_host::engine::batch::{run_step, StepInput};
+    use kiln_host::scheduler::{BlockManager, Scheduler, SchedulerConfig};
+
+    let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
+    let dir = tempfile::tempdir().unwrap();
+    write_model_dir(&config, &weights, dir.path(), false);
+    let registry = ArchitectureRegistry::load(&[]).unwrap();
+    let options = LoadOptions { max_length: None, precision: Precision::Exact, compile_cache: CompileCache::disabled() };
+    let model = kiln_host::model::load(&registry, resolve(dir.path().to_str().unwrap(), None, None).unwrap(), &options).unwrap();
+
+    let long: Vec<u32> = (1..=13).map(|t| (t * 7) % 96).collect();
+    let mut shared = long[..9].to_vec();
+    shared.extend([5, 6]);
+    let prompts: Vec<Vec<u32>> = vec![long.clone(), vec![3], (10..16).collect(), shared];
+    let new = 6;
+    let expected: Vec<Vec<u32>> = prompts.iter().map(|p| greedy_alone(&model, p, new)).collect();
+
+    let block_size = 4;
+    let kv = model.config.kv;
+    let layout = CacheLayout { block_size, num_kv_heads: kv.num_kv_heads as usize, head_dim: kv.head_dim as usize };
+    let mut cache = KvCache::new(kv.num_layers as usize, 24, layout);
+    let config = SchedulerConfig { max_batch_size: 3, max_batch_tokens: 7, max_seq_len: 64 };
+    let mut scheduler = Scheduler::new(config, BlockManager::new(24, block_size, true));
+    let mut outputs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    // The first request alone first, so the one sharing its prefix finds it cached.
+    scheduler.add(0, prompts[0].clone(), new).unwrap();
+    let mut steps = 0;
+    loop {
+        let batch = scheduler.schedule();
+        if batch.seqs.is_empty() {
+            break;
+        }
+        assert!(batch.num_tokens() <= 7, "the token budget holds");
+        let inputs: Vec<StepInput<'_>> = batch
+            .seqs
+            .iter()
+            .map(|s| StepInput { tokens: &s.tokens, start: s.start, blocks: &s.blocks, wants_logits: s.wants_logits })
+            .collect();
+        let logits = run_step(&model.executor, &mut cache, &inputs, false).unwrap();
+        scheduler.complete(&batch);
+        let mut rows = logits.into_iter();
+        for seq in batch.seqs.iter().filter(|s| s.wants_logits) {
+            let next = kiln_host::engine::sampling::argmax(&rows.next().unwrap()[0]);
+            let out = &mut outputs[seq.id as usize];
+            out.push(next);
+            if out.len() == new {
+                scheduler.remove(seq.id);
+            } else {
+                scheduler.append_token(seq.id, next);
+            }
+        }
+        steps += 1;
+        if steps == 3 {
+            for (id, prompt) in prompts.iter().enumerate().skip(1) {
+                scheduler.add(id as u64, prompt.clone(), new).unwrap();
+            }
+        }
+    }
+    assert_eq!(outputs, expected);
+    assert!(scheduler.blocks().stats().hits >= 2, "the shared prefix was reused: {:?}", scheduler.blocks().stats());
+    assert_eq!(scheduler.blocks().used(), 0, "no block leaked");
 }

@@ -476,6 +476,11 @@ impl GgufFile {
         })
     }
 
+    /// The memory map: tensor bytes are [`GgufTensor::byte_range`] of it.
+    pub fn map(&self) -> &Arc<Mmap> {
+        &self.map
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path

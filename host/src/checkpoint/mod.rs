@@ -191,16 +191,29 @@ impl Checkpoint {
     }
 }
 
-/// Opens a GGUF file as a checkpoint, with its metadata mapped to a Hugging
-/// Face shaped config.
-pub fn open_gguf(
-    path: &std::path::Path,
-) -> Result<(Checkpoint, serde_json::Value), CheckpointError> {
-    // WIP: wired to the GGUF reader when it lands.
-    Err(CheckpointError::Malformed {
-        path: path.to_owned(),
-        message: "GGUF support is not wired yet".to_owned(),
-    })
+/// Opens a GGUF file as a checkpoint (tensors zero-copy from the map,
+/// metadata as JSON), with its metadata mapped to a Hugging Face shaped config.
+pub fn open_gguf(path: &std::path::Path) -> Result<(Checkpoint, serde_json::Value), CheckpointError> {
+    let malformed = |e: gguf::GgufError| CheckpointError::Malformed { path: path.to_owned(), message: e.to_string() };
+    let file = gguf::GgufFile::open(path).map_err(malformed)?;
+    let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = file.map().clone();
+    let tensors = file
+        .tensors()
+        .iter()
+        .map(|t| {
+            let info = adapters::CheckpointTensor {
+                name: t.name().to_owned(),
+                shape: t.shape().to_vec(),
+                storage: t.ggml_type().name().to_owned(),
+                encoding: t.encoding().ok(),
+            };
+            (t.name().to_owned(), Tensor::new(info, Arc::clone(&owner), t.byte_range()))
+        })
+        .collect();
+    let metadata = file.metadata().iter().map(|(k, v)| (k.clone(), v.to_json())).collect();
+    let config = file.hf_config().map_err(malformed)?;
+    let checkpoint = Checkpoint { format: WeightsFormat::Gguf, files: vec![path.to_owned()], tensors, metadata };
+    Ok((checkpoint, config))
 }
 
 /// The encoding of a float storage type name, as safetensors spells it.

@@ -3,8 +3,9 @@
 
 use kiln_kernels::dense::attention::CacheLayout;
 
+use super::batch::{run_step, StepInput};
 use crate::model::Model;
-use crate::runtime::{KvCache, RuntimeError, Tensor};
+use crate::runtime::{KvCache, RuntimeError};
 
 /// Positions per KV-cache block.
 pub const BLOCK_SIZE: usize = 16;
@@ -13,7 +14,7 @@ pub const BLOCK_SIZE: usize = 16;
 pub struct Generator<'m> {
     model: &'m Model,
     cache: KvCache,
-    blocks: Vec<i64>,
+    blocks: Vec<u32>,
     position: usize,
     capacity: usize,
 }
@@ -22,16 +23,12 @@ impl<'m> Generator<'m> {
     /// A generator with room for `capacity` tokens (prompt and output).
     pub fn new(model: &'m Model, capacity: usize) -> Self {
         let kv = model.config.kv;
-        let layout = CacheLayout {
-            block_size: BLOCK_SIZE,
-            num_kv_heads: kv.num_kv_heads as usize,
-            head_dim: kv.head_dim as usize,
-        };
+        let layout = CacheLayout { block_size: BLOCK_SIZE, num_kv_heads: kv.num_kv_heads as usize, head_dim: kv.head_dim as usize };
         let blocks = capacity.div_ceil(BLOCK_SIZE).max(1);
         Self {
             model,
             cache: KvCache::new(kv.num_layers as usize, blocks, layout),
-            blocks: (0..blocks as i64).collect(),
+            blocks: (0..blocks as u32).collect(),
             position: 0,
             capacity,
         }
@@ -43,42 +40,18 @@ impl<'m> Generator<'m> {
     }
 
     /// Feeds `tokens`; returns the logits of the last one, or of every one
-    /// when `all_logits` (rows of the returned `[rows, vocab]` tensor).
-    pub fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Tensor, RuntimeError> {
+    /// when `all_logits`.
+    pub fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<Vec<f32>>, RuntimeError> {
         let n = tokens.len();
         if n == 0 || self.position + n > self.capacity {
             return Err(RuntimeError::Input {
                 name: "tokens".to_owned(),
-                message: format!(
-                    "{n} tokens at position {} exceed the capacity of {}",
-                    self.position, self.capacity
-                ),
+                message: format!("{n} tokens at position {} exceed the capacity of {}", self.position, self.capacity),
             });
         }
-        let rows: Vec<i64> = if all_logits {
-            (0..n as i64).collect()
-        } else {
-            vec![n as i64 - 1]
-        };
-        let inputs = vec![
-            Tensor::i64(vec![n], tokens.iter().map(|&t| i64::from(t)).collect()),
-            Tensor::i64(
-                vec![n],
-                (self.position..self.position + n)
-                    .map(|p| p as i64)
-                    .collect(),
-            ),
-            Tensor::i64(vec![2], vec![0, n as i64]),
-            Tensor::i64(vec![1], vec![(self.position + n) as i64]),
-            Tensor::i64(vec![1, self.blocks.len()], self.blocks.clone()),
-            Tensor::i64(vec![rows.len()], rows),
-        ];
-        let logits = self
-            .model
-            .executor
-            .run(inputs, Some(&mut self.cache))?
-            .remove(0);
+        let step = StepInput { tokens, start: self.position, blocks: &self.blocks, wants_logits: true };
+        let mut logits = run_step(&self.model.executor, &mut self.cache, &[step], all_logits)?;
         self.position += n;
-        Ok(logits)
+        Ok(logits.remove(0))
     }
 }

@@ -12,6 +12,7 @@ use crate::checkpoint::{self, BoundWeights, Checkpoint, CheckpointError};
 use crate::compiler::{CompileCache, CompileError, CompileOutcome};
 use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
 use crate::runtime::{Executor, Precision, RuntimeError};
+use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
 pub use resolve::{resolve, ResolvedModel};
 
 /// Why a model could not be loaded.
@@ -35,6 +36,9 @@ pub enum ModelError {
     /// The weights do not fit the graph.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// The tokenizer could not be built.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] TokenizerError),
 }
 
 /// How to load a model.
@@ -64,6 +68,8 @@ pub struct Model {
     pub compile: CompileOutcome,
     /// The compiled graph bound to the weights.
     pub executor: Executor,
+    /// The tokenizer, when the model has one.
+    pub tokenizer: Option<Tokenizer>,
 }
 
 /// The checkpoint and the Hugging Face shaped config of a resolved model.
@@ -161,6 +167,7 @@ pub fn load(
     })?;
     let (program, compile) = options.compile_cache.get_or_compile(&graph, Device::Cpu)?;
     let executor = Executor::new(Arc::new(program), &bound.store, options.precision)?;
+    let tokenizer = load_tokenizer(&resolved, &checkpoint)?;
     Ok(Model {
         resolved,
         architecture,
@@ -169,5 +176,39 @@ pub fn load(
         unused_tensors: bound.unused,
         compile,
         executor,
+        tokenizer,
     })
+}
+
+/// The model's tokenizer: `tokenizer.json` (with `tokenizer_config.json`)
+/// in its directory, else the tokenizer embedded in a GGUF file.
+pub fn load_tokenizer(resolved: &ResolvedModel, checkpoint: &Checkpoint) -> Result<Option<Tokenizer>, TokenizerError> {
+    if let Some(path) = resolved.dir.as_ref().map(|d| d.join("tokenizer.json")).filter(|p| p.is_file()) {
+        return Tokenizer::from_file(path).map(Some);
+    }
+    if checkpoint.format != WeightsFormat::Gguf || !checkpoint.metadata.contains_key("tokenizer.ggml.model") {
+        return Ok(None);
+    }
+    let fields = [
+        ("architecture", "general.architecture"),
+        ("model", "tokenizer.ggml.model"),
+        ("pre", "tokenizer.ggml.pre"),
+        ("tokens", "tokenizer.ggml.tokens"),
+        ("token_types", "tokenizer.ggml.token_type"),
+        ("scores", "tokenizer.ggml.scores"),
+        ("merges", "tokenizer.ggml.merges"),
+        ("bos_token_id", "tokenizer.ggml.bos_token_id"),
+        ("eos_token_id", "tokenizer.ggml.eos_token_id"),
+        ("unknown_token_id", "tokenizer.ggml.unknown_token_id"),
+        ("padding_token_id", "tokenizer.ggml.padding_token_id"),
+        ("add_bos_token", "tokenizer.ggml.add_bos_token"),
+        ("add_eos_token", "tokenizer.ggml.add_eos_token"),
+        ("chat_template", "tokenizer.chat_template"),
+    ];
+    let object: serde_json::Map<String, serde_json::Value> = fields
+        .iter()
+        .filter_map(|(field, key)| checkpoint.metadata.get(*key).map(|v| (field.to_string(), v.clone())))
+        .collect();
+    let vocab: GgufVocab = serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| TokenizerError::InvalidVocab(e.to_string()))?;
+    tokenizer_from_gguf(&vocab).map(Some)
 }

@@ -61,7 +61,7 @@ pub(crate) fn quantize_run(x: &[f32], qs: &mut [i8]) -> f32 {
 }
 
 impl BlockQ8 {
-    /// Fills in the sum from the quants.
+    /// Sets the scale, and the sum from the quants.
     pub(crate) fn finish(&mut self, d: f32) {
         self.d = d;
         self.sum = self.qs.iter().map(|&q| i32::from(q)).sum();
@@ -69,7 +69,7 @@ impl BlockQ8 {
 }
 
 impl BlockQ8K {
-    /// Fills in the run sums from the quants.
+    /// Sets the scale, and the run sums from the quants.
     pub(crate) fn finish(&mut self, d: f32) {
         self.d = d;
         for (s, q16) in self.bsums.iter_mut().zip(self.qs.chunks_exact(16)) {

@@ -23,9 +23,9 @@ pub enum GgufValue {
     F32(f32),
     /// `float64`.
     F64(f64),
-    /// `bool`.
+    /// `bool` (any nonzero byte reads as true).
     Bool(bool),
-    /// `string` (UTF-8).
+    /// `string` (UTF-8; other bytes are an error at open).
     String(String),
     /// `array`, of any element type (arrays included).
     Array(GgufArray),

@@ -1,0 +1,336 @@
+//! Continuous batching: which sequences run in the next step and which of
+//! their tokens, under a token budget (chunked prefill) and the KV cache's
+//! capacity (queueing, and preemption by recomputation when decode runs out
+//! of blocks). Requests join and leave between steps.
+
+pub mod blocks;
+
+use std::collections::VecDeque;
+
+pub use blocks::{BlockManager, OutOfBlocks, PrefixStats, SequenceBlocks};
+
+/// Identifies a sequence.
+pub type SeqId = u64;
+
+/// Limits of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Sequences running at once.
+    pub max_batch_size: usize,
+    /// Tokens fed to the model per step (prefill chunks plus decodes).
+    pub max_batch_tokens: usize,
+    /// Longest sequence (prompt plus output).
+    pub max_seq_len: usize,
+}
+
+/// Why a request cannot be queued.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AdmissionError {
+    /// The prompt is empty.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// The request can never fit.
+    #[error("the prompt ({prompt} tokens) plus up to {max_new} new tokens exceeds the context length of {limit}")]
+    TooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Requested new tokens.
+        max_new: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The id is in use.
+    #[error("sequence {0} already exists")]
+    Duplicate(SeqId),
+}
+
+#[derive(Debug)]
+struct Sequence {
+    id: SeqId,
+    /// Prompt and generated tokens.
+    tokens: Vec<u32>,
+    /// Tokens whose keys and values are in the cache.
+    computed: usize,
+    blocks: SequenceBlocks,
+}
+
+/// One sequence's part of a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    /// The sequence.
+    pub id: SeqId,
+    /// Position of the first fed token.
+    pub start: usize,
+    /// Tokens to feed.
+    pub tokens: Vec<u32>,
+    /// The sequence's cache blocks.
+    pub blocks: Vec<u32>,
+    /// True when this step reaches the sequence's last known token, so its
+    /// logits pick the next one.
+    pub wants_logits: bool,
+}
+
+/// The sequences of one step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// In row order.
+    pub seqs: Vec<ScheduledSeq>,
+}
+
+impl Batch {
+    /// Tokens in the step.
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// The scheduler.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    blocks: BlockManager,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    preemptions: u64,
+}
+
+impl Scheduler {
+    /// A scheduler over `blocks`.
+    pub fn new(config: SchedulerConfig, blocks: BlockManager) -> Self {
+        Self { config, blocks, waiting: VecDeque::new(), running: Vec::new(), preemptions: 0 }
+    }
+
+    /// Queues a request. `max_new` bounds its output, for the length check.
+    pub fn add(&mut self, id: SeqId, prompt: Vec<u32>, max_new: usize) -> Result<(), AdmissionError> {
+        if prompt.is_empty() {
+            return Err(AdmissionError::EmptyPrompt);
+        }
+        let limit = self.config.max_seq_len.min(self.blocks.num_blocks() * self.blocks.block_size());
+        if prompt.len() + max_new > limit {
+            return Err(AdmissionError::TooLong { prompt: prompt.len(), max_new, limit });
+        }
+        if self.contains(id) {
+            return Err(AdmissionError::Duplicate(id));
+        }
+        self.waiting.push_back(Sequence { id, tokens: prompt, computed: 0, blocks: SequenceBlocks::default() });
+        Ok(())
+    }
+
+    fn contains(&self, id: SeqId) -> bool {
+        self.running.iter().chain(&self.waiting).any(|s| s.id == id)
+    }
+
+    /// Appends a sampled token to a running sequence.
+    pub fn append_token(&mut self, id: SeqId, token: u32) {
+        if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
+            seq.tokens.push(token);
+        }
+    }
+
+    /// Removes a sequence (finished, cancelled or disconnected) and frees its
+    /// blocks. Returns false if it was unknown.
+    pub fn remove(&mut self, id: SeqId) -> bool {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let seq = self.running.remove(i);
+            self.blocks.release(seq.blocks);
+            true
+        } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            let seq = self.waiting.remove(i).expect("found");
+            self.blocks.release(seq.blocks);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Plans the next step.
+    pub fn schedule(&mut self) -> Batch {
+        let mut budget = self.config.max_batch_tokens;
+        let mut batch = Batch::default();
+        // Running sequences first, oldest first; make room by preempting the
+        // newest when the cache is full.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let seq = &self.running[i];
+            let take = (seq.tokens.len() - seq.computed).min(budget);
+            let needed = seq.computed + take;
+            let mut seq_blocks = std::mem::take(&mut self.running[i].blocks);
+            loop {
+                match self.blocks.reserve(&mut seq_blocks, needed) {
+                    Ok(()) => break,
+                    Err(_) if self.running.len() > i + 1 => self.preempt_last(),
+                    Err(_) => break,
+                }
+            }
+            self.running[i].blocks = seq_blocks;
+            if self.running[i].blocks.blocks.len() < self.blocks.blocks_for(needed) {
+                // Even alone it does not fit now: it waits for space.
+                self.preempt(i);
+                continue;
+            }
+            batch.seqs.push(self.plan(&self.running[i], take));
+            budget -= take;
+            i += 1;
+        }
+        // Then new requests, while there is room.
+        while budget > 0 && self.running.len() < self.config.max_batch_size {
+            let Some(mut seq) = self.waiting.pop_front() else { break };
+            if seq.blocks.blocks.is_empty() {
+                let (blocks, cached) = self.blocks.start_sequence(&seq.tokens);
+                seq.blocks = blocks;
+                seq.computed = cached;
+            }
+            let take = (seq.tokens.len() - seq.computed).min(budget);
+            if self.blocks.reserve(&mut seq.blocks, seq.computed + take).is_err() {
+                self.waiting.push_front(seq);
+                break;
+            }
+            batch.seqs.push(self.plan(&seq, take));
+            budget -= take;
+            self.running.push(seq);
+        }
+        batch
+    }
+
+    fn plan(&self, seq: &Sequence, take: usize) -> ScheduledSeq {
+        ScheduledSeq {
+            id: seq.id,
+            start: seq.computed,
+            tokens: seq.tokens[seq.computed..seq.computed + take].to_vec(),
+            blocks: seq.blocks.blocks.clone(),
+            wants_logits: seq.computed + take == seq.tokens.len(),
+        }
+    }
+
+    fn preempt_last(&mut self) {
+        let last = self.running.len() - 1;
+        self.preempt(last);
+    }
+
+    /// Puts a running sequence back in front of the queue, dropping its cache
+    /// (it is recomputed, with the help of the prefix cache, when it returns).
+    fn preempt(&mut self, index: usize) {
+        let mut seq = self.running.remove(index);
+        self.blocks.release(std::mem::take(&mut seq.blocks));
+        seq.computed = 0;
+        self.preemptions += 1;
+        self.waiting.push_front(seq);
+    }
+
+    /// Records that `batch` ran: the fed tokens are now in the cache.
+    pub fn complete(&mut self, batch: &Batch) {
+        for planned in &batch.seqs {
+            if let Some(seq) = self.running.iter_mut().find(|s| s.id == planned.id) {
+                seq.computed = planned.start + planned.tokens.len();
+                self.blocks.commit(&mut seq.blocks, &seq.tokens, seq.computed);
+            }
+        }
+    }
+
+    /// Sequences running.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Sequences waiting.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Preemptions so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// The block manager (usage, prefix-cache statistics).
+    pub fn blocks(&self) -> &BlockManager {
+        &self.blocks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scheduler(blocks: usize, batch: usize, budget: usize) -> Scheduler {
+        Scheduler::new(
+            SchedulerConfig { max_batch_size: batch, max_batch_tokens: budget, max_seq_len: 1000 },
+            BlockManager::new(blocks, 4, true),
+        )
+    }
+
+    fn run(s: &mut Scheduler, batch: &Batch, next: u32) {
+        s.complete(batch);
+        for seq in &batch.seqs {
+            if seq.wants_logits {
+                s.append_token(seq.id, next);
+            }
+        }
+    }
+
+    #[test]
+    fn prompts_are_chunked_under_the_token_budget_and_decodes_join() {
+        let mut s = scheduler(32, 8, 6);
+        s.add(1, (0..10).collect(), 4).unwrap();
+        let b = s.schedule();
+        assert_eq!((b.seqs[0].start, b.seqs[0].tokens.len(), b.seqs[0].wants_logits), (0, 6, false));
+        run(&mut s, &b, 99);
+        s.add(2, (50..53).collect(), 4).unwrap();
+        let b = s.schedule();
+        // The rest of 1's prompt, then 2's whole prompt within the budget of 6.
+        assert_eq!(b.seqs.iter().map(|q| (q.id, q.start, q.tokens.len(), q.wants_logits)).collect::<Vec<_>>(), [(1, 6, 4, true), (2, 0, 2, false)]);
+        run(&mut s, &b, 99);
+        let b = s.schedule();
+        assert_eq!(b.seqs.iter().map(|q| (q.id, q.start, q.tokens.clone())).collect::<Vec<_>>(), [(1, 10, vec![99]), (2, 2, vec![52])]);
+    }
+
+    #[test]
+    fn requests_queue_when_the_batch_is_full_and_leave_cleanly() {
+        let mut s = scheduler(32, 1, 100);
+        s.add(1, vec![1, 2], 2).unwrap();
+        s.add(2, vec![3, 4], 2).unwrap();
+        let b = s.schedule();
+        assert_eq!(b.seqs.len(), 1);
+        assert_eq!(s.num_waiting(), 1);
+        run(&mut s, &b, 7);
+        assert!(s.remove(1));
+        let b = s.schedule();
+        assert_eq!(b.seqs[0].id, 2);
+        assert!(s.remove(2));
+        assert!(!s.remove(2));
+        assert_eq!(s.blocks().used(), 0, "no block leaks");
+    }
+
+    #[test]
+    fn a_full_cache_preempts_the_newest_sequence_and_recomputes_it_later() {
+        // 3 blocks of 4: two sequences of 4 tokens fit, then decode needs more.
+        let mut s = scheduler(3, 8, 100);
+        s.add(1, vec![1, 2, 3, 4], 4).unwrap();
+        s.add(2, vec![5, 6, 7, 8], 4).unwrap();
+        let b = s.schedule();
+        assert_eq!(b.seqs.len(), 2);
+        run(&mut s, &b, 9);
+        // Both need a second block for position 4; only one is free.
+        let b = s.schedule();
+        assert_eq!(b.seqs.iter().map(|q| q.id).collect::<Vec<_>>(), [1]);
+        assert_eq!(s.preemptions(), 1);
+        assert_eq!(s.num_waiting(), 1);
+        run(&mut s, &b, 10);
+        s.remove(1);
+        // Sequence 2 comes back with its generated token and is recomputed
+        // (its first block still in the prefix cache).
+        let b = s.schedule();
+        assert_eq!((b.seqs[0].id, b.seqs[0].start, b.seqs[0].tokens.clone()), (2, 4, vec![9]));
+        s.remove(2);
+        assert_eq!(s.blocks().used(), 0);
+    }
+
+    #[test]
+    fn impossible_requests_are_refused_up_front() {
+        let mut s = scheduler(4, 8, 100);
+        assert_eq!(s.add(1, vec![], 1), Err(AdmissionError::EmptyPrompt));
+        assert!(matches!(s.add(1, vec![1; 10], 7), Err(AdmissionError::TooLong { limit: 16, .. })));
+        s.add(1, vec![1], 1).unwrap();
+        assert_eq!(s.add(1, vec![1], 1), Err(AdmissionError::Duplicate(1)));
+    }
+}
