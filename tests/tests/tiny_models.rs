@@ -364,3 +364,13 @@ fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_se
     assert!(scheduler.blocks().stats().hits >= 2, "the shared prefix was reused: {:?}", scheduler.blocks().stats());
     assert_eq!(scheduler.blocks().used(), 0, "no block leaked");
 }
+
+#[test]
+fn tiny_gemma3_with_sliding_windows_and_post_norms_matches_transformers() {
+    matches_transformers("tiny_gemma3.json", false);
+}
+
+#[test]
+fn tiny_qwen3_with_qk_norms_matches_transformers() {
+    matches_transformers("tiny_qwen3.json", false);
+}

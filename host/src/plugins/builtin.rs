@@ -8,5 +8,6 @@ pub(super) fn roots() -> Vec<PluginRootRef> {
     vec![
         kiln_arch_llama::kiln_plugin_root(),
         kiln_arch_qwen::kiln_plugin_root(),
+        kiln_arch_gemma::kiln_plugin_root(),
     ]
 }
