@@ -33,6 +33,93 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Generate text from one prompt, streamed to the terminal.
     Generate(GenerateArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(ServeArgs),
+}
+
+/// Options of `host serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    /// Address to bind (loopback by default; use 0.0.0.0 to expose).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to bind.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+
+    /// Require `Authorization: Bearer <KEY>` on the API routes.
+    #[arg(long, env = "KILN_API_KEY")]
+    pub api_key: Option<String>,
+
+    /// The model name clients send (default: --model as given).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+
+    /// Longest sequence, prompt plus output (default: the model's limit).
+    #[arg(long)]
+    pub max_length: Option<u32>,
+
+    /// Requests running at once.
+    #[arg(long, default_value_t = 32)]
+    pub max_batch_size: usize,
+
+    /// Tokens per step (prefill chunks plus decodes).
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch_tokens: usize,
+
+    /// Memory for the KV cache, e.g. `512MiB`, `2GiB`.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    pub kv_cache_memory: u64,
+
+    /// Positions per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+
+    /// Do not share KV-cache blocks between requests with a common prefix.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+
+    /// Largest accepted request body, e.g. `4MiB`.
+    #[arg(long, default_value = "4MiB", value_parser = parse_size)]
+    pub max_request_bytes: u64,
+
+    /// Arithmetic of quantized weights.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
+    pub precision: PrecisionArg,
+
+    /// Where to run: `cpu`, or `gpu`/`gpu:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+
+    /// Compile even if the compile cache has the graph.
+    #[arg(long)]
+    pub no_compile_cache: bool,
+}
+
+/// Parses sizes like `4096`, `512MiB`, `2GiB`, `1.5GB`.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("`{text}` is not a size (e.g. 512MiB, 2GiB)"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" | "k" => 1024.0,
+        "mib" | "m" => 1024.0 * 1024.0,
+        "gib" | "g" => 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        other => return Err(format!("unknown size unit `{other}` (use KiB, MiB, GiB, KB, MB or GB)")),
+    };
+    Ok((number * scale) as u64)
 }
 
 /// Arithmetic of quantized weights.
@@ -133,8 +220,16 @@ pub struct GenerateArgs {
 pub struct ModelArgs {
     /// A model directory, a `.gguf` file, or a Hugging Face id (`org/name`)
     /// in the local Hugging Face cache.
+    #[arg(long)]
     pub model: String,
 
+    #[command(flatten)]
+    pub location: ModelLocation,
+}
+
+/// Where a model's files come from, besides its name.
+#[derive(Debug, Args)]
+pub struct ModelLocation {
     /// The revision of a Hugging Face id (branch, tag or commit).
     #[arg(long)]
     pub revision: Option<String>,
@@ -147,8 +242,12 @@ pub struct ModelArgs {
 /// Options of `host inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
+    /// A model directory, a `.gguf` file, or a Hugging Face id (`org/name`)
+    /// in the local Hugging Face cache.
+    pub model: String,
+
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub location: ModelLocation,
 
     #[command(flatten)]
     pub plugins: PluginArgs,
@@ -215,6 +314,7 @@ pub fn run() -> ExitCode {
         Command::InspectGraph(args) => commands::inspect_graph(args),
         Command::Inspect(args) => commands::inspect(args),
         Command::Generate(args) => commands::generate(args),
+        Command::Serve(args) => commands::serve(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,4 +13,5 @@ pub mod model;
 pub mod plugins;
 pub mod runtime;
 pub mod scheduler;
+pub mod server;
 pub mod tokenizer;

@@ -25,7 +25,7 @@ struct JsonOutput {
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     super::check_device(&args.device)?;
     let registry = ArchitectureRegistry::load(&args.plugins.custom_architectures)?;
-    let resolved = resolve(&args.model.model, args.model.revision.as_deref(), args.model.weight_path.as_deref())?;
+    let resolved = resolve(&args.model.model, args.model.location.revision.as_deref(), args.model.location.weight_path.as_deref())?;
     let started = Instant::now();
     let options = LoadOptions {
         max_length: args.max_length,

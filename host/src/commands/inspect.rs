@@ -68,9 +68,9 @@ struct Report {
 pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
     let registry = ArchitectureRegistry::load(&args.plugins.custom_architectures)?;
     let resolved = resolve(
-        &args.model.model,
-        args.model.revision.as_deref(),
-        args.model.weight_path.as_deref(),
+        &args.model,
+        args.location.revision.as_deref(),
+        args.location.weight_path.as_deref(),
     )?;
     let (checkpoint, hf_config) = model::open_checkpoint(&resolved)?;
     let mut report = Report {

@@ -4,11 +4,13 @@ mod generate;
 mod inspect;
 mod inspect_graph;
 mod list_architectures;
+mod serve;
 
 pub use generate::generate;
 pub use inspect::inspect;
 pub use inspect_graph::inspect_graph;
 pub use list_architectures::list_architectures;
+pub use serve::serve;
 
 /// Writes a command's output; a closed pipe (`host … | head`) is not an error.
 fn write_stdout(text: &str) -> anyhow::Result<()> {

@@ -4,7 +4,10 @@ pub mod batch;
 pub mod defaults;
 pub mod generator;
 pub mod npy;
+pub mod penalties;
 pub mod sampling;
+pub mod service;
+pub mod stop;
 
 pub use generator::Generator;
 pub use sampling::{Sampler, SamplingParams};

@@ -1,0 +1,392 @@
+//! `host serve`: an OpenAI-compatible HTTP server (axum) in front of the
+//! serving engine.
+
+pub mod metrics;
+pub mod openai;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::engine::sampling::SamplingParams;
+use crate::engine::service::{EngineHandle, Event, GenerationParams, Request as EngineRequest, TokenLogprob};
+use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use metrics::Metrics;
+use openai::{ApiError, ChatRequest, CompletionRequest, Limits, Prompt, Usage};
+
+/// What every handler shares.
+pub struct AppState {
+    /// The engine.
+    pub engine: EngineHandle,
+    /// The model's tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Its chat template, if it has one.
+    pub chat_template: Option<ChatTemplate>,
+    /// The name clients use in `model`.
+    pub model_name: String,
+    /// Vocabulary size (token ids must be below it).
+    pub vocab_size: usize,
+    /// Request limits.
+    pub limits: Limits,
+    /// Sampling defaults from the model's generation config.
+    pub defaults: SamplingParams,
+    /// `--api-key`.
+    pub api_key: Option<String>,
+    /// Metrics.
+    pub metrics: Metrics,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self.body())).into_response()
+    }
+}
+
+/// JSON bodies whose rejections are OpenAI-shaped errors.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(ApiJson(value)),
+            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::invalid(format!("invalid request: {}", e.body_text()), None)),
+            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::invalid(format!("invalid JSON: {}", e.body_text()), None)),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::invalid("expected `Content-Type: application/json`", None)),
+            Err(JsonRejection::BytesRejection(e)) => Err(ApiError { status: e.status().as_u16(), ..ApiError::invalid(e.body_text(), None) }),
+            Err(e) => Err(ApiError::invalid(e.body_text(), None)),
+        }
+    }
+}
+
+/// The router.
+pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+    Router::new()
+        .merge(api)
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(render_metrics))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+async fn authorize(State(state): State<Arc<AppState>>, headers: HeaderMap, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(request).await
+}
+
+async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn request_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("{prefix}-{:x}{:08x}", NEXT.fetch_add(1, Ordering::Relaxed), nanos)
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model_name, "object": "model", "created": now(), "owned_by": "kiln",
+            "max_model_len": state.limits.max_model_len,
+        }],
+    }))
+}
+
+fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    if model == state.model_name {
+        Ok(())
+    } else {
+        Err(ApiError::model_not_found(model))
+    }
+}
+
+/// One generation submitted to the engine.
+struct Choice {
+    index: usize,
+    events: UnboundedReceiver<Event>,
+}
+
+fn submit(state: &AppState, prompt: &[u32], params: &GenerationParams, n: usize, first_index: usize) -> Result<Vec<Choice>, ApiError> {
+    (0..n)
+        .map(|i| {
+            let (tx, rx) = unbounded_channel();
+            let mut params = params.clone();
+            params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
+            state
+                .engine
+                .submit(EngineRequest { prompt: prompt.to_vec(), params, events: tx, arrived: Instant::now() })
+                .map_err(ApiError::internal)?;
+            Ok(Choice { index: first_index + i, events: rx })
+        })
+        .collect()
+}
+
+/// A finished choice, collected from its events.
+#[derive(Default)]
+struct Collected {
+    text: String,
+    tokens: Vec<TokenLogprob>,
+    finish_reason: Option<&'static str>,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+}
+
+async fn collect(mut choice: Choice) -> Result<Collected, ApiError> {
+    let mut out = Collected::default();
+    while let Some(event) = choice.events.recv().await {
+        match event {
+            Event::Chunk { text, logprob, .. } => {
+                out.text.push_str(&text);
+                out.tokens.extend(logprob);
+            }
+            Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+                out.finish_reason = Some(finish_reason.as_str());
+                out.prompt_tokens = prompt_tokens;
+                out.completion_tokens = completion_tokens;
+                return Ok(out);
+            }
+            Event::Error(message) => return Err(ApiError::invalid(message, None)),
+        }
+    }
+    Err(ApiError::internal("the engine stopped before the request finished"))
+}
+
+fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
+    let entry = |text: &str, logprob: f32| json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()});
+    json!({
+        "content": tokens.iter().map(|t| {
+            let mut e = entry(&t.text, t.logprob);
+            e["top_logprobs"] = t.top.iter().map(|(_, text, lp)| entry(text, *lp)).collect();
+            e
+        }).collect::<Vec<_>>()
+    })
+}
+
+fn completion_logprobs(tokens: &[TokenLogprob], start_offset: usize) -> Value {
+    let mut offset = start_offset;
+    let mut offsets = Vec::new();
+    for t in tokens {
+        offsets.push(offset);
+        offset += t.text.len();
+    }
+    json!({
+        "tokens": tokens.iter().map(|t| t.text.clone()).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": tokens.iter().map(|t| t.top.iter().map(|(_, text, lp)| (text.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+fn chat_prompt(state: &AppState, request: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+    let template = state.chat_template.as_ref().ok_or_else(|| ApiError::invalid("this model has no chat template; use /v1/completions", None))?;
+    if request.messages.is_empty() {
+        return Err(ApiError::invalid("messages must not be empty", Some("messages")));
+    }
+    let messages = request.messages.iter().map(|m| Ok(ChatMessage::new(m.role.as_str(), m.text()?))).collect::<Result<Vec<_>, ApiError>>()?;
+    let rendered = template.render(&messages, true).map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))?;
+    state.tokenizer.encode(&rendered, false).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(request): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
+    check_model(&state, &request.common.model)?;
+    let prompt = chat_prompt(&state, &request)?;
+    let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
+    let params = request.common.params(request.max_completion_tokens.or(request.common.max_tokens), None, logprobs, prompt.len(), &state.limits, &state.defaults)?;
+    let n = request.common.n.unwrap_or(1);
+    let choices = submit(&state, &prompt, &params, n, 0)?;
+    let id = request_id("chatcmpl");
+    let created = now();
+    let model = state.model_name.clone();
+    if request.common.stream {
+        let include_usage = request.common.stream_options.is_some_and(|o| o.include_usage);
+        return Ok(sse(stream_chat(choices, id, created, model, prompt.len(), include_usage, request.logprobs)));
+    }
+    let mut results = Vec::new();
+    let mut usage = Usage { prompt_tokens: prompt.len(), ..Usage::default() };
+    for choice in choices {
+        let index = choice.index;
+        let c = collect(choice).await?;
+        usage.completion_tokens += c.completion_tokens;
+        results.push(json!({
+            "index": index,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": if request.logprobs { chat_logprobs(&c.tokens) } else { Value::Null },
+            "finish_reason": c.finish_reason,
+        }));
+    }
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    Ok(Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model, "choices": results, "usage": usage})).into_response())
+}
+
+fn sse(events: impl Stream<Item = Value> + Send + 'static) -> Response {
+    let events = events
+        .map(|value| Ok::<_, Infallible>(SseEvent::default().data(value.to_string())))
+        .chain(stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
+    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// Events of several choices, interleaved, tagged with their index.
+fn merged(choices: Vec<Choice>) -> impl Stream<Item = (usize, Event)> + Send {
+    stream::select_all(choices.into_iter().map(|c| {
+        let index = c.index;
+        UnboundedReceiverStream::new(c.events).map(move |e| (index, e))
+    }))
+}
+
+fn stream_chat(choices: Vec<Choice>, id: String, created: u64, model: String, prompt_tokens: usize, include_usage: bool, logprobs: bool) -> impl Stream<Item = Value> + Send {
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |choices: Value| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices})
+    };
+    let n = choices.len();
+    let first: Vec<Value> = (0..n).map(|i| chunk(json!([{"index": choices[i].index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]))).collect();
+    let completion_tokens = Arc::new(AtomicUsize::new(0));
+    let counter = completion_tokens.clone();
+    let body = merged(choices).filter_map(move |(index, event)| {
+        let value = match event {
+            Event::Chunk { text, logprob, .. } => {
+                let logprobs = if logprobs { chat_logprobs(&logprob.into_iter().collect::<Vec<_>>()) } else { Value::Null };
+                Some(chunk(json!([{"index": index, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null}])))
+            }
+            Event::Done { finish_reason, completion_tokens: c, .. } => {
+                counter.fetch_add(c, Ordering::Relaxed);
+                Some(chunk(json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason.as_str()}])))
+            }
+            Event::Error(message) => Some(json!({"error": {"message": message, "type": "server_error"}})),
+        };
+        std::future::ready(value)
+    });
+    // Polled after the body ends, when every choice has reported its count.
+    let usage = stream::once(async move { completion_tokens.load(Ordering::Relaxed) }).filter_map(move |completion_tokens| {
+        let usage = Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens };
+        std::future::ready(include_usage.then(|| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage})))
+    });
+    stream::iter(first).chain(body).chain(usage)
+}
+
+async fn completions(State(state): State<Arc<AppState>>, ApiJson(request): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
+    check_model(&state, &request.common.model)?;
+    if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid("suffix is not supported", Some("suffix")));
+    }
+    if request.logprobs.is_some_and(|k| k > 5) {
+        return Err(ApiError::invalid("logprobs must be at most 5", Some("logprobs")));
+    }
+    let prompts: Vec<Vec<u32>> = match &request.prompt {
+        Prompt::Text(text) => vec![state.tokenizer.encode(text, true).map_err(|e| ApiError::internal(e.to_string()))?],
+        Prompt::Texts(texts) => texts.iter().map(|t| state.tokenizer.encode(t, true).map_err(|e| ApiError::internal(e.to_string()))).collect::<Result<_, _>>()?,
+        Prompt::Ids(ids) => vec![ids.clone()],
+        Prompt::IdLists(lists) => lists.clone(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid("prompt must not be empty", Some("prompt")));
+    }
+    for prompt in &prompts {
+        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= state.vocab_size) {
+            return Err(ApiError::invalid(format!("token id {bad} is outside the vocabulary of {}", state.vocab_size), Some("prompt")));
+        }
+    }
+    let n = request.common.n.unwrap_or(1);
+    let mut choices = Vec::new();
+    let mut prompt_tokens = 0;
+    let mut echoes = Vec::new();
+    for (p, prompt) in prompts.iter().enumerate() {
+        let params = request.common.params(request.common.max_tokens, Some(16), request.logprobs, prompt.len(), &state.limits, &state.defaults)?;
+        choices.extend(submit(&state, prompt, &params, n, p * n)?);
+        prompt_tokens += prompt.len();
+        let echo = if request.echo { state.tokenizer.decode(prompt, false).map_err(|e| ApiError::internal(e.to_string()))? } else { String::new() };
+        echoes.extend(std::iter::repeat_n(echo, n));
+    }
+    let id = request_id("cmpl");
+    let created = now();
+    let model = state.model_name.clone();
+    if request.common.stream {
+        let include_usage = request.common.stream_options.is_some_and(|o| o.include_usage);
+        let logprobs = request.logprobs.is_some();
+        let chunk = {
+            let (id, model) = (id.clone(), model.clone());
+            move |choices: Value| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices})
+        };
+        let first: Vec<Value> = echoes
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| !e.is_empty())
+            .map(|(i, e)| chunk(json!([{"index": i, "text": e, "logprobs": null, "finish_reason": null}])))
+            .collect();
+        let completion_tokens = Arc::new(AtomicUsize::new(0));
+        let body = {
+            let chunk = chunk.clone();
+            let counter = completion_tokens.clone();
+            merged(choices).filter_map(move |(index, event)| {
+                std::future::ready(match event {
+                    Event::Chunk { text, logprob, .. } => {
+                        let lp = if logprobs { completion_logprobs(&logprob.into_iter().collect::<Vec<_>>(), 0) } else { Value::Null };
+                        Some(chunk(json!([{"index": index, "text": text, "logprobs": lp, "finish_reason": null}])))
+                    }
+                    Event::Done { finish_reason, completion_tokens: c, .. } => {
+                        counter.fetch_add(c, Ordering::Relaxed);
+                        Some(chunk(json!([{"index": index, "text": "", "logprobs": null, "finish_reason": finish_reason.as_str()}])))
+                    }
+                    Event::Error(message) => Some(json!({"error": {"message": message, "type": "server_error"}})),
+                })
+            })
+        };
+        let tail = stream::once(async move { completion_tokens.load(Ordering::Relaxed) }).filter_map(move |completion_tokens| {
+            let usage = Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens };
+            std::future::ready(include_usage.then(|| {
+                let mut u = chunk(json!([]));
+                u["usage"] = json!(usage);
+                u
+            }))
+        });
+        return Ok(sse(stream::iter(first).chain(body).chain(tail)));
+    }
+    let mut results = Vec::new();
+    let mut completion_tokens = 0;
+    for (choice, echo) in choices.into_iter().zip(echoes) {
+        let index = choice.index;
+        let c = collect(choice).await?;
+        completion_tokens += c.completion_tokens;
+        results.push(json!({
+            "index": index,
+            "text": format!("{echo}{}", c.text),
+            "logprobs": if request.logprobs.is_some() { completion_logprobs(&c.tokens, echo.len()) } else { Value::Null },
+            "finish_reason": c.finish_reason,
+        }));
+    }
+    let usage = Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens };
+    Ok(Json(json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": results, "usage": usage})).into_response())
+}
