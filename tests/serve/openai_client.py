@@ -1,0 +1,130 @@
+"""Drives `host serve` with the official `openai` Python client.
+
+Usage: openai_client.py BASE_URL MODEL_NAME API_KEY
+Prints one JSON object per check to stdout (the Rust test reads them) and
+exits non-zero on the first failed assertion.
+"""
+
+import json
+import sys
+import threading
+
+import openai
+
+base_url, model, api_key = sys.argv[1], sys.argv[2], sys.argv[3]
+client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600)
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def report(name, **values):
+    print(json.dumps({"check": name, **values}), flush=True)
+
+
+# Chat, greedy, non-streaming.
+chat = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=16, temperature=0)
+choice = chat.choices[0]
+assert choice.message.role == "assistant"
+assert "Paris" in choice.message.content, choice.message.content
+assert chat.usage.prompt_tokens > 0 and chat.usage.completion_tokens > 0
+report("chat", content=choice.message.content, finish_reason=choice.finish_reason)
+
+# Chat streaming with usage.
+pieces, usage, finish = [], None, None
+for chunk in client.chat.completions.create(
+    model=model, messages=QUESTION, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}
+):
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for c in chunk.choices:
+        if c.delta.content:
+            pieces.append(c.delta.content)
+        if c.finish_reason:
+            finish = c.finish_reason
+streamed = "".join(pieces)
+assert streamed == choice.message.content, (streamed, choice.message.content)
+assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens
+report("chat_stream", content=streamed, finish_reason=finish)
+
+# Log-probabilities, also when streaming.
+lp = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+content = lp.choices[0].logprobs.content
+assert len(content) == lp.usage.completion_tokens and all(len(t.top_logprobs) == 3 for t in content)
+assert all(t.logprob <= 0 and t.top_logprobs[0].logprob >= t.logprob - 1e-6 for t in content)
+streamed_lp = []
+for chunk in client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2, stream=True):
+    for c in chunk.choices:
+        if c.logprobs and c.logprobs.content:
+            streamed_lp.extend(c.logprobs.content)
+assert [t.token for t in streamed_lp] == [t.token for t in content]
+report("logprobs", tokens=[t.token for t in content])
+
+# Completions: text prompt, token-id prompt, echo, legacy logprobs.
+comp = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0, logprobs=2)
+assert comp.choices[0].logprobs and len(comp.choices[0].logprobs.tokens) == comp.usage.completion_tokens
+echo = client.completions.create(model=model, prompt="The capital of France is", max_tokens=4, temperature=0, echo=True)
+assert echo.choices[0].text.startswith("The capital of France is")
+ids = client.completions.create(model=model, prompt=[504, 3575, 282, 4649, 314], max_tokens=4, temperature=0)
+assert ids.usage.prompt_tokens == 5
+report("completions", text=comp.choices[0].text)
+
+# Stop strings end generation and are not returned.
+stopped = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=32, temperature=0, stop=[" 7"])
+assert " 7" not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop", stopped.choices[0]
+report("stop", text=stopped.choices[0].text)
+
+# Seeds reproduce; n gives several choices.
+a = client.completions.create(model=model, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=1234)
+b = client.completions.create(model=model, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=1234)
+assert a.choices[0].text == b.choices[0].text
+several = client.completions.create(model=model, prompt="Once upon a time", max_tokens=6, temperature=1.0, n=3, seed=7)
+assert sorted(c.index for c in several.choices) == [0, 1, 2]
+report("seed", text=a.choices[0].text)
+
+# Errors are OpenAI-shaped.
+try:
+    client.chat.completions.create(model="no-such-model", messages=QUESTION, max_tokens=4)
+    raise AssertionError("unknown model accepted")
+except openai.NotFoundError as e:
+    assert "does not exist" in str(e)
+try:
+    client.completions.create(model=model, prompt="hi " * 9000, max_tokens=4)
+    raise AssertionError("over-long prompt accepted")
+except openai.BadRequestError as e:
+    assert "maximum context length" in str(e)
+try:
+    client.completions.create(model=model, prompt="hi", max_tokens=4, temperature=-1)
+    raise AssertionError("negative temperature accepted")
+except openai.BadRequestError as e:
+    assert "temperature" in str(e)
+report("errors")
+
+# Concurrency: 32 clients, mixed lengths, some leave mid-stream.
+results, failures = {}, []
+
+
+def worker(i):
+    try:
+        if i % 4 == 3:
+            # Disconnect after the first chunk.
+            stream = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": f"Count to {20 + i}."}], max_tokens=64, temperature=0, stream=True
+            )
+            next(iter(stream))
+            stream.close()
+            results[i] = "left"
+            return
+        out = client.completions.create(model=model, prompt=f"Item {i}: " + "word " * (i % 7) * 9, max_tokens=4 + i % 9, temperature=0)
+        assert out.choices[0].finish_reason in ("stop", "length")
+        results[i] = out.choices[0].text
+    except Exception as e:  # noqa: BLE001 - reported below
+        failures.append(f"{i}: {e!r}")
+
+
+threads = [threading.Thread(target=worker, args=(i,)) for i in range(32)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not failures, failures
+assert len(results) == 32
+report("concurrency", finished=sum(1 for v in results.values() if v != "left"), left=sum(1 for v in results.values() if v == "left"))
