@@ -106,9 +106,13 @@ pub struct ServeArgs {
 /// Parses sizes like `4096`, `512MiB`, `2GiB`, `1.5GB`.
 fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| format!("`{text}` is not a size (e.g. 512MiB, 2GiB)"))?;
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (e.g. 512MiB, 2GiB)"))?;
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kib" | "k" => 1024.0,
@@ -117,7 +121,11 @@ fn parse_size(text: &str) -> Result<u64, String> {
         "kb" => 1e3,
         "mb" => 1e6,
         "gb" => 1e9,
-        other => return Err(format!("unknown size unit `{other}` (use KiB, MiB, GiB, KB, MB or GB)")),
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` (use KiB, MiB, GiB, KB, MB or GB)"
+            ))
+        }
     };
     Ok((number * scale) as u64)
 }

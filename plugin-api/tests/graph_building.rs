@@ -36,7 +36,8 @@ fn shape_errors_name_the_op_and_module_and_do_not_cascade() {
 
 #[test]
 fn other_construction_errors_are_reported() {
-    let cases: Vec<(&str, Box<dyn Fn(&Graph)>)> = vec![
+    type Build = Box<dyn Fn(&Graph)>;
+    let cases: Vec<(&str, Build)> = vec![
         (
             "axis 3 is out of range for rank 2",
             Box::new(|g| {

@@ -23,8 +23,18 @@ pub fn fixture_target_dir() -> PathBuf {
     workspace_root().join("target").join("fixtures")
 }
 
-/// The `host` binary of the build these tests belong to.
+/// The `host` binary of the build these tests belong to, or the one that
+/// `KILN_HOST_BIN` names (e.g. a release build, for the real-model suite).
 pub fn host_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("KILN_HOST_BIN").filter(|p| !p.is_empty()) {
+        let host = PathBuf::from(path);
+        assert!(
+            host.exists(),
+            "KILN_HOST_BIN names {}, which does not exist",
+            host.display()
+        );
+        return host;
+    }
     let exe = std::env::current_exe().expect("the test binary has a path");
     // target/<profile>/deps/<test binary> → target/<profile>/host
     let profile_dir = exe

@@ -3,7 +3,7 @@
 //! `target/models/` and creates `target/ci-venv` with `openai`; elsewhere,
 //! point `KILN_SMOLLM2_GGUF` and `KILN_TEST_PYTHON` at them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,14 +17,21 @@ fn smollm2() -> Option<PathBuf> {
 }
 
 fn python() -> Option<PathBuf> {
-    let path = std::env::var_os("KILN_TEST_PYTHON").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target/ci-venv/bin/python"));
+    let path = std::env::var_os("KILN_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/ci-venv/bin/python"));
     path.is_file().then_some(path)
 }
 
 /// Requires what the test needs; CI always has it (`.ci/setup`).
 fn requirements() -> (PathBuf, PathBuf) {
-    let missing = |what: &str| format!("{what} is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF / KILN_TEST_PYTHON)");
-    (smollm2().unwrap_or_else(|| panic!("{}", missing("SmolLM2"))), python().unwrap_or_else(|| panic!("{}", missing("the Python venv with `openai`"))))
+    let missing = |what: &str| {
+        format!("{what} is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF / KILN_TEST_PYTHON)")
+    };
+    (
+        smollm2().unwrap_or_else(|| panic!("{}", missing("SmolLM2"))),
+        python().unwrap_or_else(|| panic!("{}", missing("the Python venv with `openai`"))),
+    )
 }
 
 struct Server {
@@ -35,22 +42,54 @@ struct Server {
 }
 
 impl Server {
-    fn start(model: &PathBuf, extra: &[&str]) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    fn start(model: &Path, extra: &[&str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("serve.log");
         let mut command = Command::new(host_binary());
         command
-            .args(["serve", "--model", model.to_str().unwrap(), "--port", &port.to_string(), "--served-model-name", "smollm2"])
+            .args([
+                "serve",
+                "--model",
+                model.to_str().unwrap(),
+                "--port",
+                &port.to_string(),
+                "--served-model-name",
+                "smollm2",
+            ])
             .args(["--kv-cache-memory", "256MiB", "--max-batch-size", "16"])
             .args(extra)
             .env("KILN_CACHE_DIR", dir.path().join("cache"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
-        let server = Self { child: command.spawn().unwrap(), port, log, _dir: dir };
+        let server = Self {
+            child: command.spawn().unwrap(),
+            port,
+            log,
+            _dir: dir,
+        };
         let started = Instant::now();
-        while curl(&server, &["-s", "-o", "/dev/null", "-w", "%{http_code}", &server.url("/health")]) != "200" {
-            assert!(started.elapsed() < Duration::from_secs(120), "the server did not start:\n{}", server.log());
+        while curl(
+            &server,
+            &[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                &server.url("/health"),
+            ],
+        ) != "200"
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "the server did not start:\n{}",
+                server.log()
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
         server
@@ -91,18 +130,62 @@ fn the_openai_client_works_against_smollm2_and_nothing_leaks() {
     let (model, python) = requirements();
     let server = Server::start(&model, &["--api-key", "test-key"]);
     let script = workspace_root().join("tests/serve/openai_client.py");
-    let output = Command::new(&python).arg(script).args([&server.url("/v1"), "smollm2", "test-key"]).output().unwrap();
+    let output = Command::new(&python)
+        .arg(script)
+        .args([&server.url("/v1"), "smollm2", "test-key"])
+        .output()
+        .unwrap();
     let (stdout, stderr) = text(&output);
-    assert!(output.status.success(), "openai client failed:\n{stdout}\n{stderr}\nserver log:\n{}", server.log());
-    for check in ["chat", "chat_stream", "logprobs", "completions", "stop", "seed", "errors", "concurrency"] {
-        assert!(stdout.contains(&format!("\"check\": \"{check}\"")), "{check} did not run:\n{stdout}");
+    assert!(
+        output.status.success(),
+        "openai client failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        server.log()
+    );
+    for check in [
+        "chat",
+        "chat_stream",
+        "logprobs",
+        "completions",
+        "stop",
+        "seed",
+        "errors",
+        "concurrency",
+    ] {
+        assert!(
+            stdout.contains(&format!("\"check\": \"{check}\"")),
+            "{check} did not run:\n{stdout}"
+        );
     }
 
     // Greedy over the server equals `host generate`.
     let body = r#"{"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}"#;
-    let reply = curl(&server, &["-s", "-H", "authorization: Bearer test-key", "-H", "content-type: application/json", "-d", body, &server.url("/v1/completions")]);
+    let reply = curl(
+        &server,
+        &[
+            "-s",
+            "-H",
+            "authorization: Bearer test-key",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            body,
+            &server.url("/v1/completions"),
+        ],
+    );
     let served: serde_json::Value = serde_json::from_str(&reply).unwrap();
-    let generated = run_host(["generate", "--model", model.to_str().unwrap(), "--prompt", "The capital of France is", "--max-new-tokens", "8", "--json"], &[]);
+    let generated = run_host(
+        [
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "The capital of France is",
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ],
+        &[],
+    );
     let (stdout, stderr) = text(&generated);
     assert!(generated.status.success(), "{stderr}");
     let local: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
@@ -110,8 +193,14 @@ fn the_openai_client_works_against_smollm2_and_nothing_leaks() {
 
     // Every request is over: no running request, no KV block in use.
     let started = Instant::now();
-    while metric(&server, "kiln_num_requests_running") != 0.0 || metric(&server, "kiln_kv_cache_usage_ratio") != 0.0 {
-        assert!(started.elapsed() < Duration::from_secs(30), "requests or blocks left over:\n{}", curl(&server, &["-s", &server.url("/metrics")]));
+    while metric(&server, "kiln_num_requests_running") != 0.0
+        || metric(&server, "kiln_kv_cache_usage_ratio") != 0.0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "requests or blocks left over:\n{}",
+            curl(&server, &["-s", &server.url("/metrics")])
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(metric(&server, "kiln_prompt_tokens_total") > 0.0);
@@ -129,24 +218,94 @@ fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
     };
     let chat = server.url("/v1/chat/completions");
     assert_eq!(status(&[&chat, "-d", "{}"]), "401", "no API key");
-    assert_eq!(status(&["-H", "authorization: Bearer k", "-H", "content-type: application/json", "-d", "{not json", &chat]), "400");
-    let big = format!(r#"{{"model": "smollm2", "prompt": "{}"}}"#, "x".repeat(4096));
-    assert_eq!(status(&["-H", "authorization: Bearer k", "-H", "content-type: application/json", "-d", &big, &server.url("/v1/completions")]), "413");
-    let error = curl(&server, &["-s", "-H", "authorization: Bearer k", "-H", "content-type: application/json", "-d", r#"{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "top_p": 0}"#, &chat]);
+    assert_eq!(
+        status(&[
+            "-H",
+            "authorization: Bearer k",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            "{not json",
+            &chat
+        ]),
+        "400"
+    );
+    let big = format!(
+        r#"{{"model": "smollm2", "prompt": "{}"}}"#,
+        "x".repeat(4096)
+    );
+    assert_eq!(
+        status(&[
+            "-H",
+            "authorization: Bearer k",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &big,
+            &server.url("/v1/completions")
+        ]),
+        "413"
+    );
+    let error = curl(
+        &server,
+        &[
+            "-s",
+            "-H",
+            "authorization: Bearer k",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            r#"{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "top_p": 0}"#,
+            &chat,
+        ],
+    );
     let error: serde_json::Value = serde_json::from_str(&error).unwrap();
     assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
-    assert!(error["error"]["message"].as_str().unwrap().contains("top_p"), "{error}");
-    assert_eq!(curl(&server, &["-s", &server.url("/health")]).trim(), r#"{"status":"ok"}"#);
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("top_p"),
+        "{error}"
+    );
+    assert_eq!(
+        curl(&server, &["-s", &server.url("/health")]).trim(),
+        r#"{"status":"ok"}"#
+    );
 
-    let sse = curl(&server, &["-s", "-N", "-H", "authorization: Bearer k", "-H", "content-type: application/json", "-d", r#"{"model": "smollm2", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 5, "stream": true}"#, &chat]);
-    let events: Vec<&str> = sse.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let sse = curl(
+        &server,
+        &[
+            "-s",
+            "-N",
+            "-H",
+            "authorization: Bearer k",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            r#"{"model": "smollm2", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 5, "stream": true}"#,
+            &chat,
+        ],
+    );
+    let events: Vec<&str> = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
     assert_eq!(events.last(), Some(&"[DONE]"), "{sse}");
     assert!(events.len() >= 3, "{sse}");
 
     // SIGTERM: the server finishes and exits cleanly.
     let pid = server.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
     let status = server.child.wait().unwrap();
-    assert!(status.success(), "exit status {status}; log:\n{}", server.log());
+    assert!(
+        status.success(),
+        "exit status {status}; log:\n{}",
+        server.log()
+    );
     assert!(server.log().contains("shutting down"), "{}", server.log());
 }

@@ -309,21 +309,41 @@ fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_se
     let dir = tempfile::tempdir().unwrap();
     write_model_dir(&config, &weights, dir.path(), false);
     let registry = ArchitectureRegistry::load(&[]).unwrap();
-    let options = LoadOptions { max_length: None, precision: Precision::Exact, compile_cache: CompileCache::disabled() };
-    let model = kiln_host::model::load(&registry, resolve(dir.path().to_str().unwrap(), None, None).unwrap(), &options).unwrap();
+    let options = LoadOptions {
+        max_length: None,
+        precision: Precision::Exact,
+        compile_cache: CompileCache::disabled(),
+    };
+    let model = kiln_host::model::load(
+        &registry,
+        resolve(dir.path().to_str().unwrap(), None, None).unwrap(),
+        &options,
+    )
+    .unwrap();
 
     let long: Vec<u32> = (1..=13).map(|t| (t * 7) % 96).collect();
     let mut shared = long[..9].to_vec();
     shared.extend([5, 6]);
     let prompts: Vec<Vec<u32>> = vec![long.clone(), vec![3], (10..16).collect(), shared];
     let new = 6;
-    let expected: Vec<Vec<u32>> = prompts.iter().map(|p| greedy_alone(&model, p, new)).collect();
+    let expected: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| greedy_alone(&model, p, new))
+        .collect();
 
     let block_size = 4;
     let kv = model.config.kv;
-    let layout = CacheLayout { block_size, num_kv_heads: kv.num_kv_heads as usize, head_dim: kv.head_dim as usize };
+    let layout = CacheLayout {
+        block_size,
+        num_kv_heads: kv.num_kv_heads as usize,
+        head_dim: kv.head_dim as usize,
+    };
     let mut cache = KvCache::new(kv.num_layers as usize, 24, layout);
-    let config = SchedulerConfig { max_batch_size: 3, max_batch_tokens: 7, max_seq_len: 64 };
+    let config = SchedulerConfig {
+        max_batch_size: 3,
+        max_batch_tokens: 7,
+        max_seq_len: 64,
+    };
     let mut scheduler = Scheduler::new(config, BlockManager::new(24, block_size, true));
     let mut outputs: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
     // The first request alone first, so the one sharing its prefix finds it cached.
@@ -338,7 +358,12 @@ fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_se
         let inputs: Vec<StepInput<'_>> = batch
             .seqs
             .iter()
-            .map(|s| StepInput { tokens: &s.tokens, start: s.start, blocks: &s.blocks, wants_logits: s.wants_logits })
+            .map(|s| StepInput {
+                tokens: &s.tokens,
+                start: s.start,
+                blocks: &s.blocks,
+                wants_logits: s.wants_logits,
+            })
             .collect();
         let logits = run_step(&model.executor, &mut cache, &inputs, false).unwrap();
         scheduler.complete(&batch);
@@ -361,7 +386,11 @@ fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_se
         }
     }
     assert_eq!(outputs, expected);
-    assert!(scheduler.blocks().stats().hits >= 2, "the shared prefix was reused: {:?}", scheduler.blocks().stats());
+    assert!(
+        scheduler.blocks().stats().hits >= 2,
+        "the shared prefix was reused: {:?}",
+        scheduler.blocks().stats()
+    );
     assert_eq!(scheduler.blocks().used(), 0, "no block leaked");
 }
 
@@ -373,4 +402,14 @@ fn tiny_gemma3_with_sliding_windows_and_post_norms_matches_transformers() {
 #[test]
 fn tiny_qwen3_with_qk_norms_matches_transformers() {
     matches_transformers("tiny_qwen3.json", false);
+}
+
+#[test]
+fn tiny_phi3_with_fused_qkv_and_gate_up_matches_transformers() {
+    matches_transformers("tiny_phi3.json", false);
+}
+
+#[test]
+fn tiny_gpt2_with_learned_positions_and_conv1d_matches_transformers() {
+    matches_transformers("tiny_gpt2.json", false);
 }

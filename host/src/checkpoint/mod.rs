@@ -193,8 +193,13 @@ impl Checkpoint {
 
 /// Opens a GGUF file as a checkpoint (tensors zero-copy from the map,
 /// metadata as JSON), with its metadata mapped to a Hugging Face shaped config.
-pub fn open_gguf(path: &std::path::Path) -> Result<(Checkpoint, serde_json::Value), CheckpointError> {
-    let malformed = |e: gguf::GgufError| CheckpointError::Malformed { path: path.to_owned(), message: e.to_string() };
+pub fn open_gguf(
+    path: &std::path::Path,
+) -> Result<(Checkpoint, serde_json::Value), CheckpointError> {
+    let malformed = |e: gguf::GgufError| CheckpointError::Malformed {
+        path: path.to_owned(),
+        message: e.to_string(),
+    };
     let file = gguf::GgufFile::open(path).map_err(malformed)?;
     let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = file.map().clone();
     let tensors = file
@@ -207,12 +212,24 @@ pub fn open_gguf(path: &std::path::Path) -> Result<(Checkpoint, serde_json::Valu
                 storage: t.ggml_type().name().to_owned(),
                 encoding: t.encoding().ok(),
             };
-            (t.name().to_owned(), Tensor::new(info, Arc::clone(&owner), t.byte_range()))
+            (
+                t.name().to_owned(),
+                Tensor::new(info, Arc::clone(&owner), t.byte_range()),
+            )
         })
         .collect();
-    let metadata = file.metadata().iter().map(|(k, v)| (k.clone(), v.to_json())).collect();
+    let metadata = file
+        .metadata()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_json()))
+        .collect();
     let config = file.hf_config().map_err(malformed)?;
-    let checkpoint = Checkpoint { format: WeightsFormat::Gguf, files: vec![path.to_owned()], tensors, metadata };
+    let checkpoint = Checkpoint {
+        format: WeightsFormat::Gguf,
+        files: vec![path.to_owned()],
+        tensors,
+        metadata,
+    };
     Ok((checkpoint, config))
 }
 

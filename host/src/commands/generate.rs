@@ -25,26 +25,44 @@ struct JsonOutput {
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     super::check_device(&args.device)?;
     let registry = ArchitectureRegistry::load(&args.plugins.custom_architectures)?;
-    let resolved = resolve(&args.model.model, args.model.location.revision.as_deref(), args.model.location.weight_path.as_deref())?;
+    let resolved = resolve(
+        &args.model.model,
+        args.model.location.revision.as_deref(),
+        args.model.location.weight_path.as_deref(),
+    )?;
     let started = Instant::now();
     let options = LoadOptions {
         max_length: args.max_length,
         precision: args.precision.into(),
-        compile_cache: if args.no_compile_cache { CompileCache::disabled() } else { CompileCache::from_env() },
+        compile_cache: if args.no_compile_cache {
+            CompileCache::disabled()
+        } else {
+            CompileCache::from_env()
+        },
     };
     let model = model::load(&registry, resolved, &options)?;
     let compile = match model.compile {
         CompileOutcome::Compiled(t) => format!("compiled in {:.0} ms", t.as_secs_f64() * 1e3),
         CompileOutcome::Cached(t) => format!("compile cache hit, {:.0} ms", t.as_secs_f64() * 1e3),
     };
-    tracing::info!("loaded {} ({}) in {:.2} s; {compile}", model.resolved.name, model.architecture.info.name, started.elapsed().as_secs_f64());
+    tracing::info!(
+        "loaded {} ({}) in {:.2} s; {compile}",
+        model.resolved.name,
+        model.architecture.info.name,
+        started.elapsed().as_secs_f64()
+    );
 
     let prompt_ids: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
         (Some(text), None) => {
-            let tokenizer = model.tokenizer.as_ref().context("the model has no tokenizer; pass --prompt-ids")?;
+            let tokenizer = model
+                .tokenizer
+                .as_ref()
+                .context("the model has no tokenizer; pass --prompt-ids")?;
             if args.chat {
-                let template = tokenizer.chat_template()?.context("the model has no chat template; drop --chat")?;
+                let template = tokenizer
+                    .chat_template()?
+                    .context("the model has no chat template; drop --chat")?;
                 let mut messages = Vec::new();
                 if let Some(system) = &args.system {
                     messages.push(ChatMessage::new("system", system.as_str()));
@@ -61,14 +79,23 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     if prompt_ids.is_empty() {
         bail!("the prompt is empty");
     }
-    let vocab = model.hf_config.get("vocab_size").and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
+    let vocab = model
+        .hf_config
+        .get("vocab_size")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(u64::MAX);
     if let Some(bad) = prompt_ids.iter().find(|&&id| u64::from(id) >= vocab) {
         bail!("prompt token id {bad} is outside the vocabulary of {vocab}");
     }
     let max_seq_len = model.config.max_seq_len as usize;
-    let max_new = args.max_new_tokens.min(max_seq_len.saturating_sub(prompt_ids.len()));
+    let max_new = args
+        .max_new_tokens
+        .min(max_seq_len.saturating_sub(prompt_ids.len()));
     if max_new == 0 && prompt_ids.len() >= max_seq_len {
-        bail!("the prompt ({} tokens) fills the context of {max_seq_len} tokens", prompt_ids.len());
+        bail!(
+            "the prompt ({} tokens) fills the context of {max_seq_len} tokens",
+            prompt_ids.len()
+        );
     }
 
     let defaults = generation_defaults(&model);
@@ -90,7 +117,8 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.dump_logits {
         let vocab = logits[0].len();
         let flat: Vec<f32> = logits.iter().flatten().copied().collect();
-        npy::write_f32(path, &[logits.len(), vocab], &flat).with_context(|| format!("cannot write {}", path.display()))?;
+        npy::write_f32(path, &[logits.len(), vocab], &flat)
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     let mut next_logits = logits.pop().expect("the last row");
 
@@ -125,7 +153,14 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
             Some(t) => t.decode(&generated, true)?,
             None => String::new(),
         };
-        serde_json::to_writer(&mut stdout, &JsonOutput { prompt_ids, generated_ids: generated.clone(), text })?;
+        serde_json::to_writer(
+            &mut stdout,
+            &JsonOutput {
+                prompt_ids,
+                generated_ids: generated.clone(),
+                text,
+            },
+        )?;
         writeln!(stdout)?;
     } else if model.tokenizer.is_none() {
         let ids: Vec<String> = generated.iter().map(ToString::to_string).collect();

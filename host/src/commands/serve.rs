@@ -21,18 +21,31 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     super::check_device(&args.device)?;
     let registry = ArchitectureRegistry::load(&args.plugins.custom_architectures)?;
     let location = &args.model.location;
-    let resolved = resolve(&args.model.model, location.revision.as_deref(), location.weight_path.as_deref())?;
+    let resolved = resolve(
+        &args.model.model,
+        location.revision.as_deref(),
+        location.weight_path.as_deref(),
+    )?;
     let options = LoadOptions {
         max_length: args.max_length,
         precision: args.precision.into(),
-        compile_cache: if args.no_compile_cache { CompileCache::disabled() } else { CompileCache::from_env() },
+        compile_cache: if args.no_compile_cache {
+            CompileCache::disabled()
+        } else {
+            CompileCache::from_env()
+        },
     };
     let mut model = model::load(&registry, resolved, &options)?;
     let tokenizer = Arc::new(model.tokenizer.take().context("the model has no tokenizer (tokenizer.json or GGUF tokenizer metadata); it cannot be served")?);
     let chat_template = tokenizer.chat_template()?;
     let defaults = generation_defaults(&model);
     let kv = model.config.kv;
-    let bytes_per_block = kv.num_layers as u64 * args.block_size as u64 * kv.num_kv_heads as u64 * kv.head_dim as u64 * 2 * 4;
+    let bytes_per_block = kv.num_layers as u64
+        * args.block_size as u64
+        * kv.num_kv_heads as u64
+        * kv.head_dim as u64
+        * 2
+        * 4;
     let num_blocks = (args.kv_cache_memory / bytes_per_block.max(1)) as usize;
     let max_model_len = model.config.max_seq_len as usize;
     anyhow::ensure!(
@@ -42,7 +55,10 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         num_blocks * args.block_size,
         max_model_len.min(4096)
     );
-    anyhow::ensure!(args.max_batch_size > 0 && args.max_batch_tokens > 0, "--max-batch-size and --max-batch-tokens must be at least 1");
+    anyhow::ensure!(
+        args.max_batch_size > 0 && args.max_batch_tokens > 0,
+        "--max-batch-size and --max-batch-tokens must be at least 1"
+    );
     tracing::info!(
         "KV cache: {num_blocks} blocks of {} positions ({} tokens, {:.0} MiB); max length {max_model_len}; prefix caching {}",
         args.block_size,
@@ -50,34 +66,65 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         args.kv_cache_memory as f64 / (1 << 20) as f64,
         if args.no_prefix_caching { "off" } else { "on" }
     );
-    let vocab_size = model.hf_config.get("vocab_size").and_then(|v| v.as_u64()).map_or(tokenizer.vocab_size(), |v| v as usize);
-    let model_name = args.served_model_name.clone().unwrap_or_else(|| args.model.model.clone());
+    let vocab_size = model
+        .hf_config
+        .get("vocab_size")
+        .and_then(|v| v.as_u64())
+        .map_or(tokenizer.vocab_size(), |v| v as usize);
+    let model_name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| args.model.model.clone());
     let metrics = Metrics::default();
     let config = EngineConfig {
         num_blocks,
         block_size: args.block_size,
-        scheduler: SchedulerConfig { max_batch_size: args.max_batch_size, max_batch_tokens: args.max_batch_tokens, max_seq_len: max_model_len },
+        scheduler: SchedulerConfig {
+            max_batch_size: args.max_batch_size,
+            max_batch_tokens: args.max_batch_tokens,
+            max_seq_len: max_model_len,
+        },
         prefix_caching: !args.no_prefix_caching,
     };
-    let engine = service::spawn(model, tokenizer.clone(), defaults.eos_token_ids.clone(), config, metrics.clone());
+    let engine = service::spawn(
+        model,
+        tokenizer.clone(),
+        defaults.eos_token_ids.clone(),
+        config,
+        metrics.clone(),
+    );
     let state = Arc::new(AppState {
         engine,
         tokenizer,
         chat_template,
         model_name: model_name.clone(),
         vocab_size,
-        limits: Limits { max_model_len, max_tokens: max_model_len, max_n: 16 },
+        limits: Limits {
+            max_model_len,
+            max_tokens: max_model_len,
+            max_n: 16,
+        },
         defaults: defaults.sampling,
         api_key: args.api_key.clone(),
         metrics,
     });
     let app = router(state, args.max_request_bytes as usize);
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     runtime.block_on(async {
         let address = format!("{}:{}", args.host, args.port);
-        let listener = tokio::net::TcpListener::bind(&address).await.with_context(|| format!("cannot listen on {address}"))?;
-        tracing::info!("serving `{model_name}` on http://{}", listener.local_addr()?);
-        axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+        let listener = tokio::net::TcpListener::bind(&address)
+            .await
+            .with_context(|| format!("cannot listen on {address}"))?;
+        tracing::info!(
+            "serving `{model_name}` on http://{}",
+            listener.local_addr()?
+        );
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
         tracing::info!("stopped");
         Ok(())
     })

@@ -129,7 +129,8 @@ pub fn fold_constants(ir: &GraphIr) -> Result<(GraphIr, usize), String> {
                     .iter()
                     .map(|i| &values[&(*i as usize)])
                     .collect();
-                let tensor = cpu_ops::eval(op, &inputs, node.ty.dtype, shape, &BufferPool::default())?;
+                let tensor =
+                    cpu_ops::eval(op, &inputs, node.ty.dtype, shape, &BufferPool::default())?;
                 let node = &mut ir.nodes[id];
                 node.op = Op::Constant(Constant {
                     values: tensor.to_f64(),

@@ -19,9 +19,19 @@ pub struct StepInput<'a> {
 
 /// Runs one step. Returns, for each sequence that wants logits, in order,
 /// its logits rows (one row, or one per fed token when `all_logits`).
-pub fn run_step(executor: &Executor, cache: &mut KvCache, seqs: &[StepInput<'_>], all_logits: bool) -> Result<Vec<Vec<Vec<f32>>>, RuntimeError> {
+pub fn run_step(
+    executor: &Executor,
+    cache: &mut KvCache,
+    seqs: &[StepInput<'_>],
+    all_logits: bool,
+) -> Result<Vec<Vec<Vec<f32>>>, RuntimeError> {
     let tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
-    let width = seqs.iter().map(|s| s.blocks.len()).max().unwrap_or(1).max(1);
+    let width = seqs
+        .iter()
+        .map(|s| s.blocks.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
     let mut ids = Vec::with_capacity(tokens);
     let mut positions = Vec::with_capacity(tokens);
     let mut offsets = vec![0i64];
@@ -38,7 +48,11 @@ pub fn run_step(executor: &Executor, cache: &mut KvCache, seqs: &[StepInput<'_>]
         tables.extend(seq.blocks.iter().map(|&b| i64::from(b)));
         tables.extend(std::iter::repeat_n(0, width - seq.blocks.len()));
         if seq.wants_logits {
-            let wanted: Vec<i64> = if all_logits { (first_row..ids.len() as i64).collect() } else { vec![ids.len() as i64 - 1] };
+            let wanted: Vec<i64> = if all_logits {
+                (first_row..ids.len() as i64).collect()
+            } else {
+                vec![ids.len() as i64 - 1]
+            };
             rows_per_seq.push(wanted.len());
             rows.extend(wanted);
         }
@@ -55,5 +69,8 @@ pub fn run_step(executor: &Executor, cache: &mut KvCache, seqs: &[StepInput<'_>]
     let logits = executor.run(inputs, Some(cache))?.remove(0);
     let vocab = logits.shape.get(1).copied().unwrap_or(0);
     let mut all_rows = logits.as_f32().chunks(vocab.max(1)).map(<[f32]>::to_vec);
-    Ok(rows_per_seq.into_iter().map(|n| all_rows.by_ref().take(n).collect()).collect())
+    Ok(rows_per_seq
+        .into_iter()
+        .map(|n| all_rows.by_ref().take(n).collect())
+        .collect())
 }

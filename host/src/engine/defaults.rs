@@ -19,7 +19,11 @@ pub struct GenerationDefaults {
 fn ids(value: Option<&Value>) -> Vec<u32> {
     match value {
         Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Value::Array(items)) => items.iter().filter_map(|v| v.as_u64()).map(|n| n as u32).collect(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .map(|n| n as u32)
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -35,13 +39,20 @@ pub fn generation_defaults(model: &Model) -> GenerationDefaults {
         .unwrap_or(Value::Null);
     let mut eos_token_ids = ids(generation.get("eos_token_id"));
     eos_token_ids.extend(ids(model.hf_config.get("eos_token_id")));
-    if let Some(eos) = model.tokenizer.as_ref().and_then(|t| t.special_tokens().eos.as_ref()) {
+    if let Some(eos) = model
+        .tokenizer
+        .as_ref()
+        .and_then(|t| t.special_tokens().eos.as_ref())
+    {
         eos_token_ids.push(eos.id);
     }
     eos_token_ids.sort_unstable();
     eos_token_ids.dedup();
 
-    let mut sampling = SamplingParams { temperature: 0.0, ..SamplingParams::default() };
+    let mut sampling = SamplingParams {
+        temperature: 0.0,
+        ..SamplingParams::default()
+    };
     if generation.get("do_sample").and_then(Value::as_bool) == Some(true) {
         let number = |key: &str| generation.get(key).and_then(Value::as_f64);
         sampling.temperature = number("temperature").unwrap_or(1.0) as f32;
@@ -49,5 +60,8 @@ pub fn generation_defaults(model: &Model) -> GenerationDefaults {
         sampling.top_k = number("top_k").unwrap_or(0.0) as usize;
         sampling.min_p = number("min_p").unwrap_or(0.0) as f32;
     }
-    GenerationDefaults { eos_token_ids, sampling }
+    GenerationDefaults {
+        eos_token_ids,
+        sampling,
+    }
 }

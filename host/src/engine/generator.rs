@@ -23,7 +23,11 @@ impl<'m> Generator<'m> {
     /// A generator with room for `capacity` tokens (prompt and output).
     pub fn new(model: &'m Model, capacity: usize) -> Self {
         let kv = model.config.kv;
-        let layout = CacheLayout { block_size: BLOCK_SIZE, num_kv_heads: kv.num_kv_heads as usize, head_dim: kv.head_dim as usize };
+        let layout = CacheLayout {
+            block_size: BLOCK_SIZE,
+            num_kv_heads: kv.num_kv_heads as usize,
+            head_dim: kv.head_dim as usize,
+        };
         let blocks = capacity.div_ceil(BLOCK_SIZE).max(1);
         Self {
             model,
@@ -41,15 +45,27 @@ impl<'m> Generator<'m> {
 
     /// Feeds `tokens`; returns the logits of the last one, or of every one
     /// when `all_logits`.
-    pub fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<Vec<f32>>, RuntimeError> {
+    pub fn feed(
+        &mut self,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
         let n = tokens.len();
         if n == 0 || self.position + n > self.capacity {
             return Err(RuntimeError::Input {
                 name: "tokens".to_owned(),
-                message: format!("{n} tokens at position {} exceed the capacity of {}", self.position, self.capacity),
+                message: format!(
+                    "{n} tokens at position {} exceed the capacity of {}",
+                    self.position, self.capacity
+                ),
             });
         }
-        let step = StepInput { tokens, start: self.position, blocks: &self.blocks, wants_logits: true };
+        let step = StepInput {
+            tokens,
+            start: self.position,
+            blocks: &self.blocks,
+            wants_logits: true,
+        };
         let mut logits = run_step(&self.model.executor, &mut self.cache, &[step], all_logits)?;
         self.position += n;
         Ok(logits.remove(0))

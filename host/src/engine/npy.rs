@@ -39,6 +39,9 @@ mod tests {
         let header = std::str::from_utf8(&bytes[10..10 + header_len]).unwrap();
         assert!(header.contains("'shape': (2, 3)"), "{header}");
         assert_eq!(bytes.len(), 10 + header_len + 24);
-        assert_eq!(f32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap()), 6.0);
+        assert_eq!(
+            f32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap()),
+            6.0
+        );
     }
 }

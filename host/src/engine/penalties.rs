@@ -17,7 +17,11 @@ pub struct Penalties {
 
 impl Default for Penalties {
     fn default() -> Self {
-        Self { frequency: 0.0, presence: 0.0, repetition: 1.0 }
+        Self {
+            frequency: 0.0,
+            presence: 0.0,
+            repetition: 1.0,
+        }
     }
 }
 
@@ -30,13 +34,22 @@ impl Penalties {
     /// Checks the ranges, naming the offending parameter.
     pub fn validate(&self) -> Result<(), String> {
         if !(-2.0..=2.0).contains(&self.frequency) {
-            return Err(format!("frequency_penalty must be in [-2, 2], got {}", self.frequency));
+            return Err(format!(
+                "frequency_penalty must be in [-2, 2], got {}",
+                self.frequency
+            ));
         }
         if !(-2.0..=2.0).contains(&self.presence) {
-            return Err(format!("presence_penalty must be in [-2, 2], got {}", self.presence));
+            return Err(format!(
+                "presence_penalty must be in [-2, 2], got {}",
+                self.presence
+            ));
         }
         if !(self.repetition > 0.0 && self.repetition.is_finite()) {
-            return Err(format!("repetition_penalty must be > 0, got {}", self.repetition));
+            return Err(format!(
+                "repetition_penalty must be > 0, got {}",
+                self.repetition
+            ));
         }
         Ok(())
     }
@@ -52,7 +65,11 @@ impl Penalties {
             seen.dedup();
             for token in seen {
                 if let Some(l) = logits.get_mut(token as usize) {
-                    *l = if *l > 0.0 { *l / self.repetition } else { *l * self.repetition };
+                    *l = if *l > 0.0 {
+                        *l / self.repetition
+                    } else {
+                        *l * self.repetition
+                    };
                 }
             }
         }
@@ -77,11 +94,26 @@ mod tests {
     #[test]
     fn penalties_follow_their_definitions() {
         let mut logits = vec![2.0, -2.0, 1.0, 1.0];
-        Penalties { repetition: 2.0, ..Penalties::default() }.apply(&mut logits, &[0], &[1]);
+        Penalties {
+            repetition: 2.0,
+            ..Penalties::default()
+        }
+        .apply(&mut logits, &[0], &[1]);
         assert_eq!(logits, [1.0, -4.0, 1.0, 1.0]);
         let mut logits = vec![1.0; 4];
-        Penalties { frequency: 0.5, presence: 0.25, ..Penalties::default() }.apply(&mut logits, &[3], &[2, 2, 1]);
+        Penalties {
+            frequency: 0.5,
+            presence: 0.25,
+            ..Penalties::default()
+        }
+        .apply(&mut logits, &[3], &[2, 2, 1]);
         assert_eq!(logits, [1.0, 0.25, -0.25, 1.0]);
-        assert!(Penalties { presence: 3.0, ..Penalties::default() }.validate().unwrap_err().contains("presence_penalty"));
+        assert!(Penalties {
+            presence: 3.0,
+            ..Penalties::default()
+        }
+        .validate()
+        .unwrap_err()
+        .contains("presence_penalty"));
     }
 }

@@ -135,7 +135,15 @@ pub trait EngineObserver: Send + 'static {
     /// A request ended after `latency` seconds.
     fn finished(&self, latency: f64, prompt_tokens: usize, completion_tokens: usize);
     /// The scheduler's state after a step.
-    fn state(&self, running: usize, waiting: usize, kv_usage: f64, prefix_queries: u64, prefix_hits: u64, preemptions: u64);
+    fn state(
+        &self,
+        running: usize,
+        waiting: usize,
+        kv_usage: f64,
+        prefix_queries: u64,
+        prefix_hits: u64,
+        preemptions: u64,
+    );
 }
 
 enum Command {
@@ -153,19 +161,30 @@ impl EngineHandle {
     /// Queues a request. Fails only if the engine has stopped.
     pub fn submit(&self, request: Request) -> Result<(), String> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.commands.send(Command::Add(id, request)).map_err(|_| "the engine has stopped".to_owned())
+        self.commands
+            .send(Command::Add(id, request))
+            .map_err(|_| "the engine has stopped".to_owned())
     }
 }
 
 /// Starts the engine thread for `model`. It stops when every handle is
 /// dropped, after finishing or cancelling what it has.
-pub fn spawn(model: Model, tokenizer: Arc<Tokenizer>, eos: Vec<u32>, config: EngineConfig, observer: impl EngineObserver) -> EngineHandle {
+pub fn spawn(
+    model: Model,
+    tokenizer: Arc<Tokenizer>,
+    eos: Vec<u32>,
+    config: EngineConfig,
+    observer: impl EngineObserver,
+) -> EngineHandle {
     let (commands, receiver) = mpsc::channel();
     std::thread::Builder::new()
         .name("kiln-engine".to_owned())
         .spawn(move || run(model, &tokenizer, &eos, config, receiver, observer))
         .expect("the engine thread starts");
-    EngineHandle { commands, next_id: Arc::new(AtomicU64::new(0)) }
+    EngineHandle {
+        commands,
+        next_id: Arc::new(AtomicU64::new(0)),
+    }
 }
 
 /// One running request's state.
@@ -181,9 +200,20 @@ struct Active<'t> {
     last_token: Option<Instant>,
 }
 
-fn run(model: Model, tokenizer: &Tokenizer, eos: &[u32], config: EngineConfig, commands: mpsc::Receiver<Command>, observer: impl EngineObserver) {
+fn run(
+    model: Model,
+    tokenizer: &Tokenizer,
+    eos: &[u32],
+    config: EngineConfig,
+    commands: mpsc::Receiver<Command>,
+    observer: impl EngineObserver,
+) {
     let kv = model.config.kv;
-    let layout = CacheLayout { block_size: config.block_size, num_kv_heads: kv.num_kv_heads as usize, head_dim: kv.head_dim as usize };
+    let layout = CacheLayout {
+        block_size: config.block_size,
+        num_kv_heads: kv.num_kv_heads as usize,
+        head_dim: kv.head_dim as usize,
+    };
     let mut cache = KvCache::new(kv.num_layers as usize, config.num_blocks, layout);
     let blocks = BlockManager::new(config.num_blocks, config.block_size, config.prefix_caching);
     let mut scheduler = Scheduler::new(config.scheduler, blocks);
@@ -219,7 +249,11 @@ fn run(model: Model, tokenizer: &Tokenizer, eos: &[u32], config: EngineConfig, c
             );
         }
         // Cancel requests whose client is gone.
-        let gone: Vec<SeqId> = active.iter().filter(|(_, a)| a.events.is_closed()).map(|(id, _)| *id).collect();
+        let gone: Vec<SeqId> = active
+            .iter()
+            .filter(|(_, a)| a.events.is_closed())
+            .map(|(id, _)| *id)
+            .collect();
         for id in gone {
             scheduler.remove(id);
             active.remove(&id);
@@ -233,7 +267,12 @@ fn run(model: Model, tokenizer: &Tokenizer, eos: &[u32], config: EngineConfig, c
         let inputs: Vec<StepInput<'_>> = batch
             .seqs
             .iter()
-            .map(|s| StepInput { tokens: &s.tokens, start: s.start, blocks: &s.blocks, wants_logits: s.wants_logits })
+            .map(|s| StepInput {
+                tokens: &s.tokens,
+                start: s.start,
+                blocks: &s.blocks,
+                wants_logits: s.wants_logits,
+            })
             .collect();
         let logits = match run_step(&model.executor, &mut cache, &inputs, false) {
             Ok(logits) => logits,
@@ -241,7 +280,9 @@ fn run(model: Model, tokenizer: &Tokenizer, eos: &[u32], config: EngineConfig, c
                 // A failed step fails its requests, not the server.
                 for seq in &batch.seqs {
                     if let Some(a) = active.remove(&seq.id) {
-                        let _ = a.events.send(Event::Error(format!("model step failed: {e}")));
+                        let _ = a
+                            .events
+                            .send(Event::Error(format!("model step failed: {e}")));
                     }
                     scheduler.remove(seq.id);
                 }
@@ -251,8 +292,13 @@ fn run(model: Model, tokenizer: &Tokenizer, eos: &[u32], config: EngineConfig, c
         scheduler.complete(&batch);
         let mut rows = logits.into_iter();
         for seq in batch.seqs.iter().filter(|s| s.wants_logits) {
-            let mut row = rows.next().expect("one logits row per sequence that wants one").remove(0);
-            let Some(state) = active.get_mut(&seq.id) else { continue };
+            let mut row = rows
+                .next()
+                .expect("one logits row per sequence that wants one")
+                .remove(0);
+            let Some(state) = active.get_mut(&seq.id) else {
+                continue;
+            };
             let now = Instant::now();
             match state.last_token {
                 None => observer.first_token((now - state.arrived).as_secs_f64()),
@@ -268,10 +314,17 @@ fn run(model: Model, tokenizer: &Tokenizer, eos: &[u32], config: EngineConfig, c
                         prompt_tokens: state.prompt.len(),
                         completion_tokens: state.generated.len(),
                     });
-                    observer.finished(state.arrived.elapsed().as_secs_f64(), state.prompt.len(), state.generated.len());
+                    observer.finished(
+                        state.arrived.elapsed().as_secs_f64(),
+                        state.prompt.len(),
+                        state.generated.len(),
+                    );
                     scheduler.remove(seq.id);
                 }
-                None => scheduler.append_token(seq.id, *state.generated.last().expect("a token was generated")),
+                None => scheduler.append_token(
+                    seq.id,
+                    *state.generated.last().expect("a token was generated"),
+                ),
             }
         }
         report(&scheduler, &observer);
@@ -293,10 +346,17 @@ fn report(scheduler: &Scheduler, observer: &impl EngineObserver) {
 
 /// Samples one token for a sequence and sends its text; returns how the
 /// sequence ends, if it does.
-fn step_sequence(state: &mut Active<'_>, logits: &mut [f32], tokenizer: &Tokenizer, eos: &[u32]) -> Option<FinishReason> {
+fn step_sequence(
+    state: &mut Active<'_>,
+    logits: &mut [f32],
+    tokenizer: &Tokenizer,
+    eos: &[u32],
+) -> Option<FinishReason> {
     let params = &state.params;
     let raw_logprobs = params.logprobs.map(|_| log_softmax(logits));
-    params.penalties.apply(logits, &state.prompt, &state.generated);
+    params
+        .penalties
+        .apply(logits, &state.prompt, &state.generated);
     let suppress_eos = !params.ignore_eos && state.generated.len() < params.min_tokens;
     if suppress_eos {
         for &token in eos.iter().chain(&params.stop_token_ids) {
@@ -314,14 +374,26 @@ fn step_sequence(state: &mut Active<'_>, logits: &mut [f32], tokenizer: &Tokeniz
         if k > 0 {
             order.select_nth_unstable_by(k - 1, |a, b| lp[*b as usize].total_cmp(&lp[*a as usize]));
         }
-        let mut top: Vec<(u32, String, f32)> = order[..k].iter().map(|&t| (t, text(t), lp[t as usize])).collect();
+        let mut top: Vec<(u32, String, f32)> = order[..k]
+            .iter()
+            .map(|&t| (t, text(t), lp[t as usize]))
+            .collect();
         top.sort_by(|a, b| b.2.total_cmp(&a.2));
-        TokenLogprob { token, text: text(token), logprob: lp[token as usize], top }
+        TokenLogprob {
+            token,
+            text: text(token),
+            logprob: lp[token as usize],
+            top,
+        }
     });
 
     let is_eos = !params.ignore_eos && eos.contains(&token);
     let is_stop_token = params.stop_token_ids.contains(&token);
-    let piece = if is_eos || is_stop_token { None } else { state.decoder.step(token).ok().flatten() };
+    let piece = if is_eos || is_stop_token {
+        None
+    } else {
+        state.decoder.step(token).ok().flatten()
+    };
     let (text, stopped_by_string) = match state.stop.push(piece.as_deref().unwrap_or("")) {
         StopOutcome::Continue(text) => (text, false),
         StopOutcome::Stop(text) => (text, true),
@@ -342,7 +414,11 @@ fn step_sequence(state: &mut Active<'_>, logits: &mut [f32], tokenizer: &Tokeniz
         }
         text.push_str(&state.stop.finish());
     }
-    let _ = state.events.send(Event::Chunk { text, token, logprob });
+    let _ = state.events.send(Event::Chunk {
+        text,
+        token,
+        logprob,
+    });
     finish
 }
 

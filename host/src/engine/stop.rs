@@ -22,7 +22,10 @@ pub enum StopOutcome {
 impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: Vec<String>) -> Self {
-        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), pending: String::new() }
+        Self {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            pending: String::new(),
+        }
     }
 
     /// Feeds new text.
@@ -31,7 +34,12 @@ impl StopMatcher {
             return StopOutcome::Continue(text.to_owned());
         }
         self.pending.push_str(text);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
             let before = self.pending[..at].to_owned();
             self.pending.clear();
             return StopOutcome::Stop(before);
@@ -40,7 +48,11 @@ impl StopMatcher {
         let hold = self
             .stops
             .iter()
-            .flat_map(|s| (1..s.len()).filter(move |&n| s.is_char_boundary(n)).map(move |n| &s[..n]))
+            .flat_map(|s| {
+                (1..s.len())
+                    .filter(move |&n| s.is_char_boundary(n))
+                    .map(move |n| &s[..n])
+            })
             .filter(|prefix| self.pending.ends_with(prefix))
             .map(str::len)
             .max()

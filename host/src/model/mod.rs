@@ -182,11 +182,21 @@ pub fn load(
 
 /// The model's tokenizer: `tokenizer.json` (with `tokenizer_config.json`)
 /// in its directory, else the tokenizer embedded in a GGUF file.
-pub fn load_tokenizer(resolved: &ResolvedModel, checkpoint: &Checkpoint) -> Result<Option<Tokenizer>, TokenizerError> {
-    if let Some(path) = resolved.dir.as_ref().map(|d| d.join("tokenizer.json")).filter(|p| p.is_file()) {
+pub fn load_tokenizer(
+    resolved: &ResolvedModel,
+    checkpoint: &Checkpoint,
+) -> Result<Option<Tokenizer>, TokenizerError> {
+    if let Some(path) = resolved
+        .dir
+        .as_ref()
+        .map(|d| d.join("tokenizer.json"))
+        .filter(|p| p.is_file())
+    {
         return Tokenizer::from_file(path).map(Some);
     }
-    if checkpoint.format != WeightsFormat::Gguf || !checkpoint.metadata.contains_key("tokenizer.ggml.model") {
+    if checkpoint.format != WeightsFormat::Gguf
+        || !checkpoint.metadata.contains_key("tokenizer.ggml.model")
+    {
         return Ok(None);
     }
     let fields = [
@@ -207,8 +217,14 @@ pub fn load_tokenizer(resolved: &ResolvedModel, checkpoint: &Checkpoint) -> Resu
     ];
     let object: serde_json::Map<String, serde_json::Value> = fields
         .iter()
-        .filter_map(|(field, key)| checkpoint.metadata.get(*key).map(|v| (field.to_string(), v.clone())))
+        .filter_map(|(field, key)| {
+            checkpoint
+                .metadata
+                .get(*key)
+                .map(|v| (field.to_string(), v.clone()))
+        })
         .collect();
-    let vocab: GgufVocab = serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| TokenizerError::InvalidVocab(e.to_string()))?;
+    let vocab: GgufVocab = serde_json::from_value(serde_json::Value::Object(object))
+        .map_err(|e| TokenizerError::InvalidVocab(e.to_string()))?;
     tokenizer_from_gguf(&vocab).map(Some)
 }

@@ -9,5 +9,7 @@ pub(super) fn roots() -> Vec<PluginRootRef> {
         kiln_arch_llama::kiln_plugin_root(),
         kiln_arch_qwen::kiln_plugin_root(),
         kiln_arch_gemma::kiln_plugin_root(),
+        kiln_arch_phi3::kiln_plugin_root(),
+        kiln_arch_gpt2::kiln_plugin_root(),
     ]
 }

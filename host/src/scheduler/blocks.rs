@@ -122,7 +122,9 @@ impl BlockManager {
         for chunk in prompt.chunks_exact(self.block_size).take(full) {
             let hash = Self::hash_block(parent, chunk);
             self.stats.queries += 1;
-            let Some(&block) = self.cached.get(&hash) else { break };
+            let Some(&block) = self.cached.get(&hash) else {
+                break;
+            };
             self.stats.hits += 1;
             if self.ref_counts[block as usize] == 0 {
                 self.evictable.retain(|&b| b != block);
@@ -140,7 +142,10 @@ impl BlockManager {
     pub fn reserve(&mut self, seq: &mut SequenceBlocks, tokens: usize) -> Result<(), OutOfBlocks> {
         let needed = self.blocks_for(tokens).saturating_sub(seq.blocks.len());
         if needed > self.available() {
-            return Err(OutOfBlocks { needed, free: self.available() });
+            return Err(OutOfBlocks {
+                needed,
+                free: self.available(),
+            });
         }
         for _ in 0..needed {
             let block = match self.free.pop() {
@@ -169,7 +174,10 @@ impl BlockManager {
         while seq.hashes.len() < full.min(seq.blocks.len()) {
             let i = seq.hashes.len();
             let parent = seq.hashes.last().copied();
-            let hash = Self::hash_block(parent, &tokens[i * self.block_size..(i + 1) * self.block_size]);
+            let hash = Self::hash_block(
+                parent,
+                &tokens[i * self.block_size..(i + 1) * self.block_size],
+            );
             let block = seq.blocks[i];
             // Another sequence may have registered the same content first;
             // keep that one, this block simply stays private.
@@ -237,7 +245,13 @@ mod tests {
         blocks.reserve(&mut second, other.len()).unwrap();
         assert_ne!(second.blocks[2], first.blocks[2]);
         // The first request looked up one block (a miss ends the lookup).
-        assert_eq!(blocks.stats(), PrefixStats { queries: 3, hits: 2 });
+        assert_eq!(
+            blocks.stats(),
+            PrefixStats {
+                queries: 3,
+                hits: 2
+            }
+        );
 
         // An identical 8-token prompt keeps its last block to compute.
         let (_, cached) = blocks.start_sequence(&prompt[..8]);

@@ -97,22 +97,45 @@ pub struct Scheduler {
 impl Scheduler {
     /// A scheduler over `blocks`.
     pub fn new(config: SchedulerConfig, blocks: BlockManager) -> Self {
-        Self { config, blocks, waiting: VecDeque::new(), running: Vec::new(), preemptions: 0 }
+        Self {
+            config,
+            blocks,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            preemptions: 0,
+        }
     }
 
     /// Queues a request. `max_new` bounds its output, for the length check.
-    pub fn add(&mut self, id: SeqId, prompt: Vec<u32>, max_new: usize) -> Result<(), AdmissionError> {
+    pub fn add(
+        &mut self,
+        id: SeqId,
+        prompt: Vec<u32>,
+        max_new: usize,
+    ) -> Result<(), AdmissionError> {
         if prompt.is_empty() {
             return Err(AdmissionError::EmptyPrompt);
         }
-        let limit = self.config.max_seq_len.min(self.blocks.num_blocks() * self.blocks.block_size());
+        let limit = self
+            .config
+            .max_seq_len
+            .min(self.blocks.num_blocks() * self.blocks.block_size());
         if prompt.len() + max_new > limit {
-            return Err(AdmissionError::TooLong { prompt: prompt.len(), max_new, limit });
+            return Err(AdmissionError::TooLong {
+                prompt: prompt.len(),
+                max_new,
+                limit,
+            });
         }
         if self.contains(id) {
             return Err(AdmissionError::Duplicate(id));
         }
-        self.waiting.push_back(Sequence { id, tokens: prompt, computed: 0, blocks: SequenceBlocks::default() });
+        self.waiting.push_back(Sequence {
+            id,
+            tokens: prompt,
+            computed: 0,
+            blocks: SequenceBlocks::default(),
+        });
         Ok(())
     }
 
@@ -174,14 +197,20 @@ impl Scheduler {
         }
         // Then new requests, while there is room.
         while budget > 0 && self.running.len() < self.config.max_batch_size {
-            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
             if seq.blocks.blocks.is_empty() {
                 let (blocks, cached) = self.blocks.start_sequence(&seq.tokens);
                 seq.blocks = blocks;
                 seq.computed = cached;
             }
             let take = (seq.tokens.len() - seq.computed).min(budget);
-            if self.blocks.reserve(&mut seq.blocks, seq.computed + take).is_err() {
+            if self
+                .blocks
+                .reserve(&mut seq.blocks, seq.computed + take)
+                .is_err()
+            {
                 self.waiting.push_front(seq);
                 break;
             }
@@ -222,7 +251,8 @@ impl Scheduler {
         for planned in &batch.seqs {
             if let Some(seq) = self.running.iter_mut().find(|s| s.id == planned.id) {
                 seq.computed = planned.start + planned.tokens.len();
-                self.blocks.commit(&mut seq.blocks, &seq.tokens, seq.computed);
+                self.blocks
+                    .commit(&mut seq.blocks, &seq.tokens, seq.computed);
             }
         }
     }
@@ -254,7 +284,11 @@ mod tests {
 
     fn scheduler(blocks: usize, batch: usize, budget: usize) -> Scheduler {
         Scheduler::new(
-            SchedulerConfig { max_batch_size: batch, max_batch_tokens: budget, max_seq_len: 1000 },
+            SchedulerConfig {
+                max_batch_size: batch,
+                max_batch_tokens: budget,
+                max_seq_len: 1000,
+            },
             BlockManager::new(blocks, 4, true),
         )
     }
@@ -273,15 +307,34 @@ mod tests {
         let mut s = scheduler(32, 8, 6);
         s.add(1, (0..10).collect(), 4).unwrap();
         let b = s.schedule();
-        assert_eq!((b.seqs[0].start, b.seqs[0].tokens.len(), b.seqs[0].wants_logits), (0, 6, false));
+        assert_eq!(
+            (
+                b.seqs[0].start,
+                b.seqs[0].tokens.len(),
+                b.seqs[0].wants_logits
+            ),
+            (0, 6, false)
+        );
         run(&mut s, &b, 99);
         s.add(2, (50..53).collect(), 4).unwrap();
         let b = s.schedule();
         // The rest of 1's prompt, then 2's whole prompt within the budget of 6.
-        assert_eq!(b.seqs.iter().map(|q| (q.id, q.start, q.tokens.len(), q.wants_logits)).collect::<Vec<_>>(), [(1, 6, 4, true), (2, 0, 2, false)]);
+        assert_eq!(
+            b.seqs
+                .iter()
+                .map(|q| (q.id, q.start, q.tokens.len(), q.wants_logits))
+                .collect::<Vec<_>>(),
+            [(1, 6, 4, true), (2, 0, 2, false)]
+        );
         run(&mut s, &b, 99);
         let b = s.schedule();
-        assert_eq!(b.seqs.iter().map(|q| (q.id, q.start, q.tokens.clone())).collect::<Vec<_>>(), [(1, 10, vec![99]), (2, 2, vec![52])]);
+        assert_eq!(
+            b.seqs
+                .iter()
+                .map(|q| (q.id, q.start, q.tokens.clone()))
+                .collect::<Vec<_>>(),
+            [(1, 10, vec![99]), (2, 2, vec![52])]
+        );
     }
 
     #[test]
@@ -320,7 +373,10 @@ mod tests {
         // Sequence 2 comes back with its generated token and is recomputed
         // (its first block still in the prefix cache).
         let b = s.schedule();
-        assert_eq!((b.seqs[0].id, b.seqs[0].start, b.seqs[0].tokens.clone()), (2, 4, vec![9]));
+        assert_eq!(
+            (b.seqs[0].id, b.seqs[0].start, b.seqs[0].tokens.clone()),
+            (2, 4, vec![9])
+        );
         s.remove(2);
         assert_eq!(s.blocks().used(), 0);
     }
@@ -329,7 +385,10 @@ mod tests {
     fn impossible_requests_are_refused_up_front() {
         let mut s = scheduler(4, 8, 100);
         assert_eq!(s.add(1, vec![], 1), Err(AdmissionError::EmptyPrompt));
-        assert!(matches!(s.add(1, vec![1; 10], 7), Err(AdmissionError::TooLong { limit: 16, .. })));
+        assert!(matches!(
+            s.add(1, vec![1; 10], 7),
+            Err(AdmissionError::TooLong { limit: 16, .. })
+        ));
         s.add(1, vec![1], 1).unwrap();
         assert_eq!(s.add(1, vec![1], 1), Err(AdmissionError::Duplicate(1)));
     }

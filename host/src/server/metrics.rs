@@ -47,17 +47,61 @@ impl Default for Metrics {
             preemptions_seen: Arc::default(),
             registry: Arc::default(),
         };
-        registry.register("time_to_first_token_seconds", "Time from arrival to the first generated token", metrics.ttft.clone());
-        registry.register("inter_token_latency_seconds", "Time between consecutive tokens of a request", metrics.itl.clone());
-        registry.register("request_latency_seconds", "Time from arrival to the end of a request", metrics.latency.clone());
-        registry.register("prompt_tokens", "Prompt tokens of finished requests", metrics.prompt_tokens.clone());
-        registry.register("generation_tokens", "Generated tokens of finished requests", metrics.generation_tokens.clone());
-        registry.register("requests_finished", "Requests that ran to their end", metrics.requests.clone());
-        registry.register("num_requests_running", "Requests in the running batch", metrics.running.clone());
-        registry.register("num_requests_waiting", "Requests waiting to be scheduled", metrics.waiting.clone());
-        registry.register("kv_cache_usage_ratio", "Fraction of KV-cache blocks in use", metrics.kv_usage.clone());
-        registry.register("prefix_cache_hit_rate", "Fraction of looked-up prompt blocks found in the prefix cache", metrics.prefix_hit_rate.clone());
-        registry.register("num_preemptions", "Requests preempted because the KV cache was full", metrics.preemptions.clone());
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from arrival to the first generated token",
+            metrics.ttft.clone(),
+        );
+        registry.register(
+            "inter_token_latency_seconds",
+            "Time between consecutive tokens of a request",
+            metrics.itl.clone(),
+        );
+        registry.register(
+            "request_latency_seconds",
+            "Time from arrival to the end of a request",
+            metrics.latency.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens of finished requests",
+            metrics.prompt_tokens.clone(),
+        );
+        registry.register(
+            "generation_tokens",
+            "Generated tokens of finished requests",
+            metrics.generation_tokens.clone(),
+        );
+        registry.register(
+            "requests_finished",
+            "Requests that ran to their end",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "num_requests_running",
+            "Requests in the running batch",
+            metrics.running.clone(),
+        );
+        registry.register(
+            "num_requests_waiting",
+            "Requests waiting to be scheduled",
+            metrics.waiting.clone(),
+        );
+        registry.register(
+            "kv_cache_usage_ratio",
+            "Fraction of KV-cache blocks in use",
+            metrics.kv_usage.clone(),
+        );
+        registry.register(
+            "prefix_cache_hit_rate",
+            "Fraction of looked-up prompt blocks found in the prefix cache",
+            metrics.prefix_hit_rate.clone(),
+        );
+        registry.register(
+            "num_preemptions",
+            "Requests preempted because the KV cache was full",
+            metrics.preemptions.clone(),
+        );
         *metrics.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         metrics
     }
@@ -89,11 +133,23 @@ impl EngineObserver for Metrics {
         self.requests.inc();
     }
 
-    fn state(&self, running: usize, waiting: usize, kv_usage: f64, prefix_queries: u64, prefix_hits: u64, preemptions: u64) {
+    fn state(
+        &self,
+        running: usize,
+        waiting: usize,
+        kv_usage: f64,
+        prefix_queries: u64,
+        prefix_hits: u64,
+        preemptions: u64,
+    ) {
         self.running.set(running as i64);
         self.waiting.set(waiting as i64);
         self.kv_usage.set(kv_usage);
-        self.prefix_hit_rate.set(if prefix_queries == 0 { 0.0 } else { prefix_hits as f64 / prefix_queries as f64 });
+        self.prefix_hit_rate.set(if prefix_queries == 0 {
+            0.0
+        } else {
+            prefix_hits as f64 / prefix_queries as f64
+        });
         let seen = self.preemptions_seen.swap(preemptions, Ordering::Relaxed);
         self.preemptions.inc_by(preemptions.saturating_sub(seen));
     }

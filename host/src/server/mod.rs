@@ -23,7 +23,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::engine::sampling::SamplingParams;
-use crate::engine::service::{EngineHandle, Event, GenerationParams, Request as EngineRequest, TokenLogprob};
+use crate::engine::service::{
+    EngineHandle, Event, GenerationParams, Request as EngineRequest, TokenLogprob,
+};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use metrics::Metrics;
 use openai::{ApiError, ChatRequest, CompletionRequest, Limits, Prompt, Usage};
@@ -66,10 +68,22 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for ApiJson<
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         match Json::<T>::from_request(req, state).await {
             Ok(Json(value)) => Ok(ApiJson(value)),
-            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::invalid(format!("invalid request: {}", e.body_text()), None)),
-            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::invalid(format!("invalid JSON: {}", e.body_text()), None)),
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::invalid("expected `Content-Type: application/json`", None)),
-            Err(JsonRejection::BytesRejection(e)) => Err(ApiError { status: e.status().as_u16(), ..ApiError::invalid(e.body_text(), None) }),
+            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::invalid(
+                format!("invalid request: {}", e.body_text()),
+                None,
+            )),
+            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::invalid(
+                format!("invalid JSON: {}", e.body_text()),
+                None,
+            )),
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::invalid(
+                "expected `Content-Type: application/json`",
+                None,
+            )),
+            Err(JsonRejection::BytesRejection(e)) => Err(ApiError {
+                status: e.status().as_u16(),
+                ..ApiError::invalid(e.body_text(), None)
+            }),
             Err(e) => Err(ApiError::invalid(e.body_text(), None)),
         }
     }
@@ -90,9 +104,17 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-async fn authorize(State(state): State<Arc<AppState>>, headers: HeaderMap, request: Request, next: Next) -> Response {
+async fn authorize(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
     if let Some(key) = &state.api_key {
-        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
         if given != Some(key.as_str()) {
             return ApiError::unauthorized().into_response();
         }
@@ -101,18 +123,31 @@ async fn authorize(State(state): State<Arc<AppState>>, headers: HeaderMap, reque
 }
 
 async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render())
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn request_id(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    format!("{prefix}-{:x}{:08x}", NEXT.fetch_add(1, Ordering::Relaxed), nanos)
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{:x}{:08x}",
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        nanos
+    )
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
@@ -139,7 +174,13 @@ struct Choice {
     events: UnboundedReceiver<Event>,
 }
 
-fn submit(state: &AppState, prompt: &[u32], params: &GenerationParams, n: usize, first_index: usize) -> Result<Vec<Choice>, ApiError> {
+fn submit(
+    state: &AppState,
+    prompt: &[u32],
+    params: &GenerationParams,
+    n: usize,
+    first_index: usize,
+) -> Result<Vec<Choice>, ApiError> {
     (0..n)
         .map(|i| {
             let (tx, rx) = unbounded_channel();
@@ -147,9 +188,17 @@ fn submit(state: &AppState, prompt: &[u32], params: &GenerationParams, n: usize,
             params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
             state
                 .engine
-                .submit(EngineRequest { prompt: prompt.to_vec(), params, events: tx, arrived: Instant::now() })
+                .submit(EngineRequest {
+                    prompt: prompt.to_vec(),
+                    params,
+                    events: tx,
+                    arrived: Instant::now(),
+                })
                 .map_err(ApiError::internal)?;
-            Ok(Choice { index: first_index + i, events: rx })
+            Ok(Choice {
+                index: first_index + i,
+                events: rx,
+            })
         })
         .collect()
 }
@@ -172,7 +221,11 @@ async fn collect(mut choice: Choice) -> Result<Collected, ApiError> {
                 out.text.push_str(&text);
                 out.tokens.extend(logprob);
             }
-            Event::Done { finish_reason, prompt_tokens, completion_tokens } => {
+            Event::Done {
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
                 out.finish_reason = Some(finish_reason.as_str());
                 out.prompt_tokens = prompt_tokens;
                 out.completion_tokens = completion_tokens;
@@ -181,7 +234,9 @@ async fn collect(mut choice: Choice) -> Result<Collected, ApiError> {
             Event::Error(message) => return Err(ApiError::invalid(message, None)),
         }
     }
-    Err(ApiError::internal("the engine stopped before the request finished"))
+    Err(ApiError::internal(
+        "the engine stopped before the request finished",
+    ))
 }
 
 fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
@@ -211,31 +266,69 @@ fn completion_logprobs(tokens: &[TokenLogprob], start_offset: usize) -> Value {
 }
 
 fn chat_prompt(state: &AppState, request: &ChatRequest) -> Result<Vec<u32>, ApiError> {
-    let template = state.chat_template.as_ref().ok_or_else(|| ApiError::invalid("this model has no chat template; use /v1/completions", None))?;
+    let template = state.chat_template.as_ref().ok_or_else(|| {
+        ApiError::invalid("this model has no chat template; use /v1/completions", None)
+    })?;
     if request.messages.is_empty() {
-        return Err(ApiError::invalid("messages must not be empty", Some("messages")));
+        return Err(ApiError::invalid(
+            "messages must not be empty",
+            Some("messages"),
+        ));
     }
-    let messages = request.messages.iter().map(|m| Ok(ChatMessage::new(m.role.as_str(), m.text()?))).collect::<Result<Vec<_>, ApiError>>()?;
-    let rendered = template.render(&messages, true).map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))?;
-    state.tokenizer.encode(&rendered, false).map_err(|e| ApiError::internal(e.to_string()))
+    let messages = request
+        .messages
+        .iter()
+        .map(|m| Ok(ChatMessage::new(m.role.as_str(), m.text()?)))
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let rendered = template
+        .render(&messages, true)
+        .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))?;
+    state
+        .tokenizer
+        .encode(&rendered, false)
+        .map_err(|e| ApiError::internal(e.to_string()))
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(request): ApiJson<ChatRequest>) -> Result<Response, ApiError> {
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    ApiJson(request): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
     check_model(&state, &request.common.model)?;
     let prompt = chat_prompt(&state, &request)?;
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
-    let params = request.common.params(request.max_completion_tokens.or(request.common.max_tokens), None, logprobs, prompt.len(), &state.limits, &state.defaults)?;
+    let params = request.common.params(
+        request.max_completion_tokens.or(request.common.max_tokens),
+        None,
+        logprobs,
+        prompt.len(),
+        &state.limits,
+        &state.defaults,
+    )?;
     let n = request.common.n.unwrap_or(1);
     let choices = submit(&state, &prompt, &params, n, 0)?;
     let id = request_id("chatcmpl");
     let created = now();
     let model = state.model_name.clone();
     if request.common.stream {
-        let include_usage = request.common.stream_options.is_some_and(|o| o.include_usage);
-        return Ok(sse(stream_chat(choices, id, created, model, prompt.len(), include_usage, request.logprobs)));
+        let include_usage = request
+            .common
+            .stream_options
+            .is_some_and(|o| o.include_usage);
+        return Ok(sse(stream_chat(
+            choices,
+            id,
+            created,
+            model,
+            prompt.len(),
+            include_usage,
+            request.logprobs,
+        )));
     }
     let mut results = Vec::new();
-    let mut usage = Usage { prompt_tokens: prompt.len(), ..Usage::default() };
+    let mut usage = Usage {
+        prompt_tokens: prompt.len(),
+        ..Usage::default()
+    };
     for choice in choices {
         let index = choice.index;
         let c = collect(choice).await?;
@@ -254,8 +347,12 @@ async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(request): 
 fn sse(events: impl Stream<Item = Value> + Send + 'static) -> Response {
     let events = events
         .map(|value| Ok::<_, Infallible>(SseEvent::default().data(value.to_string())))
-        .chain(stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
-    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+        .chain(stream::once(async {
+            Ok(SseEvent::default().data("[DONE]"))
+        }));
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// Events of several choices, interleaved, tagged with their index.
@@ -266,7 +363,15 @@ fn merged(choices: Vec<Choice>) -> impl Stream<Item = (usize, Event)> + Send {
     }))
 }
 
-fn stream_chat(choices: Vec<Choice>, id: String, created: u64, model: String, prompt_tokens: usize, include_usage: bool, logprobs: bool) -> impl Stream<Item = Value> + Send {
+fn stream_chat(
+    choices: Vec<Choice>,
+    id: String,
+    created: u64,
+    model: String,
+    prompt_tokens: usize,
+    include_usage: bool,
+    logprobs: bool,
+) -> impl Stream<Item = Value> + Send {
     let chunk = {
         let (id, model) = (id.clone(), model.clone());
         move |choices: Value| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices})
@@ -297,26 +402,52 @@ fn stream_chat(choices: Vec<Choice>, id: String, created: u64, model: String, pr
     stream::iter(first).chain(body).chain(usage)
 }
 
-async fn completions(State(state): State<Arc<AppState>>, ApiJson(request): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    ApiJson(request): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
     check_model(&state, &request.common.model)?;
     if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix is not supported", Some("suffix")));
     }
     if request.logprobs.is_some_and(|k| k > 5) {
-        return Err(ApiError::invalid("logprobs must be at most 5", Some("logprobs")));
+        return Err(ApiError::invalid(
+            "logprobs must be at most 5",
+            Some("logprobs"),
+        ));
     }
     let prompts: Vec<Vec<u32>> = match &request.prompt {
-        Prompt::Text(text) => vec![state.tokenizer.encode(text, true).map_err(|e| ApiError::internal(e.to_string()))?],
-        Prompt::Texts(texts) => texts.iter().map(|t| state.tokenizer.encode(t, true).map_err(|e| ApiError::internal(e.to_string()))).collect::<Result<_, _>>()?,
+        Prompt::Text(text) => vec![state
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| ApiError::internal(e.to_string()))?],
+        Prompt::Texts(texts) => texts
+            .iter()
+            .map(|t| {
+                state
+                    .tokenizer
+                    .encode(t, true)
+                    .map_err(|e| ApiError::internal(e.to_string()))
+            })
+            .collect::<Result<_, _>>()?,
         Prompt::Ids(ids) => vec![ids.clone()],
         Prompt::IdLists(lists) => lists.clone(),
     };
     if prompts.is_empty() {
-        return Err(ApiError::invalid("prompt must not be empty", Some("prompt")));
+        return Err(ApiError::invalid(
+            "prompt must not be empty",
+            Some("prompt"),
+        ));
     }
     for prompt in &prompts {
         if let Some(bad) = prompt.iter().find(|&&t| t as usize >= state.vocab_size) {
-            return Err(ApiError::invalid(format!("token id {bad} is outside the vocabulary of {}", state.vocab_size), Some("prompt")));
+            return Err(ApiError::invalid(
+                format!(
+                    "token id {bad} is outside the vocabulary of {}",
+                    state.vocab_size
+                ),
+                Some("prompt"),
+            ));
         }
     }
     let n = request.common.n.unwrap_or(1);
@@ -324,17 +455,34 @@ async fn completions(State(state): State<Arc<AppState>>, ApiJson(request): ApiJs
     let mut prompt_tokens = 0;
     let mut echoes = Vec::new();
     for (p, prompt) in prompts.iter().enumerate() {
-        let params = request.common.params(request.common.max_tokens, Some(16), request.logprobs, prompt.len(), &state.limits, &state.defaults)?;
+        let params = request.common.params(
+            request.common.max_tokens,
+            Some(16),
+            request.logprobs,
+            prompt.len(),
+            &state.limits,
+            &state.defaults,
+        )?;
         choices.extend(submit(&state, prompt, &params, n, p * n)?);
         prompt_tokens += prompt.len();
-        let echo = if request.echo { state.tokenizer.decode(prompt, false).map_err(|e| ApiError::internal(e.to_string()))? } else { String::new() };
+        let echo = if request.echo {
+            state
+                .tokenizer
+                .decode(prompt, false)
+                .map_err(|e| ApiError::internal(e.to_string()))?
+        } else {
+            String::new()
+        };
         echoes.extend(std::iter::repeat_n(echo, n));
     }
     let id = request_id("cmpl");
     let created = now();
     let model = state.model_name.clone();
     if request.common.stream {
-        let include_usage = request.common.stream_options.is_some_and(|o| o.include_usage);
+        let include_usage = request
+            .common
+            .stream_options
+            .is_some_and(|o| o.include_usage);
         let logprobs = request.logprobs.is_some();
         let chunk = {
             let (id, model) = (id.clone(), model.clone());
@@ -344,7 +492,9 @@ async fn completions(State(state): State<Arc<AppState>>, ApiJson(request): ApiJs
             .iter()
             .enumerate()
             .filter(|(_, e)| !e.is_empty())
-            .map(|(i, e)| chunk(json!([{"index": i, "text": e, "logprobs": null, "finish_reason": null}])))
+            .map(|(i, e)| {
+                chunk(json!([{"index": i, "text": e, "logprobs": null, "finish_reason": null}]))
+            })
             .collect();
         let completion_tokens = Arc::new(AtomicUsize::new(0));
         let body = {
@@ -364,14 +514,19 @@ async fn completions(State(state): State<Arc<AppState>>, ApiJson(request): ApiJs
                 })
             })
         };
-        let tail = stream::once(async move { completion_tokens.load(Ordering::Relaxed) }).filter_map(move |completion_tokens| {
-            let usage = Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens };
-            std::future::ready(include_usage.then(|| {
-                let mut u = chunk(json!([]));
-                u["usage"] = json!(usage);
-                u
-            }))
-        });
+        let tail = stream::once(async move { completion_tokens.load(Ordering::Relaxed) })
+            .filter_map(move |completion_tokens| {
+                let usage = Usage {
+                    prompt_tokens,
+                    completion_tokens,
+                    total_tokens: prompt_tokens + completion_tokens,
+                };
+                std::future::ready(include_usage.then(|| {
+                    let mut u = chunk(json!([]));
+                    u["usage"] = json!(usage);
+                    u
+                }))
+            });
         return Ok(sse(stream::iter(first).chain(body).chain(tail)));
     }
     let mut results = Vec::new();
@@ -387,6 +542,10 @@ async fn completions(State(state): State<Arc<AppState>>, ApiJson(request): ApiJs
             "finish_reason": c.finish_reason,
         }));
     }
-    let usage = Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens };
+    let usage = Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens + completion_tokens,
+    };
     Ok(Json(json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": results, "usage": usage})).into_response())
 }

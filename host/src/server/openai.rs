@@ -25,22 +25,42 @@ pub struct ApiError {
 impl ApiError {
     /// 400: the request is invalid.
     pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        Self { status: 400, kind: "invalid_request_error", message: message.into(), param }
+        Self {
+            status: 400,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param,
+        }
     }
 
     /// 404: no such model.
     pub fn model_not_found(model: &str) -> Self {
-        Self { status: 404, kind: "invalid_request_error", message: format!("The model `{model}` does not exist."), param: Some("model") }
+        Self {
+            status: 404,
+            kind: "invalid_request_error",
+            message: format!("The model `{model}` does not exist."),
+            param: Some("model"),
+        }
     }
 
     /// 401: missing or wrong API key.
     pub fn unauthorized() -> Self {
-        Self { status: 401, kind: "authentication_error", message: "Invalid or missing API key (send `Authorization: Bearer <key>`).".into(), param: None }
+        Self {
+            status: 401,
+            kind: "authentication_error",
+            message: "Invalid or missing API key (send `Authorization: Bearer <key>`).".into(),
+            param: None,
+        }
     }
 
     /// 500/503: the server failed.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self { status: 500, kind: "server_error", message: message.into(), param: None }
+        Self {
+            status: 500,
+            kind: "server_error",
+            message: message.into(),
+            param: None,
+        }
     }
 
     /// The response body.
@@ -135,12 +155,23 @@ impl InMessage {
             Some(Value::String(s)) => Ok(s.clone()),
             Some(Value::Array(parts)) => parts
                 .iter()
-                .map(|part| match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(text)) => Ok(text.to_owned()),
-                    _ => Err(ApiError::invalid("only text content parts are supported", Some("messages"))),
+                .map(|part| {
+                    match (
+                        part.get("type").and_then(Value::as_str),
+                        part.get("text").and_then(Value::as_str),
+                    ) {
+                        (Some("text"), Some(text)) => Ok(text.to_owned()),
+                        _ => Err(ApiError::invalid(
+                            "only text content parts are supported",
+                            Some("messages"),
+                        )),
+                    }
                 })
                 .collect(),
-            Some(_) => Err(ApiError::invalid("message content must be a string or a list of parts", Some("messages"))),
+            Some(_) => Err(ApiError::invalid(
+                "message content must be a string or a list of parts",
+                Some("messages"),
+            )),
         }
     }
 }
@@ -242,10 +273,16 @@ impl SamplingFields {
         };
         let n = self.n.unwrap_or(1);
         if n == 0 || n > limits.max_n {
-            return Err(ApiError::invalid(format!("n must be between 1 and {}", limits.max_n), Some("n")));
+            return Err(ApiError::invalid(
+                format!("n must be between 1 and {}", limits.max_n),
+                Some("n"),
+            ));
         }
         if logprobs.is_some_and(|k| k > 20) {
-            return Err(ApiError::invalid("at most 20 top log-probabilities per token", Some("top_logprobs")));
+            return Err(ApiError::invalid(
+                "at most 20 top log-probabilities per token",
+                Some("top_logprobs"),
+            ));
         }
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(defaults.temperature),
@@ -258,25 +295,40 @@ impl SamplingFields {
             min_p: self.min_p.unwrap_or(defaults.min_p),
             seed: self.seed.map(|s| s as u64),
         };
-        sampling.validate().map_err(|m| ApiError::invalid(m, None))?;
+        sampling
+            .validate()
+            .map_err(|m| ApiError::invalid(m, None))?;
         if sampling.temperature > 2.0 {
-            return Err(ApiError::invalid(format!("temperature must be at most 2, got {}", sampling.temperature), Some("temperature")));
+            return Err(ApiError::invalid(
+                format!(
+                    "temperature must be at most 2, got {}",
+                    sampling.temperature
+                ),
+                Some("temperature"),
+            ));
         }
         let penalties = Penalties {
             frequency: self.frequency_penalty.unwrap_or(0.0),
             presence: self.presence_penalty.unwrap_or(0.0),
             repetition: self.repetition_penalty.unwrap_or(1.0),
         };
-        penalties.validate().map_err(|m| ApiError::invalid(m, None))?;
+        penalties
+            .validate()
+            .map_err(|m| ApiError::invalid(m, None))?;
         let stop = match &self.stop {
             Stop::None => Vec::new(),
             Stop::One(s) => vec![s.clone()],
-            Stop::Many(list) if list.len() > 16 => return Err(ApiError::invalid("at most 16 stop strings", Some("stop"))),
+            Stop::Many(list) if list.len() > 16 => {
+                return Err(ApiError::invalid("at most 16 stop strings", Some("stop")))
+            }
             Stop::Many(list) => list.clone(),
         };
         let min_tokens = self.min_tokens.unwrap_or(0);
         if min_tokens > max_tokens {
-            return Err(ApiError::invalid("min_tokens must not exceed max_tokens", Some("min_tokens")));
+            return Err(ApiError::invalid(
+                "min_tokens must not exceed max_tokens",
+                Some("min_tokens"),
+            ));
         }
         Ok(GenerationParams {
             sampling,

@@ -43,7 +43,11 @@ impl Gemma3Params {
         // transformers 5 nests the two rotary setups under `rope_parameters`
         // by attention type; earlier configs have `rope_theta`/`rope_scaling`
         // and `rope_local_base_freq`.
-        let nested = |kind: &str| raw.get("rope_parameters").and_then(|p| p.get(kind)).filter(|p| p.is_object());
+        let nested = |kind: &str| {
+            raw.get("rope_parameters")
+                .and_then(|p| p.get(kind))
+                .filter(|p| p.is_object())
+        };
         let (theta, scaling) = match nested("full_attention") {
             Some(full) => {
                 let mut flat = raw.clone();
@@ -52,23 +56,37 @@ impl Gemma3Params {
             }
             None => config.rope()?,
         };
-        let local_theta = match nested("sliding_attention").and_then(|p| p.get("rope_theta")).and_then(Value::as_f64) {
+        let local_theta = match nested("sliding_attention")
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(Value::as_f64)
+        {
             Some(theta) => theta,
             None => config.opt_f64("rope_local_base_freq")?.unwrap_or(10_000.0),
         };
         let sliding = match raw.get("layer_types").and_then(Value::as_array) {
-            Some(types) if types.len() == layers => types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect(),
+            Some(types) if types.len() == layers => types
+                .iter()
+                .map(|t| t.as_str() == Some("sliding_attention"))
+                .collect(),
             Some(types) => {
-                return Err(Error::invalid(format!("config.json `layer_types` has {} entries for {layers} layers", types.len())))
+                return Err(Error::invalid(format!(
+                    "config.json `layer_types` has {} entries for {layers} layers",
+                    types.len()
+                )))
             }
             None => {
-                let pattern = config.opt_u32("sliding_window_pattern")?.unwrap_or(6).max(1) as usize;
+                let pattern = config
+                    .opt_u32("sliding_window_pattern")?
+                    .unwrap_or(6)
+                    .max(1) as usize;
                 (0..layers).map(|i| (i + 1) % pattern != 0).collect()
             }
         };
         let mut global_rope = RotaryEmbedding::new(u64::from(kv.head_dim), theta);
         global_rope.scaling = scaling;
-        let query_pre_attn_scalar = config.opt_f64("query_pre_attn_scalar")?.unwrap_or(f64::from(kv.head_dim));
+        let query_pre_attn_scalar = config
+            .opt_f64("query_pre_attn_scalar")?
+            .unwrap_or(f64::from(kv.head_dim));
         Ok(Self {
             vocab_size: u64::from(config.u32("vocab_size")?),
             hidden_size: u64::from(config.u32("hidden_size")?),
@@ -78,7 +96,10 @@ impl Gemma3Params {
             head_dim: u64::from(kv.head_dim),
             eps: config.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
             global_rope,
-            local_rope: RotaryEmbedding { scaling: RopeScaling::Default, ..RotaryEmbedding::new(u64::from(kv.head_dim), local_theta) },
+            local_rope: RotaryEmbedding {
+                scaling: RopeScaling::Default,
+                ..RotaryEmbedding::new(u64::from(kv.head_dim), local_theta)
+            },
             sliding_window: config.opt_u32("sliding_window")?,
             sliding,
             query_scale: query_pre_attn_scalar.powf(-0.5) as f32,
@@ -110,7 +131,11 @@ impl Gemma3Params {
                     softcap: self.attn_softcap,
                     dtype,
                 };
-                let rope = if sliding { self.local_rope.clone() } else { self.global_rope.clone() };
+                let rope = if sliding {
+                    self.local_rope.clone()
+                } else {
+                    self.global_rope.clone()
+                };
                 let mut attention = AttentionWithRope::new(config, rope, layer as u32);
                 attention.q_norm = Some(norm(self.head_dim));
                 attention.k_norm = Some(norm(self.head_dim));
@@ -120,7 +145,12 @@ impl Gemma3Params {
                     post_attention_layernorm: Norm::Rms(norm(self.hidden_size)),
                     pre_feedforward_layernorm: Some(Norm::Rms(norm(self.hidden_size))),
                     post_feedforward_layernorm: Some(Norm::Rms(norm(self.hidden_size))),
-                    mlp: Mlp::gated(self.hidden_size, self.intermediate_size, dtype, Activation::GeluTanh),
+                    mlp: Mlp::gated(
+                        self.hidden_size,
+                        self.intermediate_size,
+                        dtype,
+                        Activation::GeluTanh,
+                    ),
                 }
             })
             .collect();
@@ -147,8 +177,15 @@ pub fn gemma3_config(request: &ConfigRequest) -> Result<ArchConfig> {
 
 /// The Gemma 3 graph.
 pub fn gemma3_graph(request: &GraphRequest) -> Result<GraphIr> {
-    let params = Gemma3Params::parse(&HfConfig::new(&request.config.model)?, &request.config.model)?;
-    let offset = if request.weights_format == Some(WeightsFormat::Gguf) { 0.0 } else { 1.0 };
+    let params = Gemma3Params::parse(
+        &HfConfig::new(&request.config.model)?,
+        &request.config.model,
+    )?;
+    let offset = if request.weights_format == Some(WeightsFormat::Gguf) {
+        0.0
+    } else {
+        1.0
+    };
     let model = params.transformer(offset);
     match &request.state_dict {
         Some(state) => model.load_state_dict(state)?,
@@ -161,7 +198,9 @@ pub fn gemma3_graph(request: &GraphRequest) -> Result<GraphIr> {
         logits = &ops::tanh(&(&logits * (1.0 / f64::from(cap)))) * f64::from(cap);
     }
     graph.output(&[&logits]);
-    graph.build().map_err(|e| Error::invalid(format!("building the graph: {e}")))
+    graph
+        .build()
+        .map_err(|e| Error::invalid(format!("building the graph: {e}")))
 }
 
 /// llama.cpp's Gemma 3 names: like Llama's, but its `ffn_norm` is the norm
@@ -197,8 +236,12 @@ pub fn plugin() -> Plugin {
             .with_example_repo_ids(["google/gemma-3-270m", "google/gemma-3-1b-it"])
             .with_config(gemma3_config)
             .with_graph(gemma3_graph)
-            .with_weight_adapter(WeightsFormat::Safetensors, |r| Ok(adapters::rename(r, adapters::hf_decoder_name)))
-            .with_weight_adapter(WeightsFormat::Gguf, |r| Ok(adapters::rename(r, gemma3_gguf_name))),
+            .with_weight_adapter(WeightsFormat::Safetensors, |r| {
+                Ok(adapters::rename(r, adapters::hf_decoder_name))
+            })
+            .with_weight_adapter(WeightsFormat::Gguf, |r| {
+                Ok(adapters::rename(r, gemma3_gguf_name))
+            }),
     )
 }
 
@@ -223,23 +266,46 @@ mod tests {
     fn five_of_six_layers_slide_by_default() {
         let raw = gemma_270m();
         let params = Gemma3Params::parse(&HfConfig::new(&raw).unwrap(), &raw).unwrap();
-        let globals: Vec<usize> = params.sliding.iter().enumerate().filter(|(_, s)| !**s).map(|(i, _)| i).collect();
+        let globals: Vec<usize> = params
+            .sliding
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !**s)
+            .map(|(i, _)| i)
+            .collect();
         assert_eq!(globals, [5, 11, 17]);
         assert_eq!(params.query_scale, 1.0 / 16.0);
     }
 
     #[test]
     fn gguf_norm_names_follow_gemma() {
-        assert_eq!(gemma3_gguf_name("blk.2.ffn_norm.weight").unwrap(), "layers.2.pre_feedforward_layernorm.weight");
-        assert_eq!(gemma3_gguf_name("blk.2.post_attention_norm.weight").unwrap(), "layers.2.post_attention_layernorm.weight");
-        assert_eq!(gemma3_gguf_name("blk.2.post_ffw_norm.weight").unwrap(), "layers.2.post_feedforward_layernorm.weight");
+        assert_eq!(
+            gemma3_gguf_name("blk.2.ffn_norm.weight").unwrap(),
+            "layers.2.pre_feedforward_layernorm.weight"
+        );
+        assert_eq!(
+            gemma3_gguf_name("blk.2.post_attention_norm.weight").unwrap(),
+            "layers.2.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            gemma3_gguf_name("blk.2.post_ffw_norm.weight").unwrap(),
+            "layers.2.post_feedforward_layernorm.weight"
+        );
     }
 
     #[test]
     fn the_graph_has_post_norms_and_no_lm_head() {
-        let request = ConfigRequest { hf_config: gemma_270m(), max_length: Some(1024) };
+        let request = ConfigRequest {
+            hf_config: gemma_270m(),
+            max_length: Some(1024),
+        };
         let config = gemma3_config(&request).unwrap();
-        let ir = gemma3_graph(&GraphRequest { config, weights_format: None, state_dict: None }).unwrap();
+        let ir = gemma3_graph(&GraphRequest {
+            config,
+            weights_format: None,
+            state_dict: None,
+        })
+        .unwrap();
         let names: Vec<&str> = ir.weights.iter().map(|w| w.name.as_str()).collect();
         assert!(names.contains(&"layers.0.post_feedforward_layernorm.weight"));
         assert!(names.contains(&"layers.0.self_attn.k_norm.weight"));
