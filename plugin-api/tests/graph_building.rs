@@ -226,8 +226,7 @@ fn load_state_dict_reports_every_problem_in_one_error() {
     let mut state: StateDict = model.raw_state_dict();
     state.remove("layers.0.fc1.weight"); // missing
     state.get_mut("layers.0.fc2.weight").unwrap().shape = vec![4, 9]; // mis-shaped
-    state.get_mut("layers.1.scale").unwrap().dtype = DType::BF16; // mis-typed
-    state.get_mut("layers.1.scale").unwrap().encoding = Encoding::BFloat16;
+    state.get_mut("layers.1.scale").unwrap().dtype = DType::I64; // mis-typed
     let mut extra = state["layers.0.scale"].clone();
     extra.name = "layers.0.extra".into();
     state.insert(extra.name.clone(), extra); // unexpected
@@ -236,7 +235,7 @@ fn load_state_dict_reports_every_problem_in_one_error() {
         "4 problem(s)",
         "missing `layers.0.fc1.weight` (f32 [8, 4])",
         "`layers.0.fc2.weight` has shape [4, 9], the module expects [4, 8]",
-        "`layers.1.scale` is bf16, the module expects f32",
+        "`layers.1.scale` is i64, the module expects f32",
         "unexpected `layers.0.extra`",
     ] {
         assert!(
@@ -247,6 +246,22 @@ fn load_state_dict_reports_every_problem_in_one_error() {
     assert!(
         model.state_dict().len() < 8,
         "failed loads do not bind everything"
+    );
+}
+
+#[test]
+fn other_float_widths_load_as_storage_encodings() {
+    let model = model();
+    let mut state = model.raw_state_dict();
+    for spec in state.values_mut() {
+        spec.dtype = DType::BF16;
+        spec.encoding = Encoding::BFloat16;
+    }
+    model.load_state_dict(&state).unwrap();
+    let loaded = &model.state_dict()["layers.0.scale"];
+    assert_eq!(
+        (loaded.dtype, loaded.encoding),
+        (DType::F32, Encoding::BFloat16)
     );
 }
 

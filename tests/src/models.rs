@@ -15,16 +15,31 @@ pub fn write_model_dir(
     dir: &Path,
     sharded: bool,
 ) {
+    write_model_dir_as(config, weights, dir, sharded, Dtype::F32);
+}
+
+/// [`write_model_dir`] with the weights stored as `dtype` (F32, F16 or BF16).
+pub fn write_model_dir_as(
+    config: &serde_json::Value,
+    weights: &BTreeMap<String, FixtureTensor>,
+    dir: &Path,
+    sharded: bool,
+    dtype: Dtype,
+) {
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let encode = |v: f64| -> Vec<u8> {
+        match dtype {
+            Dtype::BF16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+            Dtype::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+            _ => (v as f32).to_le_bytes().to_vec(),
+        }
+    };
     let tensors: Vec<(String, Vec<u8>, Vec<usize>)> = weights
         .iter()
         .map(|(name, t)| {
             (
                 name.clone(),
-                t.values()
-                    .iter()
-                    .flat_map(|&v| (v as f32).to_le_bytes())
-                    .collect(),
+                t.values().iter().flat_map(|&v| encode(v)).collect(),
                 t.shape.clone(),
             )
         })
@@ -34,7 +49,7 @@ pub fn write_model_dir(
         .map(|(name, bytes, shape)| {
             (
                 name.clone(),
-                TensorView::new(Dtype::F32, shape.clone(), bytes).unwrap(),
+                TensorView::new(dtype, shape.clone(), bytes).unwrap(),
             )
         })
         .collect();

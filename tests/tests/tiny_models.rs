@@ -413,3 +413,43 @@ fn tiny_phi3_with_fused_qkv_and_gate_up_matches_transformers() {
 fn tiny_gpt2_with_learned_positions_and_conv1d_matches_transformers() {
     matches_transformers("tiny_gpt2.json", false);
 }
+
+#[test]
+fn bf16_checkpoints_are_decoded_on_use() {
+    // The fixture's weights are multiples of 1/64, exact in bf16: the same
+    // logits must come out of a bf16 safetensors checkpoint.
+    let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
+    let dir = tempfile::tempdir().unwrap();
+    kiln_tests::models::write_model_dir_as(
+        &config,
+        &weights,
+        dir.path(),
+        false,
+        safetensors::Dtype::BF16,
+    );
+    let registry = ArchitectureRegistry::load(&[]).unwrap();
+    let options = LoadOptions {
+        max_length: None,
+        precision: Precision::Exact,
+        compile_cache: CompileCache::disabled(),
+    };
+    let model = kiln_host::model::load(
+        &registry,
+        resolve(dir.path().to_str().unwrap(), None, None).unwrap(),
+        &options,
+    )
+    .unwrap();
+    let reference: TinyModel = serde_json::from_str(
+        &std::fs::read_to_string(
+            kiln_tests::workspace_root().join("tests/fixtures/reference/tiny_llama.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    for (prompt, logits) in reference.prompts.iter().zip(&reference.logits) {
+        let prompt: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
+        let mut generator = kiln_host::engine::Generator::new(&model, prompt.len());
+        let out = generator.feed(&prompt, false).unwrap().remove(0);
+        check(&out, &row(logits, prompt.len() - 1), "bf16 checkpoint");
+    }
+}

@@ -207,7 +207,8 @@ impl Executor {
             let dense = match self.dense[index].get() {
                 Some(t) => t,
                 None => {
-                    let t = self.weights[index].to_tensor()?;
+                    let t =
+                        self.weights[index].to_tensor(self.program.graph.weights[index].dtype)?;
                     self.dense[index].get_or_init(|| t)
                 }
             };
@@ -310,7 +311,7 @@ impl Executor {
         match self.dense[index].get() {
             Some(t) => Ok(t),
             None => {
-                let t = self.weights[index].to_tensor()?;
+                let t = self.weights[index].to_tensor(self.program.graph.weights[index].dtype)?;
                 Ok(self.dense[index].get_or_init(|| t))
             }
         }

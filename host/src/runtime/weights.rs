@@ -114,14 +114,14 @@ impl WeightData {
         Ok(())
     }
 
-    /// The whole weight as an f32 tensor of its logical type.
-    pub fn to_tensor(&self) -> Result<Tensor, String> {
+    /// The whole weight decoded as a tensor of `dtype` (the graph's logical type).
+    pub fn to_tensor(&self, dtype: kiln_plugin_api::graph::DType) -> Result<Tensor, String> {
         let shape: Vec<usize> = self.spec.shape.iter().map(|&d| d as usize).collect();
         let cols = *shape.last().unwrap_or(&1);
         let rows = self.elements() / cols.max(1);
         let mut values = vec![0f32; self.elements()];
         self.decode_rows(0..rows, &mut values)?;
-        Ok(Tensor::from_f32(self.spec.dtype, shape, values))
+        Ok(Tensor::from_f32(dtype, shape, values))
     }
 }
 

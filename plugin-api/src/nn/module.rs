@@ -164,7 +164,9 @@ pub trait Module {
 
     /// Finalizes weight names and binds the checkpoint's weights to them,
     /// rejecting missing, unexpected, mis-shaped and mis-typed weights in one
-    /// error that names each.
+    /// error that names each. A weight keeps the module's dtype and takes the
+    /// checkpoint's storage encoding: quantized blocks (for quantizable
+    /// weights) or another float width, decoded by the host on use.
     fn load_state_dict(&self, state: &StateDict) -> Result<()> {
         let mut problems = Vec::new();
         let mut used = std::collections::BTreeSet::new();
@@ -193,9 +195,11 @@ pub trait Module {
                 ));
                 return;
             }
-            if !quantized && given.dtype != expected.dtype {
+            // Another float width is a storage encoding: the host decodes it
+            // to the module's dtype on use. Anything else cannot be a weight.
+            if !given.dtype.is_float() {
                 problems.push(format!(
-                    "`{name}` is {}, the module expects {} (cast it in the weight adapter)",
+                    "`{name}` is {}, the module expects {}",
                     given.dtype, expected.dtype
                 ));
                 return;
