@@ -148,6 +148,15 @@ impl From<PrecisionArg> for crate::runtime::Precision {
     }
 }
 
+/// How `host generate` prints its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Stream text to the terminal.
+    Text,
+    /// One JSON object at the end.
+    Json,
+}
+
 /// Options of `host generate`.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_ids"])))]
@@ -210,9 +219,9 @@ pub struct GenerateArgs {
     #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
     pub precision: PrecisionArg,
 
-    /// Print `{"prompt_ids", "generated_ids", "text"}` instead of streaming.
-    #[arg(long)]
-    pub json: bool,
+    /// `text` streams the output; `json` prints `{"prompt_ids", "generated_ids", "text"}`.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
 
     /// Write the prompt's teacher-forced logits, float32 [prompt_len, vocab], to this .npy file.
     #[arg(long, value_name = "PATH")]

@@ -25,7 +25,7 @@ rendering the tokenizer's chat template (add_generation_prompt=True) and
 tokenizing the rendered text without adding special tokens (the template
 writes them). A model without a chat template gets the question as plain text.
 
-Run (about 5 minutes for all three models on 2 cores):
+Run (10–20 minutes for all three models on 2 cores):
 
     /root/venvs/ref/bin/python tests/real_models/gen_references.py [--models DIR] [--out DIR] [--only KEY ...]
 
@@ -39,10 +39,12 @@ import os
 import sys
 import time
 
-import numpy as np
-import torch
-import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion bars
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 # key, GGUF file name, whether Kiln runs it yet (informational; the Rust
 # test keeps its own list).
@@ -233,6 +235,7 @@ def main():
     args = parser.parse_args()
     out = args.out or os.path.join(args.models, "references")
     torch.manual_seed(0)
+    transformers.utils.logging.disable_progress_bar()
     done = 0
     for key, name in MODELS:
         if args.only and key not in args.only:

@@ -98,7 +98,16 @@ except openai.BadRequestError as e:
     assert "temperature" in str(e)
 report("errors")
 
-# Concurrency: 32 clients, mixed lengths, some leave mid-stream.
+# Concurrency: 32 clients, mixed lengths, some leave mid-stream. Every
+# completed answer must equal the same request run alone.
+def job(i):
+    return f"Item {i % 6}: " + "word " * (i % 6) * 9, 4 + i % 6
+
+
+expected = {}
+for i in range(6):
+    prompt, max_tokens = job(i)
+    expected[i] = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0).choices[0].text
 results, failures = {}, []
 
 
@@ -113,8 +122,10 @@ def worker(i):
             stream.close()
             results[i] = "left"
             return
-        out = client.completions.create(model=model, prompt=f"Item {i}: " + "word " * (i % 7) * 9, max_tokens=4 + i % 9, temperature=0)
+        prompt, max_tokens = job(i)
+        out = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
         assert out.choices[0].finish_reason in ("stop", "length")
+        assert out.choices[0].text == expected[i % 6], (i, out.choices[0].text, expected[i % 6])
         results[i] = out.choices[0].text
     except Exception as e:  # noqa: BLE001 - reported below
         failures.append(f"{i}: {e!r}")

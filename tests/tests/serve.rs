@@ -182,7 +182,8 @@ fn the_openai_client_works_against_smollm2_and_nothing_leaks() {
             "The capital of France is",
             "--max-new-tokens",
             "8",
-            "--json",
+            "--output",
+            "json",
         ],
         &[],
     );

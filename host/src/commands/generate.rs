@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use crate::cli::GenerateArgs;
+use crate::cli::{GenerateArgs, OutputFormat};
 use crate::compiler::{CompileCache, CompileOutcome};
 use crate::engine::defaults::generation_defaults;
 use crate::engine::{npy, Generator, Sampler, SamplingParams};
@@ -24,6 +24,7 @@ struct JsonOutput {
 /// Loads the model and generates.
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     super::check_device(&args.device)?;
+    let json = args.output == OutputFormat::Json;
     let registry = ArchitectureRegistry::load(&args.plugins.custom_architectures)?;
     let resolved = resolve(
         &args.model.model,
@@ -122,7 +123,7 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     }
     let mut next_logits = logits.pop().expect("the last row");
 
-    let stream_text = !args.json && model.tokenizer.is_some();
+    let stream_text = !json && model.tokenizer.is_some();
     let mut stream = model.tokenizer.as_ref().map(|t| t.decode_stream(true));
     let mut stdout = std::io::stdout().lock();
     let mut generated = Vec::new();
@@ -148,7 +149,7 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         }
         writeln!(stdout)?;
     }
-    if args.json {
+    if json {
         let text = match &model.tokenizer {
             Some(t) => t.decode(&generated, true)?,
             None => String::new(),
