@@ -10,3 +10,27 @@ pub use attention::{AttentionConfig, AttentionWithRope, Transformer, Transformer
 pub use layers::{Activation, Embedding, LayerNorm, Linear, Mlp, Norm, RmsNorm};
 pub use module::{Layer, Module, Registry, Sequential, StateDict, Weight};
 pub use rotary::{RopeScaling, RotaryEmbedding};
+
+use crate::graph::{Graph, GraphIr, RaggedBatch, TensorValue};
+
+/// Builds a decoder's graph: binds the checkpoint's weights to `model` (or,
+/// without a checkpoint, only gives every weight its full name), declares the
+/// ragged-batch inputs, and records `forward` as the graph's output.
+pub fn build_decoder_graph(
+    name: &str,
+    model: &dyn Module,
+    state_dict: Option<&StateDict>,
+    forward: impl FnOnce(&RaggedBatch) -> TensorValue,
+) -> crate::Result<GraphIr> {
+    match state_dict {
+        Some(state) => model.load_state_dict(state)?,
+        None => drop(model.raw_state_dict()),
+    }
+    let graph = Graph::new(name);
+    let batch = RaggedBatch::inputs(&graph);
+    let logits = forward(&batch);
+    graph.output(&[&logits]);
+    graph
+        .build()
+        .map_err(|e| crate::Error::invalid(format!("building the graph: {e}")))
+}

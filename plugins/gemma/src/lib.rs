@@ -4,10 +4,10 @@
 //! `query_pre_attn_scalar`, and sliding-window layers with their own rotary
 //! base interleaved with global ones.
 
-use kiln_plugin_api::graph::{ops, DType, Graph, GraphIr, RaggedBatch};
+use kiln_plugin_api::graph::{ops, DType, GraphIr};
 use kiln_plugin_api::nn::{
-    Activation, AttentionConfig, AttentionWithRope, Embedding, Mlp, Module, Norm, RmsNorm,
-    RopeScaling, RotaryEmbedding, Transformer, TransformerBlock,
+    build_decoder_graph, Activation, AttentionConfig, AttentionWithRope, Embedding, Mlp, Norm,
+    RmsNorm, RopeScaling, RotaryEmbedding, Transformer, TransformerBlock,
 };
 use kiln_plugin_api::{
     adapters, ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
@@ -187,20 +187,13 @@ pub fn gemma3_graph(request: &GraphRequest) -> Result<GraphIr> {
         1.0
     };
     let model = params.transformer(offset);
-    match &request.state_dict {
-        Some(state) => model.load_state_dict(state)?,
-        None => drop(model.raw_state_dict()),
-    }
-    let graph = Graph::new("gemma3");
-    let batch = RaggedBatch::inputs(&graph);
-    let mut logits = model.forward(&batch);
-    if let Some(cap) = params.final_softcap {
-        logits = &ops::tanh(&(&logits * (1.0 / f64::from(cap)))) * f64::from(cap);
-    }
-    graph.output(&[&logits]);
-    graph
-        .build()
-        .map_err(|e| Error::invalid(format!("building the graph: {e}")))
+    build_decoder_graph("gemma3", &model, request.state_dict.as_ref(), |batch| {
+        let logits = model.forward(batch);
+        match params.final_softcap {
+            Some(cap) => &ops::tanh(&(&logits * (1.0 / f64::from(cap)))) * f64::from(cap),
+            None => logits,
+        }
+    })
 }
 
 /// llama.cpp's Gemma 3 names: like Llama's, but its `ffn_norm` is the norm

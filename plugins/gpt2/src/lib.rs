@@ -20,9 +20,9 @@
 //! `ln_f` and (untied only) `lm_head`.
 
 use kiln_plugin_api::adapters::{self, AdaptRequest, AdaptResponse};
-use kiln_plugin_api::graph::{ops, AttentionSpec, DType, Graph, GraphIr, RaggedBatch, TensorValue};
+use kiln_plugin_api::graph::{ops, AttentionSpec, DType, GraphIr, RaggedBatch, TensorValue};
 use kiln_plugin_api::nn::{
-    Activation, Embedding, Layer, LayerNorm, Linear, Module, Registry, Weight,
+    build_decoder_graph, Activation, Embedding, Layer, LayerNorm, Linear, Module, Registry, Weight,
 };
 use kiln_plugin_api::{
     ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, KvCacheParams, Plugin,
@@ -452,17 +452,9 @@ pub fn gpt2_config(request: &ConfigRequest) -> Result<ArchConfig> {
 pub fn gpt2_graph(request: &GraphRequest) -> Result<GraphIr> {
     let params = Gpt2Params::parse(&request.config.model)?;
     let model = params.model(DType::F32, WeightLayout::of(request.weights_format));
-    match &request.state_dict {
-        Some(state) => model.load_state_dict(state)?,
-        None => drop(model.raw_state_dict()),
-    }
-    let graph = Graph::new("gpt2");
-    let batch = RaggedBatch::inputs(&graph);
-    let logits = model.forward(&batch);
-    graph.output(&[&logits]);
-    graph
-        .build()
-        .map_err(|e| Error::invalid(format!("building the graph: {e}")))
+    build_decoder_graph("gpt2", &model, request.state_dict.as_ref(), |batch| {
+        model.forward(batch)
+    })
 }
 
 /// Hugging Face names: `transformer.` stripped (the original checkpoints have

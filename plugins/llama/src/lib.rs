@@ -5,10 +5,10 @@
 //! `kiln-plugin-api` module library. Weight adaptation and a tuned pipeline
 //! arrive with the checkpoint and built-in-architecture work.
 
-use kiln_plugin_api::graph::{DType, Graph, GraphIr, RaggedBatch};
+use kiln_plugin_api::graph::{DType, GraphIr};
 use kiln_plugin_api::nn::{
-    Activation, AttentionConfig, AttentionWithRope, Embedding, Linear, Mlp, Module, Norm, RmsNorm,
-    RotaryEmbedding, Transformer, TransformerBlock,
+    build_decoder_graph, Activation, AttentionConfig, AttentionWithRope, Embedding, Linear, Mlp,
+    Norm, RmsNorm, RotaryEmbedding, Transformer, TransformerBlock,
 };
 use kiln_plugin_api::{
     adapters, ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
@@ -197,18 +197,9 @@ pub fn with_decoder_adapters(arch: SupportedArchitecture) -> SupportedArchitectu
 /// The decoder graph of any Llama-shaped family, from its parameters.
 pub fn decoder_graph(params: &LlamaParams, request: &GraphRequest) -> Result<GraphIr> {
     let model = params.transformer(DType::F32);
-    match &request.state_dict {
-        Some(state) => model.load_state_dict(state)?,
-        // Without a checkpoint, still give every weight its full name.
-        None => drop(model.raw_state_dict()),
-    }
-    let graph = Graph::new("decoder");
-    let batch = RaggedBatch::inputs(&graph);
-    let logits = model.forward(&batch);
-    graph.output(&[&logits]);
-    graph
-        .build()
-        .map_err(|e| Error::invalid(format!("building the graph: {e}")))
+    build_decoder_graph("decoder", &model, request.state_dict.as_ref(), |batch| {
+        model.forward(batch)
+    })
 }
 
 /// The plugin: the family's architectures and their descriptors.
