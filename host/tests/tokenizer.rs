@@ -82,17 +82,13 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> T {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The directory of extracted real-model vocabularies, or `None` (with the
-/// reason printed) when the real-model tests cannot run.
-fn real_fixtures() -> Option<PathBuf> {
-    let Some(dir) = std::env::var_os(FIXTURES_ENV) else {
-        eprintln!(
-            "skipped: set {FIXTURES_ENV} to the directory generate.py extracted the real vocabularies to \
-             (e.g. /work/models/tokenizers)"
-        );
-        return None;
-    };
-    Some(PathBuf::from(dir))
+/// The directory of extracted real-model vocabularies. The tests that need
+/// it are `#[ignore]`d: run them with `--ignored` and the variable set.
+fn real_fixtures() -> PathBuf {
+    let dir = std::env::var_os(FIXTURES_ENV).unwrap_or_else(|| {
+        panic!("set {FIXTURES_ENV} to the directory generate.py extracted the real vocabularies to (e.g. /work/models/tokenizers)")
+    });
+    PathBuf::from(dir)
 }
 
 /// Every difference between the tokenizer and the golden data, one line each.
@@ -349,8 +345,9 @@ fn missing_files_are_reported() {
 }
 
 #[test]
+#[ignore = "developer-run: needs KILN_TOKENIZER_FIXTURES (host/tests/fixtures/tokenizer/generate.py)"]
 fn real_gguf_vocabularies_match_transformers() {
-    let Some(dir) = real_fixtures() else { return };
+    let dir = real_fixtures();
     let mut problems = Vec::new();
     for name in REAL {
         let path = dir.join(format!("{name}.json"));
@@ -382,8 +379,9 @@ fn real_gguf_vocabularies_match_transformers() {
 }
 
 #[test]
+#[ignore = "developer-run: needs KILN_TOKENIZER_FIXTURES (host/tests/fixtures/tokenizer/generate.py)"]
 fn real_tokenizer_json_matches_transformers() {
-    let Some(dir) = real_fixtures() else { return };
+    let dir = real_fixtures();
     let mut problems = Vec::new();
     for name in REAL {
         let path = dir.join(format!("{name}-hf/tokenizer.json"));

@@ -56,13 +56,10 @@ static HOST: Mutex<()> = Mutex::new(());
 fn models_dir(test: &str) -> Option<PathBuf> {
     match std::env::var_os("KILN_REAL_MODELS").filter(|v| !v.is_empty()) {
         Some(dir) => Some(PathBuf::from(dir)),
-        None => {
-            println!(
-                "{test}: skipped: set KILN_REAL_MODELS to the directory with the .gguf files and \
-                 references/ (see tests/real_models/README.md)"
-            );
-            None
-        }
+        None => panic!(
+            "{test}: set KILN_REAL_MODELS to the directory with the .gguf files and references/ \
+             (see tests/real_models/README.md)"
+        ),
     }
 }
 
@@ -90,19 +87,20 @@ fn model(test: &str, key: &str) -> Option<(PathBuf, PathBuf)> {
     let &(_, file, arch) = MODELS.iter().find(|m| m.0 == key).unwrap();
     let gguf = dir.join(file);
     let refs = dir.join("references").join(key);
-    if !gguf.exists() {
-        println!("{test}: skipped: {} is missing", gguf.display());
-        return None;
-    }
+    assert!(
+        gguf.exists(),
+        "{test}: {} is missing (tests/real_models/fetch_models.py)",
+        gguf.display()
+    );
     assert!(
         refs.join("manifest.json").exists(),
         "{} has no references: run tests/real_models/gen_references.py",
         refs.display()
     );
-    if !host_supports(arch) {
-        println!("{test}: skipped: the host has no plugin for GGUF architecture `{arch}` yet");
-        return None;
-    }
+    assert!(
+        host_supports(arch),
+        "{test}: the host has no plugin for GGUF architecture `{arch}`"
+    );
     Some((gguf, refs))
 }
 
@@ -390,31 +388,37 @@ fn fast(key: &str) {
 }
 
 #[test]
+#[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
 fn smollm2_135m_exact() {
     exact("smollm2-135m");
 }
 
 #[test]
+#[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
 fn smollm2_135m_fast() {
     fast("smollm2-135m");
 }
 
 #[test]
+#[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
 fn qwen2_5_coder_0_5b_exact() {
     exact("qwen2.5-coder-0.5b");
 }
 
 #[test]
+#[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
 fn qwen2_5_coder_0_5b_fast() {
     fast("qwen2.5-coder-0.5b");
 }
 
 #[test]
+#[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
 fn gemma3_270m_exact() {
     exact("gemma3-270m");
 }
 
 #[test]
+#[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
 fn gemma3_270m_fast() {
     fast("gemma3-270m");
 }
