@@ -6,7 +6,7 @@ committed as tests/real_models/llamacpp_tokens.json, so no Node is needed here,
 "default" = llama_tokenize(add_special=true, parse_special=true)), tokenizes
 every string with Kiln through the release host
 
-    host generate MODEL --prompt TEXT --max-new-tokens 1 --json   -> "prompt_ids"
+    host generate --model MODEL --prompt TEXT --max-new-tokens 1 --output json   -> "prompt_ids"
 
 (the tokenizer's default special-token handling, like transformers'
 `tokenizer(text)`), and reports per model how many strings agree exactly and
@@ -56,7 +56,7 @@ HF_DIRS = {
 
 def kiln_ids(host, model_path, text):
     proc = subprocess.run(
-        [host, "generate", model_path, "--prompt", text, "--max-new-tokens", "1", "--json"],
+        [host, "generate", "--model", model_path, "--prompt", text, "--max-new-tokens", "1", "--output", "json"],
         capture_output=True,
         text=True,
     )
