@@ -8,6 +8,8 @@ every string with Kiln through the release host
 
     host generate --model MODEL --prompt TEXT --max-new-tokens 1 --output json   -> "prompt_ids"
 
+(or `host generate MODEL ... --json` with a host built before that CLI change)
+
 (the tokenizer's default special-token handling, like transformers'
 `tokenizer(text)`), and reports per model how many strings agree exactly and
 every disagreement.
@@ -54,12 +56,22 @@ HF_DIRS = {
 }
 
 
+_NEW_CLI = {}
+
+
+def generate_cmd(host, model_path, text):
+    """`host generate` for the binary at hand: `--model M --output json` (current
+    CLI) or the older `generate M ... --json`."""
+    if host not in _NEW_CLI:
+        help_text = subprocess.run([host, "generate", "--help"], capture_output=True, text=True).stdout
+        _NEW_CLI[host] = "--output" in help_text
+    if _NEW_CLI[host]:
+        return [host, "generate", "--model", model_path, "--prompt", text, "--max-new-tokens", "1", "--output", "json"]
+    return [host, "generate", model_path, "--prompt", text, "--max-new-tokens", "1", "--json"]
+
+
 def kiln_ids(host, model_path, text):
-    proc = subprocess.run(
-        [host, "generate", "--model", model_path, "--prompt", text, "--max-new-tokens", "1", "--output", "json"],
-        capture_output=True,
-        text=True,
-    )
+    proc = subprocess.run(generate_cmd(host, model_path, text), capture_output=True, text=True)
     if proc.returncode != 0:
         last = proc.stderr.strip().splitlines()[-1:] or ["(no stderr)"]
         return None, f"exit {proc.returncode}: {last[0][:200]}"
