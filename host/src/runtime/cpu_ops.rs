@@ -177,6 +177,14 @@ pub fn broadcast_offsets(in_shape: &[usize], out_shape: &[usize]) -> Vec<usize> 
     if padded[first_real..] == out_shape[first_real..] {
         return (0..total).map(|i| i % in_len).collect();
     }
+    strided_offsets(out_shape, &effective)
+}
+
+/// The offset of every element of `shape`, in row-major order, in a buffer
+/// that steps by `strides` along each axis (0 for a broadcast axis).
+fn strided_offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
+    let total: usize = shape.iter().product();
+    let rank = shape.len();
     let mut offsets = Vec::with_capacity(total);
     let mut index = vec![0usize; rank];
     let mut offset = 0usize;
@@ -184,11 +192,11 @@ pub fn broadcast_offsets(in_shape: &[usize], out_shape: &[usize]) -> Vec<usize> 
         offsets.push(offset);
         for d in (0..rank).rev() {
             index[d] += 1;
-            offset += effective[d];
-            if index[d] < out_shape[d] {
+            offset += strides[d];
+            if index[d] < shape[d] {
                 break;
             }
-            offset -= effective[d] * index[d];
+            offset -= strides[d] * index[d];
             index[d] = 0;
         }
     }
@@ -501,23 +509,7 @@ pub fn permute(x: &Tensor, perm: &[usize]) -> Tensor {
     let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
     let in_strides = strides(&x.shape);
     let permuted: Vec<usize> = perm.iter().map(|&p| in_strides[p]).collect();
-    let total = x.len();
-    let rank = shape.len();
-    let mut offsets = Vec::with_capacity(total);
-    let mut index = vec![0usize; rank];
-    let mut offset = 0usize;
-    for _ in 0..total {
-        offsets.push(offset);
-        for d in (0..rank).rev() {
-            index[d] += 1;
-            offset += permuted[d];
-            if index[d] < shape[d] {
-                break;
-            }
-            offset -= permuted[d] * index[d];
-            index[d] = 0;
-        }
-    }
+    let offsets = strided_offsets(&shape, &permuted);
     Tensor {
         dtype: x.dtype,
         shape,

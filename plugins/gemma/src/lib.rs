@@ -212,20 +212,7 @@ pub fn plugin() -> Plugin {
     Plugin::new("gemma", env!("CARGO_PKG_VERSION")).with_architecture(
         SupportedArchitecture::new("Gemma3ForCausalLM", Task::TextGeneration)
             .with_aliases(["gemma3"])
-            .with_encodings(
-                Encoding::BFloat16,
-                [
-                    Encoding::Float32,
-                    Encoding::Float16,
-                    Encoding::BFloat16,
-                    Encoding::Q8_0,
-                    Encoding::Q4_0,
-                    Encoding::Q5_0,
-                    Encoding::Q4K,
-                    Encoding::Q5K,
-                    Encoding::Q6K,
-                ],
-            )
+            .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
             .with_example_repo_ids(["google/gemma-3-270m", "google/gemma-3-1b-it"])
             .with_config(gemma3_config)
             .with_graph(gemma3_graph)

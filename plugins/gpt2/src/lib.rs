@@ -30,21 +30,6 @@ use kiln_plugin_api::{
 };
 use serde_json::Value;
 
-/// Every encoding GPT-2 is meant to run.
-const ENCODINGS: [Encoding; 11] = [
-    Encoding::Float32,
-    Encoding::Float16,
-    Encoding::BFloat16,
-    Encoding::Q8_0,
-    Encoding::Q4_0,
-    Encoding::Q4_1,
-    Encoding::Q5_0,
-    Encoding::Q5_1,
-    Encoding::Q4K,
-    Encoding::Q5K,
-    Encoding::Q6K,
-];
-
 /// How a projection's weight is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightLayout {
@@ -514,7 +499,7 @@ pub fn plugin() -> Plugin {
     Plugin::new("gpt2", env!("CARGO_PKG_VERSION")).with_architecture(
         SupportedArchitecture::new("GPT2LMHeadModel", Task::TextGeneration)
             .with_aliases(["gpt2"])
-            .with_encodings(Encoding::Float32, ENCODINGS)
+            .with_encodings(Encoding::Float32, Encoding::ALL.iter().copied())
             .with_default_weights_format(WeightsFormat::Safetensors)
             .with_example_repo_ids(["openai-community/gpt2"])
             .with_config(gpt2_config)

@@ -15,23 +15,6 @@ use kiln_plugin_api::{
     SupportedArchitecture, Task, WeightsFormat,
 };
 
-/// Every encoding the Llama family is meant to run.
-const ENCODINGS: [Encoding; 13] = [
-    Encoding::Float32,
-    Encoding::Float16,
-    Encoding::BFloat16,
-    Encoding::Q8_0,
-    Encoding::Q4_0,
-    Encoding::Q4_1,
-    Encoding::Q5_0,
-    Encoding::Q5_1,
-    Encoding::Q2K,
-    Encoding::Q3K,
-    Encoding::Q4K,
-    Encoding::Q5K,
-    Encoding::Q6K,
-];
-
 /// Parses a Llama-style `config.json`: KV shape and sequence limit.
 pub fn llama_config(request: &ConfigRequest) -> Result<ArchConfig> {
     let config = HfConfig::new(&request.hf_config)?;
@@ -207,7 +190,7 @@ pub fn plugin() -> Plugin {
     let base = |name: &str, alias: &str| {
         let arch = SupportedArchitecture::new(name, Task::TextGeneration)
             .with_aliases([alias])
-            .with_encodings(Encoding::BFloat16, ENCODINGS)
+            .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
             .with_default_weights_format(WeightsFormat::Safetensors)
             .with_config(llama_config)
             .with_graph(llama_graph);

@@ -23,21 +23,6 @@ use kiln_plugin_api::{
 };
 use serde_json::Value;
 
-/// Every encoding Phi-3 is meant to run.
-const ENCODINGS: [Encoding; 11] = [
-    Encoding::Float32,
-    Encoding::Float16,
-    Encoding::BFloat16,
-    Encoding::Q8_0,
-    Encoding::Q4_0,
-    Encoding::Q4_1,
-    Encoding::Q5_0,
-    Encoding::Q5_1,
-    Encoding::Q4K,
-    Encoding::Q5K,
-    Encoding::Q6K,
-];
-
 /// Refuses what the Llama graph cannot compute for Phi-3: LongRoPE scaling
 /// and partial rotary embeddings.
 fn check_rope(raw: &Value) -> Result<()> {
@@ -222,7 +207,7 @@ pub fn plugin() -> Plugin {
     Plugin::new("phi3", env!("CARGO_PKG_VERSION")).with_architecture(
         SupportedArchitecture::new("Phi3ForCausalLM", Task::TextGeneration)
             .with_aliases(["phi3"])
-            .with_encodings(Encoding::BFloat16, ENCODINGS)
+            .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
             .with_default_weights_format(WeightsFormat::Safetensors)
             .with_example_repo_ids(["microsoft/Phi-3-mini-4k-instruct"])
             .with_config(phi3_config)

@@ -37,22 +37,7 @@ pub fn plugin() -> Plugin {
     let base = |name: &str, alias: &str| {
         let arch = SupportedArchitecture::new(name, Task::TextGeneration)
             .with_aliases([alias])
-            .with_encodings(
-                Encoding::BFloat16,
-                [
-                    Encoding::Float32,
-                    Encoding::Float16,
-                    Encoding::BFloat16,
-                    Encoding::Q8_0,
-                    Encoding::Q4_0,
-                    Encoding::Q4_1,
-                    Encoding::Q5_0,
-                    Encoding::Q5_1,
-                    Encoding::Q4K,
-                    Encoding::Q5K,
-                    Encoding::Q6K,
-                ],
-            )
+            .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
             .with_default_weights_format(WeightsFormat::Safetensors)
             .with_config(llama_config);
         with_decoder_adapters(arch)
