@@ -43,6 +43,19 @@ struct Step<'a> {
     blocks: Vec<i64>,
 }
 
+/// Loads a model directory with the built-in plugins, exact arithmetic and no
+/// compile cache, like a user's `--model DIR`.
+fn load_dir(dir: &std::path::Path) -> kiln_host::model::Model {
+    let registry = ArchitectureRegistry::load(&[]).unwrap();
+    let resolved = resolve(dir.to_str().unwrap(), None, None).unwrap();
+    let options = LoadOptions {
+        max_length: None,
+        precision: Precision::Exact,
+        compile_cache: CompileCache::disabled(),
+    };
+    kiln_host::model::load(&registry, resolved, &options).unwrap()
+}
+
 impl Engine {
     /// Writes the fixture as a Hugging Face model directory (config.json and
     /// safetensors, sharded in two when `sharded`) and loads it like a user's.
@@ -54,14 +67,7 @@ impl Engine {
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let dir = tempfile::tempdir().unwrap();
         write_model_dir(&model.config, &model.weights, dir.path(), sharded);
-        let registry = ArchitectureRegistry::load(&[]).unwrap();
-        let resolved = resolve(dir.path().to_str().unwrap(), None, None).unwrap();
-        let options = LoadOptions {
-            max_length: None,
-            precision: Precision::Exact,
-            compile_cache: CompileCache::disabled(),
-        };
-        let loaded = kiln_host::model::load(&registry, resolved, &options).unwrap();
+        let loaded = load_dir(dir.path());
         assert_eq!(loaded.architecture.info.name, model.architecture);
         assert!(
             loaded.unused_tensors.is_empty(),
@@ -308,18 +314,7 @@ fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_se
     let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
     let dir = tempfile::tempdir().unwrap();
     write_model_dir(&config, &weights, dir.path(), false);
-    let registry = ArchitectureRegistry::load(&[]).unwrap();
-    let options = LoadOptions {
-        max_length: None,
-        precision: Precision::Exact,
-        compile_cache: CompileCache::disabled(),
-    };
-    let model = kiln_host::model::load(
-        &registry,
-        resolve(dir.path().to_str().unwrap(), None, None).unwrap(),
-        &options,
-    )
-    .unwrap();
+    let model = load_dir(dir.path());
 
     let long: Vec<u32> = (1..=13).map(|t| (t * 7) % 96).collect();
     let mut shared = long[..9].to_vec();
@@ -427,18 +422,7 @@ fn bf16_checkpoints_are_decoded_on_use() {
         false,
         safetensors::Dtype::BF16,
     );
-    let registry = ArchitectureRegistry::load(&[]).unwrap();
-    let options = LoadOptions {
-        max_length: None,
-        precision: Precision::Exact,
-        compile_cache: CompileCache::disabled(),
-    };
-    let model = kiln_host::model::load(
-        &registry,
-        resolve(dir.path().to_str().unwrap(), None, None).unwrap(),
-        &options,
-    )
-    .unwrap();
+    let model = load_dir(dir.path());
     let reference: TinyModel = serde_json::from_str(
         &std::fs::read_to_string(
             kiln_tests::workspace_root().join("tests/fixtures/reference/tiny_llama.json"),

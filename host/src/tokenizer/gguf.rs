@@ -33,7 +33,7 @@ use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
-use super::{SpecialToken, SpecialTokens, Tokenizer, TokenizerError};
+use super::{SpecialTokens, Tokenizer, TokenizerError};
 
 /// The tokenizer metadata of a GGUF file (`tokenizer.ggml.*`), as plain values.
 ///
@@ -478,40 +478,24 @@ fn special_tokens(
     if flavour == Flavour::Gemma {
         named.push(Some("<mask>".to_owned()));
     }
-    let missing: Vec<AddedToken> = named
-        .iter()
-        .flatten()
-        .filter(|t| {
-            !inner
-                .get_added_vocabulary()
-                .get_vocab()
-                .contains_key(t.as_str())
-        })
-        .map(|t| AddedToken::from(t.as_str(), true))
-        .collect();
-    inner
-        .add_tokens(missing)
-        .map_err(|e| TokenizerError::backend("cannot add the named special tokens", e))?;
-
-    let resolve = |content: &Option<String>| {
-        content.as_ref().and_then(|content| {
-            inner.token_to_id(content).map(|id| SpecialToken {
-                content: content.clone(),
-                id,
-            })
-        })
-    };
+    let mut tokens =
+        super::register_named_tokens(inner, &named, "cannot add the named special tokens")?
+            .into_iter();
+    let (bos, eos, unk, pad) = (
+        tokens.next().flatten(),
+        tokens.next().flatten(),
+        tokens.next().flatten(),
+        tokens.next().flatten(),
+    );
     // Older SentencePiece files have no flag, and llama.cpp adds BOS to them.
     let add_bos_default = vocab.model == "llama";
-    let bos = resolve(&named[0]);
-    let eos = resolve(&named[1]);
     Ok(SpecialTokens {
         add_bos: vocab.add_bos_token.unwrap_or(add_bos_default) && bos.is_some(),
         add_eos: vocab.add_eos_token.unwrap_or(false) && eos.is_some(),
         bos,
         eos,
-        unk: resolve(&named[2]),
-        pad: resolve(&named[3]),
+        unk,
+        pad,
     })
 }
 

@@ -12,9 +12,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
-use tokenizers::AddedToken;
 
-use super::{SpecialToken, SpecialTokens, Tokenizer, TokenizerError};
+use super::{SpecialTokens, Tokenizer, TokenizerError};
 
 const CONFIG_FILE: &str = "tokenizer_config.json";
 const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
@@ -52,30 +51,13 @@ pub(super) fn load(path: PathBuf) -> Result<Tokenizer, TokenizerError> {
             }
         }
     }
-    let missing: Vec<AddedToken> = named
-        .iter()
-        .flatten()
-        .filter(|t| {
-            !inner
-                .get_added_vocabulary()
-                .get_vocab()
-                .contains_key(t.as_str())
-        })
-        .map(|t| AddedToken::from(t.as_str(), true))
-        .collect();
-    inner
-        .add_tokens(missing)
-        .map_err(|e| TokenizerError::backend("cannot add the configured special tokens", e))?;
-
-    let resolve = |content: &Option<String>| {
-        content.as_ref().and_then(|content| {
-            inner.token_to_id(content).map(|id| SpecialToken {
-                content: content.clone(),
-                id,
-            })
-        })
-    };
-    let (bos, eos) = (resolve(&named[0]), resolve(&named[1]));
+    let tokens = super::register_named_tokens(
+        &mut inner,
+        &named,
+        "cannot add the configured special tokens",
+    )?;
+    let token = |i: usize| tokens.get(i).cloned().flatten();
+    let (bos, eos, unk, pad) = (token(0), token(1), token(2), token(4));
     // What the file's post-processor adds around a text.
     let framing = inner
         .encode_fast("", true)
@@ -86,8 +68,8 @@ pub(super) fn load(path: PathBuf) -> Result<Tokenizer, TokenizerError> {
         add_eos: eos.as_ref().is_some_and(|e| framing.last() == Some(&e.id)),
         bos,
         eos,
-        unk: resolve(&named[2]),
-        pad: resolve(&named[4]),
+        unk,
+        pad,
     };
 
     let clean_up_spaces = config

@@ -291,6 +291,39 @@ fn clean_up_tokenization(text: &str) -> String {
     .fold(text.to_owned(), |text, (from, to)| text.replace(from, to))
 }
 
+/// Adds the named special tokens (BOS, EOS, …) the vocabulary lacks as special
+/// added tokens, and returns each one's text and id, in the order given.
+fn register_named_tokens(
+    inner: &mut tokenizers::Tokenizer,
+    named: &[Option<String>],
+    context: &'static str,
+) -> Result<Vec<Option<SpecialToken>>, TokenizerError> {
+    let missing: Vec<tokenizers::AddedToken> = named
+        .iter()
+        .flatten()
+        .filter(|t| {
+            !inner
+                .get_added_vocabulary()
+                .get_vocab()
+                .contains_key(t.as_str())
+        })
+        .map(|t| tokenizers::AddedToken::from(t.as_str(), true))
+        .collect();
+    inner
+        .add_tokens(missing)
+        .map_err(|e| TokenizerError::backend(context, e))?;
+    Ok(named
+        .iter()
+        .map(|content| {
+            let content = content.as_ref()?;
+            inner.token_to_id(content).map(|id| SpecialToken {
+                content: content.clone(),
+                id,
+            })
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,37 +20,8 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize)
         a.len() == m * k && b.len() == k * n && c.len() == m * n,
         "matmul sizes"
     );
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        c.fill(0.0);
-        return;
-    }
-    // SAFETY: the slices hold exactly the elements the strides address.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(2 * m * n * k),
-        );
-    }
+    // `b` is row-major: column stride 1, row stride n.
+    gemm_f32(a, b, (1, n as isize), c, m, k, n);
 }
 
 /// `y [m, n] = x [m, k] · wᵀ` with f32 `w [n, k]`.
@@ -59,29 +30,45 @@ pub fn linear(x: &[f32], w: &[f32], y: &mut [f32], m: usize, k: usize, n: usize)
         x.len() == m * k && w.len() == n * k && y.len() == m * n,
         "linear sizes"
     );
+    // `w` read as the k×n matrix wᵀ: column stride k, row stride 1.
+    gemm_f32(x, w, (k as isize, 1), y, m, k, n);
+}
+
+/// `dst [m, n] = lhs [m, k] · rhs`, with `lhs` and `dst` row-major and `rhs`
+/// a k×n matrix addressed by `(column stride, row stride)`. The callers check
+/// that the slices hold what the strides address.
+fn gemm_f32(
+    lhs: &[f32],
+    rhs: &[f32],
+    (rhs_cs, rhs_rs): (isize, isize),
+    dst: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) {
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        y.fill(0.0);
+        dst.fill(0.0);
         return;
     }
-    // SAFETY: as above; `w` is read as the k×n matrix wᵀ (row stride 1, column stride k).
+    // SAFETY: lhs holds m×k, rhs k×n under its strides, dst m×n (asserted by the callers).
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            y.as_mut_ptr(),
+            dst.as_mut_ptr(),
             1,
             n as isize,
             false,
-            x.as_ptr(),
+            lhs.as_ptr(),
             1,
             k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
+            rhs.as_ptr(),
+            rhs_cs,
+            rhs_rs,
             0.0,
             1.0,
             false,
