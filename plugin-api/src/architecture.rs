@@ -11,6 +11,7 @@ use crate::adapters::{AdaptRequest, AdaptResponse};
 use crate::config::{ArchConfig, ConfigRequest, GraphRequest};
 use crate::error::{Error, Result};
 use crate::graph::GraphIr;
+use crate::pipeline::PipelineModel;
 
 /// Declares a string-backed enumeration: canonical names in both directions,
 /// so that the host and every plugin agree on the spelling that crosses the ABI.
@@ -214,6 +215,9 @@ pub struct SupportedArchitecture {
     /// Weight adapters by checkpoint format; a format without one keeps the
     /// checkpoint's names.
     pub weight_adapters: Vec<(WeightsFormat, Box<WeightAdapterFn>)>,
+    /// The architecture's own pipeline model; `None` runs the host's
+    /// [`DecoderPipeline`](crate::pipeline::DecoderPipeline).
+    pub pipeline: Option<Box<dyn PipelineModel>>,
 }
 
 impl SupportedArchitecture {
@@ -232,6 +236,7 @@ impl SupportedArchitecture {
             config: None,
             graph: None,
             weight_adapters: Vec::new(),
+            pipeline: None,
         }
     }
 
@@ -295,6 +300,13 @@ impl SupportedArchitecture {
         self.graph = Some(Box::new(graph));
         self
     }
+
+    /// Replaces the default [`DecoderPipeline`](crate::pipeline::DecoderPipeline)
+    /// with the architecture's own, for a graph that takes other inputs.
+    pub fn with_pipeline(mut self, pipeline: impl PipelineModel + 'static) -> Self {
+        self.pipeline = Some(Box::new(pipeline));
+        self
+    }
 }
 
 impl fmt::Debug for SupportedArchitecture {
@@ -311,6 +323,7 @@ impl fmt::Debug for SupportedArchitecture {
                     .map(|(f, _)| *f)
                     .collect::<Vec<_>>(),
             )
+            .field("custom_pipeline", &self.pipeline.is_some())
             .finish()
     }
 }

@@ -163,7 +163,10 @@ fn dispatch(entry: Entry, arch: &SupportedArchitecture, request: &[u8]) -> Resul
             serde_json::to_vec(&adapter(&request)?)
                 .map_err(|e| Error::internal(format!("cannot serialize the adaptation: {e}")))
         }
-        Entry::Pipeline => Err(unsupported()),
+        Entry::Pipeline => {
+            let pipeline = arch.pipeline.as_deref().ok_or_else(unsupported)?;
+            crate::pipeline::serve(pipeline, request)
+        }
     }
 }
 

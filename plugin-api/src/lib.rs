@@ -30,6 +30,7 @@ mod error;
 mod export;
 pub mod graph;
 pub mod nn;
+pub mod pipeline;
 mod version;
 
 pub use architecture::{

@@ -82,7 +82,7 @@ pub fn library_file_name(crate_name: &str) -> String {
 pub fn fixture_plugin(crate_name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        cargo_build(&workspace_root().join("tests/fixtures/Cargo.toml"));
+        cargo_build(&workspace_root().join("tests/fixtures/Cargo.toml"), &[]);
     });
     let path = fixture_target_dir()
         .join("debug")
@@ -92,6 +92,39 @@ pub fn fixture_plugin(crate_name: &str) -> PathBuf {
         "fixture build produced no {}",
         path.display()
     );
+    path
+}
+
+/// The built-in families that are also shared libraries (`plugins/<family>/cdylib`).
+pub const BUILTIN_FAMILIES: [&str; 5] = ["llama", "qwen", "gemma", "phi3", "gpt2"];
+
+/// Builds the built-in plugins' shared libraries once per test process and
+/// returns `family`'s. They are built into the fixture target directory with
+/// the fixtures' unoptimized profile, so they reuse its compiled dependencies.
+pub fn builtin_plugin_library(family: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let mut args = vec![
+            "--config",
+            "profile.dev.opt-level=0",
+            "--config",
+            "profile.dev.package.\"*\".opt-level=0",
+            "--config",
+            "profile.dev.package.kiln-kernels.opt-level=0",
+        ];
+        let packages: Vec<String> = BUILTIN_FAMILIES
+            .iter()
+            .map(|family| format!("kiln-plugin-{family}"))
+            .collect();
+        for package in &packages {
+            args.extend(["-p", package]);
+        }
+        cargo_build(&workspace_root().join("Cargo.toml"), &args);
+    });
+    let path = fixture_target_dir()
+        .join("debug")
+        .join(library_file_name(&format!("kiln_{family}")));
+    assert!(path.exists(), "the build produced no {}", path.display());
     path
 }
 
@@ -157,13 +190,13 @@ pub fn example_plugin_against_interface(
         plugin.join("Cargo.lock"),
     )
     .unwrap();
-    cargo_build(&plugin.join("Cargo.toml"));
+    cargo_build(&plugin.join("Cargo.toml"), &[]);
     fixture_target_dir()
         .join("debug")
         .join(library_file_name(&crate_name))
 }
 
-fn cargo_build(manifest: &Path) {
+fn cargo_build(manifest: &Path, extra_args: &[&str]) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(cargo)
         .arg("build")
@@ -171,6 +204,7 @@ fn cargo_build(manifest: &Path) {
         .arg(manifest)
         .arg("--target-dir")
         .arg(fixture_target_dir())
+        .args(extra_args)
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_TARGET_DIR")
         .output()

@@ -27,6 +27,15 @@ pub struct FixtureTensor {
 }
 
 impl FixtureTensor {
+    /// An f32 tensor of `shape` holding `values` (row-major).
+    pub fn f32(shape: Vec<usize>, values: &[f64]) -> Self {
+        Self {
+            dtype: "f32".to_owned(),
+            shape,
+            data: values.iter().map(|&v| Value::from(v)).collect(),
+        }
+    }
+
     /// The logical dtype.
     pub fn dtype(&self) -> DType {
         match self.dtype.as_str() {

@@ -6,7 +6,9 @@ use std::path::Path;
 use kiln_host::plugins::{load_plugin_file, ArchitectureRegistry};
 use kiln_plugin_api::abi::{PluginErrorKind, INTERFACE_VERSION};
 use kiln_plugin_api::ConfigRequest;
-use kiln_tests::{example_plugin_against_interface, fixture_plugin, run_host, text};
+use kiln_tests::{
+    builtin_plugin_library, example_plugin_against_interface, fixture_plugin, run_host, text,
+};
 use serde_json::{json, Value};
 
 fn list_json(plugins: &[&Path]) -> Vec<Value> {
@@ -363,4 +365,122 @@ fn the_registry_resolves_names_and_aliases_across_plugins() {
         max_length: None,
     };
     assert_eq!(llama.config(&request).unwrap().kv.head_dim, 64);
+}
+
+/// `host generate --output json` greedy ids for `prompt` with `args` added.
+fn generate_ids(
+    model: &Path,
+    prompt: &[i64],
+    new: usize,
+    extra: &[&str],
+) -> Result<Vec<i64>, String> {
+    let prompt: Vec<String> = prompt.iter().map(i64::to_string).collect();
+    let mut args = vec![
+        "generate".to_owned(),
+        "--model".to_owned(),
+        model.display().to_string(),
+        "--prompt-ids".to_owned(),
+        prompt.join(","),
+        "--max-new-tokens".to_owned(),
+        new.to_string(),
+        "--temperature".to_owned(),
+        "0".to_owned(),
+        "--output".to_owned(),
+        "json".to_owned(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let output = run_host(&args, &[]);
+    let (stdout, stderr) = text(&output);
+    if !output.status.success() {
+        return Err(stderr);
+    }
+    let json: Value = serde_json::from_str(&stdout).unwrap();
+    Ok(serde_json::from_value(json["generated_ids"].clone()).unwrap())
+}
+
+#[test]
+fn builtin_plugins_built_as_shared_libraries_generate_like_the_linked_ones() {
+    let fixtures = [
+        ("llama", "tiny_llama.json", "LlamaForCausalLM"),
+        ("qwen", "tiny_qwen3.json", "Qwen3ForCausalLM"),
+        ("gemma", "tiny_gemma3.json", "Gemma3ForCausalLM"),
+        ("phi3", "tiny_phi3.json", "Phi3ForCausalLM"),
+        ("gpt2", "tiny_gpt2.json", "GPT2LMHeadModel"),
+    ];
+    for (family, fixture, architecture) in fixtures {
+        let library = builtin_plugin_library(family);
+        let path = kiln_tests::workspace_root()
+            .join("tests/fixtures/reference")
+            .join(fixture);
+        let model: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let (config, weights) = kiln_tests::models::tiny_model(fixture);
+        let dir = tempfile::tempdir().unwrap();
+        kiln_tests::models::write_model_dir(&config, &weights, dir.path(), false);
+        let prompt: Vec<i64> = serde_json::from_value(model["prompts"][2].clone()).unwrap();
+        let expected: Vec<i64> = serde_json::from_value(model["greedy"].clone()).unwrap();
+
+        let listing = list_json(&[&library]);
+        assert_eq!(
+            entry(&listing, architecture)["source"],
+            library.display().to_string(),
+            "{family}: the shared library replaces the built-in"
+        );
+        let from_library = generate_ids(
+            dir.path(),
+            &prompt,
+            expected.len(),
+            &["--custom-architectures", library.to_str().unwrap()],
+        )
+        .unwrap();
+        assert_eq!(
+            from_library,
+            expected,
+            "{family} from {}",
+            library.display()
+        );
+        let linked = generate_ids(dir.path(), &prompt, expected.len(), &[]).unwrap();
+        assert_eq!(linked, expected, "{family} built in");
+    }
+}
+
+#[test]
+fn an_architecture_with_its_own_pipeline_model_drives_each_step() {
+    let plugin = fixture_plugin("pipeline-plugin");
+    let vocab = 16usize;
+    // Row i of the table peaks at i + 1 (mod vocab): greedy decoding counts.
+    let table: Vec<f64> = (0..vocab * vocab)
+        .map(|k| {
+            if k % vocab == (k / vocab + 1) % vocab {
+                4.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let weights = [(
+        "table".to_owned(),
+        kiln_tests::reference::FixtureTensor::f32(vec![vocab, vocab], &table),
+    )]
+    .into_iter()
+    .collect();
+    let config = json!({
+        "architectures": ["NextTokenLM"],
+        "vocab_size": vocab,
+        "max_position_embeddings": 64,
+    });
+    let dir = tempfile::tempdir().unwrap();
+    kiln_tests::models::write_model_dir(&config, &weights, dir.path(), false);
+    let with_plugin = ["--custom-architectures", plugin.to_str().unwrap()];
+
+    let ids = generate_ids(dir.path(), &[3, 9], 4, &with_plugin).unwrap();
+    assert_eq!(ids, [10, 11, 12, 13], "the plugin's pipeline fed the graph");
+
+    // The pipeline refuses token 0 (generated at the second step, fed at the
+    // third): the error names the plugin's entry point and ends the run cleanly.
+    let error = generate_ids(dir.path(), &[14], 4, &with_plugin).unwrap_err();
+    assert!(
+        error.contains("NextTokenLM (next-token): pipeline: token 0 is reserved"),
+        "{error}"
+    );
+    assert!(!error.contains("panicked"), "{error}");
 }

@@ -308,7 +308,7 @@ fn greedy_alone(model: &kiln_host::model::Model, prompt: &[u32], new: usize) -> 
 
 #[test]
 fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_sequences() {
-    use kiln_host::engine::batch::{run_step, StepInput};
+    use kiln_host::engine::batch::run_step;
     use kiln_host::scheduler::{BlockManager, Scheduler, SchedulerConfig};
 
     let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
@@ -350,17 +350,13 @@ fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_se
             break;
         }
         assert!(batch.num_tokens() <= 7, "the token budget holds");
-        let inputs: Vec<StepInput<'_>> = batch
-            .seqs
-            .iter()
-            .map(|s| StepInput {
-                tokens: &s.tokens,
-                start: s.start,
-                blocks: &s.blocks,
-                wants_logits: s.wants_logits,
-            })
-            .collect();
-        let logits = run_step(&model.executor, &mut cache, &inputs, false).unwrap();
+        let logits = run_step(
+            &model.executor,
+            &model.pipeline,
+            &mut cache,
+            &batch.step_batch(),
+        )
+        .unwrap();
         scheduler.complete(&batch);
         let mut rows = logits.into_iter();
         for seq in batch.seqs.iter().filter(|s| s.wants_logits) {

@@ -3,9 +3,11 @@
 
 use kiln_kernels::dense::attention::CacheLayout;
 
-use super::batch::{run_step, StepInput};
+use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
+
+use super::batch::{run_step, StepError};
 use crate::model::Model;
-use crate::runtime::{KvCache, RuntimeError};
+use crate::runtime::KvCache;
 
 /// Positions per KV-cache block.
 pub const BLOCK_SIZE: usize = 16;
@@ -45,28 +47,29 @@ impl<'m> Generator<'m> {
 
     /// Feeds `tokens`; returns the logits of the last one, or of every one
     /// when `all_logits`.
-    pub fn feed(
-        &mut self,
-        tokens: &[u32],
-        all_logits: bool,
-    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+    pub fn feed(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<Vec<f32>>, StepError> {
         let n = tokens.len();
         if n == 0 || self.position + n > self.capacity {
-            return Err(RuntimeError::Input {
-                name: "tokens".to_owned(),
-                message: format!(
-                    "{n} tokens at position {} exceed the capacity of {}",
-                    self.position, self.capacity
-                ),
-            });
+            return Err(StepError::Batch(format!(
+                "{n} tokens at position {} exceed the capacity of {}",
+                self.position, self.capacity
+            )));
         }
-        let step = StepInput {
-            tokens,
-            start: self.position,
-            blocks: &self.blocks,
-            wants_logits: true,
+        let step = StepBatch {
+            sequences: vec![StepSequence {
+                tokens: tokens.to_vec(),
+                start: self.position,
+                blocks: self.blocks.clone(),
+                wants_logits: true,
+            }],
+            all_logits,
         };
-        let mut logits = run_step(&self.model.executor, &mut self.cache, &[step], all_logits)?;
+        let mut logits = run_step(
+            &self.model.executor,
+            &self.model.pipeline,
+            &mut self.cache,
+            &step,
+        )?;
         self.position += n;
         Ok(logits.remove(0))
     }

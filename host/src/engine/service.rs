@@ -12,7 +12,7 @@ use std::time::Instant;
 use kiln_kernels::dense::attention::CacheLayout;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::batch::{run_step, StepInput};
+use super::batch::run_step;
 use super::penalties::Penalties;
 use super::sampling::{Sampler, SamplingParams};
 use super::stop::{StopMatcher, StopOutcome};
@@ -264,17 +264,8 @@ fn run(
             report(&scheduler, &observer);
             continue;
         }
-        let inputs: Vec<StepInput<'_>> = batch
-            .seqs
-            .iter()
-            .map(|s| StepInput {
-                tokens: &s.tokens,
-                start: s.start,
-                blocks: &s.blocks,
-                wants_logits: s.wants_logits,
-            })
-            .collect();
-        let logits = match run_step(&model.executor, &mut cache, &inputs, false) {
+        let step = batch.step_batch();
+        let logits = match run_step(&model.executor, &model.pipeline, &mut cache, &step) {
             Ok(logits) => logits,
             Err(e) => {
                 // A failed step fails its requests, not the server.

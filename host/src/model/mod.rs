@@ -10,6 +10,7 @@ use kiln_plugin_api::{ArchConfig, ConfigRequest, GraphRequest, WeightsFormat};
 
 use crate::checkpoint::{self, BoundWeights, Checkpoint, CheckpointError};
 use crate::compiler::{CompileCache, CompileError, CompileOutcome};
+use crate::engine::batch::Pipeline;
 use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
 use crate::runtime::{Executor, Precision, RuntimeError};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
@@ -68,6 +69,8 @@ pub struct Model {
     pub compile: CompileOutcome,
     /// The compiled graph bound to the weights.
     pub executor: Executor,
+    /// How each step's graph inputs are prepared.
+    pub pipeline: Pipeline,
     /// The tokenizer, when the model has one.
     pub tokenizer: Option<Tokenizer>,
 }
@@ -167,6 +170,7 @@ pub fn load(
     })?;
     let (program, compile) = options.compile_cache.get_or_compile(&graph, Device::Cpu)?;
     let executor = Executor::new(Arc::new(program), &bound.store, options.precision)?;
+    let pipeline = Pipeline::for_architecture(&architecture)?;
     let tokenizer = load_tokenizer(&resolved, &checkpoint)?;
     Ok(Model {
         resolved,
@@ -176,6 +180,7 @@ pub fn load(
         unused_tensors: bound.unused,
         compile,
         executor,
+        pipeline,
         tokenizer,
     })
 }

@@ -7,6 +7,9 @@ use std::sync::Arc;
 use kiln_plugin_api::abi::{self, ArchitectureDescriptor, EntryPoint, EntryPoints};
 use kiln_plugin_api::adapters::{self, AdaptRequest, AdaptResponse};
 use kiln_plugin_api::graph::GraphIr;
+use kiln_plugin_api::pipeline::{
+    PipelineDescription, PipelineRequest, PreparedStep, StepBatch, PIPELINE_PAYLOAD_VERSION,
+};
 use kiln_plugin_api::{ArchConfig, ArchitectureInfo, ConfigRequest, GraphRequest};
 
 use super::PluginLoadError;
@@ -91,12 +94,11 @@ impl Architecture {
     pub fn config(&self, request: &ConfigRequest) -> Result<ArchConfig, EntryPointError> {
         let request = serde_json::to_vec(request).expect("a ConfigRequest serializes");
         let response = self.call("config", self.entry_points.config, &request)?;
-        serde_json::from_slice(&response).map_err(|e| EntryPointError {
-            architecture: self.info.name.clone(),
-            plugin: self.plugin.name.clone(),
-            entry: "config",
-            kind: abi::PluginErrorKind::Invalid,
-            message: format!("the plugin returned a malformed config: {e}"),
+        serde_json::from_slice(&response).map_err(|e| {
+            self.malformed(
+                "config",
+                format!("the plugin returned a malformed config: {e}"),
+            )
         })
     }
 
@@ -105,12 +107,11 @@ impl Architecture {
     pub fn adapt_weights(&self, request: &AdaptRequest) -> Result<AdaptResponse, EntryPointError> {
         let bytes = serde_json::to_vec(request).expect("an AdaptRequest serializes");
         match self.call("adapt_weights", self.entry_points.adapt_weights, &bytes) {
-            Ok(response) => serde_json::from_slice(&response).map_err(|e| EntryPointError {
-                architecture: self.info.name.clone(),
-                plugin: self.plugin.name.clone(),
-                entry: "adapt_weights",
-                kind: abi::PluginErrorKind::Invalid,
-                message: format!("the plugin returned a malformed adaptation: {e}"),
+            Ok(response) => serde_json::from_slice(&response).map_err(|e| {
+                self.malformed(
+                    "adapt_weights",
+                    format!("the plugin returned a malformed adaptation: {e}"),
+                )
             }),
             Err(e) if e.kind == abi::PluginErrorKind::Unsupported => {
                 Ok(adapters::rename(request, |n| Some(n.to_owned())))
@@ -123,13 +124,68 @@ impl Architecture {
     pub fn build_graph(&self, request: &GraphRequest) -> Result<GraphIr, EntryPointError> {
         let request = serde_json::to_vec(request).expect("a GraphRequest serializes");
         let response = self.call("build_graph", self.entry_points.build_graph, &request)?;
-        GraphIr::from_bytes(&response).map_err(|e| EntryPointError {
+        GraphIr::from_bytes(&response).map_err(|e| {
+            self.malformed(
+                "build_graph",
+                format!("the plugin returned an unreadable graph: {e}"),
+            )
+        })
+    }
+
+    /// Whether the architecture brings its own pipeline model; without one
+    /// the host runs the default [`DecoderPipeline`](kiln_plugin_api::pipeline::DecoderPipeline).
+    pub fn has_own_pipeline(&self) -> Result<bool, EntryPointError> {
+        let request = serde_json::to_vec(&PipelineRequest::Describe).expect("a request serializes");
+        let response = match self.call("pipeline", self.entry_points.pipeline, &request) {
+            Ok(response) => response,
+            Err(e) if e.kind == abi::PluginErrorKind::Unsupported => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let description: PipelineDescription = serde_json::from_slice(&response).map_err(|e| {
+            self.malformed(
+                "pipeline",
+                format!("the plugin returned a malformed description: {e}"),
+            )
+        })?;
+        if description.version != PIPELINE_PAYLOAD_VERSION {
+            return Err(self.malformed(
+                "pipeline",
+                format!(
+                    "the plugin's pipeline speaks payload version {}, the host {PIPELINE_PAYLOAD_VERSION}",
+                    description.version
+                ),
+            ));
+        }
+        Ok(true)
+    }
+
+    /// Asks the architecture's own pipeline model for one step's graph inputs.
+    pub fn prepare_step(&self, batch: &StepBatch) -> Result<PreparedStep, EntryPointError> {
+        let request = PipelineRequest::PrepareStep {
+            version: PIPELINE_PAYLOAD_VERSION,
+            batch: batch.clone(),
+        };
+        let request = serde_json::to_vec(&request).expect("a request serializes");
+        let response = self.call("pipeline", self.entry_points.pipeline, &request)?;
+        let step: PreparedStep = serde_json::from_slice(&response).map_err(|e| {
+            self.malformed(
+                "pipeline",
+                format!("the plugin returned a malformed step: {e}"),
+            )
+        })?;
+        step.validate(batch)
+            .map_err(|e| self.malformed("pipeline", e.to_string()))?;
+        Ok(step)
+    }
+
+    fn malformed(&self, entry: &'static str, message: String) -> EntryPointError {
+        EntryPointError {
             architecture: self.info.name.clone(),
             plugin: self.plugin.name.clone(),
-            entry: "build_graph",
+            entry,
             kind: abi::PluginErrorKind::Invalid,
-            message: format!("the plugin returned an unreadable graph: {e}"),
-        })
+            message,
+        }
     }
 
     fn call(

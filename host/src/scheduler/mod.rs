@@ -7,6 +7,8 @@ pub mod blocks;
 
 use std::collections::VecDeque;
 
+use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
+
 pub use blocks::{BlockManager, OutOfBlocks, PrefixStats, SequenceBlocks};
 
 /// Identifies a sequence.
@@ -78,6 +80,23 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// The step as the pipeline model sees it (last-token logits only).
+    pub fn step_batch(&self) -> StepBatch {
+        StepBatch {
+            sequences: self
+                .seqs
+                .iter()
+                .map(|s| StepSequence {
+                    tokens: s.tokens.clone(),
+                    start: s.start,
+                    blocks: s.blocks.clone(),
+                    wants_logits: s.wants_logits,
+                })
+                .collect(),
+            all_logits: false,
+        }
+    }
+
     /// Tokens in the step.
     pub fn num_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.tokens.len()).sum()
