@@ -35,6 +35,8 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(ServeArgs),
+    /// Compare the model's logits with reference logits (e.g. from transformers).
+    Verify(VerifyArgs),
 }
 
 /// Options of `host serve`.
@@ -62,9 +64,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub served_model_name: Option<String>,
 
-    /// Longest sequence, prompt plus output (default: the model's limit).
-    #[arg(long)]
-    pub max_length: Option<u32>,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
 
     /// Requests running at once.
     #[arg(long, default_value_t = 32)]
@@ -89,14 +90,22 @@ pub struct ServeArgs {
     /// Largest accepted request body, e.g. `4MiB`.
     #[arg(long, default_value = "4MiB", value_parser = parse_size)]
     pub max_request_bytes: u64,
+}
 
-    /// Arithmetic of quantized weights.
-    #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
-    pub precision: PrecisionArg,
+/// How a model is loaded and run (`serve`, `generate`, `verify`).
+#[derive(Debug, Args)]
+pub struct RuntimeArgs {
+    /// Longest sequence, prompt plus output (default: the model's limit).
+    #[arg(long)]
+    pub max_length: Option<u32>,
 
     /// Where to run: `cpu`, or `gpu`/`gpu:N`.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+
+    /// Arithmetic of quantized weights.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
+    pub precision: PrecisionArg,
 
     /// Compile even if the compile cache has the graph.
     #[arg(long)]
@@ -207,17 +216,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub seed: Option<u64>,
 
-    /// Longest sequence (default: the model's limit).
-    #[arg(long)]
-    pub max_length: Option<u32>,
-
-    /// Where to run: `cpu`, or `gpu`/`gpu:N`.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-
-    /// Arithmetic of quantized weights.
-    #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
-    pub precision: PrecisionArg,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
 
     /// `text` streams the output; `json` prints `{"prompt_ids", "generated_ids", "text"}`.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
@@ -226,10 +226,50 @@ pub struct GenerateArgs {
     /// Write the prompt's teacher-forced logits, float32 [prompt_len, vocab], to this .npy file.
     #[arg(long, value_name = "PATH")]
     pub dump_logits: Option<PathBuf>,
+}
 
-    /// Compile even if the compile cache has the graph.
+/// Options of `host verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+
+    /// A reference directory: `<prompt>.ids.json`, `<prompt>.logits.npy` and
+    /// optionally `<prompt>.greedy.json` per prompt, as written by
+    /// `tests/real_models/gen_references.py`.
+    #[arg(long, value_name = "DIR")]
+    pub reference: PathBuf,
+
+    /// Fail unless every logit lies within ATOL + RTOL·|reference| and the
+    /// argmax agrees wherever the reference's top-2 margin exceeds twice that band.
     #[arg(long)]
-    pub no_compile_cache: bool,
+    pub atol: Option<f64>,
+
+    /// Relative part of the tolerance band (with --atol).
+    #[arg(long, default_value_t = 0.0, requires = "atol")]
+    pub rtol: f64,
+
+    /// Fail if a prompt's mean KL(reference ‖ Kiln) per position exceeds this.
+    #[arg(long)]
+    pub max_mean_kl: Option<f64>,
+
+    /// Fail if a prompt's top-1 agreement (a fraction, 0–1) is below this.
+    #[arg(long)]
+    pub min_top1: Option<f64>,
+
+    /// Fail unless each greedy continuation in the reference is reproduced.
+    #[arg(long)]
+    pub greedy: bool,
+
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options that locate a model.
@@ -332,6 +372,7 @@ pub fn run() -> ExitCode {
         Command::Inspect(args) => commands::inspect(args),
         Command::Generate(args) => commands::generate(args),
         Command::Serve(args) => commands::serve(args),
+        Command::Verify(args) => commands::verify(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

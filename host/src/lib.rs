@@ -15,3 +15,4 @@ pub mod runtime;
 pub mod scheduler;
 pub mod server;
 pub mod tokenizer;
+pub mod verify;

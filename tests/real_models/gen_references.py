@@ -29,6 +29,15 @@ Run (10–20 minutes for all three models on 2 cores):
 
     /root/venvs/ref/bin/python tests/real_models/gen_references.py [--models DIR] [--out DIR] [--only KEY ...]
 
+Any other model (what a plugin author runs before `host verify`): a Hugging
+Face model directory (config.json, safetensors, tokenizer) or a .gguf file,
+with the standard prompts or your own (NAME=TEXT, repeatable; `--chat NAME`
+renders that one with the chat template):
+
+    python tests/real_models/gen_references.py --model PATH --out DIR [--prompt NAME=TEXT ...] [--chat NAME ...]
+    host verify --model PATH --reference DIR [--atol 1e-3 --rtol 1e-4 --greedy]
+
+Needs torch, transformers (and accelerate plus gguf for GGUF files), numpy.
 The outputs are large (up to ~300 MB per model); keep them outside the repo.
 """
 
@@ -137,12 +146,17 @@ def write_json(path, value):
         f.write("\n")
 
 
-def run_model(key, gguf_path, out_dir):
-    directory, name = os.path.split(gguf_path)
+def run_model(key, model_path, out_dir, prompts=PROMPTS):
+    """Writes the references of one model: a .gguf file or a model directory."""
+    if os.path.isdir(model_path):
+        directory, name, source = model_path, None, {}
+    else:
+        directory, name = os.path.split(model_path)
+        source = {"gguf_file": name}
     started = time.time()
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(directory, **source)
     model = AutoModelForCausalLM.from_pretrained(
-        directory, gguf_file=name, dtype=torch.float32, attn_implementation="eager"
+        directory, dtype=torch.float32, attn_implementation="eager", **source
     )
     model.eval()
     print(f"{key}: loaded {type(model).__name__} in {time.time() - started:.1f} s", flush=True)
@@ -151,8 +165,9 @@ def run_model(key, gguf_path, out_dir):
     eos = gen_config.eos_token_id
     manifest = {
         "generator": "tests/real_models/gen_references.py",
+        "model": model_path,
         "gguf": name,
-        "gguf_sha256": sha256(gguf_path),
+        "gguf_sha256": sha256(model_path) if name else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "architecture": type(model).__name__,
@@ -161,7 +176,7 @@ def run_model(key, gguf_path, out_dir):
         "prompts": {},
     }
     model64 = None
-    for prompt, text, chat in PROMPTS:
+    for prompt, text, chat in prompts:
         ids, rendered, used_chat, special = prompt_ids(tokenizer, text, chat)
         input_ids = torch.tensor([ids], dtype=torch.int64)
         with torch.no_grad():
@@ -232,10 +247,26 @@ def main():
     parser.add_argument("--models", default="/work/models", help="directory holding the .gguf files")
     parser.add_argument("--out", default=None, help="output directory (default: <models>/references)")
     parser.add_argument("--only", nargs="*", help="model keys to generate (default: all present)")
+    parser.add_argument("--model", help="any model: a Hugging Face directory or a .gguf file (needs --out)")
+    parser.add_argument("--prompt", action="append", default=[], metavar="NAME=TEXT",
+                        help="with --model: a prompt of your own (repeatable; default: the standard four)")
+    parser.add_argument("--chat", action="append", default=[], metavar="NAME",
+                        help="with --model: render this --prompt with the chat template")
     args = parser.parse_args()
-    out = args.out or os.path.join(args.models, "references")
     torch.manual_seed(0)
     transformers.utils.logging.disable_progress_bar()
+    if args.model:
+        if not args.out:
+            sys.exit("--model needs --out DIR")
+        prompts = PROMPTS
+        if args.prompt:
+            pairs = [p.split("=", 1) for p in args.prompt]
+            if any(len(pair) != 2 or not pair[0] for pair in pairs):
+                sys.exit("--prompt takes NAME=TEXT")
+            prompts = [(n, text, n in args.chat) for n, text in pairs]
+        run_model(os.path.basename(os.path.normpath(args.model)), args.model, args.out, prompts)
+        return
+    out = args.out or os.path.join(args.models, "references")
     done = 0
     for key, name in MODELS:
         if args.only and key not in args.only:

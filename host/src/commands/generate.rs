@@ -7,11 +7,9 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 use crate::cli::{GenerateArgs, OutputFormat};
-use crate::compiler::{CompileCache, CompileOutcome};
+use crate::compiler::CompileOutcome;
 use crate::engine::defaults::generation_defaults;
 use crate::engine::{npy, Generator, Sampler, SamplingParams};
-use crate::model::{self, resolve, LoadOptions};
-use crate::plugins::ArchitectureRegistry;
 use crate::tokenizer::ChatMessage;
 
 #[derive(Serialize)]
@@ -23,25 +21,9 @@ struct JsonOutput {
 
 /// Loads the model and generates.
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
-    super::check_device(&args.device)?;
     let json = args.output == OutputFormat::Json;
-    let registry = ArchitectureRegistry::load(&args.plugins.custom_architectures)?;
-    let resolved = resolve(
-        &args.model.model,
-        args.model.location.revision.as_deref(),
-        args.model.location.weight_path.as_deref(),
-    )?;
     let started = Instant::now();
-    let options = LoadOptions {
-        max_length: args.max_length,
-        precision: args.precision.into(),
-        compile_cache: if args.no_compile_cache {
-            CompileCache::disabled()
-        } else {
-            CompileCache::from_env()
-        },
-    };
-    let model = model::load(&registry, resolved, &options)?;
+    let model = super::load_model(&args.model, &args.plugins, &args.runtime)?;
     let compile = match model.compile {
         CompileOutcome::Compiled(t) => format!("compiled in {:.0} ms", t.as_secs_f64() * 1e3),
         CompileOutcome::Cached(t) => format!("compile cache hit, {:.0} ms", t.as_secs_f64() * 1e3),

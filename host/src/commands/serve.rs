@@ -6,11 +6,8 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::cli::ServeArgs;
-use crate::compiler::CompileCache;
 use crate::engine::defaults::generation_defaults;
 use crate::engine::service::{self, EngineConfig};
-use crate::model::{self, resolve, LoadOptions};
-use crate::plugins::ArchitectureRegistry;
 use crate::scheduler::SchedulerConfig;
 use crate::server::metrics::Metrics;
 use crate::server::openai::Limits;
@@ -18,24 +15,7 @@ use crate::server::{router, AppState};
 
 /// Runs the server.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    super::check_device(&args.device)?;
-    let registry = ArchitectureRegistry::load(&args.plugins.custom_architectures)?;
-    let location = &args.model.location;
-    let resolved = resolve(
-        &args.model.model,
-        location.revision.as_deref(),
-        location.weight_path.as_deref(),
-    )?;
-    let options = LoadOptions {
-        max_length: args.max_length,
-        precision: args.precision.into(),
-        compile_cache: if args.no_compile_cache {
-            CompileCache::disabled()
-        } else {
-            CompileCache::from_env()
-        },
-    };
-    let mut model = model::load(&registry, resolved, &options)?;
+    let mut model = super::load_model(&args.model, &args.plugins, &args.runtime)?;
     let tokenizer = Arc::new(model.tokenizer.take().context("the model has no tokenizer (tokenizer.json or GGUF tokenizer metadata); it cannot be served")?);
     let chat_template = tokenizer.chat_template()?;
     let defaults = generation_defaults(&model);

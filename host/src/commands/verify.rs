@@ -1,0 +1,202 @@
+//! `host verify`: the model's logits against a reference directory (e.g.
+//! transformers fp32), per prompt: max |Δlogit|, top-1 agreement, mean KL,
+//! and the greedy continuation.
+
+use anyhow::bail;
+use serde::Serialize;
+
+use crate::cli::{PrecisionArg, VerifyArgs};
+use crate::engine::npy::Matrix;
+use crate::engine::Generator;
+use crate::model::Model;
+use crate::verify::{argmax, compare_logits, read_reference, LogitsComparison, Tolerance};
+
+#[derive(Serialize)]
+struct GreedyCheck {
+    reference: Vec<u32>,
+    kiln: Vec<u32>,
+    /// The first step where they differ; `None` when identical.
+    first_difference: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct PromptReport {
+    name: String,
+    #[serde(flatten)]
+    logits: LogitsComparison,
+    greedy: Option<GreedyCheck>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    architecture: String,
+    precision: &'static str,
+    tolerance: Option<Tolerance>,
+    prompts: Vec<PromptReport>,
+    failures: Vec<String>,
+}
+
+/// Runs every reference prompt through the model and compares.
+pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
+    let prompts = read_reference(&args.reference)?;
+    let model = super::load_model(&args.model, &args.plugins, &args.runtime)?;
+    let tolerance = args.atol.map(|atol| Tolerance {
+        atol,
+        rtol: args.rtol,
+    });
+    let mut report = Report {
+        model: model.resolved.name.clone(),
+        architecture: model.architecture.info.name.clone(),
+        precision: match args.runtime.precision {
+            PrecisionArg::Exact => "exact",
+            PrecisionArg::Fast => "fast",
+        },
+        tolerance,
+        prompts: Vec::new(),
+        failures: Vec::new(),
+    };
+    for prompt in prompts {
+        let new_tokens = prompt.greedy.as_ref().map_or(0, Vec::len);
+        let (logits, generated) = run_prompt(&model, &prompt.ids, new_tokens)?;
+        let comparison = compare_logits(&logits, &prompt.logits, tolerance)
+            .map_err(|e| e.context(format!("prompt `{}`", prompt.name)))?;
+        let greedy = prompt.greedy.map(|reference| GreedyCheck {
+            first_difference: (generated != reference).then(|| {
+                generated
+                    .iter()
+                    .zip(&reference)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(generated.len().min(reference.len()))
+            }),
+            reference,
+            kiln: generated,
+        });
+        let entry = PromptReport {
+            name: prompt.name,
+            logits: comparison,
+            greedy,
+        };
+        report.failures.extend(failures(args, &entry));
+        report.prompts.push(entry);
+    }
+    let text = if args.json {
+        serde_json::to_string_pretty(&report)? + "\n"
+    } else {
+        table(&report)
+    };
+    super::write_stdout(&text)?;
+    if !report.failures.is_empty() {
+        bail!("verification failed:\n  {}", report.failures.join("\n  "));
+    }
+    Ok(())
+}
+
+/// Teacher-forced logits of `ids`, then `new_tokens` greedy tokens.
+fn run_prompt(model: &Model, ids: &[u32], new_tokens: usize) -> anyhow::Result<(Matrix, Vec<u32>)> {
+    let capacity = ids.len() + new_tokens;
+    let limit = model.config.max_seq_len as usize;
+    if capacity > limit {
+        bail!(
+            "a prompt of {} tokens plus {new_tokens} new ones exceeds the model's {limit}",
+            ids.len()
+        );
+    }
+    let mut generator = Generator::new(model, capacity.max(1));
+    let rows = generator.feed(ids, true)?;
+    let cols = rows[0].len();
+    let mut next = rows.last().expect("one row per prompt token").clone();
+    let logits = Matrix {
+        rows: rows.len(),
+        cols,
+        data: rows.into_iter().flatten().collect(),
+    };
+    let mut generated = Vec::with_capacity(new_tokens);
+    for step in 0..new_tokens {
+        let token = argmax(&next) as u32;
+        generated.push(token);
+        if step + 1 < new_tokens {
+            next = generator.feed(&[token], false)?.remove(0);
+        }
+    }
+    Ok((logits, generated))
+}
+
+/// The criteria the user asked for that this prompt misses.
+fn failures(args: &VerifyArgs, prompt: &PromptReport) -> Vec<String> {
+    let (name, logits) = (&prompt.name, &prompt.logits);
+    let mut failures = Vec::new();
+    if let (Some(atol), Some(ratio)) = (args.atol, logits.worst_band_ratio) {
+        if ratio > 1.0 {
+            let (pos, id) = logits.max_abs_diff_at;
+            failures.push(format!(
+                "{name}: |Δlogit| up to {:.3e} (position {pos}, token {id}) exceeds {atol} + {}·|reference|",
+                logits.max_abs_diff, args.rtol
+            ));
+        }
+        if !logits.clear_top1_misses.is_empty() {
+            failures.push(format!(
+                "{name}: the argmax differs at positions {:?}, where the reference's margin is clear",
+                logits.clear_top1_misses
+            ));
+        }
+    }
+    if let Some(bound) = args.max_mean_kl {
+        if logits.mean_kl > bound {
+            failures.push(format!(
+                "{name}: mean KL {:.5} exceeds {bound}",
+                logits.mean_kl
+            ));
+        }
+    }
+    if let Some(bound) = args.min_top1 {
+        if logits.top1_rate() < bound {
+            failures.push(format!(
+                "{name}: top-1 agreement {:.3} is below {bound}",
+                logits.top1_rate()
+            ));
+        }
+    }
+    if args.greedy {
+        if let Some(GreedyCheck {
+            first_difference: Some(step),
+            ..
+        }) = &prompt.greedy
+        {
+            failures.push(format!(
+                "{name}: the greedy continuation differs from step {step}"
+            ));
+        }
+    }
+    failures
+}
+
+fn table(report: &Report) -> String {
+    let mut out = format!(
+        "{} ({}), precision {}\n{:<16} {:>6} {:>12} {:>14} {:>10} {:>10}  greedy\n",
+        report.model,
+        report.architecture,
+        report.precision,
+        "prompt",
+        "tokens",
+        "max|Δlogit|",
+        "top-1",
+        "mean KL",
+        "max KL"
+    );
+    for p in &report.prompts {
+        let l = &p.logits;
+        let greedy = match &p.greedy {
+            None => "-".to_owned(),
+            Some(g) => match g.first_difference {
+                None => format!("identical ({} tokens)", g.reference.len()),
+                Some(step) => format!("differs from step {step}"),
+            },
+        };
+        out.push_str(&format!(
+            "{:<16} {:>6} {:>12.3e} {:>7}/{:<6} {:>10.2e} {:>10.2e}  {greedy}\n",
+            p.name, l.positions, l.max_abs_diff, l.top1_agree, l.positions, l.mean_kl, l.max_kl
+        ));
+    }
+    out
+}

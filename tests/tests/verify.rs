@@ -1,0 +1,172 @@
+//! `host verify` end to end: every tiny random checkpoint (written as a model
+//! directory) against a reference directory made from transformers' logits and
+//! greedy continuation in its fixture, and the ways a verification fails.
+
+use std::path::Path;
+
+use kiln_host::engine::npy;
+use kiln_tests::reference::FixtureTensor;
+use kiln_tests::{run_host, text};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+#[derive(Deserialize)]
+struct Fixture {
+    config: Value,
+    weights: std::collections::BTreeMap<String, FixtureTensor>,
+    prompts: Vec<Vec<u32>>,
+    logits: Vec<FixtureTensor>,
+    greedy: Vec<u32>,
+}
+
+fn load_fixture(name: &str) -> Fixture {
+    let path = kiln_tests::workspace_root()
+        .join("tests/fixtures/reference")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Writes the fixture's prompts as a reference directory (the layout
+/// `gen_references.py` writes); the longest prompt carries the greedy ids.
+/// `perturb` shifts one logit of the first prompt.
+fn write_reference(fixture: &Fixture, dir: &Path, perturb: f32) {
+    for (i, (ids, logits)) in fixture.prompts.iter().zip(&fixture.logits).enumerate() {
+        let name = format!("prompt{i}");
+        std::fs::write(
+            dir.join(format!("{name}.ids.json")),
+            json!({ "ids": ids }).to_string(),
+        )
+        .unwrap();
+        let mut values: Vec<f32> = logits.values().iter().map(|&v| v as f32).collect();
+        if i == 0 {
+            values[3] += perturb;
+        }
+        npy::write_f32(
+            &dir.join(format!("{name}.logits.npy")),
+            &logits.shape,
+            &values,
+        )
+        .unwrap();
+        if i + 1 == fixture.prompts.len() {
+            std::fs::write(
+                dir.join(format!("{name}.greedy.json")),
+                json!({ "new_ids": fixture.greedy }).to_string(),
+            )
+            .unwrap();
+        }
+    }
+}
+
+fn verify(model: &Path, reference: &Path, extra: &[&str]) -> (bool, String, String) {
+    let mut args = vec![
+        "verify".to_owned(),
+        "--model".to_owned(),
+        model.display().to_string(),
+        "--reference".to_owned(),
+        reference.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let output = run_host(&args, &[]);
+    let (stdout, stderr) = text(&output);
+    (output.status.success(), stdout, stderr)
+}
+
+#[test]
+fn every_tiny_family_verifies_against_transformers() {
+    for name in [
+        "tiny_llama.json",
+        "tiny_llama_tied.json",
+        "tiny_qwen2.json",
+        "tiny_qwen3.json",
+        "tiny_gemma3.json",
+        "tiny_phi3.json",
+        "tiny_gpt2.json",
+    ] {
+        let fixture = load_fixture(name);
+        let (model, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        kiln_tests::models::write_model_dir(&fixture.config, &fixture.weights, model.path(), false);
+        write_reference(&fixture, reference.path(), 0.0);
+        let (passed, stdout, stderr) = verify(
+            model.path(),
+            reference.path(),
+            &["--atol", "1e-4", "--rtol", "1e-4", "--greedy", "--json"],
+        );
+        assert!(passed, "{name}: {stderr}\n{stdout}");
+        let report: Value = serde_json::from_str(&stdout).unwrap();
+        let prompts = report["prompts"].as_array().unwrap();
+        assert_eq!(prompts.len(), fixture.prompts.len(), "{name}");
+        for p in prompts {
+            assert_eq!(p["top1_agree"], p["positions"], "{name}: {p}");
+            assert!(p["max_abs_diff"].as_f64().unwrap() <= 2e-4, "{name}: {p}");
+        }
+        let last = prompts.last().unwrap();
+        assert_eq!(last["greedy"]["kiln"], json!(fixture.greedy), "{name}");
+        assert_eq!(last["greedy"]["first_difference"], Value::Null, "{name}");
+        println!(
+            "{name}: {}",
+            prompts
+                .iter()
+                .map(|p| format!("max|Δ| {:.1e}", p["max_abs_diff"].as_f64().unwrap()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
+#[test]
+fn a_reference_outside_the_tolerance_fails_with_the_position_named() {
+    let fixture = load_fixture("tiny_llama.json");
+    let (model, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    kiln_tests::models::write_model_dir(&fixture.config, &fixture.weights, model.path(), false);
+    write_reference(&fixture, reference.path(), 0.01);
+
+    // Without criteria it only reports; the table shows the difference.
+    let (passed, stdout, stderr) = verify(model.path(), reference.path(), &[]);
+    assert!(passed, "{stderr}");
+    assert!(
+        stdout.contains("prompt0") && stdout.contains("1.000e-2"),
+        "{stdout}"
+    );
+
+    let (passed, _, stderr) = verify(model.path(), reference.path(), &["--atol", "1e-3"]);
+    assert!(!passed);
+    assert!(
+        stderr.contains("verification failed")
+            && stderr
+                .contains("prompt0: |Δlogit| up to 1.000e-2 (position 0, token 3) exceeds 0.001"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn malformed_references_are_reported_in_one_line() {
+    let fixture = load_fixture("tiny_llama.json");
+    let (model, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    kiln_tests::models::write_model_dir(&fixture.config, &fixture.weights, model.path(), false);
+
+    let (passed, _, stderr) = verify(model.path(), reference.path(), &[]);
+    assert!(!passed);
+    assert!(
+        stderr.contains("holds no `<prompt>.ids.json` files"),
+        "{stderr}"
+    );
+
+    write_reference(&fixture, reference.path(), 0.0);
+    std::fs::write(reference.path().join("prompt1.logits.npy"), b"not numpy").unwrap();
+    let (passed, _, stderr) = verify(model.path(), reference.path(), &[]);
+    assert!(!passed);
+    assert!(stderr.contains("prompt1.logits.npy"), "{stderr}");
+
+    write_reference(&fixture, reference.path(), 0.0);
+    std::fs::write(
+        reference.path().join("prompt2.ids.json"),
+        "{\"ids\": [1, 2]}",
+    )
+    .unwrap();
+    let (passed, _, stderr) = verify(model.path(), reference.path(), &[]);
+    assert!(!passed);
+    assert!(
+        stderr.contains("prompt2: 11 logits rows for 2 prompt ids"),
+        "{stderr}"
+    );
+}
