@@ -405,6 +405,14 @@ fn tiny_gpt2_with_learned_positions_and_conv1d_matches_transformers() {
     matches_transformers("tiny_gpt2.json", false);
 }
 
+/// Mistral: Llama-shaped, but every layer attends through a sliding window of
+/// 4 positions, which the 5- and 11-token prompts and the greedy continuation
+/// run past (the generator checks that the window changes the logits).
+#[test]
+fn tiny_mistral_with_sliding_window_matches_transformers() {
+    matches_transformers("tiny_mistral.json", false);
+}
+
 #[test]
 fn bf16_checkpoints_are_decoded_on_use() {
     // The fixture's weights are multiples of 1/64, exact in bf16: the same

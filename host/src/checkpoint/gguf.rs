@@ -42,7 +42,7 @@
 //! | `rope_theta`                             | `{arch}.rope.freq_base`                                       |
 //! | `rope_scaling`                           | `{arch}.rope.scaling.type` (omitted when absent or `none`) as `rope_type`, `.factor` as `factor`, `.original_context_length` as `original_max_position_embeddings` |
 //! | `original_max_position_embeddings` (phi3)| `{arch}.rope.scaling.original_context_length`                 |
-//! | `sliding_window`                         | `{arch}.attention.sliding_window`                             |
+//! | `sliding_window`                         | `{arch}.attention.sliding_window` (left out when 0, llama.cpp's "none") |
 //! | `attn_logit_softcapping`, `final_logit_softcapping` | `{arch}.attn_logit_softcapping`, `{arch}.final_logit_softcapping` |
 //! | `tie_word_embeddings`                    | true when there is no `output.weight` tensor                  |
 //! | `bos_token_id`, `eos_token_id`, `pad_token_id` | `tokenizer.ggml.bos_token_id`, `.eos_token_id`, `.padding_token_id` |

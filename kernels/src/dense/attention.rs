@@ -74,9 +74,19 @@ pub fn write_kv(
     }
 }
 
+/// Query rows per task: bounds the score tile (`ROW_TILE × context` floats).
+const ROW_TILE: usize = 64;
+
 /// `out [T, num_heads, head_dim]`: each query row attends to its sequence's
 /// cached positions up to its own (query head `h` reads key/value head
 /// `h / (num_heads / num_kv_heads)`).
+///
+/// Work is split into tasks of (sequence, tile of up to [`ROW_TILE`] query
+/// rows, key/value head), run in parallel. A task copies its key and value
+/// rows out of the paged cache once, then for each query head of its group
+/// computes the score tile `Q·Kᵀ` and the output `P·V` as matrix products
+/// (the `gemm` crate), with the causal and sliding-window masks applied to
+/// the scores before the softmax.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     layout: CacheLayout,
@@ -90,49 +100,288 @@ pub fn paged_attention(
 ) {
     let d = layout.head_dim;
     let row_len = num_heads * d;
-    let group = num_heads / layout.num_kv_heads;
     assert!(
-        q.len() == out.len() && q.len().is_multiple_of(row_len),
+        q.len() == out.len()
+            && q.len().is_multiple_of(row_len)
+            && num_heads.is_multiple_of(layout.num_kv_heads),
         "attention sizes"
     );
-    // Each output row is one token's heads; find its sequence and position.
-    let mut owner = vec![(0usize, 0usize); q.len() / row_len];
-    for (s, seq) in sequences.iter().enumerate() {
-        let first_position = seq.context_len - seq.rows.len();
-        for (i, row) in seq.rows.clone().enumerate() {
-            owner[row] = (s, first_position + i);
+    let mut tasks = Vec::new();
+    for seq in sequences {
+        let mut first = seq.rows.start;
+        while first < seq.rows.end {
+            let last = (first + ROW_TILE).min(seq.rows.end);
+            for kv_head in 0..layout.num_kv_heads {
+                tasks.push((seq, first..last, kv_head));
+            }
+            first = last;
         }
     }
-    out.par_chunks_mut(row_len)
-        .enumerate()
-        .for_each(|(row, out_row)| {
-            let (s, position) = owner[row];
-            let seq = &sequences[s];
-            let start = params
+    let out = SharedOut(out.as_mut_ptr(), out.len());
+    tasks.par_iter().for_each(|(seq, rows, kv_head)| {
+        let task = Task {
+            layout,
+            num_heads,
+            params,
+            seq,
+            rows: rows.clone(),
+            kv_head: *kv_head,
+        };
+        task.run(k_cache, v_cache, q, &out);
+    });
+}
+
+/// The output buffer, shared by tasks that write disjoint parts of it.
+struct SharedOut(*mut f32, usize);
+
+// SAFETY: tasks write disjoint (row, head) blocks; see `Task::run`.
+unsafe impl Sync for SharedOut {}
+
+/// One (sequence, row tile, key/value head) of [`paged_attention`].
+struct Task<'a> {
+    layout: CacheLayout,
+    num_heads: usize,
+    params: AttentionParams,
+    seq: &'a SequenceRows<'a>,
+    rows: Range<usize>,
+    kv_head: usize,
+}
+
+impl Task<'_> {
+    fn run(&self, k_cache: &[f32], v_cache: &[f32], q: &[f32], out: &SharedOut) {
+        let d = self.layout.head_dim;
+        let row_len = self.num_heads * d;
+        let group = self.num_heads / self.layout.num_kv_heads;
+        let first_position = self.seq.context_len - self.seq.rows.len();
+        // Query row i of the tile sits at `positions.start + i`.
+        let positions = first_position + (self.rows.start - self.seq.rows.start)
+            ..first_position + (self.rows.end - self.seq.rows.start);
+        let visible_from = |position: usize| {
+            self.params
                 .sliding_window
-                .map_or(0, |w| (position + 1).saturating_sub(w));
-            let mut scores = vec![0f32; position + 1 - start];
-            for h in 0..num_heads {
-                let kv_head = h / group;
-                let qh = &q[row * row_len + h * d..row * row_len + (h + 1) * d];
-                for (j, score) in (start..=position).zip(scores.iter_mut()) {
-                    let at = layout.offset(seq.block_table, j) + kv_head * d;
-                    let mut s = super::matmul::dot(qh, &k_cache[at..at + d]) * params.scale;
-                    if let Some(cap) = params.softcap {
-                        s = cap * (s / cap).tanh();
-                    }
-                    *score = s;
-                }
-                let len = scores.len();
-                super::norm::softmax_rows(&mut scores, len);
-                let oh = &mut out_row[h * d..(h + 1) * d];
-                oh.fill(0.0);
-                for (j, &p) in (start..=position).zip(&scores) {
-                    let at = layout.offset(seq.block_table, j) + kv_head * d;
-                    for (o, v) in oh.iter_mut().zip(&v_cache[at..at + d]) {
-                        *o += p * v;
+                .map_or(0, |w| (position + 1).saturating_sub(w))
+        };
+        let keys = visible_from(positions.start)..positions.end;
+        let (n_rows, n_keys) = (self.rows.len(), keys.len());
+
+        let mut k = vec![0f32; n_keys * d];
+        let mut v = vec![0f32; n_keys * d];
+        for (j, position) in keys.clone().enumerate() {
+            let at = self.layout.offset(self.seq.block_table, position) + self.kv_head * d;
+            k[j * d..(j + 1) * d].copy_from_slice(&k_cache[at..at + d]);
+            v[j * d..(j + 1) * d].copy_from_slice(&v_cache[at..at + d]);
+        }
+        let mut scores = vec![0f32; n_rows * n_keys];
+        for h in self.kv_head * group..(self.kv_head + 1) * group {
+            let q_head = &q[self.rows.start * row_len + h * d..];
+            // scores [rows, keys] = scale · Q_h [rows, d] · Kᵀ [d, keys]
+            // SAFETY: Q_h reads rows × d with row stride row_len inside `q`;
+            // k holds keys × d; scores holds rows × keys.
+            unsafe {
+                gemm::gemm(
+                    n_rows,
+                    n_keys,
+                    d,
+                    scores.as_mut_ptr(),
+                    1,
+                    n_keys as isize,
+                    false,
+                    q_head.as_ptr(),
+                    1,
+                    row_len as isize,
+                    k.as_ptr(),
+                    d as isize,
+                    1,
+                    0.0,
+                    self.params.scale,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            for (i, row) in scores.chunks_exact_mut(n_keys).enumerate() {
+                let position = positions.start + i;
+                let visible = visible_from(position) - keys.start..position + 1 - keys.start;
+                masked_softmax(row, visible, self.params.softcap);
+            }
+            // out[rows, h] = P [rows, keys] · V [keys, d]
+            let dst_offset = self.rows.start * row_len + h * d;
+            debug_assert!(dst_offset + (n_rows - 1) * row_len + d <= out.1);
+            // SAFETY: this task alone writes rows `self.rows` × head `h`
+            // (heads of its key/value group); the range lies inside `out`.
+            unsafe {
+                gemm::gemm(
+                    n_rows,
+                    d,
+                    n_keys,
+                    out.0.add(dst_offset),
+                    1,
+                    row_len as isize,
+                    false,
+                    scores.as_ptr(),
+                    1,
+                    n_keys as isize,
+                    v.as_ptr(),
+                    1,
+                    d as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        }
+    }
+}
+
+/// Softmax of `row[visible]` (after the optional soft cap); zero elsewhere.
+fn masked_softmax(row: &mut [f32], visible: Range<usize>, softcap: Option<f32>) {
+    let (head, rest) = row.split_at_mut(visible.start);
+    let (live, tail) = rest.split_at_mut(visible.len());
+    head.fill(0.0);
+    tail.fill(0.0);
+    if let Some(cap) = softcap {
+        live.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+    }
+    super::norm::softmax_rows(live, visible.len());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i + seed) * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    /// Attention of one query row, straight from the definition, in f64.
+    #[allow(clippy::too_many_arguments)]
+    fn naive_row(
+        q: &[f32],
+        keys: &[Vec<f32>],
+        values: &[Vec<f32>],
+        position: usize,
+        params: AttentionParams,
+    ) -> Vec<f64> {
+        let start = params
+            .sliding_window
+            .map_or(0, |w| (position + 1).saturating_sub(w));
+        let scores: Vec<f64> = (start..=position)
+            .map(|j| {
+                let dot: f64 = q
+                    .iter()
+                    .zip(&keys[j])
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                let s = dot * f64::from(params.scale);
+                params
+                    .softcap
+                    .map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh())
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let mut out = vec![0f64; q.len()];
+        for (w, j) in weights.iter().zip(start..=position) {
+            for (o, &v) in out.iter_mut().zip(&values[j]) {
+                *o += w / total * f64::from(v);
+            }
+        }
+        out
+    }
+
+    /// Several sequences, tiles crossing `ROW_TILE`, chunked prefill (rows
+    /// that start mid-sequence), GQA, windows and soft caps, against the definition.
+    #[test]
+    fn tiled_attention_matches_the_definition() {
+        let (heads, kv_heads, d, block_size) = (6, 2, 8, 4);
+        let layout = CacheLayout {
+            block_size,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+        };
+        // (context after the step, rows fed this step)
+        let shapes = [(150usize, 150usize), (140, 75), (9, 1), (70, 70)];
+        let windows = [None, Some(37), Some(200)];
+        for (case, (window, softcap)) in windows
+            .iter()
+            .flat_map(|w| [(*w, None), (*w, Some(2.5f32))])
+            .enumerate()
+        {
+            let params = AttentionParams {
+                scale: 0.3,
+                sliding_window: window,
+                softcap,
+            };
+            let total_blocks: usize = shapes.iter().map(|(c, _)| c.div_ceil(block_size)).sum();
+            let cache_len = total_blocks * block_size * kv_heads * d;
+            let (mut k_cache, mut v_cache) = (vec![0f32; cache_len], vec![0f32; cache_len]);
+            // Blocks handed out in reverse so that tables are not contiguous.
+            let mut next_block = total_blocks;
+            let tables: Vec<Vec<usize>> = shapes
+                .iter()
+                .map(|(c, _)| {
+                    (0..c.div_ceil(block_size))
+                        .map(|_| {
+                            next_block -= 1;
+                            next_block
+                        })
+                        .collect()
+                })
+                .collect();
+            // Every sequence's full history of keys and values, per kv head.
+            let mut histories = Vec::new();
+            let mut sequences = Vec::new();
+            let mut row = 0;
+            for (s, &(context, fed)) in shapes.iter().enumerate() {
+                let k = data(context * kv_heads * d, 11 * s + case);
+                let v = data(context * kv_heads * d, 17 * s + 3 + case);
+                let all = [SequenceRows {
+                    rows: 0..context,
+                    context_len: context,
+                    block_table: &tables[s],
+                }];
+                write_kv(layout, &mut k_cache, &mut v_cache, &k, &v, &all);
+                histories.push((k, v));
+                sequences.push(SequenceRows {
+                    rows: row..row + fed,
+                    context_len: context,
+                    block_table: &tables[s],
+                });
+                row += fed;
+            }
+            let q = data(row * heads * d, 5 + case);
+            let mut out = vec![f32::NAN; q.len()];
+            paged_attention(
+                layout, &k_cache, &v_cache, &q, &mut out, heads, &sequences, params,
+            );
+            let mut worst = 0f64;
+            for (seq, (k, v)) in sequences.iter().zip(&histories) {
+                let first_position = seq.context_len - seq.rows.len();
+                for (i, r) in seq.rows.clone().enumerate() {
+                    for h in 0..heads {
+                        let g = h / (heads / kv_heads);
+                        let head_of = |x: &[f32], p: usize| {
+                            x[(p * kv_heads + g) * d..(p * kv_heads + g + 1) * d].to_vec()
+                        };
+                        let keys: Vec<_> = (0..seq.context_len).map(|p| head_of(k, p)).collect();
+                        let values: Vec<_> = (0..seq.context_len).map(|p| head_of(v, p)).collect();
+                        let at = (r * heads + h) * d;
+                        let expected =
+                            naive_row(&q[at..at + d], &keys, &values, first_position + i, params);
+                        for (&got, want) in out[at..at + d].iter().zip(expected) {
+                            worst = worst.max((f64::from(got) - want).abs());
+                        }
                     }
                 }
             }
-        });
+            assert!(worst < 2e-5, "case {case}: worst |Δ| {worst:.2e}");
+        }
+    }
 }

@@ -129,6 +129,12 @@ impl GgufFile {
         }
         for (suffix, hf, kind) in FIELDS {
             let value = match kind {
+                // llama.cpp reads a sliding window of 0 as none (its Phi-3
+                // converter writes 0 for `"sliding_window": null`).
+                Kind::Int if hf == "sliding_window" => self
+                    .get_u64(&key(suffix))?
+                    .filter(|&w| w > 0)
+                    .map(Value::from),
                 Kind::Int => self.get_u64(&key(suffix))?.map(Value::from),
                 Kind::Float => self.config_float(&key(suffix))?.map(Value::from),
             };
@@ -303,6 +309,48 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::hf_tensor_name;
+    use crate::checkpoint::gguf::GgufFile;
+
+    /// A GGUF v3 file with no tensors and the given string and u32 metadata.
+    fn metadata_only(strings: &[(&str, &str)], ints: &[(&str, u32)]) -> tempfile::NamedTempFile {
+        let mut bytes = b"GGUF".to_vec();
+        bytes.extend(3u32.to_le_bytes());
+        bytes.extend(0u64.to_le_bytes());
+        bytes.extend(((strings.len() + ints.len()) as u64).to_le_bytes());
+        let text = |bytes: &mut Vec<u8>, s: &str| {
+            bytes.extend((s.len() as u64).to_le_bytes());
+            bytes.extend(s.as_bytes());
+        };
+        for (key, value) in strings {
+            text(&mut bytes, key);
+            bytes.extend(8u32.to_le_bytes());
+            text(&mut bytes, value);
+        }
+        for (key, value) in ints {
+            text(&mut bytes, key);
+            bytes.extend(4u32.to_le_bytes());
+            bytes.extend(value.to_le_bytes());
+        }
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), bytes).unwrap();
+        file
+    }
+
+    #[test]
+    fn a_sliding_window_of_zero_is_none() {
+        // llama.cpp's Phi-3 converter writes 0 for `"sliding_window": null`.
+        for (window, expected) in [(0, None), (2047, Some(2047))] {
+            let file = metadata_only(
+                &[("general.architecture", "phi3")],
+                &[("phi3.attention.sliding_window", window)],
+            );
+            let config = GgufFile::open(file.path()).unwrap().hf_config().unwrap();
+            assert_eq!(
+                config.get("sliding_window").and_then(|w| w.as_u64()),
+                expected
+            );
+        }
+    }
 
     #[test]
     fn tensor_names() {

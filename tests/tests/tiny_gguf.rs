@@ -1,0 +1,278 @@
+//! GGUF files made by llama.cpp's own converter (`convert_hf_to_gguf.py`,
+//! from the llama-cpp-python 0.3.36 sdist) from the tiny random fixtures
+//! (`tests/fixtures/reference/tiny_*.{f32,q8_0}.gguf`, made by
+//! `gen_tiny_gguf.py`, described by `tiny_gguf.json`), loaded like a user's
+//! `--model file.gguf` (config from the GGUF metadata, llama.cpp's tensor names
+//! and layouts) and run against Hugging Face transformers' logits: every
+//! position of each prompt in one prefill, token by token through the cache,
+//! and greedy generation.
+//!
+//! The reference is the fixture's own (`tiny_*.json`) where the GGUF holds the
+//! fixture's model exactly (the f32 files); for Q8_0 files it is transformers
+//! run on the dequantized weights, and for Gemma 3 transformers with the layer
+//! pattern llama.cpp assigns (the GGUF stores none): both recorded in the
+//! manifest. Either way the tolerance is the fixtures' atol = rtol = 1e-4.
+
+use std::collections::BTreeSet;
+
+use kiln_host::compiler::CompileCache;
+use kiln_host::engine::sampling::argmax;
+use kiln_host::engine::Generator;
+use kiln_host::model::{resolve, LoadOptions, Model};
+use kiln_host::plugins::ArchitectureRegistry;
+use kiln_host::runtime::{Precision, Tensor};
+use kiln_tests::reference::{compare, FixtureTensor};
+use serde::Deserialize;
+
+const ATOL: f64 = 1e-4;
+const RTOL: f64 = 1e-4;
+
+#[derive(Deserialize)]
+struct Manifest {
+    files: Vec<Entry>,
+}
+
+/// One GGUF file of `tiny_gguf.json`.
+#[derive(Deserialize)]
+struct Entry {
+    file: String,
+    fixture: String,
+    outtype: String,
+    bytes: u64,
+    /// `fixture`, or what the recorded logits were computed from.
+    reference: String,
+    #[serde(default)]
+    logits: Option<Vec<FixtureTensor>>,
+    #[serde(default)]
+    greedy: Option<Vec<i64>>,
+}
+
+#[derive(Deserialize)]
+struct Fixture {
+    architecture: String,
+    prompts: Vec<Vec<i64>>,
+    logits: Vec<FixtureTensor>,
+    greedy: Vec<i64>,
+}
+
+fn fixture_dir() -> std::path::PathBuf {
+    kiln_tests::workspace_root().join("tests/fixtures/reference")
+}
+
+fn manifest() -> Manifest {
+    let text = std::fs::read_to_string(fixture_dir().join("tiny_gguf.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Loads a `.gguf` file the way `--model file.gguf` does, with exact arithmetic.
+fn load_gguf(path: &std::path::Path) -> Model {
+    let registry = ArchitectureRegistry::load(&[]).unwrap();
+    let resolved = resolve(path.to_str().unwrap(), None, None).unwrap();
+    assert!(
+        resolved.dir.is_none(),
+        "no config.json: the GGUF metadata only"
+    );
+    let options = LoadOptions {
+        max_length: None,
+        precision: Precision::Exact,
+        compile_cache: CompileCache::disabled(),
+    };
+    kiln_host::model::load(&registry, resolved, &options).unwrap()
+}
+
+fn row(tensor: &FixtureTensor, index: usize) -> FixtureTensor {
+    let vocab = tensor.shape[1];
+    FixtureTensor {
+        dtype: tensor.dtype.clone(),
+        shape: vec![vocab],
+        data: tensor.data[index * vocab..(index + 1) * vocab].to_vec(),
+    }
+}
+
+/// Largest |actual - expected| so far and how many rows had the same argmax.
+#[derive(Default)]
+struct Stats {
+    max_abs_diff: f64,
+    rows: usize,
+    argmax_agree: usize,
+}
+
+impl Stats {
+    fn check(&mut self, actual: &[f32], expected: &FixtureTensor, what: &str) {
+        let want = expected.values();
+        for (&a, &e) in actual.iter().zip(&want) {
+            self.max_abs_diff = self.max_abs_diff.max((f64::from(a) - e).abs());
+        }
+        let top = |v: &[f64]| {
+            v.iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(i, _)| i)
+        };
+        let actual64: Vec<f64> = actual.iter().map(|&v| f64::from(v)).collect();
+        self.rows += 1;
+        self.argmax_agree += usize::from(top(&actual64) == top(&want));
+        let tensor = Tensor::f32(vec![actual.len()], actual.to_vec());
+        if let Err(e) = compare(&tensor, expected, ATOL, RTOL) {
+            panic!("{what}: {e}");
+        }
+    }
+}
+
+fn gguf_matches_transformers(file: &str) {
+    let manifest = manifest();
+    let entry = manifest
+        .files
+        .iter()
+        .find(|e| e.file == file)
+        .unwrap_or_else(|| panic!("{file} is not in tiny_gguf.json"));
+    let path = fixture_dir().join(&entry.file);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        entry.bytes,
+        "{file} is not the file tiny_gguf.json describes; rerun gen_tiny_gguf.py"
+    );
+    let fixture: Fixture =
+        serde_json::from_str(&std::fs::read_to_string(fixture_dir().join(&entry.fixture)).unwrap())
+            .unwrap();
+    let (logits, greedy) = match entry.reference.as_str() {
+        "fixture" => (&fixture.logits, &fixture.greedy),
+        other => (
+            entry
+                .logits
+                .as_ref()
+                .unwrap_or_else(|| panic!("{file}: reference `{other}` without logits")),
+            entry.greedy.as_ref().unwrap(),
+        ),
+    };
+
+    let model = load_gguf(&path);
+    assert_eq!(model.architecture.info.name, fixture.architecture);
+    assert!(
+        model.unused_tensors.is_empty(),
+        "{:?}",
+        model.unused_tensors
+    );
+    assert!(model.tokenizer.is_some(), "the GGUF's vocabulary loads");
+
+    let mut stats = Stats::default();
+    for (p, (prompt, expected)) in fixture.prompts.iter().zip(logits).enumerate() {
+        let prompt: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
+        // One prefill, every position's logits.
+        let mut generator = Generator::new(&model, prompt.len());
+        let out = generator.feed(&prompt, true).unwrap();
+        assert_eq!(out.len(), prompt.len());
+        for (i, actual) in out.iter().enumerate() {
+            stats.check(
+                actual,
+                &row(expected, i),
+                &format!("{file} prompt {p} prefill position {i}"),
+            );
+        }
+        // Token by token, through the cache.
+        let mut generator = Generator::new(&model, prompt.len());
+        for (i, &token) in prompt.iter().enumerate() {
+            let actual = generator.feed(&[token], false).unwrap().remove(0);
+            stats.check(
+                &actual,
+                &row(expected, i),
+                &format!("{file} prompt {p} decode position {i}"),
+            );
+        }
+    }
+
+    // Greedy generation from the longest prompt.
+    let prompt: Vec<u32> = fixture
+        .prompts
+        .iter()
+        .max_by_key(|p| p.len())
+        .unwrap()
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
+    let mut generator = Generator::new(&model, prompt.len() + greedy.len());
+    let mut next_logits = generator.feed(&prompt, false).unwrap().remove(0);
+    let mut generated = Vec::new();
+    for _ in 0..greedy.len() {
+        let next = argmax(&next_logits);
+        generated.push(i64::from(next));
+        next_logits = generator.feed(&[next], false).unwrap().remove(0);
+    }
+    assert_eq!(&generated, greedy, "{file}: greedy tokens");
+    eprintln!(
+        "{file} ({}, reference: {}): max |logit diff| {:.3e}, argmax agreement {}/{}, greedy {:?}",
+        entry.outtype,
+        entry.reference,
+        stats.max_abs_diff,
+        stats.argmax_agree,
+        stats.rows,
+        generated
+    );
+}
+
+const TESTED: [&str; 8] = [
+    "tiny_llama_tied.f32.gguf",
+    "tiny_qwen2.f32.gguf",
+    "tiny_qwen3.f32.gguf",
+    "tiny_gemma3.f32.gguf",
+    "tiny_phi3.f32.gguf",
+    "tiny_phi3.q8_0.gguf",
+    "tiny_gpt2.f32.gguf",
+    "tiny_gpt2.q8_0.gguf",
+];
+
+#[test]
+fn every_gguf_fixture_has_a_test() {
+    let listed: BTreeSet<String> = manifest().files.into_iter().map(|e| e.file).collect();
+    let tested: BTreeSet<String> = TESTED.iter().map(|s| s.to_string()).collect();
+    assert_eq!(listed, tested);
+    for file in TESTED {
+        assert!(fixture_dir().join(file).is_file(), "{file} is missing");
+    }
+}
+
+/// llama.cpp permutes Llama's q/k rows for its interleaved rope (here with a
+/// single kv head) and leaves out the tied `output.weight`.
+#[test]
+fn tiny_llama_tied_f32_gguf_with_permuted_qk_matches_transformers() {
+    gguf_matches_transformers("tiny_llama_tied.f32.gguf");
+}
+
+#[test]
+fn tiny_qwen2_f32_gguf_with_qkv_biases_matches_transformers() {
+    gguf_matches_transformers("tiny_qwen2.f32.gguf");
+}
+
+#[test]
+fn tiny_qwen3_f32_gguf_with_qk_norms_matches_transformers() {
+    gguf_matches_transformers("tiny_qwen3.f32.gguf");
+}
+
+/// Norms stored as `1 + w`, `ffn_norm` before the MLP, the local rope base in
+/// `rope.freq_base_swa`; every layer slides (llama.cpp's pattern for 4 layers).
+#[test]
+fn tiny_gemma3_f32_gguf_with_shifted_norms_matches_transformers() {
+    gguf_matches_transformers("tiny_gemma3.f32.gguf");
+}
+
+/// Fused `attn_qkv` and `ffn_up` (gate and up), `sliding_window` 0 meaning none.
+#[test]
+fn tiny_phi3_f32_gguf_with_fused_projections_matches_transformers() {
+    gguf_matches_transformers("tiny_phi3.f32.gguf");
+}
+
+#[test]
+fn tiny_phi3_q8_0_gguf_matches_transformers_on_dequantized_weights() {
+    gguf_matches_transformers("tiny_phi3.q8_0.gguf");
+}
+
+/// Conv1D weights stored transposed, learned positions kept in f32.
+#[test]
+fn tiny_gpt2_f32_gguf_with_transposed_projections_matches_transformers() {
+    gguf_matches_transformers("tiny_gpt2.f32.gguf");
+}
+
+#[test]
+fn tiny_gpt2_q8_0_gguf_matches_transformers_on_dequantized_weights() {
+    gguf_matches_transformers("tiny_gpt2.q8_0.gguf");
+}
