@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod cli;
 mod commands;
 pub mod compiler;
+pub mod device;
 pub mod engine;
 pub mod logging;
 pub mod model;

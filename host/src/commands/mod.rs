@@ -34,7 +34,7 @@ fn load_model(
     plugins: &PluginArgs,
     runtime: &RuntimeArgs,
 ) -> anyhow::Result<Model> {
-    check_device(&runtime.device)?;
+    crate::device::check(runtime.device.parse()?)?;
     let registry = ArchitectureRegistry::load(&plugins.custom_architectures)?;
     let resolved = resolve(
         &model.model,
@@ -51,16 +51,4 @@ fn load_model(
         },
     };
     Ok(model::load(&registry, resolved, &options)?)
-}
-
-/// Accepts `cpu`; a GPU is refused in one clear line (the CUDA backend is
-/// not part of this build yet).
-fn check_device(device: &str) -> anyhow::Result<()> {
-    match device {
-        "cpu" => Ok(()),
-        gpu if gpu == "gpu" || gpu.starts_with("gpu:") => {
-            anyhow::bail!("--device {gpu}: this build has no GPU backend yet; use --device cpu")
-        }
-        other => anyhow::bail!("--device {other}: expected cpu, gpu or gpu:N"),
-    }
 }

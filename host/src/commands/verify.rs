@@ -39,6 +39,8 @@ struct Report {
 
 /// Runs every reference prompt through the model and compares.
 pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
+    // Fail fast on the device before reading a possibly large reference.
+    crate::device::check(args.runtime.device.parse()?)?;
     let prompts = read_reference(&args.reference)?;
     let model = super::load_model(&args.model, &args.plugins, &args.runtime)?;
     let tolerance = args.atol.map(|atol| Tolerance {

@@ -1,0 +1,51 @@
+//! `--device` on the command line: a GPU on a machine without CUDA, and a
+//! malformed device, end in one clear line and exit code 1, never a panic.
+
+use kiln_tests::{run_host, text};
+
+#[test]
+fn gpu_devices_without_a_cuda_driver_are_refused_in_one_line() {
+    let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
+    let dir = tempfile::tempdir().unwrap();
+    kiln_tests::models::write_model_dir(&config, &weights, dir.path(), false);
+    let model = dir.path().to_str().unwrap();
+    for (command, device) in [("generate", "gpu"), ("serve", "gpu:1"), ("verify", "gpu")] {
+        let mut args = vec![command, "--model", model, "--device", device];
+        match command {
+            "generate" => args.extend(["--prompt-ids", "1,2"]),
+            "verify" => args.extend(["--reference", model]),
+            _ => {}
+        }
+        let output = run_host(&args, &[]);
+        let (_, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{command}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        let no_driver = format!(
+            "error: --device {}: no CUDA driver found (libcuda could not be loaded); use --device cpu",
+            if device == "gpu" { "gpu:0" } else { device }
+        );
+        if stderr.contains("found") && !stderr.contains("no CUDA driver found") {
+            println!("{command}: a CUDA driver is present here: {stderr}");
+        } else {
+            assert_eq!(stderr.trim(), no_driver, "{command}");
+        }
+    }
+    let output = run_host(
+        [
+            "generate",
+            "--model",
+            model,
+            "--prompt-ids",
+            "1",
+            "--device",
+            "tpu",
+        ],
+        &[],
+    );
+    let (_, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        stderr.trim(),
+        "error: --device tpu: expected cpu, gpu or gpu:N"
+    );
+}
