@@ -1,7 +1,7 @@
 //! CPU implementations of the graph ops on concrete [`Tensor`]s (everything
 //! but paged attention, which needs the KV cache: see `executor.rs`).
 
-use kiln_kernels::dense::{matmul, norm, rope};
+use kiln_kernels::dense::{activation, matmul, norm, rope};
 use kiln_plugin_api::graph::{BinaryOp, DType, Op, ReduceOp, TopKOutput, UnaryOp};
 
 use super::pool::BufferPool;
@@ -105,8 +105,9 @@ pub fn eval(
 pub fn unary(op: UnaryOp, x: &Tensor) -> Tensor {
     match &x.data {
         Data::F32(v) => {
-            let f = unary_f32(op);
-            Tensor::from_f32(x.dtype, x.shape.clone(), v.iter().map(|&a| f(a)).collect())
+            let mut values = v.clone();
+            unary_f32_in_place(op, &mut values);
+            Tensor::from_f32(x.dtype, x.shape.clone(), values)
         }
         Data::I64(v) => {
             let values = v
@@ -122,6 +123,18 @@ pub fn unary(op: UnaryOp, x: &Tensor) -> Tensor {
             }
         }
         Data::Bool(v) => Tensor::bool(x.shape.clone(), v.iter().map(|&a| !a).collect()),
+    }
+}
+
+/// Applies a unary op to f32 values in place (vectorized where a kernel exists).
+pub fn unary_f32_in_place(op: UnaryOp, x: &mut [f32]) {
+    match op {
+        UnaryOp::Silu => activation::silu(x),
+        UnaryOp::GeluTanh => activation::gelu_tanh(x),
+        _ => {
+            let f = unary_f32(op);
+            x.iter_mut().for_each(|v| *v = f(*v));
+        }
     }
 }
 
@@ -141,12 +154,9 @@ pub fn unary_f32(op: UnaryOp) -> fn(f32) -> f32 {
         UnaryOp::Tanh => f32::tanh,
         UnaryOp::Sigmoid => |a| 1.0 / (1.0 + (-a).exp()),
         UnaryOp::Relu => |a| a.max(0.0),
-        UnaryOp::Silu => |a| a / (1.0 + (-a).exp()),
+        UnaryOp::Silu => activation::silu_scalar,
         UnaryOp::Gelu => |a| 0.5 * a * (1.0 + libm::erff(a * std::f32::consts::FRAC_1_SQRT_2)),
-        UnaryOp::GeluTanh => |a| {
-            const C: f32 = 0.797_884_6; // sqrt(2/pi)
-            0.5 * a * (1.0 + (C * (a + 0.044_715 * a * a * a)).tanh())
-        },
+        UnaryOp::GeluTanh => activation::gelu_tanh_scalar,
         UnaryOp::Floor => f32::floor,
         UnaryOp::Ceil => f32::ceil,
         UnaryOp::Not => |a| f32::from(u8::from(a == 0.0)),

@@ -4,7 +4,9 @@
 use kiln_plugin_api::graph::{BinaryOp, DType};
 use rayon::prelude::*;
 
-use super::cpu_ops::{arithmetic_f32, broadcast_offsets, cast, compare_f32, unary, unary_f32};
+use super::cpu_ops::{
+    arithmetic_f32, broadcast_offsets, cast, compare_f32, unary, unary_f32_in_place,
+};
 use super::pool::BufferPool;
 use super::tensor::{round_floats, storage_of, Data, Storage, Tensor};
 use crate::compiler::{ElementOp, Instr, Operand};
@@ -111,8 +113,7 @@ fn from_tensor(t: Tensor) -> Reg {
 fn apply(instr: &Instr, mut args: Vec<Reg>) -> Result<Reg, String> {
     Ok(match (instr.op, args.as_mut_slice()) {
         (ElementOp::Unary { f }, [Reg::F(x)]) => {
-            let f = unary_f32(f);
-            x.iter_mut().for_each(|v| *v = f(*v));
+            unary_f32_in_place(f, x);
             round_floats(instr.dtype, x);
             Reg::F(std::mem::take(x))
         }
