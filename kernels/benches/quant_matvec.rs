@@ -1,7 +1,11 @@
 //! Quantized matrix-vector products (m = 1, decode) at SmolLM2-135M's shapes,
-//! in weight bytes per second, beside the machine's memory bandwidth.
+//! in weight bytes per second, beside the machine's memory bandwidth; and
+//! quantized matrix products with 64 activation rows (prefill) at SmolLM2's
+//! and Gemma-3-270M's shapes, in fast precision, in FLOP/s
+//! (`quant_prefill`: criterion's "elem/s" are multiply-adds × 2).
 //!
-//! `cargo bench -p kiln-kernels --bench quant_matvec`. The rayon pool has its
+//! `cargo bench -p kiln-kernels --bench quant_matvec` (add `-- quant_prefill`
+//! for the prefill cases only). The rayon pool has its
 //! default size (one thread per core) and the products are called from inside
 //! it, as a runtime does (`quant_matvec_outside_pool` shows the cost of calling
 //! from another thread). K-quants need rows of a multiple of 256 values, so
@@ -25,6 +29,24 @@ const TYPES: [QuantType; 5] = [
     QuantType::Q4K,
     QuantType::Q6K,
 ];
+
+/// Activation rows of a prefill batch.
+const PREFILL_M: usize = 64;
+/// rows x cols of the prefill cases: SmolLM2-135M's attention q/o, MLP
+/// up/gate and down, then Gemma-3-270M's attention q, attention o, MLP
+/// up/gate and down.
+const PREFILL_SHAPES: [(usize, usize); 7] = [
+    (576, 576),
+    (1536, 576),
+    (576, 1536),
+    (1024, 640),
+    (640, 1024),
+    (2048, 640),
+    (640, 2048),
+];
+/// The 32-value formats the real models use for most matrices (SmolLM2 Q4_1,
+/// Qwen2.5 and Gemma-3 Q5_0 and Q8_0).
+const PREFILL_TYPES: [QuantType; 3] = [QuantType::Q4_1, QuantType::Q5_0, QuantType::Q8_0];
 
 /// Deterministic bytes (xorshift).
 fn bytes(n: usize, mut s: u64) -> Vec<u8> {
@@ -99,6 +121,32 @@ fn quant_matvec(c: &mut Criterion) {
     group.finish();
 }
 
+fn quant_prefill(c: &mut Criterion) {
+    let mut group = c.benchmark_group("quant_prefill");
+    for ty in PREFILL_TYPES {
+        for (rows, cols) in PREFILL_SHAPES {
+            let data = random_weights(ty, rows, cols);
+            let w = QuantMatrix::new(ty, rows, cols, &data).expect("valid matrix");
+            let x: Vec<f32> = bytes(PREFILL_M * cols, 7)
+                .iter()
+                .map(|&b| f32::from(b) / 128.0 - 1.0)
+                .collect();
+            let mut y = vec![0f32; PREFILL_M * rows];
+            group.throughput(Throughput::Elements((2 * rows * cols * PREFILL_M) as u64));
+            let id = BenchmarkId::new(format!("{ty}/Fast/m{PREFILL_M}"), format!("{rows}x{cols}"));
+            group.bench_function(id, |b| {
+                b.iter_custom(|iters| {
+                    in_pool(iters, || {
+                        w.matmul(Precision::Fast, black_box(&x), PREFILL_M, &mut y)
+                            .expect("matmul")
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 /// Sum with 32 independent partial sums, so that it vectorizes and is bound
 /// by memory rather than by the latency of one chain of additions.
 fn sum(v: &[f32]) -> f32 {
@@ -163,6 +211,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(20);
-    targets = quant_matvec, quant_matvec_outside_pool, memory_bandwidth
+    targets = quant_matvec, quant_prefill, quant_matvec_outside_pool, memory_bandwidth
 }
 criterion_main!(benches);

@@ -7,7 +7,9 @@
 //! The kernels have the portable kernels' contract (see `scalar`). They
 //! stream one row at a time (interleaving rows defeats the hardware
 //! prefetchers), alternating two accumulators over the blocks of 32 so that
-//! consecutive blocks do not wait on each other.
+//! consecutive blocks do not wait on each other. For several activation
+//! rows, [`fast_32_multi`] decodes each block of Q4_0, Q4_1, Q5_0, Q5_1 and
+//! Q8_0 once for up to 8 of them, giving the single-row kernels' bits.
 
 use std::arch::x86_64::*;
 
@@ -422,29 +424,154 @@ pub(crate) unsafe fn fast_32<F: Format>(w: &[u8], acts: &[BlockQ8], out: &mut [f
     by_rows!(fast_32_row::<F>, w, acts.len(), acts, out);
 }
 
+/// A Q4_0/Q4_1/Q5_0/Q5_1 block decoded for [`fast_32`]: the unsigned
+/// quants, the scale, and the factor of the activation sum (the minimum, or
+/// the scale).
+#[derive(Clone, Copy)]
+struct Fast32Weights {
+    q: __m256i,
+    d: f32,
+    c: f32,
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn fast_32_row<F: Format>(row: &[u8], acts: &[BlockQ8]) -> f32 {
-    // The state: Σ scale × products, and Σ (scale or minimum) × activation sum.
-    let acc = fold2(
-        row,
-        F::BYTES,
-        acts,
-        (_mm256_setzero_ps(), 0f32),
-        |(acc, corr), b, a| {
-            let p = mul_sum_u8_i8(unsigned_quants::<F>(b), load32_i8(&a.qs));
-            let d = f16_at(b, 0);
-            let acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(p), acc);
-            let c = if has_min(F::TY) { f16_at(b, 2) } else { d };
-            (acc, c.mul_add(a.d * a.sum as f32, corr))
-        },
-    );
+unsafe fn fast_32_weights<F: Format>(b: &[u8]) -> Fast32Weights {
+    let d = f16_at(b, 0);
+    Fast32Weights {
+        q: unsigned_quants::<F>(b),
+        d,
+        c: if has_min(F::TY) { f16_at(b, 2) } else { d },
+    }
+}
+
+/// [`fast_32`]'s step: adds a decoded block times an activation block to
+/// the state (Σ scale × products, Σ (scale or minimum) × activation sum).
+/// The single-row and multi-row kernels both go through it, so they agree
+/// bit for bit.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fast_32_add((acc, corr): (__m256, f32), w: &Fast32Weights, a: &BlockQ8) -> (__m256, f32) {
+    let p = mul_sum_u8_i8(w.q, load32_i8(&a.qs));
+    let acc = _mm256_fmadd_ps(_mm256_set1_ps(w.d * a.d), _mm256_cvtepi32_ps(p), acc);
+    (acc, w.c.mul_add(a.d * a.sum as f32, corr))
+}
+
+/// [`fast_32`]'s result from the states of the even and odd blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fast_32_finish<F: Format>(even: (__m256, f32), odd: (__m256, f32)) -> f32 {
     let k = if has_min(F::TY) {
         1.0
     } else {
         -f32::from(quant_offset(F::TY))
     };
-    hsum(_mm256_add_ps(acc[0].0, acc[1].0)) + k * (acc[0].1 + acc[1].1)
+    hsum(_mm256_add_ps(even.0, odd.0)) + k * (even.1 + odd.1)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn fast_32_row<F: Format>(row: &[u8], acts: &[BlockQ8]) -> f32 {
+    let [even, odd] = fold2(
+        row,
+        F::BYTES,
+        acts,
+        (_mm256_setzero_ps(), 0f32),
+        |state, b, a| fast_32_add(state, &fast_32_weights::<F>(b), a),
+    );
+    fast_32_finish::<F>(even, odd)
+}
+
+/// [`fast_32`] (or [`fast_q8_0`] for Q8_0) over `R` (at most 8) activation
+/// rows at once: each weight block is decoded once for the `R` rows. `acts` holds the `R` rows of
+/// `act_len` blocks one after another, `out` the `R` output rows of
+/// `n = out.len() / R` values: `out[i * n + r]` is weight row `r` times
+/// activation row `i`, bit for bit what [`fast_32`] gives.
+///
+/// The even and odd blocks' sums are independent, so they are taken one
+/// after the other. The activation-side numbers of [`fast_32_add`] (the
+/// scale, and the scale times the quants' sum) are laid out with one lane
+/// per activation row, so that the scale products and the sums of the
+/// activation sums take one vector operation for all `R` rows: lane `i`
+/// computes exactly what the single-row kernel computes for row `i`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fast_32_multi<F: Format, const R: usize>(
+    w: &[u8],
+    acts: &[BlockQ8],
+    act_len: usize,
+    out: &mut [f32],
+) {
+    const { assert!(R <= 8) };
+    let n = out.len() / R;
+    let Some(row_bytes) = w.len().checked_div(n) else {
+        return;
+    };
+    let blocks = (row_bytes / F::BYTES).min(act_len);
+    let mut rows_acts = [&acts[..0]; R];
+    for (i, a) in rows_acts.iter_mut().enumerate() {
+        *a = &acts[i * act_len..i * act_len + blocks];
+    }
+    // Per block: the rows' scales, and scales times sums (unused for Q8_0).
+    let mut scales = vec![[0f32; 8]; blocks];
+    let mut sums = vec![[0f32; 8]; blocks];
+    for (j, (d, ds)) in scales.iter_mut().zip(&mut sums).enumerate() {
+        for (i, a) in rows_acts.iter().enumerate() {
+            let a = &a[j];
+            d[i] = a.d;
+            ds[i] = a.d * a.sum as f32;
+        }
+    }
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        // [even, odd] blocks: the products' sums per row, and the sums of
+        // the activation sums (a lane per row).
+        let mut acc = [[_mm256_setzero_ps(); R]; 2];
+        let mut corr = [_mm256_setzero_ps(); 2];
+        for (parity, (acc, corr)) in acc.iter_mut().zip(&mut corr).enumerate() {
+            let mut j = parity;
+            while j < blocks {
+                let b = &row[j * F::BYTES..(j + 1) * F::BYTES];
+                let wt = if F::TY == QuantType::Q8_0 {
+                    // As `fast_q8_0_row`: `q` holds the signed quants.
+                    let d = f16_at(b, 0);
+                    Fast32Weights {
+                        q: load32(&b[2..]),
+                        d,
+                        c: d,
+                    }
+                } else {
+                    fast_32_weights::<F>(b)
+                };
+                let dd = _mm256_mul_ps(_mm256_set1_ps(wt.d), load8(&scales[j]));
+                if F::TY != QuantType::Q8_0 {
+                    *corr = _mm256_fmadd_ps(_mm256_set1_ps(wt.c), load8(&sums[j]), *corr);
+                }
+                let abs = _mm256_sign_epi8(wt.q, wt.q);
+                for (i, (acc, a)) in acc.iter_mut().zip(&rows_acts).enumerate() {
+                    let x = load32_i8(&a[j].qs);
+                    let p = if F::TY == QuantType::Q8_0 {
+                        mul_sum_u8_i8(abs, _mm256_sign_epi8(x, wt.q))
+                    } else {
+                        mul_sum_u8_i8(wt.q, x)
+                    };
+                    let d = _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(i as i32));
+                    *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), *acc);
+                }
+                j += 2;
+            }
+        }
+        let mut c = [[0f32; 8]; 2];
+        for (c, v) in c.iter_mut().zip(&corr) {
+            _mm256_storeu_ps(c.as_mut_ptr(), *v);
+        }
+        for i in 0..R {
+            out[i * n + r] = if F::TY == QuantType::Q8_0 {
+                // As `fast_q8_0_row`.
+                hsum(_mm256_add_ps(acc[0][i], acc[1][i]))
+            } else {
+                fast_32_finish::<F>((acc[0][i], c[0][i]), (acc[1][i], c[1][i]))
+            };
+        }
+    }
 }
 
 /// Q4_K and Q5_K with Q8_K activations.

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::act::{quantize_run, BlockQ8, BlockQ8K};
 #[cfg(target_arch = "x86_64")]
 use super::avx512::BlockQ8x2;
-use super::format::marker;
+use super::format::{marker, Format};
 use super::{scalar, Precision, QuantError, QuantType};
 use crate::cpu::CpuFeatures;
 
@@ -50,9 +50,19 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => avx2,
-            Isa::Avx512 => avx2 && f.avx512 && f.avx512_vnni && f.avx512_vbmi,
+            Isa::Avx512 => avx2 && f.avx512 && f.avx512_vnni && f.avx512_vbmi && avx512vl(),
         }
     }
+}
+
+/// Whether the CPU has AVX-512 VL (the 128- and 256-bit forms of the
+/// AVX-512 instructions, and their 32 registers), which the AVX-512 kernels
+/// are compiled with. Every CPU with VBMI and VNNI has it.
+fn avx512vl() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512vl");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// A kernel: `out[r]` = the dot product of weight row `r` (of the
@@ -60,14 +70,62 @@ impl Isa {
 /// values or 8-bit blocks. Unsafe because it may need CPU features.
 type Kernel<A> = unsafe fn(&[u8], &[A], &mut [f32]);
 
+/// A kernel over several activation rows at once (a GEMM micro-kernel,
+/// which decodes each weight block once for all of them): given the weight
+/// rows, exactly `acts` activation rows one after another (`act_len` values
+/// or blocks each) and `out` of `acts * n` values, sets `out[i * n + r]` to
+/// weight row `r` times activation row `i`. It must give bit for bit what the
+/// single-row kernel gives. Unsafe because it may need CPU features.
+struct MultiKernel<A> {
+    acts: usize,
+    kernel: unsafe fn(&[u8], &[A], usize, &mut [f32]),
+}
+
+// Not derived: that would require `A: Copy`.
+impl<A> Clone for MultiKernel<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for MultiKernel<A> {}
+
+/// The most multi-row kernels a format has (for different numbers of
+/// activation rows).
+const MAX_MULTI_KERNELS: usize = 3;
+
+/// The kernels of a format, precision and instruction set.
+struct Kernels<A> {
+    one: Kernel<A>,
+    /// Kernels for several activation rows at once, the most rows first;
+    /// the rows they leave go to `one`.
+    multi: [Option<MultiKernel<A>>; MAX_MULTI_KERNELS],
+}
+
+/// Only a single-row kernel.
+fn one<A>(one: Kernel<A>) -> Kernels<A> {
+    Kernels {
+        one,
+        multi: [None; MAX_MULTI_KERNELS],
+    }
+}
+
+/// A multi-row kernel for `acts` activation rows.
+fn multi<A>(
+    acts: usize,
+    kernel: unsafe fn(&[u8], &[A], usize, &mut [f32]),
+) -> Option<MultiKernel<A>> {
+    Some(MultiKernel { acts, kernel })
+}
+
 /// The kernel for a format, precision and instruction set, with its
 /// activation representation.
 enum Selected {
-    Exact(Kernel<f32>),
-    Q8(Kernel<BlockQ8>),
-    Q8K(Kernel<BlockQ8K>),
+    Exact(Kernels<f32>),
+    Q8(Kernels<BlockQ8>),
+    Q8K(Kernels<BlockQ8K>),
     #[cfg(target_arch = "x86_64")]
-    Q8x2(Kernel<BlockQ8x2>),
+    Q8x2(Kernels<BlockQ8x2>),
 }
 
 /// Evaluates `$body` with `$f` naming the [`Format`](super::format::Format)
@@ -132,9 +190,9 @@ fn select(ty: QuantType, precision: Precision, isa: Isa) -> Selected {
     }
     let _ = isa;
     with_format!(ty, F => match (precision, ty.is_k_quant()) {
-        (Precision::Exact, _) => Selected::Exact(scalar::exact::<F>),
-        (Precision::Fast, false) => Selected::Q8(scalar::fast_q8::<F>),
-        (Precision::Fast, true) => Selected::Q8K(scalar::fast_q8k::<F>),
+        (Precision::Exact, _) => Selected::Exact(one(scalar::exact::<F>)),
+        (Precision::Fast, false) => Selected::Q8(one(scalar::fast_q8::<F>)),
+        (Precision::Fast, true) => Selected::Q8K(one(scalar::fast_q8k::<F>)),
     })
 }
 
@@ -144,18 +202,51 @@ fn select_avx512(ty: QuantType, precision: Precision) -> Option<Selected> {
     use marker as m;
     use Precision::{Exact, Fast};
     Some(match (precision, ty) {
-        (Exact, QuantType::Q4_0) => Selected::Exact(k::exact_32::<m::Q4_0>),
-        (Exact, QuantType::Q4_1) => Selected::Exact(k::exact_32::<m::Q4_1>),
-        (Exact, QuantType::Q5_0) => Selected::Exact(k::exact_32::<m::Q5_0>),
-        (Exact, QuantType::Q5_1) => Selected::Exact(k::exact_32::<m::Q5_1>),
+        (Exact, QuantType::Q4_0) => Selected::Exact(one(k::exact_32::<m::Q4_0>)),
+        (Exact, QuantType::Q4_1) => Selected::Exact(one(k::exact_32::<m::Q4_1>)),
+        (Exact, QuantType::Q5_0) => Selected::Exact(one(k::exact_32::<m::Q5_0>)),
+        (Exact, QuantType::Q5_1) => Selected::Exact(one(k::exact_32::<m::Q5_1>)),
         // Exact Q8_0 is faster with the AVX2 kernel (measured on Zen 5).
-        (Fast, QuantType::Q4_0) => Selected::Q8x2(k::fast_32::<m::Q4_0>),
-        (Fast, QuantType::Q4_1) => Selected::Q8x2(k::fast_32::<m::Q4_1>),
-        (Fast, QuantType::Q5_0) => Selected::Q8x2(k::fast_32::<m::Q5_0>),
-        (Fast, QuantType::Q5_1) => Selected::Q8x2(k::fast_32::<m::Q5_1>),
-        (Fast, QuantType::Q8_0) => Selected::Q8x2(k::fast_32::<m::Q8_0>),
+        (Fast, QuantType::Q4_0) => Selected::Q8x2(fast_512::<m::Q4_0>()),
+        (Fast, QuantType::Q4_1) => Selected::Q8x2(fast_512::<m::Q4_1>()),
+        (Fast, QuantType::Q5_0) => Selected::Q8x2(fast_512::<m::Q5_0>()),
+        (Fast, QuantType::Q5_1) => Selected::Q8x2(fast_512::<m::Q5_1>()),
+        (Fast, QuantType::Q8_0) => Selected::Q8x2(fast_512::<m::Q8_0>()),
         _ => return None,
     })
+}
+
+/// The AVX-512 fast kernels for the 32-value formats: the single-row one,
+/// and multi-row ones for 8, 4 and 2 activation rows, 2 weight rows at a
+/// time (measured best of 1 to 4 weight rows times 2 to 8 activation rows,
+/// see `bench/cpu/NOTES-quant-gemm.md`).
+#[cfg(target_arch = "x86_64")]
+fn fast_512<F: Format>() -> Kernels<BlockQ8x2> {
+    use super::avx512 as k;
+    Kernels {
+        one: k::fast_32::<F>,
+        multi: [
+            multi(8, k::fast_32_multi::<F, 2, 8>),
+            multi(4, k::fast_32_multi::<F, 2, 4>),
+            multi(2, k::fast_32_multi::<F, 2, 2>),
+        ],
+    }
+}
+
+/// The AVX2 fast kernels for Q4_0, Q4_1, Q5_0 and Q5_1 (Q8_0 replaces the
+/// single-row one): the single-row one, and multi-row ones for 8, 4 and 2
+/// activation rows (8 measured best of 2 to 8).
+#[cfg(target_arch = "x86_64")]
+fn fast_avx2<F: Format>() -> Kernels<BlockQ8> {
+    use super::avx2 as k;
+    Kernels {
+        one: k::fast_32::<F>,
+        multi: [
+            multi(8, k::fast_32_multi::<F, 8>),
+            multi(4, k::fast_32_multi::<F, 4>),
+            multi(2, k::fast_32_multi::<F, 2>),
+        ],
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -164,25 +255,28 @@ fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
     use marker as m;
     use Precision::{Exact, Fast};
     match (precision, ty) {
-        (Exact, QuantType::Q4_0) => Selected::Exact(k::exact_32::<m::Q4_0>),
-        (Exact, QuantType::Q4_1) => Selected::Exact(k::exact_32::<m::Q4_1>),
-        (Exact, QuantType::Q5_0) => Selected::Exact(k::exact_32::<m::Q5_0>),
-        (Exact, QuantType::Q5_1) => Selected::Exact(k::exact_32::<m::Q5_1>),
-        (Exact, QuantType::Q8_0) => Selected::Exact(k::exact_32::<m::Q8_0>),
-        (Exact, QuantType::Q4K) => Selected::Exact(k::exact_q45k::<m::Q4K>),
-        (Exact, QuantType::Q5K) => Selected::Exact(k::exact_q45k::<m::Q5K>),
-        (Exact, QuantType::Q6K) => Selected::Exact(k::exact_q6k::<m::Q6K>),
-        (Exact, _) => with_format!(ty, F => Selected::Exact(k::exact_any::<F>)),
-        (Fast, QuantType::Q4_0) => Selected::Q8(k::fast_32::<m::Q4_0>),
-        (Fast, QuantType::Q4_1) => Selected::Q8(k::fast_32::<m::Q4_1>),
-        (Fast, QuantType::Q5_0) => Selected::Q8(k::fast_32::<m::Q5_0>),
-        (Fast, QuantType::Q5_1) => Selected::Q8(k::fast_32::<m::Q5_1>),
-        (Fast, QuantType::Q8_0) => Selected::Q8(k::fast_q8_0::<m::Q8_0>),
-        (Fast, QuantType::Q4K) => Selected::Q8K(k::fast_q45k::<m::Q4K>),
-        (Fast, QuantType::Q5K) => Selected::Q8K(k::fast_q45k::<m::Q5K>),
-        (Fast, QuantType::Q6K) => Selected::Q8K(k::fast_q6k::<m::Q6K>),
-        (Fast, QuantType::Q2K) => Selected::Q8K(scalar::fast_q8k::<m::Q2K>),
-        (Fast, QuantType::Q3K) => Selected::Q8K(scalar::fast_q8k::<m::Q3K>),
+        (Exact, QuantType::Q4_0) => Selected::Exact(one(k::exact_32::<m::Q4_0>)),
+        (Exact, QuantType::Q4_1) => Selected::Exact(one(k::exact_32::<m::Q4_1>)),
+        (Exact, QuantType::Q5_0) => Selected::Exact(one(k::exact_32::<m::Q5_0>)),
+        (Exact, QuantType::Q5_1) => Selected::Exact(one(k::exact_32::<m::Q5_1>)),
+        (Exact, QuantType::Q8_0) => Selected::Exact(one(k::exact_32::<m::Q8_0>)),
+        (Exact, QuantType::Q4K) => Selected::Exact(one(k::exact_q45k::<m::Q4K>)),
+        (Exact, QuantType::Q5K) => Selected::Exact(one(k::exact_q45k::<m::Q5K>)),
+        (Exact, QuantType::Q6K) => Selected::Exact(one(k::exact_q6k::<m::Q6K>)),
+        (Exact, _) => with_format!(ty, F => Selected::Exact(one(k::exact_any::<F>))),
+        (Fast, QuantType::Q4_0) => Selected::Q8(fast_avx2::<m::Q4_0>()),
+        (Fast, QuantType::Q4_1) => Selected::Q8(fast_avx2::<m::Q4_1>()),
+        (Fast, QuantType::Q5_0) => Selected::Q8(fast_avx2::<m::Q5_0>()),
+        (Fast, QuantType::Q5_1) => Selected::Q8(fast_avx2::<m::Q5_1>()),
+        (Fast, QuantType::Q8_0) => Selected::Q8(Kernels {
+            one: k::fast_q8_0::<m::Q8_0>,
+            ..fast_avx2::<m::Q8_0>()
+        }),
+        (Fast, QuantType::Q4K) => Selected::Q8K(one(k::fast_q45k::<m::Q4K>)),
+        (Fast, QuantType::Q5K) => Selected::Q8K(one(k::fast_q45k::<m::Q5K>)),
+        (Fast, QuantType::Q6K) => Selected::Q8K(one(k::fast_q6k::<m::Q6K>)),
+        (Fast, QuantType::Q2K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q2K>)),
+        (Fast, QuantType::Q3K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q3K>)),
     }
 }
 
@@ -260,6 +354,11 @@ fn quantize_acts<B: ActBlock>(isa: Isa, x: &[f32], cols: usize) -> (Vec<B>, usiz
 /// Rows computed for every activation row before moving on, so that they stay
 /// in L1 while the activations stream past.
 const ROW_TILE: usize = 8;
+/// Weight bytes a multi-row kernel is given at once (at least
+/// [`ROW_TILE`] rows): each group of activation rows runs over them before
+/// the next group, so they stay in L2 while a group's activations stay in
+/// L1. Bigger tiles also spread the kernel's set-up over more rows.
+const MULTI_TILE_BYTES: usize = 256 << 10;
 /// The least work (weight bytes times activation rows) worth a task.
 const MIN_TASK_WORK: usize = 32 * 1024;
 /// Tasks per thread, for balance.
@@ -273,6 +372,7 @@ const MIN_WORK_FROM_OUTSIDE: usize = 2 << 20;
 /// A product to run: the kernel, the weights, and the prepared activations.
 struct Job<'a, A> {
     kernel: Kernel<A>,
+    multi: [Option<MultiKernel<A>>; MAX_MULTI_KERNELS],
     weight: &'a [u8],
     row_bytes: usize,
     /// `m` rows of `act_len` values or blocks each.
@@ -282,16 +382,61 @@ struct Job<'a, A> {
 
 impl<A: Sync> Job<'_, A> {
     /// Computes weight rows `r0..r0 + outs[i].len()` for every activation
-    /// row `i`, writing `outs[i][r - r0]`.
+    /// row `i`, writing `outs[i][r - r0]`: activation rows in groups of the
+    /// multi-row kernels' sizes while they have enough, the rest one by one.
     fn rows(&self, r0: usize, outs: &mut [&mut [f32]]) {
         let n = outs.first().map_or(0, |o| o.len());
+        let mut done = 0;
+        for k in self.multi.iter().flatten() {
+            let groups = (outs.len() - done) / k.acts;
+            if groups > 0 {
+                let end = done + groups * k.acts;
+                self.multi_rows(k, r0, done, &mut outs[done..end]);
+                done = end;
+            }
+        }
+        if done == outs.len() {
+            return;
+        }
         for t0 in (0..n).step_by(ROW_TILE) {
             let t1 = (t0 + ROW_TILE).min(n);
             let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
-            for (out, a) in outs.iter_mut().zip(self.acts.chunks_exact(self.act_len)) {
+            let acts = self.acts.chunks_exact(self.act_len).skip(done);
+            for (out, a) in outs[done..].iter_mut().zip(acts) {
                 // SAFETY: the kernel was selected for an instruction set the
                 // CPU supports; `w` holds whole rows and `a` a whole row.
                 unsafe { (self.kernel)(w, a, &mut out[t0..t1]) };
+            }
+        }
+    }
+
+    /// [`rows`](Self::rows) for activation rows `a0..a0 + outs.len()` (a
+    /// multiple of `k.acts`) with the multi-row kernel `k`: every group of
+    /// activation rows runs over a tile of weight rows (which stays in L2)
+    /// before the next tile.
+    fn multi_rows(&self, k: &MultiKernel<A>, r0: usize, a0: usize, outs: &mut [&mut [f32]]) {
+        let n = outs.first().map_or(0, |o| o.len());
+        let tile = (MULTI_TILE_BYTES / self.row_bytes.max(1))
+            .max(ROW_TILE)
+            .min(n.max(1));
+        let mut buf = vec![0f32; k.acts * tile];
+        let group_len = k.acts * self.act_len;
+        let acts = &self.acts[a0 * self.act_len..];
+        for t0 in (0..n).step_by(tile) {
+            let t1 = (t0 + tile).min(n);
+            let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
+            let buf = &mut buf[..k.acts * (t1 - t0)];
+            for (outs, a) in outs
+                .chunks_exact_mut(k.acts)
+                .zip(acts.chunks_exact(group_len))
+            {
+                // SAFETY: the kernel was selected for an instruction set the
+                // CPU supports; `w` holds whole rows, `a` `k.acts` whole
+                // activation rows and `buf` `k.acts` rows of outputs.
+                unsafe { (k.kernel)(w, a, self.act_len, buf) };
+                for (out, y) in outs.iter_mut().zip(buf.chunks_exact(t1 - t0)) {
+                    out[t0..t1].copy_from_slice(y);
+                }
             }
         }
     }
@@ -430,27 +575,29 @@ impl<'a> QuantMatrix<'a> {
             return Ok(());
         }
         match select(self.ty, precision, isa) {
-            Selected::Exact(kernel) => self.job(kernel, x, self.cols).run(self.rows, y),
-            Selected::Q8(kernel) => {
+            Selected::Exact(kernels) => self.job(kernels, x, self.cols).run(self.rows, y),
+            Selected::Q8(kernels) => {
                 let (acts, per_row) = quantize_acts::<BlockQ8>(isa, x, self.cols);
-                self.job(kernel, &acts, per_row).run(self.rows, y);
+                self.job(kernels, &acts, per_row).run(self.rows, y);
             }
-            Selected::Q8K(kernel) => {
+            Selected::Q8K(kernels) => {
                 let (acts, per_row) = quantize_acts::<BlockQ8K>(isa, x, self.cols);
-                self.job(kernel, &acts, per_row).run(self.rows, y);
+                self.job(kernels, &acts, per_row).run(self.rows, y);
             }
             #[cfg(target_arch = "x86_64")]
-            Selected::Q8x2(kernel) => {
+            Selected::Q8x2(kernels) => {
                 let (acts, per_row) = quantize_acts::<BlockQ8x2>(isa, x, self.cols);
-                self.job(kernel, &acts, per_row).run(self.rows, y);
+                self.job(kernels, &acts, per_row).run(self.rows, y);
             }
         }
         Ok(())
     }
 
-    fn job<'j, A>(&'j self, kernel: Kernel<A>, acts: &'j [A], act_len: usize) -> Job<'j, A> {
+    fn job<'j, A>(&'j self, kernels: Kernels<A>, acts: &'j [A], act_len: usize) -> Job<'j, A> {
+        debug_assert!(kernels.multi.iter().flatten().all(|k| k.acts >= 2));
         Job {
-            kernel,
+            kernel: kernels.one,
+            multi: kernels.multi,
             weight: self.data,
             row_bytes: self.row_bytes,
             acts,

@@ -41,6 +41,13 @@
 //! one below it. The portable kernels are always compiled and are the
 //! reference the others are tested against.
 //!
+//! With several activation rows (prefill), the fast kernels for the 32-value
+//! formats on AVX-512 and AVX2 also have multi-row (GEMM micro-) kernels,
+//! which decode each weight block once for 8, 4 or 2 activation rows (the
+//! rows left over take the single-row kernel). They compute exactly what the
+//! single-row kernels compute, so a product's bits do not depend on how many
+//! rows it has.
+//!
 //! # Threads
 //!
 //! Output rows are split over the rayon pool (the only parallelism when

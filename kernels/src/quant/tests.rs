@@ -257,3 +257,241 @@ fn bad_shapes_are_errors() {
     assert!(dequantize_row(ty, &data, &mut out).is_err());
     assert!(dequantize_row(ty, &data[..34], &mut out[..31]).is_err());
 }
+
+/// The 32-value formats, which have multi-row (GEMM) kernels.
+#[cfg(target_arch = "x86_64")]
+const BLOCK32_TYPES: [QuantType; 5] = [
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q5_0,
+    QuantType::Q5_1,
+    QuantType::Q8_0,
+];
+
+/// Whether the CPU runs the kernels of `isa`; prints why a test (or part of
+/// it) is skipped if not.
+#[cfg(target_arch = "x86_64")]
+fn available_or_skip(isa: Isa, test: &str) -> bool {
+    let ok = isa.is_available();
+    if !ok {
+        let needs = match isa {
+            Isa::Avx512 => "AVX-512 (F, BW, VBMI, VNNI)",
+            _ => "AVX2, FMA and F16C",
+        };
+        println!("{test}: {isa:?} part skipped, this CPU lacks {needs}");
+    }
+    ok
+}
+
+/// `m` activation rows at once (the multi-row kernels, and the single-row
+/// kernel for the rows left over) give bit for bit what `m` products of one
+/// row each give (the single-row kernel only), in fast precision.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn multi_row_products_equal_single_row_products() {
+    let mut seed = 1000;
+    for isa in [Isa::Avx2, Isa::Avx512] {
+        if !available_or_skip(isa, "multi_row_products_equal_single_row_products") {
+            continue;
+        }
+        for ty in BLOCK32_TYPES {
+            // Odd and even block counts; SmolLM2's and Gemma-3's widths.
+            for blocks in [1, 2, 3, 5, 18, 20] {
+                let cols = blocks * ty.block_elems();
+                // Partial tiles of 8 rows, odd row counts, and a count big
+                // enough to be split over threads.
+                for (rows, ms) in [
+                    (1, &[1, 2, 3, 4, 5, 9][..]),
+                    (3, &[2, 4, 5, 9, 64][..]),
+                    (8, &[4, 9][..]),
+                    (13, &[1, 2, 3, 4, 5, 9, 64][..]),
+                    (150, &[7, 64][..]),
+                ] {
+                    for &m in ms {
+                        seed += 1;
+                        check_multi_row(isa, ty, rows, cols, m, seed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn check_multi_row(isa: Isa, ty: QuantType, rows: usize, cols: usize, m: usize, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let data = random_blocks(ty, rows * cols / ty.block_elems(), &mut rng);
+    let x: Vec<f32> = (0..m * cols).map(|_| rng.f32()).collect();
+    let matrix = QuantMatrix::new(ty, rows, cols, &data).unwrap();
+    let mut y = vec![f32::NAN; m * rows];
+    matrix
+        .matmul_with(isa, Precision::Fast, &x, m, &mut y)
+        .unwrap();
+    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for (i, (x, y)) in x.chunks_exact(cols).zip(y.chunks_exact(rows)).enumerate() {
+        let mut one = vec![f32::NAN; rows];
+        matrix
+            .matmul_with(isa, Precision::Fast, x, 1, &mut one)
+            .unwrap();
+        assert_eq!(
+            bits(y),
+            bits(&one),
+            "{ty} {isa:?} {rows}x{cols} m={m}: activation row {i}"
+        );
+    }
+}
+
+/// A multi-row kernel's signature: weights, activation rows, blocks per
+/// activation row, outputs.
+#[cfg(target_arch = "x86_64")]
+type MultiKernel<A> = unsafe fn(&[u8], &[A], usize, &mut [f32]);
+
+/// Runs `multi` (over `r` activation rows) against `one` (the single-row
+/// kernel) on random weights of `blocks` blocks a row and 0 to 9 rows,
+/// requiring equal bits. `quantize` fills a row's activation blocks.
+#[cfg(target_arch = "x86_64")]
+fn check_multi_kernel<A: Copy + Default>(
+    ty: QuantType,
+    rng: &mut Rng,
+    blocks: usize,
+    act_len: usize,
+    (r, multi): (usize, MultiKernel<A>),
+    one: unsafe fn(&[u8], &[A], &mut [f32]),
+    quantize: impl Fn(&[f32], &mut [A]),
+) {
+    for rows in 0..=9 {
+        let data = random_blocks(ty, rows * blocks, rng);
+        let x: Vec<f32> = (0..r * blocks * 32).map(|_| rng.f32()).collect();
+        let mut acts = vec![A::default(); r * act_len];
+        for (x, a) in x
+            .chunks_exact(blocks * 32)
+            .zip(acts.chunks_exact_mut(act_len))
+        {
+            quantize(x, a);
+        }
+        let mut got = vec![f32::NAN; r * rows];
+        // SAFETY: the caller checked the instruction set; whole rows of
+        // weights and activations.
+        unsafe { multi(&data, &acts, act_len, &mut got) };
+        for (i, a) in acts.chunks_exact(act_len).enumerate() {
+            let mut want = vec![f32::NAN; rows];
+            // SAFETY: as above.
+            unsafe { one(&data, a, &mut want) };
+            for (k, (g, w)) in got[i * rows..][..rows].iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{ty} {r} activation rows, {rows} rows of {blocks} blocks: \
+                     y[{i}][{k}] = {g}, expected {w}"
+                );
+            }
+        }
+    }
+}
+
+/// Every shape of the AVX-512 multi-row kernel (weight rows × activation
+/// rows per step), whichever one `matmul` picks, against the single-row
+/// kernel, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_multi_row_kernels_equal_the_single_row_kernel() {
+    use super::avx512::{fast_32, fast_32_multi, BlockQ8x2};
+    use super::format::{marker as m, Format};
+
+    fn check<F: Format>(seed: u64) {
+        let shapes: [(usize, MultiKernel<BlockQ8x2>); 10] = [
+            (2, fast_32_multi::<F, 1, 2>),
+            (4, fast_32_multi::<F, 1, 4>),
+            (6, fast_32_multi::<F, 1, 6>),
+            (8, fast_32_multi::<F, 1, 8>),
+            (2, fast_32_multi::<F, 2, 2>),
+            (4, fast_32_multi::<F, 2, 4>),
+            (6, fast_32_multi::<F, 2, 6>),
+            (4, fast_32_multi::<F, 3, 4>),
+            (8, fast_32_multi::<F, 2, 8>),
+            (4, fast_32_multi::<F, 4, 4>),
+        ];
+        let mut rng = Rng::new(seed);
+        let quantize = |x: &[f32], a: &mut [BlockQ8x2]| {
+            for (x, a) in x.chunks(64).zip(a) {
+                // SAFETY: AVX-512 (and so AVX2) is available.
+                unsafe { BlockQ8x2::quantize(x, a) };
+            }
+        };
+        for blocks in [1usize, 2, 3, 7, 20] {
+            for shape in shapes {
+                let act_len = blocks.div_ceil(2);
+                check_multi_kernel(
+                    F::TY,
+                    &mut rng,
+                    blocks,
+                    act_len,
+                    shape,
+                    fast_32::<F>,
+                    quantize,
+                );
+            }
+        }
+    }
+
+    if !available_or_skip(
+        Isa::Avx512,
+        "avx512_multi_row_kernels_equal_the_single_row_kernel",
+    ) {
+        return;
+    }
+    check::<m::Q4_0>(1);
+    check::<m::Q4_1>(2);
+    check::<m::Q5_0>(3);
+    check::<m::Q5_1>(4);
+    check::<m::Q8_0>(5);
+}
+
+/// The AVX2 multi-row kernels against the single-row ones, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_multi_row_kernels_equal_the_single_row_kernel() {
+    use super::act::BlockQ8;
+    use super::avx2::{fast_32, fast_32_multi, fast_q8_0};
+    use super::format::{marker as m, Format};
+
+    fn check<F: Format>(seed: u64) {
+        let shapes: [(usize, MultiKernel<BlockQ8>); 5] = [
+            (2, fast_32_multi::<F, 2>),
+            (3, fast_32_multi::<F, 3>),
+            (4, fast_32_multi::<F, 4>),
+            (6, fast_32_multi::<F, 6>),
+            (8, fast_32_multi::<F, 8>),
+        ];
+        // Q8_0's single-row kernel is `fast_q8_0`.
+        let one: unsafe fn(&[u8], &[BlockQ8], &mut [f32]) = if F::TY == QuantType::Q8_0 {
+            fast_q8_0::<F>
+        } else {
+            fast_32::<F>
+        };
+        let mut rng = Rng::new(seed);
+        let quantize = |x: &[f32], a: &mut [BlockQ8]| {
+            for (x, a) in x.chunks_exact(32).zip(a) {
+                let d = quantize_run(x, &mut a.qs);
+                a.finish(d);
+            }
+        };
+        for blocks in [1usize, 2, 3, 7, 20] {
+            for shape in shapes {
+                check_multi_kernel(F::TY, &mut rng, blocks, blocks, shape, one, quantize);
+            }
+        }
+    }
+
+    if !available_or_skip(
+        Isa::Avx2,
+        "avx2_multi_row_kernels_equal_the_single_row_kernel",
+    ) {
+        return;
+    }
+    check::<m::Q4_0>(11);
+    check::<m::Q4_1>(12);
+    check::<m::Q5_0>(13);
+    check::<m::Q5_1>(14);
+    check::<m::Q8_0>(15);
+}
