@@ -414,19 +414,10 @@ fn tiny_mistral_with_sliding_window_matches_transformers() {
 }
 
 #[test]
-fn bf16_checkpoints_are_decoded_on_use() {
-    // The fixture's weights are multiples of 1/64, exact in bf16: the same
-    // logits must come out of a bf16 safetensors checkpoint.
+fn bf16_and_f16_checkpoints_are_decoded_on_use() {
+    // The fixture's weights are multiples of 1/64 of small magnitude, exact in
+    // bf16 and f16: the same logits must come out of either checkpoint.
     let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
-    let dir = tempfile::tempdir().unwrap();
-    kiln_tests::models::write_model_dir_as(
-        &config,
-        &weights,
-        dir.path(),
-        false,
-        safetensors::Dtype::BF16,
-    );
-    let model = load_dir(dir.path());
     let reference: TinyModel = serde_json::from_str(
         &std::fs::read_to_string(
             kiln_tests::workspace_root().join("tests/fixtures/reference/tiny_llama.json"),
@@ -434,10 +425,19 @@ fn bf16_checkpoints_are_decoded_on_use() {
         .unwrap(),
     )
     .unwrap();
-    for (prompt, logits) in reference.prompts.iter().zip(&reference.logits) {
-        let prompt: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
-        let mut generator = kiln_host::engine::Generator::new(&model, prompt.len());
-        let out = generator.feed(&prompt, false).unwrap().remove(0);
-        check(&out, &row(logits, prompt.len() - 1), "bf16 checkpoint");
+    for dtype in [safetensors::Dtype::BF16, safetensors::Dtype::F16] {
+        let dir = tempfile::tempdir().unwrap();
+        kiln_tests::models::write_model_dir_as(&config, &weights, dir.path(), false, dtype);
+        let model = load_dir(dir.path());
+        for (prompt, logits) in reference.prompts.iter().zip(&reference.logits) {
+            let prompt: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
+            let mut generator = kiln_host::engine::Generator::new(&model, prompt.len());
+            let out = generator.feed(&prompt, false).unwrap().remove(0);
+            check(
+                &out,
+                &row(logits, prompt.len() - 1),
+                &format!("{dtype:?} checkpoint"),
+            );
+        }
     }
 }

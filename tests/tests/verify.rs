@@ -171,3 +171,37 @@ fn malformed_references_are_reported_in_one_line() {
         "{stderr}"
     );
 }
+
+/// The real SmolLM2-135M GGUF that `.ci/setup` fetches (or `KILN_SMOLLM2_GGUF`),
+/// against transformers fp32 logits of a short prompt and its 16-token greedy
+/// continuation (`tests/fixtures/reference/smollm2_capital`, written by
+/// `gen_references.py --model … --prompt "capital=The capital of France is"`).
+#[test]
+fn smollm2_matches_transformers_fp32_in_exact_mode() {
+    let gguf = std::env::var_os("KILN_SMOLLM2_GGUF")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            kiln_tests::workspace_root().join("target/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        gguf.is_file(),
+        "{} is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF)",
+        gguf.display()
+    );
+    let reference = kiln_tests::workspace_root().join("tests/fixtures/reference/smollm2_capital");
+    let (passed, stdout, stderr) = verify(
+        &gguf,
+        &reference,
+        &["--atol", "1e-3", "--rtol", "1e-4", "--greedy", "--json"],
+    );
+    assert!(passed, "{stderr}\n{stdout}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let prompt = &report["prompts"][0];
+    assert_eq!(prompt["greedy"]["first_difference"], Value::Null);
+    println!(
+        "SmolLM2 exact vs transformers: max |Δlogit| {:.2e}, top-1 {}/{}",
+        prompt["max_abs_diff"].as_f64().unwrap(),
+        prompt["top1_agree"],
+        prompt["positions"]
+    );
+}
