@@ -1,7 +1,9 @@
 //! Quantized matrix-vector products (m = 1, decode) at SmolLM2-135M's shapes,
 //! in weight bytes per second, beside the machine's memory bandwidth; and
 //! quantized matrix products with 64 activation rows (prefill) at SmolLM2's
-//! and Gemma-3-270M's shapes, in fast precision, in FLOP/s
+//! and Gemma-3-270M's shapes (and, for Q4_K and Q6_K, Gemma-3-270M's and
+//! Qwen2.5-0.5B's matrices with a multiple of 256 columns), in fast
+//! precision, in FLOP/s
 //! (`quant_prefill`: criterion's "elem/s" are multiply-adds × 2).
 //!
 //! `cargo bench -p kiln-kernels --bench quant_matvec` (add `-- quant_prefill`
@@ -47,6 +49,11 @@ const PREFILL_SHAPES: [(usize, usize); 7] = [
 /// The 32-value formats the real models use for most matrices (SmolLM2 Q4_1,
 /// Qwen2.5 and Gemma-3 Q5_0 and Q8_0).
 const PREFILL_TYPES: [QuantType; 3] = [QuantType::Q4_1, QuantType::Q5_0, QuantType::Q8_0];
+/// rows x cols of the K-quant prefill cases (`cols` a multiple of 256):
+/// Gemma-3-270M's attention o and MLP down, and Qwen2.5-0.5B's MLP down.
+const PREFILL_K_SHAPES: [(usize, usize); 3] = [(640, 1024), (640, 2048), (896, 4864)];
+/// The K-quants of the `Q4_K_M` files (Gemma-3 and Qwen2.5 use Q4_K and Q6_K).
+const PREFILL_K_TYPES: [QuantType; 2] = [QuantType::Q4K, QuantType::Q6K];
 
 /// Deterministic bytes (xorshift).
 fn bytes(n: usize, mut s: u64) -> Vec<u8> {
@@ -123,26 +130,32 @@ fn quant_matvec(c: &mut Criterion) {
 
 fn quant_prefill(c: &mut Criterion) {
     let mut group = c.benchmark_group("quant_prefill");
-    for ty in PREFILL_TYPES {
-        for (rows, cols) in PREFILL_SHAPES {
-            let data = random_weights(ty, rows, cols);
-            let w = QuantMatrix::new(ty, rows, cols, &data).expect("valid matrix");
-            let x: Vec<f32> = bytes(PREFILL_M * cols, 7)
+    let cases = PREFILL_TYPES
+        .iter()
+        .flat_map(|&ty| PREFILL_SHAPES.iter().map(move |&shape| (ty, shape)))
+        .chain(
+            PREFILL_K_TYPES
                 .iter()
-                .map(|&b| f32::from(b) / 128.0 - 1.0)
-                .collect();
-            let mut y = vec![0f32; PREFILL_M * rows];
-            group.throughput(Throughput::Elements((2 * rows * cols * PREFILL_M) as u64));
-            let id = BenchmarkId::new(format!("{ty}/Fast/m{PREFILL_M}"), format!("{rows}x{cols}"));
-            group.bench_function(id, |b| {
-                b.iter_custom(|iters| {
-                    in_pool(iters, || {
-                        w.matmul(Precision::Fast, black_box(&x), PREFILL_M, &mut y)
-                            .expect("matmul")
-                    })
+                .flat_map(|&ty| PREFILL_K_SHAPES.iter().map(move |&shape| (ty, shape))),
+        );
+    for (ty, (rows, cols)) in cases {
+        let data = random_weights(ty, rows, cols);
+        let w = QuantMatrix::new(ty, rows, cols, &data).expect("valid matrix");
+        let x: Vec<f32> = bytes(PREFILL_M * cols, 7)
+            .iter()
+            .map(|&b| f32::from(b) / 128.0 - 1.0)
+            .collect();
+        let mut y = vec![0f32; PREFILL_M * rows];
+        group.throughput(Throughput::Elements((2 * rows * cols * PREFILL_M) as u64));
+        let id = BenchmarkId::new(format!("{ty}/Fast/m{PREFILL_M}"), format!("{rows}x{cols}"));
+        group.bench_function(id, |b| {
+            b.iter_custom(|iters| {
+                in_pool(iters, || {
+                    w.matmul(Precision::Fast, black_box(&x), PREFILL_M, &mut y)
+                        .expect("matmul")
                 })
-            });
-        }
+            })
+        });
     }
     group.finish();
 }

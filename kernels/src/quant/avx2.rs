@@ -9,7 +9,9 @@
 //! prefetchers), alternating two accumulators over the blocks of 32 so that
 //! consecutive blocks do not wait on each other. For several activation
 //! rows, [`fast_32_multi`] decodes each block of Q4_0, Q4_1, Q5_0, Q5_1 and
-//! Q8_0 once for up to 8 of them, giving the single-row kernels' bits.
+//! Q8_0 once for up to 8 of them, and [`fast_q45k_multi`] and
+//! [`fast_q6k_multi`] each block of Q4_K, Q5_K and Q6_K, giving the
+//! single-row kernels' bits.
 
 use std::arch::x86_64::*;
 
@@ -622,6 +624,140 @@ unsafe fn fast_q45k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
     hsum(acc) - _mm_cvtss_f32(m)
 }
 
+/// The activation rows of a multi-row kernel's call: `R` rows of `blocks`
+/// blocks, from `acts` (rows of `act_len` blocks one after another).
+#[inline(always)]
+fn multi_rows_of<const R: usize>(
+    acts: &[BlockQ8K],
+    act_len: usize,
+    blocks: usize,
+) -> [&[BlockQ8K]; R] {
+    let mut rows = [&acts[..0]; R];
+    for (i, a) in rows.iter_mut().enumerate() {
+        *a = &acts[i * act_len..i * act_len + blocks];
+    }
+    rows
+}
+
+/// Per block, the `R` activation rows' scales, a lane per row (for
+/// [`fast_q45k_multi`] and [`fast_q6k_multi`]).
+#[inline(always)]
+fn act_scales<const R: usize>(rows: &[&[BlockQ8K]; R], blocks: usize) -> Vec<[f32; 8]> {
+    let mut d = vec![[0f32; 8]; blocks];
+    for (j, d) in d.iter_mut().enumerate() {
+        for (d, a) in d.iter_mut().zip(rows) {
+            *d = a[j].d;
+        }
+    }
+    d
+}
+
+/// [`fast_q45k`] over `R` (2, 4, 6 or 8) activation rows at once: each
+/// weight block is decoded once for the `R` rows. `acts` holds the `R` rows
+/// of `act_len` blocks one after another, `out` the `R` output rows of
+/// `n = out.len() / R` values: `out[i * n + r]` is weight row `r` times
+/// activation row `i`, bit for bit what [`fast_q45k`] gives.
+///
+/// The integer sums of a block do not depend on the order of their
+/// (wrapping) additions; the floating-point steps are the single-row
+/// kernel's, lane for lane: the scale products take one `vmulps` for all
+/// rows (a lane per row), and the minimums' sums of two activation rows
+/// share a vector (four lanes each).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fast_q45k_multi<F: Format, const R: usize>(
+    w: &[u8],
+    acts: &[BlockQ8K],
+    act_len: usize,
+    out: &mut [f32],
+) {
+    const { assert!(R <= 8 && R.is_multiple_of(2)) };
+    let n = out.len() / R;
+    let Some(row_bytes) = w.len().checked_div(n) else {
+        return;
+    };
+    let blocks = (row_bytes / F::BYTES).min(act_len);
+    let rows_acts = multi_rows_of::<R>(acts, act_len, blocks);
+    let scales = act_scales(&rows_acts, blocks);
+    // Per block and activation row: the sums of each 32 activations (as
+    // `fast_q45k_row` forms them), and the scale in four lanes.
+    let mut pair_sums = vec![[0i16; 8]; blocks * R];
+    let mut min_scales = vec![[0f32; 4]; blocks * R];
+    for j in 0..blocks {
+        for (i, a) in rows_acts.iter().enumerate() {
+            let bsums = _mm256_loadu_si256(a[j].bsums.as_ptr().cast());
+            let sums = _mm_hadd_epi16(
+                _mm256_castsi256_si128(bsums),
+                _mm256_extracti128_si256::<1>(bsums),
+            );
+            _mm_storeu_si128(pair_sums[j * R + i].as_mut_ptr().cast(), sums);
+            min_scales[j * R + i] = [a[j].d; 4];
+        }
+    }
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); R];
+        // Activation rows 2k and 2k + 1 in the low and high halves.
+        let mut acc_min = [_mm256_setzero_ps(); 4];
+        for (j, b) in row.chunks_exact(F::BYTES).take(blocks).enumerate() {
+            let sm = k4_scales_mins_words(&b[4..16]);
+            let sm = _mm256_cvtepu8_epi16(_mm_setr_epi32(
+                sm[0] as i32,
+                sm[1] as i32,
+                sm[2] as i32,
+                sm[3] as i32,
+            ));
+            // Minimums times the sums of each 32 activations.
+            let mins_w = _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sm));
+            let dmin_w = _mm256_set1_ps(f16_at(b, 2));
+            for (k, acc_min) in acc_min.iter_mut().take(R / 2).enumerate() {
+                let at = j * R + 2 * k;
+                let sums = _mm256_loadu_si256(pair_sums[at..at + 2].as_ptr().cast());
+                let mins = _mm256_madd_epi16(mins_w, sums);
+                let dmin = _mm256_mul_ps(
+                    dmin_w,
+                    _mm256_loadu_ps(min_scales[at..at + 2].as_ptr().cast()),
+                );
+                *acc_min = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(mins), *acc_min);
+            }
+            // Scales times the quants' products: the block's quants and
+            // scales are decoded once, then each activation row's sum.
+            let sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
+            let mut qh = q5k_high_bits::<F>(b);
+            let mut quants = [_mm256_setzero_si256(); 8];
+            let mut picks = [_mm256_setzero_si256(); 8];
+            for p in 0..4 {
+                (quants[2 * p], quants[2 * p + 1]) = q45k_group::<F>(b, p, &mut qh);
+                picks[2 * p] = _mm256_shuffle_epi8(sc, scale_pick(2 * p));
+                picks[2 * p + 1] = _mm256_shuffle_epi8(sc, scale_pick(2 * p + 1));
+            }
+            let dd = _mm256_mul_ps(_mm256_set1_ps(f16_at(b, 0)), load8(&scales[j]));
+            for (i, (acc, a)) in acc.iter_mut().zip(&rows_acts).enumerate() {
+                let qs = &a[j].qs;
+                let mut sumi = _mm256_setzero_si256();
+                for p in 0..4 {
+                    let pl = _mm256_maddubs_epi16(quants[2 * p], load32_i8(&qs[64 * p..]));
+                    let ph = _mm256_maddubs_epi16(quants[2 * p + 1], load32_i8(&qs[64 * p + 32..]));
+                    let pl = _mm256_madd_epi16(pl, picks[2 * p]);
+                    let ph = _mm256_madd_epi16(ph, picks[2 * p + 1]);
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+                }
+                let d = _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(i as i32));
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), *acc);
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            let pair = acc_min[i / 2];
+            let acc_min = if i % 2 == 0 {
+                _mm256_castps256_ps128(pair)
+            } else {
+                _mm256_extractf128_ps::<1>(pair)
+            };
+            let m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
+            let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            out[i * n + r] = hsum(*acc) - _mm_cvtss_f32(m);
+        }
+    }
+}
+
 /// A shuffle that broadcasts 16-bit lane `j` (of each 128-bit half).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -661,6 +797,68 @@ unsafe fn fast_q6k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum(acc)
+}
+
+/// [`fast_q6k`] over `R` (2, 4, 6 or 8) activation rows at once, with
+/// [`fast_q45k_multi`]'s layout of `acts` and `out`: each weight block is
+/// decoded once for the `R` rows, and the results are bit for bit what
+/// [`fast_q6k`] gives (integer sums in any order, then the same
+/// floating-point steps, the scale products a lane per row).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fast_q6k_multi<const R: usize>(
+    w: &[u8],
+    acts: &[BlockQ8K],
+    act_len: usize,
+    out: &mut [f32],
+) {
+    const { assert!(R <= 8) };
+    const BYTES: usize = QuantType::Q6K.block_bytes();
+    let n = out.len() / R;
+    let Some(row_bytes) = w.len().checked_div(n) else {
+        return;
+    };
+    let blocks = (row_bytes / BYTES).min(act_len);
+    let rows_acts = multi_rows_of::<R>(acts, act_len, blocks);
+    let act_d = act_scales(&rows_acts, blocks);
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (j, b) in row.chunks_exact(BYTES).take(blocks).enumerate() {
+            let scales = _mm_loadu_si128(b[192..208].as_ptr().cast());
+            let scales16 = _mm256_cvtepi8_epi16(scales);
+            // The block's quants and scales are decoded once, then each
+            // activation row's sum.
+            let mut quants = [_mm256_setzero_si256(); 8];
+            let mut picks = [_mm256_setzero_si256(); 8];
+            for h in 0..2 {
+                for (k, q) in q6k_half(b, h).into_iter().enumerate() {
+                    let jj = (8 * h + 2 * k) as u8;
+                    let pick = _mm_set_epi64x(
+                        i64::from_le_bytes([jj + 1; 8]),
+                        i64::from_le_bytes([jj; 8]),
+                    );
+                    quants[4 * h + k] = q;
+                    picks[4 * h + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+                }
+            }
+            let dd = _mm256_mul_ps(_mm256_set1_ps(f16_at(b, 208)), load8(&act_d[j]));
+            for (i, (acc, a)) in acc.iter_mut().zip(&rows_acts).enumerate() {
+                let a = &a[j];
+                let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
+                let offsets = _mm256_madd_epi16(scales16, bsums);
+                let mut sumi =
+                    _mm256_slli_epi32::<5>(_mm256_sub_epi32(_mm256_setzero_si256(), offsets));
+                for (t, (q, scale)) in quants.iter().zip(&picks).enumerate() {
+                    let p = _mm256_maddubs_epi16(*q, load32_i8(&a.qs[32 * t..]));
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, *scale));
+                }
+                let d = _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(i as i32));
+                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), *acc);
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            out[i * n + r] = hsum(*acc);
+        }
+    }
 }
 
 // ------------------------------------------------- activation quantization

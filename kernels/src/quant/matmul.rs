@@ -249,6 +249,22 @@ fn fast_avx2<F: Format>() -> Kernels<BlockQ8> {
     }
 }
 
+/// The AVX2 fast kernels for Q4_K and Q5_K: the single-row one, and
+/// multi-row ones for 8, 4 and 2 activation rows (these formats have no
+/// AVX-512 kernels, so AVX-512 machines use them too).
+#[cfg(target_arch = "x86_64")]
+fn fast_q45k_avx2<F: Format>() -> Kernels<BlockQ8K> {
+    use super::avx2 as k;
+    Kernels {
+        one: k::fast_q45k::<F>,
+        multi: [
+            multi(8, k::fast_q45k_multi::<F, 8>),
+            multi(4, k::fast_q45k_multi::<F, 4>),
+            multi(2, k::fast_q45k_multi::<F, 2>),
+        ],
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
     use super::avx2 as k;
@@ -272,9 +288,16 @@ fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
             one: k::fast_q8_0::<m::Q8_0>,
             ..fast_avx2::<m::Q8_0>()
         }),
-        (Fast, QuantType::Q4K) => Selected::Q8K(one(k::fast_q45k::<m::Q4K>)),
-        (Fast, QuantType::Q5K) => Selected::Q8K(one(k::fast_q45k::<m::Q5K>)),
-        (Fast, QuantType::Q6K) => Selected::Q8K(one(k::fast_q6k::<m::Q6K>)),
+        (Fast, QuantType::Q4K) => Selected::Q8K(fast_q45k_avx2::<m::Q4K>()),
+        (Fast, QuantType::Q5K) => Selected::Q8K(fast_q45k_avx2::<m::Q5K>()),
+        (Fast, QuantType::Q6K) => Selected::Q8K(Kernels {
+            one: k::fast_q6k::<m::Q6K>,
+            multi: [
+                multi(8, k::fast_q6k_multi::<8>),
+                multi(4, k::fast_q6k_multi::<4>),
+                multi(2, k::fast_q6k_multi::<2>),
+            ],
+        }),
         (Fast, QuantType::Q2K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q2K>)),
         (Fast, QuantType::Q3K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q3K>)),
     }

@@ -268,6 +268,10 @@ const BLOCK32_TYPES: [QuantType; 5] = [
     QuantType::Q8_0,
 ];
 
+/// The K-quants with multi-row (GEMM) kernels (AVX2, also used on AVX-512).
+#[cfg(target_arch = "x86_64")]
+const MULTI_K_TYPES: [QuantType; 3] = [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K];
+
 /// Whether the CPU runs the kernels of `isa`; prints why a test (or part of
 /// it) is skipped if not.
 #[cfg(target_arch = "x86_64")]
@@ -294,9 +298,15 @@ fn multi_row_products_equal_single_row_products() {
         if !available_or_skip(isa, "multi_row_products_equal_single_row_products") {
             continue;
         }
-        for ty in BLOCK32_TYPES {
-            // Odd and even block counts; SmolLM2's and Gemma-3's widths.
-            for blocks in [1, 2, 3, 5, 18, 20] {
+        for ty in BLOCK32_TYPES.into_iter().chain(MULTI_K_TYPES) {
+            // Odd and even block counts; SmolLM2's and Gemma-3's widths (for
+            // the K-quants, Gemma-3's 1024 and 2048).
+            let block_counts: &[usize] = if ty.is_k_quant() {
+                &[1, 2, 3, 4, 8]
+            } else {
+                &[1, 2, 3, 5, 18, 20]
+            };
+            for &blocks in block_counts {
                 let cols = blocks * ty.block_elems();
                 // Partial tiles of 8 rows, odd row counts, and a count big
                 // enough to be split over threads.
@@ -361,12 +371,10 @@ fn check_multi_kernel<A: Copy + Default>(
 ) {
     for rows in 0..=9 {
         let data = random_blocks(ty, rows * blocks, rng);
-        let x: Vec<f32> = (0..r * blocks * 32).map(|_| rng.f32()).collect();
+        let cols = blocks * ty.block_elems();
+        let x: Vec<f32> = (0..r * cols).map(|_| rng.f32()).collect();
         let mut acts = vec![A::default(); r * act_len];
-        for (x, a) in x
-            .chunks_exact(blocks * 32)
-            .zip(acts.chunks_exact_mut(act_len))
-        {
+        for (x, a) in x.chunks_exact(cols).zip(acts.chunks_exact_mut(act_len)) {
             quantize(x, a);
         }
         let mut got = vec![f32::NAN; r * rows];
@@ -494,4 +502,65 @@ fn avx2_multi_row_kernels_equal_the_single_row_kernel() {
     check::<m::Q5_0>(13);
     check::<m::Q5_1>(14);
     check::<m::Q8_0>(15);
+}
+
+/// The AVX2 multi-row kernels of the K-quants (Q4_K, Q5_K, Q6_K) against
+/// the single-row ones, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_k_quant_multi_row_kernels_equal_the_single_row_kernel() {
+    use super::act::BlockQ8K;
+    use super::avx2::{fast_q45k, fast_q45k_multi, fast_q6k, fast_q6k_multi};
+    use super::format::{marker as m, Format};
+
+    fn check<F: Format>(
+        seed: u64,
+        one: unsafe fn(&[u8], &[BlockQ8K], &mut [f32]),
+        shapes: &[(usize, MultiKernel<BlockQ8K>)],
+    ) {
+        let mut rng = Rng::new(seed);
+        let quantize = |x: &[f32], a: &mut [BlockQ8K]| {
+            for (x, a) in x.chunks_exact(256).zip(a) {
+                let d = quantize_run(x, &mut a.qs);
+                a.finish(d);
+            }
+        };
+        for blocks in [1usize, 2, 3, 8] {
+            for &shape in shapes {
+                check_multi_kernel(F::TY, &mut rng, blocks, blocks, shape, one, quantize);
+            }
+        }
+    }
+
+    if !available_or_skip(
+        Isa::Avx2,
+        "avx2_k_quant_multi_row_kernels_equal_the_single_row_kernel",
+    ) {
+        return;
+    }
+    fn q45k<F: Format>(seed: u64) {
+        check::<F>(
+            seed,
+            fast_q45k::<F>,
+            &[
+                (2, fast_q45k_multi::<F, 2>),
+                (4, fast_q45k_multi::<F, 4>),
+                (6, fast_q45k_multi::<F, 6>),
+                (8, fast_q45k_multi::<F, 8>),
+            ],
+        );
+    }
+    q45k::<m::Q4K>(21);
+    q45k::<m::Q5K>(22);
+    check::<m::Q6K>(
+        23,
+        fast_q6k::<m::Q6K>,
+        &[
+            (2, fast_q6k_multi::<2>),
+            (3, fast_q6k_multi::<3>),
+            (4, fast_q6k_multi::<4>),
+            (6, fast_q6k_multi::<6>),
+            (8, fast_q6k_multi::<8>),
+        ],
+    );
 }
