@@ -10,6 +10,7 @@ use anyhow::{ensure, Context};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::npy::{read_matrix, Matrix};
+use crate::engine::sampling::argmax;
 
 /// One prompt of a reference directory.
 #[derive(Clone, Debug)]
@@ -163,11 +164,11 @@ pub fn compare_logits(
                 *ratio = ratio.max(diff / t.band(ev));
             }
         }
-        let (kiln_top, reference_top) = (argmax(k), argmax(e));
-        if kiln_top == reference_top {
+        let reference_top = argmax(e);
+        if argmax(k) == reference_top {
             report.top1_agree += 1;
         } else if let Some(t) = tolerance {
-            if top2_margin(e) > 2.0 * t.band(e[reference_top]) {
+            if top2_margin(e) > 2.0 * t.band(e[reference_top as usize]) {
                 report.clear_top1_misses.push(r);
             }
         }
@@ -177,17 +178,6 @@ pub fn compare_logits(
     }
     report.mean_kl /= reference.rows.max(1) as f64;
     Ok(report)
-}
-
-/// The index of the largest value (the first of equals).
-pub fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// Top-1 minus top-2 of a row.

@@ -67,6 +67,22 @@ where
     command.output().expect("host runs")
 }
 
+/// Runs `host verify --model MODEL --reference REFERENCE` plus `extra`
+/// arguments; returns whether it succeeded, its stdout and its stderr.
+pub fn run_verify(model: &Path, reference: &Path, extra: &[&str]) -> (bool, String, String) {
+    let mut args = vec![
+        "verify".to_owned(),
+        "--model".to_owned(),
+        model.display().to_string(),
+        "--reference".to_owned(),
+        reference.display().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let output = run_host(&args, &[]);
+    let (stdout, stderr) = text(&output);
+    (output.status.success(), stdout, stderr)
+}
+
 /// The file name of a `cdylib` crate's library on this platform.
 pub fn library_file_name(crate_name: &str) -> String {
     format!(

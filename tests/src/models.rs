@@ -85,3 +85,16 @@ pub fn tiny_model(name: &str) -> (serde_json::Value, BTreeMap<String, FixtureTen
     let parts: Parts = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     (parts.config, parts.weights)
 }
+
+/// Loads `--model PATH` (a model directory or a `.gguf` file) with the
+/// built-in plugins, exact arithmetic and no compile cache, like a user's run.
+pub fn load_model(path: &Path) -> kiln_host::model::Model {
+    let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
+    let resolved = kiln_host::model::resolve(path.to_str().unwrap(), None, None).unwrap();
+    let options = kiln_host::model::LoadOptions {
+        max_length: None,
+        precision: kiln_host::runtime::Precision::Exact,
+        compile_cache: kiln_host::compiler::CompileCache::disabled(),
+    };
+    kiln_host::model::load(&registry, resolved, &options).unwrap()
+}

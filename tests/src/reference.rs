@@ -36,6 +36,16 @@ impl FixtureTensor {
         }
     }
 
+    /// Row `index` of a `[rows, cols]` tensor, as a `[cols]` tensor.
+    pub fn row(&self, index: usize) -> FixtureTensor {
+        let cols = self.shape[1];
+        FixtureTensor {
+            dtype: self.dtype.clone(),
+            shape: vec![cols],
+            data: self.data[index * cols..(index + 1) * cols].to_vec(),
+        }
+    }
+
     /// The logical dtype.
     pub fn dtype(&self) -> DType {
         match self.dtype.as_str() {

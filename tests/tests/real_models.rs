@@ -133,20 +133,12 @@ struct VerifyReport {
 /// returns the report (the exit status says whether the criteria held).
 fn verify(gguf: &Path, refs: &Path, args: &[&str]) -> (VerifyReport, bool) {
     let _guard = HOST.lock().unwrap_or_else(|p| p.into_inner());
-    let mut all = vec![
-        "verify".to_owned(),
-        "--model".to_owned(),
-        gguf.display().to_string(),
-        "--reference".to_owned(),
-        refs.display().to_string(),
-        "--json".to_owned(),
-    ];
-    all.extend(args.iter().map(|a| (*a).to_owned()));
-    let output = kiln_tests::run_host(&all, &[]);
-    let (stdout, stderr) = kiln_tests::text(&output);
+    let mut all = vec!["--json"];
+    all.extend(args);
+    let (passed, stdout, stderr) = kiln_tests::run_verify(gguf, refs, &all);
     let report: VerifyReport = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("host verify printed no report ({e}):\n{stdout}\n{stderr}"));
-    (report, output.status.success())
+    (report, passed)
 }
 
 fn exact(key: &str) {

@@ -15,12 +15,10 @@
 
 use std::collections::BTreeSet;
 
-use kiln_host::compiler::CompileCache;
 use kiln_host::engine::sampling::argmax;
 use kiln_host::engine::Generator;
-use kiln_host::model::{resolve, LoadOptions, Model};
-use kiln_host::plugins::ArchitectureRegistry;
-use kiln_host::runtime::{Precision, Tensor};
+use kiln_host::model::Model;
+use kiln_host::runtime::Tensor;
 use kiln_tests::reference::{compare, FixtureTensor};
 use serde::Deserialize;
 
@@ -66,27 +64,12 @@ fn manifest() -> Manifest {
 
 /// Loads a `.gguf` file the way `--model file.gguf` does, with exact arithmetic.
 fn load_gguf(path: &std::path::Path) -> Model {
-    let registry = ArchitectureRegistry::load(&[]).unwrap();
-    let resolved = resolve(path.to_str().unwrap(), None, None).unwrap();
+    let model = kiln_tests::models::load_model(path);
     assert!(
-        resolved.dir.is_none(),
+        model.resolved.dir.is_none(),
         "no config.json: the GGUF metadata only"
     );
-    let options = LoadOptions {
-        max_length: None,
-        precision: Precision::Exact,
-        compile_cache: CompileCache::disabled(),
-    };
-    kiln_host::model::load(&registry, resolved, &options).unwrap()
-}
-
-fn row(tensor: &FixtureTensor, index: usize) -> FixtureTensor {
-    let vocab = tensor.shape[1];
-    FixtureTensor {
-        dtype: tensor.dtype.clone(),
-        shape: vec![vocab],
-        data: tensor.data[index * vocab..(index + 1) * vocab].to_vec(),
-    }
+    model
 }
 
 /// Largest |actual - expected| so far and how many rows had the same argmax.
@@ -165,7 +148,7 @@ fn gguf_matches_transformers(file: &str) {
         for (i, actual) in out.iter().enumerate() {
             stats.check(
                 actual,
-                &row(expected, i),
+                &expected.row(i),
                 &format!("{file} prompt {p} prefill position {i}"),
             );
         }
@@ -175,7 +158,7 @@ fn gguf_matches_transformers(file: &str) {
             let actual = generator.feed(&[token], false).unwrap().remove(0);
             stats.check(
                 &actual,
-                &row(expected, i),
+                &expected.row(i),
                 &format!("{file} prompt {p} decode position {i}"),
             );
         }

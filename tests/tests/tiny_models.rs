@@ -7,10 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use kiln_host::compiler::CompileCache;
-use kiln_host::model::{resolve, LoadOptions};
-use kiln_host::plugins::ArchitectureRegistry;
-use kiln_host::runtime::{CacheLayout, Executor, KvCache, Precision, Tensor};
+use kiln_host::engine::batch::{run_step, Pipeline};
+use kiln_host::runtime::{CacheLayout, Executor, KvCache, Tensor};
+use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
 use kiln_tests::models::write_model_dir;
 
 use kiln_tests::reference::{compare, FixtureTensor};
@@ -43,19 +42,6 @@ struct Step<'a> {
     blocks: Vec<i64>,
 }
 
-/// Loads a model directory with the built-in plugins, exact arithmetic and no
-/// compile cache, like a user's `--model DIR`.
-fn load_dir(dir: &std::path::Path) -> kiln_host::model::Model {
-    let registry = ArchitectureRegistry::load(&[]).unwrap();
-    let resolved = resolve(dir.to_str().unwrap(), None, None).unwrap();
-    let options = LoadOptions {
-        max_length: None,
-        precision: Precision::Exact,
-        compile_cache: CompileCache::disabled(),
-    };
-    kiln_host::model::load(&registry, resolved, &options).unwrap()
-}
-
 impl Engine {
     /// Writes the fixture as a Hugging Face model directory (config.json and
     /// safetensors, sharded in two when `sharded`) and loads it like a user's.
@@ -67,7 +53,7 @@ impl Engine {
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let dir = tempfile::tempdir().unwrap();
         write_model_dir(&model.config, &model.weights, dir.path(), sharded);
-        let loaded = load_dir(dir.path());
+        let loaded = kiln_tests::models::load_model(dir.path());
         assert_eq!(loaded.architecture.info.name, model.architecture);
         assert!(
             loaded.unused_tensors.is_empty(),
@@ -94,46 +80,27 @@ impl Engine {
         KvCache::new(self.layers, blocks, self.layout)
     }
 
-    /// Runs one step for several sequences; returns each one's last-token logits.
+    /// Runs one step for several sequences through the default decoder
+    /// pipeline; returns each one's last-token logits.
     fn step(&self, cache: &mut KvCache, steps: &[Step<'_>]) -> Vec<Vec<f32>> {
-        let (mut tokens, mut positions, mut offsets, mut context, mut last) =
-            (vec![], vec![], vec![0i64], vec![], vec![]);
-        let width = steps.iter().map(|s| s.blocks.len()).max().unwrap();
-        let mut tables = vec![];
-        for s in steps {
-            tokens.extend_from_slice(s.tokens);
-            positions.extend((s.start..s.start + s.tokens.len()).map(|p| p as i64));
-            offsets.push(tokens.len() as i64);
-            context.push((s.start + s.tokens.len()) as i64);
-            last.push(tokens.len() as i64 - 1);
-            tables.extend(
-                s.blocks
-                    .iter()
-                    .copied()
-                    .chain(std::iter::repeat_n(0, width - s.blocks.len())),
-            );
-        }
-        let (t, b) = (tokens.len(), steps.len());
-        let inputs = vec![
-            Tensor::i64(vec![t], tokens),
-            Tensor::i64(vec![t], positions),
-            Tensor::i64(vec![b + 1], offsets),
-            Tensor::i64(vec![b], context),
-            Tensor::i64(vec![b, width], tables),
-            Tensor::i64(vec![b], last),
-        ];
-        let logits = self.executor.run(inputs, Some(cache)).unwrap().remove(0);
-        let vocab = logits.shape[1];
-        logits.as_f32().chunks(vocab).map(<[f32]>::to_vec).collect()
-    }
-}
-
-fn row(tensor: &FixtureTensor, index: usize) -> FixtureTensor {
-    let vocab = tensor.shape[1];
-    FixtureTensor {
-        dtype: tensor.dtype.clone(),
-        shape: vec![vocab],
-        data: tensor.data[index * vocab..(index + 1) * vocab].to_vec(),
+        let to_u32 = |v: &[i64]| v.iter().map(|&x| x as u32).collect();
+        let batch = StepBatch {
+            sequences: steps
+                .iter()
+                .map(|s| StepSequence {
+                    tokens: to_u32(s.tokens),
+                    start: s.start,
+                    blocks: to_u32(&s.blocks),
+                    wants_logits: true,
+                })
+                .collect(),
+            all_logits: false,
+        };
+        run_step(&self.executor, &Pipeline::Decoder, cache, &batch)
+            .unwrap()
+            .into_iter()
+            .map(|mut rows| rows.remove(0))
+            .collect()
     }
 }
 
@@ -164,7 +131,7 @@ fn matches_transformers(name: &str, sharded: bool) {
         );
         check(
             &out[0],
-            &row(logits, len - 1),
+            &logits.row(len - 1),
             &format!("{name} prompt {p} prefill"),
         );
 
@@ -181,7 +148,7 @@ fn matches_transformers(name: &str, sharded: bool) {
             );
             check(
                 &out[0],
-                &row(logits, i),
+                &logits.row(i),
                 &format!("{name} prompt {p} decode position {i}"),
             );
         }
@@ -208,7 +175,7 @@ fn matches_transformers(name: &str, sharded: bool) {
             );
             check(
                 &out[0],
-                &row(logits, len - 1),
+                &logits.row(len - 1),
                 &format!("{name} prompt {p} chunked prefill"),
             );
         }
@@ -234,7 +201,7 @@ fn matches_transformers(name: &str, sharded: bool) {
     for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
         check(
             &out[p],
-            &row(logits, prompt.len() - 1),
+            &logits.row(prompt.len() - 1),
             &format!("{name} batched prompt {p}"),
         );
     }
@@ -308,13 +275,12 @@ fn greedy_alone(model: &kiln_host::model::Model, prompt: &[u32], new: usize) -> 
 
 #[test]
 fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_sequences() {
-    use kiln_host::engine::batch::run_step;
     use kiln_host::scheduler::{BlockManager, Scheduler, SchedulerConfig};
 
     let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
     let dir = tempfile::tempdir().unwrap();
     write_model_dir(&config, &weights, dir.path(), false);
-    let model = load_dir(dir.path());
+    let model = kiln_tests::models::load_model(dir.path());
 
     let long: Vec<u32> = (1..=13).map(|t| (t * 7) % 96).collect();
     let mut shared = long[..9].to_vec();
@@ -428,14 +394,14 @@ fn bf16_and_f16_checkpoints_are_decoded_on_use() {
     for dtype in [safetensors::Dtype::BF16, safetensors::Dtype::F16] {
         let dir = tempfile::tempdir().unwrap();
         kiln_tests::models::write_model_dir_as(&config, &weights, dir.path(), false, dtype);
-        let model = load_dir(dir.path());
+        let model = kiln_tests::models::load_model(dir.path());
         for (prompt, logits) in reference.prompts.iter().zip(&reference.logits) {
             let prompt: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
             let mut generator = kiln_host::engine::Generator::new(&model, prompt.len());
             let out = generator.feed(&prompt, false).unwrap().remove(0);
             check(
                 &out,
-                &row(logits, prompt.len() - 1),
+                &logits.row(prompt.len() - 1),
                 &format!("{dtype:?} checkpoint"),
             );
         }

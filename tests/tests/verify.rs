@@ -6,7 +6,7 @@ use std::path::Path;
 
 use kiln_host::engine::npy;
 use kiln_tests::reference::FixtureTensor;
-use kiln_tests::{run_host, text};
+use kiln_tests::run_verify as verify;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -55,20 +55,6 @@ fn write_reference(fixture: &Fixture, dir: &Path, perturb: f32) {
             .unwrap();
         }
     }
-}
-
-fn verify(model: &Path, reference: &Path, extra: &[&str]) -> (bool, String, String) {
-    let mut args = vec![
-        "verify".to_owned(),
-        "--model".to_owned(),
-        model.display().to_string(),
-        "--reference".to_owned(),
-        reference.display().to_string(),
-    ];
-    args.extend(extra.iter().map(|a| (*a).to_owned()));
-    let output = run_host(&args, &[]);
-    let (stdout, stderr) = text(&output);
-    (output.status.success(), stdout, stderr)
 }
 
 #[test]

@@ -7,9 +7,10 @@ use serde::Serialize;
 
 use crate::cli::{PrecisionArg, VerifyArgs};
 use crate::engine::npy::Matrix;
+use crate::engine::sampling::argmax;
 use crate::engine::Generator;
 use crate::model::Model;
-use crate::verify::{argmax, compare_logits, read_reference, LogitsComparison, Tolerance};
+use crate::verify::{compare_logits, read_reference, LogitsComparison, Tolerance};
 
 #[derive(Serialize)]
 struct GreedyCheck {
@@ -115,7 +116,7 @@ fn run_prompt(model: &Model, ids: &[u32], new_tokens: usize) -> anyhow::Result<(
     };
     let mut generated = Vec::with_capacity(new_tokens);
     for step in 0..new_tokens {
-        let token = argmax(&next) as u32;
+        let token = argmax(&next);
         generated.push(token);
         if step + 1 < new_tokens {
             next = generator.feed(&[token], false)?.remove(0);
