@@ -157,12 +157,61 @@ pub fn load(
     options: &LoadOptions,
 ) -> Result<Model, ModelError> {
     let (checkpoint, hf_config) = open_checkpoint(&resolved)?;
-    let architecture = find_architecture(registry, &hf_config, &checkpoint)?.clone();
+    // The tokenizer is independent of the graph: build it on another core
+    // (a 262k-token vocabulary takes a few hundred milliseconds).
+    let (compiled, tokenizer) = std::thread::scope(|scope| {
+        let tokenizer = scope.spawn(|| load_tokenizer(&resolved, &checkpoint));
+        let compiled = compile(registry, &checkpoint, &hf_config, options);
+        let tokenizer = tokenizer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (compiled, tokenizer)
+    });
+    let Compiled {
+        architecture,
+        config,
+        unused_tensors,
+        compile,
+        executor,
+        pipeline,
+    } = compiled?;
+    let tokenizer = tokenizer?;
+    Ok(Model {
+        resolved,
+        architecture,
+        hf_config,
+        config,
+        unused_tensors,
+        compile,
+        executor,
+        pipeline,
+        tokenizer,
+    })
+}
+
+/// What [`load`] builds from the checkpoint apart from the tokenizer.
+struct Compiled {
+    architecture: Architecture,
+    config: ArchConfig,
+    unused_tensors: Vec<String>,
+    compile: CompileOutcome,
+    executor: Executor,
+    pipeline: Pipeline,
+}
+
+/// Finds the architecture, binds the weights, builds and compiles the graph.
+fn compile(
+    registry: &ArchitectureRegistry,
+    checkpoint: &Checkpoint,
+    hf_config: &serde_json::Value,
+    options: &LoadOptions,
+) -> Result<Compiled, ModelError> {
+    let architecture = find_architecture(registry, hf_config, checkpoint)?.clone();
     let config = architecture.config(&ConfigRequest {
         hf_config: hf_config.clone(),
         max_length: options.max_length,
     })?;
-    let bound = bind_weights(&architecture, &checkpoint, &hf_config)?;
+    let bound = bind_weights(&architecture, checkpoint, hf_config)?;
     let graph = architecture.build_graph(&GraphRequest {
         config: config.clone(),
         weights_format: Some(checkpoint.format),
@@ -171,17 +220,13 @@ pub fn load(
     let (program, compile) = options.compile_cache.get_or_compile(&graph, Device::Cpu)?;
     let executor = Executor::new(Arc::new(program), &bound.store, options.precision)?;
     let pipeline = Pipeline::for_architecture(&architecture)?;
-    let tokenizer = load_tokenizer(&resolved, &checkpoint)?;
-    Ok(Model {
-        resolved,
+    Ok(Compiled {
         architecture,
-        hf_config,
         config,
         unused_tensors: bound.unused,
         compile,
         executor,
         pipeline,
-        tokenizer,
     })
 }
 

@@ -21,7 +21,7 @@ pub fn eval(
 ) -> OpResult {
     match op {
         Op::Unary { op } => Ok(unary(*op, inputs[0])),
-        Op::Binary { op } => binary(*op, inputs[0], inputs[1], shape),
+        Op::Binary { op } => binary(*op, inputs[0], inputs[1], shape, pool),
         Op::Where => Ok(where_(inputs[0], inputs[1], inputs[2], shape)),
         Op::Cast { dtype } => Ok(cast(inputs[0], *dtype)),
         Op::Reduce { op, axis, .. } => Ok(reduce(inputs[0], *op, *axis, shape)),
@@ -213,7 +213,19 @@ fn strided_offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
     offsets
 }
 
-fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>) -> OpResult {
+fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>, pool: &BufferPool) -> OpResult {
+    // Same-shape float arithmetic (a residual add): no broadcast offsets,
+    // and the output buffer comes from the pool.
+    if let (Data::F32(x), Data::F32(y)) = (&a.data, &b.data) {
+        if !op.is_predicate() && a.shape == shape && b.shape == shape {
+            let f = arithmetic_f32(op);
+            let mut out = pool.take(x.len());
+            for ((o, &i), &j) in out.iter_mut().zip(x).zip(y) {
+                *o = f(i, j);
+            }
+            return Ok(Tensor::from_f32(a.dtype, shape, out));
+        }
+    }
     let oa = broadcast_offsets(&a.shape, &shape);
     let ob = broadcast_offsets(&b.shape, &shape);
     let pairs = oa.iter().zip(&ob);

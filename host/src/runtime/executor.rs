@@ -272,7 +272,7 @@ impl Executor {
             },
             Kernel::Linear { weight } => self.linear(*weight, inputs[0], shape, dtype),
             Kernel::Embedding { weight } => self.embedding(*weight, inputs[0], shape, dtype),
-            Kernel::Fused { program } => fused::run(program, &inputs, dtype, shape),
+            Kernel::Fused { program } => fused::run(program, &inputs, dtype, shape, &self.pool),
         };
         result.map_err(fail)
     }

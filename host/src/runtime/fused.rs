@@ -22,12 +22,14 @@ enum Reg {
     B(Vec<bool>),
 }
 
-/// Runs `program` over `inputs` (broadcast to `shape`) producing `dtype`.
+/// Runs `program` over `inputs` (broadcast to `shape`) producing `dtype`; a
+/// float output takes its buffer from `pool`.
 pub fn run(
     program: &[Instr],
     inputs: &[&Tensor],
     dtype: DType,
     shape: Vec<usize>,
+    pool: &BufferPool,
 ) -> Result<Tensor, String> {
     let total: usize = shape.iter().product();
     let offsets: Vec<Option<Vec<usize>>> = inputs
@@ -53,13 +55,13 @@ pub fn run(
         })
         .collect();
     let mut data = match storage_of(dtype) {
-        Storage::F32 => Data::F32(Vec::with_capacity(total)),
+        Storage::F32 => Data::F32(pool.take(total)),
         Storage::I64 => Data::I64(Vec::with_capacity(total)),
         Storage::Bool => Data::Bool(Vec::with_capacity(total)),
     };
-    for chunk in chunks {
+    for (c, chunk) in chunks.into_iter().enumerate() {
         match (&mut data, chunk?) {
-            (Data::F32(out), Reg::F(v)) => out.extend(v),
+            (Data::F32(out), Reg::F(v)) => out[c * CHUNK..c * CHUNK + v.len()].copy_from_slice(&v),
             (Data::I64(out), Reg::I(v)) => out.extend(v),
             (Data::Bool(out), Reg::B(v)) => out.extend(v),
             _ => return Err("fused program produced the wrong type".to_owned()),

@@ -14,8 +14,7 @@
 //!   (type 4) plain added tokens, and the named BOS/EOS/UNK/PAD tokens are
 //!   added as special tokens.
 
-use std::collections::{HashMap, HashSet};
-
+use rayon::prelude::*;
 use serde::Deserialize;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel;
@@ -31,7 +30,7 @@ use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{AddedToken, SplitDelimiterBehavior};
+use tokenizers::{AddedToken, Model, SplitDelimiterBehavior};
 
 use super::{SpecialTokens, Tokenizer, TokenizerError};
 
@@ -147,13 +146,14 @@ pub fn tokenizer_from_gguf(vocab: &GgufVocab) -> Result<Tokenizer, TokenizerErro
     check_lengths(vocab)?;
     let spelled = spelled_tokens(vocab, flavour);
     // Like Python's `{token: index for ...}`: a repeated token keeps its last id.
-    let ids: HashMap<&str, u32> = spelled.iter().map(String::as_str).zip(0u32..).collect();
+    let ids: Vocab = spelled.iter().cloned().zip(0u32..).collect();
     let merges = match &vocab.merges {
         Some(merges) => parse_merges(merges)?,
-        None => generate_merges(&spelled, &ids, &merge_scores(vocab, &spelled, flavour)?),
+        None => generate_merges(&spelled, &ids, merge_score(vocab, flavour)?),
     };
+    drop(spelled);
 
-    let model = build_model(&ids, merges, flavour)?;
+    let model = build_model(ids, merges, flavour)?;
     let mut inner = tokenizers::Tokenizer::new(model);
     inner
         .with_normalizer(normalizer(flavour)?)
@@ -161,7 +161,7 @@ pub fn tokenizer_from_gguf(vocab: &GgufVocab) -> Result<Tokenizer, TokenizerErro
     inner.with_pre_tokenizer(pre_tokenizer(vocab.pre.as_deref(), flavour)?);
     inner.with_decoder(Some(decoder(flavour)?));
 
-    add_tokens(&mut inner, vocab, flavour, &ids)?;
+    add_tokens(&mut inner, vocab, flavour)?;
     let special = special_tokens(&mut inner, vocab, flavour)?;
     inner.with_post_processor(Some(special.post_processor()?));
     Ok(Tokenizer {
@@ -240,89 +240,100 @@ fn parse_merges(merges: &[String]) -> Result<Vec<(String, String)>, TokenizerErr
         .collect()
 }
 
-/// The score each token's merges are ranked by: the file's scores, or for
-/// Gemma (whose scores do not follow its merge order) minus the token's
-/// position. Keyed like a Python dict built from the list: the last occurrence
-/// of a repeated token wins.
-fn merge_scores<'a>(
+/// The score a token's merges are ranked by, as a function of the token's id
+/// (the id of its last occurrence, as in a Python dict built from the list):
+/// the file's score, or for Gemma (whose scores do not follow its merge
+/// order) minus that position.
+fn merge_score(
     vocab: &GgufVocab,
-    spelled: &'a [String],
     flavour: Flavour,
-) -> Result<HashMap<&'a str, f64>, TokenizerError> {
-    let tokens = spelled.iter().map(String::as_str);
-    if flavour == Flavour::Gemma {
-        return Ok(tokens
-            .zip(0..)
-            .map(|(t, i): (&str, i32)| (t, -f64::from(i)))
-            .collect());
-    }
-    let scores = vocab.scores.as_ref().ok_or_else(|| {
-        TokenizerError::InvalidVocab(
-            "the file has neither tokenizer.ggml.merges nor tokenizer.ggml.scores".into(),
-        )
-    })?;
-    Ok(tokens.zip(scores.iter().map(|&s| f64::from(s))).collect())
+) -> Result<impl Fn(u32) -> f64 + Sync + '_, TokenizerError> {
+    let scores = match flavour {
+        Flavour::Gemma => None,
+        _ => Some(vocab.scores.as_deref().ok_or_else(|| {
+            TokenizerError::InvalidVocab(
+                "the file has neither tokenizer.ggml.merges nor tokenizer.ggml.scores".into(),
+            )
+        })?),
+    };
+    Ok(move |id: u32| match scores {
+        Some(scores) => f64::from(scores[id as usize]),
+        None => -f64::from(id),
+    })
 }
 
 /// transformers' `generate_merges(vocab, vocab_scores)`: every split of every
 /// token into two tokens of the vocabulary, best score first, then longer left
 /// part, then longer right part; ties keep vocabulary order.
+///
+/// Works on ids and runs on the thread pool: Gemma's 262k tokens give about
+/// half a million merges, and this was most of its start-up time.
 fn generate_merges(
     tokens: &[String],
-    ids: &HashMap<&str, u32>,
-    scores: &HashMap<&str, f64>,
+    ids: &Vocab,
+    score: impl Fn(u32) -> f64 + Sync,
 ) -> Vec<(String, String)> {
-    struct Candidate<'a> {
-        left: &'a str,
-        right: &'a str,
+    struct Candidate {
+        left: u32,
+        right: u32,
         score: f64,
-        left_chars: usize,
-        right_chars: usize,
+        left_chars: u32,
+        right_chars: u32,
     }
-    let mut seen = HashSet::new();
-    let mut candidates = Vec::new();
-    for token in tokens {
-        let token = token.as_str();
-        if !seen.insert(token) {
-            continue;
-        }
-        let score = scores[token];
-        let mut local: Vec<Candidate> = token
-            .char_indices()
-            .skip(1)
-            .filter_map(|(at, _)| {
-                let (left, right) = token.split_at(at);
-                (ids.contains_key(left) && ids.contains_key(right)).then(|| Candidate {
-                    left,
-                    right,
-                    score,
-                    left_chars: left.chars().count(),
-                    right_chars: right.chars().count(),
+    // Python iterates the dict in first-insertion order, each token once.
+    let mut seen = vec![false; tokens.len()];
+    let firsts: Vec<(&str, u32)> = tokens
+        .iter()
+        .filter_map(|token| {
+            let id = ids[token.as_str()];
+            (!std::mem::replace(&mut seen[id as usize], true)).then_some((token.as_str(), id))
+        })
+        .collect();
+    let mut candidates: Vec<Candidate> = firsts
+        .par_iter()
+        .flat_map_iter(|&(token, id)| {
+            let score = score(id);
+            let mut local: Vec<Candidate> = token
+                .char_indices()
+                .skip(1)
+                .filter_map(|(at, _)| {
+                    let (left, right) = token.split_at(at);
+                    Some(Candidate {
+                        left: *ids.get(left)?,
+                        right: *ids.get(right)?,
+                        score,
+                        left_chars: left.chars().count() as u32,
+                        right_chars: right.chars().count() as u32,
+                    })
                 })
-            })
-            .collect();
-        local.sort_by_key(|c| (ids[c.left], ids[c.right]));
-        candidates.extend(local);
-    }
+                .collect();
+            local.sort_by_key(|c| (c.left, c.right));
+            local
+        })
+        .collect();
     // Python's `sorted(..., reverse=True)` is stable: equal keys keep their order.
-    candidates.sort_by(|a, b| {
+    candidates.par_sort_by(|a, b| {
         b.score
             .total_cmp(&a.score)
             .then(b.left_chars.cmp(&a.left_chars))
             .then(b.right_chars.cmp(&a.right_chars))
     });
     candidates
-        .into_iter()
-        .map(|c| (c.left.to_owned(), c.right.to_owned()))
+        .into_par_iter()
+        .map(|c| {
+            (
+                tokens[c.left as usize].clone(),
+                tokens[c.right as usize].clone(),
+            )
+        })
         .collect()
 }
 
 fn build_model(
-    ids: &HashMap<&str, u32>,
+    vocab: Vocab,
     merges: Vec<(String, String)>,
     flavour: Flavour,
 ) -> Result<BPE, TokenizerError> {
-    let vocab: Vocab = ids.iter().map(|(t, &i)| ((*t).to_owned(), i)).collect();
     let builder = BPE::builder().vocab_and_merges(vocab, merges);
     let builder = match flavour {
         Flavour::ByteLevel => builder
@@ -417,7 +428,6 @@ fn add_tokens(
     inner: &mut tokenizers::Tokenizer,
     vocab: &GgufVocab,
     flavour: Flavour,
-    ids: &HashMap<&str, u32>,
 ) -> Result<(), TokenizerError> {
     let Some(types) = &vocab.token_types else {
         return Ok(());
@@ -440,8 +450,9 @@ fn add_tokens(
     inner
         .add_special_tokens(special)
         .map_err(|e| TokenizerError::backend("cannot add the control tokens", e))?;
+    let model = inner.get_model();
     let user: Vec<AddedToken> = typed(USER_DEFINED)
-        .filter(|t| ids.contains_key(t.as_str()))
+        .filter(|t| model.token_to_id(t).is_some())
         .map(|t| AddedToken::from(t.as_str(), false).normalized(false))
         .collect();
     inner
@@ -549,13 +560,9 @@ mod tests {
     #[test]
     fn merges_follow_score_then_length() {
         let tokens: Vec<String> = ["a", "b", "ab", "abb", "bb"].map(String::from).to_vec();
-        let ids: HashMap<&str, u32> = tokens.iter().map(String::as_str).zip(0..).collect();
-        let scores: HashMap<&str, f64> = tokens
-            .iter()
-            .map(String::as_str)
-            .zip([0.0, 0.0, -1.0, -2.0, -1.0])
-            .collect();
-        let merges = generate_merges(&tokens, &ids, &scores);
+        let ids: Vocab = tokens.iter().cloned().zip(0..).collect();
+        let scores = [0.0, 0.0, -1.0, -2.0, -1.0];
+        let merges = generate_merges(&tokens, &ids, |id| scores[id as usize]);
         let pairs: Vec<(&str, &str)> = merges
             .iter()
             .map(|(l, r)| (l.as_str(), r.as_str()))
