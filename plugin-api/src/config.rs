@@ -179,6 +179,9 @@ impl<'a> HfConfig<'a> {
                 high_freq_factor: p.f64("high_freq_factor")?,
                 original_max_position_embeddings: original()?,
             },
+            "freq_factors" => RopeScaling::FreqFactors {
+                factors: freq_factors(params)?,
+            },
             "yarn" => RopeScaling::Yarn {
                 factor: p.f64("factor")?,
                 original_max_position_embeddings: original()?,
@@ -240,6 +243,25 @@ impl<'a> HfConfig<'a> {
     }
 }
 
+/// The `factors` of a `freq_factors` rope scaling: positive, finite numbers.
+fn freq_factors(params: &Value) -> Result<Vec<f64>> {
+    let bad = || {
+        Error::invalid("rope scaling `freq_factors` needs `factors`: a list of positive numbers")
+    };
+    let factors = params
+        .get("factors")
+        .and_then(Value::as_array)
+        .ok_or_else(bad)?;
+    factors
+        .iter()
+        .map(|f| {
+            f.as_f64()
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .ok_or_else(bad)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,5 +306,28 @@ mod tests {
             .to_string();
         assert!(err.contains("must divide"), "{err}");
         assert!(HfConfig::new(&json!([1])).is_err());
+    }
+
+    #[test]
+    fn reads_per_frequency_rope_factors() {
+        let value = json!({"rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "freq_factors", "factors": [1.0, 2.5, 8.0]}});
+        let (theta, scaling) = HfConfig::new(&value).unwrap().rope().unwrap();
+        assert_eq!(theta, 500000.0);
+        assert_eq!(
+            scaling,
+            RopeScaling::FreqFactors {
+                factors: vec![1.0, 2.5, 8.0]
+            }
+        );
+        for factors in [json!([1.0, 0.0]), json!("8"), json!(null)] {
+            let value = json!({"rope_scaling": {"rope_type": "freq_factors", "factors": factors}});
+            let err = HfConfig::new(&value)
+                .unwrap()
+                .rope()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("list of positive numbers"), "{err}");
+        }
     }
 }

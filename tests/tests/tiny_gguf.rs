@@ -193,7 +193,8 @@ fn gguf_matches_transformers(file: &str) {
     );
 }
 
-const TESTED: [&str; 8] = [
+const TESTED: [&str; 9] = [
+    "tiny_llama.f32.gguf",
     "tiny_llama_tied.f32.gguf",
     "tiny_qwen2.f32.gguf",
     "tiny_qwen3.f32.gguf",
@@ -212,6 +213,13 @@ fn every_gguf_fixture_has_a_test() {
     for file in TESTED {
         assert!(fixture_dir().join(file).is_file(), "{file} is missing");
     }
+}
+
+/// Llama 3 rope scaling: llama.cpp's converter stores it as the per-frequency
+/// divisors `rope_freqs.weight`, which Kiln reads into the config.
+#[test]
+fn tiny_llama_f32_gguf_with_llama3_rope_factors_matches_transformers() {
+    gguf_matches_transformers("tiny_llama.f32.gguf");
 }
 
 /// llama.cpp permutes Llama's q/k rows for its interleaved rope (here with a

@@ -41,6 +41,7 @@
 //! | `layer_norm_eps` (`layer_norm_epsilon`)  | `{arch}.attention.layer_norm_epsilon`                         |
 //! | `rope_theta`                             | `{arch}.rope.freq_base`                                       |
 //! | `rope_scaling`                           | `{arch}.rope.scaling.type` (omitted when absent or `none`) as `rope_type`, `.factor` as `factor`, `.original_context_length` as `original_max_position_embeddings` |
+//! | `rope_scaling` (llama)                   | the `rope_freqs.weight` tensor (Llama 3 scaling as per-frequency divisors) as `{"rope_type": "freq_factors", "factors": [...]}`, a Kiln rope type |
 //! | `original_max_position_embeddings` (phi3)| `{arch}.rope.scaling.original_context_length`                 |
 //! | `sliding_window`                         | `{arch}.attention.sliding_window` (left out when 0, llama.cpp's "none") |
 //! | `attn_logit_softcapping`, `final_logit_softcapping` | `{arch}.attn_logit_softcapping`, `{arch}.final_logit_softcapping` |
@@ -52,7 +53,7 @@
 //! | `sliding_window_pattern`, `layer_types` (gemma3) | with a sliding window: every 6th layer global, as llama.cpp |
 //!
 //! Not mapped: Phi-3 "longrope" factors (stored as the `rope_factors_*`
-//! tensors) and Llama 3 rope scaling (stored as `rope_freqs.weight`).
+//! tensors).
 //!
 //! [`hf_tensor_name`] maps tensor names. It maps names only: llama.cpp's
 //! converter permutes the `llama` query and key projections for interleaved
@@ -138,6 +139,9 @@ pub enum GgufError {
     /// `general.architecture` names an architecture without a config mapping.
     #[error("GGUF architecture `{0}` has no Hugging Face config mapping")]
     UnsupportedArchitecture(String),
+    /// Well-formed, but describes something Kiln does not support.
+    #[error("unsupported GGUF file: {0}")]
+    Unsupported(String),
 }
 
 /// What is wrong with a malformed GGUF file.

@@ -202,9 +202,11 @@ pub fn open_gguf(
     };
     let file = gguf::GgufFile::open(path).map_err(malformed)?;
     let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = file.map().clone();
+    let in_config = file.config_tensor_names();
     let tensors = file
         .tensors()
         .iter()
+        .filter(|t| !in_config.contains(&t.name()))
         .map(|t| {
             let info = adapters::CheckpointTensor {
                 name: t.name().to_owned(),

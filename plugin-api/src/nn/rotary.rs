@@ -1,5 +1,5 @@
 //! Rotary position embeddings and their frequency scalings (default, linear,
-//! Llama 3, YaRN), computed like Hugging Face transformers does.
+//! Llama 3, per-frequency factors, YaRN), computed like Hugging Face transformers does.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +26,12 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         /// The context length the model was trained with.
         original_max_position_embeddings: f64,
+    },
+    /// Per-frequency divisors of the inverse frequencies: how a GGUF file
+    /// stores Llama 3's scaling (`rope_freqs.weight`, one per rotated pair).
+    FreqFactors {
+        /// The divisors, `[head_dim / 2]`.
+        factors: Vec<f64>,
     },
     /// YaRN: interpolation blended with extrapolation, plus attention scaling.
     Yarn {
@@ -82,6 +88,13 @@ impl RotaryEmbedding {
         match &self.scaling {
             RopeScaling::Default => plain,
             RopeScaling::Linear { factor } => plain.iter().map(|f| f / *factor as f32).collect(),
+            // A count other than `head_dim / 2` gives an `inv_freq` the rope
+            // op rejects when the graph is built.
+            RopeScaling::FreqFactors { factors } => plain
+                .iter()
+                .zip(factors)
+                .map(|(f, &d)| f / d as f32)
+                .collect(),
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,

@@ -98,10 +98,27 @@ const FIELDS: [(&str, &str, Kind); 13] = [
     ),
 ];
 
+/// Llama 3 rope scaling as per-frequency divisors, read into the config.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
 /// Gemma 3 alternates five sliding-window layers with one global layer.
 const GEMMA3_SLIDING_PATTERN: u64 = 6;
 
 impl GgufFile {
+    /// Tensors that [`hf_config`](Self::hf_config) reads into the config:
+    /// hyperparameters stored as tensors, not model weights.
+    pub fn config_tensor_names(&self) -> Vec<&'static str> {
+        let llama = matches!(
+            self.architecture().ok().and_then(Family::of),
+            Some(Family::Llama)
+        );
+        if llama && self.tensor(ROPE_FREQS).is_some() {
+            vec![ROPE_FREQS]
+        } else {
+            Vec::new()
+        }
+    }
+
     /// The model's hyperparameters as a Hugging Face `config.json` for
     /// `llama`, `qwen2`, `qwen3`, `gemma3`, `phi3` and `gpt2` (see the module
     /// docs for the mapping); keys absent from the file are left out.
@@ -172,7 +189,21 @@ impl GgufFile {
         }
 
         match family {
-            Family::Llama | Family::Qwen2 | Family::Qwen3 => {
+            Family::Llama => {
+                config.insert("hidden_act".into(), json!("silu"));
+                if let Some(factors) = self.rope_freq_factors()? {
+                    if config.contains_key("rope_scaling") {
+                        return Err(GgufError::Unsupported(
+                            "`rope_freqs.weight` together with a rope scaling type".into(),
+                        ));
+                    }
+                    config.insert(
+                        "rope_scaling".into(),
+                        json!({"rope_type": "freq_factors", "factors": factors}),
+                    );
+                }
+            }
+            Family::Qwen2 | Family::Qwen3 => {
                 config.insert("hidden_act".into(), json!("silu"));
             }
             Family::Phi3 => {
@@ -190,6 +221,29 @@ impl GgufFile {
             Family::Gemma3 => self.gemma3_extras(&mut config)?,
         }
         Ok(Value::Object(config))
+    }
+
+    /// The per-frequency rotary divisors llama.cpp's converter stores for
+    /// Llama 3 rope scaling (`rope_freqs.weight`, f32 `[head_dim / 2]`).
+    fn rope_freq_factors(&self) -> Result<Option<Vec<f32>>, GgufError> {
+        const NAME: &str = ROPE_FREQS;
+        let Some(tensor) = self.tensor(NAME) else {
+            return Ok(None);
+        };
+        if tensor.ggml_type().name() != "F32" || tensor.shape().len() != 1 {
+            return Err(GgufError::Unsupported(format!(
+                "`{NAME}` stored as {} {:?} (expected a 1-D F32 tensor)",
+                tensor.ggml_type().name(),
+                tensor.shape()
+            )));
+        }
+        let bytes = &self.map()[tensor.byte_range()];
+        Ok(Some(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ))
     }
 
     /// Gemma 3's fixed activation, local rotary base, attention scale and
