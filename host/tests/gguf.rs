@@ -341,6 +341,38 @@ fn tensor_offset_field(bytes: &[u8], name: &str) -> usize {
     at + 4
 }
 
+/// Llama 3 rope scaling as llama.cpp stores it: `rope_freqs.weight` becomes
+/// the config's per-frequency divisors and is not a model weight; stored as
+/// anything but a 1-D F32 tensor, it is an error naming it.
+#[test]
+fn llama3_rope_factors_are_read_into_the_config() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/reference/tiny_llama.f32.gguf");
+    let file = GgufFile::open(&path).unwrap();
+    let config = file.hf_config().unwrap();
+    assert_eq!(config["rope_scaling"]["rope_type"], "freq_factors");
+    let factors = floats(&config["rope_scaling"]["factors"]);
+    assert_eq!(factors.len(), 4, "head_dim 8: one divisor per rotated pair");
+    // Wavelengths 2π·10^(i/2) against the fixture's original context of 16
+    // (low_freq_factor 1, high_freq_factor 4): the first is smoothed, the
+    // longer ones are divided by the full factor 8.
+    assert!(factors[0] > 1.0 && factors[0] < 8.0, "{factors:?}");
+    assert_eq!(factors[1..], [8.0, 8.0, 8.0]);
+    assert_eq!(file.config_tensor_names(), ["rope_freqs.weight"]);
+
+    // The same tensor relabelled I32 (same size, so the file stays valid).
+    let mut bytes = std::fs::read(&path).unwrap();
+    let type_field = tensor_offset_field(&bytes, "rope_freqs.weight") - 4;
+    bytes[type_field..type_field + 4].copy_from_slice(&26u32.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let err = open_bytes(&dir, &bytes).unwrap().hf_config().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("`rope_freqs.weight` stored as I32"),
+        "{err}"
+    );
+}
+
 #[test]
 fn every_truncation_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
