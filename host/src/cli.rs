@@ -37,6 +37,45 @@ pub enum Command {
     Serve(ServeArgs),
     /// Compare the model's logits with reference logits (e.g. from transformers).
     Verify(VerifyArgs),
+    /// Measure the serving engine's offline throughput at several concurrency levels.
+    Benchmark(BenchmarkArgs),
+}
+
+/// Options of `host benchmark`.
+#[derive(Debug, Args)]
+pub struct BenchmarkArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+
+    /// Prompt tokens per request (random ids).
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+
+    /// Tokens each request generates (end-of-sequence is ignored).
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+
+    /// Concurrency levels: that many requests arrive at once, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    pub concurrency: Vec<usize>,
+
+    /// Most tokens in one engine step (prefill chunks included).
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch_tokens: usize,
+
+    /// Seed of the random prompts.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `host serve`.
@@ -373,6 +412,7 @@ pub fn run() -> ExitCode {
         Command::Generate(args) => commands::generate(args),
         Command::Serve(args) => commands::serve(args),
         Command::Verify(args) => commands::verify(args),
+        Command::Benchmark(args) => commands::benchmark(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -310,3 +310,45 @@ fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
     );
     assert!(server.log().contains("shutting down"), "{}", server.log());
 }
+
+/// `host benchmark`: every level's requests all finish with exactly
+/// `--output-len` tokens, and the numbers are consistent with each other.
+#[test]
+fn benchmark_runs_every_concurrency_level_to_completion() {
+    let model = smollm2().unwrap_or_else(|| panic!("SmolLM2 is missing: run .ci/setup"));
+    let model = model.to_str().unwrap();
+    let output = run_host(
+        [
+            "benchmark",
+            "--model",
+            model,
+            "--input-len",
+            "12",
+            "--output-len",
+            "5",
+            "--concurrency",
+            "1,3",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(output.status.success(), "{}", text(&output).1);
+    let levels: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(levels.len(), 2);
+    for (level, concurrency) in levels.iter().zip([1u64, 3]) {
+        assert_eq!(level["concurrency"], concurrency);
+        assert_eq!(level["output_tokens"], concurrency * 5, "{level}");
+        let wall = level["wall_s"].as_f64().unwrap();
+        let rate = level["output_tok_per_s"].as_f64().unwrap();
+        assert!(wall > 0.0 && (rate * wall - (concurrency * 5) as f64).abs() < 1e-6);
+        let ttft = level["max_ttft_ms"].as_f64().unwrap();
+        assert!(ttft > 0.0 && ttft <= wall * 1e3, "{level}");
+    }
+
+    for bad in [["--concurrency", "0"], ["--output-len", "0"]] {
+        let output = run_host(["benchmark", "--model", model, bad[0], bad[1]], &[]);
+        assert!(!output.status.success());
+        let (_, err) = text(&output);
+        assert!(err.starts_with("error: ") && err.contains(bad[0]), "{err}");
+    }
+}

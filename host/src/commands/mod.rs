@@ -5,6 +5,7 @@ use crate::compiler::CompileCache;
 use crate::model::{self, resolve, LoadOptions, Model};
 use crate::plugins::ArchitectureRegistry;
 
+mod benchmark;
 mod generate;
 mod inspect;
 mod inspect_graph;
@@ -12,6 +13,7 @@ mod list_architectures;
 mod serve;
 mod verify;
 
+pub use benchmark::benchmark;
 pub use generate::generate;
 pub use inspect::inspect;
 pub use inspect_graph::inspect_graph;

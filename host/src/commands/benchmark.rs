@@ -1,0 +1,223 @@
+//! `host benchmark`: offline throughput of the serving engine, like vLLM's
+//! `benchmark_throughput`. For each concurrency level, that many requests of
+//! random prompt ids arrive at once and each generates exactly
+//! `--output-len` tokens (end-of-sequence ignored, greedy); the engine batches
+//! them continuously, as `host serve` would.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::cli::BenchmarkArgs;
+use crate::engine::penalties::Penalties;
+use crate::engine::sampling::SamplingParams;
+use crate::engine::service::{self, EngineConfig, EngineHandle, Event, GenerationParams, Request};
+use crate::scheduler::SchedulerConfig;
+use crate::server::metrics::Metrics;
+
+/// Positions per KV-cache block.
+const BLOCK_SIZE: usize = 16;
+
+/// What one concurrency level measured.
+#[derive(Debug, Serialize)]
+struct LevelResult {
+    concurrency: usize,
+    input_len: usize,
+    output_len: usize,
+    wall_s: f64,
+    output_tokens: usize,
+    /// Generated tokens per second over the whole level.
+    output_tok_per_s: f64,
+    /// Prompt and generated tokens per second.
+    total_tok_per_s: f64,
+    mean_ttft_ms: f64,
+    max_ttft_ms: f64,
+    /// Mean time between a request's generated tokens after its first.
+    mean_itl_ms: f64,
+}
+
+/// One request's timings.
+struct Timings {
+    first_token: Duration,
+    finished: Duration,
+    tokens: usize,
+}
+
+/// Runs the benchmark and prints a table (or JSON with `--json`).
+pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.concurrency.is_empty() && !args.concurrency.contains(&0),
+        "--concurrency takes positive request counts, e.g. 1,16,64"
+    );
+    anyhow::ensure!(
+        args.input_len > 0 && args.output_len > 0,
+        "--input-len and --output-len must be at least 1"
+    );
+    let mut model = super::load_model(&args.model, &args.plugins, &args.runtime)?;
+    let tokenizer = Arc::new(
+        model
+            .tokenizer
+            .take()
+            .context("the model has no tokenizer; the serving engine needs one")?,
+    );
+    let vocab = u32::try_from(tokenizer.vocab_size()).context("vocabulary too large")?;
+    let max_seq_len = model.config.max_seq_len as usize;
+    let per_request = args.input_len + args.output_len;
+    anyhow::ensure!(
+        per_request <= max_seq_len,
+        "--input-len + --output-len = {per_request} exceeds the model's maximum length {max_seq_len}"
+    );
+    let most = *args.concurrency.iter().max().expect("checked non-empty");
+    let config = EngineConfig {
+        // Room for every request of the largest level at once.
+        num_blocks: most * per_request.div_ceil(BLOCK_SIZE) + 1,
+        block_size: BLOCK_SIZE,
+        scheduler: SchedulerConfig {
+            max_batch_size: most,
+            max_batch_tokens: args.max_batch_tokens,
+            max_seq_len,
+        },
+        prefix_caching: false,
+    };
+    let engine = service::spawn(model, tokenizer, Vec::new(), config, Metrics::default());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let mut prompts = |count: usize| -> Vec<Vec<u32>> {
+        (0..count)
+            .map(|_| {
+                (0..args.input_len)
+                    .map(|_| rng.random_range(0..vocab))
+                    .collect()
+            })
+            .collect()
+    };
+
+    // Warm-up: first-use allocations and thread-pool start-up.
+    runtime.block_on(run_level(&engine, prompts(1), 2))?;
+    let mut results = Vec::new();
+    for &concurrency in &args.concurrency {
+        let start = Instant::now();
+        let timings =
+            runtime.block_on(run_level(&engine, prompts(concurrency), args.output_len))?;
+        let wall = start.elapsed().as_secs_f64();
+        results.push(summarize(concurrency, args, wall, &timings));
+    }
+    let text = if args.json {
+        serde_json::to_string_pretty(&results)? + "\n"
+    } else {
+        table(&results)
+    };
+    super::write_stdout(&text)
+}
+
+/// Submits every prompt at once and waits for all of them to finish.
+async fn run_level(
+    engine: &EngineHandle,
+    prompts: Vec<Vec<u32>>,
+    output_len: usize,
+) -> anyhow::Result<Vec<Timings>> {
+    let start = Instant::now();
+    let mut receivers = Vec::new();
+    for prompt in prompts {
+        let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+        engine
+            .submit(Request {
+                prompt,
+                params: GenerationParams {
+                    sampling: SamplingParams {
+                        temperature: 0.0,
+                        ..SamplingParams::default()
+                    },
+                    penalties: Penalties::default(),
+                    max_tokens: output_len,
+                    min_tokens: 0,
+                    stop: Vec::new(),
+                    stop_token_ids: Vec::new(),
+                    ignore_eos: true,
+                    logprobs: None,
+                },
+                events,
+                arrived: start,
+            })
+            .map_err(anyhow::Error::msg)?;
+        receivers.push(receiver);
+    }
+    let waits = receivers.into_iter().map(|mut receiver| async move {
+        let mut first_token = None;
+        while let Some(event) = receiver.recv().await {
+            match event {
+                Event::Chunk { .. } => {
+                    first_token.get_or_insert_with(|| start.elapsed());
+                }
+                Event::Done {
+                    completion_tokens, ..
+                } => {
+                    let finished = start.elapsed();
+                    return Ok(Timings {
+                        first_token: first_token.unwrap_or(finished),
+                        finished,
+                        tokens: completion_tokens,
+                    });
+                }
+                Event::Error(message) => anyhow::bail!("a request failed: {message}"),
+            }
+        }
+        anyhow::bail!("the engine stopped before a request finished")
+    });
+    futures_util::future::try_join_all(waits).await
+}
+
+fn summarize(
+    concurrency: usize,
+    args: &BenchmarkArgs,
+    wall: f64,
+    timings: &[Timings],
+) -> LevelResult {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let output_tokens: usize = timings.iter().map(|t| t.tokens).sum();
+    let itls: Vec<f64> = timings
+        .iter()
+        .filter(|t| t.tokens > 1)
+        .map(|t| ms(t.finished - t.first_token) / (t.tokens - 1) as f64)
+        .collect();
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let ttfts: Vec<f64> = timings.iter().map(|t| ms(t.first_token)).collect();
+    LevelResult {
+        concurrency,
+        input_len: args.input_len,
+        output_len: args.output_len,
+        wall_s: wall,
+        output_tokens,
+        output_tok_per_s: output_tokens as f64 / wall,
+        total_tok_per_s: (concurrency * args.input_len + output_tokens) as f64 / wall,
+        mean_ttft_ms: mean(&ttfts),
+        max_ttft_ms: ttfts.iter().copied().fold(0.0, f64::max),
+        mean_itl_ms: mean(&itls),
+    }
+}
+
+fn table(results: &[LevelResult]) -> String {
+    let mut out = String::from(
+        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms\n",
+    );
+    for r in results {
+        out += &format!(
+            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}\n",
+            r.concurrency,
+            r.input_len,
+            r.output_len,
+            r.wall_s,
+            r.output_tok_per_s,
+            r.total_tok_per_s,
+            r.mean_ttft_ms,
+            r.max_ttft_ms,
+            r.mean_itl_ms
+        );
+    }
+    out
+}
