@@ -45,13 +45,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct BenchmarkArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub plugins: PluginArgs,
-
-    #[command(flatten)]
-    pub runtime: RuntimeArgs,
+    pub load: LoadArgs,
 
     /// Prompt tokens per request (random ids).
     #[arg(long, default_value_t = 128)]
@@ -82,10 +76,7 @@ pub struct BenchmarkArgs {
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub plugins: PluginArgs,
+    pub load: LoadArgs,
 
     /// Address to bind (loopback by default; use 0.0.0.0 to expose).
     #[arg(long, default_value = "127.0.0.1")]
@@ -102,9 +93,6 @@ pub struct ServeArgs {
     /// The model name clients send (default: --model as given).
     #[arg(long)]
     pub served_model_name: Option<String>,
-
-    #[command(flatten)]
-    pub runtime: RuntimeArgs,
 
     /// Requests running at once.
     #[arg(long, default_value_t = 32)]
@@ -131,7 +119,21 @@ pub struct ServeArgs {
     pub max_request_bytes: u64,
 }
 
-/// How a model is loaded and run (`serve`, `generate`, `verify`).
+/// Which model to load, with which plugins, and how to run it (`serve`,
+/// `generate`, `verify`, `benchmark`).
+#[derive(Debug, Args)]
+pub struct LoadArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+}
+
+/// How a model is run once loaded.
 #[derive(Debug, Args)]
 pub struct RuntimeArgs {
     /// Longest sequence, prompt plus output (default: the model's limit).
@@ -210,10 +212,7 @@ pub enum OutputFormat {
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_ids"])))]
 pub struct GenerateArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub plugins: PluginArgs,
+    pub load: LoadArgs,
 
     /// The prompt text.
     #[arg(long)]
@@ -255,9 +254,6 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub seed: Option<u64>,
 
-    #[command(flatten)]
-    pub runtime: RuntimeArgs,
-
     /// `text` streams the output; `json` prints `{"prompt_ids", "generated_ids", "text"}`.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -271,13 +267,7 @@ pub struct GenerateArgs {
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
-
-    #[command(flatten)]
-    pub plugins: PluginArgs,
-
-    #[command(flatten)]
-    pub runtime: RuntimeArgs,
+    pub load: LoadArgs,
 
     /// A reference directory: `<prompt>.ids.json`, `<prompt>.logits.npy` and
     /// optionally `<prompt>.greedy.json` per prompt, as written by

@@ -342,8 +342,8 @@ fn tensor_offset_field(bytes: &[u8], name: &str) -> usize {
 }
 
 /// Llama 3 rope scaling as llama.cpp stores it: `rope_freqs.weight` becomes
-/// the config's per-frequency divisors and is not a model weight; stored as
-/// anything but a 1-D F32 tensor, it is an error naming it.
+/// the config's per-frequency divisors and is not a model weight; stored in
+/// a type Kiln cannot decode, it is an error naming it.
 #[test]
 fn llama3_rope_factors_are_read_into_the_config() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -368,7 +368,7 @@ fn llama3_rope_factors_are_read_into_the_config() {
     let err = open_bytes(&dir, &bytes).unwrap().hf_config().unwrap_err();
     assert!(
         err.to_string()
-            .contains("`rope_freqs.weight` stored as I32"),
+            .contains("`rope_freqs.weight` is stored as I32, which Kiln cannot decode"),
         "{err}"
     );
 }

@@ -5,7 +5,8 @@
 use kiln_plugin_api::graph::ops::ReshapeDim;
 use kiln_plugin_api::graph::{ops, DType, Dim, Graph, GraphIr, Op, TensorType};
 use kiln_plugin_api::nn::{
-    Activation, Layer, Linear, Mlp, Module, Registry, Sequential, StateDict, Weight,
+    Activation, Layer, Linear, Mlp, Module, Registry, RopeScaling, RotaryEmbedding, Sequential,
+    StateDict, Weight,
 };
 use kiln_plugin_api::Encoding;
 
@@ -314,4 +315,38 @@ fn sequential_chains_layers_and_names_them_by_position() {
             .count(),
         4
     );
+}
+
+/// Per-frequency rope factors (GGUF's `rope_freqs.weight`) divide the
+/// inverse frequencies; a count other than `head_dim / 2` is a build error.
+#[test]
+fn rope_frequency_factors_must_match_the_head_dim() {
+    let mut rope = RotaryEmbedding::new(8, 10_000.0);
+    rope.scaling = RopeScaling::FreqFactors {
+        factors: vec![1.0, 2.0, 4.0, 8.0],
+    };
+    let scaled = rope.inv_freq();
+    let plain = RotaryEmbedding::new(8, 10_000.0).inv_freq();
+    for (i, divisor) in [1.0, 2.0, 4.0, 8.0].into_iter().enumerate() {
+        assert_eq!(scaled[i], plain[i] / divisor);
+    }
+    for count in [3, 5] {
+        rope.scaling = RopeScaling::FreqFactors {
+            factors: vec![1.0; count],
+        };
+        let graph = Graph::new("rope");
+        let x = f32_input(
+            &graph,
+            "x",
+            &[Dim::Static(2), Dim::Static(1), Dim::Static(8)],
+        );
+        let positions = graph.input("positions", TensorType::new(DType::I64, [Dim::Static(2)]));
+        let out = rope.forward(&x, &positions);
+        graph.output(&[&out]);
+        let error = graph.build().unwrap_err().to_string();
+        assert!(
+            error.contains("inv_freq f32[4]"),
+            "{count} factors: {error}"
+        );
+    }
 }

@@ -56,7 +56,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         args.input_len > 0 && args.output_len > 0,
         "--input-len and --output-len must be at least 1"
     );
-    let mut model = super::load_model(&args.model, &args.plugins, &args.runtime)?;
+    let mut model = super::load_model(&args.load)?;
     let tokenizer = Arc::new(
         model
             .tokenizer

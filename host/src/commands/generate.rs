@@ -23,7 +23,7 @@ struct JsonOutput {
 pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let json = args.output == OutputFormat::Json;
     let started = Instant::now();
-    let model = super::load_model(&args.model, &args.plugins, &args.runtime)?;
+    let model = super::load_model(&args.load)?;
     let compile = match model.compile {
         CompileOutcome::Compiled(t) => format!("compiled in {:.0} ms", t.as_secs_f64() * 1e3),
         CompileOutcome::Cached(t) => format!("compile cache hit, {:.0} ms", t.as_secs_f64() * 1e3),

@@ -1,6 +1,6 @@
 //! One module per `host` subcommand.
 
-use crate::cli::{ModelArgs, PluginArgs, RuntimeArgs};
+use crate::cli::LoadArgs;
 use crate::compiler::CompileCache;
 use crate::model::{self, resolve, LoadOptions, Model};
 use crate::plugins::ArchitectureRegistry;
@@ -30,12 +30,13 @@ fn write_stdout(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Loads the model that `model` names with the plugins and runtime options given.
-fn load_model(
-    model: &ModelArgs,
-    plugins: &PluginArgs,
-    runtime: &RuntimeArgs,
-) -> anyhow::Result<Model> {
+/// Loads the model `args` names with its plugins and runtime options.
+fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
+    let LoadArgs {
+        model,
+        plugins,
+        runtime,
+    } = args;
     crate::device::check(runtime.device.parse()?)?;
     let registry = ArchitectureRegistry::load(&plugins.custom_architectures)?;
     let resolved = resolve(

@@ -15,7 +15,7 @@ use crate::server::{router, AppState};
 
 /// Runs the server.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let mut model = super::load_model(&args.model, &args.plugins, &args.runtime)?;
+    let mut model = super::load_model(&args.load)?;
     let tokenizer = Arc::new(model.tokenizer.take().context("the model has no tokenizer (tokenizer.json or GGUF tokenizer metadata); it cannot be served")?);
     let chat_template = tokenizer.chat_template()?;
     let defaults = generation_defaults(&model);
@@ -54,7 +54,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let model_name = args
         .served_model_name
         .clone()
-        .unwrap_or_else(|| args.model.model.clone());
+        .unwrap_or_else(|| args.load.model.model.clone());
     let metrics = Metrics::default();
     let config = EngineConfig {
         num_blocks,

@@ -41,9 +41,9 @@ struct Report {
 /// Runs every reference prompt through the model and compares.
 pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
     // Fail fast on the device before reading a possibly large reference.
-    crate::device::check(args.runtime.device.parse()?)?;
+    crate::device::check(args.load.runtime.device.parse()?)?;
     let prompts = read_reference(&args.reference)?;
-    let model = super::load_model(&args.model, &args.plugins, &args.runtime)?;
+    let model = super::load_model(&args.load)?;
     let tolerance = args.atol.map(|atol| Tolerance {
         atol,
         rtol: args.rtol,
@@ -51,7 +51,7 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
     let mut report = Report {
         model: model.resolved.name.clone(),
         architecture: model.architecture.info.name.clone(),
-        precision: match args.runtime.precision {
+        precision: match args.load.runtime.precision {
             PrecisionArg::Exact => "exact",
             PrecisionArg::Fast => "fast",
         },

@@ -284,7 +284,7 @@ impl Executor {
     /// executor's, except that the product producing the logits (the graph's
     /// first output) always keeps f32 activations. In fast mode that costs a
     /// few percent of decode speed and cuts the mean KL divergence from
-    /// transformers by 10-20 % on the real models (bench/cpu/NOTES.md).
+    /// transformers by 7-22 % on the real models (bench/cpu/NOTES.md).
     fn product_precision(&self, output: ValueId) -> Precision {
         if self.program.graph.outputs.first() == Some(&output) {
             Precision::Exact

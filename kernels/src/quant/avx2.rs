@@ -29,6 +29,20 @@ unsafe fn f16_at(bytes: &[u8], at: usize) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
+/// A Q4_K/Q5_K block's eight 6-bit scales (low half) and eight minimums
+/// (high half), widened to 16-bit lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn k4_scales_mins_i16(block: &[u8]) -> __m256i {
+    let sm = k4_scales_mins_words(&block[4..16]);
+    _mm256_cvtepu8_epi16(_mm_setr_epi32(
+        sm[0] as i32,
+        sm[1] as i32,
+        sm[2] as i32,
+        sm[3] as i32,
+    ))
+}
+
 /// Sum of the eight lanes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -588,13 +602,7 @@ unsafe fn fast_q45k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut acc_min = _mm_setzero_ps();
     for (b, a) in row.chunks_exact(F::BYTES).zip(acts) {
-        let sm = k4_scales_mins_words(&b[4..16]);
-        let sm = _mm256_cvtepu8_epi16(_mm_setr_epi32(
-            sm[0] as i32,
-            sm[1] as i32,
-            sm[2] as i32,
-            sm[3] as i32,
-        ));
+        let sm = k4_scales_mins_i16(b);
         // Minimums times the sums of each 32 activations.
         let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
         let pair_sums = _mm_hadd_epi16(
@@ -698,13 +706,7 @@ pub(crate) unsafe fn fast_q45k_multi<F: Format, const R: usize>(
         // Activation rows 2k and 2k + 1 in the low and high halves.
         let mut acc_min = [_mm256_setzero_ps(); 4];
         for (j, b) in row.chunks_exact(F::BYTES).take(blocks).enumerate() {
-            let sm = k4_scales_mins_words(&b[4..16]);
-            let sm = _mm256_cvtepu8_epi16(_mm_setr_epi32(
-                sm[0] as i32,
-                sm[1] as i32,
-                sm[2] as i32,
-                sm[3] as i32,
-            ));
+            let sm = k4_scales_mins_i16(b);
             // Minimums times the sums of each 32 activations.
             let mins_w = _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sm));
             let dmin_w = _mm256_set1_ps(f16_at(b, 2));

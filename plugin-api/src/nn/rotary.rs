@@ -88,12 +88,12 @@ impl RotaryEmbedding {
         match &self.scaling {
             RopeScaling::Default => plain,
             RopeScaling::Linear { factor } => plain.iter().map(|f| f / *factor as f32).collect(),
-            // A count other than `head_dim / 2` gives an `inv_freq` the rope
-            // op rejects when the graph is built.
-            RopeScaling::FreqFactors { factors } => plain
+            // One value per factor: a count other than `head_dim / 2` gives
+            // an `inv_freq` the rope op rejects when the graph is built.
+            RopeScaling::FreqFactors { factors } => factors
                 .iter()
-                .zip(factors)
-                .map(|(f, &d)| f / d as f32)
+                .enumerate()
+                .map(|(i, &d)| 1.0 / base.powf((2 * i) as f32 / dim as f32) / d as f32)
                 .collect(),
             RopeScaling::Llama3 {
                 factor,

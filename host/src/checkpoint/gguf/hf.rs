@@ -1,6 +1,7 @@
 //! GGUF metadata and tensor names in Hugging Face terms (the mapping tables
 //! are in the parent module's docs).
 
+use kiln_plugin_api::graph::DType;
 use serde_json::{json, Map, Value};
 
 use super::{GgufError, GgufFile, GgufValue};
@@ -226,24 +227,20 @@ impl GgufFile {
     /// The per-frequency rotary divisors llama.cpp's converter stores for
     /// Llama 3 rope scaling (`rope_freqs.weight`, f32 `[head_dim / 2]`).
     fn rope_freq_factors(&self) -> Result<Option<Vec<f32>>, GgufError> {
-        const NAME: &str = ROPE_FREQS;
-        let Some(tensor) = self.tensor(NAME) else {
+        let Some(tensor) = self.tensor(ROPE_FREQS) else {
             return Ok(None);
         };
-        if tensor.ggml_type().name() != "F32" || tensor.shape().len() != 1 {
+        if tensor.shape().len() != 1 {
             return Err(GgufError::Unsupported(format!(
-                "`{NAME}` stored as {} {:?} (expected a 1-D F32 tensor)",
-                tensor.ggml_type().name(),
+                "`{ROPE_FREQS}` has shape {:?} (expected one divisor per rotated pair)",
                 tensor.shape()
             )));
         }
-        let bytes = &self.map()[tensor.byte_range()];
-        Ok(Some(
-            bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        ))
+        let values = self
+            .weight_data(ROPE_FREQS)?
+            .to_tensor(DType::F32)
+            .map_err(|e| GgufError::Unsupported(format!("`{ROPE_FREQS}`: {e}")))?;
+        Ok(Some(values.as_f32().to_vec()))
     }
 
     /// Gemma 3's fixed activation, local rotary base, attention scale and
