@@ -102,9 +102,15 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 2048)]
     pub max_batch_tokens: usize,
 
-    /// Memory for the KV cache, e.g. `512MiB`, `2GiB`.
+    /// Memory for the KV cache on the CPU, e.g. `512MiB`, `2GiB`.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub kv_cache_memory: u64,
+
+    /// On CUDA: the fraction of the device's memory this server may use;
+    /// the KV cache takes what the weights and the largest step's
+    /// activations leave of it (vLLM's flag).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
 
     /// Positions per KV-cache block.
     #[arg(long, default_value_t = 16)]
@@ -140,9 +146,17 @@ pub struct RuntimeArgs {
     #[arg(long)]
     pub max_length: Option<u32>,
 
-    /// Where to run: `cpu`, or `gpu`/`gpu:N`.
+    /// Where to run: `cpu`, `cuda`/`cuda:N` (`gpu`/`gpu:N` too), or
+    /// `cuda-emulated` (the CUDA backend's kernels run on the CPU through the
+    /// kernel emulator: slow, for testing).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+
+    /// On CUDA: how weights are stored for matrix products. `auto` keeps
+    /// bf16 and f16 as stored and turns f32 and GGUF blocks into bf16;
+    /// `float32` stores everything as f32 (matches the CPU backend).
+    #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
+    pub dtype: DtypeArg,
 
     /// Arithmetic of quantized weights.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
@@ -187,6 +201,27 @@ pub enum PrecisionArg {
     Exact,
     /// Quantize activations to 8 bits and use integer dot products (llama.cpp's way).
     Fast,
+}
+
+/// `--dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DtypeArg {
+    /// bf16/f16 as stored; f32 and GGUF blocks as bf16.
+    Auto,
+    /// Everything as f32.
+    Float32,
+    /// Everything as bf16.
+    Bfloat16,
+}
+
+impl From<DtypeArg> for crate::runtime::cuda::WeightDtype {
+    fn from(value: DtypeArg) -> Self {
+        match value {
+            DtypeArg::Auto => Self::Auto,
+            DtypeArg::Float32 => Self::Float32,
+            DtypeArg::Bfloat16 => Self::BFloat16,
+        }
+    }
 }
 
 impl From<PrecisionArg> for crate::runtime::Precision {

@@ -1,17 +1,31 @@
-//! Choosing where a model runs: `--device cpu`, `gpu` or `gpu:N`. GPUs are
-//! found through the CUDA driver, loaded at run time (cudarc's dynamic
-//! loading), so this binary builds and runs on machines without CUDA.
+//! Choosing where a model runs: `--device cpu`, `cuda`/`cuda:N` (`gpu` and
+//! `gpu:N` are aliases) or `cuda-emulated`. CUDA devices are opened through
+//! the driver, NVRTC and cuBLAS, all loaded at run time (cudarc's dynamic
+//! loading), so this binary builds and runs on machines without CUDA;
+//! `cuda-emulated` runs the CUDA backend's kernels on the CPU through the
+//! kernel emulator (slow: a test device).
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
+
+use kiln_kernels::cuda::driver::{self, CudaDevice};
+use kiln_kernels::cuda::emulator::Emulator;
+use kiln_kernels::cuda::Device;
+
+/// Memory the emulated device reports (`KILN_EMULATOR_MEMORY`, bytes).
+const EMULATOR_MEMORY: usize = 4 << 30;
 
 /// A device named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceChoice {
     /// The CPU backend.
     Cpu,
-    /// CUDA device N (`gpu` is `gpu:0`).
-    Gpu(usize),
+    /// The CUDA backend on GPU N (`cuda`, `gpu` are `cuda:0`).
+    Cuda(usize),
+    /// The CUDA backend on the kernel emulator.
+    CudaEmulated,
 }
 
 impl FromStr for DeviceChoice {
@@ -20,11 +34,13 @@ impl FromStr for DeviceChoice {
     fn from_str(text: &str) -> Result<Self, DeviceError> {
         match text {
             "cpu" => Ok(DeviceChoice::Cpu),
-            "gpu" => Ok(DeviceChoice::Gpu(0)),
+            "cuda" | "gpu" => Ok(DeviceChoice::Cuda(0)),
+            "cuda-emulated" => Ok(DeviceChoice::CudaEmulated),
             _ => text
-                .strip_prefix("gpu:")
+                .strip_prefix("cuda:")
+                .or_else(|| text.strip_prefix("gpu:"))
                 .and_then(|n| n.parse().ok())
-                .map(DeviceChoice::Gpu)
+                .map(DeviceChoice::Cuda)
                 .ok_or_else(|| DeviceError::Unknown(text.to_owned())),
         }
     }
@@ -34,7 +50,8 @@ impl fmt::Display for DeviceChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceChoice::Cpu => f.write_str("cpu"),
-            DeviceChoice::Gpu(n) => write!(f, "gpu:{n}"),
+            DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceChoice::CudaEmulated => f.write_str("cuda-emulated"),
         }
     }
 }
@@ -42,12 +59,12 @@ impl fmt::Display for DeviceChoice {
 /// Why a device cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
-    /// Not `cpu`, `gpu` or `gpu:N`.
-    #[error("--device {0}: expected cpu, gpu or gpu:N")]
+    /// Not a known device.
+    #[error("--device {0}: expected cpu, cuda, cuda:N or cuda-emulated")]
     Unknown(String),
-    /// The CUDA driver library is not installed.
-    #[error("--device {0}: no CUDA driver found (libcuda could not be loaded); use --device cpu")]
-    NoDriver(DeviceChoice),
+    /// A CUDA library is not installed.
+    #[error("--device {0}: {1} could not be loaded; use --device cpu")]
+    Missing(DeviceChoice, &'static str),
     /// The driver failed to start or to count devices.
     #[error("--device {device}: the CUDA driver failed: {message}")]
     Driver {
@@ -64,42 +81,59 @@ pub enum DeviceError {
         /// GPUs present.
         count: usize,
     },
-    /// A GPU is present but graphs cannot run on it yet.
-    #[error(
-        "--device {0}: found {1}, but this build cannot run graphs on a GPU yet; use --device cpu"
-    )]
-    NoGpuBackend(DeviceChoice, String),
 }
 
-/// Checks that the device can run a model: the CPU always can; a GPU needs
-/// the CUDA driver, the device, and a GPU backend.
-pub fn check(device: DeviceChoice) -> Result<(), DeviceError> {
-    let DeviceChoice::Gpu(index) = device else {
-        return Ok(());
-    };
-    // cudarc panics on first use of a missing library: probe first.
-    if !driver_present() {
-        return Err(DeviceError::NoDriver(device));
+/// Checks without opening it that the device's libraries load (the CUDA
+/// driver, NVRTC, cuBLAS), so a command can fail before reading large files.
+pub fn probe(device: DeviceChoice) -> Result<(), DeviceError> {
+    match (device, driver::missing_library()) {
+        (DeviceChoice::Cuda(_), Some(missing)) => Err(DeviceError::Missing(device, missing)),
+        _ => Ok(()),
     }
-    let driver = |e: cudarc::driver::DriverError| DeviceError::Driver {
-        device,
-        message: e.to_string(),
-    };
-    cudarc::driver::result::init().map_err(driver)?;
-    let count = cudarc::driver::result::device::get_count().map_err(driver)? as usize;
-    if index >= count {
-        return Err(DeviceError::NoSuchGpu { device, count });
-    }
-    let context = cudarc::driver::CudaContext::new(index).map_err(driver)?;
-    let name = context.name().map_err(driver)?;
-    Err(DeviceError::NoGpuBackend(device, name))
 }
 
-/// Whether the CUDA driver library can be loaded.
-fn driver_present() -> bool {
-    // SAFETY: this only tries to open libcuda by its known names (running the
-    // library's initializers, as any use of the driver does).
-    unsafe { cudarc::driver::sys::is_culib_present() }
+/// Opens the device: `None` for the CPU, else the CUDA device (real or
+/// emulated; the emulator caches compiled kernels under `kernel_cache`).
+/// Every failure is one line naming what is missing.
+pub fn open(
+    device: DeviceChoice,
+    kernel_cache: PathBuf,
+) -> Result<Option<Arc<dyn Device>>, DeviceError> {
+    match device {
+        DeviceChoice::Cpu => Ok(None),
+        DeviceChoice::CudaEmulated => {
+            let memory = std::env::var("KILN_EMULATOR_MEMORY")
+                .ok()
+                .and_then(|m| m.parse().ok())
+                .unwrap_or(EMULATOR_MEMORY);
+            Ok(Some(Arc::new(Emulator::new(
+                memory,
+                kernel_cache.join("emulator"),
+            ))))
+        }
+        DeviceChoice::Cuda(index) => {
+            // cudarc panics on first use of a missing library: probe first.
+            if let Some(missing) = driver::missing_library() {
+                return Err(DeviceError::Missing(device, missing));
+            }
+            let driver = |e: cudarc::driver::DriverError| DeviceError::Driver {
+                device,
+                message: e.to_string(),
+            };
+            cudarc::driver::result::init().map_err(driver)?;
+            let count = cudarc::driver::result::device::get_count().map_err(driver)? as usize;
+            if index >= count {
+                return Err(DeviceError::NoSuchGpu { device, count });
+            }
+            let opened = CudaDevice::open(index, kernel_cache.join("nvrtc")).map_err(|e| {
+                DeviceError::Driver {
+                    device,
+                    message: e.to_string(),
+                }
+            })?;
+            Ok(Some(Arc::new(opened)))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -109,29 +143,54 @@ mod tests {
     #[test]
     fn device_names_parse() {
         assert_eq!("cpu".parse::<DeviceChoice>().unwrap(), DeviceChoice::Cpu);
-        assert_eq!("gpu".parse::<DeviceChoice>().unwrap(), DeviceChoice::Gpu(0));
+        assert_eq!(
+            "gpu".parse::<DeviceChoice>().unwrap(),
+            DeviceChoice::Cuda(0)
+        );
+        assert_eq!(
+            "cuda".parse::<DeviceChoice>().unwrap(),
+            DeviceChoice::Cuda(0)
+        );
         assert_eq!(
             "gpu:3".parse::<DeviceChoice>().unwrap(),
-            DeviceChoice::Gpu(3)
+            DeviceChoice::Cuda(3)
         );
-        for bad in ["tpu", "gpu:", "gpu:x", "GPU"] {
+        assert_eq!(
+            "cuda:1".parse::<DeviceChoice>().unwrap(),
+            DeviceChoice::Cuda(1)
+        );
+        assert_eq!(
+            "cuda-emulated".parse::<DeviceChoice>().unwrap(),
+            DeviceChoice::CudaEmulated
+        );
+        for bad in ["tpu", "gpu:", "gpu:x", "GPU", "cuda:"] {
             let err = bad.parse::<DeviceChoice>().unwrap_err().to_string();
-            assert!(err.contains("expected cpu, gpu or gpu:N"), "{err}");
+            assert!(
+                err.contains("expected cpu, cuda, cuda:N or cuda-emulated"),
+                "{err}"
+            );
         }
     }
 
     #[test]
-    fn a_gpu_is_refused_in_one_line_without_a_panic() {
-        let err = check(DeviceChoice::Gpu(0)).unwrap_err().to_string();
-        if driver_present() {
-            println!("a CUDA driver is present here: {err}");
-        } else {
-            assert_eq!(
-                err,
-                "--device gpu:0: no CUDA driver found (libcuda could not be loaded); use --device cpu"
-            );
+    fn a_missing_cuda_library_is_named_in_one_line() {
+        let dir = std::env::temp_dir();
+        match open(DeviceChoice::Cuda(0), dir) {
+            Err(e) => {
+                let err = e.to_string();
+                assert!(err.starts_with("--device cuda:0: "), "{err}");
+                assert!(!err.contains('\n'), "{err}");
+                if driver::missing_library().is_some() {
+                    assert!(
+                        err.ends_with("could not be loaded; use --device cpu"),
+                        "{err}"
+                    );
+                }
+            }
+            Ok(device) => println!("a GPU is present here: {}", device.unwrap().name()),
         }
-        assert!(!err.contains('\n'));
-        check(DeviceChoice::Cpu).unwrap();
+        assert!(open(DeviceChoice::Cpu, std::env::temp_dir())
+            .unwrap()
+            .is_none());
     }
 }

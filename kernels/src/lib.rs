@@ -10,8 +10,11 @@
 //! - [`dense`]: dense f32 kernels: matrix products (f32, f16 and bf16
 //!   weights), normalizations, softmax, rotary embeddings, paged attention.
 //!
-//! The CUDA sources land with the backend issues (see `docs/ARCHITECTURE.md`).
+//! - [`cuda`]: the CUDA C kernels, the device interface of the CUDA backend,
+//!   the real driver (NVRTC, cuBLAS) and the kernel emulator that runs the
+//!   same sources on the CPU.
 
 pub mod cpu;
+pub mod cuda;
 pub mod dense;
 pub mod quant;

@@ -3,6 +3,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+pub use kiln_host::device::DeviceChoice;
+pub use kiln_host::runtime::cuda::WeightDtype;
+
 use safetensors::tensor::{Dtype, TensorView};
 
 use crate::reference::FixtureTensor;
@@ -89,12 +92,23 @@ pub fn tiny_model(name: &str) -> (serde_json::Value, BTreeMap<String, FixtureTen
 /// Loads `--model PATH` (a model directory or a `.gguf` file) with the
 /// built-in plugins, exact arithmetic and no compile cache, like a user's run.
 pub fn load_model(path: &Path) -> kiln_host::model::Model {
+    load_model_on(path, DeviceChoice::Cpu, WeightDtype::Auto)
+}
+
+/// [`load_model`] on `device`, with weights for products stored as `dtype`.
+pub fn load_model_on(
+    path: &Path,
+    device: DeviceChoice,
+    dtype: WeightDtype,
+) -> kiln_host::model::Model {
     let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
     let resolved = kiln_host::model::resolve(path.to_str().unwrap(), None, None).unwrap();
     let options = kiln_host::model::LoadOptions {
         max_length: None,
         precision: kiln_host::runtime::Precision::Exact,
         compile_cache: kiln_host::compiler::CompileCache::disabled(),
+        device,
+        dtype,
     };
     kiln_host::model::load(&registry, resolved, &options).unwrap()
 }

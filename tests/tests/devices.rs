@@ -21,10 +21,10 @@ fn gpu_devices_without_a_cuda_driver_are_refused_in_one_line() {
         assert_eq!(output.status.code(), Some(1), "{command}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
         let no_driver = format!(
-            "error: --device {}: no CUDA driver found (libcuda could not be loaded); use --device cpu",
-            if device == "gpu" { "gpu:0" } else { device }
+            "error: --device {}: the CUDA driver (libcuda.so, driver 580+ for CUDA 13) could not be loaded; use --device cpu",
+            if device == "gpu" { "cuda:0" } else { "cuda:1" }
         );
-        if stderr.contains("found") && !stderr.contains("no CUDA driver found") {
+        if !stderr.contains("the CUDA driver (libcuda.so") {
             println!("{command}: a CUDA driver is present here: {stderr}");
         } else {
             assert_eq!(stderr.trim(), no_driver, "{command}");
@@ -46,6 +46,6 @@ fn gpu_devices_without_a_cuda_driver_are_refused_in_one_line() {
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(
         stderr.trim(),
-        "error: --device tpu: expected cpu, gpu or gpu:N"
+        "error: --device tpu: expected cpu, cuda, cuda:N or cuda-emulated"
     );
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kiln_host::compiler::compile;
 use kiln_host::runtime::{
-    CacheLayout, Executor, KvCache, Precision, Tensor, WeightData, WeightStore,
+    Backend, CacheLayout, Executor, KvCache, Precision, Tensor, WeightData, WeightStore,
 };
 use kiln_plugin_api::graph::{DType, Dim, Graph, RaggedBatch, TensorType, TensorValue, WeightSpec};
 use kiln_plugin_api::nn::{

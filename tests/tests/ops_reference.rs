@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use kiln_host::compiler::compile;
-use kiln_host::runtime::{CacheLayout, Executor, KvCache, Precision, Tensor, WeightStore};
+use kiln_host::runtime::{Backend, CacheLayout, Executor, KvCache, Precision, Tensor, WeightStore};
 use kiln_plugin_api::graph::{
     ops, AttentionSpec, DType, Graph, RaggedBatch, TensorType, TensorValue,
 };

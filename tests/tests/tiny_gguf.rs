@@ -142,7 +142,7 @@ fn gguf_matches_transformers(file: &str) {
     for (p, (prompt, expected)) in fixture.prompts.iter().zip(logits).enumerate() {
         let prompt: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
         // One prefill, every position's logits.
-        let mut generator = Generator::new(&model, prompt.len());
+        let mut generator = Generator::new(&model, prompt.len()).unwrap();
         let out = generator.feed(&prompt, true).unwrap();
         assert_eq!(out.len(), prompt.len());
         for (i, actual) in out.iter().enumerate() {
@@ -153,7 +153,7 @@ fn gguf_matches_transformers(file: &str) {
             );
         }
         // Token by token, through the cache.
-        let mut generator = Generator::new(&model, prompt.len());
+        let mut generator = Generator::new(&model, prompt.len()).unwrap();
         for (i, &token) in prompt.iter().enumerate() {
             let actual = generator.feed(&[token], false).unwrap().remove(0);
             stats.check(
@@ -173,7 +173,7 @@ fn gguf_matches_transformers(file: &str) {
         .iter()
         .map(|&t| t as u32)
         .collect();
-    let mut generator = Generator::new(&model, prompt.len() + greedy.len());
+    let mut generator = Generator::new(&model, prompt.len() + greedy.len()).unwrap();
     let mut next_logits = generator.feed(&prompt, false).unwrap().remove(0);
     let mut generated = Vec::new();
     for _ in 0..greedy.len() {

@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 
 use kiln_host::engine::batch::{run_step, Pipeline};
-use kiln_host::runtime::{CacheLayout, Executor, KvCache, Tensor};
+use kiln_host::runtime::{Backend, CacheLayout, KvCache, Tensor};
 use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
-use kiln_tests::models::write_model_dir;
+use kiln_tests::models::{write_model_dir, DeviceChoice, WeightDtype};
 
 use kiln_tests::reference::{compare, FixtureTensor};
 use serde::Deserialize;
@@ -30,7 +30,7 @@ const ATOL: f64 = 1e-4;
 const RTOL: f64 = 1e-4;
 
 struct Engine {
-    executor: Executor,
+    backend: Box<dyn Backend>,
     layout: CacheLayout,
     layers: usize,
 }
@@ -44,8 +44,9 @@ struct Step<'a> {
 
 impl Engine {
     /// Writes the fixture as a Hugging Face model directory (config.json and
-    /// safetensors, sharded in two when `sharded`) and loads it like a user's.
-    fn load(name: &str, sharded: bool) -> (Self, TinyModel) {
+    /// safetensors, sharded in two when `sharded`) and loads it like a user's
+    /// onto `device` (f32 weights: exact on every backend).
+    fn load(name: &str, sharded: bool, device: DeviceChoice) -> (Self, TinyModel) {
         let path = kiln_tests::workspace_root()
             .join("tests/fixtures/reference")
             .join(name);
@@ -53,7 +54,7 @@ impl Engine {
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let dir = tempfile::tempdir().unwrap();
         write_model_dir(&model.config, &model.weights, dir.path(), sharded);
-        let loaded = kiln_tests::models::load_model(dir.path());
+        let loaded = kiln_tests::models::load_model_on(dir.path(), device, WeightDtype::Float32);
         assert_eq!(loaded.architecture.info.name, model.architecture);
         assert!(
             loaded.unused_tensors.is_empty(),
@@ -68,7 +69,7 @@ impl Engine {
         let layers = loaded.config.kv.num_layers as usize;
         (
             Self {
-                executor: loaded.executor,
+                backend: loaded.backend,
                 layout,
                 layers,
             },
@@ -77,7 +78,9 @@ impl Engine {
     }
 
     fn cache(&self, blocks: usize) -> KvCache {
-        KvCache::new(self.layers, blocks, self.layout)
+        self.backend
+            .new_kv_cache(self.layers, blocks, self.layout)
+            .unwrap()
     }
 
     /// Runs one step for several sequences through the default decoder
@@ -96,7 +99,7 @@ impl Engine {
                 .collect(),
             all_logits: false,
         };
-        run_step(&self.executor, &Pipeline::Decoder, cache, &batch)
+        run_step(self.backend.as_ref(), &Pipeline::Decoder, cache, &batch)
             .unwrap()
             .into_iter()
             .map(|mut rows| rows.remove(0))
@@ -115,8 +118,11 @@ fn blocks_for(first: i64, len: usize) -> Vec<i64> {
     (first..first + len.div_ceil(BLOCK_SIZE) as i64).collect()
 }
 
-fn matches_transformers(name: &str, sharded: bool) {
-    let (engine, model) = Engine::load(name, sharded);
+/// Prefill, token-by-token decode, chunked prefill, a ragged batch of every
+/// prompt and greedy generation of the fixture `name` on `device`, against
+/// transformers' logits and tokens.
+fn matches_transformers_on(name: &str, sharded: bool, device: DeviceChoice) {
+    let (engine, model) = Engine::load(name, sharded, device);
     for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
         let len = prompt.len();
         // Whole-prompt prefill: the last position's logits.
@@ -245,6 +251,10 @@ fn matches_transformers(name: &str, sharded: bool) {
     assert_eq!(generated, model.greedy, "{name}: greedy tokens");
 }
 
+fn matches_transformers(name: &str, sharded: bool) {
+    matches_transformers_on(name, sharded, DeviceChoice::Cpu);
+}
+
 #[test]
 fn tiny_llama_with_llama3_rope_matches_transformers() {
     matches_transformers("tiny_llama.json", false);
@@ -262,7 +272,7 @@ fn tiny_qwen2_with_qkv_biases_matches_transformers() {
 
 /// Greedy continuation of `prompt` by a single-sequence generator.
 fn greedy_alone(model: &kiln_host::model::Model, prompt: &[u32], new: usize) -> Vec<u32> {
-    let mut generator = kiln_host::engine::Generator::new(model, prompt.len() + new);
+    let mut generator = kiln_host::engine::Generator::new(model, prompt.len() + new).unwrap();
     let mut logits = generator.feed(prompt, false).unwrap().remove(0);
     let mut out = Vec::new();
     for _ in 0..new {
@@ -299,7 +309,10 @@ fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_se
         num_kv_heads: kv.num_kv_heads as usize,
         head_dim: kv.head_dim as usize,
     };
-    let mut cache = KvCache::new(kv.num_layers as usize, 24, layout);
+    let mut cache = model
+        .backend
+        .new_kv_cache(kv.num_layers as usize, 24, layout)
+        .unwrap();
     let config = SchedulerConfig {
         max_batch_size: 3,
         max_batch_tokens: 7,
@@ -317,7 +330,7 @@ fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_se
         }
         assert!(batch.num_tokens() <= 7, "the token budget holds");
         let logits = run_step(
-            &model.executor,
+            model.backend.as_ref(),
             &model.pipeline,
             &mut cache,
             &batch.step_batch(),
@@ -397,7 +410,7 @@ fn bf16_and_f16_checkpoints_are_decoded_on_use() {
         let model = kiln_tests::models::load_model(dir.path());
         for (prompt, logits) in reference.prompts.iter().zip(&reference.logits) {
             let prompt: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
-            let mut generator = kiln_host::engine::Generator::new(&model, prompt.len());
+            let mut generator = kiln_host::engine::Generator::new(&model, prompt.len()).unwrap();
             let out = generator.feed(&prompt, false).unwrap().remove(0);
             check(
                 &out,
@@ -406,4 +419,48 @@ fn bf16_and_f16_checkpoints_are_decoded_on_use() {
             );
         }
     }
+}
+
+// The CUDA backend on the kernel emulator (`--device cuda-emulated`): every
+// family through the same prefill, decode, chunked prefill, ragged batch and
+// greedy checks, within the same 1e-4 of transformers (f32 weights).
+
+#[test]
+fn tiny_llama_on_the_cuda_emulator_matches_transformers() {
+    matches_transformers_on("tiny_llama.json", false, DeviceChoice::CudaEmulated);
+}
+
+#[test]
+fn tiny_llama_tied_mqa_on_the_cuda_emulator_matches_transformers() {
+    matches_transformers_on("tiny_llama_tied.json", true, DeviceChoice::CudaEmulated);
+}
+
+#[test]
+fn tiny_mistral_on_the_cuda_emulator_matches_transformers() {
+    matches_transformers_on("tiny_mistral.json", false, DeviceChoice::CudaEmulated);
+}
+
+#[test]
+fn tiny_qwen2_on_the_cuda_emulator_matches_transformers() {
+    matches_transformers_on("tiny_qwen2.json", false, DeviceChoice::CudaEmulated);
+}
+
+#[test]
+fn tiny_qwen3_on_the_cuda_emulator_matches_transformers() {
+    matches_transformers_on("tiny_qwen3.json", false, DeviceChoice::CudaEmulated);
+}
+
+#[test]
+fn tiny_gemma3_on_the_cuda_emulator_matches_transformers() {
+    matches_transformers_on("tiny_gemma3.json", false, DeviceChoice::CudaEmulated);
+}
+
+#[test]
+fn tiny_phi3_on_the_cuda_emulator_matches_transformers() {
+    matches_transformers_on("tiny_phi3.json", false, DeviceChoice::CudaEmulated);
+}
+
+#[test]
+fn tiny_gpt2_on_the_cuda_emulator_matches_transformers() {
+    matches_transformers_on("tiny_gpt2.json", false, DeviceChoice::CudaEmulated);
 }

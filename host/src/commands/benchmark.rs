@@ -82,7 +82,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         },
         prefix_caching: false,
     };
-    let engine = service::spawn(model, tokenizer, Vec::new(), config, Metrics::default());
+    let engine = service::spawn(model, tokenizer, Vec::new(), config, Metrics::default())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()?;

@@ -93,7 +93,7 @@ pub fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let mut sampler = Sampler::new(sampling);
 
     let prompt_len = prompt_ids.len();
-    let mut generator = Generator::new(&model, prompt_len + max_new.max(1));
+    let mut generator = Generator::new(&model, prompt_len + max_new.max(1))?;
     let prefill_started = Instant::now();
     let mut logits = generator.feed(&prompt_ids, args.dump_logits.is_some())?;
     let prefill_time = prefill_started.elapsed();

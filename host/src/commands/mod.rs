@@ -37,7 +37,7 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
         plugins,
         runtime,
     } = args;
-    crate::device::check(runtime.device.parse()?)?;
+    let device = runtime.device.parse()?;
     let registry = ArchitectureRegistry::load(&plugins.custom_architectures)?;
     let resolved = resolve(
         &model.model,
@@ -52,6 +52,8 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
         } else {
             CompileCache::from_env()
         },
+        device,
+        dtype: runtime.dtype.into(),
     };
     Ok(model::load(&registry, resolved, &options)?)
 }

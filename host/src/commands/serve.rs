@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::cli::ServeArgs;
+use crate::engine::batch::worst_case_inputs;
 use crate::engine::defaults::generation_defaults;
 use crate::engine::service::{self, EngineConfig};
 use crate::scheduler::SchedulerConfig;
@@ -26,12 +27,40 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         * kv.head_dim as u64
         * 2
         * 4;
-    let num_blocks = (args.kv_cache_memory / bytes_per_block.max(1)) as usize;
     let max_model_len = model.config.max_seq_len as usize;
+    // On a GPU the cache takes what the weights and the largest step leave
+    // of --gpu-memory-utilization; on the CPU, --kv-cache-memory.
+    anyhow::ensure!(
+        args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0,
+        "--gpu-memory-utilization must be in (0, 1], got {}",
+        args.gpu_memory_utilization
+    );
+    let worst_case = worst_case_inputs(
+        &model.pipeline,
+        args.max_batch_tokens,
+        args.max_batch_size,
+        max_model_len.div_ceil(args.block_size),
+    )?;
+    let kv_memory = match model
+        .backend
+        .reserve(worst_case, args.gpu_memory_utilization)?
+    {
+        Some(bytes) => {
+            tracing::info!(
+                "{}: {:.0} MiB left for the KV cache at --gpu-memory-utilization {}",
+                model.backend.device_name(),
+                bytes as f64 / (1 << 20) as f64,
+                args.gpu_memory_utilization
+            );
+            bytes as u64
+        }
+        None => args.kv_cache_memory,
+    };
+    let num_blocks = (kv_memory / bytes_per_block.max(1)) as usize;
     anyhow::ensure!(
         num_blocks * args.block_size >= max_model_len.min(4096),
-        "--kv-cache-memory {} holds {} tokens; give it room for at least one request of {} tokens",
-        args.kv_cache_memory,
+        "the KV cache ({} bytes) holds {} tokens; give it room for at least one request of {} tokens (--kv-cache-memory on the CPU, --gpu-memory-utilization on a GPU)",
+        kv_memory,
         num_blocks * args.block_size,
         max_model_len.min(4096)
     );
@@ -43,7 +72,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         "KV cache: {num_blocks} blocks of {} positions ({} tokens, {:.0} MiB); max length {max_model_len}; prefix caching {}",
         args.block_size,
         num_blocks * args.block_size,
-        args.kv_cache_memory as f64 / (1 << 20) as f64,
+        kv_memory as f64 / (1 << 20) as f64,
         if args.no_prefix_caching { "off" } else { "on" }
     );
     let vocab_size = model
@@ -72,7 +101,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         defaults.eos_token_ids.clone(),
         config,
         metrics.clone(),
-    );
+    )?;
     let state = Arc::new(AppState {
         engine,
         tokenizer,

@@ -41,7 +41,7 @@ struct Report {
 /// Runs every reference prompt through the model and compares.
 pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
     // Fail fast on the device before reading a possibly large reference.
-    crate::device::check(args.load.runtime.device.parse()?)?;
+    crate::device::probe(args.load.runtime.device.parse()?)?;
     let prompts = read_reference(&args.reference)?;
     let model = super::load_model(&args.load)?;
     let tolerance = args.atol.map(|atol| Tolerance {
@@ -105,7 +105,7 @@ fn run_prompt(model: &Model, ids: &[u32], new_tokens: usize) -> anyhow::Result<(
             ids.len()
         );
     }
-    let mut generator = Generator::new(model, capacity.max(1));
+    let mut generator = Generator::new(model, capacity.max(1))?;
     let rows = generator.feed(ids, true)?;
     let cols = rows[0].len();
     let mut next = rows.last().expect("one row per prompt token").clone();

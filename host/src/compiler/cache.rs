@@ -47,6 +47,15 @@ impl CompileCache {
         }
     }
 
+    /// Where compiled GPU kernels are cached: `kernels` beside the program
+    /// cache (a temporary directory when caching is off).
+    pub fn kernels_dir(&self) -> PathBuf {
+        self.dir.as_deref().and_then(Path::parent).map_or_else(
+            || std::env::temp_dir().join("kiln-kernels"),
+            |d| d.join("kernels"),
+        )
+    }
+
     /// No caching: always compile.
     pub fn disabled() -> Self {
         Self { dir: None }

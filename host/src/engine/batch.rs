@@ -2,11 +2,11 @@
 //! scheduler's plan into graph inputs, and the logits come back per sequence.
 
 use kiln_plugin_api::pipeline::{
-    DecoderPipeline, PipelineModel, PreparedStep, StepBatch, StepData, StepTensor,
+    DecoderPipeline, PipelineModel, PreparedStep, StepBatch, StepData, StepSequence, StepTensor,
 };
 
 use crate::plugins::{Architecture, EntryPointError};
-use crate::runtime::{Executor, KvCache, RuntimeError, Tensor};
+use crate::runtime::{Backend, KvCache, RuntimeError, Tensor};
 
 /// The pipeline model a loaded model runs each step through.
 #[derive(Clone, Debug)]
@@ -54,14 +54,14 @@ pub enum StepError {
 /// Runs one step. Returns, for each sequence that wants logits, in order,
 /// its logits rows (one row, or one per fed token with `all_logits`).
 pub fn run_step(
-    executor: &Executor,
+    backend: &dyn Backend,
     pipeline: &Pipeline,
     cache: &mut KvCache,
     batch: &StepBatch,
 ) -> Result<Vec<Vec<Vec<f32>>>, StepError> {
     let prepared = pipeline.prepare(batch)?;
     let inputs = prepared.inputs.into_iter().map(to_tensor).collect();
-    let logits = executor.run(inputs, Some(cache))?.remove(0);
+    let logits = backend.run(inputs, Some(cache))?.remove(0);
     let vocab = logits.shape.get(1).copied().unwrap_or(0).max(1);
     let rows = logits.as_f32();
     let needed: usize = prepared.logit_rows.iter().sum();
@@ -76,6 +76,43 @@ pub fn run_step(
         .logit_rows
         .into_iter()
         .map(|n| all_rows.by_ref().take(n).collect())
+        .collect())
+}
+
+/// The graph inputs of the largest step a server with these limits runs:
+/// `max_tokens` tokens over `max_sequences` sequences (one long prefill
+/// chunk, the rest decoding), each with a full block table of
+/// `blocks_per_sequence` blocks. Backends plan their memory from it.
+pub fn worst_case_inputs(
+    pipeline: &Pipeline,
+    max_tokens: usize,
+    max_sequences: usize,
+    blocks_per_sequence: usize,
+) -> Result<Vec<Tensor>, StepError> {
+    let sequences = max_sequences.clamp(1, max_tokens.max(1));
+    let batch = StepBatch {
+        sequences: (0..sequences)
+            .map(|i| StepSequence {
+                tokens: vec![
+                    0;
+                    if i == 0 {
+                        max_tokens + 1 - sequences
+                    } else {
+                        1
+                    }
+                ],
+                start: 0,
+                blocks: vec![0; blocks_per_sequence.max(1)],
+                wants_logits: true,
+            })
+            .collect(),
+        all_logits: false,
+    };
+    Ok(pipeline
+        .prepare(&batch)?
+        .inputs
+        .into_iter()
+        .map(to_tensor)
         .collect())
 }
 

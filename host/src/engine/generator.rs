@@ -22,8 +22,9 @@ pub struct Generator<'m> {
 }
 
 impl<'m> Generator<'m> {
-    /// A generator with room for `capacity` tokens (prompt and output).
-    pub fn new(model: &'m Model, capacity: usize) -> Self {
+    /// A generator with room for `capacity` tokens (prompt and output), its
+    /// KV cache on the model's device.
+    pub fn new(model: &'m Model, capacity: usize) -> Result<Self, StepError> {
         let kv = model.config.kv;
         let layout = CacheLayout {
             block_size: BLOCK_SIZE,
@@ -31,13 +32,15 @@ impl<'m> Generator<'m> {
             head_dim: kv.head_dim as usize,
         };
         let blocks = capacity.div_ceil(BLOCK_SIZE).max(1);
-        Self {
+        Ok(Self {
             model,
-            cache: KvCache::new(kv.num_layers as usize, blocks, layout),
+            cache: model
+                .backend
+                .new_kv_cache(kv.num_layers as usize, blocks, layout)?,
             blocks: (0..blocks as u32).collect(),
             position: 0,
             capacity,
-        }
+        })
     }
 
     /// Tokens in the cache.
@@ -65,7 +68,7 @@ impl<'m> Generator<'m> {
             all_logits,
         };
         let mut logits = run_step(
-            &self.model.executor,
+            self.model.backend.as_ref(),
             &self.model.pipeline,
             &mut self.cache,
             &step,

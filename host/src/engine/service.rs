@@ -17,7 +17,7 @@ use super::penalties::Penalties;
 use super::sampling::{Sampler, SamplingParams};
 use super::stop::{StopMatcher, StopOutcome};
 use crate::model::Model;
-use crate::runtime::KvCache;
+use crate::runtime::{KvCache, RuntimeError};
 use crate::scheduler::{BlockManager, Scheduler, SchedulerConfig, SeqId};
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
@@ -167,24 +167,35 @@ impl EngineHandle {
     }
 }
 
-/// Starts the engine thread for `model`. It stops when every handle is
-/// dropped, after finishing or cancelling what it has.
+/// Starts the engine thread for `model`, with a KV cache of
+/// `config.num_blocks` blocks on the model's device (allocated here, so a
+/// cache that does not fit fails before any request). The engine stops when
+/// every handle is dropped, after finishing or cancelling what it has.
 pub fn spawn(
     model: Model,
     tokenizer: Arc<Tokenizer>,
     eos: Vec<u32>,
     config: EngineConfig,
     observer: impl EngineObserver,
-) -> EngineHandle {
+) -> Result<EngineHandle, RuntimeError> {
+    let kv = model.config.kv;
+    let layout = CacheLayout {
+        block_size: config.block_size,
+        num_kv_heads: kv.num_kv_heads as usize,
+        head_dim: kv.head_dim as usize,
+    };
+    let cache = model
+        .backend
+        .new_kv_cache(kv.num_layers as usize, config.num_blocks, layout)?;
     let (commands, receiver) = mpsc::channel();
     std::thread::Builder::new()
         .name("kiln-engine".to_owned())
-        .spawn(move || run(model, &tokenizer, &eos, config, receiver, observer))
+        .spawn(move || run(model, cache, &tokenizer, &eos, config, receiver, observer))
         .expect("the engine thread starts");
-    EngineHandle {
+    Ok(EngineHandle {
         commands,
         next_id: Arc::new(AtomicU64::new(0)),
-    }
+    })
 }
 
 /// One running request's state.
@@ -202,19 +213,13 @@ struct Active<'t> {
 
 fn run(
     model: Model,
+    mut cache: KvCache,
     tokenizer: &Tokenizer,
     eos: &[u32],
     config: EngineConfig,
     commands: mpsc::Receiver<Command>,
     observer: impl EngineObserver,
 ) {
-    let kv = model.config.kv;
-    let layout = CacheLayout {
-        block_size: config.block_size,
-        num_kv_heads: kv.num_kv_heads as usize,
-        head_dim: kv.head_dim as usize,
-    };
-    let mut cache = KvCache::new(kv.num_layers as usize, config.num_blocks, layout);
     let blocks = BlockManager::new(config.num_blocks, config.block_size, config.prefix_caching);
     let mut scheduler = Scheduler::new(config.scheduler, blocks);
     let mut active: HashMap<SeqId, Active<'_>> = HashMap::new();
@@ -265,7 +270,7 @@ fn run(
             continue;
         }
         let step = batch.step_batch();
-        let logits = match run_step(&model.executor, &model.pipeline, &mut cache, &step) {
+        let logits = match run_step(model.backend.as_ref(), &model.pipeline, &mut cache, &step) {
             Ok(logits) => logits,
             Err(e) => {
                 // A failed step fails its requests, not the server.

@@ -10,9 +10,11 @@ use kiln_plugin_api::{ArchConfig, ConfigRequest, GraphRequest, WeightsFormat};
 
 use crate::checkpoint::{self, BoundWeights, Checkpoint, CheckpointError};
 use crate::compiler::{CompileCache, CompileError, CompileOutcome};
+use crate::device::{self, DeviceChoice, DeviceError};
 use crate::engine::batch::Pipeline;
 use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
-use crate::runtime::{Executor, Precision, RuntimeError};
+use crate::runtime::cuda::{CudaExecutor, WeightDtype};
+use crate::runtime::{Backend, Executor, Precision, RuntimeError};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
 pub use resolve::{resolve, ResolvedModel};
 
@@ -37,6 +39,9 @@ pub enum ModelError {
     /// The weights do not fit the graph.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// The device could not be opened.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// The tokenizer could not be built.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),
@@ -51,6 +56,10 @@ pub struct LoadOptions {
     pub precision: Precision,
     /// Where compiled programs are cached.
     pub compile_cache: CompileCache,
+    /// Where the model runs.
+    pub device: DeviceChoice,
+    /// How weights are stored for products on a CUDA device (`--dtype`).
+    pub dtype: WeightDtype,
 }
 
 /// A loaded model.
@@ -67,8 +76,8 @@ pub struct Model {
     pub unused_tensors: Vec<String>,
     /// How the program was obtained.
     pub compile: CompileOutcome,
-    /// The compiled graph bound to the weights.
-    pub executor: Executor,
+    /// The compiled graph bound to the weights on its device.
+    pub backend: Box<dyn Backend>,
     /// How each step's graph inputs are prepared.
     pub pipeline: Pipeline,
     /// The tokenizer, when the model has one.
@@ -172,7 +181,7 @@ pub fn load(
         config,
         unused_tensors,
         compile,
-        executor,
+        backend,
         pipeline,
     } = compiled?;
     let tokenizer = tokenizer?;
@@ -183,7 +192,7 @@ pub fn load(
         config,
         unused_tensors,
         compile,
-        executor,
+        backend,
         pipeline,
         tokenizer,
     })
@@ -195,7 +204,7 @@ struct Compiled {
     config: ArchConfig,
     unused_tensors: Vec<String>,
     compile: CompileOutcome,
-    executor: Executor,
+    backend: Box<dyn Backend>,
     pipeline: Pipeline,
 }
 
@@ -218,14 +227,25 @@ fn compile(
         state_dict: Some(bound.state_dict.clone()),
     })?;
     let (program, compile) = options.compile_cache.get_or_compile(&graph, Device::Cpu)?;
-    let executor = Executor::new(Arc::new(program), &bound.store, options.precision)?;
+    let program = Arc::new(program);
+    let backend: Box<dyn Backend> =
+        match device::open(options.device, options.compile_cache.kernels_dir())? {
+            None => Box::new(Executor::new(program, &bound.store, options.precision)?),
+            Some(gpu) => Box::new(CudaExecutor::new(
+                program,
+                &bound.store,
+                gpu,
+                options.device.to_string(),
+                options.dtype,
+            )?),
+        };
     let pipeline = Pipeline::for_architecture(&architecture)?;
     Ok(Compiled {
         architecture,
         config,
         unused_tensors: bound.unused,
         compile,
-        executor,
+        backend,
         pipeline,
     })
 }

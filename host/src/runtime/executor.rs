@@ -9,6 +9,7 @@ use kiln_kernels::quant::{Precision, QuantMatrix};
 use kiln_plugin_api::graph::{AttentionSpec, Dim, Op, ValueId};
 use kiln_plugin_api::Encoding;
 
+use super::backend::Backend;
 use super::cpu_ops;
 use super::fused;
 use super::kv_cache::KvCache;
@@ -37,6 +38,9 @@ pub enum RuntimeError {
         /// What is wrong.
         message: String,
     },
+    /// The device failed or ran out of memory.
+    #[error("device: {0}")]
+    Device(String),
     /// An op failed (e.g. an index out of range).
     #[error("`{op}`{}: {message}", if module.is_empty() { String::new() } else { format!(" in module `{module}`") })]
     Op {
@@ -71,27 +75,7 @@ impl Executor {
         store: &WeightStore,
         precision: Precision,
     ) -> Result<Self, RuntimeError> {
-        let weights = program
-            .graph
-            .weights
-            .iter()
-            .map(|spec| {
-                let data = store.get(&spec.name).ok_or_else(|| RuntimeError::Weight {
-                    name: spec.name.clone(),
-                    message: "not in the checkpoint".to_owned(),
-                })?;
-                if data.spec.shape != spec.shape || data.spec.encoding != spec.encoding {
-                    return Err(RuntimeError::Weight {
-                        name: spec.name.clone(),
-                        message: format!(
-                            "the graph expects {:?} {}, the checkpoint has {:?} {}",
-                            spec.shape, spec.encoding, data.spec.shape, data.spec.encoding
-                        ),
-                    });
-                }
-                Ok(data.clone())
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let weights = bind_weights(&program, store)?;
         let constants = program
             .graph
             .nodes
@@ -122,25 +106,6 @@ impl Executor {
             precision,
             pool: BufferPool::default(),
         })
-    }
-
-    /// The program being run.
-    pub fn program(&self) -> &Program {
-        &self.program
-    }
-
-    /// Runs the graph on `inputs` (in the graph's input order), reading and
-    /// writing `cache` for paged attention. Returns the graph's outputs.
-    ///
-    /// The step runs on a worker of the CPU thread pool, so the kernels split
-    /// their work from inside the pool, which costs about a microsecond per
-    /// parallel region instead of a cross-thread wake-up.
-    pub fn run(
-        &self,
-        inputs: Vec<Tensor>,
-        cache: Option<&mut KvCache>,
-    ) -> Result<Vec<Tensor>, RuntimeError> {
-        cpu_thread_pool().install(|| self.run_in_pool(inputs, cache))
     }
 
     fn run_in_pool(
@@ -367,8 +332,71 @@ impl Executor {
     }
 }
 
+/// The weights `program` reads, from `store`, checked against the graph's
+/// names, shapes and encodings.
+pub(crate) fn bind_weights(
+    program: &Program,
+    store: &WeightStore,
+) -> Result<Vec<WeightData>, RuntimeError> {
+    program
+        .graph
+        .weights
+        .iter()
+        .map(|spec| {
+            let data = store.get(&spec.name).ok_or_else(|| RuntimeError::Weight {
+                name: spec.name.clone(),
+                message: "not in the checkpoint".to_owned(),
+            })?;
+            if data.spec.shape != spec.shape || data.spec.encoding != spec.encoding {
+                return Err(RuntimeError::Weight {
+                    name: spec.name.clone(),
+                    message: format!(
+                        "the graph expects {:?} {}, the checkpoint has {:?} {}",
+                        spec.shape, spec.encoding, data.spec.shape, data.spec.encoding
+                    ),
+                });
+            }
+            Ok(data.clone())
+        })
+        .collect()
+}
+
+impl Backend for Executor {
+    fn program(&self) -> &Program {
+        &self.program
+    }
+
+    fn device_name(&self) -> String {
+        "cpu".to_owned()
+    }
+
+    fn new_kv_cache(
+        &self,
+        num_layers: usize,
+        num_blocks: usize,
+        layout: attention::CacheLayout,
+    ) -> Result<KvCache, RuntimeError> {
+        Ok(KvCache::new(num_layers, num_blocks, layout))
+    }
+
+    fn reserve(&self, _: Vec<Tensor>, _: f64) -> Result<Option<usize>, RuntimeError> {
+        Ok(None)
+    }
+
+    /// The step runs on a worker of the CPU thread pool, so the kernels split
+    /// their work from inside the pool, which costs about a microsecond per
+    /// parallel region instead of a cross-thread wake-up.
+    fn run(
+        &self,
+        inputs: Vec<Tensor>,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Vec<Tensor>, RuntimeError> {
+        cpu_thread_pool().install(|| self.run_in_pool(inputs, cache))
+    }
+}
+
 /// Binds symbolic dimensions from the actual inputs and checks the rest.
-fn bind_symbols(
+pub(crate) fn bind_symbols(
     graph: &kiln_plugin_api::graph::GraphIr,
     inputs: &[Tensor],
 ) -> Result<HashMap<String, usize>, RuntimeError> {
@@ -423,7 +451,7 @@ fn bind_symbols(
     Ok(symbols)
 }
 
-fn resolve(shape: &[Dim], symbols: &HashMap<String, usize>) -> Vec<usize> {
+pub(crate) fn resolve(shape: &[Dim], symbols: &HashMap<String, usize>) -> Vec<usize> {
     shape
         .iter()
         .map(|d| match d {
@@ -450,46 +478,23 @@ fn paged_attention(
             layout.num_kv_heads, layout.head_dim
         ));
     }
-    let batch = context_lens.len();
-    if row_offsets.len() != batch + 1 || block_tables.shape[0] != batch {
-        return Err(format!(
-            "row_offsets has {} entries and block_tables {} rows for {batch} sequences",
-            row_offsets.len(),
-            block_tables.shape[0]
-        ));
-    }
+    check_ragged_batch(
+        q.shape[0],
+        row_offsets,
+        context_lens,
+        block_tables,
+        cache.num_blocks(),
+        layout.block_size,
+    )?;
     let blocks_per_seq = block_tables.shape[1];
-    let tables: Vec<usize> = block_tables
-        .as_i64()
-        .iter()
-        .map(|&b| {
-            usize::try_from(b)
-                .ok()
-                .filter(|&b| b < cache.num_blocks())
-                .ok_or_else(|| format!("block {b} is not in the cache"))
-        })
-        .collect::<Result<_, _>>()?;
-    let tokens = q.shape[0];
-    let mut sequences = Vec::with_capacity(batch);
-    for b in 0..batch {
-        let (start, end) = (row_offsets[b], row_offsets[b + 1]);
-        let context = context_lens[b];
-        if start < 0 || end < start || end as usize > tokens || context < end - start {
-            return Err(format!(
-                "sequence {b}: rows {start}..{end} and context {context} are inconsistent"
-            ));
-        }
-        if context as usize > blocks_per_seq * layout.block_size {
-            return Err(format!(
-                "sequence {b}: {context} positions do not fit {blocks_per_seq} blocks"
-            ));
-        }
-        sequences.push(SequenceRows {
-            rows: start as usize..end as usize,
-            context_len: context as usize,
+    let tables: Vec<usize> = block_tables.as_i64().iter().map(|&b| b as usize).collect();
+    let sequences: Vec<SequenceRows<'_>> = (0..context_lens.len())
+        .map(|b| SequenceRows {
+            rows: row_offsets[b] as usize..row_offsets[b + 1] as usize,
+            context_len: context_lens[b] as usize,
             block_table: &tables[b * blocks_per_seq..(b + 1) * blocks_per_seq],
-        });
-    }
+        })
+        .collect();
     let (k_cache, v_cache) = cache
         .layer_mut(spec.layer as usize)
         .ok_or_else(|| format!("the cache has no layer {}", spec.layer))?;
@@ -511,6 +516,52 @@ fn paged_attention(
         params,
     );
     Ok(out)
+}
+
+/// Checks a ragged batch's description against `tokens` query rows and a
+/// cache of `num_blocks` blocks of `block_size` positions: rows in order and
+/// in range, each context covering its rows and fitting its block table,
+/// every block in the cache. Both backends check this before attention
+/// reads the cache.
+pub(crate) fn check_ragged_batch(
+    tokens: usize,
+    row_offsets: &[i64],
+    context_lens: &[i64],
+    block_tables: &Tensor,
+    num_blocks: usize,
+    block_size: usize,
+) -> Result<(), String> {
+    let batch = context_lens.len();
+    if row_offsets.len() != batch + 1 || block_tables.shape.first() != Some(&batch) {
+        return Err(format!(
+            "row_offsets has {} entries and block_tables {} rows for {batch} sequences",
+            row_offsets.len(),
+            block_tables.shape.first().copied().unwrap_or(0)
+        ));
+    }
+    let blocks_per_seq = block_tables.shape.get(1).copied().unwrap_or(0);
+    if let Some(b) = block_tables
+        .as_i64()
+        .iter()
+        .find(|&&b| usize::try_from(b).map_or(true, |b| b >= num_blocks))
+    {
+        return Err(format!("block {b} is not in the cache"));
+    }
+    for b in 0..batch {
+        let (start, end) = (row_offsets[b], row_offsets[b + 1]);
+        let context = context_lens[b];
+        if start < 0 || end < start || end as usize > tokens || context < end - start {
+            return Err(format!(
+                "sequence {b}: rows {start}..{end} and context {context} are inconsistent"
+            ));
+        }
+        if context as usize > blocks_per_seq * block_size {
+            return Err(format!(
+                "sequence {b}: {context} positions do not fit {blocks_per_seq} blocks"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The pool every graph runs in: `RAYON_NUM_THREADS` threads, else one per

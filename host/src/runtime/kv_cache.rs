@@ -1,27 +1,56 @@
 //! The paged KV cache storage: per layer, keys and values of
-//! `[num_blocks, block_size, num_kv_heads, head_dim]` f32. Which blocks a
+//! `[num_blocks, block_size, num_kv_heads, head_dim]` f32, in host memory for
+//! the CPU backend or in device memory for the CUDA backend. Which blocks a
 //! sequence owns is the scheduler's business; this only holds the memory.
 
 use kiln_kernels::dense::attention::CacheLayout;
 
-/// Key/value storage for every layer.
+use super::cuda::DeviceKvCache;
+
+/// Key/value storage for every layer, made by a backend
+/// ([`Backend::new_kv_cache`](super::Backend::new_kv_cache)).
 #[derive(Debug)]
 pub struct KvCache {
     layout: CacheLayout,
     num_blocks: usize,
-    layers: Vec<(Vec<f32>, Vec<f32>)>,
+    num_layers: usize,
+    storage: Storage,
+}
+
+#[derive(Debug)]
+enum Storage {
+    Host(Vec<(Vec<f32>, Vec<f32>)>),
+    Device(DeviceKvCache),
 }
 
 impl KvCache {
-    /// Zeroed storage for `num_layers` layers of `num_blocks` blocks.
+    /// Zeroed host storage for `num_layers` layers of `num_blocks` blocks.
     pub fn new(num_layers: usize, num_blocks: usize, layout: CacheLayout) -> Self {
         let len = num_blocks * layout.block_size * layout.position_stride();
         Self {
             layout,
             num_blocks,
-            layers: (0..num_layers)
-                .map(|_| (vec![0.0; len], vec![0.0; len]))
-                .collect(),
+            num_layers,
+            storage: Storage::Host(
+                (0..num_layers)
+                    .map(|_| (vec![0.0; len], vec![0.0; len]))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Storage in device memory.
+    pub(crate) fn on_device(
+        num_layers: usize,
+        num_blocks: usize,
+        layout: CacheLayout,
+        device: DeviceKvCache,
+    ) -> Self {
+        Self {
+            layout,
+            num_blocks,
+            num_layers,
+            storage: Storage::Device(device),
         }
     }
 
@@ -37,13 +66,25 @@ impl KvCache {
 
     /// Number of layers.
     pub fn num_layers(&self) -> usize {
-        self.layers.len()
+        self.num_layers
     }
 
-    /// Keys and values of `layer`.
+    /// Keys and values of `layer` in host memory (`None` for a missing layer
+    /// or device storage).
     pub fn layer_mut(&mut self, layer: usize) -> Option<(&mut [f32], &mut [f32])> {
-        self.layers
-            .get_mut(layer)
-            .map(|(k, v)| (k.as_mut_slice(), v.as_mut_slice()))
+        match &mut self.storage {
+            Storage::Host(layers) => layers
+                .get_mut(layer)
+                .map(|(k, v)| (k.as_mut_slice(), v.as_mut_slice())),
+            Storage::Device(_) => None,
+        }
+    }
+
+    /// The device storage, if the cache lives on a device.
+    pub(crate) fn device(&self) -> Option<&DeviceKvCache> {
+        match &self.storage {
+            Storage::Device(d) => Some(d),
+            Storage::Host(_) => None,
+        }
     }
 }

@@ -1,8 +1,10 @@
-//! The CPU runtime: executes compiled [`Program`](crate::compiler::Program)s
-//! on concrete tensors, with weights in their stored encodings and a paged KV
-//! cache.
+//! The runtime: executes compiled [`Program`](crate::compiler::Program)s
+//! through a [`Backend`]: the CPU [`Executor`] (weights in their stored
+//! encodings) or the [`cuda::CudaExecutor`], each with its paged KV cache.
 
+mod backend;
 pub mod cpu_ops;
+pub mod cuda;
 mod executor;
 mod fused;
 mod kv_cache;
@@ -10,6 +12,7 @@ mod pool;
 mod tensor;
 mod weights;
 
+pub use backend::Backend;
 pub use executor::{Executor, RuntimeError};
 pub use kiln_kernels::dense::attention::CacheLayout;
 pub use kiln_kernels::quant::Precision;

@@ -1,0 +1,45 @@
+//! The backend seam: everything above it (engine, scheduler, sampling,
+//! server) runs a compiled program through [`Backend`] without knowing
+//! whether the CPU executor or the CUDA executor is behind it.
+
+use kiln_kernels::dense::attention::CacheLayout;
+
+use super::{KvCache, RuntimeError, Tensor};
+use crate::compiler::Program;
+
+/// A compiled program bound to its weights on one device.
+pub trait Backend: Send + Sync {
+    /// The program being run.
+    fn program(&self) -> &Program;
+
+    /// Where it runs, e.g. `cpu` or `cuda:0 (NVIDIA H100 80GB HBM3 (sm_90))`.
+    fn device_name(&self) -> String;
+
+    /// Zeroed KV-cache storage on this backend's device.
+    fn new_kv_cache(
+        &self,
+        num_layers: usize,
+        num_blocks: usize,
+        layout: CacheLayout,
+    ) -> Result<KvCache, RuntimeError>;
+
+    /// Prepares for the largest step the server will run (`worst_case`: the
+    /// graph inputs of such a step), so that no later step allocates, and
+    /// returns the bytes a KV cache may then take within `utilization`, the
+    /// fraction of the device's memory this process may use
+    /// (`--gpu-memory-utilization`). `None` on the CPU, whose cache is sized
+    /// by `--kv-cache-memory`.
+    fn reserve(
+        &self,
+        worst_case: Vec<Tensor>,
+        utilization: f64,
+    ) -> Result<Option<usize>, RuntimeError>;
+
+    /// Runs the graph on `inputs` (in the graph's input order), reading and
+    /// writing `cache` for paged attention. Returns the graph's outputs.
+    fn run(
+        &self,
+        inputs: Vec<Tensor>,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Vec<Tensor>, RuntimeError>;
+}

@@ -1,0 +1,488 @@
+//! Running one planned step: the launch of its kernel(s) with this step's
+//! shapes and buffer addresses.
+
+use kiln_kernels::cuda::{
+    Device, DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout,
+};
+use kiln_plugin_api::graph::AttentionSpec;
+
+use super::codegen::MAX_RANK;
+use super::plan::{HandKernels, StepPlan};
+use super::DeviceKvCache;
+use crate::compiler::Step;
+
+/// Everything a step's launch reads.
+pub struct Frame<'a> {
+    /// The device.
+    pub device: &'a dyn Device,
+    /// The hand-written kernels.
+    pub hand: &'a HandKernels,
+    /// Concrete shape of each value (empty for values never materialized).
+    pub shapes: &'a [Vec<usize>],
+    /// Device address of each value (0 where none).
+    pub addrs: &'a [DevicePtr],
+    /// Where a kernel reports an out-of-range index.
+    pub error_flag: DevicePtr,
+    /// The KV cache, when the step batch has one.
+    pub cache: Option<&'a DeviceKvCache>,
+}
+
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Threads for a kernel that loops over `n` items per block: a multiple of
+/// 32, at most 256.
+fn block_threads(n: usize) -> u32 {
+    (n.div_ceil(32) * 32).clamp(32, 256) as u32
+}
+
+fn row_major_strides(shape: &[usize]) -> Vec<i64> {
+    let mut strides = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1] as i64;
+    }
+    strides
+}
+
+/// The `KilnStrided` argument of `kiln_copy_strided_*` (see `data.cu`).
+struct Strided {
+    shape: Vec<usize>,
+    in_stride: Vec<i64>,
+    out_stride: Vec<i64>,
+    in_offset: i64,
+    out_offset: i64,
+}
+
+impl Strided {
+    fn words(&self) -> Vec<u64> {
+        let mut words = vec![self.shape.len() as u64];
+        let pad = |v: Vec<u64>| {
+            let mut v = v;
+            v.resize(MAX_RANK, 0);
+            v
+        };
+        words.extend(pad(self.shape.iter().map(|&d| d as u64).collect()));
+        words.extend(pad(self.in_stride.iter().map(|&d| d as u64).collect()));
+        words.extend(pad(self.out_stride.iter().map(|&d| d as u64).collect()));
+        words.push(self.in_offset as u64);
+        words.push(self.out_offset as u64);
+        words.push(numel(&self.shape) as u64);
+        words
+    }
+}
+
+impl Frame<'_> {
+    fn kernel(&self, name: &str) -> kiln_kernels::cuda::FunctionId {
+        self.hand[name]
+    }
+
+    fn launch(&self, name: &str, config: LaunchConfig, args: &[KernelArg]) -> Result<(), String> {
+        self.device
+            .launch(self.kernel(name), config, args)
+            .map_err(|e| e.to_string())
+    }
+
+    fn copy_strided(
+        &self,
+        x: DevicePtr,
+        y: DevicePtr,
+        bytes: usize,
+        s: &Strided,
+    ) -> Result<(), String> {
+        if s.shape.len() > MAX_RANK {
+            return Err(format!("rank {} exceeds {MAX_RANK}", s.shape.len()));
+        }
+        let n = numel(&s.shape);
+        if n == 0 {
+            return Ok(());
+        }
+        let name = match bytes {
+            4 => "kiln_copy_strided_b4",
+            8 => "kiln_copy_strided_b8",
+            _ => "kiln_copy_strided_b1",
+        };
+        self.launch(
+            name,
+            LaunchConfig::elementwise(n),
+            &[
+                KernelArg::Ptr(x),
+                KernelArg::Ptr(y),
+                KernelArg::Struct(s.words()),
+            ],
+        )
+    }
+
+    /// Runs step `step` as `plan` says; `element_bytes` is the output's
+    /// storage size, `scratch` the step's scratch buffer (if planned).
+    pub fn run(
+        &self,
+        step: &Step,
+        plan: &StepPlan,
+        element_bytes: usize,
+        scratch: Option<DevicePtr>,
+    ) -> Result<(), String> {
+        let out = self.addrs[step.output as usize];
+        let out_shape = &self.shapes[step.output as usize];
+        let input = |i: usize| self.addrs[step.inputs[i] as usize];
+        let in_shape = |i: usize| &self.shapes[step.inputs[i] as usize];
+        let rows_of = |shape: &[usize]| numel(shape) / shape.last().copied().unwrap_or(1).max(1);
+        match plan {
+            StepPlan::Alias => Ok(()),
+            StepPlan::Linear(w) | StepPlan::MatMul(w) => {
+                let (n, k, layout) = match plan {
+                    StepPlan::Linear(_) => (w.rows, w.cols, WeightLayout::OutIn),
+                    _ => (w.cols, w.rows, WeightLayout::InOut),
+                };
+                let m = numel(in_shape(0)) / k.max(1);
+                if m == 0 {
+                    return Ok(());
+                }
+                let x = match w.ty {
+                    GemmType::F32 => input(0),
+                    half => {
+                        let scratch = scratch.ok_or("no scratch buffer planned")?;
+                        let name = if half == GemmType::BF16 {
+                            "kiln_f32_to_bf16"
+                        } else {
+                            "kiln_f32_to_f16"
+                        };
+                        self.launch(
+                            name,
+                            LaunchConfig::elementwise(m * k),
+                            &[
+                                KernelArg::Ptr(input(0)),
+                                KernelArg::Ptr(scratch),
+                                KernelArg::I64((m * k) as i64),
+                            ],
+                        )?;
+                        scratch
+                    }
+                };
+                self.device
+                    .gemm(&Gemm {
+                        m,
+                        n,
+                        k,
+                        ty: w.ty,
+                        x,
+                        w: w.ptr,
+                        layout,
+                        y: out,
+                    })
+                    .map_err(|e| e.to_string())
+            }
+            StepPlan::Embedding(table, function) => {
+                let ids = numel(in_shape(0));
+                if ids == 0 {
+                    return Ok(());
+                }
+                self.device
+                    .launch(
+                        *function,
+                        LaunchConfig::linear(ids as u32, block_threads(table.cols)),
+                        &[
+                            KernelArg::Ptr(table.ptr),
+                            KernelArg::Ptr(input(0)),
+                            KernelArg::Ptr(out),
+                            KernelArg::I64(table.rows as i64),
+                            KernelArg::I32(table.cols as i32),
+                            KernelArg::Ptr(self.error_flag),
+                        ],
+                    )
+                    .map_err(|e| e.to_string())
+            }
+            StepPlan::Fused(function, inputs) => {
+                let n = numel(out_shape);
+                if n == 0 {
+                    return Ok(());
+                }
+                let mut words = vec![out_shape.len() as u64];
+                let mut shape_words: Vec<u64> = out_shape.iter().map(|&d| d as u64).collect();
+                shape_words.resize(MAX_RANK, 0);
+                words.extend(shape_words);
+                for (i, _) in inputs.iter().enumerate() {
+                    let mut strides = broadcast_strides(in_shape(i), out_shape);
+                    strides.resize(MAX_RANK, 0);
+                    words.extend(strides.iter().map(|&s| s as u64));
+                }
+                if inputs.is_empty() {
+                    words.extend([0u64; MAX_RANK]);
+                }
+                words.push(n as u64);
+                let mut args = vec![KernelArg::Ptr(out)];
+                args.extend((0..inputs.len()).map(|i| KernelArg::Ptr(input(i))));
+                args.push(KernelArg::Struct(words));
+                self.device
+                    .launch(*function, LaunchConfig::elementwise(n), &args)
+                    .map_err(|e| e.to_string())
+            }
+            StepPlan::RmsNorm { eps, offset } => {
+                let cols = *out_shape.last().unwrap_or(&1);
+                let rows = rows_of(out_shape);
+                if rows == 0 {
+                    return Ok(());
+                }
+                self.launch(
+                    "kiln_rms_norm",
+                    LaunchConfig::linear(rows as u32, block_threads(cols)),
+                    &[
+                        KernelArg::Ptr(input(0)),
+                        KernelArg::Ptr(input(1)),
+                        KernelArg::Ptr(out),
+                        KernelArg::I32(cols as i32),
+                        KernelArg::F32(*eps),
+                        KernelArg::F32(*offset),
+                    ],
+                )
+            }
+            StepPlan::LayerNorm(eps) => {
+                let cols = *out_shape.last().unwrap_or(&1);
+                let rows = rows_of(out_shape);
+                if rows == 0 {
+                    return Ok(());
+                }
+                self.launch(
+                    "kiln_layer_norm",
+                    LaunchConfig::linear(rows as u32, block_threads(cols)),
+                    &[
+                        KernelArg::Ptr(input(0)),
+                        KernelArg::Ptr(input(1)),
+                        KernelArg::Ptr(input(2)),
+                        KernelArg::Ptr(out),
+                        KernelArg::I32(cols as i32),
+                        KernelArg::F32(*eps),
+                    ],
+                )
+            }
+            StepPlan::Softmax(log) => {
+                let cols = *out_shape.last().unwrap_or(&1);
+                let rows = rows_of(out_shape);
+                if rows == 0 {
+                    return Ok(());
+                }
+                self.launch(
+                    "kiln_softmax",
+                    LaunchConfig::linear(rows as u32, block_threads(cols)),
+                    &[
+                        KernelArg::Ptr(input(0)),
+                        KernelArg::Ptr(out),
+                        KernelArg::I32(cols as i32),
+                        KernelArg::I32(i32::from(*log)),
+                    ],
+                )
+            }
+            StepPlan::Rope { interleaved, scale } => {
+                let (tokens, heads, dim) = match out_shape.as_slice() {
+                    [t, h, d] => (*t, *h, *d),
+                    other => return Err(format!("rope expects [T, H, D], got {other:?}")),
+                };
+                if tokens == 0 {
+                    return Ok(());
+                }
+                let half = dim / 2;
+                self.launch(
+                    "kiln_rope",
+                    LaunchConfig::linear(tokens as u32, block_threads(heads * half)),
+                    &[
+                        KernelArg::Ptr(input(0)),
+                        KernelArg::Ptr(input(1)),
+                        KernelArg::Ptr(input(2)),
+                        KernelArg::Ptr(out),
+                        KernelArg::I32(heads as i32),
+                        KernelArg::I32(half as i32),
+                        KernelArg::I32(i32::from(*interleaved)),
+                        KernelArg::F32(*scale),
+                    ],
+                )
+            }
+            StepPlan::Attention(spec) => self.attention(step, spec),
+            StepPlan::Gather(axis) => {
+                let data = in_shape(0);
+                let outer: usize = data[..*axis].iter().product();
+                let inner: usize = data[axis + 1..].iter().product();
+                let count = numel(in_shape(1));
+                let total = outer * count * inner;
+                if total == 0 {
+                    return Ok(());
+                }
+                if element_bytes != 4 {
+                    return Err("gather supports 4-byte elements only".into());
+                }
+                self.launch(
+                    "kiln_gather_b4",
+                    LaunchConfig::elementwise(total),
+                    &[
+                        KernelArg::Ptr(input(0)),
+                        KernelArg::Ptr(input(1)),
+                        KernelArg::Ptr(out),
+                        KernelArg::I64(outer as i64),
+                        KernelArg::I64(count as i64),
+                        KernelArg::I64(data[*axis] as i64),
+                        KernelArg::I64(inner as i64),
+                        KernelArg::Ptr(self.error_flag),
+                    ],
+                )
+            }
+            StepPlan::Slice {
+                axis,
+                start,
+                step: stride,
+            } => {
+                let in_strides = row_major_strides(in_shape(0));
+                let mut strided_in = in_strides.clone();
+                strided_in[*axis] *= *stride as i64;
+                let s = Strided {
+                    shape: out_shape.clone(),
+                    in_stride: strided_in,
+                    out_stride: row_major_strides(out_shape),
+                    in_offset: *start as i64 * in_strides[*axis],
+                    out_offset: 0,
+                };
+                self.copy_strided(input(0), out, element_bytes, &s)
+            }
+            StepPlan::Permute(perm) => {
+                let in_strides = row_major_strides(in_shape(0));
+                let s = Strided {
+                    shape: out_shape.clone(),
+                    in_stride: perm.iter().map(|&p| in_strides[p]).collect(),
+                    out_stride: row_major_strides(out_shape),
+                    in_offset: 0,
+                    out_offset: 0,
+                };
+                self.copy_strided(input(0), out, element_bytes, &s)
+            }
+            StepPlan::BroadcastTo => {
+                let s = Strided {
+                    shape: out_shape.clone(),
+                    in_stride: broadcast_strides(in_shape(0), out_shape),
+                    out_stride: row_major_strides(out_shape),
+                    in_offset: 0,
+                    out_offset: 0,
+                };
+                self.copy_strided(input(0), out, element_bytes, &s)
+            }
+            StepPlan::Concat(axis) => {
+                let out_strides = row_major_strides(out_shape);
+                let mut at = 0usize;
+                for i in 0..step.inputs.len() {
+                    let part = in_shape(i);
+                    let s = Strided {
+                        shape: part.clone(),
+                        in_stride: row_major_strides(part),
+                        out_stride: out_strides.clone(),
+                        in_offset: 0,
+                        out_offset: at as i64 * out_strides[*axis],
+                    };
+                    self.copy_strided(input(i), out, element_bytes, &s)?;
+                    at += part[*axis];
+                }
+                Ok(())
+            }
+            StepPlan::Print(label) => {
+                let bytes = numel(out_shape) * element_bytes;
+                let mut host = vec![0u8; bytes];
+                self.device
+                    .download(input(0), &mut host)
+                    .map_err(|e| e.to_string())?;
+                self.device
+                    .copy(out, input(0), bytes)
+                    .map_err(|e| e.to_string())?;
+                eprintln!("{label}: {out_shape:?} ({bytes} bytes on the device)");
+                Ok(())
+            }
+        }
+    }
+
+    fn attention(&self, step: &Step, spec: &AttentionSpec) -> Result<(), String> {
+        let cache = self.cache.ok_or("paged attention needs a KV cache")?;
+        let addr = |i: usize| self.addrs[step.inputs[i] as usize];
+        let shape = |i: usize| &self.shapes[step.inputs[i] as usize];
+        let (tokens, num_heads, head_dim) = match shape(0).as_slice() {
+            [t, h, d] => (*t, *h, *d),
+            other => return Err(format!("q must be [T, H, D], got {other:?}")),
+        };
+        let kv_heads = shape(1)[1];
+        let layout = cache.layout;
+        if kv_heads != layout.num_kv_heads || head_dim != layout.head_dim {
+            return Err(format!(
+                "k is [.., {kv_heads}, {head_dim}] but the cache holds {} heads of {}",
+                layout.num_kv_heads, layout.head_dim
+            ));
+        }
+        if head_dim > 256 || num_heads % kv_heads != 0 {
+            return Err(format!(
+                "{num_heads} query heads over {kv_heads} key/value heads of {head_dim} are not supported (head_dim ≤ 256)"
+            ));
+        }
+        if tokens == 0 {
+            return Ok(());
+        }
+        let (k_cache, v_cache) = cache
+            .layer(spec.layer as usize)
+            .ok_or_else(|| format!("the cache has no layer {}", spec.layer))?;
+        let batch = numel(shape(4));
+        let blocks_per_seq = shape(5).get(1).copied().unwrap_or(0);
+        let stride = kv_heads * head_dim;
+        let metadata = [
+            KernelArg::Ptr(addr(3)),
+            KernelArg::Ptr(addr(4)),
+            KernelArg::Ptr(addr(5)),
+            KernelArg::I32(batch as i32),
+            KernelArg::I32(blocks_per_seq as i32),
+            KernelArg::I32(layout.block_size as i32),
+        ];
+        let mut args = vec![
+            KernelArg::Ptr(addr(1)),
+            KernelArg::Ptr(addr(2)),
+            KernelArg::Ptr(k_cache),
+            KernelArg::Ptr(v_cache),
+        ];
+        args.extend(metadata.iter().cloned());
+        args.push(KernelArg::I32(stride as i32));
+        self.launch(
+            "kiln_write_kv",
+            LaunchConfig::linear(tokens as u32, block_threads(stride).min(128)),
+            &args,
+        )?;
+        let mut args = vec![
+            KernelArg::Ptr(addr(0)),
+            KernelArg::Ptr(k_cache),
+            KernelArg::Ptr(v_cache),
+            KernelArg::Ptr(self.addrs[step.output as usize]),
+        ];
+        args.extend(metadata);
+        args.extend([
+            KernelArg::I32(num_heads as i32),
+            KernelArg::I32(kv_heads as i32),
+            KernelArg::I32(head_dim as i32),
+            KernelArg::F32(spec.scale),
+            KernelArg::I32(spec.sliding_window.map_or(0, |w| w as i32)),
+            KernelArg::F32(spec.softcap.unwrap_or(0.0)),
+        ]);
+        self.launch(
+            "kiln_paged_attention",
+            LaunchConfig {
+                grid: (tokens as u32, num_heads as u32, 1),
+                block: (128, 1, 1),
+                shared_bytes: 0,
+            },
+            &args,
+        )
+    }
+}
+
+/// Strides that read `input` (numpy-broadcast) at each index of `output`.
+pub fn broadcast_strides(input: &[usize], output: &[usize]) -> Vec<i64> {
+    let own = row_major_strides(input);
+    let lead = output.len() - input.len();
+    (0..output.len())
+        .map(|d| {
+            if d < lead || input[d - lead] == 1 {
+                0
+            } else {
+                own[d - lead]
+            }
+        })
+        .collect()
+}

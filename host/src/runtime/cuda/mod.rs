@@ -1,0 +1,544 @@
+//! The CUDA backend: runs a compiled [`Program`] on a [`Device`], the real
+//! GPU (driver, NVRTC, cuBLAS) or the kernel emulator on the CPU.
+//!
+//! At load, [`plan::lower`] uploads the weights once, generates and compiles
+//! the fused element-wise kernels and picks a kernel for every step. At run
+//! time, a step batch binds the symbolic dimensions; the arena offsets for
+//! that binding are planned from the program's liveness ([`memory`]) and
+//! cached, the inputs are uploaded, every step is launched, and only the
+//! graph's outputs come back.
+
+mod codegen;
+mod launch;
+mod memory;
+mod plan;
+mod weights;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kiln_kernels::cuda::{sources, Device, DevicePtr};
+use kiln_kernels::dense::attention::CacheLayout;
+use kiln_plugin_api::graph::{Op, ValueId};
+
+pub use codegen::generate as generate_fused_kernel;
+pub use weights::WeightDtype;
+
+use super::executor::{bind_symbols, check_ragged_batch, resolve};
+use super::tensor::{storage_of, Data, Storage, Tensor};
+use super::{Backend, KvCache, RuntimeError, WeightStore};
+use crate::compiler::Program;
+use launch::Frame;
+use memory::Buffer;
+use plan::{HandKernels, Home, StepPlan};
+
+/// Why the CUDA backend could not load a program.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The device failed.
+    #[error("{0}")]
+    Device(String),
+    /// Device memory ran out.
+    #[error("device memory: {0}")]
+    Memory(String),
+    /// A weight could not be decoded.
+    #[error("weight `{0}`: {1}")]
+    Weight(String, String),
+    /// A step no CUDA kernel covers.
+    #[error("`{op}`{}: {message} (CUDA backend)", if module.is_empty() { String::new() } else { format!(" in module `{module}`") })]
+    Unsupported {
+        /// The op.
+        op: String,
+        /// Its module.
+        module: String,
+        /// Why.
+        message: String,
+    },
+}
+
+impl From<CudaError> for RuntimeError {
+    fn from(e: CudaError) -> Self {
+        RuntimeError::Device(e.to_string())
+    }
+}
+
+/// The KV cache in device memory: for each layer, keys then values.
+pub struct DeviceKvCache {
+    device: Arc<dyn Device>,
+    base: DevicePtr,
+    layer_bytes: usize,
+    num_layers: usize,
+    layout: CacheLayout,
+}
+
+impl std::fmt::Debug for DeviceKvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceKvCache")
+            .field("device", &self.device.name())
+            .field("layers", &self.num_layers)
+            .field("layer_bytes", &self.layer_bytes)
+            .finish()
+    }
+}
+
+impl DeviceKvCache {
+    /// Keys and values of `layer`.
+    fn layer(&self, layer: usize) -> Option<(DevicePtr, DevicePtr)> {
+        (layer < self.num_layers).then(|| {
+            let k = self.base + (2 * layer * self.layer_bytes) as u64;
+            (k, k + self.layer_bytes as u64)
+        })
+    }
+}
+
+impl Drop for DeviceKvCache {
+    fn drop(&mut self) {
+        self.device.free(self.base);
+    }
+}
+
+/// The arena and the plans made so far, by binding of the symbolic sizes.
+struct RunState {
+    arena: DevicePtr,
+    capacity: usize,
+    plans: HashMap<Vec<(String, usize)>, Arc<RunPlan>>,
+}
+
+/// Addresses and shapes of one binding.
+struct RunPlan {
+    shapes: Vec<Vec<usize>>,
+    /// Arena offset of each value (arena values only).
+    offsets: Vec<Option<usize>>,
+    /// Arena offset of each step's scratch buffer.
+    scratch: Vec<Option<usize>>,
+    total: usize,
+}
+
+/// A program bound to its weights on a CUDA device.
+pub struct CudaExecutor {
+    device: Arc<dyn Device>,
+    label: String,
+    program: Arc<Program>,
+    hand: HandKernels,
+    steps: Vec<StepPlan>,
+    homes: Vec<Home>,
+    owned: Vec<DevicePtr>,
+    error_flag: DevicePtr,
+    generated: Vec<(String, String)>,
+    state: Mutex<RunState>,
+}
+
+/// Compiles and loads every hand-written kernel source.
+fn load_hand_kernels(device: &dyn Device) -> Result<HandKernels, CudaError> {
+    let mut hand = HashMap::new();
+    for source in sources::ALL {
+        let names = sources::kernel_names(source.text);
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let ids = device
+            .load(source.name, source.text, &refs)
+            .map_err(|e| CudaError::Device(e.to_string()))?;
+        hand.extend(names.into_iter().zip(ids));
+    }
+    Ok(hand)
+}
+
+impl CudaExecutor {
+    /// Binds `program` to the weights of `store` on `device` (`label` names
+    /// it in messages, e.g. `cuda:0`): uploads the weights, compiles the
+    /// kernels.
+    pub fn new(
+        program: Arc<Program>,
+        store: &WeightStore,
+        device: Arc<dyn Device>,
+        label: String,
+        dtype: WeightDtype,
+    ) -> Result<Self, RuntimeError> {
+        let weights = super::executor::bind_weights(&program, store)?;
+        let hand = load_hand_kernels(device.as_ref())?;
+        let error_flag = device
+            .alloc(4)
+            .map_err(|e| CudaError::Memory(e.to_string()))?;
+        let lowered = plan::lower(device.as_ref(), &program, &weights, dtype, &hand)?;
+        if let Some(dir) = std::env::var_os("KILN_DUMP_KERNELS") {
+            dump_kernels(std::path::Path::new(&dir), &lowered.generated)?;
+        }
+        let mut owned = lowered.owned;
+        owned.push(error_flag);
+        Ok(Self {
+            label: format!("{label} ({})", device.name()),
+            device,
+            program,
+            hand,
+            steps: lowered.steps,
+            homes: lowered.homes,
+            owned,
+            error_flag,
+            generated: lowered.generated,
+            state: Mutex::new(RunState {
+                arena: 0,
+                capacity: 0,
+                plans: HashMap::new(),
+            }),
+        })
+    }
+
+    /// The generated kernel sources (file name, CUDA C), e.g. to compile them
+    /// with NVRTC in a test.
+    pub fn generated_kernels(&self) -> &[(String, String)] {
+        &self.generated
+    }
+
+    /// Plans the arena for the sizes of `symbols`.
+    fn plan(&self, symbols: &HashMap<String, usize>) -> RunPlan {
+        let graph = &self.program.graph;
+        let shapes: Vec<Vec<usize>> = graph
+            .nodes
+            .iter()
+            .map(|n| resolve(&n.ty.shape, symbols))
+            .collect();
+        let bytes_of =
+            |v: usize| shapes[v].iter().product::<usize>() * element_bytes(graph.nodes[v].ty.dtype);
+        let end = self.steps.len();
+        // Each arena root's life: from its first writer to its last reader.
+        let mut life: HashMap<ValueId, (usize, usize)> = HashMap::new();
+        let mut touch = |root: ValueId, at: usize| {
+            let e = life.entry(root).or_insert((at, at));
+            e.0 = e.0.min(at);
+            e.1 = e.1.max(at);
+        };
+        for (id, node) in graph.nodes.iter().enumerate() {
+            if let (Op::Input { .. }, Home::Arena(root)) = (&node.op, self.homes[id]) {
+                touch(root, 0);
+            }
+        }
+        for (s, step) in self.program.steps.iter().enumerate() {
+            if let Home::Arena(root) = self.homes[step.output as usize] {
+                touch(root, s);
+            }
+            for &i in &step.inputs {
+                if let Home::Arena(root) = self.homes[i as usize] {
+                    touch(root, s);
+                }
+            }
+        }
+        for &o in &graph.outputs {
+            if let Home::Arena(root) = self.homes[o as usize] {
+                touch(root, end);
+            }
+        }
+        let mut roots: Vec<(ValueId, (usize, usize))> = life.into_iter().collect();
+        roots.sort_unstable();
+        let mut buffers: Vec<Buffer> = roots
+            .iter()
+            .map(|&(root, (first, last))| Buffer {
+                bytes: bytes_of(root as usize),
+                first,
+                last,
+            })
+            .collect();
+        // Scratch: activations cast to a half type for a half-precision GEMM.
+        let mut scratch_steps = Vec::new();
+        for (s, (step, plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
+            if let StepPlan::Linear(w) | StepPlan::MatMul(w) = plan {
+                if w.ty != kiln_kernels::cuda::GemmType::F32 {
+                    let elements: usize = shapes[step.inputs[0] as usize].iter().product();
+                    scratch_steps.push(s);
+                    buffers.push(Buffer {
+                        bytes: elements * w.ty.size(),
+                        first: s,
+                        last: s,
+                    });
+                }
+            }
+        }
+        let placement = memory::place(&buffers);
+        let mut offsets = vec![None; graph.nodes.len()];
+        for (i, &(root, _)) in roots.iter().enumerate() {
+            offsets[root as usize] = Some(placement.offsets[i]);
+        }
+        let mut scratch = vec![None; self.steps.len()];
+        for (j, &s) in scratch_steps.iter().enumerate() {
+            scratch[s] = Some(placement.offsets[roots.len() + j]);
+        }
+        RunPlan {
+            shapes,
+            offsets,
+            scratch,
+            total: placement.total,
+        }
+    }
+
+    /// The plan for `symbols`, with an arena large enough for it.
+    fn prepare(
+        &self,
+        state: &mut RunState,
+        symbols: &HashMap<String, usize>,
+    ) -> Result<Arc<RunPlan>, RuntimeError> {
+        let mut key: Vec<(String, usize)> = symbols.iter().map(|(k, &v)| (k.clone(), v)).collect();
+        key.sort_unstable();
+        let plan = match state.plans.get(&key) {
+            Some(p) => p.clone(),
+            None => {
+                let p = Arc::new(self.plan(symbols));
+                state.plans.insert(key, p.clone());
+                p
+            }
+        };
+        if plan.total > state.capacity {
+            if state.arena != 0 {
+                self.device.free(state.arena);
+            }
+            state.arena = 0;
+            state.capacity = 0;
+            let grown = plan.total.max(state.capacity + state.capacity / 2);
+            state.arena = self.device.alloc(grown).map_err(|e| {
+                RuntimeError::Device(format!("activations need {grown} bytes: {e}"))
+            })?;
+            state.capacity = grown;
+        }
+        Ok(plan)
+    }
+
+    fn op_error(&self, id: ValueId, message: String) -> RuntimeError {
+        let node = &self.program.graph.nodes[id as usize];
+        RuntimeError::Op {
+            op: format!("%{id} = {}", node.op.name()),
+            module: node.module.clone(),
+            message,
+        }
+    }
+
+    /// Checks each attention step's batch description (host values) before
+    /// any kernel reads the cache through it.
+    fn check_attention_inputs(
+        &self,
+        inputs: &[Tensor],
+        shapes: &[Vec<usize>],
+        cache: Option<&KvCache>,
+    ) -> Result<(), RuntimeError> {
+        let graph = &self.program.graph;
+        let input_of = |v: ValueId| match graph.nodes[v as usize].op {
+            Op::Input { index } => Some(&inputs[index]),
+            _ => None,
+        };
+        for (step, plan) in self.program.steps.iter().zip(&self.steps) {
+            if !matches!(plan, StepPlan::Attention(_)) {
+                continue;
+            }
+            let fail = |m: String| self.op_error(step.output, m);
+            let cache = cache.ok_or_else(|| fail("paged attention needs a KV cache".into()))?;
+            let (Some(rows), Some(contexts), Some(tables)) = (
+                input_of(step.inputs[3]),
+                input_of(step.inputs[4]),
+                input_of(step.inputs[5]),
+            ) else {
+                return Err(fail("the batch description must be graph inputs".into()));
+            };
+            check_ragged_batch(
+                shapes[step.inputs[0] as usize][0],
+                rows.as_i64(),
+                contexts.as_i64(),
+                tables,
+                cache.num_blocks(),
+                cache.layout().block_size,
+            )
+            .map_err(fail)?;
+        }
+        Ok(())
+    }
+}
+
+fn element_bytes(dtype: kiln_plugin_api::graph::DType) -> usize {
+    match storage_of(dtype) {
+        Storage::F32 => 4,
+        Storage::I64 => 8,
+        Storage::Bool => 1,
+    }
+}
+
+fn dump_kernels(dir: &std::path::Path, generated: &[(String, String)]) -> Result<(), CudaError> {
+    std::fs::create_dir_all(dir)
+        .and_then(|()| {
+            generated
+                .iter()
+                .try_for_each(|(name, text)| std::fs::write(dir.join(name), text))
+        })
+        .map_err(|e| CudaError::Device(format!("KILN_DUMP_KERNELS={}: {e}", dir.display())))
+}
+
+impl Drop for CudaExecutor {
+    fn drop(&mut self) {
+        for &ptr in &self.owned {
+            self.device.free(ptr);
+        }
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if state.arena != 0 {
+            self.device.free(state.arena);
+        }
+    }
+}
+
+impl Backend for CudaExecutor {
+    fn program(&self) -> &Program {
+        &self.program
+    }
+
+    fn device_name(&self) -> String {
+        self.label.clone()
+    }
+
+    fn new_kv_cache(
+        &self,
+        num_layers: usize,
+        num_blocks: usize,
+        layout: CacheLayout,
+    ) -> Result<KvCache, RuntimeError> {
+        let layer_bytes = num_blocks * layout.block_size * layout.position_stride() * 4;
+        let total = 2 * num_layers * layer_bytes;
+        let base = self.device.alloc(total).map_err(|e| {
+            RuntimeError::Device(format!(
+                "the KV cache ({num_blocks} blocks × {num_layers} layers, {total} bytes): {e}"
+            ))
+        })?;
+        let device = DeviceKvCache {
+            device: self.device.clone(),
+            base,
+            layer_bytes,
+            num_layers,
+            layout,
+        };
+        Ok(KvCache::on_device(num_layers, num_blocks, layout, device))
+    }
+
+    fn reserve(
+        &self,
+        worst_case: Vec<Tensor>,
+        utilization: f64,
+    ) -> Result<Option<usize>, RuntimeError> {
+        let symbols = bind_symbols(&self.program.graph, &worst_case)?;
+        {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            self.prepare(&mut state, &symbols)?;
+        }
+        let (free, total) = self
+            .device
+            .memory()
+            .map_err(|e| RuntimeError::Device(e.to_string()))?;
+        let allowed = (total as f64 * utilization) as usize;
+        let used = total - free;
+        Ok(Some(allowed.saturating_sub(used)))
+    }
+
+    fn run(
+        &self,
+        inputs: Vec<Tensor>,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Vec<Tensor>, RuntimeError> {
+        let graph = &self.program.graph;
+        let symbols = bind_symbols(graph, &inputs)?;
+        let cache = cache.map(|c| &*c);
+        let device_cache = match cache {
+            Some(c) => Some(c.device().ok_or_else(|| {
+                RuntimeError::Device("the KV cache is in host memory, not on the device".into())
+            })?),
+            None => None,
+        };
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let plan = self.prepare(&mut state, &symbols)?;
+        self.check_attention_inputs(&inputs, &plan.shapes, cache)?;
+        let device = self.device.as_ref();
+        let device_error = |e: kiln_kernels::cuda::DeviceError| RuntimeError::Device(e.to_string());
+        let addrs: Vec<DevicePtr> = self
+            .homes
+            .iter()
+            .map(|home| match home {
+                Home::Arena(root) => {
+                    plan.offsets[*root as usize].map_or(0, |o| state.arena + o as u64)
+                }
+                Home::Persistent(ptr) => *ptr,
+                Home::Nowhere => 0,
+            })
+            .collect();
+        for (id, node) in graph.nodes.iter().enumerate() {
+            if let Op::Input { index } = node.op {
+                let bytes = weights::tensor_bytes(&inputs[index]);
+                if !bytes.is_empty() && addrs[id] != 0 {
+                    device.upload(addrs[id], &bytes).map_err(device_error)?;
+                }
+            }
+        }
+        device
+            .upload(self.error_flag, &0i32.to_le_bytes())
+            .map_err(device_error)?;
+        let frame = Frame {
+            device,
+            hand: &self.hand,
+            shapes: &plan.shapes,
+            addrs: &addrs,
+            error_flag: self.error_flag,
+            cache: device_cache,
+        };
+        for (s, (step, step_plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
+            let scratch = plan.scratch[s].map(|o| state.arena + o as u64);
+            let bytes = element_bytes(graph.nodes[step.output as usize].ty.dtype);
+            frame
+                .run(step, step_plan, bytes, scratch)
+                .map_err(|m| self.op_error(step.output, m))?;
+        }
+        let mut flag = [0u8; 4];
+        device
+            .download(self.error_flag, &mut flag)
+            .map_err(device_error)?;
+        if i32::from_le_bytes(flag) != 0 {
+            return Err(RuntimeError::Device(
+                "an index (a token id or a gathered row) was out of range".into(),
+            ));
+        }
+        graph
+            .outputs
+            .iter()
+            .map(|&o| {
+                download(
+                    device,
+                    &graph.nodes[o as usize].ty.dtype,
+                    plan.shapes[o as usize].clone(),
+                    addrs[o as usize],
+                )
+            })
+            .collect::<Result<_, _>>()
+            .map_err(device_error)
+    }
+}
+
+fn download(
+    device: &dyn Device,
+    dtype: &kiln_plugin_api::graph::DType,
+    shape: Vec<usize>,
+    ptr: DevicePtr,
+) -> Result<Tensor, kiln_kernels::cuda::DeviceError> {
+    let n: usize = shape.iter().product();
+    let mut bytes = vec![0u8; n * element_bytes(*dtype)];
+    if n > 0 {
+        device.download(ptr, &mut bytes)?;
+    }
+    let data = match storage_of(*dtype) {
+        Storage::F32 => Data::F32(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ),
+        Storage::I64 => Data::I64(
+            bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .collect(),
+        ),
+        Storage::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
+    };
+    Ok(Tensor {
+        dtype: *dtype,
+        shape,
+        data,
+    })
+}

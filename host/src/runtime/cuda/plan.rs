@@ -1,0 +1,341 @@
+//! Lowering a compiled [`Program`] to CUDA work, once at load: which kernel
+//! each step launches and where each value lives (the arena, or a persistent
+//! buffer for weights and constants). Everything that depends on the step's
+//! shapes is left to run time (`launch.rs`).
+
+use std::collections::HashMap;
+
+use kiln_kernels::cuda::{Device, FunctionId};
+use kiln_plugin_api::graph::{AttentionSpec, Op, ValueId};
+
+use super::codegen::{self, FusedInput};
+use super::weights::{self, DeviceMatrix, WeightDtype};
+use super::CudaError;
+use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program, Step};
+use crate::runtime::tensor::Tensor;
+use crate::runtime::WeightData;
+
+/// What one step launches.
+#[derive(Clone, Debug)]
+pub enum StepPlan {
+    /// Same bytes, new shape: no work.
+    Alias,
+    /// `x · Wᵀ` on the device's GEMM (x cast to W's type first when W is half).
+    Linear(DeviceMatrix),
+    /// `x · W` with a stored `W [k, n]` (GPT-2's Conv1D).
+    MatMul(DeviceMatrix),
+    /// Rows of a table.
+    Embedding(DeviceMatrix, FunctionId),
+    /// A generated element-wise kernel.
+    Fused(FunctionId, Vec<FusedInput>),
+    /// RMS normalization.
+    RmsNorm {
+        /// Epsilon.
+        eps: f32,
+        /// Added to the weight.
+        offset: f32,
+    },
+    /// Layer normalization.
+    LayerNorm(f32),
+    /// Rotary embedding.
+    Rope {
+        /// Adjacent pairs.
+        interleaved: bool,
+        /// cos/sin scale.
+        scale: f32,
+    },
+    /// Softmax or log-softmax over the last axis.
+    Softmax(bool),
+    /// Paged attention: cache write, then attention.
+    Attention(AttentionSpec),
+    /// Gather along an axis.
+    Gather(usize),
+    /// A strided slice.
+    Slice {
+        /// Axis.
+        axis: usize,
+        /// First index.
+        start: usize,
+        /// Stride.
+        step: usize,
+    },
+    /// Axis permutation.
+    Permute(Vec<usize>),
+    /// Broadcast.
+    BroadcastTo,
+    /// Concatenation.
+    Concat(usize),
+    /// Print the value (downloads it).
+    Print(String),
+}
+
+/// Where a value's bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Home {
+    /// Planned in the arena under this root value (itself, or the value a
+    /// reshape aliases).
+    Arena(ValueId),
+    /// A buffer made at load (weights read as values, constants).
+    Persistent(u64),
+    /// Never read as a value (a weight only a product or an embedding reads).
+    Nowhere,
+}
+
+/// Everything lowered at load.
+pub struct Lowered {
+    /// One plan per program step.
+    pub steps: Vec<StepPlan>,
+    /// Per value.
+    pub homes: Vec<Home>,
+    /// Persistent allocations (to free with the executor).
+    pub owned: Vec<u64>,
+    /// Generated kernel sources, by name, for dumps and compile checks.
+    pub generated: Vec<(String, String)>,
+}
+
+/// The hand-written kernels, by name.
+pub type HandKernels = HashMap<String, FunctionId>;
+
+/// Lowers `program` onto `device`: uploads weights and constants, generates
+/// and loads the fused kernels, and picks each step's kernel. Fails naming the
+/// first step no CUDA kernel covers.
+pub fn lower(
+    device: &dyn Device,
+    program: &Program,
+    weights: &[WeightData],
+    dtype: WeightDtype,
+    hand: &HandKernels,
+) -> Result<Lowered, CudaError> {
+    let graph = &program.graph;
+    let mut owned = Vec::new();
+    let mut homes = vec![Home::Nowhere; graph.nodes.len()];
+    // Values every step reads; weights among them are stored as f32 values.
+    let read: std::collections::HashSet<ValueId> = program
+        .steps
+        .iter()
+        .flat_map(|s| s.inputs.iter().copied())
+        .chain(graph.outputs.iter().copied())
+        .collect();
+    for (id, node) in graph.nodes.iter().enumerate() {
+        let id = id as ValueId;
+        homes[id as usize] = match &node.op {
+            Op::Input { .. } => Home::Arena(id),
+            Op::Weight { index } if read.contains(&id) => {
+                let ptr = weights::upload_values(device, &weights[*index])?;
+                owned.push(ptr);
+                Home::Persistent(ptr)
+            }
+            Op::Constant(c) if read.contains(&id) => {
+                let shape = node
+                    .ty
+                    .static_shape()
+                    .map(|s| s.iter().map(|&d| d as usize).collect())
+                    .unwrap_or_default();
+                let tensor = Tensor::from_f64(node.ty.dtype, shape, &c.values);
+                let ptr = weights::upload_tensor(device, &tensor, "a constant")?;
+                owned.push(ptr);
+                Home::Persistent(ptr)
+            }
+            _ => Home::Nowhere,
+        };
+    }
+    let mut matrices: HashMap<usize, DeviceMatrix> = HashMap::new();
+    let mut matrix = |index: usize, owned: &mut Vec<u64>| -> Result<DeviceMatrix, CudaError> {
+        if let Some(m) = matrices.get(&index) {
+            return Ok(*m);
+        }
+        let weight = &weights[index];
+        let m = weights::upload_matrix(device, weight, weights::product_type(weight, dtype))?;
+        owned.push(m.ptr);
+        matrices.insert(index, m);
+        Ok(m)
+    };
+    let mut fused_modules: HashMap<String, FunctionId> = HashMap::new();
+    let mut generated = Vec::new();
+    let mut steps = Vec::with_capacity(program.steps.len());
+    for step in &program.steps {
+        let node = &graph.nodes[step.output as usize];
+        let unsupported = |message: String| CudaError::Unsupported {
+            op: format!("%{} = {}", step.output, node.op.name()),
+            module: node.module.clone(),
+            message,
+        };
+        let plan = match &step.kernel {
+            Kernel::Linear { weight } => StepPlan::Linear(matrix(*weight, &mut owned)?),
+            Kernel::Embedding { weight } => {
+                let m = matrix(*weight, &mut owned)?;
+                let name = match m.ty {
+                    kiln_kernels::cuda::GemmType::F32 => "kiln_embedding_f32",
+                    kiln_kernels::cuda::GemmType::BF16 => "kiln_embedding_bf16",
+                    kiln_kernels::cuda::GemmType::F16 => "kiln_embedding_f16",
+                };
+                StepPlan::Embedding(m, hand[name])
+            }
+            Kernel::Fused { program: instrs } => fused(
+                device,
+                program,
+                step,
+                instrs,
+                &mut fused_modules,
+                &mut generated,
+            )
+            .map_err(unsupported)?,
+            Kernel::Node => match &node.op {
+                Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast { .. } => {
+                    let instr = single_instruction(&node.op, node.ty.dtype, step.inputs.len());
+                    fused(
+                        device,
+                        program,
+                        step,
+                        &[instr],
+                        &mut fused_modules,
+                        &mut generated,
+                    )
+                    .map_err(unsupported)?
+                }
+                Op::Reshape { .. } => StepPlan::Alias,
+                Op::RmsNorm { eps, weight_offset } => StepPlan::RmsNorm {
+                    eps: *eps,
+                    offset: *weight_offset,
+                },
+                Op::LayerNorm { eps } => StepPlan::LayerNorm(*eps),
+                Op::Rope { interleaved, scale } => StepPlan::Rope {
+                    interleaved: *interleaved,
+                    scale: *scale,
+                },
+                Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+                    if *axis + 1 != node.ty.rank() {
+                        return Err(unsupported("only the last axis is supported".into()));
+                    }
+                    StepPlan::Softmax(matches!(node.op, Op::LogSoftmax { .. }))
+                }
+                Op::PagedAttention(spec) => {
+                    let metadata_are_inputs = step.inputs[3..]
+                        .iter()
+                        .all(|&v| matches!(graph.nodes[v as usize].op, Op::Input { .. }));
+                    if !metadata_are_inputs {
+                        return Err(unsupported(
+                            "row_offsets, context_lens and block_tables must be graph inputs"
+                                .into(),
+                        ));
+                    }
+                    StepPlan::Attention(spec.clone())
+                }
+                Op::MatMul => {
+                    let w = step.inputs[1] as usize;
+                    match (&graph.nodes[w].op, graph.nodes[w].ty.rank()) {
+                        (Op::Weight { index }, 2) => {
+                            let weight = &weights[*index];
+                            let m = weights::upload_matrix(
+                                device,
+                                weight,
+                                kiln_kernels::cuda::GemmType::F32,
+                            )?;
+                            owned.push(m.ptr);
+                            StepPlan::MatMul(m)
+                        }
+                        _ => {
+                            return Err(unsupported(
+                                "only products with a 2-D weight on the right are supported".into(),
+                            ))
+                        }
+                    }
+                }
+                Op::Gather { axis } => StepPlan::Gather(*axis),
+                Op::Slice {
+                    axis, start, step, ..
+                } => StepPlan::Slice {
+                    axis: *axis,
+                    start: *start as usize,
+                    step: *step as usize,
+                },
+                Op::Permute { perm } => StepPlan::Permute(perm.clone()),
+                Op::BroadcastTo { .. } => StepPlan::BroadcastTo,
+                Op::Concat { axis } => StepPlan::Concat(*axis),
+                Op::Print { label } => StepPlan::Print(label.clone()),
+                _ => return Err(unsupported("no CUDA kernel yet".into())),
+            },
+        };
+        if let StepPlan::Alias = plan {
+            let input = step.inputs[0] as usize;
+            homes[step.output as usize] = match homes[input] {
+                Home::Nowhere => Home::Arena(step.output),
+                other => other,
+            };
+        } else {
+            homes[step.output as usize] = Home::Arena(step.output);
+        }
+        steps.push(plan);
+    }
+    Ok(Lowered {
+        steps,
+        homes,
+        owned,
+        generated,
+    })
+}
+
+/// An element-wise op as a one-instruction fused program.
+fn single_instruction(op: &Op, dtype: kiln_plugin_api::graph::DType, inputs: usize) -> Instr {
+    let op = match op {
+        Op::Unary { op } => ElementOp::Unary { f: *op },
+        Op::Binary { op } => ElementOp::Binary { f: *op },
+        Op::Where => ElementOp::Where,
+        _ => ElementOp::Cast,
+    };
+    Instr {
+        op,
+        args: (0..inputs).map(Operand::Input).collect(),
+        dtype,
+    }
+}
+
+/// Generates (or reuses) the kernel of a fused step.
+fn fused(
+    device: &dyn Device,
+    program: &Program,
+    step: &Step,
+    instrs: &[Instr],
+    modules: &mut HashMap<String, FunctionId>,
+    generated: &mut Vec<(String, String)>,
+) -> Result<StepPlan, String> {
+    let graph = &program.graph;
+    let out = &graph.nodes[step.output as usize].ty;
+    if out.rank() > codegen::MAX_RANK {
+        return Err(format!("rank {} exceeds {}", out.rank(), codegen::MAX_RANK));
+    }
+    let inputs: Vec<FusedInput> = step
+        .inputs
+        .iter()
+        .map(|&v| {
+            let ty = &graph.nodes[v as usize].ty;
+            FusedInput {
+                dtype: ty.dtype,
+                same_shape: ty.shape == out.shape,
+            }
+        })
+        .collect();
+    let text = codegen::generate(instrs, &inputs, out.dtype)?;
+    let function = match modules.get(&text) {
+        Some(f) => *f,
+        None => {
+            let name = format!("fused_{}.cu", short_hash(&text));
+            let f = device
+                .load(&name, &text, &[codegen::KERNEL])
+                .map_err(|e| e.to_string())?[0];
+            generated.push((name, text.clone()));
+            modules.insert(text, f);
+            f
+        }
+    };
+    Ok(StepPlan::Fused(function, inputs))
+}
+
+fn short_hash(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}

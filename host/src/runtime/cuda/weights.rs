@@ -1,0 +1,133 @@
+//! Weights and constants in device memory, uploaded once at load.
+//!
+//! A weight read by a matrix product or an embedding is stored for the GPU's
+//! GEMM: bf16 and f16 as stored; f32 as bf16 unless `--dtype float32`; GGUF
+//! blocks dequantized at load to bf16 (f32 with `--dtype float32`). Any other
+//! weight (norm scales, biases, inverse frequencies) is stored as f32 values.
+
+use half::{bf16, f16};
+use kiln_kernels::cuda::{Device, DevicePtr, GemmType};
+use kiln_plugin_api::Encoding;
+
+use super::CudaError;
+use crate::runtime::tensor::{Data, Tensor};
+use crate::runtime::WeightData;
+
+/// The element type of weights stored for products (`--dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightDtype {
+    /// bf16 and f16 as stored, everything else as bf16.
+    #[default]
+    Auto,
+    /// Everything as f32 (exact against the CPU backend).
+    Float32,
+    /// Everything as bf16.
+    BFloat16,
+}
+
+/// A matrix in device memory.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceMatrix {
+    /// Where.
+    pub ptr: DevicePtr,
+    /// Element type.
+    pub ty: GemmType,
+    /// Rows (the first axis).
+    pub rows: usize,
+    /// Columns (the last axis).
+    pub cols: usize,
+}
+
+/// The element type `weight` gets on the device for products.
+pub fn product_type(weight: &WeightData, dtype: WeightDtype) -> GemmType {
+    match (dtype, weight.spec.encoding) {
+        (WeightDtype::Float32, _) => GemmType::F32,
+        (WeightDtype::Auto, Encoding::Float16) => GemmType::F16,
+        _ => GemmType::BF16,
+    }
+}
+
+/// Uploads `weight` as a matrix of `ty` (rows = first axis).
+pub fn upload_matrix(
+    device: &dyn Device,
+    weight: &WeightData,
+    ty: GemmType,
+) -> Result<DeviceMatrix, CudaError> {
+    let shape = &weight.spec.shape;
+    let cols = *shape.last().unwrap_or(&1) as usize;
+    let rows = weight.elements() / cols.max(1);
+    let bytes: Vec<u8> = match (ty, weight.spec.encoding) {
+        (GemmType::BF16, Encoding::BFloat16) | (GemmType::F16, Encoding::Float16) => {
+            weight.bytes().to_vec()
+        }
+        (GemmType::F32, Encoding::Float32) => weight.bytes().to_vec(),
+        _ => {
+            let mut values = vec![0f32; weight.elements()];
+            weight
+                .decode_rows(0..rows, &mut values)
+                .map_err(|e| CudaError::Weight(weight.spec.name.clone(), e))?;
+            encode(&values, ty)
+        }
+    };
+    let ptr = upload(device, &bytes, &weight.spec.name)?;
+    Ok(DeviceMatrix {
+        ptr,
+        ty,
+        rows,
+        cols,
+    })
+}
+
+/// Uploads `weight` decoded to f32 values.
+pub fn upload_values(device: &dyn Device, weight: &WeightData) -> Result<DevicePtr, CudaError> {
+    let cols = *weight.spec.shape.last().unwrap_or(&1) as usize;
+    let rows = weight.elements() / cols.max(1);
+    let mut values = vec![0f32; weight.elements()];
+    weight
+        .decode_rows(0..rows, &mut values)
+        .map_err(|e| CudaError::Weight(weight.spec.name.clone(), e))?;
+    upload(device, &encode(&values, GemmType::F32), &weight.spec.name)
+}
+
+/// Uploads a host tensor in the device's storage (f32, i64, or one byte
+/// per bool).
+pub fn upload_tensor(
+    device: &dyn Device,
+    tensor: &Tensor,
+    what: &str,
+) -> Result<DevicePtr, CudaError> {
+    upload(device, &tensor_bytes(tensor), what)
+}
+
+/// A tensor's bytes in the device's storage.
+pub fn tensor_bytes(tensor: &Tensor) -> Vec<u8> {
+    match &tensor.data {
+        Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Data::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+    }
+}
+
+fn encode(values: &[f32], ty: GemmType) -> Vec<u8> {
+    match ty {
+        GemmType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GemmType::BF16 => values
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        GemmType::F16 => values
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect(),
+    }
+}
+
+fn upload(device: &dyn Device, bytes: &[u8], what: &str) -> Result<DevicePtr, CudaError> {
+    let ptr = device
+        .alloc(bytes.len())
+        .map_err(|e| CudaError::Memory(format!("`{what}` ({} bytes): {e}", bytes.len())))?;
+    device
+        .upload(ptr, bytes)
+        .map_err(|e| CudaError::Device(format!("uploading `{what}`: {e}")))?;
+    Ok(ptr)
+}

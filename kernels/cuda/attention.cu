@@ -1,0 +1,115 @@
+// Attention over the paged KV cache for a ragged batch (chunked prefill and
+// decode alike). The cache of one layer is [blocks, block_size, kv_heads,
+// head_dim] f32; sequence b's rows are row_offsets[b]..row_offsets[b+1] of the
+// batch, and its last row sits at position context_lens[b] - 1.
+#include "kiln_cuda.cuh"
+
+#define KILN_ATTN_WARPS 4
+#define KILN_ATTN_MAX_DIM 256
+#define KILN_ATTN_PER_LANE (KILN_ATTN_MAX_DIM / 32)
+
+// The sequence owning batch row `row` and the row's position in it.
+__device__ __forceinline__ int sequence_of(const i64* row_offsets, const i64* context_lens, int batch,
+                                           i64 row, i64* position) {
+  int b = 0;
+  while (b + 1 < batch && row >= row_offsets[b + 1]) b += 1;
+  i64 fed = row_offsets[b + 1] - row_offsets[b];
+  *position = context_lens[b] - fed + (row - row_offsets[b]);
+  return b;
+}
+
+__device__ __forceinline__ i64 cache_slot(const i64* block_tables, int b, int blocks_per_seq, int block_size,
+                                          i64 position) {
+  return block_tables[(i64)b * blocks_per_seq + position / block_size] * block_size + position % block_size;
+}
+
+// Writes this step's keys and values [T, kv_heads, head_dim] into the cache:
+// one block per row.
+extern "C" __global__ void kiln_write_kv(const float* __restrict__ k, const float* __restrict__ v,
+                                         float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                         const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+                                         const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                         int block_size, int stride) {
+  i64 row = blockIdx.x, position;
+  int b = sequence_of(row_offsets, context_lens, batch, row, &position);
+  i64 at = cache_slot(block_tables, b, blocks_per_seq, block_size, position) * stride;
+  for (int i = threadIdx.x; i < stride; i += blockDim.x) {
+    k_cache[at + i] = k[row * stride + i];
+    v_cache[at + i] = v[row * stride + i];
+  }
+}
+
+// out [T, num_heads, head_dim]: one block per (row, query head), four warps
+// splitting the visible keys, each keeping an online softmax; query head h
+// reads key/value head h / (num_heads / kv_heads). `window` > 0 keeps the
+// last `window` positions; `softcap` > 0 applies cap·tanh(score / cap).
+extern "C" __global__ void kiln_paged_attention(
+    const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+    float* __restrict__ out, const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+    const i64* __restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,
+    int kv_heads, int head_dim, float scale, int window, float softcap) {
+  __shared__ float warp_m[KILN_ATTN_WARPS];
+  __shared__ float warp_l[KILN_ATTN_WARPS];
+  __shared__ float warp_acc[KILN_ATTN_WARPS][KILN_ATTN_MAX_DIM];
+  i64 row = blockIdx.x, position;
+  int head = blockIdx.y;
+  int b = sequence_of(row_offsets, context_lens, batch, row, &position);
+  i64 first = window > 0 && position + 1 > window ? position + 1 - window : 0;
+  int kv_head = head / (num_heads / kv_heads);
+  int stride = kv_heads * head_dim;
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+  const float* q_row = q + (row * num_heads + head) * head_dim;
+  float qr[KILN_ATTN_PER_LANE], acc[KILN_ATTN_PER_LANE];
+#pragma unroll
+  for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
+    int d = lane + 32 * j;
+    qr[j] = d < head_dim ? q_row[d] : 0.0f;
+    acc[j] = 0.0f;
+  }
+  float m = KILN_NEG_INF, l = 0.0f;
+  for (i64 key = first + warp; key <= position; key += KILN_ATTN_WARPS) {
+    i64 base = cache_slot(block_tables, b, blocks_per_seq, block_size, key) * stride + (i64)kv_head * head_dim;
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
+      int d = lane + 32 * j;
+      if (d < head_dim) dot += qr[j] * k_cache[base + d];
+    }
+    float s = warp_sum(dot) * scale;
+    if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+    float m_new = fmaxf(m, s);
+    float correction = expf(m - m_new), p = expf(s - m_new);
+    l = l * correction + p;
+#pragma unroll
+    for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
+      int d = lane + 32 * j;
+      if (d < head_dim) acc[j] = acc[j] * correction + p * v_cache[base + d];
+    }
+    m = m_new;
+  }
+  if (lane == 0) {
+    warp_m[warp] = m;
+    warp_l[warp] = l;
+  }
+#pragma unroll
+  for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
+    int d = lane + 32 * j;
+    if (d < head_dim) warp_acc[warp][d] = acc[j];
+  }
+  __syncthreads();
+  float m_all = KILN_NEG_INF;
+  for (int w = 0; w < KILN_ATTN_WARPS; ++w) m_all = fmaxf(m_all, warp_m[w]);
+  float total = 0.0f;
+  float weight[KILN_ATTN_WARPS];
+  for (int w = 0; w < KILN_ATTN_WARPS; ++w) {
+    weight[w] = warp_l[w] > 0.0f ? expf(warp_m[w] - m_all) : 0.0f;
+    total += warp_l[w] * weight[w];
+  }
+  float* out_row = out + (row * num_heads + head) * head_dim;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < KILN_ATTN_WARPS; ++w) sum += warp_acc[w][d] * weight[w];
+    out_row[d] = sum / total;
+  }
+}

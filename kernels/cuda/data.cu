@@ -1,0 +1,127 @@
+// Data movement shared by every model: embedding rows, row gathers, strided
+// copies (permute, slice, broadcast, concat) and type conversions.
+#include "kiln_cuda.cuh"
+
+#define KILN_MAX_RANK 8
+
+// A strided view: element i of the output (row-major over `shape`) reads
+// input element in_offset + Σ index_d · in_stride[d] and writes output
+// element out_offset + Σ index_d · out_stride[d].
+struct KilnStrided {
+  int rank;
+  i64 shape[KILN_MAX_RANK];
+  i64 in_stride[KILN_MAX_RANK];
+  i64 out_stride[KILN_MAX_RANK];
+  i64 in_offset;
+  i64 out_offset;
+  i64 count;
+};
+
+__device__ __forceinline__ void strided_offsets(const KilnStrided& s, i64 i, i64* in, i64* out) {
+  i64 a = s.in_offset, b = s.out_offset;
+  for (int d = s.rank - 1; d >= 0; --d) {
+    i64 index = i % s.shape[d];
+    i /= s.shape[d];
+    a += index * s.in_stride[d];
+    b += index * s.out_stride[d];
+  }
+  *in = a;
+  *out = b;
+}
+
+// Strided copies of 4-, 8- and 1-byte elements.
+extern "C" __global__ void kiln_copy_strided_b4(const unsigned int* __restrict__ x, unsigned int* __restrict__ y,
+                                                KilnStrided s) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < s.count; i += (i64)gridDim.x * blockDim.x) {
+    i64 a, b;
+    strided_offsets(s, i, &a, &b);
+    y[b] = x[a];
+  }
+}
+
+extern "C" __global__ void kiln_copy_strided_b8(const i64* __restrict__ x, i64* __restrict__ y, KilnStrided s) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < s.count; i += (i64)gridDim.x * blockDim.x) {
+    i64 a, b;
+    strided_offsets(s, i, &a, &b);
+    y[b] = x[a];
+  }
+}
+
+extern "C" __global__ void kiln_copy_strided_b1(const unsigned char* __restrict__ x, unsigned char* __restrict__ y,
+                                                KilnStrided s) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < s.count; i += (i64)gridDim.x * blockDim.x) {
+    i64 a, b;
+    strided_offsets(s, i, &a, &b);
+    y[b] = x[a];
+  }
+}
+
+// out[o, i, r] = x[o, ids[i], r] for x [outer, axis_len, inner] (4-byte
+// elements); an index outside the axis writes zeros and sets *error to 1.
+extern "C" __global__ void kiln_gather_b4(const unsigned int* __restrict__ x, const i64* __restrict__ ids,
+                                          unsigned int* __restrict__ y, i64 outer, i64 count, i64 axis_len,
+                                          i64 inner, int* __restrict__ error) {
+  i64 total = outer * count * inner;
+  for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
+    i64 r = e % inner, i = (e / inner) % count, o = e / (inner * count);
+    i64 id = ids[i];
+    if (id < 0) id += axis_len;
+    if (id < 0 || id >= axis_len) {
+      y[e] = 0;
+      *error = 1;
+    } else {
+      y[e] = x[(o * axis_len + id) * inner + r];
+    }
+  }
+}
+
+// Embedding rows of a [rows, cols] table (f32, bf16 or f16) into f32: one
+// block per id; an id outside the table writes zeros and sets *error to 1.
+template <typename T, float (*convert)(T)>
+__device__ __forceinline__ void embedding(const T* __restrict__ table, const i64* __restrict__ ids,
+                                          float* __restrict__ y, i64 rows, int cols, int* __restrict__ error) {
+  i64 id = ids[blockIdx.x];
+  bool valid = id >= 0 && id < rows;
+  if (!valid && threadIdx.x == 0) *error = 1;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+    y[(i64)blockIdx.x * cols + c] = valid ? convert(table[id * cols + c]) : 0.0f;
+}
+
+__device__ __forceinline__ float f32_identity(float v) { return v; }
+
+extern "C" __global__ void kiln_embedding_f32(const float* __restrict__ table, const i64* __restrict__ ids,
+                                              float* __restrict__ y, i64 rows, int cols, int* __restrict__ error) {
+  embedding<float, f32_identity>(table, ids, y, rows, cols, error);
+}
+
+extern "C" __global__ void kiln_embedding_bf16(const bf16_bits* __restrict__ table, const i64* __restrict__ ids,
+                                               float* __restrict__ y, i64 rows, int cols, int* __restrict__ error) {
+  embedding<bf16_bits, bf16_to_f32>(table, ids, y, rows, cols, error);
+}
+
+extern "C" __global__ void kiln_embedding_f16(const f16_bits* __restrict__ table, const i64* __restrict__ ids,
+                                              float* __restrict__ y, i64 rows, int cols, int* __restrict__ error) {
+  embedding<f16_bits, f16_to_f32>(table, ids, y, rows, cols, error);
+}
+
+// f32 → bf16 / f16 (activations for a half-precision weight product), and
+// back.
+extern "C" __global__ void kiln_f32_to_bf16(const float* __restrict__ x, bf16_bits* __restrict__ y, i64 n) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    y[i] = f32_to_bf16(x[i]);
+}
+
+extern "C" __global__ void kiln_f32_to_f16(const float* __restrict__ x, f16_bits* __restrict__ y, i64 n) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    y[i] = f32_to_f16(x[i]);
+}
+
+extern "C" __global__ void kiln_bf16_to_f32(const bf16_bits* __restrict__ x, float* __restrict__ y, i64 n) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    y[i] = bf16_to_f32(x[i]);
+}
+
+extern "C" __global__ void kiln_f16_to_f32(const f16_bits* __restrict__ x, float* __restrict__ y, i64 n) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    y[i] = f16_to_f32(x[i]);
+}

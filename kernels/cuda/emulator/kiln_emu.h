@@ -1,0 +1,366 @@
+// The kernel emulator: runs Kiln's CUDA C kernels on the CPU.
+//
+// A kernel source is compiled with the host C++ compiler with this header
+// forced in front of it (`-include kiln_emu.h`), the way NVRTC compiles it for
+// a GPU. Blocks of a launch run one after another on the calling OS thread;
+// the threads of a block are fibers (ucontext) switched cooperatively, so
+// `__shared__` is a static buffer, `__syncthreads` a barrier across the
+// block's live fibers and a warp shuffle an exchange through a per-warp buffer
+// between two warp barriers. A barrier reached from two different call sites
+// is reported as an error (it is undefined behaviour on a GPU).
+//
+// Each kernel `K` gets an entry point `kiln_emu_launch_K(const kiln_emu_launch*,
+// void** args)` (args as cuLaunchKernel takes them), appended to the source by
+// the Rust side with KILN_EMU_EXPORT(K).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#include <ucontext.h>
+
+#define KILN_EMULATOR 1
+
+struct uint3 {
+  unsigned int x, y, z;
+};
+struct dim3 {
+  unsigned int x = 1, y = 1, z = 1;
+  dim3() = default;
+  dim3(unsigned int x_, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+extern "C" struct kiln_emu_launch {
+  unsigned int grid[3];
+  unsigned int block[3];
+  unsigned int shared_bytes;
+};
+
+namespace kiln_emu {
+
+constexpr int kWarp = 32;
+constexpr size_t kStackBytes = 128 * 1024;
+
+struct Fiber {
+  ucontext_t context;
+  uint3 tid;
+  int linear = 0;
+  bool done = false;
+  // Barrier bookkeeping: the generation seen on arrival (-1: not waiting).
+  long long waiting_gen = -1;
+  bool waiting_warp = false;
+};
+
+struct Barrier {
+  int arrived = 0;
+  long long gen = 0;
+  long site = 0;
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  int live = 0;
+  int current = 0;
+  Barrier block_barrier;
+  std::vector<Barrier> warp_barriers;
+  std::vector<int> warp_live;
+  std::vector<unsigned long long> exchange;  // one slot per thread
+  std::vector<unsigned char> dynamic_shared;
+  ucontext_t scheduler;
+  void (*body)(void*) = nullptr;
+  void* body_arg = nullptr;
+  char error[512] = {0};
+};
+
+struct State {
+  uint3 thread_idx{0, 0, 0};
+  uint3 block_idx{0, 0, 0};
+  dim3 block_dim;
+  dim3 grid_dim;
+  Block* block = nullptr;
+};
+
+inline thread_local State state;
+inline thread_local char last_error[512];
+// Fiber stacks, kept across launches (uninitialized: a fresh stack per
+// thread per launch would cost a memset of the whole block's stacks).
+inline thread_local std::vector<std::unique_ptr<unsigned char[]>> stacks;
+
+inline Fiber& self() { return state.block->fibers[state.block->current]; }
+
+inline void fail(const char* what) {
+  Block* b = state.block;
+  if (b->error[0] == 0) {
+    snprintf(b->error, sizeof b->error, "%s", what);
+  }
+}
+
+// Switches to the scheduler, which resumes the next fiber.
+inline void yield() { swapcontext(&self().context, &state.block->scheduler); }
+
+inline void trampoline() {
+  Block* b = state.block;
+  b->body(b->body_arg);
+  Fiber& f = self();
+  f.done = true;
+  b->live -= 1;
+  b->warp_live[f.linear / kWarp] -= 1;
+  // A thread that exits no longer counts at barriers: release waiters.
+  if (b->block_barrier.arrived > 0 && b->block_barrier.arrived == b->live) {
+    b->block_barrier.arrived = 0;
+    b->block_barrier.gen += 1;
+  }
+  Barrier& w = b->warp_barriers[f.linear / kWarp];
+  if (w.arrived > 0 && w.arrived == b->warp_live[f.linear / kWarp]) {
+    w.arrived = 0;
+    w.gen += 1;
+  }
+  swapcontext(&f.context, &b->scheduler);
+}
+
+inline void barrier_wait(Barrier& barrier, int participants, long site) {
+  if (barrier.arrived == 0) {
+    barrier.site = site;
+  } else if (barrier.site != site) {
+    char message[200];
+    snprintf(message, sizeof message,
+             "threads of one block wait at barriers on different lines (%ld and %ld)",
+             barrier.site, site);
+    fail(message);
+  }
+  long long gen = barrier.gen;
+  barrier.arrived += 1;
+  if (barrier.arrived == participants) {
+    barrier.arrived = 0;
+    barrier.gen += 1;
+    return;
+  }
+  while (barrier.gen == gen && state.block->error[0] == 0) {
+    yield();
+  }
+}
+
+inline void syncthreads(long site) {
+  barrier_wait(state.block->block_barrier, state.block->live, site);
+}
+
+inline void syncwarp(long site) {
+  int warp = self().linear / kWarp;
+  barrier_wait(state.block->warp_barriers[warp], state.block->warp_live[warp], site);
+}
+
+template <typename T>
+T shuffle(T value, int src_lane_in_warp, long site) {
+  static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
+  Block* b = state.block;
+  int linear = self().linear;
+  int warp_base = linear - linear % kWarp;
+  unsigned long long bits = 0;
+  memcpy(&bits, &value, sizeof(T));
+  b->exchange[linear] = bits;
+  syncwarp(site);
+  T out = value;
+  int src = warp_base + src_lane_in_warp;
+  if (src >= 0 && src < (int)b->fibers.size() && !b->fibers[src].done) {
+    memcpy(&out, &b->exchange[src], sizeof(T));
+  }
+  syncwarp(site);
+  return out;
+}
+
+inline int lane() { return self().linear % kWarp; }
+
+inline void* dynamic_shared() { return state.block->dynamic_shared.data(); }
+
+// Runs `body` for every thread of every block of the launch.
+inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
+  Block block;
+  int threads = (int)(cfg->block[0] * cfg->block[1] * cfg->block[2]);
+  if (threads <= 0 || threads > 1024) {
+    snprintf(last_error, sizeof last_error, "block of %d threads (1..1024 allowed)", threads);
+    return 1;
+  }
+  block.fibers.resize(threads);
+  while ((int)stacks.size() < threads) stacks.emplace_back(new unsigned char[kStackBytes]);
+  block.warp_barriers.resize((threads + kWarp - 1) / kWarp);
+  block.exchange.assign(threads, 0);
+  block.dynamic_shared.assign(cfg->shared_bytes + 16, 0);
+  block.body = body;
+  block.body_arg = arg;
+  State saved = state;
+  state.block = &block;
+  state.block_dim = dim3(cfg->block[0], cfg->block[1], cfg->block[2]);
+  state.grid_dim = dim3(cfg->grid[0], cfg->grid[1], cfg->grid[2]);
+  int status = 0;
+  for (unsigned bz = 0; bz < cfg->grid[2] && status == 0; ++bz)
+    for (unsigned by = 0; by < cfg->grid[1] && status == 0; ++by)
+      for (unsigned bx = 0; bx < cfg->grid[0] && status == 0; ++bx) {
+        state.block_idx = uint3{bx, by, bz};
+        block.live = threads;
+        block.block_barrier = Barrier{};
+        for (auto& w : block.warp_barriers) w = Barrier{};
+        block.warp_live.assign(block.warp_barriers.size(), 0);
+        for (int t = 0; t < threads; ++t) {
+          Fiber& f = block.fibers[t];
+          f.linear = t;
+          f.done = false;
+          f.tid = uint3{t % cfg->block[0], (t / cfg->block[0]) % cfg->block[1],
+                        t / (cfg->block[0] * cfg->block[1])};
+          block.warp_live[t / kWarp] += 1;
+          getcontext(&f.context);
+          f.context.uc_stack.ss_sp = stacks[t].get();
+          f.context.uc_stack.ss_size = kStackBytes;
+          f.context.uc_link = nullptr;
+          makecontext(&f.context, trampoline, 0);
+        }
+        // Round-robin over unfinished fibers until all are done.
+        int remaining = threads;
+        while (remaining > 0 && block.error[0] == 0) {
+          remaining = 0;
+          for (int t = 0; t < threads; ++t) {
+            if (block.fibers[t].done) continue;
+            block.current = t;
+            state.thread_idx = block.fibers[t].tid;
+            swapcontext(&block.scheduler, &block.fibers[t].context);
+            if (!block.fibers[t].done) remaining += 1;
+            if (block.error[0] != 0) break;
+          }
+        }
+        if (block.error[0] != 0) {
+          snprintf(last_error, sizeof last_error, "block (%u, %u, %u): %s", bx, by, bz,
+                   block.error);
+          status = 1;
+        }
+      }
+  state = saved;
+  return status;
+}
+
+template <typename... A, size_t... I>
+void call_with(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
+  kernel(*static_cast<std::remove_reference_t<A>*>(args[I])...);
+}
+
+template <typename... A>
+struct Call {
+  void (*kernel)(A...);
+  void** args;
+  static void invoke(void* self) {
+    auto* c = static_cast<Call*>(self);
+    call_with(c->kernel, c->args, std::index_sequence_for<A...>{});
+  }
+};
+
+template <typename... A>
+int launch(void (*kernel)(A...), const kiln_emu_launch* cfg, void** args) {
+  Call<A...> call{kernel, args};
+  return run(cfg, &Call<A...>::invoke, &call);
+}
+
+}  // namespace kiln_emu
+
+// Not `inline`: an inline function nobody calls is never emitted, and the
+// Rust side resolves this symbol with dlsym.
+extern "C" const char* kiln_emu_last_error() { return kiln_emu::last_error; }
+
+#define KILN_EMU_EXPORT(name)                                                        \
+  extern "C" int kiln_emu_launch_##name(const kiln_emu_launch* cfg, void** args) {   \
+    return kiln_emu::launch(name, cfg, args);                                        \
+  }
+
+// ---- CUDA C spelled for the host compiler ----
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __shared__ static thread_local
+#define KILN_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(kiln_emu::dynamic_shared())
+#define threadIdx (kiln_emu::state.thread_idx)
+#define blockIdx (kiln_emu::state.block_idx)
+#define blockDim (kiln_emu::state.block_dim)
+#define gridDim (kiln_emu::state.grid_dim)
+#define warpSize 32
+#define __syncthreads() kiln_emu::syncthreads(__LINE__)
+#define __syncwarp(...) kiln_emu::syncwarp(__LINE__)
+
+template <typename T>
+inline T kiln_emu_shfl_xor(T v, int mask, int width, long site) {
+  int l = kiln_emu::lane();
+  int base = l - l % width;
+  int src = base + ((l % width) ^ mask);
+  if (src >= base + width) src = l;
+  return kiln_emu::shuffle(v, src, site);
+}
+template <typename T>
+inline T kiln_emu_shfl_down(T v, unsigned delta, int width, long site) {
+  int l = kiln_emu::lane();
+  int base = l - l % width;
+  int src = l + (int)delta;
+  if (src >= base + width) src = l;
+  return kiln_emu::shuffle(v, src, site);
+}
+template <typename T>
+inline T kiln_emu_shfl_up(T v, unsigned delta, int width, long site) {
+  int l = kiln_emu::lane();
+  int base = l - l % width;
+  int src = l - (int)delta;
+  if (src < base) src = l;
+  return kiln_emu::shuffle(v, src, site);
+}
+template <typename T>
+inline T kiln_emu_shfl(T v, int src_lane, int width, long site) {
+  int l = kiln_emu::lane();
+  int base = l - l % width;
+  return kiln_emu::shuffle(v, base + src_lane % width, site);
+}
+#define KILN_EMU_WIDTH(w, ...) w
+#define __shfl_xor_sync(mask, v, lane_mask, ...) \
+  kiln_emu_shfl_xor((v), (lane_mask), KILN_EMU_WIDTH(__VA_ARGS__ __VA_OPT__(, ) 32), __LINE__)
+#define __shfl_down_sync(mask, v, delta, ...) \
+  kiln_emu_shfl_down((v), (delta), KILN_EMU_WIDTH(__VA_ARGS__ __VA_OPT__(, ) 32), __LINE__)
+#define __shfl_up_sync(mask, v, delta, ...) \
+  kiln_emu_shfl_up((v), (delta), KILN_EMU_WIDTH(__VA_ARGS__ __VA_OPT__(, ) 32), __LINE__)
+#define __shfl_sync(mask, v, src, ...) \
+  kiln_emu_shfl((v), (src), KILN_EMU_WIDTH(__VA_ARGS__ __VA_OPT__(, ) 32), __LINE__)
+
+// Atomics: fibers of one launch never run at the same time, so plain
+// read-modify-write is atomic here.
+template <typename T>
+inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
+template <typename T>
+inline T atomicMax(T* p, T v) { T old = *p; *p = old > v ? old : v; return old; }
+template <typename T>
+inline T atomicMin(T* p, T v) { T old = *p; *p = old < v ? old : v; return old; }
+template <typename T>
+inline T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
+template <typename T>
+inline T atomicCAS(T* p, T cmp, T v) { T old = *p; if (old == cmp) *p = v; return old; }
+
+inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
+inline int __float_as_int(float v) { int i; memcpy(&i, &v, 4); return i; }
+inline float __uint_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }
+inline unsigned __float_as_uint(float v) { unsigned i; memcpy(&i, &v, 4); return i; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }

@@ -1,0 +1,108 @@
+// Definitions every Kiln CUDA kernel shares. Written for NVRTC without the
+// CUDA toolkit's headers (bf16 and f16 are raw bits, converted by hand), so
+// the same source also compiles on the CPU through the kernel emulator
+// (emulator/kiln_emu.h), which defines KILN_EMULATOR.
+#pragma once
+
+#ifndef KILN_EMULATOR
+// NVRTC: dynamic shared memory, 16-byte aligned.
+#define KILN_DYNAMIC_SHARED(type, name) \
+  extern __shared__ __align__(16) unsigned char kiln_dynamic_smem[]; \
+  type* name = reinterpret_cast<type*>(kiln_dynamic_smem)
+#endif
+
+typedef long long i64;
+typedef unsigned short bf16_bits;
+typedef unsigned short f16_bits;
+
+#define KILN_FULL_MASK 0xffffffffu
+#define KILN_NEG_INF __int_as_float((int)0xff800000u)
+
+__device__ __forceinline__ float bf16_to_f32(bf16_bits b) {
+  return __uint_as_float(((unsigned int)b) << 16);
+}
+
+// Round to nearest even; NaN stays NaN.
+__device__ __forceinline__ bf16_bits f32_to_bf16(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_bits)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (bf16_bits)(u >> 16);
+}
+
+__device__ __forceinline__ float f16_to_f32(f16_bits h) {
+  unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
+  unsigned int exponent = ((unsigned int)h >> 10) & 0x1fu;
+  unsigned int mantissa = (unsigned int)h & 0x3ffu;
+  if (exponent == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 0) {
+    // Subnormal (or zero): mantissa · 2^-24.
+    float value = (float)mantissa * 5.9604644775390625e-8f;
+    return sign ? -value : value;
+  }
+  return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+// Round to nearest even, with overflow to infinity and subnormals.
+__device__ __forceinline__ f16_bits f32_to_f16(float f) {
+  unsigned int u = __float_as_uint(f);
+  unsigned int sign = (u >> 16) & 0x8000u;
+  unsigned int a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (f16_bits)(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return (f16_bits)(sign | 0x7c00u);  // rounds to >= 65520
+  if (a < 0x38800000u) {
+    // Subnormal half: value / 2^-24, rounded to nearest even.
+    float scaled = __uint_as_float(a) * 16777216.0f;
+    unsigned int m = (unsigned int)scaled;
+    float rest = scaled - (float)m;
+    if (rest > 0.5f || (rest == 0.5f && (m & 1u))) m += 1;
+    return (f16_bits)(sign | m);
+  }
+  unsigned int rounded = a + 0x0fffu + ((a >> 13) & 1u);
+  return (f16_bits)(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(KILN_FULL_MASK, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(KILN_FULL_MASK, v, offset));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+// thread gets the result. `scratch` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : KILN_NEG_INF;
+  return warp_max(v);
+}
+
+// Rounds an f32 to the nearest bf16 / f16 value (results of ops typed bf16 or
+// f16 are computed in f32 and stored rounded, as the CPU backend does).
+__device__ __forceinline__ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+__device__ __forceinline__ float round_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
+
+// Float to integer as Rust's `as i64`: toward zero, saturating, NaN to 0.
+__device__ __forceinline__ i64 f32_to_i64(float v) {
+  if (v != v) return 0;
+  if (v >= 9.2233720368547758e18f) return 0x7fffffffffffffffLL;
+  if (v <= -9.2233720368547758e18f) return (i64)(-0x7fffffffffffffffLL - 1);
+  return (i64)v;
+}

@@ -1,0 +1,51 @@
+// Row normalizations: one block per row of `cols` values.
+#include "kiln_cuda.cuh"
+
+// y = x / sqrt(mean(x²) + eps) * (offset + w); offset is 1 for Gemma's (1 + w).
+extern "C" __global__ void kiln_rms_norm(const float* __restrict__ x, const float* __restrict__ w,
+                                         float* __restrict__ y, int cols, float eps, float offset) {
+  __shared__ float scratch[32];
+  const float* row = x + (i64)blockIdx.x * cols;
+  float* out = y + (i64)blockIdx.x * cols;
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) sum += row[i] * row[i];
+  sum = block_sum(sum, scratch);
+  float inv = 1.0f / sqrtf(sum / (float)cols + eps);
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = row[i] * inv * (offset + w[i]);
+}
+
+// y = (x - mean) / sqrt(var + eps) * gamma + beta.
+extern "C" __global__ void kiln_layer_norm(const float* __restrict__ x, const float* __restrict__ gamma,
+                                           const float* __restrict__ beta, float* __restrict__ y,
+                                           int cols, float eps) {
+  __shared__ float scratch[32];
+  const float* row = x + (i64)blockIdx.x * cols;
+  float* out = y + (i64)blockIdx.x * cols;
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) sum += row[i];
+  float mean = block_sum(sum, scratch) / (float)cols;
+  float sq = 0.0f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) sq += (row[i] - mean) * (row[i] - mean);
+  float inv = 1.0f / sqrtf(block_sum(sq, scratch) / (float)cols + eps);
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = (row[i] - mean) * inv * gamma[i] + beta[i];
+}
+
+// Softmax (or log-softmax when `log`) of each row.
+extern "C" __global__ void kiln_softmax(const float* __restrict__ x, float* __restrict__ y, int cols, int log) {
+  __shared__ float scratch[32];
+  const float* row = x + (i64)blockIdx.x * cols;
+  float* out = y + (i64)blockIdx.x * cols;
+  float m = KILN_NEG_INF;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, row[i]);
+  m = block_max(m, scratch);
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) sum += expf(row[i] - m);
+  sum = block_sum(sum, scratch);
+  if (log) {
+    float log_sum = logf(sum);
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = (row[i] - m) - log_sum;
+  } else {
+    float inv = 1.0f / sum;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = expf(row[i] - m) * inv;
+  }
+}

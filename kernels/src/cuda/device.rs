@@ -1,0 +1,180 @@
+//! The device interface every CUDA backend runs on: the real GPU through the
+//! CUDA driver ([`super::driver`]) or the CPU through the kernel emulator
+//! ([`super::emulator`]). Memory is addressed by raw device pointers; kernels
+//! are CUDA C sources compiled by the device (NVRTC, or the host C++ compiler
+//! for the emulator) and launched by name with cuLaunchKernel-style arguments.
+
+use std::fmt;
+
+/// A device address (a host address on the emulator).
+pub type DevicePtr = u64;
+
+/// A kernel of a loaded module, resolved once and launched many times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FunctionId(pub usize);
+
+/// A captured launch sequence (a CUDA graph).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GraphId(pub usize);
+
+/// Grid and block sizes and dynamic shared memory of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in x, y, z.
+    pub grid: (u32, u32, u32),
+    /// Threads per block in x, y, z.
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// `blocks` blocks of `threads` threads in x.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        Self {
+            grid: (blocks.max(1), 1, 1),
+            block: (threads, 1, 1),
+            shared_bytes: 0,
+        }
+    }
+
+    /// Enough blocks of 256 threads for `n` elements (grid-stride kernels
+    /// loop over the rest).
+    pub fn elementwise(n: usize) -> Self {
+        Self::linear(n.div_ceil(256).clamp(1, 65_535) as u32, 256)
+    }
+}
+
+/// One kernel argument, passed by value as cuLaunchKernel passes it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelArg {
+    /// A device pointer.
+    Ptr(DevicePtr),
+    /// `int`.
+    I32(i32),
+    /// `long long`.
+    I64(i64),
+    /// `float`.
+    F32(f32),
+    /// A plain struct passed by value (its bytes, 8-byte aligned).
+    Struct(Vec<u64>),
+}
+
+impl KernelArg {
+    /// The argument's bytes as `u64` words (8-byte aligned storage).
+    pub(crate) fn words(&self) -> Vec<u64> {
+        match self {
+            KernelArg::Ptr(p) => vec![*p],
+            KernelArg::I32(v) => vec![*v as u32 as u64],
+            KernelArg::I64(v) => vec![*v as u64],
+            KernelArg::F32(v) => vec![v.to_bits() as u64],
+            KernelArg::Struct(words) => words.clone(),
+        }
+    }
+}
+
+/// Element types of matrix products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmType {
+    /// 32-bit float.
+    F32,
+    /// bfloat16.
+    BF16,
+    /// IEEE half.
+    F16,
+}
+
+impl GemmType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            GemmType::F32 => 4,
+            GemmType::BF16 | GemmType::F16 => 2,
+        }
+    }
+}
+
+/// How a GEMM's weight matrix is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightLayout {
+    /// `W [n, k]`: `y = x · Wᵀ` (PyTorch's `Linear`).
+    OutIn,
+    /// `W [k, n]`: `y = x · W` (GPT-2's `Conv1D`).
+    InOut,
+}
+
+/// `y [m, n] (f32) = x [m, k] · W`, row-major, f32 accumulation, `W` stored
+/// as [`WeightLayout`] says; `x` and `W` share one element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemm {
+    /// Rows of x and y.
+    pub m: usize,
+    /// Rows of W, columns of y.
+    pub n: usize,
+    /// The shared inner dimension.
+    pub k: usize,
+    /// Element type of x and W.
+    pub ty: GemmType,
+    /// x.
+    pub x: DevicePtr,
+    /// W.
+    pub w: DevicePtr,
+    /// W's layout.
+    pub layout: WeightLayout,
+    /// y (f32).
+    pub y: DevicePtr,
+}
+
+/// A device failure, with what was being done.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DeviceError(pub String);
+
+impl DeviceError {
+    /// An error with context.
+    pub fn new(message: impl fmt::Display) -> Self {
+        Self(message.to_string())
+    }
+}
+
+/// Result of device operations.
+pub type DeviceResult<T> = Result<T, DeviceError>;
+
+/// Everything the CUDA backend asks of a device. Operations are ordered on
+/// one stream; `download` waits for the work before it.
+pub trait Device: Send + Sync {
+    /// What this device is, e.g. `NVIDIA H100 80GB HBM3 (sm_90)`.
+    fn name(&self) -> String;
+    /// Free and total memory in bytes.
+    fn memory(&self) -> DeviceResult<(usize, usize)>;
+    /// `bytes` of zeroed memory.
+    fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr>;
+    /// Frees memory from [`Device::alloc`].
+    fn free(&self, ptr: DevicePtr);
+    /// Host to device.
+    fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()>;
+    /// Device to host (synchronous).
+    fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()>;
+    /// Device to device.
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()>;
+    /// Compiles `source` (CUDA C, `#include "kiln_cuda.cuh"` already inlined)
+    /// and resolves `kernels` in it, in order.
+    fn load(&self, name: &str, source: &str, kernels: &[&str]) -> DeviceResult<Vec<FunctionId>>;
+    /// Launches a kernel.
+    fn launch(
+        &self,
+        function: FunctionId,
+        config: LaunchConfig,
+        args: &[KernelArg],
+    ) -> DeviceResult<()>;
+    /// A matrix product (cuBLAS, or a reference GEMM on the emulator).
+    fn gemm(&self, gemm: &Gemm) -> DeviceResult<()>;
+    /// Starts recording launches and copies instead of running them.
+    fn begin_capture(&self) -> DeviceResult<()>;
+    /// Stops recording; the recorded work becomes a graph.
+    fn end_capture(&self) -> DeviceResult<GraphId>;
+    /// Runs a captured graph with the arguments recorded at capture.
+    fn replay(&self, graph: GraphId) -> DeviceResult<()>;
+    /// Waits for all queued work.
+    fn synchronize(&self) -> DeviceResult<()>;
+}

@@ -1,0 +1,367 @@
+//! The real GPU: a [`Device`] on the CUDA driver, NVRTC and cuBLAS, all
+//! loaded at run time through cudarc (the binary needs none of them to build
+//! or to run on the CPU). One context, one non-default stream (CUDA graph
+//! capture needs one), cudarc's event tracking off (capture fails with
+//! `CUDA_ERROR_STREAM_CAPTURE_ISOLATION` otherwise).
+
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::{result as cublas, sys as cublas_sys};
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use sha2::{Digest, Sha256};
+
+use super::device::{
+    Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
+    LaunchConfig, WeightLayout,
+};
+use super::nvrtc;
+
+/// Which CUDA library is missing, if any, in the order they are needed.
+pub fn missing_library() -> Option<&'static str> {
+    // SAFETY: each probe only tries to open a library by its known names.
+    unsafe {
+        if !sys::is_culib_present() {
+            return Some("the CUDA driver (libcuda.so, driver 580+ for CUDA 13)");
+        }
+        if !cudarc::nvrtc::sys::is_culib_present() {
+            return Some("libnvrtc.so.13 (pip install nvidia-cuda-nvrtc==13.0.88)");
+        }
+        if !cublas_sys::is_culib_present() {
+            return Some("libcublas.so.13 (pip install nvidia-cublas)");
+        }
+    }
+    None
+}
+
+struct Inner {
+    functions: Vec<sys::CUfunction>,
+    graphs: Vec<sys::CUgraphExec>,
+}
+
+/// CUDA device `ordinal` through the driver.
+pub struct CudaDevice {
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    cublas: cublas_sys::cublasHandle_t,
+    /// `sm_90` etc., for NVRTC.
+    arch: &'static str,
+    name: String,
+    /// Compiled modules: `<hash of source, arch, NVRTC version>.cubin`.
+    cache_dir: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+// SAFETY: the raw handles (cuBLAS handle, functions, graphs) are only used
+// with the context bound on the calling thread and behind `inner`'s lock or
+// the stream's ordering; CUDA allows their use from any thread.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above.
+unsafe impl Sync for CudaDevice {}
+
+fn driver_error(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ {
+    move |e| DeviceError::new(format!("{what}: {e}"))
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal`, caching NVRTC's output under `cache_dir`;
+    /// errors name the missing library or the driver's failure.
+    pub fn open(ordinal: usize, cache_dir: PathBuf) -> DeviceResult<Self> {
+        if let Some(missing) = missing_library() {
+            return Err(DeviceError::new(format!("{missing} could not be loaded")));
+        }
+        let context = CudaContext::new(ordinal).map_err(driver_error("opening the device"))?;
+        // Must precede every allocation, or stream capture fails.
+        // SAFETY: no buffer has been allocated on this context yet.
+        unsafe { context.disable_event_tracking() };
+        let stream = context
+            .new_stream()
+            .map_err(driver_error("creating a stream"))?;
+        let (major, minor) = context
+            .compute_capability()
+            .map_err(driver_error("compute capability"))?;
+        let arch = match (major, minor) {
+            (8, 0) => "sm_80",
+            (8, 6) => "sm_86",
+            (8, 9) => "sm_89",
+            (9, _) => "sm_90",
+            (10, _) => "sm_100",
+            (12, _) => "sm_120",
+            _ => {
+                return Err(DeviceError::new(format!(
+                    "compute capability {major}.{minor} is not supported (sm_80 or newer)"
+                )))
+            }
+        };
+        let name = context.name().map_err(driver_error("device name"))?;
+        let handle = cublas::create_handle()
+            .map_err(|e| DeviceError::new(format!("cublasCreate: {e:?}")))?;
+        // SAFETY: the handle and the stream are live.
+        unsafe { cublas::set_stream(handle, stream.cu_stream() as _) }
+            .map_err(|e| DeviceError::new(format!("cublasSetStream: {e:?}")))?;
+        Ok(Self {
+            context,
+            stream,
+            cublas: handle,
+            arch,
+            name: format!("{name} ({arch})"),
+            cache_dir,
+            inner: Mutex::new(Inner {
+                functions: Vec::new(),
+                graphs: Vec::new(),
+            }),
+        })
+    }
+
+    fn bind(&self) -> DeviceResult<()> {
+        self.context
+            .bind_to_thread()
+            .map_err(driver_error("binding the context"))
+    }
+
+    /// The module's cubin from the disk cache, else compiled by NVRTC and
+    /// stored (a warm start compiles nothing).
+    fn cubin(&self, name: &str, source: &str) -> DeviceResult<Vec<u8>> {
+        let (major, minor) = nvrtc::version()?;
+        let mut hasher = Sha256::new();
+        hasher.update(source.as_bytes());
+        hasher.update(self.arch.as_bytes());
+        hasher.update(format!("nvrtc {major}.{minor}").as_bytes());
+        let key: String = hasher.finalize()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let path = self.cache_dir.join(format!("{key}.cubin"));
+        if let Ok(image) = std::fs::read(&path) {
+            return Ok(image);
+        }
+        let image = nvrtc::compile(name, source, self.arch, false)?.image;
+        // The cache is an optimization: a failure to store is not an error.
+        let partial = self
+            .cache_dir
+            .join(format!("{key}.{}.tmp", std::process::id()));
+        if std::fs::create_dir_all(&self.cache_dir).is_ok()
+            && std::fs::write(&partial, &image).is_ok()
+        {
+            let _ = std::fs::rename(&partial, &path);
+        }
+        Ok(image)
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Device for CudaDevice {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn memory(&self) -> DeviceResult<(usize, usize)> {
+        self.bind()?;
+        result::mem_get_info().map_err(driver_error("cuMemGetInfo"))
+    }
+
+    fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr> {
+        self.bind()?;
+        // SAFETY: a plain allocation, zeroed before use.
+        unsafe {
+            let ptr = result::malloc_sync(bytes.max(1))
+                .map_err(|e| DeviceError::new(format!("allocating {bytes} bytes: {e}")))?;
+            result::memset_d8_sync(ptr, 0, bytes.max(1)).map_err(driver_error("cuMemsetD8"))?;
+            Ok(ptr)
+        }
+    }
+
+    fn free(&self, ptr: DevicePtr) {
+        if self.bind().is_ok() {
+            // SAFETY: `ptr` came from `alloc` and is freed once.
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+    }
+
+    fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: the copy is synchronous with the host buffer, ordered after
+        // the stream's work.
+        unsafe {
+            result::stream::synchronize(self.stream.cu_stream()).map_err(driver_error("sync"))?;
+            result::memcpy_htod_sync(dst, bytes).map_err(driver_error("host to device copy"))
+        }
+    }
+
+    fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: the stream's work is finished before the copy.
+        unsafe {
+            result::stream::synchronize(self.stream.cu_stream()).map_err(driver_error("sync"))?;
+            result::memcpy_dtoh_sync(out, src).map_err(driver_error("device to host copy"))
+        }
+    }
+
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: both ranges belong to live allocations (the caller's plan).
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(driver_error("device to device copy"))
+    }
+
+    fn load(&self, name: &str, source: &str, kernels: &[&str]) -> DeviceResult<Vec<FunctionId>> {
+        self.bind()?;
+        let image = self.cubin(name, source)?;
+        // SAFETY: the image is a cubin NVRTC made for this device.
+        let module = unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }
+            .map_err(driver_error("loading a module"))?;
+        let mut inner = self.inner();
+        let mut ids = Vec::with_capacity(kernels.len());
+        for kernel in kernels {
+            let c_name =
+                std::ffi::CString::new(*kernel).map_err(|_| DeviceError::new("bad name"))?;
+            // SAFETY: the module is live (never unloaded).
+            let function = unsafe { result::module::get_function(module, c_name) }
+                .map_err(|e| DeviceError::new(format!("{name}: kernel `{kernel}`: {e}")))?;
+            ids.push(FunctionId(inner.functions.len()));
+            inner.functions.push(function);
+        }
+        Ok(ids)
+    }
+
+    fn launch(
+        &self,
+        function: FunctionId,
+        config: LaunchConfig,
+        args: &[KernelArg],
+    ) -> DeviceResult<()> {
+        self.bind()?;
+        let f = *self
+            .inner()
+            .functions
+            .get(function.0)
+            .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?;
+        let mut storage: Vec<Vec<u64>> = args.iter().map(KernelArg::words).collect();
+        let mut params: Vec<*mut c_void> = storage
+            .iter_mut()
+            .map(|w| w.as_mut_ptr().cast::<c_void>())
+            .collect();
+        // SAFETY: the arguments match the kernel's signature (the backend
+        // builds them from the same definitions); cuLaunchKernel copies them.
+        unsafe {
+            result::launch_kernel(
+                f,
+                config.grid,
+                config.block,
+                config.shared_bytes,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(driver_error("cuLaunchKernel"))
+    }
+
+    fn gemm(&self, g: &Gemm) -> DeviceResult<()> {
+        use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+        self.bind()?;
+        let ty = match g.ty {
+            GemmType::F32 => cudaDataType::CUDA_R_32F,
+            GemmType::BF16 => cudaDataType::CUDA_R_16BF,
+            GemmType::F16 => cudaDataType::CUDA_R_16F,
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
+        // Column-major: yᵀ [n, m] = op(W) · xᵀ [k, m]; W [n, k] row-major is
+        // column-major [k, n] (transa = T), W [k, n] is column-major [n, k].
+        let (transa, lda) = match g.layout {
+            WeightLayout::OutIn => (cublasOperation_t::CUBLAS_OP_T, k),
+            WeightLayout::InOut => (cublasOperation_t::CUBLAS_OP_N, n),
+        };
+        // SAFETY: the pointers address live allocations of the sizes the
+        // product reads and writes.
+        unsafe {
+            cublas::gemm_ex(
+                self.cublas,
+                transa,
+                cublasOperation_t::CUBLAS_OP_N,
+                n,
+                m,
+                k,
+                (&alpha as *const f32).cast(),
+                g.w as *const c_void,
+                ty,
+                lda,
+                g.x as *const c_void,
+                ty,
+                k,
+                (&beta as *const f32).cast(),
+                g.y as *mut c_void,
+                cudaDataType::CUDA_R_32F,
+                n,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| DeviceError::new(format!("cublasGemmEx {m}x{n}x{k}: {e:?}")))
+    }
+
+    fn begin_capture(&self) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: the stream is live and not the legacy default stream.
+        unsafe {
+            result::stream::begin_capture(
+                self.stream.cu_stream(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(driver_error("cuStreamBeginCapture"))
+    }
+
+    fn end_capture(&self) -> DeviceResult<GraphId> {
+        self.bind()?;
+        // SAFETY: a capture is in progress on this stream.
+        let exec = unsafe {
+            let graph = result::stream::end_capture(self.stream.cu_stream())
+                .map_err(driver_error("cuStreamEndCapture"))?;
+            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0))
+                .map_err(driver_error("cuGraphInstantiate"))?;
+            let _ = result::graph::destroy(graph);
+            exec
+        };
+        let mut inner = self.inner();
+        inner.graphs.push(exec);
+        Ok(GraphId(inner.graphs.len() - 1))
+    }
+
+    fn replay(&self, graph: GraphId) -> DeviceResult<()> {
+        self.bind()?;
+        let exec = *self
+            .inner()
+            .graphs
+            .get(graph.0)
+            .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
+        // SAFETY: the graph was instantiated on this context.
+        unsafe { result::graph::launch(exec, self.stream.cu_stream()) }
+            .map_err(driver_error("cuGraphLaunch"))
+    }
+
+    fn synchronize(&self) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: the stream is live.
+        unsafe { result::stream::synchronize(self.stream.cu_stream()) }
+            .map_err(driver_error("cuStreamSynchronize"))
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+            for &exec in &inner.graphs {
+                // SAFETY: each graph was instantiated here and is destroyed once.
+                let _ = unsafe { result::graph::exec_destroy(exec) };
+            }
+            // SAFETY: the handle was created in `open`.
+            let _ = unsafe { cublas::destroy_handle(self.cublas) };
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! The kernel emulator: a [`Device`] on the CPU, for testing the CUDA
+//! backend without a GPU (like Triton's interpreter mode or Numba's CUDA
+//! simulator).
+//!
+//! - Memory is host memory; a device pointer is a host address. Copies are
+//!   checked against the live allocations, so an out-of-bounds copy is an
+//!   error instead of a corruption.
+//! - A module is the same CUDA C source NVRTC compiles, compiled by the host
+//!   C++ compiler (`$CXX`, else `c++`) with `kiln_emu.h` in front of it into a
+//!   shared library, cached on disk by the hash of its text. Blocks run one
+//!   after another; the threads of a block are fibers, so shared memory,
+//!   `__syncthreads` and warp shuffles behave as on a GPU (see `kiln_emu.h`).
+//! - GEMMs run on the CPU's f32 matrix product, after converting bf16/f16
+//!   operands, standing in for cuBLAS.
+//! - Capture records launches, copies and GEMMs with their arguments by
+//!   value, as a CUDA graph does: a replay reuses the captured arguments, so a
+//!   value that should have been read from device memory but was baked into a
+//!   launch shows up as a wrong result, as it would on a GPU.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+use half::{bf16, f16};
+use sha2::{Digest, Sha256};
+
+use super::device::{
+    Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
+    LaunchConfig, WeightLayout,
+};
+use super::sources::{inline_common_header, EMULATOR_HEADER};
+
+/// Alignment of every allocation (as cudaMalloc's).
+const ALIGN: usize = 256;
+
+/// `kiln_emu_launch` in `kiln_emu.h`.
+#[repr(C)]
+struct LaunchDims {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_bytes: u32,
+}
+
+type LaunchFn = unsafe extern "C" fn(*const LaunchDims, *mut *mut c_void) -> c_int;
+type LastErrorFn = unsafe extern "C" fn() -> *const c_char;
+
+struct Function {
+    name: String,
+    launch: LaunchFn,
+    last_error: LastErrorFn,
+}
+
+/// Work recorded during capture.
+#[derive(Clone)]
+enum Recorded {
+    Launch(FunctionId, LaunchConfig, Vec<KernelArg>),
+    Copy(DevicePtr, DevicePtr, usize),
+    Upload(DevicePtr, Vec<u8>),
+    Gemm(Gemm),
+}
+
+#[derive(Default)]
+struct State {
+    /// Live allocations: start address → size.
+    allocations: BTreeMap<u64, usize>,
+    allocated: usize,
+    libraries: Vec<libloading::Library>,
+    functions: Vec<Function>,
+    capture: Option<Vec<Recorded>>,
+    graphs: Vec<Vec<Recorded>>,
+}
+
+/// The CPU device running CUDA C kernels through the host C++ compiler.
+pub struct Emulator {
+    state: Mutex<State>,
+    capacity: usize,
+    cache_dir: PathBuf,
+}
+
+impl Emulator {
+    /// An emulated device with `capacity` bytes of memory, caching compiled
+    /// modules under `cache_dir`.
+    pub fn new(capacity: usize, cache_dir: PathBuf) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            capacity,
+            cache_dir,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn run(&self, work: &Recorded) -> DeviceResult<()> {
+        match work {
+            Recorded::Launch(f, config, args) => self.run_launch(*f, *config, args),
+            Recorded::Copy(dst, src, bytes) => {
+                let state = self.state();
+                check_range(&state, *src, *bytes, "copy source")?;
+                check_range(&state, *dst, *bytes, "copy destination")?;
+                // SAFETY: both ranges lie inside live allocations.
+                unsafe { std::ptr::copy(*src as *const u8, *dst as *mut u8, *bytes) };
+                Ok(())
+            }
+            Recorded::Upload(dst, bytes) => {
+                check_range(&self.state(), *dst, bytes.len(), "upload")?;
+                // SAFETY: the destination lies inside a live allocation.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), *dst as *mut u8, bytes.len())
+                };
+                Ok(())
+            }
+            Recorded::Gemm(gemm) => self.run_gemm(gemm),
+        }
+    }
+
+    fn run_launch(
+        &self,
+        function: FunctionId,
+        config: LaunchConfig,
+        args: &[KernelArg],
+    ) -> DeviceResult<()> {
+        let (launch, last_error, name) = {
+            let state = self.state();
+            let f = state
+                .functions
+                .get(function.0)
+                .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?;
+            (f.launch, f.last_error, f.name.clone())
+        };
+        let mut storage: Vec<Vec<u64>> = args.iter().map(KernelArg::words).collect();
+        let mut pointers: Vec<*mut c_void> = storage
+            .iter_mut()
+            .map(|w| w.as_mut_ptr().cast::<c_void>())
+            .collect();
+        let dims = LaunchDims {
+            grid: [config.grid.0, config.grid.1, config.grid.2],
+            block: [config.block.0, config.block.1, config.block.2],
+            shared_bytes: config.shared_bytes,
+        };
+        // SAFETY: the entry point unpacks `pointers` by the kernel's own
+        // signature, as cuLaunchKernel does; the caller passes arguments of
+        // the kernel's types, and device pointers address live allocations.
+        let rc = unsafe { launch(&dims, pointers.as_mut_ptr()) };
+        if rc != 0 {
+            // SAFETY: the library returns a NUL-terminated thread-local buffer.
+            let message = unsafe { CStr::from_ptr(last_error()) }
+                .to_string_lossy()
+                .into_owned();
+            return Err(DeviceError::new(format!("kernel `{name}`: {message}")));
+        }
+        Ok(())
+    }
+
+    fn run_gemm(&self, g: &Gemm) -> DeviceResult<()> {
+        {
+            let state = self.state();
+            check_range(&state, g.x, g.m * g.k * g.ty.size(), "gemm x")?;
+            check_range(&state, g.w, g.n * g.k * g.ty.size(), "gemm w")?;
+            check_range(&state, g.y, g.m * g.n * 4, "gemm y")?;
+        }
+        let read = |ptr: DevicePtr, len: usize| -> Vec<f32> {
+            // SAFETY: the ranges were checked above against live allocations.
+            unsafe {
+                match g.ty {
+                    GemmType::F32 => std::slice::from_raw_parts(ptr as *const f32, len).to_vec(),
+                    GemmType::BF16 => std::slice::from_raw_parts(ptr as *const u16, len)
+                        .iter()
+                        .map(|&b| bf16::from_bits(b).to_f32())
+                        .collect(),
+                    GemmType::F16 => std::slice::from_raw_parts(ptr as *const u16, len)
+                        .iter()
+                        .map(|&b| f16::from_bits(b).to_f32())
+                        .collect(),
+                }
+            }
+        };
+        let x = read(g.x, g.m * g.k);
+        let stored = read(g.w, g.n * g.k);
+        let w = match g.layout {
+            WeightLayout::OutIn => stored,
+            WeightLayout::InOut => {
+                let mut w = vec![0f32; g.n * g.k];
+                for (i, row) in stored.chunks_exact(g.n).enumerate() {
+                    for (j, &v) in row.iter().enumerate() {
+                        w[j * g.k + i] = v;
+                    }
+                }
+                w
+            }
+        };
+        // SAFETY: checked above; y does not alias x or w in a product.
+        let y = unsafe { std::slice::from_raw_parts_mut(g.y as *mut f32, g.m * g.n) };
+        crate::dense::matmul::linear(&x, &w, y, g.m, g.k, g.n);
+        Ok(())
+    }
+
+    /// Compiles `source` into a shared library (or finds it in the cache).
+    fn compile(&self, name: &str, source: &str, kernels: &[&str]) -> DeviceResult<PathBuf> {
+        let mut text = String::with_capacity(EMULATOR_HEADER.len() + source.len() + 256);
+        text.push_str(EMULATOR_HEADER);
+        text.push_str("\n#line 1 \"");
+        text.push_str(name);
+        text.push_str("\"\n");
+        text.push_str(&inline_common_header(source));
+        text.push('\n');
+        for kernel in kernels {
+            text.push_str(&format!("KILN_EMU_EXPORT({kernel})\n"));
+        }
+        let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
+        let flags = ["-std=c++20", "-O2", "-shared", "-fPIC", "-w", "-x", "c++"];
+        let mut hasher = Sha256::new();
+        hasher.update(compiler.as_bytes());
+        hasher.update(flags.join(" ").as_bytes());
+        hasher.update(text.as_bytes());
+        let key: String = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let path = self.cache_dir.join(format!("{}.so", &key[..32]));
+        if path.exists() {
+            return Ok(path);
+        }
+        std::fs::create_dir_all(&self.cache_dir).map_err(|e| {
+            DeviceError::new(format!("cannot create {}: {e}", self.cache_dir.display()))
+        })?;
+        let partial = self
+            .cache_dir
+            .join(format!("{}.{}.tmp", &key[..32], std::process::id()));
+        compile_with(&compiler, &flags, &text, &partial)
+            .map_err(|e| DeviceError::new(format!("emulator: compiling {name}: {e}")))?;
+        std::fs::rename(&partial, &path)
+            .map_err(|e| DeviceError::new(format!("cannot write {}: {e}", path.display())))?;
+        Ok(path)
+    }
+}
+
+fn compile_with(compiler: &str, flags: &[&str], text: &str, out: &Path) -> Result<(), String> {
+    let mut child = Command::new(compiler)
+        .args(flags)
+        .arg("-")
+        .arg("-o")
+        .arg(out)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run the C++ compiler `{compiler}` (set CXX): {e}"))?;
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(text.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let output = child.wait_with_output().map_err(|e| e.to_string())?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let log = String::from_utf8_lossy(&output.stderr);
+    let first: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("error"))
+        .take(5)
+        .collect();
+    Err(format!("{compiler} failed:\n{}", first.join("\n")))
+}
+
+fn check_range(state: &State, ptr: DevicePtr, bytes: usize, what: &str) -> DeviceResult<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let inside = state
+        .allocations
+        .range(..=ptr)
+        .next_back()
+        .is_some_and(|(&start, &size)| ptr + bytes as u64 <= start + size as u64);
+    if inside {
+        Ok(())
+    } else {
+        Err(DeviceError::new(format!(
+            "{what}: {bytes} bytes at {ptr:#x} are outside every allocation"
+        )))
+    }
+}
+
+impl Device for Emulator {
+    fn name(&self) -> String {
+        "kernel emulator (CPU)".to_owned()
+    }
+
+    fn memory(&self) -> DeviceResult<(usize, usize)> {
+        Ok((
+            self.capacity.saturating_sub(self.state().allocated),
+            self.capacity,
+        ))
+    }
+
+    fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr> {
+        let mut state = self.state();
+        if state.allocated + bytes > self.capacity {
+            return Err(DeviceError::new(format!(
+                "out of memory: {bytes} bytes asked, {} of {} free",
+                self.capacity - state.allocated,
+                self.capacity
+            )));
+        }
+        let layout = std::alloc::Layout::from_size_align(bytes.max(1), ALIGN)
+            .map_err(|e| DeviceError::new(e.to_string()))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(DeviceError::new(format!(
+                "out of host memory for {bytes} bytes"
+            )));
+        }
+        state.allocations.insert(ptr as u64, bytes.max(1));
+        state.allocated += bytes;
+        Ok(ptr as u64)
+    }
+
+    fn free(&self, ptr: DevicePtr) {
+        let mut state = self.state();
+        if let Some(size) = state.allocations.remove(&ptr) {
+            state.allocated -= size.min(state.allocated);
+            let layout = std::alloc::Layout::from_size_align(size, ALIGN).expect("valid layout");
+            // SAFETY: `ptr` came from `alloc` with this layout and is freed once.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
+        }
+    }
+
+    fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()> {
+        let work = Recorded::Upload(dst, bytes.to_vec());
+        if let Some(capture) = self.state().capture.as_mut() {
+            capture.push(work);
+            return Ok(());
+        }
+        self.run(&work)
+    }
+
+    fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
+        let state = self.state();
+        if state.capture.is_some() {
+            return Err(DeviceError::new("a download cannot be captured"));
+        }
+        check_range(&state, src, out.len(), "download")?;
+        // SAFETY: the source lies inside a live allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()> {
+        let work = Recorded::Copy(dst, src, bytes);
+        if let Some(capture) = self.state().capture.as_mut() {
+            capture.push(work);
+            return Ok(());
+        }
+        self.run(&work)
+    }
+
+    fn load(&self, name: &str, source: &str, kernels: &[&str]) -> DeviceResult<Vec<FunctionId>> {
+        let path = self.compile(name, source, kernels)?;
+        // SAFETY: the library was just compiled from our kernel source; its
+        // initializers only set up thread-local emulator state.
+        let library = unsafe { libloading::Library::new(&path) }
+            .map_err(|e| DeviceError::new(format!("emulator: loading {name}: {e}")))?;
+        let mut state = self.state();
+        let last_error: LastErrorFn = unsafe {
+            // SAFETY: the symbol is defined by kiln_emu.h with this signature.
+            *library
+                .get::<LastErrorFn>(b"kiln_emu_last_error\0")
+                .map_err(|e| DeviceError::new(format!("{name}: {e}")))?
+        };
+        let mut ids = Vec::with_capacity(kernels.len());
+        for kernel in kernels {
+            let symbol = format!("kiln_emu_launch_{kernel}\0");
+            // SAFETY: KILN_EMU_EXPORT defines the symbol with this signature.
+            let launch: LaunchFn = unsafe {
+                *library
+                    .get::<LaunchFn>(symbol.as_bytes())
+                    .map_err(|e| DeviceError::new(format!("{name}: kernel `{kernel}`: {e}")))?
+            };
+            ids.push(FunctionId(state.functions.len()));
+            state.functions.push(Function {
+                name: (*kernel).to_owned(),
+                launch,
+                last_error,
+            });
+        }
+        state.libraries.push(library);
+        Ok(ids)
+    }
+
+    fn launch(
+        &self,
+        function: FunctionId,
+        config: LaunchConfig,
+        args: &[KernelArg],
+    ) -> DeviceResult<()> {
+        let work = Recorded::Launch(function, config, args.to_vec());
+        if let Some(capture) = self.state().capture.as_mut() {
+            capture.push(work);
+            return Ok(());
+        }
+        self.run(&work)
+    }
+
+    fn gemm(&self, gemm: &Gemm) -> DeviceResult<()> {
+        let work = Recorded::Gemm(*gemm);
+        if let Some(capture) = self.state().capture.as_mut() {
+            capture.push(work);
+            return Ok(());
+        }
+        self.run(&work)
+    }
+
+    fn begin_capture(&self) -> DeviceResult<()> {
+        let mut state = self.state();
+        if state.capture.is_some() {
+            return Err(DeviceError::new("a capture is already in progress"));
+        }
+        state.capture = Some(Vec::new());
+        Ok(())
+    }
+
+    fn end_capture(&self) -> DeviceResult<GraphId> {
+        let mut state = self.state();
+        let work = state
+            .capture
+            .take()
+            .ok_or_else(|| DeviceError::new("no capture in progress"))?;
+        state.graphs.push(work);
+        Ok(GraphId(state.graphs.len() - 1))
+    }
+
+    fn replay(&self, graph: GraphId) -> DeviceResult<()> {
+        let work = self
+            .state()
+            .graphs
+            .get(graph.0)
+            .cloned()
+            .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
+        work.iter().try_for_each(|w| self.run(w))
+    }
+
+    fn synchronize(&self) -> DeviceResult<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        for (&ptr, &size) in &state.allocations {
+            let layout = std::alloc::Layout::from_size_align(size, ALIGN).expect("valid layout");
+            // SAFETY: every entry is a live allocation made with this layout.
+            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
+        }
+        state.allocations.clear();
+        // Kernel libraries hold thread-local emulator state: never unload them.
+        for library in state.libraries.drain(..) {
+            std::mem::forget(library);
+        }
+    }
+}

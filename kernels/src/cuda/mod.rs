@@ -1,0 +1,16 @@
+//! The CUDA side of the shared kernels: CUDA C sources (hand-written under
+//! `kernels/cuda/`, embedded), the [`Device`] interface the CUDA backend runs
+//! on, and its two implementations: the real GPU through the driver, NVRTC
+//! and cuBLAS ([`driver`]), and the kernel [`emulator`] that runs the same
+//! sources on the CPU.
+
+pub mod device;
+pub mod driver;
+pub mod emulator;
+pub mod nvrtc;
+pub mod sources;
+
+pub use device::{
+    Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
+    LaunchConfig, WeightLayout,
+};

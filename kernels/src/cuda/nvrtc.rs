@@ -1,0 +1,167 @@
+//! CUDA C to GPU code with NVRTC (loaded at run time through cudarc).
+//!
+//! NVRTC needs `libnvrtc.so.13` and `libnvrtc-builtins.so.13.0`. On a GPU
+//! machine they come with the CUDA toolkit or the `nvidia-cuda-nvrtc` wheel;
+//! [`preload`] opens them from a folder by absolute path, so a process finds
+//! them without `LD_LIBRARY_PATH` (the dynamic loader matches the already
+//! loaded libraries by their soname when cudarc opens `libnvrtc.so.13`).
+
+use std::ffi::{c_char, CStr, CString};
+use std::path::Path;
+
+use cudarc::nvrtc::{result, sys};
+
+use super::device::DeviceError;
+use super::sources::inline_common_header;
+
+/// Output of one compilation.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// PTX text (for `compute_XX`) or a cubin (for `sm_XX`).
+    pub image: Vec<u8>,
+    /// NVRTC's log (warnings; ptxas statistics with `verbose_ptxas`).
+    pub log: String,
+}
+
+/// Opens NVRTC and its builtins from `dir` (a `.../nvidia/cu13/lib` folder)
+/// so later lookups by name find them. The handles stay open for the life of
+/// the process.
+pub fn preload(dir: &Path) -> Result<(), DeviceError> {
+    for name in ["libnvrtc-builtins.so.13.0", "libnvrtc.so.13"] {
+        let path = dir.join(name);
+        // SAFETY: loading NVIDIA's NVRTC libraries runs only their own
+        // initializers.
+        let library = unsafe { libloading::Library::new(&path) }
+            .map_err(|e| DeviceError::new(format!("cannot load {}: {e}", path.display())))?;
+        std::mem::forget(library);
+    }
+    Ok(())
+}
+
+/// Whether NVRTC can be loaded.
+pub fn available() -> bool {
+    // SAFETY: this only tries to open the library by its known names.
+    unsafe { sys::is_culib_present() }
+}
+
+/// NVRTC's version, e.g. `(13, 0)`.
+pub fn version() -> Result<(i32, i32), DeviceError> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC writes two ints.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| DeviceError::new(format!("nvrtcVersion: {e:?}")))?;
+    Ok((major, minor))
+}
+
+/// Compiles `source` for `arch` (`compute_80` gives PTX, `sm_90` a cubin).
+/// With `verbose_ptxas`, the log carries ptxas's registers and spills per
+/// kernel (cubin targets only).
+pub fn compile(
+    name: &str,
+    source: &str,
+    arch: &str,
+    verbose_ptxas: bool,
+) -> Result<Compiled, DeviceError> {
+    let text = CString::new(inline_common_header(source))
+        .map_err(|_| DeviceError::new(format!("{name}: source contains a NUL byte")))?;
+    let c_name = CString::new(name).map_err(|_| DeviceError::new("bad source name"))?;
+    let program = result::create_program(&text, Some(&c_name))
+        .map_err(|e| DeviceError::new(format!("{name}: nvrtcCreateProgram: {e:?}")))?;
+    let mut options = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_owned(),
+        "--fmad=false".to_owned(),
+    ];
+    if verbose_ptxas {
+        options.push("--ptxas-options=-v".to_owned());
+    }
+    // SAFETY: `program` is live until destroyed below; NVRTC owns nothing of ours.
+    let outcome = unsafe {
+        let compiled = result::compile_program(program, &options);
+        let log = result::get_program_log(program)
+            .map(|raw| c_text(&raw))
+            .unwrap_or_default();
+        let image = match compiled {
+            Err(e) => Err(DeviceError::new(format!(
+                "{name} for {arch}: NVRTC failed ({e:?}):\n{log}"
+            ))),
+            Ok(()) if arch.starts_with("sm_") => cubin(program)
+                .map_err(|e| DeviceError::new(format!("{name} for {arch}: nvrtcGetCUBIN: {e:?}"))),
+            Ok(()) => result::get_ptx(program)
+                .map(|raw| c_text(&raw).into_bytes())
+                .map_err(|e| DeviceError::new(format!("{name} for {arch}: nvrtcGetPTX: {e:?}"))),
+        };
+        let _ = result::destroy_program(program);
+        image.map(|image| Compiled { image, log })
+    };
+    outcome
+}
+
+/// # Safety
+/// `program` must be a live, successfully compiled program.
+unsafe fn cubin(program: sys::nvrtcProgram) -> Result<Vec<u8>, sys::nvrtcResult> {
+    let mut size = 0usize;
+    let status = sys::nvrtcGetCUBINSize(program, &mut size);
+    if status != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(status);
+    }
+    let mut image = vec![0u8; size];
+    let status = sys::nvrtcGetCUBIN(program, image.as_mut_ptr().cast::<c_char>());
+    if status != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(status);
+    }
+    Ok(image)
+}
+
+fn c_text(raw: &[c_char]) -> String {
+    let bytes: Vec<u8> = raw.iter().map(|&c| c as u8).collect();
+    CStr::from_bytes_until_nul(&bytes)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Per-kernel ptxas statistics parsed from a verbose log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelStats {
+    /// The kernel.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of spill stores.
+    pub spill_stores: u32,
+    /// Bytes of spill loads.
+    pub spill_loads: u32,
+}
+
+/// Reads `ptxas info` lines: a `Compiling entry function 'K'` line names the
+/// kernel, the following lines give its spills and registers.
+pub fn parse_ptxas_log(log: &str) -> Vec<KernelStats> {
+    let mut stats: Vec<KernelStats> = Vec::new();
+    let number_before = |line: &str, word: &str| -> Option<u32> {
+        let at = line.find(word)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or_default().to_owned();
+            stats.push(KernelStats {
+                name,
+                registers: 0,
+                spill_stores: 0,
+                spill_loads: 0,
+            });
+        } else if let Some(current) = stats.last_mut() {
+            if let Some(n) = number_before(line, "bytes spill stores") {
+                current.spill_stores = n;
+            }
+            if let Some(n) = number_before(line, "bytes spill loads") {
+                current.spill_loads = n;
+            }
+            if let Some(n) = number_before(line, "registers") {
+                current.registers = n;
+            }
+        }
+    }
+    stats
+}

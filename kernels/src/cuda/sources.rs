@@ -1,0 +1,78 @@
+//! The hand-written CUDA C sources, embedded in the binary. Each is a real
+//! `.cu` file under `kernels/cuda/` that includes `kiln_cuda.cuh`; the include
+//! is inlined before compiling, so no CUDA toolkit headers are needed at run
+//! time.
+
+/// The shared header.
+pub const COMMON_HEADER: &str = include_str!("../../cuda/kiln_cuda.cuh");
+/// The emulator's CUDA-to-C++ header.
+pub const EMULATOR_HEADER: &str = include_str!("../../cuda/emulator/kiln_emu.h");
+
+/// A kernel source file.
+#[derive(Clone, Copy, Debug)]
+pub struct Source {
+    /// File name under `kernels/cuda/`.
+    pub name: &'static str,
+    /// Its text.
+    pub text: &'static str,
+}
+
+/// Normalizations and softmax.
+pub const NORM: Source = Source {
+    name: "norm.cu",
+    text: include_str!("../../cuda/norm.cu"),
+};
+/// Rotary embeddings.
+pub const ROPE: Source = Source {
+    name: "rope.cu",
+    text: include_str!("../../cuda/rope.cu"),
+};
+/// Paged attention and the KV-cache write.
+pub const ATTENTION: Source = Source {
+    name: "attention.cu",
+    text: include_str!("../../cuda/attention.cu"),
+};
+/// Embedding, gathers, strided copies and conversions.
+pub const DATA: Source = Source {
+    name: "data.cu",
+    text: include_str!("../../cuda/data.cu"),
+};
+
+/// Every hand-written source.
+pub const ALL: [Source; 4] = [NORM, ROPE, ATTENTION, DATA];
+
+/// `text` with `#include "kiln_cuda.cuh"` replaced by the header itself.
+pub fn inline_common_header(text: &str) -> String {
+    text.replace("#include \"kiln_cuda.cuh\"", COMMON_HEADER)
+        .replace("#pragma once", "")
+}
+
+/// The `extern "C" __global__` kernels defined in `text`, in order.
+pub fn kernel_names(text: &str) -> Vec<String> {
+    const MARK: &str = "extern \"C\" __global__ void ";
+    text.match_indices(MARK)
+        .filter_map(|(at, _)| {
+            let rest = &text[at + MARK.len()..];
+            let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
+            (end > 0).then(|| rest[..end].to_owned())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_are_found_in_every_source() {
+        for source in ALL {
+            let names = kernel_names(source.text);
+            assert!(!names.is_empty(), "{} defines no kernel", source.name);
+            assert!(names.iter().all(|n| n.starts_with("kiln_")), "{names:?}");
+        }
+        assert_eq!(
+            kernel_names(NORM.text),
+            ["kiln_rms_norm", "kiln_layer_norm", "kiln_softmax"]
+        );
+    }
+}
