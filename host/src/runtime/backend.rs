@@ -12,6 +12,10 @@ pub trait Backend: Send + Sync {
     /// The program being run.
     fn program(&self) -> &Program;
 
+    /// The backend itself, to reach what only one backend has (e.g. the
+    /// CUDA backend's generated kernels).
+    fn as_any(&self) -> &dyn std::any::Any;
+
     /// Where it runs, e.g. `cpu` or `cuda:0 (NVIDIA H100 80GB HBM3 (sm_90))`.
     fn device_name(&self) -> String;
 

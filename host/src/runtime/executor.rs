@@ -370,6 +370,10 @@ impl Backend for Executor {
         "cpu".to_owned()
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn new_kv_cache(
         &self,
         num_layers: usize,

@@ -387,6 +387,10 @@ impl Backend for CudaExecutor {
         self.label.clone()
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn new_kv_cache(
         &self,
         num_layers: usize,

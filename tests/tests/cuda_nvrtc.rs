@@ -1,0 +1,121 @@
+//! Every CUDA kernel compiles for the GPUs Kiln targets (sm_80 and sm_90)
+//! with NVRTC, on a machine without a GPU: the hand-written sources under
+//! `kernels/cuda/` and the kernels the compiler generates for every tiny
+//! family. ptxas's statistics (through NVRTC's `--ptxas-options=-v`) show
+//! that no hand-written kernel spills to local memory.
+//!
+//! NVRTC comes from the `nvidia-cuda-nvrtc` wheel that `.ci/setup` unpacks
+//! into `target/cuda` (or from `KILN_NVRTC_DIR`).
+
+use std::path::PathBuf;
+use std::sync::Once;
+
+use kiln_host::runtime::cuda::CudaExecutor;
+use kiln_kernels::cuda::{nvrtc, sources};
+use kiln_tests::models::{write_model_dir, DeviceChoice, WeightDtype};
+
+const ARCHES: [&str; 2] = ["sm_80", "sm_90"];
+
+/// Loads NVRTC from the unpacked wheel; fails with what to run when absent.
+fn load_nvrtc() {
+    static LOAD: Once = Once::new();
+    LOAD.call_once(|| {
+        let dir = std::env::var_os("KILN_NVRTC_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                kiln_tests::workspace_root().join("target/cuda/nvidia/cu13/lib")
+            });
+        assert!(
+            dir.join("libnvrtc.so.13").is_file(),
+            "NVRTC is not installed at {}: run .ci/setup (it unpacks nvidia-cuda-nvrtc there) or set KILN_NVRTC_DIR",
+            dir.display()
+        );
+        nvrtc::preload(&dir).unwrap();
+        assert!(nvrtc::available());
+        let (major, minor) = nvrtc::version().unwrap();
+        println!("NVRTC {major}.{minor} from {}", dir.display());
+    });
+}
+
+#[test]
+fn hand_written_kernels_compile_for_sm80_and_sm90_without_spills() {
+    load_nvrtc();
+    let mut report = String::new();
+    let mut spills = Vec::new();
+    for source in sources::ALL {
+        let names = sources::kernel_names(source.text);
+        for arch in ARCHES {
+            let compiled = nvrtc::compile(source.name, source.text, arch, true)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(!compiled.image.is_empty());
+            let stats = nvrtc::parse_ptxas_log(&compiled.log);
+            for name in &names {
+                let s = stats
+                    .iter()
+                    .find(|s| &s.name == name)
+                    .unwrap_or_else(|| panic!("no ptxas statistics for {name} ({arch}):\n{}", compiled.log));
+                report.push_str(&format!(
+                    "{arch} {:<28} {:>3} registers, spills {} B stored / {} B loaded\n",
+                    s.name, s.registers, s.spill_stores, s.spill_loads
+                ));
+                if s.spill_stores + s.spill_loads > 0 {
+                    spills.push(format!("{} on {arch}", s.name));
+                }
+            }
+        }
+    }
+    println!("{report}");
+    assert!(spills.is_empty(), "kernels spill to local memory: {spills:?}");
+}
+
+#[test]
+fn a_kernel_with_an_error_is_reported_with_nvrtc_log() {
+    load_nvrtc();
+    let source = "#include \"kiln_cuda.cuh\"\nextern \"C\" __global__ void broken(float* x) { x[0] = undefined_name; }\n";
+    let err = nvrtc::compile("broken.cu", source, "sm_90", false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("broken.cu for sm_90"), "{err}");
+    assert!(err.contains("undefined_name"), "{err}");
+}
+
+#[test]
+fn generated_kernels_of_every_tiny_family_compile_for_sm80_and_sm90() {
+    load_nvrtc();
+    let families = [
+        "tiny_llama.json",
+        "tiny_llama_tied.json",
+        "tiny_mistral.json",
+        "tiny_qwen2.json",
+        "tiny_qwen3.json",
+        "tiny_gemma3.json",
+        "tiny_phi3.json",
+        "tiny_gpt2.json",
+    ];
+    let mut compiled = 0;
+    for family in families {
+        let (config, weights) = kiln_tests::models::tiny_model(family);
+        let dir = tempfile::tempdir().unwrap();
+        write_model_dir(&config, &weights, dir.path(), false);
+        let model = kiln_tests::models::load_model_on(
+            dir.path(),
+            DeviceChoice::CudaEmulated,
+            WeightDtype::Auto,
+        );
+        let backend = model.backend.as_ref();
+        let cuda = backend
+            .as_any()
+            .downcast_ref::<CudaExecutor>()
+            .expect("a CUDA backend");
+        let generated = cuda.generated_kernels();
+        assert!(!generated.is_empty(), "{family}: no generated kernel");
+        for (name, text) in generated {
+            for arch in ARCHES {
+                nvrtc::compile(name, text, arch, false)
+                    .unwrap_or_else(|e| panic!("{family}: {e}\n{text}"));
+                compiled += 1;
+            }
+        }
+    }
+    println!("{compiled} generated kernel compilations");
+}
