@@ -50,10 +50,9 @@ fn hand_written_kernels_compile_for_sm80_and_sm90_without_spills() {
             assert!(!compiled.image.is_empty());
             let stats = nvrtc::parse_ptxas_log(&compiled.log);
             for name in &names {
-                let s = stats
-                    .iter()
-                    .find(|s| &s.name == name)
-                    .unwrap_or_else(|| panic!("no ptxas statistics for {name} ({arch}):\n{}", compiled.log));
+                let s = stats.iter().find(|s| &s.name == name).unwrap_or_else(|| {
+                    panic!("no ptxas statistics for {name} ({arch}):\n{}", compiled.log)
+                });
                 report.push_str(&format!(
                     "{arch} {:<28} {:>3} registers, spills {} B stored / {} B loaded\n",
                     s.name, s.registers, s.spill_stores, s.spill_loads
@@ -65,7 +64,10 @@ fn hand_written_kernels_compile_for_sm80_and_sm90_without_spills() {
         }
     }
     println!("{report}");
-    assert!(spills.is_empty(), "kernels spill to local memory: {spills:?}");
+    assert!(
+        spills.is_empty(),
+        "kernels spill to local memory: {spills:?}"
+    );
 }
 
 #[test]

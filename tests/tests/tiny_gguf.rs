@@ -19,6 +19,7 @@ use kiln_host::engine::sampling::argmax;
 use kiln_host::engine::Generator;
 use kiln_host::model::Model;
 use kiln_host::runtime::Tensor;
+use kiln_tests::models::{DeviceChoice, WeightDtype};
 use kiln_tests::reference::{compare, FixtureTensor};
 use serde::Deserialize;
 
@@ -62,9 +63,10 @@ fn manifest() -> Manifest {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Loads a `.gguf` file the way `--model file.gguf` does, with exact arithmetic.
-fn load_gguf(path: &std::path::Path) -> Model {
-    let model = kiln_tests::models::load_model(path);
+/// Loads a `.gguf` file the way `--model file.gguf` does, with exact
+/// arithmetic, onto `device` (f32 products on CUDA).
+fn load_gguf(path: &std::path::Path, device: DeviceChoice) -> Model {
+    let model = kiln_tests::models::load_model_on(path, device, WeightDtype::Float32);
     assert!(
         model.resolved.dir.is_none(),
         "no config.json: the GGUF metadata only"
@@ -103,6 +105,12 @@ impl Stats {
 }
 
 fn gguf_matches_transformers(file: &str) {
+    gguf_matches_transformers_on(file, DeviceChoice::Cpu);
+}
+
+/// Prefill (every position), token-by-token decode and greedy generation of
+/// the GGUF `file` on `device`, against transformers.
+fn gguf_matches_transformers_on(file: &str, device: DeviceChoice) {
     let manifest = manifest();
     let entry = manifest
         .files
@@ -129,7 +137,7 @@ fn gguf_matches_transformers(file: &str) {
         ),
     };
 
-    let model = load_gguf(&path);
+    let model = load_gguf(&path, device);
     assert_eq!(model.architecture.info.name, fixture.architecture);
     assert!(
         model.unused_tensors.is_empty(),
@@ -183,7 +191,7 @@ fn gguf_matches_transformers(file: &str) {
     }
     assert_eq!(&generated, greedy, "{file}: greedy tokens");
     eprintln!(
-        "{file} ({}, reference: {}): max |logit diff| {:.3e}, argmax agreement {}/{}, greedy {:?}",
+        "{file} on {device} ({}, reference: {}): max |logit diff| {:.3e}, argmax agreement {}/{}, greedy {:?}",
         entry.outtype,
         entry.reference,
         stats.max_abs_diff,
@@ -204,6 +212,16 @@ const TESTED: [&str; 9] = [
     "tiny_gpt2.f32.gguf",
     "tiny_gpt2.q8_0.gguf",
 ];
+
+/// Every GGUF fixture (llama.cpp's converter: permuted Q/K with adjacent-pair
+/// rotation, rope factors, q8_0 blocks dequantized at load) through the CUDA
+/// backend on the kernel emulator.
+#[test]
+fn every_gguf_fixture_on_the_cuda_emulator_matches_transformers() {
+    for file in TESTED {
+        gguf_matches_transformers_on(file, DeviceChoice::CudaEmulated);
+    }
+}
 
 #[test]
 fn every_gguf_fixture_has_a_test() {

@@ -285,12 +285,23 @@ fn greedy_alone(model: &kiln_host::model::Model, prompt: &[u32], new: usize) -> 
 
 #[test]
 fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_sequences() {
+    batching_matches_single_sequences(DeviceChoice::Cpu);
+}
+
+#[test]
+fn continuous_batching_on_the_cuda_emulator_matches_single_sequences() {
+    batching_matches_single_sequences(DeviceChoice::CudaEmulated);
+}
+
+/// Requests arriving mid-run, chunked prefill under a token budget and a
+/// prefix-cache hit generate what each request generates alone.
+fn batching_matches_single_sequences(device: DeviceChoice) {
     use kiln_host::scheduler::{BlockManager, Scheduler, SchedulerConfig};
 
     let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
     let dir = tempfile::tempdir().unwrap();
     write_model_dir(&config, &weights, dir.path(), false);
-    let model = kiln_tests::models::load_model(dir.path());
+    let model = kiln_tests::models::load_model_on(dir.path(), device, WeightDtype::Float32);
 
     let long: Vec<u32> = (1..=13).map(|t| (t * 7) % 96).collect();
     let mut shared = long[..9].to_vec();
