@@ -229,9 +229,12 @@ impl Emulator {
         std::fs::create_dir_all(&self.cache_dir).map_err(|e| {
             DeviceError::new(format!("cannot create {}: {e}", self.cache_dir.display()))
         })?;
+        // Unique per process and call: two threads may compile one source.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let partial = self
             .cache_dir
-            .join(format!("{}.{}.tmp", &key[..32], std::process::id()));
+            .join(format!("{}.{}.{n}.tmp", &key[..32], std::process::id()));
         compile_with(&compiler, &flags, &text, &partial)
             .map_err(|e| DeviceError::new(format!("emulator: compiling {name}: {e}")))?;
         std::fs::rename(&partial, &path)

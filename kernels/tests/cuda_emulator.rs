@@ -1,0 +1,687 @@
+//! The hand-written CUDA kernels (`kernels/cuda/*.cu`) run on the kernel
+//! emulator against the CPU kernels of `dense`: norms and softmax, rotary
+//! embeddings, the KV-cache write and paged attention over ragged batches
+//! (decode, chunked prefill, GQA, windows, soft caps), embeddings, gathers,
+//! strided copies and bit-exact f32 ↔ bf16/f16 conversions. Also the
+//! emulator itself: its GEMM, capture and replay semantics, the divergent
+//! barrier error, barriers that really interleave threads, bounds checks.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use half::{bf16, f16};
+use kiln_kernels::cuda::emulator::Emulator;
+use kiln_kernels::cuda::sources::{self, Source};
+use kiln_kernels::cuda::KernelArg::{self, Ptr, F32, I64};
+use kiln_kernels::cuda::{Device, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType};
+use kiln_kernels::cuda::{LaunchConfig, WeightLayout};
+use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout, SequenceRows};
+use kiln_kernels::dense::{norm, rope};
+
+/// Largest |GPU - CPU| difference accepted for f32 kernels.
+const TOL: f32 = 1e-5;
+
+/// Blocks in x and y.
+type Grid = (u32, u32);
+
+/// An emulated device and the kernels loaded on it, by name.
+struct Gpu {
+    dev: Emulator,
+    kernels: HashMap<String, FunctionId>,
+}
+
+impl Gpu {
+    fn new(modules: &[Source]) -> Self {
+        let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("emulator");
+        let (dev, kernels) = (Emulator::new(256 << 20, cache), HashMap::new());
+        let mut gpu = Gpu { dev, kernels };
+        modules.iter().for_each(|m| gpu.load(m.name, m.text));
+        gpu
+    }
+
+    /// Loads are serialized: the emulator's compile cache names its temporary
+    /// file by process id only, so two test threads compiling the same source
+    /// at once would write the same file.
+    fn load(&mut self, name: &str, text: &str) {
+        static LOCK: Mutex<()> = Mutex::new(());
+        let names = sources::kernel_names(text);
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let ids = self.dev.load(name, text, &refs);
+        let ids = ids.unwrap_or_else(|e| panic!("{e}"));
+        self.kernels.extend(names.into_iter().zip(ids));
+    }
+
+    fn f(&self, name: &str) -> FunctionId {
+        self.kernels[name]
+    }
+
+    /// Launches `name` on `grid` blocks (x, y) of `block` threads.
+    fn try_run(&self, f: &str, grid: Grid, block: u32, args: &[KernelArg]) -> DeviceResult<()> {
+        let mut config = LaunchConfig::linear(grid.0, block);
+        config.grid.1 = grid.1;
+        self.dev.launch(self.f(f), config, args)
+    }
+
+    fn run(&self, name: &str, grid: Grid, block: u32, args: &[KernelArg]) {
+        let done = self.try_run(name, grid, block, args);
+        done.unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// A new allocation holding `data`.
+    fn up<T: Elem>(&self, data: &[T]) -> DevicePtr {
+        let ptr = self.dev.alloc(data.len() * T::SIZE).expect("alloc");
+        self.dev.upload(ptr, &bytes(data)).expect("upload");
+        ptr
+    }
+
+    fn zeros(&self, bytes: usize) -> DevicePtr {
+        self.dev.alloc(bytes).expect("alloc")
+    }
+
+    fn down<T: Elem>(&self, ptr: DevicePtr, len: usize) -> Vec<T> {
+        let mut out = vec![0u8; len * T::SIZE];
+        self.dev.download(ptr, &mut out).expect("download");
+        out.chunks_exact(T::SIZE).map(T::get).collect()
+    }
+
+    /// Downloads `want.len()` floats at `ptr` and compares them with `want`.
+    fn check(&self, ptr: DevicePtr, want: &[f32], what: &str) {
+        close(&self.down(ptr, want.len()), want, TOL, what);
+    }
+}
+
+/// `int` and `long long` arguments from sizes.
+fn int(v: usize) -> KernelArg {
+    KernelArg::I32(v as i32)
+}
+
+fn long(v: usize) -> KernelArg {
+    I64(v as i64)
+}
+
+/// Plain values moved to and from device memory.
+trait Elem: Copy {
+    const SIZE: usize;
+    fn put(self, out: &mut Vec<u8>);
+    fn get(bytes: &[u8]) -> Self;
+}
+
+macro_rules! elem {
+    ($($t:ty),*) => {$(
+        impl Elem for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn put(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn get(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("element size"))
+            }
+        }
+    )*};
+}
+elem!(f32, i64, i32, u32, u16, u8);
+
+fn bytes<T: Elem>(data: &[T]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() * T::SIZE);
+    data.iter().for_each(|v| v.put(&mut out));
+    out
+}
+
+/// Deterministic pseudo-random numbers (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    fn u32(&mut self) -> u32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
+    }
+
+    /// `len` values in [-amplitude, amplitude).
+    fn data(&mut self, len: usize, amplitude: f32) -> Vec<f32> {
+        let unit = |r: u32| (r >> 8) as f32 / (1u32 << 23) as f32;
+        let mut next = || unit(self.u32()) * amplitude - amplitude;
+        (0..len).map(|_| next()).collect()
+    }
+}
+
+/// Asserts `max |got - want| <= tolerance` (a NaN on either side fails).
+fn close(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let (mut at, mut worst) = (0, 0f32);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        let d = if d.is_nan() { f32::INFINITY } else { d };
+        (at, worst) = if d > worst { (i, d) } else { (at, worst) };
+    }
+    let (ok, g, w) = (worst <= tolerance, got[at], want[at]);
+    assert!(ok, "{what}: |Δ| {worst:.2e} at {at} (got {g}, want {w})");
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn norms_and_softmax_match_the_cpu() {
+    let gpu = Gpu::new(&[sources::NORM]);
+    let (mut rng, rows) = (Rng::new(1), 3);
+    for block in [32, 256] {
+        for cols in [1usize, 33, 200, 1000] {
+            let what = format!("block {block}, {cols} columns");
+            let x = rng.data(rows * cols, 3.0);
+            let (w, beta) = (rng.data(cols, 1.0), rng.data(cols, 1.0));
+            let (xp, wp, bp) = (gpu.up(&x), gpu.up(&w), gpu.up(&beta));
+            let y = gpu.zeros(rows * cols * 4);
+            let grid = (rows as u32, 1);
+            let mut want = vec![0f32; rows * cols];
+            for offset in [0.0, 1.0] {
+                let args = [Ptr(xp), Ptr(wp), Ptr(y), int(cols), F32(1e-6), F32(offset)];
+                gpu.run("kiln_rms_norm", grid, block, &args);
+                norm::rms_norm_rows(&x, &w, offset, 1e-6, &mut want);
+                gpu.check(y, &want, &format!("rms_norm +{offset}, {what}"));
+            }
+            let args = [Ptr(xp), Ptr(wp), Ptr(bp), Ptr(y), int(cols), F32(1e-5)];
+            gpu.run("kiln_layer_norm", grid, block, &args);
+            norm::layer_norm_rows(&x, &w, &beta, 1e-5, &mut want);
+            gpu.check(y, &want, &format!("layer_norm, {what}"));
+            for log in [0, 1] {
+                let args = [Ptr(xp), Ptr(y), int(cols), int(log)];
+                gpu.run("kiln_softmax", grid, block, &args);
+                want.copy_from_slice(&x);
+                match log {
+                    0 => norm::softmax_rows(&mut want, cols),
+                    _ => norm::log_softmax_rows(&mut want, cols),
+                }
+                gpu.check(y, &want, &format!("softmax log={log}, {what}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_matches_the_cpu() {
+    let gpu = Gpu::new(&[sources::ROPE]);
+    let (heads, half) = (5, 8);
+    let positions: Vec<i64> = vec![7, 8, 9, 300];
+    let freq = |i: usize| 10000f32.powf(-(i as f32) / half as f32);
+    let inv_freq: Vec<f32> = (0..half).map(freq).collect();
+    let x = Rng::new(2).data(positions.len() * heads * 2 * half, 1.0);
+    let (xp, pp, fp) = (gpu.up(&x), gpu.up(&positions), gpu.up(&inv_freq));
+    let y = gpu.zeros(x.len() * 4);
+    for interleaved in [0, 1] {
+        for scale in [1.0, 0.75] {
+            let args = [Ptr(xp), Ptr(pp), Ptr(fp), Ptr(y), int(heads), int(half)];
+            let args = [&args[..], &[int(interleaved), F32(scale)]].concat();
+            // 32 threads for 40 (head, pair)s: the stride loop runs twice.
+            gpu.run("kiln_rope", (positions.len() as u32, 1), 32, &args);
+            let mut want = x.clone();
+            let pairs = interleaved == 1;
+            rope::rope(&mut want, &positions, &inv_freq, heads, pairs, scale);
+            gpu.check(y, &want, &format!("interleaved {pairs}, scale {scale}"));
+        }
+    }
+}
+
+/// One ragged batch through kiln_write_kv + kiln_paged_attention and the CPU
+/// write_kv + paged_attention: `shape` is (heads, kv heads, head_dim, block
+/// size).
+fn attention_case(
+    gpu: &Gpu,
+    shape: (usize, usize, usize, usize),
+    window: Option<usize>,
+    cap: Option<f32>,
+) {
+    let (heads, kv_heads, d, bs) = shape;
+    let what = format!("heads {heads}/{kv_heads}, d {d}, block {bs}, {window:?}, {cap:?}");
+    let mut rng = Rng::new((heads * 1000 + d * 10 + bs) as u64);
+    let (block_size, num_kv_heads, head_dim, stride) = (bs, kv_heads, d, kv_heads * d);
+    let layout = CacheLayout {
+        block_size,
+        num_kv_heads,
+        head_dim,
+    };
+    // (context after the step, rows fed): a decode row with a long context,
+    // a chunk in mid-sequence, a context exactly at a block boundary, and a
+    // whole prompt one past it.
+    let shapes = [
+        (4 * bs + 3, 1),
+        (3 * bs - 2, 5),
+        (2 * bs, 3),
+        (bs + 1, bs + 1),
+    ];
+    let blocks = 2 + shapes.iter().map(|(c, _)| c.div_ceil(bs)).sum::<usize>();
+    // Blocks handed out in a shuffled order; one left over, all NaN, pads the
+    // device's tables, so reading past a table shows up.
+    let mut order: Vec<usize> = (0..blocks).collect();
+    for i in (1..blocks).rev() {
+        order.swap(i, rng.u32() as usize % (i + 1));
+    }
+    let pad = order.pop().unwrap();
+    let mut table = |c: usize| (0..c.div_ceil(bs)).map(|_| order.pop().unwrap()).collect();
+    let tables: Vec<Vec<usize>> = shapes.iter().map(|&(c, _)| table(c)).collect();
+    let per_seq = tables.iter().map(Vec::len).max().unwrap();
+    // Host caches (kh, vh), filled with each sequence's history.
+    let mut kh = vec![0f32; blocks * bs * stride];
+    kh[pad * bs * stride..(pad + 1) * bs * stride].fill(f32::NAN);
+    let mut vh = kh.clone();
+    let (mut seqs, mut offsets, mut contexts, mut ids) = (vec![], vec![0i64], vec![], vec![]);
+    let mut rows = 0;
+    for (&(context, fed), table) in shapes.iter().zip(&tables) {
+        let before = context - fed;
+        let k = rng.data(before * stride, 1.0);
+        let v = rng.data(before * stride, 1.0);
+        let history = [seq(0..before, before, table)];
+        attn::write_kv(layout, &mut kh, &mut vh, &k, &v, &history);
+        seqs.push(seq(rows..rows + fed, context, table));
+        rows += fed;
+        offsets.push(rows as i64);
+        contexts.push(context as i64);
+        ids.extend((0..per_seq).map(|i| *table.get(i).unwrap_or(&pad) as i64));
+    }
+    let (kc, vc) = (gpu.up(&kh), gpu.up(&vh));
+    let (k, v) = (rng.data(rows * stride, 1.0), rng.data(rows * stride, 1.0));
+    let q = rng.data(rows * heads * d, 1.0);
+    let batch = [gpu.up(&offsets), gpu.up(&contexts), gpu.up(&ids)].map(Ptr);
+    let batch = [&batch[..], &[int(shapes.len()), int(per_seq), int(bs)]].concat();
+    let grid = (rows as u32, heads as u32);
+
+    attn::write_kv(layout, &mut kh, &mut vh, &k, &v, &seqs);
+    let args = [Ptr(gpu.up(&k)), Ptr(gpu.up(&v)), Ptr(kc), Ptr(vc)];
+    let args = [&args[..], &batch, &[int(stride)]].concat();
+    gpu.run("kiln_write_kv", (grid.0, 1), 128, &args);
+    for (ptr, want, name) in [(kc, &kh, "k"), (vc, &vh, "v")] {
+        let got: Vec<f32> = gpu.down(ptr, want.len());
+        let same = bits(&got) == bits(want);
+        assert!(same, "{what}: {name} cache differs after write_kv");
+    }
+
+    let scale = 1.0 / (d as f32).sqrt();
+    let params = AttentionParams {
+        scale,
+        sliding_window: window,
+        softcap: cap,
+    };
+    let mut want = vec![0f32; q.len()];
+    attn::paged_attention(layout, &kh, &vh, &q, &mut want, heads, &seqs, params);
+    let out = gpu.zeros(q.len() * 4);
+    let args = [Ptr(gpu.up(&q)), Ptr(kc), Ptr(vc), Ptr(out)];
+    let (window, cap) = (int(window.unwrap_or(0)), F32(cap.unwrap_or(0.0)));
+    let sizes = [int(heads), int(kv_heads), int(d)];
+    let args = [&args[..], &batch, &sizes, &[F32(scale), window, cap]].concat();
+    gpu.run("kiln_paged_attention", grid, 128, &args);
+    gpu.check(out, &want, &what);
+}
+
+fn seq(rows: Range<usize>, context_len: usize, block_table: &[usize]) -> SequenceRows<'_> {
+    SequenceRows {
+        rows,
+        context_len,
+        block_table,
+    }
+}
+
+#[test]
+fn write_kv_and_paged_attention_match_the_cpu() {
+    let gpu = Gpu::new(&[sources::ATTENTION]);
+    // (heads, kv heads, head_dim, block size): GQA 1, 2, 4 and 8.
+    attention_case(&gpu, (2, 2, 8, 16), None, None);
+    attention_case(&gpu, (4, 2, 64, 4), Some(5), None);
+    attention_case(&gpu, (4, 1, 256, 8), None, Some(0.5));
+    attention_case(&gpu, (8, 1, 64, 4), Some(6), Some(0.5));
+}
+
+#[test]
+fn embedding_reads_rows_and_flags_bad_ids() {
+    let gpu = Gpu::new(&[sources::DATA]);
+    let (rows, cols) = (6usize, 37usize);
+    let table = Rng::new(3).data(rows * cols, 2.0);
+    let (as_bf16, bf16_values) = round(&table, BF16);
+    let (as_f16, f16_values) = round(&table, F16);
+    let tables: [(&str, DevicePtr, Vec<f32>); 3] = [
+        ("kiln_embedding_f32", gpu.up(&table), table.clone()),
+        ("kiln_embedding_bf16", gpu.up(&as_bf16), bf16_values),
+        ("kiln_embedding_f16", gpu.up(&as_f16), f16_values),
+    ];
+    // An embedding id is never wrapped: -1 is out of range.
+    for (ids, bad) in [(vec![5i64, 0, 3, 3], 0), (vec![2, 6, -1, 1], 1)] {
+        for (name, tp, values) in &tables {
+            let (error, y) = (gpu.up(&[0i32]), gpu.up(&vec![f32::NAN; ids.len() * cols]));
+            let ptrs = [Ptr(*tp), Ptr(gpu.up(&ids)), Ptr(y)];
+            let args = [&ptrs[..], &[long(rows), int(cols), Ptr(error)]].concat();
+            gpu.run(name, (ids.len() as u32, 1), 32, &args);
+            let row = |id: i64| match usize::try_from(id) {
+                Ok(r) if r < rows => values[r * cols..(r + 1) * cols].to_vec(),
+                _ => vec![0.0; cols],
+            };
+            let want: Vec<f32> = ids.iter().flat_map(|&id| row(id)).collect();
+            let got: Vec<f32> = gpu.down(y, want.len());
+            assert!(bits(&got) == bits(&want), "{name} {ids:?}: {got:?}");
+            assert_eq!(gpu.down::<i32>(error, 1), [bad], "{name} {ids:?}");
+        }
+    }
+}
+
+#[test]
+fn gather_picks_along_a_middle_axis() {
+    let gpu = Gpu::new(&[sources::DATA]);
+    let (outer, axis, inner) = (2usize, 5usize, 3usize);
+    let x: Vec<u32> = (1000..1000 + (outer * axis * inner) as u32).collect();
+    let xp = gpu.up(&x);
+    // -2 counts from the end; 5 is past the axis.
+    for (ids, bad) in [(vec![4i64, 0, -2, 2], 0), (vec![1, 5], 1)] {
+        let total = outer * ids.len() * inner;
+        let (error, y) = (gpu.up(&[0i32]), gpu.up(&vec![u32::MAX; total]));
+        let sizes = [long(outer), long(ids.len()), long(axis), long(inner)];
+        let ptrs = [Ptr(xp), Ptr(gpu.up(&ids)), Ptr(y)];
+        let args = [&ptrs[..], &sizes, &[Ptr(error)]].concat();
+        gpu.run("kiln_gather_b4", (2, 1), 8, &args);
+        let mut want = vec![];
+        for o in 0..outer {
+            for &id in &ids {
+                let id = usize::try_from(if id < 0 { id + axis as i64 } else { id });
+                match id.ok().filter(|&i| i < axis) {
+                    Some(i) => want.extend_from_slice(&x[(o * axis + i) * inner..][..inner]),
+                    None => want.extend(vec![0; inner]),
+                }
+            }
+        }
+        assert_eq!(gpu.down::<u32>(y, total), want, "{ids:?}");
+        assert_eq!(gpu.down::<i32>(error, 1), [bad], "{ids:?}");
+    }
+}
+
+/// `struct KilnStrided` as C lays it out: `int rank` padded to 8 bytes, then
+/// shape, in_stride and out_stride (8 × i64 each), in_offset, out_offset, count.
+fn strided(shape: &[i64], in_stride: &[i64], out_stride: &[i64], offsets: (i64, i64)) -> KernelArg {
+    let mut words = vec![shape.len() as u64];
+    for list in [shape, in_stride, out_stride] {
+        let mut padded = [0i64; 8];
+        padded[..list.len()].copy_from_slice(list);
+        words.extend(padded.map(|v| v as u64));
+    }
+    words.extend([offsets.0, offsets.1, shape.iter().product()].map(|v| v as u64));
+    assert_eq!(words.len() * 8, 224);
+    KernelArg::Struct(words)
+}
+
+fn copy_strided<T: Elem + PartialEq + Debug>(gpu: &Gpu, name: &str, make: fn(usize) -> T) {
+    // Permutation: y [4, 2, 3] = x [2, 3, 4] with axes (2, 0, 1).
+    let x: Vec<T> = (0..24).map(make).collect();
+    let (xp, y) = (gpu.up(&x), gpu.zeros(24 * T::SIZE));
+    let s = strided(&[4, 2, 3], &[1, 12, 4], &[6, 3, 1], (0, 0));
+    gpu.run(name, (2, 1), 8, &[Ptr(xp), Ptr(y), s]);
+    let mut want = vec![];
+    for a in 0..4 {
+        for b in 0..2 {
+            want.extend((0..3).map(|c| x[b * 12 + c * 4 + a]));
+        }
+    }
+    assert_eq!(gpu.down::<T>(y, 24), want, "{name}: permute");
+    // Slice x [5, 10][1.., 1..;2] into y [2 + 4·5] at offset 2.
+    let x: Vec<T> = (0..50).map(make).collect();
+    let (xp, y) = (gpu.up(&x), gpu.up(&[make(99), make(98)].repeat(11)));
+    let s = strided(&[4, 5], &[10, 2], &[5, 1], (11, 2));
+    gpu.run(name, (1, 1), 32, &[Ptr(xp), Ptr(y), s]);
+    let mut want = vec![make(99), make(98)];
+    for r in 1..5 {
+        want.extend((0..5).map(|c| x[r * 10 + 1 + 2 * c]));
+    }
+    assert_eq!(gpu.down::<T>(y, 22), want, "{name}: slice");
+}
+
+#[test]
+fn strided_copies_permute_and_slice() {
+    let gpu = Gpu::new(&[sources::DATA]);
+    copy_strided(&gpu, "kiln_copy_strided_b4", |i| {
+        0x1000_0001u32.wrapping_mul(i as u32)
+    });
+    copy_strided(&gpu, "kiln_copy_strided_b8", |i| {
+        (i as i64) << 40 | i as i64
+    });
+    copy_strided(&gpu, "kiln_copy_strided_b1", |i| (i * 37) as u8);
+}
+
+/// A 16-bit float format through the `half` crate: (f32 → bits, bits → f32).
+type Half = (fn(f32) -> u16, fn(u16) -> f32);
+const BF16: Half = (
+    |v| bf16::from_f32(v).to_bits(),
+    |b| bf16::from_bits(b).to_f32(),
+);
+const F16: Half = (
+    |v| f16::from_f32(v).to_bits(),
+    |b| f16::from_bits(b).to_f32(),
+);
+
+/// `values` rounded to a format: the bits and their values.
+fn round(values: &[f32], (to, from): Half) -> (Vec<u16>, Vec<f32>) {
+    let bits: Vec<u16> = values.iter().map(|&v| to(v)).collect();
+    let rounded = bits.iter().map(|&b| from(b)).collect();
+    (bits, rounded)
+}
+
+/// Specials (as bits: ±0, 1, ±inf, NaNs, f32 extremes and subnormals, the f16
+/// overflow edge 65504 / 65519.996 / 65520, f16's subnormal edges), then every
+/// 29th f16 and 37th bf16 value with the midpoint to its neighbour and the
+/// floats either side of it, both signs, then random bit patterns.
+fn conversion_inputs() -> Vec<f32> {
+    let specials = [
+        0x00000000, 0x80000000, 0x3f800000, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00000,
+        0x7f800001, 0x7f7fffff, 0xff7fffff, 0x00800000, 0x00000001, 0x807fffff, 0x477fe000,
+        0x477fefff, 0x477ff000, 0x47800000, 0x501502f9, 0xf149f2ca, 0x33800000, 0x33000000,
+        0x33000001, 0x38800000, 0x387fc000,
+    ];
+    let mut v: Vec<f32> = specials.map(f32::from_bits).to_vec();
+    for ((_, from), last, step) in [(F16, 0x7bff, 29), (BF16, 0x7f7f, 37)] {
+        for bits in (0..last).step_by(step) {
+            let (a, b) = (from(bits), from(bits + 1));
+            let mid = a + (b - a) / 2.0;
+            for x in [a, mid, mid.next_up(), mid.next_down()] {
+                v.extend([x, -x]);
+            }
+        }
+    }
+    let mut rng = Rng::new(4);
+    v.extend((0..1500).map(|_| f32::from_bits(rng.u32())));
+    v
+}
+
+#[test]
+fn conversions_round_like_the_half_crate() {
+    let gpu = Gpu::new(&[sources::DATA]);
+    let x = conversion_inputs();
+    let (n, xp) = (x.len(), gpu.up(&x));
+    let narrow = [
+        ("kiln_f32_to_bf16", BF16, 0x7f80),
+        ("kiln_f32_to_f16", F16, 0x7c00),
+    ];
+    for (name, (to, _), nan_above) in narrow {
+        let y = gpu.zeros(n * 2);
+        gpu.run(name, (4, 1), 128, &[Ptr(xp), Ptr(y), long(n)]);
+        for (&v, got) in x.iter().zip(gpu.down::<u16>(y, n)) {
+            let (bits, want) = (v.to_bits(), to(v));
+            let nan = got & 0x7fff > nan_above;
+            let ok = if v.is_nan() { nan } else { got == want };
+            assert!(ok, "{name}({v:e} = {bits:#x}): {got:#x}, want {want:#x}");
+        }
+    }
+    // Back, for every 16-bit pattern.
+    let all: Vec<u16> = (0..=u16::MAX).collect();
+    let ap = gpu.up(&all);
+    for (name, (_, from)) in [("kiln_bf16_to_f32", BF16), ("kiln_f16_to_f32", F16)] {
+        let y = gpu.zeros(all.len() * 4);
+        gpu.run(name, (8, 1), 256, &[Ptr(ap), Ptr(y), long(all.len())]);
+        for (&b, got) in all.iter().zip(gpu.down::<f32>(y, all.len())) {
+            let want = from(b);
+            let same = got.to_bits() == want.to_bits();
+            let ok = if want.is_nan() { got.is_nan() } else { same };
+            assert!(ok, "{name}({b:#06x}) = {got:e}, want {want:e}");
+        }
+    }
+}
+
+#[test]
+fn gemm_matches_a_naive_product() {
+    let gpu = Gpu::new(&[]);
+    let (m, n, k) = (3, 5, 17);
+    let mut rng = Rng::new(5);
+    for ty in [GemmType::F32, GemmType::BF16, GemmType::F16] {
+        // Values rounded to the element type: the naive product uses exactly
+        // what the device sees.
+        let mut operand = |len: usize| -> (Vec<f32>, DevicePtr) {
+            let v = rng.data(len, 1.0);
+            let (bits, rounded) = match ty {
+                GemmType::F32 => return (v.clone(), gpu.up(&v)),
+                GemmType::BF16 => round(&v, BF16),
+                GemmType::F16 => round(&v, F16),
+            };
+            (rounded, gpu.up(&bits))
+        };
+        for layout in [WeightLayout::OutIn, WeightLayout::InOut] {
+            let ((x, xp), (w, wp)) = (operand(m * k), operand(n * k));
+            let y = gpu.zeros(m * n * 4);
+            let gemm = Gemm {
+                m,
+                n,
+                k,
+                ty,
+                x: xp,
+                w: wp,
+                layout,
+                y,
+            };
+            gpu.dev.gemm(&gemm).unwrap();
+            let weight = |j: usize, p: usize| match layout {
+                WeightLayout::OutIn => w[j * k + p],
+                WeightLayout::InOut => w[p * n + j],
+            };
+            let term =
+                |i: usize, j: usize, p: usize| f64::from(x[i * k + p]) * f64::from(weight(j, p));
+            let dot = |i: usize, j: usize| (0..k).map(|p| term(i, j, p)).sum::<f64>();
+            let want: Vec<f32> = (0..m * n).map(|e| dot(e / n, e % n) as f32).collect();
+            gpu.check(y, &want, &format!("{ty:?} {layout:?}"));
+        }
+    }
+}
+
+#[test]
+fn replay_reuses_captured_arguments_but_reads_current_memory() {
+    let gpu = Gpu::new(&[sources::NORM]);
+    let (rows, cols) = (2, 40);
+    let mut rng = Rng::new(6);
+    let (x, w) = (rng.data(rows * cols, 2.0), rng.data(cols, 1.0));
+    let (xp, wp, y) = (gpu.up(&x), gpu.up(&w), gpu.zeros(rows * cols * 4));
+    let reference = |x: &[f32], offset: f32| {
+        let mut out = vec![0f32; x.len()];
+        norm::rms_norm_rows(x, &w, offset, 1e-6, &mut out);
+        out
+    };
+    let (dev, f) = (&gpu.dev, gpu.f("kiln_rms_norm"));
+    let config = LaunchConfig::linear(rows as u32, 64);
+    let mut args = vec![Ptr(xp), Ptr(wp), Ptr(y), int(cols), F32(1e-6), F32(0.0)];
+    dev.begin_capture().unwrap();
+    dev.launch(f, config, &args).unwrap();
+    let download = dev.download(y, &mut [0u8; 4]);
+    assert!(download.is_err(), "a download cannot be captured");
+    let graph = dev.end_capture().unwrap();
+    let zeros = vec![0.0; rows * cols];
+    gpu.check(y, &zeros, "capture must not run the launch");
+
+    // The host would pass Gemma's offset now: the graph keeps offset 0.
+    args[5] = F32(1.0);
+    dev.replay(graph).unwrap();
+    gpu.check(y, &reference(&x, 0.0), "replay");
+    dev.launch(f, config, &args).unwrap();
+    gpu.check(y, &reference(&x, 1.0), "fresh launch");
+
+    // Device memory written between replays is what the replay reads.
+    let x2 = rng.data(rows * cols, 2.0);
+    dev.upload(xp, &bytes(&x2)).unwrap();
+    dev.replay(graph).unwrap();
+    gpu.check(y, &reference(&x2, 0.0), "replay, new input");
+}
+
+#[test]
+fn divergent_barrier_is_an_error() {
+    const SOURCE: &str = r#"#include "kiln_cuda.cuh"
+extern "C" __global__ void kiln_test_divergent(float* y) {
+  if (threadIdx.x % 2 == 0) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  y[threadIdx.x] = 1.0f;
+}
+"#;
+    let mut gpu = Gpu::new(&[]);
+    gpu.load("divergent.cu", SOURCE);
+    let y = gpu.zeros(64 * 4);
+    let result = gpu.try_run("kiln_test_divergent", (1, 1), 64, &[Ptr(y)]);
+    let err = result.expect_err("a divergent barrier must fail");
+    assert!(err.to_string().contains("different lines"), "{err}");
+}
+
+/// Sum of each row of `n` values: warp shuffles, then one partial per warp
+/// through shared memory, then warp 0 adds the partials.
+const REDUCTION: &str = r#"#include "kiln_cuda.cuh"
+extern "C" __global__ void kiln_test_row_sum(const float* x, float* y, int n) {
+  __shared__ float partial[32];
+  float v = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) v += x[(i64)blockIdx.x * n + i];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(KILN_FULL_MASK, v, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(KILN_FULL_MASK, v, o);
+    if (threadIdx.x == 0) y[blockIdx.x] = v;
+  }
+}
+"#;
+
+#[test]
+fn block_reduction_needs_its_barrier() {
+    let (rows, n) = (3usize, 1000usize);
+    // Small integers: every order of summation gives the exact sum.
+    let x: Vec<f32> = (0..rows * n).map(|i| (i % 7 + i / n) as f32).collect();
+    let want: Vec<f32> = x.chunks(n).map(|r| r.iter().sum()).collect();
+    let racy = REDUCTION.replace("__syncthreads();", "");
+    for (name, text) in [("reduce.cu", REDUCTION), ("reduce_racy.cu", &racy)] {
+        let mut gpu = Gpu::new(&[]);
+        gpu.load(name, text);
+        let y = gpu.zeros(rows * 4);
+        let args = [Ptr(gpu.up(&x)), Ptr(y), int(n)];
+        gpu.run("kiln_test_row_sum", (rows as u32, 1), 256, &args);
+        let got: Vec<f32> = gpu.down(y, rows);
+        if text == REDUCTION {
+            assert_eq!(got, want, "with the barrier");
+        } else {
+            // Warp 0 reads the other warps' partials before they are written.
+            assert_ne!(got, want, "without the barrier");
+        }
+    }
+}
+
+#[test]
+fn out_of_bounds_download_is_an_error() {
+    let gpu = Gpu::new(&[]);
+    let (dev, ptr) = (&gpu.dev, gpu.up(&[1.0f32, 2.0, 3.0, 4.0]));
+    let mut out = [0u8; 16];
+    assert!(dev.download(ptr, &mut out).is_ok());
+    assert!(dev.download(ptr + 8, &mut out).is_err(), "past the end");
+    let too_long = dev.download(ptr, &mut [0u8; 17]);
+    assert!(too_long.is_err(), "one byte too many");
+    let before = dev.download(ptr - 16, &mut out);
+    assert!(before.is_err(), "before the start");
+    dev.free(ptr);
+    assert!(dev.download(ptr, &mut out).is_err(), "after free");
+}
