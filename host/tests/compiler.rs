@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kiln_host::compiler::{compile, CompileCache, CompileOutcome, Kernel};
-use kiln_host::runtime::{Executor, Precision, Tensor, WeightData, WeightStore};
+use kiln_host::runtime::{Backend, Executor, Precision, Tensor, WeightData, WeightStore};
 use kiln_kernels::quant::{dequantize_row, quantize_row_q8_0, QuantType};
 use kiln_plugin_api::graph::{ops, DType, Device, Dim, Graph, GraphIr, TensorType, WeightSpec};
 use kiln_plugin_api::nn::{Embedding, Layer, Linear, Module};

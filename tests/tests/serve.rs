@@ -352,3 +352,67 @@ fn benchmark_runs_every_concurrency_level_to_completion() {
         assert!(err.starts_with("error: ") && err.contains(bad[0]), "{err}");
     }
 }
+
+/// `serve --device cuda-emulated`: the CUDA backend end to end, the tokens
+/// picked on the device (greedy with log-probabilities, and a seeded draw
+/// through temperature, top-k and top-p), answering the official client the
+/// way `host generate` on the CPU answers the same requests.
+#[test]
+fn serve_on_the_cuda_emulator_answers_the_openai_client_like_the_cpu() {
+    let (model, python) = requirements();
+    let server = Server::start(
+        &model,
+        &[
+            "--device",
+            "cuda-emulated",
+            "--dtype",
+            "float32",
+            "--max-batch-tokens",
+            "128",
+        ],
+    );
+    let output = Command::new(&python)
+        .arg(workspace_root().join("tests/serve/openai_smoke.py"))
+        .args([&server.url("/v1"), "smollm2"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&output);
+    assert!(
+        output.status.success(),
+        "openai client failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        server.log()
+    );
+    let served: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let on_cpu = |extra: &[&str]| -> String {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--max-new-tokens",
+            "6",
+            "--output",
+            "json",
+        ];
+        args.extend(extra);
+        let generated = run_host(&args, &[]);
+        let (stdout, stderr) = text(&generated);
+        assert!(generated.status.success(), "{stderr}");
+        let local: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        local["text"].as_str().unwrap().to_owned()
+    };
+    let chat = on_cpu(&["--prompt", "What is the capital of France?", "--chat"]);
+    assert_eq!(served["chat"].as_str().unwrap(), chat);
+    let sampled = on_cpu(&[
+        "--prompt",
+        "The capital of France is",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--top-k",
+        "40",
+        "--seed",
+        "7",
+    ]);
+    assert_eq!(served["sampled"].as_str().unwrap(), sampled);
+}

@@ -6,6 +6,7 @@ use kiln_plugin_api::pipeline::{
 };
 
 use crate::plugins::{Architecture, EntryPointError};
+use crate::runtime::sampling::{RowSampling, Sampled};
 use crate::runtime::{Backend, KvCache, RuntimeError, Tensor};
 
 /// The pipeline model a loaded model runs each step through.
@@ -77,6 +78,32 @@ pub fn run_step(
         .into_iter()
         .map(|n| all_rows.by_ref().take(n).collect())
         .collect())
+}
+
+/// Runs one step and picks the next token of each sequence that wants logits
+/// where the logits are (on the device for CUDA), as `rows` say, in order.
+pub fn run_sampled_step(
+    backend: &dyn Backend,
+    pipeline: &Pipeline,
+    cache: &mut KvCache,
+    batch: &StepBatch,
+    rows: &[RowSampling],
+) -> Result<Vec<Sampled>, StepError> {
+    let prepared = pipeline.prepare(batch)?;
+    if batch.all_logits || prepared.logit_rows.iter().any(|&n| n > 1) {
+        return Err(StepError::Batch(
+            "sampling takes one logits row per sequence".to_owned(),
+        ));
+    }
+    let needed: usize = prepared.logit_rows.iter().sum();
+    if needed != rows.len() {
+        return Err(StepError::Batch(format!(
+            "the pipeline assigned {needed} logits rows for {} sampled sequences",
+            rows.len()
+        )));
+    }
+    let inputs = prepared.inputs.into_iter().map(to_tensor).collect();
+    Ok(backend.run_sampled(inputs, Some(cache), rows)?)
 }
 
 /// The graph inputs of the largest step a server with these limits runs:

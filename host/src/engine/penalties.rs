@@ -1,7 +1,9 @@
 //! Repetition, frequency and presence penalties (vLLM / OpenAI semantics),
 //! applied to logits before sampling.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+
+use crate::runtime::sampling::TokenAdjustment;
 
 /// Penalty parameters; the defaults change nothing.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -54,36 +56,42 @@ impl Penalties {
         Ok(())
     }
 
-    /// Penalizes `logits` given the prompt and the tokens generated so far.
-    pub fn apply(&self, logits: &mut [f32], prompt: &[u32], generated: &[u32]) {
-        if self.is_neutral() {
-            return;
-        }
+    /// The tokens these penalties touch given the prompt and the output so
+    /// far, with `banned` tokens suppressed; the backend applies them
+    /// (repetition first, then frequency and presence).
+    pub fn adjustments(
+        &self,
+        prompt: &[u32],
+        generated: &[u32],
+        banned: &[u32],
+    ) -> Vec<TokenAdjustment> {
+        let mut by_token: BTreeMap<u32, TokenAdjustment> = BTreeMap::new();
         if self.repetition != 1.0 {
-            let mut seen: Vec<u32> = prompt.iter().chain(generated).copied().collect();
-            seen.sort_unstable();
-            seen.dedup();
-            for token in seen {
-                if let Some(l) = logits.get_mut(token as usize) {
-                    *l = if *l > 0.0 {
-                        *l / self.repetition
-                    } else {
-                        *l * self.repetition
-                    };
-                }
+            for &token in prompt.iter().chain(generated) {
+                by_token.entry(token).or_insert_with(|| blank(token)).seen = true;
             }
         }
         if self.frequency != 0.0 || self.presence != 0.0 {
-            let mut counts: HashMap<u32, u32> = HashMap::new();
             for &token in generated {
-                *counts.entry(token).or_default() += 1;
-            }
-            for (token, count) in counts {
-                if let Some(l) = logits.get_mut(token as usize) {
-                    *l -= self.frequency * count as f32 + self.presence;
-                }
+                by_token
+                    .entry(token)
+                    .or_insert_with(|| blank(token))
+                    .generated += 1;
             }
         }
+        for &token in banned {
+            by_token.entry(token).or_insert_with(|| blank(token)).banned = true;
+        }
+        by_token.into_values().collect()
+    }
+}
+
+fn blank(token: u32) -> TokenAdjustment {
+    TokenAdjustment {
+        token,
+        generated: 0,
+        seen: false,
+        banned: false,
     }
 }
 
@@ -92,22 +100,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn penalties_follow_their_definitions() {
-        let mut logits = vec![2.0, -2.0, 1.0, 1.0];
-        Penalties {
+    fn penalties_list_the_tokens_they_touch() {
+        let touched = Penalties {
             repetition: 2.0,
-            ..Penalties::default()
-        }
-        .apply(&mut logits, &[0], &[1]);
-        assert_eq!(logits, [1.0, -4.0, 1.0, 1.0]);
-        let mut logits = vec![1.0; 4];
-        Penalties {
             frequency: 0.5,
-            presence: 0.25,
             ..Penalties::default()
         }
-        .apply(&mut logits, &[3], &[2, 2, 1]);
-        assert_eq!(logits, [1.0, 0.25, -0.25, 1.0]);
+        .adjustments(&[0, 3], &[2, 2, 1], &[7]);
+        let summary: Vec<(u32, u32, bool, bool)> = touched
+            .iter()
+            .map(|a| (a.token, a.generated, a.seen, a.banned))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (0, 0, true, false),
+                (1, 1, true, false),
+                (2, 2, true, false),
+                (3, 0, true, false),
+                (7, 0, false, true)
+            ]
+        );
+        assert!(Penalties::default().adjustments(&[1], &[2], &[]).is_empty());
         assert!(Penalties {
             presence: 3.0,
             ..Penalties::default()

@@ -4,6 +4,9 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+pub use crate::runtime::sampling::argmax;
+use crate::runtime::sampling::{sample_row, RowSampling};
+
 /// Sampling parameters (OpenAI / vLLM semantics).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -47,7 +50,9 @@ impl SamplingParams {
     }
 }
 
-/// A sampler: parameters plus its random state.
+/// A sampler: parameters plus its random state. The backend picks the
+/// token ([`crate::runtime::sampling`]); the sampler supplies the draw, so a
+/// seeded request is reproducible on every backend.
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
@@ -63,71 +68,28 @@ impl Sampler {
         Self { params, rng }
     }
 
-    /// Picks the next token.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.params.temperature == 0.0 {
-            return argmax(logits);
+    /// How to pick the next token: the filters and a fresh draw (drawn only
+    /// when sampling, so greedy requests consume none).
+    pub fn next_row(&mut self) -> RowSampling {
+        let p = &self.params;
+        RowSampling {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            uniform: if p.temperature == 0.0 {
+                0.0
+            } else {
+                self.rng.random::<f32>()
+            },
+            ..RowSampling::greedy()
         }
-        let mut candidates: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.is_finite())
-            .map(|(i, &l)| (i as u32, l / self.params.temperature))
-            .collect();
-        if candidates.is_empty() {
-            return argmax(logits);
-        }
-        candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if self.params.top_k > 0 {
-            candidates.truncate(self.params.top_k);
-        }
-        // Softmax over the survivors.
-        let max = candidates[0].1;
-        let mut probs: Vec<f32> = candidates.iter().map(|(_, l)| (l - max).exp()).collect();
-        let total: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= total);
-        let mut keep = probs.len();
-        if self.params.min_p > 0.0 {
-            let floor = self.params.min_p * probs[0];
-            keep = keep.min(
-                probs
-                    .iter()
-                    .position(|&p| p < floor)
-                    .unwrap_or(probs.len())
-                    .max(1),
-            );
-        }
-        if self.params.top_p < 1.0 {
-            let mut cumulative = 0.0;
-            for (i, p) in probs.iter().enumerate().take(keep) {
-                cumulative += p;
-                if cumulative >= self.params.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
-        let kept: f32 = probs[..keep].iter().sum();
-        let mut draw = self.rng.random::<f32>() * kept;
-        for (i, p) in probs[..keep].iter().enumerate() {
-            draw -= p;
-            if draw <= 0.0 {
-                return candidates[i].0;
-            }
-        }
-        candidates[keep - 1].0
     }
-}
 
-/// The index of the largest logit (the first on ties).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
+    /// Picks the next token of `logits` on the host.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        sample_row(logits, &self.next_row()).token
     }
-    best as u32
 }
 
 #[cfg(test)]

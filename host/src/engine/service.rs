@@ -12,11 +12,12 @@ use std::time::Instant;
 use kiln_kernels::dense::attention::CacheLayout;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::batch::run_step;
+use super::batch::run_sampled_step;
 use super::penalties::Penalties;
 use super::sampling::{Sampler, SamplingParams};
 use super::stop::{StopMatcher, StopOutcome};
 use crate::model::Model;
+use crate::runtime::sampling::{RowSampling, Sampled};
 use crate::runtime::{KvCache, RuntimeError};
 use crate::scheduler::{BlockManager, Scheduler, SchedulerConfig, SeqId};
 use crate::tokenizer::{DecodeStream, Tokenizer};
@@ -270,8 +271,23 @@ fn run(
             continue;
         }
         let step = batch.step_batch();
-        let logits = match run_step(model.backend.as_ref(), &model.pipeline, &mut cache, &step) {
-            Ok(logits) => logits,
+        let rows: Vec<RowSampling> = batch
+            .seqs
+            .iter()
+            .filter(|s| s.wants_logits)
+            .map(|seq| match active.get_mut(&seq.id) {
+                Some(state) => row_sampling(state, eos),
+                None => RowSampling::greedy(),
+            })
+            .collect();
+        let sampled = match run_sampled_step(
+            model.backend.as_ref(),
+            &model.pipeline,
+            &mut cache,
+            &step,
+            &rows,
+        ) {
+            Ok(sampled) => sampled,
             Err(e) => {
                 // A failed step fails its requests, not the server.
                 for seq in &batch.seqs {
@@ -286,12 +302,11 @@ fn run(
             }
         };
         scheduler.complete(&batch);
-        let mut rows = logits.into_iter();
+        let mut picks = sampled.into_iter();
         for seq in batch.seqs.iter().filter(|s| s.wants_logits) {
-            let mut row = rows
+            let sampled = picks
                 .next()
-                .expect("one logits row per sequence that wants one")
-                .remove(0);
+                .expect("one sampled token per sequence that wants one");
             let Some(state) = active.get_mut(&seq.id) else {
                 continue;
             };
@@ -301,7 +316,7 @@ fn run(
                 Some(last) => observer.next_token((now - last).as_secs_f64()),
             }
             state.last_token = Some(now);
-            let outcome = step_sequence(state, &mut row, tokenizer, eos);
+            let outcome = step_sequence(state, sampled, tokenizer, eos);
             match outcome {
                 Some(finish_reason) => {
                     let state = active.remove(&seq.id).expect("present");
@@ -340,46 +355,49 @@ fn report(scheduler: &Scheduler, observer: &impl EngineObserver) {
     );
 }
 
-/// Samples one token for a sequence and sends its text; returns how the
+/// How the backend picks this sequence's next token: its sampler's filters
+/// and draw, its penalties, and a ban on ending before `min_tokens`.
+fn row_sampling(state: &mut Active<'_>, eos: &[u32]) -> RowSampling {
+    let params = &state.params;
+    let suppress_eos = !params.ignore_eos && state.generated.len() < params.min_tokens;
+    let banned: Vec<u32> = if suppress_eos {
+        eos.iter().chain(&params.stop_token_ids).copied().collect()
+    } else {
+        Vec::new()
+    };
+    let penalties = params.penalties;
+    RowSampling {
+        repetition: penalties.repetition,
+        frequency: penalties.frequency,
+        presence: penalties.presence,
+        adjustments: penalties.adjustments(&state.prompt, &state.generated, &banned),
+        logprobs: params.logprobs,
+        ..state.sampler.next_row()
+    }
+}
+
+/// Takes the sequence's sampled token and sends its text; returns how the
 /// sequence ends, if it does.
 fn step_sequence(
     state: &mut Active<'_>,
-    logits: &mut [f32],
+    sampled: Sampled,
     tokenizer: &Tokenizer,
     eos: &[u32],
 ) -> Option<FinishReason> {
     let params = &state.params;
-    let raw_logprobs = params.logprobs.map(|_| log_softmax(logits));
-    params
-        .penalties
-        .apply(logits, &state.prompt, &state.generated);
-    let suppress_eos = !params.ignore_eos && state.generated.len() < params.min_tokens;
-    if suppress_eos {
-        for &token in eos.iter().chain(&params.stop_token_ids) {
-            if let Some(l) = logits.get_mut(token as usize) {
-                *l = f32::NEG_INFINITY;
-            }
-        }
-    }
-    let token = state.sampler.sample(logits);
+    let token = sampled.token;
     state.generated.push(token);
-    let logprob = raw_logprobs.map(|lp| {
+    let logprob = sampled.logprob.map(|logprob| {
         let text = |t: u32| tokenizer.decode(&[t], false).unwrap_or_default();
-        let mut order: Vec<u32> = (0..lp.len() as u32).collect();
-        let k = params.logprobs.unwrap_or(0).min(order.len());
-        if k > 0 {
-            order.select_nth_unstable_by(k - 1, |a, b| lp[*b as usize].total_cmp(&lp[*a as usize]));
-        }
-        let mut top: Vec<(u32, String, f32)> = order[..k]
-            .iter()
-            .map(|&t| (t, text(t), lp[t as usize]))
-            .collect();
-        top.sort_by(|a, b| b.2.total_cmp(&a.2));
         TokenLogprob {
             token,
             text: text(token),
-            logprob: lp[token as usize],
-            top,
+            logprob,
+            top: sampled
+                .top
+                .iter()
+                .map(|&(t, lp)| (t, text(t), lp))
+                .collect(),
         }
     });
 
@@ -416,11 +434,4 @@ fn step_sequence(
         logprob,
     });
     finish
-}
-
-fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
-    let log_sum = sum.ln();
-    logits.iter().map(|l| (l - max) - log_sum).collect()
 }

@@ -4,6 +4,7 @@
 
 use kiln_kernels::dense::attention::CacheLayout;
 
+use super::sampling::{RowSampling, Sampled};
 use super::{KvCache, RuntimeError, Tensor};
 use crate::compiler::Program;
 
@@ -46,4 +47,14 @@ pub trait Backend: Send + Sync {
         inputs: Vec<Tensor>,
         cache: Option<&mut KvCache>,
     ) -> Result<Vec<Tensor>, RuntimeError>;
+
+    /// Runs the graph, whose first output is logits `[rows.len(), vocab]`,
+    /// and picks each row's token where the logits are: only the tokens and
+    /// the log-probabilities asked for leave the device.
+    fn run_sampled(
+        &self,
+        inputs: Vec<Tensor>,
+        cache: Option<&mut KvCache>,
+        rows: &[RowSampling],
+    ) -> Result<Vec<Sampled>, RuntimeError>;
 }

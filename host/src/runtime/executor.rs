@@ -14,6 +14,7 @@ use super::cpu_ops;
 use super::fused;
 use super::kv_cache::KvCache;
 use super::pool::BufferPool;
+use super::sampling::{sample_row, RowSampling, Sampled};
 use super::tensor::{storage_of, Tensor};
 use super::weights::{WeightData, WeightStore};
 use crate::compiler::{Kernel, Program, Step};
@@ -396,6 +397,32 @@ impl Backend for Executor {
         cache: Option<&mut KvCache>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         cpu_thread_pool().install(|| self.run_in_pool(inputs, cache))
+    }
+
+    fn run_sampled(
+        &self,
+        inputs: Vec<Tensor>,
+        cache: Option<&mut KvCache>,
+        rows: &[RowSampling],
+    ) -> Result<Vec<Sampled>, RuntimeError> {
+        let logits = self.run(inputs, cache)?.swap_remove(0);
+        let vocab = logits.shape.last().copied().unwrap_or(0);
+        if logits.len() != rows.len() * vocab {
+            return Err(RuntimeError::Input {
+                name: "logits".to_owned(),
+                message: format!(
+                    "{} rows of logits for {} sampled rows",
+                    logits.len() / vocab.max(1),
+                    rows.len()
+                ),
+            });
+        }
+        Ok(logits
+            .as_f32()
+            .chunks(vocab.max(1))
+            .zip(rows)
+            .map(|(l, row)| sample_row(l, row))
+            .collect())
     }
 }
 

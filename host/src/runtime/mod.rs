@@ -9,6 +9,7 @@ mod executor;
 mod fused;
 mod kv_cache;
 mod pool;
+pub mod sampling;
 mod tensor;
 mod weights;
 

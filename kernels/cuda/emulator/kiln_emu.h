@@ -48,8 +48,79 @@ namespace kiln_emu {
 constexpr int kWarp = 32;
 constexpr size_t kStackBytes = 128 * 1024;
 
+#if defined(__x86_64__)
+// A fiber switch of its own: the callee-saved registers, MXCSR and the x87
+// control word go on the stack, and the stack pointer is swapped (a few
+// nanoseconds, where swapcontext makes two system calls).
+extern "C" void kiln_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .hidden kiln_emu_switch
+  .type kiln_emu_switch, @function
+kiln_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size kiln_emu_switch, .-kiln_emu_switch
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+
+inline void switch_to(Context& from, Context& to) { kiln_emu_switch(&from.sp, to.sp); }
+
+// A context that starts `entry` (which must never return) on `stack`.
+inline void make_context(Context& c, unsigned char* stack, size_t size, void (*entry)()) {
+  uintptr_t top = reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t(15);
+  void** sp = reinterpret_cast<void**>(top);
+  *--sp = nullptr;                             // entry's return address: never used
+  *--sp = reinterpret_cast<void*>(entry);      // where the switch returns to
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;  // rbp rbx r12 r13 r14 r15
+  --sp;
+  unsigned int mxcsr = 0x1f80;
+  unsigned short fpu = 0x037f;
+  memcpy(sp, &mxcsr, 4);
+  memcpy(reinterpret_cast<char*>(sp) + 4, &fpu, 2);
+  c.sp = sp;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+
+inline void switch_to(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+
+inline void make_context(Context& c, unsigned char* stack, size_t size, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+
 struct Fiber {
-  ucontext_t context;
+  Context context;
   uint3 tid;
   int linear = 0;
   bool done = false;
@@ -73,7 +144,8 @@ struct Block {
   std::vector<int> warp_live;
   std::vector<unsigned long long> exchange;  // one slot per thread
   std::vector<unsigned char> dynamic_shared;
-  ucontext_t scheduler;
+  Context scheduler;
+  bool direct = false;
   void (*body)(void*) = nullptr;
   void* body_arg = nullptr;
   char error[512] = {0};
@@ -103,7 +175,7 @@ inline void fail(const char* what) {
 }
 
 // Switches to the scheduler, which resumes the next fiber.
-inline void yield() { swapcontext(&self().context, &state.block->scheduler); }
+inline void yield() { switch_to(self().context, state.block->scheduler); }
 
 inline void trampoline() {
   Block* b = state.block;
@@ -122,10 +194,14 @@ inline void trampoline() {
     w.arrived = 0;
     w.gen += 1;
   }
-  swapcontext(&f.context, &b->scheduler);
+  switch_to(f.context, b->scheduler);
 }
 
 inline void barrier_wait(Barrier& barrier, int participants, long site) {
+  if (state.block->direct) {
+    fail("a barrier or shuffle in a module the emulator runs without fibers (KILN_EMU_DIRECT)");
+    return;
+  }
   if (barrier.arrived == 0) {
     barrier.site = site;
   } else if (barrier.site != site) {
@@ -188,7 +264,13 @@ inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
     return 1;
   }
   block.fibers.resize(threads);
+#ifdef KILN_EMU_DIRECT
+  // No barrier or shuffle in this module: threads run one after another as
+  // plain calls.
+  block.direct = true;
+#else
   while ((int)stacks.size() < threads) stacks.emplace_back(new unsigned char[kStackBytes]);
+#endif
   block.warp_barriers.resize((threads + kWarp - 1) / kWarp);
   block.exchange.assign(threads, 0);
   block.dynamic_shared.assign(cfg->shared_bytes + 16, 0);
@@ -214,21 +296,24 @@ inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
           f.tid = uint3{t % cfg->block[0], (t / cfg->block[0]) % cfg->block[1],
                         t / (cfg->block[0] * cfg->block[1])};
           block.warp_live[t / kWarp] += 1;
-          getcontext(&f.context);
-          f.context.uc_stack.ss_sp = stacks[t].get();
-          f.context.uc_stack.ss_size = kStackBytes;
-          f.context.uc_link = nullptr;
-          makecontext(&f.context, trampoline, 0);
+          if (!block.direct) make_context(f.context, stacks[t].get(), kStackBytes, trampoline);
+        }
+        if (block.direct) {
+          for (int t = 0; t < threads && block.error[0] == 0; ++t) {
+            block.current = t;
+            state.thread_idx = block.fibers[t].tid;
+            body(arg);
+          }
         }
         // Round-robin over unfinished fibers until all are done.
-        int remaining = threads;
+        int remaining = block.direct ? 0 : threads;
         while (remaining > 0 && block.error[0] == 0) {
           remaining = 0;
           for (int t = 0; t < threads; ++t) {
             if (block.fibers[t].done) continue;
             block.current = t;
             state.thread_idx = block.fibers[t].tid;
-            swapcontext(&block.scheduler, &block.fibers[t].context);
+            switch_to(block.scheduler, block.fibers[t].context);
             if (!block.fibers[t].done) remaining += 1;
             if (block.error[0] != 0) break;
           }

@@ -53,6 +53,29 @@ struct Function {
     last_error: LastErrorFn,
 }
 
+/// A host allocation: over-sized by [`ALIGN`] and aligned inside, because
+/// `alloc_zeroed` with the allocator's own alignment is `calloc`, whose large
+/// blocks are zero pages mapped on first touch (a KV cache of gigabytes costs
+/// nothing until used), where a larger alignment would write every zero.
+#[derive(Clone, Copy, Debug)]
+struct HostBlock {
+    base: u64,
+    len: usize,
+}
+
+impl HostBlock {
+    const HOST_ALIGN: usize = 16;
+
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(len, Self::HOST_ALIGN).expect("a valid layout")
+    }
+
+    fn free(self) {
+        // SAFETY: `base` came from `alloc_zeroed` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.base as *mut u8, Self::layout(self.len)) };
+    }
+}
+
 /// Work recorded during capture.
 #[derive(Clone)]
 enum Recorded {
@@ -64,8 +87,8 @@ enum Recorded {
 
 #[derive(Default)]
 struct State {
-    /// Live allocations: start address → size.
-    allocations: BTreeMap<u64, usize>,
+    /// Live allocations: start address → (size, the host block holding it).
+    allocations: BTreeMap<u64, (usize, HostBlock)>,
     allocated: usize,
     libraries: Vec<libloading::Library>,
     functions: Vec<Function>,
@@ -212,7 +235,10 @@ impl Emulator {
             text.push_str(&format!("KILN_EMU_EXPORT({kernel})\n"));
         }
         let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
-        let flags = ["-std=c++20", "-O2", "-shared", "-fPIC", "-w", "-x", "c++"];
+        let mut flags = vec!["-std=c++20", "-O2", "-shared", "-fPIC", "-w", "-x", "c++"];
+        if !synchronizes(source) {
+            flags.push("-DKILN_EMU_DIRECT");
+        }
         let mut hasher = Sha256::new();
         hasher.update(compiler.as_bytes());
         hasher.update(flags.join(" ").as_bytes());
@@ -241,6 +267,24 @@ impl Emulator {
             .map_err(|e| DeviceError::new(format!("cannot write {}: {e}", path.display())))?;
         Ok(path)
     }
+}
+
+/// Whether a kernel source synchronizes its threads (barriers, shuffles, or
+/// the block and warp reductions of `kiln_cuda.cuh`). A module that does not
+/// runs its threads as plain calls, without fibers; a barrier reached anyway
+/// is reported as an error, never ignored.
+fn synchronizes(source: &str) -> bool {
+    [
+        "__syncthreads",
+        "__syncwarp",
+        "__shfl",
+        "block_sum",
+        "block_max",
+        "warp_sum",
+        "warp_max",
+    ]
+    .iter()
+    .any(|word| source.contains(word))
 }
 
 fn compile_with(compiler: &str, flags: &[&str], text: &str, out: &Path) -> Result<(), String> {
@@ -281,7 +325,7 @@ fn check_range(state: &State, ptr: DevicePtr, bytes: usize, what: &str) -> Devic
         .allocations
         .range(..=ptr)
         .next_back()
-        .is_some_and(|(&start, &size)| ptr + bytes as u64 <= start + size as u64);
+        .is_some_and(|(&start, &(size, _))| ptr + bytes as u64 <= start + size as u64);
     if inside {
         Ok(())
     } else {
@@ -312,27 +356,29 @@ impl Device for Emulator {
                 self.capacity
             )));
         }
-        let layout = std::alloc::Layout::from_size_align(bytes.max(1), ALIGN)
-            .map_err(|e| DeviceError::new(e.to_string()))?;
+        let len = bytes.max(1) + ALIGN;
         // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
+        let base = unsafe { std::alloc::alloc_zeroed(HostBlock::layout(len)) };
+        if base.is_null() {
             return Err(DeviceError::new(format!(
                 "out of host memory for {bytes} bytes"
             )));
         }
-        state.allocations.insert(ptr as u64, bytes.max(1));
+        let ptr = (base as u64).div_ceil(ALIGN as u64) * ALIGN as u64;
+        let block = HostBlock {
+            base: base as u64,
+            len,
+        };
+        state.allocations.insert(ptr, (bytes.max(1), block));
         state.allocated += bytes;
-        Ok(ptr as u64)
+        Ok(ptr)
     }
 
     fn free(&self, ptr: DevicePtr) {
         let mut state = self.state();
-        if let Some(size) = state.allocations.remove(&ptr) {
+        if let Some((size, block)) = state.allocations.remove(&ptr) {
             state.allocated -= size.min(state.allocated);
-            let layout = std::alloc::Layout::from_size_align(size, ALIGN).expect("valid layout");
-            // SAFETY: `ptr` came from `alloc` with this layout and is freed once.
-            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
+            block.free();
         }
     }
 
@@ -458,12 +504,9 @@ impl Device for Emulator {
 impl Drop for Emulator {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        for (&ptr, &size) in &state.allocations {
-            let layout = std::alloc::Layout::from_size_align(size, ALIGN).expect("valid layout");
-            // SAFETY: every entry is a live allocation made with this layout.
-            unsafe { std::alloc::dealloc(ptr as *mut u8, layout) };
+        for (_, (_, block)) in std::mem::take(&mut state.allocations) {
+            block.free();
         }
-        state.allocations.clear();
         // Kernel libraries hold thread-local emulator state: never unload them.
         for library in state.libraries.drain(..) {
             std::mem::forget(library);

@@ -38,8 +38,14 @@ pub const DATA: Source = Source {
     text: include_str!("../../cuda/data.cu"),
 };
 
+/// Sampling of logits rows on the device.
+pub const SAMPLING: Source = Source {
+    name: "sampling.cu",
+    text: include_str!("../../cuda/sampling.cu"),
+};
+
 /// Every hand-written source.
-pub const ALL: [Source; 4] = [NORM, ROPE, ATTENTION, DATA];
+pub const ALL: [Source; 5] = [NORM, ROPE, ATTENTION, DATA, SAMPLING];
 
 /// `text` with `#include "kiln_cuda.cuh"` replaced by the header itself.
 pub fn inline_common_header(text: &str) -> String {

@@ -12,10 +12,11 @@ mod codegen;
 mod launch;
 mod memory;
 mod plan;
+mod sample;
 mod weights;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use kiln_kernels::cuda::{sources, Device, DevicePtr};
 use kiln_kernels::dense::attention::CacheLayout;
@@ -25,6 +26,7 @@ pub use codegen::generate as generate_fused_kernel;
 pub use weights::WeightDtype;
 
 use super::executor::{bind_symbols, check_ragged_batch, resolve};
+use super::sampling::{RowSampling, Sampled};
 use super::tensor::{storage_of, Data, Storage, Tensor};
 use super::{Backend, KvCache, RuntimeError, WeightStore};
 use crate::compiler::Program;
@@ -101,6 +103,7 @@ impl Drop for DeviceKvCache {
 struct RunState {
     arena: DevicePtr,
     capacity: usize,
+    sampler: sample::SampleBuffers,
     plans: HashMap<Vec<(String, usize)>, Arc<RunPlan>>,
 }
 
@@ -177,6 +180,7 @@ impl CudaExecutor {
             state: Mutex::new(RunState {
                 arena: 0,
                 capacity: 0,
+                sampler: sample::SampleBuffers::default(),
                 plans: HashMap::new(),
             }),
         })
@@ -375,6 +379,7 @@ impl Drop for CudaExecutor {
         if state.arena != 0 {
             self.device.free(state.arena);
         }
+        state.sampler.free(self.device.as_ref());
     }
 }
 
@@ -422,7 +427,14 @@ impl Backend for CudaExecutor {
         let symbols = bind_symbols(&self.program.graph, &worst_case)?;
         {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            self.prepare(&mut state, &symbols)?;
+            let plan = self.prepare(&mut state, &symbols)?;
+            let logits = &plan.shapes[self.program.graph.outputs[0] as usize];
+            let vocab = logits.last().copied().unwrap_or(0);
+            let rows = logits.iter().product::<usize>() / vocab.max(1);
+            state
+                .sampler
+                .reserve(self.device.as_ref(), rows, vocab, 1)
+                .map_err(RuntimeError::Device)?;
         }
         let (free, total) = self
             .device
@@ -439,7 +451,76 @@ impl Backend for CudaExecutor {
         cache: Option<&mut KvCache>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let graph = &self.program.graph;
-        let symbols = bind_symbols(graph, &inputs)?;
+        let (_state, plan, addrs) = self.execute(&inputs, cache)?;
+        graph
+            .outputs
+            .iter()
+            .map(|&o| {
+                let node = &graph.nodes[o as usize];
+                download(
+                    self.device.as_ref(),
+                    node.ty.dtype,
+                    plan.shapes[o as usize].clone(),
+                    addrs[o as usize],
+                )
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| RuntimeError::Device(e.to_string()))
+    }
+
+    fn run_sampled(
+        &self,
+        inputs: Vec<Tensor>,
+        cache: Option<&mut KvCache>,
+        rows: &[RowSampling],
+    ) -> Result<Vec<Sampled>, RuntimeError> {
+        let (mut state, plan, addrs) = self.execute(&inputs, cache)?;
+        let logits = self.program.graph.outputs[0] as usize;
+        let shape = &plan.shapes[logits];
+        let vocab = shape.last().copied().unwrap_or(0);
+        if shape.iter().product::<usize>() != rows.len() * vocab {
+            return Err(RuntimeError::Input {
+                name: "logits".to_owned(),
+                message: format!("logits {shape:?} for {} sampled rows", rows.len()),
+            });
+        }
+        if let Some(row) = rows
+            .iter()
+            .find(|r| r.logprobs.unwrap_or(0) > sample::MAX_TOP)
+        {
+            return Err(RuntimeError::Input {
+                name: "logprobs".to_owned(),
+                message: format!(
+                    "{} top log-probabilities asked, at most {}",
+                    row.logprobs.unwrap_or(0),
+                    sample::MAX_TOP
+                ),
+            });
+        }
+        state
+            .sampler
+            .sample(
+                self.device.as_ref(),
+                self.hand["kiln_sample"],
+                addrs[logits],
+                vocab,
+                rows,
+            )
+            .map_err(RuntimeError::Device)
+    }
+}
+
+impl CudaExecutor {
+    /// Uploads the inputs and launches every step; returns the run state
+    /// (still locked: the arena holds the outputs), the plan and each
+    /// value's address.
+    fn execute(
+        &self,
+        inputs: &[Tensor],
+        cache: Option<&mut KvCache>,
+    ) -> Result<(MutexGuard<'_, RunState>, Arc<RunPlan>, Vec<DevicePtr>), RuntimeError> {
+        let graph = &self.program.graph;
+        let symbols = bind_symbols(graph, inputs)?;
         let cache = cache.map(|c| &*c);
         let device_cache = match cache {
             Some(c) => Some(c.device().ok_or_else(|| {
@@ -449,16 +530,15 @@ impl Backend for CudaExecutor {
         };
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let plan = self.prepare(&mut state, &symbols)?;
-        self.check_attention_inputs(&inputs, &plan.shapes, cache)?;
+        self.check_attention_inputs(inputs, &plan.shapes, cache)?;
         let device = self.device.as_ref();
         let device_error = |e: kiln_kernels::cuda::DeviceError| RuntimeError::Device(e.to_string());
+        let arena = state.arena;
         let addrs: Vec<DevicePtr> = self
             .homes
             .iter()
             .map(|home| match home {
-                Home::Arena(root) => {
-                    plan.offsets[*root as usize].map_or(0, |o| state.arena + o as u64)
-                }
+                Home::Arena(root) => plan.offsets[*root as usize].map_or(0, |o| arena + o as u64),
                 Home::Persistent(ptr) => *ptr,
                 Home::Nowhere => 0,
             })
@@ -483,7 +563,7 @@ impl Backend for CudaExecutor {
             cache: device_cache,
         };
         for (s, (step, step_plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
-            let scratch = plan.scratch[s].map(|o| state.arena + o as u64);
+            let scratch = plan.scratch[s].map(|o| arena + o as u64);
             let bytes = element_bytes(graph.nodes[step.output as usize].ty.dtype);
             frame
                 .run(step, step_plan, bytes, scratch)
@@ -498,34 +578,22 @@ impl Backend for CudaExecutor {
                 "an index (a token id or a gathered row) was out of range".into(),
             ));
         }
-        graph
-            .outputs
-            .iter()
-            .map(|&o| {
-                download(
-                    device,
-                    &graph.nodes[o as usize].ty.dtype,
-                    plan.shapes[o as usize].clone(),
-                    addrs[o as usize],
-                )
-            })
-            .collect::<Result<_, _>>()
-            .map_err(device_error)
+        Ok((state, plan, addrs))
     }
 }
 
 fn download(
     device: &dyn Device,
-    dtype: &kiln_plugin_api::graph::DType,
+    dtype: kiln_plugin_api::graph::DType,
     shape: Vec<usize>,
     ptr: DevicePtr,
 ) -> Result<Tensor, kiln_kernels::cuda::DeviceError> {
     let n: usize = shape.iter().product();
-    let mut bytes = vec![0u8; n * element_bytes(*dtype)];
+    let mut bytes = vec![0u8; n * element_bytes(dtype)];
     if n > 0 {
         device.download(ptr, &mut bytes)?;
     }
-    let data = match storage_of(*dtype) {
+    let data = match storage_of(dtype) {
         Storage::F32 => Data::F32(
             bytes
                 .chunks_exact(4)
@@ -540,9 +608,5 @@ fn download(
         ),
         Storage::Bool => Data::Bool(bytes.iter().map(|&b| b != 0).collect()),
     };
-    Ok(Tensor {
-        dtype: *dtype,
-        shape,
-        data,
-    })
+    Ok(Tensor { dtype, shape, data })
 }

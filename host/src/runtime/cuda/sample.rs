@@ -1,0 +1,307 @@
+//! Sampling on the device (`kernels/cuda/sampling.cu`): per logits row the
+//! host uploads a small parameter block and the token adjustments of
+//! penalties and bans; the kernel picks the token and the log-probabilities;
+//! only those come back.
+
+use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig};
+
+use crate::runtime::sampling::{RowSampling, Sampled};
+
+/// Most top log-probabilities a row may ask for (OpenAI allows 20).
+pub const MAX_TOP: usize = 20;
+
+/// Device buffers of the sampler, grown when a step needs more (the
+/// serving engine reserves them for its largest step at start-up).
+#[derive(Default)]
+pub struct SampleBuffers {
+    rows: usize,
+    vocab: usize,
+    adjust_capacity: usize,
+    work: DevicePtr,
+    params: DevicePtr,
+    adjust: DevicePtr,
+    tokens: DevicePtr,
+    logprobs: DevicePtr,
+    top_ids: DevicePtr,
+    top_logprobs: DevicePtr,
+}
+
+impl SampleBuffers {
+    /// Makes room for `rows` rows of `vocab` logits and `adjustments` token
+    /// adjustments.
+    pub fn reserve(
+        &mut self,
+        device: &dyn Device,
+        rows: usize,
+        vocab: usize,
+        adjustments: usize,
+    ) -> Result<(), String> {
+        let alloc = |bytes: usize| {
+            device
+                .alloc(bytes)
+                .map_err(|e| format!("sampler buffers: {e}"))
+        };
+        if rows > self.rows || vocab > self.vocab {
+            self.free_rows(device);
+            let (rows, vocab) = (rows.max(self.rows), vocab.max(self.vocab));
+            self.work = alloc(rows * vocab * 4)?;
+            self.params = alloc(rows * 48)?;
+            self.tokens = alloc(rows * 4)?;
+            self.logprobs = alloc(rows * 4)?;
+            self.top_ids = alloc(rows * MAX_TOP * 4)?;
+            self.top_logprobs = alloc(rows * MAX_TOP * 4)?;
+            self.rows = rows;
+            self.vocab = vocab;
+        }
+        if adjustments > self.adjust_capacity {
+            if self.adjust != 0 {
+                device.free(self.adjust);
+            }
+            let capacity = adjustments.next_power_of_two();
+            self.adjust = alloc(capacity * 16)?;
+            self.adjust_capacity = capacity;
+        }
+        Ok(())
+    }
+
+    fn free_rows(&mut self, device: &dyn Device) {
+        for ptr in [
+            self.work,
+            self.params,
+            self.tokens,
+            self.logprobs,
+            self.top_ids,
+            self.top_logprobs,
+        ] {
+            if ptr != 0 {
+                device.free(ptr);
+            }
+        }
+    }
+
+    /// Frees everything.
+    pub fn free(&mut self, device: &dyn Device) {
+        self.free_rows(device);
+        if self.adjust != 0 {
+            device.free(self.adjust);
+        }
+        *self = Self::default();
+    }
+
+    /// Picks the token of each row of `logits` ([rows.len(), vocab] f32 at
+    /// `logits`) with `kernel` (`kiln_sample`).
+    pub fn sample(
+        &mut self,
+        device: &dyn Device,
+        kernel: FunctionId,
+        logits: DevicePtr,
+        vocab: usize,
+        rows: &[RowSampling],
+    ) -> Result<Vec<Sampled>, String> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let adjustments: usize = rows.iter().map(|r| r.adjustments.len()).sum();
+        self.reserve(device, rows.len(), vocab, adjustments.max(1))?;
+        let mut params = Vec::with_capacity(rows.len() * 48);
+        let mut adjust = Vec::with_capacity(adjustments * 16);
+        for row in rows {
+            let begin = adjust.len() / 16;
+            for a in &row.adjustments {
+                for v in [
+                    a.token as i32,
+                    a.generated as i32,
+                    i32::from(a.seen),
+                    i32::from(a.banned),
+                ] {
+                    adjust.extend(v.to_le_bytes());
+                }
+            }
+            let end = adjust.len() / 16;
+            let logprobs = row.logprobs.map_or(-1, |n| n.min(MAX_TOP) as i32);
+            for v in [
+                row.temperature,
+                row.top_p,
+                row.min_p,
+                row.uniform,
+                row.repetition,
+                row.frequency,
+                row.presence,
+            ] {
+                params.extend(v.to_le_bytes());
+            }
+            for v in [
+                row.top_k.min(i32::MAX as usize) as i32,
+                logprobs,
+                begin as i32,
+                end as i32,
+                0,
+            ] {
+                params.extend(v.to_le_bytes());
+            }
+        }
+        let fail = |e: kiln_kernels::cuda::DeviceError| e.to_string();
+        device.upload(self.params, &params).map_err(fail)?;
+        if !adjust.is_empty() {
+            device.upload(self.adjust, &adjust).map_err(fail)?;
+        }
+        device
+            .launch(
+                kernel,
+                LaunchConfig::linear(rows.len() as u32, 256),
+                &[
+                    KernelArg::Ptr(logits),
+                    KernelArg::Ptr(self.work),
+                    KernelArg::Ptr(self.params),
+                    KernelArg::Ptr(self.adjust),
+                    KernelArg::I32(vocab as i32),
+                    KernelArg::I32(MAX_TOP as i32),
+                    KernelArg::Ptr(self.tokens),
+                    KernelArg::Ptr(self.logprobs),
+                    KernelArg::Ptr(self.top_ids),
+                    KernelArg::Ptr(self.top_logprobs),
+                ],
+            )
+            .map_err(fail)?;
+        let n = rows.len();
+        let tokens = download_words(device, self.tokens, n)?;
+        let wants_logprobs = rows.iter().any(|r| r.logprobs.is_some());
+        let (logprobs, top_ids, top_logprobs) = if wants_logprobs {
+            (
+                download_words(device, self.logprobs, n)?,
+                download_words(device, self.top_ids, n * MAX_TOP)?,
+                download_words(device, self.top_logprobs, n * MAX_TOP)?,
+            )
+        } else {
+            (Vec::new(), Vec::new(), Vec::new())
+        };
+        Ok(rows
+            .iter()
+            .enumerate()
+            .map(|(r, row)| {
+                let top = (0..row.logprobs.unwrap_or(0).min(MAX_TOP))
+                    .map(|j| {
+                        (
+                            top_ids[r * MAX_TOP + j],
+                            f32::from_bits(top_logprobs[r * MAX_TOP + j]),
+                        )
+                    })
+                    .collect();
+                Sampled {
+                    token: tokens[r],
+                    logprob: row.logprobs.map(|_| f32::from_bits(logprobs[r])),
+                    top,
+                }
+            })
+            .collect())
+    }
+}
+
+fn download_words(device: &dyn Device, ptr: DevicePtr, n: usize) -> Result<Vec<u32>, String> {
+    let mut bytes = vec![0u8; n * 4];
+    device
+        .download(ptr, &mut bytes)
+        .map_err(|e| e.to_string())?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kiln_kernels::cuda::emulator::Emulator;
+    use kiln_kernels::cuda::sources;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::runtime::sampling::{sample_row, TokenAdjustment};
+
+    /// The kernel picks what the host sampler picks, draw for draw: greedy
+    /// and sampled rows with every filter, penalties, bans, ties, -inf
+    /// logits and log-probabilities.
+    #[test]
+    fn the_device_sampler_picks_what_the_host_sampler_picks() {
+        let device: Arc<dyn Device> = Arc::new(Emulator::new(
+            1 << 30,
+            std::env::temp_dir().join("kiln-kernels/emulator"),
+        ));
+        let names = sources::kernel_names(sources::SAMPLING.text);
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let kernel = device
+            .load(sources::SAMPLING.name, sources::SAMPLING.text, &refs)
+            .unwrap()[0];
+        let mut rng = StdRng::seed_from_u64(5);
+        let vocab = 300;
+        let mut buffers = SampleBuffers::default();
+        let mut checked = 0;
+        for round in 0..12 {
+            let rows: Vec<RowSampling> = (0..6)
+                .map(|r| {
+                    let greedy = (round + r) % 5 == 0;
+                    RowSampling {
+                        temperature: if greedy {
+                            0.0
+                        } else {
+                            rng.random_range(0.3..1.5)
+                        },
+                        top_k: [0, 1, 5, 40, 299, 1000][rng.random_range(0..6)],
+                        top_p: [1.0, 0.9, 0.5, 0.05][rng.random_range(0..4)],
+                        min_p: [0.0, 0.1, 0.5][rng.random_range(0..3)],
+                        uniform: if r == 0 { 0.0 } else { rng.random::<f32>() },
+                        repetition: [1.0, 1.3][rng.random_range(0..2)],
+                        frequency: rng.random_range(-0.5..0.5),
+                        presence: rng.random_range(-0.5..0.5),
+                        adjustments: (0..rng.random_range(0..8))
+                            .map(|_| {
+                                let token = rng.random_range(0..vocab as u32);
+                                let adjustment = TokenAdjustment {
+                                    token,
+                                    generated: rng.random_range(0..3),
+                                    seen: rng.random(),
+                                    banned: rng.random_range(0..10) == 0,
+                                };
+                                (token, adjustment)
+                            })
+                            .collect::<std::collections::BTreeMap<u32, TokenAdjustment>>()
+                            .into_values()
+                            .collect(),
+                        logprobs: [None, Some(0), Some(3)][rng.random_range(0..3)],
+                    }
+                })
+                .collect();
+            // Coarse values make ties; some rows have -inf logits.
+            let logits: Vec<f32> = (0..rows.len() * vocab)
+                .map(|i| match rng.random_range(0..40) {
+                    0 if i % vocab != 0 => f32::NEG_INFINITY,
+                    _ => (rng.random_range(-40..40) as f32) / 8.0,
+                })
+                .collect();
+            let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let ptr = device.alloc(bytes.len()).unwrap();
+            device.upload(ptr, &bytes).unwrap();
+            let got = buffers
+                .sample(device.as_ref(), kernel, ptr, vocab, &rows)
+                .unwrap();
+            device.free(ptr);
+            for (r, (row, got)) in rows.iter().zip(got).enumerate() {
+                let want = sample_row(&logits[r * vocab..(r + 1) * vocab], row);
+                assert_eq!(got.token, want.token, "round {round} row {r}: {row:?}");
+                if let (Some(a), Some(b)) = (got.logprob, want.logprob) {
+                    assert!((a - b).abs() < 1e-5, "logprob {a} vs {b}");
+                }
+                assert_eq!(got.top.len(), want.top.len());
+                for (&(ta, la), &(tb, lb)) in got.top.iter().zip(&want.top) {
+                    assert_eq!(ta, tb, "round {round} row {r} top");
+                    assert!((la - lb).abs() < 1e-5);
+                }
+                checked += 1;
+            }
+        }
+        buffers.free(device.as_ref());
+        assert_eq!(checked, 72);
+    }
+}

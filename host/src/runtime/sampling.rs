@@ -1,0 +1,290 @@
+//! The sampling contract between the engine and the backends: for each
+//! logits row, the engine says how to pick a token ([`RowSampling`]: the
+//! filters, the uniform draw from the request's seeded generator, the token
+//! adjustments of penalties and bans, the log-probabilities wanted) and the
+//! backend answers with the token ([`Sampled`]). The CPU backend runs
+//! [`sample_row`] here; the CUDA backend runs `kernels/cuda/sampling.cu`,
+//! which follows the same steps, so one draw picks one token on either.
+
+/// A token whose logit the penalties or bans change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenAdjustment {
+    /// The token.
+    pub token: u32,
+    /// Times it was generated so far (frequency and presence penalties).
+    pub generated: u32,
+    /// Seen in the prompt or the output (repetition penalty).
+    pub seen: bool,
+    /// Suppressed (e.g. end-of-sequence before `min_tokens`).
+    pub banned: bool,
+}
+
+/// How to pick the token of one logits row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowSampling {
+    /// 0: greedy (the first largest logit).
+    pub temperature: f32,
+    /// Keep the `top_k` most likely (0: all).
+    pub top_k: usize,
+    /// Keep the shortest prefix reaching `top_p` (1: all).
+    pub top_p: f32,
+    /// Drop what is less likely than `min_p` × the most likely (0: none).
+    pub min_p: f32,
+    /// The draw in [0, 1) (unused when greedy).
+    pub uniform: f32,
+    /// Hugging Face repetition penalty (1: none).
+    pub repetition: f32,
+    /// OpenAI frequency penalty.
+    pub frequency: f32,
+    /// OpenAI presence penalty.
+    pub presence: f32,
+    /// Tokens the penalties and bans touch.
+    pub adjustments: Vec<TokenAdjustment>,
+    /// `Some(n)`: the chosen token's log-probability and the `n` most likely
+    /// tokens', from the row before penalties and temperature.
+    pub logprobs: Option<usize>,
+}
+
+impl RowSampling {
+    /// Greedy, nothing else.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            uniform: 0.0,
+            repetition: 1.0,
+            frequency: 0.0,
+            presence: 0.0,
+            adjustments: Vec::new(),
+            logprobs: None,
+        }
+    }
+}
+
+/// The token picked for a row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    /// The token.
+    pub token: u32,
+    /// Its log-probability, when asked for.
+    pub logprob: Option<f32>,
+    /// The most likely tokens and their log-probabilities, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Picks the token of `logits` as `row` says (the host implementation).
+pub fn sample_row(logits: &[f32], row: &RowSampling) -> Sampled {
+    let raw = row.logprobs.map(|_| log_softmax(logits));
+    let mut adjusted = logits.to_vec();
+    apply_adjustments(&mut adjusted, row);
+    let token = pick(&adjusted, row);
+    let (logprob, top) = match (raw, row.logprobs) {
+        (Some(lp), Some(n)) => (Some(lp[token as usize]), top_logprobs(&lp, n)),
+        _ => (None, Vec::new()),
+    };
+    Sampled {
+        token,
+        logprob,
+        top,
+    }
+}
+
+/// Penalties (repetition, then frequency and presence) and bans.
+fn apply_adjustments(logits: &mut [f32], row: &RowSampling) {
+    for a in &row.adjustments {
+        let Some(l) = logits.get_mut(a.token as usize) else {
+            continue;
+        };
+        if a.seen && row.repetition != 1.0 {
+            *l = if *l > 0.0 {
+                *l / row.repetition
+            } else {
+                *l * row.repetition
+            };
+        }
+        if a.generated > 0 {
+            *l -= row.frequency * a.generated as f32 + row.presence;
+        }
+        if a.banned {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Greedy, or temperature, top-k, softmax, min-p, top-p and the draw.
+fn pick(logits: &[f32], row: &RowSampling) -> u32 {
+    if row.temperature == 0.0 {
+        return argmax(logits);
+    }
+    let mut candidates: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, &l)| (i as u32, l / row.temperature))
+        .collect();
+    if candidates.is_empty() {
+        return argmax(logits);
+    }
+    candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if row.top_k > 0 {
+        candidates.truncate(row.top_k);
+    }
+    // Softmax over the survivors.
+    let max = candidates[0].1;
+    let mut probs: Vec<f32> = candidates.iter().map(|(_, l)| (l - max).exp()).collect();
+    let total: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= total);
+    let mut keep = probs.len();
+    if row.min_p > 0.0 {
+        let floor = row.min_p * probs[0];
+        keep = keep.min(
+            probs
+                .iter()
+                .position(|&p| p < floor)
+                .unwrap_or(probs.len())
+                .max(1),
+        );
+    }
+    if row.top_p < 1.0 {
+        let mut cumulative = 0.0;
+        for (i, p) in probs.iter().enumerate().take(keep) {
+            cumulative += p;
+            if cumulative >= row.top_p {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    let kept: f32 = probs[..keep].iter().sum();
+    let mut draw = row.uniform * kept;
+    for (i, p) in probs[..keep].iter().enumerate() {
+        draw -= p;
+        if draw <= 0.0 {
+            return candidates[i].0;
+        }
+    }
+    candidates[keep - 1].0
+}
+
+/// The index of the largest logit (the first on ties).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Log-softmax of a row.
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
+    let log_sum = sum.ln();
+    logits.iter().map(|l| (l - max) - log_sum).collect()
+}
+
+/// The `n` largest log-probabilities, largest first (ties by index).
+fn top_logprobs(lp: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let mut order: Vec<u32> = (0..lp.len() as u32).collect();
+    let k = n.min(order.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let by_value = |a: &u32, b: &u32| lp[*b as usize].total_cmp(&lp[*a as usize]).then(a.cmp(b));
+    order.select_nth_unstable_by(k - 1, by_value);
+    order.truncate(k);
+    order.sort_by(by_value);
+    order.into_iter().map(|t| (t, lp[t as usize])).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(temperature: f32, top_k: usize, top_p: f32, min_p: f32, uniform: f32) -> RowSampling {
+        RowSampling {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            uniform,
+            ..RowSampling::greedy()
+        }
+    }
+
+    #[test]
+    fn greedy_takes_the_first_argmax() {
+        assert_eq!(
+            sample_row(&[0.1, 3.0, 3.0], &RowSampling::greedy()).token,
+            1
+        );
+    }
+
+    #[test]
+    fn filters_restrict_the_choice() {
+        let logits = [2.0, 1.9, 1.8, -5.0];
+        for u in 0..100 {
+            let u = u as f32 / 100.0;
+            assert_eq!(
+                sample_row(&logits, &row(1.0, 1, 1.0, 0.0, u)).token,
+                0,
+                "top_k = 1"
+            );
+            assert!(
+                sample_row(&logits, &row(1.0, 0, 0.5, 0.0, u)).token <= 1,
+                "top_p = 0.5 keeps two"
+            );
+            assert!(
+                sample_row(&logits, &row(1.0, 0, 1.0, 0.5, u)).token <= 2,
+                "min_p drops the unlikely one"
+            );
+        }
+        // The draw walks the sorted probabilities: p = 0.25, 0.75.
+        let logits = [0.0, (3.0f32).ln()];
+        assert_eq!(sample_row(&logits, &row(1.0, 0, 1.0, 0.0, 0.7)).token, 1);
+        assert_eq!(sample_row(&logits, &row(1.0, 0, 1.0, 0.0, 0.8)).token, 0);
+    }
+
+    #[test]
+    fn adjustments_follow_their_definitions() {
+        let adjust = |token, generated, seen, banned| TokenAdjustment {
+            token,
+            generated,
+            seen,
+            banned,
+        };
+        let mut r = RowSampling::greedy();
+        r.repetition = 2.0;
+        r.frequency = 0.5;
+        r.presence = 0.25;
+        r.adjustments = vec![
+            adjust(0, 0, true, false),
+            adjust(1, 2, true, false),
+            adjust(3, 0, false, true),
+        ];
+        let mut logits = vec![2.0, -2.0, 1.0, 5.0];
+        apply_adjustments(&mut logits, &r);
+        assert_eq!(logits, [1.0, -5.25, 1.0, f32::NEG_INFINITY]);
+    }
+
+    #[test]
+    fn log_probabilities_come_from_the_raw_row() {
+        let mut r = RowSampling::greedy();
+        r.logprobs = Some(2);
+        r.adjustments = vec![TokenAdjustment {
+            token: 2,
+            generated: 0,
+            seen: false,
+            banned: true,
+        }];
+        let out = sample_row(&[1.0, 2.0, 3.0], &r);
+        assert_eq!(out.token, 1);
+        let lp = log_softmax(&[1.0, 2.0, 3.0]);
+        assert_eq!(out.logprob, Some(lp[1]));
+        assert_eq!(out.top, vec![(2, lp[2]), (1, lp[1])]);
+    }
+}

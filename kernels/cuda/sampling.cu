@@ -1,0 +1,226 @@
+// Sampling on the device: one block per logits row picks the next token and
+// the requested log-probabilities, so only ids and a few floats go back to
+// the host.
+//
+// The order of operations is the host sampler's (engine/sampling.rs), so the
+// same uniform draw picks the same token on either backend: log-probabilities
+// of the raw row; penalties and banned tokens; greedy → the first maximum;
+// else the finite logits divided by the temperature, sorted descending (ties
+// by index), truncated to top_k, softmax over the survivors, min_p and top_p
+// cuts, and the draw walked along the kept tokens.
+//
+// Nothing is sorted: every "position in the sorted order" question is a
+// prefix_select, which finds by bisection over the value's bits the element
+// at which a prefix sum (of counts or probabilities) in sorted order reaches
+// a target, then settles ties by index with a block scan.
+#include "kiln_cuda.cuh"
+
+#define KILN_SAMPLE_THREADS 256
+
+// Per row; mirrors `SampleParams` on the Rust side (all 4-byte fields).
+struct KilnSampleParams {
+  float temperature;   // 0: greedy
+  float top_p;         // 1: off
+  float min_p;         // 0: off
+  float uniform;       // the draw in [0, 1)
+  float repetition;    // 1: off
+  float frequency;
+  float presence;
+  int top_k;           // 0: off
+  int logprobs;        // -1: none; n ≥ 0: the chosen token's and the top n
+  int adjust_begin;    // this row's entries in `adjust`
+  int adjust_end;
+  int pad;
+};
+
+// A token the penalties or min_tokens touch.
+struct KilnAdjust {
+  int token;
+  int generated;  // times generated so far
+  int seen;       // in the prompt or the output (repetition penalty)
+  int banned;     // suppressed (min_tokens: EOS and stop ids)
+};
+
+// Keys that order floats: a larger float has a larger key.
+__device__ __forceinline__ unsigned int order_key(float f) {
+  unsigned int u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The element of `v` (restricted to `member`) at which the prefix sum of
+// `weight` in sorted order (value descending, index ascending) first reaches
+// `target`; -1 when the members' total falls short. A target ≤ 0 selects the
+// first member. Every thread gets the result. `found` is two shared ints.
+template <typename Member, typename Weight>
+__device__ int prefix_select(const float* v, int n, Member member, Weight weight, float target,
+                             float* scratch, float* scan, int* found) {
+  const bool first_member = !(target > 0.0f);
+  if (first_member) target = 1.0f;
+  auto weight_of = [&](int i) { return first_member ? 1.0f : weight(i); };
+  float total = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    if (member(i)) total += weight_of(i);
+  total = block_sum(total, scratch);
+  if (total < target) return -1;
+  // The largest key K with Σ_{key ≥ K} weight ≥ target, bit by bit.
+  unsigned int k = 0;
+  for (int bit = 31; bit >= 0; --bit) {
+    unsigned int candidate = k | (1u << bit);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+      if (member(i) && order_key(v[i]) >= candidate) sum += weight_of(i);
+    if (block_sum(sum, scratch) >= target) k = candidate;
+  }
+  // The mass strictly above K, then the ties at K in index order: each
+  // thread scans a contiguous chunk after an exclusive scan of the chunks.
+  float above = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    if (member(i) && order_key(v[i]) > k) above += weight_of(i);
+  above = block_sum(above, scratch);
+  int chunk = (n + blockDim.x - 1) / blockDim.x;
+  int begin = min(n, (int)threadIdx.x * chunk), end = min(n, begin + chunk);
+  float mine = 0.0f;
+  int last_tie = -1;
+  for (int i = begin; i < end; ++i)
+    if (member(i) && order_key(v[i]) == k) {
+      mine += weight_of(i);
+      last_tie = i;
+    }
+  scan[threadIdx.x] = mine;
+  if (threadIdx.x == 0) {
+    found[0] = 0x7fffffff;
+    found[1] = -1;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float running = 0.0f;
+    for (int t = 0; t < (int)blockDim.x; ++t) {
+      float here = scan[t];
+      scan[t] = running;
+      running += here;
+    }
+  }
+  __syncthreads();
+  float running = above + scan[threadIdx.x];
+  for (int i = begin; i < end; ++i)
+    if (member(i) && order_key(v[i]) == k) {
+      running += weight_of(i);
+      if (running >= target) {
+        atomicMin(&found[0], i);
+        break;
+      }
+    }
+  if (last_tie >= 0) atomicMax(&found[1], last_tie);
+  __syncthreads();
+  // Rounding can leave the crossing unfound: then the last tie.
+  int result = found[0] != 0x7fffffff ? found[0] : found[1];
+  __syncthreads();
+  return result;
+}
+
+// True when element i comes no later than element b in sorted order.
+__device__ __forceinline__ bool not_after(const float* v, int i, int b) {
+  unsigned int ki = order_key(v[i]), kb = order_key(v[b]);
+  return ki > kb || (ki == kb && i <= b);
+}
+
+__device__ __forceinline__ bool finite(float x) { return x == x && fabsf(x) <= 3.402823466e38f; }
+
+// logits [rows, vocab] → tokens [rows]; log-probabilities of the chosen tokens
+// [rows] and of the top `max_top` [rows, max_top] (ids and values); `work`
+// [rows, vocab] is scratch.
+extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* __restrict__ work,
+                                       const KilnSampleParams* __restrict__ params,
+                                       const KilnAdjust* __restrict__ adjust, int vocab, int max_top,
+                                       int* __restrict__ tokens, float* __restrict__ logprobs,
+                                       int* __restrict__ top_ids, float* __restrict__ top_logprobs) {
+  __shared__ float scratch[32];
+  __shared__ float scan[KILN_SAMPLE_THREADS];
+  __shared__ int found[2];
+  const int row = blockIdx.x;
+  const KilnSampleParams p = params[row];
+  const float* x = logits + (i64)row * vocab;
+  float* w = work + (i64)row * vocab;
+
+  // Log-probabilities of the raw row.
+  float m = KILN_NEG_INF;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, x[i]);
+  m = block_max(m, scratch);
+  float z = 0.0f;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) z += expf(x[i] - m);
+  const float log_z = logf(block_sum(z, scratch));
+
+  // Penalties and bans on a copy.
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = x[i] == x[i] ? x[i] : KILN_NEG_INF;
+  __syncthreads();
+  for (int e = p.adjust_begin + threadIdx.x; e < p.adjust_end; e += blockDim.x) {
+    KilnAdjust a = adjust[e];
+    if (a.token < 0 || a.token >= vocab) continue;
+    float l = w[a.token];
+    if (a.seen && p.repetition != 1.0f) l = l > 0.0f ? l / p.repetition : l * p.repetition;
+    if (a.generated > 0) l -= p.frequency * (float)a.generated + p.presence;
+    if (a.banned) l = KILN_NEG_INF;
+    w[a.token] = l;
+  }
+  __syncthreads();
+
+  auto everything = [&](int) { return true; };
+  auto one = [&](int) { return 1.0f; };
+  int finite_count = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) finite_count += finite(w[i]) ? 1 : 0;
+  finite_count = (int)block_sum((float)finite_count, scratch);
+
+  int token;
+  if (p.temperature == 0.0f || finite_count == 0) {
+    token = prefix_select(w, vocab, everything, one, 1.0f, scratch, scan, found);
+  } else {
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = finite(w[i]) ? w[i] / p.temperature : KILN_NEG_INF;
+    __syncthreads();
+    auto is_finite = [&](int i) { return finite(w[i]); };
+    // top_k: the k-th survivor bounds the set.
+    int kth = p.top_k > 0 && p.top_k < finite_count
+                  ? prefix_select(w, vocab, is_finite, one, (float)p.top_k, scratch, scan, found)
+                  : -1;
+    auto in_top_k = [&](int i) { return finite(w[i]) && (kth < 0 || not_after(w, i, kth)); };
+    // Softmax over the survivors: the first of them holds the maximum.
+    float best = KILN_NEG_INF;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+      if (in_top_k(i)) best = fmaxf(best, w[i]);
+    best = block_max(best, scratch);
+    float total = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+      if (in_top_k(i)) total += expf(w[i] - best);
+    total = block_sum(total, scratch);
+    auto prob = [&](int i) { return expf(w[i] - best) / total; };
+    // min_p: drop what is less likely than min_p × the most likely.
+    const float floor = p.min_p > 0.0f ? p.min_p * (1.0f / total) : 0.0f;
+    auto above_floor = [&](int i) { return in_top_k(i) && prob(i) >= floor; };
+    // top_p: the shortest sorted prefix reaching top_p.
+    int pth = p.top_p < 1.0f ? prefix_select(w, vocab, above_floor, prob, p.top_p, scratch, scan, found) : -1;
+    auto kept = [&](int i) { return above_floor(i) && (pth < 0 || not_after(w, i, pth)); };
+    float kept_mass = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+      if (kept(i)) kept_mass += prob(i);
+    kept_mass = block_sum(kept_mass, scratch);
+    token = prefix_select(w, vocab, kept, prob, p.uniform * kept_mass, scratch, scan, found);
+    if (token < 0) {
+      // The draw ran past the kept mass by rounding: the last kept token.
+      float kept_count = 0.0f;
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x) kept_count += kept(i) ? 1.0f : 0.0f;
+      kept_count = block_sum(kept_count, scratch);
+      token = prefix_select(w, vocab, kept, one, kept_count, scratch, scan, found);
+    }
+  }
+  if (threadIdx.x == 0) {
+    tokens[row] = token;
+    if (p.logprobs >= 0) logprobs[row] = (x[token] - m) - log_z;
+  }
+  // The top log-probabilities: the j-th element of the raw row in sorted order.
+  for (int j = 0; j < p.logprobs && j < max_top; ++j) {
+    int id = prefix_select(x, vocab, everything, one, (float)(j + 1), scratch, scan, found);
+    if (threadIdx.x == 0) {
+      top_ids[(i64)row * max_top + j] = id;
+      top_logprobs[(i64)row * max_top + j] = (x[id] - m) - log_z;
+    }
+  }
+}
