@@ -9,8 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
 
-/// The workspace root.
+/// The workspace root: where these tests were built, or `KILN_WORKSPACE`
+/// (the GPU suite runs prebuilt test binaries in a copy of the repository).
 pub fn workspace_root() -> PathBuf {
+    if let Some(root) = std::env::var_os("KILN_WORKSPACE").filter(|p| !p.is_empty()) {
+        return PathBuf::from(root);
+    }
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ is inside the workspace")

@@ -95,6 +95,16 @@ pub fn load_model(path: &Path) -> kiln_host::model::Model {
     load_model_on(path, DeviceChoice::Cpu, WeightDtype::Auto)
 }
 
+/// The device of the CUDA backend tests: the kernel emulator, unless
+/// `KILN_TEST_CUDA_DEVICE` names a GPU (`cuda`, `cuda:N`: the GPU suite runs
+/// the same tests on the real driver that way).
+pub fn cuda_test_device() -> DeviceChoice {
+    std::env::var("KILN_TEST_CUDA_DEVICE").map_or(DeviceChoice::CudaEmulated, |name| {
+        name.parse()
+            .unwrap_or_else(|e| panic!("KILN_TEST_CUDA_DEVICE: {e}"))
+    })
+}
+
 /// [`load_model`] on `device`, with weights for products stored as `dtype`.
 pub fn load_model_on(
     path: &Path,

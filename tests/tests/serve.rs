@@ -353,18 +353,20 @@ fn benchmark_runs_every_concurrency_level_to_completion() {
     }
 }
 
-/// `serve --device cuda-emulated`: the CUDA backend end to end, the tokens
-/// picked on the device (greedy with log-probabilities, and a seeded draw
-/// through temperature, top-k and top-p), answering the official client the
-/// way `host generate` on the CPU answers the same requests.
+/// `serve` on the CUDA backend (the kernel emulator, or a GPU with
+/// KILN_TEST_CUDA_DEVICE) end to end, the tokens picked on the device
+/// (greedy with log-probabilities, and a seeded draw through temperature,
+/// top-k and top-p), answering the official client the way `host generate`
+/// on the CPU answers the same requests.
 #[test]
-fn serve_on_the_cuda_emulator_answers_the_openai_client_like_the_cpu() {
+fn serve_on_the_cuda_backend_answers_the_openai_client_like_the_cpu() {
     let (model, python) = requirements();
+    let device = kiln_tests::models::cuda_test_device().to_string();
     let server = Server::start(
         &model,
         &[
             "--device",
-            "cuda-emulated",
+            &device,
             "--dtype",
             "float32",
             "--max-batch-tokens",

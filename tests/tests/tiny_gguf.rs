@@ -215,11 +215,11 @@ const TESTED: [&str; 9] = [
 
 /// Every GGUF fixture (llama.cpp's converter: permuted Q/K with adjacent-pair
 /// rotation, rope factors, q8_0 blocks dequantized at load) through the CUDA
-/// backend on the kernel emulator.
+/// backend (the kernel emulator, or a GPU with KILN_TEST_CUDA_DEVICE).
 #[test]
-fn every_gguf_fixture_on_the_cuda_emulator_matches_transformers() {
+fn every_gguf_fixture_on_the_cuda_backend_matches_transformers() {
     for file in TESTED {
-        gguf_matches_transformers_on(file, DeviceChoice::CudaEmulated);
+        gguf_matches_transformers_on(file, kiln_tests::models::cuda_test_device());
     }
 }
 

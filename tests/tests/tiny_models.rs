@@ -289,8 +289,8 @@ fn continuous_batching_with_chunked_prefill_and_prefix_caching_matches_single_se
 }
 
 #[test]
-fn continuous_batching_on_the_cuda_emulator_matches_single_sequences() {
-    batching_matches_single_sequences(DeviceChoice::CudaEmulated);
+fn continuous_batching_on_the_cuda_backend_matches_single_sequences() {
+    batching_matches_single_sequences(kiln_tests::models::cuda_test_device());
 }
 
 /// Requests arriving mid-run, chunked prefill under a token budget and a
@@ -432,46 +432,47 @@ fn bf16_and_f16_checkpoints_are_decoded_on_use() {
     }
 }
 
-// The CUDA backend on the kernel emulator (`--device cuda-emulated`): every
-// family through the same prefill, decode, chunked prefill, ragged batch and
-// greedy checks, within the same 1e-4 of transformers (f32 weights).
+// The CUDA backend (on the kernel emulator, or on a GPU with
+// KILN_TEST_CUDA_DEVICE): every family through the same prefill, decode,
+// chunked prefill, ragged batch and greedy checks, within the same 1e-4 of
+// transformers (f32 weights).
 
 #[test]
-fn tiny_llama_on_the_cuda_emulator_matches_transformers() {
-    matches_transformers_on("tiny_llama.json", false, DeviceChoice::CudaEmulated);
+fn tiny_llama_on_the_cuda_backend_matches_transformers() {
+    matches_transformers_on("tiny_llama.json", false, kiln_tests::models::cuda_test_device());
 }
 
 #[test]
-fn tiny_llama_tied_mqa_on_the_cuda_emulator_matches_transformers() {
-    matches_transformers_on("tiny_llama_tied.json", true, DeviceChoice::CudaEmulated);
+fn tiny_llama_tied_mqa_on_the_cuda_backend_matches_transformers() {
+    matches_transformers_on("tiny_llama_tied.json", true, kiln_tests::models::cuda_test_device());
 }
 
 #[test]
-fn tiny_mistral_on_the_cuda_emulator_matches_transformers() {
-    matches_transformers_on("tiny_mistral.json", false, DeviceChoice::CudaEmulated);
+fn tiny_mistral_on_the_cuda_backend_matches_transformers() {
+    matches_transformers_on("tiny_mistral.json", false, kiln_tests::models::cuda_test_device());
 }
 
 #[test]
-fn tiny_qwen2_on_the_cuda_emulator_matches_transformers() {
-    matches_transformers_on("tiny_qwen2.json", false, DeviceChoice::CudaEmulated);
+fn tiny_qwen2_on_the_cuda_backend_matches_transformers() {
+    matches_transformers_on("tiny_qwen2.json", false, kiln_tests::models::cuda_test_device());
 }
 
 #[test]
-fn tiny_qwen3_on_the_cuda_emulator_matches_transformers() {
-    matches_transformers_on("tiny_qwen3.json", false, DeviceChoice::CudaEmulated);
+fn tiny_qwen3_on_the_cuda_backend_matches_transformers() {
+    matches_transformers_on("tiny_qwen3.json", false, kiln_tests::models::cuda_test_device());
 }
 
 #[test]
-fn tiny_gemma3_on_the_cuda_emulator_matches_transformers() {
-    matches_transformers_on("tiny_gemma3.json", false, DeviceChoice::CudaEmulated);
+fn tiny_gemma3_on_the_cuda_backend_matches_transformers() {
+    matches_transformers_on("tiny_gemma3.json", false, kiln_tests::models::cuda_test_device());
 }
 
 #[test]
-fn tiny_phi3_on_the_cuda_emulator_matches_transformers() {
-    matches_transformers_on("tiny_phi3.json", false, DeviceChoice::CudaEmulated);
+fn tiny_phi3_on_the_cuda_backend_matches_transformers() {
+    matches_transformers_on("tiny_phi3.json", false, kiln_tests::models::cuda_test_device());
 }
 
 #[test]
-fn tiny_gpt2_on_the_cuda_emulator_matches_transformers() {
-    matches_transformers_on("tiny_gpt2.json", false, DeviceChoice::CudaEmulated);
+fn tiny_gpt2_on_the_cuda_backend_matches_transformers() {
+    matches_transformers_on("tiny_gpt2.json", false, kiln_tests::models::cuda_test_device());
 }

@@ -202,23 +202,25 @@ fn smollm2_matches_transformers_fp32_in_exact_mode() {
     verify_smollm2(&["--atol", "1e-3", "--rtol", "1e-4"], "exact (CPU)");
 }
 
-/// The CUDA backend on the kernel emulator: with f32 weights (`--dtype
-/// float32`) as close to transformers as the CPU backend; with the default
-/// bf16 products, within a mean KL of 1e-3, every top-1 and the greedy
-/// continuation (measured: max |Δ| 0.28, mean KL 1.8e-4).
+/// The CUDA backend (the kernel emulator, or a GPU with
+/// KILN_TEST_CUDA_DEVICE): with f32 weights (`--dtype float32`) as close to
+/// transformers as the CPU backend; with the default bf16 products, within a
+/// mean KL of 1e-3, every top-1 and the greedy continuation (measured on the
+/// emulator: max |Δ| 0.28, mean KL 1.8e-4).
 #[test]
-fn smollm2_on_the_cuda_emulator_matches_transformers() {
-    let emulated = ["--device", "cuda-emulated"];
+fn smollm2_on_the_cuda_backend_matches_transformers() {
+    let device = kiln_tests::models::cuda_test_device().to_string();
+    let emulated = ["--device", device.as_str()];
     let f32_flags = [
         &emulated[..],
         &["--dtype", "float32", "--atol", "1e-3", "--rtol", "1e-4"],
     ]
     .concat();
-    verify_smollm2(&f32_flags, "cuda-emulated f32");
+    verify_smollm2(&f32_flags, &format!("{device} f32"));
     let bf16_flags = [
         &emulated[..],
         &["--max-mean-kl", "1e-3", "--min-top1", "1.0"],
     ]
     .concat();
-    verify_smollm2(&bf16_flags, "cuda-emulated bf16");
+    verify_smollm2(&bf16_flags, &format!("{device} bf16"));
 }

@@ -225,10 +225,14 @@ mod tests {
     /// logits and log-probabilities.
     #[test]
     fn the_device_sampler_picks_what_the_host_sampler_picks() {
-        let device: Arc<dyn Device> = Arc::new(Emulator::new(
-            1 << 30,
-            std::env::temp_dir().join("kiln-kernels/emulator"),
-        ));
+        // The emulator, or a GPU when KILN_TEST_CUDA_DEVICE names one.
+        let cache = std::env::temp_dir().join("kiln-kernels");
+        let device: Arc<dyn Device> = match std::env::var("KILN_TEST_CUDA_DEVICE") {
+            Ok(name) => crate::device::open(name.parse().unwrap(), cache)
+                .unwrap()
+                .expect("a CUDA device"),
+            Err(_) => Arc::new(Emulator::new(1 << 30, cache.join("emulator"))),
+        };
         let names = sources::kernel_names(sources::SAMPLING.text);
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let kernel = device

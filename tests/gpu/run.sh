@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (see tests/gpu/README.md).
+#   run.sh stage  copies the payload halves carried in .gpu/stage*/ to /tmp
+#   run.sh suite  unpacks .gpu/suite and runs the CUDA backend's suites on the
+#                 real driver, writing $OUT/gpu-suite.md and one log per suite
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+stage=/tmp/kiln-gpu
+mkdir -p "$stage"
+
+if [ "${1:-}" = stage ]; then
+  for f in .gpu/stage*/*; do [ -f "$f" ] && cp "$f" "$stage/"; done
+  ls -la "$stage"
+  exit 0
+fi
+[ "${1:-}" = suite ] || { echo "usage: run.sh stage|suite" >&2; exit 2; }
+
+out=${OUT:-$stage/out}
+mkdir -p "$out"
+report=$out/gpu-suite.md
+tar -C "$stage" -xJf .gpu/suite/bin.tar.xz
+bin=$stage/bin
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$stage/site" .gpu/suite/wheels/*.whl
+export PYTHONPATH=$stage/site
+
+# CUDA 13 libraries: the image's NVRTC and cuBLAS wheels.
+libs=$(python3 - <<'PY'
+import glob, os, site
+dirs = set()
+for base in site.getsitepackages():
+    for name in ("libnvrtc.so.13", "libcublas.so.13"):
+        for path in glob.glob(os.path.join(base, "nvidia", "**", name), recursive=True):
+            dirs.add(os.path.dirname(path))
+print(":".join(sorted(dirs)))
+PY
+)
+export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+nvrtc_dir=$(echo "$libs" | tr ':' '\n' | while read -r d; do [ -f "$d/libnvrtc.so.13" ] && echo "$d"; done | head -1)
+
+model=$stage/smollm2.gguf
+if [ -f "$stage/smollm2.part-a" ] && [ -f "$stage/smollm2.part-b" ]; then
+  cat "$stage/smollm2.part-a" "$stage/smollm2.part-b" > "$model"
+fi
+model_ok=no
+[ -f "$model" ] && [ "$(sha256sum "$model" | cut -d' ' -f1)" = "$(cat .gpu/suite/smollm2.sha256)" ] && model_ok=yes
+
+export KILN_WORKSPACE=$PWD KILN_HOST_BIN=$bin/host KILN_TEST_CUDA_DEVICE=cuda \
+  KILN_TEST_PYTHON=python3 KILN_SMOLLM2_GGUF=$model KILN_NVRTC_DIR=$nvrtc_dir \
+  KILN_CACHE_DIR=$stage/cache RUST_BACKTRACE=1
+
+{
+  echo "# Kiln GPU suite"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "- commit: $(cat .gpu/suite/commit)"
+  echo "- card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
+  echo "- CUDA libraries: $libs"
+  echo "- SmolLM2 staged: $model_ok"
+  echo
+  echo "| suite | result | time (s) |"
+  echo "| --- | --- | --- |"
+} > "$report"
+
+suite() {
+  local name=$1; shift
+  local started=$SECONDS
+  if "$@" > "$out/$name.log" 2>&1; then result=passed; else result="FAILED (see $name.log)"; fi
+  echo "| $name | $result | $((SECONDS - started)) |" >> "$report"
+}
+
+suite device-info "$bin/host" generate --model "$KILN_WORKSPACE/tests/fixtures/reference/tiny_llama.f32.gguf" \
+  --prompt-ids 1,2,3 --max-new-tokens 4 --device cuda
+suite nvrtc "$bin/cuda_nvrtc" --test-threads 1 --nocapture
+suite device-sampler "$bin/host_lib" runtime::cuda::sample --nocapture
+suite tiny-families "$bin/tiny_models" on_the_cuda_backend --test-threads 1
+suite tiny-ggufs "$bin/tiny_gguf" on_the_cuda_backend --nocapture
+if [ "$model_ok" = yes ]; then
+  suite smollm2-verify "$bin/verify" smollm2 --nocapture --test-threads 1
+  suite serve-openai "$bin/serve" serve_on_the_cuda_backend --nocapture
+  suite smollm2-generate "$bin/host" generate --model "$model" --device cuda \
+    --prompt "What is the capital of France?" --chat --max-new-tokens 64
+  {
+    echo
+    echo "SmolLM2 on the GPU (bf16 products, one sequence, eager launches):"
+    echo
+    grep -h "vs transformers\|prefill" "$out/smollm2-verify.log" "$out/smollm2-generate.log" | sed 's/^/    /'
+  } >> "$report"
+else
+  echo "| smollm2-* | not run: SmolLM2 was not staged (run.sh stage with both halves first) | |" >> "$report"
+fi
+cat "$report"
