@@ -158,6 +158,11 @@ pub struct RuntimeArgs {
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
 
+    /// On CUDA: launch every kernel of every step instead of capturing a
+    /// step's launches as a CUDA graph and replaying it (vLLM's flag).
+    #[arg(long)]
+    pub enforce_eager: bool,
+
     /// Arithmetic of quantized weights.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
     pub precision: PrecisionArg,

@@ -45,16 +45,20 @@ fi
 model_ok=no
 [ -f "$model" ] && [ "$(sha256sum "$model" | cut -d' ' -f1)" = "$(cat .gpu/suite/smollm2.sha256)" ] && model_ok=yes
 
-export KILN_WORKSPACE=$PWD KILN_HOST_BIN=$bin/host KILN_TEST_CUDA_DEVICE=cuda \
-  KILN_TEST_PYTHON=python3 KILN_SMOLLM2_GGUF=$model KILN_NVRTC_DIR=$nvrtc_dir \
+# KILN_GPU_SUITE_DEVICE=cuda-emulated dry-runs the suite on a machine
+# without a GPU.
+device=${KILN_GPU_SUITE_DEVICE:-cuda}
+export KILN_WORKSPACE=$PWD KILN_HOST_BIN=$bin/host KILN_TEST_CUDA_DEVICE=$device \
+  KILN_TEST_PYTHON=$(command -v python3) KILN_SMOLLM2_GGUF=$model \
   KILN_CACHE_DIR=$stage/cache RUST_BACKTRACE=1
+[ -n "$nvrtc_dir" ] && export KILN_NVRTC_DIR=$nvrtc_dir
 
 {
   echo "# Kiln GPU suite"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
   echo "- commit: $(cat .gpu/suite/commit)"
-  echo "- card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
+  echo "- device: $device; card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
   echo "- CUDA libraries: $libs"
   echo "- SmolLM2 staged: $model_ok"
   echo
@@ -70,7 +74,7 @@ suite() {
 }
 
 suite device-info "$bin/host" generate --model "$KILN_WORKSPACE/tests/fixtures/reference/tiny_llama.f32.gguf" \
-  --prompt-ids 1,2,3 --max-new-tokens 4 --device cuda
+  --prompt-ids 1,2,3 --max-new-tokens 4 --device "$device"
 suite nvrtc "$bin/cuda_nvrtc" --test-threads 1 --nocapture
 suite device-sampler "$bin/host_lib" runtime::cuda::sample --nocapture
 suite tiny-families "$bin/tiny_models" on_the_cuda_backend --test-threads 1
@@ -78,11 +82,11 @@ suite tiny-ggufs "$bin/tiny_gguf" on_the_cuda_backend --nocapture
 if [ "$model_ok" = yes ]; then
   suite smollm2-verify "$bin/verify" smollm2 --nocapture --test-threads 1
   suite serve-openai "$bin/serve" serve_on_the_cuda_backend --nocapture
-  suite smollm2-generate "$bin/host" generate --model "$model" --device cuda \
+  suite smollm2-generate "$bin/host" generate --model "$model" --device "$device" \
     --prompt "What is the capital of France?" --chat --max-new-tokens 64
   {
     echo
-    echo "SmolLM2 on the GPU (bf16 products, one sequence, eager launches):"
+    echo "SmolLM2 on $device (bf16 products, one sequence):"
     echo
     grep -h "vs transformers\|prefill" "$out/smollm2-verify.log" "$out/smollm2-generate.log" | sed 's/^/    /'
   } >> "$report"

@@ -119,6 +119,7 @@ pub fn load_model_on(
         compile_cache: kiln_host::compiler::CompileCache::disabled(),
         device,
         dtype,
+        enforce_eager: false,
     };
     kiln_host::model::load(&registry, resolved, &options).unwrap()
 }

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use kiln_host::engine::batch::{run_step, Pipeline};
+use kiln_host::runtime::cuda::CudaExecutor;
 use kiln_host::runtime::{Backend, CacheLayout, KvCache, Tensor};
 use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
 use kiln_tests::models::{write_model_dir, DeviceChoice, WeightDtype};
@@ -249,6 +250,11 @@ fn matches_transformers_on(name: &str, sharded: bool, device: DeviceChoice) {
             .remove(0);
     }
     assert_eq!(generated, model.greedy, "{name}: greedy tokens");
+    if let Some(cuda) = engine.backend.as_any().downcast_ref::<CudaExecutor>() {
+        // Decode steps repeat their binding: from the third on they replay
+        // a captured CUDA graph, and still matched transformers above.
+        assert!(cuda.captured_graphs() > 0, "{name}: no step was captured");
+    }
 }
 
 fn matches_transformers(name: &str, sharded: bool) {
@@ -439,40 +445,72 @@ fn bf16_and_f16_checkpoints_are_decoded_on_use() {
 
 #[test]
 fn tiny_llama_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on("tiny_llama.json", false, kiln_tests::models::cuda_test_device());
+    matches_transformers_on(
+        "tiny_llama.json",
+        false,
+        kiln_tests::models::cuda_test_device(),
+    );
 }
 
 #[test]
 fn tiny_llama_tied_mqa_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on("tiny_llama_tied.json", true, kiln_tests::models::cuda_test_device());
+    matches_transformers_on(
+        "tiny_llama_tied.json",
+        true,
+        kiln_tests::models::cuda_test_device(),
+    );
 }
 
 #[test]
 fn tiny_mistral_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on("tiny_mistral.json", false, kiln_tests::models::cuda_test_device());
+    matches_transformers_on(
+        "tiny_mistral.json",
+        false,
+        kiln_tests::models::cuda_test_device(),
+    );
 }
 
 #[test]
 fn tiny_qwen2_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on("tiny_qwen2.json", false, kiln_tests::models::cuda_test_device());
+    matches_transformers_on(
+        "tiny_qwen2.json",
+        false,
+        kiln_tests::models::cuda_test_device(),
+    );
 }
 
 #[test]
 fn tiny_qwen3_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on("tiny_qwen3.json", false, kiln_tests::models::cuda_test_device());
+    matches_transformers_on(
+        "tiny_qwen3.json",
+        false,
+        kiln_tests::models::cuda_test_device(),
+    );
 }
 
 #[test]
 fn tiny_gemma3_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on("tiny_gemma3.json", false, kiln_tests::models::cuda_test_device());
+    matches_transformers_on(
+        "tiny_gemma3.json",
+        false,
+        kiln_tests::models::cuda_test_device(),
+    );
 }
 
 #[test]
 fn tiny_phi3_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on("tiny_phi3.json", false, kiln_tests::models::cuda_test_device());
+    matches_transformers_on(
+        "tiny_phi3.json",
+        false,
+        kiln_tests::models::cuda_test_device(),
+    );
 }
 
 #[test]
 fn tiny_gpt2_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on("tiny_gpt2.json", false, kiln_tests::models::cuda_test_device());
+    matches_transformers_on(
+        "tiny_gpt2.json",
+        false,
+        kiln_tests::models::cuda_test_device(),
+    );
 }

@@ -54,6 +54,7 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
         },
         device,
         dtype: runtime.dtype.into(),
+        enforce_eager: runtime.enforce_eager,
     };
     Ok(model::load(&registry, resolved, &options)?)
 }

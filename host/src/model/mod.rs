@@ -13,7 +13,7 @@ use crate::compiler::{CompileCache, CompileError, CompileOutcome};
 use crate::device::{self, DeviceChoice, DeviceError};
 use crate::engine::batch::Pipeline;
 use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
-use crate::runtime::cuda::{CudaExecutor, WeightDtype};
+use crate::runtime::cuda::{CudaExecutor, CudaOptions, WeightDtype};
 use crate::runtime::{Backend, Executor, Precision, RuntimeError};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
 pub use resolve::{resolve, ResolvedModel};
@@ -60,6 +60,9 @@ pub struct LoadOptions {
     pub device: DeviceChoice,
     /// How weights are stored for products on a CUDA device (`--dtype`).
     pub dtype: WeightDtype,
+    /// On a CUDA device, launch every kernel eagerly instead of replaying
+    /// captured CUDA graphs (`--enforce-eager`).
+    pub enforce_eager: bool,
 }
 
 /// A loaded model.
@@ -236,7 +239,10 @@ fn compile(
                 &bound.store,
                 gpu,
                 options.device.to_string(),
-                options.dtype,
+                CudaOptions {
+                    dtype: options.dtype,
+                    graphs: !options.enforce_eager,
+                },
             )?),
         };
     let pipeline = Pipeline::for_architecture(&architecture)?;

@@ -608,7 +608,7 @@ fn cpu_thread_pool() -> &'static rayon::ThreadPool {
 }
 
 /// The `print` op's output: label, shape and (up to 64) values.
-fn print_tensor(label: &str, t: &Tensor) {
+pub(crate) fn print_tensor(label: &str, t: &Tensor) {
     let values = t.to_f64();
     let shown: Vec<String> = values.iter().take(64).map(|v| format!("{v:.6}")).collect();
     let more = if values.len() > 64 {

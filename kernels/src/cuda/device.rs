@@ -175,6 +175,8 @@ pub trait Device: Send + Sync {
     fn end_capture(&self) -> DeviceResult<GraphId>;
     /// Runs a captured graph with the arguments recorded at capture.
     fn replay(&self, graph: GraphId) -> DeviceResult<()>;
+    /// Frees a captured graph.
+    fn release_graph(&self, graph: GraphId);
     /// Waits for all queued work.
     fn synchronize(&self) -> DeviceResult<()>;
 }

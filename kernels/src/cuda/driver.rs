@@ -37,7 +37,8 @@ pub fn missing_library() -> Option<&'static str> {
 
 struct Inner {
     functions: Vec<sys::CUfunction>,
-    graphs: Vec<sys::CUgraphExec>,
+    /// Instantiated graphs (`None` once released).
+    graphs: Vec<Option<sys::CUgraphExec>>,
 }
 
 /// CUDA device `ordinal` through the driver.
@@ -328,20 +329,30 @@ impl Device for CudaDevice {
             exec
         };
         let mut inner = self.inner();
-        inner.graphs.push(exec);
+        inner.graphs.push(Some(exec));
         Ok(GraphId(inner.graphs.len() - 1))
     }
 
     fn replay(&self, graph: GraphId) -> DeviceResult<()> {
         self.bind()?;
-        let exec = *self
+        let exec = self
             .inner()
             .graphs
             .get(graph.0)
+            .copied()
+            .flatten()
             .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
         // SAFETY: the graph was instantiated on this context.
         unsafe { result::graph::launch(exec, self.stream.cu_stream()) }
             .map_err(driver_error("cuGraphLaunch"))
+    }
+
+    fn release_graph(&self, graph: GraphId) {
+        let exec = self.inner().graphs.get_mut(graph.0).and_then(Option::take);
+        if let (Some(exec), Ok(())) = (exec, self.bind()) {
+            // SAFETY: the graph was instantiated here and is destroyed once.
+            let _ = unsafe { result::graph::exec_destroy(exec) };
+        }
     }
 
     fn synchronize(&self) -> DeviceResult<()> {
@@ -356,7 +367,7 @@ impl Drop for CudaDevice {
     fn drop(&mut self) {
         if self.bind().is_ok() {
             let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
-            for &exec in &inner.graphs {
+            for &exec in inner.graphs.iter().flatten() {
                 // SAFETY: each graph was instantiated here and is destroyed once.
                 let _ = unsafe { result::graph::exec_destroy(exec) };
             }

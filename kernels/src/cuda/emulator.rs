@@ -93,7 +93,8 @@ struct State {
     libraries: Vec<libloading::Library>,
     functions: Vec<Function>,
     capture: Option<Vec<Recorded>>,
-    graphs: Vec<Vec<Recorded>>,
+    /// Captured graphs (`None` once released).
+    graphs: Vec<Option<Vec<Recorded>>>,
 }
 
 /// The CPU device running CUDA C kernels through the host C++ compiler.
@@ -482,7 +483,7 @@ impl Device for Emulator {
             .capture
             .take()
             .ok_or_else(|| DeviceError::new("no capture in progress"))?;
-        state.graphs.push(work);
+        state.graphs.push(Some(work));
         Ok(GraphId(state.graphs.len() - 1))
     }
 
@@ -492,8 +493,15 @@ impl Device for Emulator {
             .graphs
             .get(graph.0)
             .cloned()
+            .flatten()
             .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
         work.iter().try_for_each(|w| self.run(w))
+    }
+
+    fn release_graph(&self, graph: GraphId) {
+        if let Some(slot) = self.state().graphs.get_mut(graph.0) {
+            *slot = None;
+        }
     }
 
     fn synchronize(&self) -> DeviceResult<()> {

@@ -4,7 +4,7 @@
 use kiln_kernels::cuda::{
     Device, DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout,
 };
-use kiln_plugin_api::graph::AttentionSpec;
+use kiln_plugin_api::graph::{AttentionSpec, DType};
 
 use super::codegen::MAX_RANK;
 use super::plan::{HandKernels, StepPlan};
@@ -113,15 +113,16 @@ impl Frame<'_> {
         )
     }
 
-    /// Runs step `step` as `plan` says; `element_bytes` is the output's
-    /// storage size, `scratch` the step's scratch buffer (if planned).
+    /// Runs step `step` as `plan` says; `dtype` is the output's type,
+    /// `scratch` the step's scratch buffer (if planned).
     pub fn run(
         &self,
         step: &Step,
         plan: &StepPlan,
-        element_bytes: usize,
+        dtype: DType,
         scratch: Option<DevicePtr>,
     ) -> Result<(), String> {
+        let element_bytes = super::element_bytes(dtype);
         let out = self.addrs[step.output as usize];
         let out_shape = &self.shapes[step.output as usize];
         let input = |i: usize| self.addrs[step.inputs[i] as usize];
@@ -380,16 +381,13 @@ impl Frame<'_> {
                 Ok(())
             }
             StepPlan::Print(label) => {
-                let bytes = numel(out_shape) * element_bytes;
-                let mut host = vec![0u8; bytes];
-                self.device
-                    .download(input(0), &mut host)
+                let tensor = super::download(self.device, dtype, out_shape.clone(), input(0))
                     .map_err(|e| e.to_string())?;
+                crate::runtime::executor::print_tensor(label, &tensor);
+                let bytes = numel(out_shape) * element_bytes;
                 self.device
                     .copy(out, input(0), bytes)
-                    .map_err(|e| e.to_string())?;
-                eprintln!("{label}: {out_shape:?} ({bytes} bytes on the device)");
-                Ok(())
+                    .map_err(|e| e.to_string())
             }
         }
     }

@@ -9,6 +9,7 @@
 //! graph's outputs come back.
 
 mod codegen;
+mod graphs;
 mod launch;
 mod memory;
 mod plan;
@@ -105,6 +106,7 @@ struct RunState {
     capacity: usize,
     sampler: sample::SampleBuffers,
     plans: HashMap<Vec<(String, usize)>, Arc<RunPlan>>,
+    graphs: graphs::GraphCache,
 }
 
 /// Addresses and shapes of one binding.
@@ -127,8 +129,19 @@ pub struct CudaExecutor {
     homes: Vec<Home>,
     owned: Vec<DevicePtr>,
     error_flag: DevicePtr,
+    /// Capture and replay steps as CUDA graphs.
+    graphs: bool,
     generated: Vec<(String, String)>,
     state: Mutex<RunState>,
+}
+
+/// How the CUDA backend runs a program.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// How weights are stored for products (`--dtype`).
+    pub dtype: WeightDtype,
+    /// Capture steps as CUDA graphs and replay them (off: `--enforce-eager`).
+    pub graphs: bool,
 }
 
 /// Compiles and loads every hand-written kernel source.
@@ -154,8 +167,9 @@ impl CudaExecutor {
         store: &WeightStore,
         device: Arc<dyn Device>,
         label: String,
-        dtype: WeightDtype,
+        options: CudaOptions,
     ) -> Result<Self, RuntimeError> {
+        let dtype = options.dtype;
         let weights = super::executor::bind_weights(&program, store)?;
         let hand = load_hand_kernels(device.as_ref())?;
         let error_flag = device
@@ -167,6 +181,12 @@ impl CudaExecutor {
         }
         let mut owned = lowered.owned;
         owned.push(error_flag);
+        // A step that prints downloads mid-step: it cannot be captured.
+        let graphs = options.graphs
+            && !lowered
+                .steps
+                .iter()
+                .any(|s| matches!(s, StepPlan::Print(_)));
         Ok(Self {
             label: format!("{label} ({})", device.name()),
             device,
@@ -176,14 +196,25 @@ impl CudaExecutor {
             homes: lowered.homes,
             owned,
             error_flag,
+            graphs,
             generated: lowered.generated,
             state: Mutex::new(RunState {
                 arena: 0,
                 capacity: 0,
                 sampler: sample::SampleBuffers::default(),
                 plans: HashMap::new(),
+                graphs: graphs::GraphCache::default(),
             }),
         })
+    }
+
+    /// How many step bindings are captured as CUDA graphs so far.
+    pub fn captured_graphs(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .graphs
+            .captured()
     }
 
     /// The generated kernel sources (file name, CUDA C), e.g. to compile them
@@ -289,12 +320,13 @@ impl CudaExecutor {
             }
         };
         if plan.total > state.capacity {
+            let grown = plan.total.max(state.capacity + state.capacity / 2);
             if state.arena != 0 {
                 self.device.free(state.arena);
             }
+            state.graphs.clear(self.device.as_ref());
             state.arena = 0;
             state.capacity = 0;
-            let grown = plan.total.max(state.capacity + state.capacity / 2);
             state.arena = self.device.alloc(grown).map_err(|e| {
                 RuntimeError::Device(format!("activations need {grown} bytes: {e}"))
             })?;
@@ -562,13 +594,26 @@ impl CudaExecutor {
             error_flag: self.error_flag,
             cache: device_cache,
         };
-        for (s, (step, step_plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
-            let scratch = plan.scratch[s].map(|o| arena + o as u64);
-            let bytes = element_bytes(graph.nodes[step.output as usize].ty.dtype);
-            frame
-                .run(step, step_plan, bytes, scratch)
-                .map_err(|m| self.op_error(step.output, m))?;
-        }
+        let launch_all = || -> Result<(), String> {
+            for (s, (step, step_plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
+                let scratch = plan.scratch[s].map(|o| arena + o as u64);
+                let dtype = graph.nodes[step.output as usize].ty.dtype;
+                frame
+                    .run(step, step_plan, dtype, scratch)
+                    .map_err(|m| self.op_error(step.output, m).to_string())?;
+            }
+            Ok(())
+        };
+        let launched = if self.graphs {
+            let mut key: Vec<(String, usize)> =
+                symbols.iter().map(|(k, &v)| (k.clone(), v)).collect();
+            key.sort_unstable();
+            let cache_base = device_cache.map_or(0, |c| c.base);
+            state.graphs.run(device, (key, cache_base), launch_all)
+        } else {
+            launch_all()
+        };
+        launched.map_err(RuntimeError::Device)?;
         let mut flag = [0u8; 4];
         device
             .download(self.error_flag, &mut flag)
