@@ -119,6 +119,14 @@ struct RunPlan {
     total: usize,
 }
 
+/// A step that has run: the run state (still locked, since the arena holds
+/// the outputs), its plan and each value's address.
+struct Executed<'a> {
+    state: MutexGuard<'a, RunState>,
+    plan: Arc<RunPlan>,
+    addrs: Vec<DevicePtr>,
+}
+
 /// A program bound to its weights on a CUDA device.
 pub struct CudaExecutor {
     device: Arc<dyn Device>,
@@ -483,7 +491,12 @@ impl Backend for CudaExecutor {
         cache: Option<&mut KvCache>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let graph = &self.program.graph;
-        let (_state, plan, addrs) = self.execute(&inputs, cache)?;
+        // `_held` keeps the arena locked until the outputs are downloaded.
+        let Executed {
+            state: _held,
+            plan,
+            addrs,
+        } = self.execute(&inputs, cache)?;
         graph
             .outputs
             .iter()
@@ -506,7 +519,11 @@ impl Backend for CudaExecutor {
         cache: Option<&mut KvCache>,
         rows: &[RowSampling],
     ) -> Result<Vec<Sampled>, RuntimeError> {
-        let (mut state, plan, addrs) = self.execute(&inputs, cache)?;
+        let Executed {
+            mut state,
+            plan,
+            addrs,
+        } = self.execute(&inputs, cache)?;
         let logits = self.program.graph.outputs[0] as usize;
         let shape = &plan.shapes[logits];
         let vocab = shape.last().copied().unwrap_or(0);
@@ -543,14 +560,12 @@ impl Backend for CudaExecutor {
 }
 
 impl CudaExecutor {
-    /// Uploads the inputs and launches every step; returns the run state
-    /// (still locked: the arena holds the outputs), the plan and each
-    /// value's address.
+    /// Uploads the inputs and launches every step (or replays them).
     fn execute(
         &self,
         inputs: &[Tensor],
         cache: Option<&mut KvCache>,
-    ) -> Result<(MutexGuard<'_, RunState>, Arc<RunPlan>, Vec<DevicePtr>), RuntimeError> {
+    ) -> Result<Executed<'_>, RuntimeError> {
         let graph = &self.program.graph;
         let symbols = bind_symbols(graph, inputs)?;
         let cache = cache.map(|c| &*c);
@@ -623,7 +638,7 @@ impl CudaExecutor {
                 "an index (a token id or a gathered row) was out of range".into(),
             ));
         }
-        Ok((state, plan, addrs))
+        Ok(Executed { state, plan, addrs })
     }
 }
 
