@@ -56,11 +56,11 @@ extern "C" __global__ void kiln_copy_strided_b1(const unsigned char* __restrict_
   }
 }
 
-// out[o, i, r] = x[o, ids[i], r] for x [outer, axis_len, inner] (4-byte
-// elements); an index outside the axis writes zeros and sets *error to 1.
-extern "C" __global__ void kiln_gather_b4(const unsigned int* __restrict__ x, const i64* __restrict__ ids,
-                                          unsigned int* __restrict__ y, i64 outer, i64 count, i64 axis_len,
-                                          i64 inner, int* __restrict__ error) {
+// out[o, i, r] = x[o, ids[i], r] for x [outer, axis_len, inner]; an index
+// outside the axis writes zeros and sets *error to 1.
+template <typename T>
+__device__ __forceinline__ void gather(const T* __restrict__ x, const i64* __restrict__ ids, T* __restrict__ y,
+                                       i64 outer, i64 count, i64 axis_len, i64 inner, int* __restrict__ error) {
   i64 total = outer * count * inner;
   for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {
     i64 r = e % inner, i = (e / inner) % count, o = e / (inner * count);
@@ -73,6 +73,24 @@ extern "C" __global__ void kiln_gather_b4(const unsigned int* __restrict__ x, co
       y[e] = x[(o * axis_len + id) * inner + r];
     }
   }
+}
+
+// Gathers of 4-, 8- and 1-byte elements.
+extern "C" __global__ void kiln_gather_b4(const unsigned int* __restrict__ x, const i64* __restrict__ ids,
+                                          unsigned int* __restrict__ y, i64 outer, i64 count, i64 axis_len,
+                                          i64 inner, int* __restrict__ error) {
+  gather(x, ids, y, outer, count, axis_len, inner, error);
+}
+
+extern "C" __global__ void kiln_gather_b8(const i64* __restrict__ x, const i64* __restrict__ ids, i64* __restrict__ y,
+                                          i64 outer, i64 count, i64 axis_len, i64 inner, int* __restrict__ error) {
+  gather(x, ids, y, outer, count, axis_len, inner, error);
+}
+
+extern "C" __global__ void kiln_gather_b1(const unsigned char* __restrict__ x, const i64* __restrict__ ids,
+                                          unsigned char* __restrict__ y, i64 outer, i64 count, i64 axis_len,
+                                          i64 inner, int* __restrict__ error) {
+  gather(x, ids, y, outer, count, axis_len, inner, error);
 }
 
 // Embedding rows of a [rows, cols] table (f32, bf16 or f16) into f32: one

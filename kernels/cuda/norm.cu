@@ -30,22 +30,27 @@ extern "C" __global__ void kiln_layer_norm(const float* __restrict__ x, const fl
   for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = (row[i] - mean) * inv * gamma[i] + beta[i];
 }
 
-// Softmax (or log-softmax when `log`) of each row.
-extern "C" __global__ void kiln_softmax(const float* __restrict__ x, float* __restrict__ y, int cols, int log) {
+// Softmax (or log-softmax when `log`) along an axis of `cols` elements with
+// `inner` elements after it: one block per (outer, inner) position; element j
+// of block r is at (r / inner) · cols · inner + r % inner + j · inner.
+extern "C" __global__ void kiln_softmax(const float* __restrict__ x, float* __restrict__ y, int cols, int inner,
+                                        int log) {
   __shared__ float scratch[32];
-  const float* row = x + (i64)blockIdx.x * cols;
-  float* out = y + (i64)blockIdx.x * cols;
+  const i64 r = blockIdx.x;
+  const i64 base = (r / inner) * cols * inner + r % inner;
+  const float* row = x + base;
+  float* out = y + base;
   float m = KILN_NEG_INF;
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, row[i]);
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, row[(i64)i * inner]);
   m = block_max(m, scratch);
   float sum = 0.0f;
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) sum += expf(row[i] - m);
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) sum += expf(row[(i64)i * inner] - m);
   sum = block_sum(sum, scratch);
   if (log) {
     float log_sum = logf(sum);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = (row[i] - m) - log_sum;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[(i64)i * inner] = (row[(i64)i * inner] - m) - log_sum;
   } else {
     float inv = 1.0f / sum;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = expf(row[i] - m) * inv;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[(i64)i * inner] = expf(row[(i64)i * inner] - m) * inv;
   }
 }

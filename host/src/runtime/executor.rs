@@ -54,6 +54,22 @@ pub enum RuntimeError {
     },
 }
 
+impl RuntimeError {
+    /// The failure of the op producing value `id` of `graph`.
+    pub(crate) fn op(
+        graph: &kiln_plugin_api::graph::GraphIr,
+        id: ValueId,
+        message: String,
+    ) -> Self {
+        let node = &graph.nodes[id as usize];
+        RuntimeError::Op {
+            op: format!("%{id} = {}", node.op.name()),
+            module: node.module.clone(),
+            message,
+        }
+    }
+}
+
 /// A program bound to its weights, ready to run many times.
 pub struct Executor {
     program: Arc<Program>,
@@ -196,12 +212,7 @@ impl Executor {
     }
 
     fn op_error(&self, id: ValueId, message: String) -> RuntimeError {
-        let node = &self.program.graph.nodes[id as usize];
-        RuntimeError::Op {
-            op: format!("%{id} = {}", node.op.name()),
-            module: node.module.clone(),
-            message,
-        }
+        RuntimeError::op(&self.program.graph, id, message)
     }
 
     fn run_step(

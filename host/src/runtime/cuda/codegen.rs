@@ -212,6 +212,20 @@ fn unary_f32(f: UnaryOp, x: &str) -> String {
     }
 }
 
+/// A comparison of two numbers (f32 or i64), as C.
+fn comparison(f: BinaryOp, a: &str, b: &str) -> Option<String> {
+    let op = match f {
+        BinaryOp::Equal => "==",
+        BinaryOp::NotEqual => "!=",
+        BinaryOp::Greater => ">",
+        BinaryOp::GreaterEqual => ">=",
+        BinaryOp::Less => "<",
+        BinaryOp::LessEqual => "<=",
+        _ => return None,
+    };
+    Some(format!("({a} {op} {b})"))
+}
+
 fn binary_f32(f: BinaryOp, a: &str, b: &str) -> String {
     let nan = "__int_as_float(0x7fc00000)";
     match f {
@@ -222,32 +236,25 @@ fn binary_f32(f: BinaryOp, a: &str, b: &str) -> String {
         BinaryOp::Pow => format!("powf({a}, {b})"),
         BinaryOp::Maximum => format!("(({a} != {a} || {b} != {b}) ? {nan} : fmaxf({a}, {b}))"),
         BinaryOp::Minimum => format!("(({a} != {a} || {b} != {b}) ? {nan} : fminf({a}, {b}))"),
-        BinaryOp::Equal => format!("({a} == {b})"),
-        BinaryOp::NotEqual => format!("({a} != {b})"),
-        BinaryOp::Greater => format!("({a} > {b})"),
-        BinaryOp::GreaterEqual => format!("({a} >= {b})"),
-        BinaryOp::Less => format!("({a} < {b})"),
-        BinaryOp::LessEqual => format!("({a} <= {b})"),
         BinaryOp::And | BinaryOp::Or => format!(
             "({a} != 0.0f {} {b} != 0.0f)",
             if f == BinaryOp::And { "&&" } else { "||" }
         ),
+        // The rest are comparisons.
+        _ => comparison(f, a, b).unwrap_or_default(),
     }
 }
 
 fn binary_i64(f: BinaryOp, a: &str, b: &str) -> Option<String> {
+    if let Some(c) = comparison(f, a, b) {
+        return Some(c);
+    }
     Some(match f {
         BinaryOp::Add => format!("(i64)((unsigned long long){a} + (unsigned long long){b})"),
         BinaryOp::Sub => format!("(i64)((unsigned long long){a} - (unsigned long long){b})"),
         BinaryOp::Mul => format!("(i64)((unsigned long long){a} * (unsigned long long){b})"),
         BinaryOp::Maximum => format!("({a} > {b} ? {a} : {b})"),
         BinaryOp::Minimum => format!("({a} < {b} ? {a} : {b})"),
-        BinaryOp::Equal => format!("({a} == {b})"),
-        BinaryOp::NotEqual => format!("({a} != {b})"),
-        BinaryOp::Greater => format!("({a} > {b})"),
-        BinaryOp::GreaterEqual => format!("({a} >= {b})"),
-        BinaryOp::Less => format!("({a} < {b})"),
-        BinaryOp::LessEqual => format!("({a} <= {b})"),
         // Integer division and powers are not generated (no built-in needs
         // them); the step is refused at load instead.
         _ => return None,

@@ -256,9 +256,10 @@ impl Frame<'_> {
                     ],
                 )
             }
-            StepPlan::Softmax(log) => {
-                let cols = *out_shape.last().unwrap_or(&1);
-                let rows = rows_of(out_shape);
+            StepPlan::Softmax { axis, log } => {
+                let cols = out_shape[*axis];
+                let inner: usize = out_shape[axis + 1..].iter().product();
+                let rows = numel(out_shape) / cols.max(1);
                 if rows == 0 {
                     return Ok(());
                 }
@@ -269,6 +270,7 @@ impl Frame<'_> {
                         KernelArg::Ptr(input(0)),
                         KernelArg::Ptr(out),
                         KernelArg::I32(cols as i32),
+                        KernelArg::I32(inner as i32),
                         KernelArg::I32(i32::from(*log)),
                     ],
                 )
@@ -307,11 +309,13 @@ impl Frame<'_> {
                 if total == 0 {
                     return Ok(());
                 }
-                if element_bytes != 4 {
-                    return Err("gather supports 4-byte elements only".into());
-                }
+                let name = match element_bytes {
+                    4 => "kiln_gather_b4",
+                    8 => "kiln_gather_b8",
+                    _ => "kiln_gather_b1",
+                };
                 self.launch(
-                    "kiln_gather_b4",
+                    name,
                     LaunchConfig::elementwise(total),
                     &[
                         KernelArg::Ptr(input(0)),

@@ -344,12 +344,7 @@ impl CudaExecutor {
     }
 
     fn op_error(&self, id: ValueId, message: String) -> RuntimeError {
-        let node = &self.program.graph.nodes[id as usize];
-        RuntimeError::Op {
-            op: format!("%{id} = {}", node.op.name()),
-            module: node.module.clone(),
-            message,
-        }
+        RuntimeError::op(&self.program.graph, id, message)
     }
 
     /// Checks each attention step's batch description (host values) before

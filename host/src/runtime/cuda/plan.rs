@@ -44,8 +44,13 @@ pub enum StepPlan {
         /// cos/sin scale.
         scale: f32,
     },
-    /// Softmax or log-softmax over the last axis.
-    Softmax(bool),
+    /// Softmax or log-softmax over an axis.
+    Softmax {
+        /// The axis.
+        axis: usize,
+        /// Log-softmax.
+        log: bool,
+    },
     /// Paged attention: cache write, then attention.
     Attention(AttentionSpec),
     /// Gather along an axis.
@@ -203,12 +208,10 @@ pub fn lower(
                     interleaved: *interleaved,
                     scale: *scale,
                 },
-                Op::Softmax { axis } | Op::LogSoftmax { axis } => {
-                    if *axis + 1 != node.ty.rank() {
-                        return Err(unsupported("only the last axis is supported".into()));
-                    }
-                    StepPlan::Softmax(matches!(node.op, Op::LogSoftmax { .. }))
-                }
+                Op::Softmax { axis } | Op::LogSoftmax { axis } => StepPlan::Softmax {
+                    axis: *axis,
+                    log: matches!(node.op, Op::LogSoftmax { .. }),
+                },
                 Op::PagedAttention(spec) => {
                     let metadata_are_inputs = step.inputs[3..]
                         .iter()
