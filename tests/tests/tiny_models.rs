@@ -438,79 +438,91 @@ fn bf16_and_f16_checkpoints_are_decoded_on_use() {
     }
 }
 
+/// The CUDA backend against the CPU backend on the same steps (a prefill of
+/// each prompt, then every position decoded through the cache): f32 products
+/// on both, so only the order of summation differs.
+fn cuda_matches_cpu(name: &str) {
+    let (cpu, model) = Engine::load(name, false, DeviceChoice::Cpu);
+    let (cuda, _) = Engine::load(name, false, kiln_tests::models::cuda_test_device());
+    let mut worst = 0f32;
+    for prompt in &model.prompts {
+        let (mut cpu_cache, mut cuda_cache) = (cpu.cache(8), cuda.cache(8));
+        let blocks = blocks_for(0, prompt.len());
+        let mut compare = |a: &[f32], b: &[f32], what: String| {
+            for (x, y) in a.iter().zip(b) {
+                let d = (x - y).abs();
+                worst = worst.max(d);
+                assert!(d <= 2e-5, "{name} {what}: {x} on the CPU, {y} on CUDA");
+            }
+        };
+        let step = |engine: &Engine, cache: &mut KvCache, tokens: &[i64], start: usize| {
+            let s = Step {
+                tokens,
+                start,
+                blocks: blocks.clone(),
+            };
+            engine.step(cache, &[s]).remove(0)
+        };
+        let half = prompt.len() / 2;
+        let a = step(&cpu, &mut cpu_cache, &prompt[..half.max(1)], 0);
+        let b = step(&cuda, &mut cuda_cache, &prompt[..half.max(1)], 0);
+        compare(&a, &b, "prefill".into());
+        for i in half.max(1)..prompt.len() {
+            let a = step(&cpu, &mut cpu_cache, &prompt[i..=i], i);
+            let b = step(&cuda, &mut cuda_cache, &prompt[i..=i], i);
+            compare(&a, &b, format!("decode position {i}"));
+        }
+    }
+    println!("{name}: CUDA vs CPU max |Δlogit| {worst:.2e}");
+}
+
+/// The fixture on the CUDA backend against transformers and the CPU backend.
+fn on_cuda(name: &str, sharded: bool) {
+    matches_transformers_on(name, sharded, kiln_tests::models::cuda_test_device());
+    cuda_matches_cpu(name);
+}
+
 // The CUDA backend (on the kernel emulator, or on a GPU with
 // KILN_TEST_CUDA_DEVICE): every family through the same prefill, decode,
 // chunked prefill, ragged batch and greedy checks, within the same 1e-4 of
-// transformers (f32 weights).
+// transformers (f32 weights), and within 2e-5 of the CPU backend.
 
 #[test]
 fn tiny_llama_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on(
-        "tiny_llama.json",
-        false,
-        kiln_tests::models::cuda_test_device(),
-    );
+    on_cuda("tiny_llama.json", false);
 }
 
 #[test]
 fn tiny_llama_tied_mqa_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on(
-        "tiny_llama_tied.json",
-        true,
-        kiln_tests::models::cuda_test_device(),
-    );
+    on_cuda("tiny_llama_tied.json", true);
 }
 
 #[test]
 fn tiny_mistral_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on(
-        "tiny_mistral.json",
-        false,
-        kiln_tests::models::cuda_test_device(),
-    );
+    on_cuda("tiny_mistral.json", false);
 }
 
 #[test]
 fn tiny_qwen2_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on(
-        "tiny_qwen2.json",
-        false,
-        kiln_tests::models::cuda_test_device(),
-    );
+    on_cuda("tiny_qwen2.json", false);
 }
 
 #[test]
 fn tiny_qwen3_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on(
-        "tiny_qwen3.json",
-        false,
-        kiln_tests::models::cuda_test_device(),
-    );
+    on_cuda("tiny_qwen3.json", false);
 }
 
 #[test]
 fn tiny_gemma3_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on(
-        "tiny_gemma3.json",
-        false,
-        kiln_tests::models::cuda_test_device(),
-    );
+    on_cuda("tiny_gemma3.json", false);
 }
 
 #[test]
 fn tiny_phi3_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on(
-        "tiny_phi3.json",
-        false,
-        kiln_tests::models::cuda_test_device(),
-    );
+    on_cuda("tiny_phi3.json", false);
 }
 
 #[test]
 fn tiny_gpt2_on_the_cuda_backend_matches_transformers() {
-    matches_transformers_on(
-        "tiny_gpt2.json",
-        false,
-        kiln_tests::models::cuda_test_device(),
-    );
+    on_cuda("tiny_gpt2.json", false);
 }
