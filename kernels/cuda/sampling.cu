@@ -171,11 +171,19 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
   finite_count = (int)block_sum((float)finite_count, scratch);
 
   int token;
-  if (p.temperature == 0.0f || finite_count == 0) {
+  // Below 1e-5 (MIN_TEMPERATURE on the host) a temperature is greedy.
+  if (p.temperature < 1e-5f || finite_count == 0) {
     token = prefix_select(w, vocab, everything, one, 1.0f, scratch, scan, found);
   } else {
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = finite(w[i]) ? w[i] / p.temperature : KILN_NEG_INF;
+    // Finite after the division, as on the host.
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      float scaled = w[i] / p.temperature;
+      w[i] = finite(w[i]) && finite(scaled) ? scaled : KILN_NEG_INF;
+    }
     __syncthreads();
+    finite_count = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) finite_count += finite(w[i]) ? 1 : 0;
+    finite_count = (int)block_sum((float)finite_count, scratch);
     auto is_finite = [&](int i) { return finite(w[i]); };
     // top_k: the k-th survivor bounds the set.
     int kth = p.top_k > 0 && p.top_k < finite_count
@@ -203,7 +211,7 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
       if (kept(i)) kept_mass += prob(i);
     kept_mass = block_sum(kept_mass, scratch);
     token = prefix_select(w, vocab, kept, prob, p.uniform * kept_mass, scratch, scan, found);
-    if (token < 0) {
+    if (token < 0 && finite_count > 0) {
       // The draw ran past the kept mass by rounding: the last kept token.
       float kept_count = 0.0f;
       for (int i = threadIdx.x; i < vocab; i += blockDim.x) kept_count += kept(i) ? 1.0f : 0.0f;
@@ -211,6 +219,9 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
       token = prefix_select(w, vocab, kept, one, kept_count, scratch, scan, found);
     }
   }
+  // Nothing survived the filters (no finite logit after the temperature):
+  // the first largest logit, as the host does.
+  if (token < 0) token = prefix_select(x, vocab, everything, one, 1.0f, scratch, scan, found);
   if (threadIdx.x == 0) {
     tokens[row] = token;
     if (p.logprobs >= 0) logprobs[row] = (x[token] - m) - log_z;

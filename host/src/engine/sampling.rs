@@ -5,7 +5,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 pub use crate::runtime::sampling::argmax;
-use crate::runtime::sampling::{sample_row, RowSampling};
+use crate::runtime::sampling::{sample_row, RowSampling, MIN_TEMPERATURE};
 
 /// Sampling parameters (OpenAI / vLLM semantics).
 #[derive(Clone, Debug, PartialEq)]
@@ -77,7 +77,7 @@ impl Sampler {
             top_k: p.top_k,
             top_p: p.top_p,
             min_p: p.min_p,
-            uniform: if p.temperature == 0.0 {
+            uniform: if p.temperature < MIN_TEMPERATURE {
                 0.0
             } else {
                 self.rng.random::<f32>()

@@ -581,6 +581,11 @@ pub(crate) fn check_ragged_batch(
             block_tables.shape.first().copied().unwrap_or(0)
         ));
     }
+    if row_offsets.first() != Some(&0) || row_offsets.last() != Some(&(tokens as i64)) {
+        return Err(format!(
+            "row_offsets must run from 0 to the {tokens} rows, got {row_offsets:?}"
+        ));
+    }
     let blocks_per_seq = block_tables.shape.get(1).copied().unwrap_or(0);
     if let Some(b) = block_tables
         .as_i64()

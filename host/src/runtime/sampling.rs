@@ -19,10 +19,14 @@ pub struct TokenAdjustment {
     pub banned: bool,
 }
 
+/// Temperatures below this are greedy (as in vLLM): dividing by less
+/// overflows the logits.
+pub const MIN_TEMPERATURE: f32 = 1e-5;
+
 /// How to pick the token of one logits row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowSampling {
-    /// 0: greedy (the first largest logit).
+    /// 0 (or below [`MIN_TEMPERATURE`]): greedy, the first largest logit.
     pub temperature: f32,
     /// Keep the `top_k` most likely (0: all).
     pub top_k: usize,
@@ -115,14 +119,15 @@ fn apply_adjustments(logits: &mut [f32], row: &RowSampling) {
 
 /// Greedy, or temperature, top-k, softmax, min-p, top-p and the draw.
 fn pick(logits: &[f32], row: &RowSampling) -> u32 {
-    if row.temperature == 0.0 {
+    if row.temperature < MIN_TEMPERATURE {
         return argmax(logits);
     }
+    // Finite after the division (a huge logit over a small temperature is not).
     let mut candidates: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()
-        .filter(|(_, l)| l.is_finite())
         .map(|(i, &l)| (i as u32, l / row.temperature))
+        .filter(|(_, l)| l.is_finite())
         .collect();
     if candidates.is_empty() {
         return argmax(logits);

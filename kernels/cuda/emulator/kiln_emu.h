@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cstddef>
+#include <algorithm>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -285,6 +286,9 @@ inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
     for (unsigned by = 0; by < cfg->grid[1] && status == 0; ++by)
       for (unsigned bx = 0; bx < cfg->grid[0] && status == 0; ++bx) {
         state.block_idx = uint3{bx, by, bz};
+        // Dynamic shared memory starts as NaN bytes, as a GPU's starts as
+        // garbage: a read before a write shows up.
+        std::fill(block.dynamic_shared.begin(), block.dynamic_shared.end(), 0xff);
         block.live = threads;
         block.block_barrier = Barrier{};
         for (auto& w : block.warp_barriers) w = Barrier{};

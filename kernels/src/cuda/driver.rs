@@ -35,6 +35,9 @@ pub fn missing_library() -> Option<&'static str> {
     None
 }
 
+/// cuBLAS's workspace (NVIDIA recommends 32 MiB on Hopper).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
+
 struct Inner {
     functions: Vec<sys::CUfunction>,
     /// Instantiated graphs (`None` once released).
@@ -101,6 +104,18 @@ impl CudaDevice {
         // SAFETY: the handle and the stream are live.
         unsafe { cublas::set_stream(handle, stream.cu_stream() as _) }
             .map_err(|e| DeviceError::new(format!("cublasSetStream: {e:?}")))?;
+        // A workspace of our own (setting the stream resets it): cuBLAS then
+        // allocates nothing while a step is captured as a CUDA graph, and the
+        // memory counts before the KV cache is sized.
+        // SAFETY: a plain allocation, kept for the device's life.
+        let workspace = unsafe { result::malloc_sync(CUBLAS_WORKSPACE) }
+            .map_err(driver_error("allocating the cuBLAS workspace"))?;
+        // SAFETY: the handle is live; the workspace outlives it.
+        unsafe {
+            cublas_sys::cublasSetWorkspace_v2(handle, workspace as *mut c_void, CUBLAS_WORKSPACE)
+        }
+        .result()
+        .map_err(|e| DeviceError::new(format!("cublasSetWorkspace: {e:?}")))?;
         Ok(Self {
             context,
             stream,
@@ -167,11 +182,14 @@ impl Device for CudaDevice {
 
     fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr> {
         self.bind()?;
-        // SAFETY: a plain allocation, zeroed before use.
+        // SAFETY: a plain allocation, zeroed on our stream (so later kernels
+        // on it see the zeros) before it is handed out.
         unsafe {
             let ptr = result::malloc_sync(bytes.max(1))
                 .map_err(|e| DeviceError::new(format!("allocating {bytes} bytes: {e}")))?;
-            result::memset_d8_sync(ptr, 0, bytes.max(1)).map_err(driver_error("cuMemsetD8"))?;
+            result::memset_d8_async(ptr, 0, bytes.max(1), self.stream.cu_stream())
+                .map_err(driver_error("cuMemsetD8Async"))?;
+            result::stream::synchronize(self.stream.cu_stream()).map_err(driver_error("sync"))?;
             Ok(ptr)
         }
     }
@@ -185,11 +203,15 @@ impl Device for CudaDevice {
 
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()> {
         self.bind()?;
-        // SAFETY: the copy is synchronous with the host buffer, ordered after
-        // the stream's work.
+        // On our stream, so the kernels queued after it read the new bytes
+        // (a synchronous copy runs on the legacy stream, which a
+        // non-blocking stream does not wait for); the wait keeps `bytes`
+        // alive until the copy is done.
+        // SAFETY: `dst` addresses a live allocation of at least `bytes`.
         unsafe {
-            result::stream::synchronize(self.stream.cu_stream()).map_err(driver_error("sync"))?;
-            result::memcpy_htod_sync(dst, bytes).map_err(driver_error("host to device copy"))
+            result::memcpy_htod_async(dst, bytes, self.stream.cu_stream())
+                .map_err(driver_error("host to device copy"))?;
+            result::stream::synchronize(self.stream.cu_stream()).map_err(driver_error("sync"))
         }
     }
 

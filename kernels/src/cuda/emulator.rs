@@ -81,7 +81,6 @@ impl HostBlock {
 enum Recorded {
     Launch(FunctionId, LaunchConfig, Vec<KernelArg>),
     Copy(DevicePtr, DevicePtr, usize),
-    Upload(DevicePtr, Vec<u8>),
     Gemm(Gemm),
 }
 
@@ -128,14 +127,6 @@ impl Emulator {
                 check_range(&state, *dst, *bytes, "copy destination")?;
                 // SAFETY: both ranges lie inside live allocations.
                 unsafe { std::ptr::copy(*src as *const u8, *dst as *mut u8, *bytes) };
-                Ok(())
-            }
-            Recorded::Upload(dst, bytes) => {
-                check_range(&self.state(), *dst, bytes.len(), "upload")?;
-                // SAFETY: the destination lies inside a live allocation.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), *dst as *mut u8, bytes.len())
-                };
                 Ok(())
             }
             Recorded::Gemm(gemm) => self.run_gemm(gemm),
@@ -350,6 +341,9 @@ impl Device for Emulator {
 
     fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr> {
         let mut state = self.state();
+        if state.capture.is_some() {
+            return Err(DeviceError::new("an allocation cannot be captured"));
+        }
         if state.allocated + bytes > self.capacity {
             return Err(DeviceError::new(format!(
                 "out of memory: {bytes} bytes asked, {} of {} free",
@@ -384,12 +378,14 @@ impl Device for Emulator {
     }
 
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()> {
-        let work = Recorded::Upload(dst, bytes.to_vec());
-        if let Some(capture) = self.state().capture.as_mut() {
-            capture.push(work);
-            return Ok(());
+        // As on a GPU, where an upload synchronizes the capturing stream.
+        if self.state().capture.is_some() {
+            return Err(DeviceError::new("an upload cannot be captured"));
         }
-        self.run(&work)
+        check_range(&self.state(), dst, bytes.len(), "upload")?;
+        // SAFETY: the destination lies inside a live allocation.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, bytes.len()) };
+        Ok(())
     }
 
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {

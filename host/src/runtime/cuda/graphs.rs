@@ -4,12 +4,13 @@
 //! the same arena slots before the launches), so the step can be captured
 //! and replayed with one call instead of hundreds of launches. A binding is
 //! captured the second time it runs (the first run is eager: compilation,
-//! cuBLAS's own set-up) and replayed from then on; at most [`MAX_GRAPHS`]
-//! bindings are kept. `--enforce-eager` turns this off.
+//! cuBLAS's own set-up) and replayed from then on; past [`MAX_GRAPHS`]
+//! captured bindings, the cache starts over. `--enforce-eager` turns this
+//! off.
 
 use std::collections::HashMap;
 
-use kiln_kernels::cuda::{Device, DevicePtr, GraphId};
+use kiln_kernels::cuda::{Device, GraphId};
 
 /// Bindings captured at most.
 pub const MAX_GRAPHS: usize = 64;
@@ -24,8 +25,10 @@ enum Slot {
     Captured(GraphId),
 }
 
-/// A binding: the sorted symbol values and the KV cache's address.
-pub type GraphKey = (Vec<(String, usize)>, DevicePtr);
+/// A binding: the sorted symbol values, and the KV cache the step writes
+/// (its address, bytes per layer, layers and block size: everything of the
+/// cache a launch argument is made of).
+pub type GraphKey = (Vec<(String, usize)>, [u64; 4]);
 
 /// Captured steps by binding.
 #[derive(Default)]
@@ -45,7 +48,12 @@ impl GraphCache {
     ) -> Result<(), String> {
         match self.slots.get(&key).copied() {
             Some(Slot::Captured(graph)) => device.replay(graph).map_err(|e| e.to_string()),
-            Some(Slot::Seen) if self.captured < MAX_GRAPHS => {
+            Some(Slot::Seen) => {
+                if self.captured >= MAX_GRAPHS {
+                    // Full (bindings come and go, caches are freed): start over.
+                    self.clear(device);
+                    self.slots.insert(key.clone(), Slot::Seen);
+                }
                 device.begin_capture().map_err(|e| e.to_string())?;
                 let launched = launch();
                 let graph = match (launched, device.end_capture()) {
@@ -61,7 +69,6 @@ impl GraphCache {
                 self.captured += 1;
                 device.replay(graph).map_err(|e| e.to_string())
             }
-            Some(Slot::Seen) => launch(),
             None => {
                 launch()?;
                 self.slots.insert(key, Slot::Seen);

@@ -514,6 +514,20 @@ impl Backend for CudaExecutor {
         cache: Option<&mut KvCache>,
         rows: &[RowSampling],
     ) -> Result<Vec<Sampled>, RuntimeError> {
+        // Checked before the step runs: a refused step writes no cache.
+        if let Some(row) = rows
+            .iter()
+            .find(|r| r.logprobs.unwrap_or(0) > sample::MAX_TOP)
+        {
+            return Err(RuntimeError::Input {
+                name: "logprobs".to_owned(),
+                message: format!(
+                    "{} top log-probabilities asked, at most {}",
+                    row.logprobs.unwrap_or(0),
+                    sample::MAX_TOP
+                ),
+            });
+        }
         let Executed {
             mut state,
             plan,
@@ -526,19 +540,6 @@ impl Backend for CudaExecutor {
             return Err(RuntimeError::Input {
                 name: "logits".to_owned(),
                 message: format!("logits {shape:?} for {} sampled rows", rows.len()),
-            });
-        }
-        if let Some(row) = rows
-            .iter()
-            .find(|r| r.logprobs.unwrap_or(0) > sample::MAX_TOP)
-        {
-            return Err(RuntimeError::Input {
-                name: "logprobs".to_owned(),
-                message: format!(
-                    "{} top log-probabilities asked, at most {}",
-                    row.logprobs.unwrap_or(0),
-                    sample::MAX_TOP
-                ),
             });
         }
         state
@@ -618,8 +619,15 @@ impl CudaExecutor {
             let mut key: Vec<(String, usize)> =
                 symbols.iter().map(|(k, &v)| (k.clone(), v)).collect();
             key.sort_unstable();
-            let cache_base = device_cache.map_or(0, |c| c.base);
-            state.graphs.run(device, (key, cache_base), launch_all)
+            let cache = device_cache.map_or([0; 4], |c| {
+                [
+                    c.base,
+                    c.layer_bytes as u64,
+                    c.num_layers as u64,
+                    c.layout.block_size as u64,
+                ]
+            });
+            state.graphs.run(device, (key, cache), launch_all)
         } else {
             launch_all()
         };

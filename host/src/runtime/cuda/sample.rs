@@ -42,8 +42,8 @@ impl SampleBuffers {
                 .map_err(|e| format!("sampler buffers: {e}"))
         };
         if rows > self.rows || vocab > self.vocab {
-            self.free_rows(device);
             let (rows, vocab) = (rows.max(self.rows), vocab.max(self.vocab));
+            self.free_rows(device);
             self.work = alloc(rows * vocab * 4)?;
             self.params = alloc(rows * 48)?;
             self.tokens = alloc(rows * 4)?;
@@ -56,6 +56,8 @@ impl SampleBuffers {
         if adjustments > self.adjust_capacity {
             if self.adjust != 0 {
                 device.free(self.adjust);
+                self.adjust = 0;
+                self.adjust_capacity = 0;
             }
             let capacity = adjustments.next_power_of_two();
             self.adjust = alloc(capacity * 16)?;
@@ -64,19 +66,24 @@ impl SampleBuffers {
         Ok(())
     }
 
+    /// Frees the per-row buffers and forgets them (a failed allocation
+    /// afterwards leaves nothing to free twice).
     fn free_rows(&mut self, device: &dyn Device) {
         for ptr in [
-            self.work,
-            self.params,
-            self.tokens,
-            self.logprobs,
-            self.top_ids,
-            self.top_logprobs,
+            &mut self.work,
+            &mut self.params,
+            &mut self.tokens,
+            &mut self.logprobs,
+            &mut self.top_ids,
+            &mut self.top_logprobs,
         ] {
-            if ptr != 0 {
-                device.free(ptr);
+            if *ptr != 0 {
+                device.free(*ptr);
+                *ptr = 0;
             }
         }
+        self.rows = 0;
+        self.vocab = 0;
     }
 
     /// Frees everything.
@@ -175,6 +182,11 @@ impl SampleBuffers {
         } else {
             (Vec::new(), Vec::new(), Vec::new())
         };
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(format!(
+                "the sampler returned token {bad} of a vocabulary of {vocab}"
+            ));
+        }
         Ok(rows
             .iter()
             .enumerate()
@@ -247,10 +259,13 @@ mod tests {
                 .map(|r| {
                     let greedy = (round + r) % 5 == 0;
                     RowSampling {
-                        temperature: if greedy {
-                            0.0
-                        } else {
-                            rng.random_range(0.3..1.5)
+                        temperature: match (greedy, r) {
+                            (true, _) => 0.0,
+                            // Below MIN_TEMPERATURE: greedy; then one that
+                            // overflows the huge logits of row 5.
+                            (false, 4) => 1e-6,
+                            (false, 5) => 2e-5,
+                            _ => rng.random_range(0.3..1.5),
                         },
                         top_k: [0, 1, 5, 40, 299, 1000][rng.random_range(0..6)],
                         top_p: [1.0, 0.9, 0.5, 0.05][rng.random_range(0..4)],
@@ -277,10 +292,12 @@ mod tests {
                     }
                 })
                 .collect();
-            // Coarse values make ties; some rows have -inf logits.
+            // Coarse values make ties; some rows have -inf logits; row 5's
+            // largest overflow when divided by its temperature.
             let logits: Vec<f32> = (0..rows.len() * vocab)
                 .map(|i| match rng.random_range(0..40) {
                     0 if i % vocab != 0 => f32::NEG_INFINITY,
+                    1 if i / vocab == 5 => 1e34,
                     _ => (rng.random_range(-40..40) as f32) / 8.0,
                 })
                 .collect();
