@@ -84,11 +84,17 @@ if [ "$model_ok" = yes ]; then
   suite serve-openai "$bin/serve" serve_on_the_cuda_backend --nocapture
   suite smollm2-generate "$bin/host" generate --model "$model" --device "$device" \
     --prompt "What is the capital of France?" --chat --max-new-tokens 64
+  suite smollm2-benchmark "$bin/host" benchmark --model "$model" --device "$device" \
+    --input-len 128 --output-len 128 --concurrency 1,16,64
   {
     echo
     echo "SmolLM2 on $device (bf16 products, one sequence):"
     echo
     grep -h "vs transformers\|prefill" "$out/smollm2-verify.log" "$out/smollm2-generate.log" | sed 's/^/    /'
+    echo
+    echo "host benchmark (SmolLM2, 128 in / 128 out, greedy):"
+    echo
+    grep -v "INFO\|WARN" "$out/smollm2-benchmark.log" | sed 's/^/    /'
   } >> "$report"
 else
   echo "| smollm2-* | not run: SmolLM2 was not staged (run.sh stage with both halves first) | |" >> "$report"

@@ -15,6 +15,7 @@ use crate::cli::BenchmarkArgs;
 use crate::engine::penalties::Penalties;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::service::{self, EngineConfig, EngineHandle, Event, GenerationParams, Request};
+use crate::runtime::Roofline;
 use crate::scheduler::SchedulerConfig;
 use crate::server::metrics::Metrics;
 
@@ -37,6 +38,18 @@ struct LevelResult {
     max_ttft_ms: f64,
     /// Mean time between a request's generated tokens after its first.
     mean_itl_ms: f64,
+    /// Decode steps a second (1 / mean ITL) as a fraction of the memory
+    /// roofline's steps a second, on a GPU.
+    roofline_fraction: Option<f64>,
+}
+
+/// What the benchmark prints as JSON.
+#[derive(Debug, Serialize)]
+struct Report {
+    device: String,
+    /// The decode-step memory roofline (on a GPU).
+    roofline: Option<Roofline>,
+    levels: Vec<LevelResult>,
 }
 
 /// One request's timings.
@@ -82,6 +95,8 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         },
         prefix_caching: false,
     };
+    let device = model.backend.device_name();
+    let roofline = model.backend.roofline()?;
     let engine = service::spawn(model, tokenizer, Vec::new(), config, Metrics::default())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -105,12 +120,26 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         let timings =
             runtime.block_on(run_level(&engine, prompts(concurrency), args.output_len))?;
         let wall = start.elapsed().as_secs_f64();
-        results.push(summarize(concurrency, args, wall, &timings));
+        results.push(summarize(concurrency, args, wall, &timings, roofline));
     }
     let text = if args.json {
-        serde_json::to_string_pretty(&results)? + "\n"
+        let report = Report {
+            device,
+            roofline,
+            levels: results,
+        };
+        serde_json::to_string_pretty(&report)? + "\n"
     } else {
-        table(&results)
+        let mut text = format!("device: {device}\n");
+        if let Some(r) = roofline {
+            text += &format!(
+                "roofline: {:.3} MB of weights per decode step at {:.1} GB/s copy bandwidth: at most {:.1} steps/s\n",
+                r.weight_bytes_per_step as f64 / 1e6,
+                r.copy_bytes_per_s / 1e9,
+                r.steps_per_s()
+            );
+        }
+        text + &table(&results)
     };
     super::write_stdout(&text)
 }
@@ -177,6 +206,7 @@ fn summarize(
     args: &BenchmarkArgs,
     wall: f64,
     timings: &[Timings],
+    roofline: Option<Roofline>,
 ) -> LevelResult {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let output_tokens: usize = timings.iter().map(|t| t.tokens).sum();
@@ -198,16 +228,19 @@ fn summarize(
         mean_ttft_ms: mean(&ttfts),
         max_ttft_ms: ttfts.iter().copied().fold(0.0, f64::max),
         mean_itl_ms: mean(&itls),
+        roofline_fraction: roofline
+            .filter(|_| !itls.is_empty())
+            .map(|r| 1e3 / mean(&itls) / r.steps_per_s()),
     }
 }
 
 fn table(results: &[LevelResult]) -> String {
     let mut out = String::from(
-        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms\n",
+        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline\n",
     );
     for r in results {
         out += &format!(
-            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}\n",
+            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}\n",
             r.concurrency,
             r.input_len,
             r.output_len,
@@ -216,7 +249,9 @@ fn table(results: &[LevelResult]) -> String {
             r.total_tok_per_s,
             r.mean_ttft_ms,
             r.max_ttft_ms,
-            r.mean_itl_ms
+            r.mean_itl_ms,
+            r.roofline_fraction
+                .map_or("-".to_owned(), |f| format!("{:.0} %", f * 100.0))
         );
     }
     out

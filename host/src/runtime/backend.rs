@@ -8,6 +8,27 @@ use super::sampling::{RowSampling, Sampled};
 use super::{KvCache, RuntimeError, Tensor};
 use crate::compiler::Program;
 
+/// The memory roofline of a decode step: a step at batch 1 is bound by
+/// reading the weights, so it can run at most `copy_bytes_per_s ÷
+/// weight_bytes_per_step` times a second.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Roofline {
+    /// Bytes of weights one decode step reads (every product's matrix and
+    /// every other weight once; the embedding table only where a product
+    /// reads it too).
+    pub weight_bytes_per_step: usize,
+    /// The device's measured copy bandwidth, bytes read plus written per
+    /// second.
+    pub copy_bytes_per_s: f64,
+}
+
+impl Roofline {
+    /// The most decode steps a second the bandwidth allows.
+    pub fn steps_per_s(&self) -> f64 {
+        self.copy_bytes_per_s / self.weight_bytes_per_step.max(1) as f64
+    }
+}
+
 /// A compiled program bound to its weights on one device.
 pub trait Backend: Send + Sync {
     /// The program being run.
@@ -39,6 +60,10 @@ pub trait Backend: Send + Sync {
         worst_case: Vec<Tensor>,
         utilization: f64,
     ) -> Result<Option<usize>, RuntimeError>;
+
+    /// The decode-step memory roofline of the device, measured now (`None`
+    /// on the CPU).
+    fn roofline(&self) -> Result<Option<Roofline>, RuntimeError>;
 
     /// Runs the graph on `inputs` (in the graph's input order), reading and
     /// writing `cache` for paged attention. Returns the graph's outputs.

@@ -399,6 +399,10 @@ impl Backend for Executor {
         Ok(None)
     }
 
+    fn roofline(&self) -> Result<Option<super::Roofline>, RuntimeError> {
+        Ok(None)
+    }
+
     /// The step runs on a worker of the CPU thread pool, so the kernels split
     /// their work from inside the pool, which costs about a microsecond per
     /// parallel region instead of a cross-thread wake-up.

@@ -13,7 +13,7 @@ pub mod sampling;
 mod tensor;
 mod weights;
 
-pub use backend::Backend;
+pub use backend::{Backend, Roofline};
 pub use executor::{Executor, RuntimeError};
 pub use kiln_kernels::dense::attention::CacheLayout;
 pub use kiln_kernels::quant::Precision;

@@ -29,7 +29,7 @@ pub use weights::WeightDtype;
 use super::executor::{bind_symbols, check_ragged_batch, resolve};
 use super::sampling::{RowSampling, Sampled};
 use super::tensor::{storage_of, Data, Storage, Tensor};
-use super::{Backend, KvCache, RuntimeError, WeightStore};
+use super::{Backend, KvCache, Roofline, RuntimeError, WeightStore};
 use crate::compiler::Program;
 use launch::Frame;
 use memory::Buffer;
@@ -139,6 +139,8 @@ pub struct CudaExecutor {
     error_flag: DevicePtr,
     /// Capture and replay steps as CUDA graphs.
     graphs: bool,
+    /// Bytes of weights one step reads.
+    weight_bytes_per_step: usize,
     generated: Vec<(String, String)>,
     state: Mutex<RunState>,
 }
@@ -205,6 +207,7 @@ impl CudaExecutor {
             owned,
             error_flag,
             graphs,
+            weight_bytes_per_step: lowered.weight_bytes_per_step,
             generated: lowered.generated,
             state: Mutex::new(RunState {
                 arena: 0,
@@ -387,6 +390,32 @@ impl CudaExecutor {
     }
 }
 
+/// Device-to-device copy bandwidth, bytes read plus written per second: a
+/// buffer of up to 256 MiB (an eighth of the free memory at most) copied
+/// ten times after one warm-up copy.
+fn copy_bandwidth(device: &dyn Device) -> Result<f64, kiln_kernels::cuda::DeviceError> {
+    let (free, _) = device.memory()?;
+    let bytes = (256usize << 20).min(free / 8).max(1 << 20);
+    let src = device.alloc(bytes)?;
+    let dst = device.alloc(bytes);
+    let measured = dst.and_then(|dst| {
+        let timed = (|| {
+            device.copy(dst, src, bytes)?;
+            device.synchronize()?;
+            let started = std::time::Instant::now();
+            for _ in 0..10 {
+                device.copy(dst, src, bytes)?;
+            }
+            device.synchronize()?;
+            Ok(2.0 * 10.0 * bytes as f64 / started.elapsed().as_secs_f64())
+        })();
+        device.free(dst);
+        timed
+    });
+    device.free(src);
+    measured
+}
+
 fn element_bytes(dtype: kiln_plugin_api::graph::DType) -> usize {
     match storage_of(dtype) {
         Storage::F32 => 4,
@@ -478,6 +507,15 @@ impl Backend for CudaExecutor {
         let allowed = (total as f64 * utilization) as usize;
         let used = total - free;
         Ok(Some(allowed.saturating_sub(used)))
+    }
+
+    fn roofline(&self) -> Result<Option<Roofline>, RuntimeError> {
+        let copy_bytes_per_s = copy_bandwidth(self.device.as_ref())
+            .map_err(|e| RuntimeError::Device(format!("measuring the copy bandwidth: {e}")))?;
+        Ok(Some(Roofline {
+            weight_bytes_per_step: self.weight_bytes_per_step,
+            copy_bytes_per_s,
+        }))
     }
 
     fn run(

@@ -96,6 +96,8 @@ pub struct Lowered {
     pub owned: Vec<u64>,
     /// Generated kernel sources, by name, for dumps and compile checks.
     pub generated: Vec<(String, String)>,
+    /// Bytes of weights one step reads (products' matrices, other weights).
+    pub weight_bytes_per_step: usize,
 }
 
 /// The hand-written kernels, by name.
@@ -113,6 +115,7 @@ pub fn lower(
 ) -> Result<Lowered, CudaError> {
     let graph = &program.graph;
     let mut owned = Vec::new();
+    let mut weight_bytes_per_step = 0;
     let mut homes = vec![Home::Nowhere; graph.nodes.len()];
     // Values every step reads; weights among them are stored as f32 values.
     let read: std::collections::HashSet<ValueId> = program
@@ -126,6 +129,7 @@ pub fn lower(
         homes[id as usize] = match &node.op {
             Op::Input { .. } => Home::Arena(id),
             Op::Weight { index } if read.contains(&id) => {
+                weight_bytes_per_step += weights[*index].elements() * 4;
                 let ptr = weights::upload_values(device, &weights[*index])?;
                 owned.push(ptr);
                 Home::Persistent(ptr)
@@ -145,6 +149,7 @@ pub fn lower(
         };
     }
     let mut matrices: HashMap<usize, DeviceMatrix> = HashMap::new();
+    let mut product_matrices: HashMap<usize, usize> = HashMap::new();
     let mut matrix = |index: usize, owned: &mut Vec<u64>| -> Result<DeviceMatrix, CudaError> {
         if let Some(m) = matrices.get(&index) {
             return Ok(*m);
@@ -166,7 +171,11 @@ pub fn lower(
             message,
         };
         let plan = match &step.kernel {
-            Kernel::Linear { weight } => StepPlan::Linear(matrix(*weight, &mut owned)?),
+            Kernel::Linear { weight } => {
+                let m = matrix(*weight, &mut owned)?;
+                product_matrices.insert(*weight, m.rows * m.cols * m.ty.size());
+                StepPlan::Linear(m)
+            }
             Kernel::Embedding { weight } => {
                 let m = matrix(*weight, &mut owned)?;
                 let name = match m.ty {
@@ -228,14 +237,18 @@ pub fn lower(
                     let w = step.inputs[1] as usize;
                     match (&graph.nodes[w].op, graph.nodes[w].ty.rank()) {
                         (Op::Weight { index }, 2) => {
-                            let weight = &weights[*index];
-                            let m = weights::upload_matrix(
-                                device,
-                                weight,
-                                kiln_kernels::cuda::GemmType::F32,
-                            )?;
-                            owned.push(m.ptr);
-                            StepPlan::MatMul(m)
+                            // The weight is a value input of this step, so it
+                            // is on the device already, as f32 [k, n].
+                            let Home::Persistent(ptr) = homes[w] else {
+                                return Err(unsupported("the weight is not on the device".into()));
+                            };
+                            let shape = &weights[*index].spec.shape;
+                            StepPlan::MatMul(DeviceMatrix {
+                                ptr,
+                                ty: kiln_kernels::cuda::GemmType::F32,
+                                rows: shape[0] as usize,
+                                cols: shape[1] as usize,
+                            })
                         }
                         _ => {
                             return Err(unsupported(
@@ -270,11 +283,13 @@ pub fn lower(
         }
         steps.push(plan);
     }
+    weight_bytes_per_step += product_matrices.values().sum::<usize>();
     Ok(Lowered {
         steps,
         homes,
         owned,
         generated,
+        weight_bytes_per_step,
     })
 }
 
