@@ -29,9 +29,8 @@ __device__ __forceinline__ void strided_offsets(const KilnStrided& s, i64 i, i64
   *out = b;
 }
 
-// Strided copies of 4-, 8- and 1-byte elements.
-extern "C" __global__ void kiln_copy_strided_b4(const unsigned int* __restrict__ x, unsigned int* __restrict__ y,
-                                                KilnStrided s) {
+template <typename T>
+__device__ __forceinline__ void copy_strided(const T* __restrict__ x, T* __restrict__ y, const KilnStrided& s) {
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < s.count; i += (i64)gridDim.x * blockDim.x) {
     i64 a, b;
     strided_offsets(s, i, &a, &b);
@@ -39,21 +38,19 @@ extern "C" __global__ void kiln_copy_strided_b4(const unsigned int* __restrict__
   }
 }
 
+// Strided copies of 4-, 8- and 1-byte elements.
+extern "C" __global__ void kiln_copy_strided_b4(const unsigned int* __restrict__ x, unsigned int* __restrict__ y,
+                                                KilnStrided s) {
+  copy_strided(x, y, s);
+}
+
 extern "C" __global__ void kiln_copy_strided_b8(const i64* __restrict__ x, i64* __restrict__ y, KilnStrided s) {
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < s.count; i += (i64)gridDim.x * blockDim.x) {
-    i64 a, b;
-    strided_offsets(s, i, &a, &b);
-    y[b] = x[a];
-  }
+  copy_strided(x, y, s);
 }
 
 extern "C" __global__ void kiln_copy_strided_b1(const unsigned char* __restrict__ x, unsigned char* __restrict__ y,
                                                 KilnStrided s) {
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < s.count; i += (i64)gridDim.x * blockDim.x) {
-    i64 a, b;
-    strided_offsets(s, i, &a, &b);
-    y[b] = x[a];
-  }
+  copy_strided(x, y, s);
 }
 
 // out[o, i, r] = x[o, ids[i], r] for x [outer, axis_len, inner]; an index

@@ -62,36 +62,38 @@ __device__ __forceinline__ f16_bits f32_to_f16(float f) {
   return (f16_bits)(sign | ((rounded - 0x38000000u) >> 13));
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(KILN_FULL_MASK, v, offset);
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// `op` over the 32 lanes of a warp; every lane gets the result.
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(KILN_FULL_MASK, v, offset));
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(KILN_FULL_MASK, v, offset));
-  return v;
-}
-
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every
-// thread gets the result. `scratch` holds 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// `op` over the block (blockDim.x a multiple of 32, at most 1024), with
+// `identity` for the missing warps; every thread gets the result. `scratch`
+// holds 32 floats of shared memory.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float v, Op op, float identity, float* scratch) {
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_sum(v);
+  v = warp_reduce(v, op);
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.0f;
-  return warp_sum(v);
+  v = lane < warps ? scratch[lane] : identity;
+  return warp_reduce(v, op);
 }
 
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp()); }
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, SumOp(), 0.0f, scratch); }
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : KILN_NEG_INF;
-  return warp_max(v);
+  return block_reduce(v, MaxOp(), KILN_NEG_INF, scratch);
 }
 
 // Rounds an f32 to the nearest bf16 / f16 value (results of ops typed bf16 or

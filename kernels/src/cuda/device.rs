@@ -62,7 +62,7 @@ pub enum KernelArg {
 
 impl KernelArg {
     /// The argument's bytes as `u64` words (8-byte aligned storage).
-    pub(crate) fn words(&self) -> Vec<u64> {
+    fn words(&self) -> Vec<u64> {
         match self {
             KernelArg::Ptr(p) => vec![*p],
             KernelArg::I32(v) => vec![*v as u32 as u64],
@@ -70,6 +70,35 @@ impl KernelArg {
             KernelArg::F32(v) => vec![v.to_bits() as u64],
             KernelArg::Struct(words) => words.clone(),
         }
+    }
+}
+
+/// Launch arguments as cuLaunchKernel (and the emulator) take them: each
+/// argument's bytes in its own 8-byte aligned buffer, and a pointer to each.
+pub(crate) struct PackedArgs {
+    _storage: Vec<Vec<u64>>,
+    pointers: Vec<*mut std::ffi::c_void>,
+}
+
+impl PackedArgs {
+    /// Packs `args`.
+    pub(crate) fn new(args: &[KernelArg]) -> Self {
+        let mut storage: Vec<Vec<u64>> = args.iter().map(KernelArg::words).collect();
+        let pointers = storage
+            .iter_mut()
+            .map(|w| w.as_mut_ptr().cast::<std::ffi::c_void>())
+            .collect();
+        // The pointers address the inner buffers, which moving `storage`
+        // does not move.
+        Self {
+            _storage: storage,
+            pointers,
+        }
+    }
+
+    /// The argument pointers.
+    pub(crate) fn pointers(&mut self) -> &mut [*mut std::ffi::c_void] {
+        &mut self.pointers
     }
 }
 

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::device::{
     Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
-    LaunchConfig, WeightLayout,
+    LaunchConfig, PackedArgs, WeightLayout,
 };
 use super::nvrtc;
 
@@ -263,11 +263,7 @@ impl Device for CudaDevice {
             .functions
             .get(function.0)
             .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?;
-        let mut storage: Vec<Vec<u64>> = args.iter().map(KernelArg::words).collect();
-        let mut params: Vec<*mut c_void> = storage
-            .iter_mut()
-            .map(|w| w.as_mut_ptr().cast::<c_void>())
-            .collect();
+        let mut packed = PackedArgs::new(args);
         // SAFETY: the arguments match the kernel's signature (the backend
         // builds them from the same definitions); cuLaunchKernel copies them.
         unsafe {
@@ -277,7 +273,7 @@ impl Device for CudaDevice {
                 config.block,
                 config.shared_bytes,
                 self.stream.cu_stream(),
-                &mut params,
+                packed.pointers(),
             )
         }
         .map_err(driver_error("cuLaunchKernel"))

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use super::device::{
     Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
-    LaunchConfig, WeightLayout,
+    LaunchConfig, PackedArgs, WeightLayout,
 };
 use super::sources::{inline_common_header, EMULATOR_HEADER};
 
@@ -147,20 +147,16 @@ impl Emulator {
                 .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?;
             (f.launch, f.last_error, f.name.clone())
         };
-        let mut storage: Vec<Vec<u64>> = args.iter().map(KernelArg::words).collect();
-        let mut pointers: Vec<*mut c_void> = storage
-            .iter_mut()
-            .map(|w| w.as_mut_ptr().cast::<c_void>())
-            .collect();
+        let mut packed = PackedArgs::new(args);
         let dims = LaunchDims {
             grid: [config.grid.0, config.grid.1, config.grid.2],
             block: [config.block.0, config.block.1, config.block.2],
             shared_bytes: config.shared_bytes,
         };
-        // SAFETY: the entry point unpacks `pointers` by the kernel's own
+        // SAFETY: the entry point unpacks the pointers by the kernel's own
         // signature, as cuLaunchKernel does; the caller passes arguments of
         // the kernel's types, and device pointers address live allocations.
-        let rc = unsafe { launch(&dims, pointers.as_mut_ptr()) };
+        let rc = unsafe { launch(&dims, packed.pointers().as_mut_ptr()) };
         if rc != 0 {
             // SAFETY: the library returns a NUL-terminated thread-local buffer.
             let message = unsafe { CStr::from_ptr(last_error()) }

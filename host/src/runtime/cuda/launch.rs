@@ -83,6 +83,25 @@ impl Frame<'_> {
             .map_err(|e| e.to_string())
     }
 
+    /// Launches `name` with one block per row, each with threads for `cols`
+    /// items; nothing when there are no rows.
+    fn launch_rows(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        args: &[KernelArg],
+    ) -> Result<(), String> {
+        if rows == 0 {
+            return Ok(());
+        }
+        self.launch(
+            name,
+            LaunchConfig::linear(rows as u32, block_threads(cols)),
+            args,
+        )
+    }
+
     fn copy_strided(
         &self,
         x: DevicePtr,
@@ -220,13 +239,10 @@ impl Frame<'_> {
             }
             StepPlan::RmsNorm { eps, offset } => {
                 let cols = *out_shape.last().unwrap_or(&1);
-                let rows = rows_of(out_shape);
-                if rows == 0 {
-                    return Ok(());
-                }
-                self.launch(
+                self.launch_rows(
                     "kiln_rms_norm",
-                    LaunchConfig::linear(rows as u32, block_threads(cols)),
+                    rows_of(out_shape),
+                    cols,
                     &[
                         KernelArg::Ptr(input(0)),
                         KernelArg::Ptr(input(1)),
@@ -239,13 +255,10 @@ impl Frame<'_> {
             }
             StepPlan::LayerNorm(eps) => {
                 let cols = *out_shape.last().unwrap_or(&1);
-                let rows = rows_of(out_shape);
-                if rows == 0 {
-                    return Ok(());
-                }
-                self.launch(
+                self.launch_rows(
                     "kiln_layer_norm",
-                    LaunchConfig::linear(rows as u32, block_threads(cols)),
+                    rows_of(out_shape),
+                    cols,
                     &[
                         KernelArg::Ptr(input(0)),
                         KernelArg::Ptr(input(1)),
@@ -259,13 +272,10 @@ impl Frame<'_> {
             StepPlan::Softmax { axis, log } => {
                 let cols = out_shape[*axis];
                 let inner: usize = out_shape[axis + 1..].iter().product();
-                let rows = numel(out_shape) / cols.max(1);
-                if rows == 0 {
-                    return Ok(());
-                }
-                self.launch(
+                self.launch_rows(
                     "kiln_softmax",
-                    LaunchConfig::linear(rows as u32, block_threads(cols)),
+                    numel(out_shape) / cols.max(1),
+                    cols,
                     &[
                         KernelArg::Ptr(input(0)),
                         KernelArg::Ptr(out),
@@ -280,13 +290,11 @@ impl Frame<'_> {
                     [t, h, d] => (*t, *h, *d),
                     other => return Err(format!("rope expects [T, H, D], got {other:?}")),
                 };
-                if tokens == 0 {
-                    return Ok(());
-                }
                 let half = dim / 2;
-                self.launch(
+                self.launch_rows(
                     "kiln_rope",
-                    LaunchConfig::linear(tokens as u32, block_threads(heads * half)),
+                    tokens,
+                    heads * half,
                     &[
                         KernelArg::Ptr(input(0)),
                         KernelArg::Ptr(input(1)),

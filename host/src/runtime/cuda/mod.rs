@@ -105,8 +105,18 @@ struct RunState {
     arena: DevicePtr,
     capacity: usize,
     sampler: sample::SampleBuffers,
-    plans: HashMap<Vec<(String, usize)>, Arc<RunPlan>>,
+    plans: HashMap<Binding, Arc<RunPlan>>,
     graphs: graphs::GraphCache,
+}
+
+/// The symbolic sizes of a step, sorted by name: what its plan (and its
+/// CUDA graph) depend on.
+type Binding = Vec<(String, usize)>;
+
+fn binding(symbols: &HashMap<String, usize>) -> Binding {
+    let mut key: Binding = symbols.iter().map(|(k, &v)| (k.clone(), v)).collect();
+    key.sort_unstable();
+    key
 }
 
 /// Addresses and shapes of one binding.
@@ -314,19 +324,19 @@ impl CudaExecutor {
         }
     }
 
-    /// The plan for `symbols`, with an arena large enough for it.
+    /// The plan for `symbols` (whose [`binding`] is `key`), with an arena
+    /// large enough for it.
     fn prepare(
         &self,
         state: &mut RunState,
         symbols: &HashMap<String, usize>,
+        key: &Binding,
     ) -> Result<Arc<RunPlan>, RuntimeError> {
-        let mut key: Vec<(String, usize)> = symbols.iter().map(|(k, &v)| (k.clone(), v)).collect();
-        key.sort_unstable();
-        let plan = match state.plans.get(&key) {
+        let plan = match state.plans.get(key) {
             Some(p) => p.clone(),
             None => {
                 let p = Arc::new(self.plan(symbols));
-                state.plans.insert(key, p.clone());
+                state.plans.insert(key.clone(), p.clone());
                 p
             }
         };
@@ -350,8 +360,9 @@ impl CudaExecutor {
         RuntimeError::op(&self.program.graph, id, message)
     }
 
-    /// Checks each attention step's batch description (host values) before
-    /// any kernel reads the cache through it.
+    /// Checks each distinct batch description of the attention steps (host
+    /// values; every layer usually shares one) before any kernel reads the
+    /// cache through it.
     fn check_attention_inputs(
         &self,
         inputs: &[Tensor],
@@ -363,10 +374,17 @@ impl CudaExecutor {
             Op::Input { index } => Some(&inputs[index]),
             _ => None,
         };
+        let mut checked: Vec<(usize, &[ValueId])> = Vec::new();
         for (step, plan) in self.program.steps.iter().zip(&self.steps) {
             if !matches!(plan, StepPlan::Attention(_)) {
                 continue;
             }
+            let rows_here = shapes[step.inputs[0] as usize][0];
+            let description = (rows_here, &step.inputs[3..6]);
+            if checked.contains(&description) {
+                continue;
+            }
+            checked.push(description);
             let fail = |m: String| self.op_error(step.output, m);
             let cache = cache.ok_or_else(|| fail("paged attention needs a KV cache".into()))?;
             let (Some(rows), Some(contexts), Some(tables)) = (
@@ -377,7 +395,7 @@ impl CudaExecutor {
                 return Err(fail("the batch description must be graph inputs".into()));
             };
             check_ragged_batch(
-                shapes[step.inputs[0] as usize][0],
+                rows_here,
                 rows.as_i64(),
                 contexts.as_i64(),
                 tables,
@@ -491,7 +509,7 @@ impl Backend for CudaExecutor {
         let symbols = bind_symbols(&self.program.graph, &worst_case)?;
         {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            let plan = self.prepare(&mut state, &symbols)?;
+            let plan = self.prepare(&mut state, &symbols, &binding(&symbols))?;
             let logits = &plan.shapes[self.program.graph.outputs[0] as usize];
             let vocab = logits.last().copied().unwrap_or(0);
             let rows = logits.iter().product::<usize>() / vocab.max(1);
@@ -609,8 +627,9 @@ impl CudaExecutor {
             })?),
             None => None,
         };
+        let key = binding(&symbols);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let plan = self.prepare(&mut state, &symbols)?;
+        let plan = self.prepare(&mut state, &symbols, &key)?;
         self.check_attention_inputs(inputs, &plan.shapes, cache)?;
         let device = self.device.as_ref();
         let device_error = |e: kiln_kernels::cuda::DeviceError| RuntimeError::Device(e.to_string());
@@ -654,9 +673,6 @@ impl CudaExecutor {
             Ok(())
         };
         let launched = if self.graphs {
-            let mut key: Vec<(String, usize)> =
-                symbols.iter().map(|(k, &v)| (k.clone(), v)).collect();
-            key.sort_unstable();
             let cache = device_cache.map_or([0; 4], |c| {
                 [
                     c.base,
