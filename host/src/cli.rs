@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::commands;
+pub use crate::model::synthetic::ShapeDtype;
 use crate::plugins::{PluginLoadError, RegistryError};
 
 /// Kiln: serve model architectures loaded as plugins.
@@ -44,8 +45,28 @@ pub enum Command {
 /// Options of `host benchmark`.
 #[derive(Debug, Args)]
 pub struct BenchmarkArgs {
+    /// A model directory, a `.gguf` file, or a Hugging Face id (`org/name`)
+    /// in the local Hugging Face cache.
+    #[arg(long, required_unless_present = "shape", conflicts_with = "shape")]
+    pub model: Option<String>,
+
     #[command(flatten)]
-    pub load: LoadArgs,
+    pub location: ModelLocation,
+
+    /// Instead of `--model`: random weights at a shape, `llama3-8b`,
+    /// `llama3.2-1b`, or a path to a Hugging Face `config.json`.
+    #[arg(long)]
+    pub shape: Option<String>,
+
+    /// How `--shape`'s random weights are stored [default: bf16].
+    #[arg(long, value_enum)]
+    pub shape_dtype: Option<ShapeDtype>,
+
+    #[command(flatten)]
+    pub plugins: PluginArgs,
+
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
 
     /// Prompt tokens per request (random ids).
     #[arg(long, default_value_t = 128)]

@@ -123,3 +123,14 @@ pub fn load_model_on(
     };
     kiln_host::model::load(&registry, resolved, &options).unwrap()
 }
+
+/// The real SmolLM2-135M GGUF that `.ci/setup` fetches (or
+/// `KILN_SMOLLM2_GGUF`), when it is there.
+pub fn smollm2_gguf() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("KILN_SMOLLM2_GGUF")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            crate::workspace_root().join("target/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    path.is_file().then_some(path)
+}

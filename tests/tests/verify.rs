@@ -160,17 +160,8 @@ fn malformed_references_are_reported_in_one_line() {
 
 /// The real SmolLM2-135M GGUF that `.ci/setup` fetches (or `KILN_SMOLLM2_GGUF`).
 fn smollm2() -> std::path::PathBuf {
-    let gguf = std::env::var_os("KILN_SMOLLM2_GGUF")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            kiln_tests::workspace_root().join("target/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        gguf.is_file(),
-        "{} is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF)",
-        gguf.display()
-    );
-    gguf
+    kiln_tests::models::smollm2_gguf()
+        .unwrap_or_else(|| panic!("SmolLM2 is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF)"))
 }
 
 /// Runs `host verify` on SmolLM2 against transformers fp32 logits of a short

@@ -15,6 +15,8 @@ use crate::cli::BenchmarkArgs;
 use crate::engine::penalties::Penalties;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::service::{self, EngineConfig, EngineHandle, Event, GenerationParams, Request};
+use crate::model::{resolve, synthetic, Model};
+use crate::plugins::ArchitectureRegistry;
 use crate::runtime::Roofline;
 use crate::scheduler::SchedulerConfig;
 use crate::server::metrics::Metrics;
@@ -41,6 +43,11 @@ struct LevelResult {
     /// Decode steps a second (1 / mean ITL) as a fraction of the memory
     /// roofline's steps a second, on a GPU.
     roofline_fraction: Option<f64>,
+    /// Prompt tokens a second until every request had its first token.
+    prefill_tok_per_s: f64,
+    /// That rate's matrix-product arithmetic as a fraction of the device's
+    /// measured bf16 GEMM rate, on a GPU.
+    prefill_gemm_fraction: Option<f64>,
 }
 
 /// What the benchmark prints as JSON.
@@ -69,7 +76,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         args.input_len > 0 && args.output_len > 0,
         "--input-len and --output-len must be at least 1"
     );
-    let mut model = super::load_model(&args.load)?;
+    let mut model = load(args)?;
     let tokenizer = Arc::new(
         model
             .tokenizer
@@ -133,15 +140,47 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         let mut text = format!("device: {device}\n");
         if let Some(r) = roofline {
             text += &format!(
-                "roofline: {:.3} MB of weights per decode step at {:.1} GB/s copy bandwidth: at most {:.1} steps/s\n",
+                "roofline: {:.3} MB of weights per decode step at {:.1} GB/s copy bandwidth: at most {:.1} steps/s\n\
+                 prefill: {:.3} GFLOP of products per token at {:.1} TFLOP/s (bf16 GEMM): at most {:.0} tokens/s\n",
                 r.weight_bytes_per_step as f64 / 1e6,
                 r.copy_bytes_per_s / 1e9,
-                r.steps_per_s()
+                r.steps_per_s(),
+                r.product_flops_per_token / 1e9,
+                r.gemm_flops_per_s / 1e12,
+                r.prefill_tokens_per_s()
             );
         }
         text + &table(&results)
     };
     super::write_stdout(&text)
+}
+
+/// The model `--model` names, or random weights at `--shape`.
+fn load(args: &BenchmarkArgs) -> anyhow::Result<Model> {
+    let registry = ArchitectureRegistry::load(&args.plugins.custom_architectures)?;
+    let options = super::load_options(&args.runtime)?;
+    anyhow::ensure!(
+        args.shape.is_some() || args.shape_dtype.is_none(),
+        "--shape-dtype applies to --shape's random weights; --model's are stored as its checkpoint says"
+    );
+    Ok(match (&args.model, &args.shape) {
+        (_, Some(shape)) => synthetic::load(
+            &registry,
+            shape,
+            synthetic::shape_config(shape)?,
+            args.shape_dtype.unwrap_or(synthetic::ShapeDtype::Bf16),
+            &options,
+        )?,
+        (Some(model), None) => {
+            let resolved = resolve(
+                model,
+                args.location.revision.as_deref(),
+                args.location.weight_path.as_deref(),
+            )?;
+            crate::model::load(&registry, resolved, &options)?
+        }
+        (None, None) => anyhow::bail!("--model or --shape names what to benchmark"),
+    })
 }
 
 /// Submits every prompt at once and waits for all of them to finish.
@@ -217,6 +256,8 @@ fn summarize(
         .collect();
     let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
     let ttfts: Vec<f64> = timings.iter().map(|t| ms(t.first_token)).collect();
+    let max_ttft_ms = ttfts.iter().copied().fold(0.0, f64::max);
+    let prefill_tok_per_s = (concurrency * args.input_len) as f64 / (max_ttft_ms / 1e3);
     LevelResult {
         concurrency,
         input_len: args.input_len,
@@ -226,21 +267,24 @@ fn summarize(
         output_tok_per_s: output_tokens as f64 / wall,
         total_tok_per_s: (concurrency * args.input_len + output_tokens) as f64 / wall,
         mean_ttft_ms: mean(&ttfts),
-        max_ttft_ms: ttfts.iter().copied().fold(0.0, f64::max),
+        max_ttft_ms,
         mean_itl_ms: mean(&itls),
         roofline_fraction: roofline
             .filter(|_| !itls.is_empty())
             .map(|r| 1e3 / mean(&itls) / r.steps_per_s()),
+        prefill_tok_per_s,
+        prefill_gemm_fraction: roofline.map(|r| prefill_tok_per_s / r.prefill_tokens_per_s()),
     }
 }
 
 fn table(results: &[LevelResult]) -> String {
     let mut out = String::from(
-        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline\n",
+        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate\n",
     );
+    let percent = |f: Option<f64>| f.map_or("-".to_owned(), |f| format!("{:.0} %", f * 100.0));
     for r in results {
         out += &format!(
-            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}\n",
+            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}\n",
             r.concurrency,
             r.input_len,
             r.output_len,
@@ -250,8 +294,9 @@ fn table(results: &[LevelResult]) -> String {
             r.mean_ttft_ms,
             r.max_ttft_ms,
             r.mean_itl_ms,
-            r.roofline_fraction
-                .map_or("-".to_owned(), |f| format!("{:.0} %", f * 100.0))
+            percent(r.roofline_fraction),
+            r.prefill_tok_per_s,
+            percent(r.prefill_gemm_fraction),
         );
     }
     out

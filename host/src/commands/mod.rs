@@ -1,6 +1,6 @@
 //! One module per `host` subcommand.
 
-use crate::cli::LoadArgs;
+use crate::cli::{LoadArgs, RuntimeArgs};
 use crate::compiler::CompileCache;
 use crate::model::{self, resolve, LoadOptions, Model};
 use crate::plugins::ArchitectureRegistry;
@@ -37,14 +37,18 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
         plugins,
         runtime,
     } = args;
-    let device = runtime.device.parse()?;
     let registry = ArchitectureRegistry::load(&plugins.custom_architectures)?;
     let resolved = resolve(
         &model.model,
         model.location.revision.as_deref(),
         model.location.weight_path.as_deref(),
     )?;
-    let options = LoadOptions {
+    Ok(model::load(&registry, resolved, &load_options(runtime)?)?)
+}
+
+/// How `runtime` says a model is loaded.
+fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
+    Ok(LoadOptions {
         max_length: runtime.max_length,
         precision: runtime.precision.into(),
         compile_cache: if runtime.no_compile_cache {
@@ -52,9 +56,8 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
         } else {
             CompileCache::from_env()
         },
-        device,
+        device: runtime.device.parse()?,
         dtype: runtime.dtype.into(),
         enforce_eager: runtime.enforce_eager,
-    };
-    Ok(model::load(&registry, resolved, &options)?)
+    })
 }

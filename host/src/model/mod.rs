@@ -2,6 +2,7 @@
 //! architecture's weight adapter, its graph built, compiled and loaded.
 
 pub mod resolve;
+pub mod synthetic;
 
 use std::sync::Arc;
 
@@ -123,15 +124,25 @@ pub fn find_architecture<'r>(
     hf_config: &serde_json::Value,
     checkpoint: &Checkpoint,
 ) -> Result<&'r Architecture, ModelError> {
-    let declared = hf_config
-        .get("architectures")
-        .and_then(|a| a.get(0))
-        .and_then(|a| a.as_str());
     let gguf = checkpoint
         .metadata
         .get("general.architecture")
         .and_then(|a| a.as_str());
-    for name in declared.into_iter().chain(gguf) {
+    find_registered(registry, hf_config, gguf)
+}
+
+/// The registered architecture named by `architectures[0]` of a config, else
+/// by `alias`.
+fn find_registered<'r>(
+    registry: &'r ArchitectureRegistry,
+    hf_config: &serde_json::Value,
+    alias: Option<&str>,
+) -> Result<&'r Architecture, ModelError> {
+    let declared = hf_config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(|a| a.as_str());
+    for name in declared.into_iter().chain(alias) {
         if let Some(arch) = registry.get(name) {
             return Ok(arch);
         }
@@ -141,7 +152,7 @@ pub fn find_architecture<'r>(
         .iter()
         .map(|a| a.info.name.as_str())
         .collect();
-    Err(ModelError::UnknownArchitecture(match declared.or(gguf) {
+    Err(ModelError::UnknownArchitecture(match declared.or(alias) {
         Some(name) => format!(
             "architecture `{name}` is not registered (registered: {})",
             known.join(", ")
@@ -173,32 +184,50 @@ pub fn load(
     // (a 262k-token vocabulary takes a few hundred milliseconds).
     let (compiled, tokenizer) = std::thread::scope(|scope| {
         let tokenizer = scope.spawn(|| load_tokenizer(&resolved, &checkpoint));
-        let compiled = compile(registry, &checkpoint, &hf_config, options);
+        let compiled = find_architecture(registry, &hf_config, &checkpoint).and_then(|arch| {
+            let config = arch.config(&ConfigRequest {
+                hf_config: hf_config.clone(),
+                max_length: options.max_length,
+            })?;
+            let bound = bind_weights(arch, &checkpoint, &hf_config)?;
+            compile(arch.clone(), config, bound, checkpoint.format, options)
+        });
         let tokenizer = tokenizer
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (compiled, tokenizer)
     });
-    let Compiled {
-        architecture,
-        config,
-        unused_tensors,
-        compile,
-        backend,
-        pipeline,
-    } = compiled?;
-    let tokenizer = tokenizer?;
-    Ok(Model {
-        resolved,
-        architecture,
-        hf_config,
-        config,
-        unused_tensors,
-        compile,
-        backend,
-        pipeline,
-        tokenizer,
-    })
+    Ok(Model::assemble(resolved, hf_config, compiled?, tokenizer?))
+}
+
+impl Model {
+    /// A model from its parts.
+    fn assemble(
+        resolved: ResolvedModel,
+        hf_config: serde_json::Value,
+        compiled: Compiled,
+        tokenizer: Option<Tokenizer>,
+    ) -> Self {
+        let Compiled {
+            architecture,
+            config,
+            unused_tensors,
+            compile,
+            backend,
+            pipeline,
+        } = compiled;
+        Model {
+            resolved,
+            architecture,
+            hf_config,
+            config,
+            unused_tensors,
+            compile,
+            backend,
+            pipeline,
+            tokenizer,
+        }
+    }
 }
 
 /// What [`load`] builds from the checkpoint apart from the tokenizer.
@@ -211,22 +240,18 @@ struct Compiled {
     pipeline: Pipeline,
 }
 
-/// Finds the architecture, binds the weights, builds and compiles the graph.
+/// Builds `architecture`'s graph for `config` over `bound` weights, compiles
+/// it and binds it to the device `options` name.
 fn compile(
-    registry: &ArchitectureRegistry,
-    checkpoint: &Checkpoint,
-    hf_config: &serde_json::Value,
+    architecture: Architecture,
+    config: ArchConfig,
+    bound: BoundWeights,
+    format: WeightsFormat,
     options: &LoadOptions,
 ) -> Result<Compiled, ModelError> {
-    let architecture = find_architecture(registry, hf_config, checkpoint)?.clone();
-    let config = architecture.config(&ConfigRequest {
-        hf_config: hf_config.clone(),
-        max_length: options.max_length,
-    })?;
-    let bound = bind_weights(&architecture, checkpoint, hf_config)?;
     let graph = architecture.build_graph(&GraphRequest {
         config: config.clone(),
-        weights_format: Some(checkpoint.format),
+        weights_format: Some(format),
         state_dict: Some(bound.state_dict.clone()),
     })?;
     let (program, compile) = options.compile_cache.get_or_compile(&graph, Device::Cpu)?;

@@ -8,9 +8,11 @@ use super::sampling::{RowSampling, Sampled};
 use super::{KvCache, RuntimeError, Tensor};
 use crate::compiler::Program;
 
-/// The memory roofline of a decode step: a step at batch 1 is bound by
-/// reading the weights, so it can run at most `copy_bytes_per_s ÷
-/// weight_bytes_per_step` times a second.
+/// The rooflines of a device: a decode step at batch 1 is bound by reading
+/// the weights, so it can run at most `copy_bytes_per_s ÷
+/// weight_bytes_per_step` times a second; prefill is bound by the matrix
+/// products' arithmetic, at most `gemm_flops_per_s ÷
+/// product_flops_per_token` tokens a second.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Roofline {
     /// Bytes of weights one decode step reads (every product's matrix and
@@ -20,12 +22,23 @@ pub struct Roofline {
     /// The device's measured copy bandwidth, bytes read plus written per
     /// second.
     pub copy_bytes_per_s: f64,
+    /// Floating-point operations of the matrix products per token (two per
+    /// matrix element; attention's own products are not counted).
+    pub product_flops_per_token: f64,
+    /// The device's measured bf16 GEMM rate, operations a second: the
+    /// prefill roofline.
+    pub gemm_flops_per_s: f64,
 }
 
 impl Roofline {
     /// The most decode steps a second the bandwidth allows.
     pub fn steps_per_s(&self) -> f64 {
         self.copy_bytes_per_s / self.weight_bytes_per_step.max(1) as f64
+    }
+
+    /// The most prompt tokens a second the GEMM rate allows.
+    pub fn prefill_tokens_per_s(&self) -> f64 {
+        self.gemm_flops_per_s / self.product_flops_per_token.max(1.0)
     }
 }
 

@@ -20,4 +20,4 @@ pub use kiln_kernels::quant::Precision;
 pub use kv_cache::KvCache;
 pub use pool::BufferPool;
 pub use tensor::{Data, Tensor};
-pub use weights::{WeightData, WeightStore};
+pub use weights::{quant_type, WeightData, WeightStore};

@@ -266,6 +266,24 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// A tokenizer for a model that has none (`host benchmark --shape`):
+    /// `vocab_size` word-level tokens named `<id>`, no special tokens and no
+    /// chat template. Only ids pass through it.
+    pub fn placeholder(vocab_size: u32) -> Result<Self, TokenizerError> {
+        let vocab = (0..vocab_size).map(|id| (format!("<{id}>"), id)).collect();
+        let model = tokenizers::models::wordlevel::WordLevel::builder()
+            .vocab(vocab)
+            .unk_token("<0>".to_owned())
+            .build()
+            .map_err(|e| TokenizerError::backend("cannot build a placeholder vocabulary", e))?;
+        Ok(Self {
+            inner: tokenizers::Tokenizer::new(model),
+            special: SpecialTokens::default(),
+            chat_template: None,
+            clean_up_spaces: false,
+        })
+    }
+
     /// The underlying `tokenizers` pipeline.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner

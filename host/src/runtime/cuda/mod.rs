@@ -11,6 +11,7 @@
 mod codegen;
 mod graphs;
 mod launch;
+mod measure;
 mod memory;
 mod plan;
 mod sample;
@@ -151,6 +152,8 @@ pub struct CudaExecutor {
     graphs: bool,
     /// Bytes of weights one step reads.
     weight_bytes_per_step: usize,
+    /// Floating-point operations of the matrix products per token.
+    product_flops_per_token: f64,
     generated: Vec<(String, String)>,
     state: Mutex<RunState>,
 }
@@ -218,6 +221,7 @@ impl CudaExecutor {
             error_flag,
             graphs,
             weight_bytes_per_step: lowered.weight_bytes_per_step,
+            product_flops_per_token: lowered.product_flops_per_token,
             generated: lowered.generated,
             state: Mutex::new(RunState {
                 arena: 0,
@@ -408,32 +412,6 @@ impl CudaExecutor {
     }
 }
 
-/// Device-to-device copy bandwidth, bytes read plus written per second: a
-/// buffer of up to 256 MiB (an eighth of the free memory at most) copied
-/// ten times after one warm-up copy.
-fn copy_bandwidth(device: &dyn Device) -> Result<f64, kiln_kernels::cuda::DeviceError> {
-    let (free, _) = device.memory()?;
-    let bytes = (256usize << 20).min(free / 8).max(1 << 20);
-    let src = device.alloc(bytes)?;
-    let dst = device.alloc(bytes);
-    let measured = dst.and_then(|dst| {
-        let timed = (|| {
-            device.copy(dst, src, bytes)?;
-            device.synchronize()?;
-            let started = std::time::Instant::now();
-            for _ in 0..10 {
-                device.copy(dst, src, bytes)?;
-            }
-            device.synchronize()?;
-            Ok(2.0 * 10.0 * bytes as f64 / started.elapsed().as_secs_f64())
-        })();
-        device.free(dst);
-        timed
-    });
-    device.free(src);
-    measured
-}
-
 fn element_bytes(dtype: kiln_plugin_api::graph::DType) -> usize {
     match storage_of(dtype) {
         Storage::F32 => 4,
@@ -528,11 +506,16 @@ impl Backend for CudaExecutor {
     }
 
     fn roofline(&self) -> Result<Option<Roofline>, RuntimeError> {
-        let copy_bytes_per_s = copy_bandwidth(self.device.as_ref())
+        let device = self.device.as_ref();
+        let copy_bytes_per_s = measure::copy_bandwidth(device)
             .map_err(|e| RuntimeError::Device(format!("measuring the copy bandwidth: {e}")))?;
+        let gemm_flops_per_s = measure::gemm_rate(device)
+            .map_err(|e| RuntimeError::Device(format!("measuring the GEMM rate: {e}")))?;
         Ok(Some(Roofline {
             weight_bytes_per_step: self.weight_bytes_per_step,
             copy_bytes_per_s,
+            product_flops_per_token: self.product_flops_per_token,
+            gemm_flops_per_s,
         }))
     }
 

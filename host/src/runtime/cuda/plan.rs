@@ -98,6 +98,9 @@ pub struct Lowered {
     pub generated: Vec<(String, String)>,
     /// Bytes of weights one step reads (products' matrices, other weights).
     pub weight_bytes_per_step: usize,
+    /// Floating-point operations of the matrix products per token (two per
+    /// matrix element).
+    pub product_flops_per_token: f64,
 }
 
 /// The hand-written kernels, by name.
@@ -149,7 +152,8 @@ pub fn lower(
         };
     }
     let mut matrices: HashMap<usize, DeviceMatrix> = HashMap::new();
-    let mut product_matrices: HashMap<usize, usize> = HashMap::new();
+    // Bytes and elements of each product's matrix.
+    let mut product_matrices: HashMap<usize, (usize, usize)> = HashMap::new();
     let mut matrix = |index: usize, owned: &mut Vec<u64>| -> Result<DeviceMatrix, CudaError> {
         if let Some(m) = matrices.get(&index) {
             return Ok(*m);
@@ -173,7 +177,7 @@ pub fn lower(
         let plan = match &step.kernel {
             Kernel::Linear { weight } => {
                 let m = matrix(*weight, &mut owned)?;
-                product_matrices.insert(*weight, m.rows * m.cols * m.ty.size());
+                product_matrices.insert(*weight, (m.rows * m.cols * m.ty.size(), m.rows * m.cols));
                 StepPlan::Linear(m)
             }
             Kernel::Embedding { weight } => {
@@ -283,13 +287,15 @@ pub fn lower(
         }
         steps.push(plan);
     }
-    weight_bytes_per_step += product_matrices.values().sum::<usize>();
+    weight_bytes_per_step += product_matrices.values().map(|m| m.0).sum::<usize>();
+    let product_elements: usize = product_matrices.values().map(|m| m.1).sum();
     Ok(Lowered {
         steps,
         homes,
         owned,
         generated,
         weight_bytes_per_step,
+        product_flops_per_token: 2.0 * product_elements as f64,
     })
 }
 

@@ -1,0 +1,289 @@
+//! Models from a shape alone: a Hugging Face config (a named preset or a
+//! `config.json`) with random weights in a chosen storage type, for
+//! benchmarks at real shapes without downloading a checkpoint (`host
+//! benchmark --shape llama3-8b`). Speed does not depend on weight values.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kiln_kernels::quant::QuantType;
+use kiln_plugin_api::graph::{DType, WeightSpec};
+use kiln_plugin_api::nn::StateDict;
+use kiln_plugin_api::{ConfigRequest, Encoding, GraphRequest, WeightsFormat};
+
+use super::{ModelError, ResolvedModel};
+use crate::checkpoint::BoundWeights;
+use crate::plugins::ArchitectureRegistry;
+use crate::runtime::{quant_type, WeightData, WeightStore};
+
+/// The shapes `--shape` knows by name, with their Hugging Face configs.
+const PRESETS: [(&str, &str); 2] = [
+    ("llama3-8b", include_str!("shapes/llama3-8b.json")),
+    ("llama3.2-1b", include_str!("shapes/llama3.2-1b.json")),
+];
+
+/// How random weights are stored (`--shape-dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShapeDtype {
+    /// bfloat16, as Hugging Face checkpoints ship.
+    Bf16,
+    /// 32-bit floats.
+    F32,
+    /// GGUF Q8_0 blocks for every matrix.
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// GGUF Q4_0 blocks for every matrix.
+    #[value(name = "q4_0")]
+    Q4_0,
+    /// llama.cpp's Q4_K_M, approximately: Q4_K matrices, Q6_K for the
+    /// vocabulary-sized ones (llama.cpp also keeps half the layers'
+    /// `attn_v`/`ffn_down` at Q6_K, about 5 % more bytes).
+    #[value(name = "q4_k_m")]
+    Q4KM,
+}
+
+impl ShapeDtype {
+    /// The encoding of a weight of `shape` (vocabulary-sized when its first
+    /// axis is `vocab`): quantized types apply to matrices whose rows fill
+    /// whole blocks, everything else stays f32.
+    fn encoding(self, shape: &[u64], vocab: u64) -> Encoding {
+        let quant = match self {
+            Self::Bf16 => return Encoding::BFloat16,
+            Self::F32 => return Encoding::Float32,
+            Self::Q8_0 => Encoding::Q8_0,
+            Self::Q4_0 => Encoding::Q4_0,
+            Self::Q4KM if shape.first() == Some(&vocab) => Encoding::Q6K,
+            Self::Q4KM => Encoding::Q4K,
+        };
+        let block = quant_type(quant).map_or(1, |q| q.block_elems() as u64);
+        if shape.len() == 2 && shape[1].is_multiple_of(block) {
+            quant
+        } else {
+            Encoding::Float32
+        }
+    }
+
+    /// The checkpoint format these weights would come in.
+    fn format(self) -> WeightsFormat {
+        match self {
+            Self::Bf16 | Self::F32 => WeightsFormat::Safetensors,
+            _ => WeightsFormat::Gguf,
+        }
+    }
+}
+
+/// A named preset or a path to a `config.json`, as a Hugging Face config.
+pub fn shape_config(shape: &str) -> Result<serde_json::Value, ModelError> {
+    let text = match PRESETS.iter().find(|(name, _)| *name == shape) {
+        Some((_, text)) => text.to_string(),
+        None => std::fs::read_to_string(shape).map_err(|e| {
+            let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+            super::resolve::ResolveError::NotFound(format!(
+                "--shape {shape}: not a preset ({}) and not a readable config.json: {e}",
+                names.join(", ")
+            ))
+        })?,
+    };
+    serde_json::from_str(&text).map_err(|e| {
+        ModelError::Resolve(super::resolve::ResolveError::NotFound(format!(
+            "--shape {shape}: not a JSON config: {e}"
+        )))
+    })
+}
+
+/// The model of `hf_config`'s architecture with random weights stored as
+/// `dtype`, ready to run as `options` say.
+pub fn load(
+    registry: &ArchitectureRegistry,
+    name: &str,
+    hf_config: serde_json::Value,
+    dtype: ShapeDtype,
+    options: &super::LoadOptions,
+) -> Result<super::Model, ModelError> {
+    let format = dtype.format();
+    let architecture = super::find_registered(registry, &hf_config, None)?.clone();
+    let config = architecture.config(&ConfigRequest {
+        hf_config: hf_config.clone(),
+        max_length: options.max_length,
+    })?;
+    // The module's own declarations give every weight's name and shape.
+    let declared = architecture.build_graph(&GraphRequest {
+        config: config.clone(),
+        weights_format: Some(format),
+        state_dict: None,
+    })?;
+    let vocab = hf_config
+        .get("vocab_size")
+        .and_then(|v| v.as_u64())
+        .ok_or_else(|| {
+            ModelError::Resolve(super::resolve::ResolveError::NotFound(format!(
+                "--shape {name}: the config has no `vocab_size`"
+            )))
+        })?;
+    let bound = random_weights(&declared.weights, |shape| dtype.encoding(shape, vocab))?;
+    let compiled = super::compile(architecture, config, bound, format, options)?;
+    let tokenizer =
+        crate::tokenizer::Tokenizer::placeholder(u32::try_from(vocab).unwrap_or(u32::MAX))?;
+    Ok(super::Model::assemble(
+        ResolvedModel {
+            name: format!("random {name}"),
+            dir: None,
+            weights: std::path::PathBuf::new(),
+            format,
+        },
+        hf_config,
+        compiled,
+        Some(tokenizer),
+    ))
+}
+
+/// Random weights for `declared`, each stored as `encoding(shape)` says.
+/// Weights of one shape and encoding share their bytes on the host (each is
+/// still its own copy on a device), so an 8B shape needs about one layer's
+/// worth of host memory beyond the vocabulary matrices.
+fn random_weights(
+    declared: &[WeightSpec],
+    encoding: impl Fn(&[u64]) -> Encoding,
+) -> Result<BoundWeights, ModelError> {
+    let mut shared: BTreeMap<(String, Vec<u64>), Arc<Vec<u8>>> = BTreeMap::new();
+    let mut state_dict = StateDict::new();
+    let mut store = WeightStore::new();
+    for (index, spec) in declared.iter().enumerate() {
+        let encoding = encoding(&spec.shape);
+        let spec = WeightSpec {
+            dtype: DType::of_encoding(encoding).unwrap_or(spec.dtype),
+            encoding,
+            ..spec.clone()
+        };
+        let bytes = shared
+            .entry((encoding.to_string(), spec.shape.clone()))
+            .or_insert_with(|| Arc::new(random_bytes(&spec, index as u64)))
+            .clone();
+        let len = bytes.len();
+        let spec_name = spec.name.clone();
+        state_dict.insert(spec.name.clone(), spec.clone());
+        store
+            .insert(WeightData::new(spec, bytes, 0..len))
+            .map_err(|message| {
+                ModelError::Runtime(crate::runtime::RuntimeError::Weight {
+                    name: spec_name.clone(),
+                    message,
+                })
+            })?;
+    }
+    Ok(BoundWeights {
+        state_dict,
+        store,
+        unused: Vec::new(),
+    })
+}
+
+/// Bytes of a random weight: floats uniform in ±0.05 (vectors are 1, as
+/// norm scales are), quantized blocks with random quants and small finite
+/// scales.
+fn random_bytes(spec: &WeightSpec, seed: u64) -> Vec<u8> {
+    let mut rng = SplitMix(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed);
+    let elements = spec.shape.iter().product::<u64>() as usize;
+    let vector = spec.shape.len() < 2;
+    let value = |rng: &mut SplitMix| {
+        if vector {
+            1.0
+        } else {
+            (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 0.1 - 0.05
+        }
+    };
+    match spec.encoding {
+        Encoding::Float32 => (0..elements)
+            .flat_map(|_| value(&mut rng).to_le_bytes())
+            .collect(),
+        Encoding::BFloat16 => (0..elements)
+            .flat_map(|_| half::bf16::from_f32(value(&mut rng)).to_le_bytes())
+            .collect(),
+        Encoding::Float16 => (0..elements)
+            .flat_map(|_| half::f16::from_f32(value(&mut rng)).to_le_bytes())
+            .collect(),
+        quantized => {
+            let ty = quant_type(quantized).expect("a quantized encoding");
+            let blocks = elements / ty.block_elems();
+            let mut bytes: Vec<u8> = (0..blocks * ty.block_bytes())
+                .map(|_| rng.next() as u8)
+                .collect();
+            let scale = half::f16::from_f32(0.002).to_le_bytes();
+            for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+                for &offset in scale_offsets(ty) {
+                    block[offset..offset + 2].copy_from_slice(&scale);
+                }
+            }
+            bytes
+        }
+    }
+}
+
+/// Where a block's f16 scales (and minimums) are, so that random blocks
+/// decode to finite values.
+fn scale_offsets(ty: QuantType) -> &'static [usize] {
+    match ty {
+        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
+        QuantType::Q4_1 | QuantType::Q5_1 => &[0, 2],
+        QuantType::Q2K => &[80, 82],
+        QuantType::Q3K => &[108],
+        QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q6K => &[208],
+    }
+}
+
+/// SplitMix64: a fast generator for bulk random bytes.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_blocks_decode_to_finite_values() {
+        for (encoding, cols) in [
+            (Encoding::Q4K, 512),
+            (Encoding::Q6K, 256),
+            (Encoding::Q8_0, 64),
+            (Encoding::Q4_0, 64),
+            (Encoding::BFloat16, 8),
+        ] {
+            let spec = WeightSpec {
+                name: "w".into(),
+                dtype: DType::F32,
+                shape: vec![3, cols],
+                encoding,
+                device: Default::default(),
+            };
+            let bytes = random_bytes(&spec, 1);
+            let len = bytes.len();
+            let weight = WeightData::new(spec, Arc::new(bytes), 0..len);
+            weight.validate().unwrap();
+            let mut out = vec![0.0; 3 * cols as usize];
+            weight.decode_rows(0..3, &mut out).unwrap();
+            assert!(out.iter().all(|v| v.is_finite()), "{encoding}");
+            assert!(out.iter().any(|v| *v != 0.0), "{encoding}");
+        }
+    }
+
+    #[test]
+    fn q4_k_m_keeps_vectors_and_odd_rows_in_f32() {
+        let q = ShapeDtype::Q4KM;
+        assert_eq!(q.encoding(&[100, 4096], 100), Encoding::Q6K);
+        assert_eq!(q.encoding(&[4096, 4096], 100), Encoding::Q4K);
+        assert_eq!(q.encoding(&[4096], 100), Encoding::Float32);
+        assert_eq!(q.encoding(&[64, 96], 100), Encoding::Float32);
+        assert!(shape_config("llama3-8b").is_ok());
+        assert!(shape_config("no-such-shape").is_err());
+    }
+}

@@ -1,0 +1,178 @@
+//! `host benchmark`: offline throughput of the engine on a real model and,
+//! with `--shape`, on random weights at a shape, on the CPU and on the CUDA
+//! backend (the kernel emulator, or a GPU with KILN_TEST_CUDA_DEVICE).
+
+use std::path::PathBuf;
+
+use kiln_tests::{run_host, text, workspace_root};
+
+fn smollm2() -> Option<PathBuf> {
+    kiln_tests::models::smollm2_gguf()
+}
+
+/// `host benchmark`: every level's requests all finish with exactly
+/// `--output-len` tokens, and the numbers are consistent with each other.
+#[test]
+fn benchmark_runs_every_concurrency_level_to_completion() {
+    let model = smollm2().unwrap_or_else(|| panic!("SmolLM2 is missing: run .ci/setup"));
+    let model = model.to_str().unwrap();
+    let output = run_host(
+        [
+            "benchmark",
+            "--model",
+            model,
+            "--input-len",
+            "12",
+            "--output-len",
+            "5",
+            "--concurrency",
+            "1,3",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(output.status.success(), "{}", text(&output).1);
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["device"], "cpu");
+    assert_eq!(report["roofline"], serde_json::Value::Null);
+    let levels = report["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2);
+    for (level, concurrency) in levels.iter().zip([1u64, 3]) {
+        assert_eq!(level["concurrency"], concurrency);
+        assert_eq!(level["output_tokens"], concurrency * 5, "{level}");
+        let wall = level["wall_s"].as_f64().unwrap();
+        let rate = level["output_tok_per_s"].as_f64().unwrap();
+        assert!(wall > 0.0 && (rate * wall - (concurrency * 5) as f64).abs() < 1e-6);
+        let ttft = level["max_ttft_ms"].as_f64().unwrap();
+        assert!(ttft > 0.0 && ttft <= wall * 1e3, "{level}");
+    }
+
+    // On the CUDA backend it also measures the device's copy bandwidth and
+    // puts decode steps against the memory roofline.
+    let gguf = workspace_root().join("tests/fixtures/reference/tiny_llama.f32.gguf");
+    let device = kiln_tests::models::cuda_test_device().to_string();
+    let output = run_host(
+        [
+            "benchmark",
+            "--model",
+            gguf.to_str().unwrap(),
+            "--device",
+            &device,
+            "--input-len",
+            "4",
+            "--output-len",
+            "4",
+            "--concurrency",
+            "1",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(output.status.success(), "{}", text(&output).1);
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let roofline = &report["roofline"];
+    // tiny_llama: 2 layers of 32×32 q/o, 16×32 k/v, 3 × 64×32 MLP matrices
+    // in bf16, its 96×32 lm_head, and f32 norms and rope frequencies.
+    let bytes = roofline["weight_bytes_per_step"].as_u64().unwrap();
+    assert!(
+        bytes > 2 * (2 * 32 * 32 + 2 * 16 * 32 + 3 * 64 * 32) * 2,
+        "{report}"
+    );
+    assert!(
+        roofline["copy_bytes_per_s"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let fraction = report["levels"][0]["roofline_fraction"].as_f64().unwrap();
+    assert!(fraction > 0.0, "{report}");
+
+    for bad in [["--concurrency", "0"], ["--output-len", "0"]] {
+        let output = run_host(["benchmark", "--model", model, bad[0], bad[1]], &[]);
+        assert!(!output.status.success());
+        let (_, err) = text(&output);
+        assert!(err.starts_with("error: ") && err.contains(bad[0]), "{err}");
+    }
+}
+
+/// `--shape`: random weights at a shape from a config alone, no checkpoint
+/// and no tokenizer, in each storage type, on the CPU and on the CUDA
+/// backend, where the roofline counts exactly the shape's matrix products.
+#[test]
+fn benchmark_runs_a_shape_with_random_weights() {
+    let shape = workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
+    let shape = shape.to_str().unwrap();
+    let device = kiln_tests::models::cuda_test_device().to_string();
+    for (device, dtype) in [
+        ("cpu", "bf16"),
+        ("cpu", "q4_k_m"),
+        (device.as_str(), "bf16"),
+        (device.as_str(), "q4_k_m"),
+    ] {
+        let output = run_host(
+            [
+                "benchmark",
+                "--shape",
+                shape,
+                "--shape-dtype",
+                dtype,
+                "--device",
+                device,
+                "--input-len",
+                "6",
+                "--output-len",
+                "3",
+                "--concurrency",
+                "1,2",
+                "--json",
+            ],
+            &[],
+        );
+        assert!(
+            output.status.success(),
+            "{device} {dtype}: {}",
+            text(&output).1
+        );
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        for (level, concurrency) in report["levels"].as_array().unwrap().iter().zip([1u64, 2]) {
+            assert_eq!(level["output_tokens"], concurrency * 3, "{level}");
+            assert!(
+                level["prefill_tok_per_s"].as_f64().unwrap() > 0.0,
+                "{level}"
+            );
+        }
+        if device == "cpu" {
+            assert_eq!(report["roofline"], serde_json::Value::Null);
+            continue;
+        }
+        // 2 layers of 256×256 q/o, 128×256 k/v, 3 × 512×256 MLP matrices,
+        // and the 512×256 lm_head: two operations per element per token.
+        let elements = 2 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 512 * 256) + 512 * 256;
+        let roofline = &report["roofline"];
+        assert_eq!(
+            roofline["product_flops_per_token"].as_f64().unwrap(),
+            2.0 * elements as f64,
+            "{report}"
+        );
+        assert!(
+            roofline["gemm_flops_per_s"].as_f64().unwrap() > 0.0,
+            "{report}"
+        );
+        let fraction = report["levels"][0]["prefill_gemm_fraction"]
+            .as_f64()
+            .unwrap();
+        assert!(fraction > 0.0, "{report}");
+    }
+
+    for (args, expected) in [
+        (vec!["--shape", "no-such-shape"], "llama3-8b"),
+        (
+            vec!["--shape", shape, "--model", shape],
+            "cannot be used with",
+        ),
+        (vec!["--shape-dtype", "q4_k_m", "--model", shape], "--shape"),
+    ] {
+        let output = run_host([&["benchmark"], args.as_slice()].concat(), &[]);
+        assert!(!output.status.success());
+        let (_, err) = text(&output);
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}
