@@ -6,170 +6,19 @@
 //! emulator itself: its GEMM, capture and replay semantics, the divergent
 //! barrier error, barriers that really interleave threads, bounds checks.
 
-use std::collections::HashMap;
 use std::fmt::Debug;
 use std::ops::Range;
-use std::path::PathBuf;
-use std::sync::Mutex;
 
 use half::{bf16, f16};
-use kiln_kernels::cuda::emulator::Emulator;
-use kiln_kernels::cuda::sources::{self, Source};
-use kiln_kernels::cuda::KernelArg::{self, Ptr, F32, I64};
-use kiln_kernels::cuda::{Device, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType};
+use kiln_kernels::cuda::sources;
+use kiln_kernels::cuda::KernelArg::{self, Ptr, F32};
+use kiln_kernels::cuda::{Device, DevicePtr, Gemm, GemmType};
 use kiln_kernels::cuda::{LaunchConfig, WeightLayout};
 use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout, SequenceRows};
 use kiln_kernels::dense::{norm, rope};
 
-/// Largest |GPU - CPU| difference accepted for f32 kernels.
-const TOL: f32 = 1e-5;
-
-/// Blocks in x and y.
-type Grid = (u32, u32);
-
-/// An emulated device and the kernels loaded on it, by name.
-struct Gpu {
-    dev: Emulator,
-    kernels: HashMap<String, FunctionId>,
-}
-
-impl Gpu {
-    fn new(modules: &[Source]) -> Self {
-        let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("emulator");
-        let (dev, kernels) = (Emulator::new(256 << 20, cache), HashMap::new());
-        let mut gpu = Gpu { dev, kernels };
-        modules.iter().for_each(|m| gpu.load(m.name, m.text));
-        gpu
-    }
-
-    /// Loads are serialized: the emulator's compile cache names its temporary
-    /// file by process id only, so two test threads compiling the same source
-    /// at once would write the same file.
-    fn load(&mut self, name: &str, text: &str) {
-        static LOCK: Mutex<()> = Mutex::new(());
-        let names = sources::kernel_names(text);
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let ids = self.dev.load(name, text, &refs);
-        let ids = ids.unwrap_or_else(|e| panic!("{e}"));
-        self.kernels.extend(names.into_iter().zip(ids));
-    }
-
-    fn f(&self, name: &str) -> FunctionId {
-        self.kernels[name]
-    }
-
-    /// Launches `name` on `grid` blocks (x, y) of `block` threads.
-    fn try_run(&self, f: &str, grid: Grid, block: u32, args: &[KernelArg]) -> DeviceResult<()> {
-        let mut config = LaunchConfig::linear(grid.0, block);
-        config.grid.1 = grid.1;
-        self.dev.launch(self.f(f), config, args)
-    }
-
-    fn run(&self, name: &str, grid: Grid, block: u32, args: &[KernelArg]) {
-        let done = self.try_run(name, grid, block, args);
-        done.unwrap_or_else(|e| panic!("{e}"));
-    }
-
-    /// A new allocation holding `data`.
-    fn up<T: Elem>(&self, data: &[T]) -> DevicePtr {
-        let ptr = self.dev.alloc(data.len() * T::SIZE).expect("alloc");
-        self.dev.upload(ptr, &bytes(data)).expect("upload");
-        ptr
-    }
-
-    fn zeros(&self, bytes: usize) -> DevicePtr {
-        self.dev.alloc(bytes).expect("alloc")
-    }
-
-    fn down<T: Elem>(&self, ptr: DevicePtr, len: usize) -> Vec<T> {
-        let mut out = vec![0u8; len * T::SIZE];
-        self.dev.download(ptr, &mut out).expect("download");
-        out.chunks_exact(T::SIZE).map(T::get).collect()
-    }
-
-    /// Downloads `want.len()` floats at `ptr` and compares them with `want`.
-    fn check(&self, ptr: DevicePtr, want: &[f32], what: &str) {
-        close(&self.down(ptr, want.len()), want, TOL, what);
-    }
-}
-
-/// `int` and `long long` arguments from sizes.
-fn int(v: usize) -> KernelArg {
-    KernelArg::I32(v as i32)
-}
-
-fn long(v: usize) -> KernelArg {
-    I64(v as i64)
-}
-
-/// Plain values moved to and from device memory.
-trait Elem: Copy {
-    const SIZE: usize;
-    fn put(self, out: &mut Vec<u8>);
-    fn get(bytes: &[u8]) -> Self;
-}
-
-macro_rules! elem {
-    ($($t:ty),*) => {$(
-        impl Elem for $t {
-            const SIZE: usize = std::mem::size_of::<$t>();
-            fn put(self, out: &mut Vec<u8>) {
-                out.extend_from_slice(&self.to_le_bytes());
-            }
-            fn get(bytes: &[u8]) -> Self {
-                <$t>::from_le_bytes(bytes.try_into().expect("element size"))
-            }
-        }
-    )*};
-}
-elem!(f32, i64, i32, u32, u16, u8);
-
-fn bytes<T: Elem>(data: &[T]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(data.len() * T::SIZE);
-    data.iter().for_each(|v| v.put(&mut out));
-    out
-}
-
-/// Deterministic pseudo-random numbers (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn u32(&mut self) -> u32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
-    }
-
-    /// `len` values in [-amplitude, amplitude).
-    fn data(&mut self, len: usize, amplitude: f32) -> Vec<f32> {
-        let unit = |r: u32| (r >> 8) as f32 / (1u32 << 23) as f32;
-        let mut next = || unit(self.u32()) * amplitude - amplitude;
-        (0..len).map(|_| next()).collect()
-    }
-}
-
-/// Asserts `max |got - want| <= tolerance` (a NaN on either side fails).
-fn close(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    let (mut at, mut worst) = (0, 0f32);
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let d = (g - w).abs();
-        let d = if d.is_nan() { f32::INFINITY } else { d };
-        (at, worst) = if d > worst { (i, d) } else { (at, worst) };
-    }
-    let (ok, g, w) = (worst <= tolerance, got[at], want[at]);
-    assert!(ok, "{what}: |Δ| {worst:.2e} at {at} (got {g}, want {w})");
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
+mod common;
+use common::*;
 
 #[test]
 fn norms_and_softmax_match_the_cpu() {

@@ -371,6 +371,7 @@ extern "C" const char* kiln_emu_last_error() { return kiln_emu::last_error; }
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
+#define __align__(n) alignas(n)
 #define __shared__ static thread_local
 #define KILN_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(kiln_emu::dynamic_shared())
 #define threadIdx (kiln_emu::state.thread_idx)

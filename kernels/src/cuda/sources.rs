@@ -38,6 +38,13 @@ pub const DATA: Source = Source {
     text: include_str!("../../cuda/data.cu"),
 };
 
+/// Matrix products for small batches (decode), dense and GGUF blocks, and
+/// the expansion of GGUF blocks to bf16.
+pub const GEMV: Source = Source {
+    name: "gemv.cu",
+    text: include_str!("../../cuda/gemv.cu"),
+};
+
 /// Sampling of logits rows on the device.
 pub const SAMPLING: Source = Source {
     name: "sampling.cu",
@@ -45,7 +52,7 @@ pub const SAMPLING: Source = Source {
 };
 
 /// Every hand-written source.
-pub const ALL: [Source; 5] = [NORM, ROPE, ATTENTION, DATA, SAMPLING];
+pub const ALL: [Source; 6] = [NORM, ROPE, ATTENTION, DATA, GEMV, SAMPLING];
 
 /// `text` with `#include "kiln_cuda.cuh"` replaced by the header itself.
 pub fn inline_common_header(text: &str) -> String {

@@ -1,0 +1,146 @@
+//! The decode matrix products of `gemv.cu` on the kernel emulator: dense
+//! bf16/f16/f32 rows (16-byte loads and the unaligned fallback) and GGUF
+//! blocks read packed (Q8_0, Q4_0, Q4_K, Q6_K), against a dot product over
+//! the CPU's own decoding of the same bytes; and the expansion of those
+//! blocks to bf16 for the GEMM of larger batches.
+
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use kiln_kernels::cuda::sources;
+use kiln_kernels::cuda::KernelArg::Ptr;
+use kiln_kernels::quant::{dequantize_row, QuantType};
+
+/// Rows of W per block of the GEMV kernels (one warp each).
+const WARPS: u32 = 4;
+
+/// `y[i, r] = Σ_j x[i, j] W[r, j]` in f64.
+fn reference(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut y = vec![0f32; m * n];
+    for i in 0..m {
+        for r in 0..n {
+            let dot: f64 = (0..k)
+                .map(|j| f64::from(x[i * k + j]) * f64::from(w[r * k + j]))
+                .sum();
+            y[i * n + r] = dot as f32;
+        }
+    }
+    y
+}
+
+/// Runs `kernel` on `W [n, k]` (its device bytes) for every batch size the
+/// kernels take, against `reference` over `values`, W decoded to f32.
+fn check_gemv(gpu: &Gpu, kernel: &str, w_bytes: &[u8], values: &[f32], n: usize, k: usize) {
+    let w = gpu.up(w_bytes);
+    let mut rng = Rng::new(k as u64);
+    for m in [1, 3, 8] {
+        let x = rng.data(m * k, 1.0);
+        let want = reference(values, &x, m, n, k);
+        let scale = want.iter().fold(1f32, |a, v| a.max(v.abs()));
+        let (xs, y) = (gpu.up(&x), gpu.zeros(m * n * 4));
+        let grid = (n as u32).div_ceil(WARPS);
+        let args = [Ptr(w), Ptr(xs), Ptr(y), int(m), int(n), int(k)];
+        gpu.run(kernel, (grid, 1), 32 * WARPS, &args);
+        let got: Vec<f32> = gpu.down(y, m * n);
+        close(
+            &got,
+            &want,
+            2e-6 * scale * k as f32,
+            &format!("{kernel} m={m} k={k}"),
+        );
+    }
+}
+
+#[test]
+fn dense_rows_match_the_reference() {
+    let gpu = Gpu::new(&[sources::GEMV]);
+    let n = 37; // not a multiple of the rows per block
+                // 520: 16-byte loads and a partial last sweep; 37: the unaligned path.
+    for k in [520, 37] {
+        let values = Rng::new(3).data(n * k, 1.0);
+        let as_bf16: Vec<u16> = values
+            .iter()
+            .map(|&v| bf16::from_f32(v).to_bits())
+            .collect();
+        let rounded: Vec<f32> = as_bf16
+            .iter()
+            .map(|&b| bf16::from_bits(b).to_f32())
+            .collect();
+        check_gemv(&gpu, "kiln_gemv_bf16", &bytes(&as_bf16), &rounded, n, k);
+        let as_f16: Vec<u16> = values.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+        let rounded: Vec<f32> = as_f16.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
+        check_gemv(&gpu, "kiln_gemv_f16", &bytes(&as_f16), &rounded, n, k);
+        check_gemv(&gpu, "kiln_gemv_f32", &bytes(&values), &values, n, k);
+    }
+}
+
+/// Random blocks of `ty` for `rows × cols` values, with every f16 scale set
+/// to a small finite value; and their values decoded by the CPU.
+fn random_blocks(ty: QuantType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let mut rng = Rng::new(seed);
+    let row_bytes = ty.row_bytes(cols).unwrap();
+    let mut packed: Vec<u8> = (0..rows * row_bytes).map(|_| rng.u32() as u8).collect();
+    let scale_at: &[usize] = match ty {
+        QuantType::Q8_0 | QuantType::Q4_0 => &[0],
+        QuantType::Q4K => &[0, 2],
+        QuantType::Q6K => &[208],
+        other => panic!("no GEMV kernel for {other}"),
+    };
+    for (i, block) in packed.chunks_exact_mut(ty.block_bytes()).enumerate() {
+        for &at in scale_at {
+            let scale = f16::from_f32(0.01 + 0.001 * (i % 7) as f32);
+            block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+        }
+    }
+    let mut values = vec![0f32; rows * cols];
+    for (row, out) in packed
+        .chunks_exact(row_bytes)
+        .zip(values.chunks_exact_mut(cols))
+    {
+        dequantize_row(ty, row, out).unwrap();
+    }
+    (packed, values)
+}
+
+#[test]
+fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
+    let gpu = Gpu::new(&[sources::GEMV]);
+    let n = 13;
+    for (ty, name, k) in [
+        (QuantType::Q8_0, "q8_0", 32 * 9),
+        (QuantType::Q4_0, "q4_0", 32 * 9),
+        (QuantType::Q4K, "q4_k", 256 * 3),
+        (QuantType::Q6K, "q6_k", 256 * 3),
+    ] {
+        let (packed, values) = random_blocks(ty, n, k, k as u64);
+        check_gemv(&gpu, &format!("kiln_gemv_{name}"), &packed, &values, n, k);
+
+        // The same blocks expanded to bf16 for the GEMM of larger batches.
+        let blocks = n * k / ty.block_elems();
+        let (w, out) = (gpu.up(&packed), gpu.zeros(n * k * 2));
+        let threads = 256;
+        let grid = (n * k).div_ceil(threads) as u32;
+        let args = [Ptr(w), Ptr(out), long(blocks)];
+        gpu.run(
+            &format!("kiln_dequant_{name}"),
+            (grid, 1),
+            threads as u32,
+            &args,
+        );
+        let got: Vec<f32> = gpu
+            .down::<u16>(out, n * k)
+            .into_iter()
+            .map(|b| bf16::from_bits(b).to_f32())
+            .collect();
+        for (i, (g, v)) in got.iter().zip(&values).enumerate() {
+            let want = bf16::from_f32(*v).to_f32();
+            // One bf16 step apart at most (the f32 value may round either way).
+            let step = want.abs().max(1e-30) / 128.0;
+            assert!(
+                (g - want).abs() <= step,
+                "{name} value {i}: got {g}, want {want}"
+            );
+        }
+    }
+}
