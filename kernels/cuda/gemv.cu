@@ -12,7 +12,7 @@
 //   Q6_K (210 B / 256): 32 lanes, 8 values each
 // The layouts are ggml's (kernels/src/quant/format.rs decodes the same bytes
 // on the CPU). `kiln_dequant_*` expand the same blocks to bf16 for the GEMM
-// of larger batches.
+// of larger batches, and `kiln_embedding_*` read rows of a table of blocks.
 #include "kiln_cuda.cuh"
 
 #define KILN_GEMV_MAX_M 8
@@ -245,6 +245,19 @@ __device__ void gemv_blocks(const u8* w, const float* x, float* y, int m, int n,
   store_rows(acc, y, m, n, row);
 }
 
+// Embedding rows read from a table of blocks: y[t, :] = table[ids[t], :],
+// one block of threads per id (as `embedding` in data.cu; a bad id sets
+// `error` and gives zeros).
+template <typename F>
+__device__ void embedding_blocks(const u8* table, const i64* ids, float* y, i64 rows, int cols, int* error) {
+  i64 id = ids[blockIdx.x];
+  bool valid = id >= 0 && id < rows;
+  if (!valid && threadIdx.x == 0) *error = 1;
+  const u8* row = table + (valid ? id : 0) * (i64)(cols / F::ELEMS) * F::BYTES;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x)
+    y[(i64)blockIdx.x * cols + c] = valid ? F::value(row + (c / F::ELEMS) * F::BYTES, c % F::ELEMS) : 0.0f;
+}
+
 // Every value of `count` blocks as bf16, one thread per value.
 template <typename F>
 __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
@@ -257,15 +270,31 @@ extern "C" __global__ void kiln_gemv_q8_0(const u8* w, const float* x, float* y,
   gemv_blocks<Q8_0>(w, x, y, m, n, k);
 }
 extern "C" __global__ void kiln_dequant_q8_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q8_0>(w, out, blocks); }
+extern "C" __global__ void kiln_embedding_q8_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
+                                             int* error) {
+  embedding_blocks<Q8_0>(table, ids, y, rows, cols, error);
+}
 extern "C" __global__ void kiln_gemv_q4_0(const u8* w, const float* x, float* y, int m, int n, int k) {
   gemv_blocks<Q4_0>(w, x, y, m, n, k);
 }
 extern "C" __global__ void kiln_dequant_q4_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_0>(w, out, blocks); }
+extern "C" __global__ void kiln_embedding_q4_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
+                                             int* error) {
+  embedding_blocks<Q4_0>(table, ids, y, rows, cols, error);
+}
 extern "C" __global__ void kiln_gemv_q4_k(const u8* w, const float* x, float* y, int m, int n, int k) {
   gemv_blocks<Q4_K>(w, x, y, m, n, k);
 }
 extern "C" __global__ void kiln_dequant_q4_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_K>(w, out, blocks); }
+extern "C" __global__ void kiln_embedding_q4_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
+                                             int* error) {
+  embedding_blocks<Q4_K>(table, ids, y, rows, cols, error);
+}
 extern "C" __global__ void kiln_gemv_q6_k(const u8* w, const float* x, float* y, int m, int n, int k) {
   gemv_blocks<Q6_K>(w, x, y, m, n, k);
 }
 extern "C" __global__ void kiln_dequant_q6_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q6_K>(w, out, blocks); }
+extern "C" __global__ void kiln_embedding_q6_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
+                                             int* error) {
+  embedding_blocks<Q6_K>(table, ids, y, rows, cols, error);
+}

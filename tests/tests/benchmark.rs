@@ -101,6 +101,7 @@ fn benchmark_runs_a_shape_with_random_weights() {
     let shape = workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
     let shape = shape.to_str().unwrap();
     let device = kiln_tests::models::cuda_test_device().to_string();
+    let mut weight_bytes: Vec<u64> = Vec::new();
     for (device, dtype) in [
         ("cpu", "bf16"),
         ("cpu", "q4_k_m"),
@@ -144,8 +145,8 @@ fn benchmark_runs_a_shape_with_random_weights() {
             continue;
         }
         // 2 layers of 256×256 q/o, 128×256 k/v, 3 × 512×256 MLP matrices,
-        // and the 512×256 lm_head: two operations per element per token.
-        let elements = 2 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 512 * 256) + 512 * 256;
+        // and the 768×256 lm_head: two operations per element per token.
+        let elements = 2 * (2 * 256 * 256 + 2 * 128 * 256 + 3 * 512 * 256) + 768 * 256;
         let roofline = &report["roofline"];
         assert_eq!(
             roofline["product_flops_per_token"].as_f64().unwrap(),
@@ -160,7 +161,17 @@ fn benchmark_runs_a_shape_with_random_weights() {
             .as_f64()
             .unwrap();
         assert!(fraction > 0.0, "{report}");
+        weight_bytes.push(roofline["weight_bytes_per_step"].as_u64().unwrap());
     }
+    // Q4_K_M stays packed on the device: 4.5 bits a weight (6.5 for the
+    // vocabulary matrices) where bf16 takes 16.
+    let [bf16, q4_k_m] = weight_bytes[..] else {
+        panic!("{weight_bytes:?}")
+    };
+    assert!(
+        q4_k_m * 3 < bf16,
+        "bf16 {bf16} B, q4_k_m {q4_k_m} B per step"
+    );
 
     for (args, expected) in [
         (vec!["--shape", "no-such-shape"], "llama3-8b"),

@@ -296,19 +296,24 @@ impl CudaExecutor {
                 last,
             })
             .collect();
-        // Scratch: activations cast to a half type for a half-precision GEMM.
+        // Scratch of GEMMs: activations cast to a half type, matrices
+        // expanded from GGUF blocks.
         let mut scratch_steps = Vec::new();
         for (s, (step, plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
-            if let StepPlan::Linear(w) | StepPlan::MatMul(w) = plan {
-                if w.ty != kiln_kernels::cuda::GemmType::F32 {
-                    let elements: usize = shapes[step.inputs[0] as usize].iter().product();
-                    scratch_steps.push(s);
-                    buffers.push(Buffer {
-                        bytes: elements * w.ty.size(),
-                        first: s,
-                        last: s,
-                    });
+            let x_elements = || shapes[step.inputs[0] as usize].iter().product();
+            let bytes = match plan {
+                StepPlan::Linear(_) | StepPlan::MatMul(_) => {
+                    launch::scratch_bytes(plan, x_elements())
                 }
+                _ => 0,
+            };
+            if bytes > 0 {
+                scratch_steps.push(s);
+                buffers.push(Buffer {
+                    bytes,
+                    first: s,
+                    last: s,
+                });
             }
         }
         let placement = memory::place(&buffers);

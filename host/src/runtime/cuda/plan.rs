@@ -159,7 +159,9 @@ pub fn lower(
             return Ok(*m);
         }
         let weight = &weights[index];
-        let m = weights::upload_matrix(device, weight, weights::product_type(weight, dtype))?;
+        let packed = weights::packed_format(weight, dtype);
+        let ty = weights::product_type(weight, dtype);
+        let m = weights::upload_matrix(device, weight, ty, packed)?;
         owned.push(m.ptr);
         matrices.insert(index, m);
         Ok(m)
@@ -177,17 +179,12 @@ pub fn lower(
         let plan = match &step.kernel {
             Kernel::Linear { weight } => {
                 let m = matrix(*weight, &mut owned)?;
-                product_matrices.insert(*weight, (m.rows * m.cols * m.ty.size(), m.rows * m.cols));
+                product_matrices.insert(*weight, (m.bytes(), m.rows * m.cols));
                 StepPlan::Linear(m)
             }
             Kernel::Embedding { weight } => {
                 let m = matrix(*weight, &mut owned)?;
-                let name = match m.ty {
-                    kiln_kernels::cuda::GemmType::F32 => "kiln_embedding_f32",
-                    kiln_kernels::cuda::GemmType::BF16 => "kiln_embedding_bf16",
-                    kiln_kernels::cuda::GemmType::F16 => "kiln_embedding_f16",
-                };
-                StepPlan::Embedding(m, hand[name])
+                StepPlan::Embedding(m, hand[weights::embedding_kernel(&m)])
             }
             Kernel::Fused { program: instrs } => fused(
                 device,
@@ -250,6 +247,7 @@ pub fn lower(
                             StepPlan::MatMul(DeviceMatrix {
                                 ptr,
                                 ty: kiln_kernels::cuda::GemmType::F32,
+                                packed: None,
                                 rows: shape[0] as usize,
                                 cols: shape[1] as usize,
                             })

@@ -1,12 +1,16 @@
 //! Weights and constants in device memory, uploaded once at load.
 //!
 //! A weight read by a matrix product or an embedding is stored for the GPU's
-//! GEMM: bf16 and f16 as stored; f32 as bf16 unless `--dtype float32`; GGUF
-//! blocks dequantized at load to bf16 (f32 with `--dtype float32`). Any other
+//! GEMM: bf16 and f16 as stored; f32 as bf16 unless `--dtype float32`. GGUF
+//! Q8_0, Q4_0, Q4_K and Q6_K matrices stay packed (the decode GEMV and the
+//! embedding read the blocks; larger batches expand them to bf16 in scratch
+//! memory first); other GGUF blocks are dequantized at load to bf16 (f32 with
+//! `--dtype float32`, bf16 with `--dtype bfloat16`). Any other
 //! weight (norm scales, biases, inverse frequencies) is stored as f32 values.
 
 use half::{bf16, f16};
 use kiln_kernels::cuda::{Device, DevicePtr, GemmType};
+use kiln_kernels::quant::QuantType;
 use kiln_plugin_api::Encoding;
 
 use super::CudaError;
@@ -30,12 +34,101 @@ pub enum WeightDtype {
 pub struct DeviceMatrix {
     /// Where.
     pub ptr: DevicePtr,
-    /// Element type.
+    /// Element type (of the GEMM's operands, for a packed matrix).
     pub ty: GemmType,
+    /// The GGUF blocks it is stored in, if packed.
+    pub packed: Option<Packed>,
     /// Rows (the first axis).
     pub rows: usize,
     /// Columns (the last axis).
     pub cols: usize,
+}
+
+impl DeviceMatrix {
+    /// Bytes it takes on the device.
+    pub fn bytes(&self) -> usize {
+        match self.packed {
+            Some(p) => p.quant_type().row_bytes(self.cols).unwrap_or(0) * self.rows,
+            None => self.rows * self.cols * self.ty.size(),
+        }
+    }
+}
+
+/// The GGUF block formats kept packed on the device, and the kernels of
+/// `gemv.cu` that read them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Packed {
+    /// Q8_0 blocks.
+    Q8_0,
+    /// Q4_0 blocks.
+    Q4_0,
+    /// Q4_K super-blocks.
+    Q4K,
+    /// Q6_K super-blocks.
+    Q6K,
+}
+
+/// The kernels that read one packed format.
+pub struct PackedKernels {
+    /// The decode GEMV.
+    pub gemv: &'static str,
+    /// The expansion to bf16.
+    pub dequant: &'static str,
+    /// Embedding rows.
+    pub embedding: &'static str,
+}
+
+impl Packed {
+    /// The packed format of blocks of `ty`, if there are kernels for it.
+    pub fn of(ty: QuantType) -> Option<Self> {
+        Some(match ty {
+            QuantType::Q8_0 => Self::Q8_0,
+            QuantType::Q4_0 => Self::Q4_0,
+            QuantType::Q4K => Self::Q4K,
+            QuantType::Q6K => Self::Q6K,
+            _ => return None,
+        })
+    }
+
+    /// The block format.
+    pub fn quant_type(self) -> QuantType {
+        match self {
+            Self::Q8_0 => QuantType::Q8_0,
+            Self::Q4_0 => QuantType::Q4_0,
+            Self::Q4K => QuantType::Q4K,
+            Self::Q6K => QuantType::Q6K,
+        }
+    }
+
+    /// Its kernels.
+    pub fn kernels(self) -> PackedKernels {
+        let (gemv, dequant, embedding) = match self {
+            Self::Q8_0 => ("kiln_gemv_q8_0", "kiln_dequant_q8_0", "kiln_embedding_q8_0"),
+            Self::Q4_0 => ("kiln_gemv_q4_0", "kiln_dequant_q4_0", "kiln_embedding_q4_0"),
+            Self::Q4K => ("kiln_gemv_q4_k", "kiln_dequant_q4_k", "kiln_embedding_q4_k"),
+            Self::Q6K => ("kiln_gemv_q6_k", "kiln_dequant_q6_k", "kiln_embedding_q6_k"),
+        };
+        PackedKernels {
+            gemv,
+            dequant,
+            embedding,
+        }
+    }
+}
+
+/// The block format `weight` keeps on the device, where `dtype` allows.
+pub fn packed_format(weight: &WeightData, dtype: WeightDtype) -> Option<Packed> {
+    Packed::of(weight.quant_type()?).filter(|_| dtype == WeightDtype::Auto)
+}
+
+/// The kernel that reads embedding rows of `table`.
+pub fn embedding_kernel(table: &DeviceMatrix) -> &'static str {
+    match (table.packed, table.ty) {
+        (Some(p), _) => p.kernels().embedding,
+        (None, GemmType::F32) => "kiln_embedding_f32",
+        (None, GemmType::BF16) => "kiln_embedding_bf16",
+        (None, GemmType::F16) => "kiln_embedding_f16",
+    }
 }
 
 /// The element type `weight` gets on the device for products.
@@ -47,16 +140,19 @@ pub fn product_type(weight: &WeightData, dtype: WeightDtype) -> GemmType {
     }
 }
 
-/// Uploads `weight` as a matrix of `ty` (rows = first axis).
+/// Uploads `weight` as a matrix of `ty` (rows = first axis), or as its
+/// blocks when `packed`.
 pub fn upload_matrix(
     device: &dyn Device,
     weight: &WeightData,
     ty: GemmType,
+    packed: Option<Packed>,
 ) -> Result<DeviceMatrix, CudaError> {
     let shape = &weight.spec.shape;
     let cols = *shape.last().unwrap_or(&1) as usize;
     let rows = weight.elements() / cols.max(1);
     let bytes: Vec<u8> = match (ty, weight.spec.encoding) {
+        _ if packed.is_some() => weight.bytes().to_vec(),
         (GemmType::BF16, Encoding::BFloat16) | (GemmType::F16, Encoding::Float16) => {
             weight.bytes().to_vec()
         }
@@ -73,6 +169,7 @@ pub fn upload_matrix(
     Ok(DeviceMatrix {
         ptr,
         ty,
+        packed,
         rows,
         cols,
     })

@@ -1,0 +1,78 @@
+//! GGUF blocks kept packed on the CUDA backend (the kernel emulator, or a GPU
+//! with KILN_TEST_CUDA_DEVICE): decode steps read them with the GEMV kernels,
+//! prefill expands them to bf16 for the GEMM. Random weights at a small
+//! Llama shape in each format, against the CPU backend's exact arithmetic on
+//! the same bytes.
+
+use kiln_host::device::DeviceChoice;
+use kiln_host::engine::Generator;
+use kiln_host::model::synthetic::{self, ShapeDtype};
+use kiln_host::model::{LoadOptions, Model};
+use kiln_host::runtime::cuda::WeightDtype;
+use kiln_tests::workspace_root;
+
+fn load(dtype: ShapeDtype, device: DeviceChoice) -> Model {
+    let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
+    let shape = workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
+    let shape = shape.to_str().unwrap();
+    let options = LoadOptions {
+        max_length: Some(64),
+        precision: kiln_host::runtime::Precision::Exact,
+        compile_cache: kiln_host::compiler::CompileCache::disabled(),
+        device,
+        dtype: WeightDtype::Auto,
+        enforce_eager: false,
+    };
+    let config = synthetic::shape_config(shape).unwrap();
+    synthetic::load(&registry, shape, config, dtype, &options).unwrap()
+}
+
+/// Largest |a - b| over the largest |a|.
+fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
+    let scale = a.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    if worst.is_nan() {
+        f32::INFINITY
+    } else {
+        worst / scale
+    }
+}
+
+#[test]
+fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
+    for dtype in [ShapeDtype::Q4KM, ShapeDtype::Q8_0, ShapeDtype::Q4_0] {
+        let cpu = load(dtype, DeviceChoice::Cpu);
+        let cuda = load(dtype, kiln_tests::models::cuda_test_device());
+        let generators = || {
+            (
+                Generator::new(&cpu, prompt.len()).unwrap(),
+                Generator::new(&cuda, prompt.len()).unwrap(),
+            )
+        };
+        // One token a step: the GEMV reads the blocks, activations in f32.
+        let (mut on_cpu, mut on_cuda) = generators();
+        for (position, &token) in prompt.iter().enumerate() {
+            let a = on_cpu.feed(&[token], false).unwrap().remove(0);
+            let b = on_cuda.feed(&[token], false).unwrap().remove(0);
+            let d = relative_difference(&a, &b);
+            assert!(
+                d < 1e-4,
+                "{dtype:?} decode {position}: relative |Δ| {d:.2e}"
+            );
+        }
+        // The whole prompt in one step: more rows than the GEMV takes, so
+        // the blocks are expanded to bf16 and x is rounded to bf16.
+        let (mut on_cpu, mut on_cuda) = generators();
+        let a = on_cpu.feed(&prompt, true).unwrap();
+        let b = on_cuda.feed(&prompt, true).unwrap();
+        assert_eq!(a.len(), prompt.len());
+        for (row, (a, b)) in a.iter().zip(&b).enumerate() {
+            let d = relative_difference(a, b);
+            assert!(
+                d < 2e-2,
+                "{dtype:?} prefill row {row}: relative |Δ| {d:.2e}"
+            );
+        }
+    }
+}
