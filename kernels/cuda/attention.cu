@@ -1,7 +1,10 @@
 // Attention over the paged KV cache for a ragged batch (chunked prefill and
 // decode alike). The cache of one layer is [blocks, block_size, kv_heads,
 // head_dim] f32; sequence b's rows are row_offsets[b]..row_offsets[b+1] of the
-// batch, and its last row sits at position context_lens[b] - 1.
+// batch, and its last row sits at position context_lens[b] - 1. A padding
+// sequence (a decode step padded to a CUDA graph's batch size) has context
+// length 0: its row sits at position -1, nothing is written to the cache for
+// it and its attention output is zero.
 #include "kiln_cuda.cuh"
 
 #define KILN_ATTN_WARPS 4
@@ -32,6 +35,7 @@ extern "C" __global__ void kiln_write_kv(const float* __restrict__ k, const floa
                                          int block_size, int stride) {
   i64 row = blockIdx.x, position;
   int b = sequence_of(row_offsets, context_lens, batch, row, &position);
+  if (position < 0) return;  // padding
   i64 at = cache_slot(block_tables, b, blocks_per_seq, block_size, position) * stride;
   for (int i = threadIdx.x; i < stride; i += blockDim.x) {
     k_cache[at + i] = k[row * stride + i];
@@ -110,6 +114,6 @@ extern "C" __global__ void kiln_paged_attention(
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float sum = 0.0f;
     for (int w = 0; w < KILN_ATTN_WARPS; ++w) sum += warp_acc[w][d] * weight[w];
-    out_row[d] = sum / total;
+    out_row[d] = total > 0.0f ? sum / total : 0.0f;  // no keys: padding
   }
 }

@@ -5,38 +5,21 @@
 #                 real driver, writing $OUT/gpu-suite.md and one log per suite
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-stage=/tmp/kiln-gpu
-mkdir -p "$stage"
-
 if [ "${1:-}" = stage ]; then
-  for f in .gpu/stage*/*; do [ -f "$f" ] && cp "$f" "$stage/"; done
-  ls -la "$stage"
+  mkdir -p /tmp/kiln-gpu
+  for f in .gpu/stage*/*; do [ -f "$f" ] && cp "$f" /tmp/kiln-gpu/; done
+  ls -la /tmp/kiln-gpu
   exit 0
 fi
 [ "${1:-}" = suite ] || { echo "usage: run.sh stage|suite" >&2; exit 2; }
 
+. tests/gpu/env.sh
 out=${OUT:-$stage/out}
 mkdir -p "$out"
 report=$out/gpu-suite.md
-tar -C "$stage" -xJf .gpu/suite/bin.tar.xz
-bin=$stage/bin
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target "$stage/site" .gpu/suite/wheels/*.whl
 export PYTHONPATH=$stage/site
-
-# CUDA 13 libraries: the image's NVRTC and cuBLAS wheels.
-libs=$(python3 - <<'PY'
-import glob, os, site
-dirs = set()
-for base in site.getsitepackages():
-    for name in ("libnvrtc.so.13", "libcublas.so.13"):
-        for path in glob.glob(os.path.join(base, "nvidia", "**", name), recursive=True):
-            dirs.add(os.path.dirname(path))
-print(":".join(sorted(dirs)))
-PY
-)
-export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-nvrtc_dir=$(echo "$libs" | tr ':' '\n' | while read -r d; do [ -f "$d/libnvrtc.so.13" ] && echo "$d"; done | head -1)
 
 model=$stage/smollm2.gguf
 if [ -f "$stage/smollm2.part-a" ] && [ -f "$stage/smollm2.part-b" ]; then
@@ -49,9 +32,7 @@ model_ok=no
 # without a GPU.
 device=${KILN_GPU_SUITE_DEVICE:-cuda}
 export KILN_WORKSPACE=$PWD KILN_HOST_BIN=$bin/host KILN_TEST_CUDA_DEVICE=$device \
-  KILN_TEST_PYTHON=$(command -v python3) KILN_SMOLLM2_GGUF=$model \
-  KILN_CACHE_DIR=$stage/cache RUST_BACKTRACE=1
-[ -n "$nvrtc_dir" ] && export KILN_NVRTC_DIR=$nvrtc_dir
+  KILN_TEST_PYTHON=$(command -v python3) KILN_SMOLLM2_GGUF=$model RUST_BACKTRACE=1
 
 {
   echo "# Kiln GPU suite"
@@ -79,6 +60,9 @@ suite nvrtc "$bin/cuda_nvrtc" --test-threads 1 --nocapture
 suite device-sampler "$bin/host_lib" runtime::cuda::sample --nocapture
 suite tiny-families "$bin/tiny_models" on_the_cuda_backend --test-threads 1
 suite tiny-ggufs "$bin/tiny_gguf" on_the_cuda_backend --nocapture
+suite packed-gguf "$bin/cuda_quantized" --nocapture
+suite decode-graphs "$bin/cuda_graphs" --nocapture
+suite benchmark-shapes "$bin/benchmark" shape --nocapture
 if [ "$model_ok" = yes ]; then
   suite smollm2-verify "$bin/verify" smollm2 --nocapture --test-threads 1
   suite serve-openai "$bin/serve" serve_on_the_cuda_backend --nocapture

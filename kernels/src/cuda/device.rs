@@ -206,6 +206,19 @@ pub trait Device: Send + Sync {
     fn replay(&self, graph: GraphId) -> DeviceResult<()>;
     /// Frees a captured graph.
     fn release_graph(&self, graph: GraphId);
+    /// Checks that `record`, the work of an eager run of the step captured as
+    /// `graph`, issues exactly the captured work (a launch whose arguments
+    /// changed since the capture would replay stale values). `record` only
+    /// records, nothing runs. `Ok(false)` where the device cannot check (the
+    /// driver); the kernel emulator checks every replay.
+    fn check_replay(
+        &self,
+        graph: GraphId,
+        record: &mut dyn FnMut() -> Result<(), String>,
+    ) -> DeviceResult<bool> {
+        let _ = (graph, record);
+        Ok(false)
+    }
     /// Waits for all queued work.
     fn synchronize(&self) -> DeviceResult<()>;
 }

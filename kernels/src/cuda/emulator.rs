@@ -77,7 +77,7 @@ impl HostBlock {
 }
 
 /// Work recorded during capture.
-#[derive(Clone)]
+#[derive(Clone, Debug, PartialEq)]
 enum Recorded {
     Launch(FunctionId, LaunchConfig, Vec<KernelArg>),
     Copy(DevicePtr, DevicePtr, usize),
@@ -488,6 +488,48 @@ impl Device for Emulator {
             .flatten()
             .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
         work.iter().try_for_each(|w| self.run(w))
+    }
+
+    fn check_replay(
+        &self,
+        graph: GraphId,
+        record: &mut dyn FnMut() -> Result<(), String>,
+    ) -> DeviceResult<bool> {
+        self.begin_capture()?;
+        let recorded = record();
+        let now = self
+            .state()
+            .capture
+            .take()
+            .ok_or_else(|| DeviceError::new("no capture in progress"))?;
+        recorded.map_err(DeviceError::new)?;
+        let state = self.state();
+        let captured = state
+            .graphs
+            .get(graph.0)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
+        let name = |work: &Recorded| match work {
+            Recorded::Launch(f, ..) => state
+                .functions
+                .get(f.0)
+                .map_or_else(|| format!("kernel {}", f.0), |f| format!("`{}`", f.name)),
+            Recorded::Copy(..) => "a copy".to_owned(),
+            Recorded::Gemm(..) => "a GEMM".to_owned(),
+        };
+        if let Some(at) =
+            (0..captured.len().max(now.len())).find(|&i| captured.get(i) != now.get(i))
+        {
+            let describe = |w: Option<&Recorded>| {
+                w.map_or("nothing".to_owned(), |w| format!("{} {w:?}", name(w)))
+            };
+            return Err(DeviceError::new(format!(
+                "a CUDA graph would replay stale work: item {at} was {} at capture, is {} now",
+                describe(captured.get(at)),
+                describe(now.get(at))
+            )));
+        }
+        Ok(true)
     }
 
     fn release_graph(&self, graph: GraphId) {

@@ -5,15 +5,15 @@
 //! and replayed with one call instead of hundreds of launches. A binding is
 //! captured the second time it runs (the first run is eager: compilation,
 //! cuBLAS's own set-up) and replayed from then on; past [`MAX_GRAPHS`]
-//! captured bindings, the cache starts over. `--enforce-eager` turns this
-//! off.
+//! captured bindings, the cache starts over. Decode steps are padded to a
+//! few bindings first (`buckets.rs`). `--enforce-eager` turns this off.
 
 use std::collections::HashMap;
 
 use kiln_kernels::cuda::{Device, GraphId};
 
 /// Bindings captured at most.
-pub const MAX_GRAPHS: usize = 64;
+pub const MAX_GRAPHS: usize = 256;
 
 /// What a step's binding (sorted symbol values, and the KV cache it writes)
 /// has so far.
@@ -39,15 +39,22 @@ pub struct GraphCache {
 
 impl GraphCache {
     /// Runs a step: `launch` issues its work. Replays the binding's graph if
-    /// there is one, captures it on its second run, else launches eagerly.
+    /// there is one (on the kernel emulator, after checking that `launch`
+    /// would issue exactly the captured work), captures it on its second run,
+    /// else launches eagerly.
     pub fn run(
         &mut self,
         device: &dyn Device,
         key: GraphKey,
-        launch: impl FnOnce() -> Result<(), String>,
+        mut launch: impl FnMut() -> Result<(), String>,
     ) -> Result<(), String> {
         match self.slots.get(&key).copied() {
-            Some(Slot::Captured(graph)) => device.replay(graph).map_err(|e| e.to_string()),
+            Some(Slot::Captured(graph)) => {
+                device
+                    .check_replay(graph, &mut launch)
+                    .map_err(|e| e.to_string())?;
+                device.replay(graph).map_err(|e| e.to_string())
+            }
             Some(Slot::Seen) => {
                 if self.captured >= MAX_GRAPHS {
                     // Full (bindings come and go, caches are freed): start over.
@@ -91,5 +98,50 @@ impl GraphCache {
         }
         self.slots.clear();
         self.captured = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_kernels::cuda::emulator::Emulator;
+    use kiln_kernels::cuda::{Device, KernelArg, LaunchConfig};
+
+    use super::*;
+
+    /// The classic CUDA-graph bug, caught: a step whose launch argument is a
+    /// value that changes between runs (instead of device memory updated in
+    /// place) would replay the value captured.
+    #[test]
+    fn a_replay_whose_launch_arguments_changed_is_refused() {
+        let dir = std::env::temp_dir().join(format!("kiln-graphs-{}", std::process::id()));
+        let device = Emulator::new(1 << 20, dir);
+        let source =
+            r#"extern "C" __global__ void kiln_fill(float* y, float v) { y[threadIdx.x] = v; }"#;
+        let fill = device.load("fill.cu", source, &["kiln_fill"]).unwrap()[0];
+        let y = device.alloc(4 * 32).unwrap();
+        let mut cache = GraphCache::default();
+        let key: GraphKey = (vec![("T".into(), 1)], [0; 4]);
+        let mut step = |value: f32| {
+            cache.run(&device, key.clone(), || {
+                device
+                    .launch(
+                        fill,
+                        LaunchConfig::linear(1, 32),
+                        &[KernelArg::Ptr(y), KernelArg::F32(value)],
+                    )
+                    .map_err(|e| e.to_string())
+            })
+        };
+        step(1.0).unwrap(); // eager
+        step(1.0).unwrap(); // captured
+        step(1.0).unwrap(); // replayed: the same work
+        let err = step(2.0).unwrap_err();
+        assert!(
+            err.contains("stale work") && err.contains("kiln_fill"),
+            "{err}"
+        );
+        let mut out = [0u8; 4];
+        device.download(y, &mut out).unwrap();
+        assert_eq!(f32::from_le_bytes(out), 1.0, "the stale replay did not run");
     }
 }

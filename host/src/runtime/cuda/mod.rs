@@ -8,6 +8,7 @@
 //! cached, the inputs are uploaded, every step is launched, and only the
 //! graph's outputs come back.
 
+mod buckets;
 mod codegen;
 mod graphs;
 mod launch;
@@ -136,6 +137,20 @@ struct Executed<'a> {
     state: MutexGuard<'a, RunState>,
     plan: Arc<RunPlan>,
     addrs: Vec<DevicePtr>,
+    /// The logits rows asked for, when the step ran padded to a bucket.
+    padded_from: Option<usize>,
+}
+
+impl Executed<'_> {
+    /// The shape of output value `o` as the caller asked for it: a padded
+    /// step's logits lose their padding rows (they come first in memory).
+    fn output_shape(&self, o: usize) -> Vec<usize> {
+        let mut shape = self.plan.shapes[o].clone();
+        if let (Some(rows), Some(first)) = (self.padded_from, shape.first_mut()) {
+            *first = rows;
+        }
+        shape
+    }
 }
 
 /// A program bound to its weights on a CUDA device.
@@ -150,6 +165,9 @@ pub struct CudaExecutor {
     error_flag: DevicePtr,
     /// Capture and replay steps as CUDA graphs.
     graphs: bool,
+    /// The graph takes the decoder's inputs: decode steps can be padded to
+    /// buckets.
+    paddable: bool,
     /// Bytes of weights one step reads.
     weight_bytes_per_step: usize,
     /// Floating-point operations of the matrix products per token.
@@ -199,6 +217,7 @@ impl CudaExecutor {
             .alloc(4)
             .map_err(|e| CudaError::Memory(e.to_string()))?;
         let lowered = plan::lower(device.as_ref(), &program, &weights, dtype, &hand)?;
+        let paddable = buckets::paddable(&program.graph);
         if let Some(dir) = std::env::var_os("KILN_DUMP_KERNELS") {
             dump_kernels(std::path::Path::new(&dir), &lowered.generated)?;
         }
@@ -220,6 +239,7 @@ impl CudaExecutor {
             owned,
             error_flag,
             graphs,
+            paddable,
             weight_bytes_per_step: lowered.weight_bytes_per_step,
             product_flops_per_token: lowered.product_flops_per_token,
             generated: lowered.generated,
@@ -375,7 +395,7 @@ impl CudaExecutor {
     fn check_attention_inputs(
         &self,
         inputs: &[Tensor],
-        shapes: &[Vec<usize>],
+        symbols: &HashMap<String, usize>,
         cache: Option<&KvCache>,
     ) -> Result<(), RuntimeError> {
         let graph = &self.program.graph;
@@ -388,7 +408,7 @@ impl CudaExecutor {
             if !matches!(plan, StepPlan::Attention(_)) {
                 continue;
             }
-            let rows_here = shapes[step.inputs[0] as usize][0];
+            let rows_here = resolve(&graph.nodes[step.inputs[0] as usize].ty.shape, symbols)[0];
             let description = (rows_here, &step.inputs[3..6]);
             if checked.contains(&description) {
                 continue;
@@ -530,12 +550,8 @@ impl Backend for CudaExecutor {
         cache: Option<&mut KvCache>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let graph = &self.program.graph;
-        // `_held` keeps the arena locked until the outputs are downloaded.
-        let Executed {
-            state: _held,
-            plan,
-            addrs,
-        } = self.execute(&inputs, cache)?;
+        // The arena stays locked until the outputs are downloaded.
+        let executed = self.execute(&inputs, cache)?;
         graph
             .outputs
             .iter()
@@ -544,8 +560,8 @@ impl Backend for CudaExecutor {
                 download(
                     self.device.as_ref(),
                     node.ty.dtype,
-                    plan.shapes[o as usize].clone(),
-                    addrs[o as usize],
+                    executed.output_shape(o as usize),
+                    executed.addrs[o as usize],
                 )
             })
             .collect::<Result<_, _>>()
@@ -572,13 +588,9 @@ impl Backend for CudaExecutor {
                 ),
             });
         }
-        let Executed {
-            mut state,
-            plan,
-            addrs,
-        } = self.execute(&inputs, cache)?;
+        let mut executed = self.execute(&inputs, cache)?;
         let logits = self.program.graph.outputs[0] as usize;
-        let shape = &plan.shapes[logits];
+        let shape = &executed.output_shape(logits);
         let vocab = shape.last().copied().unwrap_or(0);
         if shape.iter().product::<usize>() != rows.len() * vocab {
             return Err(RuntimeError::Input {
@@ -586,12 +598,13 @@ impl Backend for CudaExecutor {
                 message: format!("logits {shape:?} for {} sampled rows", rows.len()),
             });
         }
-        state
+        executed
+            .state
             .sampler
             .sample(
                 self.device.as_ref(),
                 self.hand["kiln_sample"],
-                addrs[logits],
+                executed.addrs[logits],
                 vocab,
                 rows,
             )
@@ -615,10 +628,19 @@ impl CudaExecutor {
             })?),
             None => None,
         };
+        self.check_attention_inputs(inputs, &symbols, cache)?;
+        // With graphs, a decode step runs at its bucket's shape.
+        let padded = (self.graphs && self.paddable)
+            .then(|| buckets::pad_decode_step(inputs))
+            .flatten();
+        let padded_from = padded.as_ref().map(|_| inputs[0].shape[0]);
+        let (inputs, symbols) = match &padded {
+            Some(padded) => (padded.as_slice(), bind_symbols(graph, padded)?),
+            None => (inputs, symbols),
+        };
         let key = binding(&symbols);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let plan = self.prepare(&mut state, &symbols, &key)?;
-        self.check_attention_inputs(inputs, &plan.shapes, cache)?;
         let device = self.device.as_ref();
         let device_error = |e: kiln_kernels::cuda::DeviceError| RuntimeError::Device(e.to_string());
         let arena = state.arena;
@@ -683,7 +705,12 @@ impl CudaExecutor {
                 "an index (a token id or a gathered row) was out of range".into(),
             ));
         }
-        Ok(Executed { state, plan, addrs })
+        Ok(Executed {
+            state,
+            plan,
+            addrs,
+            padded_from,
+        })
     }
 }
 

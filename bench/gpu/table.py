@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""The table of a GPU benchmark run: every kiln-*.json (`host benchmark
+--json`) and torch-*.json (bench/gpu/torch_baseline.py) in a directory, as
+markdown: decode output tok/s per shape and batch with Kiln's ratio to the
+memory roofline and to PyTorch, and prefill tok/s with the fraction of the
+device's bf16 GEMM rate.
+
+  python3 bench/gpu/table.py OUT_DIR
+"""
+import glob
+import json
+import os
+import sys
+
+
+def load(directory, pattern):
+    runs = []
+    for path in sorted(glob.glob(os.path.join(directory, pattern))):
+        try:
+            with open(path) as f:
+                runs.append((os.path.basename(path), json.load(f)))
+        except (OSError, ValueError) as err:
+            print(f"<!-- skipped {path}: {err} -->")
+    return runs
+
+
+def main():
+    directory = sys.argv[1] if len(sys.argv) > 1 else "."
+    kiln = load(directory, "kiln-*.json")
+    torch = load(directory, "torch-*.json")
+    # PyTorch output tok/s and prefill tok/s by (shape, mode, batch).
+    peer = {}
+    for _, run in torch:
+        for r in run.get("results", []):
+            peer[(r["shape"], r["mode"], r["batch"])] = r
+    header = next((run for _, run in torch), {})
+    print("# Kiln against PyTorch on one GPU\n")
+    if kiln:
+        print(f"- Kiln device: {kiln[0][1].get('device')}")
+    if header:
+        print(f"- PyTorch {header.get('torch')}, transformers {header.get('transformers')}, "
+              f"device {header.get('device')}, {header.get('date')}")
+    print()
+    print("| shape | weights | batch | Kiln tok/s | of roofline | PyTorch eager | PyTorch compiled | Kiln ÷ compiled |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, run in kiln:
+        if not name.endswith("-decode.json"):
+            continue
+        shape, dtype = name[len("kiln-"):-len("-decode.json")].rsplit("-", 1)
+        for level in run["levels"]:
+            batch = level["concurrency"]
+            ours = level["output_tok_per_s"]
+            roof = level.get("roofline_fraction")
+            cells = []
+            for mode in ("eager", "compiled"):
+                r = peer.get((shape, mode, batch), {})
+                cells.append(r.get("output_tok_per_s"))
+            compiled = cells[1]
+            fmt = lambda v: "-" if v is None else f"{v:,.1f}"
+            ratio = "-" if not compiled or dtype != "bf16" else f"{ours / compiled:.2f}×"
+            print(f"| {shape} | {dtype} | {batch} | {ours:,.1f} | "
+                  f"{'-' if roof is None else f'{roof * 100:.0f} %'} | {fmt(cells[0])} | {fmt(compiled)} | {ratio} |")
+    print()
+    print("| shape | weights | prompt | Kiln prefill tok/s | of GEMM rate | PyTorch compiled prefill tok/s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, run in kiln:
+        if not name.endswith("-prefill.json"):
+            continue
+        shape, dtype = name[len("kiln-"):-len("-prefill.json")].rsplit("-", 1)
+        level = run["levels"][0]
+        fraction = level.get("prefill_gemm_fraction")
+        theirs = peer.get((shape, "compiled", 1), {}).get("prefill_tok_per_s")
+        print(f"| {shape} | {dtype} | {level['input_len']} | {level['prefill_tok_per_s']:,.0f} | "
+              f"{'-' if fraction is None else f'{fraction * 100:.0f} %'} | "
+              f"{'-' if theirs is None else f'{theirs:,.0f}'} |")
+    roofline = next((run.get("roofline") for _, run in kiln if run.get("roofline")), None)
+    if roofline:
+        print(f"\nMeasured: copy bandwidth {roofline['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+              f"bf16 GEMM {roofline['gemm_flops_per_s'] / 1e12:.0f} TFLOP/s.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+//! CUDA graphs of decode steps on the CUDA backend (the kernel emulator, or a
+//! GPU with KILN_TEST_CUDA_DEVICE): decode batches are padded to a few
+//! bucket sizes, so batches of 3 and 4 sequences share one captured graph,
+//! and the padded steps give the CPU backend's logits.
+
+use kiln_host::device::DeviceChoice;
+use kiln_host::engine::batch::{run_step, Pipeline};
+use kiln_host::model::synthetic::{self, ShapeDtype};
+use kiln_host::model::{LoadOptions, Model};
+use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
+use kiln_host::runtime::{CacheLayout, KvCache};
+use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
+
+const BLOCK_SIZE: usize = 4;
+
+fn load(device: DeviceChoice) -> Model {
+    let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
+    let shape = kiln_tests::workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
+    let shape = shape.to_str().unwrap();
+    let options = LoadOptions {
+        max_length: Some(64),
+        precision: kiln_host::runtime::Precision::Exact,
+        compile_cache: kiln_host::compiler::CompileCache::disabled(),
+        device,
+        dtype: WeightDtype::Float32,
+        enforce_eager: false,
+    };
+    let config = synthetic::shape_config(shape).unwrap();
+    synthetic::load(&registry, shape, config, ShapeDtype::F32, &options).unwrap()
+}
+
+fn cache(model: &Model) -> KvCache {
+    let layout = CacheLayout {
+        block_size: BLOCK_SIZE,
+        num_kv_heads: model.config.kv.num_kv_heads as usize,
+        head_dim: model.config.kv.head_dim as usize,
+    };
+    let layers = model.config.kv.num_layers as usize;
+    model.backend.new_kv_cache(layers, 16, layout).unwrap()
+}
+
+/// One step of `sequences` (index, tokens, start); every sequence owns
+/// blocks 2i and 2i + 1. Returns each one's last-token logits.
+fn step(model: &Model, cache: &mut KvCache, sequences: &[(u32, Vec<u32>, usize)]) -> Vec<Vec<f32>> {
+    let batch = StepBatch {
+        sequences: sequences
+            .iter()
+            .map(|(i, tokens, start)| StepSequence {
+                tokens: tokens.clone(),
+                start: *start,
+                blocks: vec![2 * i, 2 * i + 1],
+                wants_logits: true,
+            })
+            .collect(),
+        all_logits: false,
+    };
+    run_step(model.backend.as_ref(), &Pipeline::Decoder, cache, &batch)
+        .unwrap()
+        .into_iter()
+        .map(|mut rows| rows.remove(0))
+        .collect()
+}
+
+#[test]
+fn decode_batches_share_bucketed_graphs_and_match_the_cpu() {
+    let (cpu, cuda) = (
+        load(DeviceChoice::Cpu),
+        load(kiln_tests::models::cuda_test_device()),
+    );
+    let (mut cpu_cache, mut cuda_cache) = (cache(&cpu), cache(&cuda));
+    let captured = || {
+        let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
+        executor.captured_graphs()
+    };
+    // Prefill five sequences of three tokens, one at a time.
+    for i in 0..5u32 {
+        let prompt = vec![(vec![i * 7 + 1, i * 3 + 2, 5], 0)];
+        let with_index: Vec<_> = prompt.into_iter().map(|(t, s)| (i, t, s)).collect();
+        let a = step(&cpu, &mut cpu_cache, &with_index);
+        let b = step(&cuda, &mut cuda_cache, &with_index);
+        assert_close(&a, &b, "prefill");
+    }
+    // Decode: 3, 4, 3 and 4 sequences (bucket 4: eager, then captured, then
+    // replayed twice), then 5 (bucket 8: eager; its larger arena starts the
+    // graph cache over).
+    let mut after_capture = 0;
+    let mut next = vec![1u32; 5];
+    let mut position = [3usize; 5];
+    for (round, batch) in [3usize, 4, 3, 4, 5].into_iter().enumerate() {
+        let sequences: Vec<(u32, Vec<u32>, usize)> = (0..batch as u32)
+            .map(|i| (i, vec![next[i as usize]], position[i as usize]))
+            .collect();
+        let a = step(&cpu, &mut cpu_cache, &sequences);
+        let b = step(&cuda, &mut cuda_cache, &sequences);
+        assert_close(&a, &b, &format!("decode round {round} ({batch} sequences)"));
+        for i in 0..batch {
+            next[i] = kiln_host::engine::sampling::argmax(&a[i]);
+            position[i] += 1;
+        }
+        if round == 1 {
+            after_capture = captured();
+            assert!(after_capture > 0, "the second decode step was not captured");
+        }
+        if round == 3 {
+            assert_eq!(
+                captured(),
+                after_capture,
+                "3 and 4 sequences share one graph"
+            );
+        }
+    }
+}
+
+fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (row, (a, b)) in a.iter().zip(b).enumerate() {
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 2e-4,
+                "{what} row {row}: {x} on the CPU, {y} on CUDA"
+            );
+        }
+    }
+}
