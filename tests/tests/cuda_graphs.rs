@@ -84,7 +84,7 @@ fn decode_batches_share_bucketed_graphs_and_match_the_cpu() {
     // replayed twice), then 5 (bucket 8: eager; its larger arena starts the
     // graph cache over).
     let mut after_capture = 0;
-    let mut next = vec![1u32; 5];
+    let mut next = [1u32; 5];
     let mut position = [3usize; 5];
     for (round, batch) in [3usize, 4, 3, 4, 5].into_iter().enumerate() {
         let sequences: Vec<(u32, Vec<u32>, usize)> = (0..batch as u32)
