@@ -2,33 +2,39 @@
 # Kiln against PyTorch on the GPU machine, at the same shapes with random
 # weights: decode at batch 1, 16 and 64 (128 prompt tokens, 128 generated,
 # greedy) and the prefill of a 2048-token prompt. Needs the binaries carried
-# in .gpu/suite (tests/gpu/pack.sh). Writes JSON per run and
-# $OUT/gpu-bench.md (bench/gpu/table.py). Each part fits the device tool's
-# 10 minutes a command; `all` runs every part in one go.
+# in .gpu/suite (tests/gpu/pack.sh). Writes JSON per run to
+# /tmp/kiln-gpu/bench (kept between the device tool's calls while the machine
+# is warm) and copies them, with gpu-bench.md (bench/gpu/table.py), to $OUT.
+# Each part fits the device tool's 10 minutes a command; `all` runs every
+# part in one go.
 #   bench/gpu/run.sh kiln              Kiln: llama3-8b bf16 and q4_k_m, llama3.2-1b bf16
 #   bench/gpu/run.sh torch MODE SHAPE  PyTorch (MODE eager or compiled) at SHAPE
-#   bench/gpu/run.sh table             the table of every JSON in $OUT
+#   bench/gpu/run.sh table             the table of every JSON so far
+# KILN_BENCH_DEVICE=cuda-emulated KILN_BENCH_SHAPES=path/config.json:bf16
+# dry-runs the Kiln part on a machine without a GPU.
 #   bench/gpu/run.sh all
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:-/tmp/kiln-gpu/out}
-mkdir -p "$out"
+results=/tmp/kiln-gpu/bench
+mkdir -p "$results"
 device=${KILN_BENCH_DEVICE:-cuda}
 input_len=${KILN_BENCH_INPUT_LEN:-128}
 output_len=${KILN_BENCH_OUTPUT_LEN:-128}
 
 kiln() {
   . tests/gpu/env.sh
-  for run in llama3-8b:bf16 llama3-8b:q4_k_m llama3.2-1b:bf16; do
+  for run in ${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3-8b:q4_k_m llama3.2-1b:bf16}; do
     local shape=${run%%:*} dtype=${run##*:}
+    local name
+    name=$(basename "$shape" .json)
     echo "== kiln $shape $dtype: decode"
     "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
       --input-len "$input_len" --output-len "$output_len" --concurrency 1,16,64 --json \
-      > "$out/kiln-$shape-$dtype-decode.json" || echo "FAILED: $shape $dtype decode"
+      > "$results/kiln-$name-$dtype-decode.json" || echo "FAILED: $shape $dtype decode"
     echo "== kiln $shape $dtype: prefill 2048"
     "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
-      --input-len 2048 --output-len 1 --concurrency 1 --json \
-      > "$out/kiln-$shape-$dtype-prefill.json" || echo "FAILED: $shape $dtype prefill"
+      --input-len "${KILN_BENCH_PREFILL_LEN:-2048}" --output-len 1 --concurrency 1 --json \
+      > "$results/kiln-$name-$dtype-prefill.json" || echo "FAILED: $shape $dtype prefill"
   done
 }
 
@@ -37,11 +43,11 @@ torch_baseline() {
   echo "== torch $mode $shape"
   python3 bench/gpu/torch_baseline.py --shape "$shape" --modes "$mode" --batch 1,16,64 \
     --input-len "$input_len" --output-len "$output_len" --prefill-len 2048 \
-    --json "$out/torch-$shape-$mode.json"
+    --json "$results/torch-$shape-$mode.json"
 }
 
 table() {
-  python3 bench/gpu/table.py "$out" | tee "$out/gpu-bench.md"
+  python3 bench/gpu/table.py "$results" | tee "$results/gpu-bench.md"
 }
 
 case "${1:-}" in
@@ -55,5 +61,7 @@ case "${1:-}" in
     done
     table
     ;;
-  *) sed -n 2,13p "$0" >&2; exit 2 ;;
+  *) sed -n 2,17p "$0" >&2; exit 2 ;;
 esac
+[ -n "${OUT:-}" ] && cp "$results"/* "$OUT"/ 2>/dev/null
+exit 0

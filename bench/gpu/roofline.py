@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Roofline arithmetic of one Kiln decode step on a GPU, kernel by kernel:
+the bytes each launch must move (weights read once, activations, the KV
+cache read by attention) and the time that takes at a copy bandwidth, for a
+Llama-shaped config. Arithmetic, not a measurement: the floor a kernel
+cannot beat, to hold measured times against (`host benchmark` measures).
+
+  python3 bench/gpu/roofline.py --shape llama3-8b --batch 1 --context 256
+"""
+import argparse
+import json
+import os
+
+SHAPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "host", "src", "model", "shapes")
+
+# Bytes per weight element of each storage type (GGUF blocks: block bytes /
+# block elements).
+WEIGHT_BYTES = {"bf16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_k": 144 / 256, "q6_k": 210 / 256}
+
+
+def kernels(c, batch, context, weights, kv_bytes):
+    """(name, launches per step, bytes per launch) of a decode step."""
+    d, layers = c["hidden_size"], c["num_hidden_layers"]
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    head_dim = c.get("head_dim", d // heads)
+    ffn, vocab = c["intermediate_size"], c["vocab_size"]
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    w = WEIGHT_BYTES[weights]
+    lm = WEIGHT_BYTES["q6_k" if weights == "q4_k" else weights]
+    act = 4 * batch  # f32 activations per element of a row, per sequence
+    gemv = lambda rows, cols, bpe: rows * cols * bpe + act * (cols + rows)
+    return [
+        ("embedding rows", 1, batch * d * w + act * d),
+        ("rms_norm", 2 * layers + 1, 2 * act * d + 4 * d),
+        ("q projection", layers, gemv(q_dim, d, w)),
+        ("k projection", layers, gemv(kv_dim, d, w)),
+        ("v projection", layers, gemv(kv_dim, d, w)),
+        ("rotary (q and k)", 2 * layers, act * (q_dim + kv_dim)),
+        ("KV-cache write", layers, 2 * act * kv_dim),
+        ("paged attention", layers, batch * context * 2 * kv_dim * kv_bytes + 2 * act * q_dim),
+        ("o projection", layers, gemv(d, q_dim, w)),
+        ("residual add", 2 * layers, 3 * act * d),
+        ("gate projection", layers, gemv(ffn, d, w)),
+        ("up projection", layers, gemv(ffn, d, w)),
+        ("silu(gate) * up", layers, 3 * act * ffn),
+        ("down projection", layers, gemv(d, ffn, w)),
+        ("lm_head", 1, gemv(vocab, d, lm)),
+    ]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", default="llama3-8b")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=256, help="positions each sequence attends to")
+    p.add_argument("--weights", default="bf16", choices=sorted(WEIGHT_BYTES))
+    p.add_argument("--kv-bytes", type=int, default=4, help="bytes per KV-cache element (f32 today)")
+    p.add_argument("--bandwidth", type=float, default=3.02e12, help="bytes/s (H100 copy, measured)")
+    p.add_argument("--gap-us", type=float, default=0.96, help="µs between graph-replayed kernels (measured)")
+    args = p.parse_args()
+    path = args.shape if os.path.isfile(args.shape) else os.path.join(SHAPES, args.shape + ".json")
+    with open(path) as f:
+        config = json.load(f)
+    rows = kernels(config, args.batch, args.context, args.weights, args.kv_bytes)
+    total_bytes = sum(n * b for _, n, b in rows)
+    launches = sum(n for _, n, _ in rows)
+    print(f"{args.shape}, batch {args.batch}, context {args.context}, {args.weights} weights, "
+          f"{args.kv_bytes}-byte KV cache, {args.bandwidth / 1e12:.2f} TB/s\n")
+    print("| kernel | launches | MB per launch | µs per launch at bandwidth | µs per step |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, n, b in rows:
+        us = b / args.bandwidth * 1e6
+        print(f"| {name} | {n} | {b / 1e6:.3f} | {us:.2f} | {n * us:.0f} |")
+    bound_us = total_bytes / args.bandwidth * 1e6
+    gaps_us = launches * args.gap_us
+    print(f"\n{total_bytes / 1e9:.3f} GB a step: {bound_us:.0f} µs at bandwidth, at most "
+          f"{1e6 / bound_us:.0f} steps/s ({args.batch * 1e6 / bound_us:,.0f} tok/s).")
+    print(f"{launches} launches: {gaps_us:.0f} µs of gaps at {args.gap_us} µs each; bandwidth time plus gaps "
+          f"allows {1e6 / (bound_us + gaps_us):.0f} steps/s ({bound_us / (bound_us + gaps_us) * 100:.0f} % of the roofline).")
+
+
+if __name__ == "__main__":
+    main()
