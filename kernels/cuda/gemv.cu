@@ -2,7 +2,10 @@
 // with m ≤ KILN_GEMV_MAX_M, bound by reading W once. One warp per output row
 // streams that row of W (16-byte loads for bf16/f16/f32, GGUF blocks read as
 // packed), multiplies it with every row of x (f32, read through the cache:
-// it is small and every warp reads it) and reduces across its lanes.
+// it is small and every warp reads it) and reduces across its lanes. One
+// launch covers up to KILN_GEMV_MAX_GROUP matrices that share x (q, k and v;
+// gate and up): their rows form one grid, so small matrices do not leave the
+// card half idle and a layer reads its weights in fewer launches.
 //
 // GGUF rows are sequences of blocks; each format splits a block among
 // `LANES` lanes, so a warp covers 32 / LANES blocks per iteration:
@@ -17,8 +20,38 @@
 
 #define KILN_GEMV_MAX_M 8
 #define KILN_GEMV_WARPS 4
+#define KILN_GEMV_MAX_GROUP 4
 
 typedef unsigned char u8;
+
+// The matrices of one launch, all [*, k] in one format: matrix s has rows
+// rows_end[s-1] .. rows_end[s] of the grid and writes y[s] [m, its rows].
+struct KilnGemvGroup {
+  i64 count;
+  i64 rows_end[KILN_GEMV_MAX_GROUP];
+  const u8* w[KILN_GEMV_MAX_GROUP];
+  float* y[KILN_GEMV_MAX_GROUP];
+};
+
+// The warp's output row: its matrix's weights row and where its results go.
+struct GemvRow {
+  const u8* w;  // the matrix (row 0)
+  float* y;     // the matrix's output
+  int row, n;   // row within the matrix, the matrix's rows
+};
+
+__device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
+  int row = blockIdx.x * KILN_GEMV_WARPS + threadIdx.x / 32;
+  if (row >= g.rows_end[g.count - 1]) return false;
+  int s = 0;
+  while (s + 1 < g.count && row >= g.rows_end[s]) ++s;
+  int start = s > 0 ? (int)g.rows_end[s - 1] : 0;
+  r->w = g.w[s];
+  r->y = g.y[s];
+  r->row = row - start;
+  r->n = (int)g.rows_end[s] - start;
+  return true;
+}
 
 __device__ __forceinline__ unsigned short load_u16(const u8* p) {
   return *reinterpret_cast<const unsigned short*>(p);
@@ -87,12 +120,12 @@ __device__ __forceinline__ float load1(const u8* row, int col) {
 
 // BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32.
 template <int BYTES>
-__device__ void gemv_dense(const u8* w, const float* x, float* y, int m, int n, int k) {
+__device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k) {
   const int size = BYTES == 4 ? 4 : 2;
   int lane = threadIdx.x % 32;
-  int row = blockIdx.x * KILN_GEMV_WARPS + threadIdx.x / 32;
-  if (row >= n) return;
-  const u8* wr = w + (i64)row * k * size;
+  GemvRow r;
+  if (!gemv_row(g, &r)) return;
+  const u8* wr = r.w + (i64)r.row * k * size;
   float acc[KILN_GEMV_MAX_M];
   for (int i = 0; i < KILN_GEMV_MAX_M; ++i) acc[i] = 0.0f;
   int vector_end = (k % 8 == 0) ? k : 0;  // 16-byte loads need aligned rows
@@ -107,17 +140,17 @@ __device__ void gemv_dense(const u8* w, const float* x, float* y, int m, int n, 
     float v = load1<BYTES>(wr, col);
     accumulate(acc, &v, 1, x, m, k, col);
   }
-  store_rows(acc, y, m, n, row);
+  store_rows(acc, r.y, m, r.n, r.row);
 }
 
-extern "C" __global__ void kiln_gemv_bf16(const u8* w, const float* x, float* y, int m, int n, int k) {
-  gemv_dense<2>(w, x, y, m, n, k);
+extern "C" __global__ void kiln_gemv_bf16(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_dense<2>(g, x, m, k);
 }
-extern "C" __global__ void kiln_gemv_f16(const u8* w, const float* x, float* y, int m, int n, int k) {
-  gemv_dense<3>(w, x, y, m, n, k);
+extern "C" __global__ void kiln_gemv_f16(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_dense<3>(g, x, m, k);
 }
-extern "C" __global__ void kiln_gemv_f32(const u8* w, const float* x, float* y, int m, int n, int k) {
-  gemv_dense<4>(w, x, y, m, n, k);
+extern "C" __global__ void kiln_gemv_f32(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_dense<4>(g, x, m, k);
 }
 
 // ---- GGUF blocks ----
@@ -232,17 +265,17 @@ struct Q6_K {
 };
 
 template <typename F>
-__device__ void gemv_blocks(const u8* w, const float* x, float* y, int m, int n, int k) {
+__device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k) {
   int lane = threadIdx.x % 32;
-  int row = blockIdx.x * KILN_GEMV_WARPS + threadIdx.x / 32;
-  if (row >= n) return;
+  GemvRow r;
+  if (!gemv_row(g, &r)) return;
   int blocks = k / F::ELEMS;
-  const u8* wr = w + (i64)row * blocks * F::BYTES;
+  const u8* wr = r.w + (i64)r.row * blocks * F::BYTES;
   float acc[KILN_GEMV_MAX_M];
   for (int i = 0; i < KILN_GEMV_MAX_M; ++i) acc[i] = 0.0f;
   for (int blk = lane / F::LANES; blk < blocks; blk += 32 / F::LANES)
     F::dot(wr + (i64)blk * F::BYTES, lane % F::LANES, x, m, k, blk * F::ELEMS, acc);
-  store_rows(acc, y, m, n, row);
+  store_rows(acc, r.y, m, r.n, r.row);
 }
 
 // Embedding rows read from a table of blocks: y[t, :] = table[ids[t], :],
@@ -266,32 +299,32 @@ __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
   out[i] = f32_to_bf16(F::value(w + (i / F::ELEMS) * F::BYTES, (int)(i % F::ELEMS)));
 }
 
-extern "C" __global__ void kiln_gemv_q8_0(const u8* w, const float* x, float* y, int m, int n, int k) {
-  gemv_blocks<Q8_0>(w, x, y, m, n, k);
+extern "C" __global__ void kiln_gemv_q8_0(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_blocks<Q8_0>(g, x, m, k);
 }
 extern "C" __global__ void kiln_dequant_q8_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q8_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q8_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q8_0>(table, ids, y, rows, cols, error);
 }
-extern "C" __global__ void kiln_gemv_q4_0(const u8* w, const float* x, float* y, int m, int n, int k) {
-  gemv_blocks<Q4_0>(w, x, y, m, n, k);
+extern "C" __global__ void kiln_gemv_q4_0(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_blocks<Q4_0>(g, x, m, k);
 }
 extern "C" __global__ void kiln_dequant_q4_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q4_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q4_0>(table, ids, y, rows, cols, error);
 }
-extern "C" __global__ void kiln_gemv_q4_k(const u8* w, const float* x, float* y, int m, int n, int k) {
-  gemv_blocks<Q4_K>(w, x, y, m, n, k);
+extern "C" __global__ void kiln_gemv_q4_k(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_blocks<Q4_K>(g, x, m, k);
 }
 extern "C" __global__ void kiln_dequant_q4_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_K>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q4_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q4_K>(table, ids, y, rows, cols, error);
 }
-extern "C" __global__ void kiln_gemv_q6_k(const u8* w, const float* x, float* y, int m, int n, int k) {
-  gemv_blocks<Q6_K>(w, x, y, m, n, k);
+extern "C" __global__ void kiln_gemv_q6_k(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_blocks<Q6_K>(g, x, m, k);
 }
 extern "C" __global__ void kiln_dequant_q6_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q6_K>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q6_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,

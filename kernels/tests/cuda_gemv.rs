@@ -2,14 +2,16 @@
 //! bf16/f16/f32 rows (16-byte loads and the unaligned fallback) and GGUF
 //! blocks read packed (Q8_0, Q4_0, Q4_K, Q6_K), against a dot product over
 //! the CPU's own decoding of the same bytes; and the expansion of those
-//! blocks to bf16 for the GEMM of larger batches.
+//! blocks to bf16 for the GEMM of larger batches. Each launch also runs as a
+//! group of matrices sharing x (as q, k and v do), one output each.
 
 mod common;
 
 use common::*;
 use half::{bf16, f16};
 use kiln_kernels::cuda::sources;
-use kiln_kernels::cuda::KernelArg::Ptr;
+use kiln_kernels::cuda::DevicePtr;
+use kiln_kernels::cuda::KernelArg::{self, Ptr};
 use kiln_kernels::quant::{dequantize_row, QuantType};
 
 /// Rows of W per block of the GEMV kernels (one warp each).
@@ -29,26 +31,60 @@ fn reference(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
     y
 }
 
+/// The `KilnGemvGroup` argument: matrices (device pointer, rows) and their
+/// outputs.
+fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr]) -> KernelArg {
+    let pad = |mut v: Vec<u64>| {
+        v.resize(4, 0);
+        v
+    };
+    let mut end = 0;
+    let ends = matrices.iter().map(|&(_, rows)| {
+        end += rows as u64;
+        end
+    });
+    let mut words = vec![matrices.len() as u64];
+    words.extend(pad(ends.collect()));
+    words.extend(pad(matrices.iter().map(|&(w, _)| w).collect()));
+    words.extend(pad(outputs.to_vec()));
+    KernelArg::Struct(words)
+}
+
 /// Runs `kernel` on `W [n, k]` (its device bytes) for every batch size the
-/// kernels take, against `reference` over `values`, W decoded to f32.
+/// kernels take, against `reference` over `values`, W decoded to f32, with
+/// its rows split into one, two or three matrices of one launch.
 fn check_gemv(gpu: &Gpu, kernel: &str, w_bytes: &[u8], values: &[f32], n: usize, k: usize) {
-    let w = gpu.up(w_bytes);
+    let row_bytes = w_bytes.len() / n;
     let mut rng = Rng::new(k as u64);
-    for m in [1, 3, 8] {
+    for (m, parts) in [(1, vec![n]), (3, vec![5, n - 5]), (8, vec![n - 9, 4, 5])] {
         let x = rng.data(m * k, 1.0);
         let want = reference(values, &x, m, n, k);
         let scale = want.iter().fold(1f32, |a, v| a.max(v.abs()));
-        let (xs, y) = (gpu.up(&x), gpu.zeros(m * n * 4));
+        let xs = gpu.up(&x);
+        // Each part is its own matrix and output.
+        let (mut matrices, mut outputs, mut first) = (Vec::new(), Vec::new(), 0);
+        for &rows in &parts {
+            let bytes = &w_bytes[first * row_bytes..(first + rows) * row_bytes];
+            matrices.push((gpu.up(bytes), rows));
+            outputs.push(gpu.zeros(m * rows * 4));
+            first += rows;
+        }
         let grid = (n as u32).div_ceil(WARPS);
-        let args = [Ptr(w), Ptr(xs), Ptr(y), int(m), int(n), int(k)];
+        let args = [group(&matrices, &outputs), Ptr(xs), int(m), int(k)];
         gpu.run(kernel, (grid, 1), 32 * WARPS, &args);
-        let got: Vec<f32> = gpu.down(y, m * n);
-        close(
-            &got,
-            &want,
-            2e-6 * scale * k as f32,
-            &format!("{kernel} m={m} k={k}"),
-        );
+        // y [m, n] from the parts' [m, rows].
+        let mut got = vec![0f32; m * n];
+        let mut first = 0;
+        for (&rows, &out) in parts.iter().zip(&outputs) {
+            let part: Vec<f32> = gpu.down(out, m * rows);
+            for i in 0..m {
+                got[i * n + first..i * n + first + rows]
+                    .copy_from_slice(&part[i * rows..(i + 1) * rows]);
+            }
+            first += rows;
+        }
+        let what = format!("{kernel} m={m} k={k} parts {parts:?}");
+        close(&got, &want, 2e-6 * scale * k as f32, &what);
     }
 }
 

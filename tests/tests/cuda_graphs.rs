@@ -1,7 +1,8 @@
 //! CUDA graphs of decode steps on the CUDA backend (the kernel emulator, or a
 //! GPU with KILN_TEST_CUDA_DEVICE): decode batches are padded to a few
 //! bucket sizes, so batches of 3 and 4 sequences share one captured graph,
-//! and the padded steps give the CPU backend's logits.
+//! and the padded steps (with q/k/v and gate/up each one launch) give the
+//! CPU backend's logits.
 
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::batch::{run_step, Pipeline};
@@ -68,10 +69,10 @@ fn decode_batches_share_bucketed_graphs_and_match_the_cpu() {
         load(kiln_tests::models::cuda_test_device()),
     );
     let (mut cpu_cache, mut cuda_cache) = (cache(&cpu), cache(&cuda));
-    let captured = || {
-        let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
-        executor.captured_graphs()
-    };
+    let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
+    let captured = || executor.captured_graphs();
+    // Each of the 2 layers reads q, k and v in one launch, gate and up in one.
+    assert_eq!(executor.product_groups(), 4);
     // Prefill five sequences of three tokens, one at a time.
     for i in 0..5u32 {
         let prompt = vec![(vec![i * 7 + 1, i * 3 + 2, 5], 0)];

@@ -1,9 +1,7 @@
 //! Running one planned step: the launch of its kernel(s) with this step's
 //! shapes and buffer addresses.
 
-use kiln_kernels::cuda::{
-    Device, DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout,
-};
+use kiln_kernels::cuda::{Device, DevicePtr, KernelArg, LaunchConfig, WeightLayout};
 use kiln_plugin_api::graph::{AttentionSpec, DType};
 
 use super::codegen::MAX_RANK;
@@ -73,156 +71,17 @@ impl Strided {
     }
 }
 
-/// Most rows of x the decode GEMV takes (`KILN_GEMV_MAX_M` in gemv.cu).
-pub const GEMV_MAX_M: usize = 8;
-/// Rows of W per GEMV block (`KILN_GEMV_WARPS` in gemv.cu).
-const GEMV_WARPS: usize = 4;
-
-/// `(n, k)` of a product over `w` stored as `layout`.
-fn product_dims(w: &DeviceMatrix, layout: WeightLayout) -> (usize, usize) {
-    match layout {
-        WeightLayout::OutIn => (w.rows, w.cols),
-        WeightLayout::InOut => (w.cols, w.rows),
-    }
-}
-
-/// The decode GEMV for `m` rows of x times `w` (stored `[n, k]`), where one
-/// applies: it reads W once, packed blocks included, and x as f32.
-fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&'static str> {
-    if m > GEMV_MAX_M || layout != WeightLayout::OutIn {
-        return None;
-    }
-    Some(match (w.packed, w.ty) {
-        (Some(p), _) => p.kernels().gemv,
-        (None, GemmType::BF16) => "kiln_gemv_bf16",
-        (None, GemmType::F16) => "kiln_gemv_f16",
-        (None, GemmType::F32) => "kiln_gemv_f32",
-    })
-}
-
-/// The scratch a GEMM over `w` needs for `x_elements` values of x: x cast
-/// to W's half type (at offset 0), then W expanded from its blocks to bf16
-/// (at the returned offset). `(offset, total bytes)`; nothing for a GEMV.
-fn gemm_scratch(w: &DeviceMatrix, layout: WeightLayout, x_elements: usize) -> (usize, usize) {
-    let (_, k) = product_dims(w, layout);
-    let m = x_elements / k.max(1);
-    if m == 0 || gemv_kernel(w, layout, m).is_some() {
-        return (0, 0);
-    }
-    let cast = if w.ty == GemmType::F32 {
-        0
-    } else {
-        x_elements * w.ty.size()
-    };
-    let offset = cast.div_ceil(super::memory::ALIGN) * super::memory::ALIGN;
-    match w.packed {
-        Some(_) => (offset, offset + w.rows * w.cols * GemmType::BF16.size()),
-        None => (0, cast),
-    }
-}
-
-/// Scratch bytes `plan` needs when its first input has `x_elements` values.
-pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
-    match plan {
-        StepPlan::Linear(w) => gemm_scratch(w, WeightLayout::OutIn, x_elements).1,
-        StepPlan::MatMul(w) => gemm_scratch(w, WeightLayout::InOut, x_elements).1,
-        _ => 0,
-    }
-}
-
 impl Frame<'_> {
-    /// `out [m, n] = x [m, k] · W`: the decode GEMV for small `m`, else
-    /// cuBLAS on x cast to W's half type (and W expanded from its blocks).
-    fn product(
-        &self,
-        w: &DeviceMatrix,
-        layout: WeightLayout,
-        x: DevicePtr,
-        x_elements: usize,
-        out: DevicePtr,
-        scratch: Option<DevicePtr>,
-    ) -> Result<(), String> {
-        let (n, k) = product_dims(w, layout);
-        let m = x_elements / k.max(1);
-        if m == 0 {
-            return Ok(());
-        }
-        if let Some(name) = gemv_kernel(w, layout, m) {
-            let int = |v: usize| KernelArg::I32(v as i32);
-            return self.launch(
-                name,
-                LaunchConfig::linear(n.div_ceil(GEMV_WARPS) as u32, 32 * GEMV_WARPS as u32),
-                &[
-                    KernelArg::Ptr(w.ptr),
-                    KernelArg::Ptr(x),
-                    KernelArg::Ptr(out),
-                    int(m),
-                    int(n),
-                    int(k),
-                ],
-            );
-        }
-        let (matrix_offset, bytes) = gemm_scratch(w, layout, x_elements);
-        let scratch = match bytes {
-            0 => 0,
-            _ => scratch.ok_or("no scratch buffer planned")?,
-        };
-        let x = match w.ty {
-            GemmType::F32 => x,
-            half => {
-                let name = if half == GemmType::BF16 {
-                    "kiln_f32_to_bf16"
-                } else {
-                    "kiln_f32_to_f16"
-                };
-                self.launch(
-                    name,
-                    LaunchConfig::elementwise(x_elements),
-                    &[
-                        KernelArg::Ptr(x),
-                        KernelArg::Ptr(scratch),
-                        KernelArg::I64(x_elements as i64),
-                    ],
-                )?;
-                scratch
-            }
-        };
-        let weights = match w.packed {
-            None => w.ptr,
-            Some(packed) => {
-                let expanded = scratch + matrix_offset as DevicePtr;
-                let blocks = w.rows * w.cols / packed.quant_type().block_elems();
-                self.launch(
-                    packed.kernels().dequant,
-                    LaunchConfig::elementwise(w.rows * w.cols),
-                    &[
-                        KernelArg::Ptr(w.ptr),
-                        KernelArg::Ptr(expanded),
-                        KernelArg::I64(blocks as i64),
-                    ],
-                )?;
-                expanded
-            }
-        };
-        self.device
-            .gemm(&Gemm {
-                m,
-                n,
-                k,
-                ty: w.ty,
-                x,
-                w: weights,
-                layout,
-                y: out,
-            })
-            .map_err(|e| e.to_string())
-    }
-
     fn kernel(&self, name: &str) -> kiln_kernels::cuda::FunctionId {
         self.hand[name]
     }
 
-    fn launch(&self, name: &str, config: LaunchConfig, args: &[KernelArg]) -> Result<(), String> {
+    pub(super) fn launch(
+        &self,
+        name: &str,
+        config: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<(), String> {
         self.device
             .launch(self.kernel(name), config, args)
             .map_err(|e| e.to_string())
@@ -301,6 +160,14 @@ impl Frame<'_> {
                 };
                 self.product(w, layout, input(0), numel(in_shape(0)), out, scratch)
             }
+            StepPlan::LinearGroup(members) => {
+                let members: Vec<(DeviceMatrix, DevicePtr)> = members
+                    .iter()
+                    .map(|(w, value)| (*w, self.addrs[*value as usize]))
+                    .collect();
+                self.product_group(&members, input(0), numel(in_shape(0)), scratch)
+            }
+            StepPlan::Grouped { .. } => Ok(()),
             StepPlan::Embedding(table, function) => {
                 let ids = numel(in_shape(0));
                 if ids == 0 {

@@ -15,6 +15,7 @@ mod launch;
 mod measure;
 mod memory;
 mod plan;
+mod products;
 mod sample;
 mod weights;
 
@@ -262,6 +263,15 @@ impl CudaExecutor {
             .captured()
     }
 
+    /// How many steps launch several products that share their input (q, k
+    /// and v; gate and up) as one.
+    pub fn product_groups(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| matches!(s, StepPlan::LinearGroup(_)))
+            .count()
+    }
+
     /// The generated kernel sources (file name, CUDA C), e.g. to compile them
     /// with NVRTC in a test.
     pub fn generated_kernels(&self) -> &[(String, String)] {
@@ -291,9 +301,13 @@ impl CudaExecutor {
                 touch(root, 0);
             }
         }
-        for (s, step) in self.program.steps.iter().enumerate() {
+        for (s, (step, plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
             if let Home::Arena(root) = self.homes[step.output as usize] {
                 touch(root, s);
+                // A grouped product is written at its group's step.
+                if let StepPlan::Grouped { at } = plan {
+                    touch(root, *at);
+                }
             }
             for &i in &step.inputs {
                 if let Home::Arena(root) = self.homes[i as usize] {
@@ -322,8 +336,8 @@ impl CudaExecutor {
         for (s, (step, plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
             let x_elements = || shapes[step.inputs[0] as usize].iter().product();
             let bytes = match plan {
-                StepPlan::Linear(_) | StepPlan::MatMul(_) => {
-                    launch::scratch_bytes(plan, x_elements())
+                StepPlan::Linear(_) | StepPlan::MatMul(_) | StepPlan::LinearGroup(_) => {
+                    products::scratch_bytes(plan, x_elements())
                 }
                 _ => 0,
             };

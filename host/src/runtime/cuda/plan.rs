@@ -9,6 +9,7 @@ use kiln_kernels::cuda::{Device, FunctionId};
 use kiln_plugin_api::graph::{AttentionSpec, Op, ValueId};
 
 use super::codegen::{self, FusedInput};
+use super::products::GEMV_MAX_GROUP;
 use super::weights::{self, DeviceMatrix, WeightDtype};
 use super::CudaError;
 use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program, Step};
@@ -24,6 +25,15 @@ pub enum StepPlan {
     Linear(DeviceMatrix),
     /// `x · W` with a stored `W [k, n]` (GPT-2's Conv1D).
     MatMul(DeviceMatrix),
+    /// Several `Linear` steps that read the same x with matrices of one
+    /// format (q, k and v; gate and up), run here as one launch: each matrix
+    /// with the value it writes (this step's output first).
+    LinearGroup(Vec<(DeviceMatrix, ValueId)>),
+    /// A `Linear` step that a [`StepPlan::LinearGroup`] at step `at` runs.
+    Grouped {
+        /// The group's step.
+        at: usize,
+    },
     /// Rows of a table.
     Embedding(DeviceMatrix, FunctionId),
     /// A generated element-wise kernel.
@@ -285,6 +295,7 @@ pub fn lower(
         }
         steps.push(plan);
     }
+    group_products(program, &mut steps);
     weight_bytes_per_step += product_matrices.values().map(|m| m.0).sum::<usize>();
     let product_elements: usize = product_matrices.values().map(|m| m.1).sum();
     Ok(Lowered {
@@ -360,4 +371,43 @@ fn short_hash(text: &str) -> String {
         .take(6)
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// Puts `Linear` steps that read the same value with matrices of one format
+/// and width into one [`StepPlan::LinearGroup`] at the first of them, up to
+/// [`GEMV_MAX_GROUP`] at a time. The others become [`StepPlan::Grouped`]:
+/// their outputs are written at the group's step (the memory plan keeps them
+/// live from there).
+fn group_products(program: &Program, steps: &mut [StepPlan]) {
+    let mut groups: HashMap<_, Vec<usize>> = HashMap::new();
+    let mut order = Vec::new();
+    for (s, (step, plan)) in program.steps.iter().zip(steps.iter()).enumerate() {
+        if let StepPlan::Linear(w) = plan {
+            let key = (step.inputs[0], w.ty, w.packed, w.cols);
+            let members = groups.entry(key).or_default();
+            if members.is_empty() {
+                order.push(key);
+            }
+            members.push(s);
+        }
+    }
+    for key in order {
+        for chunk in groups[&key].chunks(GEMV_MAX_GROUP) {
+            let [first, rest @ ..] = chunk else { continue };
+            if rest.is_empty() {
+                continue;
+            }
+            let members = chunk
+                .iter()
+                .map(|&s| match &steps[s] {
+                    StepPlan::Linear(w) => (*w, program.steps[s].output),
+                    _ => unreachable!("grouped steps are Linear"),
+                })
+                .collect();
+            steps[*first] = StepPlan::LinearGroup(members);
+            for &s in rest {
+                steps[s] = StepPlan::Grouped { at: *first };
+            }
+        }
+    }
 }

@@ -56,7 +56,7 @@ impl DeviceMatrix {
 
 /// The GGUF block formats kept packed on the device, and the kernels of
 /// `gemv.cu` that read them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Packed {
     /// Q8_0 blocks.
     Q8_0,
