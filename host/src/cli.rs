@@ -179,6 +179,11 @@ pub struct RuntimeArgs {
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
 
+    /// On CUDA: the KV cache's element type. `auto` is bf16 (f32 with
+    /// `--dtype float32`); the CPU backend's cache is f32.
+    #[arg(long, value_enum, default_value_t = KvCacheDtypeArg::Auto)]
+    pub kv_cache_dtype: KvCacheDtypeArg,
+
     /// On CUDA: launch every kernel of every step instead of capturing a
     /// step's launches as a CUDA graph and replaying it (vLLM's flag).
     #[arg(long)]
@@ -238,6 +243,27 @@ pub enum DtypeArg {
     Float32,
     /// Everything as bf16.
     Bfloat16,
+}
+
+/// `--kv-cache-dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheDtypeArg {
+    /// bf16, or f32 with `--dtype float32`.
+    Auto,
+    /// f32.
+    Float32,
+    /// bf16.
+    Bfloat16,
+}
+
+impl From<KvCacheDtypeArg> for crate::runtime::cuda::KvCacheDtype {
+    fn from(value: KvCacheDtypeArg) -> Self {
+        match value {
+            KvCacheDtypeArg::Auto => Self::Auto,
+            KvCacheDtypeArg::Float32 => Self::Float32,
+            KvCacheDtypeArg::Bfloat16 => Self::BFloat16,
+        }
+    }
 }
 
 impl From<DtypeArg> for crate::runtime::cuda::WeightDtype {

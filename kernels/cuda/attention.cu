@@ -1,6 +1,7 @@
 // Attention over the paged KV cache for a ragged batch (chunked prefill and
 // decode alike). The cache of one layer is [blocks, block_size, kv_heads,
-// head_dim] f32; sequence b's rows are row_offsets[b]..row_offsets[b+1] of the
+// head_dim], f32 or bf16 (`_bf16` kernels: half the bytes to read, computed
+// in f32); sequence b's rows are row_offsets[b]..row_offsets[b+1] of the
 // batch, and its last row sits at position context_lens[b] - 1. A padding
 // sequence (a decode step padded to a CUDA graph's batch size) has context
 // length 0: its row sits at position -1, nothing is written to the cache for
@@ -26,32 +27,59 @@ __device__ __forceinline__ i64 cache_slot(const i64* block_tables, int b, int bl
   return block_tables[(i64)b * blocks_per_seq + position / block_size] * block_size + position % block_size;
 }
 
+// Cache elements to and from f32.
+__device__ __forceinline__ float cache_load(const float* p) { return *p; }
+__device__ __forceinline__ float cache_load(const bf16_bits* p) { return bf16_to_f32(*p); }
+__device__ __forceinline__ void cache_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void cache_store(bf16_bits* p, float v) { *p = f32_to_bf16(v); }
+
 // Writes this step's keys and values [T, kv_heads, head_dim] into the cache:
 // one block per row.
-extern "C" __global__ void kiln_write_kv(const float* __restrict__ k, const float* __restrict__ v,
-                                         float* __restrict__ k_cache, float* __restrict__ v_cache,
-                                         const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-                                         const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
-                                         int block_size, int stride) {
+template <typename C>
+__device__ void write_kv(const float* __restrict__ k, const float* __restrict__ v, C* __restrict__ k_cache,
+                         C* __restrict__ v_cache, const i64* __restrict__ row_offsets,
+                         const i64* __restrict__ context_lens, const i64* __restrict__ block_tables, int batch,
+                         int blocks_per_seq, int block_size, int stride) {
   i64 row = blockIdx.x, position;
   int b = sequence_of(row_offsets, context_lens, batch, row, &position);
   if (position < 0) return;  // padding
   i64 at = cache_slot(block_tables, b, blocks_per_seq, block_size, position) * stride;
   for (int i = threadIdx.x; i < stride; i += blockDim.x) {
-    k_cache[at + i] = k[row * stride + i];
-    v_cache[at + i] = v[row * stride + i];
+    cache_store(k_cache + at + i, k[row * stride + i]);
+    cache_store(v_cache + at + i, v[row * stride + i]);
   }
+}
+
+extern "C" __global__ void kiln_write_kv(const float* __restrict__ k, const float* __restrict__ v,
+                                         float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                         const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+                                         const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                         int block_size, int stride) {
+  write_kv(k, v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size,
+           stride);
+}
+
+extern "C" __global__ void kiln_write_kv_bf16(const float* __restrict__ k, const float* __restrict__ v,
+                                              bf16_bits* __restrict__ k_cache, bf16_bits* __restrict__ v_cache,
+                                              const i64* __restrict__ row_offsets,
+                                              const i64* __restrict__ context_lens,
+                                              const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                              int block_size, int stride) {
+  write_kv(k, v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size,
+           stride);
 }
 
 // out [T, num_heads, head_dim]: one block per (row, query head), four warps
 // splitting the visible keys, each keeping an online softmax; query head h
 // reads key/value head h / (num_heads / kv_heads). `window` > 0 keeps the
 // last `window` positions; `softcap` > 0 applies cap·tanh(score / cap).
-extern "C" __global__ void kiln_paged_attention(
-    const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-    float* __restrict__ out, const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-    const i64* __restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,
-    int kv_heads, int head_dim, float scale, int window, float softcap) {
+template <typename C>
+__device__ void paged_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
+                                const C* __restrict__ v_cache, float* __restrict__ out,
+                                const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+                                const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                int block_size, int num_heads, int kv_heads, int head_dim, float scale, int window,
+                                float softcap) {
   __shared__ float warp_m[KILN_ATTN_WARPS];
   __shared__ float warp_l[KILN_ATTN_WARPS];
   __shared__ float warp_acc[KILN_ATTN_WARPS][KILN_ATTN_MAX_DIM];
@@ -78,7 +106,7 @@ extern "C" __global__ void kiln_paged_attention(
 #pragma unroll
     for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
       int d = lane + 32 * j;
-      if (d < head_dim) dot += qr[j] * k_cache[base + d];
+      if (d < head_dim) dot += qr[j] * cache_load(k_cache + base + d);
     }
     float s = warp_sum(dot) * scale;
     if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
@@ -88,7 +116,7 @@ extern "C" __global__ void kiln_paged_attention(
 #pragma unroll
     for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
       int d = lane + 32 * j;
-      if (d < head_dim) acc[j] = acc[j] * correction + p * v_cache[base + d];
+      if (d < head_dim) acc[j] = acc[j] * correction + p * cache_load(v_cache + base + d);
     }
     m = m_new;
   }
@@ -116,4 +144,22 @@ extern "C" __global__ void kiln_paged_attention(
     for (int w = 0; w < KILN_ATTN_WARPS; ++w) sum += warp_acc[w][d] * weight[w];
     out_row[d] = total > 0.0f ? sum / total : 0.0f;  // no keys: padding
   }
+}
+
+extern "C" __global__ void kiln_paged_attention(
+    const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+    float* __restrict__ out, const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+    const i64* __restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,
+    int kv_heads, int head_dim, float scale, int window, float softcap) {
+  paged_attention(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq,
+                  block_size, num_heads, kv_heads, head_dim, scale, window, softcap);
+}
+
+extern "C" __global__ void kiln_paged_attention_bf16(
+    const float* __restrict__ q, const bf16_bits* __restrict__ k_cache, const bf16_bits* __restrict__ v_cache,
+    float* __restrict__ out, const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+    const i64* __restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,
+    int kv_heads, int head_dim, float scale, int window, float softcap) {
+  paged_attention(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq,
+                  block_size, num_heads, kv_heads, head_dim, scale, window, softcap);
 }

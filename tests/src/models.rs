@@ -120,6 +120,7 @@ pub fn load_model_on(
         device,
         dtype,
         enforce_eager: false,
+        kv_cache_dtype: Default::default(),
     };
     kiln_host::model::load(&registry, resolved, &options).unwrap()
 }

@@ -25,6 +25,7 @@ fn load(device: DeviceChoice) -> Model {
         device,
         dtype: WeightDtype::Float32,
         enforce_eager: false,
+        kv_cache_dtype: Default::default(),
     };
     let config = synthetic::shape_config(shape).unwrap();
     synthetic::load(&registry, shape, config, ShapeDtype::F32, &options).unwrap()

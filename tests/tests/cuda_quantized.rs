@@ -8,7 +8,7 @@ use kiln_host::device::DeviceChoice;
 use kiln_host::engine::Generator;
 use kiln_host::model::synthetic::{self, ShapeDtype};
 use kiln_host::model::{LoadOptions, Model};
-use kiln_host::runtime::cuda::WeightDtype;
+use kiln_host::runtime::cuda::{KvCacheDtype, WeightDtype};
 use kiln_tests::workspace_root;
 
 fn load(dtype: ShapeDtype, device: DeviceChoice) -> Model {
@@ -22,6 +22,8 @@ fn load(dtype: ShapeDtype, device: DeviceChoice) -> Model {
         device,
         dtype: WeightDtype::Auto,
         enforce_eager: false,
+        // An f32 cache: only the products differ from the CPU.
+        kv_cache_dtype: KvCacheDtype::Float32,
     };
     let config = synthetic::shape_config(shape).unwrap();
     synthetic::load(&registry, shape, config, dtype, &options).unwrap()

@@ -329,6 +329,7 @@ fn run(case: &Case, mode: Mode) -> Result<Vec<Tensor>, String> {
             let options = CudaOptions {
                 dtype: WeightDtype::Float32,
                 graphs: false,
+                ..CudaOptions::default()
             };
             Box::new(
                 CudaExecutor::new(program, &WeightStore::new(), device, "cuda".into(), options)

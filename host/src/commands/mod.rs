@@ -48,6 +48,12 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
 
 /// How `runtime` says a model is loaded.
 fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
+    let device: crate::device::DeviceChoice = runtime.device.parse()?;
+    anyhow::ensure!(
+        device != crate::device::DeviceChoice::Cpu
+            || runtime.kv_cache_dtype != crate::cli::KvCacheDtypeArg::Bfloat16,
+        "--kv-cache-dtype bfloat16 needs a CUDA device: the CPU backend's KV cache is f32"
+    );
     Ok(LoadOptions {
         max_length: runtime.max_length,
         precision: runtime.precision.into(),
@@ -56,8 +62,9 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
         } else {
             CompileCache::from_env()
         },
-        device: runtime.device.parse()?,
+        device,
         dtype: runtime.dtype.into(),
         enforce_eager: runtime.enforce_eager,
+        kv_cache_dtype: runtime.kv_cache_dtype.into(),
     })
 }

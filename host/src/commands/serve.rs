@@ -26,7 +26,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         * kv.num_kv_heads as u64
         * kv.head_dim as u64
         * 2
-        * 4;
+        * model.backend.kv_element_bytes() as u64;
     let max_model_len = model.config.max_seq_len as usize;
     // On a GPU the cache takes what the weights and the largest step leave
     // of --gpu-memory-utilization; on the CPU, --kv-cache-memory.

@@ -14,7 +14,7 @@ use crate::compiler::{CompileCache, CompileError, CompileOutcome};
 use crate::device::{self, DeviceChoice, DeviceError};
 use crate::engine::batch::Pipeline;
 use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
-use crate::runtime::cuda::{CudaExecutor, CudaOptions, WeightDtype};
+use crate::runtime::cuda::{CudaExecutor, CudaOptions, KvCacheDtype, WeightDtype};
 use crate::runtime::{Backend, Executor, Precision, RuntimeError};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
 pub use resolve::{resolve, ResolvedModel};
@@ -64,6 +64,8 @@ pub struct LoadOptions {
     /// On a CUDA device, launch every kernel eagerly instead of replaying
     /// captured CUDA graphs (`--enforce-eager`).
     pub enforce_eager: bool,
+    /// The KV cache's element type on a CUDA device (`--kv-cache-dtype`).
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 /// A loaded model.
@@ -266,6 +268,7 @@ fn compile(
                 options.device.to_string(),
                 CudaOptions {
                     dtype: options.dtype,
+                    kv_cache_dtype: options.kv_cache_dtype,
                     graphs: !options.enforce_eager,
                 },
             )?),

@@ -54,6 +54,12 @@ pub trait Backend: Send + Sync {
     /// Where it runs, e.g. `cpu` or `cuda:0 (NVIDIA H100 80GB HBM3 (sm_90))`.
     fn device_name(&self) -> String;
 
+    /// Bytes of one KV-cache element (4 for f32, 2 for bf16), to size the
+    /// cache.
+    fn kv_element_bytes(&self) -> usize {
+        4
+    }
+
     /// Zeroed KV-cache storage on this backend's device.
     fn new_kv_cache(
         &self,

@@ -426,8 +426,13 @@ impl Frame<'_> {
         ];
         args.extend(metadata.iter().cloned());
         args.push(KernelArg::I32(stride as i32));
+        let (write, attend) = if cache.bf16 {
+            ("kiln_write_kv_bf16", "kiln_paged_attention_bf16")
+        } else {
+            ("kiln_write_kv", "kiln_paged_attention")
+        };
         self.launch(
-            "kiln_write_kv",
+            write,
             LaunchConfig::linear(tokens as u32, block_threads(stride).min(128)),
             &args,
         )?;
@@ -447,7 +452,7 @@ impl Frame<'_> {
             KernelArg::F32(spec.softcap.unwrap_or(0.0)),
         ]);
         self.launch(
-            "kiln_paged_attention",
+            attend,
             LaunchConfig {
                 grid: (tokens as u32, num_heads as u32, 1),
                 block: (128, 1, 1),

@@ -75,6 +75,8 @@ pub struct DeviceKvCache {
     layer_bytes: usize,
     num_layers: usize,
     layout: CacheLayout,
+    /// Elements are bf16 (else f32).
+    bf16: bool,
 }
 
 impl std::fmt::Debug for DeviceKvCache {
@@ -169,6 +171,8 @@ pub struct CudaExecutor {
     /// The graph takes the decoder's inputs: decode steps can be padded to
     /// buckets.
     paddable: bool,
+    /// KV caches hold bf16 (f32 with `--dtype float32`).
+    kv_bf16: bool,
     /// Bytes of weights one step reads.
     weight_bytes_per_step: usize,
     /// Floating-point operations of the matrix products per token.
@@ -177,11 +181,25 @@ pub struct CudaExecutor {
     state: Mutex<RunState>,
 }
 
+/// The element type of the KV cache on a CUDA device (`--kv-cache-dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvCacheDtype {
+    /// bf16, or f32 with `--dtype float32`.
+    #[default]
+    Auto,
+    /// f32 (the CPU backend's cache).
+    Float32,
+    /// bf16: half the memory and half the bytes attention reads.
+    BFloat16,
+}
+
 /// How the CUDA backend runs a program.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CudaOptions {
     /// How weights are stored for products (`--dtype`).
     pub dtype: WeightDtype,
+    /// The KV cache's element type (`--kv-cache-dtype`).
+    pub kv_cache_dtype: KvCacheDtype,
     /// Capture steps as CUDA graphs and replay them (off: `--enforce-eager`).
     pub graphs: bool,
 }
@@ -241,6 +259,11 @@ impl CudaExecutor {
             error_flag,
             graphs,
             paddable,
+            kv_bf16: match options.kv_cache_dtype {
+                KvCacheDtype::Auto => dtype != WeightDtype::Float32,
+                KvCacheDtype::Float32 => false,
+                KvCacheDtype::BFloat16 => true,
+            },
             weight_bytes_per_step: lowered.weight_bytes_per_step,
             product_flops_per_token: lowered.product_flops_per_token,
             generated: lowered.generated,
@@ -495,13 +518,22 @@ impl Backend for CudaExecutor {
         self
     }
 
+    fn kv_element_bytes(&self) -> usize {
+        if self.kv_bf16 {
+            2
+        } else {
+            4
+        }
+    }
+
     fn new_kv_cache(
         &self,
         num_layers: usize,
         num_blocks: usize,
         layout: CacheLayout,
     ) -> Result<KvCache, RuntimeError> {
-        let layer_bytes = num_blocks * layout.block_size * layout.position_stride() * 4;
+        let layer_bytes =
+            num_blocks * layout.block_size * layout.position_stride() * self.kv_element_bytes();
         let total = 2 * num_layers * layer_bytes;
         let base = self.device.alloc(total).map_err(|e| {
             RuntimeError::Device(format!(
@@ -514,6 +546,7 @@ impl Backend for CudaExecutor {
             layer_bytes,
             num_layers,
             layout,
+            bf16: self.kv_bf16,
         };
         Ok(KvCache::on_device(num_layers, num_blocks, layout, device))
     }
