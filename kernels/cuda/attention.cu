@@ -73,13 +73,19 @@ extern "C" __global__ void kiln_write_kv_bf16(const float* __restrict__ k, const
 // splitting the visible keys, each keeping an online softmax; query head h
 // reads key/value head h / (num_heads / kv_heads). `window` > 0 keeps the
 // last `window` positions; `softcap` > 0 applies cap·tanh(score / cap).
+//
+// Split-K (flash-decoding), for steps with few rows and long contexts: with
+// `partials` set, blockIdx.z takes keys z·split_keys .. (z+1)·split_keys - 1
+// only and writes its running max, sum of weights and unnormalized output to
+// partials[((row · num_heads + head) · gridDim.z + z) · (head_dim + 2)]:
+// [m, l, acc...]; kiln_attention_combine merges the splits into `out`.
 template <typename C>
 __device__ void paged_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
                                 const C* __restrict__ v_cache, float* __restrict__ out,
                                 const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                 const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                 int block_size, int num_heads, int kv_heads, int head_dim, float scale, int window,
-                                float softcap) {
+                                float softcap, int split_keys, float* __restrict__ partials) {
   __shared__ float warp_m[KILN_ATTN_WARPS];
   __shared__ float warp_l[KILN_ATTN_WARPS];
   __shared__ float warp_acc[KILN_ATTN_WARPS][KILN_ATTN_MAX_DIM];
@@ -99,8 +105,13 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
     qr[j] = d < head_dim ? q_row[d] : 0.0f;
     acc[j] = 0.0f;
   }
+  i64 last = position;
+  if (partials != nullptr) {
+    first = max(first, (i64)blockIdx.z * split_keys);
+    last = min(last, (i64)(blockIdx.z + 1) * split_keys - 1);
+  }
   float m = KILN_NEG_INF, l = 0.0f;
-  for (i64 key = first + warp; key <= position; key += KILN_ATTN_WARPS) {
+  for (i64 key = first + warp; key <= last; key += KILN_ATTN_WARPS) {
     i64 base = cache_slot(block_tables, b, blocks_per_seq, block_size, key) * stride + (i64)kv_head * head_dim;
     float dot = 0.0f;
 #pragma unroll
@@ -138,11 +149,47 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
     weight[w] = warp_l[w] > 0.0f ? expf(warp_m[w] - m_all) : 0.0f;
     total += warp_l[w] * weight[w];
   }
+  float* part = partials == nullptr
+                    ? nullptr
+                    : partials + ((row * num_heads + head) * gridDim.z + blockIdx.z) * (head_dim + 2);
+  if (part != nullptr && threadIdx.x == 0) {
+    part[0] = m_all;
+    part[1] = total;
+  }
   float* out_row = out + (row * num_heads + head) * head_dim;
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float sum = 0.0f;
     for (int w = 0; w < KILN_ATTN_WARPS; ++w) sum += warp_acc[w][d] * weight[w];
-    out_row[d] = total > 0.0f ? sum / total : 0.0f;  // no keys: padding
+    if (part != nullptr)
+      part[2 + d] = sum;
+    else
+      out_row[d] = total > 0.0f ? sum / total : 0.0f;  // no keys: padding
+  }
+}
+
+// out [T, num_heads, head_dim] from `splits` partial results per (row, head)
+// of the split-K attention: one block per (row, head).
+extern "C" __global__ void kiln_attention_combine(const float* __restrict__ partials, float* __restrict__ out,
+                                                  int num_heads, int head_dim, int splits) {
+  i64 row = blockIdx.x;
+  int head = blockIdx.y;
+  const float* p = partials + (row * num_heads + head) * splits * (i64)(head_dim + 2);
+  float m_all = KILN_NEG_INF;
+  for (int s = 0; s < splits; ++s)
+    if (p[s * (head_dim + 2) + 1] > 0.0f) m_all = fmaxf(m_all, p[s * (head_dim + 2)]);
+  float total = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    float l = p[s * (head_dim + 2) + 1];
+    if (l > 0.0f) total += l * expf(p[s * (head_dim + 2)] - m_all);
+  }
+  float* out_row = out + (row * num_heads + head) * head_dim;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float* q = p + s * (head_dim + 2);
+      if (q[1] > 0.0f) sum += q[2 + d] * expf(q[0] - m_all);
+    }
+    out_row[d] = total > 0.0f ? sum / total : 0.0f;
   }
 }
 
@@ -150,16 +197,16 @@ extern "C" __global__ void kiln_paged_attention(
     const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
     float* __restrict__ out, const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
     const i64* __restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,
-    int kv_heads, int head_dim, float scale, int window, float softcap) {
+    int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys, float* __restrict__ partials) {
   paged_attention(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq,
-                  block_size, num_heads, kv_heads, head_dim, scale, window, softcap);
+                  block_size, num_heads, kv_heads, head_dim, scale, window, softcap, split_keys, partials);
 }
 
 extern "C" __global__ void kiln_paged_attention_bf16(
     const float* __restrict__ q, const bf16_bits* __restrict__ k_cache, const bf16_bits* __restrict__ v_cache,
     float* __restrict__ out, const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
     const i64* __restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,
-    int kv_heads, int head_dim, float scale, int window, float softcap) {
+    int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys, float* __restrict__ partials) {
   paged_attention(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq,
-                  block_size, num_heads, kv_heads, head_dim, scale, window, softcap);
+                  block_size, num_heads, kv_heads, head_dim, scale, window, softcap, split_keys, partials);
 }

@@ -167,8 +167,25 @@ fn attention_case(
     let (window, cap) = (int(window.unwrap_or(0)), F32(cap.unwrap_or(0.0)));
     let sizes = [int(heads), int(kv_heads), int(d)];
     let args = [&args[..], &batch, &sizes, &[F32(scale), window, cap]].concat();
-    gpu.run("kiln_paged_attention", grid, 128, &args);
+    let unsplit = [&args[..], &[int(0), Ptr(0)]].concat();
+    gpu.run("kiln_paged_attention", grid, 128, &unsplit);
     gpu.check(out, &want, &what);
+
+    // Split-K: each row's keys in parts of one block, and in two halves,
+    // merged by kiln_attention_combine.
+    for splits in [per_seq, 2] {
+        let split_keys = per_seq.div_ceil(splits) * bs;
+        let partials = gpu.zeros(rows * heads * splits * (d + 2) * 4);
+        let out = gpu.zeros(q.len() * 4);
+        let split = [&args[..], &[int(split_keys), Ptr(partials)]].concat();
+        let mut config = LaunchConfig::linear(grid.0, 128);
+        config.grid = (grid.0, grid.1, splits as u32);
+        let attention = gpu.f("kiln_paged_attention");
+        gpu.dev.launch(attention, config, &split).unwrap();
+        let combine = [Ptr(partials), Ptr(out), int(heads), int(d), int(splits)];
+        gpu.run("kiln_attention_combine", grid, 128, &combine);
+        gpu.check(out, &want, &format!("{what}, {splits} splits"));
+    }
 }
 
 fn seq(rows: Range<usize>, context_len: usize, block_table: &[usize]) -> SequenceRows<'_> {

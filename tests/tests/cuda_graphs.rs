@@ -19,7 +19,7 @@ fn load(device: DeviceChoice) -> Model {
     let shape = kiln_tests::workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
     let shape = shape.to_str().unwrap();
     let options = LoadOptions {
-        max_length: Some(64),
+        max_length: Some(512),
         precision: kiln_host::runtime::Precision::Exact,
         compile_cache: kiln_host::compiler::CompileCache::disabled(),
         device,
@@ -122,5 +122,40 @@ fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
                 "{what} row {row}: {x} on the CPU, {y} on CUDA"
             );
         }
+    }
+}
+
+/// Decode over a long context: each row's keys are split across blocks of
+/// the GPU (flash-decoding) and merged, giving the CPU backend's logits.
+#[test]
+fn long_context_decode_splits_attention_and_matches_the_cpu() {
+    let (cpu, cuda) = (
+        load(DeviceChoice::Cpu),
+        load(kiln_tests::models::cuda_test_device()),
+    );
+    // 32 blocks of 16 positions a sequence: two splits per decode row.
+    let capacity = 512;
+    let (mut on_cpu, mut on_cuda) = (
+        kiln_host::engine::Generator::new(&cpu, capacity).unwrap(),
+        kiln_host::engine::Generator::new(&cuda, capacity).unwrap(),
+    );
+    let prompt: Vec<u32> = (0..300).map(|i| (i * 31 + 11) % 768).collect();
+    let mut last = Vec::new();
+    for chunk in prompt.chunks(100) {
+        let a = on_cpu.feed(chunk, false).unwrap().remove(0);
+        let b = on_cuda.feed(chunk, false).unwrap().remove(0);
+        assert_close(std::slice::from_ref(&a), &[b], "prefill chunk");
+        last = a;
+    }
+    for position in 0..4 {
+        let token = kiln_host::engine::sampling::argmax(&last);
+        let a = on_cpu.feed(&[token], false).unwrap().remove(0);
+        let b = on_cuda.feed(&[token], false).unwrap().remove(0);
+        assert_close(
+            std::slice::from_ref(&a),
+            &[b],
+            &format!("decode {position} at 300+"),
+        );
+        last = a;
     }
 }

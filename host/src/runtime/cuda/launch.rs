@@ -283,7 +283,7 @@ impl Frame<'_> {
                     ],
                 )
             }
-            StepPlan::Attention(spec) => self.attention(step, spec),
+            StepPlan::Attention(spec) => self.attention(step, spec, scratch),
             StepPlan::Gather(axis) => {
                 let data = in_shape(0);
                 let outer: usize = data[..*axis].iter().product();
@@ -380,7 +380,12 @@ impl Frame<'_> {
         }
     }
 
-    fn attention(&self, step: &Step, spec: &AttentionSpec) -> Result<(), String> {
+    fn attention(
+        &self,
+        step: &Step,
+        spec: &AttentionSpec,
+        scratch: Option<DevicePtr>,
+    ) -> Result<(), String> {
         let cache = self.cache.ok_or("paged attention needs a KV cache")?;
         let addr = |i: usize| self.addrs[step.inputs[i] as usize];
         let shape = |i: usize| &self.shapes[step.inputs[i] as usize];
@@ -451,15 +456,67 @@ impl Frame<'_> {
             KernelArg::I32(spec.sliding_window.map_or(0, |w| w as i32)),
             KernelArg::F32(spec.softcap.unwrap_or(0.0)),
         ]);
+        let splits = attention_splits(tokens, blocks_per_seq);
+        let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
+        let partials = match splits {
+            1 => 0,
+            _ => scratch.ok_or("no scratch planned for split attention")?,
+        };
+        args.extend([KernelArg::I32(split_keys as i32), KernelArg::Ptr(partials)]);
+        let grid = (tokens as u32, num_heads as u32, splits as u32);
+        let block = (128, 1, 1);
+        let config = |grid| LaunchConfig {
+            grid,
+            block,
+            shared_bytes: 0,
+        };
+        self.launch(attend, config(grid), &args)?;
+        if splits == 1 {
+            return Ok(());
+        }
         self.launch(
-            attend,
-            LaunchConfig {
-                grid: (tokens as u32, num_heads as u32, 1),
-                block: (128, 1, 1),
-                shared_bytes: 0,
-            },
-            &args,
+            "kiln_attention_combine",
+            config((grid.0, grid.1, 1)),
+            &[
+                KernelArg::Ptr(partials),
+                KernelArg::Ptr(self.addrs[step.output as usize]),
+                KernelArg::I32(num_heads as i32),
+                KernelArg::I32(head_dim as i32),
+                KernelArg::I32(splits as i32),
+            ],
         )
+    }
+}
+
+/// Rows of a step up to which attention splits each row's keys (decode
+/// batches; more rows fill the GPU without splitting).
+const SPLIT_ATTENTION_ROWS: usize = 16;
+/// Cache blocks per split, at least.
+const BLOCKS_PER_SPLIT: usize = 16;
+/// Splits per row at most.
+const MAX_SPLITS: usize = 32;
+
+/// How many parts attention splits each row's keys into, for a step of
+/// `tokens` rows over block tables `blocks_per_seq` wide (flash-decoding:
+/// few rows over long contexts would leave most of the GPU idle).
+fn attention_splits(tokens: usize, blocks_per_seq: usize) -> usize {
+    if tokens > SPLIT_ATTENTION_ROWS {
+        return 1;
+    }
+    blocks_per_seq
+        .div_ceil(BLOCKS_PER_SPLIT)
+        .clamp(1, MAX_SPLITS)
+}
+
+/// Scratch bytes of an attention step whose q is `q_shape` ([T, H, D]) and
+/// block tables `tables_shape` ([B, M]): the splits' partial results.
+pub fn attention_scratch_bytes(q_shape: &[usize], tables_shape: &[usize]) -> usize {
+    let (&[tokens, heads, head_dim], Some(&width)) = (q_shape, tables_shape.get(1)) else {
+        return 0;
+    };
+    match attention_splits(tokens, width) {
+        1 => 0,
+        splits => tokens * heads * splits * (head_dim + 2) * 4,
     }
 }
 

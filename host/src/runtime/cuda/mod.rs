@@ -353,8 +353,8 @@ impl CudaExecutor {
                 last,
             })
             .collect();
-        // Scratch of GEMMs: activations cast to a half type, matrices
-        // expanded from GGUF blocks.
+        // Step scratch: activations cast to a half type and matrices
+        // expanded from GGUF blocks for GEMMs, split attention's partials.
         let mut scratch_steps = Vec::new();
         for (s, (step, plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
             let x_elements = || shapes[step.inputs[0] as usize].iter().product();
@@ -362,6 +362,10 @@ impl CudaExecutor {
                 StepPlan::Linear(_) | StepPlan::MatMul(_) | StepPlan::LinearGroup(_) => {
                     products::scratch_bytes(plan, x_elements())
                 }
+                StepPlan::Attention(_) => launch::attention_scratch_bytes(
+                    &shapes[step.inputs[0] as usize],
+                    &shapes[step.inputs[5] as usize],
+                ),
                 _ => 0,
             };
             if bytes > 0 {
