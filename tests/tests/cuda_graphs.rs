@@ -159,3 +159,19 @@ fn long_context_decode_splits_attention_and_matches_the_cpu() {
         last = a;
     }
 }
+
+/// A token id past the vocabulary is reported by the embedding kernel (the
+/// error flag uploaded with the inputs), and the next step runs normally.
+#[test]
+fn an_out_of_range_token_is_an_error_and_the_next_step_runs() {
+    let cuda = load(kiln_tests::models::cuda_test_device());
+    let mut generator = kiln_host::engine::Generator::new(&cuda, 8).unwrap();
+    let err = generator
+        .feed(&[5, 100_000], false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("out of range"), "{err}");
+    let mut fresh = kiln_host::engine::Generator::new(&cuda, 8).unwrap();
+    let logits = fresh.feed(&[5, 6], false).unwrap().remove(0);
+    assert!(logits.iter().all(|v| v.is_finite()));
+}

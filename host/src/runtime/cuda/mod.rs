@@ -131,6 +131,11 @@ struct RunPlan {
     offsets: Vec<Option<usize>>,
     /// Arena offset of each step's scratch buffer.
     scratch: Vec<Option<usize>>,
+    /// Bytes at the start of the arena that one upload writes before a step:
+    /// the graph inputs, then the error flag (zero).
+    staged: usize,
+    /// Arena offset of the flag a kernel sets on an out-of-range index.
+    error_flag: usize,
     total: usize,
 }
 
@@ -165,7 +170,6 @@ pub struct CudaExecutor {
     steps: Vec<StepPlan>,
     homes: Vec<Home>,
     owned: Vec<DevicePtr>,
-    error_flag: DevicePtr,
     /// Capture and replay steps as CUDA graphs.
     graphs: bool,
     /// The graph takes the decoder's inputs: decode steps can be padded to
@@ -232,16 +236,12 @@ impl CudaExecutor {
         let dtype = options.dtype;
         let weights = super::executor::bind_weights(&program, store)?;
         let hand = load_hand_kernels(device.as_ref())?;
-        let error_flag = device
-            .alloc(4)
-            .map_err(|e| CudaError::Memory(e.to_string()))?;
         let lowered = plan::lower(device.as_ref(), &program, &weights, dtype, &hand)?;
         let paddable = buckets::paddable(&program.graph);
         if let Some(dir) = std::env::var_os("KILN_DUMP_KERNELS") {
             dump_kernels(std::path::Path::new(&dir), &lowered.generated)?;
         }
-        let mut owned = lowered.owned;
-        owned.push(error_flag);
+        let owned = lowered.owned;
         // A step that prints downloads mid-step: it cannot be captured.
         let graphs = options.graphs
             && !lowered
@@ -256,7 +256,6 @@ impl CudaExecutor {
             steps: lowered.steps,
             homes: lowered.homes,
             owned,
-            error_flag,
             graphs,
             paddable,
             kv_bf16: match options.kv_cache_dtype {
@@ -343,6 +342,22 @@ impl CudaExecutor {
                 touch(root, end);
             }
         }
+        // Graph inputs go first, one after another, then the error flag: one
+        // upload a step writes them all. They stay live through the step.
+        let align = |bytes: usize| bytes.div_ceil(memory::ALIGN) * memory::ALIGN;
+        let mut offsets = vec![None; graph.nodes.len()];
+        let mut staged = 0;
+        for (id, node) in graph.nodes.iter().enumerate() {
+            if let (Op::Input { .. }, Home::Arena(root)) = (&node.op, self.homes[id]) {
+                if life.remove(&root).is_some() {
+                    offsets[root as usize] = Some(staged);
+                    staged += align(bytes_of(root as usize));
+                }
+            }
+        }
+        let error_flag = staged;
+        staged += 4;
+        let base = align(staged);
         let mut roots: Vec<(ValueId, (usize, usize))> = life.into_iter().collect();
         roots.sort_unstable();
         let mut buffers: Vec<Buffer> = roots
@@ -378,19 +393,20 @@ impl CudaExecutor {
             }
         }
         let placement = memory::place(&buffers);
-        let mut offsets = vec![None; graph.nodes.len()];
         for (i, &(root, _)) in roots.iter().enumerate() {
-            offsets[root as usize] = Some(placement.offsets[i]);
+            offsets[root as usize] = Some(base + placement.offsets[i]);
         }
         let mut scratch = vec![None; self.steps.len()];
         for (j, &s) in scratch_steps.iter().enumerate() {
-            scratch[s] = Some(placement.offsets[roots.len() + j]);
+            scratch[s] = Some(base + placement.offsets[roots.len() + j]);
         }
         RunPlan {
             shapes,
             offsets,
             scratch,
-            total: placement.total,
+            staged,
+            error_flag,
+            total: base + placement.total,
         }
     }
 
@@ -704,23 +720,22 @@ impl CudaExecutor {
                 Home::Nowhere => 0,
             })
             .collect();
+        // The inputs and a zero error flag, in one upload.
+        let mut staged = vec![0u8; plan.staged];
         for (id, node) in graph.nodes.iter().enumerate() {
-            if let Op::Input { index } = node.op {
-                let bytes = weights::tensor_bytes(&inputs[index]);
-                if !bytes.is_empty() && addrs[id] != 0 {
-                    device.upload(addrs[id], &bytes).map_err(device_error)?;
-                }
+            if let (Op::Input { index }, Some(at)) = (&node.op, plan.offsets[id]) {
+                let bytes = weights::tensor_bytes(&inputs[*index]);
+                staged[at..at + bytes.len()].copy_from_slice(&bytes);
             }
         }
-        device
-            .upload(self.error_flag, &0i32.to_le_bytes())
-            .map_err(device_error)?;
+        device.upload(arena, &staged).map_err(device_error)?;
+        let error_flag = arena + plan.error_flag as u64;
         let frame = Frame {
             device,
             hand: &self.hand,
             shapes: &plan.shapes,
             addrs: &addrs,
-            error_flag: self.error_flag,
+            error_flag,
             cache: device_cache,
         };
         let launch_all = || -> Result<(), String> {
@@ -749,7 +764,7 @@ impl CudaExecutor {
         launched.map_err(RuntimeError::Device)?;
         let mut flag = [0u8; 4];
         device
-            .download(self.error_flag, &mut flag)
+            .download(error_flag, &mut flag)
             .map_err(device_error)?;
         if i32::from_le_bytes(flag) != 0 {
             return Err(RuntimeError::Device(
