@@ -31,14 +31,14 @@ def kernels(c, batch, context, weights, kv_bytes):
     gemv = lambda rows, cols, bpe: rows * cols * bpe + act * (cols + rows)
     return [
         ("embedding rows", 1, batch * d * w + act * d),
-        ("rms_norm", 2 * layers + 1, 2 * act * d + 4 * d),
+        ("embedding norm (layer 0)", 1, 2 * act * d + 4 * d),
+        ("residual add + rms_norm (one launch)", 2 * layers, 4 * act * d + 4 * d),
         ("q, k and v projections (one launch)", layers, gemv(q_dim + 2 * kv_dim, d, w)),
         ("rotary (q and k)", 2 * layers, act * (q_dim + kv_dim)),
         ("KV-cache write", layers, 2 * act * kv_dim),
         ("paged attention (split-K over long contexts)", layers,
          batch * context * 2 * kv_dim * kv_bytes + 2 * act * q_dim),
         ("o projection", layers, gemv(d, q_dim, w)),
-        ("residual add", 2 * layers, 3 * act * d),
         ("gate and up projections (one launch)", layers, gemv(2 * ffn, d, w)),
         ("silu(gate) * up", layers, 3 * act * ffn),
         ("down projection", layers, gemv(d, ffn, w)),

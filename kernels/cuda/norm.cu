@@ -14,6 +14,24 @@ extern "C" __global__ void kiln_rms_norm(const float* __restrict__ x, const floa
   for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = row[i] * inv * (offset + w[i]);
 }
 
+// x = a + b (the residual stream, written) and y = rms_norm(x) · (offset + w)
+// in one pass: a residual add fused into the norm that reads it.
+extern "C" __global__ void kiln_add_rms_norm(const float* __restrict__ a, const float* __restrict__ b,
+                                             const float* __restrict__ w, float* __restrict__ x,
+                                             float* __restrict__ y, int cols, float eps, float offset) {
+  __shared__ float scratch[32];
+  i64 base = (i64)blockIdx.x * cols;
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    float v = a[base + i] + b[base + i];
+    x[base + i] = v;
+    sum += v * v;
+  }
+  sum = block_sum(sum, scratch);
+  float inv = 1.0f / sqrtf(sum / (float)cols + eps);
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) y[base + i] = x[base + i] * inv * (offset + w[i]);
+}
+
 // y = (x - mean) / sqrt(var + eps) * gamma + beta.
 extern "C" __global__ void kiln_layer_norm(const float* __restrict__ x, const float* __restrict__ gamma,
                                            const float* __restrict__ beta, float* __restrict__ y,

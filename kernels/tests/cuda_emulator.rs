@@ -1,5 +1,6 @@
 //! The hand-written CUDA kernels (`kernels/cuda/*.cu`) run on the kernel
-//! emulator against the CPU kernels of `dense`: norms and softmax, rotary
+//! emulator against the CPU kernels of `dense`: norms (with a fused residual
+//! add) and softmax, rotary
 //! embeddings, the KV-cache write and paged attention over ragged batches
 //! (decode, chunked prefill, GQA, windows, soft caps), embeddings, gathers,
 //! strided copies and bit-exact f32 ↔ bf16/f16 conversions. Also the
@@ -38,6 +39,17 @@ fn norms_and_softmax_match_the_cpu() {
                 gpu.run("kiln_rms_norm", grid, block, &args);
                 norm::rms_norm_rows(&x, &w, offset, 1e-6, &mut want);
                 gpu.check(y, &want, &format!("rms_norm +{offset}, {what}"));
+                // The same norm of a + b, with a + b written too.
+                let b = rng.data(rows * cols, 1.0);
+                let a: Vec<f32> = x.iter().zip(&b).map(|(x, b)| x - b).collect();
+                let sum: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
+                let (ap, bp2, xs) = (gpu.up(&a), gpu.up(&b), gpu.zeros(rows * cols * 4));
+                let args = [Ptr(ap), Ptr(bp2), Ptr(wp), Ptr(xs), Ptr(y), int(cols)];
+                let args = [&args[..], &[F32(1e-6), F32(offset)]].concat();
+                gpu.run("kiln_add_rms_norm", grid, block, &args);
+                norm::rms_norm_rows(&sum, &w, offset, 1e-6, &mut want);
+                gpu.check(xs, &sum, &format!("add_rms_norm sum, {what}"));
+                gpu.check(y, &want, &format!("add_rms_norm +{offset}, {what}"));
             }
             let args = [Ptr(xp), Ptr(wp), Ptr(bp), Ptr(y), int(cols), F32(1e-5)];
             gpu.run("kiln_layer_norm", grid, block, &args);

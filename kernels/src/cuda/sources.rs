@@ -85,7 +85,12 @@ mod tests {
         }
         assert_eq!(
             kernel_names(NORM.text),
-            ["kiln_rms_norm", "kiln_layer_norm", "kiln_softmax"]
+            [
+                "kiln_rms_norm",
+                "kiln_add_rms_norm",
+                "kiln_layer_norm",
+                "kiln_softmax"
+            ]
         );
     }
 }

@@ -167,7 +167,30 @@ impl Frame<'_> {
                     .collect();
                 self.product_group(&members, input(0), numel(in_shape(0)), scratch)
             }
-            StepPlan::Grouped { .. } => Ok(()),
+            StepPlan::ComputedAt { .. } => Ok(()),
+            StepPlan::AddRmsNorm {
+                eps,
+                offset,
+                weight,
+                norm,
+            } => {
+                let cols = *out_shape.last().unwrap_or(&1);
+                self.launch_rows(
+                    "kiln_add_rms_norm",
+                    rows_of(out_shape),
+                    cols,
+                    &[
+                        KernelArg::Ptr(input(0)),
+                        KernelArg::Ptr(input(1)),
+                        KernelArg::Ptr(self.addrs[*weight as usize]),
+                        KernelArg::Ptr(out),
+                        KernelArg::Ptr(self.addrs[*norm as usize]),
+                        KernelArg::I32(cols as i32),
+                        KernelArg::F32(*eps),
+                        KernelArg::F32(*offset),
+                    ],
+                )
+            }
             StepPlan::Embedding(table, function) => {
                 let ids = numel(in_shape(0));
                 if ids == 0 {

@@ -285,12 +285,13 @@ impl CudaExecutor {
             .captured()
     }
 
-    /// How many steps launch several products that share their input (q, k
-    /// and v; gate and up) as one.
-    pub fn product_groups(&self) -> usize {
+    /// How many program steps run inside an earlier step's launch: products
+    /// grouped with others that share their input (k and v with q; up with
+    /// gate), RMS norms fused with the residual add before them.
+    pub fn merged_steps(&self) -> usize {
         self.steps
             .iter()
-            .filter(|s| matches!(s, StepPlan::LinearGroup(_)))
+            .filter(|s| matches!(s, StepPlan::ComputedAt { .. }))
             .count()
     }
 
@@ -326,8 +327,8 @@ impl CudaExecutor {
         for (s, (step, plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
             if let Home::Arena(root) = self.homes[step.output as usize] {
                 touch(root, s);
-                // A grouped product is written at its group's step.
-                if let StepPlan::Grouped { at } = plan {
+                // A grouped product or a fused norm is written earlier.
+                if let StepPlan::ComputedAt { at } = plan {
                     touch(root, *at);
                 }
             }

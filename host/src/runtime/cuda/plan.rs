@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use kiln_kernels::cuda::{Device, FunctionId};
-use kiln_plugin_api::graph::{AttentionSpec, Op, ValueId};
+use kiln_plugin_api::graph::{AttentionSpec, BinaryOp, DType, Op, ValueId};
 
 use super::codegen::{self, FusedInput};
 use super::products::GEMV_MAX_GROUP;
@@ -29,9 +29,22 @@ pub enum StepPlan {
     /// format (q, k and v; gate and up), run here as one launch: each matrix
     /// with the value it writes (this step's output first).
     LinearGroup(Vec<(DeviceMatrix, ValueId)>),
-    /// A `Linear` step that a [`StepPlan::LinearGroup`] at step `at` runs.
-    Grouped {
-        /// The group's step.
+    /// `x = a + b` written, and `rms_norm(x, w)` of a later step with it,
+    /// in one kernel (the residual stream and the next norm's input).
+    AddRmsNorm {
+        /// The norm's epsilon.
+        eps: f32,
+        /// Added to the norm's weight.
+        offset: f32,
+        /// The norm's weight.
+        weight: ValueId,
+        /// The norm's output.
+        norm: ValueId,
+    },
+    /// A step computed earlier, by the step `at` (a [`StepPlan::LinearGroup`]
+    /// or a [`StepPlan::AddRmsNorm`]).
+    ComputedAt {
+        /// The step that computes it.
         at: usize,
     },
     /// Rows of a table.
@@ -296,6 +309,7 @@ pub fn lower(
         steps.push(plan);
     }
     group_products(program, &mut steps);
+    fuse_add_rms_norm(program, &homes, &mut steps);
     weight_bytes_per_step += product_matrices.values().map(|m| m.0).sum::<usize>();
     let product_elements: usize = product_matrices.values().map(|m| m.1).sum();
     Ok(Lowered {
@@ -375,7 +389,7 @@ fn short_hash(text: &str) -> String {
 
 /// Puts `Linear` steps that read the same value with matrices of one format
 /// and width into one [`StepPlan::LinearGroup`] at the first of them, up to
-/// [`GEMV_MAX_GROUP`] at a time. The others become [`StepPlan::Grouped`]:
+/// [`GEMV_MAX_GROUP`] at a time. The others become [`StepPlan::ComputedAt`]:
 /// their outputs are written at the group's step (the memory plan keeps them
 /// live from there).
 fn group_products(program: &Program, steps: &mut [StepPlan]) {
@@ -406,8 +420,61 @@ fn group_products(program: &Program, steps: &mut [StepPlan]) {
                 .collect();
             steps[*first] = StepPlan::LinearGroup(members);
             for &s in rest {
-                steps[s] = StepPlan::Grouped { at: *first };
+                steps[s] = StepPlan::ComputedAt { at: *first };
             }
+        }
+    }
+}
+
+/// Fuses a residual add into the RMS norm that reads its sum: an f32 step
+/// `x = a + b` (two inputs of x's shape) and a later `rms_norm(x, w)` with a
+/// weight on the device become one [`StepPlan::AddRmsNorm`] at the add,
+/// writing both x and the norm.
+fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
+    let graph = &program.graph;
+    let producer: HashMap<ValueId, usize> = program
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(s, step)| (step.output, s))
+        .collect();
+    for (j, step) in program.steps.iter().enumerate() {
+        let StepPlan::RmsNorm { eps, offset } = steps[j] else {
+            continue;
+        };
+        let (x, weight) = (step.inputs[0], step.inputs[1]);
+        let Some(&i) = producer.get(&x) else {
+            continue;
+        };
+        let add = &program.steps[i];
+        let plain_add = match &add.kernel {
+            Kernel::Fused { program: instrs } => matches!(
+                instrs.as_slice(),
+                [Instr {
+                    op: ElementOp::Binary { f: BinaryOp::Add },
+                    args,
+                    dtype: DType::F32,
+                }] if args == &[Operand::Input(0), Operand::Input(1)]
+            ),
+            Kernel::Node => {
+                matches!(graph.nodes[x as usize].op, Op::Binary { op: BinaryOp::Add })
+                    && graph.nodes[x as usize].ty.dtype == DType::F32
+            }
+            _ => false,
+        };
+        let same_shape = add
+            .inputs
+            .iter()
+            .all(|&v| graph.nodes[v as usize].ty == graph.nodes[x as usize].ty);
+        let weight_ready = matches!(homes[weight as usize], Home::Persistent(_));
+        if plain_add && same_shape && weight_ready && matches!(steps[i], StepPlan::Fused(..)) {
+            steps[i] = StepPlan::AddRmsNorm {
+                eps,
+                offset,
+                weight,
+                norm: step.output,
+            };
+            steps[j] = StepPlan::ComputedAt { at: i };
         }
     }
 }
