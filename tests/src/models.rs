@@ -135,3 +135,29 @@ pub fn smollm2_gguf() -> Option<std::path::PathBuf> {
         });
     path.is_file().then_some(path)
 }
+
+/// The tiny Llama shape of `tests/fixtures/shapes/tiny-llama.json` (2
+/// layers of width 256, a vocabulary of 768, up to 512 positions) with random
+/// weights stored as `weights`, loaded onto `device` with products stored as
+/// `dtype` and a KV cache of `kv_cache_dtype`.
+pub fn tiny_llama_shape(
+    weights: kiln_host::model::synthetic::ShapeDtype,
+    device: DeviceChoice,
+    dtype: WeightDtype,
+    kv_cache_dtype: kiln_host::runtime::cuda::KvCacheDtype,
+) -> kiln_host::model::Model {
+    let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
+    let shape = crate::workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
+    let shape = shape.to_str().unwrap();
+    let options = kiln_host::model::LoadOptions {
+        max_length: Some(512),
+        precision: kiln_host::runtime::Precision::Exact,
+        compile_cache: kiln_host::compiler::CompileCache::disabled(),
+        device,
+        dtype,
+        enforce_eager: false,
+        kv_cache_dtype,
+    };
+    let config = kiln_host::model::synthetic::shape_config(shape).unwrap();
+    kiln_host::model::synthetic::load(&registry, shape, config, weights, &options).unwrap()
+}

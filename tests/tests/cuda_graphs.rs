@@ -6,29 +6,17 @@
 
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::batch::{run_step, Pipeline};
-use kiln_host::model::synthetic::{self, ShapeDtype};
-use kiln_host::model::{LoadOptions, Model};
-use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
+use kiln_host::model::synthetic::ShapeDtype;
+use kiln_host::model::Model;
+use kiln_host::runtime::cuda::{CudaExecutor, KvCacheDtype, WeightDtype};
 use kiln_host::runtime::{CacheLayout, KvCache};
 use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
 
 const BLOCK_SIZE: usize = 4;
 
 fn load(device: DeviceChoice) -> Model {
-    let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
-    let shape = kiln_tests::workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
-    let shape = shape.to_str().unwrap();
-    let options = LoadOptions {
-        max_length: Some(512),
-        precision: kiln_host::runtime::Precision::Exact,
-        compile_cache: kiln_host::compiler::CompileCache::disabled(),
-        device,
-        dtype: WeightDtype::Float32,
-        enforce_eager: false,
-        kv_cache_dtype: Default::default(),
-    };
-    let config = synthetic::shape_config(shape).unwrap();
-    synthetic::load(&registry, shape, config, ShapeDtype::F32, &options).unwrap()
+    let kv = KvCacheDtype::Auto;
+    kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, device, WeightDtype::Float32, kv)
 }
 
 fn cache(model: &Model) -> KvCache {

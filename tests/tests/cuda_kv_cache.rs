@@ -4,26 +4,15 @@
 //! KILN_TEST_CUDA_DEVICE).
 
 use kiln_host::engine::Generator;
-use kiln_host::model::synthetic::{self, ShapeDtype};
-use kiln_host::model::{LoadOptions, Model};
+use kiln_host::model::synthetic::ShapeDtype;
+use kiln_host::model::Model;
 use kiln_host::runtime::cuda::{KvCacheDtype, WeightDtype};
 use kiln_tests::{run_host, text, workspace_root};
 
 fn load(kv_cache_dtype: KvCacheDtype) -> Model {
-    let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
-    let shape = workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
-    let shape = shape.to_str().unwrap();
-    let options = LoadOptions {
-        max_length: Some(64),
-        precision: kiln_host::runtime::Precision::Exact,
-        compile_cache: kiln_host::compiler::CompileCache::disabled(),
-        device: kiln_tests::models::cuda_test_device(),
-        dtype: WeightDtype::Float32,
-        enforce_eager: false,
-        kv_cache_dtype,
-    };
-    let config = synthetic::shape_config(shape).unwrap();
-    synthetic::load(&registry, shape, config, ShapeDtype::F32, &options).unwrap()
+    let device = kiln_tests::models::cuda_test_device();
+    let (weights, dtype) = (ShapeDtype::F32, WeightDtype::Float32);
+    kiln_tests::models::tiny_llama_shape(weights, device, dtype, kv_cache_dtype)
 }
 
 #[test]

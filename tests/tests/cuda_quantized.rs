@@ -6,27 +6,14 @@
 
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::Generator;
-use kiln_host::model::synthetic::{self, ShapeDtype};
-use kiln_host::model::{LoadOptions, Model};
+use kiln_host::model::synthetic::ShapeDtype;
+use kiln_host::model::Model;
 use kiln_host::runtime::cuda::{KvCacheDtype, WeightDtype};
-use kiln_tests::workspace_root;
 
 fn load(dtype: ShapeDtype, device: DeviceChoice) -> Model {
-    let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
-    let shape = workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
-    let shape = shape.to_str().unwrap();
-    let options = LoadOptions {
-        max_length: Some(64),
-        precision: kiln_host::runtime::Precision::Exact,
-        compile_cache: kiln_host::compiler::CompileCache::disabled(),
-        device,
-        dtype: WeightDtype::Auto,
-        enforce_eager: false,
-        // An f32 cache: only the products differ from the CPU.
-        kv_cache_dtype: KvCacheDtype::Float32,
-    };
-    let config = synthetic::shape_config(shape).unwrap();
-    synthetic::load(&registry, shape, config, dtype, &options).unwrap()
+    // An f32 cache: only the products differ from the CPU.
+    let kv = KvCacheDtype::Float32;
+    kiln_tests::models::tiny_llama_shape(dtype, device, WeightDtype::Auto, kv)
 }
 
 /// Largest |a - b| over the largest |a|.
