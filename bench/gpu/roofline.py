@@ -34,7 +34,7 @@ def kernels(c, batch, context, weights, kv_bytes):
         ("embedding norm (layer 0)", 1, 2 * act * d + 4 * d),
         ("residual add + rms_norm (one launch)", 2 * layers, 4 * act * d + 4 * d),
         ("q, k and v projections (one launch)", layers, gemv(q_dim + 2 * kv_dim, d, w)),
-        ("rotary (q and k)", 2 * layers, act * (q_dim + kv_dim)),
+        ("rotary (q and k in one launch)", layers, act * (q_dim + kv_dim)),
         ("KV-cache write", layers, 2 * act * kv_dim),
         ("paged attention (split-K over long contexts)", layers,
          batch * context * 2 * kv_dim * kv_bytes + 2 * act * q_dim),

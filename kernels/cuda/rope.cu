@@ -3,24 +3,30 @@
 #include "kiln_cuda.cuh"
 
 // `interleaved` rotates adjacent pairs (GGUF llama), else the two halves
-// (NeoX / Hugging Face). `scale` multiplies cos and sin (YaRN).
+// (NeoX / Hugging Face). `scale` multiplies cos and sin (YaRN). A second
+// tensor of the same positions (k after q: one launch for both) has
+// `heads2` > 0 heads in x2 → y2.
 extern "C" __global__ void kiln_rope(const float* __restrict__ x, const i64* __restrict__ positions,
                                      const float* __restrict__ inv_freq, float* __restrict__ y,
-                                     int heads, int half, int interleaved, float scale) {
+                                     int heads, int half, int interleaved, float scale,
+                                     const float* __restrict__ x2, float* __restrict__ y2, int heads2) {
   i64 token = blockIdx.x;
   float position = (float)positions[token];
   int head_dim = 2 * half;
-  const float* in = x + token * heads * head_dim;
-  float* out = y + token * heads * head_dim;
-  for (int p = threadIdx.x; p < heads * half; p += blockDim.x) {
+  for (int p = threadIdx.x; p < (heads + heads2) * half; p += blockDim.x) {
     int head = p / half, i = p % half;
+    bool second = head >= heads;
+    int count = second ? heads2 : heads;
+    if (second) head -= heads;
+    const float* in = (second ? x2 : x) + (token * count + head) * head_dim;
+    float* out = (second ? y2 : y) + (token * count + head) * head_dim;
     // f32 angle like transformers (inv_freq ⊗ position in f32).
     float angle = position * inv_freq[i];
     float c = cosf(angle) * scale, s = sinf(angle) * scale;
     int a = interleaved ? 2 * i : i;
     int b = interleaved ? 2 * i + 1 : i + half;
-    float x0 = in[head * head_dim + a], x1 = in[head * head_dim + b];
-    out[head * head_dim + a] = x0 * c - x1 * s;
-    out[head * head_dim + b] = x1 * c + x0 * s;
+    float x0 = in[a], x1 = in[b];
+    out[a] = x0 * c - x1 * s;
+    out[b] = x1 * c + x0 * s;
   }
 }

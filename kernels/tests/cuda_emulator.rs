@@ -83,12 +83,23 @@ fn rope_matches_the_cpu() {
         for scale in [1.0, 0.75] {
             let args = [Ptr(xp), Ptr(pp), Ptr(fp), Ptr(y), int(heads), int(half)];
             let args = [&args[..], &[int(interleaved), F32(scale)]].concat();
+            let alone = [&args[..], &[Ptr(0), Ptr(0), int(0)]].concat();
             // 32 threads for 40 (head, pair)s: the stride loop runs twice.
-            gpu.run("kiln_rope", (positions.len() as u32, 1), 32, &args);
+            gpu.run("kiln_rope", (positions.len() as u32, 1), 32, &alone);
             let mut want = x.clone();
             let pairs = interleaved == 1;
             rope::rope(&mut want, &positions, &inv_freq, heads, pairs, scale);
-            gpu.check(y, &want, &format!("interleaved {pairs}, scale {scale}"));
+            let what = format!("interleaved {pairs}, scale {scale}");
+            gpu.check(y, &want, &what);
+            // With a second tensor of 2 heads (k with q) in the same launch.
+            let x2 = Rng::new(3).data(positions.len() * 2 * 2 * half, 1.0);
+            let (x2p, y2) = (gpu.up(&x2), gpu.zeros(x2.len() * 4));
+            let paired = [&args[..], &[Ptr(x2p), Ptr(y2), int(2)]].concat();
+            gpu.run("kiln_rope", (positions.len() as u32, 1), 32, &paired);
+            let mut want2 = x2.clone();
+            rope::rope(&mut want2, &positions, &inv_freq, 2, pairs, scale);
+            gpu.check(y, &want, &format!("{what}, paired: first"));
+            gpu.check(y2, &want2, &format!("{what}, paired: second"));
         }
     }
 }

@@ -60,10 +60,11 @@ fn decode_batches_share_bucketed_graphs_and_match_the_cpu() {
     let (mut cpu_cache, mut cuda_cache) = (cache(&cpu), cache(&cuda));
     let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
     let captured = || executor.captured_graphs();
-    // Each of the 2 layers reads q, k and v in one launch, gate and up in
-    // one (3 steps merged), and 4 of the 5 RMS norms run with the residual
-    // add before them (the first reads the embedding).
-    assert_eq!(executor.merged_steps(), 2 * 3 + 4);
+    // Each of the 2 layers reads q, k and v in one launch and gate and up in
+    // one (3 steps merged) and rotates q and k in one (1), and 4 of the 5
+    // RMS norms run with the residual add before them (the first reads the
+    // embedding).
+    assert_eq!(executor.merged_steps(), 2 * (3 + 1) + 4);
     // Prefill five sequences of three tokens, one at a time.
     for i in 0..5u32 {
         let prompt = vec![(vec![i * 7 + 1, i * 3 + 2, 5], 0)];

@@ -284,16 +284,29 @@ impl Frame<'_> {
                     ],
                 )
             }
-            StepPlan::Rope { interleaved, scale } => {
+            StepPlan::Rope {
+                interleaved,
+                scale,
+                with,
+            } => {
                 let (tokens, heads, dim) = match out_shape.as_slice() {
                     [t, h, d] => (*t, *h, *d),
                     other => return Err(format!("rope expects [T, H, D], got {other:?}")),
                 };
                 let half = dim / 2;
+                // The second tensor rotated in the same launch, if any.
+                let (x2, y2, heads2) = match with {
+                    Some((x2, y2)) => (
+                        self.addrs[*x2 as usize],
+                        self.addrs[*y2 as usize],
+                        self.shapes[*y2 as usize].get(1).copied().unwrap_or(0),
+                    ),
+                    None => (0, 0, 0),
+                };
                 self.launch_rows(
                     "kiln_rope",
                     tokens,
-                    heads * half,
+                    (heads + heads2) * half,
                     &[
                         KernelArg::Ptr(input(0)),
                         KernelArg::Ptr(input(1)),
@@ -303,6 +316,9 @@ impl Frame<'_> {
                         KernelArg::I32(half as i32),
                         KernelArg::I32(i32::from(*interleaved)),
                         KernelArg::F32(*scale),
+                        KernelArg::Ptr(x2),
+                        KernelArg::Ptr(y2),
+                        KernelArg::I32(heads2 as i32),
                     ],
                 )
             }

@@ -41,8 +41,8 @@ pub enum StepPlan {
         /// The norm's output.
         norm: ValueId,
     },
-    /// A step computed earlier, by the step `at` (a [`StepPlan::LinearGroup`]
-    /// or a [`StepPlan::AddRmsNorm`]).
+    /// A step computed earlier, by the step `at` (a [`StepPlan::LinearGroup`],
+    /// an [`StepPlan::AddRmsNorm`] or a paired [`StepPlan::Rope`]).
     ComputedAt {
         /// The step that computes it.
         at: usize,
@@ -66,6 +66,9 @@ pub enum StepPlan {
         interleaved: bool,
         /// cos/sin scale.
         scale: f32,
+        /// A second rotation at the same positions run in the same launch
+        /// (k with q): its input and output.
+        with: Option<(ValueId, ValueId)>,
     },
     /// Softmax or log-softmax over an axis.
     Softmax {
@@ -240,6 +243,7 @@ pub fn lower(
                 Op::Rope { interleaved, scale } => StepPlan::Rope {
                     interleaved: *interleaved,
                     scale: *scale,
+                    with: None,
                 },
                 Op::Softmax { axis } | Op::LogSoftmax { axis } => StepPlan::Softmax {
                     axis: *axis,
@@ -310,6 +314,7 @@ pub fn lower(
     }
     group_products(program, &mut steps);
     fuse_add_rms_norm(program, &homes, &mut steps);
+    pair_rotations(program, &mut steps);
     weight_bytes_per_step += product_matrices.values().map(|m| m.0).sum::<usize>();
     let product_elements: usize = product_matrices.values().map(|m| m.1).sum();
     Ok(Lowered {
@@ -475,6 +480,49 @@ fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) 
                 norm: step.output,
             };
             steps[j] = StepPlan::ComputedAt { at: i };
+        }
+    }
+}
+
+/// Runs two rotations of the same positions and frequencies (q's and k's)
+/// in one launch at the first, when the second's input is computed before
+/// the first runs.
+fn pair_rotations(program: &Program, steps: &mut [StepPlan]) {
+    // The step whose launch computes each value.
+    let mut computed_at: HashMap<ValueId, usize> = HashMap::new();
+    for (s, step) in program.steps.iter().enumerate() {
+        let at = match steps[s] {
+            StepPlan::ComputedAt { at } => at,
+            _ => s,
+        };
+        computed_at.insert(step.output, at);
+    }
+    let mut first_of: HashMap<(ValueId, ValueId), usize> = HashMap::new();
+    for (j, step) in program.steps.iter().enumerate() {
+        let StepPlan::Rope {
+            interleaved,
+            scale,
+            with: None,
+        } = steps[j]
+        else {
+            continue;
+        };
+        let key = (step.inputs[1], step.inputs[2]);
+        let Some(&i) = first_of.get(&key) else {
+            first_of.insert(key, j);
+            continue;
+        };
+        let input_ready = computed_at.get(&step.inputs[0]).is_none_or(|&at| at < i);
+        let same_rotation = matches!(
+            steps[i],
+            StepPlan::Rope { interleaved: a, scale: b, with: None } if a == interleaved && b == scale
+        );
+        if input_ready && same_rotation {
+            if let StepPlan::Rope { with, .. } = &mut steps[i] {
+                *with = Some((step.inputs[0], step.output));
+            }
+            steps[j] = StepPlan::ComputedAt { at: i };
+            first_of.remove(&key);
         }
     }
 }
