@@ -31,7 +31,7 @@ kiln() {
     "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
       --input-len "$input_len" --output-len "$output_len" --concurrency 1,16,64 --json \
       > "$results/kiln-$name-$dtype-decode.json" || echo "FAILED: $shape $dtype decode"
-    echo "== kiln $shape $dtype: prefill 2048"
+    echo "== kiln $shape $dtype: prefill ${KILN_BENCH_PREFILL_LEN:-2048}"
     "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
       --input-len "${KILN_BENCH_PREFILL_LEN:-2048}" --output-len 1 --concurrency 1 --json \
       > "$results/kiln-$name-$dtype-prefill.json" || echo "FAILED: $shape $dtype prefill"
