@@ -47,11 +47,14 @@ head -c "$half" "$model" > .gpu/stage1/smollm2.part-a
 tail -c +"$((half + 1))" "$model" > .gpu/stage2/smollm2.part-b
 # The device image has no `openai` package: its wheels and the ones it needs
 # that the image lacks.
-python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-  --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .gpu/suite/wheels openai==3.54.0 pydantic==2.14.3 pydantic-core==2.50.4 jiter==0.19.0 \
-  annotated-types==0.8.0 typing-inspection==0.4.5 httpx2==2.16.2 httpcore2==2.16.2 \
-  truststore==0.10.5 sniffio==1.3.1 typing-extensions==4.16.0 anyio==4.16.0 h11==0.16.0 idna==3.20
+# Compiled ones (pydantic-core, jiter) for each Python the image may have.
+for python in 3.11 3.12 3.13; do
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "$python" \
+    --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .gpu/suite/wheels openai==3.54.0 pydantic==2.14.3 pydantic-core==2.50.4 jiter==0.19.0 \
+    annotated-types==0.8.0 typing-inspection==0.4.5 httpx2==2.16.2 httpcore2==2.16.2 \
+    truststore==0.10.5 sniffio==1.3.1 typing-extensions==4.16.0 anyio==4.16.0 h11==0.16.0 idna==3.20
+done
 du -sh .gpu/stage1 .gpu/stage2 .gpu/suite
 cat <<'NEXT'
 Payloads ready. With the device tool, one call each, back to back (the

@@ -17,8 +17,11 @@ fi
 out=${OUT:-$stage/out}
 mkdir -p "$out"
 report=$out/gpu-suite.md
+# Each package's wheel for this Python, from the carried ones.
+packages=$(ls .gpu/suite/wheels | sed 's/-[0-9].*//' | sort -u)
+# shellcheck disable=SC2086
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$stage/site" .gpu/suite/wheels/*.whl
+  --find-links .gpu/suite/wheels --target "$stage/site" $packages
 export PYTHONPATH=$stage/site
 
 model=$stage/smollm2.gguf
