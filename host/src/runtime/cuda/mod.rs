@@ -8,6 +8,7 @@
 //! cached, the inputs are uploaded, every step is launched, and only the
 //! graph's outputs come back.
 
+mod arena;
 mod buckets;
 mod codegen;
 mod graphs;
@@ -34,8 +35,8 @@ use super::sampling::{RowSampling, Sampled};
 use super::tensor::{storage_of, Data, Storage, Tensor};
 use super::{Backend, KvCache, Roofline, RuntimeError, WeightStore};
 use crate::compiler::Program;
+use arena::RunPlan;
 use launch::Frame;
-use memory::Buffer;
 use plan::{HandKernels, Home, StepPlan};
 
 /// Why the CUDA backend could not load a program.
@@ -122,21 +123,6 @@ fn binding(symbols: &HashMap<String, usize>) -> Binding {
     let mut key: Binding = symbols.iter().map(|(k, &v)| (k.clone(), v)).collect();
     key.sort_unstable();
     key
-}
-
-/// Addresses and shapes of one binding.
-struct RunPlan {
-    shapes: Vec<Vec<usize>>,
-    /// Arena offset of each value (arena values only).
-    offsets: Vec<Option<usize>>,
-    /// Arena offset of each step's scratch buffer.
-    scratch: Vec<Option<usize>>,
-    /// Bytes at the start of the arena that one upload writes before a step:
-    /// the graph inputs, then the error flag (zero).
-    staged: usize,
-    /// Arena offset of the flag a kernel sets on an out-of-range index.
-    error_flag: usize,
-    total: usize,
 }
 
 /// A step that has run: the run state (still locked, since the arena holds
@@ -301,116 +287,6 @@ impl CudaExecutor {
         &self.generated
     }
 
-    /// Plans the arena for the sizes of `symbols`.
-    fn plan(&self, symbols: &HashMap<String, usize>) -> RunPlan {
-        let graph = &self.program.graph;
-        let shapes: Vec<Vec<usize>> = graph
-            .nodes
-            .iter()
-            .map(|n| resolve(&n.ty.shape, symbols))
-            .collect();
-        let bytes_of =
-            |v: usize| shapes[v].iter().product::<usize>() * element_bytes(graph.nodes[v].ty.dtype);
-        let end = self.steps.len();
-        // Each arena root's life: from its first writer to its last reader.
-        let mut life: HashMap<ValueId, (usize, usize)> = HashMap::new();
-        let mut touch = |root: ValueId, at: usize| {
-            let e = life.entry(root).or_insert((at, at));
-            e.0 = e.0.min(at);
-            e.1 = e.1.max(at);
-        };
-        for (id, node) in graph.nodes.iter().enumerate() {
-            if let (Op::Input { .. }, Home::Arena(root)) = (&node.op, self.homes[id]) {
-                touch(root, 0);
-            }
-        }
-        for (s, (step, plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
-            if let Home::Arena(root) = self.homes[step.output as usize] {
-                touch(root, s);
-                // A grouped product or a fused norm is written earlier.
-                if let StepPlan::ComputedAt { at } = plan {
-                    touch(root, *at);
-                }
-            }
-            for &i in &step.inputs {
-                if let Home::Arena(root) = self.homes[i as usize] {
-                    touch(root, s);
-                }
-            }
-        }
-        for &o in &graph.outputs {
-            if let Home::Arena(root) = self.homes[o as usize] {
-                touch(root, end);
-            }
-        }
-        // Graph inputs go first, one after another, then the error flag: one
-        // upload a step writes them all. They stay live through the step.
-        let align = |bytes: usize| bytes.div_ceil(memory::ALIGN) * memory::ALIGN;
-        let mut offsets = vec![None; graph.nodes.len()];
-        let mut staged = 0;
-        for (id, node) in graph.nodes.iter().enumerate() {
-            if let (Op::Input { .. }, Home::Arena(root)) = (&node.op, self.homes[id]) {
-                if life.remove(&root).is_some() {
-                    offsets[root as usize] = Some(staged);
-                    staged += align(bytes_of(root as usize));
-                }
-            }
-        }
-        let error_flag = staged;
-        staged += 4;
-        let base = align(staged);
-        let mut roots: Vec<(ValueId, (usize, usize))> = life.into_iter().collect();
-        roots.sort_unstable();
-        let mut buffers: Vec<Buffer> = roots
-            .iter()
-            .map(|&(root, (first, last))| Buffer {
-                bytes: bytes_of(root as usize),
-                first,
-                last,
-            })
-            .collect();
-        // Step scratch: activations cast to a half type and matrices
-        // expanded from GGUF blocks for GEMMs, split attention's partials.
-        let mut scratch_steps = Vec::new();
-        for (s, (step, plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
-            let x_elements = || shapes[step.inputs[0] as usize].iter().product();
-            let bytes = match plan {
-                StepPlan::Linear(_) | StepPlan::MatMul(_) | StepPlan::LinearGroup(_) => {
-                    products::scratch_bytes(plan, x_elements())
-                }
-                StepPlan::Attention(_) => launch::attention_scratch_bytes(
-                    &shapes[step.inputs[0] as usize],
-                    &shapes[step.inputs[5] as usize],
-                ),
-                _ => 0,
-            };
-            if bytes > 0 {
-                scratch_steps.push(s);
-                buffers.push(Buffer {
-                    bytes,
-                    first: s,
-                    last: s,
-                });
-            }
-        }
-        let placement = memory::place(&buffers);
-        for (i, &(root, _)) in roots.iter().enumerate() {
-            offsets[root as usize] = Some(base + placement.offsets[i]);
-        }
-        let mut scratch = vec![None; self.steps.len()];
-        for (j, &s) in scratch_steps.iter().enumerate() {
-            scratch[s] = Some(base + placement.offsets[roots.len() + j]);
-        }
-        RunPlan {
-            shapes,
-            offsets,
-            scratch,
-            staged,
-            error_flag,
-            total: base + placement.total,
-        }
-    }
-
     /// The plan for `symbols` (whose [`binding`] is `key`), with an arena
     /// large enough for it.
     fn prepare(
@@ -422,7 +298,12 @@ impl CudaExecutor {
         let plan = match state.plans.get(key) {
             Some(p) => p.clone(),
             None => {
-                let p = Arc::new(self.plan(symbols));
+                let p = Arc::new(arena::plan(
+                    &self.program,
+                    &self.steps,
+                    &self.homes,
+                    symbols,
+                ));
                 state.plans.insert(key.clone(), p.clone());
                 p
             }

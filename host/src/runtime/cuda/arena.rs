@@ -1,0 +1,148 @@
+//! The arena plan of one binding of a program's symbolic sizes: each value's
+//! concrete shape and offset, from the liveness of the lowered steps. The
+//! graph inputs and the error flag go first, one after another, so one
+//! upload a step writes them all; then every other value and each step's
+//! scratch, placed by `memory::place`.
+
+use std::collections::HashMap;
+
+use kiln_plugin_api::graph::{Op, ValueId};
+
+use super::memory::{self, Buffer};
+use super::plan::{Home, StepPlan};
+use super::{element_bytes, launch, products};
+use crate::compiler::Program;
+use crate::runtime::executor::resolve;
+
+/// Addresses and shapes of one binding.
+pub struct RunPlan {
+    /// Concrete shape of each value.
+    pub shapes: Vec<Vec<usize>>,
+    /// Arena offset of each value (arena values only).
+    pub offsets: Vec<Option<usize>>,
+    /// Arena offset of each step's scratch buffer.
+    pub scratch: Vec<Option<usize>>,
+    /// Bytes at the start of the arena that one upload writes before a step:
+    /// the graph inputs, then the error flag (zero).
+    pub staged: usize,
+    /// Arena offset of the flag a kernel sets on an out-of-range index.
+    pub error_flag: usize,
+    /// Bytes the arena needs.
+    pub total: usize,
+}
+
+/// Plans the arena of `program` (lowered to `steps`, values living at
+/// `homes`) for the sizes of `symbols`.
+pub fn plan(
+    program: &Program,
+    steps: &[StepPlan],
+    homes: &[Home],
+    symbols: &HashMap<String, usize>,
+) -> RunPlan {
+    let graph = &program.graph;
+    let shapes: Vec<Vec<usize>> = graph
+        .nodes
+        .iter()
+        .map(|n| resolve(&n.ty.shape, symbols))
+        .collect();
+    let bytes_of =
+        |v: usize| shapes[v].iter().product::<usize>() * element_bytes(graph.nodes[v].ty.dtype);
+    let end = steps.len();
+    // Each arena root's life: from its first writer to its last reader.
+    let mut life: HashMap<ValueId, (usize, usize)> = HashMap::new();
+    let mut touch = |root: ValueId, at: usize| {
+        let e = life.entry(root).or_insert((at, at));
+        e.0 = e.0.min(at);
+        e.1 = e.1.max(at);
+    };
+    for (id, node) in graph.nodes.iter().enumerate() {
+        if let (Op::Input { .. }, Home::Arena(root)) = (&node.op, homes[id]) {
+            touch(root, 0);
+        }
+    }
+    for (s, (step, plan)) in program.steps.iter().zip(steps).enumerate() {
+        if let Home::Arena(root) = homes[step.output as usize] {
+            touch(root, s);
+            // A grouped product or a fused norm is written earlier.
+            if let StepPlan::ComputedAt { at } = plan {
+                touch(root, *at);
+            }
+        }
+        for &i in &step.inputs {
+            if let Home::Arena(root) = homes[i as usize] {
+                touch(root, s);
+            }
+        }
+    }
+    for &o in &graph.outputs {
+        if let Home::Arena(root) = homes[o as usize] {
+            touch(root, end);
+        }
+    }
+    // Graph inputs go first, one after another, then the error flag: one
+    // upload a step writes them all. They stay live through the step.
+    let align = |bytes: usize| bytes.div_ceil(memory::ALIGN) * memory::ALIGN;
+    let mut offsets = vec![None; graph.nodes.len()];
+    let mut staged = 0;
+    for (id, node) in graph.nodes.iter().enumerate() {
+        if let (Op::Input { .. }, Home::Arena(root)) = (&node.op, homes[id]) {
+            if life.remove(&root).is_some() {
+                offsets[root as usize] = Some(staged);
+                staged += align(bytes_of(root as usize));
+            }
+        }
+    }
+    let error_flag = staged;
+    staged += 4;
+    let base = align(staged);
+    let mut roots: Vec<(ValueId, (usize, usize))> = life.into_iter().collect();
+    roots.sort_unstable();
+    let mut buffers: Vec<Buffer> = roots
+        .iter()
+        .map(|&(root, (first, last))| Buffer {
+            bytes: bytes_of(root as usize),
+            first,
+            last,
+        })
+        .collect();
+    // Step scratch: activations cast to a half type and matrices
+    // expanded from GGUF blocks for GEMMs, split attention's partials.
+    let mut scratch_steps = Vec::new();
+    for (s, (step, plan)) in program.steps.iter().zip(steps).enumerate() {
+        let x_elements = || shapes[step.inputs[0] as usize].iter().product();
+        let bytes = match plan {
+            StepPlan::Linear(_) | StepPlan::MatMul(_) | StepPlan::LinearGroup(_) => {
+                products::scratch_bytes(plan, x_elements())
+            }
+            StepPlan::Attention(_) => launch::attention_scratch_bytes(
+                &shapes[step.inputs[0] as usize],
+                &shapes[step.inputs[5] as usize],
+            ),
+            _ => 0,
+        };
+        if bytes > 0 {
+            scratch_steps.push(s);
+            buffers.push(Buffer {
+                bytes,
+                first: s,
+                last: s,
+            });
+        }
+    }
+    let placement = memory::place(&buffers);
+    for (i, &(root, _)) in roots.iter().enumerate() {
+        offsets[root as usize] = Some(base + placement.offsets[i]);
+    }
+    let mut scratch = vec![None; steps.len()];
+    for (j, &s) in scratch_steps.iter().enumerate() {
+        scratch[s] = Some(base + placement.offsets[roots.len() + j]);
+    }
+    RunPlan {
+        shapes,
+        offsets,
+        scratch,
+        staged,
+        error_flag,
+        total: base + placement.total,
+    }
+}
