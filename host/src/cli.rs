@@ -108,7 +108,7 @@ pub struct ServeArgs {
     pub port: u16,
 
     /// Require `Authorization: Bearer <KEY>` on the API routes.
-    #[arg(long, env = "KILN_API_KEY")]
+    #[arg(long, env = "KILN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
     /// The model name clients send (default: --model as given).

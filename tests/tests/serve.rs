@@ -216,6 +216,14 @@ fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
     };
     let chat = server.url("/v1/chat/completions");
     assert_eq!(status(&[&chat, "-d", "{}"]), "401", "no API key");
+    for wrong in ["Bearer kk", "Bearer K", "Bearer", "k"] {
+        let header = format!("authorization: {wrong}");
+        assert_eq!(
+            status(&["-H", &header, &chat, "-d", "{}"]),
+            "401",
+            "{wrong}"
+        );
+    }
     assert_eq!(
         status(&[
             "-H",
@@ -372,4 +380,27 @@ fn serve_on_the_cuda_backend_answers_the_openai_client_like_the_cpu() {
         "7",
     ]);
     assert_eq!(served["sampled"].as_str().unwrap(), sampled);
+}
+
+/// The API key is a secret: `--help` never prints it from the environment,
+/// and a key HTTP could not carry (surrounding whitespace is dropped from
+/// headers) is refused at start, in one line.
+#[test]
+fn the_api_key_is_never_printed_and_an_unsendable_key_is_refused() {
+    let help = run_host(["serve", "--help"], &[("KILN_API_KEY", "s3cret-value")]);
+    let (out, _) = text(&help);
+    assert!(
+        help.status.success() && out.contains("KILN_API_KEY"),
+        "{out}"
+    );
+    assert!(!out.contains("s3cret-value"), "{out}");
+    for key in ["key ", " key", ""] {
+        let refused = run_host(["serve", "--model", "unused", "--api-key", key], &[]);
+        assert!(!refused.status.success());
+        let (_, err) = text(&refused);
+        assert!(
+            err.contains("--api-key") && err.lines().count() == 1,
+            "{err}"
+        );
+    }
 }

@@ -16,6 +16,13 @@ use crate::server::{router, AppState};
 
 /// Runs the server.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    if let Some(key) = &args.api_key {
+        anyhow::ensure!(
+            !key.is_empty() && key.trim() == key,
+            "--api-key (or KILN_API_KEY) is empty or begins or ends with whitespace: HTTP drops that \
+             whitespace from the Authorization header, so no client could send this key"
+        );
+    }
     let mut model = super::load_model(&args.load)?;
     let tokenizer = Arc::new(model.tokenizer.take().context("the model has no tokenizer (tokenizer.json or GGUF tokenizer metadata); it cannot be served")?);
     let chat_template = tokenizer.chat_template()?;
@@ -83,7 +90,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let model_name = args
         .served_model_name
         .clone()
-        .unwrap_or_else(|| args.load.model.model.clone());
+        .unwrap_or_else(|| default_model_name(&args.load.model.model));
     let metrics = Metrics::default();
     let config = EngineConfig {
         num_blocks,
@@ -160,4 +167,27 @@ async fn shutdown_signal() {
         _ = terminate => {},
     }
     tracing::info!("shutting down: finishing in-flight requests");
+}
+
+/// The name `/v1/models` shows without `--served-model-name`: a Hugging
+/// Face id as given, a local model by its file or directory name (never the
+/// absolute path, which says more about the machine than the model).
+fn default_model_name(model: &str) -> String {
+    let path = std::path::Path::new(model);
+    match path.file_name() {
+        Some(name) if path.exists() => name.to_string_lossy().into_owned(),
+        _ => model.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_local_model_is_named_by_its_file_not_its_path() {
+        let file = tempfile::NamedTempFile::with_suffix(".gguf").unwrap();
+        let path = file.path().to_str().unwrap();
+        let name = file.path().file_name().unwrap().to_str().unwrap();
+        assert_eq!(super::default_model_name(path), name);
+        assert_eq!(super::default_model_name("org/model"), "org/model");
+    }
 }
