@@ -24,6 +24,15 @@ def load(directory, pattern):
     return runs
 
 
+def kiln_runs(kiln, kind):
+    """(shape, storage type, run) of each Kiln JSON of `kind` (decode, prefill)."""
+    suffix = f"-{kind}.json"
+    for name, run in kiln:
+        if name.endswith(suffix):
+            shape, dtype = name[len("kiln-"):-len(suffix)].rsplit("-", 1)
+            yield shape, dtype, run
+
+
 def main():
     directory = sys.argv[1] if len(sys.argv) > 1 else "."
     kiln = load(directory, "kiln-*.json")
@@ -43,10 +52,7 @@ def main():
     print()
     print("| shape | weights | batch | Kiln tok/s | of roofline | PyTorch eager | PyTorch compiled | Kiln ÷ compiled |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, run in kiln:
-        if not name.endswith("-decode.json"):
-            continue
-        shape, dtype = name[len("kiln-"):-len("-decode.json")].rsplit("-", 1)
+    for shape, dtype, run in kiln_runs(kiln, "decode"):
         for level in run["levels"]:
             batch = level["concurrency"]
             ours = level["output_tok_per_s"]
@@ -63,10 +69,7 @@ def main():
     print()
     print("| shape | weights | prompt | Kiln prefill tok/s | of GEMM rate | PyTorch compiled prefill tok/s |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for name, run in kiln:
-        if not name.endswith("-prefill.json"):
-            continue
-        shape, dtype = name[len("kiln-"):-len("-prefill.json")].rsplit("-", 1)
+    for shape, dtype, run in kiln_runs(kiln, "prefill"):
         level = run["levels"][0]
         fraction = level.get("prefill_gemm_fraction")
         theirs = peer.get((shape, "compiled", 1), {}).get("prefill_tok_per_s")

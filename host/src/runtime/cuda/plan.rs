@@ -398,34 +398,20 @@ fn short_hash(text: &str) -> String {
 /// their outputs are written at the group's step (the memory plan keeps them
 /// live from there).
 fn group_products(program: &Program, steps: &mut [StepPlan]) {
-    let mut groups: HashMap<_, Vec<usize>> = HashMap::new();
-    let mut order = Vec::new();
+    // Each Linear step (index, matrix, output) by what it shares.
+    let mut groups: HashMap<_, Vec<(usize, DeviceMatrix, ValueId)>> = HashMap::new();
     for (s, (step, plan)) in program.steps.iter().zip(steps.iter()).enumerate() {
         if let StepPlan::Linear(w) = plan {
             let key = (step.inputs[0], w.ty, w.packed, w.cols);
-            let members = groups.entry(key).or_default();
-            if members.is_empty() {
-                order.push(key);
-            }
-            members.push(s);
+            groups.entry(key).or_default().push((s, *w, step.output));
         }
     }
-    for key in order {
-        for chunk in groups[&key].chunks(GEMV_MAX_GROUP) {
-            let [first, rest @ ..] = chunk else { continue };
-            if rest.is_empty() {
-                continue;
-            }
-            let members = chunk
-                .iter()
-                .map(|&s| match &steps[s] {
-                    StepPlan::Linear(w) => (*w, program.steps[s].output),
-                    _ => unreachable!("grouped steps are Linear"),
-                })
-                .collect();
-            steps[*first] = StepPlan::LinearGroup(members);
-            for &s in rest {
-                steps[s] = StepPlan::ComputedAt { at: *first };
+    for members in groups.into_values() {
+        for chunk in members.chunks(GEMV_MAX_GROUP).filter(|c| c.len() > 1) {
+            let first = chunk[0].0;
+            steps[first] = StepPlan::LinearGroup(chunk.iter().map(|&(_, w, v)| (w, v)).collect());
+            for &(s, _, _) in &chunk[1..] {
+                steps[s] = StepPlan::ComputedAt { at: first };
             }
         }
     }
