@@ -184,6 +184,13 @@ pub struct RuntimeArgs {
     #[arg(long, value_enum, default_value_t = KvCacheDtypeArg::Auto)]
     pub kv_cache_dtype: KvCacheDtypeArg,
 
+    /// On CUDA: which attention kernels run. `auto` runs prefill on tensor
+    /// cores (flash attention over the bf16 cache, head_dim 64, 96 or 128)
+    /// and the portable kernels elsewhere; `portable` runs the portable
+    /// CUDA-core kernels everywhere.
+    #[arg(long, value_enum, default_value_t = AttentionBackendArg::Auto)]
+    pub attention_backend: AttentionBackendArg,
+
     /// On CUDA: launch every kernel of every step instead of capturing a
     /// step's launches as a CUDA graph and replaying it (vLLM's flag).
     #[arg(long)]
@@ -254,6 +261,24 @@ pub enum KvCacheDtypeArg {
     Float32,
     /// bf16.
     Bfloat16,
+}
+
+/// `--attention-backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttentionBackendArg {
+    /// Tensor cores for prefill where the kernel applies.
+    Auto,
+    /// The portable kernels everywhere.
+    Portable,
+}
+
+impl From<AttentionBackendArg> for crate::runtime::cuda::AttentionBackend {
+    fn from(value: AttentionBackendArg) -> Self {
+        match value {
+            AttentionBackendArg::Auto => Self::Auto,
+            AttentionBackendArg::Portable => Self::Portable,
+        }
+    }
 }
 
 impl From<KvCacheDtypeArg> for crate::runtime::cuda::KvCacheDtype {

@@ -87,10 +87,6 @@ __device__ __forceinline__ void store_rows(float* acc, float* y, int m, int n, i
 
 // ---- dense rows: 8 elements per lane and load ----
 
-struct __align__(16) Bytes16 {
-  unsigned int v[4];
-};
-
 // Eight elements of a bf16, f16 or f32 row as f32.
 template <int BYTES>
 __device__ __forceinline__ void load8(const u8* row, int col, float* w) {

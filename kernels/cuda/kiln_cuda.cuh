@@ -62,6 +62,30 @@ __device__ __forceinline__ f16_bits f32_to_f16(float f) {
   return (f16_bits)(sign | ((rounded - 0x38000000u) >> 13));
 }
 
+// Sixteen bytes, for 128-bit loads and stores.
+struct __align__(16) Bytes16 {
+  unsigned int v[4];
+};
+
+// One warp's tensor-core product D += A·B: A 16×16 bf16 (row-major), B 16×8
+// bf16 (column-major), D 16×8 f32, in the fragment layout of PTX's
+// mma.m16n8k16 (lane = 4·group + pair): a[0] holds A[group][2·pair, +1],
+// a[1] row group + 8, a[2] and a[3] the same rows 8 columns on; b[0] holds
+// B[2·pair, +1][group], b[1] 8 rows on; d[0], d[1] are D[group][2·pair, +1],
+// d[2], d[3] row group + 8. Two bf16 share a register, the lower index in the
+// low half. Every lane of the warp must call it together.
+__device__ __forceinline__ void mma_bf16_16816(float* d, const unsigned* a, const unsigned* b) {
+#ifdef KILN_EMULATOR
+  kiln_emu::mma_bf16_16816(d, a, b, __LINE__);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
 struct SumOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };

@@ -8,17 +8,17 @@
 //! barrier error, barriers that really interleave threads, bounds checks.
 
 use std::fmt::Debug;
-use std::ops::Range;
 
 use half::{bf16, f16};
 use kiln_kernels::cuda::sources;
 use kiln_kernels::cuda::KernelArg::{self, Ptr, F32};
 use kiln_kernels::cuda::{Device, DevicePtr, Gemm, GemmType};
 use kiln_kernels::cuda::{LaunchConfig, WeightLayout};
-use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout, SequenceRows};
+use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout};
 use kiln_kernels::dense::{norm, rope};
 
 mod common;
+use common::ragged::RaggedBatch;
 use common::*;
 
 #[test]
@@ -116,12 +116,12 @@ fn attention_case(
     let (heads, kv_heads, d, bs) = shape;
     let what = format!("heads {heads}/{kv_heads}, d {d}, block {bs}, {window:?}, {cap:?}");
     let mut rng = Rng::new((heads * 1000 + d * 10 + bs) as u64);
-    let (block_size, num_kv_heads, head_dim, stride) = (bs, kv_heads, d, kv_heads * d);
     let layout = CacheLayout {
-        block_size,
-        num_kv_heads,
-        head_dim,
+        block_size: bs,
+        num_kv_heads: kv_heads,
+        head_dim: d,
     };
+    let stride = kv_heads * d;
     // (context after the step, rows fed): a decode row with a long context,
     // a chunk in mid-sequence, a context exactly at a block boundary, and a
     // whole prompt one past it.
@@ -131,45 +131,18 @@ fn attention_case(
         (2 * bs, 3),
         (bs + 1, bs + 1),
     ];
-    let blocks = 2 + shapes.iter().map(|(c, _)| c.div_ceil(bs)).sum::<usize>();
-    // Blocks handed out in a shuffled order; one left over, all NaN, pads the
-    // device's tables, so reading past a table shows up.
-    let mut order: Vec<usize> = (0..blocks).collect();
-    for i in (1..blocks).rev() {
-        order.swap(i, rng.u32() as usize % (i + 1));
-    }
-    let pad = order.pop().unwrap();
-    let mut table = |c: usize| (0..c.div_ceil(bs)).map(|_| order.pop().unwrap()).collect();
-    let tables: Vec<Vec<usize>> = shapes.iter().map(|&(c, _)| table(c)).collect();
-    let per_seq = tables.iter().map(Vec::len).max().unwrap();
-    // Host caches (kh, vh), filled with each sequence's history.
-    let mut kh = vec![0f32; blocks * bs * stride];
-    kh[pad * bs * stride..(pad + 1) * bs * stride].fill(f32::NAN);
-    let mut vh = kh.clone();
-    let (mut seqs, mut offsets, mut contexts, mut ids) = (vec![], vec![0i64], vec![], vec![]);
-    let mut rows = 0;
-    for (&(context, fed), table) in shapes.iter().zip(&tables) {
-        let before = context - fed;
-        let k = rng.data(before * stride, 1.0);
-        let v = rng.data(before * stride, 1.0);
-        let history = [seq(0..before, before, table)];
-        attn::write_kv(layout, &mut kh, &mut vh, &k, &v, &history);
-        seqs.push(seq(rows..rows + fed, context, table));
-        rows += fed;
-        offsets.push(rows as i64);
-        contexts.push(context as i64);
-        ids.extend((0..per_seq).map(|i| *table.get(i).unwrap_or(&pad) as i64));
-    }
+    let batch = RaggedBatch::new(&mut rng, layout, &shapes);
+    let (mut kh, mut vh, rows) = (batch.k_cache.clone(), batch.v_cache.clone(), batch.rows);
     let (kc, vc) = (gpu.up(&kh), gpu.up(&vh));
     let (k, v) = (rng.data(rows * stride, 1.0), rng.data(rows * stride, 1.0));
     let q = rng.data(rows * heads * d, 1.0);
-    let batch = [gpu.up(&offsets), gpu.up(&contexts), gpu.up(&ids)].map(Ptr);
-    let batch = [&batch[..], &[int(shapes.len()), int(per_seq), int(bs)]].concat();
+    let metadata = batch.metadata(gpu);
     let grid = (rows as u32, heads as u32);
 
+    let seqs = batch.sequences();
     attn::write_kv(layout, &mut kh, &mut vh, &k, &v, &seqs);
     let args = [Ptr(gpu.up(&k)), Ptr(gpu.up(&v)), Ptr(kc), Ptr(vc)];
-    let args = [&args[..], &batch, &[int(stride)]].concat();
+    let args = [&args[..], &metadata, &[int(stride)]].concat();
     gpu.run("kiln_write_kv", (grid.0, 1), 128, &args);
     for (ptr, want, name) in [(kc, &kh, "k"), (vc, &vh, "v")] {
         let got: Vec<f32> = gpu.down(ptr, want.len());
@@ -189,13 +162,14 @@ fn attention_case(
     let args = [Ptr(gpu.up(&q)), Ptr(kc), Ptr(vc), Ptr(out)];
     let (window, cap) = (int(window.unwrap_or(0)), F32(cap.unwrap_or(0.0)));
     let sizes = [int(heads), int(kv_heads), int(d)];
-    let args = [&args[..], &batch, &sizes, &[F32(scale), window, cap]].concat();
+    let args = [&args[..], &metadata, &sizes, &[F32(scale), window, cap]].concat();
     let unsplit = [&args[..], &[int(0), Ptr(0)]].concat();
     gpu.run("kiln_paged_attention", grid, 128, &unsplit);
     gpu.check(out, &want, &what);
 
     // Split-K: each row's keys in parts of one block, and in two halves,
     // merged by kiln_attention_combine.
+    let per_seq = batch.per_seq;
     for splits in [per_seq, 2] {
         let split_keys = per_seq.div_ceil(splits) * bs;
         let partials = gpu.zeros(rows * heads * splits * (d + 2) * 4);
@@ -208,14 +182,6 @@ fn attention_case(
         let combine = [Ptr(partials), Ptr(out), int(heads), int(d), int(splits)];
         gpu.run("kiln_attention_combine", grid, 128, &combine);
         gpu.check(out, &want, &format!("{what}, {splits} splits"));
-    }
-}
-
-fn seq(rows: Range<usize>, context_len: usize, block_table: &[usize]) -> SequenceRows<'_> {
-    SequenceRows {
-        rows,
-        context_len,
-        block_table,
     }
 }
 

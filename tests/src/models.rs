@@ -121,6 +121,7 @@ pub fn load_model_on(
         dtype,
         enforce_eager: false,
         kv_cache_dtype: Default::default(),
+        attention_backend: Default::default(),
     };
     kiln_host::model::load(&registry, resolved, &options).unwrap()
 }
@@ -136,28 +137,33 @@ pub fn smollm2_gguf() -> Option<std::path::PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// The tiny Llama shape of `tests/fixtures/shapes/tiny-llama.json` (2
-/// layers of width 256, a vocabulary of 768, up to 512 positions) with random
-/// weights stored as `weights`, loaded onto `device` with products stored as
-/// `dtype` and a KV cache of `kv_cache_dtype`.
-pub fn tiny_llama_shape(
-    weights: kiln_host::model::synthetic::ShapeDtype,
-    device: DeviceChoice,
-    dtype: WeightDtype,
-    kv_cache_dtype: kiln_host::runtime::cuda::KvCacheDtype,
-) -> kiln_host::model::Model {
-    let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
-    let shape = crate::workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
-    let shape = shape.to_str().unwrap();
-    let options = kiln_host::model::LoadOptions {
+/// Options for loading the tiny shape onto `device`: exact arithmetic, no
+/// compile cache, up to 512 positions, every CUDA choice at its default
+/// (callers change the ones they test).
+pub fn shape_options(device: DeviceChoice) -> kiln_host::model::LoadOptions {
+    kiln_host::model::LoadOptions {
         max_length: Some(512),
         precision: kiln_host::runtime::Precision::Exact,
         compile_cache: kiln_host::compiler::CompileCache::disabled(),
         device,
-        dtype,
+        dtype: WeightDtype::Auto,
         enforce_eager: false,
-        kv_cache_dtype,
-    };
+        kv_cache_dtype: Default::default(),
+        attention_backend: Default::default(),
+    }
+}
+
+/// The tiny Llama shape of `tests/fixtures/shapes/tiny-llama.json` (2
+/// layers of width 256, 4 heads of 64 over 2 key/value heads, a vocabulary
+/// of 768, up to 512 positions) with random weights stored as `weights`,
+/// loaded with `options`.
+pub fn tiny_llama_shape(
+    weights: kiln_host::model::synthetic::ShapeDtype,
+    options: &kiln_host::model::LoadOptions,
+) -> kiln_host::model::Model {
+    let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
+    let shape = crate::workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
+    let shape = shape.to_str().unwrap();
     let config = kiln_host::model::synthetic::shape_config(shape).unwrap();
-    kiln_host::model::synthetic::load(&registry, shape, config, weights, &options).unwrap()
+    kiln_host::model::synthetic::load(&registry, shape, config, weights, options).unwrap()
 }

@@ -7,16 +7,19 @@
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::batch::{run_step, Pipeline};
 use kiln_host::model::synthetic::ShapeDtype;
-use kiln_host::model::Model;
-use kiln_host::runtime::cuda::{CudaExecutor, KvCacheDtype, WeightDtype};
+use kiln_host::model::{LoadOptions, Model};
+use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
 use kiln_host::runtime::{CacheLayout, KvCache};
 use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
 
 const BLOCK_SIZE: usize = 4;
 
 fn load(device: DeviceChoice) -> Model {
-    let kv = KvCacheDtype::Auto;
-    kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, device, WeightDtype::Float32, kv)
+    let options = LoadOptions {
+        dtype: WeightDtype::Float32,
+        ..kiln_tests::models::shape_options(device)
+    };
+    kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, &options)
 }
 
 fn cache(model: &Model) -> KvCache {

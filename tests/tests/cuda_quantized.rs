@@ -7,13 +7,16 @@
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::Generator;
 use kiln_host::model::synthetic::ShapeDtype;
-use kiln_host::model::Model;
-use kiln_host::runtime::cuda::{KvCacheDtype, WeightDtype};
+use kiln_host::model::{LoadOptions, Model};
+use kiln_host::runtime::cuda::KvCacheDtype;
 
 fn load(dtype: ShapeDtype, device: DeviceChoice) -> Model {
     // An f32 cache: only the products differ from the CPU.
-    let kv = KvCacheDtype::Float32;
-    kiln_tests::models::tiny_llama_shape(dtype, device, WeightDtype::Auto, kv)
+    let options = LoadOptions {
+        kv_cache_dtype: KvCacheDtype::Float32,
+        ..kiln_tests::models::shape_options(device)
+    };
+    kiln_tests::models::tiny_llama_shape(dtype, &options)
 }
 
 /// Largest |a - b| over the largest |a|.

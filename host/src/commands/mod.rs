@@ -66,5 +66,6 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
         dtype: runtime.dtype.into(),
         enforce_eager: runtime.enforce_eager,
         kv_cache_dtype: runtime.kv_cache_dtype.into(),
+        attention_backend: runtime.attention_backend.into(),
     })
 }

@@ -14,7 +14,9 @@ use crate::compiler::{CompileCache, CompileError, CompileOutcome};
 use crate::device::{self, DeviceChoice, DeviceError};
 use crate::engine::batch::Pipeline;
 use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
-use crate::runtime::cuda::{CudaExecutor, CudaOptions, KvCacheDtype, WeightDtype};
+use crate::runtime::cuda::{
+    AttentionBackend, CudaExecutor, CudaOptions, KvCacheDtype, WeightDtype,
+};
 use crate::runtime::{Backend, Executor, Precision, RuntimeError};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
 pub use resolve::{resolve, ResolvedModel};
@@ -66,6 +68,8 @@ pub struct LoadOptions {
     pub enforce_eager: bool,
     /// The KV cache's element type on a CUDA device (`--kv-cache-dtype`).
     pub kv_cache_dtype: KvCacheDtype,
+    /// The attention kernels on a CUDA device (`--attention-backend`).
+    pub attention_backend: AttentionBackend,
 }
 
 /// A loaded model.
@@ -270,6 +274,7 @@ fn compile(
                     dtype: options.dtype,
                     kv_cache_dtype: options.kv_cache_dtype,
                     graphs: !options.enforce_eager,
+                    attention: options.attention_backend,
                 },
             )?),
         };

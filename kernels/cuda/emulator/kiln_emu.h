@@ -144,6 +144,7 @@ struct Block {
   std::vector<Barrier> warp_barriers;
   std::vector<int> warp_live;
   std::vector<unsigned long long> exchange;  // one slot per thread
+  std::vector<unsigned> fragments;           // mma operands: 6 registers per thread
   std::vector<unsigned char> dynamic_shared;
   Context scheduler;
   bool direct = false;
@@ -254,6 +255,47 @@ T shuffle(T value, int src_lane_in_warp, long site) {
 
 inline int lane() { return self().linear % kWarp; }
 
+inline float bf16_bits_to_float(unsigned bits) {
+  unsigned u = (bits & 0xffffu) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// PTX's mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32 for one warp (d += a·b):
+// every lane posts its A (4 registers) and B (2) fragments, then computes
+// its own four elements of D from the whole warp's fragments, in the layout
+// kiln_cuda.cuh's mma_bf16_16816 documents.
+inline void mma_bf16_16816(float* d, const unsigned* a, const unsigned* b, long site) {
+  Block* blk = state.block;
+  int linear = self().linear;
+  int base = linear - linear % kWarp;
+  unsigned* mine = &blk->fragments[linear * 6];
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  mine[4] = b[0];
+  mine[5] = b[1];
+  syncwarp(site);
+  // Element (row, k) of A and (k, col) of B, from the lane that holds it.
+  auto a_at = [&](int row, int k) {
+    int holder = base + 4 * (row % 8) + (k % 8) / 2;
+    unsigned reg = blk->fragments[holder * 6 + row / 8 + 2 * (k / 8)];
+    return bf16_bits_to_float(k % 2 ? reg >> 16 : reg);
+  };
+  auto b_at = [&](int k, int col) {
+    int holder = base + 4 * col + (k % 8) / 2;
+    unsigned reg = blk->fragments[holder * 6 + 4 + k / 8];
+    return bf16_bits_to_float(k % 2 ? reg >> 16 : reg);
+  };
+  int group = (linear - base) / 4, pair = (linear - base) % 4;
+  for (int i = 0; i < 4; ++i) {
+    int row = group + 8 * (i / 2), col = 2 * pair + i % 2;
+    float sum = d[i];
+    for (int k = 0; k < 16; ++k) sum += a_at(row, k) * b_at(k, col);
+    d[i] = sum;
+  }
+  syncwarp(site);
+}
+
 inline void* dynamic_shared() { return state.block->dynamic_shared.data(); }
 
 // Runs `body` for every thread of every block of the launch.
@@ -274,6 +316,7 @@ inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
 #endif
   block.warp_barriers.resize((threads + kWarp - 1) / kWarp);
   block.exchange.assign(threads, 0);
+  block.fragments.assign(threads * 6, 0);
   block.dynamic_shared.assign(cfg->shared_bytes + 16, 0);
   block.body = body;
   block.body_arg = arg;

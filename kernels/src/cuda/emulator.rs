@@ -257,8 +257,9 @@ impl Emulator {
     }
 }
 
-/// Whether a kernel source synchronizes its threads (barriers, shuffles, or
-/// the block and warp reductions of `kiln_cuda.cuh`). A module that does not
+/// Whether a kernel source synchronizes its threads (barriers, shuffles,
+/// warp-wide tensor-core products, or the block and warp reductions of
+/// `kiln_cuda.cuh`). A module that does not
 /// runs its threads as plain calls, without fibers; a barrier reached anyway
 /// is reported as an error, never ignored.
 fn synchronizes(source: &str) -> bool {
@@ -270,6 +271,7 @@ fn synchronizes(source: &str) -> bool {
         "block_max",
         "warp_sum",
         "warp_max",
+        "mma_",
     ]
     .iter()
     .any(|word| source.contains(word))

@@ -32,6 +32,11 @@ pub const ATTENTION: Source = Source {
     name: "attention.cu",
     text: include_str!("../../cuda/attention.cu"),
 };
+/// Flash attention on tensor cores for prefill over the bf16 cache.
+pub const FLASH_ATTENTION: Source = Source {
+    name: "flash_attention.cu",
+    text: include_str!("../../cuda/flash_attention.cu"),
+};
 /// Embedding, gathers, strided copies and conversions.
 pub const DATA: Source = Source {
     name: "data.cu",
@@ -52,7 +57,7 @@ pub const SAMPLING: Source = Source {
 };
 
 /// Every hand-written source.
-pub const ALL: [Source; 6] = [NORM, ROPE, ATTENTION, DATA, GEMV, SAMPLING];
+pub const ALL: [Source; 7] = [NORM, ROPE, ATTENTION, FLASH_ATTENTION, DATA, GEMV, SAMPLING];
 
 /// `text` with `#include "kiln_cuda.cuh"` replaced by the header itself.
 pub fn inline_common_header(text: &str) -> String {

@@ -2,6 +2,8 @@
 //! name, typed uploads and downloads, seeded random data, and comparisons.
 #![allow(dead_code)] // each test file uses its own subset
 
+pub mod ragged;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -138,6 +140,7 @@ impl Rng {
 
     /// `len` values in [-amplitude, amplitude).
     pub fn data(&mut self, len: usize, amplitude: f32) -> Vec<f32> {
+        // 24 random bits over 2^23: uniform in [0, 2).
         let unit = |r: u32| (r >> 8) as f32 / (1u32 << 23) as f32;
         let mut next = || unit(self.u32()) * amplitude - amplitude;
         (0..len).map(|_| next()).collect()

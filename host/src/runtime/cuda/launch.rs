@@ -24,6 +24,8 @@ pub struct Frame<'a> {
     pub error_flag: DevicePtr,
     /// The KV cache, when the step batch has one.
     pub cache: Option<&'a DeviceKvCache>,
+    /// Prefill attention may run on tensor cores.
+    pub flash_attention: bool,
 }
 
 fn numel(shape: &[usize]) -> usize {
@@ -490,10 +492,30 @@ impl Frame<'_> {
         args.extend([
             KernelArg::I32(num_heads as i32),
             KernelArg::I32(kv_heads as i32),
+        ]);
+        let window = KernelArg::I32(spec.sliding_window.map_or(0, |w| w as i32));
+        let softcap = KernelArg::F32(spec.softcap.unwrap_or(0.0));
+        let flash = flash_kernel(head_dim).filter(|_| {
+            self.flash_attention && cache.bf16 && tokens >= FLASH_ROWS_PER_SEQUENCE * batch
+        });
+        if let Some(flash) = flash {
+            args.extend([KernelArg::F32(spec.scale), window, softcap]);
+            let tiles = tokens.div_ceil(FLASH_TILE_ROWS) + batch;
+            return self.launch(
+                flash,
+                LaunchConfig {
+                    grid: (tiles as u32, num_heads as u32, 1),
+                    block: (128, 1, 1),
+                    shared_bytes: 0,
+                },
+                &args,
+            );
+        }
+        args.extend([
             KernelArg::I32(head_dim as i32),
             KernelArg::F32(spec.scale),
-            KernelArg::I32(spec.sliding_window.map_or(0, |w| w as i32)),
-            KernelArg::F32(spec.softcap.unwrap_or(0.0)),
+            window,
+            softcap,
         ]);
         let splits = attention_splits(tokens, blocks_per_seq);
         let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
@@ -524,6 +546,23 @@ impl Frame<'_> {
                 KernelArg::I32(splits as i32),
             ],
         )
+    }
+}
+
+/// Query rows per block of the tensor-core kernel (`flash_attention.cu`).
+const FLASH_TILE_ROWS: usize = 64;
+/// Rows per sequence, on average over a step, from which attention runs on
+/// tensor cores: the kernel computes 16 rows per warp, so a decode row (or a
+/// few) would waste most of each product.
+const FLASH_ROWS_PER_SEQUENCE: usize = 16;
+
+/// The tensor-core attention kernel for `head_dim`, where there is one.
+fn flash_kernel(head_dim: usize) -> Option<&'static str> {
+    match head_dim {
+        64 => Some("kiln_flash_attention_bf16_d64"),
+        96 => Some("kiln_flash_attention_bf16_d96"),
+        128 => Some("kiln_flash_attention_bf16_d128"),
+        _ => None,
     }
 }
 

@@ -163,6 +163,8 @@ pub struct CudaExecutor {
     paddable: bool,
     /// KV caches hold bf16 (f32 with `--dtype float32`).
     kv_bf16: bool,
+    /// Prefill attention may run on tensor cores (`AttentionBackend::Auto`).
+    flash_attention: bool,
     /// Bytes of weights one step reads.
     weight_bytes_per_step: usize,
     /// Floating-point operations of the matrix products per token.
@@ -183,6 +185,19 @@ pub enum KvCacheDtype {
     BFloat16,
 }
 
+/// Which attention kernels the CUDA backend launches (`--attention-backend`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionBackend {
+    /// Tensor-core flash attention (`flash_attention.cu`) for steps of
+    /// prefill rows over a bf16 cache with head_dim 64, 96 or 128; the
+    /// portable kernels for everything else.
+    #[default]
+    Auto,
+    /// The portable CUDA-core kernels (`attention.cu`) for every step: the
+    /// reference the tensor-core kernel is tested against.
+    Portable,
+}
+
 /// How the CUDA backend runs a program.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CudaOptions {
@@ -192,6 +207,8 @@ pub struct CudaOptions {
     pub kv_cache_dtype: KvCacheDtype,
     /// Capture steps as CUDA graphs and replay them (off: `--enforce-eager`).
     pub graphs: bool,
+    /// Which attention kernels run (`--attention-backend`).
+    pub attention: AttentionBackend,
 }
 
 /// Compiles and loads every hand-written kernel source.
@@ -249,6 +266,7 @@ impl CudaExecutor {
                 KvCacheDtype::Float32 => false,
                 KvCacheDtype::BFloat16 => true,
             },
+            flash_attention: options.attention == AttentionBackend::Auto,
             weight_bytes_per_step: lowered.weight_bytes_per_step,
             product_flops_per_token: lowered.product_flops_per_token,
             generated: lowered.generated,
@@ -619,6 +637,7 @@ impl CudaExecutor {
             addrs: &addrs,
             error_flag,
             cache: device_cache,
+            flash_attention: self.flash_attention,
         };
         let launch_all = || -> Result<(), String> {
             for (s, (step, step_plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {

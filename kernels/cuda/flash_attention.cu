@@ -1,0 +1,264 @@
+// Flash attention on tensor cores for prefill and chunked-prefill steps, over
+// the bf16 paged KV cache (FlashAttention-2's scheme: queries stay in
+// registers, key/value tiles pass through shared memory, the softmax is
+// online, nothing of size T × T is ever stored).
+//
+// One block of four warps takes 64 query rows of one sequence for one query
+// head; each warp owns 16 rows. Key/value tiles of 64 positions are gathered
+// from the paged cache into shared memory (16-byte loads), then each warp
+// computes S = Q·Kᵀ and O += P·V with `mma_bf16_16816` (bf16 inputs, f32
+// accumulation): the PTX instruction on sm_80+, a warp-level emulation of the
+// same fragment layout on the kernel emulator. Q and P are rounded to bf16
+// for the products, as FlashAttention does; scores, the softmax and the
+// output stay f32.
+//
+// Arguments and layouts are those of kiln_paged_attention_bf16 (attention.cu)
+// without the split-K ones: causal over positions, `window` > 0 keeps the last
+// `window` positions, `softcap` > 0 applies cap·tanh(score / cap). The grid's
+// x covers the query tiles of every sequence (⌈rows_b / 64⌉ each; blocks past
+// the last tile return), y the query heads.
+#include "kiln_cuda.cuh"
+
+#define KILN_FLASH_WARPS 4
+#define KILN_FLASH_ROWS (16 * KILN_FLASH_WARPS)
+#define KILN_FLASH_KEYS 64
+#define KILN_FLASH_LOG2E 1.4426950408889634f
+
+// Two bf16 (lower index in the low half) from two f32.
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16);
+}
+
+// Finds query tile `tile` of the batch: its sequence and first row; false
+// past the last tile.
+__device__ __forceinline__ bool find_tile(const i64* row_offsets, int batch, int tile, int* seq, i64* first_row) {
+  for (int b = 0; b < batch; ++b) {
+    i64 rows = row_offsets[b + 1] - row_offsets[b];
+    int tiles = (int)((rows + KILN_FLASH_ROWS - 1) / KILN_FLASH_ROWS);
+    if (tile < tiles) {
+      *seq = b;
+      *first_row = row_offsets[b] + (i64)tile * KILN_FLASH_ROWS;
+      return true;
+    }
+    tile -= tiles;
+  }
+  return false;
+}
+
+// Gathers keys first..first+63 of one kv head into `tile` [64][D + 8]
+// (padded rows: fragment loads of neighbouring rows fall in different
+// banks); positions past `last` are zeros, so masked weights never meet NaN.
+template <int D>
+__device__ __forceinline__ void load_tile(bf16_bits* tile, const bf16_bits* __restrict__ cache,
+                                          const i64* __restrict__ block_tables, int b, int blocks_per_seq,
+                                          int block_size, int stride, int kv_head, i64 first, i64 last) {
+  const int chunks = D / 8;  // 16-byte pieces per key
+  for (int i = threadIdx.x; i < KILN_FLASH_KEYS * chunks; i += blockDim.x) {
+    int key = i / chunks, chunk = i % chunks;
+    i64 position = first + key;
+    Bytes16 v = {{0u, 0u, 0u, 0u}};
+    if (position <= last) {
+      i64 slot = block_tables[(i64)b * blocks_per_seq + position / block_size] * block_size + position % block_size;
+      v = *reinterpret_cast<const Bytes16*>(cache + slot * stride + (i64)kv_head * D + chunk * 8);
+    }
+    *reinterpret_cast<Bytes16*>(tile + key * (D + 8) + chunk * 8) = v;
+  }
+}
+
+template <int D>
+__device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
+                                const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
+                                const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+                                const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                int block_size, int num_heads, int kv_heads, float scale, int window,
+                                float softcap) {
+  // Bytes16 elements: 16-byte aligned for the tile loads.
+  __shared__ Bytes16 k_raw[KILN_FLASH_KEYS * (D + 8) / 8];
+  __shared__ Bytes16 v_raw[KILN_FLASH_KEYS * (D + 8) / 8];
+  bf16_bits* k_tile = reinterpret_cast<bf16_bits*>(k_raw);
+  bf16_bits* v_tile = reinterpret_cast<bf16_bits*>(v_raw);
+  int b;
+  i64 tile_row;
+  if (!find_tile(row_offsets, batch, blockIdx.x, &b, &tile_row)) return;
+  int head = blockIdx.y, kv_head = head / (num_heads / kv_heads);
+  int stride = kv_heads * D;
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int g = lane / 4, t = lane % 4;  // fragment row group and column pair
+
+  // Rows of this sequence in the step and their positions.
+  i64 seq_end = row_offsets[b + 1];
+  i64 first_position = context_lens[b] - (seq_end - row_offsets[b]);  // of the sequence's first row
+  i64 tile_end = min(seq_end, tile_row + KILN_FLASH_ROWS);
+  i64 warp_row = tile_row + 16 * warp;
+  // This lane's two rows (g and g + 8), whether they belong to the sequence,
+  // and their positions (-1 for a padding sequence's row: it sees no key).
+  i64 row_a = warp_row + g, row_b = warp_row + g + 8;
+  bool in_a = row_a < seq_end, in_b = row_b < seq_end;
+  i64 pos_a = first_position + (row_a - row_offsets[b]);
+  i64 pos_b = first_position + (row_b - row_offsets[b]);
+  bool warp_active = warp_row < seq_end;
+  i64 warp_last = first_position + (min(seq_end, warp_row + 16) - 1 - row_offsets[b]);
+
+  // Q fragments (rows g and g + 8, 16 dims per chunk), rounded to bf16.
+  unsigned qf[D / 16][4];
+#pragma unroll
+  for (int c = 0; c < D / 16; ++c) {
+    const float* qa = q + (row_a * num_heads + head) * D + c * 16 + 2 * t;
+    const float* qb = q + (row_b * num_heads + head) * D + c * 16 + 2 * t;
+    qf[c][0] = in_a ? pack_bf16(qa[0], qa[1]) : 0u;
+    qf[c][1] = in_b ? pack_bf16(qb[0], qb[1]) : 0u;
+    qf[c][2] = in_a ? pack_bf16(qa[8], qa[9]) : 0u;
+    qf[c][3] = in_b ? pack_bf16(qb[8], qb[9]) : 0u;
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_a = KILN_NEG_INF, m_b = KILN_NEG_INF, l_a = 0.0f, l_b = 0.0f;
+
+  // Keys any row of the tile sees: from the first row's window start to the
+  // last row's position.
+  i64 tile_first_position = first_position + (tile_row - row_offsets[b]);
+  i64 tile_last_position = first_position + (tile_end - 1 - row_offsets[b]);
+  i64 key_start = window > 0 ? max((i64)0, tile_first_position + 1 - window) : 0;
+  for (i64 k0 = key_start; k0 <= tile_last_position; k0 += KILN_FLASH_KEYS) {
+    __syncthreads();  // the previous tile is consumed
+    load_tile<D>(k_tile, k_cache, block_tables, b, blocks_per_seq, block_size, stride, kv_head, k0,
+                 tile_last_position);
+    load_tile<D>(v_tile, v_cache, block_tables, b, blocks_per_seq, block_size, stride, kv_head, k0,
+                 tile_last_position);
+    __syncthreads();
+    if (!warp_active || k0 > warp_last) continue;  // causal: nothing this warp sees
+
+    // S = Q·Kᵀ: 8 column tiles of 8 keys.
+    float s[KILN_FLASH_KEYS / 8][4];
+#pragma unroll
+    for (int j = 0; j < KILN_FLASH_KEYS / 8; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      const bf16_bits* key_row = k_tile + (j * 8 + g) * (D + 8) + 2 * t;
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c) {
+        unsigned kb[2] = {*reinterpret_cast<const unsigned*>(key_row + c * 16),
+                          *reinterpret_cast<const unsigned*>(key_row + c * 16 + 8)};
+        mma_bf16_16816(s[j], qf[c], kb);
+      }
+    }
+    // Scale, cap, mask (in log2 units), and the tile's row maxima.
+    float tile_m_a = KILN_NEG_INF, tile_m_b = KILN_NEG_INF;
+#pragma unroll
+    for (int j = 0; j < KILN_FLASH_KEYS / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        i64 key = k0 + j * 8 + 2 * t + (e & 1);
+        i64 pos = e < 2 ? pos_a : pos_b;
+        float v = s[j][e] * scale;
+        if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
+        bool visible = key <= pos && (window <= 0 || key > pos - window);
+        v = visible ? v * KILN_FLASH_LOG2E : KILN_NEG_INF;
+        s[j][e] = v;
+        if (e < 2)
+          tile_m_a = fmaxf(tile_m_a, v);
+        else
+          tile_m_b = fmaxf(tile_m_b, v);
+      }
+    }
+    // The four lanes of a row group hold one row between them.
+#pragma unroll
+    for (int offset = 1; offset < 4; offset <<= 1) {
+      tile_m_a = fmaxf(tile_m_a, __shfl_xor_sync(KILN_FULL_MASK, tile_m_a, offset));
+      tile_m_b = fmaxf(tile_m_b, __shfl_xor_sync(KILN_FULL_MASK, tile_m_b, offset));
+    }
+    float new_a = fmaxf(m_a, tile_m_a), new_b = fmaxf(m_b, tile_m_b);
+    // A row that has seen no key yet keeps weights of 0 (exp2(-inf - 0)).
+    float base_a = new_a == KILN_NEG_INF ? 0.0f : new_a, base_b = new_b == KILN_NEG_INF ? 0.0f : new_b;
+    float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
+    m_a = new_a;
+    m_b = new_b;
+    l_a *= corr_a;
+    l_b *= corr_b;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= corr_a;
+      o[n][1] *= corr_a;
+      o[n][2] *= corr_b;
+      o[n][3] *= corr_b;
+    }
+    // P = exp2(S - m), and O += P·V: P's accumulator layout for keys
+    // 16c..16c+15 is the A fragment of the second product.
+#pragma unroll
+    for (int c = 0; c < KILN_FLASH_KEYS / 16; ++c) {
+      float p[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        p[h][0] = exp2f(s[2 * c + h][0] - base_a);
+        p[h][1] = exp2f(s[2 * c + h][1] - base_a);
+        p[h][2] = exp2f(s[2 * c + h][2] - base_b);
+        p[h][3] = exp2f(s[2 * c + h][3] - base_b);
+        l_a += p[h][0] + p[h][1];
+        l_b += p[h][2] + p[h][3];
+      }
+      unsigned pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]), pack_bf16(p[1][0], p[1][1]),
+                        pack_bf16(p[1][2], p[1][3])};
+      const bf16_bits* v_rows = v_tile + (c * 16 + 2 * t) * (D + 8) + g;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        const bf16_bits* v = v_rows + n * 8;
+        unsigned vb[2] = {(unsigned)v[0] | ((unsigned)v[D + 8] << 16),
+                          (unsigned)v[8 * (D + 8)] | ((unsigned)v[9 * (D + 8)] << 16)};
+        mma_bf16_16816(o[n], pa, vb);
+      }
+    }
+  }
+  if (!warp_active) return;
+  // Each lane summed its own columns of P: the row's total is over the four.
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    l_a += __shfl_xor_sync(KILN_FULL_MASK, l_a, offset);
+    l_b += __shfl_xor_sync(KILN_FULL_MASK, l_b, offset);
+  }
+  float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f, inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    int d = n * 8 + 2 * t;
+    if (in_a) {
+      float* y = out + (row_a * num_heads + head) * D + d;
+      y[0] = o[n][0] * inv_a;
+      y[1] = o[n][1] * inv_a;
+    }
+    if (in_b) {
+      float* y = out + (row_b * num_heads + head) * D + d;
+      y[0] = o[n][2] * inv_b;
+      y[1] = o[n][3] * inv_b;
+    }
+  }
+}
+
+#define KILN_FLASH_KERNEL(D)                                                                                   \
+  flash_attention<D>(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, \
+                     block_size, num_heads, kv_heads, scale, window, softcap)
+
+extern "C" __global__ void kiln_flash_attention_bf16_d64(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
+                                  const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
+                                  const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+                                  const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                  int block_size, int num_heads, int kv_heads, float scale, int window,
+                                  float softcap) {
+  KILN_FLASH_KERNEL(64);
+}
+
+extern "C" __global__ void kiln_flash_attention_bf16_d96(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
+                                  const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
+                                  const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+                                  const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                  int block_size, int num_heads, int kv_heads, float scale, int window,
+                                  float softcap) {
+  KILN_FLASH_KERNEL(96);
+}
+
+extern "C" __global__ void kiln_flash_attention_bf16_d128(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
+                                   const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
+                                   const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+                                   const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                   int block_size, int num_heads, int kv_heads, float scale, int window,
+                                   float softcap) {
+  KILN_FLASH_KERNEL(128);
+}

@@ -1,0 +1,164 @@
+//! The tensor-core flash attention of `flash_attention.cu` on the kernel
+//! emulator (which runs its `mma.sync` products through a warp-level model
+//! of the same fragment layout), against the CPU's paged attention over the
+//! same bf16 cache: ragged batches of whole prompts, chunks that start
+//! mid-sequence and decode rows; several query and key tiles; GQA, sliding
+//! windows and soft caps; each head size the kernel is built for. Also the
+//! emulated tensor-core product alone against a plain matrix product.
+
+mod common;
+
+use common::ragged::RaggedBatch;
+use common::*;
+use half::bf16;
+use kiln_kernels::cuda::sources;
+use kiln_kernels::cuda::KernelArg::{Ptr, F32};
+use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout};
+
+/// Largest |flash - reference|. The kernel rounds q and the softmax weights
+/// to bf16 for the products; the reference takes the same rounded q, so what
+/// remains is the weights' rounding (2⁻⁹ relative each; about 1e-3 seen).
+const FLASH_TOL: f32 = 4e-3;
+
+fn to_bf16(values: &[f32]) -> Vec<u16> {
+    values
+        .iter()
+        .map(|&v| bf16::from_f32(v).to_bits())
+        .collect()
+}
+
+fn rounded(values: &[f32]) -> Vec<f32> {
+    values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
+}
+
+/// One ragged batch: `shape` is (heads, kv heads, head_dim, block size),
+/// `shapes` (context after the step, rows fed) per sequence.
+fn flash_case(
+    gpu: &Gpu,
+    shape: (usize, usize, usize, usize),
+    shapes: &[(usize, usize)],
+    window: Option<usize>,
+    cap: Option<f32>,
+) {
+    let (heads, kv_heads, d, bs) = shape;
+    let what =
+        format!("heads {heads}/{kv_heads}, d {d}, block {bs}, {shapes:?}, {window:?}, {cap:?}");
+    let mut rng = Rng::new((heads * 1000 + d * 10 + bs) as u64);
+    let layout = CacheLayout {
+        block_size: bs,
+        num_kv_heads: kv_heads,
+        head_dim: d,
+    };
+    let batch = RaggedBatch::new(&mut rng, layout, shapes);
+    let stride = kv_heads * d;
+    let rows = batch.rows;
+    // The device cache in bf16; the CPU's holds the same values in f32.
+    let (kc, vc) = (
+        gpu.up(&to_bf16(&batch.k_cache)),
+        gpu.up(&to_bf16(&batch.v_cache)),
+    );
+    let (k, v) = (rng.data(rows * stride, 1.0), rng.data(rows * stride, 1.0));
+    let q = rng.data(rows * heads * d, 1.0);
+    let metadata = batch.metadata(gpu);
+    let args = [Ptr(gpu.up(&k)), Ptr(gpu.up(&v)), Ptr(kc), Ptr(vc)];
+    let args = [&args[..], &metadata, &[int(stride)]].concat();
+    gpu.run("kiln_write_kv_bf16", (rows as u32, 1), 128, &args);
+    let (mut kh, mut vh) = (batch.k_cache.clone(), batch.v_cache.clone());
+    let seqs = batch.sequences();
+    attn::write_kv(layout, &mut kh, &mut vh, &k, &v, &seqs);
+    let (kh, vh) = (rounded(&kh), rounded(&vh));
+
+    let scale = 1.0 / (d as f32).sqrt();
+    let params = AttentionParams {
+        scale,
+        sliding_window: window,
+        softcap: cap,
+    };
+    let mut want = vec![0f32; q.len()];
+    attn::paged_attention(
+        layout,
+        &kh,
+        &vh,
+        &rounded(&q),
+        &mut want,
+        heads,
+        &seqs,
+        params,
+    );
+    let out = gpu.up(&vec![f32::NAN; q.len()]);
+    let args = [Ptr(gpu.up(&q)), Ptr(kc), Ptr(vc), Ptr(out)];
+    let (window, cap) = (int(window.unwrap_or(0)), F32(cap.unwrap_or(0.0)));
+    let args = [&args[..], &metadata, &[int(heads), int(kv_heads)]].concat();
+    let args = [&args[..], &[F32(scale), window, cap]].concat();
+    let tiles = rows.div_ceil(64) + shapes.len();
+    let kernel = format!("kiln_flash_attention_bf16_d{d}");
+    gpu.run(&kernel, (tiles as u32, heads as u32), 128, &args);
+    let got: Vec<f32> = gpu.down(out, want.len());
+    close(&got, &want, FLASH_TOL, &what);
+    let worst = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+    println!("{what}: max |Δ| {worst:.1e}");
+}
+
+#[test]
+fn flash_attention_matches_the_cpu_over_a_bf16_cache() {
+    let gpu = Gpu::new(&[sources::ATTENTION, sources::FLASH_ATTENTION]);
+    // A whole prompt of three query tiles (the last one partial), a chunk of
+    // 70 rows starting at position 130, a decode row with 90 keys behind it,
+    // and a short prompt.
+    let mixed = [(150, 150), (200, 70), (91, 1), (17, 17)];
+    flash_case(&gpu, (4, 2, 64, 16), &mixed, None, None);
+    flash_case(&gpu, (2, 1, 128, 16), &mixed, Some(40), None);
+    flash_case(
+        &gpu,
+        (3, 3, 96, 8),
+        &[(130, 130), (100, 33)],
+        None,
+        Some(0.5),
+    );
+    // A window narrower than a key tile, over blocks of 4 positions.
+    flash_case(&gpu, (8, 2, 64, 4), &[(160, 96)], Some(5), Some(2.0));
+}
+
+/// A kernel that loads A [16, 16] and B [16, 8] (bf16, row-major) into the
+/// documented fragments, multiplies them once and stores D [16, 8].
+const MMA_PROBE: &str = r#"
+#include "kiln_cuda.cuh"
+extern "C" __global__ void kiln_mma_probe(const bf16_bits* a, const bf16_bits* b, float* d) {
+  int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+  unsigned fa[4], fb[2];
+  for (int r = 0; r < 4; ++r) {
+    int row = g + 8 * (r % 2), col = 2 * t + 8 * (r / 2);
+    fa[r] = (unsigned)a[row * 16 + col] | ((unsigned)a[row * 16 + col + 1] << 16);
+  }
+  for (int r = 0; r < 2; ++r) {
+    int k = 2 * t + 8 * r;
+    fb[r] = (unsigned)b[k * 8 + g] | ((unsigned)b[(k + 1) * 8 + g] << 16);
+  }
+  float acc[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  mma_bf16_16816(acc, fa, fb);
+  for (int i = 0; i < 4; ++i) d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = acc[i];
+}
+"#;
+
+#[test]
+fn the_emulated_tensor_core_product_is_a_matrix_product() {
+    let mut gpu = Gpu::new(&[]);
+    gpu.load("mma_probe.cu", MMA_PROBE);
+    let mut rng = Rng::new(7);
+    let (a, b) = (rounded(&rng.data(256, 2.0)), rounded(&rng.data(128, 2.0)));
+    let d = gpu.zeros(128 * 4);
+    let args = [Ptr(gpu.up(&to_bf16(&a))), Ptr(gpu.up(&to_bf16(&b))), Ptr(d)];
+    gpu.run("kiln_mma_probe", (1, 1), 32, &args);
+    let want: Vec<f32> = (0..128)
+        .map(|i| {
+            let (row, col) = (i / 8, i % 8);
+            1.0 + (0..16)
+                .map(|k| a[row * 16 + k] * b[k * 8 + col])
+                .sum::<f32>()
+        })
+        .collect();
+    gpu.check(d, &want, "D = A·B + 1");
+}
