@@ -4,7 +4,7 @@
 //
 // The order of operations is the host sampler's (engine/sampling.rs), so the
 // same uniform draw picks the same token on either backend: log-probabilities
-// of the raw row; penalties and banned tokens; greedy → the first maximum;
+// of the raw row; penalties, the logit bias and banned tokens; greedy → the first maximum;
 // else the finite logits divided by the temperature, sorted descending (ties
 // by index), truncated to top_k, softmax over the survivors, min_p and top_p
 // cuts, and the draw walked along the kept tokens.
@@ -33,12 +33,13 @@ struct KilnSampleParams {
   int pad;
 };
 
-// A token the penalties or min_tokens touch.
+// A token the penalties, the logit bias or min_tokens touch.
 struct KilnAdjust {
   int token;
   int generated;  // times generated so far
-  int seen;       // in the prompt or the output (repetition penalty)
-  int banned;     // suppressed (min_tokens: EOS and stop ids)
+  int flags;      // 1: in the prompt or the output (repetition penalty);
+                  // 2: suppressed (min_tokens: EOS and stop ids)
+  float bias;     // added after the penalties (logit_bias)
 };
 
 // Keys that order floats: a larger float has a larger key.
@@ -150,16 +151,17 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) z += expf(x[i] - m);
   const float log_z = logf(block_sum(z, scratch));
 
-  // Penalties and bans on a copy.
+  // Penalties, the logit bias and bans on a copy.
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = x[i] == x[i] ? x[i] : KILN_NEG_INF;
   __syncthreads();
   for (int e = p.adjust_begin + threadIdx.x; e < p.adjust_end; e += blockDim.x) {
     KilnAdjust a = adjust[e];
     if (a.token < 0 || a.token >= vocab) continue;
     float l = w[a.token];
-    if (a.seen && p.repetition != 1.0f) l = l > 0.0f ? l / p.repetition : l * p.repetition;
+    if ((a.flags & 1) && p.repetition != 1.0f) l = l > 0.0f ? l / p.repetition : l * p.repetition;
     if (a.generated > 0) l -= p.frequency * (float)a.generated + p.presence;
-    if (a.banned) l = KILN_NEG_INF;
+    l += a.bias;
+    if (a.flags & 2) l = KILN_NEG_INF;
     w[a.token] = l;
   }
   __syncthreads();
@@ -226,12 +228,18 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
     tokens[row] = token;
     if (p.logprobs >= 0) logprobs[row] = (x[token] - m) - log_z;
   }
-  // The top log-probabilities: the j-th element of the raw row in sorted order.
+  // The top log-probabilities: the j-th log-probability in sorted order
+  // (ties by index, as on the host: logits that differ can round to one
+  // log-probability next to a huge maximum). The working copy is free now.
+  if (p.logprobs <= 0) return;
+  __syncthreads();
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = (x[i] - m) - log_z;
+  __syncthreads();
   for (int j = 0; j < p.logprobs && j < max_top; ++j) {
-    int id = prefix_select(x, vocab, everything, one, (float)(j + 1), scratch, scan, found);
+    int id = prefix_select(w, vocab, everything, one, (float)(j + 1), scratch, scan, found);
     if (threadIdx.x == 0) {
       top_ids[(i64)row * max_top + j] = id;
-      top_logprobs[(i64)row * max_top + j] = (x[id] - m) - log_z;
+      top_logprobs[(i64)row * max_top + j] = w[id];
     }
   }
 }

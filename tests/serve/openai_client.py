@@ -98,6 +98,37 @@ except openai.BadRequestError as e:
     assert "temperature" in str(e)
 report("errors")
 
+# logit_bias is honoured: +100 on token 504 makes greedy pick it every time
+# (the text is that of [504, 504, 504], which an echo of those ids starts with).
+plain = client.completions.create(model=model, prompt="The capital of France is", max_tokens=3, temperature=0)
+biased = client.completions.create(
+    model=model, prompt="The capital of France is", max_tokens=3, temperature=0, logit_bias={"504": 100}
+).choices[0].text
+echoed = client.completions.create(model=model, prompt=[504, 504, 504], max_tokens=1, temperature=0, echo=True).choices[0].text
+assert biased and echoed.startswith(biased) and biased != plain.choices[0].text, (biased, echoed, plain.choices[0].text)
+report("logit_bias", text=biased)
+
+# What the server does not implement is refused, naming the field, never
+# accepted and ignored.
+refusals = [
+    ("response_format", lambda: client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=4, response_format={"type": "json_object"})),
+    ("tools", lambda: client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=4,
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
+    ("best_of", lambda: client.completions.create(model=model, prompt="hi", max_tokens=4, best_of=2)),
+    ("frobnicate", lambda: client.completions.create(model=model, prompt="hi", max_tokens=4, extra_body={"frobnicate": 1})),
+    ("name", lambda: client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi", "name": "bob"}], max_tokens=4)),
+]
+for field, call in refusals:
+    try:
+        call()
+        raise AssertionError(f"{field} accepted")
+    except openai.BadRequestError as e:
+        assert field in str(e), (field, str(e))
+report("refusals", fields=[f for f, _ in refusals])
+
 # Concurrency: 32 clients, mixed lengths, some leave mid-stream. Every
 # completed answer must equal the same request run alone.
 def job(i):

@@ -146,6 +146,8 @@ fn the_openai_client_works_against_smollm2_and_nothing_leaks() {
         "stop",
         "seed",
         "errors",
+        "logit_bias",
+        "refusals",
         "concurrency",
     ] {
         assert!(

@@ -208,6 +208,7 @@ async fn run_level(
                     stop_token_ids: Vec::new(),
                     ignore_eos: true,
                     logprobs: None,
+                    logit_bias: Vec::new(),
                 },
                 events,
                 arrived: start,

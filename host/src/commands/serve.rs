@@ -119,6 +119,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             max_model_len,
             max_tokens: max_model_len,
             max_n: 16,
+            vocab_size,
         },
         defaults: defaults.sampling,
         api_key: args.api_key.clone(),

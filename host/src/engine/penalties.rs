@@ -57,12 +57,14 @@ impl Penalties {
     }
 
     /// The tokens these penalties touch given the prompt and the output so
-    /// far, with `banned` tokens suppressed; the backend applies them
-    /// (repetition first, then frequency and presence).
+    /// far, with `bias` added to their logits (`logit_bias`) and `banned`
+    /// tokens suppressed; the backend applies them (repetition first, then
+    /// frequency and presence, then the bias).
     pub fn adjustments(
         &self,
         prompt: &[u32],
         generated: &[u32],
+        bias: &[(u32, f32)],
         banned: &[u32],
     ) -> Vec<TokenAdjustment> {
         let mut by_token: BTreeMap<u32, TokenAdjustment> = BTreeMap::new();
@@ -79,6 +81,9 @@ impl Penalties {
                     .generated += 1;
             }
         }
+        for &(token, b) in bias {
+            by_token.entry(token).or_insert_with(|| blank(token)).bias += b;
+        }
         for &token in banned {
             by_token.entry(token).or_insert_with(|| blank(token)).banned = true;
         }
@@ -92,6 +97,7 @@ fn blank(token: u32) -> TokenAdjustment {
         generated: 0,
         seen: false,
         banned: false,
+        bias: 0.0,
     }
 }
 
@@ -106,7 +112,7 @@ mod tests {
             frequency: 0.5,
             ..Penalties::default()
         }
-        .adjustments(&[0, 3], &[2, 2, 1], &[7]);
+        .adjustments(&[0, 3], &[2, 2, 1], &[], &[7]);
         let summary: Vec<(u32, u32, bool, bool)> = touched
             .iter()
             .map(|a| (a.token, a.generated, a.seen, a.banned))
@@ -121,7 +127,9 @@ mod tests {
                 (7, 0, false, true)
             ]
         );
-        assert!(Penalties::default().adjustments(&[1], &[2], &[]).is_empty());
+        assert!(Penalties::default()
+            .adjustments(&[1], &[2], &[], &[])
+            .is_empty());
         assert!(Penalties {
             presence: 3.0,
             ..Penalties::default()

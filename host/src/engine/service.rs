@@ -100,6 +100,8 @@ pub struct GenerationParams {
     /// Return log-probabilities with this many alternatives (`Some(0)`: just
     /// the chosen token's).
     pub logprobs: Option<usize>,
+    /// Added to these tokens' logits before sampling (`logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// A request for the engine.
@@ -370,7 +372,12 @@ fn row_sampling(state: &mut Active<'_>, eos: &[u32]) -> RowSampling {
         repetition: penalties.repetition,
         frequency: penalties.frequency,
         presence: penalties.presence,
-        adjustments: penalties.adjustments(&state.prompt, &state.generated, &banned),
+        adjustments: penalties.adjustments(
+            &state.prompt,
+            &state.generated,
+            &params.logit_bias,
+            &banned,
+        ),
         logprobs: params.logprobs,
         ..state.sampler.next_row()
     }

@@ -6,8 +6,9 @@
 //! [`sample_row`] here; the CUDA backend runs `kernels/cuda/sampling.cu`,
 //! which follows the same steps, so one draw picks one token on either.
 
-/// A token whose logit the penalties or bans change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A token whose logit the penalties, the request's logit bias or bans
+/// change.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TokenAdjustment {
     /// The token.
     pub token: u32,
@@ -17,6 +18,8 @@ pub struct TokenAdjustment {
     pub seen: bool,
     /// Suppressed (e.g. end-of-sequence before `min_tokens`).
     pub banned: bool,
+    /// Added to the logit after the penalties (`logit_bias`).
+    pub bias: f32,
 }
 
 /// Temperatures below this are greedy (as in vLLM): dividing by less
@@ -42,7 +45,7 @@ pub struct RowSampling {
     pub frequency: f32,
     /// OpenAI presence penalty.
     pub presence: f32,
-    /// Tokens the penalties and bans touch.
+    /// Tokens the penalties, the logit bias and bans touch.
     pub adjustments: Vec<TokenAdjustment>,
     /// `Some(n)`: the chosen token's log-probability and the `n` most likely
     /// tokens', from the row before penalties and temperature.
@@ -95,7 +98,8 @@ pub fn sample_row(logits: &[f32], row: &RowSampling) -> Sampled {
     }
 }
 
-/// Penalties (repetition, then frequency and presence) and bans.
+/// Penalties (repetition, then frequency and presence), the logit bias and
+/// bans.
 fn apply_adjustments(logits: &mut [f32], row: &RowSampling) {
     for a in &row.adjustments {
         let Some(l) = logits.get_mut(a.token as usize) else {
@@ -111,6 +115,7 @@ fn apply_adjustments(logits: &mut [f32], row: &RowSampling) {
         if a.generated > 0 {
             *l -= row.frequency * a.generated as f32 + row.presence;
         }
+        *l += a.bias;
         if a.banned {
             *l = f32::NEG_INFINITY;
         }
@@ -261,6 +266,7 @@ mod tests {
             generated,
             seen,
             banned,
+            bias: 0.0,
         };
         let mut r = RowSampling::greedy();
         r.repetition = 2.0;
@@ -271,9 +277,15 @@ mod tests {
             adjust(1, 2, true, false),
             adjust(3, 0, false, true),
         ];
+        // The bias comes after the penalties; a ban wins over it.
+        r.adjustments.push(TokenAdjustment {
+            bias: 1.5,
+            ..adjust(2, 1, false, false)
+        });
+        r.adjustments[2].bias = 100.0;
         let mut logits = vec![2.0, -2.0, 1.0, 5.0];
         apply_adjustments(&mut logits, &r);
-        assert_eq!(logits, [1.0, -5.25, 1.0, f32::NEG_INFINITY]);
+        assert_eq!(logits, [1.0, -5.25, 1.75, f32::NEG_INFINITY]);
     }
 
     #[test]
@@ -285,6 +297,7 @@ mod tests {
             generated: 0,
             seen: false,
             banned: true,
+            bias: 0.0,
         }];
         let out = sample_row(&[1.0, 2.0, 3.0], &r);
         assert_eq!(out.token, 1);

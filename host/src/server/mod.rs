@@ -29,7 +29,7 @@ use crate::engine::service::{
 };
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use metrics::Metrics;
-use openai::{ApiError, ChatRequest, CompletionRequest, Limits, Prompt, Usage};
+use openai::{ApiError, ChatRequest, CompletionRequest, EndpointFields, Limits, Prompt, Usage};
 
 /// What every handler shares.
 pub struct AppState {
@@ -60,15 +60,23 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// JSON bodies whose rejections are OpenAI-shaped errors.
+/// JSON bodies whose rejections are OpenAI-shaped errors, and whose fields
+/// are all ones the endpoint honours ([`openai::check_fields`]).
 pub struct ApiJson<T>(pub T);
 
-impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for ApiJson<T> {
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + EndpointFields> FromRequest<S>
+    for ApiJson<T>
+{
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(ApiJson(value)),
+        match Json::<Value>::from_request(req, state).await {
+            Ok(Json(body)) => {
+                openai::check_fields(&body, T::FIELDS)?;
+                serde_json::from_value(body)
+                    .map(ApiJson)
+                    .map_err(|e| ApiError::invalid(format!("invalid request: {e}"), None))
+            }
             Err(JsonRejection::JsonDataError(e)) => Err(ApiError::invalid(
                 format!("invalid request: {}", e.body_text()),
                 None,

@@ -1,6 +1,11 @@
 //! The OpenAI API's request and response shapes (with vLLM's extensions:
 //! `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `min_tokens`,
-//! `ignore_eos`), and their validation.
+//! `ignore_eos`), and their validation. Every field a request sets is one
+//! Kiln honours: a field of OpenAI's or vLLM's API that Kiln does not
+//! implement, or one neither API has, is refused with a 400 naming it
+//! ([`check_fields`]), never accepted and ignored.
+
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -19,17 +24,17 @@ pub struct ApiError {
     /// `error.message`.
     pub message: String,
     /// `error.param`.
-    pub param: Option<&'static str>,
+    pub param: Option<String>,
 }
 
 impl ApiError {
     /// 400: the request is invalid.
-    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+    pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
         Self {
             status: 400,
             kind: "invalid_request_error",
             message: message.into(),
-            param,
+            param: param.map(str::to_owned),
         }
     }
 
@@ -39,7 +44,7 @@ impl ApiError {
             status: 404,
             kind: "invalid_request_error",
             message: format!("The model `{model}` does not exist."),
-            param: Some("model"),
+            param: Some("model".to_owned()),
         }
     }
 
@@ -125,8 +130,138 @@ pub struct SamplingFields {
     pub ignore_eos: bool,
     /// `max_tokens`.
     pub max_tokens: Option<usize>,
-    /// `user` (accepted, unused).
+    /// `user`: an end-user id for the client's own tracking; it has no
+    /// effect on the output (as with OpenAI).
     pub user: Option<String>,
+    /// Token id (as a string) → bias in [-100, 100] added to its logit.
+    pub logit_bias: Option<HashMap<String, f32>>,
+}
+
+/// A request body type and the fields of its endpoint beyond
+/// [`SAMPLING_FIELDS`].
+pub trait EndpointFields {
+    /// The endpoint's own fields.
+    const FIELDS: &'static [&'static str];
+}
+
+impl EndpointFields for ChatRequest {
+    const FIELDS: &'static [&'static str] = CHAT_FIELDS;
+}
+
+impl EndpointFields for CompletionRequest {
+    const FIELDS: &'static [&'static str] = COMPLETION_FIELDS;
+}
+
+/// The fields both endpoints honour.
+const SAMPLING_FIELDS: &[&str] = &[
+    "model",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "stream",
+    "stream_options",
+    "min_tokens",
+    "ignore_eos",
+    "max_tokens",
+    "user",
+    "logit_bias",
+];
+
+/// The fields of `/v1/chat/completions` beyond [`SAMPLING_FIELDS`].
+pub const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+];
+
+/// The fields of `/v1/completions` beyond [`SAMPLING_FIELDS`].
+pub const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "logprobs", "suffix"];
+
+/// Fields of OpenAI's or vLLM's API that Kiln does not implement, with the
+/// one value (as compact JSON) each may carry because it asks for what Kiln
+/// does anyway (`None`: no value is accepted).
+const NOT_IMPLEMENTED: &[(&str, Option<&str>)] = &[
+    ("response_format", None),
+    ("structured_outputs", None),
+    ("guided_json", None),
+    ("guided_regex", None),
+    ("guided_choice", None),
+    ("guided_grammar", None),
+    ("tools", None),
+    ("tool_choice", None),
+    ("parallel_tool_calls", None),
+    ("functions", None),
+    ("function_call", None),
+    ("best_of", None),
+    ("use_beam_search", Some("false")),
+    ("prompt_logprobs", None),
+    ("skip_special_tokens", Some("true")),
+    ("include_stop_str_in_output", Some("false")),
+    ("store", Some("false")),
+    ("audio", None),
+    ("modalities", Some(r#"["text"]"#)),
+    ("prediction", None),
+    ("web_search_options", None),
+    ("reasoning_effort", None),
+    ("verbosity", None),
+    ("metadata", None),
+    ("service_tier", None),
+    ("prompt_cache_key", None),
+    ("safety_identifier", None),
+    ("chat_template", None),
+    ("chat_template_kwargs", None),
+    ("add_generation_prompt", Some("true")),
+    ("continue_final_message", Some("false")),
+    ("add_special_tokens", None),
+    ("documents", None),
+    ("truncate_prompt_tokens", None),
+    ("length_penalty", None),
+    ("spaces_between_special_tokens", None),
+    ("allowed_token_ids", None),
+    ("bad_words", None),
+    ("logits_processors", None),
+    ("return_tokens_as_token_ids", None),
+    ("priority", None),
+    ("cache_salt", None),
+    ("kv_transfer_params", None),
+    ("vllm_xargs", None),
+];
+
+/// Refuses a request body that sets a field Kiln does not honour: `honoured`
+/// are the endpoint's own fields (with [`SAMPLING_FIELDS`]); a null value
+/// counts as absent. The error names the field, as OpenAI's does.
+pub fn check_fields(body: &Value, honoured: &[&str]) -> Result<(), ApiError> {
+    let Some(fields) = body.as_object() else {
+        return Err(ApiError::invalid(
+            "the request body must be a JSON object",
+            None,
+        ));
+    };
+    for (name, value) in fields {
+        let name = name.as_str();
+        if value.is_null() || honoured.contains(&name) || SAMPLING_FIELDS.contains(&name) {
+            continue;
+        }
+        let message = match NOT_IMPLEMENTED.iter().find(|(known, _)| *known == name) {
+            Some((_, Some(accepted))) if serde_json::from_str::<Value>(accepted).is_ok_and(|a| &a == value) => continue,
+            Some((_, Some(accepted))) => format!(
+                "`{name}` is only accepted with the value {accepted}: Kiln does not implement others"
+            ),
+            Some((_, None)) => format!("`{name}` is not supported by this server"),
+            None => format!("Unrecognized request argument supplied: {name}"),
+        };
+        return Err(ApiError::invalid(message, Some(name)));
+    }
+    Ok(())
 }
 
 /// `stream_options`.
@@ -137,8 +272,11 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// A chat message as clients send it.
+/// A chat message as clients send it. Other message fields (`name`,
+/// `tool_calls`, `tool_call_id`) are refused: they would not reach the
+/// template.
 #[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InMessage {
     /// `system`, `user`, `assistant`, `tool`.
     pub role: String,
@@ -233,6 +371,8 @@ pub struct Limits {
     pub max_tokens: usize,
     /// Largest `n`.
     pub max_n: usize,
+    /// Token ids must be below it (`logit_bias`).
+    pub vocab_size: usize,
 }
 
 impl SamplingFields {
@@ -323,6 +463,7 @@ impl SamplingFields {
             }
             Stop::Many(list) => list.clone(),
         };
+        let logit_bias = self.logit_bias(limits.vocab_size)?;
         let min_tokens = self.min_tokens.unwrap_or(0);
         if min_tokens > max_tokens {
             return Err(ApiError::invalid(
@@ -339,7 +480,44 @@ impl SamplingFields {
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
             logprobs,
+            logit_bias,
         })
+    }
+
+    /// `logit_bias` as (token, bias) pairs: keys are token ids below
+    /// `vocab_size`, values in [-100, 100] (OpenAI's range).
+    fn logit_bias(&self, vocab_size: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(map) = &self.logit_bias else {
+            return Ok(Vec::new());
+        };
+        if map.len() > 300 {
+            return Err(ApiError::invalid(
+                format!("logit_bias sets {} tokens, at most 300", map.len()),
+                Some("logit_bias"),
+            ));
+        }
+        let mut bias = Vec::with_capacity(map.len());
+        for (key, &value) in map {
+            let token = key
+                .parse::<u32>()
+                .ok()
+                .filter(|&t| (t as usize) < vocab_size);
+            let Some(token) = token else {
+                return Err(ApiError::invalid(
+                    format!("logit_bias key `{key}` is not a token id below {vocab_size}"),
+                    Some("logit_bias"),
+                ));
+            };
+            if !(-100.0..=100.0).contains(&value) {
+                return Err(ApiError::invalid(
+                    format!("logit_bias for token {token} is {value}: it must be in [-100, 100]"),
+                    Some("logit_bias"),
+                ));
+            }
+            bias.push((token, value));
+        }
+        bias.sort_by_key(|&(token, _)| token);
+        Ok(bias)
     }
 }
 
@@ -352,4 +530,86 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Both.
     pub total_tokens: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn refused(body: Value, honoured: &[&str]) -> (String, Option<String>) {
+        let e = check_fields(&body, honoured).unwrap_err();
+        (e.message, e.param)
+    }
+
+    #[test]
+    fn every_field_is_honoured_or_refused_by_name() {
+        let chat = |extra: Value| {
+            let mut body = json!({"model": "m", "messages": [], "temperature": 0.5});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            check_fields(&body, CHAT_FIELDS).map_err(|e| (e.message, e.param))
+        };
+        assert!(chat(json!({"logit_bias": {"1": 2}, "user": "u"})).is_ok());
+        // Null is absent; a default-only field with its default is accepted.
+        assert!(chat(json!({"tools": null, "store": false, "skip_special_tokens": true})).is_ok());
+        let (message, param) = chat(json!({"frobnicate": 1})).unwrap_err();
+        assert_eq!(
+            message,
+            "Unrecognized request argument supplied: frobnicate"
+        );
+        assert_eq!(param.as_deref(), Some("frobnicate"));
+        for field in [
+            "response_format",
+            "tools",
+            "tool_choice",
+            "best_of",
+            "structured_outputs",
+        ] {
+            let (message, param) = chat(json!({ field: {"x": 1} })).unwrap_err();
+            assert!(
+                message.contains(field) && message.contains("not supported"),
+                "{message}"
+            );
+            assert_eq!(param.as_deref(), Some(field));
+        }
+        let (message, _) = chat(json!({"store": true})).unwrap_err();
+        assert!(
+            message.contains("only accepted with the value false"),
+            "{message}"
+        );
+        // An endpoint's own fields belong to it only.
+        let (message, _) = refused(json!({"prompt": "p", "messages": []}), COMPLETION_FIELDS);
+        assert!(message.contains("messages"), "{message}");
+        let (message, _) = refused(json!([1]), CHAT_FIELDS);
+        assert!(message.contains("JSON object"), "{message}");
+    }
+
+    #[test]
+    fn logit_bias_takes_token_ids_below_the_vocabulary_and_bounded_values() {
+        let limits = Limits {
+            max_model_len: 100,
+            max_tokens: 100,
+            max_n: 4,
+            vocab_size: 10,
+        };
+        let params = |bias: Value| {
+            let fields: SamplingFields =
+                serde_json::from_value(json!({"model": "m", "logit_bias": bias})).unwrap();
+            let defaults = SamplingParams::default();
+            fields.params(Some(4), None, None, 3, &limits, &defaults)
+        };
+        let ok = params(json!({"7": -100, "2": 5.5})).unwrap();
+        assert_eq!(ok.logit_bias, vec![(2, 5.5), (7, -100.0)]);
+        for (bias, needle) in [
+            (json!({"10": 1}), "below 10"),
+            (json!({"x": 1}), "`x`"),
+            (json!({"3": 101}), "[-100, 100]"),
+        ] {
+            let e = params(bias).unwrap_err();
+            assert!(e.message.contains(needle), "{}", e.message);
+            assert_eq!(e.param.as_deref(), Some("logit_bias"));
+        }
+    }
 }

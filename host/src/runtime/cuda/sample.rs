@@ -115,14 +115,11 @@ impl SampleBuffers {
         for row in rows {
             let begin = adjust.len() / 16;
             for a in &row.adjustments {
-                for v in [
-                    a.token as i32,
-                    a.generated as i32,
-                    i32::from(a.seen),
-                    i32::from(a.banned),
-                ] {
+                let flags = i32::from(a.seen) | (i32::from(a.banned) << 1);
+                for v in [a.token as i32, a.generated as i32, flags] {
                     adjust.extend(v.to_le_bytes());
                 }
+                adjust.extend(a.bias.to_le_bytes());
             }
             let end = adjust.len() / 16;
             let logprobs = row.logprobs.map_or(-1, |n| n.min(MAX_TOP) as i32);
@@ -282,6 +279,7 @@ mod tests {
                                     generated: rng.random_range(0..3),
                                     seen: rng.random(),
                                     banned: rng.random_range(0..10) == 0,
+                                    bias: [0.0, 2.5, -1.0][rng.random_range(0..3)],
                                 };
                                 (token, adjustment)
                             })
