@@ -280,6 +280,49 @@ fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
         curl(&server, &["-s", &server.url("/health")]).trim(),
         r#"{"status":"ok"}"#
     );
+    // 404 and 405 in OpenAI's error shape; one model's card; x-request-id
+    // comes back.
+    let auth = "authorization: Bearer k";
+    let json = |path: &str| -> serde_json::Value {
+        let body = curl(&server, &["-s", "-H", auth, &server.url(path)]);
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+    };
+    let missing = json("/v1/nothing");
+    assert_eq!(missing["error"]["message"], "Invalid URL (GET /v1/nothing)");
+    assert_eq!(missing["error"]["code"], 404);
+    let wrong_method = json("/v1/chat/completions");
+    assert_eq!(wrong_method["error"]["code"], 405, "{wrong_method}");
+    assert!(wrong_method["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("Method GET is not allowed"));
+    assert_eq!(json("/v1/models/smollm2")["id"], "smollm2");
+    assert_eq!(json("/v1/models/other")["error"]["param"], "model");
+    assert_eq!(
+        status(&["-H", auth, &server.url("/v1/models/other")]),
+        "404"
+    );
+    let headers = curl(
+        &server,
+        &[
+            "-s",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+            "-H",
+            auth,
+            "-H",
+            "x-request-id: abc-123",
+            &server.url("/v1/models"),
+        ],
+    );
+    assert!(
+        headers
+            .to_ascii_lowercase()
+            .contains("x-request-id: abc-123"),
+        "{headers}"
+    );
 
     let sse = curl(
         &server,

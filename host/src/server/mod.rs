@@ -104,13 +104,32 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model_card))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .merge(api)
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/metrics", get(render_metrics))
+        .fallback(|request: Request| async move {
+            ApiError::no_route(request.method().as_str(), request.uri().path())
+        })
+        .method_not_allowed_fallback(|request: Request| async move {
+            ApiError::method_not_allowed(request.method().as_str(), request.uri().path())
+        })
+        .layer(middleware::from_fn(echo_request_id))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
+}
+
+/// Sends a request's `x-request-id` back on its response (as vLLM does), so
+/// a gateway can match the two.
+async fn echo_request_id(request: Request, next: Next) -> Response {
+    let id = request.headers().get("x-request-id").cloned();
+    let mut response = next.run(request).await;
+    if let Some(id) = id {
+        response.headers_mut().insert("x-request-id", id);
+    }
+    response
 }
 
 async fn authorize(
@@ -161,14 +180,25 @@ fn request_id(prefix: &str) -> String {
     )
 }
 
+/// The served model as `/v1/models` lists it.
+fn card(state: &AppState) -> Value {
+    json!({
+        "id": state.model_name, "object": "model", "created": now(), "owned_by": "kiln",
+        "max_model_len": state.limits.max_model_len,
+    })
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model_name, "object": "model", "created": now(), "owned_by": "kiln",
-            "max_model_len": state.limits.max_model_len,
-        }],
-    }))
+    Json(json!({"object": "list", "data": [card(&state)]}))
+}
+
+/// `GET /v1/models/{id}`: the served model, or 404 naming `id`.
+async fn model_card(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    check_model(&state, &id)?;
+    Ok(Json(card(&state)))
 }
 
 fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {

@@ -48,6 +48,26 @@ impl ApiError {
         }
     }
 
+    /// 404: no route at this path.
+    pub fn no_route(method: &str, path: &str) -> Self {
+        Self {
+            status: 404,
+            kind: "invalid_request_error",
+            message: format!("Invalid URL ({method} {path})"),
+            param: None,
+        }
+    }
+
+    /// 405: the path exists, not with this method.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        Self {
+            status: 405,
+            kind: "invalid_request_error",
+            message: format!("Method {method} is not allowed for {path}"),
+            param: None,
+        }
+    }
+
     /// 401: missing or wrong API key.
     pub fn unauthorized() -> Self {
         Self {
