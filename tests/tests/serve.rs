@@ -324,6 +324,71 @@ fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
         "{headers}"
     );
 
+    // /tokenize and /detokenize with vLLM's shapes: a prompt round-trips; a
+    // chat renders through the template as /v1/chat/completions counts it.
+    let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
+        let body = body.to_string();
+        let args = [
+            "-s",
+            "-H",
+            auth,
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &body,
+        ];
+        let out = curl(&server, &[&args[..], &[&server.url(path)]].concat());
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{path}: {e}: {out}"))
+    };
+    let text = "The capital of France is";
+    let tokenized = post(
+        "/tokenize",
+        serde_json::json!({"prompt": text, "return_token_strs": true}),
+    );
+    let tokens = tokenized["tokens"].as_array().unwrap().clone();
+    assert_eq!(tokenized["count"], tokens.len(), "{tokenized}");
+    let pieces: Vec<&str> = tokenized["token_strs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    assert_eq!(pieces.concat(), text);
+    let back = post(
+        "/detokenize",
+        serde_json::json!({"model": "smollm2", "tokens": tokens}),
+    );
+    assert_eq!(back["prompt"], text);
+    let messages = serde_json::json!([{"role": "user", "content": "hi"}]);
+    let with = post("/tokenize", serde_json::json!({"messages": messages}));
+    let without = post(
+        "/tokenize",
+        serde_json::json!({"messages": messages, "add_generation_prompt": false}),
+    );
+    assert!(
+        with["count"].as_u64() > without["count"].as_u64(),
+        "{with} {without}"
+    );
+    let chat_body = serde_json::json!({"model": "smollm2", "messages": messages, "max_tokens": 1});
+    let answered = post("/v1/chat/completions", chat_body);
+    assert_eq!(
+        answered["usage"]["prompt_tokens"], with["count"],
+        "{answered}"
+    );
+    let refused = post("/detokenize", serde_json::json!({"tokens": [1, 99999999]}));
+    assert_eq!(refused["error"]["param"], "tokens", "{refused}");
+    let refused = post(
+        "/tokenize",
+        serde_json::json!({"prompt": "a", "messages": messages}),
+    );
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exactly one"),
+        "{refused}"
+    );
+
     let sse = curl(
         &server,
         &[

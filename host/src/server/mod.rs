@@ -3,6 +3,7 @@
 
 pub mod metrics;
 pub mod openai;
+mod tokenize;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -105,6 +106,8 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_card))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
         .merge(api)
@@ -307,26 +310,36 @@ fn completion_logprobs(tokens: &[TokenLogprob], start_offset: usize) -> Value {
 }
 
 fn chat_prompt(state: &AppState, request: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+    render_chat(state, &request.messages, true, false)
+}
+
+/// `messages` through the chat template, then to token ids (the template
+/// writes the special tokens; `add_special_tokens` adds the tokenizer's own).
+fn render_chat(
+    state: &AppState,
+    messages: &[openai::InMessage],
+    add_generation_prompt: bool,
+    add_special_tokens: bool,
+) -> Result<Vec<u32>, ApiError> {
     let template = state.chat_template.as_ref().ok_or_else(|| {
         ApiError::invalid("this model has no chat template; use /v1/completions", None)
     })?;
-    if request.messages.is_empty() {
+    if messages.is_empty() {
         return Err(ApiError::invalid(
             "messages must not be empty",
             Some("messages"),
         ));
     }
-    let messages = request
-        .messages
+    let messages = messages
         .iter()
         .map(|m| Ok(ChatMessage::new(m.role.as_str(), m.text()?)))
         .collect::<Result<Vec<_>, ApiError>>()?;
     let rendered = template
-        .render(&messages, true)
+        .render(&messages, add_generation_prompt)
         .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))?;
     state
         .tokenizer
-        .encode(&rendered, false)
+        .encode(&rendered, add_special_tokens)
         .map_err(|e| ApiError::internal(e.to_string()))
 }
 
