@@ -4,7 +4,8 @@
 # greedy) and the prefill of a 2048-token prompt. Needs the binaries carried
 # in .gpu/suite (tests/gpu/pack.sh). Writes JSON per run to
 # /tmp/kiln-gpu/bench (kept between the device tool's calls while the machine
-# is warm) and copies them, with gpu-bench.md (bench/gpu/table.py), to $OUT.
+# is warm) and copies gpu-bench.md (bench/gpu/table.py) and a tarball of
+# every JSON to $OUT (the device tool returns at most 8 files).
 # Each part fits the device tool's 10 minutes a command; `all` runs every
 # part in one go.
 #   bench/gpu/run.sh kiln              Kiln: llama3-8b bf16 and q4_k_m, llama3.2-1b bf16
@@ -63,5 +64,8 @@ case "${1:-}" in
     ;;
   *) sed -n 2,17p "$0" >&2; exit 2 ;;
 esac
-[ -n "${OUT:-}" ] && cp "$results"/* "$OUT"/ 2>/dev/null
+if [ -n "${OUT:-}" ]; then
+  [ -f "$results/gpu-bench.md" ] && cp "$results/gpu-bench.md" "$OUT/"
+  tar -C "$results" -czf "$OUT/gpu-bench-json.tar.gz" .
+fi
 exit 0

@@ -2,7 +2,9 @@
 # Runs on the GPU machine (see tests/gpu/README.md).
 #   run.sh stage  copies the payload halves carried in .gpu/stage*/ to /tmp
 #   run.sh suite  unpacks .gpu/suite and runs the CUDA backend's suites on the
-#                 real driver, writing $OUT/gpu-suite.md and one log per suite
+#                 real driver, writing $OUT/gpu-suite.md and, as the device
+#                 tool returns at most 8 files, one log per suite packed in
+#                 $OUT/gpu-suite-logs.tar.gz
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = stage ]; then
@@ -14,7 +16,8 @@ fi
 [ "${1:-}" = suite ] || { echo "usage: run.sh stage|suite" >&2; exit 2; }
 
 . tests/gpu/env.sh
-out=${OUT:-$stage/out}
+out=$stage/out
+rm -rf "$out"
 mkdir -p "$out"
 report=$out/gpu-suite.md
 # Each package's wheel for this Python, from the carried ones.
@@ -53,7 +56,13 @@ export KILN_WORKSPACE=$PWD KILN_HOST_BIN=$bin/host KILN_TEST_CUDA_DEVICE=$device
 suite() {
   local name=$1; shift
   local started=$SECONDS
-  if "$@" > "$out/$name.log" 2>&1; then result=passed; else result="FAILED (see $name.log)"; fi
+  # A hung suite must not take the rest of the lease with it.
+  timeout "${KILN_GPU_SUITE_TIMEOUT:-180}" "$@" > "$out/$name.log" 2>&1
+  case $? in
+    0) result=passed ;;
+    124) result="TIMED OUT after ${KILN_GPU_SUITE_TIMEOUT:-180} s (see $name.log)" ;;
+    *) result="FAILED (see $name.log)" ;;
+  esac
   echo "| $name | $result | $((SECONDS - started)) |" >> "$report"
 }
 
@@ -88,3 +97,7 @@ else
   echo "| smollm2-* | not run: SmolLM2 was not staged (run.sh stage with both halves first) | |" >> "$report"
 fi
 cat "$report"
+if [ -n "${OUT:-}" ]; then
+  cp "$report" "$OUT/"
+  tar -C "$out" -czf "$OUT/gpu-suite-logs.tar.gz" .
+fi
