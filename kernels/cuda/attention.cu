@@ -11,6 +11,7 @@
 #define KILN_ATTN_WARPS 4
 #define KILN_ATTN_MAX_DIM 256
 #define KILN_ATTN_PER_LANE (KILN_ATTN_MAX_DIM / 32)
+#define KILN_ATTN_KEYS 4
 
 // The sequence owning batch row `row` and the row's position in it.
 __device__ __forceinline__ int sequence_of(const i64* row_offsets, const i64* context_lens, int batch,
@@ -44,6 +45,7 @@ __device__ void write_kv(const float* __restrict__ k, const float* __restrict__ 
   int b = sequence_of(row_offsets, context_lens, batch, row, &position);
   if (position < 0) return;  // padding
   i64 at = cache_slot(block_tables, b, blocks_per_seq, block_size, position) * stride;
+#pragma unroll 4
   for (int i = threadIdx.x; i < stride; i += blockDim.x) {
     cache_store(k_cache + at + i, k[row * stride + i]);
     cache_store(v_cache + at + i, v[row * stride + i]);
@@ -70,7 +72,7 @@ extern "C" __global__ void kiln_write_kv_bf16(const float* __restrict__ k, const
 }
 
 // out [T, num_heads, head_dim]: one block per (row, query head), four warps
-// splitting the visible keys, each keeping an online softmax; query head h
+// splitting the visible keys four at a time, each keeping an online softmax; query head h
 // reads key/value head h / (num_heads / kv_heads). `window` > 0 keeps the
 // last `window` positions; `softcap` > 0 applies cap·tanh(score / cap).
 //
@@ -110,24 +112,47 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
     first = max(first, (i64)blockIdx.z * split_keys);
     last = min(last, (i64)(blockIdx.z + 1) * split_keys - 1);
   }
+  // Each warp takes KILN_ATTN_KEYS keys at a time: their loads are in
+  // flight together and their reductions interleave, where one key at a
+  // time would wait a memory round trip and a shuffle chain per key.
   float m = KILN_NEG_INF, l = 0.0f;
-  for (i64 key = first + warp; key <= last; key += KILN_ATTN_WARPS) {
-    i64 base = cache_slot(block_tables, b, blocks_per_seq, block_size, key) * stride + (i64)kv_head * head_dim;
-    float dot = 0.0f;
+  for (i64 key0 = first + warp * KILN_ATTN_KEYS; key0 <= last; key0 += KILN_ATTN_WARPS * KILN_ATTN_KEYS) {
+    float kr[KILN_ATTN_KEYS][KILN_ATTN_PER_LANE], vr[KILN_ATTN_KEYS][KILN_ATTN_PER_LANE], s[KILN_ATTN_KEYS];
 #pragma unroll
-    for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
-      int d = lane + 32 * j;
-      if (d < head_dim) dot += qr[j] * cache_load(k_cache + base + d);
+    for (int t = 0; t < KILN_ATTN_KEYS; ++t) {
+      i64 key = min(key0 + t, last);  // past the end: a repeat, weighted 0 below
+      i64 base = cache_slot(block_tables, b, blocks_per_seq, block_size, key) * stride + (i64)kv_head * head_dim;
+#pragma unroll
+      for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
+        int d = lane + 32 * j;
+        kr[t][j] = d < head_dim ? cache_load(k_cache + base + d) : 0.0f;
+        vr[t][j] = d < head_dim ? cache_load(v_cache + base + d) : 0.0f;
+      }
     }
-    float s = warp_sum(dot) * scale;
-    if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-    float m_new = fmaxf(m, s);
-    float correction = expf(m - m_new), p = expf(s - m_new);
-    l = l * correction + p;
 #pragma unroll
-    for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
-      int d = lane + 32 * j;
-      if (d < head_dim) acc[j] = acc[j] * correction + p * cache_load(v_cache + base + d);
+    for (int t = 0; t < KILN_ATTN_KEYS; ++t) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) dot += qr[j] * kr[t][j];
+      s[t] = dot;
+    }
+    float m_new = m;
+#pragma unroll
+    for (int t = 0; t < KILN_ATTN_KEYS; ++t) {
+      s[t] = warp_sum(s[t]) * scale;
+      if (softcap > 0.0f) s[t] = softcap * tanhf(s[t] / softcap);
+      if (key0 + t <= last) m_new = fmaxf(m_new, s[t]);
+    }
+    float correction = expf(m - m_new);
+    l *= correction;
+#pragma unroll
+    for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) acc[j] *= correction;
+#pragma unroll
+    for (int t = 0; t < KILN_ATTN_KEYS; ++t) {
+      float p = key0 + t <= last ? expf(s[t] - m_new) : 0.0f;
+      l += p;
+#pragma unroll
+      for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) acc[j] += p * vr[t][j];
     }
     m = m_new;
   }

@@ -119,6 +119,36 @@ __device__ int prefix_select(const float* v, int n, Member member, Weight weight
   return result;
 }
 
+// The first element of `v` in sorted order (the largest key, the lowest index
+// among equal keys), every element taken through `value(i)`: greedy's pick
+// in one pass, where prefix_select takes 34. Every thread gets the result.
+template <typename Value>
+__device__ int first_largest(int n, Value value, int* found) {
+  unsigned int best = 0;
+  int best_i = 0x7fffffff;
+#pragma unroll 8
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    unsigned int key = order_key(value(i));
+    if (key > best || best_i == 0x7fffffff) {  // strided: a later i never wins a tie
+      best = key;
+      best_i = i;
+    }
+  }
+  // The block's largest key, then the lowest index holding it.
+  if (threadIdx.x == 0) {
+    found[0] = 0;
+    found[1] = 0x7fffffff;
+  }
+  __syncthreads();
+  if (best_i != 0x7fffffff) atomicMax(reinterpret_cast<unsigned int*>(&found[0]), best);
+  __syncthreads();
+  if (best_i != 0x7fffffff && best == (unsigned int)found[0]) atomicMin(&found[1], best_i);
+  __syncthreads();
+  int result = found[1];
+  __syncthreads();
+  return result;
+}
+
 // True when element i comes no later than element b in sorted order.
 __device__ __forceinline__ bool not_after(const float* v, int i, int b) {
   unsigned int ki = order_key(v[i]), kb = order_key(v[b]);
@@ -127,30 +157,12 @@ __device__ __forceinline__ bool not_after(const float* v, int i, int b) {
 
 __device__ __forceinline__ bool finite(float x) { return x == x && fabsf(x) <= 3.402823466e38f; }
 
-// logits [rows, vocab] → tokens [rows]; log-probabilities of the chosen tokens
-// [rows] and of the top `max_top` [rows, max_top] (ids and values); `work`
-// [rows, vocab] is scratch.
-extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* __restrict__ work,
-                                       const KilnSampleParams* __restrict__ params,
-                                       const KilnAdjust* __restrict__ adjust, int vocab, int max_top,
-                                       int* __restrict__ tokens, float* __restrict__ logprobs,
-                                       int* __restrict__ top_ids, float* __restrict__ top_logprobs) {
-  __shared__ float scratch[32];
-  __shared__ float scan[KILN_SAMPLE_THREADS];
-  __shared__ int found[2];
-  const int row = blockIdx.x;
-  const KilnSampleParams p = params[row];
-  const float* x = logits + (i64)row * vocab;
-  float* w = work + (i64)row * vocab;
-
-  // Log-probabilities of the raw row.
-  float m = KILN_NEG_INF;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, x[i]);
-  m = block_max(m, scratch);
-  float z = 0.0f;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) z += expf(x[i] - m);
-  const float log_z = logf(block_sum(z, scratch));
-
+// The pick of a row with penalties, a logit bias or bans, or sampled: the
+// adjusted logits go to `w`, then greedy takes the first largest and
+// sampling walks the draw along the sorted survivors; -1 when none survives.
+__device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w, const KilnSampleParams& p,
+                             const KilnAdjust* __restrict__ adjust, int vocab, float* scratch, float* scan,
+                             int* found) {
   // Penalties, the logit bias and bans on a copy.
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = x[i] == x[i] ? x[i] : KILN_NEG_INF;
   __syncthreads();
@@ -166,7 +178,6 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
   }
   __syncthreads();
 
-  auto everything = [&](int) { return true; };
   auto one = [&](int) { return 1.0f; };
   int finite_count = 0;
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) finite_count += finite(w[i]) ? 1 : 0;
@@ -175,7 +186,7 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
   int token;
   // Below 1e-5 (MIN_TEMPERATURE on the host) a temperature is greedy.
   if (p.temperature < 1e-5f || finite_count == 0) {
-    token = prefix_select(w, vocab, everything, one, 1.0f, scratch, scan, found);
+    token = first_largest(vocab, [&](int i) { return w[i]; }, found);
   } else {
     // Finite after the division, as on the host.
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
@@ -221,9 +232,45 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
       token = prefix_select(w, vocab, kept, one, kept_count, scratch, scan, found);
     }
   }
+  return token;
+}
+
+// logits [rows, vocab] → tokens [rows]; log-probabilities of the chosen tokens
+// [rows] and of the top `max_top` [rows, max_top] (ids and values); `work`
+// [rows, vocab] is scratch.
+extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* __restrict__ work,
+                                       const KilnSampleParams* __restrict__ params,
+                                       const KilnAdjust* __restrict__ adjust, int vocab, int max_top,
+                                       int* __restrict__ tokens, float* __restrict__ logprobs,
+                                       int* __restrict__ top_ids, float* __restrict__ top_logprobs) {
+  __shared__ float scratch[32];
+  __shared__ float scan[KILN_SAMPLE_THREADS];
+  __shared__ int found[2];
+  const int row = blockIdx.x;
+  const KilnSampleParams p = params[row];
+  const float* x = logits + (i64)row * vocab;
+  float* w = work + (i64)row * vocab;
+
+  // Log-probabilities of the raw row, when asked for.
+  float m = KILN_NEG_INF, log_z = 0.0f;
+  if (p.logprobs >= 0) {
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, x[i]);
+    m = block_max(m, scratch);
+    float z = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) z += expf(x[i] - m);
+    log_z = logf(block_sum(z, scratch));
+  }
+  int token;
+  if (p.temperature < 1e-5f && p.adjust_begin == p.adjust_end) {
+    // Greedy with nothing to adjust (the common decode step): one pass over
+    // the row, NaN as -inf as in the working copy of adjusted_pick.
+    token = first_largest(vocab, [&](int i) { return x[i] == x[i] ? x[i] : KILN_NEG_INF; }, found);
+  } else {
+    token = adjusted_pick(x, w, p, adjust, vocab, scratch, scan, found);
+  }
   // Nothing survived the filters (no finite logit after the temperature):
   // the first largest logit, as the host does.
-  if (token < 0) token = prefix_select(x, vocab, everything, one, 1.0f, scratch, scan, found);
+  if (token < 0) token = first_largest(vocab, [&](int i) { return x[i]; }, found);
   if (threadIdx.x == 0) {
     tokens[row] = token;
     if (p.logprobs >= 0) logprobs[row] = (x[token] - m) - log_z;
@@ -235,6 +282,8 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
   __syncthreads();
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = (x[i] - m) - log_z;
   __syncthreads();
+  auto everything = [&](int) { return true; };
+  auto one = [&](int) { return 1.0f; };
   for (int j = 0; j < p.logprobs && j < max_top; ++j) {
     int id = prefix_select(w, vocab, everything, one, (float)(j + 1), scratch, scan, found);
     if (threadIdx.x == 0) {

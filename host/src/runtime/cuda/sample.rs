@@ -248,10 +248,13 @@ mod tests {
             .load(sources::SAMPLING.name, sources::SAMPLING.text, &refs)
             .unwrap()[0];
         let mut rng = StdRng::seed_from_u64(5);
-        let vocab = 300;
         let mut buffers = SampleBuffers::default();
         let mut checked = 0;
         for round in 0..12 {
+            // Every third round a vocabulary larger than a block's threads
+            // many times over, so greedy's one-pass pick meets ties across
+            // threads and within one thread's stride.
+            let vocab = if round % 3 == 2 { 4099 } else { 300 };
             let rows: Vec<RowSampling> = (0..6)
                 .map(|r| {
                     let greedy = (round + r) % 5 == 0;
