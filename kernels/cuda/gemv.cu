@@ -1,8 +1,9 @@
 // Matrix products for small batches (decode): y[m, n] = x[m, k] · W[n, k]ᵀ
 // with m ≤ KILN_GEMV_MAX_M, bound by reading W once. One warp per output row
-// streams that row of W (16-byte loads for bf16/f16/f32, GGUF blocks read as
-// packed), multiplies it with every row of x (f32, read through the cache:
-// it is small and every warp reads it) and reduces across its lanes. One
+// streams that row of W (for bf16/f16/f32 16-byte loads, four in flight per
+// lane, kept out of L1; GGUF blocks read as packed), multiplies it with
+// every row of x (f32, kept in L1: it is small and every warp reads it) and
+// reduces across its lanes. One
 // launch covers up to KILN_GEMV_MAX_GROUP matrices that share x (q, k and v;
 // gate and up): their rows form one grid, so small matrices do not leave the
 // card half idle and a layer reads its weights in fewer launches.
@@ -96,20 +97,28 @@ __device__ __forceinline__ void store_rows(float* acc, float* y, int m, int n, i
 
 // ---- dense rows: 8 elements per lane and load ----
 
-// Eight elements of a bf16, f16 or f32 row as f32.
+// Eight elements of a bf16, f16 or f32 row, as loaded (one 16-byte load,
+// two for f32) and as f32.
 template <int BYTES>
-__device__ __forceinline__ void load8(const u8* row, int col, float* w) {
+struct Raw8 {
+  Bytes16 part[BYTES == 4 ? 2 : 1];
+};
+
+template <int BYTES>
+__device__ __forceinline__ Raw8<BYTES> load8(const u8* row, int col) {
+  Raw8<BYTES> r;
+  const int size = BYTES == 4 ? 4 : 2;
+  for (int p = 0; p < (BYTES == 4 ? 2 : 1); ++p) r.part[p] = load_streaming(row + (i64)col * size + 16 * p);
+  return r;
+}
+
+template <int BYTES>
+__device__ __forceinline__ void widen8(const Raw8<BYTES>& r, float* w) {
   if (BYTES == 4) {
-    Bytes16 a = *reinterpret_cast<const Bytes16*>(row + (i64)col * 4);
-    Bytes16 b = *reinterpret_cast<const Bytes16*>(row + (i64)col * 4 + 16);
-    for (int j = 0; j < 4; ++j) {
-      w[j] = __uint_as_float(a.v[j]);
-      w[4 + j] = __uint_as_float(b.v[j]);
-    }
+    for (int j = 0; j < 8; ++j) w[j] = __uint_as_float(r.part[j / 4].v[j % 4]);
   } else {
-    Bytes16 a = *reinterpret_cast<const Bytes16*>(row + (i64)col * 2);
     for (int j = 0; j < 4; ++j) {
-      unsigned short lo = (unsigned short)(a.v[j] & 0xffffu), hi = (unsigned short)(a.v[j] >> 16);
+      unsigned short lo = (unsigned short)(r.part[0].v[j] & 0xffffu), hi = (unsigned short)(r.part[0].v[j] >> 16);
       w[2 * j] = BYTES == 2 ? bf16_to_f32(lo) : f16_to_f32(lo);
       w[2 * j + 1] = BYTES == 2 ? bf16_to_f32(hi) : f16_to_f32(hi);
     }
@@ -123,10 +132,14 @@ __device__ __forceinline__ float load1(const u8* row, int col) {
   return BYTES == 2 ? bf16_to_f32(b) : f16_to_f32(b);
 }
 
+// Loads of the weights a lane has in flight before it uses the first.
+#define KILN_GEMV_DEPTH 4
+
 // BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32.
 template <int BYTES>
 __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k) {
   const int size = BYTES == 4 ? 4 : 2;
+  const int step = 32 * 8;  // elements a warp reads per load
   int lane = threadIdx.x % 32;
   GemvRow r;
   if (!gemv_row(g, &r)) return;
@@ -134,16 +147,28 @@ __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k)
   float acc[KILN_GEMV_MAX_M];
   for (int i = 0; i < KILN_GEMV_MAX_M; ++i) acc[i] = 0.0f;
   int vector_end = (k % 8 == 0) ? k : 0;  // 16-byte loads need aligned rows
-  // Unrolled so that each lane has several 16-byte loads in flight.
-#pragma unroll 4
-  for (int col = lane * 8; col < vector_end; col += 32 * 8) {
+  int col = lane * 8;
+  // Every load of a round is issued before the first is used: a memory
+  // round trip per round, not per load.
+  for (; col + (KILN_GEMV_DEPTH - 1) * step < vector_end; col += KILN_GEMV_DEPTH * step) {
+    Raw8<BYTES> raw[KILN_GEMV_DEPTH];
+#pragma unroll
+    for (int u = 0; u < KILN_GEMV_DEPTH; ++u) raw[u] = load8<BYTES>(wr, col + u * step);
+#pragma unroll
+    for (int u = 0; u < KILN_GEMV_DEPTH; ++u) {
+      float v[8];
+      widen8<BYTES>(raw[u], v);
+      accumulate(acc, v, 8, x, m, k, col + u * step);
+    }
+  }
+  for (; col < vector_end; col += step) {
     float v[8];
-    load8<BYTES>(wr, col, v);
+    widen8<BYTES>(load8<BYTES>(wr, col), v);
     accumulate(acc, v, 8, x, m, k, col);
   }
-  for (int col = vector_end + lane; col < k; col += 32) {
-    float v = load1<BYTES>(wr, col);
-    accumulate(acc, &v, 1, x, m, k, col);
+  for (int c = vector_end + lane; c < k; c += 32) {
+    float v = load1<BYTES>(wr, c);
+    accumulate(acc, &v, 1, x, m, k, c);
   }
   store_rows(acc, r.y, m, r.n, r.row);
 }
@@ -278,6 +303,8 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k
   const u8* wr = r.w + (i64)r.row * blocks * F::BYTES;
   float acc[KILN_GEMV_MAX_M];
   for (int i = 0; i < KILN_GEMV_MAX_M; ++i) acc[i] = 0.0f;
+  // Unrolled so that the loads of several blocks are in flight together.
+#pragma unroll 4
   for (int blk = lane / F::LANES; blk < blocks; blk += 32 / F::LANES)
     F::dot(wr + (i64)blk * F::BYTES, lane % F::LANES, x, m, k, blk * F::ELEMS, acc);
   store_rows(acc, r.y, m, r.n, r.row);

@@ -67,6 +67,20 @@ struct __align__(16) Bytes16 {
   unsigned int v[4];
 };
 
+// A 16-byte load of data read once (weights): not kept in L1, so what is
+// read again (the activations every warp reads) stays there.
+__device__ __forceinline__ Bytes16 load_streaming(const void* p) {
+#ifdef KILN_EMULATOR
+  return *reinterpret_cast<const Bytes16*>(p);
+#else
+  Bytes16 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3])
+      : "l"(p));
+  return r;
+#endif
+}
+
 // One warp's tensor-core product D += A·B: A 16×16 bf16 (row-major), B 16×8
 // bf16 (column-major), D 16×8 f32, in the fragment layout of PTX's
 // mma.m16n8k16 (lane = 4·group + pair): a[0] holds A[group][2·pair, +1],

@@ -15,7 +15,9 @@
 // a target, then settles ties by index with a block scan.
 #include "kiln_cuda.cuh"
 
-#define KILN_SAMPLE_THREADS 256
+// Threads of a row's block (the host launches this many): a greedy pick is
+// one pass over the vocabulary, so more threads are fewer memory round trips.
+#define KILN_SAMPLE_THREADS 512
 
 // Per row; mirrors `SampleParams` on the Rust side (all 4-byte fields).
 struct KilnSampleParams {

@@ -7,6 +7,9 @@ use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig}
 
 use crate::runtime::sampling::{RowSampling, Sampled};
 
+/// Threads of a row's block: `KILN_SAMPLE_THREADS` in `sampling.cu`.
+const SAMPLE_THREADS: u32 = 512;
+
 /// Most top log-probabilities a row may ask for (OpenAI allows 20).
 pub const MAX_TOP: usize = 20;
 
@@ -152,7 +155,7 @@ impl SampleBuffers {
         device
             .launch(
                 kernel,
-                LaunchConfig::linear(rows.len() as u32, 256),
+                LaunchConfig::linear(rows.len() as u32, SAMPLE_THREADS),
                 &[
                     KernelArg::Ptr(logits),
                     KernelArg::Ptr(self.work),
