@@ -44,14 +44,21 @@ struct GemvRow {
 __device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
   int row = blockIdx.x * KILN_GEMV_WARPS + threadIdx.x / 32;
   if (row >= g.rows_end[g.count - 1]) return false;
-  int s = 0;
-  while (s + 1 < g.count && row >= g.rows_end[s]) ++s;
-  int start = s > 0 ? (int)g.rows_end[s - 1] : 0;
-  r->w = g.w[s];
-  r->y = g.y[s];
-  r->row = row - start;
-  r->n = (int)g.rows_end[s] - start;
-  return true;
+  // Constant indices into the group (a computed one would copy the kernel
+  // argument to local memory).
+  int start = 0;
+#pragma unroll
+  for (int s = 0; s < KILN_GEMV_MAX_GROUP; ++s) {
+    if (s < g.count && row < g.rows_end[s]) {
+      r->w = g.w[s];
+      r->y = g.y[s];
+      r->row = row - start;
+      r->n = (int)g.rows_end[s] - start;
+      return true;
+    }
+    start = (int)g.rows_end[s];
+  }
+  return false;
 }
 
 __device__ __forceinline__ unsigned short load_u16(const u8* p) {
@@ -63,10 +70,11 @@ __device__ __forceinline__ float load_f16(const u8* p) { return f16_to_f32(load_
 // i < m of x. x is read 16 bytes at a time where it is aligned for that (a
 // lane's scalar loads, 32 bytes apart across the warp, would each touch a
 // sector per lane and cost the load unit more than the weights).
+template <int MAX_M>
 __device__ __forceinline__ void accumulate(float* acc, const float* w, int count, const float* x, int m,
                                            int k, int col) {
 #pragma unroll
-  for (int i = 0; i < KILN_GEMV_MAX_M; ++i) {
+  for (int i = 0; i < MAX_M; ++i) {
     if (i < m) {
       const float* xi = x + (i64)i * k + col;
       float sum = 0.0f;
@@ -84,10 +92,11 @@ __device__ __forceinline__ void accumulate(float* acc, const float* w, int count
 }
 
 // The warp's sums to y[i, row].
+template <int MAX_M>
 __device__ __forceinline__ void store_rows(float* acc, float* y, int m, int n, int row) {
   int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int i = 0; i < KILN_GEMV_MAX_M; ++i) {
+  for (int i = 0; i < MAX_M; ++i) {
     if (i < m) {
       float v = warp_sum(acc[i]);
       if (lane == 0) y[(i64)i * n + row] = v;
@@ -132,55 +141,67 @@ __device__ __forceinline__ float load1(const u8* row, int col) {
   return BYTES == 2 ? bf16_to_f32(b) : f16_to_f32(b);
 }
 
-// Loads of the weights a lane has in flight before it uses the first.
-#define KILN_GEMV_DEPTH 4
-
-// BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32.
-template <int BYTES>
+// BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32; MAX_M: rows of x at
+// most (1 for batch-1 decode: fewer registers, so more warps and more loads
+// in flight per multiprocessor).
+template <int BYTES, int MAX_M>
 __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k) {
+  // Loads of the weights a lane has in flight before it uses the first.
+  const int depth = MAX_M == 1 ? 8 : 4;
   const int size = BYTES == 4 ? 4 : 2;
   const int step = 32 * 8;  // elements a warp reads per load
   int lane = threadIdx.x % 32;
   GemvRow r;
   if (!gemv_row(g, &r)) return;
   const u8* wr = r.w + (i64)r.row * k * size;
-  float acc[KILN_GEMV_MAX_M];
-  for (int i = 0; i < KILN_GEMV_MAX_M; ++i) acc[i] = 0.0f;
+  float acc[MAX_M];
+  for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
   int vector_end = (k % 8 == 0) ? k : 0;  // 16-byte loads need aligned rows
   int col = lane * 8;
   // Every load of a round is issued before the first is used: a memory
   // round trip per round, not per load.
-  for (; col + (KILN_GEMV_DEPTH - 1) * step < vector_end; col += KILN_GEMV_DEPTH * step) {
-    Raw8<BYTES> raw[KILN_GEMV_DEPTH];
+  for (; col + (depth - 1) * step < vector_end; col += depth * step) {
+    Raw8<BYTES> raw[depth];
 #pragma unroll
-    for (int u = 0; u < KILN_GEMV_DEPTH; ++u) raw[u] = load8<BYTES>(wr, col + u * step);
+    for (int u = 0; u < depth; ++u) raw[u] = load8<BYTES>(wr, col + u * step);
 #pragma unroll
-    for (int u = 0; u < KILN_GEMV_DEPTH; ++u) {
+    for (int u = 0; u < depth; ++u) {
       float v[8];
       widen8<BYTES>(raw[u], v);
-      accumulate(acc, v, 8, x, m, k, col + u * step);
+      accumulate<MAX_M>(acc, v, 8, x, m, k, col + u * step);
     }
   }
   for (; col < vector_end; col += step) {
     float v[8];
     widen8<BYTES>(load8<BYTES>(wr, col), v);
-    accumulate(acc, v, 8, x, m, k, col);
+    accumulate<MAX_M>(acc, v, 8, x, m, k, col);
   }
   for (int c = vector_end + lane; c < k; c += 32) {
     float v = load1<BYTES>(wr, c);
-    accumulate(acc, &v, 1, x, m, k, c);
+    accumulate<MAX_M>(acc, &v, 1, x, m, k, c);
   }
-  store_rows(acc, r.y, m, r.n, r.row);
+  store_rows<MAX_M>(acc, r.y, m, r.n, r.row);
 }
 
+// Each format has a kernel for up to KILN_GEMV_MAX_M rows of x and one, `_m1`,
+// for a single row.
 extern "C" __global__ void kiln_gemv_bf16(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_dense<2>(g, x, m, k);
+  gemv_dense<2, KILN_GEMV_MAX_M>(g, x, m, k);
+}
+extern "C" __global__ void kiln_gemv_bf16_m1(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_dense<2, 1>(g, x, m, k);
 }
 extern "C" __global__ void kiln_gemv_f16(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_dense<3>(g, x, m, k);
+  gemv_dense<3, KILN_GEMV_MAX_M>(g, x, m, k);
+}
+extern "C" __global__ void kiln_gemv_f16_m1(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_dense<3, 1>(g, x, m, k);
 }
 extern "C" __global__ void kiln_gemv_f32(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_dense<4>(g, x, m, k);
+  gemv_dense<4, KILN_GEMV_MAX_M>(g, x, m, k);
+}
+extern "C" __global__ void kiln_gemv_f32_m1(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_dense<4, 1>(g, x, m, k);
 }
 
 // ---- GGUF blocks ----
@@ -188,6 +209,7 @@ extern "C" __global__ void kiln_gemv_f32(KilnGemvGroup g, const float* x, int m,
 struct Q8_0 {
   static const int ELEMS = 32, BYTES = 34, LANES = 4;
   // Lane part s: quants 8s .. 8s+7.
+  template <int MAX_M>
   __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
     float d = load_f16(b), w[8];
     for (int j = 0; j < 4; ++j) {
@@ -195,7 +217,7 @@ struct Q8_0 {
       w[2 * j] = d * (float)(signed char)(q & 0xff);
       w[2 * j + 1] = d * (float)(signed char)(q >> 8);
     }
-    accumulate(acc, w, 8, x, m, k, col + 8 * s);
+    accumulate<MAX_M>(acc, w, 8, x, m, k, col + 8 * s);
   }
   __device__ static float value(const u8* b, int j) { return load_f16(b) * (float)(signed char)b[2 + j]; }
 };
@@ -203,6 +225,7 @@ struct Q8_0 {
 struct Q4_0 {
   static const int ELEMS = 32, BYTES = 18, LANES = 4;
   // Lane part s: bytes 4s .. 4s+3, low nibbles are values 4s.., high 16+4s...
+  template <int MAX_M>
   __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
     float d = load_f16(b), lo[4], hi[4];
     for (int j = 0; j < 2; ++j) {
@@ -213,8 +236,8 @@ struct Q4_0 {
         hi[2 * j + h] = d * ((float)(byte >> 4) - 8.0f);
       }
     }
-    accumulate(acc, lo, 4, x, m, k, col + 4 * s);
-    accumulate(acc, hi, 4, x, m, k, col + 16 + 4 * s);
+    accumulate<MAX_M>(acc, lo, 4, x, m, k, col + 4 * s);
+    accumulate<MAX_M>(acc, hi, 4, x, m, k, col + 16 + 4 * s);
   }
   __device__ static float value(const u8* b, int j) {
     unsigned int byte = b[2 + (j % 16)];
@@ -237,6 +260,7 @@ struct Q4_K {
   static const int ELEMS = 256, BYTES = 144, LANES = 16;
   // Lane part s: chunk c = s / 4 of 64 values, bytes 8 (s % 4) .. +7 of its
   // 32: low nibbles in sub-block 2c, high nibbles in 2c + 1.
+  template <int MAX_M>
   __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
     int c = s / 4, p = s % 4;
     float d = load_f16(b), dmin = load_f16(b + 2);
@@ -251,8 +275,8 @@ struct Q4_K {
       lo[j] = d * sc0 * (float)(byte & 0xfu) - dmin * m0;
       hi[j] = d * sc1 * (float)(byte >> 4) - dmin * m1;
     }
-    accumulate(acc, lo, 8, x, m, k, col + 64 * c + 8 * p);
-    accumulate(acc, hi, 8, x, m, k, col + 64 * c + 32 + 8 * p);
+    accumulate<MAX_M>(acc, lo, 8, x, m, k, col + 64 * c + 8 * p);
+    accumulate<MAX_M>(acc, hi, 8, x, m, k, col + 64 * c + 32 + 8 * p);
   }
   __device__ static float value(const u8* b, int j) {
     int c = j / 64, l = j % 32, high = (j % 64) >= 32;
@@ -267,6 +291,7 @@ struct Q6_K {
   static const int ELEMS = 256, BYTES = 210, LANES = 32;
   // Lane t: half h = t / 16 of 128 values, positions l0, l0 + 1 (l0 = 2 (t %
   // 16)) of each of its four quarters of 32.
+  template <int MAX_M>
   __device__ static void dot(const u8* b, int t, const float* x, int m, int k, int col, float* acc) {
     int h = t / 16, l0 = 2 * (t % 16);
     float d = load_f16(b + 208);
@@ -281,7 +306,7 @@ struct Q6_K {
         unsigned int high = ((qh >> (8 * e)) >> (2 * quarter)) & 3u;
         w[e] = scale * (float)((int)(low | (high << 4)) - 32);
       }
-      accumulate(acc, w, 2, x, m, k, col + 128 * h + 32 * quarter + l0);
+      accumulate<MAX_M>(acc, w, 2, x, m, k, col + 128 * h + 32 * quarter + l0);
     }
   }
   __device__ static float value(const u8* b, int j) {
@@ -294,20 +319,20 @@ struct Q6_K {
   }
 };
 
-template <typename F>
+template <typename F, int MAX_M>
 __device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k) {
   int lane = threadIdx.x % 32;
   GemvRow r;
   if (!gemv_row(g, &r)) return;
   int blocks = k / F::ELEMS;
   const u8* wr = r.w + (i64)r.row * blocks * F::BYTES;
-  float acc[KILN_GEMV_MAX_M];
-  for (int i = 0; i < KILN_GEMV_MAX_M; ++i) acc[i] = 0.0f;
+  float acc[MAX_M];
+  for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
   // Unrolled so that the loads of several blocks are in flight together.
 #pragma unroll 4
   for (int blk = lane / F::LANES; blk < blocks; blk += 32 / F::LANES)
-    F::dot(wr + (i64)blk * F::BYTES, lane % F::LANES, x, m, k, blk * F::ELEMS, acc);
-  store_rows(acc, r.y, m, r.n, r.row);
+    F::template dot<MAX_M>(wr + (i64)blk * F::BYTES, lane % F::LANES, x, m, k, blk * F::ELEMS, acc);
+  store_rows<MAX_M>(acc, r.y, m, r.n, r.row);
 }
 
 // Embedding rows read from a table of blocks: y[t, :] = table[ids[t], :],
@@ -332,7 +357,10 @@ __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
 }
 
 extern "C" __global__ void kiln_gemv_q8_0(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q8_0>(g, x, m, k);
+  gemv_blocks<Q8_0, KILN_GEMV_MAX_M>(g, x, m, k);
+}
+extern "C" __global__ void kiln_gemv_q8_0_m1(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_blocks<Q8_0, 1>(g, x, m, k);
 }
 extern "C" __global__ void kiln_dequant_q8_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q8_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q8_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
@@ -340,7 +368,10 @@ extern "C" __global__ void kiln_embedding_q8_0(const u8* table, const i64* ids, 
   embedding_blocks<Q8_0>(table, ids, y, rows, cols, error);
 }
 extern "C" __global__ void kiln_gemv_q4_0(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q4_0>(g, x, m, k);
+  gemv_blocks<Q4_0, KILN_GEMV_MAX_M>(g, x, m, k);
+}
+extern "C" __global__ void kiln_gemv_q4_0_m1(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_blocks<Q4_0, 1>(g, x, m, k);
 }
 extern "C" __global__ void kiln_dequant_q4_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q4_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
@@ -348,7 +379,10 @@ extern "C" __global__ void kiln_embedding_q4_0(const u8* table, const i64* ids, 
   embedding_blocks<Q4_0>(table, ids, y, rows, cols, error);
 }
 extern "C" __global__ void kiln_gemv_q4_k(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q4_K>(g, x, m, k);
+  gemv_blocks<Q4_K, KILN_GEMV_MAX_M>(g, x, m, k);
+}
+extern "C" __global__ void kiln_gemv_q4_k_m1(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_blocks<Q4_K, 1>(g, x, m, k);
 }
 extern "C" __global__ void kiln_dequant_q4_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_K>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q4_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
@@ -356,7 +390,10 @@ extern "C" __global__ void kiln_embedding_q4_k(const u8* table, const i64* ids, 
   embedding_blocks<Q4_K>(table, ids, y, rows, cols, error);
 }
 extern "C" __global__ void kiln_gemv_q6_k(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q6_K>(g, x, m, k);
+  gemv_blocks<Q6_K, KILN_GEMV_MAX_M>(g, x, m, k);
+}
+extern "C" __global__ void kiln_gemv_q6_k_m1(KilnGemvGroup g, const float* x, int m, int k) {
+  gemv_blocks<Q6_K, 1>(g, x, m, k);
 }
 extern "C" __global__ void kiln_dequant_q6_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q6_K>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q6_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,

@@ -3,7 +3,8 @@
 //! blocks read packed (Q8_0, Q4_0, Q4_K, Q6_K), against a dot product over
 //! the CPU's own decoding of the same bytes; and the expansion of those
 //! blocks to bf16 for the GEMM of larger batches. Each launch also runs as a
-//! group of matrices sharing x (as q, k and v do), one output each.
+//! group of matrices sharing x (as q, k and v do), one output each, and a
+//! single row of x also through the format's `_m1` kernel.
 
 mod common;
 
@@ -61,30 +62,40 @@ fn check_gemv(gpu: &Gpu, kernel: &str, w_bytes: &[u8], values: &[f32], n: usize,
         let want = reference(values, &x, m, n, k);
         let scale = want.iter().fold(1f32, |a, v| a.max(v.abs()));
         let xs = gpu.up(&x);
-        // Each part is its own matrix and output.
-        let (mut matrices, mut outputs, mut first) = (Vec::new(), Vec::new(), 0);
-        for &rows in &parts {
-            let bytes = &w_bytes[first * row_bytes..(first + rows) * row_bytes];
-            matrices.push((gpu.up(bytes), rows));
-            outputs.push(gpu.zeros(m * rows * 4));
-            first += rows;
-        }
         let grid = (n as u32).div_ceil(WARPS);
-        let args = [group(&matrices, &outputs), Ptr(xs), int(m), int(k)];
-        gpu.run(kernel, (grid, 1), 32 * WARPS, &args);
-        // y [m, n] from the parts' [m, rows].
-        let mut got = vec![0f32; m * n];
-        let mut first = 0;
-        for (&rows, &out) in parts.iter().zip(&outputs) {
-            let part: Vec<f32> = gpu.down(out, m * rows);
-            for i in 0..m {
-                got[i * n + first..i * n + first + rows]
-                    .copy_from_slice(&part[i * rows..(i + 1) * rows]);
+        // A single row of x also runs the kernel made for it; each kernel
+        // gets fresh outputs, so one cannot pass on another's results.
+        let single = format!("{kernel}_m1");
+        let kernels = if m == 1 {
+            vec![kernel, single.as_str()]
+        } else {
+            vec![kernel]
+        };
+        for name in kernels {
+            // Each part is its own matrix and output.
+            let (mut matrices, mut outputs, mut first) = (Vec::new(), Vec::new(), 0);
+            for &rows in &parts {
+                let bytes = &w_bytes[first * row_bytes..(first + rows) * row_bytes];
+                matrices.push((gpu.up(bytes), rows));
+                outputs.push(gpu.zeros(m * rows * 4));
+                first += rows;
             }
-            first += rows;
+            let args = [group(&matrices, &outputs), Ptr(xs), int(m), int(k)];
+            gpu.run(name, (grid, 1), 32 * WARPS, &args);
+            // y [m, n] from the parts' [m, rows].
+            let mut got = vec![0f32; m * n];
+            let mut first = 0;
+            for (&rows, &out) in parts.iter().zip(&outputs) {
+                let part: Vec<f32> = gpu.down(out, m * rows);
+                for i in 0..m {
+                    got[i * n + first..i * n + first + rows]
+                        .copy_from_slice(&part[i * rows..(i + 1) * rows]);
+                }
+                first += rows;
+            }
+            let what = format!("{name} m={m} k={k} parts {parts:?}");
+            close(&got, &want, 2e-6 * scale * k as f32, &what);
         }
-        let what = format!("{kernel} m={m} k={k} parts {parts:?}");
-        close(&got, &want, 2e-6 * scale * k as f32, &what);
     }
 }
 
@@ -92,8 +103,10 @@ fn check_gemv(gpu: &Gpu, kernel: &str, w_bytes: &[u8], values: &[f32], n: usize,
 fn dense_rows_match_the_reference() {
     let gpu = Gpu::new(&[sources::GEMV]);
     let n = 37; // not a multiple of the rows per block
-                // 520: 16-byte loads and a partial last sweep; 37: the unaligned path.
-    for k in [520, 37] {
+                // 520: 16-byte loads and a partial last sweep; 2056: full
+                // rounds of eight loads per lane (the one-row kernels) and
+                // one load past them; 37: the unaligned path.
+    for k in [520, 2056, 37] {
         let values = Rng::new(3).data(n * k, 1.0);
         let as_bf16: Vec<u16> = values
             .iter()

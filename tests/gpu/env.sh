@@ -15,7 +15,20 @@ for base in site.getsitepackages():
 print(":".join(sorted(dirs)))
 PY
 )
-export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# cudarc opens the unversioned names (libcublas.so) before the versioned
+# ones, so a CUDA toolkit's libcublas.so on the loader's path would be taken
+# while cuBLAS then loads the wheel's libcublasLt.so.13 from LD_LIBRARY_PATH:
+# two builds mixed, which crashed in cublasDestroy (seen on the H200 image).
+# Unversioned links to the wheels' libraries come first, so every CUDA
+# library is the wheels'.
+links=$stage/cuda-links
+mkdir -p "$links"
+for dir in $(echo "$libs" | tr ':' ' '); do
+  for lib in "$dir"/lib*.so.13; do
+    [ -e "$lib" ] && ln -sf "$lib" "$links/$(basename "$lib" .13)"
+  done
+done
+export LD_LIBRARY_PATH=$links:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvrtc_dir=$(echo "$libs" | tr ':' '\n' | while read -r d; do [ -f "$d/libnvrtc.so.13" ] && echo "$d"; done | head -1)
 [ -n "$nvrtc_dir" ] && export KILN_NVRTC_DIR=$nvrtc_dir
 export KILN_CACHE_DIR=$stage/cache

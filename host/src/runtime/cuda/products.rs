@@ -26,15 +26,21 @@ fn product_dims(w: &DeviceMatrix, layout: WeightLayout) -> (usize, usize) {
 }
 
 /// The decode GEMV for `m` rows of x times `w` (stored `[n, k]`), where one
-/// applies.
+/// applies: a single row has kernels of its own (fewer registers, more
+/// weight loads in flight).
 fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&'static str> {
     if m > GEMV_MAX_M || layout != WeightLayout::OutIn {
         return None;
     }
+    let one = m == 1;
     Some(match (w.packed, w.ty) {
+        (Some(p), _) if one => p.kernels().gemv_m1,
         (Some(p), _) => p.kernels().gemv,
+        (None, GemmType::BF16) if one => "kiln_gemv_bf16_m1",
         (None, GemmType::BF16) => "kiln_gemv_bf16",
+        (None, GemmType::F16) if one => "kiln_gemv_f16_m1",
         (None, GemmType::F16) => "kiln_gemv_f16",
+        (None, GemmType::F32) if one => "kiln_gemv_f32_m1",
         (None, GemmType::F32) => "kiln_gemv_f32",
     })
 }

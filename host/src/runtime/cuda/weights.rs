@@ -70,8 +70,10 @@ pub enum Packed {
 
 /// The kernels that read one packed format.
 pub struct PackedKernels {
-    /// The decode GEMV.
+    /// The decode GEMV (up to `GEMV_MAX_M` rows of x).
     pub gemv: &'static str,
+    /// The decode GEMV for one row of x.
+    pub gemv_m1: &'static str,
     /// The expansion to bf16.
     pub dequant: &'static str,
     /// Embedding rows.
@@ -102,14 +104,35 @@ impl Packed {
 
     /// Its kernels.
     pub fn kernels(self) -> PackedKernels {
-        let (gemv, dequant, embedding) = match self {
-            Self::Q8_0 => ("kiln_gemv_q8_0", "kiln_dequant_q8_0", "kiln_embedding_q8_0"),
-            Self::Q4_0 => ("kiln_gemv_q4_0", "kiln_dequant_q4_0", "kiln_embedding_q4_0"),
-            Self::Q4K => ("kiln_gemv_q4_k", "kiln_dequant_q4_k", "kiln_embedding_q4_k"),
-            Self::Q6K => ("kiln_gemv_q6_k", "kiln_dequant_q6_k", "kiln_embedding_q6_k"),
+        let (gemv, gemv_m1, dequant, embedding) = match self {
+            Self::Q8_0 => (
+                "kiln_gemv_q8_0",
+                "kiln_gemv_q8_0_m1",
+                "kiln_dequant_q8_0",
+                "kiln_embedding_q8_0",
+            ),
+            Self::Q4_0 => (
+                "kiln_gemv_q4_0",
+                "kiln_gemv_q4_0_m1",
+                "kiln_dequant_q4_0",
+                "kiln_embedding_q4_0",
+            ),
+            Self::Q4K => (
+                "kiln_gemv_q4_k",
+                "kiln_gemv_q4_k_m1",
+                "kiln_dequant_q4_k",
+                "kiln_embedding_q4_k",
+            ),
+            Self::Q6K => (
+                "kiln_gemv_q6_k",
+                "kiln_gemv_q6_k_m1",
+                "kiln_dequant_q6_k",
+                "kiln_embedding_q6_k",
+            ),
         };
         PackedKernels {
             gemv,
+            gemv_m1,
             dequant,
             embedding,
         }
