@@ -104,7 +104,8 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     };
     let device = model.backend.device_name();
     let roofline = model.backend.roofline()?;
-    let engine = service::spawn(model, tokenizer, Vec::new(), config, Metrics::default())?;
+    let (engine, engine_thread) =
+        service::spawn(model, tokenizer, Vec::new(), config, Metrics::default())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()?;
@@ -129,6 +130,10 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         let wall = start.elapsed().as_secs_f64();
         results.push(summarize(concurrency, args, wall, &timings, roofline));
     }
+    // The model (and its device) is released on the engine thread, before
+    // the process exits.
+    drop(engine);
+    engine_thread.join();
     let text = if args.json {
         let report = Report {
             device,

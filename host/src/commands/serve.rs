@@ -102,7 +102,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         },
         prefix_caching: !args.no_prefix_caching,
     };
-    let engine = service::spawn(
+    let (engine, engine_thread) = service::spawn(
         model,
         tokenizer.clone(),
         defaults.eos_token_ids.clone(),
@@ -130,7 +130,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(async {
+    let served = runtime.block_on(async {
         let address = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&address)
             .await
@@ -142,9 +142,14 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown_signal())
             .await?;
-        tracing::info!("stopped");
         Ok(())
-    })
+    });
+    // Requests still in flight hold engine handles: dropping the runtime
+    // drops them, and the engine then stops and releases the device.
+    drop(runtime);
+    engine_thread.join();
+    tracing::info!("stopped");
+    served
 }
 
 /// Resolves on SIGINT or SIGTERM; in-flight requests then finish.

@@ -170,6 +170,22 @@ impl EngineHandle {
     }
 }
 
+/// The engine's thread. Join it after the last [`EngineHandle`] is dropped,
+/// before the process exits: the engine drops the model, and with it the
+/// device, on that thread, and a CUDA library torn down by the exit handlers
+/// while the engine still releases its handles crashes the process (seen
+/// as a segmentation fault in cublasDestroy on an H200).
+pub struct EngineThread(std::thread::JoinHandle<()>);
+
+impl EngineThread {
+    /// Waits for the engine to stop; every handle must be dropped first.
+    pub fn join(self) {
+        if self.0.join().is_err() {
+            tracing::error!("the engine thread panicked");
+        }
+    }
+}
+
 /// Starts the engine thread for `model`, with a KV cache of
 /// `config.num_blocks` blocks on the model's device (allocated here, so a
 /// cache that does not fit fails before any request). The engine stops when
@@ -180,7 +196,7 @@ pub fn spawn(
     eos: Vec<u32>,
     config: EngineConfig,
     observer: impl EngineObserver,
-) -> Result<EngineHandle, RuntimeError> {
+) -> Result<(EngineHandle, EngineThread), RuntimeError> {
     let kv = model.config.kv;
     let layout = CacheLayout {
         block_size: config.block_size,
@@ -191,14 +207,15 @@ pub fn spawn(
         .backend
         .new_kv_cache(kv.num_layers as usize, config.num_blocks, layout)?;
     let (commands, receiver) = mpsc::channel();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("kiln-engine".to_owned())
         .spawn(move || run(model, cache, &tokenizer, &eos, config, receiver, observer))
         .expect("the engine thread starts");
-    Ok(EngineHandle {
+    let handle = EngineHandle {
         commands,
         next_id: Arc::new(AtomicU64::new(0)),
-    })
+    };
+    Ok((handle, EngineThread(thread)))
 }
 
 /// One running request's state.
