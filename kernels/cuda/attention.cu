@@ -45,7 +45,6 @@ __device__ void write_kv(const float* __restrict__ k, const float* __restrict__ 
   int b = sequence_of(row_offsets, context_lens, batch, row, &position);
   if (position < 0) return;  // padding
   i64 at = cache_slot(block_tables, b, blocks_per_seq, block_size, position) * stride;
-#pragma unroll 4
   for (int i = threadIdx.x; i < stride; i += blockDim.x) {
     cache_store(k_cache + at + i, k[row * stride + i]);
     cache_store(v_cache + at + i, v[row * stride + i]);

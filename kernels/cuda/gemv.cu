@@ -1,12 +1,12 @@
 // Matrix products for small batches (decode): y[m, n] = x[m, k] · W[n, k]ᵀ
 // with m ≤ KILN_GEMV_MAX_M, bound by reading W once. One warp per output row
-// streams that row of W (for bf16/f16/f32 16-byte loads, four in flight per
-// lane, kept out of L1; GGUF blocks read as packed), multiplies it with
-// every row of x (f32, kept in L1: it is small and every warp reads it) and
-// reduces across its lanes. One
-// launch covers up to KILN_GEMV_MAX_GROUP matrices that share x (q, k and v;
-// gate and up): their rows form one grid, so small matrices do not leave the
-// card half idle and a layer reads its weights in fewer launches.
+// streams that row of W (bf16/f16/f32 in 16-byte loads kept out of L1, four
+// in flight per lane, eight in the one-row `_m1` kernels; GGUF blocks read
+// as packed), multiplies it with every row of x (f32, kept in L1: it is small
+// and every warp reads it) and reduces across its lanes. One launch covers
+// up to KILN_GEMV_MAX_GROUP matrices that share x (q, k and v; gate and up):
+// their rows form one grid, so small matrices do not leave the card half
+// idle and a layer reads its weights in fewer launches.
 //
 // GGUF rows are sequences of blocks; each format splits a block among
 // `LANES` lanes, so a warp covers 32 / LANES blocks per iteration:
@@ -328,8 +328,6 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k
   const u8* wr = r.w + (i64)r.row * blocks * F::BYTES;
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
-  // Unrolled so that the loads of several blocks are in flight together.
-#pragma unroll 4
   for (int blk = lane / F::LANES; blk < blocks; blk += 32 / F::LANES)
     F::template dot<MAX_M>(wr + (i64)blk * F::BYTES, lane % F::LANES, x, m, k, blk * F::ELEMS, acc);
   store_rows<MAX_M>(acc, r.y, m, r.n, r.row);

@@ -1,6 +1,4 @@
-// Row normalizations: one block per row of `cols` values. The loops of the
-// decode-path norms are unrolled so that a thread's loads are in flight
-// together (one row is a single block: its time is memory round trips).
+// Row normalizations: one block per row of `cols` values.
 #include "kiln_cuda.cuh"
 
 // y = x / sqrt(mean(x²) + eps) * (offset + w); offset is 1 for Gemma's (1 + w).
@@ -10,11 +8,9 @@ extern "C" __global__ void kiln_rms_norm(const float* __restrict__ x, const floa
   const float* row = x + (i64)blockIdx.x * cols;
   float* out = y + (i64)blockIdx.x * cols;
   float sum = 0.0f;
-#pragma unroll 4
   for (int i = threadIdx.x; i < cols; i += blockDim.x) sum += row[i] * row[i];
   sum = block_sum(sum, scratch);
   float inv = 1.0f / sqrtf(sum / (float)cols + eps);
-#pragma unroll 4
   for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = row[i] * inv * (offset + w[i]);
 }
 
@@ -26,7 +22,6 @@ extern "C" __global__ void kiln_add_rms_norm(const float* __restrict__ a, const 
   __shared__ float scratch[32];
   i64 base = (i64)blockIdx.x * cols;
   float sum = 0.0f;
-#pragma unroll 4
   for (int i = threadIdx.x; i < cols; i += blockDim.x) {
     float v = a[base + i] + b[base + i];
     x[base + i] = v;
@@ -34,7 +29,6 @@ extern "C" __global__ void kiln_add_rms_norm(const float* __restrict__ a, const 
   }
   sum = block_sum(sum, scratch);
   float inv = 1.0f / sqrtf(sum / (float)cols + eps);
-#pragma unroll 4
   for (int i = threadIdx.x; i < cols; i += blockDim.x) y[base + i] = x[base + i] * inv * (offset + w[i]);
 }
 

@@ -13,7 +13,6 @@ extern "C" __global__ void kiln_rope(const float* __restrict__ x, const i64* __r
   i64 token = blockIdx.x;
   float position = (float)positions[token];
   int head_dim = 2 * half;
-#pragma unroll 4
   for (int p = threadIdx.x; p < (heads + heads2) * half; p += blockDim.x) {
     int head = p / half, i = p % half;
     bool second = head >= heads;

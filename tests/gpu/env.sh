@@ -18,7 +18,7 @@ PY
 # cudarc opens the unversioned names (libcublas.so) before the versioned
 # ones, so a CUDA toolkit's libcublas.so on the loader's path would be taken
 # while cuBLAS then loads the wheel's libcublasLt.so.13 from LD_LIBRARY_PATH:
-# two builds mixed, which crashed in cublasDestroy (seen on the H200 image).
+# two builds in one process (seen on the H200 image).
 # Unversioned links to the wheels' libraries come first, so every CUDA
 # library is the wheels'.
 links=$stage/cuda-links

@@ -32,17 +32,13 @@ fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&'sta
     if m > GEMV_MAX_M || layout != WeightLayout::OutIn {
         return None;
     }
-    let one = m == 1;
-    Some(match (w.packed, w.ty) {
-        (Some(p), _) if one => p.kernels().gemv_m1,
-        (Some(p), _) => p.kernels().gemv,
-        (None, GemmType::BF16) if one => "kiln_gemv_bf16_m1",
-        (None, GemmType::BF16) => "kiln_gemv_bf16",
-        (None, GemmType::F16) if one => "kiln_gemv_f16_m1",
-        (None, GemmType::F16) => "kiln_gemv_f16",
-        (None, GemmType::F32) if one => "kiln_gemv_f32_m1",
-        (None, GemmType::F32) => "kiln_gemv_f32",
-    })
+    let (many, one) = match (w.packed, w.ty) {
+        (Some(p), _) => (p.kernels().gemv, p.kernels().gemv_m1),
+        (None, GemmType::BF16) => ("kiln_gemv_bf16", "kiln_gemv_bf16_m1"),
+        (None, GemmType::F16) => ("kiln_gemv_f16", "kiln_gemv_f16_m1"),
+        (None, GemmType::F32) => ("kiln_gemv_f32", "kiln_gemv_f32_m1"),
+    };
+    Some(if m == 1 { one } else { many })
 }
 
 /// The scratch a GEMM over `w` needs for `x_elements` values of x: x cast
