@@ -141,6 +141,28 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_prefix_caching: bool,
 
+    /// Most sequences one request may make (its prompts × `n`); more is
+    /// refused with a 400.
+    #[arg(long, default_value_t = 128)]
+    pub max_seqs_per_request: usize,
+
+    /// Read special-token text in chat message content (such as
+    /// `<|im_end|>`) as special tokens. By default it is plain text, so a
+    /// message cannot close its turn or forge another; only the chat
+    /// template's own markers are special.
+    #[arg(long)]
+    pub allow_special_tokens_in_messages: bool,
+
+    /// Most open client connections; more are answered 503 and closed
+    /// (lowered to what the descriptor limit allows).
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+
+    /// Seconds a client has to send a request's headers (which also bounds
+    /// an idle keep-alive connection), and again its body (408 after).
+    #[arg(long, default_value_t = 30.0)]
+    pub http_timeout: f64,
+
     /// Largest accepted request body, e.g. `4MiB`.
     #[arg(long, default_value = "4MiB", value_parser = parse_size)]
     pub max_request_bytes: u64,

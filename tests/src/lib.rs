@@ -4,6 +4,7 @@
 
 pub mod models;
 pub mod reference;
+pub mod serve;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -196,7 +196,7 @@ async fn run_level(
 ) -> anyhow::Result<Vec<Timings>> {
     let start = Instant::now();
     let mut receivers = Vec::new();
-    for prompt in prompts {
+    for (group, prompt) in (0u64..).zip(prompts) {
         let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
         engine
             .submit(Request {
@@ -217,6 +217,7 @@ async fn run_level(
                 },
                 events,
                 arrived: start,
+                group,
             })
             .map_err(anyhow::Error::msg)?;
         receivers.push(receiver);

@@ -12,7 +12,11 @@ use crate::engine::service::{self, EngineConfig};
 use crate::scheduler::SchedulerConfig;
 use crate::server::metrics::Metrics;
 use crate::server::openai::Limits;
-use crate::server::{router, AppState};
+use crate::server::{self, router, AppState};
+
+/// The smallest KV cache (in tokens) serve starts with, unless the model's
+/// context is shorter.
+const MIN_CACHE_TOKENS: usize = 256;
 
 /// Runs the server.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
@@ -37,6 +41,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let max_model_len = model.config.max_seq_len as usize;
     // On a GPU the cache takes what the weights and the largest step leave
     // of --gpu-memory-utilization; on the CPU, --kv-cache-memory.
+    anyhow::ensure!(
+        args.http_timeout > 0.0 && args.http_timeout.is_finite(),
+        "--http-timeout must be a positive number of seconds, got {}",
+        args.http_timeout
+    );
     anyhow::ensure!(
         args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0,
         "--gpu-memory-utilization must be in (0, 1], got {}",
@@ -64,13 +73,21 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         None => args.kv_cache_memory,
     };
     let num_blocks = (kv_memory / bytes_per_block.max(1)) as usize;
+    let cache_tokens = num_blocks * args.block_size;
     anyhow::ensure!(
-        num_blocks * args.block_size >= max_model_len.min(4096),
-        "the KV cache ({} bytes) holds {} tokens; give it room for at least one request of {} tokens (--kv-cache-memory on the CPU, --gpu-memory-utilization on a GPU)",
-        kv_memory,
-        num_blocks * args.block_size,
-        max_model_len.min(4096)
+        cache_tokens >= max_model_len.min(MIN_CACHE_TOKENS),
+        "the KV cache ({kv_memory} bytes) holds {cache_tokens} tokens; give it room for at least {} (--kv-cache-memory on the CPU, --gpu-memory-utilization on a GPU)",
+        max_model_len.min(MIN_CACHE_TOKENS)
     );
+    // A request can never be longer than the cache: the served context is
+    // what the cache holds, and /v1/models says so.
+    let model_len = max_model_len;
+    let max_model_len = model_len.min(cache_tokens);
+    if max_model_len < model_len {
+        tracing::warn!(
+            "the KV cache holds {cache_tokens} tokens, fewer than the model's context of {model_len}: serving a context of {max_model_len} (more cache memory serves more)"
+        );
+    }
     anyhow::ensure!(
         args.max_batch_size > 0 && args.max_batch_tokens > 0,
         "--max-batch-size and --max-batch-tokens must be at least 1"
@@ -91,6 +108,9 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .served_model_name
         .clone()
         .unwrap_or_else(|| default_model_name(&args.load.model.model));
+    let max_prompt_bytes = max_model_len
+        .saturating_mul(tokenizer.longest_token_bytes())
+        .saturating_mul(2);
     let metrics = Metrics::default();
     let config = EngineConfig {
         num_blocks,
@@ -120,12 +140,30 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             max_tokens: max_model_len,
             max_n: 16,
             vocab_size,
+            max_seqs_per_request: args.max_seqs_per_request,
+            // Twice the longest token per position: no text beyond it fits
+            // (the margin covers normalizers that shorten text).
+            max_prompt_bytes,
+            allow_special_tokens_in_messages: args.allow_special_tokens_in_messages,
         },
         defaults: defaults.sampling,
         api_key: args.api_key.clone(),
         metrics,
     });
-    let app = router(state, args.max_request_bytes as usize);
+    let timeout = std::time::Duration::from_secs_f64(args.http_timeout);
+    let app = router(state, args.max_request_bytes as usize, timeout);
+    // Each connection is a descriptor; keep some for the model, the
+    // runtime and logging.
+    let descriptors = server::raise_descriptor_limit();
+    let max_connections = args
+        .max_connections
+        .min(descriptors.saturating_sub(64).max(1) as usize);
+    if max_connections < args.max_connections {
+        tracing::warn!(
+            "--max-connections {} lowered to {max_connections}: the process may open {descriptors} descriptors",
+            args.max_connections
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -139,9 +177,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             "serving `{model_name}` on http://{}",
             listener.local_addr()?
         );
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
+        server::serve(listener, app, (max_connections, timeout), shutdown_signal()).await?;
         Ok(())
     });
     // Requests still in flight hold engine handles: dropping the runtime

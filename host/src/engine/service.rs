@@ -114,6 +114,9 @@ pub struct Request {
     pub events: UnboundedSender<Event>,
     /// When the request arrived (for latency metrics).
     pub arrived: Instant,
+    /// The API request it belongs to (its prompts and `n` choices share
+    /// one): the scheduler shares the batch fairly between groups.
+    pub group: u64,
 }
 
 /// Sizes of the engine.
@@ -254,7 +257,12 @@ fn run(
         }
         incoming.extend(commands.try_iter());
         for Command::Add(id, request) in incoming {
-            if let Err(e) = scheduler.add(id, request.prompt.clone(), request.params.max_tokens) {
+            if let Err(e) = scheduler.add_to_group(
+                id,
+                request.group,
+                request.prompt.clone(),
+                request.params.max_tokens,
+            ) {
                 let _ = request.events.send(Event::Error(e.to_string()));
                 continue;
             }

@@ -5,7 +5,7 @@
 
 pub mod blocks;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
 
@@ -49,6 +49,9 @@ pub enum AdmissionError {
 #[derive(Debug)]
 struct Sequence {
     id: SeqId,
+    /// The request it belongs to: admission shares the batch fairly
+    /// between requests, whatever number of sequences each brought.
+    group: u64,
     /// Prompt and generated tokens.
     tokens: Vec<u32>,
     /// Tokens whose keys and values are in the cache.
@@ -125,10 +128,23 @@ impl Scheduler {
         }
     }
 
-    /// Queues a request. `max_new` bounds its output, for the length check.
+    /// Queues a sequence that is a request of its own. `max_new` bounds its
+    /// output, for the length check.
     pub fn add(
         &mut self,
         id: SeqId,
+        prompt: Vec<u32>,
+        max_new: usize,
+    ) -> Result<(), AdmissionError> {
+        self.add_to_group(id, id, prompt, max_new)
+    }
+
+    /// Queues a sequence of request `group` (one of its prompts or `n`
+    /// choices).
+    pub fn add_to_group(
+        &mut self,
+        id: SeqId,
+        group: u64,
         prompt: Vec<u32>,
         max_new: usize,
     ) -> Result<(), AdmissionError> {
@@ -151,6 +167,7 @@ impl Scheduler {
         }
         self.waiting.push_back(Sequence {
             id,
+            group,
             tokens: prompt,
             computed: 0,
             blocks: SequenceBlocks::default(),
@@ -214,9 +231,11 @@ impl Scheduler {
             budget -= take;
             i += 1;
         }
-        // Then new requests, while there is room.
+        // Then waiting sequences, while there is room: first of the request
+        // with the fewest running (so one request's many sequences cannot
+        // starve the others), oldest first among equals.
         while budget > 0 && self.running.len() < self.config.max_batch_size {
-            let Some(mut seq) = self.waiting.pop_front() else {
+            let Some(mut seq) = self.next_waiting() else {
                 break;
             };
             if seq.blocks.blocks.is_empty() {
@@ -238,6 +257,22 @@ impl Scheduler {
             self.running.push(seq);
         }
         batch
+    }
+
+    /// Takes the waiting sequence to admit next: the first one of the
+    /// group with the fewest running sequences.
+    fn next_waiting(&mut self) -> Option<Sequence> {
+        let mut running: HashMap<u64, usize> = HashMap::new();
+        for seq in &self.running {
+            *running.entry(seq.group).or_default() += 1;
+        }
+        let chosen = self
+            .waiting
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, seq)| (running.get(&seq.group).copied().unwrap_or(0), *i))
+            .map(|(i, _)| i)?;
+        self.waiting.remove(chosen)
     }
 
     fn plan(&self, seq: &Sequence, take: usize) -> ScheduledSeq {
@@ -371,6 +406,29 @@ mod tests {
         assert!(s.remove(2));
         assert!(!s.remove(2));
         assert_eq!(s.blocks().used(), 0, "no block leaks");
+    }
+
+    #[test]
+    fn a_request_with_many_sequences_shares_the_batch_with_later_ones() {
+        let mut s = scheduler(64, 2, 100);
+        for id in 0..6 {
+            s.add_to_group(id, 100, vec![1, 2], 4).unwrap();
+        }
+        s.add_to_group(6, 200, vec![3, 4], 4).unwrap();
+        // Request 200's one sequence gets the second slot, ahead of request
+        // 100's other five, although they came first.
+        let b = s.schedule();
+        assert_eq!(b.seqs.iter().map(|q| q.id).collect::<Vec<_>>(), [0, 6]);
+        run(&mut s, &b, 7);
+        s.remove(6);
+        let b = s.schedule();
+        assert_eq!(b.seqs.iter().map(|q| q.id).collect::<Vec<_>>(), [0, 1]);
+        run(&mut s, &b, 7);
+        // A third request arrives: it goes before request 100's rest.
+        s.add_to_group(7, 300, vec![5, 6], 4).unwrap();
+        s.remove(0);
+        let b = s.schedule();
+        assert_eq!(b.seqs.iter().map(|q| q.id).collect::<Vec<_>>(), [1, 7]);
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! `host serve`: an OpenAI-compatible HTTP server (axum) in front of the
 //! serving engine.
 
+mod listen;
 pub mod metrics;
 pub mod openai;
+mod prompt;
 mod tokenize;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
@@ -28,9 +30,10 @@ use crate::engine::sampling::SamplingParams;
 use crate::engine::service::{
     EngineHandle, Event, GenerationParams, Request as EngineRequest, TokenLogprob,
 };
-use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use crate::tokenizer::{ChatTemplate, Tokenizer};
+pub use listen::{raise_descriptor_limit, serve};
 use metrics::Metrics;
-use openai::{ApiError, ChatRequest, CompletionRequest, EndpointFields, Limits, Prompt, Usage};
+use openai::{ApiError, ChatRequest, CompletionRequest, EndpointFields, Limits, Usage};
 
 /// What every handler shares.
 pub struct AppState {
@@ -99,8 +102,9 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + EndpointFields> FromReques
     }
 }
 
-/// The router.
-pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+/// The router: request bodies up to `max_body_bytes`, arriving within
+/// `body_timeout`.
+pub fn router(state: Arc<AppState>, max_body_bytes: usize, body_timeout: Duration) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
@@ -120,6 +124,9 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
             ApiError::method_not_allowed(request.method().as_str(), request.uri().path())
         })
         .layer(middleware::from_fn(echo_request_id))
+        .layer(middleware::from_fn(move |request, next| {
+            listen::read_body((max_body_bytes, body_timeout), request, next)
+        }))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
 }
@@ -218,12 +225,23 @@ struct Choice {
     events: UnboundedReceiver<Event>,
 }
 
+/// A new group id: the sequences of one API request share one, so the
+/// scheduler shares the batch fairly between requests.
+fn new_group() -> u64 {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Submits `n` choices for `prompt`, numbered from `first_index`, in the
+/// request's `group`.
 fn submit(
     state: &AppState,
     prompt: &[u32],
     params: &GenerationParams,
     n: usize,
     first_index: usize,
+    group: u64,
 ) -> Result<Vec<Choice>, ApiError> {
     (0..n)
         .map(|i| {
@@ -237,6 +255,7 @@ fn submit(
                     params,
                     events: tx,
                     arrived: Instant::now(),
+                    group,
                 })
                 .map_err(ApiError::internal)?;
             Ok(Choice {
@@ -309,46 +328,19 @@ fn completion_logprobs(tokens: &[TokenLogprob], start_offset: usize) -> Value {
     })
 }
 
-fn chat_prompt(state: &AppState, request: &ChatRequest) -> Result<Vec<u32>, ApiError> {
-    render_chat(state, &request.messages, true, false)
-}
-
-/// `messages` through the chat template, then to token ids (the template
-/// writes the special tokens; `add_special_tokens` adds the tokenizer's own).
-fn render_chat(
-    state: &AppState,
-    messages: &[openai::InMessage],
-    add_generation_prompt: bool,
-    add_special_tokens: bool,
-) -> Result<Vec<u32>, ApiError> {
-    let template = state.chat_template.as_ref().ok_or_else(|| {
-        ApiError::invalid("this model has no chat template; use /v1/completions", None)
-    })?;
-    if messages.is_empty() {
-        return Err(ApiError::invalid(
-            "messages must not be empty",
-            Some("messages"),
-        ));
-    }
-    let messages = messages
-        .iter()
-        .map(|m| Ok(ChatMessage::new(m.role.as_str(), m.text()?)))
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    let rendered = template
-        .render(&messages, add_generation_prompt)
-        .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))?;
-    state
-        .tokenizer
-        .encode(&rendered, add_special_tokens)
-        .map_err(|e| ApiError::internal(e.to_string()))
-}
-
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
     ApiJson(request): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
     check_model(&state, &request.common.model)?;
-    let prompt = chat_prompt(&state, &request)?;
+    if request.top_logprobs.is_some() && !request.logprobs {
+        return Err(ApiError::invalid(
+            "top_logprobs requires logprobs to be true",
+            Some("top_logprobs"),
+        ));
+    }
+    prompt::check_sequences(&state, 1, request.common.n.unwrap_or(1))?;
+    let prompt = prompt::chat_prompt(&state, &request.messages, true, false).await?;
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
     let params = request.common.params(
         request.max_completion_tokens.or(request.common.max_tokens),
@@ -359,7 +351,7 @@ async fn chat_completions(
         &state.defaults,
     )?;
     let n = request.common.n.unwrap_or(1);
-    let choices = submit(&state, &prompt, &params, n, 0)?;
+    let choices = submit(&state, &prompt, &params, n, 0, new_group())?;
     let id = request_id("chatcmpl");
     let created = now();
     let model = state.model_name.clone();
@@ -470,41 +462,10 @@ async fn completions(
             Some("logprobs"),
         ));
     }
-    let prompts: Vec<Vec<u32>> = match &request.prompt {
-        Prompt::Text(text) => vec![state
-            .tokenizer
-            .encode(text, true)
-            .map_err(|e| ApiError::internal(e.to_string()))?],
-        Prompt::Texts(texts) => texts
-            .iter()
-            .map(|t| {
-                state
-                    .tokenizer
-                    .encode(t, true)
-                    .map_err(|e| ApiError::internal(e.to_string()))
-            })
-            .collect::<Result<_, _>>()?,
-        Prompt::Ids(ids) => vec![ids.clone()],
-        Prompt::IdLists(lists) => lists.clone(),
-    };
-    if prompts.is_empty() {
-        return Err(ApiError::invalid(
-            "prompt must not be empty",
-            Some("prompt"),
-        ));
-    }
-    for prompt in &prompts {
-        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= state.vocab_size) {
-            return Err(ApiError::invalid(
-                format!(
-                    "token id {bad} is outside the vocabulary of {}",
-                    state.vocab_size
-                ),
-                Some("prompt"),
-            ));
-        }
-    }
+    let prompts =
+        prompt::completion_prompts(&state, &request.prompt, request.common.n.unwrap_or(1)).await?;
     let n = request.common.n.unwrap_or(1);
+    let group = new_group();
     let mut choices = Vec::new();
     let mut prompt_tokens = 0;
     let mut echoes = Vec::new();
@@ -517,7 +478,7 @@ async fn completions(
             &state.limits,
             &state.defaults,
         )?;
-        choices.extend(submit(&state, prompt, &params, n, p * n)?);
+        choices.extend(submit(&state, prompt, &params, n, p * n, group)?);
         prompt_tokens += prompt.len();
         let echo = if request.echo {
             state

@@ -78,6 +78,21 @@ impl ApiError {
         }
     }
 
+    /// Any status with a message: 4xx are the client's error, 5xx the
+    /// server's.
+    pub fn status(status: u16, message: String) -> Self {
+        Self {
+            status,
+            kind: if status < 500 {
+                "invalid_request_error"
+            } else {
+                "server_error"
+            },
+            message,
+            param: None,
+        }
+    }
+
     /// 500/503: the server failed.
     pub fn internal(message: impl Into<String>) -> Self {
         Self {
@@ -306,11 +321,11 @@ pub struct InMessage {
 }
 
 impl InMessage {
-    /// The text content.
-    pub fn text(&self) -> Result<String, ApiError> {
+    /// The text content (`None` when the message has none).
+    pub fn text(&self) -> Result<Option<String>, ApiError> {
         match &self.content {
-            None | Some(Value::Null) => Ok(String::new()),
-            Some(Value::String(s)) => Ok(s.clone()),
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(Value::Array(parts)) => parts
                 .iter()
                 .map(|part| {
@@ -325,7 +340,8 @@ impl InMessage {
                         )),
                     }
                 })
-                .collect(),
+                .collect::<Result<String, _>>()
+                .map(Some),
             Some(_) => Err(ApiError::invalid(
                 "message content must be a string or a list of parts",
                 Some("messages"),
@@ -391,8 +407,16 @@ pub struct Limits {
     pub max_tokens: usize,
     /// Largest `n`.
     pub max_n: usize,
-    /// Token ids must be below it (`logit_bias`).
+    /// Token ids must be below it (`logit_bias`, `stop_token_ids`).
     pub vocab_size: usize,
+    /// Most sequences (prompts × `n`) one request may make.
+    pub max_seqs_per_request: usize,
+    /// Longer prompt text must have more tokens than the context holds: it
+    /// is refused before it is tokenized.
+    pub max_prompt_bytes: usize,
+    /// Special-token text in message content is read as special tokens
+    /// (else as plain text).
+    pub allow_special_tokens_in_messages: bool,
 }
 
 impl SamplingFields {
@@ -444,11 +468,18 @@ impl SamplingFields {
                 Some("top_logprobs"),
             ));
         }
+        if let Some(k) = self.top_k.filter(|&k| k < -1) {
+            return Err(ApiError::invalid(
+                format!("top_k must be -1 or 0 (off) or at least 1, got {k}"),
+                Some("top_k"),
+            ));
+        }
         let sampling = SamplingParams {
             temperature: self.temperature.unwrap_or(defaults.temperature),
             top_p: self.top_p.unwrap_or(defaults.top_p),
             top_k: match self.top_k {
-                Some(k) if k <= 0 => 0,
+                // At least the whole vocabulary: every token stays, as off.
+                Some(k) if k <= 0 || k as u64 >= limits.vocab_size as u64 => 0,
                 Some(k) => k as usize,
                 None => defaults.top_k,
             },
@@ -483,6 +514,25 @@ impl SamplingFields {
             }
             Stop::Many(list) => list.clone(),
         };
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop strings must not be empty",
+                Some("stop"),
+            ));
+        }
+        if let Some(bad) = self
+            .stop_token_ids
+            .iter()
+            .find(|&&t| t as usize >= limits.vocab_size)
+        {
+            return Err(ApiError::invalid(
+                format!(
+                    "stop_token_ids has {bad}, outside the vocabulary of {}",
+                    limits.vocab_size
+                ),
+                Some("stop_token_ids"),
+            ));
+        }
         let logit_bias = self.logit_bias(limits.vocab_size)?;
         let min_tokens = self.min_tokens.unwrap_or(0);
         if min_tokens > max_tokens {
@@ -613,6 +663,9 @@ mod tests {
             max_tokens: 100,
             max_n: 4,
             vocab_size: 10,
+            max_seqs_per_request: 8,
+            max_prompt_bytes: 1000,
+            allow_special_tokens_in_messages: false,
         };
         let params = |bias: Value| {
             let fields: SamplingFields =

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::openai::{ApiError, EndpointFields, InMessage};
-use super::{check_model, render_chat, ApiJson, AppState};
+use super::{check_model, prompt, ApiJson, AppState};
 
 /// `POST /tokenize`: `prompt`, or `messages` for the chat template.
 #[derive(Debug, Deserialize)]
@@ -64,16 +64,22 @@ pub async fn tokenize(
         check_model(&state, model)?;
     }
     let tokens = match (&request.prompt, &request.messages) {
-        (Some(prompt), None) => state
-            .tokenizer
-            .encode(prompt, request.add_special_tokens.unwrap_or(true))
-            .map_err(|e| ApiError::internal(e.to_string()))?,
-        (None, Some(messages)) => render_chat(
+        (Some(text), None) => prompt::tokenize(
             &state,
-            messages,
-            request.add_generation_prompt.unwrap_or(true),
-            request.add_special_tokens.unwrap_or(false),
-        )?,
+            vec![text.clone()],
+            request.add_special_tokens.unwrap_or(true),
+        )
+        .await?
+        .remove(0),
+        (None, Some(messages)) => {
+            prompt::chat_prompt(
+                &state,
+                messages,
+                request.add_generation_prompt.unwrap_or(true),
+                request.add_special_tokens.unwrap_or(false),
+            )
+            .await?
+        }
         _ => {
             return Err(ApiError::invalid(
                 "give exactly one of `prompt` and `messages`",

@@ -15,6 +15,7 @@
 //! transformers' `apply_chat_template`.
 
 mod chat;
+mod content;
 mod gguf;
 mod hf;
 mod pyjson;
@@ -90,6 +91,15 @@ pub enum TokenizerError {
     /// Chat template input (messages, tools, extra variables) is not valid JSON.
     #[error("invalid chat template input: {0}")]
     TemplateInput(#[source] serde_json::Error),
+    /// A message's content has special-token text that the chat template
+    /// did not write out as given, so it cannot be kept plain text.
+    #[error("message {message} contains the special token `{token}`, which the chat template transformed; it cannot be kept as plain text")]
+    SpecialTokenInContent {
+        /// The message's index.
+        message: usize,
+        /// The special token's text.
+        token: String,
+    },
 }
 
 impl TokenizerError {
@@ -254,6 +264,19 @@ impl Tokenizer {
     /// The number of ids, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// The most bytes of text one token can stand for, bounded by the
+    /// longest token string (a byte-level token's string is at least as
+    /// long as its bytes; a SentencePiece `▁` is longer than its space).
+    pub fn longest_token_bytes(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .max(1)
     }
 
     /// The id of a token, added tokens included.

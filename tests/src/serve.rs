@@ -1,0 +1,132 @@
+//! `host serve` driven from tests: a server on a free port over SmolLM2
+//! (GGUF), curl, and the `/metrics` reader.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{host_binary, workspace_root};
+
+/// SmolLM2-135M's GGUF, if present.
+pub fn smollm2() -> Option<PathBuf> {
+    crate::models::smollm2_gguf()
+}
+
+/// The Python with `openai` installed, if present.
+pub fn python() -> Option<PathBuf> {
+    let path = std::env::var_os("KILN_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/ci-venv/bin/python"));
+    path.is_file().then_some(path)
+}
+
+/// Requires what the test needs; CI always has it (`.ci/setup`).
+pub fn requirements() -> (PathBuf, PathBuf) {
+    let missing = |what: &str| {
+        format!("{what} is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF / KILN_TEST_PYTHON)")
+    };
+    (
+        smollm2().unwrap_or_else(|| panic!("{}", missing("SmolLM2"))),
+        python().unwrap_or_else(|| panic!("{}", missing("the Python venv with `openai`"))),
+    )
+}
+
+/// A `host serve` process, killed when dropped.
+pub struct Server {
+    /// The server process.
+    pub child: Child,
+    /// Its port.
+    pub port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts serving `model` as `smollm2` with `extra` options and waits
+    /// until `/health` answers.
+    pub fn start(model: &Path, extra: &[&str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("serve.log");
+        let mut command = Command::new(host_binary());
+        command
+            .args([
+                "serve",
+                "--model",
+                model.to_str().unwrap(),
+                "--port",
+                &port.to_string(),
+                "--served-model-name",
+                "smollm2",
+            ])
+            .args(["--kv-cache-memory", "256MiB", "--max-batch-size", "16"])
+            .args(extra)
+            .env("KILN_CACHE_DIR", dir.path().join("cache"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let server = Self {
+            child: command.spawn().unwrap(),
+            port,
+            log,
+            _dir: dir,
+        };
+        let started = Instant::now();
+        while curl(
+            &server,
+            &[
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                &server.url("/health"),
+            ],
+        ) != "200"
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "the server did not start:\n{}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        server
+    }
+
+    /// The URL of `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// What the server logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// curl's standard output.
+pub fn curl(_server: &Server, args: &[&str]) -> String {
+    let output = Command::new("curl").args(args).output().expect("curl runs");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A metric's value from `/metrics`.
+pub fn metric(server: &Server, name: &str) -> f64 {
+    let text = curl(server, &["-s", &server.url("/metrics")]);
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+}
