@@ -225,6 +225,11 @@ pub struct RuntimeArgs {
     /// Compile even if the compile cache has the graph.
     #[arg(long)]
     pub no_compile_cache: bool,
+
+    /// Scan every weight for NaN and infinity at load, and refuse a model
+    /// that has any (llama.cpp's `--check-tensors`).
+    #[arg(long)]
+    pub check_weights: bool,
 }
 
 /// Parses sizes like `4096`, `512MiB`, `2GiB`, `1.5GB`.
@@ -522,6 +527,11 @@ pub struct InspectGraphArgs {
     /// Compile even if the compile cache has the graph.
     #[arg(long)]
     pub no_compile_cache: bool,
+
+    /// Scan every weight for NaN and infinity at load, and refuse a model
+    /// that has any (llama.cpp's `--check-tensors`).
+    #[arg(long)]
+    pub check_weights: bool,
 }
 
 /// Runs the command line and returns the process exit code. Errors are printed

@@ -251,6 +251,19 @@ fn load_state_dict_reports_every_problem_in_one_error() {
 }
 
 #[test]
+fn load_state_dict_lists_a_few_problems_and_counts_the_rest() {
+    let model = model();
+    let error = model
+        .load_state_dict(&StateDict::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("8 problem(s)") && error.contains("and 4 more") && !error.contains('\n'),
+        "{error}"
+    );
+}
+
+#[test]
 fn other_float_widths_load_as_storage_encodings() {
     let model = model();
     let mut state = model.raw_state_dict();

@@ -122,6 +122,7 @@ pub fn load_model_on(
         enforce_eager: false,
         kv_cache_dtype: Default::default(),
         attention_backend: Default::default(),
+        check_weights: false,
     };
     kiln_host::model::load(&registry, resolved, &options).unwrap()
 }
@@ -150,6 +151,7 @@ pub fn shape_options(device: DeviceChoice) -> kiln_host::model::LoadOptions {
         enforce_eager: false,
         kv_cache_dtype: Default::default(),
         attention_backend: Default::default(),
+        check_weights: false,
     }
 }
 

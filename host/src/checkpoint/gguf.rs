@@ -123,6 +123,16 @@ pub enum GgufError {
         /// Its ggml type.
         ty: GgmlType,
     },
+    /// A metadata value the file itself contradicts.
+    #[error("GGUF metadata `{key}` is {value}, which cannot be: {reason}")]
+    Implausible {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+        /// Why it cannot be.
+        reason: String,
+    },
     /// A required metadata key is absent.
     #[error("GGUF metadata has no `{0}`")]
     MissingKey(String),

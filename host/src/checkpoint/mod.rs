@@ -42,6 +42,9 @@ pub enum CheckpointError {
     Adaptation(String),
 }
 
+/// The most layers a model may declare (the largest real ones have ~130).
+pub const MAX_LAYERS: u64 = 1024;
+
 /// A tensor of a checkpoint: its description and where its bytes are.
 #[derive(Clone)]
 pub struct Tensor {

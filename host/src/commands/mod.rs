@@ -67,5 +67,6 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
         enforce_eager: runtime.enforce_eager,
         kv_cache_dtype: runtime.kv_cache_dtype.into(),
         attention_backend: runtime.attention_backend.into(),
+        check_weights: runtime.check_weights,
     })
 }

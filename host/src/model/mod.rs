@@ -2,6 +2,7 @@
 //! architecture's weight adapter, its graph built, compiled and loaded.
 
 pub mod resolve;
+pub mod sanity;
 pub mod synthetic;
 
 use std::sync::Arc;
@@ -48,6 +49,15 @@ pub enum ModelError {
     /// The tokenizer could not be built.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),
+    /// The checkpoint declares sizes or values it cannot have, or (with
+    /// `--check-weights`) a weight is not finite.
+    #[error("{}: {message}", path.display())]
+    Implausible {
+        /// The checkpoint.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// How to load a model.
@@ -70,6 +80,8 @@ pub struct LoadOptions {
     pub kv_cache_dtype: KvCacheDtype,
     /// The attention kernels on a CUDA device (`--attention-backend`).
     pub attention_backend: AttentionBackend,
+    /// Scan every weight for NaN and infinity before use (`--check-weights`).
+    pub check_weights: bool,
 }
 
 /// A loaded model.
@@ -98,14 +110,14 @@ pub struct Model {
 pub fn open_checkpoint(
     resolved: &ResolvedModel,
 ) -> Result<(Checkpoint, serde_json::Value), ModelError> {
-    match resolved.format {
+    let (checkpoint, config) = match resolved.format {
         WeightsFormat::Safetensors => {
             let dir = resolved
                 .dir
                 .as_deref()
                 .expect("resolution requires a directory for safetensors");
             let checkpoint = checkpoint::open_safetensors(&resolved.weights)?;
-            Ok((checkpoint, resolve::read_config(dir)?))
+            (checkpoint, resolve::read_config(dir)?)
         }
         WeightsFormat::Gguf => {
             let (checkpoint, gguf_config) = checkpoint::open_gguf(&resolved.weights)?;
@@ -118,9 +130,14 @@ pub fn open_checkpoint(
                 Some(dir) => resolve::read_config(dir)?,
                 None => gguf_config,
             };
-            Ok((checkpoint, config))
+            (checkpoint, config)
         }
-    }
+    };
+    sanity::check_config(&config, &checkpoint).map_err(|message| ModelError::Implausible {
+        path: resolved.weights.clone(),
+        message,
+    })?;
+    Ok((checkpoint, config))
 }
 
 /// The registered architecture for a config: `architectures[0]`, else (for
@@ -196,6 +213,12 @@ pub fn load(
                 max_length: options.max_length,
             })?;
             let bound = bind_weights(arch, &checkpoint, &hf_config)?;
+            if options.check_weights {
+                sanity::check_weights(&bound.store).map_err(|message| ModelError::Implausible {
+                    path: resolved.weights.clone(),
+                    message,
+                })?;
+            }
             compile(arch.clone(), config, bound, checkpoint.format, options)
         });
         let tokenizer = tokenizer

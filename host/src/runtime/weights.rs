@@ -193,4 +193,9 @@ impl WeightStore {
     pub fn get(&self, name: &str) -> Option<&WeightData> {
         self.weights.get(name)
     }
+
+    /// Every weight, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &WeightData> {
+        self.weights.values()
+    }
 }

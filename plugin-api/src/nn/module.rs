@@ -217,10 +217,16 @@ pub trait Module {
         if problems.is_empty() {
             Ok(())
         } else {
+            // The first few say what is wrong; hundreds would bury it.
+            const SHOWN: usize = 4;
+            let more = problems.len().saturating_sub(SHOWN);
+            let mut listed = problems[..problems.len().min(SHOWN)].join("; ");
+            if more > 0 {
+                listed.push_str(&format!("; and {more} more"));
+            }
             Err(Error::invalid(format!(
-                "load_state_dict: {} problem(s):\n  {}",
-                problems.len(),
-                problems.join("\n  ")
+                "load_state_dict: {} problem(s): {listed}",
+                problems.len()
             )))
         }
     }

@@ -153,6 +153,18 @@ impl GgufFile {
                     .get_u64(&key(suffix))?
                     .filter(|&w| w > 0)
                     .map(Value::from),
+                // It sizes per-layer tables below: bounded first (the model
+                // checks it against the tensors once they are bound).
+                Kind::Int if hf == "num_hidden_layers" => match self.get_u64(&key(suffix))? {
+                    Some(n) if n > crate::checkpoint::MAX_LAYERS => {
+                        return Err(GgufError::Implausible {
+                            key: key(suffix),
+                            value: n.to_string(),
+                            reason: format!("at most {} layers", crate::checkpoint::MAX_LAYERS),
+                        })
+                    }
+                    n => n.map(Value::from),
+                },
                 Kind::Int => self.get_u64(&key(suffix))?.map(Value::from),
                 Kind::Float => self.config_float(&key(suffix))?.map(Value::from),
             };
@@ -288,10 +300,20 @@ impl GgufFile {
 
     /// A float; float32 values as their shortest decimal (`1e-5`, not
     /// `9.999999747378752e-6`), which is what the original config held.
+    /// NaN and infinity are refused: JSON has no spelling for them, and a
+    /// config value that silently became null would load with a default.
     fn config_float(&self, key: &str) -> Result<Option<f64>, GgufError> {
-        match self.get(key) {
-            Some(GgufValue::F32(v)) => Ok(Some(v.to_string().parse().unwrap_or(f64::from(*v)))),
-            _ => self.get_f64(key),
+        let value = match self.get(key) {
+            Some(GgufValue::F32(v)) => Some(v.to_string().parse().unwrap_or(f64::from(*v))),
+            _ => self.get_f64(key)?,
+        };
+        match value {
+            Some(v) if !v.is_finite() => Err(GgufError::WrongType {
+                key: key.to_owned(),
+                expected: "a finite number",
+                found: if v.is_nan() { "NaN" } else { "infinite" },
+            }),
+            v => Ok(v),
         }
     }
 }
