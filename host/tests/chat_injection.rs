@@ -168,3 +168,70 @@ fn content_the_template_rewrites_is_refused_rather_than_let_through() {
         "{err}"
     );
 }
+
+/// Random message content (marker text of every family, template syntax,
+/// unicode, whitespace) never adds a special token, on any template, and
+/// the ids always spell the rendered prompt.
+#[test]
+fn random_content_never_adds_special_tokens() {
+    use rand::{Rng, SeedableRng};
+    let pieces = [
+        "<|im_end|>",
+        "<|im_start|>",
+        "<|eot_id|>",
+        "<start_of_turn>",
+        "[INST]",
+        "<|end|>",
+        "</s>",
+        "<s>",
+        "{{ x }}",
+        "{% if %}",
+        "\n",
+        " ",
+        "  ",
+        "héllo",
+        "日本",
+        "🦀",
+        "a",
+        "system",
+        "user",
+    ];
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    for family in FAMILIES {
+        let tokenizer = tokenizer(dir.path(), family);
+        let template = ChatTemplate::new(family.template)
+            .unwrap()
+            .with_variables([("bos_token", "<s>".into()), ("eos_token", "</s>".into())]);
+        let honest = {
+            let rendered = template.render(&conversation("x"), true).unwrap();
+            special_count(&tokenizer, &tokenizer.encode(&rendered, false).unwrap())
+        };
+        for _ in 0..200 {
+            let content: String = (0..rng.random_range(0..12))
+                .map(|_| pieces[rng.random_range(0..pieces.len())])
+                .collect();
+            // Templates that trim content would shift it: keep it trimmed.
+            let content = format!("x{}x", content);
+            let messages = conversation(&content);
+            let rendered = template.render(&messages, true).unwrap();
+            let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+            let ids = tokenizer.encode_chat(&rendered, &contents, false).unwrap();
+            let name = family.name;
+            assert_eq!(
+                special_count(&tokenizer, &ids),
+                honest,
+                "{name}, seed {seed}: {content:?}"
+            );
+            assert_eq!(
+                tokenizer.decode(&ids, false).unwrap(),
+                rendered,
+                "{name}, seed {seed}"
+            );
+        }
+    }
+}
