@@ -24,18 +24,23 @@ enum Storage {
 }
 
 impl KvCache {
-    /// Zeroed host storage for `num_layers` layers of `num_blocks` blocks.
+    /// Zeroed host storage for `num_layers` layers of `num_blocks` blocks,
+    /// written through at once (as llama.cpp clears its cache): the memory
+    /// is taken at start, where a shortage shows, and the process's size
+    /// does not creep up block by block while serving.
     pub fn new(num_layers: usize, num_blocks: usize, layout: CacheLayout) -> Self {
         let len = num_blocks * layout.block_size * layout.position_stride();
+        // `vec![0.0; len]` would be calloc's untouched pages.
+        let zeroed = || {
+            let mut v = Vec::with_capacity(len);
+            v.resize(len, 0.0f32);
+            v
+        };
         Self {
             layout,
             num_blocks,
             num_layers,
-            storage: Storage::Host(
-                (0..num_layers)
-                    .map(|_| (vec![0.0; len], vec![0.0; len]))
-                    .collect(),
-            ),
+            storage: Storage::Host((0..num_layers).map(|_| (zeroed(), zeroed())).collect()),
         }
     }
 
