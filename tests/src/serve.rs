@@ -42,8 +42,8 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts serving `model` as `smollm2` with `extra` options and waits
-    /// until `/health` answers.
+    /// Starts serving `model` as `smollm2` with `extra` options (a 256 MiB
+    /// KV cache unless they set one) and waits until `/health` answers.
     pub fn start(model: &Path, extra: &[&str]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -63,12 +63,17 @@ impl Server {
                 "--served-model-name",
                 "smollm2",
             ])
-            .args(["--kv-cache-memory", "256MiB", "--max-batch-size", "16"])
+            .args(["--max-batch-size", "16"])
             .args(extra)
+            .args(if extra.contains(&"--kv-cache-memory") {
+                &[][..]
+            } else {
+                &["--kv-cache-memory", "256MiB"][..]
+            })
             .env("KILN_CACHE_DIR", dir.path().join("cache"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
-        let server = Self {
+        let mut server = Self {
             child: command.spawn().unwrap(),
             port,
             log,
@@ -87,9 +92,10 @@ impl Server {
             ],
         ) != "200"
         {
+            let exited = server.child.try_wait().unwrap();
             assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "the server did not start:\n{}",
+                exited.is_none() && started.elapsed() < Duration::from_secs(120),
+                "the server did not start ({exited:?}):\n{}",
                 server.log()
             );
             std::thread::sleep(Duration::from_millis(200));

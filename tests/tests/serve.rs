@@ -105,7 +105,18 @@ fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
     };
     let chat = server.url("/v1/chat/completions");
     assert_eq!(status(&[&chat, "-d", "{}"]), "401", "no API key");
-    for wrong in ["Bearer kk", "Bearer K", "Bearer", "k"] {
+    // Exact comparison: a prefix, a case change, an inner space or an extra
+    // word is wrong. (Whitespace around a header value is not part of it in
+    // HTTP, so no client can send a key ending in a space: such keys are
+    // refused at start, see the test below.)
+    for wrong in [
+        "Bearer kk",
+        "Bearer K",
+        "Bearer",
+        "k",
+        "Bearer  k",
+        "Bearer k k",
+    ] {
         let header = format!("authorization: {wrong}");
         assert_eq!(
             status(&["-H", &header, &chat, "-d", "{}"]),

@@ -277,3 +277,37 @@ fn hostile_requests_get_clear_errors_and_the_server_keeps_serving() {
     let (status, body) = chat(&server, json!({}));
     assert_eq!(status, 200, "{body}\n{}", server.log());
 }
+
+#[test]
+fn a_cache_smaller_than_the_context_caps_the_served_context() {
+    let (model, _) = requirements();
+    // SmolLM2 takes 46,080 bytes a position: 24 MiB hold 34 blocks of 16.
+    let server = Server::start(&model, &["--kv-cache-memory", "24MiB"]);
+    let (status, models) = raw(
+        &server,
+        b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["max_model_len"], 544, "{models}");
+    assert!(
+        server.log().contains("serving a context of 544"),
+        "{}",
+        server.log()
+    );
+    // The README's request works; one longer than the cache is a 400 up
+    // front, streaming or not.
+    let (status, body) = chat(
+        &server,
+        json!({"messages": [{"role": "user", "content": "What is the capital of France?"}]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let long = "word ".repeat(600);
+    for stream in [false, true] {
+        let (status, body) = chat(
+            &server,
+            json!({"messages": [{"role": "user", "content": long}], "stream": stream}),
+        );
+        assert_eq!(status, 400, "stream {stream}: {body}");
+    }
+}

@@ -48,11 +48,12 @@ impl Engine {
     /// safetensors, sharded in two when `sharded`) and loads it like a user's
     /// onto `device` (f32 weights: exact on every backend).
     fn load(name: &str, sharded: bool, device: DeviceChoice) -> (Self, TinyModel) {
-        let path = kiln_tests::workspace_root()
-            .join("tests/fixtures/reference")
-            .join(name);
-        let model: TinyModel =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let model = read_fixture(name);
+        (Self::from_model(&model, sharded, device), model)
+    }
+
+    /// [`Engine::load`] of a fixture already read (and perhaps changed).
+    fn from_model(model: &TinyModel, sharded: bool, device: DeviceChoice) -> Self {
         let dir = tempfile::tempdir().unwrap();
         write_model_dir(&model.config, &model.weights, dir.path(), sharded);
         let loaded = kiln_tests::models::load_model_on(dir.path(), device, WeightDtype::Float32);
@@ -68,14 +69,11 @@ impl Engine {
             head_dim: loaded.config.kv.head_dim as usize,
         };
         let layers = loaded.config.kv.num_layers as usize;
-        (
-            Self {
-                backend: loaded.backend,
-                layout,
-                layers,
-            },
-            model,
-        )
+        Self {
+            backend: loaded.backend,
+            layout,
+            layers,
+        }
     }
 
     fn cache(&self, blocks: usize) -> KvCache {
@@ -106,6 +104,13 @@ impl Engine {
             .map(|mut rows| rows.remove(0))
             .collect()
     }
+}
+
+fn read_fixture(name: &str) -> TinyModel {
+    let path = kiln_tests::workspace_root()
+        .join("tests/fixtures/reference")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn check(actual: &[f32], expected: &FixtureTensor, what: &str) {
@@ -379,6 +384,42 @@ fn batching_matches_single_sequences(device: DeviceChoice) {
         scheduler.blocks().stats()
     );
     assert_eq!(scheduler.blocks().used(), 0, "no block leaked");
+}
+
+/// `tie_word_embeddings: false` with an `lm_head.weight` of its own: the
+/// fixture with a head of twice the embedding gives twice transformers'
+/// logits (it has no final soft-capping), so the head is the one read.
+#[test]
+fn tiny_gemma3_with_untied_embeddings_uses_its_lm_head() {
+    let mut model = read_fixture("tiny_gemma3.json");
+    assert_eq!(
+        model.config["final_logit_softcapping"],
+        serde_json::Value::Null
+    );
+    model.config["tie_word_embeddings"] = false.into();
+    let embed = &model.weights["model.embed_tokens.weight"];
+    let doubled: Vec<f64> = embed.values().iter().map(|v| 2.0 * v).collect();
+    let head = FixtureTensor::f32(embed.shape.clone(), &doubled);
+    model.weights.insert("lm_head.weight".into(), head);
+    let engine = Engine::from_model(&model, false, DeviceChoice::Cpu);
+    for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
+        let mut cache = engine.cache(8);
+        let out = engine.step(
+            &mut cache,
+            &[Step {
+                tokens: prompt,
+                start: 0,
+                blocks: blocks_for(0, prompt.len()),
+            }],
+        );
+        let last = logits.row(prompt.len() - 1);
+        let twice: Vec<f64> = last.values().iter().map(|v| 2.0 * v).collect();
+        check(
+            &out[0],
+            &FixtureTensor::f32(last.shape.clone(), &twice),
+            &format!("prompt {p}"),
+        );
+    }
 }
 
 #[test]

@@ -6,8 +6,8 @@
 
 use kiln_plugin_api::graph::{ops, DType, GraphIr};
 use kiln_plugin_api::nn::{
-    build_decoder_graph, Activation, AttentionConfig, AttentionWithRope, Embedding, Mlp, Norm,
-    RmsNorm, RopeScaling, RotaryEmbedding, Transformer, TransformerBlock,
+    build_decoder_graph, Activation, AttentionConfig, AttentionWithRope, Embedding, Linear, Mlp,
+    Norm, RmsNorm, RopeScaling, RotaryEmbedding, Transformer, TransformerBlock,
 };
 use kiln_plugin_api::{
     adapters, ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
@@ -33,6 +33,8 @@ pub struct Gemma3Params {
     query_scale: f32,
     attn_softcap: Option<f32>,
     final_softcap: Option<f32>,
+    /// The LM head is the embedding (Gemma's default); else `lm_head`.
+    tie_word_embeddings: bool,
 }
 
 impl Gemma3Params {
@@ -105,6 +107,7 @@ impl Gemma3Params {
             query_scale: query_pre_attn_scalar.powf(-0.5) as f32,
             attn_softcap: config.opt_f64("attn_logit_softcapping")?.map(|c| c as f32),
             final_softcap: config.opt_f64("final_logit_softcapping")?.map(|c| c as f32),
+            tie_word_embeddings: config.opt_bool("tie_word_embeddings")?.unwrap_or(true),
         })
     }
 
@@ -158,7 +161,8 @@ impl Gemma3Params {
             embed_tokens: Embedding::new(self.vocab_size, self.hidden_size, dtype),
             layers,
             norm: Norm::Rms(norm(self.hidden_size)),
-            lm_head: None,
+            lm_head: (!self.tie_word_embeddings)
+                .then(|| Linear::new(self.hidden_size, self.vocab_size, dtype, false)),
             embedding_scale: Some((self.hidden_size as f32).sqrt()),
         }
     }
@@ -290,6 +294,24 @@ mod tests {
         assert!(names.contains(&"layers.0.post_feedforward_layernorm.weight"));
         assert!(names.contains(&"layers.0.self_attn.k_norm.weight"));
         assert!(!names.iter().any(|n| n.starts_with("lm_head")));
+    }
+
+    #[test]
+    fn untied_embeddings_have_their_own_lm_head() {
+        let mut hf_config = gemma_270m();
+        hf_config["tie_word_embeddings"] = json!(false);
+        let config = gemma3_config(&ConfigRequest {
+            hf_config,
+            max_length: Some(1024),
+        })
+        .unwrap();
+        let ir = gemma3_graph(&GraphRequest {
+            config,
+            weights_format: None,
+            state_dict: None,
+        })
+        .unwrap();
+        assert!(ir.weights.iter().any(|w| w.name == "lm_head.weight"));
     }
 
     #[test]
