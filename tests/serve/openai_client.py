@@ -112,7 +112,7 @@ report("logit_bias", text=biased)
 # accepted and ignored.
 refusals = [
     ("response_format", lambda: client.chat.completions.create(
-        model=model, messages=QUESTION, max_tokens=4, response_format={"type": "json_object"})),
+        model=model, messages=QUESTION, max_tokens=4, response_format={"type": "xml"})),
     ("tools", lambda: client.chat.completions.create(
         model=model, messages=QUESTION, max_tokens=4,
         tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),

@@ -412,3 +412,39 @@ fn the_api_key_is_never_printed_and_an_unsendable_key_is_refused() {
         );
     }
 }
+
+/// Structured output through the official client
+/// (`tests/serve/structured_output.py`): Pydantic models with
+/// `chat.completions.parse` over 22 varied prompts, greedy and sampled, `n`
+/// of 3, streaming, vLLM's regex, choice and Lark grammar, the completions
+/// endpoint, and 400s for a bad grammar or two ways of asking.
+#[test]
+fn structured_output_parses_every_time_with_the_openai_client() {
+    let (model, python) = requirements();
+    let server = Server::start(&model, &[]);
+    let output = Command::new(&python)
+        .arg(workspace_root().join("tests/serve/structured_output.py"))
+        .args([&server.url("/v1"), "smollm2"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&output);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{stderr}\nserver log:\n{}",
+        server.log()
+    );
+    for check in [
+        "parse",
+        "parse_n",
+        "stream",
+        "json_object",
+        "structured_outputs",
+        "completions",
+        "refusals",
+    ] {
+        assert!(
+            stdout.contains(&format!("\"check\": \"{check}\"")),
+            "{check} did not run:\n{stdout}"
+        );
+    }
+}

@@ -218,6 +218,7 @@ async fn run_level(
                 events,
                 arrived: start,
                 group,
+                constraint: None,
             })
             .map_err(anyhow::Error::msg)?;
         receivers.push(receiver);

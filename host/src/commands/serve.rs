@@ -9,6 +9,7 @@ use crate::cli::ServeArgs;
 use crate::engine::batch::worst_case_inputs;
 use crate::engine::defaults::generation_defaults;
 use crate::engine::service::{self, EngineConfig};
+use crate::engine::structured::Grammars;
 use crate::scheduler::SchedulerConfig;
 use crate::server::metrics::Metrics;
 use crate::server::openai::Limits;
@@ -122,6 +123,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         },
         prefix_caching: !args.no_prefix_caching,
     };
+    let grammars = Grammars::new(
+        tokenizer.clone(),
+        defaults.eos_token_ids.clone(),
+        vocab_size,
+    );
     let (engine, engine_thread) = service::spawn(
         model,
         tokenizer.clone(),
@@ -149,6 +155,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         defaults: defaults.sampling,
         api_key: args.api_key.clone(),
         metrics,
+        grammars,
     });
     let timeout = std::time::Duration::from_secs_f64(args.http_timeout);
     let app = router(state, args.max_request_bytes as usize, timeout);

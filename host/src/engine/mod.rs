@@ -8,6 +8,7 @@ pub mod penalties;
 pub mod sampling;
 pub mod service;
 pub mod stop;
+pub mod structured;
 
 pub use generator::Generator;
 pub use sampling::{Sampler, SamplingParams};

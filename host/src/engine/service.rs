@@ -10,12 +10,14 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use kiln_kernels::dense::attention::CacheLayout;
+use llguidance::Matcher;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::batch::run_sampled_step;
 use super::penalties::Penalties;
 use super::sampling::{Sampler, SamplingParams};
 use super::stop::{StopMatcher, StopOutcome};
+use super::structured;
 use crate::model::Model;
 use crate::runtime::sampling::{RowSampling, Sampled};
 use crate::runtime::{KvCache, RuntimeError};
@@ -117,6 +119,9 @@ pub struct Request {
     /// The API request it belongs to (its prompts and `n` choices share
     /// one): the scheduler shares the batch fairly between groups.
     pub group: u64,
+    /// Structured output: the grammar's matcher, which masks each step's
+    /// tokens to those that keep the output inside the grammar.
+    pub constraint: Option<Matcher>,
 }
 
 /// Sizes of the engine.
@@ -232,6 +237,7 @@ struct Active<'t> {
     events: UnboundedSender<Event>,
     arrived: Instant,
     last_token: Option<Instant>,
+    constraint: Option<Matcher>,
 }
 
 fn run(
@@ -278,6 +284,7 @@ fn run(
                     events: request.events,
                     arrived: request.arrived,
                     last_token: None,
+                    constraint: request.constraint,
                 },
             );
         }
@@ -298,13 +305,23 @@ fn run(
             continue;
         }
         let step = batch.step_batch();
+        let mut failed = Vec::new();
         let rows: Vec<RowSampling> = batch
             .seqs
             .iter()
             .filter(|s| s.wants_logits)
-            .map(|seq| match active.get_mut(&seq.id) {
-                Some(state) => row_sampling(state, eos),
-                None => RowSampling::greedy(),
+            .map(|seq| {
+                match active
+                    .get_mut(&seq.id)
+                    .map(|state| row_sampling(state, eos))
+                {
+                    Some(Ok(row)) => row,
+                    Some(Err(e)) => {
+                        failed.push((seq.id, e));
+                        RowSampling::greedy()
+                    }
+                    None => RowSampling::greedy(),
+                }
             })
             .collect();
         let sampled = match run_sampled_step(
@@ -329,6 +346,13 @@ fn run(
             }
         };
         scheduler.complete(&batch);
+        // A grammar that failed fails its sequence, after the step it was in.
+        for (id, message) in failed {
+            if let Some(a) = active.remove(&id) {
+                let _ = a.events.send(Event::Error(message));
+            }
+            scheduler.remove(id);
+        }
         let mut picks = sampled.into_iter();
         for seq in batch.seqs.iter().filter(|s| s.wants_logits) {
             let sampled = picks
@@ -345,7 +369,12 @@ fn run(
             state.last_token = Some(now);
             let outcome = step_sequence(state, sampled, tokenizer, eos);
             match outcome {
-                Some(finish_reason) => {
+                Err(message) => {
+                    let state = active.remove(&seq.id).expect("present");
+                    let _ = state.events.send(Event::Error(message));
+                    scheduler.remove(seq.id);
+                }
+                Ok(Some(finish_reason)) => {
                     let state = active.remove(&seq.id).expect("present");
                     let _ = state.events.send(Event::Done {
                         finish_reason,
@@ -359,7 +388,7 @@ fn run(
                     );
                     scheduler.remove(seq.id);
                 }
-                None => scheduler.append_token(
+                Ok(None) => scheduler.append_token(
                     seq.id,
                     *state.generated.last().expect("a token was generated"),
                 ),
@@ -383,8 +412,15 @@ fn report(scheduler: &Scheduler, observer: &impl EngineObserver) {
 }
 
 /// How the backend picks this sequence's next token: its sampler's filters
-/// and draw, its penalties, and a ban on ending before `min_tokens`.
-fn row_sampling(state: &mut Active<'_>, eos: &[u32]) -> RowSampling {
+/// and draw, its penalties, a ban on ending before `min_tokens`, and its
+/// grammar's mask.
+fn row_sampling(state: &mut Active<'_>, eos: &[u32]) -> Result<RowSampling, String> {
+    let allowed = match &mut state.constraint {
+        Some(matcher) => Some(
+            structured::allowed_tokens(matcher).map_err(|e| format!("structured output: {e}"))?,
+        ),
+        None => None,
+    };
     let params = &state.params;
     let suppress_eos = !params.ignore_eos && state.generated.len() < params.min_tokens;
     let banned: Vec<u32> = if suppress_eos {
@@ -393,7 +429,7 @@ fn row_sampling(state: &mut Active<'_>, eos: &[u32]) -> RowSampling {
         Vec::new()
     };
     let penalties = params.penalties;
-    RowSampling {
+    Ok(RowSampling {
         repetition: penalties.repetition,
         frequency: penalties.frequency,
         presence: penalties.presence,
@@ -404,20 +440,28 @@ fn row_sampling(state: &mut Active<'_>, eos: &[u32]) -> RowSampling {
             &banned,
         ),
         logprobs: params.logprobs,
+        allowed,
         ..state.sampler.next_row()
-    }
+    })
 }
 
 /// Takes the sequence's sampled token and sends its text; returns how the
-/// sequence ends, if it does.
+/// sequence ends, if it does, or why it fails.
 fn step_sequence(
     state: &mut Active<'_>,
     sampled: Sampled,
     tokenizer: &Tokenizer,
     eos: &[u32],
-) -> Option<FinishReason> {
-    let params = &state.params;
+) -> Result<Option<FinishReason>, String> {
     let token = sampled.token;
+    let mut grammar_done = false;
+    if let Some(matcher) = &mut state.constraint {
+        matcher
+            .consume_token(token)
+            .map_err(|e| format!("structured output: {e}"))?;
+        grammar_done = matcher.is_stopped();
+    }
+    let params = &state.params;
     state.generated.push(token);
     let logprob = sampled.logprob.map(|logprob| {
         let text = |t: u32| tokenizer.decode(&[t], false).unwrap_or_default();
@@ -444,7 +488,7 @@ fn step_sequence(
         StopOutcome::Continue(text) => (text, false),
         StopOutcome::Stop(text) => (text, true),
     };
-    let finish = if is_eos || is_stop_token || stopped_by_string {
+    let finish = if is_eos || is_stop_token || stopped_by_string || grammar_done {
         Some(FinishReason::Stop)
     } else if state.generated.len() >= params.max_tokens {
         Some(FinishReason::Length)
@@ -453,7 +497,7 @@ fn step_sequence(
     };
     // At the end, release what the decoder and the stop matcher still hold.
     let mut text = text;
-    if finish == Some(FinishReason::Length) {
+    if finish == Some(FinishReason::Length) || grammar_done {
         if let Ok(Some(rest)) = state.decoder.flush() {
             let (StopOutcome::Continue(more) | StopOutcome::Stop(more)) = state.stop.push(&rest);
             text.push_str(&more);
@@ -465,5 +509,5 @@ fn step_sequence(
         token,
         logprob,
     });
-    finish
+    Ok(finish)
 }

@@ -50,6 +50,9 @@ pub struct RowSampling {
     /// `Some(n)`: the chosen token's log-probability and the `n` most likely
     /// tokens', from the row before penalties and temperature.
     pub logprobs: Option<usize>,
+    /// Structured output: only these tokens may be picked (bit `t % 32` of
+    /// word `t / 32`; tokens beyond the mask are not allowed).
+    pub allowed: Option<Vec<u32>>,
 }
 
 impl RowSampling {
@@ -66,7 +69,42 @@ impl RowSampling {
             presence: 0.0,
             adjustments: Vec::new(),
             logprobs: None,
+            allowed: None,
         }
+    }
+
+    /// Whether the mask (if any) lets `token` be picked.
+    pub fn allows(&self, token: u32) -> bool {
+        self.allowed.as_ref().is_none_or(|mask| {
+            mask.get(token as usize / 32)
+                .is_some_and(|word| word >> (token % 32) & 1 == 1)
+        })
+    }
+
+    /// The adjustments with every token the mask forbids banned, each token
+    /// once (for a backend that applies bans but no mask).
+    pub fn adjustments_with_mask(&self, vocab: usize) -> Vec<TokenAdjustment> {
+        if self.allowed.is_none() {
+            return self.adjustments.clone();
+        }
+        let mut adjustments = self.adjustments.clone();
+        for a in &mut adjustments {
+            a.banned |= !self.allows(a.token);
+        }
+        let adjusted: std::collections::HashSet<u32> =
+            adjustments.iter().map(|a| a.token).collect();
+        adjustments.extend(
+            (0..vocab as u32)
+                .filter(|&t| !self.allows(t) && !adjusted.contains(&t))
+                .map(|token| TokenAdjustment {
+                    token,
+                    generated: 0,
+                    seen: false,
+                    banned: true,
+                    bias: 0.0,
+                }),
+        );
+        adjustments
     }
 }
 
@@ -85,6 +123,18 @@ pub struct Sampled {
 pub fn sample_row(logits: &[f32], row: &RowSampling) -> Sampled {
     let raw = row.logprobs.map(|_| log_softmax(logits));
     let mut adjusted = logits.to_vec();
+    if let Some(mask) = &row.allowed {
+        for (w, chunk) in adjusted.chunks_mut(32).enumerate() {
+            let bits = mask.get(w).copied().unwrap_or(0);
+            if bits != u32::MAX {
+                for (b, l) in chunk.iter_mut().enumerate() {
+                    if bits >> b & 1 == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
     apply_adjustments(&mut adjusted, row);
     let token = pick(&adjusted, row);
     let (logprob, top) = match (raw, row.logprobs) {

@@ -5,6 +5,7 @@ mod listen;
 pub mod metrics;
 pub mod openai;
 mod prompt;
+mod structured;
 mod tokenize;
 
 use std::convert::Infallible;
@@ -21,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
+use llguidance::Matcher;
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -30,6 +32,7 @@ use crate::engine::sampling::SamplingParams;
 use crate::engine::service::{
     EngineHandle, Event, GenerationParams, Request as EngineRequest, TokenLogprob,
 };
+use crate::engine::structured::Grammars;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 pub use listen::{raise_descriptor_limit, serve};
 use metrics::Metrics;
@@ -55,6 +58,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Metrics.
     pub metrics: Metrics,
+    /// Structured output's grammars over the model's vocabulary.
+    pub grammars: Grammars,
 }
 
 impl IntoResponse for ApiError {
@@ -234,7 +239,7 @@ fn new_group() -> u64 {
 }
 
 /// Submits `n` choices for `prompt`, numbered from `first_index`, in the
-/// request's `group`.
+/// request's `group`, each with its own copy of the grammar's `constraint`.
 fn submit(
     state: &AppState,
     prompt: &[u32],
@@ -242,6 +247,7 @@ fn submit(
     n: usize,
     first_index: usize,
     group: u64,
+    constraint: Option<&Matcher>,
 ) -> Result<Vec<Choice>, ApiError> {
     (0..n)
         .map(|i| {
@@ -256,6 +262,7 @@ fn submit(
                     events: tx,
                     arrived: Instant::now(),
                     group,
+                    constraint: constraint.map(Matcher::deep_clone),
                 })
                 .map_err(ApiError::internal)?;
             Ok(Choice {
@@ -351,7 +358,16 @@ async fn chat_completions(
         &state.defaults,
     )?;
     let n = request.common.n.unwrap_or(1);
-    let choices = submit(&state, &prompt, &params, n, 0, new_group())?;
+    let constraint = structured::constraint(&state, &request.common).await?;
+    let choices = submit(
+        &state,
+        &prompt,
+        &params,
+        n,
+        0,
+        new_group(),
+        constraint.as_ref(),
+    )?;
     let id = request_id("chatcmpl");
     let created = now();
     let model = state.model_name.clone();
@@ -466,6 +482,7 @@ async fn completions(
         prompt::completion_prompts(&state, &request.prompt, request.common.n.unwrap_or(1)).await?;
     let n = request.common.n.unwrap_or(1);
     let group = new_group();
+    let constraint = structured::constraint(&state, &request.common).await?;
     let mut choices = Vec::new();
     let mut prompt_tokens = 0;
     let mut echoes = Vec::new();
@@ -478,7 +495,15 @@ async fn completions(
             &state.limits,
             &state.defaults,
         )?;
-        choices.extend(submit(&state, prompt, &params, n, p * n, group)?);
+        choices.extend(submit(
+            &state,
+            prompt,
+            &params,
+            n,
+            p * n,
+            group,
+            constraint.as_ref(),
+        )?);
         prompt_tokens += prompt.len();
         let echo = if request.echo {
             state

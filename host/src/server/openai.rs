@@ -170,6 +170,18 @@ pub struct SamplingFields {
     pub user: Option<String>,
     /// Token id (as a string) → bias in [-100, 100] added to its logit.
     pub logit_bias: Option<HashMap<String, f32>>,
+    /// OpenAI's structured output (`json_object`, `json_schema`).
+    pub response_format: Option<Value>,
+    /// vLLM's structured output (`json`, `regex`, `choice`, `grammar`).
+    pub structured_outputs: Option<Value>,
+    /// vLLM's older spelling of `structured_outputs.json`.
+    pub guided_json: Option<Value>,
+    /// vLLM's older spelling of `structured_outputs.regex`.
+    pub guided_regex: Option<Value>,
+    /// vLLM's older spelling of `structured_outputs.choice`.
+    pub guided_choice: Option<Value>,
+    /// vLLM's older spelling of `structured_outputs.grammar`.
+    pub guided_grammar: Option<Value>,
 }
 
 /// A request body type and the fields of its endpoint beyond
@@ -208,6 +220,12 @@ const SAMPLING_FIELDS: &[&str] = &[
     "max_tokens",
     "user",
     "logit_bias",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
 ];
 
 /// The fields of `/v1/chat/completions` beyond [`SAMPLING_FIELDS`].
@@ -225,12 +243,6 @@ pub const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "logprobs", "suffix"]
 /// one value (as compact JSON) each may carry because it asks for what Kiln
 /// does anyway (`None`: no value is accepted).
 const NOT_IMPLEMENTED: &[(&str, Option<&str>)] = &[
-    ("response_format", None),
-    ("structured_outputs", None),
-    ("guided_json", None),
-    ("guided_regex", None),
-    ("guided_choice", None),
-    ("guided_grammar", None),
     ("tools", None),
     ("tool_choice", None),
     ("parallel_tool_calls", None),
@@ -630,13 +642,7 @@ mod tests {
             "Unrecognized request argument supplied: frobnicate"
         );
         assert_eq!(param.as_deref(), Some("frobnicate"));
-        for field in [
-            "response_format",
-            "tools",
-            "tool_choice",
-            "best_of",
-            "structured_outputs",
-        ] {
+        for field in ["tools", "tool_choice", "best_of", "prompt_logprobs"] {
             let (message, param) = chat(json!({ field: {"x": 1} })).unwrap_err();
             assert!(
                 message.contains(field) && message.contains("not supported"),

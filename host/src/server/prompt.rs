@@ -47,7 +47,7 @@ fn check_size(state: &AppState, bytes: usize, param: &str) -> Result<(), ApiErro
 }
 
 /// Runs `work` on the blocking pool.
-async fn off_the_async_threads<T: Send + 'static>(
+pub(super) async fn off_the_async_threads<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(work)

@@ -5,7 +5,7 @@
 
 use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig};
 
-use crate::runtime::sampling::{RowSampling, Sampled};
+use crate::runtime::sampling::{RowSampling, Sampled, TokenAdjustment};
 
 /// Threads of a row's block: `KILN_SAMPLE_THREADS` in `sampling.cu`.
 const SAMPLE_THREADS: u32 = 512;
@@ -111,13 +111,18 @@ impl SampleBuffers {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let adjustments: usize = rows.iter().map(|r| r.adjustments.len()).sum();
+        // A structured-output mask goes to the device as bans.
+        let row_adjustments: Vec<Vec<TokenAdjustment>> = rows
+            .iter()
+            .map(|r| r.adjustments_with_mask(vocab))
+            .collect();
+        let adjustments: usize = row_adjustments.iter().map(Vec::len).sum();
         self.reserve(device, rows.len(), vocab, adjustments.max(1))?;
         let mut params = Vec::with_capacity(rows.len() * 48);
         let mut adjust = Vec::with_capacity(adjustments * 16);
-        for row in rows {
+        for (row, row_adjustments) in rows.iter().zip(&row_adjustments) {
             let begin = adjust.len() / 16;
-            for a in &row.adjustments {
+            for a in row_adjustments {
                 let flags = i32::from(a.seen) | (i32::from(a.banned) << 1);
                 for v in [a.token as i32, a.generated as i32, flags] {
                     adjust.extend(v.to_le_bytes());
@@ -257,7 +262,7 @@ mod tests {
             // Every third round a vocabulary larger than a block's threads
             // many times over, so greedy's one-pass pick meets ties across
             // threads and within one thread's stride.
-            let vocab = if round % 3 == 2 { 4099 } else { 300 };
+            let vocab: usize = if round % 3 == 2 { 4099 } else { 300 };
             let rows: Vec<RowSampling> = (0..6)
                 .map(|r| {
                     let greedy = (round + r) % 5 == 0;
@@ -293,6 +298,21 @@ mod tests {
                             .into_values()
                             .collect(),
                         logprobs: [None, Some(0), Some(3)][rng.random_range(0..3)],
+                        // Row 3 has a structured-output mask: about a
+                        // quarter of the tokens, always token 0 (whose logit
+                        // is finite).
+                        allowed: (r == 3).then(|| {
+                            (0..vocab.div_ceil(32))
+                                .map(|w| {
+                                    let bits = rng.random::<u32>() & rng.random::<u32>();
+                                    if w == 0 {
+                                        bits | 1
+                                    } else {
+                                        bits
+                                    }
+                                })
+                                .collect()
+                        }),
                     }
                 })
                 .collect();
@@ -315,6 +335,10 @@ mod tests {
             for (r, (row, got)) in rows.iter().zip(got).enumerate() {
                 let want = sample_row(&logits[r * vocab..(r + 1) * vocab], row);
                 assert_eq!(got.token, want.token, "round {round} row {r}: {row:?}");
+                assert!(
+                    row.allows(got.token),
+                    "round {round} row {r}: a masked token"
+                );
                 if let (Some(a), Some(b)) = (got.logprob, want.logprob) {
                     assert!((a - b).abs() < 1e-5, "logprob {a} vs {b}");
                 }
