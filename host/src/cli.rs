@@ -115,13 +115,19 @@ pub struct ServeArgs {
     #[arg(long)]
     pub served_model_name: Option<String>,
 
-    /// Requests running at once.
-    #[arg(long, default_value_t = 32)]
+    /// Requests running at once (vLLM's `--max-num-seqs` too).
+    #[arg(long, visible_alias = "max-num-seqs", default_value_t = 32)]
     pub max_batch_size: usize,
 
-    /// Tokens per step (prefill chunks plus decodes).
-    #[arg(long, default_value_t = 2048)]
+    /// Tokens per step, prefill chunks plus decodes (vLLM's
+    /// `--max-num-batched-tokens` too).
+    #[arg(long, visible_alias = "max-num-batched-tokens", default_value_t = 2048)]
     pub max_batch_tokens: usize,
+
+    /// A chat template to use instead of the model's: a file, or the
+    /// template itself (vLLM's flag).
+    #[arg(long)]
+    pub chat_template: Option<String>,
 
     /// Memory for the KV cache on the CPU, e.g. `512MiB`, `2GiB`.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
@@ -138,8 +144,13 @@ pub struct ServeArgs {
     pub block_size: usize,
 
     /// Do not share KV-cache blocks between requests with a common prefix.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "enable_prefix_caching")]
     pub no_prefix_caching: bool,
+
+    /// Share KV-cache blocks between requests with a common prefix (the
+    /// default; vLLM's flag).
+    #[arg(long)]
+    pub enable_prefix_caching: bool,
 
     /// Most sequences one request may make (its prompts × `n`); more is
     /// refused with a 400.
@@ -185,8 +196,9 @@ pub struct LoadArgs {
 /// How a model is run once loaded.
 #[derive(Debug, Args)]
 pub struct RuntimeArgs {
-    /// Longest sequence, prompt plus output (default: the model's limit).
-    #[arg(long)]
+    /// Longest sequence, prompt plus output (default: the model's limit;
+    /// vLLM's `--max-model-len` too).
+    #[arg(long, visible_alias = "max-model-len")]
     pub max_length: Option<u32>,
 
     /// Where to run: `cpu`, `cuda`/`cuda:N` (`gpu`/`gpu:N` too), or

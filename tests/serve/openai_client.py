@@ -170,3 +170,30 @@ for t in threads:
 assert not failures, failures
 assert len(results) == 32
 report("concurrency", finished=sum(1 for v in results.values() if v != "left"), left=sum(1 for v in results.values() if v == "left"))
+
+
+# The Model Server Protocol: vLLM's metric names with a model_name label,
+# parsed as OpenMetrics by prometheus_client.
+import urllib.request  # noqa: E402
+
+from prometheus_client.openmetrics.parser import text_string_to_metric_families  # noqa: E402
+
+with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics") as r:
+    assert r.headers["content-type"].startswith("application/openmetrics-text"), r.headers["content-type"]
+    families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+wanted = {
+    "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge", "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter", "vllm:request_success": "counter",
+    "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
+    "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
+}
+for name, kind in wanted.items():
+    assert name in families and families[name].type == kind, (name, families.get(name))
+    assert all(s.labels.get("model_name") == model for s in families[name].samples), families[name]
+reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
+assert reasons <= {"stop", "length"} and reasons, reasons
+generated = sum(s.value for s in families["vllm:generation_tokens"].samples)
+assert generated > 0
+report("metrics", families=len(wanted), generation_tokens=generated)

@@ -101,8 +101,8 @@ async def round_(base, clients, seconds, seed):
     # The engine notices hang-ups at its next step: wait for it to drain.
     drained_at = time.monotonic() + 30
     while True:
-        running = metric(base, "kiln_num_requests_running")
-        usage = metric(base, "kiln_kv_cache_usage_ratio")
+        running = metric(base, "vllm:num_requests_running")
+        usage = metric(base, "vllm:kv_cache_usage_perc")
         if (running == 0 and usage == 0) or time.monotonic() > drained_at:
             break
         await asyncio.sleep(0.2)

@@ -31,6 +31,18 @@ pub fn requirements() -> (PathBuf, PathBuf) {
     )
 }
 
+/// The options tests serve with unless `extra` sets them (in any spelling).
+fn defaults(extra: &[&str]) -> Vec<&'static str> {
+    [
+        (["--max-batch-size", "--max-num-seqs"], "16"),
+        (["--kv-cache-memory", "--kv-cache-memory"], "256MiB"),
+    ]
+    .into_iter()
+    .filter(|(names, _)| !names.iter().any(|n| extra.contains(n)))
+    .flat_map(|(names, value)| [names[0], value])
+    .collect()
+}
+
 /// A `host serve` process, killed when dropped.
 pub struct Server {
     /// The server process.
@@ -42,8 +54,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts serving `model` as `smollm2` with `extra` options (a 256 MiB
-    /// KV cache unless they set one) and waits until `/health` answers.
+    /// Starts serving `model` as `smollm2` with `extra` options (and
+    /// [`defaults`] for what they leave out) and waits until `/health`
+    /// answers.
     pub fn start(model: &Path, extra: &[&str]) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -63,13 +76,8 @@ impl Server {
                 "--served-model-name",
                 "smollm2",
             ])
-            .args(["--max-batch-size", "16"])
             .args(extra)
-            .args(if extra.contains(&"--kv-cache-memory") {
-                &[][..]
-            } else {
-                &["--kv-cache-memory", "256MiB"][..]
-            })
+            .args(defaults(extra))
             .env("KILN_CACHE_DIR", dir.path().join("cache"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
@@ -127,11 +135,11 @@ pub fn curl(_server: &Server, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// A metric's value from `/metrics`.
+/// A metric's value from `/metrics` (its first sample, whatever its labels).
 pub fn metric(server: &Server, name: &str) -> f64 {
     let text = curl(server, &["-s", &server.url("/metrics")]);
     text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .find(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b' ' | b'{')))
         .and_then(|l| l.split_whitespace().last())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))

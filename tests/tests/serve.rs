@@ -36,6 +36,7 @@ fn the_openai_client_works_against_smollm2_and_nothing_leaks() {
         "logit_bias",
         "refusals",
         "concurrency",
+        "metrics",
     ] {
         assert!(
             stdout.contains(&format!("\"check\": \"{check}\"")),
@@ -80,8 +81,8 @@ fn the_openai_client_works_against_smollm2_and_nothing_leaks() {
 
     // Every request is over: no running request, no KV block in use.
     let started = Instant::now();
-    while metric(&server, "kiln_num_requests_running") != 0.0
-        || metric(&server, "kiln_kv_cache_usage_ratio") != 0.0
+    while metric(&server, "vllm:num_requests_running") != 0.0
+        || metric(&server, "vllm:kv_cache_usage_perc") != 0.0
     {
         assert!(
             started.elapsed() < Duration::from_secs(30),
@@ -90,8 +91,8 @@ fn the_openai_client_works_against_smollm2_and_nothing_leaks() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(metric(&server, "kiln_prompt_tokens_total") > 0.0);
-    assert!(metric(&server, "kiln_time_to_first_token_seconds_count") > 0.0);
+    assert!(metric(&server, "vllm:prompt_tokens_total") > 0.0);
+    assert!(metric(&server, "vllm:time_to_first_token_seconds_count") > 0.0);
 }
 
 #[test]
@@ -447,4 +448,54 @@ fn structured_output_parses_every_time_with_the_openai_client() {
             "{check} did not run:\n{stdout}"
         );
     }
+}
+
+/// vLLM's spellings of the options, a chat template given on the command
+/// line, and the load line in the log.
+#[test]
+fn vllm_spellings_and_a_given_chat_template_work() {
+    let (model, _) = requirements();
+    let server = Server::start(
+        &model,
+        &[
+            "--max-model-len",
+            "1024",
+            "--max-num-seqs",
+            "4",
+            "--max-num-batched-tokens",
+            "512",
+            "--enable-prefix-caching",
+            "--chat-template",
+            "{% for m in messages %}<<{{ m.content }}>>{% endfor %}",
+        ],
+    );
+    let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
+        let out = curl(
+            &server,
+            &[
+                "-s",
+                "-H",
+                "content-type: application/json",
+                "-d",
+                &body.to_string(),
+                &server.url(path),
+            ],
+        );
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{path}: {e}: {out}"))
+    };
+    let chat = post(
+        "/tokenize",
+        serde_json::json!({"messages": [{"role": "user", "content": "hello"}]}),
+    );
+    let plain = post(
+        "/tokenize",
+        serde_json::json!({"prompt": "<<hello>>", "add_special_tokens": false}),
+    );
+    assert_eq!(chat["tokens"], plain["tokens"], "{chat} {plain}");
+    assert_eq!(chat["max_model_len"], 1024, "{chat}");
+    let log = server.log();
+    assert!(
+        log.contains("loaded ") && log.contains("LlamaForCausalLM") && log.contains("M parameters"),
+        "{log}"
+    );
 }

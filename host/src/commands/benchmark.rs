@@ -104,8 +104,13 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     };
     let device = model.backend.device_name();
     let roofline = model.backend.roofline()?;
-    let (engine, engine_thread) =
-        service::spawn(model, tokenizer, Vec::new(), config, Metrics::default())?;
+    let (engine, engine_thread) = service::spawn(
+        model,
+        tokenizer,
+        Vec::new(),
+        config,
+        Metrics::new("benchmark", config.block_size),
+    )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()?;

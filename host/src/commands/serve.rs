@@ -28,9 +28,27 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
              whitespace from the Authorization header, so no client could send this key"
         );
     }
+    let started = std::time::Instant::now();
     let mut model = super::load_model(&args.load)?;
+    tracing::info!("{}", describe(&model, started.elapsed()));
     let tokenizer = Arc::new(model.tokenizer.take().context("the model has no tokenizer (tokenizer.json or GGUF tokenizer metadata); it cannot be served")?);
-    let chat_template = tokenizer.chat_template()?;
+    let chat_template = match &args.chat_template {
+        None => tokenizer.chat_template()?,
+        Some(given) => {
+            let path = std::path::Path::new(given);
+            let source = if path.is_file() {
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading --chat-template {given}"))?
+            } else {
+                given.clone()
+            };
+            Some(
+                tokenizer
+                    .chat_template_from(&source)
+                    .context("--chat-template")?,
+            )
+        }
+    };
     let defaults = generation_defaults(&model);
     let kv = model.config.kv;
     let bytes_per_block = kv.num_layers as u64
@@ -112,7 +130,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let max_prompt_bytes = max_model_len
         .saturating_mul(tokenizer.longest_token_bytes())
         .saturating_mul(2);
-    let metrics = Metrics::default();
+    let metrics = Metrics::new(&model_name, args.block_size);
     let config = EngineConfig {
         num_blocks,
         block_size: args.block_size,
@@ -193,6 +211,47 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     engine_thread.join();
     tracing::info!("stopped");
     served
+}
+
+/// One line on the loaded model: what, how big, how stored, where, and how
+/// long loading and compiling took.
+fn describe(model: &crate::model::Model, elapsed: std::time::Duration) -> String {
+    let weights = &model.backend.program().graph.weights;
+    let parameters: u64 = weights
+        .iter()
+        .map(|w| w.shape.iter().product::<u64>())
+        .sum();
+    let mut encodings: Vec<(String, u64)> = Vec::new();
+    for w in weights {
+        let name = format!("{:?}", w.encoding).to_lowercase();
+        let count = w.shape.iter().product::<u64>();
+        match encodings.iter_mut().find(|(e, _)| *e == name) {
+            Some((_, n)) => *n += count,
+            None => encodings.push((name, count)),
+        }
+    }
+    encodings.sort_by_key(|e| std::cmp::Reverse(e.1));
+    let stored: Vec<String> = encodings
+        .iter()
+        .map(|(e, n)| format!("{e} {:.0}%", 100.0 * *n as f64 / parameters.max(1) as f64))
+        .collect();
+    let compile = match model.compile {
+        crate::compiler::CompileOutcome::Compiled(t) => {
+            format!("compiled in {:.2} s", t.as_secs_f64())
+        }
+        crate::compiler::CompileOutcome::Cached(t) => {
+            format!("compiled graph from the cache in {:.2} s", t.as_secs_f64())
+        }
+    };
+    format!(
+        "loaded {} as {} ({:.1}M parameters; {}) on {} in {:.1} s ({compile})",
+        model.resolved.weights.display(),
+        model.architecture.info.name,
+        parameters as f64 / 1e6,
+        stored.join(", "),
+        model.backend.device_name(),
+        elapsed.as_secs_f64(),
+    )
 }
 
 /// Resolves on SIGINT or SIGTERM; in-flight requests then finish.

@@ -7,6 +7,7 @@ pub mod npy;
 pub mod penalties;
 pub mod sampling;
 pub mod service;
+pub mod stats;
 pub mod stop;
 pub mod structured;
 

@@ -16,6 +16,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::batch::run_sampled_step;
 use super::penalties::Penalties;
 use super::sampling::{Sampler, SamplingParams};
+use super::stats::StatsLine;
 use super::stop::{StopMatcher, StopOutcome};
 use super::structured;
 use crate::model::Model;
@@ -139,12 +140,21 @@ pub struct EngineConfig {
 
 /// Observations the engine reports after each step (for `/metrics`).
 pub trait EngineObserver: Send + 'static {
+    /// A request ran in a step for the first time, `queue_time` seconds
+    /// after arriving.
+    fn scheduled(&self, queue_time: f64);
     /// A request produced its first token `ttft` seconds after arriving.
     fn first_token(&self, ttft: f64);
     /// A request produced another token, `itl` seconds after the previous.
     fn next_token(&self, itl: f64);
-    /// A request ended after `latency` seconds.
-    fn finished(&self, latency: f64, prompt_tokens: usize, completion_tokens: usize);
+    /// A request ended (for `reason`) after `latency` seconds.
+    fn finished(
+        &self,
+        reason: FinishReason,
+        latency: f64,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    );
     /// The scheduler's state after a step.
     fn state(
         &self,
@@ -237,6 +247,8 @@ struct Active<'t> {
     events: UnboundedSender<Event>,
     arrived: Instant,
     last_token: Option<Instant>,
+    /// It ran in a step (its queue time is recorded).
+    scheduled: bool,
     constraint: Option<Matcher>,
 }
 
@@ -252,6 +264,7 @@ fn run(
     let blocks = BlockManager::new(config.num_blocks, config.block_size, config.prefix_caching);
     let mut scheduler = Scheduler::new(config.scheduler, blocks);
     let mut active: HashMap<SeqId, Active<'_>> = HashMap::new();
+    let mut stats = StatsLine::default();
     loop {
         // Take new requests: wait for one when idle, else whatever is queued.
         let mut incoming = Vec::new();
@@ -284,6 +297,7 @@ fn run(
                     events: request.events,
                     arrived: request.arrived,
                     last_token: None,
+                    scheduled: false,
                     constraint: request.constraint,
                 },
             );
@@ -303,6 +317,13 @@ fn run(
         if batch.seqs.is_empty() {
             report(&scheduler, &observer);
             continue;
+        }
+        let now = Instant::now();
+        for seq in &batch.seqs {
+            if let Some(state) = active.get_mut(&seq.id).filter(|s| !s.scheduled) {
+                state.scheduled = true;
+                observer.scheduled((now - state.arrived).as_secs_f64());
+            }
         }
         let step = batch.step_batch();
         let mut failed = Vec::new();
@@ -346,6 +367,18 @@ fn run(
             }
         };
         scheduler.complete(&batch);
+        let generated = batch.seqs.iter().filter(|s| s.wants_logits).count();
+        let fed = batch.num_tokens();
+        let blocks = scheduler.blocks();
+        stats.step(
+            fed.saturating_sub(generated),
+            generated,
+            (
+                scheduler.num_running(),
+                scheduler.num_waiting(),
+                blocks.used() as f64 / blocks.num_blocks().max(1) as f64,
+            ),
+        );
         // A grammar that failed fails its sequence, after the step it was in.
         for (id, message) in failed {
             if let Some(a) = active.remove(&id) {
@@ -382,6 +415,7 @@ fn run(
                         completion_tokens: state.generated.len(),
                     });
                     observer.finished(
+                        finish_reason,
                         state.arrived.elapsed().as_secs_f64(),
                         state.prompt.len(),
                         state.generated.len(),

@@ -1,136 +1,205 @@
-//! Prometheus metrics of the server (`GET /metrics`, text format).
+//! Prometheus metrics of the server (`GET /metrics`) under vLLM's names and
+//! labels, which is what the Model Server Protocol readers (the Gateway API
+//! Inference Extension, llm-d) route on: `vllm:num_requests_waiting`,
+//! `vllm:kv_cache_usage_perc` and the rest, each labelled with
+//! `model_name`, in the OpenMetrics text format.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::engine::service::EngineObserver;
+use crate::engine::service::{EngineObserver, FinishReason};
+
+/// The content type of [`Metrics::render`]'s body.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Label sets: `model_name`, and `finished_reason` beside it.
+type Labels = Vec<(&'static str, String)>;
+
+/// How a histogram family makes the histogram of a new label set.
+type HistogramMaker = fn() -> Histogram;
 
 /// Every metric, shared by the engine thread and the HTTP handlers.
 #[derive(Clone)]
 pub struct Metrics {
     registry: Arc<Mutex<Registry>>,
-    ttft: Histogram,
-    itl: Histogram,
-    latency: Histogram,
-    prompt_tokens: Counter,
-    generation_tokens: Counter,
-    requests: Counter,
-    running: Gauge,
-    waiting: Gauge,
-    kv_usage: Gauge<f64, AtomicU64>,
-    prefix_hit_rate: Gauge<f64, AtomicU64>,
-    preemptions: Counter,
-    preemptions_seen: Arc<AtomicU64>,
+    model: Labels,
+    /// Positions per KV-cache block: prefix-cache counts are in tokens.
+    block_size: u64,
+    ttft: Family<Labels, Histogram, HistogramMaker>,
+    itl: Family<Labels, Histogram, HistogramMaker>,
+    e2e: Family<Labels, Histogram, HistogramMaker>,
+    queue: Family<Labels, Histogram, HistogramMaker>,
+    prompt_tokens: Family<Labels, Counter>,
+    generation_tokens: Family<Labels, Counter>,
+    success: Family<Labels, Counter>,
+    running: Family<Labels, Gauge>,
+    waiting: Family<Labels, Gauge>,
+    kv_usage: Family<Labels, Gauge<f64, AtomicU64>>,
+    prefix_queries: Family<Labels, Counter>,
+    prefix_hits: Family<Labels, Counter>,
+    preemptions: Family<Labels, Counter>,
+    /// The engine reports running totals: what was already counted.
+    seen: Arc<[AtomicU64; 3]>,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        let mut registry = Registry::with_prefix("kiln");
+/// Buckets from 1 ms (time to first token, inter-token latency, queue time).
+fn millisecond_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
+
+/// Buckets from 10 ms (whole requests).
+fn request_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 16))
+}
+
+impl Metrics {
+    /// The metrics of a server of `model_name` with KV-cache blocks of
+    /// `block_size` positions.
+    pub fn new(model_name: &str, block_size: usize) -> Self {
         let metrics = Self {
-            ttft: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-            itl: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
-            latency: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
-            prompt_tokens: Counter::default(),
-            generation_tokens: Counter::default(),
-            requests: Counter::default(),
-            running: Gauge::default(),
-            waiting: Gauge::default(),
-            kv_usage: Gauge::default(),
-            prefix_hit_rate: Gauge::default(),
-            preemptions: Counter::default(),
-            preemptions_seen: Arc::default(),
             registry: Arc::default(),
+            model: vec![("model_name", model_name.to_owned())],
+            block_size: block_size as u64,
+            ttft: Family::new_with_constructor(millisecond_buckets),
+            itl: Family::new_with_constructor(millisecond_buckets),
+            e2e: Family::new_with_constructor(request_buckets),
+            queue: Family::new_with_constructor(millisecond_buckets),
+            prompt_tokens: Family::default(),
+            generation_tokens: Family::default(),
+            success: Family::default(),
+            running: Family::default(),
+            waiting: Family::default(),
+            kv_usage: Family::default(),
+            prefix_queries: Family::default(),
+            prefix_hits: Family::default(),
+            preemptions: Family::default(),
+            seen: Arc::default(),
         };
-        registry.register(
-            "time_to_first_token_seconds",
-            "Time from arrival to the first generated token",
-            metrics.ttft.clone(),
-        );
-        registry.register(
-            "inter_token_latency_seconds",
-            "Time between consecutive tokens of a request",
-            metrics.itl.clone(),
-        );
-        registry.register(
-            "request_latency_seconds",
-            "Time from arrival to the end of a request",
-            metrics.latency.clone(),
-        );
-        registry.register(
-            "prompt_tokens",
-            "Prompt tokens of finished requests",
-            metrics.prompt_tokens.clone(),
-        );
-        registry.register(
-            "generation_tokens",
-            "Generated tokens of finished requests",
-            metrics.generation_tokens.clone(),
-        );
-        registry.register(
-            "requests_finished",
-            "Requests that ran to their end",
-            metrics.requests.clone(),
-        );
-        registry.register(
-            "num_requests_running",
+        let mut registry = Registry::default();
+        let r = &mut registry;
+        r.register(
+            "vllm:num_requests_running",
             "Requests in the running batch",
             metrics.running.clone(),
         );
-        registry.register(
-            "num_requests_waiting",
+        r.register(
+            "vllm:num_requests_waiting",
             "Requests waiting to be scheduled",
             metrics.waiting.clone(),
         );
-        registry.register(
-            "kv_cache_usage_ratio",
-            "Fraction of KV-cache blocks in use",
+        r.register(
+            "vllm:kv_cache_usage_perc",
+            "Fraction of KV-cache blocks in use (1 is full)",
             metrics.kv_usage.clone(),
         );
-        registry.register(
-            "prefix_cache_hit_rate",
-            "Fraction of looked-up prompt blocks found in the prefix cache",
-            metrics.prefix_hit_rate.clone(),
+        r.register(
+            "vllm:prompt_tokens",
+            "Prompt tokens of finished requests",
+            metrics.prompt_tokens.clone(),
         );
-        registry.register(
-            "num_preemptions",
+        r.register(
+            "vllm:generation_tokens",
+            "Generated tokens of finished requests",
+            metrics.generation_tokens.clone(),
+        );
+        r.register(
+            "vllm:request_success",
+            "Requests that ran to their end, by finish reason",
+            metrics.success.clone(),
+        );
+        r.register(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            metrics.prefix_queries.clone(),
+        );
+        r.register(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            metrics.prefix_hits.clone(),
+        );
+        r.register(
+            "vllm:num_preemptions",
             "Requests preempted because the KV cache was full",
             metrics.preemptions.clone(),
+        );
+        r.register(
+            "vllm:time_to_first_token_seconds",
+            "Time from arrival to the first generated token",
+            metrics.ttft.clone(),
+        );
+        r.register(
+            "vllm:inter_token_latency_seconds",
+            "Time between consecutive tokens of a request",
+            metrics.itl.clone(),
+        );
+        r.register(
+            "vllm:e2e_request_latency_seconds",
+            "Time from arrival to the end of a request",
+            metrics.e2e.clone(),
+        );
+        r.register(
+            "vllm:request_queue_time_seconds",
+            "Time from arrival to the first step that runs the request",
+            metrics.queue.clone(),
         );
         *metrics.registry.lock().unwrap_or_else(|p| p.into_inner()) = registry;
         metrics
     }
-}
 
-impl Metrics {
-    /// The metrics in Prometheus' text format.
+    /// The metrics in the OpenMetrics text format ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         encode(&mut out, &registry).expect("writing to a String cannot fail");
         out
     }
+
+    /// Adds to `counter` what `total` has beyond the total seen before.
+    fn count_total(&self, counter: &Family<Labels, Counter>, slot: usize, total: u64) {
+        let seen = self.seen[slot].swap(total, Ordering::Relaxed);
+        counter
+            .get_or_create(&self.model)
+            .inc_by(total.saturating_sub(seen));
+    }
 }
 
 impl EngineObserver for Metrics {
+    fn scheduled(&self, queue_time: f64) {
+        self.queue.get_or_create(&self.model).observe(queue_time);
+    }
+
     fn first_token(&self, ttft: f64) {
-        self.ttft.observe(ttft);
+        self.ttft.get_or_create(&self.model).observe(ttft);
     }
 
     fn next_token(&self, itl: f64) {
-        self.itl.observe(itl);
+        self.itl.get_or_create(&self.model).observe(itl);
     }
 
-    fn finished(&self, latency: f64, prompt_tokens: usize, completion_tokens: usize) {
-        self.latency.observe(latency);
-        self.prompt_tokens.inc_by(prompt_tokens as u64);
-        self.generation_tokens.inc_by(completion_tokens as u64);
-        self.requests.inc();
+    fn finished(
+        &self,
+        reason: FinishReason,
+        latency: f64,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    ) {
+        self.e2e.get_or_create(&self.model).observe(latency);
+        self.prompt_tokens
+            .get_or_create(&self.model)
+            .inc_by(prompt_tokens as u64);
+        self.generation_tokens
+            .get_or_create(&self.model)
+            .inc_by(completion_tokens as u64);
+        let mut labels = self.model.clone();
+        labels.push(("finished_reason", reason.as_str().to_owned()));
+        self.success.get_or_create(&labels).inc();
     }
 
     fn state(
@@ -142,15 +211,11 @@ impl EngineObserver for Metrics {
         prefix_hits: u64,
         preemptions: u64,
     ) {
-        self.running.set(running as i64);
-        self.waiting.set(waiting as i64);
-        self.kv_usage.set(kv_usage);
-        self.prefix_hit_rate.set(if prefix_queries == 0 {
-            0.0
-        } else {
-            prefix_hits as f64 / prefix_queries as f64
-        });
-        let seen = self.preemptions_seen.swap(preemptions, Ordering::Relaxed);
-        self.preemptions.inc_by(preemptions.saturating_sub(seen));
+        self.running.get_or_create(&self.model).set(running as i64);
+        self.waiting.get_or_create(&self.model).set(waiting as i64);
+        self.kv_usage.get_or_create(&self.model).set(kv_usage);
+        self.count_total(&self.prefix_queries, 0, prefix_queries * self.block_size);
+        self.count_total(&self.prefix_hits, 1, prefix_hits * self.block_size);
+        self.count_total(&self.preemptions, 2, preemptions);
     }
 }

@@ -169,7 +169,7 @@ async fn authorize(
 
 async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
         state.metrics.render(),
     )
 }

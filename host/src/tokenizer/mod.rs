@@ -254,11 +254,14 @@ impl Tokenizer {
     pub fn chat_template(&self) -> Result<Option<ChatTemplate>, TokenizerError> {
         self.chat_template
             .as_deref()
-            .map(|source| {
-                ChatTemplate::new(source)
-                    .map(|t| t.with_variables(self.special.template_variables()))
-            })
+            .map(|source| self.chat_template_from(source))
             .transpose()
+    }
+
+    /// `source` compiled as a chat template with this tokenizer's special
+    /// tokens (a template given instead of the model's).
+    pub fn chat_template_from(&self, source: &str) -> Result<ChatTemplate, TokenizerError> {
+        ChatTemplate::new(source).map(|t| t.with_variables(self.special.template_variables()))
     }
 
     /// The number of ids, added tokens included.
