@@ -113,9 +113,9 @@ report("logit_bias", text=biased)
 refusals = [
     ("response_format", lambda: client.chat.completions.create(
         model=model, messages=QUESTION, max_tokens=4, response_format={"type": "xml"})),
-    ("tools", lambda: client.chat.completions.create(
+    ("functions", lambda: client.chat.completions.create(
         model=model, messages=QUESTION, max_tokens=4,
-        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])),
+        functions=[{"name": "f", "parameters": {"type": "object"}}])),
     ("best_of", lambda: client.completions.create(model=model, prompt="hi", max_tokens=4, best_of=2)),
     ("frobnicate", lambda: client.completions.create(model=model, prompt="hi", max_tokens=4, extra_body={"frobnicate": 1})),
     ("name", lambda: client.chat.completions.create(

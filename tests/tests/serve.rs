@@ -499,3 +499,31 @@ fn vllm_spellings_and_a_given_chat_template_work() {
         "{log}"
     );
 }
+
+/// Tool calls through the official client (`tests/serve/tool_calls.py`) on
+/// SmolLM2 with Qwen2.5's chat template (Hermes format): a named
+/// `tool_choice` round trip, streaming with `required`, `auto`, refusals.
+#[test]
+fn tool_calls_round_trip_with_the_openai_client() {
+    let (model, python) = requirements();
+    let template =
+        workspace_root().join("host/tests/fixtures/tokenizer/qwen2.5/chat_template.jinja");
+    let server = Server::start(&model, &["--chat-template", template.to_str().unwrap()]);
+    let output = Command::new(&python)
+        .arg(workspace_root().join("tests/serve/tool_calls.py"))
+        .args([&server.url("/v1"), "smollm2"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&output);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{stderr}\nserver log:\n{}",
+        server.log()
+    );
+    for check in ["round_trip", "stream_required", "auto", "refusals"] {
+        assert!(
+            stdout.contains(&format!("\"check\": \"{check}\"")),
+            "{check} did not run:\n{stdout}"
+        );
+    }
+}

@@ -1,12 +1,14 @@
 //! `host serve`: an OpenAI-compatible HTTP server (axum) in front of the
 //! serving engine.
 
+mod chat;
 mod listen;
 pub mod metrics;
 pub mod openai;
 mod prompt;
 mod structured;
 mod tokenize;
+mod tools;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,7 +38,7 @@ use crate::engine::structured::Grammars;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 pub use listen::{raise_descriptor_limit, serve};
 use metrics::Metrics;
-use openai::{ApiError, ChatRequest, CompletionRequest, EndpointFields, Limits, Usage};
+use openai::{ApiError, CompletionRequest, EndpointFields, Limits, Usage};
 
 /// What every handler shares.
 pub struct AppState {
@@ -111,7 +113,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + EndpointFields> FromReques
 /// `body_timeout`.
 pub fn router(state: Arc<AppState>, max_body_bytes: usize, body_timeout: Duration) -> Router {
     let api = Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_card))
@@ -309,17 +311,6 @@ async fn collect(mut choice: Choice) -> Result<Collected, ApiError> {
     ))
 }
 
-fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
-    let entry = |text: &str, logprob: f32| json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()});
-    json!({
-        "content": tokens.iter().map(|t| {
-            let mut e = entry(&t.text, t.logprob);
-            e["top_logprobs"] = t.top.iter().map(|(_, text, lp)| entry(text, *lp)).collect();
-            e
-        }).collect::<Vec<_>>()
-    })
-}
-
 fn completion_logprobs(tokens: &[TokenLogprob], start_offset: usize) -> Value {
     let mut offset = start_offset;
     let mut offsets = Vec::new();
@@ -333,77 +324,6 @@ fn completion_logprobs(tokens: &[TokenLogprob], start_offset: usize) -> Value {
         "top_logprobs": tokens.iter().map(|t| t.top.iter().map(|(_, text, lp)| (text.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
         "text_offset": offsets,
     })
-}
-
-async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    ApiJson(request): ApiJson<ChatRequest>,
-) -> Result<Response, ApiError> {
-    check_model(&state, &request.common.model)?;
-    if request.top_logprobs.is_some() && !request.logprobs {
-        return Err(ApiError::invalid(
-            "top_logprobs requires logprobs to be true",
-            Some("top_logprobs"),
-        ));
-    }
-    prompt::check_sequences(&state, 1, request.common.n.unwrap_or(1))?;
-    let prompt = prompt::chat_prompt(&state, &request.messages, true, false).await?;
-    let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
-    let params = request.common.params(
-        request.max_completion_tokens.or(request.common.max_tokens),
-        None,
-        logprobs,
-        prompt.len(),
-        &state.limits,
-        &state.defaults,
-    )?;
-    let n = request.common.n.unwrap_or(1);
-    let constraint = structured::constraint(&state, &request.common).await?;
-    let choices = submit(
-        &state,
-        &prompt,
-        &params,
-        n,
-        0,
-        new_group(),
-        constraint.as_ref(),
-    )?;
-    let id = request_id("chatcmpl");
-    let created = now();
-    let model = state.model_name.clone();
-    if request.common.stream {
-        let include_usage = request
-            .common
-            .stream_options
-            .is_some_and(|o| o.include_usage);
-        return Ok(sse(stream_chat(
-            choices,
-            id,
-            created,
-            model,
-            prompt.len(),
-            include_usage,
-            request.logprobs,
-        )));
-    }
-    let mut results = Vec::new();
-    let mut usage = Usage {
-        prompt_tokens: prompt.len(),
-        ..Usage::default()
-    };
-    for choice in choices {
-        let index = choice.index;
-        let c = collect(choice).await?;
-        usage.completion_tokens += c.completion_tokens;
-        results.push(json!({
-            "index": index,
-            "message": {"role": "assistant", "content": c.text},
-            "logprobs": if request.logprobs { chat_logprobs(&c.tokens) } else { Value::Null },
-            "finish_reason": c.finish_reason,
-        }));
-    }
-    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
-    Ok(Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model, "choices": results, "usage": usage})).into_response())
 }
 
 fn sse(events: impl Stream<Item = Value> + Send + 'static) -> Response {
@@ -423,45 +343,6 @@ fn merged(choices: Vec<Choice>) -> impl Stream<Item = (usize, Event)> + Send {
         let index = c.index;
         UnboundedReceiverStream::new(c.events).map(move |e| (index, e))
     }))
-}
-
-fn stream_chat(
-    choices: Vec<Choice>,
-    id: String,
-    created: u64,
-    model: String,
-    prompt_tokens: usize,
-    include_usage: bool,
-    logprobs: bool,
-) -> impl Stream<Item = Value> + Send {
-    let chunk = {
-        let (id, model) = (id.clone(), model.clone());
-        move |choices: Value| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices})
-    };
-    let n = choices.len();
-    let first: Vec<Value> = (0..n).map(|i| chunk(json!([{"index": choices[i].index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]))).collect();
-    let completion_tokens = Arc::new(AtomicUsize::new(0));
-    let counter = completion_tokens.clone();
-    let body = merged(choices).filter_map(move |(index, event)| {
-        let value = match event {
-            Event::Chunk { text, logprob, .. } => {
-                let logprobs = if logprobs { chat_logprobs(&logprob.into_iter().collect::<Vec<_>>()) } else { Value::Null };
-                Some(chunk(json!([{"index": index, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null}])))
-            }
-            Event::Done { finish_reason, completion_tokens: c, .. } => {
-                counter.fetch_add(c, Ordering::Relaxed);
-                Some(chunk(json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason.as_str()}])))
-            }
-            Event::Error(message) => Some(json!({"error": {"message": message, "type": "server_error"}})),
-        };
-        std::future::ready(value)
-    });
-    // Polled after the body ends, when every choice has reported its count.
-    let usage = stream::once(async move { completion_tokens.load(Ordering::Relaxed) }).filter_map(move |completion_tokens| {
-        let usage = Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens };
-        std::future::ready(include_usage.then(|| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage})))
-    });
-    stream::iter(first).chain(body).chain(usage)
 }
 
 async fn completions(

@@ -234,6 +234,9 @@ pub const CHAT_FIELDS: &[&str] = &[
     "max_completion_tokens",
     "logprobs",
     "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ];
 
 /// The fields of `/v1/completions` beyond [`SAMPLING_FIELDS`].
@@ -243,9 +246,6 @@ pub const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "logprobs", "suffix"]
 /// one value (as compact JSON) each may carry because it asks for what Kiln
 /// does anyway (`None`: no value is accepted).
 const NOT_IMPLEMENTED: &[(&str, Option<&str>)] = &[
-    ("tools", None),
-    ("tool_choice", None),
-    ("parallel_tool_calls", None),
     ("functions", None),
     ("function_call", None),
     ("best_of", None),
@@ -319,9 +319,8 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// A chat message as clients send it. Other message fields (`name`,
-/// `tool_calls`, `tool_call_id`) are refused: they would not reach the
-/// template.
+/// A chat message as clients send it. Other message fields (`name`) are
+/// refused: they would not reach the template.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InMessage {
@@ -330,6 +329,12 @@ pub struct InMessage {
     /// A string, or a list of parts of which text parts are used.
     #[serde(default)]
     pub content: Option<Value>,
+    /// An assistant message's calls (OpenAI's shape).
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A tool message's answer to this call.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 impl InMessage {
@@ -374,6 +379,12 @@ pub struct ChatRequest {
     pub logprobs: bool,
     /// Alternatives per token (0–20).
     pub top_logprobs: Option<usize>,
+    /// Functions the model may call.
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or a named function.
+    pub tool_choice: Option<Value>,
+    /// Whether several calls may come in one message (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// Everything else.
     #[serde(flatten)]
     pub common: SamplingFields,
@@ -642,7 +653,7 @@ mod tests {
             "Unrecognized request argument supplied: frobnicate"
         );
         assert_eq!(param.as_deref(), Some("frobnicate"));
-        for field in ["tools", "tool_choice", "best_of", "prompt_logprobs"] {
+        for field in ["best_of", "prompt_logprobs", "functions", "audio"] {
             let (message, param) = chat(json!({ field: {"x": 1} })).unwrap_err();
             assert!(
                 message.contains(field) && message.contains("not supported"),

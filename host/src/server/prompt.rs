@@ -6,9 +6,11 @@
 
 use std::sync::Arc;
 
+use serde_json::{json, Value};
+
 use super::openai::{ApiError, InMessage, Prompt};
-use super::AppState;
-use crate::tokenizer::{ChatMessage, TokenizerError};
+use super::{tools, AppState};
+use crate::tokenizer::{ChatMessage, ChatRequest, TokenizerError};
 
 /// Roles a message may have (the chat template decides what each means).
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
@@ -55,47 +57,97 @@ pub(super) async fn off_the_async_threads<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
 }
 
-/// The messages as the chat template takes them, after checking each one's
-/// role and content.
-fn chat_messages(messages: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
+/// A message's role and text after checking them; `None` text for an
+/// assistant message that only calls tools.
+fn checked_text(i: usize, m: &InMessage) -> Result<Option<String>, ApiError> {
+    if !ROLES.contains(&m.role.as_str()) {
+        return Err(ApiError::invalid(
+            format!(
+                "messages[{i}].role is {:?}; it must be one of {}",
+                m.role,
+                ROLES.join(", ")
+            ),
+            Some("messages"),
+        ));
+    }
+    let calls = m.role == "assistant" && m.tool_calls.as_ref().is_some_and(|c| !c.is_empty());
+    match m.text()? {
+        Some(text) => Ok(Some(text)),
+        None if calls => Ok(None),
+        None => Err(ApiError::invalid(
+            format!("messages[{i}] ({}) has no content", m.role),
+            Some("messages"),
+        )),
+    }
+}
+
+/// The conversation as the template takes it: plain `{role, content}`
+/// messages, or (with tools, tool calls or tool answers) JSON messages
+/// with the tools beside them.
+enum Conversation {
+    Plain(Vec<ChatMessage>),
+    Json {
+        messages: String,
+        tools: Option<String>,
+    },
+}
+
+fn conversation(
+    messages: &[InMessage],
+    tools: Option<&[Value]>,
+) -> Result<(Conversation, Vec<String>), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             "messages must not be empty",
             Some("messages"),
         ));
     }
-    messages
+    let texts = messages
         .iter()
         .enumerate()
-        .map(|(i, m)| {
-            if !ROLES.contains(&m.role.as_str()) {
-                return Err(ApiError::invalid(
-                    format!(
-                        "messages[{i}].role is {:?}; it must be one of {}",
-                        m.role,
-                        ROLES.join(", ")
-                    ),
-                    Some("messages"),
-                ));
+        .map(|(i, m)| checked_text(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let contents: Vec<String> = texts.iter().flatten().cloned().collect();
+    let with_tools = tools.is_some()
+        || messages
+            .iter()
+            .any(|m| m.tool_calls.is_some() || m.tool_call_id.is_some());
+    if !with_tools {
+        let plain = messages
+            .iter()
+            .zip(texts)
+            .map(|(m, text)| ChatMessage::new(m.role.as_str(), text.unwrap_or_default()))
+            .collect();
+        return Ok((Conversation::Plain(plain), contents));
+    }
+    let json: Vec<Value> = messages
+        .iter()
+        .zip(texts)
+        .map(|(m, text)| {
+            let mut message = json!({"role": m.role, "content": text});
+            if let Some(calls) = &m.tool_calls {
+                message["tool_calls"] = Value::from(calls.clone());
             }
-            let Some(text) = m.text()? else {
-                return Err(ApiError::invalid(
-                    format!("messages[{i}] ({}) has no content", m.role),
-                    Some("messages"),
-                ));
-            };
-            Ok(ChatMessage::new(m.role.as_str(), text))
+            if let Some(id) = &m.tool_call_id {
+                message["tool_call_id"] = Value::from(id.as_str());
+            }
+            message
         })
-        .collect()
+        .collect();
+    let messages = Value::from(tools::template_messages(&json)).to_string();
+    let tools = tools.map(|t| Value::from(t.to_vec()).to_string());
+    Ok((Conversation::Json { messages, tools }, contents))
 }
 
-/// `messages` through the chat template, then to token ids (the template
-/// writes the special tokens; `add_special_tokens` adds the tokenizer's
-/// own). Special-token text in a message's content stays plain text unless
-/// the server allows it (`--allow-special-tokens-in-messages`).
+/// `messages` (and the `tools` they may call) through the chat template,
+/// then to token ids (the template writes the special tokens;
+/// `add_special_tokens` adds the tokenizer's own). Special-token text in a
+/// message's content stays plain text unless the server allows it
+/// (`--allow-special-tokens-in-messages`).
 pub async fn chat_prompt(
     state: &Arc<AppState>,
     messages: &[InMessage],
+    tools: Option<&[Value]>,
     add_generation_prompt: bool,
     add_special_tokens: bool,
 ) -> Result<Vec<u32>, ApiError> {
@@ -105,22 +157,25 @@ pub async fn chat_prompt(
             None,
         ));
     }
-    let messages = chat_messages(messages)?;
-    check_size(
-        state,
-        messages.iter().map(|m| m.content.len()).sum(),
-        "messages",
-    )?;
+    let (conversation, contents) = conversation(messages, tools)?;
+    check_size(state, contents.iter().map(String::len).sum(), "messages")?;
     let state = state.clone();
     off_the_async_threads(move || {
         let template = state.chat_template.as_ref().expect("checked above");
-        let rendered = template
-            .render(&messages, add_generation_prompt)
-            .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))?;
+        let rendered = match &conversation {
+            Conversation::Plain(messages) => template.render(messages, add_generation_prompt),
+            Conversation::Json { messages, tools } => template.render_request(&ChatRequest {
+                messages,
+                tools: tools.as_deref(),
+                add_generation_prompt,
+                ..ChatRequest::default()
+            }),
+        }
+        .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))?;
         let encoded = if state.limits.allow_special_tokens_in_messages {
             state.tokenizer.encode(&rendered, add_special_tokens)
         } else {
-            let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+            let contents: Vec<&str> = contents.iter().map(String::as_str).collect();
             state
                 .tokenizer
                 .encode_chat(&rendered, &contents, add_special_tokens)

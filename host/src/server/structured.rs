@@ -19,15 +19,20 @@ pub async fn constraint(
     state: &Arc<AppState>,
     fields: &SamplingFields,
 ) -> Result<Option<Matcher>, ApiError> {
-    let Some(grammar) = requested_grammar(fields)? else {
-        return Ok(None);
-    };
+    match requested_grammar(fields)? {
+        Some(grammar) => compile(state, grammar).await.map(Some),
+        None => Ok(None),
+    }
+}
+
+/// `grammar`'s matcher, compiled on the blocking pool; a grammar
+/// llguidance refuses is a 400.
+pub async fn compile(state: &Arc<AppState>, grammar: Grammar) -> Result<Matcher, ApiError> {
     let state = state.clone();
     super::prompt::off_the_async_threads(move || {
         state
             .grammars
             .matcher(&grammar)
-            .map(Some)
             .map_err(|e| ApiError::invalid(format!("structured output: {e}"), None))
     })
     .await

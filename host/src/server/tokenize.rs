@@ -75,6 +75,7 @@ pub async fn tokenize(
             prompt::chat_prompt(
                 &state,
                 messages,
+                None,
                 request.add_generation_prompt.unwrap_or(true),
                 request.add_special_tokens.unwrap_or(false),
             )

@@ -1,0 +1,303 @@
+//! `POST /v1/chat/completions`: the conversation through the chat template,
+//! the choices through the engine, and the answer as one message or a
+//! stream of chunks; with `tools`, the model's Hermes-format calls become
+//! `tool_calls` (whole, or one delta per call when streaming).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{json, Value};
+
+use super::openai::{ApiError, ChatRequest, Usage};
+use super::tools::{self, Piece, StreamingToolCalls};
+use super::{
+    check_model, collect, merged, new_group, now, prompt, request_id, sse, structured, submit,
+    ApiJson, AppState, Choice,
+};
+use crate::engine::service::{Event, TokenLogprob};
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    ApiJson(request): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    check_model(&state, &request.common.model)?;
+    if request.top_logprobs.is_some() && !request.logprobs {
+        return Err(ApiError::invalid(
+            "top_logprobs requires logprobs to be true",
+            Some("top_logprobs"),
+        ));
+    }
+    let tools = tools::requested_tools(request.tools.as_deref(), request.tool_choice.as_ref())?;
+    if tools.is_some() && request.logprobs {
+        return Err(ApiError::invalid(
+            "logprobs together with tools is not supported",
+            Some("logprobs"),
+        ));
+    }
+    prompt::check_sequences(&state, 1, request.common.n.unwrap_or(1))?;
+    let prompt = prompt::chat_prompt(
+        &state,
+        &request.messages,
+        tools.as_ref().map(|t| t.tools.as_slice()),
+        true,
+        false,
+    )
+    .await?;
+    let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
+    let params = request.common.params(
+        request.max_completion_tokens.or(request.common.max_tokens),
+        None,
+        logprobs,
+        prompt.len(),
+        &state.limits,
+        &state.defaults,
+    )?;
+    let n = request.common.n.unwrap_or(1);
+    let constraint = match tools.as_ref().and_then(|t| t.grammar(parallel(&request))) {
+        Some(_) if structured::requested_grammar(&request.common)?.is_some() => {
+            return Err(ApiError::invalid(
+                "a required or named tool_choice and structured output cannot be asked together",
+                Some("tool_choice"),
+            ))
+        }
+        Some(grammar) => Some(structured::compile(&state, grammar).await?),
+        None => structured::constraint(&state, &request.common).await?,
+    };
+    let choices = submit(
+        &state,
+        &prompt,
+        &params,
+        n,
+        0,
+        new_group(),
+        constraint.as_ref(),
+    )?;
+    let id = request_id("chatcmpl");
+    let created = now();
+    let model = state.model_name.clone();
+    if request.common.stream {
+        let include_usage = request
+            .common
+            .stream_options
+            .is_some_and(|o| o.include_usage);
+        let chunks = ChunkMaker {
+            id,
+            created,
+            model,
+            logprobs: request.logprobs,
+            tools: tools
+                .as_ref()
+                .filter(|t| t.calls())
+                .map(|_| parallel(&request)),
+        };
+        return Ok(sse(stream_chat(
+            choices,
+            chunks,
+            prompt.len(),
+            include_usage,
+        )));
+    }
+    let mut results = Vec::new();
+    let mut usage = Usage {
+        prompt_tokens: prompt.len(),
+        ..Usage::default()
+    };
+    for choice in choices {
+        let index = choice.index;
+        let c = collect(choice).await?;
+        usage.completion_tokens += c.completion_tokens;
+        let mut message = json!({"role": "assistant", "content": c.text});
+        let mut finish_reason = c.finish_reason;
+        if tools.as_ref().is_some_and(tools::Tools::calls) {
+            let (content, mut calls) = tools::parse_tool_calls(&c.text);
+            if !parallel(&request) {
+                calls.truncate(1);
+            }
+            message["content"] = json!(content);
+            if !calls.is_empty() {
+                let ids = request_id("call");
+                message["tool_calls"] = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, call)| tool_call_json(call.to_json(i, &ids)))
+                    .collect();
+                if finish_reason == Some("stop") {
+                    finish_reason = Some("tool_calls");
+                }
+            }
+        }
+        results.push(json!({
+            "index": index,
+            "message": message,
+            "logprobs": if request.logprobs { chat_logprobs(&c.tokens) } else { Value::Null },
+            "finish_reason": finish_reason,
+        }));
+    }
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    Ok(Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model, "choices": results, "usage": usage})).into_response())
+}
+
+/// Whether several calls may come in one message (OpenAI's default: yes).
+fn parallel(request: &ChatRequest) -> bool {
+    request.parallel_tool_calls.unwrap_or(true)
+}
+
+/// A whole message's call: OpenAI's shape without the streaming `index`.
+fn tool_call_json(mut call: Value) -> Value {
+    if let Some(fields) = call.as_object_mut() {
+        fields.remove("index");
+    }
+    call
+}
+
+fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
+    let entry = |text: &str, logprob: f32| json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()});
+    json!({
+        "content": tokens.iter().map(|t| {
+            let mut e = entry(&t.text, t.logprob);
+            e["top_logprobs"] = t.top.iter().map(|(_, text, lp)| entry(text, *lp)).collect();
+            e
+        }).collect::<Vec<_>>()
+    })
+}
+
+/// What every chunk of one streamed answer shares.
+struct ChunkMaker {
+    id: String,
+    created: u64,
+    model: String,
+    logprobs: bool,
+    /// With tools: whether several calls may come (else at most one).
+    tools: Option<bool>,
+}
+
+impl ChunkMaker {
+    fn chunk(&self, choices: Value) -> Value {
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model, "choices": choices})
+    }
+
+    fn delta(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
+        self.chunk(json!([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]))
+    }
+}
+
+/// Per choice while streaming with tools: the splitter and the calls so far.
+#[derive(Default)]
+struct ToolStream {
+    splitter: StreamingToolCalls,
+    calls: usize,
+}
+
+impl ToolStream {
+    /// The deltas for `pieces` of choice `index`.
+    fn deltas(
+        &mut self,
+        maker: &ChunkMaker,
+        index: usize,
+        pieces: Vec<Piece>,
+        parallel: bool,
+    ) -> Vec<Value> {
+        let mut out = Vec::new();
+        for piece in pieces {
+            match piece {
+                Piece::Content(text) => {
+                    out.push(maker.delta(index, json!({"content": text}), Value::Null, None))
+                }
+                Piece::Call(call) if parallel || self.calls == 0 => {
+                    let call = call.to_json(self.calls, &maker.id);
+                    out.push(maker.delta(index, json!({"tool_calls": [call]}), Value::Null, None));
+                    self.calls += 1;
+                }
+                Piece::Call(_) => {}
+            }
+        }
+        out
+    }
+}
+
+fn stream_chat(
+    choices: Vec<Choice>,
+    maker: ChunkMaker,
+    prompt_tokens: usize,
+    include_usage: bool,
+) -> impl Stream<Item = Value> + Send {
+    let maker = Arc::new(maker);
+    let first: Vec<Value> = choices
+        .iter()
+        .map(|c| {
+            maker.delta(
+                c.index,
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+                None,
+            )
+        })
+        .collect();
+    let completion_tokens = Arc::new(AtomicUsize::new(0));
+    let counter = completion_tokens.clone();
+    let mut tool_streams: HashMap<usize, ToolStream> = HashMap::new();
+    let body_maker = maker.clone();
+    let body = merged(choices).flat_map(move |(index, event)| {
+        let maker = &body_maker;
+        let values = match (event, maker.tools) {
+            (Event::Chunk { text, .. }, Some(parallel)) => {
+                let stream = tool_streams.entry(index).or_default();
+                let pieces = stream.splitter.push(&text);
+                stream.deltas(maker, index, pieces, parallel)
+            }
+            (Event::Chunk { text, logprob, .. }, None) => {
+                let logprobs = if maker.logprobs {
+                    chat_logprobs(&logprob.into_iter().collect::<Vec<_>>())
+                } else {
+                    Value::Null
+                };
+                vec![maker.delta(index, json!({"content": text}), logprobs, None)]
+            }
+            (
+                Event::Done {
+                    finish_reason,
+                    completion_tokens: c,
+                    ..
+                },
+                tools,
+            ) => {
+                counter.fetch_add(c, Ordering::Relaxed);
+                let mut values = Vec::new();
+                let mut reason = finish_reason.as_str();
+                if let Some(parallel) = tools {
+                    let stream = tool_streams.entry(index).or_default();
+                    let rest = stream.splitter.finish();
+                    values = stream.deltas(maker, index, rest, parallel);
+                    if stream.calls > 0 && reason == "stop" {
+                        reason = "tool_calls";
+                    }
+                }
+                values.push(maker.delta(index, json!({}), Value::Null, Some(reason)));
+                values
+            }
+            (Event::Error(message), _) => {
+                vec![json!({"error": {"message": message, "type": "server_error"}})]
+            }
+        };
+        stream::iter(values)
+    });
+    // Polled after the body ends, when every choice has reported its count.
+    let usage = stream::once(async move { completion_tokens.load(Ordering::Relaxed) }).filter_map(
+        move |completion_tokens| {
+            let usage = Usage {
+                prompt_tokens,
+                completion_tokens,
+                total_tokens: prompt_tokens + completion_tokens,
+            };
+            let mut chunk = maker.chunk(json!([]));
+            chunk["usage"] = json!(usage);
+            std::future::ready(include_usage.then_some(chunk))
+        },
+    );
+    stream::iter(first).chain(body).chain(usage)
+}
