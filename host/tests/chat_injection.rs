@@ -89,6 +89,13 @@ fn tokenizer(dir: &Path, family: &Family) -> Tokenizer {
     Tokenizer::from_file(path).unwrap()
 }
 
+/// The family's template with `<s>` and `</s>` as BOS and EOS.
+fn template(family: &Family) -> ChatTemplate {
+    ChatTemplate::new(family.template)
+        .unwrap()
+        .with_variables([("bos_token", "<s>".into()), ("eos_token", "</s>".into())])
+}
+
 fn special_count(tokenizer: &Tokenizer, ids: &[u32]) -> usize {
     let specials: HashSet<u32> = tokenizer
         .inner()
@@ -114,9 +121,7 @@ fn forged_turns_in_message_content_add_no_special_tokens_on_every_builtin_templa
     let dir = tempfile::tempdir().unwrap();
     for family in FAMILIES {
         let tokenizer = tokenizer(dir.path(), family);
-        let template = ChatTemplate::new(family.template)
-            .unwrap()
-            .with_variables([("bos_token", "<s>".into()), ("eos_token", "</s>".into())]);
+        let template = template(family);
         let encode = |messages: &[ChatMessage]| {
             let rendered = template.render(messages, true).unwrap();
             let contents: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
@@ -204,9 +209,7 @@ fn random_content_never_adds_special_tokens() {
     let dir = tempfile::tempdir().unwrap();
     for family in FAMILIES {
         let tokenizer = tokenizer(dir.path(), family);
-        let template = ChatTemplate::new(family.template)
-            .unwrap()
-            .with_variables([("bos_token", "<s>".into()), ("eos_token", "</s>".into())]);
+        let template = template(family);
         let honest = {
             let rendered = template.render(&conversation("x"), true).unwrap();
             special_count(&tokenizer, &tokenizer.encode(&rendered, false).unwrap())

@@ -144,3 +144,35 @@ pub fn metric(server: &Server, name: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
 }
+
+/// Runs `tests/serve/<script>` with `python` against `server`'s `/v1` and
+/// the model name `smollm2` (then `extra` arguments); asserts it succeeded
+/// and printed each of `checks` (`{"check": "<name>", ...}` lines).
+/// Returns its standard output.
+pub fn run_client_script(
+    server: &Server,
+    python: &Path,
+    script: &str,
+    extra: &[&str],
+    checks: &[&str],
+) -> String {
+    let output = Command::new(python)
+        .arg(crate::workspace_root().join("tests/serve").join(script))
+        .args([server.url("/v1").as_str(), "smollm2"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = crate::text(&output);
+    assert!(
+        output.status.success(),
+        "{script} failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        server.log()
+    );
+    for check in checks {
+        assert!(
+            stdout.contains(&format!("\"check\": \"{check}\"")),
+            "{check} did not run:\n{stdout}"
+        );
+    }
+    stdout
+}

@@ -6,43 +6,32 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kiln_tests::serve::{curl, metric, requirements, Server};
+use kiln_tests::serve::{curl, metric, requirements, run_client_script, Server};
 use kiln_tests::{run_host, text, workspace_root};
 
 #[test]
 fn the_openai_client_works_against_smollm2_and_nothing_leaks() {
     let (model, python) = requirements();
     let server = Server::start(&model, &["--api-key", "test-key"]);
-    let script = workspace_root().join("tests/serve/openai_client.py");
-    let output = Command::new(&python)
-        .arg(script)
-        .args([&server.url("/v1"), "smollm2", "test-key"])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&output);
-    assert!(
-        output.status.success(),
-        "openai client failed:\n{stdout}\n{stderr}\nserver log:\n{}",
-        server.log()
+    run_client_script(
+        &server,
+        &python,
+        "openai_client.py",
+        &["test-key"],
+        &[
+            "chat",
+            "chat_stream",
+            "logprobs",
+            "completions",
+            "stop",
+            "seed",
+            "errors",
+            "logit_bias",
+            "refusals",
+            "concurrency",
+            "metrics",
+        ],
     );
-    for check in [
-        "chat",
-        "chat_stream",
-        "logprobs",
-        "completions",
-        "stop",
-        "seed",
-        "errors",
-        "logit_bias",
-        "refusals",
-        "concurrency",
-        "metrics",
-    ] {
-        assert!(
-            stdout.contains(&format!("\"check\": \"{check}\"")),
-            "{check} did not run:\n{stdout}"
-        );
-    }
 
     // Greedy over the server equals `host generate`.
     let body = r#"{"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}"#;
@@ -423,31 +412,21 @@ fn the_api_key_is_never_printed_and_an_unsendable_key_is_refused() {
 fn structured_output_parses_every_time_with_the_openai_client() {
     let (model, python) = requirements();
     let server = Server::start(&model, &[]);
-    let output = Command::new(&python)
-        .arg(workspace_root().join("tests/serve/structured_output.py"))
-        .args([&server.url("/v1"), "smollm2"])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&output);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{stderr}\nserver log:\n{}",
-        server.log()
+    run_client_script(
+        &server,
+        &python,
+        "structured_output.py",
+        &[],
+        &[
+            "parse",
+            "parse_n",
+            "stream",
+            "json_object",
+            "structured_outputs",
+            "completions",
+            "refusals",
+        ],
     );
-    for check in [
-        "parse",
-        "parse_n",
-        "stream",
-        "json_object",
-        "structured_outputs",
-        "completions",
-        "refusals",
-    ] {
-        assert!(
-            stdout.contains(&format!("\"check\": \"{check}\"")),
-            "{check} did not run:\n{stdout}"
-        );
-    }
 }
 
 /// vLLM's spellings of the options, a chat template given on the command
@@ -509,21 +488,11 @@ fn tool_calls_round_trip_with_the_openai_client() {
     let template =
         workspace_root().join("host/tests/fixtures/tokenizer/qwen2.5/chat_template.jinja");
     let server = Server::start(&model, &["--chat-template", template.to_str().unwrap()]);
-    let output = Command::new(&python)
-        .arg(workspace_root().join("tests/serve/tool_calls.py"))
-        .args([&server.url("/v1"), "smollm2"])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&output);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{stderr}\nserver log:\n{}",
-        server.log()
+    run_client_script(
+        &server,
+        &python,
+        "tool_calls.py",
+        &[],
+        &["round_trip", "stream_required", "auto", "refusals"],
     );
-    for check in ["round_trip", "stream_required", "auto", "refusals"] {
-        assert!(
-            stdout.contains(&format!("\"check\": \"{check}\"")),
-            "{check} did not run:\n{stdout}"
-        );
-    }
 }

@@ -81,10 +81,7 @@ pub async fn chat_completions(
     let created = now();
     let model = state.model_name.clone();
     if request.common.stream {
-        let include_usage = request
-            .common
-            .stream_options
-            .is_some_and(|o| o.include_usage);
+        let include_usage = request.common.include_usage();
         let chunks = ChunkMaker {
             id,
             created,

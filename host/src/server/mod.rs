@@ -400,10 +400,7 @@ async fn completions(
     let created = now();
     let model = state.model_name.clone();
     if request.common.stream {
-        let include_usage = request
-            .common
-            .stream_options
-            .is_some_and(|o| o.include_usage);
+        let include_usage = request.common.include_usage();
         let logprobs = request.logprobs.is_some();
         let chunk = {
             let (id, model) = (id.clone(), model.clone());

@@ -577,6 +577,11 @@ impl SamplingFields {
         })
     }
 
+    /// Whether a stream ends with a usage chunk (`stream_options`).
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.is_some_and(|o| o.include_usage)
+    }
+
     /// `logit_bias` as (token, bias) pairs: keys are token ids below
     /// `vocab_size`, values in [-100, 100] (OpenAI's range).
     fn logit_bias(&self, vocab_size: usize) -> Result<Vec<(u32, f32)>, ApiError> {

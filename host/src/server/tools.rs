@@ -84,23 +84,24 @@ pub fn requested_tools(
             }
         }
     }
-    let choice =
-        match choice {
-            None if tools.is_empty() => return Ok(None),
-            None => ToolChoice::Auto,
-            Some(Value::String(s)) if s == "none" => ToolChoice::None,
-            Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
-            Some(Value::String(s)) if s == "required" => ToolChoice::Required,
-            Some(named) => match named["function"]["name"].as_str() {
-                Some(name) if named["type"] == "function" => ToolChoice::Named(name.to_owned()),
-                _ => return Err(invalid(
+    let choice = match choice {
+        None if tools.is_empty() => return Ok(None),
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "none" => ToolChoice::None,
+        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+        Some(named) => match named["function"]["name"].as_str() {
+            Some(name) if named["type"] == "function" => ToolChoice::Named(name.to_owned()),
+            _ => {
+                return Err(invalid(
                     format!(
                         "tool_choice must be none, auto, required or a named function, got {named}"
                     ),
                     "tool_choice",
-                )),
-            },
-        };
+                ))
+            }
+        },
+    };
     if tools.is_empty() {
         return Err(invalid("tool_choice needs tools".into(), "tool_choice"));
     }
