@@ -129,9 +129,18 @@ pub struct ServeArgs {
     #[arg(long)]
     pub chat_template: Option<String>,
 
-    /// Memory for the KV cache on the CPU, e.g. `512MiB`, `2GiB`.
-    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
-    pub kv_cache_memory: u64,
+    /// Memory for the KV cache on the CPU, e.g. `512MiB`, `2GiB` (default:
+    /// a tenth of the memory available at start, no more than the batch's
+    /// sequences at full length need, at least 256 MiB).
+    #[arg(long, value_parser = parse_size)]
+    pub kv_cache_memory: Option<u64>,
+
+    /// Where default sampling parameters come from: `auto` (the model's
+    /// generation_config.json: its sampling if it asks to sample, else
+    /// greedy), `vllm` (none: temperature 1, no filters) or a directory
+    /// with a generation_config.json (vLLM's flag).
+    #[arg(long, default_value = "auto")]
+    pub generation_config: crate::engine::defaults::GenerationConfig,
 
     /// On CUDA: the fraction of the device's memory this server may use;
     /// the KV cache takes what the weights and the largest step's

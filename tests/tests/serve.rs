@@ -446,6 +446,8 @@ fn vllm_spellings_and_a_given_chat_template_work() {
             "--enable-prefix-caching",
             "--chat-template",
             "{% for m in messages %}<<{{ m.content }}>>{% endfor %}",
+            "--generation-config",
+            "vllm",
         ],
     );
     let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
@@ -477,6 +479,19 @@ fn vllm_spellings_and_a_given_chat_template_work() {
         log.contains("loaded ") && log.contains("LlamaForCausalLM") && log.contains("M parameters"),
         "{log}"
     );
+    // `--generation-config vllm`: no temperature given samples at 1, so two
+    // seeds write two different texts (greedy would write one).
+    let texts: Vec<serde_json::Value> = [1, 2]
+        .iter()
+        .map(|seed| {
+            post(
+                "/v1/completions",
+                serde_json::json!({"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 16, "seed": seed}),
+            )["choices"][0]["text"]
+                .clone()
+        })
+        .collect();
+    assert_ne!(texts[0], texts[1], "{texts:?}");
 }
 
 /// Tool calls through the official client (`tests/serve/tool_calls.py`) on

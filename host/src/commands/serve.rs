@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use crate::cli::ServeArgs;
 use crate::engine::batch::worst_case_inputs;
-use crate::engine::defaults::generation_defaults;
+use crate::engine::defaults::generation_defaults_from;
 use crate::engine::service::{self, EngineConfig};
 use crate::engine::structured::Grammars;
 use crate::scheduler::SchedulerConfig;
@@ -49,7 +49,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             )
         }
     };
-    let defaults = generation_defaults(&model);
+    let defaults = generation_defaults_from(&model, &args.generation_config);
     let kv = model.config.kv;
     let bytes_per_block = kv.num_layers as u64
         * args.block_size as u64
@@ -89,7 +89,21 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             );
             bytes as u64
         }
-        None => args.kv_cache_memory,
+        None => match args.kv_cache_memory {
+            Some(bytes) => bytes,
+            None => {
+                let full = bytes_per_block
+                    * max_model_len.div_ceil(args.block_size) as u64
+                    * args.max_batch_size as u64;
+                let bytes = (available_memory() / 10).min(full).max(256 << 20);
+                tracing::info!(
+                    "KV cache: {:.0} MiB on the CPU (a tenth of the available memory, at most what {} sequences of {max_model_len} tokens need; --kv-cache-memory sets it)",
+                    bytes as f64 / (1 << 20) as f64,
+                    args.max_batch_size
+                );
+                bytes
+            }
+        },
     };
     let num_blocks = (kv_memory / bytes_per_block.max(1)) as usize;
     let cache_tokens = num_blocks * args.block_size;
@@ -211,6 +225,19 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     engine_thread.join();
     tracing::info!("stopped");
     served
+}
+
+/// Memory available to new allocations (`MemAvailable`), or 4 GiB where
+/// the system does not say.
+fn available_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(4 << 30, |kib| kib * 1024)
 }
 
 /// One line on the loaded model: what, how big, how stored, where, and how

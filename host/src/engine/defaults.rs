@@ -28,15 +28,52 @@ fn ids(value: Option<&Value>) -> Vec<u32> {
     }
 }
 
+/// Where sampling defaults come from (vLLM's `--generation-config`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum GenerationConfig {
+    /// The model's `generation_config.json`: its sampling if it asks to
+    /// sample, else greedy.
+    #[default]
+    Auto,
+    /// None: OpenAI's defaults (temperature 1, no filters).
+    Vllm,
+    /// The `generation_config.json` in this directory.
+    Dir(std::path::PathBuf),
+}
+
+impl std::str::FromStr for GenerationConfig {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "vllm" => Ok(Self::Vllm),
+            dir if std::path::Path::new(dir).is_dir() => Ok(Self::Dir(dir.into())),
+            other => Err(format!(
+                "`{other}` is not auto, vllm or a directory with a generation_config.json"
+            )),
+        }
+    }
+}
+
 /// The model's defaults.
 pub fn generation_defaults(model: &Model) -> GenerationDefaults {
-    let generation: Value = model
-        .resolved
-        .dir
-        .as_ref()
-        .and_then(|dir| std::fs::read_to_string(dir.join("generation_config.json")).ok())
-        .and_then(|text| serde_json::from_str(&text).ok())
-        .unwrap_or(Value::Null);
+    generation_defaults_from(model, &GenerationConfig::Auto)
+}
+
+/// The model's stop tokens, and sampling defaults from `source`.
+pub fn generation_defaults_from(model: &Model, source: &GenerationConfig) -> GenerationDefaults {
+    let read = |dir: &std::path::Path| {
+        std::fs::read_to_string(dir.join("generation_config.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+    };
+    let generation: Value = match source {
+        GenerationConfig::Auto => model.resolved.dir.as_deref().and_then(read),
+        GenerationConfig::Vllm => None,
+        GenerationConfig::Dir(dir) => read(dir),
+    }
+    .unwrap_or(Value::Null);
     let mut eos_token_ids = ids(generation.get("eos_token_id"));
     eos_token_ids.extend(ids(model.hf_config.get("eos_token_id")));
     if let Some(eos) = model
@@ -50,7 +87,11 @@ pub fn generation_defaults(model: &Model) -> GenerationDefaults {
     eos_token_ids.dedup();
 
     let mut sampling = SamplingParams {
-        temperature: 0.0,
+        temperature: if *source == GenerationConfig::Vllm {
+            1.0
+        } else {
+            0.0
+        },
         ..SamplingParams::default()
     };
     if generation.get("do_sample").and_then(Value::as_bool) == Some(true) {

@@ -4,6 +4,7 @@
 //! sequence owns is the scheduler's business; this only holds the memory.
 
 use kiln_kernels::dense::attention::CacheLayout;
+use rayon::prelude::*;
 
 use super::cuda::DeviceKvCache;
 
@@ -40,7 +41,14 @@ impl KvCache {
             layout,
             num_blocks,
             num_layers,
-            storage: Storage::Host((0..num_layers).map(|_| (zeroed(), zeroed())).collect()),
+            // Layers in parallel: the page faults of a few GiB take seconds
+            // on one core.
+            storage: Storage::Host(
+                (0..num_layers)
+                    .into_par_iter()
+                    .map(|_| (zeroed(), zeroed()))
+                    .collect(),
+            ),
         }
     }
 
