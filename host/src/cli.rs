@@ -173,6 +173,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub allow_special_tokens_in_messages: bool,
 
+    /// Origins a browser may call the API from (CORS), e.g.
+    /// `https://app.example.com`, or `*` for any; repeat or separate with
+    /// commas. Default: none (vLLM's flag).
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+
     /// Most open client connections; more are answered 503 and closed
     /// (lowered to what the descriptor limit allows).
     #[arg(long, default_value_t = 4096)]

@@ -448,8 +448,38 @@ fn vllm_spellings_and_a_given_chat_template_work() {
             "{% for m in messages %}<<{{ m.content }}>>{% endfor %}",
             "--generation-config",
             "vllm",
+            "--allowed-origins",
+            "https://app.example.com",
         ],
     );
+    // CORS for the allowed origin only.
+    let preflight = |origin: &str| {
+        curl(
+            &server,
+            &[
+                "-s",
+                "-D",
+                "-",
+                "-o",
+                "/dev/null",
+                "-X",
+                "OPTIONS",
+                "-H",
+                &format!("origin: {origin}"),
+                "-H",
+                "access-control-request-method: POST",
+                &server.url("/v1/chat/completions"),
+            ],
+        )
+        .to_ascii_lowercase()
+    };
+    assert!(
+        preflight("https://app.example.com")
+            .contains("access-control-allow-origin: https://app.example.com"),
+        "{}",
+        preflight("https://app.example.com")
+    );
+    assert!(!preflight("https://evil.example.com").contains("access-control-allow-origin"));
     let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
         let out = curl(
             &server,
@@ -492,6 +522,16 @@ fn vllm_spellings_and_a_given_chat_template_work() {
         })
         .collect();
     assert_ne!(texts[0], texts[1], "{texts:?}");
+    // Not an embedding model: a 400 that says so.
+    let refused = post(
+        "/v1/embeddings",
+        serde_json::json!({"model": "smollm2", "input": "hi"}),
+    );
+    assert_eq!(refused["error"]["code"], 400, "{refused}");
+    assert!(refused["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("embedding model"));
 }
 
 /// Tool calls through the official client (`tests/serve/tool_calls.py`) on

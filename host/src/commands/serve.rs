@@ -190,7 +190,13 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         grammars,
     });
     let timeout = std::time::Duration::from_secs_f64(args.http_timeout);
-    let app = router(state, args.max_request_bytes as usize, timeout);
+    let app = router(
+        state,
+        args.max_request_bytes as usize,
+        timeout,
+        &args.allowed_origins,
+    )
+    .map_err(anyhow::Error::msg)?;
     // Each connection is a descriptor; keep some for the model, the
     // runtime and logging.
     let descriptors = server::raise_descriptor_limit();

@@ -110,17 +110,23 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + EndpointFields> FromReques
 }
 
 /// The router: request bodies up to `max_body_bytes`, arriving within
-/// `body_timeout`.
-pub fn router(state: Arc<AppState>, max_body_bytes: usize, body_timeout: Duration) -> Router {
+/// `body_timeout`; browsers may call it from `allowed_origins` (CORS).
+pub fn router(
+    state: Arc<AppState>,
+    max_body_bytes: usize,
+    body_timeout: Duration,
+    allowed_origins: &[String],
+) -> Result<Router, String> {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_card))
+        .route("/v1/embeddings", post(embeddings))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
-    Router::new()
+    let router = Router::new()
         .merge(api)
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/metrics", get(render_metrics))
@@ -135,7 +141,49 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize, body_timeout: Duratio
             listen::read_body((max_body_bytes, body_timeout), request, next)
         }))
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(state)
+        .with_state(state);
+    Ok(match cors(allowed_origins)? {
+        Some(cors) => router.layer(cors),
+        None => router,
+    })
+}
+
+/// CORS for `origins` (`*`: any), or none when there are none.
+fn cors(origins: &[String]) -> Result<Option<tower_http::cors::CorsLayer>, String> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::from(Any)
+    } else {
+        let values = origins
+            .iter()
+            .map(|o| {
+                o.parse::<axum::http::HeaderValue>()
+                    .map_err(|_| format!("--allowed-origins: `{o}` is not a valid origin"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        AllowOrigin::list(values)
+    };
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods(Any)
+            .allow_headers(Any),
+    ))
+}
+
+/// `POST /v1/embeddings`: the served models generate text; a clear 400
+/// rather than a 404.
+async fn embeddings(State(state): State<Arc<AppState>>) -> ApiError {
+    ApiError::invalid(
+        format!(
+            "`{}` is a text generation model; /v1/embeddings needs an embedding model",
+            state.model_name
+        ),
+        Some("model"),
+    )
 }
 
 /// Sends a request's `x-request-id` back on its response (as vLLM does), so
