@@ -173,6 +173,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub allow_special_tokens_in_messages: bool,
 
+    /// How the model writes tool calls (vLLM's flag): `hermes`
+    /// (`<tool_call>` blocks: Qwen2.5, ChatML), `llama3_json` or
+    /// `mistral`. Default: read from the chat template's markers.
+    #[arg(long, value_enum)]
+    pub tool_call_parser: Option<crate::server::tools::ToolFormat>,
+
     /// Origins a browser may call the API from (CORS), e.g.
     /// `https://app.example.com`, or `*` for any; repeat or separate with
     /// commas. Default: none (vLLM's flag).

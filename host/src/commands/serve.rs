@@ -13,6 +13,7 @@ use crate::engine::structured::Grammars;
 use crate::scheduler::SchedulerConfig;
 use crate::server::metrics::Metrics;
 use crate::server::openai::Limits;
+use crate::server::tools::ToolFormat;
 use crate::server::{self, router, AppState};
 
 /// The smallest KV cache (in tokens) serve starts with, unless the model's
@@ -32,6 +33,14 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let mut model = super::load_model(&args.load)?;
     tracing::info!("{}", describe(&model, started.elapsed()));
     let tokenizer = Arc::new(model.tokenizer.take().context("the model has no tokenizer (tokenizer.json or GGUF tokenizer metadata); it cannot be served")?);
+    let tool_format = args.tool_call_parser.unwrap_or_else(|| {
+        let given = args
+            .chat_template
+            .as_deref()
+            .map(|t| std::fs::read_to_string(t).unwrap_or_else(|_| t.to_owned()));
+        ToolFormat::detect(given.as_deref().or(tokenizer.chat_template_source()))
+    });
+    tracing::info!("tool calls are read in the {tool_format:?} format (--tool-call-parser)");
     let chat_template = match &args.chat_template {
         None => tokenizer.chat_template()?,
         Some(given) => {
@@ -188,6 +197,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         api_key: args.api_key.clone(),
         metrics,
         grammars,
+        tool_format,
     });
     let timeout = std::time::Duration::from_secs_f64(args.http_timeout);
     let app = router(

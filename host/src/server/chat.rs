@@ -14,7 +14,7 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
 use super::openai::{ApiError, ChatRequest, Usage};
-use super::tools::{self, Piece, StreamingToolCalls};
+use super::tools::{self, Piece, ToolFormat, ToolSplitter};
 use super::{
     check_model, collect, merged, new_group, now, prompt, request_id, sse, structured, submit,
     ApiJson, AppState, Choice,
@@ -58,7 +58,11 @@ pub async fn chat_completions(
         &state.defaults,
     )?;
     let n = request.common.n.unwrap_or(1);
-    let constraint = match tools.as_ref().and_then(|t| t.grammar(parallel(&request))) {
+    let format = state.tool_format;
+    let constraint = match tools
+        .as_ref()
+        .and_then(|t| t.grammar(format, parallel(&request)))
+    {
         Some(_) if structured::requested_grammar(&request.common)?.is_some() => {
             return Err(ApiError::invalid(
                 "a required or named tool_choice and structured output cannot be asked together",
@@ -90,7 +94,7 @@ pub async fn chat_completions(
             tools: tools
                 .as_ref()
                 .filter(|t| t.calls())
-                .map(|_| parallel(&request)),
+                .map(|_| (format, parallel(&request))),
         };
         return Ok(sse(stream_chat(
             choices,
@@ -111,7 +115,7 @@ pub async fn chat_completions(
         let mut message = json!({"role": "assistant", "content": c.text});
         let mut finish_reason = c.finish_reason;
         if tools.as_ref().is_some_and(tools::Tools::calls) {
-            let (content, mut calls) = tools::parse_tool_calls(&c.text);
+            let (content, mut calls) = tools::parse_tool_calls(format, &c.text);
             if !parallel(&request) {
                 calls.truncate(1);
             }
@@ -169,8 +173,9 @@ struct ChunkMaker {
     created: u64,
     model: String,
     logprobs: bool,
-    /// With tools: whether several calls may come (else at most one).
-    tools: Option<bool>,
+    /// With tools: their format, and whether several calls may come (else
+    /// at most one).
+    tools: Option<(ToolFormat, bool)>,
 }
 
 impl ChunkMaker {
@@ -184,9 +189,8 @@ impl ChunkMaker {
 }
 
 /// Per choice while streaming with tools: the splitter and the calls so far.
-#[derive(Default)]
 struct ToolStream {
-    splitter: StreamingToolCalls,
+    splitter: ToolSplitter,
     calls: usize,
 }
 
@@ -242,8 +246,11 @@ fn stream_chat(
     let body = merged(choices).flat_map(move |(index, event)| {
         let maker = &body_maker;
         let values = match (event, maker.tools) {
-            (Event::Chunk { text, .. }, Some(parallel)) => {
-                let stream = tool_streams.entry(index).or_default();
+            (Event::Chunk { text, .. }, Some((format, parallel))) => {
+                let stream = tool_streams.entry(index).or_insert_with(|| ToolStream {
+                    splitter: ToolSplitter::new(format),
+                    calls: 0,
+                });
                 let pieces = stream.splitter.push(&text);
                 stream.deltas(maker, index, pieces, parallel)
             }
@@ -266,8 +273,11 @@ fn stream_chat(
                 counter.fetch_add(c, Ordering::Relaxed);
                 let mut values = Vec::new();
                 let mut reason = finish_reason.as_str();
-                if let Some(parallel) = tools {
-                    let stream = tool_streams.entry(index).or_default();
+                if let Some((format, parallel)) = tools {
+                    let stream = tool_streams.entry(index).or_insert_with(|| ToolStream {
+                        splitter: ToolSplitter::new(format),
+                        calls: 0,
+                    });
                     let rest = stream.splitter.finish();
                     values = stream.deltas(maker, index, rest, parallel);
                     if stream.calls > 0 && reason == "stop" {

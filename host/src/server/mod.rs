@@ -8,7 +8,7 @@ pub mod openai;
 mod prompt;
 mod structured;
 mod tokenize;
-mod tools;
+pub mod tools;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -62,6 +62,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Structured output's grammars over the model's vocabulary.
     pub grammars: Grammars,
+    /// How the model writes tool calls.
+    pub tool_format: tools::ToolFormat,
 }
 
 impl IntoResponse for ApiError {

@@ -1,9 +1,10 @@
-//! Tool calls (OpenAI's `tools` and `tool_choice`) in the Hermes format
-//! that Qwen2.5 and most ChatML templates use: the template shows the model
-//! the tools, the model writes `<tool_call>\n{"name": ..., "arguments":
-//! {...}}\n</tool_call>`, and that text becomes the message's `tool_calls`
-//! (whole, or as deltas when streaming). `required` and a named function
-//! are enforced with a grammar, so the call always parses.
+//! Tool calls (OpenAI's `tools` and `tool_choice`): the template shows the
+//! model the tools, the model writes its calls in its family's format
+//! ([`ToolFormat`]: Hermes `<tool_call>` blocks for Qwen2.5 and ChatML,
+//! Llama 3's JSON, Mistral's `[TOOL_CALLS]`), and that text becomes the
+//! message's `tool_calls` (whole, or as deltas when streaming). `required`
+//! and a named function are enforced with a grammar, so the call always
+//! parses.
 
 use serde_json::{json, Value};
 
@@ -12,6 +13,56 @@ use crate::engine::structured::Grammar;
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+const MISTRAL: &str = "[TOOL_CALLS]";
+const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// How a model writes its calls (vLLM's `--tool-call-parser` names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ToolFormat {
+    /// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`
+    /// (Qwen2.5, Hermes, ChatML templates).
+    Hermes,
+    /// `{"name": ..., "parameters": {...}}`, several joined by `; `
+    /// (Llama 3.1 and later).
+    #[value(name = "llama3_json")]
+    Llama3Json,
+    /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+    Mistral,
+}
+
+impl ToolFormat {
+    /// The format a chat template teaches, by the markers it writes
+    /// (Hermes when it names none).
+    pub fn detect(template: Option<&str>) -> Self {
+        match template {
+            Some(t) if t.contains(MISTRAL) => ToolFormat::Mistral,
+            Some(t) if t.contains(OPEN) => ToolFormat::Hermes,
+            Some(t) if t.contains("ipython") || t.contains(PYTHON_TAG) => ToolFormat::Llama3Json,
+            _ => ToolFormat::Hermes,
+        }
+    }
+
+    /// What comes before the calls, between two and after them.
+    fn frame(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            ToolFormat::Hermes => ("", "\n", ""),
+            ToolFormat::Llama3Json => ("", "; ", ""),
+            ToolFormat::Mistral => ("[TOOL_CALLS][", ", ", "]"),
+        }
+    }
+
+    /// One call's text before and after its arguments.
+    fn call(self, name: &Value) -> (String, &'static str) {
+        match self {
+            ToolFormat::Hermes => (
+                format!("{OPEN}\n{{\"name\": {name}, \"arguments\": "),
+                "}\n</tool_call>",
+            ),
+            ToolFormat::Llama3Json => (format!("{{\"name\": {name}, \"parameters\": "), "}"),
+            ToolFormat::Mistral => (format!("{{\"name\": {name}, \"arguments\": "), "}"),
+        }
+    }
+}
 
 /// Which calls the model may or must make.
 #[derive(Clone, Debug, PartialEq)]
@@ -125,11 +176,10 @@ impl Tools {
         self.choice != ToolChoice::None
     }
 
-    /// The grammar that enforces `required` or a named function: one or
-    /// more calls in the Hermes format, arguments valid under the
-    /// function's parameters.
-    /// With `parallel` false, exactly one call.
-    pub fn grammar(&self, parallel: bool) -> Option<Grammar> {
+    /// The grammar that enforces `required` or a named function: calls in
+    /// `format`, arguments valid under the function's parameters; with
+    /// `parallel` false (or a named function), exactly one call.
+    pub fn grammar(&self, format: ToolFormat, parallel: bool) -> Option<Grammar> {
         let names: Vec<&Value> = match &self.choice {
             ToolChoice::None | ToolChoice::Auto => return None,
             ToolChoice::Required => self.tools.iter().collect(),
@@ -141,6 +191,7 @@ impl Tools {
         };
         let separators =
             json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false});
+        let literal = |text: &str| Value::from(text).to_string();
         let mut rules = Vec::new();
         let mut alternatives = Vec::new();
         for (i, tool) in names.iter().enumerate() {
@@ -149,45 +200,80 @@ impl Tools {
                 .cloned()
                 .unwrap_or_else(|| json!({"type": "object"}));
             parameters["x-guidance"] = separators.clone();
-            let head = format!(
-                "{OPEN}\n{{\"name\": {}, \"arguments\": ",
-                tool["function"]["name"]
-            );
+            let (head, tail) = format.call(&tool["function"]["name"]);
             rules.push(format!("args{i}: %json {parameters}"));
-            alternatives.push(format!(
-                "{} args{i} {}",
-                Value::from(head),
-                Value::from(format!("}}\n{CLOSE}"))
-            ));
+            alternatives.push(format!("{} args{i} {}", literal(&head), literal(tail)));
         }
-        let call = alternatives.join(" | ");
-        let repeat = if !parallel || matches!(self.choice, ToolChoice::Named(_)) {
-            ""
-        } else {
-            " (\"\\n\" call)*"
-        };
+        let (open, separator, close) = format.frame();
+        let mut start = vec!["call".to_owned()];
+        if parallel && !matches!(self.choice, ToolChoice::Named(_)) {
+            start.push(format!("({} call)*", literal(separator)));
+        }
+        if !open.is_empty() {
+            start.insert(0, literal(open));
+        }
+        if !close.is_empty() {
+            start.push(literal(close));
+        }
         Some(Grammar::Lark(format!(
-            "start: call{repeat}\ncall: {call}\n{}\n",
+            "start: {}\ncall: {}\n{}\n",
+            start.join(" "),
+            alternatives.join(" | "),
             rules.join("\n")
         )))
     }
 }
 
-/// A Hermes call's JSON, or `None` when it is not one.
-fn parse_call(text: &str) -> Option<ToolCall> {
-    let call: Value = serde_json::from_str(text.trim()).ok()?;
+/// A call's JSON object (`arguments`, or Llama's `parameters`).
+fn call_of(call: &Value) -> Option<ToolCall> {
     let name = call.get("name")?.as_str()?.to_owned();
-    let arguments = call.get("arguments").cloned().unwrap_or(json!({}));
+    let arguments = call
+        .get("arguments")
+        .or_else(|| call.get("parameters"))
+        .cloned()
+        .unwrap_or(json!({}));
     Some(ToolCall {
         name,
         arguments: arguments.to_string(),
     })
 }
 
-/// A finished output split into its content (`None` when only calls) and
-/// its calls. A block that does not parse stays in the content.
-pub fn parse_tool_calls(text: &str) -> (Option<String>, Vec<ToolCall>) {
-    let mut stream = StreamingToolCalls::default();
+/// A Hermes call's JSON, or `None` when it is not one.
+fn parse_call(text: &str) -> Option<ToolCall> {
+    call_of(&serde_json::from_str(text.trim()).ok()?)
+}
+
+/// Llama 3's calls: JSON objects joined by `;` (after an optional
+/// `<|python_tag|>`), or `None` unless the whole text is that.
+fn parse_llama3(text: &str) -> Option<Vec<ToolCall>> {
+    let mut rest = text
+        .trim_start()
+        .trim_start_matches(PYTHON_TAG)
+        .trim_start();
+    let mut calls = Vec::new();
+    while !rest.is_empty() {
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        let value = values.next()?.ok()?;
+        calls.push(call_of(&value)?);
+        rest = rest[values.byte_offset()..].trim_start();
+        rest = rest.strip_prefix(';').unwrap_or(rest).trim_start();
+    }
+    (!calls.is_empty()).then_some(calls)
+}
+
+/// Mistral's calls: the JSON array after `[TOOL_CALLS]`.
+fn parse_mistral(text: &str) -> Option<Vec<ToolCall>> {
+    let array: Vec<Value> = serde_json::Deserializer::from_str(text.trim())
+        .into_iter::<Vec<Value>>()
+        .next()?
+        .ok()?;
+    array.iter().map(call_of).collect()
+}
+
+/// A finished output in `format` split into its content (`None` when only
+/// calls) and its calls. Text that does not parse stays content.
+pub fn parse_tool_calls(format: ToolFormat, text: &str) -> (Option<String>, Vec<ToolCall>) {
+    let mut stream = ToolSplitter::new(format);
     let mut pieces = stream.push(text);
     pieces.extend(stream.finish());
     let mut content = String::new();
@@ -215,8 +301,120 @@ pub enum Piece {
     Call(ToolCall),
 }
 
-/// Splits streamed output into content and calls, holding back text that
-/// may be the start of a `<tool_call>` until it is known.
+/// Splits streamed output in a format into content and calls.
+#[derive(Debug)]
+pub enum ToolSplitter {
+    /// Hermes blocks, each released when it closes.
+    Hermes(StreamingToolCalls),
+    /// Llama 3 or Mistral: content until the calls start (at the start for
+    /// Llama 3, at `[TOOL_CALLS]` for Mistral), then held to the end.
+    Trailing {
+        /// Which of the two.
+        format: ToolFormat,
+        /// Text not yet released.
+        pending: String,
+        /// The calls have started.
+        in_calls: bool,
+        /// Some text was released as content (Llama 3 calls come first).
+        released: bool,
+    },
+}
+
+impl ToolSplitter {
+    /// A splitter for `format`.
+    pub fn new(format: ToolFormat) -> Self {
+        match format {
+            ToolFormat::Hermes => ToolSplitter::Hermes(StreamingToolCalls::default()),
+            format => ToolSplitter::Trailing {
+                format,
+                pending: String::new(),
+                in_calls: false,
+                released: false,
+            },
+        }
+    }
+
+    /// Takes the next text; returns what is now known.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        let (format, pending, in_calls, released) = match self {
+            ToolSplitter::Hermes(stream) => return stream.push(text),
+            ToolSplitter::Trailing {
+                format,
+                pending,
+                in_calls,
+                released,
+            } => (*format, pending, in_calls, released),
+        };
+        pending.push_str(text);
+        if *in_calls {
+            return Vec::new();
+        }
+        let marker = match format {
+            ToolFormat::Mistral => MISTRAL,
+            _ => PYTHON_TAG,
+        };
+        if format == ToolFormat::Llama3Json && !*released {
+            let head = pending.trim_start();
+            if head.starts_with('{') || head.starts_with(PYTHON_TAG) {
+                *in_calls = true;
+                return Vec::new();
+            }
+            if head.is_empty() || PYTHON_TAG.starts_with(head) {
+                return Vec::new();
+            }
+        }
+        if let Some(at) = pending
+            .find(marker)
+            .filter(|_| format == ToolFormat::Mistral)
+        {
+            let before: String = pending.drain(..at).collect();
+            *in_calls = true;
+            *released |= !before.is_empty();
+            return if before.is_empty() {
+                Vec::new()
+            } else {
+                vec![Piece::Content(before)]
+            };
+        }
+        let keep = (1..marker.len())
+            .rev()
+            .find(|&n| pending.ends_with(&marker[..n]))
+            .unwrap_or(0);
+        let release: String = pending.drain(..pending.len() - keep).collect();
+        *released |= !release.is_empty();
+        if release.is_empty() {
+            Vec::new()
+        } else {
+            vec![Piece::Content(release)]
+        }
+    }
+
+    /// The end of the output: the calls, or what is held back as content.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let (format, pending, in_calls) = match self {
+            ToolSplitter::Hermes(stream) => return stream.finish(),
+            ToolSplitter::Trailing {
+                format,
+                pending,
+                in_calls,
+                ..
+            } => (*format, std::mem::take(pending), std::mem::take(in_calls)),
+        };
+        let calls = match format {
+            _ if !in_calls => None,
+            ToolFormat::Mistral => parse_mistral(&pending[MISTRAL.len()..]),
+            _ => parse_llama3(&pending),
+        };
+        match calls {
+            Some(calls) => calls.into_iter().map(Piece::Call).collect(),
+            None if pending.is_empty() => Vec::new(),
+            None => vec![Piece::Content(pending)],
+        }
+    }
+}
+
+/// Splits streamed Hermes output into content and calls, holding back text
+/// that may be the start of a `<tool_call>` until it is known.
 #[derive(Debug, Default)]
 pub struct StreamingToolCalls {
     pending: String,
@@ -316,7 +514,7 @@ mod tests {
     #[test]
     fn calls_are_split_from_content_whole_or_streamed() {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-        let (content, calls) = parse_tool_calls(text);
+        let (content, calls) = parse_tool_calls(ToolFormat::Hermes, text);
         assert_eq!(content.as_deref(), Some("Let me check."));
         assert_eq!(
             calls,
@@ -348,9 +546,87 @@ mod tests {
             1
         );
         // A block that is not a call stays text.
-        let (content, calls) = parse_tool_calls("a <tool_call>oops</tool_call> b");
+        let (content, calls) =
+            parse_tool_calls(ToolFormat::Hermes, "a <tool_call>oops</tool_call> b");
         assert!(calls.is_empty());
         assert_eq!(content.as_deref(), Some("a <tool_call>oops</tool_call> b"));
+    }
+
+    fn streamed(format: ToolFormat, text: &str) -> Vec<Piece> {
+        let mut splitter = ToolSplitter::new(format);
+        let mut pieces = Vec::new();
+        for chunk in text.as_bytes().chunks(2) {
+            pieces.extend(splitter.push(std::str::from_utf8(chunk).unwrap()));
+        }
+        pieces.extend(splitter.finish());
+        pieces
+    }
+
+    #[test]
+    fn llama3_and_mistral_calls_are_read() {
+        let paris = ToolCall {
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Paris"}"#.into(),
+        };
+        let rome = ToolCall {
+            name: "get_time".into(),
+            arguments: r#"{"city":"Rome"}"#.into(),
+        };
+        let llama = r#"<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {"city": "Rome"}}"#;
+        assert_eq!(
+            parse_tool_calls(ToolFormat::Llama3Json, llama),
+            (None, vec![paris.clone(), rome.clone()])
+        );
+        assert_eq!(
+            streamed(ToolFormat::Llama3Json, llama),
+            [Piece::Call(paris.clone()), Piece::Call(rome.clone())]
+        );
+        // Prose is content, streamed as it comes.
+        let prose = streamed(ToolFormat::Llama3Json, "It is sunny; {not a call}");
+        assert!(prose.len() > 1 && prose.iter().all(|p| matches!(p, Piece::Content(_))));
+        let mistral =
+            r#"Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]"#;
+        assert_eq!(
+            parse_tool_calls(ToolFormat::Mistral, mistral),
+            (Some("Sure.".into()), vec![paris])
+        );
+        // A broken call stays content.
+        let (content, calls) = parse_tool_calls(ToolFormat::Mistral, "[TOOL_CALLS][{oops");
+        assert!(calls.is_empty());
+        assert_eq!(content.as_deref(), Some("[TOOL_CALLS][{oops"));
+    }
+
+    #[test]
+    fn every_format_has_a_grammar_that_accepts_its_own_calls() {
+        use llguidance::toktrie::ApproximateTokEnv;
+        use llguidance::{Matcher, ParserFactory};
+        let tools = vec![
+            json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"], "additionalProperties": false}}}),
+        ];
+        let request = requested_tools(Some(&tools), Some(&json!("required")))
+            .unwrap()
+            .unwrap();
+        let env = ApproximateTokEnv::single_byte_env();
+        let factory = ParserFactory::new_simple(&env).unwrap();
+        for (format, text) in [
+            (ToolFormat::Hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"),
+            (ToolFormat::Llama3Json, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}"),
+            (ToolFormat::Mistral, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"),
+        ] {
+            let Some(Grammar::Lark(lark)) = request.grammar(format, true) else {
+                panic!("{format:?}: no grammar");
+            };
+            let grammar = llguidance::api::TopLevelGrammar::from_lark(lark.clone());
+            let mut matcher = Matcher::new(factory.create_parser(grammar));
+            assert!(matcher.get_error().is_none(), "{format:?}: {:?}\n{lark}", matcher.get_error());
+            let tokens = env.tokenize_bytes(text.as_bytes());
+            matcher.consume_tokens(&tokens).unwrap_or_else(|e| panic!("{format:?}: {e}\n{lark}"));
+            assert!(matcher.is_accepting().unwrap(), "{format:?}: {text}");
+            // The calls the grammar lets through are the ones the parser reads.
+            assert!(!parse_tool_calls(format, text).1.is_empty(), "{format:?}");
+        }
     }
 
     #[test]
@@ -363,7 +639,7 @@ mod tests {
         let request = requested_tools(Some(&tools), Some(&named))
             .unwrap()
             .unwrap();
-        let Some(Grammar::Lark(lark)) = request.grammar(true) else {
+        let Some(Grammar::Lark(lark)) = request.grammar(ToolFormat::Hermes, true) else {
             panic!("no grammar");
         };
         assert!(
@@ -373,11 +649,11 @@ mod tests {
         let none = requested_tools(Some(&tools), Some(&json!("none")))
             .unwrap()
             .unwrap();
-        assert!(!none.calls() && none.grammar(true).is_none());
+        assert!(!none.calls() && none.grammar(ToolFormat::Hermes, true).is_none());
         assert!(requested_tools(Some(&tools), Some(&json!("auto")))
             .unwrap()
             .unwrap()
-            .grammar(true)
+            .grammar(ToolFormat::Hermes, true)
             .is_none());
         let other = json!({"type": "function", "function": {"name": "nope"}});
         assert!(requested_tools(Some(&tools), Some(&other)).is_err());
