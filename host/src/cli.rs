@@ -46,9 +46,34 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct BenchmarkArgs {
     /// A model directory, a `.gguf` file, or a Hugging Face id (`org/name`)
-    /// in the local Hugging Face cache.
+    /// in the local Hugging Face cache; with `--url`, the name the server
+    /// serves.
     #[arg(long, required_unless_present = "shape", conflicts_with = "shape")]
     pub model: Option<String>,
+
+    /// Load a running OpenAI-compatible server at this URL (e.g.
+    /// `http://127.0.0.1:8000`) instead of a model in this process, like
+    /// `vllm bench serve`.
+    #[arg(long, conflicts_with = "shape")]
+    pub url: Option<String>,
+
+    /// With `--url`: how many requests.
+    #[arg(long, default_value_t = 64)]
+    pub num_prompts: usize,
+
+    /// With `--url`: requests per second, arriving as a Poisson process
+    /// (`inf`: all at once).
+    #[arg(long, default_value_t = f64::INFINITY)]
+    pub request_rate: f64,
+
+    /// With `--url`: most requests in flight (default: no limit).
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+
+    /// With `--url`: prompts from a JSONL file's `prompt` fields (default:
+    /// `--input-len` random words).
+    #[arg(long)]
+    pub dataset: Option<PathBuf>,
 
     #[command(flatten)]
     pub location: ModelLocation,

@@ -551,3 +551,56 @@ fn tool_calls_round_trip_with_the_openai_client() {
         &["round_trip", "stream_required", "auto", "refusals"],
     );
 }
+
+/// `host benchmark --url`: the online load generator against a running
+/// server, from random prompts and from a JSONL dataset, Poisson arrivals
+/// under a concurrency limit; every request completes and is measured.
+#[test]
+fn the_online_benchmark_measures_a_running_server() {
+    let (model, _) = requirements();
+    let server = Server::start(&model, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let dataset = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &dataset,
+        "{\"prompt\": \"The capital of France is\"}\n{\"prompt\": \"Once upon a time\"}\n",
+    )
+    .unwrap();
+    let base = server.url("");
+    for extra in [
+        vec!["--max-concurrency", "3", "--input-len", "12"],
+        vec![
+            "--request-rate",
+            "20",
+            "--dataset",
+            dataset.to_str().unwrap(),
+        ],
+    ] {
+        let mut args = vec![
+            "benchmark",
+            "--url",
+            &base,
+            "--model",
+            "smollm2",
+            "--num-prompts",
+            "6",
+            "--output-len",
+            "5",
+            "--json",
+        ];
+        args.extend(&extra);
+        let output = run_host(&args, &[]);
+        let (stdout, stderr) = text(&output);
+        assert!(output.status.success(), "{stderr}");
+        let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert_eq!(report["completed"], 6, "{report}");
+        assert_eq!(report["failed"], 0, "{report}");
+        assert_eq!(report["output_tokens"], 30, "{report}");
+        for metric in ["ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"] {
+            assert!(
+                report[metric]["mean"].as_f64().unwrap() > 0.0,
+                "{metric}: {report}"
+            );
+        }
+    }
+}

@@ -68,6 +68,9 @@ struct Timings {
 
 /// Runs the benchmark and prints a table (or JSON with `--json`).
 pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
+    if let Some(url) = &args.url {
+        return super::online_benchmark::online_benchmark(args, url);
+    }
     anyhow::ensure!(
         !args.concurrency.is_empty() && !args.concurrency.contains(&0),
         "--concurrency takes positive request counts, e.g. 1,16,64"

@@ -10,6 +10,7 @@ mod generate;
 mod inspect;
 mod inspect_graph;
 mod list_architectures;
+mod online_benchmark;
 mod serve;
 mod verify;
 
