@@ -33,14 +33,15 @@ pub fn requirements() -> (PathBuf, PathBuf) {
 
 /// The options tests serve with unless `extra` sets them (in any spelling).
 fn defaults(extra: &[&str]) -> Vec<&'static str> {
-    [
-        (["--max-batch-size", "--max-num-seqs"], "16"),
-        (["--kv-cache-memory", "--kv-cache-memory"], "256MiB"),
-    ]
-    .into_iter()
-    .filter(|(names, _)| !names.iter().any(|n| extra.contains(n)))
-    .flat_map(|(names, value)| [names[0], value])
-    .collect()
+    let defaults: [(&[&'static str], &'static str); 2] = [
+        (&["--max-batch-size", "--max-num-seqs"], "16"),
+        (&["--kv-cache-memory"], "256MiB"),
+    ];
+    defaults
+        .into_iter()
+        .filter(|(names, _)| !names.iter().any(|n| extra.contains(n)))
+        .flat_map(|(names, value)| [names[0], value])
+        .collect()
 }
 
 /// A `host serve` process, killed when dropped.

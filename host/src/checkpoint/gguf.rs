@@ -157,6 +157,14 @@ pub enum GgufError {
 /// What is wrong with a malformed GGUF file.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum Problem {
+    /// A metadata key or tensor name that is not a short printable name.
+    #[error("{what} is not a name (control characters or over {MAX_NAME_BYTES} bytes): {shown}")]
+    BadName {
+        /// Which name.
+        what: String,
+        /// Its start, escaped.
+        shown: String,
+    },
     /// The first four bytes are not `GGUF`.
     #[error("not a GGUF file (magic {0:02x?}, expected \"GGUF\")")]
     BadMagic([u8; 4]),
@@ -630,6 +638,23 @@ struct RawTensor {
     offset: u64,
 }
 
+/// The longest metadata key or tensor name accepted: errors quote names,
+/// and a file must not be able to fill them.
+const MAX_NAME_BYTES: usize = 256;
+
+/// Refuses a name with control characters or longer than
+/// [`MAX_NAME_BYTES`], quoting at most its first 40 characters.
+fn check_name(name: &str, what: impl Fn() -> String) -> Result<(), Problem> {
+    if name.len() <= MAX_NAME_BYTES && !name.chars().any(char::is_control) {
+        return Ok(());
+    }
+    let shown: String = name.chars().take(40).flat_map(char::escape_debug).collect();
+    Err(Problem::BadName {
+        what: what(),
+        shown: format!("\"{shown}\"…"),
+    })
+}
+
 fn parse(bytes: &[u8]) -> Result<Parsed, Located> {
     let mut r = Reader { bytes, pos: 0 };
     let magic: [u8; 4] = r.fixed("the magic")?;
@@ -651,6 +676,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed, Located> {
     for i in 0..n_kv {
         let at = r.pos;
         let key = r.string(&format!("metadata key #{i}"))?;
+        check_name(&key, || format!("metadata key #{i}")).map_err(|p| Located::at(at, p))?;
         let what = format!("metadata `{key}`");
         let value = r.value(&what)?;
         if key == "general.alignment" {
@@ -670,6 +696,7 @@ fn parse(bytes: &[u8]) -> Result<Parsed, Located> {
     for i in 0..n_tensors {
         let at = r.pos;
         let name = r.string(&format!("the name of tensor #{i}"))?;
+        check_name(&name, || format!("the name of tensor #{i}")).map_err(|p| Located::at(at, p))?;
         let what = format!("the info of tensor `{name}`");
         let n_dims = r.le(&what, u32::from_le_bytes)?;
         if n_dims > MAX_DIMS {

@@ -37,6 +37,9 @@ pub enum CheckpointError {
         /// What is wrong.
         message: String,
     },
+    /// A GGUF file that cannot be read (the error names the file).
+    #[error(transparent)]
+    Gguf(#[from] gguf::GgufError),
     /// The adapter maps a weight to something the checkpoint cannot provide.
     #[error("weight adaptation: {0}")]
     Adaptation(String),
@@ -203,7 +206,7 @@ pub fn open_gguf(
         path: path.to_owned(),
         message: e.to_string(),
     };
-    let file = gguf::GgufFile::open(path).map_err(malformed)?;
+    let file = gguf::GgufFile::open(path)?;
     let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = file.map().clone();
     let in_config = file.config_tensor_names();
     let tensors = file

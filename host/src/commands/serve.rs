@@ -33,31 +33,30 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let mut model = super::load_model(&args.load)?;
     tracing::info!("{}", describe(&model, started.elapsed()));
     let tokenizer = Arc::new(model.tokenizer.take().context("the model has no tokenizer (tokenizer.json or GGUF tokenizer metadata); it cannot be served")?);
+    // `--chat-template` is a file or the template itself.
+    let given_template = match &args.chat_template {
+        Some(given) if std::path::Path::new(given).is_file() => Some(
+            std::fs::read_to_string(given)
+                .with_context(|| format!("reading --chat-template {given}"))?,
+        ),
+        given => given.clone(),
+    };
+    let chat_template = match &given_template {
+        None => tokenizer.chat_template()?,
+        Some(source) => Some(
+            tokenizer
+                .chat_template_from(source)
+                .context("--chat-template")?,
+        ),
+    };
     let tool_format = args.tool_call_parser.unwrap_or_else(|| {
-        let given = args
-            .chat_template
-            .as_deref()
-            .map(|t| std::fs::read_to_string(t).unwrap_or_else(|_| t.to_owned()));
-        ToolFormat::detect(given.as_deref().or(tokenizer.chat_template_source()))
+        ToolFormat::detect(
+            given_template
+                .as_deref()
+                .or(tokenizer.chat_template_source()),
+        )
     });
     tracing::info!("tool calls are read in the {tool_format:?} format (--tool-call-parser)");
-    let chat_template = match &args.chat_template {
-        None => tokenizer.chat_template()?,
-        Some(given) => {
-            let path = std::path::Path::new(given);
-            let source = if path.is_file() {
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("reading --chat-template {given}"))?
-            } else {
-                given.clone()
-            };
-            Some(
-                tokenizer
-                    .chat_template_from(&source)
-                    .context("--chat-template")?,
-            )
-        }
-    };
     let defaults = generation_defaults_from(&model, &args.generation_config);
     let kv = model.config.kv;
     let bytes_per_block = kv.num_layers as u64

@@ -367,16 +367,18 @@ fn run(
             }
         };
         scheduler.complete(&batch);
+        // Each row that wants logits generates a token; a decode row feeds
+        // one token, so what else was fed is prompt (less the last token of
+        // each prompt, counted as generation: the line is approximate).
         let generated = batch.seqs.iter().filter(|s| s.wants_logits).count();
         let fed = batch.num_tokens();
-        let blocks = scheduler.blocks();
         stats.step(
             fed.saturating_sub(generated),
             generated,
             (
                 scheduler.num_running(),
                 scheduler.num_waiting(),
-                blocks.used() as f64 / blocks.num_blocks().max(1) as f64,
+                scheduler.blocks().usage(),
             ),
         );
         // A grammar that failed fails its sequence, after the step it was in.
@@ -438,7 +440,7 @@ fn report(scheduler: &Scheduler, observer: &impl EngineObserver) {
     observer.state(
         scheduler.num_running(),
         scheduler.num_waiting(),
-        blocks.used() as f64 / blocks.num_blocks().max(1) as f64,
+        blocks.usage(),
         stats.queries,
         stats.hits,
         scheduler.preemptions(),

@@ -70,11 +70,11 @@ fn regex_escape(text: &str) -> String {
 }
 
 /// The model's vocabulary as llguidance sees it: each token's bytes in a
-/// trie, and the tokenizer for text llguidance must tokenize itself.
+/// trie, and the tokenizer for text llguidance must tokenize itself (with
+/// special-token text read as plain text).
 struct Vocabulary {
     trie: TokTrie,
-    /// The tokenizer with special-token text read as plain text.
-    plain: tokenizers::Tokenizer,
+    tokenizer: Arc<Tokenizer>,
 }
 
 impl TokenizerEnv for Vocabulary {
@@ -84,7 +84,8 @@ impl TokenizerEnv for Vocabulary {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
         self.trie.tokenize_with_greedy_fallback(s, |text| {
-            self.plain
+            self.tokenizer
+                .plain()
                 .encode_fast(text, false)
                 .map(|e| e.get_ids().to_vec())
                 .unwrap_or_default()
@@ -151,9 +152,10 @@ impl Grammars {
         if self.eos.len() > 1 {
             trie = trie.with_eos_tokens(&self.eos);
         }
-        let mut plain = inner.clone();
-        plain.set_encode_special_tokens(true);
-        Ok(Arc::new(Vocabulary { trie, plain }))
+        Ok(Arc::new(Vocabulary {
+            trie,
+            tokenizer: self.tokenizer.clone(),
+        }))
     }
 
     /// A matcher for `grammar`, or why the grammar is not valid.

@@ -6,6 +6,8 @@
 //! [`sample_row`] here; the CUDA backend runs `kernels/cuda/sampling.cu`,
 //! which follows the same steps, so one draw picks one token on either.
 
+use std::borrow::Cow;
+
 /// A token whose logit the penalties, the request's logit bias or bans
 /// change.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -83,9 +85,9 @@ impl RowSampling {
 
     /// The adjustments with every token the mask forbids banned, each token
     /// once (for a backend that applies bans but no mask).
-    pub fn adjustments_with_mask(&self, vocab: usize) -> Vec<TokenAdjustment> {
+    pub fn adjustments_with_mask(&self, vocab: usize) -> Cow<'_, [TokenAdjustment]> {
         if self.allowed.is_none() {
-            return self.adjustments.clone();
+            return Cow::Borrowed(&self.adjustments);
         }
         let mut adjustments = self.adjustments.clone();
         for a in &mut adjustments {
@@ -104,7 +106,7 @@ impl RowSampling {
                     bias: 0.0,
                 }),
         );
-        adjustments
+        Cow::Owned(adjustments)
     }
 }
 

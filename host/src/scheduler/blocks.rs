@@ -91,6 +91,11 @@ impl BlockManager {
         self.num_blocks() - self.available()
     }
 
+    /// The fraction of blocks in use (1 is full).
+    pub fn usage(&self) -> f64 {
+        self.used() as f64 / self.num_blocks().max(1) as f64
+    }
+
     /// Prefix-cache counters.
     pub fn stats(&self) -> PrefixStats {
         self.stats

@@ -8,27 +8,40 @@
 //! read as plain text; the template's own markers stay special. A prompt
 //! whose content has no special-token text is encoded exactly as before.
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use tokenizers::Encoding;
 
 use super::{Tokenizer, TokenizerError};
 
-/// The text of every special token of `tokenizer`.
-fn special_texts(tokenizer: &tokenizers::Tokenizer) -> Vec<String> {
-    tokenizer
-        .get_added_tokens_decoder()
-        .into_values()
-        .filter(|t| t.special && !t.content.is_empty())
-        .map(|t| t.content)
-        .collect()
+/// A matcher of every special token's text, built once per tokenizer.
+#[derive(Clone, Debug)]
+pub(super) struct SpecialTexts {
+    texts: Vec<String>,
+    matcher: AhoCorasick,
 }
 
-/// The first special token written in `text`, if any.
-fn first_special<'a>(text: &str, specials: &'a [String]) -> Option<&'a str> {
-    specials
-        .iter()
-        .filter_map(|s| text.find(s.as_str()).map(|at| (at, s.as_str())))
-        .min()
-        .map(|(_, s)| s)
+impl SpecialTexts {
+    /// The special tokens of `tokenizer`.
+    pub(super) fn of(tokenizer: &tokenizers::Tokenizer) -> Self {
+        let texts: Vec<String> = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .collect();
+        let matcher = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&texts)
+            .expect("literal patterns always build");
+        Self { texts, matcher }
+    }
+
+    /// The first special token written in `text`, if any.
+    fn first_in(&self, text: &str) -> Option<&str> {
+        self.matcher
+            .find(text)
+            .map(|m| self.texts[m.pattern().as_usize()].as_str())
+    }
 }
 
 impl Tokenizer {
@@ -43,11 +56,11 @@ impl Tokenizer {
         contents: &[&str],
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let specials = special_texts(&self.inner);
+        let specials = self.special_texts();
         let guarded: Vec<(usize, &str)> = contents
             .iter()
             .enumerate()
-            .filter(|(_, c)| first_special(c, &specials).is_some())
+            .filter(|(_, c)| specials.first_in(c).is_some())
             .map(|(i, c)| (i, *c))
             .collect();
         if guarded.is_empty() {
@@ -65,16 +78,13 @@ impl Tokenizer {
             let Some((start, end)) = at else {
                 return Err(TokenizerError::SpecialTokenInContent {
                     message,
-                    token: first_special(content, &specials)
-                        .unwrap_or_default()
-                        .to_owned(),
+                    token: specials.first_in(content).unwrap_or_default().to_owned(),
                 });
             };
             ranges.push((start, end));
             cursor = end;
         }
-        let mut plain = self.inner.clone();
-        plain.set_encode_special_tokens(true);
+        let plain = self.plain();
         let encode = |tokenizer: &tokenizers::Tokenizer, text: &str| {
             tokenizer
                 .encode_fast(text, false)
@@ -84,7 +94,7 @@ impl Tokenizer {
         let mut from = 0;
         for (start, end) in ranges {
             pieces.push(encode(&self.inner, &rendered[from..start])?);
-            pieces.push(encode(&plain, &rendered[start..end])?);
+            pieces.push(encode(plain, &rendered[start..end])?);
             from = end;
         }
         pieces.push(encode(&self.inner, &rendered[from..])?);

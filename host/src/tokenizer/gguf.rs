@@ -169,6 +169,7 @@ pub fn tokenizer_from_gguf(vocab: &GgufVocab) -> Result<Tokenizer, TokenizerErro
         special,
         chat_template: vocab.chat_template.clone(),
         clean_up_spaces: false,
+        derived: Default::default(),
     })
 }
 

@@ -82,6 +82,7 @@ pub(super) fn load(path: PathBuf) -> Result<Tokenizer, TokenizerError> {
         special,
         chat_template: chat_template(dir, &config_path, &config)?,
         clean_up_spaces,
+        derived: Default::default(),
     })
 }
 

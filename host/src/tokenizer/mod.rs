@@ -22,6 +22,7 @@ mod pyjson;
 mod stream;
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use tokenizers::processors::template::TemplateProcessing;
 
@@ -199,6 +200,17 @@ pub struct Tokenizer {
     /// transformers' `clean_up_tokenization_spaces`, applied only to non-BPE
     /// models (transformers ignores it for BPE).
     clean_up_spaces: bool,
+    /// What is derived from `inner` on first use.
+    derived: Derived,
+}
+
+/// What a tokenizer derives once, when first needed.
+#[derive(Debug, Clone, Default)]
+struct Derived {
+    /// The pipeline with special-token text read as plain text.
+    plain: OnceLock<tokenizers::Tokenizer>,
+    /// The special tokens' texts, as one matcher.
+    specials: OnceLock<content::SpecialTexts>,
 }
 
 impl Tokenizer {
@@ -307,12 +319,29 @@ impl Tokenizer {
             special: SpecialTokens::default(),
             chat_template: None,
             clean_up_spaces: false,
+            derived: Derived::default(),
         })
     }
 
     /// The underlying `tokenizers` pipeline.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+
+    /// The pipeline with special-token text (`<|im_end|>`) read as plain
+    /// text, made on first use.
+    pub fn plain(&self) -> &tokenizers::Tokenizer {
+        self.derived.plain.get_or_init(|| {
+            let mut plain = self.inner.clone();
+            plain.set_encode_special_tokens(true);
+            plain
+        })
+    }
+
+    fn special_texts(&self) -> &content::SpecialTexts {
+        self.derived
+            .specials
+            .get_or_init(|| content::SpecialTexts::of(&self.inner))
     }
 }
 

@@ -3,6 +3,8 @@
 //! penalties and bans; the kernel picks the token and the log-probabilities;
 //! only those come back.
 
+use std::borrow::Cow;
+
 use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig};
 
 use crate::runtime::sampling::{RowSampling, Sampled, TokenAdjustment};
@@ -112,17 +114,17 @@ impl SampleBuffers {
             return Ok(Vec::new());
         }
         // A structured-output mask goes to the device as bans.
-        let row_adjustments: Vec<Vec<TokenAdjustment>> = rows
+        let row_adjustments: Vec<Cow<'_, [TokenAdjustment]>> = rows
             .iter()
             .map(|r| r.adjustments_with_mask(vocab))
             .collect();
-        let adjustments: usize = row_adjustments.iter().map(Vec::len).sum();
+        let adjustments: usize = row_adjustments.iter().map(|a| a.len()).sum();
         self.reserve(device, rows.len(), vocab, adjustments.max(1))?;
         let mut params = Vec::with_capacity(rows.len() * 48);
         let mut adjust = Vec::with_capacity(adjustments * 16);
         for (row, row_adjustments) in rows.iter().zip(&row_adjustments) {
             let begin = adjust.len() / 16;
-            for a in row_adjustments {
+            for a in row_adjustments.iter() {
                 let flags = i32::from(a.seen) | (i32::from(a.banned) << 1);
                 for v in [a.token as i32, a.generated as i32, flags] {
                     adjust.extend(v.to_le_bytes());
