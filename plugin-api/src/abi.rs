@@ -3,23 +3,40 @@
 //! This is the only module that touches `abi_stable`; plugin authors never use
 //! it directly (the [`export_plugin!`](crate::export_plugin) macro does). Only
 //! `StableAbi` data crosses: strings, vectors, plain enums and `extern "C"`
-//! function pointers. Rich data (configs, and later weight maps and graphs)
-//! crosses as versioned, serialized payloads, so the interface stays small
-//! while what flows through it grows.
+//! function pointers. Rich data (configs, weight maps, graphs, pipeline steps)
+//! crosses as serialized payloads, so the interface stays small while what
+//! flows through it grows.
 //!
-//! # Versioning policy
+//! # Versioning policy: old plugins keep loading
 //!
-//! The interface version is this crate's version ([`INTERFACE_VERSION`]). A host
-//! loads a plugin when both were built against the same `major.minor` of
-//! `kiln-plugin-api` (for `0.y.z`: the same `y`); the patch level may differ in
-//! either direction (from 1.0: the same major). Any change to a type in this
-//! module is a breaking bump (the minor while 0.x, the major from 1.0) and
-//! plugins must be rebuilt; a test pins a fingerprint of the ABI layout so that
-//! such a change cannot land without the bump. Growth
-//! inside the serialized payloads (new optional fields, new graph ops under the
-//! IR's own version) changes nothing here and needs no bump.
+//! The interface version is this crate's version ([`INTERFACE_VERSION`]),
+//! `major.minor.patch`. A host loads a plugin built against the same major
+//! and the same or an older minor: a plugin built against 1.0 loads in every
+//! 1.x host, until a deliberate major break. A plugin built against a newer
+//! minor than the host's is refused with both versions named (it may rely on
+//! what the host does not have). This works the way ONNX Runtime's C API
+//! does, with an append-only table of entry points:
+//!
+//! - The three tables that can grow ([`PluginRoot`], [`HostServices`],
+//!   [`EntryPoints`]) are `abi_stable` prefix types. A minor release may
+//!   append fields at their end and nothing else; the fields after each
+//!   table's `last_prefix_field` are optional, and the side that reads them
+//!   gets `None` from a peer built before they existed (the host then falls
+//!   back to what it did before, e.g. detecting a tool-call format itself).
+//! - Everything else in this module is frozen for the major version:
+//!   [`PluginManifest`], [`ArchitectureDescriptor`], [`PluginError`] and the
+//!   enums.
+//! - Payloads grow compatibly: a new field is optional on the side that reads
+//!   it (`#[serde(default)]`), unknown fields are ignored, and the graph IR
+//!   and pipeline payloads carry their own versions, of which a host reads
+//!   every one up to its own.
+//!
+//! Any other change is a major bump. `tests/abi_fingerprint.rs` makes every
+//! change to this file come with a new version, and the end-to-end tests
+//! load a plugin built against a frozen copy of the previous release
+//! (`tests/fixtures/compat/`) into the current host.
 
-pub use crate::version::{InterfaceVersion, INTERFACE_VERSION};
+pub use crate::version::{Compatibility, InterfaceVersion, INTERFACE_VERSION};
 
 use abi_stable::{
     declare_root_module_statics,
@@ -37,12 +54,12 @@ pub const ROOT_MODULE_NAME: &str = "kiln_plugin";
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = PluginRootRef)))]
-#[sabi(missing_field(panic))]
+#[sabi(missing_field(option))]
 pub struct PluginRoot {
     /// Hands the plugin the host's services and returns what it provides.
     /// The host calls it once, before anything else.
     #[sabi(last_prefix_field)]
-    pub load: extern "C" fn(HostServices) -> RResult<PluginManifest, PluginError>,
+    pub load: extern "C" fn(HostServicesRef) -> RResult<PluginManifest, PluginError>,
 }
 
 impl RootModule for PluginRootRef {
@@ -52,9 +69,11 @@ impl RootModule for PluginRootRef {
     const VERSION_STRINGS: VersionStrings = package_version_strings!();
 }
 
-/// What the host offers a plugin.
+/// What the host offers a plugin (a growable table: see the versioning policy).
 #[repr(C)]
-#[derive(StableAbi, Clone, Copy)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = HostServicesRef)))]
+#[sabi(missing_field(option))]
 pub struct HostServices {
     /// Receives the plugin's log records; the host adds the plugin's name.
     pub log: extern "C" fn(plugin: RStr<'_>, level: LogLevel, target: RStr<'_>, message: RStr<'_>),
@@ -63,6 +82,7 @@ pub struct HostServices {
     /// True when the plugin was opened from a shared library (it then has its own
     /// copy of the standard library, its panic hook and its logger), false for a
     /// built-in linked into the host.
+    #[sabi(last_prefix_field)]
     pub dynamically_loaded: bool,
 }
 
@@ -86,7 +106,7 @@ pub enum LogLevel {
 
 /// What a plugin provides, returned by [`PluginRoot::load`].
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug)]
+#[derive(StableAbi, Clone)]
 pub struct PluginManifest {
     /// The plugin's name, shown in listings and log lines.
     pub name: RString,
@@ -104,7 +124,7 @@ pub struct PluginManifest {
 /// [`crate::WeightsFormat`]) so that a value unknown to the host is reported,
 /// not misread.
 #[repr(C)]
-#[derive(StableAbi, Clone, Debug)]
+#[derive(StableAbi, Clone)]
 pub struct ArchitectureDescriptor {
     /// The Hugging Face `architectures[0]` name, e.g. `LlamaForCausalLM`.
     pub name: RString,
@@ -123,15 +143,19 @@ pub struct ArchitectureDescriptor {
     /// Index of this architecture in its plugin; passed back to every entry point.
     pub index: u32,
     /// The calls the host makes for this architecture.
-    pub entry_points: EntryPoints,
+    pub entry_points: EntryPointsRef,
 }
 
 /// An architecture's entry points. Each takes the architecture's index and a
 /// serialized request and returns a serialized response (JSON for now; every
 /// payload type documents its own shape and version). An entry point the
-/// plugin does not implement returns [`PluginErrorKind::Unsupported`].
+/// plugin does not implement returns [`PluginErrorKind::Unsupported`]. A
+/// growable table: entry points added in a minor release come after
+/// `pipeline`, and the host reads them as `Option`s.
 #[repr(C)]
-#[derive(StableAbi, Clone, Copy, Debug)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = EntryPointsRef)))]
+#[sabi(missing_field(option))]
 #[allow(clippy::type_complexity)]
 pub struct EntryPoints {
     /// Hugging Face config in, the parsed architecture config out
@@ -142,6 +166,7 @@ pub struct EntryPoints {
     /// Architecture config in, the serialized graph IR out.
     pub build_graph: extern "C" fn(u32, RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>,
     /// Pipeline description: how a batch becomes graph inputs.
+    #[sabi(last_prefix_field)]
     pub pipeline: extern "C" fn(u32, RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>,
 }
 

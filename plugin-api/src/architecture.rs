@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use abi_stable::std_types::RString;
 
-use crate::abi::{ArchitectureDescriptor, EntryPoints};
+use crate::abi::{ArchitectureDescriptor, EntryPointsRef};
 use crate::adapters::{AdaptRequest, AdaptResponse};
 use crate::config::{ArchConfig, ConfigRequest, GraphRequest};
 use crate::error::{Error, Result};
@@ -162,7 +162,11 @@ impl ArchitectureInfo {
     }
 
     /// The descriptor that carries this architecture across the boundary.
-    pub fn to_descriptor(&self, index: u32, entry_points: EntryPoints) -> ArchitectureDescriptor {
+    pub fn to_descriptor(
+        &self,
+        index: u32,
+        entry_points: EntryPointsRef,
+    ) -> ArchitectureDescriptor {
         let strings = |items: &[String]| items.iter().map(|s| RString::from(s.as_str())).collect();
         ArchitectureDescriptor {
             name: self.name.as_str().into(),

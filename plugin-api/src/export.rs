@@ -15,7 +15,8 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{RResult, RSlice, RVec};
 
 use crate::abi::{
-    self, EntryPoints, HostServices, LogLevel, PluginManifest, PluginRoot, PluginRootRef,
+    self, EntryPoints, EntryPointsRef, HostServicesRef, LogLevel, PluginManifest, PluginRoot,
+    PluginRootRef,
 };
 use crate::adapters::AdaptRequest;
 use crate::architecture::{Plugin, SupportedArchitecture};
@@ -51,6 +52,7 @@ pub struct PluginRuntime {
     crate_name: &'static str,
     plugin: OnceLock<Plugin>,
     root: OnceLock<PluginRootRef>,
+    entry_points: OnceLock<EntryPointsRef>,
 }
 
 impl PluginRuntime {
@@ -61,13 +63,14 @@ impl PluginRuntime {
             crate_name,
             plugin: OnceLock::new(),
             root: OnceLock::new(),
+            entry_points: OnceLock::new(),
         }
     }
 
     /// The plugin's root module, built once.
     pub fn root(
         &'static self,
-        load: extern "C" fn(HostServices) -> RResult<PluginManifest, abi::PluginError>,
+        load: extern "C" fn(HostServicesRef) -> RResult<PluginManifest, abi::PluginError>,
     ) -> PluginRootRef {
         *self
             .root
@@ -78,10 +81,13 @@ impl PluginRuntime {
     /// logging and panics to the host, and describes the architectures.
     pub fn load(
         &'static self,
-        host: HostServices,
+        host: HostServicesRef,
         entry_points: EntryPoints,
     ) -> RResult<PluginManifest, abi::PluginError> {
-        if host.dynamically_loaded {
+        let entry_points = *self
+            .entry_points
+            .get_or_init(|| entry_points.leak_into_prefix());
+        if host.dynamically_loaded() {
             install_panic_hook();
             forward_logs_to_host(self, host);
         }
@@ -170,7 +176,7 @@ fn dispatch(entry: Entry, arch: &SupportedArchitecture, request: &[u8]) -> Resul
     }
 }
 
-fn manifest(plugin: &Plugin, crate_name: &str, entry_points: EntryPoints) -> PluginManifest {
+fn manifest(plugin: &Plugin, crate_name: &str, entry_points: EntryPointsRef) -> PluginManifest {
     let architectures = plugin
         .architectures
         .iter()
@@ -248,19 +254,19 @@ fn install_panic_hook() {
 /// is known) are held back and sent right after.
 struct HostLogger {
     runtime: &'static PluginRuntime,
-    host: HostServices,
+    host: HostServicesRef,
     early: Mutex<Vec<(LogLevel, String, String)>>,
 }
 
 impl HostLogger {
     fn send(&self, plugin: &str, level: LogLevel, target: &str, message: &str) {
-        (self.host.log)(plugin.into(), level, target.into(), message.into());
+        (self.host.log())(plugin.into(), level, target.into(), message.into());
     }
 }
 
 impl log::Log for HostLogger {
     fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        to_abi_level(metadata.level()) <= self.host.max_log_level
+        to_abi_level(metadata.level()) <= self.host.max_log_level()
     }
 
     fn log(&self, record: &log::Record<'_>) {
@@ -290,7 +296,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn forward_logs_to_host(runtime: &'static PluginRuntime, host: HostServices) {
+fn forward_logs_to_host(runtime: &'static PluginRuntime, host: HostServicesRef) {
     let logger = HostLogger {
         runtime,
         host,
@@ -299,7 +305,7 @@ fn forward_logs_to_host(runtime: &'static PluginRuntime, host: HostServices) {
     // Fails only if this library's logger is already set (a second load of
     // the same file), in which case logs already reach the host.
     if log::set_boxed_logger(Box::new(logger)).is_ok() {
-        log::set_max_level(from_abi_level(host.max_log_level));
+        log::set_max_level(from_abi_level(host.max_log_level()));
     }
 }
 
@@ -342,11 +348,11 @@ macro_rules! declare_plugin {
         /// This crate's Kiln plugin root module.
         pub fn kiln_plugin_root() -> $crate::abi::PluginRootRef {
             use $crate::__private::{Entry, PluginRuntime, RResult, RSlice, RVec};
-            use $crate::abi::{EntryPoints, HostServices, PluginError, PluginManifest};
+            use $crate::abi::{EntryPoints, HostServicesRef, PluginError, PluginManifest};
 
             static RUNTIME: PluginRuntime = PluginRuntime::new($define, env!("CARGO_CRATE_NAME"));
 
-            extern "C" fn load(host: HostServices) -> RResult<PluginManifest, PluginError> {
+            extern "C" fn load(host: HostServicesRef) -> RResult<PluginManifest, PluginError> {
                 RUNTIME.load(
                     host,
                     EntryPoints {

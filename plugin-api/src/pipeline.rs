@@ -236,9 +236,9 @@ pub(crate) fn serve(pipeline: &dyn PipelineModel, request: &[u8]) -> Result<Vec<
             version: PIPELINE_PAYLOAD_VERSION,
         }),
         PipelineRequest::PrepareStep { version, batch } => {
-            if version != PIPELINE_PAYLOAD_VERSION {
+            if !(1..=PIPELINE_PAYLOAD_VERSION).contains(&version) {
                 return Err(Error::invalid(format!(
-                    "pipeline payload version {version} is not {PIPELINE_PAYLOAD_VERSION}"
+                    "pipeline payload version {version} is newer than this plugin's {PIPELINE_PAYLOAD_VERSION}"
                 )));
             }
             let step = pipeline.prepare_step(&batch)?;

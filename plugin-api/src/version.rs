@@ -34,24 +34,53 @@ impl InterfaceVersion {
     }
 
     /// The versioning policy: a host built against `self` loads a plugin built
-    /// against `plugin` when both have the same major version and, for 0.x, the
-    /// same minor version (1.x and later: the same major).
+    /// against `plugin` when both have the same major version and the plugin's
+    /// minor is the host's or older; patch levels never matter. (Before 1.0,
+    /// every minor was a major: the same minor was required.)
     pub fn loads(&self, plugin: &Self) -> bool {
-        if self.major == 0 {
-            plugin.major == 0 && plugin.minor == self.minor
+        match Self::compare(self, plugin) {
+            Compatibility::Loads => true,
+            Compatibility::PluginNewer | Compatibility::OtherMajor => false,
+        }
+    }
+
+    /// How a plugin's interface version relates to this host's.
+    pub fn compare(&self, plugin: &Self) -> Compatibility {
+        if self.major == 0 || plugin.major == 0 {
+            return match (plugin.major, plugin.minor) {
+                (0, minor) if self.major == 0 && minor == self.minor => Compatibility::Loads,
+                (0, minor) if self.major == 0 && minor > self.minor => Compatibility::PluginNewer,
+                _ => Compatibility::OtherMajor,
+            };
+        }
+        if plugin.major != self.major {
+            Compatibility::OtherMajor
+        } else if plugin.minor > self.minor {
+            Compatibility::PluginNewer
         } else {
-            plugin.major == self.major
+            Compatibility::Loads
         }
     }
 
     /// The range of plugin interface versions this host loads, for messages.
     pub fn compatible_range(&self) -> String {
-        if self.major == 0 {
-            format!("0.{}.x", self.minor)
-        } else {
-            format!("{}.x.y", self.major)
+        match (self.major, self.minor) {
+            (0, minor) => format!("0.{minor}.x"),
+            (major, 0) => format!("{major}.0.x"),
+            (major, minor) => format!("{major}.0 to {major}.{minor}"),
         }
     }
+}
+
+/// How a plugin's interface version relates to the host's ([`InterfaceVersion::compare`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compatibility {
+    /// The host loads it: same major, the plugin's minor is the host's or older.
+    Loads,
+    /// Same major, but the plugin was built against a newer minor.
+    PluginNewer,
+    /// Another major version: a deliberate break on one side.
+    OtherMajor,
 }
 
 impl std::fmt::Display for InterfaceVersion {
@@ -103,11 +132,14 @@ mod tests {
     }
 
     #[test]
-    fn one_x_needs_the_same_major() {
+    fn one_x_loads_older_minors_and_refuses_newer_ones() {
         let host = v("1.2.0");
-        assert!(host.loads(&v("1.0.0")));
-        assert!(host.loads(&v("1.7.1")));
-        assert!(!host.loads(&v("2.0.0")));
-        assert!(!host.loads(&v("0.2.0")));
+        assert_eq!(host.compare(&v("1.0.0")), Compatibility::Loads);
+        assert_eq!(host.compare(&v("1.2.7")), Compatibility::Loads);
+        assert_eq!(host.compare(&v("1.3.0")), Compatibility::PluginNewer);
+        assert_eq!(host.compare(&v("2.0.0")), Compatibility::OtherMajor);
+        assert_eq!(host.compare(&v("0.2.0")), Compatibility::OtherMajor);
+        assert_eq!(host.compatible_range(), "1.0 to 1.2");
+        assert_eq!(v("1.0.4").compatible_range(), "1.0.x");
     }
 }

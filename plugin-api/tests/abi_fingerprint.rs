@@ -1,5 +1,8 @@
 //! Enforces the versioning policy: the boundary types (everything in
-//! `src/abi.rs`) may only change together with a breaking version bump.
+//! `src/abi.rs`) may only change together with a version bump (a minor one
+//! for a field appended to a growable table, a major one for anything else;
+//! the compatibility itself is tested end to end with a plugin built against
+//! the previous release, `tests/fixtures/compat`).
 //!
 //! `abi-fingerprint.txt` records, for the current version, a hash of
 //! `src/abi.rs` with comments and whitespace removed. Change the ABI and this
@@ -42,8 +45,9 @@ fn abi_changes_come_with_a_version_bump() {
         Some(hash) if hash == fingerprint => {}
         Some(hash) => panic!(
             "src/abi.rs changed (fingerprint {fingerprint}, recorded {hash} for {version}).\n\
-             An ABI change is a breaking change: bump the minor version (0.x) or the major \
-             version (1.x+) in plugin-api/Cargo.toml, then add the line \
+             An ABI change needs a new version: the minor for a field appended at the end of \
+             PluginRoot, HostServices or EntryPoints, the major for anything else. Bump it in \
+             plugin-api/Cargo.toml, then add the line \
              `<new version> {fingerprint}` to plugin-api/abi-fingerprint.txt."
         ),
         None => panic!(

@@ -116,6 +116,24 @@ pub fn fixture_plugin(crate_name: &str) -> PathBuf {
     path
 }
 
+/// Builds the plugin of `tests/fixtures/compat` (built against a frozen copy
+/// of the previous kiln-plugin-api release) once per test process and returns
+/// its library.
+pub fn compat_plugin() -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        cargo_build(
+            &workspace_root().join("tests/fixtures/compat/Cargo.toml"),
+            &[],
+        );
+    });
+    let path = fixture_target_dir()
+        .join("debug")
+        .join(library_file_name("compat-llama-plugin"));
+    assert!(path.exists(), "the build produced no {}", path.display());
+    path
+}
+
 /// The built-in families that are also shared libraries (`plugins/<family>/cdylib`).
 pub const BUILTIN_FAMILIES: [&str; 5] = ["llama", "qwen", "gemma", "phi3", "gpt2"];
 

@@ -209,12 +209,30 @@ fn a_shared_library_that_is_not_a_plugin_is_reported() {
 }
 
 #[test]
-fn a_plugin_built_against_another_minor_version_is_rejected_naming_both() {
+fn a_plugin_built_against_another_major_version_is_rejected_naming_both() {
     let plugin = example_plugin_against_interface("v0-99-0", "0.99.0", &[]);
     let stderr = expect_load_failure(&[&plugin], &[]);
     assert!(
         stderr.contains("was built against kiln-plugin-api 0.99.0")
             && stderr.contains(&format!("this host uses {INTERFACE_VERSION}")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_plugin_built_against_a_newer_minor_version_is_refused_in_one_line() {
+    let host = kiln_plugin_api::abi::InterfaceVersion::current();
+    let newer = format!("{}.{}.0", host.major, host.minor + 1);
+    let plugin = example_plugin_against_interface("next-minor", &newer, &[]);
+    let stderr = expect_load_failure(&[&plugin], &[]);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("was built against"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        line.contains(&format!(
+            "kiln-plugin-api {newer}, newer than this host's {INTERFACE_VERSION}"
+        )) && line.contains("upgrade the host"),
         "{stderr}"
     );
 }
@@ -232,15 +250,47 @@ fn a_plugin_built_against_another_patch_version_loads() {
 }
 
 #[test]
+fn a_plugin_built_against_the_previous_release_loads_and_generates() {
+    // Built against the frozen copy of kiln-plugin-api 1.0.0 under
+    // tests/fixtures/compat, as a plugin nobody rebuilt.
+    let plugin = kiln_tests::compat_plugin();
+    let listing = list_json(&[&plugin]);
+    assert_eq!(
+        entry(&listing, "CompatLlamaForCausalLM")["source"],
+        plugin.display().to_string()
+    );
+
+    let path = kiln_tests::workspace_root().join("tests/fixtures/reference/tiny_llama.json");
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let (mut config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
+    config["architectures"] = json!(["CompatLlamaForCausalLM"]);
+    let dir = tempfile::tempdir().unwrap();
+    kiln_tests::models::write_model_dir(&config, &weights, dir.path(), false);
+    let prompt: Vec<i64> = serde_json::from_value(fixture["prompts"][2].clone()).unwrap();
+    let expected: Vec<i64> = serde_json::from_value(fixture["greedy"].clone()).unwrap();
+    let ids = generate_ids(
+        dir.path(),
+        &prompt,
+        expected.len(),
+        &["--custom-architectures", plugin.to_str().unwrap()],
+    )
+    .unwrap();
+    assert_eq!(
+        ids, expected,
+        "the 1.0 plugin generates transformers' tokens"
+    );
+}
+
+#[test]
 fn a_changed_layout_without_a_version_bump_is_rejected_briefly() {
-    // The same version number, but a field added to a boundary type: what
-    // happens when someone edits the ABI and forgets the bump.
+    // The same version number, but a frozen boundary type changed: what
+    // happens when someone edits the ABI against the policy.
     let plugin = example_plugin_against_interface(
         "changed-layout",
         INTERFACE_VERSION,
         &[(
-            "    pub dynamically_loaded: bool,\n",
-            "    pub dynamically_loaded: bool,\n    /// Added.\n    pub extra: u64,\n",
+            "    Internal = 3,\n",
+            "    Internal = 3,\n    /// Added.\n    Extra = 4,\n",
         )],
     );
     let stderr = expect_load_failure(&[&plugin], &[]);

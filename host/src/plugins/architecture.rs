@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kiln_plugin_api::abi::{self, ArchitectureDescriptor, EntryPoint, EntryPoints};
+use kiln_plugin_api::abi::{self, ArchitectureDescriptor, EntryPoint, EntryPointsRef};
 use kiln_plugin_api::adapters::{self, AdaptRequest, AdaptResponse};
 use kiln_plugin_api::graph::GraphIr;
 use kiln_plugin_api::pipeline::{
@@ -44,14 +44,24 @@ pub struct PluginIdentity {
 }
 
 /// One architecture, as registered by a plugin.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Architecture {
     /// Names, task, encodings and formats.
     pub info: ArchitectureInfo,
     /// The plugin that registered it.
     pub plugin: Arc<PluginIdentity>,
     index: u32,
-    entry_points: EntryPoints,
+    entry_points: EntryPointsRef,
+}
+
+impl fmt::Debug for Architecture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Architecture")
+            .field("info", &self.info)
+            .field("plugin", &self.plugin)
+            .field("index", &self.index)
+            .finish_non_exhaustive()
+    }
 }
 
 /// An architecture entry point that failed (or panicked) inside the plugin.
@@ -93,7 +103,7 @@ impl Architecture {
     /// Parses a Hugging Face config into the architecture's config.
     pub fn config(&self, request: &ConfigRequest) -> Result<ArchConfig, EntryPointError> {
         let request = serde_json::to_vec(request).expect("a ConfigRequest serializes");
-        let response = self.call("config", self.entry_points.config, &request)?;
+        let response = self.call("config", self.entry_points.config(), &request)?;
         serde_json::from_slice(&response).map_err(|e| {
             self.malformed(
                 "config",
@@ -106,7 +116,7 @@ impl Architecture {
     /// adapter for the format; without one, names are kept as they are.
     pub fn adapt_weights(&self, request: &AdaptRequest) -> Result<AdaptResponse, EntryPointError> {
         let bytes = serde_json::to_vec(request).expect("an AdaptRequest serializes");
-        match self.call("adapt_weights", self.entry_points.adapt_weights, &bytes) {
+        match self.call("adapt_weights", self.entry_points.adapt_weights(), &bytes) {
             Ok(response) => serde_json::from_slice(&response).map_err(|e| {
                 self.malformed(
                     "adapt_weights",
@@ -123,7 +133,7 @@ impl Architecture {
     /// Builds the architecture's graph.
     pub fn build_graph(&self, request: &GraphRequest) -> Result<GraphIr, EntryPointError> {
         let request = serde_json::to_vec(request).expect("a GraphRequest serializes");
-        let response = self.call("build_graph", self.entry_points.build_graph, &request)?;
+        let response = self.call("build_graph", self.entry_points.build_graph(), &request)?;
         GraphIr::from_bytes(&response).map_err(|e| {
             self.malformed(
                 "build_graph",
@@ -136,7 +146,7 @@ impl Architecture {
     /// the host runs the default [`DecoderPipeline`](kiln_plugin_api::pipeline::DecoderPipeline).
     pub fn has_own_pipeline(&self) -> Result<bool, EntryPointError> {
         let request = serde_json::to_vec(&PipelineRequest::Describe).expect("a request serializes");
-        let response = match self.call("pipeline", self.entry_points.pipeline, &request) {
+        let response = match self.call("pipeline", self.entry_points.pipeline(), &request) {
             Ok(response) => response,
             Err(e) if e.kind == abi::PluginErrorKind::Unsupported => return Ok(false),
             Err(e) => return Err(e),
@@ -147,11 +157,12 @@ impl Architecture {
                 format!("the plugin returned a malformed description: {e}"),
             )
         })?;
-        if description.version != PIPELINE_PAYLOAD_VERSION {
+        // Every older payload version is understood (the payload only grows).
+        if !(1..=PIPELINE_PAYLOAD_VERSION).contains(&description.version) {
             return Err(self.malformed(
                 "pipeline",
                 format!(
-                    "the plugin's pipeline speaks payload version {}, the host {PIPELINE_PAYLOAD_VERSION}",
+                    "the plugin's pipeline speaks payload version {}, the host 1 to {PIPELINE_PAYLOAD_VERSION}",
                     description.version
                 ),
             ));
@@ -166,7 +177,7 @@ impl Architecture {
             batch: batch.clone(),
         };
         let request = serde_json::to_vec(&request).expect("a request serializes");
-        let response = self.call("pipeline", self.entry_points.pipeline, &request)?;
+        let response = self.call("pipeline", self.entry_points.pipeline(), &request)?;
         let step: PreparedStep = serde_json::from_slice(&response).map_err(|e| {
             self.malformed(
                 "pipeline",

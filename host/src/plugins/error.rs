@@ -45,8 +45,8 @@ pub enum PluginLoadError {
         reason: String,
     },
 
-    /// The plugin was built against a kiln-plugin-api version this host does not load.
-    #[error("{} was built against kiln-plugin-api {plugin_version}, but this host uses {host_version} and loads only plugins built against {compatible}\n  hint: rebuild the plugin against kiln-plugin-api {compatible}", path.display())]
+    /// The plugin was built against another major version of kiln-plugin-api.
+    #[error("{} was built against kiln-plugin-api {plugin_version}, but this host uses {host_version} and loads plugins built against {compatible}: rebuild the plugin against kiln-plugin-api {host_version}", path.display())]
     IncompatibleVersion {
         /// The library.
         path: PathBuf,
@@ -56,6 +56,17 @@ pub enum PluginLoadError {
         host_version: String,
         /// The range of versions the host loads.
         compatible: String,
+    },
+
+    /// The plugin was built against a newer minor version than the host's.
+    #[error("{} was built against kiln-plugin-api {plugin_version}, newer than this host's {host_version}: upgrade the host, or rebuild the plugin against kiln-plugin-api {host_version}", path.display())]
+    NewerInterface {
+        /// The library.
+        path: PathBuf,
+        /// The plugin's interface version.
+        plugin_version: String,
+        /// The host's interface version.
+        host_version: String,
     },
 
     /// Versions agree but the layouts of the interface types differ.

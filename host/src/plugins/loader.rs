@@ -10,7 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use abi_stable::library::{lib_header_from_path, LibraryError};
-use kiln_plugin_api::abi::{HostServices, InterfaceVersion, PluginRootRef, ROOT_MODULE_NAME};
+use abi_stable::prefix_type::PrefixTypeTrait;
+use kiln_plugin_api::abi::{
+    Compatibility, HostServices, HostServicesRef, InterfaceVersion, PluginRootRef, ROOT_MODULE_NAME,
+};
 
 use super::architecture::PluginIdentity;
 use super::{builtin, Architecture, PluginLoadError, PluginSource};
@@ -47,18 +50,7 @@ pub fn load_plugin_file(path: &Path) -> Result<LoadedPlugin, PluginLoadError> {
         });
     }
 
-    let host_version = InterfaceVersion::current();
-    let plugin_version_text = header.version_strings().version.as_str();
-    let compatible =
-        InterfaceVersion::parse(plugin_version_text).is_some_and(|v| host_version.loads(&v));
-    if !compatible {
-        return Err(PluginLoadError::IncompatibleVersion {
-            path: path.to_owned(),
-            plugin_version: plugin_version_text.to_owned(),
-            host_version: host_version.to_string(),
-            compatible: host_version.compatible_range(),
-        });
-    }
+    check_interface_version(path, header.version_strings().version.as_str())?;
 
     let root = header
         .init_root_module::<PluginRootRef>()
@@ -66,23 +58,50 @@ pub fn load_plugin_file(path: &Path) -> Result<LoadedPlugin, PluginLoadError> {
     load_root(root, PluginSource::File(path.to_owned()))
 }
 
+/// Applies the versioning policy (see `kiln_plugin_api::abi`): the same major,
+/// and a minor no newer than the host's.
+fn check_interface_version(path: &Path, plugin_version: &str) -> Result<(), PluginLoadError> {
+    let host_version = InterfaceVersion::current();
+    let compatibility = InterfaceVersion::parse(plugin_version)
+        .map_or(Compatibility::OtherMajor, |v| host_version.compare(&v));
+    match compatibility {
+        Compatibility::Loads => Ok(()),
+        Compatibility::PluginNewer => Err(PluginLoadError::NewerInterface {
+            path: path.to_owned(),
+            plugin_version: plugin_version.to_owned(),
+            host_version: host_version.to_string(),
+        }),
+        Compatibility::OtherMajor => Err(PluginLoadError::IncompatibleVersion {
+            path: path.to_owned(),
+            plugin_version: plugin_version.to_owned(),
+            host_version: host_version.to_string(),
+            compatible: host_version.compatible_range(),
+        }),
+    }
+}
+
+/// The services handed to a plugin's `load`: one small table per plugin,
+/// leaked because the plugin keeps it for the life of the process.
+fn host_services(source: &PluginSource) -> HostServicesRef {
+    HostServices {
+        log: logging::plugin_log,
+        max_log_level: logging::max_plugin_level(),
+        dynamically_loaded: *source != PluginSource::BuiltIn,
+    }
+    .leak_into_prefix()
+}
+
 /// Calls a plugin's `load` and converts what it describes.
 pub(super) fn load_root(
     root: PluginRootRef,
     source: PluginSource,
 ) -> Result<LoadedPlugin, PluginLoadError> {
-    let services = HostServices {
-        log: logging::plugin_log,
-        max_log_level: logging::max_plugin_level(),
-        dynamically_loaded: source != PluginSource::BuiltIn,
-    };
-    let manifest =
-        root.load()(services)
-            .into_result()
-            .map_err(|e| PluginLoadError::PluginFailed {
-                source_name: source.to_string(),
-                message: e.message.into_string(),
-            })?;
+    let manifest = root.load()(host_services(&source))
+        .into_result()
+        .map_err(|e| PluginLoadError::PluginFailed {
+            source_name: source.to_string(),
+            message: e.message.into_string(),
+        })?;
     if source == PluginSource::BuiltIn {
         logging::attribute_crate_to_plugin(&manifest.crate_name, &manifest.name);
     }
@@ -151,12 +170,13 @@ fn open_error(path: &Path, error: LibraryError) -> PluginLoadError {
             ),
         },
         LibraryError::IncompatibleVersionNumber { actual_version, .. } => {
-            let host_version = InterfaceVersion::current();
-            PluginLoadError::IncompatibleVersion {
-                path,
-                plugin_version: actual_version.to_string(),
-                host_version: host_version.to_string(),
-                compatible: host_version.compatible_range(),
+            match check_interface_version(&path, &actual_version.to_string()) {
+                Err(error) => error,
+                Ok(()) => PluginLoadError::Other {
+                    summary: format!("abi_stable refused interface version {actual_version}"),
+                    detail: String::new(),
+                    path,
+                },
             }
         }
         LibraryError::AbiInstability(report) => {

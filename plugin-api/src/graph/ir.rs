@@ -363,7 +363,9 @@ pub enum IrError {
     #[error("malformed graph IR: {0}")]
     Malformed(#[from] serde_json::Error),
     /// Written by a newer plugin than this host understands.
-    #[error("graph IR version {found} is not supported (this host reads version {IR_VERSION})")]
+    #[error(
+        "graph IR version {found} is not supported (this host reads versions 1 to {IR_VERSION})"
+    )]
     Version {
         /// The version in the data.
         found: u32,
@@ -376,14 +378,15 @@ impl GraphIr {
         serde_json::to_vec(self).expect("graph IR serializes")
     }
 
-    /// Reads a serialized graph, checking its version.
+    /// Reads a serialized graph, checking its version: every version up to
+    /// [`IR_VERSION`] is read (the IR only grows: new ops and optional fields).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, IrError> {
         #[derive(Deserialize)]
         struct Versioned {
             version: u32,
         }
         let Versioned { version } = serde_json::from_slice(bytes)?;
-        if version != IR_VERSION {
+        if !(1..=IR_VERSION).contains(&version) {
             return Err(IrError::Version { found: version });
         }
         Ok(serde_json::from_slice(bytes)?)
