@@ -200,9 +200,17 @@ pub struct ServeArgs {
 
     /// How the model writes tool calls (vLLM's flag): `hermes`
     /// (`<tool_call>` blocks: Qwen2.5, ChatML), `llama3_json` or
-    /// `mistral`. Default: read from the chat template's markers.
+    /// `mistral`. Default: the parser the architecture's plugin names,
+    /// else the chat template's markers; with neither, tool requests are
+    /// refused with a 400.
     #[arg(long, value_enum)]
     pub tool_call_parser: Option<crate::server::tools::ToolFormat>,
+
+    /// Refuse to start unless a tool-call format is known (vLLM's flag).
+    /// Kiln reads tool calls (`tool_choice: auto`) whenever a format is
+    /// known, with or without it; vLLM needs it for `auto`.
+    #[arg(long)]
+    pub enable_auto_tool_choice: bool,
 
     /// Origins a browser may call the API from (CORS), e.g.
     /// `https://app.example.com`, or `*` for any; repeat or separate with

@@ -14,19 +14,22 @@
 //! and the same or an older minor: a plugin built against 1.0 loads in every
 //! 1.x host, until a deliberate major break. A plugin built against a newer
 //! minor than the host's is refused with both versions named (it may rely on
-//! what the host does not have). This works the way ONNX Runtime's C API
-//! does, with an append-only table of entry points:
+//! what the host does not have).
 //!
-//! - The three tables that can grow ([`PluginRoot`], [`HostServices`],
-//!   [`EntryPoints`]) are `abi_stable` prefix types. A minor release may
-//!   append fields at their end and nothing else; the fields after each
-//!   table's `last_prefix_field` are optional, and the side that reads them
-//!   gets `None` from a peer built before they existed (the host then falls
-//!   back to what it did before, e.g. detecting a tool-call format itself).
-//! - Everything else in this module is frozen for the major version:
-//!   [`PluginManifest`], [`ArchitectureDescriptor`], [`PluginError`] and the
-//!   enums.
-//! - Payloads grow compatibly: a new field is optional on the side that reads
+//! The types below are frozen for the major version: `abi_stable` checks at
+//! load time that the plugin's layouts are the host's, and it refuses a
+//! plugin whose tables have fewer fields than the host's, so no table can
+//! grow. What a minor release adds arrives instead the way ONNX Runtime's C
+//! API adds functions, through lookups that an older peer answers with "I do
+//! not have that":
+//!
+//! - new architecture entry points go through [`EntryPoints::named`]: the
+//!   host calls it with the entry point's name, and a plugin built before
+//!   that name existed answers [`PluginErrorKind::Unsupported`], on which the
+//!   host falls back to what it did before (e.g. 1.1's `serving_defaults`:
+//!   without it the host reads the tool-call format from the chat template);
+//! - new host services go through [`HostServices::service`] the same way;
+//! - payloads grow compatibly: a new field is optional on the side that reads
 //!   it (`#[serde(default)]`), unknown fields are ignored, and the graph IR
 //!   and pipeline payloads carry their own versions, of which a host reads
 //!   every one up to its own.
@@ -54,12 +57,12 @@ pub const ROOT_MODULE_NAME: &str = "kiln_plugin";
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = PluginRootRef)))]
-#[sabi(missing_field(option))]
+#[sabi(missing_field(panic))]
 pub struct PluginRoot {
     /// Hands the plugin the host's services and returns what it provides.
     /// The host calls it once, before anything else.
     #[sabi(last_prefix_field)]
-    pub load: extern "C" fn(HostServicesRef) -> RResult<PluginManifest, PluginError>,
+    pub load: extern "C" fn(HostServices) -> RResult<PluginManifest, PluginError>,
 }
 
 impl RootModule for PluginRootRef {
@@ -69,11 +72,9 @@ impl RootModule for PluginRootRef {
     const VERSION_STRINGS: VersionStrings = package_version_strings!();
 }
 
-/// What the host offers a plugin (a growable table: see the versioning policy).
+/// What the host offers a plugin.
 #[repr(C)]
-#[derive(StableAbi)]
-#[sabi(kind(Prefix(prefix_ref = HostServicesRef)))]
-#[sabi(missing_field(option))]
+#[derive(StableAbi, Clone, Copy)]
 pub struct HostServices {
     /// Receives the plugin's log records; the host adds the plugin's name.
     pub log: extern "C" fn(plugin: RStr<'_>, level: LogLevel, target: RStr<'_>, message: RStr<'_>),
@@ -82,8 +83,13 @@ pub struct HostServices {
     /// True when the plugin was opened from a shared library (it then has its own
     /// copy of the standard library, its panic hook and its logger), false for a
     /// built-in linked into the host.
-    #[sabi(last_prefix_field)]
     pub dynamically_loaded: bool,
+    /// Services added after 1.0, by name, each taking and returning a
+    /// serialized payload; a host that predates a name answers
+    /// [`PluginErrorKind::Unsupported`]. 1.0 has `interface_version` (no
+    /// request; the host's [`INTERFACE_VERSION`] as UTF-8).
+    pub service:
+        extern "C" fn(name: RStr<'_>, request: RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>,
 }
 
 /// Log levels, most severe first.
@@ -106,7 +112,7 @@ pub enum LogLevel {
 
 /// What a plugin provides, returned by [`PluginRoot::load`].
 #[repr(C)]
-#[derive(StableAbi, Clone)]
+#[derive(StableAbi, Clone, Debug)]
 pub struct PluginManifest {
     /// The plugin's name, shown in listings and log lines.
     pub name: RString,
@@ -124,7 +130,7 @@ pub struct PluginManifest {
 /// [`crate::WeightsFormat`]) so that a value unknown to the host is reported,
 /// not misread.
 #[repr(C)]
-#[derive(StableAbi, Clone)]
+#[derive(StableAbi, Clone, Debug)]
 pub struct ArchitectureDescriptor {
     /// The Hugging Face `architectures[0]` name, e.g. `LlamaForCausalLM`.
     pub name: RString,
@@ -143,19 +149,16 @@ pub struct ArchitectureDescriptor {
     /// Index of this architecture in its plugin; passed back to every entry point.
     pub index: u32,
     /// The calls the host makes for this architecture.
-    pub entry_points: EntryPointsRef,
+    pub entry_points: EntryPoints,
 }
 
 /// An architecture's entry points. Each takes the architecture's index and a
 /// serialized request and returns a serialized response (JSON for now; every
 /// payload type documents its own shape and version). An entry point the
-/// plugin does not implement returns [`PluginErrorKind::Unsupported`]. A
-/// growable table: entry points added in a minor release come after
-/// `pipeline`, and the host reads them as `Option`s.
+/// plugin does not implement returns [`PluginErrorKind::Unsupported`].
+/// Entry points added after 1.0 are reached through [`EntryPoints::named`].
 #[repr(C)]
-#[derive(StableAbi)]
-#[sabi(kind(Prefix(prefix_ref = EntryPointsRef)))]
-#[sabi(missing_field(option))]
+#[derive(StableAbi, Clone, Copy, Debug)]
 #[allow(clippy::type_complexity)]
 pub struct EntryPoints {
     /// Hugging Face config in, the parsed architecture config out
@@ -166,8 +169,11 @@ pub struct EntryPoints {
     /// Architecture config in, the serialized graph IR out.
     pub build_graph: extern "C" fn(u32, RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>,
     /// Pipeline description: how a batch becomes graph inputs.
-    #[sabi(last_prefix_field)]
     pub pipeline: extern "C" fn(u32, RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>,
+    /// Entry points added after 1.0, by name (e.g. 1.1's `serving_defaults`),
+    /// with the same serialized request and response; a plugin that predates
+    /// the name answers [`PluginErrorKind::Unsupported`].
+    pub named: extern "C" fn(u32, RStr<'_>, RSlice<'_, u8>) -> RResult<RVec<u8>, PluginError>,
 }
 
 /// The signature shared by every architecture entry point (spelled out in

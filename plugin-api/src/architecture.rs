@@ -6,12 +6,13 @@ use std::str::FromStr;
 
 use abi_stable::std_types::RString;
 
-use crate::abi::{ArchitectureDescriptor, EntryPointsRef};
+use crate::abi::{ArchitectureDescriptor, EntryPoints};
 use crate::adapters::{AdaptRequest, AdaptResponse};
 use crate::config::{ArchConfig, ConfigRequest, GraphRequest};
 use crate::error::{Error, Result};
 use crate::graph::GraphIr;
 use crate::pipeline::PipelineModel;
+use crate::serving::{ServingDefaults, ServingFn, ServingRequest};
 
 /// Declares a string-backed enumeration: canonical names in both directions,
 /// so that the host and every plugin agree on the spelling that crosses the ABI.
@@ -162,11 +163,7 @@ impl ArchitectureInfo {
     }
 
     /// The descriptor that carries this architecture across the boundary.
-    pub fn to_descriptor(
-        &self,
-        index: u32,
-        entry_points: EntryPointsRef,
-    ) -> ArchitectureDescriptor {
+    pub fn to_descriptor(&self, index: u32, entry_points: EntryPoints) -> ArchitectureDescriptor {
         let strings = |items: &[String]| items.iter().map(|s| RString::from(s.as_str())).collect();
         ArchitectureDescriptor {
             name: self.name.as_str().into(),
@@ -222,6 +219,8 @@ pub struct SupportedArchitecture {
     /// The architecture's own pipeline model; `None` runs the host's
     /// [`DecoderPipeline`](crate::pipeline::DecoderPipeline).
     pub pipeline: Option<Box<dyn PipelineModel>>,
+    /// What the server should know (since 1.1); `None` lets the host decide.
+    pub serving: Option<Box<ServingFn>>,
 }
 
 impl SupportedArchitecture {
@@ -241,6 +240,7 @@ impl SupportedArchitecture {
             graph: None,
             weight_adapters: Vec::new(),
             pipeline: None,
+            serving: None,
         }
     }
 
@@ -311,6 +311,16 @@ impl SupportedArchitecture {
         self.pipeline = Some(Box::new(pipeline));
         self
     }
+
+    /// Sets the serving-defaults entry point (since 1.1), e.g. the tool-call
+    /// parser the family's models need.
+    pub fn with_serving_defaults(
+        mut self,
+        serving: impl Fn(&ServingRequest) -> Result<ServingDefaults> + Send + Sync + 'static,
+    ) -> Self {
+        self.serving = Some(Box::new(serving));
+        self
+    }
 }
 
 impl fmt::Debug for SupportedArchitecture {
@@ -328,6 +338,7 @@ impl fmt::Debug for SupportedArchitecture {
                     .collect::<Vec<_>>(),
             )
             .field("custom_pipeline", &self.pipeline.is_some())
+            .field("serving_defaults", &self.serving.is_some())
             .finish()
     }
 }

@@ -15,13 +15,13 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{RResult, RSlice, RVec};
 
 use crate::abi::{
-    self, EntryPoints, EntryPointsRef, HostServicesRef, LogLevel, PluginManifest, PluginRoot,
-    PluginRootRef,
+    self, EntryPoints, HostServices, LogLevel, PluginManifest, PluginRoot, PluginRootRef,
 };
 use crate::adapters::AdaptRequest;
 use crate::architecture::{Plugin, SupportedArchitecture};
 use crate::config::{ConfigRequest, GraphRequest};
 use crate::error::{Error, Result};
+use crate::serving::ServingRequest;
 
 /// The entry points a plugin can be asked for, by name.
 #[doc(hidden)]
@@ -31,15 +31,21 @@ pub enum Entry {
     AdaptWeights,
     BuildGraph,
     Pipeline,
+    ServingDefaults,
 }
 
 impl Entry {
+    /// The entry points added after 1.0, reached by name through
+    /// [`EntryPoints::named`].
+    const NAMED: [Entry; 1] = [Entry::ServingDefaults];
+
     fn name(self) -> &'static str {
         match self {
             Entry::Config => "config",
             Entry::AdaptWeights => "adapt_weights",
             Entry::BuildGraph => "build_graph",
             Entry::Pipeline => "pipeline",
+            Entry::ServingDefaults => "serving_defaults",
         }
     }
 }
@@ -52,7 +58,6 @@ pub struct PluginRuntime {
     crate_name: &'static str,
     plugin: OnceLock<Plugin>,
     root: OnceLock<PluginRootRef>,
-    entry_points: OnceLock<EntryPointsRef>,
 }
 
 impl PluginRuntime {
@@ -63,14 +68,13 @@ impl PluginRuntime {
             crate_name,
             plugin: OnceLock::new(),
             root: OnceLock::new(),
-            entry_points: OnceLock::new(),
         }
     }
 
     /// The plugin's root module, built once.
     pub fn root(
         &'static self,
-        load: extern "C" fn(HostServicesRef) -> RResult<PluginManifest, abi::PluginError>,
+        load: extern "C" fn(HostServices) -> RResult<PluginManifest, abi::PluginError>,
     ) -> PluginRootRef {
         *self
             .root
@@ -81,15 +85,21 @@ impl PluginRuntime {
     /// logging and panics to the host, and describes the architectures.
     pub fn load(
         &'static self,
-        host: HostServicesRef,
+        host: HostServices,
         entry_points: EntryPoints,
     ) -> RResult<PluginManifest, abi::PluginError> {
-        let entry_points = *self
-            .entry_points
-            .get_or_init(|| entry_points.leak_into_prefix());
-        if host.dynamically_loaded() {
+        if host.dynamically_loaded {
             install_panic_hook();
             forward_logs_to_host(self, host);
+            if let RResult::ROk(version) =
+                (host.service)("interface_version".into(), (&[][..]).into())
+            {
+                log::debug!(
+                    "built against kiln-plugin-api {}, loaded by a host with {}",
+                    abi::INTERFACE_VERSION,
+                    String::from_utf8_lossy(&version)
+                );
+            }
         }
         guarded("load", || {
             let plugin = match self.plugin.get() {
@@ -104,6 +114,26 @@ impl PluginRuntime {
             };
             Ok(manifest(plugin, self.crate_name, entry_points))
         })
+    }
+
+    /// Runs an entry point reached by name ([`EntryPoints::named`]); a name
+    /// this plugin's interface version does not have is `Unsupported`.
+    pub fn call_named(
+        &self,
+        name: &str,
+        architecture: u32,
+        request: RSlice<'_, u8>,
+    ) -> RResult<RVec<u8>, abi::PluginError> {
+        match Entry::NAMED.into_iter().find(|entry| entry.name() == name) {
+            Some(entry) => self.call(entry, architecture, request),
+            None => RResult::RErr(
+                Error::unsupported(format!(
+                    "this plugin, built against kiln-plugin-api {}, has no entry point `{name}`",
+                    abi::INTERFACE_VERSION
+                ))
+                .into(),
+            ),
+        }
     }
 
     /// Runs an architecture entry point under the panic guard.
@@ -173,10 +203,17 @@ fn dispatch(entry: Entry, arch: &SupportedArchitecture, request: &[u8]) -> Resul
             let pipeline = arch.pipeline.as_deref().ok_or_else(unsupported)?;
             crate::pipeline::serve(pipeline, request)
         }
+        Entry::ServingDefaults => {
+            let serving = arch.serving.as_ref().ok_or_else(unsupported)?;
+            let request: ServingRequest = serde_json::from_slice(request)
+                .map_err(|e| Error::invalid(format!("malformed serving request: {e}")))?;
+            serde_json::to_vec(&serving(&request)?)
+                .map_err(|e| Error::internal(format!("cannot serialize the serving defaults: {e}")))
+        }
     }
 }
 
-fn manifest(plugin: &Plugin, crate_name: &str, entry_points: EntryPointsRef) -> PluginManifest {
+fn manifest(plugin: &Plugin, crate_name: &str, entry_points: EntryPoints) -> PluginManifest {
     let architectures = plugin
         .architectures
         .iter()
@@ -254,19 +291,19 @@ fn install_panic_hook() {
 /// is known) are held back and sent right after.
 struct HostLogger {
     runtime: &'static PluginRuntime,
-    host: HostServicesRef,
+    host: HostServices,
     early: Mutex<Vec<(LogLevel, String, String)>>,
 }
 
 impl HostLogger {
     fn send(&self, plugin: &str, level: LogLevel, target: &str, message: &str) {
-        (self.host.log())(plugin.into(), level, target.into(), message.into());
+        (self.host.log)(plugin.into(), level, target.into(), message.into());
     }
 }
 
 impl log::Log for HostLogger {
     fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        to_abi_level(metadata.level()) <= self.host.max_log_level()
+        to_abi_level(metadata.level()) <= self.host.max_log_level
     }
 
     fn log(&self, record: &log::Record<'_>) {
@@ -296,7 +333,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn forward_logs_to_host(runtime: &'static PluginRuntime, host: HostServicesRef) {
+fn forward_logs_to_host(runtime: &'static PluginRuntime, host: HostServices) {
     let logger = HostLogger {
         runtime,
         host,
@@ -305,7 +342,7 @@ fn forward_logs_to_host(runtime: &'static PluginRuntime, host: HostServicesRef) 
     // Fails only if this library's logger is already set (a second load of
     // the same file), in which case logs already reach the host.
     if log::set_boxed_logger(Box::new(logger)).is_ok() {
-        log::set_max_level(from_abi_level(host.max_log_level()));
+        log::set_max_level(from_abi_level(host.max_log_level));
     }
 }
 
@@ -347,12 +384,12 @@ macro_rules! declare_plugin {
     ($define:path) => {
         /// This crate's Kiln plugin root module.
         pub fn kiln_plugin_root() -> $crate::abi::PluginRootRef {
-            use $crate::__private::{Entry, PluginRuntime, RResult, RSlice, RVec};
-            use $crate::abi::{EntryPoints, HostServicesRef, PluginError, PluginManifest};
+            use $crate::__private::{Entry, PluginRuntime, RResult, RSlice, RStr, RVec};
+            use $crate::abi::{EntryPoints, HostServices, PluginError, PluginManifest};
 
             static RUNTIME: PluginRuntime = PluginRuntime::new($define, env!("CARGO_CRATE_NAME"));
 
-            extern "C" fn load(host: HostServicesRef) -> RResult<PluginManifest, PluginError> {
+            extern "C" fn load(host: HostServices) -> RResult<PluginManifest, PluginError> {
                 RUNTIME.load(
                     host,
                     EntryPoints {
@@ -360,6 +397,7 @@ macro_rules! declare_plugin {
                         adapt_weights,
                         build_graph,
                         pipeline,
+                        named,
                     },
                 )
             }
@@ -386,6 +424,13 @@ macro_rules! declare_plugin {
                 request: RSlice<'_, u8>,
             ) -> RResult<RVec<u8>, PluginError> {
                 RUNTIME.call(Entry::Pipeline, arch, request)
+            }
+            extern "C" fn named(
+                arch: u32,
+                name: RStr<'_>,
+                request: RSlice<'_, u8>,
+            ) -> RResult<RVec<u8>, PluginError> {
+                RUNTIME.call_named(name.as_str(), arch, request)
             }
 
             RUNTIME.root(load)

@@ -31,6 +31,7 @@ mod export;
 pub mod graph;
 pub mod nn;
 pub mod pipeline;
+pub mod serving;
 mod version;
 
 pub use architecture::{
@@ -41,6 +42,7 @@ pub use config::{ArchConfig, ConfigRequest, GraphRequest, HfConfig, KvCacheParam
 pub use error::{Error, ErrorKind, Result};
 pub use export::{from_abi_level, to_abi_level};
 pub use log;
+pub use serving::{ServingDefaults, ServingRequest};
 
 /// Items the export macros expand to; not part of the authoring API.
 #[doc(hidden)]
@@ -50,5 +52,5 @@ pub mod __private {
         __call_root_module_loader as call_root_module_loader, CheckTypeLayout, LibHeader,
         RootModuleResult,
     };
-    pub use abi_stable::std_types::{RResult, RSlice, RVec};
+    pub use abi_stable::std_types::{RResult, RSlice, RStr, RVec};
 }

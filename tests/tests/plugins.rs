@@ -5,7 +5,7 @@ use std::path::Path;
 
 use kiln_host::plugins::{load_plugin_file, ArchitectureRegistry};
 use kiln_plugin_api::abi::{PluginErrorKind, INTERFACE_VERSION};
-use kiln_plugin_api::ConfigRequest;
+use kiln_plugin_api::{ConfigRequest, ServingRequest};
 use kiln_tests::{
     builtin_plugin_library, example_plugin_against_interface, fixture_plugin, run_host, text,
 };
@@ -279,6 +279,61 @@ fn a_plugin_built_against_the_previous_release_loads_and_generates() {
         ids, expected,
         "the 1.0 plugin generates transformers' tokens"
     );
+
+    // 1.1's `serving_defaults` entry point: the 1.0 plugin answers that it
+    // has none, and the host reads that as "no defaults".
+    let loaded = load_plugin_file(&plugin).unwrap();
+    let arch = &loaded.architectures[0];
+    let config = arch
+        .config(&ConfigRequest {
+            hf_config: config,
+            max_length: None,
+        })
+        .unwrap();
+    let request = ServingRequest {
+        config,
+        chat_template: None,
+    };
+    assert_eq!(arch.serving_defaults(&request).unwrap(), None);
+}
+
+#[test]
+fn architectures_name_their_tool_call_parser_through_the_abi() {
+    let (mut config, _) = kiln_tests::models::tiny_model("tiny_qwen2.json");
+    let parser = |arch: &kiln_host::plugins::Architecture, hf_config: &Value| {
+        let config = arch
+            .config(&ConfigRequest {
+                hf_config: hf_config.clone(),
+                max_length: None,
+            })
+            .unwrap();
+        arch.serving_defaults(&ServingRequest {
+            config,
+            chat_template: None,
+        })
+        .unwrap()
+        .and_then(|d| d.tool_call_parser)
+    };
+    // Across the boundary, from the Qwen plugin built as a shared library.
+    let qwen = load_plugin_file(&builtin_plugin_library("qwen")).unwrap();
+    let qwen2 = qwen
+        .architectures
+        .iter()
+        .find(|a| a.info.name == "Qwen2ForCausalLM")
+        .unwrap();
+    assert_eq!(parser(qwen2, &config).as_deref(), Some("hermes"));
+
+    // Llama names `llama3_json` for Llama 3's vocabulary only.
+    let registry = ArchitectureRegistry::load(&[]).unwrap();
+    let llama = registry.get("LlamaForCausalLM").unwrap();
+    config["architectures"] = json!(["LlamaForCausalLM"]);
+    assert_eq!(parser(llama, &config), None);
+    config["vocab_size"] = json!(128_256);
+    assert_eq!(parser(llama, &config).as_deref(), Some("llama3_json"));
+    // Gemma names none.
+    let gemma = registry.get("Gemma3ForCausalLM").unwrap();
+    let (gemma_config, _) = kiln_tests::models::tiny_model("tiny_gemma3.json");
+    assert_eq!(parser(gemma, &gemma_config), None);
 }
 
 #[test]

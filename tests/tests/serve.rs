@@ -522,6 +522,32 @@ fn vllm_spellings_and_a_given_chat_template_work() {
         })
         .collect();
     assert_ne!(texts[0], texts[1], "{texts:?}");
+    // Neither the architecture (SmolLM2's vocabulary is not Llama 3's) nor
+    // this template names a tool-call format: tools that would be read are
+    // refused, `tool_choice: none` is not.
+    assert!(log.contains("no tool-call format"), "{log}");
+    let tool = serde_json::json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let refused = post(
+        "/v1/chat/completions",
+        serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "tools": tool}),
+    );
+    assert_eq!(refused["error"]["param"], "tool_choice", "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--tool-call-parser"),
+        "{refused}"
+    );
+    let answered = post(
+        "/v1/chat/completions",
+        serde_json::json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+            "tools": tool, "tool_choice": "none", "max_tokens": 2}),
+    );
+    assert_eq!(
+        answered["choices"][0]["message"]["role"], "assistant",
+        "{answered}"
+    );
     // Not an embedding model: a 400 that says so.
     let refused = post(
         "/v1/embeddings",
@@ -534,6 +560,35 @@ fn vllm_spellings_and_a_given_chat_template_work() {
         .contains("embedding model"));
 }
 
+/// `--enable-auto-tool-choice` (vLLM's flag) on a model whose tool-call
+/// format nothing names: the server refuses to start, in one line that says
+/// what to add.
+#[test]
+fn enable_auto_tool_choice_without_a_known_format_refuses_to_start() {
+    let (model, _) = requirements();
+    let output = run_host(
+        [
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--enable-auto-tool-choice",
+            "--port",
+            "0",
+        ],
+        &[],
+    );
+    let (_, stderr) = text(&output);
+    assert!(!output.status.success());
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("--enable-auto-tool-choice"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        line.contains("add --tool-call-parser hermes|llama3_json|mistral"),
+        "{stderr}"
+    );
+}
+
 /// Tool calls through the official client (`tests/serve/tool_calls.py`) on
 /// SmolLM2 with Qwen2.5's chat template (Hermes format): a named
 /// `tool_choice` round trip, streaming with `required`, `auto`, refusals.
@@ -542,7 +597,21 @@ fn tool_calls_round_trip_with_the_openai_client() {
     let (model, python) = requirements();
     let template =
         workspace_root().join("host/tests/fixtures/tokenizer/qwen2.5/chat_template.jinja");
-    let server = Server::start(&model, &["--chat-template", template.to_str().unwrap()]);
+    let server = Server::start(
+        &model,
+        &[
+            "--chat-template",
+            template.to_str().unwrap(),
+            "--enable-auto-tool-choice",
+        ],
+    );
+    assert!(
+        server
+            .log()
+            .contains("tool calls are read in the Hermes format (from the chat template)"),
+        "{}",
+        server.log()
+    );
     run_client_script(
         &server,
         &python,

@@ -49,14 +49,10 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
                 .context("--chat-template")?,
         ),
     };
-    let tool_format = args.tool_call_parser.unwrap_or_else(|| {
-        ToolFormat::detect(
-            given_template
-                .as_deref()
-                .or(tokenizer.chat_template_source()),
-        )
-    });
-    tracing::info!("tool calls are read in the {tool_format:?} format (--tool-call-parser)");
+    let template_source = given_template
+        .as_deref()
+        .or(tokenizer.chat_template_source());
+    let tool_format = tool_format(&model, args, template_source)?;
     let defaults = generation_defaults_from(&model, &args.generation_config);
     let kv = model.config.kv;
     let bytes_per_block = kv.num_layers as u64
@@ -327,6 +323,39 @@ fn default_model_name(model: &str) -> String {
     match path.file_name() {
         Some(name) if path.exists() => name.to_string_lossy().into_owned(),
         _ => model.to_owned(),
+    }
+}
+
+/// The format tool calls are read in (see [`ToolFormat::resolve`]), logged;
+/// with `--enable-auto-tool-choice` (vLLM's flag) a model whose format
+/// nothing names is refused at start instead of refusing tool requests.
+fn tool_format(
+    model: &crate::model::Model,
+    args: &ServeArgs,
+    template: Option<&str>,
+) -> anyhow::Result<Option<ToolFormat>> {
+    let request = kiln_plugin_api::ServingRequest {
+        config: model.config.clone(),
+        chat_template: template.map(str::to_owned),
+    };
+    let named = model.architecture.serving_defaults(&request)?;
+    let plugin_parser = named.as_ref().and_then(|d| d.tool_call_parser.as_deref());
+    match ToolFormat::resolve(args.tool_call_parser, plugin_parser, template) {
+        Some((format, source)) => {
+            tracing::info!("tool calls are read in the {format:?} format (from {source})");
+            Ok(Some(format))
+        }
+        None if args.enable_auto_tool_choice => anyhow::bail!(
+            "--enable-auto-tool-choice needs a tool-call format, and neither the architecture \
+             nor the chat template names one: add --tool-call-parser hermes|llama3_json|mistral"
+        ),
+        None => {
+            tracing::info!(
+                "no tool-call format: neither the architecture nor the chat template names one, \
+                 so requests with tools are refused (--tool-call-parser sets one)"
+            );
+            Ok(None)
+        }
     }
 }
 

@@ -4,13 +4,15 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kiln_plugin_api::abi::{self, ArchitectureDescriptor, EntryPoint, EntryPointsRef};
+use kiln_plugin_api::abi::{self, ArchitectureDescriptor, EntryPoint, EntryPoints};
 use kiln_plugin_api::adapters::{self, AdaptRequest, AdaptResponse};
 use kiln_plugin_api::graph::GraphIr;
 use kiln_plugin_api::pipeline::{
     PipelineDescription, PipelineRequest, PreparedStep, StepBatch, PIPELINE_PAYLOAD_VERSION,
 };
-use kiln_plugin_api::{ArchConfig, ArchitectureInfo, ConfigRequest, GraphRequest};
+use kiln_plugin_api::{
+    ArchConfig, ArchitectureInfo, ConfigRequest, GraphRequest, ServingDefaults, ServingRequest,
+};
 
 use super::PluginLoadError;
 
@@ -44,24 +46,14 @@ pub struct PluginIdentity {
 }
 
 /// One architecture, as registered by a plugin.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Architecture {
     /// Names, task, encodings and formats.
     pub info: ArchitectureInfo,
     /// The plugin that registered it.
     pub plugin: Arc<PluginIdentity>,
     index: u32,
-    entry_points: EntryPointsRef,
-}
-
-impl fmt::Debug for Architecture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Architecture")
-            .field("info", &self.info)
-            .field("plugin", &self.plugin)
-            .field("index", &self.index)
-            .finish_non_exhaustive()
-    }
+    entry_points: EntryPoints,
 }
 
 /// An architecture entry point that failed (or panicked) inside the plugin.
@@ -103,7 +95,7 @@ impl Architecture {
     /// Parses a Hugging Face config into the architecture's config.
     pub fn config(&self, request: &ConfigRequest) -> Result<ArchConfig, EntryPointError> {
         let request = serde_json::to_vec(request).expect("a ConfigRequest serializes");
-        let response = self.call("config", self.entry_points.config(), &request)?;
+        let response = self.call("config", self.entry_points.config, &request)?;
         serde_json::from_slice(&response).map_err(|e| {
             self.malformed(
                 "config",
@@ -116,7 +108,7 @@ impl Architecture {
     /// adapter for the format; without one, names are kept as they are.
     pub fn adapt_weights(&self, request: &AdaptRequest) -> Result<AdaptResponse, EntryPointError> {
         let bytes = serde_json::to_vec(request).expect("an AdaptRequest serializes");
-        match self.call("adapt_weights", self.entry_points.adapt_weights(), &bytes) {
+        match self.call("adapt_weights", self.entry_points.adapt_weights, &bytes) {
             Ok(response) => serde_json::from_slice(&response).map_err(|e| {
                 self.malformed(
                     "adapt_weights",
@@ -133,7 +125,7 @@ impl Architecture {
     /// Builds the architecture's graph.
     pub fn build_graph(&self, request: &GraphRequest) -> Result<GraphIr, EntryPointError> {
         let request = serde_json::to_vec(request).expect("a GraphRequest serializes");
-        let response = self.call("build_graph", self.entry_points.build_graph(), &request)?;
+        let response = self.call("build_graph", self.entry_points.build_graph, &request)?;
         GraphIr::from_bytes(&response).map_err(|e| {
             self.malformed(
                 "build_graph",
@@ -146,7 +138,7 @@ impl Architecture {
     /// the host runs the default [`DecoderPipeline`](kiln_plugin_api::pipeline::DecoderPipeline).
     pub fn has_own_pipeline(&self) -> Result<bool, EntryPointError> {
         let request = serde_json::to_vec(&PipelineRequest::Describe).expect("a request serializes");
-        let response = match self.call("pipeline", self.entry_points.pipeline(), &request) {
+        let response = match self.call("pipeline", self.entry_points.pipeline, &request) {
             Ok(response) => response,
             Err(e) if e.kind == abi::PluginErrorKind::Unsupported => return Ok(false),
             Err(e) => return Err(e),
@@ -177,7 +169,7 @@ impl Architecture {
             batch: batch.clone(),
         };
         let request = serde_json::to_vec(&request).expect("a request serializes");
-        let response = self.call("pipeline", self.entry_points.pipeline(), &request)?;
+        let response = self.call("pipeline", self.entry_points.pipeline, &request)?;
         let step: PreparedStep = serde_json::from_slice(&response).map_err(|e| {
             self.malformed(
                 "pipeline",
@@ -199,6 +191,32 @@ impl Architecture {
         }
     }
 
+    /// What the architecture says about serving its models (an entry point
+    /// added in 1.1); `None` when its plugin predates the entry point or does
+    /// not implement it.
+    pub fn serving_defaults(
+        &self,
+        request: &ServingRequest,
+    ) -> Result<Option<ServingDefaults>, EntryPointError> {
+        const ENTRY: &str = "serving_defaults";
+        let request = serde_json::to_vec(request).expect("a ServingRequest serializes");
+        let response =
+            (self.entry_points.named)(self.index, ENTRY.into(), request.as_slice().into())
+                .into_result()
+                .map_err(|error| self.failed(ENTRY, error));
+        let response = match response {
+            Ok(response) => response,
+            Err(e) if e.kind == abi::PluginErrorKind::Unsupported => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        serde_json::from_slice(&response).map(Some).map_err(|e| {
+            self.malformed(
+                ENTRY,
+                format!("the plugin returned malformed serving defaults: {e}"),
+            )
+        })
+    }
+
     fn call(
         &self,
         entry: &'static str,
@@ -208,12 +226,16 @@ impl Architecture {
         function(self.index, request.into())
             .into_result()
             .map(|bytes| bytes.into_vec())
-            .map_err(|error| EntryPointError {
-                architecture: self.info.name.clone(),
-                plugin: self.plugin.name.clone(),
-                entry,
-                kind: error.kind,
-                message: error.message.into_string(),
-            })
+            .map_err(|error| self.failed(entry, error))
+    }
+
+    fn failed(&self, entry: &'static str, error: abi::PluginError) -> EntryPointError {
+        EntryPointError {
+            architecture: self.info.name.clone(),
+            plugin: self.plugin.name.clone(),
+            entry,
+            kind: error.kind,
+            message: error.message.into_string(),
+        }
     }
 }

@@ -10,9 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use abi_stable::library::{lib_header_from_path, LibraryError};
-use abi_stable::prefix_type::PrefixTypeTrait;
+use abi_stable::std_types::{RResult, RSlice, RStr, RVec};
 use kiln_plugin_api::abi::{
-    Compatibility, HostServices, HostServicesRef, InterfaceVersion, PluginRootRef, ROOT_MODULE_NAME,
+    Compatibility, HostServices, InterfaceVersion, PluginError, PluginErrorKind, PluginRootRef,
+    INTERFACE_VERSION, ROOT_MODULE_NAME,
 };
 
 use super::architecture::PluginIdentity;
@@ -80,15 +81,31 @@ fn check_interface_version(path: &Path, plugin_version: &str) -> Result<(), Plug
     }
 }
 
-/// The services handed to a plugin's `load`: one small table per plugin,
-/// leaked because the plugin keeps it for the life of the process.
-fn host_services(source: &PluginSource) -> HostServicesRef {
+/// The services handed to a plugin's `load`.
+fn host_services(source: &PluginSource) -> HostServices {
     HostServices {
         log: logging::plugin_log,
         max_log_level: logging::max_plugin_level(),
         dynamically_loaded: *source != PluginSource::BuiltIn,
+        service: host_service,
     }
-    .leak_into_prefix()
+}
+
+/// The host services reached by name (`HostServices::service`).
+extern "C" fn host_service(
+    name: RStr<'_>,
+    _request: RSlice<'_, u8>,
+) -> RResult<RVec<u8>, PluginError> {
+    match name.as_str() {
+        "interface_version" => RResult::ROk(INTERFACE_VERSION.as_bytes().to_vec().into()),
+        other => RResult::RErr(PluginError {
+            kind: PluginErrorKind::Unsupported,
+            message: format!(
+                "this host (kiln-plugin-api {INTERFACE_VERSION}) has no service `{other}`"
+            )
+            .into(),
+        }),
+    }
 }
 
 /// Calls a plugin's `load` and converts what it describes.

@@ -58,7 +58,18 @@ pub async fn chat_completions(
         &state.defaults,
     )?;
     let n = request.common.n.unwrap_or(1);
-    let format = state.tool_format;
+    let format = match (&tools, state.tool_format) {
+        (Some(t), None) if t.calls() => {
+            return Err(ApiError::invalid(
+                "tools need a tool-call format, and neither this model's architecture nor its \
+                 chat template names one: start the server with --tool-call-parser \
+                 (hermes, llama3_json or mistral), or send tool_choice \"none\"",
+                Some("tool_choice"),
+            ))
+        }
+        // With `tool_choice: none` the format is never read.
+        (_, format) => format.unwrap_or(tools::ToolFormat::Hermes),
+    };
     let constraint = match tools
         .as_ref()
         .and_then(|t| t.grammar(format, parallel(&request)))

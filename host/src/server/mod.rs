@@ -62,8 +62,9 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Structured output's grammars over the model's vocabulary.
     pub grammars: Grammars,
-    /// How the model writes tool calls.
-    pub tool_format: tools::ToolFormat,
+    /// How the model writes tool calls; `None` when nothing names a format
+    /// (requests that would read calls are then refused).
+    pub tool_format: Option<tools::ToolFormat>,
 }
 
 impl IntoResponse for ApiError {

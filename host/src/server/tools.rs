@@ -31,15 +31,43 @@ pub enum ToolFormat {
 }
 
 impl ToolFormat {
-    /// The format a chat template teaches, by the markers it writes
-    /// (Hermes when it names none).
-    pub fn detect(template: Option<&str>) -> Self {
-        match template {
-            Some(t) if t.contains(MISTRAL) => ToolFormat::Mistral,
-            Some(t) if t.contains(OPEN) => ToolFormat::Hermes,
-            Some(t) if t.contains("ipython") || t.contains(PYTHON_TAG) => ToolFormat::Llama3Json,
-            _ => ToolFormat::Hermes,
+    /// The format a chat template teaches, by the markers it writes; `None`
+    /// when it writes none of them.
+    pub fn detect(template: Option<&str>) -> Option<Self> {
+        match template? {
+            t if t.contains(MISTRAL) => Some(ToolFormat::Mistral),
+            t if t.contains(OPEN) => Some(ToolFormat::Hermes),
+            t if t.contains("ipython") || t.contains(PYTHON_TAG) => Some(ToolFormat::Llama3Json),
+            _ => None,
         }
+    }
+
+    /// The format of a `--tool-call-parser` name (vLLM's spelling).
+    pub fn from_name(name: &str) -> Option<Self> {
+        <Self as clap::ValueEnum>::from_str(name, true).ok()
+    }
+
+    /// The format tool calls are read in, and where that came from:
+    /// `--tool-call-parser`, else the parser the architecture's plugin names,
+    /// else the chat template's markers. `None` when nothing names one.
+    pub fn resolve(
+        flag: Option<Self>,
+        plugin: Option<&str>,
+        template: Option<&str>,
+    ) -> Option<(Self, &'static str)> {
+        if let Some(format) = flag {
+            return Some((format, "--tool-call-parser"));
+        }
+        if let Some(name) = plugin {
+            match Self::from_name(name) {
+                Some(format) => return Some((format, "the architecture's plugin")),
+                None => tracing::warn!(
+                    "the architecture's plugin names the tool-call parser `{name}`, which this \
+                     host does not have (hermes, llama3_json, mistral); reading the chat template"
+                ),
+            }
+        }
+        Self::detect(template).map(|format| (format, "the chat template"))
     }
 
     /// What comes before the calls, between two and after them.
@@ -510,6 +538,28 @@ pub fn template_messages(messages: &[Value]) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_format_comes_from_the_flag_then_the_plugin_then_the_template() {
+        let qwen = Some("{{ '<tool_call>' }}");
+        let resolve = ToolFormat::resolve;
+        assert_eq!(
+            resolve(Some(ToolFormat::Mistral), Some("hermes"), qwen),
+            Some((ToolFormat::Mistral, "--tool-call-parser"))
+        );
+        assert_eq!(
+            resolve(None, Some("llama3_json"), qwen),
+            Some((ToolFormat::Llama3Json, "the architecture's plugin"))
+        );
+        // A name this host lacks falls back to the template.
+        assert_eq!(
+            resolve(None, Some("pythonic"), qwen),
+            Some((ToolFormat::Hermes, "the chat template"))
+        );
+        // A template without tool markers (SmolLM2's ChatML) names nothing.
+        assert_eq!(resolve(None, None, Some("<|im_start|>")), None);
+        assert_eq!(resolve(None, None, None), None);
+    }
 
     #[test]
     fn calls_are_split_from_content_whole_or_streamed() {

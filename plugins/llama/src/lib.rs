@@ -12,7 +12,7 @@ use kiln_plugin_api::nn::{
 };
 use kiln_plugin_api::{
     adapters, ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
-    SupportedArchitecture, Task, WeightsFormat,
+    ServingDefaults, ServingRequest, SupportedArchitecture, Task, WeightsFormat,
 };
 
 /// Parses a Llama-style `config.json`: KV shape and sequence limit.
@@ -185,6 +185,17 @@ pub fn decoder_graph(params: &LlamaParams, request: &GraphRequest) -> Result<Gra
     })
 }
 
+/// Llama 3's tokenizer has 128,256 tokens; its models (3.1 and later) write
+/// tool calls as JSON objects (vLLM's `llama3_json`). Other Llama-shaped
+/// models (SmolLM2, Llama 2) name no format.
+fn llama_serving(request: &ServingRequest) -> Result<ServingDefaults> {
+    let vocab = HfConfig::new(&request.config.model)?.u32("vocab_size")?;
+    Ok(match vocab {
+        128_256 => ServingDefaults::with_tool_call_parser("llama3_json"),
+        _ => ServingDefaults::default(),
+    })
+}
+
 /// The plugin: the family's architectures and their descriptors.
 pub fn plugin() -> Plugin {
     let base = |name: &str, alias: &str| {
@@ -197,13 +208,18 @@ pub fn plugin() -> Plugin {
         with_decoder_adapters(arch)
     };
     Plugin::new("llama", env!("CARGO_PKG_VERSION"))
-        .with_architecture(base("LlamaForCausalLM", "llama").with_example_repo_ids([
-            "HuggingFaceTB/SmolLM2-135M-Instruct",
-            "meta-llama/Llama-3.2-1B-Instruct",
-        ]))
+        .with_architecture(
+            base("LlamaForCausalLM", "llama")
+                .with_example_repo_ids([
+                    "HuggingFaceTB/SmolLM2-135M-Instruct",
+                    "meta-llama/Llama-3.2-1B-Instruct",
+                ])
+                .with_serving_defaults(llama_serving),
+        )
         .with_architecture(
             base("MistralForCausalLM", "mistral")
-                .with_example_repo_ids(["mistralai/Mistral-7B-Instruct-v0.3"]),
+                .with_example_repo_ids(["mistralai/Mistral-7B-Instruct-v0.3"])
+                .with_serving_defaults(|_| Ok(ServingDefaults::with_tool_call_parser("mistral"))),
         )
 }
 

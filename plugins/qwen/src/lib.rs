@@ -5,7 +5,8 @@
 use kiln_arch_llama::{decoder_graph, llama_config, with_decoder_adapters, LlamaParams};
 use kiln_plugin_api::graph::GraphIr;
 use kiln_plugin_api::{
-    Encoding, GraphRequest, HfConfig, Plugin, Result, SupportedArchitecture, Task, WeightsFormat,
+    Encoding, GraphRequest, HfConfig, Plugin, Result, ServingDefaults, SupportedArchitecture, Task,
+    WeightsFormat,
 };
 
 /// Qwen2: Llama with biases on the q, k and v projections.
@@ -39,7 +40,9 @@ pub fn plugin() -> Plugin {
             .with_aliases([alias])
             .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
             .with_default_weights_format(WeightsFormat::Safetensors)
-            .with_config(llama_config);
+            .with_config(llama_config)
+            // Qwen2.5 and Qwen3 write `<tool_call>` JSON blocks.
+            .with_serving_defaults(|_| Ok(ServingDefaults::with_tool_call_parser("hermes")));
         with_decoder_adapters(arch)
     };
     Plugin::new("qwen", env!("CARGO_PKG_VERSION"))
