@@ -248,3 +248,66 @@ fn gemma3_270m_exact() {
 fn gemma3_270m_fast() {
     fast("gemma3-270m");
 }
+
+/// The model's GGUF alone (no references needed), or a panic naming what is
+/// missing.
+fn gguf_only(test: &str, key: &str) -> PathBuf {
+    let dir = models_dir(test).expect("KILN_REAL_MODELS is set");
+    let &(_, file, _) = MODELS.iter().find(|m| m.0 == key).unwrap();
+    let gguf = dir.join(file);
+    assert!(
+        gguf.exists(),
+        "{test}: {} is missing (tests/real_models/fetch_models.py)",
+        gguf.display()
+    );
+    gguf
+}
+
+/// Qwen2.5-Coder-0.5B served with its own chat template (tools, Hermes
+/// format), through the official `openai` client: the tool-call parser comes
+/// from the Qwen plugin, `--enable-auto-tool-choice` is accepted, structured
+/// output parses on every prompt, and the weather tool round trip works with
+/// `auto`, named and `required` choices, streamed and not.
+#[test]
+#[ignore = "developer-run: needs KILN_REAL_MODELS and .ci/setup's Python (tests/real_models/README.md)"]
+fn qwen2_5_coder_0_5b_serves_structured_output_and_tool_calls() {
+    use kiln_tests::serve::{python, run_client_script, Server};
+    let test = "qwen2_5_coder_0_5b_serves_structured_output_and_tool_calls";
+    let gguf = gguf_only(test, "qwen2.5-coder-0.5b");
+    let python = python().expect("the Python of .ci/setup (target/ci-venv) with `openai`");
+    let _guard = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let server = Server::start(&gguf, &["--enable-auto-tool-choice"]);
+    assert!(
+        server
+            .log()
+            .contains("tool calls are read in the Hermes format (from the architecture's plugin)"),
+        "{}",
+        server.log()
+    );
+    let checks = [
+        "parse",
+        "parse_n",
+        "stream",
+        "json_object",
+        "structured_outputs",
+        "completions",
+        "refusals",
+    ];
+    let out = run_client_script(&server, &python, "structured_output.py", &[], &checks);
+    println!("{out}");
+    let checks = [
+        "round_trip",
+        "stream_required",
+        "auto",
+        "auto_round_trip",
+        "refusals",
+    ];
+    let out = run_client_script(
+        &server,
+        &python,
+        "tool_calls.py",
+        &["--auto-must-call"],
+        &checks,
+    );
+    println!("{out}");
+}

@@ -442,17 +442,30 @@ impl ToolSplitter {
 }
 
 /// Splits streamed Hermes output into content and calls, holding back text
-/// that may be the start of a `<tool_call>` until it is known.
+/// that may be the start of a `<tool_call>` until it is known. An output that
+/// opens with a bare JSON object is held to the end and read as calls when it
+/// is only calls (small Qwen2.5 models often drop the tags), else as content.
 #[derive(Debug, Default)]
 pub struct StreamingToolCalls {
     pending: String,
     in_call: bool,
+    /// Some content was released: a bare JSON object can no longer open the output.
+    released: bool,
+    /// The output opened with `{`: held to the end.
+    bare: bool,
 }
 
 impl StreamingToolCalls {
     /// Takes the next text; returns what is now known.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         self.pending.push_str(text);
+        if !self.released && !self.in_call {
+            let head = self.pending.trim_start();
+            self.bare |= head.starts_with('{');
+            if self.bare || head.is_empty() {
+                return Vec::new();
+            }
+        }
         let mut out = Vec::new();
         loop {
             if self.in_call {
@@ -476,6 +489,7 @@ impl StreamingToolCalls {
                         out.push(Piece::Content(before));
                     }
                     self.in_call = true;
+                    self.released = true;
                 }
                 None => {
                     // Keep a tail that could still grow into `<tool_call>`.
@@ -485,6 +499,7 @@ impl StreamingToolCalls {
                         .unwrap_or(0);
                     let release = self.pending.len() - keep;
                     if release > 0 {
+                        self.released = true;
                         out.push(Piece::Content(self.pending.drain(..release).collect()));
                     }
                     break;
@@ -494,9 +509,14 @@ impl StreamingToolCalls {
         out
     }
 
-    /// The end of the output: what is still held back, as content.
+    /// The end of the output: bare calls, or what is still held back, as content.
     pub fn finish(&mut self) -> Vec<Piece> {
         let rest = std::mem::take(&mut self.pending);
+        if std::mem::take(&mut self.bare) {
+            if let Some(calls) = parse_llama3(&rest) {
+                return calls.into_iter().map(Piece::Call).collect();
+            }
+        }
         let rest = if std::mem::take(&mut self.in_call) {
             format!("{OPEN}{rest}")
         } else {
@@ -538,6 +558,30 @@ pub fn template_messages(messages: &[Value]) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hermes_reads_an_output_of_bare_json_calls_and_keeps_other_json_as_content() {
+        let bare = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
+        for pieces in [
+            streamed(ToolFormat::Hermes, bare),
+            streamed(ToolFormat::Hermes, &format!(" {bare}\n{bare}")),
+        ] {
+            assert!(!pieces.is_empty());
+            for piece in pieces {
+                assert!(
+                    matches!(&piece, Piece::Call(c) if c.name == "get_weather"),
+                    "{piece:?}"
+                );
+            }
+        }
+        let (content, calls) = parse_tool_calls(ToolFormat::Hermes, "{\"city\": \"Paris\"}");
+        assert!(calls.is_empty());
+        assert_eq!(content.as_deref(), Some("{\"city\": \"Paris\"}"));
+        // After some text, a JSON object is content (only tags make calls there).
+        let (content, calls) = parse_tool_calls(ToolFormat::Hermes, &format!("Sure: {bare}"));
+        assert!(calls.is_empty(), "{calls:?}");
+        assert_eq!(content, Some(format!("Sure: {bare}")));
+    }
 
     #[test]
     fn the_format_comes_from_the_flag_then_the_plugin_then_the_template() {
