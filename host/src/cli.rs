@@ -40,6 +40,36 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Measure the serving engine's offline throughput at several concurrency levels.
     Benchmark(BenchmarkArgs),
+    /// Write a new plugin crate that starts from a built-in family and
+    /// replaces one block, with a test and a fixture generator.
+    NewPlugin(NewPluginArgs),
+}
+
+/// Options of `host new-plugin`.
+#[derive(Debug, Args)]
+pub struct NewPluginArgs {
+    /// The crate's name (the architecture is `<Name>ForCausalLM`).
+    pub name: String,
+
+    /// The family to start from.
+    #[arg(long, value_enum, default_value = "llama")]
+    pub from: PluginTemplate,
+
+    /// Where to write the crate (default: `./<name>`).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+
+    /// The Kiln checkout the crate depends on by path (default: the one this
+    /// host was built from).
+    #[arg(long)]
+    pub kiln: Option<PathBuf>,
+}
+
+/// The families `host new-plugin` starts from.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum PluginTemplate {
+    /// A Llama variant that replaces the MLP's activation.
+    Llama,
 }
 
 /// Options of `host benchmark`.
@@ -613,6 +643,7 @@ pub fn run() -> ExitCode {
         Command::Serve(args) => commands::serve(args),
         Command::Verify(args) => commands::verify(args),
         Command::Benchmark(args) => commands::benchmark(args),
+        Command::NewPlugin(args) => commands::new_plugin(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

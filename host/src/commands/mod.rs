@@ -10,6 +10,7 @@ mod generate;
 mod inspect;
 mod inspect_graph;
 mod list_architectures;
+mod new_plugin;
 mod online_benchmark;
 mod serve;
 mod verify;
@@ -19,6 +20,7 @@ pub use generate::generate;
 pub use inspect::inspect;
 pub use inspect_graph::inspect_graph;
 pub use list_architectures::list_architectures;
+pub use new_plugin::new_plugin;
 pub use serve::serve;
 pub use verify::verify;
 
