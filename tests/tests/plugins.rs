@@ -186,6 +186,23 @@ fn a_missing_path_is_reported() {
 }
 
 #[test]
+fn a_crate_built_as_a_rust_library_is_told_to_be_a_cdylib() {
+    // `crate-type = ["lib"]`: cargo writes libmine.rlib and no libmine.so.
+    let dir = tempfile::tempdir().unwrap();
+    let rlib = dir.path().join("libmine.rlib");
+    std::fs::write(&rlib, b"!<arch>\n").unwrap();
+    for path in [dir.path().join("libmine.so"), rlib] {
+        let stderr = expect_load_failure(&[&path], &[]);
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("built as a Rust library (libmine.rlib)")
+                && stderr.contains("crate-type = [\"cdylib\"]"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
 fn a_file_that_is_not_a_shared_library_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let fake = dir.path().join("libfake.so");

@@ -30,7 +30,10 @@ fn expand(path: &Path) -> Result<Vec<PathBuf>, PluginLoadError> {
     let metadata = match path.metadata() {
         Ok(metadata) => metadata,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(PluginLoadError::NotFound(path.to_owned()))
+            return Err(PluginLoadError::NotFound(
+                path.to_owned(),
+                super::error::rust_library_hint(path),
+            ))
         }
         Err(e) => return Err(unreadable(e)),
     };

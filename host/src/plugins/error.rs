@@ -2,13 +2,28 @@
 
 use std::path::PathBuf;
 
+/// `": it was built as a Rust library ..."` when `path` is a Rust library
+/// archive, or names a shared library whose crate built one instead.
+pub(super) fn rust_library_hint(path: &std::path::Path) -> String {
+    let rlib = path.with_extension("rlib");
+    if path.extension().is_some_and(|e| e == "rlib") || rlib.is_file() {
+        format!(
+            ": the crate was built as a Rust library ({}); set `crate-type = [\"cdylib\"]` under `[lib]` in its Cargo.toml",
+            rlib.file_name().unwrap_or_default().to_string_lossy()
+        )
+    } else {
+        String::new()
+    }
+}
+
 /// A plugin path or file that could not be loaded. The `Display` text is short;
 /// [`PluginLoadError::detail`] holds the long diagnostics shown with `-v`.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginLoadError {
-    /// The path does not exist.
-    #[error("plugin path {} does not exist", .0.display())]
-    NotFound(PathBuf),
+    /// The path does not exist (the hint names a Rust library built in its
+    /// place, if there is one).
+    #[error("plugin path {} does not exist{}", .0.display(), .1)]
+    NotFound(PathBuf, String),
 
     /// The path could not be read.
     #[error("cannot read plugin path {}: {source}", path.display())]
@@ -23,9 +38,10 @@ pub enum PluginLoadError {
     #[error("plugin directory {} contains no .{} files", .0.display(), std::env::consts::DLL_EXTENSION)]
     EmptyDirectory(PathBuf),
 
-    /// The file is not a shared library at all.
-    #[error("{} is not a shared library", .0.display())]
-    NotASharedLibrary(PathBuf),
+    /// The file is not a shared library at all (the hint says when it is a
+    /// Rust library archive).
+    #[error("{} is not a shared library{}", .0.display(), .1)]
+    NotASharedLibrary(PathBuf, String),
 
     /// The dynamic loader refused the library (a missing dependency, wrong machine, …).
     #[error("cannot open shared library {}: {reason}", path.display())]
@@ -37,7 +53,7 @@ pub enum PluginLoadError {
     },
 
     /// A shared library without a Kiln plugin root module.
-    #[error("{} is not a Kiln plugin ({reason})\n  hint: a plugin exports its root with `kiln_plugin_api::export_plugin!`; see docs/writing-a-plugin.md", path.display())]
+    #[error("{} is not a Kiln plugin ({reason}): end the plugin's src/lib.rs with `kiln_plugin_api::export_plugin!(plugin);` (docs/writing-a-plugin.md)", path.display())]
     NotAPlugin {
         /// The library.
         path: PathBuf,

@@ -150,7 +150,9 @@ pub(super) fn load_root(
 fn check_is_shared_library(path: &Path) -> Result<(), PluginLoadError> {
     let mut magic = [0u8; 4];
     let mut file = std::fs::File::open(path).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => PluginLoadError::NotFound(path.to_owned()),
+        std::io::ErrorKind::NotFound => {
+            PluginLoadError::NotFound(path.to_owned(), super::error::rust_library_hint(path))
+        }
         _ => PluginLoadError::Unreadable {
             path: path.to_owned(),
             source,
@@ -163,7 +165,10 @@ fn check_is_shared_library(path: &Path) -> Result<(), PluginLoadError> {
     if is_library {
         Ok(())
     } else {
-        Err(PluginLoadError::NotASharedLibrary(path.to_owned()))
+        Err(PluginLoadError::NotASharedLibrary(
+            path.to_owned(),
+            super::error::rust_library_hint(path),
+        ))
     }
 }
 
