@@ -88,6 +88,20 @@ pub fn run_verify(model: &Path, reference: &Path, extra: &[&str]) -> (bool, Stri
     (output.status.success(), stdout, stderr)
 }
 
+/// `host generate <args> --output json`: its JSON report, or its standard
+/// error when it failed.
+pub fn generate_json(args: &[&str]) -> Result<serde_json::Value, String> {
+    let output = run_host(
+        ["generate"].iter().chain(args).chain(&["--output", "json"]),
+        &[],
+    );
+    let (stdout, stderr) = text(&output);
+    if !output.status.success() {
+        return Err(stderr);
+    }
+    Ok(serde_json::from_str(stdout.trim()).expect("generate --output json prints JSON"))
+}
+
 /// The file name of a `cdylib` crate's library on this platform.
 pub fn library_file_name(crate_name: &str) -> String {
     format!(

@@ -48,7 +48,6 @@ fn word_tokenizer() -> Value {
 
 fn greedy(model: &Path, plugin: &[&str]) -> Value {
     let mut args = vec![
-        "generate",
         "--model",
         model.to_str().unwrap(),
         "--prompt-ids",
@@ -57,14 +56,9 @@ fn greedy(model: &Path, plugin: &[&str]) -> Value {
         "8",
         "--temperature",
         "0",
-        "--output",
-        "json",
     ];
     args.extend(plugin);
-    let output = run_host(&args, &[]);
-    let (stdout, stderr) = text(&output);
-    assert!(output.status.success(), "{stderr}");
-    serde_json::from_str::<Value>(&stdout).unwrap()["generated_ids"].clone()
+    kiln_tests::generate_json(&args).unwrap()["generated_ids"].clone()
 }
 
 #[test]

@@ -497,26 +497,19 @@ fn generate_ids(
     extra: &[&str],
 ) -> Result<Vec<i64>, String> {
     let prompt: Vec<String> = prompt.iter().map(i64::to_string).collect();
+    let (prompt, new) = (prompt.join(","), new.to_string());
     let mut args = vec![
-        "generate".to_owned(),
-        "--model".to_owned(),
-        model.display().to_string(),
-        "--prompt-ids".to_owned(),
-        prompt.join(","),
-        "--max-new-tokens".to_owned(),
-        new.to_string(),
-        "--temperature".to_owned(),
-        "0".to_owned(),
-        "--output".to_owned(),
-        "json".to_owned(),
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt,
+        "--max-new-tokens",
+        &new,
+        "--temperature",
+        "0",
     ];
-    args.extend(extra.iter().map(|a| (*a).to_owned()));
-    let output = run_host(&args, &[]);
-    let (stdout, stderr) = text(&output);
-    if !output.status.success() {
-        return Err(stderr);
-    }
-    let json: Value = serde_json::from_str(&stdout).unwrap();
+    args.extend(extra);
+    let json = kiln_tests::generate_json(&args)?;
     Ok(serde_json::from_value(json["generated_ids"].clone()).unwrap())
 }
 
