@@ -93,6 +93,7 @@ fn generated_kernels_of_every_tiny_family_compile_for_sm80_and_sm90() {
         "tiny_gemma3.json",
         "tiny_phi3.json",
         "tiny_gpt2.json",
+        "tiny_starcoder2.json",
     ];
     let mut compiled = 0;
     for family in families {

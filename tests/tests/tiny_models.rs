@@ -450,6 +450,14 @@ fn tiny_mistral_with_sliding_window_matches_transformers() {
     matches_transformers("tiny_mistral.json", false);
 }
 
+/// StarCoder2: the Llama decoder with LayerNorms and biases everywhere, a
+/// plain GELU-tanh MLP (`c_fc`/`c_proj`), tied embeddings and a sliding
+/// window of 4 (the generator checks that the window changes the logits).
+#[test]
+fn tiny_starcoder2_with_layernorms_biases_and_gelu_matches_transformers() {
+    matches_transformers("tiny_starcoder2.json", false);
+}
+
 #[test]
 fn bf16_and_f16_checkpoints_are_decoded_on_use() {
     // The fixture's weights are multiples of 1/64 of small magnitude, exact in
@@ -566,4 +574,9 @@ fn tiny_phi3_on_the_cuda_backend_matches_transformers() {
 #[test]
 fn tiny_gpt2_on_the_cuda_backend_matches_transformers() {
     on_cuda("tiny_gpt2.json", false);
+}
+
+#[test]
+fn tiny_starcoder2_on_the_cuda_backend_matches_transformers() {
+    on_cuda("tiny_starcoder2.json", false);
 }

@@ -68,6 +68,7 @@ fn every_tiny_family_verifies_against_transformers() {
         "tiny_phi3.json",
         "tiny_gpt2.json",
         "tiny_mistral.json",
+        "tiny_starcoder2.json",
     ] {
         let fixture = load_fixture(name);
         let (model, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -1,8 +1,10 @@
 //! Built-in plugin: the Llama family.
 //!
-//! Registers `LlamaForCausalLM` and `MistralForCausalLM` (GGUF names `llama`
-//! and `mistral`) with their config and graph entry points, built from the
-//! `kiln-plugin-api` module library. Weight adaptation and a tuned pipeline
+//! Registers `LlamaForCausalLM`, `MistralForCausalLM` and
+//! `Starcoder2ForCausalLM` (GGUF names `llama`, `mistral`, `starcoder2`) with
+//! their config and graph entry points, built from the `kiln-plugin-api`
+//! module library. StarCoder2 (`starcoder2.rs`) is a variant that replaces
+//! Llama's norms and MLP. Weight adaptation and a tuned pipeline
 //! arrive with the checkpoint and built-in-architecture work.
 
 use kiln_plugin_api::graph::{DType, GraphIr};
@@ -14,6 +16,10 @@ use kiln_plugin_api::{
     adapters, ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
     ServingDefaults, ServingRequest, SupportedArchitecture, Task, WeightsFormat,
 };
+
+mod starcoder2;
+
+pub use starcoder2::{starcoder2_config, starcoder2_graph, with_starcoder2_adapters};
 
 /// Parses a Llama-style `config.json`: KV shape and sequence limit.
 pub fn llama_config(request: &ConfigRequest) -> Result<ArchConfig> {
@@ -221,6 +227,15 @@ pub fn plugin() -> Plugin {
                 .with_example_repo_ids(["mistralai/Mistral-7B-Instruct-v0.3"])
                 .with_serving_defaults(|_| Ok(ServingDefaults::with_tool_call_parser("mistral"))),
         )
+        .with_architecture(with_starcoder2_adapters(
+            SupportedArchitecture::new("Starcoder2ForCausalLM", Task::TextGeneration)
+                .with_aliases(["starcoder2"])
+                .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
+                .with_default_weights_format(WeightsFormat::Safetensors)
+                .with_example_repo_ids(["bigcode/starcoder2-3b"])
+                .with_config(starcoder2_config)
+                .with_graph(starcoder2_graph),
+        ))
 }
 
 kiln_plugin_api::declare_plugin!(plugin);
