@@ -201,7 +201,7 @@ fn gguf_matches_transformers_on(file: &str, device: DeviceChoice) {
     );
 }
 
-const TESTED: [&str; 9] = [
+const TESTED: [&str; 10] = [
     "tiny_llama.f32.gguf",
     "tiny_llama_tied.f32.gguf",
     "tiny_qwen2.f32.gguf",
@@ -211,6 +211,7 @@ const TESTED: [&str; 9] = [
     "tiny_phi3.q8_0.gguf",
     "tiny_gpt2.f32.gguf",
     "tiny_gpt2.q8_0.gguf",
+    "tiny_starcoder2.f32.gguf",
 ];
 
 /// Every GGUF fixture (llama.cpp's converter: permuted Q/K with adjacent-pair
@@ -268,6 +269,11 @@ fn tiny_gemma3_f32_gguf_with_shifted_norms_matches_transformers() {
 #[test]
 fn tiny_phi3_f32_gguf_with_fused_projections_matches_transformers() {
     gguf_matches_transformers("tiny_phi3.f32.gguf");
+}
+
+#[test]
+fn tiny_starcoder2_f32_gguf_with_layernorm_biases_matches_transformers() {
+    gguf_matches_transformers("tiny_starcoder2.f32.gguf");
 }
 
 #[test]

@@ -22,13 +22,13 @@
 //! # Hugging Face config
 //!
 //! [`GgufFile::hf_config`] rebuilds a `config.json` for `llama`, `qwen2`,
-//! `qwen3`, `gemma3`, `phi3` and `gpt2`, from the keys present (`{arch}` is
+//! `qwen3`, `gemma3`, `phi3`, `gpt2` and `starcoder2`, from the keys present (`{arch}` is
 //! `general.architecture`; float32 values are written as their shortest
 //! decimal, e.g. `1e-5`, as `config.json` had them):
 //!
 //! | config.json (GPT-2's name)               | GGUF                                                          |
 //! | ---------------------------------------- | ------------------------------------------------------------- |
-//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2` |
+//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2`, `Starcoder2ForCausalLM`/`starcoder2` |
 //! | `vocab_size`                             | `{arch}.vocab_size`, else the length of `tokenizer.ggml.tokens`, else the rows of `token_embd.weight` |
 //! | `hidden_size` (`n_embd`)                 | `{arch}.embedding_length`                                     |
 //! | `intermediate_size` (`n_inner`)          | `{arch}.feed_forward_length`                                  |
@@ -38,7 +38,7 @@
 //! | `head_dim`                               | `{arch}.attention.key_length`                                 |
 //! | `max_position_embeddings` (`n_positions`, `n_ctx`) | `{arch}.context_length`                             |
 //! | `rms_norm_eps`                           | `{arch}.attention.layer_norm_rms_epsilon`                     |
-//! | `layer_norm_eps` (`layer_norm_epsilon`)  | `{arch}.attention.layer_norm_epsilon`                         |
+//! | `layer_norm_eps` (`layer_norm_epsilon`; StarCoder2's `norm_epsilon`) | `{arch}.attention.layer_norm_epsilon`      |
 //! | `rope_theta`                             | `{arch}.rope.freq_base`                                       |
 //! | `rope_scaling`                           | `{arch}.rope.scaling.type` (omitted when absent or `none`) as `rope_type`, `.factor` as `factor`, `.original_context_length` as `original_max_position_embeddings` |
 //! | `rope_scaling` (llama)                   | the `rope_freqs.weight` tensor (Llama 3 scaling as per-frequency divisors) as `{"rope_type": "freq_factors", "factors": [...]}`, a Kiln rope type |
@@ -51,6 +51,7 @@
 //! | `rope_local_base_freq` (gemma3)          | `gemma3.rope.freq_base_swa`, else 10000                       |
 //! | `query_pre_attn_scalar` (gemma3)         | llama.cpp's rule: `hidden_size / num_attention_heads` for the 62-layer (27B) model, else `head_dim` |
 //! | `sliding_window_pattern`, `layer_types` (gemma3) | with a sliding window: every 6th layer global, as llama.cpp |
+//! | `hidden_act`, `use_bias` (starcoder2)    | `gelu_pytorch_tanh`; biases when `blk.0.attn_q.bias` exists (llama.cpp stores no sliding window for it and attends over the whole context) |
 //!
 //! Not mapped: Phi-3 "longrope" factors (stored as the `rope_factors_*`
 //! tensors).

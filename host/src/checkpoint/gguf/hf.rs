@@ -15,6 +15,7 @@ enum Family {
     Gemma3,
     Phi3,
     Gpt2,
+    Starcoder2,
 }
 
 impl Family {
@@ -26,6 +27,7 @@ impl Family {
             "gemma3" => Family::Gemma3,
             "phi3" => Family::Phi3,
             "gpt2" => Family::Gpt2,
+            "starcoder2" => Family::Starcoder2,
             _ => return None,
         })
     }
@@ -39,11 +41,16 @@ impl Family {
             Family::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
             Family::Phi3 => ("Phi3ForCausalLM", "phi3"),
             Family::Gpt2 => ("GPT2LMHeadModel", "gpt2"),
+            Family::Starcoder2 => ("Starcoder2ForCausalLM", "starcoder2"),
         }
     }
 
-    /// The config key for a standard one (GPT-2 has its own names).
+    /// The config key for a standard one (GPT-2 and StarCoder2 have their
+    /// own names).
     fn key(self, hf: &'static str) -> &'static str {
+        if self == Family::Starcoder2 && hf == "layer_norm_eps" {
+            return "norm_epsilon";
+        }
         if self != Family::Gpt2 {
             return hf;
         }
@@ -121,7 +128,7 @@ impl GgufFile {
     }
 
     /// The model's hyperparameters as a Hugging Face `config.json` for
-    /// `llama`, `qwen2`, `qwen3`, `gemma3`, `phi3` and `gpt2` (see the module
+    /// `llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`, `gpt2` and `starcoder2` (see the module
     /// docs for the mapping); keys absent from the file are left out.
     pub fn hf_config(&self) -> Result<Value, GgufError> {
         let arch = self.architecture()?;
@@ -232,6 +239,11 @@ impl GgufFile {
                 }
             }
             Family::Gemma3 => self.gemma3_extras(&mut config)?,
+            Family::Starcoder2 => {
+                config.insert("hidden_act".into(), json!("gelu_pytorch_tanh"));
+                let biases = self.tensor("blk.0.attn_q.bias").is_some();
+                config.insert("use_bias".into(), json!(biases));
+            }
         }
         Ok(Value::Object(config))
     }
@@ -371,6 +383,8 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
         (_, "ffn_norm") => "post_attention_layernorm",
         (Family::Phi3, "attn_qkv") => "self_attn.qkv_proj",
         (Family::Phi3, "ffn_up") => "mlp.gate_up_proj",
+        (Family::Starcoder2, "ffn_up") => "mlp.c_fc",
+        (Family::Starcoder2, "ffn_down") => "mlp.c_proj",
         (_, "ffn_gate") => "mlp.gate_proj",
         (_, "ffn_up") => "mlp.up_proj",
         (_, "ffn_down") => "mlp.down_proj",
