@@ -307,7 +307,7 @@ mod tests {
             head_dim: d,
         };
         // (context after the step, rows fed this step)
-        let shapes = [(150usize, 150usize), (140, 75), (9, 1), (70, 70)];
+        let shapes = [(150usize, 150usize), (140, 75), (9, 1), (70, 70), (60, 1)];
         let windows = [None, Some(37), Some(200)];
         for (case, (window, softcap)) in windows
             .iter()
