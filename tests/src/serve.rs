@@ -130,6 +130,35 @@ impl Drop for Server {
     }
 }
 
+/// The checks `tests/serve/structured_output.py` reports.
+pub const STRUCTURED_OUTPUT_CHECKS: [&str; 7] = [
+    "parse",
+    "parse_n",
+    "stream",
+    "json_object",
+    "structured_outputs",
+    "completions",
+    "refusals",
+];
+
+impl Server {
+    /// POSTs `body` as JSON to `path` with curl; the reply, parsed.
+    pub fn post_json(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let out = curl(
+            self,
+            &[
+                "-s",
+                "-H",
+                "content-type: application/json",
+                "-d",
+                &body.to_string(),
+                &self.url(path),
+            ],
+        );
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{path}: {e}: {out}"))
+    }
+}
+
 /// curl's standard output.
 pub fn curl(_server: &Server, args: &[&str]) -> String {
     let output = Command::new("curl").args(args).output().expect("curl runs");

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use kiln_tests::serve::{curl, Server};
+use kiln_tests::serve::Server;
 use kiln_tests::{fixture_target_dir, library_file_name, run_host, text};
 use serde_json::{json, Value};
 
@@ -129,17 +129,6 @@ fn a_scaffolded_plugin_builds_changes_one_block_and_is_served() {
     std::fs::write(model.join("config.json"), variant.to_string()).unwrap();
     let server = Server::start(&model, &plugin);
     let body = json!({"model": "smollm2", "prompt": "w1 w2 w3", "max_tokens": 4, "temperature": 0});
-    let reply = curl(
-        &server,
-        &[
-            "-s",
-            "-H",
-            "content-type: application/json",
-            "-d",
-            &body.to_string(),
-            &server.url("/v1/completions"),
-        ],
-    );
-    let reply: Value = serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{e}: {reply}"));
+    let reply = server.post_json("/v1/completions", &body);
     assert_eq!(reply["usage"]["completion_tokens"], 4, "{reply}");
 }

@@ -271,7 +271,7 @@ fn gguf_only(test: &str, key: &str) -> PathBuf {
 #[test]
 #[ignore = "developer-run: needs KILN_REAL_MODELS and .ci/setup's Python (tests/real_models/README.md)"]
 fn qwen2_5_coder_0_5b_serves_structured_output_and_tool_calls() {
-    use kiln_tests::serve::{python, run_client_script, Server};
+    use kiln_tests::serve::{python, run_client_script, Server, STRUCTURED_OUTPUT_CHECKS};
     let test = "qwen2_5_coder_0_5b_serves_structured_output_and_tool_calls";
     let gguf = gguf_only(test, "qwen2.5-coder-0.5b");
     let python = python().expect("the Python of .ci/setup (target/ci-venv) with `openai`");
@@ -284,16 +284,13 @@ fn qwen2_5_coder_0_5b_serves_structured_output_and_tool_calls() {
         "{}",
         server.log()
     );
-    let checks = [
-        "parse",
-        "parse_n",
-        "stream",
-        "json_object",
-        "structured_outputs",
-        "completions",
-        "refusals",
-    ];
-    let out = run_client_script(&server, &python, "structured_output.py", &[], &checks);
+    let out = run_client_script(
+        &server,
+        &python,
+        "structured_output.py",
+        &[],
+        &STRUCTURED_OUTPUT_CHECKS,
+    );
     println!("{out}");
     let checks = [
         "round_trip",

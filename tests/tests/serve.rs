@@ -6,7 +6,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kiln_tests::serve::{curl, metric, requirements, run_client_script, Server};
+use kiln_tests::serve::{
+    curl, metric, requirements, run_client_script, Server, STRUCTURED_OUTPUT_CHECKS,
+};
 use kiln_tests::{run_host, text, workspace_root};
 
 #[test]
@@ -417,15 +419,7 @@ fn structured_output_parses_every_time_with_the_openai_client() {
         &python,
         "structured_output.py",
         &[],
-        &[
-            "parse",
-            "parse_n",
-            "stream",
-            "json_object",
-            "structured_outputs",
-            "completions",
-            "refusals",
-        ],
+        &STRUCTURED_OUTPUT_CHECKS,
     );
 }
 
@@ -480,20 +474,7 @@ fn vllm_spellings_and_a_given_chat_template_work() {
         preflight("https://app.example.com")
     );
     assert!(!preflight("https://evil.example.com").contains("access-control-allow-origin"));
-    let post = |path: &str, body: serde_json::Value| -> serde_json::Value {
-        let out = curl(
-            &server,
-            &[
-                "-s",
-                "-H",
-                "content-type: application/json",
-                "-d",
-                &body.to_string(),
-                &server.url(path),
-            ],
-        );
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{path}: {e}: {out}"))
-    };
+    let post = |path: &str, body: serde_json::Value| server.post_json(path, &body);
     let chat = post(
         "/tokenize",
         serde_json::json!({"messages": [{"role": "user", "content": "hello"}]}),
