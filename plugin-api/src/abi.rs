@@ -34,8 +34,8 @@
 //!   and pipeline payloads carry their own versions, of which a host reads
 //!   every one up to its own.
 //!
-//! Any other change is a major bump. `tests/abi_fingerprint.rs` makes every
-//! change to this file come with a new version, and the end-to-end tests
+//! Any other change is a major bump. `tests/abi_fingerprint.rs` fails when
+//! this file changes within a major version, and the end-to-end tests
 //! load a plugin built against a frozen copy of the previous release
 //! (`tests/fixtures/compat/`) into the current host.
 

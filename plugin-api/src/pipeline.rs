@@ -238,7 +238,7 @@ pub(crate) fn serve(pipeline: &dyn PipelineModel, request: &[u8]) -> Result<Vec<
         PipelineRequest::PrepareStep { version, batch } => {
             if !(1..=PIPELINE_PAYLOAD_VERSION).contains(&version) {
                 return Err(Error::invalid(format!(
-                    "pipeline payload version {version} is newer than this plugin's {PIPELINE_PAYLOAD_VERSION}"
+                    "pipeline payload version {version} is not one this plugin reads (1 to {PIPELINE_PAYLOAD_VERSION})"
                 )));
             }
             let step = pipeline.prepare_step(&batch)?;

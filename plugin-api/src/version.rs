@@ -33,18 +33,10 @@ impl InterfaceVersion {
         parts.next().is_none().then_some(version)
     }
 
-    /// The versioning policy: a host built against `self` loads a plugin built
-    /// against `plugin` when both have the same major version and the plugin's
-    /// minor is the host's or older; patch levels never matter. (Before 1.0,
-    /// every minor was a major: the same minor was required.)
-    pub fn loads(&self, plugin: &Self) -> bool {
-        match Self::compare(self, plugin) {
-            Compatibility::Loads => true,
-            Compatibility::PluginNewer | Compatibility::OtherMajor => false,
-        }
-    }
-
-    /// How a plugin's interface version relates to this host's.
+    /// How a plugin's interface version relates to this host's: the versioning
+    /// policy. A plugin loads when both have the same major version and the
+    /// plugin's minor is the host's or older; patch levels never matter.
+    /// (Before 1.0, every minor was a major: the same minor was required.)
     pub fn compare(&self, plugin: &Self) -> Compatibility {
         if self.major == 0 || plugin.major == 0 {
             return match (plugin.major, plugin.minor) {
@@ -123,11 +115,11 @@ mod tests {
     #[test]
     fn zero_x_needs_the_same_minor_any_patch() {
         let host = v("0.1.3");
-        assert!(host.loads(&v("0.1.0")));
-        assert!(host.loads(&v("0.1.9")));
-        assert!(!host.loads(&v("0.2.0")));
-        assert!(!host.loads(&v("0.0.9")));
-        assert!(!host.loads(&v("1.1.3")));
+        assert_eq!(host.compare(&v("0.1.0")), Compatibility::Loads);
+        assert_eq!(host.compare(&v("0.1.9")), Compatibility::Loads);
+        assert_eq!(host.compare(&v("0.2.0")), Compatibility::PluginNewer);
+        assert_eq!(host.compare(&v("0.0.9")), Compatibility::OtherMajor);
+        assert_eq!(host.compare(&v("1.1.3")), Compatibility::OtherMajor);
         assert_eq!(host.compatible_range(), "0.1.x");
     }
 

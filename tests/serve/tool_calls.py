@@ -48,6 +48,22 @@ def report(check, **fields):
     print(json.dumps({"check": check, **fields}), flush=True)
 
 
+def streamed_calls(stream):
+    """The calls (by index: name and arguments text), content and finish reason of a stream."""
+    calls, content, finish = {}, "", None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for c in delta.tool_calls or []:
+            entry = calls.setdefault(c.index, {"name": "", "arguments": ""})
+            entry["name"] += c.function.name or ""
+            entry["arguments"] += c.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return calls, content, finish
+
+
 def main():
     base_url, model = sys.argv[1], sys.argv[2]
     must_call = "--auto-must-call" in sys.argv[3:]
@@ -78,17 +94,7 @@ def main():
     stream = client.chat.completions.create(
         model=model, messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required",
         parallel_tool_calls=False, max_tokens=96, stream=True)
-    calls, content, finish = {}, "", None
-    for chunk in stream:
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        content += delta.content or ""
-        for c in delta.tool_calls or []:
-            entry = calls.setdefault(c.index, {"name": "", "arguments": ""})
-            entry["name"] += c.function.name or ""
-            entry["arguments"] += c.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
+    calls, content, finish = streamed_calls(stream)
     assert finish == "tool_calls" and len(calls) == 1, (finish, calls, content)
     assert "<tool_call>" not in content, content
     streamed = calls[0]
@@ -110,17 +116,10 @@ def main():
         stream = client.chat.completions.create(
             model=model, messages=QUESTION, tools=[WEATHER], max_tokens=64, temperature=0,
             stream=True)
-        name, arguments, content, finish = "", "", "", None
-        for chunk in stream:
-            if not chunk.choices:
-                continue
-            delta = chunk.choices[0].delta
-            content += delta.content or ""
-            for c in delta.tool_calls or []:
-                name += c.function.name or ""
-                arguments += c.function.arguments or ""
-            finish = chunk.choices[0].finish_reason or finish
-        assert finish == "tool_calls" and name == "get_weather", (finish, name, content)
+        calls, content, finish = streamed_calls(stream)
+        assert finish == "tool_calls" and len(calls) == 1, (finish, calls, content)
+        assert calls[0]["name"] == "get_weather", calls
+        arguments = calls[0]["arguments"]
         assert json.loads(arguments) == json.loads(call.function.arguments), arguments
         assert "<tool_call>" not in content, content
         history = QUESTION + [

@@ -103,13 +103,23 @@ pub fn generate_json(args: &[&str]) -> Result<serde_json::Value, String> {
 }
 
 /// The file name of a `cdylib` crate's library on this platform.
-pub fn library_file_name(crate_name: &str) -> String {
+fn library_file_name(crate_name: &str) -> String {
     format!(
         "{}{}.{}",
         std::env::consts::DLL_PREFIX,
         crate_name.replace('-', "_"),
         std::env::consts::DLL_EXTENSION
     )
+}
+
+/// The library of `cdylib` crate `crate_name` in the fixtures' debug build,
+/// which must exist.
+pub fn built_library(crate_name: &str) -> PathBuf {
+    let path = fixture_target_dir()
+        .join("debug")
+        .join(library_file_name(crate_name));
+    assert!(path.exists(), "the build produced no {}", path.display());
+    path
 }
 
 /// Builds the fixture plugin workspace (`tests/fixtures`) once per test
@@ -119,15 +129,7 @@ pub fn fixture_plugin(crate_name: &str) -> PathBuf {
     BUILT.get_or_init(|| {
         cargo_build(&workspace_root().join("tests/fixtures/Cargo.toml"), &[]);
     });
-    let path = fixture_target_dir()
-        .join("debug")
-        .join(library_file_name(crate_name));
-    assert!(
-        path.exists(),
-        "fixture build produced no {}",
-        path.display()
-    );
-    path
+    built_library(crate_name)
 }
 
 /// Builds the plugin of `tests/fixtures/compat` (built against a frozen copy
@@ -141,11 +143,7 @@ pub fn compat_plugin() -> PathBuf {
             &[],
         );
     });
-    let path = fixture_target_dir()
-        .join("debug")
-        .join(library_file_name("compat-llama-plugin"));
-    assert!(path.exists(), "the build produced no {}", path.display());
-    path
+    built_library("compat-llama-plugin")
 }
 
 /// The built-in families that are also shared libraries (`plugins/<family>/cdylib`).
@@ -174,11 +172,7 @@ pub fn builtin_plugin_library(family: &str) -> PathBuf {
         }
         cargo_build(&workspace_root().join("Cargo.toml"), &args);
     });
-    let path = fixture_target_dir()
-        .join("debug")
-        .join(library_file_name(&format!("kiln_{family}")));
-    assert!(path.exists(), "the build produced no {}", path.display());
-    path
+    built_library(&format!("kiln_{family}"))
 }
 
 /// Builds the example plugin against a copy of `kiln-plugin-api` whose version
@@ -244,9 +238,7 @@ pub fn example_plugin_against_interface(
     )
     .unwrap();
     cargo_build(&plugin.join("Cargo.toml"), &[]);
-    fixture_target_dir()
-        .join("debug")
-        .join(library_file_name(&crate_name))
+    built_library(&crate_name)
 }
 
 fn cargo_build(manifest: &Path, extra_args: &[&str]) {

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use kiln_tests::serve::Server;
-use kiln_tests::{fixture_target_dir, library_file_name, run_host, text};
+use kiln_tests::{fixture_target_dir, run_host, text};
 use serde_json::{json, Value};
 
 /// `cargo <command>` on the scaffolded crate, offline, with the fixtures'
@@ -101,9 +101,7 @@ fn a_scaffolded_plugin_builds_changes_one_block_and_is_served() {
     let manifest = crate_dir.join("Cargo.toml");
     cargo("test", &manifest);
     cargo("build", &manifest);
-    let library = fixture_target_dir()
-        .join("debug")
-        .join(library_file_name("gelu-llama"));
+    let library = kiln_tests::built_library("gelu-llama");
     let plugin = ["--custom-architectures", library.to_str().unwrap()];
 
     // The tiny Llama fixture as the variant: GELU instead of SiLU changes

@@ -276,6 +276,23 @@ fn a_plugin_built_against_the_previous_release_loads_and_generates() {
         entry(&listing, "CompatLlamaForCausalLM")["source"],
         plugin.display().to_string()
     );
+    // The plugin really is 1.0's, and the 1.0 host service answers it.
+    let output = run_host(
+        [
+            "-v",
+            "list-architectures",
+            "--custom-architectures",
+            plugin.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (_, stderr) = text(&output);
+    assert!(
+        stderr.contains(&format!(
+            "[compat-llama] built against kiln-plugin-api 1.0.0, loaded by a host with {INTERFACE_VERSION}"
+        )),
+        "{stderr}"
+    );
 
     let path = kiln_tests::workspace_root().join("tests/fixtures/reference/tiny_llama.json");
     let fixture: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();

@@ -334,11 +334,16 @@ fn tool_format(
     args: &ServeArgs,
     template: Option<&str>,
 ) -> anyhow::Result<Option<ToolFormat>> {
-    let request = kiln_plugin_api::ServingRequest {
-        config: model.config.clone(),
-        chat_template: template.map(str::to_owned),
+    // The plugin is asked only when the flag does not decide.
+    let named = match args.tool_call_parser {
+        Some(_) => None,
+        None => model
+            .architecture
+            .serving_defaults(&kiln_plugin_api::ServingRequest {
+                config: model.config.clone(),
+                chat_template: template.map(str::to_owned),
+            })?,
     };
-    let named = model.architecture.serving_defaults(&request)?;
     let plugin_parser = named.as_ref().and_then(|d| d.tool_call_parser.as_deref());
     match ToolFormat::resolve(args.tool_call_parser, plugin_parser, template) {
         Some((format, source)) => {

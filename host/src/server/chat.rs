@@ -1,7 +1,8 @@
 //! `POST /v1/chat/completions`: the conversation through the chat template,
 //! the choices through the engine, and the answer as one message or a
-//! stream of chunks; with `tools`, the model's Hermes-format calls become
-//! `tool_calls` (whole, or one delta per call when streaming).
+//! stream of chunks; with `tools`, the model's calls (in the server's
+//! tool-call format) become `tool_calls` (whole, or one delta per call when
+//! streaming).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -67,12 +68,13 @@ pub async fn chat_completions(
                 Some("tool_choice"),
             ))
         }
-        // With `tool_choice: none` the format is never read.
-        (_, format) => format.unwrap_or(tools::ToolFormat::Hermes),
+        // Known whenever the output is read for calls.
+        (_, format) => format,
     };
     let constraint = match tools
         .as_ref()
-        .and_then(|t| t.grammar(format, parallel(&request)))
+        .zip(format)
+        .and_then(|(t, format)| t.grammar(format, parallel(&request)))
     {
         Some(_) if structured::requested_grammar(&request.common)?.is_some() => {
             return Err(ApiError::invalid(
@@ -105,7 +107,8 @@ pub async fn chat_completions(
             tools: tools
                 .as_ref()
                 .filter(|t| t.calls())
-                .map(|_| (format, parallel(&request))),
+                .and(format)
+                .map(|format| (format, parallel(&request))),
         };
         return Ok(sse(stream_chat(
             choices,
@@ -125,7 +128,7 @@ pub async fn chat_completions(
         usage.completion_tokens += c.completion_tokens;
         let mut message = json!({"role": "assistant", "content": c.text});
         let mut finish_reason = c.finish_reason;
-        if tools.as_ref().is_some_and(tools::Tools::calls) {
+        if let Some(format) = format.filter(|_| tools.as_ref().is_some_and(tools::Tools::calls)) {
             let (content, mut calls) = tools::parse_tool_calls(format, &c.text);
             if !parallel(&request) {
                 calls.truncate(1);

@@ -1,36 +1,15 @@
 //! `{{arch}}`: a Llama variant that changes one block, the MLP's activation,
 //! which follows the config's `hidden_act` (`gelu_pytorch_tanh`, `gelu`,
 //! `relu` or `silu`). Everything else (config parsing, checkpoint names,
-//! rotary, attention, norms) is the built-in Llama family's. Scaffolded by
+//! rotary, attention, norms) is the built-in Llama family's, and so are the
+//! helpers that read a config whose activation is not SiLU. Scaffolded by
 //! `host new-plugin {{crate}} --from llama`; change `replace_block` to change
 //! another piece.
 
-use kiln_arch_llama::{llama_config, with_decoder_adapters, LlamaParams};
+use kiln_arch_llama::{split_activation, variant_config, with_decoder_adapters, LlamaParams};
 use kiln_plugin_api::graph::{DType, GraphIr};
 use kiln_plugin_api::nn::{build_decoder_graph, Activation, Transformer};
-use kiln_plugin_api::{
-    ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
-    SupportedArchitecture, Task,
-};
-use serde_json::Value;
-
-/// The config as the Llama family reads it (which accepts only SiLU), and
-/// the activation this variant uses instead.
-fn split_activation(config: &Value) -> Result<(Value, Activation)> {
-    let mut llama = config.clone();
-    let name = llama
-        .as_object_mut()
-        .and_then(|c| c.remove("hidden_act"))
-        .and_then(|a| a.as_str().map(str::to_owned));
-    let activation = match name.as_deref() {
-        None | Some("silu") => Activation::Silu,
-        Some("gelu_pytorch_tanh" | "gelu_new") => Activation::GeluTanh,
-        Some("gelu") => Activation::Gelu,
-        Some("relu") => Activation::Relu,
-        Some(other) => return Err(Error::invalid(format!("hidden_act `{other}` is not supported"))),
-    };
-    Ok((llama, activation))
-}
+use kiln_plugin_api::{Encoding, GraphRequest, HfConfig, Plugin, Result, SupportedArchitecture, Task};
 
 /// The one block this variant replaces.
 fn replace_block(model: &mut Transformer, activation: Activation) {
@@ -39,15 +18,8 @@ fn replace_block(model: &mut Transformer, activation: Activation) {
     }
 }
 
-fn config(request: &ConfigRequest) -> Result<ArchConfig> {
-    let (hf_config, _) = split_activation(&request.hf_config)?;
-    let mut config = llama_config(&ConfigRequest { hf_config, ..request.clone() })?;
-    config.model = request.hf_config.clone();
-    Ok(config)
-}
-
 fn graph(request: &GraphRequest) -> Result<GraphIr> {
-    let (llama, activation) = split_activation(&request.config.model)?;
+    let (llama, activation) = split_activation(&request.config.model, Activation::Silu)?;
     let mut model = LlamaParams::parse(&HfConfig::new(&llama)?)?.transformer(DType::F32);
     replace_block(&mut model, activation);
     build_decoder_graph("{{crate}}", &model, request.state_dict.as_ref(), |batch| {
@@ -58,7 +30,7 @@ fn graph(request: &GraphRequest) -> Result<GraphIr> {
 fn plugin() -> Plugin {
     let arch = SupportedArchitecture::new("{{arch}}", Task::TextGeneration)
         .with_encodings(Encoding::Float32, [Encoding::Float32, Encoding::BFloat16])
-        .with_config(config)
+        .with_config(|request| variant_config(request, Activation::Silu))
         .with_graph(graph);
     Plugin::new("{{crate}}", env!("CARGO_PKG_VERSION")).with_architecture(with_decoder_adapters(arch))
 }
@@ -76,7 +48,8 @@ mod tests {
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "max_position_embeddings": 64, "vocab_size": 96, "hidden_act": "gelu_pytorch_tanh"
         });
-        let config = config(&ConfigRequest { hf_config, max_length: None }).unwrap();
+        let request = kiln_plugin_api::ConfigRequest { hf_config, max_length: None };
+        let config = variant_config(&request, Activation::Silu).unwrap();
         let ir = graph(&GraphRequest { config, weights_format: None, state_dict: None }).unwrap();
         let listing = ir.to_string();
         assert!(listing.contains("gelu"), "{listing}");

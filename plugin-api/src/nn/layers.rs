@@ -199,6 +199,19 @@ pub enum Activation {
 }
 
 impl Activation {
+    /// The activation a Hugging Face config names (`hidden_act`,
+    /// `activation_function`): `silu`, `gelu`, `gelu_pytorch_tanh` or
+    /// `gelu_new`, `relu`; `None` for any other name.
+    pub fn from_hf_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "silu" => Activation::Silu,
+            "gelu" => Activation::Gelu,
+            "gelu_pytorch_tanh" | "gelu_new" => Activation::GeluTanh,
+            "relu" => Activation::Relu,
+            _ => return None,
+        })
+    }
+
     /// Applies the activation.
     pub fn apply(self, x: &TensorValue) -> TensorValue {
         match self {

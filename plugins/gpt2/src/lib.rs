@@ -162,20 +162,15 @@ impl Gpt2Params {
                 "GPT-2 with cross-attention (`add_cross_attention`) is not supported",
             ));
         }
-        let activation = match config
+        let name = config
             .opt_string("activation_function")?
-            .unwrap_or("gelu_new")
-        {
-            "gelu_new" | "gelu_pytorch_tanh" => Activation::GeluTanh,
-            "gelu" => Activation::Gelu,
-            "relu" => Activation::Relu,
-            other => {
-                return Err(Error::unsupported(format!(
-                    "activation_function `{other}` is not supported \
-                     (gelu_new, gelu_pytorch_tanh, gelu, relu)"
-                )))
-            }
-        };
+            .unwrap_or("gelu_new");
+        let activation = Activation::from_hf_name(name).ok_or_else(|| {
+            Error::unsupported(format!(
+                "activation_function `{name}` is not supported \
+                 (gelu_new, gelu_pytorch_tanh, gelu, relu, silu)"
+            ))
+        })?;
         Ok(Self {
             vocab_size: required(&["vocab_size"])?,
             hidden_size,

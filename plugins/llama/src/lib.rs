@@ -16,10 +16,11 @@ use kiln_plugin_api::{
     adapters, ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
     ServingDefaults, ServingRequest, SupportedArchitecture, Task, WeightsFormat,
 };
+use serde_json::Value;
 
 mod starcoder2;
 
-pub use starcoder2::{starcoder2_config, starcoder2_graph, with_starcoder2_adapters};
+pub use starcoder2::{starcoder2_graph, with_starcoder2_adapters};
 
 /// Parses a Llama-style `config.json`: KV shape and sequence limit.
 pub fn llama_config(request: &ConfigRequest) -> Result<ArchConfig> {
@@ -31,6 +32,37 @@ pub fn llama_config(request: &ConfigRequest) -> Result<ArchConfig> {
         kv: config.decoder_kv_params()?,
         model: request.hf_config.clone(),
     })
+}
+
+/// For a variant whose MLP activation is not SiLU: the config as Llama's
+/// parser reads it (without `hidden_act`, which it limits to SiLU) and the
+/// activation `hidden_act` names (`default` when it names none).
+pub fn split_activation(config: &Value, default: Activation) -> Result<(Value, Activation)> {
+    let mut llama = config.clone();
+    let activation = match llama.as_object_mut().and_then(|c| c.remove("hidden_act")) {
+        None => default,
+        Some(name) => name
+            .as_str()
+            .and_then(Activation::from_hf_name)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "hidden_act {name} is not supported (silu, gelu, gelu_pytorch_tanh, relu)"
+                ))
+            })?,
+    };
+    Ok((llama, activation))
+}
+
+/// [`llama_config`] for such a variant: the activation is checked, and the
+/// config it returns keeps `hidden_act`.
+pub fn variant_config(request: &ConfigRequest, default: Activation) -> Result<ArchConfig> {
+    let (hf_config, _) = split_activation(&request.hf_config, default)?;
+    let mut config = llama_config(&ConfigRequest {
+        hf_config,
+        ..request.clone()
+    })?;
+    config.model = request.hf_config.clone();
+    Ok(config)
 }
 
 /// The hyper-parameters of a Llama-family model.
@@ -233,7 +265,7 @@ pub fn plugin() -> Plugin {
                 .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
                 .with_default_weights_format(WeightsFormat::Safetensors)
                 .with_example_repo_ids(["bigcode/starcoder2-3b"])
-                .with_config(starcoder2_config)
+                .with_config(|r| variant_config(r, Activation::GeluTanh))
                 .with_graph(starcoder2_graph),
         ))
 }

@@ -6,45 +6,15 @@
 use kiln_plugin_api::graph::{DType, GraphIr};
 use kiln_plugin_api::nn::{build_decoder_graph, Activation, LayerNorm, Mlp, Norm};
 use kiln_plugin_api::{
-    adapters, ArchConfig, ConfigRequest, Error, GraphRequest, HfConfig, Result,
-    SupportedArchitecture, WeightsFormat,
+    adapters, GraphRequest, HfConfig, Result, SupportedArchitecture, WeightsFormat,
 };
-use serde_json::Value;
 
-use crate::{llama_config, LlamaParams};
-
-/// The config without `hidden_act` (which Llama's parser limits to SiLU),
-/// and the activation it names.
-fn split_activation(config: &Value) -> Result<(Value, Activation)> {
-    let mut llama = config.clone();
-    let name = llama.as_object_mut().and_then(|c| c.remove("hidden_act"));
-    let activation = match name.as_ref().and_then(Value::as_str) {
-        None | Some("gelu_pytorch_tanh" | "gelu_new") => Activation::GeluTanh,
-        Some("gelu") => Activation::Gelu,
-        Some(other) => {
-            return Err(Error::invalid(format!(
-                "hidden_act `{other}` is not supported (expected gelu_pytorch_tanh or gelu)"
-            )))
-        }
-    };
-    Ok((llama, activation))
-}
-
-/// Parses a StarCoder2 `config.json`.
-pub fn starcoder2_config(request: &ConfigRequest) -> Result<ArchConfig> {
-    let (hf_config, _) = split_activation(&request.hf_config)?;
-    let mut config = llama_config(&ConfigRequest {
-        hf_config,
-        ..request.clone()
-    })?;
-    config.model = request.hf_config.clone();
-    Ok(config)
-}
+use crate::{split_activation, LlamaParams};
 
 /// The StarCoder2 graph: Llama's modules with the norms and the MLP replaced.
 pub fn starcoder2_graph(request: &GraphRequest) -> Result<GraphIr> {
     let hf = HfConfig::new(&request.config.model)?;
-    let (llama, activation) = split_activation(&request.config.model)?;
+    let (llama, activation) = split_activation(&request.config.model, Activation::GeluTanh)?;
     let mut params = LlamaParams::parse(&HfConfig::new(&llama)?)?;
     let bias = hf.opt_bool("use_bias")?.unwrap_or(true);
     (params.qkv_bias, params.o_bias) = (bias, bias);
