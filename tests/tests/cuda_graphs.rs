@@ -5,10 +5,11 @@
 //! CPU backend's logits.
 
 use kiln_host::device::DeviceChoice;
-use kiln_host::engine::batch::{run_step, Pipeline};
+use kiln_host::engine::batch::{run_sampled_step, run_step, Pipeline};
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
 use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
+use kiln_host::runtime::sampling::RowSampling;
 use kiln_host::runtime::{CacheLayout, KvCache};
 use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
 
@@ -168,4 +169,67 @@ fn an_out_of_range_token_is_an_error_and_the_next_step_runs() {
     let mut fresh = kiln_host::engine::Generator::new(&cuda, 8).unwrap();
     let logits = fresh.feed(&[5, 6], false).unwrap().remove(0);
     assert!(logits.iter().all(|v| v.is_finite()));
+}
+
+/// A sampled step waits for the device once, for its tokens: the inputs and
+/// the sampler's parameters are uploaded without waiting (through pinned
+/// memory on a GPU) and the error flag is read after the tokens. This holds
+/// for eager, captured and replayed steps, with and without log-probabilities,
+/// and an out-of-range token is still reported on this path.
+#[test]
+fn a_sampled_step_waits_for_the_device_once() {
+    let cuda = load(kiln_tests::models::cuda_test_device());
+    let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
+    let mut cache = cache(&cuda);
+    let sampled_step = |cache: &mut KvCache, sequences: &[(u32, Vec<u32>, usize)], logprobs| {
+        let batch = StepBatch {
+            sequences: sequences
+                .iter()
+                .map(|(i, tokens, start)| StepSequence {
+                    tokens: tokens.clone(),
+                    start: *start,
+                    blocks: vec![2 * i, 2 * i + 1],
+                    wants_logits: true,
+                })
+                .collect(),
+            all_logits: false,
+        };
+        let rows: Vec<RowSampling> = sequences
+            .iter()
+            .map(|_| RowSampling {
+                logprobs,
+                ..RowSampling::greedy()
+            })
+            .collect();
+        let before = executor.host_waits();
+        let sampled = run_sampled_step(
+            cuda.backend.as_ref(),
+            &Pipeline::Decoder,
+            cache,
+            &batch,
+            &rows,
+        );
+        (sampled, executor.host_waits() - before)
+    };
+    let prompt = [(0, vec![3, 9, 4], 0), (1, vec![8, 2, 7], 0)];
+    let (sampled, waits) = sampled_step(&mut cache, &prompt, None);
+    let mut next: Vec<u32> = sampled.unwrap().iter().map(|s| s.token).collect();
+    assert_eq!(waits, 1, "a prefill step");
+    for (round, logprobs) in [None, None, None, Some(3)].into_iter().enumerate() {
+        let decode: Vec<_> = (0..2)
+            .map(|i| (i as u32, vec![next[i]], 3 + round))
+            .collect();
+        let (sampled, waits) = sampled_step(&mut cache, &decode, logprobs);
+        let sampled = sampled.unwrap();
+        assert_eq!(waits, 1, "decode round {round} (logprobs {logprobs:?})");
+        assert_eq!(sampled[0].top.len(), logprobs.unwrap_or(0));
+        next = sampled.iter().map(|s| s.token).collect();
+    }
+    assert!(
+        executor.captured_graphs() > 0,
+        "no decode step was captured"
+    );
+    let (sampled, _) = sampled_step(&mut cache, &[(0, vec![100_000], 7)], None);
+    let err = sampled.unwrap_err().to_string();
+    assert!(err.contains("out of range"), "{err}");
 }

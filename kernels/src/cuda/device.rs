@@ -170,7 +170,8 @@ impl DeviceError {
 pub type DeviceResult<T> = Result<T, DeviceError>;
 
 /// Everything the CUDA backend asks of a device. Operations are ordered on
-/// one stream; `download` waits for the work before it.
+/// one stream; `download` and `synchronize` wait for the work before them,
+/// nothing else does.
 pub trait Device: Send + Sync {
     /// What this device is, e.g. `NVIDIA H100 80GB HBM3 (sm_90)`.
     fn name(&self) -> String;
@@ -180,7 +181,9 @@ pub trait Device: Send + Sync {
     fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr>;
     /// Frees memory from [`Device::alloc`].
     fn free(&self, ptr: DevicePtr);
-    /// Host to device.
+    /// Host to device, queued on the stream without waiting: the bytes are
+    /// staged (in pinned memory on a GPU), so the caller may reuse them at
+    /// once. Not allowed during a capture.
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()>;
     /// Device to host (synchronous).
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()>;
@@ -221,4 +224,8 @@ pub trait Device: Send + Sync {
     }
     /// Waits for all queued work.
     fn synchronize(&self) -> DeviceResult<()>;
+    /// How many times the host has waited for queued work so far (a
+    /// `download` or `synchronize` with launches, copies or uploads queued
+    /// since the last wait): a decode step should wait once.
+    fn host_waits(&self) -> u64;
 }

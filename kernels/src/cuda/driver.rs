@@ -38,10 +38,51 @@ pub fn missing_library() -> Option<&'static str> {
 /// cuBLAS's workspace (NVIDIA recommends 32 MiB on Hopper).
 const CUBLAS_WORKSPACE: usize = 32 << 20;
 
+/// Pinned host memory uploads are staged through.
+const STAGING_BYTES: usize = 8 << 20;
+
 struct Inner {
     functions: Vec<sys::CUfunction>,
     /// Instantiated graphs (`None` once released).
     graphs: Vec<Option<sys::CUgraphExec>>,
+    staging: Staging,
+    /// Work was queued since the host last waited.
+    pending: bool,
+    /// Waits for queued work ([`Device::host_waits`]).
+    waits: u64,
+}
+
+/// Pinned host memory that uploads go through, so that an upload is queued
+/// without waiting: the caller's bytes are copied here and the stream copies
+/// them on by DMA. Space is handed out in order and reclaimed all at once
+/// whenever the host waits for the stream (every step ends with a wait for
+/// its sampled tokens); an upload that does not fit waits first, one larger
+/// than the whole buffer (weights at load) goes from pageable memory and is
+/// waited for.
+struct Staging {
+    base: *mut u8,
+    capacity: usize,
+    used: usize,
+}
+
+impl Staging {
+    /// `STAGING_BYTES` of pinned memory, or none (every upload then waits)
+    /// where the driver refuses to pin it.
+    fn new() -> Self {
+        // SAFETY: a plain pinned allocation, freed in `Drop`.
+        match unsafe { result::malloc_host(STAGING_BYTES, 0) } {
+            Ok(base) => Self {
+                base: base.cast(),
+                capacity: STAGING_BYTES,
+                used: 0,
+            },
+            Err(_) => Self {
+                base: std::ptr::null_mut(),
+                capacity: 0,
+                used: 0,
+            },
+        }
+    }
 }
 
 /// CUDA device `ordinal` through the driver.
@@ -126,6 +167,9 @@ impl CudaDevice {
             inner: Mutex::new(Inner {
                 functions: Vec::new(),
                 graphs: Vec::new(),
+                staging: Staging::new(),
+                pending: false,
+                waits: 0,
             }),
         })
     }
@@ -168,6 +212,24 @@ impl CudaDevice {
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Notes that work is queued on the stream.
+    fn queued(&self) {
+        self.inner().pending = true;
+    }
+
+    /// Waits for the stream (with `inner` locked, so no upload is staged
+    /// meanwhile) and reclaims the staging memory.
+    fn wait(&self, inner: &mut Inner) -> DeviceResult<()> {
+        // SAFETY: the stream is live.
+        unsafe { result::stream::synchronize(self.stream.cu_stream()) }
+            .map_err(driver_error("cuStreamSynchronize"))?;
+        if std::mem::take(&mut inner.pending) {
+            inner.waits += 1;
+        }
+        inner.staging.used = 0;
+        Ok(())
+    }
 }
 
 impl Device for CudaDevice {
@@ -203,29 +265,46 @@ impl Device for CudaDevice {
 
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()> {
         self.bind()?;
-        // On our stream, so the kernels queued after it read the new bytes
-        // (a synchronous copy runs on the legacy stream, which a
-        // non-blocking stream does not wait for); the wait keeps `bytes`
-        // alive until the copy is done.
-        // SAFETY: `dst` addresses a live allocation of at least `bytes`.
-        unsafe {
-            result::memcpy_htod_async(dst, bytes, self.stream.cu_stream())
+        let mut inner = self.inner();
+        inner.pending = true;
+        let stream = self.stream.cu_stream();
+        let len = bytes.len();
+        if len > inner.staging.capacity {
+            // On our stream, so the kernels queued after it read the new
+            // bytes; the wait keeps `bytes` alive until the copy is done.
+            // SAFETY: `dst` addresses a live allocation of at least `len`.
+            unsafe { result::memcpy_htod_async(dst, bytes, stream) }
                 .map_err(driver_error("host to device copy"))?;
-            result::stream::synchronize(self.stream.cu_stream()).map_err(driver_error("sync"))
+            return self.wait(&mut inner);
         }
+        if inner.staging.used + len > inner.staging.capacity {
+            self.wait(&mut inner)?;
+        }
+        let at = inner.staging.used;
+        // SAFETY: `at + len` fits the staging buffer, whose bytes from `at`
+        // on no queued copy reads any more (they were reclaimed by a wait);
+        // `dst` addresses a live allocation of at least `len`.
+        unsafe {
+            let staged = inner.staging.base.add(at);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), staged, len);
+            result::memcpy_htod_async(dst, std::slice::from_raw_parts(staged, len), stream)
+        }
+        .map_err(driver_error("host to device copy"))?;
+        // 256-byte aligned, as the DMA engine prefers.
+        inner.staging.used = (at + len).next_multiple_of(256);
+        Ok(())
     }
 
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
         self.bind()?;
+        self.wait(&mut self.inner())?;
         // SAFETY: the stream's work is finished before the copy.
-        unsafe {
-            result::stream::synchronize(self.stream.cu_stream()).map_err(driver_error("sync"))?;
-            result::memcpy_dtoh_sync(out, src).map_err(driver_error("device to host copy"))
-        }
+        unsafe { result::memcpy_dtoh_sync(out, src) }.map_err(driver_error("device to host copy"))
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()> {
         self.bind()?;
+        self.queued();
         // SAFETY: both ranges belong to live allocations (the caller's plan).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(driver_error("device to device copy"))
@@ -258,6 +337,7 @@ impl Device for CudaDevice {
         args: &[KernelArg],
     ) -> DeviceResult<()> {
         self.bind()?;
+        self.queued();
         let f = *self
             .inner()
             .functions
@@ -287,6 +367,7 @@ impl Device for CudaDevice {
             GemmType::BF16 => cudaDataType::CUDA_R_16BF,
             GemmType::F16 => cudaDataType::CUDA_R_16F,
         };
+        self.queued();
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
         // Column-major: yᵀ [n, m] = op(W) · xᵀ [k, m]; W [n, k] row-major is
@@ -353,6 +434,7 @@ impl Device for CudaDevice {
 
     fn replay(&self, graph: GraphId) -> DeviceResult<()> {
         self.bind()?;
+        self.queued();
         let exec = self
             .inner()
             .graphs
@@ -375,16 +457,25 @@ impl Device for CudaDevice {
 
     fn synchronize(&self) -> DeviceResult<()> {
         self.bind()?;
-        // SAFETY: the stream is live.
-        unsafe { result::stream::synchronize(self.stream.cu_stream()) }
-            .map_err(driver_error("cuStreamSynchronize"))
+        self.wait(&mut self.inner())
+    }
+
+    fn host_waits(&self) -> u64 {
+        self.inner().waits
     }
 }
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         if self.bind().is_ok() {
+            // SAFETY: the stream is live; after this no copy reads the
+            // staging memory.
+            let _ = unsafe { result::stream::synchronize(self.stream.cu_stream()) };
             let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+            if !inner.staging.base.is_null() {
+                // SAFETY: pinned in `Staging::new`, freed once.
+                let _ = unsafe { result::free_host(inner.staging.base.cast()) };
+            }
             for &exec in inner.graphs.iter().flatten() {
                 // SAFETY: each graph was instantiated here and is destroyed once.
                 let _ = unsafe { result::graph::exec_destroy(exec) };

@@ -94,6 +94,34 @@ struct State {
     capture: Option<Vec<Recorded>>,
     /// Captured graphs (`None` once released).
     graphs: Vec<Option<Vec<Recorded>>>,
+    /// Work was issued since the host last waited.
+    pending: bool,
+    /// Waits for issued work ([`Device::host_waits`]).
+    waits: u64,
+}
+
+impl State {
+    /// Records `work` if a capture is in progress (returning `None`), else
+    /// notes that work is pending and hands it back to run.
+    fn issue(&mut self, work: Recorded) -> Option<Recorded> {
+        match self.capture.as_mut() {
+            Some(capture) => {
+                capture.push(work);
+                None
+            }
+            None => {
+                self.pending = true;
+                Some(work)
+            }
+        }
+    }
+
+    /// The host waits for the issued work (here already done).
+    fn wait(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            self.waits += 1;
+        }
+    }
 }
 
 /// The CPU device running CUDA C kernels through the host C++ compiler.
@@ -380,17 +408,20 @@ impl Device for Emulator {
         if self.state().capture.is_some() {
             return Err(DeviceError::new("an upload cannot be captured"));
         }
-        check_range(&self.state(), dst, bytes.len(), "upload")?;
+        let mut state = self.state();
+        check_range(&state, dst, bytes.len(), "upload")?;
+        state.pending = true;
         // SAFETY: the destination lies inside a live allocation.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, bytes.len()) };
         Ok(())
     }
 
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
-        let state = self.state();
+        let mut state = self.state();
         if state.capture.is_some() {
             return Err(DeviceError::new("a download cannot be captured"));
         }
+        state.wait();
         check_range(&state, src, out.len(), "download")?;
         // SAFETY: the source lies inside a live allocation.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, out.as_mut_ptr(), out.len()) };
@@ -398,12 +429,8 @@ impl Device for Emulator {
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()> {
-        let work = Recorded::Copy(dst, src, bytes);
-        if let Some(capture) = self.state().capture.as_mut() {
-            capture.push(work);
-            return Ok(());
-        }
-        self.run(&work)
+        let work = self.state().issue(Recorded::Copy(dst, src, bytes));
+        work.map_or(Ok(()), |work| self.run(&work))
     }
 
     fn load(&self, name: &str, source: &str, kernels: &[&str]) -> DeviceResult<Vec<FunctionId>> {
@@ -445,21 +472,15 @@ impl Device for Emulator {
         config: LaunchConfig,
         args: &[KernelArg],
     ) -> DeviceResult<()> {
-        let work = Recorded::Launch(function, config, args.to_vec());
-        if let Some(capture) = self.state().capture.as_mut() {
-            capture.push(work);
-            return Ok(());
-        }
-        self.run(&work)
+        let work = self
+            .state()
+            .issue(Recorded::Launch(function, config, args.to_vec()));
+        work.map_or(Ok(()), |work| self.run(&work))
     }
 
     fn gemm(&self, gemm: &Gemm) -> DeviceResult<()> {
-        let work = Recorded::Gemm(*gemm);
-        if let Some(capture) = self.state().capture.as_mut() {
-            capture.push(work);
-            return Ok(());
-        }
-        self.run(&work)
+        let work = self.state().issue(Recorded::Gemm(*gemm));
+        work.map_or(Ok(()), |work| self.run(&work))
     }
 
     fn begin_capture(&self) -> DeviceResult<()> {
@@ -482,13 +503,15 @@ impl Device for Emulator {
     }
 
     fn replay(&self, graph: GraphId) -> DeviceResult<()> {
-        let work = self
-            .state()
+        let mut state = self.state();
+        state.pending = true;
+        let work = state
             .graphs
             .get(graph.0)
             .cloned()
             .flatten()
             .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
+        drop(state);
         work.iter().try_for_each(|w| self.run(w))
     }
 
@@ -541,7 +564,12 @@ impl Device for Emulator {
     }
 
     fn synchronize(&self) -> DeviceResult<()> {
+        self.state().wait();
         Ok(())
+    }
+
+    fn host_waits(&self) -> u64 {
+        self.state().waits
     }
 }
 

@@ -133,9 +133,26 @@ struct Executed<'a> {
     addrs: Vec<DevicePtr>,
     /// The logits rows asked for, when the step ran padded to a bucket.
     padded_from: Option<usize>,
+    /// Where the kernels flag an index out of range.
+    error_flag: DevicePtr,
 }
 
 impl Executed<'_> {
+    /// Fails if a kernel flagged an index out of range. Read after the
+    /// outputs, whose download was the step's one wait for the device.
+    fn check_error_flag(&self, device: &dyn Device) -> Result<(), RuntimeError> {
+        let mut flag = [0u8; 4];
+        device
+            .download(self.error_flag, &mut flag)
+            .map_err(|e| RuntimeError::Device(e.to_string()))?;
+        if i32::from_le_bytes(flag) != 0 {
+            return Err(RuntimeError::Device(
+                "an index (a token id or a gathered row) was out of range".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The shape of output value `o` as the caller asked for it: a padded
     /// step's logits lose their padding rows (they come first in memory).
     fn output_shape(&self, o: usize) -> Vec<usize> {
@@ -297,6 +314,12 @@ impl CudaExecutor {
             .iter()
             .filter(|s| matches!(s, StepPlan::ComputedAt { .. }))
             .count()
+    }
+
+    /// How many times the host has waited for the device so far (see
+    /// [`Device::host_waits`]): a sampled step waits once, for its tokens.
+    pub fn host_waits(&self) -> u64 {
+        self.device.host_waits()
     }
 
     /// The generated kernel sources (file name, CUDA C), e.g. to compile them
@@ -519,7 +542,7 @@ impl Backend for CudaExecutor {
         let graph = &self.program.graph;
         // The arena stays locked until the outputs are downloaded.
         let executed = self.execute(&inputs, cache)?;
-        graph
+        let outputs = graph
             .outputs
             .iter()
             .map(|&o| {
@@ -532,7 +555,9 @@ impl Backend for CudaExecutor {
                 )
             })
             .collect::<Result<_, _>>()
-            .map_err(|e| RuntimeError::Device(e.to_string()))
+            .map_err(|e| RuntimeError::Device(e.to_string()))?;
+        executed.check_error_flag(self.device.as_ref())?;
+        Ok(outputs)
     }
 
     fn run_sampled(
@@ -565,17 +590,16 @@ impl Backend for CudaExecutor {
                 message: format!("logits {shape:?} for {} sampled rows", rows.len()),
             });
         }
-        executed
-            .state
-            .sampler
-            .sample(
-                self.device.as_ref(),
-                self.hand["kiln_sample"],
-                executed.addrs[logits],
-                vocab,
-                rows,
-            )
-            .map_err(RuntimeError::Device)
+        let sampled = executed.state.sampler.sample(
+            self.device.as_ref(),
+            self.hand["kiln_sample"],
+            executed.addrs[logits],
+            vocab,
+            rows,
+        );
+        // A flagged index explains a bad sample: it is reported first.
+        executed.check_error_flag(self.device.as_ref())?;
+        sampled.map_err(RuntimeError::Device)
     }
 }
 
@@ -663,20 +687,12 @@ impl CudaExecutor {
             launch_all()
         };
         launched.map_err(RuntimeError::Device)?;
-        let mut flag = [0u8; 4];
-        device
-            .download(error_flag, &mut flag)
-            .map_err(device_error)?;
-        if i32::from_le_bytes(flag) != 0 {
-            return Err(RuntimeError::Device(
-                "an index (a token id or a gathered row) was out of range".into(),
-            ));
-        }
         Ok(Executed {
             state,
             plan,
             addrs,
             padded_from,
+            error_flag,
         })
     }
 }
