@@ -94,6 +94,9 @@ fn generated_kernels_of_every_tiny_family_compile_for_sm80_and_sm90() {
         "tiny_phi3.json",
         "tiny_gpt2.json",
         "tiny_starcoder2.json",
+        "tiny_granite.json",
+        "tiny_smollm3.json",
+        "tiny_olmo2.json",
     ];
     let mut compiled = 0;
     for family in families {

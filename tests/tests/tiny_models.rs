@@ -458,6 +458,28 @@ fn tiny_starcoder2_with_layernorms_biases_and_gelu_matches_transformers() {
     matches_transformers("tiny_starcoder2.json", false);
 }
 
+/// Granite: Llama with its embedding, residual, attention and logit
+/// multipliers all away from 1, biases on attention and the MLP.
+#[test]
+fn tiny_granite_with_its_multipliers_matches_transformers() {
+    matches_transformers("tiny_granite.json", false);
+}
+
+/// SmolLM3: every second layer attends without rotary embeddings and
+/// through a sliding window of 4 (the generator checks that the window
+/// changes the logits); tied embeddings.
+#[test]
+fn tiny_smollm3_with_nope_layers_matches_transformers() {
+    matches_transformers("tiny_smollm3.json", false);
+}
+
+/// OLMo 2: norms after each branch, RMS norms over the whole q and k
+/// projections.
+#[test]
+fn tiny_olmo2_with_post_norms_and_whole_qk_norms_matches_transformers() {
+    matches_transformers("tiny_olmo2.json", false);
+}
+
 #[test]
 fn bf16_and_f16_checkpoints_are_decoded_on_use() {
     // The fixture's weights are multiples of 1/64 of small magnitude, exact in
@@ -579,4 +601,19 @@ fn tiny_gpt2_on_the_cuda_backend_matches_transformers() {
 #[test]
 fn tiny_starcoder2_on_the_cuda_backend_matches_transformers() {
     on_cuda("tiny_starcoder2.json", false);
+}
+
+#[test]
+fn tiny_granite_on_the_cuda_backend_matches_transformers() {
+    on_cuda("tiny_granite.json", false);
+}
+
+#[test]
+fn tiny_smollm3_on_the_cuda_backend_matches_transformers() {
+    on_cuda("tiny_smollm3.json", false);
+}
+
+#[test]
+fn tiny_olmo2_on_the_cuda_backend_matches_transformers() {
+    on_cuda("tiny_olmo2.json", false);
 }

@@ -69,6 +69,9 @@ fn every_tiny_family_verifies_against_transformers() {
         "tiny_gpt2.json",
         "tiny_mistral.json",
         "tiny_starcoder2.json",
+        "tiny_granite.json",
+        "tiny_smollm3.json",
+        "tiny_olmo2.json",
     ] {
         let fixture = load_fixture(name);
         let (model, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

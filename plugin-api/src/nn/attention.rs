@@ -45,9 +45,10 @@ pub struct AttentionWithRope {
     pub v_proj: Linear,
     /// Output projection.
     pub o_proj: Linear,
-    /// Per-head query norm.
+    /// Query norm: per head (`[head_dim]`), or over all query heads together
+    /// (`[num_heads * head_dim]`, OLMo 2).
     pub q_norm: Option<RmsNorm>,
-    /// Per-head key norm.
+    /// Key norm: per head, or over all key heads together.
     pub k_norm: Option<RmsNorm>,
     /// Rotary embedding.
     pub rope: RotaryEmbedding,
@@ -79,9 +80,14 @@ impl AttentionWithRope {
     /// Attention of `x [T, hidden]` for the tokens of `batch`.
     pub fn forward(&self, x: &TensorValue, batch: &RaggedBatch) -> TensorValue {
         let c = &self.config;
+        // A norm as wide as one head normalizes each head (Qwen3, Gemma 3);
+        // one as wide as the projection normalizes all heads together (OLMo 2).
         let heads = |proj: &Linear, n: u64, norm: Option<&RmsNorm>| {
-            let h = ops::reshape(&proj.forward(x), [-1, n as i64, c.head_dim as i64]);
-            match norm {
+            let projected = proj.forward(x);
+            let whole = norm.filter(|norm| norm.weight.spec().shape == [n * c.head_dim]);
+            let projected = whole.map_or(projected.clone(), |norm| norm.forward(&projected));
+            let h = ops::reshape(&projected, [-1, n as i64, c.head_dim as i64]);
+            match norm.filter(|_| whole.is_none()) {
                 Some(norm) => norm.forward(&h),
                 None => h,
             }

@@ -193,8 +193,21 @@ impl RotaryEmbedding {
         value as f32
     }
 
-    /// Rotates `x [T, heads, head_dim]` at `positions [T]`.
+    /// Rotates `x [T, heads, dim]` at `positions [T]`: all of each head
+    /// when `head_dim` is `dim`; its first `head_dim` dimensions when fewer
+    /// (partial rotary: GPT-NeoX, Phi-2), the rest passing through; none when
+    /// `head_dim` is 0 (layers without rotary, as SmolLM3's every fourth).
     pub fn forward(&self, x: &TensorValue, positions: &TensorValue) -> TensorValue {
+        let dim = x.shape().last().and_then(|d| d.as_static()).unwrap_or(0);
+        if self.head_dim == 0 {
+            return x.clone();
+        }
+        if self.head_dim < dim {
+            let rotated = self.head_dim as i64;
+            let head = ops::slice(x, -1, 0, Some(rotated), 1);
+            let rest = ops::slice(x, -1, rotated, None, 1);
+            return ops::concat(&[&self.forward(&head, positions), &rest], -1);
+        }
         let inv_freq = self.inv_freq();
         let inv_freq = x.graph().constant(
             inv_freq.iter().map(|&f| f64::from(f)).collect(),

@@ -1,11 +1,12 @@
 //! Built-in plugin: the Llama family.
 //!
-//! Registers `LlamaForCausalLM`, `MistralForCausalLM` and
-//! `Starcoder2ForCausalLM` (GGUF names `llama`, `mistral`, `starcoder2`) with
-//! their config and graph entry points, built from the `kiln-plugin-api`
-//! module library. StarCoder2 (`starcoder2.rs`) is a variant that replaces
-//! Llama's norms and MLP. Weight adaptation and a tuned pipeline
-//! arrive with the checkpoint and built-in-architecture work.
+//! Registers `LlamaForCausalLM`, `MistralForCausalLM`,
+//! `Starcoder2ForCausalLM`, `GraniteForCausalLM`, `SmolLM3ForCausalLM` and
+//! `Olmo2ForCausalLM` with their config and graph entry points, built from
+//! the `kiln-plugin-api` module library. Each variant has its own module and
+//! replaces only what differs from Llama: StarCoder2 the norms and the MLP,
+//! Granite the residual wiring and three scales, SmolLM3 some layers' rotary
+//! embedding, OLMo 2 the wiring (post-norms) and the q/k norms.
 
 use kiln_plugin_api::graph::{DType, GraphIr};
 use kiln_plugin_api::nn::{
@@ -18,8 +19,14 @@ use kiln_plugin_api::{
 };
 use serde_json::Value;
 
+mod granite;
+mod olmo2;
+mod smollm3;
 mod starcoder2;
 
+pub use granite::granite_graph;
+pub use olmo2::olmo2_graph;
+pub use smollm3::smollm3_graph;
 pub use starcoder2::{starcoder2_graph, with_starcoder2_adapters};
 
 /// Parses a Llama-style `config.json`: KV shape and sequence limit.
@@ -236,15 +243,16 @@ fn llama_serving(request: &ServingRequest) -> Result<ServingDefaults> {
 
 /// The plugin: the family's architectures and their descriptors.
 pub fn plugin() -> Plugin {
-    let base = |name: &str, alias: &str| {
+    let variant = |name: &str, alias: &str, graph: fn(&GraphRequest) -> Result<GraphIr>| {
         let arch = SupportedArchitecture::new(name, Task::TextGeneration)
             .with_aliases([alias])
             .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
             .with_default_weights_format(WeightsFormat::Safetensors)
             .with_config(llama_config)
-            .with_graph(llama_graph);
+            .with_graph(graph);
         with_decoder_adapters(arch)
     };
+    let base = |name: &str, alias: &str| variant(name, alias, llama_graph);
     Plugin::new("llama", env!("CARGO_PKG_VERSION"))
         .with_architecture(
             base("LlamaForCausalLM", "llama")
@@ -268,6 +276,18 @@ pub fn plugin() -> Plugin {
                 .with_config(|r| variant_config(r, Activation::GeluTanh))
                 .with_graph(starcoder2_graph),
         ))
+        .with_architecture(
+            variant("GraniteForCausalLM", "granite", granite_graph)
+                .with_example_repo_ids(["ibm-granite/granite-3.3-2b-instruct"]),
+        )
+        .with_architecture(
+            variant("SmolLM3ForCausalLM", "smollm3", smollm3_graph)
+                .with_example_repo_ids(["HuggingFaceTB/SmolLM3-3B"]),
+        )
+        .with_architecture(
+            variant("Olmo2ForCausalLM", "olmo2", olmo2_graph)
+                .with_example_repo_ids(["allenai/OLMo-2-0425-1B-Instruct"]),
+        )
 }
 
 kiln_plugin_api::declare_plugin!(plugin);

@@ -1,0 +1,130 @@
+//! The decoder as pieces a variant replaces one at a time (MAX's way, since
+//! 1.2): a family builds its default [`Transformer`], turns it into a
+//! [`Decoder`], and swaps what differs (a layer's wiring, its attention or
+//! MLP, a norm, the head's scaling) while everything else stays the
+//! family's. Nothing here copies a forward pass: each piece has one.
+
+use super::attention::{Transformer, TransformerBlock};
+use super::layers::{Embedding, Linear, Norm};
+use super::module::{Layer, Module, Registry};
+use crate::graph::{ops, RaggedBatch, TensorValue};
+
+/// One decoder layer: maps the residual stream `x [T, hidden]` to the next
+/// layer's. [`TransformerBlock`] is the pre-norm wiring; a variant with
+/// another wiring (post-norms, scaled or parallel residuals) implements this
+/// over the library's attention, MLP and norm pieces.
+pub trait DecoderLayer: Module {
+    /// The layer applied to `x` for the tokens of `batch`.
+    fn forward(&self, x: &TensorValue, batch: &RaggedBatch) -> TensorValue;
+}
+
+impl DecoderLayer for TransformerBlock {
+    fn forward(&self, x: &TensorValue, batch: &RaggedBatch) -> TensorValue {
+        TransformerBlock::forward(self, x, batch)
+    }
+}
+
+/// A decoder-only model made of replaceable pieces: embeddings (optionally
+/// scaled), layers of any wiring, the final norm, and the LM head (tied to
+/// the embeddings when `lm_head` is `None`) with an optional scale of its
+/// logits. Weight names are [`Transformer`]'s: `embed_tokens`, `layers.N`,
+/// `norm`, `lm_head`. Built with [`Decoder::from`] a family's transformer;
+/// new pieces arrive as new fields, so it is never built field by field.
+#[non_exhaustive]
+pub struct Decoder {
+    /// Token embeddings.
+    pub embed_tokens: Embedding,
+    /// Multiplies the embeddings (Gemma: `sqrt(hidden)`; Granite:
+    /// `embedding_multiplier`).
+    pub embedding_scale: Option<f32>,
+    /// The layers, in order.
+    pub layers: Vec<Box<dyn DecoderLayer>>,
+    /// Final norm.
+    pub norm: Norm,
+    /// Output projection; `None` reuses the embeddings.
+    pub lm_head: Option<Linear>,
+    /// Multiplies the logits (Granite: `1 / logits_scaling`).
+    pub logit_scale: Option<f32>,
+}
+
+impl From<Transformer> for Decoder {
+    fn from(model: Transformer) -> Self {
+        Self::from_blocks(model, |_, block| Box::new(block))
+    }
+}
+
+impl Decoder {
+    /// The family's `model` with each layer rewired: `rewire` receives layer
+    /// `i`'s block by value (its attention, MLP and norms) and returns the
+    /// layer to run, e.g. the same pieces with post-norms.
+    pub fn from_blocks(
+        model: Transformer,
+        mut rewire: impl FnMut(usize, TransformerBlock) -> Box<dyn DecoderLayer>,
+    ) -> Self {
+        let Transformer {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            embedding_scale,
+        } = model;
+        Self {
+            embed_tokens,
+            embedding_scale,
+            layers: layers
+                .into_iter()
+                .enumerate()
+                .map(|(i, block)| rewire(i, block))
+                .collect(),
+            norm,
+            lm_head,
+            logit_scale: None,
+        }
+    }
+
+    /// Logits `[R, vocab]` for the rows `batch.logit_rows`.
+    pub fn forward(&self, batch: &RaggedBatch) -> TensorValue {
+        let mut h = self.embed_tokens.forward(&batch.tokens);
+        if let Some(scale) = self.embedding_scale {
+            h = &h * f64::from(scale);
+        }
+        for layer in &self.layers {
+            h = layer.forward(&h, batch);
+        }
+        let h = self.norm.forward(&h);
+        let last = ops::gather(&h, &batch.logit_rows, 0);
+        let graph = h.graph();
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&last),
+            None => {
+                let _scope = graph.scope("lm_head");
+                ops::matmul(
+                    &last,
+                    &ops::transpose(&self.embed_tokens.weight.value(graph), 0, 1),
+                )
+            }
+        };
+        match self.logit_scale {
+            Some(scale) => {
+                let _scope = graph.scope("lm_head");
+                &logits * f64::from(scale)
+            }
+            None => logits,
+        }
+    }
+}
+
+impl Module for Decoder {
+    fn visit(&self, registry: &mut Registry<'_>) {
+        registry.module("embed_tokens", &self.embed_tokens);
+        registry.list("layers", &self.layers);
+        registry.module("norm", &self.norm);
+        registry.optional("lm_head", self.lm_head.as_ref().map(|m| m as &dyn Module));
+    }
+}
+
+impl Module for Box<dyn DecoderLayer> {
+    fn visit(&self, registry: &mut Registry<'_>) {
+        self.as_ref().visit(registry);
+    }
+}
