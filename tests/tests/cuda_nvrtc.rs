@@ -97,6 +97,7 @@ fn generated_kernels_of_every_tiny_family_compile_for_sm80_and_sm90() {
         "tiny_granite.json",
         "tiny_smollm3.json",
         "tiny_olmo2.json",
+        "tiny_phi2.json",
     ];
     let mut compiled = 0;
     for family in families {

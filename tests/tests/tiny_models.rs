@@ -480,6 +480,13 @@ fn tiny_olmo2_with_post_norms_and_whole_qk_norms_matches_transformers() {
     matches_transformers("tiny_olmo2.json", false);
 }
 
+/// Phi-2: attention and the MLP in parallel on one LayerNorm, rotary on
+/// half of each head, biases everywhere (the LM head too), GELU-tanh.
+#[test]
+fn tiny_phi2_with_parallel_layers_and_partial_rotary_matches_transformers() {
+    matches_transformers("tiny_phi2.json", false);
+}
+
 #[test]
 fn bf16_and_f16_checkpoints_are_decoded_on_use() {
     // The fixture's weights are multiples of 1/64 of small magnitude, exact in
@@ -616,4 +623,9 @@ fn tiny_smollm3_on_the_cuda_backend_matches_transformers() {
 #[test]
 fn tiny_olmo2_on_the_cuda_backend_matches_transformers() {
     on_cuda("tiny_olmo2.json", false);
+}
+
+#[test]
+fn tiny_phi2_on_the_cuda_backend_matches_transformers() {
+    on_cuda("tiny_phi2.json", false);
 }

@@ -72,6 +72,7 @@ fn every_tiny_family_verifies_against_transformers() {
         "tiny_granite.json",
         "tiny_smollm3.json",
         "tiny_olmo2.json",
+        "tiny_phi2.json",
     ] {
         let fixture = load_fixture(name);
         let (model, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -4,8 +4,8 @@
 //! MLP, a norm, the head's scaling) while everything else stays the
 //! family's. Nothing here copies a forward pass: each piece has one.
 
-use super::attention::{Transformer, TransformerBlock};
-use super::layers::{Embedding, Linear, Norm};
+use super::attention::{AttentionWithRope, Transformer, TransformerBlock};
+use super::layers::{Embedding, Linear, Mlp, Norm};
 use super::module::{Layer, Module, Registry};
 use crate::graph::{ops, RaggedBatch, TensorValue};
 
@@ -126,5 +126,64 @@ impl Module for Decoder {
 impl Module for Box<dyn DecoderLayer> {
     fn visit(&self, registry: &mut Registry<'_>) {
         self.as_ref().visit(registry);
+    }
+}
+
+/// Attention and the MLP side by side on the same input, both added to the
+/// residual: `out = x + attn(norm(x)) + mlp(mlp_norm(x))` (GPT-NeoX, GPT-J,
+/// Phi-2). Without an MLP norm (Phi-2, GPT-J) the MLP reads the attention's
+/// normalized input. Sub-modules: `input_layernorm`, `self_attn`, `mlp`, and
+/// `post_attention_layernorm` for the MLP's own norm (GPT-NeoX's name).
+#[non_exhaustive]
+pub struct ParallelBlock {
+    /// Norm before attention (and before the MLP when it has none).
+    pub input_layernorm: Norm,
+    /// The MLP's own norm.
+    pub mlp_layernorm: Option<Norm>,
+    /// Attention.
+    pub self_attn: AttentionWithRope,
+    /// Feed-forward block.
+    pub mlp: Mlp,
+}
+
+impl ParallelBlock {
+    /// A parallel block whose MLP shares the attention's norm.
+    pub fn new(input_layernorm: Norm, self_attn: AttentionWithRope, mlp: Mlp) -> Self {
+        Self {
+            input_layernorm,
+            mlp_layernorm: None,
+            self_attn,
+            mlp,
+        }
+    }
+
+    /// Gives the MLP its own norm.
+    pub fn with_mlp_layernorm(mut self, norm: Norm) -> Self {
+        self.mlp_layernorm = Some(norm);
+        self
+    }
+}
+
+impl Module for ParallelBlock {
+    fn visit(&self, registry: &mut Registry<'_>) {
+        registry.module("input_layernorm", &self.input_layernorm);
+        registry.module("self_attn", &self.self_attn);
+        registry.optional(
+            "post_attention_layernorm",
+            self.mlp_layernorm.as_ref().map(|m| m as &dyn Module),
+        );
+        registry.module("mlp", &self.mlp);
+    }
+}
+
+impl DecoderLayer for ParallelBlock {
+    fn forward(&self, x: &TensorValue, batch: &RaggedBatch) -> TensorValue {
+        let normed = self.input_layernorm.forward(x);
+        let attended = self.self_attn.forward(&normed, batch);
+        let mlp_input = match &self.mlp_layernorm {
+            Some(norm) => norm.forward(x),
+            None => normed,
+        };
+        &(x + &attended) + &self.mlp.forward(&mlp_input)
     }
 }

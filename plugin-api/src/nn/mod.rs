@@ -8,7 +8,7 @@ mod module;
 mod rotary;
 
 pub use attention::{AttentionConfig, AttentionWithRope, Transformer, TransformerBlock};
-pub use decoder::{Decoder, DecoderLayer};
+pub use decoder::{Decoder, DecoderLayer, ParallelBlock};
 pub use layers::{Activation, Embedding, LayerNorm, Linear, Mlp, Norm, RmsNorm};
 pub use module::{Layer, Module, Registry, Sequential, StateDict, Weight};
 pub use rotary::{RopeScaling, RotaryEmbedding};

@@ -1,4 +1,6 @@
-//! Built-in plugin: Phi-3, on the Llama family's module tree.
+//! Built-in plugin: the Phi family on the Llama family's module tree: Phi-3
+//! here, and Phi-2 (`phi2.rs`), whose layers run attention and the MLP in
+//! parallel.
 //!
 //! Phi-3 is Llama-shaped (RMSNorm, SiLU-gated MLP, rotate-half rope, an
 //! optional sliding window) but its checkpoints fuse q/k/v into
@@ -12,16 +14,21 @@
 
 use std::collections::BTreeSet;
 
-use kiln_arch_llama::{decoder_graph, LlamaParams};
+use kiln_arch_llama::{decoder_graph, variant_config, LlamaParams};
 use kiln_plugin_api::adapters::{
     self, AdaptRequest, AdaptResponse, AdaptedWeight, CheckpointTensor,
 };
 use kiln_plugin_api::graph::GraphIr;
+use kiln_plugin_api::nn::Activation;
 use kiln_plugin_api::{
     ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
     SupportedArchitecture, Task, WeightsFormat,
 };
 use serde_json::Value;
+
+mod phi2;
+
+pub use phi2::{phi2_graph, with_phi2_adapters};
 
 /// Refuses what the Llama graph cannot compute for Phi-3: LongRoPE scaling
 /// and partial rotary embeddings.
@@ -204,17 +211,27 @@ pub fn adapt_gguf(request: &AdaptRequest) -> Result<AdaptResponse> {
 
 /// The plugin.
 pub fn plugin() -> Plugin {
-    Plugin::new("phi3", env!("CARGO_PKG_VERSION")).with_architecture(
-        SupportedArchitecture::new("Phi3ForCausalLM", Task::TextGeneration)
-            .with_aliases(["phi3"])
-            .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
-            .with_default_weights_format(WeightsFormat::Safetensors)
-            .with_example_repo_ids(["microsoft/Phi-3-mini-4k-instruct"])
-            .with_config(phi3_config)
-            .with_graph(phi3_graph)
-            .with_weight_adapter(WeightsFormat::Safetensors, adapt_safetensors)
-            .with_weight_adapter(WeightsFormat::Gguf, adapt_gguf),
-    )
+    Plugin::new("phi3", env!("CARGO_PKG_VERSION"))
+        .with_architecture(
+            SupportedArchitecture::new("Phi3ForCausalLM", Task::TextGeneration)
+                .with_aliases(["phi3"])
+                .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
+                .with_default_weights_format(WeightsFormat::Safetensors)
+                .with_example_repo_ids(["microsoft/Phi-3-mini-4k-instruct"])
+                .with_config(phi3_config)
+                .with_graph(phi3_graph)
+                .with_weight_adapter(WeightsFormat::Safetensors, adapt_safetensors)
+                .with_weight_adapter(WeightsFormat::Gguf, adapt_gguf),
+        )
+        .with_architecture(with_phi2_adapters(
+            SupportedArchitecture::new("PhiForCausalLM", Task::TextGeneration)
+                .with_aliases(["phi"])
+                .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
+                .with_default_weights_format(WeightsFormat::Safetensors)
+                .with_example_repo_ids(["microsoft/phi-2"])
+                .with_config(|r| variant_config(r, Activation::GeluTanh))
+                .with_graph(phi2_graph),
+        ))
 }
 
 kiln_plugin_api::declare_plugin!(plugin);
