@@ -33,10 +33,10 @@ fn cache(model: &Model) -> KvCache {
     model.backend.new_kv_cache(layers, 16, layout).unwrap()
 }
 
-/// One step of `sequences` (index, tokens, start); every sequence owns
-/// blocks 2i and 2i + 1. Returns each one's last-token logits.
-fn step(model: &Model, cache: &mut KvCache, sequences: &[(u32, Vec<u32>, usize)]) -> Vec<Vec<f32>> {
-    let batch = StepBatch {
+/// The batch of `sequences` (index, tokens, start); every sequence owns
+/// blocks 2i and 2i + 1.
+fn batch(sequences: &[(u32, Vec<u32>, usize)]) -> StepBatch {
+    StepBatch {
         sequences: sequences
             .iter()
             .map(|(i, tokens, start)| StepSequence {
@@ -47,12 +47,22 @@ fn step(model: &Model, cache: &mut KvCache, sequences: &[(u32, Vec<u32>, usize)]
             })
             .collect(),
         all_logits: false,
-    };
-    run_step(model.backend.as_ref(), &Pipeline::Decoder, cache, &batch)
-        .unwrap()
-        .into_iter()
-        .map(|mut rows| rows.remove(0))
-        .collect()
+    }
+}
+
+/// One step of `sequences` (index, tokens, start); every sequence owns
+/// blocks 2i and 2i + 1. Returns each one's last-token logits.
+fn step(model: &Model, cache: &mut KvCache, sequences: &[(u32, Vec<u32>, usize)]) -> Vec<Vec<f32>> {
+    run_step(
+        model.backend.as_ref(),
+        &Pipeline::Decoder,
+        cache,
+        &batch(sequences),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|mut rows| rows.remove(0))
+    .collect()
 }
 
 #[test]
@@ -182,18 +192,6 @@ fn a_sampled_step_waits_for_the_device_once() {
     let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
     let mut cache = cache(&cuda);
     let sampled_step = |cache: &mut KvCache, sequences: &[(u32, Vec<u32>, usize)], logprobs| {
-        let batch = StepBatch {
-            sequences: sequences
-                .iter()
-                .map(|(i, tokens, start)| StepSequence {
-                    tokens: tokens.clone(),
-                    start: *start,
-                    blocks: vec![2 * i, 2 * i + 1],
-                    wants_logits: true,
-                })
-                .collect(),
-            all_logits: false,
-        };
         let rows: Vec<RowSampling> = sequences
             .iter()
             .map(|_| RowSampling {
@@ -206,7 +204,7 @@ fn a_sampled_step_waits_for_the_device_once() {
             cuda.backend.as_ref(),
             &Pipeline::Decoder,
             cache,
-            &batch,
+            &batch(sequences),
             &rows,
         );
         (sampled, executor.host_waits() - before)

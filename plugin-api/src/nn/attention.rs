@@ -212,26 +212,54 @@ impl Transformer {
     /// Logits `[R, vocab]` for the rows `batch.logit_rows` (usually each
     /// sequence's last token).
     pub fn forward(&self, batch: &RaggedBatch) -> TensorValue {
-        let mut h = self.embed_tokens.forward(&batch.tokens);
-        if let Some(scale) = self.embedding_scale {
-            // Gemma rounds the scale to the activation dtype first.
-            h = &h * f64::from(scale);
-        }
+        let mut h = embed(&self.embed_tokens, self.embedding_scale, batch);
         for layer in &self.layers {
             h = layer.forward(&h, batch);
         }
-        let h = self.norm.forward(&h);
-        let last = ops::gather(&h, &batch.logit_rows, 0);
-        match &self.lm_head {
-            Some(head) => head.forward(&last),
-            None => {
-                let graph = h.graph();
-                let _scope = graph.scope("lm_head");
-                ops::matmul(
-                    &last,
-                    &ops::transpose(&self.embed_tokens.weight.value(graph), 0, 1),
-                )
-            }
+        logits(
+            &h,
+            batch,
+            &self.norm,
+            self.lm_head.as_ref(),
+            &self.embed_tokens,
+        )
+    }
+}
+
+/// The token embeddings of `batch`, times `scale` if any (the decoder's
+/// first step, shared with [`super::Decoder`]).
+pub(super) fn embed(
+    embed_tokens: &Embedding,
+    scale: Option<f32>,
+    batch: &RaggedBatch,
+) -> TensorValue {
+    let h = embed_tokens.forward(&batch.tokens);
+    match scale {
+        Some(scale) => &h * f64::from(scale),
+        None => h,
+    }
+}
+
+/// The logits of the rows `batch.logit_rows` of the last layer's output
+/// `h`: the final norm, then `lm_head` or the tied embeddings.
+pub(super) fn logits(
+    h: &TensorValue,
+    batch: &RaggedBatch,
+    norm: &Norm,
+    lm_head: Option<&Linear>,
+    embed_tokens: &Embedding,
+) -> TensorValue {
+    let h = norm.forward(h);
+    let last = ops::gather(&h, &batch.logit_rows, 0);
+    match lm_head {
+        Some(head) => head.forward(&last),
+        None => {
+            let graph = h.graph();
+            let _scope = graph.scope("lm_head");
+            ops::matmul(
+                &last,
+                &ops::transpose(&embed_tokens.weight.value(graph), 0, 1),
+            )
         }
     }
 }

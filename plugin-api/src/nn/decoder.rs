@@ -4,10 +4,10 @@
 //! MLP, a norm, the head's scaling) while everything else stays the
 //! family's. Nothing here copies a forward pass: each piece has one.
 
-use super::attention::{AttentionWithRope, Transformer, TransformerBlock};
+use super::attention::{embed, logits, AttentionWithRope, Transformer, TransformerBlock};
 use super::layers::{Embedding, Linear, Mlp, Norm};
 use super::module::{Layer, Module, Registry};
-use crate::graph::{ops, RaggedBatch, TensorValue};
+use crate::graph::{RaggedBatch, TensorValue};
 
 /// One decoder layer: maps the residual stream `x [T, hidden]` to the next
 /// layer's. [`TransformerBlock`] is the pre-norm wiring; a variant with
@@ -84,29 +84,20 @@ impl Decoder {
 
     /// Logits `[R, vocab]` for the rows `batch.logit_rows`.
     pub fn forward(&self, batch: &RaggedBatch) -> TensorValue {
-        let mut h = self.embed_tokens.forward(&batch.tokens);
-        if let Some(scale) = self.embedding_scale {
-            h = &h * f64::from(scale);
-        }
+        let mut h = embed(&self.embed_tokens, self.embedding_scale, batch);
         for layer in &self.layers {
             h = layer.forward(&h, batch);
         }
-        let h = self.norm.forward(&h);
-        let last = ops::gather(&h, &batch.logit_rows, 0);
-        let graph = h.graph();
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&last),
-            None => {
-                let _scope = graph.scope("lm_head");
-                ops::matmul(
-                    &last,
-                    &ops::transpose(&self.embed_tokens.weight.value(graph), 0, 1),
-                )
-            }
-        };
+        let logits = logits(
+            &h,
+            batch,
+            &self.norm,
+            self.lm_head.as_ref(),
+            &self.embed_tokens,
+        );
         match self.logit_scale {
             Some(scale) => {
-                let _scope = graph.scope("lm_head");
+                let _scope = h.graph().scope("lm_head");
                 &logits * f64::from(scale)
             }
             None => logits,
