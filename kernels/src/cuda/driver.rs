@@ -264,6 +264,9 @@ impl Device for CudaDevice {
     }
 
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
         self.bind()?;
         let mut inner = self.inner();
         inner.pending = true;
@@ -337,12 +340,14 @@ impl Device for CudaDevice {
         args: &[KernelArg],
     ) -> DeviceResult<()> {
         self.bind()?;
-        self.queued();
-        let f = *self
-            .inner()
-            .functions
-            .get(function.0)
-            .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?;
+        let f = {
+            let mut inner = self.inner();
+            inner.pending = true;
+            *inner
+                .functions
+                .get(function.0)
+                .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?
+        };
         let mut packed = PackedArgs::new(args);
         // SAFETY: the arguments match the kernel's signature (the backend
         // builds them from the same definitions); cuLaunchKernel copies them.

@@ -84,12 +84,13 @@ impl AttentionWithRope {
         // one as wide as the projection normalizes all heads together (OLMo 2).
         let heads = |proj: &Linear, n: u64, norm: Option<&RmsNorm>| {
             let projected = proj.forward(x);
-            let whole = norm.filter(|norm| norm.weight.spec().shape == [n * c.head_dim]);
-            let projected = whole.map_or(projected.clone(), |norm| norm.forward(&projected));
-            let h = ops::reshape(&projected, [-1, n as i64, c.head_dim as i64]);
-            match norm.filter(|_| whole.is_none()) {
-                Some(norm) => norm.forward(&h),
-                None => h,
+            let split = |t: &TensorValue| ops::reshape(t, [-1, n as i64, c.head_dim as i64]);
+            match norm {
+                Some(norm) if norm.weight.spec().shape == [n * c.head_dim] => {
+                    split(&norm.forward(&projected))
+                }
+                Some(norm) => norm.forward(&split(&projected)),
+                None => split(&projected),
             }
         };
         let q = heads(&self.q_proj, c.num_heads, self.q_norm.as_ref());

@@ -28,8 +28,9 @@ impl DecoderLayer for TransformerBlock {
 /// scaled), layers of any wiring, the final norm, and the LM head (tied to
 /// the embeddings when `lm_head` is `None`) with an optional scale of its
 /// logits. Weight names are [`Transformer`]'s: `embed_tokens`, `layers.N`,
-/// `norm`, `lm_head`. Built with [`Decoder::from`] a family's transformer;
-/// new pieces arrive as new fields, so it is never built field by field.
+/// `norm`, `lm_head`. Built with [`Decoder::from_blocks`] from a family's
+/// transformer; new pieces arrive as new fields, so it is never built field
+/// by field.
 #[non_exhaustive]
 pub struct Decoder {
     /// Token embeddings.
@@ -45,12 +46,6 @@ pub struct Decoder {
     pub lm_head: Option<Linear>,
     /// Multiplies the logits (Granite: `1 / logits_scaling`).
     pub logit_scale: Option<f32>,
-}
-
-impl From<Transformer> for Decoder {
-    fn from(model: Transformer) -> Self {
-        Self::from_blocks(model, |_, block| Box::new(block))
-    }
 }
 
 impl Decoder {
@@ -120,17 +115,13 @@ impl Module for Box<dyn DecoderLayer> {
     }
 }
 
-/// Attention and the MLP side by side on the same input, both added to the
-/// residual: `out = x + attn(norm(x)) + mlp(mlp_norm(x))` (GPT-NeoX, GPT-J,
-/// Phi-2). Without an MLP norm (Phi-2, GPT-J) the MLP reads the attention's
-/// normalized input. Sub-modules: `input_layernorm`, `self_attn`, `mlp`, and
-/// `post_attention_layernorm` for the MLP's own norm (GPT-NeoX's name).
+/// Attention and the MLP side by side on one norm, both added to the
+/// residual: `out = x + attn(norm(x)) + mlp(norm(x))` (Phi-2, GPT-J).
+/// Sub-modules: `input_layernorm`, `self_attn`, `mlp`.
 #[non_exhaustive]
 pub struct ParallelBlock {
-    /// Norm before attention (and before the MLP when it has none).
+    /// Norm before attention and the MLP.
     pub input_layernorm: Norm,
-    /// The MLP's own norm.
-    pub mlp_layernorm: Option<Norm>,
     /// Attention.
     pub self_attn: AttentionWithRope,
     /// Feed-forward block.
@@ -138,20 +129,13 @@ pub struct ParallelBlock {
 }
 
 impl ParallelBlock {
-    /// A parallel block whose MLP shares the attention's norm.
+    /// A parallel block.
     pub fn new(input_layernorm: Norm, self_attn: AttentionWithRope, mlp: Mlp) -> Self {
         Self {
             input_layernorm,
-            mlp_layernorm: None,
             self_attn,
             mlp,
         }
-    }
-
-    /// Gives the MLP its own norm.
-    pub fn with_mlp_layernorm(mut self, norm: Norm) -> Self {
-        self.mlp_layernorm = Some(norm);
-        self
     }
 }
 
@@ -159,10 +143,6 @@ impl Module for ParallelBlock {
     fn visit(&self, registry: &mut Registry<'_>) {
         registry.module("input_layernorm", &self.input_layernorm);
         registry.module("self_attn", &self.self_attn);
-        registry.optional(
-            "post_attention_layernorm",
-            self.mlp_layernorm.as_ref().map(|m| m as &dyn Module),
-        );
         registry.module("mlp", &self.mlp);
     }
 }
@@ -171,10 +151,6 @@ impl DecoderLayer for ParallelBlock {
     fn forward(&self, x: &TensorValue, batch: &RaggedBatch) -> TensorValue {
         let normed = self.input_layernorm.forward(x);
         let attended = self.self_attn.forward(&normed, batch);
-        let mlp_input = match &self.mlp_layernorm {
-            Some(norm) => norm.forward(x),
-            None => normed,
-        };
-        &(x + &attended) + &self.mlp.forward(&mlp_input)
+        &(x + &attended) + &self.mlp.forward(&normed)
     }
 }

@@ -198,10 +198,10 @@ impl RotaryEmbedding {
     /// (partial rotary: GPT-NeoX, Phi-2), the rest passing through; none when
     /// `head_dim` is 0 (layers without rotary, as SmolLM3's every fourth).
     pub fn forward(&self, x: &TensorValue, positions: &TensorValue) -> TensorValue {
-        let dim = x.shape().last().and_then(|d| d.as_static()).unwrap_or(0);
         if self.head_dim == 0 {
             return x.clone();
         }
+        let dim = x.shape().last().and_then(|d| d.as_static()).unwrap_or(0);
         if self.head_dim < dim {
             let rotated = self.head_dim as i64;
             let head = ops::slice(x, -1, 0, Some(rotated), 1);

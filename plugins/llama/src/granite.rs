@@ -38,22 +38,21 @@ impl DecoderLayer for ScaledResidual {
 /// The Granite graph.
 pub fn granite_graph(request: &GraphRequest) -> Result<GraphIr> {
     let hf = HfConfig::new(&request.config.model)?;
-    let multiplier = |key: &str| -> Result<Option<f64>> { hf.opt_f64(key) };
     let params = LlamaParams::parse(&hf)?;
     let mut model = params.transformer(DType::F32);
-    let attention = multiplier("attention_multiplier")?.unwrap_or(1.0) as f32;
+    let attention = hf.opt_f64("attention_multiplier")?.unwrap_or(1.0) as f32;
     for layer in &mut model.layers {
         layer.self_attn.config.scale = Some(attention);
     }
-    let residual = multiplier("residual_multiplier")?.unwrap_or(1.0);
+    let residual = hf.opt_f64("residual_multiplier")?.unwrap_or(1.0);
     let mut decoder = Decoder::from_blocks(model, |_, block| {
         Box::new(ScaledResidual {
             block,
             multiplier: residual,
         })
     });
-    decoder.embedding_scale = Some(multiplier("embedding_multiplier")?.unwrap_or(1.0) as f32);
-    decoder.logit_scale = Some((1.0 / multiplier("logits_scaling")?.unwrap_or(1.0)) as f32);
+    decoder.embedding_scale = Some(hf.opt_f64("embedding_multiplier")?.unwrap_or(1.0) as f32);
+    decoder.logit_scale = Some((1.0 / hf.opt_f64("logits_scaling")?.unwrap_or(1.0)) as f32);
     build_decoder_graph("granite", &decoder, request.state_dict.as_ref(), |batch| {
         decoder.forward(batch)
     })

@@ -241,16 +241,25 @@ fn llama_serving(request: &ServingRequest) -> Result<ServingDefaults> {
     })
 }
 
+/// A text-generation architecture `name` (alias `alias`) as this family
+/// and its variants declare one: weights computed in bf16 by default, every
+/// encoding accepted, safetensors checkpoints by default. Config, graph and
+/// weight adapters are the caller's.
+pub fn decoder_architecture(name: &str, alias: &str) -> SupportedArchitecture {
+    SupportedArchitecture::new(name, Task::TextGeneration)
+        .with_aliases([alias])
+        .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
+        .with_default_weights_format(WeightsFormat::Safetensors)
+}
+
 /// The plugin: the family's architectures and their descriptors.
 pub fn plugin() -> Plugin {
     let variant = |name: &str, alias: &str, graph: fn(&GraphRequest) -> Result<GraphIr>| {
-        let arch = SupportedArchitecture::new(name, Task::TextGeneration)
-            .with_aliases([alias])
-            .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
-            .with_default_weights_format(WeightsFormat::Safetensors)
-            .with_config(llama_config)
-            .with_graph(graph);
-        with_decoder_adapters(arch)
+        with_decoder_adapters(
+            decoder_architecture(name, alias)
+                .with_config(llama_config)
+                .with_graph(graph),
+        )
     };
     let base = |name: &str, alias: &str| variant(name, alias, llama_graph);
     Plugin::new("llama", env!("CARGO_PKG_VERSION"))
@@ -268,10 +277,7 @@ pub fn plugin() -> Plugin {
                 .with_serving_defaults(|_| Ok(ServingDefaults::with_tool_call_parser("mistral"))),
         )
         .with_architecture(with_starcoder2_adapters(
-            SupportedArchitecture::new("Starcoder2ForCausalLM", Task::TextGeneration)
-                .with_aliases(["starcoder2"])
-                .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
-                .with_default_weights_format(WeightsFormat::Safetensors)
+            decoder_architecture("Starcoder2ForCausalLM", "starcoder2")
                 .with_example_repo_ids(["bigcode/starcoder2-3b"])
                 .with_config(|r| variant_config(r, Activation::GeluTanh))
                 .with_graph(starcoder2_graph),

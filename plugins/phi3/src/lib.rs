@@ -14,15 +14,14 @@
 
 use std::collections::BTreeSet;
 
-use kiln_arch_llama::{decoder_graph, variant_config, LlamaParams};
+use kiln_arch_llama::{decoder_architecture, decoder_graph, variant_config, LlamaParams};
 use kiln_plugin_api::adapters::{
     self, AdaptRequest, AdaptResponse, AdaptedWeight, CheckpointTensor,
 };
 use kiln_plugin_api::graph::GraphIr;
 use kiln_plugin_api::nn::Activation;
 use kiln_plugin_api::{
-    ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
-    SupportedArchitecture, Task, WeightsFormat,
+    ArchConfig, ConfigRequest, Error, GraphRequest, HfConfig, Plugin, Result, WeightsFormat,
 };
 use serde_json::Value;
 
@@ -213,10 +212,7 @@ pub fn adapt_gguf(request: &AdaptRequest) -> Result<AdaptResponse> {
 pub fn plugin() -> Plugin {
     Plugin::new("phi3", env!("CARGO_PKG_VERSION"))
         .with_architecture(
-            SupportedArchitecture::new("Phi3ForCausalLM", Task::TextGeneration)
-                .with_aliases(["phi3"])
-                .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
-                .with_default_weights_format(WeightsFormat::Safetensors)
+            decoder_architecture("Phi3ForCausalLM", "phi3")
                 .with_example_repo_ids(["microsoft/Phi-3-mini-4k-instruct"])
                 .with_config(phi3_config)
                 .with_graph(phi3_graph)
@@ -224,10 +220,7 @@ pub fn plugin() -> Plugin {
                 .with_weight_adapter(WeightsFormat::Gguf, adapt_gguf),
         )
         .with_architecture(with_phi2_adapters(
-            SupportedArchitecture::new("PhiForCausalLM", Task::TextGeneration)
-                .with_aliases(["phi"])
-                .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
-                .with_default_weights_format(WeightsFormat::Safetensors)
+            decoder_architecture("PhiForCausalLM", "phi")
                 .with_example_repo_ids(["microsoft/phi-2"])
                 .with_config(|r| variant_config(r, Activation::GeluTanh))
                 .with_graph(phi2_graph),
@@ -239,6 +232,7 @@ kiln_plugin_api::declare_plugin!(plugin);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_plugin_api::Encoding;
     use serde_json::json;
 
     fn mini() -> Value {

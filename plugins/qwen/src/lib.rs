@@ -2,12 +2,11 @@
 //! overriding only what differs: Qwen2 has q/k/v biases (no output bias),
 //! Qwen3 has per-head q/k RMSNorms and a head size independent of the width.
 
-use kiln_arch_llama::{decoder_graph, llama_config, with_decoder_adapters, LlamaParams};
-use kiln_plugin_api::graph::GraphIr;
-use kiln_plugin_api::{
-    Encoding, GraphRequest, HfConfig, Plugin, Result, ServingDefaults, SupportedArchitecture, Task,
-    WeightsFormat,
+use kiln_arch_llama::{
+    decoder_architecture, decoder_graph, llama_config, with_decoder_adapters, LlamaParams,
 };
+use kiln_plugin_api::graph::GraphIr;
+use kiln_plugin_api::{GraphRequest, HfConfig, Plugin, Result, ServingDefaults};
 
 /// Qwen2: Llama with biases on the q, k and v projections.
 pub fn qwen2_graph(request: &GraphRequest) -> Result<GraphIr> {
@@ -36,10 +35,7 @@ pub fn qwen3_graph(request: &GraphRequest) -> Result<GraphIr> {
 /// The plugin: Qwen2 and Qwen3.
 pub fn plugin() -> Plugin {
     let base = |name: &str, alias: &str| {
-        let arch = SupportedArchitecture::new(name, Task::TextGeneration)
-            .with_aliases([alias])
-            .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
-            .with_default_weights_format(WeightsFormat::Safetensors)
+        let arch = decoder_architecture(name, alias)
             .with_config(llama_config)
             // Qwen2.5 and Qwen3 write `<tool_call>` JSON blocks.
             .with_serving_defaults(|_| Ok(ServingDefaults::with_tool_call_parser("hermes")));
