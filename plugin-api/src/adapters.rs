@@ -44,8 +44,10 @@ pub struct AdaptedWeight {
     pub name: String,
     /// The checkpoint tensor that holds the data.
     pub source: String,
-    /// Only rows `start..end` of the source's first axis (e.g. one part of a
-    /// fused projection).
+    /// Only rows `start..end` of the source as a matrix (e.g. one part of a
+    /// fused projection): the rows of a 2-D tensor; of a stacked `[E, N, K]`
+    /// tensor, the `E·N` rows of `K` (one expert's matrix is `e·N..(e+1)·N`,
+    /// since 1.3), the result being `[end - start, K]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows: Option<(u64, u64)>,
 }

@@ -487,6 +487,30 @@ fn tiny_phi2_with_parallel_layers_and_partial_rotary_matches_transformers() {
     matches_transformers("tiny_phi2.json", false);
 }
 
+/// Mixtral: every MLP a mixture of four experts, two per token
+/// (renormalized), per-expert `block_sparse_moe.experts.N.w1/w2/w3`
+/// tensors; a sliding window of 4. The generator checks each token's
+/// routing has a clear margin.
+#[test]
+fn tiny_mixtral_with_routed_experts_matches_transformers() {
+    matches_transformers("tiny_mixtral.json", false);
+}
+
+/// Qwen2-MoE: mixtures (not renormalized) with a sigmoid-gated shared
+/// expert on layers 0 and 2, a dense MLP on layer 1 (`mlp_only_layers`),
+/// q/k/v biases, tied embeddings.
+#[test]
+fn tiny_qwen2_moe_with_shared_expert_and_dense_layer_matches_transformers() {
+    matches_transformers("tiny_qwen2_moe.json", false);
+}
+
+/// Qwen3-MoE: a mixture of eight experts, three per token (renormalized),
+/// on every second layer (`decoder_sparse_step`), per-head q/k norms.
+#[test]
+fn tiny_qwen3_moe_with_sparse_step_matches_transformers() {
+    matches_transformers("tiny_qwen3_moe.json", false);
+}
+
 #[test]
 fn bf16_and_f16_checkpoints_are_decoded_on_use() {
     // The fixture's weights are multiples of 1/64 of small magnitude, exact in

@@ -94,9 +94,13 @@ impl Tensor {
         let mut shape = self.info.shape.clone();
         let mut range = self.range.clone();
         if let Some((start, end)) = rows {
-            let total = *shape
-                .first()
+            // Rows of the matrix view: every axis but the last is a row axis
+            // (a stacked `[E, N, K]` tensor has `E·N` rows of `K`).
+            let (cols, leading) = shape
+                .split_last()
+                .filter(|(_, leading)| !leading.is_empty())
                 .ok_or_else(|| format!("`{}` has no rows", self.info.name))?;
+            let total: u64 = leading.iter().product();
             if start >= end || end > total {
                 return Err(format!(
                     "rows {start}..{end} of `{}` (which has {total})",
@@ -106,7 +110,7 @@ impl Tensor {
             let row_bytes = self.range.len() / total as usize;
             range = self.range.start + start as usize * row_bytes
                 ..self.range.start + end as usize * row_bytes;
-            shape[0] = end - start;
+            shape = vec![end - start, *cols];
         }
         let dtype = DType::of_encoding(encoding).unwrap_or(DType::F32);
         let spec = WeightSpec {

@@ -80,6 +80,7 @@ fn describe(program: &Program, outcome: CompileOutcome) -> String {
                 graph.weights[*weight].name, graph.weights[*weight].encoding
             ),
             Kernel::Embedding { weight } => format!("embedding[{}]", graph.weights[*weight].name),
+            Kernel::MixtureOfExperts { gate, .. } => format!("mixture_of_experts[{}]", gate.len()),
             Kernel::Fused { program } => format!("fused[{} ops]", program.len()),
         };
         let args: Vec<String> = step.inputs.iter().map(|v| format!("%{v}")).collect();

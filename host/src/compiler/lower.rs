@@ -1,5 +1,6 @@
-//! From the optimized graph to kernel steps: weight matmuls and embedding
-//! lookups lowered to kernels that read weights in their stored encoding,
+//! From the optimized graph to kernel steps: weight matmuls, embedding
+//! lookups and mixtures of experts lowered to kernels that read weights in
+//! their stored encoding,
 //! chains of element-wise ops fused into one pass, and each value's last use.
 
 use kiln_plugin_api::graph::{GraphIr, Op, ValueId};
@@ -55,6 +56,19 @@ pub fn lower(ir: &GraphIr, report: &mut CompileReport) -> (Vec<Step>, Vec<Option
             }
             Op::Gather { axis: 0 } => weight_of(ir, node.inputs[0])
                 .map(|weight| (Kernel::Embedding { weight }, vec![node.inputs[1]])),
+            Op::MixtureOfExperts(spec) => {
+                let (lead, experts) = node.inputs.split_at(spec.leading_inputs());
+                // The verifier requires weights here.
+                let weights: Vec<usize> =
+                    experts.iter().filter_map(|&w| weight_of(ir, w)).collect();
+                let e = spec.num_experts as usize;
+                let kernel = Kernel::MixtureOfExperts {
+                    gate: weights[..e].to_vec(),
+                    up: weights[e..2 * e].to_vec(),
+                    down: weights[2 * e..].to_vec(),
+                };
+                Some((kernel, lead.to_vec()))
+            }
             _ => None,
         };
         if lowered.is_some() {

@@ -105,9 +105,11 @@ pub fn fold_constants(ir: &GraphIr) -> Result<(GraphIr, usize), String> {
         let size: u64 = shape.iter().product();
         let foldable = match &node.op {
             Op::Constant(_) => true,
-            Op::Input { .. } | Op::Weight { .. } | Op::Print { .. } | Op::PagedAttention(_) => {
-                false
-            }
+            Op::Input { .. }
+            | Op::Weight { .. }
+            | Op::Print { .. }
+            | Op::PagedAttention(_)
+            | Op::MixtureOfExperts(_) => false,
             Op::Range { .. } => size <= FOLD_LIMIT,
             _ => {
                 size <= FOLD_LIMIT

@@ -47,6 +47,17 @@ pub enum Kernel {
         /// Index into the graph's weights.
         weight: usize,
     },
+    /// A mixture of experts reading each expert's weights in their stored
+    /// encoding (lowered from `mixture_of_experts`). Inputs: the op's
+    /// leading inputs (x, router logits, the correction bias if any).
+    MixtureOfExperts {
+        /// Index into the graph's weights of each expert's gate projection.
+        gate: Vec<usize>,
+        /// Each expert's up projection.
+        up: Vec<usize>,
+        /// Each expert's down projection.
+        down: Vec<usize>,
+    },
     /// A chain of element-wise ops computed in one pass over the output.
     /// Inputs: the chain's external operands (broadcast to the output shape).
     Fused {

@@ -54,6 +54,20 @@ pub fn verify(ir: &GraphIr) -> Result<(), CompileError> {
                     )))
                 }
             },
+            Op::MixtureOfExperts(spec) => {
+                let lead = spec.leading_inputs();
+                if let Some(&expert) = node
+                    .inputs
+                    .iter()
+                    .skip(lead)
+                    .find(|&&i| !matches!(ir.nodes[i as usize].op, Op::Weight { .. }))
+                {
+                    return Err(fail(format!(
+                        "expert operand %{expert} is not a weight (experts are read in their \
+                         stored encoding)"
+                    )));
+                }
+            }
             _ => {}
         }
         let types: Vec<_> = node

@@ -95,9 +95,11 @@ pub fn eval(
             );
             Ok(Tensor::from_f32(x.dtype, shape, out))
         }
-        Op::Input { .. } | Op::Weight { .. } | Op::Constant(_) | Op::PagedAttention(_) => {
-            Err(format!("`{}` is not evaluated by cpu_ops", op.name()))
-        }
+        Op::Input { .. }
+        | Op::Weight { .. }
+        | Op::Constant(_)
+        | Op::PagedAttention(_)
+        | Op::MixtureOfExperts(_) => Err(format!("`{}` is not evaluated by cpu_ops", op.name())),
     }
 }
 

@@ -252,6 +252,14 @@ impl Executor {
                 self.linear(*weight, inputs[0], shape, dtype, precision)
             }
             Kernel::Embedding { weight } => self.embedding(*weight, inputs[0], shape, dtype),
+            Kernel::MixtureOfExperts { gate, up, down } => {
+                let Op::MixtureOfExperts(spec) = &node.op else {
+                    return Err(fail("a mixture-of-experts step on another op".to_owned()));
+                };
+                let experts = super::moe::Experts { gate, up, down };
+                self.mixture_of_experts(spec, &experts, &inputs)
+                    .map(|out| Tensor::from_f32(dtype, shape, out))
+            }
             Kernel::Fused { program } => fused::run(program, &inputs, dtype, shape, &self.pool),
         };
         result.map_err(fail)
@@ -278,11 +286,22 @@ impl Executor {
         dtype: kiln_plugin_api::graph::DType,
         precision: Precision,
     ) -> Result<Tensor, String> {
+        let y = self.linear_rows(index, x.as_f32(), precision)?;
+        Ok(Tensor::from_f32(dtype, shape, y))
+    }
+
+    /// `xs [m, k] · Wᵀ` for weight `index` (`[n, k]`) in its stored
+    /// encoding: `[m, n]` in a buffer of the pool.
+    pub(super) fn linear_rows(
+        &self,
+        index: usize,
+        xs: &[f32],
+        precision: Precision,
+    ) -> Result<Vec<f32>, String> {
         let weight = &self.weights[index];
         let (n, k) = (weight.spec.shape[0] as usize, weight.spec.shape[1] as usize);
-        let m = x.len() / k.max(1);
+        let m = xs.len() / k.max(1);
         let mut y = self.pool.take(m * n);
-        let xs = x.as_f32();
         match weight.spec.encoding {
             Encoding::Float32 => {
                 let dense = self.value_of_weight(index)?;
@@ -310,7 +329,17 @@ impl Executor {
                     .map_err(|e| e.to_string())?;
             }
         }
-        Ok(Tensor::from_f32(dtype, shape, y))
+        Ok(y)
+    }
+
+    /// The activation precision of weight products.
+    pub(super) fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The buffers reused across steps.
+    pub(super) fn pool(&self) -> &BufferPool {
+        &self.pool
     }
 
     fn value_of_weight(&self, index: usize) -> Result<&Tensor, String> {

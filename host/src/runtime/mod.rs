@@ -8,6 +8,7 @@ pub mod cuda;
 mod executor;
 mod fused;
 mod kv_cache;
+mod moe;
 mod pool;
 pub mod sampling;
 mod tensor;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::ir::{BinaryOp, Op, TopKOutput, UnaryOp};
+use super::ir::{BinaryOp, MoeRouting, MoeSpec, Op, TopKOutput, UnaryOp};
 use super::types::{DType, Dim, TensorType};
 
 /// Infers the output type of `op` applied to `inputs`. Nodes without inputs
@@ -379,6 +379,7 @@ pub fn infer(
             }
             Ok(q.clone())
         }
+        Op::MixtureOfExperts(spec) => infer_moe(spec, inputs),
         Op::Print { .. } => {
             arity(1)?;
             Ok(inputs[0].clone())
@@ -475,4 +476,93 @@ pub fn numel(shape: &[Dim]) -> (u64, BTreeMap<String, u32>) {
 pub fn show(shape: &[Dim]) -> String {
     let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
     format!("[{}]", dims.join(", "))
+}
+
+/// [`Op::MixtureOfExperts`]: x `[T, H]`, logits `[T, E]`, the bias `[E]` if
+/// any, then E gates and E ups `[I, H]` and E downs `[H, I]`; out like x.
+fn infer_moe(spec: &MoeSpec, inputs: &[&TensorType]) -> Result<TensorType, String> {
+    let experts = spec.num_experts as usize;
+    let lead = spec.leading_inputs();
+    if inputs.len() != lead + 3 * experts {
+        return Err(format!(
+            "expects {} operands ({lead} then 3 × {experts} expert weights), got {}",
+            lead + 3 * experts,
+            inputs.len()
+        ));
+    }
+    if spec.top_k == 0 || spec.top_k > spec.num_experts {
+        return Err(format!(
+            "top_k {} must lie in 1..={} experts",
+            spec.top_k, spec.num_experts
+        ));
+    }
+    if let MoeRouting::Sigmoid {
+        groups, top_groups, ..
+    } = spec.routing
+    {
+        let fits = groups > 0
+            && spec.num_experts.is_multiple_of(groups)
+            && (1..=groups).contains(&top_groups)
+            && spec.top_k <= top_groups * (spec.num_experts / groups);
+        if !fits {
+            return Err(format!(
+                "{} experts in {groups} groups, {top_groups} of them picked, cannot give top_k {}",
+                spec.num_experts, spec.top_k
+            ));
+        }
+    }
+    if !matches!(
+        spec.activation,
+        UnaryOp::Silu | UnaryOp::Gelu | UnaryOp::GeluTanh | UnaryOp::Relu
+    ) {
+        return Err(format!(
+            "expert activation {:?} is not one of silu, gelu, gelu_tanh, relu",
+            spec.activation
+        ));
+    }
+    let (x, logits) = (inputs[0], inputs[1]);
+    require_float(x, "x")?;
+    require_float(logits, "router_logits")?;
+    let static_dim = |t: &TensorType, axis: usize| t.shape.get(axis).and_then(Dim::as_static);
+    let hidden = match (x.rank(), static_dim(x, 1)) {
+        (2, Some(h)) => h,
+        _ => {
+            return Err(format!(
+                "x must be [T, hidden] with a static hidden, got {x}"
+            ))
+        }
+    };
+    if logits.rank() != 2
+        || logits.shape[0] != x.shape[0]
+        || static_dim(logits, 1) != Some(experts as u64)
+    {
+        return Err(format!(
+            "router_logits must be [T, {experts}] for x {x}, got {logits}"
+        ));
+    }
+    if lead == 3 && inputs[2].shape != [Dim::Static(experts as u64)] {
+        return Err(format!(
+            "the correction bias must be [{experts}], got {}",
+            inputs[2]
+        ));
+    }
+    let weights = &inputs[lead..];
+    let intermediate = static_dim(weights[0], 0).unwrap_or(0);
+    for (i, w) in weights.iter().enumerate() {
+        let (what, expected) = match i / experts {
+            0 => ("gate", [intermediate, hidden]),
+            1 => ("up", [intermediate, hidden]),
+            _ => ("down", [hidden, intermediate]),
+        };
+        let dims: Vec<Option<u64>> = (0..w.rank()).map(|a| static_dim(w, a)).collect();
+        if dims != [Some(expected[0]), Some(expected[1])] || !w.dtype.is_float() {
+            return Err(format!(
+                "expert {} {what} must be a float [{}, {}], got {w}",
+                i % experts,
+                expected[0],
+                expected[1]
+            ));
+        }
+    }
+    Ok(x.clone())
 }

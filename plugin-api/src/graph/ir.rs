@@ -315,6 +315,15 @@ pub enum Op {
     /// Inputs: `[q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], row_offsets [B+1],
     /// context_lens [B], block_tables [B, M]]`; output `[T, Hq, D]`.
     PagedAttention(AttentionSpec),
+    /// A mixture of experts (since 1.3): each token's router scores pick
+    /// `top_k` of `num_experts` gated MLPs, whose outputs are summed with
+    /// the routing weights. Only the picked experts are computed. Inputs:
+    /// `[x [T, hidden], router_logits [T, E]]`, then the router's score
+    /// correction bias `[E]` when [`MoeRouting::Sigmoid`] has one, then
+    /// every expert's gate `[I, hidden]`, every expert's up `[I, hidden]`
+    /// and every expert's down projection `[hidden, I]` (weights, in expert
+    /// order). Output `[T, hidden]`.
+    MixtureOfExperts(MoeSpec),
     /// Prints `x` at run time, labelled, and passes it through. Inputs: `[x]`.
     Print {
         /// Label printed before the values.
@@ -335,6 +344,58 @@ pub struct AttentionSpec {
     /// Gemma-2-style logit soft cap: `cap * tanh(score / cap)`.
     #[serde(default)]
     pub softcap: Option<f32>,
+}
+
+/// Attributes of [`Op::MixtureOfExperts`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MoeSpec {
+    /// Experts `E`.
+    pub num_experts: u32,
+    /// Experts per token `k`.
+    pub top_k: u32,
+    /// How router logits become scores and picks.
+    pub routing: MoeRouting,
+    /// Divide the picked scores by their sum.
+    pub renormalize: bool,
+    /// Multiplies the routing weights (DeepSeek's `routed_scaling_factor`;
+    /// 1 otherwise).
+    pub scale: f32,
+    /// The experts' gate activation (`Silu`, `Gelu`, `GeluTanh` or `Relu`):
+    /// an expert computes `down(act(gate(x)) * up(x))`.
+    pub activation: UnaryOp,
+}
+
+/// How a mixture of experts routes a token.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MoeRouting {
+    /// Softmax over all experts, then the `top_k` largest (Mixtral, Qwen-MoE).
+    Softmax,
+    /// Sigmoid scores; experts are picked by score plus an optional
+    /// correction bias, within the `top_groups` best of `groups` equal groups
+    /// (a group ranks by the sum of its two best biased scores), and weighted
+    /// by their unbiased scores (DeepSeek-V3). One group: plain top-k.
+    Sigmoid {
+        /// A correction bias `[E]` input follows the router logits.
+        correction_bias: bool,
+        /// Expert groups (`n_group`).
+        groups: u32,
+        /// Groups a token may pick from (`topk_group`).
+        top_groups: u32,
+    },
+}
+
+impl MoeSpec {
+    /// Inputs before the expert weights: x, the logits, and the bias if any.
+    pub fn leading_inputs(&self) -> usize {
+        match self.routing {
+            MoeRouting::Sigmoid {
+                correction_bias: true,
+                ..
+            } => 3,
+            _ => 2,
+        }
+    }
 }
 
 impl Op {

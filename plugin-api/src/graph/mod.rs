@@ -22,7 +22,7 @@ pub use ops::RaggedBatch;
 
 pub use builder::{Graph, GraphError, ScopeGuard, TensorValue};
 pub use ir::{
-    AttentionSpec, BinaryOp, Constant, GraphIr, InputSpec, IrError, Node, Op, ReduceOp, TopKOutput,
-    UnaryOp, ValueId, IR_VERSION,
+    AttentionSpec, BinaryOp, Constant, GraphIr, InputSpec, IrError, MoeRouting, MoeSpec, Node, Op,
+    ReduceOp, TopKOutput, UnaryOp, ValueId, IR_VERSION,
 };
 pub use types::{DType, Device, Dim, TensorType, WeightSpec};

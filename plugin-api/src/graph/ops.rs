@@ -6,7 +6,7 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use super::builder::TensorValue;
 use super::infer::{numel, show};
-use super::ir::{AttentionSpec, BinaryOp, Op, ReduceOp, TopKOutput, UnaryOp};
+use super::ir::{AttentionSpec, BinaryOp, MoeSpec, Op, ReduceOp, TopKOutput, UnaryOp};
 use super::types::{DType, Dim};
 
 /// Resolves a possibly negative axis against `rank` (`rank` itself is
@@ -604,6 +604,33 @@ pub fn paged_attention(
             &batch.block_tables,
         ],
     )
+}
+
+/// The weights of a mixture's experts, in expert order: gate and up
+/// `[I, hidden]`, down `[hidden, I]` (graph weights, in any encoding).
+pub struct ExpertWeights<'a> {
+    /// Gate projections.
+    pub gate: &'a [TensorValue],
+    /// Up projections.
+    pub up: &'a [TensorValue],
+    /// Down projections.
+    pub down: &'a [TensorValue],
+}
+
+/// A mixture of experts over `x [T, hidden]` routed by `router_logits
+/// [T, E]` (see [`Op::MixtureOfExperts`]); `correction_bias [E]` goes with
+/// [`super::MoeRouting::Sigmoid`]'s `correction_bias: true`.
+pub fn mixture_of_experts(
+    x: &TensorValue,
+    router_logits: &TensorValue,
+    correction_bias: Option<&TensorValue>,
+    experts: ExpertWeights<'_>,
+    spec: MoeSpec,
+) -> TensorValue {
+    let mut inputs = vec![x, router_logits];
+    inputs.extend(correction_bias);
+    inputs.extend(experts.gate.iter().chain(experts.up).chain(experts.down));
+    x.graph().apply(Op::MixtureOfExperts(spec), &inputs)
 }
 
 /// Prints `x` with `label` when the graph runs, and returns it.

@@ -150,6 +150,17 @@ pub struct TransformerBlock {
 impl TransformerBlock {
     /// The block applied to `x [T, hidden]`.
     pub fn forward(&self, x: &TensorValue, batch: &RaggedBatch) -> TensorValue {
+        self.forward_with(x, batch, &self.mlp)
+    }
+
+    /// The block's wiring with `feed_forward` in place of its MLP (since
+    /// 1.3; a mixture of experts, see [`super::MoeBlock`]).
+    pub fn forward_with(
+        &self,
+        x: &TensorValue,
+        batch: &RaggedBatch,
+        feed_forward: &dyn Layer,
+    ) -> TensorValue {
         let attended = self
             .self_attn
             .forward(&self.input_layernorm.forward(x), batch);
@@ -159,13 +170,13 @@ impl TransformerBlock {
         ) {
             (Some(pre), post) => {
                 let h = x + &self.post_attention_layernorm.forward(&attended);
-                let out = self.mlp.forward(&pre.forward(&h));
+                let out = feed_forward.forward(&pre.forward(&h));
                 let out = post.as_ref().map_or(out.clone(), |post| post.forward(&out));
                 &h + &out
             }
             (None, _) => {
                 let h = x + &attended;
-                let out = self.mlp.forward(&self.post_attention_layernorm.forward(&h));
+                let out = feed_forward.forward(&self.post_attention_layernorm.forward(&h));
                 &h + &out
             }
         }
@@ -174,6 +185,13 @@ impl TransformerBlock {
 
 impl Module for TransformerBlock {
     fn visit(&self, registry: &mut Registry<'_>) {
+        self.visit_with(registry, &self.mlp);
+    }
+}
+
+impl TransformerBlock {
+    /// Registers the block's modules with `feed_forward` as its `mlp`.
+    pub(super) fn visit_with(&self, registry: &mut Registry<'_>, feed_forward: &dyn Module) {
         registry.module("input_layernorm", &self.input_layernorm);
         registry.module("self_attn", &self.self_attn);
         registry.module("post_attention_layernorm", &self.post_attention_layernorm);
@@ -189,7 +207,7 @@ impl Module for TransformerBlock {
                 .as_ref()
                 .map(|m| m as &dyn Module),
         );
-        registry.module("mlp", &self.mlp);
+        registry.module("mlp", feed_forward);
     }
 }
 

@@ -5,12 +5,14 @@ mod attention;
 mod decoder;
 mod layers;
 mod module;
+mod moe;
 mod rotary;
 
 pub use attention::{AttentionConfig, AttentionWithRope, Transformer, TransformerBlock};
 pub use decoder::{Decoder, DecoderLayer, ParallelBlock};
 pub use layers::{Activation, Embedding, LayerNorm, Linear, Mlp, Norm, RmsNorm};
 pub use module::{Layer, Module, Registry, Sequential, StateDict, Weight};
+pub use moe::{MixtureOfExperts, MoeBlock};
 pub use rotary::{RopeScaling, RotaryEmbedding};
 
 use crate::graph::{Graph, GraphIr, RaggedBatch, TensorValue};

@@ -1,12 +1,13 @@
 //! Built-in plugin: the Llama family.
 //!
 //! Registers `LlamaForCausalLM`, `MistralForCausalLM`,
-//! `Starcoder2ForCausalLM`, `GraniteForCausalLM`, `SmolLM3ForCausalLM` and
-//! `Olmo2ForCausalLM` with their config and graph entry points, built from
-//! the `kiln-plugin-api` module library. Each variant has its own module and
-//! replaces only what differs from Llama: StarCoder2 the norms and the MLP,
-//! Granite the residual wiring and three scales, SmolLM3 some layers' rotary
-//! embedding, OLMo 2 the wiring (post-norms) and the q/k norms.
+//! `Starcoder2ForCausalLM`, `GraniteForCausalLM`, `SmolLM3ForCausalLM`,
+//! `Olmo2ForCausalLM` and `MixtralForCausalLM` with their config and graph
+//! entry points, built from the `kiln-plugin-api` module library. Each
+//! variant has its own module and replaces only what differs from Llama:
+//! StarCoder2 the norms and the MLP, Granite the residual wiring and three
+//! scales, SmolLM3 some layers' rotary embedding, OLMo 2 the wiring
+//! (post-norms) and the q/k norms, Mixtral the MLPs (mixtures of experts).
 
 use kiln_plugin_api::graph::{DType, GraphIr};
 use kiln_plugin_api::nn::{
@@ -20,11 +21,16 @@ use kiln_plugin_api::{
 use serde_json::Value;
 
 mod granite;
+mod mixtral;
 mod olmo2;
 mod smollm3;
 mod starcoder2;
 
 pub use granite::granite_graph;
+pub use mixtral::{
+    adapt_moe_gguf, adapt_moe_safetensors, expert_counts, mixtral_graph, moe_decoder_graph,
+    with_moe_adapters,
+};
 pub use olmo2::olmo2_graph;
 pub use smollm3::smollm3_graph;
 pub use starcoder2::{starcoder2_graph, with_starcoder2_adapters};
@@ -294,6 +300,13 @@ pub fn plugin() -> Plugin {
             variant("Olmo2ForCausalLM", "olmo2", olmo2_graph)
                 .with_example_repo_ids(["allenai/OLMo-2-0425-1B-Instruct"]),
         )
+        .with_architecture(with_moe_adapters(
+            decoder_architecture("MixtralForCausalLM", "mixtral")
+                .with_config(llama_config)
+                .with_graph(mixtral_graph)
+                .with_example_repo_ids(["mistralai/Mixtral-8x7B-Instruct-v0.1"])
+                .with_serving_defaults(|_| Ok(ServingDefaults::with_tool_call_parser("mistral"))),
+        ))
 }
 
 kiln_plugin_api::declare_plugin!(plugin);

@@ -1,46 +1,54 @@
 //! Built-in plugin: the Qwen family, reusing the Llama family's pieces and
 //! overriding only what differs: Qwen2 has q/k/v biases (no output bias),
 //! Qwen3 has per-head q/k RMSNorms and a head size independent of the width.
+//! Their mixture-of-experts variants (`moe.rs`) replace the MLPs.
 
 use kiln_arch_llama::{
-    decoder_architecture, decoder_graph, llama_config, with_decoder_adapters, LlamaParams,
+    decoder_architecture, decoder_graph, llama_config, with_decoder_adapters, with_moe_adapters,
+    LlamaParams,
 };
 use kiln_plugin_api::graph::GraphIr;
 use kiln_plugin_api::{GraphRequest, HfConfig, Plugin, Result, ServingDefaults};
 
-/// Qwen2: Llama with biases on the q, k and v projections.
-pub fn qwen2_graph(request: &GraphRequest) -> Result<GraphIr> {
-    let mut params = LlamaParams::parse(&HfConfig::new(&request.config.model)?)?;
-    params.qkv_bias = true;
-    params.o_bias = false;
-    // `sliding_window` is only in effect with `use_sliding_window`.
-    let hf = HfConfig::new(&request.config.model)?;
+mod moe;
+
+pub use moe::{qwen2_moe_graph, qwen3_moe_graph};
+
+/// The Llama parameters of a Qwen config: `sliding_window` is only in
+/// effect with `use_sliding_window`.
+pub fn qwen_params(hf: &HfConfig<'_>) -> Result<LlamaParams> {
+    let mut params = LlamaParams::parse(hf)?;
     if !hf.opt_bool("use_sliding_window")?.unwrap_or(false) {
         params.sliding_window = None;
     }
+    Ok(params)
+}
+
+/// Qwen2: Llama with biases on the q, k and v projections.
+pub fn qwen2_graph(request: &GraphRequest) -> Result<GraphIr> {
+    let mut params = qwen_params(&HfConfig::new(&request.config.model)?)?;
+    params.qkv_bias = true;
+    params.o_bias = false;
     decoder_graph(&params, request)
 }
 
 /// Qwen3: Llama with per-head RMSNorm of queries and keys.
 pub fn qwen3_graph(request: &GraphRequest) -> Result<GraphIr> {
-    let mut params = LlamaParams::parse(&HfConfig::new(&request.config.model)?)?;
+    let mut params = qwen_params(&HfConfig::new(&request.config.model)?)?;
     params.qk_norm = true;
-    let hf = HfConfig::new(&request.config.model)?;
-    if !hf.opt_bool("use_sliding_window")?.unwrap_or(false) {
-        params.sliding_window = None;
-    }
     decoder_graph(&params, request)
 }
 
-/// The plugin: Qwen2 and Qwen3.
+/// The plugin: Qwen2, Qwen3 and their mixture-of-experts variants.
 pub fn plugin() -> Plugin {
-    let base = |name: &str, alias: &str| {
-        let arch = decoder_architecture(name, alias)
+    let declared = |name: &str, alias: &str| {
+        decoder_architecture(name, alias)
             .with_config(llama_config)
             // Qwen2.5 and Qwen3 write `<tool_call>` JSON blocks.
-            .with_serving_defaults(|_| Ok(ServingDefaults::with_tool_call_parser("hermes")));
-        with_decoder_adapters(arch)
+            .with_serving_defaults(|_| Ok(ServingDefaults::with_tool_call_parser("hermes")))
     };
+    let base = |name: &str, alias: &str| with_decoder_adapters(declared(name, alias));
+    let moe = |name: &str, alias: &str| with_moe_adapters(declared(name, alias));
     Plugin::new("qwen", env!("CARGO_PKG_VERSION"))
         .with_architecture(
             base("Qwen2ForCausalLM", "qwen2")
@@ -54,6 +62,16 @@ pub fn plugin() -> Plugin {
             base("Qwen3ForCausalLM", "qwen3")
                 .with_graph(qwen3_graph)
                 .with_example_repo_ids(["Qwen/Qwen3-0.6B"]),
+        )
+        .with_architecture(
+            moe("Qwen2MoeForCausalLM", "qwen2moe")
+                .with_graph(qwen2_moe_graph)
+                .with_example_repo_ids(["Qwen/Qwen1.5-MoE-A2.7B-Chat"]),
+        )
+        .with_architecture(
+            moe("Qwen3MoeForCausalLM", "qwen3moe")
+                .with_graph(qwen3_moe_graph)
+                .with_example_repo_ids(["Qwen/Qwen3-30B-A3B"]),
         )
 }
 

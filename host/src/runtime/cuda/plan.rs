@@ -212,6 +212,9 @@ pub fn lower(
                 let m = matrix(*weight, &mut owned)?;
                 StepPlan::Embedding(m, hand[weights::embedding_kernel(&m)])
             }
+            Kernel::MixtureOfExperts { .. } => {
+                return Err(unsupported("no CUDA kernel yet".into()))
+            }
             Kernel::Fused { program: instrs } => fused(
                 device,
                 program,

@@ -1,0 +1,193 @@
+//! Mixtral, as a variant of the Llama decoder whose MLPs are mixtures of
+//! experts (softmax top-k, renormalized), and the pieces every
+//! mixture-of-experts variant of the family shares: the decoder with some
+//! layers' MLPs replaced, and weight adapters that give each expert its own
+//! module weights from per-expert or stacked checkpoint tensors.
+
+use kiln_plugin_api::adapters::{AdaptRequest, AdaptResponse, AdaptedWeight};
+use kiln_plugin_api::graph::{DType, GraphIr, MoeSpec};
+use kiln_plugin_api::nn::{build_decoder_graph, Decoder, DecoderLayer, MixtureOfExperts, MoeBlock};
+use kiln_plugin_api::{adapters, GraphRequest, HfConfig, Result, SupportedArchitecture};
+use kiln_plugin_api::{Error, WeightsFormat};
+
+use crate::LlamaParams;
+
+/// The decoder of `params` with layer `i`'s MLP replaced by `moe(i)` where
+/// it gives one.
+pub fn moe_decoder_graph(
+    name: &str,
+    params: &LlamaParams,
+    request: &GraphRequest,
+    moe: impl Fn(usize) -> Option<MixtureOfExperts>,
+) -> Result<GraphIr> {
+    let model = params.transformer(DType::F32);
+    let decoder = Decoder::from_blocks(model, |i, block| -> Box<dyn DecoderLayer> {
+        match moe(i) {
+            Some(moe) => Box::new(MoeBlock::new(block, moe)),
+            None => Box::new(block),
+        }
+    });
+    build_decoder_graph(name, &decoder, request.state_dict.as_ref(), |batch| {
+        decoder.forward(batch)
+    })
+}
+
+/// The experts and picks per token a config names: `num_local_experts`
+/// (Mixtral; transformers 5 writes it for Qwen-MoE too) or `num_experts`,
+/// and `num_experts_per_tok`.
+pub fn expert_counts(hf: &HfConfig<'_>) -> Result<(u32, u32)> {
+    let experts = match hf.opt_u32("num_local_experts")? {
+        Some(n) => n,
+        None => hf.u32("num_experts")?,
+    };
+    Ok((experts, hf.u32("num_experts_per_tok")?))
+}
+
+/// The Mixtral graph: every layer's MLP is a mixture of `intermediate_size`
+/// experts.
+pub fn mixtral_graph(request: &GraphRequest) -> Result<GraphIr> {
+    let hf = HfConfig::new(&request.config.model)?;
+    let params = LlamaParams::parse(&hf)?;
+    let (experts, top_k) = expert_counts(&hf)?;
+    let spec = MoeSpec::softmax(experts, top_k, true);
+    moe_decoder_graph("mixtral", &params, request, |_| {
+        Some(MixtureOfExperts::new(
+            params.hidden_size,
+            params.intermediate_size,
+            DType::F32,
+            spec.clone(),
+        ))
+    })
+}
+
+/// One adapted weight: `name` from rows `rows` of `source`.
+fn part(name: String, source: &str, rows: Option<(u64, u64)>) -> AdaptedWeight {
+    AdaptedWeight {
+        name,
+        source: source.to_owned(),
+        rows,
+    }
+}
+
+/// Expert `e`'s `proj` weights of a stacked `[E, rows, cols]` tensor, as
+/// rows of its `[E·rows, cols]` matrix view (`offset`..`offset + len`
+/// within each expert's rows).
+fn split_stacked(
+    prefix: &str,
+    proj: &str,
+    source: &str,
+    shape: &[u64],
+    offset: u64,
+    len: u64,
+) -> Result<Vec<AdaptedWeight>> {
+    let [experts, rows, _] = shape else {
+        return Err(Error::invalid(format!(
+            "`{source}` should be [experts, rows, cols], got {shape:?}"
+        )));
+    };
+    Ok((0..*experts)
+        .map(|e| {
+            let start = e * rows + offset;
+            part(
+                format!("{prefix}experts.{e}.{proj}.weight"),
+                source,
+                Some((start, start + len)),
+            )
+        })
+        .collect())
+}
+
+/// Hugging Face names: `model.` stripped; Mixtral's `block_sparse_moe`
+/// (with experts' `w1`, `w3`, `w2`) read as `mlp` (`gate_proj`, `up_proj`,
+/// `down_proj`); transformers 5's stacked `experts.gate_up_proj
+/// [E, 2I, H]` and `experts.down_proj [E, H, I]` split per expert.
+pub fn adapt_moe_safetensors(request: &AdaptRequest) -> Result<AdaptResponse> {
+    let mut weights = Vec::new();
+    for tensor in &request.tensors {
+        let Some(name) = adapters::hf_decoder_name(&tensor.name) else {
+            continue;
+        };
+        let name = name
+            .replace(".block_sparse_moe.", ".mlp.")
+            .replace(".w1.weight", ".gate_proj.weight")
+            .replace(".w3.weight", ".up_proj.weight")
+            .replace(".w2.weight", ".down_proj.weight");
+        let source = tensor.name.as_str();
+        if let Some(prefix) = name.strip_suffix("experts.gate_up_proj") {
+            let intermediate = tensor.shape.get(1).copied().unwrap_or(0) / 2;
+            weights.extend(split_stacked(
+                prefix,
+                "gate_proj",
+                source,
+                &tensor.shape,
+                0,
+                intermediate,
+            )?);
+            weights.extend(split_stacked(
+                prefix,
+                "up_proj",
+                source,
+                &tensor.shape,
+                intermediate,
+                intermediate,
+            )?);
+        } else if let Some(prefix) = name.strip_suffix("experts.down_proj") {
+            let hidden = tensor.shape.get(1).copied().unwrap_or(0);
+            weights.extend(split_stacked(
+                prefix,
+                "down_proj",
+                source,
+                &tensor.shape,
+                0,
+                hidden,
+            )?);
+        } else {
+            weights.push(part(name, source, None));
+        }
+    }
+    Ok(AdaptResponse { weights })
+}
+
+/// llama.cpp's names: the decoder's, plus the router `ffn_gate_inp`, the
+/// stacked experts `ffn_{gate,up,down}_exps` split per expert, and the
+/// shared expert `ffn_{gate,up,down}_shexp`.
+pub fn adapt_moe_gguf(request: &AdaptRequest) -> Result<AdaptResponse> {
+    let mut weights = Vec::new();
+    for tensor in &request.tensors {
+        let source = tensor.name.as_str();
+        let Some((layer, part_name)) = source
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.split_once('.'))
+        else {
+            weights.extend(adapters::gguf_decoder_name(source).map(|n| part(n, source, None)));
+            continue;
+        };
+        let prefix = format!("layers.{layer}.mlp.");
+        let stacked =
+            |proj| split_stacked(&prefix, proj, source, &tensor.shape, 0, tensor.shape[1]);
+        match part_name {
+            "ffn_gate_inp.weight" => {
+                weights.push(part(format!("{prefix}gate.weight"), source, None))
+            }
+            "ffn_gate_exps.weight" => weights.extend(stacked("gate_proj")?),
+            "ffn_up_exps.weight" => weights.extend(stacked("up_proj")?),
+            "ffn_down_exps.weight" => weights.extend(stacked("down_proj")?),
+            "ffn_gate_shexp.weight" | "ffn_up_shexp.weight" | "ffn_down_shexp.weight" => {
+                let proj = &part_name[4..part_name.len() - "_shexp.weight".len()];
+                weights.push(part(
+                    format!("{prefix}shared_expert.{proj}_proj.weight"),
+                    source,
+                    None,
+                ));
+            }
+            _ => weights.extend(adapters::gguf_decoder_name(source).map(|n| part(n, source, None))),
+        }
+    }
+    Ok(AdaptResponse { weights })
+}
+
+/// The mixture-of-experts adapters for both formats.
+pub fn with_moe_adapters(arch: SupportedArchitecture) -> SupportedArchitecture {
+    arch.with_weight_adapter(WeightsFormat::Safetensors, adapt_moe_safetensors)
+        .with_weight_adapter(WeightsFormat::Gguf, adapt_moe_gguf)
+}
