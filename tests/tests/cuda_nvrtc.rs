@@ -98,6 +98,9 @@ fn generated_kernels_of_every_tiny_family_compile_for_sm80_and_sm90() {
         "tiny_smollm3.json",
         "tiny_olmo2.json",
         "tiny_phi2.json",
+        "tiny_mixtral.json",
+        "tiny_qwen2_moe.json",
+        "tiny_qwen3_moe.json",
     ];
     let mut compiled = 0;
     for family in families {

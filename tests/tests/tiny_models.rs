@@ -496,6 +496,63 @@ fn tiny_mixtral_with_routed_experts_matches_transformers() {
     matches_transformers("tiny_mixtral.json", false);
 }
 
+/// Mixtral from transformers 5's own layout: each layer's experts stacked
+/// in `mlp.experts.gate_up_proj [E, 2I, H]` and `mlp.experts.down_proj
+/// [E, H, I]`, which the adapter splits per expert as rows of the stacked
+/// tensors. The prompts' prefill logits must not change.
+#[test]
+fn tiny_mixtral_from_stacked_experts_matches_transformers() {
+    let mut model = read_fixture("tiny_mixtral.json");
+    let layers = model.config["num_hidden_layers"].as_u64().unwrap();
+    let experts = model.config["num_local_experts"].as_u64().unwrap();
+    let mut take = |name: String| model.weights.remove(&name).unwrap();
+    let mut stacked = Vec::new();
+    for layer in 0..layers {
+        let prefix = format!("model.layers.{layer}.block_sparse_moe.experts");
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        let (mut rows, mut shape) = (0, vec![]);
+        for e in 0..experts {
+            let [w1, w3, w2] = ["w1", "w3", "w2"].map(|w| take(format!("{prefix}.{e}.{w}.weight")));
+            rows = w1.shape[0];
+            shape = w2.shape.clone();
+            gate_up.extend(w1.data.into_iter().chain(w3.data));
+            down.extend(w2.data);
+        }
+        let e = experts as usize;
+        let hidden = shape[0];
+        let tensor = |shape: Vec<usize>, data| FixtureTensor {
+            dtype: "f32".into(),
+            shape,
+            data,
+        };
+        let at = format!("model.layers.{layer}.mlp.experts");
+        stacked.push((
+            format!("{at}.gate_up_proj"),
+            tensor(vec![e, 2 * rows, hidden], gate_up),
+        ));
+        stacked.push((
+            format!("{at}.down_proj"),
+            tensor(vec![e, hidden, rows], down),
+        ));
+    }
+    model.weights.extend(stacked);
+    let engine = Engine::from_model(&model, false, DeviceChoice::Cpu);
+    for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
+        let mut cache = engine.cache(8);
+        let step = Step {
+            tokens: prompt,
+            start: 0,
+            blocks: blocks_for(0, prompt.len()),
+        };
+        let out = engine.step(&mut cache, &[step]);
+        check(
+            &out[0],
+            &logits.row(prompt.len() - 1),
+            &format!("stacked prompt {p}"),
+        );
+    }
+}
+
 /// Qwen2-MoE: mixtures (not renormalized) with a sigmoid-gated shared
 /// expert on layers 0 and 2, a dense MLP on layer 1 (`mlp_only_layers`),
 /// q/k/v biases, tied embeddings.
@@ -511,33 +568,43 @@ fn tiny_qwen3_moe_with_sparse_step_matches_transformers() {
     matches_transformers("tiny_qwen3_moe.json", false);
 }
 
-#[test]
-fn bf16_and_f16_checkpoints_are_decoded_on_use() {
-    // The fixture's weights are multiples of 1/64 of small magnitude, exact in
-    // bf16 and f16: the same logits must come out of either checkpoint.
-    let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
-    let reference: TinyModel = serde_json::from_str(
-        &std::fs::read_to_string(
-            kiln_tests::workspace_root().join("tests/fixtures/reference/tiny_llama.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+/// `name`'s checkpoint in bf16 and in f16, on `device` with weights kept
+/// in their stored type, gives transformers' logits within `tolerance`
+/// (absolute and relative): the fixture's weights are multiples of 1/64 of
+/// small magnitude, exact in either.
+fn half_checkpoints_match(name: &str, device: DeviceChoice, tolerance: f64) {
+    let (config, weights) = kiln_tests::models::tiny_model(name);
+    let reference = read_fixture(name);
     for dtype in [safetensors::Dtype::BF16, safetensors::Dtype::F16] {
         let dir = tempfile::tempdir().unwrap();
         kiln_tests::models::write_model_dir_as(&config, &weights, dir.path(), false, dtype);
-        let model = kiln_tests::models::load_model(dir.path());
+        let model = kiln_tests::models::load_model_on(dir.path(), device, WeightDtype::Auto);
         for (prompt, logits) in reference.prompts.iter().zip(&reference.logits) {
             let prompt: Vec<u32> = prompt.iter().map(|&t| t as u32).collect();
             let mut generator = kiln_host::engine::Generator::new(&model, prompt.len()).unwrap();
             let out = generator.feed(&prompt, false).unwrap().remove(0);
-            check(
-                &out,
-                &logits.row(prompt.len() - 1),
-                &format!("{dtype:?} checkpoint"),
-            );
+            let out = Tensor::f32(vec![out.len()], out);
+            if let Err(e) = compare(&out, &logits.row(prompt.len() - 1), tolerance, tolerance) {
+                panic!("{name} {dtype:?} checkpoint on {device:?}: {e}");
+            }
         }
     }
+}
+
+#[test]
+fn bf16_and_f16_checkpoints_are_decoded_on_use() {
+    half_checkpoints_match("tiny_llama.json", DeviceChoice::Cpu, ATOL);
+}
+
+/// The experts' bf16 and f16 kernels (the CUDA backend keeps half experts
+/// in their type with `--dtype auto`). CUDA products of more than a few rows
+/// round the activations to the weights' type for the GEMM, hence its wider
+/// tolerance (a wrong pick or a misread weight is off by far more).
+#[test]
+fn bf16_and_f16_experts_match_transformers_on_both_backends() {
+    half_checkpoints_match("tiny_qwen2_moe.json", DeviceChoice::Cpu, ATOL);
+    let cuda = kiln_tests::models::cuda_test_device();
+    half_checkpoints_match("tiny_qwen2_moe.json", cuda, 2e-2);
 }
 
 /// The CUDA backend against the CPU backend on the same steps (a prefill of
@@ -652,4 +719,19 @@ fn tiny_olmo2_on_the_cuda_backend_matches_transformers() {
 #[test]
 fn tiny_phi2_on_the_cuda_backend_matches_transformers() {
     on_cuda("tiny_phi2.json", false);
+}
+
+#[test]
+fn tiny_mixtral_on_the_cuda_backend_matches_transformers() {
+    on_cuda("tiny_mixtral.json", false);
+}
+
+#[test]
+fn tiny_qwen2_moe_on_the_cuda_backend_matches_transformers() {
+    on_cuda("tiny_qwen2_moe.json", false);
+}
+
+#[test]
+fn tiny_qwen3_moe_on_the_cuda_backend_matches_transformers() {
+    on_cuda("tiny_qwen3_moe.json", false);
 }

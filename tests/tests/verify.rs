@@ -73,6 +73,9 @@ fn every_tiny_family_verifies_against_transformers() {
         "tiny_smollm3.json",
         "tiny_olmo2.json",
         "tiny_phi2.json",
+        "tiny_mixtral.json",
+        "tiny_qwen2_moe.json",
+        "tiny_qwen3_moe.json",
     ] {
         let fixture = load_fixture(name);
         let (model, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -56,8 +56,23 @@ pub const SAMPLING: Source = Source {
     text: include_str!("../../cuda/sampling.cu"),
 };
 
+/// Mixture of experts: routing and the picked experts' products.
+pub const MOE: Source = Source {
+    name: "moe.cu",
+    text: include_str!("../../cuda/moe.cu"),
+};
+
 /// Every hand-written source.
-pub const ALL: [Source; 7] = [NORM, ROPE, ATTENTION, FLASH_ATTENTION, DATA, GEMV, SAMPLING];
+pub const ALL: [Source; 8] = [
+    NORM,
+    ROPE,
+    ATTENTION,
+    FLASH_ATTENTION,
+    DATA,
+    GEMV,
+    SAMPLING,
+    MOE,
+];
 
 /// `text` with `#include "kiln_cuda.cuh"` replaced by the header itself.
 pub fn inline_common_header(text: &str) -> String {

@@ -191,3 +191,86 @@ pub fn with_moe_adapters(arch: SupportedArchitecture) -> SupportedArchitecture {
     arch.with_weight_adapter(WeightsFormat::Safetensors, adapt_moe_safetensors)
         .with_weight_adapter(WeightsFormat::Gguf, adapt_moe_gguf)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_plugin_api::adapters::CheckpointTensor;
+
+    fn request(format: WeightsFormat, tensors: &[(&str, &[u64])]) -> AdaptRequest {
+        AdaptRequest {
+            format,
+            tensors: tensors
+                .iter()
+                .map(|(name, shape)| CheckpointTensor {
+                    name: (*name).to_owned(),
+                    shape: shape.to_vec(),
+                    storage: "F32".to_owned(),
+                    encoding: None,
+                })
+                .collect(),
+            config: serde_json::Value::Null,
+        }
+    }
+
+    fn find<'a>(response: &'a AdaptResponse, name: &str) -> &'a AdaptedWeight {
+        let found = response.weights.iter().find(|w| w.name == name);
+        found.unwrap_or_else(|| panic!("no {name} in {:?}", response.weights))
+    }
+
+    #[test]
+    fn mixtral_and_stacked_expert_names_meet_in_one_module_tree() {
+        let response = adapt_moe_safetensors(&request(
+            WeightsFormat::Safetensors,
+            &[
+                ("model.layers.0.block_sparse_moe.gate.weight", &[4, 16]),
+                (
+                    "model.layers.0.block_sparse_moe.experts.3.w3.weight",
+                    &[24, 16],
+                ),
+                ("model.layers.1.mlp.experts.gate_up_proj", &[4, 48, 16]),
+                ("model.layers.1.mlp.experts.down_proj", &[4, 16, 24]),
+            ],
+        ))
+        .unwrap();
+        assert_eq!(find(&response, "layers.0.mlp.gate.weight").rows, None);
+        let up = find(&response, "layers.0.mlp.experts.3.up_proj.weight");
+        assert_eq!(
+            up.source,
+            "model.layers.0.block_sparse_moe.experts.3.w3.weight"
+        );
+        // Expert 2 of [4, 2·24, 16]: gate rows 96..120, up rows 120..144.
+        let gate = find(&response, "layers.1.mlp.experts.2.gate_proj.weight");
+        assert_eq!(gate.rows, Some((96, 120)));
+        let up = find(&response, "layers.1.mlp.experts.2.up_proj.weight");
+        assert_eq!(up.rows, Some((120, 144)));
+        let down = find(&response, "layers.1.mlp.experts.3.down_proj.weight");
+        assert_eq!(down.rows, Some((48, 64)));
+        assert_eq!(response.weights.len(), 2 + 3 * 4);
+    }
+
+    #[test]
+    fn gguf_stacked_experts_are_split_per_expert() {
+        let response = adapt_moe_gguf(&request(
+            WeightsFormat::Gguf,
+            &[
+                ("blk.1.ffn_gate_inp.weight", &[8, 32]),
+                ("blk.1.ffn_up_exps.weight", &[8, 16, 32]),
+                ("blk.1.ffn_down_exps.weight", &[8, 32, 16]),
+                ("blk.1.ffn_gate_shexp.weight", &[40, 32]),
+                ("blk.1.attn_q.weight", &[64, 32]),
+            ],
+        ))
+        .unwrap();
+        assert_eq!(find(&response, "layers.1.mlp.gate.weight").rows, None);
+        let up = find(&response, "layers.1.mlp.experts.5.up_proj.weight");
+        assert_eq!(
+            (up.source.as_str(), up.rows),
+            ("blk.1.ffn_up_exps.weight", Some((80, 96)))
+        );
+        let down = find(&response, "layers.1.mlp.experts.7.down_proj.weight");
+        assert_eq!(down.rows, Some((224, 256)));
+        find(&response, "layers.1.mlp.shared_expert.gate_proj.weight");
+        find(&response, "layers.1.self_attn.q_proj.weight");
+    }
+}

@@ -114,6 +114,10 @@ pub fn plan(
             StepPlan::Linear(_) | StepPlan::MatMul(_) | StepPlan::LinearGroup(_) => {
                 products::scratch_bytes(plan, x_elements())
             }
+            StepPlan::MixtureOfExperts(moe) => {
+                let x = &shapes[step.inputs[0] as usize];
+                super::moe::scratch_bytes(moe, x_elements(), x.last().copied().unwrap_or(1))
+            }
             StepPlan::Attention(_) => launch::attention_scratch_bytes(
                 &shapes[step.inputs[0] as usize],
                 &shapes[step.inputs[5] as usize],

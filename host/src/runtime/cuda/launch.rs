@@ -325,6 +325,21 @@ impl Frame<'_> {
                 )
             }
             StepPlan::Attention(spec) => self.attention(step, spec, scratch),
+            StepPlan::MixtureOfExperts(moe) => {
+                let x = in_shape(0);
+                let hidden = x.last().copied().unwrap_or(1);
+                let bias = if step.inputs.len() > 2 { input(2) } else { 0 };
+                self.mixture_of_experts(
+                    moe,
+                    input(0),
+                    input(1),
+                    bias,
+                    out,
+                    rows_of(x),
+                    hidden,
+                    scratch,
+                )
+            }
             StepPlan::Gather(axis) => {
                 let data = in_shape(0);
                 let outer: usize = data[..*axis].iter().product();

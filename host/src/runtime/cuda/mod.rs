@@ -15,6 +15,7 @@ mod graphs;
 mod launch;
 mod measure;
 mod memory;
+mod moe;
 mod plan;
 mod products;
 mod sample;

@@ -79,6 +79,8 @@ pub enum StepPlan {
     },
     /// Paged attention: cache write, then attention.
     Attention(AttentionSpec),
+    /// A mixture of experts: routing, then the picked experts.
+    MixtureOfExperts(super::moe::MoePlan),
     /// Gather along an axis.
     Gather(usize),
     /// A strided slice.
@@ -212,8 +214,18 @@ pub fn lower(
                 let m = matrix(*weight, &mut owned)?;
                 StepPlan::Embedding(m, hand[weights::embedding_kernel(&m)])
             }
-            Kernel::MixtureOfExperts { .. } => {
-                return Err(unsupported("no CUDA kernel yet".into()))
+            Kernel::MixtureOfExperts { gate, up, down } => {
+                let Op::MixtureOfExperts(spec) = &node.op else {
+                    return Err(unsupported(
+                        "a mixture-of-experts step on another op".into(),
+                    ));
+                };
+                let experts = [gate.as_slice(), up, down];
+                let plan = super::moe::plan(device, spec, experts, weights, dtype, &mut owned)
+                    .map_err(unsupported)?;
+                // A batch-1 step reads its token's picked experts.
+                product_matrices.insert(gate[0], plan.per_token);
+                StepPlan::MixtureOfExperts(plan)
             }
             Kernel::Fused { program: instrs } => fused(
                 device,

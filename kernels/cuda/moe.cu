@@ -1,0 +1,193 @@
+// Mixture of experts: routing, then each token's picked experts only.
+//
+//   kiln_moe_route      one block per token: router logits [T, E] to the
+//                       picked experts [T, K] (i32) and their weights [T, K]
+//                       (f32), as kernels/src/dense/moe.rs computes them
+//                       (softmax top-k, or sigmoid scores picked with a
+//                       correction bias within the best groups).
+//   kiln_moe_gate_up_*  one warp per (token, pick, row of I): reads row r of
+//                       the picked expert's gate and up matrices, writes
+//                       h[t·K + j, r] = act(gate · x_t) · (up · x_t).
+//   kiln_moe_down_*     one warp per (token, row of hidden): the sum over
+//                       the token's picks of weight · (down_e · h[t·K + j]).
+//
+// Expert matrices are found through tables of device addresses indexed by
+// expert (uploaded once at load), so nothing here waits for the host and the
+// launches replay in a CUDA graph. The matrices are bf16, f16 or f32 rows.
+#include "kiln_cuda.cuh"
+
+#define KILN_MOE_MAX_EXPERTS 512
+#define KILN_MOE_MAX_GROUPS 64
+#define KILN_MOE_WARPS 4
+
+// The index of the largest `v[i]` not `taken` (the first on ties).
+__device__ __forceinline__ int moe_best(const float* v, const unsigned char* taken, int n) {
+  int pick = -1;
+  for (int i = 0; i < n; ++i)
+    if (!taken[i] && (pick < 0 || v[i] > v[pick])) pick = i;
+  return pick;
+}
+
+// scoring: 0 softmax, 1 sigmoid. `bias` may be null.
+extern "C" __global__ void kiln_moe_route(const float* logits, const float* bias, int* experts,
+                                          float* weights, int num_experts, int top_k, int scoring,
+                                          int groups, int top_groups, int renormalize, float scale) {
+  __shared__ float scores[KILN_MOE_MAX_EXPERTS];
+  __shared__ float choice[KILN_MOE_MAX_EXPERTS];
+  __shared__ unsigned char taken[KILN_MOE_MAX_EXPERTS];
+  if (threadIdx.x != 0) return;
+  int t = blockIdx.x;
+  const float* row = logits + (i64)t * num_experts;
+  if (scoring == 0) {
+    float max = KILN_NEG_INF;
+    for (int e = 0; e < num_experts; ++e) max = fmaxf(max, row[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < num_experts; ++e) {
+      scores[e] = expf(row[e] - max);
+      sum += scores[e];
+    }
+    for (int e = 0; e < num_experts; ++e) {
+      scores[e] = scores[e] / sum;
+      choice[e] = scores[e];
+    }
+  } else {
+    for (int e = 0; e < num_experts; ++e) {
+      scores[e] = 1.0f / (1.0f + expf(-row[e]));
+      choice[e] = bias ? scores[e] + bias[e] : scores[e];
+    }
+    if (groups > 1 && top_groups < groups) {
+      int size = num_experts / groups;
+      float group_scores[KILN_MOE_MAX_GROUPS];
+      unsigned char kept[KILN_MOE_MAX_GROUPS];
+      for (int g = 0; g < groups; ++g) {
+        for (int i = 0; i < size; ++i) taken[i] = 0;
+        int first = moe_best(choice + g * size, taken, size);
+        taken[first] = 1;
+        int second = moe_best(choice + g * size, taken, size);
+        group_scores[g] = choice[g * size + first] + (second < 0 ? 0.0f : choice[g * size + second]);
+        kept[g] = 0;
+      }
+      for (int i = 0; i < top_groups; ++i) kept[moe_best(group_scores, kept, groups)] = 1;
+      for (int g = 0; g < groups; ++g)
+        if (!kept[g])
+          for (int i = 0; i < size; ++i) choice[g * size + i] = 0.0f;
+    }
+  }
+  for (int e = 0; e < num_experts; ++e) taken[e] = 0;
+  int* picked = experts + (i64)t * top_k;
+  float* w = weights + (i64)t * top_k;
+  float sum = 0.0f;
+  for (int j = 0; j < top_k; ++j) {
+    int e = moe_best(choice, taken, num_experts);
+    taken[e] = 1;
+    picked[j] = e;
+    w[j] = scores[e];
+    sum += scores[e];
+  }
+  for (int j = 0; j < top_k; ++j) {
+    if (renormalize) w[j] = w[j] / sum;
+    w[j] = w[j] * scale;
+  }
+}
+
+// Element types of expert matrices (bf16 and f16 are both 16-bit words).
+#define KILN_MOE_F32 0
+#define KILN_MOE_BF16 1
+#define KILN_MOE_F16 2
+
+template <int TYPE>
+__device__ __forceinline__ float moe_load(const void* w, i64 i) {
+  if (TYPE == KILN_MOE_F32) return ((const float*)w)[i];
+  if (TYPE == KILN_MOE_BF16) return bf16_to_f32(((const bf16_bits*)w)[i]);
+  return f16_to_f32(((const f16_bits*)w)[i]);
+}
+
+// The warp's dot product of row `row` of `w [*, cols]` with `x [cols]`.
+template <int TYPE>
+__device__ __forceinline__ float moe_dot(unsigned long long w, int row, const float* x, int cols) {
+  i64 start = (i64)row * cols;
+  float acc = 0.0f;
+  for (int c = threadIdx.x % 32; c < cols; c += 32) acc += moe_load<TYPE>((const void*)w, start + c) * x[c];
+  return warp_sum(acc);
+}
+
+// activation: 0 silu, 1 gelu, 2 gelu_tanh, 3 relu.
+__device__ __forceinline__ float moe_activation(float v, int activation) {
+  switch (activation) {
+    case 1: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case 2: return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case 3: return fmaxf(v, 0.0f);
+    default: return v / (1.0f + expf(-v));
+  }
+}
+
+// Grid (ceil(I / KILN_MOE_WARPS), T·K); h is [T·K, I].
+template <int TYPE>
+__device__ __forceinline__ void moe_gate_up(const float* x, const int* experts,
+                                            const unsigned long long* gate,
+                                            const unsigned long long* up, float* h, int hidden,
+                                            int inter, int top_k, int activation) {
+  int row = blockIdx.x * KILN_MOE_WARPS + threadIdx.x / 32;
+  if (row >= inter) return;
+  int slot = blockIdx.y;  // t·K + j
+  int e = experts[slot];
+  const float* xt = x + (i64)(slot / top_k) * hidden;
+  float g = moe_dot<TYPE>(gate[e], row, xt, hidden);
+  float u = moe_dot<TYPE>(up[e], row, xt, hidden);
+  if (threadIdx.x % 32 == 0) h[(i64)slot * inter + row] = moe_activation(g, activation) * u;
+}
+
+// Grid (ceil(hidden / KILN_MOE_WARPS), T); out is [T, hidden].
+template <int TYPE>
+__device__ __forceinline__ void moe_down(const float* h, const int* experts, const float* weights,
+                                         const unsigned long long* down, float* out, int hidden,
+                                         int inter, int top_k) {
+  int row = blockIdx.x * KILN_MOE_WARPS + threadIdx.x / 32;
+  if (row >= hidden) return;
+  int t = blockIdx.y;
+  float acc = 0.0f;
+  for (int j = 0; j < top_k; ++j) {
+    int slot = t * top_k + j;
+    acc += weights[slot] * moe_dot<TYPE>(down[experts[slot]], row, h + (i64)slot * inter, inter);
+  }
+  if (threadIdx.x % 32 == 0) out[(i64)t * hidden + row] = acc;
+}
+
+extern "C" __global__ void kiln_moe_gate_up_f32(const float* x, const int* experts,
+                                                const unsigned long long* gate,
+                                                const unsigned long long* up, float* h, int hidden,
+                                                int inter, int top_k, int activation) {
+  moe_gate_up<KILN_MOE_F32>(x, experts, gate, up, h, hidden, inter, top_k, activation);
+}
+
+extern "C" __global__ void kiln_moe_gate_up_bf16(const float* x, const int* experts,
+                                                 const unsigned long long* gate,
+                                                 const unsigned long long* up, float* h,
+                                                 int hidden, int inter, int top_k, int activation) {
+  moe_gate_up<KILN_MOE_BF16>(x, experts, gate, up, h, hidden, inter, top_k, activation);
+}
+
+extern "C" __global__ void kiln_moe_gate_up_f16(const float* x, const int* experts,
+                                                const unsigned long long* gate,
+                                                const unsigned long long* up, float* h, int hidden,
+                                                int inter, int top_k, int activation) {
+  moe_gate_up<KILN_MOE_F16>(x, experts, gate, up, h, hidden, inter, top_k, activation);
+}
+
+extern "C" __global__ void kiln_moe_down_f32(const float* h, const int* experts,
+                                             const float* weights, const unsigned long long* down,
+                                             float* out, int hidden, int inter, int top_k) {
+  moe_down<KILN_MOE_F32>(h, experts, weights, down, out, hidden, inter, top_k);
+}
+
+extern "C" __global__ void kiln_moe_down_bf16(const float* h, const int* experts,
+                                              const float* weights, const unsigned long long* down,
+                                              float* out, int hidden, int inter, int top_k) {
+  moe_down<KILN_MOE_BF16>(h, experts, weights, down, out, hidden, inter, top_k);
+}
+
+extern "C" __global__ void kiln_moe_down_f16(const float* h, const int* experts,
+                                             const float* weights, const unsigned long long* down,
+                                             float* out, int hidden, int inter, int top_k) {
+  moe_down<KILN_MOE_F16>(h, experts, weights, down, out, hidden, inter, top_k);
+}
