@@ -75,6 +75,27 @@ pub fn write_model_dir_as(
     }
 }
 
+/// Every tiny decoder fixture of `gen_tiny_models.py`, one per family and
+/// config switch.
+pub const TINY_FAMILIES: [&str; 16] = [
+    "tiny_llama.json",
+    "tiny_llama_tied.json",
+    "tiny_mistral.json",
+    "tiny_qwen2.json",
+    "tiny_qwen3.json",
+    "tiny_gemma3.json",
+    "tiny_phi3.json",
+    "tiny_gpt2.json",
+    "tiny_starcoder2.json",
+    "tiny_granite.json",
+    "tiny_smollm3.json",
+    "tiny_olmo2.json",
+    "tiny_phi2.json",
+    "tiny_mixtral.json",
+    "tiny_qwen2_moe.json",
+    "tiny_qwen3_moe.json",
+];
+
 /// The tiny model fixture `name` (config and weights).
 pub fn tiny_model(name: &str) -> (serde_json::Value, BTreeMap<String, FixtureTensor>) {
     #[derive(serde::Deserialize)]

@@ -84,24 +84,7 @@ fn a_kernel_with_an_error_is_reported_with_nvrtc_log() {
 #[test]
 fn generated_kernels_of_every_tiny_family_compile_for_sm80_and_sm90() {
     load_nvrtc();
-    let families = [
-        "tiny_llama.json",
-        "tiny_llama_tied.json",
-        "tiny_mistral.json",
-        "tiny_qwen2.json",
-        "tiny_qwen3.json",
-        "tiny_gemma3.json",
-        "tiny_phi3.json",
-        "tiny_gpt2.json",
-        "tiny_starcoder2.json",
-        "tiny_granite.json",
-        "tiny_smollm3.json",
-        "tiny_olmo2.json",
-        "tiny_phi2.json",
-        "tiny_mixtral.json",
-        "tiny_qwen2_moe.json",
-        "tiny_qwen3_moe.json",
-    ];
+    let families = kiln_tests::models::TINY_FAMILIES;
     let mut compiled = 0;
     for family in families {
         let (config, weights) = kiln_tests::models::tiny_model(family);

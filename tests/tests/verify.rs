@@ -59,24 +59,7 @@ fn write_reference(fixture: &Fixture, dir: &Path, perturb: f32) {
 
 #[test]
 fn every_tiny_family_verifies_against_transformers() {
-    for name in [
-        "tiny_llama.json",
-        "tiny_llama_tied.json",
-        "tiny_qwen2.json",
-        "tiny_qwen3.json",
-        "tiny_gemma3.json",
-        "tiny_phi3.json",
-        "tiny_gpt2.json",
-        "tiny_mistral.json",
-        "tiny_starcoder2.json",
-        "tiny_granite.json",
-        "tiny_smollm3.json",
-        "tiny_olmo2.json",
-        "tiny_phi2.json",
-        "tiny_mixtral.json",
-        "tiny_qwen2_moe.json",
-        "tiny_qwen3_moe.json",
-    ] {
+    for name in kiln_tests::models::TINY_FAMILIES {
         let fixture = load_fixture(name);
         let (model, reference) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         kiln_tests::models::write_model_dir(&fixture.config, &fixture.weights, model.path(), false);
