@@ -34,6 +34,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Generate text from one prompt, streamed to the terminal.
     Generate(GenerateArgs),
+    /// Embed texts with an embedding model, one JSON line per text.
+    Embed(EmbedArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(ServeArgs),
     /// Compare the model's logits with reference logits (e.g. from transformers).
@@ -498,6 +500,21 @@ pub struct GenerateArgs {
     pub dump_logits: Option<PathBuf>,
 }
 
+/// Options of `host embed`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("texts").required(true).args(["text", "input"])))]
+pub struct EmbedArgs {
+    #[command(flatten)]
+    pub load: LoadArgs,
+
+    /// Texts to embed.
+    pub text: Vec<String>,
+
+    /// A file of texts to embed, one per line (`-`: standard input).
+    #[arg(long, value_name = "PATH", conflicts_with = "text")]
+    pub input: Option<PathBuf>,
+}
+
 /// Options of `host verify`.
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
@@ -640,6 +657,7 @@ pub fn run() -> ExitCode {
         Command::InspectGraph(args) => commands::inspect_graph(args),
         Command::Inspect(args) => commands::inspect(args),
         Command::Generate(args) => commands::generate(args),
+        Command::Embed(args) => commands::embed(args),
         Command::Serve(args) => commands::serve(args),
         Command::Verify(args) => commands::verify(args),
         Command::Benchmark(args) => commands::benchmark(args),

@@ -8,6 +8,7 @@ pub mod cli;
 mod commands;
 pub mod compiler;
 pub mod device;
+pub mod embedding;
 pub mod engine;
 pub mod logging;
 pub mod model;

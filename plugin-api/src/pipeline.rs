@@ -203,6 +203,45 @@ impl PipelineModel for DecoderPipeline {
     }
 }
 
+/// The pipeline of encoders (since 1.4): the
+/// [`EncoderBatch`](crate::graph::EncoderBatch) inputs `tokens [T]`,
+/// `positions [T]` (from each sequence's `start`), `token_types [T]` (all 0)
+/// and `row_offsets [B+1]`. Every sequence gets all its rows of the graph's
+/// output (its hidden states), whatever `all_logits` says; blocks are
+/// ignored, since an encoder keeps no cache.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EncoderPipeline;
+
+impl PipelineModel for EncoderPipeline {
+    fn prepare_step(&self, batch: &StepBatch) -> Result<PreparedStep> {
+        let tokens: usize = batch.sequences.iter().map(|s| s.tokens.len()).sum();
+        let mut ids = Vec::with_capacity(tokens);
+        let mut positions = Vec::with_capacity(tokens);
+        let mut offsets = vec![0];
+        let mut logit_rows = Vec::new();
+        for seq in &batch.sequences {
+            if seq.tokens.is_empty() {
+                return Err(Error::invalid("an encoder sequence feeds no tokens"));
+            }
+            ids.extend(seq.tokens.iter().map(|&t| i64::from(t)));
+            positions.extend((seq.start..seq.context_len()).map(|p| p as i64));
+            offsets.push(ids.len() as i64);
+            if seq.wants_logits {
+                logit_rows.push(seq.tokens.len());
+            }
+        }
+        Ok(PreparedStep {
+            inputs: vec![
+                StepTensor::i64(vec![tokens], ids),
+                StepTensor::i64(vec![tokens], positions),
+                StepTensor::i64(vec![tokens], vec![0; tokens]),
+                StepTensor::i64(vec![offsets.len()], offsets),
+            ],
+            logit_rows,
+        })
+    }
+}
+
 /// A request to a plugin's pipeline entry point. An architecture without a
 /// pipeline of its own answers every request with an `unsupported` error.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -6,6 +6,7 @@ use crate::model::{self, resolve, LoadOptions, Model};
 use crate::plugins::ArchitectureRegistry;
 
 mod benchmark;
+mod embed;
 mod generate;
 mod inspect;
 mod inspect_graph;
@@ -16,6 +17,7 @@ mod serve;
 mod verify;
 
 pub use benchmark::benchmark;
+pub use embed::embed;
 pub use generate::generate;
 pub use inspect::inspect;
 pub use inspect_graph::inspect_graph;

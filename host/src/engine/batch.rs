@@ -2,8 +2,11 @@
 //! scheduler's plan into graph inputs, and the logits come back per sequence.
 
 use kiln_plugin_api::pipeline::{
-    DecoderPipeline, PipelineModel, PreparedStep, StepBatch, StepData, StepSequence, StepTensor,
+    DecoderPipeline, EncoderPipeline, PipelineModel, PreparedStep, StepBatch, StepData,
+    StepSequence, StepTensor,
 };
+
+use kiln_plugin_api::Task;
 
 use crate::plugins::{Architecture, EntryPointError};
 use crate::runtime::sampling::{RowSampling, Sampled};
@@ -14,15 +17,20 @@ use crate::runtime::{Backend, KvCache, RuntimeError, Tensor};
 pub enum Pipeline {
     /// The default decoder pipeline, run in the host.
     Decoder,
+    /// The default pipeline of embedding models (encoders), run in the host.
+    Encoder,
     /// The architecture's own pipeline model, called across the plugin boundary.
     Plugin(Architecture),
 }
 
 impl Pipeline {
-    /// The architecture's own pipeline if it has one, else the default.
+    /// The architecture's own pipeline if it has one, else the default for
+    /// its task.
     pub fn for_architecture(architecture: &Architecture) -> Result<Self, EntryPointError> {
         Ok(if architecture.has_own_pipeline()? {
             Pipeline::Plugin(architecture.clone())
+        } else if architecture.info.task == Task::Embeddings {
+            Pipeline::Encoder
         } else {
             Pipeline::Decoder
         })
@@ -31,6 +39,9 @@ impl Pipeline {
     fn prepare(&self, batch: &StepBatch) -> Result<PreparedStep, StepError> {
         match self {
             Pipeline::Decoder => DecoderPipeline
+                .prepare_step(batch)
+                .map_err(|e| StepError::Batch(e.to_string())),
+            Pipeline::Encoder => EncoderPipeline
                 .prepare_step(batch)
                 .map_err(|e| StepError::Batch(e.to_string())),
             Pipeline::Plugin(architecture) => Ok(architecture.prepare_step(batch)?),
@@ -60,9 +71,30 @@ pub fn run_step(
     cache: &mut KvCache,
     batch: &StepBatch,
 ) -> Result<Vec<Vec<Vec<f32>>>, StepError> {
+    run_rows(backend, pipeline, Some(cache), batch)
+}
+
+/// Runs one step of an encoder, which keeps no cache. Returns each
+/// sequence's hidden-state rows, in order.
+pub fn run_encoder_step(
+    backend: &dyn Backend,
+    pipeline: &Pipeline,
+    batch: &StepBatch,
+) -> Result<Vec<Vec<Vec<f32>>>, StepError> {
+    run_rows(backend, pipeline, None, batch)
+}
+
+/// Runs one step and splits the graph's first output into the rows the
+/// pipeline assigned to each sequence.
+fn run_rows(
+    backend: &dyn Backend,
+    pipeline: &Pipeline,
+    cache: Option<&mut KvCache>,
+    batch: &StepBatch,
+) -> Result<Vec<Vec<Vec<f32>>>, StepError> {
     let prepared = pipeline.prepare(batch)?;
     let inputs = prepared.inputs.into_iter().map(to_tensor).collect();
-    let logits = backend.run(inputs, Some(cache))?.remove(0);
+    let logits = backend.run(inputs, cache)?.remove(0);
     let vocab = logits.shape.get(1).copied().unwrap_or(0).max(1);
     let rows = logits.as_f32();
     let needed: usize = prepared.logit_rows.iter().sum();

@@ -1,8 +1,11 @@
 //! CPU implementations of the graph ops on concrete [`Tensor`]s (everything
-//! but paged attention, which needs the KV cache: see `executor.rs`).
+//! but paged attention, which needs the KV cache, and the weight products:
+//! see `executor.rs`).
 
-use kiln_kernels::dense::{activation, matmul, norm, rope};
-use kiln_plugin_api::graph::{BinaryOp, DType, Op, ReduceOp, TopKOutput, UnaryOp};
+use kiln_kernels::dense::{activation, attention, matmul, norm, rope};
+use kiln_plugin_api::graph::{
+    BinaryOp, DType, Op, ReduceOp, SequenceAttentionSpec, TopKOutput, UnaryOp,
+};
 
 use super::pool::BufferPool;
 use super::tensor::{storage_of, strides, wrap_integers, Data, Storage, Tensor};
@@ -95,12 +98,48 @@ pub fn eval(
             );
             Ok(Tensor::from_f32(x.dtype, shape, out))
         }
+        Op::SequenceAttention(spec) => sequence_attention(spec, inputs, shape, pool),
         Op::Input { .. }
         | Op::Weight { .. }
         | Op::Constant(_)
         | Op::PagedAttention(_)
         | Op::MixtureOfExperts(_) => Err(format!("`{}` is not evaluated by cpu_ops", op.name())),
     }
+}
+
+/// Attention within each sequence of `row_offsets` (`[q, k, v,
+/// row_offsets]`), with no cache.
+fn sequence_attention(
+    spec: &SequenceAttentionSpec,
+    inputs: &[&Tensor],
+    shape: Vec<usize>,
+    pool: &BufferPool,
+) -> OpResult {
+    let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+    let tokens = q.shape[0];
+    let offsets = inputs[3].as_i64();
+    let in_order = offsets.first() == Some(&0)
+        && offsets.last() == Some(&(tokens as i64))
+        && offsets.windows(2).all(|pair| pair[0] <= pair[1]);
+    if !in_order {
+        return Err(format!(
+            "row_offsets must rise from 0 to the {tokens} rows, got {offsets:?}"
+        ));
+    }
+    let offsets: Vec<usize> = offsets.iter().map(|&o| o as usize).collect();
+    let mut out = pool.take(q.len());
+    attention::sequence_attention(
+        q.as_f32(),
+        k.as_f32(),
+        v.as_f32(),
+        &mut out,
+        q.shape[1],
+        k.shape[1],
+        &offsets,
+        spec.scale,
+        spec.causal,
+    );
+    Ok(Tensor::from_f32(q.dtype, shape, out))
 }
 
 /// Applies a unary op element-wise.

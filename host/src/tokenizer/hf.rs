@@ -35,6 +35,12 @@ pub(super) fn load(path: PathBuf) -> Result<Tokenizer, TokenizerError> {
     })?;
     let mut inner = tokenizers::Tokenizer::from_bytes(bytes)
         .map_err(|e| TokenizerError::backend(format!("cannot load {}", path.display()), e))?;
+    // As transformers encodes by default: no padding and no truncation, even
+    // where the file sets them (sentence-transformers' files pad to 128).
+    inner.with_padding(None);
+    inner
+        .with_truncation(None)
+        .map_err(|e| TokenizerError::backend("cannot turn truncation off", e))?;
     let dir = path.parent().unwrap_or(Path::new(""));
     let config_path = dir.join(CONFIG_FILE);
     let config = read_config(&config_path)?;

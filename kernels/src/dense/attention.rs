@@ -1,4 +1,5 @@
-//! Causal attention over a paged KV cache for ragged batches.
+//! Causal attention over a paged KV cache for ragged batches, and attention
+//! within each sequence without a cache (encoders).
 //!
 //! A layer's cache is two f32 arrays (keys, values) of
 //! `[num_blocks, block_size, num_kv_heads, head_dim]`. Sequence `b` stores
@@ -98,6 +99,64 @@ pub fn paged_attention(
     sequences: &[SequenceRows<'_>],
     params: AttentionParams,
 ) {
+    attend(
+        layout, k_cache, v_cache, q, out, num_heads, sequences, params, true,
+    );
+}
+
+/// `out [T, num_heads, head_dim]`: attention of `q` over `k, v [T,
+/// num_kv_heads, head_dim]` within each sequence `row_offsets[b] ..
+/// row_offsets[b + 1]`, bidirectional unless `causal` (an encoder's
+/// attention, with no cache). The rows themselves serve as a cache of
+/// one-position blocks, so the work splits as in [`paged_attention`].
+#[allow(clippy::too_many_arguments)]
+pub fn sequence_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    num_heads: usize,
+    num_kv_heads: usize,
+    row_offsets: &[usize],
+    scale: f32,
+    causal: bool,
+) {
+    let tokens = row_offsets.last().copied().unwrap_or(0);
+    let layout = CacheLayout {
+        block_size: 1,
+        num_kv_heads,
+        head_dim: k.len() / (tokens * num_kv_heads).max(1),
+    };
+    let rows: Vec<usize> = (0..tokens).collect();
+    let sequences: Vec<SequenceRows<'_>> = row_offsets
+        .windows(2)
+        .map(|pair| SequenceRows {
+            rows: pair[0]..pair[1],
+            context_len: pair[1] - pair[0],
+            block_table: &rows[pair[0]..pair[1]],
+        })
+        .collect();
+    let params = AttentionParams {
+        scale,
+        sliding_window: None,
+        softcap: None,
+    };
+    attend(layout, k, v, q, out, num_heads, &sequences, params, causal);
+}
+
+/// [`paged_attention`], causal or not.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    layout: CacheLayout,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    q: &[f32],
+    out: &mut [f32],
+    num_heads: usize,
+    sequences: &[SequenceRows<'_>],
+    params: AttentionParams,
+    causal: bool,
+) {
     let d = layout.head_dim;
     let row_len = num_heads * d;
     assert!(
@@ -126,6 +185,7 @@ pub fn paged_attention(
             seq,
             rows: rows.clone(),
             kv_head: *kv_head,
+            causal,
         };
         task.run(k_cache, v_cache, q, &out);
     });
@@ -145,6 +205,8 @@ struct Task<'a> {
     seq: &'a SequenceRows<'a>,
     rows: Range<usize>,
     kv_head: usize,
+    /// Each row sees only positions up to its own.
+    causal: bool,
 }
 
 impl Task<'_> {
@@ -161,7 +223,11 @@ impl Task<'_> {
                 .sliding_window
                 .map_or(0, |w| (position + 1).saturating_sub(w))
         };
-        let keys = visible_from(positions.start)..positions.end;
+        let keys = if self.causal {
+            visible_from(positions.start)..positions.end
+        } else {
+            0..self.seq.context_len
+        };
         let (n_rows, n_keys) = (self.rows.len(), keys.len());
 
         let mut k = vec![0f32; n_keys * d];
@@ -202,7 +268,11 @@ impl Task<'_> {
             }
             for (i, row) in scores.chunks_exact_mut(n_keys).enumerate() {
                 let position = positions.start + i;
-                let visible = visible_from(position) - keys.start..position + 1 - keys.start;
+                let visible = if self.causal {
+                    visible_from(position) - keys.start..position + 1 - keys.start
+                } else {
+                    0..n_keys
+                };
                 masked_softmax(row, visible, self.params.softcap);
             }
             // out[rows, h] = P [rows, keys] · V [keys, d]
@@ -382,6 +452,51 @@ mod tests {
                 }
             }
             assert!(worst < 2e-5, "case {case}: worst |Δ| {worst:.2e}");
+        }
+    }
+
+    /// Bidirectional and causal attention within sequences (tiles crossing
+    /// `ROW_TILE`, GQA) against the definition.
+    #[test]
+    fn sequence_attention_matches_the_definition() {
+        let (heads, kv_heads, d) = (4, 2, 8);
+        let offsets = [0usize, 5, 6, 150, 170];
+        let tokens = offsets[offsets.len() - 1];
+        let (k, v) = (
+            data(tokens * kv_heads * d, 3),
+            data(tokens * kv_heads * d, 9),
+        );
+        let q = data(tokens * heads * d, 21);
+        for causal in [false, true] {
+            let mut out = vec![f32::NAN; q.len()];
+            sequence_attention(&q, &k, &v, &mut out, heads, kv_heads, &offsets, 0.4, causal);
+            let params = AttentionParams {
+                scale: 0.4,
+                sliding_window: None,
+                softcap: None,
+            };
+            let mut worst = 0f64;
+            for pair in offsets.windows(2) {
+                let head_of = |x: &[f32], row: usize, g: usize| {
+                    x[(row * kv_heads + g) * d..(row * kv_heads + g + 1) * d].to_vec()
+                };
+                for r in pair[0]..pair[1] {
+                    for h in 0..heads {
+                        let g = h / (heads / kv_heads);
+                        let keys: Vec<_> = (pair[0]..pair[1]).map(|p| head_of(&k, p, g)).collect();
+                        let values: Vec<_> =
+                            (pair[0]..pair[1]).map(|p| head_of(&v, p, g)).collect();
+                        // Bidirectional: the last position sees every key.
+                        let position = if causal { r - pair[0] } else { keys.len() - 1 };
+                        let at = (r * heads + h) * d;
+                        let expected = naive_row(&q[at..at + d], &keys, &values, position, params);
+                        for (&got, want) in out[at..at + d].iter().zip(expected) {
+                            worst = worst.max((f64::from(got) - want).abs());
+                        }
+                    }
+                }
+            }
+            assert!(worst < 2e-5, "causal {causal}: worst |Δ| {worst:.2e}");
         }
     }
 }

@@ -343,30 +343,7 @@ pub fn infer(
         }
         Op::PagedAttention(_) => {
             arity(6)?;
-            let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
-            for (what, t) in [("q", q), ("k", k), ("v", v)] {
-                require_float(t, what)?;
-                if t.rank() != 3
-                    || t.shape[0] != q.shape[0]
-                    || t.shape[2] != q.shape[2]
-                    || t.dtype != q.dtype
-                {
-                    return Err(format!(
-                        "q, k, v must be [T, heads, head_dim] of one type, got {q}, {k}, {v}"
-                    ));
-                }
-            }
-            if k.shape[1] != v.shape[1] {
-                return Err(format!("k and v head counts differ: {k} and {v}"));
-            }
-            match (q.shape[1].as_static(), k.shape[1].as_static()) {
-                (Some(hq), Some(hkv)) if hkv > 0 && hq % hkv == 0 => {}
-                _ => {
-                    return Err(format!(
-                        "query heads must be a static multiple of key/value heads, got {q} and {k}"
-                    ))
-                }
-            }
+            infer_attention_operands(inputs)?;
             for (what, t, rank) in [
                 ("row_offsets", inputs[3], 1),
                 ("context_lens", inputs[4], 1),
@@ -377,7 +354,16 @@ pub fn infer(
                     return Err(format!("{what} must have rank {rank}, got {t}"));
                 }
             }
-            Ok(q.clone())
+            Ok(inputs[0].clone())
+        }
+        Op::SequenceAttention(_) => {
+            arity(4)?;
+            infer_attention_operands(inputs)?;
+            require_integer(inputs[3], "row_offsets")?;
+            if inputs[3].rank() != 1 {
+                return Err(format!("row_offsets must have rank 1, got {}", inputs[3]));
+            }
+            Ok(inputs[0].clone())
         }
         Op::MixtureOfExperts(spec) => infer_moe(spec, inputs),
         Op::Print { .. } => {
@@ -385,6 +371,36 @@ pub fn infer(
             Ok(inputs[0].clone())
         }
     }
+}
+
+/// Checks attention's `q, k, v [T, heads, head_dim]`: one float type, one
+/// head size, query heads a static multiple of key/value heads.
+fn infer_attention_operands(inputs: &[&TensorType]) -> Result<(), String> {
+    let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
+    for (what, t) in [("q", q), ("k", k), ("v", v)] {
+        require_float(t, what)?;
+        if t.rank() != 3
+            || t.shape[0] != q.shape[0]
+            || t.shape[2] != q.shape[2]
+            || t.dtype != q.dtype
+        {
+            return Err(format!(
+                "q, k, v must be [T, heads, head_dim] of one type, got {q}, {k}, {v}"
+            ));
+        }
+    }
+    if k.shape[1] != v.shape[1] {
+        return Err(format!("k and v head counts differ: {k} and {v}"));
+    }
+    match (q.shape[1].as_static(), k.shape[1].as_static()) {
+        (Some(hq), Some(hkv)) if hkv > 0 && hq % hkv == 0 => {}
+        _ => {
+            return Err(format!(
+                "query heads must be a static multiple of key/value heads, got {q} and {k}"
+            ))
+        }
+    }
+    Ok(())
 }
 
 fn require_float(t: &TensorType, what: &str) -> Result<(), String> {

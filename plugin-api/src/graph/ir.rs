@@ -315,6 +315,11 @@ pub enum Op {
     /// Inputs: `[q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], row_offsets [B+1],
     /// context_lens [B], block_tables [B, M]]`; output `[T, Hq, D]`.
     PagedAttention(AttentionSpec),
+    /// Attention within each sequence of a ragged batch over this step's
+    /// own keys and values, with no cache (since 1.4): what an encoder such
+    /// as BERT runs, bidirectional unless `causal`. Inputs: `[q [T, Hq, D],
+    /// k [T, Hkv, D], v [T, Hkv, D], row_offsets [B+1]]`; output `[T, Hq, D]`.
+    SequenceAttention(SequenceAttentionSpec),
     /// A mixture of experts (since 1.3): each token's router scores pick
     /// `top_k` of `num_experts` gated MLPs, whose outputs are summed with
     /// the routing weights. Only the picked experts are computed. Inputs:
@@ -344,6 +349,16 @@ pub struct AttentionSpec {
     /// Gemma-2-style logit soft cap: `cap * tanh(score / cap)`.
     #[serde(default)]
     pub softcap: Option<f32>,
+}
+
+/// Attributes of [`Op::SequenceAttention`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SequenceAttentionSpec {
+    /// Score scale (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    /// Each position attends only to itself and earlier ones; otherwise to
+    /// every position of its sequence (bidirectional).
+    pub causal: bool,
 }
 
 /// Attributes of [`Op::MixtureOfExperts`].

@@ -13,16 +13,18 @@
 //! ```
 
 mod builder;
+mod encoder;
 pub mod infer;
 mod ir;
 pub mod ops;
 mod types;
 
+pub use encoder::EncoderBatch;
 pub use ops::RaggedBatch;
 
 pub use builder::{Graph, GraphError, ScopeGuard, TensorValue};
 pub use ir::{
     AttentionSpec, BinaryOp, Constant, GraphIr, InputSpec, IrError, MoeRouting, MoeSpec, Node, Op,
-    ReduceOp, TopKOutput, UnaryOp, ValueId, IR_VERSION,
+    ReduceOp, SequenceAttentionSpec, TopKOutput, UnaryOp, ValueId, IR_VERSION,
 };
 pub use types::{DType, Device, Dim, TensorType, WeightSpec};

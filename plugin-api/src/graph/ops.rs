@@ -5,6 +5,7 @@
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use super::builder::TensorValue;
+pub use super::encoder::sequence_attention;
 use super::infer::{numel, show};
 use super::ir::{AttentionSpec, BinaryOp, MoeSpec, Op, ReduceOp, TopKOutput, UnaryOp};
 use super::types::{DType, Dim};

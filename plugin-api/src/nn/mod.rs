@@ -3,6 +3,7 @@
 
 mod attention;
 mod decoder;
+mod encoder;
 mod layers;
 mod module;
 mod moe;
@@ -10,12 +11,13 @@ mod rotary;
 
 pub use attention::{AttentionConfig, AttentionWithRope, Transformer, TransformerBlock};
 pub use decoder::{Decoder, DecoderLayer, ParallelBlock};
+pub use encoder::{Encoder, EncoderConfig, EncoderEmbeddings, EncoderLayer};
 pub use layers::{Activation, Embedding, LayerNorm, Linear, Mlp, Norm, RmsNorm};
 pub use module::{Layer, Module, Registry, Sequential, StateDict, Weight};
 pub use moe::{MixtureOfExperts, MoeBlock};
 pub use rotary::{RopeScaling, RotaryEmbedding};
 
-use crate::graph::{Graph, GraphIr, RaggedBatch, TensorValue};
+use crate::graph::{EncoderBatch, Graph, GraphIr, RaggedBatch, TensorValue};
 
 /// Builds a decoder's graph: binds the checkpoint's weights to `model` (or,
 /// without a checkpoint, only gives every weight its full name), declares the
@@ -34,6 +36,28 @@ pub fn build_decoder_graph(
     let batch = RaggedBatch::inputs(&graph);
     let logits = forward(&batch);
     graph.output(&[&logits]);
+    graph
+        .build()
+        .map_err(|e| crate::Error::invalid(format!("building the graph: {e}")))
+}
+
+/// Builds an encoder's graph (since 1.4): like [`build_decoder_graph`], with
+/// the [`EncoderBatch`] inputs; `forward` returns every token's last hidden
+/// state `[T, hidden]`.
+pub fn build_encoder_graph(
+    name: &str,
+    model: &dyn Module,
+    state_dict: Option<&StateDict>,
+    forward: impl FnOnce(&EncoderBatch) -> TensorValue,
+) -> crate::Result<GraphIr> {
+    match state_dict {
+        Some(state) => model.load_state_dict(state)?,
+        None => drop(model.raw_state_dict()),
+    }
+    let graph = Graph::new(name);
+    let batch = EncoderBatch::inputs(&graph);
+    let hidden = forward(&batch);
+    graph.output(&[&hidden]);
     graph
         .build()
         .map_err(|e| crate::Error::invalid(format!("building the graph: {e}")))

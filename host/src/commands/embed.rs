@@ -1,0 +1,49 @@
+//! `host embed`: texts in, one JSON line per text out
+//! (`{"index", "tokens", "embedding"}`).
+
+use std::io::Read;
+
+use anyhow::Context;
+
+use crate::cli::EmbedArgs;
+use crate::embedding::{Embedder, DEFAULT_BATCH_TOKENS};
+
+/// Loads the embedding model and embeds the texts.
+pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
+    let texts = match &args.input {
+        None => args.text.clone(),
+        Some(path) => {
+            let mut text = String::new();
+            if path.as_os_str() == "-" {
+                std::io::stdin().read_to_string(&mut text)?;
+            } else {
+                text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading --input {}", path.display()))?;
+            }
+            text.lines().map(str::to_owned).collect()
+        }
+    };
+    let model = super::load_model(&args.load)?;
+    let tokenizer = model
+        .tokenizer
+        .clone()
+        .context("the model has no tokenizer (tokenizer.json)")?;
+    let embedder = Embedder::new(model, DEFAULT_BATCH_TOKENS).map_err(anyhow::Error::msg)?;
+    tracing::info!(
+        "pooling: {:?} from {}",
+        embedder.pooling().modes,
+        embedder.pooling().source
+    );
+    let ids = texts
+        .iter()
+        .map(|text| tokenizer.encode(text, true))
+        .collect::<Result<Vec<_>, _>>()?;
+    let embeddings = embedder.embed(&ids)?;
+    let mut out = String::new();
+    for (index, (embedding, ids)) in embeddings.iter().zip(&ids).enumerate() {
+        let line = serde_json::json!({"index": index, "tokens": ids.len(), "embedding": embedding});
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    super::write_stdout(&out)
+}
