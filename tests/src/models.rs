@@ -159,6 +159,20 @@ pub fn smollm2_gguf() -> Option<std::path::PathBuf> {
     path.is_file().then_some(path)
 }
 
+/// The real all-MiniLM-L6-v2 directory that `.ci/setup` unpacks (or
+/// `KILN_MINILM_DIR`); the embedding tests require it.
+pub fn minilm_dir() -> std::path::PathBuf {
+    let path = std::env::var_os("KILN_MINILM_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| crate::workspace_root().join("target/models/all-MiniLM-L6-v2"));
+    assert!(
+        path.join("model.safetensors").is_file(),
+        "all-MiniLM-L6-v2 is missing at {}: run .ci/setup (or set KILN_MINILM_DIR)",
+        path.display()
+    );
+    path
+}
+
 /// Options for loading the tiny shape onto `device`: exact arithmetic, no
 /// compile cache, up to 512 positions, every CUDA choice at its default
 /// (callers change the ones they test).

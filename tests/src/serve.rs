@@ -33,9 +33,10 @@ pub fn requirements() -> (PathBuf, PathBuf) {
 
 /// The options tests serve with unless `extra` sets them (in any spelling).
 fn defaults(extra: &[&str]) -> Vec<&'static str> {
-    let defaults: [(&[&'static str], &'static str); 2] = [
+    let defaults: [(&[&'static str], &'static str); 3] = [
         (&["--max-batch-size", "--max-num-seqs"], "16"),
         (&["--kv-cache-memory"], "256MiB"),
+        (&["--served-model-name"], "smollm2"),
     ];
     defaults
         .into_iter()
@@ -50,12 +51,14 @@ pub struct Server {
     pub child: Child,
     /// Its port.
     pub port: u16,
+    /// The model's name in requests (`--served-model-name`, else `smollm2`).
+    pub model_name: String,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Server {
-    /// Starts serving `model` as `smollm2` with `extra` options (and
+    /// Starts serving `model` (as `smollm2` unless `extra` names it) with `extra` options (and
     /// [`defaults`] for what they leave out) and waits until `/health`
     /// answers.
     pub fn start(model: &Path, extra: &[&str]) -> Self {
@@ -74,17 +77,22 @@ impl Server {
                 model.to_str().unwrap(),
                 "--port",
                 &port.to_string(),
-                "--served-model-name",
-                "smollm2",
             ])
             .args(extra)
             .args(defaults(extra))
             .env("KILN_CACHE_DIR", dir.path().join("cache"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
+        let model_name = extra
+            .iter()
+            .position(|&a| a == "--served-model-name")
+            .and_then(|i| extra.get(i + 1))
+            .unwrap_or(&"smollm2")
+            .to_string();
         let mut server = Self {
             child: command.spawn().unwrap(),
             port,
+            model_name,
             log,
             _dir: dir,
         };
@@ -188,7 +196,7 @@ pub fn run_client_script(
 ) -> String {
     let output = Command::new(python)
         .arg(crate::workspace_root().join("tests/serve").join(script))
-        .args([server.url("/v1").as_str(), "smollm2"])
+        .args([server.url("/v1").as_str(), server.model_name.as_str()])
         .args(extra)
         .output()
         .unwrap();

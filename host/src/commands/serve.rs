@@ -6,15 +6,18 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::cli::ServeArgs;
+use crate::embedding::service::EmbedderThread;
+use crate::embedding::{Embedder, DEFAULT_BATCH_TOKENS};
 use crate::engine::batch::worst_case_inputs;
 use crate::engine::defaults::generation_defaults_from;
-use crate::engine::service::{self, EngineConfig};
+use crate::engine::service::{self, EngineConfig, EngineHandle, EngineThread};
 use crate::engine::structured::Grammars;
 use crate::scheduler::SchedulerConfig;
 use crate::server::metrics::Metrics;
 use crate::server::openai::Limits;
 use crate::server::tools::ToolFormat;
-use crate::server::{self, router, AppState};
+use crate::server::{self, router, AppState, Served};
+use kiln_plugin_api::Task;
 
 /// The smallest KV cache (in tokens) serve starts with, unless the model's
 /// context is shorter.
@@ -54,6 +57,127 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .or(tokenizer.chat_template_source());
     let tool_format = tool_format(&model, args, template_source)?;
     let defaults = generation_defaults_from(&model, &args.generation_config);
+    let vocab_size = model
+        .hf_config
+        .get("vocab_size")
+        .and_then(|v| v.as_u64())
+        .map_or(tokenizer.vocab_size(), |v| v as usize);
+    let model_name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| default_model_name(&args.load.model.model));
+    let metrics = Metrics::new(&model_name, args.block_size);
+    let (served, worker, max_model_len) = if model.architecture.info.task == Task::Embeddings {
+        let embedder = Embedder::new(model, args.max_batch_tokens.max(DEFAULT_BATCH_TOKENS))
+            .map_err(anyhow::Error::msg)?;
+        tracing::info!(
+            "embeddings: pooling {:?} ({}), normalized: {}, at most {} tokens per text",
+            embedder.pooling().modes,
+            embedder.pooling().source,
+            embedder.pooling().normalize,
+            embedder.max_tokens()
+        );
+        let max_tokens = embedder.max_tokens();
+        let (handle, thread) = crate::embedding::service::spawn(embedder);
+        (
+            Served::Embedder(handle),
+            Worker::Embedder(thread),
+            max_tokens,
+        )
+    } else {
+        let (engine, thread, max_model_len) =
+            start_engine(model, args, &tokenizer, &defaults.eos_token_ids, &metrics)?;
+        (
+            Served::Generator(engine),
+            Worker::Engine(thread),
+            max_model_len,
+        )
+    };
+    let max_prompt_bytes = max_model_len
+        .saturating_mul(tokenizer.longest_token_bytes())
+        .saturating_mul(2);
+    let grammars = Grammars::new(
+        tokenizer.clone(),
+        defaults.eos_token_ids.clone(),
+        vocab_size,
+    );
+    let state = Arc::new(AppState {
+        served,
+        tokenizer,
+        chat_template,
+        model_name: model_name.clone(),
+        vocab_size,
+        limits: Limits {
+            max_model_len,
+            max_tokens: max_model_len,
+            max_n: 16,
+            vocab_size,
+            max_seqs_per_request: args.max_seqs_per_request,
+            // Twice the longest token per position: no text beyond it fits
+            // (the margin covers normalizers that shorten text).
+            max_prompt_bytes,
+            allow_special_tokens_in_messages: args.allow_special_tokens_in_messages,
+        },
+        defaults: defaults.sampling,
+        api_key: args.api_key.clone(),
+        metrics,
+        grammars,
+        tool_format,
+    });
+    let timeout = std::time::Duration::from_secs_f64(args.http_timeout);
+    let app = router(
+        state,
+        args.max_request_bytes as usize,
+        timeout,
+        &args.allowed_origins,
+    )
+    .map_err(anyhow::Error::msg)?;
+    // Each connection is a descriptor; keep some for the model, the
+    // runtime and logging.
+    let descriptors = server::raise_descriptor_limit();
+    let max_connections = args
+        .max_connections
+        .min(descriptors.saturating_sub(64).max(1) as usize);
+    if max_connections < args.max_connections {
+        tracing::warn!(
+            "--max-connections {} lowered to {max_connections}: the process may open {descriptors} descriptors",
+            args.max_connections
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let served = runtime.block_on(async {
+        let address = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&address)
+            .await
+            .with_context(|| format!("cannot listen on {address}"))?;
+        tracing::info!(
+            "serving `{model_name}` on http://{}",
+            listener.local_addr()?
+        );
+        server::serve(listener, app, (max_connections, timeout), shutdown_signal()).await?;
+        Ok(())
+    });
+    // Requests still in flight hold engine handles: dropping the runtime
+    // drops them, and the engine then stops and releases the device.
+    drop(runtime);
+    worker.join();
+    tracing::info!("stopped");
+    served
+}
+
+/// Sizes the KV cache (what the weights and the largest step leave of the
+/// GPU, or `--kv-cache-memory` on the CPU) and starts the generation engine.
+/// Returns it with the longest context the cache serves.
+fn start_engine(
+    model: crate::model::Model,
+    args: &ServeArgs,
+    tokenizer: &Arc<crate::tokenizer::Tokenizer>,
+    eos: &[u32],
+    metrics: &Metrics,
+) -> anyhow::Result<(EngineHandle, EngineThread, usize)> {
     let kv = model.config.kv;
     let bytes_per_block = kv.num_layers as u64
         * args.block_size as u64
@@ -136,19 +260,6 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         kv_memory as f64 / (1 << 20) as f64,
         if args.no_prefix_caching { "off" } else { "on" }
     );
-    let vocab_size = model
-        .hf_config
-        .get("vocab_size")
-        .and_then(|v| v.as_u64())
-        .map_or(tokenizer.vocab_size(), |v| v as usize);
-    let model_name = args
-        .served_model_name
-        .clone()
-        .unwrap_or_else(|| default_model_name(&args.load.model.model));
-    let max_prompt_bytes = max_model_len
-        .saturating_mul(tokenizer.longest_token_bytes())
-        .saturating_mul(2);
-    let metrics = Metrics::new(&model_name, args.block_size);
     let config = EngineConfig {
         num_blocks,
         block_size: args.block_size,
@@ -159,83 +270,30 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         },
         prefix_caching: !args.no_prefix_caching,
     };
-    let grammars = Grammars::new(
-        tokenizer.clone(),
-        defaults.eos_token_ids.clone(),
-        vocab_size,
-    );
-    let (engine, engine_thread) = service::spawn(
+    let (engine, thread) = service::spawn(
         model,
         tokenizer.clone(),
-        defaults.eos_token_ids.clone(),
+        eos.to_vec(),
         config,
         metrics.clone(),
     )?;
-    let state = Arc::new(AppState {
-        engine,
-        tokenizer,
-        chat_template,
-        model_name: model_name.clone(),
-        vocab_size,
-        limits: Limits {
-            max_model_len,
-            max_tokens: max_model_len,
-            max_n: 16,
-            vocab_size,
-            max_seqs_per_request: args.max_seqs_per_request,
-            // Twice the longest token per position: no text beyond it fits
-            // (the margin covers normalizers that shorten text).
-            max_prompt_bytes,
-            allow_special_tokens_in_messages: args.allow_special_tokens_in_messages,
-        },
-        defaults: defaults.sampling,
-        api_key: args.api_key.clone(),
-        metrics,
-        grammars,
-        tool_format,
-    });
-    let timeout = std::time::Duration::from_secs_f64(args.http_timeout);
-    let app = router(
-        state,
-        args.max_request_bytes as usize,
-        timeout,
-        &args.allowed_origins,
-    )
-    .map_err(anyhow::Error::msg)?;
-    // Each connection is a descriptor; keep some for the model, the
-    // runtime and logging.
-    let descriptors = server::raise_descriptor_limit();
-    let max_connections = args
-        .max_connections
-        .min(descriptors.saturating_sub(64).max(1) as usize);
-    if max_connections < args.max_connections {
-        tracing::warn!(
-            "--max-connections {} lowered to {max_connections}: the process may open {descriptors} descriptors",
-            args.max_connections
-        );
+    Ok((engine, thread, max_model_len))
+}
+
+/// The thread that runs the model.
+enum Worker {
+    Engine(EngineThread),
+    Embedder(EmbedderThread),
+}
+
+impl Worker {
+    /// Waits for it to stop (every handle dropped).
+    fn join(self) {
+        match self {
+            Worker::Engine(thread) => thread.join(),
+            Worker::Embedder(thread) => thread.join(),
+        }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let served = runtime.block_on(async {
-        let address = format!("{}:{}", args.host, args.port);
-        let listener = tokio::net::TcpListener::bind(&address)
-            .await
-            .with_context(|| format!("cannot listen on {address}"))?;
-        tracing::info!(
-            "serving `{model_name}` on http://{}",
-            listener.local_addr()?
-        );
-        server::serve(listener, app, (max_connections, timeout), shutdown_signal()).await?;
-        Ok(())
-    });
-    // Requests still in flight hold engine handles: dropping the runtime
-    // drops them, and the engine then stops and releases the device.
-    drop(runtime);
-    engine_thread.join();
-    tracing::info!("stopped");
-    served
 }
 
 /// Memory available to new allocations (`MemAvailable`), or 4 GiB where

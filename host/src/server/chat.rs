@@ -27,6 +27,7 @@ pub async fn chat_completions(
     ApiJson(request): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
     check_model(&state, &request.common.model)?;
+    state.generator()?;
     if request.top_logprobs.is_some() && !request.logprobs {
         return Err(ApiError::invalid(
             "top_logprobs requires logprobs to be true",

@@ -2,6 +2,7 @@
 //! serving engine.
 
 mod chat;
+mod embeddings;
 mod listen;
 pub mod metrics;
 pub mod openai;
@@ -30,6 +31,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use crate::embedding::service::EmbedderHandle;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::service::{
     EngineHandle, Event, GenerationParams, Request as EngineRequest, TokenLogprob,
@@ -40,10 +42,18 @@ pub use listen::{raise_descriptor_limit, serve};
 use metrics::Metrics;
 use openai::{ApiError, CompletionRequest, EndpointFields, Limits, Usage};
 
+/// What runs the model behind the API.
+pub enum Served {
+    /// A text generation model's engine.
+    Generator(EngineHandle),
+    /// An embedding model's worker.
+    Embedder(EmbedderHandle),
+}
+
 /// What every handler shares.
 pub struct AppState {
-    /// The engine.
-    pub engine: EngineHandle,
+    /// The engine or embedding worker.
+    pub served: Served,
     /// The model's tokenizer.
     pub tokenizer: Arc<Tokenizer>,
     /// Its chat template, if it has one.
@@ -125,7 +135,7 @@ pub fn router(
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_card))
-        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
@@ -175,18 +185,6 @@ fn cors(origins: &[String]) -> Result<Option<tower_http::cors::CorsLayer>, Strin
             .allow_methods(Any)
             .allow_headers(Any),
     ))
-}
-
-/// `POST /v1/embeddings`: the served models generate text; a clear 400
-/// rather than a 404.
-async fn embeddings(State(state): State<Arc<AppState>>) -> ApiError {
-    ApiError::invalid(
-        format!(
-            "`{}` is a text generation model; /v1/embeddings needs an embedding model",
-            state.model_name
-        ),
-        Some("model"),
-    )
 }
 
 /// Sends a request's `x-request-id` back on its response (as vLLM does), so
@@ -269,6 +267,22 @@ async fn model_card(
     Ok(Json(card(&state)))
 }
 
+impl AppState {
+    /// The generation engine, or a 400 for an embedding model.
+    fn generator(&self) -> Result<&EngineHandle, ApiError> {
+        match &self.served {
+            Served::Generator(engine) => Ok(engine),
+            Served::Embedder(_) => Err(ApiError::invalid(
+                format!(
+                    "`{}` is an embedding model: it serves /v1/embeddings, not text generation",
+                    self.model_name
+                ),
+                Some("model"),
+            )),
+        }
+    }
+}
+
 fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
     if model == state.model_name {
         Ok(())
@@ -308,7 +322,7 @@ fn submit(
             let mut params = params.clone();
             params.sampling.seed = params.sampling.seed.map(|s| s.wrapping_add(i as u64));
             state
-                .engine
+                .generator()?
                 .submit(EngineRequest {
                     prompt: prompt.to_vec(),
                     params,
@@ -401,6 +415,7 @@ async fn completions(
     ApiJson(request): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     check_model(&state, &request.common.model)?;
+    state.generator()?;
     if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix is not supported", Some("suffix")));
     }
