@@ -70,46 +70,44 @@ extern "C" __global__ void kiln_write_kv_bf16(const float* __restrict__ k, const
            stride);
 }
 
-// out [T, num_heads, head_dim]: one block per (row, query head), four warps
-// splitting the visible keys four at a time, each keeping an online softmax; query head h
-// reads key/value head h / (num_heads / kv_heads). `window` > 0 keeps the
-// last `window` positions; `softcap` > 0 applies cap·tanh(score / cap).
-//
-// Split-K (flash-decoding), for steps with few rows and long contexts: with
-// `partials` set, blockIdx.z takes keys z·split_keys .. (z+1)·split_keys - 1
-// only and writes its running max, sum of weights and unnormalized output to
-// partials[((row · num_heads + head) · gridDim.z + z) · (head_dim + 2)]:
-// [m, l, acc...]; kiln_attention_combine merges the splits into `out`.
-template <typename C>
-__device__ void paged_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
-                                const C* __restrict__ v_cache, float* __restrict__ out,
-                                const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-                                const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
-                                int block_size, int num_heads, int kv_heads, int head_dim, float scale, int window,
-                                float softcap, int split_keys, float* __restrict__ partials) {
+// Where head `kv_head` of key position `key` starts in a paged cache.
+struct PagedKeys {
+  const i64* block_tables;
+  int b, blocks_per_seq, block_size, stride;
+  __device__ __forceinline__ i64 operator()(i64 key, int kv_head, int head_dim) const {
+    return cache_slot(block_tables, b, blocks_per_seq, block_size, key) * stride + (i64)kv_head * head_dim;
+  }
+};
+
+// Where head `kv_head` of a sequence's key `key` starts in this step's own
+// keys [T, kv_heads, head_dim], the sequence's rows starting at `first_row`.
+struct RowKeys {
+  i64 first_row;
+  int stride;
+  __device__ __forceinline__ i64 operator()(i64 key, int kv_head, int head_dim) const {
+    return (first_row + key) * stride + (i64)kv_head * head_dim;
+  }
+};
+
+// One (row, query head) of attention over keys first..last (found through
+// `keys`): four warps split the keys four at a time, each keeping an online
+// softmax, then merge. Writes the normalized output to `out_row`, or with
+// `part` set the running max, sum of weights and unnormalized output
+// ([m, l, acc...], for split-K). `softcap` > 0 applies cap·tanh(score / cap).
+template <typename C, typename Keys>
+__device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict__ k, const C* __restrict__ v,
+                            float* __restrict__ out_row, float* __restrict__ part, Keys keys, int kv_head,
+                            i64 first, i64 last, int head_dim, float scale, float softcap) {
   __shared__ float warp_m[KILN_ATTN_WARPS];
   __shared__ float warp_l[KILN_ATTN_WARPS];
   __shared__ float warp_acc[KILN_ATTN_WARPS][KILN_ATTN_MAX_DIM];
-  i64 row = blockIdx.x, position;
-  int head = blockIdx.y;
-  int b = sequence_of(row_offsets, context_lens, batch, row, &position);
-  i64 first = window > 0 && position + 1 > window ? position + 1 - window : 0;
-  int kv_head = head / (num_heads / kv_heads);
-  int stride = kv_heads * head_dim;
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-
-  const float* q_row = q + (row * num_heads + head) * head_dim;
   float qr[KILN_ATTN_PER_LANE], acc[KILN_ATTN_PER_LANE];
 #pragma unroll
   for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
     int d = lane + 32 * j;
     qr[j] = d < head_dim ? q_row[d] : 0.0f;
     acc[j] = 0.0f;
-  }
-  i64 last = position;
-  if (partials != nullptr) {
-    first = max(first, (i64)blockIdx.z * split_keys);
-    last = min(last, (i64)(blockIdx.z + 1) * split_keys - 1);
   }
   // Each warp takes KILN_ATTN_KEYS keys at a time: their loads are in
   // flight together and their reductions interleave, where one key at a
@@ -120,12 +118,12 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
 #pragma unroll
     for (int t = 0; t < KILN_ATTN_KEYS; ++t) {
       i64 key = min(key0 + t, last);  // past the end: a repeat, weighted 0 below
-      i64 base = cache_slot(block_tables, b, blocks_per_seq, block_size, key) * stride + (i64)kv_head * head_dim;
+      i64 base = keys(key, kv_head, head_dim);
 #pragma unroll
       for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
         int d = lane + 32 * j;
-        kr[t][j] = d < head_dim ? cache_load(k_cache + base + d) : 0.0f;
-        vr[t][j] = d < head_dim ? cache_load(v_cache + base + d) : 0.0f;
+        kr[t][j] = d < head_dim ? cache_load(k + base + d) : 0.0f;
+        vr[t][j] = d < head_dim ? cache_load(v + base + d) : 0.0f;
       }
     }
 #pragma unroll
@@ -173,14 +171,10 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
     weight[w] = warp_l[w] > 0.0f ? expf(warp_m[w] - m_all) : 0.0f;
     total += warp_l[w] * weight[w];
   }
-  float* part = partials == nullptr
-                    ? nullptr
-                    : partials + ((row * num_heads + head) * gridDim.z + blockIdx.z) * (head_dim + 2);
   if (part != nullptr && threadIdx.x == 0) {
     part[0] = m_all;
     part[1] = total;
   }
-  float* out_row = out + (row * num_heads + head) * head_dim;
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float sum = 0.0f;
     for (int w = 0; w < KILN_ATTN_WARPS; ++w) sum += warp_acc[w][d] * weight[w];
@@ -189,6 +183,59 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
     else
       out_row[d] = total > 0.0f ? sum / total : 0.0f;  // no keys: padding
   }
+}
+
+// out [T, num_heads, head_dim]: one block per (row, query head) over the
+// row's visible cached positions; query head h reads key/value head
+// h / (num_heads / kv_heads). `window` > 0 keeps the last `window` positions.
+//
+// Split-K (flash-decoding), for steps with few rows and long contexts: with
+// `partials` set, blockIdx.z takes keys z·split_keys .. (z+1)·split_keys - 1
+// only and writes its running max, sum of weights and unnormalized output to
+// partials[((row · num_heads + head) · gridDim.z + z) · (head_dim + 2)]:
+// [m, l, acc...]; kiln_attention_combine merges the splits into `out`.
+template <typename C>
+__device__ void paged_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
+                                const C* __restrict__ v_cache, float* __restrict__ out,
+                                const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+                                const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                int block_size, int num_heads, int kv_heads, int head_dim, float scale, int window,
+                                float softcap, int split_keys, float* __restrict__ partials) {
+  i64 row = blockIdx.x, position;
+  int head = blockIdx.y;
+  int b = sequence_of(row_offsets, context_lens, batch, row, &position);
+  i64 first = window > 0 && position + 1 > window ? position + 1 - window : 0;
+  i64 last = position;
+  if (partials != nullptr) {
+    first = max(first, (i64)blockIdx.z * split_keys);
+    last = min(last, (i64)(blockIdx.z + 1) * split_keys - 1);
+  }
+  float* part = partials == nullptr
+                    ? nullptr
+                    : partials + ((row * num_heads + head) * gridDim.z + blockIdx.z) * (head_dim + 2);
+  PagedKeys keys{block_tables, b, blocks_per_seq, block_size, kv_heads * head_dim};
+  attend_keys(q + (row * num_heads + head) * head_dim, k_cache, v_cache,
+              out + (row * num_heads + head) * head_dim, part, keys, head / (num_heads / kv_heads), first, last,
+              head_dim, scale, softcap);
+}
+
+// Attention within each sequence of a ragged batch over this step's own keys
+// and values [T, kv_heads, head_dim], with no cache (encoders): one block per
+// (row, query head); every row of the sequence is visible, or with `causal`
+// the rows up to its own.
+extern "C" __global__ void kiln_sequence_attention(const float* __restrict__ q, const float* __restrict__ k,
+                                                   const float* __restrict__ v, float* __restrict__ out,
+                                                   const i64* __restrict__ row_offsets, int batch, int num_heads,
+                                                   int kv_heads, int head_dim, float scale, int causal) {
+  i64 row = blockIdx.x;
+  int head = blockIdx.y;
+  int b = 0;
+  while (b + 1 < batch && row >= row_offsets[b + 1]) b += 1;
+  i64 start = row_offsets[b];
+  i64 last = causal ? row - start : row_offsets[b + 1] - start - 1;
+  RowKeys keys{start, kv_heads * head_dim};
+  attend_keys(q + (row * num_heads + head) * head_dim, k, v, out + (row * num_heads + head) * head_dim,
+              (float*)nullptr, keys, head / (num_heads / kv_heads), (i64)0, last, head_dim, scale, 0.0f);
 }
 
 // out [T, num_heads, head_dim] from `splits` partial results per (row, head)

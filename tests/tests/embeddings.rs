@@ -11,7 +11,10 @@ use kiln_host::embedding::{Embedder, DEFAULT_BATCH_TOKENS};
 use kiln_host::engine::batch::run_encoder_step;
 use kiln_host::runtime::Tensor;
 use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
-use kiln_tests::models::{load_model, minilm_dir, write_model_dir};
+use kiln_tests::models::{
+    cuda_test_device, load_model, load_model_on, minilm_dir, write_model_dir, DeviceChoice,
+    WeightDtype,
+};
 use kiln_tests::reference::{compare, FixtureTensor};
 use kiln_tests::serve::{python, run_client_script, Server};
 use kiln_tests::{run_host, workspace_root};
@@ -76,12 +79,23 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 /// prompts as one ragged batch (so nothing leaks between sequences).
 #[test]
 fn tiny_bert_matches_transformers_alone_and_batched() {
+    tiny_bert_matches_transformers_on(DeviceChoice::Cpu);
+}
+
+/// The same on the CUDA backend (the kernel emulator in CI; a GPU with
+/// `KILN_TEST_CUDA_DEVICE`), with f32 weights: `kiln_sequence_attention`.
+#[test]
+fn tiny_bert_matches_transformers_on_cuda() {
+    tiny_bert_matches_transformers_on(cuda_test_device());
+}
+
+fn tiny_bert_matches_transformers_on(device: DeviceChoice) {
     for name in ["tiny_bert.json", "tiny_bert_variant.json"] {
         let text = std::fs::read_to_string(fixture_path(name)).unwrap();
         let fixture: TinyEncoder = serde_json::from_str(&text).unwrap();
         let dir = tempfile::tempdir().unwrap();
         write_model_dir(&fixture.config, &fixture.weights, dir.path(), false);
-        let model = load_model(dir.path());
+        let model = load_model_on(dir.path(), device, WeightDtype::Float32);
         assert_eq!(model.architecture.info.name, fixture.architecture);
         assert!(
             model.unused_tensors.is_empty(),

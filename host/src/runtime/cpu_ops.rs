@@ -118,14 +118,7 @@ fn sequence_attention(
     let (q, k, v) = (inputs[0], inputs[1], inputs[2]);
     let tokens = q.shape[0];
     let offsets = inputs[3].as_i64();
-    let in_order = offsets.first() == Some(&0)
-        && offsets.last() == Some(&(tokens as i64))
-        && offsets.windows(2).all(|pair| pair[0] <= pair[1]);
-    if !in_order {
-        return Err(format!(
-            "row_offsets must rise from 0 to the {tokens} rows, got {offsets:?}"
-        ));
-    }
+    check_row_offsets(tokens, offsets)?;
     let offsets: Vec<usize> = offsets.iter().map(|&o| o as usize).collect();
     let mut out = pool.take(q.len());
     attention::sequence_attention(
@@ -140,6 +133,21 @@ fn sequence_attention(
         spec.causal,
     );
     Ok(Tensor::from_f32(q.dtype, shape, out))
+}
+
+/// Checks sequence attention's `row_offsets` against `tokens` rows: from 0
+/// to `tokens`, never falling (both backends check before attending).
+pub(crate) fn check_row_offsets(tokens: usize, offsets: &[i64]) -> Result<(), String> {
+    let in_order = offsets.first() == Some(&0)
+        && offsets.last() == Some(&(tokens as i64))
+        && offsets.windows(2).all(|pair| pair[0] <= pair[1]);
+    if in_order {
+        Ok(())
+    } else {
+        Err(format!(
+            "row_offsets must rise from 0 to the {tokens} rows, got {offsets:?}"
+        ))
+    }
 }
 
 /// Applies a unary op element-wise.

@@ -325,6 +325,40 @@ impl Frame<'_> {
                 )
             }
             StepPlan::Attention(spec) => self.attention(step, spec, scratch),
+            StepPlan::SequenceAttention(spec) => {
+                let (q, k) = (in_shape(0), in_shape(1));
+                let (tokens, heads, head_dim) = (q[0], q[1], q[2]);
+                if head_dim > 256 || heads % k[1] != 0 {
+                    return Err(format!(
+                        "{heads} query heads over {} key/value heads of {head_dim} are not supported (head_dim ≤ 256)",
+                        k[1]
+                    ));
+                }
+                if tokens == 0 {
+                    return Ok(());
+                }
+                self.launch(
+                    "kiln_sequence_attention",
+                    LaunchConfig {
+                        grid: (tokens as u32, heads as u32, 1),
+                        block: (128, 1, 1),
+                        shared_bytes: 0,
+                    },
+                    &[
+                        KernelArg::Ptr(input(0)),
+                        KernelArg::Ptr(input(1)),
+                        KernelArg::Ptr(input(2)),
+                        KernelArg::Ptr(out),
+                        KernelArg::Ptr(input(3)),
+                        KernelArg::I32(numel(in_shape(3)) as i32 - 1),
+                        KernelArg::I32(heads as i32),
+                        KernelArg::I32(k[1] as i32),
+                        KernelArg::I32(head_dim as i32),
+                        KernelArg::F32(spec.scale),
+                        KernelArg::I32(i32::from(spec.causal)),
+                    ],
+                )
+            }
             StepPlan::MixtureOfExperts(moe) => {
                 let x = in_shape(0);
                 let hidden = x.last().copied().unwrap_or(1);

@@ -386,10 +386,19 @@ impl CudaExecutor {
         };
         let mut checked: Vec<(usize, &[ValueId])> = Vec::new();
         for (step, plan) in self.program.steps.iter().zip(&self.steps) {
+            let rows_here = || resolve(&graph.nodes[step.inputs[0] as usize].ty.shape, symbols)[0];
+            if let StepPlan::SequenceAttention(_) = plan {
+                let offsets = input_of(step.inputs[3]).ok_or_else(|| {
+                    self.op_error(step.output, "row_offsets must be a graph input".into())
+                })?;
+                crate::runtime::cpu_ops::check_row_offsets(rows_here(), offsets.as_i64())
+                    .map_err(|m| self.op_error(step.output, m))?;
+                continue;
+            }
             if !matches!(plan, StepPlan::Attention(_)) {
                 continue;
             }
-            let rows_here = resolve(&graph.nodes[step.inputs[0] as usize].ty.shape, symbols)[0];
+            let rows_here = rows_here();
             let description = (rows_here, &step.inputs[3..6]);
             if checked.contains(&description) {
                 continue;

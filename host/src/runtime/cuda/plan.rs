@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use kiln_kernels::cuda::{Device, FunctionId};
-use kiln_plugin_api::graph::{AttentionSpec, BinaryOp, DType, Op, ValueId};
+use kiln_plugin_api::graph::{AttentionSpec, BinaryOp, DType, Op, SequenceAttentionSpec, ValueId};
 
 use super::codegen::{self, FusedInput};
 use super::products::GEMV_MAX_GROUP;
@@ -79,6 +79,8 @@ pub enum StepPlan {
     },
     /// Paged attention: cache write, then attention.
     Attention(AttentionSpec),
+    /// Attention within each sequence over the step's own keys (encoders).
+    SequenceAttention(SequenceAttentionSpec),
     /// A mixture of experts: routing, then the picked experts.
     MixtureOfExperts(super::moe::MoePlan),
     /// Gather along an axis.
@@ -275,6 +277,12 @@ pub fn lower(
                         ));
                     }
                     StepPlan::Attention(spec.clone())
+                }
+                Op::SequenceAttention(spec) => {
+                    if !matches!(graph.nodes[step.inputs[3] as usize].op, Op::Input { .. }) {
+                        return Err(unsupported("row_offsets must be a graph input".into()));
+                    }
+                    StepPlan::SequenceAttention(spec.clone())
                 }
                 Op::MatMul => {
                     let w = step.inputs[1] as usize;
