@@ -77,13 +77,14 @@ pub fn write_model_dir_as(
 
 /// Every tiny decoder fixture of `gen_tiny_models.py`, one per family and
 /// config switch.
-pub const TINY_FAMILIES: [&str; 16] = [
+pub const TINY_FAMILIES: [&str; 17] = [
     "tiny_llama.json",
     "tiny_llama_tied.json",
     "tiny_mistral.json",
     "tiny_qwen2.json",
     "tiny_qwen3.json",
     "tiny_gemma3.json",
+    "tiny_gemma2.json",
     "tiny_phi3.json",
     "tiny_gpt2.json",
     "tiny_starcoder2.json",

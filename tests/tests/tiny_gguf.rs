@@ -201,12 +201,13 @@ fn gguf_matches_transformers_on(file: &str, device: DeviceChoice) {
     );
 }
 
-const TESTED: [&str; 10] = [
+const TESTED: [&str; 11] = [
     "tiny_llama.f32.gguf",
     "tiny_llama_tied.f32.gguf",
     "tiny_qwen2.f32.gguf",
     "tiny_qwen3.f32.gguf",
     "tiny_gemma3.f32.gguf",
+    "tiny_gemma2.f32.gguf",
     "tiny_phi3.f32.gguf",
     "tiny_phi3.q8_0.gguf",
     "tiny_gpt2.f32.gguf",
@@ -260,6 +261,11 @@ fn tiny_qwen3_f32_gguf_with_qk_norms_matches_transformers() {
 
 /// Norms stored as `1 + w`, `ffn_norm` before the MLP, the local rope base in
 /// `rope.freq_base_swa`; every layer slides (llama.cpp's pattern for 4 layers).
+#[test]
+fn tiny_gemma2_f32_gguf_with_soft_caps_matches_transformers() {
+    gguf_matches_transformers("tiny_gemma2.f32.gguf");
+}
+
 #[test]
 fn tiny_gemma3_f32_gguf_with_shifted_norms_matches_transformers() {
     gguf_matches_transformers("tiny_gemma3.f32.gguf");

@@ -386,21 +386,27 @@ fn batching_matches_single_sequences(device: DeviceChoice) {
     assert_eq!(scheduler.blocks().used(), 0, "no block leaked");
 }
 
-/// `tie_word_embeddings: false` with an `lm_head.weight` of its own: the
-/// fixture with a head of twice the embedding gives twice transformers'
-/// logits (it has no final soft-capping), so the head is the one read.
+/// `tie_word_embeddings: false` with an `lm_head.weight` of its own.
 #[test]
 fn tiny_gemma3_with_untied_embeddings_uses_its_lm_head() {
-    let mut model = read_fixture("tiny_gemma3.json");
-    assert_eq!(
-        model.config["final_logit_softcapping"],
-        serde_json::Value::Null
-    );
+    untied_uses_its_lm_head("tiny_gemma3.json");
+}
+
+/// An untied copy of a tied Gemma fixture whose head is twice the embedding
+/// gives twice transformers' logits before the final soft cap `c` (if any):
+/// `c·tanh(2·atanh(logit / c))`. So the head is the one read.
+fn untied_uses_its_lm_head(name: &str) {
+    let mut model = read_fixture(name);
+    let cap = model.config["final_logit_softcapping"].as_f64();
     model.config["tie_word_embeddings"] = false.into();
     let embed = &model.weights["model.embed_tokens.weight"];
     let doubled: Vec<f64> = embed.values().iter().map(|v| 2.0 * v).collect();
     let head = FixtureTensor::f32(embed.shape.clone(), &doubled);
     model.weights.insert("lm_head.weight".into(), head);
+    let twice = |logit: f64| match cap {
+        Some(c) => c * (2.0 * (logit / c).atanh()).tanh(),
+        None => 2.0 * logit,
+    };
     let engine = Engine::from_model(&model, false, DeviceChoice::Cpu);
     for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
         let mut cache = engine.cache(8);
@@ -413,11 +419,11 @@ fn tiny_gemma3_with_untied_embeddings_uses_its_lm_head() {
             }],
         );
         let last = logits.row(prompt.len() - 1);
-        let twice: Vec<f64> = last.values().iter().map(|v| 2.0 * v).collect();
+        let expected: Vec<f64> = last.values().iter().map(|&v| twice(v)).collect();
         check(
             &out[0],
-            &FixtureTensor::f32(last.shape.clone(), &twice),
-            &format!("prompt {p}"),
+            &FixtureTensor::f32(last.shape.clone(), &expected),
+            &format!("{name} prompt {p}"),
         );
     }
 }
@@ -425,6 +431,16 @@ fn tiny_gemma3_with_untied_embeddings_uses_its_lm_head() {
 #[test]
 fn tiny_gemma3_with_sliding_windows_and_post_norms_matches_transformers() {
     matches_transformers("tiny_gemma3.json", false);
+}
+
+#[test]
+fn tiny_gemma2_with_soft_caps_and_alternating_windows_matches_transformers() {
+    matches_transformers("tiny_gemma2.json", false);
+}
+
+#[test]
+fn tiny_gemma2_with_untied_embeddings_uses_its_lm_head() {
+    untied_uses_its_lm_head("tiny_gemma2.json");
 }
 
 #[test]
@@ -684,6 +700,11 @@ fn tiny_qwen3_on_the_cuda_backend_matches_transformers() {
 #[test]
 fn tiny_gemma3_on_the_cuda_backend_matches_transformers() {
     on_cuda("tiny_gemma3.json", false);
+}
+
+#[test]
+fn tiny_gemma2_on_the_cuda_backend_matches_transformers() {
+    on_cuda("tiny_gemma2.json", false);
 }
 
 #[test]

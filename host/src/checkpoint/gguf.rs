@@ -22,13 +22,13 @@
 //! # Hugging Face config
 //!
 //! [`GgufFile::hf_config`] rebuilds a `config.json` for `llama`, `qwen2`,
-//! `qwen3`, `gemma3`, `phi3`, `gpt2` and `starcoder2`, from the keys present (`{arch}` is
+//! `qwen3`, `gemma2`, `gemma3`, `phi3`, `gpt2` and `starcoder2`, from the keys present (`{arch}` is
 //! `general.architecture`; float32 values are written as their shortest
 //! decimal, e.g. `1e-5`, as `config.json` had them):
 //!
 //! | config.json (GPT-2's name)               | GGUF                                                          |
 //! | ---------------------------------------- | ------------------------------------------------------------- |
-//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2`, `Starcoder2ForCausalLM`/`starcoder2` |
+//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma2ForCausalLM`/`gemma2`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2`, `Starcoder2ForCausalLM`/`starcoder2` |
 //! | `vocab_size`                             | `{arch}.vocab_size`, else the length of `tokenizer.ggml.tokens`, else the rows of `token_embd.weight` |
 //! | `hidden_size` (`n_embd`)                 | `{arch}.embedding_length`                                     |
 //! | `intermediate_size` (`n_inner`)          | `{arch}.feed_forward_length`                                  |
@@ -47,10 +47,10 @@
 //! | `attn_logit_softcapping`, `final_logit_softcapping` | `{arch}.attn_logit_softcapping`, `{arch}.final_logit_softcapping` |
 //! | `tie_word_embeddings`                    | true when there is no `output.weight` tensor                  |
 //! | `bos_token_id`, `eos_token_id`, `pad_token_id` | `tokenizer.ggml.bos_token_id`, `.eos_token_id`, `.padding_token_id` |
-//! | `hidden_act` (`activation_function`)     | fixed: `silu` (llama, qwen2, qwen3, phi3), `gelu_pytorch_tanh` (gemma3, also as `hidden_activation`), `gelu_new` (gpt2) |
+//! | `hidden_act` (`activation_function`)     | fixed: `silu` (llama, qwen2, qwen3, phi3), `gelu_pytorch_tanh` (gemma2, gemma3, also as `hidden_activation`), `gelu_new` (gpt2) |
 //! | `rope_local_base_freq` (gemma3)          | `gemma3.rope.freq_base_swa`, else 10000                       |
-//! | `query_pre_attn_scalar` (gemma3)         | llama.cpp's rule: `hidden_size / num_attention_heads` for the 62-layer (27B) model, else `head_dim` |
-//! | `sliding_window_pattern`, `layer_types` (gemma3) | with a sliding window: every 6th layer global, as llama.cpp |
+//! | `query_pre_attn_scalar` (gemma2, gemma3) | llama.cpp's rule: `hidden_size / num_attention_heads` for the 27B model (46 layers in Gemma 2, 62 in Gemma 3), else `head_dim` |
+//! | `sliding_window_pattern` (gemma3), `layer_types` (gemma2, gemma3) | with a sliding window: every 6th layer global (gemma3), every 2nd (gemma2), as llama.cpp |
 //! | `hidden_act`, `use_bias` (starcoder2)    | `gelu_pytorch_tanh`; biases when `blk.0.attn_q.bias` exists (llama.cpp stores no sliding window for it and attends over the whole context) |
 //!
 //! Not mapped: Phi-3 "longrope" factors (stored as the `rope_factors_*`

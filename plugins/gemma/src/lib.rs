@@ -1,8 +1,12 @@
-//! Built-in plugin: Gemma 3 (text). What sets it apart from Llama: embeddings
-//! scaled by √hidden, RMSNorms of the form `(1 + w)`, q/k norms, a norm after
-//! attention and around the MLP, GELU-tanh, a query scale from
-//! `query_pre_attn_scalar`, and sliding-window layers with their own rotary
-//! base interleaved with global ones.
+//! Built-in plugin: Gemma 3 (text) and Gemma 2. What sets them apart from
+//! Llama: embeddings scaled by √hidden, RMSNorms of the form `(1 + w)`, a
+//! norm after attention and around the MLP, GELU-tanh, a query scale from
+//! `query_pre_attn_scalar`, and sliding-window layers interleaved with global
+//! ones. Gemma 3 adds q/k norms and a rotary base of its own for the sliding
+//! layers; Gemma 2 (`gemma2.rs`) has neither, but soft-caps attention scores
+//! and the final logits by default.
+
+mod gemma2;
 
 use kiln_plugin_api::graph::{ops, DType, GraphIr};
 use kiln_plugin_api::nn::{
@@ -15,9 +19,19 @@ use kiln_plugin_api::{
 };
 use serde_json::Value;
 
-/// Gemma 3's hyper-parameters.
+/// Which generation of Gemma a config describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmaFamily {
+    /// Gemma 2: no q/k norms, one rotary base, every other layer sliding,
+    /// soft caps on by default.
+    Gemma2,
+    /// Gemma 3 (text).
+    Gemma3,
+}
+
+/// Gemma's hyper-parameters.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Gemma3Params {
+pub struct GemmaParams {
     vocab_size: u64,
     hidden_size: u64,
     intermediate_size: u64,
@@ -35,11 +49,20 @@ pub struct Gemma3Params {
     final_softcap: Option<f32>,
     /// The LM head is the embedding (Gemma's default); else `lm_head`.
     tie_word_embeddings: bool,
+    /// RMSNorms of each head's queries and keys (Gemma 3).
+    qk_norm: bool,
 }
 
-impl Gemma3Params {
-    /// Reads the parameters from a Hugging Face `Gemma3TextConfig`.
-    pub fn parse(config: &HfConfig<'_>, raw: &Value) -> Result<Self> {
+impl GemmaParams {
+    /// Reads the parameters from a Hugging Face `Gemma3TextConfig` or
+    /// `Gemma2Config`, with that family's defaults.
+    pub fn parse(config: &HfConfig<'_>, raw: &Value, family: GemmaFamily) -> Result<Self> {
+        let gemma2 = family == GemmaFamily::Gemma2;
+        if config.opt_bool("use_bidirectional_attention")? == Some(true) {
+            return Err(Error::invalid(
+                "config.json `use_bidirectional_attention` is not supported (Kiln's Gemma is causal)",
+            ));
+        }
         let kv = config.decoder_kv_params()?;
         let layers = kv.num_layers as usize;
         // transformers 5 nests the two rotary setups under `rope_parameters`
@@ -63,6 +86,7 @@ impl Gemma3Params {
             .and_then(Value::as_f64)
         {
             Some(theta) => theta,
+            None if gemma2 => theta,
             None => config.opt_f64("rope_local_base_freq")?.unwrap_or(10_000.0),
         };
         let sliding = match raw.get("layer_types").and_then(Value::as_array) {
@@ -77,15 +101,31 @@ impl Gemma3Params {
                 )))
             }
             None => {
-                let pattern = config
-                    .opt_u32("sliding_window_pattern")?
-                    .unwrap_or(6)
-                    .max(1) as usize;
+                let pattern = match family {
+                    GemmaFamily::Gemma2 => 2,
+                    GemmaFamily::Gemma3 => config.opt_u32("sliding_window_pattern")?.unwrap_or(6),
+                }
+                .max(1) as usize;
                 (0..layers).map(|i| (i + 1) % pattern != 0).collect()
             }
         };
         let mut global_rope = RotaryEmbedding::new(u64::from(kv.head_dim), theta);
         global_rope.scaling = scaling;
+        let local_rope = if gemma2 {
+            global_rope.clone()
+        } else {
+            RotaryEmbedding {
+                scaling: RopeScaling::Default,
+                ..RotaryEmbedding::new(u64::from(kv.head_dim), local_theta)
+            }
+        };
+        // Gemma 2 soft-caps unless the config says otherwise (null: off).
+        let softcap = |key: &str, gemma2_default: f64| -> Result<Option<f32>> {
+            Ok(match raw.get(key) {
+                None if gemma2 => Some(gemma2_default as f32),
+                _ => config.opt_f64(key)?.map(|c| c as f32),
+            })
+        };
         let query_pre_attn_scalar = config
             .opt_f64("query_pre_attn_scalar")?
             .unwrap_or(f64::from(kv.head_dim));
@@ -98,16 +138,17 @@ impl Gemma3Params {
             head_dim: u64::from(kv.head_dim),
             eps: config.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32,
             global_rope,
-            local_rope: RotaryEmbedding {
-                scaling: RopeScaling::Default,
-                ..RotaryEmbedding::new(u64::from(kv.head_dim), local_theta)
+            local_rope,
+            sliding_window: match config.opt_u32("sliding_window")? {
+                None if gemma2 => Some(4096),
+                window => window,
             },
-            sliding_window: config.opt_u32("sliding_window")?,
             sliding,
             query_scale: query_pre_attn_scalar.powf(-0.5) as f32,
-            attn_softcap: config.opt_f64("attn_logit_softcapping")?.map(|c| c as f32),
-            final_softcap: config.opt_f64("final_logit_softcapping")?.map(|c| c as f32),
+            attn_softcap: softcap("attn_logit_softcapping", 50.0)?,
+            final_softcap: softcap("final_logit_softcapping", 30.0)?,
             tie_word_embeddings: config.opt_bool("tie_word_embeddings")?.unwrap_or(true),
+            qk_norm: !gemma2,
         })
     }
 
@@ -128,7 +169,7 @@ impl Gemma3Params {
                     head_dim: self.head_dim,
                     qkv_bias: false,
                     o_bias: false,
-                    qk_norm_eps: Some(self.eps),
+                    qk_norm_eps: self.qk_norm.then_some(self.eps),
                     scale: Some(self.query_scale),
                     sliding_window: if sliding { self.sliding_window } else { None },
                     softcap: self.attn_softcap,
@@ -140,8 +181,10 @@ impl Gemma3Params {
                     self.global_rope.clone()
                 };
                 let mut attention = AttentionWithRope::new(config, rope, layer as u32);
-                attention.q_norm = Some(norm(self.head_dim));
-                attention.k_norm = Some(norm(self.head_dim));
+                if self.qk_norm {
+                    attention.q_norm = Some(norm(self.head_dim));
+                    attention.k_norm = Some(norm(self.head_dim));
+                }
                 TransformerBlock {
                     input_layernorm: Norm::Rms(norm(self.hidden_size)),
                     self_attn: attention,
@@ -168,10 +211,10 @@ impl Gemma3Params {
     }
 }
 
-/// Parses the config: KV shape and sequence limit (and checks the rest).
-pub fn gemma3_config(request: &ConfigRequest) -> Result<ArchConfig> {
+/// Parses a `family` config: KV shape and sequence limit (and checks the rest).
+pub fn gemma_config(request: &ConfigRequest, family: GemmaFamily) -> Result<ArchConfig> {
     let config = HfConfig::new(&request.hf_config)?;
-    Gemma3Params::parse(&config, &request.hf_config)?;
+    GemmaParams::parse(&config, &request.hf_config, family)?;
     Ok(ArchConfig {
         max_seq_len: config.max_seq_len(request.max_length)?,
         kv: config.decoder_kv_params()?,
@@ -179,11 +222,12 @@ pub fn gemma3_config(request: &ConfigRequest) -> Result<ArchConfig> {
     })
 }
 
-/// The Gemma 3 graph.
-pub fn gemma3_graph(request: &GraphRequest) -> Result<GraphIr> {
-    let params = Gemma3Params::parse(
+/// The graph of a `family` model.
+pub fn gemma_graph(request: &GraphRequest, family: GemmaFamily) -> Result<GraphIr> {
+    let params = GemmaParams::parse(
         &HfConfig::new(&request.config.model)?,
         &request.config.model,
+        family,
     )?;
     let offset = if request.weights_format == Some(WeightsFormat::Gguf) {
         0.0
@@ -191,7 +235,11 @@ pub fn gemma3_graph(request: &GraphRequest) -> Result<GraphIr> {
         1.0
     };
     let model = params.transformer(offset);
-    build_decoder_graph("gemma3", &model, request.state_dict.as_ref(), |batch| {
+    let name = match family {
+        GemmaFamily::Gemma2 => "gemma2",
+        GemmaFamily::Gemma3 => "gemma3",
+    };
+    build_decoder_graph(name, &model, request.state_dict.as_ref(), |batch| {
         let logits = model.forward(batch);
         match params.final_softcap {
             Some(cap) => &ops::tanh(&(&logits * (1.0 / f64::from(cap)))) * f64::from(cap),
@@ -200,8 +248,18 @@ pub fn gemma3_graph(request: &GraphRequest) -> Result<GraphIr> {
     })
 }
 
-/// llama.cpp's Gemma 3 names: like Llama's, but its `ffn_norm` is the norm
-/// before the MLP (Gemma has one after attention too).
+/// Parses a Gemma 3 config.
+pub fn gemma3_config(request: &ConfigRequest) -> Result<ArchConfig> {
+    gemma_config(request, GemmaFamily::Gemma3)
+}
+
+/// The Gemma 3 graph.
+pub fn gemma3_graph(request: &GraphRequest) -> Result<GraphIr> {
+    gemma_graph(request, GemmaFamily::Gemma3)
+}
+
+/// llama.cpp's Gemma 2 and 3 names: like Llama's, but its `ffn_norm` is the
+/// norm before the MLP (Gemma has one after attention too).
 pub fn gemma3_gguf_name(name: &str) -> Option<String> {
     let mapped = adapters::gguf_decoder_name(name)?;
     if name.ends_with(".ffn_norm.weight") {
@@ -213,20 +271,22 @@ pub fn gemma3_gguf_name(name: &str) -> Option<String> {
 
 /// The plugin.
 pub fn plugin() -> Plugin {
-    Plugin::new("gemma", env!("CARGO_PKG_VERSION")).with_architecture(
-        SupportedArchitecture::new("Gemma3ForCausalLM", Task::TextGeneration)
-            .with_aliases(["gemma3"])
-            .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
-            .with_example_repo_ids(["google/gemma-3-270m", "google/gemma-3-1b-it"])
-            .with_config(gemma3_config)
-            .with_graph(gemma3_graph)
-            .with_weight_adapter(WeightsFormat::Safetensors, |r| {
-                Ok(adapters::rename(r, adapters::hf_decoder_name))
-            })
-            .with_weight_adapter(WeightsFormat::Gguf, |r| {
-                Ok(adapters::rename(r, gemma3_gguf_name))
-            }),
-    )
+    Plugin::new("gemma", env!("CARGO_PKG_VERSION"))
+        .with_architecture(gemma2::architecture())
+        .with_architecture(
+            SupportedArchitecture::new("Gemma3ForCausalLM", Task::TextGeneration)
+                .with_aliases(["gemma3"])
+                .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
+                .with_example_repo_ids(["google/gemma-3-270m", "google/gemma-3-1b-it"])
+                .with_config(gemma3_config)
+                .with_graph(gemma3_graph)
+                .with_weight_adapter(WeightsFormat::Safetensors, |r| {
+                    Ok(adapters::rename(r, adapters::hf_decoder_name))
+                })
+                .with_weight_adapter(WeightsFormat::Gguf, |r| {
+                    Ok(adapters::rename(r, gemma3_gguf_name))
+                }),
+        )
 }
 
 kiln_plugin_api::declare_plugin!(plugin);
@@ -249,7 +309,8 @@ mod tests {
     #[test]
     fn five_of_six_layers_slide_by_default() {
         let raw = gemma_270m();
-        let params = Gemma3Params::parse(&HfConfig::new(&raw).unwrap(), &raw).unwrap();
+        let params =
+            GemmaParams::parse(&HfConfig::new(&raw).unwrap(), &raw, GemmaFamily::Gemma3).unwrap();
         let globals: Vec<usize> = params
             .sliding
             .iter()

@@ -12,6 +12,7 @@ enum Family {
     Llama,
     Qwen2,
     Qwen3,
+    Gemma2,
     Gemma3,
     Phi3,
     Gpt2,
@@ -24,6 +25,7 @@ impl Family {
             "llama" => Family::Llama,
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
+            "gemma2" => Family::Gemma2,
             "gemma3" => Family::Gemma3,
             "phi3" => Family::Phi3,
             "gpt2" => Family::Gpt2,
@@ -38,6 +40,7 @@ impl Family {
             Family::Llama => ("LlamaForCausalLM", "llama"),
             Family::Qwen2 => ("Qwen2ForCausalLM", "qwen2"),
             Family::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+            Family::Gemma2 => ("Gemma2ForCausalLM", "gemma2"),
             Family::Gemma3 => ("Gemma3ForCausalLM", "gemma3_text"),
             Family::Phi3 => ("Phi3ForCausalLM", "phi3"),
             Family::Gpt2 => ("GPT2LMHeadModel", "gpt2"),
@@ -111,6 +114,9 @@ const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// Gemma 3 alternates five sliding-window layers with one global layer.
 const GEMMA3_SLIDING_PATTERN: u64 = 6;
+
+/// Gemma 2 alternates one sliding-window layer with one global layer.
+const GEMMA2_SLIDING_PATTERN: u64 = 2;
 
 impl GgufFile {
     /// Tensors that [`hf_config`](Self::hf_config) reads into the config:
@@ -238,7 +244,19 @@ impl GgufFile {
                     config.insert("n_ctx".into(), n);
                 }
             }
-            Family::Gemma3 => self.gemma3_extras(&mut config)?,
+            Family::Gemma2 => gemma_extras(&mut config, GEMMA2_SLIDING_PATTERN, 46),
+            Family::Gemma3 => {
+                let local_base = self.config_float("gemma3.rope.freq_base_swa")?;
+                config.insert(
+                    "rope_local_base_freq".into(),
+                    json!(local_base.unwrap_or(10_000.0)),
+                );
+                config.insert(
+                    "sliding_window_pattern".into(),
+                    json!(GEMMA3_SLIDING_PATTERN),
+                );
+                gemma_extras(&mut config, GEMMA3_SLIDING_PATTERN, 62);
+            }
             Family::Starcoder2 => {
                 config.insert("hidden_act".into(), json!("gelu_pytorch_tanh"));
                 let biases = self.tensor("blk.0.attn_q.bias").is_some();
@@ -267,49 +285,6 @@ impl GgufFile {
         Ok(Some(values.as_f32().to_vec()))
     }
 
-    /// Gemma 3's fixed activation, local rotary base, attention scale and
-    /// layer pattern.
-    fn gemma3_extras(&self, config: &mut Map<String, Value>) -> Result<(), GgufError> {
-        for key in ["hidden_act", "hidden_activation"] {
-            config.insert(key.into(), json!("gelu_pytorch_tanh"));
-        }
-        let local_base = self.config_float("gemma3.rope.freq_base_swa")?;
-        config.insert(
-            "rope_local_base_freq".into(),
-            json!(local_base.unwrap_or(10_000.0)),
-        );
-        let field = |key: &str| config.get(key).and_then(Value::as_u64);
-        let layers = field("num_hidden_layers");
-        let per_head = field("hidden_size")
-            .zip(field("num_attention_heads"))
-            .and_then(|(hidden, heads)| hidden.checked_div(heads));
-        // llama.cpp: hidden / heads for the 62-layer (27B) model, else head_dim.
-        let scalar = match (layers, field("head_dim")) {
-            (Some(62), _) | (_, None) => per_head,
-            (_, head_dim) => head_dim,
-        };
-        if let Some(scalar) = scalar {
-            config.insert("query_pre_attn_scalar".into(), json!(scalar));
-        }
-        if let (Some(layers), true) = (layers, config.contains_key("sliding_window")) {
-            let layer_types: Vec<&str> = (1..=layers)
-                .map(|i| {
-                    if i % GEMMA3_SLIDING_PATTERN == 0 {
-                        "full_attention"
-                    } else {
-                        "sliding_attention"
-                    }
-                })
-                .collect();
-            config.insert(
-                "sliding_window_pattern".into(),
-                json!(GEMMA3_SLIDING_PATTERN),
-            );
-            config.insert("layer_types".into(), json!(layer_types));
-        }
-        Ok(())
-    }
-
     /// A float; float32 values as their shortest decimal (`1e-5`, not
     /// `9.999999747378752e-6`), which is what the original config held.
     /// NaN and infinity are refused: JSON has no spelling for them, and a
@@ -327,6 +302,41 @@ impl GgufFile {
             }),
             v => Ok(v),
         }
+    }
+}
+
+/// Gemma's fixed activation, attention scale and layer pattern: every
+/// `pattern`-th layer global, the rest sliding. llama.cpp scales queries by
+/// `1/sqrt(head_dim)`, or `1/sqrt(hidden / heads)` for the 27B model
+/// (`layers_27b` layers).
+fn gemma_extras(config: &mut Map<String, Value>, pattern: u64, layers_27b: u64) {
+    for key in ["hidden_act", "hidden_activation"] {
+        config.insert(key.into(), json!("gelu_pytorch_tanh"));
+    }
+    let field = |key: &str| config.get(key).and_then(Value::as_u64);
+    let layers = field("num_hidden_layers");
+    let per_head = field("hidden_size")
+        .zip(field("num_attention_heads"))
+        .and_then(|(hidden, heads)| hidden.checked_div(heads));
+    let scalar = match (layers, field("head_dim")) {
+        (Some(n), _) if n == layers_27b => per_head,
+        (_, None) => per_head,
+        (_, head_dim) => head_dim,
+    };
+    if let Some(scalar) = scalar {
+        config.insert("query_pre_attn_scalar".into(), json!(scalar));
+    }
+    if let (Some(layers), true) = (layers, config.contains_key("sliding_window")) {
+        let layer_types: Vec<&str> = (1..=layers)
+            .map(|i| {
+                if i % pattern == 0 {
+                    "full_attention"
+                } else {
+                    "sliding_attention"
+                }
+            })
+            .collect();
+        config.insert("layer_types".into(), json!(layer_types));
     }
 }
 
@@ -377,9 +387,9 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
         (_, "attn_output") => "self_attn.o_proj",
         (Family::Qwen3 | Family::Gemma3, "attn_q_norm") => "self_attn.q_norm",
         (Family::Qwen3 | Family::Gemma3, "attn_k_norm") => "self_attn.k_norm",
-        (Family::Gemma3, "post_attention_norm") => "post_attention_layernorm",
-        (Family::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
-        (Family::Gemma3, "post_ffw_norm") => "post_feedforward_layernorm",
+        (Family::Gemma2 | Family::Gemma3, "post_attention_norm") => "post_attention_layernorm",
+        (Family::Gemma2 | Family::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
+        (Family::Gemma2 | Family::Gemma3, "post_ffw_norm") => "post_feedforward_layernorm",
         (_, "ffn_norm") => "post_attention_layernorm",
         (Family::Phi3, "attn_qkv") => "self_attn.qkv_proj",
         (Family::Phi3, "ffn_up") => "mlp.gate_up_proj",
