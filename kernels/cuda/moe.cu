@@ -121,15 +121,16 @@ __device__ __forceinline__ float moe_activation(float v, int activation) {
   }
 }
 
-// Grid (ceil(I / KILN_MOE_WARPS), T·K); h is [T·K, I].
+// Grid (T·K, ceil(I / KILN_MOE_WARPS)): the picks on x, which has room for
+// every token of a long prompt; h is [T·K, I].
 template <int TYPE>
 __device__ __forceinline__ void moe_gate_up(const float* x, const int* experts,
                                             const unsigned long long* gate,
                                             const unsigned long long* up, float* h, int hidden,
                                             int inter, int top_k, int activation) {
-  int row = blockIdx.x * KILN_MOE_WARPS + threadIdx.x / 32;
+  int row = blockIdx.y * KILN_MOE_WARPS + threadIdx.x / 32;
   if (row >= inter) return;
-  int slot = blockIdx.y;  // t·K + j
+  int slot = blockIdx.x;  // t·K + j
   int e = experts[slot];
   const float* xt = x + (i64)(slot / top_k) * hidden;
   float g = moe_dot<TYPE>(gate[e], row, xt, hidden);
@@ -137,14 +138,14 @@ __device__ __forceinline__ void moe_gate_up(const float* x, const int* experts,
   if (threadIdx.x % 32 == 0) h[(i64)slot * inter + row] = moe_activation(g, activation) * u;
 }
 
-// Grid (ceil(hidden / KILN_MOE_WARPS), T); out is [T, hidden].
+// Grid (T, ceil(hidden / KILN_MOE_WARPS)); out is [T, hidden].
 template <int TYPE>
 __device__ __forceinline__ void moe_down(const float* h, const int* experts, const float* weights,
                                          const unsigned long long* down, float* out, int hidden,
                                          int inter, int top_k) {
-  int row = blockIdx.x * KILN_MOE_WARPS + threadIdx.x / 32;
+  int row = blockIdx.y * KILN_MOE_WARPS + threadIdx.x / 32;
   if (row >= hidden) return;
-  int t = blockIdx.y;
+  int t = blockIdx.x;
   float acc = 0.0f;
   for (int j = 0; j < top_k; ++j) {
     int slot = t * top_k + j;

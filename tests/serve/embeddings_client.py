@@ -69,7 +69,7 @@ worst = worst_cosine([d.embedding for d in reply.data], ref["embeddings"][4:6])
 assert worst >= 0.9999, worst
 report("token_ids", worst_cosine=worst)
 
-# Concurrent requests are batched by the worker and each gets its own.
+# Concurrent requests (which the worker may batch together) each get their own vectors.
 import concurrent.futures
 
 with concurrent.futures.ThreadPoolExecutor(8) as pool:

@@ -7,10 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use kiln_host::embedding::{Embedder, DEFAULT_BATCH_TOKENS};
+use kiln_host::embedding::{encoder_batch, Embedder, DEFAULT_BATCH_TOKENS};
 use kiln_host::engine::batch::run_encoder_step;
 use kiln_host::runtime::Tensor;
-use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
 use kiln_tests::models::{
     cuda_test_device, load_model, load_model_on, minilm_dir, write_model_dir, DeviceChoice,
     WeightDtype,
@@ -47,21 +46,6 @@ fn fixture_path(name: &str) -> std::path::PathBuf {
 fn minilm_reference() -> MiniLmReference {
     let text = std::fs::read_to_string(fixture_path("minilm_embeddings.json")).unwrap();
     serde_json::from_str(&text).unwrap()
-}
-
-fn step(prompts: &[Vec<u32>]) -> StepBatch {
-    StepBatch {
-        sequences: prompts
-            .iter()
-            .map(|tokens| StepSequence {
-                tokens: tokens.clone(),
-                start: 0,
-                blocks: Vec::new(),
-                wants_logits: true,
-            })
-            .collect(),
-        all_logits: true,
-    }
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
@@ -113,12 +97,13 @@ fn tiny_bert_matches_transformers_on(device: DeviceChoice) {
             let rows = run_encoder_step(
                 backend,
                 &model.pipeline,
-                &step(std::slice::from_ref(prompt)),
+                &encoder_batch(std::slice::from_ref(prompt)),
             )
             .unwrap();
             check(&rows[0], expected, &format!("prompt {i} alone"));
         }
-        let batched = run_encoder_step(backend, &model.pipeline, &step(&fixture.prompts)).unwrap();
+        let batched =
+            run_encoder_step(backend, &model.pipeline, &encoder_batch(&fixture.prompts)).unwrap();
         for (i, (rows, expected)) in batched.iter().zip(&fixture.hidden).enumerate() {
             check(rows, expected, &format!("prompt {i} in the batch"));
         }
@@ -143,8 +128,10 @@ fn minilm_matches_sentence_transformers() {
         );
     }
     let longest = reference.ids.iter().map(Vec::len).max().unwrap();
+    assert!(longest < 256, "every reference sentence fits the model");
     let embedder = Embedder::new(model, DEFAULT_BATCH_TOKENS).unwrap();
     assert_eq!(embedder.max_tokens(), 256, "sentence_bert_config.json");
+    assert_eq!(embedder.dimensions(), Some(384));
     let vectors = embedder.embed(&reference.ids).unwrap();
     let worst = vectors
         .iter()
@@ -167,7 +154,6 @@ fn minilm_matches_sentence_transformers() {
         "{error}"
     );
     assert!(embedder.embed(&[vec![]]).is_err());
-    assert!(longest < 256);
 }
 
 /// `host embed` prints one JSON line per text, from arguments or a file.

@@ -94,13 +94,14 @@ impl Tensor {
         let mut shape = self.info.shape.clone();
         let mut range = self.range.clone();
         if let Some((start, end)) = rows {
-            // Rows of the matrix view: every axis but the last is a row axis
-            // (a stacked `[E, N, K]` tensor has `E·N` rows of `K`).
-            let (cols, leading) = shape
-                .split_last()
-                .filter(|(_, leading)| !leading.is_empty())
-                .ok_or_else(|| format!("`{}` has no rows", self.info.name))?;
-            let total: u64 = leading.iter().product();
+            // A vector's rows are its elements; otherwise rows of the matrix
+            // view: every axis but the last is a row axis (a stacked
+            // `[E, N, K]` tensor has `E·N` rows of `K`).
+            let (total, row_shape): (u64, &[u64]) = match shape.as_slice() {
+                [] => return Err(format!("`{}` has no rows", self.info.name)),
+                [n] => (*n, &[]),
+                [leading @ .., cols] => (leading.iter().product(), std::slice::from_ref(cols)),
+            };
             if start >= end || end > total {
                 return Err(format!(
                     "rows {start}..{end} of `{}` (which has {total})",
@@ -110,7 +111,7 @@ impl Tensor {
             let row_bytes = self.range.len() / total as usize;
             range = self.range.start + start as usize * row_bytes
                 ..self.range.start + end as usize * row_bytes;
-            shape = vec![end - start, *cols];
+            shape = [&[end - start], row_shape].concat();
         }
         let dtype = DType::of_encoding(encoding).unwrap_or(DType::F32);
         let spec = WeightSpec {
@@ -252,5 +253,44 @@ pub fn float_encoding(storage: &str) -> Option<Encoding> {
         "F16" => Some(Encoding::Float16),
         "BF16" => Some(Encoding::BFloat16),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_plugin_api::Encoding;
+
+    fn f32_tensor(shape: &[u64]) -> Tensor {
+        let count: u64 = shape.iter().product();
+        let bytes: Vec<u8> = (0..count).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let len = bytes.len();
+        let info = adapters::CheckpointTensor {
+            name: "t".into(),
+            shape: shape.to_vec(),
+            storage: "F32".into(),
+            encoding: Some(Encoding::Float32),
+        };
+        Tensor::new(info, Arc::new(bytes), 0..len)
+    }
+
+    fn first_value(weight: &WeightData) -> f32 {
+        weight.to_tensor(DType::F32).unwrap().as_f32()[0]
+    }
+
+    /// Row ranges of a vector (a fused bias), a matrix and a stacked tensor.
+    #[test]
+    fn row_ranges_of_every_rank() {
+        let bias = f32_tensor(&[6]).weight("b", Some((2, 5))).unwrap();
+        assert_eq!(bias.spec.shape, [3]);
+        assert_eq!(first_value(&bias), 2.0);
+        let matrix = f32_tensor(&[4, 3]).weight("m", Some((1, 3))).unwrap();
+        assert_eq!(matrix.spec.shape, [2, 3]);
+        assert_eq!(first_value(&matrix), 3.0);
+        let stacked = f32_tensor(&[2, 4, 3]).weight("s", Some((4, 8))).unwrap();
+        assert_eq!(stacked.spec.shape, [4, 3]);
+        assert_eq!(first_value(&stacked), 12.0);
+        assert!(f32_tensor(&[4, 3]).weight("m", Some((3, 5))).is_err());
+        assert!(f32_tensor(&[]).weight("x", Some((0, 1))).is_err());
     }
 }

@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use crate::cli::ServeArgs;
 use crate::embedding::service::EmbedderThread;
-use crate::embedding::{Embedder, DEFAULT_BATCH_TOKENS};
+use crate::embedding::Embedder;
 use crate::engine::batch::worst_case_inputs;
 use crate::engine::defaults::generation_defaults_from;
 use crate::engine::service::{self, EngineConfig, EngineHandle, EngineThread};
@@ -55,7 +55,12 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let template_source = given_template
         .as_deref()
         .or(tokenizer.chat_template_source());
-    let tool_format = tool_format(&model, args, template_source)?;
+    let embeddings = model.architecture.info.task == Task::Embeddings;
+    let tool_format = if embeddings {
+        None
+    } else {
+        tool_format(&model, args, template_source)?
+    };
     let defaults = generation_defaults_from(&model, &args.generation_config);
     let vocab_size = model
         .hf_config
@@ -67,9 +72,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| default_model_name(&args.load.model.model));
     let metrics = Metrics::new(&model_name, args.block_size);
-    let (served, worker, max_model_len) = if model.architecture.info.task == Task::Embeddings {
-        let embedder = Embedder::new(model, args.max_batch_tokens.max(DEFAULT_BATCH_TOKENS))
-            .map_err(anyhow::Error::msg)?;
+    let (served, worker, max_model_len) = if embeddings {
+        let embedder = Embedder::new(model, args.max_batch_tokens).map_err(anyhow::Error::msg)?;
         tracing::info!(
             "embeddings: pooling {:?} ({}), normalized: {}, at most {} tokens per text",
             embedder.pooling().modes,

@@ -11,7 +11,7 @@ use crate::engine::batch::{run_encoder_step, StepError};
 use crate::model::Model;
 pub use pooling::{Pooling, PoolingMode};
 
-/// Tokens per encoder step when texts are batched together.
+/// Tokens per encoder step of `host embed`.
 pub const DEFAULT_BATCH_TOKENS: usize = 8192;
 
 /// Why texts could not be embedded.
@@ -20,6 +20,9 @@ pub enum EmbedError {
     /// The input is unusable (empty, too long): the caller's fault.
     #[error("{0}")]
     Invalid(String),
+    /// The embedding worker is gone (the server is stopping).
+    #[error("the embedding worker stopped")]
+    Stopped,
     /// The model failed to run.
     #[error(transparent)]
     Step(#[from] StepError),
@@ -59,11 +62,6 @@ impl Embedder {
         })
     }
 
-    /// The model.
-    pub fn model(&self) -> &Model {
-        &self.model
-    }
-
     /// The pooling.
     pub fn pooling(&self) -> &Pooling {
         &self.pooling
@@ -74,26 +72,25 @@ impl Embedder {
         self.max_tokens
     }
 
-    /// Checks one tokenized text: not empty, not too long.
-    pub fn check(&self, index: usize, tokens: &[u32]) -> Result<(), EmbedError> {
-        if tokens.is_empty() {
-            return Err(EmbedError::Invalid(format!("input {index} has no tokens")));
-        }
-        if tokens.len() > self.max_tokens {
-            return Err(EmbedError::Invalid(format!(
-                "input {index} has {} tokens; this model embeds at most {}",
-                tokens.len(),
-                self.max_tokens
-            )));
-        }
-        Ok(())
+    /// Tokens per step.
+    pub fn batch_tokens(&self) -> usize {
+        self.batch_tokens
+    }
+
+    /// The length of each embedding: the graph's hidden width (a static
+    /// dimension of its output) times the pooling modes concatenated.
+    pub fn dimensions(&self) -> Option<usize> {
+        let graph = &self.model.backend.program().graph;
+        let output = graph.outputs.first()?;
+        let hidden = graph.nodes[*output as usize].ty.shape.last()?.as_static()?;
+        Some(hidden as usize * self.pooling.modes.len())
     }
 
     /// One embedding per tokenized text, in order. Texts run together in
     /// steps of up to the batch's token budget.
     pub fn embed(&self, texts: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EmbedError> {
         for (index, tokens) in texts.iter().enumerate() {
-            self.check(index, tokens)?;
+            check_text(index, tokens, self.max_tokens)?;
         }
         let mut embeddings = Vec::with_capacity(texts.len());
         let mut start = 0;
@@ -106,23 +103,42 @@ impl Embedder {
                 tokens += texts[end].len();
                 end += 1;
             }
-            let batch = StepBatch {
-                sequences: texts[start..end]
-                    .iter()
-                    .map(|tokens| StepSequence {
-                        tokens: tokens.clone(),
-                        start: 0,
-                        blocks: Vec::new(),
-                        wants_logits: true,
-                    })
-                    .collect(),
-                all_logits: true,
-            };
-            let states =
-                run_encoder_step(self.model.backend.as_ref(), &self.model.pipeline, &batch)?;
+            let states = run_encoder_step(
+                self.model.backend.as_ref(),
+                &self.model.pipeline,
+                &encoder_batch(&texts[start..end]),
+            )?;
             embeddings.extend(states.iter().map(|rows| self.pooling.pool(rows)));
             start = end;
         }
         Ok(embeddings)
+    }
+}
+
+/// Checks one tokenized text (input `index`): not empty, at most
+/// `max_tokens` long. Texts are refused, never truncated.
+pub fn check_text(index: usize, tokens: &[u32], max_tokens: usize) -> Result<(), EmbedError> {
+    if tokens.is_empty() || tokens.len() > max_tokens {
+        return Err(EmbedError::Invalid(format!(
+            "input {index} has {} tokens; this model embeds 1 to {max_tokens} tokens per input",
+            tokens.len()
+        )));
+    }
+    Ok(())
+}
+
+/// One encoder step over `texts`, each a whole sequence from position 0.
+pub fn encoder_batch(texts: &[Vec<u32>]) -> StepBatch {
+    StepBatch {
+        sequences: texts
+            .iter()
+            .map(|tokens| StepSequence {
+                tokens: tokens.clone(),
+                start: 0,
+                blocks: Vec::new(),
+                wants_logits: true,
+            })
+            .collect(),
+        all_logits: true,
     }
 }

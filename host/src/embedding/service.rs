@@ -19,6 +19,7 @@ struct Job {
 pub struct EmbedderHandle {
     jobs: mpsc::Sender<Job>,
     max_tokens: usize,
+    dimensions: Option<usize>,
 }
 
 /// The worker thread.
@@ -39,6 +40,7 @@ pub fn spawn(embedder: Embedder) -> (EmbedderHandle, EmbedderThread) {
     let handle = EmbedderHandle {
         jobs,
         max_tokens: embedder.max_tokens(),
+        dimensions: embedder.dimensions(),
     };
     let thread = std::thread::Builder::new()
         .name("kiln-embedder".to_owned())
@@ -53,15 +55,16 @@ impl EmbedderHandle {
         self.max_tokens
     }
 
-    /// The embeddings of `texts` (each checked by the caller: not empty,
-    /// at most [`Self::max_tokens`]).
+    /// The length of each embedding, when the graph's width is static.
+    pub fn dimensions(&self) -> Option<usize> {
+        self.dimensions
+    }
+
+    /// The embeddings of `texts` (each checked by the caller with
+    /// [`super::check_text`]).
     pub async fn embed(&self, texts: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, Arc<EmbedError>> {
         let (reply, answer) = oneshot::channel();
-        let stopped = || {
-            Arc::new(EmbedError::Invalid(
-                "the embedding worker stopped".to_owned(),
-            ))
-        };
+        let stopped = || Arc::new(EmbedError::Stopped);
         self.jobs
             .send(Job { texts, reply })
             .map_err(|_| stopped())?;
@@ -75,7 +78,7 @@ fn run(embedder: &Embedder, receiver: &mpsc::Receiver<Job>) {
     while let Ok(first) = receiver.recv() {
         let mut tokens: usize = first.texts.iter().map(Vec::len).sum();
         let mut jobs = vec![first];
-        while tokens < super::DEFAULT_BATCH_TOKENS {
+        while tokens < embedder.batch_tokens() {
             match receiver.try_recv() {
                 Ok(job) => {
                     tokens += job.texts.iter().map(Vec::len).sum::<usize>();

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::openai::{ApiError, Prompt};
 use super::{check_model, prompt, AppState, Served};
-use crate::embedding::EmbedError;
+use crate::embedding::{check_text, EmbedError};
 use crate::engine::service::{EngineObserver, FinishReason};
 
 /// The fields this endpoint honours. `user` identifies the caller to the
@@ -73,58 +73,43 @@ pub async fn embeddings(
             ))
         }
     };
-    let inputs = match request.input {
-        Prompt::Ids(ids) => vec![ids],
-        Prompt::IdLists(lists) => lists,
-        Prompt::Text(text) => prompt::tokenize(&state, vec![text], true).await?,
-        Prompt::Texts(texts) => {
-            if texts.len() > MAX_INPUTS {
-                return Err(too_many(texts.len()));
-            }
-            prompt::tokenize(&state, texts, true).await?
-        }
+    let count = match &request.input {
+        Prompt::Text(_) | Prompt::Ids(_) => 1,
+        Prompt::Texts(texts) => texts.len(),
+        Prompt::IdLists(lists) => lists.len(),
     };
-    if inputs.is_empty() || inputs.len() > MAX_INPUTS {
-        return Err(match inputs.len() {
-            0 => ApiError::invalid("input must not be empty", Some("input")),
-            n => too_many(n),
-        });
+    if count == 0 || count > MAX_INPUTS {
+        return Err(ApiError::invalid(
+            format!("input has {count} entries; 1 to {MAX_INPUTS} are accepted"),
+            Some("input"),
+        ));
     }
-    for (index, ids) in inputs.iter().enumerate() {
-        if let Some(bad) = ids.iter().find(|&&t| t as usize >= state.vocab_size) {
-            return Err(ApiError::invalid(
-                format!(
-                    "input {index}: token id {bad} is outside the vocabulary of {}",
-                    state.vocab_size
-                ),
-                Some("input"),
-            ));
-        }
-        if ids.is_empty() || ids.len() > embedder.max_tokens() {
-            return Err(ApiError::invalid(
-                format!(
-                    "input {index} has {} tokens; this model embeds 1 to {} tokens per input",
-                    ids.len(),
-                    embedder.max_tokens()
-                ),
-                Some("input"),
-            ));
-        }
-    }
-    let prompt_tokens: usize = inputs.iter().map(Vec::len).sum();
-    let vectors = embedder.embed(inputs).await.map_err(|e| match &*e {
-        EmbedError::Invalid(message) => ApiError::invalid(message.clone(), Some("input")),
-        EmbedError::Step(step) => ApiError::internal(step.to_string()),
-    })?;
     if let Some(wanted) = request.dimensions {
-        let native = vectors.first().map_or(0, Vec::len);
-        if wanted != native {
+        let native = embedder.dimensions();
+        if native != Some(wanted) {
+            let native = native.map_or("a dynamic number of".to_owned(), |n| n.to_string());
             return Err(ApiError::invalid(
                 format!("this model's embeddings have {native} dimensions; `dimensions` {wanted} would need truncation, which it was not trained for"),
                 Some("dimensions"),
             ));
         }
     }
+    let inputs = match request.input {
+        Prompt::Ids(ids) => vec![ids],
+        Prompt::IdLists(lists) => lists,
+        Prompt::Text(text) => prompt::tokenize(&state, vec![text], true).await?,
+        Prompt::Texts(texts) => prompt::tokenize(&state, texts, true).await?,
+    };
+    for (index, ids) in inputs.iter().enumerate() {
+        prompt::check_vocabulary(&state, ids, "input")?;
+        check_text(index, ids, embedder.max_tokens())
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
+    }
+    let prompt_tokens: usize = inputs.iter().map(Vec::len).sum();
+    let vectors = embedder.embed(inputs).await.map_err(|e| match &*e {
+        EmbedError::Invalid(message) => ApiError::invalid(message.clone(), Some("input")),
+        EmbedError::Step(_) | EmbedError::Stopped => ApiError::internal(e.to_string()),
+    })?;
     state.metrics.finished(
         FinishReason::Stop,
         arrived.elapsed().as_secs_f64(),
@@ -150,11 +135,4 @@ pub async fn embeddings(
         "model": state.model_name,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     })))
-}
-
-fn too_many(n: usize) -> ApiError {
-    ApiError::invalid(
-        format!("input has {n} entries; at most {MAX_INPUTS} are accepted"),
-        Some("input"),
-    )
 }

@@ -216,17 +216,23 @@ pub async fn completion_prompts(
         Prompt::Texts(texts) => tokenize(state, texts.clone(), true).await?,
     };
     for prompt in &prompts {
-        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= state.vocab_size) {
-            return Err(ApiError::invalid(
-                format!(
-                    "token id {bad} is outside the vocabulary of {}",
-                    state.vocab_size
-                ),
-                Some("prompt"),
-            ));
-        }
+        check_vocabulary(state, prompt, "prompt")?;
     }
     Ok(prompts)
+}
+
+/// Refuses token ids outside the vocabulary, naming the request field.
+pub fn check_vocabulary(state: &AppState, ids: &[u32], param: &str) -> Result<(), ApiError> {
+    match ids.iter().find(|&&t| t as usize >= state.vocab_size) {
+        Some(bad) => Err(ApiError::invalid(
+            format!(
+                "token id {bad} is outside the vocabulary of {}",
+                state.vocab_size
+            ),
+            Some(param),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Prompt texts to ids (special-token text in them is read as special

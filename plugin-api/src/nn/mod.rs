@@ -28,17 +28,7 @@ pub fn build_decoder_graph(
     state_dict: Option<&StateDict>,
     forward: impl FnOnce(&RaggedBatch) -> TensorValue,
 ) -> crate::Result<GraphIr> {
-    match state_dict {
-        Some(state) => model.load_state_dict(state)?,
-        None => drop(model.raw_state_dict()),
-    }
-    let graph = Graph::new(name);
-    let batch = RaggedBatch::inputs(&graph);
-    let logits = forward(&batch);
-    graph.output(&[&logits]);
-    graph
-        .build()
-        .map_err(|e| crate::Error::invalid(format!("building the graph: {e}")))
+    build_graph(name, model, state_dict, RaggedBatch::inputs, forward)
 }
 
 /// Builds an encoder's graph (since 1.4): like [`build_decoder_graph`], with
@@ -50,14 +40,25 @@ pub fn build_encoder_graph(
     state_dict: Option<&StateDict>,
     forward: impl FnOnce(&EncoderBatch) -> TensorValue,
 ) -> crate::Result<GraphIr> {
+    build_graph(name, model, state_dict, EncoderBatch::inputs, forward)
+}
+
+/// Binds the weights, declares the inputs with `inputs`, and records
+/// `forward`'s value as the graph's one output.
+fn build_graph<B>(
+    name: &str,
+    model: &dyn Module,
+    state_dict: Option<&StateDict>,
+    inputs: fn(&Graph) -> B,
+    forward: impl FnOnce(&B) -> TensorValue,
+) -> crate::Result<GraphIr> {
     match state_dict {
         Some(state) => model.load_state_dict(state)?,
         None => drop(model.raw_state_dict()),
     }
     let graph = Graph::new(name);
-    let batch = EncoderBatch::inputs(&graph);
-    let hidden = forward(&batch);
-    graph.output(&[&hidden]);
+    let output = forward(&inputs(&graph));
+    graph.output(&[&output]);
     graph
         .build()
         .map_err(|e| crate::Error::invalid(format!("building the graph: {e}")))

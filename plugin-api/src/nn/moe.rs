@@ -63,12 +63,16 @@ impl MixtureOfExperts {
     /// `hidden`, with the router `spec` describes (and a correction bias
     /// weight if its routing has one).
     pub fn new(hidden: u64, intermediate: u64, dtype: DType, spec: MoeSpec) -> Self {
-        let activation = match spec.activation {
-            UnaryOp::Gelu => Activation::Gelu,
-            UnaryOp::GeluTanh => Activation::GeluTanh,
-            UnaryOp::Relu => Activation::Relu,
-            _ => Activation::Silu,
-        };
+        // Type inference refuses an op no activation computes.
+        let activation = [
+            Activation::Silu,
+            Activation::Gelu,
+            Activation::GeluTanh,
+            Activation::Relu,
+        ]
+        .into_iter()
+        .find(|a| a.unary_op() == spec.activation)
+        .unwrap_or(Activation::Silu);
         let experts = u64::from(spec.num_experts);
         let has_bias = matches!(
             spec.routing,

@@ -163,8 +163,9 @@ pub fn adapt_moe_gguf(request: &AdaptRequest) -> Result<AdaptResponse> {
             continue;
         };
         let prefix = format!("layers.{layer}.mlp.");
-        let stacked =
-            |proj| split_stacked(&prefix, proj, source, &tensor.shape, 0, tensor.shape[1]);
+        // Whole rows per expert (a malformed shape is refused by split_stacked).
+        let rows = tensor.shape.get(1).copied().unwrap_or(0);
+        let stacked = |proj| split_stacked(&prefix, proj, source, &tensor.shape, 0, rows);
         match part_name {
             "ffn_gate_inp.weight" => {
                 weights.push(part(format!("{prefix}gate.weight"), source, None))
@@ -272,5 +273,18 @@ mod tests {
         assert_eq!(down.rows, Some((224, 256)));
         find(&response, "layers.1.mlp.shared_expert.gate_proj.weight");
         find(&response, "layers.1.self_attn.q_proj.weight");
+    }
+
+    #[test]
+    fn malformed_stacked_experts_are_refused_not_a_panic() {
+        let error = adapt_moe_gguf(&request(
+            WeightsFormat::Gguf,
+            &[("blk.0.ffn_gate_exps.weight", &[8])],
+        ))
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("[experts, rows, cols]"),
+            "{error}"
+        );
     }
 }

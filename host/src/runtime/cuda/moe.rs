@@ -25,8 +25,10 @@ const MAX_GROUPS: u32 = 64;
 pub struct MoePlan {
     /// Routing and activation.
     pub spec: MoeSpec,
-    /// The experts' element type.
-    ty: GemmType,
+    /// The gate/up and down kernels for the experts' element type.
+    kernels: [&'static str; 2],
+    /// The activation's code in `moe.cu` (0 SiLU, 1 GELU, 2 GELU-tanh, 3 ReLU).
+    activation: i32,
     /// Addresses of the gate, up and down tables (`E` addresses each).
     tables: [DevicePtr; 3],
     /// Width of an expert.
@@ -57,8 +59,24 @@ pub fn plan(
             return Err(format!("{groups} expert groups exceed {MAX_GROUPS}"));
         }
     }
+    let activation = match spec.activation {
+        UnaryOp::Silu => 0,
+        UnaryOp::Gelu => 1,
+        UnaryOp::GeluTanh => 2,
+        UnaryOp::Relu => 3,
+        other => {
+            return Err(format!(
+                "the expert activation {other:?} has no CUDA kernel"
+            ))
+        }
+    };
     let first = &weights[experts[0][0]];
     let ty = weights::product_type(first, dtype);
+    let kernels = match ty {
+        GemmType::F32 => ["kiln_moe_gate_up_f32", "kiln_moe_down_f32"],
+        GemmType::BF16 => ["kiln_moe_gate_up_bf16", "kiln_moe_down_bf16"],
+        GemmType::F16 => ["kiln_moe_gate_up_f16", "kiln_moe_down_f16"],
+    };
     let inter = first.spec.shape[0] as usize;
     let mut tables = [0; 3];
     let (mut bytes, mut elements) = (0, 0);
@@ -85,7 +103,8 @@ pub fn plan(
     let share = |n: usize| n * spec.top_k as usize / spec.num_experts as usize;
     Ok(MoePlan {
         spec: spec.clone(),
-        ty,
+        kernels,
+        activation,
         tables,
         inter,
         per_token: (share(bytes), share(elements)),
@@ -143,7 +162,7 @@ impl Frame<'_> {
         let top_k = spec.top_k as usize;
         self.launch(
             "kiln_moe_route",
-            LaunchConfig::linear(tokens as u32, 32),
+            LaunchConfig::linear(tokens as u32, 1),
             &[
                 KernelArg::Ptr(logits),
                 KernelArg::Ptr(bias),
@@ -158,24 +177,15 @@ impl Frame<'_> {
                 KernelArg::F32(spec.scale),
             ],
         )?;
-        let suffix = match plan.ty {
-            GemmType::F32 => "f32",
-            GemmType::BF16 => "bf16",
-            GemmType::F16 => "f16",
-        };
-        let activation = match spec.activation {
-            UnaryOp::Gelu => 1,
-            UnaryOp::GeluTanh => 2,
-            UnaryOp::Relu => 3,
-            _ => 0,
-        };
-        let grid = |rows: usize, y: usize| LaunchConfig {
-            grid: (rows.div_ceil(WARPS) as u32, y as u32, 1),
+        // Rows of the experts on y (at most 65535 blocks), tokens and
+        // picks on x (up to 2³¹ - 1).
+        let grid = |rows: usize, x: usize| LaunchConfig {
+            grid: (x as u32, rows.div_ceil(WARPS) as u32, 1),
             block: (32 * WARPS as u32, 1, 1),
             shared_bytes: 0,
         };
         self.launch(
-            &format!("kiln_moe_gate_up_{suffix}"),
+            plan.kernels[0],
             grid(plan.inter, tokens * top_k),
             &[
                 KernelArg::Ptr(x),
@@ -186,11 +196,11 @@ impl Frame<'_> {
                 int(hidden),
                 int(plan.inter),
                 int(top_k),
-                int(activation),
+                KernelArg::I32(plan.activation),
             ],
         )?;
         self.launch(
-            &format!("kiln_moe_down_{suffix}"),
+            plan.kernels[1],
             grid(hidden, tokens),
             &[
                 KernelArg::Ptr(rows),
