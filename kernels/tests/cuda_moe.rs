@@ -1,8 +1,8 @@
 //! The mixture-of-experts router (`kiln_moe_route` in `kernels/cuda/moe.cu`)
 //! on the kernel emulator against the CPU router of `dense::moe`: softmax
 //! routing with and without renormalization, and DeepSeek-V3's sigmoid
-//! routing with a correction bias, group-limited picks and a scale, which no
-//! built-in family exercises end to end yet.
+//! routing with a correction bias, group-limited picks and a scale (which
+//! `tiny_deepseek_v3` also runs end to end).
 
 use kiln_kernels::cuda::sources;
 use kiln_kernels::cuda::KernelArg::{Ptr, F32};

@@ -5,6 +5,7 @@
 pub mod models;
 pub mod reference;
 pub mod serve;
+pub mod tiny;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -77,7 +77,7 @@ pub fn write_model_dir_as(
 
 /// Every tiny decoder fixture of `gen_tiny_models.py`, one per family and
 /// config switch.
-pub const TINY_FAMILIES: [&str; 17] = [
+pub const TINY_FAMILIES: [&str; 22] = [
     "tiny_llama.json",
     "tiny_llama_tied.json",
     "tiny_mistral.json",
@@ -95,6 +95,11 @@ pub const TINY_FAMILIES: [&str; 17] = [
     "tiny_mixtral.json",
     "tiny_qwen2_moe.json",
     "tiny_qwen3_moe.json",
+    "tiny_phi3_partial.json",
+    "tiny_gpt_neox.json",
+    "tiny_gpt_neox_sequential.json",
+    "tiny_deepseek_v3.json",
+    "tiny_deepseek_v3_lite.json",
 ];
 
 /// The tiny model fixture `name` (config and weights).

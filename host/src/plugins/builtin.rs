@@ -12,5 +12,6 @@ pub(super) fn roots() -> Vec<PluginRootRef> {
         kiln_arch_phi3::kiln_plugin_root(),
         kiln_arch_gpt2::kiln_plugin_root(),
         kiln_arch_bert::kiln_plugin_root(),
+        kiln_arch_deepseek::kiln_plugin_root(),
     ]
 }

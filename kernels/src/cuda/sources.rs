@@ -62,8 +62,14 @@ pub const MOE: Source = Source {
     text: include_str!("../../cuda/moe.cu"),
 };
 
+/// Products of two activations, batched.
+pub const MATMUL: Source = Source {
+    name: "matmul.cu",
+    text: include_str!("../../cuda/matmul.cu"),
+};
+
 /// Every hand-written source.
-pub const ALL: [Source; 8] = [
+pub const ALL: [Source; 9] = [
     NORM,
     ROPE,
     ATTENTION,
@@ -72,6 +78,7 @@ pub const ALL: [Source; 8] = [
     GEMV,
     SAMPLING,
     MOE,
+    MATMUL,
 ];
 
 /// `text` with `#include "kiln_cuda.cuh"` replaced by the header itself.

@@ -1,6 +1,7 @@
 //! Attention with rotary embeddings over the paged KV cache, transformer
 //! blocks, and the decoder-only transformer.
 
+use super::decoder::pre_norm;
 use super::layers::{Embedding, Linear, Mlp, Norm, RmsNorm};
 use super::module::{Layer, Module, Registry};
 use super::rotary::RotaryEmbedding;
@@ -96,23 +97,40 @@ impl AttentionWithRope {
         let q = heads(&self.q_proj, c.num_heads, self.q_norm.as_ref());
         let k = heads(&self.k_proj, c.num_kv_heads, self.k_norm.as_ref());
         let v = heads(&self.v_proj, c.num_kv_heads, None);
-        let graph = x.graph();
-        let path = self.q_proj.weight.module_path();
-        let _scope = graph.scope(path.rsplit_once('.').map_or("", |(parent, _)| parent));
-        let q = self.rope.forward(&q, &batch.positions);
-        let k = self.rope.forward(&k, &batch.positions);
         let spec = AttentionSpec {
             layer: self.layer,
             scale: c.scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt()),
             sliding_window: c.sliding_window,
             softcap: c.softcap,
         };
-        let attended = ops::paged_attention(&q, &k, &v, batch, spec);
-        self.o_proj.forward(&ops::reshape(
-            &attended,
-            [-1, (c.num_heads * c.head_dim) as i64],
-        ))
+        let graph = x.graph();
+        let path = self.q_proj.weight.module_path();
+        let _scope = graph.scope(path.rsplit_once('.').map_or("", |(parent, _)| parent));
+        self.o_proj
+            .forward(&rotary_attention(&q, &k, &v, batch, &self.rope, spec))
     }
+}
+
+/// The part every rotary attention shares, whatever its projections (since
+/// 1.5): rotates `q [T, heads, D]` and `k [T, kv_heads, D]`, writes `k` and
+/// `v` to layer `spec.layer`'s paged cache and attends over it; returns the
+/// heads side by side, `[T, heads·D]`, for the output projection.
+pub fn rotary_attention(
+    q: &TensorValue,
+    k: &TensorValue,
+    v: &TensorValue,
+    batch: &RaggedBatch,
+    rope: &RotaryEmbedding,
+    spec: AttentionSpec,
+) -> TensorValue {
+    let q = rope.forward(q, &batch.positions);
+    let k = rope.forward(k, &batch.positions);
+    let attended = ops::paged_attention(&q, &k, v, batch, spec);
+    let width: u64 = attended.shape()[1..]
+        .iter()
+        .map(|d| d.as_static().unwrap_or(0))
+        .product();
+    ops::reshape(&attended, [-1, width as i64])
 }
 
 impl Module for AttentionWithRope {
@@ -161,25 +179,24 @@ impl TransformerBlock {
         batch: &RaggedBatch,
         feed_forward: &dyn Layer,
     ) -> TensorValue {
+        let Some(pre) = &self.pre_feedforward_layernorm else {
+            return pre_norm(
+                x,
+                batch,
+                (&self.input_layernorm, &self.self_attn),
+                (&self.post_attention_layernorm, feed_forward),
+            );
+        };
         let attended = self
             .self_attn
             .forward(&self.input_layernorm.forward(x), batch);
-        match (
-            &self.pre_feedforward_layernorm,
-            &self.post_feedforward_layernorm,
-        ) {
-            (Some(pre), post) => {
-                let h = x + &self.post_attention_layernorm.forward(&attended);
-                let out = feed_forward.forward(&pre.forward(&h));
-                let out = post.as_ref().map_or(out.clone(), |post| post.forward(&out));
-                &h + &out
-            }
-            (None, _) => {
-                let h = x + &attended;
-                let out = feed_forward.forward(&self.post_attention_layernorm.forward(&h));
-                &h + &out
-            }
-        }
+        let h = x + &self.post_attention_layernorm.forward(&attended);
+        let out = feed_forward.forward(&pre.forward(&h));
+        let out = match &self.post_feedforward_layernorm {
+            Some(post) => post.forward(&out),
+            None => out,
+        };
+        &h + &out
     }
 }
 

@@ -154,3 +154,83 @@ impl DecoderLayer for ParallelBlock {
         &(x + &attended) + &self.mlp.forward(&normed)
     }
 }
+
+/// Self-attention as a decoder layer calls it (since 1.5): `x [T, hidden]`
+/// to `[T, hidden]` over the paged KV cache. [`AttentionWithRope`] is one;
+/// a family with other projections (fused, latent) implements it and reuses
+/// the layer wirings here.
+pub trait SelfAttention: Module {
+    /// Attention of `x` for the tokens of `batch`.
+    fn forward(&self, x: &TensorValue, batch: &RaggedBatch) -> TensorValue;
+}
+
+impl SelfAttention for AttentionWithRope {
+    fn forward(&self, x: &TensorValue, batch: &RaggedBatch) -> TensorValue {
+        AttentionWithRope::forward(self, x, batch)
+    }
+}
+
+/// The pre-norm wiring: `h = x + attn(norm1(x))`, `out = h + ff(norm2(h))`.
+pub(super) fn pre_norm(
+    x: &TensorValue,
+    batch: &RaggedBatch,
+    (input_norm, attention): (&Norm, &dyn SelfAttention),
+    (mlp_norm, feed_forward): (&Norm, &dyn Layer),
+) -> TensorValue {
+    let h = x + &attention.forward(&input_norm.forward(x), batch);
+    &h + &feed_forward.forward(&mlp_norm.forward(&h))
+}
+
+/// A pre-norm layer over any attention and any feed-forward layer (since
+/// 1.5): Llama's wiring for a family whose attention or MLP is not
+/// [`TransformerBlock`]'s (multi-head latent attention, a fused q/k/v
+/// projection, a mixture of experts). Sub-modules: `input_layernorm`,
+/// `self_attn`, `post_attention_layernorm`, `mlp`.
+#[non_exhaustive]
+pub struct PreNormBlock {
+    /// Norm before attention.
+    pub input_layernorm: Norm,
+    /// Attention.
+    pub self_attn: Box<dyn SelfAttention>,
+    /// Norm before the feed-forward layer.
+    pub post_attention_layernorm: Norm,
+    /// Feed-forward layer.
+    pub mlp: Box<dyn Layer>,
+}
+
+impl PreNormBlock {
+    /// A pre-norm layer.
+    pub fn new(
+        input_layernorm: Norm,
+        self_attn: Box<dyn SelfAttention>,
+        post_attention_layernorm: Norm,
+        mlp: Box<dyn Layer>,
+    ) -> Self {
+        Self {
+            input_layernorm,
+            self_attn,
+            post_attention_layernorm,
+            mlp,
+        }
+    }
+}
+
+impl Module for PreNormBlock {
+    fn visit(&self, registry: &mut Registry<'_>) {
+        registry.module("input_layernorm", &self.input_layernorm);
+        registry.module("self_attn", self.self_attn.as_ref());
+        registry.module("post_attention_layernorm", &self.post_attention_layernorm);
+        registry.module("mlp", self.mlp.as_ref());
+    }
+}
+
+impl DecoderLayer for PreNormBlock {
+    fn forward(&self, x: &TensorValue, batch: &RaggedBatch) -> TensorValue {
+        pre_norm(
+            x,
+            batch,
+            (&self.input_layernorm, self.self_attn.as_ref()),
+            (&self.post_attention_layernorm, self.mlp.as_ref()),
+        )
+    }
+}

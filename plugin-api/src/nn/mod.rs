@@ -4,14 +4,18 @@
 mod attention;
 mod decoder;
 mod encoder;
+mod latent;
 mod layers;
 mod module;
 mod moe;
 mod rotary;
 
-pub use attention::{AttentionConfig, AttentionWithRope, Transformer, TransformerBlock};
-pub use decoder::{Decoder, DecoderLayer, ParallelBlock};
+pub use attention::{
+    rotary_attention, AttentionConfig, AttentionWithRope, Transformer, TransformerBlock,
+};
+pub use decoder::{Decoder, DecoderLayer, ParallelBlock, PreNormBlock, SelfAttention};
 pub use encoder::{Encoder, EncoderConfig, EncoderEmbeddings, EncoderLayer};
+pub use latent::{LatentAttention, LatentAttentionConfig, QueryProjection};
 pub use layers::{Activation, Embedding, LayerNorm, Linear, Mlp, Norm, RmsNorm};
 pub use module::{Layer, Module, Registry, Sequential, StateDict, Weight};
 pub use moe::{MixtureOfExperts, MoeBlock};

@@ -20,12 +20,14 @@ use kiln_plugin_api::{
 };
 use serde_json::Value;
 
+mod gpt_neox;
 mod granite;
 mod mixtral;
 mod olmo2;
 mod smollm3;
 mod starcoder2;
 
+pub use gpt_neox::{gpt_neox_config, gpt_neox_graph, with_gpt_neox_adapters};
 pub use granite::granite_graph;
 pub use mixtral::{
     adapt_moe_gguf, adapt_moe_safetensors, expert_counts, mixtral_graph, moe_decoder_graph,
@@ -64,6 +66,18 @@ pub fn split_activation(config: &Value, default: Activation) -> Result<(Value, A
             })?,
     };
     Ok((llama, activation))
+}
+
+/// The share of each head that rotates (`partial_rotary_factor`, in
+/// `rope_parameters` as transformers 5 writes it or at the top level as
+/// older configs do), `default` when absent.
+pub fn partial_rotary_factor(config: &Value, default: f64) -> f64 {
+    config
+        .get("rope_parameters")
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .or_else(|| config.get("partial_rotary_factor"))
+        .and_then(Value::as_f64)
+        .unwrap_or(default)
 }
 
 /// [`llama_config`] for such a variant: the activation is checked, and the
@@ -300,6 +314,21 @@ pub fn plugin() -> Plugin {
             variant("Olmo2ForCausalLM", "olmo2", olmo2_graph)
                 .with_example_repo_ids(["allenai/OLMo-2-0425-1B-Instruct"]),
         )
+        .with_architecture(with_gpt_neox_adapters(
+            decoder_architecture("GPTNeoXForCausalLM", "gpt_neox")
+                .with_example_repo_ids(["EleutherAI/pythia-160m"])
+                .with_config(|r| {
+                    let hf_config = gpt_neox_config(&r.hf_config);
+                    variant_config(
+                        &ConfigRequest {
+                            hf_config,
+                            ..r.clone()
+                        },
+                        Activation::Gelu,
+                    )
+                })
+                .with_graph(gpt_neox_graph),
+        ))
         .with_architecture(with_moe_adapters(
             decoder_architecture("MixtralForCausalLM", "mixtral")
                 .with_config(llama_config)

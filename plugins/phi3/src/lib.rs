@@ -9,12 +9,15 @@
 //! split them onto `q_proj`/`k_proj`/`v_proj` and `gate_proj`/`up_proj` as
 //! zero-copy row ranges, for safetensors and for llama.cpp's GGUF names
 //! (`attn_qkv`, and `ffn_up` holding gate + up), so the graph is Llama's.
-//! LongRoPE (`longrope`/`su`, the 128k-context variants) and partial rotary
-//! embeddings are refused.
+//! Partial rotary embeddings (`partial_rotary_factor`, Phi-4-mini) rotate
+//! the first part of each head. LongRoPE (`longrope`/`su`, the 128k-context
+//! variants) is refused.
 
 use std::collections::BTreeSet;
 
-use kiln_arch_llama::{decoder_architecture, decoder_graph, variant_config, LlamaParams};
+use kiln_arch_llama::{
+    decoder_architecture, decoder_graph, partial_rotary_factor, variant_config, LlamaParams,
+};
 use kiln_plugin_api::adapters::{
     self, AdaptRequest, AdaptResponse, AdaptedWeight, CheckpointTensor,
 };
@@ -29,18 +32,8 @@ mod phi2;
 
 pub use phi2::{phi2_graph, with_phi2_adapters};
 
-/// Refuses what the Llama graph cannot compute for Phi-3: LongRoPE scaling
-/// and partial rotary embeddings.
+/// Refuses what the Llama graph cannot compute for Phi-3: LongRoPE scaling.
 fn check_rope(raw: &Value) -> Result<()> {
-    let partial = |value: Option<&Value>| -> Result<()> {
-        match value.and_then(Value::as_f64) {
-            Some(factor) if factor != 1.0 => Err(Error::unsupported(format!(
-                "Phi-3 with partial_rotary_factor {factor} is not supported (only 1.0)"
-            ))),
-            _ => Ok(()),
-        }
-    };
-    partial(raw.get("partial_rotary_factor"))?;
     for key in ["rope_parameters", "rope_scaling"] {
         let Some(params) = raw.get(key).filter(|p| p.is_object()) else {
             continue;
@@ -66,15 +59,22 @@ fn check_rope(raw: &Value) -> Result<()> {
                 )))
             }
         }
-        partial(params.get("partial_rotary_factor"))?;
     }
     Ok(())
 }
 
-/// Phi-3's hyper-parameters, as the Llama family's.
+/// Phi-3's hyper-parameters, as the Llama family's; rotary on part of each
+/// head with `partial_rotary_factor` (Phi-4-mini: 0.75).
 pub fn phi3_params(raw: &Value) -> Result<LlamaParams> {
     check_rope(raw)?;
     let mut params = LlamaParams::parse(&HfConfig::new(raw)?)?;
+    let factor = partial_rotary_factor(raw, 1.0);
+    if !(factor > 0.0 && factor <= 1.0) {
+        return Err(Error::invalid(format!(
+            "partial_rotary_factor {factor} is not in (0, 1]"
+        )));
+    }
+    params.rope.head_dim = (params.head_dim as f64 * factor) as u64;
     // Phi-3 has no biases, and llama.cpp does not permute its Q/K rows (its
     // rope is NeoX-style), so GGUF weights rotate halves too.
     params.qkv_bias = false;

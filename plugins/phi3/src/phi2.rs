@@ -5,7 +5,7 @@
 //! and a LayerNorm at the end. `qk_layernorm` (LayerNorms per head, in no
 //! released checkpoint) is refused.
 
-use kiln_arch_llama::{split_activation, LlamaParams};
+use kiln_arch_llama::{partial_rotary_factor, split_activation, LlamaParams};
 use kiln_plugin_api::graph::{DType, GraphIr};
 use kiln_plugin_api::nn::{
     build_decoder_graph, Activation, Decoder, LayerNorm, Linear, Mlp, Norm, ParallelBlock,
@@ -13,18 +13,6 @@ use kiln_plugin_api::nn::{
 use kiln_plugin_api::{
     adapters, Error, GraphRequest, HfConfig, Result, SupportedArchitecture, WeightsFormat,
 };
-use serde_json::Value;
-
-/// The share of each head that rotates: `rope_parameters` (transformers 5)
-/// or the top level (older configs), 0.5 by default as in transformers.
-fn partial_rotary_factor(config: &Value) -> f64 {
-    config
-        .get("rope_parameters")
-        .and_then(|p| p.get("partial_rotary_factor"))
-        .or_else(|| config.get("partial_rotary_factor"))
-        .and_then(Value::as_f64)
-        .unwrap_or(0.5)
-}
 
 /// The Phi-2 graph.
 pub fn phi2_graph(request: &GraphRequest) -> Result<GraphIr> {
@@ -38,7 +26,7 @@ pub fn phi2_graph(request: &GraphRequest) -> Result<GraphIr> {
     let (llama, activation) = split_activation(config, Activation::GeluTanh)?;
     let mut params = LlamaParams::parse(&HfConfig::new(&llama)?)?;
     (params.qkv_bias, params.o_bias) = (true, true);
-    params.rope.head_dim = (params.head_dim as f64 * partial_rotary_factor(config)) as u64;
+    params.rope.head_dim = (params.head_dim as f64 * partial_rotary_factor(config, 0.5)) as u64;
     let eps = hf.opt_f64("layer_norm_eps")?.unwrap_or(1e-5) as f32;
     let (width, inner) = (params.hidden_size, params.intermediate_size);
     let norm = || Norm::Layer(LayerNorm::new(width, DType::F32, eps, true));

@@ -108,6 +108,54 @@ impl Frame<'_> {
         )
     }
 
+    /// `a [..., m, k] · b [..., k, n]` into `out`, batched over the leading
+    /// axes; either side may hold a single batch, repeated.
+    fn batched_matmul(
+        &self,
+        a: DevicePtr,
+        a_shape: &[usize],
+        b: DevicePtr,
+        b_shape: &[usize],
+        out: DevicePtr,
+    ) -> Result<(), String> {
+        let split = |shape: &[usize]| {
+            let (batch, matrix) = shape.split_at(shape.len() - 2);
+            (batch.iter().product::<usize>(), matrix[0], matrix[1])
+        };
+        let ((a_batches, m, k), (b_batches, k2, n)) = (split(a_shape), split(b_shape));
+        let batches = a_batches.max(b_batches);
+        let fits = |count: usize| count == batches || count == 1;
+        if k != k2 || !fits(a_batches) || !fits(b_batches) || batches > 65_535 {
+            return Err(format!(
+                "batched matmul of {a_shape:?} and {b_shape:?}: the batches must match                  (or one be a single matrix, at most 65535) and the inner sizes agree"
+            ));
+        }
+        if batches * m * n == 0 {
+            return Ok(());
+        }
+        let stride = |count: usize, size: usize| if count == 1 { 0 } else { size as i64 };
+        let tiles = |len: usize| len.div_ceil(16) as u32;
+        let config = LaunchConfig {
+            grid: (tiles(n), tiles(m), batches as u32),
+            block: (16, 16, 1),
+            shared_bytes: 0,
+        };
+        self.launch(
+            "kiln_batched_matmul",
+            config,
+            &[
+                KernelArg::Ptr(a),
+                KernelArg::Ptr(b),
+                KernelArg::Ptr(out),
+                KernelArg::I32(m as i32),
+                KernelArg::I32(n as i32),
+                KernelArg::I32(k as i32),
+                KernelArg::I64(stride(a_batches, m * k)),
+                KernelArg::I64(stride(b_batches, k * n)),
+            ],
+        )
+    }
+
     fn copy_strided(
         &self,
         x: DevicePtr,
@@ -161,6 +209,9 @@ impl Frame<'_> {
                     _ => WeightLayout::InOut,
                 };
                 self.product(w, layout, input(0), numel(in_shape(0)), out, scratch)
+            }
+            StepPlan::BatchedMatMul => {
+                self.batched_matmul(input(0), in_shape(0), input(1), in_shape(1), out)
             }
             StepPlan::LinearGroup(members) => {
                 let members: Vec<(DeviceMatrix, DevicePtr)> = members

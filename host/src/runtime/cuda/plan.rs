@@ -25,6 +25,9 @@ pub enum StepPlan {
     Linear(DeviceMatrix),
     /// `x · W` with a stored `W [k, n]` (GPT-2's Conv1D).
     MatMul(DeviceMatrix),
+    /// `a · b` of two f32 values `[..., m, k]` and `[..., k, n]`, batched
+    /// over the leading axes (one side may have a single batch).
+    BatchedMatMul,
     /// Several `Linear` steps that read the same x with matrices of one
     /// format (q, k and v; gate and up), run here as one launch: each matrix
     /// with the value it writes (this step's output first).
@@ -302,9 +305,16 @@ pub fn lower(
                                 cols: shape[1] as usize,
                             })
                         }
+                        _ if step.inputs.iter().all(|&v| {
+                            graph.nodes[v as usize].ty.dtype == DType::F32
+                                && graph.nodes[v as usize].ty.rank() >= 2
+                        }) =>
+                        {
+                            StepPlan::BatchedMatMul
+                        }
                         _ => {
                             return Err(unsupported(
-                                "only products with a 2-D weight on the right are supported".into(),
+                                "products of two values are supported in f32 only".into(),
                             ))
                         }
                     }
