@@ -201,7 +201,7 @@ fn gguf_matches_transformers_on(file: &str, device: DeviceChoice) {
     );
 }
 
-const TESTED: [&str; 11] = [
+const TESTED: [&str; 12] = [
     "tiny_llama.f32.gguf",
     "tiny_llama_tied.f32.gguf",
     "tiny_qwen2.f32.gguf",
@@ -213,6 +213,7 @@ const TESTED: [&str; 11] = [
     "tiny_gpt2.f32.gguf",
     "tiny_gpt2.q8_0.gguf",
     "tiny_starcoder2.f32.gguf",
+    "tiny_gpt_neox.f32.gguf",
 ];
 
 /// Every GGUF fixture (llama.cpp's converter: permuted Q/K with adjacent-pair
@@ -280,6 +281,13 @@ fn tiny_phi3_f32_gguf_with_fused_projections_matches_transformers() {
 #[test]
 fn tiny_starcoder2_f32_gguf_with_layernorm_biases_matches_transformers() {
     gguf_matches_transformers("tiny_starcoder2.f32.gguf");
+}
+
+/// GPT-NeoX: llama.cpp's converter stacks the per-head q/k/v rows of
+/// `query_key_value`; the rotated share comes from `rope.dimension_count`.
+#[test]
+fn tiny_gpt_neox_f32_gguf_with_stacked_qkv_matches_transformers() {
+    gguf_matches_transformers("tiny_gpt_neox.f32.gguf");
 }
 
 #[test]

@@ -22,13 +22,13 @@
 //! # Hugging Face config
 //!
 //! [`GgufFile::hf_config`] rebuilds a `config.json` for `llama`, `qwen2`,
-//! `qwen3`, `gemma2`, `gemma3`, `phi3`, `gpt2` and `starcoder2`, from the keys present (`{arch}` is
+//! `qwen3`, `gemma2`, `gemma3`, `phi3`, `gpt2`, `starcoder2` and `gptneox`, from the keys present (`{arch}` is
 //! `general.architecture`; float32 values are written as their shortest
 //! decimal, e.g. `1e-5`, as `config.json` had them):
 //!
 //! | config.json (GPT-2's name)               | GGUF                                                          |
 //! | ---------------------------------------- | ------------------------------------------------------------- |
-//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma2ForCausalLM`/`gemma2`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2`, `Starcoder2ForCausalLM`/`starcoder2` |
+//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma2ForCausalLM`/`gemma2`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2`, `Starcoder2ForCausalLM`/`starcoder2`, `GPTNeoXForCausalLM`/`gpt_neox` |
 //! | `vocab_size`                             | `{arch}.vocab_size`, else the length of `tokenizer.ggml.tokens`, else the rows of `token_embd.weight` |
 //! | `hidden_size` (`n_embd`)                 | `{arch}.embedding_length`                                     |
 //! | `intermediate_size` (`n_inner`)          | `{arch}.feed_forward_length`                                  |
@@ -52,14 +52,16 @@
 //! | `query_pre_attn_scalar` (gemma2, gemma3) | llama.cpp's rule: `hidden_size / num_attention_heads` for the 27B model (46 layers in Gemma 2, 62 in Gemma 3), else `head_dim` |
 //! | `sliding_window_pattern` (gemma3), `layer_types` (gemma2, gemma3) | with a sliding window: every 6th layer global (gemma3), every 2nd (gemma2), as llama.cpp |
 //! | `hidden_act`, `use_bias` (starcoder2)    | `gelu_pytorch_tanh`; biases when `blk.0.attn_q.bias` exists (llama.cpp stores no sliding window for it and attends over the whole context) |
+//! | `hidden_act`, `attention_bias`, `use_parallel_residual`, `partial_rotary_factor` (gptneox) | `gelu`; biases when `blk.0.attn_qkv.bias` exists; `gptneox.use_parallel_residual` (true when absent); `gptneox.rope.dimension_count` over the head size |
 //!
 //! Not mapped: Phi-3 "longrope" factors (stored as the `rope_factors_*`
 //! tensors).
 //!
 //! [`hf_tensor_name`] maps tensor names. It maps names only: llama.cpp's
 //! converter permutes the `llama` query and key projections for interleaved
-//! rotary embedding, and GPT-2's `Conv1D` weights are stored transposed
-//! relative to the Hugging Face checkpoint.
+//! rotary embedding, GPT-2's `Conv1D` weights are stored transposed
+//! relative to the Hugging Face checkpoint, and GPT-NeoX's q/k/v rows are
+//! stacked where Hugging Face groups them per head.
 
 mod hf;
 mod value;
@@ -542,6 +544,11 @@ impl GgufFile {
     /// A non-negative integer of any integer type; `None` when absent.
     pub fn get_u64(&self, key: &str) -> Result<Option<u64>, GgufError> {
         self.typed(key, "a non-negative integer", GgufValue::as_u64)
+    }
+
+    /// A bool value; `None` when absent.
+    pub fn get_bool(&self, key: &str) -> Result<Option<bool>, GgufError> {
+        self.typed(key, "a bool", GgufValue::as_bool)
     }
 
     /// A float32 or float64 value; `None` when absent.

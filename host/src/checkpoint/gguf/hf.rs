@@ -17,6 +17,7 @@ enum Family {
     Phi3,
     Gpt2,
     Starcoder2,
+    GptNeox,
 }
 
 impl Family {
@@ -30,6 +31,7 @@ impl Family {
             "phi3" => Family::Phi3,
             "gpt2" => Family::Gpt2,
             "starcoder2" => Family::Starcoder2,
+            "gptneox" => Family::GptNeox,
             _ => return None,
         })
     }
@@ -45,6 +47,7 @@ impl Family {
             Family::Phi3 => ("Phi3ForCausalLM", "phi3"),
             Family::Gpt2 => ("GPT2LMHeadModel", "gpt2"),
             Family::Starcoder2 => ("Starcoder2ForCausalLM", "starcoder2"),
+            Family::GptNeox => ("GPTNeoXForCausalLM", "gpt_neox"),
         }
     }
 
@@ -134,7 +137,7 @@ impl GgufFile {
     }
 
     /// The model's hyperparameters as a Hugging Face `config.json` for
-    /// `llama`, `qwen2`, `qwen3`, `gemma3`, `phi3`, `gpt2` and `starcoder2` (see the module
+    /// `llama`, `qwen2`, `qwen3`, `gemma2`, `gemma3`, `phi3`, `gpt2`, `starcoder2` and `gptneox` (see the module
     /// docs for the mapping); keys absent from the file are left out.
     pub fn hf_config(&self) -> Result<Value, GgufError> {
         let arch = self.architecture()?;
@@ -262,6 +265,26 @@ impl GgufFile {
                 let biases = self.tensor("blk.0.attn_q.bias").is_some();
                 config.insert("use_bias".into(), json!(biases));
             }
+            Family::GptNeox => {
+                config.insert("hidden_act".into(), json!("gelu"));
+                let biases = self.tensor("blk.0.attn_qkv.bias").is_some();
+                config.insert("attention_bias".into(), json!(biases));
+                let parallel = self.get_bool(&key("use_parallel_residual"))?;
+                config.insert(
+                    "use_parallel_residual".into(),
+                    json!(parallel.unwrap_or(true)),
+                );
+                let rotated = self.get_u64(&key("rope.dimension_count"))?;
+                let heads = config.get("num_attention_heads").and_then(Value::as_u64);
+                let width = config.get("hidden_size").and_then(Value::as_u64);
+                if let (Some(rotated), Some(heads), Some(width)) = (rotated, heads, width) {
+                    let head_dim = width / heads.max(1);
+                    config.insert(
+                        "partial_rotary_factor".into(),
+                        json!(rotated as f64 / head_dim.max(1) as f64),
+                    );
+                }
+            }
         }
         Ok(Value::Object(config))
     }
@@ -355,6 +378,9 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
             (Family::Gpt2, "token_embd") => "transformer.wte",
             (Family::Gpt2, "position_embd") => "transformer.wpe",
             (Family::Gpt2, "output_norm") => "transformer.ln_f",
+            (Family::GptNeox, "token_embd") => "gpt_neox.embed_in",
+            (Family::GptNeox, "output_norm") => "gpt_neox.final_layer_norm",
+            (Family::GptNeox, "output") => "embed_out",
             (_, "token_embd") => "model.embed_tokens",
             (_, "output_norm") => "model.norm",
             (_, "output") => "lm_head",
@@ -379,6 +405,18 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
                 _ => return None,
             };
             return Some(format!("transformer.h.{layer}.{module}.{suffix}"));
+        }
+        (Family::GptNeox, name) => {
+            let module = match name {
+                "attn_norm" => "input_layernorm",
+                "attn_qkv" => "attention.query_key_value",
+                "attn_output" => "attention.dense",
+                "ffn_norm" => "post_attention_layernorm",
+                "ffn_up" => "mlp.dense_h_to_4h",
+                "ffn_down" => "mlp.dense_4h_to_h",
+                _ => return None,
+            };
+            return Some(format!("gpt_neox.layers.{layer}.{module}.{suffix}"));
         }
         (_, "attn_norm") => "input_layernorm",
         (_, "attn_q") => "self_attn.q_proj",
@@ -558,6 +596,17 @@ mod tests {
             ),
             ("gpt2", "output_norm.bias", Some("transformer.ln_f.bias")),
             ("gpt2", "output.weight", Some("lm_head.weight")),
+            ("gptneox", "output.weight", Some("embed_out.weight")),
+            (
+                "gptneox",
+                "blk.1.attn_qkv.bias",
+                Some("gpt_neox.layers.1.attention.query_key_value.bias"),
+            ),
+            (
+                "gptneox",
+                "blk.1.ffn_down.weight",
+                Some("gpt_neox.layers.1.mlp.dense_4h_to_h.weight"),
+            ),
             ("llama", "rope_freqs.weight", None),
             ("llama", "blk.x.attn_q.weight", None),
             ("llama", "blk.+1.attn_q.weight", None),
