@@ -3,6 +3,9 @@
 //! (`{"ids": [...]}`), `<name>.logits.npy` (float32 `[len(ids), vocab]`,
 //! teacher-forced) and optionally `<name>.greedy.json` (`{"new_ids": [...]}`),
 //! as `tests/real_models/gen_references.py` writes them with transformers.
+//! For an embedding model the directory holds, per text, `<name>.ids.json`
+//! and `<name>.embedding.npy` (float32 `[1, dim]`: the pooled embedding, as
+//! sentence-transformers' `encode` gives it).
 
 use std::path::Path;
 
@@ -76,6 +79,111 @@ pub fn read_reference(dir: &Path) -> anyhow::Result<Vec<ReferencePrompt>> {
             })
         })
         .collect()
+}
+
+/// One text of an embedding reference directory.
+#[derive(Clone, Debug)]
+pub struct EmbeddingReference {
+    /// The file stem.
+    pub name: String,
+    /// The text's token ids.
+    pub ids: Vec<u32>,
+    /// The reference embedding.
+    pub embedding: Vec<f32>,
+}
+
+/// Whether `dir` is an embedding reference (it holds `*.embedding.npy`).
+pub fn holds_embeddings(dir: &Path) -> anyhow::Result<bool> {
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read the reference directory {}", dir.display()))?;
+    for entry in entries {
+        if entry?
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".embedding.npy")
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Reads every text of an embedding reference directory, in name order.
+pub fn read_embedding_reference(dir: &Path) -> anyhow::Result<Vec<EmbeddingReference>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let file_name = entry?.file_name();
+        if let Some(name) = file_name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".embedding.npy"))
+        {
+            names.push(name.to_owned());
+        }
+    }
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let ids: IdsFile = read_json(&dir.join(format!("{name}.ids.json")))?;
+            let matrix = read_matrix(&dir.join(format!("{name}.embedding.npy")))?;
+            ensure!(
+                !ids.ids.is_empty() && matrix.rows == 1,
+                "{name}: expected one embedding row for a non-empty text, got {} rows",
+                matrix.rows
+            );
+            Ok(EmbeddingReference {
+                name,
+                ids: ids.ids,
+                embedding: matrix.data,
+            })
+        })
+        .collect()
+}
+
+/// How one embedding compares with the reference.
+#[derive(Clone, Debug, Serialize)]
+pub struct EmbeddingComparison {
+    /// Dimensions compared.
+    pub dimensions: usize,
+    /// Largest |Kiln − reference|.
+    pub max_abs_diff: f64,
+    /// Cosine similarity of the two.
+    pub cosine: f64,
+    /// With a tolerance: the largest |Δ| / band (≤ 1 passes).
+    pub worst_band_ratio: Option<f64>,
+}
+
+/// Compares Kiln's embedding with the reference's.
+pub fn compare_embedding(
+    kiln: &[f32],
+    reference: &[f32],
+    tolerance: Option<Tolerance>,
+) -> anyhow::Result<EmbeddingComparison> {
+    ensure!(
+        kiln.len() == reference.len(),
+        "Kiln's embedding has {} dimensions, the reference's {}",
+        kiln.len(),
+        reference.len()
+    );
+    let (mut dot, mut kk, mut rr, mut max_abs_diff) = (0f64, 0f64, 0f64, 0f64);
+    let mut worst = 0f64;
+    for (&k, &r) in kiln.iter().zip(reference) {
+        let (k64, r64) = (f64::from(k), f64::from(r));
+        dot += k64 * r64;
+        kk += k64 * k64;
+        rr += r64 * r64;
+        let diff = (k64 - r64).abs();
+        max_abs_diff = max_abs_diff.max(diff);
+        if let Some(t) = tolerance {
+            worst = worst.max(diff / t.band(r));
+        }
+    }
+    Ok(EmbeddingComparison {
+        dimensions: kiln.len(),
+        max_abs_diff,
+        cosine: dot / (kk.sqrt() * rr.sqrt()).max(f64::MIN_POSITIVE),
+        worst_band_ratio: tolerance.map(|_| worst),
+    })
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {

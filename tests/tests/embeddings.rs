@@ -227,3 +227,53 @@ fn the_openai_client_embeds_through_host_serve() {
         "{metrics}"
     );
 }
+
+/// `host verify` on an embedding model: a reference directory of ids and
+/// sentence-transformers embeddings passes within 1e-4; a perturbed
+/// embedding fails naming its text; a generator is told it has the wrong
+/// kind of reference.
+#[test]
+fn host_verify_checks_embeddings_against_sentence_transformers() {
+    let reference = minilm_reference();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |dir: &std::path::Path, perturb: f32| {
+        for (i, (ids, embedding)) in reference.ids.iter().zip(&reference.embeddings).enumerate() {
+            let name = format!("text{i:02}");
+            let ids_json = serde_json::json!({ "ids": ids }).to_string();
+            std::fs::write(dir.join(format!("{name}.ids.json")), ids_json).unwrap();
+            let mut values = embedding.clone();
+            if i == 7 {
+                values[3] += perturb;
+            }
+            let path = dir.join(format!("{name}.embedding.npy"));
+            kiln_host::engine::npy::write_f32(&path, &[1, values.len()], &values).unwrap();
+        }
+    };
+    write(dir.path(), 0.0);
+    let (passed, stdout, stderr) = kiln_tests::run_verify(
+        &minilm_dir(),
+        dir.path(),
+        &["--atol", "1e-4", "--rtol", "1e-4", "--json"],
+    );
+    assert!(passed, "{stderr}\n{stdout}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let texts = report["texts"].as_array().unwrap();
+    assert_eq!(texts.len(), reference.ids.len());
+    for text in texts {
+        assert!(text["cosine"].as_f64().unwrap() >= MIN_COSINE, "{text}");
+        assert!(text["max_abs_diff"].as_f64().unwrap() <= 2e-4, "{text}");
+    }
+
+    write(dir.path(), 0.01);
+    let (passed, _, stderr) =
+        kiln_tests::run_verify(&minilm_dir(), dir.path(), &["--atol", "1e-4"]);
+    assert!(!passed);
+    assert!(stderr.contains("text07: |Δ| up to"), "{stderr}");
+
+    let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
+    let generator = tempfile::tempdir().unwrap();
+    write_model_dir(&config, &weights, generator.path(), false);
+    let (passed, _, stderr) = kiln_tests::run_verify(generator.path(), dir.path(), &[]);
+    assert!(!passed);
+    assert!(stderr.contains("is not an embedding model"), "{stderr}");
+}

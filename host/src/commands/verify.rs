@@ -1,16 +1,25 @@
 //! `host verify`: the model's logits against a reference directory (e.g.
 //! transformers fp32), per prompt: max |Δlogit|, top-1 agreement, mean KL,
-//! and the greedy continuation.
+//! and the greedy continuation; for an embedding model, each text's pooled
+//! embedding against the reference's: max |Δ| and cosine.
 
 use anyhow::bail;
 use serde::Serialize;
 
 use crate::cli::{PrecisionArg, VerifyArgs};
+use crate::embedding::Embedder;
 use crate::engine::npy::Matrix;
 use crate::engine::sampling::argmax;
 use crate::engine::Generator;
 use crate::model::Model;
-use crate::verify::{compare_logits, read_reference, LogitsComparison, Tolerance};
+use crate::verify::{
+    compare_embedding, compare_logits, holds_embeddings, read_embedding_reference, read_reference,
+    EmbeddingComparison, LogitsComparison, Tolerance,
+};
+use kiln_plugin_api::Task;
+
+/// Without `--atol`, an embedding passes at this cosine or above.
+const MIN_COSINE: f64 = 0.9999;
 
 #[derive(Serialize)]
 struct GreedyCheck {
@@ -42,12 +51,22 @@ struct Report {
 pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
     // Fail fast on the device before reading a possibly large reference.
     crate::device::probe(args.load.runtime.device.parse()?)?;
-    let prompts = read_reference(&args.reference)?;
-    let model = super::load_model(&args.load)?;
     let tolerance = args.atol.map(|atol| Tolerance {
         atol,
         rtol: args.rtol,
     });
+    if holds_embeddings(&args.reference)? {
+        return verify_embeddings(args, tolerance);
+    }
+    let prompts = read_reference(&args.reference)?;
+    let model = super::load_model(&args.load)?;
+    if model.architecture.info.task == Task::Embeddings {
+        bail!(
+            "{} is an embedding model: its reference holds `<text>.ids.json` and \
+             `<text>.embedding.npy` (the pooled embedding), not logits",
+            model.architecture.info.name
+        );
+    }
     let mut report = Report {
         model: model.resolved.name.clone(),
         architecture: model.architecture.info.name.clone(),
@@ -202,4 +221,91 @@ fn table(report: &Report) -> String {
         ));
     }
     out
+}
+
+#[derive(Serialize)]
+struct EmbeddingReport {
+    model: String,
+    architecture: String,
+    tolerance: Option<Tolerance>,
+    texts: Vec<TextReport>,
+    failures: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct TextReport {
+    name: String,
+    tokens: usize,
+    #[serde(flatten)]
+    comparison: EmbeddingComparison,
+}
+
+/// Every reference text through the embedding model: each pooled embedding
+/// within the tolerance (`--atol`/`--rtol`), or at a cosine of at least
+/// [`MIN_COSINE`] without one.
+fn verify_embeddings(args: &VerifyArgs, tolerance: Option<Tolerance>) -> anyhow::Result<()> {
+    let texts = read_embedding_reference(&args.reference)?;
+    let model = super::load_model(&args.load)?;
+    let (name, architecture) = (
+        model.resolved.name.clone(),
+        model.architecture.info.name.clone(),
+    );
+    if model.architecture.info.task != Task::Embeddings {
+        bail!("the reference holds embeddings, but {architecture} is not an embedding model");
+    }
+    let embedder =
+        Embedder::new(model, crate::embedding::DEFAULT_BATCH_TOKENS).map_err(anyhow::Error::msg)?;
+    let ids: Vec<Vec<u32>> = texts.iter().map(|t| t.ids.clone()).collect();
+    let embeddings = embedder.embed(&ids)?;
+    let mut report = EmbeddingReport {
+        model: name,
+        architecture,
+        tolerance,
+        texts: Vec::new(),
+        failures: Vec::new(),
+    };
+    for (text, embedding) in texts.into_iter().zip(embeddings) {
+        let comparison = compare_embedding(&embedding, &text.embedding, tolerance)
+            .map_err(|e| e.context(format!("text `{}`", text.name)))?;
+        match comparison.worst_band_ratio {
+            Some(ratio) if ratio > 1.0 => report.failures.push(format!(
+                "{}: |Δ| up to {:.3e} exceeds {} + {}·|reference|",
+                text.name,
+                comparison.max_abs_diff,
+                args.atol.unwrap_or(0.0),
+                args.rtol
+            )),
+            None if comparison.cosine < MIN_COSINE => report.failures.push(format!(
+                "{}: cosine {:.6} is below {MIN_COSINE}",
+                text.name, comparison.cosine
+            )),
+            _ => {}
+        }
+        report.texts.push(TextReport {
+            name: text.name,
+            tokens: text.ids.len(),
+            comparison,
+        });
+    }
+    let text = if args.json {
+        serde_json::to_string_pretty(&report)? + "\n"
+    } else {
+        let mut out = format!(
+            "{} ({})\n{:<16} {:>6} {:>12} {:>10}\n",
+            report.model, report.architecture, "text", "tokens", "max|Δ|", "cosine"
+        );
+        for t in &report.texts {
+            let c = &t.comparison;
+            out.push_str(&format!(
+                "{:<16} {:>6} {:>12.3e} {:>10.7}\n",
+                t.name, t.tokens, c.max_abs_diff, c.cosine
+            ));
+        }
+        out
+    };
+    super::write_stdout(&text)?;
+    if !report.failures.is_empty() {
+        bail!("verification failed:\n  {}", report.failures.join("\n  "));
+    }
+    Ok(())
 }
