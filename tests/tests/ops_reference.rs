@@ -265,10 +265,9 @@ enum Mode {
 
 /// Ops the CUDA backend has no kernel for yet (no built-in architecture
 /// uses them); their graphs are refused at load.
-const NOT_ON_CUDA: [&str; 9] = [
+const NOT_ON_CUDA: [&str; 8] = [
     "argmax",
     "band_part",
-    "matmul",
     "max",
     "mean",
     "min",

@@ -108,52 +108,79 @@ impl Frame<'_> {
         )
     }
 
-    /// `a [..., m, k] · b [..., k, n]` into `out`, batched over the leading
-    /// axes; either side may hold a single batch, repeated.
+    /// `a [..., m, k] · b [..., k, n]` into `out [..., m, n]`, batched over
+    /// the leading axes with NumPy broadcasting. One launch when each side
+    /// has every batch or a single one; one per output batch otherwise.
     fn batched_matmul(
         &self,
-        a: DevicePtr,
-        a_shape: &[usize],
-        b: DevicePtr,
-        b_shape: &[usize],
-        out: DevicePtr,
+        (a, a_shape): (DevicePtr, &[usize]),
+        (b, b_shape): (DevicePtr, &[usize]),
+        (out, out_shape): (DevicePtr, &[usize]),
     ) -> Result<(), String> {
         let split = |shape: &[usize]| {
             let (batch, matrix) = shape.split_at(shape.len() - 2);
-            (batch.iter().product::<usize>(), matrix[0], matrix[1])
+            (batch.to_vec(), matrix[0], matrix[1])
         };
-        let ((a_batches, m, k), (b_batches, k2, n)) = (split(a_shape), split(b_shape));
-        let batches = a_batches.max(b_batches);
-        let fits = |count: usize| count == batches || count == 1;
-        if k != k2 || !fits(a_batches) || !fits(b_batches) || batches > 65_535 {
-            return Err(format!(
-                "batched matmul of {a_shape:?} and {b_shape:?}: the batches must match                  (or one be a single matrix, at most 65535) and the inner sizes agree"
-            ));
+        let ((a_batch, m, k), (b_batch, k2, n)) = (split(a_shape), split(b_shape));
+        let out_batch = &out_shape[..out_shape.len() - 2];
+        let batches: usize = out_batch.iter().product();
+        if k != k2 || batches * m * n == 0 {
+            return match k == k2 {
+                true => Ok(()),
+                false => Err(format!(
+                    "matmul of {a_shape:?} and {b_shape:?}: inner sizes differ"
+                )),
+            };
         }
-        if batches * m * n == 0 {
-            return Ok(());
-        }
+        let (a_count, b_count) = (a_batch.iter().product(), b_batch.iter().product());
+        let whole = |count: usize| count == batches || count == 1;
         let stride = |count: usize, size: usize| if count == 1 { 0 } else { size as i64 };
-        let tiles = |len: usize| len.div_ceil(16) as u32;
-        let config = LaunchConfig {
-            grid: (tiles(n), tiles(m), batches as u32),
-            block: (16, 16, 1),
-            shared_bytes: 0,
-        };
-        self.launch(
-            "kiln_batched_matmul",
-            config,
-            &[
+        let launch = |a: DevicePtr, b: DevicePtr, out: DevicePtr, z: usize, strides: (i64, i64)| {
+            let tiles = |len: usize| len.div_ceil(16) as u32;
+            let config = LaunchConfig {
+                grid: (tiles(n), tiles(m), z as u32),
+                block: (16, 16, 1),
+                shared_bytes: 0,
+            };
+            let args = [
                 KernelArg::Ptr(a),
                 KernelArg::Ptr(b),
                 KernelArg::Ptr(out),
                 KernelArg::I32(m as i32),
                 KernelArg::I32(n as i32),
                 KernelArg::I32(k as i32),
-                KernelArg::I64(stride(a_batches, m * k)),
-                KernelArg::I64(stride(b_batches, k * n)),
-            ],
-        )
+                KernelArg::I64(strides.0),
+                KernelArg::I64(strides.1),
+            ];
+            self.launch("kiln_batched_matmul", config, &args)
+        };
+        if whole(a_count) && whole(b_count) && batches <= 65_535 {
+            let strides = (stride(a_count, m * k), stride(b_count, k * n));
+            return launch(a, b, out, batches, strides);
+        }
+        // Element offsets of each side's matrices over the output's batches.
+        let (a_strides, b_strides) = (
+            broadcast_strides(&a_batch, out_batch),
+            broadcast_strides(&b_batch, out_batch),
+        );
+        let out_strides = row_major_strides(out_batch);
+        for z in 0..batches {
+            let (mut a_at, mut b_at) = (0i64, 0i64);
+            for d in 0..out_batch.len() {
+                let index = (z / out_strides[d] as usize % out_batch[d]) as i64;
+                a_at += index * a_strides[d];
+                b_at += index * b_strides[d];
+            }
+            let bytes = |matrices: i64, size: usize| (matrices as u64) * (size as u64) * 4;
+            launch(
+                a + bytes(a_at, m * k),
+                b + bytes(b_at, k * n),
+                out + bytes(z as i64, m * n),
+                1,
+                (0, 0),
+            )?;
+        }
+        Ok(())
     }
 
     fn copy_strided(
@@ -210,9 +237,11 @@ impl Frame<'_> {
                 };
                 self.product(w, layout, input(0), numel(in_shape(0)), out, scratch)
             }
-            StepPlan::BatchedMatMul => {
-                self.batched_matmul(input(0), in_shape(0), input(1), in_shape(1), out)
-            }
+            StepPlan::BatchedMatMul => self.batched_matmul(
+                (input(0), in_shape(0)),
+                (input(1), in_shape(1)),
+                (out, out_shape),
+            ),
             StepPlan::LinearGroup(members) => {
                 let members: Vec<(DeviceMatrix, DevicePtr)> = members
                     .iter()

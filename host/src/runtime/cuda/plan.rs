@@ -26,7 +26,7 @@ pub enum StepPlan {
     /// `x · W` with a stored `W [k, n]` (GPT-2's Conv1D).
     MatMul(DeviceMatrix),
     /// `a · b` of two f32 values `[..., m, k]` and `[..., k, n]`, batched
-    /// over the leading axes (one side may have a single batch).
+    /// over the leading axes with broadcasting.
     BatchedMatMul,
     /// Several `Linear` steps that read the same x with matrices of one
     /// format (q, k and v; gate and up), run here as one launch: each matrix
