@@ -38,8 +38,29 @@ struct GreedyFile {
     new_ids: Vec<u32>,
 }
 
-/// Reads every prompt of a reference directory, in name order.
-pub fn read_reference(dir: &Path) -> anyhow::Result<Vec<ReferencePrompt>> {
+/// What a reference directory holds: logits per prompt, or embeddings per
+/// text (when its first `<name>.ids.json` has a `<name>.embedding.npy`).
+#[derive(Clone, Debug)]
+pub enum Reference {
+    /// Teacher-forced logits (a generator's reference).
+    Logits(Vec<ReferencePrompt>),
+    /// Pooled embeddings (an embedding model's reference).
+    Embeddings(Vec<EmbeddingReference>),
+}
+
+/// Reads a reference directory of either kind, every entry in name order.
+pub fn read_reference(dir: &Path) -> anyhow::Result<Reference> {
+    let names = reference_names(dir)?;
+    if dir.join(format!("{}.embedding.npy", names[0])).is_file() {
+        let texts = names.into_iter().map(|name| read_embedding(dir, name));
+        return Ok(Reference::Embeddings(texts.collect::<anyhow::Result<_>>()?));
+    }
+    let prompts = names.into_iter().map(|name| read_prompt(dir, name));
+    Ok(Reference::Logits(prompts.collect::<anyhow::Result<_>>()?))
+}
+
+/// The stems of the directory's `<name>.ids.json` files, sorted; at least one.
+fn reference_names(dir: &Path) -> anyhow::Result<Vec<String>> {
     let entries = std::fs::read_dir(dir)
         .with_context(|| format!("cannot read the reference directory {}", dir.display()))?;
     let mut names = Vec::new();
@@ -55,30 +76,30 @@ pub fn read_reference(dir: &Path) -> anyhow::Result<Vec<ReferencePrompt>> {
         "{} holds no `<prompt>.ids.json` files",
         dir.display()
     );
-    names
-        .into_iter()
-        .map(|name| {
-            let ids: IdsFile = read_json(&dir.join(format!("{name}.ids.json")))?;
-            let logits = read_matrix(&dir.join(format!("{name}.logits.npy")))?;
-            ensure!(
-                !ids.ids.is_empty() && logits.rows == ids.ids.len(),
-                "{name}: {} logits rows for {} prompt ids",
-                logits.rows,
-                ids.ids.len()
-            );
-            let greedy_path = dir.join(format!("{name}.greedy.json"));
-            let greedy = match greedy_path.is_file() {
-                true => Some(read_json::<GreedyFile>(&greedy_path)?.new_ids),
-                false => None,
-            };
-            Ok(ReferencePrompt {
-                name,
-                ids: ids.ids,
-                logits,
-                greedy,
-            })
-        })
-        .collect()
+    Ok(names)
+}
+
+/// Prompt `name`: its ids, logits and (if recorded) greedy continuation.
+fn read_prompt(dir: &Path, name: String) -> anyhow::Result<ReferencePrompt> {
+    let ids: IdsFile = read_json(&dir.join(format!("{name}.ids.json")))?;
+    let logits = read_matrix(&dir.join(format!("{name}.logits.npy")))?;
+    ensure!(
+        !ids.ids.is_empty() && logits.rows == ids.ids.len(),
+        "{name}: {} logits rows for {} prompt ids",
+        logits.rows,
+        ids.ids.len()
+    );
+    let greedy_path = dir.join(format!("{name}.greedy.json"));
+    let greedy = match greedy_path.is_file() {
+        true => Some(read_json::<GreedyFile>(&greedy_path)?.new_ids),
+        false => None,
+    };
+    Ok(ReferencePrompt {
+        name,
+        ids: ids.ids,
+        logits,
+        greedy,
+    })
 }
 
 /// One text of an embedding reference directory.
@@ -92,52 +113,20 @@ pub struct EmbeddingReference {
     pub embedding: Vec<f32>,
 }
 
-/// Whether `dir` is an embedding reference (it holds `*.embedding.npy`).
-pub fn holds_embeddings(dir: &Path) -> anyhow::Result<bool> {
-    let entries = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot read the reference directory {}", dir.display()))?;
-    for entry in entries {
-        if entry?
-            .file_name()
-            .to_string_lossy()
-            .ends_with(".embedding.npy")
-        {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
-/// Reads every text of an embedding reference directory, in name order.
-pub fn read_embedding_reference(dir: &Path) -> anyhow::Result<Vec<EmbeddingReference>> {
-    let mut names = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let file_name = entry?.file_name();
-        if let Some(name) = file_name
-            .to_str()
-            .and_then(|n| n.strip_suffix(".embedding.npy"))
-        {
-            names.push(name.to_owned());
-        }
-    }
-    names.sort();
-    names
-        .into_iter()
-        .map(|name| {
-            let ids: IdsFile = read_json(&dir.join(format!("{name}.ids.json")))?;
-            let matrix = read_matrix(&dir.join(format!("{name}.embedding.npy")))?;
-            ensure!(
-                !ids.ids.is_empty() && matrix.rows == 1,
-                "{name}: expected one embedding row for a non-empty text, got {} rows",
-                matrix.rows
-            );
-            Ok(EmbeddingReference {
-                name,
-                ids: ids.ids,
-                embedding: matrix.data,
-            })
-        })
-        .collect()
+/// Text `name`: its ids and its embedding (`[1, dim]`).
+fn read_embedding(dir: &Path, name: String) -> anyhow::Result<EmbeddingReference> {
+    let ids: IdsFile = read_json(&dir.join(format!("{name}.ids.json")))?;
+    let matrix = read_matrix(&dir.join(format!("{name}.embedding.npy")))?;
+    ensure!(
+        !ids.ids.is_empty() && matrix.rows == 1,
+        "{name}: expected one embedding row for a non-empty text, got {} rows",
+        matrix.rows
+    );
+    Ok(EmbeddingReference {
+        name,
+        ids: ids.ids,
+        embedding: matrix.data,
+    })
 }
 
 /// How one embedding compares with the reference.

@@ -42,8 +42,7 @@ pub const RTOL: f64 = 1e-4;
 
 /// A loaded fixture: its backend and KV-cache shape.
 pub struct Engine {
-    /// The compiled model.
-    pub backend: Box<dyn Backend>,
+    backend: Box<dyn Backend>,
     layout: CacheLayout,
     layers: usize,
 }
@@ -95,6 +94,17 @@ impl Engine {
         self.backend
             .new_kv_cache(self.layers, blocks, self.layout)
             .unwrap()
+    }
+
+    /// The last position's logits of `prompt` prefilled alone into a fresh
+    /// cache.
+    pub fn prefill(&self, prompt: &[i64]) -> Vec<f32> {
+        let step = Step {
+            tokens: prompt,
+            start: 0,
+            blocks: blocks_for(0, prompt.len()),
+        };
+        self.step(&mut self.cache(8), &[step]).remove(0)
     }
 
     /// Runs one step for several sequences through the default decoder
@@ -150,17 +160,8 @@ pub fn matches_transformers_on(name: &str, sharded: bool, device: DeviceChoice) 
     for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
         let len = prompt.len();
         // Whole-prompt prefill: the last position's logits.
-        let mut cache = engine.cache(8);
-        let out = engine.step(
-            &mut cache,
-            &[Step {
-                tokens: prompt,
-                start: 0,
-                blocks: blocks_for(0, len),
-            }],
-        );
         check(
-            &out[0],
+            &engine.prefill(prompt),
             &logits.row(len - 1),
             &format!("{name} prompt {p} prefill"),
         );

@@ -229,9 +229,9 @@ fn the_openai_client_embeds_through_host_serve() {
 }
 
 /// `host verify` on an embedding model: a reference directory of ids and
-/// sentence-transformers embeddings passes within 1e-4; a perturbed
-/// embedding fails naming its text; a generator is told it has the wrong
-/// kind of reference.
+/// sentence-transformers embeddings passes within 1e-4; a logits-only
+/// flag is refused; a perturbed embedding fails naming its text; a
+/// generator is told it has the wrong kind of reference.
 #[test]
 fn host_verify_checks_embeddings_against_sentence_transformers() {
     let reference = minilm_reference();
@@ -263,6 +263,13 @@ fn host_verify_checks_embeddings_against_sentence_transformers() {
         assert!(text["cosine"].as_f64().unwrap() >= MIN_COSINE, "{text}");
         assert!(text["max_abs_diff"].as_f64().unwrap() <= 2e-4, "{text}");
     }
+
+    let (passed, _, stderr) = kiln_tests::run_verify(&minilm_dir(), dir.path(), &["--greedy"]);
+    assert!(!passed);
+    assert!(
+        stderr.contains("--greedy applies to logits references"),
+        "{stderr}"
+    );
 
     write(dir.path(), 0.01);
     let (passed, _, stderr) =

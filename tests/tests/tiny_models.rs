@@ -9,9 +9,7 @@ use kiln_host::engine::batch::run_step;
 use kiln_host::runtime::{CacheLayout, Tensor};
 use kiln_tests::models::{write_model_dir, DeviceChoice, WeightDtype};
 use kiln_tests::reference::{compare, FixtureTensor};
-use kiln_tests::tiny::{
-    blocks_for, check, matches_transformers_on, on_cuda, read_fixture, Engine, Step, ATOL,
-};
+use kiln_tests::tiny::{check, matches_transformers_on, on_cuda, read_fixture, Engine, ATOL};
 
 fn matches_transformers(name: &str, sharded: bool) {
     matches_transformers_on(name, sharded, DeviceChoice::Cpu);
@@ -160,19 +158,11 @@ fn untied_uses_its_lm_head(name: &str) {
     };
     let engine = Engine::from_model(&model, false, DeviceChoice::Cpu);
     for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
-        let mut cache = engine.cache(8);
-        let out = engine.step(
-            &mut cache,
-            &[Step {
-                tokens: prompt,
-                start: 0,
-                blocks: blocks_for(0, prompt.len()),
-            }],
-        );
+        let out = engine.prefill(prompt);
         let last = logits.row(prompt.len() - 1);
         let expected: Vec<f64> = last.values().iter().map(|&v| twice(v)).collect();
         check(
-            &out[0],
+            &out,
             &FixtureTensor::f32(last.shape.clone(), &expected),
             &format!("{name} prompt {p}"),
         );
@@ -305,15 +295,8 @@ fn tiny_mixtral_from_stacked_experts_matches_transformers() {
     model.weights.extend(stacked);
     let engine = Engine::from_model(&model, false, DeviceChoice::Cpu);
     for (p, (prompt, logits)) in model.prompts.iter().zip(&model.logits).enumerate() {
-        let mut cache = engine.cache(8);
-        let step = Step {
-            tokens: prompt,
-            start: 0,
-            blocks: blocks_for(0, prompt.len()),
-        };
-        let out = engine.step(&mut cache, &[step]);
         check(
-            &out[0],
+            &engine.prefill(prompt),
             &logits.row(prompt.len() - 1),
             &format!("stacked prompt {p}"),
         );

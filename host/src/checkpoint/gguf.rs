@@ -52,7 +52,7 @@
 //! | `query_pre_attn_scalar` (gemma2, gemma3) | llama.cpp's rule: `hidden_size / num_attention_heads` for the 27B model (46 layers in Gemma 2, 62 in Gemma 3), else `head_dim` |
 //! | `sliding_window_pattern` (gemma3), `layer_types` (gemma2, gemma3) | with a sliding window: every 6th layer global (gemma3), every 2nd (gemma2), as llama.cpp |
 //! | `hidden_act`, `use_bias` (starcoder2)    | `gelu_pytorch_tanh`; biases when `blk.0.attn_q.bias` exists (llama.cpp stores no sliding window for it and attends over the whole context) |
-//! | `hidden_act`, `attention_bias`, `use_parallel_residual`, `partial_rotary_factor` (gptneox) | `gelu`; biases when `blk.0.attn_qkv.bias` exists; `gptneox.use_parallel_residual` (true when absent); `gptneox.rope.dimension_count` over the head size |
+//! | `hidden_act`, `attention_bias`, `use_parallel_residual`, `partial_rotary_factor` (gptneox) | `gelu`; biases when `blk.0.attn_qkv.bias` exists; `gptneox.use_parallel_residual` (true when absent); `gptneox.rope.dimension_count` over the head size (the whole head when absent, as llama.cpp) |
 //!
 //! Not mapped: Phi-3 "longrope" factors (stored as the `rope_factors_*`
 //! tensors).

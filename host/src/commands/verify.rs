@@ -13,8 +13,8 @@ use crate::engine::sampling::argmax;
 use crate::engine::Generator;
 use crate::model::Model;
 use crate::verify::{
-    compare_embedding, compare_logits, holds_embeddings, read_embedding_reference, read_reference,
-    EmbeddingComparison, LogitsComparison, Tolerance,
+    compare_embedding, compare_logits, read_reference, EmbeddingComparison, EmbeddingReference,
+    LogitsComparison, Reference, Tolerance,
 };
 use kiln_plugin_api::Task;
 
@@ -55,10 +55,10 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
         atol,
         rtol: args.rtol,
     });
-    if holds_embeddings(&args.reference)? {
-        return verify_embeddings(args, tolerance);
-    }
-    let prompts = read_reference(&args.reference)?;
+    let prompts = match read_reference(&args.reference)? {
+        Reference::Logits(prompts) => prompts,
+        Reference::Embeddings(texts) => return verify_embeddings(args, tolerance, texts),
+    };
     let model = super::load_model(&args.load)?;
     if model.architecture.info.task == Task::Embeddings {
         bail!(
@@ -102,14 +102,23 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
         report.failures.extend(failures(args, &entry));
         report.prompts.push(entry);
     }
-    let text = if args.json {
-        serde_json::to_string_pretty(&report)? + "\n"
-    } else {
-        table(&report)
+    conclude(args.json, &report, || table(&report), &report.failures)
+}
+
+/// Prints the report (JSON or `table`), then fails if anything did.
+fn conclude<R: Serialize>(
+    json: bool,
+    report: &R,
+    table: impl FnOnce() -> String,
+    failures: &[String],
+) -> anyhow::Result<()> {
+    let text = match json {
+        true => serde_json::to_string_pretty(report)? + "\n",
+        false => table(),
     };
     super::write_stdout(&text)?;
-    if !report.failures.is_empty() {
-        bail!("verification failed:\n  {}", report.failures.join("\n  "));
+    if !failures.is_empty() {
+        bail!("verification failed:\n  {}", failures.join("\n  "));
     }
     Ok(())
 }
@@ -243,8 +252,19 @@ struct TextReport {
 /// Every reference text through the embedding model: each pooled embedding
 /// within the tolerance (`--atol`/`--rtol`), or at a cosine of at least
 /// [`MIN_COSINE`] without one.
-fn verify_embeddings(args: &VerifyArgs, tolerance: Option<Tolerance>) -> anyhow::Result<()> {
-    let texts = read_embedding_reference(&args.reference)?;
+fn verify_embeddings(
+    args: &VerifyArgs,
+    tolerance: Option<Tolerance>,
+    texts: Vec<EmbeddingReference>,
+) -> anyhow::Result<()> {
+    let logits_only = [
+        ("--greedy", args.greedy),
+        ("--max-mean-kl", args.max_mean_kl.is_some()),
+        ("--min-top1", args.min_top1.is_some()),
+    ];
+    if let Some((flag, _)) = logits_only.iter().find(|(_, given)| *given) {
+        bail!("{flag} applies to logits references; this reference holds embeddings");
+    }
     let model = super::load_model(&args.load)?;
     let (name, architecture) = (
         model.resolved.name.clone(),
@@ -267,15 +287,12 @@ fn verify_embeddings(args: &VerifyArgs, tolerance: Option<Tolerance>) -> anyhow:
     for (text, embedding) in texts.into_iter().zip(embeddings) {
         let comparison = compare_embedding(&embedding, &text.embedding, tolerance)
             .map_err(|e| e.context(format!("text `{}`", text.name)))?;
-        match comparison.worst_band_ratio {
-            Some(ratio) if ratio > 1.0 => report.failures.push(format!(
+        match (tolerance, comparison.worst_band_ratio) {
+            (Some(t), Some(ratio)) if ratio > 1.0 => report.failures.push(format!(
                 "{}: |Δ| up to {:.3e} exceeds {} + {}·|reference|",
-                text.name,
-                comparison.max_abs_diff,
-                args.atol.unwrap_or(0.0),
-                args.rtol
+                text.name, comparison.max_abs_diff, t.atol, t.rtol
             )),
-            None if comparison.cosine < MIN_COSINE => report.failures.push(format!(
+            (None, _) if comparison.cosine < MIN_COSINE => report.failures.push(format!(
                 "{}: cosine {:.6} is below {MIN_COSINE}",
                 text.name, comparison.cosine
             )),
@@ -287,25 +304,25 @@ fn verify_embeddings(args: &VerifyArgs, tolerance: Option<Tolerance>) -> anyhow:
             comparison,
         });
     }
-    let text = if args.json {
-        serde_json::to_string_pretty(&report)? + "\n"
-    } else {
-        let mut out = format!(
-            "{} ({})\n{:<16} {:>6} {:>12} {:>10}\n",
-            report.model, report.architecture, "text", "tokens", "max|Δ|", "cosine"
-        );
-        for t in &report.texts {
-            let c = &t.comparison;
-            out.push_str(&format!(
-                "{:<16} {:>6} {:>12.3e} {:>10.7}\n",
-                t.name, t.tokens, c.max_abs_diff, c.cosine
-            ));
-        }
-        out
-    };
-    super::write_stdout(&text)?;
-    if !report.failures.is_empty() {
-        bail!("verification failed:\n  {}", report.failures.join("\n  "));
+    conclude(
+        args.json,
+        &report,
+        || embedding_table(&report),
+        &report.failures,
+    )
+}
+
+fn embedding_table(report: &EmbeddingReport) -> String {
+    let mut out = format!(
+        "{} ({})\n{:<16} {:>6} {:>12} {:>10}\n",
+        report.model, report.architecture, "text", "tokens", "max|Δ|", "cosine"
+    );
+    for t in &report.texts {
+        let c = &t.comparison;
+        out.push_str(&format!(
+            "{:<16} {:>6} {:>12.3e} {:>10.7}\n",
+            t.name, t.tokens, c.max_abs_diff, c.cosine
+        ));
     }
-    Ok(())
+    out
 }

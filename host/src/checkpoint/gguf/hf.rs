@@ -274,14 +274,15 @@ impl GgufFile {
                     "use_parallel_residual".into(),
                     json!(parallel.unwrap_or(true)),
                 );
-                let rotated = self.get_u64(&key("rope.dimension_count"))?;
+                // llama.cpp rotates the whole head when the count is absent.
                 let heads = config.get("num_attention_heads").and_then(Value::as_u64);
                 let width = config.get("hidden_size").and_then(Value::as_u64);
-                if let (Some(rotated), Some(heads), Some(width)) = (rotated, heads, width) {
-                    let head_dim = width / heads.max(1);
+                if let (Some(heads), Some(width)) = (heads, width) {
+                    let head_dim = (width / heads.max(1)).max(1);
+                    let rotated = self.get_u64(&key("rope.dimension_count"))?;
                     config.insert(
                         "partial_rotary_factor".into(),
-                        json!(rotated as f64 / head_dim.max(1) as f64),
+                        json!(rotated.unwrap_or(head_dim) as f64 / head_dim as f64),
                     );
                 }
             }

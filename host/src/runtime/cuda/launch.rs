@@ -124,13 +124,13 @@ impl Frame<'_> {
         let ((a_batch, m, k), (b_batch, k2, n)) = (split(a_shape), split(b_shape));
         let out_batch = &out_shape[..out_shape.len() - 2];
         let batches: usize = out_batch.iter().product();
-        if k != k2 || batches * m * n == 0 {
-            return match k == k2 {
-                true => Ok(()),
-                false => Err(format!(
-                    "matmul of {a_shape:?} and {b_shape:?}: inner sizes differ"
-                )),
-            };
+        if k != k2 {
+            return Err(format!(
+                "matmul of {a_shape:?} and {b_shape:?}: inner sizes differ"
+            ));
+        }
+        if batches * m * n == 0 {
+            return Ok(());
         }
         let (a_count, b_count) = (a_batch.iter().product(), b_batch.iter().product());
         let whole = |count: usize| count == batches || count == 1;
