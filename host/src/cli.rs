@@ -141,6 +141,9 @@ pub struct BenchmarkArgs {
     #[arg(long, default_value_t = 2048)]
     pub max_batch_tokens: usize,
 
+    #[command(flatten)]
+    pub scheduling: SchedulingArgs,
+
     /// Seed of the random prompts.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -150,11 +153,37 @@ pub struct BenchmarkArgs {
     pub json: bool,
 }
 
+/// How the serving engine overlaps the host's work with the device's.
+#[derive(Debug, Args)]
+pub struct SchedulingArgs {
+    /// On CUDA: schedule and launch each step before reading the previous
+    /// one's tokens, which the GPU feeds to it, so the host's work (text,
+    /// stop checks, scheduling) runs while the GPU computes; a sequence that
+    /// stops computes one token more, which is dropped (the default; vLLM's
+    /// flag).
+    #[arg(long, conflicts_with = "no_async_scheduling")]
+    pub async_scheduling: bool,
+
+    /// Read each step's tokens before scheduling the next.
+    #[arg(long)]
+    pub no_async_scheduling: bool,
+}
+
+impl SchedulingArgs {
+    /// Whether async scheduling is on.
+    pub fn enabled(&self) -> bool {
+        !self.no_async_scheduling
+    }
+}
+
 /// Options of `host serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub load: LoadArgs,
+
+    #[command(flatten)]
+    pub scheduling: SchedulingArgs,
 
     /// Address to bind (loopback by default; use 0.0.0.0 to expose).
     #[arg(long, default_value = "127.0.0.1")]

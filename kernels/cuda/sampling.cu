@@ -294,3 +294,14 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
     }
   }
 }
+
+// Async scheduling: the next step was prepared before this one's tokens
+// reached the host, so each decode row's input token is written here, on the
+// device, from the previous step's picks: tokens[feed[2i + 1]] =
+// sampled[feed[2i]] for i < n.
+extern "C" __global__ void kiln_feed_tokens(const unsigned int* __restrict__ sampled,
+                                            const int* __restrict__ feed, i64* __restrict__ tokens, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    tokens[feed[2 * i + 1]] = (i64)sampled[feed[2 * i]];
+  }
+}

@@ -466,6 +466,36 @@ fn replay_reuses_captured_arguments_but_reads_current_memory() {
 }
 
 #[test]
+fn a_readback_holds_the_bytes_of_its_place_in_the_stream() {
+    let gpu = Gpu::new(&[sources::NORM]);
+    let dev = &gpu.dev;
+    let (a, b) = (gpu.up(&[1.0f32, 2.0]), gpu.up(&[3.0f32]));
+    let waits = dev.host_waits();
+    let first = dev.download_async(&[(a, 8), (b, 4)]).unwrap();
+    // Work queued after the readback (the next step) does not change it.
+    dev.upload(a, &bytes(&[9.0f32, 9.0])).unwrap();
+    let second = dev.download_async(&[(a, 4)]).unwrap();
+    assert_eq!(
+        dev.wait_readback(first).unwrap(),
+        bytes(&[1.0f32, 2.0, 3.0])
+    );
+    assert_eq!(dev.overlapped_waits(), 1, "the upload was queued behind it");
+    assert_eq!(dev.wait_readback(second).unwrap(), bytes(&[9.0f32]));
+    assert_eq!(dev.overlapped_waits(), 1, "nothing was queued behind it");
+    assert_eq!(dev.host_waits() - waits, 2);
+    assert!(
+        dev.wait_readback(kiln_kernels::cuda::Readback(1)).is_err(),
+        "a readback is collected once"
+    );
+    dev.begin_capture().unwrap();
+    assert!(
+        dev.download_async(&[(a, 4)]).is_err(),
+        "not during a capture"
+    );
+    dev.end_capture().unwrap();
+}
+
+#[test]
 fn divergent_barrier_is_an_error() {
     const SOURCE: &str = r#"#include "kiln_cuda.cuh"
 extern "C" __global__ void kiln_test_divergent(float* y) {

@@ -104,6 +104,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
             max_seq_len,
         },
         prefix_caching: false,
+        async_scheduling: args.scheduling.enabled(),
     };
     let device = model.backend.device_name();
     let roofline = model.backend.roofline()?;

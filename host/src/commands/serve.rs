@@ -273,6 +273,7 @@ fn start_engine(
             max_seq_len: max_model_len,
         },
         prefix_caching: !args.no_prefix_caching,
+        async_scheduling: args.scheduling.enabled(),
     };
     let (engine, thread) = service::spawn(
         model,

@@ -10,7 +10,7 @@ use kiln_plugin_api::Task;
 
 use crate::plugins::{Architecture, EntryPointError};
 use crate::runtime::sampling::{RowSampling, Sampled};
-use crate::runtime::{Backend, KvCache, RuntimeError, Tensor};
+use crate::runtime::{Backend, KvCache, PendingSample, RuntimeError, Tensor, TokenFeed};
 
 /// The pipeline model a loaded model runs each step through.
 #[derive(Clone, Debug)]
@@ -34,6 +34,13 @@ impl Pipeline {
         } else {
             Pipeline::Decoder
         })
+    }
+
+    /// Whether the device can write picks into this pipeline's token ids:
+    /// the host's decoder pipeline lays each sequence's tokens out one after
+    /// another in input 0.
+    pub fn feeds_tokens(&self) -> bool {
+        matches!(self, Pipeline::Decoder)
     }
 
     fn prepare(&self, batch: &StepBatch) -> Result<PreparedStep, StepError> {
@@ -121,6 +128,27 @@ pub fn run_sampled_step(
     batch: &StepBatch,
     rows: &[RowSampling],
 ) -> Result<Vec<Sampled>, StepError> {
+    let pending = launch_sampled_step(backend, pipeline, cache, batch, rows, &[])?;
+    Ok(backend.finish_sampled(pending)?)
+}
+
+/// Launches one step and the picks of its sequences that want logits, as
+/// [`run_sampled_step`] runs it, without waiting where the backend allows;
+/// `feed` writes the previous launched step's picks into the token ids
+/// first (only for pipelines that [`Pipeline::feeds_tokens`]).
+pub fn launch_sampled_step(
+    backend: &dyn Backend,
+    pipeline: &Pipeline,
+    cache: &mut KvCache,
+    batch: &StepBatch,
+    rows: &[RowSampling],
+    feed: &[TokenFeed],
+) -> Result<PendingSample, StepError> {
+    if !feed.is_empty() && !pipeline.feeds_tokens() {
+        return Err(StepError::Batch(
+            "only the decoder pipeline's token ids can be fed on the device".to_owned(),
+        ));
+    }
     let prepared = pipeline.prepare(batch)?;
     if batch.all_logits || prepared.logit_rows.iter().any(|&n| n > 1) {
         return Err(StepError::Batch(
@@ -135,7 +163,7 @@ pub fn run_sampled_step(
         )));
     }
     let inputs = prepared.inputs.into_iter().map(to_tensor).collect();
-    Ok(backend.run_sampled(inputs, Some(cache), rows)?)
+    Ok(backend.launch_sampled(inputs, Some(cache), rows, feed)?)
 }
 
 /// The graph inputs of the largest step a server with these limits runs:

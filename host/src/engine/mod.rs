@@ -6,6 +6,7 @@ pub mod generator;
 pub mod npy;
 pub mod penalties;
 pub mod sampling;
+mod sequence;
 pub mod service;
 pub mod stats;
 pub mod stop;

@@ -10,20 +10,20 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use kiln_kernels::dense::attention::CacheLayout;
+use kiln_plugin_api::pipeline::StepBatch;
 use llguidance::Matcher;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::batch::run_sampled_step;
+use super::batch::launch_sampled_step;
 use super::penalties::Penalties;
-use super::sampling::{Sampler, SamplingParams};
+use super::sampling::SamplingParams;
+use super::sequence::Active;
 use super::stats::StatsLine;
-use super::stop::{StopMatcher, StopOutcome};
-use super::structured;
 use crate::model::Model;
-use crate::runtime::sampling::{RowSampling, Sampled};
-use crate::runtime::{KvCache, RuntimeError};
-use crate::scheduler::{BlockManager, Scheduler, SchedulerConfig, SeqId};
-use crate::tokenizer::{DecodeStream, Tokenizer};
+use crate::runtime::sampling::RowSampling;
+use crate::runtime::{KvCache, PendingSample, RuntimeError, TokenFeed};
+use crate::scheduler::{Batch, BlockManager, Scheduler, SchedulerConfig, SeqId};
+use crate::tokenizer::Tokenizer;
 
 /// How a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +136,9 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Share cache blocks between requests with a common prefix.
     pub prefix_caching: bool,
+    /// Schedule and launch each step before reading the previous one's
+    /// picks, where the backend allows (vLLM's `--async-scheduling`).
+    pub async_scheduling: bool,
 }
 
 /// Observations the engine reports after each step (for `/metrics`).
@@ -236,25 +239,9 @@ pub fn spawn(
     Ok((handle, EngineThread(thread)))
 }
 
-/// One running request's state.
-struct Active<'t> {
-    prompt: Vec<u32>,
-    params: GenerationParams,
-    sampler: Sampler,
-    generated: Vec<u32>,
-    decoder: DecodeStream<'t>,
-    stop: StopMatcher,
-    events: UnboundedSender<Event>,
-    arrived: Instant,
-    last_token: Option<Instant>,
-    /// It ran in a step (its queue time is recorded).
-    scheduled: bool,
-    constraint: Option<Matcher>,
-}
-
 fn run(
     model: Model,
-    mut cache: KvCache,
+    cache: KvCache,
     tokenizer: &Tokenizer,
     eos: &[u32],
     config: EngineConfig,
@@ -262,13 +249,24 @@ fn run(
     observer: impl EngineObserver,
 ) {
     let blocks = BlockManager::new(config.num_blocks, config.block_size, config.prefix_caching);
-    let mut scheduler = Scheduler::new(config.scheduler, blocks);
-    let mut active: HashMap<SeqId, Active<'_>> = HashMap::new();
-    let mut stats = StatsLine::default();
+    let overlap =
+        config.async_scheduling && model.backend.overlaps_steps() && model.pipeline.feeds_tokens();
+    let mut engine = Engine {
+        scheduler: Scheduler::new(config.scheduler, blocks),
+        model,
+        cache,
+        tokenizer,
+        eos,
+        active: HashMap::new(),
+        stats: StatsLine::default(),
+        observer,
+        overlap,
+    };
+    let mut in_flight = None;
     loop {
         // Take new requests: wait for one when idle, else whatever is queued.
         let mut incoming = Vec::new();
-        if active.is_empty() {
+        if engine.active.is_empty() && in_flight.is_none() {
             match commands.recv() {
                 Ok(command) => incoming.push(command),
                 Err(_) => return,
@@ -276,162 +274,254 @@ fn run(
         }
         incoming.extend(commands.try_iter());
         for Command::Add(id, request) in incoming {
-            if let Err(e) = scheduler.add_to_group(
-                id,
-                request.group,
-                request.prompt.clone(),
-                request.params.max_tokens,
-            ) {
-                let _ = request.events.send(Event::Error(e.to_string()));
-                continue;
-            }
-            active.insert(
-                id,
-                Active {
-                    sampler: Sampler::new(request.params.sampling.clone()),
-                    decoder: tokenizer.decode_stream(true),
-                    stop: StopMatcher::new(request.params.stop.clone()),
-                    prompt: request.prompt,
-                    params: request.params,
-                    generated: Vec::new(),
-                    events: request.events,
-                    arrived: request.arrived,
-                    last_token: None,
-                    scheduled: false,
-                    constraint: request.constraint,
-                },
-            );
+            engine.admit(id, request);
         }
-        // Cancel requests whose client is gone.
-        let gone: Vec<SeqId> = active
+        engine.cancel_gone();
+        in_flight = engine.step(in_flight);
+    }
+}
+
+/// A step launched on the device whose picks the host has not read yet.
+struct InFlight {
+    /// The sequence of each sampled row, in row order.
+    rows: Vec<SeqId>,
+    pending: PendingSample,
+}
+
+/// The engine thread's state.
+struct Engine<'t, O> {
+    model: Model,
+    cache: KvCache,
+    tokenizer: &'t Tokenizer,
+    eos: &'t [u32],
+    scheduler: Scheduler,
+    active: HashMap<SeqId, Active<'t>>,
+    stats: StatsLine,
+    observer: O,
+    /// Async scheduling: step N + 1 is scheduled and launched before the
+    /// host reads step N's picks, which the device feeds to it.
+    overlap: bool,
+}
+
+impl<'t, O: EngineObserver> Engine<'t, O> {
+    fn admit(&mut self, id: SeqId, request: Request) {
+        if let Err(e) = self.scheduler.add_to_group(
+            id,
+            request.group,
+            request.prompt.clone(),
+            request.params.max_tokens,
+        ) {
+            let _ = request.events.send(Event::Error(e.to_string()));
+            return;
+        }
+        self.active.insert(id, Active::new(request, self.tokenizer));
+    }
+
+    /// Cancels requests whose client is gone.
+    fn cancel_gone(&mut self) {
+        let gone: Vec<SeqId> = self
+            .active
             .iter()
             .filter(|(_, a)| a.events.is_closed())
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
-            scheduler.remove(id);
-            active.remove(&id);
+            self.scheduler.remove(id);
+            self.active.remove(&id);
         }
+    }
 
-        let batch = scheduler.schedule();
+    /// Ends a sequence with an error.
+    fn fail(&mut self, id: SeqId, message: String) {
+        if let Some(a) = self.active.remove(&id) {
+            let _ = a.events.send(Event::Error(message));
+        }
+        self.scheduler.remove(id);
+    }
+
+    /// Schedules and launches the next step; reads the picks of `in_flight`
+    /// (the step before) while it runs, or first where the new step's rows
+    /// depend on them. Returns the step now in flight.
+    fn step(&mut self, mut in_flight: Option<InFlight>) -> Option<InFlight> {
+        let ahead = |f: &InFlight, active: &HashMap<SeqId, Active<'_>>| {
+            f.rows
+                .iter()
+                .all(|id| active.get(id).is_none_or(Active::runs_ahead))
+        };
+        if let Some(f) = in_flight.take_if(|f| !self.overlap || !ahead(f, &self.active)) {
+            self.settle(f);
+        }
+        let batch = self.scheduler.schedule();
         if batch.seqs.is_empty() {
-            report(&scheduler, &observer);
-            continue;
+            match in_flight {
+                Some(f) => self.settle(f),
+                None => report(&self.scheduler, &self.observer),
+            }
+            return None;
         }
         let now = Instant::now();
         for seq in &batch.seqs {
-            if let Some(state) = active.get_mut(&seq.id).filter(|s| !s.scheduled) {
+            if let Some(state) = self.active.get_mut(&seq.id).filter(|s| !s.scheduled) {
                 state.scheduled = true;
-                observer.scheduled((now - state.arrived).as_secs_f64());
+                self.observer.scheduled((now - state.arrived).as_secs_f64());
             }
         }
-        let step = batch.step_batch();
         let mut failed = Vec::new();
-        let rows: Vec<RowSampling> = batch
+        let sampled_rows: Vec<SeqId> = batch
             .seqs
             .iter()
             .filter(|s| s.wants_logits)
-            .map(|seq| {
-                match active
-                    .get_mut(&seq.id)
-                    .map(|state| row_sampling(state, eos))
+            .map(|s| s.id)
+            .collect();
+        let rows: Vec<RowSampling> = sampled_rows
+            .iter()
+            .map(|id| {
+                match self
+                    .active
+                    .get_mut(id)
+                    .map(|state| state.row_sampling(self.eos))
                 {
                     Some(Ok(row)) => row,
                     Some(Err(e)) => {
-                        failed.push((seq.id, e));
+                        failed.push((*id, e));
                         RowSampling::greedy()
                     }
                     None => RowSampling::greedy(),
                 }
             })
             .collect();
-        let sampled = match run_sampled_step(
-            model.backend.as_ref(),
-            &model.pipeline,
-            &mut cache,
+        let step = batch.step_batch();
+        let feed = match &in_flight {
+            Some(f) => token_feed(&batch, &step, &f.rows),
+            None => Vec::new(),
+        };
+        let launched = launch_sampled_step(
+            self.model.backend.as_ref(),
+            &self.model.pipeline,
+            &mut self.cache,
             &step,
             &rows,
-        ) {
-            Ok(sampled) => sampled,
+            &feed,
+        );
+        // The previous step's picks, read while this one runs.
+        if let Some(f) = in_flight {
+            self.settle(f);
+        }
+        let pending = match launched {
+            Ok(pending) => pending,
             Err(e) => {
                 // A failed step fails its requests, not the server.
                 for seq in &batch.seqs {
-                    if let Some(a) = active.remove(&seq.id) {
-                        let _ = a
-                            .events
-                            .send(Event::Error(format!("model step failed: {e}")));
-                    }
-                    scheduler.remove(seq.id);
+                    self.fail(seq.id, format!("model step failed: {e}"));
                 }
-                continue;
+                return None;
             }
         };
-        scheduler.complete(&batch);
+        self.scheduler.complete(&batch);
         // Each row that wants logits generates a token; a decode row feeds
         // one token, so what else was fed is prompt (less the last token of
         // each prompt, counted as generation: the line is approximate).
-        let generated = batch.seqs.iter().filter(|s| s.wants_logits).count();
         let fed = batch.num_tokens();
-        stats.step(
-            fed.saturating_sub(generated),
-            generated,
+        self.stats.step(
+            fed.saturating_sub(sampled_rows.len()),
+            sampled_rows.len(),
             (
-                scheduler.num_running(),
-                scheduler.num_waiting(),
-                scheduler.blocks().usage(),
+                self.scheduler.num_running(),
+                self.scheduler.num_waiting(),
+                self.scheduler.blocks().usage(),
             ),
         );
         // A grammar that failed fails its sequence, after the step it was in.
         for (id, message) in failed {
-            if let Some(a) = active.remove(&id) {
-                let _ = a.events.send(Event::Error(message));
-            }
-            scheduler.remove(id);
+            self.fail(id, message);
         }
-        let mut picks = sampled.into_iter();
-        for seq in batch.seqs.iter().filter(|s| s.wants_logits) {
-            let sampled = picks
-                .next()
-                .expect("one sampled token per sequence that wants one");
-            let Some(state) = active.get_mut(&seq.id) else {
+        for id in &sampled_rows {
+            if let Some(state) = self.active.get_mut(id) {
+                state.awaiting = true;
+                if self.overlap && state.continues_after_pick() {
+                    self.scheduler.append_unresolved(*id);
+                    state.placeholder = true;
+                }
+            }
+        }
+        report(&self.scheduler, &self.observer);
+        Some(InFlight {
+            rows: sampled_rows,
+            pending,
+        })
+    }
+
+    /// Reads a launched step's picks and hands each to its sequence: text
+    /// and events out, finished sequences removed.
+    fn settle(&mut self, f: InFlight) {
+        let sampled = match self.model.backend.finish_sampled(f.pending) {
+            Ok(sampled) => sampled,
+            Err(e) => {
+                for id in f.rows {
+                    self.fail(id, format!("model step failed: {e}"));
+                }
+                return;
+            }
+        };
+        for (id, sampled) in f.rows.into_iter().zip(sampled) {
+            let Some(state) = self.active.get_mut(&id) else {
                 continue;
             };
             let now = Instant::now();
             match state.last_token {
-                None => observer.first_token((now - state.arrived).as_secs_f64()),
-                Some(last) => observer.next_token((now - last).as_secs_f64()),
+                None => self
+                    .observer
+                    .first_token((now - state.arrived).as_secs_f64()),
+                Some(last) => self.observer.next_token((now - last).as_secs_f64()),
             }
             state.last_token = Some(now);
-            let outcome = step_sequence(state, sampled, tokenizer, eos);
-            match outcome {
-                Err(message) => {
-                    let state = active.remove(&seq.id).expect("present");
-                    let _ = state.events.send(Event::Error(message));
-                    scheduler.remove(seq.id);
-                }
+            let token = sampled.token;
+            match state.take_pick(sampled, self.tokenizer, self.eos) {
+                Err(message) => self.fail(id, message),
                 Ok(Some(finish_reason)) => {
-                    let state = active.remove(&seq.id).expect("present");
+                    let state = self.active.remove(&id).expect("present");
                     let _ = state.events.send(Event::Done {
                         finish_reason,
                         prompt_tokens: state.prompt.len(),
                         completion_tokens: state.generated.len(),
                     });
-                    observer.finished(
+                    self.observer.finished(
                         finish_reason,
                         state.arrived.elapsed().as_secs_f64(),
                         state.prompt.len(),
                         state.generated.len(),
                     );
-                    scheduler.remove(seq.id);
+                    self.scheduler.remove(id);
                 }
-                Ok(None) => scheduler.append_token(
-                    seq.id,
-                    *state.generated.last().expect("a token was generated"),
-                ),
+                Ok(None) if std::mem::take(&mut state.placeholder) => {
+                    self.scheduler.resolve_token(id, token);
+                }
+                Ok(None) => self.scheduler.append_token(id, token),
             }
         }
-        report(&scheduler, &observer);
+        report(&self.scheduler, &self.observer);
     }
+}
+
+/// Where the device feeds the picks of the step in flight (whose sampled
+/// rows are `previous`) into `batch`'s token ids: each sequence whose last
+/// fed token is a placeholder gets its pick there (the decoder pipeline
+/// lays the sequences' tokens out one after another).
+fn token_feed(batch: &Batch, step: &StepBatch, previous: &[SeqId]) -> Vec<TokenFeed> {
+    let mut offset = 0;
+    let mut feed = Vec::new();
+    for (seq, fed) in batch.seqs.iter().zip(&step.sequences) {
+        offset += fed.tokens.len();
+        if seq.feeds_unresolved {
+            if let Some(row) = previous.iter().position(|&id| id == seq.id) {
+                feed.push(TokenFeed {
+                    row,
+                    index: offset - 1,
+                });
+            }
+        }
+    }
+    feed
 }
 
 fn report(scheduler: &Scheduler, observer: &impl EngineObserver) {
@@ -445,105 +535,4 @@ fn report(scheduler: &Scheduler, observer: &impl EngineObserver) {
         stats.hits,
         scheduler.preemptions(),
     );
-}
-
-/// How the backend picks this sequence's next token: its sampler's filters
-/// and draw, its penalties, a ban on ending before `min_tokens`, and its
-/// grammar's mask.
-fn row_sampling(state: &mut Active<'_>, eos: &[u32]) -> Result<RowSampling, String> {
-    let allowed = match &mut state.constraint {
-        Some(matcher) => Some(
-            structured::allowed_tokens(matcher).map_err(|e| format!("structured output: {e}"))?,
-        ),
-        None => None,
-    };
-    let params = &state.params;
-    let suppress_eos = !params.ignore_eos && state.generated.len() < params.min_tokens;
-    let banned: Vec<u32> = if suppress_eos {
-        eos.iter().chain(&params.stop_token_ids).copied().collect()
-    } else {
-        Vec::new()
-    };
-    let penalties = params.penalties;
-    Ok(RowSampling {
-        repetition: penalties.repetition,
-        frequency: penalties.frequency,
-        presence: penalties.presence,
-        adjustments: penalties.adjustments(
-            &state.prompt,
-            &state.generated,
-            &params.logit_bias,
-            &banned,
-        ),
-        logprobs: params.logprobs,
-        allowed,
-        ..state.sampler.next_row()
-    })
-}
-
-/// Takes the sequence's sampled token and sends its text; returns how the
-/// sequence ends, if it does, or why it fails.
-fn step_sequence(
-    state: &mut Active<'_>,
-    sampled: Sampled,
-    tokenizer: &Tokenizer,
-    eos: &[u32],
-) -> Result<Option<FinishReason>, String> {
-    let token = sampled.token;
-    let mut grammar_done = false;
-    if let Some(matcher) = &mut state.constraint {
-        matcher
-            .consume_token(token)
-            .map_err(|e| format!("structured output: {e}"))?;
-        grammar_done = matcher.is_stopped();
-    }
-    let params = &state.params;
-    state.generated.push(token);
-    let logprob = sampled.logprob.map(|logprob| {
-        let text = |t: u32| tokenizer.decode(&[t], false).unwrap_or_default();
-        TokenLogprob {
-            token,
-            text: text(token),
-            logprob,
-            top: sampled
-                .top
-                .iter()
-                .map(|&(t, lp)| (t, text(t), lp))
-                .collect(),
-        }
-    });
-
-    let is_eos = !params.ignore_eos && eos.contains(&token);
-    let is_stop_token = params.stop_token_ids.contains(&token);
-    let piece = if is_eos || is_stop_token {
-        None
-    } else {
-        state.decoder.step(token).ok().flatten()
-    };
-    let (text, stopped_by_string) = match state.stop.push(piece.as_deref().unwrap_or("")) {
-        StopOutcome::Continue(text) => (text, false),
-        StopOutcome::Stop(text) => (text, true),
-    };
-    let finish = if is_eos || is_stop_token || stopped_by_string || grammar_done {
-        Some(FinishReason::Stop)
-    } else if state.generated.len() >= params.max_tokens {
-        Some(FinishReason::Length)
-    } else {
-        None
-    };
-    // At the end, release what the decoder and the stop matcher still hold.
-    let mut text = text;
-    if finish == Some(FinishReason::Length) || grammar_done {
-        if let Ok(Some(rest)) = state.decoder.flush() {
-            let (StopOutcome::Continue(more) | StopOutcome::Stop(more)) = state.stop.push(&rest);
-            text.push_str(&more);
-        }
-        text.push_str(&state.stop.finish());
-    }
-    let _ = state.events.send(Event::Chunk {
-        text,
-        token,
-        logprob,
-    });
-    Ok(finish)
 }

@@ -42,6 +42,26 @@ impl Roofline {
     }
 }
 
+/// An input token of a step taken, on the device, from the previous
+/// launched step's picks (async scheduling): input 0 (the token ids) at
+/// `index` gets the token picked for that step's sampled row `row`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenFeed {
+    /// The previous step's sampled row.
+    pub row: usize,
+    /// The position in this step's token ids.
+    pub index: usize,
+}
+
+/// A sampled step after [`Backend::launch_sampled`]: its picks, or the
+/// backend's hold on a step still running.
+pub enum PendingSample {
+    /// The step has run.
+    Ready(Vec<Sampled>),
+    /// The step runs on the device; [`Backend::finish_sampled`] waits for it.
+    Running(Box<dyn std::any::Any + Send>),
+}
+
 /// A compiled program bound to its weights on one device.
 pub trait Backend: Send + Sync {
     /// The program being run.
@@ -92,13 +112,45 @@ pub trait Backend: Send + Sync {
         cache: Option<&mut KvCache>,
     ) -> Result<Vec<Tensor>, RuntimeError>;
 
-    /// Runs the graph, whose first output is logits `[rows.len(), vocab]`,
-    /// and picks each row's token where the logits are: only the tokens and
-    /// the log-probabilities asked for leave the device.
+    /// Whether [`Backend::launch_sampled`] returns while the step still
+    /// runs and takes [`TokenFeed`]s, so that the host can prepare the next
+    /// step meanwhile (async scheduling).
+    fn overlaps_steps(&self) -> bool {
+        false
+    }
+
+    /// Queues the graph, whose first output is logits `[rows.len(), vocab]`,
+    /// and the pick of each row's token where the logits are: only the
+    /// tokens and the log-probabilities asked for leave the device. `feed`
+    /// first writes picks of the previously launched step into this step's
+    /// token ids; only a backend that overlaps steps takes one.
+    fn launch_sampled(
+        &self,
+        inputs: Vec<Tensor>,
+        cache: Option<&mut KvCache>,
+        rows: &[RowSampling],
+        feed: &[TokenFeed],
+    ) -> Result<PendingSample, RuntimeError>;
+
+    /// Waits for a launched step's picks.
+    fn finish_sampled(&self, pending: PendingSample) -> Result<Vec<Sampled>, RuntimeError> {
+        match pending {
+            PendingSample::Ready(sampled) => Ok(sampled),
+            PendingSample::Running(_) => Err(RuntimeError::Device(
+                "a step launched on another backend".to_owned(),
+            )),
+        }
+    }
+
+    /// Runs the graph and picks each row's token: [`Backend::launch_sampled`]
+    /// and [`Backend::finish_sampled`] at once.
     fn run_sampled(
         &self,
         inputs: Vec<Tensor>,
         cache: Option<&mut KvCache>,
         rows: &[RowSampling],
-    ) -> Result<Vec<Sampled>, RuntimeError>;
+    ) -> Result<Vec<Sampled>, RuntimeError> {
+        let pending = self.launch_sampled(inputs, cache, rows, &[])?;
+        self.finish_sampled(pending)
+    }
 }

@@ -14,7 +14,7 @@ pub mod sampling;
 mod tensor;
 mod weights;
 
-pub use backend::{Backend, Roofline};
+pub use backend::{Backend, PendingSample, Roofline, TokenFeed};
 pub use executor::{Executor, RuntimeError};
 pub use kiln_kernels::dense::attention::CacheLayout;
 pub use kiln_kernels::quant::Precision;

@@ -57,7 +57,15 @@ struct Sequence {
     /// Tokens whose keys and values are in the cache.
     computed: usize,
     blocks: SequenceBlocks,
+    /// The last token is a placeholder for a pick not yet known on the host
+    /// (async scheduling: the device feeds it to the step).
+    unresolved: bool,
 }
+
+/// The placeholder of a token not yet known: out of every vocabulary, so a
+/// step that ran with it unfed fails its index check instead of computing
+/// with a wrong token.
+pub const UNRESOLVED_TOKEN: u32 = u32::MAX;
 
 /// One sequence's part of a step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +81,9 @@ pub struct ScheduledSeq {
     /// True when this step reaches the sequence's last known token, so its
     /// logits pick the next one.
     pub wants_logits: bool,
+    /// The last fed token is [`UNRESOLVED_TOKEN`]: the previous step's pick,
+    /// which the device feeds in.
+    pub feeds_unresolved: bool,
 }
 
 /// The sequences of one step.
@@ -171,6 +182,7 @@ impl Scheduler {
             tokens: prompt,
             computed: 0,
             blocks: SequenceBlocks::default(),
+            unresolved: false,
         });
         Ok(())
     }
@@ -183,6 +195,28 @@ impl Scheduler {
     pub fn append_token(&mut self, id: SeqId, token: u32) {
         if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
             seq.tokens.push(token);
+        }
+    }
+
+    /// Appends a placeholder for a running sequence's pick that the host
+    /// does not know yet, so the next step can be scheduled meanwhile; the
+    /// step feeds the pick on the device, and [`Scheduler::resolve_token`]
+    /// writes it here.
+    pub fn append_unresolved(&mut self, id: SeqId) {
+        if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
+            assert!(!seq.unresolved, "sequence {id} already awaits a pick");
+            seq.tokens.push(UNRESOLVED_TOKEN);
+            seq.unresolved = true;
+        }
+    }
+
+    /// Replaces a sequence's placeholder with its pick (running, or
+    /// preempted since).
+    pub fn resolve_token(&mut self, id: SeqId, token: u32) {
+        let seq = self.running.iter_mut().chain(self.waiting.iter_mut());
+        if let Some(seq) = seq.filter(|s| s.unresolved).find(|s| s.id == id) {
+            *seq.tokens.last_mut().expect("a placeholder") = token;
+            seq.unresolved = false;
         }
     }
 
@@ -212,6 +246,12 @@ impl Scheduler {
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
             let take = (seq.tokens.len() - seq.computed).min(budget);
+            if take == 0 {
+                // Its last pick is on the way and is its last (async
+                // scheduling): nothing to feed.
+                i += 1;
+                continue;
+            }
             let needed = seq.computed + take;
             let mut seq_blocks = std::mem::take(&mut self.running[i].blocks);
             loop {
@@ -282,6 +322,7 @@ impl Scheduler {
             tokens: seq.tokens[seq.computed..seq.computed + take].to_vec(),
             blocks: seq.blocks.blocks.clone(),
             wants_logits: seq.computed + take == seq.tokens.len(),
+            feeds_unresolved: seq.unresolved && seq.computed + take == seq.tokens.len(),
         }
     }
 
@@ -305,8 +346,10 @@ impl Scheduler {
         for planned in &batch.seqs {
             if let Some(seq) = self.running.iter_mut().find(|s| s.id == planned.id) {
                 seq.computed = planned.start + planned.tokens.len();
+                // A placeholder's block is registered once the pick is known.
+                let known = seq.tokens.len() - usize::from(seq.unresolved);
                 self.blocks
-                    .commit(&mut seq.blocks, &seq.tokens, seq.computed);
+                    .commit(&mut seq.blocks, &seq.tokens, seq.computed.min(known));
             }
         }
     }
@@ -456,6 +499,47 @@ mod tests {
         );
         s.remove(2);
         assert_eq!(s.blocks().used(), 0);
+    }
+
+    #[test]
+    fn a_placeholder_is_fed_then_resolved_and_registered_only_once_known() {
+        let mut s = scheduler(16, 8, 100);
+        s.add(1, vec![1, 2, 3], 8).unwrap();
+        s.add(2, vec![4, 5, 6], 8).unwrap();
+        let b = s.schedule();
+        s.complete(&b);
+        // 1's pick is on the way; 2's pick on the way is its last.
+        s.append_unresolved(1);
+        let b = s.schedule();
+        assert_eq!(
+            b.seqs
+                .iter()
+                .map(|q| (q.id, q.tokens.clone(), q.feeds_unresolved))
+                .collect::<Vec<_>>(),
+            [(1, vec![UNRESOLVED_TOKEN], true)],
+            "2 has nothing to feed"
+        );
+        // The block holding the placeholder is full after this step, but is
+        // registered for prefix caching only once the pick is known.
+        s.complete(&b);
+        s.resolve_token(1, 7);
+        s.append_unresolved(1);
+        s.resolve_token(1, 8);
+        s.remove(2);
+        let b = s.schedule();
+        assert_eq!(
+            (b.seqs[0].tokens.clone(), b.seqs[0].feeds_unresolved),
+            (vec![8], false)
+        );
+        s.complete(&b);
+        // 1 waits for its last pick: nothing to feed. 3 finds [1, 2, 3, 7]
+        // cached (with the placeholder registered, it would not).
+        s.add(3, vec![1, 2, 3, 7, 8], 2).unwrap();
+        let b = s.schedule();
+        assert_eq!(
+            b.seqs.iter().map(|q| (q.id, q.start)).collect::<Vec<_>>(),
+            [(3, 4)]
+        );
     }
 
     #[test]

@@ -13,6 +13,11 @@ pub type DevicePtr = u64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FunctionId(pub usize);
 
+/// A device-to-host copy queued by [`Device::download_async`], to be
+/// collected once with [`Device::wait_readback`].
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Readback(pub usize);
+
 /// A captured launch sequence (a CUDA graph).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GraphId(pub usize);
@@ -187,6 +192,15 @@ pub trait Device: Send + Sync {
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()>;
     /// Device to host (synchronous).
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()>;
+    /// Device to host without waiting: the ranges `parts` (address, bytes)
+    /// are copied, behind the work queued before, into pinned memory, and
+    /// [`Device::wait_readback`] waits for that copy alone, not for work
+    /// queued after it. The host can so queue the next step before it
+    /// reads this one's results. Not allowed during a capture.
+    fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback>;
+    /// Waits for `readback` and returns its bytes, the parts one after
+    /// another. Counts as one host wait.
+    fn wait_readback(&self, readback: Readback) -> DeviceResult<Vec<u8>>;
     /// Device to device.
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()>;
     /// Compiles `source` (CUDA C, `#include "kiln_cuda.cuh"` already inlined)
@@ -228,4 +242,8 @@ pub trait Device: Send + Sync {
     /// `download` or `synchronize` with launches, copies or uploads queued
     /// since the last wait): a decode step should wait once.
     fn host_waits(&self) -> u64;
+    /// How many of those waits were for a readback while later work was
+    /// already queued behind it: the device had the next step to run while
+    /// the host read this one's results.
+    fn overlapped_waits(&self) -> u64;
 }

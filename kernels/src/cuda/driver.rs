@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::device::{
     Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
-    LaunchConfig, PackedArgs, WeightLayout,
+    LaunchConfig, PackedArgs, Readback, WeightLayout,
 };
 use super::nvrtc;
 
@@ -46,10 +46,34 @@ struct Inner {
     /// Instantiated graphs (`None` once released).
     graphs: Vec<Option<sys::CUgraphExec>>,
     staging: Staging,
+    /// Pinned buffers that readbacks land in.
+    readbacks: Vec<ReadbackSlot>,
     /// Work was queued since the host last waited.
     pending: bool,
     /// Waits for queued work ([`Device::host_waits`]).
     waits: u64,
+    /// Work queued so far (launches, copies, uploads, replays, readbacks).
+    issued: u64,
+    /// Readback waits with later work queued ([`Device::overlapped_waits`]).
+    overlapped: u64,
+}
+
+impl Inner {
+    /// Notes that work was queued on the stream.
+    fn queued(&mut self) {
+        self.pending = true;
+        self.issued += 1;
+    }
+}
+
+/// Pinned memory one readback's copies land in, and the event recorded
+/// after them (waiting for it waits for the copies, not for later work).
+struct ReadbackSlot {
+    base: *mut u8,
+    capacity: usize,
+    event: sys::CUevent,
+    /// The readback using it: its bytes, and `Inner::issued` before it.
+    in_use: Option<(usize, u64)>,
 }
 
 /// Pinned host memory that uploads go through, so that an upload is queued
@@ -168,8 +192,11 @@ impl CudaDevice {
                 functions: Vec::new(),
                 graphs: Vec::new(),
                 staging: Staging::new(),
+                readbacks: Vec::new(),
                 pending: false,
                 waits: 0,
+                issued: 0,
+                overlapped: 0,
             }),
         })
     }
@@ -215,7 +242,42 @@ impl CudaDevice {
 
     /// Notes that work is queued on the stream.
     fn queued(&self) {
-        self.inner().pending = true;
+        self.inner().queued();
+    }
+
+    /// A free readback slot of at least `bytes` (reusing or growing a free
+    /// one, else a new one).
+    fn readback_slot(inner: &mut Inner, bytes: usize) -> DeviceResult<usize> {
+        let free = |s: &ReadbackSlot| s.in_use.is_none();
+        if let Some(i) = inner
+            .readbacks
+            .iter()
+            .position(|s| free(s) && s.capacity >= bytes)
+        {
+            return Ok(i);
+        }
+        let capacity = bytes.next_power_of_two().max(4096);
+        // SAFETY: a plain pinned allocation, freed when replaced or in `Drop`.
+        let base = unsafe { result::malloc_host(capacity, 0) }
+            .map_err(driver_error("pinning readback memory"))?
+            .cast::<u8>();
+        if let Some(i) = inner.readbacks.iter().position(free) {
+            let slot = &mut inner.readbacks[i];
+            // SAFETY: no queued copy writes a free slot's memory.
+            let _ = unsafe { result::free_host(slot.base.cast()) };
+            slot.base = base;
+            slot.capacity = capacity;
+            return Ok(i);
+        }
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(driver_error("cuEventCreate"))?;
+        inner.readbacks.push(ReadbackSlot {
+            base,
+            capacity,
+            event,
+            in_use: None,
+        });
+        Ok(inner.readbacks.len() - 1)
     }
 
     /// Waits for the stream (with `inner` locked, so no upload is staged
@@ -269,7 +331,7 @@ impl Device for CudaDevice {
         }
         self.bind()?;
         let mut inner = self.inner();
-        inner.pending = true;
+        inner.queued();
         let stream = self.stream.cu_stream();
         let len = bytes.len();
         if len > inner.staging.capacity {
@@ -303,6 +365,60 @@ impl Device for CudaDevice {
         self.wait(&mut self.inner())?;
         // SAFETY: the stream's work is finished before the copy.
         unsafe { result::memcpy_dtoh_sync(out, src) }.map_err(driver_error("device to host copy"))
+    }
+
+    fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback> {
+        self.bind()?;
+        let mut inner = self.inner();
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let index = Self::readback_slot(&mut inner, total)?;
+        let stream = self.stream.cu_stream();
+        let slot = &inner.readbacks[index];
+        let mut at = 0;
+        for &(src, len) in parts {
+            // SAFETY: `at + len` fits the slot's pinned memory, which no
+            // other queued copy writes (the slot is free); `src` addresses a
+            // live allocation of at least `len` (the caller's plan).
+            unsafe {
+                let dst = std::slice::from_raw_parts_mut(slot.base.add(at), len);
+                result::memcpy_dtoh_async(dst, src, stream)
+            }
+            .map_err(driver_error("device to host copy"))?;
+            at += len;
+        }
+        // SAFETY: the event and the stream are live.
+        unsafe { result::event::record(slot.event, stream) }
+            .map_err(driver_error("cuEventRecord"))?;
+        let issued = inner.issued;
+        inner.readbacks[index].in_use = Some((total, issued));
+        inner.queued();
+        Ok(Readback(index))
+    }
+
+    fn wait_readback(&self, readback: Readback) -> DeviceResult<Vec<u8>> {
+        self.bind()?;
+        let mut inner = self.inner();
+        let slot = inner
+            .readbacks
+            .get_mut(readback.0)
+            .filter(|s| s.in_use.is_some())
+            .ok_or_else(|| DeviceError::new(format!("no readback {}", readback.0)))?;
+        // SAFETY: the event was recorded after the readback's copies.
+        unsafe { result::event::synchronize(slot.event) }
+            .map_err(driver_error("cuEventSynchronize"))?;
+        let (len, issued_before) = slot.in_use.take().expect("checked in use");
+        // SAFETY: the copies into the first `len` bytes are done.
+        let bytes = unsafe { std::slice::from_raw_parts(slot.base, len) }.to_vec();
+        inner.waits += 1;
+        if inner.issued > issued_before + 1 {
+            inner.overlapped += 1;
+        } else {
+            // Nothing was queued after it: the stream is idle, and every
+            // staged upload has been copied.
+            inner.pending = false;
+            inner.staging.used = 0;
+        }
+        Ok(bytes)
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()> {
@@ -342,7 +458,7 @@ impl Device for CudaDevice {
         self.bind()?;
         let f = {
             let mut inner = self.inner();
-            inner.pending = true;
+            inner.queued();
             *inner
                 .functions
                 .get(function.0)
@@ -468,6 +584,10 @@ impl Device for CudaDevice {
     fn host_waits(&self) -> u64 {
         self.inner().waits
     }
+
+    fn overlapped_waits(&self) -> u64 {
+        self.inner().overlapped
+    }
 }
 
 impl Drop for CudaDevice {
@@ -480,6 +600,13 @@ impl Drop for CudaDevice {
             if !inner.staging.base.is_null() {
                 // SAFETY: pinned in `Staging::new`, freed once.
                 let _ = unsafe { result::free_host(inner.staging.base.cast()) };
+            }
+            for slot in inner.readbacks.drain(..) {
+                // SAFETY: pinned and created in `readback_slot`, freed once.
+                unsafe {
+                    let _ = result::free_host(slot.base.cast());
+                    let _ = result::event::destroy(slot.event);
+                }
             }
             for &exec in inner.graphs.iter().flatten() {
                 // SAFETY: each graph was instantiated here and is destroyed once.

@@ -17,7 +17,7 @@
 //!   value that should have been read from device memory but was baked into a
 //!   launch shows up as a wrong result, as it would on a GPU.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use super::device::{
     Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
-    LaunchConfig, PackedArgs, WeightLayout,
+    LaunchConfig, PackedArgs, Readback, WeightLayout,
 };
 use super::sources::{inline_common_header, EMULATOR_HEADER};
 
@@ -98,6 +98,15 @@ struct State {
     pending: bool,
     /// Waits for issued work ([`Device::host_waits`]).
     waits: u64,
+    /// Work issued so far (launches, copies, uploads, replays).
+    issued: u64,
+    /// Readbacks not yet collected: their bytes, copied when they were
+    /// queued (everything before them has run), and `issued` then.
+    readbacks: HashMap<usize, (Vec<u8>, u64)>,
+    next_readback: usize,
+    /// Readback waits with later work already issued
+    /// ([`Device::overlapped_waits`]).
+    overlapped: u64,
 }
 
 impl State {
@@ -110,10 +119,16 @@ impl State {
                 None
             }
             None => {
-                self.pending = true;
+                self.queued();
                 Some(work)
             }
         }
+    }
+
+    /// Notes that work was issued.
+    fn queued(&mut self) {
+        self.pending = true;
+        self.issued += 1;
     }
 
     /// The host waits for the issued work (here already done).
@@ -410,7 +425,7 @@ impl Device for Emulator {
         }
         let mut state = self.state();
         check_range(&state, dst, bytes.len(), "upload")?;
-        state.pending = true;
+        state.queued();
         // SAFETY: the destination lies inside a live allocation.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, bytes.len()) };
         Ok(())
@@ -426,6 +441,43 @@ impl Device for Emulator {
         // SAFETY: the source lies inside a live allocation.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, out.as_mut_ptr(), out.len()) };
         Ok(())
+    }
+
+    fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback> {
+        let mut state = self.state();
+        if state.capture.is_some() {
+            return Err(DeviceError::new("a download cannot be captured"));
+        }
+        // The work before it has run (the emulator runs work as it is
+        // issued), so the bytes are those a GPU's queued copy would see.
+        let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.1).sum());
+        for &(src, len) in parts {
+            check_range(&state, src, len, "download")?;
+            // SAFETY: the source lies inside a live allocation.
+            bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(src as *const u8, len) });
+        }
+        let id = state.next_readback;
+        state.next_readback += 1;
+        let issued = state.issued;
+        state.readbacks.insert(id, (bytes, issued));
+        state.queued();
+        Ok(Readback(id))
+    }
+
+    fn wait_readback(&self, readback: Readback) -> DeviceResult<Vec<u8>> {
+        let mut state = self.state();
+        let (bytes, issued_before) = state
+            .readbacks
+            .remove(&readback.0)
+            .ok_or_else(|| DeviceError::new(format!("no readback {}", readback.0)))?;
+        state.waits += 1;
+        // The readback itself counts one: anything past it was queued later.
+        if state.issued > issued_before + 1 {
+            state.overlapped += 1;
+        } else {
+            state.pending = false;
+        }
+        Ok(bytes)
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()> {
@@ -504,7 +556,7 @@ impl Device for Emulator {
 
     fn replay(&self, graph: GraphId) -> DeviceResult<()> {
         let mut state = self.state();
-        state.pending = true;
+        state.queued();
         let work = state
             .graphs
             .get(graph.0)
@@ -570,6 +622,10 @@ impl Device for Emulator {
 
     fn host_waits(&self) -> u64 {
         self.state().waits
+    }
+
+    fn overlapped_waits(&self) -> u64 {
+        self.state().overlapped
     }
 }
 

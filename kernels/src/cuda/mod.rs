@@ -12,5 +12,5 @@ pub mod sources;
 
 pub use device::{
     Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
-    LaunchConfig, WeightLayout,
+    LaunchConfig, Readback, WeightLayout,
 };

@@ -24,9 +24,9 @@ mod weights;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kiln_kernels::cuda::{sources, Device, DevicePtr};
+use kiln_kernels::cuda::{sources, Device, DevicePtr, Readback};
 use kiln_kernels::dense::attention::CacheLayout;
-use kiln_plugin_api::graph::{Op, ValueId};
+use kiln_plugin_api::graph::{DType, Op, ValueId};
 
 pub use codegen::generate as generate_fused_kernel;
 pub use weights::WeightDtype;
@@ -34,7 +34,7 @@ pub use weights::WeightDtype;
 use super::executor::{bind_symbols, check_ragged_batch, resolve};
 use super::sampling::{RowSampling, Sampled};
 use super::tensor::{storage_of, Data, Storage, Tensor};
-use super::{Backend, KvCache, Roofline, RuntimeError, WeightStore};
+use super::{Backend, KvCache, PendingSample, Roofline, RuntimeError, TokenFeed, WeightStore};
 use crate::compiler::Program;
 use arena::RunPlan;
 use launch::Frame;
@@ -146,12 +146,7 @@ impl Executed<'_> {
         device
             .download(self.error_flag, &mut flag)
             .map_err(|e| RuntimeError::Device(e.to_string()))?;
-        if i32::from_le_bytes(flag) != 0 {
-            return Err(RuntimeError::Device(
-                "an index (a token id or a gathered row) was out of range".into(),
-            ));
-        }
-        Ok(())
+        check_error_flag(&flag)
     }
 
     /// The shape of output value `o` as the caller asked for it: a padded
@@ -323,6 +318,11 @@ impl CudaExecutor {
         self.device.host_waits()
     }
 
+    /// The device it runs on (shared with its KV caches).
+    pub fn device(&self) -> Arc<dyn Device> {
+        self.device.clone()
+    }
+
     /// The generated kernel sources (file name, CUDA C), e.g. to compile them
     /// with NVRTC in a test.
     pub fn generated_kernels(&self) -> &[(String, String)] {
@@ -353,6 +353,10 @@ impl CudaExecutor {
         if plan.total > state.capacity {
             let grown = plan.total.max(state.capacity + state.capacity / 2);
             if state.arena != 0 {
+                // A launched step may still use it.
+                self.device
+                    .synchronize()
+                    .map_err(|e| RuntimeError::Device(e.to_string()))?;
                 self.device.free(state.arena);
             }
             state.graphs.clear(self.device.as_ref());
@@ -427,7 +431,7 @@ impl CudaExecutor {
     }
 }
 
-fn element_bytes(dtype: kiln_plugin_api::graph::DType) -> usize {
+fn element_bytes(dtype: DType) -> usize {
     match storage_of(dtype) {
         Storage::F32 => 4,
         Storage::I64 => 8,
@@ -551,7 +555,7 @@ impl Backend for CudaExecutor {
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let graph = &self.program.graph;
         // The arena stays locked until the outputs are downloaded.
-        let executed = self.execute(&inputs, cache)?;
+        let executed = self.execute(&inputs, cache, &[])?;
         let outputs = graph
             .outputs
             .iter()
@@ -570,12 +574,17 @@ impl Backend for CudaExecutor {
         Ok(outputs)
     }
 
-    fn run_sampled(
+    fn overlaps_steps(&self) -> bool {
+        true
+    }
+
+    fn launch_sampled(
         &self,
         inputs: Vec<Tensor>,
         cache: Option<&mut KvCache>,
         rows: &[RowSampling],
-    ) -> Result<Vec<Sampled>, RuntimeError> {
+        feed: &[TokenFeed],
+    ) -> Result<PendingSample, RuntimeError> {
         // Checked before the step runs: a refused step writes no cache.
         if let Some(row) = rows
             .iter()
@@ -590,7 +599,7 @@ impl Backend for CudaExecutor {
                 ),
             });
         }
-        let mut executed = self.execute(&inputs, cache)?;
+        let mut executed = self.execute(&inputs, cache, feed)?;
         let logits = self.program.graph.outputs[0] as usize;
         let shape = &executed.output_shape(logits);
         let vocab = shape.last().copied().unwrap_or(0);
@@ -600,25 +609,108 @@ impl Backend for CudaExecutor {
                 message: format!("logits {shape:?} for {} sampled rows", rows.len()),
             });
         }
-        let sampled = executed.state.sampler.sample(
-            self.device.as_ref(),
-            self.hand["kiln_sample"],
-            executed.addrs[logits],
-            vocab,
-            rows,
-        );
+        let device = self.device.as_ref();
+        let queued = executed
+            .state
+            .sampler
+            .launch(
+                device,
+                self.hand["kiln_sample"],
+                executed.addrs[logits],
+                vocab,
+                rows,
+            )
+            .map_err(RuntimeError::Device)?;
+        // The error flag comes back first, the picks after it.
+        let mut parts = vec![(executed.error_flag, 4)];
+        parts.extend_from_slice(queued.parts());
+        let readback = device
+            .download_async(&parts)
+            .map_err(|e| RuntimeError::Device(e.to_string()))?;
+        Ok(PendingSample::Running(Box::new(LaunchedSample {
+            readback,
+            queued,
+        })))
+    }
+
+    fn finish_sampled(&self, pending: PendingSample) -> Result<Vec<Sampled>, RuntimeError> {
+        let launched = match pending {
+            PendingSample::Ready(sampled) => return Ok(sampled),
+            PendingSample::Running(launched) => launched
+                .downcast::<LaunchedSample>()
+                .map_err(|_| RuntimeError::Device("a step launched on another backend".into()))?,
+        };
+        let bytes = self
+            .device
+            .wait_readback(launched.readback)
+            .map_err(|e| RuntimeError::Device(e.to_string()))?;
         // A flagged index explains a bad sample: it is reported first.
-        executed.check_error_flag(self.device.as_ref())?;
-        sampled.map_err(RuntimeError::Device)
+        check_error_flag(&bytes[..4])?;
+        launched
+            .queued
+            .picks(&bytes[4..])
+            .map_err(RuntimeError::Device)
     }
 }
 
+/// A sampled step on its way: the readback of its error flag and picks.
+struct LaunchedSample {
+    readback: Readback,
+    queued: sample::QueuedSample,
+}
+
+/// Fails if a kernel flagged an index out of range (`flag`: the flag's
+/// bytes as read back).
+fn check_error_flag(flag: &[u8]) -> Result<(), RuntimeError> {
+    if flag.iter().any(|&b| b != 0) {
+        return Err(RuntimeError::Device(
+            "an index (a token id or a gathered row) was out of range".into(),
+        ));
+    }
+    Ok(())
+}
+
 impl CudaExecutor {
+    /// Writes the last launched step's picks into this step's token ids
+    /// (input 0, already uploaded to `addrs`), before the launches.
+    fn feed_tokens(
+        &self,
+        state: &mut RunState,
+        addrs: &[DevicePtr],
+        inputs: &[Tensor],
+        feed: &[TokenFeed],
+    ) -> Result<(), RuntimeError> {
+        let graph = &self.program.graph;
+        let tokens = graph
+            .nodes
+            .iter()
+            .position(|n| matches!(n.op, Op::Input { index: 0 }))
+            .filter(|_| inputs.first().is_some_and(|t| t.dtype == DType::I64))
+            .ok_or_else(|| RuntimeError::Input {
+                name: "feed".to_owned(),
+                message: "the graph's first input is not i64 token ids".to_owned(),
+            })?;
+        state
+            .sampler
+            .feed(
+                self.device.as_ref(),
+                self.hand["kiln_feed_tokens"],
+                addrs[tokens],
+                inputs[0].len(),
+                feed,
+            )
+            .map_err(|message| RuntimeError::Input {
+                name: "feed".to_owned(),
+                message,
+            })
+    }
+
     /// Uploads the inputs and launches every step (or replays them).
     fn execute(
         &self,
         inputs: &[Tensor],
         cache: Option<&mut KvCache>,
+        feed: &[TokenFeed],
     ) -> Result<Executed<'_>, RuntimeError> {
         let graph = &self.program.graph;
         let symbols = bind_symbols(graph, inputs)?;
@@ -663,6 +755,9 @@ impl CudaExecutor {
             }
         }
         device.upload(arena, &staged).map_err(device_error)?;
+        if !feed.is_empty() {
+            self.feed_tokens(&mut state, &addrs, inputs, feed)?;
+        }
         let error_flag = arena + plan.error_flag as u64;
         let frame = Frame {
             device,
@@ -709,7 +804,7 @@ impl CudaExecutor {
 
 fn download(
     device: &dyn Device,
-    dtype: kiln_plugin_api::graph::DType,
+    dtype: DType,
     shape: Vec<usize>,
     ptr: DevicePtr,
 ) -> Result<Tensor, kiln_kernels::cuda::DeviceError> {

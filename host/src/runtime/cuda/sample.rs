@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig};
 
 use crate::runtime::sampling::{RowSampling, Sampled, TokenAdjustment};
+use crate::runtime::TokenFeed;
 
 /// Threads of a row's block: `KILN_SAMPLE_THREADS` in `sampling.cu`.
 const SAMPLE_THREADS: u32 = 512;
@@ -29,6 +30,19 @@ pub struct SampleBuffers {
     logprobs: DevicePtr,
     top_ids: DevicePtr,
     top_logprobs: DevicePtr,
+    /// Rows the last launch picked for (what a feed may read).
+    picked_rows: usize,
+    feed: DevicePtr,
+    feed_capacity: usize,
+}
+
+/// A sampling launched on the device: its picks come back in a readback of
+/// [`QueuedSample::parts`], which [`QueuedSample::picks`] decodes.
+pub struct QueuedSample {
+    vocab: usize,
+    /// Each row's count of top log-probabilities, `None` for none at all.
+    logprobs: Vec<Option<usize>>,
+    parts: Vec<(DevicePtr, usize)>,
 }
 
 impl SampleBuffers {
@@ -46,7 +60,15 @@ impl SampleBuffers {
                 .alloc(bytes)
                 .map_err(|e| format!("sampler buffers: {e}"))
         };
-        if rows > self.rows || vocab > self.vocab {
+        let grow_rows = rows > self.rows || vocab > self.vocab;
+        if (grow_rows && self.rows > 0) || (adjustments > self.adjust_capacity && self.adjust != 0)
+        {
+            // A launched step may still read the buffers about to be freed.
+            device
+                .synchronize()
+                .map_err(|e| format!("sampler buffers: {e}"))?;
+        }
+        if grow_rows {
             let (rows, vocab) = (rows.max(self.rows), vocab.max(self.vocab));
             self.free_rows(device);
             self.work = alloc(rows * vocab * 4)?;
@@ -94,24 +116,86 @@ impl SampleBuffers {
     /// Frees everything.
     pub fn free(&mut self, device: &dyn Device) {
         self.free_rows(device);
-        if self.adjust != 0 {
-            device.free(self.adjust);
+        for ptr in [self.adjust, self.feed] {
+            if ptr != 0 {
+                device.free(ptr);
+            }
         }
         *self = Self::default();
     }
 
-    /// Picks the token of each row of `logits` ([rows.len(), vocab] f32 at
-    /// `logits`) with `kernel` (`kiln_sample`).
-    pub fn sample(
+    /// Writes the last launch's picks into a step's token ids before it
+    /// runs, as `feed` says, with `kernel` (`kiln_feed_tokens`); `tokens`
+    /// holds `count` token ids (i64).
+    pub fn feed(
+        &mut self,
+        device: &dyn Device,
+        kernel: FunctionId,
+        tokens: DevicePtr,
+        count: usize,
+        feed: &[TokenFeed],
+    ) -> Result<(), String> {
+        if let Some(bad) = feed
+            .iter()
+            .find(|f| f.row >= self.picked_rows || f.index >= count)
+        {
+            return Err(format!(
+                "a token feed from row {} to token {} of a step of {count} tokens, after a step of {} picks",
+                bad.row, bad.index, self.picked_rows
+            ));
+        }
+        if feed.len() > self.feed_capacity {
+            if self.feed != 0 {
+                device.synchronize().map_err(|e| e.to_string())?;
+                device.free(self.feed);
+                self.feed = 0;
+                self.feed_capacity = 0;
+            }
+            let capacity = feed.len().next_power_of_two();
+            self.feed = device
+                .alloc(capacity * 8)
+                .map_err(|e| format!("token feed: {e}"))?;
+            self.feed_capacity = capacity;
+        }
+        let pairs: Vec<u8> = feed
+            .iter()
+            .flat_map(|f| [f.row as i32, f.index as i32])
+            .flat_map(i32::to_le_bytes)
+            .collect();
+        let fail = |e: kiln_kernels::cuda::DeviceError| e.to_string();
+        device.upload(self.feed, &pairs).map_err(fail)?;
+        device
+            .launch(
+                kernel,
+                LaunchConfig::elementwise(feed.len()),
+                &[
+                    KernelArg::Ptr(self.tokens),
+                    KernelArg::Ptr(self.feed),
+                    KernelArg::Ptr(tokens),
+                    KernelArg::I32(feed.len() as i32),
+                ],
+            )
+            .map_err(fail)
+    }
+
+    /// Launches the pick of the token of each row of `logits` ([rows.len(),
+    /// vocab] f32 at `logits`) with `kernel` (`kiln_sample`).
+    pub fn launch(
         &mut self,
         device: &dyn Device,
         kernel: FunctionId,
         logits: DevicePtr,
         vocab: usize,
         rows: &[RowSampling],
-    ) -> Result<Vec<Sampled>, String> {
+    ) -> Result<QueuedSample, String> {
+        let mut queued = QueuedSample {
+            vocab,
+            logprobs: rows.iter().map(|r| r.logprobs).collect(),
+            parts: Vec::new(),
+        };
         if rows.is_empty() {
-            return Ok(Vec::new());
+            self.picked_rows = 0;
+            return Ok(queued);
         }
         // A structured-output mask goes to the device as bans.
         let row_adjustments: Vec<Cow<'_, [TokenAdjustment]>> = rows
@@ -178,27 +262,54 @@ impl SampleBuffers {
             )
             .map_err(fail)?;
         let n = rows.len();
-        let tokens = download_words(device, self.tokens, n)?;
-        let wants_logprobs = rows.iter().any(|r| r.logprobs.is_some());
-        let (logprobs, top_ids, top_logprobs) = if wants_logprobs {
-            (
-                download_words(device, self.logprobs, n)?,
-                download_words(device, self.top_ids, n * MAX_TOP)?,
-                download_words(device, self.top_logprobs, n * MAX_TOP)?,
-            )
-        } else {
-            (Vec::new(), Vec::new(), Vec::new())
-        };
-        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        self.picked_rows = n;
+        queued.parts.push((self.tokens, n * 4));
+        if rows.iter().any(|r| r.logprobs.is_some()) {
+            queued.parts.extend([
+                (self.logprobs, n * 4),
+                (self.top_ids, n * MAX_TOP * 4),
+                (self.top_logprobs, n * MAX_TOP * 4),
+            ]);
+        }
+        Ok(queued)
+    }
+}
+
+impl QueuedSample {
+    /// The device ranges holding the picks, to read back in this order.
+    pub fn parts(&self) -> &[(DevicePtr, usize)] {
+        &self.parts
+    }
+
+    /// The picks, from the bytes of [`QueuedSample::parts`] read back.
+    pub fn picks(&self, bytes: &[u8]) -> Result<Vec<Sampled>, String> {
+        let expected: usize = self.parts.iter().map(|p| p.1).sum();
+        if bytes.len() < expected {
             return Err(format!(
-                "the sampler returned token {bad} of a vocabulary of {vocab}"
+                "{} bytes of picks read back, {expected} expected",
+                bytes.len()
             ));
         }
-        Ok(rows
+        let n = self.logprobs.len();
+        let words: Vec<u32> = bytes[..expected]
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let tokens = &words[..n.min(words.len())];
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(format!(
+                "the sampler returned token {bad} of a vocabulary of {}",
+                self.vocab
+            ));
+        }
+        let (logprobs, tops) = words[n..].split_at(if words.len() > n { n } else { 0 });
+        let (top_ids, top_logprobs) = tops.split_at(tops.len() / 2);
+        Ok(self
+            .logprobs
             .iter()
             .enumerate()
-            .map(|(r, row)| {
-                let top = (0..row.logprobs.unwrap_or(0).min(MAX_TOP))
+            .map(|(r, asked)| {
+                let top = (0..asked.unwrap_or(0).min(MAX_TOP))
                     .map(|j| {
                         (
                             top_ids[r * MAX_TOP + j],
@@ -208,23 +319,12 @@ impl SampleBuffers {
                     .collect();
                 Sampled {
                     token: tokens[r],
-                    logprob: row.logprobs.map(|_| f32::from_bits(logprobs[r])),
+                    logprob: asked.map(|_| f32::from_bits(logprobs[r])),
                     top,
                 }
             })
             .collect())
     }
-}
-
-fn download_words(device: &dyn Device, ptr: DevicePtr, n: usize) -> Result<Vec<u32>, String> {
-    let mut bytes = vec![0u8; n * 4];
-    device
-        .download(ptr, &mut bytes)
-        .map_err(|e| e.to_string())?;
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
 }
 
 #[cfg(test)]
@@ -330,8 +430,12 @@ mod tests {
             let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
             let ptr = device.alloc(bytes.len()).unwrap();
             device.upload(ptr, &bytes).unwrap();
-            let got = buffers
-                .sample(device.as_ref(), kernel, ptr, vocab, &rows)
+            let queued = buffers
+                .launch(device.as_ref(), kernel, ptr, vocab, &rows)
+                .unwrap();
+            let readback = device.download_async(queued.parts()).unwrap();
+            let got = queued
+                .picks(&device.wait_readback(readback).unwrap())
                 .unwrap();
             device.free(ptr);
             for (r, (row, got)) in rows.iter().zip(got).enumerate() {

@@ -1,0 +1,240 @@
+//! Async scheduling on the CUDA backend (the kernel emulator, or a GPU with
+//! KILN_TEST_CUDA_DEVICE): the serving engine launches step N + 1 before it
+//! reads step N's tokens, which the device feeds to it. Every request must
+//! end exactly as when the host reads each step's tokens first: greedy and
+//! seeded sampling, log-probabilities, stops by token, by string, by
+//! end-of-sequence after `min_tokens` and by length, penalties (which make
+//! the engine wait for the tokens), sequences of one request, a cache small
+//! enough to preempt, and prefix caching. And the host must really have read
+//! tokens while the next step was queued.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_host::engine::penalties::Penalties;
+use kiln_host::engine::service::{self, EngineConfig, Event, GenerationParams, Request};
+use kiln_host::engine::SamplingParams;
+use kiln_host::model::synthetic::ShapeDtype;
+use kiln_host::model::LoadOptions;
+use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
+use kiln_host::scheduler::SchedulerConfig;
+use kiln_host::server::metrics::Metrics;
+
+const BLOCK_SIZE: usize = 4;
+
+/// What a request heard back.
+#[derive(Debug)]
+struct Outcome {
+    tokens: Vec<u32>,
+    text: String,
+    logprobs: Vec<(f32, Vec<u32>)>,
+    end: String,
+}
+
+fn greedy(max_tokens: usize) -> GenerationParams {
+    GenerationParams {
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        penalties: Penalties::default(),
+        max_tokens,
+        min_tokens: 0,
+        stop: Vec::new(),
+        stop_token_ids: Vec::new(),
+        ignore_eos: false,
+        logprobs: None,
+        logit_bias: Vec::new(),
+    }
+}
+
+/// Runs `requests` (prompt, parameters, group) through a serving engine on
+/// the CUDA backend; returns each one's outcome, how many times the host
+/// read a step's tokens while the next step was queued, and the
+/// preemptions.
+fn serve(
+    requests: &[(Vec<u32>, GenerationParams, u64)],
+    eos: &[u32],
+    async_scheduling: bool,
+    num_blocks: usize,
+) -> (Vec<Outcome>, u64, u64) {
+    let options = LoadOptions {
+        dtype: WeightDtype::Float32,
+        ..kiln_tests::models::shape_options(kiln_tests::models::cuda_test_device())
+    };
+    let mut model = kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, &options);
+    let device = model
+        .backend
+        .as_any()
+        .downcast_ref::<CudaExecutor>()
+        .expect("the CUDA backend")
+        .device();
+    let overlapped_before = device.overlapped_waits();
+    let tokenizer = Arc::new(model.tokenizer.take().unwrap());
+    let config = EngineConfig {
+        num_blocks,
+        block_size: BLOCK_SIZE,
+        scheduler: SchedulerConfig {
+            max_batch_size: 8,
+            max_batch_tokens: 64,
+            max_seq_len: 512,
+        },
+        prefix_caching: true,
+        async_scheduling,
+    };
+    let metrics = Metrics::new("tiny", BLOCK_SIZE);
+    let (engine, thread) =
+        service::spawn(model, tokenizer, eos.to_vec(), config, metrics.clone()).unwrap();
+    let receivers: Vec<_> = requests
+        .iter()
+        .map(|(prompt, params, group)| {
+            let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+            engine
+                .submit(Request {
+                    prompt: prompt.clone(),
+                    params: params.clone(),
+                    events,
+                    arrived: Instant::now(),
+                    group: *group,
+                    constraint: None,
+                })
+                .unwrap();
+            receiver
+        })
+        .collect();
+    let outcomes = receivers
+        .into_iter()
+        .map(|mut receiver| {
+            let mut outcome = Outcome {
+                tokens: Vec::new(),
+                text: String::new(),
+                logprobs: Vec::new(),
+                end: String::new(),
+            };
+            while let Some(event) = receiver.blocking_recv() {
+                match event {
+                    Event::Chunk {
+                        text,
+                        token,
+                        logprob,
+                    } => {
+                        outcome.tokens.push(token);
+                        outcome.text += &text;
+                        if let Some(lp) = logprob {
+                            let top = lp.top.iter().map(|t| t.0).collect();
+                            outcome.logprobs.push((lp.logprob, top));
+                        }
+                    }
+                    Event::Done {
+                        finish_reason,
+                        completion_tokens,
+                        ..
+                    } => {
+                        outcome.end =
+                            format!("{} after {completion_tokens}", finish_reason.as_str());
+                        break;
+                    }
+                    Event::Error(message) => panic!("request failed: {message}"),
+                }
+            }
+            outcome
+        })
+        .collect();
+    drop(engine);
+    thread.join();
+    let preemptions = metrics
+        .render()
+        .lines()
+        .find(|l| l.starts_with("vllm:num_preemptions_total"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .expect("the preemption counter");
+    (
+        outcomes,
+        device.overlapped_waits() - overlapped_before,
+        preemptions,
+    )
+}
+
+/// Prompt `i`: `len` ids spread over the tiny vocabulary of 768.
+fn prompt(i: u32, len: u32) -> Vec<u32> {
+    (0..len).map(|j| (i * 97 + j * 31 + 5) % 768).collect()
+}
+
+#[test]
+fn async_scheduling_ends_every_request_as_reading_each_step_first_does() {
+    // First the plain greedy outputs, to pick stops that fire mid-output.
+    let plain: Vec<_> = (0..4)
+        .map(|i| (prompt(i, 3 + 5 * i), greedy(12), 0))
+        .collect();
+    let (base, _, _) = serve(&plain, &[], false, 256);
+    let token_at = |r: usize, i: usize| base[r].tokens[i];
+
+    let mut requests = plain.clone();
+    // Stops: a token id, a string (a token's text), the end-of-sequence
+    // token after min_tokens, and the length.
+    let mut stop_token = greedy(12);
+    stop_token.stop_token_ids = vec![token_at(0, 3)];
+    requests.push((prompt(0, 3), stop_token, 10));
+    let mut stop_string = greedy(12);
+    stop_string.stop = vec![format!("<{}>", token_at(1, 5))];
+    requests.push((prompt(1, 8), stop_string, 11));
+    let eos = [token_at(2, 2)];
+    let mut min_tokens = greedy(12);
+    min_tokens.min_tokens = 6;
+    requests.push((prompt(2, 13), min_tokens, 12));
+    requests.push((prompt(3, 18), greedy(1), 13));
+    // Seeded sampling with log-probabilities; two sequences of one request.
+    for seed in [7, 8] {
+        let mut sampled = greedy(10);
+        sampled.sampling = SamplingParams {
+            temperature: 0.9,
+            top_k: 50,
+            top_p: 0.95,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
+        sampled.logprobs = Some(2);
+        requests.push((prompt(5, 9), sampled, 20));
+    }
+    // Penalties: while this runs, the engine reads each step's tokens before
+    // the next step (short, so most steps overlap).
+    let mut penalized = greedy(3);
+    penalized.penalties.repetition = 1.3;
+    penalized.penalties.presence = 0.5;
+    requests.push((prompt(6, 6), penalized, 30));
+
+    let mut outcomes = Vec::new();
+    for num_blocks in [256, 20] {
+        let (want, waited, _) = serve(&requests, &eos, false, num_blocks);
+        let (got, overlapped, preempted) = serve(&requests, &eos, true, num_blocks);
+        assert_eq!(preempted > 0, num_blocks < 256, "{preempted} preemptions");
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            let case = format!("request {i} with {num_blocks} blocks: {got:?} vs {want:?}");
+            assert_eq!(
+                (&got.tokens, &got.text, &got.end),
+                (&want.tokens, &want.text, &want.end),
+                "{case}"
+            );
+            // Preemption recomputes a sequence in other batches: the same
+            // picks, log-probabilities within rounding.
+            assert_eq!(got.logprobs.len(), want.logprobs.len(), "{case}");
+            for ((a, top_a), (b, top_b)) in got.logprobs.iter().zip(&want.logprobs) {
+                assert!((a - b).abs() < 1e-4 && top_a == top_b, "{case}");
+            }
+        }
+        assert_eq!(waited, 0, "without async scheduling no wait overlaps");
+        eprintln!("{num_blocks} blocks: {overlapped} overlapped reads");
+        assert!(
+            overlapped >= 5,
+            "{overlapped} reads of a step's tokens overlapped the next step"
+        );
+        outcomes.push(got);
+    }
+    // The stops fired mid-output, so they were tested.
+    assert_eq!(base[0].end, "length after 12");
+    let all = &outcomes[0];
+    assert_eq!(all[4].end, "stop after 4");
+    assert!(all[5].end.starts_with("stop after"), "{}", all[5].end);
+    assert!(all[6].tokens.len() >= 6, "min_tokens");
+    assert_eq!(all[7].end, "length after 1");
+}
