@@ -328,8 +328,11 @@ pub struct RuntimeArgs {
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
 
-    /// On CUDA: the KV cache's element type. `auto` is bf16 (f32 with
-    /// `--dtype float32`); the CPU backend's cache is f32.
+    /// The KV cache's element type (llama.cpp's `--cache-type-k/v`). `auto`
+    /// is bf16 on CUDA (f32 with `--dtype float32`); on the CPU, f16 with
+    /// `--precision fast` (llama.cpp's default, half the memory) and f32
+    /// with `--precision exact`, which promises transformers' logits within
+    /// 1e-4. `float16` is for the CPU only.
     #[arg(long, value_enum, default_value_t = KvCacheDtypeArg::Auto)]
     pub kv_cache_dtype: KvCacheDtypeArg,
 
@@ -415,6 +418,8 @@ pub enum KvCacheDtypeArg {
     Float32,
     /// bf16.
     Bfloat16,
+    /// f16 (CPU only).
+    Float16,
 }
 
 /// `--attention-backend`.
@@ -435,12 +440,13 @@ impl From<AttentionBackendArg> for crate::runtime::cuda::AttentionBackend {
     }
 }
 
-impl From<KvCacheDtypeArg> for crate::runtime::cuda::KvCacheDtype {
+impl From<KvCacheDtypeArg> for crate::runtime::KvCacheDtype {
     fn from(value: KvCacheDtypeArg) -> Self {
         match value {
             KvCacheDtypeArg::Auto => Self::Auto,
             KvCacheDtypeArg::Float32 => Self::Float32,
             KvCacheDtypeArg::Bfloat16 => Self::BFloat16,
+            KvCacheDtypeArg::Float16 => Self::Float16,
         }
     }
 }

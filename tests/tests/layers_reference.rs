@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use kiln_host::compiler::compile;
 use kiln_host::runtime::{
-    Backend, CacheLayout, Executor, KvCache, Precision, Tensor, WeightData, WeightStore,
+    Backend, CacheLayout, Executor, HostKvDtype, KvCache, Precision, Tensor, WeightData,
+    WeightStore,
 };
 use kiln_plugin_api::graph::{DType, Dim, Graph, RaggedBatch, TensorType, TensorValue, WeightSpec};
 use kiln_plugin_api::nn::{
@@ -215,7 +216,7 @@ fn run(case: &Case) -> Result<Vec<Tensor>, String> {
             let lengths: Vec<usize> = offsets.windows(2).map(|w| w[1] - w[0]).collect();
             let (extra, blocks) = batch_feeds(&lengths, layout.block_size);
             feeds.extend(extra);
-            cache = Some(KvCache::new(1, blocks, layout));
+            cache = Some(KvCache::new(1, blocks, layout, HostKvDtype::F32));
             layer.forward(&x, &batch)
         }
         other => panic!("case {} uses unknown layer {other}", case.name),

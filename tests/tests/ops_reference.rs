@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use kiln_host::compiler::compile;
 use kiln_host::runtime::cuda::{CudaExecutor, CudaOptions, WeightDtype};
-use kiln_host::runtime::{Backend, CacheLayout, Executor, KvCache, Precision, Tensor, WeightStore};
+use kiln_host::runtime::{
+    Backend, CacheLayout, Executor, HostKvDtype, KvCache, Precision, Tensor, WeightStore,
+};
 use kiln_plugin_api::graph::{
     ops, AttentionSpec, DType, Graph, RaggedBatch, TensorType, TensorValue,
 };
@@ -249,7 +251,10 @@ fn attention_setup(case: &Case) -> (Vec<Tensor>, KvCache) {
         Tensor::i64(vec![batch, width], tables),
         Tensor::i64(vec![batch], vec![0; batch]),
     ];
-    (extra, KvCache::new(1, next as usize, layout))
+    (
+        extra,
+        KvCache::new(1, next as usize, layout, HostKvDtype::F32),
+    )
 }
 
 /// How a case runs.

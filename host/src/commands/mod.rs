@@ -55,9 +55,9 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
 fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
     let device: crate::device::DeviceChoice = runtime.device.parse()?;
     anyhow::ensure!(
-        device != crate::device::DeviceChoice::Cpu
-            || runtime.kv_cache_dtype != crate::cli::KvCacheDtypeArg::Bfloat16,
-        "--kv-cache-dtype bfloat16 needs a CUDA device: the CPU backend's KV cache is f32"
+        device == crate::device::DeviceChoice::Cpu
+            || runtime.kv_cache_dtype != crate::cli::KvCacheDtypeArg::Float16,
+        "--kv-cache-dtype float16 is for the CPU backend: the cache on a GPU holds bfloat16 or float32"
     );
     Ok(LoadOptions {
         max_length: runtime.max_length,

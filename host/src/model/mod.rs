@@ -287,7 +287,10 @@ fn compile(
     let program = Arc::new(program);
     let backend: Box<dyn Backend> =
         match device::open(options.device, options.compile_cache.kernels_dir())? {
-            None => Box::new(Executor::new(program, &bound.store, options.precision)?),
+            None => Box::new(
+                Executor::new(program, &bound.store, options.precision)?
+                    .with_kv_dtype(options.kv_cache_dtype.on_host(options.precision)),
+            ),
             Some(gpu) => Box::new(CudaExecutor::new(
                 program,
                 &bound.store,

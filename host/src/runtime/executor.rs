@@ -3,7 +3,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use kiln_kernels::dense::attention::{self, AttentionParams, SequenceRows};
+use kiln_kernels::dense::attention::{
+    self, AttentionParams, CacheElement, CacheLayout, SequenceRows,
+};
 use kiln_kernels::dense::matmul::{self, HalfFormat};
 use kiln_kernels::quant::{Precision, QuantMatrix};
 use kiln_plugin_api::graph::{AttentionSpec, Dim, Op, ValueId};
@@ -12,7 +14,7 @@ use kiln_plugin_api::Encoding;
 use super::backend::{Backend, PendingSample, TokenFeed};
 use super::cpu_ops;
 use super::fused;
-use super::kv_cache::KvCache;
+use super::kv_cache::{HostKvDtype, HostLayer, KvCache};
 use super::pool::BufferPool;
 use super::sampling::{sample_row, RowSampling};
 use super::tensor::{storage_of, Tensor};
@@ -80,6 +82,8 @@ pub struct Executor {
     /// Constants by value id.
     constants: HashMap<ValueId, Tensor>,
     precision: Precision,
+    /// What the KV caches it makes store.
+    kv_dtype: HostKvDtype,
     /// Buffers of dead values, reused for new ones (across runs too).
     pool: BufferPool,
 }
@@ -121,8 +125,17 @@ impl Executor {
             dense,
             constants,
             precision,
+            kv_dtype: HostKvDtype::F32,
             pool: BufferPool::default(),
         })
+    }
+
+    /// Makes its KV caches store `dtype`.
+    pub fn with_kv_dtype(self, dtype: HostKvDtype) -> Self {
+        Self {
+            kv_dtype: dtype,
+            ..self
+        }
     }
 
     fn run_in_pool(
@@ -421,7 +434,11 @@ impl Backend for Executor {
         num_blocks: usize,
         layout: attention::CacheLayout,
     ) -> Result<KvCache, RuntimeError> {
-        Ok(KvCache::new(num_layers, num_blocks, layout))
+        Ok(KvCache::new(num_layers, num_blocks, layout, self.kv_dtype))
+    }
+
+    fn kv_element_bytes(&self) -> usize {
+        self.kv_dtype.bytes()
     }
 
     fn reserve(&self, _: Vec<Tensor>, _: f64) -> Result<Option<usize>, RuntimeError> {
@@ -580,27 +597,49 @@ fn paged_attention(
             block_table: &tables[b * blocks_per_seq..(b + 1) * blocks_per_seq],
         })
         .collect();
-    let (k_cache, v_cache) = cache
-        .layer_mut(spec.layer as usize)
-        .ok_or_else(|| format!("the cache has no layer {}", spec.layer))?;
-    attention::write_kv(layout, k_cache, v_cache, k.as_f32(), v.as_f32(), &sequences);
-    let mut out = pool.take(q.len());
     let params = AttentionParams {
         scale: spec.scale,
         sliding_window: spec.sliding_window.map(|w| w as usize),
         softcap: spec.softcap,
     };
-    attention::paged_attention(
-        layout,
-        k_cache,
-        v_cache,
-        q.as_f32(),
-        &mut out,
-        num_heads,
-        &sequences,
-        params,
-    );
+    let layer = cache
+        .layer_mut(spec.layer as usize)
+        .ok_or_else(|| format!("the cache has no layer {}", spec.layer))?;
+    let mut out = pool.take(q.len());
+    let (k, v, q) = (k.as_f32(), v.as_f32(), q.as_f32());
+    match layer {
+        HostLayer::F32(k_cache, v_cache) => attend_cached(
+            layout, k_cache, v_cache, k, v, q, &mut out, num_heads, &sequences, params,
+        ),
+        HostLayer::F16(k_cache, v_cache) => attend_cached(
+            layout, k_cache, v_cache, k, v, q, &mut out, num_heads, &sequences, params,
+        ),
+        HostLayer::Bf16(k_cache, v_cache) => attend_cached(
+            layout, k_cache, v_cache, k, v, q, &mut out, num_heads, &sequences, params,
+        ),
+    }
     Ok(out)
+}
+
+/// Writes this step's keys and values into a layer's cache, then attends
+/// over it.
+#[allow(clippy::too_many_arguments)]
+fn attend_cached<T: CacheElement>(
+    layout: CacheLayout,
+    k_cache: &mut [T],
+    v_cache: &mut [T],
+    k: &[f32],
+    v: &[f32],
+    q: &[f32],
+    out: &mut [f32],
+    num_heads: usize,
+    sequences: &[SequenceRows<'_>],
+    params: AttentionParams,
+) {
+    attention::write_kv(layout, k_cache, v_cache, k, v, sequences);
+    attention::paged_attention(
+        layout, k_cache, v_cache, q, out, num_heads, sequences, params,
+    );
 }
 
 /// Checks a ragged batch's description against `tokens` query rows and a

@@ -1,9 +1,12 @@
 //! The paged KV cache storage: per layer, keys and values of
-//! `[num_blocks, block_size, num_kv_heads, head_dim]` f32, in host memory for
-//! the CPU backend or in device memory for the CUDA backend. Which blocks a
-//! sequence owns is the scheduler's business; this only holds the memory.
+//! `[num_blocks, block_size, num_kv_heads, head_dim]`, in host memory for
+//! the CPU backend (f32, f16 or bf16) or in device memory for the CUDA
+//! backend. Which blocks a sequence owns is the scheduler's business; this
+//! only holds the memory.
 
-use kiln_kernels::dense::attention::CacheLayout;
+use half::{bf16, f16};
+use kiln_kernels::dense::attention::{CacheElement, CacheLayout};
+use kiln_kernels::quant::Precision;
 use rayon::prelude::*;
 
 use super::cuda::DeviceKvCache;
@@ -20,35 +23,114 @@ pub struct KvCache {
 
 #[derive(Debug)]
 enum Storage {
-    Host(Vec<(Vec<f32>, Vec<f32>)>),
+    Host(HostLayers),
     Device(DeviceKvCache),
 }
 
+/// Keys and values of every layer in host memory, of one element type.
+#[derive(Debug)]
+enum HostLayers {
+    F32(Vec<(Vec<f32>, Vec<f32>)>),
+    F16(Vec<(Vec<f16>, Vec<f16>)>),
+    Bf16(Vec<(Vec<bf16>, Vec<bf16>)>),
+}
+
+/// The KV cache's element type as asked for (`--kv-cache-dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvCacheDtype {
+    /// On a GPU bf16, or f32 with `--dtype float32`; on the CPU f16 in fast
+    /// precision (llama.cpp's default) and f32 in exact precision, which
+    /// promises transformers' fp32 logits within 1e-4.
+    #[default]
+    Auto,
+    /// f32.
+    Float32,
+    /// bf16: half the memory and half the bytes attention reads.
+    BFloat16,
+    /// f16 (the CPU backend only).
+    Float16,
+}
+
+impl KvCacheDtype {
+    /// What the CPU backend's cache stores in `precision`.
+    pub fn on_host(self, precision: Precision) -> HostKvDtype {
+        match (self, precision) {
+            (KvCacheDtype::Auto, Precision::Fast) | (KvCacheDtype::Float16, _) => HostKvDtype::F16,
+            (KvCacheDtype::Auto, Precision::Exact) | (KvCacheDtype::Float32, _) => HostKvDtype::F32,
+            (KvCacheDtype::BFloat16, _) => HostKvDtype::Bf16,
+        }
+    }
+}
+
+/// The element type of a KV cache in host memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostKvDtype {
+    /// f32: what attention computes in.
+    F32,
+    /// f16 (llama.cpp's default): half the memory.
+    F16,
+    /// bf16: half the memory, f32's range.
+    Bf16,
+}
+
+impl HostKvDtype {
+    /// Bytes of one element.
+    pub fn bytes(self) -> usize {
+        match self {
+            HostKvDtype::F32 => 4,
+            HostKvDtype::F16 | HostKvDtype::Bf16 => 2,
+        }
+    }
+}
+
+/// One layer's keys and values in host memory.
+pub enum HostLayer<'a> {
+    /// f32.
+    F32(&'a mut [f32], &'a mut [f32]),
+    /// f16.
+    F16(&'a mut [f16], &'a mut [f16]),
+    /// bf16.
+    Bf16(&'a mut [bf16], &'a mut [bf16]),
+}
+
+/// `num_layers` zeroed (keys, values) pairs of `len` elements, written
+/// through at once (as llama.cpp clears its cache): the memory is taken at
+/// start, where a shortage shows, and the process's size does not creep up
+/// block by block while serving. Layers in parallel: the page faults of a
+/// few GiB take seconds on one core.
+fn zeroed_layers<T: CacheElement>(num_layers: usize, len: usize) -> Vec<(Vec<T>, Vec<T>)> {
+    // `vec![0; len]` would be calloc's untouched pages.
+    let zeroed = || {
+        let mut v = Vec::with_capacity(len);
+        v.resize(len, T::default());
+        v
+    };
+    (0..num_layers)
+        .into_par_iter()
+        .map(|_| (zeroed(), zeroed()))
+        .collect()
+}
+
 impl KvCache {
-    /// Zeroed host storage for `num_layers` layers of `num_blocks` blocks,
-    /// written through at once (as llama.cpp clears its cache): the memory
-    /// is taken at start, where a shortage shows, and the process's size
-    /// does not creep up block by block while serving.
-    pub fn new(num_layers: usize, num_blocks: usize, layout: CacheLayout) -> Self {
+    /// Zeroed host storage of `dtype` for `num_layers` layers of
+    /// `num_blocks` blocks.
+    pub fn new(
+        num_layers: usize,
+        num_blocks: usize,
+        layout: CacheLayout,
+        dtype: HostKvDtype,
+    ) -> Self {
         let len = num_blocks * layout.block_size * layout.position_stride();
-        // `vec![0.0; len]` would be calloc's untouched pages.
-        let zeroed = || {
-            let mut v = Vec::with_capacity(len);
-            v.resize(len, 0.0f32);
-            v
+        let layers = match dtype {
+            HostKvDtype::F32 => HostLayers::F32(zeroed_layers(num_layers, len)),
+            HostKvDtype::F16 => HostLayers::F16(zeroed_layers(num_layers, len)),
+            HostKvDtype::Bf16 => HostLayers::Bf16(zeroed_layers(num_layers, len)),
         };
         Self {
             layout,
             num_blocks,
             num_layers,
-            // Layers in parallel: the page faults of a few GiB take seconds
-            // on one core.
-            storage: Storage::Host(
-                (0..num_layers)
-                    .into_par_iter()
-                    .map(|_| (zeroed(), zeroed()))
-                    .collect(),
-            ),
+            storage: Storage::Host(layers),
         }
     }
 
@@ -84,11 +166,20 @@ impl KvCache {
 
     /// Keys and values of `layer` in host memory (`None` for a missing layer
     /// or device storage).
-    pub fn layer_mut(&mut self, layer: usize) -> Option<(&mut [f32], &mut [f32])> {
+    pub fn layer_mut(&mut self, layer: usize) -> Option<HostLayer<'_>> {
         match &mut self.storage {
-            Storage::Host(layers) => layers
-                .get_mut(layer)
-                .map(|(k, v)| (k.as_mut_slice(), v.as_mut_slice())),
+            Storage::Host(HostLayers::F32(layers)) => {
+                let (k, v) = layers.get_mut(layer)?;
+                Some(HostLayer::F32(k, v))
+            }
+            Storage::Host(HostLayers::F16(layers)) => {
+                let (k, v) = layers.get_mut(layer)?;
+                Some(HostLayer::F16(k, v))
+            }
+            Storage::Host(HostLayers::Bf16(layers)) => {
+                let (k, v) = layers.get_mut(layer)?;
+                Some(HostLayer::Bf16(k, v))
+            }
             Storage::Device(_) => None,
         }
     }

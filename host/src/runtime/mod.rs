@@ -18,7 +18,7 @@ pub use backend::{Backend, PendingSample, Roofline, TokenFeed};
 pub use executor::{Executor, RuntimeError};
 pub use kiln_kernels::dense::attention::CacheLayout;
 pub use kiln_kernels::quant::Precision;
-pub use kv_cache::KvCache;
+pub use kv_cache::{HostKvDtype, HostLayer, KvCache, KvCacheDtype};
 pub use pool::BufferPool;
 pub use tensor::{Data, Tensor};
 pub use weights::{quant_type, WeightData, WeightStore};

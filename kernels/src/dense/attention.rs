@@ -1,13 +1,52 @@
 //! Causal attention over a paged KV cache for ragged batches, and attention
 //! within each sequence without a cache (encoders).
 //!
-//! A layer's cache is two f32 arrays (keys, values) of
-//! `[num_blocks, block_size, num_kv_heads, head_dim]`. Sequence `b` stores
-//! position `p` in block `block_table[p / block_size]`, slot `p % block_size`.
+//! A layer's cache is two arrays (keys, values) of
+//! `[num_blocks, block_size, num_kv_heads, head_dim]`, of f32 or of f16/bf16
+//! at half the memory ([`CacheElement`]). Sequence `b` stores position `p`
+//! in block `block_table[p / block_size]`, slot `p % block_size`.
 
 use std::ops::Range;
 
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 use rayon::prelude::*;
+
+/// What the KV cache stores a number as: f32, or f16/bf16 (rounded to
+/// nearest even when written, widened to f32 when attention reads it).
+pub trait CacheElement: Copy + Default + Send + Sync + 'static {
+    /// `dst = src`, rounded.
+    fn store(src: &[f32], dst: &mut [Self]);
+    /// `dst = src`, widened.
+    fn load(src: &[Self], dst: &mut [f32]);
+}
+
+impl CacheElement for f32 {
+    fn store(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn load(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl CacheElement for f16 {
+    fn store(src: &[f32], dst: &mut [f16]) {
+        dst.convert_from_f32_slice(src);
+    }
+    fn load(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+impl CacheElement for bf16 {
+    fn store(src: &[f32], dst: &mut [bf16]) {
+        dst.convert_from_f32_slice(src);
+    }
+    fn load(src: &[bf16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
 
 /// The shape of one layer's cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,10 +95,10 @@ pub struct AttentionParams {
 }
 
 /// Writes this step's keys and values (`[T, num_kv_heads, head_dim]`) into the cache.
-pub fn write_kv(
+pub fn write_kv<T: CacheElement>(
     layout: CacheLayout,
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
+    k_cache: &mut [T],
+    v_cache: &mut [T],
     k: &[f32],
     v: &[f32],
     sequences: &[SequenceRows<'_>],
@@ -69,8 +108,14 @@ pub fn write_kv(
         let first_position = seq.context_len - seq.rows.len();
         for (i, row) in seq.rows.clone().enumerate() {
             let at = layout.offset(seq.block_table, first_position + i);
-            k_cache[at..at + stride].copy_from_slice(&k[row * stride..(row + 1) * stride]);
-            v_cache[at..at + stride].copy_from_slice(&v[row * stride..(row + 1) * stride]);
+            T::store(
+                &k[row * stride..(row + 1) * stride],
+                &mut k_cache[at..at + stride],
+            );
+            T::store(
+                &v[row * stride..(row + 1) * stride],
+                &mut v_cache[at..at + stride],
+            );
         }
     }
 }
@@ -89,10 +134,10 @@ const ROW_TILE: usize = 64;
 /// (the `gemm` crate), with the causal and sliding-window masks applied to
 /// the scores before the softmax.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention(
+pub fn paged_attention<T: CacheElement>(
     layout: CacheLayout,
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     q: &[f32],
     out: &mut [f32],
     num_heads: usize,
@@ -146,10 +191,10 @@ pub fn sequence_attention(
 
 /// [`paged_attention`], causal or not.
 #[allow(clippy::too_many_arguments)]
-fn attend(
+fn attend<T: CacheElement>(
     layout: CacheLayout,
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     q: &[f32],
     out: &mut [f32],
     num_heads: usize,
@@ -210,7 +255,7 @@ struct Task<'a> {
 }
 
 impl Task<'_> {
-    fn run(&self, k_cache: &[f32], v_cache: &[f32], q: &[f32], out: &SharedOut) {
+    fn run<T: CacheElement>(&self, k_cache: &[T], v_cache: &[T], q: &[f32], out: &SharedOut) {
         let d = self.layout.head_dim;
         let row_len = self.num_heads * d;
         let group = self.num_heads / self.layout.num_kv_heads;
@@ -234,8 +279,8 @@ impl Task<'_> {
         let mut v = vec![0f32; n_keys * d];
         for (j, position) in keys.clone().enumerate() {
             let at = self.layout.offset(self.seq.block_table, position) + self.kv_head * d;
-            k[j * d..(j + 1) * d].copy_from_slice(&k_cache[at..at + d]);
-            v[j * d..(j + 1) * d].copy_from_slice(&v_cache[at..at + d]);
+            T::load(&k_cache[at..at + d], &mut k[j * d..(j + 1) * d]);
+            T::load(&v_cache[at..at + d], &mut v[j * d..(j + 1) * d]);
         }
         let mut scores = vec![0f32; n_rows * n_keys];
         for h in self.kv_head * group..(self.kv_head + 1) * group {
@@ -497,6 +542,67 @@ mod tests {
                 }
             }
             assert!(worst < 2e-5, "causal {causal}: worst |Δ| {worst:.2e}");
+        }
+    }
+
+    /// A half-precision cache computes exactly what the f32 cache computes
+    /// over the rounded keys and values.
+    #[test]
+    fn half_caches_attend_over_the_rounded_keys_and_values() {
+        fn run<T: CacheElement>(k: &[f32], v: &[f32], q: &[f32]) -> Vec<f32> {
+            let layout = CacheLayout {
+                block_size: 4,
+                num_kv_heads: 2,
+                head_dim: 8,
+            };
+            let table: Vec<usize> = (0..10).rev().collect();
+            let (mut k_cache, mut v_cache) =
+                (vec![T::default(); k.len()], vec![T::default(); v.len()]);
+            let whole = [SequenceRows {
+                rows: 0..37,
+                context_len: 37,
+                block_table: &table,
+            }];
+            write_kv(layout, &mut k_cache, &mut v_cache, k, v, &whole);
+            let mut out = vec![0f32; q.len()];
+            let last = [SequenceRows {
+                rows: 0..3,
+                context_len: 37,
+                block_table: &table,
+            }];
+            let params = AttentionParams {
+                scale: 0.35,
+                sliding_window: None,
+                softcap: None,
+            };
+            paged_attention(layout, &k_cache, &v_cache, q, &mut out, 4, &last, params);
+            out
+        }
+        let (k, v, q) = (data(40 * 16, 1), data(40 * 16, 2), data(3 * 32, 3));
+        let exact = run::<f32>(&k, &v, &q);
+        for (name, round) in [
+            (
+                "f16",
+                (|x: f32| f16::from_f32(x).to_f32()) as fn(f32) -> f32,
+            ),
+            ("bf16", |x: f32| bf16::from_f32(x).to_f32()),
+        ] {
+            let (kr, vr): (Vec<f32>, Vec<f32>) = (
+                k.iter().map(|&x| round(x)).collect(),
+                v.iter().map(|&x| round(x)).collect(),
+            );
+            let half = if name == "f16" {
+                run::<f16>(&k, &v, &q)
+            } else {
+                run::<bf16>(&k, &v, &q)
+            };
+            assert_eq!(half, run::<f32>(&kr, &vr, &q), "{name}");
+            let worst = half
+                .iter()
+                .zip(&exact)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst > 0.0 && worst < 2e-2, "{name}: {worst}");
         }
     }
 }

@@ -34,6 +34,7 @@ pub use weights::WeightDtype;
 use super::executor::{bind_symbols, check_ragged_batch, resolve};
 use super::sampling::{RowSampling, Sampled};
 use super::tensor::{storage_of, Data, Storage, Tensor};
+pub use super::KvCacheDtype;
 use super::{Backend, KvCache, PendingSample, Roofline, RuntimeError, TokenFeed, WeightStore};
 use crate::compiler::Program;
 use arena::RunPlan;
@@ -186,18 +187,6 @@ pub struct CudaExecutor {
     state: Mutex<RunState>,
 }
 
-/// The element type of the KV cache on a CUDA device (`--kv-cache-dtype`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum KvCacheDtype {
-    /// bf16, or f32 with `--dtype float32`.
-    #[default]
-    Auto,
-    /// f32 (the CPU backend's cache).
-    Float32,
-    /// bf16: half the memory and half the bytes attention reads.
-    BFloat16,
-}
-
 /// Which attention kernels the CUDA backend launches (`--attention-backend`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionBackend {
@@ -278,6 +267,12 @@ impl CudaExecutor {
                 KvCacheDtype::Auto => dtype != WeightDtype::Float32,
                 KvCacheDtype::Float32 => false,
                 KvCacheDtype::BFloat16 => true,
+                KvCacheDtype::Float16 => {
+                    return Err(RuntimeError::Device(
+                        "--kv-cache-dtype float16: the cache on a GPU holds bfloat16 or float32"
+                            .to_owned(),
+                    ))
+                }
             },
             flash_attention: options.attention == AttentionBackend::Auto,
             weight_bytes_per_step: lowered.weight_bytes_per_step,
