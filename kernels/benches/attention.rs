@@ -1,8 +1,10 @@
 //! Paged attention at the real models' head shapes: a 512-token prefill of
-//! one sequence, and one decode step of 8 sequences at 512 cached positions.
-//! Throughput is query rows per second.
+//! one sequence, and one decode step of 8 sequences at 512 cached positions
+//! over an f32 cache and over an f16 cache. Throughput is query rows per
+//! second.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use half::f16;
 use kiln_kernels::dense::attention::{
     paged_attention, write_kv, AttentionParams, CacheLayout, SequenceRows,
 };
@@ -86,6 +88,15 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 paged_attention(
                     layout, &k_cache, &v_cache, &q, &mut out, heads, &decode, params,
+                )
+            })
+        });
+        let to_f16 = |c: &[f32]| c.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
+        let (k_half, v_half) = (to_f16(&k_cache), to_f16(&v_cache));
+        group.bench_with_input(BenchmarkId::new("decode8x512_f16", name), &(), |b, _| {
+            b.iter(|| {
+                paged_attention(
+                    layout, &k_half, &v_half, &q, &mut out, heads, &decode, params,
                 )
             })
         });

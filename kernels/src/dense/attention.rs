@@ -274,6 +274,10 @@ impl Task<'_> {
             0..self.seq.context_len
         };
         let (n_rows, n_keys) = (self.rows.len(), keys.len());
+        if n_rows == 1 {
+            // A decode step's row sees every key of the range.
+            return one_row(self, k_cache, v_cache, q, out, keys);
+        }
 
         let mut k = vec![0f32; n_keys * d];
         let mut v = vec![0f32; n_keys * d];
@@ -350,6 +354,122 @@ impl Task<'_> {
             }
         }
     }
+}
+
+/// One query row (a decode step) of `task` over `keys`: the scores and the
+/// weighted sum straight from the cache, each key and value widened once for
+/// the whole group of query heads that reads it, nothing copied out. The
+/// loops are compiled for AVX-512 or AVX2 where the CPU has them.
+fn one_row<T: CacheElement>(
+    task: &Task<'_>,
+    k_cache: &[T],
+    v_cache: &[T],
+    q: &[f32],
+    out: &SharedOut,
+    keys: Range<usize>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn avx512<T: CacheElement>(
+            task: &Task<'_>,
+            k_cache: &[T],
+            v_cache: &[T],
+            q: &[f32],
+            out: &SharedOut,
+            keys: Range<usize>,
+        ) {
+            one_row_portable(task, k_cache, v_cache, q, out, keys);
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2<T: CacheElement>(
+            task: &Task<'_>,
+            k_cache: &[T],
+            v_cache: &[T],
+            q: &[f32],
+            out: &SharedOut,
+            keys: Range<usize>,
+        ) {
+            one_row_portable(task, k_cache, v_cache, q, out, keys);
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { avx512(task, k_cache, v_cache, q, out, keys) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA.
+            return unsafe { avx2(task, k_cache, v_cache, q, out, keys) };
+        }
+    }
+    one_row_portable(task, k_cache, v_cache, q, out, keys);
+}
+
+#[inline(always)]
+fn one_row_portable<T: CacheElement>(
+    task: &Task<'_>,
+    k_cache: &[T],
+    v_cache: &[T],
+    q: &[f32],
+    out: &SharedOut,
+    keys: Range<usize>,
+) {
+    let d = task.layout.head_dim;
+    let group = task.num_heads / task.layout.num_kv_heads;
+    // The group's query heads sit side by side in the row, as do their
+    // outputs.
+    let at = task.rows.start * task.num_heads * d + task.kv_head * group * d;
+    let q_group = &q[at..at + group * d];
+    let n = keys.len();
+    let mut scores = vec![0f32; group * n];
+    let mut widened = vec![0f32; d];
+    let cached =
+        |position: usize| task.layout.offset(task.seq.block_table, position) + task.kv_head * d;
+    for (j, position) in keys.clone().enumerate() {
+        let k = cached(position);
+        T::load(&k_cache[k..k + d], &mut widened);
+        for (h, q_head) in q_group.chunks_exact(d).enumerate() {
+            scores[h * n + j] = task.params.scale * dot_inline(q_head, &widened);
+        }
+    }
+    for row in scores.chunks_exact_mut(n) {
+        masked_softmax(row, 0..n, task.params.softcap);
+    }
+    let mut acc = vec![0f32; group * d];
+    for (j, position) in keys.enumerate() {
+        let v = cached(position);
+        T::load(&v_cache[v..v + d], &mut widened);
+        for (h, acc_head) in acc.chunks_exact_mut(d).enumerate() {
+            let p = scores[h * n + j];
+            acc_head
+                .iter_mut()
+                .zip(&widened)
+                .for_each(|(a, &x)| *a = p.mul_add(x, *a));
+        }
+    }
+    assert!(at + group * d <= out.1, "attention output range");
+    // SAFETY: this task alone writes row `task.rows.start` × the heads of
+    // its key/value group, which lie inside `out` (checked above).
+    unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), out.0.add(at), group * d) };
+}
+
+/// A dot product inlined into its caller's target features.
+#[inline(always)]
+fn dot_inline(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..16 {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Softmax of `row[visible]` (after the optional soft cap); zero elsewhere.
