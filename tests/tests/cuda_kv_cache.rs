@@ -8,7 +8,8 @@
 use kiln_host::engine::Generator;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
-use kiln_host::runtime::cuda::{AttentionBackend, KvCacheDtype, WeightDtype};
+use kiln_host::runtime::cuda::{AttentionBackend, WeightDtype};
+use kiln_host::runtime::KvCacheDtype;
 
 fn load(kv_cache_dtype: KvCacheDtype, attention_backend: AttentionBackend) -> Model {
     let options = LoadOptions {

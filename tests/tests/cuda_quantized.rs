@@ -8,7 +8,7 @@ use kiln_host::device::DeviceChoice;
 use kiln_host::engine::Generator;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
-use kiln_host::runtime::cuda::KvCacheDtype;
+use kiln_host::runtime::KvCacheDtype;
 
 fn load(dtype: ShapeDtype, device: DeviceChoice) -> Model {
     // An f32 cache: only the products differ from the CPU.

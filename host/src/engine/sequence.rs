@@ -30,8 +30,6 @@ pub(super) struct Active<'t> {
     constraint: Option<Matcher>,
     /// A launched step picks its next token; the host has not read it yet.
     pub awaiting: bool,
-    /// The scheduler holds a placeholder for that pick (async scheduling).
-    pub placeholder: bool,
 }
 
 impl<'t> Active<'t> {
@@ -50,7 +48,6 @@ impl<'t> Active<'t> {
             scheduled: false,
             constraint: request.constraint,
             awaiting: false,
-            placeholder: false,
         }
     }
 
@@ -66,9 +63,41 @@ impl<'t> Active<'t> {
         self.generated.len() + usize::from(self.awaiting) < self.params.max_tokens
     }
 
-    /// How the backend picks this sequence's next token.
+    /// How the backend picks this sequence's next token: its sampler's
+    /// filters and draw, its penalties, a ban on ending before
+    /// `min_tokens`, and its grammar's mask.
     pub fn row_sampling(&mut self, eos: &[u32]) -> Result<RowSampling, String> {
-        row_sampling(self, eos)
+        let allowed = match &mut self.constraint {
+            Some(matcher) => Some(
+                structured::allowed_tokens(matcher)
+                    .map_err(|e| format!("structured output: {e}"))?,
+            ),
+            None => None,
+        };
+        let params = &self.params;
+        // A pick on the way counts: this row picks the token after it.
+        let generated = self.generated.len() + usize::from(self.awaiting);
+        let suppress_eos = !params.ignore_eos && generated < params.min_tokens;
+        let banned: Vec<u32> = if suppress_eos {
+            eos.iter().chain(&params.stop_token_ids).copied().collect()
+        } else {
+            Vec::new()
+        };
+        let penalties = params.penalties;
+        Ok(RowSampling {
+            repetition: penalties.repetition,
+            frequency: penalties.frequency,
+            presence: penalties.presence,
+            adjustments: penalties.adjustments(
+                &self.prompt,
+                &self.generated,
+                &params.logit_bias,
+                &banned,
+            ),
+            logprobs: params.logprobs,
+            allowed,
+            ..self.sampler.next_row()
+        })
     }
 
     /// Takes the sequence's pick and sends its text; returns how the
@@ -80,109 +109,62 @@ impl<'t> Active<'t> {
         eos: &[u32],
     ) -> Result<Option<FinishReason>, String> {
         self.awaiting = false;
-        step_sequence(self, sampled, tokenizer, eos)
-    }
-}
+        let token = sampled.token;
+        let mut grammar_done = false;
+        if let Some(matcher) = &mut self.constraint {
+            matcher
+                .consume_token(token)
+                .map_err(|e| format!("structured output: {e}"))?;
+            grammar_done = matcher.is_stopped();
+        }
+        let params = &self.params;
+        self.generated.push(token);
+        let logprob = sampled.logprob.map(|logprob| {
+            let text = |t: u32| tokenizer.decode(&[t], false).unwrap_or_default();
+            TokenLogprob {
+                token,
+                text: text(token),
+                logprob,
+                top: sampled
+                    .top
+                    .iter()
+                    .map(|&(t, lp)| (t, text(t), lp))
+                    .collect(),
+            }
+        });
 
-/// How the backend picks this sequence's next token: its sampler's filters
-/// and draw, its penalties, a ban on ending before `min_tokens`, and its
-/// grammar's mask.
-fn row_sampling(state: &mut Active<'_>, eos: &[u32]) -> Result<RowSampling, String> {
-    let allowed = match &mut state.constraint {
-        Some(matcher) => Some(
-            structured::allowed_tokens(matcher).map_err(|e| format!("structured output: {e}"))?,
-        ),
-        None => None,
-    };
-    let params = &state.params;
-    // A pick on the way counts: this row picks the token after it.
-    let generated = state.generated.len() + usize::from(state.awaiting);
-    let suppress_eos = !params.ignore_eos && generated < params.min_tokens;
-    let banned: Vec<u32> = if suppress_eos {
-        eos.iter().chain(&params.stop_token_ids).copied().collect()
-    } else {
-        Vec::new()
-    };
-    let penalties = params.penalties;
-    Ok(RowSampling {
-        repetition: penalties.repetition,
-        frequency: penalties.frequency,
-        presence: penalties.presence,
-        adjustments: penalties.adjustments(
-            &state.prompt,
-            &state.generated,
-            &params.logit_bias,
-            &banned,
-        ),
-        logprobs: params.logprobs,
-        allowed,
-        ..state.sampler.next_row()
-    })
-}
-
-/// Takes the sequence's sampled token and sends its text; returns how the
-/// sequence ends, if it does, or why it fails.
-fn step_sequence(
-    state: &mut Active<'_>,
-    sampled: Sampled,
-    tokenizer: &Tokenizer,
-    eos: &[u32],
-) -> Result<Option<FinishReason>, String> {
-    let token = sampled.token;
-    let mut grammar_done = false;
-    if let Some(matcher) = &mut state.constraint {
-        matcher
-            .consume_token(token)
-            .map_err(|e| format!("structured output: {e}"))?;
-        grammar_done = matcher.is_stopped();
-    }
-    let params = &state.params;
-    state.generated.push(token);
-    let logprob = sampled.logprob.map(|logprob| {
-        let text = |t: u32| tokenizer.decode(&[t], false).unwrap_or_default();
-        TokenLogprob {
+        let is_eos = !params.ignore_eos && eos.contains(&token);
+        let is_stop_token = params.stop_token_ids.contains(&token);
+        let piece = if is_eos || is_stop_token {
+            None
+        } else {
+            self.decoder.step(token).ok().flatten()
+        };
+        let (text, stopped_by_string) = match self.stop.push(piece.as_deref().unwrap_or("")) {
+            StopOutcome::Continue(text) => (text, false),
+            StopOutcome::Stop(text) => (text, true),
+        };
+        let finish = if is_eos || is_stop_token || stopped_by_string || grammar_done {
+            Some(FinishReason::Stop)
+        } else if self.generated.len() >= params.max_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        // At the end, release what the decoder and the stop matcher still hold.
+        let mut text = text;
+        if finish == Some(FinishReason::Length) || grammar_done {
+            if let Ok(Some(rest)) = self.decoder.flush() {
+                let (StopOutcome::Continue(more) | StopOutcome::Stop(more)) = self.stop.push(&rest);
+                text.push_str(&more);
+            }
+            text.push_str(&self.stop.finish());
+        }
+        let _ = self.events.send(Event::Chunk {
+            text,
             token,
-            text: text(token),
             logprob,
-            top: sampled
-                .top
-                .iter()
-                .map(|&(t, lp)| (t, text(t), lp))
-                .collect(),
-        }
-    });
-
-    let is_eos = !params.ignore_eos && eos.contains(&token);
-    let is_stop_token = params.stop_token_ids.contains(&token);
-    let piece = if is_eos || is_stop_token {
-        None
-    } else {
-        state.decoder.step(token).ok().flatten()
-    };
-    let (text, stopped_by_string) = match state.stop.push(piece.as_deref().unwrap_or("")) {
-        StopOutcome::Continue(text) => (text, false),
-        StopOutcome::Stop(text) => (text, true),
-    };
-    let finish = if is_eos || is_stop_token || stopped_by_string || grammar_done {
-        Some(FinishReason::Stop)
-    } else if state.generated.len() >= params.max_tokens {
-        Some(FinishReason::Length)
-    } else {
-        None
-    };
-    // At the end, release what the decoder and the stop matcher still hold.
-    let mut text = text;
-    if finish == Some(FinishReason::Length) || grammar_done {
-        if let Ok(Some(rest)) = state.decoder.flush() {
-            let (StopOutcome::Continue(more) | StopOutcome::Stop(more)) = state.stop.push(&rest);
-            text.push_str(&more);
-        }
-        text.push_str(&state.stop.finish());
+        });
+        Ok(finish)
     }
-    let _ = state.events.send(Event::Chunk {
-        text,
-        token,
-        logprob,
-    });
-    Ok(finish)
 }

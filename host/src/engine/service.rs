@@ -440,7 +440,6 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
                 state.awaiting = true;
                 if self.overlap && state.continues_after_pick() {
                     self.scheduler.append_unresolved(*id);
-                    state.placeholder = true;
                 }
             }
         }
@@ -492,9 +491,6 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
                         state.generated.len(),
                     );
                     self.scheduler.remove(id);
-                }
-                Ok(None) if std::mem::take(&mut state.placeholder) => {
-                    self.scheduler.resolve_token(id, token);
                 }
                 Ok(None) => self.scheduler.append_token(id, token),
             }

@@ -15,10 +15,8 @@ use crate::compiler::{CompileCache, CompileError, CompileOutcome};
 use crate::device::{self, DeviceChoice, DeviceError};
 use crate::engine::batch::Pipeline;
 use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
-use crate::runtime::cuda::{
-    AttentionBackend, CudaExecutor, CudaOptions, KvCacheDtype, WeightDtype,
-};
-use crate::runtime::{Backend, Executor, Precision, RuntimeError};
+use crate::runtime::cuda::{AttentionBackend, CudaExecutor, CudaOptions, WeightDtype};
+use crate::runtime::{Backend, Executor, KvCacheDtype, Precision, RuntimeError};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
 pub use resolve::{resolve, ResolvedModel};
 

@@ -191,32 +191,29 @@ impl Scheduler {
         self.running.iter().chain(&self.waiting).any(|s| s.id == id)
     }
 
-    /// Appends a sampled token to a running sequence.
+    /// Records a sequence's sampled token: it takes the place of the
+    /// placeholder [`Scheduler::append_unresolved`] left (the sequence may
+    /// have been preempted since), else it is appended.
     pub fn append_token(&mut self, id: SeqId, token: u32) {
-        if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
-            seq.tokens.push(token);
+        let mut seqs = self.running.iter_mut().chain(self.waiting.iter_mut());
+        if let Some(seq) = seqs.find(|s| s.id == id) {
+            if std::mem::take(&mut seq.unresolved) {
+                *seq.tokens.last_mut().expect("a placeholder") = token;
+            } else {
+                seq.tokens.push(token);
+            }
         }
     }
 
     /// Appends a placeholder for a running sequence's pick that the host
     /// does not know yet, so the next step can be scheduled meanwhile; the
-    /// step feeds the pick on the device, and [`Scheduler::resolve_token`]
+    /// step feeds the pick on the device, and [`Scheduler::append_token`]
     /// writes it here.
     pub fn append_unresolved(&mut self, id: SeqId) {
         if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
             assert!(!seq.unresolved, "sequence {id} already awaits a pick");
             seq.tokens.push(UNRESOLVED_TOKEN);
             seq.unresolved = true;
-        }
-    }
-
-    /// Replaces a sequence's placeholder with its pick (running, or
-    /// preempted since).
-    pub fn resolve_token(&mut self, id: SeqId, token: u32) {
-        let seq = self.running.iter_mut().chain(self.waiting.iter_mut());
-        if let Some(seq) = seq.filter(|s| s.unresolved).find(|s| s.id == id) {
-            *seq.tokens.last_mut().expect("a placeholder") = token;
-            seq.unresolved = false;
         }
     }
 
@@ -522,9 +519,9 @@ mod tests {
         // The block holding the placeholder is full after this step, but is
         // registered for prefix caching only once the pick is known.
         s.complete(&b);
-        s.resolve_token(1, 7);
+        s.append_token(1, 7);
         s.append_unresolved(1);
-        s.resolve_token(1, 8);
+        s.append_token(1, 8);
         s.remove(2);
         let b = s.schedule();
         assert_eq!(

@@ -132,7 +132,8 @@ const ROW_TILE: usize = 64;
 /// rows out of the paged cache once, then for each query head of its group
 /// computes the score tile `Q·Kᵀ` and the output `P·V` as matrix products
 /// (the `gemm` crate), with the causal and sliding-window masks applied to
-/// the scores before the softmax.
+/// the scores before the softmax. A task of one row (a decode step) reads
+/// the cache in place instead (`one_row`).
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention<T: CacheElement>(
     layout: CacheLayout,

@@ -34,8 +34,9 @@ pub use weights::WeightDtype;
 use super::executor::{bind_symbols, check_ragged_batch, resolve};
 use super::sampling::{RowSampling, Sampled};
 use super::tensor::{storage_of, Data, Storage, Tensor};
-pub use super::KvCacheDtype;
-use super::{Backend, KvCache, PendingSample, Roofline, RuntimeError, TokenFeed, WeightStore};
+use super::{
+    Backend, KvCache, KvCacheDtype, PendingSample, Roofline, RuntimeError, TokenFeed, WeightStore,
+};
 use crate::compiler::Program;
 use arena::RunPlan;
 use launch::Frame;
@@ -179,6 +180,9 @@ pub struct CudaExecutor {
     kv_bf16: bool,
     /// Prefill attention may run on tensor cores (`AttentionBackend::Auto`).
     flash_attention: bool,
+    /// The value of the graph's first input, where async scheduling feeds
+    /// token ids.
+    token_ids: Option<usize>,
     /// Bytes of weights one step reads.
     weight_bytes_per_step: usize,
     /// Floating-point operations of the matrix products per token.
@@ -239,10 +243,26 @@ impl CudaExecutor {
         options: CudaOptions,
     ) -> Result<Self, RuntimeError> {
         let dtype = options.dtype;
+        let kv_bf16 = match options.kv_cache_dtype {
+            KvCacheDtype::Auto => dtype != WeightDtype::Float32,
+            KvCacheDtype::Float32 => false,
+            KvCacheDtype::BFloat16 => true,
+            KvCacheDtype::Float16 => {
+                return Err(RuntimeError::Device(
+                    "--kv-cache-dtype float16: the cache on a GPU holds bfloat16 or float32"
+                        .to_owned(),
+                ))
+            }
+        };
         let weights = super::executor::bind_weights(&program, store)?;
         let hand = load_hand_kernels(device.as_ref())?;
         let lowered = plan::lower(device.as_ref(), &program, &weights, dtype, &hand)?;
         let paddable = buckets::paddable(&program.graph);
+        let token_ids = program
+            .graph
+            .nodes
+            .iter()
+            .position(|n| matches!(n.op, Op::Input { index: 0 }));
         if let Some(dir) = std::env::var_os("KILN_DUMP_KERNELS") {
             dump_kernels(std::path::Path::new(&dir), &lowered.generated)?;
         }
@@ -263,18 +283,9 @@ impl CudaExecutor {
             owned,
             graphs,
             paddable,
-            kv_bf16: match options.kv_cache_dtype {
-                KvCacheDtype::Auto => dtype != WeightDtype::Float32,
-                KvCacheDtype::Float32 => false,
-                KvCacheDtype::BFloat16 => true,
-                KvCacheDtype::Float16 => {
-                    return Err(RuntimeError::Device(
-                        "--kv-cache-dtype float16: the cache on a GPU holds bfloat16 or float32"
-                            .to_owned(),
-                    ))
-                }
-            },
+            kv_bf16,
             flash_attention: options.attention == AttentionBackend::Auto,
+            token_ids,
             weight_bytes_per_step: lowered.weight_bytes_per_step,
             product_flops_per_token: lowered.product_flops_per_token,
             generated: lowered.generated,
@@ -675,11 +686,8 @@ impl CudaExecutor {
         inputs: &[Tensor],
         feed: &[TokenFeed],
     ) -> Result<(), RuntimeError> {
-        let graph = &self.program.graph;
-        let tokens = graph
-            .nodes
-            .iter()
-            .position(|n| matches!(n.op, Op::Input { index: 0 }))
+        let tokens = self
+            .token_ids
             .filter(|_| inputs.first().is_some_and(|t| t.dtype == DType::I64))
             .ok_or_else(|| RuntimeError::Input {
                 name: "feed".to_owned(),

@@ -60,15 +60,13 @@ impl SampleBuffers {
                 .alloc(bytes)
                 .map_err(|e| format!("sampler buffers: {e}"))
         };
-        let grow_rows = rows > self.rows || vocab > self.vocab;
-        if (grow_rows && self.rows > 0) || (adjustments > self.adjust_capacity && self.adjust != 0)
-        {
-            // A launched step may still read the buffers about to be freed.
-            device
-                .synchronize()
-                .map_err(|e| format!("sampler buffers: {e}"))?;
-        }
-        if grow_rows {
+        if rows > self.rows || vocab > self.vocab {
+            if self.rows > 0 {
+                // A launched step may still read the buffers about to be freed.
+                device
+                    .synchronize()
+                    .map_err(|e| format!("sampler buffers: {e}"))?;
+            }
             let (rows, vocab) = (rows.max(self.rows), vocab.max(self.vocab));
             self.free_rows(device);
             self.work = alloc(rows * vocab * 4)?;
@@ -80,17 +78,13 @@ impl SampleBuffers {
             self.rows = rows;
             self.vocab = vocab;
         }
-        if adjustments > self.adjust_capacity {
-            if self.adjust != 0 {
-                device.free(self.adjust);
-                self.adjust = 0;
-                self.adjust_capacity = 0;
-            }
-            let capacity = adjustments.next_power_of_two();
-            self.adjust = alloc(capacity * 16)?;
-            self.adjust_capacity = capacity;
-        }
-        Ok(())
+        grow(
+            device,
+            (&mut self.adjust, &mut self.adjust_capacity),
+            adjustments,
+            16,
+        )
+        .map_err(|e| format!("sampler buffers: {e}"))
     }
 
     /// Frees the per-row buffers and forgets them (a failed allocation
@@ -144,19 +138,13 @@ impl SampleBuffers {
                 bad.row, bad.index, self.picked_rows
             ));
         }
-        if feed.len() > self.feed_capacity {
-            if self.feed != 0 {
-                device.synchronize().map_err(|e| e.to_string())?;
-                device.free(self.feed);
-                self.feed = 0;
-                self.feed_capacity = 0;
-            }
-            let capacity = feed.len().next_power_of_two();
-            self.feed = device
-                .alloc(capacity * 8)
-                .map_err(|e| format!("token feed: {e}"))?;
-            self.feed_capacity = capacity;
-        }
+        grow(
+            device,
+            (&mut self.feed, &mut self.feed_capacity),
+            feed.len(),
+            8,
+        )
+        .map_err(|e| format!("token feed: {e}"))?;
         let pairs: Vec<u8> = feed
             .iter()
             .flat_map(|f| [f.row as i32, f.index as i32])
@@ -275,6 +263,29 @@ impl SampleBuffers {
     }
 }
 
+/// Makes `buffer` (its address and capacity in items) hold at least
+/// `needed` items of `item_bytes`, a power of two of them; the old buffer is
+/// freed after queued work, which may still read it, is done.
+fn grow(
+    device: &dyn Device,
+    (ptr, capacity): (&mut DevicePtr, &mut usize),
+    needed: usize,
+    item_bytes: usize,
+) -> Result<(), kiln_kernels::cuda::DeviceError> {
+    if needed <= *capacity {
+        return Ok(());
+    }
+    if *ptr != 0 {
+        device.synchronize()?;
+        device.free(*ptr);
+        (*ptr, *capacity) = (0, 0);
+    }
+    let items = needed.next_power_of_two();
+    *ptr = device.alloc(items * item_bytes)?;
+    *capacity = items;
+    Ok(())
+}
+
 impl QueuedSample {
     /// The device ranges holding the picks, to read back in this order.
     pub fn parts(&self) -> &[(DevicePtr, usize)] {
@@ -295,14 +306,16 @@ impl QueuedSample {
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        let tokens = &words[..n.min(words.len())];
+        // Tokens, then (when any row asked) log-probabilities and the top
+        // ids and log-probabilities.
+        let (tokens, rest) = words.split_at(n);
         if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.vocab) {
             return Err(format!(
                 "the sampler returned token {bad} of a vocabulary of {}",
                 self.vocab
             ));
         }
-        let (logprobs, tops) = words[n..].split_at(if words.len() > n { n } else { 0 });
+        let (logprobs, tops) = rest.split_at(n.min(rest.len()));
         let (top_ids, top_logprobs) = tops.split_at(tops.len() / 2);
         Ok(self
             .logprobs
