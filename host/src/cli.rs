@@ -583,6 +583,17 @@ pub struct VerifyArgs {
     #[arg(long)]
     pub greedy: bool,
 
+    /// Compute the prompt's logits one token at a time, as decode steps do,
+    /// instead of in one prefill (the two paths' kernels differ).
+    #[arg(long)]
+    pub decode: bool,
+
+    /// Also write Kiln's ids, logits and greedy tokens to DIR as a reference
+    /// directory, so that another run (another precision, device or
+    /// `--decode`) can be verified against this one.
+    #[arg(long, value_name = "DIR")]
+    pub save: Option<PathBuf>,
+
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,

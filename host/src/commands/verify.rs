@@ -3,12 +3,14 @@
 //! and the greedy continuation; for an embedding model, each text's pooled
 //! embedding against the reference's: max |Δ| and cosine.
 
-use anyhow::bail;
+use std::path::Path;
+
+use anyhow::{bail, Context};
 use serde::Serialize;
 
 use crate::cli::{PrecisionArg, VerifyArgs};
 use crate::embedding::Embedder;
-use crate::engine::npy::Matrix;
+use crate::engine::npy::{write_f32, Matrix};
 use crate::engine::sampling::argmax;
 use crate::engine::Generator;
 use crate::model::Model;
@@ -42,6 +44,8 @@ struct Report {
     model: String,
     architecture: String,
     precision: &'static str,
+    /// How the prompt's logits were computed: `prefill` or `decode`.
+    logits_from: &'static str,
     tolerance: Option<Tolerance>,
     prompts: Vec<PromptReport>,
     failures: Vec<String>,
@@ -74,13 +78,17 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
             PrecisionArg::Exact => "exact",
             PrecisionArg::Fast => "fast",
         },
+        logits_from: if args.decode { "decode" } else { "prefill" },
         tolerance,
         prompts: Vec::new(),
         failures: Vec::new(),
     };
     for prompt in prompts {
         let new_tokens = prompt.greedy.as_ref().map_or(0, Vec::len);
-        let (logits, generated) = run_prompt(&model, &prompt.ids, new_tokens)?;
+        let (logits, generated) = run_prompt(&model, &prompt.ids, new_tokens, args.decode)?;
+        if let Some(dir) = &args.save {
+            save_prompt(dir, &prompt.name, &prompt.ids, &logits, &generated)?;
+        }
         let comparison = compare_logits(&logits, &prompt.logits, tolerance)
             .map_err(|e| e.context(format!("prompt `{}`", prompt.name)))?;
         let greedy = prompt.greedy.map(|reference| GreedyCheck {
@@ -123,8 +131,14 @@ fn conclude<R: Serialize>(
     Ok(())
 }
 
-/// Teacher-forced logits of `ids`, then `new_tokens` greedy tokens.
-fn run_prompt(model: &Model, ids: &[u32], new_tokens: usize) -> anyhow::Result<(Matrix, Vec<u32>)> {
+/// Teacher-forced logits of `ids` (in one prefill, or one decode step per
+/// token when `decode`), then `new_tokens` greedy tokens.
+fn run_prompt(
+    model: &Model,
+    ids: &[u32],
+    new_tokens: usize,
+    decode: bool,
+) -> anyhow::Result<(Matrix, Vec<u32>)> {
     let capacity = ids.len() + new_tokens;
     let limit = model.config.max_seq_len as usize;
     if capacity > limit {
@@ -134,7 +148,13 @@ fn run_prompt(model: &Model, ids: &[u32], new_tokens: usize) -> anyhow::Result<(
         );
     }
     let mut generator = Generator::new(model, capacity.max(1))?;
-    let rows = generator.feed(ids, true)?;
+    let rows = match decode {
+        false => generator.feed(ids, true)?,
+        true => ids
+            .iter()
+            .map(|&id| Ok(generator.feed(&[id], false)?.remove(0)))
+            .collect::<anyhow::Result<Vec<_>>>()?,
+    };
     let cols = rows[0].len();
     let mut next = rows.last().expect("one row per prompt token").clone();
     let logits = Matrix {
@@ -151,6 +171,35 @@ fn run_prompt(model: &Model, ids: &[u32], new_tokens: usize) -> anyhow::Result<(
         }
     }
     Ok((logits, generated))
+}
+
+/// Writes one prompt's ids, logits and greedy tokens in the reference
+/// directory format (`crate::verify`).
+fn save_prompt(
+    dir: &Path,
+    name: &str,
+    ids: &[u32],
+    logits: &Matrix,
+    generated: &[u32],
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let write = |file: String, bytes: Vec<u8>| {
+        let path = dir.join(file);
+        std::fs::write(&path, bytes).with_context(|| format!("cannot write {}", path.display()))
+    };
+    write(
+        format!("{name}.ids.json"),
+        serde_json::to_vec(&serde_json::json!({ "ids": ids }))?,
+    )?;
+    if !generated.is_empty() {
+        write(
+            format!("{name}.greedy.json"),
+            serde_json::to_vec(&serde_json::json!({ "new_ids": generated }))?,
+        )?;
+    }
+    let path = dir.join(format!("{name}.logits.npy"));
+    write_f32(&path, &[logits.rows, logits.cols], &logits.data)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// The criteria the user asked for that this prompt misses.
@@ -204,10 +253,11 @@ fn failures(args: &VerifyArgs, prompt: &PromptReport) -> Vec<String> {
 
 fn table(report: &Report) -> String {
     let mut out = format!(
-        "{} ({}), precision {}\n{:<16} {:>6} {:>12} {:>14} {:>10} {:>10}  greedy\n",
+        "{} ({}), precision {}, logits from {}\n{:<16} {:>6} {:>12} {:>14} {:>10} {:>10}  greedy\n",
         report.model,
         report.architecture,
         report.precision,
+        report.logits_from,
         "prompt",
         "tokens",
         "max|Δlogit|",

@@ -1,0 +1,259 @@
+//! Causal attention over a paged KV cache for ragged batches, and attention
+//! within each sequence without a cache (encoders).
+//!
+//! A layer's cache is two arrays (keys, values) of
+//! `[num_blocks, block_size, num_kv_heads, head_dim]`, of f32 or of f16/bf16
+//! at half the memory ([`CacheElement`]). Sequence `b` stores position `p`
+//! in block `block_table[p / block_size]`, slot `p % block_size`.
+
+use std::ops::Range;
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use task::Task;
+
+/// What the KV cache stores a number as: f32, or f16/bf16 (rounded to
+/// nearest even when written, widened to f32 when attention reads it).
+pub trait CacheElement: Copy + Default + Send + Sync + 'static {
+    /// `dst = src`, rounded.
+    fn store(src: &[f32], dst: &mut [Self]);
+    /// `dst = src`, widened.
+    fn load(src: &[Self], dst: &mut [f32]);
+}
+
+impl CacheElement for f32 {
+    fn store(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn load(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl CacheElement for f16 {
+    fn store(src: &[f32], dst: &mut [f16]) {
+        dst.convert_from_f32_slice(src);
+    }
+    fn load(src: &[f16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+impl CacheElement for bf16 {
+    fn store(src: &[f32], dst: &mut [bf16]) {
+        dst.convert_from_f32_slice(src);
+    }
+    fn load(src: &[bf16], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+/// The shape of one layer's cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLayout {
+    /// Positions per block.
+    pub block_size: usize,
+    /// Key/value heads.
+    pub num_kv_heads: usize,
+    /// Size of one head.
+    pub head_dim: usize,
+}
+
+impl CacheLayout {
+    /// Floats per cached position (all heads).
+    pub fn position_stride(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Offset of `position` of a sequence with `block_table`.
+    fn offset(&self, block_table: &[usize], position: usize) -> usize {
+        let block = block_table[position / self.block_size];
+        (block * self.block_size + position % self.block_size) * self.position_stride()
+    }
+}
+
+/// One sequence of the batch.
+#[derive(Clone, Debug)]
+pub struct SequenceRows<'a> {
+    /// Its rows in the flattened batch.
+    pub rows: Range<usize>,
+    /// Positions in the cache after this step (the new rows are the last ones).
+    pub context_len: usize,
+    /// Its cache blocks.
+    pub block_table: &'a [usize],
+}
+
+/// Score options.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionParams {
+    /// Multiplies `q·k`.
+    pub scale: f32,
+    /// Only the last `window` positions are visible.
+    pub sliding_window: Option<usize>,
+    /// `cap * tanh(score / cap)`.
+    pub softcap: Option<f32>,
+}
+
+/// Writes this step's keys and values (`[T, num_kv_heads, head_dim]`) into the cache.
+pub fn write_kv<T: CacheElement>(
+    layout: CacheLayout,
+    k_cache: &mut [T],
+    v_cache: &mut [T],
+    k: &[f32],
+    v: &[f32],
+    sequences: &[SequenceRows<'_>],
+) {
+    let stride = layout.position_stride();
+    for seq in sequences {
+        let first_position = seq.context_len - seq.rows.len();
+        for (i, row) in seq.rows.clone().enumerate() {
+            let at = layout.offset(seq.block_table, first_position + i);
+            T::store(
+                &k[row * stride..(row + 1) * stride],
+                &mut k_cache[at..at + stride],
+            );
+            T::store(
+                &v[row * stride..(row + 1) * stride],
+                &mut v_cache[at..at + stride],
+            );
+        }
+    }
+}
+
+/// Query rows per task: the rows that share one widened copy of the keys
+/// and values.
+const ROW_TILE: usize = 64;
+
+/// `out [T, num_heads, head_dim]`: each query row attends to its sequence's
+/// cached positions up to its own (query head `h` reads key/value head
+/// `h / (num_heads / num_kv_heads)`).
+///
+/// Work is split into tasks of (sequence, tile of up to [`ROW_TILE`] query
+/// rows, key/value head), run in parallel. A task widens its keys and
+/// values out of the paged cache once, then computes each row on its own
+/// (see `task`): a row's result does not depend on the rows it is batched
+/// with, so prefill, chunked prefill and decode agree to the bit.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention<T: CacheElement>(
+    layout: CacheLayout,
+    k_cache: &[T],
+    v_cache: &[T],
+    q: &[f32],
+    out: &mut [f32],
+    num_heads: usize,
+    sequences: &[SequenceRows<'_>],
+    params: AttentionParams,
+) {
+    attend(
+        layout, k_cache, v_cache, q, out, num_heads, sequences, params, true,
+    );
+}
+
+/// `out [T, num_heads, head_dim]`: attention of `q` over `k, v [T,
+/// num_kv_heads, head_dim]` within each sequence `row_offsets[b] ..
+/// row_offsets[b + 1]`, bidirectional unless `causal` (an encoder's
+/// attention, with no cache). The rows themselves serve as a cache of
+/// one-position blocks, so the work splits as in [`paged_attention`].
+#[allow(clippy::too_many_arguments)]
+pub fn sequence_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    num_heads: usize,
+    num_kv_heads: usize,
+    row_offsets: &[usize],
+    scale: f32,
+    causal: bool,
+) {
+    let tokens = row_offsets.last().copied().unwrap_or(0);
+    let layout = CacheLayout {
+        block_size: 1,
+        num_kv_heads,
+        head_dim: k.len() / (tokens * num_kv_heads).max(1),
+    };
+    let rows: Vec<usize> = (0..tokens).collect();
+    let sequences: Vec<SequenceRows<'_>> = row_offsets
+        .windows(2)
+        .map(|pair| SequenceRows {
+            rows: pair[0]..pair[1],
+            context_len: pair[1] - pair[0],
+            block_table: &rows[pair[0]..pair[1]],
+        })
+        .collect();
+    let params = AttentionParams {
+        scale,
+        sliding_window: None,
+        softcap: None,
+    };
+    attend(layout, k, v, q, out, num_heads, &sequences, params, causal);
+}
+
+/// [`paged_attention`], causal or not.
+#[allow(clippy::too_many_arguments)]
+fn attend<T: CacheElement>(
+    layout: CacheLayout,
+    k_cache: &[T],
+    v_cache: &[T],
+    q: &[f32],
+    out: &mut [f32],
+    num_heads: usize,
+    sequences: &[SequenceRows<'_>],
+    params: AttentionParams,
+    causal: bool,
+) {
+    let d = layout.head_dim;
+    let row_len = num_heads * d;
+    assert!(
+        q.len() == out.len()
+            && q.len().is_multiple_of(row_len)
+            && num_heads.is_multiple_of(layout.num_kv_heads),
+        "attention sizes"
+    );
+    let mut tasks = Vec::new();
+    for seq in sequences {
+        let mut first = seq.rows.start;
+        while first < seq.rows.end {
+            let last = (first + ROW_TILE).min(seq.rows.end);
+            for kv_head in 0..layout.num_kv_heads {
+                tasks.push((seq, first..last, kv_head));
+            }
+            first = last;
+        }
+    }
+    let out = SharedOut(out.as_mut_ptr(), out.len());
+    tasks.par_iter().for_each(|(seq, rows, kv_head)| {
+        let task = Task {
+            layout,
+            num_heads,
+            params,
+            seq,
+            rows: rows.clone(),
+            kv_head: *kv_head,
+            causal,
+        };
+        task.run(k_cache, v_cache, q, &out);
+    });
+}
+
+/// The output buffer, shared by tasks that write disjoint parts of it.
+struct SharedOut(*mut f32, usize);
+
+// SAFETY: tasks write disjoint (row, head) blocks; see `Task::run`.
+unsafe impl Sync for SharedOut {}
+
+/// Softmax of a row's visible scores, after the optional soft cap.
+fn softmax_visible(live: &mut [f32], softcap: Option<f32>) {
+    if let Some(cap) = softcap {
+        live.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+    }
+    super::norm::softmax_rows(live, live.len());
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod task;
+#[cfg(test)]
+mod tests;

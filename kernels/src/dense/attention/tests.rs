@@ -1,0 +1,327 @@
+//! The kernels against the definition, and batch invariance.
+
+use super::*;
+
+fn data(len: usize, seed: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| (((i + seed) * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect()
+}
+
+/// Attention of one query row, straight from the definition, in f64.
+#[allow(clippy::too_many_arguments)]
+fn naive_row(
+    q: &[f32],
+    keys: &[Vec<f32>],
+    values: &[Vec<f32>],
+    position: usize,
+    params: AttentionParams,
+) -> Vec<f64> {
+    let start = params
+        .sliding_window
+        .map_or(0, |w| (position + 1).saturating_sub(w));
+    let scores: Vec<f64> = (start..=position)
+        .map(|j| {
+            let dot: f64 = q
+                .iter()
+                .zip(&keys[j])
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            let s = dot * f64::from(params.scale);
+            params
+                .softcap
+                .map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh())
+        })
+        .collect();
+    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut out = vec![0f64; q.len()];
+    for (w, j) in weights.iter().zip(start..=position) {
+        for (o, &v) in out.iter_mut().zip(&values[j]) {
+            *o += w / total * f64::from(v);
+        }
+    }
+    out
+}
+
+/// Several sequences, tiles crossing `ROW_TILE`, chunked prefill (rows
+/// that start mid-sequence), GQA, windows and soft caps, against the definition.
+#[test]
+fn tiled_attention_matches_the_definition() {
+    let (heads, kv_heads, d, block_size) = (6, 2, 8, 4);
+    let layout = CacheLayout {
+        block_size,
+        num_kv_heads: kv_heads,
+        head_dim: d,
+    };
+    // (context after the step, rows fed this step)
+    let shapes = [(150usize, 150usize), (140, 75), (9, 1), (70, 70), (60, 1)];
+    let windows = [None, Some(37), Some(200)];
+    for (case, (window, softcap)) in windows
+        .iter()
+        .flat_map(|w| [(*w, None), (*w, Some(2.5f32))])
+        .enumerate()
+    {
+        let params = AttentionParams {
+            scale: 0.3,
+            sliding_window: window,
+            softcap,
+        };
+        let total_blocks: usize = shapes.iter().map(|(c, _)| c.div_ceil(block_size)).sum();
+        let cache_len = total_blocks * block_size * kv_heads * d;
+        let (mut k_cache, mut v_cache) = (vec![0f32; cache_len], vec![0f32; cache_len]);
+        // Blocks handed out in reverse so that tables are not contiguous.
+        let mut next_block = total_blocks;
+        let tables: Vec<Vec<usize>> = shapes
+            .iter()
+            .map(|(c, _)| {
+                (0..c.div_ceil(block_size))
+                    .map(|_| {
+                        next_block -= 1;
+                        next_block
+                    })
+                    .collect()
+            })
+            .collect();
+        // Every sequence's full history of keys and values, per kv head.
+        let mut histories = Vec::new();
+        let mut sequences = Vec::new();
+        let mut row = 0;
+        for (s, &(context, fed)) in shapes.iter().enumerate() {
+            let k = data(context * kv_heads * d, 11 * s + case);
+            let v = data(context * kv_heads * d, 17 * s + 3 + case);
+            let all = [SequenceRows {
+                rows: 0..context,
+                context_len: context,
+                block_table: &tables[s],
+            }];
+            write_kv(layout, &mut k_cache, &mut v_cache, &k, &v, &all);
+            histories.push((k, v));
+            sequences.push(SequenceRows {
+                rows: row..row + fed,
+                context_len: context,
+                block_table: &tables[s],
+            });
+            row += fed;
+        }
+        let q = data(row * heads * d, 5 + case);
+        let mut out = vec![f32::NAN; q.len()];
+        paged_attention(
+            layout, &k_cache, &v_cache, &q, &mut out, heads, &sequences, params,
+        );
+        let mut worst = 0f64;
+        for (seq, (k, v)) in sequences.iter().zip(&histories) {
+            let first_position = seq.context_len - seq.rows.len();
+            for (i, r) in seq.rows.clone().enumerate() {
+                for h in 0..heads {
+                    let g = h / (heads / kv_heads);
+                    let head_of = |x: &[f32], p: usize| {
+                        x[(p * kv_heads + g) * d..(p * kv_heads + g + 1) * d].to_vec()
+                    };
+                    let keys: Vec<_> = (0..seq.context_len).map(|p| head_of(k, p)).collect();
+                    let values: Vec<_> = (0..seq.context_len).map(|p| head_of(v, p)).collect();
+                    let at = (r * heads + h) * d;
+                    let expected =
+                        naive_row(&q[at..at + d], &keys, &values, first_position + i, params);
+                    for (&got, want) in out[at..at + d].iter().zip(expected) {
+                        worst = worst.max((f64::from(got) - want).abs());
+                    }
+                }
+            }
+        }
+        assert!(worst < 2e-5, "case {case}: worst |Δ| {worst:.2e}");
+    }
+}
+
+/// Bidirectional and causal attention within sequences (tiles crossing
+/// `ROW_TILE`, GQA) against the definition.
+#[test]
+fn sequence_attention_matches_the_definition() {
+    let (heads, kv_heads, d) = (4, 2, 8);
+    let offsets = [0usize, 5, 6, 150, 170];
+    let tokens = offsets[offsets.len() - 1];
+    let (k, v) = (
+        data(tokens * kv_heads * d, 3),
+        data(tokens * kv_heads * d, 9),
+    );
+    let q = data(tokens * heads * d, 21);
+    for causal in [false, true] {
+        let mut out = vec![f32::NAN; q.len()];
+        sequence_attention(&q, &k, &v, &mut out, heads, kv_heads, &offsets, 0.4, causal);
+        let params = AttentionParams {
+            scale: 0.4,
+            sliding_window: None,
+            softcap: None,
+        };
+        let mut worst = 0f64;
+        for pair in offsets.windows(2) {
+            let head_of = |x: &[f32], row: usize, g: usize| {
+                x[(row * kv_heads + g) * d..(row * kv_heads + g + 1) * d].to_vec()
+            };
+            for r in pair[0]..pair[1] {
+                for h in 0..heads {
+                    let g = h / (heads / kv_heads);
+                    let keys: Vec<_> = (pair[0]..pair[1]).map(|p| head_of(&k, p, g)).collect();
+                    let values: Vec<_> = (pair[0]..pair[1]).map(|p| head_of(&v, p, g)).collect();
+                    // Bidirectional: the last position sees every key.
+                    let position = if causal { r - pair[0] } else { keys.len() - 1 };
+                    let at = (r * heads + h) * d;
+                    let expected = naive_row(&q[at..at + d], &keys, &values, position, params);
+                    for (&got, want) in out[at..at + d].iter().zip(expected) {
+                        worst = worst.max((f64::from(got) - want).abs());
+                    }
+                }
+            }
+        }
+        assert!(worst < 2e-5, "causal {causal}: worst |Δ| {worst:.2e}");
+    }
+}
+
+/// A half-precision cache computes exactly what the f32 cache computes
+/// over the rounded keys and values.
+#[test]
+fn half_caches_attend_over_the_rounded_keys_and_values() {
+    fn run<T: CacheElement>(k: &[f32], v: &[f32], q: &[f32]) -> Vec<f32> {
+        let layout = CacheLayout {
+            block_size: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        let table: Vec<usize> = (0..10).rev().collect();
+        let (mut k_cache, mut v_cache) = (vec![T::default(); k.len()], vec![T::default(); v.len()]);
+        let whole = [SequenceRows {
+            rows: 0..37,
+            context_len: 37,
+            block_table: &table,
+        }];
+        write_kv(layout, &mut k_cache, &mut v_cache, k, v, &whole);
+        let mut out = vec![0f32; q.len()];
+        let last = [SequenceRows {
+            rows: 0..3,
+            context_len: 37,
+            block_table: &table,
+        }];
+        let params = AttentionParams {
+            scale: 0.35,
+            sliding_window: None,
+            softcap: None,
+        };
+        paged_attention(layout, &k_cache, &v_cache, q, &mut out, 4, &last, params);
+        out
+    }
+    let (k, v, q) = (data(40 * 16, 1), data(40 * 16, 2), data(3 * 32, 3));
+    let exact = run::<f32>(&k, &v, &q);
+    for (name, round) in [
+        (
+            "f16",
+            (|x: f32| f16::from_f32(x).to_f32()) as fn(f32) -> f32,
+        ),
+        ("bf16", |x: f32| bf16::from_f32(x).to_f32()),
+    ] {
+        let (kr, vr): (Vec<f32>, Vec<f32>) = (
+            k.iter().map(|&x| round(x)).collect(),
+            v.iter().map(|&x| round(x)).collect(),
+        );
+        let half = if name == "f16" {
+            run::<f16>(&k, &v, &q)
+        } else {
+            run::<bf16>(&k, &v, &q)
+        };
+        assert_eq!(half, run::<f32>(&kr, &vr, &q), "{name}");
+        let worst = half
+            .iter()
+            .zip(&exact)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst > 0.0 && worst < 2e-2, "{name}: {worst}");
+    }
+}
+
+/// One sequence's rows fed in one step, in chunks, and one at a time (as
+/// decode steps) give bit-identical outputs, for every cache element type,
+/// with GQA groups of 1 to 7 heads, head sizes that are and are not
+/// multiples of the vector width, a sliding window and a soft cap.
+#[test]
+fn rows_do_not_depend_on_how_they_are_batched() {
+    fn run<T: CacheElement>(
+        (heads, kv_heads, d): (usize, usize, usize),
+        params: AttentionParams,
+        chunks: &[usize],
+    ) -> Vec<f32> {
+        let (tokens, block_size) = (chunks.iter().sum::<usize>(), 16);
+        let layout = CacheLayout {
+            block_size,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+        };
+        let table: Vec<usize> = (0..tokens.div_ceil(block_size)).rev().collect();
+        let cache_len = table.len() * block_size * kv_heads * d;
+        let (mut k_cache, mut v_cache) =
+            (vec![T::default(); cache_len], vec![T::default(); cache_len]);
+        let (k, v) = (
+            data(tokens * kv_heads * d, 4),
+            data(tokens * kv_heads * d, 8),
+        );
+        let q = data(tokens * heads * d, 15);
+        let row_len = heads * d;
+        let mut out = vec![f32::NAN; q.len()];
+        let mut start = 0;
+        for &n in chunks {
+            let rows = [SequenceRows {
+                rows: 0..n,
+                context_len: start + n,
+                block_table: &table,
+            }];
+            let kv = start * kv_heads * d..(start + n) * kv_heads * d;
+            write_kv(
+                layout,
+                &mut k_cache,
+                &mut v_cache,
+                &k[kv.clone()],
+                &v[kv],
+                &rows,
+            );
+            let mut step = vec![0f32; n * row_len];
+            let q_step = &q[start * row_len..(start + n) * row_len];
+            paged_attention(
+                layout, &k_cache, &v_cache, q_step, &mut step, heads, &rows, params,
+            );
+            out[start * row_len..(start + n) * row_len].copy_from_slice(&step);
+            start += n;
+        }
+        out
+    }
+    fn check<T: CacheElement>(name: &str) {
+        let shapes = [(9, 3, 64), (14, 2, 64), (4, 1, 256), (6, 6, 40)];
+        let tokens = 150;
+        let batchings: [Vec<usize>; 3] = [vec![tokens], vec![70, 1, 64, 15], vec![1; tokens]];
+        for shape in shapes {
+            for (window, softcap) in [(None, None), (Some(37), Some(20.0))] {
+                let params = AttentionParams {
+                    scale: 0.125,
+                    sliding_window: window,
+                    softcap,
+                };
+                let whole = run::<T>(shape, params, &batchings[0]);
+                for chunks in &batchings[1..] {
+                    let fed = run::<T>(shape, params, chunks);
+                    let differing = whole
+                        .iter()
+                        .zip(&fed)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
+                    assert_eq!(
+                        differing,
+                        0,
+                        "{name} {shape:?} window {window:?}: {differing} outputs differ fed in {} steps",
+                        chunks.len()
+                    );
+                }
+            }
+        }
+    }
+    check::<f32>("f32");
+    check::<f16>("f16");
+    check::<bf16>("bf16");
+}
