@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::task::KEYS;
+use super::task::{key_blocks, KEYS};
 
 /// [`super::task::score`] on AVX-512: two blocks of 16 keys per pass, `2·Q`
 /// accumulators in registers.
@@ -24,13 +24,10 @@ pub(super) unsafe fn score<const Q: usize>(
 ) {
     let n_keys = scores.len() / Q;
     let q: [&[f32]; Q] = std::array::from_fn(|i| &q[i][..d]);
-    let from = ranges.iter().map(|r| r.start).min().unwrap_or(0) / KEYS;
-    let to = ranges
-        .iter()
-        .map(|r| r.end)
-        .max()
-        .unwrap_or(0)
-        .div_ceil(KEYS);
+    let Range {
+        start: from,
+        end: to,
+    } = key_blocks(ranges);
     assert!(to * KEYS * d <= kt.len(), "transposed keys");
     let scale = _mm512_set1_ps(scale);
     let mut lanes = [[0f32; KEYS]; 2];

@@ -219,6 +219,13 @@ impl Task<'_> {
     }
 }
 
+/// The blocks of [`KEYS`] keys that cover every one of `ranges`.
+pub(super) fn key_blocks(ranges: &[Range<usize>]) -> Range<usize> {
+    let from = ranges.iter().map(|r| r.start).min().unwrap_or(0);
+    let to = ranges.iter().map(|r| r.end).max().unwrap_or(0);
+    from / KEYS..to.div_ceil(KEYS)
+}
+
 /// [`score`], on AVX-512 when `AVX512`.
 #[inline(always)]
 fn score_on<const Q: usize, const AVX512: bool>(
@@ -271,13 +278,10 @@ fn score<const Q: usize>(
 ) {
     let n_keys = scores.len() / Q;
     let q: [&[f32]; Q] = std::array::from_fn(|i| &q[i][..d]);
-    let from = ranges.iter().map(|r| r.start).min().unwrap_or(0) / KEYS;
-    let to = ranges
-        .iter()
-        .map(|r| r.end)
-        .max()
-        .unwrap_or(0)
-        .div_ceil(KEYS);
+    let Range {
+        start: from,
+        end: to,
+    } = key_blocks(ranges);
     let mut block = from;
     while block < to {
         let pair = block + 1 < to;
