@@ -118,11 +118,11 @@ impl Task<'_> {
             let visible = self.visible(row);
             visible.start - keys.start..visible.end - keys.start
         };
-        // The query vectors of a pass: (row, head of the group) in order.
         let mut scores = vec![0f32; PASS_ROWS * group * n_keys];
         let mut first_row = self.rows.start;
         while first_row < self.rows.end {
             let rows = first_row..(first_row + PASS_ROWS).min(self.rows.end);
+            // The pass's query vectors: (row, head of the group) in order.
             let vectors: Vec<(usize, usize)> = rows
                 .clone()
                 .flat_map(|row| (0..group).map(move |h| (row, h)))
@@ -185,9 +185,9 @@ impl Task<'_> {
         let mut v = vec![0f32; keys.len() * d];
         // A block's keys, one per row.
         let mut block_keys = vec![0f32; KEYS * d];
-        let positions: Vec<usize> = keys.collect();
-        for (b, block) in positions.chunks(KEYS).enumerate() {
-            for (lane, &position) in block.iter().enumerate() {
+        for (b, first_key) in keys.clone().step_by(KEYS).enumerate() {
+            let block = first_key..(first_key + KEYS).min(keys.end);
+            for (lane, position) in block.clone().enumerate() {
                 let at = self.layout.offset(self.seq.block_table, position) + self.kv_head * d;
                 T::load(
                     &k_cache[at..at + d],
