@@ -172,6 +172,64 @@ fn sum(v: &[f32]) -> f32 {
     acc.iter().sum()
 }
 
+/// One decode step's worth of SmolLM2-135M Q4_1 products: 30 layers of
+/// q, k, v, o, gate, up and down (66 MB) and the LM head (18 MB), each matrix
+/// its own allocation, so that they stream from memory as in a model rather
+/// than from a core's cache. On the rayon pool (one thread per core) and on a
+/// one-thread pool; throughput in weight bytes per second.
+fn quant_decode_step(c: &mut Criterion) {
+    const LAYER: [(usize, usize); 7] = [
+        (576, 576),
+        (192, 576),
+        (192, 576),
+        (576, 576),
+        (1536, 576),
+        (1536, 576),
+        (576, 1536),
+    ];
+    let ty = QuantType::Q4_1;
+    let shapes: Vec<(usize, usize)> = (0..30).flat_map(|_| LAYER).chain([(49152, 576)]).collect();
+    let data: Vec<Vec<u8>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(rows, cols))| {
+            let mut d = random_weights(ty, rows, cols);
+            d[0] ^= i as u8;
+            d
+        })
+        .collect();
+    let mats: Vec<QuantMatrix> = shapes
+        .iter()
+        .zip(&data)
+        .map(|(&(rows, cols), d)| QuantMatrix::new(ty, rows, cols, d).expect("valid matrix"))
+        .collect();
+    let x = vec![0.25f32; 1536];
+    let mut y = vec![0f32; 49152];
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("pool");
+    let mut group = c.benchmark_group("quant_decode_step");
+    group.throughput(Throughput::Bytes(data.iter().map(|d| d.len() as u64).sum()));
+    group.sample_size(10);
+    for precision in [Precision::Exact, Precision::Fast] {
+        let mut step = || {
+            for (w, &(rows, cols)) in mats.iter().zip(&shapes) {
+                w.matmul(precision, black_box(&x[..cols]), 1, &mut y[..rows])
+                    .expect("matmul");
+            }
+        };
+        let id = format!("smollm2_q4_1/{precision:?}");
+        group.bench_function(format!("{id}/pool"), |b| {
+            b.iter_custom(|iters| in_pool(iters, &mut step))
+        });
+        group.bench_function(format!("{id}/1_thread"), |b| {
+            b.iter_custom(|iters| one.install(|| in_pool(iters, &mut step)))
+        });
+    }
+    group.finish();
+}
+
 fn quant_matvec_outside_pool(c: &mut Criterion) {
     let mut group = c.benchmark_group("quant_matvec_outside_pool");
     let ty = QuantType::Q4_0;
@@ -224,6 +282,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(20);
-    targets = quant_matvec, quant_prefill, quant_matvec_outside_pool, memory_bandwidth
+    targets = quant_matvec, quant_prefill, quant_decode_step, quant_matvec_outside_pool, memory_bandwidth
 }
 criterion_main!(benches);

@@ -17,6 +17,7 @@ use std::arch::x86_64::*;
 
 use super::act::{BlockQ8, BlockQ8K};
 use super::format::{k4_scales_mins_words, Format, Unpacked, QK_K};
+use super::prefetch::rows_prefetched;
 use super::QuantType;
 
 // ---------------------------------------------------------------- helpers
@@ -173,7 +174,7 @@ macro_rules! by_rows {
     ($k:ident::<$f:ty>, $w:expr, $blocks:expr, $acts:expr, $out:expr) => {{
         let (w, out): (&[u8], &mut [f32]) = ($w, $out);
         let row_bytes = $blocks * <$f as Format>::BYTES;
-        for (row, y) in w.chunks_exact(row_bytes).zip(out) {
+        for (row, y) in rows_prefetched(w, row_bytes).zip(out) {
             *y = $k::<$f>(row, $acts);
         }
     }};
@@ -246,7 +247,7 @@ pub(crate) unsafe fn exact_any<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) 
     let mut u = Unpacked::default();
     let mut buf = [0f32; QK_K];
     let buf = &mut buf[..F::ELEMS];
-    for (row, y) in w.chunks_exact(row_bytes).zip(out) {
+    for (row, y) in rows_prefetched(w, row_bytes).zip(out) {
         let mut acc = 0.0;
         for (block, xs) in row.chunks_exact(F::BYTES).zip(x.chunks_exact(F::ELEMS)) {
             F::TY.dequantize_block(block, &mut u, buf);

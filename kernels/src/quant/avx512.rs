@@ -22,6 +22,7 @@
 use std::arch::x86_64::*;
 
 use super::format::Format;
+use super::prefetch::rows_prefetched;
 use super::QuantType;
 
 /// Two consecutive activation blocks of 32, quantized like
@@ -229,7 +230,7 @@ pub(crate) unsafe fn fast_32<F: Format>(w: &[u8], acts: &[BlockQ8x2], out: &mut 
     let Some(row_bytes) = w.len().checked_div(out.len()) else {
         return;
     };
-    for (row, y) in w.chunks_exact(row_bytes).zip(out) {
+    for (row, y) in rows_prefetched(w, row_bytes).zip(out) {
         *y = fast_32_row::<F>(row, acts);
     }
 }

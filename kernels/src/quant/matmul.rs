@@ -421,8 +421,15 @@ impl<A: Sync> Job<'_, A> {
         if done == outs.len() {
             return;
         }
-        for t0 in (0..n).step_by(ROW_TILE) {
-            let t1 = (t0 + ROW_TILE).min(n);
+        // One activation row left: the kernel gets all rows at once, so that
+        // it can prefetch ahead across them.
+        let tile = if outs.len() - done == 1 {
+            n.max(1)
+        } else {
+            ROW_TILE
+        };
+        for t0 in (0..n).step_by(tile) {
+            let t1 = (t0 + tile).min(n);
             let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
             let acts = self.acts.chunks_exact(self.act_len).skip(done);
             for (out, a) in outs[done..].iter_mut().zip(acts) {
