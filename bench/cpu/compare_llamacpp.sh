@@ -7,7 +7,8 @@
 # Environment:
 #   HOST            Kiln's host binary               (default target/release/host)
 #   MODELS_DIR      where the GGUF files are         (default /work/models)
-#   LLAMACPP_DIR    where node-llama-cpp is installed (default /work/llamacpp)
+#   LLAMACPP_PY     a Python with llama-cpp-python built natively on this machine
+#                   (default /work/llamacpp-py/bin/python; bench/cpu/build_llamacpp.sh)
 #   THREADS         threads for both engines         (default 2)
 #   NICE            niceness of the measured processes (default 0)
 #   QUIET_BUSY      before every run, wait until other processes use less than
@@ -53,7 +54,7 @@ done
 HERE="$(cd "$(dirname "$0")" && pwd)"
 HOST="${HOST:-target/release/host}"
 MODELS_DIR="${MODELS_DIR:-/work/models}"
-LLAMACPP_DIR="${LLAMACPP_DIR:-/work/llamacpp}"
+LLAMACPP_PY="${LLAMACPP_PY:-/work/llamacpp-py/bin/python}"
 THREADS="${THREADS:-2}"
 NICE="${NICE:-0}"
 QUIET_BUSY="${QUIET_BUSY:-0.10}"
@@ -76,8 +77,8 @@ else
 fi
 
 [ -x "$HOST" ] || { echo "no Kiln host at $HOST: cargo build --release -p kiln-host" >&2; exit 1; }
-[ -f "$LLAMACPP_DIR/node_modules/node-llama-cpp/package.json" ] || {
-    echo "node-llama-cpp not found in $LLAMACPP_DIR: mkdir -p $LLAMACPP_DIR && cd $LLAMACPP_DIR && npm init -y && npm install node-llama-cpp" >&2
+"$LLAMACPP_PY" -c 'import llama_cpp' 2>/dev/null || {
+    echo "no llama-cpp-python at $LLAMACPP_PY: bench/cpu/build_llamacpp.sh" >&2
     exit 1
 }
 [ -x /usr/bin/time ] || { echo "needs GNU time at /usr/bin/time (apt-get install time)" >&2; exit 1; }
@@ -132,7 +133,7 @@ launch() {
                 --max-new-tokens "$3" --temperature 0 --precision "${1#kiln-}" "${GEN_JSON[@]}" > "$4.out" 2> "$4"
             ;;
         llama.cpp)
-            nice -n "$NICE" /usr/bin/time -v -o "$5" node "$HERE/llamacpp_run.mjs" --llama-dir "$LLAMACPP_DIR" \
+            nice -n "$NICE" /usr/bin/time -v -o "$5" "$LLAMACPP_PY" "$HERE/llamacpp_run.py" \
                 --model "$MODEL_PATH" --ids-file "$2" --max-new-tokens "$3" --threads "$THREADS" > "$4.out" 2> "$4"
             ;;
     esac
@@ -165,15 +166,16 @@ kiln_field() { # LOG prefill_tps|decode_tps|decode_steps
         tail -1 | awk -v f="$2" '{ if (f=="prefill_tps") print $1; else if (f=="decode_tps") print $2; else print $3 }'
 }
 
-# llamacpp_run.mjs's JSON line.
+# llamacpp_run.py's JSON line.
 llama_field() { # LOG.out prefill_tps|decode_tps|decode_steps|load_to_first_ms
-    node -e '
-        const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n").pop());
-        const f = process.argv[2];
-        if (f === "prefill_tps") console.log((r.prompt_len / (r.prefill_ms / 1e3)).toFixed(2));
-        else if (f === "decode_tps") console.log((r.decode_steps / (r.decode_ms / 1e3)).toFixed(2));
-        else if (f === "load_to_first_ms") console.log((r.load_ms + r.prefill_ms).toFixed(0));
-        else console.log(r.decode_steps);' "$1" "$2"
+    python3 -c '
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().split("\n")[-1])
+f = sys.argv[2]
+if f == "prefill_tps": print("%.2f" % (r["prompt_len"] / (r["prefill_ms"] / 1e3)))
+elif f == "decode_tps": print("%.2f" % (r["decode_steps"] / (r["decode_ms"] / 1e3)))
+elif f == "load_to_first_ms": print("%.0f" % (r["load_ms"] + r["prefill_ms"]))
+else: print(r["decode_steps"])' "$1" "$2"
 }
 
 field() { # ENGINE LOG METRIC
@@ -204,14 +206,20 @@ one_engine() {
     record "$key" "$engine" "$round" interference_pct "$INTERF"
 }
 
-# What the Node runtime plus the llama.cpp addon cost in RSS before any model.
+# What the Python runtime plus llama-cpp-python cost in RSS before any model.
 INTERF=0
-/usr/bin/time -v -o "$OUT/node_baseline.time" node --input-type=module -e '
-    const { getLlama } = await import(process.argv[1]);
-    const llama = await getLlama({ gpu: false, build: "never" });
-    await llama.dispose();' \
-    "$LLAMACPP_DIR/node_modules/node-llama-cpp/dist/index.js" > /dev/null 2>&1 || true
-record all llama.cpp 0 node_baseline_rss_mib "$(peak_rss "$OUT/node_baseline.time" || echo nan)"
+/usr/bin/time -v -o "$OUT/python_baseline.time" "$LLAMACPP_PY" -c 'import llama_cpp, numpy' > /dev/null 2>&1 || true
+record all llama.cpp 0 python_baseline_rss_mib "$(peak_rss "$OUT/python_baseline.time" || echo nan)"
+
+# The machine and the llama.cpp build, for the record.
+{
+    echo "- CPU: $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo), $(nproc) logical CPUs"
+    echo "- x86 flags: $(grep -o -w -E 'avx2|avx512f|avx512_vnni|avx512vbmi|avx512_bf16|avx512_fp16|amx_tile|amx_int8|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    echo "- llama.cpp: llama-cpp-python $("$LLAMACPP_PY" -c 'import llama_cpp; print(llama_cpp.__version__)'), $("$LLAMACPP_PY" "$HERE/llamacpp_run.py" --system-info --model - --ids-file -)"
+    [ -f "$(dirname "$LLAMACPP_PY")/../kiln-build.txt" ] && echo "- llama.cpp build: $(cat "$(dirname "$LLAMACPP_PY")/../kiln-build.txt")"
+    echo "- Kiln: $("$HOST" --version 2>/dev/null || echo "$HOST"), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+} > "$OUT/machine.md"
+cat "$OUT/machine.md" >&2
 
 ENGINES=(kiln-exact llama.cpp kiln-fast)
 for key in $MODELS; do
@@ -222,11 +230,13 @@ for key in $MODELS; do
     IDS512="$OUT/$key/ids512.txt"
     if [ "$NEW_CLI" = 1 ]; then GEN_MODEL=(--model "$MODEL_PATH"); else GEN_MODEL=("$MODEL_PATH"); fi
     "$HOST" generate "${GEN_MODEL[@]}" --prompt "$(cat "$HERE/prompt.txt")" --max-new-tokens 1 "${GEN_JSON[@]}" 2> /dev/null |
-        tail -1 | node -e '
-            const ids = JSON.parse(require("fs").readFileSync(0, "utf8")).prompt_ids;
-            if (ids.length < 512) { console.error("prompt.txt is only " + ids.length + " tokens"); process.exit(1); }
-            require("fs").writeFileSync(process.argv[1], ids.slice(0, 73).join(","));
-            require("fs").writeFileSync(process.argv[2], ids.slice(0, 512).join(","));' "$IDS73" "$IDS512"
+        tail -1 | python3 -c '
+import json, sys
+ids = json.load(sys.stdin)["prompt_ids"]
+if len(ids) < 512:
+    sys.exit("prompt.txt is only %d tokens" % len(ids))
+open(sys.argv[1], "w").write(",".join(map(str, ids[:73])))
+open(sys.argv[2], "w").write(",".join(map(str, ids[:512])))' "$IDS73" "$IDS512"
     echo "== $key ($(basename "$MODEL_PATH")), $ROUNDS rounds, $THREADS threads, nice $NICE, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     for round in $(seq 1 "$ROUNDS"); do
         # Rotate the engine order every round so no engine always runs first.
@@ -239,5 +249,5 @@ for key in $MODELS; do
     done
 done
 
-python3 "$HERE/summarize.py" --max-interference "$MAX_INTERFERENCE" "$RAW" | tee "$OUT/summary.md"
+{ cat "$OUT/machine.md"; echo; python3 "$HERE/summarize.py" --max-interference "$MAX_INTERFERENCE" "$RAW"; } | tee "$OUT/summary.md"
 echo "raw measurements and logs: $OUT" >&2

@@ -85,11 +85,15 @@ def main():
                 ok = ratio and e in med and med.get("llama.cpp")
                 ratios.append(f"{med[e] / med['llama.cpp']:.2f}" if ok else "-")
             print(f"| {label} | " + " | ".join(cells + ratios) + " |")
-    if "node_baseline_rss_mib" in extra:
-        print(
-            f"\nllama.cpp's RSS and cold start include the Node runtime and addon "
-            f"({extra['node_baseline_rss_mib']:.0f} MiB RSS with no model loaded)."
-        )
+    for key, runtime in (
+        ("python_baseline_rss_mib", "the Python runtime and llama-cpp-python"),
+        ("node_baseline_rss_mib", "the Node runtime and addon"),
+    ):
+        if key in extra:
+            print(
+                f"\nllama.cpp's RSS and cold start include {runtime} "
+                f"({extra[key]:.0f} MiB RSS with no model loaded)."
+            )
     print("Ratios are Kiln / llama.cpp: above 1 means Kiln is faster (tok/s) or heavier/slower (MiB, ms).")
 
 

@@ -457,7 +457,10 @@ impl Backend for Executor {
         inputs: Vec<Tensor>,
         cache: Option<&mut KvCache>,
     ) -> Result<Vec<Tensor>, RuntimeError> {
-        cpu_thread_pool().install(|| self.run_in_pool(inputs, cache))
+        cpu_thread_pool().install(|| {
+            let _awake = super::spin::KeepAwake::start();
+            self.run_in_pool(inputs, cache)
+        })
     }
 
     fn launch_sampled(
@@ -695,7 +698,7 @@ pub(crate) fn check_ragged_batch(
 
 /// The pool every graph runs in: `RAYON_NUM_THREADS` threads, else one per
 /// logical CPU.
-fn cpu_thread_pool() -> &'static rayon::ThreadPool {
+pub(super) fn cpu_thread_pool() -> &'static rayon::ThreadPool {
     static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
         rayon::ThreadPoolBuilder::new()

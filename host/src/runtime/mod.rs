@@ -11,6 +11,7 @@ mod kv_cache;
 mod moe;
 mod pool;
 pub mod sampling;
+mod spin;
 mod tensor;
 mod weights;
 

@@ -571,7 +571,7 @@ unsafe fn fast_32_block<F: Format, const W: usize, const R: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
     let blocks = x.len() / 32;
-    for (row, y) in w.chunks_exact(blocks * F::BYTES).zip(out) {
+    for (row, y) in rows_prefetched(w, blocks * F::BYTES).zip(out) {
         *y = exact_32_row::<F>(row, x);
     }
 }

@@ -4,6 +4,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use half::{bf16, f16};
+
 use super::task::{key_blocks, KEYS};
 
 /// [`super::task::score`] on AVX-512: two blocks of 16 keys per pass, `2·Q`
@@ -167,5 +169,48 @@ pub(super) unsafe fn transpose16(rows: &[f32], stride: usize, first: usize, out:
             _mm512_shuffle_f32x4::<0xdd>(a, b)
         };
         _mm512_storeu_ps(out.as_mut_ptr().add(c * 16), column);
+    }
+}
+
+/// `dst = src` widened from f16, 16 at a time (`vcvtph2ps` is exact, as
+/// `half`'s conversion is).
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen sizes");
+    let (whole, tail) = src.as_chunks::<16>();
+    let (out, out_tail) = dst.as_chunks_mut::<16>();
+    for (h, o) in whole.iter().zip(out) {
+        let h = _mm256_loadu_si256(h.as_ptr().cast());
+        _mm512_storeu_ps(o.as_mut_ptr(), _mm512_cvtph_ps(h));
+    }
+    for (h, o) in tail.iter().zip(out_tail) {
+        *o = h.to_f32();
+    }
+}
+
+/// `dst = src` widened from bf16 (the bits moved to the top half), 16 at a
+/// time.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "widen sizes");
+    let (whole, tail) = src.as_chunks::<16>();
+    let (out, out_tail) = dst.as_chunks_mut::<16>();
+    for (h, o) in whole.iter().zip(out) {
+        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(h.as_ptr().cast()));
+        _mm512_storeu_ps(
+            o.as_mut_ptr(),
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h)),
+        );
+    }
+    for (h, o) in tail.iter().zip(out_tail) {
+        *o = h.to_f32();
     }
 }

@@ -21,6 +21,16 @@ pub trait CacheElement: Copy + Default + Send + Sync + 'static {
     fn store(src: &[f32], dst: &mut [Self]);
     /// `dst = src`, widened.
     fn load(src: &[Self], dst: &mut [f32]);
+    /// [`load`](Self::load) for code compiled with AVX-512F: the same
+    /// values, widened by instructions that inline into the caller.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load_avx512(src: &[Self], dst: &mut [f32]) {
+        Self::load(src, dst);
+    }
 }
 
 impl CacheElement for f32 {
@@ -39,6 +49,12 @@ impl CacheElement for f16 {
     fn load(src: &[f16], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load_avx512(src: &[f16], dst: &mut [f32]) {
+        // SAFETY: the caller guarantees AVX-512F.
+        unsafe { avx512::widen_f16(src, dst) };
+    }
 }
 
 impl CacheElement for bf16 {
@@ -47,6 +63,12 @@ impl CacheElement for bf16 {
     }
     fn load(src: &[bf16], dst: &mut [f32]) {
         src.convert_to_f32_slice(dst);
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load_avx512(src: &[bf16], dst: &mut [f32]) {
+        // SAFETY: the caller guarantees AVX-512F.
+        unsafe { avx512::widen_bf16(src, dst) };
     }
 }
 

@@ -189,12 +189,12 @@ impl Task<'_> {
             let block = first_key..(first_key + KEYS).min(keys.end);
             for (lane, position) in block.clone().enumerate() {
                 let at = self.layout.offset(self.seq.block_table, position) + self.kv_head * d;
-                T::load(
+                let j = b * KEYS + lane;
+                load::<T, AVX512>(
                     &k_cache[at..at + d],
                     &mut block_keys[lane * d..(lane + 1) * d],
                 );
-                let j = b * KEYS + lane;
-                T::load(&v_cache[at..at + d], &mut v[j * d..(j + 1) * d]);
+                load::<T, AVX512>(&v_cache[at..at + d], &mut v[j * d..(j + 1) * d]);
             }
             block_keys[block.len() * d..].fill(0.0);
             let out = &mut kt[b * KEYS * d..(b + 1) * KEYS * d];
@@ -217,6 +217,18 @@ impl Task<'_> {
         }
         (kt, v)
     }
+}
+
+/// [`CacheElement::load`], with AVX-512 code when `AVX512` (the caller
+/// checked the CPU has it).
+#[inline(always)]
+fn load<T: CacheElement, const AVX512: bool>(src: &[T], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if AVX512 {
+        // SAFETY: `AVX512` is set only on CPUs with AVX-512F.
+        return unsafe { T::load_avx512(src, dst) };
+    }
+    T::load(src, dst);
 }
 
 /// The blocks of [`KEYS`] keys that cover every one of `ranges`.
