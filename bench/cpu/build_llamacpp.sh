@@ -29,7 +29,8 @@ MODEL="${MODELS_DIR:-/work/models}/SmolLM2-135M-Instruct.Q4_1.gguf"
 has_amx=$(grep -qw amx_int8 /proc/cpuinfo && echo yes || echo no)
 
 python3 -m venv "$VENV"
-"$VENV/bin/pip" install -q numpy cmake ninja
+# llama-cpp-python's own dependencies (it is installed with --no-deps below).
+"$VENV/bin/pip" install -q numpy typing_extensions diskcache jinja2 cmake ninja
 
 # build on|off: (re)installs llama-cpp-python with or without AMX.
 build() {
@@ -44,12 +45,14 @@ build() {
         --no-deps --no-binary llama-cpp-python --no-cache-dir "llama-cpp-python==$VERSION"
 }
 
-# probe: prefill 64 tokens and decode 16 with the built library, in a child.
+# probe: prefill 64 tokens and decode 16 with the built library, in a child;
+# its output goes to VENV/kiln-amx-probe.log.
 probe() {
-    local ids; ids=$(mktemp)
+    local ids rc=0
+    ids=$(mktemp)
     seq -s, 1 64 > "$ids"
-    "$VENV/bin/python" "$HERE/llamacpp_run.py" --model "$MODEL" --ids-file "$ids" --max-new-tokens 16 > /dev/null 2>&1
-    local rc=$?
+    "$VENV/bin/python" "$HERE/llamacpp_run.py" --model "$MODEL" --ids-file "$ids" \
+        --max-new-tokens 16 > "$VENV/kiln-amx-probe.log" 2>&1 || rc=$?
     rm -f "$ids"
     return $rc
 }
@@ -65,11 +68,19 @@ case "$AMX" in
             build on
             if [ ! -f "$MODEL" ]; then
                 AMX=on; why="CPU has AMX; not probed ($MODEL missing)"
-            elif probe; then
-                AMX=on; why="CPU has AMX and the probe ran cleanly"
             else
-                echo "the AMX build failed the probe (exit $?): rebuilding without AMX" >&2
-                build off; AMX=off; why="CPU has AMX but ggml's AMX build crashed in the probe"
+                rc=0; probe || rc=$?
+                if [ "$rc" = 0 ]; then
+                    AMX=on; why="CPU has AMX and the probe ran cleanly"
+                elif [ "$rc" -gt 128 ]; then
+                    echo "the AMX build crashed in the probe (signal $((rc - 128))): rebuilding without AMX" >&2
+                    tail -5 "$VENV/kiln-amx-probe.log" >&2
+                    build off; AMX=off; why="CPU has AMX but ggml's AMX build died of signal $((rc - 128)) in the probe"
+                else
+                    echo "the probe failed (exit $rc), not a crash; see $VENV/kiln-amx-probe.log" >&2
+                    tail -5 "$VENV/kiln-amx-probe.log" >&2
+                    exit 1
+                fi
             fi
         fi ;;
     *) echo "--amx takes auto, on or off" >&2; exit 2 ;;

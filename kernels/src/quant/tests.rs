@@ -333,21 +333,19 @@ fn check_multi_row(isa: Isa, ty: QuantType, rows: usize, cols: usize, m: usize, 
     let data = random_blocks(ty, rows * cols / ty.block_elems(), &mut rng);
     let x: Vec<f32> = (0..m * cols).map(|_| rng.f32()).collect();
     let matrix = QuantMatrix::new(ty, rows, cols, &data).unwrap();
-    let mut y = vec![f32::NAN; m * rows];
-    matrix
-        .matmul_with(isa, Precision::Fast, &x, m, &mut y)
-        .unwrap();
     let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    for (i, (x, y)) in x.chunks_exact(cols).zip(y.chunks_exact(rows)).enumerate() {
-        let mut one = vec![f32::NAN; rows];
-        matrix
-            .matmul_with(isa, Precision::Fast, x, 1, &mut one)
-            .unwrap();
-        assert_eq!(
-            bits(y),
-            bits(&one),
-            "{ty} {isa:?} {rows}x{cols} m={m}: activation row {i}"
-        );
+    for precision in [Precision::Fast, Precision::Exact] {
+        let mut y = vec![f32::NAN; m * rows];
+        matrix.matmul_with(isa, precision, &x, m, &mut y).unwrap();
+        for (i, (x, y)) in x.chunks_exact(cols).zip(y.chunks_exact(rows)).enumerate() {
+            let mut one = vec![f32::NAN; rows];
+            matrix.matmul_with(isa, precision, x, 1, &mut one).unwrap();
+            assert_eq!(
+                bits(y),
+                bits(&one),
+                "{ty} {isa:?} {precision:?} {rows}x{cols} m={m}: activation row {i}"
+            );
+        }
     }
 }
 
@@ -453,6 +451,49 @@ fn avx512_multi_row_kernels_equal_the_single_row_kernel() {
     check::<m::Q5_0>(3);
     check::<m::Q5_1>(4);
     check::<m::Q8_0>(5);
+}
+
+/// The AVX-512 exact multi-row kernels against the single-row one, bit for
+/// bit.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
+    use super::avx512::{exact_32, exact_32_multi};
+    use super::format::{marker as m, Format};
+
+    fn check<F: Format>(seed: u64) {
+        let shapes: [(usize, MultiKernel<f32>); 3] = [
+            (2, exact_32_multi::<F, 2>),
+            (4, exact_32_multi::<F, 4>),
+            (8, exact_32_multi::<F, 8>),
+        ];
+        let mut rng = Rng::new(seed);
+        for blocks in [1usize, 2, 3, 7, 18] {
+            for shape in shapes {
+                check_multi_kernel(
+                    F::TY,
+                    &mut rng,
+                    blocks,
+                    blocks * 32,
+                    shape,
+                    exact_32::<F>,
+                    |x: &[f32], a: &mut [f32]| a.copy_from_slice(x),
+                );
+            }
+        }
+    }
+
+    if !available_or_skip(
+        Isa::Avx512,
+        "avx512_exact_multi_row_kernels_equal_the_single_row_kernel",
+    ) {
+        return;
+    }
+    check::<m::Q4_0>(11);
+    check::<m::Q4_1>(12);
+    check::<m::Q5_0>(13);
+    check::<m::Q5_1>(14);
+    check::<m::Q8_0>(15);
 }
 
 /// The AVX2 multi-row kernels against the single-row ones, bit for bit.

@@ -25,6 +25,9 @@ use super::format::Format;
 use super::prefetch::rows_prefetched;
 use super::QuantType;
 
+mod exact;
+pub(crate) use exact::{exact_32, exact_32_multi};
+
 /// Two consecutive activation blocks of 32, quantized like
 /// [`BlockQ8`](super::act::BlockQ8), laid out for the AVX-512 kernels. A
 /// row's odd last block is paired with zeros.
@@ -565,56 +568,4 @@ unsafe fn fast_32_block<F: Format, const W: usize, const R: usize>(
         }
     }
     out
-}
-
-/// Exact kernel: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 with f32 activations.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let blocks = x.len() / 32;
-    for (row, y) in rows_prefetched(w, blocks * F::BYTES).zip(out) {
-        *y = exact_32_row::<F>(row, x);
-    }
-}
-
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[f32]) -> f32 {
-    let nibbles = nibble_index::<F>();
-    let scale_idx = half_index::<F>(0, 16);
-    let min_idx = half_index::<F>(2, 16);
-    let offset = _mm512_set1_epi8(quant_offset(F::TY) as u8 as i8);
-    let (xs, _) = x.as_chunks::<64>();
-    let step = |acc, b: &[u8], x: &[f32; 64], v| {
-        let q = _mm512_sub_epi8(unsigned_quants::<F>(b, v, nibbles), offset);
-        let f = |k: i32| -> __m512 {
-            let lane = match k {
-                0 => _mm512_castsi512_si128(q),
-                1 => _mm512_extracti32x4_epi32::<1>(q),
-                2 => _mm512_extracti32x4_epi32::<2>(q),
-                _ => _mm512_extracti32x4_epi32::<3>(q),
-            };
-            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lane))
-        };
-        let xs = [0, 1, 2, 3].map(|k| _mm512_loadu_ps(x[16 * k..].as_ptr()));
-        let p0 = _mm512_fmadd_ps(f(1), xs[1], _mm512_mul_ps(f(0), xs[0]));
-        let p1 = _mm512_fmadd_ps(f(3), xs[3], _mm512_mul_ps(f(2), xs[2]));
-        let (d0, d1) = halves(_mm512_permutexvar_epi16(scale_idx, v));
-        let acc = _mm512_fmadd_ps(d1, p1, _mm512_fmadd_ps(d0, p0, acc));
-        if has_min(F::TY) {
-            let (m0, m1) = halves(_mm512_permutexvar_epi16(min_idx, v));
-            let acc = _mm512_fmadd_ps(m0, _mm512_add_ps(xs[0], xs[1]), acc);
-            _mm512_fmadd_ps(m1, _mm512_add_ps(xs[2], xs[3]), acc)
-        } else {
-            acc
-        }
-    };
-    let mut acc = fold_pairs::<F, _, _>(row, xs, _mm512_setzero_ps(), step, |b| load_pair::<F>(b));
-    // An odd last block pairs with activations beyond the 64-value chunks.
-    if !row.len().is_multiple_of(2 * F::BYTES) {
-        let b = &row[row.len() - F::BYTES..];
-        let mut tail = [0f32; 64];
-        tail[..32].copy_from_slice(&x[x.len() - 32..]);
-        acc = step(acc, b, &tail, load_pair::<F>(b));
-    }
-    hsum(acc)
 }
