@@ -326,42 +326,40 @@ fn rows_do_not_depend_on_how_they_are_batched() {
     check::<bf16>("bf16");
 }
 
+/// `load_avx512` against `load` on `values`, in runs of odd lengths so that
+/// the 16-wide loops and their tails both run.
+#[cfg(target_arch = "x86_64")]
+fn check_widening<T: CacheElement>(values: &[T]) {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for len in [1, 15, 16, 17, 64, 257] {
+        for chunk in values.chunks(len) {
+            let (mut a, mut b) = (vec![0f32; chunk.len()], vec![1f32; chunk.len()]);
+            T::load(chunk, &mut a);
+            // SAFETY: the caller checked for AVX-512F.
+            unsafe { T::load_avx512(chunk, &mut b) };
+            assert_eq!(bits(&a), bits(&b));
+        }
+    }
+}
+
+/// Every f16 and bf16 bit pattern but NaNs.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx512_widening_gives_the_portable_values() {
     if !std::arch::is_x86_feature_detected!("avx512f") {
         return;
     }
-    // Every f16 and bf16 bit pattern but NaNs, in runs of odd lengths so
-    // that the 16-wide loops and their tails both run.
-    let halves: Vec<f16> = (0..=u16::MAX)
-        .map(f16::from_bits)
-        .filter(|h| !h.is_nan())
-        .collect();
-    let brains: Vec<bf16> = (0..=u16::MAX)
-        .map(bf16::from_bits)
-        .filter(|h| !h.is_nan())
-        .collect();
-    for len in [1, 15, 16, 17, 64, 257] {
-        for chunk in halves.chunks(len) {
-            let (mut a, mut b) = (vec![0f32; chunk.len()], vec![1f32; chunk.len()]);
-            f16::load(chunk, &mut a);
-            // SAFETY: checked above.
-            unsafe { f16::load_avx512(chunk, &mut b) };
-            assert_eq!(
-                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-            );
-        }
-        for chunk in brains.chunks(len) {
-            let (mut a, mut b) = (vec![0f32; chunk.len()], vec![1f32; chunk.len()]);
-            bf16::load(chunk, &mut a);
-            // SAFETY: checked above.
-            unsafe { bf16::load_avx512(chunk, &mut b) };
-            assert_eq!(
-                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-            );
-        }
-    }
+    let all = || 0..=u16::MAX;
+    check_widening(
+        &all()
+            .map(f16::from_bits)
+            .filter(|h| !h.is_nan())
+            .collect::<Vec<_>>(),
+    );
+    check_widening(
+        &all()
+            .map(bf16::from_bits)
+            .filter(|h| !h.is_nan())
+            .collect::<Vec<_>>(),
+    );
 }
