@@ -57,7 +57,7 @@ probe() {
     return $rc
 }
 
-system_info() { "$VENV/bin/python" "$HERE/llamacpp_run.py" --system-info --model - --ids-file -; }
+system_info() { "$VENV/bin/python" "$HERE/llamacpp_run.py" --system-info; }
 
 case "$AMX" in
     on|off) build "$AMX"; why="--amx $AMX" ;;

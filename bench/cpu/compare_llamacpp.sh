@@ -215,7 +215,7 @@ record all llama.cpp 0 python_baseline_rss_mib "$(peak_rss "$OUT/python_baseline
 {
     echo "- CPU: $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo), $(nproc) logical CPUs"
     echo "- x86 flags: $(grep -o -w -E 'avx2|avx512f|avx512_vnni|avx512vbmi|avx512_bf16|avx512_fp16|amx_tile|amx_int8|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-    echo "- llama.cpp: llama-cpp-python $("$LLAMACPP_PY" -c 'import llama_cpp; print(llama_cpp.__version__)'), $("$LLAMACPP_PY" "$HERE/llamacpp_run.py" --system-info --model - --ids-file -)"
+    echo "- llama.cpp: llama-cpp-python $("$LLAMACPP_PY" -c 'import llama_cpp; print(llama_cpp.__version__)'), $("$LLAMACPP_PY" "$HERE/llamacpp_run.py" --system-info)"
     [ -f "$(dirname "$LLAMACPP_PY")/../kiln-build.txt" ] && echo "- llama.cpp build: $(cat "$(dirname "$LLAMACPP_PY")/../kiln-build.txt")"
     echo "- Kiln: $("$HOST" --version 2>/dev/null || echo "$HOST"), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 } > "$OUT/machine.md"

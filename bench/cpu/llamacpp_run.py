@@ -29,8 +29,8 @@ import llama_cpp as ll
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--ids-file", required=True)
+    parser.add_argument("--model")
+    parser.add_argument("--ids-file")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--system-info", action="store_true", help="print llama.cpp's system info and exit")
@@ -38,6 +38,8 @@ def main():
     if args.system_info:
         print(ll.llama_print_system_info().decode())
         return
+    if not args.model or not args.ids_file:
+        parser.error("--model and --ids-file are required (unless --system-info)")
     with open(args.ids_file) as f:
         ids = [int(t) for t in f.read().strip().split(",")]
 

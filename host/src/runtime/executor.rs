@@ -698,7 +698,7 @@ pub(crate) fn check_ragged_batch(
 
 /// The pool every graph runs in: `RAYON_NUM_THREADS` threads, else one per
 /// logical CPU.
-pub(super) fn cpu_thread_pool() -> &'static rayon::ThreadPool {
+fn cpu_thread_pool() -> &'static rayon::ThreadPool {
     static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
         rayon::ThreadPoolBuilder::new()

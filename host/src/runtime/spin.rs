@@ -34,3 +34,39 @@ impl Drop for KeepAwake {
         self.done.store(true, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use rayon::prelude::*;
+
+    use super::*;
+
+    /// The other workers run the step's parallel work while kept awake, and
+    /// stop polling once the guard is gone (their closure, which holds the
+    /// flag, is then dropped).
+    #[test]
+    fn workers_stop_polling_when_the_step_ends() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let flag = pool.install(|| {
+            let awake = KeepAwake::start();
+            let flag = Arc::clone(&awake.done);
+            let sum: u64 = (0..100_000u64).into_par_iter().sum();
+            assert_eq!(sum, 100_000 * 99_999 / 2);
+            flag
+        });
+        assert!(flag.load(Ordering::Acquire));
+        let start = Instant::now();
+        while Arc::strong_count(&flag) > 1 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "a worker still polls after the step"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}

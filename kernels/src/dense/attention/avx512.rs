@@ -172,45 +172,32 @@ pub(super) unsafe fn transpose16(rows: &[f32], stride: usize, first: usize, out:
     }
 }
 
-/// `dst = src` widened from f16, 16 at a time (`vcvtph2ps` is exact, as
-/// `half`'s conversion is).
+/// `dst` = the 16-bit floats whose bits are `bits`, widened 16 at a time:
+/// bf16 when `BF16` (the bits moved to the top half), else f16 (`vcvtph2ps`,
+/// exact, as `half`'s conversion is).
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(super) unsafe fn widen_f16(src: &[f16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen sizes");
-    let (whole, tail) = src.as_chunks::<16>();
+pub(super) unsafe fn widen_16bit<const BF16: bool>(bits: &[u16], dst: &mut [f32]) {
+    assert_eq!(bits.len(), dst.len(), "widen sizes");
+    let (whole, tail) = bits.as_chunks::<16>();
     let (out, out_tail) = dst.as_chunks_mut::<16>();
     for (h, o) in whole.iter().zip(out) {
         let h = _mm256_loadu_si256(h.as_ptr().cast());
-        _mm512_storeu_ps(o.as_mut_ptr(), _mm512_cvtph_ps(h));
+        let wide = if BF16 {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        } else {
+            _mm512_cvtph_ps(h)
+        };
+        _mm512_storeu_ps(o.as_mut_ptr(), wide);
     }
-    for (h, o) in tail.iter().zip(out_tail) {
-        *o = h.to_f32();
-    }
-}
-
-/// `dst = src` widened from bf16 (the bits moved to the top half), 16 at a
-/// time.
-///
-/// # Safety
-/// The CPU must have AVX-512F.
-#[target_feature(enable = "avx512f")]
-#[inline]
-pub(super) unsafe fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len(), "widen sizes");
-    let (whole, tail) = src.as_chunks::<16>();
-    let (out, out_tail) = dst.as_chunks_mut::<16>();
-    for (h, o) in whole.iter().zip(out) {
-        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(h.as_ptr().cast()));
-        _mm512_storeu_ps(
-            o.as_mut_ptr(),
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(h)),
-        );
-    }
-    for (h, o) in tail.iter().zip(out_tail) {
-        *o = h.to_f32();
+    for (&h, o) in tail.iter().zip(out_tail) {
+        *o = if BF16 {
+            bf16::from_bits(h).to_f32()
+        } else {
+            f16::from_bits(h).to_f32()
+        };
     }
 }

@@ -42,35 +42,29 @@ impl CacheElement for f32 {
     }
 }
 
-impl CacheElement for f16 {
-    fn store(src: &[f32], dst: &mut [f16]) {
-        dst.convert_from_f32_slice(src);
-    }
-    fn load(src: &[f16], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load_avx512(src: &[f16], dst: &mut [f32]) {
-        // SAFETY: the caller guarantees AVX-512F.
-        unsafe { avx512::widen_f16(src, dst) };
-    }
+/// f16 and bf16: `half`'s slice conversions, and on AVX-512 the inline
+/// widening of [`avx512::widen_16bit`].
+macro_rules! half_cache_element {
+    ($t:ty, bf16: $bf16:expr) => {
+        impl CacheElement for $t {
+            fn store(src: &[f32], dst: &mut [$t]) {
+                dst.convert_from_f32_slice(src);
+            }
+            fn load(src: &[$t], dst: &mut [f32]) {
+                src.convert_to_f32_slice(dst);
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn load_avx512(src: &[$t], dst: &mut [f32]) {
+                // SAFETY: the caller guarantees AVX-512F.
+                unsafe { avx512::widen_16bit::<$bf16>(src.reinterpret_cast(), dst) };
+            }
+        }
+    };
 }
 
-impl CacheElement for bf16 {
-    fn store(src: &[f32], dst: &mut [bf16]) {
-        dst.convert_from_f32_slice(src);
-    }
-    fn load(src: &[bf16], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    unsafe fn load_avx512(src: &[bf16], dst: &mut [f32]) {
-        // SAFETY: the caller guarantees AVX-512F.
-        unsafe { avx512::widen_bf16(src, dst) };
-    }
-}
+half_cache_element!(f16, bf16: false);
+half_cache_element!(bf16, bf16: true);
 
 /// The shape of one layer's cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
