@@ -332,7 +332,8 @@ pub struct RuntimeArgs {
     /// is bf16 on CUDA (f32 with `--dtype float32`); on the CPU, f16 with
     /// `--precision fast` (llama.cpp's default, half the memory) and f32
     /// with `--precision exact`, which promises transformers' logits within
-    /// 1e-4. `float16` is for the CPU only.
+    /// 1e-4. `float16` and `q8_0` (ggml's Q8_0 blocks, 8.5 bits a number,
+    /// for heads of a multiple of 32) are for the CPU only.
     #[arg(long, value_enum, default_value_t = KvCacheDtypeArg::Auto)]
     pub kv_cache_dtype: KvCacheDtypeArg,
 
@@ -420,6 +421,10 @@ pub enum KvCacheDtypeArg {
     Bfloat16,
     /// f16 (CPU only).
     Float16,
+    /// Q8_0 blocks, 34 bytes per 32 numbers, as llama.cpp's `q8_0` (CPU
+    /// only).
+    #[value(name = "q8_0")]
+    Q8_0,
 }
 
 /// `--attention-backend`.
@@ -447,6 +452,7 @@ impl From<KvCacheDtypeArg> for crate::runtime::KvCacheDtype {
             KvCacheDtypeArg::Float32 => Self::Float32,
             KvCacheDtypeArg::Bfloat16 => Self::BFloat16,
             KvCacheDtypeArg::Float16 => Self::Float16,
+            KvCacheDtypeArg::Q8_0 => Self::Q8_0,
         }
     }
 }

@@ -8,8 +8,8 @@ cache went back to empty and the server's memory stayed flat.
 
 Run it before closing work on the server (64 clients, 3 rounds of 60 s by
 default); the test suite runs a short one. Prints a table per round
-(requests, hang-ups, errors, p50/p99 latency, RSS, KV usage) and a JSON
-summary with --json; exits 1 if any request failed, the cache did not drain
+(requests, hang-ups, errors, p50/p99 latency, RSS, KV usage), the peak RSS
+and a JSON summary with --json; exits 1 if any request failed, the cache did not drain
 or RSS grew by more than 10 % (+ 16 MiB) from the first round to the last.
 """
 
@@ -43,10 +43,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def rss_mib(pid):
+def rss_mib(pid, field="VmRSS"):
+    """The process's resident memory now (VmRSS) or at its peak (VmHWM)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -119,6 +120,8 @@ def main():
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--kv-cache-memory", default="1GiB")
+    parser.add_argument("--kv-cache-dtype", default="auto",
+                        help="the server's --kv-cache-dtype (auto is f32 in exact precision)")
     parser.add_argument("--json", help="write the summary here")
     args = parser.parse_args()
 
@@ -126,6 +129,7 @@ def main():
     server = subprocess.Popen(
         [args.host, "serve", "--model", args.model, "--port", str(port),
          "--served-model-name", "soak", "--kv-cache-memory", args.kv_cache_memory,
+         "--kv-cache-dtype", args.kv_cache_dtype,
          "--max-connections", str(args.clients + 16)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
@@ -167,6 +171,8 @@ def main():
                   f"{p50:5.2f}  {p99:5.2f}  {row['rss_mib']:7.0f}  {row['kv_usage_after']:8.3f}")
             for sample in row["error_samples"]:
                 print(f"       error: {sample}")
+        peak_rss = rss_mib(server.pid, "VmHWM")
+        print(f"peak RSS {peak_rss:.0f} MiB")
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -180,7 +186,7 @@ def main():
         problems.append(f"RSS grew from {first:.0f} to {last:.0f} MiB")
     if server.returncode != 0:
         problems.append(f"the server exited with {server.returncode} on SIGTERM")
-    summary = {"idle_rss_mib": idle_rss, "clients": args.clients, "seconds": args.seconds,
+    summary = {"idle_rss_mib": idle_rss, "peak_rss_mib": peak_rss, "clients": args.clients, "seconds": args.seconds,
                "rounds": rounds, "problems": problems}
     if args.json:
         with open(args.json, "w") as f:

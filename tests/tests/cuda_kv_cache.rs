@@ -40,8 +40,8 @@ fn a_bf16_cache_halves_the_bytes_and_stays_within_bf16_rounding() {
     let portable = AttentionBackend::Portable;
     let f32_cache = load(KvCacheDtype::Float32, portable);
     let bf16_cache = load(KvCacheDtype::BFloat16, portable);
-    assert_eq!(f32_cache.backend.kv_element_bytes(), 4);
-    assert_eq!(bf16_cache.backend.kv_element_bytes(), 2);
+    assert_eq!(f32_cache.backend.kv_bytes(1), 4);
+    assert_eq!(bf16_cache.backend.kv_bytes(1), 2);
     let prompt: Vec<u32> = (0..10).map(|i| (i * 53 + 7) % 768).collect();
     let (mut a, mut b) = (
         Generator::new(&f32_cache, 16).unwrap(),

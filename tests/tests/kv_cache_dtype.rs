@@ -1,9 +1,11 @@
 //! `--kv-cache-dtype` on the CPU backend (llama.cpp's `--cache-type-k/v`):
 //! an f16 cache on SmolLM2 generates what the f32 cache generates, in
 //! `generate` and in `serve`, where the same `--kv-cache-memory` then holds
-//! twice the tokens; `auto` is f16 in fast precision and f32 in exact; the
-//! CUDA-only and CPU-only choices are refused on the other device.
+//! twice the tokens (a q8_0 cache 64/17 times); `auto` is f16 in fast
+//! precision and f32 in exact; the CPU-only choices are refused on a GPU,
+//! and q8_0 for heads that are not whole blocks of 32.
 
+use kiln_tests::models::{tiny_model, write_model_dir};
 use kiln_tests::serve::{requirements, Server};
 use kiln_tests::{generate_json, run_host, text};
 
@@ -43,6 +45,10 @@ fn an_f16_cache_generates_what_the_f32_cache_generates() {
     // bf16 keeps 8 bits of mantissa: it runs, and starts the same way.
     let bf16_ids = generate(model, &["--kv-cache-dtype", "bfloat16"]);
     assert_eq!(bf16_ids[..4], f32_ids[..4]);
+    // q8_0 (8.5 bits a number) also starts the same way.
+    let q8_ids = generate(model, &["--kv-cache-dtype", "q8_0"]);
+    assert_eq!(q8_ids.len(), 24);
+    assert_eq!(q8_ids[..8], f32_ids[..8]);
     // Fast precision's auto (f16) is its f16 cache.
     let fast = ["--precision", "fast"];
     assert_eq!(
@@ -74,41 +80,66 @@ fn served_kv_tokens(model: &std::path::Path, dtype: &str) -> u64 {
 }
 
 #[test]
-fn serve_holds_twice_the_tokens_in_an_f16_cache() {
+fn serve_holds_twice_the_tokens_in_an_f16_cache_and_3_8_times_in_q8_0() {
     let (model, _) = requirements();
-    let (f32_tokens, f16_tokens) = (
+    let (f32_tokens, f16_tokens, q8_tokens) = (
         served_kv_tokens(&model, "float32"),
         served_kv_tokens(&model, "float16"),
+        served_kv_tokens(&model, "q8_0"),
     );
     assert!(f32_tokens > 0);
-    // Within a block of rounding.
+    // Within a block of rounding: 4 bytes a number, 2, and 34 per 32.
     assert!(
         f16_tokens.abs_diff(2 * f32_tokens) <= 32,
         "{f16_tokens} vs {f32_tokens}"
     );
+    assert!(
+        q8_tokens.abs_diff(f32_tokens * 64 / 17) <= 64,
+        "{q8_tokens} vs {f32_tokens}"
+    );
+}
+
+/// `host generate --model model --prompt-ids 1,2` with `extra` options:
+/// its exit status and standard error.
+fn generate_status(model: &std::path::Path, extra: &[&str]) -> (Option<i32>, String) {
+    let mut args = vec![
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+    ];
+    args.extend_from_slice(extra);
+    let output = run_host(args, &[]);
+    (output.status.code(), text(&output).1)
 }
 
 #[test]
-fn float16_is_refused_on_a_gpu() {
+fn float16_and_q8_0_are_refused_on_a_gpu() {
     let (model, _) = requirements();
-    let output = run_host(
-        [
-            "generate",
-            "--model",
-            model.to_str().unwrap(),
-            "--prompt-ids",
-            "1,2",
-            "--device",
-            "cuda-emulated",
-            "--kv-cache-dtype",
-            "float16",
-        ],
-        &[],
-    );
-    let (_, stderr) = text(&output);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    for dtype in ["float16", "q8_0"] {
+        let (code, stderr) = generate_status(
+            &model,
+            &["--device", "cuda-emulated", "--kv-cache-dtype", dtype],
+        );
+        assert_eq!(code, Some(1), "{stderr}");
+        let expected = format!("--kv-cache-dtype {dtype} is for the CPU backend");
+        assert!(stderr.contains(&expected), "{stderr}");
+    }
+}
+
+#[test]
+fn q8_0_is_refused_for_heads_that_are_not_whole_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    // Heads of 8 numbers.
+    let (config, weights) = tiny_model("tiny_llama.json");
+    write_model_dir(&config, &weights, dir.path(), false);
+    let (code, stderr) = generate_status(dir.path(), &["--kv-cache-dtype", "q8_0"]);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
-        stderr.contains("--kv-cache-dtype float16 is for the CPU backend"),
+        stderr.contains("q8_0 stores heads in blocks of 32 numbers, and this model's heads have 8"),
         "{stderr}"
     );
+    let (code, stderr) = generate_status(dir.path(), &["--kv-cache-dtype", "float16"]);
+    assert_eq!(code, Some(0), "{stderr}");
 }

@@ -1,5 +1,7 @@
 //! One module per `host` subcommand.
 
+use clap::ValueEnum;
+
 use crate::cli::{LoadArgs, RuntimeArgs};
 use crate::compiler::CompileCache;
 use crate::model::{self, resolve, LoadOptions, Model};
@@ -54,10 +56,17 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
 /// How `runtime` says a model is loaded.
 fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
     let device: crate::device::DeviceChoice = runtime.device.parse()?;
+    let cpu_only = matches!(
+        runtime.kv_cache_dtype,
+        crate::cli::KvCacheDtypeArg::Float16 | crate::cli::KvCacheDtypeArg::Q8_0
+    );
     anyhow::ensure!(
-        device == crate::device::DeviceChoice::Cpu
-            || runtime.kv_cache_dtype != crate::cli::KvCacheDtypeArg::Float16,
-        "--kv-cache-dtype float16 is for the CPU backend: the cache on a GPU holds bfloat16 or float32"
+        device == crate::device::DeviceChoice::Cpu || !cpu_only,
+        "--kv-cache-dtype {} is for the CPU backend: the cache on a GPU holds bfloat16 or float32",
+        runtime
+            .kv_cache_dtype
+            .to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned())
     );
     Ok(LoadOptions {
         max_length: runtime.max_length,

@@ -183,12 +183,9 @@ fn start_engine(
     metrics: &Metrics,
 ) -> anyhow::Result<(EngineHandle, EngineThread, usize)> {
     let kv = model.config.kv;
-    let bytes_per_block = kv.num_layers as u64
-        * args.block_size as u64
-        * kv.num_kv_heads as u64
-        * kv.head_dim as u64
-        * 2
-        * model.backend.kv_element_bytes() as u64;
+    let values_per_layer = args.block_size * kv.num_kv_heads as usize * kv.head_dim as usize;
+    let bytes_per_block =
+        kv.num_layers as u64 * 2 * model.backend.kv_bytes(values_per_layer) as u64;
     let max_model_len = model.config.max_seq_len as usize;
     // On a GPU the cache takes what the weights and the largest step leave
     // of --gpu-memory-utilization; on the CPU, --kv-cache-memory.

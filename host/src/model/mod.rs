@@ -44,6 +44,10 @@ pub enum ModelError {
     /// The device could not be opened.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// An option the model cannot honour (e.g. a Q8_0 KV cache for heads
+    /// that are not whole blocks).
+    #[error("{0}")]
+    Unsupported(String),
     /// The tokenizer could not be built.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),
@@ -283,25 +287,36 @@ fn compile(
     })?;
     let (program, compile) = options.compile_cache.get_or_compile(&graph, Device::Cpu)?;
     let program = Arc::new(program);
-    let backend: Box<dyn Backend> =
-        match device::open(options.device, options.compile_cache.kernels_dir())? {
-            None => Box::new(
-                Executor::new(program, &bound.store, options.precision)?
-                    .with_kv_dtype(options.kv_cache_dtype.on_host(options.precision)),
-            ),
-            Some(gpu) => Box::new(CudaExecutor::new(
-                program,
-                &bound.store,
-                gpu,
-                options.device.to_string(),
-                CudaOptions {
-                    dtype: options.dtype,
-                    kv_cache_dtype: options.kv_cache_dtype,
-                    graphs: !options.enforce_eager,
-                    attention: options.attention_backend,
-                },
-            )?),
-        };
+    let backend: Box<dyn Backend> = match device::open(
+        options.device,
+        options.compile_cache.kernels_dir(),
+    )? {
+        None => {
+            let kv_dtype = options.kv_cache_dtype.on_host(options.precision);
+            let per_element = kv_dtype.values_per_element() as u32;
+            if !config.kv.head_dim.is_multiple_of(per_element) {
+                return Err(ModelError::Unsupported(format!(
+                        "--kv-cache-dtype q8_0 stores heads in blocks of {per_element} numbers, and this model's heads have {}",
+                        config.kv.head_dim
+                    )));
+            }
+            Box::new(
+                Executor::new(program, &bound.store, options.precision)?.with_kv_dtype(kv_dtype),
+            )
+        }
+        Some(gpu) => Box::new(CudaExecutor::new(
+            program,
+            &bound.store,
+            gpu,
+            options.device.to_string(),
+            CudaOptions {
+                dtype: options.dtype,
+                kv_cache_dtype: options.kv_cache_dtype,
+                graphs: !options.enforce_eager,
+                attention: options.attention_backend,
+            },
+        )?),
+    };
     let pipeline = Pipeline::for_architecture(&architecture)?;
     Ok(Compiled {
         architecture,

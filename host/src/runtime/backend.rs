@@ -74,10 +74,10 @@ pub trait Backend: Send + Sync {
     /// Where it runs, e.g. `cpu` or `cuda:0 (NVIDIA H100 80GB HBM3 (sm_90))`.
     fn device_name(&self) -> String;
 
-    /// Bytes of one KV-cache element (4 for f32, 2 for bf16), to size the
-    /// cache.
-    fn kv_element_bytes(&self) -> usize {
-        4
+    /// Bytes the KV cache stores `values` numbers in (4 each for f32, 2 for
+    /// bf16, 34 per 32 for Q8_0), to size the cache.
+    fn kv_bytes(&self, values: usize) -> usize {
+        4 * values
     }
 
     /// Zeroed KV-cache storage on this backend's device.

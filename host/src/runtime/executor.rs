@@ -437,8 +437,8 @@ impl Backend for Executor {
         Ok(KvCache::new(num_layers, num_blocks, layout, self.kv_dtype))
     }
 
-    fn kv_element_bytes(&self) -> usize {
-        self.kv_dtype.bytes()
+    fn kv_bytes(&self, values: usize) -> usize {
+        self.kv_dtype.bytes(values)
     }
 
     fn reserve(&self, _: Vec<Tensor>, _: f64) -> Result<Option<usize>, RuntimeError> {
@@ -618,6 +618,9 @@ fn paged_attention(
             layout, k_cache, v_cache, k, v, q, &mut out, num_heads, &sequences, params,
         ),
         HostLayer::Bf16(k_cache, v_cache) => attend_cached(
+            layout, k_cache, v_cache, k, v, q, &mut out, num_heads, &sequences, params,
+        ),
+        HostLayer::Q8_0(k_cache, v_cache) => attend_cached(
             layout, k_cache, v_cache, k, v, q, &mut out, num_heads, &sequences, params,
         ),
     }

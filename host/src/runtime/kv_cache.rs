@@ -1,12 +1,12 @@
 //! The paged KV cache storage: per layer, keys and values of
 //! `[num_blocks, block_size, num_kv_heads, head_dim]`, in host memory for
-//! the CPU backend (f32, f16 or bf16) or in device memory for the CUDA
-//! backend. Which blocks a sequence owns is the scheduler's business; this
+//! the CPU backend (f32, f16, bf16 or Q8_0 blocks) or in device memory for
+//! the CUDA backend. Which blocks a sequence owns is the scheduler's business; this
 //! only holds the memory.
 
 use half::{bf16, f16};
 use kiln_kernels::dense::attention::{CacheElement, CacheLayout};
-use kiln_kernels::quant::Precision;
+use kiln_kernels::quant::{BlockQ8_0, Precision};
 use rayon::prelude::*;
 
 use super::cuda::DeviceKvCache;
@@ -33,6 +33,7 @@ enum HostLayers {
     F32(Vec<(Vec<f32>, Vec<f32>)>),
     F16(Vec<(Vec<f16>, Vec<f16>)>),
     Bf16(Vec<(Vec<bf16>, Vec<bf16>)>),
+    Q8_0(Vec<(Vec<BlockQ8_0>, Vec<BlockQ8_0>)>),
 }
 
 /// The KV cache's element type as asked for (`--kv-cache-dtype`).
@@ -49,6 +50,9 @@ pub enum KvCacheDtype {
     BFloat16,
     /// f16 (the CPU backend only).
     Float16,
+    /// Q8_0 blocks, 34 bytes per 32 numbers (the CPU backend only; head
+    /// sizes that are multiples of 32).
+    Q8_0,
 }
 
 impl KvCacheDtype {
@@ -58,6 +62,7 @@ impl KvCacheDtype {
             (KvCacheDtype::Auto, Precision::Fast) | (KvCacheDtype::Float16, _) => HostKvDtype::F16,
             (KvCacheDtype::Auto, Precision::Exact) | (KvCacheDtype::Float32, _) => HostKvDtype::F32,
             (KvCacheDtype::BFloat16, _) => HostKvDtype::Bf16,
+            (KvCacheDtype::Q8_0, _) => HostKvDtype::Q8_0,
         }
     }
 }
@@ -71,14 +76,25 @@ pub enum HostKvDtype {
     F16,
     /// bf16: half the memory, f32's range.
     Bf16,
+    /// Q8_0 blocks (llama.cpp's `q8_0`): 8.5 bits a number.
+    Q8_0,
 }
 
 impl HostKvDtype {
-    /// Bytes of one element.
-    pub fn bytes(self) -> usize {
+    /// Bytes that `values` numbers (a multiple of 32 for Q8_0) take.
+    pub fn bytes(self, values: usize) -> usize {
         match self {
-            HostKvDtype::F32 => 4,
-            HostKvDtype::F16 | HostKvDtype::Bf16 => 2,
+            HostKvDtype::F32 => 4 * values,
+            HostKvDtype::F16 | HostKvDtype::Bf16 => 2 * values,
+            HostKvDtype::Q8_0 => values / BlockQ8_0::VALUES * size_of::<BlockQ8_0>(),
+        }
+    }
+
+    /// Numbers one element of the cache holds: 32 for a Q8_0 block, else 1.
+    pub fn values_per_element(self) -> usize {
+        match self {
+            HostKvDtype::Q8_0 => BlockQ8_0::VALUES,
+            _ => 1,
         }
     }
 }
@@ -91,6 +107,8 @@ pub enum HostLayer<'a> {
     F16(&'a mut [f16], &'a mut [f16]),
     /// bf16.
     Bf16(&'a mut [bf16], &'a mut [bf16]),
+    /// Q8_0 blocks.
+    Q8_0(&'a mut [BlockQ8_0], &'a mut [BlockQ8_0]),
 }
 
 /// `num_layers` zeroed (keys, values) pairs of `len` elements, written
@@ -113,7 +131,8 @@ fn zeroed_layers<T: CacheElement>(num_layers: usize, len: usize) -> Vec<(Vec<T>,
 
 impl KvCache {
     /// Zeroed host storage of `dtype` for `num_layers` layers of
-    /// `num_blocks` blocks.
+    /// `num_blocks` blocks. The head size must be a multiple of
+    /// `dtype.values_per_element()` (which the CPU backend checks first).
     pub fn new(
         num_layers: usize,
         num_blocks: usize,
@@ -125,6 +144,9 @@ impl KvCache {
             HostKvDtype::F32 => HostLayers::F32(zeroed_layers(num_layers, len)),
             HostKvDtype::F16 => HostLayers::F16(zeroed_layers(num_layers, len)),
             HostKvDtype::Bf16 => HostLayers::Bf16(zeroed_layers(num_layers, len)),
+            HostKvDtype::Q8_0 => {
+                HostLayers::Q8_0(zeroed_layers(num_layers, len / BlockQ8_0::VALUES))
+            }
         };
         Self {
             layout,
@@ -179,6 +201,10 @@ impl KvCache {
             Storage::Host(HostLayers::Bf16(layers)) => {
                 let (k, v) = layers.get_mut(layer)?;
                 Some(HostLayer::Bf16(k, v))
+            }
+            Storage::Host(HostLayers::Q8_0(layers)) => {
+                let (k, v) = layers.get_mut(layer)?;
+                Some(HostLayer::Q8_0(k, v))
             }
             Storage::Device(_) => None,
         }

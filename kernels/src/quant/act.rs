@@ -78,9 +78,51 @@ impl BlockQ8K {
     }
 }
 
+/// One GGUF Q8_0 block (ggml's `block_q8_0`, 34 bytes): an f16 scale and
+/// 32 signed quants, value `i` being `d · qs[i]`. The q8_0 KV cache stores
+/// keys and values as these.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct BlockQ8_0 {
+    /// The scale.
+    pub d: f16,
+    /// The quants.
+    pub qs: [i8; QK],
+}
+
+impl BlockQ8_0 {
+    /// Quantizes 32 values exactly as ggml's `quantize_row_q8_0_ref` (and
+    /// gguf-py) do: scale `d = max|x| / 127` stored as f16, quants
+    /// `round(x / d)` (halves away from zero).
+    ///
+    /// # Panics
+    /// If `x` does not hold exactly 32 values.
+    pub fn quantize(x: &[f32]) -> Self {
+        assert_eq!(x.len(), QK, "a Q8_0 block holds {QK} values");
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut qs = [0i8; QK];
+        for (q, &v) in qs.iter_mut().zip(x) {
+            *q = (v * id).round() as i8;
+        }
+        Self {
+            d: f16::from_f32(d),
+            qs,
+        }
+    }
+
+    /// `out[i] = d · qs[i]`, as ggml's `dequantize_row_q8_0`.
+    pub fn dequantize(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        for (y, &q) in out.iter_mut().zip(&self.qs) {
+            *y = f32::from(q) * d;
+        }
+    }
+}
+
 /// Quantizes `src` to GGUF Q8_0 blocks in `dst`, exactly as ggml's
-/// `quantize_row_q8_0_ref` (and gguf-py) do: per block of 32, scale
-/// `d = max|x| / 127` stored as f16, quants `round(x / d)`.
+/// `quantize_row_q8_0_ref` (and gguf-py) do ([`BlockQ8_0::quantize`]).
 ///
 /// `src.len()` must be a multiple of 32 and `dst.len()` equal to
 /// [`QuantType::Q8_0`]`.row_bytes(src.len())`.
@@ -98,12 +140,10 @@ pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> 
         .chunks_exact(QK)
         .zip(dst.chunks_exact_mut(ty.block_bytes()))
     {
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-        for (q, &v) in block[2..].iter_mut().zip(x) {
-            *q = (v * id).round() as i8 as u8;
+        let q = BlockQ8_0::quantize(x);
+        block[..2].copy_from_slice(&q.d.to_le_bytes());
+        for (b, &v) in block[2..].iter_mut().zip(&q.qs) {
+            *b = v as u8;
         }
     }
     Ok(())

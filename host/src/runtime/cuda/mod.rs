@@ -247,11 +247,11 @@ impl CudaExecutor {
             KvCacheDtype::Auto => dtype != WeightDtype::Float32,
             KvCacheDtype::Float32 => false,
             KvCacheDtype::BFloat16 => true,
-            KvCacheDtype::Float16 => {
-                return Err(RuntimeError::Device(
-                    "--kv-cache-dtype float16: the cache on a GPU holds bfloat16 or float32"
-                        .to_owned(),
-                ))
+            KvCacheDtype::Float16 | KvCacheDtype::Q8_0 => {
+                return Err(RuntimeError::Device(format!(
+                    "--kv-cache-dtype {:?}: the cache on a GPU holds bfloat16 or float32",
+                    options.kv_cache_dtype
+                )))
             }
         };
         let weights = super::executor::bind_weights(&program, store)?;
@@ -481,11 +481,11 @@ impl Backend for CudaExecutor {
         self
     }
 
-    fn kv_element_bytes(&self) -> usize {
+    fn kv_bytes(&self, values: usize) -> usize {
         if self.kv_bf16 {
-            2
+            2 * values
         } else {
-            4
+            4 * values
         }
     }
 
@@ -495,8 +495,7 @@ impl Backend for CudaExecutor {
         num_blocks: usize,
         layout: CacheLayout,
     ) -> Result<KvCache, RuntimeError> {
-        let layer_bytes =
-            num_blocks * layout.block_size * layout.position_stride() * self.kv_element_bytes();
+        let layer_bytes = self.kv_bytes(num_blocks * layout.block_size * layout.position_stride());
         let total = 2 * num_layers * layer_bytes;
         let base = self.device.alloc(total).map_err(|e| {
             RuntimeError::Device(format!(

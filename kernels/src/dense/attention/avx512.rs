@@ -6,6 +6,8 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 
+use crate::quant::BlockQ8_0;
+
 use super::task::{key_blocks, KEYS};
 
 /// [`super::task::score`] on AVX-512: two blocks of 16 keys per pass, `2·Q`
@@ -199,5 +201,29 @@ pub(super) unsafe fn widen_16bit<const BF16: bool>(bits: &[u16], dst: &mut [f32]
         } else {
             f16::from_bits(h).to_f32()
         };
+    }
+}
+
+/// `dst` = the Q8_0 blocks `blocks` dequantized (`d · q`, as
+/// [`BlockQ8_0::dequantize`] computes them: the same product, rounded
+/// once), 16 values at a time.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn widen_q8_0(blocks: &[BlockQ8_0], dst: &mut [f32]) {
+    assert_eq!(blocks.len() * 32, dst.len(), "widen sizes");
+    for (b, out) in blocks.iter().zip(dst.as_chunks_mut::<32>().0) {
+        let d = _mm512_set1_ps(b.d.to_f32());
+        for (half, o) in
+            b.qs.as_chunks::<16>()
+                .0
+                .iter()
+                .zip(out.as_chunks_mut::<16>().0)
+        {
+            let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(half.as_ptr().cast()));
+            _mm512_storeu_ps(o.as_mut_ptr(), _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+        }
     }
 }

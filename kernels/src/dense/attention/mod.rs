@@ -2,8 +2,9 @@
 //! within each sequence without a cache (encoders).
 //!
 //! A layer's cache is two arrays (keys, values) of
-//! `[num_blocks, block_size, num_kv_heads, head_dim]`, of f32 or of f16/bf16
-//! at half the memory ([`CacheElement`]). Sequence `b` stores position `p`
+//! `[num_blocks, block_size, num_kv_heads, head_dim]`, of f32, of f16/bf16
+//! at half the memory, or of Q8_0 blocks at 34 bytes per 32 values
+//! ([`CacheElement`]). Sequence `b` stores position `p`
 //! in block `block_table[p / block_size]`, slot `p % block_size`.
 
 use std::ops::Range;
@@ -14,12 +15,19 @@ use rayon::prelude::*;
 
 use task::Task;
 
-/// What the KV cache stores a number as: f32, or f16/bf16 (rounded to
-/// nearest even when written, widened to f32 when attention reads it).
+use crate::quant::BlockQ8_0;
+
+/// What the KV cache stores numbers as: f32, f16/bf16 (rounded to nearest
+/// even when written, widened to f32 when attention reads it), or Q8_0
+/// blocks (quantized when written, dequantized when read). One element
+/// holds [`VALUES`](Self::VALUES) numbers; the head dimension must be a
+/// multiple of it.
 pub trait CacheElement: Copy + Default + Send + Sync + 'static {
-    /// `dst = src`, rounded.
+    /// Numbers one element holds.
+    const VALUES: usize = 1;
+    /// `dst = src`, rounded (`src.len() == dst.len() * VALUES`).
     fn store(src: &[f32], dst: &mut [Self]);
-    /// `dst = src`, widened.
+    /// `dst = src`, widened (`dst.len() == src.len() * VALUES`).
     fn load(src: &[Self], dst: &mut [f32]);
     /// [`load`](Self::load) for code compiled with AVX-512F: the same
     /// values, widened by instructions that inline into the caller.
@@ -66,6 +74,36 @@ macro_rules! half_cache_element {
 half_cache_element!(f16, bf16: false);
 half_cache_element!(bf16, bf16: true);
 
+/// llama.cpp's `--cache-type-k/v q8_0`: ggml's Q8_0 quantizer per 32
+/// numbers of a head.
+impl CacheElement for BlockQ8_0 {
+    const VALUES: usize = 32;
+    fn store(src: &[f32], dst: &mut [BlockQ8_0]) {
+        assert_eq!(src.len(), dst.len() * 32, "Q8_0 cache sizes");
+        for (x, block) in src.chunks_exact(32).zip(dst) {
+            *block = BlockQ8_0::quantize(x);
+        }
+    }
+    fn load(src: &[BlockQ8_0], dst: &mut [f32]) {
+        assert_eq!(src.len() * 32, dst.len(), "Q8_0 cache sizes");
+        for (block, y) in src.iter().zip(dst.chunks_exact_mut(32)) {
+            block.dequantize(y);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load_avx512(src: &[BlockQ8_0], dst: &mut [f32]) {
+        // SAFETY: the caller guarantees AVX-512F.
+        unsafe { avx512::widen_q8_0(src, dst) };
+    }
+}
+
+/// The elements of a cache of `T` that hold the `len` numbers from number
+/// `at` (both multiples of `T::VALUES`).
+fn elements<T: CacheElement>(at: usize, len: usize) -> Range<usize> {
+    debug_assert!(at.is_multiple_of(T::VALUES) && len.is_multiple_of(T::VALUES));
+    at / T::VALUES..(at + len) / T::VALUES
+}
 /// The shape of one layer's cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheLayout {
@@ -122,18 +160,22 @@ pub fn write_kv<T: CacheElement>(
     sequences: &[SequenceRows<'_>],
 ) {
     let stride = layout.position_stride();
+    assert!(
+        layout.head_dim.is_multiple_of(T::VALUES),
+        "a head of {} numbers in a cache of {}-number elements",
+        layout.head_dim,
+        T::VALUES
+    );
     for seq in sequences {
         let first_position = seq.context_len - seq.rows.len();
         for (i, row) in seq.rows.clone().enumerate() {
             let at = layout.offset(seq.block_table, first_position + i);
+            let cached = elements::<T>(at, stride);
             T::store(
                 &k[row * stride..(row + 1) * stride],
-                &mut k_cache[at..at + stride],
+                &mut k_cache[cached.clone()],
             );
-            T::store(
-                &v[row * stride..(row + 1) * stride],
-                &mut v_cache[at..at + stride],
-            );
+            T::store(&v[row * stride..(row + 1) * stride], &mut v_cache[cached]);
         }
     }
 }
@@ -225,7 +267,8 @@ fn attend<T: CacheElement>(
     assert!(
         q.len() == out.len()
             && q.len().is_multiple_of(row_len)
-            && num_heads.is_multiple_of(layout.num_kv_heads),
+            && num_heads.is_multiple_of(layout.num_kv_heads)
+            && d.is_multiple_of(T::VALUES),
         "attention sizes"
     );
     let mut tasks = Vec::new();

@@ -190,11 +190,12 @@ impl Task<'_> {
             for (lane, position) in block.clone().enumerate() {
                 let at = self.layout.offset(self.seq.block_table, position) + self.kv_head * d;
                 let j = b * KEYS + lane;
+                let cached = super::elements::<T>(at, d);
                 load::<T, AVX512>(
-                    &k_cache[at..at + d],
+                    &k_cache[cached.clone()],
                     &mut block_keys[lane * d..(lane + 1) * d],
                 );
-                load::<T, AVX512>(&v_cache[at..at + d], &mut v[j * d..(j + 1) * d]);
+                load::<T, AVX512>(&v_cache[cached], &mut v[j * d..(j + 1) * d]);
             }
             block_keys[block.len() * d..].fill(0.0);
             let out = &mut kt[b * KEYS * d..(b + 1) * KEYS * d];

@@ -178,63 +178,89 @@ fn sequence_attention_matches_the_definition() {
     }
 }
 
+/// The last 3 rows of a 37-token sequence (4 query heads over 2 key/value
+/// heads of `head_dim`) attending over a cache of `T` holding `k` and `v`.
+fn attend_last_rows<T: CacheElement>(head_dim: usize, k: &[f32], v: &[f32], q: &[f32]) -> Vec<f32> {
+    let layout = CacheLayout {
+        block_size: 4,
+        num_kv_heads: 2,
+        head_dim,
+    };
+    let table: Vec<usize> = (0..10).rev().collect();
+    let len = k.len() / T::VALUES;
+    let (mut k_cache, mut v_cache) = (vec![T::default(); len], vec![T::default(); len]);
+    let whole = [SequenceRows {
+        rows: 0..37,
+        context_len: 37,
+        block_table: &table,
+    }];
+    write_kv(layout, &mut k_cache, &mut v_cache, k, v, &whole);
+    let mut out = vec![0f32; q.len()];
+    let last = [SequenceRows {
+        rows: 0..3,
+        context_len: 37,
+        block_table: &table,
+    }];
+    let params = AttentionParams {
+        scale: 0.35,
+        sliding_window: None,
+        softcap: None,
+    };
+    paged_attention(layout, &k_cache, &v_cache, q, &mut out, 4, &last, params);
+    out
+}
+
+/// Checks that a cache of `T` computes exactly what the f32 cache computes
+/// over keys and values passed through `round` (per run of `head_dim`
+/// numbers), and that it is close to the f32 cache's result.
+fn check_rounded_cache<T: CacheElement>(
+    name: &str,
+    head_dim: usize,
+    round: impl Fn(&[f32]) -> Vec<f32>,
+    tolerance: f32,
+) {
+    let n = 40 * 2 * head_dim;
+    let (k, v, q) = (data(n, 1), data(n, 2), data(3 * 4 * head_dim, 3));
+    let exact = attend_last_rows::<f32>(head_dim, &k, &v, &q);
+    let rounded = |x: &[f32]| x.chunks(head_dim).flat_map(&round).collect::<Vec<f32>>();
+    let cached = attend_last_rows::<T>(head_dim, &k, &v, &q);
+    assert_eq!(
+        cached,
+        attend_last_rows::<f32>(head_dim, &rounded(&k), &rounded(&v), &q),
+        "{name}"
+    );
+    let worst = cached
+        .iter()
+        .zip(&exact)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst > 0.0 && worst < tolerance, "{name}: {worst}");
+}
+
 /// A half-precision cache computes exactly what the f32 cache computes
 /// over the rounded keys and values.
 #[test]
 fn half_caches_attend_over_the_rounded_keys_and_values() {
-    fn run<T: CacheElement>(k: &[f32], v: &[f32], q: &[f32]) -> Vec<f32> {
-        let layout = CacheLayout {
-            block_size: 4,
-            num_kv_heads: 2,
-            head_dim: 8,
-        };
-        let table: Vec<usize> = (0..10).rev().collect();
-        let (mut k_cache, mut v_cache) = (vec![T::default(); k.len()], vec![T::default(); v.len()]);
-        let whole = [SequenceRows {
-            rows: 0..37,
-            context_len: 37,
-            block_table: &table,
-        }];
-        write_kv(layout, &mut k_cache, &mut v_cache, k, v, &whole);
-        let mut out = vec![0f32; q.len()];
-        let last = [SequenceRows {
-            rows: 0..3,
-            context_len: 37,
-            block_table: &table,
-        }];
-        let params = AttentionParams {
-            scale: 0.35,
-            sliding_window: None,
-            softcap: None,
-        };
-        paged_attention(layout, &k_cache, &v_cache, q, &mut out, 4, &last, params);
-        out
-    }
-    let (k, v, q) = (data(40 * 16, 1), data(40 * 16, 2), data(3 * 32, 3));
-    let exact = run::<f32>(&k, &v, &q);
-    for (name, round) in [
-        (
-            "f16",
-            (|x: f32| f16::from_f32(x).to_f32()) as fn(f32) -> f32,
-        ),
-        ("bf16", |x: f32| bf16::from_f32(x).to_f32()),
-    ] {
-        let (kr, vr): (Vec<f32>, Vec<f32>) = (
-            k.iter().map(|&x| round(x)).collect(),
-            v.iter().map(|&x| round(x)).collect(),
-        );
-        let half = if name == "f16" {
-            run::<f16>(&k, &v, &q)
-        } else {
-            run::<bf16>(&k, &v, &q)
-        };
-        assert_eq!(half, run::<f32>(&kr, &vr, &q), "{name}");
-        let worst = half
-            .iter()
-            .zip(&exact)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(worst > 0.0 && worst < 2e-2, "{name}: {worst}");
+    let each = |f: fn(f32) -> f32| move |x: &[f32]| x.iter().map(|&v| f(v)).collect();
+    check_rounded_cache::<f16>("f16", 8, each(|x| f16::from_f32(x).to_f32()), 2e-2);
+    check_rounded_cache::<bf16>("bf16", 8, each(|x| bf16::from_f32(x).to_f32()), 2e-2);
+}
+
+/// A Q8_0 cache computes exactly what the f32 cache computes over keys and
+/// values quantized and dequantized by ggml's Q8_0 quantizer (the reference
+/// `quantize_row_q8_0` and `dequantize_row`), within 1 % of the f32 cache.
+#[test]
+fn a_q8_0_cache_attends_over_the_dequantized_keys_and_values() {
+    use crate::quant::{dequantize_row, quantize_row_q8_0, QuantType};
+    let ggml_round_trip = |x: &[f32]| {
+        let mut bytes = vec![0u8; QuantType::Q8_0.row_bytes(x.len()).unwrap()];
+        quantize_row_q8_0(x, &mut bytes).unwrap();
+        let mut y = vec![0f32; x.len()];
+        dequantize_row(QuantType::Q8_0, &bytes, &mut y).unwrap();
+        y
+    };
+    for head_dim in [32, 64, 256] {
+        check_rounded_cache::<BlockQ8_0>("q8_0", head_dim, ggml_round_trip, 1e-2);
     }
 }
 
@@ -256,7 +282,7 @@ fn rows_do_not_depend_on_how_they_are_batched() {
             head_dim: d,
         };
         let table: Vec<usize> = (0..tokens.div_ceil(block_size)).rev().collect();
-        let cache_len = table.len() * block_size * kv_heads * d;
+        let cache_len = table.len() * block_size * kv_heads * d / T::VALUES;
         let (mut k_cache, mut v_cache) =
             (vec![T::default(); cache_len], vec![T::default(); cache_len]);
         let (k, v) = (
@@ -296,7 +322,7 @@ fn rows_do_not_depend_on_how_they_are_batched() {
         let shapes = [(9, 3, 64), (14, 2, 64), (4, 1, 256), (6, 6, 40)];
         let tokens = 150;
         let batchings: [Vec<usize>; 3] = [vec![tokens], vec![70, 1, 64, 15], vec![1; tokens]];
-        for shape in shapes {
+        for shape in shapes.into_iter().filter(|s| s.2 % T::VALUES == 0) {
             for (window, softcap) in [(None, None), (Some(37), Some(20.0))] {
                 let params = AttentionParams {
                     scale: 0.125,
@@ -324,6 +350,7 @@ fn rows_do_not_depend_on_how_they_are_batched() {
     check::<f32>("f32");
     check::<f16>("f16");
     check::<bf16>("bf16");
+    check::<BlockQ8_0>("q8_0");
 }
 
 /// `load_avx512` against `load` on `values`, in runs of odd lengths so that
@@ -333,7 +360,8 @@ fn check_widening<T: CacheElement>(values: &[T]) {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for len in [1, 15, 16, 17, 64, 257] {
         for chunk in values.chunks(len) {
-            let (mut a, mut b) = (vec![0f32; chunk.len()], vec![1f32; chunk.len()]);
+            let n = chunk.len() * T::VALUES;
+            let (mut a, mut b) = (vec![0f32; n], vec![1f32; n]);
             T::load(chunk, &mut a);
             // SAFETY: the caller checked for AVX-512F.
             unsafe { T::load_avx512(chunk, &mut b) };
@@ -362,4 +390,23 @@ fn avx512_widening_gives_the_portable_values() {
             .filter(|h| !h.is_nan())
             .collect::<Vec<_>>(),
     );
+}
+
+/// Q8_0 blocks with every finite f16 scale, and quants from -128 to 127.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_q8_0_widening_gives_the_portable_values() {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        return;
+    }
+    let blocks: Vec<BlockQ8_0> = (0..=u16::MAX)
+        .map(f16::from_bits)
+        .filter(|d| d.is_finite())
+        .enumerate()
+        .map(|(i, d)| BlockQ8_0 {
+            d,
+            qs: std::array::from_fn(|j| ((i * 37 + j * 11) % 256) as u8 as i8),
+        })
+        .collect();
+    check_widening(&blocks);
 }
