@@ -147,15 +147,20 @@ fn quant_prefill(c: &mut Criterion) {
             .collect();
         let mut y = vec![0f32; PREFILL_M * rows];
         group.throughput(Throughput::Elements((2 * rows * cols * PREFILL_M) as u64));
-        let id = BenchmarkId::new(format!("{ty}/Fast/m{PREFILL_M}"), format!("{rows}x{cols}"));
-        group.bench_function(id, |b| {
-            b.iter_custom(|iters| {
-                in_pool(iters, || {
-                    w.matmul(Precision::Fast, black_box(&x), PREFILL_M, &mut y)
-                        .expect("matmul")
+        for precision in [Precision::Exact, Precision::Fast] {
+            let id = BenchmarkId::new(
+                format!("{ty}/{precision:?}/m{PREFILL_M}"),
+                format!("{rows}x{cols}"),
+            );
+            group.bench_function(id, |b| {
+                b.iter_custom(|iters| {
+                    in_pool(iters, || {
+                        w.matmul(precision, black_box(&x), PREFILL_M, &mut y)
+                            .expect("matmul")
+                    })
                 })
-            })
-        });
+            });
+        }
     }
     group.finish();
 }

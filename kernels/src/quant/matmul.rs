@@ -198,13 +198,16 @@ fn select(ty: QuantType, precision: Precision, isa: Isa) -> Selected {
 
 #[cfg(target_arch = "x86_64")]
 fn select_avx512(ty: QuantType, precision: Precision) -> Option<Selected> {
+    use super::avx512::Blocks32;
     use marker as m;
     use Precision::{Exact, Fast};
     Some(match (precision, ty) {
-        (Exact, QuantType::Q4_0) => Selected::Exact(exact_512::<m::Q4_0>()),
-        (Exact, QuantType::Q4_1) => Selected::Exact(exact_512::<m::Q4_1>()),
-        (Exact, QuantType::Q5_0) => Selected::Exact(exact_512::<m::Q5_0>()),
-        (Exact, QuantType::Q5_1) => Selected::Exact(exact_512::<m::Q5_1>()),
+        (Exact, QuantType::Q4_0) => Selected::Exact(exact_512::<Blocks32<m::Q4_0>>()),
+        (Exact, QuantType::Q4_1) => Selected::Exact(exact_512::<Blocks32<m::Q4_1>>()),
+        (Exact, QuantType::Q5_0) => Selected::Exact(exact_512::<Blocks32<m::Q5_0>>()),
+        (Exact, QuantType::Q5_1) => Selected::Exact(exact_512::<Blocks32<m::Q5_1>>()),
+        (Exact, QuantType::Q4K) => Selected::Exact(exact_512::<m::Q4K>()),
+        (Exact, QuantType::Q6K) => Selected::Exact(exact_512::<m::Q6K>()),
         // Exact Q8_0 is faster with the AVX2 kernel (measured on Zen 5).
         (Fast, QuantType::Q4_0) => Selected::Q8x2(fast_512::<m::Q4_0>()),
         (Fast, QuantType::Q4_1) => Selected::Q8x2(fast_512::<m::Q4_1>()),
@@ -215,18 +218,18 @@ fn select_avx512(ty: QuantType, precision: Precision) -> Option<Selected> {
     })
 }
 
-/// The AVX-512 exact kernels for Q4_0, Q4_1, Q5_0 and Q5_1: the single-row
-/// one, and multi-row ones for 8, 4 and 2 activation rows, which decode each
-/// pair of weight blocks once for all of them.
+/// The AVX-512 exact kernels for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K:
+/// the single-row one, and multi-row ones for 8, 4 and 2 activation rows,
+/// which decode each 64 weights once for all of them.
 #[cfg(target_arch = "x86_64")]
-fn exact_512<F: Format>() -> Kernels<f32> {
+fn exact_512<D: super::avx512::ExactRows>() -> Kernels<f32> {
     use super::avx512 as k;
     Kernels {
-        one: k::exact_32::<F>,
+        one: k::exact::<D>,
         multi: [
-            multi(8, k::exact_32_multi::<F, 8>),
-            multi(4, k::exact_32_multi::<F, 4>),
-            multi(2, k::exact_32_multi::<F, 2>),
+            multi(8, k::exact_multi::<D, 8>),
+            multi(4, k::exact_multi::<D, 4>),
+            multi(2, k::exact_multi::<D, 2>),
         ],
     }
 }

@@ -31,20 +31,20 @@
 //! The instruction set is chosen at run time ([`Isa::detect`]; tests and
 //! benchmarks can force one with [`QuantMatrix::matmul_with`]):
 //!
-//! | | Q4_0 Q4_1 Q5_0 Q5_1 | Q8_0 | Q4_K Q5_K | Q6_K | Q2_K Q3_K |
-//! | --- | --- | --- | --- | --- | --- |
-//! | AVX-512 (VBMI, VNNI) | both | fast | — | — | — |
-//! | AVX2 + FMA + F16C | both | both | both | both | exact |
-//! | portable | both | both | both | both | both |
+//! | | Q4_0 Q4_1 Q5_0 Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K | Q2_K Q3_K |
+//! | --- | --- | --- | --- | --- | --- | --- |
+//! | AVX-512 (VBMI, VNNI) | both | fast | exact | — | exact | — |
+//! | AVX2 + FMA + F16C | both | both | both | both | both | exact |
+//! | portable | both | both | both | both | both | both |
 //!
 //! A format without a kernel for the detected instruction set uses the best
 //! one below it. The portable kernels are always compiled and are the
 //! reference the others are tested against.
 //!
-//! With several activation rows (prefill), the fast kernels for the 32-value
-//! formats on AVX-512 and AVX2 also have multi-row (GEMM micro-) kernels,
-//! which decode each weight block once for 8, 4 or 2 activation rows (the
-//! rows left over take the single-row kernel). They compute exactly what the
+//! With several activation rows (prefill), the AVX-512 and AVX2 kernels
+//! also have multi-row (GEMM micro-) kernels (all but AVX2's exact ones
+//! and those of Q2_K/Q3_K), which decode each weight block once for 8, 4 or
+//! 2 activation rows (the rows left over take the single-row kernel). They compute exactly what the
 //! single-row kernels compute, so a product's bits do not depend on how many
 //! rows it has.
 //!

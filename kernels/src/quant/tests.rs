@@ -458,25 +458,25 @@ fn avx512_multi_row_kernels_equal_the_single_row_kernel() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
-    use super::avx512::{exact_32, exact_32_multi};
-    use super::format::{marker as m, Format};
+    use super::avx512::{exact, exact_multi, Blocks32, ExactRows};
+    use super::format::marker as m;
 
-    fn check<F: Format>(seed: u64) {
+    fn check<D: ExactRows>(ty: QuantType, seed: u64) {
         let shapes: [(usize, MultiKernel<f32>); 3] = [
-            (2, exact_32_multi::<F, 2>),
-            (4, exact_32_multi::<F, 4>),
-            (8, exact_32_multi::<F, 8>),
+            (2, exact_multi::<D, 2>),
+            (4, exact_multi::<D, 4>),
+            (8, exact_multi::<D, 8>),
         ];
         let mut rng = Rng::new(seed);
         for blocks in [1usize, 2, 3, 7, 18] {
             for shape in shapes {
                 check_multi_kernel(
-                    F::TY,
+                    ty,
                     &mut rng,
                     blocks,
-                    blocks * 32,
+                    blocks * D::BLOCK_VALUES,
                     shape,
-                    exact_32::<F>,
+                    exact::<D>,
                     |x: &[f32], a: &mut [f32]| a.copy_from_slice(x),
                 );
             }
@@ -489,11 +489,13 @@ fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
     ) {
         return;
     }
-    check::<m::Q4_0>(11);
-    check::<m::Q4_1>(12);
-    check::<m::Q5_0>(13);
-    check::<m::Q5_1>(14);
-    check::<m::Q8_0>(15);
+    check::<Blocks32<m::Q4_0>>(QuantType::Q4_0, 11);
+    check::<Blocks32<m::Q4_1>>(QuantType::Q4_1, 12);
+    check::<Blocks32<m::Q5_0>>(QuantType::Q5_0, 13);
+    check::<Blocks32<m::Q5_1>>(QuantType::Q5_1, 14);
+    check::<Blocks32<m::Q8_0>>(QuantType::Q8_0, 15);
+    check::<m::Q4K>(QuantType::Q4K, 16);
+    check::<m::Q6K>(QuantType::Q6K, 17);
 }
 
 /// The AVX2 multi-row kernels against the single-row ones, bit for bit.

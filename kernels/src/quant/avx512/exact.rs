@@ -1,17 +1,18 @@
-//! AVX-512 exact kernels (f32 activations, f32 accumulation) for Q4_0,
-//! Q4_1, Q5_0, Q5_1 and Q8_0, two blocks per step.
+//! AVX-512 exact kernels (f32 activations, f32 accumulation), 64 values
+//! per step: for Q4_0, Q4_1, Q5_0, Q5_1 (two blocks a step, here) and
+//! Q4_K, Q6_K (a quarter of a super-block a step, `exact_k`).
 //!
-//! A pair of weight blocks is dequantized once to 64 f32 weights
-//! ([`ExactWeights`]: scale × quant + minimum), then multiplied into the
-//! running sums of each activation row ([`ExactSums::add`]): [`exact_32`]
-//! for one row (decode), [`exact_32_multi`] for `R` rows at once (prefill),
-//! so both give the same bits. A row's sums are two independent FMA chains
-//! (one per block of the pair): few enough that eight rows' sums and a
-//! decoded pair fit in the 32 vector registers.
+//! 64 weights are dequantized once to f32 ([`ExactWeights`]: scale times
+//! quant, plus the minimum), then multiplied into the running sums of each activation row
+//! ([`ExactSums::add`]): [`exact`] for one row (decode), [`exact_multi`]
+//! for `R` rows at once (prefill), so both give the same bits. A row's sums
+//! are two independent FMA chains (one per half of the 64): few enough that
+//! eight rows' sums and the decoded weights fit in the 32 vector registers.
 //!
 //! Safety: as the parent module's kernels.
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 use super::super::format::Format;
 use super::super::prefetch::rows_prefetched;
@@ -19,7 +20,7 @@ use super::{half_index, has_min, hsum, load_pair, nibble_index, quant_offset, un
 
 /// The `vpermb`/`vpermw` indexes the exact kernels decode blocks with.
 #[derive(Clone, Copy)]
-struct ExactIndex {
+pub(crate) struct ExactIndex {
     nibbles: __m512i,
     scale: __m512i,
     min: __m512i,
@@ -39,11 +40,12 @@ impl ExactIndex {
     }
 }
 
-/// One or two weight blocks dequantized to f32: `w[0..2]` the first
-/// block's 32 weights, `w[2..4]` the second's (zeros for a missing one).
+/// 64 weights dequantized to f32, in order (for the 32-value formats,
+/// `w[0..2]` the first block of a pair, `w[2..4]` the second, zeros for a
+/// missing one).
 #[derive(Clone, Copy)]
-struct ExactWeights {
-    w: [__m512; 4],
+pub(super) struct ExactWeights {
+    pub w: [__m512; 4],
 }
 
 impl ExactWeights {
@@ -80,15 +82,15 @@ impl ExactWeights {
     }
 }
 
-/// The running sums of one (weight row, activation row), one per block of
-/// the pair.
+/// The running sums of one (weight row, activation row), one per half of
+/// the 64 weights.
 #[derive(Clone, Copy)]
-struct ExactSums([__m512; 2]);
+pub(super) struct ExactSums([__m512; 2]);
 
 impl ExactSums {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    unsafe fn zero() -> Self {
+    pub(super) unsafe fn zero() -> Self {
         Self([_mm512_setzero_ps(); 2])
     }
 
@@ -97,7 +99,7 @@ impl ExactSums {
     /// through this one function.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    unsafe fn add(self, w: &ExactWeights, x: &[f32], live: usize) -> Self {
+    pub(super) unsafe fn add(self, w: &ExactWeights, x: &[f32], live: usize) -> Self {
         let mut s = self.0;
         for k in 0..4 {
             if 16 * k < live {
@@ -111,68 +113,96 @@ impl ExactSums {
     /// The dot product.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    unsafe fn finish(self) -> f32 {
+    pub(super) unsafe fn finish(self) -> f32 {
         hsum(_mm512_add_ps(self.0[0], self.0[1]))
     }
 }
 
-/// One weight row times `R` activation rows (each as long as the row's
-/// values): every pair of blocks is decoded once for all of them.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn exact_rows<F: Format, const R: usize>(
-    row: &[u8],
-    xs: &[&[f32]; R],
-    idx: &ExactIndex,
-) -> [f32; R] {
-    let mut sums = [ExactSums::zero(); R];
-    // Byte offset `at` of the pair and index `first` of its first value,
-    // stepped together (`chunks().enumerate()` was a few % slower in an
-    // A/B of prefills).
-    let pair_bytes = 2 * F::BYTES;
-    let (mut at, mut first) = (0, 0);
-    while at < row.len() {
-        let b = &row[at..row.len().min(at + pair_bytes)];
-        let w = ExactWeights::decode::<F>(b, idx);
-        for (s, x) in sums.iter_mut().zip(xs) {
-            let live = (x.len() - first).min(64);
-            *s = s.add(&w, &x[first..], live);
-        }
-        at += pair_bytes;
-        first += 64;
+/// A format whose rows the exact kernels decode 64 values at a time.
+pub(crate) trait ExactRows {
+    /// What a kernel call sets up once (decoding indexes).
+    type Setup: Copy;
+    /// Bytes of one block.
+    const BLOCK_BYTES: usize;
+    /// Values in one block.
+    const BLOCK_VALUES: usize;
+
+    /// The set-up.
+    unsafe fn setup() -> Self::Setup;
+
+    /// One weight row times `R` activation rows (each as long as the row's
+    /// values): every 64 weights are decoded once for all of them and
+    /// accumulated with [`ExactSums::add`].
+    unsafe fn rows<const R: usize>(row: &[u8], xs: &[&[f32]; R], setup: &Self::Setup) -> [f32; R];
+}
+
+/// The 32-value formats, decoded a pair of blocks at a time.
+pub(crate) struct Blocks32<F>(PhantomData<F>);
+
+impl<F: Format> ExactRows for Blocks32<F> {
+    type Setup = ExactIndex;
+    const BLOCK_BYTES: usize = F::BYTES;
+    const BLOCK_VALUES: usize = 32;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn setup() -> ExactIndex {
+        ExactIndex::new::<F>()
     }
-    sums.map(|s| s.finish())
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn rows<const R: usize>(row: &[u8], xs: &[&[f32]; R], idx: &ExactIndex) -> [f32; R] {
+        let mut sums = [ExactSums::zero(); R];
+        // Byte offset `at` of the pair and index `first` of its first value,
+        // stepped together (`chunks().enumerate()` was a few % slower in an
+        // A/B of prefills).
+        let pair_bytes = 2 * F::BYTES;
+        let (mut at, mut first) = (0, 0);
+        while at < row.len() {
+            let b = &row[at..row.len().min(at + pair_bytes)];
+            let w = ExactWeights::decode::<F>(b, idx);
+            for (s, x) in sums.iter_mut().zip(xs) {
+                let live = (x.len() - first).min(64);
+                *s = s.add(&w, &x[first..], live);
+            }
+            at += pair_bytes;
+            first += 64;
+        }
+        sums.map(|s| s.finish())
+    }
 }
 
 /// Exact kernel for one activation row: `out[r]` = weight row `r` · `x`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let idx = ExactIndex::new::<F>();
-    for (row, y) in rows_prefetched(w, x.len() / 32 * F::BYTES).zip(out) {
-        let [s] = exact_rows::<F, 1>(row, &[x], &idx);
+pub(crate) unsafe fn exact<D: ExactRows>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    let setup = D::setup();
+    let row_bytes = x.len() / D::BLOCK_VALUES * D::BLOCK_BYTES;
+    for (row, y) in rows_prefetched(w, row_bytes).zip(out) {
+        let [s] = D::rows::<1>(row, &[x], &setup);
         *y = s;
     }
 }
 
 /// Exact kernel for `R` activation rows of `cols` values (one after another
 /// in `x`): `out[i * n + r]` = weight row `r` · activation row `i`, bit for
-/// bit what [`exact_32`] gives, with `n = out.len() / R` weight rows.
+/// bit what [`exact`] gives, with `n = out.len() / R` weight rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn exact_32_multi<F: Format, const R: usize>(
+pub(crate) unsafe fn exact_multi<D: ExactRows, const R: usize>(
     w: &[u8],
     x: &[f32],
     cols: usize,
     out: &mut [f32],
 ) {
     let n = out.len() / R;
-    let idx = ExactIndex::new::<F>();
+    let setup = D::setup();
     let xs: [&[f32]; R] = std::array::from_fn(|i| &x[i * cols..(i + 1) * cols]);
     for (r, row) in w
-        .chunks_exact((cols / 32 * F::BYTES).max(1))
+        .chunks_exact((cols / D::BLOCK_VALUES * D::BLOCK_BYTES).max(1))
         .take(n)
         .enumerate()
     {
-        let y = exact_rows::<F, R>(row, &xs, &idx);
+        let y = D::rows::<R>(row, &xs, &setup);
         for (i, y) in y.into_iter().enumerate() {
             out[i * n + r] = y;
         }

@@ -1,7 +1,8 @@
 //! AVX-512 kernels (F, BW, VL, VBMI, VNNI) for the 32-value formats (Q4_0,
-//! Q4_1, Q5_0, Q5_1, Q8_0), two blocks per 512-bit vector. The K-quants use
-//! the AVX2 kernels on these CPUs. (VL lets the 256-bit instructions use all
-//! 32 registers, which the multi-row kernel needs.)
+//! Q4_1, Q5_0, Q5_1, Q8_0), two blocks per 512-bit vector, and exact
+//! kernels for Q4_K and Q6_K (`exact_k`). The other K-quants, and fast
+//! Q4_K/Q6_K, use the AVX2 kernels on these CPUs. (VL lets the 256-bit
+//! instructions use all 32 registers, which the multi-row kernel needs.)
 //!
 //! Safety: every function here may only run on a CPU with the features above
 //! and AVX2, FMA and F16C ([`Isa::Avx512`](super::Isa::Avx512) available).
@@ -26,7 +27,8 @@ use super::prefetch::rows_prefetched;
 use super::QuantType;
 
 mod exact;
-pub(crate) use exact::{exact_32, exact_32_multi};
+mod exact_k;
+pub(crate) use exact::{exact, exact_multi, Blocks32, ExactRows};
 
 /// Two consecutive activation blocks of 32, quantized like
 /// [`BlockQ8`](super::act::BlockQ8), laid out for the AVX-512 kernels. A

@@ -1,0 +1,149 @@
+//! The exact kernels' decoding of Q4_K and Q6_K: each super-block of 256
+//! values as four quarters of 64 ([`ExactWeights`]), fed to every
+//! activation row through [`ExactSums::add`] like the 32-value formats, so
+//! the single-row and multi-row kernels give the same bits.
+//!
+//! A quarter's quants are widened byte → i32 straight from memory
+//! (`vpmovzxbd`), unpacked with shifts and masks, converted to f32 and
+//! scaled with one FMA: Q4_K `d·sc·q − dmin·m`, Q6_K `d·sc·q − 32·d·sc`
+//! (which is `d·sc·(q − 32)` rounded once, as ggml computes it).
+//!
+//! Safety: as the parent module's kernels.
+
+use std::arch::x86_64::*;
+
+use super::super::format::{f16_at, k4_scales_mins, marker, Format, QK_K};
+use super::exact::{ExactRows, ExactSums, ExactWeights};
+
+/// The 16 bytes at `b[at..at + 16]` widened to 16 unsigned i32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn widen16(b: &[u8], at: usize) -> __m512i {
+    let bytes: &[u8; 16] = b[at..at + 16].try_into().expect("16 bytes");
+    _mm512_cvtepu8_epi32(_mm_loadu_si128(bytes.as_ptr().cast()))
+}
+
+/// `q · scale − offset` for 16 small non-negative integers `q`, rounded once.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn scaled(q: __m512i, scale: f32, offset: f32) -> __m512 {
+    _mm512_fmsub_ps(
+        _mm512_cvtepi32_ps(q),
+        _mm512_set1_ps(scale),
+        _mm512_set1_ps(offset),
+    )
+}
+
+/// The super-block formats: the per-block scales, and one quarter decoded.
+trait Quarters: Format {
+    /// Each run of weights' (scale, offset), as [`scaled`] takes them.
+    type Scales;
+    /// The scales of block `b`.
+    unsafe fn scales(b: &[u8]) -> Self::Scales;
+    /// Values `64 · quarter .. 64 · quarter + 64` of block `b`.
+    unsafe fn quarter(b: &[u8], scales: &Self::Scales, quarter: usize) -> ExactWeights;
+}
+
+impl Quarters for marker::Q4K {
+    /// Per sub-block of 32: `d·sc` and `dmin·m`.
+    type Scales = [(f32, f32); 8];
+
+    #[inline(always)]
+    unsafe fn scales(b: &[u8]) -> [(f32, f32); 8] {
+        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        let (sc, mn) = k4_scales_mins(&b[4..16]);
+        // Loops, not `array::from_fn`: its closure would not inline here.
+        let mut scales = [(0.0, 0.0); 8];
+        for (s, (&sc, &mn)) in scales.iter_mut().zip(sc.iter().zip(&mn)) {
+            *s = (d * f32::from(sc), dmin * f32::from(mn));
+        }
+        scales
+    }
+
+    /// Bytes `16 + 32·quarter ..` hold sub-block `2·quarter` in their low
+    /// nibbles and sub-block `2·quarter + 1` in their high ones.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quarter(b: &[u8], scales: &[(f32, f32); 8], quarter: usize) -> ExactWeights {
+        let at = 16 + 32 * quarter;
+        let bytes = [widen16(b, at), widen16(b, at + 16)];
+        let low = _mm512_set1_epi32(0xF);
+        let (lo, hi) = (scales[2 * quarter], scales[2 * quarter + 1]);
+        ExactWeights {
+            w: [
+                scaled(_mm512_and_si512(bytes[0], low), lo.0, lo.1),
+                scaled(_mm512_and_si512(bytes[1], low), lo.0, lo.1),
+                scaled(_mm512_srli_epi32::<4>(bytes[0]), hi.0, hi.1),
+                scaled(_mm512_srli_epi32::<4>(bytes[1]), hi.0, hi.1),
+            ],
+        }
+    }
+}
+
+impl Quarters for marker::Q6K {
+    /// Per run of 16: `d·sc`.
+    type Scales = [f32; 16];
+
+    #[inline(always)]
+    unsafe fn scales(b: &[u8]) -> [f32; 16] {
+        let d = f16_at(b, 208);
+        let mut scales = [0.0; 16];
+        for (s, &sc) in scales.iter_mut().zip(&b[192..208]) {
+            *s = d * f32::from(sc as i8);
+        }
+        scales
+    }
+
+    /// Half `h = quarter / 2` of the block takes low bits from `ql =
+    /// b[64h..64h + 64]` and high bits from `qh = b[128 + 32h..][..32]`:
+    /// its value `l` (of 128) is nibble `l / 64` of `ql[l % 64]` joined
+    /// with bits `2·(l / 32)..` of `qh[l % 32]`, scaled by `sc[8h + l / 16]`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quarter(b: &[u8], scales: &[f32; 16], quarter: usize) -> ExactWeights {
+        let (half, upper) = (quarter / 2, quarter % 2);
+        let (ql, qh) = (64 * half, 128 + 32 * half);
+        let low = _mm512_set1_epi32(0xF);
+        let top = _mm512_set1_epi32(0x30);
+        let nibble_shift = _mm_cvtsi32_si128(4 * upper as i32);
+        let mut w = [_mm512_setzero_ps(); 4];
+        for (k, w) in w.iter_mut().enumerate() {
+            let nibbles = _mm512_srl_epi32(widen16(b, ql + 16 * k), nibble_shift);
+            // Bits 2·(2·upper + k / 2) of qh, moved to bits 4 and 5.
+            let high = _mm512_slli_epi32::<4>(widen16(b, qh + 16 * (k % 2)));
+            let high_shift = _mm_cvtsi32_si128(2 * (2 * upper + k / 2) as i32);
+            let q = _mm512_or_si512(
+                _mm512_and_si512(nibbles, low),
+                _mm512_and_si512(_mm512_srl_epi32(high, high_shift), top),
+            );
+            let scale = scales[4 * quarter + k];
+            *w = scaled(q, scale, 32.0 * scale);
+        }
+        ExactWeights { w }
+    }
+}
+
+impl<F: Quarters> ExactRows for F {
+    type Setup = ();
+    const BLOCK_BYTES: usize = F::BYTES;
+    const BLOCK_VALUES: usize = QK_K;
+
+    unsafe fn setup() {}
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn rows<const R: usize>(row: &[u8], xs: &[&[f32]; R], _: &()) -> [f32; R] {
+        let mut sums = [ExactSums::zero(); R];
+        for (i, b) in row.chunks_exact(F::BYTES).enumerate() {
+            let scales = F::scales(b);
+            for quarter in 0..4 {
+                let w = F::quarter(b, &scales, quarter);
+                let first = QK_K * i + 64 * quarter;
+                for (s, x) in sums.iter_mut().zip(xs) {
+                    *s = s.add(&w, &x[first..], 64);
+                }
+            }
+        }
+        sums.map(|s| s.finish())
+    }
+}
