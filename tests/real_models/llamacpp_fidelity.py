@@ -10,7 +10,10 @@ max KL(reference ‖ llama.cpp), one JSON object per prompt.
 
 Usage (the venv that has llama-cpp-python and numpy):
     python tests/real_models/llamacpp_fidelity.py [--models /work/models]
-        [--threads 2] [--only KEY ...]
+        [--threads 2] [--only KEY ...] [--cache-type f16|q8_0]
+
+`--cache-type q8_0` is llama.cpp's `--cache-type-k q8_0 --cache-type-v
+q8_0` (with flash attention, which a quantized V cache needs).
 """
 
 import argparse
@@ -63,6 +66,7 @@ def main():
     parser.add_argument("--models", default="/work/models")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", nargs="*")
+    parser.add_argument("--cache-type", choices=["f16", "q8_0"], default="f16")
     args = parser.parse_args()
     import llama_cpp
 
@@ -72,6 +76,7 @@ def main():
                 "llama_cpp_python": llama_cpp.__version__,
                 "system_info": llama_cpp.llama_print_system_info().decode(),
                 "cpu": cpu_model(),
+                "cache_type": args.cache_type,
             }
         ),
         flush=True,
@@ -86,8 +91,13 @@ def main():
             continue
         prompts = sorted(n[: -len(".ids.json")] for n in os.listdir(refs) if n.endswith(".ids.json"))
         longest = max(len(json.load(open(os.path.join(refs, f"{p}.ids.json")))["ids"]) for p in prompts)
+        cache = {}
+        if args.cache_type == "q8_0":
+            q8_0 = llama_cpp.GGML_TYPE_Q8_0
+            cache = {"type_k": q8_0, "type_v": q8_0, "flash_attn": True}
         llm = Llama(
             model_path=gguf,
+            **cache,
             n_ctx=longest + 16,
             n_batch=longest + 16,
             n_ubatch=longest + 16,
