@@ -94,17 +94,25 @@ impl ExactSums {
         Self([_mm512_setzero_ps(); 2])
     }
 
-    /// Adds a decoded pair times its 64 activations (`live` of them real,
-    /// 32 or 64; the rest read as zeros). Every exact kernel accumulates
-    /// through this one function.
+    /// Adds 64 decoded weights times their activations: all 64 (`x` holds
+    /// 64 values), or the first 32 for a row's odd last block (`x` holds 32).
+    /// Every exact kernel accumulates through this one function. `x` is
+    /// taken as a whole array so the loads need no bounds checks (a check
+    /// and a branch per FMA cost more than the FMA).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    pub(super) unsafe fn add(self, w: &ExactWeights, x: &[f32], live: usize) -> Self {
+    pub(super) unsafe fn add(self, w: &ExactWeights, x: &[f32]) -> Self {
         let mut s = self.0;
-        for k in 0..4 {
-            if 16 * k < live {
+        if let Ok(x) = <&[f32; 64]>::try_from(x) {
+            for k in 0..4 {
                 let x = _mm512_loadu_ps(x[16 * k..16 * k + 16].as_ptr());
                 s[k / 2] = _mm512_fmadd_ps(w.w[k], x, s[k / 2]);
+            }
+        } else {
+            let x: &[f32; 32] = x.try_into().expect("32 or 64 activations");
+            for k in 0..2 {
+                let x = _mm512_loadu_ps(x[16 * k..16 * k + 16].as_ptr());
+                s[0] = _mm512_fmadd_ps(w.w[k], x, s[0]);
             }
         }
         Self(s)
@@ -162,9 +170,9 @@ impl<F: Format> ExactRows for Blocks32<F> {
         while at < row.len() {
             let b = &row[at..row.len().min(at + pair_bytes)];
             let w = ExactWeights::decode::<F>(b, idx);
+            let live = first..(first + 64).min(xs[0].len());
             for (s, x) in sums.iter_mut().zip(xs) {
-                let live = (x.len() - first).min(64);
-                *s = s.add(&w, &x[first..], live);
+                *s = s.add(&w, &x[live.clone()]);
             }
             at += pair_bytes;
             first += 64;

@@ -140,7 +140,7 @@ impl<F: Quarters> ExactRows for F {
                 let w = F::quarter(b, &scales, quarter);
                 let first = QK_K * i + 64 * quarter;
                 for (s, x) in sums.iter_mut().zip(xs) {
-                    *s = s.add(&w, &x[first..], 64);
+                    *s = s.add(&w, &x[first..first + 64]);
                 }
             }
         }
