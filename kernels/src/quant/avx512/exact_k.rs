@@ -132,8 +132,14 @@ impl<F: Quarters> ExactRows for F {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    unsafe fn rows<const R: usize>(row: &[u8], xs: &[&[f32]; R], _: &()) -> [f32; R] {
-        let mut sums = [ExactSums::zero(); R];
+    unsafe fn rows<const R: usize>(
+        row: &[u8],
+        xs: &[&[f32]; R],
+        _: &(),
+        sums_io: &mut [ExactSums; R],
+    ) {
+        // A local copy, so the sums live in registers through the loop.
+        let mut sums = *sums_io;
         for (i, b) in row.chunks_exact(F::BYTES).enumerate() {
             let scales = F::scales(b);
             for quarter in 0..4 {
@@ -144,6 +150,6 @@ impl<F: Quarters> ExactRows for F {
                 }
             }
         }
-        sums.map(|s| s.finish())
+        *sums_io = sums;
     }
 }
