@@ -3,11 +3,13 @@
 //! Q4_K, Q6_K (a quarter of a super-block a step, `exact_k`).
 //!
 //! 64 weights are dequantized once to f32 ([`ExactWeights`]: scale times
-//! quant, plus the minimum), then multiplied into the running sums of each activation row
-//! ([`ExactSums::add`]): [`exact`] for one row (decode), [`exact_multi`]
-//! for `R` rows at once (prefill), so both give the same bits. A row's sums
-//! are two independent FMA chains (one per half of the 64): few enough that
-//! eight rows' sums and the decoded weights fit in the 32 vector registers.
+//! quant, plus the minimum), then multiplied into the running sums of each
+//! activation row ([`ExactSums::add`]): [`exact`] for one row (decode),
+//! [`exact_multi`] for `R` rows at once (prefill), so both give the same
+//! bits. A row's sums are two independent FMA chains (one per half of the
+//! 64): few enough that eight rows' sums and the decoded weights fit in the
+//! 32 vector registers. Rows longer than `ONE_PASS_VALUES` go by runs of
+//! activations that stay in L1, the sums carried between runs.
 //!
 //! Safety: as the parent module's kernels.
 
@@ -16,7 +18,10 @@ use std::marker::PhantomData;
 
 use super::super::format::Format;
 use super::super::prefetch::rows_prefetched;
-use super::{half_index, has_min, hsum, load_pair, nibble_index, quant_offset, unsigned_quants};
+use super::super::QuantType;
+use super::{
+    half_index, has_min, hsum, load_pair, nibble_index, qs_offset, quant_offset, unsigned_quants,
+};
 
 /// The `vpermb`/`vpermw` indexes the exact kernels decode blocks with.
 #[derive(Clone, Copy)]
@@ -25,6 +30,9 @@ pub(crate) struct ExactIndex {
     scale: __m512i,
     min: __m512i,
     offset: __m512i,
+    /// For Q4_0 and Q4_1, per block of the pair: the `vpermb` index putting
+    /// quant byte `l` of the block in byte 0 of 32-bit lane `l`.
+    lanes: [__m512i; 2],
 }
 
 impl ExactIndex {
@@ -36,6 +44,13 @@ impl ExactIndex {
             scale: half_index::<F>(0, 16),
             min: half_index::<F>(2, 16),
             offset: _mm512_set1_epi8(quant_offset(F::TY) as u8 as i8),
+            lanes: [0, 1].map(|b| {
+                let mut idx = [0u8; 64];
+                for l in 0..16 {
+                    idx[4 * l] = (b * F::BYTES + qs_offset(F::TY) + l) as u8;
+                }
+                _mm512_loadu_si512(idx.as_ptr().cast())
+            }),
         }
     }
 }
@@ -56,6 +71,9 @@ impl ExactWeights {
     #[inline]
     unsafe fn decode<F: Format>(b: &[u8], idx: &ExactIndex) -> Self {
         let v = load_pair::<F>(b);
+        if matches!(F::TY, QuantType::Q4_0 | QuantType::Q4_1) {
+            return Self::decode_4bit::<F>(v, idx);
+        }
         let q = _mm512_sub_epi8(unsigned_quants::<F>(b, v, idx.nibbles), idx.offset);
         let lanes = [
             _mm512_castsi512_si128(q),
@@ -64,22 +82,55 @@ impl ExactWeights {
             _mm512_extracti32x4_epi32::<3>(q),
         ];
         let q = lanes.map(|l| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(l)));
-        let halves = |index| {
-            let words = _mm512_permutexvar_epi16(index, v);
-            [
-                _mm512_cvtph_ps(_mm512_castsi512_si256(words)),
-                _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(words)),
-            ]
-        };
-        let d = halves(idx.scale);
+        let d = half_pair(v, idx.scale);
         let w = if has_min(F::TY) {
-            let m = halves(idx.min);
+            let m = half_pair(v, idx.min);
             std::array::from_fn(|k| _mm512_fmadd_ps(q[k], d[k / 2], m[k / 2]))
         } else {
             std::array::from_fn(|k| _mm512_mul_ps(q[k], d[k / 2]))
         };
         Self { w }
     }
+
+    /// [`decode`](Self::decode) for Q4_0 and Q4_1 (`v` holds the pair's
+    /// bytes), in fewer shuffles: one `vpermb` a block spreads its 16 quant
+    /// bytes over 32-bit lanes, whose low and high nibbles are its two runs
+    /// of 16 weights. Q4_0's `d·(q − 8)` is computed as `d·q − 8d`, which is
+    /// exact (both are small multiples of an f16 scale), so the weights are
+    /// the same f32 values [`decode`](Self::decode) would give.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode_4bit<F: Format>(v: __m512i, idx: &ExactIndex) -> Self {
+        let d = half_pair(v, idx.scale);
+        let m = if has_min(F::TY) {
+            half_pair(v, idx.min)
+        } else {
+            let minus8 = _mm512_set1_ps(-8.0);
+            [_mm512_mul_ps(d[0], minus8), _mm512_mul_ps(d[1], minus8)]
+        };
+        let low = _mm512_set1_epi32(0xF);
+        let mut w = [_mm512_setzero_ps(); 4];
+        for b in 0..2 {
+            let bytes = _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, idx.lanes[b], v);
+            let lo = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, low));
+            let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(bytes));
+            w[2 * b] = _mm512_fmadd_ps(lo, d[b], m[b]);
+            w[2 * b + 1] = _mm512_fmadd_ps(hi, d[b], m[b]);
+        }
+        Self { w }
+    }
+}
+
+/// The f16 at the `vpermw` index's words of each block of a pair (`v` holds
+/// its bytes), as f32: 16 lanes of the first block's, 16 of the second's.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn half_pair(v: __m512i, index: __m512i) -> [__m512; 2] {
+    let words = _mm512_permutexvar_epi16(index, v);
+    [
+        _mm512_cvtph_ps(_mm512_castsi512_si256(words)),
+        _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(words)),
+    ]
 }
 
 /// The running sums of one (weight row, activation row), one per half of
