@@ -24,9 +24,10 @@ use rayon::prelude::*;
 /// rows x cols of SmolLM2-135M's projections: attention q/o, MLP up/gate,
 /// MLP down, and the tied embedding / LM head.
 const SHAPES: [(usize, usize); 4] = [(576, 576), (1536, 576), (576, 1536), (49152, 576)];
-const TYPES: [QuantType; 5] = [
+const TYPES: [QuantType; 6] = [
     QuantType::Q4_1,
     QuantType::Q4_0,
+    QuantType::Q5_0,
     QuantType::Q8_0,
     QuantType::Q4K,
     QuantType::Q6K,
