@@ -9,8 +9,9 @@ cache went back to empty and the server's memory stayed flat.
 Run it before closing work on the server (64 clients, 3 rounds of 60 s by
 default); the test suite runs a short one. Prints a table per round
 (requests, hang-ups, errors, p50/p99 latency, RSS, KV usage), the peak RSS
-and a JSON summary with --json; exits 1 if any request failed, the cache did not drain
-or RSS grew by more than 10 % (+ 16 MiB) from the first round to the last.
+and a JSON summary with --json; exits 1 if any request failed, the cache did
+not drain or RSS grew by more than 10 % (+ 16 MiB) from the first round to
+the last.
 """
 
 import argparse

@@ -1,7 +1,5 @@
 //! One module per `host` subcommand.
 
-use clap::ValueEnum;
-
 use crate::cli::{LoadArgs, RuntimeArgs};
 use crate::compiler::CompileCache;
 use crate::model::{self, resolve, LoadOptions, Model};
@@ -56,17 +54,11 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
 /// How `runtime` says a model is loaded.
 fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
     let device: crate::device::DeviceChoice = runtime.device.parse()?;
-    let cpu_only = matches!(
-        runtime.kv_cache_dtype,
-        crate::cli::KvCacheDtypeArg::Float16 | crate::cli::KvCacheDtypeArg::Q8_0
-    );
+    let kv_cache_dtype: crate::runtime::KvCacheDtype = runtime.kv_cache_dtype.into();
     anyhow::ensure!(
-        device == crate::device::DeviceChoice::Cpu || !cpu_only,
+        device == crate::device::DeviceChoice::Cpu || !kv_cache_dtype.cpu_only(),
         "--kv-cache-dtype {} is for the CPU backend: the cache on a GPU holds bfloat16 or float32",
-        runtime
-            .kv_cache_dtype
-            .to_possible_value()
-            .map_or_else(String::new, |v| v.get_name().to_owned())
+        kv_cache_dtype.name()
     );
     Ok(LoadOptions {
         max_length: runtime.max_length,
@@ -79,7 +71,7 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
         device,
         dtype: runtime.dtype.into(),
         enforce_eager: runtime.enforce_eager,
-        kv_cache_dtype: runtime.kv_cache_dtype.into(),
+        kv_cache_dtype,
         attention_backend: runtime.attention_backend.into(),
         check_weights: runtime.check_weights,
     })

@@ -287,36 +287,31 @@ fn compile(
     })?;
     let (program, compile) = options.compile_cache.get_or_compile(&graph, Device::Cpu)?;
     let program = Arc::new(program);
-    let backend: Box<dyn Backend> = match device::open(
-        options.device,
-        options.compile_cache.kernels_dir(),
-    )? {
-        None => {
-            let kv_dtype = options.kv_cache_dtype.on_host(options.precision);
-            let per_element = kv_dtype.values_per_element() as u32;
-            if !config.kv.head_dim.is_multiple_of(per_element) {
-                return Err(ModelError::Unsupported(format!(
-                        "--kv-cache-dtype q8_0 stores heads in blocks of {per_element} numbers, and this model's heads have {}",
-                        config.kv.head_dim
-                    )));
+    let backend: Box<dyn Backend> =
+        match device::open(options.device, options.compile_cache.kernels_dir())? {
+            None => {
+                let kv_dtype = options.kv_cache_dtype.on_host(options.precision);
+                kv_dtype
+                    .check_head_dim(config.kv.head_dim as usize)
+                    .map_err(ModelError::Unsupported)?;
+                Box::new(
+                    Executor::new(program, &bound.store, options.precision)?
+                        .with_kv_dtype(kv_dtype),
+                )
             }
-            Box::new(
-                Executor::new(program, &bound.store, options.precision)?.with_kv_dtype(kv_dtype),
-            )
-        }
-        Some(gpu) => Box::new(CudaExecutor::new(
-            program,
-            &bound.store,
-            gpu,
-            options.device.to_string(),
-            CudaOptions {
-                dtype: options.dtype,
-                kv_cache_dtype: options.kv_cache_dtype,
-                graphs: !options.enforce_eager,
-                attention: options.attention_backend,
-            },
-        )?),
-    };
+            Some(gpu) => Box::new(CudaExecutor::new(
+                program,
+                &bound.store,
+                gpu,
+                options.device.to_string(),
+                CudaOptions {
+                    dtype: options.dtype,
+                    kv_cache_dtype: options.kv_cache_dtype,
+                    graphs: !options.enforce_eager,
+                    attention: options.attention_backend,
+                },
+            )?),
+        };
     let pipeline = Pipeline::for_architecture(&architecture)?;
     Ok(Compiled {
         architecture,

@@ -1,8 +1,8 @@
 //! The paged KV cache storage: per layer, keys and values of
 //! `[num_blocks, block_size, num_kv_heads, head_dim]`, in host memory for
 //! the CPU backend (f32, f16, bf16 or Q8_0 blocks) or in device memory for
-//! the CUDA backend. Which blocks a sequence owns is the scheduler's business; this
-//! only holds the memory.
+//! the CUDA backend. Which blocks a sequence owns is the scheduler's
+//! business; this only holds the memory.
 
 use half::{bf16, f16};
 use kiln_kernels::dense::attention::{CacheElement, CacheLayout};
@@ -56,6 +56,23 @@ pub enum KvCacheDtype {
 }
 
 impl KvCacheDtype {
+    /// Its `--kv-cache-dtype` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Float32 => "float32",
+            KvCacheDtype::BFloat16 => "bfloat16",
+            KvCacheDtype::Float16 => "float16",
+            KvCacheDtype::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Whether only the CPU backend stores it (a GPU cache holds bf16 or
+    /// f32).
+    pub fn cpu_only(self) -> bool {
+        matches!(self, KvCacheDtype::Float16 | KvCacheDtype::Q8_0)
+    }
+
     /// What the CPU backend's cache stores in `precision`.
     pub fn on_host(self, precision: Precision) -> HostKvDtype {
         match (self, precision) {
@@ -95,6 +112,19 @@ impl HostKvDtype {
         match self {
             HostKvDtype::Q8_0 => BlockQ8_0::VALUES,
             _ => 1,
+        }
+    }
+
+    /// Checks that heads of `head_dim` numbers are whole elements (for
+    /// Q8_0, whole blocks of 32).
+    pub fn check_head_dim(self, head_dim: usize) -> Result<(), String> {
+        let per_element = self.values_per_element();
+        if head_dim.is_multiple_of(per_element) {
+            Ok(())
+        } else {
+            Err(format!(
+                "--kv-cache-dtype q8_0 stores heads in blocks of {per_element} numbers, and this model's heads have {head_dim}"
+            ))
         }
     }
 }

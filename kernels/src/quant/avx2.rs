@@ -232,11 +232,6 @@ const fn quant_offset(ty: QuantType) -> i8 {
     }
 }
 
-/// Whether the format has a minimum (Q4_1, Q5_1).
-const fn has_min(ty: QuantType) -> bool {
-    matches!(ty, QuantType::Q4_1 | QuantType::Q5_1)
-}
-
 // ---------------------------------------------------------- exact (f32 x)
 
 /// Any format: dequantizes one block at a time (portable code) and takes the
@@ -277,7 +272,7 @@ unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[[f32; 32]]) -> f32 {
         };
         let (lo, hi) = dot_i8x32(q, &xv);
         let acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0)), _mm256_add_ps(lo, hi), acc);
-        if has_min(F::TY) {
+        if F::TY.has_min() {
             _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 2)), sum32(&xv), acc)
         } else {
             acc
@@ -458,7 +453,7 @@ unsafe fn fast_32_weights<F: Format>(b: &[u8]) -> Fast32Weights {
     Fast32Weights {
         q: unsigned_quants::<F>(b),
         d,
-        c: if has_min(F::TY) { f16_at(b, 2) } else { d },
+        c: if F::TY.has_min() { f16_at(b, 2) } else { d },
     }
 }
 
@@ -478,7 +473,7 @@ unsafe fn fast_32_add((acc, corr): (__m256, f32), w: &Fast32Weights, a: &BlockQ8
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn fast_32_finish<F: Format>(even: (__m256, f32), odd: (__m256, f32)) -> f32 {
-    let k = if has_min(F::TY) {
+    let k = if F::TY.has_min() {
         1.0
     } else {
         -f32::from(quant_offset(F::TY))

@@ -260,6 +260,12 @@ pub(crate) fn q3k_scales(packed: &[u8]) -> [i8; 16] {
 }
 
 impl QuantType {
+    /// Whether the 32-value format stores a minimum per block (Q4_1, Q5_1)
+    /// rather than subtracting a fixed offset from its quants.
+    pub(crate) const fn has_min(self) -> bool {
+        matches!(self, QuantType::Q4_1 | QuantType::Q5_1)
+    }
+
     /// Sub-block length: the run of values sharing one scale and offset.
     pub(crate) const fn sub_block(self) -> usize {
         match self {

@@ -247,10 +247,10 @@ impl CudaExecutor {
             KvCacheDtype::Auto => dtype != WeightDtype::Float32,
             KvCacheDtype::Float32 => false,
             KvCacheDtype::BFloat16 => true,
-            KvCacheDtype::Float16 | KvCacheDtype::Q8_0 => {
+            cpu_only @ (KvCacheDtype::Float16 | KvCacheDtype::Q8_0) => {
                 return Err(RuntimeError::Device(format!(
-                    "--kv-cache-dtype {:?}: the cache on a GPU holds bfloat16 or float32",
-                    options.kv_cache_dtype
+                    "--kv-cache-dtype {}: the cache on a GPU holds bfloat16 or float32",
+                    cpu_only.name()
                 )))
             }
         };

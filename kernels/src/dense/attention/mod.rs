@@ -79,14 +79,14 @@ half_cache_element!(bf16, bf16: true);
 impl CacheElement for BlockQ8_0 {
     const VALUES: usize = 32;
     fn store(src: &[f32], dst: &mut [BlockQ8_0]) {
-        assert_eq!(src.len(), dst.len() * 32, "Q8_0 cache sizes");
-        for (x, block) in src.chunks_exact(32).zip(dst) {
+        assert_eq!(src.len(), dst.len() * Self::VALUES, "Q8_0 cache sizes");
+        for (x, block) in src.chunks_exact(Self::VALUES).zip(dst) {
             *block = BlockQ8_0::quantize(x);
         }
     }
     fn load(src: &[BlockQ8_0], dst: &mut [f32]) {
-        assert_eq!(src.len() * 32, dst.len(), "Q8_0 cache sizes");
-        for (block, y) in src.iter().zip(dst.chunks_exact_mut(32)) {
+        assert_eq!(src.len() * Self::VALUES, dst.len(), "Q8_0 cache sizes");
+        for (block, y) in src.iter().zip(dst.chunks_exact_mut(Self::VALUES)) {
             block.dequantize(y);
         }
     }
@@ -104,6 +104,7 @@ fn elements<T: CacheElement>(at: usize, len: usize) -> Range<usize> {
     debug_assert!(at.is_multiple_of(T::VALUES) && len.is_multiple_of(T::VALUES));
     at / T::VALUES..(at + len) / T::VALUES
 }
+
 /// The shape of one layer's cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheLayout {

@@ -19,9 +19,7 @@ use std::marker::PhantomData;
 use super::super::format::Format;
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
-use super::{
-    half_index, has_min, hsum, load_pair, nibble_index, qs_offset, quant_offset, unsigned_quants,
-};
+use super::{half_index, hsum, load_pair, nibble_index, qs_offset, quant_offset, unsigned_quants};
 
 /// The `vpermb`/`vpermw` indexes the exact kernels decode blocks with.
 #[derive(Clone, Copy)]
@@ -83,7 +81,7 @@ impl ExactWeights {
         ];
         let q = lanes.map(|l| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(l)));
         let d = half_pair(v, idx.scale);
-        let w = if has_min(F::TY) {
+        let w = if F::TY.has_min() {
             let m = half_pair(v, idx.min);
             std::array::from_fn(|k| _mm512_fmadd_ps(q[k], d[k / 2], m[k / 2]))
         } else {
@@ -102,11 +100,11 @@ impl ExactWeights {
     #[inline]
     unsafe fn decode_4bit<F: Format>(v: __m512i, idx: &ExactIndex) -> Self {
         let d = half_pair(v, idx.scale);
-        let m = if has_min(F::TY) {
+        let m = if F::TY.has_min() {
             half_pair(v, idx.min)
         } else {
-            let minus8 = _mm512_set1_ps(-8.0);
-            [_mm512_mul_ps(d[0], minus8), _mm512_mul_ps(d[1], minus8)]
+            let offset = _mm512_set1_ps(-(quant_offset(F::TY) as f32));
+            [_mm512_mul_ps(d[0], offset), _mm512_mul_ps(d[1], offset)]
         };
         let low = _mm512_set1_epi32(0xF);
         let mut w = [_mm512_setzero_ps(); 4];

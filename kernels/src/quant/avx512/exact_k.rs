@@ -38,8 +38,8 @@ unsafe fn scaled(q: __m512i, scale: f32, offset: f32) -> __m512 {
 trait Quarters: Format {
     /// Each run of weights' (scale, offset), as [`scaled`] takes them.
     type Scales;
-    /// The scales of block `b`.
-    unsafe fn scales(b: &[u8]) -> Self::Scales;
+    /// The scales of block `b` (scalar code).
+    fn scales(b: &[u8]) -> Self::Scales;
     /// Values `64 · quarter .. 64 · quarter + 64` of block `b`.
     unsafe fn quarter(b: &[u8], scales: &Self::Scales, quarter: usize) -> ExactWeights;
 }
@@ -49,7 +49,7 @@ impl Quarters for marker::Q4K {
     type Scales = [(f32, f32); 8];
 
     #[inline(always)]
-    unsafe fn scales(b: &[u8]) -> [(f32, f32); 8] {
+    fn scales(b: &[u8]) -> [(f32, f32); 8] {
         let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
         let (sc, mn) = k4_scales_mins(&b[4..16]);
         // Loops, not `array::from_fn`: its closure would not inline here.
@@ -85,7 +85,7 @@ impl Quarters for marker::Q6K {
     type Scales = [f32; 16];
 
     #[inline(always)]
-    unsafe fn scales(b: &[u8]) -> [f32; 16] {
+    fn scales(b: &[u8]) -> [f32; 16] {
         let d = f16_at(b, 208);
         let mut scales = [0.0; 16];
         for (s, &sc) in scales.iter_mut().zip(&b[192..208]) {

@@ -97,10 +97,6 @@ const fn quant_offset(ty: QuantType) -> i32 {
     }
 }
 
-const fn has_min(ty: QuantType) -> bool {
-    matches!(ty, QuantType::Q4_1 | QuantType::Q5_1)
-}
-
 /// The `vpermb` index placing each packed byte of two blocks under both of
 /// its nibbles: byte `32 * b + k` takes byte `k % 16` of block `b`'s quants.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
@@ -276,7 +272,7 @@ struct FastWeights {
 unsafe fn fast_weights<F: Format>(b: &[u8], v: __m512i, idx: &FastIndex) -> FastWeights {
     let q = unsigned_quants::<F>(b, v, idx.nibbles);
     let (d, _) = halves(_mm512_permutexvar_epi16(idx.scale, v));
-    let c = if has_min(F::TY) {
+    let c = if F::TY.has_min() {
         halves(_mm512_permutexvar_epi16(idx.min, v)).0
     } else {
         d
@@ -325,7 +321,7 @@ impl FastSums {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
     unsafe fn finish<F: Format>(self) -> f32 {
-        let k = if has_min(F::TY) {
+        let k = if F::TY.has_min() {
             1.0
         } else {
             -(quant_offset(F::TY) as f32)
@@ -473,7 +469,7 @@ impl MultiConsts {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
     unsafe fn new<F: Format, const W: usize, const R: usize>() -> Self {
-        let at = if has_min(F::TY) { 2 } else { 0 };
+        let at = if F::TY.has_min() { 2 } else { 0 };
         let mut corr = [_mm512_setzero_si512(); MAX_CORR_VECTORS];
         for (v, corr) in corr.iter_mut().enumerate().take(corr_vectors(W, R)) {
             let first = v * 16 / (2 * R);
@@ -554,7 +550,7 @@ unsafe fn fast_32_block<F: Format, const W: usize, const R: usize>(
     for (c, lanes) in corr.iter().zip(corr_lanes.chunks_exact_mut(16)) {
         _mm512_storeu_ps(lanes.as_mut_ptr(), *c);
     }
-    let k_corr = if has_min(F::TY) {
+    let k_corr = if F::TY.has_min() {
         1.0
     } else {
         -(quant_offset(F::TY) as f32)
