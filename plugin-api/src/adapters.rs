@@ -97,6 +97,7 @@ pub fn gguf_decoder_name(name: &str) -> Option<String> {
         "output_norm.weight" => Some("norm.weight"),
         "output_norm.bias" => Some("norm.bias"),
         "output.weight" => Some("lm_head.weight"),
+        "output.bias" => Some("lm_head.bias"),
         _ => None,
     };
     if let Some(top) = top {

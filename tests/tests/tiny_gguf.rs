@@ -201,7 +201,7 @@ fn gguf_matches_transformers_on(file: &str, device: DeviceChoice) {
     );
 }
 
-const TESTED: [&str; 12] = [
+const TESTED: [&str; 20] = [
     "tiny_llama.f32.gguf",
     "tiny_llama_tied.f32.gguf",
     "tiny_qwen2.f32.gguf",
@@ -214,6 +214,14 @@ const TESTED: [&str; 12] = [
     "tiny_gpt2.q8_0.gguf",
     "tiny_starcoder2.f32.gguf",
     "tiny_gpt_neox.f32.gguf",
+    "tiny_granite.f32.gguf",
+    "tiny_olmo2.f32.gguf",
+    "tiny_smollm3.f32.gguf",
+    "tiny_phi2_mha.f32.gguf",
+    "tiny_mixtral_no_window.f32.gguf",
+    "tiny_qwen2_moe_every_layer.f32.gguf",
+    "tiny_qwen3_moe_step1.f32.gguf",
+    "tiny_qwen3_moe_step1.q8_0.gguf",
 ];
 
 /// Every GGUF fixture (llama.cpp's converter: permuted Q/K with adjacent-pair
@@ -304,4 +312,53 @@ fn tiny_gpt2_f32_gguf_with_transposed_projections_matches_transformers() {
 #[test]
 fn tiny_gpt2_q8_0_gguf_matches_transformers_on_dequantized_weights() {
     gguf_matches_transformers("tiny_gpt2.q8_0.gguf");
+}
+
+/// Granite's four multipliers from `granite.{attention.scale, embedding_scale,
+/// residual_scale, logit_scale}`; q/k rows and biases permuted.
+#[test]
+fn tiny_granite_f32_gguf_with_multipliers_and_biases_matches_transformers() {
+    gguf_matches_transformers("tiny_granite.f32.gguf");
+}
+
+/// OLMo 2: post-norms and whole-projection q/k norms, Q/K not permuted.
+#[test]
+fn tiny_olmo2_f32_gguf_with_post_norms_matches_transformers() {
+    gguf_matches_transformers("tiny_olmo2.f32.gguf");
+}
+
+/// SmolLM3: the file stores no rotary pattern; llama.cpp's (every fourth
+/// layer without rotary, no sliding window) is the reference.
+#[test]
+fn tiny_smollm3_f32_gguf_with_llama_cpp_rope_pattern_matches_transformers() {
+    gguf_matches_transformers("tiny_smollm3.f32.gguf");
+}
+
+/// Phi-2: partial rotary from `rope.dimension_count`, biases on the LM head.
+#[test]
+fn tiny_phi2_f32_gguf_with_partial_rotary_matches_transformers() {
+    gguf_matches_transformers("tiny_phi2_mha.f32.gguf");
+}
+
+/// Mixtral, converted as `llama` with `expert_count`: stacked experts split
+/// per expert, Q/K permuted.
+#[test]
+fn tiny_mixtral_f32_gguf_with_stacked_experts_matches_transformers() {
+    gguf_matches_transformers("tiny_mixtral_no_window.f32.gguf");
+}
+
+/// Qwen2-MoE: stacked experts and the gated shared expert.
+#[test]
+fn tiny_qwen2_moe_f32_gguf_with_shared_expert_matches_transformers() {
+    gguf_matches_transformers("tiny_qwen2_moe_every_layer.f32.gguf");
+}
+
+#[test]
+fn tiny_qwen3_moe_f32_gguf_with_renormalized_experts_matches_transformers() {
+    gguf_matches_transformers("tiny_qwen3_moe_step1.f32.gguf");
+}
+
+#[test]
+fn tiny_qwen3_moe_q8_0_gguf_matches_transformers_on_dequantized_weights() {
+    gguf_matches_transformers("tiny_qwen3_moe_step1.q8_0.gguf");
 }

@@ -318,6 +318,22 @@ fn tiny_qwen3_moe_with_sparse_step_matches_transformers() {
     matches_transformers("tiny_qwen3_moe.json", false);
 }
 
+/// The variants made for llama.cpp's converter (its GGUF tests are in
+/// `tiny_gguf.rs`), from their Hugging Face checkpoints: Phi-2 with one
+/// key/value head per query head, Mixtral without a window, Qwen-MoE with
+/// every layer a mixture.
+#[test]
+fn tiny_gguf_variants_match_transformers() {
+    for name in [
+        "tiny_phi2_mha.json",
+        "tiny_mixtral_no_window.json",
+        "tiny_qwen2_moe_every_layer.json",
+        "tiny_qwen3_moe_step1.json",
+    ] {
+        matches_transformers(name, false);
+    }
+}
+
 /// `name`'s checkpoint in bf16 and in f16, on `device` with weights kept
 /// in their stored type, gives transformers' logits within `tolerance`
 /// (absolute and relative): the fixture's weights are multiples of 1/64 of

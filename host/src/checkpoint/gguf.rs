@@ -19,49 +19,8 @@
 //! Shapes are given in PyTorch / Hugging Face order: GGUF stores dimensions
 //! innermost first, so they are reversed, and a quantized row is the last axis.
 //!
-//! # Hugging Face config
-//!
-//! [`GgufFile::hf_config`] rebuilds a `config.json` for `llama`, `qwen2`,
-//! `qwen3`, `gemma2`, `gemma3`, `phi3`, `gpt2`, `starcoder2` and `gptneox`, from the keys present (`{arch}` is
-//! `general.architecture`; float32 values are written as their shortest
-//! decimal, e.g. `1e-5`, as `config.json` had them):
-//!
-//! | config.json (GPT-2's name)               | GGUF                                                          |
-//! | ---------------------------------------- | ------------------------------------------------------------- |
-//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma2ForCausalLM`/`gemma2`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2`, `Starcoder2ForCausalLM`/`starcoder2`, `GPTNeoXForCausalLM`/`gpt_neox` |
-//! | `vocab_size`                             | `{arch}.vocab_size`, else the length of `tokenizer.ggml.tokens`, else the rows of `token_embd.weight` |
-//! | `hidden_size` (`n_embd`)                 | `{arch}.embedding_length`                                     |
-//! | `intermediate_size` (`n_inner`)          | `{arch}.feed_forward_length`                                  |
-//! | `num_hidden_layers` (`n_layer`)          | `{arch}.block_count`                                          |
-//! | `num_attention_heads` (`n_head`)         | `{arch}.attention.head_count`                                 |
-//! | `num_key_value_heads`                    | `{arch}.attention.head_count_kv`                              |
-//! | `head_dim`                               | `{arch}.attention.key_length`                                 |
-//! | `max_position_embeddings` (`n_positions`, `n_ctx`) | `{arch}.context_length`                             |
-//! | `rms_norm_eps`                           | `{arch}.attention.layer_norm_rms_epsilon`                     |
-//! | `layer_norm_eps` (`layer_norm_epsilon`; StarCoder2's `norm_epsilon`) | `{arch}.attention.layer_norm_epsilon`      |
-//! | `rope_theta`                             | `{arch}.rope.freq_base`                                       |
-//! | `rope_scaling`                           | `{arch}.rope.scaling.type` (omitted when absent or `none`) as `rope_type`, `.factor` as `factor`, `.original_context_length` as `original_max_position_embeddings` |
-//! | `rope_scaling` (llama)                   | the `rope_freqs.weight` tensor (Llama 3 scaling as per-frequency divisors) as `{"rope_type": "freq_factors", "factors": [...]}`, a Kiln rope type |
-//! | `original_max_position_embeddings` (phi3)| `{arch}.rope.scaling.original_context_length`                 |
-//! | `sliding_window`                         | `{arch}.attention.sliding_window` (left out when 0, llama.cpp's "none") |
-//! | `attn_logit_softcapping`, `final_logit_softcapping` | `{arch}.attn_logit_softcapping`, `{arch}.final_logit_softcapping` |
-//! | `tie_word_embeddings`                    | true when there is no `output.weight` tensor                  |
-//! | `bos_token_id`, `eos_token_id`, `pad_token_id` | `tokenizer.ggml.bos_token_id`, `.eos_token_id`, `.padding_token_id` |
-//! | `hidden_act` (`activation_function`)     | fixed: `silu` (llama, qwen2, qwen3, phi3), `gelu_pytorch_tanh` (gemma2, gemma3, also as `hidden_activation`), `gelu_new` (gpt2) |
-//! | `rope_local_base_freq` (gemma3)          | `gemma3.rope.freq_base_swa`, else 10000                       |
-//! | `query_pre_attn_scalar` (gemma2, gemma3) | llama.cpp's rule: `hidden_size / num_attention_heads` for the 27B model (46 layers in Gemma 2, 62 in Gemma 3), else `head_dim` |
-//! | `sliding_window_pattern` (gemma3), `layer_types` (gemma2, gemma3) | with a sliding window: every 6th layer global (gemma3), every 2nd (gemma2), as llama.cpp |
-//! | `hidden_act`, `use_bias` (starcoder2)    | `gelu_pytorch_tanh`; biases when `blk.0.attn_q.bias` exists (llama.cpp stores no sliding window for it and attends over the whole context) |
-//! | `hidden_act`, `attention_bias`, `use_parallel_residual`, `partial_rotary_factor` (gptneox) | `gelu`; biases when `blk.0.attn_qkv.bias` exists; `gptneox.use_parallel_residual` (true when absent); `gptneox.rope.dimension_count` over the head size (the whole head when absent, as llama.cpp) |
-//!
-//! Not mapped: Phi-3 "longrope" factors (stored as the `rope_factors_*`
-//! tensors).
-//!
-//! [`hf_tensor_name`] maps tensor names. It maps names only: llama.cpp's
-//! converter permutes the `llama` query and key projections for interleaved
-//! rotary embedding, GPT-2's `Conv1D` weights are stored transposed
-//! relative to the Hugging Face checkpoint, and GPT-NeoX's q/k/v rows are
-//! stacked where Hugging Face groups them per head.
+//! [`GgufFile::hf_config`] and [`hf_tensor_name`] (in `hf.rs`) read the
+//! file in Hugging Face terms.
 
 mod hf;
 mod value;

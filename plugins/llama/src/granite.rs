@@ -38,7 +38,7 @@ impl DecoderLayer for ScaledResidual {
 /// The Granite graph.
 pub fn granite_graph(request: &GraphRequest) -> Result<GraphIr> {
     let hf = HfConfig::new(&request.config.model)?;
-    let params = LlamaParams::parse(&hf)?;
+    let params = LlamaParams::parse(&hf)?.rotated_for(request);
     let mut model = params.transformer(DType::F32);
     let attention = hf.opt_f64("attention_multiplier")?.unwrap_or(1.0) as f32;
     for layer in &mut model.layers {

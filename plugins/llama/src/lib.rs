@@ -160,6 +160,15 @@ impl LlamaParams {
         })
     }
 
+    /// These parameters for `request`'s weights: llama.cpp's converter stores
+    /// the Q and K rows of Llama and the families converted as Llama
+    /// (Mixtral, Granite, SmolLM3) permuted for adjacent-pair rotation, so a
+    /// GGUF rotates adjacent pairs and reads them as they are, zero-copy.
+    pub fn rotated_for(mut self, request: &GraphRequest) -> Self {
+        self.rope.interleaved = request.weights_format == Some(WeightsFormat::Gguf);
+        self
+    }
+
     /// The decoder as modules of `dtype`.
     pub fn transformer(&self, dtype: DType) -> Transformer {
         let norm = || Norm::Rms(RmsNorm::new(self.hidden_size, dtype, self.rms_norm_eps));
@@ -225,10 +234,7 @@ impl LlamaParams {
 
 /// Builds the decoder graph: ragged-batch inputs in, last-token logits out.
 pub fn llama_graph(request: &GraphRequest) -> Result<GraphIr> {
-    let mut params = LlamaParams::parse(&HfConfig::new(&request.config.model)?)?;
-    // llama.cpp stores Llama's Q and K rows permuted for adjacent-pair
-    // rotation; rotating adjacent pairs reads them as they are, zero-copy.
-    params.rope.interleaved = request.weights_format == Some(WeightsFormat::Gguf);
+    let params = LlamaParams::parse(&HfConfig::new(&request.config.model)?)?.rotated_for(request);
     decoder_graph(&params, request)
 }
 

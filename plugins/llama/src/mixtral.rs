@@ -47,7 +47,7 @@ pub fn expert_counts(hf: &HfConfig<'_>) -> Result<(u32, u32)> {
 /// experts.
 pub fn mixtral_graph(request: &GraphRequest) -> Result<GraphIr> {
     let hf = HfConfig::new(&request.config.model)?;
-    let params = LlamaParams::parse(&hf)?;
+    let params = LlamaParams::parse(&hf)?.rotated_for(request);
     let (experts, top_k) = expert_counts(&hf)?;
     let spec = MoeSpec::softmax(experts, top_k, true);
     moe_decoder_graph("mixtral", &params, request, |_| {
@@ -150,7 +150,8 @@ pub fn adapt_moe_safetensors(request: &AdaptRequest) -> Result<AdaptResponse> {
 
 /// llama.cpp's names: the decoder's, plus the router `ffn_gate_inp`, the
 /// stacked experts `ffn_{gate,up,down}_exps` split per expert, and the
-/// shared expert `ffn_{gate,up,down}_shexp`.
+/// shared expert `ffn_{gate,up,down}_shexp` with its gate
+/// `ffn_gate_inp_shexp`.
 pub fn adapt_moe_gguf(request: &AdaptRequest) -> Result<AdaptResponse> {
     let mut weights = Vec::new();
     for tensor in &request.tensors {
@@ -170,6 +171,11 @@ pub fn adapt_moe_gguf(request: &AdaptRequest) -> Result<AdaptResponse> {
             "ffn_gate_inp.weight" => {
                 weights.push(part(format!("{prefix}gate.weight"), source, None))
             }
+            "ffn_gate_inp_shexp.weight" => weights.push(part(
+                format!("{prefix}shared_expert_gate.weight"),
+                source,
+                None,
+            )),
             "ffn_gate_exps.weight" => weights.extend(stacked("gate_proj")?),
             "ffn_up_exps.weight" => weights.extend(stacked("up_proj")?),
             "ffn_down_exps.weight" => weights.extend(stacked("down_proj")?),
@@ -259,6 +265,7 @@ mod tests {
                 ("blk.1.ffn_up_exps.weight", &[8, 16, 32]),
                 ("blk.1.ffn_down_exps.weight", &[8, 32, 16]),
                 ("blk.1.ffn_gate_shexp.weight", &[40, 32]),
+                ("blk.1.ffn_gate_inp_shexp.weight", &[1, 32]),
                 ("blk.1.attn_q.weight", &[64, 32]),
             ],
         ))
@@ -272,6 +279,7 @@ mod tests {
         let down = find(&response, "layers.1.mlp.experts.7.down_proj.weight");
         assert_eq!(down.rows, Some((224, 256)));
         find(&response, "layers.1.mlp.shared_expert.gate_proj.weight");
+        find(&response, "layers.1.mlp.shared_expert_gate.weight");
         find(&response, "layers.1.self_attn.q_proj.weight");
     }
 

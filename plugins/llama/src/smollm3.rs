@@ -15,7 +15,7 @@ use crate::LlamaParams;
 pub fn smollm3_graph(request: &GraphRequest) -> Result<GraphIr> {
     let config = &request.config.model;
     let hf = HfConfig::new(config)?;
-    let mut params = LlamaParams::parse(&hf)?;
+    let mut params = LlamaParams::parse(&hf)?.rotated_for(request);
     params.tie_word_embeddings = hf.opt_bool("tie_word_embeddings")?.unwrap_or(true);
     let window = params.sliding_window.take();
     let layers = params.num_layers as usize;

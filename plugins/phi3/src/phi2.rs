@@ -46,7 +46,7 @@ pub fn phi2_graph(request: &GraphRequest) -> Result<GraphIr> {
 
 /// Hugging Face names: `self_attn.dense` is the output projection,
 /// `mlp.fc1`/`mlp.fc2` the up and down projections, `final_layernorm` the
-/// last norm.
+/// last norm. GGUF: llama.cpp's decoder names (`phi2`, Q/K not permuted).
 pub fn with_phi2_adapters(arch: SupportedArchitecture) -> SupportedArchitecture {
     arch.with_weight_adapter(WeightsFormat::Safetensors, |r| {
         Ok(adapters::rename(r, |name| {
@@ -57,5 +57,8 @@ pub fn with_phi2_adapters(arch: SupportedArchitecture) -> SupportedArchitecture 
                     .replace("final_layernorm.", "norm.")
             })
         }))
+    })
+    .with_weight_adapter(WeightsFormat::Gguf, |r| {
+        Ok(adapters::rename(r, adapters::gguf_decoder_name))
     })
 }

@@ -1,5 +1,58 @@
-//! GGUF metadata and tensor names in Hugging Face terms (the mapping tables
-//! are in the parent module's docs).
+//! GGUF metadata and tensor names in Hugging Face terms.
+//!
+//! # Config
+//!
+//! [`GgufFile::hf_config`] rebuilds a `config.json` for `llama` (Mixtral
+//! too), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `gemma2`, `gemma3`,
+//! `phi2`, `phi3`, `gpt2`, `starcoder2`, `gptneox`, `granite`, `olmo2` and
+//! `smollm3`, from the keys present (`{arch}` is
+//! `general.architecture`; float32 values are written as their shortest
+//! decimal, e.g. `1e-5`, as `config.json` had them):
+//!
+//! | config.json (GPT-2's name)               | GGUF                                                          |
+//! | ---------------------------------------- | ------------------------------------------------------------- |
+//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma2ForCausalLM`/`gemma2`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2`, `Starcoder2ForCausalLM`/`starcoder2`, `GPTNeoXForCausalLM`/`gpt_neox`, `GraniteForCausalLM`/`granite`, `Olmo2ForCausalLM`/`olmo2`, `SmolLM3ForCausalLM`/`smollm3`, `PhiForCausalLM`/`phi` (`phi2`), `Qwen2MoeForCausalLM`/`qwen2_moe`, `Qwen3MoeForCausalLM`/`qwen3_moe`; `MixtralForCausalLM`/`mixtral` for `llama` with `llama.expert_count` |
+//! | `vocab_size`                             | `{arch}.vocab_size`, else the length of `tokenizer.ggml.tokens`, else the rows of `token_embd.weight` |
+//! | `hidden_size` (`n_embd`)                 | `{arch}.embedding_length`                                     |
+//! | `intermediate_size` (`n_inner`)          | `{arch}.feed_forward_length`                                  |
+//! | `num_hidden_layers` (`n_layer`)          | `{arch}.block_count`                                          |
+//! | `num_attention_heads` (`n_head`)         | `{arch}.attention.head_count`                                 |
+//! | `num_key_value_heads`                    | `{arch}.attention.head_count_kv`                              |
+//! | `head_dim`                               | `{arch}.attention.key_length`                                 |
+//! | `max_position_embeddings` (`n_positions`, `n_ctx`) | `{arch}.context_length`                             |
+//! | `rms_norm_eps`                           | `{arch}.attention.layer_norm_rms_epsilon`                     |
+//! | `layer_norm_eps` (`layer_norm_epsilon`; StarCoder2's `norm_epsilon`) | `{arch}.attention.layer_norm_epsilon`      |
+//! | `rope_theta`                             | `{arch}.rope.freq_base`                                       |
+//! | `rope_scaling`                           | `{arch}.rope.scaling.type` (omitted when absent or `none`) as `rope_type`, `.factor` as `factor`, `.original_context_length` as `original_max_position_embeddings` |
+//! | `rope_scaling` (llama)                   | the `rope_freqs.weight` tensor (Llama 3 scaling as per-frequency divisors) as `{"rope_type": "freq_factors", "factors": [...]}`, a Kiln rope type |
+//! | `original_max_position_embeddings` (phi3)| `{arch}.rope.scaling.original_context_length`                 |
+//! | `sliding_window`                         | `{arch}.attention.sliding_window` (left out when 0, llama.cpp's "none") |
+//! | `attn_logit_softcapping`, `final_logit_softcapping` | `{arch}.attn_logit_softcapping`, `{arch}.final_logit_softcapping` |
+//! | `tie_word_embeddings`                    | true when there is no `output.weight` tensor                  |
+//! | `bos_token_id`, `eos_token_id`, `pad_token_id` | `tokenizer.ggml.bos_token_id`, `.eos_token_id`, `.padding_token_id` |
+//! | `hidden_act` (`activation_function`)     | fixed: `silu` (llama, qwen2, qwen3, qwen2moe, qwen3moe, phi3, granite, olmo2, smollm3), `gelu_pytorch_tanh` (gemma2, gemma3, also as `hidden_activation`), `gelu_new` (gpt2, phi2) |
+//! | `attention_bias`, `mlp_bias` (llama, granite, smollm3) | whether `blk.0.attn_q.bias` and `blk.0.ffn_up.bias` exist |
+//! | `num_local_experts` (mixtral), `num_experts` (qwen2moe, qwen3moe), `num_experts_per_tok`, `moe_intermediate_size`, `shared_expert_intermediate_size` | `{arch}.expert_count`, `.expert_used_count`, `.expert_feed_forward_length`, `.expert_shared_feed_forward_length` |
+//! | `norm_topk_prob`, `decoder_sparse_step`, `mlp_only_layers` (qwen2moe, qwen3moe) | as llama.cpp runs them: renormalized for qwen3moe only, every layer a mixture |
+//! | `attention_multiplier`, `embedding_multiplier`, `residual_multiplier`, `logits_scaling` (granite) | `granite.attention.scale`, `.embedding_scale`, `.residual_scale`, `.logit_scale` |
+//! | `no_rope_layer_interval`, `use_sliding_window` (smollm3) | 4 and false: llama.cpp's SmolLM3 leaves rotary out of every 4th layer and has no window |
+//! | `partial_rotary_factor`, `qk_layernorm` (phi2) | `phi2.rope.dimension_count` over the head size; false |
+//! | `rope_local_base_freq` (gemma3)          | `gemma3.rope.freq_base_swa`, else 10000                       |
+//! | `query_pre_attn_scalar` (gemma2, gemma3) | llama.cpp's rule: `hidden_size / num_attention_heads` for the 27B model (46 layers in Gemma 2, 62 in Gemma 3), else `head_dim` |
+//! | `sliding_window_pattern` (gemma3), `layer_types` (gemma2, gemma3) | with a sliding window: every 6th layer global (gemma3), every 2nd (gemma2), as llama.cpp |
+//! | `hidden_act`, `use_bias` (starcoder2)    | `gelu_pytorch_tanh`; biases when `blk.0.attn_q.bias` exists (llama.cpp stores no sliding window for it and attends over the whole context) |
+//! | `hidden_act`, `attention_bias`, `use_parallel_residual`, `partial_rotary_factor` (gptneox) | `gelu`; biases when `blk.0.attn_qkv.bias` exists; `gptneox.use_parallel_residual` (true when absent); `gptneox.rope.dimension_count` over the head size (the whole head when absent, as llama.cpp) |
+//!
+//! Not mapped: Phi-3 "longrope" factors (stored as the `rope_factors_*`
+//! tensors).
+//!
+//! [`hf_tensor_name`] maps tensor names (not the stacked `ffn_*_exps`
+//! experts, which have no one Hugging Face name). It maps names only:
+//! llama.cpp's converter permutes the query and key projections (and
+//! biases) of `llama`, `granite` and `smollm3` for interleaved rotary
+//! embedding, GPT-2's `Conv1D` weights are stored transposed
+//! relative to the Hugging Face checkpoint, and GPT-NeoX's q/k/v rows are
+//! stacked where Hugging Face groups them per head.
 
 use kiln_plugin_api::graph::DType;
 use serde_json::{json, Map, Value};
@@ -18,6 +71,12 @@ enum Family {
     Gpt2,
     Starcoder2,
     GptNeox,
+    Granite,
+    Olmo2,
+    Smollm3,
+    Phi2,
+    Qwen2Moe,
+    Qwen3Moe,
 }
 
 impl Family {
@@ -32,6 +91,12 @@ impl Family {
             "gpt2" => Family::Gpt2,
             "starcoder2" => Family::Starcoder2,
             "gptneox" => Family::GptNeox,
+            "granite" => Family::Granite,
+            "olmo2" => Family::Olmo2,
+            "smollm3" => Family::Smollm3,
+            "phi2" => Family::Phi2,
+            "qwen2moe" => Family::Qwen2Moe,
+            "qwen3moe" => Family::Qwen3Moe,
             _ => return None,
         })
     }
@@ -48,6 +113,12 @@ impl Family {
             Family::Gpt2 => ("GPT2LMHeadModel", "gpt2"),
             Family::Starcoder2 => ("Starcoder2ForCausalLM", "starcoder2"),
             Family::GptNeox => ("GPTNeoXForCausalLM", "gpt_neox"),
+            Family::Granite => ("GraniteForCausalLM", "granite"),
+            Family::Olmo2 => ("Olmo2ForCausalLM", "olmo2"),
+            Family::Smollm3 => ("SmolLM3ForCausalLM", "smollm3"),
+            Family::Phi2 => ("PhiForCausalLM", "phi"),
+            Family::Qwen2Moe => ("Qwen2MoeForCausalLM", "qwen2_moe"),
+            Family::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
         }
     }
 
@@ -137,8 +208,8 @@ impl GgufFile {
     }
 
     /// The model's hyperparameters as a Hugging Face `config.json` for
-    /// `llama`, `qwen2`, `qwen3`, `gemma2`, `gemma3`, `phi3`, `gpt2`, `starcoder2` and `gptneox` (see the module
-    /// docs for the mapping); keys absent from the file are left out.
+    /// the architectures of [`Family`] (see the module docs for the mapping);
+    /// keys absent from the file are left out.
     pub fn hf_config(&self) -> Result<Value, GgufError> {
         let arch = self.architecture()?;
         let family =
@@ -231,9 +302,55 @@ impl GgufFile {
                         json!({"rope_type": "freq_factors", "factors": factors}),
                     );
                 }
+                self.llama_biases(&mut config);
+                // Mixtral is converted as `llama` with experts.
+                if self.moe_fields(arch, &mut config, "num_local_experts")? {
+                    config.insert("architectures".into(), json!(["MixtralForCausalLM"]));
+                    config.insert("model_type".into(), json!("mixtral"));
+                }
             }
             Family::Qwen2 | Family::Qwen3 => {
                 config.insert("hidden_act".into(), json!("silu"));
+            }
+            Family::Qwen2Moe | Family::Qwen3Moe => {
+                config.insert("hidden_act".into(), json!("silu"));
+                self.moe_fields(arch, &mut config, "num_experts")?;
+                // llama.cpp renormalizes the picked weights for Qwen3-MoE,
+                // not for Qwen2-MoE, and makes every layer a mixture.
+                let renormalized = family == Family::Qwen3Moe;
+                config.insert("norm_topk_prob".into(), json!(renormalized));
+                config.insert("decoder_sparse_step".into(), json!(1));
+                config.insert("mlp_only_layers".into(), json!([]));
+            }
+            Family::Granite => {
+                config.insert("hidden_act".into(), json!("silu"));
+                self.llama_biases(&mut config);
+                for (suffix, hf) in [
+                    ("attention.scale", "attention_multiplier"),
+                    ("embedding_scale", "embedding_multiplier"),
+                    ("residual_scale", "residual_multiplier"),
+                    ("logit_scale", "logits_scaling"),
+                ] {
+                    if let Some(value) = self.config_float(&key(suffix))? {
+                        config.insert(hf.into(), json!(value));
+                    }
+                }
+            }
+            Family::Olmo2 => {
+                config.insert("hidden_act".into(), json!("silu"));
+            }
+            Family::Smollm3 => {
+                config.insert("hidden_act".into(), json!("silu"));
+                // llama.cpp's SmolLM3 leaves out rotary on every fourth
+                // layer and attends over the whole context.
+                config.insert("no_rope_layer_interval".into(), json!(4));
+                config.insert("use_sliding_window".into(), json!(false));
+                self.llama_biases(&mut config);
+            }
+            Family::Phi2 => {
+                config.insert("hidden_act".into(), json!("gelu_new"));
+                config.insert("qk_layernorm".into(), json!(false));
+                self.partial_rotary(arch, &mut config)?;
             }
             Family::Phi3 => {
                 config.insert("hidden_act".into(), json!("silu"));
@@ -274,20 +391,62 @@ impl GgufFile {
                     "use_parallel_residual".into(),
                     json!(parallel.unwrap_or(true)),
                 );
-                // llama.cpp rotates the whole head when the count is absent.
-                let heads = config.get("num_attention_heads").and_then(Value::as_u64);
-                let width = config.get("hidden_size").and_then(Value::as_u64);
-                if let (Some(heads), Some(width)) = (heads, width) {
-                    let head_dim = (width / heads.max(1)).max(1);
-                    let rotated = self.get_u64(&key("rope.dimension_count"))?;
-                    config.insert(
-                        "partial_rotary_factor".into(),
-                        json!(rotated.unwrap_or(head_dim) as f64 / head_dim as f64),
-                    );
-                }
+                self.partial_rotary(arch, &mut config)?;
             }
         }
         Ok(Value::Object(config))
+    }
+
+    /// `partial_rotary_factor` from `{arch}.rope.dimension_count` over the
+    /// head size (llama.cpp rotates the whole head when the count is absent).
+    fn partial_rotary(&self, arch: &str, config: &mut Map<String, Value>) -> Result<(), GgufError> {
+        let heads = config.get("num_attention_heads").and_then(Value::as_u64);
+        let width = config.get("hidden_size").and_then(Value::as_u64);
+        if let (Some(heads), Some(width)) = (heads, width) {
+            let head_dim = (width / heads.max(1)).max(1);
+            let rotated = self.get_u64(&format!("{arch}.rope.dimension_count"))?;
+            config.insert(
+                "partial_rotary_factor".into(),
+                json!(rotated.unwrap_or(head_dim) as f64 / head_dim as f64),
+            );
+        }
+        Ok(())
+    }
+
+    /// Llama's `attention_bias` and `mlp_bias`, from whether the first
+    /// layer has those bias tensors (GGUF has no key for them).
+    fn llama_biases(&self, config: &mut Map<String, Value>) {
+        let has = |name: &str| self.tensor(name).is_some();
+        config.insert("attention_bias".into(), json!(has("blk.0.attn_q.bias")));
+        config.insert("mlp_bias".into(), json!(has("blk.0.ffn_up.bias")));
+    }
+
+    /// The expert counts and sizes of a mixture-of-experts model, the
+    /// expert count under `experts_key`; false when the file has none.
+    fn moe_fields(
+        &self,
+        arch: &str,
+        config: &mut Map<String, Value>,
+        experts_key: &str,
+    ) -> Result<bool, GgufError> {
+        let key = |suffix: &str| format!("{arch}.{suffix}");
+        let Some(experts) = self.get_u64(&key("expert_count"))?.filter(|&n| n > 0) else {
+            return Ok(false);
+        };
+        config.insert(experts_key.into(), json!(experts));
+        for (suffix, hf) in [
+            ("expert_used_count", "num_experts_per_tok"),
+            ("expert_feed_forward_length", "moe_intermediate_size"),
+            (
+                "expert_shared_feed_forward_length",
+                "shared_expert_intermediate_size",
+            ),
+        ] {
+            if let Some(n) = self.get_u64(&key(suffix))? {
+                config.insert(hf.into(), json!(n));
+            }
+        }
+        Ok(true)
     }
 
     /// The per-frequency rotary divisors llama.cpp's converter stores for
@@ -382,6 +541,7 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
             (Family::GptNeox, "token_embd") => "gpt_neox.embed_in",
             (Family::GptNeox, "output_norm") => "gpt_neox.final_layer_norm",
             (Family::GptNeox, "output") => "embed_out",
+            (Family::Phi2, "output_norm") => "model.final_layernorm",
             (_, "token_embd") => "model.embed_tokens",
             (_, "output_norm") => "model.norm",
             (_, "output") => "lm_head",
@@ -419,14 +579,24 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
             };
             return Some(format!("gpt_neox.layers.{layer}.{module}.{suffix}"));
         }
+        (Family::Phi2, "attn_output") => "self_attn.dense",
+        (Family::Phi2, "ffn_up") => "mlp.fc1",
+        (Family::Phi2, "ffn_down") => "mlp.fc2",
         (_, "attn_norm") => "input_layernorm",
         (_, "attn_q") => "self_attn.q_proj",
         (_, "attn_k") => "self_attn.k_proj",
         (_, "attn_v") => "self_attn.v_proj",
         (_, "attn_output") => "self_attn.o_proj",
-        (Family::Qwen3 | Family::Gemma3, "attn_q_norm") => "self_attn.q_norm",
-        (Family::Qwen3 | Family::Gemma3, "attn_k_norm") => "self_attn.k_norm",
-        (Family::Gemma2 | Family::Gemma3, "post_attention_norm") => "post_attention_layernorm",
+        (Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Olmo2, "attn_q_norm") => {
+            "self_attn.q_norm"
+        }
+        (Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3 | Family::Olmo2, "attn_k_norm") => {
+            "self_attn.k_norm"
+        }
+        (Family::Gemma2 | Family::Gemma3 | Family::Olmo2, "post_attention_norm") => {
+            "post_attention_layernorm"
+        }
+        (Family::Olmo2, "post_ffw_norm") => "post_feedforward_layernorm",
         (Family::Gemma2 | Family::Gemma3, "ffn_norm") => "pre_feedforward_layernorm",
         (Family::Gemma2 | Family::Gemma3, "post_ffw_norm") => "post_feedforward_layernorm",
         (_, "ffn_norm") => "post_attention_layernorm",
@@ -434,6 +604,13 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
         (Family::Phi3, "ffn_up") => "mlp.gate_up_proj",
         (Family::Starcoder2, "ffn_up") => "mlp.c_fc",
         (Family::Starcoder2, "ffn_down") => "mlp.c_proj",
+        // Mixtral's router, and Qwen-MoE's router and shared expert (the
+        // stacked `ffn_*_exps` have no one Hugging Face name).
+        (Family::Llama | Family::Qwen2Moe | Family::Qwen3Moe, "ffn_gate_inp") => "mlp.gate",
+        (Family::Qwen2Moe, "ffn_gate_inp_shexp") => "mlp.shared_expert_gate",
+        (Family::Qwen2Moe, "ffn_gate_shexp") => "mlp.shared_expert.gate_proj",
+        (Family::Qwen2Moe, "ffn_up_shexp") => "mlp.shared_expert.up_proj",
+        (Family::Qwen2Moe, "ffn_down_shexp") => "mlp.shared_expert.down_proj",
         (_, "ffn_gate") => "mlp.gate_proj",
         (_, "ffn_up") => "mlp.up_proj",
         (_, "ffn_down") => "mlp.down_proj",
@@ -443,180 +620,4 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::hf_tensor_name;
-    use crate::checkpoint::gguf::GgufFile;
-
-    /// A GGUF v3 file with no tensors and the given string and u32 metadata.
-    fn metadata_only(strings: &[(&str, &str)], ints: &[(&str, u32)]) -> tempfile::NamedTempFile {
-        let mut bytes = b"GGUF".to_vec();
-        bytes.extend(3u32.to_le_bytes());
-        bytes.extend(0u64.to_le_bytes());
-        bytes.extend(((strings.len() + ints.len()) as u64).to_le_bytes());
-        let text = |bytes: &mut Vec<u8>, s: &str| {
-            bytes.extend((s.len() as u64).to_le_bytes());
-            bytes.extend(s.as_bytes());
-        };
-        for (key, value) in strings {
-            text(&mut bytes, key);
-            bytes.extend(8u32.to_le_bytes());
-            text(&mut bytes, value);
-        }
-        for (key, value) in ints {
-            text(&mut bytes, key);
-            bytes.extend(4u32.to_le_bytes());
-            bytes.extend(value.to_le_bytes());
-        }
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), bytes).unwrap();
-        file
-    }
-
-    #[test]
-    fn a_sliding_window_of_zero_is_none() {
-        // llama.cpp's Phi-3 converter writes 0 for `"sliding_window": null`.
-        for (window, expected) in [(0, None), (2047, Some(2047))] {
-            let file = metadata_only(
-                &[("general.architecture", "phi3")],
-                &[("phi3.attention.sliding_window", window)],
-            );
-            let config = GgufFile::open(file.path()).unwrap().hf_config().unwrap();
-            assert_eq!(
-                config.get("sliding_window").and_then(|w| w.as_u64()),
-                expected
-            );
-        }
-    }
-
-    #[test]
-    fn tensor_names() {
-        let cases = [
-            (
-                "llama",
-                "token_embd.weight",
-                Some("model.embed_tokens.weight"),
-            ),
-            ("llama", "output_norm.weight", Some("model.norm.weight")),
-            ("llama", "output.weight", Some("lm_head.weight")),
-            (
-                "llama",
-                "blk.0.attn_norm.weight",
-                Some("model.layers.0.input_layernorm.weight"),
-            ),
-            (
-                "llama",
-                "blk.12.attn_q.weight",
-                Some("model.layers.12.self_attn.q_proj.weight"),
-            ),
-            (
-                "qwen2",
-                "blk.3.attn_k.bias",
-                Some("model.layers.3.self_attn.k_proj.bias"),
-            ),
-            (
-                "qwen2",
-                "blk.3.attn_v.weight",
-                Some("model.layers.3.self_attn.v_proj.weight"),
-            ),
-            (
-                "llama",
-                "blk.1.attn_output.weight",
-                Some("model.layers.1.self_attn.o_proj.weight"),
-            ),
-            (
-                "qwen3",
-                "blk.0.attn_q_norm.weight",
-                Some("model.layers.0.self_attn.q_norm.weight"),
-            ),
-            (
-                "gemma3",
-                "blk.0.attn_k_norm.weight",
-                Some("model.layers.0.self_attn.k_norm.weight"),
-            ),
-            ("llama", "blk.0.attn_q_norm.weight", None),
-            (
-                "llama",
-                "blk.0.ffn_norm.weight",
-                Some("model.layers.0.post_attention_layernorm.weight"),
-            ),
-            (
-                "llama",
-                "blk.0.ffn_gate.weight",
-                Some("model.layers.0.mlp.gate_proj.weight"),
-            ),
-            (
-                "llama",
-                "blk.0.ffn_up.weight",
-                Some("model.layers.0.mlp.up_proj.weight"),
-            ),
-            (
-                "llama",
-                "blk.0.ffn_down.weight",
-                Some("model.layers.0.mlp.down_proj.weight"),
-            ),
-            (
-                "gemma3",
-                "blk.2.post_attention_norm.weight",
-                Some("model.layers.2.post_attention_layernorm.weight"),
-            ),
-            (
-                "gemma3",
-                "blk.2.ffn_norm.weight",
-                Some("model.layers.2.pre_feedforward_layernorm.weight"),
-            ),
-            (
-                "gemma3",
-                "blk.2.post_ffw_norm.weight",
-                Some("model.layers.2.post_feedforward_layernorm.weight"),
-            ),
-            (
-                "phi3",
-                "blk.0.attn_qkv.weight",
-                Some("model.layers.0.self_attn.qkv_proj.weight"),
-            ),
-            (
-                "phi3",
-                "blk.0.ffn_up.weight",
-                Some("model.layers.0.mlp.gate_up_proj.weight"),
-            ),
-            ("gpt2", "token_embd.weight", Some("transformer.wte.weight")),
-            (
-                "gpt2",
-                "position_embd.weight",
-                Some("transformer.wpe.weight"),
-            ),
-            (
-                "gpt2",
-                "blk.5.attn_qkv.bias",
-                Some("transformer.h.5.attn.c_attn.bias"),
-            ),
-            (
-                "gpt2",
-                "blk.5.ffn_up.weight",
-                Some("transformer.h.5.mlp.c_fc.weight"),
-            ),
-            ("gpt2", "output_norm.bias", Some("transformer.ln_f.bias")),
-            ("gpt2", "output.weight", Some("lm_head.weight")),
-            ("gptneox", "output.weight", Some("embed_out.weight")),
-            (
-                "gptneox",
-                "blk.1.attn_qkv.bias",
-                Some("gpt_neox.layers.1.attention.query_key_value.bias"),
-            ),
-            (
-                "gptneox",
-                "blk.1.ffn_down.weight",
-                Some("gpt_neox.layers.1.mlp.dense_4h_to_h.weight"),
-            ),
-            ("llama", "rope_freqs.weight", None),
-            ("llama", "blk.x.attn_q.weight", None),
-            ("llama", "blk.+1.attn_q.weight", None),
-            ("llama", "blk.0.attn_q.scale", None),
-            ("llama", "blk.0.unknown.weight", None),
-            ("mamba", "token_embd.weight", None),
-        ];
-        for (arch, gguf, hf) in cases {
-            assert_eq!(hf_tensor_name(arch, gguf).as_deref(), hf, "{arch} {gguf}");
-        }
-    }
-}
+mod tests;
