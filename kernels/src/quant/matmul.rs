@@ -208,9 +208,11 @@ fn select_avx512(ty: QuantType, precision: Precision) -> Option<Selected> {
         (Exact, QuantType::Q5_1) => Selected::Exact(exact_512::<Blocks32<m::Q5_1>>()),
         (Exact, QuantType::Q4K) => Selected::Exact(exact_512::<m::Q4K>()),
         (Exact, QuantType::Q6K) => Selected::Exact(exact_512::<m::Q6K>()),
-        // Exact Q8_0 keeps the AVX2 kernel: the AVX-512 one decodes a
+        // Exact Q8_0 keeps the AVX2 kernels: the AVX-512 one decodes a
         // single row 10-20 % slower (measured on Zen 5 and Sapphire Rapids),
-        // and Q8_0 is mostly LM heads, which prefill runs for one row only.
+        // and Q8_0 is mostly LM heads, which prefill runs for one row only
+        // (batched decode runs them for every sequence: the multi-row ones).
+        (Exact, QuantType::Q8_0) => Selected::Exact(exact_avx2::<m::Q8_0>()),
         (Fast, QuantType::Q4_0) => Selected::Q8x2(fast_512::<m::Q4_0>()),
         (Fast, QuantType::Q4_1) => Selected::Q8x2(fast_512::<m::Q4_1>()),
         (Fast, QuantType::Q5_0) => Selected::Q8x2(fast_512::<m::Q5_0>()),
@@ -253,6 +255,22 @@ fn fast_512<F: Format>() -> Kernels<BlockQ8x2> {
     }
 }
 
+/// The AVX2 exact kernels for the 32-value formats: the single-row one, and
+/// multi-row ones for 8, 4 and 2 activation rows, which decode each block
+/// once for all of them.
+#[cfg(target_arch = "x86_64")]
+fn exact_avx2<F: Format>() -> Kernels<f32> {
+    use super::avx2 as k;
+    Kernels {
+        one: k::exact_32::<F>,
+        multi: [
+            multi(8, k::exact_32_multi::<F, 8>),
+            multi(4, k::exact_32_multi::<F, 4>),
+            multi(2, k::exact_32_multi::<F, 2>),
+        ],
+    }
+}
+
 /// The AVX2 fast kernels for Q4_0, Q4_1, Q5_0 and Q5_1 (Q8_0 replaces the
 /// single-row one): the single-row one, and multi-row ones for 8, 4 and 2
 /// activation rows (8 measured best of 2 to 8).
@@ -291,11 +309,11 @@ fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
     use marker as m;
     use Precision::{Exact, Fast};
     match (precision, ty) {
-        (Exact, QuantType::Q4_0) => Selected::Exact(one(k::exact_32::<m::Q4_0>)),
-        (Exact, QuantType::Q4_1) => Selected::Exact(one(k::exact_32::<m::Q4_1>)),
-        (Exact, QuantType::Q5_0) => Selected::Exact(one(k::exact_32::<m::Q5_0>)),
-        (Exact, QuantType::Q5_1) => Selected::Exact(one(k::exact_32::<m::Q5_1>)),
-        (Exact, QuantType::Q8_0) => Selected::Exact(one(k::exact_32::<m::Q8_0>)),
+        (Exact, QuantType::Q4_0) => Selected::Exact(exact_avx2::<m::Q4_0>()),
+        (Exact, QuantType::Q4_1) => Selected::Exact(exact_avx2::<m::Q4_1>()),
+        (Exact, QuantType::Q5_0) => Selected::Exact(exact_avx2::<m::Q5_0>()),
+        (Exact, QuantType::Q5_1) => Selected::Exact(exact_avx2::<m::Q5_1>()),
+        (Exact, QuantType::Q8_0) => Selected::Exact(exact_avx2::<m::Q8_0>()),
         (Exact, QuantType::Q4K) => Selected::Exact(one(k::exact_q45k::<m::Q4K>)),
         (Exact, QuantType::Q5K) => Selected::Exact(one(k::exact_q45k::<m::Q5K>)),
         (Exact, QuantType::Q6K) => Selected::Exact(one(k::exact_q6k::<m::Q6K>)),

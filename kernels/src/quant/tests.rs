@@ -500,6 +500,49 @@ fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
     check::<m::Q6K>(QuantType::Q6K, 17);
 }
 
+/// The AVX2 exact multi-row kernels against the single-row one, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_exact_multi_row_kernels_equal_the_single_row_kernel() {
+    use super::avx2::{exact_32, exact_32_multi};
+    use super::format::{marker as m, Format};
+
+    fn check<F: Format>(seed: u64) {
+        let shapes: [(usize, MultiKernel<f32>); 4] = [
+            (2, exact_32_multi::<F, 2>),
+            (3, exact_32_multi::<F, 3>),
+            (4, exact_32_multi::<F, 4>),
+            (8, exact_32_multi::<F, 8>),
+        ];
+        let mut rng = Rng::new(seed);
+        for blocks in [1usize, 2, 3, 7, 18] {
+            for shape in shapes {
+                check_multi_kernel(
+                    F::TY,
+                    &mut rng,
+                    blocks,
+                    blocks * 32,
+                    shape,
+                    exact_32::<F>,
+                    |x: &[f32], a: &mut [f32]| a.copy_from_slice(x),
+                );
+            }
+        }
+    }
+
+    if !available_or_skip(
+        Isa::Avx2,
+        "avx2_exact_multi_row_kernels_equal_the_single_row_kernel",
+    ) {
+        return;
+    }
+    check::<m::Q4_0>(21);
+    check::<m::Q4_1>(22);
+    check::<m::Q5_0>(23);
+    check::<m::Q5_1>(24);
+    check::<m::Q8_0>(25);
+}
+
 /// The AVX2 multi-row kernels against the single-row ones, bit for bit.
 #[cfg(target_arch = "x86_64")]
 #[test]

@@ -8,15 +8,16 @@
 //! stream one row at a time (interleaving rows defeats the hardware
 //! prefetchers), alternating two accumulators over the blocks of 32 so that
 //! consecutive blocks do not wait on each other. For several activation
-//! rows, [`fast_32_multi`] decodes each block of Q4_0, Q4_1, Q5_0, Q5_1 and
-//! Q8_0 once for up to 8 of them, and [`fast_q45k_multi`] and
-//! [`fast_q6k_multi`] each block of Q4_K, Q5_K and Q6_K, giving the
-//! single-row kernels' bits.
+//! rows, [`fast_32_multi`] and [`exact_32_multi`] decode each block of Q4_0,
+//! Q4_1, Q5_0, Q5_1 and Q8_0 once for up to 8 of them, and
+//! [`fast_q45k_multi`] and [`fast_q6k_multi`] each block of Q4_K, Q5_K and
+//! Q6_K, giving the single-row kernels' bits. The exact kernels (f32
+//! activations) are in `exact.rs`.
 
 use std::arch::x86_64::*;
 
 use super::act::{BlockQ8, BlockQ8K};
-use super::format::{k4_scales_mins_words, Format, Unpacked, QK_K};
+use super::format::{k4_scales_mins_words, Format};
 use super::prefetch::rows_prefetched;
 use super::QuantType;
 
@@ -118,57 +119,6 @@ unsafe fn mul_sum_u8_i8(u: __m256i, s: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 }
 
-/// Loads 32 f32.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn load32_f32(x: &[f32]) -> [__m256; 4] {
-    [load8(x), load8(&x[8..]), load8(&x[16..]), load8(&x[24..])]
-}
-
-/// Products of 32 signed bytes with 32 f32: the first 16 summed into eight
-/// lanes, and the last 16.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot_i8x32(q: __m256i, x: &[__m256; 4]) -> (__m256, __m256) {
-    let lo = _mm256_castsi256_si128(q);
-    let hi = _mm256_extracti128_si256::<1>(q);
-    let a = _mm256_mul_ps(i8x8_to_f32(lo), x[0]);
-    let a = _mm256_fmadd_ps(i8x8_to_f32(_mm_unpackhi_epi64(lo, lo)), x[1], a);
-    let b = _mm256_mul_ps(i8x8_to_f32(hi), x[2]);
-    let b = _mm256_fmadd_ps(i8x8_to_f32(_mm_unpackhi_epi64(hi, hi)), x[3], b);
-    (a, b)
-}
-
-/// The low eight signed bytes of `v` as f32.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn i8x8_to_f32(v: __m128i) -> __m256 {
-    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
-}
-
-/// Sum of 32 f32, in eight lanes.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn sum32(x: &[__m256; 4]) -> __m256 {
-    _mm256_add_ps(_mm256_add_ps(x[0], x[1]), _mm256_add_ps(x[2], x[3]))
-}
-
-/// f32 dot product.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let (a32, b32) = (a.chunks_exact(32), b.chunks_exact(32));
-    let tail = super::scalar::dot_f32(a32.remainder(), b32.remainder());
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (x, y) in a32.zip(b32) {
-        for (k, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm256_fmadd_ps(load8(&x[8 * k..]), load8(&y[8 * k..]), *acc);
-        }
-    }
-    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    hsum(s) + tail
-}
-
 /// Runs the row kernel `$k::<F>` (`fn(row, acts) -> f32`) over every row.
 macro_rules! by_rows {
     ($k:ident::<$f:ty>, $w:expr, $blocks:expr, $acts:expr, $out:expr) => {{
@@ -179,6 +129,10 @@ macro_rules! by_rows {
         }
     }};
 }
+
+mod exact;
+
+pub(crate) use exact::{exact_32, exact_32_multi, exact_any, exact_q45k, exact_q6k};
 
 /// Folds `step(state, block, activations)` over a row's blocks with two
 /// independent states, for even and odd blocks.
@@ -232,87 +186,6 @@ const fn quant_offset(ty: QuantType) -> i8 {
     }
 }
 
-// ---------------------------------------------------------- exact (f32 x)
-
-/// Any format: dequantizes one block at a time (portable code) and takes the
-/// dot product with FMA.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn exact_any<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let row_bytes = x.len() / F::ELEMS * F::BYTES;
-    let mut u = Unpacked::default();
-    let mut buf = [0f32; QK_K];
-    let buf = &mut buf[..F::ELEMS];
-    for (row, y) in rows_prefetched(w, row_bytes).zip(out) {
-        let mut acc = 0.0;
-        for (block, xs) in row.chunks_exact(F::BYTES).zip(x.chunks_exact(F::ELEMS)) {
-            F::TY.dequantize_block(block, &mut u, buf);
-            acc += dot_f32(buf, xs);
-        }
-        *y = acc;
-    }
-}
-
-/// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let (x, _) = x.as_chunks::<32>();
-    by_rows!(exact_32_row::<F>, w, x.len(), x, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[[f32; 32]]) -> f32 {
-    let offset = _mm256_set1_epi8(quant_offset(F::TY));
-    let acc = fold2(row, F::BYTES, x, _mm256_setzero_ps(), |acc, b, x| {
-        let xv = load32_f32(x);
-        let q = if F::TY == QuantType::Q8_0 {
-            load32(&b[2..])
-        } else {
-            _mm256_sub_epi8(unsigned_quants::<F>(b), offset)
-        };
-        let (lo, hi) = dot_i8x32(q, &xv);
-        let acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0)), _mm256_add_ps(lo, hi), acc);
-        if F::TY.has_min() {
-            _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 2)), sum32(&xv), acc)
-        } else {
-            acc
-        }
-    });
-    hsum(_mm256_add_ps(acc[0], acc[1]))
-}
-
-/// Q4_K and Q5_K.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn exact_q45k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let (x, _) = x.as_chunks::<QK_K>();
-    by_rows!(exact_q45k_row::<F>, w, x.len(), x, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn exact_q45k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (b, x) in row.chunks_exact(F::BYTES).zip(x) {
-        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-        let sm = k4_scales_mins_words(&b[4..16]);
-        let (sc, mn) = (words_to_bytes(sm[0], sm[1]), words_to_bytes(sm[2], sm[3]));
-        let mut qh = q5k_high_bits::<F>(b);
-        for p in 0..4 {
-            let (low, high) = q45k_group::<F>(b, p, &mut qh);
-            for (k, q) in [(0, low), (1, high)] {
-                let j = 2 * p + k;
-                let xv = load32_f32(&x[32 * j..]);
-                let (lo, hi) = dot_i8x32(q, &xv);
-                let scale = _mm256_set1_ps(d * f32::from(sc[j]));
-                let min = _mm256_set1_ps(-dmin * f32::from(mn[j]));
-                acc[k] = _mm256_fmadd_ps(scale, _mm256_add_ps(lo, hi), acc[k]);
-                acc[k] = _mm256_fmadd_ps(min, sum32(&xv), acc[k]);
-            }
-        }
-    }
-    hsum(_mm256_add_ps(acc[0], acc[1]))
-}
-
 /// The 32 bytes of Q5_K high bits (zeros for Q4_K).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -344,12 +217,6 @@ unsafe fn q45k_group<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> (__m256
     (low, high)
 }
 
-/// The bytes of two little-endian words.
-#[inline(always)]
-fn words_to_bytes(a: u32, b: u32) -> [u8; 8] {
-    (u64::from(a) | u64::from(b) << 32).to_le_bytes()
-}
-
 /// The four 32-byte vectors of unsigned 6-bit Q6_K quants (0..64) for the
 /// 128 values of half `h` of a block: values 0..32, 32..64, 64..96, 96..128.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -375,35 +242,6 @@ unsafe fn q6k_half(b: &[u8], h: usize) -> [__m256i; 4] {
             _mm256_and_si256(_mm256_srli_epi16::<2>(hb), top),
         ),
     ]
-}
-
-/// Q6_K.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn exact_q6k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let (x, _) = x.as_chunks::<QK_K>();
-    by_rows!(exact_q6k_row::<F>, w, x.len(), x, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn exact_q6k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (b, x) in row.chunks_exact(F::BYTES).zip(x) {
-        let d = f16_at(b, 208);
-        let scales = &b[192..208];
-        for h in 0..2 {
-            for (k, q) in q6k_half(b, h).into_iter().enumerate() {
-                let q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
-                let j = 8 * h + 2 * k;
-                let (lo, hi) = dot_i8x32(q, &load32_f32(&x[16 * j..]));
-                let s_lo = _mm256_set1_ps(d * f32::from(scales[j] as i8));
-                let s_hi = _mm256_set1_ps(d * f32::from(scales[j + 1] as i8));
-                acc[0] = _mm256_fmadd_ps(s_lo, lo, acc[0]);
-                acc[1] = _mm256_fmadd_ps(s_hi, hi, acc[1]);
-            }
-        }
-    }
-    hsum(_mm256_add_ps(acc[0], acc[1]))
 }
 
 // ------------------------------------------------- fast (8-bit activations)

@@ -1,0 +1,249 @@
+//! The exact kernels (f32 activations): each block's quants widened to f32
+//! and multiplied with FMA, two accumulators over even and odd blocks.
+
+use std::arch::x86_64::*;
+
+use super::super::format::{Format, Unpacked, QK_K};
+use super::super::prefetch::rows_prefetched;
+use super::super::QuantType;
+use super::{
+    f16_at, fold2, hsum, k4_scales_mins_words, load32, load8, q45k_group, q5k_high_bits, q6k_half,
+    quant_offset, unsigned_quants,
+};
+
+/// Loads 32 f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load32_f32(x: &[f32]) -> [__m256; 4] {
+    [load8(x), load8(&x[8..]), load8(&x[16..]), load8(&x[24..])]
+}
+
+/// Products of 32 signed bytes with 32 f32: the first 16 summed into eight
+/// lanes, and the last 16.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_i8x32(q: __m256i, x: &[__m256; 4]) -> (__m256, __m256) {
+    let lo = _mm256_castsi256_si128(q);
+    let hi = _mm256_extracti128_si256::<1>(q);
+    let a = _mm256_mul_ps(i8x8_to_f32(lo), x[0]);
+    let a = _mm256_fmadd_ps(i8x8_to_f32(_mm_unpackhi_epi64(lo, lo)), x[1], a);
+    let b = _mm256_mul_ps(i8x8_to_f32(hi), x[2]);
+    let b = _mm256_fmadd_ps(i8x8_to_f32(_mm_unpackhi_epi64(hi, hi)), x[3], b);
+    (a, b)
+}
+
+/// The low eight signed bytes of `v` as f32.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn i8x8_to_f32(v: __m128i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+}
+
+/// Sum of 32 f32, in eight lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn sum32(x: &[__m256; 4]) -> __m256 {
+    _mm256_add_ps(_mm256_add_ps(x[0], x[1]), _mm256_add_ps(x[2], x[3]))
+}
+
+/// f32 dot product.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let (a32, b32) = (a.chunks_exact(32), b.chunks_exact(32));
+    let tail = super::super::scalar::dot_f32(a32.remainder(), b32.remainder());
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (x, y) in a32.zip(b32) {
+        for (k, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_fmadd_ps(load8(&x[8 * k..]), load8(&y[8 * k..]), *acc);
+        }
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    hsum(s) + tail
+}
+
+/// Any format: dequantizes one block at a time (portable code) and takes the
+/// dot product with FMA.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_any<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    let row_bytes = x.len() / F::ELEMS * F::BYTES;
+    let mut u = Unpacked::default();
+    let mut buf = [0f32; QK_K];
+    let buf = &mut buf[..F::ELEMS];
+    for (row, y) in rows_prefetched(w, row_bytes).zip(out) {
+        let mut acc = 0.0;
+        for (block, xs) in row.chunks_exact(F::BYTES).zip(x.chunks_exact(F::ELEMS)) {
+            F::TY.dequantize_block(block, &mut u, buf);
+            acc += dot_f32(buf, xs);
+        }
+        *y = acc;
+    }
+}
+
+/// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    let (x, _) = x.as_chunks::<32>();
+    by_rows!(exact_32_row::<F>, w, x.len(), x, out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[[f32; 32]]) -> f32 {
+    let offset = _mm256_set1_epi8(quant_offset(F::TY));
+    let acc = fold2(row, F::BYTES, x, _mm256_setzero_ps(), |acc, b, x| {
+        exact_32_add::<F>(acc, &Exact32Weights::decode::<F>(b, offset), x)
+    });
+    hsum(_mm256_add_ps(acc[0], acc[1]))
+}
+
+/// A Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block decoded for [`exact_32`]: its 32 signed
+/// quants as f32 (values 0..8, 8..16, 16..24, 24..32), its scale and its
+/// minimum (zero for the formats without one).
+struct Exact32Weights {
+    q: [__m256; 4],
+    scale: __m256,
+    min: __m256,
+}
+
+impl Exact32Weights {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode<F: Format>(b: &[u8], offset: __m256i) -> Self {
+        let q = if F::TY == QuantType::Q8_0 {
+            load32(&b[2..])
+        } else {
+            _mm256_sub_epi8(unsigned_quants::<F>(b), offset)
+        };
+        let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+        Self {
+            q: [
+                i8x8_to_f32(lo),
+                i8x8_to_f32(_mm_unpackhi_epi64(lo, lo)),
+                i8x8_to_f32(hi),
+                i8x8_to_f32(_mm_unpackhi_epi64(hi, hi)),
+            ],
+            scale: _mm256_set1_ps(f16_at(b, 0)),
+            min: if F::TY.has_min() {
+                _mm256_set1_ps(f16_at(b, 2))
+            } else {
+                _mm256_setzero_ps()
+            },
+        }
+    }
+}
+
+/// [`exact_32`]'s step: adds a decoded block times 32 activations to `acc`.
+/// The single-row and multi-row kernels both go through it, so they agree
+/// bit for bit.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn exact_32_add<F: Format>(acc: __m256, w: &Exact32Weights, x: &[f32; 32]) -> __m256 {
+    let xv = load32_f32(x);
+    let lo = _mm256_fmadd_ps(w.q[1], xv[1], _mm256_mul_ps(w.q[0], xv[0]));
+    let hi = _mm256_fmadd_ps(w.q[3], xv[3], _mm256_mul_ps(w.q[2], xv[2]));
+    let acc = _mm256_fmadd_ps(w.scale, _mm256_add_ps(lo, hi), acc);
+    if F::TY.has_min() {
+        _mm256_fmadd_ps(w.min, sum32(&xv), acc)
+    } else {
+        acc
+    }
+}
+
+/// [`exact_32`] over `R` activation rows of `cols` values each (one after
+/// another in `x`): each weight block is decoded once for the `R` rows.
+/// `out[i * n + r]` = weight row `r` · activation row `i`, bit for bit what
+/// [`exact_32`] gives, with `n = out.len() / R` weight rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_32_multi<F: Format, const R: usize>(
+    w: &[u8],
+    x: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let n = out.len() / R;
+    let offset = _mm256_set1_epi8(quant_offset(F::TY));
+    let xs: [&[[f32; 32]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
+    let row_bytes = (cols / 32 * F::BYTES).max(1);
+    for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
+        // Even and odd blocks into separate sums, as `fold2` does (a row's
+        // lone last block is even).
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for (k, b) in row.chunks_exact(F::BYTES).enumerate() {
+            let weights = Exact32Weights::decode::<F>(b, offset);
+            for (acc, x) in acc.iter_mut().zip(&xs) {
+                acc[k & 1] = exact_32_add::<F>(acc[k & 1], &weights, &x[k]);
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            out[i * n + r] = hsum(_mm256_add_ps(acc[0], acc[1]));
+        }
+    }
+}
+
+/// Q4_K and Q5_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_q45k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    let (x, _) = x.as_chunks::<QK_K>();
+    by_rows!(exact_q45k_row::<F>, w, x.len(), x, out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn exact_q45k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (b, x) in row.chunks_exact(F::BYTES).zip(x) {
+        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        let sm = k4_scales_mins_words(&b[4..16]);
+        let (sc, mn) = (words_to_bytes(sm[0], sm[1]), words_to_bytes(sm[2], sm[3]));
+        let mut qh = q5k_high_bits::<F>(b);
+        for p in 0..4 {
+            let (low, high) = q45k_group::<F>(b, p, &mut qh);
+            for (k, q) in [(0, low), (1, high)] {
+                let j = 2 * p + k;
+                let xv = load32_f32(&x[32 * j..]);
+                let (lo, hi) = dot_i8x32(q, &xv);
+                let scale = _mm256_set1_ps(d * f32::from(sc[j]));
+                let min = _mm256_set1_ps(-dmin * f32::from(mn[j]));
+                acc[k] = _mm256_fmadd_ps(scale, _mm256_add_ps(lo, hi), acc[k]);
+                acc[k] = _mm256_fmadd_ps(min, sum32(&xv), acc[k]);
+            }
+        }
+    }
+    hsum(_mm256_add_ps(acc[0], acc[1]))
+}
+
+/// The bytes of two little-endian words.
+#[inline(always)]
+fn words_to_bytes(a: u32, b: u32) -> [u8; 8] {
+    (u64::from(a) | u64::from(b) << 32).to_le_bytes()
+}
+
+/// Q6_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_q6k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    let (x, _) = x.as_chunks::<QK_K>();
+    by_rows!(exact_q6k_row::<F>, w, x.len(), x, out);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn exact_q6k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for (b, x) in row.chunks_exact(F::BYTES).zip(x) {
+        let d = f16_at(b, 208);
+        let scales = &b[192..208];
+        for h in 0..2 {
+            for (k, q) in q6k_half(b, h).into_iter().enumerate() {
+                let q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+                let j = 8 * h + 2 * k;
+                let (lo, hi) = dot_i8x32(q, &load32_f32(&x[16 * j..]));
+                let s_lo = _mm256_set1_ps(d * f32::from(scales[j] as i8));
+                let s_hi = _mm256_set1_ps(d * f32::from(scales[j + 1] as i8));
+                acc[0] = _mm256_fmadd_ps(s_lo, lo, acc[0]);
+                acc[1] = _mm256_fmadd_ps(s_hi, hi, acc[1]);
+            }
+        }
+    }
+    hsum(_mm256_add_ps(acc[0], acc[1]))
+}
