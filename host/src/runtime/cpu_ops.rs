@@ -62,7 +62,7 @@ pub fn eval(
         }
         Op::LayerNorm { eps } => {
             let x = inputs[0];
-            let mut out = pool.take(x.len());
+            let mut out = pool.take_for_overwrite(x.len());
             norm::layer_norm_rows(
                 x.as_f32(),
                 inputs[1].as_f32(),
@@ -74,7 +74,7 @@ pub fn eval(
         }
         Op::RmsNorm { eps, weight_offset } => {
             let x = inputs[0];
-            let mut out = pool.take(x.len());
+            let mut out = pool.take_for_overwrite(x.len());
             norm::rms_norm_rows(
                 x.as_f32(),
                 inputs[1].as_f32(),
@@ -86,7 +86,7 @@ pub fn eval(
         }
         Op::Rope { interleaved, scale } => {
             let x = inputs[0];
-            let mut out = pool.take(x.len());
+            let mut out = pool.take_for_overwrite(x.len());
             out.copy_from_slice(x.as_f32());
             rope::rope(
                 &mut out,
@@ -268,7 +268,7 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>, pool: &Buffer
     if let (Data::F32(x), Data::F32(y)) = (&a.data, &b.data) {
         if !op.is_predicate() && a.shape == shape && b.shape == shape {
             let f = arithmetic_f32(op);
-            let mut out = pool.take(x.len());
+            let mut out = pool.take_for_overwrite(x.len());
             for ((o, &i), &j) in out.iter_mut().zip(x).zip(y) {
                 *o = f(i, j);
             }

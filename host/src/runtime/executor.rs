@@ -314,7 +314,8 @@ impl Executor {
         let weight = &self.weights[index];
         let (n, k) = (weight.spec.shape[0] as usize, weight.spec.shape[1] as usize);
         let m = xs.len() / k.max(1);
-        let mut y = self.pool.take(m * n);
+        // Every product below writes all of `y`.
+        let mut y = self.pool.take_for_overwrite(m * n);
         match weight.spec.encoding {
             Encoding::Float32 => {
                 let dense = self.value_of_weight(index)?;

@@ -55,7 +55,8 @@ pub fn run(
         })
         .collect();
     let mut data = match storage_of(dtype) {
-        Storage::F32 => Data::F32(pool.take(total)),
+        // The chunks below cover all of it.
+        Storage::F32 => Data::F32(pool.take_for_overwrite(total)),
         Storage::I64 => Data::I64(Vec::with_capacity(total)),
         Storage::Bool => Data::Bool(Vec::with_capacity(total)),
     };

@@ -20,6 +20,24 @@ impl BufferPool {
     /// A zeroed buffer of `len` floats: the smallest free one that fits, else
     /// a new one.
     pub fn take(&self, len: usize) -> Vec<f32> {
+        let mut buffer = self.take_free(len);
+        buffer.clear();
+        buffer.resize(len, 0.0);
+        buffer
+    }
+
+    /// A buffer of `len` floats for a kernel that writes every element: a
+    /// reused buffer keeps its old values (only a grown tail is zeroed), so
+    /// nothing is cleared that is about to be overwritten.
+    pub fn take_for_overwrite(&self, len: usize) -> Vec<f32> {
+        let mut buffer = self.take_free(len);
+        buffer.truncate(len);
+        buffer.resize(len, 0.0);
+        buffer
+    }
+
+    /// The smallest free buffer with room for `len` floats, else a new one.
+    fn take_free(&self, len: usize) -> Vec<f32> {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         let best = free
             .iter()
@@ -27,11 +45,7 @@ impl BufferPool {
             .filter(|(_, b)| b.capacity() >= len)
             .min_by_key(|(_, b)| b.capacity())
             .map(|(i, _)| i);
-        let mut buffer = best.map(|i| free.swap_remove(i)).unwrap_or_default();
-        drop(free);
-        buffer.clear();
-        buffer.resize(len, 0.0);
-        buffer
+        best.map(|i| free.swap_remove(i)).unwrap_or_default()
     }
 
     /// Returns a dead value's buffer.
@@ -48,6 +62,18 @@ impl BufferPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buffers_for_overwrite_have_the_length_asked_for() {
+        let pool = BufferPool::default();
+        pool.give(Tensor::f32(vec![4], vec![1.0; 4]));
+        assert_eq!(pool.take_for_overwrite(3).len(), 3);
+        pool.give(Tensor::f32(vec![2], vec![1.0; 2]));
+        let grown = pool.take_for_overwrite(4);
+        assert_eq!(grown.len(), 4);
+        assert_eq!(grown[2..], [0.0, 0.0], "a grown tail is zeroed");
+        assert_eq!(pool.take_for_overwrite(7).len(), 7, "a new buffer");
+    }
 
     #[test]
     fn buffers_are_reused_best_fit_and_zeroed() {
