@@ -38,7 +38,17 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
         .iter()
         .map(|text| tokenizer.encode(text, true))
         .collect::<Result<Vec<_>, _>>()?;
+    let started = std::time::Instant::now();
     let embeddings = embedder.embed(&ids)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let tokens: usize = ids.iter().map(Vec::len).sum();
+    tracing::info!(
+        "embedded {} texts ({tokens} tokens) in {:.1} ms: {:.1} texts/s, {:.0} tokens/s",
+        ids.len(),
+        seconds * 1e3,
+        ids.len() as f64 / seconds.max(1e-9),
+        tokens as f64 / seconds.max(1e-9),
+    );
     let mut out = String::new();
     for (index, (embedding, ids)) in embeddings.iter().zip(&ids).enumerate() {
         let line = serde_json::json!({"index": index, "tokens": ids.len(), "embedding": embedding});
