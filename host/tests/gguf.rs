@@ -239,6 +239,8 @@ fn hf_config_llama() {
             "bos_token_id": 0,
             "eos_token_id": 1,
             "hidden_act": "silu",
+            "attention_bias": false,
+            "mlp_bias": false,
         })
     );
 }
