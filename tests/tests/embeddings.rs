@@ -58,8 +58,9 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     dot / (norm(a) * norm(b))
 }
 
-/// Each tiny checkpoint, loaded from a safetensors directory like a user's,
-/// gives transformers' last hidden state for every prompt alone and for all
+/// Each tiny checkpoint (BERT, and RoBERTa with its offset positions),
+/// loaded from a safetensors directory like a user's, gives transformers'
+/// last hidden state for every prompt alone and for all
 /// prompts as one ragged batch (so nothing leaks between sequences).
 #[test]
 fn tiny_bert_matches_transformers_alone_and_batched() {
@@ -74,7 +75,11 @@ fn tiny_bert_matches_transformers_on_cuda() {
 }
 
 fn tiny_bert_matches_transformers_on(device: DeviceChoice) {
-    for name in ["tiny_bert.json", "tiny_bert_variant.json"] {
+    for name in [
+        "tiny_bert.json",
+        "tiny_bert_variant.json",
+        "tiny_roberta.json",
+    ] {
         let text = std::fs::read_to_string(fixture_path(name)).unwrap();
         let fixture: TinyEncoder = serde_json::from_str(&text).unwrap();
         let dir = tempfile::tempdir().unwrap();

@@ -1,4 +1,5 @@
-//! Built-in plugin: BERT-family encoders (`BertModel`), for embeddings.
+//! Built-in plugin: BERT-family encoders (`BertModel`, and `RobertaModel` /
+//! `XLMRobertaModel`), for embeddings.
 //!
 //! The model is the plugin API's [`Encoder`]: word, position and token-type
 //! embeddings summed and normalized, then post-norm layers of bidirectional
@@ -11,8 +12,13 @@
 //! (task heads such as `BertForMaskedLM`) is stripped, the heads and the
 //! pooler (`pooler.*`, `cls.*`) are dropped, and the old `LayerNorm.gamma` /
 //! `.beta` spelling is read as `weight` / `bias`.
+//!
+//! RoBERTa is the same encoder with positions counted from
+//! `pad_token_id + 1` (its embedding rows below that are never used): the
+//! adapter hands the encoder the position table from that row on, zero-copy,
+//! so nothing else differs. Its checkpoints' `roberta.` prefix is stripped.
 
-use kiln_plugin_api::adapters;
+use kiln_plugin_api::adapters::{self, AdaptRequest, AdaptResponse};
 use kiln_plugin_api::graph::{DType, GraphIr};
 use kiln_plugin_api::nn::{build_encoder_graph, Activation, Encoder, EncoderConfig};
 use kiln_plugin_api::{
@@ -66,12 +72,56 @@ pub fn bert_params(raw: &Value) -> Result<EncoderConfig> {
     })
 }
 
+/// RoBERTa's first position row: `pad_token_id + 1` (1 when absent, as
+/// transformers' default pad id is 1).
+pub fn roberta_position_offset(raw: &Value) -> Result<u64> {
+    Ok(u64::from(HfConfig::new(raw)?.opt_u32("pad_token_id")?.unwrap_or(1)) + 1)
+}
+
+/// [`bert_params`] for RoBERTa: the positions a text can use are the rows
+/// after the offset.
+pub fn roberta_params(raw: &Value) -> Result<EncoderConfig> {
+    let mut params = bert_params(raw)?;
+    let offset = roberta_position_offset(raw)?;
+    params.max_positions = params
+        .max_positions
+        .checked_sub(offset)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+        Error::invalid(format!(
+            "config.json `max_position_embeddings` ({}) leaves no position after `pad_token_id` + 1 ({offset})",
+            params.max_positions
+        ))
+    })?;
+    Ok(params)
+}
+
 /// Parses the config: the sequence limit (positions), and no KV cache.
 pub fn bert_config(request: &ConfigRequest) -> Result<ArchConfig> {
-    let params = bert_params(&request.hf_config)?;
-    let config = HfConfig::new(&request.hf_config)?;
+    encoder_config(request, bert_params(&request.hf_config)?)
+}
+
+/// [`bert_config`] for RoBERTa.
+pub fn roberta_config(request: &ConfigRequest) -> Result<ArchConfig> {
+    encoder_config(request, roberta_params(&request.hf_config)?)
+}
+
+/// The sequence limit is the position table's length (RoBERTa's after its
+/// offset).
+fn encoder_config(request: &ConfigRequest, params: EncoderConfig) -> Result<ArchConfig> {
+    let limit = u32::try_from(params.max_positions).unwrap_or(u32::MAX);
+    let max_seq_len = match request.max_length {
+        None => limit,
+        Some(0) => return Err(Error::invalid("--max-length must be at least 1")),
+        Some(n) if n > limit => {
+            return Err(Error::invalid(format!(
+                "--max-length {n} exceeds the model's limit of {limit} tokens"
+            )))
+        }
+        Some(n) => n,
+    };
     Ok(ArchConfig {
-        max_seq_len: config.max_seq_len(request.max_length)?,
+        max_seq_len,
         kv: KvCacheParams {
             num_layers: 0,
             num_kv_heads: params.num_heads as u32,
@@ -83,8 +133,17 @@ pub fn bert_config(request: &ConfigRequest) -> Result<ArchConfig> {
 
 /// The BERT graph: token ids in, every token's last hidden state out.
 pub fn bert_graph(request: &GraphRequest) -> Result<GraphIr> {
-    let model = Encoder::new(&bert_params(&request.config.model)?);
-    build_encoder_graph("bert", &model, request.state_dict.as_ref(), |batch| {
+    encoder_graph("bert", &bert_params(&request.config.model)?, request)
+}
+
+/// The RoBERTa graph: BERT's, over the positions after the offset.
+pub fn roberta_graph(request: &GraphRequest) -> Result<GraphIr> {
+    encoder_graph("roberta", &roberta_params(&request.config.model)?, request)
+}
+
+fn encoder_graph(name: &str, params: &EncoderConfig, request: &GraphRequest) -> Result<GraphIr> {
+    let model = Encoder::new(params);
+    build_encoder_graph(name, &model, request.state_dict.as_ref(), |batch| {
         model.forward(batch)
     })
 }
@@ -103,19 +162,70 @@ pub fn bert_hf_name(name: &str) -> Option<String> {
     Some(name)
 }
 
+/// RoBERTa's names: BERT's after the `roberta.` prefix, with the position
+/// table taken from row `pad_token_id + 1` on.
+pub fn adapt_roberta(request: &AdaptRequest) -> Result<AdaptResponse> {
+    let offset = roberta_position_offset(&request.config)?;
+    let mut response = adapters::rename(request, |name| {
+        bert_hf_name(name.strip_prefix("roberta.").unwrap_or(name))
+    });
+    for weight in &mut response.weights {
+        if weight.name == "embeddings.position_embeddings.weight" {
+            let rows = request
+                .tensors
+                .iter()
+                .find(|t| t.name == weight.source)
+                .and_then(|t| t.shape.first().copied())
+                .unwrap_or(0);
+            if rows <= offset {
+                return Err(Error::invalid(format!(
+                    "`{}` has {rows} rows, none after `pad_token_id` + 1 ({offset})",
+                    weight.source
+                )));
+            }
+            weight.rows = Some((offset, rows));
+        }
+    }
+    Ok(response)
+}
+
 /// The plugin.
 pub fn plugin() -> Plugin {
-    Plugin::new("bert", env!("CARGO_PKG_VERSION")).with_architecture(
-        SupportedArchitecture::new("BertModel", Task::Embeddings)
-            .with_aliases(["bert"])
+    let encoder = |name: &str, alias: &str, example: &str| {
+        SupportedArchitecture::new(name, Task::Embeddings)
+            .with_aliases([alias])
             .with_encodings(Encoding::Float32, Encoding::ALL.iter().copied())
-            .with_example_repo_ids(["sentence-transformers/all-MiniLM-L6-v2"])
+            .with_example_repo_ids([example])
+    };
+    let roberta = |name: &str, alias: &str, example: &str| {
+        encoder(name, alias, example)
+            .with_config(roberta_config)
+            .with_graph(roberta_graph)
+            .with_weight_adapter(WeightsFormat::Safetensors, adapt_roberta)
+    };
+    Plugin::new("bert", env!("CARGO_PKG_VERSION"))
+        .with_architecture(
+            encoder(
+                "BertModel",
+                "bert",
+                "sentence-transformers/all-MiniLM-L6-v2",
+            )
             .with_config(bert_config)
             .with_graph(bert_graph)
             .with_weight_adapter(WeightsFormat::Safetensors, |r| {
                 Ok(adapters::rename(r, bert_hf_name))
             }),
-    )
+        )
+        .with_architecture(roberta(
+            "RobertaModel",
+            "roberta",
+            "sentence-transformers/all-distilroberta-v1",
+        ))
+        .with_architecture(roberta(
+            "XLMRobertaModel",
+            "xlm-roberta",
+            "intfloat/multilingual-e5-small",
+        ))
 }
 
 kiln_plugin_api::declare_plugin!(plugin);
@@ -176,5 +286,51 @@ mod tests {
             let error = bert_params(&config).unwrap_err().to_string();
             assert!(error.contains(key), "{key}: {error}");
         }
+    }
+
+    fn roberta_request(config: Value, positions: u64) -> AdaptRequest {
+        let tensor = |name: &str, shape: &[u64]| kiln_plugin_api::adapters::CheckpointTensor {
+            name: name.to_owned(),
+            shape: shape.to_vec(),
+            storage: "F32".to_owned(),
+            encoding: None,
+        };
+        AdaptRequest {
+            format: WeightsFormat::Safetensors,
+            tensors: vec![
+                tensor(
+                    "roberta.embeddings.position_embeddings.weight",
+                    &[positions, 8],
+                ),
+                tensor("roberta.embeddings.word_embeddings.weight", &[50, 8]),
+                tensor("roberta.pooler.dense.weight", &[8, 8]),
+            ],
+            config,
+        }
+    }
+
+    #[test]
+    fn roberta_positions_start_after_the_padding_id() {
+        let mut config = minilm();
+        config["pad_token_id"] = json!(1);
+        config["max_position_embeddings"] = json!(514);
+        assert_eq!(roberta_params(&config).unwrap().max_positions, 512);
+        let response = adapt_roberta(&roberta_request(config.clone(), 514)).unwrap();
+        let names: Vec<(&str, Option<(u64, u64)>)> = response
+            .weights
+            .iter()
+            .map(|w| (w.name.as_str(), w.rows))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("embeddings.position_embeddings.weight", Some((2, 514))),
+                ("embeddings.word_embeddings.weight", None),
+            ]
+        );
+        // A position table with nothing after the offset is refused.
+        config["max_position_embeddings"] = json!(2);
+        assert!(roberta_params(&config).is_err());
+        assert!(adapt_roberta(&roberta_request(config, 2)).is_err());
     }
 }
