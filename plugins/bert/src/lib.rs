@@ -109,19 +109,10 @@ pub fn roberta_config(request: &ConfigRequest) -> Result<ArchConfig> {
 /// The sequence limit is the position table's length (RoBERTa's after its
 /// offset).
 fn encoder_config(request: &ConfigRequest, params: EncoderConfig) -> Result<ArchConfig> {
-    let limit = u32::try_from(params.max_positions).unwrap_or(u32::MAX);
-    let max_seq_len = match request.max_length {
-        None => limit,
-        Some(0) => return Err(Error::invalid("--max-length must be at least 1")),
-        Some(n) if n > limit => {
-            return Err(Error::invalid(format!(
-                "--max-length {n} exceeds the model's limit of {limit} tokens"
-            )))
-        }
-        Some(n) => n,
-    };
+    let mut usable = request.hf_config.clone();
+    usable["max_position_embeddings"] = params.max_positions.into();
     Ok(ArchConfig {
-        max_seq_len,
+        max_seq_len: HfConfig::new(&usable)?.max_seq_len(request.max_length)?,
         kv: KvCacheParams {
             num_layers: 0,
             num_kv_heads: params.num_heads as u32,
