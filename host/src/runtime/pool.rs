@@ -64,15 +64,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buffers_for_overwrite_have_the_length_asked_for() {
+    fn buffers_for_overwrite_are_reused_without_clearing() {
         let pool = BufferPool::default();
         pool.give(Tensor::f32(vec![4], vec![1.0; 4]));
-        assert_eq!(pool.take_for_overwrite(3).len(), 3);
-        pool.give(Tensor::f32(vec![2], vec![1.0; 2]));
+        assert_eq!(pool.take_for_overwrite(3), [1.0; 3], "not cleared");
+        // A buffer with room beyond its length: the old values stay, the
+        // grown tail is zeroed.
+        let mut roomy = Vec::with_capacity(8);
+        roomy.extend([2.0; 2]);
+        pool.give(Tensor::f32(vec![2], roomy));
         let grown = pool.take_for_overwrite(4);
-        assert_eq!(grown.len(), 4);
-        assert_eq!(grown[2..], [0.0, 0.0], "a grown tail is zeroed");
-        assert_eq!(pool.take_for_overwrite(7).len(), 7, "a new buffer");
+        assert!(grown.capacity() >= 8, "the pooled buffer");
+        assert_eq!(grown, [2.0, 2.0, 0.0, 0.0]);
+        assert_eq!(pool.take_for_overwrite(7), [0.0; 7], "a new buffer");
     }
 
     #[test]

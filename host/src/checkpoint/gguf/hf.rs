@@ -606,7 +606,8 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
         (Family::Starcoder2, "ffn_down") => "mlp.c_proj",
         // Mixtral's router, and Qwen-MoE's router and shared expert (the
         // stacked `ffn_*_exps` have no one Hugging Face name).
-        (Family::Llama | Family::Qwen2Moe | Family::Qwen3Moe, "ffn_gate_inp") => "mlp.gate",
+        (Family::Llama, "ffn_gate_inp") => "block_sparse_moe.gate",
+        (Family::Qwen2Moe | Family::Qwen3Moe, "ffn_gate_inp") => "mlp.gate",
         (Family::Qwen2Moe, "ffn_gate_inp_shexp") => "mlp.shared_expert_gate",
         (Family::Qwen2Moe, "ffn_gate_shexp") => "mlp.shared_expert.gate_proj",
         (Family::Qwen2Moe, "ffn_up_shexp") => "mlp.shared_expert.up_proj",

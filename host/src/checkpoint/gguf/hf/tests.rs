@@ -185,6 +185,16 @@ fn tensor_names() {
             Some("model.layers.2.mlp.shared_expert_gate.weight"),
         ),
         ("qwen3moe", "blk.2.ffn_up_exps.weight", None),
+        (
+            "qwen3moe",
+            "blk.2.ffn_gate_inp.weight",
+            Some("model.layers.2.mlp.gate.weight"),
+        ),
+        (
+            "llama",
+            "blk.1.ffn_gate_inp.weight",
+            Some("model.layers.1.block_sparse_moe.gate.weight"),
+        ),
         ("llama", "rope_freqs.weight", None),
         ("llama", "blk.x.attn_q.weight", None),
         ("llama", "blk.+1.attn_q.weight", None),
