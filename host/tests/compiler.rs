@@ -284,3 +284,74 @@ fn linear_and_embedding_read_weights_in_their_stored_encoding() {
         );
     }
 }
+
+#[test]
+fn steps_that_read_only_weights_run_once_at_load() {
+    // y = x @ transpose(reshape(2·W + 1)): everything but the product reads
+    // only the weight.
+    let (heads, rows, cols, tokens) = (2usize, 3usize, 4usize, 5usize);
+    let values = pseudo_random(heads * rows * cols, 3);
+    let spec = WeightSpec {
+        name: "w".to_owned(),
+        dtype: DType::F32,
+        shape: vec![(heads * rows) as u64, cols as u64],
+        encoding: Encoding::Float32,
+        device: Device::Cpu,
+    };
+    let mut store = WeightStore::new();
+    store
+        .insert(WeightData::from_f32(spec.clone(), &values))
+        .unwrap();
+    let graph = Graph::new("hoist");
+    let x = graph.input(
+        "x",
+        TensorType::new(
+            DType::F32,
+            [
+                Dim::Static(heads as u64),
+                Dim::sym("T"),
+                Dim::Static(cols as u64),
+            ],
+        ),
+    );
+    let w = &(&graph.weight(&spec) * 2.0) + 1.0;
+    let per_head = ops::reshape(&w, [heads as i64, rows as i64, cols as i64]);
+    let y = ops::matmul(&x, &ops::transpose(&per_head, 1, 2));
+    graph.output(&[&y]);
+    let program = compile(&graph.build().unwrap()).unwrap();
+    assert!(program.steps.len() > 1, "{:?}", program.steps);
+
+    let executor = Executor::new(Arc::new(program), &store, Precision::Exact).unwrap();
+    let bound = executor.program();
+    assert_eq!(
+        bound.steps.len(),
+        1,
+        "only the product is left: {:?}",
+        bound.steps
+    );
+    assert_eq!(bound.graph.weights.len(), 2);
+    let xs = pseudo_random(heads * tokens * cols, 5);
+    for _ in 0..2 {
+        let out = executor
+            .run(
+                vec![Tensor::f32(vec![heads, tokens, cols], xs.clone())],
+                None,
+            )
+            .unwrap();
+        assert_eq!(out[0].shape, vec![heads, tokens, rows]);
+        for h in 0..heads {
+            for t in 0..tokens {
+                for r in 0..rows {
+                    let expected: f32 = (0..cols)
+                        .map(|c| {
+                            let weight = values[(h * rows + r) * cols + c] * 2.0 + 1.0;
+                            xs[(h * tokens + t) * cols + c] * weight
+                        })
+                        .sum();
+                    let actual = out[0].as_f32()[(h * tokens + t) * rows + r];
+                    assert!((actual - expected).abs() < 1e-5, "{actual} vs {expected}");
+                }
+            }
+        }
+    }
+}

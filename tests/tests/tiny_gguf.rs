@@ -201,7 +201,7 @@ fn gguf_matches_transformers_on(file: &str, device: DeviceChoice) {
     );
 }
 
-const TESTED: [&str; 20] = [
+const TESTED: [&str; 23] = [
     "tiny_llama.f32.gguf",
     "tiny_llama_tied.f32.gguf",
     "tiny_qwen2.f32.gguf",
@@ -222,6 +222,9 @@ const TESTED: [&str; 20] = [
     "tiny_qwen2_moe_every_layer.f32.gguf",
     "tiny_qwen3_moe_step1.f32.gguf",
     "tiny_qwen3_moe_step1.q8_0.gguf",
+    "tiny_deepseek_v3.f32.gguf",
+    "tiny_deepseek_v3.q8_0.gguf",
+    "tiny_deepseek_v3_lite.f32.gguf",
 ];
 
 /// Every GGUF fixture (llama.cpp's converter: permuted Q/K with adjacent-pair
@@ -361,4 +364,26 @@ fn tiny_qwen3_moe_f32_gguf_with_renormalized_experts_matches_transformers() {
 #[test]
 fn tiny_qwen3_moe_q8_0_gguf_matches_transformers_on_dequantized_weights() {
     gguf_matches_transformers("tiny_qwen3_moe_step1.q8_0.gguf");
+}
+
+/// DeepSeek-V3 as `deepseek2`: latent attention with `kv_b_proj` split per
+/// head (`attn_k_b`, `attn_v_b`), the low-rank query path, YaRN's
+/// `mscale_all_dim` from `yarn_log_multiplier`, grouped sigmoid routing with
+/// the correction bias `exp_probs_b`, a shared expert, one dense layer.
+#[test]
+fn tiny_deepseek_v3_f32_gguf_with_split_latent_projections_matches_transformers() {
+    gguf_matches_transformers("tiny_deepseek_v3.f32.gguf");
+}
+
+#[test]
+fn tiny_deepseek_v3_q8_0_gguf_matches_transformers_on_dequantized_weights() {
+    gguf_matches_transformers("tiny_deepseek_v3.q8_0.gguf");
+}
+
+/// DeepSeek-V2-Lite's query path (`attn_q`, no `q_lora_rank`), one expert
+/// group, weights not renormalized, two shared experts; adjacent-pair
+/// rotary, as llama.cpp runs every `deepseek2` file.
+#[test]
+fn tiny_deepseek_v3_lite_f32_gguf_with_direct_queries_matches_transformers() {
+    gguf_matches_transformers("tiny_deepseek_v3_lite.f32.gguf");
 }

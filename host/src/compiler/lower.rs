@@ -175,7 +175,15 @@ pub fn lower(ir: &GraphIr, report: &mut CompileReport) -> (Vec<Step>, Vec<Option
         .collect();
 
     // 4. Liveness: the last step reading each value.
-    let mut last_use = vec![None; n];
+    let last_use = last_uses(ir, &steps);
+    report.steps = steps.len();
+    (steps, last_use)
+}
+
+/// For each value of `ir`, the index of the last of `steps` that reads it
+/// (`None` for graph outputs, which live to the end, and unread values).
+pub fn last_uses(ir: &GraphIr, steps: &[Step]) -> Vec<Option<usize>> {
+    let mut last_use = vec![None; ir.nodes.len()];
     for (index, step) in steps.iter().enumerate() {
         for &i in &step.inputs {
             last_use[i as usize] = Some(index);
@@ -184,6 +192,5 @@ pub fn lower(ir: &GraphIr, report: &mut CompileReport) -> (Vec<Step>, Vec<Option
     for &o in &ir.outputs {
         last_use[o as usize] = None;
     }
-    report.steps = steps.len();
-    (steps, last_use)
+    last_use
 }

@@ -13,6 +13,7 @@ use std::fmt;
 use kiln_plugin_api::graph::GraphIr;
 
 pub use cache::{CompileCache, CompileOutcome};
+pub use lower::last_uses;
 pub use program::{CompileReport, ElementOp, Instr, Kernel, Operand, Program, Step};
 
 /// Bumped whenever the compiler's output for a given graph may change; part of

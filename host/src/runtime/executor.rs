@@ -90,13 +90,15 @@ pub struct Executor {
 
 impl Executor {
     /// Binds `program` to weights from `store`, checking that each weight the
-    /// graph reads exists with the expected name, shape and type.
+    /// graph reads exists with the expected name, shape and type, and
+    /// computes the steps that read only weights once, now.
     pub fn new(
         program: Arc<Program>,
         store: &WeightStore,
         precision: Precision,
     ) -> Result<Self, RuntimeError> {
         let weights = bind_weights(&program, store)?;
+        let (program, weights) = super::hoist::hoist_weight_steps(program, weights)?;
         let constants = program
             .graph
             .nodes

@@ -7,6 +7,7 @@ pub mod cpu_ops;
 pub mod cuda;
 mod executor;
 mod fused;
+mod hoist;
 mod kv_cache;
 mod moe;
 mod pool;

@@ -12,10 +12,15 @@
 //! `W_UV[h] (Σ p c)`. A token costs `rank + rope` numbers per layer
 //! (576 for DeepSeek-V3, twice that with the value copy) instead of
 //! `heads · (nope + rope + v)`.
+//!
+//! The per-head up-projections come from Hugging Face's joint `kv_b_proj`
+//! or, since 1.6, from llama.cpp's split of it ([`SplitUpProjections`]).
+//! Either way they are reshapes and transposes of weights alone, which the
+//! host computes once when it loads the model, not at every step.
 
 use super::decoder::SelfAttention;
 use super::layers::{Linear, RmsNorm};
-use super::module::{Layer, Module, Registry};
+use super::module::{Layer, Module, Registry, Weight};
 use super::rotary::RotaryEmbedding;
 use crate::graph::{ops, AttentionSpec, DType, RaggedBatch, TensorValue};
 
@@ -89,9 +94,21 @@ impl Module for QueryProjection {
     }
 }
 
+/// llama.cpp's stored form of `kv_b_proj` (since 1.6): its GGUF converter
+/// splits it per head into `attn_k_b` and `attn_v_b`, the key part
+/// transposed, ready for the absorbed products.
+pub struct SplitUpProjections {
+    /// `k_b_proj.weight [heads, rank, nope]`: each head's key
+    /// up-projection, transposed.
+    pub k_b_proj: Weight,
+    /// `v_b_proj.weight [heads, v, rank]`: each head's value up-projection.
+    pub v_b_proj: Weight,
+}
+
 /// Multi-head latent attention over layer `layer`'s paged cache.
 /// Sub-modules: the [`QueryProjection`]'s,
-/// `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`.
+/// `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj` (or, split,
+/// `k_b_proj` and `v_b_proj`), `o_proj`.
 #[non_exhaustive]
 pub struct LatentAttention {
     /// Query projection.
@@ -101,8 +118,12 @@ pub struct LatentAttention {
     /// Norm of the latent.
     pub kv_a_layernorm: RmsNorm,
     /// Keys without rotary and values from the latent, per head:
-    /// `[heads · (nope + v), rank]`.
+    /// `[heads · (nope + v), rank]`. Not a sub-module when
+    /// [`split_up_projections`](Self::split_up_projections) is set.
     pub kv_b_proj: Linear,
+    /// The same up-projections as llama.cpp stores them (since 1.6); see
+    /// [`with_split_up_projections`](Self::with_split_up_projections).
+    pub split_up_projections: Option<SplitUpProjections>,
     /// Output projection.
     pub o_proj: Linear,
     /// Rotary embedding of the `qk_rope_head_dim` part.
@@ -137,16 +158,38 @@ impl LatentAttention {
                 false,
             ),
             o_proj: linear(c.num_heads * c.v_head_dim, c.hidden_size, c.bias),
+            split_up_projections: None,
             rope,
             layer,
             config,
         }
     }
 
-    /// `W_UK [heads, nope, rank]` and `W_UV [heads, v, rank]`: the rows of
-    /// `kv_b_proj`, which holds each head's key rows then its value rows.
+    /// Reads the up-projections from llama.cpp's split `k_b_proj` and
+    /// `v_b_proj` (GGUF's `attn_k_b`, `attn_v_b`) instead of `kv_b_proj`
+    /// (since 1.6).
+    pub fn with_split_up_projections(mut self) -> Self {
+        let c = &self.config;
+        let (heads, rank) = (c.num_heads, c.kv_lora_rank);
+        let weight = |shape: &[u64]| Weight::new("weight", c.dtype, shape).quantizable();
+        self.split_up_projections = Some(SplitUpProjections {
+            k_b_proj: weight(&[heads, rank, c.qk_nope_head_dim]),
+            v_b_proj: weight(&[heads, c.v_head_dim, rank]),
+        });
+        self
+    }
+
+    /// `W_UK [heads, nope, rank]` and `W_UVᵀ [heads, rank, v]`, from
+    /// `kv_b_proj` (each head's key rows then its value rows) or from the
+    /// split weights.
     fn up_projections(&self, graph: &crate::graph::Graph) -> (TensorValue, TensorValue) {
         let c = &self.config;
+        if let Some(split) = &self.split_up_projections {
+            return (
+                ops::transpose(&split.k_b_proj.value(graph), 1, 2),
+                ops::transpose(&split.v_b_proj.value(graph), 1, 2),
+            );
+        }
         let weight = self.kv_b_proj.weight.value(graph);
         let per_head = ops::reshape(
             &weight,
@@ -157,7 +200,7 @@ impl LatentAttention {
             ],
         );
         let parts = ops::split(&per_head, &[c.qk_nope_head_dim, c.v_head_dim], 1);
-        (parts[0].clone(), parts[1].clone())
+        (parts[0].clone(), ops::transpose(&parts[1], 1, 2))
     }
 }
 
@@ -183,7 +226,7 @@ impl SelfAttention for LatentAttention {
         let _scope = graph.scope(path.rsplit_once('.').map_or("", |(parent, _)| parent));
         let q_pe = self.rope.forward(&q[1], &batch.positions);
         let k_pe = self.rope.forward(&k_pe, &batch.positions);
-        let (w_uk, w_uv) = self.up_projections(graph);
+        let (w_uk, w_uv_t) = self.up_projections(graph);
         // [H, T, nope] @ [H, nope, rank]: each head's query in latent space.
         let q_latent = ops::transpose(&ops::matmul(&ops::transpose(&q[0], 0, 1), &w_uk), 0, 1);
         let query = ops::concat(&[&q_latent, &q_pe], -1);
@@ -197,10 +240,7 @@ impl SelfAttention for LatentAttention {
         let attended = ops::paged_attention(&query, &key, &key, batch, spec);
         let latent_out = ops::slice(&attended, -1, 0, Some(rank as i64), 1);
         // [H, T, rank] @ [H, rank, v]: each head's value from its latent sum.
-        let values = ops::matmul(
-            &ops::transpose(&latent_out, 0, 1),
-            &ops::transpose(&w_uv, 1, 2),
-        );
+        let values = ops::matmul(&ops::transpose(&latent_out, 0, 1), &w_uv_t);
         let values = ops::reshape(
             &ops::transpose(&values, 0, 1),
             [-1, heads * c.v_head_dim as i64],
@@ -214,7 +254,13 @@ impl Module for LatentAttention {
         self.query.visit(registry);
         registry.module("kv_a_proj_with_mqa", &self.kv_a_proj_with_mqa);
         registry.module("kv_a_layernorm", &self.kv_a_layernorm);
-        registry.module("kv_b_proj", &self.kv_b_proj);
+        match &self.split_up_projections {
+            Some(split) => {
+                registry.weight("k_b_proj.weight", &split.k_b_proj);
+                registry.weight("v_b_proj.weight", &split.v_b_proj);
+            }
+            None => registry.module("kv_b_proj", &self.kv_b_proj),
+        }
         registry.module("o_proj", &self.o_proj);
     }
 }

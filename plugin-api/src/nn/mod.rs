@@ -15,7 +15,7 @@ pub use attention::{
 };
 pub use decoder::{Decoder, DecoderLayer, ParallelBlock, PreNormBlock, SelfAttention};
 pub use encoder::{Encoder, EncoderConfig, EncoderEmbeddings, EncoderLayer};
-pub use latent::{LatentAttention, LatentAttentionConfig, QueryProjection};
+pub use latent::{LatentAttention, LatentAttentionConfig, QueryProjection, SplitUpProjections};
 pub use layers::{Activation, Embedding, LayerNorm, Linear, Mlp, Norm, RmsNorm};
 pub use module::{Layer, Module, Registry, Sequential, StateDict, Weight};
 pub use moe::{MixtureOfExperts, MoeBlock};

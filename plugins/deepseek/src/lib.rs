@@ -15,7 +15,7 @@
 //! some checkpoints carry after the last layer are not loaded.
 
 use kiln_arch_llama::LlamaParams;
-use kiln_plugin_api::adapters::{AdaptRequest, AdaptResponse};
+use kiln_plugin_api::adapters::{AdaptRequest, AdaptResponse, AdaptedWeight};
 use kiln_plugin_api::graph::{DType, GraphIr, MoeRouting, MoeSpec, UnaryOp};
 use kiln_plugin_api::nn::{
     build_decoder_graph, Decoder, LatentAttention, LatentAttentionConfig, Layer, MixtureOfExperts,
@@ -152,12 +152,18 @@ pub fn deepseek_config(request: &ConfigRequest) -> Result<ArchConfig> {
 pub fn deepseek_graph(request: &GraphRequest) -> Result<GraphIr> {
     let params = DeepseekParams::parse(&request.config.model)?;
     let model = params.llama.transformer(DType::F32);
+    let split = request.weights_format == Some(WeightsFormat::Gguf);
     let decoder = Decoder::from_blocks(model, |i, block| {
         let attention = LatentAttention::new(
             params.attention.clone(),
             params.llama.rope.clone(),
             i as u32,
         );
+        // llama.cpp stores `kv_b_proj` split per head.
+        let attention = match split {
+            true => attention.with_split_up_projections(),
+            false => attention,
+        };
         let mlp: Box<dyn Layer> = match params.moe(i) {
             Some(moe) => Box::new(moe),
             None => Box::new(block.mlp),
@@ -179,15 +185,7 @@ pub fn deepseek_graph(request: &GraphRequest) -> Result<GraphIr> {
 /// router's `gate.e_score_correction_bias`; layers past
 /// `num_hidden_layers` (multi-token prediction) are left out.
 pub fn adapt_safetensors(request: &AdaptRequest) -> Result<AdaptResponse> {
-    let layers = HfConfig::new(&request.config)?.u32("num_hidden_layers")?;
     let mut response = kiln_arch_llama::adapt_moe_safetensors(request)?;
-    response.weights.retain(|w| {
-        let layer = w.name.strip_prefix("layers.").and_then(|rest| {
-            rest.split_once('.')
-                .and_then(|(layer, _)| layer.parse::<u32>().ok())
-        });
-        layer.is_none_or(|layer| layer < layers)
-    });
     for weight in &mut response.weights {
         weight.name = weight
             .name
@@ -197,6 +195,55 @@ pub fn adapt_safetensors(request: &AdaptRequest) -> Result<AdaptResponse> {
                 ".mlp.e_score_correction_bias",
             );
     }
+    main_layers_only(request, response)
+}
+
+/// llama.cpp's names (`deepseek2`): the mixture-of-experts names of the
+/// Llama family with the correction bias `exp_probs_b`, and the latent
+/// attention's `attn_q_a`, `attn_q_a_norm`, `attn_q_b`, `attn_kv_a_mqa`,
+/// `attn_kv_a_norm` and `kv_b_proj` split per head as `attn_k_b` and
+/// `attn_v_b` (read by [`LatentAttention::with_split_up_projections`]).
+pub fn adapt_gguf(request: &AdaptRequest) -> Result<AdaptResponse> {
+    let mut response = kiln_arch_llama::adapt_moe_gguf(request)?;
+    for tensor in &request.tensors {
+        let Some((layer, part)) = tensor
+            .name
+            .strip_prefix("blk.")
+            .and_then(|rest| rest.split_once('.'))
+        else {
+            continue;
+        };
+        let module = match part {
+            "exp_probs_b.bias" => "mlp.e_score_correction_bias",
+            "attn_q_a.weight" => "self_attn.q_a_proj.weight",
+            "attn_q_a_norm.weight" => "self_attn.q_a_layernorm.weight",
+            "attn_q_b.weight" => "self_attn.q_b_proj.weight",
+            "attn_kv_a_mqa.weight" => "self_attn.kv_a_proj_with_mqa.weight",
+            "attn_kv_a_norm.weight" => "self_attn.kv_a_layernorm.weight",
+            "attn_k_b.weight" => "self_attn.k_b_proj.weight",
+            "attn_v_b.weight" => "self_attn.v_b_proj.weight",
+            _ => continue,
+        };
+        response.weights.push(AdaptedWeight {
+            name: format!("layers.{layer}.{module}"),
+            source: tensor.name.clone(),
+            rows: None,
+        });
+    }
+    main_layers_only(request, response)
+}
+
+/// Leaves out the weights of layers past `num_hidden_layers` (DeepSeek's
+/// multi-token prediction).
+fn main_layers_only(request: &AdaptRequest, mut response: AdaptResponse) -> Result<AdaptResponse> {
+    let layers = HfConfig::new(&request.config)?.u32("num_hidden_layers")?;
+    response.weights.retain(|w| {
+        let layer = w.name.strip_prefix("layers.").and_then(|rest| {
+            rest.split_once('.')
+                .and_then(|(layer, _)| layer.parse::<u32>().ok())
+        });
+        layer.is_none_or(|layer| layer < layers)
+    });
     Ok(response)
 }
 
@@ -210,7 +257,8 @@ pub fn plugin() -> Plugin {
             .with_example_repo_ids(["deepseek-ai/DeepSeek-V3"])
             .with_config(deepseek_config)
             .with_graph(deepseek_graph)
-            .with_weight_adapter(WeightsFormat::Safetensors, adapt_safetensors),
+            .with_weight_adapter(WeightsFormat::Safetensors, adapt_safetensors)
+            .with_weight_adapter(WeightsFormat::Gguf, adapt_gguf),
     )
 }
 

@@ -4,14 +4,14 @@
 //!
 //! [`GgufFile::hf_config`] rebuilds a `config.json` for `llama` (Mixtral
 //! too), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `gemma2`, `gemma3`,
-//! `phi2`, `phi3`, `gpt2`, `starcoder2`, `gptneox`, `granite`, `olmo2` and
-//! `smollm3`, from the keys present (`{arch}` is
+//! `phi2`, `phi3`, `gpt2`, `starcoder2`, `gptneox`, `granite`, `olmo2`,
+//! `smollm3` and `deepseek2`, from the keys present (`{arch}` is
 //! `general.architecture`; float32 values are written as their shortest
 //! decimal, e.g. `1e-5`, as `config.json` had them):
 //!
 //! | config.json (GPT-2's name)               | GGUF                                                          |
 //! | ---------------------------------------- | ------------------------------------------------------------- |
-//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma2ForCausalLM`/`gemma2`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2`, `Starcoder2ForCausalLM`/`starcoder2`, `GPTNeoXForCausalLM`/`gpt_neox`, `GraniteForCausalLM`/`granite`, `Olmo2ForCausalLM`/`olmo2`, `SmolLM3ForCausalLM`/`smollm3`, `PhiForCausalLM`/`phi` (`phi2`), `Qwen2MoeForCausalLM`/`qwen2_moe`, `Qwen3MoeForCausalLM`/`qwen3_moe`; `MixtralForCausalLM`/`mixtral` for `llama` with `llama.expert_count` |
+//! | `architectures`, `model_type`            | `general.architecture`: `LlamaForCausalLM`/`llama`, `Qwen2ForCausalLM`/`qwen2`, `Qwen3ForCausalLM`/`qwen3`, `Gemma2ForCausalLM`/`gemma2`, `Gemma3ForCausalLM`/`gemma3_text`, `Phi3ForCausalLM`/`phi3`, `GPT2LMHeadModel`/`gpt2`, `Starcoder2ForCausalLM`/`starcoder2`, `GPTNeoXForCausalLM`/`gpt_neox`, `GraniteForCausalLM`/`granite`, `Olmo2ForCausalLM`/`olmo2`, `SmolLM3ForCausalLM`/`smollm3`, `PhiForCausalLM`/`phi` (`phi2`), `Qwen2MoeForCausalLM`/`qwen2_moe`, `Qwen3MoeForCausalLM`/`qwen3_moe`, `DeepseekV3ForCausalLM`/`deepseek_v3`; `MixtralForCausalLM`/`mixtral` for `llama` with `llama.expert_count` |
 //! | `vocab_size`                             | `{arch}.vocab_size`, else the length of `tokenizer.ggml.tokens`, else the rows of `token_embd.weight` |
 //! | `hidden_size` (`n_embd`)                 | `{arch}.embedding_length`                                     |
 //! | `intermediate_size` (`n_inner`)          | `{arch}.feed_forward_length`                                  |
@@ -42,6 +42,9 @@
 //! | `sliding_window_pattern` (gemma3), `layer_types` (gemma2, gemma3) | with a sliding window: every 6th layer global (gemma3), every 2nd (gemma2), as llama.cpp |
 //! | `hidden_act`, `use_bias` (starcoder2)    | `gelu_pytorch_tanh`; biases when `blk.0.attn_q.bias` exists (llama.cpp stores no sliding window for it and attends over the whole context) |
 //! | `hidden_act`, `attention_bias`, `use_parallel_residual`, `partial_rotary_factor` (gptneox) | `gelu`; biases when `blk.0.attn_qkv.bias` exists; `gptneox.use_parallel_residual` (true when absent); `gptneox.rope.dimension_count` over the head size (the whole head when absent, as llama.cpp) |
+//!
+//! | `deepseek_v3` fields (deepseek2)         | see `hf/deepseek2.rs`: `head_count_kv` read as one key/value head per query head, `qk_nope_head_dim`/`v_head_dim` from `attention.key_length_mla`/`value_length_mla`, `kv_lora_rank`, `q_lora_rank`, `qk_rope_head_dim` (`rope.dimension_count`), `first_k_dense_replace` (`leading_dense_block_count`), expert counts and sizes, `n_group`/`topk_group` (`expert_group_count`/`_used_count`), `routed_scaling_factor` (`expert_weights_scale`), `norm_topk_prob` (`expert_weights_norm`), `scoring_func` (`expert_gating_func`, softmax when absent as llama.cpp), YaRN's `mscale` and `mscale_all_dim` (`rope.scaling.yarn_log_multiplier / 0.1`) with cos and sin unscaled |
+//! | `rope_scaling.beta_fast`, `.beta_slow`   | `{arch}.rope.scaling.yarn_beta_fast`, `.yarn_beta_slow`       |
 //!
 //! Not mapped: Phi-3 "longrope" factors (stored as the `rope_factors_*`
 //! tensors).
@@ -77,6 +80,7 @@ enum Family {
     Phi2,
     Qwen2Moe,
     Qwen3Moe,
+    Deepseek2,
 }
 
 impl Family {
@@ -97,6 +101,7 @@ impl Family {
             "phi2" => Family::Phi2,
             "qwen2moe" => Family::Qwen2Moe,
             "qwen3moe" => Family::Qwen3Moe,
+            "deepseek2" => Family::Deepseek2,
             _ => return None,
         })
     }
@@ -119,6 +124,7 @@ impl Family {
             Family::Phi2 => ("PhiForCausalLM", "phi"),
             Family::Qwen2Moe => ("Qwen2MoeForCausalLM", "qwen2_moe"),
             Family::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+            Family::Deepseek2 => ("DeepseekV3ForCausalLM", "deepseek_v3"),
         }
     }
 
@@ -272,6 +278,14 @@ impl GgufFile {
             if let Some(n) = original_context {
                 scaling.insert("original_max_position_embeddings".into(), json!(n));
             }
+            for (suffix, hf) in [
+                ("yarn_beta_fast", "beta_fast"),
+                ("yarn_beta_slow", "beta_slow"),
+            ] {
+                if let Some(beta) = self.config_float(&key(&format!("rope.scaling.{suffix}")))? {
+                    scaling.insert(hf.into(), json!(beta));
+                }
+            }
             config.insert("rope_scaling".into(), Value::Object(scaling));
         }
         config.insert(
@@ -364,6 +378,7 @@ impl GgufFile {
                     config.insert("n_ctx".into(), n);
                 }
             }
+            Family::Deepseek2 => self.deepseek2_fields(&mut config)?,
             Family::Gemma2 => gemma_extras(&mut config, GEMMA2_SLIDING_PATTERN, 46),
             Family::Gemma3 => {
                 let local_base = self.config_float("gemma3.rope.freq_base_swa")?;
@@ -554,6 +569,11 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
         return None;
     }
     let layer: u32 = layer.parse().ok()?;
+    if (family, name, suffix) == (Family::Deepseek2, "exp_probs_b", "bias") {
+        return Some(format!(
+            "model.layers.{layer}.mlp.gate.e_score_correction_bias"
+        ));
+    }
     let module = match (family, name) {
         (Family::Gpt2, name) => {
             let module = match name {
@@ -612,6 +632,17 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
         (Family::Qwen2Moe, "ffn_gate_shexp") => "mlp.shared_expert.gate_proj",
         (Family::Qwen2Moe, "ffn_up_shexp") => "mlp.shared_expert.up_proj",
         (Family::Qwen2Moe, "ffn_down_shexp") => "mlp.shared_expert.down_proj",
+        // DeepSeek's latent attention and experts (`attn_k_b` and `attn_v_b`
+        // are `kv_b_proj` split per head, with no one Hugging Face name).
+        (Family::Deepseek2, "attn_q_a") => "self_attn.q_a_proj",
+        (Family::Deepseek2, "attn_q_a_norm") => "self_attn.q_a_layernorm",
+        (Family::Deepseek2, "attn_q_b") => "self_attn.q_b_proj",
+        (Family::Deepseek2, "attn_kv_a_mqa") => "self_attn.kv_a_proj_with_mqa",
+        (Family::Deepseek2, "attn_kv_a_norm") => "self_attn.kv_a_layernorm",
+        (Family::Deepseek2, "ffn_gate_inp") => "mlp.gate",
+        (Family::Deepseek2, "ffn_gate_shexp") => "mlp.shared_experts.gate_proj",
+        (Family::Deepseek2, "ffn_up_shexp") => "mlp.shared_experts.up_proj",
+        (Family::Deepseek2, "ffn_down_shexp") => "mlp.shared_experts.down_proj",
         (_, "ffn_gate") => "mlp.gate_proj",
         (_, "ffn_up") => "mlp.up_proj",
         (_, "ffn_down") => "mlp.down_proj",
@@ -620,5 +651,6 @@ pub fn hf_tensor_name(arch: &str, gguf_name: &str) -> Option<String> {
     Some(format!("model.layers.{layer}.{module}.{suffix}"))
 }
 
+mod deepseek2;
 #[cfg(test)]
 mod tests;

@@ -233,8 +233,8 @@ fn load_hand_kernels(device: &dyn Device) -> Result<HandKernels, CudaError> {
 
 impl CudaExecutor {
     /// Binds `program` to the weights of `store` on `device` (`label` names
-    /// it in messages, e.g. `cuda:0`): uploads the weights, compiles the
-    /// kernels.
+    /// it in messages, e.g. `cuda:0`): computes the steps that read only
+    /// weights, uploads the weights, compiles the kernels.
     pub fn new(
         program: Arc<Program>,
         store: &WeightStore,
@@ -255,6 +255,7 @@ impl CudaExecutor {
             }
         };
         let weights = super::executor::bind_weights(&program, store)?;
+        let (program, weights) = super::hoist::hoist_weight_steps(program, weights)?;
         let hand = load_hand_kernels(device.as_ref())?;
         let lowered = plan::lower(device.as_ref(), &program, &weights, dtype, &hand)?;
         let paddable = buckets::paddable(&program.graph);

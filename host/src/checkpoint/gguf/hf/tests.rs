@@ -195,6 +195,22 @@ fn tensor_names() {
             "blk.1.ffn_gate_inp.weight",
             Some("model.layers.1.block_sparse_moe.gate.weight"),
         ),
+        (
+            "deepseek2",
+            "blk.1.attn_kv_a_mqa.weight",
+            Some("model.layers.1.self_attn.kv_a_proj_with_mqa.weight"),
+        ),
+        (
+            "deepseek2",
+            "blk.1.exp_probs_b.bias",
+            Some("model.layers.1.mlp.gate.e_score_correction_bias"),
+        ),
+        (
+            "deepseek2",
+            "blk.1.ffn_up_shexp.weight",
+            Some("model.layers.1.mlp.shared_experts.up_proj.weight"),
+        ),
+        ("deepseek2", "blk.1.attn_k_b.weight", None),
         ("llama", "rope_freqs.weight", None),
         ("llama", "blk.x.attn_q.weight", None),
         ("llama", "blk.+1.attn_q.weight", None),
@@ -205,4 +221,58 @@ fn tensor_names() {
     for (arch, gguf, hf) in cases {
         assert_eq!(hf_tensor_name(arch, gguf).as_deref(), hf, "{arch} {gguf}");
     }
+}
+
+#[test]
+fn deepseek2_latent_sizes_and_routing() {
+    let arch = [("general.architecture", "deepseek2")];
+    let shape = [
+        ("deepseek2.attention.head_count", 4),
+        ("deepseek2.attention.head_count_kv", 1),
+        ("deepseek2.rope.dimension_count", 8),
+        ("deepseek2.attention.kv_lora_rank", 16),
+        ("deepseek2.expert_count", 8),
+        ("deepseek2.expert_used_count", 2),
+        ("deepseek2.expert_feed_forward_length", 16),
+    ];
+    // The MLA keys of today's converter, and the MHA-form sizes of older files.
+    let mla = [
+        ("deepseek2.attention.key_length", 24),
+        ("deepseek2.attention.value_length", 16),
+        ("deepseek2.attention.key_length_mla", 16),
+        ("deepseek2.attention.value_length_mla", 12),
+    ];
+    let older = [
+        ("deepseek2.attention.key_length", 16),
+        ("deepseek2.attention.value_length", 12),
+    ];
+    for (sizes, gating, scoring) in [
+        (&mla[..], None, "softmax"),
+        (&older[..], Some(2), "sigmoid"),
+        (&mla[..], Some(1), "softmax"),
+    ] {
+        let mut ints: Vec<(&str, u32)> = [&shape[..], sizes].concat();
+        ints.extend(gating.map(|g| ("deepseek2.expert_gating_func", g)));
+        let file = metadata_only(&arch, &ints);
+        let config = GgufFile::open(file.path()).unwrap().hf_config().unwrap();
+        let int = |key: &str| config.get(key).and_then(|v| v.as_u64());
+        assert_eq!(config["architectures"][0], "DeepseekV3ForCausalLM");
+        assert_eq!(int("num_key_value_heads"), Some(4));
+        assert_eq!(int("qk_nope_head_dim"), Some(8));
+        assert_eq!(int("qk_rope_head_dim"), Some(8));
+        assert_eq!(int("v_head_dim"), Some(12));
+        assert_eq!(int("kv_lora_rank"), Some(16));
+        assert_eq!(int("first_k_dense_replace"), Some(0));
+        assert_eq!(config["scoring_func"], scoring, "{gating:?}");
+        assert_eq!(config["rope_interleave"], true);
+        assert!(config.get("q_lora_rank").is_none());
+    }
+    let ints: Vec<(&str, u32)> =
+        [&shape[..], &mla[..], &[("deepseek2.expert_gating_func", 4)]].concat();
+    let file = metadata_only(&arch, &ints);
+    let error = GgufFile::open(file.path())
+        .unwrap()
+        .hf_config()
+        .unwrap_err();
+    assert!(error.to_string().contains("expert_gating_func"), "{error}");
 }
