@@ -9,9 +9,13 @@
 #include "kiln_cuda.cuh"
 
 #define KILN_ATTN_WARPS 4
-#define KILN_ATTN_MAX_DIM 256
-#define KILN_ATTN_PER_LANE (KILN_ATTN_MAX_DIM / 32)
+// Heads up to 256 values: 8 per lane, keys four at a time. The `_wide`
+// kernels take heads up to 576 (DeepSeek's latent head, 512 + 64): 18 per
+// lane, keys two at a time, to stay within the registers.
+#define KILN_ATTN_PER_LANE 8
 #define KILN_ATTN_KEYS 4
+#define KILN_ATTN_WIDE_PER_LANE 18
+#define KILN_ATTN_WIDE_KEYS 2
 
 // The sequence owning batch row `row` and the row's position in it.
 __device__ __forceinline__ int sequence_of(const i64* row_offsets, const i64* context_lens, int batch,
@@ -94,48 +98,50 @@ struct RowKeys {
 // softmax, then merge. Writes the normalized output to `out_row`, or with
 // `part` set the running max, sum of weights and unnormalized output
 // ([m, l, acc...], for split-K). `softcap` > 0 applies cap·tanh(score / cap).
-template <typename C, typename Keys>
+// A lane holds PER_LANE values of the head (head_dim ≤ 32 · PER_LANE); a
+// warp takes KEYS keys at a time.
+template <int PER_LANE, int KEYS, typename C, typename Keys>
 __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict__ k, const C* __restrict__ v,
                             float* __restrict__ out_row, float* __restrict__ part, Keys keys, int kv_head,
                             i64 first, i64 last, int head_dim, float scale, float softcap) {
   __shared__ float warp_m[KILN_ATTN_WARPS];
   __shared__ float warp_l[KILN_ATTN_WARPS];
-  __shared__ float warp_acc[KILN_ATTN_WARPS][KILN_ATTN_MAX_DIM];
+  __shared__ float warp_acc[KILN_ATTN_WARPS][32 * PER_LANE];
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float qr[KILN_ATTN_PER_LANE], acc[KILN_ATTN_PER_LANE];
+  float qr[PER_LANE], acc[PER_LANE];
 #pragma unroll
-  for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
+  for (int j = 0; j < PER_LANE; ++j) {
     int d = lane + 32 * j;
     qr[j] = d < head_dim ? q_row[d] : 0.0f;
     acc[j] = 0.0f;
   }
-  // Each warp takes KILN_ATTN_KEYS keys at a time: their loads are in
+  // Each warp takes KEYS keys at a time: their loads are in
   // flight together and their reductions interleave, where one key at a
   // time would wait a memory round trip and a shuffle chain per key.
   float m = KILN_NEG_INF, l = 0.0f;
-  for (i64 key0 = first + warp * KILN_ATTN_KEYS; key0 <= last; key0 += KILN_ATTN_WARPS * KILN_ATTN_KEYS) {
-    float kr[KILN_ATTN_KEYS][KILN_ATTN_PER_LANE], vr[KILN_ATTN_KEYS][KILN_ATTN_PER_LANE], s[KILN_ATTN_KEYS];
+  for (i64 key0 = first + warp * KEYS; key0 <= last; key0 += KILN_ATTN_WARPS * KEYS) {
+    float kr[KEYS][PER_LANE], vr[KEYS][PER_LANE], s[KEYS];
 #pragma unroll
-    for (int t = 0; t < KILN_ATTN_KEYS; ++t) {
+    for (int t = 0; t < KEYS; ++t) {
       i64 key = min(key0 + t, last);  // past the end: a repeat, weighted 0 below
       i64 base = keys(key, kv_head, head_dim);
 #pragma unroll
-      for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
+      for (int j = 0; j < PER_LANE; ++j) {
         int d = lane + 32 * j;
         kr[t][j] = d < head_dim ? cache_load(k + base + d) : 0.0f;
         vr[t][j] = d < head_dim ? cache_load(v + base + d) : 0.0f;
       }
     }
 #pragma unroll
-    for (int t = 0; t < KILN_ATTN_KEYS; ++t) {
+    for (int t = 0; t < KEYS; ++t) {
       float dot = 0.0f;
 #pragma unroll
-      for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) dot += qr[j] * kr[t][j];
+      for (int j = 0; j < PER_LANE; ++j) dot += qr[j] * kr[t][j];
       s[t] = dot;
     }
     float m_new = m;
 #pragma unroll
-    for (int t = 0; t < KILN_ATTN_KEYS; ++t) {
+    for (int t = 0; t < KEYS; ++t) {
       s[t] = warp_sum(s[t]) * scale;
       if (softcap > 0.0f) s[t] = softcap * tanhf(s[t] / softcap);
       if (key0 + t <= last) m_new = fmaxf(m_new, s[t]);
@@ -143,13 +149,13 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
     float correction = expf(m - m_new);
     l *= correction;
 #pragma unroll
-    for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) acc[j] *= correction;
+    for (int j = 0; j < PER_LANE; ++j) acc[j] *= correction;
 #pragma unroll
-    for (int t = 0; t < KILN_ATTN_KEYS; ++t) {
+    for (int t = 0; t < KEYS; ++t) {
       float p = key0 + t <= last ? expf(s[t] - m_new) : 0.0f;
       l += p;
 #pragma unroll
-      for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) acc[j] += p * vr[t][j];
+      for (int j = 0; j < PER_LANE; ++j) acc[j] += p * vr[t][j];
     }
     m = m_new;
   }
@@ -158,7 +164,7 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
     warp_l[warp] = l;
   }
 #pragma unroll
-  for (int j = 0; j < KILN_ATTN_PER_LANE; ++j) {
+  for (int j = 0; j < PER_LANE; ++j) {
     int d = lane + 32 * j;
     if (d < head_dim) warp_acc[warp][d] = acc[j];
   }
@@ -194,7 +200,7 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
 // only and writes its running max, sum of weights and unnormalized output to
 // partials[((row · num_heads + head) · gridDim.z + z) · (head_dim + 2)]:
 // [m, l, acc...]; kiln_attention_combine merges the splits into `out`.
-template <typename C>
+template <int PER_LANE, int KEYS, typename C>
 __device__ void paged_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
                                 const C* __restrict__ v_cache, float* __restrict__ out,
                                 const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
@@ -214,9 +220,9 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
                     ? nullptr
                     : partials + ((row * num_heads + head) * gridDim.z + blockIdx.z) * (head_dim + 2);
   PagedKeys keys{block_tables, b, blocks_per_seq, block_size, kv_heads * head_dim};
-  attend_keys(q + (row * num_heads + head) * head_dim, k_cache, v_cache,
-              out + (row * num_heads + head) * head_dim, part, keys, head / (num_heads / kv_heads), first, last,
-              head_dim, scale, softcap);
+  attend_keys<PER_LANE, KEYS>(q + (row * num_heads + head) * head_dim, k_cache, v_cache,
+                             out + (row * num_heads + head) * head_dim, part, keys, head / (num_heads / kv_heads),
+                             first, last, head_dim, scale, softcap);
 }
 
 // Attention within each sequence of a ragged batch over this step's own keys
@@ -234,8 +240,9 @@ extern "C" __global__ void kiln_sequence_attention(const float* __restrict__ q, 
   i64 start = row_offsets[b];
   i64 last = causal ? row - start : row_offsets[b + 1] - start - 1;
   RowKeys keys{start, kv_heads * head_dim};
-  attend_keys(q + (row * num_heads + head) * head_dim, k, v, out + (row * num_heads + head) * head_dim,
-              (float*)nullptr, keys, head / (num_heads / kv_heads), (i64)0, last, head_dim, scale, 0.0f);
+  attend_keys<KILN_ATTN_PER_LANE, KILN_ATTN_KEYS>(q + (row * num_heads + head) * head_dim, k, v,
+                                                 out + (row * num_heads + head) * head_dim, (float*)nullptr, keys,
+                                                 head / (num_heads / kv_heads), (i64)0, last, head_dim, scale, 0.0f);
 }
 
 // out [T, num_heads, head_dim] from `splits` partial results per (row, head)
@@ -264,20 +271,29 @@ extern "C" __global__ void kiln_attention_combine(const float* __restrict__ part
   }
 }
 
-extern "C" __global__ void kiln_paged_attention(
-    const float* __restrict__ q, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-    float* __restrict__ out, const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-    const i64* __restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,
-    int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys, float* __restrict__ partials) {
-  paged_attention(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq,
-                  block_size, num_heads, kv_heads, head_dim, scale, window, softcap, split_keys, partials);
+// The entry points: f32 or bf16 cache, heads up to 256 or (`_wide`) 576.
+#define KILN_PAGED_ATTENTION_PARAMS(C)                                                                           \
+  const float *__restrict__ q, const C *__restrict__ k_cache, const C *__restrict__ v_cache,                     \
+      float *__restrict__ out, const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,        \
+      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,        \
+      int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys,                         \
+      float *__restrict__ partials
+#define KILN_PAGED_ATTENTION_ARGS                                                                                 \
+  q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size, num_heads, \
+      kv_heads, head_dim, scale, window, softcap, split_keys, partials
+
+extern "C" __global__ void kiln_paged_attention(KILN_PAGED_ATTENTION_PARAMS(float)) {
+  paged_attention<KILN_ATTN_PER_LANE, KILN_ATTN_KEYS>(KILN_PAGED_ATTENTION_ARGS);
 }
 
-extern "C" __global__ void kiln_paged_attention_bf16(
-    const float* __restrict__ q, const bf16_bits* __restrict__ k_cache, const bf16_bits* __restrict__ v_cache,
-    float* __restrict__ out, const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-    const i64* __restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,
-    int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys, float* __restrict__ partials) {
-  paged_attention(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq,
-                  block_size, num_heads, kv_heads, head_dim, scale, window, softcap, split_keys, partials);
+extern "C" __global__ void kiln_paged_attention_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  paged_attention<KILN_ATTN_PER_LANE, KILN_ATTN_KEYS>(KILN_PAGED_ATTENTION_ARGS);
+}
+
+extern "C" __global__ void kiln_paged_attention_wide(KILN_PAGED_ATTENTION_PARAMS(float)) {
+  paged_attention<KILN_ATTN_WIDE_PER_LANE, KILN_ATTN_WIDE_KEYS>(KILN_PAGED_ATTENTION_ARGS);
+}
+
+extern "C" __global__ void kiln_paged_attention_wide_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  paged_attention<KILN_ATTN_WIDE_PER_LANE, KILN_ATTN_WIDE_KEYS>(KILN_PAGED_ATTENTION_ARGS);
 }

@@ -104,17 +104,19 @@ fn rope_matches_the_cpu() {
     }
 }
 
-/// One ragged batch through kiln_write_kv + kiln_paged_attention and the CPU
-/// write_kv + paged_attention: `shape` is (heads, kv heads, head_dim, block
-/// size).
+/// One ragged batch through kiln_write_kv + `kernel` (kiln_paged_attention
+/// or its `_wide` form) and the CPU write_kv + paged_attention: `shape` is
+/// (heads, kv heads, head_dim, block size).
 fn attention_case(
     gpu: &Gpu,
+    kernel: &str,
     shape: (usize, usize, usize, usize),
     window: Option<usize>,
     cap: Option<f32>,
 ) {
     let (heads, kv_heads, d, bs) = shape;
-    let what = format!("heads {heads}/{kv_heads}, d {d}, block {bs}, {window:?}, {cap:?}");
+    let what =
+        format!("{kernel}: heads {heads}/{kv_heads}, d {d}, block {bs}, {window:?}, {cap:?}");
     let mut rng = Rng::new((heads * 1000 + d * 10 + bs) as u64);
     let layout = CacheLayout {
         block_size: bs,
@@ -164,7 +166,7 @@ fn attention_case(
     let sizes = [int(heads), int(kv_heads), int(d)];
     let args = [&args[..], &metadata, &sizes, &[F32(scale), window, cap]].concat();
     let unsplit = [&args[..], &[int(0), Ptr(0)]].concat();
-    gpu.run("kiln_paged_attention", grid, 128, &unsplit);
+    gpu.run(kernel, grid, 128, &unsplit);
     gpu.check(out, &want, &what);
 
     // Split-K: each row's keys in parts of one block, and in two halves,
@@ -177,7 +179,7 @@ fn attention_case(
         let split = [&args[..], &[int(split_keys), Ptr(partials)]].concat();
         let mut config = LaunchConfig::linear(grid.0, 128);
         config.grid = (grid.0, grid.1, splits as u32);
-        let attention = gpu.f("kiln_paged_attention");
+        let attention = gpu.f(kernel);
         gpu.dev.launch(attention, config, &split).unwrap();
         let combine = [Ptr(partials), Ptr(out), int(heads), int(d), int(splits)];
         gpu.run("kiln_attention_combine", grid, 128, &combine);
@@ -189,10 +191,17 @@ fn attention_case(
 fn write_kv_and_paged_attention_match_the_cpu() {
     let gpu = Gpu::new(&[sources::ATTENTION]);
     // (heads, kv heads, head_dim, block size): GQA 1, 2, 4 and 8.
-    attention_case(&gpu, (2, 2, 8, 16), None, None);
-    attention_case(&gpu, (4, 2, 64, 4), Some(5), None);
-    attention_case(&gpu, (4, 1, 256, 8), None, Some(0.5));
-    attention_case(&gpu, (8, 1, 64, 4), Some(6), Some(0.5));
+    let attention = "kiln_paged_attention";
+    attention_case(&gpu, attention, (2, 2, 8, 16), None, None);
+    attention_case(&gpu, attention, (4, 2, 64, 4), Some(5), None);
+    attention_case(&gpu, attention, (4, 1, 256, 8), None, Some(0.5));
+    attention_case(&gpu, attention, (8, 1, 64, 4), Some(6), Some(0.5));
+    // Heads above 256: DeepSeek's latent head (512 + 64) as one key/value
+    // head, and a width that leaves most lanes' last values unused.
+    let wide = "kiln_paged_attention_wide";
+    attention_case(&gpu, wide, (4, 1, 576, 4), None, None);
+    attention_case(&gpu, wide, (2, 2, 264, 8), Some(5), Some(0.5));
+    attention_case(&gpu, wide, (2, 1, 64, 16), None, None);
 }
 
 #[test]

@@ -76,6 +76,7 @@ suite tiny-ggufs "$bin/tiny_gguf" on_the_cuda_backend --nocapture
 suite packed-gguf "$bin/cuda_quantized" --nocapture
 suite decode-graphs "$bin/cuda_graphs" --nocapture
 suite kv-cache-bf16 "$bin/cuda_kv_cache" --nocapture
+suite latent-attention-576 "$bin/cuda_latent_attention" --nocapture
 suite async-scheduling "$bin/async_scheduling" --nocapture
 suite benchmark-shapes "$bin/benchmark" shape --nocapture
 if [ "$model_ok" = yes ]; then

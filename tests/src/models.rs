@@ -204,8 +204,20 @@ pub fn tiny_llama_shape(
     weights: kiln_host::model::synthetic::ShapeDtype,
     options: &kiln_host::model::LoadOptions,
 ) -> kiln_host::model::Model {
+    shape_model("tiny-llama.json", weights, options)
+}
+
+/// The shape `tests/fixtures/shapes/<file>` with random weights stored as
+/// `weights`, loaded with `options`.
+pub fn shape_model(
+    file: &str,
+    weights: kiln_host::model::synthetic::ShapeDtype,
+    options: &kiln_host::model::LoadOptions,
+) -> kiln_host::model::Model {
     let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
-    let shape = crate::workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
+    let shape = crate::workspace_root()
+        .join("tests/fixtures/shapes")
+        .join(file);
     let shape = shape.to_str().unwrap();
     let config = kiln_host::model::synthetic::shape_config(shape).unwrap();
     kiln_host::model::synthetic::load(&registry, shape, config, weights, options).unwrap()

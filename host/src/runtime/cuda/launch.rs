@@ -408,9 +408,9 @@ impl Frame<'_> {
             StepPlan::SequenceAttention(spec) => {
                 let (q, k) = (in_shape(0), in_shape(1));
                 let (tokens, heads, head_dim) = (q[0], q[1], q[2]);
-                if head_dim > 256 || heads % k[1] != 0 {
+                if head_dim > HEAD_DIM || heads % k[1] != 0 {
                     return Err(format!(
-                        "{heads} query heads over {} key/value heads of {head_dim} are not supported (head_dim ≤ 256)",
+                        "{heads} query heads over {} key/value heads of {head_dim} are not supported (head_dim ≤ {HEAD_DIM})",
                         k[1]
                     ));
                 }
@@ -571,9 +571,10 @@ impl Frame<'_> {
                 layout.num_kv_heads, layout.head_dim
             ));
         }
-        if head_dim > 256 || num_heads % kv_heads != 0 {
+        if head_dim > WIDE_HEAD_DIM || num_heads % kv_heads != 0 {
             return Err(format!(
-                "{num_heads} query heads over {kv_heads} key/value heads of {head_dim} are not supported (head_dim ≤ 256)"
+                "{num_heads} query heads over {kv_heads} key/value heads of {head_dim} are not \
+                 supported (head_dim ≤ {WIDE_HEAD_DIM})"
             ));
         }
         if tokens == 0 {
@@ -601,10 +602,12 @@ impl Frame<'_> {
         ];
         args.extend(metadata.iter().cloned());
         args.push(KernelArg::I32(stride as i32));
-        let (write, attend) = if cache.bf16 {
-            ("kiln_write_kv_bf16", "kiln_paged_attention_bf16")
-        } else {
-            ("kiln_write_kv", "kiln_paged_attention")
+        let wide = head_dim > HEAD_DIM;
+        let (write, attend) = match (cache.bf16, wide) {
+            (true, false) => ("kiln_write_kv_bf16", "kiln_paged_attention_bf16"),
+            (true, true) => ("kiln_write_kv_bf16", "kiln_paged_attention_wide_bf16"),
+            (false, false) => ("kiln_write_kv", "kiln_paged_attention"),
+            (false, true) => ("kiln_write_kv", "kiln_paged_attention_wide"),
         };
         self.launch(
             write,
@@ -677,6 +680,12 @@ impl Frame<'_> {
         )
     }
 }
+
+/// The largest head of the attention kernels (`attention.cu`).
+const HEAD_DIM: usize = 256;
+/// The largest head of the `_wide` paged-attention kernels (DeepSeek's
+/// latent head, 512 + 64).
+const WIDE_HEAD_DIM: usize = 576;
 
 /// Query rows per block of the tensor-core kernel (`flash_attention.cu`).
 const FLASH_TILE_ROWS: usize = 64;
