@@ -13,8 +13,11 @@
 //
 // Expert matrices are found through tables of device addresses indexed by
 // expert (uploaded once at load), so nothing here waits for the host and the
-// launches replay in a CUDA graph. The matrices are bf16, f16 or f32 rows.
+// launches replay in a CUDA graph. The matrices are bf16, f16 or f32 rows,
+// or GGUF blocks read packed (Q8_0, Q4_0, Q4_K, Q6_K: gguf_blocks.cuh); the
+// gate and up matrices share one format, the down matrices may have another.
 #include "kiln_cuda.cuh"
+#include "gguf_blocks.cuh"
 
 #define KILN_MOE_MAX_EXPERTS 512
 #define KILN_MOE_MAX_GROUPS 64
@@ -90,7 +93,8 @@ extern "C" __global__ void kiln_moe_route(const float* logits, const float* bias
   }
 }
 
-// Element types of expert matrices (bf16 and f16 are both 16-bit words).
+// Expert matrices as rows of one element type (bf16 and f16 are both
+// 16-bit words).
 #define KILN_MOE_F32 0
 #define KILN_MOE_BF16 1
 #define KILN_MOE_F16 2
@@ -102,14 +106,25 @@ __device__ __forceinline__ float moe_load(const void* w, i64 i) {
   return f16_to_f32(((const f16_bits*)w)[i]);
 }
 
-// The warp's dot product of row `row` of `w [*, cols]` with `x [cols]`.
+// Rows of dense values: `dot` is the warp's dot product of row `row` of
+// `w [*, cols]` with `x [cols]`.
 template <int TYPE>
-__device__ __forceinline__ float moe_dot(unsigned long long w, int row, const float* x, int cols) {
-  i64 start = (i64)row * cols;
-  float acc = 0.0f;
-  for (int c = threadIdx.x % 32; c < cols; c += 32) acc += moe_load<TYPE>((const void*)w, start + c) * x[c];
-  return warp_sum(acc);
-}
+struct DenseRows {
+  __device__ static float dot(unsigned long long w, int row, const float* x, int cols) {
+    i64 start = (i64)row * cols;
+    float acc = 0.0f;
+    for (int c = threadIdx.x % 32; c < cols; c += 32) acc += moe_load<TYPE>((const void*)w, start + c) * x[c];
+    return warp_sum(acc);
+  }
+};
+
+// Rows of GGUF blocks of format F, read packed.
+template <typename F>
+struct BlockRows {
+  __device__ static float dot(unsigned long long w, int row, const float* x, int cols) {
+    return blocks_row_dot<F>((const u8*)w, row, x, cols);
+  }
+};
 
 // activation: 0 silu, 1 gelu, 2 gelu_tanh, 3 relu.
 __device__ __forceinline__ float moe_activation(float v, int activation) {
@@ -123,7 +138,7 @@ __device__ __forceinline__ float moe_activation(float v, int activation) {
 
 // Grid (T·K, ceil(I / KILN_MOE_WARPS)): the picks on x, which has room for
 // every token of a long prompt; h is [T·K, I].
-template <int TYPE>
+template <typename R>
 __device__ __forceinline__ void moe_gate_up(const float* x, const int* experts,
                                             const unsigned long long* gate,
                                             const unsigned long long* up, float* h, int hidden,
@@ -133,13 +148,13 @@ __device__ __forceinline__ void moe_gate_up(const float* x, const int* experts,
   int slot = blockIdx.x;  // t·K + j
   int e = experts[slot];
   const float* xt = x + (i64)(slot / top_k) * hidden;
-  float g = moe_dot<TYPE>(gate[e], row, xt, hidden);
-  float u = moe_dot<TYPE>(up[e], row, xt, hidden);
+  float g = R::dot(gate[e], row, xt, hidden);
+  float u = R::dot(up[e], row, xt, hidden);
   if (threadIdx.x % 32 == 0) h[(i64)slot * inter + row] = moe_activation(g, activation) * u;
 }
 
 // Grid (T, ceil(hidden / KILN_MOE_WARPS)); out is [T, hidden].
-template <int TYPE>
+template <typename R>
 __device__ __forceinline__ void moe_down(const float* h, const int* experts, const float* weights,
                                          const unsigned long long* down, float* out, int hidden,
                                          int inter, int top_k) {
@@ -149,46 +164,62 @@ __device__ __forceinline__ void moe_down(const float* h, const int* experts, con
   float acc = 0.0f;
   for (int j = 0; j < top_k; ++j) {
     int slot = t * top_k + j;
-    acc += weights[slot] * moe_dot<TYPE>(down[experts[slot]], row, h + (i64)slot * inter, inter);
+    acc += weights[slot] * R::dot(down[experts[slot]], row, h + (i64)slot * inter, inter);
   }
   if (threadIdx.x % 32 == 0) out[(i64)t * hidden + row] = acc;
 }
 
-extern "C" __global__ void kiln_moe_gate_up_f32(const float* x, const int* experts,
-                                                const unsigned long long* gate,
-                                                const unsigned long long* up, float* h, int hidden,
-                                                int inter, int top_k, int activation) {
-  moe_gate_up<KILN_MOE_F32>(x, experts, gate, up, h, hidden, inter, top_k, activation);
+// The entry points, one per matrix format: `_f32`, `_bf16`, `_f16` rows,
+// `_q8_0`, `_q4_0`, `_q4_k`, `_q6_k` blocks.
+#define KILN_MOE_GATE_UP_PARAMS                                                                         \
+  const float *x, const int *experts, const unsigned long long *gate, const unsigned long long *up, \
+      float *h, int hidden, int inter, int top_k, int activation
+#define KILN_MOE_GATE_UP_ARGS x, experts, gate, up, h, hidden, inter, top_k, activation
+#define KILN_MOE_DOWN_PARAMS                                                                          \
+  const float *h, const int *experts, const float *weights, const unsigned long long *down, float *out, \
+      int hidden, int inter, int top_k
+#define KILN_MOE_DOWN_ARGS h, experts, weights, down, out, hidden, inter, top_k
+
+extern "C" __global__ void kiln_moe_gate_up_f32(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<DenseRows<KILN_MOE_F32>>(KILN_MOE_GATE_UP_ARGS);
+}
+extern "C" __global__ void kiln_moe_gate_up_bf16(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<DenseRows<KILN_MOE_BF16>>(KILN_MOE_GATE_UP_ARGS);
+}
+extern "C" __global__ void kiln_moe_gate_up_f16(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<DenseRows<KILN_MOE_F16>>(KILN_MOE_GATE_UP_ARGS);
+}
+extern "C" __global__ void kiln_moe_gate_up_q8_0(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<BlockRows<Q8_0>>(KILN_MOE_GATE_UP_ARGS);
+}
+extern "C" __global__ void kiln_moe_gate_up_q4_0(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<BlockRows<Q4_0>>(KILN_MOE_GATE_UP_ARGS);
+}
+extern "C" __global__ void kiln_moe_gate_up_q4_k(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<BlockRows<Q4_K>>(KILN_MOE_GATE_UP_ARGS);
+}
+extern "C" __global__ void kiln_moe_gate_up_q6_k(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<BlockRows<Q6_K>>(KILN_MOE_GATE_UP_ARGS);
 }
 
-extern "C" __global__ void kiln_moe_gate_up_bf16(const float* x, const int* experts,
-                                                 const unsigned long long* gate,
-                                                 const unsigned long long* up, float* h,
-                                                 int hidden, int inter, int top_k, int activation) {
-  moe_gate_up<KILN_MOE_BF16>(x, experts, gate, up, h, hidden, inter, top_k, activation);
+extern "C" __global__ void kiln_moe_down_f32(KILN_MOE_DOWN_PARAMS) {
+  moe_down<DenseRows<KILN_MOE_F32>>(KILN_MOE_DOWN_ARGS);
 }
-
-extern "C" __global__ void kiln_moe_gate_up_f16(const float* x, const int* experts,
-                                                const unsigned long long* gate,
-                                                const unsigned long long* up, float* h, int hidden,
-                                                int inter, int top_k, int activation) {
-  moe_gate_up<KILN_MOE_F16>(x, experts, gate, up, h, hidden, inter, top_k, activation);
+extern "C" __global__ void kiln_moe_down_bf16(KILN_MOE_DOWN_PARAMS) {
+  moe_down<DenseRows<KILN_MOE_BF16>>(KILN_MOE_DOWN_ARGS);
 }
-
-extern "C" __global__ void kiln_moe_down_f32(const float* h, const int* experts,
-                                             const float* weights, const unsigned long long* down,
-                                             float* out, int hidden, int inter, int top_k) {
-  moe_down<KILN_MOE_F32>(h, experts, weights, down, out, hidden, inter, top_k);
+extern "C" __global__ void kiln_moe_down_f16(KILN_MOE_DOWN_PARAMS) {
+  moe_down<DenseRows<KILN_MOE_F16>>(KILN_MOE_DOWN_ARGS);
 }
-
-extern "C" __global__ void kiln_moe_down_bf16(const float* h, const int* experts,
-                                              const float* weights, const unsigned long long* down,
-                                              float* out, int hidden, int inter, int top_k) {
-  moe_down<KILN_MOE_BF16>(h, experts, weights, down, out, hidden, inter, top_k);
+extern "C" __global__ void kiln_moe_down_q8_0(KILN_MOE_DOWN_PARAMS) {
+  moe_down<BlockRows<Q8_0>>(KILN_MOE_DOWN_ARGS);
 }
-
-extern "C" __global__ void kiln_moe_down_f16(const float* h, const int* experts,
-                                             const float* weights, const unsigned long long* down,
-                                             float* out, int hidden, int inter, int top_k) {
-  moe_down<KILN_MOE_F16>(h, experts, weights, down, out, hidden, inter, top_k);
+extern "C" __global__ void kiln_moe_down_q4_0(KILN_MOE_DOWN_PARAMS) {
+  moe_down<BlockRows<Q4_0>>(KILN_MOE_DOWN_ARGS);
+}
+extern "C" __global__ void kiln_moe_down_q4_k(KILN_MOE_DOWN_PARAMS) {
+  moe_down<BlockRows<Q4_K>>(KILN_MOE_DOWN_ARGS);
+}
+extern "C" __global__ void kiln_moe_down_q6_k(KILN_MOE_DOWN_PARAMS) {
+  moe_down<BlockRows<Q6_K>>(KILN_MOE_DOWN_ARGS);
 }

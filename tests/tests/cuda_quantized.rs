@@ -1,8 +1,9 @@
 //! GGUF blocks kept packed on the CUDA backend (the kernel emulator, or a GPU
 //! with KILN_TEST_CUDA_DEVICE): decode steps read them with the GEMV kernels,
-//! prefill expands them to bf16 for the GEMM. Random weights at a small
-//! Llama shape in each format, against the CPU backend's exact arithmetic on
-//! the same bytes.
+//! prefill expands them to bf16 for the GEMM, and the experts of a mixture
+//! are read packed in both. Random weights at small Llama and Qwen3-MoE
+//! shapes in each format, against the CPU backend's exact arithmetic on the
+//! same bytes.
 
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::Generator;
@@ -10,13 +11,13 @@ use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
 use kiln_host::runtime::KvCacheDtype;
 
-fn load(dtype: ShapeDtype, device: DeviceChoice) -> Model {
+fn load(shape: &str, dtype: ShapeDtype, device: DeviceChoice) -> Model {
     // An f32 cache: only the products differ from the CPU.
     let options = LoadOptions {
         kv_cache_dtype: KvCacheDtype::Float32,
         ..kiln_tests::models::shape_options(device)
     };
-    kiln_tests::models::tiny_llama_shape(dtype, &options)
+    kiln_tests::models::shape_model(shape, dtype, &options)
 }
 
 /// Largest |a - b| over the largest |a|.
@@ -34,8 +35,12 @@ fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
 fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
     let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
     for dtype in [ShapeDtype::Q4KM, ShapeDtype::Q8_0, ShapeDtype::Q4_0] {
-        let cpu = load(dtype, DeviceChoice::Cpu);
-        let cuda = load(dtype, kiln_tests::models::cuda_test_device());
+        let cpu = load("tiny-llama.json", dtype, DeviceChoice::Cpu);
+        let cuda = load(
+            "tiny-llama.json",
+            dtype,
+            kiln_tests::models::cuda_test_device(),
+        );
         let generators = || {
             (
                 Generator::new(&cpu, prompt.len()).unwrap(),
@@ -64,6 +69,32 @@ fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
             assert!(
                 d < 2e-2,
                 "{dtype:?} prefill row {row}: relative |Δ| {d:.2e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn packed_gguf_experts_match_the_cpu() {
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 53 + 7) % 512).collect();
+    for dtype in [ShapeDtype::Q4KM, ShapeDtype::Q8_0, ShapeDtype::Q4_0] {
+        let cpu = load("tiny-qwen3-moe.json", dtype, DeviceChoice::Cpu);
+        let cuda = load(
+            "tiny-qwen3-moe.json",
+            dtype,
+            kiln_tests::models::cuda_test_device(),
+        );
+        // One token a step: every product reads the blocks with f32
+        // activations, so the two backends agree to rounding.
+        let mut on_cpu = Generator::new(&cpu, prompt.len()).unwrap();
+        let mut on_cuda = Generator::new(&cuda, prompt.len()).unwrap();
+        for (position, &token) in prompt.iter().enumerate() {
+            let a = on_cpu.feed(&[token], false).unwrap().remove(0);
+            let b = on_cuda.feed(&[token], false).unwrap().remove(0);
+            let d = relative_difference(&a, &b);
+            assert!(
+                d < 1e-4,
+                "{dtype:?} decode {position}: relative |Δ| {d:.2e}"
             );
         }
     }

@@ -1,10 +1,13 @@
 //! The hand-written CUDA C sources, embedded in the binary. Each is a real
-//! `.cu` file under `kernels/cuda/` that includes `kiln_cuda.cuh`; the include
-//! is inlined before compiling, so no CUDA toolkit headers are needed at run
-//! time.
+//! `.cu` file under `kernels/cuda/` that includes `kiln_cuda.cuh` (and
+//! `gguf_blocks.cuh` where it reads GGUF blocks); the includes are inlined
+//! before compiling, so no CUDA toolkit headers are needed at run time.
 
 /// The shared header.
 pub const COMMON_HEADER: &str = include_str!("../../cuda/kiln_cuda.cuh");
+/// The GGUF block formats (after the shared header in the sources that use
+/// them).
+pub const GGUF_BLOCKS_HEADER: &str = include_str!("../../cuda/gguf_blocks.cuh");
 /// The emulator's CUDA-to-C++ header.
 pub const EMULATOR_HEADER: &str = include_str!("../../cuda/emulator/kiln_emu.h");
 
@@ -81,9 +84,11 @@ pub const ALL: [Source; 9] = [
     MATMUL,
 ];
 
-/// `text` with `#include "kiln_cuda.cuh"` replaced by the header itself.
+/// `text` with `#include "kiln_cuda.cuh"` and `#include "gguf_blocks.cuh"`
+/// replaced by the headers themselves.
 pub fn inline_common_header(text: &str) -> String {
     text.replace("#include \"kiln_cuda.cuh\"", COMMON_HEADER)
+        .replace("#include \"gguf_blocks.cuh\"", GGUF_BLOCKS_HEADER)
         .replace("#pragma once", "")
 }
 

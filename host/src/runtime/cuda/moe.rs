@@ -3,14 +3,17 @@
 //! routes every token on the device, then runs only its picked experts, so
 //! it never waits for the host and replays in a captured graph.
 //!
-//! Expert matrices are stored as dense rows (bf16, f16 as stored, f32 with
-//! `--dtype float32`); GGUF blocks are expanded at load, not kept packed.
+//! Expert matrices are stored as GGUF blocks, read packed (Q8_0, Q4_0,
+//! Q4_K, Q6_K, as the decode products keep them), or as dense rows (bf16,
+//! f16 as stored, f32 with `--dtype float32`). The gate and up matrices
+//! share one storage; the down matrices may have another (a Q4_K_M file
+//! keeps some `ffn_down_exps` in Q6_K).
 
 use kiln_kernels::cuda::{Device, DevicePtr, GemmType, KernelArg, LaunchConfig};
 use kiln_plugin_api::graph::{MoeRouting, MoeSpec, UnaryOp};
 
 use super::launch::Frame;
-use super::weights::{self, WeightDtype};
+use super::weights::{self, Packed, WeightDtype};
 use crate::runtime::WeightData;
 
 /// Warps per block of the expert kernels, one output row each (`KILN_MOE_WARPS`).
@@ -25,7 +28,7 @@ const MAX_GROUPS: u32 = 64;
 pub struct MoePlan {
     /// Routing and activation.
     pub spec: MoeSpec,
-    /// The gate/up and down kernels for the experts' element type.
+    /// The gate/up and down kernels for the experts' storage.
     kernels: [&'static str; 2],
     /// The activation's code in `moe.cu` (0 SiLU, 1 GELU, 2 GELU-tanh, 3 ReLU).
     activation: i32,
@@ -70,27 +73,30 @@ pub fn plan(
             ))
         }
     };
-    let first = &weights[experts[0][0]];
-    let ty = weights::product_type(first, dtype);
-    let kernels = match ty {
-        GemmType::F32 => ["kiln_moe_gate_up_f32", "kiln_moe_down_f32"],
-        GemmType::BF16 => ["kiln_moe_gate_up_bf16", "kiln_moe_down_bf16"],
-        GemmType::F16 => ["kiln_moe_gate_up_f16", "kiln_moe_down_f16"],
-    };
-    let inter = first.spec.shape[0] as usize;
+    let gate_up = Storage::of(&weights[experts[0][0]], dtype);
+    let down = Storage::of(&weights[experts[2][0]], dtype);
+    let kernels = [gate_up.kernels()[0], down.kernels()[1]];
+    let inter = weights[experts[0][0]].spec.shape[0] as usize;
     let mut tables = [0; 3];
     let (mut bytes, mut elements) = (0, 0);
-    for (table, indices) in tables.iter_mut().zip(experts) {
+    for ((table, indices), storage) in tables.iter_mut().zip(experts).zip([gate_up, gate_up, down])
+    {
         let mut addresses = Vec::with_capacity(indices.len() * 8);
         for &index in indices {
             let weight = &weights[index];
-            if weights::product_type(weight, dtype) != ty {
+            if Storage::of(weight, dtype) != storage {
                 return Err(format!(
-                    "expert `{}` is {}, other experts {ty:?}: one element type is supported",
+                    "expert `{}` is {}, other experts {storage:?}: the gate and up matrices \
+                     share one storage, the down matrices one",
                     weight.spec.name, weight.spec.encoding
                 ));
             }
-            let m = weights::upload_matrix(device, weight, ty, None).map_err(|e| e.to_string())?;
+            let (ty, packed) = match storage {
+                Storage::Packed(p) => (weights::product_type(weight, dtype), Some(p)),
+                Storage::Dense(ty) => (ty, None),
+            };
+            let m =
+                weights::upload_matrix(device, weight, ty, packed).map_err(|e| e.to_string())?;
             owned.push(m.ptr);
             (bytes, elements) = (bytes + m.bytes(), elements + m.rows * m.cols);
             addresses.extend_from_slice(&m.ptr.to_le_bytes());
@@ -109,6 +115,36 @@ pub fn plan(
         inter,
         per_token: (share(bytes), share(elements)),
     })
+}
+
+/// How a table's expert matrices are stored on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Storage {
+    /// GGUF blocks, read packed.
+    Packed(Packed),
+    /// Rows of one element type.
+    Dense(GemmType),
+}
+
+impl Storage {
+    /// The storage of `weight` under `--dtype`: its blocks where a packed
+    /// format reads them, else rows of its product type.
+    fn of(weight: &WeightData, dtype: WeightDtype) -> Self {
+        match weights::packed_format(weight, dtype) {
+            Some(packed) => Self::Packed(packed),
+            None => Self::Dense(weights::product_type(weight, dtype)),
+        }
+    }
+
+    /// Its gate/up and down kernels.
+    fn kernels(self) -> [&'static str; 2] {
+        match self {
+            Self::Packed(packed) => packed.kernels().moe,
+            Self::Dense(GemmType::F32) => ["kiln_moe_gate_up_f32", "kiln_moe_down_f32"],
+            Self::Dense(GemmType::BF16) => ["kiln_moe_gate_up_bf16", "kiln_moe_down_bf16"],
+            Self::Dense(GemmType::F16) => ["kiln_moe_gate_up_f16", "kiln_moe_down_f16"],
+        }
+    }
 }
 
 /// Byte offsets in a step's scratch of the picks, their weights and the

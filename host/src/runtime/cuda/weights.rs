@@ -55,7 +55,7 @@ impl DeviceMatrix {
 }
 
 /// The GGUF block formats kept packed on the device, and the kernels of
-/// `gemv.cu` that read them.
+/// `gemv.cu` and `moe.cu` that read them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Packed {
     /// Q8_0 blocks.
@@ -78,6 +78,8 @@ pub struct PackedKernels {
     pub dequant: &'static str,
     /// Embedding rows.
     pub embedding: &'static str,
+    /// The experts' gate and up products, and their down product (`moe.cu`).
+    pub moe: [&'static str; 2],
 }
 
 impl Packed {
@@ -104,30 +106,34 @@ impl Packed {
 
     /// Its kernels.
     pub fn kernels(self) -> PackedKernels {
-        let (gemv, gemv_m1, dequant, embedding) = match self {
+        let (gemv, gemv_m1, dequant, embedding, moe) = match self {
             Self::Q8_0 => (
                 "kiln_gemv_q8_0",
                 "kiln_gemv_q8_0_m1",
                 "kiln_dequant_q8_0",
                 "kiln_embedding_q8_0",
+                ["kiln_moe_gate_up_q8_0", "kiln_moe_down_q8_0"],
             ),
             Self::Q4_0 => (
                 "kiln_gemv_q4_0",
                 "kiln_gemv_q4_0_m1",
                 "kiln_dequant_q4_0",
                 "kiln_embedding_q4_0",
+                ["kiln_moe_gate_up_q4_0", "kiln_moe_down_q4_0"],
             ),
             Self::Q4K => (
                 "kiln_gemv_q4_k",
                 "kiln_gemv_q4_k_m1",
                 "kiln_dequant_q4_k",
                 "kiln_embedding_q4_k",
+                ["kiln_moe_gate_up_q4_k", "kiln_moe_down_q4_k"],
             ),
             Self::Q6K => (
                 "kiln_gemv_q6_k",
                 "kiln_gemv_q6_k_m1",
                 "kiln_dequant_q6_k",
                 "kiln_embedding_q6_k",
+                ["kiln_moe_gate_up_q6_k", "kiln_moe_down_q6_k"],
             ),
         };
         PackedKernels {
@@ -135,6 +141,7 @@ impl Packed {
             gemv_m1,
             dequant,
             embedding,
+            moe,
         }
     }
 }
