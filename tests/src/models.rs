@@ -222,3 +222,33 @@ pub fn shape_model(
     let config = kiln_host::model::synthetic::shape_config(shape).unwrap();
     kiln_host::model::synthetic::load(&registry, shape, config, weights, options).unwrap()
 }
+
+/// Largest |a - b| over the largest |a| (infinite when a value is NaN).
+pub fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
+    let scale = a.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    if worst.is_nan() {
+        f32::INFINITY
+    } else {
+        worst / scale
+    }
+}
+
+/// Feeds `prompt` one token a step to both models and checks each step's
+/// logits agree within a relative 1e-4 (`what` names the case).
+pub fn decode_agrees(
+    cpu: &kiln_host::model::Model,
+    cuda: &kiln_host::model::Model,
+    prompt: &[u32],
+    what: &str,
+) {
+    use kiln_host::engine::Generator;
+    let mut on_cpu = Generator::new(cpu, prompt.len()).unwrap();
+    let mut on_cuda = Generator::new(cuda, prompt.len()).unwrap();
+    for (position, &token) in prompt.iter().enumerate() {
+        let a = on_cpu.feed(&[token], false).unwrap().remove(0);
+        let b = on_cuda.feed(&[token], false).unwrap().remove(0);
+        let d = relative_difference(&a, &b);
+        assert!(d < 1e-4, "{what} decode {position}: relative |Δ| {d:.2e}");
+    }
+}

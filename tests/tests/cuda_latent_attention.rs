@@ -12,6 +12,7 @@ use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
 use kiln_host::runtime::cuda::WeightDtype;
 use kiln_host::runtime::KvCacheDtype;
+use kiln_tests::models::relative_difference;
 
 fn load(device: DeviceChoice) -> Model {
     let options = LoadOptions {
@@ -20,17 +21,6 @@ fn load(device: DeviceChoice) -> Model {
         ..kiln_tests::models::shape_options(device)
     };
     kiln_tests::models::shape_model("tiny-deepseek-latent576.json", ShapeDtype::F32, &options)
-}
-
-/// Largest |a - b| over the largest |a|.
-fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
-    let scale = a.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-    let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    if worst.is_nan() {
-        f32::INFINITY
-    } else {
-        worst / scale
-    }
 }
 
 #[test]

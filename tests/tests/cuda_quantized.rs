@@ -10,6 +10,7 @@ use kiln_host::engine::Generator;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
 use kiln_host::runtime::KvCacheDtype;
+use kiln_tests::models::{decode_agrees, relative_difference};
 
 fn load(shape: &str, dtype: ShapeDtype, device: DeviceChoice) -> Model {
     // An f32 cache: only the products differ from the CPU.
@@ -18,17 +19,6 @@ fn load(shape: &str, dtype: ShapeDtype, device: DeviceChoice) -> Model {
         ..kiln_tests::models::shape_options(device)
     };
     kiln_tests::models::shape_model(shape, dtype, &options)
-}
-
-/// Largest |a - b| over the largest |a|.
-fn relative_difference(a: &[f32], b: &[f32]) -> f32 {
-    let scale = a.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-    let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-    if worst.is_nan() {
-        f32::INFINITY
-    } else {
-        worst / scale
-    }
 }
 
 #[test]
@@ -41,28 +31,17 @@ fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
             dtype,
             kiln_tests::models::cuda_test_device(),
         );
-        let generators = || {
-            (
-                Generator::new(&cpu, prompt.len()).unwrap(),
-                Generator::new(&cuda, prompt.len()).unwrap(),
-            )
-        };
         // One token a step: the GEMV reads the blocks, activations in f32.
-        let (mut on_cpu, mut on_cuda) = generators();
-        for (position, &token) in prompt.iter().enumerate() {
-            let a = on_cpu.feed(&[token], false).unwrap().remove(0);
-            let b = on_cuda.feed(&[token], false).unwrap().remove(0);
-            let d = relative_difference(&a, &b);
-            assert!(
-                d < 1e-4,
-                "{dtype:?} decode {position}: relative |Δ| {d:.2e}"
-            );
-        }
+        decode_agrees(&cpu, &cuda, &prompt, &format!("{dtype:?}"));
         // The whole prompt in one step: more rows than the GEMV takes, so
         // the blocks are expanded to bf16 and x is rounded to bf16.
-        let (mut on_cpu, mut on_cuda) = generators();
-        let a = on_cpu.feed(&prompt, true).unwrap();
-        let b = on_cuda.feed(&prompt, true).unwrap();
+        let a = Generator::new(&cpu, prompt.len())
+            .unwrap()
+            .feed(&prompt, true);
+        let b = Generator::new(&cuda, prompt.len())
+            .unwrap()
+            .feed(&prompt, true);
+        let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(a.len(), prompt.len());
         for (row, (a, b)) in a.iter().zip(&b).enumerate() {
             let d = relative_difference(a, b);
@@ -89,16 +68,6 @@ fn packed_gguf_experts_match_the_cpu() {
         );
         // One token a step: every product reads the blocks with f32
         // activations, so the two backends agree to rounding.
-        let mut on_cpu = Generator::new(&cpu, prompt.len()).unwrap();
-        let mut on_cuda = Generator::new(&cuda, prompt.len()).unwrap();
-        for (position, &token) in prompt.iter().enumerate() {
-            let a = on_cpu.feed(&[token], false).unwrap().remove(0);
-            let b = on_cuda.feed(&[token], false).unwrap().remove(0);
-            let d = relative_difference(&a, &b);
-            assert!(
-                d < 1e-4,
-                "{dtype:?} decode {position}: relative |Δ| {d:.2e}"
-            );
-        }
+        decode_agrees(&cpu, &cuda, &prompt, &format!("{dtype:?}"));
     }
 }
