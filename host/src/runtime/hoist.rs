@@ -69,6 +69,11 @@ pub(crate) fn hoist_weight_steps(
         node.inputs.clear();
         graph.weights.push(spec);
     }
+    tracing::debug!(
+        "computed {} weight-only steps at load ({} results kept as weights)",
+        once.len(),
+        needed.len()
+    );
     let last_use = last_uses(&graph, &kept);
     let mut report = program.report.clone();
     report.steps = kept.len();
