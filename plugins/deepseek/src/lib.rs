@@ -12,7 +12,9 @@
 //! Refused by name: other routers (`scoring_func` other than `sigmoid`),
 //! mixtures on only some later layers (`moe_layer_freq` other than 1) and
 //! FP8 checkpoints (`quantization_config`). The multi-token-prediction layers
-//! some checkpoints carry after the last layer are not loaded.
+//! some checkpoints carry after the last layer are not loaded. Checkpoints:
+//! safetensors, and llama.cpp's `deepseek2` GGUF files, whose `kv_b_proj` is
+//! split per head.
 
 use kiln_arch_llama::LlamaParams;
 use kiln_plugin_api::adapters::{AdaptRequest, AdaptResponse, AdaptedWeight};
@@ -160,9 +162,10 @@ pub fn deepseek_graph(request: &GraphRequest) -> Result<GraphIr> {
             i as u32,
         );
         // llama.cpp stores `kv_b_proj` split per head.
-        let attention = match split {
-            true => attention.with_split_up_projections(),
-            false => attention,
+        let attention = if split {
+            attention.with_split_up_projections()
+        } else {
+            attention
         };
         let mlp: Box<dyn Layer> = match params.moe(i) {
             Some(moe) => Box::new(moe),

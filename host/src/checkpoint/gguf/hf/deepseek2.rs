@@ -63,30 +63,27 @@ impl GgufFile {
         }
         config.insert("rope_interleave".into(), json!(true));
 
-        let experts = required("expert_count")?;
+        // Expert counts and sizes as the other mixture-of-experts families.
+        if !self.moe_fields("deepseek2", config, "n_routed_experts")? {
+            return Err(GgufError::Unsupported(format!(
+                "a deepseek2 file without `{}`",
+                key("expert_count")
+            )));
+        }
         let groups = self.get_u64(&key("expert_group_count"))?.unwrap_or(1);
         let used_groups = self
             .get_u64(&key("expert_group_used_count"))?
             .unwrap_or(groups);
-        let ints = [
-            ("n_routed_experts", Some(experts)),
-            ("num_experts_per_tok", Some(required("expert_used_count")?)),
-            (
-                "moe_intermediate_size",
-                Some(required("expert_feed_forward_length")?),
-            ),
-            (
-                "n_shared_experts",
-                self.get_u64(&key("expert_shared_count"))?.or(Some(0)),
-            ),
-            (
-                "first_k_dense_replace",
-                self.get_u64(&key("leading_dense_block_count"))?.or(Some(0)),
-            ),
-            ("n_group", Some(groups)),
-            ("topk_group", Some(used_groups)),
-        ];
-        for (hf, value) in ints {
+        let shared = self.get_u64(&key("expert_shared_count"))?.unwrap_or(0);
+        let dense = self
+            .get_u64(&key("leading_dense_block_count"))?
+            .unwrap_or(0);
+        for (hf, value) in [
+            ("n_shared_experts", shared),
+            ("first_k_dense_replace", dense),
+            ("n_group", groups),
+            ("topk_group", used_groups),
+        ] {
             config.insert(hf.into(), json!(value));
         }
         let scale = self
