@@ -23,16 +23,7 @@ fn load(kv_cache_dtype: KvCacheDtype, attention_backend: AttentionBackend) -> Mo
 
 /// Largest |a - b| over the largest |a|, and whether any element differs.
 fn compare(a: &[f32], b: &[f32]) -> (f32, bool) {
-    let scale = a.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-    let worst = a.iter().zip(b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-    (
-        if worst.is_nan() {
-            f32::INFINITY
-        } else {
-            worst / scale
-        },
-        a != b,
-    )
+    (kiln_tests::models::relative_difference(a, b), a != b)
 }
 
 #[test]
