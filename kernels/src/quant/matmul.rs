@@ -1,11 +1,13 @@
 //! Matrix products with quantized weights: kernel selection by instruction
 //! set, activation quantization, and splitting the rows over threads.
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
 use super::act::{quantize_run, BlockQ8, BlockQ8K};
+use super::aligned::Aligned;
 #[cfg(target_arch = "x86_64")]
 use super::avx512::BlockQ8x2;
 use super::format::{marker, Format};
@@ -94,17 +96,43 @@ impl<A> Copy for MultiKernel<A> {}
 /// activation rows).
 const MAX_MULTI_KERNELS: usize = 3;
 
+/// Products over many activation rows from weights decoded to f32 once per
+/// tile of weight rows (exact precision): `decode` turns whole weight rows
+/// (of `cols` values, the second argument) into f32; `multiply` is given
+/// those, the activation rows as `pack` laid them out (`act_len` values
+/// each) and room for `out[i * n + r]`. Together they must give bit for bit
+/// what the single-row kernel gives. Unsafe because they may need CPU
+/// features.
+struct Panel<A> {
+    /// Lays out activation rows (of `cols` values) for `multiply`.
+    pack: fn(&[f32], usize, &mut [f32]),
+    decode: unsafe fn(&[u8], usize, &mut [f32]),
+    multiply: unsafe fn(&[f32], &[A], usize, &mut [f32]),
+}
+
+// Not derived: that would require `A: Copy`.
+impl<A> Clone for Panel<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for Panel<A> {}
+
 /// The kernels of a format, precision and instruction set.
 struct Kernels<A> {
     one: Kernel<A>,
     /// Kernels for several activation rows at once, the most rows first;
     /// the rows they leave go to `one`.
     multi: [Option<MultiKernel<A>>; MAX_MULTI_KERNELS],
+    /// For [`PANEL_MIN_ACTS`] activation rows or more, instead of `multi`.
+    panel: Option<Panel<A>>,
 }
 
 /// Only a single-row kernel.
 fn one<A>(one: Kernel<A>) -> Kernels<A> {
     Kernels {
+        panel: None,
         one,
         multi: [None; MAX_MULTI_KERNELS],
     }
@@ -223,12 +251,18 @@ fn select_avx512(ty: QuantType, precision: Precision) -> Option<Selected> {
 }
 
 /// The AVX-512 exact kernels for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K:
-/// the single-row one, and multi-row ones for 8, 4 and 2 activation rows,
-/// which decode each 64 weights once for all of them.
+/// the single-row one, multi-row ones for 8, 4 and 2 activation rows,
+/// which decode each 64 weights once for all of them, and for more rows
+/// the panel kernels, which decode each weight once for all of them.
 #[cfg(target_arch = "x86_64")]
 fn exact_512<D: super::avx512::ExactRows>() -> Kernels<f32> {
     use super::avx512 as k;
     Kernels {
+        panel: Some(Panel {
+            pack: k::pack_acts,
+            decode: k::decode_rows::<D>,
+            multiply: k::panel_multiply,
+        }),
         one: k::exact::<D>,
         multi: [
             multi(8, k::exact_multi::<D, 8>),
@@ -246,6 +280,7 @@ fn exact_512<D: super::avx512::ExactRows>() -> Kernels<f32> {
 fn fast_512<F: Format>() -> Kernels<BlockQ8x2> {
     use super::avx512 as k;
     Kernels {
+        panel: None,
         one: k::fast_32::<F>,
         multi: [
             multi(8, k::fast_32_multi::<F, 2, 8>),
@@ -262,6 +297,7 @@ fn fast_512<F: Format>() -> Kernels<BlockQ8x2> {
 fn exact_avx2<F: Format>() -> Kernels<f32> {
     use super::avx2 as k;
     Kernels {
+        panel: None,
         one: k::exact_32::<F>,
         multi: [
             multi(8, k::exact_32_multi::<F, 8>),
@@ -278,6 +314,7 @@ fn exact_avx2<F: Format>() -> Kernels<f32> {
 fn fast_avx2<F: Format>() -> Kernels<BlockQ8> {
     use super::avx2 as k;
     Kernels {
+        panel: None,
         one: k::fast_32::<F>,
         multi: [
             multi(8, k::fast_32_multi::<F, 8>),
@@ -294,6 +331,7 @@ fn fast_avx2<F: Format>() -> Kernels<BlockQ8> {
 fn fast_q45k_avx2<F: Format>() -> Kernels<BlockQ8K> {
     use super::avx2 as k;
     Kernels {
+        panel: None,
         one: k::fast_q45k::<F>,
         multi: [
             multi(8, k::fast_q45k_multi::<F, 8>),
@@ -323,12 +361,14 @@ fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
         (Fast, QuantType::Q5_0) => Selected::Q8(fast_avx2::<m::Q5_0>()),
         (Fast, QuantType::Q5_1) => Selected::Q8(fast_avx2::<m::Q5_1>()),
         (Fast, QuantType::Q8_0) => Selected::Q8(Kernels {
+            panel: None,
             one: k::fast_q8_0::<m::Q8_0>,
             ..fast_avx2::<m::Q8_0>()
         }),
         (Fast, QuantType::Q4K) => Selected::Q8K(fast_q45k_avx2::<m::Q4K>()),
         (Fast, QuantType::Q5K) => Selected::Q8K(fast_q45k_avx2::<m::Q5K>()),
         (Fast, QuantType::Q6K) => Selected::Q8K(Kernels {
+            panel: None,
             one: k::fast_q6k::<m::Q6K>,
             multi: [
                 multi(8, k::fast_q6k_multi::<8>),
@@ -422,6 +462,12 @@ const ROW_TILE: usize = 8;
 const MULTI_TILE_BYTES: usize = 256 << 10;
 /// The least work (weight bytes times activation rows) worth a task.
 const MIN_TASK_WORK: usize = 32 * 1024;
+/// The fewest activation rows the panel kernels take (fewer go to the
+/// multi-row kernels).
+const PANEL_MIN_ACTS: usize = 16;
+/// Bytes of f32 weights a panel kernel decodes at once: they stay in L2
+/// while every activation row passes.
+const PANEL_TILE_BYTES: usize = 512 << 10;
 /// Tasks per thread, for balance.
 const TASKS_PER_THREAD: usize = 4;
 /// The least work worth handing to the thread pool from a thread outside it:
@@ -430,11 +476,28 @@ const TASKS_PER_THREAD: usize = 4;
 /// calling thread. Inside the pool, splitting costs about a microsecond.
 const MIN_WORK_FROM_OUTSIDE: usize = 2 << 20;
 
+thread_local! {
+    /// Each thread's decoded weights and outputs of the panel kernels.
+    static PANEL_SCRATCH: RefCell<(Aligned, Vec<f32>)> = RefCell::default();
+}
+
+/// Makes `v` at least `len` long.
+fn grow(v: &mut Vec<f32>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+}
+
 /// A product to run: the kernel, the weights, and the prepared activations.
 struct Job<'a, A> {
     kernel: Kernel<A>,
     multi: [Option<MultiKernel<A>>; MAX_MULTI_KERNELS],
+    panel: Option<Panel<A>>,
+    /// Whether `acts` are laid out for `panel` (then it computes every row).
+    packed: bool,
     weight: &'a [u8],
+    /// Values in a weight row.
+    cols: usize,
     row_bytes: usize,
     /// `m` rows of `act_len` values or blocks each.
     acts: &'a [A],
@@ -446,6 +509,9 @@ impl<A: Sync> Job<'_, A> {
     /// row `i`, writing `outs[i][r - r0]`: activation rows in groups of the
     /// multi-row kernels' sizes while they have enough, the rest one by one.
     fn rows(&self, r0: usize, outs: &mut [&mut [f32]]) {
+        if let Some(panel) = self.panel.filter(|_| self.packed) {
+            return self.panel_rows(panel, r0, outs);
+        }
         let n = outs.first().map_or(0, |o| o.len());
         let mut done = 0;
         for k in self.multi.iter().flatten() {
@@ -507,6 +573,37 @@ impl<A: Sync> Job<'_, A> {
                 }
             }
         }
+    }
+
+    /// [`rows`](Self::rows) for all activation rows with the panel kernels:
+    /// each tile of weight rows is decoded once, then multiplied with every
+    /// activation row.
+    fn panel_rows(&self, panel: Panel<A>, r0: usize, outs: &mut [&mut [f32]]) {
+        let n = outs.first().map_or(0, |o| o.len());
+        let tile = (PANEL_TILE_BYTES / (4 * self.cols)).clamp(1, n.max(1));
+        PANEL_SCRATCH.with_borrow_mut(|(decoded, buf)| {
+            // Grown, never shrunk: fresh pages for every task cost more
+            // than the products of a small one.
+            let decoded = decoded.floats(tile * self.cols);
+            grow(buf, outs.len() * tile);
+            for t0 in (0..n).step_by(tile) {
+                let t1 = (t0 + tile).min(n);
+                let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
+                let decoded = &mut decoded[..(t1 - t0) * self.cols];
+                let buf = &mut buf[..outs.len() * (t1 - t0)];
+                // SAFETY: the kernels were selected for an instruction set
+                // the CPU supports; `w` holds whole rows, `decoded` room for
+                // them, `self.acts` all activation rows and `buf` their
+                // outputs.
+                unsafe {
+                    (panel.decode)(w, self.cols, decoded);
+                    (panel.multiply)(decoded, self.acts, self.act_len, buf);
+                }
+                for (out, y) in outs.iter_mut().zip(buf.chunks_exact(t1 - t0)) {
+                    out[t0..t1].copy_from_slice(y);
+                }
+            }
+        });
     }
 
     /// Runs the job over all `rows`, writing `y` (`m x rows`).
@@ -643,7 +740,22 @@ impl<'a> QuantMatrix<'a> {
             return Ok(());
         }
         match select(self.ty, precision, isa) {
-            Selected::Exact(kernels) => self.job(kernels, x, self.cols).run(self.rows, y),
+            Selected::Exact(kernels) => match kernels.panel.filter(|_| m >= PANEL_MIN_ACTS) {
+                Some(panel) => {
+                    // The panel kernels read the activations many times
+                    // over: laid out, from a copy that starts on a cache
+                    // line, so that no 64-byte load straddles two.
+                    let mut packed = Aligned::default();
+                    let packed = packed.floats(x.len());
+                    (panel.pack)(x, self.cols, packed);
+                    let job = Job {
+                        packed: true,
+                        ..self.job(kernels, packed, self.cols)
+                    };
+                    job.run(self.rows, y);
+                }
+                None => self.job(kernels, x, self.cols).run(self.rows, y),
+            },
             Selected::Q8(kernels) => {
                 let (acts, per_row) = quantize_acts::<BlockQ8>(isa, x, self.cols);
                 self.job(kernels, &acts, per_row).run(self.rows, y);
@@ -666,7 +778,10 @@ impl<'a> QuantMatrix<'a> {
         Job {
             kernel: kernels.one,
             multi: kernels.multi,
+            panel: kernels.panel,
+            packed: false,
             weight: self.data,
+            cols: self.cols,
             row_bytes: self.row_bytes,
             acts,
             act_len,

@@ -58,6 +58,7 @@
 //! under 2 MiB of weights then run on the calling thread alone.
 
 mod act;
+mod aligned;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -327,6 +327,43 @@ fn multi_row_products_equal_single_row_products() {
     }
 }
 
+/// The AVX-512 exact panel kernels (16 activation rows or more) give bit
+/// for bit what one row at a time gives: activation groups of 6 and every
+/// remainder, weight groups of 4 and every remainder, rows in several runs
+/// (longer than 1536 values, an odd last block of 32), and tasks of several
+/// decoded tiles (600 rows of 2048 values).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn panel_products_equal_single_row_products() {
+    if !available_or_skip(Isa::Avx512, "panel_products_equal_single_row_products") {
+        return;
+    }
+    let mut seed = 5000;
+    for ty in [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+    ] {
+        for (rows, blocks, ms) in [
+            (7, 2, &[16, 17, 18, 19, 20, 21][..]),
+            (13, 20, &[22, 64][..]),
+            (6, 71, &[16, 23][..]),
+        ] {
+            for &m in ms {
+                seed += 1;
+                check_multi_row(Isa::Avx512, ty, rows, blocks * 32, m, seed);
+            }
+        }
+    }
+    for ty in [QuantType::Q4K, QuantType::Q6K] {
+        for (rows, blocks, m) in [(5, 1, 17), (9, 7, 19), (600, 8, 16)] {
+            seed += 1;
+            check_multi_row(Isa::Avx512, ty, rows, blocks * 256, m, seed);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn check_multi_row(isa: Isa, ty: QuantType, rows: usize, cols: usize, m: usize, seed: u64) {
     let mut rng = Rng::new(seed);

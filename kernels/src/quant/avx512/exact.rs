@@ -62,6 +62,17 @@ pub(super) struct ExactWeights {
 }
 
 impl ExactWeights {
+    /// Writes the weights to `out`: all 64, or the first 32 for a row's odd
+    /// last block (`out` holds 32).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn store(&self, out: &mut [f32]) {
+        assert!(out.len() == 64 || out.len() == 32, "32 or 64 weights");
+        for (k, out) in out.chunks_exact_mut(16).enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr(), self.w[k]);
+        }
+    }
+
     /// Dequantizes the one or two blocks at the start of `b` (an odd last
     /// block pairs with zeros): scale × signed quant, plus the minimum for
     /// Q4_1 and Q5_1.
@@ -134,7 +145,7 @@ unsafe fn half_pair(v: __m512i, index: __m512i) -> [__m512; 2] {
 /// The running sums of one (weight row, activation row), one per half of
 /// the 64 weights.
 #[derive(Clone, Copy)]
-pub(crate) struct ExactSums([__m512; 2]);
+pub(crate) struct ExactSums(pub(super) [__m512; 2]);
 
 impl ExactSums {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
@@ -197,6 +208,10 @@ pub(crate) trait ExactRows {
         setup: &Self::Setup,
         sums: &mut [ExactSums; R],
     );
+
+    /// Writes one weight row's values to `out` (as long as the row's
+    /// values) as f32: the weights [`rows`](Self::rows) multiplies with.
+    unsafe fn decode_row(row: &[u8], setup: &Self::Setup, out: &mut [f32]);
 }
 
 /// The 32-value formats, decoded a pair of blocks at a time.
@@ -239,6 +254,13 @@ impl<F: Format> ExactRows for Blocks32<F> {
             first += 64;
         }
         *sums_io = sums;
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    unsafe fn decode_row(row: &[u8], idx: &ExactIndex, out: &mut [f32]) {
+        for (b, out) in row.chunks(2 * F::BYTES).zip(out.chunks_mut(64)) {
+            ExactWeights::decode::<F>(b, idx).store(out);
+        }
     }
 }
 

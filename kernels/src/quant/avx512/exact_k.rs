@@ -152,4 +152,14 @@ impl<F: Quarters> ExactRows for F {
         }
         *sums_io = sums;
     }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    unsafe fn decode_row(row: &[u8], _: &(), out: &mut [f32]) {
+        for (b, out) in row.chunks_exact(F::BYTES).zip(out.chunks_exact_mut(QK_K)) {
+            let scales = F::scales(b);
+            for (quarter, out) in out.chunks_exact_mut(64).enumerate() {
+                F::quarter(b, &scales, quarter).store(out);
+            }
+        }
+    }
 }

@@ -28,7 +28,9 @@ use super::QuantType;
 
 mod exact;
 mod exact_k;
+mod exact_panel;
 pub(crate) use exact::{exact, exact_multi, Blocks32, ExactRows};
+pub(crate) use exact_panel::{decode_rows, pack_acts, panel_multiply};
 
 /// Two consecutive activation blocks of 32, quantized like
 /// [`BlockQ8`](super::act::BlockQ8), laid out for the AVX-512 kernels. A
