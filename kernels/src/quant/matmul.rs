@@ -1,10 +1,11 @@
 //! Matrix products with quantized weights: kernel selection by instruction
 //! set, activation quantization, and splitting the rows over threads.
 
-use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
+
+mod job;
 
 use super::act::{quantize_run, BlockQ8, BlockQ8K};
 use super::aligned::Aligned;
@@ -13,6 +14,7 @@ use super::avx512::BlockQ8x2;
 use super::format::{marker, Format};
 use super::{scalar, Precision, QuantError, QuantType};
 use crate::cpu::CpuFeatures;
+use job::{Job, PANEL_MIN_ACTS};
 
 /// An instruction set the quantized kernels are written for, from the most
 /// portable up.
@@ -450,198 +452,6 @@ fn quantize_acts<B: ActBlock>(isa: Isa, x: &[f32], cols: usize) -> (Vec<B>, usiz
             .for_each(quantize_row);
     }
     (blocks, per_row)
-}
-
-/// Rows computed for every activation row before moving on, so that they stay
-/// in L1 while the activations stream past.
-const ROW_TILE: usize = 8;
-/// Weight bytes a multi-row kernel is given at once (at least
-/// [`ROW_TILE`] rows): each group of activation rows runs over them before
-/// the next group, so they stay in L2 while a group's activations stay in
-/// L1. Bigger tiles also spread the kernel's set-up over more rows.
-const MULTI_TILE_BYTES: usize = 256 << 10;
-/// The least work (weight bytes times activation rows) worth a task.
-const MIN_TASK_WORK: usize = 32 * 1024;
-/// The fewest activation rows the panel kernels take (fewer go to the
-/// multi-row kernels).
-const PANEL_MIN_ACTS: usize = 16;
-/// Bytes of f32 weights a panel kernel decodes at once: they stay in L2
-/// while every activation row passes.
-const PANEL_TILE_BYTES: usize = 512 << 10;
-/// Tasks per thread, for balance.
-const TASKS_PER_THREAD: usize = 4;
-/// The least work worth handing to the thread pool from a thread outside it:
-/// waking a pool thread and being woken again costs tens of microseconds on
-/// some machines (about 40 µs on a 2-vCPU VM), so smaller products run on the
-/// calling thread. Inside the pool, splitting costs about a microsecond.
-const MIN_WORK_FROM_OUTSIDE: usize = 2 << 20;
-
-thread_local! {
-    /// Each thread's decoded weights and outputs of the panel kernels.
-    static PANEL_SCRATCH: RefCell<(Aligned, Vec<f32>)> = RefCell::default();
-}
-
-/// Makes `v` at least `len` long.
-fn grow(v: &mut Vec<f32>, len: usize) {
-    if v.len() < len {
-        v.resize(len, 0.0);
-    }
-}
-
-/// A product to run: the kernel, the weights, and the prepared activations.
-struct Job<'a, A> {
-    kernel: Kernel<A>,
-    multi: [Option<MultiKernel<A>>; MAX_MULTI_KERNELS],
-    panel: Option<Panel<A>>,
-    /// Whether `acts` are laid out for `panel` (then it computes every row).
-    packed: bool,
-    weight: &'a [u8],
-    /// Values in a weight row.
-    cols: usize,
-    row_bytes: usize,
-    /// `m` rows of `act_len` values or blocks each.
-    acts: &'a [A],
-    act_len: usize,
-}
-
-impl<A: Sync> Job<'_, A> {
-    /// Computes weight rows `r0..r0 + outs[i].len()` for every activation
-    /// row `i`, writing `outs[i][r - r0]`: activation rows in groups of the
-    /// multi-row kernels' sizes while they have enough, the rest one by one.
-    fn rows(&self, r0: usize, outs: &mut [&mut [f32]]) {
-        if let Some(panel) = self.panel.filter(|_| self.packed) {
-            return self.panel_rows(panel, r0, outs);
-        }
-        let n = outs.first().map_or(0, |o| o.len());
-        let mut done = 0;
-        for k in self.multi.iter().flatten() {
-            let groups = (outs.len() - done) / k.acts;
-            if groups > 0 {
-                let end = done + groups * k.acts;
-                self.multi_rows(k, r0, done, &mut outs[done..end]);
-                done = end;
-            }
-        }
-        if done == outs.len() {
-            return;
-        }
-        // One activation row left: the kernel gets all rows at once, so that
-        // it can prefetch ahead across them.
-        let tile = if outs.len() - done == 1 {
-            n.max(1)
-        } else {
-            ROW_TILE
-        };
-        for t0 in (0..n).step_by(tile) {
-            let t1 = (t0 + tile).min(n);
-            let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
-            let acts = self.acts.chunks_exact(self.act_len).skip(done);
-            for (out, a) in outs[done..].iter_mut().zip(acts) {
-                // SAFETY: the kernel was selected for an instruction set the
-                // CPU supports; `w` holds whole rows and `a` a whole row.
-                unsafe { (self.kernel)(w, a, &mut out[t0..t1]) };
-            }
-        }
-    }
-
-    /// [`rows`](Self::rows) for activation rows `a0..a0 + outs.len()` (a
-    /// multiple of `k.acts`) with the multi-row kernel `k`: every group of
-    /// activation rows runs over a tile of weight rows (which stays in L2)
-    /// before the next tile.
-    fn multi_rows(&self, k: &MultiKernel<A>, r0: usize, a0: usize, outs: &mut [&mut [f32]]) {
-        let n = outs.first().map_or(0, |o| o.len());
-        let tile = (MULTI_TILE_BYTES / self.row_bytes.max(1))
-            .max(ROW_TILE)
-            .min(n.max(1));
-        let mut buf = vec![0f32; k.acts * tile];
-        let group_len = k.acts * self.act_len;
-        let acts = &self.acts[a0 * self.act_len..];
-        for t0 in (0..n).step_by(tile) {
-            let t1 = (t0 + tile).min(n);
-            let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
-            let buf = &mut buf[..k.acts * (t1 - t0)];
-            for (outs, a) in outs
-                .chunks_exact_mut(k.acts)
-                .zip(acts.chunks_exact(group_len))
-            {
-                // SAFETY: the kernel was selected for an instruction set the
-                // CPU supports; `w` holds whole rows, `a` `k.acts` whole
-                // activation rows and `buf` `k.acts` rows of outputs.
-                unsafe { (k.kernel)(w, a, self.act_len, buf) };
-                for (out, y) in outs.iter_mut().zip(buf.chunks_exact(t1 - t0)) {
-                    out[t0..t1].copy_from_slice(y);
-                }
-            }
-        }
-    }
-
-    /// [`rows`](Self::rows) for all activation rows with the panel kernels:
-    /// each tile of weight rows is decoded once, then multiplied with every
-    /// activation row.
-    fn panel_rows(&self, panel: Panel<A>, r0: usize, outs: &mut [&mut [f32]]) {
-        let n = outs.first().map_or(0, |o| o.len());
-        let tile = (PANEL_TILE_BYTES / (4 * self.cols)).clamp(1, n.max(1));
-        PANEL_SCRATCH.with_borrow_mut(|(decoded, buf)| {
-            // Grown, never shrunk: fresh pages for every task cost more
-            // than the products of a small one.
-            let decoded = decoded.floats(tile * self.cols);
-            grow(buf, outs.len() * tile);
-            for t0 in (0..n).step_by(tile) {
-                let t1 = (t0 + tile).min(n);
-                let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
-                let decoded = &mut decoded[..(t1 - t0) * self.cols];
-                let buf = &mut buf[..outs.len() * (t1 - t0)];
-                // SAFETY: the kernels were selected for an instruction set
-                // the CPU supports; `w` holds whole rows, `decoded` room for
-                // them, `self.acts` all activation rows and `buf` their
-                // outputs.
-                unsafe {
-                    (panel.decode)(w, self.cols, decoded);
-                    (panel.multiply)(decoded, self.acts, self.act_len, buf);
-                }
-                for (out, y) in outs.iter_mut().zip(buf.chunks_exact(t1 - t0)) {
-                    out[t0..t1].copy_from_slice(y);
-                }
-            }
-        });
-    }
-
-    /// Runs the job over all `rows`, writing `y` (`m x rows`).
-    fn run(&self, rows: usize, y: &mut [f32]) {
-        let m = y.len() / rows;
-        let work_per_row = (self.row_bytes * m).max(1);
-        let threads = rayon::current_num_threads();
-        let outside = rayon::current_thread_index().is_none();
-        let chunk = if outside && work_per_row.saturating_mul(rows) < MIN_WORK_FROM_OUTSIDE {
-            rows
-        } else {
-            rows.div_ceil(threads * TASKS_PER_THREAD)
-                .max(MIN_TASK_WORK.div_ceil(work_per_row))
-                .min(rows)
-        };
-        if chunk == rows {
-            let mut outs: Vec<&mut [f32]> = y.chunks_exact_mut(rows).collect();
-            self.rows(0, &mut outs);
-        } else if m == 1 {
-            y.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(c, out)| self.rows(c * chunk, &mut [out]));
-        } else {
-            // Task c gets columns c*chunk.. of every output row.
-            let mut tasks: Vec<Vec<&mut [f32]>> = (0..rows.div_ceil(chunk))
-                .map(|_| Vec::with_capacity(m))
-                .collect();
-            for out in y.chunks_exact_mut(rows) {
-                for (task, part) in tasks.iter_mut().zip(out.chunks_mut(chunk)) {
-                    task.push(part);
-                }
-            }
-            tasks
-                .into_par_iter()
-                .enumerate()
-                .for_each(|(c, mut outs)| self.rows(c * chunk, &mut outs));
-        }
-    }
 }
 
 /// A borrowed quantized weight matrix: `rows` rows of `cols` values, each row
