@@ -131,6 +131,19 @@ struct Kernels<A> {
     panel: Option<Panel<A>>,
 }
 
+// Not derived: that would require `A: Copy`.
+impl<A> Clone for Kernels<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for Kernels<A> {}
+
+/// Activation rows the panel kernels take at once: the laid-out copy of a
+/// slab (at most 1024 rows × `cols` f32) is what they add to memory.
+const PANEL_SLAB_ROWS: usize = 1024;
+
 /// Only a single-row kernel.
 fn one<A>(one: Kernel<A>) -> Kernels<A> {
     Kernels {
@@ -554,15 +567,22 @@ impl<'a> QuantMatrix<'a> {
                 Some(panel) => {
                     // The panel kernels read the activations many times
                     // over: laid out, from a copy that starts on a cache
-                    // line, so that no 64-byte load straddles two.
+                    // line, so that no 64-byte load straddles two. By slabs
+                    // of rows, so that the copy stays small beside `x`.
                     let mut packed = Aligned::default();
-                    let packed = packed.floats(x.len());
-                    (panel.pack)(x, self.cols, packed);
-                    let job = Job {
-                        packed: true,
-                        ..self.job(kernels, packed, self.cols)
-                    };
-                    job.run(self.rows, y);
+                    let slab = PANEL_SLAB_ROWS * self.cols;
+                    for (x, y) in x
+                        .chunks(slab)
+                        .zip(y.chunks_mut(PANEL_SLAB_ROWS * self.rows))
+                    {
+                        let packed = packed.floats(x.len());
+                        (panel.pack)(x, self.cols, packed);
+                        let job = Job {
+                            packed: true,
+                            ..self.job(kernels, packed, self.cols)
+                        };
+                        job.run(self.rows, y);
+                    }
                 }
                 None => self.job(kernels, x, self.cols).run(self.rows, y),
             },

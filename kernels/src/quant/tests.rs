@@ -330,8 +330,9 @@ fn multi_row_products_equal_single_row_products() {
 /// The AVX-512 exact panel kernels (16 activation rows or more) give bit
 /// for bit what one row at a time gives: activation groups of 6 and every
 /// remainder, weight groups of 4 and every remainder, rows in several runs
-/// (longer than 1536 values, an odd last block of 32), and tasks of several
-/// decoded tiles (600 rows of 2048 values).
+/// (longer than 1536 values, an odd last block of 32), tasks of several
+/// decoded tiles (600 rows of 2048 values) and several slabs of activation
+/// rows (1031).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn panel_products_equal_single_row_products() {
@@ -349,6 +350,8 @@ fn panel_products_equal_single_row_products() {
             (7, 2, &[16, 17, 18, 19, 20, 21][..]),
             (13, 20, &[22, 64][..]),
             (6, 71, &[16, 23][..]),
+            // Two slabs of activation rows, the second of 7.
+            (5, 2, &[1031][..]),
         ] {
             for &m in ms {
                 seed += 1;
