@@ -21,16 +21,20 @@ fn load(shape: &str, dtype: ShapeDtype, device: DeviceChoice) -> Model {
     kiln_tests::models::shape_model(shape, dtype, &options)
 }
 
+/// The shape in `dtype` on the CPU and on the CUDA backend under test.
+fn cpu_and_cuda(shape: &str, dtype: ShapeDtype) -> (Model, Model) {
+    let cuda = kiln_tests::models::cuda_test_device();
+    (
+        load(shape, dtype, DeviceChoice::Cpu),
+        load(shape, dtype, cuda),
+    )
+}
+
 #[test]
 fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
     let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
     for dtype in [ShapeDtype::Q4KM, ShapeDtype::Q8_0, ShapeDtype::Q4_0] {
-        let cpu = load("tiny-llama.json", dtype, DeviceChoice::Cpu);
-        let cuda = load(
-            "tiny-llama.json",
-            dtype,
-            kiln_tests::models::cuda_test_device(),
-        );
+        let (cpu, cuda) = cpu_and_cuda("tiny-llama.json", dtype);
         // One token a step: the GEMV reads the blocks, activations in f32.
         decode_agrees(&cpu, &cuda, &prompt, &format!("{dtype:?}"));
         // The whole prompt in one step: more rows than the GEMV takes, so
@@ -60,12 +64,7 @@ fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
 fn packed_gguf_experts_match_the_cpu() {
     let prompt: Vec<u32> = (0..9).map(|i| (i * 53 + 7) % 256).collect();
     for dtype in [ShapeDtype::Q4KM, ShapeDtype::Q8_0, ShapeDtype::Q4_0] {
-        let cpu = load("tiny-qwen3-moe.json", dtype, DeviceChoice::Cpu);
-        let cuda = load(
-            "tiny-qwen3-moe.json",
-            dtype,
-            kiln_tests::models::cuda_test_device(),
-        );
+        let (cpu, cuda) = cpu_and_cuda("tiny-qwen3-moe.json", dtype);
         // One token a step: every product reads the blocks with f32
         // activations, so the two backends agree to rounding.
         decode_agrees(&cpu, &cuda, &prompt, &format!("{dtype:?}"));

@@ -34,9 +34,10 @@ pub(crate) fn hoist_weight_steps(
     let mut once: Vec<&Step> = Vec::new();
     let mut kept: Vec<Step> = Vec::new();
     for (step, &hoist) in program.steps.iter().zip(&hoisted) {
-        match hoist {
-            true => once.push(step),
-            false => kept.push(step.clone()),
+        if hoist {
+            once.push(step);
+        } else {
+            kept.push(step.clone());
         }
     }
 

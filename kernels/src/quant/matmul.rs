@@ -14,7 +14,7 @@ use super::avx512::BlockQ8x2;
 use super::format::{marker, Format};
 use super::{scalar, Precision, QuantError, QuantType};
 use crate::cpu::CpuFeatures;
-use job::{Job, PANEL_MIN_ACTS};
+use job::Job;
 
 /// An instruction set the quantized kernels are written for, from the most
 /// portable up.
@@ -98,28 +98,18 @@ impl<A> Copy for MultiKernel<A> {}
 /// activation rows).
 const MAX_MULTI_KERNELS: usize = 3;
 
-/// Products over many activation rows from weights decoded to f32 once per
-/// tile of weight rows (exact precision): `decode` turns whole weight rows
-/// (of `cols` values, the second argument) into f32; `multiply` is given
-/// those, the activation rows as `pack` laid them out (`act_len` values
-/// each) and room for `out[i * n + r]`. Together they must give bit for bit
-/// what the single-row kernel gives. Unsafe because they may need CPU
-/// features.
-struct Panel<A> {
-    /// Lays out activation rows (of `cols` values) for `multiply`.
+/// Exact products over many activation rows from weights decoded to f32
+/// once per tile of weight rows: `pack` lays out activation rows (of `cols`
+/// values, the second argument) for `multiply`; `decode` turns whole weight
+/// rows into f32 the same way; `multiply` is given both and room for
+/// `out[i * n + r]`. Together they must give bit for bit what the
+/// single-row kernel gives. Unsafe because they may need CPU features.
+#[derive(Clone, Copy)]
+struct Panel {
     pack: fn(&[f32], usize, &mut [f32]),
     decode: unsafe fn(&[u8], usize, &mut [f32]),
-    multiply: unsafe fn(&[f32], &[A], usize, &mut [f32]),
+    multiply: unsafe fn(&[f32], &[f32], usize, &mut [f32]),
 }
-
-// Not derived: that would require `A: Copy`.
-impl<A> Clone for Panel<A> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<A> Copy for Panel<A> {}
 
 /// The kernels of a format, precision and instruction set.
 struct Kernels<A> {
@@ -127,8 +117,6 @@ struct Kernels<A> {
     /// Kernels for several activation rows at once, the most rows first;
     /// the rows they leave go to `one`.
     multi: [Option<MultiKernel<A>>; MAX_MULTI_KERNELS],
-    /// For [`PANEL_MIN_ACTS`] activation rows or more, instead of `multi`.
-    panel: Option<Panel<A>>,
 }
 
 // Not derived: that would require `A: Copy`.
@@ -140,6 +128,9 @@ impl<A> Clone for Kernels<A> {
 
 impl<A> Copy for Kernels<A> {}
 
+/// The fewest activation rows the panel kernels take (fewer go to the
+/// multi-row kernels: measured, 8 rows do not repay decoding a tile, 16 do).
+const PANEL_MIN_ACTS: usize = 16;
 /// Activation rows the panel kernels take at once: the laid-out copy of a
 /// slab (at most 1024 rows × `cols` f32) is what they add to memory.
 const PANEL_SLAB_ROWS: usize = 1024;
@@ -147,7 +138,6 @@ const PANEL_SLAB_ROWS: usize = 1024;
 /// Only a single-row kernel.
 fn one<A>(one: Kernel<A>) -> Kernels<A> {
     Kernels {
-        panel: None,
         one,
         multi: [None; MAX_MULTI_KERNELS],
     }
@@ -165,6 +155,9 @@ fn multi<A>(
 /// activation representation.
 enum Selected {
     Exact(Kernels<f32>),
+    /// Exact kernels, and panel kernels for [`PANEL_MIN_ACTS`] activation
+    /// rows or more.
+    ExactPanel(Kernels<f32>, Panel),
     Q8(Kernels<BlockQ8>),
     Q8K(Kernels<BlockQ8K>),
     #[cfg(target_arch = "x86_64")]
@@ -245,12 +238,12 @@ fn select_avx512(ty: QuantType, precision: Precision) -> Option<Selected> {
     use marker as m;
     use Precision::{Exact, Fast};
     Some(match (precision, ty) {
-        (Exact, QuantType::Q4_0) => Selected::Exact(exact_512::<Blocks32<m::Q4_0>>()),
-        (Exact, QuantType::Q4_1) => Selected::Exact(exact_512::<Blocks32<m::Q4_1>>()),
-        (Exact, QuantType::Q5_0) => Selected::Exact(exact_512::<Blocks32<m::Q5_0>>()),
-        (Exact, QuantType::Q5_1) => Selected::Exact(exact_512::<Blocks32<m::Q5_1>>()),
-        (Exact, QuantType::Q4K) => Selected::Exact(exact_512::<m::Q4K>()),
-        (Exact, QuantType::Q6K) => Selected::Exact(exact_512::<m::Q6K>()),
+        (Exact, QuantType::Q4_0) => exact_512::<Blocks32<m::Q4_0>>(),
+        (Exact, QuantType::Q4_1) => exact_512::<Blocks32<m::Q4_1>>(),
+        (Exact, QuantType::Q5_0) => exact_512::<Blocks32<m::Q5_0>>(),
+        (Exact, QuantType::Q5_1) => exact_512::<Blocks32<m::Q5_1>>(),
+        (Exact, QuantType::Q4K) => exact_512::<m::Q4K>(),
+        (Exact, QuantType::Q6K) => exact_512::<m::Q6K>(),
         // Exact Q8_0 keeps the AVX2 kernels: the AVX-512 one decodes a
         // single row 10-20 % slower (measured on Zen 5 and Sapphire Rapids),
         // and Q8_0 is mostly LM heads, which prefill runs for one row only
@@ -270,21 +263,22 @@ fn select_avx512(ty: QuantType, precision: Precision) -> Option<Selected> {
 /// which decode each 64 weights once for all of them, and for more rows
 /// the panel kernels, which decode each weight once for all of them.
 #[cfg(target_arch = "x86_64")]
-fn exact_512<D: super::avx512::ExactRows>() -> Kernels<f32> {
+fn exact_512<D: super::avx512::ExactRows>() -> Selected {
     use super::avx512 as k;
-    Kernels {
-        panel: Some(Panel {
-            pack: k::pack_acts,
-            decode: k::decode_rows::<D>,
-            multiply: k::panel_multiply,
-        }),
+    let kernels = Kernels {
         one: k::exact::<D>,
         multi: [
             multi(8, k::exact_multi::<D, 8>),
             multi(4, k::exact_multi::<D, 4>),
             multi(2, k::exact_multi::<D, 2>),
         ],
-    }
+    };
+    let panel = Panel {
+        pack: k::pack_acts,
+        decode: k::decode_rows::<D>,
+        multiply: k::panel_multiply,
+    };
+    Selected::ExactPanel(kernels, panel)
 }
 
 /// The AVX-512 fast kernels for the 32-value formats: the single-row one,
@@ -295,7 +289,6 @@ fn exact_512<D: super::avx512::ExactRows>() -> Kernels<f32> {
 fn fast_512<F: Format>() -> Kernels<BlockQ8x2> {
     use super::avx512 as k;
     Kernels {
-        panel: None,
         one: k::fast_32::<F>,
         multi: [
             multi(8, k::fast_32_multi::<F, 2, 8>),
@@ -312,7 +305,6 @@ fn fast_512<F: Format>() -> Kernels<BlockQ8x2> {
 fn exact_avx2<F: Format>() -> Kernels<f32> {
     use super::avx2 as k;
     Kernels {
-        panel: None,
         one: k::exact_32::<F>,
         multi: [
             multi(8, k::exact_32_multi::<F, 8>),
@@ -329,7 +321,6 @@ fn exact_avx2<F: Format>() -> Kernels<f32> {
 fn fast_avx2<F: Format>() -> Kernels<BlockQ8> {
     use super::avx2 as k;
     Kernels {
-        panel: None,
         one: k::fast_32::<F>,
         multi: [
             multi(8, k::fast_32_multi::<F, 8>),
@@ -346,7 +337,6 @@ fn fast_avx2<F: Format>() -> Kernels<BlockQ8> {
 fn fast_q45k_avx2<F: Format>() -> Kernels<BlockQ8K> {
     use super::avx2 as k;
     Kernels {
-        panel: None,
         one: k::fast_q45k::<F>,
         multi: [
             multi(8, k::fast_q45k_multi::<F, 8>),
@@ -376,14 +366,12 @@ fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
         (Fast, QuantType::Q5_0) => Selected::Q8(fast_avx2::<m::Q5_0>()),
         (Fast, QuantType::Q5_1) => Selected::Q8(fast_avx2::<m::Q5_1>()),
         (Fast, QuantType::Q8_0) => Selected::Q8(Kernels {
-            panel: None,
             one: k::fast_q8_0::<m::Q8_0>,
             ..fast_avx2::<m::Q8_0>()
         }),
         (Fast, QuantType::Q4K) => Selected::Q8K(fast_q45k_avx2::<m::Q4K>()),
         (Fast, QuantType::Q5K) => Selected::Q8K(fast_q45k_avx2::<m::Q5K>()),
         (Fast, QuantType::Q6K) => Selected::Q8K(Kernels {
-            panel: None,
             one: k::fast_q6k::<m::Q6K>,
             multi: [
                 multi(8, k::fast_q6k_multi::<8>),
@@ -563,29 +551,28 @@ impl<'a> QuantMatrix<'a> {
             return Ok(());
         }
         match select(self.ty, precision, isa) {
-            Selected::Exact(kernels) => match kernels.panel.filter(|_| m >= PANEL_MIN_ACTS) {
-                Some(panel) => {
-                    // The panel kernels read the activations many times
-                    // over: laid out, from a copy that starts on a cache
-                    // line, so that no 64-byte load straddles two. By slabs
-                    // of rows, so that the copy stays small beside `x`.
-                    let mut packed = Aligned::default();
-                    let slab = PANEL_SLAB_ROWS * self.cols;
-                    for (x, y) in x
-                        .chunks(slab)
-                        .zip(y.chunks_mut(PANEL_SLAB_ROWS * self.rows))
-                    {
-                        let packed = packed.floats(x.len());
-                        (panel.pack)(x, self.cols, packed);
-                        let job = Job {
-                            packed: true,
-                            ..self.job(kernels, packed, self.cols)
-                        };
-                        job.run(self.rows, y);
-                    }
+            Selected::ExactPanel(kernels, panel) if m >= PANEL_MIN_ACTS => {
+                // The panel kernels read the activations many times over:
+                // laid out, from a copy that starts on a cache line, so that
+                // no 64-byte load straddles two. By slabs of rows, so that
+                // the copy stays small beside `x`.
+                let mut packed = Aligned::default();
+                let slabs = x
+                    .chunks(PANEL_SLAB_ROWS * self.cols)
+                    .zip(y.chunks_mut(PANEL_SLAB_ROWS * self.rows));
+                for (x, y) in slabs {
+                    let packed = packed.floats(x.len());
+                    (panel.pack)(x, self.cols, packed);
+                    let job = Job {
+                        panel: Some((panel, packed)),
+                        ..self.job(kernels, x, self.cols)
+                    };
+                    job.run(self.rows, y);
                 }
-                None => self.job(kernels, x, self.cols).run(self.rows, y),
-            },
+            }
+            Selected::Exact(kernels) | Selected::ExactPanel(kernels, _) => {
+                self.job(kernels, x, self.cols).run(self.rows, y)
+            }
             Selected::Q8(kernels) => {
                 let (acts, per_row) = quantize_acts::<BlockQ8>(isa, x, self.cols);
                 self.job(kernels, &acts, per_row).run(self.rows, y);
@@ -608,10 +595,8 @@ impl<'a> QuantMatrix<'a> {
         Job {
             kernel: kernels.one,
             multi: kernels.multi,
-            panel: kernels.panel,
-            packed: false,
+            panel: None,
             weight: self.data,
-            cols: self.cols,
             row_bytes: self.row_bytes,
             acts,
             act_len,

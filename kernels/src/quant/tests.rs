@@ -331,8 +331,8 @@ fn multi_row_products_equal_single_row_products() {
 /// for bit what one row at a time gives: activation groups of 6 and every
 /// remainder, weight groups of 4 and every remainder, rows in several runs
 /// (longer than 1536 values, an odd last block of 32), tasks of several
-/// decoded tiles (600 rows of 2048 values) and several slabs of activation
-/// rows (1031).
+/// decoded tiles (600 rows of 2048 values: 64 rows a tile, 75 rows a task
+/// on 2 threads) and several slabs of activation rows (1031).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn panel_products_equal_single_row_products() {

@@ -136,8 +136,9 @@ pub(crate) unsafe fn panel_multiply(panel: &[f32], x: &[f32], cols: usize, out: 
 }
 
 /// [`panel_multiply`] for one group of `R` activation rows (`x`, laid out),
-/// writing `out[i * n + r]`. `sums` has room for `n × R` running sums,
-/// kept between runs when there are several.
+/// writing `out[i * n + r]`. `sums` has room for `n × R` running sums: a
+/// register tile keeps one chain's there while it runs the other, and both
+/// between runs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 unsafe fn group<const R: usize>(
     panel: &[f32],

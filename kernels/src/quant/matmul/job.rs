@@ -18,9 +18,6 @@ const ROW_TILE: usize = 8;
 const MULTI_TILE_BYTES: usize = 256 << 10;
 /// The least work (weight bytes times activation rows) worth a task.
 const MIN_TASK_WORK: usize = 32 * 1024;
-/// The fewest activation rows the panel kernels take (fewer go to the
-/// multi-row kernels).
-pub(super) const PANEL_MIN_ACTS: usize = 16;
 /// Bytes of f32 weights a panel kernel decodes at once: they stay in L2
 /// while every activation row passes.
 const PANEL_TILE_BYTES: usize = 512 << 10;
@@ -48,12 +45,10 @@ fn grow(v: &mut Vec<f32>, len: usize) {
 pub(super) struct Job<'a, A> {
     pub(super) kernel: Kernel<A>,
     pub(super) multi: [Option<MultiKernel<A>>; MAX_MULTI_KERNELS],
-    pub(super) panel: Option<Panel<A>>,
-    /// Whether `acts` are laid out for `panel` (then it computes every row).
-    pub(super) packed: bool,
+    /// The panel kernels and the activations laid out for them: then they
+    /// compute every row.
+    pub(super) panel: Option<(Panel, &'a [f32])>,
     pub(super) weight: &'a [u8],
-    /// Values in a weight row.
-    pub(super) cols: usize,
     pub(super) row_bytes: usize,
     /// `m` rows of `act_len` values or blocks each.
     pub(super) acts: &'a [A],
@@ -65,8 +60,8 @@ impl<A: Sync> Job<'_, A> {
     /// row `i`, writing `outs[i][r - r0]`: activation rows in groups of the
     /// multi-row kernels' sizes while they have enough, the rest one by one.
     fn rows(&self, r0: usize, outs: &mut [&mut [f32]]) {
-        if let Some(panel) = self.panel.filter(|_| self.packed) {
-            return self.panel_rows(panel, r0, outs);
+        if let Some((panel, packed)) = self.panel {
+            return self.panel_rows(panel, packed, r0, outs);
         }
         let n = outs.first().map_or(0, |o| o.len());
         let mut done = 0;
@@ -131,29 +126,30 @@ impl<A: Sync> Job<'_, A> {
         }
     }
 
-    /// [`rows`](Self::rows) for all activation rows with the panel kernels:
-    /// each tile of weight rows is decoded once, then multiplied with every
-    /// activation row.
-    fn panel_rows(&self, panel: Panel<A>, r0: usize, outs: &mut [&mut [f32]]) {
+    /// [`rows`](Self::rows) for all activation rows with the panel kernels,
+    /// `packed` the activations as they laid them out: each tile of weight
+    /// rows is decoded once, then multiplied with every activation row.
+    fn panel_rows(&self, panel: Panel, packed: &[f32], r0: usize, outs: &mut [&mut [f32]]) {
+        // Exact activations are f32 values: a row's `act_len` is its `cols`.
+        let cols = self.act_len;
         let n = outs.first().map_or(0, |o| o.len());
-        let tile = (PANEL_TILE_BYTES / (4 * self.cols)).clamp(1, n.max(1));
+        let tile = (PANEL_TILE_BYTES / (4 * cols)).clamp(1, n.max(1));
         PANEL_SCRATCH.with_borrow_mut(|(decoded, buf)| {
             // Grown, never shrunk: fresh pages for every task cost more
             // than the products of a small one.
-            let decoded = decoded.floats(tile * self.cols);
+            let decoded = decoded.floats(tile * cols);
             grow(buf, outs.len() * tile);
             for t0 in (0..n).step_by(tile) {
                 let t1 = (t0 + tile).min(n);
                 let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
-                let decoded = &mut decoded[..(t1 - t0) * self.cols];
+                let decoded = &mut decoded[..(t1 - t0) * cols];
                 let buf = &mut buf[..outs.len() * (t1 - t0)];
                 // SAFETY: the kernels were selected for an instruction set
                 // the CPU supports; `w` holds whole rows, `decoded` room for
-                // them, `self.acts` all activation rows and `buf` their
-                // outputs.
+                // them, `packed` all activation rows and `buf` their outputs.
                 unsafe {
-                    (panel.decode)(w, self.cols, decoded);
-                    (panel.multiply)(decoded, self.acts, self.act_len, buf);
+                    (panel.decode)(w, cols, decoded);
+                    (panel.multiply)(decoded, packed, cols, buf);
                 }
                 for (out, y) in outs.iter_mut().zip(buf.chunks_exact(t1 - t0)) {
                     out[t0..t1].copy_from_slice(y);
