@@ -282,18 +282,17 @@ fn exact_512<D: super::avx512::ExactRows>() -> Selected {
 }
 
 /// The AVX-512 fast kernels for the 32-value formats: the single-row one,
-/// and multi-row ones for 8, 4 and 2 activation rows, 2 weight rows at a
-/// time (measured best of 1 to 4 weight rows times 2 to 8 activation rows,
-/// see `bench/cpu/NOTES-quant-gemm.md`).
+/// and multi-row ones for 8, 4 and 2 activation rows; all take 16 weight
+/// rows at a time.
 #[cfg(target_arch = "x86_64")]
 fn fast_512<F: Format>() -> Kernels<BlockQ8x2> {
     use super::avx512 as k;
     Kernels {
         one: k::fast_32::<F>,
         multi: [
-            multi(8, k::fast_32_multi::<F, 2, 8>),
-            multi(4, k::fast_32_multi::<F, 2, 4>),
-            multi(2, k::fast_32_multi::<F, 2, 2>),
+            multi(8, k::fast_32_multi::<F, 8>),
+            multi(4, k::fast_32_multi::<F, 4>),
+            multi(2, k::fast_32_multi::<F, 2>),
         ],
     }
 }
