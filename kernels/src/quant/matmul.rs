@@ -10,11 +10,13 @@ mod job;
 use super::act::{quantize_run, BlockQ8, BlockQ8K};
 use super::aligned::Aligned;
 #[cfg(target_arch = "x86_64")]
+use super::avx512::amx::{AmxActs, AmxWeights};
+#[cfg(target_arch = "x86_64")]
 use super::avx512::BlockQ8x2;
 use super::format::{marker, Format};
 use super::{scalar, Precision, QuantError, QuantType};
 use crate::cpu::CpuFeatures;
-use job::Job;
+use job::{Job, Panels};
 
 /// An instruction set the quantized kernels are written for, from the most
 /// portable up.
@@ -29,11 +31,14 @@ pub enum Isa {
     Avx2,
     /// x86_64 AVX-512 (F, BW, VBMI, VNNI), on top of AVX2.
     Avx512,
+    /// x86_64 AMX int8 tiles, on top of AVX-512: fast products of the
+    /// 32-value formats over 16 activation rows or more.
+    Amx,
 }
 
 impl Isa {
     /// Every instruction set, from the most portable up.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx];
 
     /// The best instruction set this CPU supports (detected once).
     pub fn detect() -> Isa {
@@ -55,8 +60,17 @@ impl Isa {
             Isa::Scalar => true,
             Isa::Avx2 => avx2,
             Isa::Avx512 => avx2 && f.avx512 && f.avx512_vnni && f.avx512_vbmi && avx512vl(),
+            Isa::Amx => Isa::Avx512.is_available() && amx_granted(),
         }
     }
+}
+
+/// Whether the CPU has AMX int8 tiles and the OS lets this process use them.
+fn amx_granted() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::avx512::amx::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Whether the CPU has AVX-512 VL (the 128- and 256-bit forms of the
@@ -111,6 +125,18 @@ struct Panel {
     multiply: unsafe fn(&[f32], &[f32], usize, &mut [f32]),
 }
 
+/// Fast products over many activation rows on AMX tiles: `decode` turns
+/// whole weight rows (of `cols` values, the second argument) into A tiles,
+/// `multiply` takes them with the activations as B tiles and room for
+/// `out[i * n + r]` (`n` the third argument). Together they must give bit
+/// for bit what the single-row kernel gives. Unsafe because they need AMX.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct AmxPanel {
+    decode: unsafe fn(&[u8], usize, &mut AmxWeights),
+    multiply: unsafe fn(&AmxWeights, &AmxActs, usize, &mut [f32]),
+}
+
 /// The kernels of a format, precision and instruction set.
 struct Kernels<A> {
     one: Kernel<A>,
@@ -131,6 +157,9 @@ impl<A> Copy for Kernels<A> {}
 /// The fewest activation rows the panel kernels take (fewer go to the
 /// multi-row kernels: measured, 8 rows do not repay decoding a tile, 16 do).
 const PANEL_MIN_ACTS: usize = 16;
+/// The fewest activation rows the AMX kernels take (a tile holds 16).
+#[cfg(target_arch = "x86_64")]
+const AMX_MIN_ACTS: usize = 16;
 /// Activation rows the panel kernels take at once: the laid-out copy of a
 /// slab (at most 1024 rows × `cols` f32) is what they add to memory.
 const PANEL_SLAB_ROWS: usize = 1024;
@@ -162,6 +191,10 @@ enum Selected {
     Q8K(Kernels<BlockQ8K>),
     #[cfg(target_arch = "x86_64")]
     Q8x2(Kernels<BlockQ8x2>),
+    /// AVX-512 fast kernels, and AMX ones for [`AMX_MIN_ACTS`] activation
+    /// rows or more.
+    #[cfg(target_arch = "x86_64")]
+    Q8x2Amx(Kernels<BlockQ8x2>, AmxPanel),
 }
 
 /// Evaluates `$body` with `$f` naming the [`Format`](super::format::Format)
@@ -216,7 +249,7 @@ macro_rules! with_format {
 fn select(ty: QuantType, precision: Precision, isa: Isa) -> Selected {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
-        if let Some(kernel) = select_avx512(ty, precision) {
+        if let Some(kernel) = select_avx512(ty, precision, isa >= Isa::Amx) {
             return kernel;
         }
     }
@@ -233,7 +266,7 @@ fn select(ty: QuantType, precision: Precision, isa: Isa) -> Selected {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn select_avx512(ty: QuantType, precision: Precision) -> Option<Selected> {
+fn select_avx512(ty: QuantType, precision: Precision, amx: bool) -> Option<Selected> {
     use super::avx512::Blocks32;
     use marker as m;
     use Precision::{Exact, Fast};
@@ -249,11 +282,11 @@ fn select_avx512(ty: QuantType, precision: Precision) -> Option<Selected> {
         // and Q8_0 is mostly LM heads, which prefill runs for one row only
         // (batched decode runs them for every sequence: the multi-row ones).
         (Exact, QuantType::Q8_0) => Selected::Exact(exact_avx2::<m::Q8_0>()),
-        (Fast, QuantType::Q4_0) => Selected::Q8x2(fast_512::<m::Q4_0>()),
-        (Fast, QuantType::Q4_1) => Selected::Q8x2(fast_512::<m::Q4_1>()),
-        (Fast, QuantType::Q5_0) => Selected::Q8x2(fast_512::<m::Q5_0>()),
-        (Fast, QuantType::Q5_1) => Selected::Q8x2(fast_512::<m::Q5_1>()),
-        (Fast, QuantType::Q8_0) => Selected::Q8x2(fast_512::<m::Q8_0>()),
+        (Fast, QuantType::Q4_0) => fast_512::<m::Q4_0>(amx),
+        (Fast, QuantType::Q4_1) => fast_512::<m::Q4_1>(amx),
+        (Fast, QuantType::Q5_0) => fast_512::<m::Q5_0>(amx),
+        (Fast, QuantType::Q5_1) => fast_512::<m::Q5_1>(amx),
+        (Fast, QuantType::Q8_0) => fast_512::<m::Q8_0>(amx),
         _ => return None,
     })
 }
@@ -283,17 +316,26 @@ fn exact_512<D: super::avx512::ExactRows>() -> Selected {
 
 /// The AVX-512 fast kernels for the 32-value formats: the single-row one,
 /// and multi-row ones for 8, 4 and 2 activation rows; all take 16 weight
-/// rows at a time.
+/// rows at a time. With `amx`, also the AMX kernels.
 #[cfg(target_arch = "x86_64")]
-fn fast_512<F: Format>() -> Kernels<BlockQ8x2> {
+fn fast_512<F: Format>(amx: bool) -> Selected {
     use super::avx512 as k;
-    Kernels {
+    let kernels = Kernels {
         one: k::fast_32::<F>,
         multi: [
             multi(8, k::fast_32_multi::<F, 8>),
             multi(4, k::fast_32_multi::<F, 4>),
             multi(2, k::fast_32_multi::<F, 2>),
         ],
+    };
+    if amx {
+        let panel = AmxPanel {
+            decode: k::amx::decode_weights::<F>,
+            multiply: k::amx::multiply::<F>,
+        };
+        Selected::Q8x2Amx(kernels, panel)
+    } else {
+        Selected::Q8x2(kernels)
     }
 }
 
@@ -563,7 +605,7 @@ impl<'a> QuantMatrix<'a> {
                     let packed = packed.floats(x.len());
                     (panel.pack)(x, self.cols, packed);
                     let job = Job {
-                        panel: Some((panel, packed)),
+                        panel: Some(Panels::Exact(panel, packed)),
                         ..self.job(kernels, x, self.cols)
                     };
                     job.run(self.rows, y);
@@ -581,9 +623,24 @@ impl<'a> QuantMatrix<'a> {
                 self.job(kernels, &acts, per_row).run(self.rows, y);
             }
             #[cfg(target_arch = "x86_64")]
-            Selected::Q8x2(kernels) => {
+            Selected::Q8x2Amx(kernels, amx) if m >= AMX_MIN_ACTS => {
                 let (acts, per_row) = quantize_acts::<BlockQ8x2>(isa, x, self.cols);
-                self.job(kernels, &acts, per_row).run(self.rows, y);
+                let tiles = super::avx512::amx::pack_acts(&acts, per_row, self.cols / 32);
+                let job = Job {
+                    panel: Some(Panels::Amx(amx, &tiles)),
+                    row_align: super::avx512::LANES,
+                    ..self.job(kernels, &acts, per_row)
+                };
+                job.run(self.rows, y);
+            }
+            #[cfg(target_arch = "x86_64")]
+            Selected::Q8x2(kernels) | Selected::Q8x2Amx(kernels, _) => {
+                let (acts, per_row) = quantize_acts::<BlockQ8x2>(isa, x, self.cols);
+                let job = Job {
+                    row_align: super::avx512::LANES,
+                    ..self.job(kernels, &acts, per_row)
+                };
+                job.run(self.rows, y);
             }
         }
         Ok(())
@@ -595,6 +652,7 @@ impl<'a> QuantMatrix<'a> {
             kernel: kernels.one,
             multi: kernels.multi,
             panel: None,
+            row_align: 1,
             weight: self.data,
             row_bytes: self.row_bytes,
             acts,

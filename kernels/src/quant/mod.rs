@@ -33,6 +33,7 @@
 //!
 //! | | Q4_0 Q4_1 Q5_0 Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K | Q2_K Q3_K |
 //! | --- | --- | --- | --- | --- | --- | --- |
+//! | AMX (int8 tiles) | fast, ≥ 16 rows | fast, ≥ 16 rows | — | — | — | — |
 //! | AVX-512 (VBMI, VNNI) | both | fast | exact | — | exact | — |
 //! | AVX2 + FMA + F16C | both | both | both | both | both | exact |
 //! | portable | both | both | both | both | both | both |
@@ -46,7 +47,10 @@
 //! and those of Q2_K/Q3_K), which decode each weight block once for 8, 4 or
 //! 2 activation rows (the rows left over take the single-row kernel). They compute exactly what the
 //! single-row kernels compute, so a product's bits do not depend on how many
-//! rows it has.
+//! rows it has. From 16 activation rows, AVX-512's exact kernels become
+//! panel kernels (weights decoded to f32 once per tile of rows) and, where
+//! the CPU has AMX and Linux grants its state, the fast ones AMX tile
+//! products: again the single-row kernel's bits.
 //!
 //! # Threads
 //!

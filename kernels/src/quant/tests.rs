@@ -280,6 +280,7 @@ fn available_or_skip(isa: Isa, test: &str) -> bool {
     if !ok {
         let needs = match isa {
             Isa::Avx512 => "AVX-512 (F, BW, VBMI, VNNI)",
+            Isa::Amx => "AMX int8 tiles (or the OS did not grant their state)",
             _ => "AVX2, FMA and F16C",
         };
         println!("{test}: {isa:?} part skipped, this CPU lacks {needs}");
@@ -363,6 +364,34 @@ fn panel_products_equal_single_row_products() {
         for (rows, blocks, m) in [(5, 1, 17), (9, 7, 19), (600, 8, 16)] {
             seed += 1;
             check_multi_row(Isa::Avx512, ty, rows, blocks * 256, m, seed);
+        }
+    }
+}
+
+/// The AMX kernels (fast products of 16 activation rows or more) give bit
+/// for bit what the AVX-512 single-row kernel gives: partial tiles of
+/// activation rows and of weight rows, odd block counts, and tasks of
+/// several decoded weight tiles (50 rows of 16384 values: 16 rows a tile).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn amx_products_equal_single_row_products() {
+    if !available_or_skip(Isa::Amx, "amx_products_equal_single_row_products") {
+        return;
+    }
+    let mut seed = 7000;
+    for ty in BLOCK32_TYPES {
+        for (rows, blocks, ms) in [
+            (1, 1, &[16, 17][..]),
+            (15, 3, &[16, 31, 33][..]),
+            (17, 2, &[32, 47][..]),
+            (33, 71, &[16, 64][..]),
+            (600, 18, &[20][..]),
+            (50, 512, &[17][..]),
+        ] {
+            for &m in ms {
+                seed += 1;
+                check_multi_row(Isa::Amx, ty, rows, blocks * 32, m, seed);
+            }
         }
     }
 }

@@ -20,13 +20,14 @@ use std::arch::x86_64::*;
 use super::format::Format;
 use super::QuantType;
 
+pub(crate) mod amx;
 mod exact;
 mod exact_k;
 mod exact_panel;
 mod fast;
 pub(crate) use exact::{exact, exact_multi, Blocks32, ExactRows};
 pub(crate) use exact_panel::{decode_rows, pack_acts, panel_multiply};
-pub(crate) use fast::{fast_32, fast_32_multi, BlockQ8x2};
+pub(crate) use fast::{fast_32, fast_32_multi, BlockQ8x2, LANES};
 
 /// Offset of the packed 4-bit quants in a block.
 const fn qs_offset(ty: QuantType) -> usize {

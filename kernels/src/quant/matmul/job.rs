@@ -7,6 +7,8 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::{Aligned, Kernel, MultiKernel, Panel, MAX_MULTI_KERNELS};
+#[cfg(target_arch = "x86_64")]
+use super::{AmxActs, AmxPanel, AmxWeights};
 
 /// Rows computed for every activation row before moving on, so that they stay
 /// in L1 while the activations stream past.
@@ -29,9 +31,17 @@ const TASKS_PER_THREAD: usize = 4;
 /// calling thread. Inside the pool, splitting costs about a microsecond.
 const MIN_WORK_FROM_OUTSIDE: usize = 2 << 20;
 
+/// Bytes of weights the AMX kernels decode at once (one byte a value):
+/// they stay in L2 while every activation row passes.
+#[cfg(target_arch = "x86_64")]
+const AMX_TILE_BYTES: usize = 256 << 10;
+
 thread_local! {
     /// Each thread's decoded weights and outputs of the panel kernels.
     static PANEL_SCRATCH: RefCell<(Aligned, Vec<f32>)> = RefCell::default();
+    /// Each thread's decoded weights and outputs of the AMX kernels.
+    #[cfg(target_arch = "x86_64")]
+    static AMX_SCRATCH: RefCell<(AmxWeights, Vec<f32>)> = RefCell::default();
 }
 
 /// Makes `v` at least `len` long.
@@ -41,13 +51,24 @@ fn grow(v: &mut Vec<f32>, len: usize) {
     }
 }
 
+/// Kernels that compute every row of a product from weights decoded once
+/// per tile, with the activations laid out for them.
+pub(super) enum Panels<'a> {
+    Exact(Panel, &'a [f32]),
+    #[cfg(target_arch = "x86_64")]
+    Amx(AmxPanel, &'a AmxActs),
+}
+
 /// A product to run: the kernel, the weights, and the prepared activations.
 pub(super) struct Job<'a, A> {
     pub(super) kernel: Kernel<A>,
     pub(super) multi: [Option<MultiKernel<A>>; MAX_MULTI_KERNELS],
-    /// The panel kernels and the activations laid out for them: then they
+    /// Panel kernels and the activations laid out for them: then they
     /// compute every row.
-    pub(super) panel: Option<(Panel, &'a [f32])>,
+    pub(super) panel: Option<Panels<'a>>,
+    /// What a task's rows are a multiple of (but for the last task's):
+    /// the rows the kernels compute together.
+    pub(super) row_align: usize,
     pub(super) weight: &'a [u8],
     pub(super) row_bytes: usize,
     /// `m` rows of `act_len` values or blocks each.
@@ -60,8 +81,11 @@ impl<A: Sync> Job<'_, A> {
     /// row `i`, writing `outs[i][r - r0]`: activation rows in groups of the
     /// multi-row kernels' sizes while they have enough, the rest one by one.
     fn rows(&self, r0: usize, outs: &mut [&mut [f32]]) {
-        if let Some((panel, packed)) = self.panel {
-            return self.panel_rows(panel, packed, r0, outs);
+        match self.panel {
+            Some(Panels::Exact(panel, packed)) => return self.panel_rows(panel, packed, r0, outs),
+            #[cfg(target_arch = "x86_64")]
+            Some(Panels::Amx(amx, acts)) => return self.amx_rows(amx, acts, r0, outs),
+            None => {}
         }
         let n = outs.first().map_or(0, |o| o.len());
         let mut done = 0;
@@ -158,6 +182,35 @@ impl<A: Sync> Job<'_, A> {
         });
     }
 
+    /// [`rows`](Self::rows) for all activation rows with the AMX kernels,
+    /// `acts` the activations as B tiles: each tile of weight rows is
+    /// decoded once, then multiplied with every activation row.
+    #[cfg(target_arch = "x86_64")]
+    fn amx_rows(&self, amx: AmxPanel, acts: &AmxActs, r0: usize, outs: &mut [&mut [f32]]) {
+        let cols = acts.cols();
+        let n = outs.first().map_or(0, |o| o.len());
+        let lanes = super::super::avx512::LANES;
+        let tile = ((AMX_TILE_BYTES / cols.max(1)) / lanes * lanes).clamp(lanes, n.max(lanes));
+        AMX_SCRATCH.with_borrow_mut(|(decoded, buf)| {
+            grow(buf, outs.len() * tile);
+            for t0 in (0..n).step_by(tile) {
+                let t1 = (t0 + tile).min(n);
+                let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
+                let buf = &mut buf[..outs.len() * (t1 - t0)];
+                // SAFETY: the kernels were selected for an instruction set
+                // the CPU supports; `w` holds whole rows, `acts` all
+                // activation rows and `buf` room for their outputs.
+                unsafe {
+                    (amx.decode)(w, cols, decoded);
+                    (amx.multiply)(decoded, acts, t1 - t0, buf);
+                }
+                for (out, y) in outs.iter_mut().zip(buf.chunks_exact(t1 - t0)) {
+                    out[t0..t1].copy_from_slice(y);
+                }
+            }
+        });
+    }
+
     /// Runs the job over all `rows`, writing `y` (`m x rows`).
     pub(super) fn run(&self, rows: usize, y: &mut [f32]) {
         let m = y.len() / rows;
@@ -169,6 +222,7 @@ impl<A: Sync> Job<'_, A> {
         } else {
             rows.div_ceil(threads * TASKS_PER_THREAD)
                 .max(MIN_TASK_WORK.div_ceil(work_per_row))
+                .next_multiple_of(self.row_align)
                 .min(rows)
         };
         if chunk == rows {
