@@ -36,15 +36,19 @@ use super::{load_pair, nibble_index, quant_offset, unsigned_quants};
 /// Values in a block.
 const BLOCK: usize = 32;
 
-/// Whether this CPU has AMX int8 tiles and the OS granted this process
-/// their state (asked once).
+/// Set (to anything) to keep the AMX kernels off: the AVX-512 ones then
+/// compute the same bits, more slowly.
+pub(crate) const DISABLE_ENV: &str = "KILN_NO_AMX";
+
+/// Whether this CPU has AMX int8 tiles, the OS granted this process their
+/// state (asked once) and [`DISABLE_ENV`] is not set.
 pub(crate) fn available() -> bool {
     static GRANTED: OnceLock<bool> = OnceLock::new();
     *GRANTED.get_or_init(|| {
         // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8.
         let edx = __cpuid_count(7, 0).edx;
         let has = __get_cpuid_max(0).0 >= 7 && edx >> 24 & 1 == 1 && edx >> 25 & 1 == 1;
-        has && request_tile_state()
+        has && std::env::var_os(DISABLE_ENV).is_none() && request_tile_state()
     })
 }
 
