@@ -196,6 +196,10 @@ enum Selected {
     /// rows or more.
     #[cfg(target_arch = "x86_64")]
     Q8x2Amx(Kernels<BlockQ8x2>, AmxPanel),
+    /// Q8_K kernels, and AMX ones for [`AMX_MIN_ACTS`] activation rows or
+    /// more.
+    #[cfg(target_arch = "x86_64")]
+    Q8KAmx(Kernels<BlockQ8K>, AmxPanel),
 }
 
 /// Evaluates `$body` with `$f` naming the [`Format`](super::format::Format)
@@ -288,6 +292,13 @@ fn select_avx512(ty: QuantType, precision: Precision, amx: bool) -> Option<Selec
         (Fast, QuantType::Q5_0) => fast_512::<m::Q5_0>(amx),
         (Fast, QuantType::Q5_1) => fast_512::<m::Q5_1>(amx),
         (Fast, QuantType::Q8_0) => fast_512::<m::Q8_0>(amx),
+        (Fast, QuantType::Q4K) if amx => {
+            let panel = AmxPanel {
+                decode: super::avx512::amx::decode_q4k,
+                multiply: super::avx512::amx::multiply_q4k,
+            };
+            Selected::Q8KAmx(fast_q45k_avx2::<m::Q4K>(), panel)
+        }
         _ => return None,
     })
 }
@@ -619,7 +630,23 @@ impl<'a> QuantMatrix<'a> {
                 let (acts, per_row) = quantize_acts::<BlockQ8>(isa, x, self.cols);
                 self.job(kernels, &acts, per_row).run(self.rows, y);
             }
+            #[cfg(target_arch = "x86_64")]
+            Selected::Q8KAmx(kernels, amx) if m >= AMX_MIN_ACTS => {
+                let (acts, per_row) = quantize_acts::<BlockQ8K>(isa, x, self.cols);
+                let tiles = super::avx512::amx::pack_acts_k(&acts, per_row, self.cols / 32);
+                let job = Job {
+                    panel: Some(Panels::Amx(amx, &tiles)),
+                    row_align: super::avx512::LANES,
+                    ..self.job(kernels, &acts, per_row)
+                };
+                job.run(self.rows, y);
+            }
             Selected::Q8K(kernels) => {
+                let (acts, per_row) = quantize_acts::<BlockQ8K>(isa, x, self.cols);
+                self.job(kernels, &acts, per_row).run(self.rows, y);
+            }
+            #[cfg(target_arch = "x86_64")]
+            Selected::Q8KAmx(kernels, _) => {
                 let (acts, per_row) = quantize_acts::<BlockQ8K>(isa, x, self.cols);
                 self.job(kernels, &acts, per_row).run(self.rows, y);
             }

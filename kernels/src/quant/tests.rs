@@ -394,6 +394,17 @@ fn amx_products_equal_single_row_products() {
             }
         }
     }
+    for (rows, blocks, ms) in [
+        (1, 1, &[16, 17][..]),
+        (15, 2, &[16, 33][..]),
+        (33, 3, &[17, 64][..]),
+        (70, 19, &[20][..]),
+    ] {
+        for &m in ms {
+            seed += 1;
+            check_multi_row(Isa::Amx, QuantType::Q4K, rows, blocks * 256, m, seed);
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -433,8 +433,7 @@ pub(crate) unsafe fn fast_q45k<F: Format>(w: &[u8], acts: &[BlockQ8K], out: &mut
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn fast_q45k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_min = _mm_setzero_ps();
+    let mut acc = 0f32;
     for (b, a) in row.chunks_exact(F::BYTES).zip(acts) {
         let sm = k4_scales_mins_i16(b);
         // Minimums times the sums of each 32 activations.
@@ -444,8 +443,6 @@ unsafe fn fast_q45k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
             _mm256_extracti128_si256::<1>(bsums),
         );
         let mins = _mm_madd_epi16(_mm256_extracti128_si256::<1>(sm), pair_sums);
-        let dmin = _mm_set1_ps(f16_at(b, 2) * a.d);
-        acc_min = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(mins), acc_min);
         // Scales times the quants' products.
         let scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm));
         let mut qh = q5k_high_bits::<F>(b);
@@ -458,12 +455,40 @@ unsafe fn fast_q45k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
             let ph = _mm256_madd_epi16(ph, _mm256_shuffle_epi8(scales, scale_pick(2 * p + 1)));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        let d = f16_at(b, 0) * a.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = scale_q45k(acc, hsum_i32(sumi), sum128_i32(mins), b, a.d);
     }
-    let m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
-    let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    hsum(acc) - _mm_cvtss_f32(m)
+    acc
+}
+
+/// Adds a K-quant super-block's product to `acc` from its exact integer
+/// totals (the contract of the fast Q4_K/Q5_K kernels, AMX's included):
+/// `sum` = Σ scale·(quants·activations) and `mins` = Σ minimum·(sums of 32
+/// activations) over its sub-blocks; `b` the weight block, `d` the
+/// activations' scale.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scale_q45k(acc: f32, sum: i32, mins: i32, b: &[u8], d: f32) -> f32 {
+    let acc = (sum as f32).mul_add(f16_at(b, 0) * d, acc);
+    (-(mins as f32)).mul_add(f16_at(b, 2) * d, acc)
+}
+
+/// Sum of the 8 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    sum128_i32(_mm_add_epi32(
+        _mm256_castsi256_si128(v),
+        _mm256_extracti128_si256::<1>(v),
+    ))
+}
+
+/// Sum of the 4 lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn sum128_i32(v: __m128i) -> i32 {
+    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b10_11_00_01>(v));
+    _mm_cvtsi128_si32(v)
 }
 
 /// The activation rows of a multi-row kernel's call: `R` rows of `blocks`
@@ -519,11 +544,9 @@ pub(crate) unsafe fn fast_q45k_multi<F: Format, const R: usize>(
     };
     let blocks = (row_bytes / F::BYTES).min(act_len);
     let rows_acts = multi_rows_of::<R>(acts, act_len, blocks);
-    let scales = act_scales(&rows_acts, blocks);
     // Per block and activation row: the sums of each 32 activations (as
-    // `fast_q45k_row` forms them), and the scale in four lanes.
+    // `fast_q45k_row` forms them).
     let mut pair_sums = vec![[0i16; 8]; blocks * R];
-    let mut min_scales = vec![[0f32; 4]; blocks * R];
     for j in 0..blocks {
         for (i, a) in rows_acts.iter().enumerate() {
             let bsums = _mm256_loadu_si256(a[j].bsums.as_ptr().cast());
@@ -532,27 +555,22 @@ pub(crate) unsafe fn fast_q45k_multi<F: Format, const R: usize>(
                 _mm256_extracti128_si256::<1>(bsums),
             );
             _mm_storeu_si128(pair_sums[j * R + i].as_mut_ptr().cast(), sums);
-            min_scales[j * R + i] = [a[j].d; 4];
         }
     }
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let mut acc = [_mm256_setzero_ps(); R];
-        // Activation rows 2k and 2k + 1 in the low and high halves.
-        let mut acc_min = [_mm256_setzero_ps(); 4];
+        let mut acc = [0f32; R];
         for (j, b) in row.chunks_exact(F::BYTES).take(blocks).enumerate() {
             let sm = k4_scales_mins_i16(b);
-            // Minimums times the sums of each 32 activations.
+            // Minimums times the sums of each 32 activations, activation
+            // rows 2k and 2k + 1 in the low and high halves.
             let mins_w = _mm256_broadcastsi128_si256(_mm256_extracti128_si256::<1>(sm));
-            let dmin_w = _mm256_set1_ps(f16_at(b, 2));
-            for (k, acc_min) in acc_min.iter_mut().take(R / 2).enumerate() {
+            let mut mins = [0i32; R];
+            for k in 0..R / 2 {
                 let at = j * R + 2 * k;
                 let sums = _mm256_loadu_si256(pair_sums[at..at + 2].as_ptr().cast());
-                let mins = _mm256_madd_epi16(mins_w, sums);
-                let dmin = _mm256_mul_ps(
-                    dmin_w,
-                    _mm256_loadu_ps(min_scales[at..at + 2].as_ptr().cast()),
-                );
-                *acc_min = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(mins), *acc_min);
+                let m = _mm256_madd_epi16(mins_w, sums);
+                mins[2 * k] = sum128_i32(_mm256_castsi256_si128(m));
+                mins[2 * k + 1] = sum128_i32(_mm256_extracti128_si256::<1>(m));
             }
             // Scales times the quants' products: the block's quants and
             // scales are decoded once, then each activation row's sum.
@@ -565,7 +583,6 @@ pub(crate) unsafe fn fast_q45k_multi<F: Format, const R: usize>(
                 picks[2 * p] = _mm256_shuffle_epi8(sc, scale_pick(2 * p));
                 picks[2 * p + 1] = _mm256_shuffle_epi8(sc, scale_pick(2 * p + 1));
             }
-            let dd = _mm256_mul_ps(_mm256_set1_ps(f16_at(b, 0)), load8(&scales[j]));
             for (i, (acc, a)) in acc.iter_mut().zip(&rows_acts).enumerate() {
                 let qs = &a[j].qs;
                 let mut sumi = _mm256_setzero_si256();
@@ -576,20 +593,11 @@ pub(crate) unsafe fn fast_q45k_multi<F: Format, const R: usize>(
                     let ph = _mm256_madd_epi16(ph, picks[2 * p + 1]);
                     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
                 }
-                let d = _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(i as i32));
-                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), *acc);
+                *acc = scale_q45k(*acc, hsum_i32(sumi), mins[i], b, a[j].d);
             }
         }
         for (i, acc) in acc.iter().enumerate() {
-            let pair = acc_min[i / 2];
-            let acc_min = if i % 2 == 0 {
-                _mm256_castps256_ps128(pair)
-            } else {
-                _mm256_extractf128_ps::<1>(pair)
-            };
-            let m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
-            let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            out[i * n + r] = hsum(*acc) - _mm_cvtss_f32(m);
+            out[i * n + r] = *acc;
         }
     }
 }
