@@ -299,6 +299,13 @@ fn select_avx512(ty: QuantType, precision: Precision, amx: bool) -> Option<Selec
             };
             Selected::Q8KAmx(fast_q45k_avx2::<m::Q4K>(), panel)
         }
+        (Fast, QuantType::Q6K) if amx => {
+            let panel = AmxPanel {
+                decode: super::avx512::amx::decode_q6k,
+                multiply: super::avx512::amx::multiply_q6k,
+            };
+            Selected::Q8KAmx(fast_q6k_avx2(), panel)
+        }
         _ => return None,
     })
 }
@@ -399,6 +406,21 @@ fn fast_q45k_avx2<F: Format>() -> Kernels<BlockQ8K> {
     }
 }
 
+/// The AVX2 fast kernels for Q6_K: the single-row one, and multi-row ones
+/// for 8, 4 and 2 activation rows (AVX-512 machines use them too).
+#[cfg(target_arch = "x86_64")]
+fn fast_q6k_avx2() -> Kernels<BlockQ8K> {
+    use super::avx2 as k;
+    Kernels {
+        one: k::fast_q6k::<marker::Q6K>,
+        multi: [
+            multi(8, k::fast_q6k_multi::<8>),
+            multi(4, k::fast_q6k_multi::<4>),
+            multi(2, k::fast_q6k_multi::<2>),
+        ],
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
     use super::avx2 as k;
@@ -424,14 +446,7 @@ fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
         }),
         (Fast, QuantType::Q4K) => Selected::Q8K(fast_q45k_avx2::<m::Q4K>()),
         (Fast, QuantType::Q5K) => Selected::Q8K(fast_q45k_avx2::<m::Q5K>()),
-        (Fast, QuantType::Q6K) => Selected::Q8K(Kernels {
-            one: k::fast_q6k::<m::Q6K>,
-            multi: [
-                multi(8, k::fast_q6k_multi::<8>),
-                multi(4, k::fast_q6k_multi::<4>),
-                multi(2, k::fast_q6k_multi::<2>),
-            ],
-        }),
+        (Fast, QuantType::Q6K) => Selected::Q8K(fast_q6k_avx2()),
         (Fast, QuantType::Q2K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q2K>)),
         (Fast, QuantType::Q3K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q3K>)),
     }
@@ -633,7 +648,8 @@ impl<'a> QuantMatrix<'a> {
             #[cfg(target_arch = "x86_64")]
             Selected::Q8KAmx(kernels, amx) if m >= AMX_MIN_ACTS => {
                 let (acts, per_row) = quantize_acts::<BlockQ8K>(isa, x, self.cols);
-                let tiles = super::avx512::amx::pack_acts_k(&acts, per_row, self.cols / 32);
+                let sub = if self.ty == QuantType::Q6K { 16 } else { 32 };
+                let tiles = super::avx512::amx::pack_acts_k(&acts, per_row, self.cols, sub);
                 let job = Job {
                     panel: Some(Panels::Amx(amx, &tiles)),
                     row_align: super::avx512::LANES,

@@ -33,7 +33,7 @@
 //!
 //! | | Q4_0 Q4_1 Q5_0 Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K | Q2_K Q3_K |
 //! | --- | --- | --- | --- | --- | --- | --- |
-//! | AMX (int8 tiles) | fast, ≥ 16 rows | fast, ≥ 16 rows | fast, ≥ 16 rows | — | — | — |
+//! | AMX (int8 tiles) | fast, ≥ 16 rows | fast, ≥ 16 rows | fast, ≥ 16 rows | — | fast, ≥ 16 rows | — |
 //! | AVX-512 (VBMI, VNNI) | both | fast | exact | — | exact | — |
 //! | AVX2 + FMA + F16C | both | both | both | both | both | exact |
 //! | portable | both | both | both | both | both | both |

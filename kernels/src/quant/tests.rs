@@ -402,7 +402,9 @@ fn amx_products_equal_single_row_products() {
     ] {
         for &m in ms {
             seed += 1;
-            check_multi_row(Isa::Amx, QuantType::Q4K, rows, blocks * 256, m, seed);
+            for ty in [QuantType::Q4K, QuantType::Q6K] {
+                check_multi_row(Isa::Amx, ty, rows, blocks * 256, m, seed);
+            }
         }
     }
 }

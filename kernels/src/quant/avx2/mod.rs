@@ -221,7 +221,7 @@ unsafe fn q45k_group<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> (__m256
 /// 128 values of half `h` of a block: values 0..32, 32..64, 64..96, 96..128.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q6k_half(b: &[u8], h: usize) -> [__m256i; 4] {
+pub(crate) unsafe fn q6k_half(b: &[u8], h: usize) -> [__m256i; 4] {
     let (ql, qh) = (&b[64 * h..], &b[128 + 32 * h..]);
     let mask = _mm256_set1_epi8(0xF);
     let top = _mm256_set1_epi8(0x30);
@@ -506,19 +506,6 @@ fn multi_rows_of<const R: usize>(
     rows
 }
 
-/// Per block, the `R` activation rows' scales, a lane per row (for
-/// [`fast_q45k_multi`] and [`fast_q6k_multi`]).
-#[inline(always)]
-fn act_scales<const R: usize>(rows: &[&[BlockQ8K]; R], blocks: usize) -> Vec<[f32; 8]> {
-    let mut d = vec![[0f32; 8]; blocks];
-    for (j, d) in d.iter_mut().enumerate() {
-        for (d, a) in d.iter_mut().zip(rows) {
-            *d = a[j].d;
-        }
-    }
-    d
-}
-
 /// [`fast_q45k`] over `R` (2, 4, 6 or 8) activation rows at once: each
 /// weight block is decoded once for the `R` rows. `acts` holds the `R` rows
 /// of `act_len` blocks one after another, `out` the `R` output rows of
@@ -620,7 +607,7 @@ pub(crate) unsafe fn fast_q6k<F: Format>(w: &[u8], acts: &[BlockQ8K], out: &mut 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn fast_q6k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = 0f32;
     for (b, a) in row.chunks_exact(F::BYTES).zip(acts) {
         let scales = _mm_loadu_si128(b[192..208].as_ptr().cast());
         // -32 × Σ over the 16 runs of scale × (run sum of x), in eight lanes.
@@ -637,10 +624,19 @@ unsafe fn fast_q6k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale));
             }
         }
-        let d = f16_at(b, 208) * a.d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = scale_q6k(acc, hsum_i32(sumi), b, a.d);
     }
-    hsum(acc)
+    acc
+}
+
+/// Adds a Q6_K super-block's product to `acc` from its exact integer total
+/// `sum` = Σ scale·((quants − 32)·activations) over its sub-blocks (the
+/// contract of the fast Q6_K kernels, AMX's included); `b` the weight
+/// block, `d` the activations' scale.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scale_q6k(acc: f32, sum: i32, b: &[u8], d: f32) -> f32 {
+    (sum as f32).mul_add(f16_at(b, 208) * d, acc)
 }
 
 /// [`fast_q6k`] over `R` (2, 4, 6 or 8) activation rows at once, with
@@ -663,9 +659,8 @@ pub(crate) unsafe fn fast_q6k_multi<const R: usize>(
     };
     let blocks = (row_bytes / BYTES).min(act_len);
     let rows_acts = multi_rows_of::<R>(acts, act_len, blocks);
-    let act_d = act_scales(&rows_acts, blocks);
     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let mut acc = [_mm256_setzero_ps(); R];
+        let mut acc = [0f32; R];
         for (j, b) in row.chunks_exact(BYTES).take(blocks).enumerate() {
             let scales = _mm_loadu_si128(b[192..208].as_ptr().cast());
             let scales16 = _mm256_cvtepi8_epi16(scales);
@@ -684,8 +679,7 @@ pub(crate) unsafe fn fast_q6k_multi<const R: usize>(
                     picks[4 * h + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
                 }
             }
-            let dd = _mm256_mul_ps(_mm256_set1_ps(f16_at(b, 208)), load8(&act_d[j]));
-            for (i, (acc, a)) in acc.iter_mut().zip(&rows_acts).enumerate() {
+            for (acc, a) in acc.iter_mut().zip(&rows_acts) {
                 let a = &a[j];
                 let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
                 let offsets = _mm256_madd_epi16(scales16, bsums);
@@ -695,12 +689,11 @@ pub(crate) unsafe fn fast_q6k_multi<const R: usize>(
                     let p = _mm256_maddubs_epi16(*q, load32_i8(&a.qs[32 * t..]));
                     sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, *scale));
                 }
-                let d = _mm256_permutevar8x32_ps(dd, _mm256_set1_epi32(i as i32));
-                *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), *acc);
+                *acc = scale_q6k(*acc, hsum_i32(sumi), b, a.d);
             }
         }
         for (i, acc) in acc.iter().enumerate() {
-            out[i * n + r] = hsum(*acc);
+            out[i * n + r] = *acc;
         }
     }
 }

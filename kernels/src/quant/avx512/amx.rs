@@ -1,8 +1,6 @@
-//! AMX int8 products for the fast kernels of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-//! and Q4_K over 16 activation rows or more (prefill). (Q4_K: a tile
-//! product per block of 32, the sums times the rows' integer sub-block
-//! scales added up per super-block, then scaled once as the AVX2 kernels
-//! scale their integer totals.)
+//! AMX int8 products for the fast kernels of Q4_0, Q4_1, Q5_0, Q5_1 and
+//! Q8_0 over 16 activation rows or more (prefill); Q4_K and Q6_K in
+//! `k_quants`.
 //!
 //! One `tdpbssd`/`tdpbusd` multiplies 16 weight rows by 16 activation rows
 //! over one block of 32 values: 256 exact integer block sums, which the
@@ -32,10 +30,12 @@ use std::sync::OnceLock;
 
 use half::f16;
 
-use super::super::act::BlockQ8K;
-use super::super::format::{f16_at, k4_scales_mins, Format, QK_K};
+use super::super::format::Format;
 use super::fast::{BlockQ8x2, LANES};
 use super::{load_pair, nibble_index, quant_offset, unsigned_quants};
+
+mod k_quants;
+pub(crate) use k_quants::{decode_q4k, decode_q6k, multiply_q4k, multiply_q6k, pack_acts_k};
 
 /// Values in a block.
 const BLOCK: usize = 32;
@@ -78,8 +78,8 @@ fn request_tile_state() -> bool {
 }
 
 /// One block of 16 activation rows as a B tile, with the rows' scales and
-/// scale × quant sums (zeros for rows past the last); for Q4_K, the rows'
-/// super-block scales and the block's quant sums (exact in f32).
+/// scale × quant sums (zeros for rows past the last); for the K-quants, the
+/// rows' super-block scales and the sub-block's quant sums (exact in f32).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct ActTile {
@@ -94,12 +94,13 @@ struct ActTile {
 pub(crate) struct AmxActs {
     tiles: Vec<ActTile>,
     blocks: usize,
+    cols: usize,
 }
 
 impl AmxActs {
     /// Values in an activation row.
     pub(crate) fn cols(&self) -> usize {
-        self.blocks * BLOCK
+        self.cols
     }
 }
 
@@ -127,41 +128,17 @@ pub(crate) fn pack_acts(acts: &[BlockQ8x2], act_len: usize, blocks: usize) -> Am
             tile.s[lane] = pair.s[h];
         }
     }
-    AmxActs { tiles, blocks }
-}
-
-/// Lays out Q8_K activation rows (`act_len` super-blocks each, `blocks`
-/// blocks of 32 in all) as B tiles, one per block of 32.
-pub(crate) fn pack_acts_k(acts: &[BlockQ8K], act_len: usize, blocks: usize) -> AmxActs {
-    let m = acts.len() / act_len.max(1);
-    let empty = ActTile {
-        q: [0; 4 * LANES * BLOCK / 4],
-        d: [0.0; LANES],
-        s: [0.0; LANES],
-    };
-    let per_super = QK_K / BLOCK;
-    let mut tiles = vec![empty; m.div_ceil(LANES) * blocks];
-    for (i, row) in acts.chunks_exact(act_len).enumerate() {
-        let (t, lane) = (i / LANES, i % LANES);
-        for b in 0..blocks {
-            let (a, sub) = (&row[b / per_super], b % per_super);
-            let tile = &mut tiles[t * blocks + b];
-            let qs = &a.qs[sub * BLOCK..(sub + 1) * BLOCK];
-            for (k, q4) in qs.chunks_exact(4).enumerate() {
-                let at = 4 * (LANES * k + lane);
-                tile.q[at..at + 4].copy_from_slice(q4);
-            }
-            tile.d[lane] = a.d;
-            tile.s[lane] = f32::from(a.bsums[2 * sub]) + f32::from(a.bsums[2 * sub + 1]);
-        }
+    AmxActs {
+        tiles,
+        blocks,
+        cols: blocks * BLOCK,
     }
-    AmxActs { tiles, blocks }
 }
 
 /// A tile of weight rows decoded for the A tiles: `q` the rows' quants
 /// (minus their offset) as bytes, rows padded to a multiple of 16; `d` and
 /// `m` per group of 16 rows and block the rows' scales and minimums (for
-/// Q4_K the integer sub-block scales and minimums, and `super_d`,
+/// the K-quants the integer sub-block scales and minimums, and `super_d`,
 /// `super_m` per super-block its scale and minimum scale). (The buffers are
 /// reused: past the rows decoded last they hold stale values.)
 #[derive(Default)]
@@ -172,105 +149,6 @@ pub(crate) struct AmxWeights {
     super_d: Vec<[f32; LANES]>,
     super_m: Vec<[f32; LANES]>,
     cols: usize,
-}
-
-/// [`decode_weights`] for Q4_K: unsigned quants 0..16, the sub-block scales
-/// and minimums as integers.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn decode_q4k(w: &[u8], cols: usize, out: &mut AmxWeights) {
-    const BYTES: usize = 4 + 12 + QK_K / 2;
-    let supers = cols / QK_K;
-    let blocks = cols / BLOCK;
-    let row_bytes = supers * BYTES;
-    let rows = w.len() / row_bytes.max(1);
-    let groups = rows.div_ceil(LANES);
-    out.cols = cols;
-    grow(&mut out.q, groups * LANES * cols, 0);
-    grow(&mut out.d, groups * blocks, [0.0; LANES]);
-    grow(&mut out.m, groups * blocks, [0.0; LANES]);
-    grow(&mut out.super_d, groups * supers, [0.0; LANES]);
-    grow(&mut out.super_m, groups * supers, [0.0; LANES]);
-    let low = _mm256_set1_epi8(0xF);
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let (g, lane) = (r / LANES, r % LANES);
-        for (k, b) in row.chunks_exact(BYTES).enumerate() {
-            let q = &mut out.q[r * cols + k * QK_K..r * cols + (k + 1) * QK_K];
-            // 32 bytes of quants hold two sub-blocks: low nibbles, then high.
-            for (qs, q) in b[16..].chunks_exact(32).zip(q.chunks_exact_mut(64)) {
-                let v = _mm256_loadu_si256(qs.as_ptr().cast());
-                let (lo, hi) = q.split_at_mut(32);
-                _mm256_storeu_si256(lo.as_mut_ptr().cast(), _mm256_and_si256(v, low));
-                let v = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                _mm256_storeu_si256(hi.as_mut_ptr().cast(), v);
-            }
-            let (scales, mins) = k4_scales_mins(&b[4..16]);
-            for sub in 0..QK_K / BLOCK {
-                out.d[g * blocks + k * 8 + sub][lane] = f32::from(scales[sub]);
-                out.m[g * blocks + k * 8 + sub][lane] = f32::from(mins[sub]);
-            }
-            out.super_d[g * supers + k][lane] = f16_at(b, 0);
-            out.super_m[g * supers + k][lane] = f16_at(b, 2);
-        }
-    }
-}
-
-/// [`multiply`] for Q4_K: per super-block, the exact integer totals of its
-/// eight blocks' sums times their scales, and of their activation sums
-/// times their minimums, scaled as the AVX2 kernels' `scale_q45k` does.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn multiply_q4k(w: &AmxWeights, acts: &AmxActs, n: usize, out: &mut [f32]) {
-    let m = out.len() / n.max(1);
-    let blocks = acts.blocks;
-    let supers = blocks * BLOCK / QK_K;
-    let per_super = QK_K / BLOCK;
-    debug_assert_eq!(w.cols, blocks * BLOCK);
-    let config = TileConfig::new();
-    asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack));
-    let mut sums = [Sums([0; LANES * LANES]), Sums([0; LANES * LANES])];
-    for (t, act_tiles) in acts.tiles.chunks_exact(blocks).enumerate() {
-        for g in 0..n.div_ceil(LANES) {
-            let q = &w.q[g * LANES * w.cols..(g + 1) * LANES * w.cols];
-            let mut acc = [_mm512_setzero_ps(); LANES];
-            for k in 0..supers {
-                let mut total = [_mm512_setzero_si512(); LANES];
-                let mut mins = [_mm512_setzero_si512(); LANES];
-                for b in (k * per_super..(k + 1) * per_super).step_by(2) {
-                    let a = q[b * BLOCK..].as_ptr();
-                    block_sums::<false, 0>(a, w.cols, &act_tiles[b], &mut sums[0]);
-                    let a = q[(b + 1) * BLOCK..].as_ptr();
-                    block_sums::<false, 1>(a, w.cols, &act_tiles[b + 1], &mut sums[1]);
-                    for h in 0..2 {
-                        let (tile, i) = (&act_tiles[b + h], g * blocks + b + h);
-                        let bsum = _mm512_cvtps_epi32(_mm512_loadu_ps(tile.s.as_ptr()));
-                        for j in 0..LANES {
-                            let sum = _mm512_loadu_si512(sums[h].0[LANES * j..].as_ptr().cast());
-                            let scale = _mm512_set1_epi32(w.d[i][j] as i32);
-                            total[j] = _mm512_add_epi32(total[j], _mm512_mullo_epi32(sum, scale));
-                            let min = _mm512_set1_epi32(w.m[i][j] as i32);
-                            mins[j] = _mm512_add_epi32(mins[j], _mm512_mullo_epi32(bsum, min));
-                        }
-                    }
-                }
-                let d = _mm512_loadu_ps(act_tiles[k * per_super].d.as_ptr());
-                let (wd, wm) = (&w.super_d[g * supers + k], &w.super_m[g * supers + k]);
-                for j in 0..LANES {
-                    acc[j] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(total[j]),
-                        _mm512_mul_ps(d, _mm512_set1_ps(wd[j])),
-                        acc[j],
-                    );
-                    let neg = _mm512_sub_epi32(_mm512_setzero_si512(), mins[j]);
-                    acc[j] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(neg),
-                        _mm512_mul_ps(d, _mm512_set1_ps(wm[j])),
-                        acc[j],
-                    );
-                }
-            }
-            store_outputs(&acc, out, n, m, t, g);
-        }
-    }
-    asm!("tilerelease", options(nostack));
 }
 
 /// Decodes the whole rows in `w` (of `cols` values each) into `out`.
@@ -321,16 +199,18 @@ fn grow<T: Clone>(v: &mut Vec<T>, len: usize, value: T) {
 }
 
 /// The tile shapes, two sets (for two blocks in flight): tmm0 and tmm3 A
-/// tiles (16 weight rows × 32 bytes), tmm1 and tmm4 B tiles (8 × 64
-/// bytes), tmm2 and tmm5 C tiles (16 × 16 sums).
+/// tiles (16 weight rows × 32 bytes, or 16), tmm1 and tmm4 B tiles (8 × 64
+/// bytes, or 4 × 64), tmm2 and tmm5 C tiles (16 × 16 sums).
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
 impl TileConfig {
-    fn new() -> Self {
+    /// A tiles of `a_bytes` (32, or 16 for Q6_K's sub-blocks) a row, and
+    /// B tiles of as many bytes a column.
+    fn new(a_bytes: u16) -> Self {
         let mut c = [0u8; 64];
         c[0] = 1; // palette 1
-        let shapes = [(16, 32u16), (8, 64), (16, 64)];
+        let shapes = [(16, a_bytes), (a_bytes as u8 / 4, 64), (16, 64)];
         for (t, (rows, bytes)) in shapes.into_iter().chain(shapes).enumerate() {
             c[16 + 2 * t..18 + 2 * t].copy_from_slice(&bytes.to_le_bytes());
             c[48 + t] = rows;
@@ -438,7 +318,7 @@ pub(crate) unsafe fn multiply<F: Format>(
     let m = out.len() / n.max(1);
     let blocks = acts.blocks;
     debug_assert_eq!(w.cols, blocks * BLOCK);
-    let config = TileConfig::new();
+    let config = TileConfig::new(BLOCK as u16);
     asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack));
     let mut sums = [Sums([0; LANES * LANES]), Sums([0; LANES * LANES])];
     for (t, act_tiles) in acts.tiles.chunks_exact(blocks).enumerate() {
