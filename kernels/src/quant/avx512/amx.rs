@@ -17,9 +17,9 @@
 //! product as B tiles ([`pack_acts`]: per 16 rows and block, 8 rows of 16 ×
 //! 4 bytes, with the rows' scales and scale × quant sums).
 //!
-//! The tiles are AMX state of the thread: [`multiply`] configures them at
-//! its start and releases them at its end. Linux grants a process that
-//! state on request ([`available`]).
+//! The tiles are AMX state of the thread: the products configure them at
+//! their start and release them at their end (`Tiles`). Linux grants a
+//! process that state on request ([`available`]).
 //!
 //! Safety: as the parent module's kernels, and AMX-TILE and AMX-INT8 with
 //! the state granted ([`available`]).
@@ -219,6 +219,27 @@ impl TileConfig {
     }
 }
 
+/// The tiles configured on this thread (with A tiles of `a_bytes` a row)
+/// until dropped, which releases them.
+struct Tiles;
+
+impl Tiles {
+    fn configure(a_bytes: u16) -> Self {
+        let config = TileConfig::new(a_bytes);
+        // SAFETY: the callers run only where `available()` (the CPU has
+        // AMX and the OS granted its state); the config is valid.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack)) };
+        Self
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: as in `configure`.
+        unsafe { asm!("tilerelease", options(nostack)) };
+    }
+}
+
 /// The C tile's sums, stored from tmm2.
 #[repr(C, align(64))]
 struct Sums([i32; LANES * LANES]);
@@ -318,8 +339,7 @@ pub(crate) unsafe fn multiply<F: Format>(
     let m = out.len() / n.max(1);
     let blocks = acts.blocks;
     debug_assert_eq!(w.cols, blocks * BLOCK);
-    let config = TileConfig::new(BLOCK as u16);
-    asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack));
+    let _tiles = Tiles::configure(BLOCK as u16);
     let mut sums = [Sums([0; LANES * LANES]), Sums([0; LANES * LANES])];
     for (t, act_tiles) in acts.tiles.chunks_exact(blocks).enumerate() {
         for g in 0..n.div_ceil(LANES) {
@@ -339,7 +359,6 @@ pub(crate) unsafe fn multiply<F: Format>(
             store_outputs(&acc, out, n, m, t, g);
         }
     }
-    asm!("tilerelease", options(nostack));
 }
 
 /// Writes the sums of weight group `g` (`acc[j]`, lanes the activation rows

@@ -6,14 +6,13 @@
 //! the AVX2 kernels scale their integer totals (`scale_q45k`,
 //! `scale_q6k`), so the bits are theirs.
 
-use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::super::super::act::BlockQ8K;
 use super::super::super::avx2::q6k_half;
 use super::super::super::format::{f16_at, k4_scales_mins, QK_K};
 use super::{
-    block_sums, grow, store_outputs, ActTile, AmxActs, AmxWeights, Sums, TileConfig, BLOCK, LANES,
+    block_sums, grow, store_outputs, ActTile, AmxActs, AmxWeights, Sums, Tiles, BLOCK, LANES,
 };
 
 /// Lays out Q8_K activation rows (`act_len` super-blocks each, `cols`
@@ -158,8 +157,7 @@ unsafe fn multiply_super<const SUB: usize, const SIGNED: bool, const MINS: bool>
     let per_super = QK_K / SUB;
     let supers = blocks / per_super;
     debug_assert_eq!(w.cols, blocks * SUB);
-    let config = TileConfig::new(SUB as u16);
-    asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack));
+    let _tiles = Tiles::configure(SUB as u16);
     let mut sums = [Sums([0; LANES * LANES]), Sums([0; LANES * LANES])];
     for (t, act_tiles) in acts.tiles.chunks_exact(blocks).enumerate() {
         for g in 0..n.div_ceil(LANES) {
@@ -209,5 +207,4 @@ unsafe fn multiply_super<const SUB: usize, const SIGNED: bool, const MINS: bool>
             store_outputs(&acc, out, n, m, t, g);
         }
     }
-    asm!("tilerelease", options(nostack));
 }
