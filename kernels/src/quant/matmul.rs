@@ -128,14 +128,15 @@ struct Panel {
 
 /// Fast products over many activation rows on AMX tiles: `decode` turns
 /// whole weight rows (of `cols` values, the second argument) into A tiles,
-/// `multiply` takes them with the activations as B tiles and room for
-/// `out[i * n + r]` (`n` the third argument). Together they must give bit
-/// for bit what the single-row kernel gives. Unsafe because they need AMX.
+/// `multiply` takes them with the activations as B tiles and writes weight
+/// row `r` (of `n`, the last argument) times activation row `i` to
+/// `outs[i][col0 + r]`. Together they must give bit for bit what the
+/// single-row kernel gives. Unsafe because they need AMX.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct AmxPanel {
     decode: unsafe fn(&[u8], usize, &mut AmxWeights),
-    multiply: unsafe fn(&AmxWeights, &AmxActs, usize, &mut [f32]),
+    multiply: unsafe fn(&AmxWeights, &AmxActs, &mut [&mut [f32]], usize, usize),
 }
 
 /// The kernels of a format, precision and instruction set.

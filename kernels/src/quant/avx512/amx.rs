@@ -327,16 +327,16 @@ unsafe fn scale_sums<F: Format>(
     }
 }
 
-/// `out[i * n + r]` = weight row `r` of `w` (`n` rows) times activation row
-/// `i` of `acts` (`m = out.len() / n` rows).
+/// `outs[i][col0 + r]` = weight row `r` of `w` (`n` rows) times activation
+/// row `i` of `acts` (one row of `outs` for each).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn multiply<F: Format>(
     w: &AmxWeights,
     acts: &AmxActs,
+    outs: &mut [&mut [f32]],
+    col0: usize,
     n: usize,
-    out: &mut [f32],
 ) {
-    let m = out.len() / n.max(1);
     let blocks = acts.blocks;
     debug_assert_eq!(w.cols, blocks * BLOCK);
     let _tiles = Tiles::configure(BLOCK as u16);
@@ -356,20 +356,20 @@ pub(crate) unsafe fn multiply<F: Format>(
                     scale_sums::<F>(&mut acc, &sums[h], &act_tiles[b + h], &w.d[k], &w.m[k]);
                 }
             }
-            store_outputs(&acc, out, n, m, t, g);
+            store_outputs(&acc, outs, col0, n, t, g);
         }
     }
 }
 
 /// Writes the sums of weight group `g` (`acc[j]`, lanes the activation rows
-/// of tile `t`) to `out[i * n + r]`, `m` activation rows in all.
+/// of tile `t`) to `outs[i][col0 + r]`, `n` weight rows in all.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn store_outputs(
     acc: &[__m512; LANES],
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
+    col0: usize,
     n: usize,
-    m: usize,
     t: usize,
     g: usize,
 ) {
@@ -378,8 +378,8 @@ unsafe fn store_outputs(
         _mm512_storeu_ps(y.as_mut_ptr(), *acc);
     }
     let rows = (n - g * LANES).min(LANES);
-    for i in 0..(m - t * LANES).min(LANES) {
-        let out = &mut out[(t * LANES + i) * n + g * LANES..][..rows];
+    for (i, out) in outs.iter_mut().skip(t * LANES).take(LANES).enumerate() {
+        let out = &mut out[col0 + g * LANES..][..rows];
         for (j, out) in out.iter_mut().enumerate() {
             *out = y[j][i];
         }

@@ -41,7 +41,7 @@ thread_local! {
     static PANEL_SCRATCH: RefCell<(Aligned, Vec<f32>)> = RefCell::default();
     /// Each thread's decoded weights and outputs of the AMX kernels.
     #[cfg(target_arch = "x86_64")]
-    static AMX_SCRATCH: RefCell<(AmxWeights, Vec<f32>)> = RefCell::default();
+    static AMX_SCRATCH: RefCell<AmxWeights> = RefCell::default();
 }
 
 /// Makes `v` at least `len` long.
@@ -191,21 +191,16 @@ impl<A: Sync> Job<'_, A> {
         let n = outs.first().map_or(0, |o| o.len());
         let lanes = super::super::avx512::LANES;
         let tile = ((AMX_TILE_BYTES / cols.max(1)) / lanes * lanes).clamp(lanes, n.max(lanes));
-        AMX_SCRATCH.with_borrow_mut(|(decoded, buf)| {
-            grow(buf, outs.len() * tile);
+        AMX_SCRATCH.with_borrow_mut(|decoded| {
             for t0 in (0..n).step_by(tile) {
                 let t1 = (t0 + tile).min(n);
                 let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
-                let buf = &mut buf[..outs.len() * (t1 - t0)];
                 // SAFETY: the kernels were selected for an instruction set
                 // the CPU supports; `w` holds whole rows, `acts` all
-                // activation rows and `buf` room for their outputs.
+                // activation rows, `outs` a row of outputs for each.
                 unsafe {
                     (amx.decode)(w, cols, decoded);
-                    (amx.multiply)(decoded, acts, t1 - t0, buf);
-                }
-                for (out, y) in outs.iter_mut().zip(buf.chunks_exact(t1 - t0)) {
-                    out[t0..t1].copy_from_slice(y);
+                    (amx.multiply)(decoded, acts, outs, t0, t1 - t0);
                 }
             }
         });

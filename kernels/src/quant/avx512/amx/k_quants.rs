@@ -127,17 +127,29 @@ pub(crate) unsafe fn decode_q6k(w: &[u8], cols: usize, out: &mut AmxWeights) {
 }
 
 /// Q4_K rows decoded by [`decode_q4k`] times activation rows laid out by
-/// [`pack_acts_k`] (sub-blocks of 32): `out[i * n + r]`.
+/// [`pack_acts_k`] (sub-blocks of 32), as `amx::multiply` writes them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn multiply_q4k(w: &AmxWeights, acts: &AmxActs, n: usize, out: &mut [f32]) {
-    multiply_super::<32, false, true>(w, acts, n, out);
+pub(crate) unsafe fn multiply_q4k(
+    w: &AmxWeights,
+    acts: &AmxActs,
+    outs: &mut [&mut [f32]],
+    col0: usize,
+    n: usize,
+) {
+    multiply_super::<32, false, true>(w, acts, outs, col0, n);
 }
 
 /// Q6_K rows decoded by [`decode_q6k`] times activation rows laid out by
-/// [`pack_acts_k`] (sub-blocks of 16): `out[i * n + r]`.
+/// [`pack_acts_k`] (sub-blocks of 16), as `amx::multiply` writes them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn multiply_q6k(w: &AmxWeights, acts: &AmxActs, n: usize, out: &mut [f32]) {
-    multiply_super::<16, true, false>(w, acts, n, out);
+pub(crate) unsafe fn multiply_q6k(
+    w: &AmxWeights,
+    acts: &AmxActs,
+    outs: &mut [&mut [f32]],
+    col0: usize,
+    n: usize,
+) {
+    multiply_super::<16, true, false>(w, acts, outs, col0, n);
 }
 
 /// The K-quant products (see the module docs), sub-blocks of `SUB` values,
@@ -149,10 +161,10 @@ pub(crate) unsafe fn multiply_q6k(w: &AmxWeights, acts: &AmxActs, n: usize, out:
 unsafe fn multiply_super<const SUB: usize, const SIGNED: bool, const MINS: bool>(
     w: &AmxWeights,
     acts: &AmxActs,
+    outs: &mut [&mut [f32]],
+    col0: usize,
     n: usize,
-    out: &mut [f32],
 ) {
-    let m = out.len() / n.max(1);
     let blocks = acts.blocks;
     let per_super = QK_K / SUB;
     let supers = blocks / per_super;
@@ -204,7 +216,7 @@ unsafe fn multiply_super<const SUB: usize, const SIGNED: bool, const MINS: bool>
                     }
                 }
             }
-            store_outputs(&acc, out, n, m, t, g);
+            store_outputs(&acc, outs, col0, n, t, g);
         }
     }
 }
