@@ -224,10 +224,13 @@ impl TileConfig {
 struct Tiles;
 
 impl Tiles {
-    fn configure(a_bytes: u16) -> Self {
+    /// # Safety
+    /// Only where [`available`] (the CPU has AMX and the OS granted its
+    /// state).
+    unsafe fn configure(a_bytes: u16) -> Self {
         let config = TileConfig::new(a_bytes);
-        // SAFETY: the callers run only where `available()` (the CPU has
-        // AMX and the OS granted its state); the config is valid.
+        // SAFETY: AMX is available (the caller's contract); the
+        // configuration is a valid palette-1 one.
         unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack)) };
         Self
     }
@@ -235,7 +238,8 @@ impl Tiles {
 
 impl Drop for Tiles {
     fn drop(&mut self) {
-        // SAFETY: as in `configure`.
+        // SAFETY: a `Tiles` exists only after `configure`, so AMX is
+        // available.
         unsafe { asm!("tilerelease", options(nostack)) };
     }
 }
