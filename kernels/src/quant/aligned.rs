@@ -1,4 +1,12 @@
-//! Scratch buffers of f32 that start on a cache line.
+//! Scratch buffers: f32 that start on a cache line, and vectors grown to
+//! size without being cleared.
+
+/// Makes `v` at least `len` long (new elements `value`, old ones kept).
+pub(crate) fn grow<T: Clone>(v: &mut Vec<T>, len: usize, value: T) {
+    if v.len() < len {
+        v.resize(len, value);
+    }
+}
 
 /// A growable buffer of f32 starting on a cache line: a 64-byte load from an
 /// unaligned row touches two lines, which halves the loads a cycle can do.

@@ -10,7 +10,7 @@ mod job;
 use super::act::{quantize_run, BlockQ8, BlockQ8K};
 use super::aligned::Aligned;
 #[cfg(target_arch = "x86_64")]
-use super::avx512::amx::{AmxActs, AmxWeights};
+use super::avx512::amx::{AmxActs, AmxWeights, PackActs};
 #[cfg(target_arch = "x86_64")]
 use super::avx512::BlockQ8x2;
 use super::format::{marker, Format};
@@ -139,6 +139,14 @@ struct AmxPanel {
     multiply: unsafe fn(&AmxWeights, &AmxActs, &mut [&mut [f32]], usize, usize),
 }
 
+/// The AMX kernels of a format, and how they lay out its activation
+/// blocks.
+#[cfg(target_arch = "x86_64")]
+struct Amx<A> {
+    pack: PackActs<A>,
+    panel: AmxPanel,
+}
+
 /// The kernels of a format, precision and instruction set.
 struct Kernels<A> {
     one: Kernel<A>,
@@ -196,11 +204,11 @@ enum Selected {
     /// AVX-512 fast kernels, and AMX ones for [`AMX_MIN_ACTS`] activation
     /// rows or more.
     #[cfg(target_arch = "x86_64")]
-    Q8x2Amx(Kernels<BlockQ8x2>, AmxPanel),
+    Q8x2Amx(Kernels<BlockQ8x2>, Amx<BlockQ8x2>),
     /// Q8_K kernels, and AMX ones for [`AMX_MIN_ACTS`] activation rows or
     /// more.
     #[cfg(target_arch = "x86_64")]
-    Q8KAmx(Kernels<BlockQ8K>, AmxPanel),
+    Q8KAmx(Kernels<BlockQ8K>, Amx<BlockQ8K>),
 }
 
 /// Evaluates `$body` with `$f` naming the [`Format`](super::format::Format)
@@ -294,18 +302,22 @@ fn select_avx512(ty: QuantType, precision: Precision, amx: bool) -> Option<Selec
         (Fast, QuantType::Q5_1) => fast_512::<m::Q5_1>(amx),
         (Fast, QuantType::Q8_0) => fast_512::<m::Q8_0>(amx),
         (Fast, QuantType::Q4K) if amx => {
+            use super::avx512::amx as k;
             let panel = AmxPanel {
-                decode: super::avx512::amx::decode_q4k,
-                multiply: super::avx512::amx::multiply_q4k,
+                decode: k::decode_q4k,
+                multiply: k::multiply_q4k,
             };
-            Selected::Q8KAmx(fast_q45k_avx2::<m::Q4K>(), panel)
+            let pack = k::pack_acts_k::<32>;
+            Selected::Q8KAmx(fast_q45k_avx2::<m::Q4K>(), Amx { pack, panel })
         }
         (Fast, QuantType::Q6K) if amx => {
+            use super::avx512::amx as k;
             let panel = AmxPanel {
-                decode: super::avx512::amx::decode_q6k,
-                multiply: super::avx512::amx::multiply_q6k,
+                decode: k::decode_q6k,
+                multiply: k::multiply_q6k,
             };
-            Selected::Q8KAmx(fast_q6k_avx2(), panel)
+            let pack = k::pack_acts_k::<16>;
+            Selected::Q8KAmx(fast_q6k_avx2(), Amx { pack, panel })
         }
         _ => return None,
     })
@@ -353,7 +365,8 @@ fn fast_512<F: Format>(amx: bool) -> Selected {
             decode: k::amx::decode_weights::<F>,
             multiply: k::amx::multiply::<F>,
         };
-        Selected::Q8x2Amx(kernels, panel)
+        let pack = k::amx::pack_acts;
+        Selected::Q8x2Amx(kernels, Amx { pack, panel })
     } else {
         Selected::Q8x2(kernels)
     }
@@ -642,53 +655,63 @@ impl<'a> QuantMatrix<'a> {
             Selected::Exact(kernels) | Selected::ExactPanel(kernels, _) => {
                 self.job(kernels, x, self.cols).run(self.rows, y)
             }
-            Selected::Q8(kernels) => {
-                let (acts, per_row) = quantize_acts::<BlockQ8>(isa, x, self.cols);
-                self.job(kernels, &acts, per_row).run(self.rows, y);
-            }
+            Selected::Q8(kernels) => self.run_quantized(isa, kernels, 1, x, y),
+            Selected::Q8K(kernels) => self.run_quantized(isa, kernels, 1, x, y),
             #[cfg(target_arch = "x86_64")]
             Selected::Q8KAmx(kernels, amx) if m >= AMX_MIN_ACTS => {
-                let (acts, per_row) = quantize_acts::<BlockQ8K>(isa, x, self.cols);
-                let sub = if self.ty == QuantType::Q6K { 16 } else { 32 };
-                let tiles = super::avx512::amx::pack_acts_k(&acts, per_row, self.cols, sub);
-                let job = Job {
-                    panel: Some(Panels::Amx(amx, &tiles)),
-                    row_align: super::avx512::LANES,
-                    ..self.job(kernels, &acts, per_row)
-                };
-                job.run(self.rows, y);
-            }
-            Selected::Q8K(kernels) => {
-                let (acts, per_row) = quantize_acts::<BlockQ8K>(isa, x, self.cols);
-                self.job(kernels, &acts, per_row).run(self.rows, y);
+                self.run_amx(isa, kernels, amx, x, y)
             }
             #[cfg(target_arch = "x86_64")]
-            Selected::Q8KAmx(kernels, _) => {
-                let (acts, per_row) = quantize_acts::<BlockQ8K>(isa, x, self.cols);
-                self.job(kernels, &acts, per_row).run(self.rows, y);
-            }
+            Selected::Q8KAmx(kernels, _) => self.run_quantized(isa, kernels, 1, x, y),
             #[cfg(target_arch = "x86_64")]
             Selected::Q8x2Amx(kernels, amx) if m >= AMX_MIN_ACTS => {
-                let (acts, per_row) = quantize_acts::<BlockQ8x2>(isa, x, self.cols);
-                let tiles = super::avx512::amx::pack_acts(&acts, per_row, self.cols / 32);
-                let job = Job {
-                    panel: Some(Panels::Amx(amx, &tiles)),
-                    row_align: super::avx512::LANES,
-                    ..self.job(kernels, &acts, per_row)
-                };
-                job.run(self.rows, y);
+                self.run_amx(isa, kernels, amx, x, y)
             }
             #[cfg(target_arch = "x86_64")]
             Selected::Q8x2(kernels) | Selected::Q8x2Amx(kernels, _) => {
-                let (acts, per_row) = quantize_acts::<BlockQ8x2>(isa, x, self.cols);
-                let job = Job {
-                    row_align: super::avx512::LANES,
-                    ..self.job(kernels, &acts, per_row)
-                };
-                job.run(self.rows, y);
+                self.run_quantized(isa, kernels, super::avx512::LANES, x, y)
             }
         }
         Ok(())
+    }
+
+    /// Quantizes the activations `x` to blocks `A` and runs `kernels`,
+    /// tasks taking multiples of `row_align` rows.
+    fn run_quantized<A: ActBlock>(
+        &self,
+        isa: Isa,
+        kernels: Kernels<A>,
+        row_align: usize,
+        x: &[f32],
+        y: &mut [f32],
+    ) {
+        let (acts, per_row) = quantize_acts::<A>(isa, x, self.cols);
+        let job = Job {
+            row_align,
+            ..self.job(kernels, &acts, per_row)
+        };
+        job.run(self.rows, y);
+    }
+
+    /// As [`run_quantized`](Self::run_quantized), every row on the AMX
+    /// kernels from the activations laid out as B tiles.
+    #[cfg(target_arch = "x86_64")]
+    fn run_amx<A: ActBlock>(
+        &self,
+        isa: Isa,
+        kernels: Kernels<A>,
+        amx: Amx<A>,
+        x: &[f32],
+        y: &mut [f32],
+    ) {
+        let (acts, per_row) = quantize_acts::<A>(isa, x, self.cols);
+        let tiles = (amx.pack)(&acts, per_row, self.cols);
+        let job = Job {
+            panel: Some(Panels::Amx(amx.panel, &tiles)),
+            row_align: super::avx512::LANES,
+            ..self.job(kernels, &acts, per_row)
+        };
+        job.run(self.rows, y);
     }
 
     fn job<'j, A>(&'j self, kernels: Kernels<A>, acts: &'j [A], act_len: usize) -> Job<'j, A> {

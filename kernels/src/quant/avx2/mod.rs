@@ -512,11 +512,10 @@ fn multi_rows_of<const R: usize>(
 /// `n = out.len() / R` values: `out[i * n + r]` is weight row `r` times
 /// activation row `i`, bit for bit what [`fast_q45k`] gives.
 ///
-/// The integer sums of a block do not depend on the order of their
-/// (wrapping) additions; the floating-point steps are the single-row
-/// kernel's, lane for lane: the scale products take one `vmulps` for all
-/// rows (a lane per row), and the minimums' sums of two activation rows
-/// share a vector (four lanes each).
+/// The integer totals of a block do not depend on the order of their
+/// additions, and each activation row then takes the single-row kernel's
+/// floating-point steps (`scale_q45k`); the minimums' sums of two
+/// activation rows share a vector (four lanes each).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn fast_q45k_multi<F: Format, const R: usize>(
     w: &[u8],
@@ -642,8 +641,8 @@ unsafe fn scale_q6k(acc: f32, sum: i32, b: &[u8], d: f32) -> f32 {
 /// [`fast_q6k`] over `R` (2, 4, 6 or 8) activation rows at once, with
 /// [`fast_q45k_multi`]'s layout of `acts` and `out`: each weight block is
 /// decoded once for the `R` rows, and the results are bit for bit what
-/// [`fast_q6k`] gives (integer sums in any order, then the same
-/// floating-point steps, the scale products a lane per row).
+/// [`fast_q6k`] gives (integer totals in any order, then the same
+/// floating-point steps, `scale_q6k`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn fast_q6k_multi<const R: usize>(
     w: &[u8],

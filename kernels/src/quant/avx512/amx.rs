@@ -28,14 +28,18 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use half::f16;
-
-use super::super::format::Format;
+use super::super::aligned::grow;
+use super::super::format::{f16_at, Format};
 use super::fast::{BlockQ8x2, LANES};
 use super::{load_pair, nibble_index, quant_offset, unsigned_quants};
 
 mod k_quants;
 pub(crate) use k_quants::{decode_q4k, decode_q6k, multiply_q4k, multiply_q6k, pack_acts_k};
+
+/// Lays out activation rows (of the given blocks, `act_len` of them a row,
+/// the row's values last) as B tiles for [`multiply`], [`multiply_q4k`] or
+/// [`multiply_q6k`].
+pub(crate) type PackActs<A> = fn(&[A], usize, usize) -> AmxActs;
 
 /// Values in a block.
 const BLOCK: usize = 32;
@@ -89,6 +93,25 @@ struct ActTile {
     s: [f32; LANES],
 }
 
+impl ActTile {
+    const EMPTY: Self = Self {
+        q: [0; 4 * LANES * BLOCK / 4],
+        d: [0.0; LANES],
+        s: [0.0; LANES],
+    };
+
+    /// Puts one activation row's quants of the block (32 values, or 16),
+    /// scale `d` and sum `s` in `lane`.
+    fn set_lane(&mut self, lane: usize, qs: &[i8], d: f32, s: f32) {
+        for (k, q4) in qs.chunks_exact(4).enumerate() {
+            let at = 4 * (LANES * k + lane);
+            self.q[at..at + 4].copy_from_slice(q4);
+        }
+        self.d[lane] = d;
+        self.s[lane] = s;
+    }
+}
+
 /// Activation rows laid out as B tiles: tile `t * blocks + b` holds block
 /// `b` of rows `16t..16t + 16`.
 pub(crate) struct AmxActs {
@@ -104,34 +127,24 @@ impl AmxActs {
     }
 }
 
-/// Lays out `acts` (rows of `act_len` pairs of blocks, `blocks` real blocks
-/// each) as B tiles.
-pub(crate) fn pack_acts(acts: &[BlockQ8x2], act_len: usize, blocks: usize) -> AmxActs {
+/// Lays out `acts` (rows of `act_len` pairs of blocks, `cols` values each)
+/// as B tiles.
+pub(crate) fn pack_acts(acts: &[BlockQ8x2], act_len: usize, cols: usize) -> AmxActs {
+    let blocks = cols / BLOCK;
     let m = acts.len() / act_len.max(1);
-    let empty = ActTile {
-        q: [0; 4 * LANES * BLOCK / 4],
-        d: [0.0; LANES],
-        s: [0.0; LANES],
-    };
-    let mut tiles = vec![empty; m.div_ceil(LANES) * blocks];
+    let mut tiles = vec![ActTile::EMPTY; m.div_ceil(LANES) * blocks];
     for (i, row) in acts.chunks_exact(act_len).enumerate() {
         let (t, lane) = (i / LANES, i % LANES);
         for b in 0..blocks {
             let (pair, h) = (&row[b / 2], b % 2);
-            let tile = &mut tiles[t * blocks + b];
             let qs = &pair.qs[h * BLOCK..(h + 1) * BLOCK];
-            for (k, q4) in qs.chunks_exact(4).enumerate() {
-                let at = 4 * (LANES * k + lane);
-                tile.q[at..at + 4].copy_from_slice(q4);
-            }
-            tile.d[lane] = pair.d[h];
-            tile.s[lane] = pair.s[h];
+            tiles[t * blocks + b].set_lane(lane, qs, pair.d[h], pair.s[h]);
         }
     }
     AmxActs {
         tiles,
         blocks,
-        cols: blocks * BLOCK,
+        cols,
     }
 }
 
@@ -182,19 +195,11 @@ pub(crate) unsafe fn decode_weights<F: Format>(w: &[u8], cols: usize, out: &mut 
         }
         let (g, lane) = (r / LANES, r % LANES);
         for (b, block) in row.chunks_exact(F::BYTES).enumerate() {
-            let half = |at: usize| f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
-            out.d[g * blocks + b][lane] = half(0);
+            out.d[g * blocks + b][lane] = f16_at(block, 0);
             if F::TY.has_min() {
-                out.m[g * blocks + b][lane] = half(2);
+                out.m[g * blocks + b][lane] = f16_at(block, 2);
             }
         }
-    }
-}
-
-/// Makes `v` at least `len` long.
-fn grow<T: Clone>(v: &mut Vec<T>, len: usize, value: T) {
-    if v.len() < len {
-        v.resize(len, value);
     }
 }
 
@@ -259,8 +264,9 @@ unsafe fn block_sums<const SIGNED: bool, const SET: usize>(
     b: &ActTile,
     c: &mut Sums,
 ) {
-    // SAFETY (caller): tiles configured by `multiply`; `a` has 16 rows of
-    // 32 bytes at `stride`, `b.q` 8 rows of 64 bytes, `c` 16 rows of 64.
+    // SAFETY (caller): tiles configured (`Tiles`); `a` has 16 rows of the
+    // A tiles' width at `stride`, `b.q` the B tile's rows of 64 bytes, `c`
+    // 16 rows of 64.
     macro_rules! product {
         ($op:literal, $a:literal, $b:literal, $c:literal) => {
             asm!(

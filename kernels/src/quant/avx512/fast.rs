@@ -6,8 +6,9 @@
 //! arithmetic, so that a product's bits do not depend on the kernel, on how
 //! many rows it has, or on whether the CPU has AMX:
 //! - per block `b`, in order, the exact integer sum `Σ (q − offset)·a` of
-//!   its 32 quant products (`offset` 8, 16 or 128 for Q4_0, Q5_0, Q8_0, 0
-//!   for the formats with a minimum);
+//!   its 32 products, `q` the unsigned quants (Q8_0's signed ones plus 128)
+//!   and `offset` 8, 16 or 128 for Q4_0, Q5_0, Q8_0, 0 for the formats with
+//!   a minimum;
 //! - `acc = fma(float(sum), d_w · d_a, acc)` from `acc = 0`;
 //! - for Q4_1 and Q5_1, then `acc = fma(m_w, d_a · Σa, acc)`.
 //!
@@ -170,7 +171,7 @@ unsafe fn group_products<F: Format, const R: usize>(
             }
         }
         let second = 2 * p + 1 < blocks;
-        let mut scales = [BlockScales::default(); 2];
+        let mut scales = [BlockScales::zero(); 2];
         for (h, scales) in scales.iter_mut().enumerate() {
             let mask = if h == 0 || second { present } else { 0 };
             let at = _mm512_add_epi32(lane_rows, _mm512_set1_epi32((at + h * F::BYTES) as i32));
@@ -203,15 +204,15 @@ unsafe fn group_products<F: Format, const R: usize>(
 
 /// A block's scale (and minimum) for each lane's weight row.
 #[derive(Clone, Copy)]
-pub(super) struct BlockScales {
-    pub d: __m512,
-    pub m: __m512,
+struct BlockScales {
+    d: __m512,
+    m: __m512,
 }
 
 impl BlockScales {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    unsafe fn default() -> Self {
+    unsafe fn zero() -> Self {
         Self {
             d: _mm512_setzero_ps(),
             m: _mm512_setzero_ps(),
@@ -235,7 +236,7 @@ impl BlockScales {
 /// the activation block's scale and scale × quant sum.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn scale_block<F: Format>(
+unsafe fn scale_block<F: Format>(
     acc: __m512,
     sum: __m512i,
     w: &BlockScales,

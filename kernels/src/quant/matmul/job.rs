@@ -6,6 +6,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::super::aligned::grow;
 use super::{Aligned, Kernel, MultiKernel, Panel, MAX_MULTI_KERNELS};
 #[cfg(target_arch = "x86_64")]
 use super::{AmxActs, AmxPanel, AmxWeights};
@@ -39,16 +40,9 @@ const AMX_TILE_BYTES: usize = 256 << 10;
 thread_local! {
     /// Each thread's decoded weights and outputs of the panel kernels.
     static PANEL_SCRATCH: RefCell<(Aligned, Vec<f32>)> = RefCell::default();
-    /// Each thread's decoded weights and outputs of the AMX kernels.
+    /// Each thread's weights decoded for the AMX kernels.
     #[cfg(target_arch = "x86_64")]
     static AMX_SCRATCH: RefCell<AmxWeights> = RefCell::default();
-}
-
-/// Makes `v` at least `len` long.
-fn grow(v: &mut Vec<f32>, len: usize) {
-    if v.len() < len {
-        v.resize(len, 0.0);
-    }
 }
 
 /// Kernels that compute every row of a product from weights decoded once
@@ -162,7 +156,7 @@ impl<A: Sync> Job<'_, A> {
             // Grown, never shrunk: fresh pages for every task cost more
             // than the products of a small one.
             let decoded = decoded.floats(tile * cols);
-            grow(buf, outs.len() * tile);
+            grow(buf, outs.len() * tile, 0.0);
             for t0 in (0..n).step_by(tile) {
                 let t1 = (t0 + tile).min(n);
                 let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];

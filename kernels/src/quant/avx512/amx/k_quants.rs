@@ -9,37 +9,30 @@
 use std::arch::x86_64::*;
 
 use super::super::super::act::BlockQ8K;
+use super::super::super::aligned::grow;
 use super::super::super::avx2::q6k_half;
 use super::super::super::format::{f16_at, k4_scales_mins, QK_K};
-use super::{
-    block_sums, grow, store_outputs, ActTile, AmxActs, AmxWeights, Sums, Tiles, BLOCK, LANES,
-};
+use super::{block_sums, store_outputs, ActTile, AmxActs, AmxWeights, Sums, Tiles, BLOCK, LANES};
 
 /// Lays out Q8_K activation rows (`act_len` super-blocks each, `cols`
-/// values in all) as B tiles, one per sub-block of `sub` (32 or 16)
-/// values, with the rows' scales and the sub-block's quant sums.
-pub(crate) fn pack_acts_k(acts: &[BlockQ8K], act_len: usize, cols: usize, sub: usize) -> AmxActs {
+/// values in all) as B tiles, one per sub-block of `SUB` (32 for Q4_K, 16
+/// for Q6_K) values, with the rows' scales and the sub-block's quant sums.
+pub(crate) fn pack_acts_k<const SUB: usize>(
+    acts: &[BlockQ8K],
+    act_len: usize,
+    cols: usize,
+) -> AmxActs {
     let m = acts.len() / act_len.max(1);
-    let empty = ActTile {
-        q: [0; 4 * LANES * BLOCK / 4],
-        d: [0.0; LANES],
-        s: [0.0; LANES],
-    };
-    let (blocks, per_super) = (cols / sub, QK_K / sub);
-    let mut tiles = vec![empty; m.div_ceil(LANES) * blocks];
+    let (blocks, per_super) = (cols / SUB, QK_K / SUB);
+    let mut tiles = vec![ActTile::EMPTY; m.div_ceil(LANES) * blocks];
     for (i, row) in acts.chunks_exact(act_len).enumerate() {
         let (t, lane) = (i / LANES, i % LANES);
         for b in 0..blocks {
             let (a, k) = (&row[b / per_super], b % per_super);
-            let tile = &mut tiles[t * blocks + b];
-            let qs = &a.qs[k * sub..(k + 1) * sub];
-            for (step, q4) in qs.chunks_exact(4).enumerate() {
-                let at = 4 * (LANES * step + lane);
-                tile.q[at..at + 4].copy_from_slice(q4);
-            }
-            tile.d[lane] = a.d;
-            let runs = &a.bsums[k * sub / 16..(k + 1) * sub / 16];
-            tile.s[lane] = runs.iter().map(|&s| f32::from(s)).sum();
+            let qs = &a.qs[k * SUB..(k + 1) * SUB];
+            let runs = &a.bsums[k * SUB / 16..(k + 1) * SUB / 16];
+            let sum = runs.iter().map(|&s| f32::from(s)).sum();
+            tiles[t * blocks + b].set_lane(lane, qs, a.d, sum);
         }
     }
     AmxActs {
