@@ -33,8 +33,10 @@ const TYPES: [QuantType; 6] = [
     QuantType::Q6K,
 ];
 
-/// Activation rows of a prefill batch.
-const PREFILL_M: usize = 64;
+/// Activation rows of a prefill batch: enough that, as in a real prompt's
+/// prefill, the panel and AMX kernels decode each weight tile once for many
+/// activation rows (16 tiles of 16 here).
+const PREFILL_M: usize = 256;
 /// rows x cols of the prefill cases: SmolLM2-135M's attention q/o, MLP
 /// up/gate and down, then Gemma-3-270M's attention q, attention o, MLP
 /// up/gate and down.

@@ -10,7 +10,7 @@ mod job;
 use super::act::{quantize_run, BlockQ8, BlockQ8K};
 use super::aligned::Aligned;
 #[cfg(target_arch = "x86_64")]
-use super::avx512::amx::{AmxActs, AmxWeights, PackActs};
+use super::avx512::amx::AmxWeights;
 #[cfg(target_arch = "x86_64")]
 use super::avx512::BlockQ8x2;
 use super::format::{marker, Format};
@@ -126,26 +126,34 @@ struct Panel {
     multiply: unsafe fn(&[f32], &[f32], usize, &mut [f32]),
 }
 
-/// Fast products over many activation rows on AMX tiles: `decode` turns
-/// whole weight rows (of `cols` values, the second argument) into A tiles,
-/// `multiply` takes them with the activations as B tiles and writes weight
-/// row `r` (of `n`, the last argument) times activation row `i` to
-/// `outs[i][col0 + r]`. Together they must give bit for bit what the
-/// single-row kernel gives. Unsafe because they need AMX.
+/// Fast products over many activation rows on AMX tiles: `decode` lays out
+/// whole weight rows (of `cols` values, the second argument) as B tiles,
+/// `multiply` takes them with the quantized activation rows (`act_len`
+/// blocks each, padded with zero blocks to a multiple of 16 rows) and
+/// writes weight row `r` (of `n`, the last argument) times activation row
+/// `i` to `outs[i][col0 + r]`. Together they must give bit for bit what
+/// the single-row kernel gives. Unsafe because they need AMX.
 #[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct AmxPanel {
+struct AmxPanel<A> {
     decode: unsafe fn(&[u8], usize, &mut AmxWeights),
-    multiply: unsafe fn(&AmxWeights, &AmxActs, &mut [&mut [f32]], usize, usize),
+    multiply: AmxMultiply<A>,
 }
 
-/// The AMX kernels of a format, and how they lay out its activation
-/// blocks.
+/// An AMX product: decoded weights, activation rows, blocks a row,
+/// outputs, first output column, weight rows.
 #[cfg(target_arch = "x86_64")]
-struct Amx<A> {
-    pack: PackActs<A>,
-    panel: AmxPanel,
+type AmxMultiply<A> = unsafe fn(&AmxWeights, &[A], usize, &mut [&mut [f32]], usize, usize);
+
+// Not derived: that would require `A: Copy`.
+#[cfg(target_arch = "x86_64")]
+impl<A> Clone for AmxPanel<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
 }
+
+#[cfg(target_arch = "x86_64")]
+impl<A> Copy for AmxPanel<A> {}
 
 /// The kernels of a format, precision and instruction set.
 struct Kernels<A> {
@@ -204,11 +212,11 @@ enum Selected {
     /// AVX-512 fast kernels, and AMX ones for [`AMX_MIN_ACTS`] activation
     /// rows or more.
     #[cfg(target_arch = "x86_64")]
-    Q8x2Amx(Kernels<BlockQ8x2>, Amx<BlockQ8x2>),
+    Q8x2Amx(Kernels<BlockQ8x2>, AmxPanel<BlockQ8x2>),
     /// Q8_K kernels, and AMX ones for [`AMX_MIN_ACTS`] activation rows or
     /// more.
     #[cfg(target_arch = "x86_64")]
-    Q8KAmx(Kernels<BlockQ8K>, Amx<BlockQ8K>),
+    Q8KAmx(Kernels<BlockQ8K>, AmxPanel<BlockQ8K>),
 }
 
 /// Evaluates `$body` with `$f` naming the [`Format`](super::format::Format)
@@ -307,8 +315,7 @@ fn select_avx512(ty: QuantType, precision: Precision, amx: bool) -> Option<Selec
                 decode: k::decode_q4k,
                 multiply: k::multiply_q4k,
             };
-            let pack = k::pack_acts_k::<32>;
-            Selected::Q8KAmx(fast_q45k_avx2::<m::Q4K>(), Amx { pack, panel })
+            Selected::Q8KAmx(fast_q45k_avx2::<m::Q4K>(), panel)
         }
         (Fast, QuantType::Q6K) if amx => {
             use super::avx512::amx as k;
@@ -316,8 +323,7 @@ fn select_avx512(ty: QuantType, precision: Precision, amx: bool) -> Option<Selec
                 decode: k::decode_q6k,
                 multiply: k::multiply_q6k,
             };
-            let pack = k::pack_acts_k::<16>;
-            Selected::Q8KAmx(fast_q6k_avx2(), Amx { pack, panel })
+            Selected::Q8KAmx(fast_q6k_avx2(), panel)
         }
         _ => return None,
     })
@@ -365,8 +371,7 @@ fn fast_512<F: Format>(amx: bool) -> Selected {
             decode: k::amx::decode_weights::<F>,
             multiply: k::amx::multiply::<F>,
         };
-        let pack = k::amx::pack_acts;
-        Selected::Q8x2Amx(kernels, Amx { pack, panel })
+        Selected::Q8x2Amx(kernels, panel)
     } else {
         Selected::Q8x2(kernels)
     }
@@ -516,22 +521,30 @@ impl ActBlock for BlockQ8x2 {
 const PAR_QUANTIZE_MIN: usize = 1 << 16;
 
 /// Quantizes the `x.len() / cols` activation rows; returns the blocks and
-/// the number per row (a row's last block may be partial).
-fn quantize_acts<B: ActBlock>(isa: Isa, x: &[f32], cols: usize) -> (Vec<B>, usize) {
+/// the number per row (a row's last block may be partial). The rows are
+/// followed by zero blocks up to a multiple of `pad_rows` rows.
+fn quantize_acts<B: ActBlock>(
+    isa: Isa,
+    x: &[f32],
+    cols: usize,
+    pad_rows: usize,
+) -> (Vec<B>, usize) {
     let per_row = cols.div_ceil(B::ELEMS);
-    let mut blocks = vec![B::default(); x.len() / cols * per_row];
+    let rows = x.len() / cols;
+    let mut blocks = vec![B::default(); rows.next_multiple_of(pad_rows) * per_row];
     let quantize_row = |(x, out): (&[f32], &mut [B])| {
         for (x, b) in x.chunks(B::ELEMS).zip(out) {
             B::quantize(isa, x, b);
         }
     };
+    let filled = &mut blocks[..rows * per_row];
     if x.len() >= PAR_QUANTIZE_MIN {
         x.par_chunks_exact(cols)
-            .zip(blocks.par_chunks_mut(per_row))
+            .zip(filled.par_chunks_mut(per_row))
             .for_each(quantize_row);
     } else {
         x.chunks_exact(cols)
-            .zip(blocks.chunks_mut(per_row))
+            .zip(filled.chunks_mut(per_row))
             .for_each(quantize_row);
     }
     (blocks, per_row)
@@ -685,7 +698,7 @@ impl<'a> QuantMatrix<'a> {
         x: &[f32],
         y: &mut [f32],
     ) {
-        let (acts, per_row) = quantize_acts::<A>(isa, x, self.cols);
+        let (acts, per_row) = quantize_acts::<A>(isa, x, self.cols, 1);
         let job = Job {
             row_align,
             ..self.job(kernels, &acts, per_row)
@@ -694,21 +707,21 @@ impl<'a> QuantMatrix<'a> {
     }
 
     /// As [`run_quantized`](Self::run_quantized), every row on the AMX
-    /// kernels from the activations laid out as B tiles.
+    /// kernels, the activation rows padded to a multiple of 16.
     #[cfg(target_arch = "x86_64")]
     fn run_amx<A: ActBlock>(
         &self,
         isa: Isa,
         kernels: Kernels<A>,
-        amx: Amx<A>,
+        amx: AmxPanel<A>,
         x: &[f32],
         y: &mut [f32],
     ) {
-        let (acts, per_row) = quantize_acts::<A>(isa, x, self.cols);
-        let tiles = (amx.pack)(&acts, per_row, self.cols);
+        let lanes = super::avx512::LANES;
+        let (acts, per_row) = quantize_acts::<A>(isa, x, self.cols, lanes);
         let job = Job {
-            panel: Some(Panels::Amx(amx.panel, &tiles)),
-            row_align: super::avx512::LANES,
+            panel: Some(Panels::Amx(amx, self.cols)),
+            row_align: lanes,
             ..self.job(kernels, &acts, per_row)
         };
         job.run(self.rows, y);

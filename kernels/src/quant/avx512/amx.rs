@@ -2,20 +2,20 @@
 //! Q8_0 over 16 activation rows or more (prefill); Q4_K and Q6_K in
 //! `k_quants`.
 //!
-//! One `tdpbssd`/`tdpbusd` multiplies 16 weight rows by 16 activation rows
-//! over one block of 32 values: 256 exact integer block sums, which the
-//! AVX-512 code then scales into the running sums exactly as the `fast`
-//! kernels do (see that module: same integer sums, same products of
-//! scales, same FMAs in the same order), so a product has the same bits
-//! with or without AMX.
+//! One `tdpbssd`/`tdpbsud` multiplies 16 activation rows (the A tile, read
+//! straight from the quantized rows) by 16 weight rows (the B tile) over
+//! one block of 32 values: 256 exact integer block sums, a row of them per
+//! activation row with a lane per weight row. The AVX-512 code then scales
+//! them into the running sums exactly as the `fast` kernels do (see that
+//! module: same integer sums, same products of scales, same FMAs in the
+//! same order), so a product has the same bits with or without AMX. While
+//! it scales one block, the tile unit computes the next.
 //!
-//! A task first decodes a tile of its weight rows to bytes
-//! ([`decode_weights`]: the quants minus their offset, signed for Q4_0,
-//! Q5_0 and Q8_0, unsigned 0..16 or 0..32 for Q4_1 and Q5_1, rows padded
-//! to a multiple of 16) and its scales by groups of 16 rows, which feed the
-//! A tiles (16 rows × 32 bytes). The activations are laid out once per
-//! product as B tiles ([`pack_acts`]: per 16 rows and block, 8 rows of 16 ×
-//! 4 bytes, with the rows' scales and scale × quant sums).
+//! A task first decodes a tile of its weight rows ([`decode_weights`]): the
+//! quants minus their offset as bytes (signed for Q4_0, Q5_0 and Q8_0,
+//! unsigned 0..16 or 0..32 for Q4_1 and Q5_1), laid out as B tiles (per 16
+//! rows and block, 8 rows of 16 weight rows × 4 bytes), and the rows'
+//! scales by groups of 16.
 //!
 //! The tiles are AMX state of the thread: the products configure them at
 //! their start and release them at their end (`Tiles`). Linux grants a
@@ -28,21 +28,19 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::super::aligned::grow;
+use super::super::aligned::{grow, Aligned};
 use super::super::format::{f16_at, Format};
 use super::fast::{BlockQ8x2, LANES};
 use super::{load_pair, nibble_index, quant_offset, unsigned_quants};
 
 mod k_quants;
-pub(crate) use k_quants::{decode_q4k, decode_q6k, multiply_q4k, multiply_q6k, pack_acts_k};
-
-/// Lays out activation rows (of the given blocks, `act_len` of them a row,
-/// the row's values last) as B tiles for [`multiply`], [`multiply_q4k`] or
-/// [`multiply_q6k`].
-pub(crate) type PackActs<A> = fn(&[A], usize, usize) -> AmxActs;
+pub(crate) use k_quants::{decode_q4k, decode_q6k, multiply_q4k, multiply_q6k};
 
 /// Values in a block.
 const BLOCK: usize = 32;
+
+/// Bytes of a B tile row: 16 weight rows × 4 values.
+const TILE_ROW: usize = 64;
 
 /// Set (to anything) to keep the AMX kernels off: the AVX-512 ones then
 /// compute the same bits, more slowly.
@@ -81,87 +79,91 @@ fn request_tile_state() -> bool {
     false
 }
 
-/// One block of 16 activation rows as a B tile, with the rows' scales and
-/// scale × quant sums (zeros for rows past the last); for the K-quants, the
-/// rows' super-block scales and the sub-block's quant sums (exact in f32).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct ActTile {
-    /// `q[4 * 16 * k + 4 * i + t]` = quant `4k + t` of row `i`.
-    q: [i8; 4 * LANES * BLOCK / 4],
-    d: [f32; LANES],
-    s: [f32; LANES],
-}
-
-impl ActTile {
-    const EMPTY: Self = Self {
-        q: [0; 4 * LANES * BLOCK / 4],
-        d: [0.0; LANES],
-        s: [0.0; LANES],
-    };
-
-    /// Puts one activation row's quants of the block (32 values, or 16),
-    /// scale `d` and sum `s` in `lane`.
-    fn set_lane(&mut self, lane: usize, qs: &[i8], d: f32, s: f32) {
-        for (k, q4) in qs.chunks_exact(4).enumerate() {
-            let at = 4 * (LANES * k + lane);
-            self.q[at..at + 4].copy_from_slice(q4);
-        }
-        self.d[lane] = d;
-        self.s[lane] = s;
-    }
-}
-
-/// Activation rows laid out as B tiles: tile `t * blocks + b` holds block
-/// `b` of rows `16t..16t + 16`.
-pub(crate) struct AmxActs {
-    tiles: Vec<ActTile>,
-    blocks: usize,
-    cols: usize,
-}
-
-impl AmxActs {
-    /// Values in an activation row.
-    pub(crate) fn cols(&self) -> usize {
-        self.cols
-    }
-}
-
-/// Lays out `acts` (rows of `act_len` pairs of blocks, `cols` values each)
-/// as B tiles.
-pub(crate) fn pack_acts(acts: &[BlockQ8x2], act_len: usize, cols: usize) -> AmxActs {
-    let blocks = cols / BLOCK;
-    let m = acts.len() / act_len.max(1);
-    let mut tiles = vec![ActTile::EMPTY; m.div_ceil(LANES) * blocks];
-    for (i, row) in acts.chunks_exact(act_len).enumerate() {
-        let (t, lane) = (i / LANES, i % LANES);
-        for b in 0..blocks {
-            let (pair, h) = (&row[b / 2], b % 2);
-            let qs = &pair.qs[h * BLOCK..(h + 1) * BLOCK];
-            tiles[t * blocks + b].set_lane(lane, qs, pair.d[h], pair.s[h]);
-        }
-    }
-    AmxActs {
-        tiles,
-        blocks,
-        cols,
-    }
-}
-
-/// A tile of weight rows decoded for the A tiles: `q` the rows' quants
-/// (minus their offset) as bytes, rows padded to a multiple of 16; `d` and
-/// `m` per group of 16 rows and block the rows' scales and minimums (for
-/// the K-quants the integer sub-block scales and minimums, and `super_d`,
-/// `super_m` per super-block its scale and minimum scale). (The buffers are
-/// reused: past the rows decoded last they hold stale values.)
+/// A tile of weight rows decoded for the B tiles, rows padded to a
+/// multiple of 16 (the buffers are reused: past the rows decoded last they
+/// hold stale values, which only reach their own, dropped, lanes).
 #[derive(Default)]
 pub(crate) struct AmxWeights {
-    q: Vec<u8>,
+    /// The B tiles, in the order the products read them.
+    q: Aligned,
+    /// 16 weight rows decoded row by row, before [`transpose_rows`] lays
+    /// them out as B tiles (two such buffers for the K-quants).
+    rows: Vec<u8>,
+    /// Per group of 16 rows and block (super-block for the K-quants), the
+    /// rows' scales.
     d: Vec<[f32; LANES]>,
+    /// The same for the rows' minimums (minimum scales for Q4_K).
     m: Vec<[f32; LANES]>,
-    super_d: Vec<[f32; LANES]>,
-    super_m: Vec<[f32; LANES]>,
+    /// Q4_K: per group and super-block, the rows' eight sub-block minimums,
+    /// each twice as a pair of 16-bit integers (`vpdpwssd`'s layout).
+    min_pairs: Vec<[u32; LANES]>,
     cols: usize,
+}
+
+/// Transposes 16 rows of 16 32-bit values: `out[e]` lane `j` = `rows[j]`
+/// lane `e`. Applied to 64 bytes of 16 weight rows, it gives the 16 rows
+/// of a B tile (16 weight rows × 4 bytes each).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn transpose_16x16(rows: &[__m512i; LANES]) -> [__m512i; LANES] {
+    // Rows 4q..4q + 4 interleaved: `u[4q + e]` holds their value e of each
+    // 128-bit lane L (values e + 4L).
+    let mut u = [_mm512_setzero_si512(); LANES];
+    for q in 0..4 {
+        let r = &rows[4 * q..4 * q + 4];
+        let (ab_lo, ab_hi) = (
+            _mm512_unpacklo_epi32(r[0], r[1]),
+            _mm512_unpackhi_epi32(r[0], r[1]),
+        );
+        let (cd_lo, cd_hi) = (
+            _mm512_unpacklo_epi32(r[2], r[3]),
+            _mm512_unpackhi_epi32(r[2], r[3]),
+        );
+        u[4 * q] = _mm512_unpacklo_epi64(ab_lo, cd_lo);
+        u[4 * q + 1] = _mm512_unpackhi_epi64(ab_lo, cd_lo);
+        u[4 * q + 2] = _mm512_unpacklo_epi64(ab_hi, cd_hi);
+        u[4 * q + 3] = _mm512_unpackhi_epi64(ab_hi, cd_hi);
+    }
+    // Then the 128-bit lanes gathered: value e + 4L of all 16 rows.
+    let mut out = [_mm512_setzero_si512(); LANES];
+    for e in 0..4 {
+        let v_lo = _mm512_shuffle_i32x4::<0x44>(u[e], u[4 + e]);
+        let v_hi = _mm512_shuffle_i32x4::<0xEE>(u[e], u[4 + e]);
+        let w_lo = _mm512_shuffle_i32x4::<0x44>(u[8 + e], u[12 + e]);
+        let w_hi = _mm512_shuffle_i32x4::<0xEE>(u[8 + e], u[12 + e]);
+        out[e] = _mm512_shuffle_i32x4::<0x88>(v_lo, w_lo);
+        out[4 + e] = _mm512_shuffle_i32x4::<0xDD>(v_lo, w_lo);
+        out[8 + e] = _mm512_shuffle_i32x4::<0x88>(v_hi, w_hi);
+        out[12 + e] = _mm512_shuffle_i32x4::<0xDD>(v_hi, w_hi);
+    }
+    out
+}
+
+/// Lays out 16 weight rows (`rows`, `cols` bytes each) as B tiles: the 16
+/// rows' bytes `64c..64c + 64` become the 16 tile rows (1 KiB) that
+/// `place(c)` says where to put in `out`. A last chunk of 32 bytes gives 8
+/// tile rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn transpose_rows(rows: &[u8], cols: usize, out: &mut [u8], place: impl Fn(usize) -> usize) {
+    for c in 0..cols.div_ceil(TILE_ROW) {
+        let bytes = (cols - c * TILE_ROW).min(TILE_ROW);
+        let mask = if bytes == TILE_ROW {
+            u64::MAX
+        } else {
+            (1 << bytes) - 1
+        };
+        let mut v = [_mm512_setzero_si512(); LANES];
+        for (j, v) in v.iter_mut().enumerate() {
+            let row = &rows[j * cols + c * TILE_ROW..][..bytes];
+            // SAFETY: the mask keeps the load inside `row`.
+            *v = _mm512_maskz_loadu_epi8(mask, row.as_ptr().cast());
+        }
+        let out = &mut out[place(c)..][..bytes / 4 * TILE_ROW];
+        for (e, v) in transpose_16x16(&v).iter().take(bytes / 4).enumerate() {
+            _mm512_storeu_si512(out[e * TILE_ROW..].as_mut_ptr().cast(), *v);
+        }
+    }
 }
 
 /// Decodes the whole rows in `w` (of `cols` values each) into `out`.
@@ -171,52 +173,53 @@ pub(crate) unsafe fn decode_weights<F: Format>(w: &[u8], cols: usize, out: &mut 
     let row_bytes = blocks * F::BYTES;
     let rows = w.len() / row_bytes.max(1);
     let groups = rows.div_ceil(LANES);
-    // Grown, never cleared: the padding rows' values only reach their own
-    // sums, which are dropped.
     out.cols = cols;
-    grow(&mut out.q, groups * LANES * cols, 0);
+    out.q.bytes(groups * blocks * BLOCK * LANES);
+    grow(&mut out.rows, LANES * cols, 0);
     grow(&mut out.d, groups * blocks, [0.0; LANES]);
     grow(&mut out.m, groups * blocks, [0.0; LANES]);
     let nibbles = nibble_index::<F>();
     let offset = _mm512_set1_epi8(quant_offset(F::TY) as u8 as i8);
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let q = &mut out.q[r * cols..(r + 1) * cols];
-        for (p, b) in row.chunks(2 * F::BYTES).enumerate() {
-            let v = _mm512_sub_epi8(unsigned_quants::<F>(b, load_pair::<F>(b), nibbles), offset);
-            let q = &mut q[2 * p * BLOCK..];
-            let mask = if q.len() >= 2 * BLOCK {
-                u64::MAX
-            } else {
-                u64::from(u32::MAX)
-            };
-            // SAFETY: the mask keeps the store inside `q` (64 bytes, or the
-            // 32 of an odd last block).
-            _mm512_mask_storeu_epi8(q.as_mut_ptr().cast(), mask, v);
-        }
-        let (g, lane) = (r / LANES, r % LANES);
-        for (b, block) in row.chunks_exact(F::BYTES).enumerate() {
-            out.d[g * blocks + b][lane] = f16_at(block, 0);
-            if F::TY.has_min() {
-                out.m[g * blocks + b][lane] = f16_at(block, 2);
+    for (g, group) in w.chunks(LANES * row_bytes).enumerate() {
+        for (j, row) in group.chunks_exact(row_bytes).enumerate() {
+            let q = &mut out.rows[j * cols..(j + 1) * cols];
+            for (p, b) in row.chunks(2 * F::BYTES).enumerate() {
+                let v = unsigned_quants::<F>(b, load_pair::<F>(b), nibbles);
+                let v = _mm512_sub_epi8(v, offset);
+                let q = &mut q[2 * p * BLOCK..];
+                let mask = if q.len() >= 2 * BLOCK {
+                    u64::MAX
+                } else {
+                    u64::from(u32::MAX)
+                };
+                // SAFETY: the mask keeps the store inside `q` (64 bytes, or
+                // the 32 of an odd last block).
+                _mm512_mask_storeu_epi8(q.as_mut_ptr().cast(), mask, v);
+            }
+            for (b, block) in row.chunks_exact(F::BYTES).enumerate() {
+                out.d[g * blocks + b][j] = f16_at(block, 0);
+                if F::TY.has_min() {
+                    out.m[g * blocks + b][j] = f16_at(block, 2);
+                }
             }
         }
+        // Block b's tile (8 rows) at (g · blocks + b) · 512: a chunk of 64
+        // bytes holds two blocks, whose tiles are consecutive.
+        let group_q =
+            &mut out.q.bytes((g + 1) * blocks * BLOCK * LANES)[g * blocks * BLOCK * LANES..];
+        transpose_rows(&out.rows, cols, group_q, |c| c * 2 * BLOCK * LANES);
     }
 }
 
-/// The tile shapes, two sets (for two blocks in flight): tmm0 and tmm3 A
-/// tiles (16 weight rows × 32 bytes, or 16), tmm1 and tmm4 B tiles (8 × 64
-/// bytes, or 4 × 64), tmm2 and tmm5 C tiles (16 × 16 sums).
+/// The tile shapes, from tmm0 on: (rows, bytes a row).
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
 impl TileConfig {
-    /// A tiles of `a_bytes` (32, or 16 for Q6_K's sub-blocks) a row, and
-    /// B tiles of as many bytes a column.
-    fn new(a_bytes: u16) -> Self {
+    fn new(shapes: &[(u8, u16)]) -> Self {
         let mut c = [0u8; 64];
         c[0] = 1; // palette 1
-        let shapes = [(16, a_bytes), (a_bytes as u8 / 4, 64), (16, 64)];
-        for (t, (rows, bytes)) in shapes.into_iter().chain(shapes).enumerate() {
+        for (t, &(rows, bytes)) in shapes.iter().enumerate() {
             c[16 + 2 * t..18 + 2 * t].copy_from_slice(&bytes.to_le_bytes());
             c[48 + t] = rows;
         }
@@ -224,16 +227,15 @@ impl TileConfig {
     }
 }
 
-/// The tiles configured on this thread (with A tiles of `a_bytes` a row)
-/// until dropped, which releases them.
+/// The tiles configured on this thread until dropped, which releases them.
 struct Tiles;
 
 impl Tiles {
     /// # Safety
     /// Only where [`available`] (the CPU has AMX and the OS granted its
     /// state).
-    unsafe fn configure(a_bytes: u16) -> Self {
-        let config = TileConfig::new(a_bytes);
+    unsafe fn configure(shapes: &[(u8, u16)]) -> Self {
+        let config = TileConfig::new(shapes);
         // SAFETY: AMX is available (the caller's contract); the
         // configuration is a valid palette-1 one.
         unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack)) };
@@ -249,24 +251,33 @@ impl Drop for Tiles {
     }
 }
 
-/// The C tile's sums, stored from tmm2.
+/// A C tile's sums, stored: row `i` (an activation row) has a lane per
+/// weight row.
 #[repr(C, align(64))]
 struct Sums([i32; LANES * LANES]);
 
-/// Block sums of 16 weight rows (A tile at `a`, rows `stride` bytes apart)
-/// times 16 activation rows (B tile `b`), into `c`: `c[16 j + i]` = weight
-/// row `j` times activation row `i`. `SIGNED`: signed weights (`tdpbssd`),
-/// else unsigned (`tdpbusd`); `SET`: which set of tiles.
+impl Sums {
+    const ZERO: Self = Self([0; LANES * LANES]);
+
+    /// Activation row `i`'s sums.
+    #[inline(always)]
+    unsafe fn row(&self, i: usize) -> __m512i {
+        _mm512_load_si512(self.0[LANES * i..].as_ptr().cast())
+    }
+}
+
+/// Starts the block sums of 16 activation rows (A tile at `a`, rows
+/// `stride` bytes apart) times 16 weight rows (B tile at `b`) on tile set
+/// `SET` (tmm0–2 or tmm3–5); [`store_sums`] stores them. `SIGNED`: signed
+/// weights (`tdpbssd`), else unsigned (`tdpbsud`).
 #[inline(always)]
 unsafe fn block_sums<const SIGNED: bool, const SET: usize>(
-    a: *const u8,
+    a: *const i8,
     stride: usize,
-    b: &ActTile,
-    c: &mut Sums,
+    b: *const u8,
 ) {
-    // SAFETY (caller): tiles configured (`Tiles`); `a` has 16 rows of the
-    // A tiles' width at `stride`, `b.q` the B tile's rows of 64 bytes, `c`
-    // 16 rows of 64.
+    // SAFETY (caller): tiles configured (`Tiles`); `a` has 16 rows of 32
+    // bytes at `stride`, `b` the B tile's 8 rows of 64 bytes.
     macro_rules! product {
         ($op:literal, $a:literal, $b:literal, $c:literal) => {
             asm!(
@@ -274,12 +285,10 @@ unsafe fn block_sums<const SIGNED: bool, const SET: usize>(
                 concat!("tileloadd ", $b, ", [{b} + {row} * 1]"),
                 concat!("tilezero ", $c),
                 concat!($op, " ", $c, ", ", $a, ", ", $b),
-                concat!("tilestored [{c} + {row} * 1], ", $c),
                 a = in(reg) a,
                 stride = in(reg) stride,
-                b = in(reg) b.q.as_ptr(),
-                c = in(reg) c.0.as_mut_ptr(),
-                row = in(reg) 64usize,
+                b = in(reg) b,
+                row = in(reg) TILE_ROW,
                 options(nostack),
             )
         };
@@ -287,111 +296,156 @@ unsafe fn block_sums<const SIGNED: bool, const SET: usize>(
     match (SIGNED, SET) {
         (true, 0) => product!("tdpbssd", "tmm0", "tmm1", "tmm2"),
         (true, _) => product!("tdpbssd", "tmm3", "tmm4", "tmm5"),
-        (false, 0) => product!("tdpbusd", "tmm0", "tmm1", "tmm2"),
-        (false, _) => product!("tdpbusd", "tmm3", "tmm4", "tmm5"),
+        (false, 0) => product!("tdpbsud", "tmm0", "tmm1", "tmm2"),
+        (false, _) => product!("tdpbsud", "tmm3", "tmm4", "tmm5"),
     }
 }
 
-/// Block sums of a weight group's block `b` (of `q`, rows `cols` apart)
-/// with an activation tile, on tile set `SET`.
+/// Stores the sums of tile set `SET` into `c`.
 #[inline(always)]
-unsafe fn group_block_sums<F: Format, const SET: usize>(
-    q: &[u8],
-    cols: usize,
-    b: usize,
-    tile: &ActTile,
-    c: &mut Sums,
-) {
-    let a = q[b * BLOCK..].as_ptr();
-    if quant_offset(F::TY) != 0 {
-        block_sums::<true, SET>(a, cols, tile, c);
+unsafe fn store_sums<const SET: usize>(c: &mut Sums) {
+    macro_rules! store {
+        ($c:literal) => {
+            asm!(
+                concat!("tilestored [{c} + {row} * 1], ", $c),
+                c = in(reg) c.0.as_mut_ptr(),
+                row = in(reg) TILE_ROW,
+                options(nostack),
+            )
+        };
+    }
+    if SET == 0 {
+        store!("tmm2");
     } else {
-        block_sums::<false, SET>(a, cols, tile, c);
+        store!("tmm5");
     }
 }
 
-/// Adds one block's sums to the running sums of 16 weight rows (`acc[j]`,
-/// lanes the activation rows): as `fast::scale_block`, lanes being
-/// activation rows. `wd` and `wm` are the weight rows' scales and minimums.
+/// Starts block `b`'s sums of activation tile `acts` (16 rows of `act_len`
+/// pairs of blocks) and weight group `q` (its B tiles), on tile set `b % 2`.
+#[inline(always)]
+unsafe fn group_block_sums<F: Format>(acts: &[BlockQ8x2], act_len: usize, q: &[u8], b: usize) {
+    let a = acts[b / 2].qs[b % 2 * BLOCK..].as_ptr();
+    let stride = act_len * size_of::<BlockQ8x2>();
+    let tile = q[b * BLOCK * LANES..].as_ptr();
+    match (quant_offset(F::TY) != 0, b % 2) {
+        (true, 0) => block_sums::<true, 0>(a, stride, tile),
+        (true, _) => block_sums::<true, 1>(a, stride, tile),
+        (false, 0) => block_sums::<false, 0>(a, stride, tile),
+        (false, _) => block_sums::<false, 1>(a, stride, tile),
+    }
+}
+
+/// Adds block `b`'s sums to the running sums of 16 activation rows
+/// (`acc[i]`, lanes the weight rows): as `fast::scale_block`. `wd` and `wm`
+/// are the weight rows' scales and minimums.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn scale_sums<F: Format>(
     acc: &mut [__m512; LANES],
     sums: &Sums,
-    tile: &ActTile,
+    acts: &[BlockQ8x2],
+    act_len: usize,
+    b: usize,
     wd: &[f32; LANES],
     wm: &[f32; LANES],
 ) {
-    let d = _mm512_loadu_ps(tile.d.as_ptr());
-    let s = _mm512_loadu_ps(tile.s.as_ptr());
-    for (j, acc) in acc.iter_mut().enumerate() {
-        let sum = _mm512_loadu_si512(sums.0[LANES * j..].as_ptr().cast());
-        *acc = _mm512_fmadd_ps(
-            _mm512_cvtepi32_ps(sum),
-            _mm512_mul_ps(d, _mm512_set1_ps(wd[j])),
-            *acc,
-        );
+    let (wd, wm) = (_mm512_loadu_ps(wd.as_ptr()), _mm512_loadu_ps(wm.as_ptr()));
+    let h = b % 2;
+    for (i, acc) in acc.iter_mut().enumerate() {
+        let a = &acts[i * act_len + b / 2];
+        let scale = _mm512_mul_ps(wd, _mm512_set1_ps(a.d[h]));
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums.row(i)), scale, *acc);
         if F::TY.has_min() {
-            *acc = _mm512_fmadd_ps(_mm512_set1_ps(wm[j]), s, *acc);
+            *acc = _mm512_fmadd_ps(wm, _mm512_set1_ps(a.s[h]), *acc);
         }
     }
 }
 
 /// `outs[i][col0 + r]` = weight row `r` of `w` (`n` rows) times activation
-/// row `i` of `acts` (one row of `outs` for each).
+/// row `i` of `acts` (`act_len` pairs of blocks a row, the rows padded with
+/// zero blocks to a multiple of 16; a row of `outs` for each unpadded row).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn multiply<F: Format>(
     w: &AmxWeights,
-    acts: &AmxActs,
+    acts: &[BlockQ8x2],
+    act_len: usize,
     outs: &mut [&mut [f32]],
     col0: usize,
     n: usize,
 ) {
-    let blocks = acts.blocks;
-    debug_assert_eq!(w.cols, blocks * BLOCK);
-    let _tiles = Tiles::configure(BLOCK as u16);
-    let mut sums = [Sums([0; LANES * LANES]), Sums([0; LANES * LANES])];
-    for (t, act_tiles) in acts.tiles.chunks_exact(blocks).enumerate() {
+    let blocks = w.cols / BLOCK;
+    debug_assert!(acts.len() >= outs.len().next_multiple_of(LANES) * act_len);
+    let shapes = [
+        (16, BLOCK as u16),
+        (8, TILE_ROW as u16),
+        (16, TILE_ROW as u16),
+    ];
+    let _tiles = Tiles::configure(&[shapes, shapes].concat());
+    let mut sums = [Sums::ZERO, Sums::ZERO];
+    for (t, outs) in outs.chunks_mut(LANES).enumerate() {
+        let acts = &acts[t * LANES * act_len..(t + 1) * LANES * act_len];
         for g in 0..n.div_ceil(LANES) {
-            let q = &w.q[g * LANES * w.cols..(g + 1) * LANES * w.cols];
+            let q = &w.q.all_bytes()[g * blocks * BLOCK * LANES..(g + 1) * blocks * BLOCK * LANES];
             let mut acc = [_mm512_setzero_ps(); LANES];
-            // Two blocks in flight, on the two tile sets; scaled in order.
-            for b in (0..blocks).step_by(2) {
-                group_block_sums::<F, 0>(q, w.cols, b, &act_tiles[b], &mut sums[0]);
+            // Block b + 1's product runs on the tile unit while block b's
+            // sums are scaled; then they are stored.
+            group_block_sums::<F>(acts, act_len, q, 0);
+            store_sums::<0>(&mut sums[0]);
+            for b in 0..blocks {
                 if b + 1 < blocks {
-                    group_block_sums::<F, 1>(q, w.cols, b + 1, &act_tiles[b + 1], &mut sums[1]);
+                    group_block_sums::<F>(acts, act_len, q, b + 1);
                 }
-                for h in 0..(blocks - b).min(2) {
-                    let k = g * blocks + b + h;
-                    scale_sums::<F>(&mut acc, &sums[h], &act_tiles[b + h], &w.d[k], &w.m[k]);
+                let k = g * blocks + b;
+                scale_sums::<F>(&mut acc, &sums[b % 2], acts, act_len, b, &w.d[k], &w.m[k]);
+                if b + 1 < blocks {
+                    if b % 2 == 0 {
+                        store_sums::<1>(&mut sums[1]);
+                    } else {
+                        store_sums::<0>(&mut sums[0]);
+                    }
                 }
             }
-            store_outputs(&acc, outs, col0, n, t, g);
+            store_outputs(&acc, outs, col0 + g * LANES, n - g * LANES);
         }
     }
 }
 
-/// Writes the sums of weight group `g` (`acc[j]`, lanes the activation rows
-/// of tile `t`) to `outs[i][col0 + r]`, `n` weight rows in all.
+/// Writes `acc[i]` (lanes the weight rows, `rows` of them at most 16 that
+/// count) to `outs[i][col..]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn store_outputs(
-    acc: &[__m512; LANES],
-    outs: &mut [&mut [f32]],
-    col0: usize,
-    n: usize,
-    t: usize,
-    g: usize,
-) {
-    let mut y = [[0f32; LANES]; LANES];
-    for (y, acc) in y.iter_mut().zip(acc) {
-        _mm512_storeu_ps(y.as_mut_ptr(), *acc);
+unsafe fn store_outputs(acc: &[__m512; LANES], outs: &mut [&mut [f32]], col: usize, rows: usize) {
+    let rows = rows.min(LANES);
+    let mask = ((1u32 << rows) - 1) as u16;
+    for (out, acc) in outs.iter_mut().zip(acc) {
+        let out = &mut out[col..col + rows];
+        // SAFETY: the mask keeps the store inside `out`.
+        _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, *acc);
     }
-    let rows = (n - g * LANES).min(LANES);
-    for (i, out) in outs.iter_mut().skip(t * LANES).take(LANES).enumerate() {
-        let out = &mut out[col0 + g * LANES..][..rows];
-        for (j, out) in out.iter_mut().enumerate() {
-            *out = y[j][i];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_16x16_swaps_rows_and_lanes() {
+        if !crate::quant::Isa::Avx512.is_available() {
+            eprintln!("skipped: no AVX-512");
+            return;
+        }
+        let rows: [[u32; LANES]; LANES] =
+            std::array::from_fn(|j| std::array::from_fn(|e| (100 * j + e) as u32));
+        // SAFETY: AVX-512 checked above.
+        let out = unsafe {
+            let v = rows.map(|r| _mm512_loadu_si512(r.as_ptr().cast()));
+            transpose_16x16(&v).map(|v| std::mem::transmute::<__m512i, [u32; LANES]>(v))
+        };
+        for (e, out) in out.iter().enumerate() {
+            for (j, &v) in out.iter().enumerate() {
+                assert_eq!(v, rows[j][e], "lane {j} of row {e}");
+            }
         }
     }
 }

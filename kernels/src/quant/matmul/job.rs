@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use super::super::aligned::grow;
 use super::{Aligned, Kernel, MultiKernel, Panel, MAX_MULTI_KERNELS};
 #[cfg(target_arch = "x86_64")]
-use super::{AmxActs, AmxPanel, AmxWeights};
+use super::{AmxPanel, AmxWeights};
 
 /// Rows computed for every activation row before moving on, so that they stay
 /// in L1 while the activations stream past.
@@ -47,10 +47,12 @@ thread_local! {
 
 /// Kernels that compute every row of a product from weights decoded once
 /// per tile, with the activations laid out for them.
-pub(super) enum Panels<'a> {
+pub(super) enum Panels<'a, A> {
     Exact(Panel, &'a [f32]),
+    /// With the values in a row; the job's activations are padded to a
+    /// multiple of 16 rows.
     #[cfg(target_arch = "x86_64")]
-    Amx(AmxPanel, &'a AmxActs),
+    Amx(AmxPanel<A>, usize),
 }
 
 /// A product to run: the kernel, the weights, and the prepared activations.
@@ -59,7 +61,7 @@ pub(super) struct Job<'a, A> {
     pub(super) multi: [Option<MultiKernel<A>>; MAX_MULTI_KERNELS],
     /// Panel kernels and the activations laid out for them: then they
     /// compute every row.
-    pub(super) panel: Option<Panels<'a>>,
+    pub(super) panel: Option<Panels<'a, A>>,
     /// What a task's rows are a multiple of (but for the last task's):
     /// the rows the kernels compute together.
     pub(super) row_align: usize,
@@ -78,7 +80,7 @@ impl<A: Sync> Job<'_, A> {
         match self.panel {
             Some(Panels::Exact(panel, packed)) => return self.panel_rows(panel, packed, r0, outs),
             #[cfg(target_arch = "x86_64")]
-            Some(Panels::Amx(amx, acts)) => return self.amx_rows(amx, acts, r0, outs),
+            Some(Panels::Amx(amx, cols)) => return self.amx_rows(amx, cols, r0, outs),
             None => {}
         }
         let n = outs.first().map_or(0, |o| o.len());
@@ -176,12 +178,11 @@ impl<A: Sync> Job<'_, A> {
         });
     }
 
-    /// [`rows`](Self::rows) for all activation rows with the AMX kernels,
-    /// `acts` the activations as B tiles: each tile of weight rows is
-    /// decoded once, then multiplied with every activation row.
+    /// [`rows`](Self::rows) for all activation rows with the AMX kernels
+    /// (rows of `cols` values): each tile of weight rows is decoded once,
+    /// then multiplied with every activation row.
     #[cfg(target_arch = "x86_64")]
-    fn amx_rows(&self, amx: AmxPanel, acts: &AmxActs, r0: usize, outs: &mut [&mut [f32]]) {
-        let cols = acts.cols();
+    fn amx_rows(&self, amx: AmxPanel<A>, cols: usize, r0: usize, outs: &mut [&mut [f32]]) {
         let n = outs.first().map_or(0, |o| o.len());
         let lanes = super::super::avx512::LANES;
         let tile = ((AMX_TILE_BYTES / cols.max(1)) / lanes * lanes).clamp(lanes, n.max(lanes));
@@ -190,11 +191,12 @@ impl<A: Sync> Job<'_, A> {
                 let t1 = (t0 + tile).min(n);
                 let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
                 // SAFETY: the kernels were selected for an instruction set
-                // the CPU supports; `w` holds whole rows, `acts` all
-                // activation rows, `outs` a row of outputs for each.
+                // the CPU supports; `w` holds whole rows, `self.acts` all
+                // activation rows (padded to a multiple of 16), `outs` a
+                // row of outputs for each.
                 unsafe {
                     (amx.decode)(w, cols, decoded);
-                    (amx.multiply)(decoded, acts, outs, t0, t1 - t0);
+                    (amx.multiply)(decoded, self.acts, self.act_len, outs, t0, t1 - t0);
                 }
             }
         });

@@ -1,215 +1,299 @@
-//! AMX products for the fast kernels of Q4_K and Q6_K: a tile product per
-//! sub-block (32 values for Q4_K, unsigned quants; 16 for Q6_K, signed
-//! quants − 32), the 16 × 16 sums times the weight rows' integer sub-block
-//! scales added up per super-block (with, for Q4_K, the activation sums
-//! times the rows' minimums), then scaled once per super-block exactly as
-//! the AVX2 kernels scale their integer totals (`scale_q45k`,
-//! `scale_q6k`), so the bits are theirs.
+//! AMX products for the fast kernels of Q4_K and Q6_K, a super-block (256
+//! values) at a time.
+//!
+//! The contract (the AVX2 kernels', `scale_q45k` and `scale_q6k`) scales
+//! exact integer totals per super-block: `I = Σ sc·Σ q·a` over the
+//! sub-blocks, `sc` their integer scales, and for Q4_K `M = Σ m·Σ a`, `m`
+//! their integer minimums. Here the weights are decoded already multiplied
+//! by their sub-block scale, `w = sc·q` (Q4_K, 0..946) or `sc·(q − 32)`
+//! (Q6_K, −4096..4096), and split into two bytes, `w = 2^s·hi + lo` with
+//! `lo` in `0..2^s`: then `I = 2^s·Σ hi·a + Σ lo·a`, two tile products
+//! accumulated over the whole super-block (4 × 64 values), stored once. `M`
+//! comes from the activations' sums per 16 values (`vpdpwssd` with the
+//! minimums as 16-bit pairs). The same integers, then the same
+//! floating-point steps, give the AVX2 kernels' bits.
 
+use std::arch::asm;
 use std::arch::x86_64::*;
 
 use super::super::super::act::BlockQ8K;
 use super::super::super::aligned::grow;
 use super::super::super::avx2::q6k_half;
 use super::super::super::format::{f16_at, k4_scales_mins, QK_K};
-use super::{block_sums, store_outputs, ActTile, AmxActs, AmxWeights, Sums, Tiles, BLOCK, LANES};
+use super::{store_outputs, transpose_rows, AmxWeights, Sums, Tiles, LANES, TILE_ROW};
 
-/// Lays out Q8_K activation rows (`act_len` super-blocks each, `cols`
-/// values in all) as B tiles, one per sub-block of `SUB` (32 for Q4_K, 16
-/// for Q6_K) values, with the rows' scales and the sub-block's quant sums.
-pub(crate) fn pack_acts_k<const SUB: usize>(
-    acts: &[BlockQ8K],
-    act_len: usize,
-    cols: usize,
-) -> AmxActs {
-    let m = acts.len() / act_len.max(1);
-    let (blocks, per_super) = (cols / SUB, QK_K / SUB);
-    let mut tiles = vec![ActTile::EMPTY; m.div_ceil(LANES) * blocks];
-    for (i, row) in acts.chunks_exact(act_len).enumerate() {
-        let (t, lane) = (i / LANES, i % LANES);
-        for b in 0..blocks {
-            let (a, k) = (&row[b / per_super], b % per_super);
-            let qs = &a.qs[k * SUB..(k + 1) * SUB];
-            let runs = &a.bsums[k * SUB / 16..(k + 1) * SUB / 16];
-            let sum = runs.iter().map(|&s| f32::from(s)).sum();
-            tiles[t * blocks + b].set_lane(lane, qs, a.d, sum);
-        }
-    }
-    AmxActs {
-        tiles,
-        blocks,
-        cols,
-    }
-}
+/// Bytes of B tiles a group of 16 rows has per super-block: `hi` and `lo`
+/// tiles (1 KiB each) for each 64 values.
+const SUPER_TILES: usize = 2 * QK_K * LANES;
 
-/// Sizes `out` for `rows` weight rows of `cols` values in sub-blocks of
-/// `sub`; returns the super-blocks a row.
-fn prepare(out: &mut AmxWeights, rows: usize, cols: usize, sub: usize) -> usize {
+/// Q4_K: `hi` holds `w >> 4` (0..60), `lo` `w & 15`.
+const Q4K_SHIFT: u32 = 4;
+/// Q6_K: `hi` holds `w >> 6` (−64..65, signed), `lo` `w & 63`.
+const Q6K_SHIFT: u32 = 6;
+
+/// Sizes `out` for `rows` weight rows of `cols` values; returns the
+/// super-blocks a row.
+fn prepare(out: &mut AmxWeights, rows: usize, cols: usize) -> usize {
     let groups = rows.div_ceil(LANES);
     let supers = cols / QK_K;
     out.cols = cols;
-    grow(&mut out.q, groups * LANES * cols, 0);
-    grow(&mut out.d, groups * cols / sub, [0.0; LANES]);
-    grow(&mut out.m, groups * cols / sub, [0.0; LANES]);
-    grow(&mut out.super_d, groups * supers, [0.0; LANES]);
-    grow(&mut out.super_m, groups * supers, [0.0; LANES]);
+    out.q.bytes(groups * supers * SUPER_TILES);
+    grow(&mut out.rows, 2 * LANES * cols, 0);
+    grow(&mut out.d, groups * supers, [0.0; LANES]);
+    grow(&mut out.m, groups * supers, [0.0; LANES]);
     supers
 }
 
-/// Decodes whole Q4_K rows: unsigned quants 0..16, the sub-block scales
-/// and minimums as integers, each super-block's scales.
+/// Lays out the `hi` and `lo` bytes of a group's 16 rows (in `out.rows`,
+/// `hi` rows first) as its B tiles: super-block k's 64 values kk as the
+/// `hi` tile at `((g · supers + k) · 4 + kk) · 2 KiB`, then the `lo` tile.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn place_group(out: &mut AmxWeights, g: usize, supers: usize) {
+    let cols = out.cols;
+    let (hi, lo) = out.rows.split_at(LANES * cols);
+    let q = &mut out.q.bytes((g + 1) * supers * SUPER_TILES)[g * supers * SUPER_TILES..];
+    transpose_rows(hi, cols, q, |c| c * 2 * TILE_ROW * LANES);
+    transpose_rows(lo, cols, q, |c| (2 * c + 1) * TILE_ROW * LANES);
+}
+
+/// Splits 32 weights `w` (16-bit, `w = 2^SHIFT·hi + lo`) into their bytes
+/// at `hi[..32]` and `lo[..32]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn split<const SHIFT: u32>(w: __m512i, hi: &mut [u8], lo: &mut [u8]) {
+    let low = _mm512_set1_epi16((1 << SHIFT) - 1);
+    let h = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<SHIFT>(w));
+    let l = _mm512_cvtepi16_epi8(_mm512_and_si512(w, low));
+    _mm256_storeu_si256(hi[..32].as_mut_ptr().cast(), h);
+    _mm256_storeu_si256(lo[..32].as_mut_ptr().cast(), l);
+}
+
+/// Decodes whole Q4_K rows: `sc·q` split in two bytes, each super-block's
+/// scales, the sub-block minimums as pairs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn decode_q4k(w: &[u8], cols: usize, out: &mut AmxWeights) {
     const BYTES: usize = 4 + 12 + QK_K / 2;
     let row_bytes = cols / QK_K * BYTES;
     let rows = w.len() / row_bytes.max(1);
-    let supers = prepare(out, rows, cols, BLOCK);
-    let blocks = cols / BLOCK;
+    let supers = prepare(out, rows, cols);
+    grow(
+        &mut out.min_pairs,
+        rows.div_ceil(LANES) * supers * 8,
+        [0; LANES],
+    );
     let low = _mm256_set1_epi8(0xF);
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let (g, lane) = (r / LANES, r % LANES);
-        for (k, b) in row.chunks_exact(BYTES).enumerate() {
-            let q = &mut out.q[r * cols + k * QK_K..r * cols + (k + 1) * QK_K];
-            // 32 bytes of quants hold two sub-blocks: low nibbles, then high.
-            for (qs, q) in b[16..].chunks_exact(32).zip(q.chunks_exact_mut(64)) {
-                let v = _mm256_loadu_si256(qs.as_ptr().cast());
-                let (lo, hi) = q.split_at_mut(32);
-                _mm256_storeu_si256(lo.as_mut_ptr().cast(), _mm256_and_si256(v, low));
-                let v = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
-                _mm256_storeu_si256(hi.as_mut_ptr().cast(), v);
+    for (g, group) in w.chunks(LANES * row_bytes).enumerate() {
+        for (j, row) in group.chunks_exact(row_bytes).enumerate() {
+            let (hi, lo) = out.rows.split_at_mut(LANES * cols);
+            let (hi, lo) = (&mut hi[j * cols..], &mut lo[j * cols..]);
+            for (k, b) in row.chunks_exact(BYTES).enumerate() {
+                let (scales, mins) = k4_scales_mins(&b[4..16]);
+                // 32 bytes of quants hold two sub-blocks: low nibbles, then
+                // high.
+                for (c, qs) in b[16..].chunks_exact(32).enumerate() {
+                    let v = _mm256_loadu_si256(qs.as_ptr().cast());
+                    let halves = [
+                        _mm256_and_si256(v, low),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
+                    ];
+                    for (h, q) in halves.into_iter().enumerate() {
+                        let sub = 2 * c + h;
+                        let sc = _mm512_set1_epi16(i16::from(scales[sub]));
+                        let w = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(q), sc);
+                        let at = k * QK_K + sub * 32;
+                        split::<Q4K_SHIFT>(w, &mut hi[at..], &mut lo[at..]);
+                    }
+                }
+                for (sub, &m) in mins.iter().enumerate() {
+                    out.min_pairs[(g * supers + k) * 8 + sub][j] = u32::from(m) * 0x1_0001;
+                }
+                out.d[g * supers + k][j] = f16_at(b, 0);
+                out.m[g * supers + k][j] = f16_at(b, 2);
             }
-            let (scales, mins) = k4_scales_mins(&b[4..16]);
-            for sub in 0..QK_K / BLOCK {
-                out.d[g * blocks + k * 8 + sub][lane] = f32::from(scales[sub]);
-                out.m[g * blocks + k * 8 + sub][lane] = f32::from(mins[sub]);
-            }
-            out.super_d[g * supers + k][lane] = f16_at(b, 0);
-            out.super_m[g * supers + k][lane] = f16_at(b, 2);
         }
+        place_group(out, g, supers);
     }
 }
 
-/// Decodes whole Q6_K rows: signed quants (−32..32), the sub-block scales
-/// as integers, each super-block's scale.
+/// Decodes whole Q6_K rows: `sc·(q − 32)` split in two bytes, each
+/// super-block's scale.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn decode_q6k(w: &[u8], cols: usize, out: &mut AmxWeights) {
     const BYTES: usize = QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
-    const SUB: usize = 16;
     let row_bytes = cols / QK_K * BYTES;
     let rows = w.len() / row_bytes.max(1);
-    let supers = prepare(out, rows, cols, SUB);
-    let blocks = cols / SUB;
+    let supers = prepare(out, rows, cols);
     let offset = _mm256_set1_epi8(32);
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let (g, lane) = (r / LANES, r % LANES);
-        for (k, b) in row.chunks_exact(BYTES).enumerate() {
-            let q = &mut out.q[r * cols + k * QK_K..r * cols + (k + 1) * QK_K];
-            for h in 0..2 {
-                let quarters = q6k_half(b, h);
-                for (v, q) in quarters.iter().zip(q[128 * h..].chunks_exact_mut(32)) {
-                    let v = _mm256_sub_epi8(*v, offset);
-                    _mm256_storeu_si256(q.as_mut_ptr().cast(), v);
+    for (g, group) in w.chunks(LANES * row_bytes).enumerate() {
+        for (j, row) in group.chunks_exact(row_bytes).enumerate() {
+            let (hi, lo) = out.rows.split_at_mut(LANES * cols);
+            let (hi, lo) = (&mut hi[j * cols..], &mut lo[j * cols..]);
+            for (k, b) in row.chunks_exact(BYTES).enumerate() {
+                let scales = &b[192..208];
+                for h in 0..2 {
+                    for (quarter, v) in q6k_half(b, h).into_iter().enumerate() {
+                        // 32 values: two sub-blocks of 16.
+                        let at = 128 * h + 32 * quarter;
+                        let (s0, s1) = (scales[at / 16] as i8, scales[at / 16 + 1] as i8);
+                        let sc = _mm512_inserti64x4::<1>(
+                            _mm512_set1_epi16(i16::from(s0)),
+                            _mm256_set1_epi16(i16::from(s1)),
+                        );
+                        let q = _mm512_cvtepi8_epi16(_mm256_sub_epi8(v, offset));
+                        let w = _mm512_mullo_epi16(q, sc);
+                        let at = k * QK_K + at;
+                        split::<Q6K_SHIFT>(w, &mut hi[at..], &mut lo[at..]);
+                    }
                 }
+                out.d[g * supers + k][j] = f16_at(b, 208);
             }
-            for (sub, &scale) in b[192..208].iter().enumerate() {
-                out.d[g * blocks + k * (QK_K / SUB) + sub][lane] = f32::from(scale as i8);
-            }
-            out.super_d[g * supers + k][lane] = f16_at(b, 208);
         }
+        place_group(out, g, supers);
     }
 }
 
-/// Q4_K rows decoded by [`decode_q4k`] times activation rows laid out by
-/// [`pack_acts_k`] (sub-blocks of 32), as `amx::multiply` writes them.
+/// Q4_K rows decoded by [`decode_q4k`] times Q8_K activation rows, as
+/// `amx::multiply` writes them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn multiply_q4k(
     w: &AmxWeights,
-    acts: &AmxActs,
+    acts: &[BlockQ8K],
+    act_len: usize,
     outs: &mut [&mut [f32]],
     col0: usize,
     n: usize,
 ) {
-    multiply_super::<32, false, true>(w, acts, outs, col0, n);
+    multiply_super::<false, true>(w, acts, act_len, outs, col0, n);
 }
 
-/// Q6_K rows decoded by [`decode_q6k`] times activation rows laid out by
-/// [`pack_acts_k`] (sub-blocks of 16), as `amx::multiply` writes them.
+/// Q6_K rows decoded by [`decode_q6k`] times Q8_K activation rows, as
+/// `amx::multiply` writes them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn multiply_q6k(
     w: &AmxWeights,
-    acts: &AmxActs,
+    acts: &[BlockQ8K],
+    act_len: usize,
     outs: &mut [&mut [f32]],
     col0: usize,
     n: usize,
 ) {
-    multiply_super::<16, true, false>(w, acts, outs, col0, n);
+    multiply_super::<true, false>(w, acts, act_len, outs, col0, n);
 }
 
-/// The K-quant products (see the module docs), sub-blocks of `SUB` values,
-/// `SIGNED` weights or not, minimums if `MINS`: per super-block `acc =
-/// fma(total, d_w·d_a, acc)`, then if `MINS` `acc = fma(−mins, dmin_w·d_a,
-/// acc)`.
+/// A super-block's `hi` and `lo` sums of 16 activation rows (A tiles from
+/// `a`, rows `stride` bytes apart) times 16 weight rows (the B tiles at
+/// `b`), stored into `c`. `SIGNED_HI`: the `hi` bytes are signed.
+#[inline(always)]
+unsafe fn super_sums<const SIGNED_HI: bool>(
+    a: *const i8,
+    stride: usize,
+    b: *const u8,
+    c: &mut [Sums; 2],
+) {
+    // SAFETY (caller): tiles configured (`Tiles`); `a` has 16 rows of 256
+    // bytes at `stride`, `b` the super-block's 8 B tiles.
+    asm!("tilezero tmm3", "tilezero tmm4", options(nostack));
+    // Two sets of A and B tiles (tmm0–2, tmm5–7), so that the next loads
+    // need not wait for the products reading the last ones.
+    for kk in 0..QK_K / TILE_ROW {
+        macro_rules! product {
+            ($hi:literal, $a:literal, $b_hi:literal, $b_lo:literal) => {
+                asm!(
+                    concat!("tileloadd ", $a, ", [{a} + {stride} * 1]"),
+                    concat!("tileloadd ", $b_hi, ", [{b} + {row} * 1]"),
+                    concat!("tileloadd ", $b_lo, ", [{b} + {row} * 1 + 1024]"),
+                    concat!($hi, " tmm3, ", $a, ", ", $b_hi),
+                    concat!("tdpbsud tmm4, ", $a, ", ", $b_lo),
+                    a = in(reg) a.add(kk * TILE_ROW),
+                    stride = in(reg) stride,
+                    b = in(reg) b.add(kk * 2 * TILE_ROW * LANES),
+                    row = in(reg) TILE_ROW,
+                    options(nostack),
+                )
+            };
+        }
+        match (SIGNED_HI, kk % 2) {
+            (true, 0) => product!("tdpbssd", "tmm0", "tmm1", "tmm2"),
+            (true, _) => product!("tdpbssd", "tmm5", "tmm6", "tmm7"),
+            (false, 0) => product!("tdpbsud", "tmm0", "tmm1", "tmm2"),
+            (false, _) => product!("tdpbsud", "tmm5", "tmm6", "tmm7"),
+        }
+    }
+    asm!(
+        "tilestored [{hi} + {row} * 1], tmm3",
+        "tilestored [{lo} + {row} * 1], tmm4",
+        hi = in(reg) c[0].0.as_mut_ptr(),
+        lo = in(reg) c[1].0.as_mut_ptr(),
+        row = in(reg) TILE_ROW,
+        options(nostack),
+    );
+}
+
+/// The K-quant products (see the module docs): `SIGNED_HI` for Q6_K's
+/// signed `hi` bytes, `MINS` for Q4_K's minimums. Per super-block `acc =
+/// fma(I, d_w·d_a, acc)`, then if `MINS` `acc = fma(−M, dmin_w·d_a, acc)`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn multiply_super<const SUB: usize, const SIGNED: bool, const MINS: bool>(
+unsafe fn multiply_super<const SIGNED_HI: bool, const MINS: bool>(
     w: &AmxWeights,
-    acts: &AmxActs,
+    acts: &[BlockQ8K],
+    act_len: usize,
     outs: &mut [&mut [f32]],
     col0: usize,
     n: usize,
 ) {
-    let blocks = acts.blocks;
-    let per_super = QK_K / SUB;
-    let supers = blocks / per_super;
-    debug_assert_eq!(w.cols, blocks * SUB);
-    let _tiles = Tiles::configure(SUB as u16);
-    let mut sums = [Sums([0; LANES * LANES]), Sums([0; LANES * LANES])];
-    for (t, act_tiles) in acts.tiles.chunks_exact(blocks).enumerate() {
+    let supers = w.cols / QK_K;
+    debug_assert!(acts.len() >= outs.len().next_multiple_of(LANES) * act_len);
+    let shift = _mm512_set1_epi32(if MINS { Q4K_SHIFT } else { Q6K_SHIFT } as i32);
+    let tile = (16, TILE_ROW as u16);
+    let _tiles = Tiles::configure(&[tile; 8]);
+    let stride = act_len * size_of::<BlockQ8K>();
+    let mut sums = [[Sums::ZERO, Sums::ZERO], [Sums::ZERO, Sums::ZERO]];
+    for (t, outs) in outs.chunks_mut(LANES).enumerate() {
+        let acts = &acts[t * LANES * act_len..(t + 1) * LANES * act_len];
         for g in 0..n.div_ceil(LANES) {
-            let q = &w.q[g * LANES * w.cols..(g + 1) * LANES * w.cols];
+            let q = &w.q.all_bytes()[g * supers * SUPER_TILES..(g + 1) * supers * SUPER_TILES];
+            let product = |k: usize, c: &mut [Sums; 2]| {
+                let a = acts[k].qs.as_ptr();
+                super_sums::<SIGNED_HI>(a, stride, q[k * SUPER_TILES..].as_ptr(), c)
+            };
             let mut acc = [_mm512_setzero_ps(); LANES];
+            // Super-block k + 1's products run on the tile unit while
+            // super-block k's sums are scaled.
+            product(0, &mut sums[0]);
             for k in 0..supers {
-                let mut total = [_mm512_setzero_si512(); LANES];
-                let mut mins = [_mm512_setzero_si512(); LANES];
-                // Two sub-blocks in flight, on the two tile sets.
-                for b in (k * per_super..(k + 1) * per_super).step_by(2) {
-                    let a = q[b * SUB..].as_ptr();
-                    block_sums::<SIGNED, 0>(a, w.cols, &act_tiles[b], &mut sums[0]);
-                    let a = q[(b + 1) * SUB..].as_ptr();
-                    block_sums::<SIGNED, 1>(a, w.cols, &act_tiles[b + 1], &mut sums[1]);
-                    for (h, sums) in sums.iter().enumerate() {
-                        let (tile, i) = (&act_tiles[b + h], g * blocks + b + h);
-                        let bsum = _mm512_cvtps_epi32(_mm512_loadu_ps(tile.s.as_ptr()));
-                        for j in 0..LANES {
-                            let sum = _mm512_loadu_si512(sums.0[LANES * j..].as_ptr().cast());
-                            let scale = _mm512_set1_epi32(w.d[i][j] as i32);
-                            total[j] = _mm512_add_epi32(total[j], _mm512_mullo_epi32(sum, scale));
-                            if MINS {
-                                let min = _mm512_set1_epi32(w.m[i][j] as i32);
-                                mins[j] = _mm512_add_epi32(mins[j], _mm512_mullo_epi32(bsum, min));
-                            }
-                        }
-                    }
+                if k + 1 < supers {
+                    product(k + 1, &mut sums[(k + 1) % 2]);
                 }
-                let d = _mm512_loadu_ps(act_tiles[k * per_super].d.as_ptr());
-                let (wd, wm) = (&w.super_d[g * supers + k], &w.super_m[g * supers + k]);
-                for j in 0..LANES {
-                    acc[j] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(total[j]),
-                        _mm512_mul_ps(d, _mm512_set1_ps(wd[j])),
-                        acc[j],
-                    );
+                let [hi, lo] = &sums[k % 2];
+                let wd = _mm512_loadu_ps(w.d[g * supers + k].as_ptr());
+                let wm = _mm512_loadu_ps(w.m[g * supers + k].as_ptr());
+                let pairs = if MINS {
+                    &w.min_pairs[(g * supers + k) * 8..][..8]
+                } else {
+                    &[]
+                };
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let a = &acts[i * act_len + k];
+                    let total = _mm512_add_epi32(_mm512_sllv_epi32(hi.row(i), shift), lo.row(i));
+                    let d = _mm512_set1_ps(a.d);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(wd, d), *acc);
                     if MINS {
-                        let neg = _mm512_sub_epi32(_mm512_setzero_si512(), mins[j]);
-                        acc[j] = _mm512_fmadd_ps(
-                            _mm512_cvtepi32_ps(neg),
-                            _mm512_mul_ps(d, _mm512_set1_ps(wm[j])),
-                            acc[j],
-                        );
+                        let mut mins = _mm512_setzero_si512();
+                        for (sub, pair) in pairs.iter().enumerate() {
+                            // The sums of values 32·sub.. and 32·sub + 16..
+                            let bsums = a.bsums.as_ptr().add(2 * sub).cast::<i32>();
+                            let bsums = _mm512_set1_epi32(bsums.read_unaligned());
+                            let pair = _mm512_loadu_si512(pair.as_ptr().cast());
+                            mins = _mm512_dpwssd_epi32(mins, bsums, pair);
+                        }
+                        let neg =
+                            _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), mins));
+                        *acc = _mm512_fmadd_ps(neg, _mm512_mul_ps(wm, d), *acc);
                     }
                 }
             }
-            store_outputs(&acc, outs, col0, n, t, g);
+            store_outputs(&acc, outs, col0 + g * LANES, n - g * LANES);
         }
     }
 }
