@@ -19,12 +19,13 @@ pub(crate) struct BlockQ8 {
 /// 256 activations quantized like ggml's Q8_K: f32 scale, quants, and the
 /// sums of each run of 16 quants (for the K-quants' minimums and offsets).
 /// Unlike ggml the scale is positive (`max|x| / 127`), which changes nothing
-/// in the products.
+/// in the products. The quants start on a cache line, so that the AMX
+/// kernels' 64-byte rows of them each touch one line.
 #[derive(Clone, Copy, Debug)]
-#[repr(C)]
+#[repr(C, align(64))]
 pub(crate) struct BlockQ8K {
-    pub d: f32,
     pub qs: [i8; QK_K],
+    pub d: f32,
     pub bsums: [i16; 16],
 }
 
