@@ -21,7 +21,9 @@ fn bench(c: &mut Criterion) {
         .to_owned()
     });
     let resolved = kiln_host::model::resolve(&path, None, None).expect("SmolLM2: run .ci/setup");
-    let (checkpoint, _) = kiln_host::model::open_checkpoint(&resolved).unwrap();
+    let (checkpoint, _) =
+        kiln_host::model::open_checkpoint(&resolved, kiln_host::checkpoint::TensorBytes::Mapped)
+            .unwrap();
     let tokenizer = kiln_host::model::load_tokenizer(&resolved, &checkpoint)
         .unwrap()
         .unwrap();

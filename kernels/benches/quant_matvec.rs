@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 use kiln_kernels::quant::{Precision, QuantMatrix, QuantType};
+use kiln_kernels::HugePageBuffer;
 use rayon::prelude::*;
 
 /// rows x cols of SmolLM2-135M's projections: attention q/o, MLP up/gate,
@@ -233,6 +234,38 @@ fn quant_decode_step(c: &mut Criterion) {
     group.finish();
 }
 
+/// Gemma-3-270M's LM head, 262144 x 640 in Q8_0 (178 MB, 72 % of the
+/// bytes of its decode step), for one activation row on the pool, from
+/// memory: the read bandwidth bounds it. In 4 KiB pages (a plain `Vec`)
+/// and, as the runtime holds weights, in memory advised for huge pages
+/// (`kiln_kernels::HugePageBuffer`).
+fn quant_lm_head(c: &mut Criterion) {
+    let (rows, cols) = (262_144, 640);
+    let ty = QuantType::Q8_0;
+    let data = random_weights(ty, rows, cols);
+    let mut huge = HugePageBuffer::new(data.len());
+    huge.copy_from_slice(&data);
+    let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 / 7.0 - 0.5).collect();
+    let mut y = vec![0f32; rows];
+    let mut group = c.benchmark_group("quant_lm_head");
+    group.throughput(Throughput::Bytes(data.len() as u64));
+    group.sample_size(10);
+    for (pages, bytes) in [("4k_pages", &data[..]), ("huge_pages", &huge[..])] {
+        let w = QuantMatrix::new(ty, rows, cols, bytes).expect("valid matrix");
+        for precision in [Precision::Exact, Precision::Fast] {
+            group.bench_function(format!("gemma3_{ty}/{precision:?}/{pages}"), |b| {
+                b.iter_custom(|iters| {
+                    in_pool(iters, || {
+                        w.matmul(precision, black_box(&x), 1, &mut y)
+                            .expect("matmul")
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 fn quant_matvec_outside_pool(c: &mut Criterion) {
     let mut group = c.benchmark_group("quant_matvec_outside_pool");
     let ty = QuantType::Q4_0;
@@ -285,6 +318,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(20);
-    targets = quant_matvec, quant_prefill, quant_decode_step, quant_matvec_outside_pool, memory_bandwidth
+    targets = quant_matvec, quant_prefill, quant_decode_step, quant_lm_head, quant_matvec_outside_pool, memory_bandwidth
 }
 criterion_main!(benches);

@@ -10,6 +10,9 @@
 //! - [`dense`]: dense f32 kernels: matrix products (f32, f16 and bf16
 //!   weights), normalizations, softmax, rotary embeddings, paged attention.
 //!
+//! - [`HugePageBuffer`]: memory advised for huge pages, where weights that
+//!   decode streams from memory are best held.
+//!
 //! - [`cuda`]: the CUDA C kernels, the device interface of the CUDA backend,
 //!   the real driver (NVRTC, cuBLAS) and the kernel emulator that runs the
 //!   same sources on the CPU.
@@ -17,4 +20,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod dense;
+mod huge_pages;
 pub mod quant;
+
+pub use huge_pages::HugePageBuffer;

@@ -146,7 +146,9 @@ fn fuzz_config_json() {
     let dir = tempfile::tempdir().unwrap();
     let gguf = dir.path().join("model.gguf");
     std::fs::copy(workspace_root().join(TINY_GGUF), &gguf).unwrap();
-    let (_, config) = kiln_host::checkpoint::open_gguf(&gguf).unwrap();
+    let (_, config) =
+        kiln_host::checkpoint::open_gguf(&gguf, kiln_host::checkpoint::TensorBytes::Mapped)
+            .unwrap();
     let config = serde_json::to_vec_pretty(&config).unwrap();
     std::fs::write(dir.path().join("config.json"), &config).unwrap();
     try_load(&registry, &gguf).expect("the unmutated config loads");
@@ -168,7 +170,10 @@ fn fuzz_safetensors_headers() {
         file.extend_from_slice(mutated);
         file.extend_from_slice(&[0x3f; 24]);
         std::fs::write(&path, &file).unwrap();
-        let _ = kiln_host::checkpoint::open_safetensors(&path);
+        let _ = kiln_host::checkpoint::open_safetensors(
+            &path,
+            kiln_host::checkpoint::TensorBytes::Mapped,
+        );
     });
 }
 

@@ -4,6 +4,7 @@
 
 pub mod gguf;
 mod safetensors;
+mod tensor_bytes;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -16,6 +17,7 @@ use kiln_plugin_api::nn::StateDict;
 use kiln_plugin_api::{Encoding, WeightsFormat};
 
 pub use self::safetensors::open_safetensors;
+pub use self::tensor_bytes::TensorBytes;
 use crate::runtime::{WeightData, WeightStore};
 
 /// Why a checkpoint could not be read or bound.
@@ -202,17 +204,19 @@ impl Checkpoint {
     }
 }
 
-/// Opens a GGUF file as a checkpoint (tensors zero-copy from the map,
-/// metadata as JSON), with its metadata mapped to a Hugging Face shaped config.
+/// Opens a GGUF file as a checkpoint (tensors from the map or a copy, as
+/// `bytes` says; metadata as JSON), with its metadata mapped to a Hugging
+/// Face shaped config.
 pub fn open_gguf(
     path: &std::path::Path,
+    bytes: TensorBytes,
 ) -> Result<(Checkpoint, serde_json::Value), CheckpointError> {
     let malformed = |e: gguf::GgufError| CheckpointError::Malformed {
         path: path.to_owned(),
         message: e.to_string(),
     };
     let file = gguf::GgufFile::open(path)?;
-    let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = file.map().clone();
+    let owner = tensor_bytes::owner(path, file.map().clone(), bytes);
     let in_config = file.config_tensor_names();
     let tensors = file
         .tensors()

@@ -10,11 +10,11 @@ use kiln_plugin_api::WeightsFormat;
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 
-use super::{float_encoding, Checkpoint, CheckpointError, Tensor};
+use super::{float_encoding, Checkpoint, CheckpointError, Tensor, TensorBytes};
 
 /// Opens a `.safetensors` file or a sharded checkpoint's index
 /// (`*.safetensors.index.json`).
-pub fn open_safetensors(path: &Path) -> Result<Checkpoint, CheckpointError> {
+pub fn open_safetensors(path: &Path, bytes: TensorBytes) -> Result<Checkpoint, CheckpointError> {
     let is_index = path.extension().and_then(|e| e.to_str()) == Some("json");
     let shards: Vec<PathBuf> = if is_index {
         read_index(path)?
@@ -24,7 +24,7 @@ pub fn open_safetensors(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let mut tensors = BTreeMap::new();
     let mut metadata = serde_json::Map::new();
     for shard in &shards {
-        let (shard_tensors, shard_metadata) = read_shard(shard)?;
+        let (shard_tensors, shard_metadata) = read_shard(shard, bytes)?;
         for (name, tensor) in shard_tensors {
             if tensors.insert(name.clone(), tensor).is_some() {
                 return Err(CheckpointError::Malformed {
@@ -84,7 +84,7 @@ type Shard = (
     serde_json::Map<String, serde_json::Value>,
 );
 
-fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
+fn read_shard(path: &Path, bytes: TensorBytes) -> Result<Shard, CheckpointError> {
     let io = |source| CheckpointError::Io {
         path: path.to_owned(),
         source,
@@ -99,7 +99,7 @@ fn read_shard(path: &Path) -> Result<Shard, CheckpointError> {
             message: format!("not a safetensors file: {e}"),
         })?;
     let data_start = 8 + header_len;
-    let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = map.clone();
+    let owner = super::tensor_bytes::owner(path, map.clone(), bytes);
     let tensors = header
         .tensors()
         .into_iter()

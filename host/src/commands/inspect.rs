@@ -9,6 +9,7 @@ use kiln_plugin_api::{ConfigRequest, GraphRequest};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::checkpoint::TensorBytes;
 use crate::cli::InspectArgs;
 use crate::model::{self, resolve};
 use crate::plugins::ArchitectureRegistry;
@@ -72,7 +73,7 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
         args.location.revision.as_deref(),
         args.location.weight_path.as_deref(),
     )?;
-    let (checkpoint, hf_config) = model::open_checkpoint(&resolved)?;
+    let (checkpoint, hf_config) = model::open_checkpoint(&resolved, TensorBytes::Mapped)?;
     let mut report = Report {
         model: resolved.name.clone(),
         format: checkpoint.format.to_string(),

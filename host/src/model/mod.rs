@@ -10,7 +10,7 @@ use std::sync::Arc;
 use kiln_plugin_api::graph::Device;
 use kiln_plugin_api::{ArchConfig, ConfigRequest, GraphRequest, WeightsFormat};
 
-use crate::checkpoint::{self, BoundWeights, Checkpoint, CheckpointError};
+use crate::checkpoint::{self, BoundWeights, Checkpoint, CheckpointError, TensorBytes};
 use crate::compiler::{CompileCache, CompileError, CompileOutcome};
 use crate::device::{self, DeviceChoice, DeviceError};
 use crate::engine::batch::Pipeline;
@@ -111,6 +111,7 @@ pub struct Model {
 /// The checkpoint and the Hugging Face shaped config of a resolved model.
 pub fn open_checkpoint(
     resolved: &ResolvedModel,
+    bytes: TensorBytes,
 ) -> Result<(Checkpoint, serde_json::Value), ModelError> {
     let (checkpoint, config) = match resolved.format {
         WeightsFormat::Safetensors => {
@@ -118,11 +119,11 @@ pub fn open_checkpoint(
                 .dir
                 .as_deref()
                 .expect("resolution requires a directory for safetensors");
-            let checkpoint = checkpoint::open_safetensors(&resolved.weights)?;
+            let checkpoint = checkpoint::open_safetensors(&resolved.weights, bytes)?;
             (checkpoint, resolve::read_config(dir)?)
         }
         WeightsFormat::Gguf => {
-            let (checkpoint, gguf_config) = checkpoint::open_gguf(&resolved.weights)?;
+            let (checkpoint, gguf_config) = checkpoint::open_gguf(&resolved.weights, bytes)?;
             // A config.json beside the weights wins over the GGUF metadata.
             let config = match resolved
                 .dir
@@ -204,7 +205,13 @@ pub fn load(
     resolved: ResolvedModel,
     options: &LoadOptions,
 ) -> Result<Model, ModelError> {
-    let (checkpoint, hf_config) = open_checkpoint(&resolved)?;
+    // The CPU backend streams the weights from host memory at every decode
+    // step: best from huge pages. A CUDA backend copies them away.
+    let bytes = match options.device {
+        DeviceChoice::Cpu => TensorBytes::HugePages,
+        DeviceChoice::Cuda(_) | DeviceChoice::CudaEmulated => TensorBytes::Mapped,
+    };
+    let (checkpoint, hf_config) = open_checkpoint(&resolved, bytes)?;
     // The tokenizer is independent of the graph: build it on another core
     // (a 262k-token vocabulary takes a few hundred milliseconds).
     let (compiled, tokenizer) = std::thread::scope(|scope| {

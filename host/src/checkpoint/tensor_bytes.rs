@@ -1,0 +1,146 @@
+//! Where a checkpoint file's tensor bytes are read from: its memory map,
+//! or a copy in memory advised for huge pages.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use kiln_kernels::HugePageBuffer;
+use memmap2::Mmap;
+
+/// How a checkpoint's tensor bytes are held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorBytes {
+    /// In the file's memory map, in 4 KiB pages read as they are touched:
+    /// for inspecting a checkpoint, and for devices that copy the weights
+    /// away.
+    Mapped,
+    /// Copied, when a tensor is first read, into memory advised for huge
+    /// pages: for the CPU backend, whose decode steps stream every weight
+    /// from memory (see `kiln_kernels::HugePageBuffer`). Should the read
+    /// fail, the map serves.
+    HugePages,
+}
+
+/// The owner of `path`'s tensor bytes, whose memory map is `map`.
+pub(crate) fn owner(
+    path: &Path,
+    map: Arc<Mmap>,
+    bytes: TensorBytes,
+) -> Arc<dyn AsRef<[u8]> + Send + Sync> {
+    match bytes {
+        TensorBytes::Mapped => map,
+        TensorBytes::HugePages => Arc::new(HugePageCopy {
+            path: path.to_owned(),
+            map,
+            copy: OnceLock::new(),
+        }),
+    }
+}
+
+/// A file's bytes, read on first access into a [`HugePageBuffer`].
+struct HugePageCopy {
+    path: PathBuf,
+    map: Arc<Mmap>,
+    copy: OnceLock<Option<HugePageBuffer>>,
+}
+
+impl AsRef<[u8]> for HugePageCopy {
+    fn as_ref(&self) -> &[u8] {
+        match self.copy.get_or_init(|| self.read()) {
+            Some(copy) => copy,
+            None => &self.map,
+        }
+    }
+}
+
+impl HugePageCopy {
+    /// The file, read by the thread pool in chunks; `None` (logged) if it
+    /// cannot be read as it was mapped.
+    fn read(&self) -> Option<HugePageBuffer> {
+        let started = std::time::Instant::now();
+        let mut copy = HugePageBuffer::new(self.map.len());
+        match read_into(&self.path, &self.map, &mut copy) {
+            Ok(()) => {
+                tracing::debug!(
+                    "read {} ({} MB) into huge pages in {:?}",
+                    self.path.display(),
+                    copy.len() >> 20,
+                    started.elapsed()
+                );
+                Some(copy)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "reading {} into huge pages failed ({e}); its memory map serves instead",
+                    self.path.display()
+                );
+                None
+            }
+        }
+    }
+}
+
+/// Reads `path` (whose map is `map`) into `out`, which is as long.
+#[cfg(unix)]
+fn read_into(path: &Path, _map: &Mmap, out: &mut [u8]) -> std::io::Result<()> {
+    use rayon::prelude::*;
+    use std::os::unix::fs::FileExt;
+    const CHUNK: usize = 16 << 20;
+    let file = std::fs::File::open(path)?;
+    if file.metadata()?.len() != out.len() as u64 {
+        return Err(std::io::Error::other(
+            "the file changed size since it was mapped",
+        ));
+    }
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .try_for_each(|(i, chunk)| file.read_exact_at(chunk, (i * CHUNK) as u64))
+}
+
+/// Copies the map into `out` (no positioned reads here).
+#[cfg(not(unix))]
+fn read_into(_path: &Path, map: &Mmap, out: &mut [u8]) -> std::io::Result<()> {
+    out.copy_from_slice(map);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn mapped(path: &Path) -> Arc<Mmap> {
+        let file = std::fs::File::open(path).unwrap();
+        // SAFETY: a test file nobody else changes while mapped.
+        Arc::new(unsafe { Mmap::map(&file) }.unwrap())
+    }
+
+    #[test]
+    fn a_huge_page_copy_has_the_files_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weights.bin");
+        let bytes: Vec<u8> = (0..(40 << 20) + 123).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let map = mapped(&path);
+        for how in [TensorBytes::Mapped, TensorBytes::HugePages] {
+            let owner = owner(&path, map.clone(), how);
+            assert!(owner.as_ref().as_ref() == &bytes[..], "{how:?}");
+        }
+    }
+
+    #[test]
+    fn a_file_that_grew_since_mapped_gives_the_mapped_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weights.bin");
+        std::fs::write(&path, [1u8, 2, 3]).unwrap();
+        let map = mapped(&path);
+        let owner = owner(&path, map, TensorBytes::HugePages);
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        file.write_all(&[4]).unwrap();
+        assert_eq!(owner.as_ref().as_ref(), &[1, 2, 3]);
+    }
+}
