@@ -17,9 +17,15 @@ pub enum TensorBytes {
     /// Copied, when a tensor is first read, into memory advised for huge
     /// pages: for the CPU backend, whose decode steps stream every weight
     /// from memory (see `kiln_kernels::HugePageBuffer`). Should the read
-    /// fail, the map serves.
+    /// fail, or the file not fit in [`COPY_SHARE`] of the available
+    /// memory, the map serves.
     HugePages,
 }
+
+/// The share of the memory available at open (`MemAvailable`) a file may
+/// take as a copy: a larger one stays mapped, so that the OS can still page
+/// it.
+const COPY_SHARE: f64 = 0.75;
 
 /// The owner of `path`'s tensor bytes, whose memory map is `map`.
 pub(crate) fn owner(
@@ -27,14 +33,36 @@ pub(crate) fn owner(
     map: Arc<Mmap>,
     bytes: TensorBytes,
 ) -> Arc<dyn AsRef<[u8]> + Send + Sync> {
+    let fits = || {
+        let available = available_memory();
+        let fits = available.is_none_or(|a| map.len() as f64 <= COPY_SHARE * a as f64);
+        if !fits {
+            tracing::info!(
+                "{} ({} MB) stays memory-mapped: too large to copy into the {} MB available",
+                path.display(),
+                map.len() >> 20,
+                available.unwrap_or(0) >> 20
+            );
+        }
+        fits
+    };
     match bytes {
-        TensorBytes::Mapped => map,
-        TensorBytes::HugePages => Arc::new(HugePageCopy {
+        TensorBytes::HugePages if fits() => Arc::new(HugePageCopy {
             path: path.to_owned(),
             map,
             copy: OnceLock::new(),
         }),
+        TensorBytes::HugePages | TensorBytes::Mapped => map,
     }
+}
+
+/// Bytes of memory available without swapping (Linux's `MemAvailable`), if
+/// known.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
 }
 
 /// A file's bytes, read on first access into a [`HugePageBuffer`].
@@ -127,6 +155,12 @@ mod tests {
             let owner = owner(&path, map.clone(), how);
             assert!(owner.as_ref().as_ref() == &bytes[..], "{how:?}");
         }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_available_memory_is_read() {
+        assert!(available_memory().is_some_and(|bytes| bytes > 0));
     }
 
     #[test]
