@@ -5,13 +5,14 @@
 //! exact integer totals per super-block: `I = Σ sc·Σ q·a` over the
 //! sub-blocks, `sc` their integer scales, and for Q4_K `M = Σ m·Σ a`, `m`
 //! their integer minimums. Here the weights are decoded already multiplied
-//! by their sub-block scale, `w = sc·q` (Q4_K, 0..946) or `sc·(q − 32)`
-//! (Q6_K, −4096..4096), and split into two bytes, `w = 2^s·hi + lo` with
+//! by their sub-block scale, `w = sc·q` (Q4_K, 0..=945) or `sc·(q − 32)`
+//! (Q6_K, −4064..=4096), and split into two bytes, `w = 2^s·hi + lo` with
 //! `lo` in `0..2^s`: then `I = 2^s·Σ hi·a + Σ lo·a`, two tile products
-//! accumulated over the whole super-block (4 × 64 values), stored once. `M`
-//! comes from the activations' sums per 16 values (`vpdpwssd` with the
-//! minimums as 16-bit pairs). The same integers, then the same
-//! floating-point steps, give the AVX2 kernels' bits.
+//! accumulated over the whole super-block (4 × 64 values), stored once
+//! (`|I| ≤ 256 · 4096 · 127 < 2^31`). `M` comes from the activations' sums
+//! per 16 values times the minimums as 16-bit pairs (`vpdpwssd`'s
+//! arithmetic). The same integers, then the same floating-point steps, give
+//! the AVX2 kernels' bits.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -26,9 +27,9 @@ use super::{store_outputs, transpose_rows, AmxWeights, Sums, Tiles, LANES, TILE_
 /// tiles (1 KiB each) for each 64 values.
 const SUPER_TILES: usize = 2 * QK_K * LANES;
 
-/// Q4_K: `hi` holds `w >> 4` (0..60), `lo` `w & 15`.
+/// Q4_K: `hi` holds `w >> 4` (0..=59), `lo` `w & 15`.
 const Q4K_SHIFT: u32 = 4;
-/// Q6_K: `hi` holds `w >> 6` (−64..65, signed), `lo` `w & 63`.
+/// Q6_K: `hi` holds `w >> 6` (−64..=64, signed), `lo` `w & 63`.
 const Q6K_SHIFT: u32 = 6;
 
 /// Sizes `out` for `rows` weight rows of `cols` values; returns the
