@@ -243,7 +243,7 @@ fn quant_lm_head(c: &mut Criterion) {
     let (rows, cols) = (262_144, 640);
     let ty = QuantType::Q8_0;
     let data = random_weights(ty, rows, cols);
-    let mut huge = HugePageBuffer::new(data.len());
+    let mut huge = HugePageBuffer::new(data.len()).expect("memory for the weights");
     huge.copy_from_slice(&data);
     let x: Vec<f32> = (0..cols).map(|i| (i % 7) as f32 / 7.0 - 0.5).collect();
     let mut y = vec![0f32; rows];

@@ -39,12 +39,9 @@ unsafe impl Send for HugePageBuffer {}
 unsafe impl Sync for HugePageBuffer {}
 
 impl HugePageBuffer {
-    /// `len` zeroed bytes.
-    ///
-    /// # Panics
-    /// If the memory cannot be had, as a `Vec` allocation would.
+    /// `len` zeroed bytes, or the OS's error if it cannot map them.
     #[cfg(target_os = "linux")]
-    pub fn new(len: usize) -> Self {
+    pub fn new(len: usize) -> std::io::Result<Self> {
         // One huge page more than needed, so that the buffer can start on
         // one; the slack is unmapped.
         let map_len = len.next_multiple_of(HUGE_PAGE) + HUGE_PAGE;
@@ -60,10 +57,9 @@ impl HugePageBuffer {
                 0,
             )
         };
-        assert!(
-            map != libc::MAP_FAILED,
-            "out of memory: {map_len} bytes of anonymous memory"
-        );
+        if map == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
         let skip = (map as usize).next_multiple_of(HUGE_PAGE) - map as usize;
         // SAFETY: `skip < HUGE_PAGE`, inside the mapping. The advice is a
         // hint: where it fails the pages are 4 KiB ones, still zeroed.
@@ -72,22 +68,22 @@ impl HugePageBuffer {
             libc::madvise(start.cast(), map_len - skip, libc::MADV_HUGEPAGE);
             start
         };
-        Self {
+        Ok(Self {
             bytes: Bytes {
                 map,
                 map_len,
                 start,
                 len,
             },
-        }
+        })
     }
 
     /// `len` zeroed bytes.
     #[cfg(not(target_os = "linux"))]
-    pub fn new(len: usize) -> Self {
-        Self {
+    pub fn new(len: usize) -> std::io::Result<Self> {
+        Ok(Self {
             bytes: Bytes(vec![0; len]),
-        }
+        })
     }
 }
 
@@ -140,14 +136,14 @@ mod tests {
 
     #[test]
     fn a_buffer_is_zeroed_writable_and_its_own() {
-        let mut a = HugePageBuffer::new(3 << 20);
+        let mut a = HugePageBuffer::new(3 << 20).unwrap();
         assert_eq!(a.len(), 3 << 20);
         assert!(a.iter().all(|&b| b == 0));
         a[0] = 1;
         a[(3 << 20) - 1] = 2;
-        let b = HugePageBuffer::new(10);
+        let b = HugePageBuffer::new(10).unwrap();
         assert_eq!((a[0], a[(3 << 20) - 1], b.len()), (1, 2, 10));
         assert!(b.iter().all(|&b| b == 0));
-        assert!(HugePageBuffer::new(0).is_empty());
+        assert!(HugePageBuffer::new(0).unwrap().is_empty());
     }
 }

@@ -32,7 +32,7 @@ pub enum Isa {
     /// x86_64 AVX-512 (F, BW, VBMI, VNNI), on top of AVX2.
     Avx512,
     /// x86_64 AMX int8 tiles, on top of AVX-512: fast products of the
-    /// 32-value formats over 16 activation rows or more. Not available when
+    /// 32-value formats, Q4_K and Q6_K over 16 activation rows or more. Not available when
     /// the environment variable `KILN_NO_AMX` is set.
     Amx,
 }

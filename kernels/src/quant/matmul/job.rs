@@ -32,8 +32,8 @@ const TASKS_PER_THREAD: usize = 4;
 /// calling thread. Inside the pool, splitting costs about a microsecond.
 const MIN_WORK_FROM_OUTSIDE: usize = 2 << 20;
 
-/// Bytes of weights the AMX kernels decode at once (one byte a value):
-/// they stay in L2 while every activation row passes.
+/// Values of weights the AMX kernels decode at once (a byte each, two for
+/// Q4_K and Q6_K): they stay in L2 while every activation row passes.
 #[cfg(target_arch = "x86_64")]
 const AMX_TILE_BYTES: usize = 256 << 10;
 
