@@ -375,35 +375,94 @@ pub(crate) unsafe fn multiply<F: Format>(
     n: usize,
 ) {
     let blocks = w.cols / BLOCK;
-    debug_assert!(acts.len() >= outs.len().next_multiple_of(LANES) * act_len);
     let shapes = [
         (16, BLOCK as u16),
         (8, TILE_ROW as u16),
         (16, TILE_ROW as u16),
     ];
     let _tiles = Tiles::configure(&[shapes, shapes].concat());
-    let mut sums = [Sums::ZERO, Sums::ZERO];
+    // A group's B tiles, and its first block's index into the scales.
+    let group = |g: usize| {
+        let q = &w.q.all_bytes()[g * blocks * BLOCK * LANES..][..blocks * BLOCK * LANES];
+        (q, g * blocks)
+    };
+    pipelined(
+        Pipeline {
+            acts,
+            act_len,
+            outs,
+            col0,
+            n,
+            steps: blocks,
+        },
+        &mut [Sums::ZERO, Sums::ZERO],
+        group,
+        |acts, (q, _), b| group_block_sums::<F>(acts, act_len, q, b),
+        |b, sums| {
+            if b % 2 == 0 {
+                store_sums::<0>(sums);
+            } else {
+                store_sums::<1>(sums);
+            }
+        },
+        |acc, sums, acts, (_, first), b| {
+            let k = first + b;
+            scale_sums::<F>(acc, sums, acts, act_len, b, &w.d[k], &w.m[k]);
+        },
+    );
+}
+
+/// What [`pipelined`] runs over: activation rows (`act_len` blocks each,
+/// padded to a multiple of 16 rows), their outputs (from column `col0`, `n`
+/// weight rows), and the steps (blocks or super-blocks) of a row.
+struct Pipeline<'a, 'o, A> {
+    acts: &'a [A],
+    act_len: usize,
+    outs: &'a mut [&'o mut [f32]],
+    col0: usize,
+    n: usize,
+    steps: usize,
+}
+
+/// The loop of the AMX products: for each tile of 16 activation rows and
+/// group `g` of 16 weight rows (what the steps need of it: `group(g)`),
+/// step `k + 1`'s tile products are started (`start(acts, group, k + 1)`)
+/// before step `k`'s sums, stored into `sums[k % 2]` (`store`) by the
+/// previous iteration, are scaled into the running sums (`scale(acc, sums,
+/// acts, group, k)`); then step `k + 1`'s are stored. The tile unit runs its instructions in order, so a product
+/// stored right away would stall the scaling behind it.
+#[inline(always)]
+unsafe fn pipelined<A, S, G: Copy>(
+    p: Pipeline<'_, '_, A>,
+    sums: &mut [S; 2],
+    group: impl Fn(usize) -> G,
+    start: impl Fn(&[A], G, usize),
+    store: impl Fn(usize, &mut S),
+    scale: impl Fn(&mut [__m512; LANES], &S, &[A], G, usize),
+) {
+    let Pipeline {
+        acts,
+        act_len,
+        outs,
+        col0,
+        n,
+        steps,
+    } = p;
+    debug_assert!(acts.len() >= outs.len().next_multiple_of(LANES) * act_len);
     for (t, outs) in outs.chunks_mut(LANES).enumerate() {
         let acts = &acts[t * LANES * act_len..(t + 1) * LANES * act_len];
         for g in 0..n.div_ceil(LANES) {
-            let q = &w.q.all_bytes()[g * blocks * BLOCK * LANES..(g + 1) * blocks * BLOCK * LANES];
             let mut acc = [_mm512_setzero_ps(); LANES];
-            // Block b + 1's product runs on the tile unit while block b's
-            // sums are scaled; then they are stored.
-            group_block_sums::<F>(acts, act_len, q, 0);
-            store_sums::<0>(&mut sums[0]);
-            for b in 0..blocks {
-                if b + 1 < blocks {
-                    group_block_sums::<F>(acts, act_len, q, b + 1);
+            let group = group(g);
+            start(acts, group, 0);
+            store(0, &mut sums[0]);
+            for k in 0..steps {
+                if k + 1 < steps {
+                    start(acts, group, k + 1);
                 }
-                let k = g * blocks + b;
-                scale_sums::<F>(&mut acc, &sums[b % 2], acts, act_len, b, &w.d[k], &w.m[k]);
-                if b + 1 < blocks {
-                    if b % 2 == 0 {
-                        store_sums::<1>(&mut sums[1]);
-                    } else {
-                        store_sums::<0>(&mut sums[0]);
-                    }
+                scale(&mut acc, &sums[k % 2], acts, group, k);
+                if k + 1 < steps {
+                    store(k + 1, &mut sums[(k + 1) % 2]);
                 }
             }
             store_outputs(&acc, outs, col0 + g * LANES, n - g * LANES);

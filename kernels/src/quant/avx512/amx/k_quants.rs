@@ -21,7 +21,7 @@ use super::super::super::act::BlockQ8K;
 use super::super::super::aligned::grow;
 use super::super::super::avx2::q6k_half;
 use super::super::super::format::{f16_at, k4_scales_mins, QK_K};
-use super::{store_outputs, transpose_rows, AmxWeights, Sums, Tiles, LANES, TILE_ROW};
+use super::{pipelined, transpose_rows, AmxWeights, Pipeline, Sums, Tiles, LANES, TILE_ROW};
 
 /// Bytes of B tiles a group of 16 rows has per super-block: `hi` and `lo`
 /// tiles (1 KiB each) for each 64 values.
@@ -181,16 +181,12 @@ pub(crate) unsafe fn multiply_q6k(
     multiply_super::<true, false>(w, acts, act_len, outs, col0, n);
 }
 
-/// A super-block's `hi` and `lo` sums of 16 activation rows (A tiles from
-/// `a`, rows `stride` bytes apart) times 16 weight rows (the B tiles at
-/// `b`), stored into `c`. `SIGNED_HI`: the `hi` bytes are signed.
+/// Starts a super-block's `hi` and `lo` sums (in tmm3 and tmm4) of 16
+/// activation rows (A tiles from `a`, rows `stride` bytes apart) times 16
+/// weight rows (the B tiles at `b`); [`store_super_sums`] stores them.
+/// `SIGNED_HI`: the `hi` bytes are signed.
 #[inline(always)]
-unsafe fn super_sums<const SIGNED_HI: bool>(
-    a: *const i8,
-    stride: usize,
-    b: *const u8,
-    c: &mut [Sums; 2],
-) {
+unsafe fn super_sums<const SIGNED_HI: bool>(a: *const i8, stride: usize, b: *const u8) {
     // SAFETY (caller): tiles configured (`Tiles`); `a` has 16 rows of 256
     // bytes at `stride`, `b` the super-block's 8 B tiles.
     asm!("tilezero tmm3", "tilezero tmm4", options(nostack));
@@ -220,6 +216,11 @@ unsafe fn super_sums<const SIGNED_HI: bool>(
             (false, _) => product!("tdpbsud", "tmm5", "tmm6", "tmm7"),
         }
     }
+}
+
+/// Stores the `hi` and `lo` sums [`super_sums`] started into `c`.
+#[inline(always)]
+unsafe fn store_super_sums(c: &mut [Sums; 2]) {
     asm!(
         "tilestored [{hi} + {row} * 1], tmm3",
         "tilestored [{lo} + {row} * 1], tmm4",
@@ -244,57 +245,67 @@ unsafe fn multiply_super<const SIGNED_HI: bool, const MINS: bool>(
     n: usize,
 ) {
     let supers = w.cols / QK_K;
-    debug_assert!(acts.len() >= outs.len().next_multiple_of(LANES) * act_len);
     let shift = _mm512_set1_epi32(if MINS { Q4K_SHIFT } else { Q6K_SHIFT } as i32);
     let tile = (16, TILE_ROW as u16);
     let _tiles = Tiles::configure(&[tile; 8]);
     let stride = act_len * size_of::<BlockQ8K>();
-    let mut sums = [[Sums::ZERO, Sums::ZERO], [Sums::ZERO, Sums::ZERO]];
-    for (t, outs) in outs.chunks_mut(LANES).enumerate() {
-        let acts = &acts[t * LANES * act_len..(t + 1) * LANES * act_len];
-        for g in 0..n.div_ceil(LANES) {
-            let q = &w.q.all_bytes()[g * supers * SUPER_TILES..(g + 1) * supers * SUPER_TILES];
-            let product = |k: usize, c: &mut [Sums; 2]| {
-                let a = acts[k].qs.as_ptr();
-                super_sums::<SIGNED_HI>(a, stride, q[k * SUPER_TILES..].as_ptr(), c)
-            };
-            let mut acc = [_mm512_setzero_ps(); LANES];
-            // Super-block k + 1's products run on the tile unit while
-            // super-block k's sums are scaled.
-            product(0, &mut sums[0]);
-            for k in 0..supers {
-                if k + 1 < supers {
-                    product(k + 1, &mut sums[(k + 1) % 2]);
+    // A group's B tiles, and its first super-block's index into the scales.
+    let group = |g: usize| {
+        let q = &w.q.all_bytes()[g * supers * SUPER_TILES..][..supers * SUPER_TILES];
+        (q, g * supers)
+    };
+    let start = |acts: &[BlockQ8K], (q, _): (&[u8], usize), k: usize| {
+        let b = q[k * SUPER_TILES..].as_ptr();
+        super_sums::<SIGNED_HI>(acts[k].qs.as_ptr(), stride, b)
+    };
+    let scale = |acc: &mut [__m512; LANES],
+                 sums: &[Sums; 2],
+                 acts: &[BlockQ8K],
+                 group: (&[u8], usize),
+                 k: usize| {
+        let at = group.1 + k;
+        let [hi, lo] = sums;
+        let wd = _mm512_loadu_ps(w.d[at].as_ptr());
+        let wm = _mm512_loadu_ps(w.m[at].as_ptr());
+        let pairs = if MINS {
+            &w.min_pairs[at * 8..][..8]
+        } else {
+            &[]
+        };
+        for (i, acc) in acc.iter_mut().enumerate() {
+            let a = &acts[i * act_len + k];
+            let total = _mm512_add_epi32(_mm512_sllv_epi32(hi.row(i), shift), lo.row(i));
+            let d = _mm512_set1_ps(a.d);
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(wd, d), *acc);
+            if MINS {
+                let mut mins = _mm512_setzero_si512();
+                for (sub, pair) in pairs.iter().enumerate() {
+                    // The sums of values 32·sub.. and 32·sub + 16..
+                    let bsums = a.bsums.as_ptr().add(2 * sub).cast::<i32>();
+                    let bsums = _mm512_set1_epi32(bsums.read_unaligned());
+                    let pair = _mm512_loadu_si512(pair.as_ptr().cast());
+                    mins = _mm512_dpwssd_epi32(mins, bsums, pair);
                 }
-                let [hi, lo] = &sums[k % 2];
-                let wd = _mm512_loadu_ps(w.d[g * supers + k].as_ptr());
-                let wm = _mm512_loadu_ps(w.m[g * supers + k].as_ptr());
-                let pairs = if MINS {
-                    &w.min_pairs[(g * supers + k) * 8..][..8]
-                } else {
-                    &[]
-                };
-                for (i, acc) in acc.iter_mut().enumerate() {
-                    let a = &acts[i * act_len + k];
-                    let total = _mm512_add_epi32(_mm512_sllv_epi32(hi.row(i), shift), lo.row(i));
-                    let d = _mm512_set1_ps(a.d);
-                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(wd, d), *acc);
-                    if MINS {
-                        let mut mins = _mm512_setzero_si512();
-                        for (sub, pair) in pairs.iter().enumerate() {
-                            // The sums of values 32·sub.. and 32·sub + 16..
-                            let bsums = a.bsums.as_ptr().add(2 * sub).cast::<i32>();
-                            let bsums = _mm512_set1_epi32(bsums.read_unaligned());
-                            let pair = _mm512_loadu_si512(pair.as_ptr().cast());
-                            mins = _mm512_dpwssd_epi32(mins, bsums, pair);
-                        }
-                        let neg =
-                            _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), mins));
-                        *acc = _mm512_fmadd_ps(neg, _mm512_mul_ps(wm, d), *acc);
-                    }
-                }
+                let neg = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_setzero_si512(), mins));
+                *acc = _mm512_fmadd_ps(neg, _mm512_mul_ps(wm, d), *acc);
             }
-            store_outputs(&acc, outs, col0 + g * LANES, n - g * LANES);
         }
-    }
+    };
+    let sums = &mut [[Sums::ZERO, Sums::ZERO], [Sums::ZERO, Sums::ZERO]];
+    let pipeline = Pipeline {
+        acts,
+        act_len,
+        outs,
+        col0,
+        n,
+        steps: supers,
+    };
+    pipelined(
+        pipeline,
+        sums,
+        group,
+        start,
+        |_, c| store_super_sums(c),
+        scale,
+    );
 }
