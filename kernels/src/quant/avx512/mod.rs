@@ -11,7 +11,7 @@
 //!
 //! A pair of blocks is decoded with one masked load: `vpermb` places each
 //! packed byte under both of its nibbles, a per-lane shift and a mask finish
-//! the unpacking, and `vpermw` gathers the two f16 scales (and minimums).
+//! the unpacking, and `vpermw` gathers the f16 scales (and minimums).
 //! The fast kernels (`fast`) take [`BlockQ8x2`] activations and compute 16
 //! weight rows at a time, one per lane, from exact integer sums per block.
 
@@ -58,18 +58,6 @@ unsafe fn nibble_index<F: Format>() -> __m512i {
     let mut idx = [0u8; 64];
     for (j, v) in idx.iter_mut().enumerate() {
         *v = ((j / 32) * F::BYTES + qs_offset(F::TY) + j % 16) as u8;
-    }
-    _mm512_loadu_si512(idx.as_ptr().cast())
-}
-
-/// The `vpermw` index gathering the f16 at byte `at` of each of two blocks,
-/// alternating between them every `run` words.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn half_index<F: Format>(at: usize, run: usize) -> __m512i {
-    let mut idx = [0u16; 32];
-    for (j, v) in idx.iter_mut().enumerate() {
-        *v = ((((j / run) % 2) * F::BYTES + at) / 2) as u16;
     }
     _mm512_loadu_si512(idx.as_ptr().cast())
 }
