@@ -397,6 +397,8 @@ pub enum PrecisionArg {
     Exact,
     /// Quantize activations to 8 bits and use integer dot products (llama.cpp's way).
     Fast,
+    /// As `fast`, but a gated MLP's down projection carries its activations as two 8-bit digits (its outliers are fast mode's largest error): a KL divergence from transformers 1.3-4x below `fast`'s, at most of its speed.
+    FastResidual,
 }
 
 /// `--dtype`.
@@ -472,6 +474,7 @@ impl From<PrecisionArg> for crate::runtime::Precision {
         match value {
             PrecisionArg::Exact => crate::runtime::Precision::Exact,
             PrecisionArg::Fast => crate::runtime::Precision::Fast,
+            PrecisionArg::FastResidual => crate::runtime::Precision::FastResidual,
         }
     }
 }

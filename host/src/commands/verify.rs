@@ -77,6 +77,7 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
         precision: match args.load.runtime.precision {
             PrecisionArg::Exact => "exact",
             PrecisionArg::Fast => "fast",
+            PrecisionArg::FastResidual => "fast-residual",
         },
         logits_from: if args.decode { "decode" } else { "prefill" },
         tolerance,

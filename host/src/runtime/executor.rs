@@ -8,7 +8,7 @@ use kiln_kernels::dense::attention::{
 };
 use kiln_kernels::dense::matmul::{self, HalfFormat};
 use kiln_kernels::quant::{Precision, QuantMatrix};
-use kiln_plugin_api::graph::{AttentionSpec, Dim, Op, ValueId};
+use kiln_plugin_api::graph::{AttentionSpec, BinaryOp, Dim, Op, ValueId};
 use kiln_plugin_api::Encoding;
 
 use super::backend::{Backend, PendingSample, TokenFeed};
@@ -263,7 +263,7 @@ impl Executor {
                 op => cpu_ops::eval(op, &inputs, dtype, shape, &self.pool),
             },
             Kernel::Linear { weight } => {
-                let precision = self.product_precision(step.output);
+                let precision = self.product_precision(step.output, step.inputs[0]);
                 self.linear(*weight, inputs[0], shape, dtype, precision)
             }
             Kernel::Embedding { weight } => self.embedding(*weight, inputs[0], shape, dtype),
@@ -280,17 +280,43 @@ impl Executor {
         result.map_err(fail)
     }
 
-    /// The precision of the weight product producing `output`: the
-    /// executor's, except that the product producing the logits (the graph's
-    /// first output) always keeps f32 activations. In fast mode that costs a
-    /// few percent of decode speed and cuts the mean KL divergence from
-    /// transformers by 7-22 % on the real models (bench/cpu/NOTES.md).
-    fn product_precision(&self, output: ValueId) -> Precision {
+    /// The precision of the weight product producing `output` from
+    /// `input`: the executor's, except that
+    /// - the product producing the logits (the graph's first output) always
+    ///   keeps f32 activations: in fast mode that costs a few percent of
+    ///   decode speed and cuts the mean KL divergence from transformers by
+    ///   7-22 % on the real models;
+    /// - with [`Precision::FastResidual`], only a product of a gated
+    ///   activation (a gated MLP's down projection, whose outliers make it
+    ///   fast mode's largest source of error) carries its activations as
+    ///   two 8-bit digits; the others are [`Precision::Fast`].
+    ///
+    /// Measurements in bench/cpu/NOTES.md.
+    fn product_precision(&self, output: ValueId, input: ValueId) -> Precision {
         if self.program.graph.outputs.first() == Some(&output) {
             Precision::Exact
+        } else if self.precision == Precision::FastResidual && !self.is_gated(input) {
+            Precision::Fast
         } else {
             self.precision
         }
+    }
+
+    /// Whether `value` is (a reshape of) an element-wise product of two
+    /// activations of its shape, rather than a scaling by a weight or a
+    /// constant.
+    fn is_gated(&self, mut value: ValueId) -> bool {
+        let nodes = &self.program.graph.nodes;
+        while let Op::Reshape { .. } = nodes[value as usize].op {
+            value = nodes[value as usize].inputs[0];
+        }
+        let node = &nodes[value as usize];
+        matches!(node.op, Op::Binary { op: BinaryOp::Mul })
+            && node.inputs.iter().all(|&i| {
+                let operand = &nodes[i as usize];
+                !matches!(operand.op, Op::Weight { .. } | Op::Constant(_))
+                    && operand.ty.shape == node.ty.shape
+            })
     }
 
     fn linear(

@@ -76,7 +76,8 @@ impl KvCacheDtype {
     /// What the CPU backend's cache stores in `precision`.
     pub fn on_host(self, precision: Precision) -> HostKvDtype {
         match (self, precision) {
-            (KvCacheDtype::Auto, Precision::Fast) | (KvCacheDtype::Float16, _) => HostKvDtype::F16,
+            (KvCacheDtype::Auto, Precision::Fast | Precision::FastResidual)
+            | (KvCacheDtype::Float16, _) => HostKvDtype::F16,
             (KvCacheDtype::Auto, Precision::Exact) | (KvCacheDtype::Float32, _) => HostKvDtype::F32,
             (KvCacheDtype::BFloat16, _) => HostKvDtype::Bf16,
             (KvCacheDtype::Q8_0, _) => HostKvDtype::Q8_0,

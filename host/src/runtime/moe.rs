@@ -5,6 +5,7 @@
 //! transformers adds them.
 
 use kiln_kernels::dense::moe::{route, Router, Scoring};
+use kiln_kernels::quant::Precision;
 use kiln_plugin_api::graph::{MoeRouting, MoeSpec};
 
 use super::cpu_ops::unary_f32_in_place;
@@ -67,13 +68,19 @@ impl Executor {
 
         let mut out = vec![0f32; tokens * hidden];
         let precision = self.precision();
+        // Only the down projection, of a gated activation, carries two
+        // digits (see `Executor::product_precision`).
+        let input_precision = match precision {
+            Precision::FastResidual => Precision::Fast,
+            p => p,
+        };
         for (e, rows) in routed.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
             let mut xs = self.pool().take(rows.len() * hidden);
             for (dst, &(t, _)) in xs.chunks_exact_mut(hidden).zip(rows) {
                 dst.copy_from_slice(&x[t * hidden..(t + 1) * hidden]);
             }
-            let mut gate = self.linear_rows(experts.gate[e], &xs, precision)?;
-            let up = self.linear_rows(experts.up[e], &xs, precision)?;
+            let mut gate = self.linear_rows(experts.gate[e], &xs, input_precision)?;
+            let up = self.linear_rows(experts.up[e], &xs, input_precision)?;
             unary_f32_in_place(spec.activation, &mut gate);
             gate.iter_mut().zip(&up).for_each(|(g, u)| *g *= u);
             let y = self.linear_rows(experts.down[e], &gate, precision)?;

@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 mod job;
+mod residual;
 
 use super::act::{quantize_run, BlockQ8, BlockQ8K};
 use super::aligned::Aligned;
@@ -268,7 +269,15 @@ macro_rules! with_format {
     };
 }
 
-fn select(ty: QuantType, precision: Precision, isa: Isa) -> Selected {
+/// The kernels a product runs: [`Precision::FastResidual`] runs the fast
+/// ones (over twice the activation rows, `residual`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arithmetic {
+    Exact,
+    Fast,
+}
+
+fn select(ty: QuantType, precision: Arithmetic, isa: Isa) -> Selected {
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 {
         if let Some(kernel) = select_avx512(ty, precision, isa >= Isa::Amx) {
@@ -281,17 +290,17 @@ fn select(ty: QuantType, precision: Precision, isa: Isa) -> Selected {
     }
     let _ = isa;
     with_format!(ty, F => match (precision, ty.is_k_quant()) {
-        (Precision::Exact, _) => Selected::Exact(one(scalar::exact::<F>)),
-        (Precision::Fast, false) => Selected::Q8(one(scalar::fast_q8::<F>)),
-        (Precision::Fast, true) => Selected::Q8K(one(scalar::fast_q8k::<F>)),
+        (Arithmetic::Exact, _) => Selected::Exact(one(scalar::exact::<F>)),
+        (Arithmetic::Fast, false) => Selected::Q8(one(scalar::fast_q8::<F>)),
+        (Arithmetic::Fast, true) => Selected::Q8K(one(scalar::fast_q8k::<F>)),
     })
 }
 
 #[cfg(target_arch = "x86_64")]
-fn select_avx512(ty: QuantType, precision: Precision, amx: bool) -> Option<Selected> {
+fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Selected> {
     use super::avx512::Blocks32;
     use marker as m;
-    use Precision::{Exact, Fast};
+    use Arithmetic::{Exact, Fast};
     Some(match (precision, ty) {
         (Exact, QuantType::Q4_0) => exact_512::<Blocks32<m::Q4_0>>(),
         (Exact, QuantType::Q4_1) => exact_512::<Blocks32<m::Q4_1>>(),
@@ -441,10 +450,10 @@ fn fast_q6k_avx2() -> Kernels<BlockQ8K> {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
+fn select_avx2(ty: QuantType, precision: Arithmetic) -> Selected {
     use super::avx2 as k;
     use marker as m;
-    use Precision::{Exact, Fast};
+    use Arithmetic::{Exact, Fast};
     match (precision, ty) {
         (Exact, QuantType::Q4_0) => Selected::Exact(exact_avx2::<m::Q4_0>()),
         (Exact, QuantType::Q4_1) => Selected::Exact(exact_avx2::<m::Q4_1>()),
@@ -475,6 +484,9 @@ fn select_avx2(ty: QuantType, precision: Precision) -> Selected {
 trait ActBlock: Default + Copy + Send + Sync {
     const ELEMS: usize;
     fn quantize(isa: Isa, x: &[f32], out: &mut Self);
+    /// Subtracts the block's values (scale times quant) from the values it
+    /// was quantized from.
+    fn subtract_from(&self, x: &mut [f32]);
 }
 
 /// Quantizes a run of `qs.len()` values (a multiple of 32) with the best
@@ -495,6 +507,11 @@ impl ActBlock for BlockQ8 {
         let d = quantize_with(isa, x, &mut out.qs);
         out.finish(d);
     }
+    fn subtract_from(&self, x: &mut [f32]) {
+        for (x, &q) in x.iter_mut().zip(&self.qs) {
+            *x -= self.d * f32::from(q);
+        }
+    }
 }
 
 impl ActBlock for BlockQ8K {
@@ -502,6 +519,11 @@ impl ActBlock for BlockQ8K {
     fn quantize(isa: Isa, x: &[f32], out: &mut Self) {
         let d = quantize_with(isa, x, &mut out.qs);
         out.finish(d);
+    }
+    fn subtract_from(&self, x: &mut [f32]) {
+        for (x, &q) in x.iter_mut().zip(&self.qs) {
+            *x -= self.d * f32::from(q);
+        }
     }
 }
 
@@ -513,6 +535,11 @@ impl ActBlock for BlockQ8x2 {
         // SAFETY: these blocks are only made for the AVX-512 kernels, after
         // the caller checked that the CPU has AVX-512 (and so AVX2).
         unsafe { BlockQ8x2::quantize(x, out) }
+    }
+    fn subtract_from(&self, x: &mut [f32]) {
+        for (i, (x, &q)) in x.iter_mut().zip(&self.qs).enumerate() {
+            *x -= self.d[i / 32] * f32::from(q);
+        }
     }
 }
 
@@ -645,7 +672,12 @@ impl<'a> QuantMatrix<'a> {
             y.fill(0.0);
             return Ok(());
         }
-        match select(self.ty, precision, isa) {
+        let arithmetic = match precision {
+            Precision::Exact => Arithmetic::Exact,
+            Precision::Fast => Arithmetic::Fast,
+            Precision::FastResidual => return self.matmul_residual(isa, x, m, y),
+        };
+        match select(self.ty, arithmetic, isa) {
             Selected::ExactPanel(kernels, panel) if m >= PANEL_MIN_ACTS => {
                 // The panel kernels read the activations many times over:
                 // laid out, from a copy that starts on a cache line, so that

@@ -118,6 +118,12 @@ pub enum Precision {
     Exact,
     /// 8-bit quantized activations and integer dot products (llama.cpp's way).
     Fast,
+    /// [`Fast`](Self::Fast) with each activation carried as two 8-bit
+    /// digits: its 8-bit quantization and the 8-bit quantization of what
+    /// that left. Two integer products (one over twice the activation rows),
+    /// activations good to about 15 bits: for inputs with outliers, whose
+    /// blocks 8 bits alone serve worst (a gated MLP's down projection).
+    FastResidual,
 }
 
 /// Dequantizes one row: `src` holds `dst.len()` values of format `ty`
