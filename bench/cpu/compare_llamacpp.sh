@@ -10,6 +10,8 @@
 #   LLAMACPP_PY     a Python with llama-cpp-python built natively on this machine
 #                   (default /work/llamacpp-py/bin/python; bench/cpu/build_llamacpp.sh)
 #   THREADS         threads for both engines         (default 2)
+#   PRECISIONS      Kiln's --precision values to run (default "exact fast";
+#                   "exact fast fast-residual" adds the third)
 #   NICE            niceness of the measured processes (default 0)
 #   QUIET_BUSY      before every run, wait until other processes use less than
 #                   this fraction of the CPUs over one second (default 0.10) ...
@@ -18,8 +20,8 @@
 #                   percentage of the CPUs is repeated ... (default 10)
 #   TRIES           ... at most this many times in all (default 3)
 #
-# Per model and round, each engine (Kiln --precision exact, llama.cpp, Kiln
-# --precision fast; the order rotates every round) runs three fresh processes:
+# Per model and round, each engine (Kiln in each of PRECISIONS, and llama.cpp;
+# the order rotates every round) runs three fresh processes:
 #   decode : 73-token prompt, 128 new tokens, greedy  -> prefill-73 tok/s,
 #            decode tok/s (127 steps after the first token), peak RSS
 #   prefill: 512-token prompt, 1 new token            -> prefill-512 tok/s
@@ -128,7 +130,7 @@ own_cpu_s() { awk -F': ' '/User time \(seconds\)|System time \(seconds\)/ {s += 
 # launch ENGINE IDS_FILE MAX_NEW LOG TIMEFILE: one process of one engine.
 launch() {
     case "$1" in
-        kiln-exact|kiln-fast)
+        kiln-*)
             nice -n "$NICE" /usr/bin/time -v -o "$5" "$HOST" generate "${GEN_MODEL[@]}" --prompt-ids "$(cat "$2")" \
                 --max-new-tokens "$3" --temperature 0 --precision "${1#kiln-}" "${GEN_JSON[@]}" > "$4.out" 2> "$4"
             ;;
@@ -221,7 +223,9 @@ record all llama.cpp 0 python_baseline_rss_mib "$(peak_rss "$OUT/python_baseline
 } > "$OUT/machine.md"
 cat "$OUT/machine.md" >&2
 
-ENGINES=(kiln-exact llama.cpp kiln-fast)
+read -r -a PRECISION_LIST <<< "${PRECISIONS:-exact fast}"
+ENGINES=(llama.cpp)
+for p in "${PRECISION_LIST[@]}"; do ENGINES+=("kiln-$p"); done
 for key in $MODELS; do
     MODEL_PATH="$MODELS_DIR/$(model_file "$key")"
     [ -f "$MODEL_PATH" ] || { echo "skip $key: $MODEL_PATH not found" >&2; continue; }
@@ -240,8 +244,8 @@ open(sys.argv[2], "w").write(",".join(map(str, ids[:512])))' "$IDS73" "$IDS512"
     echo "== $key ($(basename "$MODEL_PATH")), $ROUNDS rounds, $THREADS threads, nice $NICE, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     for round in $(seq 1 "$ROUNDS"); do
         # Rotate the engine order every round so no engine always runs first.
-        for i in 0 1 2; do
-            engine="${ENGINES[$(((i + round - 1) % 3))]}"
+        for i in "${!ENGINES[@]}"; do
+            engine="${ENGINES[$(((i + round - 1) % ${#ENGINES[@]}))]}"
             one_engine "$key" "$engine" "$round"
             echo "   round $round $engine: $(awk -F'\t' -v k="$key" -v e="$engine" -v r="$round" \
                 '$1==k && $2==e && $3==r && $4!="decode_steps" {printf "%s=%s ", $4, $5}' "$RAW")" >&2

@@ -24,7 +24,8 @@ METRICS = [
     ("decode_steps", "decode steps measured", False),
     ("interference_pct", "other processes' CPU use during runs, %", False),
 ]
-ENGINES = ["kiln-exact", "kiln-fast", "llama.cpp"]
+# Kiln's precisions in this order when present; others after them.
+KILN_ORDER = ["kiln-exact", "kiln-fast", "kiln-fast-residual"]
 
 
 def fmt(x):
@@ -56,14 +57,19 @@ def main():
             data[(model, engine, metric)].append((v, interf))
 
     models = list(dict.fromkeys(k[0] for k in data))
+    present = {k[1] for k in data if k[1].startswith("kiln-")}
+    kiln = [e for e in KILN_ORDER if e in present] + sorted(present - set(KILN_ORDER))
+    engines = kiln + ["llama.cpp"]
+    names = [e.removeprefix("kiln-") for e in kiln]
     for model in models:
         rounds = max(len(v) for (m, e, k), v in data.items() if m == model and k == "decode_tps")
         print(f"\n### {model}: {rounds} rounds; medians [min-max] over runs with <= {args.max_interference:g}% interference\n")
-        print("| metric | Kiln exact | Kiln fast | llama.cpp | exact / llama.cpp | fast / llama.cpp |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        header = [f"Kiln {n}" for n in names] + ["llama.cpp"] + [f"{n} / llama.cpp" for n in names]
+        print("| metric | " + " | ".join(header) + " |")
+        print("| --- " * (len(header) + 1) + "|")
         for metric, label, ratio in METRICS:
             cells, med = [], {}
-            for e in ENGINES:
+            for e in engines:
                 runs = data.get((model, e, metric))
                 if not runs:
                     cells.append("-")
@@ -81,7 +87,7 @@ def main():
             if all(c == "-" for c in cells):
                 continue
             ratios = []
-            for e in ("kiln-exact", "kiln-fast"):
+            for e in kiln:
                 ok = ratio and e in med and med.get("llama.cpp")
                 ratios.append(f"{med[e] / med['llama.cpp']:.2f}" if ok else "-")
             print(f"| {label} | " + " | ".join(cells + ratios) + " |")

@@ -25,12 +25,8 @@ import sys
 import numpy as np
 from llama_cpp import Llama
 
-# The same models as gen_references.py.
-MODELS = [
-    ("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-    ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q5_0.gguf"),
-    ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"),
-]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from prompts import MODELS  # noqa: E402
 
 
 def log_softmax(x):
