@@ -469,6 +469,17 @@ impl From<DtypeArg> for crate::runtime::cuda::WeightDtype {
     }
 }
 
+impl PrecisionArg {
+    /// The value as written on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrecisionArg::Exact => "exact",
+            PrecisionArg::Fast => "fast",
+            PrecisionArg::FastResidual => "fast-residual",
+        }
+    }
+}
+
 impl From<PrecisionArg> for crate::runtime::Precision {
     fn from(value: PrecisionArg) -> Self {
         match value {

@@ -23,6 +23,16 @@ fn prompt_ids() -> Vec<u32> {
     (0..70u32).map(|i| 100 + (i * 7919) % 40_000).collect()
 }
 
+/// SmolLM2's GGUF, and a reference directory that only supplies the prompt
+/// ([`write_prompt_only`]).
+fn smollm2_and_prompt() -> (std::path::PathBuf, tempfile::TempDir) {
+    let model = kiln_tests::models::smollm2_gguf()
+        .unwrap_or_else(|| panic!("SmolLM2 is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF)"));
+    let prompt = tempfile::tempdir().unwrap();
+    write_prompt_only(prompt.path(), 49_152);
+    (model, prompt)
+}
+
 /// A reference directory that only supplies the prompt: its logits are
 /// zeros, and the run that reads it sets no criteria.
 fn write_prompt_only(dir: &Path, vocab: usize) {
@@ -44,10 +54,7 @@ fn report(model: &Path, reference: &Path, args: &[&str]) -> Value {
 
 #[test]
 fn prefill_and_token_by_token_decode_give_the_same_logits() {
-    let model = kiln_tests::models::smollm2_gguf()
-        .unwrap_or_else(|| panic!("SmolLM2 is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF)"));
-    let prompt = tempfile::tempdir().unwrap();
-    write_prompt_only(prompt.path(), 49_152);
+    let (model, prompt) = smollm2_and_prompt();
     let cases: [&[&str]; 5] = [
         &["--precision", "exact"],
         &["--precision", "fast"],
@@ -77,10 +84,7 @@ fn prefill_and_token_by_token_decode_give_the_same_logits() {
 /// against 4.4e-3).
 #[test]
 fn fast_residual_is_closer_to_exact_than_fast() {
-    let model = kiln_tests::models::smollm2_gguf()
-        .unwrap_or_else(|| panic!("SmolLM2 is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF)"));
-    let prompt = tempfile::tempdir().unwrap();
-    write_prompt_only(prompt.path(), 49_152);
+    let (model, prompt) = smollm2_and_prompt();
     let exact = tempfile::tempdir().unwrap();
     let save = exact.path().to_str().unwrap();
     report(

@@ -2,8 +2,9 @@
 //! an f16 cache on SmolLM2 generates what the f32 cache generates, in
 //! `generate` and in `serve`, where the same `--kv-cache-memory` then holds
 //! twice the tokens (a q8_0 cache 64/17 times); `auto` is f16 in fast
-//! precision and f32 in exact; the CPU-only choices are refused on a GPU,
-//! and q8_0 for heads that are not whole blocks of 32.
+//! precision and f32 in exact; the CPU-only choices (and the fast
+//! precisions, which are the CPU backend's) are refused on a GPU, and q8_0
+//! for heads that are not whole blocks of 32.
 
 use kiln_tests::models::{tiny_model, write_model_dir};
 use kiln_tests::serve::{requirements, Server};
@@ -124,6 +125,20 @@ fn float16_and_q8_0_are_refused_on_a_gpu() {
         );
         assert_eq!(code, Some(1), "{stderr}");
         let expected = format!("--kv-cache-dtype {dtype} is for the CPU backend");
+        assert!(stderr.contains(&expected), "{stderr}");
+    }
+}
+
+#[test]
+fn fast_precisions_are_refused_on_a_gpu() {
+    let (model, _) = requirements();
+    for precision in ["fast", "fast-residual"] {
+        let (code, stderr) = generate_status(
+            &model,
+            &["--device", "cuda-emulated", "--precision", precision],
+        );
+        assert_eq!(code, Some(1), "{stderr}");
+        let expected = format!("--precision {precision} is for the CPU backend");
         assert!(stderr.contains(&expected), "{stderr}");
     }
 }

@@ -60,9 +60,15 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
         "--kv-cache-dtype {} is for the CPU backend: the cache on a GPU holds bfloat16 or float32",
         kv_cache_dtype.name()
     );
+    let precision: crate::runtime::Precision = runtime.precision.into();
+    anyhow::ensure!(
+        device == crate::device::DeviceChoice::Cpu || precision == crate::runtime::Precision::Exact,
+        "--precision {} is for the CPU backend: on a GPU, --dtype picks the products' arithmetic",
+        runtime.precision.name()
+    );
     Ok(LoadOptions {
         max_length: runtime.max_length,
-        precision: runtime.precision.into(),
+        precision,
         compile_cache: if runtime.no_compile_cache {
             CompileCache::disabled()
         } else {

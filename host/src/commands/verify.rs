@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use crate::cli::{PrecisionArg, VerifyArgs};
+use crate::cli::VerifyArgs;
 use crate::embedding::Embedder;
 use crate::engine::npy::{write_f32, Matrix};
 use crate::engine::sampling::argmax;
@@ -74,11 +74,7 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
     let mut report = Report {
         model: model.resolved.name.clone(),
         architecture: model.architecture.info.name.clone(),
-        precision: match args.load.runtime.precision {
-            PrecisionArg::Exact => "exact",
-            PrecisionArg::Fast => "fast",
-            PrecisionArg::FastResidual => "fast-residual",
-        },
+        precision: args.load.runtime.precision.name(),
         logits_from: if args.decode { "decode" } else { "prefill" },
         tolerance,
         prompts: Vec::new(),

@@ -531,7 +531,8 @@ fn avx512_multi_row_kernels_equal_the_single_row_kernel() {
 }
 
 /// The AVX-512 exact multi-row kernels against the single-row one, bit for
-/// bit.
+/// bit, and the single-row one against the f64 reference (every format the
+/// kernels decode, those `select` does not pick for them included).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
@@ -539,6 +540,24 @@ fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
     use super::format::marker as m;
 
     fn check<D: ExactRows>(ty: QuantType, seed: u64) {
+        let mut rng = Rng::new(seed);
+        for blocks in [1usize, 2, 3, 18] {
+            let (rows, cols) = (5, blocks * D::BLOCK_VALUES);
+            let data = random_blocks(ty, rows * blocks, &mut rng);
+            let x: Vec<f32> = (0..cols).map(|_| rng.f32()).collect();
+            let mut y = vec![f32::NAN; rows];
+            // SAFETY: the caller checked that the CPU has AVX-512.
+            unsafe { exact::<D>(&data, &x, &mut y) };
+            let w = dequantize_matrix(ty, &data, rows, cols);
+            let (want, mag) = reference(&w, &x, rows, cols, 1);
+            assert_close(
+                &format!("{ty} exact {blocks} blocks"),
+                &y,
+                &want,
+                &mag,
+                1e-5,
+            );
+        }
         let shapes: [(usize, MultiKernel<f32>); 3] = [
             (2, exact_multi::<D, 2>),
             (4, exact_multi::<D, 4>),

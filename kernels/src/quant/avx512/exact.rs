@@ -275,8 +275,10 @@ impl<F: Format> ExactRows for Blocks32<F> {
         for x in xs {
             assert!(x.len() >= pairs * 64, "activations for every weight");
         }
-        // Whole pairs: one fixed-mask load each, no per-pair bounds logic.
-        let mask = (1u64 << pair_bytes) - 1;
+        // Whole pairs: one fixed-mask load each, no per-pair bounds logic
+        // (as `load_pair`: at most 64 bytes; Q8_0's quants are read from
+        // the slice).
+        let mask = u64::MAX >> 64usize.saturating_sub(pair_bytes);
         for (p, b) in row.chunks_exact(pair_bytes).enumerate() {
             let v = _mm512_maskz_loadu_epi8(mask, b.as_ptr().cast());
             let w = ExactWeights::decode_loaded::<F>(b, v, idx);
