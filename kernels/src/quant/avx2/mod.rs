@@ -371,7 +371,7 @@ pub(crate) unsafe fn fast_32_multi<F: Format, const R: usize>(
             ds[i] = a.d * a.sum as f32;
         }
     }
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+    for (r, row) in rows_prefetched(w, row_bytes).enumerate() {
         // [even, odd] blocks: the products' sums per row, and the sums of
         // the activation sums (a lane per row).
         let mut acc = [[_mm256_setzero_ps(); R]; 2];
@@ -543,7 +543,7 @@ pub(crate) unsafe fn fast_q45k_multi<F: Format, const R: usize>(
             _mm_storeu_si128(pair_sums[j * R + i].as_mut_ptr().cast(), sums);
         }
     }
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+    for (r, row) in rows_prefetched(w, row_bytes).enumerate() {
         let mut acc = [0f32; R];
         for (j, b) in row.chunks_exact(F::BYTES).take(blocks).enumerate() {
             let sm = k4_scales_mins_i16(b);
@@ -658,7 +658,7 @@ pub(crate) unsafe fn fast_q6k_multi<const R: usize>(
     };
     let blocks = (row_bytes / BYTES).min(act_len);
     let rows_acts = multi_rows_of::<R>(acts, act_len, blocks);
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+    for (r, row) in rows_prefetched(w, row_bytes).enumerate() {
         let mut acc = [0f32; R];
         for (j, b) in row.chunks_exact(BYTES).take(blocks).enumerate() {
             let scales = _mm_loadu_si128(b[192..208].as_ptr().cast());

@@ -348,7 +348,7 @@ pub(crate) unsafe fn exact_multi<D: ExactRows, const R: usize>(
     let run_bytes = RUN_VALUES / D::BLOCK_VALUES * D::BLOCK_BYTES;
     if cols <= ONE_PASS_VALUES {
         // One pass: each row's sums stay in registers.
-        for (r, row) in w.chunks_exact(row_bytes).take(n).enumerate() {
+        for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
             let mut sums = [ExactSums::zero(); R];
             D::rows::<R>(row, &xs, &setup, &mut sums);
             for (i, s) in sums.iter().enumerate() {
