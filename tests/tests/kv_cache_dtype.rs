@@ -116,29 +116,17 @@ fn generate_status(model: &std::path::Path, extra: &[&str]) -> (Option<i32>, Str
 }
 
 #[test]
-fn float16_and_q8_0_are_refused_on_a_gpu() {
+fn cpu_only_options_are_refused_on_a_gpu() {
     let (model, _) = requirements();
-    for dtype in ["float16", "q8_0"] {
-        let (code, stderr) = generate_status(
-            &model,
-            &["--device", "cuda-emulated", "--kv-cache-dtype", dtype],
-        );
+    for (option, value) in [
+        ("--kv-cache-dtype", "float16"),
+        ("--kv-cache-dtype", "q8_0"),
+        ("--precision", "fast"),
+        ("--precision", "fast-residual"),
+    ] {
+        let (code, stderr) = generate_status(&model, &["--device", "cuda-emulated", option, value]);
         assert_eq!(code, Some(1), "{stderr}");
-        let expected = format!("--kv-cache-dtype {dtype} is for the CPU backend");
-        assert!(stderr.contains(&expected), "{stderr}");
-    }
-}
-
-#[test]
-fn fast_precisions_are_refused_on_a_gpu() {
-    let (model, _) = requirements();
-    for precision in ["fast", "fast-residual"] {
-        let (code, stderr) = generate_status(
-            &model,
-            &["--device", "cuda-emulated", "--precision", precision],
-        );
-        assert_eq!(code, Some(1), "{stderr}");
-        let expected = format!("--precision {precision} is for the CPU backend");
+        let expected = format!("{option} {value} is for the CPU backend");
         assert!(stderr.contains(&expected), "{stderr}");
     }
 }
