@@ -33,8 +33,8 @@ pub enum Isa {
     /// x86_64 AVX-512 (F, BW, VBMI, VNNI), on top of AVX2.
     Avx512,
     /// x86_64 AMX int8 tiles, on top of AVX-512: fast products of the
-    /// 32-value formats, Q4_K and Q6_K over 16 activation rows or more. Not available when
-    /// the environment variable `KILN_NO_AMX` is set.
+    /// 32-value formats, Q4_K and Q6_K over 16 activation rows or more. Not
+    /// available when the environment variable `KILN_NO_AMX` is set.
     Amx,
 }
 
@@ -270,7 +270,7 @@ macro_rules! with_format {
 }
 
 /// The kernels a product runs: [`Precision::FastResidual`] runs the fast
-/// ones (over twice the activation rows, `residual`).
+/// ones (over the activation rows and their residuals, `residual`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Arithmetic {
     Exact,
@@ -489,6 +489,14 @@ trait ActBlock: Default + Copy + Send + Sync {
     fn subtract_from(&self, x: &mut [f32]);
 }
 
+/// Subtracts `scale(i) × qs[i]` from each `x[i]`: what quantizing `x` to
+/// the quants `qs` left.
+fn subtract_quants(x: &mut [f32], qs: &[i8], scale: impl Fn(usize) -> f32) {
+    for (i, (x, &q)) in x.iter_mut().zip(qs).enumerate() {
+        *x -= scale(i) * f32::from(q);
+    }
+}
+
 /// Quantizes a run of `qs.len()` values (a multiple of 32) with the best
 /// available code; all versions give identical results.
 fn quantize_with(isa: Isa, x: &[f32], qs: &mut [i8]) -> f32 {
@@ -508,9 +516,7 @@ impl ActBlock for BlockQ8 {
         out.finish(d);
     }
     fn subtract_from(&self, x: &mut [f32]) {
-        for (x, &q) in x.iter_mut().zip(&self.qs) {
-            *x -= self.d * f32::from(q);
-        }
+        subtract_quants(x, &self.qs, |_| self.d);
     }
 }
 
@@ -521,9 +527,7 @@ impl ActBlock for BlockQ8K {
         out.finish(d);
     }
     fn subtract_from(&self, x: &mut [f32]) {
-        for (x, &q) in x.iter_mut().zip(&self.qs) {
-            *x -= self.d * f32::from(q);
-        }
+        subtract_quants(x, &self.qs, |_| self.d);
     }
 }
 
@@ -537,9 +541,7 @@ impl ActBlock for BlockQ8x2 {
         unsafe { BlockQ8x2::quantize(x, out) }
     }
     fn subtract_from(&self, x: &mut [f32]) {
-        for (i, (x, &q)) in x.iter_mut().zip(&self.qs).enumerate() {
-            *x -= self.d[i / 32] * f32::from(q);
-        }
+        subtract_quants(x, &self.qs, |i| self.d[i / 32]);
     }
 }
 
@@ -672,11 +674,14 @@ impl<'a> QuantMatrix<'a> {
             y.fill(0.0);
             return Ok(());
         }
-        let arithmetic = match precision {
-            Precision::Exact => Arithmetic::Exact,
-            Precision::Fast => Arithmetic::Fast,
-            Precision::FastResidual => return self.matmul_residual(isa, x, m, y),
+        let (arithmetic, residual) = match precision {
+            Precision::Exact => (Arithmetic::Exact, false),
+            Precision::Fast => (Arithmetic::Fast, false),
+            Precision::FastResidual => (Arithmetic::Fast, true),
         };
+        // The activation rows the fast kernels see: with residuals, twice `m`.
+        #[cfg(target_arch = "x86_64")]
+        let fast_rows = if residual { 2 * m } else { m };
         match select(self.ty, arithmetic, isa) {
             Selected::ExactPanel(kernels, panel) if m >= PANEL_MIN_ACTS => {
                 // The panel kernels read the activations many times over:
@@ -700,42 +705,44 @@ impl<'a> QuantMatrix<'a> {
             Selected::Exact(kernels) | Selected::ExactPanel(kernels, _) => {
                 self.job(kernels, x, self.cols).run(self.rows, y)
             }
-            Selected::Q8(kernels) => self.run_quantized(isa, kernels, 1, x, y),
-            Selected::Q8K(kernels) => self.run_quantized(isa, kernels, 1, x, y),
+            Selected::Q8(kernels) => self.run_quantized(isa, kernels, 1, x, residual, y),
+            Selected::Q8K(kernels) => self.run_quantized(isa, kernels, 1, x, residual, y),
             #[cfg(target_arch = "x86_64")]
-            Selected::Q8KAmx(kernels, amx) if m >= AMX_MIN_ACTS => {
-                self.run_amx(isa, kernels, amx, x, y)
+            Selected::Q8KAmx(kernels, amx) if fast_rows >= AMX_MIN_ACTS => {
+                self.run_amx(isa, kernels, amx, x, residual, y)
             }
             #[cfg(target_arch = "x86_64")]
-            Selected::Q8KAmx(kernels, _) => self.run_quantized(isa, kernels, 1, x, y),
+            Selected::Q8KAmx(kernels, _) => self.run_quantized(isa, kernels, 1, x, residual, y),
             #[cfg(target_arch = "x86_64")]
-            Selected::Q8x2Amx(kernels, amx) if m >= AMX_MIN_ACTS => {
-                self.run_amx(isa, kernels, amx, x, y)
+            Selected::Q8x2Amx(kernels, amx) if fast_rows >= AMX_MIN_ACTS => {
+                self.run_amx(isa, kernels, amx, x, residual, y)
             }
             #[cfg(target_arch = "x86_64")]
             Selected::Q8x2(kernels) | Selected::Q8x2Amx(kernels, _) => {
-                self.run_quantized(isa, kernels, super::avx512::LANES, x, y)
+                self.run_quantized(isa, kernels, super::avx512::LANES, x, residual, y)
             }
         }
         Ok(())
     }
 
-    /// Quantizes the activations `x` to blocks `A` and runs `kernels`,
-    /// tasks taking multiples of `row_align` rows.
+    /// Quantizes the activations `x` to blocks `A` (with their residuals,
+    /// if `residual`) and runs `kernels`, tasks taking multiples of
+    /// `row_align` rows.
     fn run_quantized<A: ActBlock>(
         &self,
         isa: Isa,
         kernels: Kernels<A>,
         row_align: usize,
         x: &[f32],
+        residual: bool,
         y: &mut [f32],
     ) {
-        let (acts, per_row) = quantize_acts::<A>(isa, x, self.cols, 1);
+        let (acts, per_row) = residual::quantize_rows::<A>(isa, x, self.cols, 1, residual);
         let job = Job {
             row_align,
             ..self.job(kernels, &acts, per_row)
         };
-        job.run(self.rows, y);
+        residual::run(&job, self.rows, residual, y);
     }
 
     /// As [`run_quantized`](Self::run_quantized), every row on the AMX
@@ -747,16 +754,17 @@ impl<'a> QuantMatrix<'a> {
         kernels: Kernels<A>,
         amx: AmxPanel<A>,
         x: &[f32],
+        residual: bool,
         y: &mut [f32],
     ) {
         let lanes = super::avx512::LANES;
-        let (acts, per_row) = quantize_acts::<A>(isa, x, self.cols, lanes);
+        let (acts, per_row) = residual::quantize_rows::<A>(isa, x, self.cols, lanes, residual);
         let job = Job {
             panel: Some(Panels::Amx(amx, self.cols)),
             row_align: lanes,
             ..self.job(kernels, &acts, per_row)
         };
-        job.run(self.rows, y);
+        residual::run(&job, self.rows, residual, y);
     }
 
     fn job<'j, A>(&'j self, kernels: Kernels<A>, acts: &'j [A], act_len: usize) -> Job<'j, A> {

@@ -280,6 +280,7 @@ impl<F: Format> ExactRows for Blocks32<F> {
         // the slice).
         let mask = u64::MAX >> 64usize.saturating_sub(pair_bytes);
         for (p, b) in row.chunks_exact(pair_bytes).enumerate() {
+            // SAFETY: the mask keeps the load inside `b`.
             let v = _mm512_maskz_loadu_epi8(mask, b.as_ptr().cast());
             let w = ExactWeights::decode_loaded::<F>(b, v, idx);
             for (s, x) in sums.iter_mut().zip(xs) {
