@@ -185,7 +185,9 @@ fn sum(v: &[f32]) -> f32 {
 /// q, k, v, o, gate, up and down (66 MB) and the LM head (18 MB), each matrix
 /// its own allocation, so that they stream from memory as in a model rather
 /// than from a core's cache. On the rayon pool (one thread per core) and on a
-/// one-thread pool; throughput in weight bytes per second.
+/// one-thread pool; throughput in weight bytes per second. `FastResidual`
+/// runs every product with two-digit activations (the runtime gives them to
+/// the down projections only): the cost of the second digit.
 fn quant_decode_step(c: &mut Criterion) {
     const LAYER: [(usize, usize); 7] = [
         (576, 576),
@@ -216,7 +218,7 @@ fn quant_decode_step(c: &mut Criterion) {
     let mut group = c.benchmark_group("quant_decode_step");
     group.throughput(Throughput::Bytes(data.iter().map(|d| d.len() as u64).sum()));
     group.sample_size(10);
-    for precision in [Precision::Exact, Precision::Fast] {
+    for precision in [Precision::Exact, Precision::Fast, Precision::FastResidual] {
         let mut step = || {
             for (w, &(rows, cols)) in mats.iter().zip(&shapes) {
                 w.matmul(precision, black_box(&x[..cols]), 1, &mut y[..rows])
