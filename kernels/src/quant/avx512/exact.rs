@@ -126,14 +126,17 @@ impl ExactWeights {
             let offset = _mm512_set1_ps(-(quant_offset(F::TY) as f32));
             [_mm512_mul_ps(d[0], offset), _mm512_mul_ps(d[1], offset)]
         };
-        let low = _mm512_set1_epi32(0xF);
+        let quants = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        );
         let mut w = [_mm512_setzero_ps(); 4];
         for b in 0..2 {
+            // The block's 16 possible weights; `vpermps` reads only the
+            // low 4 bits of an index lane, so the low nibble needs no mask.
+            let table = _mm512_fmadd_ps(quants, d[b], m[b]);
             let bytes = _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, idx.lanes[b], v);
-            let lo = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, low));
-            let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(bytes));
-            w[2 * b] = _mm512_fmadd_ps(lo, d[b], m[b]);
-            w[2 * b + 1] = _mm512_fmadd_ps(hi, d[b], m[b]);
+            w[2 * b] = _mm512_permutexvar_ps(bytes, table);
+            w[2 * b + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(bytes), table);
         }
         Self { w }
     }
