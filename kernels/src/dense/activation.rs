@@ -21,7 +21,7 @@ const GELU_C: f32 = 0.797_884_6;
 
 /// `exp(x)`: 0 below the normal range, infinity above it.
 #[inline(always)]
-fn exp(input: f32) -> f32 {
+pub(crate) fn exp(input: f32) -> f32 {
     let x = input.clamp(EXP_MIN, EXP_MAX);
     let n = (x * LOG2E + 0.5).floor();
     let r = x - n * LN2_HI - n * LN2_LO;
