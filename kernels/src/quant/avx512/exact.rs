@@ -19,7 +19,7 @@ use std::marker::PhantomData;
 use super::super::format::Format;
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
-use super::{hsum, load_pair, nibble_index, qs_offset, quant_offset, unsigned_quants};
+use super::{hsum, hsum16, load_pair, nibble_index, qs_offset, quant_offset, unsigned_quants};
 
 /// The `vpermb`/`vpermw` indexes the exact kernels decode blocks with.
 #[derive(Clone, Copy)]
@@ -217,7 +217,28 @@ impl ExactSums {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
     pub(super) unsafe fn finish(self) -> f32 {
-        hsum(_mm512_add_ps(self.0[0], self.0[1]))
+        hsum(self.both())
+    }
+
+    /// The dot products of up to 16 sums (zeros past `sums.len()`), bit
+    /// for bit what [`finish`](Self::finish) gives each, in one [`hsum16`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn finish16(sums: &[Self]) -> [f32; 16] {
+        let mut both = [_mm512_setzero_ps(); 16];
+        for (b, s) in both.iter_mut().zip(sums) {
+            *b = s.both();
+        }
+        let mut dots = [0f32; 16];
+        _mm512_storeu_ps(dots.as_mut_ptr(), hsum16(&both));
+        dots
+    }
+
+    /// The two chains added lane by lane.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn both(self) -> __m512 {
+        _mm512_add_ps(self.0[0], self.0[1])
     }
 }
 
@@ -316,10 +337,16 @@ impl<F: Format> ExactRows for Blocks32<F> {
 pub(crate) unsafe fn exact<D: ExactRows>(w: &[u8], x: &[f32], out: &mut [f32]) {
     let setup = D::setup();
     let row_bytes = x.len() / D::BLOCK_VALUES * D::BLOCK_BYTES;
-    for (row, y) in rows_prefetched(w, row_bytes).zip(out) {
-        let mut sums = [ExactSums::zero()];
-        D::rows::<1>(row, &[x], &setup, &mut sums);
-        *y = sums[0].finish();
+    let mut rows = rows_prefetched(w, row_bytes);
+    // 16 rows' sums, then their 16 dot products at once.
+    for out in out.chunks_mut(16) {
+        let mut sums = [ExactSums::zero(); 16];
+        for (s, row) in sums.iter_mut().zip(&mut rows).take(out.len()) {
+            let mut one = [ExactSums::zero()];
+            D::rows::<1>(row, &[x], &setup, &mut one);
+            *s = one[0];
+        }
+        out.copy_from_slice(&ExactSums::finish16(&sums[..out.len()])[..out.len()]);
     }
 }
 

@@ -226,9 +226,13 @@ unsafe fn chains<const NW: usize, const R: usize>(
         }
     }
     if pass.last {
-        for r in 0..NW {
-            for i in 0..R {
-                block.out[i * block.n + r] = block.sums[r * R + i].finish();
+        // 16 pairs at a time (pair `p` is weight row `p / R`, activation
+        // row `p % R`).
+        for (c, sums) in block.sums[..NW * R].chunks(16).enumerate() {
+            let dots = ExactSums::finish16(sums);
+            for (j, &dot) in dots[..sums.len()].iter().enumerate() {
+                let p = 16 * c + j;
+                block.out[p % R * block.n + p / R] = dot;
             }
         }
     }
