@@ -117,14 +117,15 @@ const MAX_MULTI_KERNELS: usize = 3;
 /// Exact products over many activation rows from weights decoded to f32
 /// once per tile of weight rows: `pack` lays out activation rows (of `cols`
 /// values, the second argument) for `multiply`; `decode` turns whole weight
-/// rows into f32 the same way; `multiply` is given both and room for
-/// `out[i * n + r]`. Together they must give bit for bit what the
-/// single-row kernel gives. Unsafe because they may need CPU features.
+/// rows into f32 the same way; `multiply` is given both and writes weight
+/// row `r` times activation row `i` to `outs[i][col0 + r]` (`col0` the last
+/// argument). Together they must give bit for bit what the single-row
+/// kernel gives. Unsafe because they may need CPU features.
 #[derive(Clone, Copy)]
 struct Panel {
     pack: fn(&[f32], usize, &mut [f32]),
     decode: unsafe fn(&[u8], usize, &mut [f32]),
-    multiply: unsafe fn(&[f32], &[f32], usize, &mut [f32]),
+    multiply: unsafe fn(&[f32], &[f32], usize, &mut [&mut [f32]], usize),
 }
 
 /// Fast products over many activation rows on AMX tiles: `decode` lays out

@@ -113,30 +113,36 @@ pub(crate) unsafe fn decode_rows<D: ExactRows>(w: &[u8], cols: usize, out: &mut 
     }
 }
 
-/// `out[i * n + r]` = weight row `r` (of the `n` that [`decode_rows`] put
-/// in `panel`) · activation row `i` (of those [`pack_acts`] put in `x`),
-/// rows of `cols` values, bit for bit what [`exact`](super::exact) gives
-/// from the encoded row.
+/// `outs[i][col0 + r]` = weight row `r` (of those [`decode_rows`] put in
+/// `panel`) · activation row `i` (of those [`pack_acts`] put in `x`, an
+/// output row for each), rows of `cols` values, bit for bit what
+/// [`exact`](super::exact) gives from the encoded row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn panel_multiply(panel: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {
+pub(crate) unsafe fn panel_multiply(
+    panel: &[f32],
+    x: &[f32],
+    cols: usize,
+    outs: &mut [&mut [f32]],
+    col0: usize,
+) {
     let n = panel.len() / cols;
     let mut sums = vec![ExactSums::zero(); n * ACT_ROWS];
     for (i0, g) in groups(x.len() / cols, ACT_ROWS) {
         let x = &x[i0 * cols..(i0 + g) * cols];
-        let out = &mut out[i0 * n..(i0 + g) * n];
+        let outs = &mut outs[i0..i0 + g];
         match g {
-            ACT_ROWS => group::<ACT_ROWS>(panel, x, cols, &mut sums, out),
-            5 => group::<5>(panel, x, cols, &mut sums, out),
-            4 => group::<4>(panel, x, cols, &mut sums, out),
-            3 => group::<3>(panel, x, cols, &mut sums, out),
-            2 => group::<2>(panel, x, cols, &mut sums, out),
-            _ => group::<1>(panel, x, cols, &mut sums, out),
+            ACT_ROWS => group::<ACT_ROWS>(panel, x, cols, &mut sums, outs, col0),
+            5 => group::<5>(panel, x, cols, &mut sums, outs, col0),
+            4 => group::<4>(panel, x, cols, &mut sums, outs, col0),
+            3 => group::<3>(panel, x, cols, &mut sums, outs, col0),
+            2 => group::<2>(panel, x, cols, &mut sums, outs, col0),
+            _ => group::<1>(panel, x, cols, &mut sums, outs, col0),
         }
     }
 }
 
 /// [`panel_multiply`] for one group of `R` activation rows (`x`, laid out),
-/// writing `out[i * n + r]`. `sums` has room for `n × R` running sums: a
+/// writing `outs[i][col0 + r]`. `sums` has room for `n × R` running sums: a
 /// register tile keeps one chain's there while it runs the other, and both
 /// between runs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
@@ -145,7 +151,8 @@ unsafe fn group<const R: usize>(
     x: &[f32],
     cols: usize,
     sums: &mut [ExactSums],
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
+    col0: usize,
 ) {
     let n = panel.len() / cols;
     let run = run_len(cols);
@@ -164,8 +171,8 @@ unsafe fn group<const R: usize>(
             let (w0, w1) = w.split_at(half * g);
             let block = Block {
                 sums: &mut sums[r0 * R..(r0 + g) * R],
-                out: &mut out[r0..],
-                n,
+                outs: &mut *outs,
+                col: col0 + r0,
             };
             match g {
                 WEIGHT_ROWS => chains::<WEIGHT_ROWS, R>([w0, w1], [x0, x1], pass, block),
@@ -187,11 +194,11 @@ struct Pass {
 }
 
 /// A register tile's running sums (`sums[r * R + i]`, between runs) and
-/// outputs (`out[i * n + r]`).
-struct Block<'a> {
+/// outputs (`outs[i][col + r]`).
+struct Block<'a, 'o> {
     sums: &'a mut [ExactSums],
-    out: &'a mut [f32],
-    n: usize,
+    outs: &'a mut [&'o mut [f32]],
+    col: usize,
 }
 
 /// Both chains of a register tile over one run: `w[h]` and `x[h]` the
@@ -232,7 +239,7 @@ unsafe fn chains<const NW: usize, const R: usize>(
             let dots = ExactSums::finish16(sums);
             for (j, &dot) in dots[..sums.len()].iter().enumerate() {
                 let p = 16 * c + j;
-                block.out[p % R * block.n + p / R] = dot;
+                block.outs[p % R][block.col + p / R] = dot;
             }
         }
     }

@@ -6,7 +6,6 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use super::super::aligned::grow;
 use super::{Aligned, Kernel, MultiKernel, Panel, MAX_MULTI_KERNELS};
 #[cfg(target_arch = "x86_64")]
 use super::{AmxPanel, AmxWeights};
@@ -38,8 +37,8 @@ const MIN_WORK_FROM_OUTSIDE: usize = 2 << 20;
 const AMX_TILE_BYTES: usize = 256 << 10;
 
 thread_local! {
-    /// Each thread's decoded weights and outputs of the panel kernels.
-    static PANEL_SCRATCH: RefCell<(Aligned, Vec<f32>)> = RefCell::default();
+    /// Each thread's weights decoded for the panel kernels.
+    static PANEL_SCRATCH: RefCell<Aligned> = RefCell::default();
     /// Each thread's weights decoded for the AMX kernels.
     #[cfg(target_arch = "x86_64")]
     static AMX_SCRATCH: RefCell<AmxWeights> = RefCell::default();
@@ -154,25 +153,21 @@ impl<A: Sync> Job<'_, A> {
         let cols = self.act_len;
         let n = outs.first().map_or(0, |o| o.len());
         let tile = (PANEL_TILE_BYTES / (4 * cols)).clamp(1, n.max(1));
-        PANEL_SCRATCH.with_borrow_mut(|(decoded, buf)| {
+        PANEL_SCRATCH.with_borrow_mut(|decoded| {
             // Grown, never shrunk: fresh pages for every task cost more
             // than the products of a small one.
             let decoded = decoded.floats(tile * cols);
-            grow(buf, outs.len() * tile, 0.0);
             for t0 in (0..n).step_by(tile) {
                 let t1 = (t0 + tile).min(n);
                 let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];
                 let decoded = &mut decoded[..(t1 - t0) * cols];
-                let buf = &mut buf[..outs.len() * (t1 - t0)];
                 // SAFETY: the kernels were selected for an instruction set
                 // the CPU supports; `w` holds whole rows, `decoded` room for
-                // them, `packed` all activation rows and `buf` their outputs.
+                // them, `packed` all activation rows and `outs` a row of
+                // outputs for each.
                 unsafe {
                     (panel.decode)(w, cols, decoded);
-                    (panel.multiply)(decoded, packed, cols, buf);
-                }
-                for (out, y) in outs.iter_mut().zip(buf.chunks_exact(t1 - t0)) {
-                    out[t0..t1].copy_from_slice(y);
+                    (panel.multiply)(decoded, packed, cols, outs, t0);
                 }
             }
         });
