@@ -125,8 +125,11 @@ const MAX_MULTI_KERNELS: usize = 3;
 struct Panel {
     pack: fn(&[f32], usize, &mut [f32]),
     decode: unsafe fn(&[u8], usize, &mut [f32]),
-    multiply: unsafe fn(&[f32], &[f32], usize, &mut [&mut [f32]], usize),
+    multiply: PanelMultiply,
 }
+
+/// [`Panel`]'s `multiply`.
+type PanelMultiply = unsafe fn(&[f32], &[f32], usize, &mut [&mut [f32]], usize);
 
 /// Fast products over many activation rows on AMX tiles: `decode` lays out
 /// whole weight rows (of `cols` values, the second argument) as B tiles,
