@@ -24,12 +24,12 @@ fn prompt_ids() -> Vec<u32> {
 }
 
 /// SmolLM2's GGUF, and a reference directory that only supplies the prompt
-/// ([`write_prompt_only`]).
-fn smollm2_and_prompt() -> (std::path::PathBuf, tempfile::TempDir) {
+/// `ids` ([`write_prompt_only`]).
+fn smollm2_and_prompt(ids: &[u32]) -> (std::path::PathBuf, tempfile::TempDir) {
     let model = kiln_tests::models::smollm2_gguf()
         .unwrap_or_else(|| panic!("SmolLM2 is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF)"));
     let prompt = tempfile::tempdir().unwrap();
-    write_prompt_only(prompt.path(), &prompt_ids(), 49_152);
+    write_prompt_only(prompt.path(), ids, 49_152);
     (model, prompt)
 }
 
@@ -53,7 +53,7 @@ fn report(model: &Path, reference: &Path, args: &[&str]) -> Value {
 
 #[test]
 fn prefill_and_token_by_token_decode_give_the_same_logits() {
-    let (model, prompt) = smollm2_and_prompt();
+    let (model, prompt) = smollm2_and_prompt(&prompt_ids());
     let cases: [&[&str]; 5] = [
         &["--precision", "exact"],
         &["--precision", "fast"],
@@ -96,10 +96,7 @@ const TEXT_IDS: [u32; 70] = [
 /// against 3.0e-3).
 #[test]
 fn fast_residual_is_closer_to_exact_than_fast() {
-    let model = kiln_tests::models::smollm2_gguf()
-        .unwrap_or_else(|| panic!("SmolLM2 is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF)"));
-    let prompt = tempfile::tempdir().unwrap();
-    write_prompt_only(prompt.path(), &TEXT_IDS, 49_152);
+    let (model, prompt) = smollm2_and_prompt(&TEXT_IDS);
     let exact = tempfile::tempdir().unwrap();
     let save = exact.path().to_str().unwrap();
     report(

@@ -296,7 +296,7 @@ impl Executor {
         if self.program.graph.outputs.first() == Some(&output) {
             Precision::Exact
         } else if self.precision == Precision::FastResidual && !self.is_gated(input) {
-            Precision::Fast
+            self.ungated_precision()
         } else {
             self.precision
         }
@@ -377,6 +377,16 @@ impl Executor {
     /// The activation precision of weight products.
     pub(super) fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// The precision of a product whose input is not a gated activation:
+    /// the executor's, without [`Precision::FastResidual`]'s second digit
+    /// (see [`product_precision`](Self::product_precision)).
+    pub(super) fn ungated_precision(&self) -> Precision {
+        match self.precision {
+            Precision::FastResidual => Precision::Fast,
+            precision => precision,
+        }
     }
 
     /// The buffers reused across steps.

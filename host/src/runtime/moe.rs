@@ -5,7 +5,6 @@
 //! transformers adds them.
 
 use kiln_kernels::dense::moe::{route, Router, Scoring};
-use kiln_kernels::quant::Precision;
 use kiln_plugin_api::graph::{MoeRouting, MoeSpec};
 
 use super::cpu_ops::unary_f32_in_place;
@@ -70,10 +69,7 @@ impl Executor {
         let precision = self.precision();
         // Only the down projection, of a gated activation, carries two
         // digits (see `Executor::product_precision`).
-        let input_precision = match precision {
-            Precision::FastResidual => Precision::Fast,
-            p => p,
-        };
+        let input_precision = self.ungated_precision();
         for (e, rows) in routed.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
             let mut xs = self.pool().take(rows.len() * hidden);
             for (dst, &(t, _)) in xs.chunks_exact_mut(hidden).zip(rows) {
