@@ -7,6 +7,9 @@ use kiln_plugin_api::graph::{
     BinaryOp, DType, Op, ReduceOp, SequenceAttentionSpec, TopKOutput, UnaryOp,
 };
 
+use rayon::prelude::*;
+
+use super::broadcast::{self, broadcast_offsets, strided_offsets, Broadcast};
 use super::pool::BufferPool;
 use super::tensor::{storage_of, strides, wrap_integers, Data, Storage, Tensor};
 
@@ -62,40 +65,39 @@ pub fn eval(
         }
         Op::LayerNorm { eps } => {
             let x = inputs[0];
+            let (gamma, beta) = (inputs[1].as_f32(), inputs[2].as_f32());
             let mut out = pool.take_for_overwrite(x.len());
-            norm::layer_norm_rows(
-                x.as_f32(),
-                inputs[1].as_f32(),
-                inputs[2].as_f32(),
-                *eps,
-                &mut out,
-            );
+            by_rows(x.as_f32(), &mut out, gamma.len(), |_, x, out| {
+                norm::layer_norm_rows(x, gamma, beta, *eps, out)
+            });
             Ok(Tensor::from_f32(x.dtype, shape, out))
         }
         Op::RmsNorm { eps, weight_offset } => {
             let x = inputs[0];
+            let weight = inputs[1].as_f32();
             let mut out = pool.take_for_overwrite(x.len());
-            norm::rms_norm_rows(
-                x.as_f32(),
-                inputs[1].as_f32(),
-                *weight_offset,
-                *eps,
-                &mut out,
-            );
+            by_rows(x.as_f32(), &mut out, weight.len(), |_, x, out| {
+                norm::rms_norm_rows(x, weight, *weight_offset, *eps, out)
+            });
             Ok(Tensor::from_f32(x.dtype, shape, out))
         }
         Op::Rope { interleaved, scale } => {
             let x = inputs[0];
+            let positions = inputs[1].as_i64();
             let mut out = pool.take_for_overwrite(x.len());
-            out.copy_from_slice(x.as_f32());
-            rope::rope(
-                &mut out,
-                inputs[1].as_i64(),
-                inputs[2].as_f32(),
-                x.shape[1],
-                *interleaved,
-                *scale,
-            );
+            let (heads, cols) = (x.shape[1], x.len() / positions.len().max(1));
+            by_rows(x.as_f32(), &mut out, cols, |row0, x, out| {
+                out.copy_from_slice(x);
+                let rows = out.len() / cols;
+                rope::rope(
+                    out,
+                    &positions[row0..row0 + rows],
+                    inputs[2].as_f32(),
+                    heads,
+                    *interleaved,
+                    *scale,
+                );
+            });
             Ok(Tensor::from_f32(x.dtype, shape, out))
         }
         Op::SequenceAttention(spec) => sequence_attention(spec, inputs, shape, pool),
@@ -105,6 +107,20 @@ pub fn eval(
         | Op::PagedAttention(_)
         | Op::MixtureOfExperts(_) => Err(format!("`{}` is not evaluated by cpu_ops", op.name())),
     }
+}
+
+/// Rows a task takes in the row-wise ops (norms, rotary embedding).
+const ROWS_PER_TASK: usize = 8;
+
+/// Runs `f` over the rows (of `cols` values) of `x` and `out` in parallel
+/// groups of rows; `f` gets the index of its group's first row. Each row's
+/// result is the same whichever group computes it.
+fn by_rows(x: &[f32], out: &mut [f32], cols: usize, f: impl Fn(usize, &[f32], &mut [f32]) + Sync) {
+    let step = ROWS_PER_TASK * cols.max(1);
+    x.par_chunks(step)
+        .zip(out.par_chunks_mut(step))
+        .enumerate()
+        .for_each(|(i, (x, out))| f(i * ROWS_PER_TASK, x, out));
 }
 
 /// Attention within each sequence of `row_offsets` (`[q, k, v,
@@ -212,66 +228,17 @@ pub fn unary_f32(op: UnaryOp) -> fn(f32) -> f32 {
     }
 }
 
-/// For each element of `out_shape`, the offset of the element of `in_shape`
-/// that broadcasts to it.
-pub fn broadcast_offsets(in_shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
-    let total: usize = out_shape.iter().product();
-    let in_len: usize = in_shape.iter().product();
-    if in_shape == out_shape {
-        return (0..total).collect();
-    }
-    if in_len == 1 {
-        return vec![0; total];
-    }
-    let rank = out_shape.len();
-    let padded: Vec<usize> = std::iter::repeat_n(1, rank - in_shape.len())
-        .chain(in_shape.iter().copied())
-        .collect();
-    let in_strides = strides(&padded);
-    let effective: Vec<usize> = (0..rank)
-        .map(|d| if padded[d] == 1 { 0 } else { in_strides[d] })
-        .collect();
-    // A contiguous trailing block (e.g. a bias over rows) repeats.
-    let first_real = padded.iter().position(|&d| d != 1).unwrap_or(rank);
-    if padded[first_real..] == out_shape[first_real..] {
-        return (0..total).map(|i| i % in_len).collect();
-    }
-    strided_offsets(out_shape, &effective)
-}
-
-/// The offset of every element of `shape`, in row-major order, in a buffer
-/// that steps by `strides` along each axis (0 for a broadcast axis).
-fn strided_offsets(shape: &[usize], strides: &[usize]) -> Vec<usize> {
-    let total: usize = shape.iter().product();
-    let rank = shape.len();
-    let mut offsets = Vec::with_capacity(total);
-    let mut index = vec![0usize; rank];
-    let mut offset = 0usize;
-    for _ in 0..total {
-        offsets.push(offset);
-        for d in (0..rank).rev() {
-            index[d] += 1;
-            offset += strides[d];
-            if index[d] < shape[d] {
-                break;
-            }
-            offset -= strides[d] * index[d];
-            index[d] = 0;
-        }
-    }
-    offsets
-}
-
 fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>, pool: &BufferPool) -> OpResult {
-    // Same-shape float arithmetic (a residual add): no broadcast offsets,
-    // and the output buffer comes from the pool.
+    // Float arithmetic (a residual add, a bias over rows): in parallel
+    // chunks, the output buffer from the pool.
     if let (Data::F32(x), Data::F32(y)) = (&a.data, &b.data) {
-        if !op.is_predicate() && a.shape == shape && b.shape == shape {
-            let f = arithmetic_f32(op);
-            let mut out = pool.take_for_overwrite(x.len());
-            for ((o, &i), &j) in out.iter_mut().zip(x).zip(y) {
-                *o = f(i, j);
-            }
+        if !op.is_predicate() {
+            let (pa, pb) = (
+                Broadcast::of(&a.shape, &shape),
+                Broadcast::of(&b.shape, &shape),
+            );
+            let mut out = pool.take_for_overwrite(shape.iter().product());
+            broadcast::arithmetic(op, (x, &pa), (y, &pb), &mut out);
             return Ok(Tensor::from_f32(a.dtype, shape, out));
         }
     }

@@ -1,18 +1,16 @@
 //! Execution of fused element-wise programs: one pass over the output in
 //! chunks, each instruction a tight loop over a chunk-sized register.
 
+use std::ops::Range;
+
 use kiln_plugin_api::graph::{BinaryOp, DType};
 use rayon::prelude::*;
 
-use super::cpu_ops::{
-    arithmetic_f32, broadcast_offsets, cast, compare_f32, unary, unary_f32_in_place,
-};
+use super::broadcast::{combine, Broadcast, CHUNK};
+use super::cpu_ops::{cast, compare_f32, unary, unary_f32_in_place};
 use super::pool::BufferPool;
 use super::tensor::{round_floats, storage_of, Data, Storage, Tensor};
 use crate::compiler::{ElementOp, Instr, Operand};
-
-/// Elements per chunk: registers stay in L1/L2.
-const CHUNK: usize = 2048;
 
 /// A chunk of values.
 #[derive(Clone)]
@@ -23,7 +21,8 @@ enum Reg {
 }
 
 /// Runs `program` over `inputs` (broadcast to `shape`) producing `dtype`; a
-/// float output takes its buffer from `pool`.
+/// float output takes its buffer from `pool`, and its chunks are written in
+/// place by the threads that compute them.
 pub fn run(
     program: &[Instr],
     inputs: &[&Tensor],
@@ -32,58 +31,98 @@ pub fn run(
     pool: &BufferPool,
 ) -> Result<Tensor, String> {
     let total: usize = shape.iter().product();
-    let offsets: Vec<Option<Vec<usize>>> = inputs
+    let patterns: Vec<Broadcast> = inputs
         .iter()
-        .map(|t| (t.shape != shape).then(|| broadcast_offsets(&t.shape, &shape)))
+        .map(|t| Broadcast::of(&t.shape, &shape))
         .collect();
-    let chunks: Vec<Result<Reg, String>> = (0..total.div_ceil(CHUNK))
-        .into_par_iter()
-        .map(|c| {
-            let range = c * CHUNK..((c + 1) * CHUNK).min(total);
-            let mut regs: Vec<Reg> = Vec::with_capacity(program.len());
-            for instr in program {
-                let arg = |operand: &Operand| -> Reg {
-                    match *operand {
-                        Operand::Reg(r) => regs[r].clone(),
-                        Operand::Input(i) => load(inputs[i], offsets[i].as_deref(), range.clone()),
-                    }
-                };
-                let args: Vec<Reg> = instr.args.iter().map(arg).collect();
-                regs.push(apply(instr, args)?);
-            }
-            Ok(regs.pop().expect("programs are not empty"))
-        })
-        .collect();
-    let mut data = match storage_of(dtype) {
-        // The chunks below cover all of it.
-        Storage::F32 => Data::F32(pool.take_for_overwrite(total)),
-        Storage::I64 => Data::I64(Vec::with_capacity(total)),
-        Storage::Bool => Data::Bool(Vec::with_capacity(total)),
+    let chunk = |c: usize| {
+        let range = c * CHUNK..((c + 1) * CHUNK).min(total);
+        run_chunk(program, inputs, &patterns, range)
     };
-    for (c, chunk) in chunks.into_iter().enumerate() {
-        match (&mut data, chunk?) {
-            (Data::F32(out), Reg::F(v)) => out[c * CHUNK..c * CHUNK + v.len()].copy_from_slice(&v),
-            (Data::I64(out), Reg::I(v)) => out.extend(v),
-            (Data::Bool(out), Reg::B(v)) => out.extend(v),
-            _ => return Err("fused program produced the wrong type".to_owned()),
+    let data = match storage_of(dtype) {
+        Storage::F32 => {
+            let mut out = pool.take_for_overwrite(total);
+            out.par_chunks_mut(CHUNK)
+                .enumerate()
+                .try_for_each(|(c, out)| match chunk(c)? {
+                    Reg::F(v) => {
+                        out.copy_from_slice(&v);
+                        Ok(())
+                    }
+                    _ => Err(WRONG_TYPE.to_owned()),
+                })?;
+            Data::F32(out)
         }
-    }
+        storage => {
+            let chunks: Vec<Result<Reg, String>> = (0..total.div_ceil(CHUNK))
+                .into_par_iter()
+                .map(chunk)
+                .collect();
+            let mut data = match storage {
+                Storage::I64 => Data::I64(Vec::with_capacity(total)),
+                _ => Data::Bool(Vec::with_capacity(total)),
+            };
+            for chunk in chunks {
+                match (&mut data, chunk?) {
+                    (Data::I64(out), Reg::I(v)) => out.extend(v),
+                    (Data::Bool(out), Reg::B(v)) => out.extend(v),
+                    _ => return Err(WRONG_TYPE.to_owned()),
+                }
+            }
+            data
+        }
+    };
     Ok(Tensor { dtype, shape, data })
 }
 
-fn load(t: &Tensor, offsets: Option<&[usize]>, range: std::ops::Range<usize>) -> Reg {
-    macro_rules! pick {
-        ($v:expr) => {
-            match offsets {
-                Some(o) => o[range].iter().map(|&i| $v[i]).collect(),
-                None => $v[range].to_vec(),
-            }
-        };
+const WRONG_TYPE: &str = "fused program produced the wrong type";
+
+/// The program's result for the output elements `range`. A register's
+/// value moves into the instruction that reads it last; earlier readers
+/// take copies.
+fn run_chunk(
+    program: &[Instr],
+    inputs: &[&Tensor],
+    patterns: &[Broadcast],
+    range: Range<usize>,
+) -> Result<Reg, String> {
+    let mut readers = vec![0usize; program.len()];
+    for operand in program.iter().flat_map(|instr| &instr.args) {
+        if let Operand::Reg(r) = *operand {
+            readers[r] += 1;
+        }
+    }
+    let mut regs: Vec<Reg> = Vec::with_capacity(program.len());
+    for instr in program {
+        let mut args = Vec::with_capacity(instr.args.len());
+        for operand in &instr.args {
+            args.push(match *operand {
+                Operand::Reg(r) => {
+                    readers[r] -= 1;
+                    if readers[r] == 0 {
+                        std::mem::replace(&mut regs[r], Reg::F(Vec::new()))
+                    } else {
+                        regs[r].clone()
+                    }
+                }
+                Operand::Input(i) => load(inputs[i], &patterns[i], range.clone()),
+            });
+        }
+        regs.push(apply(instr, args)?);
+    }
+    Ok(regs.pop().expect("programs are not empty"))
+}
+
+fn load(t: &Tensor, pattern: &Broadcast, range: Range<usize>) -> Reg {
+    fn pick<T: Copy + Default>(v: &[T], pattern: &Broadcast, range: Range<usize>) -> Vec<T> {
+        let mut out = vec![T::default(); range.len()];
+        pattern.gather(v, range.start, &mut out);
+        out
     }
     match &t.data {
-        Data::F32(v) => Reg::F(pick!(v)),
-        Data::I64(v) => Reg::I(pick!(v)),
-        Data::Bool(v) => Reg::B(pick!(v)),
+        Data::F32(v) => Reg::F(pick(v, pattern, range)),
+        Data::I64(v) => Reg::I(pick(v, pattern, range)),
+        Data::Bool(v) => Reg::B(pick(v, pattern, range)),
     }
 }
 
@@ -121,8 +160,7 @@ fn apply(instr: &Instr, mut args: Vec<Reg>) -> Result<Reg, String> {
             Reg::F(std::mem::take(x))
         }
         (ElementOp::Binary { f }, [Reg::F(a), Reg::F(b)]) if !f.is_predicate() => {
-            let g = arithmetic_f32(f);
-            a.iter_mut().zip(b.iter()).for_each(|(x, y)| *x = g(*x, *y));
+            combine(f, a, b);
             round_floats(instr.dtype, a);
             Reg::F(std::mem::take(a))
         }

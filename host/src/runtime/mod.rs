@@ -3,6 +3,7 @@
 //! encodings) or the [`cuda::CudaExecutor`], each with its paged KV cache.
 
 mod backend;
+mod broadcast;
 pub mod cpu_ops;
 pub mod cuda;
 mod executor;

@@ -16,6 +16,10 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// Inputs beyond these give 0 or overflow.
 const EXP_MIN: f32 = -87.336_55;
 const EXP_MAX: f32 = 88.376_26;
+/// 1.5 · 2^23: an integer-valued f32 of magnitude below 2^22 added to it
+/// lands in the low mantissa bits.
+const MAGIC: f32 = 12_582_912.0;
+const MAGIC_BITS: u32 = 0x4B40_0000;
 /// sqrt(2 / pi), GELU-tanh's constant.
 const GELU_C: f32 = 0.797_884_6;
 
@@ -32,8 +36,7 @@ pub(crate) fn exp(input: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5; // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
     let y = p * r * r + r + 1.0;
-    // 2^n for n in [-126, 127]: the exponent field alone.
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let scale = pow2(n);
     if input > EXP_MAX {
         f32::INFINITY
     } else if input < EXP_MIN {
@@ -41,6 +44,16 @@ pub(crate) fn exp(input: f32) -> f32 {
     } else {
         y * scale
     }
+}
+
+/// `2^n` for an integer-valued `n` in [-126, 128] (128 gives infinity): the
+/// exponent field alone. Adding 1.5 · 2^23 puts the integer in the low
+/// mantissa bits (`MAGIC_BITS + n`), which vectorizes, where `n as i32`, a
+/// saturating conversion, compiles to a scalar conversion a lane.
+#[inline(always)]
+fn pow2(n: f32) -> f32 {
+    let n_bits = (n + MAGIC).to_bits().wrapping_sub(MAGIC_BITS);
+    f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
 
 /// SiLU of one value: `x · sigmoid(x)`.
@@ -110,6 +123,14 @@ mod tests {
             0.0, -0.0, 1e-30, -1e-30, 87.0, -87.0, 89.0, -89.0, 1e30, -1e30,
         ]);
         xs
+    }
+
+    #[test]
+    fn pow2_is_exact_over_the_exponent_range() {
+        for n in -126..=127 {
+            assert_eq!(pow2(n as f32), 2f32.powi(n), "2^{n}");
+        }
+        assert_eq!(pow2(128.0), f32::INFINITY);
     }
 
     #[test]

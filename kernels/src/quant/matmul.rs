@@ -551,7 +551,7 @@ impl ActBlock for BlockQ8x2 {
 
 /// Activations (`m * cols` values) at or above which quantizing them is split
 /// over threads.
-const PAR_QUANTIZE_MIN: usize = 1 << 16;
+pub(super) const PAR_QUANTIZE_MIN: usize = 1 << 16;
 
 /// Quantizes the `x.len() / cols` activation rows; returns the blocks and
 /// the number per row (a row's last block may be partial). The rows are

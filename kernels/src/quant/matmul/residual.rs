@@ -8,8 +8,21 @@
 //! kernels' own, bit for bit whatever the number of rows, so the sums are
 //! too: decode and prefill still agree exactly.
 
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
 use super::job::Job;
-use super::{quantize_acts, ActBlock, Isa};
+use super::{quantize_acts, ActBlock, Isa, PAR_QUANTIZE_MIN};
+
+/// Output values the sum of the two products takes at a time.
+const SUM_CHUNK: usize = 4096;
+
+thread_local! {
+    /// Each thread's outputs of both digits' products, reused (every value
+    /// is written by the product before it is read).
+    static BOTH_PRODUCTS: RefCell<Vec<f32>> = RefCell::default();
+}
 
 /// The activation rows `x` (of `cols` values) quantized to blocks `A`; with
 /// `residual`, followed by the rows of what that quantization left,
@@ -25,20 +38,32 @@ pub(super) fn quantize_rows<A: ActBlock>(
     if !residual {
         return quantize_acts::<A>(isa, x, cols, pad_rows);
     }
-    let (mut blocks, per_row) = quantize_acts::<A>(isa, x, cols, 1);
-    let mut left = x.to_vec();
-    for (row, blocks) in left
-        .chunks_exact_mut(cols)
-        .zip(blocks.chunks_exact(per_row))
-    {
-        for (values, block) in row.chunks_mut(A::ELEMS).zip(blocks) {
-            block.subtract_from(values);
+    let per_row = cols.div_ceil(A::ELEMS);
+    let rows = x.len() / cols;
+    let mut blocks = vec![A::default(); (2 * rows).next_multiple_of(pad_rows) * per_row];
+    let (first, second) = blocks[..2 * rows * per_row].split_at_mut(rows * per_row);
+    let both_digits = |left: &mut Vec<f32>,
+                       ((x, first), second): ((&[f32], &mut [A]), &mut [A])| {
+        left.clear();
+        left.extend_from_slice(x);
+        for ((values, first), second) in left.chunks_mut(A::ELEMS).zip(first).zip(second) {
+            A::quantize(isa, values, first);
+            first.subtract_from(values);
+            A::quantize(isa, values, second);
         }
+    };
+    if x.len() >= PAR_QUANTIZE_MIN {
+        x.par_chunks_exact(cols)
+            .zip(first.par_chunks_mut(per_row))
+            .zip(second.par_chunks_mut(per_row))
+            .for_each_init(Vec::new, both_digits);
+    } else {
+        let mut left = Vec::new();
+        x.chunks_exact(cols)
+            .zip(first.chunks_mut(per_row))
+            .zip(second.chunks_mut(per_row))
+            .for_each(|row| both_digits(&mut left, row));
     }
-    let (second, _) = quantize_acts::<A>(isa, &left, cols, 1);
-    blocks.extend(second);
-    let rows = 2 * (x.len() / cols);
-    blocks.resize(rows.next_multiple_of(pad_rows) * per_row, A::default());
     (blocks, per_row)
 }
 
@@ -49,10 +74,21 @@ pub(super) fn run<A: Sync>(job: &Job<A>, rows: usize, residual: bool, y: &mut [f
     if !residual {
         return job.run(rows, y);
     }
-    let mut both = vec![0f32; 2 * y.len()];
-    job.run(rows, &mut both);
-    let (first, second) = both.split_at(y.len());
-    for ((y, a), b) in y.iter_mut().zip(first).zip(second) {
-        *y = a + b;
-    }
+    BOTH_PRODUCTS.with_borrow_mut(|both| {
+        // Old values are left in place: the product writes every one.
+        both.resize(2 * y.len(), 0.0);
+        job.run(rows, both);
+        let (first, second) = both.split_at(y.len());
+        y.par_chunks_mut(SUM_CHUNK)
+            .zip(
+                first
+                    .par_chunks(SUM_CHUNK)
+                    .zip(second.par_chunks(SUM_CHUNK)),
+            )
+            .for_each(|(y, (a, b))| {
+                for ((y, a), b) in y.iter_mut().zip(a).zip(b) {
+                    *y = a + b;
+                }
+            });
+    });
 }
