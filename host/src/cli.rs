@@ -397,7 +397,7 @@ pub enum PrecisionArg {
     Exact,
     /// Quantize activations to 8 bits and use integer dot products (llama.cpp's way).
     Fast,
-    /// As `fast`, but a gated MLP's down projection carries its activations as two 8-bit digits (its outliers are fast mode's largest error): on the real-model prompts, a KL divergence from exact precision 1.2x (SmolLM2) to 3x (Qwen2.5, Gemma 3) below `fast`'s, at most of its speed.
+    /// As `fast`, but the products where 8 bits lose most, the attention projections (queries, keys, values, output) and a gated MLP's down projection, carry their activations as two 8-bit digits: on the real-model prompts, a KL divergence from exact precision 2.7x (SmolLM2) to 7x (Qwen2.5, Gemma 3) below `fast`'s and at or below llama.cpp's on every prompt, at most of `fast`'s speed.
     FastResidual,
 }
 

@@ -8,7 +8,7 @@ use kiln_kernels::dense::attention::{
 };
 use kiln_kernels::dense::matmul::{self, HalfFormat};
 use kiln_kernels::quant::{Precision, QuantMatrix};
-use kiln_plugin_api::graph::{AttentionSpec, BinaryOp, Dim, Op, ValueId};
+use kiln_plugin_api::graph::{AttentionSpec, Dim, Op, ValueId};
 use kiln_plugin_api::Encoding;
 
 use super::backend::{Backend, PendingSample, TokenFeed};
@@ -16,6 +16,7 @@ use super::cpu_ops;
 use super::fused;
 use super::kv_cache::{HostKvDtype, HostLayer, KvCache};
 use super::pool::BufferPool;
+use super::precision::ProductPrecisions;
 use super::sampling::{sample_row, RowSampling};
 use super::tensor::{storage_of, Tensor};
 use super::weights::{WeightData, WeightStore};
@@ -82,6 +83,8 @@ pub struct Executor {
     /// Constants by value id.
     constants: HashMap<ValueId, Tensor>,
     precision: Precision,
+    /// Each weight product's precision.
+    products: ProductPrecisions,
     /// What the KV caches it makes store.
     kv_dtype: HostKvDtype,
     /// Buffers of dead values, reused for new ones (across runs too).
@@ -121,12 +124,14 @@ impl Executor {
             })
             .collect();
         let dense = weights.iter().map(|_| OnceLock::new()).collect();
+        let products = ProductPrecisions::new(&program, precision);
         Ok(Self {
             program,
             weights,
             dense,
             constants,
             precision,
+            products,
             kv_dtype: HostKvDtype::F32,
             pool: BufferPool::default(),
         })
@@ -263,7 +268,7 @@ impl Executor {
                 op => cpu_ops::eval(op, &inputs, dtype, shape, &self.pool),
             },
             Kernel::Linear { weight } => {
-                let precision = self.product_precision(step.output, step.inputs[0]);
+                let precision = self.products.of(step.output);
                 self.linear(*weight, inputs[0], shape, dtype, precision)
             }
             Kernel::Embedding { weight } => self.embedding(*weight, inputs[0], shape, dtype),
@@ -278,45 +283,6 @@ impl Executor {
             Kernel::Fused { program } => fused::run(program, &inputs, dtype, shape, &self.pool),
         };
         result.map_err(fail)
-    }
-
-    /// The precision of the weight product producing `output` from
-    /// `input`: the executor's, except that
-    /// - the product producing the logits (the graph's first output) always
-    ///   keeps f32 activations: in fast mode that costs a few percent of
-    ///   decode speed and cuts the mean KL divergence from transformers by
-    ///   7-22 % on the real models;
-    /// - with [`Precision::FastResidual`], only a product of a gated
-    ///   activation (a gated MLP's down projection, whose outliers make it
-    ///   fast mode's largest source of error) carries its activations as
-    ///   two 8-bit digits; the others are [`Precision::Fast`].
-    ///
-    /// Measurements in bench/cpu/NOTES.md.
-    fn product_precision(&self, output: ValueId, input: ValueId) -> Precision {
-        if self.program.graph.outputs.first() == Some(&output) {
-            Precision::Exact
-        } else if self.precision == Precision::FastResidual && !self.is_gated(input) {
-            self.ungated_precision()
-        } else {
-            self.precision
-        }
-    }
-
-    /// Whether `value` is (a reshape of) an element-wise product of two
-    /// activations of its shape, rather than a scaling by a weight or a
-    /// constant.
-    fn is_gated(&self, mut value: ValueId) -> bool {
-        let nodes = &self.program.graph.nodes;
-        while let Op::Reshape { .. } = nodes[value as usize].op {
-            value = nodes[value as usize].inputs[0];
-        }
-        let node = &nodes[value as usize];
-        matches!(node.op, Op::Binary { op: BinaryOp::Mul })
-            && node.inputs.iter().all(|&i| {
-                let operand = &nodes[i as usize];
-                !matches!(operand.op, Op::Weight { .. } | Op::Constant(_))
-                    && operand.ty.shape == node.ty.shape
-            })
     }
 
     fn linear(
@@ -377,16 +343,6 @@ impl Executor {
     /// The activation precision of weight products.
     pub(super) fn precision(&self) -> Precision {
         self.precision
-    }
-
-    /// The precision of a product whose input is not a gated activation:
-    /// the executor's, without [`Precision::FastResidual`]'s second digit
-    /// (see [`product_precision`](Self::product_precision)).
-    pub(super) fn ungated_precision(&self) -> Precision {
-        match self.precision {
-            Precision::FastResidual => Precision::Fast,
-            precision => precision,
-        }
     }
 
     /// The buffers reused across steps.

@@ -12,6 +12,7 @@ mod hoist;
 mod kv_cache;
 mod moe;
 mod pool;
+mod precision;
 pub mod sampling;
 mod spin;
 mod tensor;

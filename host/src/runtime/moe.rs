@@ -68,8 +68,8 @@ impl Executor {
         let mut out = vec![0f32; tokens * hidden];
         let precision = self.precision();
         // Only the down projection, of a gated activation, carries two
-        // digits (see `Executor::product_precision`).
-        let input_precision = self.ungated_precision();
+        // digits (see `precision`).
+        let input_precision = super::precision::single_digit(precision);
         for (e, rows) in routed.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
             let mut xs = self.pool().take(rows.len() * hidden);
             for (dst, &(t, _)) in xs.chunks_exact_mut(hidden).zip(rows) {

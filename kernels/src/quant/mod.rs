@@ -122,7 +122,8 @@ pub enum Precision {
     /// digits: its 8-bit quantization and the 8-bit quantization of what
     /// that left. Two integer products (one over twice the activation rows),
     /// activations good to about 15 bits: for inputs with outliers, whose
-    /// blocks 8 bits alone serve worst (a gated MLP's down projection).
+    /// blocks 8 bits alone serve worst (a gated MLP's down projection, the
+    /// attention projections).
     FastResidual,
 }
 
