@@ -23,8 +23,11 @@ use super::{softmax_visible, AttentionParams, CacheElement, CacheLayout, Sequenc
 
 /// Keys scored together: one score vector.
 pub(super) const KEYS: usize = 16;
-/// Query vectors scored together (they share every key block).
-const QUERIES: usize = 4;
+/// Query vectors scored together (they share every key block): `2·QUERIES`
+/// accumulators, in AVX-512's 32 registers.
+const QUERIES: usize = 8;
+/// [`QUERIES`] for AVX2's 16 registers and the portable code.
+const QUERIES_NARROW: usize = 4;
 /// Query heads of a row weighed together (they share every value).
 const HEADS: usize = 4;
 /// Query rows scored in one pass over the keys.
@@ -131,9 +134,10 @@ impl Task<'_> {
                 let at = row * row_len + (self.kv_head * group + h) * d;
                 &q[at..at + d]
             };
+            let queries = if AVX512 { QUERIES } else { QUERIES_NARROW };
             for (chunk, s) in vectors
-                .chunks(QUERIES)
-                .zip(scores.chunks_mut(QUERIES * n_keys))
+                .chunks(queries)
+                .zip(scores.chunks_mut(queries * n_keys))
             {
                 let ranges: Vec<Range<usize>> = chunk.iter().map(|&(row, _)| local(row)).collect();
                 let qs: Vec<&[f32]> = chunk.iter().map(query).collect();
@@ -143,7 +147,11 @@ impl Task<'_> {
                     1 => score_on::<1, AVX512>(&qs, &kt, d, &ranges, scale, s),
                     2 => score_on::<2, AVX512>(&qs, &kt, d, &ranges, scale, s),
                     3 => score_on::<3, AVX512>(&qs, &kt, d, &ranges, scale, s),
-                    _ => score_on::<4, AVX512>(&qs, &kt, d, &ranges, scale, s),
+                    4 => score_on::<4, AVX512>(&qs, &kt, d, &ranges, scale, s),
+                    5 => score_on::<5, AVX512>(&qs, &kt, d, &ranges, scale, s),
+                    6 => score_on::<6, AVX512>(&qs, &kt, d, &ranges, scale, s),
+                    7 => score_on::<7, AVX512>(&qs, &kt, d, &ranges, scale, s),
+                    _ => score_on::<8, AVX512>(&qs, &kt, d, &ranges, scale, s),
                 }
                 for (head, range) in s.chunks_exact_mut(n_keys).zip(ranges) {
                     softmax_visible(&mut head[range], self.params.softcap);
