@@ -13,7 +13,10 @@
 //!   greedy continuation;
 //! * `--precision fast` (8-bit activations, like llama.cpp) is judged like
 //!   llama.cpp: mean KL divergence per token and top-1 agreement against the
-//!   fp32 reference, printed per prompt and bounded loosely per model.
+//!   fp32 reference, printed per prompt and bounded loosely per model;
+//! * `--precision fast-residual` must be at or better than llama.cpp's own
+//!   numbers on the same references on every prompt (committed in
+//!   `bench/results/fidelity-2026-11-24.llamacpp.jsonl`).
 //!
 //! The host binary is the debug one next to this test binary, or the one
 //! `KILN_HOST_BIN` names (a release build runs these prompts much faster).
@@ -213,6 +216,57 @@ fn fast(key: &str) {
     );
 }
 
+/// llama.cpp's fidelity on the same references (llama-cpp-python 0.3.36
+/// built natively, f16 KV cache, `tests/real_models/llamacpp_fidelity.py`),
+/// committed with the results.
+const LLAMA_CPP_FIDELITY: &str = "bench/results/fidelity-2026-11-24.llamacpp.jsonl";
+
+/// llama.cpp's `(mean KL, top-1 agreement)` on `key`'s prompt `prompt`.
+fn llama_cpp_fidelity(key: &str, prompt: &str) -> (f64, usize) {
+    #[derive(Deserialize)]
+    struct Row {
+        model: Option<String>,
+        prompt: Option<String>,
+        mean_kl: Option<f64>,
+        top1_agree: Option<usize>,
+    }
+    let path = kiln_tests::workspace_root().join(LLAMA_CPP_FIDELITY);
+    let text = std::fs::read_to_string(&path).expect("llama.cpp's fidelity results");
+    text.lines()
+        .map(|line| serde_json::from_str::<Row>(line).expect("a JSON line"))
+        .find(|r| r.model.as_deref() == Some(key) && r.prompt.as_deref() == Some(prompt))
+        .and_then(|r| Some((r.mean_kl?, r.top1_agree?)))
+        .unwrap_or_else(|| panic!("{}: no row for {key}/{prompt}", path.display()))
+}
+
+/// `--precision fast-residual`, the fast mode that promises llama.cpp's
+/// fidelity: on every prompt a mean KL divergence at or below llama.cpp's
+/// and a top-1 agreement at or above it.
+fn fast_residual(key: &str) {
+    let Some((gguf, refs)) = model(&format!("{key}_fast_residual"), key) else {
+        return;
+    };
+    let (report, passed) = verify(&gguf, &refs, &["--precision", "fast-residual"]);
+    assert!(passed, "{}", report.failures.join("\n"));
+    assert_eq!(
+        report.prompts.len(),
+        PROMPTS.len(),
+        "every reference prompt ran"
+    );
+    let mut behind = Vec::new();
+    for p in &report.prompts {
+        let (kl, top1) = llama_cpp_fidelity(key, &p.name);
+        println!(
+            "{key}/{} fast-residual: mean KL {:.2e} (llama.cpp {kl:.2e}), top-1 {}/{} (llama.cpp {top1})",
+            p.name, p.mean_kl, p.top1_agree, p.positions
+        );
+        if p.mean_kl > kl || p.top1_agree < top1 {
+            behind.push(p.name.clone());
+        }
+    }
+    assert!(behind.is_empty(), "{key}: behind llama.cpp on {behind:?}");
+}
+
 #[test]
 #[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
 fn smollm2_135m_exact() {
@@ -247,6 +301,24 @@ fn gemma3_270m_exact() {
 #[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
 fn gemma3_270m_fast() {
     fast("gemma3-270m");
+}
+
+#[test]
+#[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
+fn smollm2_135m_fast_residual() {
+    fast_residual("smollm2-135m");
+}
+
+#[test]
+#[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
+fn qwen2_5_coder_0_5b_fast_residual() {
+    fast_residual("qwen2.5-coder-0.5b");
+}
+
+#[test]
+#[ignore = "developer-run: needs KILN_REAL_MODELS (tests/real_models/README.md)"]
+fn gemma3_270m_fast_residual() {
+    fast_residual("gemma3-270m");
 }
 
 /// The model's GGUF alone (no references needed), or a panic naming what is
