@@ -75,39 +75,25 @@ pub fn run(
     Ok(Tensor { dtype, shape, data })
 }
 
+/// A chunk whose storage type is not the output's.
 const WRONG_TYPE: &str = "fused program produced the wrong type";
 
-/// The program's result for the output elements `range`. A register's
-/// value moves into the instruction that reads it last; earlier readers
-/// take copies.
+/// The program's result for the output elements `range`.
 fn run_chunk(
     program: &[Instr],
     inputs: &[&Tensor],
     patterns: &[Broadcast],
     range: Range<usize>,
 ) -> Result<Reg, String> {
-    let mut readers = vec![0usize; program.len()];
-    for operand in program.iter().flat_map(|instr| &instr.args) {
-        if let Operand::Reg(r) = *operand {
-            readers[r] += 1;
-        }
-    }
     let mut regs: Vec<Reg> = Vec::with_capacity(program.len());
     for instr in program {
-        let mut args = Vec::with_capacity(instr.args.len());
-        for operand in &instr.args {
-            args.push(match *operand {
-                Operand::Reg(r) => {
-                    readers[r] -= 1;
-                    if readers[r] == 0 {
-                        std::mem::replace(&mut regs[r], Reg::F(Vec::new()))
-                    } else {
-                        regs[r].clone()
-                    }
-                }
+        let arg = |operand: &Operand| -> Reg {
+            match *operand {
+                Operand::Reg(r) => regs[r].clone(),
                 Operand::Input(i) => load(inputs[i], &patterns[i], range.clone()),
-            });
-        }
+            }
+        };
+        let args: Vec<Reg> = instr.args.iter().map(arg).collect();
         regs.push(apply(instr, args)?);
     }
     Ok(regs.pop().expect("programs are not empty"))
