@@ -141,23 +141,50 @@ pub(crate) fn combine(op: BinaryOp, a: &mut [f32], b: &[f32]) {
 mod tests {
     use super::*;
 
-    /// The offsets of the general rule, written out for each pattern.
+    /// The input offset of each output element by the definition of
+    /// broadcasting: the output index's coordinates, right-aligned on the
+    /// input's axes, 0 on an axis of size 1.
+    fn by_definition(input: &[usize], output: &[usize]) -> Vec<usize> {
+        let total: usize = output.iter().product();
+        let skip = output.len() - input.len();
+        (0..total)
+            .map(|mut flat| {
+                let mut coords = vec![0; output.len()];
+                for d in (0..output.len()).rev() {
+                    coords[d] = flat % output[d];
+                    flat /= output[d];
+                }
+                input.iter().enumerate().fold(0, |offset, (d, &size)| {
+                    offset * size + if size == 1 { 0 } else { coords[skip + d] }
+                })
+            })
+            .collect()
+    }
+
+    /// Every pattern gathers, and `broadcast_offsets` lists, what the
+    /// definition of broadcasting says.
     #[test]
-    fn patterns_gather_what_their_offsets_say() {
-        let cases: [(&[usize], &[usize]); 6] = [
+    fn patterns_gather_what_broadcasting_defines() {
+        let cases: [(&[usize], &[usize]); 7] = [
             (&[2, 3], &[2, 3]),
             (&[3], &[4, 3]),
             (&[1, 3], &[2, 2, 3]),
             (&[1], &[5, 2]),
             (&[4, 1], &[4, 3]),
             (&[2, 1, 3], &[2, 4, 3]),
+            (&[3, 1], &[2, 3, 2]),
         ];
         for (input, output) in cases {
             let pattern = Broadcast::of(input, output);
             let len: usize = input.iter().product();
             let total: usize = output.iter().product();
             let src: Vec<i64> = (0..len as i64).map(|v| v * 10).collect();
-            let offsets = broadcast_offsets(input, output);
+            let offsets = by_definition(input, output);
+            assert_eq!(
+                broadcast_offsets(input, output),
+                offsets,
+                "{input:?} -> {output:?}"
+            );
             let expected: Vec<i64> = offsets.iter().map(|&o| src[o]).collect();
             // Every start and length, so chunk edges fall everywhere.
             for start in 0..total {
@@ -168,12 +195,11 @@ mod tests {
                 }
             }
         }
-        assert_eq!(broadcast_offsets(&[3], &[2, 3]), [0, 1, 2, 0, 1, 2]);
-        assert_eq!(broadcast_offsets(&[2, 1], &[2, 3]), [0, 0, 0, 1, 1, 1]);
         assert_eq!(
             Broadcast::of(&[2, 1], &[2, 3]),
             Broadcast::Offsets(vec![0, 0, 0, 1, 1, 1])
         );
+        assert_eq!(Broadcast::of(&[1, 3], &[2, 2, 3]), Broadcast::Repeat(3));
     }
 
     /// The chunked arithmetic gives, element for element, the bits of the

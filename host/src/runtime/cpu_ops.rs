@@ -246,18 +246,10 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, shape: Vec<usize>, pool: &Buffer
     let ob = broadcast_offsets(&b.shape, &shape);
     let pairs = oa.iter().zip(&ob);
     Ok(match (&a.data, &b.data) {
+        // Comparisons: float arithmetic returned above.
         (Data::F32(x), Data::F32(y)) => {
-            if op.is_predicate() {
-                let f = compare_f32(op);
-                Tensor::bool(shape, pairs.map(|(&i, &j)| f(x[i], y[j])).collect())
-            } else {
-                let f = arithmetic_f32(op);
-                Tensor::from_f32(
-                    a.dtype,
-                    shape,
-                    pairs.map(|(&i, &j)| f(x[i], y[j])).collect(),
-                )
-            }
+            let f = compare_f32(op);
+            Tensor::bool(shape, pairs.map(|(&i, &j)| f(x[i], y[j])).collect())
         }
         (Data::I64(x), Data::I64(y)) => {
             if op.is_predicate() {

@@ -138,34 +138,19 @@ unsafe fn hsum(v: __m512) -> f32 {
 unsafe fn hsum16(v: &[__m512; 16]) -> __m512 {
     // Each step adds the halves of the groups of two vectors and packs
     // both results into one: groups of 16 lanes, then 8, 4, 2.
+    macro_rules! add_halves {
+        ($shuffle:ident, $low:literal, $high:literal) => {
+            |a: __m512, b: __m512| _mm512_add_ps($shuffle::<$low>(a, b), $shuffle::<$high>(a, b))
+        };
+    }
     // Lanes i and i + 8 of each vector: [a's 8 | b's 8].
-    let eights = |a: __m512, b: __m512| {
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x44>(a, b),
-            _mm512_shuffle_f32x4::<0xEE>(a, b),
-        )
-    };
+    let eights = add_halves!(_mm512_shuffle_f32x4, 0x44, 0xEE);
     // Lanes i and i + 4 of each group of 8: [a's two 4 | b's two 4].
-    let fours = |a: __m512, b: __m512| {
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x88>(a, b),
-            _mm512_shuffle_f32x4::<0xDD>(a, b),
-        )
-    };
+    let fours = add_halves!(_mm512_shuffle_f32x4, 0x88, 0xDD);
     // Lanes i and i + 2 of each group of 4 (a 128-bit lane).
-    let twos = |a: __m512, b: __m512| {
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(a, b),
-            _mm512_shuffle_ps::<0xEE>(a, b),
-        )
-    };
+    let twos = add_halves!(_mm512_shuffle_ps, 0x44, 0xEE);
     // The two lanes of each group of 2.
-    let ones = |a: __m512, b: __m512| {
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0x88>(a, b),
-            _mm512_shuffle_ps::<0xDD>(a, b),
-        )
-    };
+    let ones = add_halves!(_mm512_shuffle_ps, 0x88, 0xDD);
     // These pairings put `hsum(v[j])` in lane j.
     let group = |a: usize| fours(eights(v[a], v[a + 4]), eights(v[a + 8], v[a + 12]));
     ones(twos(group(0), group(1)), twos(group(2), group(3)))

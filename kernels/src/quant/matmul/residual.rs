@@ -8,8 +8,6 @@
 //! kernels' own, bit for bit whatever the number of rows, so the sums are
 //! too: decode and prefill still agree exactly.
 
-use std::cell::RefCell;
-
 use rayon::prelude::*;
 
 use super::job::Job;
@@ -17,12 +15,6 @@ use super::{quantize_acts, ActBlock, Isa, PAR_QUANTIZE_MIN};
 
 /// Output values the sum of the two products takes at a time.
 const SUM_CHUNK: usize = 4096;
-
-thread_local! {
-    /// Each thread's outputs of both digits' products, reused (every value
-    /// is written by the product before it is read).
-    static BOTH_PRODUCTS: RefCell<Vec<f32>> = RefCell::default();
-}
 
 /// The activation rows `x` (of `cols` values) quantized to blocks `A`; with
 /// `residual`, followed by the rows of what that quantization left,
@@ -74,21 +66,18 @@ pub(super) fn run<A: Sync>(job: &Job<A>, rows: usize, residual: bool, y: &mut [f
     if !residual {
         return job.run(rows, y);
     }
-    BOTH_PRODUCTS.with_borrow_mut(|both| {
-        // Old values are left in place: the product writes every one.
-        both.resize(2 * y.len(), 0.0);
-        job.run(rows, both);
-        let (first, second) = both.split_at(y.len());
-        y.par_chunks_mut(SUM_CHUNK)
-            .zip(
-                first
-                    .par_chunks(SUM_CHUNK)
-                    .zip(second.par_chunks(SUM_CHUNK)),
-            )
-            .for_each(|(y, (a, b))| {
-                for ((y, a), b) in y.iter_mut().zip(a).zip(b) {
-                    *y = a + b;
-                }
-            });
-    });
+    let mut both = vec![0f32; 2 * y.len()];
+    job.run(rows, &mut both);
+    let (first, second) = both.split_at(y.len());
+    y.par_chunks_mut(SUM_CHUNK)
+        .zip(
+            first
+                .par_chunks(SUM_CHUNK)
+                .zip(second.par_chunks(SUM_CHUNK)),
+        )
+        .for_each(|(y, (a, b))| {
+            for ((y, a), b) in y.iter_mut().zip(a).zip(b) {
+                *y = a + b;
+            }
+        });
 }
