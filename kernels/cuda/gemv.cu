@@ -1,16 +1,26 @@
 // Matrix products for small batches (decode): y[m, n] = x[m, k] · W[n, k]ᵀ
-// with m ≤ KILN_GEMV_MAX_M, bound by reading W once. One warp per output row
-// streams that row of W (bf16/f16/f32 in 16-byte loads kept out of L1, four
-// in flight per lane, eight in the one-row `_m1` kernels; GGUF blocks read
-// as packed), multiplies it with every row of x (f32, kept in L1: it is small
-// and every warp reads it) and reduces across its lanes. One launch covers
-// up to KILN_GEMV_MAX_GROUP matrices that share x (q, k and v; gate and up):
-// their rows form one grid, so small matrices do not leave the card half
-// idle and a layer reads its weights in fewer launches.
+// with m ≤ KILN_GEMV_MAX_M, bound by reading W once. Warps stream rows of W
+// (bf16/f16/f32 in 16-byte loads kept out of L1, GGUF blocks read as
+// packed), multiply them with every row of x (f32, kept in L1: it is small
+// and every warp reads it) and reduce across their lanes. Each warp issues
+// a round of loads (eight per lane in the one-row `_m1` kernels, four
+// otherwise; four blocks' parts for GGUF rows) before it uses the first, so
+// a round costs one memory round trip. One launch covers up to
+// KILN_GEMV_MAX_GROUP matrices that share x (q, k and v; gate and up): their
+// rows form one grid, so small matrices do not leave the card half idle and
+// a layer reads its weights in fewer launches.
+//
+// Every kernel comes in three splits of a row among the warps of a block:
+// SPLIT = 1 (no suffix), a warp per row; 2 (`_s2`) and 4 (`_s4`), two or
+// four warps each taking every SPLIT-th stretch of the row and adding their
+// sums through shared memory: more warps, and so more loads in flight, for
+// matrices with few rows and long ones (down projections). Which is fastest
+// depends on the card and the shape; the host times them at load
+// (host/src/runtime/cuda/tune.rs).
 //
 // GGUF rows are sequences of blocks (the formats are in gguf_blocks.cuh);
 // each format splits a block among `LANES` lanes, so a warp covers
-// 32 / LANES blocks per iteration. `kiln_dequant_*` expand the same blocks
+// 32 / LANES blocks per sweep. `kiln_dequant_*` expand the same blocks
 // to bf16 for the GEMM of larger batches, and `kiln_embedding_*` read rows
 // of a table of blocks.
 #include "kiln_cuda.cuh"
@@ -19,6 +29,10 @@
 #define KILN_GEMV_MAX_M 8
 #define KILN_GEMV_WARPS 4
 #define KILN_GEMV_MAX_GROUP 4
+
+// Each format has kernels for up to KILN_GEMV_MAX_M rows of x and, `_m1`,
+// for a single row, each in three splits: `kiln_gemv_<format>[_m1][_s2|_s4]`.
+#define KILN_GEMV_ARGS KilnGemvGroup g, const float* x, int m, int k
 
 // The matrices of one launch, all [*, k] in one format: matrix s has rows
 // rows_end[s-1] .. rows_end[s] of the grid and writes y[s] [m, its rows].
@@ -29,15 +43,22 @@ struct KilnGemvGroup {
   float* y[KILN_GEMV_MAX_GROUP];
 };
 
-// The warp's output row: its matrix's weights row and where its results go.
+// The warp's output row: its matrix's weights row and where its results go,
+// and which of the row's SPLIT parts the warp takes.
 struct GemvRow {
   const u8* w;  // the matrix (row 0)
   float* y;     // the matrix's output
   int row, n;   // row within the matrix, the matrix's rows
+  int part;     // 0 .. SPLIT - 1
 };
 
+// The warp's row; false past the grid's last row (the warp still takes part
+// in its block's reduction).
+template <int SPLIT>
 __device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
-  int row = blockIdx.x * KILN_GEMV_WARPS + threadIdx.x / 32;
+  int warp = threadIdx.x / 32;
+  int row = blockIdx.x * (KILN_GEMV_WARPS / SPLIT) + warp / SPLIT;
+  r->part = warp % SPLIT;
   if (row >= g.rows_end[g.count - 1]) return false;
   // Constant indices into the group (a computed one would copy the kernel
   // argument to local memory).
@@ -56,16 +77,33 @@ __device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
   return false;
 }
 
-// The warp's sums to y[i, row].
-template <int MAX_M>
-__device__ __forceinline__ void store_rows(float* acc, float* y, int m, int n, int row) {
+// The sums of the warps of a row to y[i, row]: each warp reduces across its
+// lanes, and with SPLIT > 1 the row's first warp adds the others' sums.
+template <int MAX_M, int SPLIT>
+__device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool valid, int m) {
   int lane = threadIdx.x % 32;
+  if (SPLIT == 1) {
+#pragma unroll
+    for (int i = 0; i < MAX_M; ++i) {
+      if (i < m) {
+        float v = warp_sum(acc[i]);
+        if (lane == 0 && valid) r.y[(i64)i * r.n + r.row] = v;
+      }
+    }
+    return;
+  }
+  __shared__ float partial[KILN_GEMV_WARPS][MAX_M];
+  int warp = threadIdx.x / 32;
 #pragma unroll
   for (int i = 0; i < MAX_M; ++i) {
-    if (i < m) {
-      float v = warp_sum(acc[i]);
-      if (lane == 0) y[(i64)i * n + row] = v;
-    }
+    float v = warp_sum(acc[i]);
+    if (lane == 0) partial[warp][i] = v;
+  }
+  __syncthreads();
+  if (valid && r.part == 0 && lane < m) {
+    float v = 0.0f;
+    for (int p = 0; p < SPLIT; ++p) v += partial[warp + p][lane];
+    r.y[(i64)lane * r.n + r.row] = v;
   }
 }
 
@@ -108,79 +146,129 @@ __device__ __forceinline__ float load1(const u8* row, int col) {
 
 // BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32; MAX_M: rows of x at
 // most (1 for batch-1 decode: fewer registers, so more warps and more loads
-// in flight per multiprocessor).
-template <int BYTES, int MAX_M>
+// in flight per multiprocessor); SPLIT: warps per row.
+template <int BYTES, int MAX_M, int SPLIT>
 __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k) {
   // Loads of the weights a lane has in flight before it uses the first.
   const int depth = MAX_M == 1 ? 8 : 4;
-  const int size = BYTES == 4 ? 4 : 2;
-  const int step = 32 * 8;  // elements a warp reads per load
+  const int step = 32 * 8 * SPLIT;  // elements the row's warps read per load
   int lane = threadIdx.x % 32;
   GemvRow r;
-  if (!gemv_row(g, &r)) return;
-  const u8* wr = r.w + (i64)r.row * k * size;
+  bool valid = gemv_row<SPLIT>(g, &r);
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
-  int vector_end = (k % 8 == 0) ? k : 0;  // 16-byte loads need aligned rows
-  int col = lane * 8;
-  // Every load of a round is issued before the first is used: a memory
-  // round trip per round, not per load.
-  for (; col + (depth - 1) * step < vector_end; col += depth * step) {
-    Raw8<BYTES> raw[depth];
+  if (valid) {
+    const int size = BYTES == 4 ? 4 : 2;
+    const u8* wr = r.w + (i64)r.row * k * size;
+    int vector_end = (k % 8 == 0) ? k : 0;  // 16-byte loads need aligned rows
+    // Every load of a round is issued before the first is used: a memory
+    // round trip per round, not per load. Whole rounds, then what is left:
+    // with one warp per row one load at a time (the fewest registers, and
+    // so the most warps, for the one-row kernels), with a split (whose
+    // warps have fewer loads each) one predicated round.
+    int col = (r.part * 32 + lane) * 8;
+    for (; col + (depth - 1) * step < vector_end; col += depth * step) {
+      Raw8<BYTES> raw[depth];
 #pragma unroll
-    for (int u = 0; u < depth; ++u) raw[u] = load8<BYTES>(wr, col + u * step);
+      for (int u = 0; u < depth; ++u) raw[u] = load8<BYTES>(wr, col + u * step);
 #pragma unroll
-    for (int u = 0; u < depth; ++u) {
-      float v[8];
-      widen8<BYTES>(raw[u], v);
-      accumulate<MAX_M>(acc, v, 8, x, m, k, col + u * step);
+      for (int u = 0; u < depth; ++u) {
+        float v[8];
+        widen8<BYTES>(raw[u], v);
+        accumulate<MAX_M>(acc, v, 8, x, m, k, col + u * step);
+      }
+    }
+    if (SPLIT == 1) {
+      for (; col < vector_end; col += step) {
+        float v[8];
+        widen8<BYTES>(load8<BYTES>(wr, col), v);
+        accumulate<MAX_M>(acc, v, 8, x, m, k, col);
+      }
+    } else if (col < vector_end) {
+      Raw8<BYTES> raw[depth - 1];
+#pragma unroll
+      for (int u = 0; u < depth - 1; ++u)
+        if (col + u * step < vector_end) raw[u] = load8<BYTES>(wr, col + u * step);
+#pragma unroll
+      for (int u = 0; u < depth - 1; ++u) {
+        if (col + u * step < vector_end) {
+          float v[8];
+          widen8<BYTES>(raw[u], v);
+          accumulate<MAX_M>(acc, v, 8, x, m, k, col + u * step);
+        }
+      }
+    }
+    for (int c = vector_end + r.part * 32 + lane; c < k; c += 32 * SPLIT) {
+      float v = load1<BYTES>(wr, c);
+      accumulate<MAX_M>(acc, &v, 1, x, m, k, c);
     }
   }
-  for (; col < vector_end; col += step) {
-    float v[8];
-    widen8<BYTES>(load8<BYTES>(wr, col), v);
-    accumulate<MAX_M>(acc, v, 8, x, m, k, col);
-  }
-  for (int c = vector_end + lane; c < k; c += 32) {
-    float v = load1<BYTES>(wr, c);
-    accumulate<MAX_M>(acc, &v, 1, x, m, k, c);
-  }
-  store_rows<MAX_M>(acc, r.y, m, r.n, r.row);
+  store_rows<MAX_M, SPLIT>(acc, r, valid, m);
 }
 
-// Each format has a kernel for up to KILN_GEMV_MAX_M rows of x and one, `_m1`,
-// for a single row.
-extern "C" __global__ void kiln_gemv_bf16(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_dense<2, KILN_GEMV_MAX_M>(g, x, m, k);
+template <int MAX_M, int SPLIT>
+__device__ void gemv_bf16(const KilnGemvGroup& g, const float* x, int m, int k) {
+  gemv_dense<2, MAX_M, SPLIT>(g, x, m, k);
 }
-extern "C" __global__ void kiln_gemv_bf16_m1(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_dense<2, 1>(g, x, m, k);
+template <int MAX_M, int SPLIT>
+__device__ void gemv_f16(const KilnGemvGroup& g, const float* x, int m, int k) {
+  gemv_dense<3, MAX_M, SPLIT>(g, x, m, k);
 }
-extern "C" __global__ void kiln_gemv_f16(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_dense<3, KILN_GEMV_MAX_M>(g, x, m, k);
+template <int MAX_M, int SPLIT>
+__device__ void gemv_f32(const KilnGemvGroup& g, const float* x, int m, int k) {
+  gemv_dense<4, MAX_M, SPLIT>(g, x, m, k);
 }
-extern "C" __global__ void kiln_gemv_f16_m1(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_dense<3, 1>(g, x, m, k);
-}
-extern "C" __global__ void kiln_gemv_f32(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_dense<4, KILN_GEMV_MAX_M>(g, x, m, k);
-}
-extern "C" __global__ void kiln_gemv_f32_m1(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_dense<4, 1>(g, x, m, k);
-}
+extern "C" __global__ void kiln_gemv_bf16(KILN_GEMV_ARGS) { gemv_bf16<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_bf16_s2(KILN_GEMV_ARGS) { gemv_bf16<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_bf16_s4(KILN_GEMV_ARGS) { gemv_bf16<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_bf16_m1(KILN_GEMV_ARGS) { gemv_bf16<1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_bf16_m1_s2(KILN_GEMV_ARGS) { gemv_bf16<1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_bf16_m1_s4(KILN_GEMV_ARGS) { gemv_bf16<1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16(KILN_GEMV_ARGS) { gemv_f16<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16_s2(KILN_GEMV_ARGS) { gemv_f16<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16_s4(KILN_GEMV_ARGS) { gemv_f16<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16_m1(KILN_GEMV_ARGS) { gemv_f16<1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16_m1_s2(KILN_GEMV_ARGS) { gemv_f16<1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16_m1_s4(KILN_GEMV_ARGS) { gemv_f16<1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32(KILN_GEMV_ARGS) { gemv_f32<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32_s2(KILN_GEMV_ARGS) { gemv_f32<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32_s4(KILN_GEMV_ARGS) { gemv_f32<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32_m1(KILN_GEMV_ARGS) { gemv_f32<1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32_m1_s2(KILN_GEMV_ARGS) { gemv_f32<1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32_m1_s4(KILN_GEMV_ARGS) { gemv_f32<1, 4>(g, x, m, k); }
 
-template <typename F, int MAX_M>
+// A row of GGUF blocks: each lane takes its part of every (32 / LANES)-th
+// block among the row's warps. One warp per row reads a block at a time
+// (the fewest registers); split rows load the parts of four blocks before
+// using the first (fewer blocks per warp, so fewer round trips matter more).
+template <typename F, int MAX_M, int SPLIT>
 __device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k) {
-  int lane = threadIdx.x % 32;
+  const int depth = SPLIT == 1 ? 1 : 4;
+  const int stride = (32 / F::LANES) * SPLIT;  // blocks the row's warps take per sweep
+  int lane = threadIdx.x % 32, part = lane % F::LANES;
   GemvRow r;
-  if (!gemv_row(g, &r)) return;
-  int blocks = k / F::ELEMS;
-  const u8* wr = r.w + (i64)r.row * blocks * F::BYTES;
+  bool valid = gemv_row<SPLIT>(g, &r);
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
-  for (int blk = lane / F::LANES; blk < blocks; blk += 32 / F::LANES)
-    F::template dot<MAX_M>(wr + (i64)blk * F::BYTES, lane % F::LANES, x, m, k, blk * F::ELEMS, acc);
-  store_rows<MAX_M>(acc, r.y, m, r.n, r.row);
+  if (valid) {
+    int blocks = k / F::ELEMS;
+    const u8* wr = r.w + (i64)r.row * blocks * F::BYTES;
+    for (int blk = r.part * (32 / F::LANES) + lane / F::LANES; blk < blocks; blk += depth * stride) {
+      if (depth == 1) {
+        F::template dot<MAX_M>(wr + (i64)blk * F::BYTES, part, x, m, k, blk * F::ELEMS, acc);
+        continue;
+      }
+      typename F::Raw raw[depth];
+#pragma unroll
+      for (int u = 0; u < depth; ++u)
+        if (blk + u * stride < blocks) raw[u] = F::load(wr + (i64)(blk + u * stride) * F::BYTES, part);
+#pragma unroll
+      for (int u = 0; u < depth; ++u)
+        if (blk + u * stride < blocks)
+          F::template dot_raw<MAX_M>(raw[u], part, x, m, k, (blk + u * stride) * F::ELEMS, acc);
+    }
+  }
+  store_rows<MAX_M, SPLIT>(acc, r, valid, m);
 }
 
 // Embedding rows read from a table of blocks: y[t, :] = table[ids[t], :],
@@ -204,45 +292,61 @@ __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
   out[i] = f32_to_bf16(F::value(w + (i / F::ELEMS) * F::BYTES, (int)(i % F::ELEMS)));
 }
 
-extern "C" __global__ void kiln_gemv_q8_0(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q8_0, KILN_GEMV_MAX_M>(g, x, m, k);
+template <int MAX_M, int SPLIT>
+__device__ void gemv_q8_0(const KilnGemvGroup& g, const float* x, int m, int k) {
+  gemv_blocks<Q8_0, MAX_M, SPLIT>(g, x, m, k);
 }
-extern "C" __global__ void kiln_gemv_q8_0_m1(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q8_0, 1>(g, x, m, k);
-}
+extern "C" __global__ void kiln_gemv_q8_0(KILN_GEMV_ARGS) { gemv_q8_0<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_s2(KILN_GEMV_ARGS) { gemv_q8_0<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_s4(KILN_GEMV_ARGS) { gemv_q8_0<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_m1(KILN_GEMV_ARGS) { gemv_q8_0<1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_m1_s2(KILN_GEMV_ARGS) { gemv_q8_0<1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_m1_s4(KILN_GEMV_ARGS) { gemv_q8_0<1, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_dequant_q8_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q8_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q8_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q8_0>(table, ids, y, rows, cols, error);
 }
-extern "C" __global__ void kiln_gemv_q4_0(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q4_0, KILN_GEMV_MAX_M>(g, x, m, k);
+template <int MAX_M, int SPLIT>
+__device__ void gemv_q4_0(const KilnGemvGroup& g, const float* x, int m, int k) {
+  gemv_blocks<Q4_0, MAX_M, SPLIT>(g, x, m, k);
 }
-extern "C" __global__ void kiln_gemv_q4_0_m1(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q4_0, 1>(g, x, m, k);
-}
+extern "C" __global__ void kiln_gemv_q4_0(KILN_GEMV_ARGS) { gemv_q4_0<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_s2(KILN_GEMV_ARGS) { gemv_q4_0<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_s4(KILN_GEMV_ARGS) { gemv_q4_0<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_m1(KILN_GEMV_ARGS) { gemv_q4_0<1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_m1_s2(KILN_GEMV_ARGS) { gemv_q4_0<1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_m1_s4(KILN_GEMV_ARGS) { gemv_q4_0<1, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_dequant_q4_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q4_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q4_0>(table, ids, y, rows, cols, error);
 }
-extern "C" __global__ void kiln_gemv_q4_k(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q4_K, KILN_GEMV_MAX_M>(g, x, m, k);
+template <int MAX_M, int SPLIT>
+__device__ void gemv_q4_k(const KilnGemvGroup& g, const float* x, int m, int k) {
+  gemv_blocks<Q4_K, MAX_M, SPLIT>(g, x, m, k);
 }
-extern "C" __global__ void kiln_gemv_q4_k_m1(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q4_K, 1>(g, x, m, k);
-}
+extern "C" __global__ void kiln_gemv_q4_k(KILN_GEMV_ARGS) { gemv_q4_k<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_s2(KILN_GEMV_ARGS) { gemv_q4_k<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_s4(KILN_GEMV_ARGS) { gemv_q4_k<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_m1(KILN_GEMV_ARGS) { gemv_q4_k<1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_m1_s2(KILN_GEMV_ARGS) { gemv_q4_k<1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_m1_s4(KILN_GEMV_ARGS) { gemv_q4_k<1, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_dequant_q4_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_K>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q4_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q4_K>(table, ids, y, rows, cols, error);
 }
-extern "C" __global__ void kiln_gemv_q6_k(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q6_K, KILN_GEMV_MAX_M>(g, x, m, k);
+template <int MAX_M, int SPLIT>
+__device__ void gemv_q6_k(const KilnGemvGroup& g, const float* x, int m, int k) {
+  gemv_blocks<Q6_K, MAX_M, SPLIT>(g, x, m, k);
 }
-extern "C" __global__ void kiln_gemv_q6_k_m1(KilnGemvGroup g, const float* x, int m, int k) {
-  gemv_blocks<Q6_K, 1>(g, x, m, k);
-}
+extern "C" __global__ void kiln_gemv_q6_k(KILN_GEMV_ARGS) { gemv_q6_k<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_s2(KILN_GEMV_ARGS) { gemv_q6_k<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_s4(KILN_GEMV_ARGS) { gemv_q6_k<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_m1(KILN_GEMV_ARGS) { gemv_q6_k<1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_q6_k<1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_q6_k<1, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_dequant_q6_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q6_K>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q6_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {

@@ -4,7 +4,7 @@
 // block's products with up to MAX_M rows of x, `value` decodes one value.
 //   Q8_0  (34 B / 32):  4 lanes, 8 quants each
 //   Q4_0  (18 B / 32):  4 lanes, 4 bytes of nibbles each
-//   Q4_K (144 B / 256): 16 lanes, 8 bytes of nibbles each (two sub-blocks)
+//   Q4_K (144 B / 256): 8 lanes, 16 bytes of nibbles each (two sub-blocks)
 //   Q6_K (210 B / 256): 32 lanes, 8 values each
 // The layouts are ggml's (kernels/src/quant/format.rs decodes the same bytes
 // on the CPU). Included after kiln_cuda.cuh; the loader inlines both.
@@ -42,18 +42,34 @@ __device__ __forceinline__ void accumulate(float* acc, const float* w, int count
   }
 }
 
+// Each format reads a lane's part of a block in `load` (all of a part's
+// loads at once, so a caller can have several blocks' loads in flight before
+// it uses the first) and multiplies it in `dot_raw`; `dot` is the two.
+
 struct Q8_0 {
   static const int ELEMS = 32, BYTES = 34, LANES = 4;
-  // Lane part s: quants 8s .. 8s+7.
+  // Lane part s: quants 8s .. 8s+7 (blocks are 2-byte aligned: 16-bit loads).
+  struct Raw {
+    unsigned short d, q[4];
+  };
+  __device__ static Raw load(const u8* b, int s) {
+    Raw r;
+    r.d = load_u16(b);
+    for (int j = 0; j < 4; ++j) r.q[j] = load_u16(b + 2 + 8 * s + 2 * j);
+    return r;
+  }
   template <int MAX_M>
-  __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
-    float d = load_f16(b), w[8];
+  __device__ static void dot_raw(const Raw& r, int s, const float* x, int m, int k, int col, float* acc) {
+    float d = f16_to_f32(r.d), w[8];
     for (int j = 0; j < 4; ++j) {
-      unsigned short q = load_u16(b + 2 + 8 * s + 2 * j);
-      w[2 * j] = d * (float)(signed char)(q & 0xff);
-      w[2 * j + 1] = d * (float)(signed char)(q >> 8);
+      w[2 * j] = d * (float)(signed char)(r.q[j] & 0xff);
+      w[2 * j + 1] = d * (float)(signed char)(r.q[j] >> 8);
     }
     accumulate<MAX_M>(acc, w, 8, x, m, k, col + 8 * s);
+  }
+  template <int MAX_M>
+  __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
+    dot_raw<MAX_M>(load(b, s), s, x, m, k, col, acc);
   }
   __device__ static float value(const u8* b, int j) { return load_f16(b) * (float)(signed char)b[2 + j]; }
 };
@@ -61,13 +77,21 @@ struct Q8_0 {
 struct Q4_0 {
   static const int ELEMS = 32, BYTES = 18, LANES = 4;
   // Lane part s: bytes 4s .. 4s+3, low nibbles are values 4s.., high 16+4s...
+  struct Raw {
+    unsigned short d, q[2];
+  };
+  __device__ static Raw load(const u8* b, int s) {
+    Raw r;
+    r.d = load_u16(b);
+    for (int j = 0; j < 2; ++j) r.q[j] = load_u16(b + 2 + 4 * s + 2 * j);
+    return r;
+  }
   template <int MAX_M>
-  __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
-    float d = load_f16(b), lo[4], hi[4];
+  __device__ static void dot_raw(const Raw& r, int s, const float* x, int m, int k, int col, float* acc) {
+    float d = f16_to_f32(r.d), lo[4], hi[4];
     for (int j = 0; j < 2; ++j) {
-      unsigned short q = load_u16(b + 2 + 4 * s + 2 * j);
       for (int h = 0; h < 2; ++h) {
-        unsigned int byte = (q >> (8 * h)) & 0xffu;
+        unsigned int byte = (r.q[j] >> (8 * h)) & 0xffu;
         lo[2 * j + h] = d * ((float)(byte & 0xfu) - 8.0f);
         hi[2 * j + h] = d * ((float)(byte >> 4) - 8.0f);
       }
@@ -75,49 +99,82 @@ struct Q4_0 {
     accumulate<MAX_M>(acc, lo, 4, x, m, k, col + 4 * s);
     accumulate<MAX_M>(acc, hi, 4, x, m, k, col + 16 + 4 * s);
   }
+  template <int MAX_M>
+  __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
+    dot_raw<MAX_M>(load(b, s), s, x, m, k, col, acc);
+  }
   __device__ static float value(const u8* b, int j) {
     unsigned int byte = b[2 + (j % 16)];
     return load_f16(b) * ((float)(j < 16 ? byte & 0xfu : byte >> 4) - 8.0f);
   }
 };
 
-// Scale and minimum of Q4_K sub-block `j` (ggml's get_scale_min_k4).
-__device__ __forceinline__ void q4k_scale_min(const u8* scales, int j, float* sc, float* mn) {
+// Byte i of 16 loaded bytes, by selects rather than an indexed register
+// array (a computed index would put the array in local memory).
+__device__ __forceinline__ unsigned int byte_of(const Bytes16& b, int i) {
+  unsigned int word = i < 8 ? (i < 4 ? b.v[0] : b.v[1]) : (i < 12 ? b.v[2] : b.v[3]);
+  return (word >> (8 * (i % 4))) & 0xffu;
+}
+
+// Scale and minimum of Q4_K sub-block `j` (ggml's get_scale_min_k4) from
+// the 12 scale bytes at `scale(i)`.
+template <typename Scale>
+__device__ __forceinline__ void q4k_scale_min_by(Scale scale, int j, float* sc, float* mn) {
   if (j < 4) {
-    *sc = (float)(scales[j] & 63);
-    *mn = (float)(scales[j + 4] & 63);
+    *sc = (float)(scale(j) & 63);
+    *mn = (float)(scale(j + 4) & 63);
   } else {
-    *sc = (float)((scales[j + 4] & 0xf) | ((scales[j - 4] >> 6) << 4));
-    *mn = (float)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+    *sc = (float)((scale(j + 4) & 0xf) | ((scale(j - 4) >> 6) << 4));
+    *mn = (float)((scale(j + 4) >> 4) | ((scale(j) >> 6) << 4));
   }
 }
 
 struct Q4_K {
-  static const int ELEMS = 256, BYTES = 144, LANES = 16;
-  // Lane part s: chunk c = s / 4 of 64 values, bytes 8 (s % 4) .. +7 of its
-  // 32: low nibbles in sub-block 2c, high nibbles in 2c + 1.
+  static const int ELEMS = 256, BYTES = 144, LANES = 8;
+  // Lane part s: chunk c = s / 2 of 64 values, bytes 16 (s % 2) .. +15 of
+  // its 32: low nibbles in sub-block 2c, high nibbles in 2c + 1. A part is
+  // two 16-byte loads, the block's head (d, dmin, the 12 scale bytes: the
+  // same address for the block's 8 lanes) and its quants; blocks are 144
+  // bytes and rows whole blocks, so both are 16-byte aligned.
+  struct Raw {
+    Bytes16 head, q;
+  };
+  __device__ static Raw load(const u8* b, int s) {
+    Raw r;
+    r.head = load_streaming(b);
+    r.q = load_streaming(b + 16 + 32 * (s / 2) + 16 * (s % 2));
+    return r;
+  }
+  template <int MAX_M>
+  __device__ static void dot_raw(const Raw& r, int s, const float* x, int m, int k, int col, float* acc) {
+    int c = s / 2;
+    float d = f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(r.head.v[0] >> 16));
+    float sc0, m0, sc1, m1;
+    auto scale = [&](int i) { return byte_of(r.head, 4 + i); };
+    q4k_scale_min_by(scale, 2 * c, &sc0, &m0);
+    q4k_scale_min_by(scale, 2 * c + 1, &sc1, &m1);
+    float a0 = d * sc0, b0 = dmin * m0, a1 = d * sc1, b1 = dmin * m1;
+    int first = col + 64 * c + 16 * (s % 2);
+#pragma unroll
+    for (int word = 0; word < 4; ++word) {
+      float lo[4], hi[4];
+      for (int j = 0; j < 4; ++j) {
+        unsigned int byte = (r.q.v[word] >> (8 * j)) & 0xffu;
+        lo[j] = a0 * (float)(byte & 0xfu) - b0;
+        hi[j] = a1 * (float)(byte >> 4) - b1;
+      }
+      accumulate<MAX_M>(acc, lo, 4, x, m, k, first + 4 * word);
+      accumulate<MAX_M>(acc, hi, 4, x, m, k, first + 32 + 4 * word);
+    }
+  }
   template <int MAX_M>
   __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
-    int c = s / 4, p = s % 4;
-    float d = load_f16(b), dmin = load_f16(b + 2);
-    float sc0, m0, sc1, m1;
-    q4k_scale_min(b + 4, 2 * c, &sc0, &m0);
-    q4k_scale_min(b + 4, 2 * c + 1, &sc1, &m1);
-    const unsigned int* q = reinterpret_cast<const unsigned int*>(b + 16 + 32 * c + 8 * p);
-    unsigned int words[2] = {q[0], q[1]};
-    float lo[8], hi[8];
-    for (int j = 0; j < 8; ++j) {
-      unsigned int byte = (words[j / 4] >> (8 * (j % 4))) & 0xffu;
-      lo[j] = d * sc0 * (float)(byte & 0xfu) - dmin * m0;
-      hi[j] = d * sc1 * (float)(byte >> 4) - dmin * m1;
-    }
-    accumulate<MAX_M>(acc, lo, 8, x, m, k, col + 64 * c + 8 * p);
-    accumulate<MAX_M>(acc, hi, 8, x, m, k, col + 64 * c + 32 + 8 * p);
+    dot_raw<MAX_M>(load(b, s), s, x, m, k, col, acc);
   }
   __device__ static float value(const u8* b, int j) {
     int c = j / 64, l = j % 32, high = (j % 64) >= 32;
     float sc, mn;
-    q4k_scale_min(b + 4, 2 * c + high, &sc, &mn);
+    q4k_scale_min_by([&](int i) { return (unsigned int)b[4 + i]; }, 2 * c + high, &sc, &mn);
     unsigned int byte = b[16 + 32 * c + l];
     return load_f16(b) * sc * (float)(high ? byte >> 4 : byte & 0xfu) - load_f16(b + 2) * mn;
   }
@@ -126,24 +183,44 @@ struct Q4_K {
 struct Q6_K {
   static const int ELEMS = 256, BYTES = 210, LANES = 32;
   // Lane t: half h = t / 16 of 128 values, positions l0, l0 + 1 (l0 = 2 (t %
-  // 16)) of each of its four quarters of 32.
-  template <int MAX_M>
-  __device__ static void dot(const u8* b, int t, const float* x, int m, int k, int col, float* acc) {
+  // 16)) of each of its four quarters of 32 (blocks are 2-byte aligned).
+  struct Raw {
+    unsigned short ql0, ql1, qh, d;
+    unsigned int scales;  // the four quarters' signed scales, a byte each
+  };
+  __device__ static Raw load(const u8* b, int t) {
     int h = t / 16, l0 = 2 * (t % 16);
-    float d = load_f16(b + 208);
-    unsigned short ql0 = load_u16(b + 64 * h + l0), ql1 = load_u16(b + 64 * h + 32 + l0);
-    unsigned short qh = load_u16(b + 128 + 32 * h + l0);
+    Raw r;
+    r.d = load_u16(b + 208);
+    r.ql0 = load_u16(b + 64 * h + l0);
+    r.ql1 = load_u16(b + 64 * h + 32 + l0);
+    r.qh = load_u16(b + 128 + 32 * h + l0);
     const signed char* scales = reinterpret_cast<const signed char*>(b + 192 + 8 * h + l0 / 16);
+    r.scales = 0;
+    for (int quarter = 0; quarter < 4; ++quarter) r.scales |= (unsigned int)(u8)scales[2 * quarter] << (8 * quarter);
+    return r;
+  }
+  template <int MAX_M>
+  __device__ static void dot_raw(const Raw& r, int t, const float* x, int m, int k, int col, float* acc) {
+    int h = t / 16, l0 = 2 * (t % 16);
+    float d = f16_to_f32(r.d);
+    // Not unrolled: four copies of the products with 8 rows of x cost
+    // the kernels for several rows ~80 registers.
+#pragma unroll 1
     for (int quarter = 0; quarter < 4; ++quarter) {
-      unsigned short ql = quarter % 2 == 0 ? ql0 : ql1;
-      float scale = d * (float)scales[2 * quarter], w[2];
+      unsigned short ql = quarter % 2 == 0 ? r.ql0 : r.ql1;
+      float scale = d * (float)(signed char)(r.scales >> (8 * quarter)), w[2];
       for (int e = 0; e < 2; ++e) {
         unsigned int low = ((ql >> (8 * e)) >> (quarter < 2 ? 0 : 4)) & 0xfu;
-        unsigned int high = ((qh >> (8 * e)) >> (2 * quarter)) & 3u;
+        unsigned int high = ((r.qh >> (8 * e)) >> (2 * quarter)) & 3u;
         w[e] = scale * (float)((int)(low | (high << 4)) - 32);
       }
       accumulate<MAX_M>(acc, w, 2, x, m, k, col + 128 * h + 32 * quarter + l0);
     }
+  }
+  template <int MAX_M>
+  __device__ static void dot(const u8* b, int t, const float* x, int m, int k, int col, float* acc) {
+    dot_raw<MAX_M>(load(b, t), t, x, m, k, col, acc);
   }
   __device__ static float value(const u8* b, int j) {
     int h = j / 128, quarter = (j % 128) / 32, l = j % 32;

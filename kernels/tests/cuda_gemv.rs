@@ -15,8 +15,10 @@ use kiln_kernels::cuda::DevicePtr;
 use kiln_kernels::cuda::KernelArg::{self, Ptr};
 use kiln_kernels::quant::{dequantize_row, QuantType};
 
-/// Rows of W per block of the GEMV kernels (one warp each).
+/// Warps per block of the GEMV kernels.
 const WARPS: u32 = 4;
+/// The kernels' splits of a row among warps: name suffix, warps per row.
+const SPLITS: [(&str, u32); 3] = [("", 1), ("_s2", 2), ("_s4", 4)];
 
 /// `y[i, r] = Σ_j x[i, j] W[r, j]` in f64.
 fn reference(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
@@ -62,16 +64,17 @@ fn check_gemv(gpu: &Gpu, kernel: &str, w_bytes: &[u8], values: &[f32], n: usize,
         let want = reference(values, &x, m, n, k);
         let scale = want.iter().fold(1f32, |a, v| a.max(v.abs()));
         let xs = gpu.up(&x);
-        let grid = (n as u32).div_ceil(WARPS);
-        // A single row of x also runs the kernel made for it; each kernel
-        // gets fresh outputs, so one cannot pass on another's results.
-        let single = format!("{kernel}_m1");
-        let kernels = if m == 1 {
-            vec![kernel, single.as_str()]
-        } else {
-            vec![kernel]
-        };
-        for name in kernels {
+        // A single row of x also runs the kernels made for it; every kernel
+        // runs in each split of a row among warps. Each kernel gets fresh
+        // outputs, so one cannot pass on another's results.
+        let singles = if m == 1 { ["", "_m1"].as_slice() } else { &[""] };
+        let variants = singles.iter().flat_map(|one| {
+            SPLITS
+                .iter()
+                .map(move |&(suffix, split)| (format!("{kernel}{one}{suffix}"), split))
+        });
+        for (name, split) in variants {
+            let (name, grid) = (name.as_str(), (n as u32).div_ceil(WARPS / split));
             // Each part is its own matrix and output.
             let (mut matrices, mut outputs, mut first) = (Vec::new(), Vec::new(), 0);
             for &rows in &parts {
@@ -156,11 +159,17 @@ fn random_blocks(ty: QuantType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>
 fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
     let gpu = Gpu::new(&[sources::GEMV]);
     let n = 13;
+    // Rows shorter than one round of loads, and rows of several rounds
+    // whose last is partial.
     for (ty, name, k) in [
         (QuantType::Q8_0, "q8_0", 32 * 9),
+        (QuantType::Q8_0, "q8_0", 32 * 77),
         (QuantType::Q4_0, "q4_0", 32 * 9),
+        (QuantType::Q4_0, "q4_0", 32 * 77),
         (QuantType::Q4K, "q4_k", 256 * 3),
+        (QuantType::Q4K, "q4_k", 256 * 19),
         (QuantType::Q6K, "q6_k", 256 * 3),
+        (QuantType::Q6K, "q6_k", 256 * 9),
     ] {
         let (packed, values) = random_blocks(ty, n, k, k as u64);
         check_gemv(&gpu, &format!("kiln_gemv_{name}"), &packed, &values, n, k);
