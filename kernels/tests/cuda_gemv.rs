@@ -67,7 +67,11 @@ fn check_gemv(gpu: &Gpu, kernel: &str, w_bytes: &[u8], values: &[f32], n: usize,
         // A single row of x also runs the kernels made for it; every kernel
         // runs in each split of a row among warps. Each kernel gets fresh
         // outputs, so one cannot pass on another's results.
-        let singles = if m == 1 { ["", "_m1"].as_slice() } else { &[""] };
+        let singles = if m == 1 {
+            ["", "_m1"].as_slice()
+        } else {
+            &[""]
+        };
         let variants = singles.iter().flat_map(|one| {
             SPLITS
                 .iter()

@@ -150,6 +150,7 @@ pub fn load_model_on(
         kv_cache_dtype: Default::default(),
         attention_backend: Default::default(),
         check_weights: false,
+        gemv_splits: Default::default(),
     };
     kiln_host::model::load(&registry, resolved, &options).unwrap()
 }
@@ -193,6 +194,7 @@ pub fn shape_options(device: DeviceChoice) -> kiln_host::model::LoadOptions {
         kv_cache_dtype: Default::default(),
         attention_backend: Default::default(),
         check_weights: false,
+        gemv_splits: Default::default(),
     }
 }
 

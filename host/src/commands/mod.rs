@@ -80,5 +80,6 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
         kv_cache_dtype,
         attention_backend: runtime.attention_backend.into(),
         check_weights: runtime.check_weights,
+        gemv_splits: Default::default(),
     })
 }

@@ -15,7 +15,7 @@ use crate::compiler::{CompileCache, CompileError, CompileOutcome};
 use crate::device::{self, DeviceChoice, DeviceError};
 use crate::engine::batch::Pipeline;
 use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
-use crate::runtime::cuda::{AttentionBackend, CudaExecutor, CudaOptions, WeightDtype};
+use crate::runtime::cuda::{AttentionBackend, CudaExecutor, CudaOptions, GemvSplits, WeightDtype};
 use crate::runtime::{Backend, Executor, KvCacheDtype, Precision, RuntimeError};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
 pub use resolve::{resolve, ResolvedModel};
@@ -84,6 +84,9 @@ pub struct LoadOptions {
     pub attention_backend: AttentionBackend,
     /// Scan every weight for NaN and infinity before use (`--check-weights`).
     pub check_weights: bool,
+    /// How the decode GEMV splits rows among warps on a CUDA device (`Auto`:
+    /// `KILN_GEMV_SPLIT`, else timed on a GPU).
+    pub gemv_splits: GemvSplits,
 }
 
 /// A loaded model.
@@ -316,6 +319,13 @@ fn compile(
                     kv_cache_dtype: options.kv_cache_dtype,
                     graphs: !options.enforce_eager,
                     attention: options.attention_backend,
+                    gemv_splits: match options.gemv_splits {
+                        GemvSplits::Auto => {
+                            GemvSplits::from_env().map_err(ModelError::Unsupported)?
+                        }
+                        chosen => chosen,
+                    },
+                    gpu: matches!(options.device, DeviceChoice::Cuda(_)),
                 },
             )?),
         };

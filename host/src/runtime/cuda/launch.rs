@@ -6,6 +6,7 @@ use kiln_plugin_api::graph::{AttentionSpec, DType};
 
 use super::codegen::MAX_RANK;
 use super::plan::{HandKernels, StepPlan};
+use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
 use super::DeviceKvCache;
 use crate::compiler::Step;
@@ -16,6 +17,8 @@ pub struct Frame<'a> {
     pub device: &'a dyn Device,
     /// The hand-written kernels.
     pub hand: &'a HandKernels,
+    /// The decode GEMV's kernel for each launch shape.
+    pub gemv: &'a GemvChoices,
     /// Concrete shape of each value (empty for values never materialized).
     pub shapes: &'a [Vec<usize>],
     /// Device address of each value (0 where none).

@@ -20,6 +20,7 @@ mod plan;
 mod products;
 mod sample;
 mod step;
+mod tune;
 mod weights;
 
 use std::collections::HashMap;
@@ -30,6 +31,7 @@ use kiln_kernels::dense::attention::CacheLayout;
 use kiln_plugin_api::graph::{DType, Op, ValueId};
 
 pub use codegen::generate as generate_fused_kernel;
+pub use tune::GemvSplits;
 pub use weights::WeightDtype;
 
 use super::executor::{bind_symbols, check_ragged_batch, resolve};
@@ -135,6 +137,8 @@ pub struct CudaExecutor {
     label: String,
     program: Arc<Program>,
     hand: HandKernels,
+    /// The decode GEMV's split for each launch shape.
+    gemv: tune::GemvChoices,
     steps: Vec<StepPlan>,
     homes: Vec<Home>,
     owned: Vec<DevicePtr>,
@@ -182,6 +186,10 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Which attention kernels run (`--attention-backend`).
     pub attention: AttentionBackend,
+    /// How the decode GEMV splits rows among warps.
+    pub gemv_splits: GemvSplits,
+    /// The device is a GPU (`Auto` splits are timed there).
+    pub gpu: bool,
 }
 
 /// Compiles and loads every hand-written kernel source.
@@ -225,6 +233,20 @@ impl CudaExecutor {
         let (program, weights) = super::hoist::hoist_weight_steps(program, weights)?;
         let hand = load_hand_kernels(device.as_ref())?;
         let lowered = plan::lower(device.as_ref(), &program, &weights, dtype, &hand)?;
+        let gemv = tune::choose(
+            device.as_ref(),
+            &hand,
+            &lowered.steps,
+            options.gemv_splits,
+            options.gpu,
+        )
+        .map_err(CudaError::Device)?;
+        if options.gpu {
+            let [one, two, four] = gemv.counts();
+            log::info!(
+                "decode GEMV shapes by warps per row: {one} with 1, {two} with 2, {four} with 4"
+            );
+        }
         let paddable = buckets::paddable(&program.graph);
         let token_ids = program
             .graph
@@ -246,6 +268,7 @@ impl CudaExecutor {
             device,
             program,
             hand,
+            gemv,
             steps: lowered.steps,
             homes: lowered.homes,
             owned,
@@ -284,6 +307,12 @@ impl CudaExecutor {
             .iter()
             .filter(|s| matches!(s, StepPlan::ComputedAt { .. }))
             .count()
+    }
+
+    /// How many decode GEMV launch shapes run with 1, 2 and 4 warps per row
+    /// (see [`GemvSplits`]).
+    pub fn gemv_split_counts(&self) -> [usize; 3] {
+        self.gemv.counts()
     }
 
     /// How many times the host has waited for the device so far (see

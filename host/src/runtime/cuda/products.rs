@@ -1,19 +1,21 @@
 //! Matrix products of a step. Up to [`GEMV_MAX_M`] rows of x (decode), the
 //! GEMV of `kernels/cuda/gemv.cu` reads each matrix once, packed GGUF blocks
 //! included, with x in f32; matrices that share x (q, k and v; gate and up)
-//! run as one launch. More rows go to cuBLAS on x cast to the weight's half
+//! run as one launch, in the split of rows among warps chosen at load
+//! (`tune.rs`). More rows go to cuBLAS on x cast to the weight's half
 //! type, a packed matrix expanded to bf16 first, both in the step's scratch.
 
 use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout};
 
 use super::launch::Frame;
 use super::plan::StepPlan;
+use super::tune::GemvShape;
 use super::weights::DeviceMatrix;
 
 /// Most rows of x the decode GEMV takes (`KILN_GEMV_MAX_M` in gemv.cu).
 pub const GEMV_MAX_M: usize = 8;
-/// Rows of W per GEMV block (`KILN_GEMV_WARPS`).
-const GEMV_WARPS: usize = 4;
+/// Warps per GEMV block (`KILN_GEMV_WARPS`).
+pub const GEMV_WARPS: usize = 4;
 /// Matrices one GEMV launch covers at most (`KILN_GEMV_MAX_GROUP`).
 pub const GEMV_MAX_GROUP: usize = 4;
 
@@ -28,7 +30,7 @@ fn product_dims(w: &DeviceMatrix, layout: WeightLayout) -> (usize, usize) {
 /// The decode GEMV for `m` rows of x times `w` (stored `[n, k]`), where one
 /// applies: a single row has kernels of its own (fewer registers, more
 /// weight loads in flight).
-fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&'static str> {
+pub fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&'static str> {
     if m > GEMV_MAX_M || layout != WeightLayout::OutIn {
         return None;
     }
@@ -79,7 +81,7 @@ pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
 
 /// The `KilnGemvGroup` argument: the matrices (with their outputs) as one
 /// grid of rows.
-fn group_arg(members: &[(DeviceMatrix, DevicePtr)]) -> KernelArg {
+pub fn group_arg(members: &[(DeviceMatrix, DevicePtr)]) -> KernelArg {
     let mut rows_end = [0u64; GEMV_MAX_GROUP];
     let (mut w, mut y) = ([0u64; GEMV_MAX_GROUP], [0u64; GEMV_MAX_GROUP]);
     let mut rows = 0;
@@ -192,10 +194,18 @@ impl Frame<'_> {
         };
         let rows: usize = members.iter().map(|(w, _)| w.rows).sum();
         let int = |v: usize| KernelArg::I32(v as i32);
-        self.launch(
-            name,
-            LaunchConfig::linear(rows.div_ceil(GEMV_WARPS) as u32, 32 * GEMV_WARPS as u32),
-            &[group_arg(members), KernelArg::Ptr(x), int(m), int(k)],
-        )
+        let shape = GemvShape {
+            kernel: name,
+            rows,
+            k,
+        };
+        let choice = self.gemv.get(&shape, self.hand);
+        self.device
+            .launch(
+                choice.function,
+                choice.config(rows),
+                &[group_arg(members), KernelArg::Ptr(x), int(m), int(k)],
+            )
+            .map_err(|e| e.to_string())
     }
 }

@@ -149,6 +149,7 @@ impl CudaExecutor {
         let frame = Frame {
             device,
             hand: &self.hand,
+            gemv: &self.gemv,
             shapes: &plan.shapes,
             addrs: &addrs,
             error_flag,

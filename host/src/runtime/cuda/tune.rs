@@ -1,0 +1,245 @@
+//! How the decode GEMV splits each matrix's rows among warps, chosen once
+//! at load. `kernels/cuda/gemv.cu` has every GEMV in three splits (one,
+//! two or four warps per row); which streams a shape's weights fastest
+//! depends on the card, the rows and the row length, so on a GPU each
+//! distinct launch shape of the program is timed in every split over all of
+//! its matrices (every layer's, as a decode step reads them: the card's L2
+//! cannot hold them, so the timing sees memory, not cache) and the fastest
+//! kept. The emulator, where time says nothing of a GPU, uses one warp per
+//! row unless told otherwise.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig};
+
+use super::plan::{HandKernels, StepPlan};
+use super::products::{gemv_kernel, group_arg, GEMV_MAX_M, GEMV_WARPS};
+use super::weights::DeviceMatrix;
+use kiln_kernels::cuda::WeightLayout;
+
+/// Warps per row of the GEMV kernels and their name suffixes.
+pub const SPLITS: [(usize, &str); 3] = [(1, ""), (2, "_s2"), (4, "_s4")];
+
+/// How the decode GEMV's split of a row among warps is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GemvSplits {
+    /// Timed on a GPU, one warp per row on the emulator.
+    #[default]
+    Auto,
+    /// Every launch shape timed in every split at load; the fastest kept.
+    Timed,
+    /// The same split (1, 2 or 4 warps per row) for every product.
+    Fixed(usize),
+}
+
+impl GemvSplits {
+    /// `KILN_GEMV_SPLIT` (1, 2 or 4: that split everywhere, as a benchmark
+    /// compares them; `timed`), else `Auto`.
+    pub fn from_env() -> Result<Self, String> {
+        match std::env::var("KILN_GEMV_SPLIT") {
+            Err(_) => Ok(Self::Auto),
+            Ok(v) if v == "timed" => Ok(Self::Timed),
+            Ok(v) => match v.parse::<usize>() {
+                Ok(n) if SPLITS.iter().any(|&(s, _)| s == n) => Ok(Self::Fixed(n)),
+                _ => Err(format!(
+                    "KILN_GEMV_SPLIT={v}: expected 1, 2, 4 or timed (warps per row of the decode GEMV)"
+                )),
+            },
+        }
+    }
+}
+
+/// One GEMV launch shape: the kernel (its one-warp-per-row name) and the
+/// rows and row length of the matrices it covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemvShape {
+    /// The kernel's name without a split suffix.
+    pub kernel: &'static str,
+    /// Rows of all the launch's matrices together.
+    pub rows: usize,
+    /// Row length.
+    pub k: usize,
+}
+
+/// A launch's kernel and its warps per row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvChoice {
+    /// The kernel.
+    pub function: FunctionId,
+    /// Warps per row.
+    pub split: usize,
+}
+
+impl GemvChoice {
+    /// Its launch for `rows` rows: blocks of [`GEMV_WARPS`] warps, each row
+    /// taking `split` of them.
+    pub fn config(&self, rows: usize) -> LaunchConfig {
+        let rows_per_block = GEMV_WARPS / self.split;
+        LaunchConfig::linear(rows.div_ceil(rows_per_block) as u32, 32 * GEMV_WARPS as u32)
+    }
+}
+
+/// The split of every GEMV launch shape of a program.
+#[derive(Clone, Debug, Default)]
+pub struct GemvChoices {
+    chosen: HashMap<GemvShape, GemvChoice>,
+}
+
+impl GemvChoices {
+    /// The choice for `shape`; one warp per row for a shape never seen.
+    pub fn get(&self, shape: &GemvShape, hand: &HandKernels) -> GemvChoice {
+        self.chosen.get(shape).copied().unwrap_or(GemvChoice {
+            function: hand[shape.kernel],
+            split: 1,
+        })
+    }
+
+    /// How many launch shapes use each split, in [`SPLITS`]' order.
+    pub fn counts(&self) -> [usize; SPLITS.len()] {
+        let mut counts = [0; SPLITS.len()];
+        for choice in self.chosen.values() {
+            if let Some(i) = SPLITS.iter().position(|&(s, _)| s == choice.split) {
+                counts[i] += 1;
+            }
+        }
+        counts
+    }
+}
+
+/// The matrices of each GEMV launch shape in `steps`, for one and for
+/// several rows of x (each launch a list of matrices sharing x).
+fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, Vec<Vec<DeviceMatrix>>> {
+    let mut shapes: HashMap<GemvShape, Vec<Vec<DeviceMatrix>>> = HashMap::new();
+    for step in steps {
+        let members: Vec<DeviceMatrix> = match step {
+            StepPlan::Linear(w) => vec![*w],
+            StepPlan::LinearGroup(members) => members.iter().map(|(w, _)| *w).collect(),
+            _ => continue,
+        };
+        let first = members[0];
+        for m in [1, GEMV_MAX_M] {
+            if let Some(kernel) = gemv_kernel(&first, WeightLayout::OutIn, m) {
+                let shape = GemvShape {
+                    kernel,
+                    rows: members.iter().map(|w| w.rows).sum(),
+                    k: first.cols,
+                };
+                shapes.entry(shape).or_default().push(members.clone());
+            }
+        }
+    }
+    shapes
+}
+
+/// The choices for `steps`: `splits` says whether to time them on
+/// `device` (`timed`: a GPU under `Auto`) or to fix one split.
+pub fn choose(
+    device: &dyn Device,
+    hand: &HandKernels,
+    steps: &[StepPlan],
+    splits: GemvSplits,
+    timed: bool,
+) -> Result<GemvChoices, String> {
+    let resolve = |shape: &GemvShape, split: usize| -> Result<GemvChoice, String> {
+        let suffix = SPLITS.iter().find(|&&(s, _)| s == split).map(|&(_, s)| s);
+        let name = format!("{}{}", shape.kernel, suffix.unwrap_or(""));
+        let function = *hand
+            .get(&name)
+            .ok_or_else(|| format!("no GEMV kernel {name}"))?;
+        Ok(GemvChoice { function, split })
+    };
+    let mut chosen = HashMap::new();
+    for (shape, matrices) in launches(steps) {
+        let choice = match splits {
+            GemvSplits::Fixed(split) => resolve(&shape, split)?,
+            GemvSplits::Auto if !timed => resolve(&shape, 1)?,
+            GemvSplits::Auto | GemvSplits::Timed => {
+                let mut best: Option<(f64, GemvChoice)> = None;
+                let mut report = Vec::new();
+                for (split, _) in SPLITS {
+                    let choice = resolve(&shape, split)?;
+                    let seconds =
+                        time_launches(device, &shape, &matrices, choice).map_err(|e| {
+                            format!(
+                                "timing {} ({} rows of {}): {e}",
+                                shape.kernel, shape.rows, shape.k
+                            )
+                        })?;
+                    report.push(format!("{split}: {:.1} µs", seconds * 1e6));
+                    if best.is_none_or(|(b, _)| seconds < b) {
+                        best = Some((seconds, choice));
+                    }
+                }
+                let (_, choice) = best.expect("at least one split");
+                log::debug!(
+                    "GEMV {} {} rows of {} ×{} launches: warps per row {} ({})",
+                    shape.kernel,
+                    shape.rows,
+                    shape.k,
+                    matrices.len(),
+                    choice.split,
+                    report.join(", ")
+                );
+                choice
+            }
+        };
+        chosen.insert(shape, choice);
+    }
+    Ok(GemvChoices { chosen })
+}
+
+/// Seconds for one pass of `choice` over every launch of `shape` (the best
+/// of three after a warm-up), on zeroed x and scratch outputs.
+fn time_launches(
+    device: &dyn Device,
+    shape: &GemvShape,
+    launches: &[Vec<DeviceMatrix>],
+    choice: GemvChoice,
+) -> Result<f64, String> {
+    let m = if shape.kernel.ends_with("_m1") {
+        1
+    } else {
+        GEMV_MAX_M
+    };
+    let widest = launches.iter().flatten().map(|w| w.rows).max().unwrap_or(0);
+    let sizes = [m * shape.k * 4, m * widest * 4];
+    let mut buffers: Vec<DevicePtr> = Vec::new();
+    let result = (|| {
+        for bytes in sizes {
+            buffers.push(device.alloc(bytes.max(4)).map_err(|e| e.to_string())?);
+        }
+        let (x, out) = (buffers[0], buffers[1]);
+        let config = choice.config(shape.rows);
+        let args = |members: &Vec<DeviceMatrix>| {
+            let group: Vec<(DeviceMatrix, DevicePtr)> = members.iter().map(|w| (*w, out)).collect();
+            [
+                group_arg(&group),
+                KernelArg::Ptr(x),
+                KernelArg::I32(m as i32),
+                KernelArg::I32(shape.k as i32),
+            ]
+        };
+        let pass = || -> Result<(), String> {
+            launches.iter().try_for_each(|members| {
+                device
+                    .launch(choice.function, config, &args(members))
+                    .map_err(|e| e.to_string())
+            })
+        };
+        pass()?;
+        device.synchronize().map_err(|e| e.to_string())?;
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let started = Instant::now();
+            pass()?;
+            device.synchronize().map_err(|e| e.to_string())?;
+            best = best.min(started.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    })();
+    for ptr in buffers {
+        device.free(ptr);
+    }
+    result
+}
