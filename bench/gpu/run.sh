@@ -10,6 +10,8 @@
 # part in one go.
 #   bench/gpu/run.sh kiln              Kiln: llama3-8b bf16 and q4_k_m, llama3.2-1b bf16
 #   bench/gpu/run.sh torch MODE SHAPE  PyTorch (MODE eager or compiled) at SHAPE
+#   bench/gpu/run.sh splits            Kiln's decode with the GEMV's warps per row
+#                                      fixed to 1, 2, 4 and timed (KILN_GEMV_SPLIT)
 #   bench/gpu/run.sh table             the table of every JSON so far
 # KILN_BENCH_DEVICE=cuda-emulated KILN_BENCH_SHAPES=path/config.json:bf16
 # dry-runs the Kiln part on a machine without a GPU.
@@ -39,6 +41,23 @@ kiln() {
   done
 }
 
+# Decode at batch 1 and 8 with each split of the GEMV's rows among warps
+# fixed, then chosen by timing at load (the default): what the choice gains.
+splits() {
+  . tests/gpu/env.sh
+  for run in ${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3-8b:q4_k_m llama3.2-1b:bf16}; do
+    local shape=${run%%:*} dtype=${run##*:}
+    local name
+    name=$(basename "$shape" .json)
+    for split in 1 2 4 timed; do
+      echo "== kiln $shape $dtype: decode, KILN_GEMV_SPLIT=$split"
+      KILN_GEMV_SPLIT=$split "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
+        --input-len "$input_len" --output-len 64 --concurrency 1,8 --json \
+        > "$results/splits-$name-$dtype-$split.json" || echo "FAILED: $shape $dtype split $split"
+    done
+  done
+}
+
 torch_baseline() {
   local mode=$1 shape=$2
   echo "== torch $mode $shape"
@@ -53,16 +72,18 @@ table() {
 
 case "${1:-}" in
   kiln) kiln ;;
+  splits) splits ;;
   torch) torch_baseline "${2:?mode}" "${3:?shape}" ;;
   table) table ;;
   all)
     kiln
+    splits
     for shape in llama3-8b llama3.2-1b; do
       for mode in eager compiled; do torch_baseline "$mode" "$shape"; done
     done
     table
     ;;
-  *) sed -n 2,17p "$0" >&2; exit 2 ;;
+  *) sed -n 2,18p "$0" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   [ -f "$results/gpu-bench.md" ] && cp "$results/gpu-bench.md" "$OUT/"

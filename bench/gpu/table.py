@@ -3,7 +3,9 @@
 --json`) and torch-*.json (bench/gpu/torch_baseline.py) in a directory, as
 markdown: decode output tok/s per shape and batch with Kiln's ratio to the
 memory roofline and to PyTorch, and prefill tok/s with the fraction of the
-device's bf16 GEMM rate.
+device's bf16 GEMM rate; and Kiln's decode with the GEMV's split of rows
+among warps fixed to each of 1, 2 and 4 and chosen by timing
+(splits-SHAPE-DTYPE-SPLIT.json, `bench/gpu/run.sh splits`).
 
   python3 bench/gpu/table.py OUT_DIR
 """
@@ -76,6 +78,17 @@ def main():
         print(f"| {shape} | {dtype} | {level['input_len']} | {level['prefill_tok_per_s']:,.0f} | "
               f"{'-' if fraction is None else f'{fraction * 100:.0f} %'} | "
               f"{'-' if theirs is None else f'{theirs:,.0f}'} |")
+    splits = load(directory, "splits-*.json")
+    if splits:
+        print("\nDecode tok/s by the GEMV's warps per row (`KILN_GEMV_SPLIT`; `timed`: chosen per shape at load)\n")
+        print("| shape | weights | warps per row | batch | tok/s | of roofline |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for name, run in splits:
+            shape, dtype, split = name[len("splits-"):-len(".json")].rsplit("-", 2)
+            for level in run["levels"]:
+                roof = level.get("roofline_fraction")
+                print(f"| {shape} | {dtype} | {split} | {level['concurrency']} | "
+                      f"{level['output_tok_per_s']:,.1f} | {'-' if roof is None else f'{roof * 100:.0f} %'} |")
     roofline = next((run.get("roofline") for _, run in kiln if run.get("roofline")), None)
     if roofline:
         print(f"\nMeasured: copy bandwidth {roofline['copy_bytes_per_s'] / 1e12:.2f} TB/s, "

@@ -74,6 +74,7 @@ suite tiny-families "$bin/tiny_models" on_the_cuda_backend --test-threads 1
 suite tiny-families-1.5 "$bin/tiny_families" on_the_cuda_backend --test-threads 1
 suite tiny-ggufs "$bin/tiny_gguf" on_the_cuda_backend --nocapture
 suite packed-gguf "$bin/cuda_quantized" --nocapture
+suite gemv-splits "$bin/cuda_gemv_splits" --nocapture
 suite decode-graphs "$bin/cuda_graphs" --nocapture
 suite kv-cache-bf16 "$bin/cuda_kv_cache" --nocapture
 suite latent-attention-576 "$bin/cuda_latent_attention" --nocapture
