@@ -241,12 +241,6 @@ impl CudaExecutor {
             options.gpu,
         )
         .map_err(CudaError::Device)?;
-        if options.gpu {
-            let [one, two, four] = gemv.counts();
-            log::info!(
-                "decode GEMV shapes by warps per row: {one} with 1, {two} with 2, {four} with 4"
-            );
-        }
         let paddable = buckets::paddable(&program.graph);
         let token_ids = program
             .graph

@@ -186,7 +186,12 @@ pub fn choose(
         };
         chosen.insert(shape, choice);
     }
-    Ok(GemvChoices { chosen })
+    let choices = GemvChoices { chosen };
+    if splits == GemvSplits::Timed || (splits == GemvSplits::Auto && timed) {
+        let [one, two, four] = choices.counts();
+        log::info!("decode GEMV launch shapes by warps per row, timed: {one} with 1, {two} with 2, {four} with 4");
+    }
+    Ok(choices)
 }
 
 /// Seconds for one pass of `choice` over every launch of `shape` (the best
