@@ -69,6 +69,40 @@ fn norms_and_softmax_match_the_cpu() {
     }
 }
 
+/// The RMS norms that hold a row in registers (`_chunks`: two 16-byte
+/// chunks a thread): rows that fill every chunk, leave the second partial,
+/// or use one chunk of one thread.
+#[test]
+fn chunked_rms_norms_match_the_cpu() {
+    let gpu = Gpu::new(&[sources::NORM]);
+    let (mut rng, rows) = (Rng::new(2), 3);
+    for (block, cols) in [(32, 4usize), (32, 200), (128, 1000), (256, 2048)] {
+        let what = format!("block {block}, {cols} columns");
+        let (a, b, w) = (
+            rng.data(rows * cols, 3.0),
+            rng.data(rows * cols, 1.0),
+            rng.data(cols, 1.0),
+        );
+        let sum: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
+        let (ap, bp, wp) = (gpu.up(&a), gpu.up(&b), gpu.up(&w));
+        let (xs, y) = (gpu.zeros(rows * cols * 4), gpu.zeros(rows * cols * 4));
+        let grid = (rows as u32, 1);
+        let mut want = vec![0f32; rows * cols];
+        for offset in [0.0, 1.0] {
+            let args = [Ptr(ap), Ptr(wp), Ptr(y), int(cols), F32(1e-6), F32(offset)];
+            gpu.run("kiln_rms_norm_chunks", grid, block, &args);
+            norm::rms_norm_rows(&a, &w, offset, 1e-6, &mut want);
+            gpu.check(y, &want, &format!("rms_norm_chunks +{offset}, {what}"));
+            let args = [Ptr(ap), Ptr(bp), Ptr(wp), Ptr(xs), Ptr(y), int(cols)];
+            let args = [&args[..], &[F32(1e-6), F32(offset)]].concat();
+            gpu.run("kiln_add_rms_norm_chunks", grid, block, &args);
+            norm::rms_norm_rows(&sum, &w, offset, 1e-6, &mut want);
+            gpu.check(xs, &sum, &format!("add_rms_norm_chunks sum, {what}"));
+            gpu.check(y, &want, &format!("add_rms_norm_chunks +{offset}, {what}"));
+        }
+    }
+}
+
 #[test]
 fn rope_matches_the_cpu() {
     let gpu = Gpu::new(&[sources::ROPE]);

@@ -120,6 +120,8 @@ mod tests {
             [
                 "kiln_rms_norm",
                 "kiln_add_rms_norm",
+                "kiln_rms_norm_chunks",
+                "kiln_add_rms_norm_chunks",
                 "kiln_layer_norm",
                 "kiln_softmax"
             ]

@@ -111,6 +111,34 @@ impl Frame<'_> {
         )
     }
 
+    /// An RMS norm over `rows` rows of `cols` values: `chunked` (a row held
+    /// in registers, two 16-byte chunks a thread) where the row fits and
+    /// every pointer in `args` is 16-byte aligned, else `name`, a loop over
+    /// the row.
+    fn launch_rms_norm(
+        &self,
+        (name, chunked): (&str, &str),
+        rows: usize,
+        cols: usize,
+        args: &[KernelArg],
+    ) -> Result<(), String> {
+        const CHUNKS: usize = 2;
+        let quads = cols / 4;
+        let aligned = args.iter().all(|a| match a {
+            KernelArg::Ptr(p) => p % 16 == 0,
+            _ => true,
+        });
+        if rows == 0 || !cols.is_multiple_of(4) || quads > CHUNKS * 1024 || !aligned {
+            return self.launch_rows(name, rows, cols, args);
+        }
+        let threads = (quads.div_ceil(CHUNKS).div_ceil(32) * 32).clamp(32, 1024);
+        self.launch(
+            chunked,
+            LaunchConfig::linear(rows as u32, threads as u32),
+            args,
+        )
+    }
+
     /// `a [..., m, k] · b [..., k, n]` into `out [..., m, n]`, batched over
     /// the leading axes with NumPy broadcasting. One launch when each side
     /// has every batch or a single one; one per output batch otherwise.
@@ -260,8 +288,8 @@ impl Frame<'_> {
                 norm,
             } => {
                 let cols = *out_shape.last().unwrap_or(&1);
-                self.launch_rows(
-                    "kiln_add_rms_norm",
+                self.launch_rms_norm(
+                    ("kiln_add_rms_norm", "kiln_add_rms_norm_chunks"),
                     rows_of(out_shape),
                     cols,
                     &[
@@ -323,8 +351,8 @@ impl Frame<'_> {
             }
             StepPlan::RmsNorm { eps, offset } => {
                 let cols = *out_shape.last().unwrap_or(&1);
-                self.launch_rows(
-                    "kiln_rms_norm",
+                self.launch_rms_norm(
+                    ("kiln_rms_norm", "kiln_rms_norm_chunks"),
                     rows_of(out_shape),
                     cols,
                     &[
