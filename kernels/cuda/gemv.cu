@@ -255,7 +255,7 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k
     const u8* wr = r.w + (i64)r.row * blocks * F::BYTES;
     for (int blk = r.part * (32 / F::LANES) + lane / F::LANES; blk < blocks; blk += depth * stride) {
       if (depth == 1) {
-        F::template dot<MAX_M>(wr + (i64)blk * F::BYTES, part, x, m, k, blk * F::ELEMS, acc);
+        block_dot<F, MAX_M>(wr + (i64)blk * F::BYTES, part, x, m, k, blk * F::ELEMS, acc);
         continue;
       }
       typename F::Raw raw[depth];

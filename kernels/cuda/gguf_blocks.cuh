@@ -1,7 +1,7 @@
 // GGUF block formats on the device, shared by the decode products
 // (gemv.cu) and the mixture-of-experts kernels (moe.cu). Each format splits
-// a block among `LANES` lanes of a warp; `dot` adds one lane's part of the
-// block's products with up to MAX_M rows of x, `value` decodes one value.
+// a block among `LANES` lanes of a warp; `block_dot` adds one lane's part of
+// the block's products with up to MAX_M rows of x, `value` decodes one value.
 //   Q8_0  (34 B / 32):  4 lanes, 8 quants each
 //   Q4_0  (18 B / 32):  4 lanes, 4 bytes of nibbles each
 //   Q4_K (144 B / 256): 8 lanes, 16 bytes of nibbles each (two sub-blocks)
@@ -44,7 +44,7 @@ __device__ __forceinline__ void accumulate(float* acc, const float* w, int count
 
 // Each format reads a lane's part of a block in `load` (all of a part's
 // loads at once, so a caller can have several blocks' loads in flight before
-// it uses the first) and multiplies it in `dot_raw`; `dot` is the two.
+// it uses the first) and multiplies it in `dot_raw`; `block_dot` is the two.
 
 struct Q8_0 {
   static const int ELEMS = 32, BYTES = 34, LANES = 4;
@@ -66,10 +66,6 @@ struct Q8_0 {
       w[2 * j + 1] = d * (float)(signed char)(r.q[j] >> 8);
     }
     accumulate<MAX_M>(acc, w, 8, x, m, k, col + 8 * s);
-  }
-  template <int MAX_M>
-  __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
-    dot_raw<MAX_M>(load(b, s), s, x, m, k, col, acc);
   }
   __device__ static float value(const u8* b, int j) { return load_f16(b) * (float)(signed char)b[2 + j]; }
 };
@@ -98,10 +94,6 @@ struct Q4_0 {
     }
     accumulate<MAX_M>(acc, lo, 4, x, m, k, col + 4 * s);
     accumulate<MAX_M>(acc, hi, 4, x, m, k, col + 16 + 4 * s);
-  }
-  template <int MAX_M>
-  __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
-    dot_raw<MAX_M>(load(b, s), s, x, m, k, col, acc);
   }
   __device__ static float value(const u8* b, int j) {
     unsigned int byte = b[2 + (j % 16)];
@@ -167,10 +159,6 @@ struct Q4_K {
       accumulate<MAX_M>(acc, hi, 4, x, m, k, first + 32 + 4 * word);
     }
   }
-  template <int MAX_M>
-  __device__ static void dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
-    dot_raw<MAX_M>(load(b, s), s, x, m, k, col, acc);
-  }
   __device__ static float value(const u8* b, int j) {
     int c = j / 64, l = j % 32, high = (j % 64) >= 32;
     float sc, mn;
@@ -218,10 +206,6 @@ struct Q6_K {
       accumulate<MAX_M>(acc, w, 2, x, m, k, col + 128 * h + 32 * quarter + l0);
     }
   }
-  template <int MAX_M>
-  __device__ static void dot(const u8* b, int t, const float* x, int m, int k, int col, float* acc) {
-    dot_raw<MAX_M>(load(b, t), t, x, m, k, col, acc);
-  }
   __device__ static float value(const u8* b, int j) {
     int h = j / 128, quarter = (j % 128) / 32, l = j % 32;
     unsigned int ql = b[64 * h + l + (quarter % 2) * 32];
@@ -232,6 +216,12 @@ struct Q6_K {
   }
 };
 
+// Lane part `s` of the block at `b` times x, added to acc (see `dot_raw`).
+template <typename F, int MAX_M>
+__device__ __forceinline__ void block_dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
+  F::template dot_raw<MAX_M>(F::load(b, s), s, x, m, k, col, acc);
+}
+
 // The warp's dot product of row `row` of a matrix of F blocks `w [*, k]`
 // with `x [k]` (every lane gets the sum).
 template <typename F>
@@ -240,6 +230,6 @@ __device__ __forceinline__ float blocks_row_dot(const u8* w, int row, const floa
   const u8* wr = w + (i64)row * blocks * F::BYTES;
   float acc[1] = {0.0f};
   for (int blk = lane / F::LANES; blk < blocks; blk += 32 / F::LANES)
-    F::template dot<1>(wr + (i64)blk * F::BYTES, lane % F::LANES, x, 1, k, blk * F::ELEMS, acc);
+    block_dot<F, 1>(wr + (i64)blk * F::BYTES, lane % F::LANES, x, 1, k, blk * F::ELEMS, acc);
   return warp_sum(acc[0]);
 }

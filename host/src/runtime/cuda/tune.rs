@@ -11,12 +11,11 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig};
+use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig, WeightLayout};
 
 use super::plan::{HandKernels, StepPlan};
 use super::products::{gemv_kernel, group_arg, GEMV_MAX_M, GEMV_WARPS};
 use super::weights::DeviceMatrix;
-use kiln_kernels::cuda::WeightLayout;
 
 /// Warps per row of the GEMV kernels and their name suffixes.
 pub const SPLITS: [(usize, &str); 3] = [(1, ""), (2, "_s2"), (4, "_s4")];
@@ -34,18 +33,20 @@ pub enum GemvSplits {
 }
 
 impl GemvSplits {
-    /// `KILN_GEMV_SPLIT` (1, 2 or 4: that split everywhere, as a benchmark
-    /// compares them; `timed`), else `Auto`.
+    /// `KILN_GEMV_SPLIT` (see [`GemvSplits::parse`]), else `Auto`.
     pub fn from_env() -> Result<Self, String> {
-        match std::env::var("KILN_GEMV_SPLIT") {
-            Err(_) => Ok(Self::Auto),
-            Ok(v) if v == "timed" => Ok(Self::Timed),
-            Ok(v) => match v.parse::<usize>() {
-                Ok(n) if SPLITS.iter().any(|&(s, _)| s == n) => Ok(Self::Fixed(n)),
-                _ => Err(format!(
-                    "KILN_GEMV_SPLIT={v}: expected 1, 2, 4 or timed (warps per row of the decode GEMV)"
-                )),
-            },
+        std::env::var("KILN_GEMV_SPLIT").map_or(Ok(Self::Auto), |v| Self::parse(&v))
+    }
+
+    /// `1`, `2` or `4`: that split everywhere (as a benchmark compares
+    /// them); `timed`: timed even on the emulator.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value.parse::<usize>() {
+            _ if value == "timed" => Ok(Self::Timed),
+            Ok(n) if SPLITS.iter().any(|&(s, _)| s == n) => Ok(Self::Fixed(n)),
+            _ => Err(format!(
+                "KILN_GEMV_SPLIT={value}: expected 1, 2, 4 or timed (warps per row of the decode GEMV)"
+            )),
         }
     }
 }
@@ -133,14 +134,17 @@ fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, Vec<Vec<DeviceMatrix>>> {
 }
 
 /// The choices for `steps`: `splits` says whether to time them on
-/// `device` (`timed`: a GPU under `Auto`) or to fix one split.
+/// `device` (`Auto` times them where `gpu`) or to fix one split. A shape
+/// whose timing fails (no memory left for its scratch) keeps one warp per
+/// row, with a warning.
 pub fn choose(
     device: &dyn Device,
     hand: &HandKernels,
     steps: &[StepPlan],
     splits: GemvSplits,
-    timed: bool,
+    gpu: bool,
 ) -> Result<GemvChoices, String> {
+    let timed = splits == GemvSplits::Timed || (splits == GemvSplits::Auto && gpu);
     let resolve = |shape: &GemvShape, split: usize| -> Result<GemvChoice, String> {
         let suffix = SPLITS.iter().find(|&&(s, _)| s == split).map(|&(_, s)| s);
         let name = format!("{}{}", shape.kernel, suffix.unwrap_or(""));
@@ -153,45 +157,65 @@ pub fn choose(
     for (shape, matrices) in launches(steps) {
         let choice = match splits {
             GemvSplits::Fixed(split) => resolve(&shape, split)?,
-            GemvSplits::Auto if !timed => resolve(&shape, 1)?,
-            GemvSplits::Auto | GemvSplits::Timed => {
-                let mut best: Option<(f64, GemvChoice)> = None;
-                let mut report = Vec::new();
-                for (split, _) in SPLITS {
-                    let choice = resolve(&shape, split)?;
-                    let seconds =
-                        time_launches(device, &shape, &matrices, choice).map_err(|e| {
-                            format!(
-                                "timing {} ({} rows of {}): {e}",
-                                shape.kernel, shape.rows, shape.k
-                            )
-                        })?;
-                    report.push(format!("{split}: {:.1} µs", seconds * 1e6));
-                    if best.is_none_or(|(b, _)| seconds < b) {
-                        best = Some((seconds, choice));
+            _ if !timed => resolve(&shape, 1)?,
+            _ => {
+                let candidates = SPLITS
+                    .iter()
+                    .map(|&(split, _)| resolve(&shape, split))
+                    .collect::<Result<Vec<_>, _>>()?;
+                match fastest(device, &shape, &matrices, &candidates) {
+                    Ok(choice) => choice,
+                    Err(e) => {
+                        log::warn!(
+                            "timing the GEMV {} ({} rows of {}): {e}; one warp per row",
+                            shape.kernel,
+                            shape.rows,
+                            shape.k
+                        );
+                        candidates[0]
                     }
                 }
-                let (_, choice) = best.expect("at least one split");
-                log::debug!(
-                    "GEMV {} {} rows of {} ×{} launches: warps per row {} ({})",
-                    shape.kernel,
-                    shape.rows,
-                    shape.k,
-                    matrices.len(),
-                    choice.split,
-                    report.join(", ")
-                );
-                choice
             }
         };
         chosen.insert(shape, choice);
     }
     let choices = GemvChoices { chosen };
-    if splits == GemvSplits::Timed || (splits == GemvSplits::Auto && timed) {
+    if timed {
         let [one, two, four] = choices.counts();
-        log::info!("decode GEMV launch shapes by warps per row, timed: {one} with 1, {two} with 2, {four} with 4");
+        log::info!(
+            "decode GEMV launch shapes by warps per row, timed: {one} with 1, {two} with 2, {four} with 4"
+        );
     }
     Ok(choices)
+}
+
+/// The fastest of `candidates` over every launch of `shape`.
+fn fastest(
+    device: &dyn Device,
+    shape: &GemvShape,
+    matrices: &[Vec<DeviceMatrix>],
+    candidates: &[GemvChoice],
+) -> Result<GemvChoice, String> {
+    let mut best: Option<(f64, GemvChoice)> = None;
+    let mut report = Vec::new();
+    for &choice in candidates {
+        let seconds = time_launches(device, shape, matrices, choice)?;
+        report.push(format!("{}: {:.1} µs", choice.split, seconds * 1e6));
+        if best.is_none_or(|(b, _)| seconds < b) {
+            best = Some((seconds, choice));
+        }
+    }
+    let (_, choice) = best.ok_or("no GEMV kernel to time")?;
+    log::debug!(
+        "GEMV {} {} rows of {} ×{} launches: warps per row {} ({})",
+        shape.kernel,
+        shape.rows,
+        shape.k,
+        matrices.len(),
+        choice.split,
+        report.join(", ")
+    );
+    Ok(choice)
 }
 
 /// Seconds for one pass of `choice` over every launch of `shape` (the best
@@ -247,4 +271,34 @@ fn time_launches(
         device.free(ptr);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_are_parsed_and_others_refused_by_name() {
+        assert_eq!(GemvSplits::parse("timed"), Ok(GemvSplits::Timed));
+        for n in [1, 2, 4] {
+            assert_eq!(GemvSplits::parse(&n.to_string()), Ok(GemvSplits::Fixed(n)));
+        }
+        for bad in ["3", "0", "8", "", "fast"] {
+            let err = GemvSplits::parse(bad).unwrap_err();
+            assert!(err.contains(&format!("KILN_GEMV_SPLIT={bad}:")), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_split_launches_enough_blocks_for_its_rows() {
+        let choice = |split| GemvChoice {
+            function: FunctionId(0),
+            split,
+        };
+        // Four warps a block: four rows, two or one.
+        assert_eq!(choice(1).config(9).grid.0, 3);
+        assert_eq!(choice(2).config(9).grid.0, 5);
+        assert_eq!(choice(4).config(9).grid.0, 9);
+        assert_eq!(choice(4).config(9).block.0, 128);
+    }
 }
