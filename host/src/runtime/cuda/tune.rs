@@ -118,7 +118,9 @@ fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, Vec<Vec<DeviceMatrix>>> {
             StepPlan::LinearGroup(members) => members.iter().map(|(w, _)| *w).collect(),
             _ => continue,
         };
-        let first = members[0];
+        let Some(&first) = members.first() else {
+            continue;
+        };
         for m in [1, GEMV_MAX_M] {
             if let Some(kernel) = gemv_kernel(&first, WeightLayout::OutIn, m) {
                 let shape = GemvShape {
