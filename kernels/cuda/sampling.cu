@@ -121,6 +121,25 @@ __device__ int prefix_select(const float* v, int n, Member member, Weight weight
   return result;
 }
 
+// The block's first element in sorted order from each thread's (`best`,
+// `best_i`: its largest key and the lowest index holding it; `best_i`
+// 0x7fffffff for none): the largest key, then the lowest index holding it.
+// Every thread gets the index.
+__device__ int block_first_largest(unsigned int best, int best_i, int* found) {
+  if (threadIdx.x == 0) {
+    found[0] = 0;
+    found[1] = 0x7fffffff;
+  }
+  __syncthreads();
+  if (best_i != 0x7fffffff) atomicMax(reinterpret_cast<unsigned int*>(&found[0]), best);
+  __syncthreads();
+  if (best_i != 0x7fffffff && best == (unsigned int)found[0]) atomicMin(&found[1], best_i);
+  __syncthreads();
+  int result = found[1];
+  __syncthreads();
+  return result;
+}
+
 // The first element of `v` in sorted order (the largest key, the lowest index
 // among equal keys), every element taken through `value(i)`: greedy's pick
 // in one pass, where prefix_select takes 34. Every thread gets the result.
@@ -136,19 +155,38 @@ __device__ int first_largest(int n, Value value, int* found) {
       best_i = i;
     }
   }
-  // The block's largest key, then the lowest index holding it.
-  if (threadIdx.x == 0) {
-    found[0] = 0;
-    found[1] = 0x7fffffff;
+  return block_first_largest(best, best_i, found);
+}
+
+// first_largest of a row of `n` floats (NaN as -inf), the row 16-byte aligned
+// and n a multiple of 4: read 16 bytes at a time, eight loads in flight per
+// thread before the first is compared (greedy decode's pick over a 128k
+// vocabulary took 99 µs on an H200 one float at a time). A thread's
+// elements come in rising order, so its first largest is kept as above.
+__device__ int first_largest_row(const float* x, int n, int* found) {
+  const int depth = 8, quads = n / 4;
+  unsigned int best = 0;
+  int best_i = 0x7fffffff;
+  for (int q0 = threadIdx.x; q0 < quads; q0 += depth * blockDim.x) {
+    Bytes16 raw[depth];
+#pragma unroll
+    for (int u = 0; u < depth; ++u)
+      if (q0 + u * (int)blockDim.x < quads) raw[u] = load_streaming(x + 4 * (i64)(q0 + u * (int)blockDim.x));
+#pragma unroll
+    for (int u = 0; u < depth; ++u) {
+      int q = q0 + u * (int)blockDim.x;
+      if (q >= quads) continue;
+      for (int j = 0; j < 4; ++j) {
+        float v = __uint_as_float(raw[u].v[j]);
+        unsigned int key = order_key(v == v ? v : KILN_NEG_INF);
+        if (key > best || best_i == 0x7fffffff) {
+          best = key;
+          best_i = 4 * q + j;
+        }
+      }
+    }
   }
-  __syncthreads();
-  if (best_i != 0x7fffffff) atomicMax(reinterpret_cast<unsigned int*>(&found[0]), best);
-  __syncthreads();
-  if (best_i != 0x7fffffff && best == (unsigned int)found[0]) atomicMin(&found[1], best_i);
-  __syncthreads();
-  int result = found[1];
-  __syncthreads();
-  return result;
+  return block_first_largest(best, best_i, found);
 }
 
 // True when element i comes no later than element b in sorted order.
@@ -266,7 +304,9 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
   if (p.temperature < 1e-5f && p.adjust_begin == p.adjust_end) {
     // Greedy with nothing to adjust (the common decode step): one pass over
     // the row, NaN as -inf as in the working copy of adjusted_pick.
-    token = first_largest(vocab, [&](int i) { return x[i] == x[i] ? x[i] : KILN_NEG_INF; }, found);
+    bool vectors = vocab % 4 == 0 && (reinterpret_cast<unsigned long long>(x) & 15) == 0;
+    token = vectors ? first_largest_row(x, vocab, found)
+                    : first_largest(vocab, [&](int i) { return x[i] == x[i] ? x[i] : KILN_NEG_INF; }, found);
   } else {
     token = adjusted_pick(x, w, p, adjust, vocab, scratch, scan, found);
   }

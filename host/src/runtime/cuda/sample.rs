@@ -374,10 +374,11 @@ mod tests {
         let mut buffers = SampleBuffers::default();
         let mut checked = 0;
         for round in 0..12 {
-            // Every third round a vocabulary larger than a block's threads
-            // many times over, so greedy's one-pass pick meets ties across
-            // threads and within one thread's stride.
-            let vocab: usize = if round % 3 == 2 { 4099 } else { 300 };
+            // Vocabularies larger than a block's threads many times over, so
+            // greedy's one-pass pick meets ties across threads and within one
+            // thread's stride: 4100 read 16 bytes at a time, 4099 (rows not
+            // 16-byte aligned) a float at a time.
+            let vocab: usize = [300, 4100, 4099][round % 3];
             let rows: Vec<RowSampling> = (0..6)
                 .map(|r| {
                     let greedy = (round + r) % 5 == 0;
@@ -397,7 +398,10 @@ mod tests {
                         repetition: [1.0, 1.3][rng.random_range(0..2)],
                         frequency: rng.random_range(-0.5..0.5),
                         presence: rng.random_range(-0.5..0.5),
-                        adjustments: (0..rng.random_range(0..8))
+                        // Even greedy rows adjust nothing: the one-pass
+                        // pick of the raw row.
+                        adjustments: (0..rng.random_range(0..8)
+                            * usize::from(!greedy || r % 2 == 1))
                             .map(|_| {
                                 let token = rng.random_range(0..vocab as u32);
                                 let adjustment = TokenAdjustment {
@@ -433,13 +437,22 @@ mod tests {
                 .collect();
             // Coarse values make ties; some rows have -inf logits; row 5's
             // largest overflow when divided by its temperature.
-            let logits: Vec<f32> = (0..rows.len() * vocab)
+            let mut logits: Vec<f32> = (0..rows.len() * vocab)
                 .map(|i| match rng.random_range(0..40) {
                     0 if i % vocab != 0 => f32::NEG_INFINITY,
                     1 if i / vocab == 5 => 1e34,
                     _ => (rng.random_range(-40..40) as f32) / 8.0,
                 })
                 .collect();
+            // Greedy rows of the large vocabularies hold their largest logit
+            // twice, at 13 and 2060: one thread's elements in the one-pass
+            // pick (quads 3 and 515 of 512 threads), where the first wins.
+            for (r, row) in rows.iter().enumerate() {
+                if row.temperature == 0.0 && vocab > 2060 {
+                    logits[r * vocab + 13] = 9.0;
+                    logits[r * vocab + 2060] = 9.0;
+                }
+            }
             let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
             let ptr = device.alloc(bytes.len()).unwrap();
             device.upload(ptr, &bytes).unwrap();
