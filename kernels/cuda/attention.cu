@@ -39,17 +39,28 @@ __device__ __forceinline__ void cache_store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void cache_store(bf16_bits* p, float v) { *p = f32_to_bf16(v); }
 
 // Writes this step's keys and values [T, kv_heads, head_dim] into the cache:
-// one block per row.
+// one block per row (up to 1024 threads, a decode row's values in one round).
 template <typename C>
 __device__ void write_kv(const float* __restrict__ k, const float* __restrict__ v, C* __restrict__ k_cache,
                          C* __restrict__ v_cache, const i64* __restrict__ row_offsets,
                          const i64* __restrict__ context_lens, const i64* __restrict__ block_tables, int batch,
                          int blocks_per_seq, int block_size, int stride) {
   i64 row = blockIdx.x, position;
+  // The row's first keys and values are loaded before the slot is looked up
+  // (three dependent reads of the batch description), so the two overlap.
+  float k0 = 0.0f, v0 = 0.0f;
+  if (threadIdx.x < stride) {
+    k0 = k[row * stride + threadIdx.x];
+    v0 = v[row * stride + threadIdx.x];
+  }
   int b = sequence_of(row_offsets, context_lens, batch, row, &position);
   if (position < 0) return;  // padding
   i64 at = cache_slot(block_tables, b, blocks_per_seq, block_size, position) * stride;
-  for (int i = threadIdx.x; i < stride; i += blockDim.x) {
+  if (threadIdx.x < stride) {
+    cache_store(k_cache + at + threadIdx.x, k0);
+    cache_store(v_cache + at + threadIdx.x, v0);
+  }
+  for (int i = threadIdx.x + blockDim.x; i < stride; i += blockDim.x) {
     cache_store(k_cache + at + i, k[row * stride + i]);
     cache_store(v_cache + at + i, v[row * stride + i]);
   }

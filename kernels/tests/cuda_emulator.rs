@@ -106,7 +106,15 @@ fn chunked_rms_norms_match_the_cpu() {
 #[test]
 fn rope_matches_the_cpu() {
     let gpu = Gpu::new(&[sources::ROPE]);
-    let (heads, half) = (5, 8);
+    // Half a head of 8: cos and sin once per token in shared memory; of 300
+    // (past KILN_ROPE_MAX_HALF): per pair.
+    for half in [8, 300] {
+        rope_case(&gpu, half);
+    }
+}
+
+fn rope_case(gpu: &Gpu, half: usize) {
+    let heads = 5;
     let positions: Vec<i64> = vec![7, 8, 9, 300];
     let freq = |i: usize| 10000f32.powf(-(i as f32) / half as f32);
     let inv_freq: Vec<f32> = (0..half).map(freq).collect();
@@ -118,12 +126,13 @@ fn rope_matches_the_cpu() {
             let args = [Ptr(xp), Ptr(pp), Ptr(fp), Ptr(y), int(heads), int(half)];
             let args = [&args[..], &[int(interleaved), F32(scale)]].concat();
             let alone = [&args[..], &[Ptr(0), Ptr(0), int(0)]].concat();
-            // 32 threads for 40 (head, pair)s: the stride loop runs twice.
+            // 32 threads for 5 · half (head, pair)s: the stride loop runs
+            // several times.
             gpu.run("kiln_rope", (positions.len() as u32, 1), 32, &alone);
             let mut want = x.clone();
             let pairs = interleaved == 1;
             rope::rope(&mut want, &positions, &inv_freq, heads, pairs, scale);
-            let what = format!("interleaved {pairs}, scale {scale}");
+            let what = format!("half {half}, interleaved {pairs}, scale {scale}");
             gpu.check(y, &want, &what);
             // With a second tensor of 2 heads (k with q) in the same launch.
             let x2 = Rng::new(3).data(positions.len() * 2 * 2 * half, 1.0);

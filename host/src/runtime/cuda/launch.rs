@@ -41,6 +41,13 @@ fn block_threads(n: usize) -> u32 {
     (n.div_ceil(32) * 32).clamp(32, 256) as u32
 }
 
+/// Threads for a kernel whose block takes a row of `n` items, as many as
+/// the items up to 1024: a decode step's single row is one block, whose
+/// items are then read in one round rather than a loop of round trips.
+fn row_threads(n: usize) -> u32 {
+    (n.div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
 fn row_major_strides(shape: &[usize]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
@@ -416,10 +423,12 @@ impl Frame<'_> {
                     ),
                     None => (0, 0, 0),
                 };
-                self.launch_rows(
+                if tokens == 0 {
+                    return Ok(());
+                }
+                self.launch(
                     "kiln_rope",
-                    tokens,
-                    (heads + heads2) * half,
+                    LaunchConfig::linear(tokens as u32, row_threads((heads + heads2) * half)),
                     &[
                         KernelArg::Ptr(input(0)),
                         KernelArg::Ptr(input(1)),
@@ -642,7 +651,7 @@ impl Frame<'_> {
         };
         self.launch(
             write,
-            LaunchConfig::linear(tokens as u32, block_threads(stride).min(128)),
+            LaunchConfig::linear(tokens as u32, row_threads(stride)),
             &args,
         )?;
         let mut args = vec![
