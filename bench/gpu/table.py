@@ -2,7 +2,9 @@
 """The table of a GPU benchmark run: every kiln-*.json (`host benchmark
 --json`) and torch-*.json (bench/gpu/torch_baseline.py) in a directory, as
 markdown: decode output tok/s per shape and batch with Kiln's ratio to the
-memory roofline and to PyTorch, and prefill tok/s with the fraction of the
+memory roofline and to PyTorch (and the engine thread's own work and its
+wait for the device per step: a wait near zero means the host sets the
+pace), and prefill tok/s with the fraction of the
 device's bf16 GEMM rate; and Kiln's decode with the GEMV's split of rows
 among warps fixed to each of 1, 2 and 4 and chosen by timing
 (splits-SHAPE-DTYPE-SPLIT.json, `bench/gpu/run.sh splits`).
@@ -52,8 +54,8 @@ def main():
         print(f"- PyTorch {header.get('torch')}, transformers {header.get('transformers')}, "
               f"device {header.get('device')}, {header.get('date')}")
     print()
-    print("| shape | weights | batch | Kiln tok/s | of roofline | PyTorch eager | PyTorch compiled | Kiln ÷ compiled |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| shape | weights | batch | Kiln tok/s | of roofline | host / wait ms a step | PyTorch eager | PyTorch compiled | Kiln ÷ compiled |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape, dtype, run in kiln_runs(kiln, "decode"):
         for level in run["levels"]:
             batch = level["concurrency"]
@@ -66,8 +68,10 @@ def main():
             compiled = cells[1]
             fmt = lambda v: "-" if v is None else f"{v:,.1f}"
             ratio = "-" if not compiled or dtype != "bf16" else f"{ours / compiled:.2f}×"
+            host, wait = level.get("host_ms_per_step"), level.get("device_wait_ms_per_step")
+            split = "-" if host is None or wait is None else f"{host:.2f} / {wait:.2f}"
             print(f"| {shape} | {dtype} | {batch} | {ours:,.1f} | "
-                  f"{'-' if roof is None else f'{roof * 100:.0f} %'} | {fmt(cells[0])} | {fmt(compiled)} | {ratio} |")
+                  f"{'-' if roof is None else f'{roof * 100:.0f} %'} | {split} | {fmt(cells[0])} | {fmt(compiled)} | {ratio} |")
     print()
     print("| shape | weights | prompt | Kiln prefill tok/s | of GEMM rate | PyTorch compiled prefill tok/s |")
     print("| --- | --- | --- | --- | --- | --- |")

@@ -188,6 +188,9 @@ wanted = {
     "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
     "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
     "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_queue_time_seconds": "histogram",
+    # Kiln's own: the engine thread's steps, its own work and its waits for the device.
+    "kiln:engine_steps": "counter", "kiln:engine_host_seconds": "counter",
+    "kiln:engine_device_wait_seconds": "counter",
 }
 for name, kind in wanted.items():
     assert name in families and families[name].type == kind, (name, families.get(name))
@@ -196,4 +199,6 @@ reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"]
 assert reasons <= {"stop", "length"} and reasons, reasons
 generated = sum(s.value for s in families["vllm:generation_tokens"].samples)
 assert generated > 0
+steps = sum(s.value for s in families["kiln:engine_steps"].samples)
+assert steps > 0 and sum(s.value for s in families["kiln:engine_host_seconds"].samples) > 0, steps
 report("metrics", families=len(wanted), generation_tokens=generated)

@@ -139,6 +139,16 @@ fn benchmark_runs_a_shape_with_random_weights() {
                 level["prefill_tok_per_s"].as_f64().unwrap() > 0.0,
                 "{level}"
             );
+            // A prefill and two decode steps at least (a prompt may take
+            // more), and the engine thread's time split between its own
+            // work and waiting for the device.
+            let steps = level["steps"].as_u64().unwrap();
+            assert!((3..=12).contains(&steps), "{level}");
+            assert!(level["host_ms_per_step"].as_f64().unwrap() > 0.0, "{level}");
+            assert!(
+                level["device_wait_ms_per_step"].as_f64().unwrap() >= 0.0,
+                "{level}"
+            );
         }
         if device == "cpu" {
             assert_eq!(report["roofline"], serde_json::Value::Null);

@@ -48,6 +48,14 @@ struct LevelResult {
     /// That rate's matrix-product arithmetic as a fraction of the device's
     /// measured bf16 GEMM rate, on a GPU.
     prefill_gemm_fraction: Option<f64>,
+    /// Model steps the engine launched.
+    steps: u64,
+    /// The engine thread's own work per step (scheduling, launching, reading
+    /// picks), in milliseconds.
+    host_ms_per_step: f64,
+    /// The engine thread's wait for the device's picks per step: near zero
+    /// with async scheduling, the host sets the pace.
+    device_wait_ms_per_step: f64,
 }
 
 /// What the benchmark prints as JSON.
@@ -108,13 +116,9 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     };
     let device = model.backend.device_name();
     let roofline = model.backend.roofline()?;
-    let (engine, engine_thread) = service::spawn(
-        model,
-        tokenizer,
-        Vec::new(),
-        config,
-        Metrics::new("benchmark", config.block_size),
-    )?;
+    let metrics = Metrics::new("benchmark", config.block_size);
+    let (engine, engine_thread) =
+        service::spawn(model, tokenizer, Vec::new(), config, metrics.clone())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()?;
@@ -134,10 +138,17 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     let mut results = Vec::new();
     for &concurrency in &args.concurrency {
         let start = Instant::now();
+        let before = metrics.engine_totals();
         let timings =
             runtime.block_on(run_level(&engine, prompts(concurrency), args.output_len))?;
         let wall = start.elapsed().as_secs_f64();
-        results.push(summarize(concurrency, args, wall, &timings, roofline));
+        let after = metrics.engine_totals();
+        let mut result = summarize(concurrency, args, wall, &timings, roofline);
+        let steps = after.0 - before.0;
+        result.steps = steps;
+        result.host_ms_per_step = (after.1 - before.1) * 1e3 / steps.max(1) as f64;
+        result.device_wait_ms_per_step = (after.2 - before.2) * 1e3 / steps.max(1) as f64;
+        results.push(result);
     }
     // The model (and its device) is released on the engine thread, before
     // the process exits.
@@ -291,17 +302,20 @@ fn summarize(
             .map(|r| 1e3 / mean(&itls) / r.steps_per_s()),
         prefill_tok_per_s,
         prefill_gemm_fraction: roofline.map(|r| prefill_tok_per_s / r.prefill_tokens_per_s()),
+        steps: 0,
+        host_ms_per_step: 0.0,
+        device_wait_ms_per_step: 0.0,
     }
 }
 
 fn table(results: &[LevelResult]) -> String {
     let mut out = String::from(
-        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate\n",
+        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate  host ms/step  wait ms/step\n",
     );
     let percent = |f: Option<f64>| f.map_or("-".to_owned(), |f| format!("{:.0} %", f * 100.0));
     for r in results {
         out += &format!(
-            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}\n",
+            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}  {:>12.3}  {:>12.3}\n",
             r.concurrency,
             r.input_len,
             r.output_len,
@@ -314,6 +328,8 @@ fn table(results: &[LevelResult]) -> String {
             percent(r.roofline_fraction),
             r.prefill_tok_per_s,
             percent(r.prefill_gemm_fraction),
+            r.host_ms_per_step,
+            r.device_wait_ms_per_step,
         );
     }
     out

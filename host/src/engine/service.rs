@@ -158,6 +158,14 @@ pub trait EngineObserver: Send + 'static {
         prompt_tokens: usize,
         completion_tokens: usize,
     );
+    /// The engine thread spent `host` seconds on its own work (scheduling,
+    /// launching, reading picks into text and events) and `device_wait`
+    /// seconds waiting for the device's picks, over a turn of its loop that
+    /// launched a step when `launched`. With async scheduling a wait near
+    /// zero means the host, not the device, sets the pace.
+    fn step_time(&self, host: f64, device_wait: f64, launched: bool) {
+        let _ = (host, device_wait, launched);
+    }
     /// The scheduler's state after a step.
     fn state(
         &self,
@@ -261,6 +269,7 @@ fn run(
         stats: StatsLine::default(),
         observer,
         overlap,
+        device_wait: 0.0,
     };
     let mut in_flight = None;
     loop {
@@ -272,12 +281,20 @@ fn run(
                 Err(_) => return,
             }
         }
+        let started = Instant::now();
         incoming.extend(commands.try_iter());
         for Command::Add(id, request) in incoming {
             engine.admit(id, request);
         }
         engine.cancel_gone();
+        engine.device_wait = 0.0;
         in_flight = engine.step(in_flight);
+        let turn = started.elapsed().as_secs_f64();
+        engine.observer.step_time(
+            (turn - engine.device_wait).max(0.0),
+            engine.device_wait,
+            in_flight.is_some(),
+        );
     }
 }
 
@@ -301,6 +318,8 @@ struct Engine<'t, O> {
     /// Async scheduling: step N + 1 is scheduled and launched before the
     /// host reads step N's picks, which the device feeds to it.
     overlap: bool,
+    /// Seconds waited for the device's picks in this turn of the loop.
+    device_wait: f64,
 }
 
 impl<'t, O: EngineObserver> Engine<'t, O> {
@@ -453,7 +472,10 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
     /// Reads a launched step's picks and hands each to its sequence: text
     /// and events out, finished sequences removed.
     fn settle(&mut self, f: InFlight) {
-        let sampled = match self.model.backend.finish_sampled(f.pending) {
+        let waiting = Instant::now();
+        let finished = self.model.backend.finish_sampled(f.pending);
+        self.device_wait += waiting.elapsed().as_secs_f64();
+        let sampled = match finished {
             Ok(sampled) => sampled,
             Err(e) => {
                 for id in f.rows {

@@ -45,6 +45,9 @@ pub struct Metrics {
     prefix_queries: Family<Labels, Counter>,
     prefix_hits: Family<Labels, Counter>,
     preemptions: Family<Labels, Counter>,
+    steps: Family<Labels, Counter>,
+    host_seconds: Family<Labels, Counter<f64, AtomicU64>>,
+    device_wait_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     /// The engine reports running totals: what was already counted.
     seen: Arc<[AtomicU64; 3]>,
 }
@@ -80,6 +83,9 @@ impl Metrics {
             prefix_queries: Family::default(),
             prefix_hits: Family::default(),
             preemptions: Family::default(),
+            steps: Family::default(),
+            host_seconds: Family::default(),
+            device_wait_seconds: Family::default(),
             seen: Arc::default(),
         };
         let mut registry = Registry::default();
@@ -130,6 +136,21 @@ impl Metrics {
             metrics.preemptions.clone(),
         );
         r.register(
+            "kiln:engine_steps",
+            "Model steps the engine launched",
+            metrics.steps.clone(),
+        );
+        r.register(
+            "kiln:engine_host_seconds",
+            "Engine-thread time on its own work: scheduling, launching, reading picks",
+            metrics.host_seconds.clone(),
+        );
+        r.register(
+            "kiln:engine_device_wait_seconds",
+            "Engine-thread time waiting for the device's picks",
+            metrics.device_wait_seconds.clone(),
+        );
+        r.register(
             "vllm:time_to_first_token_seconds",
             "Time from arrival to the first generated token",
             metrics.ttft.clone(),
@@ -159,6 +180,16 @@ impl Metrics {
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         encode(&mut out, &registry).expect("writing to a String cannot fail");
         out
+    }
+
+    /// Steps launched, and the engine thread's seconds on its own work and
+    /// waiting for the device, so far.
+    pub fn engine_totals(&self) -> (u64, f64, f64) {
+        (
+            self.steps.get_or_create(&self.model).get(),
+            self.host_seconds.get_or_create(&self.model).get(),
+            self.device_wait_seconds.get_or_create(&self.model).get(),
+        )
     }
 
     /// Adds to `counter` what `total` has beyond the total seen before.
@@ -200,6 +231,16 @@ impl EngineObserver for Metrics {
         let mut labels = self.model.clone();
         labels.push(("finished_reason", reason.as_str().to_owned()));
         self.success.get_or_create(&labels).inc();
+    }
+
+    fn step_time(&self, host: f64, device_wait: f64, launched: bool) {
+        if launched {
+            self.steps.get_or_create(&self.model).inc();
+        }
+        self.host_seconds.get_or_create(&self.model).inc_by(host);
+        self.device_wait_seconds
+            .get_or_create(&self.model)
+            .inc_by(device_wait);
     }
 
     fn state(
