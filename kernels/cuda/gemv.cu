@@ -144,6 +144,26 @@ __device__ __forceinline__ float load1(const u8* row, int col) {
   return BYTES == 2 ? bf16_to_f32(b) : f16_to_f32(b);
 }
 
+// COUNT loads of eight elements `step` apart from `col`, every one issued
+// before the first is used (a memory round trip for the round, not per
+// load); with BOUNDED, those at or past `end` are not made.
+template <int BYTES, int MAX_M, int COUNT, bool BOUNDED>
+__device__ __forceinline__ void dense_round(const u8* wr, int col, int step, int end, const float* x, int m,
+                                            int k, float* acc) {
+  Raw8<BYTES> raw[COUNT];
+#pragma unroll
+  for (int u = 0; u < COUNT; ++u)
+    if (!BOUNDED || col + u * step < end) raw[u] = load8<BYTES>(wr, col + u * step);
+#pragma unroll
+  for (int u = 0; u < COUNT; ++u) {
+    if (!BOUNDED || col + u * step < end) {
+      float v[8];
+      widen8<BYTES>(raw[u], v);
+      accumulate<MAX_M>(acc, v, 8, x, m, k, col + u * step);
+    }
+  }
+}
+
 // BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32; MAX_M: rows of x at
 // most (1 for batch-1 decode: fewer registers, so more warps and more loads
 // in flight per multiprocessor); SPLIT: warps per row.
@@ -161,42 +181,17 @@ __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k)
     const int size = BYTES == 4 ? 4 : 2;
     const u8* wr = r.w + (i64)r.row * k * size;
     int vector_end = (k % 8 == 0) ? k : 0;  // 16-byte loads need aligned rows
-    // Every load of a round is issued before the first is used: a memory
-    // round trip per round, not per load. Whole rounds, then what is left:
-    // with one warp per row one load at a time (the fewest registers, and
-    // so the most warps, for the one-row kernels), with a split (whose
-    // warps have fewer loads each) one predicated round.
+    // Whole rounds, then what is left: with one warp per row one load at a
+    // time (the fewest registers, and so the most warps, for the one-row
+    // kernels), with a split (whose warps have fewer loads each) one bounded
+    // round.
     int col = (r.part * 32 + lane) * 8;
-    for (; col + (depth - 1) * step < vector_end; col += depth * step) {
-      Raw8<BYTES> raw[depth];
-#pragma unroll
-      for (int u = 0; u < depth; ++u) raw[u] = load8<BYTES>(wr, col + u * step);
-#pragma unroll
-      for (int u = 0; u < depth; ++u) {
-        float v[8];
-        widen8<BYTES>(raw[u], v);
-        accumulate<MAX_M>(acc, v, 8, x, m, k, col + u * step);
-      }
-    }
+    for (; col + (depth - 1) * step < vector_end; col += depth * step)
+      dense_round<BYTES, MAX_M, depth, false>(wr, col, step, vector_end, x, m, k, acc);
     if (SPLIT == 1) {
-      for (; col < vector_end; col += step) {
-        float v[8];
-        widen8<BYTES>(load8<BYTES>(wr, col), v);
-        accumulate<MAX_M>(acc, v, 8, x, m, k, col);
-      }
+      for (; col < vector_end; col += step) dense_round<BYTES, MAX_M, 1, false>(wr, col, step, vector_end, x, m, k, acc);
     } else if (col < vector_end) {
-      Raw8<BYTES> raw[depth - 1];
-#pragma unroll
-      for (int u = 0; u < depth - 1; ++u)
-        if (col + u * step < vector_end) raw[u] = load8<BYTES>(wr, col + u * step);
-#pragma unroll
-      for (int u = 0; u < depth - 1; ++u) {
-        if (col + u * step < vector_end) {
-          float v[8];
-          widen8<BYTES>(raw[u], v);
-          accumulate<MAX_M>(acc, v, 8, x, m, k, col + u * step);
-        }
-      }
+      dense_round<BYTES, MAX_M, depth - 1, true>(wr, col, step, vector_end, x, m, k, acc);
     }
     for (int c = vector_end + r.part * 32 + lane; c < k; c += 32 * SPLIT) {
       float v = load1<BYTES>(wr, c);
@@ -206,36 +201,26 @@ __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k)
   store_rows<MAX_M, SPLIT>(acc, r, valid, m);
 }
 
-template <int MAX_M, int SPLIT>
-__device__ void gemv_bf16(const KilnGemvGroup& g, const float* x, int m, int k) {
-  gemv_dense<2, MAX_M, SPLIT>(g, x, m, k);
-}
-template <int MAX_M, int SPLIT>
-__device__ void gemv_f16(const KilnGemvGroup& g, const float* x, int m, int k) {
-  gemv_dense<3, MAX_M, SPLIT>(g, x, m, k);
-}
-template <int MAX_M, int SPLIT>
-__device__ void gemv_f32(const KilnGemvGroup& g, const float* x, int m, int k) {
-  gemv_dense<4, MAX_M, SPLIT>(g, x, m, k);
-}
-extern "C" __global__ void kiln_gemv_bf16(KILN_GEMV_ARGS) { gemv_bf16<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_bf16_s2(KILN_GEMV_ARGS) { gemv_bf16<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_bf16_s4(KILN_GEMV_ARGS) { gemv_bf16<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_bf16_m1(KILN_GEMV_ARGS) { gemv_bf16<1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_bf16_m1_s2(KILN_GEMV_ARGS) { gemv_bf16<1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_bf16_m1_s4(KILN_GEMV_ARGS) { gemv_bf16<1, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f16(KILN_GEMV_ARGS) { gemv_f16<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f16_s2(KILN_GEMV_ARGS) { gemv_f16<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f16_s4(KILN_GEMV_ARGS) { gemv_f16<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f16_m1(KILN_GEMV_ARGS) { gemv_f16<1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f16_m1_s2(KILN_GEMV_ARGS) { gemv_f16<1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f16_m1_s4(KILN_GEMV_ARGS) { gemv_f16<1, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f32(KILN_GEMV_ARGS) { gemv_f32<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f32_s2(KILN_GEMV_ARGS) { gemv_f32<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f32_s4(KILN_GEMV_ARGS) { gemv_f32<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f32_m1(KILN_GEMV_ARGS) { gemv_f32<1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f32_m1_s2(KILN_GEMV_ARGS) { gemv_f32<1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f32_m1_s4(KILN_GEMV_ARGS) { gemv_f32<1, 4>(g, x, m, k); }
+// Entry points call the templates with the format's bytes and then the
+// rows of x and the split (`kiln_gemv_<format>[_m1][_s2|_s4]`).
+extern "C" __global__ void kiln_gemv_bf16(KILN_GEMV_ARGS) { gemv_dense<2, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_bf16_s2(KILN_GEMV_ARGS) { gemv_dense<2, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_bf16_s4(KILN_GEMV_ARGS) { gemv_dense<2, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_bf16_m1(KILN_GEMV_ARGS) { gemv_dense<2, 1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_bf16_m1_s2(KILN_GEMV_ARGS) { gemv_dense<2, 1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_bf16_m1_s4(KILN_GEMV_ARGS) { gemv_dense<2, 1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16(KILN_GEMV_ARGS) { gemv_dense<3, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16_s2(KILN_GEMV_ARGS) { gemv_dense<3, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16_s4(KILN_GEMV_ARGS) { gemv_dense<3, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16_m1(KILN_GEMV_ARGS) { gemv_dense<3, 1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16_m1_s2(KILN_GEMV_ARGS) { gemv_dense<3, 1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f16_m1_s4(KILN_GEMV_ARGS) { gemv_dense<3, 1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32(KILN_GEMV_ARGS) { gemv_dense<4, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32_s2(KILN_GEMV_ARGS) { gemv_dense<4, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32_s4(KILN_GEMV_ARGS) { gemv_dense<4, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32_m1(KILN_GEMV_ARGS) { gemv_dense<4, 1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32_m1_s2(KILN_GEMV_ARGS) { gemv_dense<4, 1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_f32_m1_s4(KILN_GEMV_ARGS) { gemv_dense<4, 1, 4>(g, x, m, k); }
 
 // A row of GGUF blocks: each lane takes its part of every (32 / LANES)-th
 // block among the row's warps. One warp per row reads a block at a time
@@ -254,10 +239,6 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k
     int blocks = k / F::ELEMS;
     const u8* wr = r.w + (i64)r.row * blocks * F::BYTES;
     for (int blk = r.part * (32 / F::LANES) + lane / F::LANES; blk < blocks; blk += depth * stride) {
-      if (depth == 1) {
-        block_dot<F, MAX_M>(wr + (i64)blk * F::BYTES, part, x, m, k, blk * F::ELEMS, acc);
-        continue;
-      }
       typename F::Raw raw[depth];
 #pragma unroll
       for (int u = 0; u < depth; ++u)
@@ -292,61 +273,45 @@ __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
   out[i] = f32_to_bf16(F::value(w + (i / F::ELEMS) * F::BYTES, (int)(i % F::ELEMS)));
 }
 
-template <int MAX_M, int SPLIT>
-__device__ void gemv_q8_0(const KilnGemvGroup& g, const float* x, int m, int k) {
-  gemv_blocks<Q8_0, MAX_M, SPLIT>(g, x, m, k);
-}
-extern "C" __global__ void kiln_gemv_q8_0(KILN_GEMV_ARGS) { gemv_q8_0<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_s2(KILN_GEMV_ARGS) { gemv_q8_0<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_s4(KILN_GEMV_ARGS) { gemv_q8_0<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_m1(KILN_GEMV_ARGS) { gemv_q8_0<1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_m1_s2(KILN_GEMV_ARGS) { gemv_q8_0<1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_m1_s4(KILN_GEMV_ARGS) { gemv_q8_0<1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_s2(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_s4(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_m1(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, 1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, 1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, 1, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_dequant_q8_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q8_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q8_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q8_0>(table, ids, y, rows, cols, error);
 }
-template <int MAX_M, int SPLIT>
-__device__ void gemv_q4_0(const KilnGemvGroup& g, const float* x, int m, int k) {
-  gemv_blocks<Q4_0, MAX_M, SPLIT>(g, x, m, k);
-}
-extern "C" __global__ void kiln_gemv_q4_0(KILN_GEMV_ARGS) { gemv_q4_0<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_s2(KILN_GEMV_ARGS) { gemv_q4_0<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_s4(KILN_GEMV_ARGS) { gemv_q4_0<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_m1(KILN_GEMV_ARGS) { gemv_q4_0<1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_m1_s2(KILN_GEMV_ARGS) { gemv_q4_0<1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_m1_s4(KILN_GEMV_ARGS) { gemv_q4_0<1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, 1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, 1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, 1, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_dequant_q4_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q4_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q4_0>(table, ids, y, rows, cols, error);
 }
-template <int MAX_M, int SPLIT>
-__device__ void gemv_q4_k(const KilnGemvGroup& g, const float* x, int m, int k) {
-  gemv_blocks<Q4_K, MAX_M, SPLIT>(g, x, m, k);
-}
-extern "C" __global__ void kiln_gemv_q4_k(KILN_GEMV_ARGS) { gemv_q4_k<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_s2(KILN_GEMV_ARGS) { gemv_q4_k<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_s4(KILN_GEMV_ARGS) { gemv_q4_k<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_m1(KILN_GEMV_ARGS) { gemv_q4_k<1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_m1_s2(KILN_GEMV_ARGS) { gemv_q4_k<1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_m1_s4(KILN_GEMV_ARGS) { gemv_q4_k<1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, 1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, 1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, 1, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_dequant_q4_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_K>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q4_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q4_K>(table, ids, y, rows, cols, error);
 }
-template <int MAX_M, int SPLIT>
-__device__ void gemv_q6_k(const KilnGemvGroup& g, const float* x, int m, int k) {
-  gemv_blocks<Q6_K, MAX_M, SPLIT>(g, x, m, k);
-}
-extern "C" __global__ void kiln_gemv_q6_k(KILN_GEMV_ARGS) { gemv_q6_k<KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_s2(KILN_GEMV_ARGS) { gemv_q6_k<KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_s4(KILN_GEMV_ARGS) { gemv_q6_k<KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_m1(KILN_GEMV_ARGS) { gemv_q6_k<1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_q6_k<1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_q6_k<1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, 1, 1>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, 1, 2>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, 1, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_dequant_q6_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q6_K>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q6_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {

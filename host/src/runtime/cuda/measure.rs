@@ -67,7 +67,7 @@ fn time_gemm(device: &dyn Device, size: usize) -> Result<(f64, f64), DeviceError
 }
 
 /// Runs `f` on freshly allocated buffers of `sizes` bytes, freeing them after.
-fn with_buffers<T>(
+pub(super) fn with_buffers<T>(
     device: &dyn Device,
     sizes: &[usize],
     f: impl FnOnce(&[DevicePtr]) -> Result<T, DeviceError>,

@@ -11,8 +11,11 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig, WeightLayout};
+use kiln_kernels::cuda::{
+    Device, DeviceError, DevicePtr, FunctionId, KernelArg, LaunchConfig, WeightLayout,
+};
 
+use super::measure::with_buffers;
 use super::plan::{HandKernels, StepPlan};
 use super::products::{gemv_kernel, group_arg, GEMV_MAX_M, GEMV_WARPS};
 use super::weights::DeviceMatrix;
@@ -108,10 +111,17 @@ impl GemvChoices {
     }
 }
 
-/// The matrices of each GEMV launch shape in `steps`, for one and for
-/// several rows of x (each launch a list of matrices sharing x).
-fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, Vec<Vec<DeviceMatrix>>> {
-    let mut shapes: HashMap<GemvShape, Vec<Vec<DeviceMatrix>>> = HashMap::new();
+/// Every launch of one GEMV shape in a program: the matrices of each (a
+/// list sharing x) and the rows of x its kernel is made for.
+struct ShapeLaunches {
+    x_rows: usize,
+    matrices: Vec<Vec<DeviceMatrix>>,
+}
+
+/// The launches of each GEMV shape in `steps`, for one and for several rows
+/// of x.
+fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, ShapeLaunches> {
+    let mut shapes: HashMap<GemvShape, ShapeLaunches> = HashMap::new();
     for step in steps {
         let members: Vec<DeviceMatrix> = match step {
             StepPlan::Linear(w) => vec![*w],
@@ -121,14 +131,18 @@ fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, Vec<Vec<DeviceMatrix>>> {
         let Some(&first) = members.first() else {
             continue;
         };
-        for m in [1, GEMV_MAX_M] {
-            if let Some(kernel) = gemv_kernel(&first, WeightLayout::OutIn, m) {
+        for x_rows in [1, GEMV_MAX_M] {
+            if let Some(kernel) = gemv_kernel(&first, WeightLayout::OutIn, x_rows) {
                 let shape = GemvShape {
                     kernel,
                     rows: members.iter().map(|w| w.rows).sum(),
                     k: first.cols,
                 };
-                shapes.entry(shape).or_default().push(members.clone());
+                let entry = shapes.entry(shape).or_insert_with(|| ShapeLaunches {
+                    x_rows,
+                    matrices: Vec::new(),
+                });
+                entry.matrices.push(members.clone());
             }
         }
     }
@@ -148,15 +162,18 @@ pub fn choose(
 ) -> Result<GemvChoices, String> {
     let timed = splits == GemvSplits::Timed || (splits == GemvSplits::Auto && gpu);
     let resolve = |shape: &GemvShape, split: usize| -> Result<GemvChoice, String> {
-        let suffix = SPLITS.iter().find(|&&(s, _)| s == split).map(|&(_, s)| s);
-        let name = format!("{}{}", shape.kernel, suffix.unwrap_or(""));
+        let (_, suffix) = SPLITS
+            .iter()
+            .find(|&&(s, _)| s == split)
+            .ok_or_else(|| format!("no GEMV kernel with {split} warps per row"))?;
+        let name = format!("{}{suffix}", shape.kernel);
         let function = *hand
             .get(&name)
             .ok_or_else(|| format!("no GEMV kernel {name}"))?;
         Ok(GemvChoice { function, split })
     };
     let mut chosen = HashMap::new();
-    for (shape, matrices) in launches(steps) {
+    for (shape, shape_launches) in launches(steps) {
         let choice = match splits {
             GemvSplits::Fixed(split) => resolve(&shape, split)?,
             _ if !timed => resolve(&shape, 1)?,
@@ -165,7 +182,7 @@ pub fn choose(
                     .iter()
                     .map(|&(split, _)| resolve(&shape, split))
                     .collect::<Result<Vec<_>, _>>()?;
-                match fastest(device, &shape, &matrices, &candidates) {
+                match fastest(device, &shape, &shape_launches, &candidates) {
                     Ok(choice) => choice,
                     Err(e) => {
                         log::warn!(
@@ -191,29 +208,36 @@ pub fn choose(
     Ok(choices)
 }
 
-/// The fastest of `candidates` over every launch of `shape`.
+/// The fastest of `candidates` over every launch of `shape` (`x_rows` rows
+/// of x), each timed on the same zeroed x and scratch outputs.
 fn fastest(
     device: &dyn Device,
     shape: &GemvShape,
-    matrices: &[Vec<DeviceMatrix>],
+    launches: &ShapeLaunches,
     candidates: &[GemvChoice],
-) -> Result<GemvChoice, String> {
-    let mut best: Option<(f64, GemvChoice)> = None;
-    let mut report = Vec::new();
-    for &choice in candidates {
-        let seconds = time_launches(device, shape, matrices, choice)?;
-        report.push(format!("{}: {:.1} µs", choice.split, seconds * 1e6));
-        if best.is_none_or(|(b, _)| seconds < b) {
-            best = Some((seconds, choice));
+) -> Result<GemvChoice, DeviceError> {
+    let widest = launches.matrices.iter().flatten().map(|w| w.rows).max();
+    let x_rows = launches.x_rows;
+    let sizes = [x_rows * shape.k * 4, x_rows * widest.unwrap_or(1) * 4];
+    let (choice, report) = with_buffers(device, &sizes, |buffers| {
+        let mut best: Option<(f64, GemvChoice)> = None;
+        let mut report = Vec::new();
+        for &choice in candidates {
+            let seconds = time_launches(device, shape, launches, choice, buffers)?;
+            report.push(format!("{}: {:.1} µs", choice.split, seconds * 1e6));
+            if best.is_none_or(|(b, _)| seconds < b) {
+                best = Some((seconds, choice));
+            }
         }
-    }
-    let (_, choice) = best.ok_or("no GEMV kernel to time")?;
+        let (_, choice) = best.ok_or_else(|| DeviceError::new("no GEMV kernel to time"))?;
+        Ok((choice, report))
+    })?;
     log::debug!(
         "GEMV {} {} rows of {} ×{} launches: warps per row {} ({})",
         shape.kernel,
         shape.rows,
         shape.k,
-        matrices.len(),
+        launches.matrices.len(),
         choice.split,
         report.join(", ")
     );
@@ -221,58 +245,38 @@ fn fastest(
 }
 
 /// Seconds for one pass of `choice` over every launch of `shape` (the best
-/// of three after a warm-up), on zeroed x and scratch outputs.
+/// of three after a warm-up), with x and the outputs in `buffers`.
 fn time_launches(
     device: &dyn Device,
     shape: &GemvShape,
-    launches: &[Vec<DeviceMatrix>],
+    launches: &ShapeLaunches,
     choice: GemvChoice,
-) -> Result<f64, String> {
-    let m = if shape.kernel.ends_with("_m1") {
-        1
-    } else {
-        GEMV_MAX_M
-    };
-    let widest = launches.iter().flatten().map(|w| w.rows).max().unwrap_or(0);
-    let sizes = [m * shape.k * 4, m * widest * 4];
-    let mut buffers: Vec<DevicePtr> = Vec::new();
-    let result = (|| {
-        for bytes in sizes {
-            buffers.push(device.alloc(bytes.max(4)).map_err(|e| e.to_string())?);
-        }
-        let (x, out) = (buffers[0], buffers[1]);
-        let config = choice.config(shape.rows);
-        let args = |members: &Vec<DeviceMatrix>| {
+    buffers: &[DevicePtr],
+) -> Result<f64, DeviceError> {
+    let (x, out) = (buffers[0], buffers[1]);
+    let config = choice.config(shape.rows);
+    let pass = || {
+        launches.matrices.iter().try_for_each(|members| {
             let group: Vec<(DeviceMatrix, DevicePtr)> = members.iter().map(|w| (*w, out)).collect();
-            [
+            let args = [
                 group_arg(&group),
                 KernelArg::Ptr(x),
-                KernelArg::I32(m as i32),
+                KernelArg::I32(launches.x_rows as i32),
                 KernelArg::I32(shape.k as i32),
-            ]
-        };
-        let pass = || -> Result<(), String> {
-            launches.iter().try_for_each(|members| {
-                device
-                    .launch(choice.function, config, &args(members))
-                    .map_err(|e| e.to_string())
-            })
-        };
+            ];
+            device.launch(choice.function, config, &args)
+        })
+    };
+    pass()?;
+    device.synchronize()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let started = Instant::now();
         pass()?;
-        device.synchronize().map_err(|e| e.to_string())?;
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let started = Instant::now();
-            pass()?;
-            device.synchronize().map_err(|e| e.to_string())?;
-            best = best.min(started.elapsed().as_secs_f64());
-        }
-        Ok(best)
-    })();
-    for ptr in buffers {
-        device.free(ptr);
+        device.synchronize()?;
+        best = best.min(started.elapsed().as_secs_f64());
     }
-    result
+    Ok(best)
 }
 
 #[cfg(test)]
