@@ -12,6 +12,11 @@
 #   bench/gpu/run.sh torch MODE SHAPE  PyTorch (MODE eager or compiled) at SHAPE
 #   bench/gpu/run.sh splits            Kiln's decode with the GEMV's warps per row
 #                                      fixed to 1, 2, 4 and timed (KILN_GEMV_SPLIT)
+#   bench/gpu/run.sh profile           where a decode step's time goes at batch 1, 16
+#                                      and 64 (llama3-8b bf16 and q4_k_m): Nsight
+#                                      Systems' kernel sums over the run against its
+#                                      wall time (device- or host-bound), else an
+#                                      Nsight Compute window of kernel times
 #   bench/gpu/run.sh table             the table of every JSON so far
 # KILN_BENCH_DEVICE=cuda-emulated KILN_BENCH_SHAPES=path/config.json:bf16
 # dry-runs the Kiln part on a machine without a GPU.
@@ -58,6 +63,38 @@ splits() {
   done
 }
 
+# Each run's kernel time against its wall time, per kernel
+# (bench/gpu/kernels.py), with whichever Nsight tool the machine has.
+profile() {
+  . tests/gpu/env.sh
+  local nsys ncu
+  nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for run in ${KILN_BENCH_PROFILE:-llama3-8b:bf16:1 llama3-8b:bf16:16 llama3-8b:bf16:64 llama3-8b:q4_k_m:16 llama3-8b:q4_k_m:64}; do
+    IFS=: read -r shape dtype batch <<< "$run"
+    local name=profile-$shape-$dtype-$batch
+    local cmd=("$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device"
+      --input-len "$input_len" --output-len 64 --concurrency "$batch" --json)
+    echo "== $name"
+    if [ -n "$nsys" ]; then
+      "$nsys" profile --force-overwrite true --cuda-graph-trace node -o "$results/$name" \
+        "${cmd[@]}" > "$results/$name.json" || { echo "FAILED: $name"; continue; }
+      "$nsys" stats --force-export true --report cuda_gpu_kern_sum --format csv \
+        -o "$results/$name" "$results/$name.nsys-rep" > /dev/null
+      python3 bench/gpu/kernels.py nsys "$results/${name}_cuda_gpu_kern_sum.csv" "$results/$name.json" \
+        | tee "$results/$name.md"
+      rm -f "$results/$name.nsys-rep" "$results/$name.sqlite"
+    elif [ -n "$ncu" ]; then
+      # Past load, warm-up and prefill: a window of decode launches.
+      KILN_GEMV_SPLIT=1 "$ncu" --csv --metrics gpu__time_duration.sum --launch-skip 6000 --launch-count 700 \
+        "${cmd[@]}" > "$results/$name.ncu.csv" 2> "$results/$name.log" || { echo "FAILED: $name"; continue; }
+      python3 bench/gpu/kernels.py ncu "$results/$name.ncu.csv" | tee "$results/$name.md"
+    else
+      echo "no Nsight Systems or Nsight Compute on this machine" | tee "$results/$name.md"
+    fi
+  done
+}
+
 torch_baseline() {
   local mode=$1 shape=$2
   echo "== torch $mode $shape"
@@ -73,11 +110,13 @@ table() {
 case "${1:-}" in
   kiln) kiln ;;
   splits) splits ;;
+  profile) profile ;;
   torch) torch_baseline "${2:?mode}" "${3:?shape}" ;;
   table) table ;;
   all)
     kiln
     splits
+    profile
     for shape in llama3-8b llama3.2-1b; do
       for mode in eager compiled; do torch_baseline "$mode" "$shape"; done
     done

@@ -246,7 +246,7 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k
 #pragma unroll
       for (int u = 0; u < depth; ++u)
         if (blk + u * stride < blocks)
-          F::template dot_raw<MAX_M>(raw[u], part, x, m, k, (blk + u * stride) * F::ELEMS, acc);
+          dot_raw<F, MAX_M>(raw[u], part, x, m, k, (blk + u * stride) * F::ELEMS, acc);
     }
   }
   store_rows<MAX_M, SPLIT>(acc, r, valid, m);

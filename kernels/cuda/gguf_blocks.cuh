@@ -1,7 +1,8 @@
 // GGUF block formats on the device, shared by the decode products
-// (gemv.cu) and the mixture-of-experts kernels (moe.cu). Each format splits
-// a block among `LANES` lanes of a warp; `block_dot` adds one lane's part of
-// the block's products with up to MAX_M rows of x, `value` decodes one value.
+// (gemv.cu, qmatmul.cu) and the mixture-of-experts kernels (moe.cu). Each
+// format splits a block among `LANES` lanes of a warp: `load` reads a lane's
+// part, `values` decodes it, `block_dot` adds its products with up to MAX_M
+// rows of x; `value` decodes one value.
 //   Q8_0  (34 B / 32):  4 lanes, 8 quants each
 //   Q4_0  (18 B / 32):  4 lanes, 4 bytes of nibbles each
 //   Q4_K (144 B / 256): 8 lanes, 16 bytes of nibbles each (two sub-blocks)
@@ -44,7 +45,9 @@ __device__ __forceinline__ void accumulate(float* acc, const float* w, int count
 
 // Each format reads a lane's part of a block in `load` (all of a part's
 // loads at once, so a caller can have several blocks' loads in flight before
-// it uses the first) and multiplies it in `dot_raw`; `block_dot` is the two.
+// it uses the first) and decodes it in `values`, which hands the part's
+// weights to `sink(w, count, column)` in runs of `count` (an even number),
+// the block's values numbered from `col`. A zeroed `Raw` decodes to zeros.
 
 struct Q8_0 {
   static const int ELEMS = 32, BYTES = 34, LANES = 4;
@@ -58,14 +61,14 @@ struct Q8_0 {
     for (int j = 0; j < 4; ++j) r.q[j] = load_u16(b + 2 + 8 * s + 2 * j);
     return r;
   }
-  template <int MAX_M>
-  __device__ static void dot_raw(const Raw& r, int s, const float* x, int m, int k, int col, float* acc) {
+  template <typename Sink>
+  __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     float d = f16_to_f32(r.d), w[8];
     for (int j = 0; j < 4; ++j) {
       w[2 * j] = d * (float)(signed char)(r.q[j] & 0xff);
       w[2 * j + 1] = d * (float)(signed char)(r.q[j] >> 8);
     }
-    accumulate<MAX_M>(acc, w, 8, x, m, k, col + 8 * s);
+    sink(w, 8, col + 8 * s);
   }
   __device__ static float value(const u8* b, int j) { return load_f16(b) * (float)(signed char)b[2 + j]; }
 };
@@ -82,8 +85,8 @@ struct Q4_0 {
     for (int j = 0; j < 2; ++j) r.q[j] = load_u16(b + 2 + 4 * s + 2 * j);
     return r;
   }
-  template <int MAX_M>
-  __device__ static void dot_raw(const Raw& r, int s, const float* x, int m, int k, int col, float* acc) {
+  template <typename Sink>
+  __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     float d = f16_to_f32(r.d), lo[4], hi[4];
     for (int j = 0; j < 2; ++j) {
       for (int h = 0; h < 2; ++h) {
@@ -92,8 +95,8 @@ struct Q4_0 {
         hi[2 * j + h] = d * ((float)(byte >> 4) - 8.0f);
       }
     }
-    accumulate<MAX_M>(acc, lo, 4, x, m, k, col + 4 * s);
-    accumulate<MAX_M>(acc, hi, 4, x, m, k, col + 16 + 4 * s);
+    sink(lo, 4, col + 4 * s);
+    sink(hi, 4, col + 16 + 4 * s);
   }
   __device__ static float value(const u8* b, int j) {
     unsigned int byte = b[2 + (j % 16)];
@@ -137,8 +140,8 @@ struct Q4_K {
     r.q = load_streaming(b + 16 + 32 * (s / 2) + 16 * (s % 2));
     return r;
   }
-  template <int MAX_M>
-  __device__ static void dot_raw(const Raw& r, int s, const float* x, int m, int k, int col, float* acc) {
+  template <typename Sink>
+  __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     int c = s / 2;
     float d = f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(r.head.v[0] >> 16));
     float sc0, m0, sc1, m1;
@@ -155,8 +158,8 @@ struct Q4_K {
         lo[j] = a0 * (float)(byte & 0xfu) - b0;
         hi[j] = a1 * (float)(byte >> 4) - b1;
       }
-      accumulate<MAX_M>(acc, lo, 4, x, m, k, first + 4 * word);
-      accumulate<MAX_M>(acc, hi, 4, x, m, k, first + 32 + 4 * word);
+      sink(lo, 4, first + 4 * word);
+      sink(hi, 4, first + 32 + 4 * word);
     }
   }
   __device__ static float value(const u8* b, int j) {
@@ -188,8 +191,8 @@ struct Q6_K {
     for (int quarter = 0; quarter < 4; ++quarter) r.scales |= (unsigned int)(u8)scales[2 * quarter] << (8 * quarter);
     return r;
   }
-  template <int MAX_M>
-  __device__ static void dot_raw(const Raw& r, int t, const float* x, int m, int k, int col, float* acc) {
+  template <typename Sink>
+  __device__ __forceinline__ static void values(const Raw& r, int t, int col, Sink sink) {
     int h = t / 16, l0 = 2 * (t % 16);
     float d = f16_to_f32(r.d);
     // Not unrolled: four copies of the products with 8 rows of x cost
@@ -203,7 +206,7 @@ struct Q6_K {
         unsigned int high = ((r.qh >> (8 * e)) >> (2 * quarter)) & 3u;
         w[e] = scale * (float)((int)(low | (high << 4)) - 32);
       }
-      accumulate<MAX_M>(acc, w, 2, x, m, k, col + 128 * h + 32 * quarter + l0);
+      sink(w, 2, col + 128 * h + 32 * quarter + l0);
     }
   }
   __device__ static float value(const u8* b, int j) {
@@ -216,10 +219,18 @@ struct Q6_K {
   }
 };
 
-// Lane part `s` of the block at `b` times x, added to acc (see `dot_raw`).
+// A loaded lane part `s` of a block whose values start at column `col`
+// times x, added to acc.
+template <typename F, int MAX_M>
+__device__ __forceinline__ void dot_raw(const typename F::Raw& r, int s, const float* x, int m, int k, int col,
+                                        float* acc) {
+  F::values(r, s, col, [=](const float* w, int count, int column) { accumulate<MAX_M>(acc, w, count, x, m, k, column); });
+}
+
+// Lane part `s` of the block at `b` times x, added to acc.
 template <typename F, int MAX_M>
 __device__ __forceinline__ void block_dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
-  F::template dot_raw<MAX_M>(F::load(b, s), s, x, m, k, col, acc);
+  dot_raw<F, MAX_M>(F::load(b, s), s, x, m, k, col, acc);
 }
 
 // The warp's dot product of row `row` of a matrix of F blocks `w [*, k]`

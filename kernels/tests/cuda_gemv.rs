@@ -13,7 +13,7 @@ use half::{bf16, f16};
 use kiln_kernels::cuda::sources;
 use kiln_kernels::cuda::DevicePtr;
 use kiln_kernels::cuda::KernelArg::{self, Ptr};
-use kiln_kernels::quant::{dequantize_row, QuantType};
+use kiln_kernels::quant::QuantType;
 
 /// Warps per block of the GEMV kernels.
 const WARPS: u32 = 4;
@@ -129,34 +129,6 @@ fn dense_rows_match_the_reference() {
         check_gemv(&gpu, "kiln_gemv_f16", &bytes(&as_f16), &rounded, n, k);
         check_gemv(&gpu, "kiln_gemv_f32", &bytes(&values), &values, n, k);
     }
-}
-
-/// Random blocks of `ty` for `rows × cols` values, with every f16 scale set
-/// to a small finite value; and their values decoded by the CPU.
-fn random_blocks(ty: QuantType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
-    let mut rng = Rng::new(seed);
-    let row_bytes = ty.row_bytes(cols).unwrap();
-    let mut packed: Vec<u8> = (0..rows * row_bytes).map(|_| rng.u32() as u8).collect();
-    let scale_at: &[usize] = match ty {
-        QuantType::Q8_0 | QuantType::Q4_0 => &[0],
-        QuantType::Q4K => &[0, 2],
-        QuantType::Q6K => &[208],
-        other => panic!("no GEMV kernel for {other}"),
-    };
-    for (i, block) in packed.chunks_exact_mut(ty.block_bytes()).enumerate() {
-        for &at in scale_at {
-            let scale = f16::from_f32(0.01 + 0.001 * (i % 7) as f32);
-            block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
-        }
-    }
-    let mut values = vec![0f32; rows * cols];
-    for (row, out) in packed
-        .chunks_exact(row_bytes)
-        .zip(values.chunks_exact_mut(cols))
-    {
-        dequantize_row(ty, row, out).unwrap();
-    }
-    (packed, values)
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! GGUF blocks kept packed on the CUDA backend (the kernel emulator, or a GPU
 //! with KILN_TEST_CUDA_DEVICE): decode steps read them with the GEMV kernels,
-//! prefill expands them to bf16 for the GEMM, and the experts of a mixture
-//! are read packed in both. Random weights at small Llama and Qwen3-MoE
+//! prompts of up to 64 tokens with the tensor-core kernels of `qmatmul.cu`,
+//! longer ones expand them to bf16 for the GEMM, and the experts of a
+//! mixture are read packed in all. Random weights at small Llama and Qwen3-MoE
 //! shapes in each format, against the CPU backend's exact arithmetic on the
 //! same bytes.
 
@@ -32,27 +33,31 @@ fn cpu_and_cuda(shape: &str, dtype: ShapeDtype) -> (Model, Model) {
 
 #[test]
 fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
-    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
+    let prompt = |len: u32| -> Vec<u32> { (0..len).map(|i| (i * 37 + 5) % 512).collect() };
     for dtype in [ShapeDtype::Q4KM, ShapeDtype::Q8_0, ShapeDtype::Q4_0] {
         let (cpu, cuda) = cpu_and_cuda("tiny-llama.json", dtype);
         // One token a step: the GEMV reads the blocks, activations in f32.
-        decode_agrees(&cpu, &cuda, &prompt, &format!("{dtype:?}"));
-        // The whole prompt in one step: more rows than the GEMV takes, so
-        // the blocks are expanded to bf16 and x is rounded to bf16.
-        let a = Generator::new(&cpu, prompt.len())
-            .unwrap()
-            .feed(&prompt, true);
-        let b = Generator::new(&cuda, prompt.len())
-            .unwrap()
-            .feed(&prompt, true);
-        let (a, b) = (a.unwrap(), b.unwrap());
-        assert_eq!(a.len(), prompt.len());
-        for (row, (a, b)) in a.iter().zip(&b).enumerate() {
-            let d = relative_difference(a, b);
-            assert!(
-                d < 2e-2,
-                "{dtype:?} prefill row {row}: relative |Δ| {d:.2e}"
-            );
+        decode_agrees(&cpu, &cuda, &prompt(12), &format!("{dtype:?}"));
+        // The whole prompt in one step, x rounded to bf16: 12 and 64 rows
+        // on tensor cores reading the blocks (one tile of x rows, partly
+        // and wholly filled), 70 rows on the blocks expanded to bf16.
+        for len in [12, 64, 70] {
+            let prompt = prompt(len);
+            let a = Generator::new(&cpu, prompt.len())
+                .unwrap()
+                .feed(&prompt, true);
+            let b = Generator::new(&cuda, prompt.len())
+                .unwrap()
+                .feed(&prompt, true);
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert_eq!(a.len(), prompt.len());
+            for (row, (a, b)) in a.iter().zip(&b).enumerate() {
+                let d = relative_difference(a, b);
+                assert!(
+                    d < 2e-2,
+                    "{dtype:?} prefill of {len} row {row}: relative |Δ| {d:.2e}"
+                );
+            }
         }
     }
 }

@@ -53,6 +53,13 @@ pub const GEMV: Source = Source {
     text: include_str!("../../cuda/gemv.cu"),
 };
 
+/// Products of GGUF-block matrices with batches of up to 64 rows on tensor
+/// cores, the blocks decoded into shared memory.
+pub const QMATMUL: Source = Source {
+    name: "qmatmul.cu",
+    text: include_str!("../../cuda/qmatmul.cu"),
+};
+
 /// Sampling of logits rows on the device.
 pub const SAMPLING: Source = Source {
     name: "sampling.cu",
@@ -72,13 +79,14 @@ pub const MATMUL: Source = Source {
 };
 
 /// Every hand-written source.
-pub const ALL: [Source; 9] = [
+pub const ALL: [Source; 10] = [
     NORM,
     ROPE,
     ATTENTION,
     FLASH_ATTENTION,
     DATA,
     GEMV,
+    QMATMUL,
     SAMPLING,
     MOE,
     MATMUL,

@@ -12,6 +12,7 @@ use kiln_kernels::cuda::emulator::Emulator;
 use kiln_kernels::cuda::sources::{self, Source};
 use kiln_kernels::cuda::KernelArg::{self, I64};
 use kiln_kernels::cuda::{Device, DevicePtr, DeviceResult, FunctionId, LaunchConfig};
+use kiln_kernels::quant::{dequantize_row, QuantType};
 
 /// Largest |GPU - CPU| difference accepted for f32 kernels.
 pub const TOL: f32 = 1e-5;
@@ -162,4 +163,32 @@ pub fn close(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
 
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Random blocks of `ty` for `rows × cols` values, with every f16 scale set
+/// to a small finite value; and their values decoded by the CPU.
+pub fn random_blocks(ty: QuantType, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let mut rng = Rng::new(seed);
+    let row_bytes = ty.row_bytes(cols).unwrap();
+    let mut packed: Vec<u8> = (0..rows * row_bytes).map(|_| rng.u32() as u8).collect();
+    let scale_at: &[usize] = match ty {
+        QuantType::Q8_0 | QuantType::Q4_0 => &[0],
+        QuantType::Q4K => &[0, 2],
+        QuantType::Q6K => &[208],
+        other => panic!("no device kernel reads {other} blocks"),
+    };
+    for (i, block) in packed.chunks_exact_mut(ty.block_bytes()).enumerate() {
+        for &at in scale_at {
+            let scale = half::f16::from_f32(0.01 + 0.001 * (i % 7) as f32);
+            block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+        }
+    }
+    let mut values = vec![0f32; rows * cols];
+    for (row, out) in packed
+        .chunks_exact(row_bytes)
+        .zip(values.chunks_exact_mut(cols))
+    {
+        dequantize_row(ty, row, out).unwrap();
+    }
+    (packed, values)
 }

@@ -2,8 +2,11 @@
 //! GEMV of `kernels/cuda/gemv.cu` reads each matrix once, packed GGUF blocks
 //! included, with x in f32; matrices that share x (q, k and v; gate and up)
 //! run as one launch, in the split of rows among warps chosen at load
-//! (`tune.rs`). More rows go to cuBLAS on x cast to the weight's half
-//! type, a packed matrix expanded to bf16 first, both in the step's scratch.
+//! (`tune.rs`). Packed matrices with up to [`QMM_MAX_M`] rows of x (decode
+//! of many sequences, short prompts) run on tensor cores reading the blocks
+//! (`kernels/cuda/qmatmul.cu`), x cast to bf16. More rows go to cuBLAS on x
+//! cast to the weight's half type, a packed matrix expanded to bf16 first,
+//! both in the step's scratch.
 
 use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout};
 
@@ -18,6 +21,21 @@ pub const GEMV_MAX_M: usize = 8;
 pub const GEMV_WARPS: usize = 4;
 /// Matrices one GEMV launch covers at most (`KILN_GEMV_MAX_GROUP`).
 pub const GEMV_MAX_GROUP: usize = 4;
+/// Most rows of x the tensor-core product of packed blocks takes. Past it
+/// cuBLAS on the matrix expanded to bf16 wins: by arithmetic, the product
+/// reads W once per 64 rows of x, and its simple tiles compute at a fraction
+/// of cuBLAS's rate, while the expansion costs a fixed ~4.5 bytes a weight.
+pub const QMM_MAX_M: usize = 64;
+/// Rows of W and of x per block of that product (`KILN_QMM_TILE`).
+const QMM_TILE: usize = 64;
+/// Columns a block takes per step (`KILN_QMM_K`); K splits are multiples.
+const QMM_STRETCH: usize = 128;
+/// Threads per block (`KILN_QMM_THREADS`).
+const QMM_THREADS: u32 = 128;
+/// Blocks a product is split among (along K) when its tiles are fewer: two
+/// waves of an H100's 132 SMs, so matrices with few rows (o, down, k and v
+/// projections) still have every SM streaming weights.
+const QMM_TARGET_BLOCKS: usize = 256;
 
 /// `(n, k)` of a product over `w` stored as `layout`.
 fn product_dims(w: &DeviceMatrix, layout: WeightLayout) -> (usize, usize) {
@@ -43,24 +61,95 @@ pub fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&
     Some(if m == 1 { one } else { many })
 }
 
-/// The scratch a GEMM over `w` needs for `x_elements` values of x: x cast
-/// to W's half type (at offset 0), then W expanded from its blocks to bf16
-/// (at the returned offset). `(offset, total bytes)`; nothing for a GEMV.
-fn gemm_scratch(w: &DeviceMatrix, layout: WeightLayout, x_elements: usize) -> (usize, usize) {
-    let (_, k) = product_dims(w, layout);
+/// A tensor-core product of packed blocks: its kernel, grid (W's row
+/// tiles, x's row tiles, K's splits) and columns per split.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct QmmLaunch {
+    kernel: &'static str,
+    grid: (u32, u32, u32),
+    k_split: usize,
+}
+
+impl QmmLaunch {
+    fn splits(&self) -> usize {
+        self.grid.2 as usize
+    }
+}
+
+/// How `m` rows of x times `w` run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Route {
+    /// The decode GEMV kernel named.
+    Gemv(&'static str),
+    /// Packed blocks on tensor cores.
+    Qmm(QmmLaunch),
+    /// cuBLAS on x cast to W's half type (and W expanded from its blocks).
+    Gemm,
+}
+
+fn route(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Route {
+    if let Some(name) = gemv_kernel(w, layout, m) {
+        return Route::Gemv(name);
+    }
+    match w.packed {
+        Some(packed) if layout == WeightLayout::OutIn && m <= QMM_MAX_M => {
+            let (n, k) = (w.rows, w.cols);
+            let tiles = n.div_ceil(QMM_TILE) * m.div_ceil(QMM_TILE);
+            let stretches = k.div_ceil(QMM_STRETCH);
+            let wanted = QMM_TARGET_BLOCKS.div_ceil(tiles).clamp(1, stretches);
+            let k_split = stretches.div_ceil(wanted) * QMM_STRETCH;
+            let grid = (
+                n.div_ceil(QMM_TILE) as u32,
+                m.div_ceil(QMM_TILE) as u32,
+                k.div_ceil(k_split) as u32,
+            );
+            Route::Qmm(QmmLaunch {
+                kernel: packed.kernels().qmm,
+                grid,
+                k_split,
+            })
+        }
+        _ => Route::Gemm,
+    }
+}
+
+/// The scratch a product over `w` needs for `x_elements` values of x: x cast
+/// to W's half type (bf16 for packed blocks, at offset 0), then W expanded
+/// from its blocks to bf16 (a GEMM) or the partial sums of K's splits (on
+/// tensor cores), at the returned offset. `(offset, total bytes)`; nothing
+/// for a GEMV.
+fn product_scratch(w: &DeviceMatrix, layout: WeightLayout, x_elements: usize) -> (usize, usize) {
+    let (n, k) = product_dims(w, layout);
     let m = x_elements / k.max(1);
-    if m == 0 || gemv_kernel(w, layout, m).is_some() {
+    if m == 0 {
         return (0, 0);
     }
-    let cast = if w.ty == GemmType::F32 {
-        0
-    } else {
-        x_elements * w.ty.size()
-    };
-    let offset = cast.div_ceil(super::memory::ALIGN) * super::memory::ALIGN;
-    match w.packed {
-        Some(_) => (offset, offset + w.rows * w.cols * GemmType::BF16.size()),
-        None => (0, cast),
+    let aligned = |bytes: usize| bytes.div_ceil(super::memory::ALIGN) * super::memory::ALIGN;
+    match route(w, layout, m) {
+        Route::Gemv(_) => (0, 0),
+        Route::Qmm(q) => {
+            let offset = aligned(x_elements * GemmType::BF16.size());
+            let partials = if q.splits() > 1 {
+                q.splits() * m * n * 4
+            } else {
+                0
+            };
+            (offset, offset + partials)
+        }
+        Route::Gemm => {
+            let cast = if w.ty == GemmType::F32 {
+                0
+            } else {
+                x_elements * w.ty.size()
+            };
+            match w.packed {
+                Some(_) => {
+                    let offset = aligned(cast);
+                    (offset, offset + w.rows * w.cols * GemmType::BF16.size())
+                }
+                None => (0, cast),
+            }
+        }
     }
 }
 
@@ -68,11 +157,11 @@ fn gemm_scratch(w: &DeviceMatrix, layout: WeightLayout, x_elements: usize) -> (u
 /// (a group's products run one after another in one scratch).
 pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
     match plan {
-        StepPlan::Linear(w) => gemm_scratch(w, WeightLayout::OutIn, x_elements).1,
-        StepPlan::MatMul(w) => gemm_scratch(w, WeightLayout::InOut, x_elements).1,
+        StepPlan::Linear(w) => product_scratch(w, WeightLayout::OutIn, x_elements).1,
+        StepPlan::MatMul(w) => product_scratch(w, WeightLayout::InOut, x_elements).1,
         StepPlan::LinearGroup(members) => members
             .iter()
-            .map(|(w, _)| gemm_scratch(w, WeightLayout::OutIn, x_elements).1)
+            .map(|(w, _)| product_scratch(w, WeightLayout::OutIn, x_elements).1)
             .max()
             .unwrap_or(0),
         _ => 0,
@@ -97,8 +186,9 @@ pub fn group_arg(members: &[(DeviceMatrix, DevicePtr)]) -> KernelArg {
 }
 
 impl Frame<'_> {
-    /// `out [m, n] = x [m, k] · W`: the decode GEMV for small `m`, else
-    /// cuBLAS on x cast to W's half type (and W expanded from its blocks).
+    /// `out [m, n] = x [m, k] · W`: the decode GEMV for small `m`, packed
+    /// blocks on tensor cores for moderate `m`, else cuBLAS on x cast to
+    /// W's half type (and W expanded from its blocks).
     pub(super) fn product(
         &self,
         w: &DeviceMatrix,
@@ -113,49 +203,64 @@ impl Frame<'_> {
         if m == 0 {
             return Ok(());
         }
-        if gemv_kernel(w, layout, m).is_some() {
+        let route = route(w, layout, m);
+        if let Route::Gemv(_) = route {
             return self.product_group(&[(*w, out)], x, x_elements, scratch);
         }
-        let (matrix_offset, bytes) = gemm_scratch(w, layout, x_elements);
+        let (second_offset, bytes) = product_scratch(w, layout, x_elements);
         let scratch = match bytes {
             0 => 0,
             _ => scratch.ok_or("no scratch buffer planned")?,
         };
+        let second = scratch + second_offset as DevicePtr;
+        if let Route::Qmm(q) = route {
+            let x = self.cast_x(GemmType::BF16, x, x_elements, scratch)?;
+            let int = |v: usize| KernelArg::I32(v as i32);
+            let config = LaunchConfig {
+                grid: q.grid,
+                block: (QMM_THREADS, 1, 1),
+                shared_bytes: 0,
+            };
+            let args = [
+                KernelArg::Ptr(w.ptr),
+                KernelArg::Ptr(x),
+                KernelArg::Ptr(out),
+                KernelArg::Ptr(second),
+                int(m),
+                int(n),
+                int(k),
+                int(q.k_split),
+            ];
+            self.launch(q.kernel, config, &args)?;
+            if q.splits() == 1 {
+                return Ok(());
+            }
+            let args = [
+                KernelArg::Ptr(second),
+                KernelArg::Ptr(out),
+                KernelArg::I64((m * n) as i64),
+                int(q.splits()),
+            ];
+            return self.launch("kiln_qmm_reduce", LaunchConfig::elementwise(m * n), &args);
+        }
         let x = match w.ty {
             GemmType::F32 => x,
-            half => {
-                let name = if half == GemmType::BF16 {
-                    "kiln_f32_to_bf16"
-                } else {
-                    "kiln_f32_to_f16"
-                };
-                self.launch(
-                    name,
-                    LaunchConfig::elementwise(x_elements),
-                    &[
-                        KernelArg::Ptr(x),
-                        KernelArg::Ptr(scratch),
-                        KernelArg::I64(x_elements as i64),
-                    ],
-                )?;
-                scratch
-            }
+            half => self.cast_x(half, x, x_elements, scratch)?,
         };
         let weights = match w.packed {
             None => w.ptr,
             Some(packed) => {
-                let expanded = scratch + matrix_offset as DevicePtr;
                 let blocks = w.rows * w.cols / packed.quant_type().block_elems();
                 self.launch(
                     packed.kernels().dequant,
                     LaunchConfig::elementwise(w.rows * w.cols),
                     &[
                         KernelArg::Ptr(w.ptr),
-                        KernelArg::Ptr(expanded),
+                        KernelArg::Ptr(second),
                         KernelArg::I64(blocks as i64),
                     ],
                 )?;
-                expanded
+                second
             }
         };
         self.device
@@ -170,6 +275,31 @@ impl Frame<'_> {
                 y: out,
             })
             .map_err(|e| e.to_string())
+    }
+
+    /// x [`x_elements`] f32 cast to the half type `half` at `to`.
+    fn cast_x(
+        &self,
+        half: GemmType,
+        x: DevicePtr,
+        x_elements: usize,
+        to: DevicePtr,
+    ) -> Result<DevicePtr, String> {
+        let name = if half == GemmType::BF16 {
+            "kiln_f32_to_bf16"
+        } else {
+            "kiln_f32_to_f16"
+        };
+        self.launch(
+            name,
+            LaunchConfig::elementwise(x_elements),
+            &[
+                KernelArg::Ptr(x),
+                KernelArg::Ptr(to),
+                KernelArg::I64(x_elements as i64),
+            ],
+        )?;
+        Ok(to)
     }
 
     /// `out_i = x · W_iᵀ` for matrices of one format that share x: one GEMV
@@ -207,5 +337,70 @@ impl Frame<'_> {
                 &[group_arg(members), KernelArg::Ptr(x), int(m), int(k)],
             )
             .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::cuda::weights::Packed;
+
+    fn matrix(packed: Option<Packed>, rows: usize, cols: usize) -> DeviceMatrix {
+        DeviceMatrix {
+            ptr: 0,
+            ty: GemmType::BF16,
+            packed,
+            rows,
+            cols,
+        }
+    }
+
+    fn qmm(w: &DeviceMatrix, m: usize) -> QmmLaunch {
+        match route(w, WeightLayout::OutIn, m) {
+            Route::Qmm(q) => q,
+            other => panic!("{m} rows of x: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn packed_products_between_the_gemv_and_cublas_run_on_tensor_cores() {
+        let q4k = Some(Packed::Q4K);
+        let o_proj = matrix(q4k, 4096, 4096);
+        assert!(matches!(
+            route(&o_proj, WeightLayout::OutIn, 8),
+            Route::Gemv(_)
+        ));
+        assert_eq!(route(&o_proj, WeightLayout::OutIn, 65), Route::Gemm);
+        assert_eq!(
+            route(&matrix(None, 4096, 4096), WeightLayout::OutIn, 16),
+            Route::Gemm
+        );
+        // Llama-3-8B's shapes at 64 sequences: K is split until a matrix
+        // with few rows has ~256 blocks; a wide one is not split.
+        let o = qmm(&o_proj, 64);
+        assert_eq!(
+            (o.kernel, o.grid, o.k_split),
+            ("kiln_qmm_q4_k", (64, 1, 4), 1024)
+        );
+        let k_proj = qmm(&matrix(q4k, 1024, 4096), 64);
+        assert_eq!((k_proj.grid, k_proj.k_split), ((16, 1, 16), 256));
+        let down = qmm(&matrix(q4k, 4096, 14336), 16);
+        assert_eq!((down.grid, down.k_split), ((64, 1, 4), 3584));
+        let head = qmm(&matrix(Some(Packed::Q6K), 128_256, 4096), 9);
+        assert_eq!((head.kernel, head.grid), ("kiln_qmm_q6_k", (2004, 1, 1)));
+        // Splits never outnumber the matrix's stretches of 128 columns.
+        let short = qmm(&matrix(Some(Packed::Q8_0), 64, 288), 64);
+        assert_eq!((short.grid, short.k_split), ((1, 1, 3), 128));
+    }
+
+    #[test]
+    fn scratch_holds_x_in_bf16_and_the_partial_sums() {
+        let w = matrix(Some(Packed::Q4K), 1024, 4096);
+        let (offset, total) = product_scratch(&w, WeightLayout::OutIn, 64 * 4096);
+        assert_eq!(offset, 64 * 4096 * 2);
+        assert_eq!(total, offset + 16 * 64 * 1024 * 4);
+        let wide = matrix(Some(Packed::Q4K), 128_256, 4096);
+        let (offset, total) = product_scratch(&wide, WeightLayout::OutIn, 16 * 4096);
+        assert_eq!((offset, total), (16 * 4096 * 2, 16 * 4096 * 2));
     }
 }

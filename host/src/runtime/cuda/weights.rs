@@ -74,6 +74,8 @@ pub struct PackedKernels {
     pub gemv: &'static str,
     /// The decode GEMV for one row of x.
     pub gemv_m1: &'static str,
+    /// The tensor-core product for batches past the GEMV's (`qmatmul.cu`).
+    pub qmm: &'static str,
     /// The expansion to bf16.
     pub dequant: &'static str,
     /// Embedding rows.
@@ -106,10 +108,11 @@ impl Packed {
 
     /// Its kernels.
     pub fn kernels(self) -> PackedKernels {
-        let (gemv, gemv_m1, dequant, embedding, moe) = match self {
+        let (gemv, gemv_m1, qmm, dequant, embedding, moe) = match self {
             Self::Q8_0 => (
                 "kiln_gemv_q8_0",
                 "kiln_gemv_q8_0_m1",
+                "kiln_qmm_q8_0",
                 "kiln_dequant_q8_0",
                 "kiln_embedding_q8_0",
                 ["kiln_moe_gate_up_q8_0", "kiln_moe_down_q8_0"],
@@ -117,6 +120,7 @@ impl Packed {
             Self::Q4_0 => (
                 "kiln_gemv_q4_0",
                 "kiln_gemv_q4_0_m1",
+                "kiln_qmm_q4_0",
                 "kiln_dequant_q4_0",
                 "kiln_embedding_q4_0",
                 ["kiln_moe_gate_up_q4_0", "kiln_moe_down_q4_0"],
@@ -124,6 +128,7 @@ impl Packed {
             Self::Q4K => (
                 "kiln_gemv_q4_k",
                 "kiln_gemv_q4_k_m1",
+                "kiln_qmm_q4_k",
                 "kiln_dequant_q4_k",
                 "kiln_embedding_q4_k",
                 ["kiln_moe_gate_up_q4_k", "kiln_moe_down_q4_k"],
@@ -131,6 +136,7 @@ impl Packed {
             Self::Q6K => (
                 "kiln_gemv_q6_k",
                 "kiln_gemv_q6_k_m1",
+                "kiln_qmm_q6_k",
                 "kiln_dequant_q6_k",
                 "kiln_embedding_q6_k",
                 ["kiln_moe_gate_up_q6_k", "kiln_moe_down_q6_k"],
@@ -138,6 +144,7 @@ impl Packed {
         };
         PackedKernels {
             gemv,
+            qmm,
             gemv_m1,
             dequant,
             embedding,
