@@ -33,7 +33,10 @@ def nsys(kern_sum, benchmark):
             rows.append((r["Name"][:80], int(r["Instances"]), float(r["Total Time (ns)"]),
                          float(r["Min (ns)"]), float(r["Max (ns)"])))
     total = sum(r[2] for r in rows)
-    report = json.load(open(benchmark))
+    # Nsight Systems may print its own lines around the benchmark's JSON.
+    with open(benchmark) as f:
+        text = f.read()
+    report, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
     level = report["levels"][0]
     wall_ns = level["wall_s"] * 1e9
     steps = max(level.get("steps", 0), 1)

@@ -13,7 +13,8 @@
 #   bench/gpu/run.sh splits            Kiln's decode with the GEMV's warps per row
 #                                      fixed to 1, 2, 4 and timed (KILN_GEMV_SPLIT)
 #   bench/gpu/run.sh profile           where a decode step's time goes at batch 1, 16
-#                                      and 64 (llama3-8b bf16 and q4_k_m): Nsight
+#                                      and 64 (llama3-8b bf16 and q4_k_m), and a 2048-
+#                                      token prefill's: Nsight
 #                                      Systems' kernel sums over the run against its
 #                                      wall time (device- or host-bound), else an
 #                                      Nsight Compute window of kernel times
@@ -70,11 +71,13 @@ profile() {
   local nsys ncu
   nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
   ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  for run in ${KILN_BENCH_PROFILE:-llama3-8b:bf16:1 llama3-8b:bf16:16 llama3-8b:bf16:64 llama3-8b:q4_k_m:16 llama3-8b:q4_k_m:64}; do
-    IFS=: read -r shape dtype batch <<< "$run"
-    local name=profile-$shape-$dtype-$batch
+  # shape:dtype:batch[:prompt tokens:generated tokens]
+  for run in ${KILN_BENCH_PROFILE:-llama3-8b:bf16:1 llama3-8b:bf16:16 llama3-8b:bf16:64 llama3-8b:q4_k_m:16 llama3-8b:q4_k_m:64 llama3-8b:bf16:1:2048:1}; do
+    IFS=: read -r shape dtype batch prompt generated <<< "$run"
+    prompt=${prompt:-$input_len} generated=${generated:-64}
+    local name=profile-$shape-$dtype-$batch-$prompt-$generated
     local cmd=("$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device"
-      --input-len "$input_len" --output-len 64 --concurrency "$batch" --json)
+      --input-len "$prompt" --output-len "$generated" --concurrency "$batch" --json)
     echo "== $name"
     if [ -n "$nsys" ]; then
       "$nsys" profile --force-overwrite true --cuda-graph-trace node -o "$results/$name" \

@@ -35,9 +35,9 @@ fn bench(c: &mut Criterion) {
     for rows in [1usize, 64] {
         for (k, n) in SHAPES {
             let x = data(rows * k);
-            let w: Vec<u16> = data(n * k)
+            let w: Vec<u8> = data(n * k)
                 .iter()
-                .map(|v| half::bf16::from_f32(*v).to_bits())
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
                 .collect();
             let mut y = vec![0f32; rows * n];
             group.throughput(Throughput::Elements((2 * rows * k * n) as u64));

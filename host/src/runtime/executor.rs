@@ -321,12 +321,7 @@ impl Executor {
                 } else {
                     HalfFormat::BF16
                 };
-                let bits: Vec<u16> = weight
-                    .bytes()
-                    .chunks_exact(2)
-                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                    .collect();
-                matmul::linear_half(xs, &bits, format, &mut y, m, k, n);
+                matmul::linear_half(xs, weight.bytes(), format, &mut y, m, k, n);
             }
             _ => {
                 let ty = weight

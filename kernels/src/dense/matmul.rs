@@ -97,17 +97,20 @@ impl HalfFormat {
         }
     }
 
-    /// Converts a row of raw bits to f32.
-    pub fn convert(self, bits: &[u16], out: &mut [f32]) {
-        assert_eq!(bits.len(), out.len(), "conversion sizes");
+    /// Converts little-endian 16-bit values (`2 × out.len()` bytes) to f32.
+    pub fn convert(self, bytes: &[u8], out: &mut [f32]) {
+        assert_eq!(bytes.len(), 2 * out.len(), "conversion sizes");
+        let bits = bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]));
         match self {
             HalfFormat::BF16 => {
-                for (o, &b) in out.iter_mut().zip(bits) {
+                for (o, b) in out.iter_mut().zip(bits) {
                     *o = f32::from_bits(u32::from(b) << 16);
                 }
             }
             HalfFormat::F16 => {
-                for (o, &b) in out.iter_mut().zip(bits) {
+                for (o, b) in out.iter_mut().zip(bits) {
                     *o = self.to_f32(b);
                 }
             }
@@ -118,12 +121,17 @@ impl HalfFormat {
 /// Rows of `w` converted per tile before a product.
 const HALF_TILE_ROWS: usize = 64;
 
-/// `y [m, n] = x [m, k] · wᵀ` with 16-bit `w [n, k]` (raw bits), computed
-/// from the 16-bit data: tiles of rows are widened to f32 as they are used,
-/// never the whole matrix.
+/// Rows of x one pass over a widened tile multiplies at once.
+const HALF_X_ROWS: usize = 4;
+
+/// `y [m, n] = x [m, k] · wᵀ` with 16-bit `w [n, k]` (its little-endian
+/// bytes, read in place), computed from the 16-bit data: tiles of rows are
+/// widened to f32 as they are used, never the whole matrix. Each output is
+/// [`dot`]'s arithmetic, so a row's results do not depend on the rows
+/// batched with it.
 pub fn linear_half(
     x: &[f32],
-    w: &[u16],
+    w: &[u8],
     format: HalfFormat,
     y: &mut [f32],
     m: usize,
@@ -131,7 +139,7 @@ pub fn linear_half(
     n: usize,
 ) {
     assert!(
-        x.len() == m * k && w.len() == n * k && y.len() == m * n,
+        x.len() == m * k && w.len() == 2 * n * k && y.len() == m * n,
         "linear_half sizes"
     );
     if m == 0 || n == 0 {
@@ -145,9 +153,23 @@ pub fn linear_half(
         .map(|start| {
             let rows = HALF_TILE_ROWS.min(n - start);
             let mut tile = vec![0f32; rows * k];
-            format.convert(&w[start * k..(start + rows) * k], &mut tile);
+            format.convert(&w[2 * start * k..2 * (start + rows) * k], &mut tile);
             let mut out = vec![0f32; m * rows];
-            for i in 0..m {
+            // Four rows of x per pass over the tile: each weight row is
+            // loaded once for four dot products.
+            let mut i = 0;
+            while i + HALF_X_ROWS <= m {
+                let xs: [&[f32]; HALF_X_ROWS] =
+                    std::array::from_fn(|j| &x[(i + j) * k..(i + j + 1) * k]);
+                for r in 0..rows {
+                    let sums = dots(xs, &tile[r * k..(r + 1) * k]);
+                    for (j, sum) in sums.into_iter().enumerate() {
+                        out[(i + j) * rows + r] = sum;
+                    }
+                }
+                i += HALF_X_ROWS;
+            }
+            for i in i..m {
                 let xi = &x[i * k..(i + 1) * k];
                 for r in 0..rows {
                     out[i * rows + r] = dot(xi, &tile[r * k..(r + 1) * k]);
@@ -167,18 +189,32 @@ pub fn linear_half(
 /// Dot product with eight independent accumulators (vectorizes well).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
+    dots([a], b)[0]
+}
+
+/// The dot products of each of `R` rows with `b`, each with [`dot`]'s
+/// arithmetic (eight accumulators, summed in order, then the tail), sharing
+/// the loads of `b`.
+#[inline]
+fn dots<const R: usize>(rows: [&[f32]; R], b: &[f32]) -> [f32; R] {
+    let mut acc = [[0f32; 8]; R];
+    let chunks = b.len() / 8;
     for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        let bc = &b[c * 8..c * 8 + 8];
+        for (acc, a) in acc.iter_mut().zip(&rows) {
+            let ac = &a[c * 8..c * 8 + 8];
+            for l in 0..8 {
+                acc[l] += ac[l] * bc[l];
+            }
         }
     }
-    let mut sum: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        sum += a[i] * b[i];
-    }
-    sum
+    std::array::from_fn(|j| {
+        let mut sum: f32 = acc[j].iter().sum();
+        for i in chunks * 8..b.len() {
+            sum += rows[j][i] * b[i];
+        }
+        sum
+    })
 }
 
 #[cfg(test)]
@@ -233,11 +269,27 @@ mod tests {
                     })
                     .collect();
                 let widened: Vec<f32> = bits.iter().map(|&b| format.to_f32(b)).collect();
+                let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
                 let mut expected_half = vec![0f32; m * n];
                 linear(&a, &widened, &mut expected_half, m, k, n);
-                linear_half(&a, &bits, format, &mut c, m, k, n);
+                linear_half(&a, &bytes, format, &mut c, m, k, n);
                 for (x, y) in c.iter().zip(&expected_half) {
                     assert!((x - y).abs() < 1e-4, "{format:?} {m}x{k}x{n}: {x} vs {y}");
+                }
+                // A row's bits are those of the row alone (rows of x go
+                // four at a time, the rest one at a time).
+                for i in 0..m {
+                    let mut alone = vec![0f32; n];
+                    linear_half(&a[i * k..(i + 1) * k], &bytes, format, &mut alone, 1, k, n);
+                    let batched = &c[i * n..(i + 1) * n];
+                    let same = alone
+                        .iter()
+                        .zip(batched)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{format:?} {m}x{k}x{n}: row {i} differs from its own product"
+                    );
                 }
             }
         }
