@@ -265,12 +265,17 @@ __device__ void embedding_blocks(const u8* table, const i64* ids, float* y, i64 
     y[(i64)blockIdx.x * cols + c] = valid ? F::value(row + (c / F::ELEMS) * F::BYTES, c % F::ELEMS) : 0.0f;
 }
 
-// Every value of `count` blocks as bf16, one thread per value.
+// Every value of `count` blocks as bf16: a thread per lane part of a block
+// (the GEMV's loads, 16 bytes at a time for Q4_K), striding over the grid.
 template <typename F>
 __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
-  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= count * F::ELEMS) return;
-  out[i] = f32_to_bf16(F::value(w + (i / F::ELEMS) * F::BYTES, (int)(i % F::ELEMS)));
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < count * F::LANES; i += (i64)gridDim.x * blockDim.x) {
+    i64 block = i / F::LANES;
+    int part = (int)(i % F::LANES);
+    bf16_bits* values = out + block * F::ELEMS;
+    F::values(F::load(w + block * F::BYTES, part), part, 0,
+              [&](const float* v, int n, int column) { store_bf16_pairs(values + column, v, n); });
+  }
 }
 
 extern "C" __global__ void kiln_gemv_q8_0(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, KILN_GEMV_MAX_M, 1>(g, x, m, k); }

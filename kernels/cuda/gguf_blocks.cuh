@@ -219,6 +219,12 @@ struct Q6_K {
   }
 };
 
+// Stores `count` (even) values at `out` as bf16, two to a 32-bit store.
+__device__ __forceinline__ void store_bf16_pairs(bf16_bits* out, const float* v, int count) {
+  for (int e = 0; e < count; e += 2)
+    *reinterpret_cast<unsigned*>(out + e) = (unsigned)f32_to_bf16(v[e]) | ((unsigned)f32_to_bf16(v[e + 1]) << 16);
+}
+
 // A loaded lane part `s` of a block whose values start at column `col`
 // times x, added to acc.
 template <typename F, int MAX_M>

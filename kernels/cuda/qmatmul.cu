@@ -87,11 +87,8 @@ __device__ __forceinline__ void store_stretch(const Loaded<F>& s, bf16_bits (*ws
     int q = threadIdx.x + j * KILN_QMM_THREADS, row = q / Stretch<F>::PARTS, block, part;
     stretch_part<F>(kc, q % Stretch<F>::PARTS, &block, &part);
     bf16_bits* out = ws[row];
-    F::values(s.w[j], part, block * F::ELEMS - kc, [&](const float* v, int count, int column) {
-      for (int e = 0; e < count; e += 2)
-        *reinterpret_cast<unsigned*>(out + column + e) =
-            (unsigned)f32_to_bf16(v[e]) | ((unsigned)f32_to_bf16(v[e + 1]) << 16);
-    });
+    F::values(s.w[j], part, block * F::ELEMS - kc,
+              [&](const float* v, int count, int column) { store_bf16_pairs(out + column, v, count); });
   }
 #pragma unroll
   for (int j = 0; j < KILN_QMM_X_CHUNKS; ++j) {

@@ -253,7 +253,7 @@ impl Frame<'_> {
                 let blocks = w.rows * w.cols / packed.quant_type().block_elems();
                 self.launch(
                     packed.kernels().dequant,
-                    LaunchConfig::elementwise(w.rows * w.cols),
+                    LaunchConfig::elementwise(blocks * packed.lanes()),
                     &[
                         KernelArg::Ptr(w.ptr),
                         KernelArg::Ptr(second),

@@ -96,6 +96,16 @@ impl Packed {
         })
     }
 
+    /// Threads a block is split among (`LANES` in `gguf_blocks.cuh`): the
+    /// expansion to bf16 takes a thread per lane part.
+    pub fn lanes(self) -> usize {
+        match self {
+            Self::Q8_0 | Self::Q4_0 => 4,
+            Self::Q4K => 8,
+            Self::Q6K => 32,
+        }
+    }
+
     /// The block format.
     pub fn quant_type(self) -> QuantType {
         match self {
