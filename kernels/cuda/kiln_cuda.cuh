@@ -146,3 +146,27 @@ __device__ __forceinline__ i64 f32_to_i64(float v) {
   if (v <= -9.2233720368547758e18f) return (i64)(-0x7fffffffffffffffLL - 1);
   return (i64)v;
 }
+
+// The paged KV cache (attention.cu, rope.cu): a ragged batch's rows, their
+// sequences and positions, and where a position's keys and values live.
+
+// The sequence owning batch row `row` and the row's position in it.
+__device__ __forceinline__ int sequence_of(const i64* row_offsets, const i64* context_lens, int batch,
+                                           i64 row, i64* position) {
+  int b = 0;
+  while (b + 1 < batch && row >= row_offsets[b + 1]) b += 1;
+  i64 fed = row_offsets[b + 1] - row_offsets[b];
+  *position = context_lens[b] - fed + (row - row_offsets[b]);
+  return b;
+}
+
+__device__ __forceinline__ i64 cache_slot(const i64* block_tables, int b, int blocks_per_seq, int block_size,
+                                          i64 position) {
+  return block_tables[(i64)b * blocks_per_seq + position / block_size] * block_size + position % block_size;
+}
+
+// Cache elements to and from f32.
+__device__ __forceinline__ float cache_load(const float* p) { return *p; }
+__device__ __forceinline__ float cache_load(const bf16_bits* p) { return bf16_to_f32(*p); }
+__device__ __forceinline__ void cache_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void cache_store(bf16_bits* p, float v) { *p = f32_to_bf16(v); }

@@ -11,10 +11,16 @@
 // (half of the head); wider heads compute them per pair.
 #define KILN_ROPE_MAX_HALF 256
 
-extern "C" __global__ void kiln_rope(const float* __restrict__ x, const i64* __restrict__ positions,
-                                     const float* __restrict__ inv_freq, float* __restrict__ y,
-                                     int heads, int half, int interleaved, float scale,
-                                     const float* __restrict__ x2, float* __restrict__ y2, int heads2) {
+#define KILN_ROPE_PARAMS                                                                                    \
+  const float *__restrict__ x, const i64 *__restrict__ positions, const float *__restrict__ inv_freq,         \
+      float *__restrict__ y, int heads, int half, int interleaved, float scale, const float *__restrict__ x2, \
+      float *__restrict__ y2, int heads2
+#define KILN_ROPE_ARGS x, positions, inv_freq, y, heads, half, interleaved, scale, x2, y2, heads2
+
+// Rotates the block's token. With `k_slot` set, the second tensor's rotated
+// rows (the keys) are also stored there: the token's place in the KV cache.
+template <typename C>
+__device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_slot) {
   __shared__ float cos_sin[2 * KILN_ROPE_MAX_HALF];
   i64 token = blockIdx.x;
   float position = (float)positions[token];
@@ -50,7 +56,47 @@ extern "C" __global__ void kiln_rope(const float* __restrict__ x, const i64* __r
     int a = interleaved ? 2 * i : i;
     int b = interleaved ? 2 * i + 1 : i + half;
     float x0 = in[a], x1 = in[b];
-    out[a] = x0 * c - x1 * s;
-    out[b] = x1 * c + x0 * s;
+    float r0 = x0 * c - x1 * s, r1 = x1 * c + x0 * s;
+    out[a] = r0;
+    out[b] = r1;
+    if (second && k_slot != nullptr) {
+      cache_store(k_slot + head * head_dim + a, r0);
+      cache_store(k_slot + head * head_dim + b, r1);
+    }
   }
+}
+
+extern "C" __global__ void kiln_rope(KILN_ROPE_PARAMS) { rope_token<float>(KILN_ROPE_ARGS, nullptr); }
+
+// Rotary embedding of q (x) and k (x2) fused with paged attention's cache
+// write (attention.cu's kiln_write_kv): the rotated keys go to y2 and to the
+// token's cache slot, and the token's values v [T, heads2 · 2·half] are
+// copied to theirs; a padding row (position -1) writes nothing to the
+// cache. One launch a layer fewer, and k is not read back.
+template <typename C>
+__device__ void rope_write_kv(KILN_ROPE_PARAMS, const float* __restrict__ v, C* __restrict__ k_cache,
+                              C* __restrict__ v_cache, const i64* __restrict__ row_offsets,
+                              const i64* __restrict__ context_lens, const i64* __restrict__ block_tables, int batch,
+                              int blocks_per_seq, int block_size) {
+  i64 row = blockIdx.x, position;
+  int stride = heads2 * 2 * half;
+  int b = sequence_of(row_offsets, context_lens, batch, row, &position);
+  i64 at = position < 0 ? -1 : cache_slot(block_tables, b, blocks_per_seq, block_size, position) * stride;
+  rope_token<C>(KILN_ROPE_ARGS, at < 0 ? nullptr : k_cache + at);
+  if (at < 0) return;
+  for (int i = threadIdx.x; i < stride; i += blockDim.x) cache_store(v_cache + at + i, v[row * stride + i]);
+}
+
+#define KILN_ROPE_CACHE_PARAMS(C)                                                                             \
+  const float *__restrict__ v, C *__restrict__ k_cache, C *__restrict__ v_cache,                              \
+      const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,                              \
+      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size
+#define KILN_ROPE_CACHE_ARGS v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size
+
+extern "C" __global__ void kiln_rope_write_kv(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(float)) {
+  rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
+}
+
+extern "C" __global__ void kiln_rope_write_kv_bf16(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(bf16_bits)) {
+  rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
 }

@@ -79,6 +79,9 @@ fn decode_batches_share_bucketed_graphs_and_match_the_cpu() {
     // RMS norms run with the residual add before them (the first reads the
     // embedding).
     assert_eq!(executor.merged_steps(), 2 * (3 + 1) + 4);
+    // Each layer's rotation of q and k writes the keys and values into the
+    // cache (kiln_rope_write_kv) instead of the attention's own write.
+    assert_eq!(executor.cache_writes_with_rotary(), 2);
     // Prefill five sequences of three tokens, one at a time.
     for i in 0..5u32 {
         let prompt = vec![(vec![i * 7 + 1, i * 3 + 2, 5], 0)];

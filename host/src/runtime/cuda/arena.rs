@@ -10,7 +10,7 @@ use kiln_plugin_api::graph::{Op, ValueId};
 
 use super::memory::{self, Buffer};
 use super::plan::{Home, StepPlan};
-use super::{element_bytes, launch, products};
+use super::{attention, element_bytes, products};
 use crate::compiler::Program;
 use crate::runtime::executor::resolve;
 
@@ -118,7 +118,7 @@ pub fn plan(
                 let x = &shapes[step.inputs[0] as usize];
                 super::moe::scratch_bytes(moe, x_elements(), x.last().copied().unwrap_or(1))
             }
-            StepPlan::Attention(_) => launch::attention_scratch_bytes(
+            StepPlan::Attention { .. } => attention::attention_scratch_bytes(
                 &shapes[step.inputs[0] as usize],
                 &shapes[step.inputs[5] as usize],
             ),

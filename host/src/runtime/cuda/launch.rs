@@ -2,8 +2,9 @@
 //! shapes and buffer addresses.
 
 use kiln_kernels::cuda::{Device, DevicePtr, KernelArg, LaunchConfig, WeightLayout};
-use kiln_plugin_api::graph::{AttentionSpec, DType};
+use kiln_plugin_api::graph::DType;
 
+use super::attention::HEAD_DIM;
 use super::codegen::MAX_RANK;
 use super::plan::{HandKernels, StepPlan};
 use super::tune::GemvChoices;
@@ -31,7 +32,7 @@ pub struct Frame<'a> {
     pub flash_attention: bool,
 }
 
-fn numel(shape: &[usize]) -> usize {
+pub(super) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
@@ -44,7 +45,7 @@ fn block_threads(n: usize) -> u32 {
 /// Threads for a kernel whose block takes a row of `n` items, as many as
 /// the items up to 1024: a decode step's single row is one block, whose
 /// items are then read in one round rather than a loop of round trips.
-fn row_threads(n: usize) -> u32 {
+pub(super) fn row_threads(n: usize) -> u32 {
     (n.div_ceil(32) * 32).clamp(32, 1024) as u32
 }
 
@@ -84,7 +85,7 @@ impl Strided {
 }
 
 impl Frame<'_> {
-    fn kernel(&self, name: &str) -> kiln_kernels::cuda::FunctionId {
+    pub(super) fn kernel(&self, name: &str) -> kiln_kernels::cuda::FunctionId {
         self.hand[name]
     }
 
@@ -408,43 +409,12 @@ impl Frame<'_> {
                 interleaved,
                 scale,
                 with,
-            } => {
-                let (tokens, heads, dim) = match out_shape.as_slice() {
-                    [t, h, d] => (*t, *h, *d),
-                    other => return Err(format!("rope expects [T, H, D], got {other:?}")),
-                };
-                let half = dim / 2;
-                // The second tensor rotated in the same launch, if any.
-                let (x2, y2, heads2) = match with {
-                    Some((x2, y2)) => (
-                        self.addrs[*x2 as usize],
-                        self.addrs[*y2 as usize],
-                        self.shapes[*y2 as usize].get(1).copied().unwrap_or(0),
-                    ),
-                    None => (0, 0, 0),
-                };
-                if tokens == 0 {
-                    return Ok(());
-                }
-                self.launch(
-                    "kiln_rope",
-                    LaunchConfig::linear(tokens as u32, row_threads((heads + heads2) * half)),
-                    &[
-                        KernelArg::Ptr(input(0)),
-                        KernelArg::Ptr(input(1)),
-                        KernelArg::Ptr(input(2)),
-                        KernelArg::Ptr(out),
-                        KernelArg::I32(heads as i32),
-                        KernelArg::I32(half as i32),
-                        KernelArg::I32(i32::from(*interleaved)),
-                        KernelArg::F32(*scale),
-                        KernelArg::Ptr(x2),
-                        KernelArg::Ptr(y2),
-                        KernelArg::I32(heads2 as i32),
-                    ],
-                )
-            }
-            StepPlan::Attention(spec) => self.attention(step, spec, scratch),
+                cache_write,
+            } => self.rope(step, *interleaved, *scale, *with, *cache_write),
+            StepPlan::Attention {
+                spec,
+                cache_written,
+            } => self.attention(step, spec, *cache_written, scratch),
             StepPlan::SequenceAttention(spec) => {
                 let (q, k) = (in_shape(0), in_shape(1));
                 let (tokens, heads, head_dim) = (q[0], q[1], q[2]);
@@ -588,193 +558,6 @@ impl Frame<'_> {
                     .map_err(|e| e.to_string())
             }
         }
-    }
-
-    fn attention(
-        &self,
-        step: &Step,
-        spec: &AttentionSpec,
-        scratch: Option<DevicePtr>,
-    ) -> Result<(), String> {
-        let cache = self.cache.ok_or("paged attention needs a KV cache")?;
-        let addr = |i: usize| self.addrs[step.inputs[i] as usize];
-        let shape = |i: usize| &self.shapes[step.inputs[i] as usize];
-        let (tokens, num_heads, head_dim) = match shape(0).as_slice() {
-            [t, h, d] => (*t, *h, *d),
-            other => return Err(format!("q must be [T, H, D], got {other:?}")),
-        };
-        let kv_heads = shape(1)[1];
-        let layout = cache.layout;
-        if kv_heads != layout.num_kv_heads || head_dim != layout.head_dim {
-            return Err(format!(
-                "k is [.., {kv_heads}, {head_dim}] but the cache holds {} heads of {}",
-                layout.num_kv_heads, layout.head_dim
-            ));
-        }
-        if head_dim > WIDE_HEAD_DIM || num_heads % kv_heads != 0 {
-            return Err(format!(
-                "{num_heads} query heads over {kv_heads} key/value heads of {head_dim} are not \
-                 supported (head_dim ≤ {WIDE_HEAD_DIM})"
-            ));
-        }
-        if tokens == 0 {
-            return Ok(());
-        }
-        let (k_cache, v_cache) = cache
-            .layer(spec.layer as usize)
-            .ok_or_else(|| format!("the cache has no layer {}", spec.layer))?;
-        let batch = numel(shape(4));
-        let blocks_per_seq = shape(5).get(1).copied().unwrap_or(0);
-        let stride = kv_heads * head_dim;
-        let metadata = [
-            KernelArg::Ptr(addr(3)),
-            KernelArg::Ptr(addr(4)),
-            KernelArg::Ptr(addr(5)),
-            KernelArg::I32(batch as i32),
-            KernelArg::I32(blocks_per_seq as i32),
-            KernelArg::I32(layout.block_size as i32),
-        ];
-        let mut args = vec![
-            KernelArg::Ptr(addr(1)),
-            KernelArg::Ptr(addr(2)),
-            KernelArg::Ptr(k_cache),
-            KernelArg::Ptr(v_cache),
-        ];
-        args.extend(metadata.iter().cloned());
-        args.push(KernelArg::I32(stride as i32));
-        let wide = head_dim > HEAD_DIM;
-        let (write, attend) = match (cache.bf16, wide) {
-            (true, false) => ("kiln_write_kv_bf16", "kiln_paged_attention_bf16"),
-            (true, true) => ("kiln_write_kv_bf16", "kiln_paged_attention_wide_bf16"),
-            (false, false) => ("kiln_write_kv", "kiln_paged_attention"),
-            (false, true) => ("kiln_write_kv", "kiln_paged_attention_wide"),
-        };
-        self.launch(
-            write,
-            LaunchConfig::linear(tokens as u32, row_threads(stride)),
-            &args,
-        )?;
-        let mut args = vec![
-            KernelArg::Ptr(addr(0)),
-            KernelArg::Ptr(k_cache),
-            KernelArg::Ptr(v_cache),
-            KernelArg::Ptr(self.addrs[step.output as usize]),
-        ];
-        args.extend(metadata);
-        args.extend([
-            KernelArg::I32(num_heads as i32),
-            KernelArg::I32(kv_heads as i32),
-        ]);
-        let window = KernelArg::I32(spec.sliding_window.map_or(0, |w| w as i32));
-        let softcap = KernelArg::F32(spec.softcap.unwrap_or(0.0));
-        let flash = flash_kernel(head_dim).filter(|_| {
-            self.flash_attention && cache.bf16 && tokens >= FLASH_ROWS_PER_SEQUENCE * batch
-        });
-        if let Some(flash) = flash {
-            args.extend([KernelArg::F32(spec.scale), window, softcap]);
-            let tiles = tokens.div_ceil(FLASH_TILE_ROWS) + batch;
-            return self.launch(
-                flash,
-                LaunchConfig {
-                    grid: (tiles as u32, num_heads as u32, 1),
-                    block: (128, 1, 1),
-                    shared_bytes: 0,
-                },
-                &args,
-            );
-        }
-        args.extend([
-            KernelArg::I32(head_dim as i32),
-            KernelArg::F32(spec.scale),
-            window,
-            softcap,
-        ]);
-        let splits = attention_splits(tokens, blocks_per_seq);
-        let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
-        let partials = match splits {
-            1 => 0,
-            _ => scratch.ok_or("no scratch planned for split attention")?,
-        };
-        args.extend([KernelArg::I32(split_keys as i32), KernelArg::Ptr(partials)]);
-        let grid = (tokens as u32, num_heads as u32, splits as u32);
-        let block = (128, 1, 1);
-        let config = |grid| LaunchConfig {
-            grid,
-            block,
-            shared_bytes: 0,
-        };
-        self.launch(attend, config(grid), &args)?;
-        if splits == 1 {
-            return Ok(());
-        }
-        self.launch(
-            "kiln_attention_combine",
-            config((grid.0, grid.1, 1)),
-            &[
-                KernelArg::Ptr(partials),
-                KernelArg::Ptr(self.addrs[step.output as usize]),
-                KernelArg::I32(num_heads as i32),
-                KernelArg::I32(head_dim as i32),
-                KernelArg::I32(splits as i32),
-            ],
-        )
-    }
-}
-
-/// The largest head of the attention kernels (`attention.cu`).
-const HEAD_DIM: usize = 256;
-/// The largest head of the `_wide` paged-attention kernels (DeepSeek's
-/// latent head, 512 + 64).
-const WIDE_HEAD_DIM: usize = 576;
-
-/// Query rows per block of the tensor-core kernel (`flash_attention.cu`).
-const FLASH_TILE_ROWS: usize = 64;
-/// Rows per sequence, on average over a step, from which attention runs on
-/// tensor cores: the kernel computes 16 rows per warp, so a decode row (or a
-/// few) would waste most of each product.
-const FLASH_ROWS_PER_SEQUENCE: usize = 16;
-
-/// The tensor-core attention kernel for `head_dim`, where there is one.
-fn flash_kernel(head_dim: usize) -> Option<&'static str> {
-    match head_dim {
-        64 => Some("kiln_flash_attention_bf16_d64"),
-        96 => Some("kiln_flash_attention_bf16_d96"),
-        128 => Some("kiln_flash_attention_bf16_d128"),
-        _ => None,
-    }
-}
-
-/// Rows of a step up to which attention splits each row's keys (decode
-/// batches; more rows fill the GPU without splitting).
-const SPLIT_ATTENTION_ROWS: usize = 16;
-/// Cache blocks per split, at least (4 blocks of 16 positions: 64 keys, four
-/// rounds of a block's 16 keys at a time; on an H200 a batch-1 step of 32
-/// heads at 256 positions then fills 128 multiprocessors instead of 32).
-const BLOCKS_PER_SPLIT: usize = 4;
-/// Splits per row at most.
-const MAX_SPLITS: usize = 32;
-
-/// How many parts attention splits each row's keys into, for a step of
-/// `tokens` rows over block tables `blocks_per_seq` wide (flash-decoding:
-/// few rows over long contexts would leave most of the GPU idle).
-fn attention_splits(tokens: usize, blocks_per_seq: usize) -> usize {
-    if tokens > SPLIT_ATTENTION_ROWS {
-        return 1;
-    }
-    blocks_per_seq
-        .div_ceil(BLOCKS_PER_SPLIT)
-        .clamp(1, MAX_SPLITS)
-}
-
-/// Scratch bytes of an attention step whose q is `q_shape` ([T, H, D]) and
-/// block tables `tables_shape` ([B, M]): the splits' partial results.
-pub fn attention_scratch_bytes(q_shape: &[usize], tables_shape: &[usize]) -> usize {
-    let (&[tokens, heads, head_dim], Some(&width)) = (q_shape, tables_shape.get(1)) else {
-        return 0;
-    };
-    match attention_splits(tokens, width) {
-        1 => 0,
-        splits => tokens * heads * splits * (head_dim + 2) * 4,
     }
 }
 

@@ -9,6 +9,7 @@
 //! graph's outputs come back.
 
 mod arena;
+mod attention;
 mod buckets;
 mod codegen;
 mod graphs;
@@ -303,6 +304,23 @@ impl CudaExecutor {
             .count()
     }
 
+    /// How many paged attentions have their KV-cache write done by the
+    /// rotary launch of their q and k (one launch a layer fewer).
+    pub fn cache_writes_with_rotary(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s,
+                    StepPlan::Attention {
+                        cache_written: true,
+                        ..
+                    }
+                )
+            })
+            .count()
+    }
+
     /// How many decode GEMV launch shapes run with 1, 2 and 4 warps per row
     /// (see [`GemvSplits`]).
     pub fn gemv_split_counts(&self) -> [usize; 3] {
@@ -396,7 +414,7 @@ impl CudaExecutor {
                     .map_err(|m| self.op_error(step.output, m))?;
                 continue;
             }
-            if !matches!(plan, StepPlan::Attention(_)) {
+            if !matches!(plan, StepPlan::Attention { .. }) {
                 continue;
             }
             let rows_here = rows_here();

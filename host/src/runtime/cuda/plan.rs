@@ -72,6 +72,9 @@ pub enum StepPlan {
         /// A second rotation at the same positions run in the same launch
         /// (k with q): its input and output.
         with: Option<(ValueId, ValueId)>,
+        /// The KV-cache write of the paged attention that reads the second
+        /// rotation's output as its keys, done by this launch.
+        cache_write: Option<CacheWrite>,
     },
     /// Softmax or log-softmax over an axis.
     Softmax {
@@ -80,8 +83,14 @@ pub enum StepPlan {
         /// Log-softmax.
         log: bool,
     },
-    /// Paged attention: cache write, then attention.
-    Attention(AttentionSpec),
+    /// Paged attention: cache write (unless a [`StepPlan::Rope`] does it),
+    /// then attention.
+    Attention {
+        /// The op.
+        spec: AttentionSpec,
+        /// The keys and values are in the cache already.
+        cache_written: bool,
+    },
     /// Attention within each sequence over the step's own keys (encoders).
     SequenceAttention(SequenceAttentionSpec),
     /// A mixture of experts: routing, then the picked experts.
@@ -105,6 +114,19 @@ pub enum StepPlan {
     Concat(usize),
     /// Print the value (downloads it).
     Print(String),
+}
+
+/// What a rotary launch needs to write a layer's keys and values into the
+/// paged cache: the values and the batch description (graph inputs), the
+/// layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheWrite {
+    /// The values `[T, kv_heads, head_dim]`.
+    pub v: ValueId,
+    /// The attention's `row_offsets`, `context_lens` and `block_tables`.
+    pub batch: [ValueId; 3],
+    /// The cache layer.
+    pub layer: u32,
 }
 
 /// Where a value's bytes are.
@@ -264,6 +286,7 @@ pub fn lower(
                     interleaved: *interleaved,
                     scale: *scale,
                     with: None,
+                    cache_write: None,
                 },
                 Op::Softmax { axis } | Op::LogSoftmax { axis } => StepPlan::Softmax {
                     axis: *axis,
@@ -279,7 +302,10 @@ pub fn lower(
                                 .into(),
                         ));
                     }
-                    StepPlan::Attention(spec.clone())
+                    StepPlan::Attention {
+                        spec: spec.clone(),
+                        cache_written: false,
+                    }
                 }
                 Op::SequenceAttention(spec) => {
                     if !matches!(graph.nodes[step.inputs[3] as usize].op, Op::Input { .. }) {
@@ -348,6 +374,7 @@ pub fn lower(
     group_products(program, &mut steps);
     fuse_add_rms_norm(program, &homes, &mut steps);
     pair_rotations(program, &mut steps);
+    write_cache_with_rotations(program, &mut steps);
     weight_bytes_per_step += product_matrices.values().map(|m| m.0).sum::<usize>();
     let product_elements: usize = product_matrices.values().map(|m| m.1).sum();
     Ok(Lowered {
@@ -507,21 +534,14 @@ fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) 
 /// in one launch at the first, when the second's input is computed before
 /// the first runs.
 fn pair_rotations(program: &Program, steps: &mut [StepPlan]) {
-    // The step whose launch computes each value.
-    let mut computed_at: HashMap<ValueId, usize> = HashMap::new();
-    for (s, step) in program.steps.iter().enumerate() {
-        let at = match steps[s] {
-            StepPlan::ComputedAt { at } => at,
-            _ => s,
-        };
-        computed_at.insert(step.output, at);
-    }
+    let computed_at = computed_at(program, steps);
     let mut first_of: HashMap<(ValueId, ValueId), usize> = HashMap::new();
     for (j, step) in program.steps.iter().enumerate() {
         let StepPlan::Rope {
             interleaved,
             scale,
             with: None,
+            ..
         } = steps[j]
         else {
             continue;
@@ -534,7 +554,7 @@ fn pair_rotations(program: &Program, steps: &mut [StepPlan]) {
         let input_ready = computed_at.get(&step.inputs[0]).is_none_or(|&at| at < i);
         let same_rotation = matches!(
             steps[i],
-            StepPlan::Rope { interleaved: a, scale: b, with: None } if a == interleaved && b == scale
+            StepPlan::Rope { interleaved: a, scale: b, with: None, .. } if a == interleaved && b == scale
         );
         if input_ready && same_rotation {
             if let StepPlan::Rope { with, .. } = &mut steps[i] {
@@ -543,5 +563,61 @@ fn pair_rotations(program: &Program, steps: &mut [StepPlan]) {
             steps[j] = StepPlan::ComputedAt { at: i };
             first_of.remove(&key);
         }
+    }
+}
+
+/// The step whose launch computes each value (itself, or the step that
+/// computes it with its own: see [`StepPlan::ComputedAt`]).
+fn computed_at(program: &Program, steps: &[StepPlan]) -> HashMap<ValueId, usize> {
+    let mut at = HashMap::new();
+    for (s, step) in program.steps.iter().enumerate() {
+        let by = match steps[s] {
+            StepPlan::ComputedAt { at } => at,
+            _ => s,
+        };
+        at.insert(step.output, by);
+    }
+    at
+}
+
+/// Moves a paged attention's cache write into the paired rotation of q and
+/// k that produces its keys, when its values are computed before that
+/// launch: one launch a layer fewer, and the keys written as rotated.
+fn write_cache_with_rotations(program: &Program, steps: &mut [StepPlan]) {
+    let computed_at = computed_at(program, steps);
+    // The paired rotation writing each value as its second output.
+    let mut rotation_of: HashMap<ValueId, usize> = HashMap::new();
+    for (i, plan) in steps.iter().enumerate() {
+        if let StepPlan::Rope {
+            with: Some((_, k)), ..
+        } = plan
+        {
+            rotation_of.insert(*k, i);
+        }
+    }
+    for (s, step) in program.steps.iter().enumerate() {
+        let StepPlan::Attention { spec, .. } = &steps[s] else {
+            continue;
+        };
+        let (k, v) = (step.inputs[1], step.inputs[2]);
+        let Some(&i) = rotation_of.get(&k) else {
+            continue;
+        };
+        let v_ready = computed_at.get(&v).is_none_or(|&at| at < i);
+        if !v_ready || i >= s {
+            continue;
+        }
+        let write = CacheWrite {
+            v,
+            batch: [step.inputs[3], step.inputs[4], step.inputs[5]],
+            layer: spec.layer,
+        };
+        if let StepPlan::Attention { cache_written, .. } = &mut steps[s] {
+            *cache_written = true;
+        }
+        if let StepPlan::Rope { cache_write, .. } = &mut steps[i] {
+            *cache_write = Some(write);
+        }
+        rotation_of.remove(&k);
     }
 }
