@@ -121,14 +121,14 @@ impl HalfFormat {
 /// Rows of `w` converted per tile before a product.
 const HALF_TILE_ROWS: usize = 64;
 
-/// Rows of x one pass over a widened tile multiplies at once.
+/// Rows of x multiplied with each row of a widened tile at once.
 const HALF_X_ROWS: usize = 4;
 
 /// `y [m, n] = x [m, k] · wᵀ` with 16-bit `w [n, k]` (its little-endian
 /// bytes, read in place), computed from the 16-bit data: tiles of rows are
 /// widened to f32 as they are used, never the whole matrix. Each output is
 /// [`dot`]'s arithmetic, so a row's results do not depend on the rows
-/// batched with it.
+/// batched with it (nor on the instruction set).
 pub fn linear_half(
     x: &[f32],
     w: &[u8],
@@ -155,26 +155,7 @@ pub fn linear_half(
             let mut tile = vec![0f32; rows * k];
             format.convert(&w[2 * start * k..2 * (start + rows) * k], &mut tile);
             let mut out = vec![0f32; m * rows];
-            // Four rows of x per pass over the tile: each weight row is
-            // loaded once for four dot products.
-            let mut i = 0;
-            while i + HALF_X_ROWS <= m {
-                let xs: [&[f32]; HALF_X_ROWS] =
-                    std::array::from_fn(|j| &x[(i + j) * k..(i + j + 1) * k]);
-                for r in 0..rows {
-                    let sums = dots(xs, &tile[r * k..(r + 1) * k]);
-                    for (j, sum) in sums.into_iter().enumerate() {
-                        out[(i + j) * rows + r] = sum;
-                    }
-                }
-                i += HALF_X_ROWS;
-            }
-            for i in i..m {
-                let xi = &x[i * k..(i + 1) * k];
-                for r in 0..rows {
-                    out[i * rows + r] = dot(xi, &tile[r * k..(r + 1) * k]);
-                }
-            }
+            multiply_tile(x, &tile, &mut out, k);
             (start, out)
         })
         .collect();
@@ -186,34 +167,92 @@ pub fn linear_half(
     }
 }
 
+/// `out [m, rows] = x [m, k] · tileᵀ`, compiled for the widest vector unit
+/// the CPU has: the same arithmetic in each (eight-lane products and sums,
+/// no fused multiply-add), more registers for the register tiles.
+fn multiply_tile(x: &[f32], tile: &[f32], out: &mut [f32], k: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512vl")]
+        unsafe fn avx512(x: &[f32], tile: &[f32], out: &mut [f32], k: usize) {
+            tile_products(x, tile, out, k);
+        }
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2(x: &[f32], tile: &[f32], out: &mut [f32], k: usize) {
+            tile_products(x, tile, out, k);
+        }
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512vl") {
+            // SAFETY: the CPU has AVX-512F and VL.
+            return unsafe { avx512(x, tile, out, k) };
+        }
+        if has!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { avx2(x, tile, out, k) };
+        }
+    }
+    tile_products(x, tile, out, k);
+}
+
+/// [`multiply_tile`]'s work: four rows of x at a time with each row of the
+/// tile (each load of the tile feeds four products), then what is left.
+#[inline(always)]
+fn tile_products(x: &[f32], tile: &[f32], out: &mut [f32], k: usize) {
+    let (m, rows) = (x.len() / k, tile.len() / k);
+    let x_row = |i: usize| &x[i * k..(i + 1) * k];
+    let w_row = |r: usize| &tile[r * k..(r + 1) * k];
+    let mut i = 0;
+    while i + HALF_X_ROWS <= m {
+        let xs: [&[f32]; HALF_X_ROWS] = std::array::from_fn(|j| x_row(i + j));
+        for r in 0..rows {
+            for (j, [sum]) in dots(xs, [w_row(r)]).into_iter().enumerate() {
+                out[(i + j) * rows + r] = sum;
+            }
+        }
+        i += HALF_X_ROWS;
+    }
+    for i in i..m {
+        for r in 0..rows {
+            out[i * rows + r] = dot(x_row(i), w_row(r));
+        }
+    }
+}
+
 /// Dot product with eight independent accumulators (vectorizes well).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    dots([a], b)[0]
+    dots([a], [b])[0][0]
 }
 
-/// The dot products of each of `R` rows with `b`, each with [`dot`]'s
-/// arithmetic (eight accumulators, summed in order, then the tail), sharing
-/// the loads of `b`.
-#[inline]
-fn dots<const R: usize>(rows: [&[f32]; R], b: &[f32]) -> [f32; R] {
-    let mut acc = [[0f32; 8]; R];
-    let chunks = b.len() / 8;
+/// The dot products of each of `R` rows `a` with each of `C` rows `b`,
+/// each with [`dot`]'s arithmetic (eight accumulators, summed in order,
+/// then the tail), sharing the loads: result `[i][j]` is `a[i] · b[j]`.
+#[inline(always)]
+fn dots<const R: usize, const C: usize>(a: [&[f32]; R], b: [&[f32]; C]) -> [[f32; C]; R] {
+    let mut acc = [[[0f32; 8]; C]; R];
+    let len = b.first().map_or(0, |b| b.len());
+    let a_chunks: [&[[f32; 8]]; R] = std::array::from_fn(|i| a[i][..len].as_chunks::<8>().0);
+    let b_chunks: [&[[f32; 8]]; C] = std::array::from_fn(|j| b[j].as_chunks::<8>().0);
+    let chunks = len / 8;
     for c in 0..chunks {
-        let bc = &b[c * 8..c * 8 + 8];
-        for (acc, a) in acc.iter_mut().zip(&rows) {
-            let ac = &a[c * 8..c * 8 + 8];
-            for l in 0..8 {
-                acc[l] += ac[l] * bc[l];
+        for i in 0..R {
+            let ac = &a_chunks[i][c];
+            for j in 0..C {
+                let bc = &b_chunks[j][c];
+                for l in 0..8 {
+                    acc[i][j][l] += ac[l] * bc[l];
+                }
             }
         }
     }
-    std::array::from_fn(|j| {
-        let mut sum: f32 = acc[j].iter().sum();
-        for i in chunks * 8..b.len() {
-            sum += rows[j][i] * b[i];
-        }
-        sum
+    std::array::from_fn(|i| {
+        std::array::from_fn(|j| {
+            let mut sum: f32 = acc[i][j].iter().sum();
+            for t in chunks * 8..len {
+                sum += a[i][t] * b[j][t];
+            }
+            sum
+        })
     })
 }
 
