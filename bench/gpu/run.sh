@@ -30,38 +30,47 @@ device=${KILN_BENCH_DEVICE:-cuda}
 input_len=${KILN_BENCH_INPUT_LEN:-128}
 output_len=${KILN_BENCH_OUTPUT_LEN:-128}
 
+# Calls `$1 SHAPE DTYPE NAME` for each shape:dtype of KILN_BENCH_SHAPES.
+each_shape() {
+  local run shape dtype
+  for run in ${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3-8b:q4_k_m llama3.2-1b:bf16}; do
+    shape=${run%%:*} dtype=${run##*:}
+    "$1" "$shape" "$dtype" "$(basename "$shape" .json)"
+  done
+}
+
+kiln_shape() {
+  local shape=$1 dtype=$2 name=$3
+  echo "== kiln $shape $dtype: decode"
+  "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
+    --input-len "$input_len" --output-len "$output_len" --concurrency 1,16,64 --json \
+    > "$results/kiln-$name-$dtype-decode.json" || echo "FAILED: $shape $dtype decode"
+  echo "== kiln $shape $dtype: prefill ${KILN_BENCH_PREFILL_LEN:-2048}"
+  "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
+    --input-len "${KILN_BENCH_PREFILL_LEN:-2048}" --output-len 1 --concurrency 1 --json \
+    > "$results/kiln-$name-$dtype-prefill.json" || echo "FAILED: $shape $dtype prefill"
+}
+
 kiln() {
   . tests/gpu/env.sh
-  for run in ${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3-8b:q4_k_m llama3.2-1b:bf16}; do
-    local shape=${run%%:*} dtype=${run##*:}
-    local name
-    name=$(basename "$shape" .json)
-    echo "== kiln $shape $dtype: decode"
-    "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
-      --input-len "$input_len" --output-len "$output_len" --concurrency 1,16,64 --json \
-      > "$results/kiln-$name-$dtype-decode.json" || echo "FAILED: $shape $dtype decode"
-    echo "== kiln $shape $dtype: prefill ${KILN_BENCH_PREFILL_LEN:-2048}"
-    "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
-      --input-len "${KILN_BENCH_PREFILL_LEN:-2048}" --output-len 1 --concurrency 1 --json \
-      > "$results/kiln-$name-$dtype-prefill.json" || echo "FAILED: $shape $dtype prefill"
-  done
+  each_shape kiln_shape
 }
 
 # Decode at batch 1 and 8 with each split of the GEMV's rows among warps
 # fixed, then chosen by timing at load (the default): what the choice gains.
+splits_shape() {
+  local shape=$1 dtype=$2 name=$3 split
+  for split in 1 2 4 timed; do
+    echo "== kiln $shape $dtype: decode, KILN_GEMV_SPLIT=$split"
+    KILN_GEMV_SPLIT=$split "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
+      --input-len "$input_len" --output-len 64 --concurrency 1,8 --json \
+      > "$results/splits-$name-$dtype-$split.json" || echo "FAILED: $shape $dtype split $split"
+  done
+}
+
 splits() {
   . tests/gpu/env.sh
-  for run in ${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3-8b:q4_k_m llama3.2-1b:bf16}; do
-    local shape=${run%%:*} dtype=${run##*:}
-    local name
-    name=$(basename "$shape" .json)
-    for split in 1 2 4 timed; do
-      echo "== kiln $shape $dtype: decode, KILN_GEMV_SPLIT=$split"
-      KILN_GEMV_SPLIT=$split "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
-        --input-len "$input_len" --output-len 64 --concurrency 1,8 --json \
-        > "$results/splits-$name-$dtype-$split.json" || echo "FAILED: $shape $dtype split $split"
-    done
-  done
+  each_shape splits_shape
 }
 
 # Each run's kernel time against its wall time, per kernel
@@ -88,7 +97,8 @@ profile() {
         | tee "$results/$name.md"
       rm -f "$results/$name.nsys-rep" "$results/$name.sqlite"
     elif [ -n "$ncu" ]; then
-      # Past load, warm-up and prefill: a window of decode launches.
+      # Past load, warm-up and prefill: a window of decode launches (splits
+      # fixed, so no timing launches at load shift the window).
       KILN_GEMV_SPLIT=1 "$ncu" --csv --metrics gpu__time_duration.sum --launch-skip 6000 --launch-count 700 \
         "${cmd[@]}" > "$results/$name.ncu.csv" 2> "$results/$name.log" || { echo "FAILED: $name"; continue; }
       python3 bench/gpu/kernels.py ncu "$results/$name.ncu.csv" | tee "$results/$name.md"

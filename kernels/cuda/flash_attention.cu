@@ -24,11 +24,6 @@
 #define KILN_FLASH_KEYS 64
 #define KILN_FLASH_LOG2E 1.4426950408889634f
 
-// Two bf16 (lower index in the low half) from two f32.
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-  return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16);
-}
-
 // Finds query tile `tile` of the batch: its sequence and first row; false
 // past the last tile.
 __device__ __forceinline__ bool find_tile(const i64* row_offsets, int batch, int tile, int* seq, i64* first_row) {

@@ -49,18 +49,25 @@ __device__ __forceinline__ void accumulate(float* acc, const float* w, int count
 // weights to `sink(w, count, column)` in runs of `count` (an even number),
 // the block's values numbered from `col`. A zeroed `Raw` decodes to zeros.
 
-struct Q8_0 {
-  static const int ELEMS = 32, BYTES = 34, LANES = 4;
-  // Lane part s: quants 8s .. 8s+7 (blocks are 2-byte aligned: 16-bit loads).
-  struct Raw {
-    unsigned short d, q[4];
-  };
-  __device__ static Raw load(const u8* b, int s) {
-    Raw r;
+// A lane's part of a 32-value block that starts with its f16 scale (Q8_0,
+// Q4_0): the scale and WORDS 16-bit words of quants, part s's starting at
+// byte 2 + 2·WORDS·s (blocks are 2-byte aligned: 16-bit loads).
+template <int WORDS>
+struct ScaledWords {
+  unsigned short d, q[WORDS];
+  __device__ static ScaledWords load(const u8* b, int s) {
+    ScaledWords r;
     r.d = load_u16(b);
-    for (int j = 0; j < 4; ++j) r.q[j] = load_u16(b + 2 + 8 * s + 2 * j);
+    for (int j = 0; j < WORDS; ++j) r.q[j] = load_u16(b + 2 + 2 * WORDS * s + 2 * j);
     return r;
   }
+};
+
+struct Q8_0 {
+  static const int ELEMS = 32, BYTES = 34, LANES = 4;
+  // Lane part s: quants 8s .. 8s+7.
+  typedef ScaledWords<4> Raw;
+  __device__ static Raw load(const u8* b, int s) { return Raw::load(b, s); }
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     float d = f16_to_f32(r.d), w[8];
@@ -76,15 +83,8 @@ struct Q8_0 {
 struct Q4_0 {
   static const int ELEMS = 32, BYTES = 18, LANES = 4;
   // Lane part s: bytes 4s .. 4s+3, low nibbles are values 4s.., high 16+4s...
-  struct Raw {
-    unsigned short d, q[2];
-  };
-  __device__ static Raw load(const u8* b, int s) {
-    Raw r;
-    r.d = load_u16(b);
-    for (int j = 0; j < 2; ++j) r.q[j] = load_u16(b + 2 + 4 * s + 2 * j);
-    return r;
-  }
+  typedef ScaledWords<2> Raw;
+  __device__ static Raw load(const u8* b, int s) { return Raw::load(b, s); }
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     float d = f16_to_f32(r.d), lo[4], hi[4];
@@ -222,7 +222,7 @@ struct Q6_K {
 // Stores `count` (even) values at `out` as bf16, two to a 32-bit store.
 __device__ __forceinline__ void store_bf16_pairs(bf16_bits* out, const float* v, int count) {
   for (int e = 0; e < count; e += 2)
-    *reinterpret_cast<unsigned*>(out + e) = (unsigned)f32_to_bf16(v[e]) | ((unsigned)f32_to_bf16(v[e + 1]) << 16);
+    *reinterpret_cast<unsigned*>(out + e) = pack_bf16(v[e], v[e + 1]);
 }
 
 // A loaded lane part `s` of a block whose values start at column `col`

@@ -62,6 +62,12 @@ __device__ __forceinline__ f16_bits f32_to_f16(float f) {
   return (f16_bits)(sign | ((rounded - 0x38000000u) >> 13));
 }
 
+// Two bf16 (lower index in the low half) from two f32, as one register of
+// a tensor-core fragment or one 32-bit store.
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16);
+}
+
 // Sixteen bytes, for 128-bit loads and stores.
 struct __align__(16) Bytes16 {
   unsigned int v[4];

@@ -34,23 +34,10 @@ fn norms_and_softmax_match_the_cpu() {
             let y = gpu.zeros(rows * cols * 4);
             let grid = (rows as u32, 1);
             let mut want = vec![0f32; rows * cols];
-            for offset in [0.0, 1.0] {
-                let args = [Ptr(xp), Ptr(wp), Ptr(y), int(cols), F32(1e-6), F32(offset)];
-                gpu.run("kiln_rms_norm", grid, block, &args);
-                norm::rms_norm_rows(&x, &w, offset, 1e-6, &mut want);
-                gpu.check(y, &want, &format!("rms_norm +{offset}, {what}"));
-                // The same norm of a + b, with a + b written too.
-                let b = rng.data(rows * cols, 1.0);
-                let a: Vec<f32> = x.iter().zip(&b).map(|(x, b)| x - b).collect();
-                let sum: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
-                let (ap, bp2, xs) = (gpu.up(&a), gpu.up(&b), gpu.zeros(rows * cols * 4));
-                let args = [Ptr(ap), Ptr(bp2), Ptr(wp), Ptr(xs), Ptr(y), int(cols)];
-                let args = [&args[..], &[F32(1e-6), F32(offset)]].concat();
-                gpu.run("kiln_add_rms_norm", grid, block, &args);
-                norm::rms_norm_rows(&sum, &w, offset, 1e-6, &mut want);
-                gpu.check(xs, &sum, &format!("add_rms_norm sum, {what}"));
-                gpu.check(y, &want, &format!("add_rms_norm +{offset}, {what}"));
-            }
+            // The norm of x, and of a + b = x (with a + b written too).
+            let b = rng.data(rows * cols, 1.0);
+            let a: Vec<f32> = x.iter().zip(&b).map(|(x, b)| x - b).collect();
+            check_rms_norms(&gpu, "", [&x, &a, &b], &w, block, &what);
             let args = [Ptr(xp), Ptr(wp), Ptr(bp), Ptr(y), int(cols), F32(1e-5)];
             gpu.run("kiln_layer_norm", grid, block, &args);
             norm::layer_norm_rows(&x, &w, &beta, 1e-5, &mut want);
@@ -69,6 +56,37 @@ fn norms_and_softmax_match_the_cpu() {
     }
 }
 
+/// `kiln_rms_norm{suffix}` of `x` and `kiln_add_rms_norm{suffix}` of
+/// `a + b` (rows of `w.len()` values), both with weight offsets 0 and 1, on
+/// blocks of `block` threads, against the CPU; the sum written too.
+fn check_rms_norms(
+    gpu: &Gpu,
+    suffix: &str,
+    [x, a, b]: [&[f32]; 3],
+    w: &[f32],
+    block: u32,
+    what: &str,
+) {
+    let (cols, rows) = (w.len(), x.len() / w.len());
+    let sum: Vec<f32> = a.iter().zip(b).map(|(a, b)| a + b).collect();
+    let (xp, ap, bp, wp) = (gpu.up(x), gpu.up(a), gpu.up(b), gpu.up(w));
+    let (xs, y) = (gpu.zeros(rows * cols * 4), gpu.zeros(rows * cols * 4));
+    let grid = (rows as u32, 1);
+    let mut want = vec![0f32; rows * cols];
+    for offset in [0.0, 1.0] {
+        let args = [Ptr(xp), Ptr(wp), Ptr(y), int(cols), F32(1e-6), F32(offset)];
+        gpu.run(&format!("kiln_rms_norm{suffix}"), grid, block, &args);
+        norm::rms_norm_rows(x, w, offset, 1e-6, &mut want);
+        gpu.check(y, &want, &format!("rms_norm{suffix} +{offset}, {what}"));
+        let args = [Ptr(ap), Ptr(bp), Ptr(wp), Ptr(xs), Ptr(y), int(cols)];
+        let args = [&args[..], &[F32(1e-6), F32(offset)]].concat();
+        gpu.run(&format!("kiln_add_rms_norm{suffix}"), grid, block, &args);
+        norm::rms_norm_rows(&sum, w, offset, 1e-6, &mut want);
+        gpu.check(xs, &sum, &format!("add_rms_norm{suffix} sum, {what}"));
+        gpu.check(y, &want, &format!("add_rms_norm{suffix} +{offset}, {what}"));
+    }
+}
+
 /// The RMS norms that hold a row in registers (`_chunks`: two 16-byte
 /// chunks a thread): rows that fill every chunk, leave the second partial,
 /// or use one chunk of one thread.
@@ -77,29 +95,10 @@ fn chunked_rms_norms_match_the_cpu() {
     let gpu = Gpu::new(&[sources::NORM]);
     let (mut rng, rows) = (Rng::new(2), 3);
     for (block, cols) in [(32, 4usize), (32, 200), (128, 1000), (256, 2048)] {
+        let (a, b) = (rng.data(rows * cols, 3.0), rng.data(rows * cols, 1.0));
+        let w = rng.data(cols, 1.0);
         let what = format!("block {block}, {cols} columns");
-        let (a, b, w) = (
-            rng.data(rows * cols, 3.0),
-            rng.data(rows * cols, 1.0),
-            rng.data(cols, 1.0),
-        );
-        let sum: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
-        let (ap, bp, wp) = (gpu.up(&a), gpu.up(&b), gpu.up(&w));
-        let (xs, y) = (gpu.zeros(rows * cols * 4), gpu.zeros(rows * cols * 4));
-        let grid = (rows as u32, 1);
-        let mut want = vec![0f32; rows * cols];
-        for offset in [0.0, 1.0] {
-            let args = [Ptr(ap), Ptr(wp), Ptr(y), int(cols), F32(1e-6), F32(offset)];
-            gpu.run("kiln_rms_norm_chunks", grid, block, &args);
-            norm::rms_norm_rows(&a, &w, offset, 1e-6, &mut want);
-            gpu.check(y, &want, &format!("rms_norm_chunks +{offset}, {what}"));
-            let args = [Ptr(ap), Ptr(bp), Ptr(wp), Ptr(xs), Ptr(y), int(cols)];
-            let args = [&args[..], &[F32(1e-6), F32(offset)]].concat();
-            gpu.run("kiln_add_rms_norm_chunks", grid, block, &args);
-            norm::rms_norm_rows(&sum, &w, offset, 1e-6, &mut want);
-            gpu.check(xs, &sum, &format!("add_rms_norm_chunks sum, {what}"));
-            gpu.check(y, &want, &format!("add_rms_norm_chunks +{offset}, {what}"));
-        }
+        check_rms_norms(&gpu, "_chunks", [&a, &a, &b], &w, block, &what);
     }
 }
 
