@@ -215,6 +215,170 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
                              first, last, head_dim, scale, softcap);
 }
 
+// Grouped-query attention over the paged cache, for heads of a multiple of 8
+// values up to 256: one block of KILN_GQA_THREADS per (row, key/value head,
+// group of up to GROUP of the query heads that read it, split), so the
+// key/value head's positions are read once for the whole group (the
+// per-query-head kernel above reads them once per query head: 4 times for
+// Llama-3's 32 heads over 8). A key takes `lanes` lanes (head_dim / 8
+// rounded up to a power of two), each holding 8 of its values from one
+// 16-byte load (bf16; two of f32); a block's lane groups take KILN_GQA_KEYS
+// keys each per round, their loads in flight together, and keep an online
+// softmax per query head, merged through shared memory at the end.
+// Same arguments, output and split-K partials as paged_attention; the grid
+// is (rows, kv_heads · ⌈group / GROUP⌉, splits).
+#define KILN_GQA_THREADS 128
+#define KILN_GQA_KEYS 2
+#define KILN_GQA_MAX_HEAD 256
+
+// Eight cached values from one aligned 32-byte (f32) or 16-byte (bf16) load.
+__device__ __forceinline__ void load8(const float* p, float* out) {
+  Bytes16 a = *reinterpret_cast<const Bytes16*>(p), b = *reinterpret_cast<const Bytes16*>(p + 4);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[j] = __uint_as_float(a.v[j]);
+    out[4 + j] = __uint_as_float(b.v[j]);
+  }
+}
+__device__ __forceinline__ void load8(const bf16_bits* p, float* out) {
+  Bytes16 a = *reinterpret_cast<const Bytes16*>(p);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[2 * j] = __uint_as_float(a.v[j] << 16);
+    out[2 * j + 1] = __uint_as_float(a.v[j] & 0xffff0000u);
+  }
+}
+
+template <int GROUP, typename C>
+__device__ void grouped_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
+                                  const C* __restrict__ v_cache, float* __restrict__ out,
+                                  const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+                                  const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                  int block_size, int num_heads, int kv_heads, int head_dim, float scale,
+                                  int window, float softcap, int split_keys, float* __restrict__ partials) {
+  // Per lane group: its running max and sum of weights per query head, and
+  // its unnormalized outputs; then each head's merged max and sum, and each
+  // lane group's weight in the merge.
+  __shared__ float group_m[KILN_GQA_THREADS][GROUP];
+  __shared__ float group_l[KILN_GQA_THREADS][GROUP];
+  __shared__ float group_acc[GROUP][KILN_GQA_THREADS * 8];
+  __shared__ float head_m[GROUP], head_l[GROUP];
+  i64 row = blockIdx.x, position;
+  int per_kv = num_heads / kv_heads, head_groups = (per_kv + GROUP - 1) / GROUP;
+  int kv_head = blockIdx.y / head_groups, in_group = (blockIdx.y % head_groups) * GROUP;
+  int first_head = kv_head * per_kv + in_group, heads = min(GROUP, per_kv - in_group);
+  int b = sequence_of(row_offsets, context_lens, batch, row, &position);
+  i64 first = window > 0 && position + 1 > window ? position + 1 - window : 0;
+  i64 last = position;
+  if (partials != nullptr) {
+    first = max(first, (i64)blockIdx.z * split_keys);
+    last = min(last, (i64)(blockIdx.z + 1) * split_keys - 1);
+  }
+  int lanes = 1;
+  while (lanes * 8 < head_dim) lanes *= 2;
+  int groups = blockDim.x / lanes, group = threadIdx.x / lanes, d0 = (threadIdx.x % lanes) * 8;
+  bool holds = d0 < head_dim;  // lanes past a head of 8·(non-power-of-two) values hold nothing
+  float qr[GROUP][8], acc[GROUP][8], m[GROUP], l[GROUP];
+#pragma unroll
+  for (int h = 0; h < GROUP; ++h) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) qr[h][j] = acc[h][j] = 0.0f;
+    if (holds && h < heads) load8(q + (row * num_heads + first_head + h) * head_dim + d0, qr[h]);
+    m[h] = KILN_NEG_INF;
+    l[h] = 0.0f;
+  }
+  PagedKeys keys{block_tables, b, blocks_per_seq, block_size, kv_heads * head_dim};
+  // Rounds are the same for the whole block (the shuffles need every lane).
+  for (i64 base = first; base <= last; base += (i64)groups * KILN_GQA_KEYS) {
+    float kr[KILN_GQA_KEYS][8], vr[KILN_GQA_KEYS][8];
+#pragma unroll
+    for (int t = 0; t < KILN_GQA_KEYS; ++t) {
+      // Past the end: a repeat of the last key, weighted 0 below.
+      i64 at = keys(min(base + group + t * groups, last), kv_head, head_dim) + d0;
+      if (holds) {
+        load8(k_cache + at, kr[t]);
+        load8(v_cache + at, vr[t]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) kr[t][j] = vr[t][j] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < GROUP; ++h) {
+      float s[KILN_GQA_KEYS];
+      float m_new = m[h];
+#pragma unroll
+      for (int t = 0; t < KILN_GQA_KEYS; ++t) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) dot += qr[h][j] * kr[t][j];
+        for (int offset = lanes / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(KILN_FULL_MASK, dot, offset);
+        s[t] = dot * scale;
+        if (softcap > 0.0f) s[t] = softcap * tanhf(s[t] / softcap);
+        if (base + group + t * groups <= last) m_new = fmaxf(m_new, s[t]);
+      }
+      // No key seen yet: nothing to rescale (and exp(-inf - -inf) is NaN).
+      float correction = m_new == KILN_NEG_INF ? 1.0f : expf(m[h] - m_new);
+      l[h] *= correction;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[h][j] *= correction;
+#pragma unroll
+      for (int t = 0; t < KILN_GQA_KEYS; ++t) {
+        float p = base + group + t * groups <= last ? expf(s[t] - m_new) : 0.0f;
+        l[h] += p;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[h][j] += p * vr[t][j];
+      }
+      m[h] = m_new;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < GROUP; ++h) {
+    if (d0 == 0) {
+      group_m[group][h] = m[h];
+      group_l[group][h] = l[h];
+    }
+    if (holds) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) group_acc[h][group * head_dim + d0 + j] = acc[h][j];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < heads) {
+    int h = threadIdx.x;
+    float m_all = KILN_NEG_INF, total = 0.0f;
+    for (int g = 0; g < groups; ++g)
+      if (group_l[g][h] > 0.0f) m_all = fmaxf(m_all, group_m[g][h]);
+    for (int g = 0; g < groups; ++g)
+      if (group_l[g][h] > 0.0f) total += group_l[g][h] * expf(group_m[g][h] - m_all);
+    head_m[h] = m_all;
+    head_l[h] = total;
+  }
+  __syncthreads();
+  // Each lane group's weight in its head's merge, in place of its max.
+  for (int i = threadIdx.x; i < groups * heads; i += blockDim.x) {
+    int g = i / heads, h = i % heads;
+    group_m[g][h] = group_l[g][h] > 0.0f ? expf(group_m[g][h] - head_m[h]) : 0.0f;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
+    int h = i / head_dim, d = i % head_dim;
+    float sum = 0.0f;
+    for (int g = 0; g < groups; ++g) sum += group_acc[h][g * head_dim + d] * group_m[g][h];
+    i64 head_row = row * num_heads + first_head + h;
+    if (partials != nullptr) {
+      float* part = partials + (head_row * gridDim.z + blockIdx.z) * (head_dim + 2);
+      if (d == 0) {
+        part[0] = head_m[h];
+        part[1] = head_l[h];
+      }
+      part[2 + d] = sum;
+    } else {
+      out[head_row * head_dim + d] = head_l[h] > 0.0f ? sum / head_l[h] : 0.0f;  // no keys: padding
+    }
+  }
+}
+
 // Attention within each sequence of a ragged batch over this step's own keys
 // and values [T, kv_heads, head_dim], with no cache (encoders): one block per
 // (row, query head); every row of the sequence is visible, or with `causal`
@@ -225,8 +389,7 @@ extern "C" __global__ void kiln_sequence_attention(const float* __restrict__ q, 
                                                    int kv_heads, int head_dim, float scale, int causal) {
   i64 row = blockIdx.x;
   int head = blockIdx.y;
-  int b = 0;
-  while (b + 1 < batch && row >= row_offsets[b + 1]) b += 1;
+  int b = sequence_of_row(row_offsets, batch, row);
   i64 start = row_offsets[b];
   i64 last = causal ? row - start : row_offsets[b + 1] - start - 1;
   RowKeys keys{start, kv_heads * head_dim};
@@ -286,4 +449,24 @@ extern "C" __global__ void kiln_paged_attention_wide(KILN_PAGED_ATTENTION_PARAMS
 
 extern "C" __global__ void kiln_paged_attention_wide_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
   paged_attention<KILN_ATTN_WIDE_PER_LANE, KILN_ATTN_WIDE_KEYS>(KILN_PAGED_ATTENTION_ARGS);
+}
+
+// Grouped-query entry points (GROUP query heads a block): f32 or bf16 cache.
+extern "C" __global__ void kiln_grouped_attention_g1(KILN_PAGED_ATTENTION_PARAMS(float)) {
+  grouped_attention<1>(KILN_PAGED_ATTENTION_ARGS);
+}
+extern "C" __global__ void kiln_grouped_attention_g2(KILN_PAGED_ATTENTION_PARAMS(float)) {
+  grouped_attention<2>(KILN_PAGED_ATTENTION_ARGS);
+}
+extern "C" __global__ void kiln_grouped_attention_g4(KILN_PAGED_ATTENTION_PARAMS(float)) {
+  grouped_attention<4>(KILN_PAGED_ATTENTION_ARGS);
+}
+extern "C" __global__ void kiln_grouped_attention_g1_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  grouped_attention<1>(KILN_PAGED_ATTENTION_ARGS);
+}
+extern "C" __global__ void kiln_grouped_attention_g2_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  grouped_attention<2>(KILN_PAGED_ATTENTION_ARGS);
+}
+extern "C" __global__ void kiln_grouped_attention_g4_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  grouped_attention<4>(KILN_PAGED_ATTENTION_ARGS);
 }

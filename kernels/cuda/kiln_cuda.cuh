@@ -156,11 +156,25 @@ __device__ __forceinline__ i64 f32_to_i64(float v) {
 // The paged KV cache (attention.cu, rope.cu): a ragged batch's rows, their
 // sequences and positions, and where a position's keys and values live.
 
+// The sequence owning batch row `row`: the first whose rows end past it
+// (the last if none do). A binary search, ⌈log2 batch⌉ dependent loads where
+// a scan from the first sequence took up to `batch`.
+__device__ __forceinline__ int sequence_of_row(const i64* row_offsets, int batch, i64 row) {
+  int b = 0, end = batch - 1;
+  while (b < end) {
+    int mid = (b + end) / 2;
+    if (row_offsets[mid + 1] > row)
+      end = mid;
+    else
+      b = mid + 1;
+  }
+  return b;
+}
+
 // The sequence owning batch row `row` and the row's position in it.
 __device__ __forceinline__ int sequence_of(const i64* row_offsets, const i64* context_lens, int batch,
                                            i64 row, i64* position) {
-  int b = 0;
-  while (b + 1 < batch && row >= row_offsets[b + 1]) b += 1;
+  int b = sequence_of_row(row_offsets, batch, row);
   i64 fed = row_offsets[b + 1] - row_offsets[b];
   *position = context_lens[b] - fed + (row - row_offsets[b]);
   return b;

@@ -1,7 +1,9 @@
 //! Paged attention's launches: the KV-cache write (alone, or with the
 //! rotary embedding of q and k in one launch, as `plan.rs` pairs them),
 //! then attention on tensor cores (prefill over a bf16 cache) or on CUDA
-//! cores, split-K (flash-decoding) for few rows over long contexts.
+//! cores (a block per key/value head and its group of query heads where the
+//! head allows, else per query head), split-K (flash-decoding) for few rows
+//! over long contexts.
 
 use kiln_kernels::cuda::{DevicePtr, KernelArg, LaunchConfig};
 use kiln_plugin_api::graph::{AttentionSpec, ValueId};
@@ -192,6 +194,11 @@ impl Frame<'_> {
             window,
             softcap,
         ]);
+        let (attend, blocks_per_row) =
+            match grouped_kernel(cache.bf16, num_heads, kv_heads, head_dim) {
+                Some((name, group)) => (name, kv_heads * (num_heads / kv_heads).div_ceil(group)),
+                None => (attend, num_heads),
+            };
         let splits = attention_splits(tokens, blocks_per_seq);
         let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
         let partials = match splits {
@@ -199,20 +206,20 @@ impl Frame<'_> {
             _ => scratch.ok_or("no scratch planned for split attention")?,
         };
         args.extend([KernelArg::I32(split_keys as i32), KernelArg::Ptr(partials)]);
-        let grid = (tokens as u32, num_heads as u32, splits as u32);
         let block = (128, 1, 1);
         let config = |grid| LaunchConfig {
             grid,
             block,
             shared_bytes: 0,
         };
+        let grid = (tokens as u32, blocks_per_row as u32, splits as u32);
         self.launch(attend, config(grid), &args)?;
         if splits == 1 {
             return Ok(());
         }
         self.launch(
             "kiln_attention_combine",
-            config((grid.0, grid.1, 1)),
+            config((tokens as u32, num_heads as u32, 1)),
             &[
                 KernelArg::Ptr(partials),
                 KernelArg::Ptr(self.addrs[step.output as usize]),
@@ -263,6 +270,29 @@ fn flash_kernel(head_dim: usize) -> Option<&'static str> {
     }
 }
 
+/// The grouped-query kernel (`attention.cu`'s `grouped_attention`) and the
+/// query heads a block of it takes, for heads of a multiple of 8 values up
+/// to 256 (16-byte loads of 8 values a lane); other heads take the
+/// per-query-head kernels.
+fn grouped_kernel(
+    bf16: bool,
+    num_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Option<(&'static str, usize)> {
+    if head_dim % 8 != 0 || head_dim > HEAD_DIM {
+        return None;
+    }
+    Some(match (num_heads / kv_heads, bf16) {
+        (1, false) => ("kiln_grouped_attention_g1", 1),
+        (1, true) => ("kiln_grouped_attention_g1_bf16", 1),
+        (2, false) => ("kiln_grouped_attention_g2", 2),
+        (2, true) => ("kiln_grouped_attention_g2_bf16", 2),
+        (_, false) => ("kiln_grouped_attention_g4", 4),
+        (_, true) => ("kiln_grouped_attention_g4_bf16", 4),
+    })
+}
+
 /// Rows of a step up to which attention splits each row's keys (decode
 /// batches; more rows fill the GPU without splitting).
 const SPLIT_ATTENTION_ROWS: usize = 16;
@@ -294,5 +324,24 @@ pub fn attention_scratch_bytes(q_shape: &[usize], tables_shape: &[usize]) -> usi
     match attention_splits(tokens, width) {
         1 => 0,
         splits => tokens * heads * splits * (head_dim + 2) * 4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grouped_kernels_take_heads_of_multiples_of_8_up_to_256() {
+        // Llama-3-8B: 32 query heads over 8 of 128 values, four to a block.
+        let llama = grouped_kernel(true, 32, 8, 128);
+        assert_eq!(llama, Some(("kiln_grouped_attention_g4_bf16", 4)));
+        // Qwen2.5-7B's 7 query heads a key/value head: blocks of 4 and 3.
+        assert_eq!(grouped_kernel(false, 28, 4, 128).map(|k| k.1), Some(4));
+        assert_eq!(grouped_kernel(true, 16, 8, 64).map(|k| k.1), Some(2));
+        assert_eq!(grouped_kernel(true, 12, 12, 64).map(|k| k.1), Some(1));
+        // DeepSeek's latent head and heads not of whole 16-byte loads.
+        assert_eq!(grouped_kernel(true, 16, 1, 576), None);
+        assert_eq!(grouped_kernel(false, 4, 2, 36), None);
     }
 }
