@@ -72,8 +72,8 @@ struct Q8_0 {
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     float d = f16_to_f32(r.d), w[8];
     for (int j = 0; j < 4; ++j) {
-      w[2 * j] = d * (float)(signed char)(r.q[j] & 0xff);
-      w[2 * j + 1] = d * (float)(signed char)(r.q[j] >> 8);
+      w[2 * j] = d * signed_quant_f32(r.q[j]);
+      w[2 * j + 1] = d * signed_quant_f32(r.q[j] >> 8);
     }
     sink(w, 8, col + 8 * s);
   }
@@ -91,8 +91,8 @@ struct Q4_0 {
     for (int j = 0; j < 2; ++j) {
       for (int h = 0; h < 2; ++h) {
         unsigned int byte = (r.q[j] >> (8 * h)) & 0xffu;
-        lo[2 * j + h] = d * ((float)(byte & 0xfu) - 8.0f);
-        hi[2 * j + h] = d * ((float)(byte >> 4) - 8.0f);
+        lo[2 * j + h] = d * quant_f32<8>(byte & 0xfu);
+        hi[2 * j + h] = d * quant_f32<8>(byte >> 4);
       }
     }
     sink(lo, 4, col + 4 * s);
@@ -116,11 +116,11 @@ __device__ __forceinline__ unsigned int byte_of(const Bytes16& b, int i) {
 template <typename Scale>
 __device__ __forceinline__ void q4k_scale_min_by(Scale scale, int j, float* sc, float* mn) {
   if (j < 4) {
-    *sc = (float)(scale(j) & 63);
-    *mn = (float)(scale(j + 4) & 63);
+    *sc = quant_f32<0>(scale(j) & 63);
+    *mn = quant_f32<0>(scale(j + 4) & 63);
   } else {
-    *sc = (float)((scale(j + 4) & 0xf) | ((scale(j - 4) >> 6) << 4));
-    *mn = (float)((scale(j + 4) >> 4) | ((scale(j) >> 6) << 4));
+    *sc = quant_f32<0>((scale(j + 4) & 0xf) | ((scale(j - 4) >> 6) << 4));
+    *mn = quant_f32<0>((scale(j + 4) >> 4) | ((scale(j) >> 6) << 4));
   }
 }
 
@@ -155,8 +155,8 @@ struct Q4_K {
       float lo[4], hi[4];
       for (int j = 0; j < 4; ++j) {
         unsigned int byte = (r.q.v[word] >> (8 * j)) & 0xffu;
-        lo[j] = a0 * (float)(byte & 0xfu) - b0;
-        hi[j] = a1 * (float)(byte >> 4) - b1;
+        lo[j] = a0 * quant_f32<0>(byte & 0xfu) - b0;
+        hi[j] = a1 * quant_f32<0>(byte >> 4) - b1;
       }
       sink(lo, 4, first + 4 * word);
       sink(hi, 4, first + 32 + 4 * word);
@@ -200,11 +200,11 @@ struct Q6_K {
 #pragma unroll 1
     for (int quarter = 0; quarter < 4; ++quarter) {
       unsigned short ql = quarter % 2 == 0 ? r.ql0 : r.ql1;
-      float scale = d * (float)(signed char)(r.scales >> (8 * quarter)), w[2];
+      float scale = d * signed_quant_f32(r.scales >> (8 * quarter)), w[2];
       for (int e = 0; e < 2; ++e) {
         unsigned int low = ((ql >> (8 * e)) >> (quarter < 2 ? 0 : 4)) & 0xfu;
         unsigned int high = ((r.qh >> (8 * e)) >> (2 * quarter)) & 3u;
-        w[e] = scale * (float)((int)(low | (high << 4)) - 32);
+        w[e] = scale * quant_f32<32>(low | (high << 4));
       }
       sink(w, 2, col + 128 * h + 32 * quarter + l0);
     }
