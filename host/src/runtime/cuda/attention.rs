@@ -280,7 +280,7 @@ fn grouped_kernel(
     kv_heads: usize,
     head_dim: usize,
 ) -> Option<(&'static str, usize)> {
-    if head_dim % 8 != 0 || head_dim > HEAD_DIM {
+    if !head_dim.is_multiple_of(8) || head_dim > HEAD_DIM {
         return None;
     }
     Some(match (num_heads / kv_heads, bf16) {
