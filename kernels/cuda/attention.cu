@@ -50,6 +50,7 @@ extern "C" __global__ void kiln_write_kv(const float* __restrict__ k, const floa
                                          const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                          const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                          int block_size, int stride) {
+  kiln_wait_inputs();
   write_kv(k, v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size,
            stride);
 }
@@ -60,6 +61,7 @@ extern "C" __global__ void kiln_write_kv_bf16(const float* __restrict__ k, const
                                               const i64* __restrict__ context_lens,
                                               const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                               int block_size, int stride) {
+  kiln_wait_inputs();
   write_kv(k, v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size,
            stride);
 }
@@ -387,6 +389,7 @@ extern "C" __global__ void kiln_sequence_attention(const float* __restrict__ q, 
                                                    const float* __restrict__ v, float* __restrict__ out,
                                                    const i64* __restrict__ row_offsets, int batch, int num_heads,
                                                    int kv_heads, int head_dim, float scale, int causal) {
+  kiln_wait_inputs();
   i64 row = blockIdx.x;
   int head = blockIdx.y;
   int b = sequence_of_row(row_offsets, batch, row);
@@ -402,6 +405,7 @@ extern "C" __global__ void kiln_sequence_attention(const float* __restrict__ q, 
 // of the split-K attention: one block per (row, head).
 extern "C" __global__ void kiln_attention_combine(const float* __restrict__ partials, float* __restrict__ out,
                                                   int num_heads, int head_dim, int splits) {
+  kiln_wait_inputs();
   i64 row = blockIdx.x;
   int head = blockIdx.y;
   const float* p = partials + (row * num_heads + head) * splits * (i64)(head_dim + 2);
@@ -436,37 +440,47 @@ extern "C" __global__ void kiln_attention_combine(const float* __restrict__ part
       kv_heads, head_dim, scale, window, softcap, split_keys, partials
 
 extern "C" __global__ void kiln_paged_attention(KILN_PAGED_ATTENTION_PARAMS(float)) {
+  kiln_wait_inputs();
   paged_attention<KILN_ATTN_PER_LANE, KILN_ATTN_KEYS>(KILN_PAGED_ATTENTION_ARGS);
 }
 
 extern "C" __global__ void kiln_paged_attention_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  kiln_wait_inputs();
   paged_attention<KILN_ATTN_PER_LANE, KILN_ATTN_KEYS>(KILN_PAGED_ATTENTION_ARGS);
 }
 
 extern "C" __global__ void kiln_paged_attention_wide(KILN_PAGED_ATTENTION_PARAMS(float)) {
+  kiln_wait_inputs();
   paged_attention<KILN_ATTN_WIDE_PER_LANE, KILN_ATTN_WIDE_KEYS>(KILN_PAGED_ATTENTION_ARGS);
 }
 
 extern "C" __global__ void kiln_paged_attention_wide_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  kiln_wait_inputs();
   paged_attention<KILN_ATTN_WIDE_PER_LANE, KILN_ATTN_WIDE_KEYS>(KILN_PAGED_ATTENTION_ARGS);
 }
 
 // Grouped-query entry points (GROUP query heads a block): f32 or bf16 cache.
 extern "C" __global__ void kiln_grouped_attention_g1(KILN_PAGED_ATTENTION_PARAMS(float)) {
+  kiln_wait_inputs();
   grouped_attention<1>(KILN_PAGED_ATTENTION_ARGS);
 }
 extern "C" __global__ void kiln_grouped_attention_g2(KILN_PAGED_ATTENTION_PARAMS(float)) {
+  kiln_wait_inputs();
   grouped_attention<2>(KILN_PAGED_ATTENTION_ARGS);
 }
 extern "C" __global__ void kiln_grouped_attention_g4(KILN_PAGED_ATTENTION_PARAMS(float)) {
+  kiln_wait_inputs();
   grouped_attention<4>(KILN_PAGED_ATTENTION_ARGS);
 }
 extern "C" __global__ void kiln_grouped_attention_g1_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  kiln_wait_inputs();
   grouped_attention<1>(KILN_PAGED_ATTENTION_ARGS);
 }
 extern "C" __global__ void kiln_grouped_attention_g2_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  kiln_wait_inputs();
   grouped_attention<2>(KILN_PAGED_ATTENTION_ARGS);
 }
 extern "C" __global__ void kiln_grouped_attention_g4_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  kiln_wait_inputs();
   grouped_attention<4>(KILN_PAGED_ATTENTION_ARGS);
 }

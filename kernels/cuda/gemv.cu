@@ -8,7 +8,9 @@
 // a round costs one memory round trip. One launch covers up to
 // KILN_GEMV_MAX_GROUP matrices that share x (q, k and v; gate and up): their
 // rows form one grid, so small matrices do not leave the card half idle and
-// a layer reads its weights in fewer launches.
+// a layer reads its weights in fewer launches. Launched as programmatic
+// dependents (kiln_cuda.cuh), the kernels ask for their first round of
+// weights in L2 before they wait for x.
 //
 // Every kernel comes in three splits of a row among the warps of a block:
 // SPLIT = 1 (no suffix), a warp per row; 2 (`_s2`) and 4 (`_s4`), two or
@@ -175,12 +177,16 @@ __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k)
   int lane = threadIdx.x % 32;
   GemvRow r;
   bool valid = gemv_row<SPLIT>(g, &r);
+  const int size = BYTES == 4 ? 4 : 2;
+  const u8* wr = valid ? r.w + (i64)r.row * k * size : nullptr;
+  int vector_end = (k % 8 == 0) ? k : 0;  // 16-byte loads need aligned rows
+  // The first round's weights toward L2 while the previous kernel finishes.
+  for (int u = 0, c = (r.part * 32 + lane) * 8; valid && u < depth && c < vector_end; ++u, c += step)
+    prefetch_l2(wr + (i64)c * size);
+  kiln_wait_inputs();
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
   if (valid) {
-    const int size = BYTES == 4 ? 4 : 2;
-    const u8* wr = r.w + (i64)r.row * k * size;
-    int vector_end = (k % 8 == 0) ? k : 0;  // 16-byte loads need aligned rows
     // Whole rounds, then what is left: with one warp per row one load at a
     // time (the fewest registers, and so the most warps, for the one-row
     // kernels), with a split (whose warps have fewer loads each) one bounded
@@ -233,11 +239,16 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k
   int lane = threadIdx.x % 32, part = lane % F::LANES;
   GemvRow r;
   bool valid = gemv_row<SPLIT>(g, &r);
+  int blocks = k / F::ELEMS;
+  const u8* wr = valid ? r.w + (i64)r.row * blocks * F::BYTES : nullptr;
+  // The first blocks' weights toward L2 while the previous kernel finishes.
+  for (int u = 0, blk = r.part * (32 / F::LANES) + lane / F::LANES; valid && u < depth && blk < blocks;
+       ++u, blk += stride)
+    prefetch_l2(wr + (i64)blk * F::BYTES);
+  kiln_wait_inputs();
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
   if (valid) {
-    int blocks = k / F::ELEMS;
-    const u8* wr = r.w + (i64)r.row * blocks * F::BYTES;
     for (int blk = r.part * (32 / F::LANES) + lane / F::LANES; blk < blocks; blk += depth * stride) {
       typename F::Raw raw[depth];
 #pragma unroll
@@ -257,6 +268,7 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k
 // `error` and gives zeros).
 template <typename F>
 __device__ void embedding_blocks(const u8* table, const i64* ids, float* y, i64 rows, int cols, int* error) {
+  kiln_wait_inputs();
   i64 id = ids[blockIdx.x];
   bool valid = id >= 0 && id < rows;
   if (!valid && threadIdx.x == 0) *error = 1;
@@ -269,6 +281,7 @@ __device__ void embedding_blocks(const u8* table, const i64* ids, float* y, i64 
 // (the GEMV's loads, 16 bytes at a time for Q4_K), striding over the grid.
 template <typename F>
 __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
+  kiln_wait_inputs();
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < count * F::LANES; i += (i64)gridDim.x * blockDim.x) {
     i64 block = i / F::LANES;
     int part = (int)(i % F::LANES);

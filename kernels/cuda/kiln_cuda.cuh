@@ -83,6 +83,32 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
   return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16);
 }
 
+// Programmatic dependent launch (sm_90 and newer): the host launches the
+// kernels of some sources (`Source::waits_for_inputs` in sources.rs) so that
+// they may start while the previous kernel in the stream still runs. Every
+// thread of such a kernel calls kiln_wait_inputs() before it reads anything
+// but weights or writes anything at all (the arena reuses memory, so even a
+// write could land on the previous kernel's input): it returns once the
+// previous kernel has completed and its writes are visible, and then lets
+// the next kernel's blocks start. Launched plainly, or before sm_90, it
+// returns at once; the emulator checks that every thread calls it.
+__device__ __forceinline__ void kiln_wait_inputs() {
+#ifdef KILN_EMULATOR
+  kiln_emu::inputs_awaited();
+#elif __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks for the line holding `p` in L2 without waiting for it: weights a
+// kernel will read, fetched before kiln_wait_inputs() returns.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#ifndef KILN_EMULATOR
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
 // Sixteen bytes, for 128-bit loads and stores.
 struct __align__(16) Bytes16 {
   unsigned int v[4];

@@ -4,6 +4,7 @@
 // y = x / sqrt(mean(x²) + eps) * (offset + w); offset is 1 for Gemma's (1 + w).
 extern "C" __global__ void kiln_rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                          float* __restrict__ y, int cols, float eps, float offset) {
+  kiln_wait_inputs();
   __shared__ float scratch[32];
   const float* row = x + (i64)blockIdx.x * cols;
   float* out = y + (i64)blockIdx.x * cols;
@@ -19,6 +20,7 @@ extern "C" __global__ void kiln_rms_norm(const float* __restrict__ x, const floa
 extern "C" __global__ void kiln_add_rms_norm(const float* __restrict__ a, const float* __restrict__ b,
                                              const float* __restrict__ w, float* __restrict__ x,
                                              float* __restrict__ y, int cols, float eps, float offset) {
+  kiln_wait_inputs();
   __shared__ float scratch[32];
   i64 base = (i64)blockIdx.x * cols;
   float sum = 0.0f;
@@ -86,11 +88,13 @@ __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __rest
 
 extern "C" __global__ void kiln_rms_norm_chunks(const float* __restrict__ x, const float* __restrict__ w,
                                                 float* __restrict__ y, int cols, float eps, float offset) {
+  kiln_wait_inputs();
   rms_norm_chunks<false>(x, nullptr, w, nullptr, y, cols, eps, offset);
 }
 extern "C" __global__ void kiln_add_rms_norm_chunks(const float* __restrict__ a, const float* __restrict__ b,
                                                     const float* __restrict__ w, float* __restrict__ x,
                                                     float* __restrict__ y, int cols, float eps, float offset) {
+  kiln_wait_inputs();
   rms_norm_chunks<true>(a, b, w, x, y, cols, eps, offset);
 }
 
@@ -98,6 +102,7 @@ extern "C" __global__ void kiln_add_rms_norm_chunks(const float* __restrict__ a,
 extern "C" __global__ void kiln_layer_norm(const float* __restrict__ x, const float* __restrict__ gamma,
                                            const float* __restrict__ beta, float* __restrict__ y,
                                            int cols, float eps) {
+  kiln_wait_inputs();
   __shared__ float scratch[32];
   const float* row = x + (i64)blockIdx.x * cols;
   float* out = y + (i64)blockIdx.x * cols;
@@ -115,6 +120,7 @@ extern "C" __global__ void kiln_layer_norm(const float* __restrict__ x, const fl
 // of block r is at (r / inner) · cols · inner + r % inner + j · inner.
 extern "C" __global__ void kiln_softmax(const float* __restrict__ x, float* __restrict__ y, int cols, int inner,
                                         int log) {
+  kiln_wait_inputs();
   __shared__ float scratch[32];
   const i64 r = blockIdx.x;
   const i64 base = (r / inner) * cols * inner + r % inner;

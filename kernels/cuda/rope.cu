@@ -66,7 +66,10 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
   }
 }
 
-extern "C" __global__ void kiln_rope(KILN_ROPE_PARAMS) { rope_token<float>(KILN_ROPE_ARGS, nullptr); }
+extern "C" __global__ void kiln_rope(KILN_ROPE_PARAMS) {
+  kiln_wait_inputs();
+  rope_token<float>(KILN_ROPE_ARGS, nullptr);
+}
 
 // Rotary embedding of q (x) and k (x2) fused with paged attention's cache
 // write (attention.cu's kiln_write_kv): the rotated keys go to y2 and to the
@@ -94,9 +97,11 @@ __device__ void rope_write_kv(KILN_ROPE_PARAMS, const float* __restrict__ v, C* 
 #define KILN_ROPE_CACHE_ARGS v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size
 
 extern "C" __global__ void kiln_rope_write_kv(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(float)) {
+  kiln_wait_inputs();
   rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
 }
 
 extern "C" __global__ void kiln_rope_write_kv_bf16(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(bf16_bits)) {
+  kiln_wait_inputs();
   rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
 }

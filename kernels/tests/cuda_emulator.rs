@@ -624,6 +624,38 @@ extern "C" __global__ void kiln_test_divergent(float* y) {
     assert!(err.to_string().contains("different lines"), "{err}");
 }
 
+#[test]
+fn a_programmatic_launch_must_wait_for_its_inputs_in_every_thread() {
+    // Thread 0 returns before kiln_wait_inputs(): on a GPU, a write before
+    // the wait could land while the previous kernel still reads.
+    const SOURCE: &str = r#"#include "kiln_cuda.cuh"
+extern "C" __global__ void kiln_test_waits(float* y, int skip) {
+  if ((int)threadIdx.x == skip) return;
+  kiln_wait_inputs();
+  y[threadIdx.x] = 1.0f;
+}
+"#;
+    let mut gpu = Gpu::new(&[]);
+    gpu.load("waits.cu", SOURCE);
+    let y = gpu.zeros(64 * 4);
+    let f = gpu.f("kiln_test_waits");
+    let config = LaunchConfig {
+        programmatic: true,
+        ..LaunchConfig::linear(2, 64)
+    };
+    let err = gpu.dev.launch(f, config, &[Ptr(y), int(0)]);
+    let err = err.expect_err("a thread returned without waiting");
+    assert!(
+        err.to_string()
+            .contains("thread 0 of a programmatic launch"),
+        "{err}"
+    );
+    gpu.dev.launch(f, config, &[Ptr(y), int(64)]).unwrap();
+    // Launched plainly, nothing is checked.
+    let plain = LaunchConfig::linear(2, 64);
+    gpu.dev.launch(f, plain, &[Ptr(y), int(0)]).unwrap();
+}
+
 /// Sum of each row of `n` values: warp shuffles, then one partial per warp
 /// through shared memory, then warp 0 adds the partials.
 const REDUCTION: &str = r#"#include "kiln_cuda.cuh"

@@ -52,6 +52,7 @@ fn batched_products_match_the_definition() {
             grid: (n.div_ceil(16) as u32, m.div_ceil(16) as u32, batches as u32),
             block: (16, 16, 1),
             shared_bytes: 0,
+            programmatic: false,
         };
         let args = [
             Ptr(gpu.up(&a)),

@@ -42,6 +42,9 @@ extern "C" struct kiln_emu_launch {
   unsigned int grid[3];
   unsigned int block[3];
   unsigned int shared_bytes;
+  // Launched as a programmatic dependent: every thread must call
+  // kiln_wait_inputs() (kiln_cuda.cuh) before it returns.
+  unsigned int programmatic;
 };
 
 namespace kiln_emu {
@@ -125,6 +128,7 @@ struct Fiber {
   uint3 tid;
   int linear = 0;
   bool done = false;
+  bool awaited = false;  // called kiln_wait_inputs()
   // Barrier bookkeeping: the generation seen on arrival (-1: not waiting).
   long long waiting_gen = -1;
   bool waiting_warp = false;
@@ -168,6 +172,10 @@ inline thread_local char last_error[512];
 inline thread_local std::vector<std::unique_ptr<unsigned char[]>> stacks;
 
 inline Fiber& self() { return state.block->fibers[state.block->current]; }
+
+// kiln_wait_inputs() on the emulator: launches run one after another, so
+// there is nothing to wait for; what is recorded is that the thread asked.
+inline void inputs_awaited() { self().awaited = true; }
 
 inline void fail(const char* what) {
   Block* b = state.block;
@@ -340,6 +348,7 @@ inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
           Fiber& f = block.fibers[t];
           f.linear = t;
           f.done = false;
+          f.awaited = false;
           f.tid = uint3{t % cfg->block[0], (t / cfg->block[0]) % cfg->block[1],
                         t / (cfg->block[0] * cfg->block[1])};
           block.warp_live[t / kWarp] += 1;
@@ -365,6 +374,12 @@ inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
             if (block.error[0] != 0) break;
           }
         }
+        for (int t = 0; cfg->programmatic && t < threads && block.error[0] == 0; ++t)
+          if (!block.fibers[t].awaited)
+            snprintf(block.error, sizeof block.error,
+                     "thread %d of a programmatic launch returned without kiln_wait_inputs(): on a GPU "
+                     "it could run before the previous kernel's writes",
+                     t);
         if (block.error[0] != 0) {
           snprintf(last_error, sizeof last_error, "block (%u, %u, %u): %s", bx, by, bz,
                    block.error);

@@ -31,6 +31,12 @@ pub struct LaunchConfig {
     pub block: (u32, u32, u32),
     /// Dynamic shared memory per block, in bytes.
     pub shared_bytes: u32,
+    /// Launched as a programmatic dependent (sm_90+): the kernel may start
+    /// while the previous one in the stream still runs, so every thread
+    /// must call `kiln_wait_inputs()` (`kiln_cuda.cuh`) before it reads
+    /// anything but weights or writes anything (the emulator checks the
+    /// call). Devices without programmatic launch launch it plainly.
+    pub programmatic: bool,
 }
 
 impl LaunchConfig {
@@ -40,6 +46,7 @@ impl LaunchConfig {
             grid: (blocks.max(1), 1, 1),
             block: (threads, 1, 1),
             shared_bytes: 0,
+            programmatic: false,
         }
     }
 

@@ -116,6 +116,8 @@ pub struct CudaDevice {
     cublas: cublas_sys::cublasHandle_t,
     /// `sm_90` etc., for NVRTC.
     arch: &'static str,
+    /// Programmatic dependent launch (compute capability 9.0 and newer).
+    programmatic: bool,
     name: String,
     /// Compiled modules: `<hash of source, arch, NVRTC version>.cubin`.
     cache_dir: PathBuf,
@@ -134,6 +136,52 @@ fn driver_error(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ 
 }
 
 impl CudaDevice {
+    /// Launches `f` as a programmatic dependent of the stream's previous
+    /// kernel (`cuLaunchKernelEx`): its blocks may start once every block of
+    /// that kernel has called `kiln_wait_inputs()`, and their own
+    /// `kiln_wait_inputs()` waits for its completion. Captured into a graph,
+    /// the dependency becomes a programmatic edge.
+    fn launch_programmatic(
+        &self,
+        f: sys::CUfunction,
+        config: LaunchConfig,
+        packed: &mut PackedArgs,
+    ) -> DeviceResult<()> {
+        // SAFETY: an all-zero attribute value is a valid union state.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attribute = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let launch = sys::CUlaunchConfig {
+            gridDimX: config.grid.0,
+            gridDimY: config.grid.1,
+            gridDimZ: config.grid.2,
+            blockDimX: config.block.0,
+            blockDimY: config.block.1,
+            blockDimZ: config.block.2,
+            sharedMemBytes: config.shared_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        // SAFETY: as in `launch`: the arguments match the kernel's
+        // signature; the configuration and its attribute outlive the call,
+        // which copies them.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &launch,
+                f,
+                packed.pointers().as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(driver_error("cuLaunchKernelEx"))
+    }
+
     /// Opens device `ordinal`, caching NVRTC's output under `cache_dir`;
     /// errors name the missing library or the driver's failure.
     pub fn open(ordinal: usize, cache_dir: PathBuf) -> DeviceResult<Self> {
@@ -186,6 +234,7 @@ impl CudaDevice {
             stream,
             cublas: handle,
             arch,
+            programmatic: major >= 9,
             name: format!("{name} ({arch})"),
             cache_dir,
             inner: Mutex::new(Inner {
@@ -465,6 +514,9 @@ impl Device for CudaDevice {
                 .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?
         };
         let mut packed = PackedArgs::new(args);
+        if config.programmatic && self.programmatic {
+            return self.launch_programmatic(f, config, &mut packed);
+        }
         // SAFETY: the arguments match the kernel's signature (the backend
         // builds them from the same definitions); cuLaunchKernel copies them.
         unsafe {

@@ -42,6 +42,7 @@ struct LaunchDims {
     grid: [u32; 3],
     block: [u32; 3],
     shared_bytes: u32,
+    programmatic: u32,
 }
 
 type LaunchFn = unsafe extern "C" fn(*const LaunchDims, *mut *mut c_void) -> c_int;
@@ -195,6 +196,7 @@ impl Emulator {
             grid: [config.grid.0, config.grid.1, config.grid.2],
             block: [config.block.0, config.block.1, config.block.2],
             shared_bytes: config.shared_bytes,
+            programmatic: u32::from(config.programmatic),
         };
         // SAFETY: the entry point unpacks the pointers by the kernel's own
         // signature, as cuLaunchKernel does; the caller passes arguments of

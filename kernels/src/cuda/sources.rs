@@ -18,32 +18,42 @@ pub struct Source {
     pub name: &'static str,
     /// Its text.
     pub text: &'static str,
+    /// Every kernel of the file calls `kiln_wait_inputs()` in every thread
+    /// before it reads anything but weights or writes anything, so the host
+    /// may launch them as programmatic dependents
+    /// ([`LaunchConfig::programmatic`](super::LaunchConfig::programmatic)).
+    pub waits_for_inputs: bool,
 }
 
 /// Normalizations and softmax.
 pub const NORM: Source = Source {
     name: "norm.cu",
     text: include_str!("../../cuda/norm.cu"),
+    waits_for_inputs: true,
 };
 /// Rotary embeddings.
 pub const ROPE: Source = Source {
     name: "rope.cu",
     text: include_str!("../../cuda/rope.cu"),
+    waits_for_inputs: true,
 };
 /// Paged attention and the KV-cache write.
 pub const ATTENTION: Source = Source {
     name: "attention.cu",
     text: include_str!("../../cuda/attention.cu"),
+    waits_for_inputs: true,
 };
 /// Flash attention on tensor cores for prefill over the bf16 cache.
 pub const FLASH_ATTENTION: Source = Source {
     name: "flash_attention.cu",
     text: include_str!("../../cuda/flash_attention.cu"),
+    waits_for_inputs: false,
 };
 /// Embedding, gathers, strided copies and conversions.
 pub const DATA: Source = Source {
     name: "data.cu",
     text: include_str!("../../cuda/data.cu"),
+    waits_for_inputs: false,
 };
 
 /// Matrix products for small batches (decode), dense and GGUF blocks, and
@@ -51,6 +61,7 @@ pub const DATA: Source = Source {
 pub const GEMV: Source = Source {
     name: "gemv.cu",
     text: include_str!("../../cuda/gemv.cu"),
+    waits_for_inputs: true,
 };
 
 /// Products of GGUF-block matrices with batches of up to 64 rows on tensor
@@ -58,24 +69,28 @@ pub const GEMV: Source = Source {
 pub const QMATMUL: Source = Source {
     name: "qmatmul.cu",
     text: include_str!("../../cuda/qmatmul.cu"),
+    waits_for_inputs: false,
 };
 
 /// Sampling of logits rows on the device.
 pub const SAMPLING: Source = Source {
     name: "sampling.cu",
     text: include_str!("../../cuda/sampling.cu"),
+    waits_for_inputs: false,
 };
 
 /// Mixture of experts: routing and the picked experts' products.
 pub const MOE: Source = Source {
     name: "moe.cu",
     text: include_str!("../../cuda/moe.cu"),
+    waits_for_inputs: false,
 };
 
 /// Products of two activations, batched.
 pub const MATMUL: Source = Source {
     name: "matmul.cu",
     text: include_str!("../../cuda/matmul.cu"),
+    waits_for_inputs: false,
 };
 
 /// Every hand-written source.

@@ -184,6 +184,7 @@ impl Frame<'_> {
                     grid: (tiles as u32, num_heads as u32, 1),
                     block: (128, 1, 1),
                     shared_bytes: 0,
+                    programmatic: false,
                 },
                 &args,
             );
@@ -211,6 +212,7 @@ impl Frame<'_> {
             grid,
             block,
             shared_bytes: 0,
+            programmatic: false,
         };
         let grid = (tokens as u32, blocks_per_row as u32, splits as u32);
         self.launch(attend, config(grid), &args)?;

@@ -98,6 +98,8 @@ pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Resu
         "extern \"C\" __global__ void {KERNEL}({}) {{",
         params.join(", ")
     );
+    // Launched as a programmatic dependent: see `kiln_wait_inputs`.
+    text.push_str("  kiln_wait_inputs();\n");
     text.push_str(
         "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < s.count; i += (i64)gridDim.x * blockDim.x) {\n",
     );

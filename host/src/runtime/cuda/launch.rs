@@ -1,7 +1,9 @@
 //! Running one planned step: the launch of its kernel(s) with this step's
 //! shapes and buffer addresses.
 
-use kiln_kernels::cuda::{Device, DevicePtr, KernelArg, LaunchConfig, WeightLayout};
+use std::collections::HashSet;
+
+use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig, WeightLayout};
 use kiln_plugin_api::graph::DType;
 
 use super::attention::HEAD_DIM;
@@ -18,6 +20,9 @@ pub struct Frame<'a> {
     pub device: &'a dyn Device,
     /// The hand-written kernels.
     pub hand: &'a HandKernels,
+    /// The kernels launched as programmatic dependents (`None`: none;
+    /// generated kernels are too when it is `Some`).
+    pub programmatic: Option<&'a HashSet<FunctionId>>,
     /// The decode GEMV's kernel for each launch shape.
     pub gemv: &'a GemvChoices,
     /// Concrete shape of each value (empty for values never materialized).
@@ -95,8 +100,20 @@ impl Frame<'_> {
         config: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<(), String> {
+        self.launch_function(self.kernel(name), config, args)
+    }
+
+    /// Launches `function`, as a programmatic dependent of the previous
+    /// kernel where it is one of those that wait for their inputs.
+    pub(super) fn launch_function(
+        &self,
+        function: FunctionId,
+        mut config: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<(), String> {
+        config.programmatic = self.programmatic.is_some_and(|w| w.contains(&function));
         self.device
-            .launch(self.kernel(name), config, args)
+            .launch(function, config, args)
             .map_err(|e| e.to_string())
     }
 
@@ -180,6 +197,7 @@ impl Frame<'_> {
                 grid: (tiles(n), tiles(m), z as u32),
                 block: (16, 16, 1),
                 shared_bytes: 0,
+                programmatic: false,
             };
             let args = [
                 KernelArg::Ptr(a),
@@ -353,8 +371,13 @@ impl Frame<'_> {
                 let mut args = vec![KernelArg::Ptr(out)];
                 args.extend((0..inputs.len()).map(|i| KernelArg::Ptr(input(i))));
                 args.push(KernelArg::Struct(words));
+                // Generated kernels wait for their inputs (codegen.rs).
+                let config = LaunchConfig {
+                    programmatic: self.programmatic.is_some(),
+                    ..LaunchConfig::elementwise(n)
+                };
                 self.device
-                    .launch(*function, LaunchConfig::elementwise(n), &args)
+                    .launch(*function, config, &args)
                     .map_err(|e| e.to_string())
             }
             StepPlan::RmsNorm { eps, offset } => {
@@ -433,6 +456,7 @@ impl Frame<'_> {
                         grid: (tokens as u32, heads as u32, 1),
                         block: (128, 1, 1),
                         shared_bytes: 0,
+                        programmatic: false,
                     },
                     &[
                         KernelArg::Ptr(input(0)),

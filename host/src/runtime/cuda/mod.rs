@@ -24,10 +24,10 @@ mod step;
 mod tune;
 mod weights;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use kiln_kernels::cuda::{sources, Device, DevicePtr, Readback};
+use kiln_kernels::cuda::{sources, Device, DevicePtr, FunctionId, Readback};
 use kiln_kernels::dense::attention::CacheLayout;
 use kiln_plugin_api::graph::{DType, Op, ValueId};
 
@@ -138,6 +138,10 @@ pub struct CudaExecutor {
     label: String,
     program: Arc<Program>,
     hand: HandKernels,
+    /// The hand-written kernels launched as programmatic dependents (those
+    /// of sources that wait for their inputs); `None` with
+    /// `KILN_NO_PROGRAMMATIC_LAUNCH` set.
+    programmatic: Option<HashSet<FunctionId>>,
     /// The decode GEMV's split for each launch shape.
     gemv: tune::GemvChoices,
     steps: Vec<StepPlan>,
@@ -193,18 +197,22 @@ pub struct CudaOptions {
     pub gpu: bool,
 }
 
-/// Compiles and loads every hand-written kernel source.
-fn load_hand_kernels(device: &dyn Device) -> Result<HandKernels, CudaError> {
-    let mut hand = HashMap::new();
+/// Compiles and loads every hand-written kernel source; also the kernels
+/// that wait for their inputs (`Source::waits_for_inputs`).
+fn load_hand_kernels(device: &dyn Device) -> Result<(HandKernels, HashSet<FunctionId>), CudaError> {
+    let (mut hand, mut waiting) = (HashMap::new(), HashSet::new());
     for source in sources::ALL {
         let names = sources::kernel_names(source.text);
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let ids = device
             .load(source.name, source.text, &refs)
             .map_err(|e| CudaError::Device(e.to_string()))?;
+        if source.waits_for_inputs {
+            waiting.extend(ids.iter().copied());
+        }
         hand.extend(names.into_iter().zip(ids));
     }
-    Ok(hand)
+    Ok((hand, waiting))
 }
 
 impl CudaExecutor {
@@ -232,7 +240,7 @@ impl CudaExecutor {
         };
         let weights = super::executor::bind_weights(&program, store)?;
         let (program, weights) = super::hoist::hoist_weight_steps(program, weights)?;
-        let hand = load_hand_kernels(device.as_ref())?;
+        let (hand, waiting) = load_hand_kernels(device.as_ref())?;
         let lowered = plan::lower(device.as_ref(), &program, &weights, dtype, &hand)?;
         let gemv = tune::choose(
             device.as_ref(),
@@ -263,6 +271,9 @@ impl CudaExecutor {
             device,
             program,
             hand,
+            programmatic: std::env::var_os("KILN_NO_PROGRAMMATIC_LAUNCH")
+                .is_none()
+                .then_some(waiting),
             gemv,
             steps: lowered.steps,
             homes: lowered.homes,

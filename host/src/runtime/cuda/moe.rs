@@ -219,6 +219,7 @@ impl Frame<'_> {
             grid: (x as u32, rows.div_ceil(WARPS) as u32, 1),
             block: (32 * WARPS as u32, 1, 1),
             shared_bytes: 0,
+            programmatic: false,
         };
         self.launch(
             plan.kernels[0],

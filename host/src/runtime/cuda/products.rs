@@ -220,6 +220,7 @@ impl Frame<'_> {
                 grid: q.grid,
                 block: (QMM_THREADS, 1, 1),
                 shared_bytes: 0,
+                programmatic: false,
             };
             let args = [
                 KernelArg::Ptr(w.ptr),
@@ -330,13 +331,11 @@ impl Frame<'_> {
             k,
         };
         let choice = self.gemv.get(&shape, self.hand);
-        self.device
-            .launch(
-                choice.function,
-                choice.config(rows),
-                &[group_arg(members), KernelArg::Ptr(x), int(m), int(k)],
-            )
-            .map_err(|e| e.to_string())
+        self.launch_function(
+            choice.function,
+            choice.config(rows),
+            &[group_arg(members), KernelArg::Ptr(x), int(m), int(k)],
+        )
     }
 }
 

@@ -149,6 +149,7 @@ impl CudaExecutor {
         let frame = Frame {
             device,
             hand: &self.hand,
+            programmatic: self.programmatic.as_ref(),
             gemv: &self.gemv,
             shapes: &plan.shapes,
             addrs: &addrs,
