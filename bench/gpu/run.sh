@@ -12,6 +12,9 @@
 #   bench/gpu/run.sh torch MODE SHAPE  PyTorch (MODE eager or compiled) at SHAPE
 #   bench/gpu/run.sh splits            Kiln's decode with the GEMV's warps per row
 #                                      fixed to 1, 2, 4 and timed (KILN_GEMV_SPLIT)
+#   bench/gpu/run.sh pdl               Kiln's decode at batch 1, 8 and 64 with and without
+#                                      programmatic dependent launch
+#                                      (KILN_NO_PROGRAMMATIC_LAUNCH), as text
 #   bench/gpu/run.sh profile           where a decode step's time goes at batch 1, 16
 #                                      and 64 (llama3-8b bf16 and q4_k_m), and a 2048-
 #                                      token prefill's: Nsight
@@ -73,6 +76,26 @@ splits() {
   each_shape splits_shape
 }
 
+# Decode with programmatic dependent launch on (the default on sm_90) and
+# off: what overlapping each kernel's start with the previous one's end
+# gains. Text, in pdl-*.txt.
+pdl_shape() {
+  local shape=$1 dtype=$2 name=$3 mode
+  for mode in on off; do
+    echo "== kiln $shape $dtype: decode, programmatic launch $mode"
+    local switch=()
+    [ "$mode" = off ] && switch=(KILN_NO_PROGRAMMATIC_LAUNCH=1)
+    env "${switch[@]}" "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" \
+      --device "$device" --input-len "$input_len" --output-len 64 --concurrency 1,8,64 \
+      2>&1 | tee "$results/pdl-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype pdl $mode"
+  done
+}
+
+pdl() {
+  . tests/gpu/env.sh
+  each_shape pdl_shape
+}
+
 # Each run's kernel time against its wall time, per kernel
 # (bench/gpu/kernels.py), with whichever Nsight tool the machine has.
 profile() {
@@ -123,19 +146,21 @@ table() {
 case "${1:-}" in
   kiln) kiln ;;
   splits) splits ;;
+  pdl) pdl ;;
   profile) profile ;;
   torch) torch_baseline "${2:?mode}" "${3:?shape}" ;;
   table) table ;;
   all)
     kiln
     splits
+    pdl
     profile
     for shape in llama3-8b llama3.2-1b; do
       for mode in eager compiled; do torch_baseline "$mode" "$shape"; done
     done
     table
     ;;
-  *) sed -n 2,18p "$0" >&2; exit 2 ;;
+  *) sed -n 2,27p "$0" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   [ -f "$results/gpu-bench.md" ] && cp "$results/gpu-bench.md" "$OUT/"
