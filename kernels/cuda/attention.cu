@@ -231,7 +231,6 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
 // is (rows, kv_heads · ⌈group / GROUP⌉, splits).
 #define KILN_GQA_THREADS 128
 #define KILN_GQA_KEYS 2
-#define KILN_GQA_MAX_HEAD 256
 
 // Eight cached values from one aligned 32-byte (f32) or 16-byte (bf16) load.
 __device__ __forceinline__ void load8(const float* p, float* out) {

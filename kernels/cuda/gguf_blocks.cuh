@@ -81,7 +81,7 @@ struct Q8_0 {
     }
     sink(w, 8, col + 8 * s);
   }
-  __device__ static float value(const u8* b, int j) { return load_f16(b) * (float)(signed char)b[2 + j]; }
+  __device__ static float value(const u8* b, int j) { return load_f16(b) * signed_quant_f32(b[2 + j]); }
 };
 
 struct Q4_0 {
@@ -104,7 +104,7 @@ struct Q4_0 {
   }
   __device__ static float value(const u8* b, int j) {
     unsigned int byte = b[2 + (j % 16)];
-    return load_f16(b) * ((float)(j < 16 ? byte & 0xfu : byte >> 4) - 8.0f);
+    return load_f16(b) * quant_f32<8>(j < 16 ? byte & 0xfu : byte >> 4);
   }
 };
 
@@ -171,7 +171,7 @@ struct Q4_K {
     float sc, mn;
     q4k_scale_min_by([&](int i) { return (unsigned int)b[4 + i]; }, 2 * c + high, &sc, &mn);
     unsigned int byte = b[16 + 32 * c + l];
-    return load_f16(b) * sc * (float)(high ? byte >> 4 : byte & 0xfu) - load_f16(b + 2) * mn;
+    return load_f16(b) * sc * quant_f32<0>(high ? byte >> 4 : byte & 0xfu) - load_f16(b + 2) * mn;
   }
 };
 
@@ -218,8 +218,8 @@ struct Q6_K {
     unsigned int ql = b[64 * h + l + (quarter % 2) * 32];
     unsigned int low = (quarter < 2 ? ql : ql >> 4) & 0xfu;
     unsigned int high = (b[128 + 32 * h + l] >> (2 * quarter)) & 3u;
-    float scale = (float)(reinterpret_cast<const signed char*>(b + 192))[8 * h + l / 16 + 2 * quarter];
-    return load_f16(b + 208) * scale * (float)((int)(low | (high << 4)) - 32);
+    float scale = signed_quant_f32(b[192 + 8 * h + l / 16 + 2 * quarter]);
+    return load_f16(b + 208) * scale * quant_f32<32>(low | (high << 4));
   }
 };
 

@@ -2,7 +2,8 @@
 //! bf16/f16/f32 rows (16-byte loads and the unaligned fallback) and GGUF
 //! blocks read packed (Q8_0, Q4_0, Q4_K, Q6_K), against a dot product over
 //! the CPU's own decoding of the same bytes; and the expansion of those
-//! blocks to bf16 for the GEMM of larger batches. Each launch also runs as a
+//! blocks to bf16 for the GEMM of larger batches, and rows of them read as
+//! an embedding table. Each launch also runs as a
 //! group of matrices sharing x (as q, k and v do), one output each, and a
 //! single row of x also through the format's `_m1` kernel.
 
@@ -171,5 +172,36 @@ fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
                 "{name} value {i}: got {g}, want {want}"
             );
         }
+
+        // Rows of the same blocks as an embedding table, one value at a
+        // time (`value`): the CPU's decoding to the bit, a bad id zeros.
+        let ids = [3i64, 0, 12, -1, 7];
+        let (error, y) = (gpu.up(&[0i32]), gpu.zeros(ids.len() * k * 4));
+        let args = [
+            Ptr(w),
+            Ptr(gpu.up(&ids)),
+            Ptr(y),
+            long(n),
+            int(k),
+            Ptr(error),
+        ];
+        gpu.run(
+            &format!("kiln_embedding_{name}"),
+            (ids.len() as u32, 1),
+            128,
+            &args,
+        );
+        let row = |id: i64| match usize::try_from(id) {
+            Ok(r) => values[r * k..(r + 1) * k].to_vec(),
+            Err(_) => vec![0.0; k],
+        };
+        let want: Vec<f32> = ids.iter().flat_map(|&id| row(id)).collect();
+        let got: Vec<f32> = gpu.down(y, want.len());
+        assert!(bits(&got) == bits(&want), "{name}: embedding rows differ");
+        assert_eq!(
+            gpu.down::<i32>(error, 1),
+            [1],
+            "{name}: the bad id is flagged"
+        );
     }
 }

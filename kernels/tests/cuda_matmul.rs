@@ -48,12 +48,10 @@ fn batched_products_match_the_definition() {
         let b = rng.data(if shared.1 { 1 } else { batches } * k * n, 1.0);
         let out = gpu.zeros(batches * m * n * 4);
         let stride = |is_shared: bool, size: usize| long(if is_shared { 0 } else { size });
-        let config = LaunchConfig {
-            grid: (n.div_ceil(16) as u32, m.div_ceil(16) as u32, batches as u32),
-            block: (16, 16, 1),
-            shared_bytes: 0,
-            programmatic: false,
-        };
+        let config = LaunchConfig::new(
+            (n.div_ceil(16) as u32, m.div_ceil(16) as u32, batches as u32),
+            (16, 16, 1),
+        );
         let args = [
             Ptr(gpu.up(&a)),
             Ptr(gpu.up(&b)),

@@ -40,14 +40,20 @@ pub struct LaunchConfig {
 }
 
 impl LaunchConfig {
-    /// `blocks` blocks of `threads` threads in x.
-    pub fn linear(blocks: u32, threads: u32) -> Self {
+    /// A grid of `grid` blocks of `block` threads, no dynamic shared
+    /// memory, launched plainly.
+    pub fn new(grid: (u32, u32, u32), block: (u32, u32, u32)) -> Self {
         Self {
-            grid: (blocks.max(1), 1, 1),
-            block: (threads, 1, 1),
+            grid,
+            block,
             shared_bytes: 0,
             programmatic: false,
         }
+    }
+
+    /// `blocks` blocks of `threads` threads in x.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        Self::new((blocks.max(1), 1, 1), (threads, 1, 1))
     }
 
     /// Enough blocks of 256 threads for `n` elements (grid-stride kernels

@@ -180,12 +180,7 @@ impl Frame<'_> {
             let tiles = tokens.div_ceil(FLASH_TILE_ROWS) + batch;
             return self.launch(
                 flash,
-                LaunchConfig {
-                    grid: (tiles as u32, num_heads as u32, 1),
-                    block: (128, 1, 1),
-                    shared_bytes: 0,
-                    programmatic: false,
-                },
+                LaunchConfig::new((tiles as u32, num_heads as u32, 1), (128, 1, 1)),
                 &args,
             );
         }
@@ -208,12 +203,7 @@ impl Frame<'_> {
         };
         args.extend([KernelArg::I32(split_keys as i32), KernelArg::Ptr(partials)]);
         let block = (128, 1, 1);
-        let config = |grid| LaunchConfig {
-            grid,
-            block,
-            shared_bytes: 0,
-            programmatic: false,
-        };
+        let config = |grid| LaunchConfig::new(grid, block);
         let grid = (tokens as u32, blocks_per_row as u32, splits as u32);
         self.launch(attend, config(grid), &args)?;
         if splits == 1 {

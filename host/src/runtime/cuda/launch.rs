@@ -193,12 +193,7 @@ impl Frame<'_> {
         let stride = |count: usize, size: usize| if count == 1 { 0 } else { size as i64 };
         let launch = |a: DevicePtr, b: DevicePtr, out: DevicePtr, z: usize, strides: (i64, i64)| {
             let tiles = |len: usize| len.div_ceil(16) as u32;
-            let config = LaunchConfig {
-                grid: (tiles(n), tiles(m), z as u32),
-                block: (16, 16, 1),
-                shared_bytes: 0,
-                programmatic: false,
-            };
+            let config = LaunchConfig::new((tiles(n), tiles(m), z as u32), (16, 16, 1));
             let args = [
                 KernelArg::Ptr(a),
                 KernelArg::Ptr(b),
@@ -452,12 +447,7 @@ impl Frame<'_> {
                 }
                 self.launch(
                     "kiln_sequence_attention",
-                    LaunchConfig {
-                        grid: (tokens as u32, heads as u32, 1),
-                        block: (128, 1, 1),
-                        shared_bytes: 0,
-                        programmatic: false,
-                    },
+                    LaunchConfig::new((tokens as u32, heads as u32, 1), (128, 1, 1)),
                     &[
                         KernelArg::Ptr(input(0)),
                         KernelArg::Ptr(input(1)),

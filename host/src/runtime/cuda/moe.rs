@@ -215,11 +215,11 @@ impl Frame<'_> {
         )?;
         // Rows of the experts on y (at most 65535 blocks), tokens and
         // picks on x (up to 2³¹ - 1).
-        let grid = |rows: usize, x: usize| LaunchConfig {
-            grid: (x as u32, rows.div_ceil(WARPS) as u32, 1),
-            block: (32 * WARPS as u32, 1, 1),
-            shared_bytes: 0,
-            programmatic: false,
+        let grid = |rows: usize, x: usize| {
+            LaunchConfig::new(
+                (x as u32, rows.div_ceil(WARPS) as u32, 1),
+                (32 * WARPS as u32, 1, 1),
+            )
         };
         self.launch(
             plan.kernels[0],

@@ -216,12 +216,7 @@ impl Frame<'_> {
         if let Route::Qmm(q) = route {
             let x = self.cast_x(GemmType::BF16, x, x_elements, scratch)?;
             let int = |v: usize| KernelArg::I32(v as i32);
-            let config = LaunchConfig {
-                grid: q.grid,
-                block: (QMM_THREADS, 1, 1),
-                shared_bytes: 0,
-                programmatic: false,
-            };
+            let config = LaunchConfig::new(q.grid, (QMM_THREADS, 1, 1));
             let args = [
                 KernelArg::Ptr(w.ptr),
                 KernelArg::Ptr(x),
