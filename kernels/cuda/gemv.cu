@@ -25,6 +25,13 @@
 // 32 / LANES blocks per sweep. `kiln_dequant_*` expand the same blocks
 // to bf16 for the GEMM of larger batches, and `kiln_embedding_*` read rows
 // of a table of blocks.
+//
+// With 8-bit activations (`--precision fast`, llama.cpp's MMVQ), the GGUF
+// GEMVs `kiln_gemv_<format>_x8*` read x as kiln_quantize_x8 writes it and
+// take each part's products in integer dot products of four bytes (dp4a):
+// by arithmetic about one instruction per weight for Q4_K where decoding
+// weights to floats takes four to six (for Llama-3-8B in Q4_K, 7e9 weights a
+// decode step), at the cost of rounding x to 8 bits per block of 32.
 #include "kiln_cuda.cuh"
 #include "gguf_blocks.cuh"
 
@@ -35,6 +42,8 @@
 // Each format has kernels for up to KILN_GEMV_MAX_M rows of x and, `_m1`,
 // for a single row, each in three splits: `kiln_gemv_<format>[_m1][_s2|_s4]`.
 #define KILN_GEMV_ARGS KilnGemvGroup g, const float* x, int m, int k
+// The GGUF formats' `_x8` kernels take x as kiln_quantize_x8 writes it.
+#define KILN_GEMV_X8_ARGS KilnGemvGroup g, const u8* x, int m, int k
 
 // The matrices of one launch, all [*, k] in one format: matrix s has rows
 // rows_end[s-1] .. rows_end[s] of the grid and writes y[s] [m, its rows].
@@ -228,12 +237,62 @@ extern "C" __global__ void kiln_gemv_f32_m1(KILN_GEMV_ARGS) { gemv_dense<4, 1, 1
 extern "C" __global__ void kiln_gemv_f32_m1_s2(KILN_GEMV_ARGS) { gemv_dense<4, 1, 2>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f32_m1_s4(KILN_GEMV_ARGS) { gemv_dense<4, 1, 4>(g, x, m, k); }
 
+// x of the GGUF GEMVs: f32 rows, each weight decoded to a float (exact
+// precision) ...
+struct FloatX {
+  const float* x;
+  template <typename F, int MAX_M>
+  __device__ __forceinline__ void dot(const typename F::Raw& raw, int part, int m, int k, int col,
+                                      float* acc) const {
+    dot_raw<F, MAX_M>(raw, part, x, m, k, col, acc);
+  }
+};
+
+// ... or 8-bit rows as kiln_quantize_x8 writes them: m rows of k quants,
+// then the X8Scale of each block of 32.
+struct Int8X {
+  const signed char* q;
+  const X8Scale* scale;
+  __device__ Int8X(const u8* x, int m, int k)
+      : q(reinterpret_cast<const signed char*>(x)), scale(reinterpret_cast<const X8Scale*>(x + (i64)m * k)) {}
+  template <typename F, int MAX_M>
+  __device__ __forceinline__ void dot(const typename F::Raw& raw, int part, int m, int k, int col,
+                                      float* acc) const {
+#pragma unroll
+    for (int i = 0; i < MAX_M; ++i) {
+      i64 first = (i64)i * k + col;
+      if (i < m) acc[i] += F::dot_x8(raw, part, q + first, scale + first / 32);
+    }
+  }
+};
+
+// x [rows, k] f32 (k a multiple of 32; `blocks` = rows·k / 32) as 8-bit
+// blocks for the `_x8` GEMVs (Int8X's layout): d = max|x| / 127 and each
+// quant x / d rounded to nearest even, as the CPU's fast products quantize
+// (kernels/src/quant/act.rs). A warp per block of 32, striding over the
+// grid.
+extern "C" __global__ void kiln_quantize_x8(const float* x, u8* out, i64 blocks) {
+  kiln_wait_inputs();
+  int lane = threadIdx.x % 32;
+  i64 warps = (i64)gridDim.x * (blockDim.x / 32);
+  X8Scale* scales = reinterpret_cast<X8Scale*>(out + blocks * 32);
+  for (i64 b = (i64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; b < blocks; b += warps) {
+    float v = x[b * 32 + lane];
+    float d = warp_reduce(fabsf(v), MaxOp()) / 127.0f;
+    float q = rintf(v * (d != 0.0f ? 1.0f / d : 0.0f));
+    reinterpret_cast<signed char*>(out)[b * 32 + lane] = (signed char)(int)q;
+    float sum = warp_sum(q);  // integers below 2^12: exact in any order
+    if (lane == 0) scales[b] = X8Scale{d, d * sum};
+  }
+}
+
 // A row of GGUF blocks: each lane takes its part of every (32 / LANES)-th
-// block among the row's warps. One warp per row reads a block at a time
-// (the fewest registers); split rows load the parts of four blocks before
-// using the first (fewer blocks per warp, so fewer round trips matter more).
-template <typename F, int MAX_M, int SPLIT>
-__device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k) {
+// block among the row's warps, its products with x taken by X (FloatX or
+// Int8X). One warp per row reads a block at a time (the fewest registers);
+// split rows load the parts of four blocks before using the first (fewer
+// blocks per warp, so fewer round trips matter more).
+template <typename F, typename X, int MAX_M, int SPLIT>
+__device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
   const int depth = SPLIT == 1 ? 1 : 4;
   const int stride = (32 / F::LANES) * SPLIT;  // blocks the row's warps take per sweep
   int lane = threadIdx.x % 32, part = lane % F::LANES;
@@ -257,7 +316,7 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, const float* x, int m, int k
 #pragma unroll
       for (int u = 0; u < depth; ++u)
         if (blk + u * stride < blocks)
-          dot_raw<F, MAX_M>(raw[u], part, x, m, k, (blk + u * stride) * F::ELEMS, acc);
+          x.template dot<F, MAX_M>(raw[u], part, m, k, (blk + u * stride) * F::ELEMS, acc);
     }
   }
   store_rows<MAX_M, SPLIT>(acc, r, valid, m);
@@ -291,45 +350,69 @@ __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
   }
 }
 
-extern "C" __global__ void kiln_gemv_q8_0(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_s2(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_s4(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_m1(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, 1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, 1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, 1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_s2(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_s4(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_m1(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, 1, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, 1, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, 1, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q8_0, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q8_0, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q8_0, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q8_0, Int8X, 1, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q8_0, Int8X, 1, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q8_0_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q8_0, Int8X, 1, 4>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_dequant_q8_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q8_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q8_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q8_0>(table, ids, y, rows, cols, error);
 }
-extern "C" __global__ void kiln_gemv_q4_0(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, 1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, 1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, 1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, 1, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, 1, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, 1, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_0, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_0, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_0, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_0, Int8X, 1, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_0, Int8X, 1, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_0_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_0, Int8X, 1, 4>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_dequant_q4_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q4_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q4_0>(table, ids, y, rows, cols, error);
 }
-extern "C" __global__ void kiln_gemv_q4_k(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, 1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, 1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, 1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 4>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_dequant_q4_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q4_K>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q4_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q4_K>(table, ids, y, rows, cols, error);
 }
-extern "C" __global__ void kiln_gemv_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, 1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, 1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, 1, 4>(g, x, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, 1, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, 1, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, 1, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q6_K, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q6_K, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q6_K, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q6_K, Int8X, 1, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q6_K, Int8X, 1, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q6_k_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q6_K, Int8X, 1, 4>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_dequant_q6_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q6_K>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q6_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {

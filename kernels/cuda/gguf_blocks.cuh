@@ -2,11 +2,12 @@
 // (gemv.cu, qmatmul.cu) and the mixture-of-experts kernels (moe.cu). Each
 // format splits a block among `LANES` lanes of a warp: `load` reads a lane's
 // part, `values` decodes it, `block_dot` adds its products with up to MAX_M
-// rows of x; `value` decodes one value.
+// rows of x; `dot_x8` takes a part's dot product with a row of 8-bit x
+// (X8Scale) in integer arithmetic; `value` decodes one value.
 //   Q8_0  (34 B / 32):  4 lanes, 8 quants each
 //   Q4_0  (18 B / 32):  4 lanes, 4 bytes of nibbles each
 //   Q4_K (144 B / 256): 8 lanes, 16 bytes of nibbles each (two sub-blocks)
-//   Q6_K (210 B / 256): 32 lanes, 8 values each
+//   Q6_K (210 B / 256): 32 lanes, 4 consecutive values in each of 2 quarters
 // The layouts are ggml's (kernels/src/quant/format.rs decodes the same bytes
 // on the CPU). Included after kiln_cuda.cuh; the loader inlines both.
 #pragma once
@@ -47,6 +48,20 @@ __device__ __forceinline__ void accumulate(float* acc, const float* w, int count
   }
 }
 
+// Activations as 8-bit blocks of 32 (kiln_quantize_x8 in gemv.cu): a row's
+// quants are signed bytes, and each block of 32 has its scale `d` (max|x| /
+// 127) and `sum`, d · Σq, for the formats whose values are offset (Q4_0's
+// -8) or less a minimum (Q4_K). A part's `dot_x8` gets the row's quants and
+// scales at the weight block's first column.
+struct X8Scale {
+  float d, sum;
+};
+
+// Four quants of x from a 4-byte-aligned address.
+__device__ __forceinline__ unsigned int x8_word(const signed char* q) {
+  return *reinterpret_cast<const unsigned int*>(q);
+}
+
 // Each format reads a lane's part of a block in `load` (all of a part's
 // loads at once, so a caller can have several blocks' loads in flight before
 // it uses the first) and decodes it in `values`, which hands the part's
@@ -81,6 +96,11 @@ struct Q8_0 {
     }
     sink(w, 8, col + 8 * s);
   }
+  __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
+    unsigned int w0 = r.q[0] | ((unsigned int)r.q[1] << 16), w1 = r.q[2] | ((unsigned int)r.q[3] << 16);
+    int sum = dot4_i8(w1, x8_word(q + 8 * s + 4), dot4_i8(w0, x8_word(q + 8 * s), 0));
+    return f16_to_f32(r.d) * scale->d * int_f32(sum);
+  }
   __device__ static float value(const u8* b, int j) { return load_f16(b) * signed_quant_f32(b[2 + j]); }
 };
 
@@ -101,6 +121,14 @@ struct Q4_0 {
     }
     sink(lo, 4, col + 4 * s);
     sink(hi, 4, col + 16 + 4 * s);
+  }
+  // Σ (n - 8) x over the part is Σ n x less 8 Σx; the block's four parts
+  // each take a quarter of the block's 8 Σx (`sum`), as llama.cpp's MMVQ
+  // does.
+  __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
+    unsigned int w = r.q[0] | ((unsigned int)r.q[1] << 16);
+    int sum = dot4_i8((w >> 4) & 0x0f0f0f0fu, x8_word(q + 16 + 4 * s), dot4_i8(w & 0x0f0f0f0fu, x8_word(q + 4 * s), 0));
+    return f16_to_f32(r.d) * (scale->d * int_f32(sum) - 2.0f * scale->sum);
   }
   __device__ static float value(const u8* b, int j) {
     unsigned int byte = b[2 + (j % 16)];
@@ -166,6 +194,27 @@ struct Q4_K {
       sink(hi, 4, first + 32 + 4 * word);
     }
   }
+  // The part's 16 low nibbles against 16 quants of sub-block 2c's x, its
+  // high ones against 2c + 1's; each sub-block's minimum times its Σx
+  // (`sum`) is taken half by each of the two parts that share it.
+  __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
+    int c = s / 2;
+    float d = f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(r.head.v[0] >> 16));
+    float sc0, m0, sc1, m1;
+    auto scales = [&](int i) { return byte_of(r.head, 4 + i); };
+    q4k_scale_min_by(scales, 2 * c, &sc0, &m0);
+    q4k_scale_min_by(scales, 2 * c + 1, &sc1, &m1);
+    const signed char* x = q + 64 * c + 16 * (s % 2);
+    Bytes16 lo = *reinterpret_cast<const Bytes16*>(x), hi = *reinterpret_cast<const Bytes16*>(x + 32);
+    int sum_lo = 0, sum_hi = 0;
+#pragma unroll
+    for (int word = 0; word < 4; ++word) {
+      sum_lo = dot4_i8(r.q.v[word] & 0x0f0f0f0fu, lo.v[word], sum_lo);
+      sum_hi = dot4_i8((r.q.v[word] >> 4) & 0x0f0f0f0fu, hi.v[word], sum_hi);
+    }
+    const X8Scale &x0 = scale[2 * c], &x1 = scale[2 * c + 1];
+    return d * (sc0 * x0.d * int_f32(sum_lo) + sc1 * x1.d * int_f32(sum_hi)) - dmin * 0.5f * (m0 * x0.sum + m1 * x1.sum);
+  }
   __device__ static float value(const u8* b, int j) {
     int c = j / 64, l = j % 32, high = (j % 64) >= 32;
     float sc, mn;
@@ -177,41 +226,63 @@ struct Q4_K {
 
 struct Q6_K {
   static const int ELEMS = 256, BYTES = 210, LANES = 32;
-  // Lane t: half h = t / 16 of 128 values, positions l0, l0 + 1 (l0 = 2 (t %
-  // 16)) of each of its four quarters of 32 (blocks are 2-byte aligned).
+  // Lane t: half h = t / 16 of 128 values; in it, positions p .. p + 3 (p =
+  // 4 (t % 8)) of quarters e and e + 2 (e = (t % 16) / 8), whose low four
+  // bits share the bytes ql[64h + 32e + p ..] (low and high nibbles) and
+  // whose top two bits are bits 2e and 2e + 4 of qh[32h + p ..]. Four
+  // consecutive values of a quarter share a scale: one 16-byte load of x,
+  // or one word of 8-bit x. Blocks are 2-byte aligned: 16-bit loads.
   struct Raw {
-    unsigned short ql0, ql1, qh, d;
-    unsigned int scales;  // the four quarters' signed scales, a byte each
+    unsigned int ql, qh;
+    unsigned short d, scales;  // scales: quarter e's (low byte) and e + 2's, signed
   };
+  __device__ static int half_of(int t) { return t / 16; }
+  __device__ static int pair_of(int t) { return (t % 16) / 8; }
+  __device__ static int position_of(int t) { return 4 * (t % 8); }
+  __device__ static unsigned int load_u32(const u8* p) {
+    return load_u16(p) | ((unsigned int)load_u16(p + 2) << 16);
+  }
   __device__ static Raw load(const u8* b, int t) {
-    int h = t / 16, l0 = 2 * (t % 16);
+    int h = half_of(t), e = pair_of(t), p = position_of(t);
     Raw r;
+    r.ql = load_u32(b + 64 * h + 32 * e + p);
+    r.qh = load_u32(b + 128 + 32 * h + p);
     r.d = load_u16(b + 208);
-    r.ql0 = load_u16(b + 64 * h + l0);
-    r.ql1 = load_u16(b + 64 * h + 32 + l0);
-    r.qh = load_u16(b + 128 + 32 * h + l0);
-    const signed char* scales = reinterpret_cast<const signed char*>(b + 192 + 8 * h + l0 / 16);
-    r.scales = 0;
-    for (int quarter = 0; quarter < 4; ++quarter) r.scales |= (unsigned int)(u8)scales[2 * quarter] << (8 * quarter);
+    const u8* scales = b + 192 + 8 * h + p / 16 + 2 * e;
+    r.scales = (unsigned short)(scales[0] | (scales[4] << 8));
     return r;
+  }
+  // The six-bit quants (0 .. 63, a byte each) of quarter e + 2·g's four values.
+  __device__ __forceinline__ static unsigned int quants(const Raw& r, int e, int g) {
+    return ((r.ql >> (4 * g)) & 0x0f0f0f0fu) | (((r.qh >> (2 * e + 4 * g)) & 0x03030303u) << 4);
   }
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int t, int col, Sink sink) {
-    int h = t / 16, l0 = 2 * (t % 16);
+    int e = pair_of(t);
     float d = f16_to_f32(r.d);
-    // Not unrolled: four copies of the products with 8 rows of x cost
-    // the kernels for several rows ~80 registers.
+    // Not unrolled: two copies of the products with 8 rows of x cost the
+    // kernels for several rows registers.
 #pragma unroll 1
-    for (int quarter = 0; quarter < 4; ++quarter) {
-      unsigned short ql = quarter % 2 == 0 ? r.ql0 : r.ql1;
-      float scale = d * signed_quant_f32(r.scales >> (8 * quarter)), w[2];
-      for (int e = 0; e < 2; ++e) {
-        unsigned int low = ((ql >> (8 * e)) >> (quarter < 2 ? 0 : 4)) & 0xfu;
-        unsigned int high = ((r.qh >> (8 * e)) >> (2 * quarter)) & 3u;
-        w[e] = scale * quant_f32<32>(low | (high << 4));
-      }
-      sink(w, 2, col + 128 * h + 32 * quarter + l0);
+    for (int g = 0; g < 2; ++g) {
+      unsigned int n = quants(r, e, g);
+      float scale = d * signed_quant_f32(r.scales >> (8 * g)), w[4];
+      for (int j = 0; j < 4; ++j) w[j] = scale * quant_f32<32>((n >> (8 * j)) & 0xffu);
+      sink(w, 4, col + 128 * half_of(t) + 32 * (e + 2 * g) + position_of(t));
     }
+  }
+  // n - 32 in each byte: n + 0x60 stays below 256, and flipping the top bit
+  // takes 128 off.
+  __device__ static float dot_x8(const Raw& r, int t, const signed char* q, const X8Scale* scale) {
+    int h = half_of(t), e = pair_of(t);
+    float sum = 0.0f;
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      int quarter = e + 2 * g;
+      unsigned int n = (quants(r, e, g) + 0x60606060u) ^ 0x80808080u;
+      int dot = dot4_i8(n, x8_word(q + 128 * h + 32 * quarter + position_of(t)), 0);
+      sum += signed_quant_f32(r.scales >> (8 * g)) * scale[4 * h + quarter].d * int_f32(dot);
+    }
+    return f16_to_f32(r.d) * sum;
   }
   __device__ static float value(const u8* b, int j) {
     int h = j / 128, quarter = (j % 128) / 32, l = j % 32;

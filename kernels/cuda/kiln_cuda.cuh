@@ -45,6 +45,23 @@ __device__ __forceinline__ float quant_f32(unsigned int n) {
 // A signed byte's value (two's complement bits in the low 8 of `b`).
 __device__ __forceinline__ float signed_quant_f32(unsigned int b) { return quant_f32<128>((b & 0xffu) ^ 0x80u); }
 
+// An integer -2^22 ≤ v < 2^22 as a float, exactly, the same way: v + 2^22
+// under the exponent of 2^23, less 2^23 + 2^22.
+__device__ __forceinline__ float int_f32(int v) { return __uint_as_float(0x4b400000u + (unsigned int)v) - 12582912.0f; }
+
+// c + the four products of the signed bytes of a and b (PTX dp4a, sm_61+):
+// the integer dot products of the 8-bit activation GEMVs (gemv.cu).
+__device__ __forceinline__ int dot4_i8(unsigned int a, unsigned int b, int c) {
+#ifdef KILN_EMULATOR
+  for (int i = 0; i < 4; ++i) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+  return c;
+#else
+  int r;
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+#endif
+}
+
 __device__ __forceinline__ float f16_to_f32(f16_bits h) {
   unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
   unsigned int exponent = ((unsigned int)h >> 10) & 0x1fu;

@@ -5,7 +5,10 @@
 //! blocks to bf16 for the GEMM of larger batches, and rows of them read as
 //! an embedding table. Each launch also runs as a
 //! group of matrices sharing x (as q, k and v do), one output each, and a
-//! single row of x also through the format's `_m1` kernel.
+//! single row of x also through the format's `_m1` kernel. The GGUF GEMVs
+//! with 8-bit activations (`_x8`) run on x quantized by `kiln_quantize_x8`,
+//! itself checked to the bit against a quantizer written here, and are
+//! compared with the dot product over that x's values.
 
 mod common;
 
@@ -54,17 +57,66 @@ fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr]) -> KernelArg {
     KernelArg::Struct(words)
 }
 
+/// x as 8-bit blocks of 32, as `kiln_quantize_x8` should write them: every
+/// quant (x / d rounded to nearest even, d = max|x| / 127 per block), then
+/// each block's d and d·Σq as f32; and the values the quants stand for.
+fn quantize_x8(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let (mut quants, mut scales, mut values) = (Vec::new(), Vec::new(), Vec::new());
+    for block in x.chunks_exact(32) {
+        let d = block.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+        let inverse = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q: Vec<i8> = block
+            .iter()
+            .map(|v| (v * inverse).round_ties_even() as i8)
+            .collect();
+        let sum: i32 = q.iter().map(|&q| i32::from(q)).sum();
+        quants.extend(q.iter().map(|&q| q as u8));
+        scales.extend([d, d * sum as f32]);
+        values.extend(q.iter().map(|&q| d * f32::from(q)));
+    }
+    quants.extend(bytes(&scales));
+    (quants, values)
+}
+
+/// x on the device as the GEMV reads it (f32, or quantized by
+/// `kiln_quantize_x8`), and the values the product should see.
+fn device_x(gpu: &Gpu, x: &[f32], x8: bool) -> (DevicePtr, Vec<f32>) {
+    let xs = gpu.up(x);
+    if !x8 {
+        return (xs, x.to_vec());
+    }
+    let (want_bytes, values) = quantize_x8(x);
+    let out = gpu.zeros(want_bytes.len());
+    // Fewer warps than blocks: the kernel strides over the rest.
+    let args = [Ptr(xs), Ptr(out), long(x.len() / 32)];
+    gpu.run("kiln_quantize_x8", (1, 1), 64, &args);
+    assert!(
+        gpu.down::<u8>(out, want_bytes.len()) == want_bytes,
+        "kiln_quantize_x8 of {} values",
+        x.len()
+    );
+    (out, values)
+}
+
 /// Runs `kernel` on `W [n, k]` (its device bytes) for every batch size the
 /// kernels take, against `reference` over `values`, W decoded to f32, with
-/// its rows split into one, two or three matrices of one launch.
-fn check_gemv(gpu: &Gpu, kernel: &str, w_bytes: &[u8], values: &[f32], n: usize, k: usize) {
+/// its rows split into one, two or three matrices of one launch; with
+/// `x8`, on x quantized to 8 bits.
+fn check_gemv(
+    gpu: &Gpu,
+    kernel: &str,
+    w_bytes: &[u8],
+    values: &[f32],
+    n: usize,
+    k: usize,
+    x8: bool,
+) {
     let row_bytes = w_bytes.len() / n;
     let mut rng = Rng::new(k as u64);
     for (m, parts) in [(1, vec![n]), (3, vec![5, n - 5]), (8, vec![n - 9, 4, 5])] {
-        let x = rng.data(m * k, 1.0);
+        let (xs, x) = device_x(gpu, &rng.data(m * k, 1.0), x8);
         let want = reference(values, &x, m, n, k);
         let scale = want.iter().fold(1f32, |a, v| a.max(v.abs()));
-        let xs = gpu.up(&x);
         // A single row of x also runs the kernels made for it; every kernel
         // runs in each split of a row among warps. Each kernel gets fresh
         // outputs, so one cannot pass on another's results.
@@ -124,11 +176,27 @@ fn dense_rows_match_the_reference() {
             .iter()
             .map(|&b| bf16::from_bits(b).to_f32())
             .collect();
-        check_gemv(&gpu, "kiln_gemv_bf16", &bytes(&as_bf16), &rounded, n, k);
+        check_gemv(
+            &gpu,
+            "kiln_gemv_bf16",
+            &bytes(&as_bf16),
+            &rounded,
+            n,
+            k,
+            false,
+        );
         let as_f16: Vec<u16> = values.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
         let rounded: Vec<f32> = as_f16.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
-        check_gemv(&gpu, "kiln_gemv_f16", &bytes(&as_f16), &rounded, n, k);
-        check_gemv(&gpu, "kiln_gemv_f32", &bytes(&values), &values, n, k);
+        check_gemv(
+            &gpu,
+            "kiln_gemv_f16",
+            &bytes(&as_f16),
+            &rounded,
+            n,
+            k,
+            false,
+        );
+        check_gemv(&gpu, "kiln_gemv_f32", &bytes(&values), &values, n, k, false);
     }
 }
 
@@ -149,7 +217,24 @@ fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
         (QuantType::Q6K, "q6_k", 256 * 9),
     ] {
         let (packed, values) = random_blocks(ty, n, k, k as u64);
-        check_gemv(&gpu, &format!("kiln_gemv_{name}"), &packed, &values, n, k);
+        check_gemv(
+            &gpu,
+            &format!("kiln_gemv_{name}"),
+            &packed,
+            &values,
+            n,
+            k,
+            false,
+        );
+        check_gemv(
+            &gpu,
+            &format!("kiln_gemv_{name}_x8"),
+            &packed,
+            &values,
+            n,
+            k,
+            true,
+        );
 
         // The same blocks expanded to bf16 for the GEMM of larger batches,
         // by a grid with fewer threads than lane parts: the kernel strides
@@ -203,5 +288,25 @@ fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
             [1],
             "{name}: the bad id is flagged"
         );
+    }
+}
+
+#[test]
+fn activations_quantize_to_8_bits_per_block_of_32() {
+    let gpu = Gpu::new(&[sources::GEMV]);
+    let mut x = Rng::new(5).data(32 * 41, 3.0);
+    // A block of zeros (d = 0), one of ties (d = 1: 2.5 and -3.5 round to
+    // even, 2 and -4), one whose largest value is negative.
+    x[32..64].fill(0.0);
+    x[64..96].copy_from_slice(&[[127.0, 2.5, -3.5, 0.5].as_slice(), &[1.25; 28]].concat());
+    x[96] = -9.0;
+    let (_, values) = device_x(&gpu, &x, true);
+    assert_eq!(values[32..64], [0.0; 32]);
+    assert_eq!(values[64..68], [127.0, 2.0, -4.0, 0.0]);
+    assert_eq!(values[96], -9.0);
+    // Within half a step of each block's x.
+    for (block, want) in values.chunks(32).zip(x.chunks(32)) {
+        let step = want.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+        close(block, want, 0.5 * step * (1.0 + 1e-6), "8-bit x");
     }
 }

@@ -4,19 +4,26 @@
 //! longer ones expand them to bf16 for the GEMM, and the experts of a
 //! mixture are read packed in all. Random weights at small Llama and Qwen3-MoE
 //! shapes in each format, against the CPU backend's exact arithmetic on the
-//! same bytes.
+//! same bytes; and with `--precision fast`, whose decode GEMVs take x in 8
+//! bits, against the CPU's fast arithmetic where it quantizes x the same way
+//! (blocks of 32 for Q8_0 and Q4_0).
 
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::Generator;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
-use kiln_host::runtime::KvCacheDtype;
+use kiln_host::runtime::{KvCacheDtype, Precision};
 use kiln_tests::models::{decode_agrees, relative_difference};
 
 fn load(shape: &str, dtype: ShapeDtype, device: DeviceChoice) -> Model {
+    load_in(shape, dtype, device, Precision::Exact)
+}
+
+fn load_in(shape: &str, dtype: ShapeDtype, device: DeviceChoice, precision: Precision) -> Model {
     // An f32 cache: only the products differ from the CPU.
     let options = LoadOptions {
         kv_cache_dtype: KvCacheDtype::Float32,
+        precision,
         ..kiln_tests::models::shape_options(device)
     };
     kiln_tests::models::shape_model(shape, dtype, &options)
@@ -73,5 +80,49 @@ fn packed_gguf_experts_match_the_cpu() {
         // One token a step: every product reads the blocks with f32
         // activations, so the two backends agree to rounding.
         decode_agrees(&cpu, &cuda, &prompt, &format!("{dtype:?}"));
+    }
+}
+
+/// Decode with x quantized to 8 bits in blocks of 32 for the GEMVs of
+/// packed matrices (all but the logits'): it differs from the GPU's exact
+/// decode at every step (so the 8-bit path ran), and lies no farther from
+/// the CPU's exact logits than twice as far as the CPU's own fast
+/// arithmetic does (whose products the GPU's cannot match to rounding: a
+/// value of x a rounding apart on the two backends can take the next quant,
+/// and a few such steps of 1/127 move these random models' logits by ~1e-2;
+/// the GEMV kernels themselves are compared with the products of 8-bit x in
+/// kernels/tests/cuda_gemv.rs).
+#[test]
+fn fast_precision_decodes_with_8_bit_activations() {
+    let cuda = kiln_tests::models::cuda_test_device();
+    let prompt: Vec<u32> = (0..8).map(|i| (i * 41 + 3) % 512).collect();
+    for dtype in [ShapeDtype::Q8_0, ShapeDtype::Q4_0, ShapeDtype::Q4KM] {
+        let load = |device, precision| load_in("tiny-llama.json", dtype, device, precision);
+        let models = [
+            load(cuda, Precision::Fast),
+            load(cuda, Precision::Exact),
+            load(DeviceChoice::Cpu, Precision::Fast),
+            load(DeviceChoice::Cpu, Precision::Exact),
+        ];
+        let mut feeds = models
+            .each_ref()
+            .map(|m| Generator::new(m, prompt.len()).unwrap());
+        let (mut gpu_error, mut cpu_error) = (0f32, 0f32);
+        for (position, &token) in prompt.iter().enumerate() {
+            let [fast, exact, cpu_fast, cpu_exact] = feeds
+                .each_mut()
+                .map(|g| g.feed(&[token], false).unwrap().remove(0));
+            let moved = relative_difference(&exact, &fast);
+            assert!(
+                moved > 1e-5,
+                "{dtype:?} decode {position}: fast is exact's {moved:.2e}"
+            );
+            gpu_error = gpu_error.max(relative_difference(&cpu_exact, &fast));
+            cpu_error = cpu_error.max(relative_difference(&cpu_exact, &cpu_fast));
+        }
+        assert!(
+            gpu_error <= 2.0 * cpu_error,
+            "{dtype:?}: fast decode {gpu_error:.2e} from exact, the CPU's {cpu_error:.2e}"
+        );
     }
 }

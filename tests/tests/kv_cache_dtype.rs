@@ -2,9 +2,8 @@
 //! an f16 cache on SmolLM2 generates what the f32 cache generates, in
 //! `generate` and in `serve`, where the same `--kv-cache-memory` then holds
 //! twice the tokens (a q8_0 cache 64/17 times); `auto` is f16 in fast
-//! precision and f32 in exact; the CPU-only choices (and the fast
-//! precisions, which are the CPU backend's) are refused on a GPU, and q8_0
-//! for heads that are not whole blocks of 32.
+//! precision and f32 in exact; the CPU-only choices are refused on a GPU,
+//! and q8_0 for heads that are not whole blocks of 32.
 
 use kiln_tests::models::{tiny_model, write_model_dir};
 use kiln_tests::serve::{requirements, Server};
@@ -121,8 +120,6 @@ fn cpu_only_options_are_refused_on_a_gpu() {
     for (option, value) in [
         ("--kv-cache-dtype", "float16"),
         ("--kv-cache-dtype", "q8_0"),
-        ("--precision", "fast"),
-        ("--precision", "fast-residual"),
     ] {
         let (code, stderr) = generate_status(&model, &["--device", "cuda-emulated", option, value]);
         assert_eq!(code, Some(1), "{stderr}");

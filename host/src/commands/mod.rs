@@ -61,11 +61,6 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
         kv_cache_dtype.name()
     );
     let precision: crate::runtime::Precision = runtime.precision.into();
-    anyhow::ensure!(
-        device == crate::device::DeviceChoice::Cpu || precision == crate::runtime::Precision::Exact,
-        "--precision {} is for the CPU backend: on a GPU, --dtype picks the products' arithmetic",
-        runtime.precision.name()
-    );
     Ok(LoadOptions {
         max_length: runtime.max_length,
         precision,

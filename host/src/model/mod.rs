@@ -316,6 +316,7 @@ fn compile(
                 options.device.to_string(),
                 CudaOptions {
                     dtype: options.dtype,
+                    precision: options.precision,
                     kv_cache_dtype: options.kv_cache_dtype,
                     graphs: !options.enforce_eager,
                     attention: options.attention_backend,

@@ -185,6 +185,9 @@ pub enum AttentionBackend {
 pub struct CudaOptions {
     /// How weights are stored for products (`--dtype`).
     pub dtype: WeightDtype,
+    /// The activations of packed matrices' decode products (`--precision`:
+    /// 8-bit in the fast modes).
+    pub precision: super::Precision,
     /// The KV cache's element type (`--kv-cache-dtype`).
     pub kv_cache_dtype: KvCacheDtype,
     /// Capture steps as CUDA graphs and replay them (off: `--enforce-eager`).
@@ -241,7 +244,14 @@ impl CudaExecutor {
         let weights = super::executor::bind_weights(&program, store)?;
         let (program, weights) = super::hoist::hoist_weight_steps(program, weights)?;
         let (hand, waiting) = load_hand_kernels(device.as_ref())?;
-        let lowered = plan::lower(device.as_ref(), &program, &weights, dtype, &hand)?;
+        let lowered = plan::lower(
+            device.as_ref(),
+            &program,
+            &weights,
+            dtype,
+            options.precision,
+            &hand,
+        )?;
         let gemv = tune::choose(
             device.as_ref(),
             &hand,

@@ -13,8 +13,9 @@ use super::products::GEMV_MAX_GROUP;
 use super::weights::{self, DeviceMatrix, WeightDtype};
 use super::CudaError;
 use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program, Step};
+use crate::runtime::precision::ProductPrecisions;
 use crate::runtime::tensor::Tensor;
-use crate::runtime::WeightData;
+use crate::runtime::{Precision, WeightData};
 
 /// What one step launches.
 #[derive(Clone, Debug)]
@@ -163,15 +164,20 @@ pub type HandKernels = HashMap<String, FunctionId>;
 
 /// Lowers `program` onto `device`: uploads weights and constants, generates
 /// and loads the fused kernels, and picks each step's kernel. Fails naming the
-/// first step no CUDA kernel covers.
+/// first step no CUDA kernel covers. `precision` picks the products whose
+/// decode GEMV takes x in 8 bits (`int8_activations`): those of packed
+/// matrices that `precision.rs` gives [`Precision::Fast`] (not the logits';
+/// `fast-residual`'s two-digit products keep f32 x here).
 pub fn lower(
     device: &dyn Device,
     program: &Program,
     weights: &[WeightData],
     dtype: WeightDtype,
+    precision: Precision,
     hand: &HandKernels,
 ) -> Result<Lowered, CudaError> {
     let graph = &program.graph;
+    let precisions = ProductPrecisions::new(program, precision);
     let mut owned = Vec::new();
     let mut weight_bytes_per_step = 0;
     let mut homes = vec![Home::Nowhere; graph.nodes.len()];
@@ -235,7 +241,11 @@ pub fn lower(
             Kernel::Linear { weight } => {
                 let m = matrix(*weight, &mut owned)?;
                 product_matrices.insert(*weight, (m.bytes(), m.rows * m.cols));
-                StepPlan::Linear(m)
+                StepPlan::Linear(DeviceMatrix {
+                    int8_activations: m.packed.is_some()
+                        && precisions.of(step.output) == Precision::Fast,
+                    ..m
+                })
             }
             Kernel::Embedding { weight } => {
                 let m = matrix(*weight, &mut owned)?;
@@ -329,6 +339,7 @@ pub fn lower(
                                 packed: None,
                                 rows: shape[0] as usize,
                                 cols: shape[1] as usize,
+                                int8_activations: false,
                             })
                         }
                         _ if step.inputs.iter().all(|&v| {
@@ -462,7 +473,7 @@ fn group_products(program: &Program, steps: &mut [StepPlan]) {
     let mut groups: HashMap<_, Vec<(usize, DeviceMatrix, ValueId)>> = HashMap::new();
     for (s, (step, plan)) in program.steps.iter().zip(steps.iter()).enumerate() {
         if let StepPlan::Linear(w) = plan {
-            let key = (step.inputs[0], w.ty, w.packed, w.cols);
+            let key = (step.inputs[0], w.ty, w.packed, w.cols, w.int8_activations);
             groups.entry(key).or_default().push((s, *w, step.output));
         }
     }

@@ -6,7 +6,9 @@
 //! of many sequences, short prompts) run on tensor cores reading the blocks
 //! (`kernels/cuda/qmatmul.cu`), x cast to bf16. More rows go to cuBLAS on x
 //! cast to the weight's half type, a packed matrix expanded to bf16 first,
-//! both in the step's scratch.
+//! both in the step's scratch. With `--precision fast`, the GEMV of packed
+//! matrices reads x quantized to 8 bits in the scratch (`kiln_quantize_x8`,
+//! once for the matrices that share x) and takes integer dot products.
 
 use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout};
 
@@ -53,6 +55,7 @@ pub fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&
         return None;
     }
     let (many, one) = match (w.packed, w.ty) {
+        (Some(p), _) if w.int8_activations => (p.kernels().gemv_x8[0], p.kernels().gemv_x8[1]),
         (Some(p), _) => (p.kernels().gemv, p.kernels().gemv_m1),
         (None, GemmType::BF16) => ("kiln_gemv_bf16", "kiln_gemv_bf16_m1"),
         (None, GemmType::F16) => ("kiln_gemv_f16", "kiln_gemv_f16_m1"),
@@ -113,11 +116,17 @@ fn route(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Route {
     }
 }
 
+/// Bytes of `x_elements` values of x quantized to 8 bits
+/// (`kiln_quantize_x8`): a byte each, and 8 per block of 32.
+fn int8_x_bytes(x_elements: usize) -> usize {
+    x_elements + x_elements / 32 * 8
+}
+
 /// The scratch a product over `w` needs for `x_elements` values of x: x cast
 /// to W's half type (bf16 for packed blocks, at offset 0), then W expanded
 /// from its blocks to bf16 (a GEMM) or the partial sums of K's splits (on
-/// tensor cores), at the returned offset. `(offset, total bytes)`; nothing
-/// for a GEMV.
+/// tensor cores), at the returned offset. `(offset, total bytes)`; for a
+/// GEMV, x quantized to 8 bits where it takes that, else nothing.
 fn product_scratch(w: &DeviceMatrix, layout: WeightLayout, x_elements: usize) -> (usize, usize) {
     let (n, k) = product_dims(w, layout);
     let m = x_elements / k.max(1);
@@ -126,6 +135,7 @@ fn product_scratch(w: &DeviceMatrix, layout: WeightLayout, x_elements: usize) ->
     }
     let aligned = |bytes: usize| bytes.div_ceil(super::memory::ALIGN) * super::memory::ALIGN;
     match route(w, layout, m) {
+        Route::Gemv if w.int8_activations => (0, int8_x_bytes(x_elements)),
         Route::Gemv => (0, 0),
         Route::Qmm(q) => {
             let offset = aligned(x_elements * GemmType::BF16.size());
@@ -318,6 +328,21 @@ impl Frame<'_> {
                 self.product(w, WeightLayout::OutIn, x, x_elements, *out, scratch)
             });
         };
+        let x = if first.int8_activations {
+            let to = scratch.ok_or("no scratch buffer planned for 8-bit x")?;
+            self.launch(
+                "kiln_quantize_x8",
+                LaunchConfig::elementwise(x_elements),
+                &[
+                    KernelArg::Ptr(x),
+                    KernelArg::Ptr(to),
+                    KernelArg::I64((x_elements / 32) as i64),
+                ],
+            )?;
+            to
+        } else {
+            x
+        };
         let rows: usize = members.iter().map(|(w, _)| w.rows).sum();
         let int = |v: usize| KernelArg::I32(v as i32);
         let shape = GemvShape {
@@ -346,6 +371,7 @@ mod tests {
             packed,
             rows,
             cols,
+            int8_activations: false,
         }
     }
 
@@ -382,6 +408,23 @@ mod tests {
         // Splits never outnumber the matrix's stretches of 128 columns.
         let short = qmm(&matrix(Some(Packed::Q8_0), 64, 288), 64);
         assert_eq!((short.grid, short.k_split), ((1, 1, 3), 128));
+    }
+
+    #[test]
+    fn gemvs_on_8_bit_x_have_their_kernels_and_scratch() {
+        let w = DeviceMatrix {
+            int8_activations: true,
+            ..matrix(Some(Packed::Q4K), 1024, 4096)
+        };
+        let gemv = |m| gemv_kernel(&w, WeightLayout::OutIn, m);
+        assert_eq!(gemv(1), Some("kiln_gemv_q4_k_x8_m1"));
+        assert_eq!(gemv(8), Some("kiln_gemv_q4_k_x8"));
+        // A byte a value, and (d, d·Σq) per block of 32.
+        let x8 = product_scratch(&w, WeightLayout::OutIn, 8 * 4096);
+        assert_eq!(x8, (0, 8 * 4096 + 8 * 128 * 8));
+        // Past the GEMV, x in bf16 on tensor cores as in exact precision.
+        let qmm = product_scratch(&w, WeightLayout::OutIn, 16 * 4096);
+        assert_eq!(qmm.0, 16 * 4096 * 2);
     }
 
     #[test]

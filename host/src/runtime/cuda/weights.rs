@@ -42,6 +42,10 @@ pub struct DeviceMatrix {
     pub rows: usize,
     /// Columns (the last axis).
     pub cols: usize,
+    /// Products over it with up to `GEMV_MAX_M` rows of x quantize x to
+    /// 8 bits and take integer dot products (`--precision fast`; packed
+    /// matrices only).
+    pub int8_activations: bool,
 }
 
 impl DeviceMatrix {
@@ -74,6 +78,8 @@ pub struct PackedKernels {
     pub gemv: &'static str,
     /// The decode GEMV for one row of x.
     pub gemv_m1: &'static str,
+    /// The decode GEMVs on x quantized to 8 bits, for several rows and one.
+    pub gemv_x8: [&'static str; 2],
     /// The tensor-core product for batches past the GEMV's (`qmatmul.cu`).
     pub qmm: &'static str,
     /// The expansion to bf16.
@@ -118,10 +124,11 @@ impl Packed {
 
     /// Its kernels.
     pub fn kernels(self) -> PackedKernels {
-        let (gemv, gemv_m1, qmm, dequant, embedding, moe) = match self {
+        let (gemv, gemv_m1, gemv_x8, qmm, dequant, embedding, moe) = match self {
             Self::Q8_0 => (
                 "kiln_gemv_q8_0",
                 "kiln_gemv_q8_0_m1",
+                ["kiln_gemv_q8_0_x8", "kiln_gemv_q8_0_x8_m1"],
                 "kiln_qmm_q8_0",
                 "kiln_dequant_q8_0",
                 "kiln_embedding_q8_0",
@@ -130,6 +137,7 @@ impl Packed {
             Self::Q4_0 => (
                 "kiln_gemv_q4_0",
                 "kiln_gemv_q4_0_m1",
+                ["kiln_gemv_q4_0_x8", "kiln_gemv_q4_0_x8_m1"],
                 "kiln_qmm_q4_0",
                 "kiln_dequant_q4_0",
                 "kiln_embedding_q4_0",
@@ -138,6 +146,7 @@ impl Packed {
             Self::Q4K => (
                 "kiln_gemv_q4_k",
                 "kiln_gemv_q4_k_m1",
+                ["kiln_gemv_q4_k_x8", "kiln_gemv_q4_k_x8_m1"],
                 "kiln_qmm_q4_k",
                 "kiln_dequant_q4_k",
                 "kiln_embedding_q4_k",
@@ -146,6 +155,7 @@ impl Packed {
             Self::Q6K => (
                 "kiln_gemv_q6_k",
                 "kiln_gemv_q6_k_m1",
+                ["kiln_gemv_q6_k_x8", "kiln_gemv_q6_k_x8_m1"],
                 "kiln_qmm_q6_k",
                 "kiln_dequant_q6_k",
                 "kiln_embedding_q6_k",
@@ -156,6 +166,7 @@ impl Packed {
             gemv,
             qmm,
             gemv_m1,
+            gemv_x8,
             dequant,
             embedding,
             moe,
@@ -219,6 +230,7 @@ pub fn upload_matrix(
         packed,
         rows,
         cols,
+        int8_activations: false,
     })
 }
 
