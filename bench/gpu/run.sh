@@ -8,7 +8,9 @@
 # every JSON to $OUT (the device tool returns at most 8 files).
 # Each part fits the device tool's 10 minutes a command; `all` runs every
 # part in one go.
-#   bench/gpu/run.sh kiln              Kiln: llama3-8b bf16 and q4_k_m, llama3.2-1b bf16
+#   bench/gpu/run.sh kiln              Kiln: llama3-8b bf16, q4_k_m and q4_k_m with
+#                                      --precision fast (q4_k_m+fast: 8-bit x in the
+#                                      decode GEMV), llama3.2-1b bf16
 #   bench/gpu/run.sh torch MODE SHAPE  PyTorch (MODE eager or compiled) at SHAPE
 #   bench/gpu/run.sh splits            Kiln's decode with the GEMV's warps per row
 #                                      fixed to 1, 2, 4 and timed (KILN_GEMV_SPLIT)
@@ -16,12 +18,16 @@
 #                                      programmatic dependent launch
 #                                      (KILN_NO_PROGRAMMATIC_LAUNCH), as text
 #   bench/gpu/run.sh profile           where a decode step's time goes at batch 1, 16
-#                                      and 64 (llama3-8b bf16 and q4_k_m), and a 2048-
+#                                      and 64 (llama3-8b bf16 and q4_k_m, q4_k_m+fast
+#                                      at batch 1), and a 2048-
 #                                      token prefill's: Nsight
 #                                      Systems' kernel sums over the run against its
 #                                      wall time (device- or host-bound), else an
 #                                      Nsight Compute window of kernel times
 #   bench/gpu/run.sh table             the table of every JSON so far
+# KILN_BENCH_SHAPES and KILN_BENCH_PROFILE name weights DTYPE[+PRECISION]
+# (`host benchmark --shape-dtype DTYPE --precision PRECISION`, exact unless
+# given).
 # KILN_BENCH_DEVICE=cuda-emulated KILN_BENCH_SHAPES=path/config.json:bf16
 # dry-runs the Kiln part on a machine without a GPU.
 #   bench/gpu/run.sh all
@@ -33,11 +39,21 @@ device=${KILN_BENCH_DEVICE:-cuda}
 input_len=${KILN_BENCH_INPUT_LEN:-128}
 output_len=${KILN_BENCH_OUTPUT_LEN:-128}
 
-# Calls `$1 SHAPE DTYPE NAME` for each shape:dtype of KILN_BENCH_SHAPES.
+# The benchmark's arguments for weights labelled DTYPE[+PRECISION] (e.g.
+# q4_k_m+fast; exact precision unless given), in the array `weights`.
+weights_of() {
+  local dtype=${1%%+*} precision=exact
+  [[ $1 == *+* ]] && precision=${1#*+}
+  weights=(--shape-dtype "$dtype" --precision "$precision")
+}
+
+# Calls `$1 SHAPE DTYPE NAME` for each SHAPE:DTYPE[+PRECISION] of
+# KILN_BENCH_SHAPES, with `weights` set (weights_of).
 each_shape() {
   local run shape dtype
-  for run in ${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3-8b:q4_k_m llama3.2-1b:bf16}; do
+  for run in ${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3-8b:q4_k_m llama3-8b:q4_k_m+fast llama3.2-1b:bf16}; do
     shape=${run%%:*} dtype=${run##*:}
+    weights_of "$dtype"
     "$1" "$shape" "$dtype" "$(basename "$shape" .json)"
   done
 }
@@ -45,11 +61,11 @@ each_shape() {
 kiln_shape() {
   local shape=$1 dtype=$2 name=$3
   echo "== kiln $shape $dtype: decode"
-  "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
+  "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
     --input-len "$input_len" --output-len "$output_len" --concurrency 1,16,64 --json \
     > "$results/kiln-$name-$dtype-decode.json" || echo "FAILED: $shape $dtype decode"
   echo "== kiln $shape $dtype: prefill ${KILN_BENCH_PREFILL_LEN:-2048}"
-  "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
+  "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
     --input-len "${KILN_BENCH_PREFILL_LEN:-2048}" --output-len 1 --concurrency 1 --json \
     > "$results/kiln-$name-$dtype-prefill.json" || echo "FAILED: $shape $dtype prefill"
 }
@@ -65,7 +81,7 @@ splits_shape() {
   local shape=$1 dtype=$2 name=$3 split
   for split in 1 2 4 timed; do
     echo "== kiln $shape $dtype: decode, KILN_GEMV_SPLIT=$split"
-    KILN_GEMV_SPLIT=$split "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device" \
+    KILN_GEMV_SPLIT=$split "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
       --input-len "$input_len" --output-len 64 --concurrency 1,8 --json \
       > "$results/splits-$name-$dtype-$split.json" || echo "FAILED: $shape $dtype split $split"
   done
@@ -85,7 +101,7 @@ pdl_shape() {
     echo "== kiln $shape $dtype: decode, programmatic launch $mode"
     local switch=()
     [ "$mode" = off ] && switch=(KILN_NO_PROGRAMMATIC_LAUNCH=1)
-    env "${switch[@]}" "$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" \
+    env "${switch[@]}" "$bin/host" benchmark --shape "$shape" "${weights[@]}" \
       --device "$device" --input-len "$input_len" --output-len 64 --concurrency 1,8,64 \
       2>&1 | tee "$results/pdl-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype pdl $mode"
   done
@@ -104,11 +120,12 @@ profile() {
   nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
   ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   # shape:dtype:batch[:prompt tokens:generated tokens]
-  for run in ${KILN_BENCH_PROFILE:-llama3-8b:bf16:1 llama3-8b:bf16:16 llama3-8b:bf16:64 llama3-8b:q4_k_m:16 llama3-8b:q4_k_m:64 llama3-8b:bf16:1:2048:1}; do
+  for run in ${KILN_BENCH_PROFILE:-llama3-8b:bf16:1 llama3-8b:bf16:16 llama3-8b:bf16:64 llama3-8b:q4_k_m:1 llama3-8b:q4_k_m+fast:1 llama3-8b:q4_k_m:16 llama3-8b:q4_k_m:64 llama3-8b:bf16:1:2048:1}; do
     IFS=: read -r shape dtype batch prompt generated <<< "$run"
     prompt=${prompt:-$input_len} generated=${generated:-64}
+    weights_of "$dtype"
     local name=profile-$shape-$dtype-$batch-$prompt-$generated
-    local cmd=("$bin/host" benchmark --shape "$shape" --shape-dtype "$dtype" --device "$device"
+    local cmd=("$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device"
       --input-len "$prompt" --output-len "$generated" --concurrency "$batch" --json)
     echo "== $name"
     if [ -n "$nsys" ]; then
