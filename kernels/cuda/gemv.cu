@@ -384,6 +384,23 @@ extern "C" __global__ void kiln_embedding_q4_0(const u8* table, const i64* ids, 
                                              int* error) {
   embedding_blocks<Q4_0>(table, ids, y, rows, cols, error);
 }
+extern "C" __global__ void kiln_gemv_q5_0(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_m1(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, 1, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, 1, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, 1, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_0, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_0, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_0, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_0, Int8X, 1, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_0, Int8X, 1, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_0_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_0, Int8X, 1, 4>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_dequant_q5_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q5_0>(w, out, blocks); }
+extern "C" __global__ void kiln_embedding_q5_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
+                                             int* error) {
+  embedding_blocks<Q5_0>(table, ids, y, rows, cols, error);
+}
 extern "C" __global__ void kiln_gemv_q4_k(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
@@ -400,6 +417,23 @@ extern "C" __global__ void kiln_dequant_q4_k(const u8* w, bf16_bits* out, i64 bl
 extern "C" __global__ void kiln_embedding_q4_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
                                              int* error) {
   embedding_blocks<Q4_K>(table, ids, y, rows, cols, error);
+}
+extern "C" __global__ void kiln_gemv_q5_k(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 4>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_dequant_q5_k(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q5_K>(w, out, blocks); }
+extern "C" __global__ void kiln_embedding_q5_k(const u8* table, const i64* ids, float* y, i64 rows, int cols,
+                                             int* error) {
+  embedding_blocks<Q5_K>(table, ids, y, rows, cols, error);
 }
 extern "C" __global__ void kiln_gemv_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }

@@ -6,7 +6,9 @@
 // (X8Scale) in integer arithmetic; `value` decodes one value.
 //   Q8_0  (34 B / 32):  4 lanes, 8 quants each
 //   Q4_0  (18 B / 32):  4 lanes, 4 bytes of nibbles each
+//   Q5_0  (22 B / 32):  4 lanes, 4 bytes of nibbles and their fifth bits
 //   Q4_K (144 B / 256): 8 lanes, 16 bytes of nibbles each (two sub-blocks)
+//   Q5_K (176 B / 256): 8 lanes, 16 bytes of nibbles and their fifth bits
 //   Q6_K (210 B / 256): 32 lanes, 4 consecutive values in each of 2 quarters
 // The layouts are ggml's (kernels/src/quant/format.rs decodes the same bytes
 // on the CPU). Included after kiln_cuda.cuh; the loader inlines both.
@@ -68,25 +70,19 @@ __device__ __forceinline__ unsigned int x8_word(const signed char* q) {
 // weights to `sink(w, count, column)` in runs of `count` (an even number),
 // the block's values numbered from `col`. A zeroed `Raw` decodes to zeros.
 
-// A lane's part of a 32-value block that starts with its f16 scale (Q8_0,
-// Q4_0): the scale and WORDS 16-bit words of quants, part s's starting at
-// byte 2 + 2·WORDS·s (blocks are 2-byte aligned: 16-bit loads).
-template <int WORDS>
-struct ScaledWords {
-  unsigned short d, q[WORDS];
-  __device__ static ScaledWords load(const u8* b, int s) {
-    ScaledWords r;
-    r.d = load_u16(b);
-    for (int j = 0; j < WORDS; ++j) r.q[j] = load_u16(b + 2 + 2 * WORDS * s + 2 * j);
-    return r;
-  }
-};
-
 struct Q8_0 {
   static const int ELEMS = 32, BYTES = 34, LANES = 4;
-  // Lane part s: quants 8s .. 8s+7.
-  typedef ScaledWords<4> Raw;
-  __device__ static Raw load(const u8* b, int s) { return Raw::load(b, s); }
+  // Lane part s: the f16 scale and quants 8s .. 8s+7 as four 16-bit words
+  // (blocks are 2-byte aligned).
+  struct Raw {
+    unsigned short d, q[4];
+  };
+  __device__ static Raw load(const u8* b, int s) {
+    Raw r;
+    r.d = load_u16(b);
+    for (int j = 0; j < 4; ++j) r.q[j] = load_u16(b + 2 + 8 * s + 2 * j);
+    return r;
+  }
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     float d = f16_to_f32(r.d), w[8];
@@ -104,37 +100,71 @@ struct Q8_0 {
   __device__ static float value(const u8* b, int j) { return load_f16(b) * signed_quant_f32(b[2 + j]); }
 };
 
-struct Q4_0 {
-  static const int ELEMS = 32, BYTES = 18, LANES = 4;
-  // Lane part s: bytes 4s .. 4s+3, low nibbles are values 4s.., high 16+4s...
-  typedef ScaledWords<2> Raw;
-  __device__ static Raw load(const u8* b, int s) { return Raw::load(b, s); }
+// Four bits (the low four of `bits`) as bit 4 of four bytes: each bit j
+// of bits · 0x204081 lands on bit 8j, and no two shifted copies overlap.
+__device__ __forceinline__ unsigned int fifth_bits(unsigned int bits) {
+  return ((bits & 0xfu) * 0x00204081u & 0x01010101u) << 4;
+}
+
+// Q4_0 (18 B / 32) and Q5_0 (22 B / 32): an f16 scale d, for Q5_0 the
+// values' fifth bits (32 bits at byte 2, bit j for value j), then 16 bytes
+// whose low nibbles are values 0..15 and high nibbles 16..31; a value is
+// d · (n - 8), or d · (n - 16) with the fifth bit.
+template <bool FIVE_BITS>
+struct Nibbles {
+  static const int ELEMS = 32, BYTES = FIVE_BITS ? 22 : 18, LANES = 4;
+  static const int OFFSET = FIVE_BITS ? 16 : 8, QS = FIVE_BITS ? 6 : 2;
+  // Lane part s: bytes 4s .. 4s+3 of the quants: values 4s.. (low nibbles)
+  // and 16+4s.. (high); blocks are 2-byte aligned: 16-bit loads.
+  struct Raw {
+    unsigned short d;
+    unsigned int q, high;  // high: the fifth bits of the whole block
+  };
+  __device__ static Raw load(const u8* b, int s) {
+    Raw r;
+    r.d = load_u16(b);
+    r.q = load_u16(b + QS + 4 * s) | ((unsigned int)load_u16(b + QS + 4 * s + 2) << 16);
+    r.high = FIVE_BITS ? load_u16(b + 2) | ((unsigned int)load_u16(b + 4) << 16) : 0u;
+    return r;
+  }
+  // The part's quants n (a byte each): values 4s.. and 16+4s...
+  __device__ __forceinline__ static void quants(const Raw& r, int s, unsigned int* lo, unsigned int* hi) {
+    *lo = r.q & 0x0f0f0f0fu;
+    *hi = (r.q >> 4) & 0x0f0f0f0fu;
+    if (FIVE_BITS) {
+      *lo |= fifth_bits(r.high >> (4 * s));
+      *hi |= fifth_bits(r.high >> (16 + 4 * s));
+    }
+  }
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
-    float d = f16_to_f32(r.d), lo[4], hi[4];
-    for (int j = 0; j < 2; ++j) {
-      for (int h = 0; h < 2; ++h) {
-        unsigned int byte = (r.q[j] >> (8 * h)) & 0xffu;
-        lo[2 * j + h] = d * quant_f32<8>(byte & 0xfu);
-        hi[2 * j + h] = d * quant_f32<8>(byte >> 4);
-      }
+    unsigned int n[2];
+    quants(r, s, &n[0], &n[1]);
+    float d = f16_to_f32(r.d);
+    for (int h = 0; h < 2; ++h) {
+      float w[4];
+      for (int j = 0; j < 4; ++j) w[j] = d * quant_f32<OFFSET>((n[h] >> (8 * j)) & 0xffu);
+      sink(w, 4, col + 16 * h + 4 * s);
     }
-    sink(lo, 4, col + 4 * s);
-    sink(hi, 4, col + 16 + 4 * s);
   }
-  // Σ (n - 8) x over the part is Σ n x less 8 Σx; the block's four parts
-  // each take a quarter of the block's 8 Σx (`sum`), as llama.cpp's MMVQ
-  // does.
+  // Σ (n - OFFSET) x over the part is Σ n x less OFFSET · Σx; the block's
+  // four parts each take a quarter of the block's OFFSET · Σx (`sum`), as
+  // llama.cpp's MMVQ does.
   __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
-    unsigned int w = r.q[0] | ((unsigned int)r.q[1] << 16);
-    int sum = dot4_i8((w >> 4) & 0x0f0f0f0fu, x8_word(q + 16 + 4 * s), dot4_i8(w & 0x0f0f0f0fu, x8_word(q + 4 * s), 0));
-    return f16_to_f32(r.d) * (scale->d * int_f32(sum) - 2.0f * scale->sum);
+    unsigned int lo, hi;
+    quants(r, s, &lo, &hi);
+    int sum = dot4_i8(hi, x8_word(q + 16 + 4 * s), dot4_i8(lo, x8_word(q + 4 * s), 0));
+    return f16_to_f32(r.d) * (scale->d * int_f32(sum) - (OFFSET / 4) * scale->sum);
   }
   __device__ static float value(const u8* b, int j) {
-    unsigned int byte = b[2 + (j % 16)];
-    return load_f16(b) * quant_f32<8>(j < 16 ? byte & 0xfu : byte >> 4);
+    unsigned int byte = b[QS + (j % 16)];
+    unsigned int n = j < 16 ? byte & 0xfu : byte >> 4;
+    if (FIVE_BITS) n |= ((b[2 + j / 8] >> (j % 8)) & 1u) << 4;
+    return load_f16(b) * quant_f32<OFFSET>(n);
   }
 };
+typedef Nibbles<false> Q4_0;
+typedef Nibbles<true> Q5_0;
 
 // Byte i of 16 loaded bytes, by selects rather than an indexed register
 // array (a computed index would put the array in local memory).
@@ -156,73 +186,107 @@ __device__ __forceinline__ void q4k_scale_min_by(Scale scale, int j, float* sc, 
   }
 }
 
-struct Q4_K {
-  static const int ELEMS = 256, BYTES = 144, LANES = 8;
-  // Lane part s: chunk c = s / 2 of 64 values, bytes 16 (s % 2) .. +15 of
-  // its 32: low nibbles in sub-block 2c, high nibbles in 2c + 1. A part is
-  // two 16-byte loads, the block's head (d, dmin, the 12 scale bytes: the
-  // same address for the block's 8 lanes) and its quants; blocks are 144
-  // bytes and rows whole blocks, so both are 16-byte aligned.
+// Q4_K (144 B / 256) and Q5_K (176 B / 256): f16 d and dmin, 12 bytes of
+// 6-bit scales and minimums for 8 sub-blocks of 32, for Q5_K the values'
+// fifth bits (32 bytes: bit 2c of byte l for value l of sub-block 2c, bit
+// 2c + 1 for sub-block 2c + 1), then 128 bytes of nibbles: each 32 hold
+// sub-block 2c (low nibbles) and 2c + 1 (high). A value of sub-block j is
+// d · scale_j · n - dmin · minimum_j.
+template <bool FIVE_BITS>
+struct KQuant {
+  static const int ELEMS = 256, BYTES = FIVE_BITS ? 176 : 144, LANES = 8;
+  static const int QS = FIVE_BITS ? 48 : 16;
+  // Lane part s: chunk c = s / 2 of 64 values, positions 16 (s % 2) .. +15
+  // of its 32 in both sub-blocks. A part is two 16-byte loads, three with
+  // the fifth bits: the block's head (d, dmin, the 12 scale bytes: the same
+  // address for the block's 8 lanes), its quants and their fifth bits;
+  // blocks are 144 or 176 bytes and rows whole blocks, so all are 16-byte
+  // aligned.
   struct Raw {
-    Bytes16 head, q;
+    Bytes16 head, q, high;
   };
   __device__ static Raw load(const u8* b, int s) {
     Raw r;
     r.head = load_streaming(b);
-    r.q = load_streaming(b + 16 + 32 * (s / 2) + 16 * (s % 2));
+    r.q = load_streaming(b + QS + 32 * (s / 2) + 16 * (s % 2));
+    if (FIVE_BITS) r.high = load_streaming(b + 16 + 16 * (s % 2));
     return r;
+  }
+  // Word w of the part's quants n (a byte each) in sub-blocks 2c (lo) and
+  // 2c + 1 (hi): positions 16 (s % 2) + 4w ...
+  __device__ __forceinline__ static void quants(const Raw& r, int c, int w, unsigned int* lo, unsigned int* hi) {
+    *lo = r.q.v[w] & 0x0f0f0f0fu;
+    *hi = (r.q.v[w] >> 4) & 0x0f0f0f0fu;
+    if (FIVE_BITS) {
+      *lo |= ((r.high.v[w] >> (2 * c)) & 0x01010101u) << 4;
+      *hi |= ((r.high.v[w] >> (2 * c + 1)) & 0x01010101u) << 4;
+    }
+  }
+  // Sub-blocks 2c and 2c + 1's d · scale and dmin · minimum: a value n of
+  // sub-block 2c + h is scale[h] · n - minimum[h] (one fused multiply-add
+  // in `values`).
+  __device__ __forceinline__ static void factors(const Raw& r, int c, float* scale, float* minimum) {
+    float d = f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(r.head.v[0] >> 16));
+    auto byte = [&](int i) { return byte_of(r.head, 4 + i); };
+    for (int h = 0; h < 2; ++h) {
+      float sc, mn;
+      q4k_scale_min_by(byte, 2 * c + h, &sc, &mn);
+      scale[h] = d * sc;
+      minimum[h] = dmin * mn;
+    }
   }
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     int c = s / 2;
-    float d = f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(r.head.v[0] >> 16));
-    float sc0, m0, sc1, m1;
-    auto scale = [&](int i) { return byte_of(r.head, 4 + i); };
-    q4k_scale_min_by(scale, 2 * c, &sc0, &m0);
-    q4k_scale_min_by(scale, 2 * c + 1, &sc1, &m1);
-    float a0 = d * sc0, b0 = dmin * m0, a1 = d * sc1, b1 = dmin * m1;
+    float scale[2], minimum[2];
+    factors(r, c, scale, minimum);
     int first = col + 64 * c + 16 * (s % 2);
 #pragma unroll
     for (int word = 0; word < 4; ++word) {
+      unsigned int n_lo, n_hi;
+      quants(r, c, word, &n_lo, &n_hi);
       float lo[4], hi[4];
       for (int j = 0; j < 4; ++j) {
-        unsigned int byte = (r.q.v[word] >> (8 * j)) & 0xffu;
-        lo[j] = a0 * quant_f32<0>(byte & 0xfu) - b0;
-        hi[j] = a1 * quant_f32<0>(byte >> 4) - b1;
+        lo[j] = fmaf(scale[0], quant_f32<0>((n_lo >> (8 * j)) & 0xffu), -minimum[0]);
+        hi[j] = fmaf(scale[1], quant_f32<0>((n_hi >> (8 * j)) & 0xffu), -minimum[1]);
       }
       sink(lo, 4, first + 4 * word);
       sink(hi, 4, first + 32 + 4 * word);
     }
   }
-  // The part's 16 low nibbles against 16 quants of sub-block 2c's x, its
-  // high ones against 2c + 1's; each sub-block's minimum times its Σx
+  // The part's 16 quants of sub-block 2c against 16 of x's, its 16 of
+  // 2c + 1 against the next 32's; each sub-block's minimum times its Σx
   // (`sum`) is taken half by each of the two parts that share it.
   __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
     int c = s / 2;
-    float d = f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(r.head.v[0] >> 16));
-    float sc0, m0, sc1, m1;
-    auto scales = [&](int i) { return byte_of(r.head, 4 + i); };
-    q4k_scale_min_by(scales, 2 * c, &sc0, &m0);
-    q4k_scale_min_by(scales, 2 * c + 1, &sc1, &m1);
+    float factor[2], minimum[2];
+    factors(r, c, factor, minimum);
     const signed char* x = q + 64 * c + 16 * (s % 2);
-    Bytes16 lo = *reinterpret_cast<const Bytes16*>(x), hi = *reinterpret_cast<const Bytes16*>(x + 32);
+    Bytes16 x_lo = *reinterpret_cast<const Bytes16*>(x), x_hi = *reinterpret_cast<const Bytes16*>(x + 32);
     int sum_lo = 0, sum_hi = 0;
 #pragma unroll
     for (int word = 0; word < 4; ++word) {
-      sum_lo = dot4_i8(r.q.v[word] & 0x0f0f0f0fu, lo.v[word], sum_lo);
-      sum_hi = dot4_i8((r.q.v[word] >> 4) & 0x0f0f0f0fu, hi.v[word], sum_hi);
+      unsigned int n_lo, n_hi;
+      quants(r, c, word, &n_lo, &n_hi);
+      sum_lo = dot4_i8(n_lo, x_lo.v[word], sum_lo);
+      sum_hi = dot4_i8(n_hi, x_hi.v[word], sum_hi);
     }
     const X8Scale &x0 = scale[2 * c], &x1 = scale[2 * c + 1];
-    return d * (sc0 * x0.d * int_f32(sum_lo) + sc1 * x1.d * int_f32(sum_hi)) - dmin * 0.5f * (m0 * x0.sum + m1 * x1.sum);
+    return factor[0] * x0.d * int_f32(sum_lo) + factor[1] * x1.d * int_f32(sum_hi) -
+           0.5f * (minimum[0] * x0.sum + minimum[1] * x1.sum);
   }
   __device__ static float value(const u8* b, int j) {
     int c = j / 64, l = j % 32, high = (j % 64) >= 32;
     float sc, mn;
     q4k_scale_min_by([&](int i) { return (unsigned int)b[4 + i]; }, 2 * c + high, &sc, &mn);
-    unsigned int byte = b[16 + 32 * c + l];
-    return load_f16(b) * sc * quant_f32<0>(high ? byte >> 4 : byte & 0xfu) - load_f16(b + 2) * mn;
+    unsigned int byte = b[QS + 32 * c + l];
+    unsigned int n = high ? byte >> 4 : byte & 0xfu;
+    if (FIVE_BITS) n |= ((b[16 + l] >> (2 * c + high)) & 1u) << 4;
+    return load_f16(b) * sc * quant_f32<0>(n) - load_f16(b + 2) * mn;
   }
 };
+typedef KQuant<false> Q4_K;
+typedef KQuant<true> Q5_K;
 
 struct Q6_K {
   static const int ELEMS = 256, BYTES = 210, LANES = 32;

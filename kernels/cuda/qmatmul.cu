@@ -163,7 +163,9 @@ __device__ void qmm(const u8* __restrict__ w, const bf16_bits* __restrict__ x, f
 
 extern "C" __global__ void kiln_qmm_q8_0(KILN_QMM_ARGS) { qmm<Q8_0>(w, x, y, partials, m, n, k, k_split); }
 extern "C" __global__ void kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0>(w, x, y, partials, m, n, k, k_split); }
+extern "C" __global__ void kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0>(w, x, y, partials, m, n, k, k_split); }
 extern "C" __global__ void kiln_qmm_q4_k(KILN_QMM_ARGS) { qmm<Q4_K>(w, x, y, partials, m, n, k, k_split); }
+extern "C" __global__ void kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K>(w, x, y, partials, m, n, k, k_split); }
 extern "C" __global__ void kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K>(w, x, y, partials, m, n, k, k_split); }
 
 // y = the sum of `splits` partial products [splits][count], in order.

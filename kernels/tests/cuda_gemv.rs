@@ -1,6 +1,6 @@
 //! The decode matrix products of `gemv.cu` on the kernel emulator: dense
 //! bf16/f16/f32 rows (16-byte loads and the unaligned fallback) and GGUF
-//! blocks read packed (Q8_0, Q4_0, Q4_K, Q6_K), against a dot product over
+//! blocks read packed (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), against a dot product over
 //! the CPU's own decoding of the same bytes; and the expansion of those
 //! blocks to bf16 for the GEMM of larger batches, and rows of them read as
 //! an embedding table. Each launch also runs as a
@@ -211,8 +211,12 @@ fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
         (QuantType::Q8_0, "q8_0", 32 * 77),
         (QuantType::Q4_0, "q4_0", 32 * 9),
         (QuantType::Q4_0, "q4_0", 32 * 77),
+        (QuantType::Q5_0, "q5_0", 32 * 9),
+        (QuantType::Q5_0, "q5_0", 32 * 77),
         (QuantType::Q4K, "q4_k", 256 * 3),
         (QuantType::Q4K, "q4_k", 256 * 19),
+        (QuantType::Q5K, "q5_k", 256 * 3),
+        (QuantType::Q5K, "q5_k", 256 * 19),
         (QuantType::Q6K, "q6_k", 256 * 3),
         (QuantType::Q6K, "q6_k", 256 * 9),
     ] {

@@ -103,7 +103,9 @@ fn packed_blocks_on_tensor_cores_match_the_cpu_decoding() {
     for (ty, name, k) in [
         (QuantType::Q8_0, "q8_0", 32 * 13),
         (QuantType::Q4_0, "q4_0", 32 * 9),
+        (QuantType::Q5_0, "q5_0", 32 * 9),
         (QuantType::Q4K, "q4_k", 256 * 3),
+        (QuantType::Q5K, "q5_k", 256 * 3),
         (QuantType::Q6K, "q6_k", 256 * 2),
     ] {
         for (m, splits) in [(9, 1), (16, 2), (40, 1), (64, 3), (70, 2)] {

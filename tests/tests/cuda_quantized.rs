@@ -41,7 +41,13 @@ fn cpu_and_cuda(shape: &str, dtype: ShapeDtype) -> (Model, Model) {
 #[test]
 fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
     let prompt = |len: u32| -> Vec<u32> { (0..len).map(|i| (i * 37 + 5) % 512).collect() };
-    for dtype in [ShapeDtype::Q4KM, ShapeDtype::Q8_0, ShapeDtype::Q4_0] {
+    for dtype in [
+        ShapeDtype::Q4KM,
+        ShapeDtype::Q5KM,
+        ShapeDtype::Q8_0,
+        ShapeDtype::Q4_0,
+        ShapeDtype::Q5_0,
+    ] {
         let (cpu, cuda) = cpu_and_cuda("tiny-llama.json", dtype);
         // One token a step: the GEMV reads the blocks, activations in f32.
         decode_agrees(&cpu, &cuda, &prompt(12), &format!("{dtype:?}"));
@@ -69,13 +75,19 @@ fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
     }
 }
 
-/// Q4_K_M stores vocabulary-sized rows as Q6_K: with a vocabulary as wide
-/// as the model, the experts' down matrices are Q6_K and their gate and up
-/// matrices Q4_K.
+/// Q4_K_M and Q5_K_M store vocabulary-sized rows as Q6_K: with a
+/// vocabulary as wide as the model, the experts' down matrices are Q6_K and
+/// their gate and up matrices Q4_K or Q5_K.
 #[test]
 fn packed_gguf_experts_match_the_cpu() {
     let prompt: Vec<u32> = (0..9).map(|i| (i * 53 + 7) % 256).collect();
-    for dtype in [ShapeDtype::Q4KM, ShapeDtype::Q8_0, ShapeDtype::Q4_0] {
+    for dtype in [
+        ShapeDtype::Q4KM,
+        ShapeDtype::Q5KM,
+        ShapeDtype::Q8_0,
+        ShapeDtype::Q4_0,
+        ShapeDtype::Q5_0,
+    ] {
         let (cpu, cuda) = cpu_and_cuda("tiny-qwen3-moe.json", dtype);
         // One token a step: every product reads the blocks with f32
         // activations, so the two backends agree to rounding.
@@ -96,7 +108,13 @@ fn packed_gguf_experts_match_the_cpu() {
 fn fast_precision_decodes_with_8_bit_activations() {
     let cuda = kiln_tests::models::cuda_test_device();
     let prompt: Vec<u32> = (0..8).map(|i| (i * 41 + 3) % 512).collect();
-    for dtype in [ShapeDtype::Q8_0, ShapeDtype::Q4_0, ShapeDtype::Q4KM] {
+    for dtype in [
+        ShapeDtype::Q8_0,
+        ShapeDtype::Q4_0,
+        ShapeDtype::Q5_0,
+        ShapeDtype::Q4KM,
+        ShapeDtype::Q5KM,
+    ] {
         let load = |device, precision| load_in("tiny-llama.json", dtype, device, precision);
         let models = [
             load(cuda, Precision::Fast),

@@ -62,6 +62,8 @@ struct LevelResult {
 #[derive(Debug, Serialize)]
 struct Report {
     device: String,
+    /// The quantized products' arithmetic (`--precision`).
+    precision: &'static str,
     /// The decode-step memory roofline (on a GPU).
     roofline: Option<Roofline>,
     levels: Vec<LevelResult>,
@@ -157,12 +159,16 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     let text = if args.json {
         let report = Report {
             device,
+            precision: args.runtime.precision.name(),
             roofline,
             levels: results,
         };
         serde_json::to_string_pretty(&report)? + "\n"
     } else {
-        let mut text = format!("device: {device}\n");
+        let mut text = format!(
+            "device: {device}\nprecision: {}\n",
+            args.runtime.precision.name()
+        );
         if let Some(r) = roofline {
             text += &format!(
                 "roofline: {:.3} MB of weights per decode step at {:.1} GB/s copy bandwidth: at most {:.1} steps/s\n\

@@ -35,11 +35,18 @@ pub enum ShapeDtype {
     /// GGUF Q4_0 blocks for every matrix.
     #[value(name = "q4_0")]
     Q4_0,
+    /// GGUF Q5_0 blocks for every matrix.
+    #[value(name = "q5_0")]
+    Q5_0,
     /// llama.cpp's Q4_K_M, approximately: Q4_K matrices, Q6_K for the
     /// vocabulary-sized ones (llama.cpp also keeps half the layers'
     /// `attn_v`/`ffn_down` at Q6_K, about 5 % more bytes).
     #[value(name = "q4_k_m")]
     Q4KM,
+    /// llama.cpp's Q5_K_M, approximately: Q5_K matrices, Q6_K for the
+    /// vocabulary-sized ones.
+    #[value(name = "q5_k_m")]
+    Q5KM,
 }
 
 impl ShapeDtype {
@@ -52,8 +59,10 @@ impl ShapeDtype {
             Self::F32 => return Encoding::Float32,
             Self::Q8_0 => Encoding::Q8_0,
             Self::Q4_0 => Encoding::Q4_0,
-            Self::Q4KM if shape.first() == Some(&vocab) => Encoding::Q6K,
+            Self::Q5_0 => Encoding::Q5_0,
+            Self::Q4KM | Self::Q5KM if shape.first() == Some(&vocab) => Encoding::Q6K,
             Self::Q4KM => Encoding::Q4K,
+            Self::Q5KM => Encoding::Q5K,
         };
         let block = quant_type(quant).map_or(1, |q| q.block_elems() as u64);
         if shape.len() == 2 && shape[1].is_multiple_of(block) {

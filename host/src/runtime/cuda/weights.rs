@@ -2,7 +2,7 @@
 //!
 //! A weight read by a matrix product or an embedding is stored for the GPU's
 //! GEMM: bf16 and f16 as stored; f32 as bf16 unless `--dtype float32`. GGUF
-//! Q8_0, Q4_0, Q4_K and Q6_K matrices stay packed (the decode GEMV and the
+//! Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K matrices stay packed (the decode GEMV and the
 //! embedding read the blocks; larger batches expand them to bf16 in scratch
 //! memory first); other GGUF blocks are dequantized at load to bf16 (f32 with
 //! `--dtype float32`, bf16 with `--dtype bfloat16`). Any other
@@ -66,8 +66,12 @@ pub enum Packed {
     Q8_0,
     /// Q4_0 blocks.
     Q4_0,
+    /// Q5_0 blocks.
+    Q5_0,
     /// Q4_K super-blocks.
     Q4K,
+    /// Q5_K super-blocks.
+    Q5K,
     /// Q6_K super-blocks.
     Q6K,
 }
@@ -96,7 +100,9 @@ impl Packed {
         Some(match ty {
             QuantType::Q8_0 => Self::Q8_0,
             QuantType::Q4_0 => Self::Q4_0,
+            QuantType::Q5_0 => Self::Q5_0,
             QuantType::Q4K => Self::Q4K,
+            QuantType::Q5K => Self::Q5K,
             QuantType::Q6K => Self::Q6K,
             _ => return None,
         })
@@ -106,8 +112,8 @@ impl Packed {
     /// expansion to bf16 takes a thread per lane part.
     pub fn lanes(self) -> usize {
         match self {
-            Self::Q8_0 | Self::Q4_0 => 4,
-            Self::Q4K => 8,
+            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 => 4,
+            Self::Q4K | Self::Q5K => 8,
             Self::Q6K => 32,
         }
     }
@@ -117,7 +123,9 @@ impl Packed {
         match self {
             Self::Q8_0 => QuantType::Q8_0,
             Self::Q4_0 => QuantType::Q4_0,
+            Self::Q5_0 => QuantType::Q5_0,
             Self::Q4K => QuantType::Q4K,
+            Self::Q5K => QuantType::Q5K,
             Self::Q6K => QuantType::Q6K,
         }
     }
@@ -143,6 +151,15 @@ impl Packed {
                 "kiln_embedding_q4_0",
                 ["kiln_moe_gate_up_q4_0", "kiln_moe_down_q4_0"],
             ),
+            Self::Q5_0 => (
+                "kiln_gemv_q5_0",
+                "kiln_gemv_q5_0_m1",
+                ["kiln_gemv_q5_0_x8", "kiln_gemv_q5_0_x8_m1"],
+                "kiln_qmm_q5_0",
+                "kiln_dequant_q5_0",
+                "kiln_embedding_q5_0",
+                ["kiln_moe_gate_up_q5_0", "kiln_moe_down_q5_0"],
+            ),
             Self::Q4K => (
                 "kiln_gemv_q4_k",
                 "kiln_gemv_q4_k_m1",
@@ -151,6 +168,15 @@ impl Packed {
                 "kiln_dequant_q4_k",
                 "kiln_embedding_q4_k",
                 ["kiln_moe_gate_up_q4_k", "kiln_moe_down_q4_k"],
+            ),
+            Self::Q5K => (
+                "kiln_gemv_q5_k",
+                "kiln_gemv_q5_k_m1",
+                ["kiln_gemv_q5_k_x8", "kiln_gemv_q5_k_x8_m1"],
+                "kiln_qmm_q5_k",
+                "kiln_dequant_q5_k",
+                "kiln_embedding_q5_k",
+                ["kiln_moe_gate_up_q5_k", "kiln_moe_down_q5_k"],
             ),
             Self::Q6K => (
                 "kiln_gemv_q6_k",
