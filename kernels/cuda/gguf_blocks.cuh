@@ -228,11 +228,12 @@ struct KQuant {
   __device__ __forceinline__ static void factors(const Raw& r, int c, float* scale, float* minimum) {
     float d = f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(r.head.v[0] >> 16));
     auto byte = [&](int i) { return byte_of(r.head, 4 + i); };
+    float sc[2], mn[2];
+    q4k_scale_min_by(byte, 2 * c, &sc[0], &mn[0]);
+    q4k_scale_min_by(byte, 2 * c + 1, &sc[1], &mn[1]);
     for (int h = 0; h < 2; ++h) {
-      float sc, mn;
-      q4k_scale_min_by(byte, 2 * c + h, &sc, &mn);
-      scale[h] = d * sc;
-      minimum[h] = dmin * mn;
+      scale[h] = d * sc[h];
+      minimum[h] = dmin * mn[h];
     }
   }
   template <typename Sink>
