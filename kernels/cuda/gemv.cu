@@ -29,9 +29,11 @@
 // With 8-bit activations (`--precision fast`, llama.cpp's MMVQ), the GGUF
 // GEMVs `kiln_gemv_<format>_x8*` read x as kiln_quantize_x8 writes it and
 // take each part's products in integer dot products of four bytes (dp4a):
-// by arithmetic about one instruction per weight for Q4_K where decoding
-// weights to floats takes four to six (for Llama-3-8B in Q4_K, 7e9 weights a
-// decode step), at the cost of rounding x to 8 bits per block of 32.
+// by count, ~45 issue slots for a lane's 32 Q4_K weights (masks, 8 dp4a at
+// half rate, the part's scales), ~1.4 a weight, where decoding each weight
+// to a float takes ~6 (for Llama-3-8B in Q4_K, 7e9 weights a decode step:
+// ~0.3 ms of an H200's issue against ~1.2 ms), at the cost of rounding x to
+// 8 bits per block of 32.
 #include "kiln_cuda.cuh"
 #include "gguf_blocks.cuh"
 

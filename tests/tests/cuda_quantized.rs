@@ -5,8 +5,7 @@
 //! mixture are read packed in all. Random weights at small Llama and Qwen3-MoE
 //! shapes in each format, against the CPU backend's exact arithmetic on the
 //! same bytes; and with `--precision fast`, whose decode GEMVs take x in 8
-//! bits, against the CPU's fast arithmetic where it quantizes x the same way
-//! (blocks of 32 for Q8_0 and Q4_0).
+//! bits, against the CPU's exact and fast arithmetic.
 
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::Generator;
@@ -29,6 +28,15 @@ fn load_in(shape: &str, dtype: ShapeDtype, device: DeviceChoice, precision: Prec
     kiln_tests::models::shape_model(shape, dtype, &options)
 }
 
+/// Every storage of random weights whose matrices the GPU keeps packed.
+const PACKED: [ShapeDtype; 5] = [
+    ShapeDtype::Q4KM,
+    ShapeDtype::Q5KM,
+    ShapeDtype::Q8_0,
+    ShapeDtype::Q4_0,
+    ShapeDtype::Q5_0,
+];
+
 /// The shape in `dtype` on the CPU and on the CUDA backend under test.
 fn cpu_and_cuda(shape: &str, dtype: ShapeDtype) -> (Model, Model) {
     let cuda = kiln_tests::models::cuda_test_device();
@@ -41,13 +49,7 @@ fn cpu_and_cuda(shape: &str, dtype: ShapeDtype) -> (Model, Model) {
 #[test]
 fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
     let prompt = |len: u32| -> Vec<u32> { (0..len).map(|i| (i * 37 + 5) % 512).collect() };
-    for dtype in [
-        ShapeDtype::Q4KM,
-        ShapeDtype::Q5KM,
-        ShapeDtype::Q8_0,
-        ShapeDtype::Q4_0,
-        ShapeDtype::Q5_0,
-    ] {
+    for dtype in PACKED {
         let (cpu, cuda) = cpu_and_cuda("tiny-llama.json", dtype);
         // One token a step: the GEMV reads the blocks, activations in f32.
         decode_agrees(&cpu, &cuda, &prompt(12), &format!("{dtype:?}"));
@@ -81,13 +83,7 @@ fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
 #[test]
 fn packed_gguf_experts_match_the_cpu() {
     let prompt: Vec<u32> = (0..9).map(|i| (i * 53 + 7) % 256).collect();
-    for dtype in [
-        ShapeDtype::Q4KM,
-        ShapeDtype::Q5KM,
-        ShapeDtype::Q8_0,
-        ShapeDtype::Q4_0,
-        ShapeDtype::Q5_0,
-    ] {
+    for dtype in PACKED {
         let (cpu, cuda) = cpu_and_cuda("tiny-qwen3-moe.json", dtype);
         // One token a step: every product reads the blocks with f32
         // activations, so the two backends agree to rounding.
@@ -108,13 +104,7 @@ fn packed_gguf_experts_match_the_cpu() {
 fn fast_precision_decodes_with_8_bit_activations() {
     let cuda = kiln_tests::models::cuda_test_device();
     let prompt: Vec<u32> = (0..8).map(|i| (i * 41 + 3) % 512).collect();
-    for dtype in [
-        ShapeDtype::Q8_0,
-        ShapeDtype::Q4_0,
-        ShapeDtype::Q5_0,
-        ShapeDtype::Q4KM,
-        ShapeDtype::Q5KM,
-    ] {
+    for dtype in PACKED {
         let load = |device, precision| load_in("tiny-llama.json", dtype, device, precision);
         let models = [
             load(cuda, Precision::Fast),
