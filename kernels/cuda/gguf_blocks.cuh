@@ -20,6 +20,11 @@ __device__ __forceinline__ unsigned short load_u16(const u8* p) {
   return *reinterpret_cast<const unsigned short*>(p);
 }
 __device__ __forceinline__ float load_f16(const u8* p) { return f16_to_f32(load_u16(p)); }
+// Four bytes at a 2-byte-aligned address (in blocks of 18, 22, 34 or 210
+// bytes): two 16-bit loads.
+__device__ __forceinline__ unsigned int load_u32(const u8* p) {
+  return load_u16(p) | ((unsigned int)load_u16(p + 2) << 16);
+}
 
 // Adds w · x[i, col + j] for the `count` weights `w` to acc[i], for every row
 // i < m of x. x is read 16 bytes at a time where it is aligned for that (a
@@ -53,7 +58,7 @@ __device__ __forceinline__ void accumulate(float* acc, const float* w, int count
 // Activations as 8-bit blocks of 32 (kiln_quantize_x8 in gemv.cu): a row's
 // quants are signed bytes, and each block of 32 has its scale `d` (max|x| /
 // 127) and `sum`, d · Σq, for the formats whose values are offset (Q4_0's
-// -8) or less a minimum (Q4_K). A part's `dot_x8` gets the row's quants and
+// -8, Q5_0's -16) or less a minimum (Q4_K, Q5_K). A part's `dot_x8` gets the row's quants and
 // scales at the weight block's first column.
 struct X8Scale {
   float d, sum;
@@ -72,29 +77,26 @@ __device__ __forceinline__ unsigned int x8_word(const signed char* q) {
 
 struct Q8_0 {
   static const int ELEMS = 32, BYTES = 34, LANES = 4;
-  // Lane part s: the f16 scale and quants 8s .. 8s+7 as four 16-bit words
-  // (blocks are 2-byte aligned).
+  // Lane part s: the f16 scale and quants 8s .. 8s+7, four to a word.
   struct Raw {
-    unsigned short d, q[4];
+    unsigned short d;
+    unsigned int q[2];
   };
   __device__ static Raw load(const u8* b, int s) {
     Raw r;
     r.d = load_u16(b);
-    for (int j = 0; j < 4; ++j) r.q[j] = load_u16(b + 2 + 8 * s + 2 * j);
+    for (int j = 0; j < 2; ++j) r.q[j] = load_u32(b + 2 + 8 * s + 4 * j);
     return r;
   }
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     float d = f16_to_f32(r.d), w[8];
-    for (int j = 0; j < 4; ++j) {
-      w[2 * j] = d * signed_quant_f32(r.q[j]);
-      w[2 * j + 1] = d * signed_quant_f32(r.q[j] >> 8);
-    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j] = d * signed_quant_f32(r.q[j / 4] >> (8 * (j % 4)));
     sink(w, 8, col + 8 * s);
   }
   __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
-    unsigned int w0 = r.q[0] | ((unsigned int)r.q[1] << 16), w1 = r.q[2] | ((unsigned int)r.q[3] << 16);
-    int sum = dot4_i8(w1, x8_word(q + 8 * s + 4), dot4_i8(w0, x8_word(q + 8 * s), 0));
+    int sum = dot4_i8(r.q[1], x8_word(q + 8 * s + 4), dot4_i8(r.q[0], x8_word(q + 8 * s), 0));
     return f16_to_f32(r.d) * scale->d * int_f32(sum);
   }
   __device__ static float value(const u8* b, int j) { return load_f16(b) * signed_quant_f32(b[2 + j]); }
@@ -123,8 +125,8 @@ struct Nibbles {
   __device__ static Raw load(const u8* b, int s) {
     Raw r;
     r.d = load_u16(b);
-    r.q = load_u16(b + QS + 4 * s) | ((unsigned int)load_u16(b + QS + 4 * s + 2) << 16);
-    r.high = FIVE_BITS ? load_u16(b + 2) | ((unsigned int)load_u16(b + 4) << 16) : 0u;
+    r.q = load_u32(b + QS + 4 * s);
+    r.high = FIVE_BITS ? load_u32(b + 2) : 0u;
     return r;
   }
   // The part's quants n (a byte each): values 4s.. and 16+4s...
@@ -304,9 +306,6 @@ struct Q6_K {
   __device__ static int half_of(int t) { return t / 16; }
   __device__ static int pair_of(int t) { return (t % 16) / 8; }
   __device__ static int position_of(int t) { return 4 * (t % 8); }
-  __device__ static unsigned int load_u32(const u8* p) {
-    return load_u16(p) | ((unsigned int)load_u16(p + 2) << 16);
-  }
   __device__ static Raw load(const u8* b, int t) {
     int h = half_of(t), e = pair_of(t), p = position_of(t);
     Raw r;
