@@ -22,12 +22,20 @@ __device__ __forceinline__ float bf16_to_f32(bf16_bits b) {
   return __uint_as_float(((unsigned int)b) << 16);
 }
 
-// Round to nearest even; NaN stays NaN.
+// Round to nearest even; NaN stays NaN. On the GPU one conversion
+// instruction (sm_80+), where the bit arithmetic below issues about six; the
+// two differ only in a NaN's payload (the instruction's is canonical).
 __device__ __forceinline__ bf16_bits f32_to_bf16(float f) {
+#ifdef KILN_EMULATOR
   unsigned int u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_bits)((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (bf16_bits)(u >> 16);
+#else
+  bf16_bits r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+#endif
 }
 
 // n - OFFSET as a float, for quants 0 ≤ n < 2^23: n under the exponent of
@@ -95,9 +103,18 @@ __device__ __forceinline__ f16_bits f32_to_f16(float f) {
 }
 
 // Two bf16 (lower index in the low half) from two f32, as one register of
-// a tensor-core fragment or one 32-bit store.
+// a tensor-core fragment or one 32-bit store: one instruction on the GPU
+// (by arithmetic, the bit arithmetic's ~12 issue slots a pair were half of
+// the cost of decoding GGUF blocks to bf16 in qmatmul.cu, which at 16 rows of
+// x is bound by instructions, not bytes).
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+#ifdef KILN_EMULATOR
   return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16);
+#else
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#endif
 }
 
 // Programmatic dependent launch (sm_90 and newer): the host launches the

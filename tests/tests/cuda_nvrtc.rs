@@ -2,7 +2,10 @@
 //! with NVRTC, on a machine without a GPU: the hand-written sources under
 //! `kernels/cuda/` and the kernels the compiler generates for every tiny
 //! family. ptxas's statistics (through NVRTC's `--ptxas-options=-v`) show
-//! that no hand-written kernel spills to local memory.
+//! that no hand-written kernel spills to local memory. With
+//! `KILN_CUBIN_DIR` set, the hand-written modules' cubins are written there
+//! (`<source>.<arch>.cubin`) for `cuobjdump -sass`: instruction counts of a
+//! kernel's loop without a GPU.
 //!
 //! NVRTC comes from the `nvidia-cuda-nvrtc` wheel that `.ci/setup` unpacks
 //! into `target/cuda` (or from `KILN_NVRTC_DIR`).
@@ -48,6 +51,12 @@ fn hand_written_kernels_compile_for_sm80_and_sm90_without_spills() {
             let compiled = nvrtc::compile(source.name, source.text, arch, true)
                 .unwrap_or_else(|e| panic!("{e}"));
             assert!(!compiled.image.is_empty());
+            if let Some(dir) = std::env::var_os("KILN_CUBIN_DIR") {
+                let stem = source.name.trim_end_matches(".cu");
+                let path = PathBuf::from(dir).join(format!("{stem}.{arch}.cubin"));
+                std::fs::write(&path, &compiled.image)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
             let stats = nvrtc::parse_ptxas_log(&compiled.log);
             for name in &names {
                 let s = stats.iter().find(|s| &s.name == name).unwrap_or_else(|| {
