@@ -92,7 +92,9 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
   i64 pos_a = first_position + (row_a - row_offsets[b]);
   i64 pos_b = first_position + (row_b - row_offsets[b]);
   bool warp_active = warp_row < seq_end;
+  i64 warp_first = first_position + (warp_row - row_offsets[b]);
   i64 warp_last = first_position + (min(seq_end, warp_row + 16) - 1 - row_offsets[b]);
+  float scale_log2 = scale * KILN_FLASH_LOG2E;
 
   // Q fragments (rows g and g + 8, 16 dims per chunk), rounded to bf16.
   unsigned qf[D / 16][4];
@@ -124,31 +126,42 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
     __syncthreads();
     if (!warp_active || k0 > warp_last) continue;  // causal: nothing this warp sees
 
-    // S = Q·Kᵀ: 8 column tiles of 8 keys.
+    // S = Q·Kᵀ: 8 column tiles of 8 keys. Lane i's ldmatrix row: key
+    // 8j + i % 8, dimensions 16c + 8 (i / 8) ..: the B fragments of chunks c
+    // and c + 1.
     float s[KILN_FLASH_KEYS / 8][4];
 #pragma unroll
     for (int j = 0; j < KILN_FLASH_KEYS / 8; ++j) {
       s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      const bf16_bits* key_row = k_tile + (j * 8 + g) * (D + 8) + 2 * t;
+      const bf16_bits* key_row = k_tile + (j * 8 + lane % 8) * (D + 8) + 8 * (lane / 8);
 #pragma unroll
-      for (int c = 0; c < D / 16; ++c) {
-        unsigned kb[2] = {*reinterpret_cast<const unsigned*>(key_row + c * 16),
-                          *reinterpret_cast<const unsigned*>(key_row + c * 16 + 8)};
+      for (int c = 0; c < D / 16; c += 2) {
+        unsigned kb[4];
+        ldmatrix_x4<false>(kb, key_row + c * 16);
         mma_bf16_16816(s[j], qf[c], kb);
+        mma_bf16_16816(s[j], qf[c + 1], kb + 2);
       }
     }
-    // Scale, cap, mask (in log2 units), and the tile's row maxima.
+    // Scale, cap, mask (in log2 units), and the tile's row maxima. A tile
+    // whose every key each of the warp's rows sees (all but the causal
+    // diagonal's, and a window's edge) needs no mask.
+    bool unmasked = k0 + KILN_FLASH_KEYS - 1 <= warp_first && (window <= 0 || k0 > warp_last - window);
     float tile_m_a = KILN_NEG_INF, tile_m_b = KILN_NEG_INF;
 #pragma unroll
     for (int j = 0; j < KILN_FLASH_KEYS / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        i64 key = k0 + j * 8 + 2 * t + (e & 1);
-        i64 pos = e < 2 ? pos_a : pos_b;
-        float v = s[j][e] * scale;
-        if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
-        bool visible = key <= pos && (window <= 0 || key > pos - window);
-        v = visible ? v * KILN_FLASH_LOG2E : KILN_NEG_INF;
+        float v;
+        if (softcap > 0.0f)
+          v = softcap * tanhf(s[j][e] * scale / softcap) * KILN_FLASH_LOG2E;
+        else
+          v = s[j][e] * scale_log2;
+        if (!unmasked) {
+          i64 key = k0 + j * 8 + 2 * t + (e & 1);
+          i64 pos = e < 2 ? pos_a : pos_b;
+          bool visible = key <= pos && (window <= 0 || key > pos - window);
+          v = visible ? v : KILN_NEG_INF;
+        }
         s[j][e] = v;
         if (e < 2)
           tile_m_a = fmaxf(tile_m_a, v);
@@ -184,22 +197,24 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
       float p[2][4];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        p[h][0] = exp2f(s[2 * c + h][0] - base_a);
-        p[h][1] = exp2f(s[2 * c + h][1] - base_a);
-        p[h][2] = exp2f(s[2 * c + h][2] - base_b);
-        p[h][3] = exp2f(s[2 * c + h][3] - base_b);
+        p[h][0] = fast_exp2(s[2 * c + h][0] - base_a);
+        p[h][1] = fast_exp2(s[2 * c + h][1] - base_a);
+        p[h][2] = fast_exp2(s[2 * c + h][2] - base_b);
+        p[h][3] = fast_exp2(s[2 * c + h][3] - base_b);
         l_a += p[h][0] + p[h][1];
         l_b += p[h][2] + p[h][3];
       }
       unsigned pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]), pack_bf16(p[1][0], p[1][1]),
                         pack_bf16(p[1][2], p[1][3])};
-      const bf16_bits* v_rows = v_tile + (c * 16 + 2 * t) * (D + 8) + g;
+      // Lane i's transposed ldmatrix row: key 16c + 8 ((i / 8) % 2) + i % 8,
+      // dimensions 8 (n + i / 16) ..: the B fragments of n and n + 1.
+      const bf16_bits* v_row = v_tile + (c * 16 + 8 * ((lane / 8) % 2) + lane % 8) * (D + 8) + 8 * (lane / 16);
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        const bf16_bits* v = v_rows + n * 8;
-        unsigned vb[2] = {(unsigned)v[0] | ((unsigned)v[D + 8] << 16),
-                          (unsigned)v[8 * (D + 8)] | ((unsigned)v[9 * (D + 8)] << 16)};
+      for (int n = 0; n < D / 8; n += 2) {
+        unsigned vb[4];
+        ldmatrix_x4<true>(vb, v_row + n * 8);
         mma_bf16_16816(o[n], pa, vb);
+        mma_bf16_16816(o[n + 1], pa, vb + 2);
       }
     }
   }

@@ -181,6 +181,47 @@ __device__ __forceinline__ void mma_bf16_16816(float* d, const unsigned* a, cons
 #endif
 }
 
+// Four 8×8 matrices of b16 from shared memory into one warp's fragment
+// registers (PTX ldmatrix .x4, sm_75+): lane i gives the address of row
+// i % 8 of matrix i / 8 (8 consecutive values, 16-byte aligned); register m
+// of a lane gets matrix m's (row lane / 4, columns 2 (lane % 4), +1), the B
+// fragment of mma_bf16_16816 for a matrix whose rows are B's columns; with
+// TRANS, (rows 2 (lane % 4), +1, column lane / 4), for one whose rows are
+// B's rows. One instruction where building the fragments from 32-bit (or,
+// transposed, 16-bit) shared loads took 2 (or 4 and a byte permute) per
+// register. Every lane of the warp must call it together.
+template <bool TRANS>
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* row) {
+#ifdef KILN_EMULATOR
+  kiln_emu::ldmatrix_x4(r, row, TRANS, __LINE__);
+#else
+  unsigned address;
+  asm("{ .reg .u64 s; cvta.to.shared.u64 s, %1; cvt.u32.u64 %0, s; }" : "=r"(address) : "l"(row));
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+#endif
+}
+
+// 2^x for the softmax weights: the multi-function unit's approximation on
+// the GPU (ex2.approx, relative error ~2^-22; subnormal results flushed to
+// zero), where exp2f adds a range check and scaling around it. The weights
+// are rounded to bf16 for the tensor-core product.
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifdef KILN_EMULATOR
+  return exp2f(x);
+#else
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#endif
+}
+
 struct SumOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };

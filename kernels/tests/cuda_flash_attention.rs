@@ -107,8 +107,9 @@ fn flash_attention_matches_the_cpu_over_a_bf16_cache() {
     let gpu = Gpu::new(&[sources::ATTENTION, sources::FLASH_ATTENTION]);
     // A whole prompt of three query tiles (the last one partial), a chunk of
     // 70 rows starting at position 130, a decode row with 90 keys behind it,
-    // and a short prompt.
-    let mixed = [(150, 150), (200, 70), (91, 1), (17, 17)];
+    // a short prompt, and a chunk whose first row (position 62) sees all but
+    // the last key of the first key tile (the edge of the unmasked tiles).
+    let mixed = [(150, 150), (200, 70), (91, 1), (17, 17), (100, 38)];
     flash_case(&gpu, (4, 2, 64, 16), &mixed, None, None);
     flash_case(&gpu, (2, 1, 128, 16), &mixed, Some(40), None);
     flash_case(

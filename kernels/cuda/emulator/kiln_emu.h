@@ -304,6 +304,30 @@ inline void mma_bf16_16816(float* d, const unsigned* a, const unsigned* b, long 
   syncwarp(site);
 }
 
+// PTX's ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 for one warp: lane
+// i posts the address of row i % 8 of 8×8 matrix i / 8 (8 b16, 16-byte
+// aligned); register m of every lane then gets two elements of matrix m:
+// (row lane / 4, columns 2 (lane % 4), +1), or with `trans` (rows 2 (lane %
+// 4), +1, column lane / 4), the lower in the low half.
+inline void ldmatrix_x4(unsigned* r, const void* row, bool trans, long site) {
+  Block* blk = state.block;
+  int linear = self().linear;
+  int base = linear - linear % kWarp, l = linear - base;
+  if (reinterpret_cast<unsigned long long>(row) % 16 != 0) fail("ldmatrix: a row address not 16-byte aligned");
+  blk->exchange[linear] = reinterpret_cast<unsigned long long>(row);
+  syncwarp(site);
+  for (int m = 0; m < 4; ++m) {
+    unsigned halves[2];
+    for (int h = 0; h < 2; ++h) {
+      int row_in = trans ? 2 * (l % 4) + h : l / 4, column = trans ? l / 4 : 2 * (l % 4) + h;
+      const unsigned short* p = reinterpret_cast<const unsigned short*>(blk->exchange[base + 8 * m + row_in]);
+      halves[h] = p[column];
+    }
+    r[m] = halves[0] | (halves[1] << 16);
+  }
+  syncwarp(site);
+}
+
 inline void* dynamic_shared() { return state.block->dynamic_shared.data(); }
 
 // Runs `body` for every thread of every block of the launch.
