@@ -5,12 +5,12 @@
 //
 // One block of four warps takes 64 query rows of one sequence for one query
 // head; each warp owns 16 rows. Key/value tiles of 64 positions are gathered
-// from the paged cache into shared memory (16-byte loads), then each warp
-// computes S = Q·Kᵀ and O += P·V with `mma_bf16_16816` (bf16 inputs, f32
-// accumulation): the PTX instruction on sm_80+, a warp-level emulation of the
-// same fragment layout on the kernel emulator. Q and P are rounded to bf16
-// for the products, as FlashAttention does; scores, the softmax and the
-// output stay f32.
+// from the paged cache into shared memory (asynchronous 16-byte copies),
+// then each warp computes S = Q·Kᵀ and O += P·V with `mma_bf16_16816` (bf16
+// inputs, f32 accumulation; fragments by ldmatrix): the PTX instructions on
+// sm_80+, warp-level emulations of the same layouts on the kernel emulator.
+// Q and P are rounded to bf16 for the products, as FlashAttention does;
+// scores, the softmax and the output stay f32.
 //
 // Arguments and layouts are those of kiln_paged_attention_bf16 (attention.cu)
 // without the split-K ones: causal over positions, `window` > 0 keeps the last
@@ -20,6 +20,7 @@
 #include "kiln_cuda.cuh"
 
 #define KILN_FLASH_WARPS 4
+#define KILN_FLASH_THREADS (32 * KILN_FLASH_WARPS)
 #define KILN_FLASH_ROWS (16 * KILN_FLASH_WARPS)
 #define KILN_FLASH_KEYS 64
 #define KILN_FLASH_LOG2E 1.4426950408889634f
@@ -40,24 +41,34 @@ __device__ __forceinline__ bool find_tile(const i64* row_offsets, int batch, int
   return false;
 }
 
-// Gathers keys first..first+63 of one kv head into `tile` [64][D + 8]
-// (padded rows: fragment loads of neighbouring rows fall in different
-// banks); positions past `last` are zeros, so masked weights never meet NaN.
+// Gathers keys first..first+63 of one kv head into `k_tile` and `v_tile`
+// [64][D + 8] (padded rows: fragment loads of neighbouring rows fall in
+// different banks); positions past `last` are zeros, so masked weights never
+// meet NaN. Each key's cache slot is looked up once (by the first 64
+// threads, into `slots`), then every thread issues its share of the 16-byte
+// pieces of both tiles as asynchronous copies, all in flight at once; the
+// caller's barrier after the wait makes them visible to the block.
 template <int D>
-__device__ __forceinline__ void load_tile(bf16_bits* tile, const bf16_bits* __restrict__ cache,
-                                          const i64* __restrict__ block_tables, int b, int blocks_per_seq,
-                                          int block_size, int stride, int kv_head, i64 first, i64 last) {
-  const int chunks = D / 8;  // 16-byte pieces per key
-  for (int i = threadIdx.x; i < KILN_FLASH_KEYS * chunks; i += blockDim.x) {
-    int key = i / chunks, chunk = i % chunks;
-    i64 position = first + key;
-    Bytes16 v = {{0u, 0u, 0u, 0u}};
-    if (position <= last) {
-      i64 slot = block_tables[(i64)b * blocks_per_seq + position / block_size] * block_size + position % block_size;
-      v = *reinterpret_cast<const Bytes16*>(cache + slot * stride + (i64)kv_head * D + chunk * 8);
-    }
-    *reinterpret_cast<Bytes16*>(tile + key * (D + 8) + chunk * 8) = v;
+__device__ __forceinline__ void load_tiles(bf16_bits* k_tile, bf16_bits* v_tile, int* slots,
+                                           const bf16_bits* __restrict__ k_cache,
+                                           const bf16_bits* __restrict__ v_cache,
+                                           const i64* __restrict__ block_tables, int b, int blocks_per_seq,
+                                           int block_size, int stride, int kv_head, i64 first, i64 last) {
+  if (threadIdx.x < KILN_FLASH_KEYS) {
+    i64 position = first + threadIdx.x;
+    slots[threadIdx.x] =
+        position <= last ? (int)cache_slot(block_tables, b, blocks_per_seq, block_size, position) : -1;
   }
+  __syncthreads();
+  const int chunks = D / 8;  // 16-byte pieces per key
+#pragma unroll
+  for (int p = 0; p < KILN_FLASH_KEYS * chunks / KILN_FLASH_THREADS; ++p) {
+    int i = threadIdx.x + p * KILN_FLASH_THREADS, key = i / chunks, chunk = i % chunks, slot = slots[key];
+    i64 at = (i64)max(slot, 0) * stride + (i64)kv_head * D + chunk * 8;
+    copy_async_16(k_tile + key * (D + 8) + chunk * 8, k_cache + at, slot >= 0);
+    copy_async_16(v_tile + key * (D + 8) + chunk * 8, v_cache + at, slot >= 0);
+  }
+  copy_async_wait();
 }
 
 template <int D>
@@ -72,6 +83,7 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
   __shared__ Bytes16 v_raw[KILN_FLASH_KEYS * (D + 8) / 8];
   bf16_bits* k_tile = reinterpret_cast<bf16_bits*>(k_raw);
   bf16_bits* v_tile = reinterpret_cast<bf16_bits*>(v_raw);
+  __shared__ int slots[KILN_FLASH_KEYS];
   int b;
   i64 tile_row;
   if (!find_tile(row_offsets, batch, blockIdx.x, &b, &tile_row)) return;
@@ -119,10 +131,8 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
   i64 key_start = window > 0 ? max((i64)0, tile_first_position + 1 - window) : 0;
   for (i64 k0 = key_start; k0 <= tile_last_position; k0 += KILN_FLASH_KEYS) {
     __syncthreads();  // the previous tile is consumed
-    load_tile<D>(k_tile, k_cache, block_tables, b, blocks_per_seq, block_size, stride, kv_head, k0,
-                 tile_last_position);
-    load_tile<D>(v_tile, v_cache, block_tables, b, blocks_per_seq, block_size, stride, kv_head, k0,
-                 tile_last_position);
+    load_tiles<D>(k_tile, v_tile, slots, k_cache, v_cache, block_tables, b, blocks_per_seq, block_size, stride,
+                  kv_head, k0, tile_last_position);
     __syncthreads();
     if (!warp_active || k0 > warp_last) continue;  // causal: nothing this warp sees
 

@@ -181,6 +181,39 @@ __device__ __forceinline__ void mma_bf16_16816(float* d, const unsigned* a, cons
 #endif
 }
 
+#ifndef KILN_EMULATOR
+// A pointer into shared memory as the 32-bit shared-space address that
+// ldmatrix and cp.async take.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  unsigned address;
+  asm("{ .reg .u64 s; cvta.to.shared.u64 s, %1; cvt.u32.u64 %0, s; }" : "=r"(address) : "l"(p));
+  return address;
+}
+#endif
+
+// 16 bytes from global to shared memory without passing through registers
+// (PTX cp.async, sm_80+), or 16 zero bytes where !valid (`from` then is not
+// read); shared memory holds them once the thread has called
+// copy_async_wait() (then a barrier, for other threads to read them). Both
+// addresses 16-byte aligned. The emulator applies the copies at the wait.
+__device__ __forceinline__ void copy_async_16(void* to, const void* from, bool valid) {
+#ifdef KILN_EMULATOR
+  kiln_emu::copy_async_16(to, from, valid);
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(to)), "l"(from),
+               "r"(valid ? 16 : 0));
+#endif
+}
+
+// Waits for the thread's copy_async_16 copies.
+__device__ __forceinline__ void copy_async_wait() {
+#ifdef KILN_EMULATOR
+  kiln_emu::copy_async_wait();
+#else
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // Four 8×8 matrices of b16 from shared memory into one warp's fragment
 // registers (PTX ldmatrix .x4, sm_75+): lane i gives the address of row
 // i % 8 of matrix i / 8 (8 consecutive values, 16-byte aligned); register m
@@ -195,8 +228,7 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* row) {
 #ifdef KILN_EMULATOR
   kiln_emu::ldmatrix_x4(r, row, TRANS, __LINE__);
 #else
-  unsigned address;
-  asm("{ .reg .u64 s; cvta.to.shared.u64 s, %1; cvt.u32.u64 %0, s; }" : "=r"(address) : "l"(row));
+  unsigned address = shared_address(row);
   if (TRANS)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

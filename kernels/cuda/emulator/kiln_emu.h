@@ -132,6 +132,13 @@ struct Fiber {
   // Barrier bookkeeping: the generation seen on arrival (-1: not waiting).
   long long waiting_gen = -1;
   bool waiting_warp = false;
+  // cp.async copies issued and not yet waited for: applied at the wait, so
+  // a kernel that reads shared memory before waiting reads stale bytes.
+  struct PendingCopy {
+    void* to;
+    unsigned char bytes[16];
+  };
+  std::vector<PendingCopy> copies;
 };
 
 struct Barrier {
@@ -191,6 +198,7 @@ inline void trampoline() {
   Block* b = state.block;
   b->body(b->body_arg);
   Fiber& f = self();
+  if (!f.copies.empty()) fail("a thread exits with asynchronous copies (cp.async) never waited for");
   f.done = true;
   b->live -= 1;
   b->warp_live[f.linear / kWarp] -= 1;
@@ -326,6 +334,26 @@ inline void ldmatrix_x4(unsigned* r, const void* row, bool trans, long site) {
     r[m] = halves[0] | (halves[1] << 16);
   }
   syncwarp(site);
+}
+
+// PTX's cp.async of 16 bytes (zeros when !valid), completed at
+// copy_async_wait(): the source is read at the copy, shared memory written
+// at the wait.
+inline void copy_async_16(void* to, const void* from, bool valid) {
+  if (reinterpret_cast<unsigned long long>(to) % 16 != 0 || (valid && reinterpret_cast<unsigned long long>(from) % 16 != 0))
+    fail("cp.async: an address not 16-byte aligned");
+  Fiber::PendingCopy copy;
+  copy.to = to;
+  if (valid)
+    memcpy(copy.bytes, from, 16);
+  else
+    memset(copy.bytes, 0, 16);
+  self().copies.push_back(copy);
+}
+
+inline void copy_async_wait() {
+  for (const Fiber::PendingCopy& copy : self().copies) memcpy(copy.to, copy.bytes, 16);
+  self().copies.clear();
 }
 
 inline void* dynamic_shared() { return state.block->dynamic_shared.data(); }
