@@ -170,7 +170,7 @@ typedef Nibbles<true> Q5_0;
 
 // Byte i of 16 loaded bytes, by selects rather than an indexed register
 // array (a computed index would put the array in local memory).
-__device__ __forceinline__ unsigned int byte_of(const Bytes16& b, int i) {
+__device__ __forceinline__ unsigned int byte_of(const Bytes16& b, unsigned int i) {
   unsigned int word = i < 8 ? (i < 4 ? b.v[0] : b.v[1]) : (i < 12 ? b.v[2] : b.v[3]);
   return (word >> (8 * (i % 4))) & 0xffu;
 }
@@ -178,7 +178,7 @@ __device__ __forceinline__ unsigned int byte_of(const Bytes16& b, int i) {
 // Scale and minimum of Q4_K sub-block `j` (ggml's get_scale_min_k4) from
 // the 12 scale bytes at `scale(i)`.
 template <typename Scale>
-__device__ __forceinline__ void q4k_scale_min_by(Scale scale, int j, float* sc, float* mn) {
+__device__ __forceinline__ void q4k_scale_min_by(Scale scale, unsigned int j, float* sc, float* mn) {
   if (j < 4) {
     *sc = quant_f32<0>(scale(j) & 63);
     *mn = quant_f32<0>(scale(j + 4) & 63);
@@ -227,9 +227,9 @@ struct KQuant {
   // Sub-blocks 2c and 2c + 1's d · scale and dmin · minimum: a value n of
   // sub-block 2c + h is scale[h] · n - minimum[h] (one fused multiply-add
   // in `values`).
-  __device__ __forceinline__ static void factors(const Raw& r, int c, float* scale, float* minimum) {
+  __device__ __forceinline__ static void factors(const Raw& r, unsigned int c, float* scale, float* minimum) {
     float d = f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(r.head.v[0] >> 16));
-    auto byte = [&](int i) { return byte_of(r.head, 4 + i); };
+    auto byte = [&](unsigned int i) { return byte_of(r.head, 4 + i); };
     float sc[2], mn[2];
     q4k_scale_min_by(byte, 2 * c, &sc[0], &mn[0]);
     q4k_scale_min_by(byte, 2 * c + 1, &sc[1], &mn[1]);
@@ -240,7 +240,7 @@ struct KQuant {
   }
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
-    int c = s / 2;
+    unsigned int c = (unsigned int)s / 2;
     float scale[2], minimum[2];
     factors(r, c, scale, minimum);
     int first = col + 64 * c + 16 * (s % 2);
@@ -261,7 +261,7 @@ struct KQuant {
   // 2c + 1 against the next 32's; each sub-block's minimum times its Σx
   // (`sum`) is taken half by each of the two parts that share it.
   __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
-    int c = s / 2;
+    unsigned int c = (unsigned int)s / 2;
     float factor[2], minimum[2];
     factors(r, c, factor, minimum);
     const signed char* x = q + 64 * c + 16 * (s % 2);
@@ -281,7 +281,7 @@ struct KQuant {
   __device__ static float value(const u8* b, int j) {
     int c = j / 64, l = j % 32, high = (j % 64) >= 32;
     float sc, mn;
-    q4k_scale_min_by([&](int i) { return (unsigned int)b[4 + i]; }, 2 * c + high, &sc, &mn);
+    q4k_scale_min_by([&](unsigned int i) { return (unsigned int)b[4 + i]; }, 2 * c + high, &sc, &mn);
     unsigned int byte = b[QS + 32 * c + l];
     unsigned int n = high ? byte >> 4 : byte & 0xfu;
     if (FIVE_BITS) n |= ((b[16 + l] >> (2 * c + high)) & 1u) << 4;
