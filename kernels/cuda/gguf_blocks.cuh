@@ -91,8 +91,10 @@ struct Q8_0 {
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     float d = f16_to_f32(r.d), w[8];
+    // Signed bytes as n + 128 (the top bit flipped), less 128 once a float.
+    unsigned int biased[2] = {r.q[0] ^ 0x80808080u, r.q[1] ^ 0x80808080u};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j] = d * signed_quant_f32(r.q[j / 4] >> (8 * (j % 4)));
+    for (int j = 0; j < 8; ++j) w[j] = d * byte_quant_f32<128>(biased[j / 4], j % 4);
     sink(w, 8, col + 8 * s);
   }
   __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
@@ -145,7 +147,7 @@ struct Nibbles {
     float d = f16_to_f32(r.d);
     for (int h = 0; h < 2; ++h) {
       float w[4];
-      for (int j = 0; j < 4; ++j) w[j] = d * quant_f32<OFFSET>((n[h] >> (8 * j)) & 0xffu);
+      for (int j = 0; j < 4; ++j) w[j] = d * byte_quant_f32<OFFSET>(n[h], j);
       sink(w, 4, col + 16 * h + 4 * s);
     }
   }
@@ -250,8 +252,8 @@ struct KQuant {
       quants(r, c, word, &n_lo, &n_hi);
       float lo[4], hi[4];
       for (int j = 0; j < 4; ++j) {
-        lo[j] = fmaf(scale[0], quant_f32<0>((n_lo >> (8 * j)) & 0xffu), -minimum[0]);
-        hi[j] = fmaf(scale[1], quant_f32<0>((n_hi >> (8 * j)) & 0xffu), -minimum[1]);
+        lo[j] = fmaf(scale[0], byte_quant_f32<0>(n_lo, j), -minimum[0]);
+        hi[j] = fmaf(scale[1], byte_quant_f32<0>(n_hi, j), -minimum[1]);
       }
       sink(lo, 4, first + 4 * word);
       sink(hi, 4, first + 32 + 4 * word);
@@ -330,7 +332,7 @@ struct Q6_K {
     for (int g = 0; g < 2; ++g) {
       unsigned int n = quants(r, e, g);
       float scale = d * signed_quant_f32(r.scales >> (8 * g)), w[4];
-      for (int j = 0; j < 4; ++j) w[j] = scale * quant_f32<32>((n >> (8 * j)) & 0xffu);
+      for (int j = 0; j < 4; ++j) w[j] = scale * byte_quant_f32<32>(n, j);
       sink(w, 4, col + 128 * half_of(t) + 32 * (e + 2 * g) + position_of(t));
     }
   }

@@ -50,6 +50,14 @@ template <int OFFSET>
 __device__ __forceinline__ float quant_f32(unsigned int n) {
   return __uint_as_float(0x4b000000u | n) - (8388608.0f + (float)OFFSET);
 }
+// Byte k (0..3; a constant once loops are unrolled) of `word` less OFFSET,
+// as quant_f32 computes it: one byte permute puts the byte under the
+// exponent of 2^23 (0x4b0000nn), where shifting the byte down, masking it
+// and or-ing the exponent took two or three instructions.
+template <int OFFSET>
+__device__ __forceinline__ float byte_quant_f32(unsigned int word, int k) {
+  return __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7540u | (unsigned int)k)) - (8388608.0f + (float)OFFSET);
+}
 // A signed byte's value (two's complement bits in the low 8 of `b`).
 __device__ __forceinline__ float signed_quant_f32(unsigned int b) { return quant_f32<128>((b & 0xffu) ^ 0x80u); }
 

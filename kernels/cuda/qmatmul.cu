@@ -33,12 +33,15 @@
 
 // How F's lane parts cover a stretch of 128 columns of a row: PARTS parts
 // (of one block, or of 128 / ELEMS blocks), PER_THREAD of the tile's per
-// thread.
+// thread. PARTS divides the block's threads, so a thread takes the same part
+// of rows ROW_STEP apart: one address computed per stretch, stepped by rows.
 template <typename F>
 struct Stretch {
   static const int PARTS =
       F::ELEMS >= KILN_QMM_K ? F::LANES * KILN_QMM_K / F::ELEMS : F::LANES * (KILN_QMM_K / F::ELEMS);
   static const int PER_THREAD = KILN_QMM_TILE * PARTS / KILN_QMM_THREADS;
+  static const int ROW_STEP = KILN_QMM_THREADS / PARTS;
+  static_assert(KILN_QMM_THREADS % PARTS == 0, "a thread's parts lie in rows ROW_STEP apart");
 };
 
 // The tile's stretch at column kc, loaded: thread t's parts t, t + 128, ...
@@ -61,14 +64,16 @@ __device__ __forceinline__ void stretch_part(int kc, int i, int* block, int* par
 template <typename F>
 __device__ __forceinline__ void load_stretch(Loaded<F>* s, const u8* w, const bf16_bits* x, int n0, int m0, int m,
                                              int n, int k, int kc, int k_end) {
+  typedef Stretch<F> S;
   i64 row_bytes = (i64)(k / F::ELEMS) * F::BYTES;
+  int row = threadIdx.x / S::PARTS, block, part;
+  stretch_part<F>(kc, threadIdx.x % S::PARTS, &block, &part);
+  const u8* at = w + (n0 + row) * row_bytes + (i64)block * F::BYTES;
+  bool in_k = block * F::ELEMS < k_end;
 #pragma unroll
-  for (int j = 0; j < Stretch<F>::PER_THREAD; ++j) {
-    int q = threadIdx.x + j * KILN_QMM_THREADS, row = q / Stretch<F>::PARTS, block, part;
-    stretch_part<F>(kc, q % Stretch<F>::PARTS, &block, &part);
+  for (int j = 0; j < S::PER_THREAD; ++j) {
     s->w[j] = typename F::Raw{};
-    if (n0 + row < n && block * F::ELEMS < k_end)
-      s->w[j] = F::load(w + (n0 + row) * row_bytes + (i64)block * F::BYTES, part);
+    if (in_k && n0 + row + j * S::ROW_STEP < n) s->w[j] = F::load(at + j * S::ROW_STEP * row_bytes, part);
   }
 #pragma unroll
   for (int j = 0; j < KILN_QMM_X_CHUNKS; ++j) {
@@ -82,11 +87,12 @@ __device__ __forceinline__ void load_stretch(Loaded<F>* s, const u8* w, const bf
 template <typename F>
 __device__ __forceinline__ void store_stretch(const Loaded<F>& s, bf16_bits (*ws)[KILN_QMM_STRIDE],
                                               bf16_bits (*xs)[KILN_QMM_STRIDE], int kc) {
+  typedef Stretch<F> S;
+  int row = threadIdx.x / S::PARTS, block, part;
+  stretch_part<F>(kc, threadIdx.x % S::PARTS, &block, &part);
 #pragma unroll
-  for (int j = 0; j < Stretch<F>::PER_THREAD; ++j) {
-    int q = threadIdx.x + j * KILN_QMM_THREADS, row = q / Stretch<F>::PARTS, block, part;
-    stretch_part<F>(kc, q % Stretch<F>::PARTS, &block, &part);
-    bf16_bits* out = ws[row];
+  for (int j = 0; j < S::PER_THREAD; ++j) {
+    bf16_bits* out = ws[row + j * S::ROW_STEP];
     F::values(s.w[j], part, block * F::ELEMS - kc,
               [&](const float* v, int count, int column) { store_bf16_pairs(out + column, v, count); });
   }
@@ -96,9 +102,6 @@ __device__ __forceinline__ void store_stretch(const Loaded<F>& s, bf16_bits (*ws
     *reinterpret_cast<Bytes16*>(xs[c / (KILN_QMM_K / 8)] + c % (KILN_QMM_K / 8) * 8) = s.x[j];
   }
 }
-
-// Two bf16 of a shared row, as one fragment register.
-__device__ __forceinline__ unsigned pair_at(const bf16_bits* p) { return *reinterpret_cast<const unsigned*>(p); }
 
 template <typename F>
 __device__ void qmm(const u8* __restrict__ w, const bf16_bits* __restrict__ x, float* __restrict__ y,
@@ -124,21 +127,21 @@ __device__ void qmm(const u8* __restrict__ w, const bf16_bits* __restrict__ x, f
     if (kc + KILN_QMM_K < k_end) load_stretch<F>(&next, w, x, n0, m0, m, n, k, kc + KILN_QMM_K, k_end);
 #pragma unroll
     for (int c = 0; c < KILN_QMM_K / 16; ++c) {
-      unsigned b[2][2];
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const bf16_bits* wr = ws[16 * warp + 8 * t + group] + 16 * c + 2 * pair;
-        b[t][0] = pair_at(wr);
-        b[t][1] = pair_at(wr + 8);
-      }
+      // B fragments of the warp's two groups of 8 W rows: lane i's ldmatrix
+      // row is W row 16 warp + 8 (i / 16) + i % 8 at column 16c + 8 ((i / 8)
+      // % 2), giving b[t][0], b[t][1] for t = 0, 1.
+      unsigned b[4];
+      ldmatrix_x4<false>(b, ws[16 * warp + 8 * (lane / 16) + lane % 8] + 16 * c + 8 * ((lane / 8) % 2));
 #pragma unroll
       for (int g = 0; g < KILN_QMM_TILE / 16; ++g) {
+        // A fragment of x rows 16g ..: lane i's row 16g + 8 ((i / 8) % 2) +
+        // i % 8 at column 16c + 8 (i / 16) (loaded for every group: a branch
+        // around the load costs more than the load).
+        unsigned a[4];
+        ldmatrix_x4<false>(a, xs[16 * g + 8 * ((lane / 8) % 2) + lane % 8] + 16 * c + 8 * (lane / 16));
         if (g < m_groups) {
-          const bf16_bits* top = xs[16 * g + group] + 16 * c + 2 * pair;
-          const bf16_bits* bottom = top + 8 * KILN_QMM_STRIDE;
-          unsigned a[4] = {pair_at(top), pair_at(bottom), pair_at(top + 8), pair_at(bottom + 8)};
-          mma_bf16_16816(acc[g][0], a, b[0]);
-          mma_bf16_16816(acc[g][1], a, b[1]);
+          mma_bf16_16816(acc[g][0], a, b);
+          mma_bf16_16816(acc[g][1], a, b + 2);
         }
       }
     }

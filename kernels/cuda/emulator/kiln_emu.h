@@ -549,6 +549,13 @@ inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
 inline int __float_as_int(float v) { int i; memcpy(&i, &v, 4); return i; }
 inline float __uint_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }
 inline unsigned __float_as_uint(float v) { unsigned i; memcpy(&i, &v, 4); return i; }
+// Byte k of the result is byte (s >> 4k) & 7 of y:x (x the low four).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  unsigned long long both = ((unsigned long long)y << 32) | x;
+  unsigned r = 0;
+  for (int k = 0; k < 4; ++k) r |= (unsigned)((both >> (8 * ((s >> (4 * k)) & 7))) & 0xff) << (8 * k);
+  return r;
+}
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
