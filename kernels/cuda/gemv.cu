@@ -31,9 +31,9 @@
 // take each part's products in integer dot products of four bytes (dp4a),
 // at the cost of rounding x to 8 bits per block of 32. In sm_90 SASS
 // (sass_report.py), the one-row kernels' loop over a lane's part of a Q4_K
-// block (32 weights; a warp's iteration covers 1,024) is 115 instructions
-// with 8-bit x and ~450 decoding each weight to a float: for Llama-3-8B in
-// Q4_K (~7e9 weights a decode step) 0.75 ms and ~2.6 ms of an H200's issue
+// block (32 weights; a warp's iteration covers 1,024) is 111 instructions
+// with 8-bit x and 233 decoding each weight to a float: for Llama-3-8B in
+// Q4_K (~7e9 weights a decode step) 0.75 ms and 1.6 ms of an H200's issue
 // (132 SMs × 4 schedulers × 1.98 GHz), against 1.06 ms to read 4.4 GB.
 #include "kiln_cuda.cuh"
 #include "gguf_blocks.cuh"
@@ -244,10 +244,15 @@ extern "C" __global__ void kiln_gemv_f32_m1_s4(KILN_GEMV_ARGS) { gemv_dense<4, 1
 // precision) ...
 struct FloatX {
   const float* x;
-  template <typename F, int MAX_M>
+  // Whether every row of x starts at a 16-byte boundary (parts' runs of 4
+  // weights then lie at one too: GGUF columns come in multiples of 4).
+  __device__ bool rows_aligned(int k) const {
+    return (reinterpret_cast<unsigned long long>(x) & 15) == 0 && k % 4 == 0;
+  }
+  template <typename F, int MAX_M, bool X16>
   __device__ __forceinline__ void dot(const typename F::Raw& raw, int part, int m, int k, int col,
                                       float* acc) const {
-    dot_raw<F, MAX_M>(raw, part, x, m, k, col, acc);
+    dot_raw<F, MAX_M, X16>(raw, part, x, m, k, col, acc);
   }
 };
 
@@ -258,7 +263,9 @@ struct Int8X {
   const X8Scale* scale;
   __device__ Int8X(const u8* x, int m, int k)
       : q(reinterpret_cast<const signed char*>(x)), scale(reinterpret_cast<const X8Scale*>(x + (i64)m * k)) {}
-  template <typename F, int MAX_M>
+  // Its loads are of 4 bytes, always aligned.
+  __device__ bool rows_aligned(int) const { return true; }
+  template <typename F, int MAX_M, bool X16>
   __device__ __forceinline__ void dot(const typename F::Raw& raw, int part, int m, int k, int col,
                                       float* acc) const {
 #pragma unroll
@@ -294,34 +301,46 @@ extern "C" __global__ void kiln_quantize_x8(const float* x, u8* out, i64 blocks)
 // Int8X). One warp per row reads a block at a time (the fewest registers);
 // split rows load the parts of four blocks before using the first (fewer
 // blocks per warp, so fewer round trips matter more).
+// The blocks `first`, `first + stride`, ... of row `wr` times x, added to
+// acc, `depth` blocks' loads at a time (X16: as `accumulate`).
+template <typename F, typename X, int MAX_M, bool X16>
+__device__ __forceinline__ void blocks_sweep(const u8* wr, X x, int m, int k, int first, int stride, int depth,
+                                             float* acc) {
+  const int DEPTH = 4;
+  int blocks = k / F::ELEMS, part = threadIdx.x % F::LANES;
+  for (int blk = first; blk < blocks; blk += depth * stride) {
+    typename F::Raw raw[DEPTH];
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u)
+      if (u < depth && blk + u * stride < blocks) raw[u] = F::load(wr + (i64)(blk + u * stride) * F::BYTES, part);
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u)
+      if (u < depth && blk + u * stride < blocks)
+        x.template dot<F, MAX_M, X16>(raw[u], part, m, k, (blk + u * stride) * F::ELEMS, acc);
+  }
+}
+
 template <typename F, typename X, int MAX_M, int SPLIT>
 __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
   const int depth = SPLIT == 1 ? 1 : 4;
   const int stride = (32 / F::LANES) * SPLIT;  // blocks the row's warps take per sweep
-  int lane = threadIdx.x % 32, part = lane % F::LANES;
+  int lane = threadIdx.x % 32;
   GemvRow r;
   bool valid = gemv_row<SPLIT>(g, &r);
-  int blocks = k / F::ELEMS;
+  int blocks = k / F::ELEMS, first = r.part * (32 / F::LANES) + lane / F::LANES;
   const u8* wr = valid ? r.w + (i64)r.row * blocks * F::BYTES : nullptr;
   // The first blocks' weights toward L2 while the previous kernel finishes.
-  for (int u = 0, blk = r.part * (32 / F::LANES) + lane / F::LANES; valid && u < depth && blk < blocks;
-       ++u, blk += stride)
+  for (int u = 0, blk = first; valid && u < depth && blk < blocks; ++u, blk += stride)
     prefetch_l2(wr + (i64)blk * F::BYTES);
   kiln_wait_inputs();
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
-  if (valid) {
-    for (int blk = r.part * (32 / F::LANES) + lane / F::LANES; blk < blocks; blk += depth * stride) {
-      typename F::Raw raw[depth];
-#pragma unroll
-      for (int u = 0; u < depth; ++u)
-        if (blk + u * stride < blocks) raw[u] = F::load(wr + (i64)(blk + u * stride) * F::BYTES, part);
-#pragma unroll
-      for (int u = 0; u < depth; ++u)
-        if (blk + u * stride < blocks)
-          x.template dot<F, MAX_M>(raw[u], part, m, k, (blk + u * stride) * F::ELEMS, acc);
-    }
-  }
+  // x's alignment is checked once (the same in every thread) rather than for
+  // every run of weights.
+  if (valid && x.rows_aligned(k))
+    blocks_sweep<F, X, MAX_M, true>(wr, x, m, k, first, stride, depth, acc);
+  else if (valid)
+    blocks_sweep<F, X, MAX_M, false>(wr, x, m, k, first, stride, depth, acc);
   store_rows<MAX_M, SPLIT>(acc, r, valid, m);
 }
 

@@ -29,12 +29,14 @@ __device__ __forceinline__ unsigned int load_u32(const u8* p) {
 // Adds w · x[i, col + j] for the `count` weights `w` to acc[i], for every row
 // i < m of x. x is read 16 bytes at a time where it is aligned for that (a
 // lane's scalar loads, 32 bytes apart across the warp, would each touch a
-// sector per lane and cost the load unit more than the weights). One fused
+// sector per lane and cost the load unit more than the weights): checked
+// per call, or known by the caller (X16: every run of 4 lies at a 16-byte
+// boundary, so the check and the scalar path compile away). One fused
 // multiply-add per weight and row, written out: kernels compile with
 // --fmad=false, under which `sum += w * x` is a multiply and an add (by
 // arithmetic, Llama-3-8B in bf16 with 8 rows of x is 1.3e11 such operations
 // a step, 3.8 ms of an H200's FP32 issue against 3.9 ms to read the weights).
-template <int MAX_M>
+template <int MAX_M, bool X16 = false>
 __device__ __forceinline__ void accumulate(float* acc, const float* w, int count, const float* x, int m,
                                            int k, int col) {
 #pragma unroll
@@ -42,7 +44,7 @@ __device__ __forceinline__ void accumulate(float* acc, const float* w, int count
     if (i < m) {
       const float* xi = x + (i64)i * k + col;
       float sum = 0.0f;
-      if (count % 4 == 0 && (reinterpret_cast<unsigned long long>(xi) & 15) == 0) {
+      if (count % 4 == 0 && (X16 || (reinterpret_cast<unsigned long long>(xi) & 15) == 0)) {
         for (int j = 0; j < count; j += 4) {
           Bytes16 v = *reinterpret_cast<const Bytes16*>(xi + j);
           for (int t = 0; t < 4; ++t) sum = fmaf(w[j + t], __uint_as_float(v.v[t]), sum);
@@ -367,11 +369,13 @@ __device__ __forceinline__ void store_bf16_pairs(bf16_bits* out, const float* v,
 }
 
 // A loaded lane part `s` of a block whose values start at column `col`
-// times x, added to acc.
-template <typename F, int MAX_M>
+// times x, added to acc (X16: x's rows 16-byte aligned, as `accumulate`).
+template <typename F, int MAX_M, bool X16 = false>
 __device__ __forceinline__ void dot_raw(const typename F::Raw& r, int s, const float* x, int m, int k, int col,
                                         float* acc) {
-  F::values(r, s, col, [=](const float* w, int count, int column) { accumulate<MAX_M>(acc, w, count, x, m, k, column); });
+  F::values(r, s, col, [=](const float* w, int count, int column) {
+    accumulate<MAX_M, X16>(acc, w, count, x, m, k, column);
+  });
 }
 
 // Lane part `s` of the block at `b` times x, added to acc.

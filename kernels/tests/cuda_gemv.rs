@@ -80,7 +80,12 @@ fn quantize_x8(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
 
 /// x on the device as the GEMV reads it (f32, or quantized by
 /// `kiln_quantize_x8`), and the values the product should see.
-fn device_x(gpu: &Gpu, x: &[f32], x8: bool) -> (DevicePtr, Vec<f32>) {
+fn device_x(gpu: &Gpu, x: &[f32], x8: bool, shifted: bool) -> (DevicePtr, Vec<f32>) {
+    if shifted {
+        // One float past an aligned allocation: rows off 16-byte boundaries.
+        let padded = [&[0.0][..], x].concat();
+        return (gpu.up(&padded) + 4, x.to_vec());
+    }
     let xs = gpu.up(x);
     if !x8 {
         return (xs, x.to_vec());
@@ -114,7 +119,9 @@ fn check_gemv(
     let row_bytes = w_bytes.len() / n;
     let mut rng = Rng::new(k as u64);
     for (m, parts) in [(1, vec![n]), (3, vec![5, n - 5]), (8, vec![n - 9, 4, 5])] {
-        let (xs, x) = device_x(gpu, &rng.data(m * k, 1.0), x8);
+        // Three rows of f32 x lie off 16-byte boundaries: the kernels' path
+        // of scalar loads of x.
+        let (xs, x) = device_x(gpu, &rng.data(m * k, 1.0), x8, !x8 && m == 3);
         let want = reference(values, &x, m, n, k);
         let scale = want.iter().fold(1f32, |a, v| a.max(v.abs()));
         // A single row of x also runs the kernels made for it; every kernel
@@ -304,7 +311,7 @@ fn activations_quantize_to_8_bits_per_block_of_32() {
     x[32..64].fill(0.0);
     x[64..96].copy_from_slice(&[[127.0, 2.5, -3.5, 0.5].as_slice(), &[1.25; 28]].concat());
     x[96] = -9.0;
-    let (_, values) = device_x(&gpu, &x, true);
+    let (_, values) = device_x(&gpu, &x, true, false);
     assert_eq!(values[32..64], [0.0; 32]);
     assert_eq!(values[64..68], [127.0, 2.0, -4.0, 0.0]);
     assert_eq!(values[96], -9.0);
