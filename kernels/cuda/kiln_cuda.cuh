@@ -1,7 +1,9 @@
 // Definitions every Kiln CUDA kernel shares. Written for NVRTC without the
-// CUDA toolkit's headers (bf16 and f16 are raw bits, converted by hand), so
-// the same source also compiles on the CPU through the kernel emulator
-// (emulator/kiln_emu.h), which defines KILN_EMULATOR.
+// CUDA toolkit's headers (bf16 and f16 are raw bits, converted by the
+// conversion instructions in inline PTX, by hand in the emulator), so the
+// same source also compiles on the CPU through the kernel emulator
+// (emulator/kiln_emu.h), which defines KILN_EMULATOR and models the few
+// PTX instructions written inline (mma, ldmatrix, cp.async, dp4a).
 #pragma once
 
 #ifndef KILN_EMULATOR
