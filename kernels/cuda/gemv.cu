@@ -296,11 +296,6 @@ extern "C" __global__ void kiln_quantize_x8(const float* x, u8* out, i64 blocks)
   }
 }
 
-// A row of GGUF blocks: each lane takes its part of every (32 / LANES)-th
-// block among the row's warps, its products with x taken by X (FloatX or
-// Int8X). One warp per row reads a block at a time (the fewest registers);
-// split rows load the parts of four blocks before using the first (fewer
-// blocks per warp, so fewer round trips matter more).
 // The blocks `first`, `first + stride`, ... of row `wr` times x, added to
 // acc, `depth` blocks' loads at a time (X16: as `accumulate`).
 template <typename F, typename X, int MAX_M, bool X16>
@@ -320,6 +315,11 @@ __device__ __forceinline__ void blocks_sweep(const u8* wr, X x, int m, int k, in
   }
 }
 
+// A row of GGUF blocks: each lane takes its part of every (32 / LANES)-th
+// block among the row's warps, its products with x taken by X (FloatX or
+// Int8X). One warp per row reads a block at a time (the fewest registers);
+// split rows load the parts of four blocks before using the first (fewer
+// blocks per warp, so fewer round trips matter more).
 template <typename F, typename X, int MAX_M, int SPLIT>
 __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
   const int depth = SPLIT == 1 ? 1 : 4;
