@@ -31,9 +31,9 @@
 // take each part's products in integer dot products of four bytes (dp4a),
 // at the cost of rounding x to 8 bits per block of 32. In sm_90 SASS
 // (sass_report.py), the one-row kernels' loop over a lane's part of a Q4_K
-// block (32 weights; a warp's iteration covers 1,024) is 111 instructions
-// with 8-bit x and 233 decoding each weight to a float: for Llama-3-8B in
-// Q4_K (~7e9 weights a decode step) 0.75 ms and 1.6 ms of an H200's issue
+// block (32 weights; a warp's iteration covers 1,024) is 118 instructions
+// with 8-bit x and 229 decoding each weight to a float: for Llama-3-8B in
+// Q4_K (~7e9 weights a decode step) 0.77 ms and 1.5 ms of an H200's issue
 // (132 SMs × 4 schedulers × 1.98 GHz), against 1.06 ms to read 4.4 GB.
 #include "kiln_cuda.cuh"
 #include "gguf_blocks.cuh"
@@ -297,20 +297,18 @@ extern "C" __global__ void kiln_quantize_x8(const float* x, u8* out, i64 blocks)
 }
 
 // The blocks `first`, `first + stride`, ... of row `wr` times x, added to
-// acc, `depth` blocks' loads at a time (X16: as `accumulate`).
-template <typename F, typename X, int MAX_M, bool X16>
-__device__ __forceinline__ void blocks_sweep(const u8* wr, X x, int m, int k, int first, int stride, int depth,
-                                             float* acc) {
-  const int DEPTH = 4;
+// acc, DEPTH blocks' loads at a time (X16: as `accumulate`).
+template <typename F, typename X, int MAX_M, int DEPTH, bool X16>
+__device__ __forceinline__ void blocks_sweep(const u8* wr, X x, int m, int k, int first, int stride, float* acc) {
   int blocks = k / F::ELEMS, part = threadIdx.x % F::LANES;
-  for (int blk = first; blk < blocks; blk += depth * stride) {
+  for (int blk = first; blk < blocks; blk += DEPTH * stride) {
     typename F::Raw raw[DEPTH];
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u)
-      if (u < depth && blk + u * stride < blocks) raw[u] = F::load(wr + (i64)(blk + u * stride) * F::BYTES, part);
+      if (blk + u * stride < blocks) raw[u] = F::load(wr + (i64)(blk + u * stride) * F::BYTES, part);
 #pragma unroll
     for (int u = 0; u < DEPTH; ++u)
-      if (u < depth && blk + u * stride < blocks)
+      if (blk + u * stride < blocks)
         x.template dot<F, MAX_M, X16>(raw[u], part, m, k, (blk + u * stride) * F::ELEMS, acc);
   }
 }
@@ -338,9 +336,9 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
   // x's alignment is checked once (the same in every thread) rather than for
   // every run of weights.
   if (valid && x.rows_aligned(k))
-    blocks_sweep<F, X, MAX_M, true>(wr, x, m, k, first, stride, depth, acc);
+    blocks_sweep<F, X, MAX_M, depth, true>(wr, x, m, k, first, stride, acc);
   else if (valid)
-    blocks_sweep<F, X, MAX_M, false>(wr, x, m, k, first, stride, depth, acc);
+    blocks_sweep<F, X, MAX_M, depth, false>(wr, x, m, k, first, stride, acc);
   store_rows<MAX_M, SPLIT>(acc, r, valid, m);
 }
 

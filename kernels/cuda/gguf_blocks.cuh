@@ -247,7 +247,7 @@ struct KQuant {
     unsigned int c = (unsigned int)s / 2;
     float scale[2], minimum[2];
     factors(r, c, scale, minimum);
-    int first = col + 64 * c + 16 * (s % 2);
+    int first = col + 64 * (int)c + 16 * (s % 2);  // col < 0 where a block starts before qmm's stretch
 #pragma unroll
     for (int word = 0; word < 4; ++word) {
       unsigned int n_lo, n_hi;

@@ -85,11 +85,7 @@ __device__ __forceinline__ int dot4_i8(unsigned int a, unsigned int b, int c) {
 // subnormals and infinities: GGUF blocks carry their scales in f16, so every
 // block's decoding paid them.
 __device__ __forceinline__ float f16_to_f32(f16_bits h) {
-#ifndef KILN_EMULATOR
-  float r;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
-  return r;
-#else
+#ifdef KILN_EMULATOR
   unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
   unsigned int exponent = ((unsigned int)h >> 10) & 0x1fu;
   unsigned int mantissa = (unsigned int)h & 0x3ffu;
@@ -100,17 +96,17 @@ __device__ __forceinline__ float f16_to_f32(f16_bits h) {
     return sign ? -value : value;
   }
   return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+#else
+  float r;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+  return r;
 #endif
 }
 
 // Round to nearest even, with overflow to infinity and subnormals (one
 // instruction on the GPU; the two differ only in a NaN's payload).
 __device__ __forceinline__ f16_bits f32_to_f16(float f) {
-#ifndef KILN_EMULATOR
-  f16_bits r;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
-  return r;
-#else
+#ifdef KILN_EMULATOR
   unsigned int u = __float_as_uint(f);
   unsigned int sign = (u >> 16) & 0x8000u;
   unsigned int a = u & 0x7fffffffu;
@@ -126,14 +122,17 @@ __device__ __forceinline__ f16_bits f32_to_f16(float f) {
   }
   unsigned int rounded = a + 0x0fffu + ((a >> 13) & 1u);
   return (f16_bits)(sign | ((rounded - 0x38000000u) >> 13));
+#else
+  f16_bits r;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
 #endif
 }
 
 // Two bf16 (lower index in the low half) from two f32, as one register of
 // a tensor-core fragment or one 32-bit store: one instruction on the GPU
-// (by arithmetic, the bit arithmetic's ~12 issue slots a pair were half of
-// the cost of decoding GGUF blocks to bf16 in qmatmul.cu, which at 16 rows of
-// x is bound by instructions, not bytes).
+// (the bit arithmetic's conversions were over a quarter of qmatmul.cu's
+// loop: kiln_qmm_q4_k's 1,625 sm_90 instructions a stretch became 1,177).
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 #ifdef KILN_EMULATOR
   return (unsigned)f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16);
