@@ -9,7 +9,7 @@
 //   Q5_0  (22 B / 32):  4 lanes, 4 bytes of nibbles and their fifth bits
 //   Q4_K (144 B / 256): 8 lanes, 16 bytes of nibbles each (two sub-blocks)
 //   Q5_K (176 B / 256): 8 lanes, 16 bytes of nibbles and their fifth bits
-//   Q6_K (210 B / 256): 32 lanes, 4 consecutive values in each of 2 quarters
+//   Q6_K (210 B / 256): 8 lanes, 16 consecutive values in each of 2 quarters
 // The layouts are ggml's (kernels/src/quant/format.rs decodes the same bytes
 // on the CPU). Included after kiln_cuda.cuh; the loader inlines both.
 #pragma once
@@ -17,13 +17,28 @@
 typedef unsigned char u8;
 
 __device__ __forceinline__ unsigned short load_u16(const u8* p) {
-  return *reinterpret_cast<const unsigned short*>(p);
+  return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
 __device__ __forceinline__ float load_f16(const u8* p) { return f16_to_f32(load_u16(p)); }
 // Four bytes at a 2-byte-aligned address (in blocks of 18, 22, 34 or 210
 // bytes): two 16-bit loads.
 __device__ __forceinline__ unsigned int load_u32(const u8* p) {
   return load_u16(p) | ((unsigned int)load_u16(p + 2) << 16);
+}
+// Sixteen bytes at a 2-byte-aligned address (in Q6_K's blocks of 210):
+// the four or five aligned words that hold them, realigned by funnel shifts
+// (16-bit loads took eight).
+__device__ __forceinline__ Bytes16 load_16_at2(const u8* p) {
+  unsigned long long address = reinterpret_cast<unsigned long long>(p);
+  const unsigned int* words = reinterpret_cast<const unsigned int*>(address & ~3ull);
+  unsigned int shift = (unsigned int)(address & 2) * 8, w[5];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = __ldg(words + i);
+  w[4] = shift ? __ldg(words + 4) : 0u;
+  Bytes16 r;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.v[i] = __funnelshift_r(w[i], w[i + 1], shift);
+  return r;
 }
 
 // Adds w · x[i, col + j] for the `count` weights `w` to acc[i], for every row
@@ -296,58 +311,68 @@ typedef KQuant<false> Q4_K;
 typedef KQuant<true> Q5_K;
 
 struct Q6_K {
-  static const int ELEMS = 256, BYTES = 210, LANES = 32;
-  // Lane t: half h = t / 16 of 128 values; in it, positions p .. p + 3 (p =
-  // 4 (t % 8)) of quarters e and e + 2 (e = (t % 16) / 8), whose low four
-  // bits share the bytes ql[64h + 32e + p ..] (low and high nibbles) and
-  // whose top two bits are bits 2e and 2e + 4 of qh[32h + p ..]. Four
-  // consecutive values of a quarter share a scale: one 16-byte load of x,
-  // or one word of 8-bit x. Blocks are 2-byte aligned: 16-bit loads.
+  static const int ELEMS = 256, BYTES = 210, LANES = 8;
+  // Lane t: half h = t / 4 of 128 values; in it, positions p .. p + 15 (p =
+  // 16 (t % 2)) of quarters e and e + 2 (e = (t / 2) % 2), whose low four
+  // bits are the low and high nibbles of ql[64h + 32e + p ..], whose top two
+  // bits are bits 2e and 2e + 4 of qh[32h + p ..], and whose scales are
+  // scales[8h + 2e + p / 16] and the one four on. A part is two 16-byte
+  // runs (load_16_at2), the two scales and d; its 16 positions of a quarter
+  // share a scale: four 16-byte loads of x, or one of 8-bit x.
   struct Raw {
-    unsigned int ql, qh;
+    Bytes16 ql, qh;
     unsigned short d, scales;  // scales: quarter e's (low byte) and e + 2's, signed
   };
-  __device__ static int half_of(int t) { return t / 16; }
-  __device__ static int pair_of(int t) { return (t % 16) / 8; }
-  __device__ static int position_of(int t) { return 4 * (t % 8); }
+  __device__ static int half_of(int t) { return t / 4; }
+  __device__ static int pair_of(int t) { return (t / 2) % 2; }
+  __device__ static int position_of(int t) { return 16 * (t % 2); }
   __device__ static Raw load(const u8* b, int t) {
     int h = half_of(t), e = pair_of(t), p = position_of(t);
     Raw r;
-    r.ql = load_u32(b + 64 * h + 32 * e + p);
-    r.qh = load_u32(b + 128 + 32 * h + p);
+    r.ql = load_16_at2(b + 64 * h + 32 * e + p);
+    r.qh = load_16_at2(b + 128 + 32 * h + p);
     r.d = load_u16(b + 208);
-    const u8* scales = b + 192 + 8 * h + p / 16 + 2 * e;
-    r.scales = (unsigned short)(scales[0] | (scales[4] << 8));
+    // Scale bytes 2e + p/16 and 2e + 4 + p/16 of the half's eight: from the
+    // 16-bit words at 2e and 2e + 4.
+    const u8* scales = b + 192 + 8 * h + 2 * e;
+    unsigned int pick = (unsigned int)p / 16;
+    r.scales = (unsigned short)__byte_perm(load_u16(scales), load_u16(scales + 4), pick | ((4u + pick) << 4));
     return r;
   }
-  // The six-bit quants (0 .. 63, a byte each) of quarter e + 2·g's four values.
-  __device__ __forceinline__ static unsigned int quants(const Raw& r, int e, int g) {
-    return ((r.ql >> (4 * g)) & 0x0f0f0f0fu) | (((r.qh >> (2 * e + 4 * g)) & 0x03030303u) << 4);
+  // The six-bit quants (0 .. 63, a byte each) of quarter e + 2g at the
+  // part's positions 4w .. 4w + 3.
+  __device__ __forceinline__ static unsigned int quants(const Raw& r, int e, int g, int w) {
+    return ((r.ql.v[w] >> (4 * g)) & 0x0f0f0f0fu) | (((r.qh.v[w] >> (2 * e + 4 * g)) & 0x03030303u) << 4);
   }
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int t, int col, Sink sink) {
     int e = pair_of(t);
     float d = f16_to_f32(r.d);
-    // Not unrolled: two copies of the products with 8 rows of x cost the
-    // kernels for several rows registers.
-#pragma unroll 1
+    int first = col + 128 * half_of(t) + 32 * e + position_of(t);
+#pragma unroll
     for (int g = 0; g < 2; ++g) {
-      unsigned int n = quants(r, e, g);
-      float scale = d * signed_quant_f32(r.scales >> (8 * g)), w[4];
-      for (int j = 0; j < 4; ++j) w[j] = scale * byte_quant_f32<32>(n, j);
-      sink(w, 4, col + 128 * half_of(t) + 32 * (e + 2 * g) + position_of(t));
+      float scale = d * signed_quant_f32(r.scales >> (8 * g));
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        unsigned int n = quants(r, e, g, w);
+        float v[4];
+        for (int j = 0; j < 4; ++j) v[j] = scale * byte_quant_f32<32>(n, j);
+        sink(v, 4, first + 64 * g + 4 * w);
+      }
     }
   }
   // n - 32 in each byte: n + 0x60 stays below 256, and flipping the top bit
   // takes 128 off.
   __device__ static float dot_x8(const Raw& r, int t, const signed char* q, const X8Scale* scale) {
-    int h = half_of(t), e = pair_of(t);
+    int h = half_of(t), e = pair_of(t), p = position_of(t);
     float sum = 0.0f;
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
       int quarter = e + 2 * g;
-      unsigned int n = (quants(r, e, g) + 0x60606060u) ^ 0x80808080u;
-      int dot = dot4_i8(n, x8_word(q + 128 * h + 32 * quarter + position_of(t)), 0);
+      Bytes16 x = *reinterpret_cast<const Bytes16*>(q + 128 * h + 32 * quarter + p);
+      int dot = 0;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) dot = dot4_i8((quants(r, e, g, w) + 0x60606060u) ^ 0x80808080u, x.v[w], dot);
       sum += signed_quant_f32(r.scales >> (8 * g)) * scale[4 * h + quarter].d * int_f32(dot);
     }
     return f16_to_f32(r.d) * sum;
