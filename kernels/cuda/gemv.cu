@@ -366,7 +366,7 @@ __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
     int part = (int)(i % F::LANES);
     bf16_bits* values = out + block * F::ELEMS;
     F::values(F::load(w + block * F::BYTES, part), part, 0,
-              [&](const float* v, int n, int column) { store_bf16_pairs(values + column, v, n); });
+              [&](const float* v, int n, int column, float scale) { store_bf16_pairs(values + column, v, n, scale); });
   }
 }
 

@@ -41,8 +41,9 @@ __device__ __forceinline__ Bytes16 load_16_at2(const u8* p) {
   return r;
 }
 
-// Adds w · x[i, col + j] for the `count` weights `w` to acc[i], for every row
-// i < m of x. x is read 16 bytes at a time where it is aligned for that (a
+// Adds scale · w · x[i, col + j] for the `count` weights `scale · w[j]` to
+// acc[i], for every row i < m of x (the run's scale taken once, after its
+// sum: a multiply a weight fewer than scaling each weight). x is read 16 bytes at a time where it is aligned for that (a
 // lane's scalar loads, 32 bytes apart across the warp, would each touch a
 // sector per lane and cost the load unit more than the weights): checked
 // per call, or known by the caller (X16: every run of 4 lies at a 16-byte
@@ -53,7 +54,7 @@ __device__ __forceinline__ Bytes16 load_16_at2(const u8* p) {
 // a step, 3.8 ms of an H200's FP32 issue against 3.9 ms to read the weights).
 template <int MAX_M, bool X16 = false>
 __device__ __forceinline__ void accumulate(float* acc, const float* w, int count, const float* x, int m,
-                                           int k, int col) {
+                                           int k, int col, float scale = 1.0f) {
 #pragma unroll
   for (int i = 0; i < MAX_M; ++i) {
     if (i < m) {
@@ -67,7 +68,7 @@ __device__ __forceinline__ void accumulate(float* acc, const float* w, int count
       } else {
         for (int j = 0; j < count; ++j) sum = fmaf(w[j], __ldg(xi + j), sum);
       }
-      acc[i] += sum;
+      acc[i] = fmaf(scale, sum, acc[i]);
     }
   }
 }
@@ -89,8 +90,9 @@ __device__ __forceinline__ unsigned int x8_word(const signed char* q) {
 // Each format reads a lane's part of a block in `load` (all of a part's
 // loads at once, so a caller can have several blocks' loads in flight before
 // it uses the first) and decodes it in `values`, which hands the part's
-// weights to `sink(w, count, column)` in runs of `count` (an even number),
-// the block's values numbered from `col`. A zeroed `Raw` decodes to zeros.
+// weights to `sink(w, count, column, scale)` in runs of `count` (an even
+// number) of weights scale · w[j], the block's values numbered from `col`.
+// A zeroed `Raw` decodes to zeros.
 
 struct Q8_0 {
   static const int ELEMS = 32, BYTES = 34, LANES = 4;
@@ -107,12 +109,12 @@ struct Q8_0 {
   }
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
-    float d = f16_to_f32(r.d), w[8];
+    float w[8];
     // Signed bytes as n + 128 (the top bit flipped), less 128 once a float.
     unsigned int biased[2] = {r.q[0] ^ 0x80808080u, r.q[1] ^ 0x80808080u};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) w[j] = d * byte_quant_f32<128>(biased[j / 4], j % 4);
-    sink(w, 8, col + 8 * s);
+    for (int j = 0; j < 8; ++j) w[j] = byte_quant_f32<128>(biased[j / 4], j % 4);
+    sink(w, 8, col + 8 * s, f16_to_f32(r.d));
   }
   __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
     int sum = dot4_i8(r.q[1], x8_word(q + 8 * s + 4), dot4_i8(r.q[0], x8_word(q + 8 * s), 0));
@@ -164,8 +166,8 @@ struct Nibbles {
     float d = f16_to_f32(r.d);
     for (int h = 0; h < 2; ++h) {
       float w[4];
-      for (int j = 0; j < 4; ++j) w[j] = d * byte_quant_f32<OFFSET>(n[h], j);
-      sink(w, 4, col + 16 * h + 4 * s);
+      for (int j = 0; j < 4; ++j) w[j] = byte_quant_f32<OFFSET>(n[h], j);
+      sink(w, 4, col + 16 * h + 4 * s, d);
     }
   }
   // Σ (n - OFFSET) x over the part is Σ n x less OFFSET · Σx; the block's
@@ -272,8 +274,8 @@ struct KQuant {
         lo[j] = fmaf(scale[0], byte_quant_f32<0>(n_lo, j), -minimum[0]);
         hi[j] = fmaf(scale[1], byte_quant_f32<0>(n_hi, j), -minimum[1]);
       }
-      sink(lo, 4, first + 4 * word);
-      sink(hi, 4, first + 32 + 4 * word);
+      sink(lo, 4, first + 4 * word, 1.0f);
+      sink(hi, 4, first + 32 + 4 * word, 1.0f);
     }
   }
   // The part's 16 quants of sub-block 2c against 16 of x's, its 16 of
@@ -356,8 +358,8 @@ struct Q6_K {
       for (int w = 0; w < 4; ++w) {
         unsigned int n = quants(r, e, g, w);
         float v[4];
-        for (int j = 0; j < 4; ++j) v[j] = scale * byte_quant_f32<32>(n, j);
-        sink(v, 4, first + 64 * g + 4 * w);
+        for (int j = 0; j < 4; ++j) v[j] = byte_quant_f32<32>(n, j);
+        sink(v, 4, first + 64 * g + 4 * w, scale);
       }
     }
   }
@@ -387,10 +389,11 @@ struct Q6_K {
   }
 };
 
-// Stores `count` (even) values at `out` as bf16, two to a 32-bit store.
-__device__ __forceinline__ void store_bf16_pairs(bf16_bits* out, const float* v, int count) {
+// Stores `count` (even) values scale · v[e] at `out` as bf16, two to a
+// 32-bit store.
+__device__ __forceinline__ void store_bf16_pairs(bf16_bits* out, const float* v, int count, float scale) {
   for (int e = 0; e < count; e += 2)
-    *reinterpret_cast<unsigned*>(out + e) = pack_bf16(v[e], v[e + 1]);
+    *reinterpret_cast<unsigned*>(out + e) = pack_bf16(scale * v[e], scale * v[e + 1]);
 }
 
 // A loaded lane part `s` of a block whose values start at column `col`
@@ -398,8 +401,8 @@ __device__ __forceinline__ void store_bf16_pairs(bf16_bits* out, const float* v,
 template <typename F, int MAX_M, bool X16 = false>
 __device__ __forceinline__ void dot_raw(const typename F::Raw& r, int s, const float* x, int m, int k, int col,
                                         float* acc) {
-  F::values(r, s, col, [=](const float* w, int count, int column) {
-    accumulate<MAX_M, X16>(acc, w, count, x, m, k, column);
+  F::values(r, s, col, [=](const float* w, int count, int column, float scale) {
+    accumulate<MAX_M, X16>(acc, w, count, x, m, k, column, scale);
   });
 }
 

@@ -94,7 +94,9 @@ __device__ __forceinline__ void store_stretch(const Loaded<F>& s, bf16_bits (*ws
   for (int j = 0; j < S::PER_THREAD; ++j) {
     bf16_bits* out = ws[row + j * S::ROW_STEP];
     F::values(s.w[j], part, block * F::ELEMS - kc,
-              [&](const float* v, int count, int column) { store_bf16_pairs(out + column, v, count); });
+              [&](const float* v, int count, int column, float scale) {
+                store_bf16_pairs(out + column, v, count, scale);
+              });
   }
 #pragma unroll
   for (int j = 0; j < KILN_QMM_X_CHUNKS; ++j) {
