@@ -43,7 +43,8 @@ __device__ __forceinline__ Bytes16 load_16_at2(const u8* p) {
 
 // Adds scale · w · x[i, col + j] for the `count` weights `scale · w[j]` to
 // acc[i], for every row i < m of x (the run's scale taken once, after its
-// sum: a multiply a weight fewer than scaling each weight). x is read 16 bytes at a time where it is aligned for that (a
+// sum: a multiply a weight fewer than scaling each weight). x is read 16
+// bytes at a time where it is aligned for that (a
 // lane's scalar loads, 32 bytes apart across the warp, would each touch a
 // sector per lane and cost the load unit more than the weights): checked
 // per call, or known by the caller (X16: every run of 4 lies at a 16-byte
