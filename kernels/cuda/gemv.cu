@@ -263,7 +263,8 @@ struct Int8X {
   const X8Scale* scale;
   __device__ Int8X(const u8* x, int m, int k)
       : q(reinterpret_cast<const signed char*>(x)), scale(reinterpret_cast<const X8Scale*>(x + (i64)m * k)) {}
-  // Its loads are of 4 bytes, always aligned.
+  // Its loads are aligned: 4 bytes, or 16 at a multiple of 16 within a
+  // K-quant block (rows of 256k quants in the step's aligned scratch).
   __device__ bool rows_aligned(int) const { return true; }
   template <typename F, int MAX_M, bool X16>
   __device__ __forceinline__ void dot(const typename F::Raw& raw, int part, int m, int k, int col,

@@ -20,7 +20,7 @@ __device__ __forceinline__ unsigned short load_u16(const u8* p) {
   return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
 __device__ __forceinline__ float load_f16(const u8* p) { return f16_to_f32(load_u16(p)); }
-// Four bytes at a 2-byte-aligned address (in blocks of 18, 22, 34 or 210
+// Four bytes at a 2-byte-aligned address (in blocks of 18, 22 or 34
 // bytes): two 16-bit loads.
 __device__ __forceinline__ unsigned int load_u32(const u8* p) {
   return load_u16(p) | ((unsigned int)load_u16(p + 2) << 16);
@@ -44,9 +44,9 @@ __device__ __forceinline__ Bytes16 load_16_at2(const u8* p) {
 // Adds scale · w · x[i, col + j] for the `count` weights `scale · w[j]` to
 // acc[i], for every row i < m of x (the run's scale taken once, after its
 // sum: a multiply a weight fewer than scaling each weight). x is read 16
-// bytes at a time where it is aligned for that (a
-// lane's scalar loads, 32 bytes apart across the warp, would each touch a
-// sector per lane and cost the load unit more than the weights): checked
+// bytes at a time where it is aligned for that (a lane's scalar loads, 32
+// bytes apart across the warp, would each touch a sector per lane and cost
+// the load unit more than the weights): checked
 // per call, or known by the caller (X16: every run of 4 lies at a 16-byte
 // boundary, so the check and the scalar path compile away). One fused
 // multiply-add per weight and row, written out: kernels compile with
