@@ -5,7 +5,8 @@
 //! (decode, chunked prefill, GQA, windows, soft caps), embeddings, gathers,
 //! strided copies and bit-exact f32 ↔ bf16/f16 conversions. Also the
 //! emulator itself: its GEMM, capture and replay semantics, the divergent
-//! barrier error, barriers that really interleave threads, bounds checks.
+//! barrier error, barriers that really interleave threads, bounds checks,
+//! misaligned loads and stores, launch sizes a GPU refuses.
 
 use std::fmt::Debug;
 
@@ -654,6 +655,83 @@ extern "C" __global__ void kiln_test_waits(float* y, int skip) {
     // Launched plainly, nothing is checked.
     let plain = LaunchConfig::linear(2, 64);
     gpu.dev.launch(f, plain, &[Ptr(y), int(0)]).unwrap();
+}
+
+#[test]
+fn a_misaligned_load_or_store_fails_its_launch_as_on_a_gpu() {
+    // A 16-byte vector load, and a word store, at `offset` bytes into their
+    // buffers: fine at multiples of their size, a fault on a GPU otherwise.
+    // The third kernel has a barrier, so its threads run as fibers (the
+    // others run them as plain calls): a failing thread is left either way.
+    const SOURCE: &str = r#"#include "kiln_cuda.cuh"
+extern "C" __global__ void kiln_test_load(const unsigned char* x, float* y, int offset) {
+  y[threadIdx.x] = __uint_as_float(load_streaming(x + offset + 16 * threadIdx.x).v[0]);
+}
+extern "C" __global__ void kiln_test_store(const unsigned char* x, unsigned char* y, int offset) {
+  *reinterpret_cast<unsigned int*>(y + offset + 4 * threadIdx.x) = 1u;
+}
+extern "C" __global__ void kiln_test_store_barrier(const unsigned char* x, unsigned char* y, int offset) {
+  __syncthreads();
+  *reinterpret_cast<unsigned int*>(y + offset + 4 * threadIdx.x) = 1u;
+}
+"#;
+    let mut gpu = Gpu::new(&[]);
+    gpu.load("aligned.cu", SOURCE);
+    let x = gpu.zeros(32 * 16 + 32);
+    let y = gpu.zeros(32 * 4 + 32);
+    let run =
+        |name: &str, offset: usize| gpu.try_run(name, (2, 1), 32, &[Ptr(x), Ptr(y), int(offset)]);
+    run("kiln_test_load", 16).expect("an aligned load");
+    let err = run("kiln_test_load", 4)
+        .expect_err("a 16-byte load at 4")
+        .to_string();
+    assert!(
+        err.contains("misaligned") && err.contains("Bytes16"),
+        "{err}"
+    );
+    assert!(err.contains("16-byte alignment"), "{err}");
+    // Named by the header's own line, not the module's.
+    assert!(err.contains("kiln_cuda.cuh:"), "{err}");
+    for (name, line) in [("kiln_test_store", 6), ("kiln_test_store_barrier", 10)] {
+        run(name, 8).expect("an aligned store");
+        let err = run(name, 2).expect_err("a word at 2").to_string();
+        assert!(err.contains("misaligned store to 'unsigned int'"), "{err}");
+        assert!(err.contains(&format!("aligned.cu:{line}:")), "{err}");
+    }
+    run("kiln_test_load", 32).expect("the device carries on after a failed launch");
+}
+
+#[test]
+fn a_launch_the_gpu_would_refuse_fails() {
+    const SOURCE: &str = r#"#include "kiln_cuda.cuh"
+extern "C" __global__ void kiln_test_nothing(float* y) {}
+"#;
+    let mut gpu = Gpu::new(&[]);
+    gpu.load("nothing.cu", SOURCE);
+    let f = gpu.f("kiln_test_nothing");
+    let y = gpu.zeros(4);
+    let launch = |grid, block, shared_bytes| {
+        let config = LaunchConfig {
+            shared_bytes,
+            ..LaunchConfig::new(grid, block)
+        };
+        gpu.dev.launch(f, config, &[Ptr(y)])
+    };
+    launch((1, 65_535, 1), (1, 1, 1), 0).expect("at the limit in y");
+    launch((1, 1, 1), (1024, 1, 1), 48 * 1024).expect("at the limits of a block");
+    launch((1, 1, 1), (8, 2, 64), 0).expect("at the limit in z");
+    let refused = [
+        ((0, 1, 1), (32, 1, 1), 0, "an empty grid"),
+        ((1, 65_536, 1), (32, 1, 1), 0, "65,535 in y"),
+        ((1, 1, 1), (0, 1, 1), 0, "an empty block"),
+        ((1, 1, 1), (512, 4, 1), 0, "past 1,024 threads"),
+        ((1, 1, 1), (1, 1, 65), 0, "64 in z"),
+        ((1, 1, 1), (32, 1, 1), 48 * 1024 + 1, "48 KiB"),
+    ];
+    for (grid, block, shared, problem) in refused {
+        let err = launch(grid, block, shared).expect_err(problem).to_string();
+        assert!(err.contains(problem), "{err}");
+    }
 }
 
 /// Sum of each row of `n` values: warp shuffles, then one partial per warp

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cstddef>
+#include <csetjmp>
 #include <algorithm>
 #include <memory>
 #include <type_traits>
@@ -159,6 +160,7 @@ struct Block {
   std::vector<unsigned char> dynamic_shared;
   Context scheduler;
   bool direct = false;
+  jmp_buf escape;  // without fibers: where an abandoned thread returns to
   void (*body)(void*) = nullptr;
   void* body_arg = nullptr;
   char error[512] = {0};
@@ -193,6 +195,53 @@ inline void fail(const char* what) {
 
 // Switches to the scheduler, which resumes the next fiber.
 inline void yield() { switch_to(self().context, state.block->scheduler); }
+
+// Leaves the current thread for good after a failure (its block stops): the
+// access that failed is never made (a misaligned 16-byte load would fault on
+// the CPU too).
+[[noreturn]] inline void abandon() {
+  Block* b = state.block;
+  if (b->direct) longjmp(b->escape, 1);
+  switch_to(self().context, b->scheduler);
+  abort();  // the scheduler never resumes a thread of a failed block
+}
+
+// A GPU faults on a load or store at an address not a multiple of its size
+// (a 16-byte vector at 8, a word at 2); the CPU does not. Kernels are
+// compiled with -fsanitize=alignment, whose checks call the handler below
+// (defined here, hidden, so the check needs no sanitizer runtime): a
+// misaligned access in a kernel fails its launch, naming the type, the
+// address and the source line (module:line:column).
+struct UbsanLocation {
+  const char* file;
+  unsigned line, column;
+};
+struct UbsanType {
+  unsigned short kind, info;
+  char name[1];
+};
+struct UbsanMismatch {
+  UbsanLocation location;
+  const UbsanType* type;
+  unsigned char log_alignment;
+  unsigned char check;  // 0 load, 1 store, 2 reference binding, 3 member access, ...
+};
+
+inline void misaligned(const UbsanMismatch* data, uintptr_t address) {
+  // The check also reports null pointers (with -fsanitize=null, not asked
+  // for); only misalignment is a failure here.
+  uintptr_t alignment = uintptr_t(1) << data->log_alignment;
+  if (address == 0 || address % alignment == 0 || state.block == nullptr) return;
+  static const char* const checks[] = {"load of", "store to", "reference to", "member access in"};
+  char message[400];
+  snprintf(message, sizeof message,
+           "misaligned %s %s at address %#llx (it needs %u-byte alignment; a GPU faults) at %s:%u:%u",
+           data->check < 4 ? checks[data->check] : "access to", data->type->name,
+           (unsigned long long)address, (unsigned)alignment, data->location.file, data->location.line,
+           data->location.column);
+  fail(message);
+  abandon();
+}
 
 inline void trampoline() {
   Block* b = state.block;
@@ -410,7 +459,7 @@ inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
           for (int t = 0; t < threads && block.error[0] == 0; ++t) {
             block.current = t;
             state.thread_idx = block.fibers[t].tid;
-            body(arg);
+            if (setjmp(block.escape) == 0) body(arg);
           }
         }
         // Round-robin over unfinished fibers until all are done.
@@ -468,6 +517,13 @@ int launch(void (*kernel)(A...), const kiln_emu_launch* cfg, void** args) {
 // Not `inline`: an inline function nobody calls is never emitted, and the
 // Rust side resolves this symbol with dlsym.
 extern "C" const char* kiln_emu_last_error() { return kiln_emu::last_error; }
+
+// The alignment check's handler (kiln_emu::misaligned); hidden, so the
+// module's checks bind to it and not to a sanitizer runtime.
+extern "C" __attribute__((visibility("hidden"))) void __ubsan_handle_type_mismatch_v1(
+    kiln_emu::UbsanMismatch* data, uintptr_t address) {
+  kiln_emu::misaligned(data, address);
+}
 
 #define KILN_EMU_EXPORT(name)                                                        \
   extern "C" int kiln_emu_launch_##name(const kiln_emu_launch* cfg, void** args) {   \

@@ -61,6 +61,34 @@ impl LaunchConfig {
     pub fn elementwise(n: usize) -> Self {
         Self::linear(n.div_ceil(256).clamp(1, 65_535) as u32, 256)
     }
+
+    /// Fails where cuLaunchKernel would (CUDA_ERROR_INVALID_VALUE): an empty
+    /// grid or block, a grid past 2³¹ − 1 blocks in x or 65,535 in y or z,
+    /// a block past 1,024 threads (1,024 in x or y, 64 in z), or more than
+    /// 48 KiB of dynamic shared memory (more needs an opt-in per kernel,
+    /// which no kernel here takes). Both devices check, so a launch the GPU
+    /// would refuse fails on the emulator too.
+    pub fn check(&self) -> DeviceResult<()> {
+        let (g, b) = (self.grid, self.block);
+        let threads = u64::from(b.0) * u64::from(b.1) * u64::from(b.2);
+        let problem = if g.0 == 0 || g.1 == 0 || g.2 == 0 {
+            "an empty grid"
+        } else if g.0 > i32::MAX as u32 || g.1 > 65_535 || g.2 > 65_535 {
+            "a grid past 2^31 - 1 blocks in x or 65,535 in y or z"
+        } else if threads == 0 {
+            "an empty block"
+        } else if threads > 1024 || b.0 > 1024 || b.1 > 1024 || b.2 > 64 {
+            "a block past 1,024 threads (1,024 in x or y, 64 in z)"
+        } else if self.shared_bytes > 48 * 1024 {
+            "more than 48 KiB of dynamic shared memory"
+        } else {
+            return Ok(());
+        };
+        Err(DeviceError::new(format!(
+            "launch of grid {g:?} and block {b:?} with {} bytes of dynamic shared memory: {problem}",
+            self.shared_bytes
+        )))
+    }
 }
 
 /// One kernel argument, passed by value as cuLaunchKernel passes it.

@@ -504,6 +504,7 @@ impl Device for CudaDevice {
         config: LaunchConfig,
         args: &[KernelArg],
     ) -> DeviceResult<()> {
+        config.check()?;
         self.bind()?;
         let f = {
             let mut inner = self.inner();

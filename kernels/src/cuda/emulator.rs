@@ -259,16 +259,25 @@ impl Emulator {
     fn compile(&self, name: &str, source: &str, kernels: &[&str]) -> DeviceResult<PathBuf> {
         let mut text = String::with_capacity(EMULATOR_HEADER.len() + source.len() + 256);
         text.push_str(EMULATOR_HEADER);
-        text.push_str("\n#line 1 \"");
-        text.push_str(name);
-        text.push_str("\"\n");
-        text.push_str(&inline_common_header(source));
+        text.push('\n');
+        text.push_str(&inline_common_header(name, source));
         text.push('\n');
         for kernel in kernels {
             text.push_str(&format!("KILN_EMU_EXPORT({kernel})\n"));
         }
         let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".to_owned());
-        let mut flags = vec!["-std=c++20", "-O2", "-shared", "-fPIC", "-w", "-x", "c++"];
+        // -fsanitize=alignment: a misaligned access fails the launch, as it
+        // faults on a GPU (kiln_emu.h's handler).
+        let mut flags = vec![
+            "-std=c++20",
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-w",
+            "-fsanitize=alignment",
+            "-x",
+            "c++",
+        ];
         if !synchronizes(source) {
             flags.push("-DKILN_EMU_DIRECT");
         }
@@ -526,6 +535,7 @@ impl Device for Emulator {
         config: LaunchConfig,
         args: &[KernelArg],
     ) -> DeviceResult<()> {
+        config.check()?;
         let work = self
             .state()
             .issue(Recorded::Launch(function, config, args.to_vec()));

@@ -63,7 +63,7 @@ pub fn compile(
     arch: &str,
     verbose_ptxas: bool,
 ) -> Result<Compiled, DeviceError> {
-    let text = CString::new(inline_common_header(source))
+    let text = CString::new(inline_common_header(name, source))
         .map_err(|_| DeviceError::new(format!("{name}: source contains a NUL byte")))?;
     let c_name = CString::new(name).map_err(|_| DeviceError::new("bad source name"))?;
     let program = result::create_program(&text, Some(&c_name))

@@ -107,12 +107,42 @@ pub const ALL: [Source; 10] = [
     MATMUL,
 ];
 
-/// `text` with `#include "kiln_cuda.cuh"` and `#include "gguf_blocks.cuh"`
-/// replaced by the headers themselves.
-pub fn inline_common_header(text: &str) -> String {
-    text.replace("#include \"kiln_cuda.cuh\"", COMMON_HEADER)
-        .replace("#include \"gguf_blocks.cuh\"", GGUF_BLOCKS_HEADER)
-        .replace("#pragma once", "")
+/// `text` (the source file `name`) with `#include "kiln_cuda.cuh"` and
+/// `#include "gguf_blocks.cuh"` replaced by the headers themselves, between
+/// `#line` markers, so a compiler's messages (and the emulator's alignment
+/// failures) name the file and line they come from.
+pub fn inline_common_header(name: &str, text: &str) -> String {
+    let mut out =
+        String::with_capacity(text.len() + COMMON_HEADER.len() + GGUF_BLOCKS_HEADER.len());
+    out.push_str(&format!("#line 1 \"{name}\"\n"));
+    for (index, line) in text.lines().enumerate() {
+        let header = match line.trim() {
+            "#include \"kiln_cuda.cuh\"" => ("kiln_cuda.cuh", COMMON_HEADER),
+            "#include \"gguf_blocks.cuh\"" => ("gguf_blocks.cuh", GGUF_BLOCKS_HEADER),
+            _ => {
+                out.push_str(without_pragma_once(line));
+                out.push('\n');
+                continue;
+            }
+        };
+        out.push_str(&format!("#line 1 \"{}\"\n", header.0));
+        for header_line in header.1.lines() {
+            out.push_str(without_pragma_once(header_line));
+            out.push('\n');
+        }
+        out.push_str(&format!("#line {} \"{name}\"\n", index + 2));
+    }
+    out
+}
+
+/// A line, or an empty one in place of `#pragma once` (the headers are
+/// inlined once each; emptied rather than dropped, lines keep their numbers).
+fn without_pragma_once(line: &str) -> &str {
+    if line.trim() == "#pragma once" {
+        ""
+    } else {
+        line
+    }
 }
 
 /// The `extern "C" __global__` kernels defined in `text`, in order.
@@ -148,6 +178,45 @@ mod tests {
                 "kiln_layer_norm",
                 "kiln_softmax"
             ]
+        );
+    }
+
+    #[test]
+    fn inlined_headers_keep_every_line_attributed_to_its_file() {
+        let text = inline_common_header("gemv.cu", GEMV.text);
+        assert!(!text.contains("#include") && !text.contains("#pragma once"));
+        // Follow the #line markers: each line's (file, number) after the
+        // inlining must be the one it has in its own file.
+        let files = [
+            ("gemv.cu", GEMV.text),
+            ("kiln_cuda.cuh", COMMON_HEADER),
+            ("gguf_blocks.cuh", GGUF_BLOCKS_HEADER),
+        ];
+        let (mut file, mut number) = ("", 0usize);
+        let mut checked = 0;
+        for line in text.lines() {
+            if let Some(marker) = line.strip_prefix("#line ") {
+                let (n, name) = marker.split_once(' ').expect("#line N \"file\"");
+                number = n.parse().expect("a line number");
+                file = files
+                    .iter()
+                    .find(|f| format!("\"{}\"", f.0) == name)
+                    .expect("a known file")
+                    .1;
+                continue;
+            }
+            let original = file.lines().nth(number - 1).expect("a line of the file");
+            if original.trim() != "#pragma once" {
+                assert_eq!(line, original);
+                checked += 1;
+            }
+            number += 1;
+        }
+        let total: usize = files.iter().map(|f| f.1.lines().count()).sum();
+        assert_eq!(
+            checked,
+            total - 2 - 2,
+            "every line but the includes and pragmas"
         );
     }
 }
