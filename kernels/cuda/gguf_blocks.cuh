@@ -190,23 +190,16 @@ struct Nibbles {
 typedef Nibbles<false> Q4_0;
 typedef Nibbles<true> Q5_0;
 
-// Byte i of 16 loaded bytes, by selects rather than an indexed register
-// array (a computed index would put the array in local memory).
-__device__ __forceinline__ unsigned int byte_of(const Bytes16& b, unsigned int i) {
-  unsigned int word = i < 8 ? (i < 4 ? b.v[0] : b.v[1]) : (i < 12 ? b.v[2] : b.v[3]);
-  return (word >> (8 * (i % 4))) & 0xffu;
-}
-
 // Scale and minimum of Q4_K sub-block `j` (ggml's get_scale_min_k4) from
-// the 12 scale bytes at `scale(i)`.
-template <typename Scale>
-__device__ __forceinline__ void q4k_scale_min_by(Scale scale, unsigned int j, float* sc, float* mn) {
+// the 12 scale bytes at `scales` (one value's decoding; a block part's
+// takes four sub-blocks at once, KQuant::factors).
+__device__ __forceinline__ void q4k_scale_min(const u8* scales, unsigned int j, float* sc, float* mn) {
   if (j < 4) {
-    *sc = quant_f32<0>(scale(j) & 63);
-    *mn = quant_f32<0>(scale(j + 4) & 63);
+    *sc = quant_f32<0>(scales[j] & 63);
+    *mn = quant_f32<0>(scales[j + 4] & 63);
   } else {
-    *sc = quant_f32<0>((scale(j + 4) & 0xf) | ((scale(j - 4) >> 6) << 4));
-    *mn = quant_f32<0>((scale(j + 4) >> 4) | ((scale(j) >> 6) << 4));
+    *sc = quant_f32<0>((scales[j + 4] & 0xf) | ((scales[j - 4] >> 6) << 4));
+    *mn = quant_f32<0>((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
   }
 }
 
@@ -248,16 +241,31 @@ struct KQuant {
   }
   // Sub-blocks 2c and 2c + 1's d · scale and dmin · minimum: a value n of
   // sub-block 2c + h is scale[h] · n - minimum[h] (one fused multiply-add
-  // in `values`).
+  // in `values`). The 6-bit scales (and minimums) of four sub-blocks are
+  // gathered a byte each into one word, ggml's get_scale_min_k4 for four at
+  // once, and the part's two taken from it by byte permutes: a few
+  // instructions on either side of the branch on c (the GEMV's lanes take
+  // different sides; qmm's threads of a stretch the same one), where
+  // extracting each sub-block's bits on its own took ~25 a side.
   __device__ __forceinline__ static void factors(const Raw& r, unsigned int c, float* scale, float* minimum) {
     float d = f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(r.head.v[0] >> 16));
-    auto byte = [&](unsigned int i) { return byte_of(r.head, 4 + i); };
-    float sc[2], mn[2];
-    q4k_scale_min_by(byte, 2 * c, &sc[0], &mn[0]);
-    q4k_scale_min_by(byte, 2 * c + 1, &sc[1], &mn[1]);
+    // Scale bytes 0..3, 4..7 and 8..11.
+    unsigned int s0 = r.head.v[1], s1 = r.head.v[2], s2 = r.head.v[3];
+    bool first_four = c < 2;
+    // Sub-blocks 0..3: the low six bits of bytes 0..3 and 4..7; 4..7: the
+    // nibbles of bytes 8..11 under the top two bits of bytes 0..3 and 4..7.
+    unsigned int sc, mn;
+    if (first_four) {
+      sc = s0 & 0x3f3f3f3fu;
+      mn = s1 & 0x3f3f3f3fu;
+    } else {
+      sc = (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u);
+      mn = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
+    }
+    int at = 2 * (int)(c % 2);
     for (int h = 0; h < 2; ++h) {
-      scale[h] = d * sc[h];
-      minimum[h] = dmin * mn[h];
+      scale[h] = d * byte_quant_f32<0>(sc, at + h);
+      minimum[h] = dmin * byte_quant_f32<0>(mn, at + h);
     }
   }
   template <typename Sink>
@@ -303,7 +311,7 @@ struct KQuant {
   __device__ static float value(const u8* b, int j) {
     int c = j / 64, l = j % 32, high = (j % 64) >= 32;
     float sc, mn;
-    q4k_scale_min_by([&](unsigned int i) { return (unsigned int)b[4 + i]; }, 2 * c + high, &sc, &mn);
+    q4k_scale_min(b + 4, 2 * c + high, &sc, &mn);
     unsigned int byte = b[QS + 32 * c + l];
     unsigned int n = high ? byte >> 4 : byte & 0xfu;
     if (FIVE_BITS) n |= ((b[16 + l] >> (2 * c + high)) & 1u) << 4;
