@@ -209,9 +209,10 @@ inline void yield() { switch_to(self().context, state.block->scheduler); }
 // A GPU faults on a load or store at an address not a multiple of its size
 // (a 16-byte vector at 8, a word at 2); the CPU does not. Kernels are
 // compiled with -fsanitize=alignment, whose checks call the handler below
-// (defined here, hidden, so the check needs no sanitizer runtime): a
-// misaligned access in a kernel fails its launch, naming the type, the
-// address and the source line (module:line:column).
+// (defined here, hidden, so they bind to it and not to the sanitizer
+// runtime's, which GCC links but nothing calls): a misaligned access in a
+// kernel fails its launch, naming the type, the address and the source line
+// (file:line:column).
 struct UbsanLocation {
   const char* file;
   unsigned line, column;
