@@ -41,14 +41,14 @@ __device__ __forceinline__ Bytes16 load_16_at2(const u8* p) {
   return r;
 }
 
-// Adds scale · w · x[i, col + j] for the `count` weights `scale · w[j]` to
+// Adds scale · w[j] · x[i, col + j] over the run of `count` weights to
 // acc[i], for every row i < m of x (the run's scale taken once, after its
 // sum: a multiply a weight fewer than scaling each weight). x is read 16
 // bytes at a time where it is aligned for that (a lane's scalar loads, 32
 // bytes apart across the warp, would each touch a sector per lane and cost
-// the load unit more than the weights): checked
-// per call, or known by the caller (X16: every run of 4 lies at a 16-byte
-// boundary, so the check and the scalar path compile away). One fused
+// the load unit more than the weights): checked per call, or known by the
+// caller (X16: every run of 4 lies at a 16-byte boundary, so the check and
+// the scalar path compile away). One fused
 // multiply-add per weight and row, written out: kernels compile with
 // --fmad=false, under which `sum += w * x` is a multiply and an add (by
 // arithmetic, Llama-3-8B in bf16 with 8 rows of x is 1.3e11 such operations
