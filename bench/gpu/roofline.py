@@ -29,6 +29,13 @@ def kernels(c, batch, context, weights, kv_bytes):
     lm = WEIGHT_BYTES["q6_k" if weights == "q4_k" else weights]
     act = 4 * batch  # f32 activations per element of a row, per sequence
     gemv = lambda rows, cols, bpe: rows * cols * bpe + act * (cols + rows)
+    # Up to 8 rows the GEMV of gate and up writes silu(gate) * up itself.
+    if batch <= 8:
+        mlp = [("gate and up projections + silu(gate) * up (one launch)", layers,
+                gemv(2 * ffn, d, w) - act * ffn)]
+    else:
+        mlp = [("gate and up projections (one launch)", layers, gemv(2 * ffn, d, w)),
+               ("silu(gate) * up", layers, 3 * act * ffn)]
     return [
         ("embedding rows", 1, batch * d * w + act * d),
         ("embedding norm (layer 0)", 1, 2 * act * d + 4 * d),
@@ -39,8 +46,7 @@ def kernels(c, batch, context, weights, kv_bytes):
         ("paged attention (split-K over long contexts)", layers,
          batch * context * 2 * kv_dim * kv_bytes + 2 * act * q_dim),
         ("o projection", layers, gemv(d, q_dim, w)),
-        ("gate and up projections (one launch)", layers, gemv(2 * ffn, d, w)),
-        ("silu(gate) * up", layers, 3 * act * ffn),
+        *mlp,
         ("down projection", layers, gemv(d, ffn, w)),
         ("lm_head", 1, gemv(vocab, d, lm)),
     ]

@@ -8,9 +8,10 @@
 // a round costs one memory round trip. One launch covers up to
 // KILN_GEMV_MAX_GROUP matrices that share x (q, k and v; gate and up): their
 // rows form one grid, so small matrices do not leave the card half idle and
-// a layer reads its weights in fewer launches. Launched as programmatic
-// dependents (kiln_cuda.cuh), the kernels ask for their first round of
-// weights in L2 before they wait for x.
+// a layer reads its weights in fewer launches; for a gated MLP's gate and
+// up the launch also applies the activation (KilnGemvGroup's `activation`).
+// Launched as programmatic dependents (kiln_cuda.cuh), the kernels ask for
+// their first round of weights in L2 before they wait for x.
 //
 // Every kernel comes in three splits of a row among the warps of a block:
 // SPLIT = 1 (no suffix), a warp per row; 2 (`_s2`) and 4 (`_s4`), two or
@@ -39,7 +40,10 @@
 #include "gguf_blocks.cuh"
 
 #define KILN_GEMV_MAX_M 8
+// Warps per block as the host launches them (rows per block: warps / SPLIT),
+// but for gated launches split four ways, which take eight: two rows.
 #define KILN_GEMV_WARPS 4
+#define KILN_GEMV_MAX_WARPS 8
 #define KILN_GEMV_MAX_GROUP 4
 
 // Each format has kernels for up to KILN_GEMV_MAX_M rows of x and, `_m1`,
@@ -50,11 +54,18 @@
 
 // The matrices of one launch, all [*, k] in one format: matrix s has rows
 // rows_end[s-1] .. rows_end[s] of the grid and writes y[s] [m, its rows].
+// Gated (`activation` nonzero, kiln_gated's numbering): two matrices of n
+// rows each, a gated MLP's gate and up, whose rows interleave in the grid
+// (row 2j is gate's j, 2j + 1 up's), so each pair is taken by one block,
+// which writes act(gate)·up to y[0] [m, n] (y[1] is not written): the
+// activation's own launch and the round trip of gate's and up's products
+// through memory are saved. Blocks hold an even number of rows.
 struct KilnGemvGroup {
   i64 count;
   i64 rows_end[KILN_GEMV_MAX_GROUP];
   const u8* w[KILN_GEMV_MAX_GROUP];
   float* y[KILN_GEMV_MAX_GROUP];
+  i64 activation;
 };
 
 // The warp's output row: its matrix's weights row and where its results go,
@@ -71,9 +82,17 @@ struct GemvRow {
 template <int SPLIT>
 __device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
   int warp = threadIdx.x / 32;
-  int row = blockIdx.x * (KILN_GEMV_WARPS / SPLIT) + warp / SPLIT;
+  int row = blockIdx.x * (blockDim.x / 32 / SPLIT) + warp / SPLIT;
   r->part = warp % SPLIT;
   if (row >= g.rows_end[g.count - 1]) return false;
+  if (g.activation != 0) {
+    bool up = row & 1;
+    r->w = up ? g.w[1] : g.w[0];
+    r->y = g.y[0];
+    r->row = row >> 1;
+    r->n = (int)g.rows_end[0];
+    return true;
+  }
   // Constant indices into the group (a computed one would copy the kernel
   // argument to local memory).
   int start = 0;
@@ -92,33 +111,42 @@ __device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
 }
 
 // The sums of the warps of a row to y[i, row]: each warp reduces across its
-// lanes, and with SPLIT > 1 the row's first warp adds the others' sums.
+// lanes, and with SPLIT > 1 the row's first warp adds the others' sums;
+// lane i of that warp then holds row i's. Gated, each gate row's lanes take
+// the up row's sums next to theirs through shared memory.
 template <int MAX_M, int SPLIT>
-__device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool valid, int m) {
-  int lane = threadIdx.x % 32;
+__device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool valid, int m, int activation) {
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float sum = 0.0f;
   if (SPLIT == 1) {
 #pragma unroll
     for (int i = 0; i < MAX_M; ++i) {
       if (i < m) {
         float v = warp_sum(acc[i]);
-        if (lane == 0 && valid) r.y[(i64)i * r.n + r.row] = v;
+        if (lane == i) sum = v;
       }
     }
+  } else {
+    __shared__ float partial[KILN_GEMV_MAX_WARPS][MAX_M];
+#pragma unroll
+    for (int i = 0; i < MAX_M; ++i) {
+      float v = warp_sum(acc[i]);
+      if (lane == 0) partial[warp][i] = v;
+    }
+    __syncthreads();
+    if (r.part == 0 && lane < m)
+      for (int p = 0; p < SPLIT; ++p) sum += partial[warp + p][lane];
+  }
+  bool writes = valid && r.part == 0 && lane < m;
+  if (activation == 0) {
+    if (writes) r.y[(i64)lane * r.n + r.row] = sum;
     return;
   }
-  __shared__ float partial[KILN_GEMV_WARPS][MAX_M];
-  int warp = threadIdx.x / 32;
-#pragma unroll
-  for (int i = 0; i < MAX_M; ++i) {
-    float v = warp_sum(acc[i]);
-    if (lane == 0) partial[warp][i] = v;
-  }
+  __shared__ float rows[KILN_GEMV_MAX_WARPS][MAX_M];
+  int slot = warp / SPLIT;  // the row's place in the block: even for gate, odd for up
+  if (r.part == 0 && lane < m) rows[slot][lane] = sum;
   __syncthreads();
-  if (valid && r.part == 0 && lane < m) {
-    float v = 0.0f;
-    for (int p = 0; p < SPLIT; ++p) v += partial[warp + p][lane];
-    r.y[(i64)lane * r.n + r.row] = v;
-  }
+  if (writes && slot % 2 == 0) r.y[(i64)lane * r.n + r.row] = kiln_gated(activation, sum, rows[slot + 1][lane]);
 }
 
 // ---- dense rows: 8 elements per lane and load ----
@@ -216,7 +244,7 @@ __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k)
       accumulate<MAX_M>(acc, &v, 1, x, m, k, c);
     }
   }
-  store_rows<MAX_M, SPLIT>(acc, r, valid, m);
+  store_rows<MAX_M, SPLIT>(acc, r, valid, m, (int)g.activation);
 }
 
 // Entry points call the templates with the format's bytes and then the
@@ -340,7 +368,7 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
     blocks_sweep<F, X, MAX_M, depth, true>(wr, x, m, k, first, stride, acc);
   else if (valid)
     blocks_sweep<F, X, MAX_M, depth, false>(wr, x, m, k, first, stride, acc);
-  store_rows<MAX_M, SPLIT>(acc, r, valid, m);
+  store_rows<MAX_M, SPLIT>(acc, r, valid, m, (int)g.activation);
 }
 
 // Embedding rows read from a table of blocks: y[t, :] = table[ids[t], :],

@@ -280,6 +280,26 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
+// The activations of gated MLPs, as the generated element-wise kernels
+// write them (host/src/runtime/cuda/codegen.rs), shared with the GEMV that
+// applies one to the gate's row as it multiplies it with up's
+// (`kiln_gated`, gemv.cu).
+__device__ __forceinline__ float kiln_silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float kiln_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float kiln_gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+// NaN stays NaN.
+__device__ __forceinline__ float kiln_relu(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
+
+// The activation numbered `code` as the host numbers them
+// (`GatedActivation`, host/src/runtime/cuda/plan.rs): 1 SiLU, 2 GELU (erf),
+// 3 GELU (tanh), 4 ReLU.
+__device__ __forceinline__ float kiln_gated(int code, float gate, float up) {
+  float a = code == 1 ? kiln_silu(gate) : code == 2 ? kiln_gelu(gate) : code == 3 ? kiln_gelu_tanh(gate) : kiln_relu(gate);
+  return a * up;
+}
+
 struct SumOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };

@@ -38,9 +38,9 @@ fn reference(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
     y
 }
 
-/// The `KilnGemvGroup` argument: matrices (device pointer, rows) and their
-/// outputs.
-fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr]) -> KernelArg {
+/// The `KilnGemvGroup` argument: matrices (device pointer, rows), their
+/// outputs and the gated activation (0: none).
+fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr], activation: u64) -> KernelArg {
     let pad = |mut v: Vec<u64>| {
         v.resize(4, 0);
         v
@@ -54,6 +54,7 @@ fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr]) -> KernelArg {
     words.extend(pad(ends.collect()));
     words.extend(pad(matrices.iter().map(|&(w, _)| w).collect()));
     words.extend(pad(outputs.to_vec()));
+    words.push(activation);
     KernelArg::Struct(words)
 }
 
@@ -147,7 +148,7 @@ fn check_gemv(
                 outputs.push(gpu.zeros(m * rows * 4));
                 first += rows;
             }
-            let args = [group(&matrices, &outputs), Ptr(xs), int(m), int(k)];
+            let args = [group(&matrices, &outputs, 0), Ptr(xs), int(m), int(k)];
             gpu.run(name, (grid, 1), 32 * WARPS, &args);
             // y [m, n] from the parts' [m, rows].
             let mut got = vec![0f32; m * n];
@@ -162,6 +163,80 @@ fn check_gemv(
             }
             let what = format!("{name} m={m} k={k} parts {parts:?}");
             close(&got, &want, 2e-6 * scale * k as f32, &what);
+        }
+    }
+    check_gated(gpu, kernel, w_bytes, values, n, k, x8);
+}
+
+/// `kiln_gated`'s activations by number, in f64: SiLU, GELU (erf), GELU
+/// (tanh), ReLU.
+fn activation(code: u64, x: f64) -> f64 {
+    match code {
+        1 => x / (1.0 + (-x).exp()),
+        2 => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
+        3 => 0.5 * x * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044_715 * x * x * x)).tanh()),
+        _ => x.max(0.0),
+    }
+}
+
+/// The gated launch of `kernel` (a gated MLP's gate and up as the first and
+/// second halves of W's rows, each its own matrix): act(gate)·up written to
+/// the first output, nothing to the second, in every split (two rows a
+/// block, eight warps for four a row), the activations taken in turn.
+fn check_gated(
+    gpu: &Gpu,
+    kernel: &str,
+    w_bytes: &[u8],
+    values: &[f32],
+    n: usize,
+    k: usize,
+    x8: bool,
+) {
+    let half = n / 2;
+    let row_bytes = w_bytes.len() / n;
+    let gate = gpu.up(&w_bytes[..half * row_bytes]);
+    let up = gpu.up(&w_bytes[half * row_bytes..2 * half * row_bytes]);
+    let mut rng = Rng::new(k as u64 + 1);
+    let mut code = 0;
+    for m in [1, 3, 8] {
+        let (xs, x) = device_x(gpu, &rng.data(m * k, 1.0), x8, !x8 && m == 3);
+        let g = reference(&values[..half * k], &x, m, half, k);
+        let u = reference(&values[half * k..2 * half * k], &x, m, half, k);
+        let largest = |v: &[f32]| v.iter().fold(1f32, |a, v| a.max(v.abs()));
+        let tolerance = 2e-6 * k as f32 * 2.5 * largest(&g) * largest(&u);
+        let singles = if m == 1 {
+            ["", "_m1"].as_slice()
+        } else {
+            &[""]
+        };
+        for one in singles {
+            for &(suffix, split) in &SPLITS {
+                code = code % 4 + 1;
+                let name = format!("{kernel}{one}{suffix}");
+                let warps = WARPS.max(2 * split);
+                let grid = (2 * half as u32).div_ceil(warps / split);
+                let outputs = [gpu.zeros(m * half * 4), gpu.zeros(m * half * 4)];
+                let matrices = [(gate, half), (up, half)];
+                let args = [group(&matrices, &outputs, code), Ptr(xs), int(m), int(k)];
+                gpu.run(&name, (grid, 1), 32 * warps, &args);
+                let want: Vec<f32> = g
+                    .iter()
+                    .zip(&u)
+                    .map(|(&g, &u)| (activation(code, g.into()) * f64::from(u)) as f32)
+                    .collect();
+                let what = format!("{name} gated by activation {code}, m={m} k={k}");
+                close(
+                    &gpu.down::<f32>(outputs[0], m * half),
+                    &want,
+                    tolerance,
+                    &what,
+                );
+                let untouched = gpu.down::<f32>(outputs[1], m * half);
+                assert!(
+                    untouched.iter().all(|&v| v == 0.0),
+                    "{what}: up's output written"
+                );
+            }
         }
     }
 }

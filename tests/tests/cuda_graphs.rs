@@ -82,6 +82,9 @@ fn decode_batches_share_bucketed_graphs_and_match_the_cpu() {
     // Each layer's rotation of q and k writes the keys and values into the
     // cache (kiln_rope_write_kv) instead of the attention's own write.
     assert_eq!(executor.cache_writes_with_rotary(), 2);
+    // Each layer's SiLU(gate)·up is written by the GEMV of gate and up at up
+    // to 8 rows (decode), by its own kernel for longer prompts.
+    assert_eq!(executor.gated_activations_in_gemv(), 2);
     // Prefill five sequences of three tokens, one at a time.
     for i in 0..5u32 {
         let prompt = vec![(vec![i * 7 + 1, i * 3 + 2, 5], 0)];

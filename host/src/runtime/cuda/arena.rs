@@ -63,8 +63,9 @@ pub fn plan(
     for (s, (step, plan)) in program.steps.iter().zip(steps).enumerate() {
         if let Home::Arena(root) = homes[step.output as usize] {
             touch(root, s);
-            // A grouped product or a fused norm is written earlier.
-            if let StepPlan::ComputedAt { at } = plan {
+            // A grouped product or a fused norm is written earlier, as is a
+            // gated activation when the GEMV of its products writes it.
+            if let StepPlan::ComputedAt { at } | StepPlan::GatedActivation { at, .. } = plan {
                 touch(root, *at);
             }
         }
@@ -111,7 +112,7 @@ pub fn plan(
     for (s, (step, plan)) in program.steps.iter().zip(steps).enumerate() {
         let x_elements = || shapes[step.inputs[0] as usize].iter().product();
         let bytes = match plan {
-            StepPlan::Linear(_) | StepPlan::MatMul(_) | StepPlan::LinearGroup(_) => {
+            StepPlan::Linear(_) | StepPlan::MatMul(_) | StepPlan::LinearGroup { .. } => {
                 products::scratch_bytes(plan, x_elements())
             }
             StepPlan::MixtureOfExperts(moe) => {

@@ -202,12 +202,11 @@ fn unary_f32(f: UnaryOp, x: &str) -> String {
         UnaryOp::Cos => format!("cosf({x})"),
         UnaryOp::Tanh => format!("tanhf({x})"),
         UnaryOp::Sigmoid => format!("(1.0f / (1.0f + expf(-{x})))"),
-        UnaryOp::Relu => format!("({x} > 0.0f ? {x} : ({x} != {x} ? {x} : 0.0f))"),
-        UnaryOp::Silu => format!("({x} / (1.0f + expf(-{x})))"),
-        UnaryOp::Gelu => format!("(0.5f * {x} * (1.0f + erff({x} * 0.70710678118654752f)))"),
-        UnaryOp::GeluTanh => format!(
-            "(0.5f * {x} * (1.0f + tanhf(0.79788456080286536f * ({x} + 0.044715f * {x} * {x} * {x}))))"
-        ),
+        // Shared with the gated GEMV (`kiln_cuda.cuh`).
+        UnaryOp::Relu => format!("kiln_relu({x})"),
+        UnaryOp::Silu => format!("kiln_silu({x})"),
+        UnaryOp::Gelu => format!("kiln_gelu({x})"),
+        UnaryOp::GeluTanh => format!("kiln_gelu_tanh({x})"),
         UnaryOp::Floor => format!("floorf({x})"),
         UnaryOp::Ceil => format!("ceilf({x})"),
         UnaryOp::Not => format!("({x} == 0.0f ? 1.0f : 0.0f)"),

@@ -9,6 +9,7 @@ use kiln_plugin_api::graph::DType;
 use super::attention::HEAD_DIM;
 use super::codegen::MAX_RANK;
 use super::plan::{HandKernels, StepPlan};
+use super::products::group_gemv;
 use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
 use super::DeviceKvCache;
@@ -265,6 +266,44 @@ impl Frame<'_> {
         )
     }
 
+    /// A generated element-wise kernel over `inputs` (address, shape), each
+    /// broadcast to `out`'s shape.
+    fn fused(
+        &self,
+        function: FunctionId,
+        inputs: &[(DevicePtr, &[usize])],
+        (out, out_shape): (DevicePtr, &[usize]),
+    ) -> Result<(), String> {
+        let n = numel(out_shape);
+        if n == 0 {
+            return Ok(());
+        }
+        let mut words = vec![out_shape.len() as u64];
+        let mut shape_words: Vec<u64> = out_shape.iter().map(|&d| d as u64).collect();
+        shape_words.resize(MAX_RANK, 0);
+        words.extend(shape_words);
+        for (_, shape) in inputs {
+            let mut strides = broadcast_strides(shape, out_shape);
+            strides.resize(MAX_RANK, 0);
+            words.extend(strides.iter().map(|&s| s as u64));
+        }
+        if inputs.is_empty() {
+            words.extend([0u64; MAX_RANK]);
+        }
+        words.push(n as u64);
+        let mut args = vec![KernelArg::Ptr(out)];
+        args.extend(inputs.iter().map(|&(ptr, _)| KernelArg::Ptr(ptr)));
+        args.push(KernelArg::Struct(words));
+        // Generated kernels wait for their inputs (codegen.rs).
+        let config = LaunchConfig {
+            programmatic: self.programmatic.is_some(),
+            ..LaunchConfig::elementwise(n)
+        };
+        self.device
+            .launch(function, config, &args)
+            .map_err(|e| e.to_string())
+    }
+
     /// Runs step `step` as `plan` says; `dtype` is the output's type,
     /// `scratch` the step's scratch buffer (if planned).
     pub fn run(
@@ -280,6 +319,11 @@ impl Frame<'_> {
         let input = |i: usize| self.addrs[step.inputs[i] as usize];
         let in_shape = |i: usize| &self.shapes[step.inputs[i] as usize];
         let rows_of = |shape: &[usize]| numel(shape) / shape.last().copied().unwrap_or(1).max(1);
+        let operands = || -> Vec<(DevicePtr, &[usize])> {
+            (0..step.inputs.len())
+                .map(|i| (input(i), in_shape(i).as_slice()))
+                .collect()
+        };
         match plan {
             StepPlan::Alias => Ok(()),
             StepPlan::Linear(w) | StepPlan::MatMul(w) => {
@@ -294,12 +338,19 @@ impl Frame<'_> {
                 (input(1), in_shape(1)),
                 (out, out_shape),
             ),
-            StepPlan::LinearGroup(members) => {
+            StepPlan::LinearGroup { members, gated } => {
                 let members: Vec<(DeviceMatrix, DevicePtr)> = members
                     .iter()
                     .map(|(w, value)| (*w, self.addrs[*value as usize]))
                     .collect();
-                self.product_group(&members, input(0), numel(in_shape(0)), scratch)
+                let gated = gated.map(|g| (g, self.addrs[g.output as usize]));
+                self.product_group(&members, gated, input(0), numel(in_shape(0)), scratch)
+            }
+            StepPlan::GatedActivation { matrix, fused, .. } => {
+                if group_gemv(matrix, 2, rows_of(out_shape)).is_some() {
+                    return Ok(()); // written by the GEMV
+                }
+                self.fused(*fused, &operands(), (out, out_shape))
             }
             StepPlan::ComputedAt { .. } => Ok(()),
             StepPlan::AddRmsNorm {
@@ -345,36 +396,7 @@ impl Frame<'_> {
                     )
                     .map_err(|e| e.to_string())
             }
-            StepPlan::Fused(function, inputs) => {
-                let n = numel(out_shape);
-                if n == 0 {
-                    return Ok(());
-                }
-                let mut words = vec![out_shape.len() as u64];
-                let mut shape_words: Vec<u64> = out_shape.iter().map(|&d| d as u64).collect();
-                shape_words.resize(MAX_RANK, 0);
-                words.extend(shape_words);
-                for (i, _) in inputs.iter().enumerate() {
-                    let mut strides = broadcast_strides(in_shape(i), out_shape);
-                    strides.resize(MAX_RANK, 0);
-                    words.extend(strides.iter().map(|&s| s as u64));
-                }
-                if inputs.is_empty() {
-                    words.extend([0u64; MAX_RANK]);
-                }
-                words.push(n as u64);
-                let mut args = vec![KernelArg::Ptr(out)];
-                args.extend((0..inputs.len()).map(|i| KernelArg::Ptr(input(i))));
-                args.push(KernelArg::Struct(words));
-                // Generated kernels wait for their inputs (codegen.rs).
-                let config = LaunchConfig {
-                    programmatic: self.programmatic.is_some(),
-                    ..LaunchConfig::elementwise(n)
-                };
-                self.device
-                    .launch(*function, config, &args)
-                    .map_err(|e| e.to_string())
-            }
+            StepPlan::Fused(function, _) => self.fused(*function, &operands(), (out, out_shape)),
             StepPlan::RmsNorm { eps, offset } => {
                 let cols = *out_shape.last().unwrap_or(&1);
                 self.launch_rms_norm(

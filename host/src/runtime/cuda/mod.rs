@@ -12,6 +12,7 @@ mod arena;
 mod attention;
 mod buckets;
 mod codegen;
+mod fusion;
 mod graphs;
 mod launch;
 mod measure;
@@ -322,6 +323,15 @@ impl CudaExecutor {
         self.steps
             .iter()
             .filter(|s| matches!(s, StepPlan::ComputedAt { .. }))
+            .count()
+    }
+
+    /// How many gated MLP activations the decode GEMV of their gate and up
+    /// products writes (one launch a layer fewer at up to 8 rows).
+    pub fn gated_activations_in_gemv(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| matches!(s, StepPlan::GatedActivation { .. }))
             .count()
     }
 

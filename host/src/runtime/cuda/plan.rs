@@ -6,10 +6,9 @@
 use std::collections::HashMap;
 
 use kiln_kernels::cuda::{Device, FunctionId};
-use kiln_plugin_api::graph::{AttentionSpec, BinaryOp, DType, Op, SequenceAttentionSpec, ValueId};
+use kiln_plugin_api::graph::{AttentionSpec, DType, Op, SequenceAttentionSpec, ValueId};
 
 use super::codegen::{self, FusedInput};
-use super::products::GEMV_MAX_GROUP;
 use super::weights::{self, DeviceMatrix, WeightDtype};
 use super::CudaError;
 use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program, Step};
@@ -30,9 +29,26 @@ pub enum StepPlan {
     /// over the leading axes with broadcasting.
     BatchedMatMul,
     /// Several `Linear` steps that read the same x with matrices of one
-    /// format (q, k and v; gate and up), run here as one launch: each matrix
-    /// with the value it writes (this step's output first).
-    LinearGroup(Vec<(DeviceMatrix, ValueId)>),
+    /// format (q, k and v; gate and up), run here as one launch.
+    LinearGroup {
+        /// Each matrix with the value it writes (this step's output first).
+        members: Vec<(DeviceMatrix, ValueId)>,
+        /// A gated MLP's gate and up, whose activation step the decode GEMV
+        /// computes too.
+        gated: Option<super::fusion::GatedProduct>,
+    },
+    /// `act(gate) · up` of a gated MLP (a generated kernel), computed by the
+    /// [`StepPlan::LinearGroup`] at `at` instead when that runs as the decode
+    /// GEMV, which writes the products of a pair of rows of gate and up no
+    /// further than the block's shared memory.
+    GatedActivation {
+        /// The step of the gate and up products.
+        at: usize,
+        /// Their first matrix (which says whether they run as a GEMV).
+        matrix: DeviceMatrix,
+        /// The generated kernel, for steps that do not.
+        fused: FunctionId,
+    },
     /// `x = a + b` written, and `rms_norm(x, w)` of a later step with it,
     /// in one kernel (the residual stream and the next norm's input).
     AddRmsNorm {
@@ -382,10 +398,7 @@ pub fn lower(
         }
         steps.push(plan);
     }
-    group_products(program, &mut steps);
-    fuse_add_rms_norm(program, &homes, &mut steps);
-    pair_rotations(program, &mut steps);
-    write_cache_with_rotations(program, &mut steps);
+    super::fusion::fuse(program, &homes, &mut steps);
     weight_bytes_per_step += product_matrices.values().map(|m| m.0).sum::<usize>();
     let product_elements: usize = product_matrices.values().map(|m| m.1).sum();
     Ok(Lowered {
@@ -461,174 +474,4 @@ fn short_hash(text: &str) -> String {
         .take(6)
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-/// Puts `Linear` steps that read the same value with matrices of one format
-/// and width into one [`StepPlan::LinearGroup`] at the first of them, up to
-/// [`GEMV_MAX_GROUP`] at a time. The others become [`StepPlan::ComputedAt`]:
-/// their outputs are written at the group's step (the memory plan keeps them
-/// live from there).
-fn group_products(program: &Program, steps: &mut [StepPlan]) {
-    // Each Linear step (index, matrix, output) by what it shares.
-    let mut groups: HashMap<_, Vec<(usize, DeviceMatrix, ValueId)>> = HashMap::new();
-    for (s, (step, plan)) in program.steps.iter().zip(steps.iter()).enumerate() {
-        if let StepPlan::Linear(w) = plan {
-            let key = (step.inputs[0], w.ty, w.packed, w.cols, w.int8_activations);
-            groups.entry(key).or_default().push((s, *w, step.output));
-        }
-    }
-    for members in groups.into_values() {
-        for chunk in members.chunks(GEMV_MAX_GROUP).filter(|c| c.len() > 1) {
-            let first = chunk[0].0;
-            steps[first] = StepPlan::LinearGroup(chunk.iter().map(|&(_, w, v)| (w, v)).collect());
-            for &(s, _, _) in &chunk[1..] {
-                steps[s] = StepPlan::ComputedAt { at: first };
-            }
-        }
-    }
-}
-
-/// Fuses a residual add into the RMS norm that reads its sum: an f32 step
-/// `x = a + b` (two inputs of x's shape) and a later `rms_norm(x, w)` with a
-/// weight on the device become one [`StepPlan::AddRmsNorm`] at the add,
-/// writing both x and the norm.
-fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
-    let graph = &program.graph;
-    let producer: HashMap<ValueId, usize> = program
-        .steps
-        .iter()
-        .enumerate()
-        .map(|(s, step)| (step.output, s))
-        .collect();
-    for (j, step) in program.steps.iter().enumerate() {
-        let StepPlan::RmsNorm { eps, offset } = steps[j] else {
-            continue;
-        };
-        let (x, weight) = (step.inputs[0], step.inputs[1]);
-        let Some(&i) = producer.get(&x) else {
-            continue;
-        };
-        let add = &program.steps[i];
-        let plain_add = match &add.kernel {
-            Kernel::Fused { program: instrs } => matches!(
-                instrs.as_slice(),
-                [Instr {
-                    op: ElementOp::Binary { f: BinaryOp::Add },
-                    args,
-                    dtype: DType::F32,
-                }] if args == &[Operand::Input(0), Operand::Input(1)]
-            ),
-            Kernel::Node => {
-                matches!(graph.nodes[x as usize].op, Op::Binary { op: BinaryOp::Add })
-                    && graph.nodes[x as usize].ty.dtype == DType::F32
-            }
-            _ => false,
-        };
-        let same_shape = add
-            .inputs
-            .iter()
-            .all(|&v| graph.nodes[v as usize].ty == graph.nodes[x as usize].ty);
-        let weight_ready = matches!(homes[weight as usize], Home::Persistent(_));
-        if plain_add && same_shape && weight_ready && matches!(steps[i], StepPlan::Fused(..)) {
-            steps[i] = StepPlan::AddRmsNorm {
-                eps,
-                offset,
-                weight,
-                norm: step.output,
-            };
-            steps[j] = StepPlan::ComputedAt { at: i };
-        }
-    }
-}
-
-/// Runs two rotations of the same positions and frequencies (q's and k's)
-/// in one launch at the first, when the second's input is computed before
-/// the first runs.
-fn pair_rotations(program: &Program, steps: &mut [StepPlan]) {
-    let computed_at = computed_at(program, steps);
-    let mut first_of: HashMap<(ValueId, ValueId), usize> = HashMap::new();
-    for (j, step) in program.steps.iter().enumerate() {
-        let StepPlan::Rope {
-            interleaved,
-            scale,
-            with: None,
-            ..
-        } = steps[j]
-        else {
-            continue;
-        };
-        let key = (step.inputs[1], step.inputs[2]);
-        let Some(&i) = first_of.get(&key) else {
-            first_of.insert(key, j);
-            continue;
-        };
-        let input_ready = computed_at.get(&step.inputs[0]).is_none_or(|&at| at < i);
-        let same_rotation = matches!(
-            steps[i],
-            StepPlan::Rope { interleaved: a, scale: b, with: None, .. } if a == interleaved && b == scale
-        );
-        if input_ready && same_rotation {
-            if let StepPlan::Rope { with, .. } = &mut steps[i] {
-                *with = Some((step.inputs[0], step.output));
-            }
-            steps[j] = StepPlan::ComputedAt { at: i };
-            first_of.remove(&key);
-        }
-    }
-}
-
-/// The step whose launch computes each value (itself, or the step that
-/// computes it with its own: see [`StepPlan::ComputedAt`]).
-fn computed_at(program: &Program, steps: &[StepPlan]) -> HashMap<ValueId, usize> {
-    let mut at = HashMap::new();
-    for (s, step) in program.steps.iter().enumerate() {
-        let by = match steps[s] {
-            StepPlan::ComputedAt { at } => at,
-            _ => s,
-        };
-        at.insert(step.output, by);
-    }
-    at
-}
-
-/// Moves a paged attention's cache write into the paired rotation of q and
-/// k that produces its keys, when its values are computed before that
-/// launch: one launch a layer fewer, and the keys written as rotated.
-fn write_cache_with_rotations(program: &Program, steps: &mut [StepPlan]) {
-    let computed_at = computed_at(program, steps);
-    // The paired rotation writing each value as its second output.
-    let mut rotation_of: HashMap<ValueId, usize> = HashMap::new();
-    for (i, plan) in steps.iter().enumerate() {
-        if let StepPlan::Rope {
-            with: Some((_, k)), ..
-        } = plan
-        {
-            rotation_of.insert(*k, i);
-        }
-    }
-    for (s, step) in program.steps.iter().enumerate() {
-        let StepPlan::Attention { spec, .. } = &steps[s] else {
-            continue;
-        };
-        let (k, v) = (step.inputs[1], step.inputs[2]);
-        let Some(&i) = rotation_of.get(&k) else {
-            continue;
-        };
-        let v_ready = computed_at.get(&v).is_none_or(|&at| at < i);
-        if !v_ready || i >= s {
-            continue;
-        }
-        let write = CacheWrite {
-            v,
-            batch: [step.inputs[3], step.inputs[4], step.inputs[5]],
-            layer: spec.layer,
-        };
-        if let StepPlan::Attention { cache_written, .. } = &mut steps[s] {
-            *cache_written = true;
-        }
-        if let StepPlan::Rope { cache_write, .. } = &mut steps[i] {
-            *cache_write = Some(write);
-        }
-        rotation_of.remove(&k);
-    }
 }

@@ -12,6 +12,7 @@
 
 use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout};
 
+use super::fusion::{GatedActivation, GatedProduct};
 use super::launch::Frame;
 use super::plan::StepPlan;
 use super::tune::GemvShape;
@@ -62,6 +63,15 @@ pub fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&
         (None, GemmType::F32) => ("kiln_gemv_f32", "kiln_gemv_f32_m1"),
     };
     Some(if m == 1 { one } else { many })
+}
+
+/// The decode GEMV that runs `count` matrices like `first` (stored `[n,
+/// k]`) sharing `m` rows of x as one launch, where one does.
+pub fn group_gemv(first: &DeviceMatrix, count: usize, m: usize) -> Option<&'static str> {
+    if m == 0 || count > GEMV_MAX_GROUP {
+        return None;
+    }
+    gemv_kernel(first, WeightLayout::OutIn, m)
 }
 
 /// A tensor-core product of packed blocks: its kernel, grid (W's row
@@ -169,7 +179,7 @@ pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
     match plan {
         StepPlan::Linear(w) => product_scratch(w, WeightLayout::OutIn, x_elements).1,
         StepPlan::MatMul(w) => product_scratch(w, WeightLayout::InOut, x_elements).1,
-        StepPlan::LinearGroup(members) => members
+        StepPlan::LinearGroup { members, .. } => members
             .iter()
             .map(|(w, _)| product_scratch(w, WeightLayout::OutIn, x_elements).1)
             .max()
@@ -179,8 +189,12 @@ pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
 }
 
 /// The `KilnGemvGroup` argument: the matrices (with their outputs) as one
-/// grid of rows.
-pub fn group_arg(members: &[(DeviceMatrix, DevicePtr)]) -> KernelArg {
+/// grid of rows; gated (`activation`, see [`GatedActivation`]), gate and
+/// up, whose activation is written to gate's output.
+pub fn group_arg(
+    members: &[(DeviceMatrix, DevicePtr)],
+    activation: Option<GatedActivation>,
+) -> KernelArg {
     let mut rows_end = [0u64; GEMV_MAX_GROUP];
     let (mut w, mut y) = ([0u64; GEMV_MAX_GROUP], [0u64; GEMV_MAX_GROUP]);
     let mut rows = 0;
@@ -192,6 +206,7 @@ pub fn group_arg(members: &[(DeviceMatrix, DevicePtr)]) -> KernelArg {
     words.extend(rows_end);
     words.extend(w);
     words.extend(y);
+    words.push(activation.map_or(0, |a| a as u64));
     KernelArg::Struct(words)
 }
 
@@ -215,7 +230,7 @@ impl Frame<'_> {
         }
         let route = route(w, layout, m);
         if route == Route::Gemv {
-            return self.product_group(&[(*w, out)], x, x_elements, scratch);
+            return self.product_group(&[(*w, out)], None, x, x_elements, scratch);
         }
         let (second_offset, bytes) = product_scratch(w, layout, x_elements);
         let scratch = match bytes {
@@ -310,9 +325,12 @@ impl Frame<'_> {
 
     /// `out_i = x · W_iᵀ` for matrices of one format that share x: one GEMV
     /// launch over all their rows for small batches, else one product each.
+    /// `gated`: the members are a gated MLP's gate and up, and the GEMV
+    /// writes their activation to the address given instead.
     pub(super) fn product_group(
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
+        gated: Option<(GatedProduct, DevicePtr)>,
         x: DevicePtr,
         x_elements: usize,
         scratch: Option<DevicePtr>,
@@ -322,8 +340,7 @@ impl Frame<'_> {
         };
         let k = first.cols;
         let m = x_elements / k.max(1);
-        let gemv = gemv_kernel(first, WeightLayout::OutIn, m);
-        let (Some(name), true) = (gemv, m > 0 && members.len() <= GEMV_MAX_GROUP) else {
+        let Some(name) = group_gemv(first, members.len(), m) else {
             return members.iter().try_for_each(|(w, out)| {
                 self.product(w, WeightLayout::OutIn, x, x_elements, *out, scratch)
             });
@@ -349,12 +366,20 @@ impl Frame<'_> {
             kernel: name,
             rows,
             k,
+            gated: gated.is_some(),
+        };
+        let group = match gated {
+            Some((product, out)) => {
+                let (gate, up) = (members[product.gate], members[1 - product.gate]);
+                group_arg(&[(gate.0, out), up], Some(product.activation))
+            }
+            None => group_arg(members, None),
         };
         let choice = self.gemv.get(&shape, self.hand);
         self.launch_function(
             choice.function,
             choice.config(rows),
-            &[group_arg(members), KernelArg::Ptr(x), int(m), int(k)],
+            &[group, KernelArg::Ptr(x), int(m), int(k)],
         )
     }
 }

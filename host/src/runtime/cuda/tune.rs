@@ -15,6 +15,7 @@ use kiln_kernels::cuda::{
     Device, DeviceError, DevicePtr, FunctionId, KernelArg, LaunchConfig, WeightLayout,
 };
 
+use super::fusion::GatedActivation;
 use super::measure::with_buffers;
 use super::plan::{HandKernels, StepPlan};
 use super::products::{gemv_kernel, group_arg, GEMV_MAX_M, GEMV_WARPS};
@@ -64,6 +65,8 @@ pub struct GemvShape {
     pub rows: usize,
     /// Row length.
     pub k: usize,
+    /// A gated MLP's gate and up, rows paired in blocks (`KilnGemvGroup`).
+    pub gated: bool,
 }
 
 /// A launch's kernel and its warps per row.
@@ -73,14 +76,29 @@ pub struct GemvChoice {
     pub function: FunctionId,
     /// Warps per row.
     pub split: usize,
+    /// Warps per block.
+    pub warps: usize,
 }
 
 impl GemvChoice {
-    /// Its launch for `rows` rows: blocks of [`GEMV_WARPS`] warps, each row
-    /// taking `split` of them.
+    /// `split` warps per row in blocks of [`GEMV_WARPS`], or of two rows
+    /// for gated launches (which pair gate's and up's rows in a block).
+    pub fn new(function: FunctionId, split: usize, gated: bool) -> Self {
+        let warps = match gated {
+            true => GEMV_WARPS.max(2 * split),
+            false => GEMV_WARPS,
+        };
+        Self {
+            function,
+            split,
+            warps,
+        }
+    }
+
+    /// Its launch for `rows` rows.
     pub fn config(&self, rows: usize) -> LaunchConfig {
-        let rows_per_block = GEMV_WARPS / self.split;
-        LaunchConfig::linear(rows.div_ceil(rows_per_block) as u32, 32 * GEMV_WARPS as u32)
+        let rows_per_block = self.warps / self.split;
+        LaunchConfig::linear(rows.div_ceil(rows_per_block) as u32, 32 * self.warps as u32)
     }
 }
 
@@ -93,10 +111,8 @@ pub struct GemvChoices {
 impl GemvChoices {
     /// The choice for `shape`; one warp per row for a shape never seen.
     pub fn get(&self, shape: &GemvShape, hand: &HandKernels) -> GemvChoice {
-        self.chosen.get(shape).copied().unwrap_or(GemvChoice {
-            function: hand[shape.kernel],
-            split: 1,
-        })
+        let one_per_row = || GemvChoice::new(hand[shape.kernel], 1, shape.gated);
+        self.chosen.get(shape).copied().unwrap_or_else(one_per_row)
     }
 
     /// How many launch shapes use each split, in [`SPLITS`]' order.
@@ -123,9 +139,11 @@ struct ShapeLaunches {
 fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, ShapeLaunches> {
     let mut shapes: HashMap<GemvShape, ShapeLaunches> = HashMap::new();
     for step in steps {
-        let members: Vec<DeviceMatrix> = match step {
-            StepPlan::Linear(w) => vec![*w],
-            StepPlan::LinearGroup(members) => members.iter().map(|(w, _)| *w).collect(),
+        let (members, gated): (Vec<DeviceMatrix>, bool) = match step {
+            StepPlan::Linear(w) => (vec![*w], false),
+            StepPlan::LinearGroup { members, gated } => {
+                (members.iter().map(|(w, _)| *w).collect(), gated.is_some())
+            }
             _ => continue,
         };
         let Some(&first) = members.first() else {
@@ -137,6 +155,7 @@ fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, ShapeLaunches> {
                     kernel,
                     rows: members.iter().map(|w| w.rows).sum(),
                     k: first.cols,
+                    gated,
                 };
                 let entry = shapes.entry(shape).or_insert_with(|| ShapeLaunches {
                     x_rows,
@@ -170,7 +189,7 @@ pub fn choose(
         let function = *hand
             .get(&name)
             .ok_or_else(|| format!("no GEMV kernel {name}"))?;
-        Ok(GemvChoice { function, split })
+        Ok(GemvChoice::new(function, split, shape.gated))
     };
     let mut chosen = HashMap::new();
     for (shape, shape_launches) in launches(steps) {
@@ -258,8 +277,10 @@ fn time_launches(
     let pass = || {
         launches.matrices.iter().try_for_each(|members| {
             let group: Vec<(DeviceMatrix, DevicePtr)> = members.iter().map(|w| (*w, out)).collect();
+            // Any activation costs the same: one per output, after the rows.
+            let activation = shape.gated.then_some(GatedActivation::Silu);
             let args = [
-                group_arg(&group),
+                group_arg(&group, activation),
                 KernelArg::Ptr(x),
                 KernelArg::I32(launches.x_rows as i32),
                 KernelArg::I32(shape.k as i32),
@@ -297,14 +318,17 @@ mod tests {
 
     #[test]
     fn a_split_launches_enough_blocks_for_its_rows() {
-        let choice = |split| GemvChoice {
-            function: FunctionId(0),
-            split,
-        };
+        let choice = |split| GemvChoice::new(FunctionId(0), split, false);
         // Four warps a block: four rows, two or one.
         assert_eq!(choice(1).config(9).grid.0, 3);
         assert_eq!(choice(2).config(9).grid.0, 5);
         assert_eq!(choice(4).config(9).grid.0, 9);
         assert_eq!(choice(4).config(9).block.0, 128);
+        // Gated: an even number of rows a block (gate's and up's pairs),
+        // eight warps when each row takes four.
+        let gated = |split| GemvChoice::new(FunctionId(0), split, true).config(12);
+        assert_eq!((gated(1).grid.0, gated(1).block.0), (3, 128));
+        assert_eq!((gated(2).grid.0, gated(2).block.0), (6, 128));
+        assert_eq!((gated(4).grid.0, gated(4).block.0), (6, 256));
     }
 }

@@ -1,0 +1,363 @@
+//! Fusions the CUDA backend adds to a lowered program, beyond the
+//! compiler's own element-wise chains: products that share their input run
+//! as one launch (q, k and v; gate and up), a gated MLP's activation inside
+//! its gate and up GEMV, a residual add with the RMS norm that reads it,
+//! the rotations of q and k in one launch that also writes the KV cache.
+//! Each pass rewrites [`StepPlan`]s in place; a step computed by an earlier
+//! launch becomes [`StepPlan::ComputedAt`].
+
+use std::collections::HashMap;
+
+use kiln_plugin_api::graph::{BinaryOp, DType, Op, UnaryOp, ValueId};
+
+use super::plan::{CacheWrite, Home, StepPlan};
+use super::products::GEMV_MAX_GROUP;
+use super::weights::DeviceMatrix;
+use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program};
+
+/// Runs every pass over `steps`, lowered from `program` (`homes`: where
+/// each value lives).
+pub fn fuse(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
+    group_products(program, steps);
+    fuse_gated_activations(program, steps);
+    fuse_add_rms_norm(program, homes, steps);
+    pair_rotations(program, steps);
+    write_cache_with_rotations(program, steps);
+}
+
+/// The activation of a gated MLP, numbered as `kiln_gated` in
+/// `kernels/cuda/kiln_cuda.cuh` numbers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatedActivation {
+    /// SiLU (SwiGLU).
+    Silu = 1,
+    /// GELU with the exact erf (GeGLU).
+    Gelu = 2,
+    /// GELU's tanh approximation (Gemma).
+    GeluTanh = 3,
+    /// ReLU.
+    Relu = 4,
+}
+
+impl GatedActivation {
+    fn of(f: UnaryOp) -> Option<Self> {
+        Some(match f {
+            UnaryOp::Silu => Self::Silu,
+            UnaryOp::Gelu => Self::Gelu,
+            UnaryOp::GeluTanh => Self::GeluTanh,
+            UnaryOp::Relu => Self::Relu,
+            _ => return None,
+        })
+    }
+}
+
+/// A [`StepPlan::LinearGroup`] of a gated MLP's two products.
+#[derive(Clone, Copy, Debug)]
+pub struct GatedProduct {
+    /// The activation applied to gate.
+    pub activation: GatedActivation,
+    /// Which member is gate (the other is up).
+    pub gate: usize,
+    /// The value `act(gate) · up`.
+    pub output: ValueId,
+}
+
+/// Puts `Linear` steps that read the same value with matrices of one format
+/// and width into one [`StepPlan::LinearGroup`] at the first of them, up to
+/// [`GEMV_MAX_GROUP`] at a time. The others become [`StepPlan::ComputedAt`]:
+/// their outputs are written at the group's step (the memory plan keeps them
+/// live from there).
+fn group_products(program: &Program, steps: &mut [StepPlan]) {
+    // Each Linear step (index, matrix, output) by what it shares.
+    let mut groups: HashMap<_, Vec<(usize, DeviceMatrix, ValueId)>> = HashMap::new();
+    for (s, (step, plan)) in program.steps.iter().zip(steps.iter()).enumerate() {
+        if let StepPlan::Linear(w) = plan {
+            let key = (step.inputs[0], w.ty, w.packed, w.cols, w.int8_activations);
+            groups.entry(key).or_default().push((s, *w, step.output));
+        }
+    }
+    for members in groups.into_values() {
+        for chunk in members.chunks(GEMV_MAX_GROUP).filter(|c| c.len() > 1) {
+            let first = chunk[0].0;
+            steps[first] = StepPlan::LinearGroup {
+                members: chunk.iter().map(|&(_, w, v)| (w, v)).collect(),
+                gated: None,
+            };
+            for &(s, _, _) in &chunk[1..] {
+                steps[s] = StepPlan::ComputedAt { at: first };
+            }
+        }
+    }
+}
+
+/// `act(Input(a)) · Input(b)` in either order, all f32: the activation and
+/// `(a, b)`.
+fn gated_pattern(instrs: &[Instr]) -> Option<(GatedActivation, usize, usize)> {
+    let [Instr {
+        op: ElementOp::Unary { f },
+        args: unary_args,
+        dtype: DType::F32,
+    }, Instr {
+        op: ElementOp::Binary { f: BinaryOp::Mul },
+        args: mul_args,
+        dtype: DType::F32,
+    }] = instrs
+    else {
+        return None;
+    };
+    let activation = GatedActivation::of(*f)?;
+    let &[Operand::Input(a)] = unary_args.as_slice() else {
+        return None;
+    };
+    let b = match mul_args.as_slice() {
+        &[Operand::Reg(0), Operand::Input(b)] | &[Operand::Input(b), Operand::Reg(0)] => b,
+        _ => return None,
+    };
+    (a != b).then_some((activation, a, b))
+}
+
+/// Hands a gated MLP's activation `act(gate) · up` (a generated kernel of
+/// two f32 inputs of its shape) to the [`StepPlan::LinearGroup`] of exactly
+/// its gate and up products, when nothing else reads them: the decode GEMV
+/// then writes the activation's output itself (larger batches still run
+/// the kernel, [`StepPlan::GatedActivation`]).
+fn fuse_gated_activations(program: &Program, steps: &mut [StepPlan]) {
+    let computed_at = computed_at(program, steps);
+    let mut readers: HashMap<ValueId, usize> = HashMap::new();
+    let read = program.steps.iter().flat_map(|s| s.inputs.iter());
+    for &v in read.chain(&program.graph.outputs) {
+        *readers.entry(v).or_default() += 1;
+    }
+    for (j, step) in program.steps.iter().enumerate() {
+        let (StepPlan::Fused(fused, inputs), Kernel::Fused { program: instrs }) =
+            (&steps[j], &step.kernel)
+        else {
+            continue;
+        };
+        let Some((activation, a, b)) = gated_pattern(instrs) else {
+            continue;
+        };
+        let (gate, up) = (step.inputs[a], step.inputs[b]);
+        let whole = inputs.iter().all(|i| i.same_shape && i.dtype == DType::F32);
+        let only_here = readers.get(&gate) == Some(&1) && readers.get(&up) == Some(&1);
+        let Some(&at) = computed_at.get(&gate) else {
+            continue;
+        };
+        if !whole || !only_here || computed_at.get(&up) != Some(&at) {
+            continue;
+        }
+        let fused = *fused;
+        let StepPlan::LinearGroup { members, gated } = &mut steps[at] else {
+            continue;
+        };
+        let outputs: Vec<ValueId> = members.iter().map(|&(_, v)| v).collect();
+        let Some(gate_index) = outputs.iter().position(|&v| v == gate) else {
+            continue;
+        };
+        if outputs.len() != 2 || !outputs.contains(&up) || gated.is_some() {
+            continue;
+        }
+        *gated = Some(GatedProduct {
+            activation,
+            gate: gate_index,
+            output: step.output,
+        });
+        let matrix = members[0].0;
+        steps[j] = StepPlan::GatedActivation { at, matrix, fused };
+    }
+}
+
+/// Fuses a residual add into the RMS norm that reads its sum: an f32 step
+/// `x = a + b` (two inputs of x's shape) and a later `rms_norm(x, w)` with a
+/// weight on the device become one [`StepPlan::AddRmsNorm`] at the add,
+/// writing both x and the norm.
+fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
+    let graph = &program.graph;
+    let producer: HashMap<ValueId, usize> = program
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(s, step)| (step.output, s))
+        .collect();
+    for (j, step) in program.steps.iter().enumerate() {
+        let StepPlan::RmsNorm { eps, offset } = steps[j] else {
+            continue;
+        };
+        let (x, weight) = (step.inputs[0], step.inputs[1]);
+        let Some(&i) = producer.get(&x) else {
+            continue;
+        };
+        let add = &program.steps[i];
+        let plain_add = match &add.kernel {
+            Kernel::Fused { program: instrs } => matches!(
+                instrs.as_slice(),
+                [Instr {
+                    op: ElementOp::Binary { f: BinaryOp::Add },
+                    args,
+                    dtype: DType::F32,
+                }] if args == &[Operand::Input(0), Operand::Input(1)]
+            ),
+            Kernel::Node => {
+                matches!(graph.nodes[x as usize].op, Op::Binary { op: BinaryOp::Add })
+                    && graph.nodes[x as usize].ty.dtype == DType::F32
+            }
+            _ => false,
+        };
+        let same_shape = add
+            .inputs
+            .iter()
+            .all(|&v| graph.nodes[v as usize].ty == graph.nodes[x as usize].ty);
+        let weight_ready = matches!(homes[weight as usize], Home::Persistent(_));
+        if plain_add && same_shape && weight_ready && matches!(steps[i], StepPlan::Fused(..)) {
+            steps[i] = StepPlan::AddRmsNorm {
+                eps,
+                offset,
+                weight,
+                norm: step.output,
+            };
+            steps[j] = StepPlan::ComputedAt { at: i };
+        }
+    }
+}
+
+/// Runs two rotations of the same positions and frequencies (q's and k's)
+/// in one launch at the first, when the second's input is computed before
+/// the first runs.
+fn pair_rotations(program: &Program, steps: &mut [StepPlan]) {
+    let computed_at = computed_at(program, steps);
+    let mut first_of: HashMap<(ValueId, ValueId), usize> = HashMap::new();
+    for (j, step) in program.steps.iter().enumerate() {
+        let StepPlan::Rope {
+            interleaved,
+            scale,
+            with: None,
+            ..
+        } = steps[j]
+        else {
+            continue;
+        };
+        let key = (step.inputs[1], step.inputs[2]);
+        let Some(&i) = first_of.get(&key) else {
+            first_of.insert(key, j);
+            continue;
+        };
+        let input_ready = computed_at.get(&step.inputs[0]).is_none_or(|&at| at < i);
+        let same_rotation = matches!(
+            steps[i],
+            StepPlan::Rope { interleaved: a, scale: b, with: None, .. } if a == interleaved && b == scale
+        );
+        if input_ready && same_rotation {
+            if let StepPlan::Rope { with, .. } = &mut steps[i] {
+                *with = Some((step.inputs[0], step.output));
+            }
+            steps[j] = StepPlan::ComputedAt { at: i };
+            first_of.remove(&key);
+        }
+    }
+}
+
+/// The step whose launch computes each value (itself, or the step that
+/// computes it with its own: see [`StepPlan::ComputedAt`]).
+fn computed_at(program: &Program, steps: &[StepPlan]) -> HashMap<ValueId, usize> {
+    let mut at = HashMap::new();
+    for (s, step) in program.steps.iter().enumerate() {
+        let by = match steps[s] {
+            StepPlan::ComputedAt { at } => at,
+            _ => s,
+        };
+        at.insert(step.output, by);
+    }
+    at
+}
+
+/// Moves a paged attention's cache write into the paired rotation of q and
+/// k that produces its keys, when its values are computed before that
+/// launch: one launch a layer fewer, and the keys written as rotated.
+fn write_cache_with_rotations(program: &Program, steps: &mut [StepPlan]) {
+    let computed_at = computed_at(program, steps);
+    // The paired rotation writing each value as its second output.
+    let mut rotation_of: HashMap<ValueId, usize> = HashMap::new();
+    for (i, plan) in steps.iter().enumerate() {
+        if let StepPlan::Rope {
+            with: Some((_, k)), ..
+        } = plan
+        {
+            rotation_of.insert(*k, i);
+        }
+    }
+    for (s, step) in program.steps.iter().enumerate() {
+        let StepPlan::Attention { spec, .. } = &steps[s] else {
+            continue;
+        };
+        let (k, v) = (step.inputs[1], step.inputs[2]);
+        let Some(&i) = rotation_of.get(&k) else {
+            continue;
+        };
+        let v_ready = computed_at.get(&v).is_none_or(|&at| at < i);
+        if !v_ready || i >= s {
+            continue;
+        }
+        let write = CacheWrite {
+            v,
+            batch: [step.inputs[3], step.inputs[4], step.inputs[5]],
+            layer: spec.layer,
+        };
+        if let StepPlan::Attention { cache_written, .. } = &mut steps[s] {
+            *cache_written = true;
+        }
+        if let StepPlan::Rope { cache_write, .. } = &mut steps[i] {
+            *cache_write = Some(write);
+        }
+        rotation_of.remove(&k);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instr(op: ElementOp, args: &[Operand]) -> Instr {
+        Instr {
+            op,
+            args: args.to_vec(),
+            dtype: DType::F32,
+        }
+    }
+
+    fn unary(f: UnaryOp, a: Operand) -> Instr {
+        instr(ElementOp::Unary { f }, &[a])
+    }
+
+    fn mul(a: Operand, b: Operand) -> Instr {
+        instr(ElementOp::Binary { f: BinaryOp::Mul }, &[a, b])
+    }
+
+    #[test]
+    fn a_gated_activation_is_recognized_in_either_order_and_nothing_else() {
+        use Operand::{Input, Reg};
+        let silu = unary(UnaryOp::Silu, Input(1));
+        assert_eq!(
+            gated_pattern(&[silu.clone(), mul(Reg(0), Input(0))]),
+            Some((GatedActivation::Silu, 1, 0))
+        );
+        let gelu = unary(UnaryOp::GeluTanh, Input(0));
+        assert_eq!(
+            gated_pattern(&[gelu, mul(Input(1), Reg(0))]),
+            Some((GatedActivation::GeluTanh, 0, 1))
+        );
+        // An activation the GEMV does not apply, x·act(x), a sum, a third
+        // instruction, another type: the generated kernel stays.
+        let sigmoid = unary(UnaryOp::Sigmoid, Input(0));
+        assert_eq!(gated_pattern(&[sigmoid, mul(Reg(0), Input(1))]), None);
+        assert_eq!(gated_pattern(&[silu.clone(), mul(Reg(0), Input(1))]), None);
+        let add = instr(ElementOp::Binary { f: BinaryOp::Add }, &[Reg(0), Input(0)]);
+        assert_eq!(gated_pattern(&[silu.clone(), add]), None);
+        let scaled = [silu.clone(), mul(Reg(0), Input(0)), mul(Reg(1), Input(2))];
+        assert_eq!(gated_pattern(&scaled), None);
+        let bf16 = Instr {
+            dtype: DType::BF16,
+            ..mul(Reg(0), Input(0))
+        };
+        assert_eq!(gated_pattern(&[silu, bf16]), None);
+    }
+}
