@@ -282,8 +282,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // The activations of gated MLPs, as the generated element-wise kernels
 // write them (host/src/runtime/cuda/codegen.rs), shared with the GEMV that
-// applies one to the gate's row as it multiplies it with up's
-// (`kiln_gated`, gemv.cu).
+// applies one to the gate's row as it multiplies it with up's (gemv.cu) and
+// with the experts of a mixture (moe.cu), through `kiln_gated`.
 __device__ __forceinline__ float kiln_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float kiln_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 __device__ __forceinline__ float kiln_gelu_tanh(float x) {

@@ -126,16 +126,6 @@ struct BlockRows {
   }
 };
 
-// activation: 0 silu, 1 gelu, 2 gelu_tanh, 3 relu.
-__device__ __forceinline__ float moe_activation(float v, int activation) {
-  switch (activation) {
-    case 1: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    case 2: return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
-    case 3: return fmaxf(v, 0.0f);
-    default: return v / (1.0f + expf(-v));
-  }
-}
-
 // Grid (T·K, ceil(I / KILN_MOE_WARPS)): the picks on x, which has room for
 // every token of a long prompt; h is [T·K, I].
 template <typename R>
@@ -150,7 +140,7 @@ __device__ __forceinline__ void moe_gate_up(const float* x, const int* experts,
   const float* xt = x + (i64)(slot / top_k) * hidden;
   float g = R::dot(gate[e], row, xt, hidden);
   float u = R::dot(up[e], row, xt, hidden);
-  if (threadIdx.x % 32 == 0) h[(i64)slot * inter + row] = moe_activation(g, activation) * u;
+  if (threadIdx.x % 32 == 0) h[(i64)slot * inter + row] = kiln_gated(activation, g, u);
 }
 
 // Grid (T, ceil(hidden / KILN_MOE_WARPS)); out is [T, hidden].

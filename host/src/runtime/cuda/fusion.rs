@@ -25,8 +25,8 @@ pub fn fuse(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
     write_cache_with_rotations(program, steps);
 }
 
-/// The activation of a gated MLP, numbered as `kiln_gated` in
-/// `kernels/cuda/kiln_cuda.cuh` numbers them.
+/// The activation of a gated MLP (and of a mixture's experts), numbered as
+/// `kiln_gated` in `kernels/cuda/kiln_cuda.cuh` numbers them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GatedActivation {
     /// SiLU (SwiGLU).
@@ -40,7 +40,8 @@ pub enum GatedActivation {
 }
 
 impl GatedActivation {
-    fn of(f: UnaryOp) -> Option<Self> {
+    /// The activation `f` names, where the kernels have it.
+    pub fn of(f: UnaryOp) -> Option<Self> {
         Some(match f {
             UnaryOp::Silu => Self::Silu,
             UnaryOp::Gelu => Self::Gelu,

@@ -10,8 +10,9 @@
 //! keeps some `ffn_down_exps` in Q6_K).
 
 use kiln_kernels::cuda::{Device, DevicePtr, GemmType, KernelArg, LaunchConfig};
-use kiln_plugin_api::graph::{MoeRouting, MoeSpec, UnaryOp};
+use kiln_plugin_api::graph::{MoeRouting, MoeSpec};
 
+use super::fusion::GatedActivation;
 use super::launch::Frame;
 use super::weights::{self, Packed, WeightDtype};
 use crate::runtime::WeightData;
@@ -30,8 +31,8 @@ pub struct MoePlan {
     pub spec: MoeSpec,
     /// The gate/up and down kernels for the experts' storage.
     kernels: [&'static str; 2],
-    /// The activation's code in `moe.cu` (0 SiLU, 1 GELU, 2 GELU-tanh, 3 ReLU).
-    activation: i32,
+    /// The experts' activation (of gate, times up).
+    activation: GatedActivation,
     /// Addresses of the gate, up and down tables (`E` addresses each).
     tables: [DevicePtr; 3],
     /// Width of an expert.
@@ -62,17 +63,12 @@ pub fn plan(
             return Err(format!("{groups} expert groups exceed {MAX_GROUPS}"));
         }
     }
-    let activation = match spec.activation {
-        UnaryOp::Silu => 0,
-        UnaryOp::Gelu => 1,
-        UnaryOp::GeluTanh => 2,
-        UnaryOp::Relu => 3,
-        other => {
-            return Err(format!(
-                "the expert activation {other:?} has no CUDA kernel"
-            ))
-        }
-    };
+    let activation = GatedActivation::of(spec.activation).ok_or_else(|| {
+        format!(
+            "the expert activation {:?} has no CUDA kernel",
+            spec.activation
+        )
+    })?;
     let gate_up = Storage::of(&weights[experts[0][0]], dtype);
     let down = Storage::of(&weights[experts[2][0]], dtype);
     let kernels = [gate_up.kernels()[0], down.kernels()[1]];
@@ -233,7 +229,7 @@ impl Frame<'_> {
                 int(hidden),
                 int(plan.inter),
                 int(top_k),
-                KernelArg::I32(plan.activation),
+                KernelArg::I32(plan.activation as i32),
             ],
         )?;
         self.launch(
