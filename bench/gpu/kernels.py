@@ -45,7 +45,8 @@ def nsys(kern_sum, benchmark):
           f"mean ITL {level['mean_itl_ms']:.2f} ms")
     print(f"- kernel time {total / 1e6:.1f} ms over the whole run (load and warm-up included) "
           f"against the level's wall time {wall_ns / 1e6:.1f} ms and {steps} steps: "
-          f"host {level.get('host_ms_per_step', 0):.3f} ms, wait {level.get('device_wait_ms_per_step', 0):.3f} ms a step")
+          f"host {level.get('host_ms_per_step', 0):.3f} ms, wait {level.get('device_wait_ms_per_step', 0):.3f} ms, "
+          f"{level.get('kernels_per_step') or 0:.1f} kernels a step")
     print()
     print(table(rows, total))
 

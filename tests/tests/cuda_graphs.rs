@@ -237,3 +237,33 @@ fn a_sampled_step_waits_for_the_device_once() {
     let err = sampled.unwrap_err().to_string();
     assert!(err.contains("out of range"), "{err}");
 }
+
+/// The kernels a step runs, as the device counts them (launches and GEMMs),
+/// on the tiny Llama's two layers with bf16 products: a decode step of one
+/// sequence runs 8 a layer (q/k/v GEMV, rotary with the cache write,
+/// attention, o GEMV, add + norm, gate/up GEMV writing SiLU(gate)·up, down
+/// GEMV, add + norm) and 4 more (embedding, the first norm, the last
+/// tokens' gather, the logits' GEMV), eager, captured or replayed; a
+/// 10-token prefill casts x to bf16 once per group of products sharing it
+/// (4 casts and 7 GEMMs a layer, with rotary, attention, the activation and
+/// two norms: 16).
+#[test]
+fn steps_run_the_kernels_their_fusions_leave() {
+    let options = kiln_tests::models::shape_options(kiln_tests::models::cuda_test_device());
+    let model = kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, &options);
+    let executor: &CudaExecutor = model.backend.as_any().downcast_ref().unwrap();
+    let device = executor.device();
+    let mut cache = cache(&model);
+    let mut kernels = |sequences: &[(u32, Vec<u32>, usize)]| {
+        let before = device.kernels_run();
+        step(&model, &mut cache, sequences);
+        device.kernels_run() - before
+    };
+    let prompts = [(0, vec![1, 2, 3, 4, 5], 0), (1, vec![6, 7, 8, 9, 10], 0)];
+    assert_eq!(kernels(&prompts), 2 * 16 + 4, "a 10-token prefill");
+    for position in 5..8 {
+        let decode = kernels(&[(0, vec![5], position)]);
+        assert_eq!(decode, 2 * 8 + 4, "decode at position {position}");
+    }
+    assert_eq!(executor.captured_graphs(), 1);
+}

@@ -56,6 +56,9 @@ struct LevelResult {
     /// The engine thread's wait for the device's picks per step: near zero
     /// with async scheduling, the host sets the pace.
     device_wait_ms_per_step: f64,
+    /// Kernels (launches and GEMMs) the device ran per step, on a GPU
+    /// backend: each pays a launch gap.
+    kernels_per_step: Option<f64>,
 }
 
 /// What the benchmark prints as JSON.
@@ -118,6 +121,8 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     };
     let device = model.backend.device_name();
     let roofline = model.backend.roofline()?;
+    let kernels = model.backend.kernel_counter();
+    let kernels_run = || kernels.as_ref().map(|k| k.kernels_run());
     let metrics = Metrics::new("benchmark", config.block_size);
     let (engine, engine_thread) =
         service::spawn(model, tokenizer, Vec::new(), config, metrics.clone())?;
@@ -141,6 +146,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     for &concurrency in &args.concurrency {
         let start = Instant::now();
         let before = metrics.engine_totals();
+        let kernels_before = kernels_run();
         let timings =
             runtime.block_on(run_level(&engine, prompts(concurrency), args.output_len))?;
         let wall = start.elapsed().as_secs_f64();
@@ -150,6 +156,9 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         result.steps = steps;
         result.host_ms_per_step = (after.1 - before.1) * 1e3 / steps.max(1) as f64;
         result.device_wait_ms_per_step = (after.2 - before.2) * 1e3 / steps.max(1) as f64;
+        result.kernels_per_step = kernels_run()
+            .zip(kernels_before)
+            .map(|(after, before)| (after - before) as f64 / steps.max(1) as f64);
         results.push(result);
     }
     // The model (and its device) is released on the engine thread, before
@@ -311,17 +320,18 @@ fn summarize(
         steps: 0,
         host_ms_per_step: 0.0,
         device_wait_ms_per_step: 0.0,
+        kernels_per_step: None,
     }
 }
 
 fn table(results: &[LevelResult]) -> String {
     let mut out = String::from(
-        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate  host ms/step  wait ms/step\n",
+        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate  host ms/step  wait ms/step  kernels/step\n",
     );
     let percent = |f: Option<f64>| f.map_or("-".to_owned(), |f| format!("{:.0} %", f * 100.0));
     for r in results {
         out += &format!(
-            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}  {:>12.3}  {:>12.3}\n",
+            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}  {:>12.3}  {:>12.3}  {:>12}\n",
             r.concurrency,
             r.input_len,
             r.output_len,
@@ -336,6 +346,8 @@ fn table(results: &[LevelResult]) -> String {
             percent(r.prefill_gemm_fraction),
             r.host_ms_per_step,
             r.device_wait_ms_per_step,
+            r.kernels_per_step
+                .map_or("-".to_owned(), |k| format!("{k:.1}")),
         );
     }
     out

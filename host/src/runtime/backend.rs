@@ -2,11 +2,26 @@
 //! server) runs a compiled program through [`Backend`] without knowing
 //! whether the CPU executor or the CUDA executor is behind it.
 
+use std::sync::Arc;
+
+use kiln_kernels::cuda::Device;
 use kiln_kernels::dense::attention::CacheLayout;
 
 use super::sampling::{RowSampling, Sampled};
 use super::{KvCache, RuntimeError, Tensor};
 use crate::compiler::Program;
+
+/// Reads a device's count of kernels run so far ([`Device::kernels_run`]),
+/// from any thread: a benchmark's kernels per step.
+#[derive(Clone)]
+pub struct KernelCounter(pub(crate) Arc<dyn Device>);
+
+impl KernelCounter {
+    /// Launches and GEMMs run so far.
+    pub fn kernels_run(&self) -> u64 {
+        self.0.kernels_run()
+    }
+}
 
 /// The rooflines of a device: a decode step at batch 1 is bound by reading
 /// the weights, so it can run at most `copy_bytes_per_s ÷
@@ -103,6 +118,11 @@ pub trait Backend: Send + Sync {
     /// The decode-step memory roofline of the device, measured now (`None`
     /// on the CPU).
     fn roofline(&self) -> Result<Option<Roofline>, RuntimeError>;
+
+    /// The device's count of kernels run (`None` on the CPU).
+    fn kernel_counter(&self) -> Option<KernelCounter> {
+        None
+    }
 
     /// Runs the graph on `inputs` (in the graph's input order), reading and
     /// writing `cache` for paged attention. Returns the graph's outputs.

@@ -287,4 +287,8 @@ pub trait Device: Send + Sync {
     /// already queued behind it: the device had the next step to run while
     /// the host read this one's results.
     fn overlapped_waits(&self) -> u64;
+    /// Kernels run so far, eager or in replayed graphs (not while
+    /// capturing): launches and GEMMs, each GEMM once whatever cuBLAS
+    /// launches for it. Per decode step, the launch gaps a step pays.
+    fn kernels_run(&self) -> u64;
 }

@@ -43,8 +43,8 @@ const STAGING_BYTES: usize = 8 << 20;
 
 struct Inner {
     functions: Vec<sys::CUfunction>,
-    /// Instantiated graphs (`None` once released).
-    graphs: Vec<Option<sys::CUgraphExec>>,
+    /// Instantiated graphs and their kernels (`None` once released).
+    graphs: Vec<Option<(sys::CUgraphExec, u64)>>,
     staging: Staging,
     /// Pinned buffers that readbacks land in.
     readbacks: Vec<ReadbackSlot>,
@@ -56,6 +56,10 @@ struct Inner {
     issued: u64,
     /// Readback waits with later work queued ([`Device::overlapped_waits`]).
     overlapped: u64,
+    /// Kernels queued to run ([`Device::kernels_run`]).
+    kernels: u64,
+    /// Kernels recorded by the capture in progress.
+    captured_kernels: Option<u64>,
 }
 
 impl Inner {
@@ -63,6 +67,14 @@ impl Inner {
     fn queued(&mut self) {
         self.pending = true;
         self.issued += 1;
+    }
+
+    /// Notes a launch or GEMM: run, or recorded by a capture.
+    fn kernel(&mut self) {
+        match &mut self.captured_kernels {
+            Some(captured) => *captured += 1,
+            None => self.kernels += 1,
+        }
     }
 }
 
@@ -246,6 +258,8 @@ impl CudaDevice {
                 waits: 0,
                 issued: 0,
                 overlapped: 0,
+                kernels: 0,
+                captured_kernels: None,
             }),
         })
     }
@@ -509,6 +523,7 @@ impl Device for CudaDevice {
         let f = {
             let mut inner = self.inner();
             inner.queued();
+            inner.kernel();
             *inner
                 .functions
                 .get(function.0)
@@ -542,6 +557,7 @@ impl Device for CudaDevice {
             GemmType::F16 => cudaDataType::CUDA_R_16F,
         };
         self.queued();
+        self.inner().kernel();
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
         // Column-major: yᵀ [n, m] = op(W) · xᵀ [k, m]; W [n, k] row-major is
@@ -587,11 +603,14 @@ impl Device for CudaDevice {
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
         }
-        .map_err(driver_error("cuStreamBeginCapture"))
+        .map_err(driver_error("cuStreamBeginCapture"))?;
+        self.inner().captured_kernels = Some(0);
+        Ok(())
     }
 
     fn end_capture(&self) -> DeviceResult<GraphId> {
         self.bind()?;
+        let kernels = self.inner().captured_kernels.take().unwrap_or(0);
         // SAFETY: a capture is in progress on this stream.
         let exec = unsafe {
             let graph = result::stream::end_capture(self.stream.cu_stream())
@@ -602,20 +621,21 @@ impl Device for CudaDevice {
             exec
         };
         let mut inner = self.inner();
-        inner.graphs.push(Some(exec));
+        inner.graphs.push(Some((exec, kernels)));
         Ok(GraphId(inner.graphs.len() - 1))
     }
 
     fn replay(&self, graph: GraphId) -> DeviceResult<()> {
         self.bind()?;
         self.queued();
-        let exec = self
+        let (exec, kernels) = self
             .inner()
             .graphs
             .get(graph.0)
             .copied()
             .flatten()
             .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
+        self.inner().kernels += kernels;
         // SAFETY: the graph was instantiated on this context.
         unsafe { result::graph::launch(exec, self.stream.cu_stream()) }
             .map_err(driver_error("cuGraphLaunch"))
@@ -623,7 +643,7 @@ impl Device for CudaDevice {
 
     fn release_graph(&self, graph: GraphId) {
         let exec = self.inner().graphs.get_mut(graph.0).and_then(Option::take);
-        if let (Some(exec), Ok(())) = (exec, self.bind()) {
+        if let (Some((exec, _)), Ok(())) = (exec, self.bind()) {
             // SAFETY: the graph was instantiated here and is destroyed once.
             let _ = unsafe { result::graph::exec_destroy(exec) };
         }
@@ -640,6 +660,10 @@ impl Device for CudaDevice {
 
     fn overlapped_waits(&self) -> u64 {
         self.inner().overlapped
+    }
+
+    fn kernels_run(&self) -> u64 {
+        self.inner().kernels
     }
 }
 
@@ -661,7 +685,7 @@ impl Drop for CudaDevice {
                     let _ = result::event::destroy(slot.event);
                 }
             }
-            for &exec in inner.graphs.iter().flatten() {
+            for &(exec, _) in inner.graphs.iter().flatten() {
                 // SAFETY: each graph was instantiated here and is destroyed once.
                 let _ = unsafe { result::graph::exec_destroy(exec) };
             }

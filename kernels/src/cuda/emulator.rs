@@ -108,6 +108,8 @@ struct State {
     /// Readback waits with later work already issued
     /// ([`Device::overlapped_waits`]).
     overlapped: u64,
+    /// Launches and GEMMs run ([`Device::kernels_run`]).
+    kernels: u64,
 }
 
 impl State {
@@ -163,6 +165,9 @@ impl Emulator {
     }
 
     fn run(&self, work: &Recorded) -> DeviceResult<()> {
+        if let Recorded::Launch(..) | Recorded::Gemm(..) = work {
+            self.state().kernels += 1;
+        }
         match work {
             Recorded::Launch(f, config, args) => self.run_launch(*f, *config, args),
             Recorded::Copy(dst, src, bytes) => {
@@ -638,6 +643,10 @@ impl Device for Emulator {
 
     fn overlapped_waits(&self) -> u64 {
         self.state().overlapped
+    }
+
+    fn kernels_run(&self) -> u64 {
+        self.state().kernels
     }
 }
 

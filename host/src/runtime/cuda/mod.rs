@@ -40,7 +40,8 @@ use super::executor::{bind_symbols, check_ragged_batch, resolve};
 use super::sampling::{RowSampling, Sampled};
 use super::tensor::{storage_of, Storage, Tensor};
 use super::{
-    Backend, KvCache, KvCacheDtype, PendingSample, Roofline, RuntimeError, TokenFeed, WeightStore,
+    Backend, KernelCounter, KvCache, KvCacheDtype, PendingSample, Roofline, RuntimeError,
+    TokenFeed, WeightStore,
 };
 use crate::compiler::Program;
 use arena::RunPlan;
@@ -577,6 +578,10 @@ impl Backend for CudaExecutor {
         let allowed = (total as f64 * utilization) as usize;
         let used = total - free;
         Ok(Some(allowed.saturating_sub(used)))
+    }
+
+    fn kernel_counter(&self) -> Option<KernelCounter> {
+        Some(KernelCounter(self.device.clone()))
     }
 
     fn roofline(&self) -> Result<Option<Roofline>, RuntimeError> {

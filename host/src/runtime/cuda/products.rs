@@ -223,11 +223,45 @@ impl Frame<'_> {
         out: DevicePtr,
         scratch: Option<DevicePtr>,
     ) -> Result<(), String> {
+        let x = self.routed_x(w, layout, x, x_elements, scratch)?;
+        self.routed_product(w, layout, x, x_elements, out, scratch)
+    }
+
+    /// x as the product over `w` reads it: cast to bf16 (tensor cores) or
+    /// to W's half type (cuBLAS) at the start of the scratch, else as it is.
+    fn routed_x(
+        &self,
+        w: &DeviceMatrix,
+        layout: WeightLayout,
+        x: DevicePtr,
+        x_elements: usize,
+        scratch: Option<DevicePtr>,
+    ) -> Result<DevicePtr, String> {
+        let m = x_elements / product_dims(w, layout).1.max(1);
+        let half = match route(w, layout, m) {
+            Route::Gemv => None,
+            Route::Qmm(_) => Some(GemmType::BF16),
+            Route::Gemm => Some(w.ty).filter(|&ty| ty != GemmType::F32),
+        };
+        let Some(half) = half else {
+            return Ok(x);
+        };
+        let to = scratch.ok_or("no scratch buffer planned for x in a half type")?;
+        self.cast_x(half, x, x_elements, to)
+    }
+
+    /// The product over `w` on x as [`Self::routed_x`] gives it.
+    fn routed_product(
+        &self,
+        w: &DeviceMatrix,
+        layout: WeightLayout,
+        x: DevicePtr,
+        x_elements: usize,
+        out: DevicePtr,
+        scratch: Option<DevicePtr>,
+    ) -> Result<(), String> {
         let (n, k) = product_dims(w, layout);
         let m = x_elements / k.max(1);
-        if m == 0 {
-            return Ok(());
-        }
         let route = route(w, layout, m);
         if route == Route::Gemv {
             return self.product_group(&[(*w, out)], None, x, x_elements, scratch);
@@ -239,7 +273,6 @@ impl Frame<'_> {
         };
         let second = scratch + second_offset as DevicePtr;
         if let Route::Qmm(q) = route {
-            let x = self.cast_x(GemmType::BF16, x, x_elements, scratch)?;
             let int = |v: usize| KernelArg::I32(v as i32);
             let config = LaunchConfig::new(q.grid, (QMM_THREADS, 1, 1));
             let args = [
@@ -264,10 +297,6 @@ impl Frame<'_> {
             ];
             return self.launch("kiln_qmm_reduce", LaunchConfig::elementwise(m * n), &args);
         }
-        let x = match w.ty {
-            GemmType::F32 => x,
-            half => self.cast_x(half, x, x_elements, scratch)?,
-        };
         let weights = match w.packed {
             None => w.ptr,
             Some(packed) => {
@@ -340,9 +369,16 @@ impl Frame<'_> {
         };
         let k = first.cols;
         let m = x_elements / k.max(1);
+        if m == 0 {
+            return Ok(());
+        }
         let Some(name) = group_gemv(first, members.len(), m) else {
+            // One product each, on x cast once (the members share W's type,
+            // and so the type their route reads x in).
+            let layout = WeightLayout::OutIn;
+            let x = self.routed_x(first, layout, x, x_elements, scratch)?;
             return members.iter().try_for_each(|(w, out)| {
-                self.product(w, WeightLayout::OutIn, x, x_elements, *out, scratch)
+                self.routed_product(w, layout, x, x_elements, *out, scratch)
             });
         };
         let x = if first.int8_activations {
