@@ -38,6 +38,7 @@
 // (132 SMs × 4 schedulers × 1.98 GHz), against 1.06 ms to read 4.4 GB.
 #include "kiln_cuda.cuh"
 #include "gguf_blocks.cuh"
+#include "dense_rows.cuh"
 
 #define KILN_GEMV_MAX_M 8
 // Warps per block as the host launches them (rows per block: warps / SPLIT),
@@ -149,101 +150,19 @@ __device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool va
   if (writes && slot % 2 == 0) r.y[(i64)lane * r.n + r.row] = kiln_gated(activation, sum, rows[slot + 1][lane]);
 }
 
-// ---- dense rows: 8 elements per lane and load ----
-
-// Eight elements of a bf16, f16 or f32 row, as loaded (one 16-byte load,
-// two for f32) and as f32.
-template <int BYTES>
-struct Raw8 {
-  Bytes16 part[BYTES == 4 ? 2 : 1];
-};
-
-template <int BYTES>
-__device__ __forceinline__ Raw8<BYTES> load8(const u8* row, int col) {
-  Raw8<BYTES> r;
-  const int size = BYTES == 4 ? 4 : 2;
-  for (int p = 0; p < (BYTES == 4 ? 2 : 1); ++p) r.part[p] = load_streaming(row + (i64)col * size + 16 * p);
-  return r;
-}
-
-template <int BYTES>
-__device__ __forceinline__ void widen8(const Raw8<BYTES>& r, float* w) {
-  if (BYTES == 4) {
-    for (int j = 0; j < 8; ++j) w[j] = __uint_as_float(r.part[j / 4].v[j % 4]);
-  } else {
-    for (int j = 0; j < 4; ++j) {
-      unsigned short lo = (unsigned short)(r.part[0].v[j] & 0xffffu), hi = (unsigned short)(r.part[0].v[j] >> 16);
-      w[2 * j] = BYTES == 2 ? bf16_to_f32(lo) : f16_to_f32(lo);
-      w[2 * j + 1] = BYTES == 2 ? bf16_to_f32(hi) : f16_to_f32(hi);
-    }
-  }
-}
-
-template <int BYTES>
-__device__ __forceinline__ float load1(const u8* row, int col) {
-  if (BYTES == 4) return *reinterpret_cast<const float*>(row + (i64)col * 4);
-  unsigned short b = load_u16(row + (i64)col * 2);
-  return BYTES == 2 ? bf16_to_f32(b) : f16_to_f32(b);
-}
-
-// COUNT loads of eight elements `step` apart from `col`, every one issued
-// before the first is used (a memory round trip for the round, not per
-// load); with BOUNDED, those at or past `end` are not made.
-template <int BYTES, int MAX_M, int COUNT, bool BOUNDED>
-__device__ __forceinline__ void dense_round(const u8* wr, int col, int step, int end, const float* x, int m,
-                                            int k, float* acc) {
-  Raw8<BYTES> raw[COUNT];
-#pragma unroll
-  for (int u = 0; u < COUNT; ++u)
-    if (!BOUNDED || col + u * step < end) raw[u] = load8<BYTES>(wr, col + u * step);
-#pragma unroll
-  for (int u = 0; u < COUNT; ++u) {
-    if (!BOUNDED || col + u * step < end) {
-      float v[8];
-      widen8<BYTES>(raw[u], v);
-      accumulate<MAX_M>(acc, v, 8, x, m, k, col + u * step);
-    }
-  }
-}
-
 // BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32; MAX_M: rows of x at
 // most (1 for batch-1 decode: fewer registers, so more warps and more loads
 // in flight per multiprocessor); SPLIT: warps per row.
 template <int BYTES, int MAX_M, int SPLIT>
 __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k) {
-  // Loads of the weights a lane has in flight before it uses the first.
-  const int depth = MAX_M == 1 ? 8 : 4;
-  const int step = 32 * 8 * SPLIT;  // elements the row's warps read per load
-  int lane = threadIdx.x % 32;
   GemvRow r;
   bool valid = gemv_row<SPLIT>(g, &r);
-  const int size = BYTES == 4 ? 4 : 2;
-  const u8* wr = valid ? r.w + (i64)r.row * k * size : nullptr;
-  int vector_end = (k % 8 == 0) ? k : 0;  // 16-byte loads need aligned rows
-  // The first round's weights toward L2 while the previous kernel finishes.
-  for (int u = 0, c = (r.part * 32 + lane) * 8; valid && u < depth && c < vector_end; ++u, c += step)
-    prefetch_l2(wr + (i64)c * size);
+  const u8* wr = valid ? r.w + (i64)r.row * k * (BYTES == 4 ? 4 : 2) : nullptr;
+  dense_row_prefetch<BYTES, MAX_M, SPLIT>(wr, r.part, k);
   kiln_wait_inputs();
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
-  if (valid) {
-    // Whole rounds, then what is left: with one warp per row one load at a
-    // time (the fewest registers, and so the most warps, for the one-row
-    // kernels), with a split (whose warps have fewer loads each) one bounded
-    // round.
-    int col = (r.part * 32 + lane) * 8;
-    for (; col + (depth - 1) * step < vector_end; col += depth * step)
-      dense_round<BYTES, MAX_M, depth, false>(wr, col, step, vector_end, x, m, k, acc);
-    if (SPLIT == 1) {
-      for (; col < vector_end; col += step) dense_round<BYTES, MAX_M, 1, false>(wr, col, step, vector_end, x, m, k, acc);
-    } else if (col < vector_end) {
-      dense_round<BYTES, MAX_M, depth - 1, true>(wr, col, step, vector_end, x, m, k, acc);
-    }
-    for (int c = vector_end + r.part * 32 + lane; c < k; c += 32 * SPLIT) {
-      float v = load1<BYTES>(wr, c);
-      accumulate<MAX_M>(acc, &v, 1, x, m, k, c);
-    }
-  }
+  if (valid) dense_row<BYTES, MAX_M, SPLIT>(wr, r.part, x, m, k, acc);
   store_rows<MAX_M, SPLIT>(acc, r, valid, m, (int)g.activation);
 }
 

@@ -1,6 +1,7 @@
 //! The hand-written CUDA C sources, embedded in the binary. Each is a real
 //! `.cu` file under `kernels/cuda/` that includes `kiln_cuda.cuh` (and
-//! `gguf_blocks.cuh` where it reads GGUF blocks); the includes are inlined
+//! `gguf_blocks.cuh` where it reads GGUF blocks, `dense_rows.cuh` where it
+//! streams rows of dense weights); the includes are inlined
 //! before compiling, so no CUDA toolkit headers are needed at run time.
 
 /// The shared header.
@@ -8,6 +9,8 @@ pub const COMMON_HEADER: &str = include_str!("../../cuda/kiln_cuda.cuh");
 /// The GGUF block formats (after the shared header in the sources that use
 /// them).
 pub const GGUF_BLOCKS_HEADER: &str = include_str!("../../cuda/gguf_blocks.cuh");
+/// Rows of dense weights times x, a warp per row (after the GGUF header).
+pub const DENSE_ROWS_HEADER: &str = include_str!("../../cuda/dense_rows.cuh");
 /// The emulator's CUDA-to-C++ header.
 pub const EMULATOR_HEADER: &str = include_str!("../../cuda/emulator/kiln_emu.h");
 
@@ -107,18 +110,20 @@ pub const ALL: [Source; 10] = [
     MATMUL,
 ];
 
-/// `text` (the source file `name`) with `#include "kiln_cuda.cuh"` and
-/// `#include "gguf_blocks.cuh"` replaced by the headers themselves, between
+/// `text` (the source file `name`) with the `#include`s of the headers
+/// above replaced by the headers themselves, between
 /// `#line` markers, so a compiler's messages (and the emulator's alignment
 /// failures) name the file and line they come from.
 pub fn inline_common_header(name: &str, text: &str) -> String {
-    let mut out =
-        String::with_capacity(text.len() + COMMON_HEADER.len() + GGUF_BLOCKS_HEADER.len());
+    let mut out = String::with_capacity(
+        text.len() + COMMON_HEADER.len() + GGUF_BLOCKS_HEADER.len() + DENSE_ROWS_HEADER.len(),
+    );
     out.push_str(&format!("#line 1 \"{name}\"\n"));
     for (index, line) in text.lines().enumerate() {
         let header = match line.trim() {
             "#include \"kiln_cuda.cuh\"" => ("kiln_cuda.cuh", COMMON_HEADER),
             "#include \"gguf_blocks.cuh\"" => ("gguf_blocks.cuh", GGUF_BLOCKS_HEADER),
+            "#include \"dense_rows.cuh\"" => ("dense_rows.cuh", DENSE_ROWS_HEADER),
             _ => {
                 out.push_str(without_pragma_once(line));
                 out.push('\n');
@@ -191,6 +196,7 @@ mod tests {
             ("gemv.cu", GEMV.text),
             ("kiln_cuda.cuh", COMMON_HEADER),
             ("gguf_blocks.cuh", GGUF_BLOCKS_HEADER),
+            ("dense_rows.cuh", DENSE_ROWS_HEADER),
         ];
         let (mut file, mut number) = ("", 0usize);
         let mut checked = 0;
@@ -215,7 +221,7 @@ mod tests {
         let total: usize = files.iter().map(|f| f.1.lines().count()).sum();
         assert_eq!(
             checked,
-            total - 2 - 2,
+            total - 3 - 3,
             "every line but the includes and pragmas"
         );
     }
