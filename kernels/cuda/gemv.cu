@@ -41,9 +41,9 @@
 #include "dense_rows.cuh"
 
 #define KILN_GEMV_MAX_M 8
-// Warps per block as the host launches them (rows per block: warps / SPLIT),
-// but for gated launches split four ways, which take eight: two rows.
-#define KILN_GEMV_WARPS 4
+// Warps per block at most: the host launches 4 (GEMV_WARPS in
+// host/src/runtime/cuda/products.rs; rows per block: warps / SPLIT), and 8
+// for gated launches split four ways (two rows). Kernels read blockDim.
 #define KILN_GEMV_MAX_WARPS 8
 #define KILN_GEMV_MAX_GROUP 4
 

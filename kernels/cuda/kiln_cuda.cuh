@@ -293,7 +293,7 @@ __device__ __forceinline__ float kiln_gelu_tanh(float x) {
 __device__ __forceinline__ float kiln_relu(float x) { return x > 0.0f ? x : (x != x ? x : 0.0f); }
 
 // The activation numbered `code` as the host numbers them
-// (`GatedActivation`, host/src/runtime/cuda/plan.rs): 1 SiLU, 2 GELU (erf),
+// (`GatedActivation`, host/src/runtime/cuda/fusion.rs): 1 SiLU, 2 GELU (erf),
 // 3 GELU (tanh), 4 ReLU.
 __device__ __forceinline__ float kiln_gated(int code, float gate, float up) {
   float a = code == 1 ? kiln_silu(gate) : code == 2 ? kiln_gelu(gate) : code == 3 ? kiln_gelu_tanh(gate) : kiln_relu(gate);

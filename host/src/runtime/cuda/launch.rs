@@ -331,7 +331,9 @@ impl Frame<'_> {
                     StepPlan::Linear(_) => WeightLayout::OutIn,
                     _ => WeightLayout::InOut,
                 };
-                self.product(w, layout, input(0), numel(in_shape(0)), out, scratch)
+                let elements = numel(in_shape(0));
+                let x = self.product_x(w, layout, input(0), elements, scratch)?;
+                self.product(w, layout, x, elements, out, scratch)
             }
             StepPlan::BatchedMatMul => self.batched_matmul(
                 (input(0), in_shape(0)),

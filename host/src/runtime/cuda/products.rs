@@ -20,7 +20,8 @@ use super::weights::DeviceMatrix;
 
 /// Most rows of x the decode GEMV takes (`KILN_GEMV_MAX_M` in gemv.cu).
 pub const GEMV_MAX_M: usize = 8;
-/// Warps per GEMV block (`KILN_GEMV_WARPS`).
+/// Warps per GEMV block (gated launches split four ways take twice as
+/// many: `KILN_GEMV_MAX_WARPS`).
 pub const GEMV_WARPS: usize = 4;
 /// Matrices one GEMV launch covers at most (`KILN_GEMV_MAX_GROUP`).
 pub const GEMV_MAX_GROUP: usize = 4;
@@ -211,25 +212,10 @@ pub fn group_arg(
 }
 
 impl Frame<'_> {
-    /// `out [m, n] = x [m, k] · W`: the decode GEMV for small `m`, packed
-    /// blocks on tensor cores for moderate `m`, else cuBLAS on x cast to
-    /// W's half type (and W expanded from its blocks).
-    pub(super) fn product(
-        &self,
-        w: &DeviceMatrix,
-        layout: WeightLayout,
-        x: DevicePtr,
-        x_elements: usize,
-        out: DevicePtr,
-        scratch: Option<DevicePtr>,
-    ) -> Result<(), String> {
-        let x = self.routed_x(w, layout, x, x_elements, scratch)?;
-        self.routed_product(w, layout, x, x_elements, out, scratch)
-    }
-
-    /// x as the product over `w` reads it: cast to bf16 (tensor cores) or
-    /// to W's half type (cuBLAS) at the start of the scratch, else as it is.
-    fn routed_x(
+    /// x (f32) as the product over `w` reads it: cast to bf16 (tensor
+    /// cores) or to W's half type (cuBLAS) at the start of the scratch, else
+    /// as it is. Products that share x take it from one call.
+    pub(super) fn product_x(
         &self,
         w: &DeviceMatrix,
         layout: WeightLayout,
@@ -250,8 +236,11 @@ impl Frame<'_> {
         self.cast_x(half, x, x_elements, to)
     }
 
-    /// The product over `w` on x as [`Self::routed_x`] gives it.
-    fn routed_product(
+    /// `out [m, n] = x [m, k] · W`, x as [`Self::product_x`] gives it: the
+    /// decode GEMV for small `m`, packed blocks on tensor cores for moderate
+    /// `m`, else cuBLAS on x cast to W's half type (and W expanded from its
+    /// blocks).
+    pub(super) fn product(
         &self,
         w: &DeviceMatrix,
         layout: WeightLayout,
@@ -376,10 +365,10 @@ impl Frame<'_> {
             // One product each, on x cast once (the members share W's type,
             // and so the type their route reads x in).
             let layout = WeightLayout::OutIn;
-            let x = self.routed_x(first, layout, x, x_elements, scratch)?;
-            return members.iter().try_for_each(|(w, out)| {
-                self.routed_product(w, layout, x, x_elements, *out, scratch)
-            });
+            let x = self.product_x(first, layout, x, x_elements, scratch)?;
+            return members
+                .iter()
+                .try_for_each(|(w, out)| self.product(w, layout, x, x_elements, *out, scratch));
         };
         let x = if first.int8_activations {
             let to = scratch.ok_or("no scratch buffer planned for 8-bit x")?;
