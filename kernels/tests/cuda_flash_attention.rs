@@ -90,9 +90,10 @@ fn flash_case(
     let (window, cap) = (int(window.unwrap_or(0)), F32(cap.unwrap_or(0.0)));
     let args = [&args[..], &metadata, &[int(heads), int(kv_heads)]].concat();
     let args = [&args[..], &[F32(scale), window, cap]].concat();
-    let tiles = rows.div_ceil(64) + shapes.len();
+    // Blocks of 8 warps take 128 query rows of one head.
+    let tiles = rows.div_ceil(128) + shapes.len();
     let kernel = format!("kiln_flash_attention_bf16_d{d}");
-    gpu.run(&kernel, (tiles as u32, heads as u32), 128, &args);
+    gpu.run(&kernel, (heads as u32, tiles as u32), 256, &args);
     let got: Vec<f32> = gpu.down(out, want.len());
     close(&got, &want, FLASH_TOL, &what);
     let worst = got
@@ -105,11 +106,12 @@ fn flash_case(
 #[test]
 fn flash_attention_matches_the_cpu_over_a_bf16_cache() {
     let gpu = Gpu::new(&[sources::ATTENTION, sources::FLASH_ATTENTION]);
-    // A whole prompt of three query tiles (the last one partial), a chunk of
-    // 70 rows starting at position 130, a decode row with 90 keys behind it,
-    // a short prompt, and a chunk whose first row (position 62) sees all but
-    // the last key of the first key tile (the edge of the unmasked tiles).
-    let mixed = [(150, 150), (200, 70), (91, 1), (17, 17), (100, 38)];
+    // A whole prompt of three query tiles of 128 rows (the last one partial,
+    // six key tiles for it to stream), a chunk of 70 rows starting at
+    // position 130, a decode row with 90 keys behind it, a short prompt, and
+    // a chunk whose first row (position 62) sees all but the last key of the
+    // first key tile (the edge of the unmasked tiles).
+    let mixed = [(330, 330), (200, 70), (91, 1), (17, 17), (100, 38)];
     flash_case(&gpu, (4, 2, 64, 16), &mixed, None, None);
     flash_case(&gpu, (2, 1, 128, 16), &mixed, Some(40), None);
     flash_case(

@@ -58,7 +58,7 @@ fn a_bf16_cache_halves_the_bytes_and_stays_within_bf16_rounding() {
     assert!(worst < 1e-2, "relative |Δ| {worst:.2e}");
 }
 
-/// A prompt of 150 tokens (three query tiles of 64 rows, three key tiles),
+/// A prompt of 150 tokens (two query tiles of 128 rows, three key tiles),
 /// then a chunk of 40 more (a prefill that starts mid-sequence), then decode
 /// steps: every row's logits on tensor cores within bf16 rounding of the
 /// portable kernels'. Flash attention rounds q and the softmax weights to

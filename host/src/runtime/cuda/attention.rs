@@ -180,7 +180,7 @@ impl Frame<'_> {
             let tiles = tokens.div_ceil(FLASH_TILE_ROWS) + batch;
             return self.launch(
                 flash,
-                LaunchConfig::new((tiles as u32, num_heads as u32, 1), (128, 1, 1)),
+                LaunchConfig::new((num_heads as u32, tiles as u32, 1), (FLASH_THREADS, 1, 1)),
                 &args,
             );
         }
@@ -245,8 +245,11 @@ pub(super) const HEAD_DIM: usize = 256;
 /// latent head, 512 + 64).
 const WIDE_HEAD_DIM: usize = 576;
 
-/// Query rows per block of the tensor-core kernel (`flash_attention.cu`).
-const FLASH_TILE_ROWS: usize = 64;
+/// Query rows per block of the tensor-core kernel (`flash_attention.cu`):
+/// 16 for each of its eight warps.
+const FLASH_TILE_ROWS: usize = 128;
+/// Threads per block of the tensor-core kernel.
+const FLASH_THREADS: u32 = 256;
 /// Rows per sequence, on average over a step, from which attention runs on
 /// tensor cores: the kernel computes 16 rows per warp, so a decode row (or a
 /// few) would waste most of each product.
