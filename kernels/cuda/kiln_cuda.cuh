@@ -339,6 +339,24 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 __device__ __forceinline__ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 __device__ __forceinline__ float round_f16(float v) { return f16_to_f32(f32_to_f16(v)); }
 
+// The type an f32 result is stored in: producers whose only readers are
+// matrix products that take x in a half type write it in that type, so the
+// products need no cast of their own (host/src/runtime/cuda/fusion.rs,
+// `half_product_inputs`). Numbered as the host's `OutputType`.
+#define KILN_OUT_F32 0
+#define KILN_OUT_BF16 1
+#define KILN_OUT_F16 2
+
+// Element i of `out`, whose elements are of type `type`, set to v.
+__device__ __forceinline__ void store_as(float* out, i64 i, float v, int type) {
+  if (type == KILN_OUT_BF16)
+    reinterpret_cast<bf16_bits*>(out)[i] = f32_to_bf16(v);
+  else if (type == KILN_OUT_F16)
+    reinterpret_cast<f16_bits*>(out)[i] = f32_to_f16(v);
+  else
+    out[i] = v;
+}
+
 // Float to integer as Rust's `as i64`: toward zero, saturating, NaN to 0.
 __device__ __forceinline__ i64 f32_to_i64(float v) {
   if (v != v) return 0;

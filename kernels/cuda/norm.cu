@@ -2,24 +2,29 @@
 #include "kiln_cuda.cuh"
 
 // y = x / sqrt(mean(x²) + eps) * (offset + w); offset is 1 for Gemma's (1 + w).
+// y is stored as `out_type` says (store_as: f32, or the half type of the
+// products that read it).
 extern "C" __global__ void kiln_rms_norm(const float* __restrict__ x, const float* __restrict__ w,
-                                         float* __restrict__ y, int cols, float eps, float offset) {
+                                         float* __restrict__ y, int cols, float eps, float offset,
+                                         int out_type) {
   kiln_wait_inputs();
   __shared__ float scratch[32];
   const float* row = x + (i64)blockIdx.x * cols;
-  float* out = y + (i64)blockIdx.x * cols;
+  i64 base = (i64)blockIdx.x * cols;
   float sum = 0.0f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) sum += row[i] * row[i];
   sum = block_sum(sum, scratch);
   float inv = 1.0f / sqrtf(sum / (float)cols + eps);
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = row[i] * inv * (offset + w[i]);
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) store_as(y, base + i, row[i] * inv * (offset + w[i]), out_type);
 }
 
 // x = a + b (the residual stream, written) and y = rms_norm(x) · (offset + w)
-// in one pass: a residual add fused into the norm that reads it.
+// in one pass: a residual add fused into the norm that reads it (y stored
+// as `out_type` says).
 extern "C" __global__ void kiln_add_rms_norm(const float* __restrict__ a, const float* __restrict__ b,
                                              const float* __restrict__ w, float* __restrict__ x,
-                                             float* __restrict__ y, int cols, float eps, float offset) {
+                                             float* __restrict__ y, int cols, float eps, float offset,
+                                             int out_type) {
   kiln_wait_inputs();
   __shared__ float scratch[32];
   i64 base = (i64)blockIdx.x * cols;
@@ -31,7 +36,8 @@ extern "C" __global__ void kiln_add_rms_norm(const float* __restrict__ a, const 
   }
   sum = block_sum(sum, scratch);
   float inv = 1.0f / sqrtf(sum / (float)cols + eps);
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) y[base + i] = x[base + i] * inv * (offset + w[i]);
+  for (int i = threadIdx.x; i < cols; i += blockDim.x)
+    store_as(y, base + i, x[base + i] * inv * (offset + w[i]), out_type);
 }
 
 // The same two norms for rows of at most 8 · blockDim.x values, a multiple
@@ -45,7 +51,7 @@ extern "C" __global__ void kiln_add_rms_norm(const float* __restrict__ a, const 
 template <bool ADD>
 __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __restrict__ b,
                                 const float* __restrict__ w, float* __restrict__ x, float* __restrict__ y,
-                                int cols, float eps, float offset) {
+                                int cols, float eps, float offset, int out_type) {
   __shared__ float scratch[32];
   i64 base = (i64)blockIdx.x * cols;
   int quads = cols / 4;
@@ -81,21 +87,26 @@ __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __rest
       Bytes16 out;
       for (int j = 0; j < 4; ++j)
         out.v[j] = __float_as_uint(__uint_as_float(v[c].v[j]) * inv * (offset + __uint_as_float(scale[c].v[j])));
-      *reinterpret_cast<Bytes16*>(y + base + 4 * q) = out;
+      if (out_type == KILN_OUT_F32)
+        *reinterpret_cast<Bytes16*>(y + base + 4 * q) = out;
+      else
+        for (int j = 0; j < 4; ++j) store_as(y, base + 4 * q + j, __uint_as_float(out.v[j]), out_type);
     }
   }
 }
 
 extern "C" __global__ void kiln_rms_norm_chunks(const float* __restrict__ x, const float* __restrict__ w,
-                                                float* __restrict__ y, int cols, float eps, float offset) {
+                                                float* __restrict__ y, int cols, float eps, float offset,
+                                                int out_type) {
   kiln_wait_inputs();
-  rms_norm_chunks<false>(x, nullptr, w, nullptr, y, cols, eps, offset);
+  rms_norm_chunks<false>(x, nullptr, w, nullptr, y, cols, eps, offset, out_type);
 }
 extern "C" __global__ void kiln_add_rms_norm_chunks(const float* __restrict__ a, const float* __restrict__ b,
                                                     const float* __restrict__ w, float* __restrict__ x,
-                                                    float* __restrict__ y, int cols, float eps, float offset) {
+                                                    float* __restrict__ y, int cols, float eps, float offset,
+                                                    int out_type) {
   kiln_wait_inputs();
-  rms_norm_chunks<true>(a, b, w, x, y, cols, eps, offset);
+  rms_norm_chunks<true>(a, b, w, x, y, cols, eps, offset, out_type);
 }
 
 // y = (x - mean) / sqrt(var + eps) * gamma + beta.

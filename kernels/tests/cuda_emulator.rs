@@ -59,7 +59,9 @@ fn norms_and_softmax_match_the_cpu() {
 
 /// `kiln_rms_norm{suffix}` of `x` and `kiln_add_rms_norm{suffix}` of
 /// `a + b` (rows of `w.len()` values), both with weight offsets 0 and 1, on
-/// blocks of `block` threads, against the CPU; the sum written too.
+/// blocks of `block` threads, against the CPU; the sum written too. Stored
+/// in bf16 or f16 (for products that read x in that type), the norm is the
+/// f32 result rounded to nearest even, and the sum still f32.
 fn check_rms_norms(
     gpu: &Gpu,
     suffix: &str,
@@ -75,16 +77,71 @@ fn check_rms_norms(
     let grid = (rows as u32, 1);
     let mut want = vec![0f32; rows * cols];
     for offset in [0.0, 1.0] {
-        let args = [Ptr(xp), Ptr(wp), Ptr(y), int(cols), F32(1e-6), F32(offset)];
-        gpu.run(&format!("kiln_rms_norm{suffix}"), grid, block, &args);
+        let plain = |out_type| {
+            [
+                Ptr(xp),
+                Ptr(wp),
+                Ptr(y),
+                int(cols),
+                F32(1e-6),
+                F32(offset),
+                int(out_type),
+            ]
+        };
+        gpu.run(&format!("kiln_rms_norm{suffix}"), grid, block, &plain(0));
         norm::rms_norm_rows(x, w, offset, 1e-6, &mut want);
         gpu.check(y, &want, &format!("rms_norm{suffix} +{offset}, {what}"));
-        let args = [Ptr(ap), Ptr(bp), Ptr(wp), Ptr(xs), Ptr(y), int(cols)];
-        let args = [&args[..], &[F32(1e-6), F32(offset)]].concat();
-        gpu.run(&format!("kiln_add_rms_norm{suffix}"), grid, block, &args);
+        let exact: Vec<f32> = gpu.down(y, rows * cols);
+        for out_type in [1, 2] {
+            gpu.run(
+                &format!("kiln_rms_norm{suffix}"),
+                grid,
+                block,
+                &plain(out_type),
+            );
+            let got: Vec<u16> = gpu.down(y, rows * cols);
+            let rounded: Vec<u16> = exact.iter().map(|&v| half_bits(out_type, v)).collect();
+            assert_eq!(
+                got, rounded,
+                "rms_norm{suffix} +{offset} stored as type {out_type}, {what}"
+            );
+        }
+        let fused = |out_type| {
+            let args = [Ptr(ap), Ptr(bp), Ptr(wp), Ptr(xs), Ptr(y), int(cols)];
+            [&args[..], &[F32(1e-6), F32(offset), int(out_type)]].concat()
+        };
+        gpu.run(
+            &format!("kiln_add_rms_norm{suffix}"),
+            grid,
+            block,
+            &fused(0),
+        );
         norm::rms_norm_rows(&sum, w, offset, 1e-6, &mut want);
         gpu.check(xs, &sum, &format!("add_rms_norm{suffix} sum, {what}"));
         gpu.check(y, &want, &format!("add_rms_norm{suffix} +{offset}, {what}"));
+        let exact: Vec<f32> = gpu.down(y, rows * cols);
+        for out_type in [1, 2] {
+            gpu.run(
+                &format!("kiln_add_rms_norm{suffix}"),
+                grid,
+                block,
+                &fused(out_type),
+            );
+            let got: Vec<u16> = gpu.down(y, rows * cols);
+            let rounded: Vec<u16> = exact.iter().map(|&v| half_bits(out_type, v)).collect();
+            let what = format!("add_rms_norm{suffix} +{offset} stored as type {out_type}, {what}");
+            assert_eq!(got, rounded, "{what}");
+            gpu.check(xs, &sum, &format!("{what}: sum"));
+        }
+    }
+}
+
+/// The bits of `v` rounded to bf16 (`out_type` 1) or f16 (2), as kernels
+/// store an f32 result for products that read it in that type.
+fn half_bits(out_type: usize, v: f32) -> u16 {
+    match out_type {
+        1 => bf16::from_f32(v).to_bits(),
+        _ => f16::from_f32(v).to_bits(),
     }
 }
 
@@ -552,7 +609,15 @@ fn replay_reuses_captured_arguments_but_reads_current_memory() {
     };
     let (dev, f) = (&gpu.dev, gpu.f("kiln_rms_norm"));
     let config = LaunchConfig::linear(rows as u32, 64);
-    let mut args = vec![Ptr(xp), Ptr(wp), Ptr(y), int(cols), F32(1e-6), F32(0.0)];
+    let mut args = vec![
+        Ptr(xp),
+        Ptr(wp),
+        Ptr(y),
+        int(cols),
+        F32(1e-6),
+        F32(0.0),
+        int(0),
+    ];
     dev.begin_capture().unwrap();
     dev.launch(f, config, &args).unwrap();
     let download = dev.download(y, &mut [0u8; 4]);

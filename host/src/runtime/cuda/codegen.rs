@@ -29,7 +29,9 @@ pub struct FusedInput {
 }
 
 /// CUDA C for `program` over `inputs`, producing `output`. Fails naming the
-/// first operation the generator does not cover.
+/// first operation the generator does not cover. The kernel's last argument,
+/// `out_type`, has an f32 result stored in bf16 or f16 instead, for matrix
+/// products that read it in that type (`fusion.rs`).
 pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Result<String, String> {
     let mut body = String::new();
     let mut regs: Vec<Storage> = Vec::with_capacity(program.len());
@@ -69,9 +71,12 @@ pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Resu
     if regs[last] != storage_of(output) {
         return Err("the fused program's result has the wrong type".to_owned());
     }
+    // An f32 result is stored as `out_type` says: f32, or the half type of
+    // the products that read it (`store_as`).
     let store = match storage_of(output) {
         Storage::Bool => format!("out[i] = r{last} ? 1 : 0;"),
-        _ => format!("out[i] = r{last};"),
+        Storage::F32 => format!("store_as(out, i, r{last}, out_type);"),
+        Storage::I64 => format!("out[i] = r{last};"),
     };
 
     let mut text =
@@ -93,6 +98,7 @@ pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Resu
         ));
     }
     params.push("KilnFusedShape s".to_owned());
+    params.push("int out_type".to_owned());
     let _ = writeln!(
         text,
         "extern \"C\" __global__ void {KERNEL}({}) {{",

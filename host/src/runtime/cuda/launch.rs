@@ -3,13 +3,16 @@
 
 use std::collections::HashSet;
 
-use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig, WeightLayout};
-use kiln_plugin_api::graph::DType;
+use kiln_kernels::cuda::{
+    Device, DevicePtr, FunctionId, GemmType, KernelArg, LaunchConfig, WeightLayout,
+};
+use kiln_plugin_api::graph::{DType, ValueId};
 
 use super::attention::HEAD_DIM;
 use super::codegen::MAX_RANK;
+use super::fusion::HalfInputs;
 use super::plan::{HandKernels, StepPlan};
-use super::products::group_gemv;
+use super::products::{group_gemv, out_type_arg, x_half_type};
 use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
 use super::DeviceKvCache;
@@ -30,6 +33,8 @@ pub struct Frame<'a> {
     pub shapes: &'a [Vec<usize>],
     /// Device address of each value (0 where none).
     pub addrs: &'a [DevicePtr],
+    /// Values stored in the half type of the products that read them.
+    pub half_inputs: &'a HalfInputs,
     /// Where a kernel reports an out-of-range index.
     pub error_flag: DevicePtr,
     /// The KV cache, when the step batch has one.
@@ -93,6 +98,15 @@ impl Strided {
 impl Frame<'_> {
     pub(super) fn kernel(&self, name: &str) -> kiln_kernels::cuda::FunctionId {
         self.hand[name]
+    }
+
+    /// The half type `value` is stored in at this step's shapes: that of the
+    /// products reading it (past the decode GEMV), where its producer writes
+    /// it so ([`HalfInputs`]); `None` for f32.
+    fn stored_half(&self, value: ValueId) -> Option<GemmType> {
+        let w = self.half_inputs.get(&value)?;
+        let m = numel(&self.shapes[value as usize]) / w.cols.max(1);
+        x_half_type(w, WeightLayout::OutIn, m)
     }
 
     pub(super) fn launch(
@@ -267,12 +281,14 @@ impl Frame<'_> {
     }
 
     /// A generated element-wise kernel over `inputs` (address, shape), each
-    /// broadcast to `out`'s shape.
+    /// broadcast to `out`'s shape; an f32 result stored in `out_half` where
+    /// that is given.
     fn fused(
         &self,
         function: FunctionId,
         inputs: &[(DevicePtr, &[usize])],
         (out, out_shape): (DevicePtr, &[usize]),
+        out_half: Option<GemmType>,
     ) -> Result<(), String> {
         let n = numel(out_shape);
         if n == 0 {
@@ -294,6 +310,7 @@ impl Frame<'_> {
         let mut args = vec![KernelArg::Ptr(out)];
         args.extend(inputs.iter().map(|&(ptr, _)| KernelArg::Ptr(ptr)));
         args.push(KernelArg::Struct(words));
+        args.push(out_type_arg(out_half));
         // Generated kernels wait for their inputs (codegen.rs).
         let config = LaunchConfig {
             programmatic: self.programmatic.is_some(),
@@ -332,7 +349,8 @@ impl Frame<'_> {
                     _ => WeightLayout::InOut,
                 };
                 let elements = numel(in_shape(0));
-                let x = self.product_x(w, layout, input(0), elements, scratch)?;
+                let x = (input(0), self.stored_half(step.inputs[0]).is_some());
+                let x = self.product_x(w, layout, x, elements, scratch)?;
                 self.product(w, layout, x, elements, out, scratch)
             }
             StepPlan::BatchedMatMul => self.batched_matmul(
@@ -346,13 +364,15 @@ impl Frame<'_> {
                     .map(|(w, value)| (*w, self.addrs[*value as usize]))
                     .collect();
                 let gated = gated.map(|g| (g, self.addrs[g.output as usize]));
-                self.product_group(&members, gated, input(0), numel(in_shape(0)), scratch)
+                let x = (input(0), self.stored_half(step.inputs[0]).is_some());
+                self.product_group(&members, gated, x, numel(in_shape(0)), scratch)
             }
             StepPlan::GatedActivation { matrix, fused, .. } => {
                 if group_gemv(matrix, 2, rows_of(out_shape)).is_some() {
                     return Ok(()); // written by the GEMV
                 }
-                self.fused(*fused, &operands(), (out, out_shape))
+                let out_half = self.stored_half(step.output);
+                self.fused(*fused, &operands(), (out, out_shape), out_half)
             }
             StepPlan::ComputedAt { .. } => Ok(()),
             StepPlan::AddRmsNorm {
@@ -375,6 +395,7 @@ impl Frame<'_> {
                         KernelArg::I32(cols as i32),
                         KernelArg::F32(*eps),
                         KernelArg::F32(*offset),
+                        out_type_arg(self.stored_half(*norm)),
                     ],
                 )
             }
@@ -398,7 +419,10 @@ impl Frame<'_> {
                     )
                     .map_err(|e| e.to_string())
             }
-            StepPlan::Fused(function, _) => self.fused(*function, &operands(), (out, out_shape)),
+            StepPlan::Fused(function, _) => {
+                let out_half = self.stored_half(step.output);
+                self.fused(*function, &operands(), (out, out_shape), out_half)
+            }
             StepPlan::RmsNorm { eps, offset } => {
                 let cols = *out_shape.last().unwrap_or(&1);
                 self.launch_rms_norm(
@@ -412,6 +436,7 @@ impl Frame<'_> {
                         KernelArg::I32(cols as i32),
                         KernelArg::F32(*eps),
                         KernelArg::F32(*offset),
+                        out_type_arg(self.stored_half(step.output)),
                     ],
                 )
             }

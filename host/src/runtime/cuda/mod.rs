@@ -148,6 +148,8 @@ pub struct CudaExecutor {
     gemv: tune::GemvChoices,
     steps: Vec<StepPlan>,
     homes: Vec<Home>,
+    /// Values stored in the half type of the products that read them.
+    half_inputs: fusion::HalfInputs,
     owned: Vec<DevicePtr>,
     /// Capture and replay steps as CUDA graphs.
     graphs: bool,
@@ -289,6 +291,7 @@ impl CudaExecutor {
             gemv,
             steps: lowered.steps,
             homes: lowered.homes,
+            half_inputs: lowered.half_inputs,
             owned,
             graphs,
             paddable,

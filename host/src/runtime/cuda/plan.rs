@@ -164,6 +164,8 @@ pub struct Lowered {
     pub steps: Vec<StepPlan>,
     /// Per value.
     pub homes: Vec<Home>,
+    /// Values stored in the half type of the products that read them.
+    pub half_inputs: super::fusion::HalfInputs,
     /// Persistent allocations (to free with the executor).
     pub owned: Vec<u64>,
     /// Generated kernel sources, by name, for dumps and compile checks.
@@ -398,12 +400,13 @@ pub fn lower(
         }
         steps.push(plan);
     }
-    super::fusion::fuse(program, &homes, &mut steps);
+    let half_inputs = super::fusion::fuse(program, &homes, &mut steps);
     weight_bytes_per_step += product_matrices.values().map(|m| m.0).sum::<usize>();
     let product_elements: usize = product_matrices.values().map(|m| m.1).sum();
     Ok(Lowered {
         steps,
         homes,
+        half_inputs,
         owned,
         generated,
         weight_bytes_per_step,

@@ -127,6 +127,26 @@ fn route(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Route {
     }
 }
 
+/// The half type `m` rows of x times `w` read x in: bf16 on tensor cores,
+/// W's own type for cuBLAS; `None` for f32 (the GEMV, f32 matrices).
+pub fn x_half_type(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<GemmType> {
+    match route(w, layout, m) {
+        Route::Gemv => None,
+        Route::Qmm(_) => Some(GemmType::BF16),
+        Route::Gemm => Some(w.ty).filter(|&ty| ty != GemmType::F32),
+    }
+}
+
+/// The `out_type` argument of kernels that may store an f32 result in a
+/// half type for the products that read it (`store_as` in kiln_cuda.cuh).
+pub fn out_type_arg(half: Option<GemmType>) -> KernelArg {
+    KernelArg::I32(match half {
+        None | Some(GemmType::F32) => 0,
+        Some(GemmType::BF16) => 1,
+        Some(GemmType::F16) => 2,
+    })
+}
+
 /// Bytes of `x_elements` values of x quantized to 8 bits
 /// (`kiln_quantize_x8`): a byte each, and 8 per block of 32.
 fn int8_x_bytes(x_elements: usize) -> usize {
@@ -212,23 +232,20 @@ pub fn group_arg(
 }
 
 impl Frame<'_> {
-    /// x (f32) as the product over `w` reads it: cast to bf16 (tensor
-    /// cores) or to W's half type (cuBLAS) at the start of the scratch, else
-    /// as it is. Products that share x take it from one call.
+    /// x as the product over `w` reads it: cast to bf16 (tensor cores) or
+    /// to W's half type (cuBLAS) at the start of the scratch, else as it is
+    /// (f32, or already in that half type: `written_half`, its producer
+    /// stored it so). Products that share x take it from one call.
     pub(super) fn product_x(
         &self,
         w: &DeviceMatrix,
         layout: WeightLayout,
-        x: DevicePtr,
+        (x, written_half): (DevicePtr, bool),
         x_elements: usize,
         scratch: Option<DevicePtr>,
     ) -> Result<DevicePtr, String> {
         let m = x_elements / product_dims(w, layout).1.max(1);
-        let half = match route(w, layout, m) {
-            Route::Gemv => None,
-            Route::Qmm(_) => Some(GemmType::BF16),
-            Route::Gemm => Some(w.ty).filter(|&ty| ty != GemmType::F32),
-        };
+        let half = x_half_type(w, layout, m).filter(|_| !written_half);
         let Some(half) = half else {
             return Ok(x);
         };
@@ -253,7 +270,7 @@ impl Frame<'_> {
         let m = x_elements / k.max(1);
         let route = route(w, layout, m);
         if route == Route::Gemv {
-            return self.product_group(&[(*w, out)], None, x, x_elements, scratch);
+            return self.product_group(&[(*w, out)], None, (x, false), x_elements, scratch);
         }
         let (second_offset, bytes) = product_scratch(w, layout, x_elements);
         let scratch = match bytes {
@@ -349,7 +366,7 @@ impl Frame<'_> {
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
         gated: Option<(GatedProduct, DevicePtr)>,
-        x: DevicePtr,
+        (x, written_half): (DevicePtr, bool),
         x_elements: usize,
         scratch: Option<DevicePtr>,
     ) -> Result<(), String> {
@@ -365,7 +382,7 @@ impl Frame<'_> {
             // One product each, on x cast once (the members share W's type,
             // and so the type their route reads x in).
             let layout = WeightLayout::OutIn;
-            let x = self.product_x(first, layout, x, x_elements, scratch)?;
+            let x = self.product_x(first, layout, (x, written_half), x_elements, scratch)?;
             return members
                 .iter()
                 .try_for_each(|(w, out)| self.product(w, layout, x, x_elements, *out, scratch));

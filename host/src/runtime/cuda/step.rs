@@ -153,6 +153,7 @@ impl CudaExecutor {
             gemv: &self.gemv,
             shapes: &plan.shapes,
             addrs: &addrs,
+            half_inputs: &self.half_inputs,
             error_flag,
             cache: device_cache,
             flash_attention: self.flash_attention,
