@@ -2,10 +2,14 @@
 """Roofline arithmetic of one Kiln decode step on a GPU, kernel by kernel:
 the bytes each launch must move (weights read once, activations, the KV
 cache read by attention) and the time that takes at a copy bandwidth, for a
-Llama-shaped config. Arithmetic, not a measurement: the floor a kernel
-cannot beat, to hold measured times against (`host benchmark` measures).
+Llama-shaped config. With --prefill, the kernels of one prompt's prefill:
+each launch's bytes and FLOPs, its time the larger of bytes at the copy
+bandwidth and FLOPs at the GEMM rate. Arithmetic, not a measurement: the
+floor a kernel cannot beat, to hold measured times against (`host
+benchmark` measures).
 
   python3 bench/gpu/roofline.py --shape llama3-8b --batch 1 --context 256
+  python3 bench/gpu/roofline.py --shape llama3-8b --prefill 2048
 """
 import argparse
 import json
@@ -52,6 +56,58 @@ def kernels(c, batch, context, weights, kv_bytes):
     ]
 
 
+def prefill_kernels(c, tokens, weights, kv_bytes):
+    """(name, launches, bytes per launch, FLOPs per launch) of the prefill of
+    one prompt of `tokens` (bf16 products on cuBLAS, flash attention)."""
+    d, layers = c["hidden_size"], c["num_hidden_layers"]
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    head_dim = c.get("head_dim", d // heads)
+    ffn, vocab = c["intermediate_size"], c["vocab_size"]
+    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    w = WEIGHT_BYTES[weights]
+    f32, bf16 = 4 * tokens, 2 * tokens  # bytes per element of a row, all rows
+    # x read in bf16 (written so by the norm or activation before it), f32 out.
+    gemm = lambda n, k: (n * k * w + bf16 * k + f32 * n, 2 * tokens * n * k)
+    causal_pairs = tokens * (tokens + 1) / 2
+    return [
+        ("embedding rows", 1, tokens * d * w + f32 * d, 0),
+        ("rms_norm (layer 0), x stored in bf16", 1, f32 * d + bf16 * d + 4 * d, 0),
+        ("residual add + rms_norm, x stored in bf16", 2 * layers - 1, 3 * f32 * d + bf16 * d + 4 * d, 0),
+        ("q projection (cuBLAS)", layers, *gemm(q_dim, d)),
+        ("k projection", layers, *gemm(kv_dim, d)),
+        ("v projection", layers, *gemm(kv_dim, d)),
+        ("rotary of q and k + KV-cache write", layers,
+         2 * f32 * (q_dim + kv_dim) + f32 * kv_dim + 2 * tokens * kv_dim * kv_bytes, 0),
+        ("flash attention (causal)", layers, 2 * f32 * q_dim + 2 * tokens * kv_dim * kv_bytes,
+         4 * heads * head_dim * causal_pairs),
+        ("attention output cast to bf16", layers, f32 * q_dim + bf16 * q_dim, 0),
+        ("o projection", layers, *gemm(d, q_dim)),
+        ("gate projection", layers, *gemm(ffn, d)),
+        ("up projection", layers, *gemm(ffn, d)),
+        ("silu(gate) * up, stored in bf16", layers, 2 * f32 * ffn + bf16 * ffn, 0),
+        ("down projection", layers, *gemm(d, ffn)),
+        ("last row's lm_head (GEMV)", 1, vocab * d * w, 2 * vocab * d),
+    ]
+
+
+def prefill(args, config):
+    rows = prefill_kernels(config, args.prefill, args.weights, args.kv_bytes)
+    print(f"{args.shape}, prefill of {args.prefill} tokens, {args.weights} weights, "
+          f"{args.bandwidth / 1e12:.2f} TB/s, {args.gemm_rate / 1e12:.0f} TFLOP/s\n")
+    print("| kernel | launches | MB per launch | GFLOP per launch | µs per launch | µs per prefill |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    total_us, gemm_us = 0.0, 0.0
+    for name, n, b, f in rows:
+        us = max(b / args.bandwidth, f / args.gemm_rate) * 1e6
+        total_us += n * us
+        if "projection" in name:
+            gemm_us += n * f / args.gemm_rate * 1e6
+        print(f"| {name} | {n} | {b / 1e6:.1f} | {f / 1e9:.1f} | {us:.1f} | {n * us:.0f} |")
+    print(f"\n{total_us / 1e3:.1f} ms a prefill at best ({args.prefill * 1e6 / total_us:,.0f} tok/s), of which the "
+          f"products' FLOPs at the GEMM rate are {gemm_us / 1e3:.1f} ms: at most {gemm_us / total_us * 100:.0f} % of "
+          f"the GEMM rate with every kernel at its bound.")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="llama3-8b")
@@ -61,10 +117,14 @@ def main():
     p.add_argument("--kv-bytes", type=int, default=2, help="bytes per KV-cache element (bf16 by default, 4 with --kv-cache-dtype float32)")
     p.add_argument("--bandwidth", type=float, default=3.02e12, help="bytes/s (H100 copy, measured)")
     p.add_argument("--gap-us", type=float, default=0.96, help="µs between graph-replayed kernels (measured)")
+    p.add_argument("--prefill", type=int, help="tokens of one prompt: the prefill's kernels instead")
+    p.add_argument("--gemm-rate", type=float, default=864e12, help="FLOP/s (H200 bf16 GEMM, measured)")
     args = p.parse_args()
     path = args.shape if os.path.isfile(args.shape) else os.path.join(SHAPES, args.shape + ".json")
     with open(path) as f:
         config = json.load(f)
+    if args.prefill:
+        return prefill(args, config)
     rows = kernels(config, args.batch, args.context, args.weights, args.kv_bytes)
     total_bytes = sum(n * b for _, n, b in rows)
     launches = sum(n for _, n, _ in rows)
