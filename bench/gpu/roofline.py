@@ -22,13 +22,18 @@ SHAPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "h
 WEIGHT_BYTES = {"bf16": 2.0, "f32": 4.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_k": 144 / 256, "q6_k": 210 / 256}
 
 
+def dims(c):
+    """Width, layers, FFN width, vocabulary, query heads, head size, q's
+    and k's (or v's) widths of a Llama-shaped config."""
+    d, heads, kv_heads = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    head_dim = c.get("head_dim", d // heads)
+    return (d, c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"], heads, head_dim,
+            heads * head_dim, kv_heads * head_dim)
+
+
 def kernels(c, batch, context, weights, kv_bytes):
     """(name, launches per step, bytes per launch) of a decode step."""
-    d, layers = c["hidden_size"], c["num_hidden_layers"]
-    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
-    head_dim = c.get("head_dim", d // heads)
-    ffn, vocab = c["intermediate_size"], c["vocab_size"]
-    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    d, layers, ffn, vocab, _, _, q_dim, kv_dim = dims(c)
     w = WEIGHT_BYTES[weights]
     lm = WEIGHT_BYTES["q6_k" if weights == "q4_k" else weights]
     act = 4 * batch  # f32 activations per element of a row, per sequence
@@ -59,11 +64,7 @@ def kernels(c, batch, context, weights, kv_bytes):
 def prefill_kernels(c, tokens, weights, kv_bytes):
     """(name, launches, bytes per launch, FLOPs per launch) of the prefill of
     one prompt of `tokens` (bf16 products on cuBLAS, flash attention)."""
-    d, layers = c["hidden_size"], c["num_hidden_layers"]
-    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
-    head_dim = c.get("head_dim", d // heads)
-    ffn, vocab = c["intermediate_size"], c["vocab_size"]
-    q_dim, kv_dim = heads * head_dim, kv_heads * head_dim
+    d, layers, ffn, vocab, heads, head_dim, q_dim, kv_dim = dims(c)
     w = WEIGHT_BYTES[weights]
     f32, bf16 = 4 * tokens, 2 * tokens  # bytes per element of a row, all rows
     # x read in bf16 (written so by the norm or activation before it), f32 out.

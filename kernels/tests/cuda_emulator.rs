@@ -76,63 +76,32 @@ fn check_rms_norms(
     let (xs, y) = (gpu.zeros(rows * cols * 4), gpu.zeros(rows * cols * 4));
     let grid = (rows as u32, 1);
     let mut want = vec![0f32; rows * cols];
+    // `kernel` (arguments by out_type) run storing f32, checked against
+    // `want`, then storing each half type: the f32 result rounded.
+    let check =
+        |kernel: String, args: &dyn Fn(usize) -> Vec<KernelArg>, want: &[f32], what: &str| {
+            gpu.run(&kernel, grid, block, &args(0));
+            gpu.check(y, want, &format!("{kernel}, {what}"));
+            let exact: Vec<f32> = gpu.down(y, rows * cols);
+            for out_type in [1, 2] {
+                gpu.run(&kernel, grid, block, &args(out_type));
+                let got: Vec<u16> = gpu.down(y, rows * cols);
+                let rounded: Vec<u16> = exact.iter().map(|&v| half_bits(out_type, v)).collect();
+                assert_eq!(got, rounded, "{kernel} stored as type {out_type}, {what}");
+            }
+        };
     for offset in [0.0, 1.0] {
-        let plain = |out_type| {
-            [
-                Ptr(xp),
-                Ptr(wp),
-                Ptr(y),
-                int(cols),
-                F32(1e-6),
-                F32(offset),
-                int(out_type),
-            ]
-        };
-        gpu.run(&format!("kiln_rms_norm{suffix}"), grid, block, &plain(0));
+        let what = format!("weight offset {offset}, {what}");
+        let tail = |out_type| [F32(1e-6), F32(offset), int(out_type)];
+        let plain =
+            |out_type| [&[Ptr(xp), Ptr(wp), Ptr(y), int(cols)][..], &tail(out_type)].concat();
         norm::rms_norm_rows(x, w, offset, 1e-6, &mut want);
-        gpu.check(y, &want, &format!("rms_norm{suffix} +{offset}, {what}"));
-        let exact: Vec<f32> = gpu.down(y, rows * cols);
-        for out_type in [1, 2] {
-            gpu.run(
-                &format!("kiln_rms_norm{suffix}"),
-                grid,
-                block,
-                &plain(out_type),
-            );
-            let got: Vec<u16> = gpu.down(y, rows * cols);
-            let rounded: Vec<u16> = exact.iter().map(|&v| half_bits(out_type, v)).collect();
-            assert_eq!(
-                got, rounded,
-                "rms_norm{suffix} +{offset} stored as type {out_type}, {what}"
-            );
-        }
-        let fused = |out_type| {
-            let args = [Ptr(ap), Ptr(bp), Ptr(wp), Ptr(xs), Ptr(y), int(cols)];
-            [&args[..], &[F32(1e-6), F32(offset), int(out_type)]].concat()
-        };
-        gpu.run(
-            &format!("kiln_add_rms_norm{suffix}"),
-            grid,
-            block,
-            &fused(0),
-        );
+        check(format!("kiln_rms_norm{suffix}"), &plain, &want, &what);
+        let operands = [Ptr(ap), Ptr(bp), Ptr(wp), Ptr(xs), Ptr(y), int(cols)];
+        let fused = |out_type| [&operands[..], &tail(out_type)].concat();
         norm::rms_norm_rows(&sum, w, offset, 1e-6, &mut want);
+        check(format!("kiln_add_rms_norm{suffix}"), &fused, &want, &what);
         gpu.check(xs, &sum, &format!("add_rms_norm{suffix} sum, {what}"));
-        gpu.check(y, &want, &format!("add_rms_norm{suffix} +{offset}, {what}"));
-        let exact: Vec<f32> = gpu.down(y, rows * cols);
-        for out_type in [1, 2] {
-            gpu.run(
-                &format!("kiln_add_rms_norm{suffix}"),
-                grid,
-                block,
-                &fused(out_type),
-            );
-            let got: Vec<u16> = gpu.down(y, rows * cols);
-            let rounded: Vec<u16> = exact.iter().map(|&v| half_bits(out_type, v)).collect();
-            let what = format!("add_rms_norm{suffix} +{offset} stored as type {out_type}, {what}");
-            assert_eq!(got, rounded, "{what}");
-            gpu.check(xs, &sum, &format!("{what}: sum"));
-        }
     }
 }
 
