@@ -16,8 +16,10 @@
 // each for K and V): tile j's values are fetched while the block computes
 // S = Q·K_jᵀ and its softmax, and tile j + 1's keys while it computes
 // O += P·V_j. 128 rows share each tile that passes through shared memory
-// (half the bytes a FLOP of 64-row blocks), and at ~250 registers a thread
-// one block of eight warps fills an SM's register file as two of four did.
+// (half the bytes a FLOP of 64-row blocks). One block of eight warps an SM:
+// at ~250 registers a thread (d128) that is what two blocks of four were;
+// at ~170 (d64) three of four fitted, so d64 trades a third of its warps
+// for the halved tile traffic and the overlap (unmeasured).
 //
 // Arguments and layouts are those of kiln_paged_attention_bf16 (attention.cu)
 // without the split-K ones: causal over positions, `window` > 0 keeps the last

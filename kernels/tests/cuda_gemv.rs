@@ -104,19 +104,26 @@ fn device_x(gpu: &Gpu, x: &[f32], x8: bool, shifted: bool) -> (DevicePtr, Vec<f3
     (out, values)
 }
 
-/// Runs `kernel` on `W [n, k]` (its device bytes) for every batch size the
-/// kernels take, against `reference` over `values`, W decoded to f32, with
-/// its rows split into one, two or three matrices of one launch; with
-/// `x8`, on x quantized to 8 bits.
-fn check_gemv(
-    gpu: &Gpu,
-    kernel: &str,
-    w_bytes: &[u8],
-    values: &[f32],
+/// A matrix `W [n, k]` as the kernels read it (`bytes`) and decoded to f32
+/// (`values`).
+struct Matrix<'a> {
+    bytes: &'a [u8],
+    values: &'a [f32],
     n: usize,
     k: usize,
-    x8: bool,
-) {
+}
+
+/// Runs `kernel` on `w` for every batch size the kernels take, against
+/// `reference` over its values, with its rows split into one, two or three
+/// matrices of one launch, then gated (`check_gated`); with `x8`, on x
+/// quantized to 8 bits.
+fn check_gemv(gpu: &Gpu, kernel: &str, w: &Matrix, x8: bool) {
+    let Matrix {
+        bytes: w_bytes,
+        values,
+        n,
+        k,
+    } = *w;
     let row_bytes = w_bytes.len() / n;
     let mut rng = Rng::new(k as u64);
     for (m, parts) in [(1, vec![n]), (3, vec![5, n - 5]), (8, vec![n - 9, 4, 5])] {
@@ -165,7 +172,7 @@ fn check_gemv(
             close(&got, &want, 2e-6 * scale * k as f32, &what);
         }
     }
-    check_gated(gpu, kernel, w_bytes, values, n, k, x8);
+    check_gated(gpu, kernel, w, x8);
 }
 
 /// `kiln_gated`'s activations by number, in f64: SiLU, GELU (erf), GELU
@@ -183,15 +190,13 @@ fn activation(code: u64, x: f64) -> f64 {
 /// second halves of W's rows, each its own matrix): act(gate)·up written to
 /// the first output, nothing to the second, in every split (two rows a
 /// block, eight warps for four a row), the activations taken in turn.
-fn check_gated(
-    gpu: &Gpu,
-    kernel: &str,
-    w_bytes: &[u8],
-    values: &[f32],
-    n: usize,
-    k: usize,
-    x8: bool,
-) {
+fn check_gated(gpu: &Gpu, kernel: &str, w: &Matrix, x8: bool) {
+    let Matrix {
+        bytes: w_bytes,
+        values,
+        n,
+        k,
+    } = *w;
     let half = n / 2;
     let row_bytes = w_bytes.len() / n;
     let gate = gpu.up(&w_bytes[..half * row_bytes]);
@@ -254,31 +259,25 @@ fn dense_rows_match_the_reference() {
             .iter()
             .map(|&v| bf16::from_f32(v).to_bits())
             .collect();
-        let rounded: Vec<f32> = as_bf16
+        let from_bf16: Vec<f32> = as_bf16
             .iter()
             .map(|&b| bf16::from_bits(b).to_f32())
             .collect();
-        check_gemv(
-            &gpu,
-            "kiln_gemv_bf16",
-            &bytes(&as_bf16),
-            &rounded,
-            n,
-            k,
-            false,
-        );
         let as_f16: Vec<u16> = values.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
-        let rounded: Vec<f32> = as_f16.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
-        check_gemv(
-            &gpu,
-            "kiln_gemv_f16",
-            &bytes(&as_f16),
-            &rounded,
-            n,
-            k,
-            false,
-        );
-        check_gemv(&gpu, "kiln_gemv_f32", &bytes(&values), &values, n, k, false);
+        let from_f16: Vec<f32> = as_f16.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
+        for (kernel, stored, decoded) in [
+            ("kiln_gemv_bf16", bytes(&as_bf16), &from_bf16),
+            ("kiln_gemv_f16", bytes(&as_f16), &from_f16),
+            ("kiln_gemv_f32", bytes(&values), &values),
+        ] {
+            let w = Matrix {
+                bytes: &stored,
+                values: decoded,
+                n,
+                k,
+            };
+            check_gemv(&gpu, kernel, &w, false);
+        }
     }
 }
 
@@ -303,24 +302,14 @@ fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
         (QuantType::Q6K, "q6_k", 256 * 9),
     ] {
         let (packed, values) = random_blocks(ty, n, k, k as u64);
-        check_gemv(
-            &gpu,
-            &format!("kiln_gemv_{name}"),
-            &packed,
-            &values,
+        let w = Matrix {
+            bytes: &packed,
+            values: &values,
             n,
             k,
-            false,
-        );
-        check_gemv(
-            &gpu,
-            &format!("kiln_gemv_{name}_x8"),
-            &packed,
-            &values,
-            n,
-            k,
-            true,
-        );
+        };
+        check_gemv(&gpu, &format!("kiln_gemv_{name}"), &w, false);
+        check_gemv(&gpu, &format!("kiln_gemv_{name}_x8"), &w, true);
 
         // The same blocks expanded to bf16 for the GEMM of larger batches,
         // by a grid with fewer threads than lane parts: the kernel strides

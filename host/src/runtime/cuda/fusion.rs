@@ -7,7 +7,7 @@
 //! products that read it. Each pass rewrites [`StepPlan`]s in place; a step
 //! computed by an earlier launch becomes [`StepPlan::ComputedAt`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use kiln_plugin_api::graph::{BinaryOp, DType, Op, UnaryOp, ValueId};
 
@@ -42,13 +42,7 @@ pub type HalfInputs = HashMap<ValueId, DeviceMatrix>;
 /// cast passes not made (the two norms' outputs and the activation's).
 fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfInputs {
     let computed_at = computed_at(program, steps);
-    let outputs: HashSet<ValueId> = program.graph.outputs.iter().copied().collect();
-    let mut readers: HashMap<ValueId, Vec<usize>> = HashMap::new();
-    for (s, step) in program.steps.iter().enumerate() {
-        for &v in &step.inputs {
-            readers.entry(v).or_default().push(s);
-        }
-    }
+    let readers = readers(program);
     let mut half = HalfInputs::new();
     for (s, step) in program.steps.iter().enumerate() {
         let matrix = match &steps[s] {
@@ -57,9 +51,9 @@ fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfInputs {
             _ => continue,
         };
         let x = step.inputs[0];
-        let only_these = readers[&x]
-            .iter()
-            .all(|&r| r == s || matches!(steps[r], StepPlan::ComputedAt { at } if at == s));
+        let only_these = readers[&x].iter().all(|&r| {
+            r.is_some_and(|r| r == s || matches!(steps[r], StepPlan::ComputedAt { at } if at == s))
+        });
         let Some(&p) = computed_at.get(&x) else {
             continue;
         };
@@ -72,7 +66,7 @@ fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfInputs {
             }
             _ => false,
         };
-        if only_these && stores_half && f32_output && !outputs.contains(&x) {
+        if only_these && stores_half && f32_output {
             half.insert(x, matrix);
         }
     }
@@ -178,11 +172,7 @@ fn gated_pattern(instrs: &[Instr]) -> Option<(GatedActivation, usize, usize)> {
 /// the kernel, [`StepPlan::GatedActivation`]).
 fn fuse_gated_activations(program: &Program, steps: &mut [StepPlan]) {
     let computed_at = computed_at(program, steps);
-    let mut readers: HashMap<ValueId, usize> = HashMap::new();
-    let read = program.steps.iter().flat_map(|s| s.inputs.iter());
-    for &v in read.chain(&program.graph.outputs) {
-        *readers.entry(v).or_default() += 1;
-    }
+    let readers = readers(program);
     for (j, step) in program.steps.iter().enumerate() {
         let (StepPlan::Fused(fused, inputs), Kernel::Fused { program: instrs }) =
             (&steps[j], &step.kernel)
@@ -194,7 +184,7 @@ fn fuse_gated_activations(program: &Program, steps: &mut [StepPlan]) {
         };
         let (gate, up) = (step.inputs[a], step.inputs[b]);
         let whole = inputs.iter().all(|i| i.same_shape && i.dtype == DType::F32);
-        let only_here = readers.get(&gate) == Some(&1) && readers.get(&up) == Some(&1);
+        let only_here = readers[&gate].len() == 1 && readers[&up].len() == 1;
         let Some(&at) = computed_at.get(&gate) else {
             continue;
         };
@@ -309,6 +299,21 @@ fn pair_rotations(program: &Program, steps: &mut [StepPlan]) {
             first_of.remove(&key);
         }
     }
+}
+
+/// The steps that read each value, in order; a graph output is read by the
+/// caller (`None`).
+fn readers(program: &Program) -> HashMap<ValueId, Vec<Option<usize>>> {
+    let mut readers: HashMap<ValueId, Vec<Option<usize>>> = HashMap::new();
+    for (s, step) in program.steps.iter().enumerate() {
+        for &v in &step.inputs {
+            readers.entry(v).or_default().push(Some(s));
+        }
+    }
+    for &v in &program.graph.outputs {
+        readers.entry(v).or_default().push(None);
+    }
+    readers
 }
 
 /// The step whose launch computes each value (itself, or the step that
