@@ -67,7 +67,8 @@ def prefill_kernels(c, tokens, weights, kv_bytes):
     d, layers, ffn, vocab, heads, head_dim, q_dim, kv_dim = dims(c)
     w = WEIGHT_BYTES[weights]
     f32, bf16 = 4 * tokens, 2 * tokens  # bytes per element of a row, all rows
-    # x read in bf16 (written so by the norm or activation before it), f32 out.
+    # x read in bf16 (written so by the norm, attention or activation before
+    # it), f32 out.
     gemm = lambda n, k: (n * k * w + bf16 * k + f32 * n, 2 * tokens * n * k)
     causal_pairs = tokens * (tokens + 1) / 2
     return [
@@ -79,9 +80,8 @@ def prefill_kernels(c, tokens, weights, kv_bytes):
         ("v projection", layers, *gemm(kv_dim, d)),
         ("rotary of q and k + KV-cache write", layers,
          2 * f32 * (q_dim + kv_dim) + f32 * kv_dim + 2 * tokens * kv_dim * kv_bytes, 0),
-        ("flash attention (causal)", layers, 2 * f32 * q_dim + 2 * tokens * kv_dim * kv_bytes,
-         4 * heads * head_dim * causal_pairs),
-        ("attention output cast to bf16", layers, f32 * q_dim + bf16 * q_dim, 0),
+        ("flash attention (causal), output stored in bf16", layers,
+         f32 * q_dim + bf16 * q_dim + 2 * tokens * kv_dim * kv_bytes, 4 * heads * head_dim * causal_pairs),
         ("o projection", layers, *gemm(d, q_dim)),
         ("gate projection", layers, *gemm(ffn, d)),
         ("up projection", layers, *gemm(ffn, d)),

@@ -94,7 +94,7 @@ struct RowKeys {
 // warp takes KEYS keys at a time.
 template <int PER_LANE, int KEYS, typename C, typename Keys>
 __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict__ k, const C* __restrict__ v,
-                            float* __restrict__ out_row, float* __restrict__ part, Keys keys, int kv_head,
+                            OutRow out_row, float* __restrict__ part, Keys keys, int kv_head,
                             i64 first, i64 last, int head_dim, float scale, float softcap) {
   __shared__ float warp_m[KILN_ATTN_WARPS];
   __shared__ float warp_l[KILN_ATTN_WARPS];
@@ -179,7 +179,7 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
     if (part != nullptr)
       part[2 + d] = sum;
     else
-      out_row[d] = total > 0.0f ? sum / total : 0.0f;  // no keys: padding
+      out_row.set(d, total > 0.0f ? sum / total : 0.0f);  // no keys: padding
   }
 }
 
@@ -192,13 +192,15 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
 // only and writes its running max, sum of weights and unnormalized output to
 // partials[((row · num_heads + head) · gridDim.z + z) · (head_dim + 2)]:
 // [m, l, acc...]; kiln_attention_combine merges the splits into `out`.
+// `out` holds elements of type `out_type` (KILN_OUT_*: f32, or the half type
+// of the output projection reading it).
 template <int PER_LANE, int KEYS, typename C>
 __device__ void paged_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
                                 const C* __restrict__ v_cache, float* __restrict__ out,
                                 const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                 const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                 int block_size, int num_heads, int kv_heads, int head_dim, float scale, int window,
-                                float softcap, int split_keys, float* __restrict__ partials) {
+                                float softcap, int split_keys, float* __restrict__ partials, int out_type) {
   i64 row = blockIdx.x, position;
   int head = blockIdx.y;
   int b = sequence_of(row_offsets, context_lens, batch, row, &position);
@@ -213,7 +215,8 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
                     : partials + ((row * num_heads + head) * gridDim.z + blockIdx.z) * (head_dim + 2);
   PagedKeys keys{block_tables, b, blocks_per_seq, block_size, kv_heads * head_dim};
   attend_keys<PER_LANE, KEYS>(q + (row * num_heads + head) * head_dim, k_cache, v_cache,
-                             out + (row * num_heads + head) * head_dim, part, keys, head / (num_heads / kv_heads),
+                             OutRow{out, (row * num_heads + head) * head_dim, out_type}, part, keys,
+                             head / (num_heads / kv_heads),
                              first, last, head_dim, scale, softcap);
 }
 
@@ -256,7 +259,8 @@ __device__ void grouped_attention(const float* __restrict__ q, const C* __restri
                                   const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                   const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                   int block_size, int num_heads, int kv_heads, int head_dim, float scale,
-                                  int window, float softcap, int split_keys, float* __restrict__ partials) {
+                                  int window, float softcap, int split_keys, float* __restrict__ partials,
+                                  int out_type) {
   // Per lane group: its running max and sum of weights per query head, and
   // its unnormalized outputs; then each head's merged max and sum, and each
   // lane group's weight in the merge.
@@ -375,7 +379,7 @@ __device__ void grouped_attention(const float* __restrict__ q, const C* __restri
       }
       part[2 + d] = sum;
     } else {
-      out[head_row * head_dim + d] = head_l[h] > 0.0f ? sum / head_l[h] : 0.0f;  // no keys: padding
+      store_as(out, head_row * head_dim + d, head_l[h] > 0.0f ? sum / head_l[h] : 0.0f, out_type);  // no keys
     }
   }
 }
@@ -396,14 +400,15 @@ extern "C" __global__ void kiln_sequence_attention(const float* __restrict__ q, 
   i64 last = causal ? row - start : row_offsets[b + 1] - start - 1;
   RowKeys keys{start, kv_heads * head_dim};
   attend_keys<KILN_ATTN_PER_LANE, KILN_ATTN_KEYS>(q + (row * num_heads + head) * head_dim, k, v,
-                                                 out + (row * num_heads + head) * head_dim, (float*)nullptr, keys,
+                                                 OutRow{out, (row * num_heads + head) * head_dim, KILN_OUT_F32},
+                                                 (float*)nullptr, keys,
                                                  head / (num_heads / kv_heads), (i64)0, last, head_dim, scale, 0.0f);
 }
 
-// out [T, num_heads, head_dim] from `splits` partial results per (row, head)
-// of the split-K attention: one block per (row, head).
+// out [T, num_heads, head_dim] (of type `out_type`) from `splits` partial
+// results per (row, head) of the split-K attention: one block per (row, head).
 extern "C" __global__ void kiln_attention_combine(const float* __restrict__ partials, float* __restrict__ out,
-                                                  int num_heads, int head_dim, int splits) {
+                                                  int num_heads, int head_dim, int splits, int out_type) {
   kiln_wait_inputs();
   i64 row = blockIdx.x;
   int head = blockIdx.y;
@@ -416,14 +421,14 @@ extern "C" __global__ void kiln_attention_combine(const float* __restrict__ part
     float l = p[s * (head_dim + 2) + 1];
     if (l > 0.0f) total += l * expf(p[s * (head_dim + 2)] - m_all);
   }
-  float* out_row = out + (row * num_heads + head) * head_dim;
+  OutRow out_row{out, (row * num_heads + head) * head_dim, out_type};
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float sum = 0.0f;
     for (int s = 0; s < splits; ++s) {
       const float* q = p + s * (head_dim + 2);
       if (q[1] > 0.0f) sum += q[2 + d] * expf(q[0] - m_all);
     }
-    out_row[d] = total > 0.0f ? sum / total : 0.0f;
+    out_row.set(d, total > 0.0f ? sum / total : 0.0f);
   }
 }
 
@@ -433,10 +438,10 @@ extern "C" __global__ void kiln_attention_combine(const float* __restrict__ part
       float *__restrict__ out, const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,        \
       const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,        \
       int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys,                         \
-      float *__restrict__ partials
+      float *__restrict__ partials, int out_type
 #define KILN_PAGED_ATTENTION_ARGS                                                                                 \
   q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size, num_heads, \
-      kv_heads, head_dim, scale, window, softcap, split_keys, partials
+      kv_heads, head_dim, scale, window, softcap, split_keys, partials, out_type
 
 extern "C" __global__ void kiln_paged_attention(KILN_PAGED_ATTENTION_PARAMS(float)) {
   kiln_wait_inputs();

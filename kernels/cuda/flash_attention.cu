@@ -22,7 +22,7 @@
 // for the halved tile traffic and the overlap (unmeasured).
 //
 // Arguments and layouts are those of kiln_paged_attention_bf16 (attention.cu)
-// without the split-K ones: causal over positions, `window` > 0 keeps the last
+// without the split-K ones (`out` of type `out_type`, KILN_OUT_*): causal over positions, `window` > 0 keeps the last
 // `window` positions, `softcap` > 0 applies cap·tanh(score / cap). The grid's
 // x is the query head (the heads of one key/value head run side by side and
 // share its tiles in L2), y covers the query tiles of every sequence
@@ -90,7 +90,7 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
                                 const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                 const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                 int block_size, int num_heads, int kv_heads, float scale, int window,
-                                float softcap) {
+                                float softcap, int out_type) {
   // Bytes16 elements: 16-byte aligned for the tile loads.
   __shared__ Bytes16 k_raw[KILN_FLASH_KEYS * (D + 8) / 8];
   __shared__ Bytes16 v_raw[KILN_FLASH_KEYS * (D + 8) / 8];
@@ -265,28 +265,28 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
   for (int n = 0; n < D / 8; ++n) {
     int d = n * 8 + 2 * t;
     if (in_a) {
-      float* y = out + (row_a * num_heads + head) * D + d;
-      y[0] = o[n][0] * inv_a;
-      y[1] = o[n][1] * inv_a;
+      i64 y = (row_a * num_heads + head) * D + d;
+      store_as(out, y, o[n][0] * inv_a, out_type);
+      store_as(out, y + 1, o[n][1] * inv_a, out_type);
     }
     if (in_b) {
-      float* y = out + (row_b * num_heads + head) * D + d;
-      y[0] = o[n][2] * inv_b;
-      y[1] = o[n][3] * inv_b;
+      i64 y = (row_b * num_heads + head) * D + d;
+      store_as(out, y, o[n][2] * inv_b, out_type);
+      store_as(out, y + 1, o[n][3] * inv_b, out_type);
     }
   }
 }
 
 #define KILN_FLASH_KERNEL(D)                                                                                   \
   flash_attention<D>(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, \
-                     block_size, num_heads, kv_heads, scale, window, softcap)
+                     block_size, num_heads, kv_heads, scale, window, softcap, out_type)
 
 extern "C" __global__ void kiln_flash_attention_bf16_d64(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
                                   const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
                                   const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                   const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                   int block_size, int num_heads, int kv_heads, float scale, int window,
-                                  float softcap) {
+                                  float softcap, int out_type) {
   KILN_FLASH_KERNEL(64);
 }
 
@@ -295,7 +295,7 @@ extern "C" __global__ void kiln_flash_attention_bf16_d96(const float* __restrict
                                   const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                   const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                   int block_size, int num_heads, int kv_heads, float scale, int window,
-                                  float softcap) {
+                                  float softcap, int out_type) {
   KILN_FLASH_KERNEL(96);
 }
 
@@ -304,6 +304,6 @@ extern "C" __global__ void kiln_flash_attention_bf16_d128(const float* __restric
                                    const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                    const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                    int block_size, int num_heads, int kv_heads, float scale, int window,
-                                   float softcap) {
+                                   float softcap, int out_type) {
   KILN_FLASH_KERNEL(128);
 }

@@ -357,6 +357,14 @@ __device__ __forceinline__ void store_as(float* out, i64 i, float v, int type) {
     out[i] = v;
 }
 
+// A row of `out` (elements of type `type`) starting at element `at`.
+struct OutRow {
+  float* out;
+  i64 at;
+  int type;
+  __device__ __forceinline__ void set(i64 i, float v) const { store_as(out, at + i, v, type); }
+};
+
 // Float to integer as Rust's `as i64`: toward zero, saturating, NaN to 0.
 __device__ __forceinline__ i64 f32_to_i64(float v) {
   if (v != v) return 0;

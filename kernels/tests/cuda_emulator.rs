@@ -80,15 +80,13 @@ fn check_rms_norms(
     // `want`, then storing each half type: the f32 result rounded.
     let check =
         |kernel: String, args: &dyn Fn(usize) -> Vec<KernelArg>, want: &[f32], what: &str| {
+            let what = format!("{kernel}, {what}");
             gpu.run(&kernel, grid, block, &args(0));
-            gpu.check(y, want, &format!("{kernel}, {what}"));
+            gpu.check(y, want, &what);
             let exact: Vec<f32> = gpu.down(y, rows * cols);
-            for out_type in [1, 2] {
-                gpu.run(&kernel, grid, block, &args(out_type));
-                let got: Vec<u16> = gpu.down(y, rows * cols);
-                let rounded: Vec<u16> = exact.iter().map(|&v| half_bits(out_type, v)).collect();
-                assert_eq!(got, rounded, "{kernel} stored as type {out_type}, {what}");
-            }
+            gpu.check_half_stores(y, &exact, &what, |t| {
+                gpu.run(&kernel, grid, block, &args(t))
+            });
         };
     for offset in [0.0, 1.0] {
         let what = format!("weight offset {offset}, {what}");
@@ -102,15 +100,6 @@ fn check_rms_norms(
         norm::rms_norm_rows(&sum, w, offset, 1e-6, &mut want);
         check(format!("kiln_add_rms_norm{suffix}"), &fused, &want, &what);
         gpu.check(xs, &sum, &format!("add_rms_norm{suffix} sum, {what}"));
-    }
-}
-
-/// The bits of `v` rounded to bf16 (`out_type` 1) or f16 (2), as kernels
-/// store an f32 result for products that read it in that type.
-fn half_bits(out_type: usize, v: f32) -> u16 {
-    match out_type {
-        1 => bf16::from_f32(v).to_bits(),
-        _ => f16::from_f32(v).to_bits(),
     }
 }
 
@@ -200,6 +189,8 @@ impl Attention {
 /// One ragged batch through kiln_write_kv + `kernel` and the CPU write_kv +
 /// paged_attention: `shape` is (heads, kv heads, head_dim, block size).
 /// Kernels with a `_bf16` form run it too, over the cache rounded to bf16.
+/// Stored in bf16 or f16 (for the output projection), the output is the f32
+/// result rounded, whole or merged from split-K partials.
 fn attention_case(
     gpu: &Gpu,
     kernel: Attention,
@@ -266,9 +257,13 @@ fn attention_case(
         attn::paged_attention(layout, &kh, &vh, &q, &mut want, heads, &seqs, params);
         let out = gpu.zeros(q.len() * 4);
         let args = [&[Ptr(gpu.up(&q)), Ptr(kc), Ptr(vc), Ptr(out)][..], &tail].concat();
-        let unsplit = [&args[..], &[int(0), Ptr(0)]].concat();
-        gpu.run(&name, grid, 128, &unsplit);
+        let unsplit = |out_type| [&args[..], &[int(0), Ptr(0), int(out_type)]].concat();
+        gpu.run(&name, grid, 128, &unsplit(0));
         gpu.check(out, &want, &what);
+        let exact: Vec<f32> = gpu.down(out, q.len());
+        gpu.check_half_stores(out, &exact, &what, |t| {
+            gpu.run(&name, grid, 128, &unsplit(t))
+        });
 
         // Split-K: each row's keys in parts of one block, and in two
         // halves, merged by kiln_attention_combine.
@@ -277,18 +272,29 @@ fn attention_case(
             let split_keys = per_seq.div_ceil(splits) * bs;
             let partials = gpu.zeros(rows * heads * splits * (d + 2) * 4);
             let out = gpu.zeros(q.len() * 4);
-            let split = [&args[..], &[int(split_keys), Ptr(partials)]].concat();
+            let split = [&args[..], &[int(split_keys), Ptr(partials), int(0)]].concat();
             let mut config = LaunchConfig::linear(grid.0, 128);
             config.grid = (grid.0, grid.1, splits as u32);
             gpu.dev.launch(gpu.f(&name), config, &split).unwrap();
-            let combine = [Ptr(partials), Ptr(out), int(heads), int(d), int(splits)];
-            gpu.run(
-                "kiln_attention_combine",
-                (rows as u32, heads as u32),
-                128,
-                &combine,
-            );
-            gpu.check(out, &want, &format!("{what}, {splits} splits"));
+            let combine = |t| {
+                [
+                    Ptr(partials),
+                    Ptr(out),
+                    int(heads),
+                    int(d),
+                    int(splits),
+                    int(t),
+                ]
+            };
+            let run_combine = |t| {
+                let grid = (rows as u32, heads as u32);
+                gpu.run("kiln_attention_combine", grid, 128, &combine(t))
+            };
+            run_combine(0);
+            let what = format!("{what}, {splits} splits");
+            gpu.check(out, &want, &what);
+            let exact: Vec<f32> = gpu.down(out, q.len());
+            gpu.check_half_stores(out, &exact, &what, run_combine);
         }
     }
 }

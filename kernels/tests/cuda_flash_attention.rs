@@ -89,13 +89,17 @@ fn flash_case(
     let args = [Ptr(gpu.up(&q)), Ptr(kc), Ptr(vc), Ptr(out)];
     let (window, cap) = (int(window.unwrap_or(0)), F32(cap.unwrap_or(0.0)));
     let args = [&args[..], &metadata, &[int(heads), int(kv_heads)]].concat();
-    let args = [&args[..], &[F32(scale), window, cap]].concat();
+    let tail = |out_type| [F32(scale), window.clone(), cap.clone(), int(out_type)];
+    let args = |out_type| [&args[..], &tail(out_type)].concat();
     // Blocks of 8 warps take 128 query rows of one head.
     let tiles = rows.div_ceil(128) + shapes.len();
     let kernel = format!("kiln_flash_attention_bf16_d{d}");
-    gpu.run(&kernel, (heads as u32, tiles as u32), 256, &args);
+    let run = |out_type| gpu.run(&kernel, (heads as u32, tiles as u32), 256, &args(out_type));
+    run(0);
     let got: Vec<f32> = gpu.down(out, want.len());
     close(&got, &want, FLASH_TOL, &what);
+    // Stored for the output projection in bf16 or f16: the f32 result rounded.
+    gpu.check_half_stores(out, &got, &what, run);
     let worst = got
         .iter()
         .zip(&want)

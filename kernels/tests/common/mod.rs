@@ -85,6 +85,34 @@ impl Gpu {
     pub fn check(&self, ptr: DevicePtr, want: &[f32], what: &str) {
         close(&self.down(ptr, want.len()), want, TOL, what);
     }
+
+    /// Checks a kernel whose last argument is `out_type` (as `store_as` in
+    /// kiln_cuda.cuh numbers it), launched by `run(out_type)`: stored in
+    /// bf16 (1) or f16 (2) at `out`, its result must be exactly the bits of
+    /// `exact`, its f32 result (0), rounded to nearest even.
+    pub fn check_half_stores(
+        &self,
+        out: DevicePtr,
+        exact: &[f32],
+        what: &str,
+        run: impl Fn(usize),
+    ) {
+        for out_type in [1, 2] {
+            run(out_type);
+            let got: Vec<u16> = self.down(out, exact.len());
+            let rounded: Vec<u16> = exact.iter().map(|&v| half_bits(out_type, v)).collect();
+            assert_eq!(got, rounded, "{what}: stored as type {out_type}");
+        }
+    }
+}
+
+/// The bits of `v` rounded to bf16 (`out_type` 1) or f16 (2), as kernels
+/// store an f32 result for products that read it in that type.
+pub fn half_bits(out_type: usize, v: f32) -> u16 {
+    match out_type {
+        1 => half::bf16::from_f32(v).to_bits(),
+        _ => half::f16::from_f32(v).to_bits(),
+    }
 }
 
 /// `int` and `long long` arguments from sizes.

@@ -10,6 +10,7 @@ use kiln_plugin_api::graph::{AttentionSpec, ValueId};
 
 use super::launch::{numel, row_threads, Frame};
 use super::plan::CacheWrite;
+use super::products::out_type_arg;
 use super::DeviceKvCache;
 use crate::compiler::Step;
 
@@ -172,11 +173,14 @@ impl Frame<'_> {
         ]);
         let window = KernelArg::I32(spec.sliding_window.map_or(0, |w| w as i32));
         let softcap = KernelArg::F32(spec.softcap.unwrap_or(0.0));
+        // The output's type: f32, or the half type of the output projection
+        // reading it (fusion.rs, `half_product_inputs`).
+        let out_type = out_type_arg(self.stored_half(step.output));
         let flash = flash_kernel(head_dim).filter(|_| {
             self.flash_attention && cache.bf16 && tokens >= FLASH_ROWS_PER_SEQUENCE * batch
         });
         if let Some(flash) = flash {
-            args.extend([KernelArg::F32(spec.scale), window, softcap]);
+            args.extend([KernelArg::F32(spec.scale), window, softcap, out_type]);
             let tiles = tokens.div_ceil(FLASH_TILE_ROWS) + batch;
             return self.launch(
                 flash,
@@ -201,7 +205,11 @@ impl Frame<'_> {
             1 => 0,
             _ => scratch.ok_or("no scratch planned for split attention")?,
         };
-        args.extend([KernelArg::I32(split_keys as i32), KernelArg::Ptr(partials)]);
+        args.extend([
+            KernelArg::I32(split_keys as i32),
+            KernelArg::Ptr(partials),
+            out_type.clone(),
+        ]);
         let block = (128, 1, 1);
         let config = |grid| LaunchConfig::new(grid, block);
         let grid = (tokens as u32, blocks_per_row as u32, splits as u32);
@@ -218,6 +226,7 @@ impl Frame<'_> {
                 KernelArg::I32(num_heads as i32),
                 KernelArg::I32(head_dim as i32),
                 KernelArg::I32(splits as i32),
+                out_type,
             ],
         )
     }

@@ -3,9 +3,10 @@
 //! as one launch (q, k and v; gate and up), a gated MLP's activation inside
 //! its gate and up GEMV, a residual add with the RMS norm that reads it,
 //! the rotations of q and k in one launch that also writes the KV cache,
-//! norms and activations that store their result in the half type of the
-//! products that read it. Each pass rewrites [`StepPlan`]s in place; a step
-//! computed by an earlier launch becomes [`StepPlan::ComputedAt`].
+//! norms, activations and attention that store their result in the half
+//! type of the products that read it. Each pass rewrites [`StepPlan`]s in
+//! place; a step computed by an earlier launch becomes
+//! [`StepPlan::ComputedAt`].
 
 use std::collections::HashMap;
 
@@ -35,14 +36,23 @@ pub fn fuse(program: &Program, homes: &[Home], steps: &mut [StepPlan]) -> HalfIn
 pub type HalfInputs = HashMap<ValueId, DeviceMatrix>;
 
 /// Finds the x of `Linear` products (single or grouped) that only those
-/// products read and that an RMS norm (fused with its residual add or not)
-/// or a generated f32 kernel (a gated MLP's activation among them) writes:
-/// the producer can store it in the products' half type. By arithmetic, at a
-/// 2048-token Llama-3-8B prefill that is ~370 MB a layer of f32 writes and
-/// cast passes not made (the two norms' outputs and the activation's).
+/// products read and that an RMS norm (fused with its residual add or not),
+/// a generated f32 kernel (a gated MLP's activation among them) or a paged
+/// attention (x its heads side by side, a reshape of its output) writes: the
+/// producer can store it in the products' half type. By arithmetic, at a
+/// 2048-token Llama-3-8B prefill that is ~440 MB a layer of f32 writes and
+/// cast passes not made (the two norms' outputs, the activation's and the
+/// attention's).
 fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfInputs {
     let computed_at = computed_at(program, steps);
     let readers = readers(program);
+    // Whether launch `s` alone reads `v` (its step, or one it computes).
+    let read_only_by = |v: ValueId, s: usize| {
+        readers[&v].iter().all(|&r| {
+            r.is_some_and(|r| r == s || matches!(steps[r], StepPlan::ComputedAt { at } if at == s))
+        })
+    };
+    let is_f32 = |v: ValueId| program.graph.nodes[v as usize].ty.dtype == DType::F32;
     let mut half = HalfInputs::new();
     for (s, step) in program.steps.iter().enumerate() {
         let matrix = match &steps[s] {
@@ -51,22 +61,33 @@ fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfInputs {
             _ => continue,
         };
         let x = step.inputs[0];
-        let only_these = readers[&x].iter().all(|&r| {
-            r.is_some_and(|r| r == s || matches!(steps[r], StepPlan::ComputedAt { at } if at == s))
-        });
         let Some(&p) = computed_at.get(&x) else {
             continue;
         };
+        if !read_only_by(x, s) || !is_f32(x) {
+            continue;
+        }
         let producer = &program.steps[p];
-        let f32_output = program.graph.nodes[x as usize].ty.dtype == DType::F32;
         let stores_half = match &steps[p] {
             StepPlan::AddRmsNorm { norm, .. } => *norm == x,
             StepPlan::RmsNorm { .. } | StepPlan::Fused(..) | StepPlan::GatedActivation { .. } => {
                 producer.output == x
             }
+            StepPlan::Alias => {
+                let heads = producer.inputs[0];
+                let attention = computed_at.get(&heads).is_some_and(|&a| {
+                    matches!(steps[a], StepPlan::Attention { .. })
+                        && program.steps[a].output == heads
+                });
+                let stores = attention && read_only_by(heads, p) && is_f32(heads);
+                if stores {
+                    half.insert(heads, matrix);
+                }
+                stores
+            }
             _ => false,
         };
-        if only_these && stores_half && f32_output {
+        if stores_half {
             half.insert(x, matrix);
         }
     }

@@ -103,7 +103,7 @@ impl Frame<'_> {
     /// The half type `value` is stored in at this step's shapes: that of the
     /// products reading it (past the decode GEMV), where its producer writes
     /// it so ([`HalfInputs`]); `None` for f32.
-    fn stored_half(&self, value: ValueId) -> Option<GemmType> {
+    pub(super) fn stored_half(&self, value: ValueId) -> Option<GemmType> {
         let w = self.half_inputs.get(&value)?;
         let m = numel(&self.shapes[value as usize]) / w.cols.max(1);
         x_half_type(w, WeightLayout::OutIn, m)
