@@ -18,6 +18,9 @@
 #   bench/gpu/run.sh pdl               Kiln's decode at batch 1, 8 and 64 with and without
 #                                      programmatic dependent launch
 #                                      (KILN_NO_PROGRAMMATIC_LAUNCH), as text
+#   bench/gpu/run.sh sampled           Kiln's decode at batch 1 and 64, greedy and sampled
+#                                      (temperature 1, top-p 0.95): what the device
+#                                      sampler costs a step, as text
 #   bench/gpu/run.sh profile           where a decode step's time goes at batch 1, 16
 #                                      and 64 (llama3-8b bf16 and q4_k_m, q4_k_m+fast
 #                                      at batch 1), and a 2048-
@@ -113,6 +116,26 @@ pdl() {
   each_shape pdl_shape
 }
 
+# Decode greedy and sampled (temperature 1, top-p 0.95), llama3-8b and
+# llama3.2-1b bf16 unless KILN_BENCH_SHAPES says otherwise: the difference
+# is the device sampler's cost a step. Text, in sampled-*.txt.
+sampled_shape() {
+  local shape=$1 dtype=$2 name=$3 mode
+  for mode in greedy sampled; do
+    echo "== kiln $shape $dtype: decode, $mode"
+    local sampling=(--temperature 0)
+    [ "$mode" = sampled ] && sampling=(--temperature 1 --top-p 0.95)
+    "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
+      --input-len "$input_len" --output-len 64 --concurrency 1,64 "${sampling[@]}" \
+      2>&1 | tee "$results/sampled-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype $mode"
+  done
+}
+
+sampled() {
+  . tests/gpu/env.sh
+  KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape sampled_shape
+}
+
 # Each run's kernel time against its wall time, per kernel
 # (bench/gpu/kernels.py), with whichever Nsight tool the machine has.
 profile() {
@@ -165,6 +188,7 @@ case "${1:-}" in
   kiln) kiln ;;
   splits) splits ;;
   pdl) pdl ;;
+  sampled) sampled ;;
   profile) profile ;;
   torch) torch_baseline "${2:?mode}" "${3:?shape}" ;;
   table) table ;;
@@ -172,6 +196,7 @@ case "${1:-}" in
     kiln
     splits
     pdl
+    sampled
     profile
     for shape in llama3-8b llama3.2-1b; do
       for mode in eager compiled; do torch_baseline "$mode" "$shape"; done

@@ -137,6 +137,14 @@ pub struct BenchmarkArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     pub concurrency: Vec<usize>,
 
+    /// Sampling temperature of every request (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+
+    /// Nucleus (top-p) cut of every request (1: none).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+
     /// Most tokens in one engine step (prefill chunks included).
     #[arg(long, default_value_t = 2048)]
     pub max_batch_tokens: usize,

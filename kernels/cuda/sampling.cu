@@ -189,6 +189,23 @@ __device__ int first_largest_row(const float* x, int n, int* found) {
   return block_first_largest(best, best_i, found);
 }
 
+// The first element of `v` after element `prev` in sorted order (the very
+// first when prev < 0), in one pass.
+__device__ int next_in_order(const float* v, int n, int prev, int* found) {
+  const unsigned int prev_key = prev >= 0 ? order_key(v[prev]) : 0;
+  unsigned int best = 0;
+  int best_i = 0x7fffffff;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    unsigned int key = order_key(v[i]);
+    bool after = prev < 0 || key < prev_key || (key == prev_key && i > prev);
+    if (after && (key > best || best_i == 0x7fffffff)) {  // strided: a later i never wins a tie
+      best = key;
+      best_i = i;
+    }
+  }
+  return block_first_largest(best, best_i, found);
+}
+
 // True when element i comes no later than element b in sorted order.
 __device__ __forceinline__ bool not_after(const float* v, int i, int b) {
   unsigned int ki = order_key(v[i]), kb = order_key(v[b]);
@@ -197,12 +214,97 @@ __device__ __forceinline__ bool not_after(const float* v, int i, int b) {
 
 __device__ __forceinline__ bool finite(float x) { return x == x && fabsf(x) <= 3.402823466e38f; }
 
+// A sampled row's likeliest tokens, sorted in shared memory (key descending,
+// index ascending: the order every selection here uses), with their
+// probabilities. They are always a prefix of the row's sorted order, so a
+// cut or a draw that lands among them is taken there by one thread walking
+// them as the host sampler walks its sorted vector (the same sums in the
+// same order), in a pass and a sort instead of prefix_select's 34 passes
+// over the row a selection.
+#define KILN_SAMPLE_CANDIDATES 2048
+// Candidates are the tokens of probability at least 1 / KILN_SAMPLE_LIKELY
+// under the softmax of every finite logit: at most that many (a few more by
+// rounding), so they fit.
+#define KILN_SAMPLE_LIKELY 1024.0f
+
+struct SampleCandidates {
+  unsigned int key[KILN_SAMPLE_CANDIDATES];
+  int index[KILN_SAMPLE_CANDIDATES];
+  float prob[KILN_SAMPLE_CANDIDATES];
+  int count;
+};
+
+// True when candidate a comes before candidate b in sorted order.
+__device__ __forceinline__ bool sorts_before(const SampleCandidates& c, int a, int b) {
+  return c.key[a] > c.key[b] || (c.key[a] == c.key[b] && c.index[a] < c.index[b]);
+}
+
+// Gathers the elements of `v` at or above `cut` into `c`, sorted (bitonic,
+// over the next power of two, padded with entries that sort last); 0
+// candidates when they do not fit. Returns the count.
+__device__ int gather_sorted(const float* v, int n, float cut, SampleCandidates& c) {
+  if (threadIdx.x == 0) c.count = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    if (v[i] >= cut) {
+      int at = atomicAdd(&c.count, 1);
+      if (at < KILN_SAMPLE_CANDIDATES) {
+        c.key[at] = order_key(v[i]);
+        c.index[at] = i;
+      }
+    }
+  __syncthreads();
+  int count = c.count;
+  __syncthreads();
+  if (count > KILN_SAMPLE_CANDIDATES) count = 0;
+  if (threadIdx.x == 0) c.count = count;
+  int size = 1;
+  while (size < count) size <<= 1;
+  for (int i = count + threadIdx.x; i < size; i += blockDim.x) {
+    c.key[i] = 0;
+    c.index[i] = 0x7fffffff;
+  }
+  __syncthreads();
+  for (int span = 2; span <= size; span <<= 1)
+    for (int stride = span / 2; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < size; i += blockDim.x) {
+        int l = i ^ stride;
+        if (l > i && ((i & span) == 0 ? sorts_before(c, l, i) : sorts_before(c, i, l))) {
+          unsigned int key = c.key[i];
+          int index = c.index[i];
+          c.key[i] = c.key[l];
+          c.index[i] = c.index[l];
+          c.key[l] = key;
+          c.index[l] = index;
+        }
+      }
+      __syncthreads();
+    }
+  return count;
+}
+
+// The first j < limit with pred(j); -1 for none.
+template <typename Pred>
+__device__ int first_candidate(int limit, Pred pred, int* found) {
+  if (threadIdx.x == 0) found[0] = 0x7fffffff;
+  __syncthreads();
+  for (int j = threadIdx.x; j < limit; j += blockDim.x)
+    if (pred(j)) {
+      atomicMin(&found[0], j);
+      break;
+    }
+  __syncthreads();
+  int result = found[0];
+  __syncthreads();
+  return result == 0x7fffffff ? -1 : result;
+}
+
 // The pick of a row with penalties, a logit bias or bans, or sampled: the
 // adjusted logits go to `w`, then greedy takes the first largest and
 // sampling walks the draw along the sorted survivors; -1 when none survives.
 __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w, const KilnSampleParams& p,
                              const KilnAdjust* __restrict__ adjust, int vocab, float* scratch, float* scan,
-                             int* found) {
+                             int* found, SampleCandidates& cand) {
   // Penalties, the logit bias and bans on a copy.
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = x[i] == x[i] ? x[i] : KILN_NEG_INF;
   __syncthreads();
@@ -238,38 +340,111 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) finite_count += finite(w[i]) ? 1 : 0;
     finite_count = (int)block_sum((float)finite_count, scratch);
     auto is_finite = [&](int i) { return finite(w[i]); };
+    // The softmax of every finite logit (the survivors' without top_k), and
+    // the likeliest tokens under it, sorted (SampleCandidates): each cut and
+    // the draw below is taken among them when it lands there, else by
+    // passes over the whole row.
+    float best_all = KILN_NEG_INF;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+      if (is_finite(i)) best_all = fmaxf(best_all, w[i]);
+    best_all = block_max(best_all, scratch);
+    float total_all = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+      if (is_finite(i)) total_all += expf(w[i] - best_all);
+    total_all = block_sum(total_all, scratch);
+    const float cut = best_all + logf(total_all / KILN_SAMPLE_LIKELY);
+    const int n = gather_sorted(w, vocab, cut, cand);
     // top_k: the k-th survivor bounds the set.
-    int kth = p.top_k > 0 && p.top_k < finite_count
-                  ? prefix_select(w, vocab, is_finite, one, (float)p.top_k, scratch, scan, found)
-                  : -1;
+    const bool has_k = p.top_k > 0 && p.top_k < finite_count;
+    int kth = -1;
+    if (has_k)
+      kth = p.top_k <= n ? cand.index[p.top_k - 1]
+                         : prefix_select(w, vocab, is_finite, one, (float)p.top_k, scratch, scan, found);
     auto in_top_k = [&](int i) { return finite(w[i]) && (kth < 0 || not_after(w, i, kth)); };
     // Softmax over the survivors: the first of them holds the maximum.
-    float best = KILN_NEG_INF;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-      if (in_top_k(i)) best = fmaxf(best, w[i]);
-    best = block_max(best, scratch);
-    float total = 0.0f;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-      if (in_top_k(i)) total += expf(w[i] - best);
-    total = block_sum(total, scratch);
+    float best = best_all, total = total_all;
+    if (has_k) {
+      best = KILN_NEG_INF;
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        if (in_top_k(i)) best = fmaxf(best, w[i]);
+      best = block_max(best, scratch);
+      total = 0.0f;
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        if (in_top_k(i)) total += expf(w[i] - best);
+      total = block_sum(total, scratch);
+    }
     auto prob = [&](int i) { return expf(w[i] - best) / total; };
     // min_p: drop what is less likely than min_p × the most likely.
     const float floor = p.min_p > 0.0f ? p.min_p * (1.0f / total) : 0.0f;
     auto above_floor = [&](int i) { return in_top_k(i) && prob(i) >= floor; };
-    // top_p: the shortest sorted prefix reaching top_p.
-    int pth = p.top_p < 1.0f ? prefix_select(w, vocab, above_floor, prob, p.top_p, scratch, scan, found) : -1;
+    // The survivors above the floor are a prefix of the sorted order: the
+    // candidates' first `above_end`, all of them when `inside`.
+    for (int j = threadIdx.x; j < n; j += blockDim.x) cand.prob[j] = prob(cand.index[j]);
+    int above_end = first_candidate(n, [&](int j) { return !above_floor(cand.index[j]); }, found);
+    if (above_end < 0) above_end = n;
+    const bool inside = above_end < n || n == finite_count || (has_k && p.top_k <= n);
+    // top_p: the shortest sorted prefix reaching top_p (none when they all
+    // fall short).
+    int pth = -1;
+    if (p.top_p < 1.0f) {
+      if (threadIdx.x == 0) {
+        float cumulative = 0.0f;
+        int at = -1;
+        for (int j = 0; j < above_end && at < 0; ++j) {
+          cumulative += cand.prob[j];
+          if (cumulative >= p.top_p) at = j;
+        }
+        found[0] = at;
+      }
+      __syncthreads();
+      int at = found[0];
+      __syncthreads();
+      if (at >= 0)
+        pth = cand.index[at];
+      else if (!inside)
+        pth = prefix_select(w, vocab, above_floor, prob, p.top_p, scratch, scan, found);
+    }
     auto kept = [&](int i) { return above_floor(i) && (pth < 0 || not_after(w, i, pth)); };
+    // The kept tokens, a prefix too: the candidates' first `kept_end`.
+    int kept_end = first_candidate(n, [&](int j) { return !kept(cand.index[j]); }, found);
+    if (kept_end < 0) kept_end = n;
+    const bool kept_inside = kept_end < n || n == finite_count || (has_k && p.top_k <= n);
     float kept_mass = 0.0f;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-      if (kept(i)) kept_mass += prob(i);
-    kept_mass = block_sum(kept_mass, scratch);
-    token = prefix_select(w, vocab, kept, prob, p.uniform * kept_mass, scratch, scan, found);
-    if (token < 0 && finite_count > 0) {
-      // The draw ran past the kept mass by rounding: the last kept token.
-      float kept_count = 0.0f;
-      for (int i = threadIdx.x; i < vocab; i += blockDim.x) kept_count += kept(i) ? 1.0f : 0.0f;
-      kept_count = block_sum(kept_count, scratch);
-      token = prefix_select(w, vocab, kept, one, kept_count, scratch, scan, found);
+    if (!kept_inside) {
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        if (kept(i)) kept_mass += prob(i);
+      kept_mass = block_sum(kept_mass, scratch);
+    }
+    // The draw along the kept tokens; past the kept mass by rounding, the
+    // last kept token.
+    if (threadIdx.x == 0) {
+      if (kept_inside)
+        for (int j = 0; j < kept_end; ++j) kept_mass += cand.prob[j];
+      float draw = p.uniform * kept_mass;
+      int at = kept_inside ? kept_end - 1 : -1;
+      for (int j = 0; j < kept_end; ++j) {
+        draw -= cand.prob[j];
+        if (draw <= 0.0f) {
+          at = j;
+          break;
+        }
+      }
+      found[0] = at;
+    }
+    __syncthreads();
+    int at = found[0];
+    __syncthreads();
+    if (at >= 0) {
+      token = cand.index[at];
+    } else {
+      const float target = p.uniform * kept_mass;
+      token = prefix_select(w, vocab, kept, prob, target, scratch, scan, found);
+      if (token < 0 && finite_count > 0) {
+        float kept_count = 0.0f;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) kept_count += kept(i) ? 1.0f : 0.0f;
+        kept_count = block_sum(kept_count, scratch);
+        token = prefix_select(w, vocab, kept, one, kept_count, scratch, scan, found);
+      }
     }
   }
   return token;
@@ -286,6 +461,7 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
   __shared__ float scratch[32];
   __shared__ float scan[KILN_SAMPLE_THREADS];
   __shared__ int found[2];
+  __shared__ SampleCandidates cand;
   const int row = blockIdx.x;
   const KilnSampleParams p = params[row];
   const float* x = logits + (i64)row * vocab;
@@ -308,7 +484,7 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
     token = vectors ? first_largest_row(x, vocab, found)
                     : first_largest(vocab, [&](int i) { return x[i] == x[i] ? x[i] : KILN_NEG_INF; }, found);
   } else {
-    token = adjusted_pick(x, w, p, adjust, vocab, scratch, scan, found);
+    token = adjusted_pick(x, w, p, adjust, vocab, scratch, scan, found, cand);
   }
   // Nothing survived the filters (no finite logit after the temperature):
   // the first largest logit, as the host does.
@@ -324,10 +500,9 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
   __syncthreads();
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = (x[i] - m) - log_z;
   __syncthreads();
-  auto everything = [&](int) { return true; };
-  auto one = [&](int) { return 1.0f; };
-  for (int j = 0; j < p.logprobs && j < max_top; ++j) {
-    int id = prefix_select(w, vocab, everything, one, (float)(j + 1), scratch, scan, found);
+  int id = -1;
+  for (int j = 0; j < p.logprobs && j < max_top && j < vocab; ++j) {
+    id = next_in_order(w, vocab, id, found);
     if (threadIdx.x == 0) {
       top_ids[(i64)row * max_top + j] = id;
       top_logprobs[(i64)row * max_top + j] = w[id];

@@ -85,17 +85,26 @@ fn benchmark_runs_every_concurrency_level_to_completion() {
     let fraction = report["levels"][0]["roofline_fraction"].as_f64().unwrap();
     assert!(fraction > 0.0, "{report}");
 
-    for bad in [["--concurrency", "0"], ["--output-len", "0"]] {
-        let output = run_host(["benchmark", "--model", model, bad[0], bad[1]], &[]);
+    let bad_args: [&[&str]; 4] = [
+        &["--concurrency", "0"],
+        &["--output-len", "0"],
+        &["--temperature=-1"],
+        &["--top-p", "1.5"],
+    ];
+    for bad in bad_args {
+        let output = run_host([&["benchmark", "--model", model][..], bad].concat(), &[]);
         assert!(!output.status.success());
         let (_, err) = text(&output);
-        assert!(err.starts_with("error: ") && err.contains(bad[0]), "{err}");
+        let flag = bad[0].split('=').next().unwrap();
+        assert!(err.starts_with("error: ") && err.contains(flag), "{err}");
     }
 }
 
 /// `--shape`: random weights at a shape from a config alone, no checkpoint
 /// and no tokenizer, in each storage type, on the CPU and on the CUDA
-/// backend, where the roofline counts exactly the shape's matrix products.
+/// backend, where the roofline counts exactly the shape's matrix products;
+/// sampled (`--temperature`, `--top-p`) on the CUDA backend, greedy on the
+/// CPU.
 #[test]
 fn benchmark_runs_a_shape_with_random_weights() {
     let shape = workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
@@ -108,31 +117,38 @@ fn benchmark_runs_a_shape_with_random_weights() {
         (device.as_str(), "bf16"),
         (device.as_str(), "q4_k_m"),
     ] {
-        let output = run_host(
-            [
-                "benchmark",
-                "--shape",
-                shape,
-                "--shape-dtype",
-                dtype,
-                "--device",
-                device,
-                "--input-len",
-                "6",
-                "--output-len",
-                "3",
-                "--concurrency",
-                "1,2",
-                "--json",
-            ],
-            &[],
-        );
+        let sampled = match device {
+            "cpu" => ["--temperature", "0", "--top-p", "1"],
+            _ => ["--temperature", "0.8", "--top-p", "0.9"],
+        };
+        let args = [
+            "benchmark",
+            "--shape",
+            shape,
+            "--shape-dtype",
+            dtype,
+            "--device",
+            device,
+            "--input-len",
+            "6",
+            "--output-len",
+            "3",
+            "--concurrency",
+            "1,2",
+            "--json",
+        ];
+        let output = run_host([&args[..], &sampled].concat(), &[]);
         assert!(
             output.status.success(),
             "{device} {dtype}: {}",
             text(&output).1
         );
         let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let top_p = report["top_p"].as_f64().unwrap();
+        assert!(
+            (top_p - sampled[3].parse::<f64>().unwrap()).abs() < 1e-6,
+            "{report}"
+        );
         for (level, concurrency) in report["levels"].as_array().unwrap().iter().zip([1u64, 2]) {
             assert_eq!(level["output_tokens"], concurrency * 3, "{level}");
             assert!(

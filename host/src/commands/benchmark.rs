@@ -1,8 +1,9 @@
 //! `host benchmark`: offline throughput of the serving engine, like vLLM's
 //! `benchmark_throughput`. For each concurrency level, that many requests of
 //! random prompt ids arrive at once and each generates exactly
-//! `--output-len` tokens (end-of-sequence ignored, greedy); the engine batches
-//! them continuously, as `host serve` would.
+//! `--output-len` tokens (end-of-sequence ignored; greedy unless
+//! `--temperature` is set); the engine batches them continuously, as `host
+//! serve` would.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,6 +68,9 @@ struct Report {
     device: String,
     /// The quantized products' arithmetic (`--precision`).
     precision: &'static str,
+    /// Every request's temperature (0: greedy) and top-p.
+    temperature: f32,
+    top_p: f32,
     /// The decode-step memory roofline (on a GPU).
     roofline: Option<Roofline>,
     levels: Vec<LevelResult>,
@@ -141,14 +145,26 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     };
 
     // Warm-up: first-use allocations and thread-pool start-up.
-    runtime.block_on(run_level(&engine, prompts(1), 2))?;
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        ..SamplingParams::default()
+    };
+    sampling
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--temperature / --top-p: {e}"))?;
+    runtime.block_on(run_level(&engine, prompts(1), 2, &sampling))?;
     let mut results = Vec::new();
     for &concurrency in &args.concurrency {
         let start = Instant::now();
         let before = metrics.engine_totals();
         let kernels_before = kernels_run();
-        let timings =
-            runtime.block_on(run_level(&engine, prompts(concurrency), args.output_len))?;
+        let timings = runtime.block_on(run_level(
+            &engine,
+            prompts(concurrency),
+            args.output_len,
+            &sampling,
+        ))?;
         let wall = start.elapsed().as_secs_f64();
         let after = metrics.engine_totals();
         let mut result = summarize(concurrency, args, wall, &timings, roofline);
@@ -169,14 +185,18 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         let report = Report {
             device,
             precision: args.runtime.precision.name(),
+            temperature: args.temperature,
+            top_p: args.top_p,
             roofline,
             levels: results,
         };
         serde_json::to_string_pretty(&report)? + "\n"
     } else {
         let mut text = format!(
-            "device: {device}\nprecision: {}\n",
-            args.runtime.precision.name()
+            "device: {device}\nprecision: {}\nsampling: temperature {}, top-p {}\n",
+            args.runtime.precision.name(),
+            args.temperature,
+            args.top_p
         );
         if let Some(r) = roofline {
             text += &format!(
@@ -228,6 +248,7 @@ async fn run_level(
     engine: &EngineHandle,
     prompts: Vec<Vec<u32>>,
     output_len: usize,
+    sampling: &SamplingParams,
 ) -> anyhow::Result<Vec<Timings>> {
     let start = Instant::now();
     let mut receivers = Vec::new();
@@ -237,10 +258,7 @@ async fn run_level(
             .submit(Request {
                 prompt,
                 params: GenerationParams {
-                    sampling: SamplingParams {
-                        temperature: 0.0,
-                        ..SamplingParams::default()
-                    },
+                    sampling: sampling.clone(),
                     penalties: Penalties::default(),
                     max_tokens: output_len,
                     min_tokens: 0,

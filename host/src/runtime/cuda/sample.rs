@@ -354,7 +354,8 @@ mod tests {
 
     /// The kernel picks what the host sampler picks, draw for draw: greedy
     /// and sampled rows with every filter, penalties, bans, ties, -inf
-    /// logits and log-probabilities.
+    /// logits and log-probabilities; draws and cuts among the likeliest
+    /// tokens and past them.
     #[test]
     fn the_device_sampler_picks_what_the_host_sampler_picks() {
         // The emulator, or a GPU when KILN_TEST_CUDA_DEVICE names one.
@@ -379,7 +380,7 @@ mod tests {
             // thread's stride: 4100 read 16 bytes at a time, 4099 (rows not
             // 16-byte aligned) a float at a time.
             let vocab: usize = [300, 4100, 4099][round % 3];
-            let rows: Vec<RowSampling> = (0..6)
+            let mut rows: Vec<RowSampling> = (0..6)
                 .map(|r| {
                     let greedy = (round + r) % 5 == 0;
                     RowSampling {
@@ -435,6 +436,20 @@ mod tests {
                     }
                 })
                 .collect();
+            // Row 1 samples the whole row with no cut: its draw lands among
+            // the likeliest tokens (which the kernel sorts in shared memory)
+            // or, at 0.7 over the large vocabularies' flat rows, past them
+            // (not deeper: at 0.999 the host's sequential sum and the
+            // device's passes over thousands of tail tokens round apart, as
+            // they did before the candidates).
+            rows[1] = RowSampling {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                uniform: [0.7, 0.3][round % 2],
+                ..rows[1].clone()
+            };
             // Coarse values make ties; some rows have -inf logits; row 5's
             // largest overflow when divided by its temperature.
             let mut logits: Vec<f32> = (0..rows.len() * vocab)
