@@ -140,22 +140,29 @@ __device__ int block_first_largest(unsigned int best, int best_i, int* found) {
   return result;
 }
 
-// The first element of `v` in sorted order (the largest key, the lowest index
-// among equal keys), every element taken through `value(i)`: greedy's pick
-// in one pass, where prefix_select takes 34. Every thread gets the result.
-template <typename Value>
-__device__ int first_largest(int n, Value value, int* found) {
+// The first element i < n with member(i) in sorted order (the largest key,
+// the lowest index among equal keys), every element taken through
+// `value(i)`, in one pass; 0x7fffffff for none. Every thread gets the result.
+template <typename Value, typename Member>
+__device__ int first_largest_of(int n, Value value, Member member, int* found) {
   unsigned int best = 0;
   int best_i = 0x7fffffff;
 #pragma unroll 8
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     unsigned int key = order_key(value(i));
-    if (key > best || best_i == 0x7fffffff) {  // strided: a later i never wins a tie
+    if (member(i) && (key > best || best_i == 0x7fffffff)) {  // strided: a later i never wins a tie
       best = key;
       best_i = i;
     }
   }
   return block_first_largest(best, best_i, found);
+}
+
+// first_largest_of every element: greedy's pick in one pass, where
+// prefix_select takes 34.
+template <typename Value>
+__device__ int first_largest(int n, Value value, int* found) {
+  return first_largest_of(n, value, [](int) { return true; }, found);
 }
 
 // first_largest of a row of `n` floats (NaN as -inf), the row 16-byte aligned
@@ -189,27 +196,17 @@ __device__ int first_largest_row(const float* x, int n, int* found) {
   return block_first_largest(best, best_i, found);
 }
 
-// The first element of `v` after element `prev` in sorted order (the very
-// first when prev < 0), in one pass.
-__device__ int next_in_order(const float* v, int n, int prev, int* found) {
-  const unsigned int prev_key = prev >= 0 ? order_key(v[prev]) : 0;
-  unsigned int best = 0;
-  int best_i = 0x7fffffff;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    unsigned int key = order_key(v[i]);
-    bool after = prev < 0 || key < prev_key || (key == prev_key && i > prev);
-    if (after && (key > best || best_i == 0x7fffffff)) {  // strided: a later i never wins a tie
-      best = key;
-      best_i = i;
-    }
-  }
-  return block_first_largest(best, best_i, found);
-}
-
 // True when element i comes no later than element b in sorted order.
 __device__ __forceinline__ bool not_after(const float* v, int i, int b) {
   unsigned int ki = order_key(v[i]), kb = order_key(v[b]);
   return ki > kb || (ki == kb && i <= b);
+}
+
+// The first element of `v` after element `prev` in sorted order (the very
+// first when prev < 0), in one pass.
+__device__ int next_in_order(const float* v, int n, int prev, int* found) {
+  return first_largest_of(n, [&](int i) { return v[i]; }, [&](int i) { return prev < 0 || !not_after(v, i, prev); },
+                          found);
 }
 
 __device__ __forceinline__ bool finite(float x) { return x == x && fabsf(x) <= 3.402823466e38f; }
@@ -231,7 +228,7 @@ struct SampleCandidates {
   unsigned int key[KILN_SAMPLE_CANDIDATES];
   int index[KILN_SAMPLE_CANDIDATES];
   float prob[KILN_SAMPLE_CANDIDATES];
-  int count;
+  int count;  // gather_sorted's counter
 };
 
 // True when candidate a comes before candidate b in sorted order.
@@ -257,7 +254,6 @@ __device__ int gather_sorted(const float* v, int n, float cut, SampleCandidates&
   int count = c.count;
   __syncthreads();
   if (count > KILN_SAMPLE_CANDIDATES) count = 0;
-  if (threadIdx.x == 0) c.count = count;
   int size = 1;
   while (size < count) size <<= 1;
   for (int i = count + threadIdx.x; i < size; i += blockDim.x) {
@@ -281,6 +277,15 @@ __device__ int gather_sorted(const float* v, int n, float cut, SampleCandidates&
       __syncthreads();
     }
   return count;
+}
+
+// Thread 0's `v`, for every thread (through the shared int `slot`).
+__device__ __forceinline__ int from_thread0(int v, int* slot) {
+  if (threadIdx.x == 0) *slot = v;
+  __syncthreads();
+  int result = *slot;
+  __syncthreads();
+  return result;
 }
 
 // The first j < limit with pred(j); -1 for none.
@@ -382,23 +387,22 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     for (int j = threadIdx.x; j < n; j += blockDim.x) cand.prob[j] = prob(cand.index[j]);
     int above_end = first_candidate(n, [&](int j) { return !above_floor(cand.index[j]); }, found);
     if (above_end < 0) above_end = n;
-    const bool inside = above_end < n || n == finite_count || (has_k && p.top_k <= n);
+    // Every survivor is a candidate: then so is every cut.
+    const bool all_survivors = n == finite_count || (has_k && p.top_k <= n);
+    const bool inside = above_end < n || all_survivors;
     // top_p: the shortest sorted prefix reaching top_p (none when they all
     // fall short).
     int pth = -1;
     if (p.top_p < 1.0f) {
+      int at = -1;
       if (threadIdx.x == 0) {
         float cumulative = 0.0f;
-        int at = -1;
         for (int j = 0; j < above_end && at < 0; ++j) {
           cumulative += cand.prob[j];
           if (cumulative >= p.top_p) at = j;
         }
-        found[0] = at;
       }
-      __syncthreads();
-      int at = found[0];
-      __syncthreads();
+      at = from_thread0(at, found);
       if (at >= 0)
         pth = cand.index[at];
       else if (!inside)
@@ -408,7 +412,7 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     // The kept tokens, a prefix too: the candidates' first `kept_end`.
     int kept_end = first_candidate(n, [&](int j) { return !kept(cand.index[j]); }, found);
     if (kept_end < 0) kept_end = n;
-    const bool kept_inside = kept_end < n || n == finite_count || (has_k && p.top_k <= n);
+    const bool kept_inside = kept_end < n || all_survivors;
     float kept_mass = 0.0f;
     if (!kept_inside) {
       for (int i = threadIdx.x; i < vocab; i += blockDim.x)
@@ -417,11 +421,11 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     }
     // The draw along the kept tokens; past the kept mass by rounding, the
     // last kept token.
+    int at = kept_inside ? kept_end - 1 : -1;
     if (threadIdx.x == 0) {
       if (kept_inside)
         for (int j = 0; j < kept_end; ++j) kept_mass += cand.prob[j];
       float draw = p.uniform * kept_mass;
-      int at = kept_inside ? kept_end - 1 : -1;
       for (int j = 0; j < kept_end; ++j) {
         draw -= cand.prob[j];
         if (draw <= 0.0f) {
@@ -429,11 +433,8 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
           break;
         }
       }
-      found[0] = at;
     }
-    __syncthreads();
-    int at = found[0];
-    __syncthreads();
+    at = from_thread0(at, found);
     if (at >= 0) {
       token = cand.index[at];
     } else {

@@ -85,6 +85,14 @@ struct Timings {
 
 /// Runs the benchmark and prints a table (or JSON with `--json`).
 pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        ..SamplingParams::default()
+    };
+    sampling
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--temperature / --top-p: {e}"))?;
     if let Some(url) = &args.url {
         return super::online_benchmark::online_benchmark(args, url);
     }
@@ -145,14 +153,6 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     };
 
     // Warm-up: first-use allocations and thread-pool start-up.
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        ..SamplingParams::default()
-    };
-    sampling
-        .validate()
-        .map_err(|e| anyhow::anyhow!("--temperature / --top-p: {e}"))?;
     runtime.block_on(run_level(&engine, prompts(1), 2, &sampling))?;
     let mut results = Vec::new();
     for &concurrency in &args.concurrency {

@@ -3,7 +3,8 @@
 //! prompts, or a JSONL file's `prompt`s) stream from `/v1/completions` at a
 //! Poisson `--request-rate` under `--max-concurrency`; each one's time to
 //! first token, time per output token, inter-token latencies and end to end
-//! latency are measured from its server-sent events.
+//! latency are measured from its server-sent events. Greedy unless
+//! `--temperature` (and `--top-p`) say otherwise.
 
 use std::io::BufRead;
 use std::sync::{Arc, Condvar, Mutex};
@@ -84,11 +85,11 @@ fn prompts(args: &BenchmarkArgs, count: usize) -> anyhow::Result<Vec<String>> {
         .collect())
 }
 
-/// Streams one completion and measures it.
-fn request(url: &str, model: &str, prompt: &str, max_tokens: usize) -> Measured {
+/// Streams one completion of `body` (a request without its prompt) for
+/// `prompt` and measures it.
+fn request(url: &str, mut body: Value, prompt: String) -> Measured {
     let start = Instant::now();
-    let body = json!({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": true,
-        "temperature": 0, "ignore_eos": true, "stream_options": {"include_usage": true}});
+    body["prompt"] = Value::String(prompt);
     let response = match ureq::post(&format!("{url}/v1/completions")).send_json(body) {
         Ok(response) => response,
         Err(e) => {
@@ -155,6 +156,10 @@ pub fn online_benchmark(args: &BenchmarkArgs, url: &str) -> anyhow::Result<()> {
         "--request-rate must be positive (inf: all at once)"
     );
     let url = url.trim_end_matches('/').to_owned();
+    // Every request but its prompt, with the benchmark's sampling.
+    let body = json!({"model": model, "max_tokens": args.output_len, "stream": true,
+        "temperature": args.temperature, "top_p": args.top_p, "ignore_eos": true,
+        "stream_options": {"include_usage": true}});
     let prompts = prompts(args, args.num_prompts)?;
     let slots = Arc::new(Slots {
         free: Mutex::new(args.max_concurrency.unwrap_or(usize::MAX).max(1)),
@@ -172,9 +177,9 @@ pub fn online_benchmark(args: &BenchmarkArgs, url: &str) -> anyhow::Result<()> {
         }
         slots.take();
         let (slots, progress) = (slots.clone(), progress.clone());
-        let (url, model, max_tokens) = (url.clone(), model.clone(), args.output_len);
+        let (url, body) = (url.clone(), body.clone());
         workers.push(std::thread::spawn(move || {
-            let measured = request(&url, &model, &prompt, max_tokens);
+            let measured = request(&url, body, prompt);
             slots.give();
             progress.inc(1);
             measured
@@ -194,7 +199,8 @@ pub fn online_benchmark(args: &BenchmarkArgs, url: &str) -> anyhow::Result<()> {
         .map(|m| (m.e2e - m.ttft) / (m.output_tokens - 1) as f64)
         .collect();
     let report = json!({
-        "url": url, "model": model, "completed": ok.len(), "failed": failed.len(),
+        "url": url, "model": model, "temperature": args.temperature, "top_p": args.top_p,
+        "completed": ok.len(), "failed": failed.len(),
         "errors": failed.iter().filter_map(|m| m.error.clone()).take(5).collect::<Vec<_>>(),
         "duration_s": duration, "output_tokens": output_tokens,
         "request_throughput": ok.len() as f64 / duration,
