@@ -52,7 +52,7 @@ def kernels(c, batch, context, weights, kv_bytes):
         ("q, k and v projections (one launch)", layers, gemv(q_dim + 2 * kv_dim, d, w)),
         ("rotary of q and k + KV-cache write (one launch)", layers,
          act * (q_dim + kv_dim) + 2 * act * kv_dim),
-        ("paged attention (split-K over long contexts)", layers,
+        ("paged attention (split-K over long contexts, merged by the last split)", layers,
          batch * context * 2 * kv_dim * kv_bytes + 2 * act * q_dim),
         ("o projection", layers, gemv(d, q_dim, w)),
         *mlp,

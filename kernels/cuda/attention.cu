@@ -183,6 +183,42 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
   }
 }
 
+// Split-K: true in every thread of the block that finishes last among the
+// gridDim.z splits counting in `counter` (whose partial results are then all
+// written and visible); the count returns to zero for the next launch (a
+// replayed graph). Every thread calls it after writing its partials: each
+// fences its writes before thread 0 counts the block (the CUDA programming
+// guide's last-block pattern).
+__device__ __forceinline__ bool last_split(unsigned* counter) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicInc(counter, gridDim.z - 1) == gridDim.z - 1;
+  __syncthreads();
+  return last;
+}
+
+// Value d of one (row, head)'s output merged from its gridDim.z partial
+// results parts[z · (head_dim + 2)]: [m, l, acc...] (other blocks wrote them:
+// read past L1).
+__device__ __forceinline__ float merged_split(const volatile float* parts, int head_dim, int d) {
+  int splits = gridDim.z;
+  float m_all = KILN_NEG_INF;
+  for (int z = 0; z < splits; ++z)
+    if (parts[z * (head_dim + 2) + 1] > 0.0f) m_all = fmaxf(m_all, parts[z * (head_dim + 2)]);
+  float total = 0.0f, sum = 0.0f;
+  for (int z = 0; z < splits; ++z) {
+    const volatile float* part = parts + z * (head_dim + 2);
+    float l = part[1];
+    if (l > 0.0f) {
+      float weight = expf(part[0] - m_all);
+      total += l * weight;
+      sum += part[2 + d] * weight;
+    }
+  }
+  return total > 0.0f ? sum / total : 0.0f;  // no keys: padding
+}
+
 // out [T, num_heads, head_dim]: one block per (row, query head) over the
 // row's visible cached positions; query head h reads key/value head
 // h / (num_heads / kv_heads). `window` > 0 keeps the last `window` positions.
@@ -191,7 +227,9 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
 // `partials` set, blockIdx.z takes keys z·split_keys .. (z+1)·split_keys - 1
 // only and writes its running max, sum of weights and unnormalized output to
 // partials[((row · num_heads + head) · gridDim.z + z) · (head_dim + 2)]:
-// [m, l, acc...]; kiln_attention_combine merges the splits into `out`.
+// [m, l, acc...]; the last of a (row, head)'s blocks to finish merges them
+// into `out` (`last_split`, counting in split_counters[row · gridDim.y +
+// blockIdx.y], which start at zero and are left at zero).
 // `out` holds elements of type `out_type` (KILN_OUT_*: f32, or the half type
 // of the output projection reading it).
 template <int PER_LANE, int KEYS, typename C>
@@ -200,7 +238,8 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
                                 const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                 const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                 int block_size, int num_heads, int kv_heads, int head_dim, float scale, int window,
-                                float softcap, int split_keys, float* __restrict__ partials, int out_type) {
+                                float softcap, int split_keys, float* __restrict__ partials,
+                                unsigned* __restrict__ split_counters, int out_type) {
   i64 row = blockIdx.x, position;
   int head = blockIdx.y;
   int b = sequence_of(row_offsets, context_lens, batch, row, &position);
@@ -214,10 +253,13 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
                     ? nullptr
                     : partials + ((row * num_heads + head) * gridDim.z + blockIdx.z) * (head_dim + 2);
   PagedKeys keys{block_tables, b, blocks_per_seq, block_size, kv_heads * head_dim};
-  attend_keys<PER_LANE, KEYS>(q + (row * num_heads + head) * head_dim, k_cache, v_cache,
-                             OutRow{out, (row * num_heads + head) * head_dim, out_type}, part, keys,
-                             head / (num_heads / kv_heads),
-                             first, last, head_dim, scale, softcap);
+  OutRow out_row{out, (row * num_heads + head) * head_dim, out_type};
+  attend_keys<PER_LANE, KEYS>(q + (row * num_heads + head) * head_dim, k_cache, v_cache, out_row, part, keys,
+                             head / (num_heads / kv_heads), first, last, head_dim, scale, softcap);
+  if (part != nullptr && last_split(split_counters + row * gridDim.y + blockIdx.y)) {
+    const volatile float* parts = partials + (row * num_heads + head) * gridDim.z * (i64)(head_dim + 2);
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) out_row.set(d, merged_split(parts, head_dim, d));
+  }
 }
 
 // Grouped-query attention over the paged cache, for heads of a multiple of 8
@@ -260,7 +302,7 @@ __device__ void grouped_attention(const float* __restrict__ q, const C* __restri
                                   const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                   int block_size, int num_heads, int kv_heads, int head_dim, float scale,
                                   int window, float softcap, int split_keys, float* __restrict__ partials,
-                                  int out_type) {
+                                  unsigned* __restrict__ split_counters, int out_type) {
   // Per lane group: its running max and sum of weights per query head, and
   // its unnormalized outputs; then each head's merged max and sum, and each
   // lane group's weight in the merge.
@@ -382,6 +424,13 @@ __device__ void grouped_attention(const float* __restrict__ q, const C* __restri
       store_as(out, head_row * head_dim + d, head_l[h] > 0.0f ? sum / head_l[h] : 0.0f, out_type);  // no keys
     }
   }
+  if (partials != nullptr && last_split(split_counters + row * gridDim.y + blockIdx.y)) {
+    for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
+      i64 head_row = row * num_heads + first_head + i / head_dim;
+      const volatile float* parts = partials + head_row * gridDim.z * (head_dim + 2);
+      store_as(out, head_row * head_dim + i % head_dim, merged_split(parts, head_dim, i % head_dim), out_type);
+    }
+  }
 }
 
 // Attention within each sequence of a ragged batch over this step's own keys
@@ -405,43 +454,16 @@ extern "C" __global__ void kiln_sequence_attention(const float* __restrict__ q, 
                                                  head / (num_heads / kv_heads), (i64)0, last, head_dim, scale, 0.0f);
 }
 
-// out [T, num_heads, head_dim] (of type `out_type`) from `splits` partial
-// results per (row, head) of the split-K attention: one block per (row, head).
-extern "C" __global__ void kiln_attention_combine(const float* __restrict__ partials, float* __restrict__ out,
-                                                  int num_heads, int head_dim, int splits, int out_type) {
-  kiln_wait_inputs();
-  i64 row = blockIdx.x;
-  int head = blockIdx.y;
-  const float* p = partials + (row * num_heads + head) * splits * (i64)(head_dim + 2);
-  float m_all = KILN_NEG_INF;
-  for (int s = 0; s < splits; ++s)
-    if (p[s * (head_dim + 2) + 1] > 0.0f) m_all = fmaxf(m_all, p[s * (head_dim + 2)]);
-  float total = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    float l = p[s * (head_dim + 2) + 1];
-    if (l > 0.0f) total += l * expf(p[s * (head_dim + 2)] - m_all);
-  }
-  OutRow out_row{out, (row * num_heads + head) * head_dim, out_type};
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float* q = p + s * (head_dim + 2);
-      if (q[1] > 0.0f) sum += q[2 + d] * expf(q[0] - m_all);
-    }
-    out_row.set(d, total > 0.0f ? sum / total : 0.0f);
-  }
-}
-
 // The entry points: f32 or bf16 cache, heads up to 256 or (`_wide`) 576.
 #define KILN_PAGED_ATTENTION_PARAMS(C)                                                                           \
   const float *__restrict__ q, const C *__restrict__ k_cache, const C *__restrict__ v_cache,                     \
       float *__restrict__ out, const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,        \
       const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,        \
       int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys,                         \
-      float *__restrict__ partials, int out_type
+      float *__restrict__ partials, unsigned *__restrict__ split_counters, int out_type
 #define KILN_PAGED_ATTENTION_ARGS                                                                                 \
   q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size, num_heads, \
-      kv_heads, head_dim, scale, window, softcap, split_keys, partials, out_type
+      kv_heads, head_dim, scale, window, softcap, split_keys, partials, split_counters, out_type
 
 extern "C" __global__ void kiln_paged_attention(KILN_PAGED_ATTENTION_PARAMS(float)) {
   kiln_wait_inputs();

@@ -175,7 +175,10 @@ struct __align__(16) Bytes16 {
 };
 
 // A 16-byte load of data read once (weights): not kept in L1, so what is
-// read again (the activations every warp reads) stays there.
+// read again (the activations every warp reads) stays there. Only for data
+// nothing writes while the kernel chain runs (weights; a sampler's logits,
+// launched plainly): the asm has no memory operand, so the compiler may move
+// it above kiln_wait_inputs() or a barrier, and `.nc` assumes it read-only.
 __device__ __forceinline__ Bytes16 load_streaming(const void* p) {
 #ifdef KILN_EMULATOR
   return *reinterpret_cast<const Bytes16*>(p);

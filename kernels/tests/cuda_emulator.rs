@@ -256,8 +256,10 @@ fn attention_case(
         let mut want = vec![0f32; q.len()];
         attn::paged_attention(layout, &kh, &vh, &q, &mut want, heads, &seqs, params);
         let out = gpu.zeros(q.len() * 4);
-        let args = [&[Ptr(gpu.up(&q)), Ptr(kc), Ptr(vc), Ptr(out)][..], &tail].concat();
-        let unsplit = |out_type| [&args[..], &[int(0), Ptr(0), int(out_type)]].concat();
+        let q_in = gpu.up(&q);
+        let args_into = |out| [&[Ptr(q_in), Ptr(kc), Ptr(vc), Ptr(out)][..], &tail].concat();
+        let args = args_into(out);
+        let unsplit = |out_type| [&args[..], &[int(0), Ptr(0), Ptr(0), int(out_type)]].concat();
         gpu.run(&name, grid, 128, &unsplit(0));
         gpu.check(out, &want, &what);
         let exact: Vec<f32> = gpu.down(out, q.len());
@@ -266,35 +268,34 @@ fn attention_case(
         });
 
         // Split-K: each row's keys in parts of one block, and in two
-        // halves, merged by kiln_attention_combine.
+        // halves, merged by the last block of each (row, heads) to finish,
+        // which leaves the counters at zero for the next launch.
         let per_seq = batch.per_seq;
         for splits in [per_seq, 2] {
             let split_keys = per_seq.div_ceil(splits) * bs;
             let partials = gpu.zeros(rows * heads * splits * (d + 2) * 4);
+            let counters = gpu.zeros(rows * heads * 4);
             let out = gpu.zeros(q.len() * 4);
-            let split = [&args[..], &[int(split_keys), Ptr(partials), int(0)]].concat();
-            let mut config = LaunchConfig::linear(grid.0, 128);
-            config.grid = (grid.0, grid.1, splits as u32);
-            gpu.dev.launch(gpu.f(&name), config, &split).unwrap();
-            let combine = |t| {
-                [
-                    Ptr(partials),
-                    Ptr(out),
-                    int(heads),
-                    int(d),
-                    int(splits),
-                    int(t),
+            let run_split = |t| {
+                let split = [
+                    &args_into(out)[..],
+                    &[int(split_keys), Ptr(partials), Ptr(counters), int(t)],
                 ]
+                .concat();
+                let mut config = LaunchConfig::linear(grid.0, 128);
+                config.grid = (grid.0, grid.1, splits as u32);
+                gpu.dev.launch(gpu.f(&name), config, &split).unwrap();
+                let left: Vec<u32> = gpu.down(counters, rows * heads);
+                assert!(
+                    left.iter().all(|&c| c == 0),
+                    "{what}: counters left {left:?}"
+                );
             };
-            let run_combine = |t| {
-                let grid = (rows as u32, heads as u32);
-                gpu.run("kiln_attention_combine", grid, 128, &combine(t))
-            };
-            run_combine(0);
+            run_split(0);
             let what = format!("{what}, {splits} splits");
             gpu.check(out, &want, &what);
             let exact: Vec<f32> = gpu.down(out, q.len());
-            gpu.check_half_stores(out, &exact, &what, run_combine);
+            gpu.check_half_stores(out, &exact, &what, run_split);
         }
     }
 }

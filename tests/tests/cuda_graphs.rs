@@ -137,13 +137,31 @@ fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
 }
 
 /// Decode over a long context: each row's keys are split across blocks of
-/// the GPU (flash-decoding) and merged, giving the CPU backend's logits.
+/// the GPU (flash-decoding) and merged by the attention launch itself (its
+/// last block), giving the CPU backend's logits with no more kernels than
+/// a decode step over a short context.
 #[test]
 fn long_context_decode_splits_attention_and_matches_the_cpu() {
     let (cpu, cuda) = (
         load(DeviceChoice::Cpu),
         load(kiln_tests::models::cuda_test_device()),
     );
+    let device = cuda
+        .backend
+        .as_any()
+        .downcast_ref::<CudaExecutor>()
+        .unwrap()
+        .device();
+    let kernels_of = |feed: &mut dyn FnMut()| {
+        let before = device.kernels_run();
+        feed();
+        device.kernels_run() - before
+    };
+    let mut short = kiln_host::engine::Generator::new(&cuda, 16).unwrap();
+    short.feed(&[1, 2, 3], false).unwrap();
+    let unsplit = kernels_of(&mut || {
+        short.feed(&[4], false).unwrap();
+    });
     // 32 blocks of 16 positions a sequence: two splits per decode row.
     let capacity = 512;
     let (mut on_cpu, mut on_cuda) = (
@@ -161,7 +179,9 @@ fn long_context_decode_splits_attention_and_matches_the_cpu() {
     for position in 0..4 {
         let token = kiln_host::engine::sampling::argmax(&last);
         let a = on_cpu.feed(&[token], false).unwrap().remove(0);
-        let b = on_cuda.feed(&[token], false).unwrap().remove(0);
+        let mut b = Vec::new();
+        let split = kernels_of(&mut || b = on_cuda.feed(&[token], false).unwrap().remove(0));
+        assert_eq!(split, unsplit, "kernels of decode {position} at 300+");
         assert_close(
             std::slice::from_ref(&a),
             &[b],

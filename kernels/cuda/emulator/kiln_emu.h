@@ -388,10 +388,14 @@ inline void ldmatrix_x4(unsigned* r, const void* row, bool trans, long site) {
 
 // PTX's cp.async of 16 bytes (zeros when !valid), completed at
 // copy_async_wait(): the source is read at the copy, shared memory written
-// at the wait.
+// at the wait. Until then the destination holds 0xff bytes (a NaN in every
+// float type), as on a GPU it holds whatever the copy has landed so far: a
+// read before the wait, or a copy issued over data another thread still
+// reads (a missing barrier), shows.
 inline void copy_async_16(void* to, const void* from, bool valid) {
   if (reinterpret_cast<unsigned long long>(to) % 16 != 0 || (valid && reinterpret_cast<unsigned long long>(from) % 16 != 0))
     fail("cp.async: an address not 16-byte aligned");
+  memset(to, 0xff, 16);
   Fiber::PendingCopy copy;
   copy.to = to;
   if (valid)
@@ -601,6 +605,14 @@ template <typename T>
 inline T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
 template <typename T>
 inline T atomicCAS(T* p, T cmp, T v) { T old = *p; if (old == cmp) *p = v; return old; }
+// The count wraps to 0 once it reaches `limit`, as on the GPU.
+inline unsigned atomicInc(unsigned* p, unsigned limit) {
+  unsigned old = *p;
+  *p = old >= limit ? 0 : old + 1;
+  return old;
+}
+// Fibers share one memory and run one at a time: writes are seen in order.
+inline void __threadfence() {}
 
 inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
 inline int __float_as_int(float v) { int i; memcpy(&i, &v, 4); return i; }

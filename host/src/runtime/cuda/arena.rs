@@ -1,7 +1,7 @@
 //! The arena plan of one binding of a program's symbolic sizes: each value's
 //! concrete shape and offset, from the liveness of the lowered steps. The
-//! graph inputs and the error flag go first, one after another, so one
-//! upload a step writes them all; then every other value and each step's
+//! graph inputs, the error flag and split attention's counters go first, one
+//! after another, so one upload a step writes them all; then every other value and each step's
 //! scratch, placed by `memory::place`.
 
 use std::collections::HashMap;
@@ -23,10 +23,13 @@ pub struct RunPlan {
     /// Arena offset of each step's scratch buffer.
     pub scratch: Vec<Option<usize>>,
     /// Bytes at the start of the arena that one upload writes before a step:
-    /// the graph inputs, then the error flag (zero).
+    /// the graph inputs, then the error flag and the split counters (zero).
     pub staged: usize,
     /// Arena offset of the flag a kernel sets on an out-of-range index.
     pub error_flag: usize,
+    /// Arena offset of split-K attention's counters of finished splits
+    /// (`attention::split_counter_bytes`).
+    pub split_counters: usize,
     /// Bytes the arena needs.
     pub total: usize,
 }
@@ -95,6 +98,22 @@ pub fn plan(
     }
     let error_flag = staged;
     staged += 4;
+    // Split attention's counters: zero at the start of every step, as its
+    // kernels leave them (so a step that failed midway leaves none behind).
+    let split_counters = staged;
+    staged += program
+        .steps
+        .iter()
+        .zip(steps)
+        .filter(|(_, plan)| matches!(plan, StepPlan::Attention { .. }))
+        .map(|(step, _)| {
+            attention::split_counter_bytes(
+                &shapes[step.inputs[0] as usize],
+                &shapes[step.inputs[5] as usize],
+            )
+        })
+        .max()
+        .unwrap_or(0);
     let base = align(staged);
     let mut roots: Vec<(ValueId, (usize, usize))> = life.into_iter().collect();
     roots.sort_unstable();
@@ -148,6 +167,7 @@ pub fn plan(
         scratch,
         staged,
         error_flag,
+        split_counters,
         total: base + placement.total,
     }
 }

@@ -201,34 +201,23 @@ impl Frame<'_> {
             };
         let splits = attention_splits(tokens, blocks_per_seq);
         let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
-        let partials = match splits {
-            1 => 0,
-            _ => scratch.ok_or("no scratch planned for split attention")?,
+        // Split: the partial results go to scratch, and the last block of
+        // each (row, block of heads) to finish merges them.
+        let (partials, counters) = match splits {
+            1 => (0, 0),
+            _ => (
+                scratch.ok_or("no scratch planned for split attention")?,
+                self.split_counters,
+            ),
         };
         args.extend([
             KernelArg::I32(split_keys as i32),
             KernelArg::Ptr(partials),
-            out_type.clone(),
+            KernelArg::Ptr(counters),
+            out_type,
         ]);
-        let block = (128, 1, 1);
-        let config = |grid| LaunchConfig::new(grid, block);
         let grid = (tokens as u32, blocks_per_row as u32, splits as u32);
-        self.launch(attend, config(grid), &args)?;
-        if splits == 1 {
-            return Ok(());
-        }
-        self.launch(
-            "kiln_attention_combine",
-            config((tokens as u32, num_heads as u32, 1)),
-            &[
-                KernelArg::Ptr(partials),
-                KernelArg::Ptr(self.addrs[step.output as usize]),
-                KernelArg::I32(num_heads as i32),
-                KernelArg::I32(head_dim as i32),
-                KernelArg::I32(splits as i32),
-                out_type,
-            ],
-        )
+        self.launch(attend, LaunchConfig::new(grid, (128, 1, 1)), &args)
     }
 }
 
@@ -317,6 +306,19 @@ fn attention_splits(tokens: usize, blocks_per_seq: usize) -> usize {
     blocks_per_seq
         .div_ceil(BLOCKS_PER_SPLIT)
         .clamp(1, MAX_SPLITS)
+}
+
+/// Bytes of the counters of finished splits an attention step whose q is
+/// `q_shape` ([T, H, D]) and block tables `tables_shape` ([B, M]) needs: one
+/// per row and block of query heads (at most H), where it splits.
+pub fn split_counter_bytes(q_shape: &[usize], tables_shape: &[usize]) -> usize {
+    let (&[tokens, heads, _], Some(&width)) = (q_shape, tables_shape.get(1)) else {
+        return 0;
+    };
+    match attention_splits(tokens, width) {
+        1 => 0,
+        _ => tokens * heads * 4,
+    }
 }
 
 /// Scratch bytes of an attention step whose q is `q_shape` ([T, H, D]) and

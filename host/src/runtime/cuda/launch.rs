@@ -37,6 +37,9 @@ pub struct Frame<'a> {
     pub half_inputs: &'a HalfInputs,
     /// Where a kernel reports an out-of-range index.
     pub error_flag: DevicePtr,
+    /// Split-K attention's counters of finished splits, zero before each
+    /// attention launch (`attention::split_counter_bytes`).
+    pub split_counters: DevicePtr,
     /// The KV cache, when the step batch has one.
     pub cache: Option<&'a DeviceKvCache>,
     /// Prefill attention may run on tensor cores.

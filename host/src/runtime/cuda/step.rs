@@ -133,7 +133,7 @@ impl CudaExecutor {
                 Home::Nowhere => 0,
             })
             .collect();
-        // The inputs and a zero error flag, in one upload.
+        // The inputs, a zero error flag and zero split counters, in one upload.
         let mut staged = vec![0u8; plan.staged];
         for (id, node) in graph.nodes.iter().enumerate() {
             if let (Op::Input { index }, Some(at)) = (&node.op, plan.offsets[id]) {
@@ -155,6 +155,7 @@ impl CudaExecutor {
             addrs: &addrs,
             half_inputs: &self.half_inputs,
             error_flag,
+            split_counters: arena + plan.split_counters as u64,
             cache: device_cache,
             flash_attention: self.flash_attention,
         };
