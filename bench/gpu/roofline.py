@@ -38,20 +38,26 @@ def kernels(c, batch, context, weights, kv_bytes):
     lm = WEIGHT_BYTES["q6_k" if weights == "q4_k" else weights]
     act = 4 * batch  # f32 activations per element of a row, per sequence
     gemv = lambda rows, cols, bpe: rows * cols * bpe + act * (cols + rows)
-    # Up to 8 rows the GEMV of gate and up writes silu(gate) * up itself.
+    # Up to 8 rows the GEMV of gate and up writes silu(gate) * up itself, and
+    # the GEMV of q, k and v writes q and k rotated and the cache's keys and
+    # values.
+    cache_write = batch * 2 * kv_dim * kv_bytes
     if batch <= 8:
         mlp = [("gate and up projections + silu(gate) * up (one launch)", layers,
                 gemv(2 * ffn, d, w) - act * ffn)]
+        qkv = [("q, k and v projections + rotary + KV-cache write (one launch)", layers,
+                gemv(q_dim + 2 * kv_dim, d, w) + cache_write)]
     else:
         mlp = [("gate and up projections (one launch)", layers, gemv(2 * ffn, d, w)),
                ("silu(gate) * up", layers, 3 * act * ffn)]
+        qkv = [("q, k and v projections (one launch)", layers, gemv(q_dim + 2 * kv_dim, d, w)),
+               ("rotary of q and k + KV-cache write (one launch)", layers,
+                2 * act * (q_dim + kv_dim) + act * kv_dim + cache_write)]
     return [
         ("embedding rows", 1, batch * d * w + act * d),
         ("embedding norm (layer 0)", 1, 2 * act * d + 4 * d),
         ("residual add + rms_norm (one launch)", 2 * layers, 4 * act * d + 4 * d),
-        ("q, k and v projections (one launch)", layers, gemv(q_dim + 2 * kv_dim, d, w)),
-        ("rotary of q and k + KV-cache write (one launch)", layers,
-         act * (q_dim + kv_dim) + 2 * act * kv_dim),
+        *qkv,
         ("paged attention (split-K over long contexts, merged by the last split)", layers,
          batch * context * 2 * kv_dim * kv_bytes + 2 * act * q_dim),
         ("o projection", layers, gemv(d, q_dim, w)),

@@ -61,12 +61,41 @@
 // which writes act(gate)·up to y[0] [m, n] (y[1] is not written): the
 // activation's own launch and the round trip of gate's and up's products
 // through memory are saved. Blocks hold an even number of rows.
+//
+// Rotated (`rope.positions` set): three matrices, q, k and v, with the
+// rotary embedding of q and k applied (rope.cu's arithmetic): the rows of
+// each rotated pair (i and i + half of a head; 2i and 2i + 1 with
+// `interleaved`) are neighbours in the grid, so a block holds both and
+// writes the rotated rows to rope.q_out and rope.k_out (y[0] and y[1] are
+// not written); with `k_cache` set, the rotated keys and v's rows also go to
+// the token's slot in the paged cache (attention.cu's layout; a padding row,
+// at position -1, writes nothing there): the rotary launch is saved.
+struct KilnGemvRope {
+  const i64* positions;
+  const float* inv_freq;
+  float* q_out;
+  float* k_out;
+  u8* k_cache;  // bf16_bits or float, as `cache_bf16` says
+  u8* v_cache;
+  const i64* row_offsets;
+  const i64* context_lens;
+  const i64* block_tables;
+  float scale;  // multiplies cos and sin (YaRN)
+  int half;     // half of a head
+  int interleaved;
+  int cache_bf16;
+  int batch;
+  int blocks_per_seq;
+  int block_size;
+};
+
 struct KilnGemvGroup {
   i64 count;
   i64 rows_end[KILN_GEMV_MAX_GROUP];
   const u8* w[KILN_GEMV_MAX_GROUP];
   float* y[KILN_GEMV_MAX_GROUP];
   i64 activation;
+  KilnGemvRope rope;
 };
 
 // The warp's output row: its matrix's weights row and where its results go,
@@ -78,14 +107,30 @@ struct GemvRow {
   int part;     // 0 .. SPLIT - 1
 };
 
+// The warp's row of the launch's grid.
+template <int SPLIT>
+__device__ __forceinline__ int grid_row() {
+  return blockIdx.x * (blockDim.x / 32 / SPLIT) + threadIdx.x / 32 / SPLIT;
+}
+
 // The warp's row; false past the grid's last row (the warp still takes part
 // in its block's reduction).
 template <int SPLIT>
 __device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
   int warp = threadIdx.x / 32;
-  int row = blockIdx.x * (blockDim.x / 32 / SPLIT) + warp / SPLIT;
+  int row = grid_row<SPLIT>();
   r->part = warp % SPLIT;
   if (row >= g.rows_end[g.count - 1]) return false;
+  if (g.rope.positions != nullptr && row < g.rows_end[1]) {
+    bool is_k = row >= g.rows_end[0];
+    int local = is_k ? row - (int)g.rows_end[0] : row, head_dim = 2 * g.rope.half;
+    int in_head = local % head_dim, pair = in_head / 2;  // grid rows 2j and 2j + 1: pair j
+    r->row = local - in_head + (g.rope.interleaved ? in_head : pair + (in_head & 1) * g.rope.half);
+    r->w = is_k ? g.w[1] : g.w[0];
+    r->y = is_k ? g.rope.k_out : g.rope.q_out;
+    r->n = is_k ? (int)(g.rows_end[1] - g.rows_end[0]) : (int)g.rows_end[0];
+    return true;
+  }
   if (g.activation != 0) {
     bool up = row & 1;
     r->w = up ? g.w[1] : g.w[0];
@@ -111,12 +156,41 @@ __device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
   return false;
 }
 
+// Grid row `row` (of matrix 0 q, 1 k or 2 v) of x's row `token`, rotated
+// from `mine` and the pair's other row's `partner` (rope.cu's arithmetic),
+// to its output, and keys and values to the token's cache slot. Worked out
+// here, not kept through the products (registers).
+__device__ __forceinline__ void store_rotated(const KilnGemvGroup& g, const GemvRow& r, int row, int token,
+                                              float mine, float partner) {
+  const KilnGemvRope& p = g.rope;
+  int matrix = row < g.rows_end[0] ? 0 : row < g.rows_end[1] ? 1 : 2;
+  if (matrix < 2) {
+    bool first = row % 2 == 0;  // grid rows 2j and 2j + 1: pair j of a head
+    int pair = (int)((matrix == 0 ? row : row - g.rows_end[0]) % (2 * p.half)) / 2;
+    float angle = (float)p.positions[token] * p.inv_freq[pair];
+    float c = cosf(angle) * p.scale, s = sinf(angle) * p.scale;
+    float x0 = first ? mine : partner, x1 = first ? partner : mine;
+    mine = first ? x0 * c - x1 * s : x1 * c + x0 * s;
+  }
+  r.y[(i64)token * r.n + r.row] = mine;
+  if (p.k_cache == nullptr || matrix == 0) return;
+  i64 position;
+  int b = sequence_of(p.row_offsets, p.context_lens, p.batch, token, &position);
+  if (position < 0) return;
+  i64 at = cache_slot(p.block_tables, b, p.blocks_per_seq, p.block_size, position) * r.n + r.row;
+  u8* cache = matrix == 1 ? p.k_cache : p.v_cache;
+  if (p.cache_bf16)
+    cache_store(reinterpret_cast<bf16_bits*>(cache) + at, mine);
+  else
+    cache_store(reinterpret_cast<float*>(cache) + at, mine);
+}
+
 // The sums of the warps of a row to y[i, row]: each warp reduces across its
 // lanes, and with SPLIT > 1 the row's first warp adds the others' sums;
-// lane i of that warp then holds row i's. Gated, each gate row's lanes take
-// the up row's sums next to theirs through shared memory.
+// lane i of that warp then holds row i's. Gated or rotated, each row's
+// lanes take the paired row's sums next to theirs through shared memory.
 template <int MAX_M, int SPLIT>
-__device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool valid, int m, int activation) {
+__device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool valid, int m, const KilnGemvGroup& g) {
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float sum = 0.0f;
   if (SPLIT == 1) {
@@ -139,15 +213,20 @@ __device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool va
       for (int p = 0; p < SPLIT; ++p) sum += partial[warp + p][lane];
   }
   bool writes = valid && r.part == 0 && lane < m;
-  if (activation == 0) {
+  bool rotated = g.rope.positions != nullptr;
+  if (g.activation == 0 && !rotated) {
     if (writes) r.y[(i64)lane * r.n + r.row] = sum;
     return;
   }
   __shared__ float rows[KILN_GEMV_MAX_WARPS][MAX_M];
-  int slot = warp / SPLIT;  // the row's place in the block: even for gate, odd for up
+  int slot = warp / SPLIT;  // the row's place in the block: even for gate (a pair's first), odd for up
   if (r.part == 0 && lane < m) rows[slot][lane] = sum;
   __syncthreads();
-  if (writes && slot % 2 == 0) r.y[(i64)lane * r.n + r.row] = kiln_gated(activation, sum, rows[slot + 1][lane]);
+  if (!writes) return;
+  if (rotated)
+    store_rotated(g, r, grid_row<SPLIT>(), lane, sum, rows[slot ^ 1][lane]);
+  else if (slot % 2 == 0)
+    r.y[(i64)lane * r.n + r.row] = kiln_gated((int)g.activation, sum, rows[slot + 1][lane]);
 }
 
 // BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32; MAX_M: rows of x at
@@ -163,7 +242,7 @@ __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k)
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
   if (valid) dense_row<BYTES, MAX_M, SPLIT>(wr, r.part, x, m, k, acc);
-  store_rows<MAX_M, SPLIT>(acc, r, valid, m, (int)g.activation);
+  store_rows<MAX_M, SPLIT>(acc, r, valid, m, g);
 }
 
 // Entry points call the templates with the format's bytes and then the
@@ -287,7 +366,7 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
     blocks_sweep<F, X, MAX_M, depth, true>(wr, x, m, k, first, stride, acc);
   else if (valid)
     blocks_sweep<F, X, MAX_M, depth, false>(wr, x, m, k, first, stride, acc);
-  store_rows<MAX_M, SPLIT>(acc, r, valid, m, (int)g.activation);
+  store_rows<MAX_M, SPLIT>(acc, r, valid, m, g);
 }
 
 // Embedding rows read from a table of blocks: y[t, :] = table[ids[t], :],

@@ -55,6 +55,7 @@ fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr], activation: u64
     words.extend(pad(matrices.iter().map(|&(w, _)| w).collect()));
     words.extend(pad(outputs.to_vec()));
     words.push(activation);
+    words.extend([0; 13]); // no rotation (`KilnGemvRope`)
     KernelArg::Struct(words)
 }
 

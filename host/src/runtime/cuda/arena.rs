@@ -72,6 +72,17 @@ pub fn plan(
                 touch(root, *at);
             }
         }
+        // A GEMV of q, k and v writes their rotations too.
+        if let StepPlan::LinearGroup {
+            rotation: Some(r), ..
+        } = plan
+        {
+            for v in [r.q_out, r.k_out] {
+                if let Home::Arena(root) = homes[v as usize] {
+                    touch(root, s);
+                }
+            }
+        }
         for &i in &step.inputs {
             if let Home::Arena(root) = homes[i as usize] {
                 touch(root, s);

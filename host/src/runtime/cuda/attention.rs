@@ -9,29 +9,48 @@ use kiln_kernels::cuda::{DevicePtr, KernelArg, LaunchConfig};
 use kiln_plugin_api::graph::{AttentionSpec, ValueId};
 
 use super::launch::{numel, row_threads, Frame};
-use super::plan::CacheWrite;
-use super::products::out_type_arg;
+use super::plan::{CacheWrite, GroupRotation};
+use super::products::{group_gemv, out_type_arg, GemvRotation};
+use super::weights::DeviceMatrix;
 use super::DeviceKvCache;
 use crate::compiler::Step;
+
+/// Where a rotation writes the keys and values of a layer: its caches and
+/// the batch description.
+struct CacheTarget {
+    k_cache: DevicePtr,
+    v_cache: DevicePtr,
+    row_offsets: DevicePtr,
+    context_lens: DevicePtr,
+    block_tables: DevicePtr,
+    batch: usize,
+    blocks_per_seq: usize,
+    block_size: usize,
+    bf16: bool,
+}
 
 impl Frame<'_> {
     /// Rotary embedding of q (and of k in the same launch, `with`); with
     /// `cache_write`, the launch also writes the rotated keys and the
     /// values into the layer's paged cache (`kiln_rope_write_kv`), which
-    /// the attention step then skips.
+    /// the attention step then skips. Nothing when the GEMV of q, k and v
+    /// whose first matrix is `in_gemv` did it (decode rows).
     pub(super) fn rope(
         &self,
         step: &Step,
-        interleaved: bool,
-        scale: f32,
+        (interleaved, scale): (bool, f32),
         with: Option<(ValueId, ValueId)>,
         cache_write: Option<CacheWrite>,
+        in_gemv: Option<DeviceMatrix>,
     ) -> Result<(), String> {
         let addr = |v: ValueId| self.addrs[v as usize];
         let (tokens, heads, dim) = match self.shapes[step.output as usize].as_slice() {
             [t, h, d] => (*t, *h, *d),
             other => return Err(format!("rope expects [T, H, D], got {other:?}")),
         };
+        if in_gemv.is_some_and(|first| group_gemv(&first, 3, tokens).is_some()) {
+            return Ok(()); // rotated (and cached) by the GEMV
+        }
         let half = dim / 2;
         // The second tensor rotated in the same launch, if any.
         let (x2, y2, heads2) = match with {
@@ -63,38 +82,94 @@ impl Frame<'_> {
             let config = LaunchConfig::linear(tokens as u32, row_threads(rotations));
             return self.launch("kiln_rope", config, &args);
         };
-        let cache = self.cache.ok_or("paged attention needs a KV cache")?;
         if with.is_none() {
             return Err("the cache write needs the keys' rotation".into());
         }
-        check_cache_heads(cache, heads2, dim)?;
-        let (k_cache, v_cache) = cache
-            .layer(write.layer as usize)
-            .ok_or_else(|| format!("the cache has no layer {}", write.layer))?;
-        let [row_offsets, context_lens, block_tables] = write.batch;
-        let batch = numel(&self.shapes[context_lens as usize]);
-        let blocks_per_seq = self.shapes[block_tables as usize]
-            .get(1)
-            .copied()
-            .unwrap_or(0);
+        let target = self.cache_target(write, heads2, dim)?;
         args.extend([
             KernelArg::Ptr(addr(write.v)),
-            KernelArg::Ptr(k_cache),
-            KernelArg::Ptr(v_cache),
-            KernelArg::Ptr(addr(row_offsets)),
-            KernelArg::Ptr(addr(context_lens)),
-            KernelArg::Ptr(addr(block_tables)),
-            KernelArg::I32(batch as i32),
-            KernelArg::I32(blocks_per_seq as i32),
-            KernelArg::I32(cache.layout.block_size as i32),
+            KernelArg::Ptr(target.k_cache),
+            KernelArg::Ptr(target.v_cache),
+            KernelArg::Ptr(target.row_offsets),
+            KernelArg::Ptr(target.context_lens),
+            KernelArg::Ptr(target.block_tables),
+            KernelArg::I32(target.batch as i32),
+            KernelArg::I32(target.blocks_per_seq as i32),
+            KernelArg::I32(target.block_size as i32),
         ]);
-        let name = if cache.bf16 {
+        let name = if target.bf16 {
             "kiln_rope_write_kv_bf16"
         } else {
             "kiln_rope_write_kv"
         };
         let threads = row_threads(rotations.max(heads2 * dim));
         self.launch(name, LaunchConfig::linear(tokens as u32, threads), &args)
+    }
+
+    /// The layer's caches and the batch description a cache write of keys
+    /// and values of `kv_heads` heads of `head_dim` goes to.
+    fn cache_target(
+        &self,
+        write: CacheWrite,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<CacheTarget, String> {
+        let cache = self.cache.ok_or("paged attention needs a KV cache")?;
+        check_cache_heads(cache, kv_heads, head_dim)?;
+        let (k_cache, v_cache) = cache
+            .layer(write.layer as usize)
+            .ok_or_else(|| format!("the cache has no layer {}", write.layer))?;
+        let [row_offsets, context_lens, block_tables] = write.batch;
+        Ok(CacheTarget {
+            k_cache,
+            v_cache,
+            row_offsets: self.addrs[row_offsets as usize],
+            context_lens: self.addrs[context_lens as usize],
+            block_tables: self.addrs[block_tables as usize],
+            batch: numel(&self.shapes[context_lens as usize]),
+            blocks_per_seq: self.shapes[block_tables as usize]
+                .get(1)
+                .copied()
+                .unwrap_or(0),
+            block_size: cache.layout.block_size,
+            bf16: cache.bf16,
+        })
+    }
+
+    /// The rotation (and cache write) the GEMV of q, k and v applies as it
+    /// writes them (see [`GroupRotation`]).
+    pub(super) fn gemv_rotation(&self, r: &GroupRotation) -> Result<GemvRotation, String> {
+        let addr = |v: ValueId| self.addrs[v as usize];
+        let (kv_heads, head_dim) = match self.shapes[r.k_out as usize].as_slice() {
+            [_, h, d] => (*h, *d),
+            other => return Err(format!("rope expects [T, H, D], got {other:?}")),
+        };
+        let mut rotation = GemvRotation {
+            positions: addr(r.positions),
+            inv_freq: addr(r.inv_freq),
+            q_out: addr(r.q_out),
+            k_out: addr(r.k_out),
+            scale: r.scale,
+            half: head_dim / 2,
+            interleaved: r.interleaved,
+            ..GemvRotation::default()
+        };
+        if let Some(write) = r.cache_write {
+            let target = self.cache_target(write, kv_heads, head_dim)?;
+            rotation = GemvRotation {
+                k_cache: target.k_cache,
+                v_cache: target.v_cache,
+                row_offsets: target.row_offsets,
+                context_lens: target.context_lens,
+                block_tables: target.block_tables,
+                cache_bf16: target.bf16,
+                batch: target.batch,
+                blocks_per_seq: target.blocks_per_seq,
+                block_size: target.block_size,
+                ..rotation
+            };
+        }
+        Ok(rotation)
     }
 
     /// Paged attention: the step's keys and values written into the cache

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use kiln_plugin_api::graph::{BinaryOp, DType, Op, UnaryOp, ValueId};
 
-use super::plan::{CacheWrite, Home, StepPlan};
+use super::plan::{CacheWrite, GroupRotation, Home, StepPlan};
 use super::products::GEMV_MAX_GROUP;
 use super::weights::DeviceMatrix;
 use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program};
@@ -26,6 +26,7 @@ pub fn fuse(program: &Program, homes: &[Home], steps: &mut [StepPlan]) -> HalfIn
     fuse_add_rms_norm(program, homes, steps);
     pair_rotations(program, steps);
     write_cache_with_rotations(program, steps);
+    rotate_in_gemv(program, steps);
     half_product_inputs(program, steps)
 }
 
@@ -152,6 +153,7 @@ fn group_products(program: &Program, steps: &mut [StepPlan]) {
             steps[first] = StepPlan::LinearGroup {
                 members: chunk.iter().map(|&(_, w, v)| (w, v)).collect(),
                 gated: None,
+                rotation: None,
             };
             for &(s, _, _) in &chunk[1..] {
                 steps[s] = StepPlan::ComputedAt { at: first };
@@ -213,7 +215,7 @@ fn fuse_gated_activations(program: &Program, steps: &mut [StepPlan]) {
             continue;
         }
         let fused = *fused;
-        let StepPlan::LinearGroup { members, gated } = &mut steps[at] else {
+        let StepPlan::LinearGroup { members, gated, .. } = &mut steps[at] else {
             continue;
         };
         let outputs: Vec<ValueId> = members.iter().map(|&(_, v)| v).collect();
@@ -390,6 +392,95 @@ fn write_cache_with_rotations(program: &Program, steps: &mut [StepPlan]) {
             *cache_write = Some(write);
         }
         rotation_of.remove(&k);
+    }
+}
+
+/// Moves a paired rotation of q and k (and its cache write) into the GEMV
+/// of q, k and v that writes them ([`GroupRotation`]), where the group's
+/// members are q, k (and v) in that order, q and k reach the rotation only
+/// through a reshape each, and the cache write takes v (or a reshape of
+/// it): at decode one launch a layer fewer, q and k not written unrotated.
+/// Past the decode GEMV the rotary launch runs as before.
+fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
+    let computed_at = computed_at(program, steps);
+    let readers = readers(program);
+    let launched_at = |s: usize| match steps[s] {
+        StepPlan::ComputedAt { at } => at,
+        _ => s,
+    };
+    // The value a reshape `v` reads, when that reshape alone reads it.
+    let reshaped = |v: ValueId| {
+        let at = *computed_at.get(&v)?;
+        let input = program.steps[at].inputs.first().copied()?;
+        let alone = matches!(readers.get(&input).map(Vec::as_slice), Some([Some(r)]) if *r == at);
+        (matches!(steps[at], StepPlan::Alias) && alone).then_some(input)
+    };
+    // Whether launch `s` alone reads `v`.
+    let read_only_by = |v: ValueId, s: usize| {
+        readers[&v]
+            .iter()
+            .all(|r| r.is_some_and(|r| launched_at(r) == s))
+    };
+    let mut moves = Vec::new();
+    for i in 0..steps.len() {
+        let StepPlan::Rope {
+            interleaved,
+            scale,
+            with: Some((k_in, k_out)),
+            cache_write,
+            in_gemv: None,
+        } = steps[i]
+        else {
+            continue;
+        };
+        let rope = &program.steps[i];
+        let (q_in, positions, inv_freq) = (rope.inputs[0], rope.inputs[1], rope.inputs[2]);
+        let (Some(q), Some(k)) = (reshaped(q_in), reshaped(k_in)) else {
+            continue;
+        };
+        if !read_only_by(q_in, i) || !read_only_by(k_in, i) {
+            continue;
+        }
+        let Some(&g) = computed_at.get(&q) else {
+            continue;
+        };
+        let StepPlan::LinearGroup {
+            members,
+            gated: None,
+            rotation: None,
+        } = &steps[g]
+        else {
+            continue;
+        };
+        let outputs: Vec<ValueId> = members.iter().map(|&(_, v)| v).collect();
+        let v = cache_write.map(|w| reshaped(w.v).unwrap_or(w.v));
+        let in_order = match (outputs.as_slice(), v) {
+            ([a, b, c], Some(v)) => [*a, *b, *c] == [q, k, v],
+            ([a, b, ..], None) => [*a, *b] == [q, k],
+            _ => false,
+        };
+        let ready = |v: ValueId| computed_at.get(&v).is_none_or(|&at| at < g);
+        if !in_order || !ready(positions) || !ready(inv_freq) {
+            continue;
+        }
+        let moved = GroupRotation {
+            interleaved,
+            scale,
+            positions,
+            inv_freq,
+            q_out: rope.output,
+            k_out,
+            cache_write,
+        };
+        moves.push((g, i, moved, members[0].0));
+    }
+    for (g, i, moved, first) in moves {
+        if let StepPlan::LinearGroup { rotation, .. } = &mut steps[g] {
+            *rotation = Some(moved);
+        }
+        if let StepPlan::Rope { in_gemv, .. } = &mut steps[i] {
+            *in_gemv = Some(first);
+        }
     }
 }
 

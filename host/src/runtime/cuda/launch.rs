@@ -12,7 +12,7 @@ use super::attention::HEAD_DIM;
 use super::codegen::MAX_RANK;
 use super::fusion::HalfInputs;
 use super::plan::{HandKernels, StepPlan};
-use super::products::{group_gemv, out_type_arg, x_half_type};
+use super::products::{group_gemv, out_type_arg, x_half_type, PairedRows};
 use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
 use super::DeviceKvCache;
@@ -361,14 +361,22 @@ impl Frame<'_> {
                 (input(1), in_shape(1)),
                 (out, out_shape),
             ),
-            StepPlan::LinearGroup { members, gated } => {
+            StepPlan::LinearGroup {
+                members,
+                gated,
+                rotation,
+            } => {
                 let members: Vec<(DeviceMatrix, DevicePtr)> = members
                     .iter()
                     .map(|(w, value)| (*w, self.addrs[*value as usize]))
                     .collect();
-                let gated = gated.map(|g| (g, self.addrs[g.output as usize]));
+                let paired = match (gated, rotation) {
+                    (Some(g), _) => Some(PairedRows::Gated(*g, self.addrs[g.output as usize])),
+                    (None, Some(r)) => Some(PairedRows::Rotated(self.gemv_rotation(r)?)),
+                    (None, None) => None,
+                };
                 let x = (input(0), self.stored_half(step.inputs[0]).is_some());
-                self.product_group(&members, gated, x, numel(in_shape(0)), scratch)
+                self.product_group(&members, paired, x, numel(in_shape(0)), scratch)
             }
             StepPlan::GatedActivation { matrix, fused, .. } => {
                 if group_gemv(matrix, 2, rows_of(out_shape)).is_some() {
@@ -480,7 +488,8 @@ impl Frame<'_> {
                 scale,
                 with,
                 cache_write,
-            } => self.rope(step, *interleaved, *scale, *with, *cache_write),
+                in_gemv,
+            } => self.rope(step, (*interleaved, *scale), *with, *cache_write, *in_gemv),
             StepPlan::Attention {
                 spec,
                 cache_written,

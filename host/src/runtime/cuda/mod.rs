@@ -339,6 +339,23 @@ impl CudaExecutor {
             .count()
     }
 
+    /// How many rotations of q and k (with their cache writes) the decode
+    /// GEMV of q, k and v applies (one launch a layer fewer at up to 8 rows).
+    pub fn rotations_in_gemv(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s,
+                    StepPlan::Rope {
+                        in_gemv: Some(_),
+                        ..
+                    }
+                )
+            })
+            .count()
+    }
+
     /// How many paged attentions have their KV-cache write done by the
     /// rotary launch of their q and k (one launch a layer fewer).
     pub fn cache_writes_with_rotary(&self) -> usize {

@@ -36,6 +36,9 @@ pub enum StepPlan {
         /// A gated MLP's gate and up, whose activation step the decode GEMV
         /// computes too.
         gated: Option<super::fusion::GatedProduct>,
+        /// q, k and v, whose rotation (and cache write) the decode GEMV
+        /// applies too.
+        rotation: Option<GroupRotation>,
     },
     /// `act(gate) · up` of a gated MLP (a generated kernel), computed by the
     /// [`StepPlan::LinearGroup`] at `at` instead when that runs as the decode
@@ -92,6 +95,10 @@ pub enum StepPlan {
         /// The KV-cache write of the paged attention that reads the second
         /// rotation's output as its keys, done by this launch.
         cache_write: Option<CacheWrite>,
+        /// Done by the GEMV of q, k and v instead (a [`StepPlan::LinearGroup`]
+        /// with a [`GroupRotation`], whose first matrix this is) when that
+        /// runs as the decode GEMV.
+        in_gemv: Option<DeviceMatrix>,
     },
     /// Softmax or log-softmax over an axis.
     Softmax {
@@ -144,6 +151,25 @@ pub struct CacheWrite {
     pub batch: [ValueId; 3],
     /// The cache layer.
     pub layer: u32,
+}
+
+/// A paired [`StepPlan::Rope`] of q and k (with its cache write) that the
+/// decode GEMV of q, k and v applies as it writes them: its inputs and
+/// outputs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GroupRotation {
+    /// Adjacent pairs.
+    pub interleaved: bool,
+    /// cos/sin scale.
+    pub scale: f32,
+    /// The positions `[T]` and the frequencies `[half]`.
+    pub positions: ValueId,
+    pub inv_freq: ValueId,
+    /// The rotated q and k.
+    pub q_out: ValueId,
+    pub k_out: ValueId,
+    /// The cache write of the rotated keys and the values.
+    pub cache_write: Option<CacheWrite>,
 }
 
 /// Where a value's bytes are.
@@ -315,6 +341,7 @@ pub fn lower(
                     scale: *scale,
                     with: None,
                     cache_write: None,
+                    in_gemv: None,
                 },
                 Op::Softmax { axis } | Op::LogSoftmax { axis } => StepPlan::Softmax {
                     axis: *axis,

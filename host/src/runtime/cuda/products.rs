@@ -15,7 +15,7 @@ use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, Wei
 use super::fusion::{GatedActivation, GatedProduct};
 use super::launch::Frame;
 use super::plan::StepPlan;
-use super::tune::GemvShape;
+use super::tune::{GemvShape, RowPairs};
 use super::weights::DeviceMatrix;
 
 /// Most rows of x the decode GEMV takes (`KILN_GEMV_MAX_M` in gemv.cu).
@@ -209,12 +209,71 @@ pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
     }
 }
 
+/// The rotary embedding a GEMV launch of q, k and v applies to q and k, and
+/// the paged-cache write of the rotated keys and of v (`KilnGemvRope` in
+/// gemv.cu; the cache pointers 0 for none).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GemvRotation {
+    pub positions: DevicePtr,
+    pub inv_freq: DevicePtr,
+    pub q_out: DevicePtr,
+    pub k_out: DevicePtr,
+    pub k_cache: DevicePtr,
+    pub v_cache: DevicePtr,
+    pub row_offsets: DevicePtr,
+    pub context_lens: DevicePtr,
+    pub block_tables: DevicePtr,
+    pub scale: f32,
+    pub half: usize,
+    pub interleaved: bool,
+    pub cache_bf16: bool,
+    pub batch: usize,
+    pub blocks_per_seq: usize,
+    pub block_size: usize,
+}
+
+impl GemvRotation {
+    /// Its words as `KilnGemvRope` lays them out (none: all zero).
+    fn words(rotation: Option<&Self>) -> [u64; 13] {
+        let Some(r) = rotation else {
+            return [0; 13];
+        };
+        let pair = |low: u64, high: usize| low | (high as u64) << 32;
+        [
+            r.positions,
+            r.inv_freq,
+            r.q_out,
+            r.k_out,
+            r.k_cache,
+            r.v_cache,
+            r.row_offsets,
+            r.context_lens,
+            r.block_tables,
+            pair(u64::from(r.scale.to_bits()), r.half),
+            pair(u64::from(r.interleaved), usize::from(r.cache_bf16)),
+            pair(r.batch as u64, r.blocks_per_seq),
+            r.block_size as u64,
+        ]
+    }
+}
+
+/// Rows a GEMV launch pairs in its blocks, and what it makes of each pair.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum PairedRows {
+    /// A gated MLP's gate and up: their activation, written to the address.
+    Gated(GatedProduct, DevicePtr),
+    /// q's and k's rows rotated (members q, k and v).
+    Rotated(GemvRotation),
+}
+
 /// The `KilnGemvGroup` argument: the matrices (with their outputs) as one
 /// grid of rows; gated (`activation`, see [`GatedActivation`]), gate and
-/// up, whose activation is written to gate's output.
+/// up, whose activation is written to gate's output; rotated
+/// ([`GemvRotation`]), q, k and v.
 pub fn group_arg(
     members: &[(DeviceMatrix, DevicePtr)],
     activation: Option<GatedActivation>,
+    rotation: Option<&GemvRotation>,
 ) -> KernelArg {
     let mut rows_end = [0u64; GEMV_MAX_GROUP];
     let (mut w, mut y) = ([0u64; GEMV_MAX_GROUP], [0u64; GEMV_MAX_GROUP]);
@@ -228,6 +287,7 @@ pub fn group_arg(
     words.extend(w);
     words.extend(y);
     words.push(activation.map_or(0, |a| a as u64));
+    words.extend(GemvRotation::words(rotation));
     KernelArg::Struct(words)
 }
 
@@ -360,12 +420,13 @@ impl Frame<'_> {
 
     /// `out_i = x · W_iᵀ` for matrices of one format that share x: one GEMV
     /// launch over all their rows for small batches, else one product each.
-    /// `gated`: the members are a gated MLP's gate and up, and the GEMV
-    /// writes their activation to the address given instead.
+    /// `paired`: the members are a gated MLP's gate and up, and the GEMV
+    /// writes their activation to the address given instead; or q, k and v,
+    /// and the GEMV applies their rotation (and cache write) too.
     pub(super) fn product_group(
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
-        gated: Option<(GatedProduct, DevicePtr)>,
+        paired: Option<PairedRows>,
         (x, written_half): (DevicePtr, bool),
         x_elements: usize,
         scratch: Option<DevicePtr>,
@@ -404,18 +465,22 @@ impl Frame<'_> {
         };
         let rows: usize = members.iter().map(|(w, _)| w.rows).sum();
         let int = |v: usize| KernelArg::I32(v as i32);
+        let (group, pairs) = match &paired {
+            Some(PairedRows::Gated(product, out)) => {
+                let (gate, up) = (members[product.gate], members[1 - product.gate]);
+                let group = group_arg(&[(gate.0, *out), up], Some(product.activation), None);
+                (group, RowPairs::Gated)
+            }
+            Some(PairedRows::Rotated(rotation)) => {
+                (group_arg(members, None, Some(rotation)), RowPairs::Rotated)
+            }
+            None => (group_arg(members, None, None), RowPairs::Unpaired),
+        };
         let shape = GemvShape {
             kernel: name,
             rows,
             k,
-            gated: gated.is_some(),
-        };
-        let group = match gated {
-            Some((product, out)) => {
-                let (gate, up) = (members[product.gate], members[1 - product.gate]);
-                group_arg(&[(gate.0, out), up], Some(product.activation))
-            }
-            None => group_arg(members, None),
+            pairs,
         };
         let choice = self.gemv.get(&shape, self.hand);
         self.launch_function(

@@ -65,8 +65,19 @@ pub struct GemvShape {
     pub rows: usize,
     /// Row length.
     pub k: usize,
-    /// A gated MLP's gate and up, rows paired in blocks (`KilnGemvGroup`).
-    pub gated: bool,
+    /// Rows paired in blocks (`KilnGemvGroup`).
+    pub pairs: RowPairs,
+}
+
+/// Which rows of a GEMV launch its blocks hold in pairs (`KilnGemvGroup`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowPairs {
+    /// None: a block holds any rows.
+    Unpaired,
+    /// A gated MLP's gate and up, row for row.
+    Gated,
+    /// q's and k's rows rotated together.
+    Rotated,
 }
 
 /// A launch's kernel and its warps per row.
@@ -82,9 +93,10 @@ pub struct GemvChoice {
 
 impl GemvChoice {
     /// `split` warps per row in blocks of [`GEMV_WARPS`], or of two rows
-    /// for gated launches (which pair gate's and up's rows in a block).
-    pub fn new(function: FunctionId, split: usize, gated: bool) -> Self {
-        let warps = match gated {
+    /// for paired launches (gate's and up's rows, or a rotation's, in a
+    /// block).
+    pub fn new(function: FunctionId, split: usize, paired: bool) -> Self {
+        let warps = match paired {
             true => GEMV_WARPS.max(2 * split),
             false => GEMV_WARPS,
         };
@@ -111,7 +123,8 @@ pub struct GemvChoices {
 impl GemvChoices {
     /// The choice for `shape`; one warp per row for a shape never seen.
     pub fn get(&self, shape: &GemvShape, hand: &HandKernels) -> GemvChoice {
-        let one_per_row = || GemvChoice::new(hand[shape.kernel], 1, shape.gated);
+        let paired = shape.pairs != RowPairs::Unpaired;
+        let one_per_row = || GemvChoice::new(hand[shape.kernel], 1, paired);
         self.chosen.get(shape).copied().unwrap_or_else(one_per_row)
     }
 
@@ -139,10 +152,19 @@ struct ShapeLaunches {
 fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, ShapeLaunches> {
     let mut shapes: HashMap<GemvShape, ShapeLaunches> = HashMap::new();
     for step in steps {
-        let (members, gated): (Vec<DeviceMatrix>, bool) = match step {
-            StepPlan::Linear(w) => (vec![*w], false),
-            StepPlan::LinearGroup { members, gated } => {
-                (members.iter().map(|(w, _)| *w).collect(), gated.is_some())
+        let (members, pairs): (Vec<DeviceMatrix>, RowPairs) = match step {
+            StepPlan::Linear(w) => (vec![*w], RowPairs::Unpaired),
+            StepPlan::LinearGroup {
+                members,
+                gated,
+                rotation,
+            } => {
+                let pairs = match (gated, rotation) {
+                    (Some(_), _) => RowPairs::Gated,
+                    (None, Some(_)) => RowPairs::Rotated,
+                    (None, None) => RowPairs::Unpaired,
+                };
+                (members.iter().map(|(w, _)| *w).collect(), pairs)
             }
             _ => continue,
         };
@@ -155,7 +177,7 @@ fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, ShapeLaunches> {
                     kernel,
                     rows: members.iter().map(|w| w.rows).sum(),
                     k: first.cols,
-                    gated,
+                    pairs,
                 };
                 let entry = shapes.entry(shape).or_insert_with(|| ShapeLaunches {
                     x_rows,
@@ -189,7 +211,11 @@ pub fn choose(
         let function = *hand
             .get(&name)
             .ok_or_else(|| format!("no GEMV kernel {name}"))?;
-        Ok(GemvChoice::new(function, split, shape.gated))
+        Ok(GemvChoice::new(
+            function,
+            split,
+            shape.pairs != RowPairs::Unpaired,
+        ))
     };
     let mut chosen = HashMap::new();
     for (shape, shape_launches) in launches(steps) {
@@ -277,10 +303,12 @@ fn time_launches(
     let pass = || {
         launches.matrices.iter().try_for_each(|members| {
             let group: Vec<(DeviceMatrix, DevicePtr)> = members.iter().map(|w| (*w, out)).collect();
-            // Any activation costs the same: one per output, after the rows.
-            let activation = shape.gated.then_some(GatedActivation::Silu);
+            // Any activation costs the same: one per output, after the rows;
+            // a rotation is timed as the plain group (its rows are not
+            // valid positions here), in its paired blocks.
+            let activation = (shape.pairs == RowPairs::Gated).then_some(GatedActivation::Silu);
             let args = [
-                group_arg(&group, activation),
+                group_arg(&group, activation, None),
                 KernelArg::Ptr(x),
                 KernelArg::I32(launches.x_rows as i32),
                 KernelArg::I32(shape.k as i32),
