@@ -166,12 +166,12 @@ fn benchmark_runs_a_shape_with_random_weights() {
                 "{level}"
             );
             // Kernels per step, counted by a CUDA device: a decode step of
-            // the two layers runs 20 and a sampling kernel (the exact counts
+            // the two layers runs 18 and a sampling kernel (the exact counts
             // are pinned in cuda_graphs.rs), a prefill step more.
             let kernels = level["kernels_per_step"].as_f64();
             match device {
                 "cpu" => assert_eq!(kernels, None, "{level}"),
-                _ => assert!((21.0..=60.0).contains(&kernels.unwrap()), "{level}"),
+                _ => assert!((19.0..=60.0).contains(&kernels.unwrap()), "{level}"),
             }
         }
         if device == "cpu" {
