@@ -16,17 +16,21 @@ use super::DeviceKvCache;
 use crate::compiler::Step;
 
 /// Where a rotation writes the keys and values of a layer: its caches and
-/// the batch description.
-struct CacheTarget {
-    k_cache: DevicePtr,
-    v_cache: DevicePtr,
-    row_offsets: DevicePtr,
-    context_lens: DevicePtr,
-    block_tables: DevicePtr,
-    batch: usize,
-    blocks_per_seq: usize,
-    block_size: usize,
-    bf16: bool,
+/// the batch description (the cache-write arguments of `kiln_rope_write_kv`
+/// and of the rotated GEMV; all zero for none).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheTarget {
+    pub k_cache: DevicePtr,
+    pub v_cache: DevicePtr,
+    pub row_offsets: DevicePtr,
+    pub context_lens: DevicePtr,
+    pub block_tables: DevicePtr,
+    /// Sequences, block-table width, positions per cache block.
+    pub batch: usize,
+    pub blocks_per_seq: usize,
+    pub block_size: usize,
+    /// The cache holds bf16 (else f32).
+    pub bf16: bool,
 }
 
 impl Frame<'_> {
@@ -48,6 +52,8 @@ impl Frame<'_> {
             [t, h, d] => (*t, *h, *d),
             other => return Err(format!("rope expects [T, H, D], got {other:?}")),
         };
+        // The group (q, k and v: within GEMV_MAX_GROUP) runs as the GEMV by
+        // its first matrix and rows alone, as `product_group` decides.
         if in_gemv.is_some_and(|first| group_gemv(&first, 3, tokens).is_some()) {
             return Ok(()); // rotated (and cached) by the GEMV
         }
@@ -144,7 +150,11 @@ impl Frame<'_> {
             [_, h, d] => (*h, *d),
             other => return Err(format!("rope expects [T, H, D], got {other:?}")),
         };
-        let mut rotation = GemvRotation {
+        let cache = r
+            .cache_write
+            .map(|write| self.cache_target(write, kv_heads, head_dim))
+            .transpose()?;
+        Ok(GemvRotation {
             positions: addr(r.positions),
             inv_freq: addr(r.inv_freq),
             q_out: addr(r.q_out),
@@ -152,24 +162,8 @@ impl Frame<'_> {
             scale: r.scale,
             half: head_dim / 2,
             interleaved: r.interleaved,
-            ..GemvRotation::default()
-        };
-        if let Some(write) = r.cache_write {
-            let target = self.cache_target(write, kv_heads, head_dim)?;
-            rotation = GemvRotation {
-                k_cache: target.k_cache,
-                v_cache: target.v_cache,
-                row_offsets: target.row_offsets,
-                context_lens: target.context_lens,
-                block_tables: target.block_tables,
-                cache_bf16: target.bf16,
-                batch: target.batch,
-                blocks_per_seq: target.blocks_per_seq,
-                block_size: target.block_size,
-                ..rotation
-            };
-        }
-        Ok(rotation)
+            cache,
+        })
     }
 
     /// Paged attention: the step's keys and values written into the cache

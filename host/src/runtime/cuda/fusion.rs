@@ -408,18 +408,17 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
         StepPlan::ComputedAt { at } => at,
         _ => s,
     };
-    // The value a reshape `v` reads, when that reshape alone reads it.
-    let reshaped = |v: ValueId| {
-        let at = *computed_at.get(&v)?;
-        let input = program.steps[at].inputs.first().copied()?;
-        let alone = matches!(readers.get(&input).map(Vec::as_slice), Some([Some(r)]) if *r == at);
-        (matches!(steps[at], StepPlan::Alias) && alone).then_some(input)
-    };
     // Whether launch `s` alone reads `v`.
     let read_only_by = |v: ValueId, s: usize| {
         readers[&v]
             .iter()
             .all(|r| r.is_some_and(|r| launched_at(r) == s))
+    };
+    // The value a reshape `v` reads, when that reshape alone reads it.
+    let reshaped = |v: ValueId| {
+        let at = *computed_at.get(&v)?;
+        let input = program.steps[at].inputs.first().copied()?;
+        (matches!(steps[at], StepPlan::Alias) && read_only_by(input, at)).then_some(input)
     };
     let mut moves = Vec::new();
     for i in 0..steps.len() {

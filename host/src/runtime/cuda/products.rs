@@ -12,6 +12,7 @@
 
 use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout};
 
+use super::attention::CacheTarget;
 use super::fusion::{GatedActivation, GatedProduct};
 use super::launch::Frame;
 use super::plan::StepPlan;
@@ -211,48 +212,46 @@ pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
 
 /// The rotary embedding a GEMV launch of q, k and v applies to q and k, and
 /// the paged-cache write of the rotated keys and of v (`KilnGemvRope` in
-/// gemv.cu; the cache pointers 0 for none).
-#[derive(Clone, Copy, Debug, Default)]
+/// gemv.cu).
+#[derive(Clone, Copy, Debug)]
 pub struct GemvRotation {
+    /// The positions `[T]` and frequencies `[half]` (`kiln_rope`'s).
     pub positions: DevicePtr,
     pub inv_freq: DevicePtr,
+    /// Where the rotated q and k go.
     pub q_out: DevicePtr,
     pub k_out: DevicePtr,
-    pub k_cache: DevicePtr,
-    pub v_cache: DevicePtr,
-    pub row_offsets: DevicePtr,
-    pub context_lens: DevicePtr,
-    pub block_tables: DevicePtr,
+    /// cos/sin scale, half a head, adjacent pairs.
     pub scale: f32,
     pub half: usize,
     pub interleaved: bool,
-    pub cache_bf16: bool,
-    pub batch: usize,
-    pub blocks_per_seq: usize,
-    pub block_size: usize,
+    /// The cache write of the rotated keys and of v, if any.
+    pub cache: Option<CacheTarget>,
 }
 
 impl GemvRotation {
-    /// Its words as `KilnGemvRope` lays them out (none: all zero).
+    /// Its words as `KilnGemvRope` lays them out (none: all zero; no cache
+    /// write: null cache pointers).
     fn words(rotation: Option<&Self>) -> [u64; 13] {
         let Some(r) = rotation else {
             return [0; 13];
         };
         let pair = |low: u64, high: usize| low | (high as u64) << 32;
+        let c = r.cache.unwrap_or_default();
         [
             r.positions,
             r.inv_freq,
             r.q_out,
             r.k_out,
-            r.k_cache,
-            r.v_cache,
-            r.row_offsets,
-            r.context_lens,
-            r.block_tables,
+            c.k_cache,
+            c.v_cache,
+            c.row_offsets,
+            c.context_lens,
+            c.block_tables,
             pair(u64::from(r.scale.to_bits()), r.half),
-            pair(u64::from(r.interleaved), usize::from(r.cache_bf16)),
-            pair(r.batch as u64, r.blocks_per_seq),
-            r.block_size as u64,
+            pair(u64::from(r.interleaved), usize::from(c.bf16)),
+            pair(c.batch as u64, c.blocks_per_seq),
+            c.block_size as u64,
         ]
     }
 }
