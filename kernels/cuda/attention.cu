@@ -183,21 +183,6 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
   }
 }
 
-// Split-K: true in every thread of the block that finishes last among the
-// gridDim.z splits counting in `counter` (whose partial results are then all
-// written and visible); the count returns to zero for the next launch (a
-// replayed graph). Every thread calls it after writing its partials: each
-// fences its writes before thread 0 counts the block (the CUDA programming
-// guide's last-block pattern).
-__device__ __forceinline__ bool last_split(unsigned* counter) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicInc(counter, gridDim.z - 1) == gridDim.z - 1;
-  __syncthreads();
-  return last;
-}
-
 // Value d of one (row, head)'s output merged from its gridDim.z partial
 // results parts[z · (head_dim + 2)]: [m, l, acc...] (other blocks wrote them:
 // read past L1).
@@ -228,7 +213,7 @@ __device__ __forceinline__ float merged_split(const volatile float* parts, int h
 // only and writes its running max, sum of weights and unnormalized output to
 // partials[((row · num_heads + head) · gridDim.z + z) · (head_dim + 2)]:
 // [m, l, acc...]; the last of a (row, head)'s blocks to finish merges them
-// into `out` (`last_split`, counting in split_counters[row · gridDim.y +
+// into `out` (`last_block_done`, counting in split_counters[row · gridDim.y +
 // blockIdx.y], which start at zero and are left at zero).
 // `out` holds elements of type `out_type` (KILN_OUT_*: f32, or the half type
 // of the output projection reading it).
@@ -256,7 +241,7 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
   OutRow out_row{out, (row * num_heads + head) * head_dim, out_type};
   attend_keys<PER_LANE, KEYS>(q + (row * num_heads + head) * head_dim, k_cache, v_cache, out_row, part, keys,
                              head / (num_heads / kv_heads), first, last, head_dim, scale, softcap);
-  if (part != nullptr && last_split(split_counters + row * gridDim.y + blockIdx.y)) {
+  if (part != nullptr && last_block_done(split_counters + row * gridDim.y + blockIdx.y, gridDim.z)) {
     const volatile float* parts = partials + (row * num_heads + head) * gridDim.z * (i64)(head_dim + 2);
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) out_row.set(d, merged_split(parts, head_dim, d));
   }
@@ -424,7 +409,7 @@ __device__ void grouped_attention(const float* __restrict__ q, const C* __restri
       store_as(out, head_row * head_dim + d, head_l[h] > 0.0f ? sum / head_l[h] : 0.0f, out_type);  // no keys
     }
   }
-  if (partials != nullptr && last_split(split_counters + row * gridDim.y + blockIdx.y)) {
+  if (partials != nullptr && last_block_done(split_counters + row * gridDim.y + blockIdx.y, gridDim.z)) {
     for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
       i64 head_row = row * num_heads + first_head + i / head_dim;
       const volatile float* parts = partials + head_row * gridDim.z * (head_dim + 2);

@@ -89,6 +89,20 @@ struct KilnGemvRope {
   int block_size;
 };
 
+// Greedy's pick (`keys` set; one matrix, the logits' product): each row of
+// x's first largest value (NaN as -inf), the sampler's greedy pick (in
+// sampling.cu), found as the logits are written. A block takes the
+// largest key (logit_key) of its rows and raises the row's entry in `keys`
+// to it (atomicMax, only when larger: the order of blocks cannot change
+// the result); the last block to finish (`counter`) writes the picks to
+// `tokens`. The keys start the launch at zero (the step's upload zeroes
+// them), the counter at zero (the last block leaves it so).
+struct KilnGemvArgmax {
+  unsigned long long* keys;
+  unsigned* counter;
+  unsigned* tokens;
+};
+
 struct KilnGemvGroup {
   i64 count;
   i64 rows_end[KILN_GEMV_MAX_GROUP];
@@ -96,6 +110,7 @@ struct KilnGemvGroup {
   float* y[KILN_GEMV_MAX_GROUP];
   i64 activation;
   KilnGemvRope rope;
+  KilnGemvArgmax argmax;
 };
 
 // The warp's output row: its matrix's weights row and where its results go,
@@ -185,10 +200,39 @@ __device__ __forceinline__ void store_rotated(const KilnGemvGroup& g, const Gemv
     cache_store(reinterpret_cast<float*>(cache) + at, mine);
 }
 
+// The order of logits in greedy's pick as one 64-bit key: the value's
+// order_key (NaN as -inf) above the complement of its index, so the
+// largest key is the largest value's first index.
+__device__ __forceinline__ unsigned long long logit_key(float v, int index) {
+  return (unsigned long long)order_key(v == v ? v : KILN_NEG_INF) << 32 | (0xffffffffu - (unsigned)index);
+}
+
+// Greedy's pick among the block's rows (`sum`: lane i's row i of x, where
+// `writes`), raised into the launch's keys; the last block writes the
+// picks (KilnGemvArgmax). Every thread of the block calls it.
+template <int MAX_M, int SPLIT>
+__device__ void pick_first_largest(const KilnGemvArgmax& a, const GemvRow& r, bool writes, float sum, int m) {
+  __shared__ unsigned long long best[KILN_GEMV_MAX_WARPS][MAX_M];
+  int lane = threadIdx.x % 32, slot = threadIdx.x / 32 / SPLIT, rows = blockDim.x / 32 / SPLIT;
+  if (r.part == 0 && lane < MAX_M) best[slot][lane] = writes ? logit_key(sum, r.row) : 0ull;
+  __syncthreads();
+  if ((int)threadIdx.x < m) {
+    unsigned long long key = 0;
+    for (int s = 0; s < rows; ++s) key = best[s][threadIdx.x] > key ? best[s][threadIdx.x] : key;
+    unsigned long long* entry = a.keys + threadIdx.x;
+    if (key > *reinterpret_cast<volatile unsigned long long*>(entry)) atomicMax(entry, key);
+  }
+  if (last_block_done(a.counter, gridDim.x) && (int)threadIdx.x < m) {
+    unsigned long long key = *reinterpret_cast<volatile unsigned long long*>(a.keys + threadIdx.x);
+    a.tokens[threadIdx.x] = 0xffffffffu - (unsigned)key;
+  }
+}
+
 // The sums of the warps of a row to y[i, row]: each warp reduces across its
 // lanes, and with SPLIT > 1 the row's first warp adds the others' sums;
 // lane i of that warp then holds row i's. Gated or rotated, each row's
-// lanes take the paired row's sums next to theirs through shared memory.
+// lanes take the paired row's sums next to theirs through shared memory;
+// with `argmax`, the block takes part in greedy's pick.
 template <int MAX_M, int SPLIT>
 __device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool valid, int m, const KilnGemvGroup& g) {
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -216,6 +260,7 @@ __device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool va
   bool rotated = g.rope.positions != nullptr;
   if (g.activation == 0 && !rotated) {
     if (writes) r.y[(i64)lane * r.n + r.row] = sum;
+    if (g.argmax.keys != nullptr) pick_first_largest<MAX_M, SPLIT>(g.argmax, r, writes, sum, m);
     return;
   }
   __shared__ float rows[KILN_GEMV_MAX_WARPS][MAX_M];

@@ -337,6 +337,28 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return block_reduce(v, MaxOp(), KILN_NEG_INF, scratch);
 }
 
+// True in every thread of the block that finishes last among the `blocks`
+// blocks counting in `counter` (whose results are then all written and
+// visible); the count returns to zero for the next launch (a replayed
+// graph). Every thread calls it after writing its results: each fences its
+// writes before thread 0 counts the block (the CUDA programming guide's
+// last-block pattern). Split-K attention merges its splits so, and the
+// logits' GEMV writes greedy's picks.
+__device__ __forceinline__ bool last_block_done(unsigned* counter, unsigned blocks) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicInc(counter, blocks - 1) == blocks - 1;
+  __syncthreads();
+  return last;
+}
+
+// Keys that order floats: a larger float has a larger key.
+__device__ __forceinline__ unsigned int order_key(float f) {
+  unsigned int u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
 // Rounds an f32 to the nearest bf16 / f16 value (results of ops typed bf16 or
 // f16 are computed in f32 and stored rounded, as the CPU backend does).
 __device__ __forceinline__ float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }

@@ -44,12 +44,6 @@ struct KilnAdjust {
   float bias;     // added after the penalties (logit_bias)
 };
 
-// Keys that order floats: a larger float has a larger key.
-__device__ __forceinline__ unsigned int order_key(float f) {
-  unsigned int u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 // The element of `v` (restricted to `member`) at which the prefix sum of
 // `weight` in sorted order (value descending, index ascending) first reaches
 // `target`; -1 when the members' total falls short. A target ≤ 0 selects the

@@ -56,6 +56,7 @@ fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr], activation: u64
     words.extend(pad(outputs.to_vec()));
     words.push(activation);
     words.extend([0; 13]); // no rotation (`KilnGemvRope`)
+    words.extend([0; 3]); // no greedy pick (`KilnGemvArgmax`)
     KernelArg::Struct(words)
 }
 

@@ -34,6 +34,7 @@ fn group(matrices: [DevicePtr; 3], outputs: [DevicePtr; 3], rope: Option<[u64; 1
     words.extend(outputs.iter().copied().chain([0]));
     words.push(0);
     words.extend(rope.unwrap_or([0; 13]));
+    words.extend([0; 3]); // no greedy pick (`KilnGemvArgmax`)
     KernelArg::Struct(words)
 }
 

@@ -9,7 +9,7 @@ use kiln_host::engine::batch::{run_sampled_step, run_step, Pipeline};
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
 use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
-use kiln_host::runtime::sampling::RowSampling;
+use kiln_host::runtime::sampling::{self, RowSampling};
 use kiln_host::runtime::{CacheLayout, KvCache};
 use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
 
@@ -289,4 +289,56 @@ fn steps_run_the_kernels_their_fusions_leave() {
         assert_eq!(decode, 2 * 7 + 4, "decode at position {position}");
     }
     assert_eq!(executor.captured_graphs(), 1);
+}
+
+/// Greedy rows with nothing to adjust take the picks that the logits'
+/// decode GEMV found as it wrote them: no sampler launch, and the same
+/// tokens as the sampler's (which runs when log-probabilities are asked
+/// for) and as the host's argmax of the step's logits. Past the GEMV (9
+/// rows, padded to 16: the GEMM) the sampler picks every row.
+#[test]
+fn greedy_rows_take_the_picks_of_the_logits_gemv() {
+    let cuda = load(kiln_tests::models::cuda_test_device());
+    let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
+    let device = executor.device();
+    let layout = CacheLayout {
+        block_size: BLOCK_SIZE,
+        num_kv_heads: cuda.config.kv.num_kv_heads as usize,
+        head_dim: cuda.config.kv.head_dim as usize,
+    };
+    let layers = cuda.config.kv.num_layers as usize;
+    let mut cache = cuda.backend.new_kv_cache(layers, 32, layout).unwrap();
+    for rows in [2u32, 9] {
+        let prompts: Vec<_> = (0..rows)
+            .map(|i| (i, vec![3 + i, 9, 40 + 7 * i], 0))
+            .collect();
+        step(&cuda, &mut cache, &prompts);
+        let decode: Vec<_> = (0..rows)
+            .map(|i| (i, vec![(61 * i + 5) % 768], 3))
+            .collect();
+        // Rerunning the step writes the same keys and values again.
+        let logits = step(&cuda, &mut cache, &decode);
+        let want: Vec<u32> = logits.iter().map(|l| sampling::argmax(l)).collect();
+        let mut kernels = Vec::new();
+        for logprobs in [None, Some(0)] {
+            let sampling = RowSampling {
+                logprobs,
+                ..RowSampling::greedy()
+            };
+            let before = device.kernels_run();
+            let sampled = run_sampled_step(
+                cuda.backend.as_ref(),
+                &Pipeline::Decoder,
+                &mut cache,
+                &batch(&decode),
+                &vec![sampling; rows as usize],
+            )
+            .unwrap();
+            kernels.push(device.kernels_run() - before);
+            let got: Vec<u32> = sampled.iter().map(|s| s.token).collect();
+            assert_eq!(got, want, "{rows} rows, log-probabilities {logprobs:?}");
+        }
+        let sampler = u64::from(rows <= 8);
+        assert_eq!(kernels[0] + sampler, kernels[1], "{rows} rows: kernels");
+    }
 }

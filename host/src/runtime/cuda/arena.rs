@@ -1,8 +1,9 @@
 //! The arena plan of one binding of a program's symbolic sizes: each value's
 //! concrete shape and offset, from the liveness of the lowered steps. The
-//! graph inputs, the error flag and split attention's counters go first, one
-//! after another, so one upload a step writes them all; then every other value and each step's
-//! scratch, placed by `memory::place`.
+//! graph inputs, the error flag, split attention's counters and the logits
+//! GEMV's greedy keys go first, one after another, so one upload a step
+//! writes them all; then every other value and each step's scratch, placed
+//! by `memory::place`.
 
 use std::collections::HashMap;
 
@@ -30,17 +31,23 @@ pub struct RunPlan {
     /// Arena offset of split-K attention's counters of finished splits
     /// (`attention::split_counter_bytes`).
     pub split_counters: usize,
+    /// Arena offset of the logits GEMV's count of blocks done (4 bytes),
+    /// then, 8 bytes on, its greedy keys (`products::GreedyPicks`), when
+    /// the program has a logits product.
+    pub greedy_picks: Option<usize>,
     /// Bytes the arena needs.
     pub total: usize,
 }
 
 /// Plans the arena of `program` (lowered to `steps`, values living at
-/// `homes`) for the sizes of `symbols`.
+/// `homes`) for the sizes of `symbols`; `greedy_picks`: the program has a
+/// logits product, whose GEMV finds greedy's picks.
 pub fn plan(
     program: &Program,
     steps: &[StepPlan],
     homes: &[Home],
     symbols: &HashMap<String, usize>,
+    greedy_picks: bool,
 ) -> RunPlan {
     let graph = &program.graph;
     let shapes: Vec<Vec<usize>> = graph
@@ -125,6 +132,12 @@ pub fn plan(
         })
         .max()
         .unwrap_or(0);
+    // The logits GEMV's counter and keys: zero at the start of every step.
+    let greedy_picks = greedy_picks.then(|| {
+        let at = staged.div_ceil(8) * 8;
+        staged = at + products::GREEDY_PICKS_BYTES;
+        at
+    });
     let base = align(staged);
     let mut roots: Vec<(ValueId, (usize, usize))> = life.into_iter().collect();
     roots.sort_unstable();
@@ -179,6 +192,7 @@ pub fn plan(
         staged,
         error_flag,
         split_counters,
+        greedy_picks,
         total: base + placement.total,
     }
 }

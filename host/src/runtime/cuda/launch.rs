@@ -12,7 +12,7 @@ use super::attention::HEAD_DIM;
 use super::codegen::MAX_RANK;
 use super::fusion::HalfInputs;
 use super::plan::{HandKernels, StepPlan};
-use super::products::{group_gemv, out_type_arg, x_half_type, PairedRows};
+use super::products::{group_gemv, out_type_arg, x_half_type, GemvEpilogue, GreedyPicks};
 use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
 use super::DeviceKvCache;
@@ -42,6 +42,9 @@ pub struct Frame<'a> {
     pub split_counters: DevicePtr,
     /// The KV cache, when the step batch has one.
     pub cache: Option<&'a DeviceKvCache>,
+    /// The logits' product (its output) and where its decode GEMV leaves
+    /// greedy's picks.
+    pub greedy: Option<(ValueId, GreedyPicks)>,
     /// Prefill attention may run on tensor cores.
     pub flash_attention: bool,
 }
@@ -353,6 +356,11 @@ impl Frame<'_> {
                 };
                 let elements = numel(in_shape(0));
                 let x = (input(0), self.stored_half(step.inputs[0]).is_some());
+                let picks = self.greedy.filter(|&(logits, _)| logits == step.output);
+                if let (Some((_, picks)), StepPlan::Linear(_)) = (picks, plan) {
+                    let epilogue = Some(GemvEpilogue::GreedyPick(picks));
+                    return self.product_group(&[(*w, out)], epilogue, x, elements, scratch);
+                }
                 let x = self.product_x(w, layout, x, elements, scratch)?;
                 self.product(w, layout, x, elements, out, scratch)
             }
@@ -370,13 +378,13 @@ impl Frame<'_> {
                     .iter()
                     .map(|(w, value)| (*w, self.addrs[*value as usize]))
                     .collect();
-                let paired = match (gated, rotation) {
-                    (Some(g), _) => Some(PairedRows::Gated(*g, self.addrs[g.output as usize])),
-                    (None, Some(r)) => Some(PairedRows::Rotated(self.gemv_rotation(r)?)),
+                let epilogue = match (gated, rotation) {
+                    (Some(g), _) => Some(GemvEpilogue::Gated(*g, self.addrs[g.output as usize])),
+                    (None, Some(r)) => Some(GemvEpilogue::Rotated(self.gemv_rotation(r)?)),
                     (None, None) => None,
                 };
                 let x = (input(0), self.stored_half(step.inputs[0]).is_some());
-                self.product_group(&members, paired, x, numel(in_shape(0)), scratch)
+                self.product_group(&members, epilogue, x, numel(in_shape(0)), scratch)
             }
             StepPlan::GatedActivation { matrix, fused, .. } => {
                 if group_gemv(matrix, 2, rows_of(out_shape)).is_some() {

@@ -163,12 +163,27 @@ pub struct CudaExecutor {
     /// The value of the graph's first input, where async scheduling feeds
     /// token ids.
     token_ids: Option<usize>,
+    /// The product of the logits, whose decode GEMV also writes greedy's
+    /// picks.
+    logits: Option<LogitsProduct>,
     /// Bytes of weights one step reads.
     weight_bytes_per_step: usize,
     /// Floating-point operations of the matrix products per token.
     product_flops_per_token: f64,
     generated: Vec<(String, String)>,
     state: Mutex<RunState>,
+}
+
+/// The product whose output is the logits: its decode GEMV also finds each
+/// row's greedy pick (`products::GreedyPicks`), written to `tokens`.
+#[derive(Clone, Copy, Debug)]
+struct LogitsProduct {
+    /// Its output.
+    value: ValueId,
+    matrix: weights::DeviceMatrix,
+    /// `[products::GEMV_MAX_M]` u32 token ids, a buffer of the executor's
+    /// own (a captured graph holds its address).
+    tokens: DevicePtr,
 }
 
 /// Which attention kernels the CUDA backend launches (`--attention-backend`).
@@ -273,7 +288,21 @@ impl CudaExecutor {
         if let Some(dir) = std::env::var_os("KILN_DUMP_KERNELS") {
             dump_kernels(std::path::Path::new(&dir), &lowered.generated)?;
         }
-        let owned = lowered.owned;
+        let mut owned = lowered.owned;
+        let logits = match lowered.logits_product {
+            Some((value, matrix)) => {
+                let tokens = device
+                    .alloc(4 * products::GEMV_MAX_M)
+                    .map_err(|e| CudaError::Memory(e.to_string()))?;
+                owned.push(tokens);
+                Some(LogitsProduct {
+                    value,
+                    matrix,
+                    tokens,
+                })
+            }
+            None => None,
+        };
         // A step that prints downloads mid-step: it cannot be captured.
         let graphs = options.graphs
             && !lowered
@@ -298,6 +327,7 @@ impl CudaExecutor {
             kv_bf16,
             flash_attention: options.attention == AttentionBackend::Auto,
             token_ids,
+            logits,
             weight_bytes_per_step: lowered.weight_bytes_per_step,
             product_flops_per_token: lowered.product_flops_per_token,
             generated: lowered.generated,
@@ -398,6 +428,15 @@ impl CudaExecutor {
 
     /// The plan for `symbols` (whose [`binding`] is `key`), with an arena
     /// large enough for it.
+    /// Where a step planned as `plan` left each logits row's greedy pick:
+    /// the logits' product ran as the decode GEMV, which writes them.
+    fn greedy_picked(&self, plan: &RunPlan) -> Option<DevicePtr> {
+        let logits = self.logits.filter(|_| plan.greedy_picks.is_some())?;
+        let outputs: usize = plan.shapes[logits.value as usize].iter().product();
+        let m = outputs / logits.matrix.rows.max(1);
+        products::group_gemv(&logits.matrix, 1, m).map(|_| logits.tokens)
+    }
+
     fn prepare(
         &self,
         state: &mut RunState,
@@ -412,6 +451,7 @@ impl CudaExecutor {
                     &self.steps,
                     &self.homes,
                     symbols,
+                    self.logits.is_some(),
                 ));
                 state.plans.insert(key.clone(), p.clone());
                 p
@@ -680,15 +720,16 @@ impl Backend for CudaExecutor {
             });
         }
         let device = self.device.as_ref();
+        let greedy = self.greedy_picked(&executed.plan);
         let queued = executed
             .state
             .sampler
             .launch(
                 device,
                 self.hand["kiln_sample"],
-                executed.addrs[logits],
-                vocab,
+                (executed.addrs[logits], vocab),
                 rows,
+                greedy,
             )
             .map_err(RuntimeError::Device)?;
         // The error flag comes back first, the picks after it.

@@ -201,6 +201,10 @@ pub struct Lowered {
     /// Floating-point operations of the matrix products per token (two per
     /// matrix element).
     pub product_flops_per_token: f64,
+    /// The product whose output is the logits (the graph's first output, as
+    /// it is or reshaped): its output and matrix. Its decode GEMV also
+    /// finds greedy's picks.
+    pub logits_product: Option<(ValueId, DeviceMatrix)>,
 }
 
 /// The hand-written kernels, by name.
@@ -428,6 +432,7 @@ pub fn lower(
         steps.push(plan);
     }
     let half_inputs = super::fusion::fuse(program, &homes, &mut steps);
+    let logits_product = logits_product(program, &steps);
     weight_bytes_per_step += product_matrices.values().map(|m| m.0).sum::<usize>();
     let product_elements: usize = product_matrices.values().map(|m| m.1).sum();
     Ok(Lowered {
@@ -438,7 +443,22 @@ pub fn lower(
         generated,
         weight_bytes_per_step,
         product_flops_per_token: 2.0 * product_elements as f64,
+        logits_product,
     })
+}
+
+/// The `Linear` step that writes the graph's first output (through
+/// reshapes only): its output and matrix.
+fn logits_product(program: &Program, steps: &[StepPlan]) -> Option<(ValueId, DeviceMatrix)> {
+    let mut value = *program.graph.outputs.first()?;
+    loop {
+        let s = program.steps.iter().position(|step| step.output == value)?;
+        match &steps[s] {
+            StepPlan::Alias => value = *program.steps[s].inputs.first()?,
+            StepPlan::Linear(w) => return Some((value, *w)),
+            _ => return None,
+        }
+    }
 }
 
 /// An element-wise op as a one-instruction fused program.

@@ -256,23 +256,46 @@ impl GemvRotation {
     }
 }
 
-/// Rows a GEMV launch pairs in its blocks, and what it makes of each pair.
+/// Bytes of the step's upload that the logits GEMV's greedy pick takes: its
+/// count of blocks done (4 bytes and 4 of padding), then a key for each of
+/// up to [`GEMV_MAX_M`] rows.
+pub const GREEDY_PICKS_BYTES: usize = 8 + 8 * GEMV_MAX_M;
+
+/// Where the GEMV of the logits leaves greedy's picks (`KilnGemvArgmax` in
+/// gemv.cu): each row's largest key so far and the count of blocks done,
+/// both zero before the launch (in the step's upload), and the picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GreedyPicks {
+    /// `[GEMV_MAX_M]` u64 keys.
+    pub keys: DevicePtr,
+    /// A u32 count of blocks done.
+    pub counter: DevicePtr,
+    /// `[GEMV_MAX_M]` u32 token ids.
+    pub tokens: DevicePtr,
+}
+
+/// What a GEMV launch does beyond writing its products.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum PairedRows {
-    /// A gated MLP's gate and up: their activation, written to the address.
+pub(super) enum GemvEpilogue {
+    /// A gated MLP's gate and up, rows paired in blocks: their activation,
+    /// written to the address.
     Gated(GatedProduct, DevicePtr),
-    /// q's and k's rows rotated (members q, k and v).
+    /// q's and k's rows rotated, paired in blocks (members q, k and v).
     Rotated(GemvRotation),
+    /// The logits: each row of x's first largest value, greedy's pick.
+    GreedyPick(GreedyPicks),
 }
 
 /// The `KilnGemvGroup` argument: the matrices (with their outputs) as one
 /// grid of rows; gated (`activation`, see [`GatedActivation`]), gate and
 /// up, whose activation is written to gate's output; rotated
-/// ([`GemvRotation`]), q, k and v.
+/// ([`GemvRotation`]), q, k and v; with `picks`, the logits' matrix alone,
+/// greedy's picks found too.
 pub fn group_arg(
     members: &[(DeviceMatrix, DevicePtr)],
     activation: Option<GatedActivation>,
     rotation: Option<&GemvRotation>,
+    picks: Option<&GreedyPicks>,
 ) -> KernelArg {
     let mut rows_end = [0u64; GEMV_MAX_GROUP];
     let (mut w, mut y) = ([0u64; GEMV_MAX_GROUP], [0u64; GEMV_MAX_GROUP]);
@@ -287,6 +310,7 @@ pub fn group_arg(
     words.extend(y);
     words.push(activation.map_or(0, |a| a as u64));
     words.extend(GemvRotation::words(rotation));
+    words.extend(picks.map_or([0; 3], |p| [p.keys, p.counter, p.tokens]));
     KernelArg::Struct(words)
 }
 
@@ -419,13 +443,15 @@ impl Frame<'_> {
 
     /// `out_i = x · W_iᵀ` for matrices of one format that share x: one GEMV
     /// launch over all their rows for small batches, else one product each.
-    /// `paired`: the members are a gated MLP's gate and up, and the GEMV
+    /// `epilogue`: the members are a gated MLP's gate and up, and the GEMV
     /// writes their activation to the address given instead; or q, k and v,
-    /// and the GEMV applies their rotation (and cache write) too.
+    /// and the GEMV applies their rotation (and cache write) too; or the
+    /// logits' matrix, and the GEMV finds greedy's picks too. Past the GEMV
+    /// none of that is done here.
     pub(super) fn product_group(
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
-        paired: Option<PairedRows>,
+        epilogue: Option<GemvEpilogue>,
         (x, written_half): (DevicePtr, bool),
         x_elements: usize,
         scratch: Option<DevicePtr>,
@@ -464,16 +490,24 @@ impl Frame<'_> {
         };
         let rows: usize = members.iter().map(|(w, _)| w.rows).sum();
         let int = |v: usize| KernelArg::I32(v as i32);
-        let (group, pairs) = match &paired {
-            Some(PairedRows::Gated(product, out)) => {
+        let (group, pairs) = match &epilogue {
+            Some(GemvEpilogue::Gated(product, out)) => {
                 let (gate, up) = (members[product.gate], members[1 - product.gate]);
-                let group = group_arg(&[(gate.0, *out), up], Some(product.activation), None);
+                let group = group_arg(&[(gate.0, *out), up], Some(product.activation), None, None);
                 (group, RowPairs::Gated)
             }
-            Some(PairedRows::Rotated(rotation)) => {
-                (group_arg(members, None, Some(rotation)), RowPairs::Rotated)
+            Some(GemvEpilogue::Rotated(rotation)) => (
+                group_arg(members, None, Some(rotation), None),
+                RowPairs::Rotated,
+            ),
+            Some(GemvEpilogue::GreedyPick(picks)) if members.len() == 1 => (
+                group_arg(members, None, None, Some(picks)),
+                RowPairs::Unpaired,
+            ),
+            Some(GemvEpilogue::GreedyPick(_)) => {
+                return Err("greedy's pick in a GEMV of several matrices".into())
             }
-            None => (group_arg(members, None, None), RowPairs::Unpaired),
+            None => (group_arg(members, None, None, None), RowPairs::Unpaired),
         };
         let shape = GemvShape {
             kernel: name,

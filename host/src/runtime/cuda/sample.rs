@@ -30,8 +30,10 @@ pub struct SampleBuffers {
     logprobs: DevicePtr,
     top_ids: DevicePtr,
     top_logprobs: DevicePtr,
-    /// Rows the last launch picked for (what a feed may read).
+    /// Rows the last launch picked for (what a feed may read), and where
+    /// their token ids are (`tokens`, or the logits GEMV's greedy picks).
     picked_rows: usize,
+    picked: DevicePtr,
     feed: DevicePtr,
     feed_capacity: usize,
 }
@@ -105,6 +107,8 @@ impl SampleBuffers {
         }
         self.rows = 0;
         self.vocab = 0;
+        // Picks in the freed buffer are gone: no feed may read them.
+        (self.picked_rows, self.picked) = (0, 0);
     }
 
     /// Frees everything.
@@ -157,7 +161,7 @@ impl SampleBuffers {
                 kernel,
                 LaunchConfig::elementwise(feed.len()),
                 &[
-                    KernelArg::Ptr(self.tokens),
+                    KernelArg::Ptr(self.picked),
                     KernelArg::Ptr(self.feed),
                     KernelArg::Ptr(tokens),
                     KernelArg::I32(feed.len() as i32),
@@ -167,14 +171,17 @@ impl SampleBuffers {
     }
 
     /// Launches the pick of the token of each row of `logits` ([rows.len(),
-    /// vocab] f32 at `logits`) with `kernel` (`kiln_sample`).
+    /// vocab] f32 at `logits`) with `kernel` (`kiln_sample`). `greedy`: the
+    /// logits' GEMV wrote each row's greedy pick there (u32 ids), which
+    /// stand when every row is greedy with nothing to adjust and no
+    /// log-probabilities: then nothing is launched.
     pub fn launch(
         &mut self,
         device: &dyn Device,
         kernel: FunctionId,
-        logits: DevicePtr,
-        vocab: usize,
+        (logits, vocab): (DevicePtr, usize),
         rows: &[RowSampling],
+        greedy: Option<DevicePtr>,
     ) -> Result<QueuedSample, String> {
         let mut queued = QueuedSample {
             vocab,
@@ -190,6 +197,15 @@ impl SampleBuffers {
             .iter()
             .map(|r| r.adjustments_with_mask(vocab))
             .collect();
+        // The kernel's test for a plain greedy row (`kiln_sample`).
+        let plain_greedy = rows.iter().zip(&row_adjustments).all(|(row, adjust)| {
+            row.temperature < 1e-5 && adjust.is_empty() && row.logprobs.is_none()
+        });
+        if let Some(tokens) = greedy.filter(|_| plain_greedy) {
+            (self.picked_rows, self.picked) = (rows.len(), tokens);
+            queued.parts.push((tokens, rows.len() * 4));
+            return Ok(queued);
+        }
         let adjustments: usize = row_adjustments.iter().map(|a| a.len()).sum();
         self.reserve(device, rows.len(), vocab, adjustments.max(1))?;
         let mut params = Vec::with_capacity(rows.len() * 48);
@@ -250,7 +266,7 @@ impl SampleBuffers {
             )
             .map_err(fail)?;
         let n = rows.len();
-        self.picked_rows = n;
+        (self.picked_rows, self.picked) = (n, self.tokens);
         queued.parts.push((self.tokens, n * 4));
         if rows.iter().any(|r| r.logprobs.is_some()) {
             queued.parts.extend([
@@ -472,7 +488,7 @@ mod tests {
             let ptr = device.alloc(bytes.len()).unwrap();
             device.upload(ptr, &bytes).unwrap();
             let queued = buffers
-                .launch(device.as_ref(), kernel, ptr, vocab, &rows)
+                .launch(device.as_ref(), kernel, (ptr, vocab), &rows, None)
                 .unwrap();
             let readback = device.download_async(queued.parts()).unwrap();
             let got = queued

@@ -10,6 +10,7 @@ use kiln_plugin_api::graph::{DType, Op};
 use super::arena::RunPlan;
 use super::launch::Frame;
 use super::plan::Home;
+use super::products::GreedyPicks;
 use super::{binding, buckets, element_bytes, weights, CudaExecutor, RunState};
 use crate::runtime::executor::bind_symbols;
 use crate::runtime::tensor::{storage_of, Data, Storage, Tensor};
@@ -133,7 +134,8 @@ impl CudaExecutor {
                 Home::Nowhere => 0,
             })
             .collect();
-        // The inputs, a zero error flag and zero split counters, in one upload.
+        // The inputs, a zero error flag, zero split counters and greedy keys,
+        // in one upload.
         let mut staged = vec![0u8; plan.staged];
         for (id, node) in graph.nodes.iter().enumerate() {
             if let (Op::Input { index }, Some(at)) = (&node.op, plan.offsets[id]) {
@@ -158,6 +160,15 @@ impl CudaExecutor {
             split_counters: arena + plan.split_counters as u64,
             cache: device_cache,
             flash_attention: self.flash_attention,
+            greedy: self.logits.zip(plan.greedy_picks).map(|(logits, at)| {
+                let counter = arena + at as u64;
+                let picks = GreedyPicks {
+                    counter,
+                    keys: counter + 8,
+                    tokens: logits.tokens,
+                };
+                (logits.value, picks)
+            }),
         };
         let launch_all = || -> Result<(), String> {
             for (s, (step, step_plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
