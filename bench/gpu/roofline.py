@@ -53,6 +53,12 @@ def kernels(c, batch, context, weights, kv_bytes):
         qkv = [("q, k and v projections (one launch)", layers, gemv(q_dim + 2 * kv_dim, d, w)),
                ("rotary of q and k + KV-cache write (one launch)", layers,
                 2 * act * (q_dim + kv_dim) + act * kv_dim + cache_write)]
+    # Up to 8 rows the logits' GEMV also finds greedy's picks; past it the
+    # sampler reads the logits again (a greedy row: one pass).
+    if batch <= 8:
+        head = [("lm_head + greedy's pick (one launch)", 1, gemv(vocab, d, lm))]
+    else:
+        head = [("lm_head", 1, gemv(vocab, d, lm)), ("greedy sampling", 1, act * vocab)]
     return [
         ("embedding rows", 1, batch * d * w + act * d),
         ("embedding norm (layer 0)", 1, 2 * act * d + 4 * d),
@@ -63,7 +69,7 @@ def kernels(c, batch, context, weights, kv_bytes):
         ("o projection", layers, gemv(d, q_dim, w)),
         *mlp,
         ("down projection", layers, gemv(d, ffn, w)),
-        ("lm_head", 1, gemv(vocab, d, lm)),
+        *head,
     ]
 
 
