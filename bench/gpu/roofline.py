@@ -80,8 +80,8 @@ def prefill_kernels(c, tokens, weights, kv_bytes):
     w = WEIGHT_BYTES[weights]
     f32, bf16 = 4 * tokens, 2 * tokens  # bytes per element of a row, all rows
     # x read in bf16 (written so by the norm, attention or activation before
-    # it), f32 out.
-    gemm = lambda n, k: (n * k * w + bf16 * k + f32 * n, 2 * tokens * n * k)
+    # it), f32 out; bf16 out for the activation (gate and up).
+    gemm = lambda n, k, out=f32: (n * k * w + bf16 * k + out * n, 2 * tokens * n * k)
     causal_pairs = tokens * (tokens + 1) / 2
     return [
         ("embedding rows", 1, tokens * d * w + f32 * d, 0),
@@ -95,9 +95,9 @@ def prefill_kernels(c, tokens, weights, kv_bytes):
         ("flash attention (causal), output stored in bf16", layers,
          f32 * q_dim + bf16 * q_dim + 2 * tokens * kv_dim * kv_bytes, 4 * heads * head_dim * causal_pairs),
         ("o projection", layers, *gemm(d, q_dim)),
-        ("gate projection", layers, *gemm(ffn, d)),
-        ("up projection", layers, *gemm(ffn, d)),
-        ("silu(gate) * up, stored in bf16", layers, 2 * f32 * ffn + bf16 * ffn, 0),
+        ("gate projection, stored in bf16", layers, *gemm(ffn, d, bf16)),
+        ("up projection, stored in bf16", layers, *gemm(ffn, d, bf16)),
+        ("silu(gate) * up, stored in bf16", layers, 3 * bf16 * ffn, 0),
         ("down projection", layers, *gemm(d, ffn)),
         ("last row's lm_head (GEMV)", 1, vocab * d * w, 2 * vocab * d),
     ]

@@ -382,6 +382,15 @@ __device__ __forceinline__ void store_as(float* out, i64 i, float v, int type) {
     out[i] = v;
 }
 
+// Element i of `in`, whose elements are of type `type` (KILN_OUT_*), as f32:
+// generated kernels reading a product's output that cuBLAS stored in a half
+// type (host/src/runtime/cuda/fusion.rs, `half_product_outputs`).
+__device__ __forceinline__ float load_as(const float* in, i64 i, int type) {
+  if (type == KILN_OUT_BF16) return bf16_to_f32(reinterpret_cast<const bf16_bits*>(in)[i]);
+  if (type == KILN_OUT_F16) return f16_to_f32(reinterpret_cast<const f16_bits*>(in)[i]);
+  return in[i];
+}
+
 // A row of `out` (elements of type `type`) starting at element `at`.
 struct OutRow {
   float* out;

@@ -544,7 +544,16 @@ fn gemm_matches_a_naive_product() {
             };
             (rounded, gpu.up(&bits))
         };
-        for layout in [WeightLayout::OutIn, WeightLayout::InOut] {
+        // y in f32, and in the operands' half type (rounded results).
+        let outputs = match ty {
+            GemmType::F32 => [(GemmType::F32, None), (GemmType::F32, None)],
+            GemmType::BF16 => [(GemmType::F32, None), (ty, Some(BF16))],
+            GemmType::F16 => [(GemmType::F32, None), (ty, Some(F16))],
+        };
+        for (layout, (y_type, half)) in [WeightLayout::OutIn, WeightLayout::InOut]
+            .into_iter()
+            .flat_map(|layout| outputs.map(|output| (layout, output)))
+        {
             let ((x, xp), (w, wp)) = (operand(m * k), operand(n * k));
             let y = gpu.zeros(m * n * 4);
             let gemm = Gemm {
@@ -556,6 +565,7 @@ fn gemm_matches_a_naive_product() {
                 w: wp,
                 layout,
                 y,
+                y_type,
             };
             gpu.dev.gemm(&gemm).unwrap();
             let weight = |j: usize, p: usize| match layout {
@@ -566,7 +576,23 @@ fn gemm_matches_a_naive_product() {
                 |i: usize, j: usize, p: usize| f64::from(x[i * k + p]) * f64::from(weight(j, p));
             let dot = |i: usize, j: usize| (0..k).map(|p| term(i, j, p)).sum::<f64>();
             let want: Vec<f32> = (0..m * n).map(|e| dot(e / n, e % n) as f32).collect();
-            gpu.check(y, &want, &format!("{ty:?} {layout:?}"));
+            let what = format!("{ty:?} {layout:?} into {y_type:?}");
+            match half {
+                None => gpu.check(y, &want, &what),
+                Some((_, from)) => {
+                    // Within half a unit of the half type's last place.
+                    let half_ulp = if y_type == GemmType::BF16 {
+                        0.5f32.powi(8)
+                    } else {
+                        0.5f32.powi(11)
+                    };
+                    for (e, b) in gpu.down::<u16>(y, m * n).into_iter().enumerate() {
+                        let (got, want) = (from(b), want[e]);
+                        let ok = (got - want).abs() <= want.abs() * half_ulp + 1e-6;
+                        assert!(ok, "{what}: {got} at {e}, want {want}");
+                    }
+                }
+            }
         }
     }
 }

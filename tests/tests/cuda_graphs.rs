@@ -284,6 +284,9 @@ fn steps_run_the_kernels_their_fusions_leave() {
     };
     let prompts = [(0, vec![1, 2, 3, 4, 5], 0), (1, vec![6, 7, 8, 9, 10], 0)];
     assert_eq!(kernels(&prompts), 2 * 12 + 4, "a 10-token prefill");
+    // Gate's and up's products, past the GEMV, write bf16 for the
+    // generated activation.
+    assert_eq!(executor.half_product_outputs(), 2 * 2);
     for position in 5..8 {
         let decode = kernels(&[(0, vec![5], position)]);
         assert_eq!(decode, 2 * 7 + 4, "decode at position {position}");

@@ -362,6 +362,16 @@ fn bf16_and_f16_checkpoints_are_decoded_on_use() {
     half_checkpoints_match("tiny_llama.json", DeviceChoice::Cpu, ATOL);
 }
 
+/// A gated MLP's products in bf16 and f16 on the CUDA backend: its
+/// 11-token prompt takes them past the decode GEMV to cuBLAS, which stores
+/// gate's and up's outputs in the weights' type for the generated
+/// activation that reads them (`load_as`); shorter prompts take the GEMV.
+#[test]
+fn bf16_and_f16_gated_mlps_match_transformers_on_cuda() {
+    let cuda = kiln_tests::models::cuda_test_device();
+    half_checkpoints_match("tiny_llama.json", cuda, 2e-2);
+}
+
 /// The experts' bf16 and f16 kernels (the CUDA backend keeps half experts
 /// in their type with `--dtype auto`). CUDA products of more than a few rows
 /// round the activations to the weights' type for the GEMM, hence its wider

@@ -196,8 +196,11 @@ pub struct Gemm {
     pub w: DevicePtr,
     /// W's layout.
     pub layout: WeightLayout,
-    /// y (f32).
+    /// y.
     pub y: DevicePtr,
+    /// y's element type: f32, or a half type its f32 results are rounded
+    /// to (for an element-wise kernel that reads it so).
+    pub y_type: GemmType,
 }
 
 /// A device failure, with what was being done.

@@ -551,11 +551,12 @@ impl Device for CudaDevice {
     fn gemm(&self, g: &Gemm) -> DeviceResult<()> {
         use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
         self.bind()?;
-        let ty = match g.ty {
+        let data_type = |ty: GemmType| match ty {
             GemmType::F32 => cudaDataType::CUDA_R_32F,
             GemmType::BF16 => cudaDataType::CUDA_R_16BF,
             GemmType::F16 => cudaDataType::CUDA_R_16F,
         };
+        let (ty, y_type) = (data_type(g.ty), data_type(g.y_type));
         self.queued();
         self.inner().kernel();
         let (alpha, beta) = (1.0f32, 0.0f32);
@@ -585,7 +586,7 @@ impl Device for CudaDevice {
                 k,
                 (&beta as *const f32).cast(),
                 g.y as *mut c_void,
-                cudaDataType::CUDA_R_32F,
+                y_type,
                 n,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,

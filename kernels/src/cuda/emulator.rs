@@ -222,7 +222,7 @@ impl Emulator {
             let state = self.state();
             check_range(&state, g.x, g.m * g.k * g.ty.size(), "gemm x")?;
             check_range(&state, g.w, g.n * g.k * g.ty.size(), "gemm w")?;
-            check_range(&state, g.y, g.m * g.n * 4, "gemm y")?;
+            check_range(&state, g.y, g.m * g.n * g.y_type.size(), "gemm y")?;
         }
         let read = |ptr: DevicePtr, len: usize| -> Vec<f32> {
             // SAFETY: the ranges were checked above against live allocations.
@@ -254,9 +254,25 @@ impl Emulator {
                 w
             }
         };
+        let mut y = vec![0f32; g.m * g.n];
+        crate::dense::matmul::linear(&x, &w, &mut y, g.m, g.k, g.n);
         // SAFETY: checked above; y does not alias x or w in a product.
-        let y = unsafe { std::slice::from_raw_parts_mut(g.y as *mut f32, g.m * g.n) };
-        crate::dense::matmul::linear(&x, &w, y, g.m, g.k, g.n);
+        unsafe {
+            match g.y_type {
+                GemmType::F32 => {
+                    std::slice::from_raw_parts_mut(g.y as *mut f32, y.len()).copy_from_slice(&y)
+                }
+                half => {
+                    let out = std::slice::from_raw_parts_mut(g.y as *mut u16, y.len());
+                    for (o, &v) in out.iter_mut().zip(&y) {
+                        *o = match half {
+                            GemmType::BF16 => bf16::from_f32(v).to_bits(),
+                            _ => f16::from_f32(v).to_bits(),
+                        };
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

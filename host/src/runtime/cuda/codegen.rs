@@ -8,6 +8,7 @@
 
 use std::fmt::Write as _;
 
+use kiln_kernels::cuda::{GemmType, KernelArg};
 use kiln_plugin_api::graph::{BinaryOp, DType, UnaryOp};
 
 use crate::compiler::{ElementOp, Instr, Operand};
@@ -28,15 +29,49 @@ pub struct FusedInput {
     pub same_shape: bool,
 }
 
+/// Inputs whose storage a generated kernel takes at run time: the first
+/// [`HALF_INPUTS`] f32 ones may be stored in bf16 or f16 instead, two bits
+/// each of the `in_types` argument ([`input_types_arg`]).
+pub const HALF_INPUTS: usize = 32;
+
+/// The `in_types` argument of a generated kernel: each input's storage
+/// (`None`: f32; `load_as` in kiln_cuda.cuh), two bits an input, numbered
+/// as `out_type`. Fails for a half input past [`HALF_INPUTS`].
+pub fn input_types_arg(
+    halves: impl Iterator<Item = Option<GemmType>>,
+) -> Result<KernelArg, String> {
+    let mut word = 0u64;
+    for (i, half) in halves.enumerate() {
+        let code = match half {
+            None | Some(GemmType::F32) => 0,
+            Some(GemmType::BF16) => 1,
+            Some(GemmType::F16) => 2,
+        };
+        if i < HALF_INPUTS {
+            word |= code << (2 * i);
+        } else if code != 0 {
+            return Err(format!(
+                "input {i} of a generated kernel is stored in a half type"
+            ));
+        }
+    }
+    Ok(KernelArg::I64(word as i64))
+}
+
 /// CUDA C for `program` over `inputs`, producing `output`. Fails naming the
-/// first operation the generator does not cover. The kernel's last argument,
-/// `out_type`, has an f32 result stored in bf16 or f16 instead, for matrix
-/// products that read it in that type (`fusion.rs`).
+/// first operation the generator does not cover. The kernel's argument
+/// `out_type` has an f32 result stored in bf16 or f16 instead, for matrix
+/// products that read it in that type (`fusion.rs`); `in_types` says which
+/// f32 inputs are stored so (products' outputs: [`input_types_arg`]).
 pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Result<String, String> {
     let mut body = String::new();
     let mut regs: Vec<Storage> = Vec::with_capacity(program.len());
     for (i, input) in inputs.iter().enumerate() {
         let load = match storage_of(input.dtype) {
+            Storage::F32 if i < HALF_INPUTS => format!(
+                "const float a{i} = load_as(in{i}, o{i}, (int)((in_types >> {}) & 3));",
+                2 * i
+            ),
             Storage::F32 => format!("const float a{i} = in{i}[o{i}];"),
             Storage::I64 => format!("const i64 a{i} = in{i}[o{i}];"),
             Storage::Bool => format!("const bool a{i} = in{i}[o{i}] != 0;"),
@@ -99,6 +134,7 @@ pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Resu
     }
     params.push("KilnFusedShape s".to_owned());
     params.push("int out_type".to_owned());
+    params.push("i64 in_types".to_owned());
     let _ = writeln!(
         text,
         "extern \"C\" __global__ void {KERNEL}({}) {{",

@@ -4,8 +4,9 @@
 //! its gate and up GEMV, a residual add with the RMS norm that reads it,
 //! the rotations of q and k in one launch that also writes the KV cache,
 //! norms, activations and attention that store their result in the half
-//! type of the products that read it. Each pass rewrites [`StepPlan`]s in
-//! place; a step computed by an earlier launch becomes
+//! type of the products that read it, and products that store theirs in a
+//! half type for the generated kernels that read it. Each pass rewrites
+//! [`StepPlan`]s in place; a step computed by an earlier launch becomes
 //! [`StepPlan::ComputedAt`].
 
 use std::collections::HashMap;
@@ -18,23 +19,69 @@ use super::weights::DeviceMatrix;
 use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program};
 
 /// Runs every pass over `steps`, lowered from `program` (`homes`: where
-/// each value lives); returns the values written in a half type for the
-/// products that read them.
-pub fn fuse(program: &Program, homes: &[Home], steps: &mut [StepPlan]) -> HalfInputs {
+/// each value lives); returns the values written in a half type.
+pub fn fuse(program: &Program, homes: &[Home], steps: &mut [StepPlan]) -> HalfValues {
     group_products(program, steps);
     fuse_gated_activations(program, steps);
     fuse_add_rms_norm(program, homes, steps);
     pair_rotations(program, steps);
     write_cache_with_rotations(program, steps);
     rotate_in_gemv(program, steps);
-    half_product_inputs(program, steps)
+    let mut half = half_product_inputs(program, steps);
+    half.extend(half_product_outputs(program, steps));
+    half
 }
 
-/// Values whose producer stores them in the half type that the matrix
-/// products reading them take x in, when that is not f32
-/// (`products::x_half_type` of the matrix kept here, at the step's rows: past
-/// the decode GEMV), so the products need no cast of their own.
-pub type HalfInputs = HashMap<ValueId, DeviceMatrix>;
+/// Values stored in a half type where a matrix's route at the step's rows
+/// says so, by what decides it.
+#[derive(Clone, Copy, Debug)]
+pub enum HalfStore {
+    /// x of the products that alone read it, written by its producer in
+    /// the half type those take x in (`products::x_half_type` of this
+    /// matrix: past the decode GEMV), so the products need no cast.
+    ProductInput(DeviceMatrix),
+    /// The output of a product over this matrix that only generated kernels
+    /// read (which take it as `load_as` says): W's half type where cuBLAS
+    /// computes it (`products::y_half_type`).
+    ProductOutput(DeviceMatrix),
+}
+
+/// The values stored in a half type ([`HalfStore`]).
+pub type HalfValues = HashMap<ValueId, HalfStore>;
+
+/// Finds the outputs of products (single or grouped) that only generated
+/// kernels read: a gated MLP's gate and up past the decode GEMV, an MLP's
+/// first product before its activation, a bias add. Where cuBLAS computes
+/// them it stores them in W's half type, the generated kernels read that:
+/// by arithmetic, at a 2048-token Llama-3-8B prefill gate's and up's 235 MB
+/// a layer of f32 writes and as many reads become half that (~1.8 ms of a
+/// prefill at 4.16 TB/s).
+fn half_product_outputs(program: &Program, steps: &[StepPlan]) -> HalfValues {
+    let readers = readers(program);
+    let generated = |r: &Option<usize>| {
+        r.is_some_and(|r| {
+            matches!(
+                steps[r],
+                StepPlan::Fused(..) | StepPlan::GatedActivation { .. }
+            )
+        })
+    };
+    let mut half = HalfValues::new();
+    for (step, plan) in program.steps.iter().zip(steps) {
+        let members = match plan {
+            StepPlan::Linear(w) => vec![(*w, step.output)],
+            StepPlan::LinearGroup { members, .. } => members.clone(),
+            _ => continue,
+        };
+        for (w, v) in members {
+            let is_f32 = program.graph.nodes[v as usize].ty.dtype == DType::F32;
+            if is_f32 && readers.get(&v).is_some_and(|r| r.iter().all(generated)) {
+                half.insert(v, HalfStore::ProductOutput(w));
+            }
+        }
+    }
+    half
+}
 
 /// Finds the x of `Linear` products (single or grouped) that only those
 /// products read and that an RMS norm (fused with its residual add or not),
@@ -44,7 +91,7 @@ pub type HalfInputs = HashMap<ValueId, DeviceMatrix>;
 /// 2048-token Llama-3-8B prefill that is ~440 MB a layer of f32 writes and
 /// cast passes not made (the two norms' outputs, the activation's and the
 /// attention's).
-fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfInputs {
+fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfValues {
     let computed_at = computed_at(program, steps);
     let readers = readers(program);
     // Whether launch `s` alone reads `v` (its step, or one it computes).
@@ -54,7 +101,7 @@ fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfInputs {
         })
     };
     let is_f32 = |v: ValueId| program.graph.nodes[v as usize].ty.dtype == DType::F32;
-    let mut half = HalfInputs::new();
+    let mut half = HalfValues::new();
     for (s, step) in program.steps.iter().enumerate() {
         let matrix = match &steps[s] {
             StepPlan::Linear(w) => *w,
@@ -82,14 +129,14 @@ fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfInputs {
                 });
                 let stores = attention && read_only_by(heads, p) && is_f32(heads);
                 if stores {
-                    half.insert(heads, matrix);
+                    half.insert(heads, HalfStore::ProductInput(matrix));
                 }
                 stores
             }
             _ => false,
         };
         if stores_half {
-            half.insert(x, matrix);
+            half.insert(x, HalfStore::ProductInput(matrix));
         }
     }
     half

@@ -9,10 +9,12 @@ use kiln_kernels::cuda::{
 use kiln_plugin_api::graph::{DType, ValueId};
 
 use super::attention::HEAD_DIM;
-use super::codegen::MAX_RANK;
-use super::fusion::HalfInputs;
+use super::codegen::{self, MAX_RANK};
+use super::fusion::{HalfStore, HalfValues};
 use super::plan::{HandKernels, StepPlan};
-use super::products::{group_gemv, out_type_arg, x_half_type, GemvEpilogue, GreedyPicks};
+use super::products::{
+    group_gemv, out_type_arg, x_half_type, y_half_type, GemvEpilogue, GreedyPicks,
+};
 use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
 use super::DeviceKvCache;
@@ -33,8 +35,8 @@ pub struct Frame<'a> {
     pub shapes: &'a [Vec<usize>],
     /// Device address of each value (0 where none).
     pub addrs: &'a [DevicePtr],
-    /// Values stored in the half type of the products that read them.
-    pub half_inputs: &'a HalfInputs,
+    /// Values stored in a half type (products' x and outputs).
+    pub half: &'a HalfValues,
     /// Where a kernel reports an out-of-range index.
     pub error_flag: DevicePtr,
     /// Split-K attention's counters of finished splits, zero before each
@@ -51,6 +53,14 @@ pub struct Frame<'a> {
 
 pub(super) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
+}
+
+/// An input of a generated kernel: its address, shape and the half type it
+/// is stored in (`None`: as its type says).
+pub(super) struct Operand<'a> {
+    ptr: DevicePtr,
+    shape: &'a [usize],
+    half: Option<GemmType>,
 }
 
 /// Threads for a kernel that loops over `n` items per block: a multiple of
@@ -106,13 +116,20 @@ impl Frame<'_> {
         self.hand[name]
     }
 
-    /// The half type `value` is stored in at this step's shapes: that of the
-    /// products reading it (past the decode GEMV), where its producer writes
-    /// it so ([`HalfInputs`]); `None` for f32.
+    /// The half type `value` is stored in at this step's shapes
+    /// ([`HalfStore`]): that of the products reading it (past the decode
+    /// GEMV), where its producer writes it so, or W's where cuBLAS computes
+    /// it for generated kernels; `None` for f32.
     pub(super) fn stored_half(&self, value: ValueId) -> Option<GemmType> {
-        let w = self.half_inputs.get(&value)?;
-        let m = numel(&self.shapes[value as usize]) / w.cols.max(1);
-        x_half_type(w, WeightLayout::OutIn, m)
+        let elements = numel(&self.shapes[value as usize]);
+        match self.half.get(&value)? {
+            HalfStore::ProductInput(w) => {
+                x_half_type(w, WeightLayout::OutIn, elements / w.cols.max(1))
+            }
+            HalfStore::ProductOutput(w) => {
+                y_half_type(w, WeightLayout::OutIn, elements / w.rows.max(1))
+            }
+        }
     }
 
     pub(super) fn launch(
@@ -286,13 +303,12 @@ impl Frame<'_> {
         )
     }
 
-    /// A generated element-wise kernel over `inputs` (address, shape), each
-    /// broadcast to `out`'s shape; an f32 result stored in `out_half` where
-    /// that is given.
+    /// A generated element-wise kernel over `inputs`, each broadcast to
+    /// `out`'s shape; an f32 result stored in `out_half` where that is given.
     fn fused(
         &self,
         function: FunctionId,
-        inputs: &[(DevicePtr, &[usize])],
+        inputs: &[Operand<'_>],
         (out, out_shape): (DevicePtr, &[usize]),
         out_half: Option<GemmType>,
     ) -> Result<(), String> {
@@ -304,8 +320,8 @@ impl Frame<'_> {
         let mut shape_words: Vec<u64> = out_shape.iter().map(|&d| d as u64).collect();
         shape_words.resize(MAX_RANK, 0);
         words.extend(shape_words);
-        for (_, shape) in inputs {
-            let mut strides = broadcast_strides(shape, out_shape);
+        for input in inputs {
+            let mut strides = broadcast_strides(input.shape, out_shape);
             strides.resize(MAX_RANK, 0);
             words.extend(strides.iter().map(|&s| s as u64));
         }
@@ -314,9 +330,10 @@ impl Frame<'_> {
         }
         words.push(n as u64);
         let mut args = vec![KernelArg::Ptr(out)];
-        args.extend(inputs.iter().map(|&(ptr, _)| KernelArg::Ptr(ptr)));
+        args.extend(inputs.iter().map(|input| KernelArg::Ptr(input.ptr)));
         args.push(KernelArg::Struct(words));
         args.push(out_type_arg(out_half));
+        args.push(codegen::input_types_arg(inputs.iter().map(|i| i.half))?);
         // Generated kernels wait for their inputs (codegen.rs).
         let config = LaunchConfig {
             programmatic: self.programmatic.is_some(),
@@ -342,9 +359,13 @@ impl Frame<'_> {
         let input = |i: usize| self.addrs[step.inputs[i] as usize];
         let in_shape = |i: usize| &self.shapes[step.inputs[i] as usize];
         let rows_of = |shape: &[usize]| numel(shape) / shape.last().copied().unwrap_or(1).max(1);
-        let operands = || -> Vec<(DevicePtr, &[usize])> {
+        let operands = || -> Vec<Operand<'_>> {
             (0..step.inputs.len())
-                .map(|i| (input(i), in_shape(i).as_slice()))
+                .map(|i| Operand {
+                    ptr: input(i),
+                    shape: in_shape(i),
+                    half: self.stored_half(step.inputs[i]),
+                })
                 .collect()
         };
         match plan {
@@ -359,10 +380,12 @@ impl Frame<'_> {
                 let picks = self.greedy.filter(|&(logits, _)| logits == step.output);
                 if let (Some((_, picks)), StepPlan::Linear(_)) = (picks, plan) {
                     let epilogue = Some(GemvEpilogue::GreedyPick(picks));
-                    return self.product_group(&[(*w, out)], epilogue, x, elements, scratch);
+                    let members = [(*w, out)];
+                    return self.product_group(&members, epilogue, x, elements, scratch, &[]);
                 }
                 let x = self.product_x(w, layout, x, elements, scratch)?;
-                self.product(w, layout, x, elements, out, scratch)
+                let out = (out, self.stored_half(step.output));
+                self.product(w, layout, (x, elements), out, scratch)
             }
             StepPlan::BatchedMatMul => self.batched_matmul(
                 (input(0), in_shape(0)),
@@ -374,6 +397,8 @@ impl Frame<'_> {
                 gated,
                 rotation,
             } => {
+                let out_halves: Vec<Option<GemmType>> =
+                    members.iter().map(|&(_, v)| self.stored_half(v)).collect();
                 let members: Vec<(DeviceMatrix, DevicePtr)> = members
                     .iter()
                     .map(|(w, value)| (*w, self.addrs[*value as usize]))
@@ -384,7 +409,8 @@ impl Frame<'_> {
                     (None, None) => None,
                 };
                 let x = (input(0), self.stored_half(step.inputs[0]).is_some());
-                self.product_group(&members, epilogue, x, numel(in_shape(0)), scratch)
+                let elements = numel(in_shape(0));
+                self.product_group(&members, epilogue, x, elements, scratch, &out_halves)
             }
             StepPlan::GatedActivation { matrix, fused, .. } => {
                 if group_gemv(matrix, 2, rows_of(out_shape)).is_some() {

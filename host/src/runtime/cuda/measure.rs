@@ -52,6 +52,7 @@ fn time_gemm(device: &dyn Device, size: usize) -> Result<(f64, f64), DeviceError
             w: b[1],
             layout: WeightLayout::OutIn,
             y: b[2],
+            y_type: GemmType::F32,
         };
         device.gemm(&gemm)?;
         device.synchronize()?;

@@ -148,8 +148,8 @@ pub struct CudaExecutor {
     gemv: tune::GemvChoices,
     steps: Vec<StepPlan>,
     homes: Vec<Home>,
-    /// Values stored in the half type of the products that read them.
-    half_inputs: fusion::HalfInputs,
+    /// Values stored in a half type (products' x and outputs).
+    half: fusion::HalfValues,
     owned: Vec<DevicePtr>,
     /// Capture and replay steps as CUDA graphs.
     graphs: bool,
@@ -320,7 +320,7 @@ impl CudaExecutor {
             gemv,
             steps: lowered.steps,
             homes: lowered.homes,
-            half_inputs: lowered.half_inputs,
+            half: lowered.half,
             owned,
             graphs,
             paddable,
@@ -366,6 +366,16 @@ impl CudaExecutor {
         self.steps
             .iter()
             .filter(|s| matches!(s, StepPlan::GatedActivation { .. }))
+            .count()
+    }
+
+    /// How many products store their output in W's half type where cuBLAS
+    /// computes it, for the generated kernels that alone read it (a gated
+    /// MLP's gate and up).
+    pub fn half_product_outputs(&self) -> usize {
+        self.half
+            .values()
+            .filter(|h| matches!(h, fusion::HalfStore::ProductOutput(_)))
             .count()
     }
 

@@ -190,8 +190,8 @@ pub struct Lowered {
     pub steps: Vec<StepPlan>,
     /// Per value.
     pub homes: Vec<Home>,
-    /// Values stored in the half type of the products that read them.
-    pub half_inputs: super::fusion::HalfInputs,
+    /// Values stored in a half type (products' x and outputs).
+    pub half: super::fusion::HalfValues,
     /// Persistent allocations (to free with the executor).
     pub owned: Vec<u64>,
     /// Generated kernel sources, by name, for dumps and compile checks.
@@ -431,14 +431,14 @@ pub fn lower(
         }
         steps.push(plan);
     }
-    let half_inputs = super::fusion::fuse(program, &homes, &mut steps);
+    let half = super::fusion::fuse(program, &homes, &mut steps);
     let logits_product = logits_product(program, &steps);
     weight_bytes_per_step += product_matrices.values().map(|m| m.0).sum::<usize>();
     let product_elements: usize = product_matrices.values().map(|m| m.1).sum();
     Ok(Lowered {
         steps,
         homes,
-        half_inputs,
+        half,
         owned,
         generated,
         weight_bytes_per_step,

@@ -138,6 +138,18 @@ pub fn x_half_type(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<G
     }
 }
 
+/// The half type `m` rows of x times `w` store their output in when only
+/// generated kernels read it (`fusion::HalfStore::ProductOutput`): W's own
+/// where cuBLAS computes it with a half W (rounding its f32 sums once);
+/// `None` for f32 (the GEMV, the tensor-core product of packed blocks, f32
+/// matrices).
+pub fn y_half_type(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<GemmType> {
+    match route(w, layout, m) {
+        Route::Gemm => Some(w.ty).filter(|&ty| ty != GemmType::F32),
+        Route::Gemv | Route::Qmm(_) => None,
+    }
+}
+
 /// The `out_type` argument of kernels that may store an f32 result in a
 /// half type for the products that read it (`store_as` in kiln_cuda.cuh).
 pub fn out_type_arg(half: Option<GemmType>) -> KernelArg {
@@ -339,21 +351,24 @@ impl Frame<'_> {
     /// `out [m, n] = x [m, k] · W`, x as [`Self::product_x`] gives it: the
     /// decode GEMV for small `m`, packed blocks on tensor cores for moderate
     /// `m`, else cuBLAS on x cast to W's half type (and W expanded from its
-    /// blocks).
+    /// blocks). `out_half`: out is stored in that type ([`y_half_type`]).
     pub(super) fn product(
         &self,
         w: &DeviceMatrix,
         layout: WeightLayout,
-        x: DevicePtr,
-        x_elements: usize,
-        out: DevicePtr,
+        (x, x_elements): (DevicePtr, usize),
+        (out, out_half): (DevicePtr, Option<GemmType>),
         scratch: Option<DevicePtr>,
     ) -> Result<(), String> {
         let (n, k) = product_dims(w, layout);
         let m = x_elements / k.max(1);
         let route = route(w, layout, m);
+        if out_half.is_some() && out_half != y_half_type(w, layout, m) {
+            return Err(format!("a product's output in {out_half:?} on {route:?}"));
+        }
         if route == Route::Gemv {
-            return self.product_group(&[(*w, out)], None, (x, false), x_elements, scratch);
+            let (members, x) = ([(*w, out)], (x, false));
+            return self.product_group(&members, None, x, x_elements, scratch, &[]);
         }
         let (second_offset, bytes) = product_scratch(w, layout, x_elements);
         let scratch = match bytes {
@@ -412,6 +427,7 @@ impl Frame<'_> {
                 w: weights,
                 layout,
                 y: out,
+                y_type: out_half.unwrap_or(GemmType::F32),
             })
             .map_err(|e| e.to_string())
     }
@@ -447,7 +463,8 @@ impl Frame<'_> {
     /// writes their activation to the address given instead; or q, k and v,
     /// and the GEMV applies their rotation (and cache write) too; or the
     /// logits' matrix, and the GEMV finds greedy's picks too. Past the GEMV
-    /// none of that is done here.
+    /// none of that is done here, and member i's output is stored in
+    /// `out_halves[i]` (none: f32).
     pub(super) fn product_group(
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
@@ -455,6 +472,7 @@ impl Frame<'_> {
         (x, written_half): (DevicePtr, bool),
         x_elements: usize,
         scratch: Option<DevicePtr>,
+        out_halves: &[Option<GemmType>],
     ) -> Result<(), String> {
         let Some((first, _)) = members.first() else {
             return Ok(());
@@ -469,9 +487,10 @@ impl Frame<'_> {
             // and so the type their route reads x in).
             let layout = WeightLayout::OutIn;
             let x = self.product_x(first, layout, (x, written_half), x_elements, scratch)?;
-            return members
-                .iter()
-                .try_for_each(|(w, out)| self.product(w, layout, x, x_elements, *out, scratch));
+            return members.iter().enumerate().try_for_each(|(i, (w, out))| {
+                let out = (*out, out_halves.get(i).copied().flatten());
+                self.product(w, layout, (x, x_elements), out, scratch)
+            });
         };
         let x = if first.int8_activations {
             let to = scratch.ok_or("no scratch buffer planned for 8-bit x")?;

@@ -155,7 +155,7 @@ impl CudaExecutor {
             gemv: &self.gemv,
             shapes: &plan.shapes,
             addrs: &addrs,
-            half_inputs: &self.half_inputs,
+            half: &self.half,
             error_flag,
             split_counters: arena + plan.split_counters as u64,
             cache: device_cache,
