@@ -256,28 +256,45 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
 // rounded up to a power of two), each holding 8 of its values from one
 // 16-byte load (bf16; two of f32); a block's lane groups take KILN_GQA_KEYS
 // keys each per round, their loads in flight together, and keep an online
-// softmax per query head, merged through shared memory at the end.
+// softmax per query head, merged through shared memory at the end. A
+// round's loads (the block-table lookups and the keys and values) are
+// issued before the previous round's arithmetic, so each round's memory
+// round trips overlap the last one's work rather than follow it (at 64
+// decode rows of 256 positions, 16 rounds a block, latency-bound).
 // Same arguments, output and split-K partials as paged_attention; the grid
 // is (rows, kv_heads · ⌈group / GROUP⌉, splits).
 #define KILN_GQA_THREADS 128
 #define KILN_GQA_KEYS 2
 
-// Eight cached values from one aligned 32-byte (f32) or 16-byte (bf16) load.
-__device__ __forceinline__ void load8(const float* p, float* out) {
-  Bytes16 a = *reinterpret_cast<const Bytes16*>(p), b = *reinterpret_cast<const Bytes16*>(p + 4);
+// Eight cached values as loaded: one aligned 32-byte (f32) or 16-byte
+// (bf16) load, widened to f32 when used.
+template <typename C>
+struct Cached8 {
+  Bytes16 part[sizeof(C) / 2];
+};
+__device__ __forceinline__ Cached8<float> load_cached8(const float* p) {
+  return Cached8<float>{{*reinterpret_cast<const Bytes16*>(p), *reinterpret_cast<const Bytes16*>(p + 4)}};
+}
+__device__ __forceinline__ Cached8<bf16_bits> load_cached8(const bf16_bits* p) {
+  return Cached8<bf16_bits>{{*reinterpret_cast<const Bytes16*>(p)}};
+}
+__device__ __forceinline__ void widen8(const Cached8<float>& r, float* out) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    out[j] = __uint_as_float(a.v[j]);
-    out[4 + j] = __uint_as_float(b.v[j]);
+    out[j] = __uint_as_float(r.part[0].v[j]);
+    out[4 + j] = __uint_as_float(r.part[1].v[j]);
   }
 }
-__device__ __forceinline__ void load8(const bf16_bits* p, float* out) {
-  Bytes16 a = *reinterpret_cast<const Bytes16*>(p);
+__device__ __forceinline__ void widen8(const Cached8<bf16_bits>& r, float* out) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    out[2 * j] = __uint_as_float(a.v[j] << 16);
-    out[2 * j + 1] = __uint_as_float(a.v[j] & 0xffff0000u);
+    out[2 * j] = __uint_as_float(r.part[0].v[j] << 16);
+    out[2 * j + 1] = __uint_as_float(r.part[0].v[j] & 0xffff0000u);
   }
+}
+template <typename C>
+__device__ __forceinline__ void load8(const C* p, float* out) {
+  widen8(load_cached8(p), out);
 }
 
 template <int GROUP, typename C>
@@ -320,21 +337,31 @@ __device__ void grouped_attention(const float* __restrict__ q, const C* __restri
     l[h] = 0.0f;
   }
   PagedKeys keys{block_tables, b, blocks_per_seq, block_size, kv_heads * head_dim};
+  const i64 step = (i64)groups * KILN_GQA_KEYS;
+  // The round at `base`'s keys and values, as loaded (zeros for lanes that
+  // hold nothing); past the end, a repeat of the last key, weighted 0 below.
+  Cached8<C> next_k[KILN_GQA_KEYS], next_v[KILN_GQA_KEYS];
+  auto fetch = [&](i64 base) {
+#pragma unroll
+    for (int t = 0; t < KILN_GQA_KEYS; ++t) {
+      next_k[t] = next_v[t] = Cached8<C>{};
+      if (holds) {
+        i64 at = keys(min(base + group + t * groups, last), kv_head, head_dim) + d0;
+        next_k[t] = load_cached8(k_cache + at);
+        next_v[t] = load_cached8(v_cache + at);
+      }
+    }
+  };
+  if (first <= last) fetch(first);
   // Rounds are the same for the whole block (the shuffles need every lane).
-  for (i64 base = first; base <= last; base += (i64)groups * KILN_GQA_KEYS) {
+  for (i64 base = first; base <= last; base += step) {
     float kr[KILN_GQA_KEYS][8], vr[KILN_GQA_KEYS][8];
 #pragma unroll
     for (int t = 0; t < KILN_GQA_KEYS; ++t) {
-      // Past the end: a repeat of the last key, weighted 0 below.
-      i64 at = keys(min(base + group + t * groups, last), kv_head, head_dim) + d0;
-      if (holds) {
-        load8(k_cache + at, kr[t]);
-        load8(v_cache + at, vr[t]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) kr[t][j] = vr[t][j] = 0.0f;
-      }
+      widen8(next_k[t], kr[t]);
+      widen8(next_v[t], vr[t]);
     }
+    if (base + step <= last) fetch(base + step);
 #pragma unroll
     for (int h = 0; h < GROUP; ++h) {
       float s[KILN_GQA_KEYS];
