@@ -436,8 +436,6 @@ impl CudaExecutor {
         &self.generated
     }
 
-    /// The plan for `symbols` (whose [`binding`] is `key`), with an arena
-    /// large enough for it.
     /// Where a step planned as `plan` left each logits row's greedy pick:
     /// the logits' product ran as the decode GEMV, which writes them.
     fn greedy_picked(&self, plan: &RunPlan) -> Option<DevicePtr> {
@@ -447,6 +445,8 @@ impl CudaExecutor {
         products::group_gemv(&logits.matrix, 1, m).map(|_| logits.tokens)
     }
 
+    /// The plan for `symbols` (whose [`binding`] is `key`), with an arena
+    /// large enough for it.
     fn prepare(
         &self,
         state: &mut RunState,
