@@ -518,7 +518,12 @@ extern "C" __global__ void kiln_grouped_attention_g2_bf16(KILN_PAGED_ATTENTION_P
   kiln_wait_inputs();
   grouped_attention<2>(KILN_PAGED_ATTENTION_ARGS);
 }
-extern "C" __global__ void kiln_grouped_attention_g4_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+// Four blocks an SM (at most 128 registers: sm_80/sm_90 fit them without
+// spills, the same main loop give or take a few instructions; 156 unbounded
+// left three): Llama-3's 8 key/value heads at 64 decode rows are 512 blocks,
+// one wave on 132 SMs instead of 1.3. The f32 cache's kernel would spill.
+extern "C" __global__ void __launch_bounds__(KILN_GQA_THREADS, 4)
+    kiln_grouped_attention_g4_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
   kiln_wait_inputs();
   grouped_attention<4>(KILN_PAGED_ATTENTION_ARGS);
 }

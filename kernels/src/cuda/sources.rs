@@ -150,12 +150,17 @@ fn without_pragma_once(line: &str) -> &str {
     }
 }
 
-/// The `extern "C" __global__` kernels defined in `text`, in order.
+/// The `extern "C" __global__` kernels defined in `text`, in order (a
+/// `__launch_bounds__(...)` before the name is skipped).
 pub fn kernel_names(text: &str) -> Vec<String> {
     const MARK: &str = "extern \"C\" __global__ void ";
+    const BOUNDS: &str = "__launch_bounds__(";
     text.match_indices(MARK)
         .filter_map(|(at, _)| {
-            let rest = &text[at + MARK.len()..];
+            let mut rest = text[at + MARK.len()..].trim_start();
+            if let Some(bounds) = rest.strip_prefix(BOUNDS) {
+                rest = bounds[bounds.find(')')? + 1..].trim_start();
+            }
             let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
             (end > 0).then(|| rest[..end].to_owned())
         })
@@ -165,6 +170,14 @@ pub fn kernel_names(text: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn launch_bounds_before_a_name_are_skipped() {
+        let text = "extern \"C\" __global__ void __launch_bounds__(128, 4)\n    kiln_a(int x) {}\n\
+                    extern \"C\" __global__ void kiln_b() {}";
+        assert_eq!(kernel_names(text), ["kiln_a", "kiln_b"]);
+        assert!(kernel_names(ATTENTION.text).contains(&"kiln_grouped_attention_g4_bf16".to_owned()));
+    }
 
     #[test]
     fn kernels_are_found_in_every_source() {
