@@ -71,6 +71,7 @@ suite device-info "$bin/host" generate --model "$KILN_WORKSPACE/tests/fixtures/r
 suite nvrtc "$bin/cuda_nvrtc" --test-threads 1 --nocapture
 suite device-sampler "$bin/host_lib" runtime::cuda::sample --nocapture
 suite tiny-families "$bin/tiny_models" on_the_cuda_backend --test-threads 1
+suite half-checkpoints "$bin/tiny_models" bf16_and_f16 --test-threads 1
 suite tiny-families-1.5 "$bin/tiny_families" on_the_cuda_backend --test-threads 1
 suite tiny-ggufs "$bin/tiny_gguf" on_the_cuda_backend --nocapture
 suite packed-gguf "$bin/cuda_quantized" --nocapture
