@@ -182,10 +182,10 @@ __device__ __forceinline__ void store_rotated(const KilnGemvGroup& g, const Gemv
   if (matrix < 2) {
     bool first = row % 2 == 0;  // grid rows 2j and 2j + 1: pair j of a head
     int pair = (int)((matrix == 0 ? row : row - g.rows_end[0]) % (2 * p.half)) / 2;
-    float angle = (float)p.positions[token] * p.inv_freq[pair];
-    float c = cosf(angle) * p.scale, s = sinf(angle) * p.scale;
-    float x0 = first ? mine : partner, x1 = first ? partner : mine;
-    mine = first ? x0 * c - x1 * s : x1 * c + x0 * s;
+    float c, s, r0, r1;
+    rope_cos_sin((float)p.positions[token], p.inv_freq[pair], p.scale, &c, &s);
+    rope_rotate(first ? mine : partner, first ? partner : mine, c, s, &r0, &r1);
+    mine = first ? r0 : r1;
   }
   r.y[(i64)token * r.n + r.row] = mine;
   if (p.k_cache == nullptr || matrix == 0) return;

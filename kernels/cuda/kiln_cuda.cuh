@@ -353,6 +353,20 @@ __device__ __forceinline__ bool last_block_done(unsigned* counter, unsigned bloc
   return last;
 }
 
+// Rotary embedding (rope.cu, and the q/k/v GEMV of gemv.cu): the cos and
+// sin (times `scale`, YaRN's) of frequency `inv_freq` at `position`, the
+// angle in f32 as transformers computes it ...
+__device__ __forceinline__ void rope_cos_sin(float position, float inv_freq, float scale, float* c, float* s) {
+  float angle = position * inv_freq;
+  *c = cosf(angle) * scale;
+  *s = sinf(angle) * scale;
+}
+// ... and a pair (x0, x1) rotated by them.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float* r0, float* r1) {
+  *r0 = x0 * c - x1 * s;
+  *r1 = x1 * c + x0 * s;
+}
+
 // Keys that order floats: a larger float has a larger key.
 __device__ __forceinline__ unsigned int order_key(float f) {
   unsigned int u = __float_as_uint(f);

@@ -29,11 +29,8 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
   // frequency's cos and sin once per token, not once per head.
   bool shared = half <= KILN_ROPE_MAX_HALF;
   if (shared) {
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      float angle = position * inv_freq[i];
-      cos_sin[i] = cosf(angle) * scale;
-      cos_sin[half + i] = sinf(angle) * scale;
-    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+      rope_cos_sin(position, inv_freq[i], scale, &cos_sin[i], &cos_sin[half + i]);
     __syncthreads();
   }
 #pragma unroll 4
@@ -49,14 +46,12 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
       c = cos_sin[i];
       s = cos_sin[half + i];
     } else {
-      float angle = position * inv_freq[i];
-      c = cosf(angle) * scale;
-      s = sinf(angle) * scale;
+      rope_cos_sin(position, inv_freq[i], scale, &c, &s);
     }
     int a = interleaved ? 2 * i : i;
     int b = interleaved ? 2 * i + 1 : i + half;
-    float x0 = in[a], x1 = in[b];
-    float r0 = x0 * c - x1 * s, r1 = x1 * c + x0 * s;
+    float r0, r1;
+    rope_rotate(in[a], in[b], c, s, &r0, &r1);
     out[a] = r0;
     out[b] = r1;
     if (second && k_slot != nullptr) {

@@ -24,16 +24,17 @@ pub struct RunPlan {
     /// Arena offset of each step's scratch buffer.
     pub scratch: Vec<Option<usize>>,
     /// Bytes at the start of the arena that one upload writes before a step:
-    /// the graph inputs, then the error flag and the split counters (zero).
+    /// the graph inputs, then the error flag, the split counters and the
+    /// greedy picks' counter and keys (zero).
     pub staged: usize,
     /// Arena offset of the flag a kernel sets on an out-of-range index.
     pub error_flag: usize,
     /// Arena offset of split-K attention's counters of finished splits
     /// (`attention::split_counter_bytes`).
     pub split_counters: usize,
-    /// Arena offset of the logits GEMV's count of blocks done (4 bytes),
-    /// then, 8 bytes on, its greedy keys (`products::GreedyPicks`), when
-    /// the program has a logits product.
+    /// Arena offset of the logits GEMV's count of blocks done and greedy
+    /// keys (`products::GreedyPicks::at`), when the program has a logits
+    /// product.
     pub greedy_picks: Option<usize>,
     /// Bytes the arena needs.
     pub total: usize,

@@ -94,12 +94,7 @@ fn half_product_outputs(program: &Program, steps: &[StepPlan]) -> HalfValues {
 fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfValues {
     let computed_at = computed_at(program, steps);
     let readers = readers(program);
-    // Whether launch `s` alone reads `v` (its step, or one it computes).
-    let read_only_by = |v: ValueId, s: usize| {
-        readers[&v].iter().all(|&r| {
-            r.is_some_and(|r| r == s || matches!(steps[r], StepPlan::ComputedAt { at } if at == s))
-        })
-    };
+    let read_only_by = |v: ValueId, s: usize| read_only_by(&readers, steps, v, s);
     let is_f32 = |v: ValueId| program.graph.nodes[v as usize].ty.dtype == DType::F32;
     let mut half = HalfValues::new();
     for (s, step) in program.steps.iter().enumerate() {
@@ -386,6 +381,19 @@ fn readers(program: &Program) -> HashMap<ValueId, Vec<Option<usize>>> {
     readers
 }
 
+/// Whether launch `s` alone reads `v` (`readers` as [`readers`] gives
+/// them): its step, or steps it computes ([`StepPlan::ComputedAt`]).
+fn read_only_by(
+    readers: &HashMap<ValueId, Vec<Option<usize>>>,
+    steps: &[StepPlan],
+    v: ValueId,
+    s: usize,
+) -> bool {
+    readers[&v].iter().all(|&r| {
+        r.is_some_and(|r| r == s || matches!(steps[r], StepPlan::ComputedAt { at } if at == s))
+    })
+}
+
 /// The step whose launch computes each value (itself, or the step that
 /// computes it with its own: see [`StepPlan::ComputedAt`]).
 fn computed_at(program: &Program, steps: &[StepPlan]) -> HashMap<ValueId, usize> {
@@ -451,16 +459,7 @@ fn write_cache_with_rotations(program: &Program, steps: &mut [StepPlan]) {
 fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
     let computed_at = computed_at(program, steps);
     let readers = readers(program);
-    let launched_at = |s: usize| match steps[s] {
-        StepPlan::ComputedAt { at } => at,
-        _ => s,
-    };
-    // Whether launch `s` alone reads `v`.
-    let read_only_by = |v: ValueId, s: usize| {
-        readers[&v]
-            .iter()
-            .all(|r| r.is_some_and(|r| launched_at(r) == s))
-    };
+    let read_only_by = |v: ValueId, s: usize| read_only_by(&readers, steps, v, s);
     // The value a reshape `v` reads, when that reshape alone reads it.
     let reshaped = |v: ValueId| {
         let at = *computed_at.get(&v)?;

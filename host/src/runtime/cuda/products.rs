@@ -286,6 +286,18 @@ pub struct GreedyPicks {
     pub tokens: DevicePtr,
 }
 
+impl GreedyPicks {
+    /// The counter and keys laid out in the [`GREEDY_PICKS_BYTES`] at
+    /// `region` (of the step's upload), the picks going to `tokens`.
+    pub fn at(region: DevicePtr, tokens: DevicePtr) -> Self {
+        Self {
+            counter: region,
+            keys: region + 8,
+            tokens,
+        }
+    }
+}
+
 /// What a GEMV launch does beyond writing its products.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum GemvEpilogue {

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig};
 
-use crate::runtime::sampling::{RowSampling, Sampled, TokenAdjustment};
+use crate::runtime::sampling::{RowSampling, Sampled, TokenAdjustment, MIN_TEMPERATURE};
 use crate::runtime::TokenFeed;
 
 /// Threads of a row's block: `KILN_SAMPLE_THREADS` in `sampling.cu`.
@@ -199,7 +199,7 @@ impl SampleBuffers {
             .collect();
         // The kernel's test for a plain greedy row (`kiln_sample`).
         let plain_greedy = rows.iter().zip(&row_adjustments).all(|(row, adjust)| {
-            row.temperature < 1e-5 && adjust.is_empty() && row.logprobs.is_none()
+            row.temperature < MIN_TEMPERATURE && adjust.is_empty() && row.logprobs.is_none()
         });
         if let Some(tokens) = greedy.filter(|_| plain_greedy) {
             (self.picked_rows, self.picked) = (rows.len(), tokens);

@@ -161,12 +161,7 @@ impl CudaExecutor {
             cache: device_cache,
             flash_attention: self.flash_attention,
             greedy: self.logits.zip(plan.greedy_picks).map(|(logits, at)| {
-                let counter = arena + at as u64;
-                let picks = GreedyPicks {
-                    counter,
-                    keys: counter + 8,
-                    tokens: logits.tokens,
-                };
+                let picks = GreedyPicks::at(arena + at as u64, logits.tokens);
                 (logits.value, picks)
             }),
         };
