@@ -14,11 +14,16 @@
 // (Q4_K) to a half (Q8_0) of the bytes of bf16, and none of the expanded
 // copy's writes and reads.
 //
+// One launch covers up to KILN_QMM_MAX_GROUP matrices that share x (q, k
+// and v; gate and up: KilnQmmGroup), their tiles side by side in the grid,
+// and for a gated MLP's gate and up it writes the activation itself.
+//
 // Split-K: the gridDim.z blocks of a tile take `k_split` columns each (a
 // multiple of 128), so matrices with few rows still fill the card. With more
-// than one, each writes its sums to partials [z][m][n] and kiln_qmm_reduce
-// adds them in order (the same bits every run, unlike atomics); with one,
-// the block writes y.
+// than one, each writes its tile's sums to `partials` and the last of the
+// tile's blocks to finish (last_block_done) adds them in order (the same
+// bits every run, unlike atomics) and writes the outputs; with one, the
+// block writes them.
 #include "kiln_cuda.cuh"
 #include "gguf_blocks.cuh"
 
@@ -44,6 +49,53 @@ struct Stretch {
   static_assert(KILN_QMM_THREADS % PARTS == 0, "a thread's parts lie in rows ROW_STEP apart");
 };
 
+// The matrices of one launch, all [*, k] in one format, that share x:
+// matrix s takes tiles tiles_end[s-1] .. tiles_end[s] of the grid's x
+// dimension (64 of its rows each, the last cut short) and writes y[s]
+// [m, rows[s]]. Gated (`activation` nonzero, kiln_gated's numbering): two
+// matrices of rows[0] rows, a gated MLP's gate and up; tile t holds gate's
+// rows 32t .. 32t + 31 and up's same rows and writes act(gate)·up to y[0]
+// [m, rows[0]] (y[1] is not written): the activation's launch and the round
+// trip of gate's and up's products through memory are saved. Outputs are
+// stored as `out_type` says (store_as).
+#define KILN_QMM_MAX_GROUP 4
+struct KilnQmmGroup {
+  i64 count;
+  i64 tiles_end[KILN_QMM_MAX_GROUP];
+  i64 rows[KILN_QMM_MAX_GROUP];
+  const u8* w[KILN_QMM_MAX_GROUP];
+  float* y[KILN_QMM_MAX_GROUP];
+  i64 activation;
+  i64 out_type;
+};
+
+// The block's tile: tile row r is row `first + r` of `w[0]`, or, gated, row
+// `first + r % 32` of gate's (`w[0]`, r < 32) or up's (`w[1]`) matrix, of
+// `n` rows; the outputs go to `y` [m, n].
+struct QmmTile {
+  const u8* w[2];
+  float* y;
+  int first, n;
+  bool gated;
+};
+
+__device__ __forceinline__ QmmTile qmm_tile(const KilnQmmGroup& g) {
+  int t = blockIdx.x;
+  if (g.activation != 0) return QmmTile{{g.w[0], g.w[1]}, g.y[0], 32 * t, (int)g.rows[0], true};
+  // Constant indices into the group (a computed one would copy the kernel
+  // argument to local memory).
+  int start = 0;
+  QmmTile tile{{g.w[0], g.w[0]}, g.y[0], 0, 0, false};
+#pragma unroll
+  for (int s = 0; s < KILN_QMM_MAX_GROUP; ++s) {
+    if (s < g.count && t >= start && t < g.tiles_end[s]) {
+      tile = QmmTile{{g.w[s], g.w[s]}, g.y[s], (t - start) * KILN_QMM_TILE, (int)g.rows[s], false};
+    }
+    start = (int)g.tiles_end[s];
+  }
+  return tile;
+}
+
 // The tile's stretch at column kc, loaded: thread t's parts t, t + 128, ...
 // of W (part q: row q / PARTS, part q % PARTS of the row's stretch) and its
 // chunks of x. What lies past n, m or k_end is zero.
@@ -62,18 +114,20 @@ __device__ __forceinline__ void stretch_part(int kc, int i, int* block, int* par
 }
 
 template <typename F>
-__device__ __forceinline__ void load_stretch(Loaded<F>* s, const u8* w, const bf16_bits* x, int n0, int m0, int m,
-                                             int n, int k, int kc, int k_end) {
+__device__ __forceinline__ void load_stretch(Loaded<F>* s, const QmmTile& tile, const bf16_bits* x, int m0, int m,
+                                             int k, int kc, int k_end) {
   typedef Stretch<F> S;
+  static_assert(32 % S::ROW_STEP == 0, "a thread's rows stay in one half of a gated tile");
   i64 row_bytes = (i64)(k / F::ELEMS) * F::BYTES;
   int row = threadIdx.x / S::PARTS, block, part;
   stretch_part<F>(kc, threadIdx.x % S::PARTS, &block, &part);
-  const u8* at = w + (n0 + row) * row_bytes + (i64)block * F::BYTES;
   bool in_k = block * F::ELEMS < k_end;
 #pragma unroll
   for (int j = 0; j < S::PER_THREAD; ++j) {
+    int r = row + j * S::ROW_STEP, half = tile.gated && r >= 32, w_row = tile.first + (tile.gated ? r % 32 : r);
     s->w[j] = typename F::Raw{};
-    if (in_k && n0 + row + j * S::ROW_STEP < n) s->w[j] = F::load(at + j * S::ROW_STEP * row_bytes, part);
+    if (in_k && w_row < tile.n)
+      s->w[j] = F::load((half ? tile.w[1] : tile.w[0]) + w_row * row_bytes + (i64)block * F::BYTES, part);
   }
 #pragma unroll
   for (int j = 0; j < KILN_QMM_X_CHUNKS; ++j) {
@@ -105,15 +159,29 @@ __device__ __forceinline__ void store_stretch(const Loaded<F>& s, bf16_bits (*ws
   }
 }
 
+// The tile's sums (sums[x row][tile row], x rows m0 ..) to its outputs:
+// each row's, or, gated, act(gate)·up of each pair of rows 32 apart.
+__device__ __forceinline__ void store_tile(const KilnQmmGroup& g, const QmmTile& tile,
+                                           const float (*sums)[KILN_QMM_TILE + 1], int m0, int rows) {
+  int width = tile.gated ? KILN_QMM_TILE / 2 : KILN_QMM_TILE;
+  for (int i = threadIdx.x; i < rows * width; i += KILN_QMM_THREADS) {
+    int r = i / width, c = i % width, col = tile.first + c;
+    if (col >= tile.n) continue;
+    float v = tile.gated ? kiln_gated((int)g.activation, sums[r][c], sums[r][c + width]) : sums[r][c];
+    store_as(tile.y, (i64)(m0 + r) * tile.n + col, v, (int)g.out_type);
+  }
+}
+
 template <typename F>
-__device__ void qmm(const u8* __restrict__ w, const bf16_bits* __restrict__ x, float* __restrict__ y,
-                    float* __restrict__ partials, int m, int n, int k, int k_split) {
+__device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, float* __restrict__ partials,
+                    unsigned* __restrict__ counters, int m, int k, int k_split) {
   // The tiles as 16-byte units (aligned for the 16-byte stores of x).
   __shared__ Bytes16 w_raw[KILN_QMM_TILE * KILN_QMM_STRIDE / 8];
   __shared__ Bytes16 x_raw[KILN_QMM_TILE * KILN_QMM_STRIDE / 8];
   bf16_bits(*ws)[KILN_QMM_STRIDE] = reinterpret_cast<bf16_bits(*)[KILN_QMM_STRIDE]>(w_raw);
   bf16_bits(*xs)[KILN_QMM_STRIDE] = reinterpret_cast<bf16_bits(*)[KILN_QMM_STRIDE]>(x_raw);
-  int n0 = blockIdx.x * KILN_QMM_TILE, m0 = blockIdx.y * KILN_QMM_TILE;
+  QmmTile tile = qmm_tile(g);
+  int m0 = blockIdx.y * KILN_QMM_TILE;
   int k_begin = blockIdx.z * k_split, k_end = min(k, k_begin + k_split);
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = lane / 4, pair = lane % 4;
   // Groups of 16 rows of x that hold rows of this tile (the same in every
@@ -121,12 +189,12 @@ __device__ void qmm(const u8* __restrict__ w, const bf16_bits* __restrict__ x, f
   int m_groups = min(KILN_QMM_TILE, m - m0 + 15) / 16;
   float acc[KILN_QMM_TILE / 16][2][4] = {};
   Loaded<F> next;
-  load_stretch<F>(&next, w, x, n0, m0, m, n, k, k_begin, k_end);
+  load_stretch<F>(&next, tile, x, m0, m, k, k_begin, k_end);
   for (int kc = k_begin; kc < k_end; kc += KILN_QMM_K) {
     __syncthreads();  // every warp is done with the previous stretch
     store_stretch<F>(next, ws, xs, kc);
     __syncthreads();
-    if (kc + KILN_QMM_K < k_end) load_stretch<F>(&next, w, x, n0, m0, m, n, k, kc + KILN_QMM_K, k_end);
+    if (kc + KILN_QMM_K < k_end) load_stretch<F>(&next, tile, x, m0, m, k, kc + KILN_QMM_K, k_end);
 #pragma unroll
     for (int c = 0; c < KILN_QMM_K / 16; ++c) {
       // B fragments of the warp's two groups of 8 W rows: lane i's ldmatrix
@@ -148,37 +216,45 @@ __device__ void qmm(const u8* __restrict__ w, const bf16_bits* __restrict__ x, f
       }
     }
   }
-  float* out = gridDim.z > 1 ? partials + (i64)blockIdx.z * m * n : y;
+  // The sums through shared memory (the stretches' space, once every warp
+  // is done with it), so the outputs are written a row at a time.
+  __syncthreads();
+  float(*sums)[KILN_QMM_TILE + 1] = reinterpret_cast<float(*)[KILN_QMM_TILE + 1]>(w_raw);
 #pragma unroll
-  for (int g = 0; g < KILN_QMM_TILE / 16; ++g) {
+  for (int g = 0; g < KILN_QMM_TILE / 16; ++g)
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int row = m0 + 16 * g + group + (e >= 2 ? 8 : 0), col = n0 + 16 * warp + 8 * t + 2 * pair + e % 2;
-        if (row < m && col < n) out[(i64)row * n + col] = acc[g][t][e];
-      }
+      for (int e = 0; e < 4; ++e) sums[16 * g + group + (e >= 2 ? 8 : 0)][16 * warp + 8 * t + 2 * pair + e % 2] = acc[g][t][e];
+  __syncthreads();
+  int rows = min(KILN_QMM_TILE, m - m0);
+  if (gridDim.z > 1) {
+    // partials [z][m][every tile's 64 rows]; the tile's last block adds them.
+    i64 width = (i64)gridDim.x * KILN_QMM_TILE, at = (i64)blockIdx.x * KILN_QMM_TILE;
+    for (int i = threadIdx.x; i < rows * KILN_QMM_TILE; i += KILN_QMM_THREADS)
+      partials[((i64)blockIdx.z * m + m0 + i / KILN_QMM_TILE) * width + at + i % KILN_QMM_TILE] =
+          sums[i / KILN_QMM_TILE][i % KILN_QMM_TILE];
+    if (!last_block_done(counters + blockIdx.y * gridDim.x + blockIdx.x, gridDim.z)) return;
+    const volatile float* parts = partials;
+    for (int i = threadIdx.x; i < rows * KILN_QMM_TILE; i += KILN_QMM_THREADS) {
+      float sum = 0.0f;
+      for (int z = 0; z < (int)gridDim.z; ++z) sum += parts[((i64)z * m + m0 + i / KILN_QMM_TILE) * width + at + i % KILN_QMM_TILE];
+      sums[i / KILN_QMM_TILE][i % KILN_QMM_TILE] = sum;
     }
+    __syncthreads();
   }
+  store_tile(g, tile, sums, m0, rows);
 }
 
-#define KILN_QMM_ARGS                                                                                          \
-  const u8 *__restrict__ w, const bf16_bits *__restrict__ x, float *__restrict__ y, float *__restrict__ partials, \
-      int m, int n, int k, int k_split
+// Grid: (the group's tiles, x's row tiles, K's splits). `counters`: one per
+// (x row tile, tile), zero, and left so; unused without splits.
+#define KILN_QMM_ARGS                                                                                        \
+  KilnQmmGroup g, const bf16_bits *__restrict__ x, float *__restrict__ partials, unsigned *__restrict__ counters, \
+      int m, int k, int k_split
 
-extern "C" __global__ void kiln_qmm_q8_0(KILN_QMM_ARGS) { qmm<Q8_0>(w, x, y, partials, m, n, k, k_split); }
-extern "C" __global__ void kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0>(w, x, y, partials, m, n, k, k_split); }
-extern "C" __global__ void kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0>(w, x, y, partials, m, n, k, k_split); }
-extern "C" __global__ void kiln_qmm_q4_k(KILN_QMM_ARGS) { qmm<Q4_K>(w, x, y, partials, m, n, k, k_split); }
-extern "C" __global__ void kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K>(w, x, y, partials, m, n, k, k_split); }
-extern "C" __global__ void kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K>(w, x, y, partials, m, n, k, k_split); }
-
-// y = the sum of `splits` partial products [splits][count], in order.
-extern "C" __global__ void kiln_qmm_reduce(const float* __restrict__ partials, float* __restrict__ y, i64 count,
-                                           int splits) {
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (i64)gridDim.x * blockDim.x) {
-    float sum = 0.0f;
-    for (int z = 0; z < splits; ++z) sum += partials[z * count + i];
-    y[i] = sum;
-  }
-}
+extern "C" __global__ void kiln_qmm_q8_0(KILN_QMM_ARGS) { qmm<Q8_0>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void kiln_qmm_q4_k(KILN_QMM_ARGS) { qmm<Q4_K>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K>(g, x, partials, counters, m, k, k_split); }

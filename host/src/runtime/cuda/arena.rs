@@ -29,8 +29,9 @@ pub struct RunPlan {
     pub staged: usize,
     /// Arena offset of the flag a kernel sets on an out-of-range index.
     pub error_flag: usize,
-    /// Arena offset of split-K attention's counters of finished splits
-    /// (`attention::split_counter_bytes`).
+    /// Arena offset of the counters of finished splits of split-K attention
+    /// and tensor-core products (`attention::split_counter_bytes`,
+    /// `products::split_counter_bytes`).
     pub split_counters: usize,
     /// Arena offset of the logits GEMV's count of blocks done and greedy
     /// keys (`products::GreedyPicks::at`), when the program has a logits
@@ -117,19 +118,23 @@ pub fn plan(
     }
     let error_flag = staged;
     staged += 4;
-    // Split attention's counters: zero at the start of every step, as its
-    // kernels leave them (so a step that failed midway leaves none behind).
+    // The counters of split attention and split tensor-core products: zero
+    // at the start of every step, as their kernels leave them (so a step
+    // that failed midway leaves none behind); one kernel uses them at a time.
     let split_counters = staged;
     staged += program
         .steps
         .iter()
         .zip(steps)
-        .filter(|(_, plan)| matches!(plan, StepPlan::Attention { .. }))
-        .map(|(step, _)| {
-            attention::split_counter_bytes(
-                &shapes[step.inputs[0] as usize],
-                &shapes[step.inputs[5] as usize],
-            )
+        .map(|(step, plan)| {
+            let shape = |i: usize| &shapes[step.inputs[i] as usize];
+            match plan {
+                StepPlan::Attention { .. } => attention::split_counter_bytes(shape(0), shape(5)),
+                StepPlan::Linear(_) | StepPlan::LinearGroup { .. } => {
+                    products::split_counter_bytes(plan, shape(0).iter().product())
+                }
+                _ => 0,
+            }
         })
         .max()
         .unwrap_or(0);

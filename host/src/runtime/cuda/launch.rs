@@ -12,9 +12,8 @@ use super::attention::HEAD_DIM;
 use super::codegen::{self, MAX_RANK};
 use super::fusion::{HalfStore, HalfValues};
 use super::plan::{HandKernels, StepPlan};
-use super::products::{
-    group_gemv, out_type_arg, x_half_type, y_half_type, GemvEpilogue, GreedyPicks,
-};
+use super::products::{out_type_arg, x_half_type, y_half_type, GemvEpilogue, GreedyPicks};
+use super::qmm;
 use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
 use super::DeviceKvCache;
@@ -39,8 +38,8 @@ pub struct Frame<'a> {
     pub half: &'a HalfValues,
     /// Where a kernel reports an out-of-range index.
     pub error_flag: DevicePtr,
-    /// Split-K attention's counters of finished splits, zero before each
-    /// attention launch (`attention::split_counter_bytes`).
+    /// The counters of finished splits of split-K attention and tensor-core
+    /// products, zero before each launch that uses them.
     pub split_counters: DevicePtr,
     /// The KV cache, when the step batch has one.
     pub cache: Option<&'a DeviceKvCache>,
@@ -404,7 +403,11 @@ impl Frame<'_> {
                     .map(|(w, value)| (*w, self.addrs[*value as usize]))
                     .collect();
                 let epilogue = match (gated, rotation) {
-                    (Some(g), _) => Some(GemvEpilogue::Gated(*g, self.addrs[g.output as usize])),
+                    (Some(g), _) => Some(GemvEpilogue::Gated(
+                        *g,
+                        self.addrs[g.output as usize],
+                        self.stored_half(g.output),
+                    )),
                     (None, Some(r)) => Some(GemvEpilogue::Rotated(self.gemv_rotation(r)?)),
                     (None, None) => None,
                 };
@@ -413,8 +416,8 @@ impl Frame<'_> {
                 self.product_group(&members, epilogue, x, elements, scratch, &out_halves)
             }
             StepPlan::GatedActivation { matrix, fused, .. } => {
-                if group_gemv(matrix, 2, rows_of(out_shape)).is_some() {
-                    return Ok(()); // written by the GEMV
+                if qmm::writes_activation(matrix, rows_of(out_shape)) {
+                    return Ok(()); // written by the product
                 }
                 let out_half = self.stored_half(step.output);
                 self.fused(*fused, &operands(), (out, out_shape), out_half)

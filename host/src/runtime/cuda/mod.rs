@@ -20,6 +20,7 @@ mod memory;
 mod moe;
 mod plan;
 mod products;
+mod qmm;
 mod sample;
 mod step;
 mod tune;

@@ -2,20 +2,23 @@
 //! GEMV of `kernels/cuda/gemv.cu` reads each matrix once, packed GGUF blocks
 //! included, with x in f32; matrices that share x (q, k and v; gate and up)
 //! run as one launch, in the split of rows among warps chosen at load
-//! (`tune.rs`). Packed matrices with up to [`QMM_MAX_M`] rows of x (decode
+//! (`tune.rs`). Packed matrices with up to [`qmm::QMM_MAX_M`] rows of x (decode
 //! of many sequences, short prompts) run on tensor cores reading the blocks
-//! (`kernels/cuda/qmatmul.cu`), x cast to bf16. More rows go to cuBLAS on x
+//! (`qmm.rs`), x cast to bf16, again a launch for the matrices that share
+//! x. More rows go to cuBLAS on x
 //! cast to the weight's half type, a packed matrix expanded to bf16 first,
 //! both in the step's scratch. With `--precision fast`, the GEMV of packed
 //! matrices reads x quantized to 8 bits in the scratch (`kiln_quantize_x8`,
 //! once for the matrices that share x) and takes integer dot products.
 
 use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout};
+use kiln_plugin_api::graph::ValueId;
 
 use super::attention::CacheTarget;
 use super::fusion::{GatedActivation, GatedProduct};
 use super::launch::Frame;
 use super::plan::StepPlan;
+use super::qmm::{self, QmmLaunch};
 use super::tune::{GemvShape, RowPairs};
 use super::weights::DeviceMatrix;
 
@@ -26,22 +29,6 @@ pub const GEMV_MAX_M: usize = 8;
 pub const GEMV_WARPS: usize = 4;
 /// Matrices one GEMV launch covers at most (`KILN_GEMV_MAX_GROUP`).
 pub const GEMV_MAX_GROUP: usize = 4;
-/// Most rows of x the tensor-core product of packed blocks takes. Past it
-/// cuBLAS on the matrix expanded to bf16 wins: by arithmetic, the product
-/// reads W once per 64 rows of x, and its simple tiles compute at a fraction
-/// of cuBLAS's rate, while the expansion costs a fixed ~4.5 bytes a weight.
-pub const QMM_MAX_M: usize = 64;
-/// Rows of W and of x per block of that product (`KILN_QMM_TILE`).
-const QMM_TILE: usize = 64;
-/// Columns a block takes per step (`KILN_QMM_K`); K splits are multiples.
-const QMM_STRETCH: usize = 128;
-/// Threads per block (`KILN_QMM_THREADS`).
-const QMM_THREADS: u32 = 128;
-/// Blocks a product is split among (along K) when its tiles are fewer: two
-/// waves of an H100's 132 SMs, so matrices with few rows (o, down, k and v
-/// projections) still have every SM streaming weights.
-const QMM_TARGET_BLOCKS: usize = 256;
-
 /// `(n, k)` of a product over `w` stored as `layout`.
 fn product_dims(w: &DeviceMatrix, layout: WeightLayout) -> (usize, usize) {
     match layout {
@@ -76,21 +63,6 @@ pub fn group_gemv(first: &DeviceMatrix, count: usize, m: usize) -> Option<&'stat
     gemv_kernel(first, WeightLayout::OutIn, m)
 }
 
-/// A tensor-core product of packed blocks: its kernel, grid (W's row
-/// tiles, x's row tiles, K's splits) and columns per split.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct QmmLaunch {
-    kernel: &'static str,
-    grid: (u32, u32, u32),
-    k_split: usize,
-}
-
-impl QmmLaunch {
-    fn splits(&self) -> usize {
-        self.grid.2 as usize
-    }
-}
-
 /// How `m` rows of x times `w` run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Route {
@@ -106,26 +78,7 @@ fn route(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Route {
     if gemv_kernel(w, layout, m).is_some() {
         return Route::Gemv;
     }
-    match w.packed {
-        Some(packed) if layout == WeightLayout::OutIn && m <= QMM_MAX_M => {
-            let (n, k) = (w.rows, w.cols);
-            let tiles = n.div_ceil(QMM_TILE) * m.div_ceil(QMM_TILE);
-            let stretches = k.div_ceil(QMM_STRETCH);
-            let wanted = QMM_TARGET_BLOCKS.div_ceil(tiles).clamp(1, stretches);
-            let k_split = stretches.div_ceil(wanted) * QMM_STRETCH;
-            let grid = (
-                n.div_ceil(QMM_TILE) as u32,
-                m.div_ceil(QMM_TILE) as u32,
-                k.div_ceil(k_split) as u32,
-            );
-            Route::Qmm(QmmLaunch {
-                kernel: packed.kernels().qmm,
-                grid,
-                k_split,
-            })
-        }
-        _ => Route::Gemm,
-    }
+    qmm::single(w, layout, m).map_or(Route::Gemm, Route::Qmm)
 }
 
 /// The half type `m` rows of x times `w` read x in: bf16 on tensor cores,
@@ -172,7 +125,7 @@ fn int8_x_bytes(x_elements: usize) -> usize {
 /// tensor cores), at the returned offset. `(offset, total bytes)`; for a
 /// GEMV, x quantized to 8 bits where it takes that, else nothing.
 fn product_scratch(w: &DeviceMatrix, layout: WeightLayout, x_elements: usize) -> (usize, usize) {
-    let (n, k) = product_dims(w, layout);
+    let k = product_dims(w, layout).1;
     let m = x_elements / k.max(1);
     if m == 0 {
         return (0, 0);
@@ -181,15 +134,7 @@ fn product_scratch(w: &DeviceMatrix, layout: WeightLayout, x_elements: usize) ->
     match route(w, layout, m) {
         Route::Gemv if w.int8_activations => (0, int8_x_bytes(x_elements)),
         Route::Gemv => (0, 0),
-        Route::Qmm(q) => {
-            let offset = aligned(x_elements * GemmType::BF16.size());
-            let partials = if q.splits() > 1 {
-                q.splits() * m * n * 4
-            } else {
-                0
-            };
-            (offset, offset + partials)
-        }
+        Route::Qmm(q) => qmm_scratch(&q, x_elements, m),
         Route::Gemm => {
             let cast = if w.ty == GemmType::F32 {
                 0
@@ -207,19 +152,58 @@ fn product_scratch(w: &DeviceMatrix, layout: WeightLayout, x_elements: usize) ->
     }
 }
 
+/// The scratch of a tensor-core product: x in bf16, then the splits'
+/// partial sums at the returned offset.
+fn qmm_scratch(q: &QmmLaunch, x_elements: usize, m: usize) -> (usize, usize) {
+    let aligned = |bytes: usize| bytes.div_ceil(super::memory::ALIGN) * super::memory::ALIGN;
+    let offset = aligned(x_elements * GemmType::BF16.size());
+    (offset, offset + q.partial_bytes(m))
+}
+
+/// The tensor-core launch of a group's members over `x_elements` values of
+/// x, where they run as one.
+fn group_qmm(
+    members: &[(DeviceMatrix, ValueId)],
+    gated: bool,
+    x_elements: usize,
+) -> Option<(QmmLaunch, usize)> {
+    let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
+    let m = x_elements / matrices.first()?.cols.max(1);
+    QmmLaunch::of(&matrices, gated, m).map(|q| (q, m))
+}
+
 /// Scratch bytes `plan` needs when its first input has `x_elements` values
-/// (a group's products run one after another in one scratch).
+/// (a group's products run one after another in one scratch, or as one
+/// launch).
 pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
     match plan {
         StepPlan::Linear(w) => product_scratch(w, WeightLayout::OutIn, x_elements).1,
         StepPlan::MatMul(w) => product_scratch(w, WeightLayout::InOut, x_elements).1,
-        StepPlan::LinearGroup { members, .. } => members
-            .iter()
-            .map(|(w, _)| product_scratch(w, WeightLayout::OutIn, x_elements).1)
-            .max()
-            .unwrap_or(0),
+        StepPlan::LinearGroup { members, gated, .. } => {
+            match group_qmm(members, gated.is_some(), x_elements) {
+                Some((q, m)) => qmm_scratch(&q, x_elements, m).1,
+                None => members
+                    .iter()
+                    .map(|(w, _)| product_scratch(w, WeightLayout::OutIn, x_elements).1)
+                    .max()
+                    .unwrap_or(0),
+            }
+        }
         _ => 0,
     }
+}
+
+/// Bytes of the zeroed split counters `plan` needs when its first input has
+/// `x_elements` values: a split tensor-core product's, one per tile.
+pub fn split_counter_bytes(plan: &StepPlan, x_elements: usize) -> usize {
+    let launch = match plan {
+        StepPlan::Linear(w) => qmm::single(w, WeightLayout::OutIn, x_elements / w.cols.max(1)),
+        StepPlan::LinearGroup { members, gated, .. } => {
+            group_qmm(members, gated.is_some(), x_elements).map(|(q, _)| q)
+        }
+        _ => None,
+    };
+    launch.map_or(0, |q| q.counter_bytes())
 }
 
 /// The rotary embedding a GEMV launch of q, k and v applies to q and k, and
@@ -302,8 +286,8 @@ impl GreedyPicks {
 #[derive(Clone, Copy, Debug)]
 pub(super) enum GemvEpilogue {
     /// A gated MLP's gate and up, rows paired in blocks: their activation,
-    /// written to the address.
-    Gated(GatedProduct, DevicePtr),
+    /// written to the address, in the half type given (tensor cores only).
+    Gated(GatedProduct, DevicePtr, Option<GemmType>),
     /// q's and k's rows rotated, paired in blocks (members q, k and v).
     Rotated(GemvRotation),
     /// The logits: each row of x's first largest value, greedy's pick.
@@ -389,29 +373,7 @@ impl Frame<'_> {
         };
         let second = scratch + second_offset as DevicePtr;
         if let Route::Qmm(q) = route {
-            let int = |v: usize| KernelArg::I32(v as i32);
-            let config = LaunchConfig::new(q.grid, (QMM_THREADS, 1, 1));
-            let args = [
-                KernelArg::Ptr(w.ptr),
-                KernelArg::Ptr(x),
-                KernelArg::Ptr(out),
-                KernelArg::Ptr(second),
-                int(m),
-                int(n),
-                int(k),
-                int(q.k_split),
-            ];
-            self.launch(q.kernel, config, &args)?;
-            if q.splits() == 1 {
-                return Ok(());
-            }
-            let args = [
-                KernelArg::Ptr(second),
-                KernelArg::Ptr(out),
-                KernelArg::I64((m * n) as i64),
-                int(q.splits()),
-            ];
-            return self.launch("kiln_qmm_reduce", LaunchConfig::elementwise(m * n), &args);
+            return self.qmm(&q, &[(*w, out)], None, (x, m), second);
         }
         let weights = match w.packed {
             None => w.ptr,
@@ -469,6 +431,50 @@ impl Frame<'_> {
         Ok(to)
     }
 
+    /// [`Self::product_group`] past the GEMV: one tensor-core launch for
+    /// packed matrices (a gated pair's activation written by it too), else
+    /// one product each on x cast once (the members share W's type, and so
+    /// the type their route reads x in); rotations are left to their steps.
+    fn products_past_the_gemv(
+        &self,
+        members: &[(DeviceMatrix, DevicePtr)],
+        epilogue: Option<GemvEpilogue>,
+        x: (DevicePtr, bool),
+        x_elements: usize,
+        scratch: Option<DevicePtr>,
+        out_halves: &[Option<GemmType>],
+    ) -> Result<(), String> {
+        let (first, layout) = (members[0].0, WeightLayout::OutIn);
+        let m = x_elements / first.cols.max(1);
+        let x = self.product_x(&first, layout, x, x_elements, scratch)?;
+        let gated = match epilogue {
+            Some(GemvEpilogue::Gated(product, out, half)) => Some((product, out, half)),
+            _ => None,
+        };
+        let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
+        if let Some(q) = QmmLaunch::of(&matrices, gated.is_some(), m) {
+            let (offset, bytes) = qmm_scratch(&q, x_elements, m);
+            let scratch = scratch.ok_or("no scratch buffer planned for x in bf16")?;
+            let partials = if bytes > offset {
+                scratch + offset as DevicePtr
+            } else {
+                0
+            };
+            return match gated {
+                Some((product, out, half)) => {
+                    let pair = [members[product.gate], members[1 - product.gate]];
+                    let activation = Some((product.activation, out, half));
+                    self.qmm(&q, &pair, activation, (x, m), partials)
+                }
+                None => self.qmm(&q, members, None, (x, m), partials),
+            };
+        }
+        members.iter().enumerate().try_for_each(|(i, (w, out))| {
+            let out = (*out, out_halves.get(i).copied().flatten());
+            self.product(w, layout, (x, x_elements), out, scratch)
+        })
+    }
+
     /// `out_i = x · W_iᵀ` for matrices of one format that share x: one GEMV
     /// launch over all their rows for small batches, else one product each.
     /// `epilogue`: the members are a gated MLP's gate and up, and the GEMV
@@ -495,14 +501,14 @@ impl Frame<'_> {
             return Ok(());
         }
         let Some(name) = group_gemv(first, members.len(), m) else {
-            // One product each, on x cast once (the members share W's type,
-            // and so the type their route reads x in).
-            let layout = WeightLayout::OutIn;
-            let x = self.product_x(first, layout, (x, written_half), x_elements, scratch)?;
-            return members.iter().enumerate().try_for_each(|(i, (w, out))| {
-                let out = (*out, out_halves.get(i).copied().flatten());
-                self.product(w, layout, (x, x_elements), out, scratch)
-            });
+            return self.products_past_the_gemv(
+                members,
+                epilogue,
+                (x, written_half),
+                x_elements,
+                scratch,
+                out_halves,
+            );
         };
         let x = if first.int8_activations {
             let to = scratch.ok_or("no scratch buffer planned for 8-bit x")?;
@@ -522,7 +528,10 @@ impl Frame<'_> {
         let rows: usize = members.iter().map(|(w, _)| w.rows).sum();
         let int = |v: usize| KernelArg::I32(v as i32);
         let (group, pairs) = match &epilogue {
-            Some(GemvEpilogue::Gated(product, out)) => {
+            Some(GemvEpilogue::Gated(_, _, Some(half))) => {
+                return Err(format!("a gated GEMV's activation in {half:?}"))
+            }
+            Some(GemvEpilogue::Gated(product, out, None)) => {
                 let (gate, up) = (members[product.gate], members[1 - product.gate]);
                 let group = group_arg(&[(gate.0, *out), up], Some(product.activation), None, None);
                 (group, RowPairs::Gated)
@@ -571,39 +580,17 @@ mod tests {
         }
     }
 
-    fn qmm(w: &DeviceMatrix, m: usize) -> QmmLaunch {
-        match route(w, WeightLayout::OutIn, m) {
-            Route::Qmm(q) => q,
-            other => panic!("{m} rows of x: {other:?}"),
-        }
-    }
-
     #[test]
     fn packed_products_between_the_gemv_and_cublas_run_on_tensor_cores() {
-        let q4k = Some(Packed::Q4K);
-        let o_proj = matrix(q4k, 4096, 4096);
-        assert_eq!(route(&o_proj, WeightLayout::OutIn, 8), Route::Gemv);
-        assert_eq!(route(&o_proj, WeightLayout::OutIn, 65), Route::Gemm);
-        assert_eq!(
-            route(&matrix(None, 4096, 4096), WeightLayout::OutIn, 16),
-            Route::Gemm
-        );
-        // Llama-3-8B's shapes at 64 sequences: K is split until a matrix
-        // with few rows has ~256 blocks; a wide one is not split.
-        let o = qmm(&o_proj, 64);
-        assert_eq!(
-            (o.kernel, o.grid, o.k_split),
-            ("kiln_qmm_q4_k", (64, 1, 4), 1024)
-        );
-        let k_proj = qmm(&matrix(q4k, 1024, 4096), 64);
-        assert_eq!((k_proj.grid, k_proj.k_split), ((16, 1, 16), 256));
-        let down = qmm(&matrix(q4k, 4096, 14336), 16);
-        assert_eq!((down.grid, down.k_split), ((64, 1, 4), 3584));
-        let head = qmm(&matrix(Some(Packed::Q6K), 128_256, 4096), 9);
-        assert_eq!((head.kernel, head.grid), ("kiln_qmm_q6_k", (2004, 1, 1)));
-        // Splits never outnumber the matrix's stretches of 128 columns.
-        let short = qmm(&matrix(Some(Packed::Q8_0), 64, 288), 64);
-        assert_eq!((short.grid, short.k_split), ((1, 1, 3), 128));
+        let o_proj = matrix(Some(Packed::Q4K), 4096, 4096);
+        let route = |w: &DeviceMatrix, m| route(w, WeightLayout::OutIn, m);
+        assert_eq!(route(&o_proj, 8), Route::Gemv);
+        let qmm = QmmLaunch::of(&[o_proj], false, 9).map(Route::Qmm);
+        assert_eq!(Some(route(&o_proj, 9)), qmm);
+        assert_eq!(route(&o_proj, 65), Route::Gemm);
+        assert_eq!(route(&matrix(None, 4096, 4096), 16), Route::Gemm);
+        let stored_in_out = super::route(&o_proj, WeightLayout::InOut, 16);
+        assert_eq!(stored_in_out, Route::Gemm);
     }
 
     #[test]

@@ -1,0 +1,254 @@
+//! The tensor-core product of packed GGUF blocks for batches between the
+//! decode GEMV and cuBLAS (`kernels/cuda/qmatmul.cu`): its launch shape
+//! (tiles of 64 W rows, K split until the card has work), the
+//! `KilnQmmGroup` argument that puts the matrices sharing x (q, k and v;
+//! gate and up, whose activation it then writes) in one launch, and its
+//! scratch and counters. Split-K sums are added by each tile's last block,
+//! so a product is one launch whatever its splits.
+
+use kiln_kernels::cuda::{DevicePtr, GemmType, KernelArg, LaunchConfig, WeightLayout};
+
+use super::fusion::GatedActivation;
+use super::launch::Frame;
+use super::products::{out_type_arg, GEMV_MAX_M};
+use super::weights::DeviceMatrix;
+
+/// Most rows of x the tensor-core product of packed blocks takes. Past it
+/// cuBLAS on the matrix expanded to bf16 wins: by arithmetic, the product
+/// reads W once per 64 rows of x, and its simple tiles compute at a fraction
+/// of cuBLAS's rate, while the expansion costs a fixed ~4.5 bytes a weight.
+pub const QMM_MAX_M: usize = 64;
+/// Rows of W and of x per block (`KILN_QMM_TILE`).
+const TILE: usize = 64;
+/// Columns a block takes per step (`KILN_QMM_K`); K splits are multiples.
+const STRETCH: usize = 128;
+/// Threads per block (`KILN_QMM_THREADS`).
+const THREADS: u32 = 128;
+/// Matrices one launch covers at most (`KILN_QMM_MAX_GROUP`).
+const MAX_GROUP: usize = 4;
+/// Blocks a product is split among (along K) when its tiles are fewer: two
+/// waves of an H100's 132 SMs, so matrices with few rows (o, down, k and v
+/// projections) still have every SM streaming weights.
+const TARGET_BLOCKS: usize = 256;
+
+/// One launch: its kernel, grid (the group's W row tiles, x's row tiles,
+/// K's splits) and columns per split.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QmmLaunch {
+    pub kernel: &'static str,
+    pub grid: (u32, u32, u32),
+    pub k_split: usize,
+}
+
+impl QmmLaunch {
+    /// The launch of `members` (one matrix, or several sharing x; `gated`:
+    /// a gated MLP's gate and up, paired in tiles) for `m` rows of x, where
+    /// the product takes them: packed blocks of one format, `[n, k]`, more
+    /// rows of x than the GEMV takes and at most [`QMM_MAX_M`].
+    pub fn of(members: &[DeviceMatrix], gated: bool, m: usize) -> Option<Self> {
+        let first = members.first()?;
+        let packed = first.packed?;
+        let fits = members.len() <= MAX_GROUP && (GEMV_MAX_M + 1..=QMM_MAX_M).contains(&m);
+        let alike = members
+            .iter()
+            .all(|w| w.packed == first.packed && w.cols == first.cols);
+        let paired = !gated || (members.len() == 2 && members[0].rows == members[1].rows);
+        if !fits || !alike || !paired {
+            return None;
+        }
+        let tiles = match gated {
+            true => first.rows.div_ceil(TILE / 2),
+            false => members.iter().map(|w| w.rows.div_ceil(TILE)).sum(),
+        };
+        let k = first.cols;
+        let stretches = k.div_ceil(STRETCH);
+        let wanted = TARGET_BLOCKS
+            .div_ceil(tiles * m.div_ceil(TILE))
+            .clamp(1, stretches);
+        let k_split = stretches.div_ceil(wanted) * STRETCH;
+        Some(Self {
+            kernel: packed.kernels().qmm,
+            grid: (
+                tiles as u32,
+                m.div_ceil(TILE) as u32,
+                k.div_ceil(k_split) as u32,
+            ),
+            k_split,
+        })
+    }
+
+    /// Blocks along K.
+    pub fn splits(&self) -> usize {
+        self.grid.2 as usize
+    }
+
+    /// Scratch bytes of the splits' partial sums for `m` rows of x:
+    /// `[splits][m][tiles · 64]` f32, none unsplit.
+    pub fn partial_bytes(&self, m: usize) -> usize {
+        match self.splits() {
+            1 => 0,
+            splits => splits * m * self.grid.0 as usize * TILE * 4,
+        }
+    }
+
+    /// Bytes of the tiles' counters of finished splits (in the step's zeroed
+    /// split counters), none unsplit.
+    pub fn counter_bytes(&self) -> usize {
+        match self.splits() {
+            1 => 0,
+            _ => (self.grid.0 * self.grid.1) as usize * 4,
+        }
+    }
+}
+
+/// Whether the product of a gated MLP's gate and up over `m` rows of x
+/// writes their activation (the GEMV's or this product's epilogue), so the
+/// activation's own kernel does not run.
+pub fn writes_activation(gate: &DeviceMatrix, m: usize) -> bool {
+    super::products::group_gemv(gate, 2, m).is_some()
+        || QmmLaunch::of(&[*gate, *gate], true, m).is_some()
+}
+
+/// How m rows of x times `w` run here, if they do.
+pub fn single(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<QmmLaunch> {
+    (layout == WeightLayout::OutIn)
+        .then(|| QmmLaunch::of(&[*w], false, m))
+        .flatten()
+}
+
+/// The `KilnQmmGroup` argument: the members' tiles side by side, or
+/// (`activation`) gate's and up's paired, writing `act(gate) · up` to the
+/// first member's output; outputs stored as `out_type` says.
+fn group_arg(
+    members: &[(DeviceMatrix, DevicePtr)],
+    activation: Option<GatedActivation>,
+    out_type: Option<GemmType>,
+) -> KernelArg {
+    let mut tiles_end = [0u64; MAX_GROUP];
+    let (mut rows, mut w, mut y) = ([0u64; MAX_GROUP], [0u64; MAX_GROUP], [0u64; MAX_GROUP]);
+    let mut tiles = 0;
+    for (i, (matrix, out)) in members.iter().enumerate() {
+        tiles += matrix.rows.div_ceil(TILE) as u64;
+        (tiles_end[i], rows[i], w[i], y[i]) = (tiles, matrix.rows as u64, matrix.ptr, *out);
+    }
+    let KernelArg::I32(out_type) = out_type_arg(out_type) else {
+        unreachable!("out_type_arg is an int")
+    };
+    let mut words = vec![members.len() as u64];
+    words.extend(tiles_end);
+    words.extend(rows);
+    words.extend(w);
+    words.extend(y);
+    words.extend([activation.map_or(0, |a| a as u64), out_type as u64]);
+    KernelArg::Struct(words)
+}
+
+impl Frame<'_> {
+    /// `out_i = x · W_iᵀ` for `m` rows of x in bf16 as one launch; `gated`:
+    /// the members are gate and up, and `act(gate) · up` goes to the given
+    /// address in the given type instead. `partials`: the scratch for the
+    /// splits' sums ([`QmmLaunch::partial_bytes`]).
+    pub(super) fn qmm(
+        &self,
+        q: &QmmLaunch,
+        members: &[(DeviceMatrix, DevicePtr)],
+        gated: Option<(GatedActivation, DevicePtr, Option<GemmType>)>,
+        (x, m): (DevicePtr, usize),
+        partials: DevicePtr,
+    ) -> Result<(), String> {
+        let group = match gated {
+            Some((activation, out, half)) => {
+                let pair = [(members[0].0, out), members[1]];
+                group_arg(&pair, Some(activation), half)
+            }
+            None => group_arg(members, None, None),
+        };
+        let int = |v: usize| KernelArg::I32(v as i32);
+        let args = [
+            group,
+            KernelArg::Ptr(x),
+            KernelArg::Ptr(partials),
+            KernelArg::Ptr(self.split_counters),
+            int(m),
+            int(members[0].0.cols),
+            int(q.k_split),
+        ];
+        self.launch(q.kernel, LaunchConfig::new(q.grid, (THREADS, 1, 1)), &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::cuda::weights::Packed;
+
+    fn matrix(packed: Option<Packed>, rows: usize, cols: usize) -> DeviceMatrix {
+        DeviceMatrix {
+            ptr: 0,
+            ty: GemmType::BF16,
+            packed,
+            rows,
+            cols,
+            int8_activations: false,
+        }
+    }
+
+    fn launch(members: &[DeviceMatrix], gated: bool, m: usize) -> QmmLaunch {
+        QmmLaunch::of(members, gated, m).unwrap_or_else(|| panic!("{m} rows of x"))
+    }
+
+    #[test]
+    fn packed_products_between_the_gemv_and_cublas_run_here() {
+        let q4k = Some(Packed::Q4K);
+        let o_proj = matrix(q4k, 4096, 4096);
+        for m in [8, 65] {
+            assert_eq!(QmmLaunch::of(&[o_proj], false, m), None, "{m} rows");
+        }
+        assert_eq!(QmmLaunch::of(&[matrix(None, 4096, 4096)], false, 16), None);
+        // Llama-3-8B's shapes at 64 sequences: K is split until a matrix
+        // with few rows has ~256 blocks; a wide one is not split.
+        let o = launch(&[o_proj], false, 64);
+        assert_eq!(
+            (o.kernel, o.grid, o.k_split),
+            ("kiln_qmm_q4_k", (64, 1, 4), 1024)
+        );
+        let k_proj = launch(&[matrix(q4k, 1024, 4096)], false, 64);
+        assert_eq!((k_proj.grid, k_proj.k_split), ((16, 1, 16), 256));
+        let down = launch(&[matrix(q4k, 4096, 14336)], false, 16);
+        assert_eq!((down.grid, down.k_split), ((64, 1, 4), 3584));
+        let head = launch(&[matrix(Some(Packed::Q6K), 128_256, 4096)], false, 9);
+        assert_eq!((head.kernel, head.grid), ("kiln_qmm_q6_k", (2004, 1, 1)));
+        // Splits never outnumber the matrix's stretches of 128 columns.
+        let short = launch(&[matrix(Some(Packed::Q8_0), 64, 288)], false, 64);
+        assert_eq!((short.grid, short.k_split), ((1, 1, 3), 128));
+    }
+
+    #[test]
+    fn a_group_is_one_grid_of_its_members_tiles() {
+        let q4k = Some(Packed::Q4K);
+        let (q, kv) = (matrix(q4k, 4096, 4096), matrix(q4k, 1024, 4096));
+        // q, k and v: 64 + 16 + 16 tiles, split three ways for ~256 blocks.
+        let qkv = launch(&[q, kv, kv], false, 16);
+        assert_eq!((qkv.grid, qkv.k_split), ((96, 1, 3), 1408));
+        assert_eq!(qkv.partial_bytes(16), 3 * 16 * 96 * 64 * 4);
+        assert_eq!(qkv.counter_bytes(), 96 * 4);
+        // Gate and up: 32 pairs of rows a tile.
+        let up = matrix(q4k, 14336, 4096);
+        let gated = launch(&[up, up], true, 64);
+        assert_eq!((gated.grid, gated.splits()), ((448, 1, 1), 1));
+        assert_eq!((gated.partial_bytes(64), gated.counter_bytes()), (0, 0));
+        assert!(writes_activation(&up, 9) && writes_activation(&up, 8));
+        assert!(!writes_activation(&up, 65));
+        assert!(!writes_activation(&matrix(None, 14336, 4096), 16));
+        // Members of other formats or widths, or more than four, or an
+        // unequal gated pair, are not one launch.
+        let q8 = matrix(Some(Packed::Q8_0), 1024, 4096);
+        assert_eq!(QmmLaunch::of(&[q, q8], false, 16), None);
+        assert_eq!(
+            QmmLaunch::of(&[q, matrix(q4k, 1024, 2048)], false, 16),
+            None
+        );
+        assert_eq!(QmmLaunch::of(&[kv; 5], false, 16), None);
+        assert_eq!(QmmLaunch::of(&[q, kv], true, 16), None);
+    }
+}
