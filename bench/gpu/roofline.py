@@ -42,17 +42,29 @@ def kernels(c, batch, context, weights, kv_bytes):
     # the GEMV of q, k and v writes q and k rotated and the cache's keys and
     # values.
     cache_write = batch * 2 * kv_dim * kv_bytes
+    rotary = ("rotary of q and k + KV-cache write (one launch)", layers,
+              2 * act * (q_dim + kv_dim) + act * kv_dim + cache_write)
     if batch <= 8:
         mlp = [("gate and up projections + silu(gate) * up (one launch)", layers,
                 gemv(2 * ffn, d, w) - act * ffn)]
         qkv = [("q, k and v projections + rotary + KV-cache write (one launch)", layers,
                 gemv(q_dim + 2 * kv_dim, d, w) + cache_write)]
-    else:
-        mlp = [("gate and up projections (one launch)", layers, gemv(2 * ffn, d, w)),
-               ("silu(gate) * up", layers, 3 * act * ffn)]
+    elif weights not in ("bf16", "f32") and batch <= 64:
+        # Packed blocks on tensor cores (qmatmul.cu): the matrices that share
+        # x in one launch, gate's and up's activation written by it.
+        mlp = [("gate and up projections + silu(gate) * up (one launch)", layers,
+                gemv(2 * ffn, d, w) - act * ffn)]
         qkv = [("q, k and v projections (one launch)", layers, gemv(q_dim + 2 * kv_dim, d, w)),
-               ("rotary of q and k + KV-cache write (one launch)", layers,
-                2 * act * (q_dim + kv_dim) + act * kv_dim + cache_write)]
+               rotary]
+    else:
+        # cuBLAS, a launch a matrix (KILN_DENSE_ROWS=tensor-cores puts bf16
+        # matrices of up to 64 rows on the packed blocks' path above).
+        mlp = [("gate projection", layers, gemv(ffn, d, w)),
+               ("up projection", layers, gemv(ffn, d, w)),
+               ("silu(gate) * up", layers, 3 * act * ffn)]
+        qkv = [("q projection", layers, gemv(q_dim, d, w)),
+               ("k and v projections (a launch each)", 2 * layers, gemv(kv_dim, d, w)),
+               rotary]
     # Up to 8 rows the logits' GEMV also finds greedy's picks; past it the
     # sampler reads the logits again (a greedy row: one pass).
     if batch <= 8:

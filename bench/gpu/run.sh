@@ -18,6 +18,9 @@
 #   bench/gpu/run.sh pdl               Kiln's decode at batch 1, 8 and 64 with and without
 #                                      programmatic dependent launch
 #                                      (KILN_NO_PROGRAMMATIC_LAUNCH), as text
+#   bench/gpu/run.sh dense             Kiln's decode at batch 16 and 64 (bf16 shapes),
+#                                      dense products of 9 to 64 rows on cuBLAS and on
+#                                      the tensor-core kernel (KILN_DENSE_ROWS), as text
 #   bench/gpu/run.sh sampled           Kiln's decode at batch 1 and 64, greedy and sampled
 #                                      (temperature 1, top-p 0.95): what the device
 #                                      sampler costs a step, as text
@@ -116,6 +119,25 @@ pdl() {
   each_shape pdl_shape
 }
 
+# Decode at 16 and 64 streams with dense bf16 products of 9 to 64 rows on
+# cuBLAS (the default) and on the tensor-core kernel of qmatmul.cu, which
+# runs the matrices that share x as one launch (llama3-8b and llama3.2-1b
+# bf16 unless KILN_BENCH_SHAPES says otherwise). Text, in dense-*.txt.
+dense_shape() {
+  local shape=$1 dtype=$2 name=$3 mode
+  for mode in cublas tensor-cores; do
+    echo "== kiln $shape $dtype: decode, dense rows on $mode"
+    KILN_DENSE_ROWS=$mode "$bin/host" benchmark --shape "$shape" "${weights[@]}" \
+      --device "$device" --input-len "$input_len" --output-len 64 --concurrency 16,64 \
+      2>&1 | tee "$results/dense-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype dense $mode"
+  done
+}
+
+dense() {
+  . tests/gpu/env.sh
+  KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape dense_shape
+}
+
 # Decode greedy and sampled (temperature 1, top-p 0.95), llama3-8b and
 # llama3.2-1b bf16 unless KILN_BENCH_SHAPES says otherwise: the difference
 # is the device sampler's cost a step. Text, in sampled-*.txt.
@@ -188,6 +210,7 @@ case "${1:-}" in
   kiln) kiln ;;
   splits) splits ;;
   pdl) pdl ;;
+  dense) dense ;;
   sampled) sampled ;;
   profile) profile ;;
   torch) torch_baseline "${2:?mode}" "${3:?shape}" ;;
@@ -196,6 +219,7 @@ case "${1:-}" in
     kiln
     splits
     pdl
+    dense
     sampled
     profile
     for shape in llama3-8b llama3.2-1b; do
@@ -203,7 +227,7 @@ case "${1:-}" in
     done
     table
     ;;
-  *) sed -n 2,27p "$0" >&2; exit 2 ;;
+  *) sed -n 2,30p "$0" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   [ -f "$results/gpu-bench.md" ] && cp "$results/gpu-bench.md" "$OUT/"

@@ -14,6 +14,10 @@
 // (Q4_K) to a half (Q8_0) of the bytes of bf16, and none of the expanded
 // copy's writes and reads.
 //
+// Dense bf16 matrices take the same path (`kiln_qmm_bf16`, DenseBf16: a
+// "block" of 8 values is one 16-byte load, copied to shared memory as it
+// is), opted into in place of cuBLAS until measured on a GPU.
+//
 // One launch covers up to KILN_QMM_MAX_GROUP matrices that share x (q, k
 // and v; gate and up: KilnQmmGroup), their tiles side by side in the grid,
 // and for a gated MLP's gate and up it writes the activation itself.
@@ -47,6 +51,30 @@ struct Stretch {
   static const int PER_THREAD = KILN_QMM_TILE * PARTS / KILN_QMM_THREADS;
   static const int ROW_STEP = KILN_QMM_THREADS / PARTS;
   static_assert(KILN_QMM_THREADS % PARTS == 0, "a thread's parts lie in rows ROW_STEP apart");
+};
+
+// Dense bf16 rows as a format of 8-value blocks: one 16-byte load each.
+struct DenseBf16 {
+  static const int ELEMS = 8, BYTES = 16, LANES = 1;
+  typedef Bytes16 Raw;
+  __device__ static Raw load(const u8* b, int) { return load_streaming(b); }
+};
+
+// A loaded part of a W row to its place in the shared tile (`column` of
+// the stretch) as bf16: decoded by the format, or a dense row's copied.
+template <typename F>
+struct SharedRow {
+  __device__ static void store(const typename F::Raw& raw, int part, int column, bf16_bits* row) {
+    F::values(raw, part, column, [&](const float* v, int count, int at, float scale) {
+      store_bf16_pairs(row + at, v, count, scale);
+    });
+  }
+};
+template <>
+struct SharedRow<DenseBf16> {
+  __device__ static void store(const Bytes16& raw, int, int column, bf16_bits* row) {
+    *reinterpret_cast<Bytes16*>(row + column) = raw;
+  }
 };
 
 // The matrices of one launch, all [*, k] in one format, that share x:
@@ -146,11 +174,7 @@ __device__ __forceinline__ void store_stretch(const Loaded<F>& s, bf16_bits (*ws
   stretch_part<F>(kc, threadIdx.x % S::PARTS, &block, &part);
 #pragma unroll
   for (int j = 0; j < S::PER_THREAD; ++j) {
-    bf16_bits* out = ws[row + j * S::ROW_STEP];
-    F::values(s.w[j], part, block * F::ELEMS - kc,
-              [&](const float* v, int count, int column, float scale) {
-                store_bf16_pairs(out + column, v, count, scale);
-              });
+    SharedRow<F>::store(s.w[j], part, block * F::ELEMS - kc, ws[row + j * S::ROW_STEP]);
   }
 #pragma unroll
   for (int j = 0; j < KILN_QMM_X_CHUNKS; ++j) {
@@ -258,3 +282,4 @@ extern "C" __global__ void kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0>(g, x, partia
 extern "C" __global__ void kiln_qmm_q4_k(KILN_QMM_ARGS) { qmm<Q4_K>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void kiln_qmm_bf16(KILN_QMM_ARGS) { qmm<DenseBf16>(g, x, partials, counters, m, k, k_split); }

@@ -6,7 +6,8 @@
 //! the rows of x, more than one tile of x rows, rows of several 128-column
 //! stretches with a partial last one, K split among blocks (their sums
 //! added by each tile's last block), groups of matrices in one launch, a
-//! gated MLP's activation, and outputs stored in half types.
+//! gated MLP's activation, and outputs stored in half types; and dense bf16
+//! matrices through the same kernel (`kiln_qmm_bf16`).
 
 mod common;
 
@@ -45,7 +46,7 @@ fn reference(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> (Vec<f32>, V
 /// One launch's matrices: W [n, k] in `ty` of each `rows` entry, x [m, k],
 /// their outputs, the reference of each, and the scratch.
 struct Case {
-    ty: QuantType,
+    ty: Option<QuantType>,
     kernel: String,
     rows: Vec<usize>,
     k: usize,
@@ -59,7 +60,14 @@ struct Case {
 }
 
 impl Case {
-    fn new(gpu: &Gpu, (ty, name): (QuantType, &str), rows: &[usize], k: usize, m: usize) -> Self {
+    /// `ty`: the GGUF format, or none for dense bf16.
+    fn new(
+        gpu: &Gpu,
+        (ty, name): (Option<QuantType>, &str),
+        rows: &[usize],
+        k: usize,
+        m: usize,
+    ) -> Self {
         let x: Vec<f32> = Rng::new(m as u64)
             .data(m * k, 1.0)
             .into_iter()
@@ -68,10 +76,18 @@ impl Case {
         let x_bits: Vec<u16> = x.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
         let (mut w, mut y, mut want) = (Vec::new(), Vec::new(), Vec::new());
         for (i, &n) in rows.iter().enumerate() {
-            let (packed, values) = random_blocks(ty, n, k, (n * k + m + i) as u64);
+            let seed = (n * k + m + i) as u64;
+            let (stored, values) = match ty {
+                Some(ty) => random_blocks(ty, n, k, seed),
+                None => {
+                    let values: Vec<f32> = Rng::new(seed).data(n * k, 1.0);
+                    let bits = values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes());
+                    (bits.collect(), values)
+                }
+            };
             let w_bf16: Vec<f32> = values.iter().map(|&v| round_bf16(v)).collect();
             want.push(reference(&w_bf16, &x, m, n, k));
-            w.push(gpu.up(&packed));
+            w.push(gpu.up(&stored));
             y.push(gpu.zeros(m * n * 4));
         }
         let tiles: usize = rows.iter().map(|n| n.div_ceil(TILE)).sum();
@@ -167,17 +183,19 @@ impl Case {
     }
 }
 
-const FORMATS: [(QuantType, &str, usize); 6] = [
-    (QuantType::Q8_0, "q8_0", 32 * 13),
-    (QuantType::Q4_0, "q4_0", 32 * 9),
-    (QuantType::Q5_0, "q5_0", 32 * 9),
-    (QuantType::Q4K, "q4_k", 256 * 3),
-    (QuantType::Q5K, "q5_k", 256 * 3),
-    (QuantType::Q6K, "q6_k", 256 * 2),
+const FORMATS: [(Option<QuantType>, &str, usize); 7] = [
+    (Some(QuantType::Q8_0), "q8_0", 32 * 13),
+    (Some(QuantType::Q4_0), "q4_0", 32 * 9),
+    (Some(QuantType::Q5_0), "q5_0", 32 * 9),
+    (Some(QuantType::Q4K), "q4_k", 256 * 3),
+    (Some(QuantType::Q5K), "q5_k", 256 * 3),
+    (Some(QuantType::Q6K), "q6_k", 256 * 2),
+    // Rows of 424: three stretches and 5 blocks of 8 of a fourth.
+    (None, "bf16", 8 * 53),
 ];
 
 #[test]
-fn packed_blocks_on_tensor_cores_match_the_cpu_decoding() {
+fn every_format_on_tensor_cores_matches_the_reference() {
     let gpu = Gpu::new(&[sources::QMATMUL]);
     // 70 rows of W: a second tile cut short; k of 416 (Q8_0): three
     // stretches and a partial fourth of one block.
@@ -195,7 +213,7 @@ fn a_group_of_matrices_is_one_launch() {
     let gpu = Gpu::new(&[sources::QMATMUL]);
     // q, k and v of unequal rows, none a whole number of tiles: each
     // member's tiles start at its own row 0 and write its own output.
-    for (ty, name, k) in [FORMATS[0], FORMATS[3]] {
+    for (ty, name, k) in [FORMATS[0], FORMATS[3], FORMATS[6]] {
         for (m, splits) in [(12, 1), (33, 3), (70, 2)] {
             let case = Case::new(&gpu, (ty, name), &[100, 36, 36], k, m);
             case.run(&gpu, splits, 0, 0);
@@ -210,7 +228,7 @@ fn a_group_of_matrices_is_one_launch() {
 fn a_gated_pair_writes_its_activation() {
     let gpu = Gpu::new(&[sources::QMATMUL]);
     let silu = |g: f32| g / (1.0 + (-g).exp());
-    for (ty, name, k) in [FORMATS[1], FORMATS[4]] {
+    for (ty, name, k) in [FORMATS[1], FORMATS[4], FORMATS[6]] {
         for (m, splits) in [(10, 1), (64, 2)] {
             // Gate's and up's 72 rows: three tiles of 32 pairs, the last cut.
             let case = Case::new(&gpu, (ty, name), &[72, 72], k, m);

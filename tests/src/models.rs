@@ -151,6 +151,7 @@ pub fn load_model_on(
         attention_backend: Default::default(),
         check_weights: false,
         gemv_splits: Default::default(),
+        dense_rows: None,
     };
     kiln_host::model::load(&registry, resolved, &options).unwrap()
 }
@@ -195,6 +196,7 @@ pub fn shape_options(device: DeviceChoice) -> kiln_host::model::LoadOptions {
         attention_backend: Default::default(),
         check_weights: false,
         gemv_splits: Default::default(),
+        dense_rows: None,
     }
 }
 

@@ -76,5 +76,6 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
         attention_backend: runtime.attention_backend.into(),
         check_weights: runtime.check_weights,
         gemv_splits: Default::default(),
+        dense_rows: None,
     })
 }

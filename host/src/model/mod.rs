@@ -15,7 +15,9 @@ use crate::compiler::{CompileCache, CompileError, CompileOutcome};
 use crate::device::{self, DeviceChoice, DeviceError};
 use crate::engine::batch::Pipeline;
 use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
-use crate::runtime::cuda::{AttentionBackend, CudaExecutor, CudaOptions, GemvSplits, WeightDtype};
+use crate::runtime::cuda::{
+    AttentionBackend, CudaExecutor, CudaOptions, DenseRows, GemvSplits, WeightDtype,
+};
 use crate::runtime::{Backend, Executor, KvCacheDtype, Precision, RuntimeError};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
 pub use resolve::{resolve, ResolvedModel};
@@ -87,6 +89,9 @@ pub struct LoadOptions {
     /// How the decode GEMV splits rows among warps on a CUDA device (`Auto`:
     /// `KILN_GEMV_SPLIT`, else timed on a GPU).
     pub gemv_splits: GemvSplits,
+    /// Where dense bf16 products of 9 to 64 rows run on a CUDA device
+    /// (`None`: `KILN_DENSE_ROWS`, else cuBLAS).
+    pub dense_rows: Option<DenseRows>,
 }
 
 /// A loaded model.
@@ -325,6 +330,10 @@ fn compile(
                             GemvSplits::from_env().map_err(ModelError::Unsupported)?
                         }
                         chosen => chosen,
+                    },
+                    dense_rows: match options.dense_rows {
+                        Some(chosen) => chosen,
+                        None => DenseRows::from_env().map_err(ModelError::Unsupported)?,
                     },
                     gpu: matches!(options.device, DeviceChoice::Cuda(_)),
                 },

@@ -34,6 +34,7 @@ use kiln_kernels::dense::attention::CacheLayout;
 use kiln_plugin_api::graph::{DType, Op, ValueId};
 
 pub use codegen::generate as generate_fused_kernel;
+pub use qmm::DenseRows;
 pub use tune::GemvSplits;
 pub use weights::WeightDtype;
 
@@ -216,6 +217,8 @@ pub struct CudaOptions {
     pub attention: AttentionBackend,
     /// How the decode GEMV splits rows among warps.
     pub gemv_splits: GemvSplits,
+    /// Where dense bf16 products of 9 to 64 rows run.
+    pub dense_rows: DenseRows,
     /// The device is a GPU (`Auto` splits are timed there).
     pub gpu: bool,
 }
@@ -268,8 +271,8 @@ impl CudaExecutor {
             device.as_ref(),
             &program,
             &weights,
-            dtype,
-            options.precision,
+            (dtype, options.precision),
+            options.dense_rows,
             &hand,
         )?;
         let gemv = tune::choose(

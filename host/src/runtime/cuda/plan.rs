@@ -5,10 +5,11 @@
 
 use std::collections::HashMap;
 
-use kiln_kernels::cuda::{Device, FunctionId};
+use kiln_kernels::cuda::{Device, FunctionId, GemmType};
 use kiln_plugin_api::graph::{AttentionSpec, DType, Op, SequenceAttentionSpec, ValueId};
 
 use super::codegen::{self, FusedInput};
+use super::qmm::DenseRows;
 use super::weights::{self, DeviceMatrix, WeightDtype};
 use super::CudaError;
 use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program, Step};
@@ -215,13 +216,14 @@ pub type HandKernels = HashMap<String, FunctionId>;
 /// first step no CUDA kernel covers. `precision` picks the products whose
 /// decode GEMV takes x in 8 bits (`int8_activations`): those of packed
 /// matrices that `precision.rs` gives [`Precision::Fast`] (not the logits';
-/// `fast-residual`'s two-digit products keep f32 x here).
+/// `fast-residual`'s two-digit products keep f32 x here); `dense_rows`,
+/// where dense bf16 products of 9 to 64 rows run.
 pub fn lower(
     device: &dyn Device,
     program: &Program,
     weights: &[WeightData],
-    dtype: WeightDtype,
-    precision: Precision,
+    (dtype, precision): (WeightDtype, Precision),
+    dense_rows: DenseRows,
     hand: &HandKernels,
 ) -> Result<Lowered, CudaError> {
     let graph = &program.graph;
@@ -292,6 +294,9 @@ pub fn lower(
                 StepPlan::Linear(DeviceMatrix {
                     int8_activations: m.packed.is_some()
                         && precisions.of(step.output) == Precision::Fast,
+                    dense_on_tensor_cores: dense_rows == DenseRows::TensorCores
+                        && m.packed.is_none()
+                        && m.ty == GemmType::BF16,
                     ..m
                 })
             }
@@ -389,6 +394,7 @@ pub fn lower(
                                 rows: shape[0] as usize,
                                 cols: shape[1] as usize,
                                 int8_activations: false,
+                                dense_on_tensor_cores: false,
                             })
                         }
                         _ if step.inputs.iter().all(|&v| {

@@ -577,6 +577,7 @@ mod tests {
             rows,
             cols,
             int8_activations: false,
+            dense_on_tensor_cores: false,
         }
     }
 

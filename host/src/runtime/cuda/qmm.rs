@@ -4,7 +4,8 @@
 //! `KilnQmmGroup` argument that puts the matrices sharing x (q, k and v;
 //! gate and up, whose activation it then writes) in one launch, and its
 //! scratch and counters. Split-K sums are added by each tile's last block,
-//! so a product is one launch whatever its splits.
+//! so a product is one launch whatever its splits. Dense bf16 matrices take
+//! it in place of cuBLAS where asked ([`DenseRows`]).
 
 use kiln_kernels::cuda::{DevicePtr, GemmType, KernelArg, LaunchConfig, WeightLayout};
 
@@ -31,6 +32,31 @@ const MAX_GROUP: usize = 4;
 /// projections) still have every SM streaming weights.
 const TARGET_BLOCKS: usize = 256;
 
+/// Which kernels multiply dense bf16 matrices with 9 to 64 rows of x.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DenseRows {
+    /// cuBLAS, a launch per matrix (what was measured on a GPU so far).
+    #[default]
+    Cublas,
+    /// This tensor-core product (`kiln_qmm_bf16`): the matrices that share
+    /// x in one launch, a gated pair's activation written by it.
+    TensorCores,
+}
+
+impl DenseRows {
+    /// `KILN_DENSE_ROWS`: `cublas` (the default) or `tensor-cores`.
+    pub fn from_env() -> Result<Self, String> {
+        match std::env::var("KILN_DENSE_ROWS").as_deref() {
+            Err(_) | Ok("cublas") => Ok(Self::Cublas),
+            Ok("tensor-cores") => Ok(Self::TensorCores),
+            Ok(other) => Err(format!(
+                "KILN_DENSE_ROWS={other}: expected cublas or tensor-cores (the products of dense \
+                 bf16 matrices with 9 to 64 rows of x)"
+            )),
+        }
+    }
+}
+
 /// One launch: its kernel, grid (the group's W row tiles, x's row tiles,
 /// K's splits) and columns per split.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -43,15 +69,20 @@ pub struct QmmLaunch {
 impl QmmLaunch {
     /// The launch of `members` (one matrix, or several sharing x; `gated`:
     /// a gated MLP's gate and up, paired in tiles) for `m` rows of x, where
-    /// the product takes them: packed blocks of one format, `[n, k]`, more
-    /// rows of x than the GEMV takes and at most [`QMM_MAX_M`].
+    /// the product takes them: packed blocks of one format, or dense bf16
+    /// rows of a multiple of 8 that opted in (`dense_on_tensor_cores`),
+    /// `[n, k]`, more rows of x than the GEMV takes and at most
+    /// [`QMM_MAX_M`].
     pub fn of(members: &[DeviceMatrix], gated: bool, m: usize) -> Option<Self> {
         let first = members.first()?;
-        let packed = first.packed?;
+        let kernel = match first.packed {
+            Some(packed) => packed.kernels().qmm,
+            None if first.dense_on_tensor_cores && first.cols % 8 == 0 => "kiln_qmm_bf16",
+            None => return None,
+        };
         let fits = members.len() <= MAX_GROUP && (GEMV_MAX_M + 1..=QMM_MAX_M).contains(&m);
-        let alike = members
-            .iter()
-            .all(|w| w.packed == first.packed && w.cols == first.cols);
+        let kind = |w: &DeviceMatrix| (w.packed, w.ty, w.dense_on_tensor_cores, w.cols);
+        let alike = members.iter().all(|w| kind(w) == kind(first));
         let paired = !gated || (members.len() == 2 && members[0].rows == members[1].rows);
         if !fits || !alike || !paired {
             return None;
@@ -67,7 +98,7 @@ impl QmmLaunch {
             .clamp(1, stretches);
         let k_split = stretches.div_ceil(wanted) * STRETCH;
         Some(Self {
-            kernel: packed.kernels().qmm,
+            kernel,
             grid: (
                 tiles as u32,
                 m.div_ceil(TILE) as u32,
@@ -190,6 +221,7 @@ mod tests {
             rows,
             cols,
             int8_activations: false,
+            dense_on_tensor_cores: false,
         }
     }
 

@@ -46,6 +46,10 @@ pub struct DeviceMatrix {
     /// 8 bits and take integer dot products (`--precision fast`; packed
     /// matrices only).
     pub int8_activations: bool,
+    /// Products over it (dense bf16) with 9 to 64 rows of x run on the
+    /// tensor-core kernel of packed blocks rather than cuBLAS
+    /// (`qmm::DenseRows`).
+    pub dense_on_tensor_cores: bool,
 }
 
 impl DeviceMatrix {
@@ -257,6 +261,7 @@ pub fn upload_matrix(
         rows,
         cols,
         int8_activations: false,
+        dense_on_tensor_cores: false,
     })
 }
 
