@@ -570,15 +570,7 @@ mod tests {
     use crate::runtime::cuda::weights::Packed;
 
     fn matrix(packed: Option<Packed>, rows: usize, cols: usize) -> DeviceMatrix {
-        DeviceMatrix {
-            ptr: 0,
-            ty: GemmType::BF16,
-            packed,
-            rows,
-            cols,
-            int8_activations: false,
-            dense_on_tensor_cores: false,
-        }
+        DeviceMatrix::unplaced(packed, rows, cols)
     }
 
     #[test]

@@ -52,6 +52,23 @@ pub struct DeviceMatrix {
     pub dense_on_tensor_cores: bool,
 }
 
+#[cfg(test)]
+impl DeviceMatrix {
+    /// A bf16 matrix, or one `packed`, at address 0: for tests of launch
+    /// shapes and routes.
+    pub fn unplaced(packed: Option<Packed>, rows: usize, cols: usize) -> Self {
+        Self {
+            ptr: 0,
+            ty: GemmType::BF16,
+            packed,
+            rows,
+            cols,
+            int8_activations: false,
+            dense_on_tensor_cores: false,
+        }
+    }
+}
+
 impl DeviceMatrix {
     /// Bytes it takes on the device.
     pub fn bytes(&self) -> usize {
