@@ -342,8 +342,9 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // visible); the count returns to zero for the next launch (a replayed
 // graph). Every thread calls it after writing its results: each fences its
 // writes before thread 0 counts the block (the CUDA programming guide's
-// last-block pattern). Split-K attention merges its splits so, and the
-// logits' GEMV writes greedy's picks.
+// last-block pattern). Split-K attention merges its splits so, split-K
+// tensor-core products add theirs, and the logits' GEMV writes greedy's
+// picks.
 __device__ __forceinline__ bool last_block_done(unsigned* counter, unsigned blocks) {
   __shared__ bool last;
   __threadfence();

@@ -42,11 +42,7 @@ pub fn input_types_arg(
 ) -> Result<KernelArg, String> {
     let mut word = 0u64;
     for (i, half) in halves.enumerate() {
-        let code = match half {
-            None | Some(GemmType::F32) => 0,
-            Some(GemmType::BF16) => 1,
-            Some(GemmType::F16) => 2,
-        };
+        let code = u64::from(super::products::storage_code(half));
         if i < HALF_INPUTS {
             word |= code << (2 * i);
         } else if code != 0 {

@@ -12,8 +12,9 @@ use super::attention::HEAD_DIM;
 use super::codegen::{self, MAX_RANK};
 use super::fusion::{HalfStore, HalfValues};
 use super::plan::{HandKernels, StepPlan};
-use super::products::{out_type_arg, x_half_type, y_half_type, GemvEpilogue, GreedyPicks};
-use super::qmm;
+use super::products::{
+    out_type_arg, writes_activation, x_half_type, y_half_type, GemvEpilogue, GreedyPicks,
+};
 use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
 use super::DeviceKvCache;
@@ -416,7 +417,7 @@ impl Frame<'_> {
                 self.product_group(&members, epilogue, x, elements, scratch, &out_halves)
             }
             StepPlan::GatedActivation { matrix, fused, .. } => {
-                if qmm::writes_activation(matrix, rows_of(out_shape)) {
+                if writes_activation(matrix, rows_of(out_shape)) {
                     return Ok(()); // written by the product
                 }
                 let out_half = self.stored_half(step.output);

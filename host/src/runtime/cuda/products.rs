@@ -103,14 +103,27 @@ pub fn y_half_type(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<G
     }
 }
 
-/// The `out_type` argument of kernels that may store an f32 result in a
-/// half type for the products that read it (`store_as` in kiln_cuda.cuh).
-pub fn out_type_arg(half: Option<GemmType>) -> KernelArg {
-    KernelArg::I32(match half {
+/// How kernels number the storage of an f32 value (`KILN_OUT_*` in
+/// kiln_cuda.cuh, for `store_as` and `load_as`): 0 f32, 1 bf16, 2 f16.
+pub fn storage_code(half: Option<GemmType>) -> u32 {
+    match half {
         None | Some(GemmType::F32) => 0,
         Some(GemmType::BF16) => 1,
         Some(GemmType::F16) => 2,
-    })
+    }
+}
+
+/// The `out_type` argument of kernels that may store an f32 result in a
+/// half type for the products that read it (`store_as` in kiln_cuda.cuh).
+pub fn out_type_arg(half: Option<GemmType>) -> KernelArg {
+    KernelArg::I32(storage_code(half) as i32)
+}
+
+/// Whether the product of a gated MLP's gate and up over `m` rows of x
+/// writes their activation (the GEMV's or the tensor-core product's
+/// epilogue), so the activation's own kernel does not run.
+pub fn writes_activation(gate: &DeviceMatrix, m: usize) -> bool {
+    group_gemv(gate, 2, m).is_some() || QmmLaunch::of(&[*gate, *gate], true, m).is_some()
 }
 
 /// Bytes of `x_elements` values of x quantized to 8 bits
@@ -434,7 +447,8 @@ impl Frame<'_> {
     /// [`Self::product_group`] past the GEMV: one tensor-core launch for
     /// packed matrices (a gated pair's activation written by it too), else
     /// one product each on x cast once (the members share W's type, and so
-    /// the type their route reads x in); rotations are left to their steps.
+    /// the type their route reads x in). Rotations are left to their steps,
+    /// greedy's picks to the sampler.
     fn products_past_the_gemv(
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
@@ -584,6 +598,20 @@ mod tests {
         assert_eq!(route(&matrix(None, 4096, 4096), 16), Route::Gemm);
         let stored_in_out = super::route(&o_proj, WeightLayout::InOut, 16);
         assert_eq!(stored_in_out, Route::Gemm);
+    }
+
+    #[test]
+    fn gated_products_write_their_activation_on_the_gemv_and_tensor_cores() {
+        let up = matrix(Some(Packed::Q4K), 14336, 4096);
+        assert!(writes_activation(&up, 8) && writes_activation(&up, 9));
+        assert!(writes_activation(&up, 64) && !writes_activation(&up, 65));
+        let dense = matrix(None, 14336, 4096);
+        assert!(writes_activation(&dense, 8) && !writes_activation(&dense, 16));
+        let opted_in = DeviceMatrix {
+            dense_on_tensor_cores: true,
+            ..dense
+        };
+        assert!(writes_activation(&opted_in, 16));
     }
 
     #[test]

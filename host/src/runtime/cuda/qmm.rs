@@ -11,7 +11,7 @@ use kiln_kernels::cuda::{DevicePtr, GemmType, KernelArg, LaunchConfig, WeightLay
 
 use super::fusion::GatedActivation;
 use super::launch::Frame;
-use super::products::{out_type_arg, GEMV_MAX_M};
+use super::products::{storage_code, GEMV_MAX_M};
 use super::weights::DeviceMatrix;
 
 /// Most rows of x the tensor-core product of packed blocks takes. Past it
@@ -132,14 +132,6 @@ impl QmmLaunch {
     }
 }
 
-/// Whether the product of a gated MLP's gate and up over `m` rows of x
-/// writes their activation (the GEMV's or this product's epilogue), so the
-/// activation's own kernel does not run.
-pub fn writes_activation(gate: &DeviceMatrix, m: usize) -> bool {
-    super::products::group_gemv(gate, 2, m).is_some()
-        || QmmLaunch::of(&[*gate, *gate], true, m).is_some()
-}
-
 /// How m rows of x times `w` run here, if they do.
 pub fn single(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<QmmLaunch> {
     (layout == WeightLayout::OutIn)
@@ -162,15 +154,15 @@ fn group_arg(
         tiles += matrix.rows.div_ceil(TILE) as u64;
         (tiles_end[i], rows[i], w[i], y[i]) = (tiles, matrix.rows as u64, matrix.ptr, *out);
     }
-    let KernelArg::I32(out_type) = out_type_arg(out_type) else {
-        unreachable!("out_type_arg is an int")
-    };
     let mut words = vec![members.len() as u64];
     words.extend(tiles_end);
     words.extend(rows);
     words.extend(w);
     words.extend(y);
-    words.extend([activation.map_or(0, |a| a as u64), out_type as u64]);
+    words.extend([
+        activation.map_or(0, |a| a as u64),
+        u64::from(storage_code(out_type)),
+    ]);
     KernelArg::Struct(words)
 }
 
@@ -261,9 +253,6 @@ mod tests {
         let gated = launch(&[up, up], true, 64);
         assert_eq!((gated.grid, gated.splits()), ((448, 1, 1), 1));
         assert_eq!((gated.partial_bytes(64), gated.counter_bytes()), (0, 0));
-        assert!(writes_activation(&up, 9) && writes_activation(&up, 8));
-        assert!(!writes_activation(&up, 65));
-        assert!(!writes_activation(&matrix(None, 14336, 4096), 16));
         // Members of other formats or widths, or more than four, or an
         // unequal gated pair, are not one launch.
         let q8 = matrix(Some(Packed::Q8_0), 1024, 4096);
