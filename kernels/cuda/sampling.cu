@@ -4,7 +4,8 @@
 //
 // The order of operations is the host sampler's (engine/sampling.rs), so the
 // same uniform draw picks the same token on either backend: log-probabilities
-// of the raw row; penalties, the logit bias and banned tokens; greedy → the first maximum;
+// of the raw row; a structured-output mask, penalties, the logit bias and
+// banned tokens; greedy → the first maximum;
 // else the finite logits divided by the temperature, sorted descending (ties
 // by index), truncated to top_k, softmax over the survivors, min_p and top_p
 // cuts, and the draw walked along the kept tokens.
@@ -32,7 +33,8 @@ struct KilnSampleParams {
   int logprobs;        // -1: none; n ≥ 0: the chosen token's and the top n
   int adjust_begin;    // this row's entries in `adjust`
   int adjust_end;
-  int pad;
+  int mask;            // this row's allowed-token mask: its first word in
+                       // `masks` (bit t % 32 of word t / 32), -1 for none
 };
 
 // A token the penalties, the logit bias or min_tokens touch.
@@ -298,14 +300,20 @@ __device__ int first_candidate(int limit, Pred pred, int* found) {
   return result == 0x7fffffff ? -1 : result;
 }
 
-// The pick of a row with penalties, a logit bias or bans, or sampled: the
-// adjusted logits go to `w`, then greedy takes the first largest and
-// sampling walks the draw along the sorted survivors; -1 when none survives.
+// The pick of a row with a mask, penalties, a logit bias or bans, or
+// sampled: the adjusted logits go to `w`, then greedy takes the first
+// largest and sampling walks the draw along the sorted survivors; -1 when
+// none survives.
 __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w, const KilnSampleParams& p,
-                             const KilnAdjust* __restrict__ adjust, int vocab, float* scratch, float* scan,
-                             int* found, SampleCandidates& cand) {
-  // Penalties, the logit bias and bans on a copy.
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = x[i] == x[i] ? x[i] : KILN_NEG_INF;
+                             const KilnAdjust* __restrict__ adjust, const unsigned int* __restrict__ masks,
+                             int vocab, float* scratch, float* scan, int* found, SampleCandidates& cand) {
+  // The mask, then penalties, the logit bias and bans, on a copy (a masked
+  // token stays -inf through every adjustment, as on the host).
+  const unsigned int* mask = p.mask >= 0 ? masks + p.mask : nullptr;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    bool allowed = mask == nullptr || (mask[i >> 5] >> (i & 31) & 1u);
+    w[i] = allowed && x[i] == x[i] ? x[i] : KILN_NEG_INF;
+  }
   __syncthreads();
   for (int e = p.adjust_begin + threadIdx.x; e < p.adjust_end; e += blockDim.x) {
     KilnAdjust a = adjust[e];
@@ -447,10 +455,12 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
 
 // logits [rows, vocab] → tokens [rows]; log-probabilities of the chosen tokens
 // [rows] and of the top `max_top` [rows, max_top] (ids and values); `work`
-// [rows, vocab] is scratch.
+// [rows, vocab] is scratch. `masks`: the rows' allowed-token masks,
+// (vocab + 31) / 32 words each, where their params say.
 extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* __restrict__ work,
                                        const KilnSampleParams* __restrict__ params,
-                                       const KilnAdjust* __restrict__ adjust, int vocab, int max_top,
+                                       const KilnAdjust* __restrict__ adjust,
+                                       const unsigned int* __restrict__ masks, int vocab, int max_top,
                                        int* __restrict__ tokens, float* __restrict__ logprobs,
                                        int* __restrict__ top_ids, float* __restrict__ top_logprobs) {
   __shared__ float scratch[32];
@@ -472,14 +482,14 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
     log_z = logf(block_sum(z, scratch));
   }
   int token;
-  if (p.temperature < 1e-5f && p.adjust_begin == p.adjust_end) {
-    // Greedy with nothing to adjust (the common decode step): one pass over
+  if (p.temperature < 1e-5f && p.adjust_begin == p.adjust_end && p.mask < 0) {
+    // Greedy with nothing to adjust or mask (the common decode step): one pass over
     // the row, NaN as -inf as in the working copy of adjusted_pick.
     bool vectors = vocab % 4 == 0 && (reinterpret_cast<unsigned long long>(x) & 15) == 0;
     token = vectors ? first_largest_row(x, vocab, found)
                     : first_largest(vocab, [&](int i) { return x[i] == x[i] ? x[i] : KILN_NEG_INF; }, found);
   } else {
-    token = adjusted_pick(x, w, p, adjust, vocab, scratch, scan, found, cand);
+    token = adjusted_pick(x, w, p, adjust, masks, vocab, scratch, scan, found, cand);
   }
   // Nothing survived the filters (no finite logit after the temperature):
   // the first largest logit, as the host does.

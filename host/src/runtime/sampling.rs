@@ -1,12 +1,10 @@
 //! The sampling contract between the engine and the backends: for each
 //! logits row, the engine says how to pick a token ([`RowSampling`]: the
 //! filters, the uniform draw from the request's seeded generator, the token
-//! adjustments of penalties and bans, the log-probabilities wanted) and the
-//! backend answers with the token ([`Sampled`]). The CPU backend runs
+//! adjustments of penalties and bans, a structured-output mask, the
+//! log-probabilities wanted) and the backend answers with the token ([`Sampled`]). The CPU backend runs
 //! [`sample_row`] here; the CUDA backend runs `kernels/cuda/sampling.cu`,
 //! which follows the same steps, so one draw picks one token on either.
-
-use std::borrow::Cow;
 
 /// A token whose logit the penalties, the request's logit bias or bans
 /// change.
@@ -81,32 +79,6 @@ impl RowSampling {
             mask.get(token as usize / 32)
                 .is_some_and(|word| word >> (token % 32) & 1 == 1)
         })
-    }
-
-    /// The adjustments with every token the mask forbids banned, each token
-    /// once (for a backend that applies bans but no mask).
-    pub fn adjustments_with_mask(&self, vocab: usize) -> Cow<'_, [TokenAdjustment]> {
-        if self.allowed.is_none() {
-            return Cow::Borrowed(&self.adjustments);
-        }
-        let mut adjustments = self.adjustments.clone();
-        for a in &mut adjustments {
-            a.banned |= !self.allows(a.token);
-        }
-        let adjusted: std::collections::HashSet<u32> =
-            adjustments.iter().map(|a| a.token).collect();
-        adjustments.extend(
-            (0..vocab as u32)
-                .filter(|&t| !self.allows(t) && !adjusted.contains(&t))
-                .map(|token| TokenAdjustment {
-                    token,
-                    generated: 0,
-                    seen: false,
-                    banned: true,
-                    bias: 0.0,
-                }),
-        );
-        Cow::Owned(adjustments)
     }
 }
 

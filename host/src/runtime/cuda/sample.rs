@@ -1,13 +1,11 @@
 //! Sampling on the device (`kernels/cuda/sampling.cu`): per logits row the
-//! host uploads a small parameter block and the token adjustments of
-//! penalties and bans; the kernel picks the token and the log-probabilities;
-//! only those come back.
-
-use std::borrow::Cow;
+//! host uploads a small parameter block, the token adjustments of penalties
+//! and bans, and a structured-output mask (a bit a token); the kernel picks
+//! the token and the log-probabilities; only those come back.
 
 use kiln_kernels::cuda::{Device, DevicePtr, FunctionId, KernelArg, LaunchConfig};
 
-use crate::runtime::sampling::{RowSampling, Sampled, TokenAdjustment, MIN_TEMPERATURE};
+use crate::runtime::sampling::{RowSampling, Sampled, MIN_TEMPERATURE};
 use crate::runtime::TokenFeed;
 
 /// Threads of a row's block: `KILN_SAMPLE_THREADS` in `sampling.cu`.
@@ -23,9 +21,12 @@ pub struct SampleBuffers {
     rows: usize,
     vocab: usize,
     adjust_capacity: usize,
+    /// Mask words the `masks` buffer holds.
+    mask_capacity: usize,
     work: DevicePtr,
     params: DevicePtr,
     adjust: DevicePtr,
+    masks: DevicePtr,
     tokens: DevicePtr,
     logprobs: DevicePtr,
     top_ids: DevicePtr,
@@ -48,8 +49,8 @@ pub struct QueuedSample {
 }
 
 impl SampleBuffers {
-    /// Makes room for `rows` rows of `vocab` logits and `adjustments` token
-    /// adjustments.
+    /// Makes room for `rows` rows of `vocab` logits (and a mask each) and
+    /// `adjustments` token adjustments.
     pub fn reserve(
         &mut self,
         device: &dyn Device,
@@ -86,6 +87,14 @@ impl SampleBuffers {
             adjustments,
             16,
         )
+        .and_then(|()| {
+            grow(
+                device,
+                (&mut self.masks, &mut self.mask_capacity),
+                rows * vocab.div_ceil(32),
+                4,
+            )
+        })
         .map_err(|e| format!("sampler buffers: {e}"))
     }
 
@@ -114,7 +123,7 @@ impl SampleBuffers {
     /// Frees everything.
     pub fn free(&mut self, device: &dyn Device) {
         self.free_rows(device);
-        for ptr in [self.adjust, self.feed] {
+        for ptr in [self.adjust, self.masks, self.feed] {
             if ptr != 0 {
                 device.free(ptr);
             }
@@ -192,27 +201,38 @@ impl SampleBuffers {
             self.picked_rows = 0;
             return Ok(queued);
         }
-        // A structured-output mask goes to the device as bans.
-        let row_adjustments: Vec<Cow<'_, [TokenAdjustment]>> = rows
-            .iter()
-            .map(|r| r.adjustments_with_mask(vocab))
-            .collect();
         // The kernel's test for a plain greedy row (`kiln_sample`).
-        let plain_greedy = rows.iter().zip(&row_adjustments).all(|(row, adjust)| {
-            row.temperature < MIN_TEMPERATURE && adjust.is_empty() && row.logprobs.is_none()
+        let plain_greedy = rows.iter().all(|row| {
+            row.temperature < MIN_TEMPERATURE
+                && row.adjustments.is_empty()
+                && row.allowed.is_none()
+                && row.logprobs.is_none()
         });
         if let Some(tokens) = greedy.filter(|_| plain_greedy) {
             (self.picked_rows, self.picked) = (rows.len(), tokens);
             queued.parts.push((tokens, rows.len() * 4));
             return Ok(queued);
         }
-        let adjustments: usize = row_adjustments.iter().map(|a| a.len()).sum();
+        let adjustments: usize = rows.iter().map(|r| r.adjustments.len()).sum();
+        let mask_words = vocab.div_ceil(32);
+        let masked = rows.iter().filter(|r| r.allowed.is_some()).count();
         self.reserve(device, rows.len(), vocab, adjustments.max(1))?;
         let mut params = Vec::with_capacity(rows.len() * 48);
         let mut adjust = Vec::with_capacity(adjustments * 16);
-        for (row, row_adjustments) in rows.iter().zip(&row_adjustments) {
+        let mut masks = Vec::with_capacity(masked * mask_words * 4);
+        for row in rows {
+            // Words past a short mask allow nothing.
+            let mask = match &row.allowed {
+                Some(words) => {
+                    let first = masks.len() / 4;
+                    let padded = words.iter().copied().chain(std::iter::repeat(0));
+                    masks.extend(padded.take(mask_words).flat_map(u32::to_le_bytes));
+                    first as i32
+                }
+                None => -1,
+            };
             let begin = adjust.len() / 16;
-            for a in row_adjustments.iter() {
+            for a in &row.adjustments {
                 let flags = i32::from(a.seen) | (i32::from(a.banned) << 1);
                 for v in [a.token as i32, a.generated as i32, flags] {
                     adjust.extend(v.to_le_bytes());
@@ -237,7 +257,7 @@ impl SampleBuffers {
                 logprobs,
                 begin as i32,
                 end as i32,
-                0,
+                mask,
             ] {
                 params.extend(v.to_le_bytes());
             }
@@ -246,6 +266,9 @@ impl SampleBuffers {
         device.upload(self.params, &params).map_err(fail)?;
         if !adjust.is_empty() {
             device.upload(self.adjust, &adjust).map_err(fail)?;
+        }
+        if !masks.is_empty() {
+            device.upload(self.masks, &masks).map_err(fail)?;
         }
         device
             .launch(
@@ -256,6 +279,7 @@ impl SampleBuffers {
                     KernelArg::Ptr(self.work),
                     KernelArg::Ptr(self.params),
                     KernelArg::Ptr(self.adjust),
+                    KernelArg::Ptr(self.masks),
                     KernelArg::I32(vocab as i32),
                     KernelArg::I32(MAX_TOP as i32),
                     KernelArg::Ptr(self.tokens),
@@ -436,9 +460,10 @@ mod tests {
                         logprobs: [None, Some(0), Some(3)][rng.random_range(0..3)],
                         // Row 3 has a structured-output mask: about a
                         // quarter of the tokens, always token 0 (whose logit
-                        // is finite).
+                        // is finite); every third round's mask stops short
+                        // of the vocabulary's last 64 tokens (not allowed).
                         allowed: (r == 3).then(|| {
-                            (0..vocab.div_ceil(32))
+                            (0..vocab.div_ceil(32) - 2 * usize::from(round % 3 == 0))
                                 .map(|w| {
                                     let bits = rng.random::<u32>() & rng.random::<u32>();
                                     if w == 0 {
@@ -452,6 +477,18 @@ mod tests {
                     }
                 })
                 .collect();
+            // A greedy row with a mask and nothing else (rounds 2 and 7) is
+            // not the plain greedy pick: its largest logits (below) are
+            // masked.
+            if rows[3].temperature == 0.0 {
+                rows[3].adjustments.clear();
+                rows[3].logprobs = None;
+                if let Some(mask) = &mut rows[3].allowed {
+                    for t in [13, 2060] {
+                        mask[t / 32] &= !(1 << (t % 32));
+                    }
+                }
+            }
             // Row 1 samples the whole row with no cut: its draw lands among
             // the likeliest tokens (which the kernel sorts in shared memory)
             // or, at 0.7 over the large vocabularies' flat rows, past them
