@@ -4,21 +4,24 @@
 //! end exactly as when the host reads each step's tokens first: greedy and
 //! seeded sampling, log-probabilities, stops by token, by string, by
 //! end-of-sequence after `min_tokens` and by length, penalties (which make
-//! the engine wait for the tokens), sequences of one request, a cache small
-//! enough to preempt, and prefix caching. And the host must really have read
-//! tokens while the next step was queued.
+//! the engine decide the next picks after reading the tokens), structured
+//! output, sequences of one request, a cache small enough to preempt, and
+//! prefix caching. And the host must really have read tokens while the next
+//! step was queued, penalties and grammars included.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_host::engine::penalties::Penalties;
 use kiln_host::engine::service::{self, EngineConfig, Event, GenerationParams, Request};
+use kiln_host::engine::structured::{Grammar, Grammars};
 use kiln_host::engine::SamplingParams;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::LoadOptions;
 use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
 use kiln_host::scheduler::SchedulerConfig;
 use kiln_host::server::metrics::Metrics;
+use kiln_host::tokenizer::Tokenizer;
 
 const BLOCK_SIZE: usize = 4;
 
@@ -48,12 +51,32 @@ fn greedy(max_tokens: usize) -> GenerationParams {
     }
 }
 
-/// Runs `requests` (prompt, parameters, group) through a serving engine on
-/// the CUDA backend; returns each one's outcome, how many times the host
-/// read a step's tokens while the next step was queued, and the
-/// preemptions.
+/// A request to serve.
+#[derive(Clone)]
+struct Ask {
+    prompt: Vec<u32>,
+    params: GenerationParams,
+    /// Sequences of one request share a group.
+    group: u64,
+    grammar: Option<Grammar>,
+}
+
+impl Ask {
+    fn new(prompt: Vec<u32>, params: GenerationParams, group: u64) -> Self {
+        Self {
+            prompt,
+            params,
+            group,
+            grammar: None,
+        }
+    }
+}
+
+/// Runs `requests` through a serving engine on the CUDA backend; returns
+/// each one's outcome, how many times the host read a step's tokens while
+/// the next step was queued, and the preemptions.
 fn serve(
-    requests: &[(Vec<u32>, GenerationParams, u64)],
+    requests: &[Ask],
     eos: &[u32],
     async_scheduling: bool,
     num_blocks: usize,
@@ -71,6 +94,7 @@ fn serve(
         .device();
     let overlapped_before = device.overlapped_waits();
     let tokenizer = Arc::new(model.tokenizer.take().unwrap());
+    let grammars = Grammars::new(grammar_tokenizer(), eos.to_vec(), VOCAB as usize);
     let config = EngineConfig {
         num_blocks,
         block_size: BLOCK_SIZE,
@@ -87,16 +111,16 @@ fn serve(
         service::spawn(model, tokenizer, eos.to_vec(), config, metrics.clone()).unwrap();
     let receivers: Vec<_> = requests
         .iter()
-        .map(|(prompt, params, group)| {
+        .map(|ask| {
             let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
             engine
                 .submit(Request {
-                    prompt: prompt.clone(),
-                    params: params.clone(),
+                    prompt: ask.prompt.clone(),
+                    params: ask.params.clone(),
                     events,
                     arrived: Instant::now(),
-                    group: *group,
-                    constraint: None,
+                    group: ask.group,
+                    constraint: ask.grammar.as_ref().map(|g| grammars.matcher(g).unwrap()),
                 })
                 .unwrap();
             receiver
@@ -155,16 +179,50 @@ fn serve(
     )
 }
 
-/// Prompt `i`: `len` ids spread over the tiny vocabulary of 768.
+/// The tiny model's vocabulary.
+const VOCAB: u32 = 768;
+
+/// A byte-level BPE vocabulary of the tiny model's size for llguidance:
+/// token `b` < 256 is byte `b` (as GPT-2 writes bytes), the rest two zero
+/// bytes and a number (never inside the grammars here).
+fn grammar_tokenizer() -> Arc<Tokenizer> {
+    let self_mapped = |b: u32| matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
+    let byte_char = |b: u32| match self_mapped(b) {
+        true => char::from_u32(b).unwrap(),
+        false => char::from_u32(256 + (0..b).filter(|&x| !self_mapped(x)).count() as u32).unwrap(),
+    };
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..VOCAB)
+        .map(|i| match i {
+            0..256 => (byte_char(i).to_string(), i.into()),
+            _ => (format!("{0}{0}{i}", byte_char(0)), i.into()),
+        })
+        .collect();
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+                                        "trim_offsets": false, "use_regex": false});
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": []},
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    Arc::new(Tokenizer::from_file(&path).unwrap())
+}
+
+/// Prompt `i`: `len` ids spread over the tiny vocabulary.
 fn prompt(i: u32, len: u32) -> Vec<u32> {
-    (0..len).map(|j| (i * 97 + j * 31 + 5) % 768).collect()
+    (0..len).map(|j| (i * 97 + j * 31 + 5) % VOCAB).collect()
 }
 
 #[test]
 fn async_scheduling_ends_every_request_as_reading_each_step_first_does() {
     // First the plain greedy outputs, to pick stops that fire mid-output.
     let plain: Vec<_> = (0..4)
-        .map(|i| (prompt(i, 3 + 5 * i), greedy(12), 0))
+        .map(|i| Ask::new(prompt(i, 3 + 5 * i), greedy(12), 0))
         .collect();
     let (base, _, _) = serve(&plain, &[], false, 256);
     let token_at = |r: usize, i: usize| base[r].tokens[i];
@@ -174,15 +232,15 @@ fn async_scheduling_ends_every_request_as_reading_each_step_first_does() {
     // token after min_tokens, and the length.
     let mut stop_token = greedy(12);
     stop_token.stop_token_ids = vec![token_at(0, 3)];
-    requests.push((prompt(0, 3), stop_token, 10));
+    requests.push(Ask::new(prompt(0, 3), stop_token, 10));
     let mut stop_string = greedy(12);
     stop_string.stop = vec![format!("<{}>", token_at(1, 5))];
-    requests.push((prompt(1, 8), stop_string, 11));
+    requests.push(Ask::new(prompt(1, 8), stop_string, 11));
     let eos = [token_at(2, 2)];
     let mut min_tokens = greedy(12);
     min_tokens.min_tokens = 6;
-    requests.push((prompt(2, 13), min_tokens, 12));
-    requests.push((prompt(3, 18), greedy(1), 13));
+    requests.push(Ask::new(prompt(2, 13), min_tokens, 12));
+    requests.push(Ask::new(prompt(3, 18), greedy(1), 13));
     // Seeded sampling with log-probabilities; two sequences of one request.
     for seed in [7, 8] {
         let mut sampled = greedy(10);
@@ -194,14 +252,14 @@ fn async_scheduling_ends_every_request_as_reading_each_step_first_does() {
             ..SamplingParams::default()
         };
         sampled.logprobs = Some(2);
-        requests.push((prompt(5, 9), sampled, 20));
+        requests.push(Ask::new(prompt(5, 9), sampled, 20));
     }
     // Penalties: while this runs, the engine reads each step's tokens before
     // the next step (short, so most steps overlap).
     let mut penalized = greedy(3);
     penalized.penalties.repetition = 1.3;
     penalized.penalties.presence = 0.5;
-    requests.push((prompt(6, 6), penalized, 30));
+    requests.push(Ask::new(prompt(6, 6), penalized, 30));
 
     let mut outcomes = Vec::new();
     for num_blocks in [256, 20] {
@@ -237,4 +295,63 @@ fn async_scheduling_ends_every_request_as_reading_each_step_first_does() {
     assert!(all[5].end.starts_with("stop after"), "{}", all[5].end);
     assert!(all[6].tokens.len() >= 6, "min_tokens");
     assert_eq!(all[7].end, "length after 1");
+}
+
+/// Penalties and grammars decide a row's pick from the output so far: the
+/// engine still queues the next step's graph before it reads the tokens
+/// (only that step's picks wait for them), and every request ends as when
+/// the host reads each step's tokens first.
+#[test]
+fn penalties_and_grammars_overlap_the_next_step_and_end_alike() {
+    // Two to six digits (tokens 48 to 57), then the end (token 7).
+    let grammar = Grammar::Regex("[0-9]{2,6}".to_owned());
+    let eos = [7];
+    let mut requests = Vec::new();
+    for i in 0..3 {
+        let mut penalized = greedy(14);
+        penalized.penalties.repetition = 1.3;
+        penalized.penalties.presence = 0.5;
+        penalized.penalties.frequency = 0.2 * i as f32;
+        requests.push(Ask::new(
+            prompt(10 + i, 5 + 3 * i),
+            penalized,
+            40 + u64::from(i),
+        ));
+    }
+    for i in 0..3 {
+        let mut params = greedy(12);
+        if i == 1 {
+            params.sampling = SamplingParams {
+                temperature: 1.0,
+                seed: Some(3),
+                ..SamplingParams::default()
+            };
+        }
+        requests.push(Ask {
+            grammar: Some(grammar.clone()),
+            ..Ask::new(prompt(20 + i, 4 + i), params, 50 + u64::from(i))
+        });
+    }
+    let (want, waited, _) = serve(&requests, &eos, false, 256);
+    let (got, overlapped, _) = serve(&requests, &eos, true, 256);
+    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            (&got.tokens, &got.text, &got.end),
+            (&want.tokens, &want.text, &want.end),
+            "request {i}"
+        );
+    }
+    for outcome in &got[3..] {
+        let inside = outcome.tokens.strip_suffix(&eos).unwrap_or(&outcome.tokens);
+        assert!(
+            (2..=6).contains(&inside.len()) && inside.iter().all(|t| (48..58).contains(t)),
+            "outside the grammar: {outcome:?}"
+        );
+        assert!(outcome.end.starts_with("stop after"), "{outcome:?}");
+    }
+    assert_eq!(waited, 0, "without async scheduling no wait overlaps");
+    assert!(
+        overlapped >= 5,
+        "{overlapped} reads of a step's tokens overlapped the next step"
+    );
 }

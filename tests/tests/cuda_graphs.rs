@@ -5,7 +5,7 @@
 //! CPU backend's logits.
 
 use kiln_host::device::DeviceChoice;
-use kiln_host::engine::batch::{run_sampled_step, run_step, Pipeline};
+use kiln_host::engine::batch::{launch_step, run_sampled_step, run_step, Pipeline};
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
 use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
@@ -259,6 +259,31 @@ fn a_sampled_step_waits_for_the_device_once() {
     let (sampled, _) = sampled_step(&mut cache, &[(0, vec![100_000], 7)], None);
     let err = sampled.unwrap_err().to_string();
     assert!(err.contains("out of range"), "{err}");
+    // A launched step's picks are taken from its logits only while no step
+    // has run over them since.
+    let backend = cuda.backend.as_ref();
+    let mut launch = |i: u32, token| {
+        let sequences = [(i, vec![token], 7)];
+        launch_step(
+            backend,
+            &Pipeline::Decoder,
+            &mut cache,
+            &batch(&sequences),
+            1,
+            &[],
+        )
+        .unwrap()
+    };
+    let (first, second) = (launch(0, 5), launch(1, 6));
+    let rows = [RowSampling::greedy()];
+    let err = backend
+        .launch_picks(first, &rows)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("another step ran over"), "{err}");
+    let picked = backend.launch_picks(second, &rows).unwrap();
+    assert_eq!(backend.finish_sampled(picked).unwrap().len(), 1);
 }
 
 /// The kernels a step runs, as the device counts them (launches and GEMMs),

@@ -10,7 +10,7 @@ use kiln_plugin_api::Task;
 
 use crate::plugins::{Architecture, EntryPointError};
 use crate::runtime::sampling::{RowSampling, Sampled};
-use crate::runtime::{Backend, KvCache, PendingSample, RuntimeError, Tensor, TokenFeed};
+use crate::runtime::{Backend, KvCache, LaunchedStep, RuntimeError, Tensor, TokenFeed};
 
 /// The pipeline model a loaded model runs each step through.
 #[derive(Clone, Debug)]
@@ -128,22 +128,23 @@ pub fn run_sampled_step(
     batch: &StepBatch,
     rows: &[RowSampling],
 ) -> Result<Vec<Sampled>, StepError> {
-    let pending = launch_sampled_step(backend, pipeline, cache, batch, rows, &[])?;
+    let step = launch_step(backend, pipeline, cache, batch, rows.len(), &[])?;
+    let pending = backend.launch_picks(step, rows)?;
     Ok(backend.finish_sampled(pending)?)
 }
 
-/// Launches one step and the picks of its sequences that want logits, as
-/// [`run_sampled_step`] runs it, without waiting where the backend allows;
-/// `feed` writes the previous launched step's picks into the token ids
-/// first (only for pipelines that [`Pipeline::feeds_tokens`]).
-pub fn launch_sampled_step(
+/// Launches one step whose `sampled` sequences want logits, without waiting
+/// where the backend allows; [`Backend::launch_picks`] then picks their
+/// tokens. `feed` writes the previous launched step's picks into the token
+/// ids first (only for pipelines that [`Pipeline::feeds_tokens`]).
+pub fn launch_step(
     backend: &dyn Backend,
     pipeline: &Pipeline,
     cache: &mut KvCache,
     batch: &StepBatch,
-    rows: &[RowSampling],
+    sampled: usize,
     feed: &[TokenFeed],
-) -> Result<PendingSample, StepError> {
+) -> Result<LaunchedStep, StepError> {
     if !feed.is_empty() && !pipeline.feeds_tokens() {
         return Err(StepError::Batch(
             "only the decoder pipeline's token ids can be fed on the device".to_owned(),
@@ -156,14 +157,13 @@ pub fn launch_sampled_step(
         ));
     }
     let needed: usize = prepared.logit_rows.iter().sum();
-    if needed != rows.len() {
+    if needed != sampled {
         return Err(StepError::Batch(format!(
-            "the pipeline assigned {needed} logits rows for {} sampled sequences",
-            rows.len()
+            "the pipeline assigned {needed} logits rows for {sampled} sampled sequences"
         )));
     }
     let inputs = prepared.inputs.into_iter().map(to_tensor).collect();
-    Ok(backend.launch_sampled(inputs, Some(cache), rows, feed)?)
+    Ok(backend.launch_step(inputs, Some(cache), feed)?)
 }
 
 /// The graph inputs of the largest step a server with these limits runs:

@@ -28,11 +28,6 @@ impl Default for Penalties {
 }
 
 impl Penalties {
-    /// True when applying them changes nothing.
-    pub fn is_neutral(&self) -> bool {
-        self.frequency == 0.0 && self.presence == 0.0 && self.repetition == 1.0
-    }
-
     /// Checks the ranges, naming the offending parameter.
     pub fn validate(&self) -> Result<(), String> {
         if !(-2.0..=2.0).contains(&self.frequency) {

@@ -51,13 +51,6 @@ impl<'t> Active<'t> {
         }
     }
 
-    /// Whether its next pick can be asked for before the host knows the one
-    /// on the way: nothing in how it is picked depends on the output so far
-    /// but its length (no grammar, no penalties).
-    pub fn runs_ahead(&self) -> bool {
-        self.constraint.is_none() && self.params.penalties.is_neutral()
-    }
-
     /// Whether the pick on the way leaves room for more (`max_tokens`).
     pub fn continues_after_pick(&self) -> bool {
         self.generated.len() + usize::from(self.awaiting) < self.params.max_tokens

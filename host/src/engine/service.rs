@@ -14,7 +14,7 @@ use kiln_plugin_api::pipeline::StepBatch;
 use llguidance::Matcher;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::batch::launch_sampled_step;
+use super::batch::launch_step;
 use super::penalties::Penalties;
 use super::sampling::SamplingParams;
 use super::sequence::Active;
@@ -359,16 +359,14 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
     }
 
     /// Schedules and launches the next step; reads the picks of `in_flight`
-    /// (the step before) while it runs, or first where the new step's rows
-    /// depend on them. Returns the step now in flight.
+    /// (the step before) while it runs (first without async scheduling),
+    /// then launches the new step's picks, decided with the previous picks
+    /// known (penalties, grammars). Returns the step now in flight.
     fn step(&mut self, mut in_flight: Option<InFlight>) -> Option<InFlight> {
-        let ahead = |f: &InFlight, active: &HashMap<SeqId, Active<'_>>| {
-            f.rows
-                .iter()
-                .all(|id| active.get(id).is_none_or(Active::runs_ahead))
-        };
-        if let Some(f) = in_flight.take_if(|f| !self.overlap || !ahead(f, &self.active)) {
-            self.settle(f);
+        if !self.overlap {
+            if let Some(f) = in_flight.take() {
+                self.settle(f);
+            }
         }
         let batch = self.scheduler.schedule();
         if batch.seqs.is_empty() {
@@ -385,47 +383,35 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
                 self.observer.scheduled((now - state.arrived).as_secs_f64());
             }
         }
-        let mut failed = Vec::new();
         let sampled_rows: Vec<SeqId> = batch
             .seqs
             .iter()
             .filter(|s| s.wants_logits)
             .map(|s| s.id)
             .collect();
-        let rows: Vec<RowSampling> = sampled_rows
-            .iter()
-            .map(|id| {
-                match self
-                    .active
-                    .get_mut(id)
-                    .map(|state| state.row_sampling(self.eos))
-                {
-                    Some(Ok(row)) => row,
-                    Some(Err(e)) => {
-                        failed.push((*id, e));
-                        RowSampling::greedy()
-                    }
-                    None => RowSampling::greedy(),
-                }
-            })
-            .collect();
         let step = batch.step_batch();
         let feed = match &in_flight {
             Some(f) => token_feed(&batch, &step, &f.rows),
             None => Vec::new(),
         };
-        let launched = launch_sampled_step(
+        let launched = launch_step(
             self.model.backend.as_ref(),
             &self.model.pipeline,
             &mut self.cache,
             &step,
-            &rows,
+            sampled_rows.len(),
             &feed,
         );
-        // The previous step's picks, read while this one runs.
+        // The previous step's picks, read while this one runs: the picks
+        // of this one are decided with them known.
         if let Some(f) = in_flight {
             self.settle(f);
         }
+        let mut failed = Vec::new();
+        let launched = launched.and_then(|step| {
+            let rows = self.row_samplings(&sampled_rows, &mut failed);
+            Ok(self.model.backend.launch_picks(step, &rows)?)
+        });
         let pending = match launched {
             Ok(pending) => pending,
             Err(e) => {
@@ -467,6 +453,32 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
             rows: sampled_rows,
             pending,
         })
+    }
+
+    /// How each of `ids` picks its token, in order; a sequence gone since it
+    /// was scheduled (ended by the pick before) picks greedily, unread, and
+    /// one whose grammar fails goes to `failed`.
+    fn row_samplings(
+        &mut self,
+        ids: &[SeqId],
+        failed: &mut Vec<(SeqId, String)>,
+    ) -> Vec<RowSampling> {
+        ids.iter()
+            .map(|id| {
+                match self
+                    .active
+                    .get_mut(id)
+                    .map(|state| state.row_sampling(self.eos))
+                {
+                    Some(Ok(row)) => row,
+                    Some(Err(e)) => {
+                        failed.push((*id, e));
+                        RowSampling::greedy()
+                    }
+                    None => RowSampling::greedy(),
+                }
+            })
+            .collect()
     }
 
     /// Reads a launched step's picks and hands each to its sequence: text

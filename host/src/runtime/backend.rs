@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kiln_kernels::cuda::Device;
 use kiln_kernels::dense::attention::CacheLayout;
 
-use super::sampling::{RowSampling, Sampled};
+use super::sampling::{sample_row, RowSampling, Sampled};
 use super::{KvCache, RuntimeError, Tensor};
 use crate::compiler::Program;
 
@@ -68,7 +68,17 @@ pub struct TokenFeed {
     pub index: usize,
 }
 
-/// A sampled step after [`Backend::launch_sampled`]: its picks, or the
+/// A step after [`Backend::launch_step`], whose picks are not launched yet:
+/// its logits, or the backend's hold on a step still running.
+pub enum LaunchedStep {
+    /// The step has run: its first output, the logits `[rows, vocab]`.
+    Logits(Tensor),
+    /// The step runs on the device; [`Backend::launch_picks`] queues its
+    /// picks behind it.
+    Running(Box<dyn std::any::Any + Send>),
+}
+
+/// A sampled step after [`Backend::launch_picks`]: its picks, or the
 /// backend's hold on a step still running.
 pub enum PendingSample {
     /// The step has run.
@@ -132,25 +142,70 @@ pub trait Backend: Send + Sync {
         cache: Option<&mut KvCache>,
     ) -> Result<Vec<Tensor>, RuntimeError>;
 
-    /// Whether [`Backend::launch_sampled`] returns while the step still
-    /// runs and takes [`TokenFeed`]s, so that the host can prepare the next
-    /// step meanwhile (async scheduling).
+    /// Whether [`Backend::launch_step`] returns while the step still runs
+    /// and takes [`TokenFeed`]s, so that the host can read the previous
+    /// step's picks, and decide how this step's rows are picked, meanwhile
+    /// (async scheduling).
     fn overlaps_steps(&self) -> bool {
         false
     }
 
-    /// Queues the graph, whose first output is logits `[rows.len(), vocab]`,
-    /// and the pick of each row's token where the logits are: only the
-    /// tokens and the log-probabilities asked for leave the device. `feed`
-    /// first writes picks of the previously launched step into this step's
-    /// token ids; only a backend that overlaps steps takes one.
-    fn launch_sampled(
+    /// Queues the graph, whose first output is logits `[rows, vocab]`;
+    /// `feed` first writes picks of the previously launched step into this
+    /// step's token ids (only a backend that overlaps steps takes one). By
+    /// default the graph runs to the end here.
+    fn launch_step(
         &self,
         inputs: Vec<Tensor>,
         cache: Option<&mut KvCache>,
-        rows: &[RowSampling],
         feed: &[TokenFeed],
-    ) -> Result<PendingSample, RuntimeError>;
+    ) -> Result<LaunchedStep, RuntimeError> {
+        if !feed.is_empty() {
+            return Err(RuntimeError::Input {
+                name: "feed".to_owned(),
+                message: "this backend runs each step to the end: it has no picks to feed"
+                    .to_owned(),
+            });
+        }
+        Ok(LaunchedStep::Logits(
+            self.run(inputs, cache)?.swap_remove(0),
+        ))
+    }
+
+    /// Queues the pick of each row's token of the step launched last, where
+    /// its logits are, as `rows` say: only the tokens and the
+    /// log-probabilities asked for leave the device. By default the host
+    /// picks them from the logits ([`sample_row`]).
+    fn launch_picks(
+        &self,
+        step: LaunchedStep,
+        rows: &[RowSampling],
+    ) -> Result<PendingSample, RuntimeError> {
+        let LaunchedStep::Logits(logits) = step else {
+            return Err(RuntimeError::Device(
+                "a step launched on another backend".to_owned(),
+            ));
+        };
+        let vocab = logits.shape.last().copied().unwrap_or(0);
+        if logits.len() != rows.len() * vocab {
+            return Err(RuntimeError::Input {
+                name: "logits".to_owned(),
+                message: format!(
+                    "{} rows of logits for {} sampled rows",
+                    logits.len() / vocab.max(1),
+                    rows.len()
+                ),
+            });
+        }
+        Ok(PendingSample::Ready(
+            logits
+                .as_f32()
+                .chunks(vocab.max(1))
+                .zip(rows)
+                .map(|(l, row)| sample_row(l, row))
+                .collect(),
+        ))
+    }
 
     /// Waits for a launched step's picks.
     fn finish_sampled(&self, pending: PendingSample) -> Result<Vec<Sampled>, RuntimeError> {
@@ -160,17 +215,5 @@ pub trait Backend: Send + Sync {
                 "a step launched on another backend".to_owned(),
             )),
         }
-    }
-
-    /// Runs the graph and picks each row's token: [`Backend::launch_sampled`]
-    /// and [`Backend::finish_sampled`] at once.
-    fn run_sampled(
-        &self,
-        inputs: Vec<Tensor>,
-        cache: Option<&mut KvCache>,
-        rows: &[RowSampling],
-    ) -> Result<Vec<Sampled>, RuntimeError> {
-        let pending = self.launch_sampled(inputs, cache, rows, &[])?;
-        self.finish_sampled(pending)
     }
 }

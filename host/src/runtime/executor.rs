@@ -11,13 +11,12 @@ use kiln_kernels::quant::{Precision, QuantMatrix};
 use kiln_plugin_api::graph::{AttentionSpec, Dim, Op, ValueId};
 use kiln_plugin_api::Encoding;
 
-use super::backend::{Backend, PendingSample, TokenFeed};
+use super::backend::Backend;
 use super::cpu_ops;
 use super::fused;
 use super::kv_cache::{HostKvDtype, HostLayer, KvCache};
 use super::pool::BufferPool;
 use super::precision::ProductPrecisions;
-use super::sampling::{sample_row, RowSampling};
 use super::tensor::{storage_of, Tensor};
 use super::weights::{WeightData, WeightStore};
 use crate::compiler::{Kernel, Program, Step};
@@ -451,42 +450,6 @@ impl Backend for Executor {
             let _awake = super::spin::KeepAwake::start();
             self.run_in_pool(inputs, cache)
         })
-    }
-
-    fn launch_sampled(
-        &self,
-        inputs: Vec<Tensor>,
-        cache: Option<&mut KvCache>,
-        rows: &[RowSampling],
-        feed: &[TokenFeed],
-    ) -> Result<PendingSample, RuntimeError> {
-        if !feed.is_empty() {
-            return Err(RuntimeError::Input {
-                name: "feed".to_owned(),
-                message: "the CPU backend runs each step to the end: it has no picks to feed"
-                    .to_owned(),
-            });
-        }
-        let logits = self.run(inputs, cache)?.swap_remove(0);
-        let vocab = logits.shape.last().copied().unwrap_or(0);
-        if logits.len() != rows.len() * vocab {
-            return Err(RuntimeError::Input {
-                name: "logits".to_owned(),
-                message: format!(
-                    "{} rows of logits for {} sampled rows",
-                    logits.len() / vocab.max(1),
-                    rows.len()
-                ),
-            });
-        }
-        Ok(PendingSample::Ready(
-            logits
-                .as_f32()
-                .chunks(vocab.max(1))
-                .zip(rows)
-                .map(|(l, row)| sample_row(l, row))
-                .collect(),
-        ))
     }
 }
 

@@ -18,7 +18,7 @@ mod spin;
 mod tensor;
 mod weights;
 
-pub use backend::{Backend, KernelCounter, PendingSample, Roofline, TokenFeed};
+pub use backend::{Backend, KernelCounter, LaunchedStep, PendingSample, Roofline, TokenFeed};
 pub use executor::{Executor, RuntimeError};
 pub use kiln_kernels::dense::attention::CacheLayout;
 pub use kiln_kernels::quant::Precision;

@@ -42,8 +42,8 @@ use super::executor::{bind_symbols, check_ragged_batch, resolve};
 use super::sampling::{RowSampling, Sampled};
 use super::tensor::{storage_of, Storage, Tensor};
 use super::{
-    Backend, KernelCounter, KvCache, KvCacheDtype, PendingSample, Roofline, RuntimeError,
-    TokenFeed, WeightStore,
+    Backend, KernelCounter, KvCache, KvCacheDtype, LaunchedStep, PendingSample, Roofline,
+    RuntimeError, TokenFeed, WeightStore,
 };
 use crate::compiler::Program;
 use arena::RunPlan;
@@ -124,6 +124,9 @@ struct RunState {
     sampler: sample::SampleBuffers,
     plans: HashMap<Binding, Arc<RunPlan>>,
     graphs: graphs::GraphCache,
+    /// Steps launched so far: a launched step's picks are queued only while
+    /// its logits are still the arena's latest.
+    steps_launched: u64,
 }
 
 /// The symbolic sizes of a step, sorted by name: what its plan (and its
@@ -341,6 +344,7 @@ impl CudaExecutor {
                 sampler: sample::SampleBuffers::default(),
                 plans: HashMap::new(),
                 graphs: graphs::GraphCache::default(),
+                steps_launched: 0,
             }),
         })
     }
@@ -702,14 +706,39 @@ impl Backend for CudaExecutor {
         true
     }
 
-    fn launch_sampled(
+    fn launch_step(
         &self,
         inputs: Vec<Tensor>,
         cache: Option<&mut KvCache>,
-        rows: &[RowSampling],
         feed: &[TokenFeed],
+    ) -> Result<LaunchedStep, RuntimeError> {
+        let executed = self.execute(&inputs, cache, feed)?;
+        let logits = self.program.graph.outputs[0] as usize;
+        let shape = &executed.output_shape(logits);
+        let vocab = shape.last().copied().unwrap_or(0);
+        Ok(LaunchedStep::Running(Box::new(LaunchedLogits {
+            step: executed.state.steps_launched,
+            logits: executed.addrs[logits],
+            rows: shape.iter().product::<usize>() / vocab.max(1),
+            vocab,
+            greedy: self.greedy_picked(&executed.plan),
+            error_flag: executed.error_flag,
+        })))
+    }
+
+    fn launch_picks(
+        &self,
+        step: LaunchedStep,
+        rows: &[RowSampling],
     ) -> Result<PendingSample, RuntimeError> {
-        // Checked before the step runs: a refused step writes no cache.
+        let LaunchedStep::Running(step) = step else {
+            return Err(RuntimeError::Device(
+                "a step launched on another backend".into(),
+            ));
+        };
+        let step = step
+            .downcast::<LaunchedLogits>()
+            .map_err(|_| RuntimeError::Device("a step launched on another backend".into()))?;
         if let Some(row) = rows
             .iter()
             .find(|r| r.logprobs.unwrap_or(0) > sample::MAX_TOP)
@@ -723,31 +752,35 @@ impl Backend for CudaExecutor {
                 ),
             });
         }
-        let mut executed = self.execute(&inputs, cache, feed)?;
-        let logits = self.program.graph.outputs[0] as usize;
-        let shape = &executed.output_shape(logits);
-        let vocab = shape.last().copied().unwrap_or(0);
-        if shape.iter().product::<usize>() != rows.len() * vocab {
+        if step.rows != rows.len() {
             return Err(RuntimeError::Input {
                 name: "logits".to_owned(),
-                message: format!("logits {shape:?} for {} sampled rows", rows.len()),
+                message: format!(
+                    "{} rows of logits for {} sampled rows",
+                    step.rows,
+                    rows.len()
+                ),
             });
         }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.steps_launched != step.step {
+            return Err(RuntimeError::Device(
+                "another step ran over this step's logits before its picks were launched".into(),
+            ));
+        }
         let device = self.device.as_ref();
-        let greedy = self.greedy_picked(&executed.plan);
-        let queued = executed
-            .state
+        let queued = state
             .sampler
             .launch(
                 device,
                 self.hand["kiln_sample"],
-                (executed.addrs[logits], vocab),
+                (step.logits, step.vocab),
                 rows,
-                greedy,
+                step.greedy,
             )
             .map_err(RuntimeError::Device)?;
         // The error flag comes back first, the picks after it.
-        let mut parts = vec![(executed.error_flag, 4)];
+        let mut parts = vec![(step.error_flag, 4)];
         parts.extend_from_slice(queued.parts());
         let readback = device
             .download_async(&parts)
@@ -776,6 +809,19 @@ impl Backend for CudaExecutor {
             .picks(&bytes[4..])
             .map_err(RuntimeError::Device)
     }
+}
+
+/// A step launched whose picks are not: where its logits and its greedy
+/// picks are, and which step it was.
+struct LaunchedLogits {
+    /// Its number among the executor's steps (`RunState::steps_launched`).
+    step: u64,
+    logits: DevicePtr,
+    rows: usize,
+    vocab: usize,
+    /// Where the logits' GEMV left each row's greedy pick, if it did.
+    greedy: Option<DevicePtr>,
+    error_flag: DevicePtr,
 }
 
 /// A sampled step on its way: the readback of its error flag and picks.

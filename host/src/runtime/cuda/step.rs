@@ -121,6 +121,7 @@ impl CudaExecutor {
         };
         let key = binding(&symbols);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.steps_launched += 1;
         let plan = self.prepare(&mut state, &symbols, &key)?;
         let device = self.device.as_ref();
         let device_error = |e: kiln_kernels::cuda::DeviceError| RuntimeError::Device(e.to_string());
