@@ -1,14 +1,17 @@
 //! Structured output's cost per generated token on SmolLM2's 49,152-token
 //! vocabulary: the grammar's mask (llguidance) and taking the sampled
-//! token, walking a City JSON object token by token; and the CPU sampler's
-//! pick with and without the mask. Needs the SmolLM2 GGUF that `.ci/setup`
-//! fetches (or `KILN_SMOLLM2_GGUF`).
+//! token, walking a City JSON object token by token; a step of 16
+//! constrained rows one at a time and in parallel (as the engine decides
+//! them); and the CPU sampler's pick with and without the mask. Needs the
+//! SmolLM2 GGUF that `.ci/setup` fetches (or `KILN_SMOLLM2_GGUF`).
 
 use std::sync::Arc;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kiln_host::engine::structured::{allowed_tokens, Grammar, Grammars};
 use kiln_host::runtime::sampling::{sample_row, RowSampling};
+use llguidance::Matcher;
+use rayon::prelude::*;
 
 const CITY: &str = r#"{"name":"Paris","country":"France","population_millions":2}"#;
 
@@ -48,6 +51,41 @@ fn bench(c: &mut Criterion) {
                 m.consume_token(t).unwrap();
             }
         })
+    });
+    // A step of 16 rows at different points of the object: each row's mask,
+    // then its next token taken (fresh matchers every iteration: a matcher
+    // keeps the mask it computed).
+    let rows: Vec<(Matcher, u32)> = (0..16)
+        .map(|i| {
+            let at = i * (ids.len() - 1) / 16;
+            let mut m = matcher.deep_clone();
+            for &t in &ids[..at] {
+                m.consume_token(t).unwrap();
+            }
+            (m, ids[at])
+        })
+        .collect();
+    let fresh =
+        || -> Vec<(Matcher, u32)> { rows.iter().map(|(m, t)| (m.deep_clone(), *t)).collect() };
+    let row_step = |(m, next): &mut (Matcher, u32)| {
+        let mask = allowed_tokens(m).unwrap();
+        m.consume_token(*next).unwrap();
+        mask
+    };
+    group.throughput(Throughput::Elements(rows.len() as u64));
+    group.bench_function("step_of_16_rows_one_at_a_time", |b| {
+        b.iter_batched(
+            fresh,
+            |mut rows| rows.iter_mut().map(row_step).collect::<Vec<_>>(),
+            BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("step_of_16_rows_in_parallel", |b| {
+        b.iter_batched(
+            fresh,
+            |mut rows| rows.par_iter_mut().map(row_step).collect::<Vec<_>>(),
+            BatchSize::SmallInput,
+        )
     });
     group.throughput(Throughput::Elements(1));
     let logits: Vec<f32> = (0..vocab)

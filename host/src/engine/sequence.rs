@@ -51,6 +51,11 @@ impl<'t> Active<'t> {
         }
     }
 
+    /// Whether a grammar constrains its output.
+    pub fn constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
     /// Whether the pick on the way leaves room for more (`max_tokens`).
     pub fn continues_after_pick(&self) -> bool {
         self.generated.len() + usize::from(self.awaiting) < self.params.max_tokens
