@@ -21,9 +21,11 @@
 #   bench/gpu/run.sh dense             Kiln's decode at batch 16 and 64 (bf16 shapes),
 #                                      dense products of 9 to 64 rows on cuBLAS and on
 #                                      the tensor-core kernel (KILN_DENSE_ROWS), as text
-#   bench/gpu/run.sh sampled           Kiln's decode at batch 1 and 64, greedy and sampled
-#                                      (temperature 1, top-p 0.95): what the device
-#                                      sampler costs a step, as text
+#   bench/gpu/run.sh sampled           Kiln's decode at batch 1 and 64, greedy, sampled
+#                                      (temperature 1, top-p 0.95) and greedy with a
+#                                      repetition penalty (1.1) with and without async
+#                                      scheduling: what the device sampler costs a step,
+#                                      and what overlapping penalized picks gains, as text
 #   bench/gpu/run.sh profile           where a decode step's time goes at batch 1, 16
 #                                      and 64 (llama3-8b bf16 and q4_k_m, q4_k_m+fast
 #                                      at batch 1), and a 2048-
@@ -138,15 +140,22 @@ dense() {
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape dense_shape
 }
 
-# Decode greedy and sampled (temperature 1, top-p 0.95), llama3-8b and
-# llama3.2-1b bf16 unless KILN_BENCH_SHAPES says otherwise: the difference
-# is the device sampler's cost a step. Text, in sampled-*.txt.
+# Decode greedy, sampled (temperature 1, top-p 0.95) and greedy with a
+# repetition penalty, async and not, llama3-8b and llama3.2-1b bf16 unless
+# KILN_BENCH_SHAPES says otherwise: greedy against sampled is the device
+# sampler's cost a step; penalized against penalized-sync is what launching
+# the picks after the previous step's are read, while the step runs, gains.
+# Text, in sampled-*.txt.
 sampled_shape() {
   local shape=$1 dtype=$2 name=$3 mode
-  for mode in greedy sampled; do
+  for mode in greedy sampled penalized penalized-sync; do
     echo "== kiln $shape $dtype: decode, $mode"
     local sampling=(--temperature 0)
-    [ "$mode" = sampled ] && sampling=(--temperature 1 --top-p 0.95)
+    case "$mode" in
+      sampled) sampling=(--temperature 1 --top-p 0.95) ;;
+      penalized) sampling=(--temperature 0 --repetition-penalty 1.1) ;;
+      penalized-sync) sampling=(--temperature 0 --repetition-penalty 1.1 --no-async-scheduling) ;;
+    esac
     "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
       --input-len "$input_len" --output-len 64 --concurrency 1,64 "${sampling[@]}" \
       2>&1 | tee "$results/sampled-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype $mode"

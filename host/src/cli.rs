@@ -145,6 +145,11 @@ pub struct BenchmarkArgs {
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
 
+    /// Repetition penalty of every request (1: none): its picks then depend
+    /// on the output so far.
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+
     /// Most tokens in one engine step (prefill chunks included).
     #[arg(long, default_value_t = 2048)]
     pub max_batch_tokens: usize,

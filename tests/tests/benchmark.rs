@@ -85,11 +85,12 @@ fn benchmark_runs_every_concurrency_level_to_completion() {
     let fraction = report["levels"][0]["roofline_fraction"].as_f64().unwrap();
     assert!(fraction > 0.0, "{report}");
 
-    let bad_args: [&[&str]; 4] = [
+    let bad_args: [&[&str]; 5] = [
         &["--concurrency", "0"],
         &["--output-len", "0"],
         &["--temperature=-1"],
         &["--top-p", "1.5"],
+        &["--repetition-penalty", "0"],
     ];
     for bad in bad_args {
         let output = run_host([&["benchmark", "--model", model][..], bad].concat(), &[]);
@@ -103,8 +104,8 @@ fn benchmark_runs_every_concurrency_level_to_completion() {
 /// `--shape`: random weights at a shape from a config alone, no checkpoint
 /// and no tokenizer, in each storage type, on the CPU and on the CUDA
 /// backend, where the roofline counts exactly the shape's matrix products;
-/// sampled (`--temperature`, `--top-p`) on the CUDA backend, greedy on the
-/// CPU.
+/// sampled and penalized (`--temperature`, `--top-p`,
+/// `--repetition-penalty`) on the CUDA backend, greedy on the CPU.
 #[test]
 fn benchmark_runs_a_shape_with_random_weights() {
     let shape = workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
@@ -118,8 +119,22 @@ fn benchmark_runs_a_shape_with_random_weights() {
         (device.as_str(), "q4_k_m"),
     ] {
         let sampled = match device {
-            "cpu" => ["--temperature", "0", "--top-p", "1"],
-            _ => ["--temperature", "0.8", "--top-p", "0.9"],
+            "cpu" => [
+                "--temperature",
+                "0",
+                "--top-p",
+                "1",
+                "--repetition-penalty",
+                "1",
+            ],
+            _ => [
+                "--temperature",
+                "0.8",
+                "--top-p",
+                "0.9",
+                "--repetition-penalty",
+                "1.2",
+            ],
         };
         let args = [
             "benchmark",
@@ -144,11 +159,13 @@ fn benchmark_runs_a_shape_with_random_weights() {
             text(&output).1
         );
         let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-        let top_p = report["top_p"].as_f64().unwrap();
-        assert!(
-            (top_p - sampled[3].parse::<f64>().unwrap()).abs() < 1e-6,
-            "{report}"
-        );
+        for (field, at) in [("top_p", 3), ("repetition_penalty", 5)] {
+            let value = report[field].as_f64().unwrap();
+            assert!(
+                (value - sampled[at].parse::<f64>().unwrap()).abs() < 1e-6,
+                "{field}: {report}"
+            );
+        }
         for (level, concurrency) in report["levels"].as_array().unwrap().iter().zip([1u64, 2]) {
             assert_eq!(level["output_tokens"], concurrency * 3, "{level}");
             assert!(

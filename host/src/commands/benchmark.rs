@@ -68,9 +68,11 @@ struct Report {
     device: String,
     /// The quantized products' arithmetic (`--precision`).
     precision: &'static str,
-    /// Every request's temperature (0: greedy) and top-p.
+    /// Every request's temperature (0: greedy), top-p and repetition
+    /// penalty.
     temperature: f32,
     top_p: f32,
+    repetition_penalty: f32,
     /// The decode-step memory roofline (on a GPU).
     roofline: Option<Roofline>,
     levels: Vec<LevelResult>,
@@ -93,6 +95,13 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     sampling
         .validate()
         .map_err(|e| anyhow::anyhow!("--temperature / --top-p: {e}"))?;
+    let penalties = Penalties {
+        repetition: args.repetition_penalty,
+        ..Penalties::default()
+    };
+    penalties
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--repetition-penalty: {e}"))?;
     if let Some(url) = &args.url {
         return super::online_benchmark::online_benchmark(args, url);
     }
@@ -153,7 +162,18 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     };
 
     // Warm-up: first-use allocations and thread-pool start-up.
-    runtime.block_on(run_level(&engine, prompts(1), 2, &sampling))?;
+    let params = |max_tokens| GenerationParams {
+        sampling: sampling.clone(),
+        penalties,
+        max_tokens,
+        min_tokens: 0,
+        stop: Vec::new(),
+        stop_token_ids: Vec::new(),
+        ignore_eos: true,
+        logprobs: None,
+        logit_bias: Vec::new(),
+    };
+    runtime.block_on(run_level(&engine, prompts(1), &params(2)))?;
     let mut results = Vec::new();
     for &concurrency in &args.concurrency {
         let start = Instant::now();
@@ -162,8 +182,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         let timings = runtime.block_on(run_level(
             &engine,
             prompts(concurrency),
-            args.output_len,
-            &sampling,
+            &params(args.output_len),
         ))?;
         let wall = start.elapsed().as_secs_f64();
         let after = metrics.engine_totals();
@@ -187,16 +206,18 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
             precision: args.runtime.precision.name(),
             temperature: args.temperature,
             top_p: args.top_p,
+            repetition_penalty: args.repetition_penalty,
             roofline,
             levels: results,
         };
         serde_json::to_string_pretty(&report)? + "\n"
     } else {
         let mut text = format!(
-            "device: {device}\nprecision: {}\nsampling: temperature {}, top-p {}\n",
+            "device: {device}\nprecision: {}\nsampling: temperature {}, top-p {}, repetition penalty {}\n",
             args.runtime.precision.name(),
             args.temperature,
-            args.top_p
+            args.top_p,
+            args.repetition_penalty
         );
         if let Some(r) = roofline {
             text += &format!(
@@ -247,8 +268,7 @@ fn load(args: &BenchmarkArgs) -> anyhow::Result<Model> {
 async fn run_level(
     engine: &EngineHandle,
     prompts: Vec<Vec<u32>>,
-    output_len: usize,
-    sampling: &SamplingParams,
+    params: &GenerationParams,
 ) -> anyhow::Result<Vec<Timings>> {
     let start = Instant::now();
     let mut receivers = Vec::new();
@@ -257,17 +277,7 @@ async fn run_level(
         engine
             .submit(Request {
                 prompt,
-                params: GenerationParams {
-                    sampling: sampling.clone(),
-                    penalties: Penalties::default(),
-                    max_tokens: output_len,
-                    min_tokens: 0,
-                    stop: Vec::new(),
-                    stop_token_ids: Vec::new(),
-                    ignore_eos: true,
-                    logprobs: None,
-                    logit_bias: Vec::new(),
-                },
+                params: params.clone(),
                 events,
                 arrived: start,
                 group,

@@ -157,9 +157,13 @@ pub fn online_benchmark(args: &BenchmarkArgs, url: &str) -> anyhow::Result<()> {
     );
     let url = url.trim_end_matches('/').to_owned();
     // Every request but its prompt, with the benchmark's sampling.
-    let body = json!({"model": model, "max_tokens": args.output_len, "stream": true,
+    let mut body = json!({"model": model, "max_tokens": args.output_len, "stream": true,
         "temperature": args.temperature, "top_p": args.top_p, "ignore_eos": true,
         "stream_options": {"include_usage": true}});
+    // vLLM's extra field, sent only when set (other servers may not know it).
+    if args.repetition_penalty != 1.0 {
+        body["repetition_penalty"] = json!(args.repetition_penalty);
+    }
     let prompts = prompts(args, args.num_prompts)?;
     let slots = Arc::new(Slots {
         free: Mutex::new(args.max_concurrency.unwrap_or(usize::MAX).max(1)),
@@ -200,6 +204,7 @@ pub fn online_benchmark(args: &BenchmarkArgs, url: &str) -> anyhow::Result<()> {
         .collect();
     let report = json!({
         "url": url, "model": model, "temperature": args.temperature, "top_p": args.top_p,
+        "repetition_penalty": args.repetition_penalty,
         "completed": ok.len(), "failed": failed.len(),
         "errors": failed.iter().filter_map(|m| m.error.clone()).take(5).collect::<Vec<_>>(),
         "duration_s": duration, "output_tokens": output_tokens,
