@@ -78,6 +78,12 @@ pub enum LaunchedStep {
     Running(Box<dyn std::any::Any + Send>),
 }
 
+/// The error for a step handed to a backend other than the one that
+/// launched it.
+pub(crate) fn foreign_step() -> RuntimeError {
+    RuntimeError::Device("a step launched on another backend".to_owned())
+}
+
 /// A sampled step after [`Backend::launch_picks`]: its picks, or the
 /// backend's hold on a step still running.
 pub enum PendingSample {
@@ -182,9 +188,7 @@ pub trait Backend: Send + Sync {
         rows: &[RowSampling],
     ) -> Result<PendingSample, RuntimeError> {
         let LaunchedStep::Logits(logits) = step else {
-            return Err(RuntimeError::Device(
-                "a step launched on another backend".to_owned(),
-            ));
+            return Err(foreign_step());
         };
         let vocab = logits.shape.last().copied().unwrap_or(0);
         if logits.len() != rows.len() * vocab {
@@ -211,9 +215,7 @@ pub trait Backend: Send + Sync {
     fn finish_sampled(&self, pending: PendingSample) -> Result<Vec<Sampled>, RuntimeError> {
         match pending {
             PendingSample::Ready(sampled) => Ok(sampled),
-            PendingSample::Running(_) => Err(RuntimeError::Device(
-                "a step launched on another backend".to_owned(),
-            )),
+            PendingSample::Running(_) => Err(foreign_step()),
         }
     }
 }

@@ -38,6 +38,7 @@ pub use qmm::DenseRows;
 pub use tune::GemvSplits;
 pub use weights::WeightDtype;
 
+use super::backend::foreign_step;
 use super::executor::{bind_symbols, check_ragged_batch, resolve};
 use super::sampling::{RowSampling, Sampled};
 use super::tensor::{storage_of, Storage, Tensor};
@@ -731,14 +732,11 @@ impl Backend for CudaExecutor {
         step: LaunchedStep,
         rows: &[RowSampling],
     ) -> Result<PendingSample, RuntimeError> {
-        let LaunchedStep::Running(step) = step else {
-            return Err(RuntimeError::Device(
-                "a step launched on another backend".into(),
-            ));
-        };
-        let step = step
-            .downcast::<LaunchedLogits>()
-            .map_err(|_| RuntimeError::Device("a step launched on another backend".into()))?;
+        let step = match step {
+            LaunchedStep::Running(step) => step.downcast::<LaunchedLogits>().ok(),
+            LaunchedStep::Logits(_) => None,
+        }
+        .ok_or_else(foreign_step)?;
         if let Some(row) = rows
             .iter()
             .find(|r| r.logprobs.unwrap_or(0) > sample::MAX_TOP)
@@ -796,7 +794,7 @@ impl Backend for CudaExecutor {
             PendingSample::Ready(sampled) => return Ok(sampled),
             PendingSample::Running(launched) => launched
                 .downcast::<LaunchedSample>()
-                .map_err(|_| RuntimeError::Device("a step launched on another backend".into()))?,
+                .map_err(|_| foreign_step())?,
         };
         let bytes = self
             .device
