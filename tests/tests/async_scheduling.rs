@@ -73,8 +73,9 @@ impl Ask {
 }
 
 /// Runs `requests` through a serving engine on the CUDA backend; returns
-/// each one's outcome, how many times the host read a step's tokens while
-/// the next step was queued, and the preemptions.
+/// each one's outcome (a failed one ends `error: ...`), how many times the
+/// host read a step's tokens while the next step was queued, and the
+/// preemptions.
 fn serve(
     requests: &[Ask],
     eos: &[u32],
@@ -158,7 +159,10 @@ fn serve(
                             format!("{} after {completion_tokens}", finish_reason.as_str());
                         break;
                     }
-                    Event::Error(message) => panic!("request failed: {message}"),
+                    Event::Error(message) => {
+                        outcome.end = format!("error: {message}");
+                        break;
+                    }
                 }
             }
             outcome
@@ -268,6 +272,7 @@ fn async_scheduling_ends_every_request_as_reading_each_step_first_does() {
         assert_eq!(preempted > 0, num_blocks < 256, "{preempted} preemptions");
         for (i, (got, want)) in got.iter().zip(&want).enumerate() {
             let case = format!("request {i} with {num_blocks} blocks: {got:?} vs {want:?}");
+            assert!(!got.end.starts_with("error"), "{case}");
             assert_eq!(
                 (&got.tokens, &got.text, &got.end),
                 (&want.tokens, &want.text, &want.end),
@@ -335,6 +340,7 @@ fn penalties_and_grammars_overlap_the_next_step_and_end_alike() {
     let (want, waited, _) = serve(&requests, &eos, false, 256);
     let (got, overlapped, _) = serve(&requests, &eos, true, 256);
     for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert!(!got.end.starts_with("error"), "request {i}: {got:?}");
         assert_eq!(
             (&got.tokens, &got.text, &got.end),
             (&want.tokens, &want.text, &want.end),
@@ -354,4 +360,26 @@ fn penalties_and_grammars_overlap_the_next_step_and_end_alike() {
         overlapped >= 5,
         "{overlapped} reads of a step's tokens overlapped the next step"
     );
+}
+
+/// A request asking more top log-probabilities than the device sampler
+/// gives is refused alone when it arrives; the request beside it, which
+/// would have shared its steps, runs to the end.
+#[test]
+fn too_many_log_probabilities_fail_only_their_request() {
+    let mut too_many = greedy(4);
+    too_many.logprobs = Some(21);
+    let mut most = greedy(4);
+    most.logprobs = Some(20);
+    let requests = [
+        Ask::new(prompt(1, 5), too_many, 1),
+        Ask::new(prompt(2, 5), most, 2),
+    ];
+    let (outcomes, _, _) = serve(&requests, &[], true, 64);
+    assert_eq!(
+        outcomes[0].end,
+        "error: 21 top log-probabilities asked, at most 20"
+    );
+    assert_eq!(outcomes[1].end, "length after 4");
+    assert!(outcomes[1].logprobs.iter().all(|(_, top)| top.len() == 20));
 }

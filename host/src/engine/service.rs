@@ -325,6 +325,13 @@ struct Engine<'t, O> {
 
 impl<'t, O: EngineObserver> Engine<'t, O> {
     fn admit(&mut self, id: SeqId, request: Request) {
+        // Refused alone here, not as a failed step with its batch.
+        let most = self.model.backend.max_logprobs();
+        if let Some((asked, most)) = request.params.logprobs.zip(most).filter(|(a, m)| a > m) {
+            let message = format!("{asked} top log-probabilities asked, at most {most}");
+            let _ = request.events.send(Event::Error(message));
+            return;
+        }
         if let Err(e) = self.scheduler.add_to_group(
             id,
             request.group,
@@ -420,6 +427,7 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
                 for seq in &batch.seqs {
                     self.fail(seq.id, format!("model step failed: {e}"));
                 }
+                report(&self.scheduler, &self.observer);
                 return None;
             }
         };

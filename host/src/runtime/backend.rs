@@ -148,6 +148,11 @@ pub trait Backend: Send + Sync {
         cache: Option<&mut KvCache>,
     ) -> Result<Vec<Tensor>, RuntimeError>;
 
+    /// The most top log-probabilities a row may ask for (`None`: no limit).
+    fn max_logprobs(&self) -> Option<usize> {
+        None
+    }
+
     /// Whether [`Backend::launch_step`] returns while the step still runs
     /// and takes [`TokenFeed`]s, so that the host can read the previous
     /// step's picks, and decide how this step's rows are picked, meanwhile

@@ -707,6 +707,10 @@ impl Backend for CudaExecutor {
         true
     }
 
+    fn max_logprobs(&self) -> Option<usize> {
+        Some(sample::MAX_TOP)
+    }
+
     fn launch_step(
         &self,
         inputs: Vec<Tensor>,
