@@ -5,10 +5,10 @@
 // The order of operations is the host sampler's (engine/sampling.rs), so the
 // same uniform draw picks the same token on either backend: log-probabilities
 // of the raw row; a structured-output mask, penalties, the logit bias and
-// banned tokens; greedy → the first maximum;
-// else the finite logits divided by the temperature, sorted descending (ties
-// by index), truncated to top_k, softmax over the survivors, min_p and top_p
-// cuts, and the draw walked along the kept tokens.
+// banned tokens; greedy → the first maximum; else the finite logits divided
+// by the temperature, sorted descending (ties by index), truncated to top_k,
+// softmax over the survivors, min_p and top_p cuts, and the draw walked
+// along the kept tokens.
 //
 // Nothing is sorted: every "position in the sorted order" question is a
 // prefix_select, which finds by bisection over the value's bits the element
@@ -483,8 +483,8 @@ extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* 
   }
   int token;
   if (p.temperature < 1e-5f && p.adjust_begin == p.adjust_end && p.mask < 0) {
-    // Greedy with nothing to adjust or mask (the common decode step): one pass over
-    // the row, NaN as -inf as in the working copy of adjusted_pick.
+    // Greedy with nothing to adjust or mask (the common decode step): one
+    // pass over the row, NaN as -inf as in the working copy of adjusted_pick.
     bool vectors = vocab % 4 == 0 && (reinterpret_cast<unsigned long long>(x) & 15) == 0;
     token = vectors ? first_largest_row(x, vocab, found)
                     : first_largest(vocab, [&](int i) { return x[i] == x[i] ? x[i] : KILN_NEG_INF; }, found);

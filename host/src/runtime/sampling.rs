@@ -2,9 +2,10 @@
 //! logits row, the engine says how to pick a token ([`RowSampling`]: the
 //! filters, the uniform draw from the request's seeded generator, the token
 //! adjustments of penalties and bans, a structured-output mask, the
-//! log-probabilities wanted) and the backend answers with the token ([`Sampled`]). The CPU backend runs
-//! [`sample_row`] here; the CUDA backend runs `kernels/cuda/sampling.cu`,
-//! which follows the same steps, so one draw picks one token on either.
+//! log-probabilities wanted) and the backend answers with the token
+//! ([`Sampled`]). The CPU backend runs [`sample_row`] here; the CUDA backend
+//! runs `kernels/cuda/sampling.cu`, which follows the same steps, so one
+//! draw picks one token on either.
 
 /// A token whose logit the penalties, the request's logit bias or bans
 /// change.
@@ -71,14 +72,6 @@ impl RowSampling {
             logprobs: None,
             allowed: None,
         }
-    }
-
-    /// Whether the mask (if any) lets `token` be picked.
-    pub fn allows(&self, token: u32) -> bool {
-        self.allowed.as_ref().is_none_or(|mask| {
-            mask.get(token as usize / 32)
-                .is_some_and(|word| word >> (token % 32) & 1 == 1)
-        })
     }
 }
 
