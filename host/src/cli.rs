@@ -331,7 +331,9 @@ pub struct RuntimeArgs {
 
     /// Where to run: `cpu`, `cuda`/`cuda:N` (`gpu`/`gpu:N` too), or
     /// `cuda-emulated` (the CUDA backend's kernels run on the CPU through the
-    /// kernel emulator: slow, for testing).
+    /// kernel emulator: slow, for testing). `host benchmark` also takes
+    /// `cuda-null`: the CUDA backend over a device that runs nothing, which
+    /// times the host's share of each step alone.
     #[arg(long, default_value = "cpu")]
     pub device: String,
 

@@ -3,7 +3,9 @@
 //! the driver, NVRTC and cuBLAS, all loaded at run time (cudarc's dynamic
 //! loading), so this binary builds and runs on machines without CUDA;
 //! `cuda-emulated` runs the CUDA backend's kernels on the CPU through the
-//! kernel emulator (slow: a test device).
+//! kernel emulator (slow: a test device); `cuda-null` runs the CUDA backend
+//! over a device that runs nothing, which measures the host's share of a
+//! step (`host benchmark` only).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -12,10 +14,15 @@ use std::sync::Arc;
 
 use kiln_kernels::cuda::driver::{self, CudaDevice};
 use kiln_kernels::cuda::emulator::Emulator;
+use kiln_kernels::cuda::null::NullDevice;
 use kiln_kernels::cuda::Device;
 
 /// Memory the emulated device reports (`KILN_EMULATOR_MEMORY`, bytes).
 const EMULATOR_MEMORY: usize = 4 << 30;
+
+/// Memory the null device reports: an H100's 80 GB, so any shape that fits
+/// one loads and its KV cache is sized as there.
+const NULL_DEVICE_MEMORY: usize = 80 << 30;
 
 /// A device named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +33,16 @@ pub enum DeviceChoice {
     Cuda(usize),
     /// The CUDA backend on the kernel emulator.
     CudaEmulated,
+    /// The CUDA backend on a device that runs nothing: the host's share of
+    /// a step, timed alone (`host benchmark`).
+    CudaNull,
+}
+
+impl DeviceChoice {
+    /// Whether the model runs on the CUDA backend (on any device).
+    pub fn is_cuda(self) -> bool {
+        !matches!(self, DeviceChoice::Cpu)
+    }
 }
 
 impl FromStr for DeviceChoice {
@@ -36,6 +53,7 @@ impl FromStr for DeviceChoice {
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" | "gpu" => Ok(DeviceChoice::Cuda(0)),
             "cuda-emulated" => Ok(DeviceChoice::CudaEmulated),
+            "cuda-null" => Ok(DeviceChoice::CudaNull),
             _ => text
                 .strip_prefix("cuda:")
                 .or_else(|| text.strip_prefix("gpu:"))
@@ -52,6 +70,7 @@ impl fmt::Display for DeviceChoice {
             DeviceChoice::Cpu => f.write_str("cpu"),
             DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
             DeviceChoice::CudaEmulated => f.write_str("cuda-emulated"),
+            DeviceChoice::CudaNull => f.write_str("cuda-null"),
         }
     }
 }
@@ -60,7 +79,7 @@ impl fmt::Display for DeviceChoice {
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
     /// Not a known device.
-    #[error("--device {0}: expected cpu, cuda, cuda:N or cuda-emulated")]
+    #[error("--device {0}: expected cpu, cuda, cuda:N, cuda-emulated or cuda-null")]
     Unknown(String),
     /// A CUDA library is not installed.
     #[error("--device {0}: {1} could not be loaded; use --device cpu")]
@@ -92,8 +111,9 @@ pub fn probe(device: DeviceChoice) -> Result<(), DeviceError> {
     }
 }
 
-/// Opens the device: `None` for the CPU, else the CUDA device (real or
-/// emulated; the emulator caches compiled kernels under `kernel_cache`).
+/// Opens the device: `None` for the CPU, else the CUDA device (real,
+/// emulated or null; the emulator caches compiled kernels under
+/// `kernel_cache`).
 /// Every failure is one line naming what is missing.
 pub fn open(
     device: DeviceChoice,
@@ -111,6 +131,7 @@ pub fn open(
                 kernel_cache.join("emulator"),
             ))))
         }
+        DeviceChoice::CudaNull => Ok(Some(Arc::new(NullDevice::new(NULL_DEVICE_MEMORY)))),
         DeviceChoice::Cuda(index) => {
             // cudarc panics on first use of a missing library: probe first.
             if let Some(missing) = driver::missing_library() {
@@ -163,10 +184,14 @@ mod tests {
             "cuda-emulated".parse::<DeviceChoice>().unwrap(),
             DeviceChoice::CudaEmulated
         );
+        assert_eq!(
+            "cuda-null".parse::<DeviceChoice>().unwrap(),
+            DeviceChoice::CudaNull
+        );
         for bad in ["tpu", "gpu:", "gpu:x", "GPU", "cuda:"] {
             let err = bad.parse::<DeviceChoice>().unwrap_err().to_string();
             assert!(
-                err.contains("expected cpu, cuda, cuda:N or cuda-emulated"),
+                err.contains("expected cpu, cuda, cuda:N, cuda-emulated or cuda-null"),
                 "{err}"
             );
         }

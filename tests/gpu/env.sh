@@ -3,7 +3,10 @@
 # loader at the image's CUDA 13 libraries (its NVRTC and cuBLAS wheels).
 stage=/tmp/kiln-gpu
 mkdir -p "$stage"
-tar -C "$stage" -xJf .gpu/suite/bin.tar.xz
+# Unpacked once per payload (a lease's parts each source this).
+if ! cmp -s .gpu/suite/commit "$stage/bin.commit" || [ .gpu/suite/bin.tar.xz -nt "$stage/bin.commit" ]; then
+  tar -C "$stage" -xJf .gpu/suite/bin.tar.xz && cp .gpu/suite/commit "$stage/bin.commit"
+fi
 bin=$stage/bin
 libs=$(python3 - <<'PY'
 import glob, os, site

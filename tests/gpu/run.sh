@@ -55,6 +55,11 @@ export KILN_WORKSPACE=$PWD KILN_HOST_BIN=$bin/host KILN_TEST_CUDA_DEVICE=$device
 
 suite() {
   local name=$1; shift
+  # KILN_GPU_SUITE_SKIP: suites not to run (names, space-separated).
+  if [[ " ${KILN_GPU_SUITE_SKIP:-} " == *" $name "* ]]; then
+    echo "| $name | skipped (KILN_GPU_SUITE_SKIP) | |" >> "$report"
+    return
+  fi
   local started=$SECONDS
   # A hung suite must not take the rest of the lease with it.
   timeout "${KILN_GPU_SUITE_TIMEOUT:-180}" "$@" > "$out/$name.log" 2>&1

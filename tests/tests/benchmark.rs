@@ -238,3 +238,65 @@ fn benchmark_runs_a_shape_with_random_weights() {
         assert!(err.contains(expected), "{args:?}: {err}");
     }
 }
+
+/// `--device cuda-null` runs the CUDA backend's host side over a device that
+/// runs nothing: the same steps and the same kernels a step as the CUDA
+/// device the tests run on (the emulator in CI), no roofline (nothing to
+/// measure), and only `host benchmark` takes it.
+#[test]
+fn the_null_device_times_the_host_issuing_the_same_kernels() {
+    let shape = workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
+    let shape = shape.to_str().unwrap();
+    let cuda = kiln_tests::models::cuda_test_device().to_string();
+    let report = |device: &str| -> serde_json::Value {
+        let output = run_host(
+            [
+                "benchmark",
+                "--shape",
+                shape,
+                "--device",
+                device,
+                "--input-len",
+                "6",
+                "--output-len",
+                "4",
+                "--concurrency",
+                "1,3",
+                "--json",
+            ],
+            &[],
+        );
+        assert!(output.status.success(), "{device}: {}", text(&output).1);
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    let (null, real) = (report("cuda-null"), report(&cuda));
+    assert!(
+        null["device"].as_str().unwrap().contains("null device"),
+        "{null}"
+    );
+    assert_eq!(null["roofline"], serde_json::Value::Null, "{null}");
+    let levels = |r: &serde_json::Value| r["levels"].as_array().unwrap().clone();
+    for (n, r) in levels(&null).iter().zip(levels(&real)) {
+        for field in ["output_tokens", "steps", "kernels_per_step"] {
+            assert_eq!(n[field], r[field], "{field}: null {n}, {cuda} {r}");
+        }
+        assert!(n["host_ms_per_step"].as_f64().unwrap() > 0.0, "{n}");
+    }
+
+    let gguf = workspace_root().join("tests/fixtures/reference/tiny_llama.f32.gguf");
+    let output = run_host(
+        [
+            "generate",
+            "--model",
+            gguf.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3",
+            "--device",
+            "cuda-null",
+        ],
+        &[],
+    );
+    assert!(!output.status.success());
+    let (_, err) = text(&output);
+    assert!(err.contains("only `host benchmark` takes it"), "{err}");
+}

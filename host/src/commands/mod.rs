@@ -42,13 +42,19 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
         plugins,
         runtime,
     } = args;
+    let options = load_options(runtime)?;
+    anyhow::ensure!(
+        options.device != crate::device::DeviceChoice::CudaNull,
+        "--device cuda-null runs no kernels, so its outputs mean nothing: only `host benchmark` \
+         takes it (to time the host's share of a step)"
+    );
     let registry = ArchitectureRegistry::load(&plugins.custom_architectures)?;
     let resolved = resolve(
         &model.model,
         model.location.revision.as_deref(),
         model.location.weight_path.as_deref(),
     )?;
-    Ok(model::load(&registry, resolved, &load_options(runtime)?)?)
+    Ok(model::load(&registry, resolved, &options)?)
 }
 
 /// How `runtime` says a model is loaded.
@@ -56,7 +62,7 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
     let device: crate::device::DeviceChoice = runtime.device.parse()?;
     let kv_cache_dtype: crate::runtime::KvCacheDtype = runtime.kv_cache_dtype.into();
     anyhow::ensure!(
-        device == crate::device::DeviceChoice::Cpu || !kv_cache_dtype.cpu_only(),
+        !device.is_cuda() || !kv_cache_dtype.cpu_only(),
         "--kv-cache-dtype {} is for the CPU backend: the cache on a GPU holds bfloat16 or float32",
         kv_cache_dtype.name()
     );

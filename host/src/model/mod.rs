@@ -215,9 +215,10 @@ pub fn load(
 ) -> Result<Model, ModelError> {
     // The CPU backend streams the weights from host memory at every decode
     // step: best from huge pages. A CUDA backend copies them away.
-    let bytes = match options.device {
-        DeviceChoice::Cpu => TensorBytes::HugePages,
-        DeviceChoice::Cuda(_) | DeviceChoice::CudaEmulated => TensorBytes::Mapped,
+    let bytes = if options.device.is_cuda() {
+        TensorBytes::Mapped
+    } else {
+        TensorBytes::HugePages
     };
     let (checkpoint, hf_config) = open_checkpoint(&resolved, bytes)?;
     // The tokenizer is independent of the graph: build it on another core

@@ -132,7 +132,7 @@ pub trait Backend: Send + Sync {
     ) -> Result<Option<usize>, RuntimeError>;
 
     /// The decode-step memory roofline of the device, measured now (`None`
-    /// on the CPU).
+    /// on the CPU and on a device that runs nothing).
     fn roofline(&self) -> Result<Option<Roofline>, RuntimeError>;
 
     /// The device's count of kernels run (`None` on the CPU).

@@ -224,6 +224,12 @@ pub type DeviceResult<T> = Result<T, DeviceError>;
 pub trait Device: Send + Sync {
     /// What this device is, e.g. `NVIDIA H100 80GB HBM3 (sm_90)`.
     fn name(&self) -> String;
+    /// Whether the device runs what it is given: `false` for the
+    /// [null device](super::null::NullDevice), which measures the host alone
+    /// (no bandwidth or GEMM rate to measure there).
+    fn computes(&self) -> bool {
+        true
+    }
     /// Free and total memory in bytes.
     fn memory(&self) -> DeviceResult<(usize, usize)>;
     /// `bytes` of zeroed memory.

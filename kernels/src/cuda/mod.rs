@@ -1,12 +1,14 @@
 //! The CUDA side of the shared kernels: CUDA C sources (hand-written under
 //! `kernels/cuda/`, embedded), the [`Device`] interface the CUDA backend runs
-//! on, and its two implementations: the real GPU through the driver, NVRTC
-//! and cuBLAS ([`driver`]), and the kernel [`emulator`] that runs the same
-//! sources on the CPU.
+//! on, and its implementations: the real GPU through the driver, NVRTC
+//! and cuBLAS ([`driver`]), the kernel [`emulator`] that runs the same
+//! sources on the CPU, and the [`null`] device that runs nothing (the host's
+//! share of a step, measured alone).
 
 pub mod device;
 pub mod driver;
 pub mod emulator;
+pub mod null;
 pub mod nvrtc;
 pub mod sources;
 

@@ -93,6 +93,9 @@ impl Backend for CudaExecutor {
 
     fn roofline(&self) -> Result<Option<Roofline>, RuntimeError> {
         let device = self.device.as_ref();
+        if !device.computes() {
+            return Ok(None);
+        }
         let copy_bytes_per_s = measure::copy_bandwidth(device)
             .map_err(|e| RuntimeError::Device(format!("measuring the copy bandwidth: {e}")))?;
         let gemm_flops_per_s = measure::gemm_rate(device)

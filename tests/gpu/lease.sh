@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# A whole GPU lease in one device-tool call. A lease is 15 minutes of device
+# time from the machine's start (a minute or two) to its return, and no
+# machine starts with under 4 minutes left: one call of at most ~9 minutes is
+# all a lease holds. This runs, in order of what each result decides, the
+# CUDA suites that take seconds, then the speed measurements, and skips each
+# part whose estimate would pass the deadline, so what did run comes back.
+#
+#   here:  tests/gpu/pack.sh        (.gpu/suite; SmolLM2's halves are not carried)
+#   there: carry [".gpu/suite"], timeout_s 570, command: tests/gpu/lease.sh
+#
+# Back in $OUT: lease.md (each part, its time, or why it was skipped),
+# gpu-suite.md and its logs, gpu-bench.md (bench/gpu/table.py; PyTorch's
+# columns are the committed 2026-11-24 H200 runs, named in its header) and
+# every run's JSON and text. KILN_LEASE_SECONDS (default 480) is the
+# deadline, counted from the start of this script.
+#
+# Dry run without a GPU (the suites on the emulator, the benchmarks at full
+# shape on the null device, which times the host alone):
+#   KILN_GPU_SUITE_DEVICE=cuda-emulated KILN_BENCH_DEVICE=cuda-null tests/gpu/lease.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+deadline=${KILN_LEASE_SECONDS:-480}
+results=/tmp/kiln-gpu/bench
+mkdir -p "$results"
+log=$results/lease.md
+{
+  echo "# GPU lease"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "- commit: $(cat .gpu/suite/commit 2>/dev/null || git rev-parse HEAD)"
+  echo "- card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+  echo "- deadline: $deadline s"
+  echo
+  echo "| part | result | seconds |"
+  echo "| --- | --- | --- |"
+} > "$log"
+
+# PyTorch at the same shapes on the same kind of card, measured 2026-11-24
+# (torch.compile alone takes minutes: no lease has them to spare).
+cp bench/results/gpu-2026-11-24/torch-*.json "$results/" 2>/dev/null
+
+# Runs `part NAME ESTIMATE COMMAND...` unless ESTIMATE seconds would pass the
+# deadline; a part is stopped at twice its estimate or at the deadline.
+part() {
+  local name=$1 estimate=$2
+  shift 2
+  local left=$((deadline - SECONDS))
+  if [ "$estimate" -gt "$left" ]; then
+    echo "| $name | skipped: ~$estimate s, $left s left | |" >> "$log"
+    return
+  fi
+  local limit=$((2 * estimate < left ? 2 * estimate : left)) started=$SECONDS
+  echo "== $name (limit $limit s)"
+  timeout "$limit" "$@" > "$results/lease-$name.log" 2>&1
+  local rc=$?
+  local result=passed
+  [ $rc -eq 124 ] && result="stopped at $limit s"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && result="FAILED ($rc)"
+  echo "| $name | $result | $((SECONDS - started)) |" >> "$log"
+  tail -5 "$results/lease-$name.log"
+  # Should the call be cut short, what ran is back.
+  [ -n "${OUT:-}" ] && cp "$log" "$OUT/"
+}
+
+bench() { bench/gpu/run.sh "$@"; }
+
+# Correctness first: every suite that runs in seconds (NVRTC's is CI's).
+part suite 120 env KILN_GPU_SUITE_SKIP=nvrtc KILN_GPU_SUITE_TIMEOUT=60 tests/gpu/run.sh suite
+# Issue 14's table: decode at 1, 16 and 64 streams and a 2048-token prefill.
+part kiln-bf16 120 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench kiln
+# Where a step's time goes at 64 streams and in prefill (Nsight Systems).
+part profile 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:64 llama3-8b:bf16:1:2048:1" bench profile
+part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench kiln
+# What programmatic launch and the tensor-core dense products gain.
+part pdl 60 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench pdl
+part dense 70 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench dense
+part sampled 80 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench sampled
+part profile-batch-1 60 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1" bench profile
+part kiln-q4_k_m-fast 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m+fast" bench kiln
+
+python3 bench/gpu/table.py "$results" > "$results/gpu-bench.md" 2>&1
+echo >> "$log"
+echo "Finished at $SECONDS s." >> "$log"
+cat "$log" "$results/gpu-bench.md"
+if [ -n "${OUT:-}" ]; then
+  cp "$log" "$results/gpu-bench.md" "$OUT/"
+  [ -f /tmp/kiln-gpu/out/gpu-suite.md ] && cp /tmp/kiln-gpu/out/gpu-suite.md "$OUT/"
+  tar -C /tmp/kiln-gpu -czf "$OUT/lease-logs.tar.gz" bench out 2>/dev/null
+  rm -f "$OUT/gpu-bench-json.tar.gz" "$OUT/gpu-suite-logs.tar.gz"
+fi
+exit 0
