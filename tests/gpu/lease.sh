@@ -63,21 +63,20 @@ part() {
   [ -n "${OUT:-}" ] && cp "$log" "$OUT/"
 }
 
-bench() { bench/gpu/run.sh "$@"; }
 
 # Correctness first: every suite that runs in seconds (NVRTC's is CI's).
 part suite 120 env KILN_GPU_SUITE_SKIP=nvrtc KILN_GPU_SUITE_TIMEOUT=60 tests/gpu/run.sh suite
 # Issue 14's table: decode at 1, 16 and 64 streams and a 2048-token prefill.
-part kiln-bf16 120 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench kiln
+part kiln-bf16 120 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench/gpu/run.sh kiln
 # Where a step's time goes at 64 streams and in prefill (Nsight Systems).
-part profile 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:64 llama3-8b:bf16:1:2048:1" bench profile
-part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench kiln
+part profile 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:64 llama3-8b:bf16:1:2048:1" bench/gpu/run.sh profile
+part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh kiln
 # What programmatic launch and the tensor-core dense products gain.
-part pdl 60 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench pdl
-part dense 70 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench dense
-part sampled 80 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench sampled
-part profile-batch-1 60 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1" bench profile
-part kiln-q4_k_m-fast 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m+fast" bench kiln
+part pdl 60 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench/gpu/run.sh pdl
+part dense 70 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh dense
+part sampled 80 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh sampled
+part profile-batch-1 60 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1" bench/gpu/run.sh profile
+part kiln-q4_k_m-fast 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m+fast" bench/gpu/run.sh kiln
 
 python3 bench/gpu/table.py "$results" > "$results/gpu-bench.md" 2>&1
 echo >> "$log"

@@ -63,8 +63,14 @@ suite() {
   local started=$SECONDS
   # A hung suite must not take the rest of the lease with it.
   timeout "${KILN_GPU_SUITE_TIMEOUT:-180}" "$@" > "$out/$name.log" 2>&1
-  case $? in
+  local rc=$?
+  # A test filter that matches nothing passes as cargo sees it: not here.
+  if [ $rc -eq 0 ] && grep -q "^running 0 tests" "$out/$name.log" && ! grep -q "^running [1-9]" "$out/$name.log"; then
+    rc=no-tests
+  fi
+  case $rc in
     0) result=passed ;;
+    no-tests) result="FAILED: no test matched (see $name.log)" ;;
     124) result="TIMED OUT after ${KILN_GPU_SUITE_TIMEOUT:-180} s (see $name.log)" ;;
     *) result="FAILED (see $name.log)" ;;
   esac

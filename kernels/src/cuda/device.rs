@@ -203,6 +203,20 @@ pub struct Gemm {
     pub y_type: GemmType,
 }
 
+impl Gemm {
+    /// Refuses what cuBLAS's `GemmEx` with f32 compute does not take: an f32
+    /// product stores f32, a half one f32 or its own half type.
+    pub fn check(&self) -> DeviceResult<()> {
+        if self.y_type == GemmType::F32 || (self.ty != GemmType::F32 && self.y_type == self.ty) {
+            return Ok(());
+        }
+        Err(DeviceError::new(format!(
+            "a {:?} product cannot store {:?} (f32, or its own half type)",
+            self.ty, self.y_type
+        )))
+    }
+}
+
 /// A device failure, with what was being done.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

@@ -16,7 +16,7 @@ use super::device::{
     Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
     LaunchConfig, PackedArgs, Readback, WeightLayout,
 };
-use super::nvrtc;
+use super::{nvrtc, sources};
 
 /// Which CUDA library is missing, if any, in the order they are needed.
 pub fn missing_library() -> Option<&'static str> {
@@ -42,6 +42,8 @@ const CUBLAS_WORKSPACE: usize = 32 << 20;
 const STAGING_BYTES: usize = 8 << 20;
 
 struct Inner {
+    /// Loaded modules (unloaded in `Drop`) and their kernels.
+    modules: Vec<sys::CUmodule>,
     functions: Vec<sys::CUfunction>,
     /// Instantiated graphs and their kernels (`None` once released).
     graphs: Vec<Option<(sys::CUgraphExec, u64)>>,
@@ -63,10 +65,22 @@ struct Inner {
 }
 
 impl Inner {
-    /// Notes that work was queued on the stream.
+    /// Notes that work was queued on the stream (work a capture records
+    /// is not queued: it runs when the graph is replayed).
     fn queued(&mut self) {
-        self.pending = true;
-        self.issued += 1;
+        if self.captured_kernels.is_none() {
+            self.pending = true;
+            self.issued += 1;
+        }
+    }
+
+    /// Fails for what a stream capture must not record (a CUDA graph
+    /// holds no uploads, readbacks, waits or allocations).
+    fn refuse_in_capture(&self, what: &str) -> DeviceResult<()> {
+        match self.captured_kernels {
+            Some(_) => Err(DeviceError::new(format!("{what} cannot be captured"))),
+            None => Ok(()),
+        }
     }
 
     /// Notes a launch or GEMM: run, or recorded by a capture.
@@ -126,6 +140,8 @@ pub struct CudaDevice {
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     cublas: cublas_sys::cublasHandle_t,
+    /// cuBLAS's workspace (freed in `Drop`, after the handle).
+    workspace: DevicePtr,
     /// `sm_90` etc., for NVRTC.
     arch: &'static str,
     /// Programmatic dependent launch (compute capability 9.0 and newer).
@@ -224,23 +240,7 @@ impl CudaDevice {
             }
         };
         let name = context.name().map_err(driver_error("device name"))?;
-        let handle = cublas::create_handle()
-            .map_err(|e| DeviceError::new(format!("cublasCreate: {e:?}")))?;
-        // SAFETY: the handle and the stream are live.
-        unsafe { cublas::set_stream(handle, stream.cu_stream() as _) }
-            .map_err(|e| DeviceError::new(format!("cublasSetStream: {e:?}")))?;
-        // A workspace of our own (setting the stream resets it): cuBLAS then
-        // allocates nothing while a step is captured as a CUDA graph, and the
-        // memory counts before the KV cache is sized.
-        // SAFETY: a plain allocation, kept for the device's life.
-        let workspace = unsafe { result::malloc_sync(CUBLAS_WORKSPACE) }
-            .map_err(driver_error("allocating the cuBLAS workspace"))?;
-        // SAFETY: the handle is live; the workspace outlives it.
-        unsafe {
-            cublas_sys::cublasSetWorkspace_v2(handle, workspace as *mut c_void, CUBLAS_WORKSPACE)
-        }
-        .result()
-        .map_err(|e| DeviceError::new(format!("cublasSetWorkspace: {e:?}")))?;
+        let (handle, workspace) = cublas_on(&stream)?;
         Ok(Self {
             context,
             stream,
@@ -249,7 +249,9 @@ impl CudaDevice {
             programmatic: major >= 9,
             name: format!("{name} ({arch})"),
             cache_dir,
+            workspace,
             inner: Mutex::new(Inner {
+                modules: Vec::new(),
                 functions: Vec::new(),
                 graphs: Vec::new(),
                 staging: Staging::new(),
@@ -264,6 +266,11 @@ impl CudaDevice {
         })
     }
 
+    /// Fails for what a stream capture must not record.
+    fn refuse_in_capture(&self, what: &str) -> DeviceResult<()> {
+        self.inner().refuse_in_capture(what)
+    }
+
     fn bind(&self) -> DeviceResult<()> {
         self.context
             .bind_to_thread()
@@ -271,32 +278,40 @@ impl CudaDevice {
     }
 
     /// The module's cubin from the disk cache, else compiled by NVRTC and
-    /// stored (a warm start compiles nothing).
+    /// stored (a warm start compiles nothing). The key covers what NVRTC
+    /// compiles: the source with its headers inlined, the options, the
+    /// architecture and NVRTC's version.
     fn cubin(&self, name: &str, source: &str) -> DeviceResult<Vec<u8>> {
-        let (major, minor) = nvrtc::version()?;
-        let mut hasher = Sha256::new();
-        hasher.update(source.as_bytes());
-        hasher.update(self.arch.as_bytes());
-        hasher.update(format!("nvrtc {major}.{minor}").as_bytes());
-        let key: String = hasher.finalize()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let path = self.cache_dir.join(format!("{key}.cubin"));
+        let path = self.cubin_path(name, source)?;
         if let Ok(image) = std::fs::read(&path) {
             return Ok(image);
         }
         let image = nvrtc::compile(name, source, self.arch, false)?.image;
         // The cache is an optimization: a failure to store is not an error.
-        let partial = self
-            .cache_dir
-            .join(format!("{key}.{}.tmp", std::process::id()));
+        let partial = path.with_extension(format!("{}.tmp", std::process::id()));
         if std::fs::create_dir_all(&self.cache_dir).is_ok()
             && std::fs::write(&partial, &image).is_ok()
         {
             let _ = std::fs::rename(&partial, &path);
         }
         Ok(image)
+    }
+
+    /// Where the disk cache keeps `source`'s cubin for this device.
+    fn cubin_path(&self, name: &str, source: &str) -> DeviceResult<PathBuf> {
+        let (major, minor) = nvrtc::version()?;
+        let mut hasher = Sha256::new();
+        hasher.update(sources::inline_common_header(name, source).as_bytes());
+        for option in nvrtc::OPTIONS {
+            hasher.update(option.as_bytes());
+        }
+        hasher.update(self.arch.as_bytes());
+        hasher.update(format!("nvrtc {major}.{minor}").as_bytes());
+        let key: String = hasher.finalize()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(self.cache_dir.join(format!("{key}.cubin")))
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -357,6 +372,44 @@ impl CudaDevice {
     }
 }
 
+/// A cuBLAS handle on `stream` with a workspace of our own (setting the
+/// stream resets it): cuBLAS then allocates nothing while a step is
+/// captured as a CUDA graph, and the memory counts before the KV cache is
+/// sized. Nothing is left behind on failure.
+fn cublas_on(stream: &CudaStream) -> DeviceResult<(cublas_sys::cublasHandle_t, DevicePtr)> {
+    let handle =
+        cublas::create_handle().map_err(|e| DeviceError::new(format!("cublasCreate: {e:?}")))?;
+    let release = |workspace: Option<DevicePtr>, error: DeviceError| {
+        // SAFETY: the handle and the workspace were created above, and are
+        // released once.
+        unsafe {
+            let _ = cublas::destroy_handle(handle);
+            if let Some(workspace) = workspace {
+                let _ = result::free_sync(workspace);
+            }
+        }
+        error
+    };
+    // SAFETY: the handle and the stream are live.
+    unsafe { cublas::set_stream(handle, stream.cu_stream() as _) }
+        .map_err(|e| release(None, DeviceError::new(format!("cublasSetStream: {e:?}"))))?;
+    // SAFETY: a plain allocation, kept for the device's life.
+    let workspace = unsafe { result::malloc_sync(CUBLAS_WORKSPACE) }
+        .map_err(|e| release(None, driver_error("allocating the cuBLAS workspace")(e)))?;
+    // SAFETY: the handle is live; the workspace outlives it.
+    unsafe {
+        cublas_sys::cublasSetWorkspace_v2(handle, workspace as *mut c_void, CUBLAS_WORKSPACE)
+    }
+    .result()
+    .map_err(|e| {
+        release(
+            Some(workspace),
+            DeviceError::new(format!("cublasSetWorkspace: {e:?}")),
+        )
+    })?;
+    Ok((handle, workspace))
+}
+
 impl Device for CudaDevice {
     fn name(&self) -> String {
         self.name.clone()
@@ -368,6 +421,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr> {
+        self.refuse_in_capture("an allocation")?;
         self.bind()?;
         // SAFETY: a plain allocation, zeroed on our stream (so later kernels
         // on it see the zeros) before it is handed out.
@@ -383,8 +437,14 @@ impl Device for CudaDevice {
 
     fn free(&self, ptr: DevicePtr) {
         if self.bind().is_ok() {
-            // SAFETY: `ptr` came from `alloc` and is freed once.
-            let _ = unsafe { result::free_sync(ptr) };
+            // Queued work may still read it (frees are rare: at load, when
+            // the arena grows, at exit).
+            // SAFETY: the stream is live; `ptr` came from `alloc` and is
+            // freed once.
+            unsafe {
+                let _ = result::stream::synchronize(self.stream.cu_stream());
+                let _ = result::free_sync(ptr);
+            }
         }
     }
 
@@ -394,6 +454,7 @@ impl Device for CudaDevice {
         }
         self.bind()?;
         let mut inner = self.inner();
+        inner.refuse_in_capture("an upload")?;
         inner.queued();
         let stream = self.stream.cu_stream();
         let len = bytes.len();
@@ -424,6 +485,7 @@ impl Device for CudaDevice {
     }
 
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
+        self.refuse_in_capture("a download")?;
         self.bind()?;
         self.wait(&mut self.inner())?;
         // SAFETY: the stream's work is finished before the copy.
@@ -433,6 +495,7 @@ impl Device for CudaDevice {
     fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback> {
         self.bind()?;
         let mut inner = self.inner();
+        inner.refuse_in_capture("a download")?;
         let total: usize = parts.iter().map(|p| p.1).sum();
         let index = Self::readback_slot(&mut inner, total)?;
         let stream = self.stream.cu_stream();
@@ -442,11 +505,17 @@ impl Device for CudaDevice {
             // SAFETY: `at + len` fits the slot's pinned memory, which no
             // other queued copy writes (the slot is free); `src` addresses a
             // live allocation of at least `len` (the caller's plan).
-            unsafe {
+            let copied = unsafe {
                 let dst = std::slice::from_raw_parts_mut(slot.base.add(at), len);
                 result::memcpy_dtoh_async(dst, src, stream)
+            };
+            if let Err(e) = copied {
+                // The copies queued before it write the slot, which stays
+                // free: they must be done before it is reused or freed.
+                // SAFETY: the stream is live.
+                let _ = unsafe { result::stream::synchronize(stream) };
+                return Err(driver_error("device to host copy")(e));
             }
-            .map_err(driver_error("device to host copy"))?;
             at += len;
         }
         // SAFETY: the event and the stream are live.
@@ -496,14 +565,25 @@ impl Device for CudaDevice {
         self.bind()?;
         let image = self.cubin(name, source)?;
         // SAFETY: the image is a cubin NVRTC made for this device.
-        let module = unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }
-            .map_err(driver_error("loading a module"))?;
+        let loaded = unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) };
+        let module = match loaded {
+            Ok(module) => module,
+            // A damaged cached image: compiled again, once.
+            Err(_) => {
+                let _ = std::fs::remove_file(self.cubin_path(name, source)?);
+                let image = self.cubin(name, source)?;
+                // SAFETY: as above, freshly compiled.
+                unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }
+                    .map_err(driver_error("loading a module"))?
+            }
+        };
         let mut inner = self.inner();
+        inner.modules.push(module);
         let mut ids = Vec::with_capacity(kernels.len());
         for kernel in kernels {
             let c_name =
                 std::ffi::CString::new(*kernel).map_err(|_| DeviceError::new("bad name"))?;
-            // SAFETY: the module is live (never unloaded).
+            // SAFETY: the module is live (unloaded in `Drop`).
             let function = unsafe { result::module::get_function(module, c_name) }
                 .map_err(|e| DeviceError::new(format!("{name}: kernel `{kernel}`: {e}")))?;
             ids.push(FunctionId(inner.functions.len()));
@@ -550,6 +630,7 @@ impl Device for CudaDevice {
 
     fn gemm(&self, g: &Gemm) -> DeviceResult<()> {
         use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+        g.check()?;
         self.bind()?;
         let data_type = |ty: GemmType| match ty {
             GemmType::F32 => cudaDataType::CUDA_R_32F,
@@ -616,10 +697,9 @@ impl Device for CudaDevice {
         let exec = unsafe {
             let graph = result::stream::end_capture(self.stream.cu_stream())
                 .map_err(driver_error("cuStreamEndCapture"))?;
-            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0))
-                .map_err(driver_error("cuGraphInstantiate"))?;
+            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
             let _ = result::graph::destroy(graph);
-            exec
+            exec.map_err(driver_error("cuGraphInstantiate"))?
         };
         let mut inner = self.inner();
         inner.graphs.push(Some((exec, kernels)));
@@ -651,6 +731,7 @@ impl Device for CudaDevice {
     }
 
     fn synchronize(&self) -> DeviceResult<()> {
+        self.refuse_in_capture("a wait")?;
         self.bind()?;
         self.wait(&mut self.inner())
     }
@@ -690,8 +771,16 @@ impl Drop for CudaDevice {
                 // SAFETY: each graph was instantiated here and is destroyed once.
                 let _ = unsafe { result::graph::exec_destroy(exec) };
             }
-            // SAFETY: the handle was created in `open`.
-            let _ = unsafe { cublas::destroy_handle(self.cublas) };
+            for &module in &inner.modules {
+                // SAFETY: each module was loaded here and is unloaded once.
+                let _ = unsafe { result::module::unload(module) };
+            }
+            // SAFETY: the handle and its workspace were created in `open`;
+            // the handle goes first.
+            unsafe {
+                let _ = cublas::destroy_handle(self.cublas);
+                let _ = result::free_sync(self.workspace);
+            }
         }
     }
 }

@@ -564,6 +564,7 @@ impl Device for Emulator {
     }
 
     fn gemm(&self, gemm: &Gemm) -> DeviceResult<()> {
+        gemm.check()?;
         let work = self.state().issue(Recorded::Gemm(*gemm));
         work.map_or(Ok(()), |work| self.run(&work))
     }

@@ -203,7 +203,8 @@ impl Device for NullDevice {
         Ok(())
     }
 
-    fn gemm(&self, _gemm: &Gemm) -> DeviceResult<()> {
+    fn gemm(&self, gemm: &Gemm) -> DeviceResult<()> {
+        gemm.check()?;
         self.state().issue(1);
         Ok(())
     }
@@ -296,5 +297,36 @@ mod tests {
         assert_eq!(device.memory().unwrap().0, (1 << 30) - 10);
         device.release_graph(graph);
         assert!(device.replay(graph).is_err());
+    }
+
+    #[test]
+    fn gemms_store_what_cublas_can() {
+        use crate::cuda::{GemmType, WeightLayout};
+        let device = NullDevice::new(1 << 20);
+        let gemm = |ty, y_type| Gemm {
+            m: 1,
+            n: 1,
+            k: 1,
+            ty,
+            x: FIRST_ADDRESS,
+            w: FIRST_ADDRESS,
+            layout: WeightLayout::OutIn,
+            y: FIRST_ADDRESS,
+            y_type,
+        };
+        use GemmType::{BF16, F16, F32};
+        for (ty, y_type) in [
+            (F32, F32),
+            (BF16, F32),
+            (BF16, BF16),
+            (F16, F32),
+            (F16, F16),
+        ] {
+            device.gemm(&gemm(ty, y_type)).unwrap();
+        }
+        for (ty, y_type) in [(F32, BF16), (BF16, F16), (F16, BF16)] {
+            let err = device.gemm(&gemm(ty, y_type)).unwrap_err().to_string();
+            assert!(err.contains("cannot store"), "{err}");
+        }
     }
 }

@@ -54,6 +54,9 @@ pub fn version() -> Result<(i32, i32), DeviceError> {
     Ok((major, minor))
 }
 
+/// NVRTC's options besides the architecture (part of a cached cubin's key).
+pub const OPTIONS: [&str; 2] = ["--std=c++17", "--fmad=false"];
+
 /// Compiles `source` for `arch` (`compute_80` gives PTX, `sm_90` a cubin).
 /// With `verbose_ptxas`, the log carries ptxas's registers and spills per
 /// kernel (cubin targets only).
@@ -68,11 +71,8 @@ pub fn compile(
     let c_name = CString::new(name).map_err(|_| DeviceError::new("bad source name"))?;
     let program = result::create_program(&text, Some(&c_name))
         .map_err(|e| DeviceError::new(format!("{name}: nvrtcCreateProgram: {e:?}")))?;
-    let mut options = vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".to_owned(),
-        "--fmad=false".to_owned(),
-    ];
+    let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(OPTIONS.iter().map(|o| (*o).to_owned()));
     if verbose_ptxas {
         options.push("--ptxas-options=-v".to_owned());
     }
