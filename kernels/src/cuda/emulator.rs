@@ -650,7 +650,12 @@ impl Device for Emulator {
     }
 
     fn synchronize(&self) -> DeviceResult<()> {
-        self.state().wait();
+        let mut state = self.state();
+        // As on a GPU, where waiting for a capturing stream fails.
+        if state.capture.is_some() {
+            return Err(DeviceError::new("a wait cannot be captured"));
+        }
+        state.wait();
         Ok(())
     }
 

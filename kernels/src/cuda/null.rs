@@ -247,7 +247,9 @@ impl Device for NullDevice {
     }
 
     fn synchronize(&self) -> DeviceResult<()> {
-        self.state().wait();
+        let mut state = self.state();
+        state.refuse_in_capture("a wait")?;
+        state.wait();
         Ok(())
     }
 
@@ -284,6 +286,7 @@ mod tests {
         device.launch(f[0], config, &[]).unwrap();
         device.launch(f[1], config, &[]).unwrap();
         assert!(device.upload(a, &[1]).is_err(), "no upload in a capture");
+        assert!(device.synchronize().is_err(), "no wait in a capture");
         let graph = device.end_capture().unwrap();
         assert_eq!(device.kernels_run(), 1, "captured kernels do not run");
         device.replay(graph).unwrap();
