@@ -45,7 +45,7 @@ __device__ void write_kv(const float* __restrict__ k, const float* __restrict__ 
   }
 }
 
-extern "C" __global__ void kiln_write_kv(const float* __restrict__ k, const float* __restrict__ v,
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_write_kv(const float* __restrict__ k, const float* __restrict__ v,
                                          float* __restrict__ k_cache, float* __restrict__ v_cache,
                                          const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                          const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
@@ -55,7 +55,7 @@ extern "C" __global__ void kiln_write_kv(const float* __restrict__ k, const floa
            stride);
 }
 
-extern "C" __global__ void kiln_write_kv_bf16(const float* __restrict__ k, const float* __restrict__ v,
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_write_kv_bf16(const float* __restrict__ k, const float* __restrict__ v,
                                               bf16_bits* __restrict__ k_cache, bf16_bits* __restrict__ v_cache,
                                               const i64* __restrict__ row_offsets,
                                               const i64* __restrict__ context_lens,

@@ -67,7 +67,10 @@ __device__ __forceinline__ void accumulate(float* acc, const float* w, int count
           for (int t = 0; t < 4; ++t) sum = fmaf(w[j + t], __uint_as_float(v.v[t]), sum);
         }
       } else {
-        for (int j = 0; j < count; ++j) sum = fmaf(w[j], __ldg(xi + j), sum);
+        // A plain load, not __ldg: x is written by the kernel before, which
+        // a programmatic launch overlaps (the non-coherent path assumes
+        // read-only data for the kernel's whole life).
+        for (int j = 0; j < count; ++j) sum = fmaf(w[j], xi[j], sum);
       }
       acc[i] = fmaf(scale, sum, acc[i]);
     }

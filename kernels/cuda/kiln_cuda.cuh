@@ -18,6 +18,12 @@ typedef unsigned short bf16_bits;
 typedef unsigned short f16_bits;
 
 #define KILN_FULL_MASK 0xffffffffu
+// The largest block a launch may ask for. Kernels the host launches with a
+// block that follows the row (norms, rotary, cache writes: up to 1024
+// threads) say so with __launch_bounds__(KILN_MAX_THREADS), so the compiler
+// keeps them within 64 registers a thread (a larger count fails the launch
+// on a GPU, which the emulator cannot show; the NVRTC test allows no spill).
+#define KILN_MAX_THREADS 1024
 #define KILN_NEG_INF __int_as_float((int)0xff800000u)
 
 __device__ __forceinline__ float bf16_to_f32(bf16_bits b) {
@@ -349,7 +355,12 @@ __device__ __forceinline__ bool last_block_done(unsigned* counter, unsigned bloc
   __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicInc(counter, blocks - 1) == blocks - 1;
+  if (threadIdx.x == 0) {
+    last = atomicInc(counter, blocks - 1) == blocks - 1;
+    // The acquire side: the other blocks' fenced writes are ordered before
+    // the last block's reads (the count alone is a relaxed atomic).
+    if (last) __threadfence();
+  }
   __syncthreads();
   return last;
 }

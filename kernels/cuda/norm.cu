@@ -95,13 +95,13 @@ __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __rest
   }
 }
 
-extern "C" __global__ void kiln_rms_norm_chunks(const float* __restrict__ x, const float* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rms_norm_chunks(const float* __restrict__ x, const float* __restrict__ w,
                                                 float* __restrict__ y, int cols, float eps, float offset,
                                                 int out_type) {
   kiln_wait_inputs();
   rms_norm_chunks<false>(x, nullptr, w, nullptr, y, cols, eps, offset, out_type);
 }
-extern "C" __global__ void kiln_add_rms_norm_chunks(const float* __restrict__ a, const float* __restrict__ b,
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_add_rms_norm_chunks(const float* __restrict__ a, const float* __restrict__ b,
                                                     const float* __restrict__ w, float* __restrict__ x,
                                                     float* __restrict__ y, int cols, float eps, float offset,
                                                     int out_type) {

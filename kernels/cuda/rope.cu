@@ -61,7 +61,7 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
   }
 }
 
-extern "C" __global__ void kiln_rope(KILN_ROPE_PARAMS) {
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rope(KILN_ROPE_PARAMS) {
   kiln_wait_inputs();
   rope_token<float>(KILN_ROPE_ARGS, nullptr);
 }
@@ -91,12 +91,12 @@ __device__ void rope_write_kv(KILN_ROPE_PARAMS, const float* __restrict__ v, C* 
       const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size
 #define KILN_ROPE_CACHE_ARGS v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size
 
-extern "C" __global__ void kiln_rope_write_kv(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(float)) {
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rope_write_kv(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(float)) {
   kiln_wait_inputs();
   rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
 }
 
-extern "C" __global__ void kiln_rope_write_kv_bf16(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(bf16_bits)) {
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rope_write_kv_bf16(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(bf16_bits)) {
   kiln_wait_inputs();
   rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
 }

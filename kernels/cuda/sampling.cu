@@ -457,7 +457,7 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
 // [rows] and of the top `max_top` [rows, max_top] (ids and values); `work`
 // [rows, vocab] is scratch. `masks`: the rows' allowed-token masks,
 // (vocab + 31) / 32 words each, where their params say.
-extern "C" __global__ void kiln_sample(const float* __restrict__ logits, float* __restrict__ work,
+extern "C" __global__ void __launch_bounds__(KILN_SAMPLE_THREADS) kiln_sample(const float* __restrict__ logits, float* __restrict__ work,
                                        const KilnSampleParams* __restrict__ params,
                                        const KilnAdjust* __restrict__ adjust,
                                        const unsigned int* __restrict__ masks, int vocab, int max_top,
