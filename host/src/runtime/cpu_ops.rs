@@ -196,6 +196,7 @@ pub fn unary_f32_in_place(op: UnaryOp, x: &mut [f32]) {
     match op {
         UnaryOp::Silu => activation::silu(x),
         UnaryOp::GeluTanh => activation::gelu_tanh(x),
+        UnaryOp::Gelu => activation::gelu(x),
         _ => {
             let f = unary_f32(op);
             x.iter_mut().for_each(|v| *v = f(*v));
@@ -220,7 +221,7 @@ pub fn unary_f32(op: UnaryOp) -> fn(f32) -> f32 {
         UnaryOp::Sigmoid => |a| 1.0 / (1.0 + (-a).exp()),
         UnaryOp::Relu => |a| a.max(0.0),
         UnaryOp::Silu => activation::silu_scalar,
-        UnaryOp::Gelu => |a| 0.5 * a * (1.0 + libm::erff(a * std::f32::consts::FRAC_1_SQRT_2)),
+        UnaryOp::Gelu => activation::gelu_scalar,
         UnaryOp::GeluTanh => activation::gelu_tanh_scalar,
         UnaryOp::Floor => f32::floor,
         UnaryOp::Ceil => f32::ceil,
