@@ -217,6 +217,137 @@ impl Gemm {
     }
 }
 
+/// How often the host waits for a device that runs work as it is issued
+/// (the emulator, the null device): work issued, readbacks queued with what
+/// they read back (`T`), and the waits [`Device::host_waits`] and
+/// [`Device::overlapped_waits`] count.
+#[derive(Debug)]
+pub(crate) struct HostWaits<T> {
+    /// Work issued so far (launches, copies, uploads, replays, readbacks).
+    issued: u64,
+    /// Work was issued since the host last waited.
+    pending: bool,
+    /// Readbacks not yet collected, and `issued` when each was queued.
+    readbacks: std::collections::HashMap<usize, (T, u64)>,
+    next_readback: usize,
+    pub(crate) waits: u64,
+    pub(crate) overlapped: u64,
+}
+
+impl<T> Default for HostWaits<T> {
+    fn default() -> Self {
+        Self {
+            issued: 0,
+            pending: false,
+            readbacks: std::collections::HashMap::new(),
+            next_readback: 0,
+            waits: 0,
+            overlapped: 0,
+        }
+    }
+}
+
+impl<T> HostWaits<T> {
+    /// Notes that work was issued.
+    pub(crate) fn queued(&mut self) {
+        self.pending = true;
+        self.issued += 1;
+    }
+
+    /// The host waits for the issued work.
+    pub(crate) fn wait(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            self.waits += 1;
+        }
+    }
+
+    /// Queues a readback of `read`.
+    pub(crate) fn queue_readback(&mut self, read: T) -> Readback {
+        let id = self.next_readback;
+        self.next_readback += 1;
+        self.readbacks.insert(id, (read, self.issued));
+        self.queued();
+        Readback(id)
+    }
+
+    /// Waits for `readback`: one wait, overlapped when work was issued
+    /// after it.
+    pub(crate) fn wait_readback(&mut self, readback: Readback) -> DeviceResult<T> {
+        let (read, issued_before) = self
+            .readbacks
+            .remove(&readback.0)
+            .ok_or_else(|| DeviceError::new(format!("no readback {}", readback.0)))?;
+        self.waits += 1;
+        // The readback itself counts one: anything past it was queued later.
+        if self.issued > issued_before + 1 {
+            self.overlapped += 1;
+        } else {
+            self.pending = false;
+        }
+        Ok(read)
+    }
+}
+
+/// Stream captures of a device that keeps its graphs itself (the emulator:
+/// the recorded work; the null device: a count of kernels): the capture in
+/// progress, `T` as it accumulates, and the captured graphs.
+#[derive(Debug)]
+pub(crate) struct Captures<T> {
+    /// The capture in progress.
+    pub(crate) current: Option<T>,
+    /// Captured graphs (`None` once released).
+    graphs: Vec<Option<T>>,
+}
+
+impl<T> Default for Captures<T> {
+    fn default() -> Self {
+        Self {
+            current: None,
+            graphs: Vec::new(),
+        }
+    }
+}
+
+impl<T> Captures<T> {
+    /// Starts capturing into `empty`.
+    pub(crate) fn begin(&mut self, empty: T) -> DeviceResult<()> {
+        if self.current.is_some() {
+            return Err(DeviceError::new("a capture is already in progress"));
+        }
+        self.current = Some(empty);
+        Ok(())
+    }
+
+    /// What the capture in progress recorded, the capture ended.
+    pub(crate) fn take(&mut self) -> DeviceResult<T> {
+        self.current
+            .take()
+            .ok_or_else(|| DeviceError::new("no capture in progress"))
+    }
+
+    /// Ends the capture in progress as a graph.
+    pub(crate) fn end(&mut self) -> DeviceResult<GraphId> {
+        let captured = self.take()?;
+        self.graphs.push(Some(captured));
+        Ok(GraphId(self.graphs.len() - 1))
+    }
+
+    /// A live graph.
+    pub(crate) fn graph(&self, graph: GraphId) -> DeviceResult<&T> {
+        self.graphs
+            .get(graph.0)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))
+    }
+
+    /// Frees a graph.
+    pub(crate) fn release(&mut self, graph: GraphId) {
+        if let Some(slot) = self.graphs.get_mut(graph.0) {
+            *slot = None;
+        }
+    }
+}
+
 /// A device failure, with what was being done.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

@@ -17,7 +17,7 @@
 //!   value that should have been read from device memory but was baked into a
 //!   launch shows up as a wrong result, as it would on a GPU.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -28,8 +28,8 @@ use half::{bf16, f16};
 use sha2::{Digest, Sha256};
 
 use super::device::{
-    Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
-    LaunchConfig, PackedArgs, Readback, WeightLayout,
+    Captures, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId,
+    HostWaits, KernelArg, LaunchConfig, PackedArgs, Readback, WeightLayout,
 };
 use super::sources::{inline_common_header, EMULATOR_HEADER};
 
@@ -92,22 +92,11 @@ struct State {
     allocated: usize,
     libraries: Vec<libloading::Library>,
     functions: Vec<Function>,
-    capture: Option<Vec<Recorded>>,
-    /// Captured graphs (`None` once released).
-    graphs: Vec<Option<Vec<Recorded>>>,
-    /// Work was issued since the host last waited.
-    pending: bool,
-    /// Waits for issued work ([`Device::host_waits`]).
-    waits: u64,
-    /// Work issued so far (launches, copies, uploads, replays).
-    issued: u64,
-    /// Readbacks not yet collected: their bytes, copied when they were
-    /// queued (everything before them has run), and `issued` then.
-    readbacks: HashMap<usize, (Vec<u8>, u64)>,
-    next_readback: usize,
-    /// Readback waits with later work already issued
-    /// ([`Device::overlapped_waits`]).
-    overlapped: u64,
+    /// The work a capture records, and the captured graphs.
+    captures: Captures<Vec<Recorded>>,
+    /// Work issued and the host's waits; a readback holds its bytes,
+    /// copied when it was queued (everything before it has run).
+    waits: HostWaits<Vec<u8>>,
     /// Launches and GEMMs run ([`Device::kernels_run`]).
     kernels: u64,
 }
@@ -116,28 +105,15 @@ impl State {
     /// Records `work` if a capture is in progress (returning `None`), else
     /// notes that work is pending and hands it back to run.
     fn issue(&mut self, work: Recorded) -> Option<Recorded> {
-        match self.capture.as_mut() {
+        match self.captures.current.as_mut() {
             Some(capture) => {
                 capture.push(work);
                 None
             }
             None => {
-                self.queued();
+                self.waits.queued();
                 Some(work)
             }
-        }
-    }
-
-    /// Notes that work was issued.
-    fn queued(&mut self) {
-        self.pending = true;
-        self.issued += 1;
-    }
-
-    /// The host waits for the issued work (here already done).
-    fn wait(&mut self) {
-        if std::mem::take(&mut self.pending) {
-            self.waits += 1;
         }
     }
 }
@@ -414,7 +390,7 @@ impl Device for Emulator {
 
     fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr> {
         let mut state = self.state();
-        if state.capture.is_some() {
+        if state.captures.current.is_some() {
             return Err(DeviceError::new("an allocation cannot be captured"));
         }
         if state.allocated + bytes > self.capacity {
@@ -452,12 +428,12 @@ impl Device for Emulator {
 
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()> {
         // As on a GPU, where an upload synchronizes the capturing stream.
-        if self.state().capture.is_some() {
+        if self.state().captures.current.is_some() {
             return Err(DeviceError::new("an upload cannot be captured"));
         }
         let mut state = self.state();
         check_range(&state, dst, bytes.len(), "upload")?;
-        state.queued();
+        state.waits.queued();
         // SAFETY: the destination lies inside a live allocation.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, bytes.len()) };
         Ok(())
@@ -465,10 +441,10 @@ impl Device for Emulator {
 
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
         let mut state = self.state();
-        if state.capture.is_some() {
+        if state.captures.current.is_some() {
             return Err(DeviceError::new("a download cannot be captured"));
         }
-        state.wait();
+        state.waits.wait();
         check_range(&state, src, out.len(), "download")?;
         // SAFETY: the source lies inside a live allocation.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, out.as_mut_ptr(), out.len()) };
@@ -477,7 +453,7 @@ impl Device for Emulator {
 
     fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback> {
         let mut state = self.state();
-        if state.capture.is_some() {
+        if state.captures.current.is_some() {
             return Err(DeviceError::new("a download cannot be captured"));
         }
         // The work before it has run (the emulator runs work as it is
@@ -488,28 +464,11 @@ impl Device for Emulator {
             // SAFETY: the source lies inside a live allocation.
             bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(src as *const u8, len) });
         }
-        let id = state.next_readback;
-        state.next_readback += 1;
-        let issued = state.issued;
-        state.readbacks.insert(id, (bytes, issued));
-        state.queued();
-        Ok(Readback(id))
+        Ok(state.waits.queue_readback(bytes))
     }
 
     fn wait_readback(&self, readback: Readback) -> DeviceResult<Vec<u8>> {
-        let mut state = self.state();
-        let (bytes, issued_before) = state
-            .readbacks
-            .remove(&readback.0)
-            .ok_or_else(|| DeviceError::new(format!("no readback {}", readback.0)))?;
-        state.waits += 1;
-        // The readback itself counts one: anything past it was queued later.
-        if state.issued > issued_before + 1 {
-            state.overlapped += 1;
-        } else {
-            state.pending = false;
-        }
-        Ok(bytes)
+        self.state().waits.wait_readback(readback)
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()> {
@@ -570,33 +529,17 @@ impl Device for Emulator {
     }
 
     fn begin_capture(&self) -> DeviceResult<()> {
-        let mut state = self.state();
-        if state.capture.is_some() {
-            return Err(DeviceError::new("a capture is already in progress"));
-        }
-        state.capture = Some(Vec::new());
-        Ok(())
+        self.state().captures.begin(Vec::new())
     }
 
     fn end_capture(&self) -> DeviceResult<GraphId> {
-        let mut state = self.state();
-        let work = state
-            .capture
-            .take()
-            .ok_or_else(|| DeviceError::new("no capture in progress"))?;
-        state.graphs.push(Some(work));
-        Ok(GraphId(state.graphs.len() - 1))
+        self.state().captures.end()
     }
 
     fn replay(&self, graph: GraphId) -> DeviceResult<()> {
         let mut state = self.state();
-        state.queued();
-        let work = state
-            .graphs
-            .get(graph.0)
-            .cloned()
-            .flatten()
-            .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
+        state.waits.queued();
+        let work = state.captures.graph(graph)?.clone();
         drop(state);
         work.iter().try_for_each(|w| self.run(w))
     }
@@ -608,18 +551,10 @@ impl Device for Emulator {
     ) -> DeviceResult<bool> {
         self.begin_capture()?;
         let recorded = record();
-        let now = self
-            .state()
-            .capture
-            .take()
-            .ok_or_else(|| DeviceError::new("no capture in progress"))?;
+        let now = self.state().captures.take()?;
         recorded.map_err(DeviceError::new)?;
         let state = self.state();
-        let captured = state
-            .graphs
-            .get(graph.0)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
+        let captured = state.captures.graph(graph)?;
         let name = |work: &Recorded| match work {
             Recorded::Launch(f, ..) => state
                 .functions
@@ -644,27 +579,25 @@ impl Device for Emulator {
     }
 
     fn release_graph(&self, graph: GraphId) {
-        if let Some(slot) = self.state().graphs.get_mut(graph.0) {
-            *slot = None;
-        }
+        self.state().captures.release(graph);
     }
 
     fn synchronize(&self) -> DeviceResult<()> {
         let mut state = self.state();
         // As on a GPU, where waiting for a capturing stream fails.
-        if state.capture.is_some() {
+        if state.captures.current.is_some() {
             return Err(DeviceError::new("a wait cannot be captured"));
         }
-        state.wait();
+        state.waits.wait();
         Ok(())
     }
 
     fn host_waits(&self) -> u64 {
-        self.state().waits
+        self.state().waits.waits
     }
 
     fn overlapped_waits(&self) -> u64 {
-        self.state().overlapped
+        self.state().waits.overlapped
     }
 
     fn kernels_run(&self) -> u64 {

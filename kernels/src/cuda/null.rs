@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use super::device::{
-    Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GraphId, KernelArg,
-    LaunchConfig, Readback,
+    Captures, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GraphId, HostWaits,
+    KernelArg, LaunchConfig, Readback,
 };
 
 /// Where the null device's addresses start (past null and small integers,
@@ -34,19 +34,10 @@ struct State {
     allocations: HashMap<DevicePtr, usize>,
     allocated: usize,
     functions: usize,
-    /// Kernels counted in the capture in progress.
-    capture: Option<u64>,
-    /// Kernels of each captured graph (`None` once released).
-    graphs: Vec<Option<u64>>,
-    /// Queued readbacks: bytes, and the work issued when each was queued.
-    readbacks: HashMap<usize, (usize, u64)>,
-    next_readback: usize,
-    /// Work issued so far (launches, GEMMs, copies, uploads, replays).
-    issued: u64,
-    /// Whether work was issued since the host last waited.
-    pending: bool,
-    waits: u64,
-    overlapped: u64,
+    /// Kernels counted in the capture in progress, and in each graph.
+    captures: Captures<u64>,
+    /// Work issued and the host's waits; a readback holds its byte count.
+    waits: HostWaits<usize>,
     kernels_run: u64,
 }
 
@@ -54,25 +45,19 @@ impl State {
     /// Counts one piece of work issued, and `kernels` kernels run unless a
     /// capture records them.
     fn issue(&mut self, kernels: u64) {
-        self.issued += 1;
-        self.pending = true;
-        match &mut self.capture {
+        match &mut self.captures.current {
             Some(captured) => *captured += kernels,
-            None => self.kernels_run += kernels,
+            None => {
+                self.waits.queued();
+                self.kernels_run += kernels;
+            }
         }
     }
 
     fn refuse_in_capture(&self, what: &str) -> DeviceResult<()> {
-        match self.capture {
+        match self.captures.current {
             Some(_) => Err(DeviceError::new(format!("{what} cannot be captured"))),
             None => Ok(()),
-        }
-    }
-
-    fn wait(&mut self) {
-        if self.pending {
-            self.waits += 1;
-            self.pending = false;
         }
     }
 }
@@ -142,7 +127,7 @@ impl Device for NullDevice {
     fn download(&self, _src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
         let mut state = self.state();
         state.refuse_in_capture("a download")?;
-        state.wait();
+        state.waits.wait();
         out.fill(0);
         Ok(())
     }
@@ -150,29 +135,11 @@ impl Device for NullDevice {
     fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback> {
         let mut state = self.state();
         state.refuse_in_capture("a download")?;
-        let id = state.next_readback;
-        state.next_readback += 1;
-        let issued = state.issued;
-        state
-            .readbacks
-            .insert(id, (parts.iter().map(|p| p.1).sum(), issued));
-        state.issue(0);
-        Ok(Readback(id))
+        Ok(state.waits.queue_readback(parts.iter().map(|p| p.1).sum()))
     }
 
     fn wait_readback(&self, readback: Readback) -> DeviceResult<Vec<u8>> {
-        let mut state = self.state();
-        let (bytes, issued_before) = state
-            .readbacks
-            .remove(&readback.0)
-            .ok_or_else(|| DeviceError::new(format!("no readback {}", readback.0)))?;
-        state.waits += 1;
-        // The readback itself counts one: anything past it was queued later.
-        if state.issued > issued_before + 1 {
-            state.overlapped += 1;
-        } else {
-            state.pending = false;
-        }
+        let bytes = self.state().waits.wait_readback(readback)?;
         Ok(vec![0; bytes])
     }
 
@@ -210,55 +177,37 @@ impl Device for NullDevice {
     }
 
     fn begin_capture(&self) -> DeviceResult<()> {
-        let mut state = self.state();
-        if state.capture.is_some() {
-            return Err(DeviceError::new("a capture is already in progress"));
-        }
-        state.capture = Some(0);
-        Ok(())
+        self.state().captures.begin(0)
     }
 
     fn end_capture(&self) -> DeviceResult<GraphId> {
-        let mut state = self.state();
-        let kernels = state
-            .capture
-            .take()
-            .ok_or_else(|| DeviceError::new("no capture in progress"))?;
-        state.graphs.push(Some(kernels));
-        Ok(GraphId(state.graphs.len() - 1))
+        self.state().captures.end()
     }
 
     fn replay(&self, graph: GraphId) -> DeviceResult<()> {
         let mut state = self.state();
-        let kernels = state
-            .graphs
-            .get(graph.0)
-            .copied()
-            .flatten()
-            .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
+        let kernels = *state.captures.graph(graph)?;
         state.issue(kernels);
         Ok(())
     }
 
     fn release_graph(&self, graph: GraphId) {
-        if let Some(slot) = self.state().graphs.get_mut(graph.0) {
-            *slot = None;
-        }
+        self.state().captures.release(graph);
     }
 
     fn synchronize(&self) -> DeviceResult<()> {
         let mut state = self.state();
         state.refuse_in_capture("a wait")?;
-        state.wait();
+        state.waits.wait();
         Ok(())
     }
 
     fn host_waits(&self) -> u64 {
-        self.state().waits
+        self.state().waits.waits
     }
 
     fn overlapped_waits(&self) -> u64 {
-        self.state().overlapped
+        self.state().waits.overlapped
     }
 
     fn kernels_run(&self) -> u64 {

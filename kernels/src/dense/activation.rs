@@ -228,7 +228,10 @@ mod tests {
         }
         assert!(gelu_scalar(f32::NAN).is_nan());
         assert_eq!(gelu_scalar(f32::INFINITY), f32::INFINITY);
-        assert_eq!(gelu_scalar(f32::NEG_INFINITY).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(
+            gelu_scalar(f32::NEG_INFINITY).to_bits(),
+            (-0.0f32).to_bits()
+        );
         assert!(worst > 0.0);
     }
 
