@@ -3,15 +3,16 @@
 
     kernels.py nsys KERN_SUM.csv BENCHMARK.json
         Nsight Systems' cuda_gpu_kern_sum report of a `host benchmark --json`
-        run: every kernel's total, and the run's kernel time against its wall
-        time and steps. Kernel time far below the wall time means the device
-        waits for the host (or for transfers).
+        run: every kernel's total over the profiled steps (KILN_PROFILE_STEPS,
+        named when set), and the level's wall time, steps, host time and
+        kernels a step.
     kernels.py ncu KERNELS.csv
         Nsight Compute's --csv output with gpu__time_duration.sum: each kernel
-        (by name and grid) over the profiled window of launches.
+        (by name and grid) over the profiled steps.
 """
 import csv
 import json
+import os
 import sys
 from collections import defaultdict
 
@@ -43,8 +44,10 @@ def nsys(kern_sum, benchmark):
     print(f"- device: {report['device']}; concurrency {level['concurrency']}, "
           f"{level['input_len']} in / {level['output_len']} out: {level['output_tok_per_s']:.1f} tok/s, "
           f"mean ITL {level['mean_itl_ms']:.2f} ms")
-    print(f"- kernel time {total / 1e6:.1f} ms over the whole run (load and warm-up included) "
-          f"against the level's wall time {wall_ns / 1e6:.1f} ms and {steps} steps: "
+    window = os.environ.get("KILN_PROFILE_STEPS")
+    seen = f"the steps of KILN_PROFILE_STEPS={window}" if window else "the whole run (load and warm-up included)"
+    print(f"- kernel time {total / 1e6:.2f} ms over {seen}; "
+          f"the level: wall time {wall_ns / 1e6:.1f} ms, {steps} steps, "
           f"host {level.get('host_ms_per_step', 0):.3f} ms, wait {level.get('device_wait_ms_per_step', 0):.3f} ms, "
           f"{level.get('kernels_per_step') or 0:.1f} kernels a step")
     print()
@@ -63,7 +66,8 @@ def ncu(path):
         groups[(r["Kernel Name"][:60], r["Grid Size"], r["Block Size"])].append(value)
     rows = [(f"{name} {grid}x{block}", len(v), sum(v), min(v), max(v)) for (name, grid, block), v in groups.items()]
     total = sum(r[2] for r in rows)
-    print(f"- {sum(r[1] for r in rows)} launches, {total / 1e6:.2f} ms of kernel time")
+    window = os.environ.get("KILN_PROFILE_STEPS", "the profiled launches")
+    print(f"- {window}: {sum(r[1] for r in rows)} launches, {total / 1e6:.2f} ms of kernel time")
     print()
     print(table(rows, total))
 

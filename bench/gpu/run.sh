@@ -28,11 +28,10 @@
 #                                      and what overlapping penalized picks gains, as text
 #   bench/gpu/run.sh profile           where a decode step's time goes at batch 1, 16
 #                                      and 64 (llama3-8b bf16 and q4_k_m, q4_k_m+fast
-#                                      at batch 1), and a 2048-
-#                                      token prefill's: Nsight
-#                                      Systems' kernel sums over the run against its
-#                                      wall time (device- or host-bound), else an
-#                                      Nsight Compute window of kernel times
+#                                      at batch 1), and a 2048-token prefill's: the
+#                                      kernels of two decode steps mid-run, or of the
+#                                      measured prefill (KILN_PROFILE_STEPS), by Nsight
+#                                      Systems' kernel sums, else Nsight Compute
 #   bench/gpu/run.sh table             the table of every JSON so far
 # KILN_BENCH_SHAPES and KILN_BENCH_PROFILE name weights DTYPE[+PRECISION]
 # (`host benchmark --shape-dtype DTYPE --precision PRECISION`, exact unless
@@ -182,9 +181,16 @@ profile() {
     local name=profile-$shape-$dtype-$batch-$prompt-$generated
     local cmd=("$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device"
       --input-len "$prompt" --output-len "$generated" --concurrency "$batch" --json)
-    echo "== $name"
+    # The profiler sees only these steps (KILN_PROFILE_STEPS): two decode
+    # steps well into the measured level, or the measured prompt's prefill
+    # (the warm-up's is prefill step 0).
+    local window=decode:$((generated / 2))..$((generated / 2 + 2))
+    [ "$generated" -le 1 ] && window=prefill:1..2
+    export KILN_PROFILE_STEPS=$window
+    echo "== $name ($window)"
     if [ -n "$nsys" ]; then
-      "$nsys" profile --force-overwrite true --cuda-graph-trace node -o "$results/$name" \
+      "$nsys" profile --force-overwrite true --cuda-graph-trace node --capture-range=cudaProfilerApi \
+        --capture-range-end=stop -o "$results/$name" \
         "${cmd[@]}" > "$results/$name.json" || { echo "FAILED: $name"; continue; }
       "$nsys" stats --force-export true --report cuda_gpu_kern_sum --format csv \
         -o "$results/$name" "$results/$name.nsys-rep" > /dev/null
@@ -192,14 +198,13 @@ profile() {
         | tee "$results/$name.md"
       rm -f "$results/$name.nsys-rep" "$results/$name.sqlite"
     elif [ -n "$ncu" ]; then
-      # Past load, warm-up and prefill: a window of decode launches (splits
-      # fixed, so no timing launches at load shift the window).
-      KILN_GEMV_SPLIT=1 "$ncu" --csv --metrics gpu__time_duration.sum --launch-skip 6000 --launch-count 700 \
+      "$ncu" --csv --metrics gpu__time_duration.sum --profile-from-start off --launch-count 2000 \
         "${cmd[@]}" > "$results/$name.ncu.csv" 2> "$results/$name.log" || { echo "FAILED: $name"; continue; }
       python3 bench/gpu/kernels.py ncu "$results/$name.ncu.csv" | tee "$results/$name.md"
     else
       echo "no Nsight Systems or Nsight Compute on this machine" | tee "$results/$name.md"
     fi
+    unset KILN_PROFILE_STEPS
   done
 }
 

@@ -300,3 +300,62 @@ fn the_null_device_times_the_host_issuing_the_same_kernels() {
     let (_, err) = text(&output);
     assert!(err.contains("only `host benchmark` takes it"), "{err}");
 }
+
+/// `KILN_PROFILE_STEPS` opens the profiler's range over the steps it names
+/// (here on the null device, which counts the kernels in it): two decode
+/// steps of the tiny model, then its one measured prefill; a window that
+/// means nothing fails the load, naming the variable.
+#[test]
+fn a_profile_window_covers_the_steps_it_names() {
+    let shape = workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
+    let shape = shape.to_str().unwrap();
+    let run = |window: &str| {
+        run_host(
+            [
+                "benchmark",
+                "--shape",
+                shape,
+                "--device",
+                "cuda-null",
+                "--input-len",
+                "6",
+                "--output-len",
+                "6",
+                "--concurrency",
+                "1",
+            ],
+            &[("KILN_PROFILE_STEPS", window)],
+        )
+    };
+    for (window, expected) in [
+        ("decode:2..4", "profiled decode steps 2..4: "),
+        ("prefill:0..1", "profiled prefill steps 0..1: "),
+    ] {
+        let output = run(window);
+        let (_, err) = text(&output);
+        assert!(output.status.success(), "{window}: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.contains(expected))
+            .unwrap_or_else(|| panic!("{window}: no `{expected}` in {err}"));
+        let kernels: u64 = line
+            .rsplit(": ")
+            .next()
+            .and_then(|k| k.strip_suffix(" kernels"))
+            .and_then(|k| k.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        // Two decode steps of 2 layers: 18 kernels and a pick each at most;
+        // the prefill is one step.
+        match window {
+            "decode:2..4" => assert!((30..=40).contains(&kernels), "{line}"),
+            _ => assert!((18..=40).contains(&kernels), "{line}"),
+        }
+    }
+    let output = run("decode:3");
+    assert!(!output.status.success());
+    assert!(
+        text(&output).1.contains("KILN_PROFILE_STEPS=decode:3"),
+        "{}",
+        text(&output).1
+    );
+}

@@ -431,6 +431,13 @@ pub trait Device: Send + Sync {
         let _ = (graph, record);
         Ok(false)
     }
+    /// Opens (`true`) or closes the range a profiler attached with its
+    /// range API sees (`cuProfilerStart`/`cuProfilerStop`); nothing
+    /// elsewhere.
+    fn profiler(&self, on: bool) -> DeviceResult<()> {
+        let _ = on;
+        Ok(())
+    }
     /// Waits for all queued work.
     fn synchronize(&self) -> DeviceResult<()>;
     /// How many times the host has waited for queued work so far (a

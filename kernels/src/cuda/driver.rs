@@ -730,6 +730,23 @@ impl Device for CudaDevice {
         }
     }
 
+    fn profiler(&self, on: bool) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: plain driver calls on the current context.
+        let status = unsafe {
+            if on {
+                sys::cuProfilerStart()
+            } else {
+                sys::cuProfilerStop()
+            }
+        };
+        status.result().map_err(driver_error(if on {
+            "cuProfilerStart"
+        } else {
+            "cuProfilerStop"
+        }))
+    }
+
     fn synchronize(&self) -> DeviceResult<()> {
         self.refuse_in_capture("a wait")?;
         self.bind()?;

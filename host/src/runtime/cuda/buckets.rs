@@ -40,16 +40,16 @@ pub fn paddable(graph: &GraphIr) -> bool {
     names == DECODER_INPUTS && graph.outputs.len() == 1
 }
 
-/// `inputs` padded to the bucket's shape when they are a plain decode step
-/// (as many tokens as sequences and logit rows, one row each); `None` when
-/// they are something else or already at the bucket's shape.
-pub fn pad_decode_step(inputs: &[Tensor]) -> Option<Vec<Tensor>> {
-    let [tokens, positions, offsets, contexts, tables, logit_rows] = inputs else {
-        return None;
+/// Whether the decoder's step `inputs` are a plain decode step: as many
+/// tokens as sequences and logit rows, one row each.
+pub fn is_decode_step(inputs: &[Tensor]) -> bool {
+    let [tokens, _, offsets, contexts, _, logit_rows] = inputs else {
+        return false;
     };
-    let batch = contexts.shape.first().copied()?;
-    let width = tables.shape.get(1).copied()?;
-    let decode = batch > 0
+    let Some(&batch) = contexts.shape.first() else {
+        return false;
+    };
+    batch > 0
         && tokens.shape == [batch]
         && logit_rows.shape == [batch]
         && offsets
@@ -61,9 +61,23 @@ pub fn pad_decode_step(inputs: &[Tensor]) -> Option<Vec<Tensor>> {
             .as_i64()
             .iter()
             .enumerate()
-            .all(|(i, &r)| r == i as i64);
+            .all(|(i, &r)| r == i as i64)
+}
+
+/// `inputs` padded to the bucket's shape when they are a plain decode step
+/// (as many tokens as sequences and logit rows, one row each); `None` when
+/// they are something else or already at the bucket's shape.
+pub fn pad_decode_step(inputs: &[Tensor]) -> Option<Vec<Tensor>> {
+    if !is_decode_step(inputs) {
+        return None;
+    }
+    let [tokens, positions, _, contexts, tables, _] = inputs else {
+        return None;
+    };
+    let batch = contexts.shape.first().copied()?;
+    let width = tables.shape.get(1).copied()?;
     let (padded_batch, padded_width) = (batch_bucket(batch), width.max(1).next_power_of_two());
-    if !decode || (padded_batch, padded_width) == (batch, width) {
+    if (padded_batch, padded_width) == (batch, width) {
         return None;
     }
     let rows = |values: &[i64], fill: i64| {

@@ -21,6 +21,7 @@ mod memory;
 mod moe;
 mod plan;
 mod products;
+mod profile;
 mod qmm;
 mod sample;
 mod step;
@@ -124,6 +125,8 @@ struct RunState {
     /// Steps launched so far: a launched step's picks are queued only while
     /// its logits are still the arena's latest.
     steps_launched: u64,
+    /// The steps a profiler sees (`KILN_PROFILE_STEPS`).
+    profile: Option<profile::ProfileWindow>,
 }
 
 /// The symbolic sizes of a step, sorted by name: what its plan (and its
@@ -289,6 +292,7 @@ impl CudaExecutor {
             .nodes
             .iter()
             .position(|n| matches!(n.op, Op::Input { index: 0 }));
+        let profile = profile::ProfileWindow::from_env().map_err(CudaError::Device)?;
         if let Some(dir) = std::env::var_os("KILN_DUMP_KERNELS") {
             dump_kernels(std::path::Path::new(&dir), &lowered.generated)?;
         }
@@ -342,6 +346,7 @@ impl CudaExecutor {
                 plans: HashMap::new(),
                 graphs: graphs::GraphCache::default(),
                 steps_launched: 0,
+                profile,
             }),
         })
     }

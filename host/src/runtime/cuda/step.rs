@@ -11,6 +11,7 @@ use super::arena::RunPlan;
 use super::launch::Frame;
 use super::plan::Home;
 use super::products::GreedyPicks;
+use super::profile::StepKind;
 use super::{binding, buckets, element_bytes, weights, CudaExecutor, RunState};
 use crate::runtime::executor::bind_symbols;
 use crate::runtime::tensor::{storage_of, Data, Storage, Tensor};
@@ -122,6 +123,16 @@ impl CudaExecutor {
         let key = binding(&symbols);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.steps_launched += 1;
+        if let Some(window) = &mut state.profile {
+            let kind = if self.paddable && buckets::is_decode_step(inputs) {
+                StepKind::Decode
+            } else {
+                StepKind::Prefill
+            };
+            window
+                .before_step(kind, self.device.as_ref())
+                .map_err(|e| RuntimeError::Device(e.to_string()))?;
+        }
         let plan = self.prepare(&mut state, &symbols, &key)?;
         let device = self.device.as_ref();
         let device_error = |e: kiln_kernels::cuda::DeviceError| RuntimeError::Device(e.to_string());
