@@ -337,6 +337,35 @@ fn decode_stream_holds_back_partial_characters() {
 }
 
 #[test]
+fn decode_stream_passes_over_skipped_special_tokens() {
+    let dir = fixtures().join("tiny-gpt2");
+    let vocab: GgufVocab = read_json(&dir.join("vocab.json"));
+    let tokenizer = tokenizer_from_gguf(&vocab).unwrap();
+    let special = (0..tokenizer.vocab_size() as u32)
+        .find(|&id| tokenizer.skips_when_decoding(id))
+        .expect("a special token");
+    assert!(!tokenizer.decode(&[special], false).unwrap().is_empty());
+    // Specials between the byte tokens of one character, and a long run of
+    // them: the deltas still make up exactly the whole decode.
+    let text = tokenizer.encode("a😀b", false).unwrap();
+    let mut ids = vec![text[0], text[1], special, text[2], special];
+    ids.extend(&text[3..]);
+    ids.extend(std::iter::repeat_n(special, 500));
+    ids.push(text[0]);
+    for skip in [true, false] {
+        let whole = tokenizer.decode(&ids, skip).unwrap();
+        assert_eq!(stream(&tokenizer, &ids, skip), whole, "skip special {skip}");
+    }
+    let mut stream = tokenizer.decode_stream(true);
+    assert_eq!(stream.step(special).unwrap(), None);
+    assert_eq!(
+        stream.flush().unwrap(),
+        None,
+        "nothing held for a skipped token"
+    );
+}
+
+#[test]
 fn missing_files_are_reported() {
     let err = Tokenizer::from_file("/nonexistent/tokenizer.json")
         .unwrap_err()

@@ -246,6 +246,14 @@ impl Tokenizer {
         })
     }
 
+    /// Whether `decode` with `skip_special_tokens` leaves `id` out: its
+    /// token's text is a special token's (the test `tokenizers` makes).
+    pub fn skips_when_decoding(&self, id: u32) -> bool {
+        self.inner
+            .id_to_token(id)
+            .is_some_and(|token| self.inner.get_added_vocabulary().is_special_token(&token))
+    }
+
     /// An incremental detokenizer for generated ids.
     pub fn decode_stream(&self, skip_special_tokens: bool) -> DecodeStream<'_> {
         DecodeStream::new(self, skip_special_tokens)

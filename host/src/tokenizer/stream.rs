@@ -39,6 +39,12 @@ impl<'a> DecodeStream<'a> {
 
     /// Feeds one id; returns the new text, or `None` while it is held back.
     pub fn step(&mut self, id: u32) -> Result<Option<String>, TokenizerError> {
+        // A skipped special token adds nothing to any decode: kept out of the
+        // window, where a run of them (a model emitting its end-of-turn
+        // token past `ignore_eos`) would grow every later decode.
+        if self.skip_special_tokens && self.tokenizer.skips_when_decoding(id) {
+            return Ok(None);
+        }
         if self.prefix.is_empty() && !self.ids.is_empty() {
             let prefix = self.decode(&self.ids)?;
             if !prefix.ends_with(char::REPLACEMENT_CHARACTER) {
