@@ -46,7 +46,7 @@ fn gpu_devices_without_a_cuda_driver_are_refused_in_one_line() {
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(
         stderr.trim(),
-        "error: --device tpu: expected cpu, cuda, cuda:N or cuda-emulated"
+        "error: --device tpu: expected cpu, cuda, cuda:N, cuda-emulated or cuda-null"
     );
 }
 
