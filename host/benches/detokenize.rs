@@ -7,25 +7,14 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
+mod common;
+
 const TEXT: &str = "The capital of France is Paris. It has been the country's largest city \
     for centuries, and its museums, cafés and bridges over the Seine draw visitors from \
     around the world — about 44 million a year, by one estimate (2023).";
 
 fn bench(c: &mut Criterion) {
-    let path = std::env::var("KILN_SMOLLM2_GGUF").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../target/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-        )
-        .to_owned()
-    });
-    let resolved = kiln_host::model::resolve(&path, None, None).expect("SmolLM2: run .ci/setup");
-    let (checkpoint, _) =
-        kiln_host::model::open_checkpoint(&resolved, kiln_host::checkpoint::TensorBytes::Mapped)
-            .unwrap();
-    let tokenizer = kiln_host::model::load_tokenizer(&resolved, &checkpoint)
-        .unwrap()
-        .unwrap();
+    let tokenizer = common::smollm2_tokenizer();
     let text = tokenizer.encode(TEXT, false).unwrap();
     let end = (0..tokenizer.vocab_size() as u32)
         .find(|&id| tokenizer.skips_when_decoding(id))

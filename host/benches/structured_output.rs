@@ -13,23 +13,12 @@ use kiln_host::runtime::sampling::{sample_row, RowSampling};
 use llguidance::Matcher;
 use rayon::prelude::*;
 
+mod common;
+
 const CITY: &str = r#"{"name":"Paris","country":"France","population_millions":2}"#;
 
 fn bench(c: &mut Criterion) {
-    let path = std::env::var("KILN_SMOLLM2_GGUF").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../target/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-        )
-        .to_owned()
-    });
-    let resolved = kiln_host::model::resolve(&path, None, None).expect("SmolLM2: run .ci/setup");
-    let (checkpoint, _) =
-        kiln_host::model::open_checkpoint(&resolved, kiln_host::checkpoint::TensorBytes::Mapped)
-            .unwrap();
-    let tokenizer = kiln_host::model::load_tokenizer(&resolved, &checkpoint)
-        .unwrap()
-        .unwrap();
+    let tokenizer = common::smollm2_tokenizer();
     let vocab = tokenizer.vocab_size();
     let ids = tokenizer.encode(CITY, false).unwrap();
     let grammars = Grammars::new(Arc::new(tokenizer), vec![2], vocab);
