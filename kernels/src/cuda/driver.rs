@@ -438,11 +438,15 @@ impl Device for CudaDevice {
     fn free(&self, ptr: DevicePtr) {
         if self.bind().is_ok() {
             // Queued work may still read it (frees are rare: at load, when
-            // the arena grows, at exit).
+            // the arena grows, at exit); a capturing stream cannot be waited
+            // for.
+            let capturing = self.inner().captured_kernels.is_some();
             // SAFETY: the stream is live; `ptr` came from `alloc` and is
             // freed once.
             unsafe {
-                let _ = result::stream::synchronize(self.stream.cu_stream());
+                if !capturing {
+                    let _ = result::stream::synchronize(self.stream.cu_stream());
+                }
                 let _ = result::free_sync(ptr);
             }
         }
