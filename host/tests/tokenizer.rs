@@ -365,6 +365,30 @@ fn decode_stream_passes_over_skipped_special_tokens() {
     );
 }
 
+/// The ids the detokenizer passes over are exactly those `decode` leaves
+/// out when it skips special tokens, in every tiny tokenizer (Qwen2's added
+/// `<tool_call>` is not special, and stays).
+#[test]
+fn skipped_ids_are_those_decode_skips() {
+    for name in TINY {
+        let dir = fixtures().join(name);
+        let tokenizer = Tokenizer::from_file(dir.join("hf/tokenizer.json"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut skipped = 0;
+        for id in 0..tokenizer.vocab_size() as u32 {
+            let kept = tokenizer.decode(&[id], false).unwrap();
+            let decode_skips = tokenizer.decode(&[id], true).unwrap() != kept;
+            assert_eq!(
+                tokenizer.skips_when_decoding(id),
+                decode_skips,
+                "{name}: id {id} ({kept:?})"
+            );
+            skipped += usize::from(decode_skips);
+        }
+        assert!(skipped > 0, "{name}: no special token");
+    }
+}
+
 #[test]
 fn missing_files_are_reported() {
     let err = Tokenizer::from_file("/nonexistent/tokenizer.json")

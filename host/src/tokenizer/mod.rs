@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::Model as _;
 
 pub use self::chat::{ChatMessage, ChatRequest, ChatTemplate};
 pub use self::gguf::{tokenizer_from_gguf, GgufVocab};
@@ -211,6 +212,8 @@ struct Derived {
     plain: OnceLock<tokenizers::Tokenizer>,
     /// The special tokens' texts, as one matcher.
     specials: OnceLock<content::SpecialTexts>,
+    /// The ids `decode` leaves out when it skips special tokens.
+    skipped: OnceLock<std::collections::HashSet<u32>>,
 }
 
 impl Tokenizer {
@@ -247,11 +250,29 @@ impl Tokenizer {
     }
 
     /// Whether `decode` with `skip_special_tokens` leaves `id` out: its
-    /// token's text is a special token's (the test `tokenizers` makes).
+    /// token's text is a special token's (the test `tokenizers` makes per
+    /// id; the detokenizer asks it of every generated token, so the ids are
+    /// found once: the added tokens and the model's ids of special texts).
     pub fn skips_when_decoding(&self, id: u32) -> bool {
-        self.inner
-            .id_to_token(id)
-            .is_some_and(|token| self.inner.get_added_vocabulary().is_special_token(&token))
+        self.derived
+            .skipped
+            .get_or_init(|| {
+                let added = self.inner.get_added_vocabulary();
+                let tokens = self.inner.get_added_tokens_decoder();
+                let model = self.inner.get_model();
+                let specials = tokens.values().filter(|t| t.special);
+                tokens
+                    .keys()
+                    .copied()
+                    .chain(specials.filter_map(|t| model.token_to_id(&t.content)))
+                    .filter(|&id| {
+                        self.inner
+                            .id_to_token(id)
+                            .is_some_and(|token| added.is_special_token(&token))
+                    })
+                    .collect()
+            })
+            .contains(&id)
     }
 
     /// An incremental detokenizer for generated ids.
