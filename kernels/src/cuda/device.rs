@@ -318,6 +318,15 @@ impl<T> Captures<T> {
         Ok(())
     }
 
+    /// Fails for what a stream capture must not record (a CUDA graph holds
+    /// no uploads, readbacks, waits or allocations).
+    pub(crate) fn refuse(&self, what: &str) -> DeviceResult<()> {
+        match self.current {
+            Some(_) => Err(DeviceError::new(format!("{what} cannot be captured"))),
+            None => Ok(()),
+        }
+    }
+
     /// What the capture in progress recorded, the capture ended.
     pub(crate) fn take(&mut self) -> DeviceResult<T> {
         self.current

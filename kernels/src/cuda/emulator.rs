@@ -390,9 +390,7 @@ impl Device for Emulator {
 
     fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr> {
         let mut state = self.state();
-        if state.captures.current.is_some() {
-            return Err(DeviceError::new("an allocation cannot be captured"));
-        }
+        state.captures.refuse("an allocation")?;
         if state.allocated + bytes > self.capacity {
             return Err(DeviceError::new(format!(
                 "out of memory: {bytes} bytes asked, {} of {} free",
@@ -428,9 +426,7 @@ impl Device for Emulator {
 
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()> {
         // As on a GPU, where an upload synchronizes the capturing stream.
-        if self.state().captures.current.is_some() {
-            return Err(DeviceError::new("an upload cannot be captured"));
-        }
+        self.state().captures.refuse("an upload")?;
         let mut state = self.state();
         check_range(&state, dst, bytes.len(), "upload")?;
         state.waits.queued();
@@ -441,9 +437,7 @@ impl Device for Emulator {
 
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
         let mut state = self.state();
-        if state.captures.current.is_some() {
-            return Err(DeviceError::new("a download cannot be captured"));
-        }
+        state.captures.refuse("a download")?;
         state.waits.wait();
         check_range(&state, src, out.len(), "download")?;
         // SAFETY: the source lies inside a live allocation.
@@ -453,9 +447,7 @@ impl Device for Emulator {
 
     fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback> {
         let mut state = self.state();
-        if state.captures.current.is_some() {
-            return Err(DeviceError::new("a download cannot be captured"));
-        }
+        state.captures.refuse("a download")?;
         // The work before it has run (the emulator runs work as it is
         // issued), so the bytes are those a GPU's queued copy would see.
         let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.1).sum());
@@ -585,9 +577,7 @@ impl Device for Emulator {
     fn synchronize(&self) -> DeviceResult<()> {
         let mut state = self.state();
         // As on a GPU, where waiting for a capturing stream fails.
-        if state.captures.current.is_some() {
-            return Err(DeviceError::new("a wait cannot be captured"));
-        }
+        state.captures.refuse("a wait")?;
         state.waits.wait();
         Ok(())
     }

@@ -53,13 +53,6 @@ impl State {
             }
         }
     }
-
-    fn refuse_in_capture(&self, what: &str) -> DeviceResult<()> {
-        match self.captures.current {
-            Some(_) => Err(DeviceError::new(format!("{what} cannot be captured"))),
-            None => Ok(()),
-        }
-    }
 }
 
 impl NullDevice {
@@ -95,7 +88,7 @@ impl Device for NullDevice {
 
     fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr> {
         let mut state = self.state();
-        state.refuse_in_capture("an allocation")?;
+        state.captures.refuse("an allocation")?;
         if state.allocated + bytes > self.capacity {
             return Err(DeviceError::new(format!(
                 "out of memory: {bytes} bytes asked, {} of {} free",
@@ -119,14 +112,14 @@ impl Device for NullDevice {
 
     fn upload(&self, _dst: DevicePtr, _bytes: &[u8]) -> DeviceResult<()> {
         let mut state = self.state();
-        state.refuse_in_capture("an upload")?;
+        state.captures.refuse("an upload")?;
         state.issue(0);
         Ok(())
     }
 
     fn download(&self, _src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
         let mut state = self.state();
-        state.refuse_in_capture("a download")?;
+        state.captures.refuse("a download")?;
         state.waits.wait();
         out.fill(0);
         Ok(())
@@ -134,7 +127,7 @@ impl Device for NullDevice {
 
     fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback> {
         let mut state = self.state();
-        state.refuse_in_capture("a download")?;
+        state.captures.refuse("a download")?;
         Ok(state.waits.queue_readback(parts.iter().map(|p| p.1).sum()))
     }
 
@@ -197,7 +190,7 @@ impl Device for NullDevice {
 
     fn synchronize(&self) -> DeviceResult<()> {
         let mut state = self.state();
-        state.refuse_in_capture("a wait")?;
+        state.captures.refuse("a wait")?;
         state.waits.wait();
         Ok(())
     }
