@@ -71,10 +71,20 @@ def kernels(c, batch, context, weights, kv_bytes):
         head = [("lm_head + greedy's pick (one launch)", 1, gemv(vocab, d, lm))]
     else:
         head = [("lm_head", 1, gemv(vocab, d, lm)), ("greedy sampling", 1, act * vocab)]
+    # A single row of up to 4096 values: the GEMVs of q, k and v and of gate
+    # and up compute their input's RMS norm (and the residual add before
+    # it) themselves, reading a and b and writing the sum (the normalized x
+    # is not written); the last layer's add + norm, before the logits,
+    # keeps its launch.
+    norms = [("embedding norm (layer 0)", 1, 2 * act * d + 4 * d),
+             ("residual add + rms_norm (one launch)", 2 * layers, 4 * act * d + 4 * d)]
+    if batch == 1 and d <= 4096 and d % 4 == 0:
+        norms = [("residual add + rms_norm before the logits", 1, 4 * act * d + 4 * d)]
+        with_norm = lambda k: (k[0] + ", its input's add + norm", k[1], k[2] + 2 * act * d + 4 * d)
+        qkv[0], mlp[0] = with_norm(qkv[0]), with_norm(mlp[0])
     return [
         ("embedding rows", 1, batch * d * w + act * d),
-        ("embedding norm (layer 0)", 1, 2 * act * d + 4 * d),
-        ("residual add + rms_norm (one launch)", 2 * layers, 4 * act * d + 4 * d),
+        *norms,
         *qkv,
         ("paged attention (split-K over long contexts, merged by the last split)", layers,
          batch * context * 2 * kv_dim * kv_bytes + 2 * act * q_dim),

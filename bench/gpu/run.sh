@@ -17,7 +17,9 @@
 #                                      fixed to 1, 2, 4 and timed (KILN_GEMV_SPLIT)
 #   bench/gpu/run.sh pdl               Kiln's decode at batch 1, 8 and 64 with and without
 #                                      programmatic dependent launch
-#                                      (KILN_NO_PROGRAMMATIC_LAUNCH), as text
+#                                      (KILN_NO_PROGRAMMATIC_LAUNCH), and with the
+#                                      norms' own launches at batch 1
+#                                      (KILN_NO_GEMV_NORM), as text
 #   bench/gpu/run.sh dense             Kiln's decode at batch 16 and 64 (bf16 shapes),
 #                                      dense products of 9 to 64 rows on cuBLAS and on
 #                                      the tensor-core kernel (KILN_DENSE_ROWS), as text
@@ -102,13 +104,15 @@ splits() {
 
 # Decode with programmatic dependent launch on (the default on sm_90) and
 # off: what overlapping each kernel's start with the previous one's end
-# gains. Text, in pdl-*.txt.
+# gains; and with each norm's own launch where the one-row GEMV computes it
+# by default (`no-gemv-norm`). Text, in pdl-*.txt.
 pdl_shape() {
   local shape=$1 dtype=$2 name=$3 mode
-  for mode in on off; do
+  for mode in on off no-gemv-norm; do
     echo "== kiln $shape $dtype: decode, programmatic launch $mode"
     local switch=()
     [ "$mode" = off ] && switch=(KILN_NO_PROGRAMMATIC_LAUNCH=1)
+    [ "$mode" = no-gemv-norm ] && switch=(KILN_NO_GEMV_NORM=1)
     env "${switch[@]}" "$bin/host" benchmark --shape "$shape" "${weights[@]}" \
       --device "$device" --input-len "$input_len" --output-len 64 --concurrency 1,8,64 \
       2>&1 | tee "$results/pdl-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype pdl $mode"

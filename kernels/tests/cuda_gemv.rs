@@ -57,6 +57,7 @@ fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr], activation: u64
     words.push(activation);
     words.extend([0; 13]); // no rotation (`KilnGemvRope`)
     words.extend([0; 3]); // no greedy pick (`KilnGemvArgmax`)
+    words.extend([0; 5]); // no norm (`KilnGemvNorm`)
     KernelArg::Struct(words)
 }
 

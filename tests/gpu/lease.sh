@@ -71,8 +71,9 @@ part kiln-bf16 120 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench
 # Where a step's time goes at 64 streams and in prefill (Nsight Systems).
 part profile 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:64 llama3-8b:bf16:1:2048:1" bench/gpu/run.sh profile
 part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh kiln
-# What programmatic launch and the tensor-core dense products gain.
-part pdl 60 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench/gpu/run.sh pdl
+# What programmatic launch, the GEMV's own norm and the tensor-core dense
+# products gain.
+part pdl 80 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench/gpu/run.sh pdl
 part dense 70 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh dense
 part sampled 80 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh sampled
 part profile-batch-1 60 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1" bench/gpu/run.sh profile

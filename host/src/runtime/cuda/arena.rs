@@ -81,12 +81,16 @@ pub fn plan(
                 touch(root, *at);
             }
         }
-        // A GEMV of q, k and v writes their rotations too.
-        if let StepPlan::LinearGroup {
-            rotation: Some(r), ..
-        } = plan
-        {
-            for v in [r.q_out, r.k_out] {
+        // A GEMV of q, k and v writes their rotations too; one that computes
+        // x's norm reads the norm's inputs and writes its residual sum.
+        if let StepPlan::LinearGroup { rotation, norm, .. } = plan {
+            let rotated = rotation.iter().flat_map(|r| [r.q_out, r.k_out]);
+            let residual = norm
+                .iter()
+                .flat_map(|n| n.residual)
+                .flat_map(|(b, sum)| [b, sum]);
+            let normed = norm.iter().map(|n| n.input);
+            for v in rotated.chain(residual).chain(normed) {
                 if let Home::Arena(root) = homes[v as usize] {
                     touch(root, s);
                 }

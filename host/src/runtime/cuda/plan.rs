@@ -9,6 +9,7 @@ use kiln_kernels::cuda::{Device, FunctionId, GemmType};
 use kiln_plugin_api::graph::{AttentionSpec, DType, Op, SequenceAttentionSpec, ValueId};
 
 use super::codegen::{self, FusedInput};
+use super::fusion::NormInGemv;
 use super::qmm::DenseRows;
 use super::weights::{self, DeviceMatrix, WeightDtype};
 use super::CudaError;
@@ -40,6 +41,9 @@ pub enum StepPlan {
         /// q, k and v, whose rotation (and cache write) the decode GEMV
         /// applies too.
         rotation: Option<GroupRotation>,
+        /// The RMS norm (and residual add) that writes x, which the one-row
+        /// decode GEMV computes itself where [`NormInGemv::applies`].
+        norm: Option<NormInGemv>,
     },
     /// `act(gate) · up` of a gated MLP (a generated kernel), computed by the
     /// [`StepPlan::LinearGroup`] at `at` instead when that runs as the decode
@@ -64,6 +68,9 @@ pub enum StepPlan {
         weight: ValueId,
         /// The norm's output.
         norm: ValueId,
+        /// Computed by the GEMV of the products that read the norm instead
+        /// where [`NormInGemv::applies`] (the sum written there too).
+        in_gemv: Option<NormInGemv>,
     },
     /// A step computed earlier, by the step `at` (a [`StepPlan::LinearGroup`],
     /// an [`StepPlan::AddRmsNorm`] or a paired [`StepPlan::Rope`]).
@@ -81,6 +88,9 @@ pub enum StepPlan {
         eps: f32,
         /// Added to the weight.
         offset: f32,
+        /// Computed by the GEMV of the products that read it instead where
+        /// [`NormInGemv::applies`].
+        in_gemv: Option<NormInGemv>,
     },
     /// Layer normalization.
     LayerNorm(f32),
@@ -343,6 +353,7 @@ pub fn lower(
                 Op::RmsNorm { eps, weight_offset } => StepPlan::RmsNorm {
                     eps: *eps,
                     offset: *weight_offset,
+                    in_gemv: None,
                 },
                 Op::LayerNorm { eps } => StepPlan::LayerNorm(*eps),
                 Op::Rope { interleaved, scale } => StepPlan::Rope {

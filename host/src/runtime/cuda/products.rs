@@ -119,6 +119,47 @@ pub fn out_type_arg(half: Option<GemmType>) -> KernelArg {
     KernelArg::I32(storage_code(half) as i32)
 }
 
+/// Values of x (`m·k`) the decode GEMV that computes x's RMS norm itself
+/// holds at most, in its blocks' shared memory (`KILN_GEMV_NORM_VALUES`: 16
+/// KB a block).
+pub const GEMV_NORM_VALUES: usize = 4096;
+
+/// Whether the GEMV of `count` matrices like `first` over `m` rows of x
+/// computes x's RMS norm itself (the one-row `_norm` kernels, on f32 x of a
+/// row that fits [`GEMV_NORM_VALUES`], a multiple of 4).
+pub fn gemv_takes_norm(first: &DeviceMatrix, count: usize, m: usize) -> bool {
+    let k = first.cols;
+    m == 1
+        && group_gemv(first, count, m).is_some()
+        && !first.int8_activations
+        && k.is_multiple_of(4)
+        && k <= GEMV_NORM_VALUES
+}
+
+/// The RMS norm a one-row GEMV computes (`KilnGemvNorm` in gemv.cu): of
+/// `a` (+ `b`, whose sum goes to `sum`), times `offset + weight`.
+#[derive(Clone, Copy, Debug)]
+pub struct GemvNormArgs {
+    pub a: DevicePtr,
+    /// 0 without a residual add (then `sum` is 0 too).
+    pub b: DevicePtr,
+    pub sum: DevicePtr,
+    pub weight: DevicePtr,
+    pub eps: f32,
+    pub offset: f32,
+}
+
+impl GemvNormArgs {
+    /// Its words as `KilnGemvNorm` lays them out (none: all zero).
+    fn words(norm: Option<&Self>) -> [u64; 5] {
+        let Some(n) = norm else {
+            return [0; 5];
+        };
+        let floats = u64::from(n.eps.to_bits()) | u64::from(n.offset.to_bits()) << 32;
+        [n.a, n.b, n.sum, n.weight, floats]
+    }
+}
+
 /// Whether the product of a gated MLP's gate and up over `m` rows of x
 /// writes their activation (the GEMV's or the tensor-core product's
 /// epilogue), so the activation's own kernel does not run.
@@ -311,12 +352,14 @@ pub(super) enum GemvEpilogue {
 /// grid of rows; gated (`activation`, see [`GatedActivation`]), gate and
 /// up, whose activation is written to gate's output; rotated
 /// ([`GemvRotation`]), q, k and v; with `picks`, the logits' matrix alone,
-/// greedy's picks found too.
+/// greedy's picks found too; with `norm`, x's RMS norm computed by the
+/// launch (the `_norm` kernels).
 pub fn group_arg(
     members: &[(DeviceMatrix, DevicePtr)],
     activation: Option<GatedActivation>,
     rotation: Option<&GemvRotation>,
     picks: Option<&GreedyPicks>,
+    norm: Option<&GemvNormArgs>,
 ) -> KernelArg {
     let mut rows_end = [0u64; GEMV_MAX_GROUP];
     let (mut w, mut y) = ([0u64; GEMV_MAX_GROUP], [0u64; GEMV_MAX_GROUP]);
@@ -332,6 +375,7 @@ pub fn group_arg(
     words.push(activation.map_or(0, |a| a as u64));
     words.extend(GemvRotation::words(rotation));
     words.extend(picks.map_or([0; 3], |p| [p.keys, p.counter, p.tokens]));
+    words.extend(GemvNormArgs::words(norm));
     KernelArg::Struct(words)
 }
 
@@ -377,7 +421,7 @@ impl Frame<'_> {
         }
         if route == Route::Gemv {
             let (members, x) = ([(*w, out)], (x, false));
-            return self.product_group(&members, None, x, x_elements, scratch, &[]);
+            return self.product_group(&members, None, x, x_elements, scratch, &[], None);
         }
         let (second_offset, bytes) = product_scratch(w, layout, x_elements);
         let scratch = match bytes {
@@ -496,7 +540,9 @@ impl Frame<'_> {
     /// and the GEMV applies their rotation (and cache write) too; or the
     /// logits' matrix, and the GEMV finds greedy's picks too. Past the GEMV
     /// none of that is done here, and member i's output is stored in
-    /// `out_halves[i]` (none: f32).
+    /// `out_halves[i]` (none: f32). With `norm` (where
+    /// [`gemv_takes_norm`]), the GEMV computes x itself and `x` is not read.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn product_group(
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
@@ -505,6 +551,7 @@ impl Frame<'_> {
         x_elements: usize,
         scratch: Option<DevicePtr>,
         out_halves: &[Option<GemmType>],
+        norm: Option<GemvNormArgs>,
     ) -> Result<(), String> {
         let Some((first, _)) = members.first() else {
             return Ok(());
@@ -513,6 +560,9 @@ impl Frame<'_> {
         let m = x_elements / k.max(1);
         if m == 0 {
             return Ok(());
+        }
+        if norm.is_some() && !gemv_takes_norm(first, members.len(), m) {
+            return Err(format!("x's norm in a GEMV of {m} rows of {k}"));
         }
         let Some(name) = group_gemv(first, members.len(), m) else {
             return self.products_past_the_gemv(
@@ -524,7 +574,7 @@ impl Frame<'_> {
                 out_halves,
             );
         };
-        let x = if first.int8_activations {
+        let x = if first.int8_activations && norm.is_none() {
             let to = scratch.ok_or("no scratch buffer planned for 8-bit x")?;
             self.launch(
                 "kiln_quantize_x8",
@@ -547,21 +597,30 @@ impl Frame<'_> {
             }
             Some(GemvEpilogue::Gated(product, out, None)) => {
                 let (gate, up) = (members[product.gate], members[1 - product.gate]);
-                let group = group_arg(&[(gate.0, *out), up], Some(product.activation), None, None);
+                let group = group_arg(
+                    &[(gate.0, *out), up],
+                    Some(product.activation),
+                    None,
+                    None,
+                    norm.as_ref(),
+                );
                 (group, RowPairs::Gated)
             }
             Some(GemvEpilogue::Rotated(rotation)) => (
-                group_arg(members, None, Some(rotation), None),
+                group_arg(members, None, Some(rotation), None, norm.as_ref()),
                 RowPairs::Rotated,
             ),
             Some(GemvEpilogue::GreedyPick(picks)) if members.len() == 1 => (
-                group_arg(members, None, None, Some(picks)),
+                group_arg(members, None, None, Some(picks), norm.as_ref()),
                 RowPairs::Unpaired,
             ),
             Some(GemvEpilogue::GreedyPick(_)) => {
                 return Err("greedy's pick in a GEMV of several matrices".into())
             }
-            None => (group_arg(members, None, None, None), RowPairs::Unpaired),
+            None => (
+                group_arg(members, None, None, None, norm.as_ref()),
+                RowPairs::Unpaired,
+            ),
         };
         let shape = GemvShape {
             kernel: name,
@@ -570,9 +629,25 @@ impl Frame<'_> {
             pairs,
         };
         let choice = self.gemv.get(&shape, self.hand);
+        let (function, config) = match norm {
+            None => (choice.function, choice.config(rows)),
+            Some(_) => {
+                let normed_name = choice.normed_kernel(name);
+                let normed = *self
+                    .hand
+                    .get(&normed_name)
+                    .ok_or_else(|| format!("no kernel {normed_name}"))?;
+                let bytes = (x_elements * std::mem::size_of::<f32>()) as u32;
+                let config = LaunchConfig {
+                    shared_bytes: bytes,
+                    ..choice.config(rows)
+                };
+                (normed, config)
+            }
+        };
         self.launch_function(
-            choice.function,
-            choice.config(rows),
+            function,
+            config,
             &[group, KernelArg::Ptr(x), int(m), int(k)],
         )
     }

@@ -107,6 +107,16 @@ impl GemvChoice {
         }
     }
 
+    /// The name of its split's kernel of `kernel` (a one-row GEMV's name
+    /// without a split suffix) that computes x's RMS norm itself.
+    pub fn normed_kernel(&self, kernel: &str) -> String {
+        let suffix = SPLITS
+            .iter()
+            .find(|&&(split, _)| split == self.split)
+            .map_or("", |&(_, suffix)| suffix);
+        format!("{kernel}{suffix}_norm")
+    }
+
     /// Its launch for `rows` rows.
     pub fn config(&self, rows: usize) -> LaunchConfig {
         let rows_per_block = self.warps / self.split;
@@ -158,6 +168,7 @@ fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, ShapeLaunches> {
                 members,
                 gated,
                 rotation,
+                ..
             } => {
                 let pairs = match (gated, rotation) {
                     (Some(_), _) => RowPairs::Gated,
@@ -308,7 +319,7 @@ fn time_launches(
             // valid positions here), in its paired blocks.
             let activation = (shape.pairs == RowPairs::Gated).then_some(GatedActivation::Silu);
             let args = [
-                group_arg(&group, activation, None, None),
+                group_arg(&group, activation, None, None, None),
                 KernelArg::Ptr(x),
                 KernelArg::I32(launches.x_rows as i32),
                 KernelArg::I32(shape.k as i32),
