@@ -302,6 +302,68 @@ fn template_features_match_transformers() {
     assert_none(problems);
 }
 
+/// A `continue_final_message` rendering of one of the committed templates.
+#[derive(Deserialize)]
+struct ContinuedChat {
+    template: String,
+    #[serde(flatten)]
+    chat: Chat,
+}
+
+#[derive(Deserialize)]
+struct ContinuedGolden {
+    bos_token: String,
+    eos_token: String,
+    chats: Vec<ContinuedChat>,
+}
+
+/// `continue_final_message`: the rendering ends where the final message's
+/// text does (a plain message, spaces the template trims, the last text
+/// part of a list, a user message), as transformers' renderer cuts it; a
+/// final message without content is refused, as is what the template
+/// itself refuses.
+#[test]
+fn continued_final_messages_match_transformers() {
+    let golden: ContinuedGolden = read_json(&fixtures().join("templates/continue_final.json"));
+    let mut problems = Vec::new();
+    for case in &golden.chats {
+        let path = match case.template.as_str() {
+            "features" | "turns" => format!("templates/{}.jinja", case.template),
+            real => format!("{real}/chat_template.jinja"),
+        };
+        let source = fs::read_to_string(fixtures().join(path)).unwrap();
+        let template = ChatTemplate::new(&source).unwrap().with_variables([
+            ("bos_token", golden.bos_token.clone()),
+            ("eos_token", golden.eos_token.clone()),
+        ]);
+        let chat = &case.chat;
+        let request = ChatRequest {
+            messages: &chat.messages,
+            variables: chat.variables.as_deref(),
+            continue_final_message: true,
+            ..ChatRequest::default()
+        };
+        let got = template.render_request(&request);
+        let matches = match (&got, &chat.rendered, &chat.error) {
+            (Ok(rendered), Some(want), _) => rendered == want,
+            (Err(error), None, Some(want)) if want.contains("no \"content\"") => {
+                error.to_string().contains("no \"content\"")
+            }
+            // The template's own failure, in Python's words or minijinja's.
+            (Err(_), None, Some(_)) => true,
+            _ => false,
+        };
+        if !matches {
+            problems.push(format!(
+                "{} {}:\n   got {got:?}\n  want {:?} {:?}",
+                case.template, chat.messages, chat.rendered, chat.error
+            ));
+        }
+    }
+    assert_eq!(golden.chats.len(), 20);
+    assert_none(problems);
+}
+
 #[test]
 fn plain_messages_render() {
     let source = fs::read_to_string(fixtures().join("smollm2/chat_template.jinja")).unwrap();

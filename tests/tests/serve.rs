@@ -427,7 +427,8 @@ fn structured_output_parses_every_time_with_the_openai_client() {
 }
 
 /// vLLM's spellings of the options, a chat template given on the command
-/// line, and the load line in the log.
+/// line (with `chat_template_kwargs` and `continue_final_message`), and the
+/// load line in the log.
 #[test]
 fn vllm_spellings_and_a_given_chat_template_work() {
     let (model, _) = requirements();
@@ -442,7 +443,7 @@ fn vllm_spellings_and_a_given_chat_template_work() {
             "512",
             "--enable-prefix-caching",
             "--chat-template",
-            "{% for m in messages %}<<{{ m.content }}>>{% endfor %}",
+            "{% for m in messages %}<<{{ m.content }}>>{% endfor %}{{ greeting | default('') }}",
             "--generation-config",
             "vllm",
             "--allowed-origins",
@@ -488,6 +489,52 @@ fn vllm_spellings_and_a_given_chat_template_work() {
     );
     assert_eq!(chat["tokens"], plain["tokens"], "{chat} {plain}");
     assert_eq!(chat["max_model_len"], 1024, "{chat}");
+    // vLLM's chat template fields: extra variables, and the final message
+    // left open (the rendering cut where its text ends), which a
+    // generation prompt after it contradicts.
+    let tokens_of = |prompt: &str| {
+        post(
+            "/tokenize",
+            serde_json::json!({"prompt": prompt, "add_special_tokens": false}),
+        )["tokens"]
+            .clone()
+    };
+    let messages = serde_json::json!([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Sure"}]);
+    let greeted = post(
+        "/tokenize",
+        serde_json::json!({"messages": messages, "chat_template_kwargs": {"greeting": "Hi!"}}),
+    );
+    assert_eq!(
+        greeted["tokens"],
+        tokens_of("<<hello>><<Sure>>Hi!"),
+        "{greeted}"
+    );
+    let continued = serde_json::json!({"messages": messages, "add_generation_prompt": false, "continue_final_message": true});
+    assert_eq!(
+        post("/tokenize", continued.clone())["tokens"],
+        tokens_of("<<hello>><<Sure")
+    );
+    let answer = post(
+        "/v1/chat/completions",
+        serde_json::json!({"model": "smollm2", "messages": messages, "max_tokens": 2,
+                           "add_generation_prompt": false, "continue_final_message": true}),
+    );
+    let prompt_tokens = tokens_of("<<hello>><<Sure").as_array().unwrap().len();
+    assert_eq!(answer["usage"]["prompt_tokens"], prompt_tokens, "{answer}");
+    let refused = post(
+        "/v1/chat/completions",
+        serde_json::json!({"model": "smollm2", "messages": messages, "continue_final_message": true}),
+    );
+    assert_eq!(
+        refused["error"]["param"], "continue_final_message",
+        "{refused}"
+    );
+    let no_text = serde_json::json!([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": []}]);
+    let refused = post(
+        "/tokenize",
+        serde_json::json!({"messages": no_text, "add_generation_prompt": false, "continue_final_message": true}),
+    );
+    assert!(refused["error"].is_object(), "{refused}");
     let log = server.log();
     assert!(
         log.contains("loaded ") && log.contains("LlamaForCausalLM") && log.contains("M parameters"),

@@ -42,11 +42,16 @@ pub async fn chat_completions(
         ));
     }
     prompt::check_sequences(&state, 1, request.common.n.unwrap_or(1))?;
+    let options = prompt::TemplateOptions::new(
+        request.add_generation_prompt,
+        request.continue_final_message,
+        request.chat_template_kwargs.as_ref(),
+    )?;
     let prompt = prompt::chat_prompt(
         &state,
         &request.messages,
         tools.as_ref().map(|t| t.tools.as_slice()),
-        true,
+        &options,
         false,
     )
     .await?;

@@ -237,6 +237,9 @@ pub const CHAT_FIELDS: &[&str] = &[
     "tools",
     "tool_choice",
     "parallel_tool_calls",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
 ];
 
 /// The fields of `/v1/completions` beyond [`SAMPLING_FIELDS`].
@@ -265,9 +268,6 @@ const NOT_IMPLEMENTED: &[(&str, Option<&str>)] = &[
     ("prompt_cache_key", None),
     ("safety_identifier", None),
     ("chat_template", None),
-    ("chat_template_kwargs", None),
-    ("add_generation_prompt", Some("true")),
-    ("continue_final_message", Some("false")),
     ("add_special_tokens", None),
     ("documents", None),
     ("truncate_prompt_tokens", None),
@@ -385,6 +385,15 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     /// Whether several calls may come in one message (default true).
     pub parallel_tool_calls: Option<bool>,
+    /// End the rendered chat with the assistant's header (vLLM's; default
+    /// true).
+    pub add_generation_prompt: Option<bool>,
+    /// Leave the final message open for the model to continue (vLLM's).
+    #[serde(default)]
+    pub continue_final_message: bool,
+    /// Extra variables for the chat template (vLLM's; e.g.
+    /// `{"enable_thinking": false}`).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Everything else.
     #[serde(flatten)]
     pub common: SamplingFields,

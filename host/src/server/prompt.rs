@@ -15,6 +15,49 @@ use crate::tokenizer::{ChatMessage, ChatRequest, TokenizerError};
 /// Roles a message may have (the chat template decides what each means).
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
+/// How a conversation goes through the chat template: vLLM's
+/// `add_generation_prompt`, `continue_final_message` and
+/// `chat_template_kwargs`.
+#[derive(Clone, Debug)]
+pub struct TemplateOptions {
+    /// End with the assistant's header.
+    pub add_generation_prompt: bool,
+    /// End where the final message's text does, for the model to continue.
+    pub continue_final_message: bool,
+    /// Extra template variables, a JSON object's text.
+    pub kwargs: Option<String>,
+}
+
+impl TemplateOptions {
+    /// From a request's fields (a generation prompt unless asked not to).
+    /// Continuing the final message with a generation prompt after it is
+    /// refused, as transformers refuses it.
+    pub fn new(
+        add_generation_prompt: Option<bool>,
+        continue_final_message: bool,
+        kwargs: Option<&serde_json::Map<String, Value>>,
+    ) -> Result<Self, ApiError> {
+        let add_generation_prompt = add_generation_prompt.unwrap_or(true);
+        if continue_final_message && add_generation_prompt {
+            return Err(ApiError::invalid(
+                "cannot both continue the final message and add a generation prompt after it: \
+                 send add_generation_prompt false with continue_final_message true",
+                Some("continue_final_message"),
+            ));
+        }
+        Ok(Self {
+            add_generation_prompt,
+            continue_final_message,
+            kwargs: kwargs.map(|k| Value::from(k.clone()).to_string()),
+        })
+    }
+
+    /// Whether the plain `{role, content}` rendering cannot do it.
+    fn needs_json(&self) -> bool {
+        self.continue_final_message || self.kwargs.is_some()
+    }
+}
+
 /// Refuses a request that would make more than the server's
 /// `--max-seqs-per-request` sequences (`prompts` × `n`).
 pub fn check_sequences(state: &AppState, prompts: usize, n: usize) -> Result<(), ApiError> {
@@ -95,6 +138,7 @@ enum Conversation {
 fn conversation(
     messages: &[InMessage],
     tools: Option<&[Value]>,
+    as_json: bool,
 ) -> Result<(Conversation, Vec<String>), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
@@ -108,7 +152,8 @@ fn conversation(
         .map(|(i, m)| checked_text(i, m))
         .collect::<Result<Vec<_>, _>>()?;
     let contents: Vec<String> = texts.iter().flatten().cloned().collect();
-    let with_tools = tools.is_some()
+    let with_tools = as_json
+        || tools.is_some()
         || messages
             .iter()
             .any(|m| m.tool_calls.is_some() || m.tool_call_id.is_some());
@@ -148,7 +193,7 @@ pub async fn chat_prompt(
     state: &Arc<AppState>,
     messages: &[InMessage],
     tools: Option<&[Value]>,
-    add_generation_prompt: bool,
+    options: &TemplateOptions,
     add_special_tokens: bool,
 ) -> Result<Vec<u32>, ApiError> {
     if state.chat_template.is_none() {
@@ -157,21 +202,30 @@ pub async fn chat_prompt(
             None,
         ));
     }
-    let (conversation, contents) = conversation(messages, tools)?;
+    let (conversation, contents) = conversation(messages, tools, options.needs_json())?;
     check_size(state, contents.iter().map(String::len).sum(), "messages")?;
-    let state = state.clone();
+    let (state, options) = (state.clone(), options.clone());
     off_the_async_threads(move || {
         let template = state.chat_template.as_ref().expect("checked above");
+        let add_generation_prompt = options.add_generation_prompt;
         let rendered = match &conversation {
             Conversation::Plain(messages) => template.render(messages, add_generation_prompt),
             Conversation::Json { messages, tools } => template.render_request(&ChatRequest {
                 messages,
                 tools: tools.as_deref(),
                 add_generation_prompt,
+                variables: options.kwargs.as_deref(),
+                continue_final_message: options.continue_final_message,
                 ..ChatRequest::default()
             }),
         }
-        .map_err(|e| ApiError::invalid(format!("chat template: {e}"), Some("messages")))?;
+        .map_err(|e| {
+            let param = match e {
+                TokenizerError::ContinueFinalMessage(_) => "continue_final_message",
+                _ => "messages",
+            };
+            ApiError::invalid(format!("chat template: {e}"), Some(param))
+        })?;
         let encoded = if state.limits.allow_special_tokens_in_messages {
             state.tokenizer.encode(&rendered, add_special_tokens)
         } else {

@@ -24,6 +24,11 @@ pub struct TokenizeRequest {
     pub messages: Option<Vec<InMessage>>,
     /// End the rendered chat with the assistant's header (default true).
     pub add_generation_prompt: Option<bool>,
+    /// Leave the final message open for the model to continue.
+    #[serde(default)]
+    pub continue_final_message: bool,
+    /// Extra variables for the chat template.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Add BOS/EOS as the tokenizer is configured (default: true for a
     /// prompt, false for messages, whose template writes them).
     pub add_special_tokens: Option<bool>,
@@ -47,6 +52,8 @@ impl EndpointFields for TokenizeRequest {
         "prompt",
         "messages",
         "add_generation_prompt",
+        "continue_final_message",
+        "chat_template_kwargs",
         "add_special_tokens",
         "return_token_strs",
     ];
@@ -72,14 +79,13 @@ pub async fn tokenize(
         .await?
         .remove(0),
         (None, Some(messages)) => {
-            prompt::chat_prompt(
-                &state,
-                messages,
-                None,
-                request.add_generation_prompt.unwrap_or(true),
-                request.add_special_tokens.unwrap_or(false),
-            )
-            .await?
+            let options = prompt::TemplateOptions::new(
+                request.add_generation_prompt,
+                request.continue_final_message,
+                request.chat_template_kwargs.as_ref(),
+            )?;
+            let add_special_tokens = request.add_special_tokens.unwrap_or(false);
+            prompt::chat_prompt(&state, messages, None, &options, add_special_tokens).await?
         }
         _ => {
             return Err(ApiError::invalid(

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::syntax::SyntaxConfig;
+use minijinja::value::ValueKind;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, Value};
 
 use super::pyjson::{self, OrderedMap};
@@ -65,7 +66,15 @@ pub struct ChatRequest<'a> {
     /// A JSON object of extra template variables (transformers' `**kwargs`,
     /// e.g. `{"enable_thinking": false}`); they override the special tokens.
     pub variables: Option<&'a str>,
+    /// Leave the final message open for the model to continue
+    /// (transformers' `continue_final_message`): the rendering ends where
+    /// that message's text does.
+    pub continue_final_message: bool,
 }
+
+/// What transformers appends to the text of the message to continue, to
+/// find where that text ends in the rendering.
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
 
 /// A compiled chat template.
 #[derive(Debug)]
@@ -132,17 +141,81 @@ impl ChatTemplate {
     /// Renders a conversation given as JSON.
     pub fn render_request(&self, request: &ChatRequest) -> Result<String, TokenizerError> {
         let parse = |text: &str| pyjson::parse_json(text).map_err(TokenizerError::TemplateInput);
-        let messages = parse(request.messages)?;
+        let mut messages = parse(request.messages)?;
         let tools = request.tools.map(parse).transpose()?;
         let documents = request.documents.map(parse).transpose()?;
         let variables = request.variables.map(parse).transpose()?;
-        self.render_values(
+        let continued = match request.continue_final_message {
+            true => {
+                let (tagged, text) = self.tag_final_message(&messages)?;
+                messages = tagged;
+                Some(text)
+            }
+            false => None,
+        };
+        let rendered = self.render_values(
             messages,
             tools,
             documents,
             request.add_generation_prompt,
             variables,
-        )
+        )?;
+        match continued {
+            Some(text) => cut_at_continue_tag(rendered, &text),
+            None => Ok(rendered),
+        }
+    }
+
+    /// `messages` with [`CONTINUE_TAG`] after the final message's text (its
+    /// `content`, or the last text part of a list of parts), and that text,
+    /// as transformers' `render_jinja_template` does it.
+    fn tag_final_message(&self, messages: &Value) -> Result<(Value, String), TokenizerError> {
+        let refuse = |why: &str| Err(TokenizerError::ContinueFinalMessage(why.into()));
+        let source = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(TokenizerError::TemplateRender)?
+            .source()
+            .to_owned();
+        if !source.contains("content") {
+            return refuse("the chat template reads no message `content` to continue");
+        }
+        let mut list: Vec<Value> = messages
+            .try_iter()
+            .map_err(TokenizerError::TemplateRender)?
+            .collect();
+        let Some(last) = list.pop() else {
+            return refuse("the conversation is empty");
+        };
+        let content = last.get_attr("content").unwrap_or_default();
+        let (tagged, text) = if let Some(text) = content.as_str() {
+            (
+                Value::from(format!("{text}{CONTINUE_TAG}")),
+                text.to_owned(),
+            )
+        } else if content.kind() == ValueKind::Seq {
+            let mut parts: Vec<Value> = content
+                .try_iter()
+                .map_err(TokenizerError::TemplateRender)?
+                .collect();
+            let Some(at) = parts
+                .iter()
+                .rposition(|p| p.get_attr("text").is_ok_and(|t| !t.is_undefined()))
+            else {
+                return refuse("the final message has no text part to continue");
+            };
+            let text = parts[at].get_attr("text").unwrap_or_default().to_string();
+            parts[at] = with_entry(
+                &parts[at],
+                "text",
+                Value::from(format!("{text}{CONTINUE_TAG}")),
+            )?;
+            (Value::from(parts), text)
+        } else {
+            return refuse("the final message has no \"content\" to continue");
+        };
+        list.push(with_entry(&last, "content", tagged)?);
+        Ok((Value::from(list), text))
     }
 
     fn render_values(
@@ -177,6 +250,36 @@ impl ChatTemplate {
             .and_then(|template| template.render(Value::from(context)))
             .map_err(TokenizerError::TemplateRender)
     }
+}
+
+/// A copy of the map `map` (in its key order) with `key` set to `value`.
+fn with_entry(map: &Value, key: &str, value: Value) -> Result<Value, TokenizerError> {
+    let mut copy = OrderedMap::default();
+    for name in map.try_iter().map_err(TokenizerError::TemplateRender)? {
+        let entry = map
+            .get_item(&name)
+            .map_err(TokenizerError::TemplateRender)?;
+        copy.insert(name, entry);
+    }
+    copy.insert(Value::from(key), value);
+    Ok(copy.into_value())
+}
+
+/// The rendering cut where the continued message's `text` ends, found by
+/// [`CONTINUE_TAG`] after it: before the tag, or, where the template
+/// trimmed the space after the tag, before it with trailing space trimmed
+/// (transformers' rule).
+fn cut_at_continue_tag(rendered: String, text: &str) -> Result<String, TokenizerError> {
+    let tag = CONTINUE_TAG.trim_end();
+    let (Some(at), true) = (rendered.rfind(tag), rendered.contains(text.trim())) else {
+        return Err(TokenizerError::ContinueFinalMessage(
+            "the final message does not appear in the chat after applying the chat template".into(),
+        ));
+    };
+    Ok(match rendered[at..].starts_with(CONTINUE_TAG) {
+        true => rendered[..at].to_owned(),
+        false => rendered[..at].trim_end().to_owned(),
+    })
 }
 
 /// The `raise_exception(message)` global: fails the rendering with `message`.

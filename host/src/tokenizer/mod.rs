@@ -90,6 +90,9 @@ pub enum TokenizerError {
     /// A chat template failed while rendering (including `raise_exception`).
     #[error("chat template failed: {0}")]
     TemplateRender(#[source] minijinja::Error),
+    /// The final message cannot be continued (`continue_final_message`).
+    #[error("continue_final_message: {0}")]
+    ContinueFinalMessage(String),
     /// Chat template input (messages, tools, extra variables) is not valid JSON.
     #[error("invalid chat template input: {0}")]
     TemplateInput(#[source] serde_json::Error),
