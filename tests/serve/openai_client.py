@@ -67,9 +67,24 @@ ids = client.completions.create(model=model, prompt=[504, 3575, 282, 4649, 314],
 assert ids.usage.prompt_tokens == 5
 report("completions", text=comp.choices[0].text)
 
-# Stop strings end generation and are not returned.
+# Stop strings end generation and are not returned, unless vLLM's
+# include_stop_str_in_output asks for them; skip_special_tokens=false with
+# it keeps the end-of-turn token's text.
 stopped = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=32, temperature=0, stop=[" 7"])
 assert " 7" not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop", stopped.choices[0]
+included = client.completions.create(
+    model=model, prompt="1, 2, 3, 4,", max_tokens=32, temperature=0, stop=[" 7"],
+    extra_body={"include_stop_str_in_output": True},
+)
+assert included.choices[0].text == stopped.choices[0].text + " 7", (included.choices[0], stopped.choices[0])
+hello = [{"role": "user", "content": "Hi"}]
+plain = client.chat.completions.create(model=model, messages=hello, max_tokens=48, temperature=0)
+assert plain.choices[0].finish_reason == "stop", plain.choices[0]
+special = client.chat.completions.create(
+    model=model, messages=hello, max_tokens=48, temperature=0,
+    extra_body={"include_stop_str_in_output": True, "skip_special_tokens": False},
+)
+assert special.choices[0].message.content == plain.choices[0].message.content + "<|im_end|>", special.choices[0]
 report("stop", text=stopped.choices[0].text)
 
 # Seeds reproduce; n gives several choices.

@@ -44,6 +44,8 @@ fn greedy(max_tokens: usize) -> GenerationParams {
         max_tokens,
         min_tokens: 0,
         stop: Vec::new(),
+        include_stop_str_in_output: false,
+        skip_special_tokens: true,
         stop_token_ids: Vec::new(),
         ignore_eos: false,
         logprobs: None,

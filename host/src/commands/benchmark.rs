@@ -168,6 +168,8 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         max_tokens,
         min_tokens: 0,
         stop: Vec::new(),
+        include_stop_str_in_output: false,
+        skip_special_tokens: true,
         stop_token_ids: Vec::new(),
         ignore_eos: true,
         logprobs: None,

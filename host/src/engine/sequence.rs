@@ -37,8 +37,11 @@ impl<'t> Active<'t> {
     pub fn new(request: super::service::Request, tokenizer: &'t Tokenizer) -> Self {
         Self {
             sampler: Sampler::new(request.params.sampling.clone()),
-            decoder: tokenizer.decode_stream(true),
-            stop: StopMatcher::new(request.params.stop.clone()),
+            decoder: tokenizer.decode_stream(request.params.skip_special_tokens),
+            stop: StopMatcher::new(
+                request.params.stop.clone(),
+                request.params.include_stop_str_in_output,
+            ),
             prompt: request.prompt,
             params: request.params,
             generated: Vec::new(),
@@ -133,7 +136,8 @@ impl<'t> Active<'t> {
 
         let is_eos = !params.ignore_eos && eos.contains(&token);
         let is_stop_token = params.stop_token_ids.contains(&token);
-        let piece = if is_eos || is_stop_token {
+        // The token that stops generation has no text unless asked for.
+        let piece = if (is_eos || is_stop_token) && !params.include_stop_str_in_output {
             None
         } else {
             self.decoder.step(token).ok().flatten()
@@ -149,9 +153,10 @@ impl<'t> Active<'t> {
         } else {
             None
         };
-        // At the end, release what the decoder and the stop matcher still hold.
+        // At the end, release what the decoder and the stop matcher still
+        // hold, unless a stop string cut the text.
         let mut text = text;
-        if finish == Some(FinishReason::Length) || grammar_done {
+        if finish.is_some() && !stopped_by_string {
             if let Ok(Some(rest)) = self.decoder.flush() {
                 let (StopOutcome::Continue(more) | StopOutcome::Stop(more)) = self.stop.push(&rest);
                 text.push_str(&more);
@@ -164,5 +169,79 @@ impl<'t> Active<'t> {
             logprob,
         });
         Ok(finish)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::penalties::Penalties;
+    use super::super::sampling::SamplingParams;
+    use super::super::service::Request;
+    use super::*;
+
+    fn tokenizer() -> Tokenizer {
+        let dir = env!("CARGO_MANIFEST_DIR");
+        Tokenizer::from_file(format!(
+            "{dir}/tests/fixtures/tokenizer/tiny-gpt2/hf/tokenizer.json"
+        ))
+        .unwrap()
+    }
+
+    /// The text a sequence sends for `tokens` (the last one ending it as
+    /// an end-of-sequence token, `eos`) with stop strings `stop`.
+    fn sent_text(tokenizer: &Tokenizer, tokens: &[u32], eos: u32, stop: &[&str]) -> String {
+        let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
+        let params = GenerationParams {
+            sampling: SamplingParams::default(),
+            penalties: Penalties::default(),
+            max_tokens: 100,
+            min_tokens: 0,
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            logit_bias: Vec::new(),
+        };
+        let request = Request {
+            prompt: vec![0],
+            params,
+            events,
+            arrived: Instant::now(),
+            group: 0,
+            constraint: None,
+        };
+        let mut active = Active::new(request, tokenizer);
+        for &token in tokens {
+            let sampled = Sampled {
+                token,
+                logprob: None,
+                top: Vec::new(),
+            };
+            active.take_pick(sampled, tokenizer, &[eos]).unwrap();
+        }
+        let mut text = String::new();
+        while let Ok(Event::Chunk { text: piece, .. }) = received.try_recv() {
+            text.push_str(&piece);
+        }
+        text
+    }
+
+    /// Text held back as the possible start of a stop string is sent when
+    /// an end-of-sequence token ends the sequence instead (vLLM releases
+    /// it too).
+    #[test]
+    fn held_back_text_is_sent_when_the_sequence_ends() {
+        let tokenizer = tokenizer();
+        let ids = tokenizer.encode("Hello world", false).unwrap();
+        let eos = tokenizer.encode("!", false).unwrap()[0];
+        let tokens = [ids.as_slice(), &[eos]].concat();
+        assert_eq!(sent_text(&tokenizer, &tokens, eos, &[]), "Hello world");
+        // "d" could start the stop string "done" until the sequence ends.
+        assert_eq!(
+            sent_text(&tokenizer, &tokens, eos, &["done"]),
+            "Hello world"
+        );
     }
 }

@@ -95,8 +95,14 @@ pub struct GenerationParams {
     pub max_tokens: usize,
     /// End-of-sequence tokens are suppressed until this many were generated.
     pub min_tokens: usize,
-    /// Stop strings (excluded from the output).
+    /// Stop strings (excluded from the output unless
+    /// `include_stop_str_in_output`).
     pub stop: Vec<String>,
+    /// A matched stop string, or the text of the token that stopped
+    /// generation, ends the output (vLLM's `include_stop_str_in_output`).
+    pub include_stop_str_in_output: bool,
+    /// Special tokens are left out of the text.
+    pub skip_special_tokens: bool,
     /// Extra token ids that end generation (included in the output ids).
     pub stop_token_ids: Vec<u32>,
     /// Keep generating after end-of-sequence tokens.

@@ -1,11 +1,13 @@
-//! Stop strings: matched across token boundaries, never included in the
-//! output. Text that could still be the start of a stop string is held back
-//! until it is resolved.
+//! Stop strings: matched across token boundaries, left out of the output
+//! unless asked for (vLLM's `include_stop_str_in_output`). Text that could
+//! still be the start of a stop string is held back until it is resolved.
 
 /// Watches generated text for stop strings.
 #[derive(Clone, Debug, Default)]
 pub struct StopMatcher {
     stops: Vec<String>,
+    /// A matched stop string is released with the text before it.
+    include: bool,
     /// Text received but not yet released.
     pending: String,
 }
@@ -20,10 +22,12 @@ pub enum StopOutcome {
 }
 
 impl StopMatcher {
-    /// A matcher for `stops` (empty strings are ignored).
-    pub fn new(stops: Vec<String>) -> Self {
+    /// A matcher for `stops` (empty strings are ignored); `include`: a
+    /// matched stop string ends the released text.
+    pub fn new(stops: Vec<String>, include: bool) -> Self {
         Self {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            include,
             pending: String::new(),
         }
     }
@@ -34,15 +38,18 @@ impl StopMatcher {
             return StopOutcome::Continue(text.to_owned());
         }
         self.pending.push_str(text);
-        if let Some(at) = self
+        // The earliest match (the first stop string listed among those
+        // that match there).
+        if let Some((at, len)) = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min()
+            .filter_map(|s| Some((self.pending.find(s.as_str())?, s.len())))
+            .min_by_key(|&(at, _)| at)
         {
-            let before = self.pending[..at].to_owned();
+            let end = if self.include { at + len } else { at };
+            let released = self.pending[..end].to_owned();
             self.pending.clear();
-            return StopOutcome::Stop(before);
+            return StopOutcome::Stop(released);
         }
         // Hold back the longest suffix that starts some stop string.
         let hold = self
@@ -75,17 +82,27 @@ mod tests {
 
     #[test]
     fn stop_strings_match_across_pieces_and_are_excluded() {
-        let mut m = StopMatcher::new(vec!["\n\nUser:".into(), "END".into()]);
+        let mut m = StopMatcher::new(vec!["\n\nUser:".into(), "END".into()], false);
         assert_eq!(m.push("Hello"), StopOutcome::Continue("Hello".into()));
         assert_eq!(m.push(" world\n"), StopOutcome::Continue(" world".into()));
         assert_eq!(m.push("\nUs"), StopOutcome::Continue(String::new()));
         assert_eq!(m.push("er: hi"), StopOutcome::Stop(String::new()));
-        let mut m = StopMatcher::new(vec!["END".into()]);
+        let mut m = StopMatcher::new(vec!["END".into()], false);
         assert_eq!(m.push("abcEN"), StopOutcome::Continue("abc".into()));
         assert_eq!(m.push("x"), StopOutcome::Continue("ENx".into()));
         assert_eq!(m.push("yyEND tail"), StopOutcome::Stop("yy".into()));
-        let mut m = StopMatcher::new(vec!["é!".into()]);
+        let mut m = StopMatcher::new(vec!["é!".into()], false);
         assert_eq!(m.push("café"), StopOutcome::Continue("caf".into()));
         assert_eq!(m.finish(), "é");
+    }
+
+    #[test]
+    fn an_included_stop_string_ends_the_released_text() {
+        let mut m = StopMatcher::new(vec!["END".into(), "EN".into()], true);
+        assert_eq!(m.push("abcE"), StopOutcome::Continue("abc".into()));
+        // Both match at the same place: the first listed is the one.
+        assert_eq!(m.push("ND tail"), StopOutcome::Stop("END".into()));
+        let mut m = StopMatcher::new(vec!["\n\n".into(), "x".into()], true);
+        assert_eq!(m.push("ab\n\ncdx"), StopOutcome::Stop("ab\n\n".into()));
     }
 }

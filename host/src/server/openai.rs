@@ -163,6 +163,12 @@ pub struct SamplingFields {
     /// Generate past end-of-sequence (vLLM extension).
     #[serde(default)]
     pub ignore_eos: bool,
+    /// End the text with the stop string or stop token's text that ended
+    /// it (vLLM extension).
+    #[serde(default)]
+    pub include_stop_str_in_output: bool,
+    /// Leave special tokens out of the text (vLLM extension; default true).
+    pub skip_special_tokens: Option<bool>,
     /// `max_tokens`.
     pub max_tokens: Option<usize>,
     /// `user`: an end-user id for the client's own tracking; it has no
@@ -217,6 +223,8 @@ const SAMPLING_FIELDS: &[&str] = &[
     "stream_options",
     "min_tokens",
     "ignore_eos",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
     "max_tokens",
     "user",
     "logit_bias",
@@ -254,8 +262,6 @@ const NOT_IMPLEMENTED: &[(&str, Option<&str>)] = &[
     ("best_of", None),
     ("use_beam_search", Some("false")),
     ("prompt_logprobs", None),
-    ("skip_special_tokens", Some("true")),
-    ("include_stop_str_in_output", Some("false")),
     ("store", Some("false")),
     ("audio", None),
     ("modalities", Some(r#"["text"]"#)),
@@ -579,6 +585,8 @@ impl SamplingFields {
             max_tokens,
             min_tokens,
             stop,
+            include_stop_str_in_output: self.include_stop_str_in_output,
+            skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
             logprobs,
