@@ -265,6 +265,31 @@ fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
         answered["usage"]["prompt_tokens"], with["count"],
         "{answered}"
     );
+    // vLLM's truncate_prompt_tokens keeps a prompt's last tokens (-1: as
+    // many as the context holds); add_special_tokens is honoured (SmolLM2
+    // adds no BOS, so nothing changes).
+    let completion = |extra: serde_json::Value| {
+        let mut body = serde_json::json!({"model": "smollm2", "prompt": text, "max_tokens": 1});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        post("/v1/completions", body)
+    };
+    for (keep, want) in [(2, 2), (-1, tokens.len()), (100, tokens.len())] {
+        let answer = completion(serde_json::json!({"truncate_prompt_tokens": keep}));
+        assert_eq!(answer["usage"]["prompt_tokens"], want, "{keep}: {answer}");
+    }
+    let refused = completion(serde_json::json!({"truncate_prompt_tokens": 0}));
+    assert_eq!(
+        refused["error"]["param"], "truncate_prompt_tokens",
+        "{refused}"
+    );
+    let plain = completion(serde_json::json!({"add_special_tokens": false}));
+    assert_eq!(plain["usage"]["prompt_tokens"], tokens.len(), "{plain}");
+    let chat_body = serde_json::json!({"model": "smollm2", "messages": messages, "max_tokens": 1,
+                                       "truncate_prompt_tokens": 3, "add_special_tokens": true});
+    let answered = post("/v1/chat/completions", chat_body);
+    assert_eq!(answered["usage"]["prompt_tokens"], 3, "{answered}");
     let refused = post("/detokenize", serde_json::json!({"tokens": [1, 99999999]}));
     assert_eq!(refused["error"]["param"], "tokens", "{refused}");
     let refused = post(

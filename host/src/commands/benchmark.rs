@@ -273,21 +273,22 @@ async fn run_level(
     params: &GenerationParams,
 ) -> anyhow::Result<Vec<Timings>> {
     let start = Instant::now();
-    let mut receivers = Vec::new();
+    let (mut requests, mut receivers) = (Vec::new(), Vec::new());
     for (group, prompt) in (0u64..).zip(prompts) {
         let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
-        engine
-            .submit(Request {
-                prompt,
-                params: params.clone(),
-                events,
-                arrived: start,
-                group,
-                constraint: None,
-            })
-            .map_err(anyhow::Error::msg)?;
+        requests.push(Request {
+            prompt,
+            params: params.clone(),
+            events,
+            arrived: start,
+            group,
+            constraint: None,
+        });
         receivers.push(receiver);
     }
+    // All at once: the level's requests arrive together, so its steps do
+    // not depend on when the engine thread wakes.
+    engine.submit_all(requests).map_err(anyhow::Error::msg)?;
     let waits = receivers.into_iter().map(|mut receiver| async move {
         let mut first_token = None;
         while let Some(event) = receiver.recv().await {

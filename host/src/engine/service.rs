@@ -186,7 +186,9 @@ pub trait EngineObserver: Send + 'static {
 }
 
 enum Command {
-    Add(SeqId, Request),
+    /// Requests that arrive together (the engine admits them before its next
+    /// step).
+    Add(Vec<(SeqId, Request)>),
 }
 
 /// The handle the server holds: submit requests, stop the engine.
@@ -199,9 +201,18 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Queues a request. Fails only if the engine has stopped.
     pub fn submit(&self, request: Request) -> Result<(), String> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.submit_all(vec![request])
+    }
+
+    /// Queues requests that arrive together: the engine's next step sees
+    /// them all (as a benchmark's concurrent requests should arrive).
+    pub fn submit_all(&self, requests: Vec<Request>) -> Result<(), String> {
+        let batch = requests
+            .into_iter()
+            .map(|r| (self.next_id.fetch_add(1, Ordering::Relaxed), r))
+            .collect();
         self.commands
-            .send(Command::Add(id, request))
+            .send(Command::Add(batch))
             .map_err(|_| "the engine has stopped".to_owned())
     }
 }
@@ -290,7 +301,7 @@ fn run(
         }
         let started = Instant::now();
         incoming.extend(commands.try_iter());
-        for Command::Add(id, request) in incoming {
+        for (id, request) in incoming.into_iter().flat_map(|Command::Add(batch)| batch) {
             engine.admit(id, request);
         }
         engine.cancel_gone();

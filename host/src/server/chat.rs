@@ -52,9 +52,12 @@ pub async fn chat_completions(
         &request.messages,
         tools.as_ref().map(|t| t.tools.as_slice()),
         &options,
-        false,
+        request.add_special_tokens.unwrap_or(false),
     )
     .await?;
+    let prompt = request
+        .common
+        .truncate(prompt, state.limits.max_model_len)?;
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
     let params = request.common.params(
         request.max_completion_tokens.or(request.common.max_tokens),

@@ -425,9 +425,13 @@ async fn completions(
             Some("logprobs"),
         ));
     }
-    let prompts =
-        prompt::completion_prompts(&state, &request.prompt, request.common.n.unwrap_or(1)).await?;
+    let add_special_tokens = request.add_special_tokens.unwrap_or(true);
     let n = request.common.n.unwrap_or(1);
+    let prompts = prompt::completion_prompts(&state, &request.prompt, n, add_special_tokens)
+        .await?
+        .into_iter()
+        .map(|p| request.common.truncate(p, state.limits.max_model_len))
+        .collect::<Result<Vec<_>, _>>()?;
     let group = new_group();
     let constraint = structured::constraint(&state, &request.common).await?;
     let mut choices = Vec::new();

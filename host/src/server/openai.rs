@@ -169,6 +169,9 @@ pub struct SamplingFields {
     pub include_stop_str_in_output: bool,
     /// Leave special tokens out of the text (vLLM extension; default true).
     pub skip_special_tokens: Option<bool>,
+    /// Keep only the prompt's last this many tokens (-1: the model's
+    /// context; vLLM extension).
+    pub truncate_prompt_tokens: Option<i64>,
     /// `max_tokens`.
     pub max_tokens: Option<usize>,
     /// `user`: an end-user id for the client's own tracking; it has no
@@ -225,6 +228,8 @@ const SAMPLING_FIELDS: &[&str] = &[
     "ignore_eos",
     "include_stop_str_in_output",
     "skip_special_tokens",
+    "truncate_prompt_tokens",
+    "add_special_tokens",
     "max_tokens",
     "user",
     "logit_bias",
@@ -274,9 +279,7 @@ const NOT_IMPLEMENTED: &[(&str, Option<&str>)] = &[
     ("prompt_cache_key", None),
     ("safety_identifier", None),
     ("chat_template", None),
-    ("add_special_tokens", None),
     ("documents", None),
-    ("truncate_prompt_tokens", None),
     ("length_penalty", None),
     ("spaces_between_special_tokens", None),
     ("allowed_token_ids", None),
@@ -400,6 +403,9 @@ pub struct ChatRequest {
     /// Extra variables for the chat template (vLLM's; e.g.
     /// `{"enable_thinking": false}`).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Add the tokenizer's BOS/EOS to the rendered chat (vLLM's; default
+    /// false: the template writes them).
+    pub add_special_tokens: Option<bool>,
     /// Everything else.
     #[serde(flatten)]
     pub common: SamplingFields,
@@ -431,6 +437,8 @@ pub struct CompletionRequest {
     pub logprobs: Option<usize>,
     /// Text appended after the completion (accepted when empty only).
     pub suffix: Option<String>,
+    /// Add the tokenizer's BOS/EOS to text prompts (vLLM's; default true).
+    pub add_special_tokens: Option<bool>,
     /// Everything else.
     #[serde(flatten)]
     pub common: SamplingFields,
@@ -592,6 +600,30 @@ impl SamplingFields {
             logprobs,
             logit_bias,
         })
+    }
+
+    /// `prompt` cut to its last `truncate_prompt_tokens` tokens (-1: the
+    /// model's context), as vLLM cuts it.
+    pub fn truncate(
+        &self,
+        mut prompt: Vec<u32>,
+        max_model_len: usize,
+    ) -> Result<Vec<u32>, ApiError> {
+        let keep = match self.truncate_prompt_tokens {
+            None => return Ok(prompt),
+            Some(-1) => max_model_len,
+            Some(k) if k >= 1 && k as usize <= max_model_len => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    format!("truncate_prompt_tokens is {k}; it must be -1 or between 1 and the model's context of {max_model_len}"),
+                    Some("truncate_prompt_tokens"),
+                ))
+            }
+        };
+        if prompt.len() > keep {
+            prompt.drain(..prompt.len() - keep);
+        }
+        Ok(prompt)
     }
 
     /// Whether a stream ends with a usage chunk (`stream_options`).

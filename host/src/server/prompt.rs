@@ -245,11 +245,13 @@ pub async fn chat_prompt(
 }
 
 /// The token ids of each of a completion request's prompts, after the
-/// sequence cap (`n` choices each) and the size check.
+/// sequence cap (`n` choices each) and the size check; `add_special_tokens`
+/// adds BOS/EOS to text prompts as the tokenizer is configured.
 pub async fn completion_prompts(
     state: &Arc<AppState>,
     prompt: &Prompt,
     n: usize,
+    add_special_tokens: bool,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let count = match prompt {
         Prompt::Text(_) | Prompt::Ids(_) => 1,
@@ -266,8 +268,8 @@ pub async fn completion_prompts(
     let prompts = match prompt {
         Prompt::Ids(ids) => vec![ids.clone()],
         Prompt::IdLists(lists) => lists.clone(),
-        Prompt::Text(text) => tokenize(state, vec![text.clone()], true).await?,
-        Prompt::Texts(texts) => tokenize(state, texts.clone(), true).await?,
+        Prompt::Text(text) => tokenize(state, vec![text.clone()], add_special_tokens).await?,
+        Prompt::Texts(texts) => tokenize(state, texts.clone(), add_special_tokens).await?,
     };
     for prompt in &prompts {
         check_vocabulary(state, prompt, "prompt")?;

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use kiln_plugin_api::graph::{Op, ValueId};
 
+use super::fusion::NormInGemv;
 use super::memory::{self, Buffer};
 use super::plan::{Home, StepPlan};
 use super::{attention, element_bytes, products};
@@ -82,9 +83,14 @@ pub fn plan(
             }
         }
         // A GEMV of q, k and v writes their rotations too; one that computes
-        // x's norm reads the norm's inputs and writes its residual sum.
+        // x's norm at these sizes reads the norm's inputs and writes its
+        // residual sum.
         if let StepPlan::LinearGroup { rotation, norm, .. } = plan {
             let rotated = rotation.iter().flat_map(|r| [r.q_out, r.k_out]);
+            let x_rows = |n: &NormInGemv| {
+                shapes[step.inputs[0] as usize].iter().product::<usize>() / n.first.cols.max(1)
+            };
+            let norm = norm.filter(|n| products::gemv_takes_norm(&n.first, n.count, x_rows(n)));
             let residual = norm
                 .iter()
                 .flat_map(|n| n.residual)

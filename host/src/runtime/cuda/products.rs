@@ -632,7 +632,7 @@ impl Frame<'_> {
         let (function, config) = match norm {
             None => (choice.function, choice.config(rows)),
             Some(_) => {
-                let normed_name = choice.normed_kernel(name);
+                let normed_name = choice.normed_kernel(name)?;
                 let normed = *self
                     .hand
                     .get(&normed_name)

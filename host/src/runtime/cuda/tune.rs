@@ -109,12 +109,12 @@ impl GemvChoice {
 
     /// The name of its split's kernel of `kernel` (a one-row GEMV's name
     /// without a split suffix) that computes x's RMS norm itself.
-    pub fn normed_kernel(&self, kernel: &str) -> String {
-        let suffix = SPLITS
+    pub fn normed_kernel(&self, kernel: &str) -> Result<String, String> {
+        let (_, suffix) = SPLITS
             .iter()
             .find(|&&(split, _)| split == self.split)
-            .map_or("", |&(_, suffix)| suffix);
-        format!("{kernel}{suffix}_norm")
+            .ok_or_else(|| format!("no GEMV splits rows {} ways", self.split))?;
+        Ok(format!("{kernel}{suffix}_norm"))
     }
 
     /// Its launch for `rows` rows.
