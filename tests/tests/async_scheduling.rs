@@ -50,6 +50,7 @@ fn greedy(max_tokens: usize) -> GenerationParams {
         ignore_eos: false,
         logprobs: None,
         logit_bias: Vec::new(),
+        allowed_tokens: None,
     }
 }
 

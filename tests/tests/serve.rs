@@ -286,6 +286,19 @@ fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
     );
     let plain = completion(serde_json::json!({"add_special_tokens": false}));
     assert_eq!(plain["usage"]["prompt_tokens"], tokens.len(), "{plain}");
+    // vLLM's allowed_token_ids: only those tokens come out ("The" and
+    // " capital", whatever the model would rather say).
+    let only = completion(serde_json::json!({"allowed_token_ids": &tokens[..2], "max_tokens": 6}));
+    let mut rest = only["choices"][0]["text"].as_str().unwrap().to_owned();
+    assert!(!rest.is_empty(), "{only}");
+    while !rest.is_empty() {
+        let piece = pieces[..2].iter().find(|p| rest.starts_with(*p));
+        rest = rest[piece.unwrap_or_else(|| panic!("{only}")).len()..].to_owned();
+    }
+    for bad in [serde_json::json!([]), serde_json::json!([99999999])] {
+        let refused = completion(serde_json::json!({"allowed_token_ids": bad}));
+        assert_eq!(refused["error"]["param"], "allowed_token_ids", "{refused}");
+    }
     let chat_body = serde_json::json!({"model": "smollm2", "messages": messages, "max_tokens": 1,
                                        "truncate_prompt_tokens": 3, "add_special_tokens": true});
     let answered = post("/v1/chat/completions", chat_body);

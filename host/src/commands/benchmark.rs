@@ -174,6 +174,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         ignore_eos: true,
         logprobs: None,
         logit_bias: Vec::new(),
+        allowed_tokens: None,
     };
     runtime.block_on(run_level(&engine, prompts(1), &params(2)))?;
     let mut results = Vec::new();

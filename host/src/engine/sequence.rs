@@ -66,14 +66,20 @@ impl<'t> Active<'t> {
 
     /// How the backend picks this sequence's next token: its sampler's
     /// filters and draw, its penalties, a ban on ending before
-    /// `min_tokens`, and its grammar's mask.
+    /// `min_tokens`, and its grammar's mask with its allowed tokens'.
     pub fn row_sampling(&mut self, eos: &[u32]) -> Result<RowSampling, String> {
-        let allowed = match &mut self.constraint {
+        let grammar = match &mut self.constraint {
             Some(matcher) => Some(
                 structured::allowed_tokens(matcher)
                     .map_err(|e| format!("structured output: {e}"))?,
             ),
             None => None,
+        };
+        let allowed = match (grammar, &self.params.allowed_tokens) {
+            (Some(grammar), Some(only)) => {
+                Some(grammar.iter().zip(only).map(|(g, o)| g & o).collect())
+            }
+            (grammar, only) => grammar.or_else(|| only.clone()),
         };
         let params = &self.params;
         // A pick on the way counts: this row picks the token after it.
@@ -203,6 +209,7 @@ mod tests {
             ignore_eos: false,
             logprobs: None,
             logit_bias: Vec::new(),
+            allowed_tokens: None,
         };
         let request = Request {
             prompt: vec![0],

@@ -112,6 +112,9 @@ pub struct GenerationParams {
     pub logprobs: Option<usize>,
     /// Added to these tokens' logits before sampling (`logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
+    /// Only these tokens may be picked (`allowed_token_ids`): bit `t % 32`
+    /// of word `t / 32`.
+    pub allowed_tokens: Option<Vec<u32>>,
 }
 
 /// A request for the engine.

@@ -172,6 +172,8 @@ pub struct SamplingFields {
     /// Keep only the prompt's last this many tokens (-1: the model's
     /// context; vLLM extension).
     pub truncate_prompt_tokens: Option<i64>,
+    /// Only these tokens may be generated (vLLM extension).
+    pub allowed_token_ids: Option<Vec<u32>>,
     /// `max_tokens`.
     pub max_tokens: Option<usize>,
     /// `user`: an end-user id for the client's own tracking; it has no
@@ -230,6 +232,7 @@ const SAMPLING_FIELDS: &[&str] = &[
     "skip_special_tokens",
     "truncate_prompt_tokens",
     "add_special_tokens",
+    "allowed_token_ids",
     "max_tokens",
     "user",
     "logit_bias",
@@ -282,7 +285,6 @@ const NOT_IMPLEMENTED: &[(&str, Option<&str>)] = &[
     ("documents", None),
     ("length_penalty", None),
     ("spaces_between_special_tokens", None),
-    ("allowed_token_ids", None),
     ("bad_words", None),
     ("logits_processors", None),
     ("return_tokens_as_token_ids", None),
@@ -580,6 +582,7 @@ impl SamplingFields {
             ));
         }
         let logit_bias = self.logit_bias(limits.vocab_size)?;
+        let allowed_tokens = self.allowed_tokens(limits.vocab_size)?;
         let min_tokens = self.min_tokens.unwrap_or(0);
         if min_tokens > max_tokens {
             return Err(ApiError::invalid(
@@ -599,7 +602,30 @@ impl SamplingFields {
             ignore_eos: self.ignore_eos,
             logprobs,
             logit_bias,
+            allowed_tokens,
         })
+    }
+
+    /// `allowed_token_ids` as a mask (bit `t % 32` of word `t / 32`): ids
+    /// below `vocab_size`, at least one.
+    fn allowed_tokens(&self, vocab_size: usize) -> Result<Option<Vec<u32>>, ApiError> {
+        let Some(ids) = &self.allowed_token_ids else {
+            return Ok(None);
+        };
+        let refuse = |why: String| Err(ApiError::invalid(why, Some("allowed_token_ids")));
+        if ids.is_empty() {
+            return refuse("allowed_token_ids must not be empty".into());
+        }
+        let mut mask = vec![0u32; vocab_size.div_ceil(32)];
+        for &id in ids {
+            if id as usize >= vocab_size {
+                return refuse(format!(
+                    "allowed_token_ids has {id}, outside the vocabulary of {vocab_size}"
+                ));
+            }
+            mask[id as usize / 32] |= 1 << (id % 32);
+        }
+        Ok(Some(mask))
     }
 
     /// `prompt` cut to its last `truncate_prompt_tokens` tokens (-1: the
