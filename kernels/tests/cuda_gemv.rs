@@ -13,7 +13,7 @@
 mod common;
 
 use common::*;
-use half::{bf16, f16};
+use half::bf16;
 use kiln_kernels::cuda::sources;
 use kiln_kernels::cuda::DevicePtr;
 use kiln_kernels::cuda::KernelArg::{self, Ptr};
@@ -41,24 +41,7 @@ fn reference(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
 /// The `KilnGemvGroup` argument: matrices (device pointer, rows), their
 /// outputs and the gated activation (0: none).
 fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr], activation: u64) -> KernelArg {
-    let pad = |mut v: Vec<u64>| {
-        v.resize(4, 0);
-        v
-    };
-    let mut end = 0;
-    let ends = matrices.iter().map(|&(_, rows)| {
-        end += rows as u64;
-        end
-    });
-    let mut words = vec![matrices.len() as u64];
-    words.extend(pad(ends.collect()));
-    words.extend(pad(matrices.iter().map(|&(w, _)| w).collect()));
-    words.extend(pad(outputs.to_vec()));
-    words.push(activation);
-    words.extend([0; 13]); // no rotation (`KilnGemvRope`)
-    words.extend([0; 3]); // no greedy pick (`KilnGemvArgmax`)
-    words.extend([0; 5]); // no norm (`KilnGemvNorm`)
-    KernelArg::Struct(words)
+    gemv_group(matrices, outputs, activation, [0; 5])
 }
 
 /// x as 8-bit blocks of 32, as `kiln_quantize_x8` should write them: every
@@ -258,24 +241,10 @@ fn dense_rows_match_the_reference() {
                 // one load past them; 37: the unaligned path.
     for k in [520, 2056, 37] {
         let values = Rng::new(3).data(n * k, 1.0);
-        let as_bf16: Vec<u16> = values
-            .iter()
-            .map(|&v| bf16::from_f32(v).to_bits())
-            .collect();
-        let from_bf16: Vec<f32> = as_bf16
-            .iter()
-            .map(|&b| bf16::from_bits(b).to_f32())
-            .collect();
-        let as_f16: Vec<u16> = values.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
-        let from_f16: Vec<f32> = as_f16.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
-        for (kernel, stored, decoded) in [
-            ("kiln_gemv_bf16", bytes(&as_bf16), &from_bf16),
-            ("kiln_gemv_f16", bytes(&as_f16), &from_f16),
-            ("kiln_gemv_f32", bytes(&values), &values),
-        ] {
+        for (kernel, stored, decoded) in dense_formats(&values) {
             let w = Matrix {
                 bytes: &stored,
-                values: decoded,
+                values: &decoded,
                 n,
                 k,
             };

@@ -10,7 +10,6 @@
 mod common;
 
 use common::*;
-use half::{bf16, f16};
 use kiln_kernels::cuda::sources;
 use kiln_kernels::cuda::KernelArg::{self, Ptr};
 use kiln_kernels::cuda::{Device, DevicePtr, LaunchConfig};
@@ -40,25 +39,9 @@ fn group(
     activation: u64,
     norm: &Norm,
 ) -> KernelArg {
-    let pad = |mut v: Vec<u64>| {
-        v.resize(4, 0);
-        v
-    };
-    let mut end = 0;
-    let ends = matrices.iter().map(|&(_, rows)| {
-        end += rows as u64;
-        end
-    });
-    let mut words = vec![matrices.len() as u64];
-    words.extend(pad(ends.collect()));
-    words.extend(pad(matrices.iter().map(|&(w, _)| w).collect()));
-    words.extend(pad(outputs.to_vec()));
-    words.push(activation);
-    words.extend([0; 13]); // no rotation (`KilnGemvRope`)
-    words.extend([0; 3]); // no greedy pick (`KilnGemvArgmax`)
     let floats = u64::from(EPS.to_bits()) | u64::from(norm.offset.to_bits()) << 32;
-    words.extend([norm.a, norm.b, norm.sum, norm.weight, floats]);
-    KernelArg::Struct(words)
+    let words = [norm.a, norm.b, norm.sum, norm.weight, floats];
+    gemv_group(matrices, outputs, activation, words)
 }
 
 /// `(offset + w) · h / sqrt(mean(h²) + eps)` of one row, in f64.
@@ -202,24 +185,10 @@ fn dense_rows_take_the_norm_of_x() {
     // most a launch takes (KILN_GEMV_NORM_VALUES).
     for k in [520, 4096] {
         let values = Rng::new(3).data(n * k, 1.0);
-        let as_bf16: Vec<u16> = values
-            .iter()
-            .map(|&v| bf16::from_f32(v).to_bits())
-            .collect();
-        let from_bf16: Vec<f32> = as_bf16
-            .iter()
-            .map(|&b| bf16::from_bits(b).to_f32())
-            .collect();
-        let as_f16: Vec<u16> = values.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
-        let from_f16: Vec<f32> = as_f16.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
-        for (kernel, stored, decoded) in [
-            ("kiln_gemv_bf16", bytes(&as_bf16), &from_bf16),
-            ("kiln_gemv_f16", bytes(&as_f16), &from_f16),
-            ("kiln_gemv_f32", bytes(&values), &values),
-        ] {
+        for (kernel, stored, decoded) in dense_formats(&values) {
             let w = Matrix {
                 bytes: &stored,
-                values: decoded,
+                values: &decoded,
                 n,
                 k,
             };

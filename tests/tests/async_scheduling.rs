@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_host::engine::penalties::Penalties;
 use kiln_host::engine::service::{self, EngineConfig, Event, GenerationParams, Request};
 use kiln_host::engine::structured::{Grammar, Grammars};
 use kiln_host::engine::SamplingParams;
@@ -32,26 +31,6 @@ struct Outcome {
     text: String,
     logprobs: Vec<(f32, Vec<u32>)>,
     end: String,
-}
-
-fn greedy(max_tokens: usize) -> GenerationParams {
-    GenerationParams {
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        },
-        penalties: Penalties::default(),
-        max_tokens,
-        min_tokens: 0,
-        stop: Vec::new(),
-        include_stop_str_in_output: false,
-        skip_special_tokens: true,
-        stop_token_ids: Vec::new(),
-        ignore_eos: false,
-        logprobs: None,
-        logit_bias: Vec::new(),
-        allowed_tokens: None,
-    }
 }
 
 /// A request to serve.
@@ -229,7 +208,7 @@ fn prompt(i: u32, len: u32) -> Vec<u32> {
 fn async_scheduling_ends_every_request_as_reading_each_step_first_does() {
     // First the plain greedy outputs, to pick stops that fire mid-output.
     let plain: Vec<_> = (0..4)
-        .map(|i| Ask::new(prompt(i, 3 + 5 * i), greedy(12), 0))
+        .map(|i| Ask::new(prompt(i, 3 + 5 * i), GenerationParams::greedy(12), 0))
         .collect();
     let (base, _, _) = serve(&plain, &[], false, 256);
     let token_at = |r: usize, i: usize| base[r].tokens[i];
@@ -237,20 +216,20 @@ fn async_scheduling_ends_every_request_as_reading_each_step_first_does() {
     let mut requests = plain.clone();
     // Stops: a token id, a string (a token's text), the end-of-sequence
     // token after min_tokens, and the length.
-    let mut stop_token = greedy(12);
+    let mut stop_token = GenerationParams::greedy(12);
     stop_token.stop_token_ids = vec![token_at(0, 3)];
     requests.push(Ask::new(prompt(0, 3), stop_token, 10));
-    let mut stop_string = greedy(12);
+    let mut stop_string = GenerationParams::greedy(12);
     stop_string.stop = vec![format!("<{}>", token_at(1, 5))];
     requests.push(Ask::new(prompt(1, 8), stop_string, 11));
     let eos = [token_at(2, 2)];
-    let mut min_tokens = greedy(12);
+    let mut min_tokens = GenerationParams::greedy(12);
     min_tokens.min_tokens = 6;
     requests.push(Ask::new(prompt(2, 13), min_tokens, 12));
-    requests.push(Ask::new(prompt(3, 18), greedy(1), 13));
+    requests.push(Ask::new(prompt(3, 18), GenerationParams::greedy(1), 13));
     // Seeded sampling with log-probabilities; two sequences of one request.
     for seed in [7, 8] {
-        let mut sampled = greedy(10);
+        let mut sampled = GenerationParams::greedy(10);
         sampled.sampling = SamplingParams {
             temperature: 0.9,
             top_k: 50,
@@ -263,7 +242,7 @@ fn async_scheduling_ends_every_request_as_reading_each_step_first_does() {
     }
     // Penalties: while this runs, the engine reads each step's tokens before
     // the next step (short, so most steps overlap).
-    let mut penalized = greedy(3);
+    let mut penalized = GenerationParams::greedy(3);
     penalized.penalties.repetition = 1.3;
     penalized.penalties.presence = 0.5;
     requests.push(Ask::new(prompt(6, 6), penalized, 30));
@@ -316,7 +295,7 @@ fn penalties_and_grammars_overlap_the_next_step_and_end_alike() {
     let eos = [7];
     let mut requests = Vec::new();
     for i in 0..3 {
-        let mut penalized = greedy(14);
+        let mut penalized = GenerationParams::greedy(14);
         penalized.penalties.repetition = 1.3;
         penalized.penalties.presence = 0.5;
         penalized.penalties.frequency = 0.2 * i as f32;
@@ -327,7 +306,7 @@ fn penalties_and_grammars_overlap_the_next_step_and_end_alike() {
         ));
     }
     for i in 0..3 {
-        let mut params = greedy(12);
+        let mut params = GenerationParams::greedy(12);
         if i == 1 {
             params.sampling = SamplingParams {
                 temperature: 1.0,
@@ -370,9 +349,9 @@ fn penalties_and_grammars_overlap_the_next_step_and_end_alike() {
 /// would have shared its steps, runs to the end.
 #[test]
 fn too_many_log_probabilities_fail_only_their_request() {
-    let mut too_many = greedy(4);
+    let mut too_many = GenerationParams::greedy(4);
     too_many.logprobs = Some(21);
-    let mut most = greedy(4);
+    let mut most = GenerationParams::greedy(4);
     most.logprobs = Some(20);
     let requests = [
         Ask::new(prompt(1, 5), too_many, 1),

@@ -165,16 +165,8 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     let params = |max_tokens| GenerationParams {
         sampling: sampling.clone(),
         penalties,
-        max_tokens,
-        min_tokens: 0,
-        stop: Vec::new(),
-        include_stop_str_in_output: false,
-        skip_special_tokens: true,
-        stop_token_ids: Vec::new(),
         ignore_eos: true,
-        logprobs: None,
-        logit_bias: Vec::new(),
-        allowed_tokens: None,
+        ..GenerationParams::greedy(max_tokens)
     };
     runtime.block_on(run_level(&engine, prompts(1), &params(2)))?;
     let mut results = Vec::new();

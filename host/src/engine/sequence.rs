@@ -180,8 +180,6 @@ impl<'t> Active<'t> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::penalties::Penalties;
-    use super::super::sampling::SamplingParams;
     use super::super::service::Request;
     use super::*;
 
@@ -198,18 +196,8 @@ mod tests {
     fn sent_text(tokenizer: &Tokenizer, tokens: &[u32], eos: u32, stop: &[&str]) -> String {
         let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
         let params = GenerationParams {
-            sampling: SamplingParams::default(),
-            penalties: Penalties::default(),
-            max_tokens: 100,
-            min_tokens: 0,
             stop: stop.iter().map(|s| s.to_string()).collect(),
-            include_stop_str_in_output: false,
-            skip_special_tokens: true,
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-            logprobs: None,
-            logit_bias: Vec::new(),
-            allowed_tokens: None,
+            ..GenerationParams::greedy(100)
         };
         let request = Request {
             prompt: vec![0],

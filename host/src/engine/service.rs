@@ -117,6 +117,30 @@ pub struct GenerationParams {
     pub allowed_tokens: Option<Vec<u32>>,
 }
 
+impl GenerationParams {
+    /// Greedy picks of up to `max_tokens` tokens, ending at end-of-sequence,
+    /// nothing else asked for.
+    pub fn greedy(max_tokens: usize) -> Self {
+        Self {
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            penalties: Penalties::default(),
+            max_tokens,
+            min_tokens: 0,
+            stop: Vec::new(),
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            logit_bias: Vec::new(),
+            allowed_tokens: None,
+        }
+    }
+}
+
 /// A request for the engine.
 pub struct Request {
     /// Prompt token ids.

@@ -220,3 +220,55 @@ pub fn random_blocks(ty: QuantType, rows: usize, cols: usize, seed: u64) -> (Vec
     }
     (packed, values)
 }
+
+/// `values` as the dense GEMV kernels read them, with the values those
+/// bytes hold: (kernel name without suffixes, stored bytes, decoded) for
+/// bf16, f16 and f32 rows.
+pub fn dense_formats(values: &[f32]) -> [(&'static str, Vec<u8>, Vec<f32>); 3] {
+    use half::{bf16, f16};
+    let as_bf16: Vec<u16> = values
+        .iter()
+        .map(|&v| bf16::from_f32(v).to_bits())
+        .collect();
+    let from_bf16 = as_bf16
+        .iter()
+        .map(|&b| bf16::from_bits(b).to_f32())
+        .collect();
+    let as_f16: Vec<u16> = values.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+    let from_f16 = as_f16.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
+    [
+        ("kiln_gemv_bf16", bytes(&as_bf16), from_bf16),
+        ("kiln_gemv_f16", bytes(&as_f16), from_f16),
+        ("kiln_gemv_f32", bytes(values), values.to_vec()),
+    ]
+}
+
+/// The words of a `KilnGemvGroup` (gemv.cu) without a rotation or greedy's
+/// pick: matrices (device pointer, rows), their outputs, the gated
+/// activation (0: none), then `norm`, the `KilnGemvNorm` words (all zero:
+/// none).
+pub fn gemv_group(
+    matrices: &[(DevicePtr, usize)],
+    outputs: &[DevicePtr],
+    activation: u64,
+    norm: [u64; 5],
+) -> KernelArg {
+    let pad = |mut v: Vec<u64>| {
+        v.resize(4, 0);
+        v
+    };
+    let mut end = 0;
+    let ends = matrices.iter().map(|&(_, rows)| {
+        end += rows as u64;
+        end
+    });
+    let mut words = vec![matrices.len() as u64];
+    words.extend(pad(ends.collect()));
+    words.extend(pad(matrices.iter().map(|&(w, _)| w).collect()));
+    words.extend(pad(outputs.to_vec()));
+    words.push(activation);
+    words.extend([0; 13]); // no rotation (`KilnGemvRope`)
+    words.extend([0; 3]); // no greedy pick (`KilnGemvArgmax`)
+    words.extend(norm);
+    KernelArg::Struct(words)
+}
