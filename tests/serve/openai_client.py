@@ -56,6 +56,17 @@ for chunk in client.chat.completions.create(model=model, messages=QUESTION, max_
         if c.logprobs and c.logprobs.content:
             streamed_lp.extend(c.logprobs.content)
 assert [t.token for t in streamed_lp] == [t.token for t in content]
+# vLLM's return_tokens_as_token_ids names the same tokens by id.
+as_ids = client.chat.completions.create(
+    model=model, messages=QUESTION, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3,
+    extra_body={"return_tokens_as_token_ids": True},
+).choices[0].logprobs.content
+assert [t.logprob for t in as_ids] == [t.logprob for t in content], (as_ids, content)
+for named, texted in zip(as_ids, content):
+    assert named.token.startswith("token_id:") and named.bytes == list(named.token.encode()), named
+    detokenize = base_url.rsplit("/v1", 1)[0] + "/detokenize"
+    ids = client.post(detokenize, cast_to=object, body={"tokens": [int(named.token[len("token_id:"):])]})
+    assert ids["prompt"] == texted.token, (ids, texted)
 report("logprobs", tokens=[t.token for t in content])
 
 # Completions: text prompt, token-id prompt, echo, legacy logprobs.

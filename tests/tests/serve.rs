@@ -299,6 +299,15 @@ fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
         let refused = completion(serde_json::json!({"allowed_token_ids": bad}));
         assert_eq!(refused["error"]["param"], "allowed_token_ids", "{refused}");
     }
+    // vLLM's bad_words: the greedy answer names Paris, not when it is one.
+    let text_of =
+        |answer: &serde_json::Value| answer["choices"][0]["text"].as_str().unwrap().to_owned();
+    let free = completion(serde_json::json!({"max_tokens": 4}));
+    assert!(text_of(&free).contains("Paris"), "{free}");
+    let banned = completion(serde_json::json!({"max_tokens": 4, "bad_words": ["Paris"]}));
+    assert!(!text_of(&banned).contains("Paris"), "{banned}");
+    let refused = completion(serde_json::json!({"bad_words": [" "]}));
+    assert_eq!(refused["error"]["param"], "bad_words", "{refused}");
     let chat_body = serde_json::json!({"model": "smollm2", "messages": messages, "max_tokens": 1,
                                        "truncate_prompt_tokens": 3, "add_special_tokens": true});
     let answered = post("/v1/chat/completions", chat_body);

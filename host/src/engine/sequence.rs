@@ -85,11 +85,16 @@ impl<'t> Active<'t> {
         // A pick on the way counts: this row picks the token after it.
         let generated = self.generated.len() + usize::from(self.awaiting);
         let suppress_eos = !params.ignore_eos && generated < params.min_tokens;
-        let banned: Vec<u32> = if suppress_eos {
+        let mut banned: Vec<u32> = if suppress_eos {
             eos.iter().chain(&params.stop_token_ids).copied().collect()
         } else {
             Vec::new()
         };
+        // A bad word's last token, where the output ends with the rest.
+        banned.extend(params.bad_words.iter().filter_map(|word| {
+            let (last, rest) = word.split_last()?;
+            self.generated.ends_with(rest).then_some(*last)
+        }));
         let penalties = params.penalties;
         Ok(RowSampling {
             repetition: penalties.repetition,
@@ -127,7 +132,10 @@ impl<'t> Active<'t> {
         let params = &self.params;
         self.generated.push(token);
         let logprob = sampled.logprob.map(|logprob| {
-            let text = |t: u32| tokenizer.decode(&[t], false).unwrap_or_default();
+            let text = |t: u32| match params.return_tokens_as_token_ids {
+                true => format!("token_id:{t}"),
+                false => tokenizer.decode(&[t], false).unwrap_or_default(),
+            };
             TokenLogprob {
                 token,
                 text: text(token),
@@ -221,6 +229,43 @@ mod tests {
             text.push_str(&piece);
         }
         text
+    }
+
+    /// A bad word's last token is banned where the output ends with the
+    /// rest of it; a one-token word always.
+    #[test]
+    fn bad_words_ban_their_last_token_after_the_rest() {
+        let tokenizer = tokenizer();
+        let (events, _received) = tokio::sync::mpsc::unbounded_channel();
+        let params = GenerationParams {
+            bad_words: vec![vec![7, 8, 9], vec![4]],
+            ..GenerationParams::greedy(10)
+        };
+        let request = Request {
+            prompt: vec![0],
+            params,
+            events,
+            arrived: Instant::now(),
+            group: 0,
+            constraint: None,
+        };
+        let mut active = Active::new(request, &tokenizer);
+        let mut banned = |generated: &[u32]| {
+            active.generated = generated.to_vec();
+            let row = active.row_sampling(&[]).unwrap();
+            let mut banned: Vec<u32> = row
+                .adjustments
+                .iter()
+                .filter(|a| a.banned)
+                .map(|a| a.token)
+                .collect();
+            banned.sort_unstable();
+            banned
+        };
+        assert_eq!(banned(&[1, 2]), [4]);
+        assert_eq!(banned(&[1, 7, 8]), [4, 9]);
+        assert_eq!(banned(&[7, 8, 1]), [4]);
+        assert_eq!(banned(&[8]), [4]);
     }
 
     /// Text held back as the possible start of a stop string is sent when

@@ -110,11 +110,17 @@ pub struct GenerationParams {
     /// Return log-probabilities with this many alternatives (`Some(0)`: just
     /// the chosen token's).
     pub logprobs: Option<usize>,
+    /// Log-probabilities name their tokens `token_id:ID` instead of by
+    /// their text (vLLM's `return_tokens_as_token_ids`).
+    pub return_tokens_as_token_ids: bool,
     /// Added to these tokens' logits before sampling (`logit_bias`).
     pub logit_bias: Vec<(u32, f32)>,
     /// Only these tokens may be picked (`allowed_token_ids`): bit `t % 32`
     /// of word `t / 32`.
     pub allowed_tokens: Option<Vec<u32>>,
+    /// Token sequences whose last token is banned where the output ends
+    /// with the rest (`bad_words`).
+    pub bad_words: Vec<Vec<u32>>,
 }
 
 impl GenerationParams {
@@ -135,8 +141,10 @@ impl GenerationParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            return_tokens_as_token_ids: false,
             logit_bias: Vec::new(),
             allowed_tokens: None,
+            bad_words: Vec::new(),
         }
     }
 }

@@ -59,7 +59,7 @@ pub async fn chat_completions(
         .common
         .truncate(prompt, state.limits.max_model_len)?;
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
-    let params = request.common.params(
+    let mut params = request.common.params(
         request.max_completion_tokens.or(request.common.max_tokens),
         None,
         logprobs,
@@ -67,6 +67,7 @@ pub async fn chat_completions(
         &state.limits,
         &state.defaults,
     )?;
+    params.bad_words = prompt::bad_words(&state, &request.common.bad_words).await?;
     let n = request.common.n.unwrap_or(1);
     let format = match (&tools, state.tool_format) {
         (Some(t), None) if t.calls() => {

@@ -434,18 +434,22 @@ async fn completions(
         .collect::<Result<Vec<_>, _>>()?;
     let group = new_group();
     let constraint = structured::constraint(&state, &request.common).await?;
+    let bad_words = prompt::bad_words(&state, &request.common.bad_words).await?;
     let mut choices = Vec::new();
     let mut prompt_tokens = 0;
     let mut echoes = Vec::new();
     for (p, prompt) in prompts.iter().enumerate() {
-        let params = request.common.params(
-            request.common.max_tokens,
-            Some(16),
-            request.logprobs,
-            prompt.len(),
-            &state.limits,
-            &state.defaults,
-        )?;
+        let params = GenerationParams {
+            bad_words: bad_words.clone(),
+            ..request.common.params(
+                request.common.max_tokens,
+                Some(16),
+                request.logprobs,
+                prompt.len(),
+                &state.limits,
+                &state.defaults,
+            )?
+        };
         choices.extend(submit(
             &state,
             prompt,

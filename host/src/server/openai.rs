@@ -174,6 +174,12 @@ pub struct SamplingFields {
     pub truncate_prompt_tokens: Option<i64>,
     /// Only these tokens may be generated (vLLM extension).
     pub allowed_token_ids: Option<Vec<u32>>,
+    /// Log-probabilities name tokens `token_id:ID` (vLLM extension).
+    #[serde(default)]
+    pub return_tokens_as_token_ids: bool,
+    /// Words the output must not contain (vLLM extension).
+    #[serde(default)]
+    pub bad_words: Vec<String>,
     /// `max_tokens`.
     pub max_tokens: Option<usize>,
     /// `user`: an end-user id for the client's own tracking; it has no
@@ -233,6 +239,8 @@ const SAMPLING_FIELDS: &[&str] = &[
     "truncate_prompt_tokens",
     "add_special_tokens",
     "allowed_token_ids",
+    "return_tokens_as_token_ids",
+    "bad_words",
     "max_tokens",
     "user",
     "logit_bias",
@@ -285,9 +293,7 @@ const NOT_IMPLEMENTED: &[(&str, Option<&str>)] = &[
     ("documents", None),
     ("length_penalty", None),
     ("spaces_between_special_tokens", None),
-    ("bad_words", None),
     ("logits_processors", None),
-    ("return_tokens_as_token_ids", None),
     ("priority", None),
     ("cache_salt", None),
     ("kv_transfer_params", None),
@@ -601,8 +607,10 @@ impl SamplingFields {
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
             logprobs,
+            return_tokens_as_token_ids: self.return_tokens_as_token_ids,
             logit_bias,
             allowed_tokens,
+            bad_words: Vec::new(),
         })
     }
 

@@ -316,3 +316,42 @@ pub async fn tokenize(
     })
     .await
 }
+
+/// vLLM's `bad_words` as token sequences whose last token is banned where
+/// the output so far ends with the rest: each word (leading space trimmed)
+/// as tokenized alone, and after a space where that is another sequence of
+/// the same length, as vLLM reads them.
+pub async fn bad_words(state: &Arc<AppState>, words: &[String]) -> Result<Vec<Vec<u32>>, ApiError> {
+    if words.is_empty() {
+        return Ok(Vec::new());
+    }
+    check_size(state, words.iter().map(String::len).sum(), "bad_words")?;
+    if words.iter().any(|w| w.trim_start().is_empty()) {
+        return Err(ApiError::invalid(
+            "bad_words has an empty word",
+            Some("bad_words"),
+        ));
+    }
+    let (state, words) = (state.clone(), words.to_vec());
+    off_the_async_threads(move || {
+        let encode = |text: &str| {
+            state
+                .tokenizer
+                .encode(text, false)
+                .map_err(|e| ApiError::internal(e.to_string()))
+        };
+        let mut sequences = Vec::new();
+        for word in &words {
+            let word = word.trim_start();
+            let alone = encode(word)?;
+            let spaced = encode(&format!(" {word}"))?;
+            let another = spaced.first() != alone.first() && spaced.len() == alone.len();
+            sequences.push(alone);
+            if another {
+                sequences.push(spaced);
+            }
+        }
+        Ok(sequences)
+    })
+    .await
+}
