@@ -88,9 +88,17 @@ included = client.completions.create(
     extra_body={"include_stop_str_in_output": True},
 )
 assert included.choices[0].text == stopped.choices[0].text + " 7", (included.choices[0], stopped.choices[0])
+# vLLM's stop_reason: the stop string, a stop token id, or null.
+assert stopped.choices[0].to_dict()["stop_reason"] == " 7", stopped.choices[0]
+first = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=1, temperature=0, logprobs=0,
+                                  extra_body={"return_tokens_as_token_ids": True})
+first_id = int(first.choices[0].logprobs.tokens[0][len("token_id:"):])
+by_token = client.completions.create(model=model, prompt="1, 2, 3, 4,", max_tokens=8, temperature=0,
+                                     extra_body={"stop_token_ids": [first_id]})
+assert by_token.choices[0].finish_reason == "stop" and by_token.choices[0].to_dict()["stop_reason"] == first_id, by_token
 hello = [{"role": "user", "content": "Hi"}]
 plain = client.chat.completions.create(model=model, messages=hello, max_tokens=48, temperature=0)
-assert plain.choices[0].finish_reason == "stop", plain.choices[0]
+assert plain.choices[0].finish_reason == "stop" and plain.choices[0].to_dict()["stop_reason"] is None, plain.choices[0]
 special = client.chat.completions.create(
     model=model, messages=hello, max_tokens=48, temperature=0,
     extra_body={"include_stop_str_in_output": True, "skip_special_tokens": False},

@@ -8,7 +8,7 @@ use llguidance::Matcher;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::sampling::Sampler;
-use super::service::{Event, FinishReason, GenerationParams, TokenLogprob};
+use super::service::{Event, FinishReason, GenerationParams, StopReason, TokenLogprob};
 use super::stop::{StopMatcher, StopOutcome};
 use super::structured;
 use crate::runtime::sampling::{RowSampling, Sampled};
@@ -30,6 +30,8 @@ pub(super) struct Active<'t> {
     constraint: Option<Matcher>,
     /// A launched step picks its next token; the host has not read it yet.
     pub awaiting: bool,
+    /// The stop string or stop token that ended it.
+    pub stop_reason: Option<StopReason>,
 }
 
 impl<'t> Active<'t> {
@@ -51,6 +53,7 @@ impl<'t> Active<'t> {
             scheduled: false,
             constraint: request.constraint,
             awaiting: false,
+            stop_reason: None,
         }
     }
 
@@ -159,6 +162,13 @@ impl<'t> Active<'t> {
         let (text, stopped_by_string) = match self.stop.push(piece.as_deref().unwrap_or("")) {
             StopOutcome::Continue(text) => (text, false),
             StopOutcome::Stop(text) => (text, true),
+        };
+        self.stop_reason = if stopped_by_string {
+            self.stop
+                .matched()
+                .map(|s| StopReason::String(s.to_owned()))
+        } else {
+            (is_stop_token && !is_eos).then_some(StopReason::Token(token))
         };
         let finish = if is_eos || is_stop_token || stopped_by_string || grammar_done {
             Some(FinishReason::Stop)

@@ -35,6 +35,26 @@ pub enum FinishReason {
     Length,
 }
 
+/// What stopped a sequence that [`FinishReason::Stop`] ended, as vLLM's
+/// `stop_reason` says it: a stop string, or a token id of `stop_token_ids`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// A stop string.
+    String(String),
+    /// A stop token id.
+    Token(u32),
+}
+
+impl StopReason {
+    /// As JSON: the string, or the id.
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            Self::String(s) => serde_json::Value::from(s.as_str()),
+            Self::Token(id) => serde_json::Value::from(*id),
+        }
+    }
+}
+
 impl FinishReason {
     /// The OpenAI spelling.
     pub fn as_str(self) -> &'static str {
@@ -75,6 +95,9 @@ pub enum Event {
     Done {
         /// Why it ended.
         finish_reason: FinishReason,
+        /// The stop string or stop token id that ended it (none for an
+        /// end-of-sequence token or a length limit).
+        stop_reason: Option<StopReason>,
         /// Prompt tokens.
         prompt_tokens: usize,
         /// Generated tokens.
@@ -587,6 +610,7 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
                     let state = self.active.remove(&id).expect("present");
                     let _ = state.events.send(Event::Done {
                         finish_reason,
+                        stop_reason: state.stop_reason.clone(),
                         prompt_tokens: state.prompt.len(),
                         completion_tokens: state.generated.len(),
                     });

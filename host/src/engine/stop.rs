@@ -10,6 +10,8 @@ pub struct StopMatcher {
     include: bool,
     /// Text received but not yet released.
     pending: String,
+    /// The stop string that matched.
+    matched: Option<usize>,
 }
 
 /// What to do with new text.
@@ -29,7 +31,13 @@ impl StopMatcher {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             include,
             pending: String::new(),
+            matched: None,
         }
+    }
+
+    /// The stop string that matched, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Feeds new text.
@@ -40,13 +48,19 @@ impl StopMatcher {
         self.pending.push_str(text);
         // The earliest match (the first stop string listed among those
         // that match there).
-        if let Some((at, len)) = self
+        if let Some((at, i)) = self
             .stops
             .iter()
-            .filter_map(|s| Some((self.pending.find(s.as_str())?, s.len())))
+            .enumerate()
+            .filter_map(|(i, s)| Some((self.pending.find(s.as_str())?, i)))
             .min_by_key(|&(at, _)| at)
         {
-            let end = if self.include { at + len } else { at };
+            self.matched = Some(i);
+            let end = if self.include {
+                at + self.stops[i].len()
+            } else {
+                at
+            };
             let released = self.pending[..end].to_owned();
             self.pending.clear();
             return StopOutcome::Stop(released);
@@ -102,6 +116,7 @@ mod tests {
         assert_eq!(m.push("abcE"), StopOutcome::Continue("abc".into()));
         // Both match at the same place: the first listed is the one.
         assert_eq!(m.push("ND tail"), StopOutcome::Stop("END".into()));
+        assert_eq!(m.matched(), Some("END"));
         let mut m = StopMatcher::new(vec!["\n\n".into(), "x".into()], true);
         assert_eq!(m.push("ab\n\ncdx"), StopOutcome::Stop("ab\n\n".into()));
     }

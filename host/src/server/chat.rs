@@ -20,7 +20,7 @@ use super::{
     check_model, collect, merged, new_group, now, prompt, request_id, sse, structured, submit,
     ApiJson, AppState, Choice,
 };
-use crate::engine::service::{Event, TokenLogprob};
+use crate::engine::service::{Event, StopReason, TokenLogprob};
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -161,6 +161,7 @@ pub async fn chat_completions(
             "message": message,
             "logprobs": if request.logprobs { chat_logprobs(&c.tokens) } else { Value::Null },
             "finish_reason": finish_reason,
+            "stop_reason": c.stop_reason,
         }));
     }
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
@@ -289,6 +290,7 @@ fn stream_chat(
             (
                 Event::Done {
                     finish_reason,
+                    stop_reason,
                     completion_tokens: c,
                     ..
                 },
@@ -308,7 +310,11 @@ fn stream_chat(
                         reason = "tool_calls";
                     }
                 }
-                values.push(maker.delta(index, json!({}), Value::Null, Some(reason)));
+                let mut last = maker.delta(index, json!({}), Value::Null, Some(reason));
+                last["choices"][0]["stop_reason"] = stop_reason
+                    .as_ref()
+                    .map_or(Value::Null, StopReason::to_json);
+                values.push(last);
                 values
             }
             (Event::Error(message), _) => {

@@ -34,7 +34,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use crate::embedding::service::EmbedderHandle;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::service::{
-    EngineHandle, Event, GenerationParams, Request as EngineRequest, TokenLogprob,
+    EngineHandle, Event, GenerationParams, Request as EngineRequest, StopReason, TokenLogprob,
 };
 use crate::engine::structured::Grammars;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
@@ -346,6 +346,8 @@ struct Collected {
     text: String,
     tokens: Vec<TokenLogprob>,
     finish_reason: Option<&'static str>,
+    /// vLLM's `stop_reason` (the stop string or token id), as JSON.
+    stop_reason: Value,
     prompt_tokens: usize,
     completion_tokens: usize,
 }
@@ -360,10 +362,14 @@ async fn collect(mut choice: Choice) -> Result<Collected, ApiError> {
             }
             Event::Done {
                 finish_reason,
+                stop_reason,
                 prompt_tokens,
                 completion_tokens,
             } => {
                 out.finish_reason = Some(finish_reason.as_str());
+                out.stop_reason = stop_reason
+                    .as_ref()
+                    .map_or(Value::Null, StopReason::to_json);
                 out.prompt_tokens = prompt_tokens;
                 out.completion_tokens = completion_tokens;
                 return Ok(out);
@@ -498,9 +504,10 @@ async fn completions(
                         let lp = if logprobs { completion_logprobs(&logprob.into_iter().collect::<Vec<_>>(), 0) } else { Value::Null };
                         Some(chunk(json!([{"index": index, "text": text, "logprobs": lp, "finish_reason": null}])))
                     }
-                    Event::Done { finish_reason, completion_tokens: c, .. } => {
+                    Event::Done { finish_reason, stop_reason, completion_tokens: c, .. } => {
                         counter.fetch_add(c, Ordering::Relaxed);
-                        Some(chunk(json!([{"index": index, "text": "", "logprobs": null, "finish_reason": finish_reason.as_str()}])))
+                        let stop_reason = stop_reason.as_ref().map_or(Value::Null, StopReason::to_json);
+                        Some(chunk(json!([{"index": index, "text": "", "logprobs": null, "finish_reason": finish_reason.as_str(), "stop_reason": stop_reason}])))
                     }
                     Event::Error(message) => Some(json!({"error": {"message": message, "type": "server_error"}})),
                 })
@@ -532,6 +539,7 @@ async fn completions(
             "text": format!("{echo}{}", c.text),
             "logprobs": if request.logprobs.is_some() { completion_logprobs(&c.tokens, echo.len()) } else { Value::Null },
             "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
         }));
     }
     let usage = Usage {
