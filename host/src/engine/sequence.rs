@@ -209,14 +209,13 @@ mod tests {
         .unwrap()
     }
 
-    /// The text a sequence sends for `tokens` (the last one ending it as
-    /// an end-of-sequence token, `eos`) with stop strings `stop`.
-    fn sent_text(tokenizer: &Tokenizer, tokens: &[u32], eos: u32, stop: &[&str]) -> String {
-        let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
-        let params = GenerationParams {
-            stop: stop.iter().map(|s| s.to_string()).collect(),
-            ..GenerationParams::greedy(100)
-        };
+    /// A sequence of a one-token prompt generating with `params`, and where
+    /// its events go.
+    fn sequence(
+        tokenizer: &Tokenizer,
+        params: GenerationParams,
+    ) -> (Active<'_>, tokio::sync::mpsc::UnboundedReceiver<Event>) {
+        let (events, received) = tokio::sync::mpsc::unbounded_channel();
         let request = Request {
             prompt: vec![0],
             params,
@@ -225,7 +224,17 @@ mod tests {
             group: 0,
             constraint: None,
         };
-        let mut active = Active::new(request, tokenizer);
+        (Active::new(request, tokenizer), received)
+    }
+
+    /// The text a sequence sends for `tokens` (the last one ending it as
+    /// an end-of-sequence token, `eos`) with stop strings `stop`.
+    fn sent_text(tokenizer: &Tokenizer, tokens: &[u32], eos: u32, stop: &[&str]) -> String {
+        let params = GenerationParams {
+            stop: stop.iter().map(|s| s.to_string()).collect(),
+            ..GenerationParams::greedy(100)
+        };
+        let (mut active, mut received) = sequence(tokenizer, params);
         for &token in tokens {
             let sampled = Sampled {
                 token,
@@ -246,20 +255,11 @@ mod tests {
     #[test]
     fn bad_words_ban_their_last_token_after_the_rest() {
         let tokenizer = tokenizer();
-        let (events, _received) = tokio::sync::mpsc::unbounded_channel();
         let params = GenerationParams {
             bad_words: vec![vec![7, 8, 9], vec![4]],
             ..GenerationParams::greedy(10)
         };
-        let request = Request {
-            prompt: vec![0],
-            params,
-            events,
-            arrived: Instant::now(),
-            group: 0,
-            constraint: None,
-        };
-        let mut active = Active::new(request, &tokenizer);
+        let (mut active, _received) = sequence(&tokenizer, params);
         let mut banned = |generated: &[u32]| {
             active.generated = generated.to_vec();
             let row = active.row_sampling(&[]).unwrap();
