@@ -565,11 +565,14 @@ impl NormInGemv {
     /// Whether the GEMV computes the norm of `m` rows, its values at
     /// `addrs`: the norm's and the products' launches both ask.
     pub fn applies(&self, m: usize, addrs: &[DevicePtr]) -> bool {
-        let residual = self.residual.map_or(vec![], |(b, sum)| vec![b, sum]);
-        let aligned = [self.input, self.weight]
-            .iter()
-            .chain(&residual)
-            .all(|&v| addrs[v as usize].is_multiple_of(16));
+        let residual = self
+            .residual
+            .map_or([None, None], |(b, sum)| [Some(b), Some(sum)]);
+        let aligned = [Some(self.input), Some(self.weight)]
+            .into_iter()
+            .chain(residual)
+            .flatten()
+            .all(|v| addrs[v as usize].is_multiple_of(16));
         aligned && gemv_takes_norm(&self.first, self.count, m)
     }
 }
