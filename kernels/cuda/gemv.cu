@@ -10,6 +10,8 @@
 // rows form one grid, so small matrices do not leave the card half idle and
 // a layer reads its weights in fewer launches; for a gated MLP's gate and
 // up the launch also applies the activation (KilnGemvGroup's `activation`).
+// The `kiln_gemv_<format>_q6_k*` kernels read a group whose last matrix is
+// Q6_K (the v of llama.cpp's Q4_K_M and Q5_K_M files in half the layers).
 // Launched as programmatic dependents (kiln_cuda.cuh), the kernels ask for
 // their first round of weights in L2 before they wait for x.
 //
@@ -53,7 +55,8 @@
 // The GGUF formats' `_x8` kernels take x as kiln_quantize_x8 writes it.
 #define KILN_GEMV_X8_ARGS KilnGemvGroup g, const u8* x, int m, int k
 
-// The matrices of one launch, all [*, k] in one format: matrix s has rows
+// The matrices of one launch, all [*, k] in one format (or the last in the
+// kernel's second, gemv_blocks' LAST): matrix s has rows
 // rows_end[s-1] .. rows_end[s] of the grid and writes y[s] [m, its rows].
 // Gated (`activation` nonzero, kiln_gated's numbering): two matrices of n
 // rows each, a gated MLP's gate and up, whose rows interleave in the grid
@@ -195,6 +198,7 @@ struct GemvRow {
   float* y;     // the matrix's output
   int row, n;   // row within the matrix, the matrix's rows
   int part;     // 0 .. SPLIT - 1
+  int matrix;   // its index in the group
 };
 
 // The warp's row of the launch's grid.
@@ -217,6 +221,7 @@ __device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
     int in_head = local % head_dim, pair = in_head / 2;  // grid rows 2j and 2j + 1: pair j
     r->row = local - in_head + (g.rope.interleaved ? in_head : pair + (in_head & 1) * g.rope.half);
     r->w = is_k ? g.w[1] : g.w[0];
+    r->matrix = is_k ? 1 : 0;
     r->y = is_k ? g.rope.k_out : g.rope.q_out;
     r->n = is_k ? (int)(g.rows_end[1] - g.rows_end[0]) : (int)g.rows_end[0];
     return true;
@@ -224,6 +229,7 @@ __device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
   if (g.activation != 0) {
     bool up = row & 1;
     r->w = up ? g.w[1] : g.w[0];
+    r->matrix = up ? 1 : 0;
     r->y = g.y[0];
     r->row = row >> 1;
     r->n = (int)g.rows_end[0];
@@ -236,6 +242,7 @@ __device__ __forceinline__ bool gemv_row(const KilnGemvGroup& g, GemvRow* r) {
   for (int s = 0; s < KILN_GEMV_MAX_GROUP; ++s) {
     if (s < g.count && row < g.rows_end[s]) {
       r->w = g.w[s];
+      r->matrix = s;
       r->y = g.y[s];
       r->row = row - start;
       r->n = (int)g.rows_end[s] - start;
@@ -471,33 +478,68 @@ __device__ __forceinline__ void blocks_sweep(const u8* wr, X x, int m, int k, in
   }
 }
 
-// A row of GGUF blocks: each lane takes its part of every (32 / LANES)-th
-// block among the row's warps, its products with x taken by X (FloatX or
-// Int8X). One warp per row reads a block at a time (the fewest registers);
-// split rows load the parts of four blocks before using the first (fewer
-// blocks per warp, so fewer round trips matter more).
-template <typename F, typename X, int MAX_M, int SPLIT, bool NORM = false>
+// A row of GGUF blocks in format F: each lane takes its part of every
+// (32 / LANES)-th block among the row's warps. One warp per row reads a
+// block at a time (the fewest registers); split rows load the parts of
+// four blocks before using the first (fewer blocks per warp, so fewer
+// round trips matter more).
+template <typename F, int SPLIT>
+struct BlocksRow {
+  static const int DEPTH = SPLIT == 1 ? 1 : 4;
+  static const int STRIDE = (32 / F::LANES) * SPLIT;  // blocks the row's warps take per sweep
+  const u8* w;
+  int blocks, first;
+  __device__ BlocksRow(const GemvRow& r, int k)
+      : w(r.w + (i64)r.row * (k / F::ELEMS) * F::BYTES),
+        blocks(k / F::ELEMS),
+        first(r.part * (32 / F::LANES) + (int)(threadIdx.x % 32) / F::LANES) {}
+  // The first blocks' weights toward L2 while the previous kernel finishes.
+  __device__ void prefetch() const {
+    for (int u = 0, blk = first; u < DEPTH && blk < blocks; ++u, blk += STRIDE) prefetch_l2(w + (i64)blk * F::BYTES);
+  }
+  // The row times x (the lane's share, added to acc), taken by X (FloatX
+  // or Int8X). x's alignment is checked once (the same in every thread)
+  // rather than for every run of weights.
+  template <typename X, int MAX_M>
+  __device__ void multiply(X x, int m, int k, float* acc) const {
+    if (x.rows_aligned(k))
+      blocks_sweep<F, X, MAX_M, DEPTH, true>(w, x, m, k, first, STRIDE, acc);
+    else
+      blocks_sweep<F, X, MAX_M, DEPTH, false>(w, x, m, k, first, STRIDE, acc);
+  }
+};
+
+template <typename A, typename B>
+struct SameFormat {
+  static const bool value = false;
+};
+template <typename A>
+struct SameFormat<A, A> {
+  static const bool value = true;
+};
+
+// The GEMV of GGUF rows: every matrix of the group in format F, or with
+// LAST another format, the group's last matrix in LAST (the `_<f>_<last>`
+// kernels: llama.cpp's *_K_M files keep some layers' v at Q6_K among Q4_K
+// or Q5_K q and k, and q, k and v still take one launch). A warp's row is
+// of one matrix, so the branch between the formats is uniform in a warp.
+template <typename F, typename X, int MAX_M, int SPLIT, bool NORM = false, typename LAST = F>
 __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
-  const int depth = SPLIT == 1 ? 1 : 4;
-  const int stride = (32 / F::LANES) * SPLIT;  // blocks the row's warps take per sweep
-  int lane = threadIdx.x % 32;
   GemvRow r;
   bool valid = gemv_row<SPLIT>(g, &r);
-  int blocks = k / F::ELEMS, first = r.part * (32 / F::LANES) + lane / F::LANES;
-  const u8* wr = valid ? r.w + (i64)r.row * blocks * F::BYTES : nullptr;
-  // The first blocks' weights toward L2 while the previous kernel finishes.
-  for (int u = 0, blk = first; valid && u < depth && blk < blocks; ++u, blk += stride)
-    prefetch_l2(wr + (i64)blk * F::BYTES);
+  bool last = !SameFormat<F, LAST>::value && r.matrix == (int)g.count - 1;
+  if (valid && last)
+    BlocksRow<LAST, SPLIT>(r, k).prefetch();
+  else if (valid)
+    BlocksRow<F, SPLIT>(r, k).prefetch();
   kiln_wait_inputs();
   if constexpr (NORM) x = X{gemv_normed_x(g.norm, m, k)};
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
-  // x's alignment is checked once (the same in every thread) rather than for
-  // every run of weights.
-  if (valid && x.rows_aligned(k))
-    blocks_sweep<F, X, MAX_M, depth, true>(wr, x, m, k, first, stride, acc);
+  if (valid && last)
+    BlocksRow<LAST, SPLIT>(r, k).template multiply<X, MAX_M>(x, m, k, acc);
   else if (valid)
-    blocks_sweep<F, X, MAX_M, depth, false>(wr, x, m, k, first, stride, acc);
+    BlocksRow<F, SPLIT>(r, k).template multiply<X, MAX_M>(x, m, k, acc);
   store_rows<MAX_M, SPLIT>(acc, r, valid, m, g);
 }
 
@@ -649,3 +691,36 @@ extern "C" __global__ void kiln_embedding_q6_k(const u8* table, const i64* ids, 
                                              int* error) {
   embedding_blocks<Q6_K>(table, ids, y, rows, cols, error);
 }
+
+// q and k (and more) in one K-quant format, the last matrix (v) in Q6_K:
+// the formats of llama.cpp's Q4_K_M and Q5_K_M files (gemv_blocks' LAST).
+extern "C" __global__ void kiln_gemv_q4_k_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 1, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 2, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 4, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 1, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 1, true, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 2, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s2_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 2, true, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 4, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s4_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 4, true, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 1, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 2, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 4, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 1, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 2, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 4, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 1, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 2, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 4, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 1, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 1, true, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 2, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_s2_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 2, true, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 4, false, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_s4_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 4, true, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 1, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 2, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 4, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 1, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 2, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 4, false, Q6_K>(g, Int8X(x, m, k), m, k); }

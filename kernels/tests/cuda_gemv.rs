@@ -24,20 +24,6 @@ const WARPS: u32 = 4;
 /// The kernels' splits of a row among warps: name suffix, warps per row.
 const SPLITS: [(&str, u32); 3] = [("", 1), ("_s2", 2), ("_s4", 4)];
 
-/// `y[i, r] = Σ_j x[i, j] W[r, j]` in f64.
-fn reference(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
-    let mut y = vec![0f32; m * n];
-    for i in 0..m {
-        for r in 0..n {
-            let dot: f64 = (0..k)
-                .map(|j| f64::from(x[i * k + j]) * f64::from(w[r * k + j]))
-                .sum();
-            y[i * n + r] = dot as f32;
-        }
-    }
-    y
-}
-
 /// The `KilnGemvGroup` argument: matrices (device pointer, rows), their
 /// outputs and the gated activation (0: none).
 fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr], activation: u64) -> KernelArg {
@@ -100,7 +86,7 @@ struct Matrix<'a> {
 }
 
 /// Runs `kernel` on `w` for every batch size the kernels take, against
-/// `reference` over its values, with its rows split into one, two or three
+/// `reference_product` over its values, with its rows split into one, two or three
 /// matrices of one launch, then gated (`check_gated`); with `x8`, on x
 /// quantized to 8 bits.
 fn check_gemv(gpu: &Gpu, kernel: &str, w: &Matrix, x8: bool) {
@@ -116,7 +102,7 @@ fn check_gemv(gpu: &Gpu, kernel: &str, w: &Matrix, x8: bool) {
         // Three rows of f32 x lie off 16-byte boundaries: the kernels' path
         // of scalar loads of x.
         let (xs, x) = device_x(gpu, &rng.data(m * k, 1.0), x8, !x8 && m == 3);
-        let want = reference(values, &x, m, n, k);
+        let want = reference_product(values, &x, m, n, k);
         let scale = want.iter().fold(1f32, |a, v| a.max(v.abs()));
         // A single row of x also runs the kernels made for it; every kernel
         // runs in each split of a row among warps. Each kernel gets fresh
@@ -191,8 +177,8 @@ fn check_gated(gpu: &Gpu, kernel: &str, w: &Matrix, x8: bool) {
     let mut code = 0;
     for m in [1, 3, 8] {
         let (xs, x) = device_x(gpu, &rng.data(m * k, 1.0), x8, !x8 && m == 3);
-        let g = reference(&values[..half * k], &x, m, half, k);
-        let u = reference(&values[half * k..2 * half * k], &x, m, half, k);
+        let g = reference_product(&values[..half * k], &x, m, half, k);
+        let u = reference_product(&values[half * k..2 * half * k], &x, m, half, k);
         let largest = |v: &[f32]| v.iter().fold(1f32, |a, v| a.max(v.abs()));
         let tolerance = 2e-6 * k as f32 * 2.5 * largest(&g) * largest(&u);
         let singles = if m == 1 {

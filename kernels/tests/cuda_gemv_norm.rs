@@ -44,29 +44,6 @@ fn group(
     gemv_group(matrices, outputs, activation, words)
 }
 
-/// `(offset + w) · h / sqrt(mean(h²) + eps)` of one row, in f64.
-fn rms_norm(h: &[f32], w: &[f32], offset: f32) -> Vec<f32> {
-    let mean = h.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / h.len() as f64;
-    let inv = 1.0 / (mean + f64::from(EPS)).sqrt();
-    h.iter()
-        .zip(w)
-        .map(|(&v, &w)| (f64::from(v) * inv * f64::from(offset + w)) as f32)
-        .collect()
-}
-
-/// `W [n, k] · x`, in f64.
-fn product(w: &[f32], x: &[f32], n: usize) -> Vec<f32> {
-    let k = x.len();
-    (0..n)
-        .map(|r| {
-            let dot: f64 = (0..k)
-                .map(|j| f64::from(x[j]) * f64::from(w[r * k + j]))
-                .sum();
-            dot as f32
-        })
-        .collect()
-}
-
 /// Runs `name` (a `_norm` kernel) on `grid` blocks of `warps` warps with
 /// k floats of dynamic shared memory.
 fn launch(gpu: &Gpu, name: &str, grid: u32, warps: u32, args: &[KernelArg], k: usize) {
@@ -107,8 +84,8 @@ fn check(gpu: &Gpu, kernel: &str, w: &Matrix) {
             true => a.iter().zip(&b).map(|(a, b)| a + b).collect(),
             false => a.clone(),
         };
-        let x = rms_norm(&h, &weight, offset);
-        let want = product(values, &x, n);
+        let x = rms_norm(&h, &weight, offset, EPS);
+        let want = reference_product(values, &x, 1, n, k);
         let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
         for &(suffix, split) in &SPLITS {
             let name = format!("{kernel}_m1{suffix}_norm");

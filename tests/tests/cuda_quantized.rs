@@ -11,6 +11,7 @@ use kiln_host::device::DeviceChoice;
 use kiln_host::engine::Generator;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
+use kiln_host::runtime::cuda::CudaExecutor;
 use kiln_host::runtime::{KvCacheDtype, Precision};
 use kiln_tests::models::{decode_agrees, relative_difference};
 
@@ -51,6 +52,10 @@ fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
     let prompt = |len: u32| -> Vec<u32> { (0..len).map(|i| (i * 37 + 5) % 512).collect() };
     for dtype in PACKED {
         let (cpu, cuda) = cpu_and_cuda("tiny-llama.json", dtype);
+        // Both layers' q, k and v run as one GEMV that rotates q and k, the
+        // second's v at Q6_K in Q4_K_M and Q5_K_M (kiln_gemv_q4_k_q6_k).
+        let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
+        assert_eq!(executor.rotations_in_gemv(), 2, "{dtype:?}");
         // One token a step: the GEMV reads the blocks, activations in f32.
         decode_agrees(&cpu, &cuda, &prompt(12), &format!("{dtype:?}"));
         // The whole prompt in one step, x rounded to bf16: 12 and 64 rows
@@ -77,9 +82,9 @@ fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
     }
 }
 
-/// Q4_K_M and Q5_K_M store vocabulary-sized rows as Q6_K: with a
-/// vocabulary as wide as the model, the experts' down matrices are Q6_K and
-/// their gate and up matrices Q4_K or Q5_K.
+/// Q4_K_M and Q5_K_M keep the last layer's down matrices at Q6_K (as
+/// llama-quantize does): its experts' down matrices are Q6_K, the first
+/// layer's and every gate and up matrix Q4_K or Q5_K.
 #[test]
 fn packed_gguf_experts_match_the_cpu() {
     let prompt: Vec<u32> = (0..9).map(|i| (i * 53 + 7) % 256).collect();

@@ -38,29 +38,79 @@ pub enum ShapeDtype {
     /// GGUF Q5_0 blocks for every matrix.
     #[value(name = "q5_0")]
     Q5_0,
-    /// llama.cpp's Q4_K_M, approximately: Q4_K matrices, Q6_K for the
-    /// vocabulary-sized ones (llama.cpp also keeps half the layers'
-    /// `attn_v`/`ffn_down` at Q6_K, about 5 % more bytes).
+    /// llama.cpp's Q4_K_M (`llama-quantize`'s choice per tensor, see
+    /// [`KQuantMix`]): Q4_K matrices, Q6_K for the logits' and half the
+    /// layers' `v_proj` and `down_proj`.
     #[value(name = "q4_k_m")]
     Q4KM,
-    /// llama.cpp's Q5_K_M, approximately: Q5_K matrices, Q6_K for the
-    /// vocabulary-sized ones.
+    /// llama.cpp's Q5_K_M: as Q4_K_M with Q5_K for Q4_K.
     #[value(name = "q5_k_m")]
     Q5KM,
 }
 
+/// What `llama-quantize` keeps at Q6_K in a `*_K_M` file of a dense
+/// decoder (`llama_tensor_get_type`): the logits' matrix (the embeddings
+/// when tied to it), and `attn_v` and `ffn_down` in the layers where
+/// `use_more_bits` holds: the first and last eighth, and every third layer
+/// between.
+#[derive(Clone, Copy, Debug)]
+struct KQuantMix {
+    /// Rows of the vocabulary-sized matrices.
+    vocab: u64,
+    /// Decoder layers.
+    layers: u64,
+    /// Whether the logits reuse the embedding table (no `lm_head`).
+    tied: bool,
+}
+
+impl KQuantMix {
+    fn of(declared: &[WeightSpec], vocab: u64) -> Self {
+        Self {
+            vocab,
+            layers: declared
+                .iter()
+                .filter_map(|w| layer_index(&w.name))
+                .max()
+                .map_or(0, |last| last + 1),
+            tied: !declared.iter().any(|w| w.name.starts_with("lm_head.")),
+        }
+    }
+
+    /// Whether `llama-quantize` stores the weight `name` of `shape` at Q6_K.
+    fn keeps_six_bits(&self, name: &str, shape: &[u64]) -> bool {
+        if shape.first() == Some(&self.vocab) {
+            return name.starts_with("lm_head.") || self.tied;
+        }
+        let more_bits = |i: u64| {
+            let n = self.layers;
+            i < n / 8 || i >= 7 * n / 8 || (i as i64 - (n / 8) as i64).rem_euclid(3) == 2
+        };
+        let widened = name.contains(".v_proj.") || name.contains(".down_proj.");
+        widened && layer_index(name).is_some_and(more_bits)
+    }
+}
+
+/// `N` of a weight named `layers.N.…`.
+fn layer_index(name: &str) -> Option<u64> {
+    name.strip_prefix("layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
 impl ShapeDtype {
-    /// The encoding of a weight of `shape` (vocabulary-sized when its first
-    /// axis is `vocab`): quantized types apply to matrices whose rows fill
-    /// whole blocks, everything else stays f32.
-    fn encoding(self, shape: &[u64], vocab: u64) -> Encoding {
+    /// The encoding of the weight `name` of `shape` in a model laid out as
+    /// `mix` says: quantized types apply to matrices whose rows fill whole
+    /// blocks, everything else stays f32.
+    fn encoding(self, name: &str, shape: &[u64], mix: &KQuantMix) -> Encoding {
         let quant = match self {
             Self::Bf16 => return Encoding::BFloat16,
             Self::F32 => return Encoding::Float32,
             Self::Q8_0 => Encoding::Q8_0,
             Self::Q4_0 => Encoding::Q4_0,
             Self::Q5_0 => Encoding::Q5_0,
-            Self::Q4KM | Self::Q5KM if shape.first() == Some(&vocab) => Encoding::Q6K,
+            Self::Q4KM | Self::Q5KM if mix.keeps_six_bits(name, shape) => Encoding::Q6K,
             Self::Q4KM => Encoding::Q4K,
             Self::Q5KM => Encoding::Q5K,
         };
@@ -129,7 +179,10 @@ pub fn load(
                 "--shape {name}: the config has no `vocab_size`"
             )))
         })?;
-    let bound = random_weights(&declared.weights, |shape| dtype.encoding(shape, vocab))?;
+    let mix = KQuantMix::of(&declared.weights, vocab);
+    let bound = random_weights(&declared.weights, |name, shape| {
+        dtype.encoding(name, shape, &mix)
+    })?;
     let compiled = super::compile(architecture, config, bound, format, options)?;
     let tokenizer =
         crate::tokenizer::Tokenizer::placeholder(u32::try_from(vocab).unwrap_or(u32::MAX))?;
@@ -146,19 +199,20 @@ pub fn load(
     ))
 }
 
-/// Random weights for `declared`, each stored as `encoding(shape)` says.
+/// Random weights for `declared`, each stored as `encoding(name, shape)`
+/// says.
 /// Weights of one shape and encoding share their bytes on the host (each is
 /// still its own copy on a device), so an 8B shape needs about one layer's
 /// worth of host memory beyond the vocabulary matrices.
 fn random_weights(
     declared: &[WeightSpec],
-    encoding: impl Fn(&[u64]) -> Encoding,
+    encoding: impl Fn(&str, &[u64]) -> Encoding,
 ) -> Result<BoundWeights, ModelError> {
     let mut shared: BTreeMap<(String, Vec<u64>), Arc<Vec<u8>>> = BTreeMap::new();
     let mut state_dict = StateDict::new();
     let mut store = WeightStore::new();
     for (index, spec) in declared.iter().enumerate() {
-        let encoding = encoding(&spec.shape);
+        let encoding = encoding(&spec.name, &spec.shape);
         let spec = WeightSpec {
             dtype: DType::of_encoding(encoding).unwrap_or(spec.dtype),
             encoding,
@@ -288,11 +342,63 @@ mod tests {
     #[test]
     fn q4_k_m_keeps_vectors_and_odd_rows_in_f32() {
         let q = ShapeDtype::Q4KM;
-        assert_eq!(q.encoding(&[100, 4096], 100), Encoding::Q6K);
-        assert_eq!(q.encoding(&[4096, 4096], 100), Encoding::Q4K);
-        assert_eq!(q.encoding(&[4096], 100), Encoding::Float32);
-        assert_eq!(q.encoding(&[64, 96], 100), Encoding::Float32);
+        let mix = KQuantMix {
+            vocab: 100,
+            layers: 32,
+            tied: false,
+        };
+        let encoding = |name: &str, shape: &[u64]| q.encoding(name, shape, &mix);
+        assert_eq!(encoding("lm_head.weight", &[100, 4096]), Encoding::Q6K);
+        assert_eq!(encoding("embed_tokens.weight", &[100, 4096]), Encoding::Q4K);
+        let tied = KQuantMix { tied: true, ..mix };
+        let embedding = q.encoding("embed_tokens.weight", &[100, 4096], &tied);
+        assert_eq!(embedding, Encoding::Q6K);
+        let q_proj = "layers.0.self_attn.q_proj.weight";
+        assert_eq!(encoding(q_proj, &[4096, 4096]), Encoding::Q4K);
+        assert_eq!(
+            encoding("layers.0.mlp.up_proj.bias", &[4096]),
+            Encoding::Float32
+        );
+        assert_eq!(
+            encoding("layers.0.mlp.up_proj.weight", &[64, 96]),
+            Encoding::Float32
+        );
         assert!(shape_config("llama3-8b").is_ok());
         assert!(shape_config("no-such-shape").is_err());
+    }
+
+    /// The layers whose `v_proj` and `down_proj` a 32-layer Q4_K_M file
+    /// keeps at Q6_K by `use_more_bits` (layers 0-3, 28-31 and every third
+    /// from 6), and Q5_K_M by the same rule.
+    #[test]
+    fn k_m_files_widen_half_the_layers_as_llama_quantize_does() {
+        let mix = KQuantMix {
+            vocab: 100,
+            layers: 32,
+            tied: false,
+        };
+        let widened: Vec<u64> = (0..32)
+            .filter(|i| {
+                let name = format!("layers.{i}.self_attn.v_proj.weight");
+                ShapeDtype::Q4KM.encoding(&name, &[1024, 4096], &mix) == Encoding::Q6K
+            })
+            .collect();
+        let expected = [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31];
+        assert_eq!(widened, expected);
+        let down = "layers.6.mlp.down_proj.weight";
+        assert_eq!(
+            ShapeDtype::Q5KM.encoding(down, &[4096, 14336], &mix),
+            Encoding::Q6K
+        );
+        let down = "layers.7.mlp.down_proj.weight";
+        assert_eq!(
+            ShapeDtype::Q5KM.encoding(down, &[4096, 14336], &mix),
+            Encoding::Q5K
+        );
+        let v = "layers.7.self_attn.v_proj.weight";
+        assert_eq!(
+            ShapeDtype::Q4KM.encoding(v, &[1024, 4096], &mix),
+            Encoding::Q4K
+        );
     }
 }

@@ -272,3 +272,27 @@ pub fn gemv_group(
     words.extend(norm);
     KernelArg::Struct(words)
 }
+
+/// `y[i, r] = Σ_j x[i, j] W[r, j]` in f64, for `W [n, k]` and `x [m, k]`.
+pub fn reference_product(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut y = vec![0f32; m * n];
+    for i in 0..m {
+        for r in 0..n {
+            let dot: f64 = (0..k)
+                .map(|j| f64::from(x[i * k + j]) * f64::from(w[r * k + j]))
+                .sum();
+            y[i * n + r] = dot as f32;
+        }
+    }
+    y
+}
+
+/// `(offset + w) · h / sqrt(mean(h²) + eps)` of one row, in f64.
+pub fn rms_norm(h: &[f32], w: &[f32], offset: f32, eps: f32) -> Vec<f32> {
+    let mean = h.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / h.len() as f64;
+    let inv = 1.0 / (mean + f64::from(eps)).sqrt();
+    h.iter()
+        .zip(w)
+        .map(|(&v, &w)| (f64::from(v) * inv * f64::from(offset + w)) as f32)
+        .collect()
+}

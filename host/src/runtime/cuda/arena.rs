@@ -35,7 +35,7 @@ pub struct RunPlan {
     /// `products::split_counter_bytes`).
     pub split_counters: usize,
     /// Arena offset of the logits GEMV's count of blocks done and greedy
-    /// keys (`products::GreedyPicks::at`), when the program has a logits
+    /// keys (`gemv::GreedyPicks::at`), when the program has a logits
     /// product.
     pub greedy_picks: Option<usize>,
     /// Bytes the arena needs.
@@ -88,9 +88,10 @@ pub fn plan(
         if let StepPlan::LinearGroup { rotation, norm, .. } = plan {
             let rotated = rotation.iter().flat_map(|r| [r.q_out, r.k_out]);
             let x_rows = |n: &NormInGemv| {
-                shapes[step.inputs[0] as usize].iter().product::<usize>() / n.first.cols.max(1)
+                shapes[step.inputs[0] as usize].iter().product::<usize>()
+                    / n.group.first.cols.max(1)
             };
-            let norm = norm.filter(|n| products::gemv_takes_norm(&n.first, n.count, x_rows(n)));
+            let norm = norm.filter(|n| n.group.takes_norm(x_rows(n)));
             let residual = norm
                 .iter()
                 .flat_map(|n| n.residual)
@@ -151,7 +152,7 @@ pub fn plan(
     // The logits GEMV's counter and keys: zero at the start of every step.
     let greedy_picks = greedy_picks.then(|| {
         let at = staged.div_ceil(8) * 8;
-        staged = at + products::GREEDY_PICKS_BYTES;
+        staged = at + super::gemv::GREEDY_PICKS_BYTES;
         at
     });
     let base = align(staged);

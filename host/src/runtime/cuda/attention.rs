@@ -8,10 +8,10 @@
 use kiln_kernels::cuda::{DevicePtr, KernelArg, LaunchConfig};
 use kiln_plugin_api::graph::{AttentionSpec, ValueId};
 
+use super::gemv::{GemvGroup, GemvRotation};
 use super::launch::{numel, row_threads, Frame};
 use super::plan::{CacheWrite, GroupRotation};
-use super::products::{group_gemv, out_type_arg, GemvRotation};
-use super::weights::DeviceMatrix;
+use super::products::out_type_arg;
 use super::DeviceKvCache;
 use crate::compiler::Step;
 
@@ -45,16 +45,16 @@ impl Frame<'_> {
         (interleaved, scale): (bool, f32),
         with: Option<(ValueId, ValueId)>,
         cache_write: Option<CacheWrite>,
-        in_gemv: Option<DeviceMatrix>,
+        in_gemv: Option<GemvGroup>,
     ) -> Result<(), String> {
         let addr = |v: ValueId| self.addrs[v as usize];
         let (tokens, heads, dim) = match self.shapes[step.output as usize].as_slice() {
             [t, h, d] => (*t, *h, *d),
             other => return Err(format!("rope expects [T, H, D], got {other:?}")),
         };
-        // The group (q, k and v: within GEMV_MAX_GROUP) runs as the GEMV by
-        // its first matrix and rows alone, as `product_group` decides.
-        if in_gemv.is_some_and(|first| group_gemv(&first, 3, tokens).is_some()) {
+        // The group (q, k and v) runs as the GEMV by its matrices and rows
+        // alone, as `product_group` decides.
+        if in_gemv.is_some_and(|group| group.kernel(tokens).is_some()) {
             return Ok(()); // rotated (and cached) by the GEMV
         }
         let half = dim / 2;

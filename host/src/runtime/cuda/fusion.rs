@@ -17,8 +17,8 @@ use kiln_plugin_api::graph::{BinaryOp, DType, Op, UnaryOp, ValueId};
 
 use kiln_kernels::cuda::DevicePtr;
 
+use super::gemv::{GemvGroup, GEMV_MAX_GROUP};
 use super::plan::{CacheWrite, GroupRotation, Home, StepPlan};
-use super::products::{gemv_takes_norm, GEMV_MAX_GROUP};
 use super::weights::DeviceMatrix;
 use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program};
 
@@ -184,34 +184,69 @@ pub struct GatedProduct {
     pub output: ValueId,
 }
 
-/// Puts `Linear` steps that read the same value with matrices of one format
+/// Puts `Linear` steps that read the same value with matrices of one type
 /// and width into one [`StepPlan::LinearGroup`] at the first of them, up to
-/// [`GEMV_MAX_GROUP`] at a time. The others become [`StepPlan::ComputedAt`]:
-/// their outputs are written at the group's step (the memory plan keeps them
+/// [`GEMV_MAX_GROUP`] at a time, where a [`GemvGroup`] holds them: one
+/// format, or one but the last (a mixed *_K_M file's q and k with its v);
+/// else by format. The others become [`StepPlan::ComputedAt`]: their
+/// outputs are written at the group's step (the memory plan keeps them
 /// live from there).
 fn group_products(program: &Program, steps: &mut [StepPlan]) {
     // Each Linear step (index, matrix, output) by what it shares.
     let mut groups: HashMap<_, Vec<(usize, DeviceMatrix, ValueId)>> = HashMap::new();
     for (s, (step, plan)) in program.steps.iter().zip(steps.iter()).enumerate() {
         if let StepPlan::Linear(w) = plan {
-            let key = (step.inputs[0], w.ty, w.packed, w.cols, w.int8_activations);
+            let key = (step.inputs[0], w.ty, w.cols, w.int8_activations);
             groups.entry(key).or_default().push((s, *w, step.output));
         }
     }
     for members in groups.into_values() {
-        for chunk in members.chunks(GEMV_MAX_GROUP).filter(|c| c.len() > 1) {
-            let first = chunk[0].0;
-            steps[first] = StepPlan::LinearGroup {
+        for chunk in launches_of(members).into_iter().filter(|c| c.len() > 1) {
+            let at = chunk.iter().map(|&(s, _, _)| s).min().unwrap_or(0);
+            steps[at] = StepPlan::LinearGroup {
                 members: chunk.iter().map(|&(_, w, v)| (w, v)).collect(),
                 gated: None,
                 rotation: None,
                 norm: None,
             };
-            for &(s, _, _) in &chunk[1..] {
-                steps[s] = StepPlan::ComputedAt { at: first };
+            for &(s, _, _) in chunk.iter().filter(|&&(s, _, _)| s != at) {
+                steps[s] = StepPlan::ComputedAt { at };
             }
         }
     }
+}
+
+/// The GEMV launches of products that share x (in program order): all in
+/// one where a [`GemvGroup`] holds them, the odd format last; else each
+/// format's in launches of up to [`GEMV_MAX_GROUP`].
+fn launches_of<T: Copy>(
+    members: Vec<(usize, DeviceMatrix, T)>,
+) -> Vec<Vec<(usize, DeviceMatrix, T)>> {
+    let mut by_format: Vec<Vec<(usize, DeviceMatrix, T)>> = Vec::new();
+    for member in members {
+        match by_format
+            .iter_mut()
+            .find(|f| f[0].1.packed == member.1.packed)
+        {
+            Some(format) => format.push(member),
+            None => by_format.push(vec![member]),
+        }
+    }
+    // The larger format first, the other (a single matrix) last.
+    by_format.sort_by_key(|f| std::cmp::Reverse(f.len()));
+    let together: Vec<_> = by_format.concat();
+    let fits = together.len() <= GEMV_MAX_GROUP;
+    if by_format.len() == 2 && fits && GemvGroup::of(together.iter().map(|m| &m.1)).is_some() {
+        return vec![together];
+    }
+    by_format
+        .into_iter()
+        .flat_map(|f| {
+            f.chunks(GEMV_MAX_GROUP)
+                .map(<[_]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// `act(Input(a)) · Input(b)` in either order, all f32: the activation and
@@ -274,7 +309,9 @@ fn fuse_gated_activations(program: &Program, steps: &mut [StepPlan]) {
         let Some(gate_index) = outputs.iter().position(|&v| v == gate) else {
             continue;
         };
-        if outputs.len() != 2 || !outputs.contains(&up) || gated.is_some() {
+        // Gate and up of one format: the launches past the GEMV pair them.
+        let one_format = members.iter().all(|(w, _)| w.packed == members[0].0.packed);
+        if outputs.len() != 2 || !outputs.contains(&up) || gated.is_some() || !one_format {
             continue;
         }
         *gated = Some(GatedProduct {
@@ -517,9 +554,11 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
             _ => false,
         };
         let ready = |v: ValueId| computed_at.get(&v).is_none_or(|&at| at < g);
-        if !in_order || !ready(positions) || !ready(inv_freq) {
+        let group = GemvGroup::of(members.iter().map(|(w, _)| w))
+            .filter(|_| in_order && ready(positions) && ready(inv_freq));
+        let Some(group) = group else {
             continue;
-        }
+        };
         let moved = GroupRotation {
             interleaved,
             scale,
@@ -529,14 +568,14 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
             k_out,
             cache_write,
         };
-        moves.push((g, i, moved, members[0].0));
+        moves.push((g, i, moved, group));
     }
-    for (g, i, moved, first) in moves {
+    for (g, i, moved, group) in moves {
         if let StepPlan::LinearGroup { rotation, .. } = &mut steps[g] {
             *rotation = Some(moved);
         }
         if let StepPlan::Rope { in_gemv, .. } = &mut steps[i] {
-            *in_gemv = Some(first);
+            *in_gemv = Some(group);
         }
     }
 }
@@ -556,9 +595,8 @@ pub struct NormInGemv {
     pub weight: ValueId,
     pub eps: f32,
     pub offset: f32,
-    /// The products' first matrix and how many share the launch.
-    pub first: DeviceMatrix,
-    pub count: usize,
+    /// The products' matrices.
+    pub group: GemvGroup,
 }
 
 impl NormInGemv {
@@ -573,7 +611,7 @@ impl NormInGemv {
             .chain(residual)
             .flatten()
             .all(|v| addrs[v as usize].is_multiple_of(16));
-        aligned && gemv_takes_norm(&self.first, self.count, m)
+        aligned && self.group.takes_norm(m)
     }
 }
 
@@ -632,6 +670,9 @@ fn norms_in_gemv(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
         else {
             continue;
         };
+        let Some(group) = GemvGroup::of(members.iter().map(|(w, _)| w)) else {
+            continue;
+        };
         // The sum is written by the group's launch: nothing but the norm
         // (computed at this step) may read it before.
         let sum_ready = residual.is_none_or(|(_, sum)| {
@@ -660,8 +701,7 @@ fn norms_in_gemv(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
             weight,
             eps,
             offset,
-            first: members[0].0,
-            count: members.len(),
+            group,
         };
         moves.push((s, g, fused));
     }
@@ -724,5 +764,30 @@ mod tests {
             ..mul(Reg(0), Input(0))
         };
         assert_eq!(gated_pattern(&[silu, bf16]), None);
+    }
+
+    #[test]
+    fn products_sharing_x_launch_together_with_the_odd_format_last() {
+        use crate::runtime::cuda::weights::Packed;
+        let w = |p: Packed| DeviceMatrix::unplaced(Some(p), 1024, 4096);
+        let steps = |members: &[(usize, Packed)]| {
+            let members = members.iter().map(|&(s, p)| (s, w(p), ())).collect();
+            let launches = launches_of(members);
+            launches
+                .iter()
+                .map(|l| l.iter().map(|&(s, _, _)| s).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        };
+        let (q4, q6, q8) = (Packed::Q4K, Packed::Q6K, Packed::Q8_0);
+        assert_eq!(steps(&[(0, q4), (1, q4), (2, q6)]), [vec![0, 1, 2]]);
+        assert_eq!(steps(&[(0, q4), (1, q6), (2, q4)]), [vec![0, 2, 1]]);
+        // No kernel pairs Q8_0 with Q6_K, nor takes three formats.
+        assert_eq!(steps(&[(0, q8), (1, q6)]), [vec![0], vec![1]]);
+        assert_eq!(
+            steps(&[(0, q4), (1, q6), (2, q8)]),
+            [vec![0], vec![1], vec![2]]
+        );
+        let five: Vec<(usize, Packed)> = (0..5).map(|s| (s, q4)).collect();
+        assert_eq!(steps(&five), [vec![0, 1, 2, 3], vec![4]]);
     }
 }

@@ -11,11 +11,9 @@ use kiln_plugin_api::graph::{DType, ValueId};
 use super::attention::HEAD_DIM;
 use super::codegen::{self, MAX_RANK};
 use super::fusion::{HalfStore, HalfValues, NormInGemv};
+use super::gemv::{GemvEpilogue, GemvNormArgs, GreedyPicks};
 use super::plan::{HandKernels, StepPlan};
-use super::products::{
-    out_type_arg, writes_activation, x_half_type, y_half_type, GemvEpilogue, GemvNormArgs,
-    GreedyPicks,
-};
+use super::products::{out_type_arg, writes_activation, x_half_type, y_half_type};
 use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
 use super::DeviceKvCache;

@@ -14,6 +14,7 @@ mod backend;
 mod buckets;
 mod codegen;
 mod fusion;
+mod gemv;
 mod graphs;
 mod launch;
 mod measure;
@@ -180,13 +181,13 @@ pub struct CudaExecutor {
 }
 
 /// The product whose output is the logits: its decode GEMV also finds each
-/// row's greedy pick (`products::GreedyPicks`), written to `tokens`.
+/// row's greedy pick (`gemv::GreedyPicks`), written to `tokens`.
 #[derive(Clone, Copy, Debug)]
 struct LogitsProduct {
     /// Its output.
     value: ValueId,
     matrix: weights::DeviceMatrix,
-    /// `[products::GEMV_MAX_M]` u32 token ids, a buffer of the executor's
+    /// `[gemv::GEMV_MAX_M]` u32 token ids, a buffer of the executor's
     /// own (a captured graph holds its address).
     tokens: DevicePtr,
 }
@@ -300,7 +301,7 @@ impl CudaExecutor {
         let logits = match lowered.logits_product {
             Some((value, matrix)) => {
                 let tokens = device
-                    .alloc(4 * products::GEMV_MAX_M)
+                    .alloc(4 * gemv::GEMV_MAX_M)
                     .map_err(|e| CudaError::Memory(e.to_string()))?;
                 owned.push(tokens);
                 Some(LogitsProduct {
@@ -452,7 +453,9 @@ impl CudaExecutor {
         let logits = self.logits.filter(|_| plan.greedy_picks.is_some())?;
         let outputs: usize = plan.shapes[logits.value as usize].iter().product();
         let m = outputs / logits.matrix.rows.max(1);
-        products::group_gemv(&logits.matrix, 1, m).map(|_| logits.tokens)
+        gemv::GemvGroup::single(&logits.matrix)
+            .kernel(m)
+            .map(|_| logits.tokens)
     }
 
     /// The plan for `symbols` (whose [`binding`] is `key`), with an arena

@@ -10,6 +10,7 @@ use kiln_plugin_api::graph::{AttentionSpec, DType, Op, SequenceAttentionSpec, Va
 
 use super::codegen::{self, FusedInput};
 use super::fusion::NormInGemv;
+use super::gemv::GemvGroup;
 use super::qmm::DenseRows;
 use super::weights::{self, DeviceMatrix, WeightDtype};
 use super::CudaError;
@@ -107,9 +108,9 @@ pub enum StepPlan {
         /// rotation's output as its keys, done by this launch.
         cache_write: Option<CacheWrite>,
         /// Done by the GEMV of q, k and v instead (a [`StepPlan::LinearGroup`]
-        /// with a [`GroupRotation`], whose first matrix this is) when that
+        /// with a [`GroupRotation`], whose matrices these are) when that
         /// runs as the decode GEMV.
-        in_gemv: Option<DeviceMatrix>,
+        in_gemv: Option<GemvGroup>,
     },
     /// Softmax or log-softmax over an axis.
     Softmax {

@@ -1,66 +1,36 @@
-//! Matrix products of a step. Up to [`GEMV_MAX_M`] rows of x (decode), the
-//! GEMV of `kernels/cuda/gemv.cu` reads each matrix once, packed GGUF blocks
-//! included, with x in f32; matrices that share x (q, k and v; gate and up)
-//! run as one launch, in the split of rows among warps chosen at load
-//! (`tune.rs`). Packed matrices with up to [`qmm::QMM_MAX_M`] rows of x (decode
-//! of many sequences, short prompts) run on tensor cores reading the blocks
-//! (`qmm.rs`), x cast to bf16, again a launch for the matrices that share
-//! x. More rows go to cuBLAS on x
-//! cast to the weight's half type, a packed matrix expanded to bf16 first,
-//! both in the step's scratch. With `--precision fast`, the GEMV of packed
-//! matrices reads x quantized to 8 bits in the scratch (`kiln_quantize_x8`,
-//! once for the matrices that share x) and takes integer dot products.
+//! Matrix products of a step: the route each takes by its rows of x, the
+//! scratch it needs, and its launches. Up to [`GEMV_MAX_M`] rows of x
+//! (decode), the GEMV of `kernels/cuda/gemv.cu` reads each matrix once,
+//! packed GGUF blocks included, with x in f32; matrices that share x (q, k
+//! and v; gate and up) run as one launch (`gemv.rs`), in the split of rows
+//! among warps chosen at load (`tune.rs`). Packed matrices with up to
+//! [`qmm::QMM_MAX_M`] rows of x (decode of many sequences, short prompts)
+//! run on tensor cores reading the blocks (`qmm.rs`), x cast to bf16, again
+//! a launch for the matrices of one format that share x. More rows go to
+//! cuBLAS on x cast to the weight's half type, a packed matrix expanded to
+//! bf16 first, both in the step's scratch. With `--precision fast`, the
+//! GEMV of packed matrices reads x quantized to 8 bits in the scratch
+//! (`kiln_quantize_x8`, once for the matrices that share x) and takes
+//! integer dot products.
+//!
+//! [`GEMV_MAX_M`]: super::gemv::GEMV_MAX_M
 
 use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout};
 use kiln_plugin_api::graph::ValueId;
 
-use super::attention::CacheTarget;
-use super::fusion::{GatedActivation, GatedProduct};
+use super::gemv::{gemv_kernel, group_arg, GemvEpilogue, GemvGroup, GemvNormArgs};
 use super::launch::Frame;
 use super::plan::StepPlan;
 use super::qmm::{self, QmmLaunch};
 use super::tune::{GemvShape, RowPairs};
 use super::weights::DeviceMatrix;
 
-/// Most rows of x the decode GEMV takes (`KILN_GEMV_MAX_M` in gemv.cu).
-pub const GEMV_MAX_M: usize = 8;
-/// Warps per GEMV block (gated launches split four ways take twice as
-/// many: `KILN_GEMV_MAX_WARPS`).
-pub const GEMV_WARPS: usize = 4;
-/// Matrices one GEMV launch covers at most (`KILN_GEMV_MAX_GROUP`).
-pub const GEMV_MAX_GROUP: usize = 4;
 /// `(n, k)` of a product over `w` stored as `layout`.
 fn product_dims(w: &DeviceMatrix, layout: WeightLayout) -> (usize, usize) {
     match layout {
         WeightLayout::OutIn => (w.rows, w.cols),
         WeightLayout::InOut => (w.cols, w.rows),
     }
-}
-
-/// The decode GEMV for `m` rows of x times `w` (stored `[n, k]`), where one
-/// applies: a single row has kernels of its own (fewer registers, more
-/// weight loads in flight).
-pub fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&'static str> {
-    if m > GEMV_MAX_M || layout != WeightLayout::OutIn {
-        return None;
-    }
-    let (many, one) = match (w.packed, w.ty) {
-        (Some(p), _) if w.int8_activations => (p.kernels().gemv_x8[0], p.kernels().gemv_x8[1]),
-        (Some(p), _) => (p.kernels().gemv, p.kernels().gemv_m1),
-        (None, GemmType::BF16) => ("kiln_gemv_bf16", "kiln_gemv_bf16_m1"),
-        (None, GemmType::F16) => ("kiln_gemv_f16", "kiln_gemv_f16_m1"),
-        (None, GemmType::F32) => ("kiln_gemv_f32", "kiln_gemv_f32_m1"),
-    };
-    Some(if m == 1 { one } else { many })
-}
-
-/// The decode GEMV that runs `count` matrices like `first` (stored `[n,
-/// k]`) sharing `m` rows of x as one launch, where one does.
-pub fn group_gemv(first: &DeviceMatrix, count: usize, m: usize) -> Option<&'static str> {
-    if m == 0 || count > GEMV_MAX_GROUP {
-        return None;
-    }
-    gemv_kernel(first, WeightLayout::OutIn, m)
 }
 
 /// How `m` rows of x times `w` run.
@@ -119,52 +89,12 @@ pub fn out_type_arg(half: Option<GemmType>) -> KernelArg {
     KernelArg::I32(storage_code(half) as i32)
 }
 
-/// Values of x (`m·k`) the decode GEMV that computes x's RMS norm itself
-/// holds at most, in its blocks' shared memory (`KILN_GEMV_NORM_VALUES`: 16
-/// KB a block).
-pub const GEMV_NORM_VALUES: usize = 4096;
-
-/// Whether the GEMV of `count` matrices like `first` over `m` rows of x
-/// computes x's RMS norm itself (the one-row `_norm` kernels, on f32 x of a
-/// row that fits [`GEMV_NORM_VALUES`], a multiple of 4).
-pub fn gemv_takes_norm(first: &DeviceMatrix, count: usize, m: usize) -> bool {
-    let k = first.cols;
-    m == 1
-        && group_gemv(first, count, m).is_some()
-        && !first.int8_activations
-        && k.is_multiple_of(4)
-        && k <= GEMV_NORM_VALUES
-}
-
-/// The RMS norm a one-row GEMV computes (`KilnGemvNorm` in gemv.cu): of
-/// `a` (+ `b`, whose sum goes to `sum`), times `offset + weight`.
-#[derive(Clone, Copy, Debug)]
-pub struct GemvNormArgs {
-    pub a: DevicePtr,
-    /// 0 without a residual add (then `sum` is 0 too).
-    pub b: DevicePtr,
-    pub sum: DevicePtr,
-    pub weight: DevicePtr,
-    pub eps: f32,
-    pub offset: f32,
-}
-
-impl GemvNormArgs {
-    /// Its words as `KilnGemvNorm` lays them out (none: all zero).
-    fn words(norm: Option<&Self>) -> [u64; 5] {
-        let Some(n) = norm else {
-            return [0; 5];
-        };
-        let floats = u64::from(n.eps.to_bits()) | u64::from(n.offset.to_bits()) << 32;
-        [n.a, n.b, n.sum, n.weight, floats]
-    }
-}
-
 /// Whether the product of a gated MLP's gate and up over `m` rows of x
 /// writes their activation (the GEMV's or the tensor-core product's
 /// epilogue), so the activation's own kernel does not run.
 pub fn writes_activation(gate: &DeviceMatrix, m: usize) -> bool {
-    group_gemv(gate, 2, m).is_some() || QmmLaunch::of(&[*gate, *gate], true, m).is_some()
+    GemvGroup::of([gate, gate]).is_some_and(|g| g.kernel(m).is_some())
+        || QmmLaunch::of(&[*gate, *gate], true, m).is_some()
 }
 
 /// Bytes of `x_elements` values of x quantized to 8 bits
@@ -214,169 +144,66 @@ fn qmm_scratch(q: &QmmLaunch, x_elements: usize, m: usize) -> (usize, usize) {
     (offset, offset + q.partial_bytes(m))
 }
 
-/// The tensor-core launch of a group's members over `x_elements` values of
-/// x, where they run as one.
-fn group_qmm(
-    members: &[(DeviceMatrix, ValueId)],
-    gated: bool,
-    x_elements: usize,
-) -> Option<(QmmLaunch, usize)> {
-    let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
-    let m = x_elements / matrices.first()?.cols.max(1);
-    QmmLaunch::of(&matrices, gated, m).map(|q| (q, m))
+/// A group's members in runs of one format (a mixed group's last member
+/// alone): past the GEMV each run is one tensor-core launch where
+/// [`QmmLaunch::of`] takes it ([`run_qmm`]), else a product each.
+fn format_runs<T>(members: &[(DeviceMatrix, T)]) -> impl Iterator<Item = &[(DeviceMatrix, T)]> {
+    members.chunk_by(|a, b| a.0.packed == b.0.packed)
+}
+
+/// The tensor-core launch of a run of `format_runs` over `m` rows of x,
+/// where they run as one.
+fn run_qmm<T>(run: &[(DeviceMatrix, T)], gated: bool, m: usize) -> Option<QmmLaunch> {
+    let matrices: Vec<DeviceMatrix> = run.iter().map(|&(w, _)| w).collect();
+    QmmLaunch::of(&matrices, gated, m)
 }
 
 /// Scratch bytes `plan` needs when its first input has `x_elements` values
 /// (a group's products run one after another in one scratch, or as one
-/// launch).
+/// launch per run of one format).
 pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
     match plan {
         StepPlan::Linear(w) => product_scratch(w, WeightLayout::OutIn, x_elements).1,
         StepPlan::MatMul(w) => product_scratch(w, WeightLayout::InOut, x_elements).1,
         StepPlan::LinearGroup { members, gated, .. } => {
-            match group_qmm(members, gated.is_some(), x_elements) {
-                Some((q, m)) => qmm_scratch(&q, x_elements, m).1,
-                None => members
+            let m = x_elements / members.first().map_or(1, |(w, _)| w.cols.max(1));
+            let run_bytes = |run: &[(DeviceMatrix, ValueId)]| match run_qmm(run, gated.is_some(), m)
+            {
+                Some(q) => qmm_scratch(&q, x_elements, m).1,
+                None => run
                     .iter()
                     .map(|(w, _)| product_scratch(w, WeightLayout::OutIn, x_elements).1)
                     .max()
                     .unwrap_or(0),
-            }
+            };
+            format_runs(members).map(run_bytes).max().unwrap_or(0)
         }
         _ => 0,
     }
 }
 
 /// Bytes of the zeroed split counters `plan` needs when its first input has
-/// `x_elements` values: a split tensor-core product's, one per tile.
+/// `x_elements` values: a split tensor-core product's, one per tile (a
+/// launch's counters are back at zero when it ends, so a group's launches
+/// share them).
 pub fn split_counter_bytes(plan: &StepPlan, x_elements: usize) -> usize {
-    let launch = match plan {
-        StepPlan::Linear(w) => qmm::single(w, WeightLayout::OutIn, x_elements / w.cols.max(1)),
-        StepPlan::LinearGroup { members, gated, .. } => {
-            group_qmm(members, gated.is_some(), x_elements).map(|(q, _)| q)
-        }
-        _ => None,
+    let single = |w: &DeviceMatrix| {
+        let m = x_elements / w.cols.max(1);
+        qmm::single(w, WeightLayout::OutIn, m).map_or(0, |q| q.counter_bytes())
     };
-    launch.map_or(0, |q| q.counter_bytes())
-}
-
-/// The rotary embedding a GEMV launch of q, k and v applies to q and k, and
-/// the paged-cache write of the rotated keys and of v (`KilnGemvRope` in
-/// gemv.cu).
-#[derive(Clone, Copy, Debug)]
-pub struct GemvRotation {
-    /// The positions `[T]` and frequencies `[half]` (`kiln_rope`'s).
-    pub positions: DevicePtr,
-    pub inv_freq: DevicePtr,
-    /// Where the rotated q and k go.
-    pub q_out: DevicePtr,
-    pub k_out: DevicePtr,
-    /// cos/sin scale, half a head, adjacent pairs.
-    pub scale: f32,
-    pub half: usize,
-    pub interleaved: bool,
-    /// The cache write of the rotated keys and of v, if any.
-    pub cache: Option<CacheTarget>,
-}
-
-impl GemvRotation {
-    /// Its words as `KilnGemvRope` lays them out (none: all zero; no cache
-    /// write: null cache pointers).
-    fn words(rotation: Option<&Self>) -> [u64; 13] {
-        let Some(r) = rotation else {
-            return [0; 13];
-        };
-        let pair = |low: u64, high: usize| low | (high as u64) << 32;
-        let c = r.cache.unwrap_or_default();
-        [
-            r.positions,
-            r.inv_freq,
-            r.q_out,
-            r.k_out,
-            c.k_cache,
-            c.v_cache,
-            c.row_offsets,
-            c.context_lens,
-            c.block_tables,
-            pair(u64::from(r.scale.to_bits()), r.half),
-            pair(u64::from(r.interleaved), usize::from(c.bf16)),
-            pair(c.batch as u64, c.blocks_per_seq),
-            c.block_size as u64,
-        ]
-    }
-}
-
-/// Bytes of the step's upload that the logits GEMV's greedy pick takes: its
-/// count of blocks done (4 bytes and 4 of padding), then a key for each of
-/// up to [`GEMV_MAX_M`] rows.
-pub const GREEDY_PICKS_BYTES: usize = 8 + 8 * GEMV_MAX_M;
-
-/// Where the GEMV of the logits leaves greedy's picks (`KilnGemvArgmax` in
-/// gemv.cu): each row's largest key so far and the count of blocks done,
-/// both zero before the launch (in the step's upload), and the picks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GreedyPicks {
-    /// `[GEMV_MAX_M]` u64 keys.
-    pub keys: DevicePtr,
-    /// A u32 count of blocks done.
-    pub counter: DevicePtr,
-    /// `[GEMV_MAX_M]` u32 token ids.
-    pub tokens: DevicePtr,
-}
-
-impl GreedyPicks {
-    /// The counter and keys laid out in the [`GREEDY_PICKS_BYTES`] at
-    /// `region` (of the step's upload), the picks going to `tokens`.
-    pub fn at(region: DevicePtr, tokens: DevicePtr) -> Self {
-        Self {
-            counter: region,
-            keys: region + 8,
-            tokens,
+    match plan {
+        StepPlan::Linear(w) => single(w),
+        StepPlan::LinearGroup { members, gated, .. } => {
+            let m = x_elements / members.first().map_or(1, |(w, _)| w.cols.max(1));
+            let run_bytes = |run: &[(DeviceMatrix, ValueId)]| match run_qmm(run, gated.is_some(), m)
+            {
+                Some(q) => q.counter_bytes(),
+                None => run.iter().map(|(w, _)| single(w)).max().unwrap_or(0),
+            };
+            format_runs(members).map(run_bytes).max().unwrap_or(0)
         }
+        _ => 0,
     }
-}
-
-/// What a GEMV launch does beyond writing its products.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum GemvEpilogue {
-    /// A gated MLP's gate and up, rows paired in blocks: their activation,
-    /// written to the address, in the half type given (tensor cores only).
-    Gated(GatedProduct, DevicePtr, Option<GemmType>),
-    /// q's and k's rows rotated, paired in blocks (members q, k and v).
-    Rotated(GemvRotation),
-    /// The logits: each row of x's first largest value, greedy's pick.
-    GreedyPick(GreedyPicks),
-}
-
-/// The `KilnGemvGroup` argument: the matrices (with their outputs) as one
-/// grid of rows; gated (`activation`, see [`GatedActivation`]), gate and
-/// up, whose activation is written to gate's output; rotated
-/// ([`GemvRotation`]), q, k and v; with `picks`, the logits' matrix alone,
-/// greedy's picks found too; with `norm`, x's RMS norm computed by the
-/// launch (the `_norm` kernels).
-pub fn group_arg(
-    members: &[(DeviceMatrix, DevicePtr)],
-    activation: Option<GatedActivation>,
-    rotation: Option<&GemvRotation>,
-    picks: Option<&GreedyPicks>,
-    norm: Option<&GemvNormArgs>,
-) -> KernelArg {
-    let mut rows_end = [0u64; GEMV_MAX_GROUP];
-    let (mut w, mut y) = ([0u64; GEMV_MAX_GROUP], [0u64; GEMV_MAX_GROUP]);
-    let mut rows = 0;
-    for (i, (matrix, out)) in members.iter().enumerate() {
-        rows += matrix.rows as u64;
-        (rows_end[i], w[i], y[i]) = (rows, matrix.ptr, *out);
-    }
-    let mut words = vec![members.len() as u64];
-    words.extend(rows_end);
-    words.extend(w);
-    words.extend(y);
-    words.push(activation.map_or(0, |a| a as u64));
-    words.extend(GemvRotation::words(rotation));
-    words.extend(picks.map_or([0; 3], |p| [p.keys, p.counter, p.tokens]));
-    words.extend(GemvNormArgs::words(norm));
-    KernelArg::Struct(words)
 }
 
 impl Frame<'_> {
@@ -489,10 +316,10 @@ impl Frame<'_> {
     }
 
     /// [`Self::product_group`] past the GEMV: one tensor-core launch for
-    /// packed matrices (a gated pair's activation written by it too), else
-    /// one product each on x cast once (the members share W's type, and so
-    /// the type their route reads x in). Rotations are left to their steps,
-    /// greedy's picks to the sampler.
+    /// each run of packed matrices of one format (a gated pair's activation
+    /// written by it too), else one product each, all on x cast once (the
+    /// members share W's type, and so the type their route reads x in).
+    /// Rotations are left to their steps, greedy's picks to the sampler.
     fn products_past_the_gemv(
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
@@ -509,8 +336,16 @@ impl Frame<'_> {
             Some(GemvEpilogue::Gated(product, out, half)) => Some((product, out, half)),
             _ => None,
         };
-        let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
-        if let Some(q) = QmmLaunch::of(&matrices, gated.is_some(), m) {
+        let mut done = 0;
+        for run in format_runs(members) {
+            let Some(q) = run_qmm(run, gated.is_some(), m) else {
+                for (i, (w, out)) in run.iter().enumerate() {
+                    let out = (*out, out_halves.get(done + i).copied().flatten());
+                    self.product(w, layout, (x, x_elements), out, scratch)?;
+                }
+                done += run.len();
+                continue;
+            };
             let (offset, bytes) = qmm_scratch(&q, x_elements, m);
             let scratch = scratch.ok_or("no scratch buffer planned for x in bf16")?;
             let partials = if bytes > offset {
@@ -518,30 +353,30 @@ impl Frame<'_> {
             } else {
                 0
             };
-            return match gated {
+            match gated {
                 Some((product, out, half)) => {
-                    let pair = [members[product.gate], members[1 - product.gate]];
+                    let pair = [run[product.gate], run[1 - product.gate]];
                     let activation = Some((product.activation, out, half));
-                    self.qmm(&q, &pair, activation, (x, m), partials)
+                    self.qmm(&q, &pair, activation, (x, m), partials)?;
                 }
-                None => self.qmm(&q, members, None, (x, m), partials),
-            };
+                None => self.qmm(&q, run, None, (x, m), partials)?,
+            }
+            done += run.len();
         }
-        members.iter().enumerate().try_for_each(|(i, (w, out))| {
-            let out = (*out, out_halves.get(i).copied().flatten());
-            self.product(w, layout, (x, x_elements), out, scratch)
-        })
+        Ok(())
     }
 
-    /// `out_i = x · W_iᵀ` for matrices of one format that share x: one GEMV
-    /// launch over all their rows for small batches, else one product each.
+    /// `out_i = x · W_iᵀ` for matrices that share x: one GEMV launch over
+    /// all their rows for small batches (where a [`GemvGroup`] holds them),
+    /// else one product each.
     /// `epilogue`: the members are a gated MLP's gate and up, and the GEMV
     /// writes their activation to the address given instead; or q, k and v,
     /// and the GEMV applies their rotation (and cache write) too; or the
     /// logits' matrix, and the GEMV finds greedy's picks too. Past the GEMV
     /// none of that is done here, and member i's output is stored in
     /// `out_halves[i]` (none: f32). With `norm` (where
-    /// [`gemv_takes_norm`]), the GEMV computes x itself and `x` is not read.
+    /// [`GemvGroup::takes_norm`]), the GEMV computes x itself and `x` is
+    /// not read.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn product_group(
         &self,
@@ -561,10 +396,11 @@ impl Frame<'_> {
         if m == 0 {
             return Ok(());
         }
-        if norm.is_some() && !gemv_takes_norm(first, members.len(), m) {
+        let group = GemvGroup::of(members.iter().map(|(w, _)| w));
+        if norm.is_some() && !group.is_some_and(|g| g.takes_norm(m)) {
             return Err(format!("x's norm in a GEMV of {m} rows of {k}"));
         }
-        let Some(name) = group_gemv(first, members.len(), m) else {
+        let Some(name) = group.and_then(|g| g.kernel(m)) else {
             return self.products_past_the_gemv(
                 members,
                 epilogue,
@@ -715,5 +551,36 @@ mod tests {
         let wide = matrix(Some(Packed::Q4K), 128_256, 4096);
         let (offset, total) = product_scratch(&wide, WeightLayout::OutIn, 16 * 4096);
         assert_eq!((offset, total), (16 * 4096 * 2, 16 * 4096 * 2));
+    }
+
+    #[test]
+    fn a_mixed_group_past_the_gemv_runs_each_format_on_tensor_cores() {
+        let (q, k) = (
+            matrix(Some(Packed::Q4K), 4096, 4096),
+            matrix(Some(Packed::Q4K), 1024, 4096),
+        );
+        let v = matrix(Some(Packed::Q6K), 1024, 4096);
+        let members = vec![(q, 0), (k, 1), (v, 2)];
+        let runs: Vec<usize> = format_runs(&members).map(<[_]>::len).collect();
+        assert_eq!(runs, [2, 1]);
+        let plan = StepPlan::LinearGroup {
+            members,
+            gated: None,
+            rotation: None,
+            norm: None,
+        };
+        // q and k as one launch, v as another: the scratch and counters of
+        // the larger.
+        let x_elements = 16 * 4096;
+        let qk = QmmLaunch::of(&[q, k], false, 16).unwrap();
+        let v_alone = QmmLaunch::of(&[v], false, 16).unwrap();
+        let bytes = |q: &QmmLaunch| qmm_scratch(q, x_elements, 16).1;
+        assert_eq!(
+            scratch_bytes(&plan, x_elements),
+            bytes(&qk).max(bytes(&v_alone))
+        );
+        let counters = qk.counter_bytes().max(v_alone.counter_bytes());
+        assert_eq!(split_counter_bytes(&plan, x_elements), counters);
+        assert!(counters > 0);
     }
 }

@@ -10,8 +10,9 @@
 use kiln_kernels::cuda::{DevicePtr, GemmType, KernelArg, LaunchConfig, WeightLayout};
 
 use super::fusion::GatedActivation;
+use super::gemv::GEMV_MAX_M;
 use super::launch::Frame;
-use super::products::{storage_code, GEMV_MAX_M};
+use super::products::storage_code;
 use super::weights::DeviceMatrix;
 
 /// Most rows of x the tensor-core product of packed blocks takes. Past it

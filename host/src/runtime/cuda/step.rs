@@ -8,9 +8,9 @@ use kiln_kernels::cuda::{Device, DevicePtr};
 use kiln_plugin_api::graph::{DType, Op};
 
 use super::arena::RunPlan;
+use super::gemv::GreedyPicks;
 use super::launch::Frame;
 use super::plan::Home;
-use super::products::GreedyPicks;
 use super::profile::StepKind;
 use super::{binding, buckets, element_bytes, weights, CudaExecutor, RunState};
 use crate::runtime::executor::bind_symbols;

@@ -11,14 +11,12 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use kiln_kernels::cuda::{
-    Device, DeviceError, DevicePtr, FunctionId, KernelArg, LaunchConfig, WeightLayout,
-};
+use kiln_kernels::cuda::{Device, DeviceError, DevicePtr, FunctionId, KernelArg, LaunchConfig};
 
 use super::fusion::GatedActivation;
+use super::gemv::{group_arg, GemvGroup, GEMV_MAX_M, GEMV_WARPS};
 use super::measure::with_buffers;
 use super::plan::{HandKernels, StepPlan};
-use super::products::{gemv_kernel, group_arg, GEMV_MAX_M, GEMV_WARPS};
 use super::weights::DeviceMatrix;
 
 /// Warps per row of the GEMV kernels and their name suffixes.
@@ -179,15 +177,15 @@ fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, ShapeLaunches> {
             }
             _ => continue,
         };
-        let Some(&first) = members.first() else {
+        let Some(group) = GemvGroup::of(&members) else {
             continue;
         };
         for x_rows in [1, GEMV_MAX_M] {
-            if let Some(kernel) = gemv_kernel(&first, WeightLayout::OutIn, x_rows) {
+            if let Some(kernel) = group.kernel(x_rows) {
                 let shape = GemvShape {
                     kernel,
                     rows: members.iter().map(|w| w.rows).sum(),
-                    k: first.cols,
+                    k: group.first.cols,
                     pairs,
                 };
                 let entry = shapes.entry(shape).or_insert_with(|| ShapeLaunches {

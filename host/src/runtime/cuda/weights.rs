@@ -221,6 +221,30 @@ impl Packed {
     }
 }
 
+impl Packed {
+    /// The decode GEMVs of a group whose matrices are in this format but
+    /// the last, which is in `last` (`gemv_blocks`' LAST in gemv.cu: the
+    /// K-quants with Q6_K, as llama.cpp's Q4_K_M and Q5_K_M files mix
+    /// them): for several rows of x and one, then on 8-bit x likewise.
+    pub fn mixed_gemv(self, last: Self) -> Option<[&'static str; 4]> {
+        Some(match (self, last) {
+            (Self::Q4K, Self::Q6K) => [
+                "kiln_gemv_q4_k_q6_k",
+                "kiln_gemv_q4_k_q6_k_m1",
+                "kiln_gemv_q4_k_q6_k_x8",
+                "kiln_gemv_q4_k_q6_k_x8_m1",
+            ],
+            (Self::Q5K, Self::Q6K) => [
+                "kiln_gemv_q5_k_q6_k",
+                "kiln_gemv_q5_k_q6_k_m1",
+                "kiln_gemv_q5_k_q6_k_x8",
+                "kiln_gemv_q5_k_q6_k_x8_m1",
+            ],
+            _ => return None,
+        })
+    }
+}
+
 /// The block format `weight` keeps on the device, where `dtype` allows.
 pub fn packed_format(weight: &WeightData, dtype: WeightDtype) -> Option<Packed> {
     Packed::of(weight.quant_type()?).filter(|_| dtype == WeightDtype::Auto)

@@ -1,0 +1,306 @@
+//! The decode GEMV's launch (`kernels/cuda/gemv.cu`, up to [`GEMV_MAX_M`]
+//! rows of x): which kernel reads a group of matrices that share x
+//! ([`GemvGroup`]), and its `KilnGemvGroup` argument with what the launch
+//! does beyond the products: a gated MLP's activation, q's and k's
+//! rotation with the cache write, greedy's picks, x's RMS norm.
+
+use kiln_kernels::cuda::{DevicePtr, GemmType, KernelArg, WeightLayout};
+
+use super::attention::CacheTarget;
+use super::fusion::{GatedActivation, GatedProduct};
+use super::weights::{DeviceMatrix, Packed};
+
+/// Most rows of x the decode GEMV takes (`KILN_GEMV_MAX_M` in gemv.cu).
+pub const GEMV_MAX_M: usize = 8;
+/// Warps per GEMV block (gated launches split four ways take twice as
+/// many: `KILN_GEMV_MAX_WARPS`).
+pub const GEMV_WARPS: usize = 4;
+/// Matrices one GEMV launch covers at most (`KILN_GEMV_MAX_GROUP`).
+pub const GEMV_MAX_GROUP: usize = 4;
+
+/// The decode GEMV for `m` rows of x times `w` (stored `[n, k]`), where one
+/// applies: a single row has kernels of its own (fewer registers, more
+/// weight loads in flight).
+pub fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&'static str> {
+    if m > GEMV_MAX_M || layout != WeightLayout::OutIn {
+        return None;
+    }
+    let (many, one) = match (w.packed, w.ty) {
+        (Some(p), _) if w.int8_activations => (p.kernels().gemv_x8[0], p.kernels().gemv_x8[1]),
+        (Some(p), _) => (p.kernels().gemv, p.kernels().gemv_m1),
+        (None, GemmType::BF16) => ("kiln_gemv_bf16", "kiln_gemv_bf16_m1"),
+        (None, GemmType::F16) => ("kiln_gemv_f16", "kiln_gemv_f16_m1"),
+        (None, GemmType::F32) => ("kiln_gemv_f32", "kiln_gemv_f32_m1"),
+    };
+    Some(if m == 1 { one } else { many })
+}
+
+/// The matrices of one decode GEMV launch as its kernel sees them: the
+/// first stands for the type, width and format of all, except that the
+/// last may be in another packed format where a kernel pairs the two
+/// (`gemv_blocks`' LAST in gemv.cu: llama.cpp's Q4_K_M and Q5_K_M files
+/// keep some layers' v at Q6_K among their q and k).
+#[derive(Clone, Copy, Debug)]
+pub struct GemvGroup {
+    /// The first matrix.
+    pub first: DeviceMatrix,
+    /// How many share the launch.
+    pub count: usize,
+    /// The last one's format, where it differs from the first's.
+    pub last: Option<Packed>,
+}
+
+impl GemvGroup {
+    /// The group of `matrices` (in launch order), if one GEMV kernel reads
+    /// them all: one type, width and format, or the last in a format
+    /// [`Packed::mixed_gemv`] pairs with the others'.
+    pub fn of<'a>(matrices: impl IntoIterator<Item = &'a DeviceMatrix>) -> Option<Self> {
+        let mut matrices = matrices.into_iter();
+        let first = *matrices.next()?;
+        let kind = |w: &DeviceMatrix| (w.ty, w.cols, w.int8_activations);
+        let (mut count, mut last) = (1, first);
+        for w in matrices {
+            // Every member but the last is in the first's format.
+            if last.packed != first.packed || kind(w) != kind(&first) {
+                return None;
+            }
+            (count, last) = (count + 1, *w);
+        }
+        let last = match (first.packed, last.packed) {
+            (f, l) if f == l => None,
+            (Some(f), Some(l)) if f.mixed_gemv(l).is_some() => Some(l),
+            _ => return None,
+        };
+        Some(Self { first, count, last })
+    }
+
+    /// The single matrix `w`.
+    pub fn single(w: &DeviceMatrix) -> Self {
+        Self {
+            first: *w,
+            count: 1,
+            last: None,
+        }
+    }
+
+    /// Its kernel for `m` rows of x (the one-warp-per-row name), where the
+    /// decode GEMV takes them.
+    pub fn kernel(&self, m: usize) -> Option<&'static str> {
+        if m == 0 || self.count > GEMV_MAX_GROUP {
+            return None;
+        }
+        let uniform = gemv_kernel(&self.first, WeightLayout::OutIn, m)?;
+        let Some(last) = self.last else {
+            return Some(uniform);
+        };
+        let [many, one, many_x8, one_x8] = self.first.packed?.mixed_gemv(last)?;
+        Some(match (self.first.int8_activations, m == 1) {
+            (false, false) => many,
+            (false, true) => one,
+            (true, false) => many_x8,
+            (true, true) => one_x8,
+        })
+    }
+
+    /// Whether its GEMV over `m` rows of x computes x's RMS norm itself (the
+    /// one-row `_norm` kernels, on f32 x of a row that fits
+    /// [`GEMV_NORM_VALUES`], a multiple of 4).
+    pub fn takes_norm(&self, m: usize) -> bool {
+        let k = self.first.cols;
+        m == 1
+            && self.kernel(m).is_some()
+            && !self.first.int8_activations
+            && k.is_multiple_of(4)
+            && k <= GEMV_NORM_VALUES
+    }
+}
+
+/// Values of x (`m·k`) the decode GEMV that computes x's RMS norm itself
+/// holds at most, in its blocks' shared memory (`KILN_GEMV_NORM_VALUES`: 16
+/// KB a block).
+pub const GEMV_NORM_VALUES: usize = 4096;
+
+/// The RMS norm a one-row GEMV computes (`KilnGemvNorm` in gemv.cu): of
+/// `a` (+ `b`, whose sum goes to `sum`), times `offset + weight`.
+#[derive(Clone, Copy, Debug)]
+pub struct GemvNormArgs {
+    pub a: DevicePtr,
+    /// 0 without a residual add (then `sum` is 0 too).
+    pub b: DevicePtr,
+    pub sum: DevicePtr,
+    pub weight: DevicePtr,
+    pub eps: f32,
+    pub offset: f32,
+}
+
+impl GemvNormArgs {
+    /// Its words as `KilnGemvNorm` lays them out (none: all zero).
+    fn words(norm: Option<&Self>) -> [u64; 5] {
+        let Some(n) = norm else {
+            return [0; 5];
+        };
+        let floats = u64::from(n.eps.to_bits()) | u64::from(n.offset.to_bits()) << 32;
+        [n.a, n.b, n.sum, n.weight, floats]
+    }
+}
+
+/// The rotary embedding a GEMV launch of q, k and v applies to q and k, and
+/// the paged-cache write of the rotated keys and of v (`KilnGemvRope` in
+/// gemv.cu).
+#[derive(Clone, Copy, Debug)]
+pub struct GemvRotation {
+    /// The positions `[T]` and frequencies `[half]` (`kiln_rope`'s).
+    pub positions: DevicePtr,
+    pub inv_freq: DevicePtr,
+    /// Where the rotated q and k go.
+    pub q_out: DevicePtr,
+    pub k_out: DevicePtr,
+    /// cos/sin scale, half a head, adjacent pairs.
+    pub scale: f32,
+    pub half: usize,
+    pub interleaved: bool,
+    /// The cache write of the rotated keys and of v, if any.
+    pub cache: Option<CacheTarget>,
+}
+
+impl GemvRotation {
+    /// Its words as `KilnGemvRope` lays them out (none: all zero; no cache
+    /// write: null cache pointers).
+    fn words(rotation: Option<&Self>) -> [u64; 13] {
+        let Some(r) = rotation else {
+            return [0; 13];
+        };
+        let pair = |low: u64, high: usize| low | (high as u64) << 32;
+        let c = r.cache.unwrap_or_default();
+        [
+            r.positions,
+            r.inv_freq,
+            r.q_out,
+            r.k_out,
+            c.k_cache,
+            c.v_cache,
+            c.row_offsets,
+            c.context_lens,
+            c.block_tables,
+            pair(u64::from(r.scale.to_bits()), r.half),
+            pair(u64::from(r.interleaved), usize::from(c.bf16)),
+            pair(c.batch as u64, c.blocks_per_seq),
+            c.block_size as u64,
+        ]
+    }
+}
+
+/// Bytes of the step's upload that the logits GEMV's greedy pick takes: its
+/// count of blocks done (4 bytes and 4 of padding), then a key for each of
+/// up to [`GEMV_MAX_M`] rows.
+pub const GREEDY_PICKS_BYTES: usize = 8 + 8 * GEMV_MAX_M;
+
+/// Where the GEMV of the logits leaves greedy's picks (`KilnGemvArgmax` in
+/// gemv.cu): each row's largest key so far and the count of blocks done,
+/// both zero before the launch (in the step's upload), and the picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GreedyPicks {
+    /// `[GEMV_MAX_M]` u64 keys.
+    pub keys: DevicePtr,
+    /// A u32 count of blocks done.
+    pub counter: DevicePtr,
+    /// `[GEMV_MAX_M]` u32 token ids.
+    pub tokens: DevicePtr,
+}
+
+impl GreedyPicks {
+    /// The counter and keys laid out in the [`GREEDY_PICKS_BYTES`] at
+    /// `region` (of the step's upload), the picks going to `tokens`.
+    pub fn at(region: DevicePtr, tokens: DevicePtr) -> Self {
+        Self {
+            counter: region,
+            keys: region + 8,
+            tokens,
+        }
+    }
+}
+
+/// What a GEMV launch does beyond writing its products.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum GemvEpilogue {
+    /// A gated MLP's gate and up, rows paired in blocks: their activation,
+    /// written to the address, in the half type given (tensor cores only).
+    Gated(GatedProduct, DevicePtr, Option<GemmType>),
+    /// q's and k's rows rotated, paired in blocks (members q, k and v).
+    Rotated(GemvRotation),
+    /// The logits: each row of x's first largest value, greedy's pick.
+    GreedyPick(GreedyPicks),
+}
+
+/// The `KilnGemvGroup` argument: the matrices (with their outputs) as one
+/// grid of rows; gated (`activation`, see [`GatedActivation`]), gate and
+/// up, whose activation is written to gate's output; rotated
+/// ([`GemvRotation`]), q, k and v; with `picks`, the logits' matrix alone,
+/// greedy's picks found too; with `norm`, x's RMS norm computed by the
+/// launch (the `_norm` kernels).
+pub fn group_arg(
+    members: &[(DeviceMatrix, DevicePtr)],
+    activation: Option<GatedActivation>,
+    rotation: Option<&GemvRotation>,
+    picks: Option<&GreedyPicks>,
+    norm: Option<&GemvNormArgs>,
+) -> KernelArg {
+    let mut rows_end = [0u64; GEMV_MAX_GROUP];
+    let (mut w, mut y) = ([0u64; GEMV_MAX_GROUP], [0u64; GEMV_MAX_GROUP]);
+    let mut rows = 0;
+    for (i, (matrix, out)) in members.iter().enumerate() {
+        rows += matrix.rows as u64;
+        (rows_end[i], w[i], y[i]) = (rows, matrix.ptr, *out);
+    }
+    let mut words = vec![members.len() as u64];
+    words.extend(rows_end);
+    words.extend(w);
+    words.extend(y);
+    words.push(activation.map_or(0, |a| a as u64));
+    words.extend(GemvRotation::words(rotation));
+    words.extend(picks.map_or([0; 3], |p| [p.keys, p.counter, p.tokens]));
+    words.extend(GemvNormArgs::words(norm));
+    KernelArg::Struct(words)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(packed: Packed, rows: usize) -> DeviceMatrix {
+        DeviceMatrix::unplaced(Some(packed), rows, 4096)
+    }
+
+    #[test]
+    fn a_group_takes_one_format_or_a_paired_last_one() {
+        let (q, k) = (matrix(Packed::Q4K, 4096), matrix(Packed::Q4K, 1024));
+        let v = matrix(Packed::Q6K, 1024);
+        let kernel = |members: &[DeviceMatrix], m| GemvGroup::of(members)?.kernel(m);
+        assert_eq!(kernel(&[q, k, k], 1), Some("kiln_gemv_q4_k_m1"));
+        assert_eq!(kernel(&[q, k, v], 1), Some("kiln_gemv_q4_k_q6_k_m1"));
+        assert_eq!(kernel(&[q, k, v], 8), Some("kiln_gemv_q4_k_q6_k"));
+        assert_eq!(kernel(&[q, k, v], 9), None);
+        // The odd format only last, and only where a kernel pairs the two.
+        assert!(GemvGroup::of(&[q, v, k]).is_none());
+        assert!(GemvGroup::of(&[v, v, q]).is_none());
+        let q5 = matrix(Packed::Q5K, 1024);
+        assert_eq!(kernel(&[q5, v], 8), Some("kiln_gemv_q5_k_q6_k"));
+        assert!(GemvGroup::of(&[q, q5]).is_none());
+        assert!(GemvGroup::of(&[q, DeviceMatrix::unplaced(None, 1024, 4096)]).is_none());
+        let narrow = DeviceMatrix::unplaced(Some(Packed::Q6K), 1024, 2048);
+        assert!(GemvGroup::of(&[q, narrow]).is_none());
+        // 8-bit x: the `_x8` kernels; x's norm only in f32.
+        let x8 = |w: DeviceMatrix| DeviceMatrix {
+            int8_activations: true,
+            ..w
+        };
+        let group = GemvGroup::of(&[x8(q), x8(k), x8(v)]).unwrap();
+        assert_eq!(group.kernel(1), Some("kiln_gemv_q4_k_q6_k_x8_m1"));
+        assert_eq!(group.kernel(2), Some("kiln_gemv_q4_k_q6_k_x8"));
+        assert!(!group.takes_norm(1));
+        assert!(GemvGroup::of(&[x8(q), v]).is_none());
+        let group = GemvGroup::of(&[q, k, v]).unwrap();
+        assert!(group.takes_norm(1) && !group.takes_norm(2));
+        assert!(GemvGroup::of(&[q, k, k, k, v]).unwrap().kernel(1).is_none());
+    }
+}

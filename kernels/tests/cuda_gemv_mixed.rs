@@ -1,0 +1,144 @@
+//! The decode GEMVs of a group whose last matrix is in another GGUF format
+//! (`kiln_gemv_<format>_q6_k*`, `gemv_blocks`' LAST in `gemv.cu`): the q and
+//! k of llama.cpp's Q4_K_M and Q5_K_M files with their v at Q6_K, in one
+//! launch. On the kernel emulator against the f64 product of each matrix's
+//! CPU decoding: every split of a row among warps, one row of x and eight,
+//! the one-row kernels, x in 8 bits (`_x8`), and the one-row kernels that
+//! compute x's RMS norm (`_norm`).
+
+mod common;
+
+use common::*;
+use kiln_kernels::cuda::sources;
+use kiln_kernels::cuda::KernelArg::{self, Ptr};
+use kiln_kernels::cuda::{Device, DevicePtr, LaunchConfig};
+use kiln_kernels::quant::QuantType;
+
+/// Warps per block of the GEMV kernels.
+const WARPS: u32 = 4;
+/// The kernels' splits of a row among warps: name suffix, warps per row.
+const SPLITS: [(&str, u32); 3] = [("", 1), ("_s2", 2), ("_s4", 4)];
+const EPS: f32 = 1e-5;
+
+/// A group's matrices on the device: two in the first format (q and k),
+/// the last in Q6_K (v); each one's pointer, rows and decoded values.
+fn group_matrices(gpu: &Gpu, first: QuantType, k: usize) -> Vec<(DevicePtr, usize, Vec<f32>)> {
+    [(first, 5), (first, 7), (QuantType::Q6K, 6)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (ty, rows))| {
+            let (bytes, values) = random_blocks(ty, rows, k, (k + i) as u64);
+            (gpu.up(&bytes), rows, values)
+        })
+        .collect()
+}
+
+/// x [m, k] quantized by `kiln_quantize_x8` on the device, and the values
+/// its quants stand for (d · q per block of 32; the quantizer itself is
+/// checked in cuda_gemv.rs).
+fn x8(gpu: &Gpu, x: DevicePtr, len: usize) -> (DevicePtr, Vec<f32>) {
+    let blocks = len / 32;
+    let out = gpu.zeros(len + 8 * blocks);
+    gpu.run(
+        "kiln_quantize_x8",
+        (1, 1),
+        64,
+        &[Ptr(x), Ptr(out), long(blocks)],
+    );
+    let quants: Vec<u8> = gpu.down(out, len);
+    let scales: Vec<f32> = gpu.down(out + len as DevicePtr, 2 * blocks);
+    let values = quants
+        .iter()
+        .enumerate()
+        .map(|(j, &q)| scales[2 * (j / 32)] * f32::from(q as i8))
+        .collect();
+    (out, values)
+}
+
+/// Runs `name` over `matrices` as one launch on `x` (m rows) with `norm`'s
+/// words, checking each matrix's output against its product with
+/// `x_values`.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    gpu: &Gpu,
+    name: &str,
+    split: u32,
+    matrices: &[(DevicePtr, usize, Vec<f32>)],
+    (x, x_values, m): (DevicePtr, &[f32], usize),
+    k: usize,
+    norm: [u64; 5],
+) {
+    let outputs: Vec<DevicePtr> = matrices
+        .iter()
+        .map(|(_, n, _)| gpu.zeros(4 * m * n))
+        .collect();
+    let shapes: Vec<(DevicePtr, usize)> = matrices.iter().map(|&(w, n, _)| (w, n)).collect();
+    let args: [KernelArg; 4] = [
+        gemv_group(&shapes, &outputs, 0, norm),
+        Ptr(x),
+        int(m),
+        int(k),
+    ];
+    let rows: usize = matrices.iter().map(|(_, n, _)| n).sum();
+    let config = LaunchConfig {
+        shared_bytes: if norm[0] != 0 { (4 * m * k) as u32 } else { 0 },
+        ..LaunchConfig::linear((rows as u32).div_ceil(WARPS / split), 32 * WARPS)
+    };
+    gpu.dev
+        .launch(gpu.f(name), config, &args)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (i, ((_, n, values), &out)) in matrices.iter().zip(&outputs).enumerate() {
+        let want = reference_product(values, x_values, m, *n, k);
+        let scale = want.iter().fold(1f32, |a, v| a.max(v.abs()));
+        let got: Vec<f32> = gpu.down(out, m * n);
+        let what = format!("{name} m={m} k={k} matrix {i}");
+        close(&got, &want, 2e-6 * scale * k as f32, &what);
+    }
+}
+
+#[test]
+fn k_quant_groups_with_their_last_matrix_in_q6_k() {
+    let gpu = Gpu::new(&[sources::GEMV]);
+    for (ty, format) in [(QuantType::Q4K, "q4_k"), (QuantType::Q5K, "q5_k")] {
+        // One round of a row's loads, and several with a partial last one.
+        for k in [256 * 3, 256 * 19] {
+            let kernel = format!("kiln_gemv_{format}_q6_k");
+            let matrices = group_matrices(&gpu, ty, k);
+            let mut rng = Rng::new(k as u64);
+            for m in [1, 3, 8] {
+                let x_values = rng.data(m * k, 1.0);
+                let x = gpu.up(&x_values);
+                let (quantized, quantized_values) = x8(&gpu, x, m * k);
+                let singles: &[&str] = if m == 1 { &["", "_m1"] } else { &[""] };
+                for one in singles {
+                    for &(suffix, split) in &SPLITS {
+                        let name = format!("{kernel}{one}{suffix}");
+                        check(&gpu, &name, split, &matrices, (x, &x_values, m), k, [0; 5]);
+                        let name = format!("{kernel}_x8{one}{suffix}");
+                        let x8 = (quantized, quantized_values.as_slice(), m);
+                        check(&gpu, &name, split, &matrices, x8, k, [0; 5]);
+                    }
+                }
+            }
+            // One row of x as the RMS norm of a + b, computed by the launch
+            // (x itself is not read: a null pointer would fault).
+            let (a, b, weight) = (rng.data(k, 2.0), rng.data(k, 1.0), rng.data(k, 1.0));
+            let h: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
+            let normed = rms_norm(&h, &weight, 0.0, EPS);
+            for &(suffix, split) in &SPLITS {
+                let sum = gpu.zeros(4 * k);
+                let words = [
+                    gpu.up(&a),
+                    gpu.up(&b),
+                    sum,
+                    gpu.up(&weight),
+                    u64::from(EPS.to_bits()),
+                ];
+                let name = format!("{kernel}_m1{suffix}_norm");
+                check(&gpu, &name, split, &matrices, (0, &normed, 1), k, words);
+                let written: Vec<f32> = gpu.down(sum, k);
+                assert!(bits(&written) == bits(&h), "{name}: a + b as written");
+            }
+        }
+    }
+}
