@@ -487,24 +487,27 @@ template <typename F, int SPLIT>
 struct BlocksRow {
   static const int DEPTH = SPLIT == 1 ? 1 : 4;
   static const int STRIDE = (32 / F::LANES) * SPLIT;  // blocks the row's warps take per sweep
+  bool active;  // whether the warp has this row (else nothing is read)
   const u8* w;
   int blocks, first;
-  __device__ BlocksRow(const GemvRow& r, int k)
-      : w(r.w + (i64)r.row * (k / F::ELEMS) * F::BYTES),
+  __device__ BlocksRow(const GemvRow& r, bool active, int k)
+      : active(active),
+        w(active ? r.w + (i64)r.row * (k / F::ELEMS) * F::BYTES : nullptr),
         blocks(k / F::ELEMS),
         first(r.part * (32 / F::LANES) + (int)(threadIdx.x % 32) / F::LANES) {}
   // The first blocks' weights toward L2 while the previous kernel finishes.
   __device__ void prefetch() const {
-    for (int u = 0, blk = first; u < DEPTH && blk < blocks; ++u, blk += STRIDE) prefetch_l2(w + (i64)blk * F::BYTES);
+    for (int u = 0, blk = first; active && u < DEPTH && blk < blocks; ++u, blk += STRIDE)
+      prefetch_l2(w + (i64)blk * F::BYTES);
   }
   // The row times x (the lane's share, added to acc), taken by X (FloatX
   // or Int8X). x's alignment is checked once (the same in every thread)
   // rather than for every run of weights.
   template <typename X, int MAX_M>
   __device__ void multiply(X x, int m, int k, float* acc) const {
-    if (x.rows_aligned(k))
+    if (active && x.rows_aligned(k))
       blocks_sweep<F, X, MAX_M, DEPTH, true>(w, x, m, k, first, STRIDE, acc);
-    else
+    else if (active)
       blocks_sweep<F, X, MAX_M, DEPTH, false>(w, x, m, k, first, STRIDE, acc);
   }
 };
@@ -522,24 +525,24 @@ struct SameFormat<A, A> {
 // LAST another format, the group's last matrix in LAST (the `_<f>_<last>`
 // kernels: llama.cpp's *_K_M files keep some layers' v at Q6_K among Q4_K
 // or Q5_K q and k, and q, k and v still take one launch). A warp's row is
-// of one matrix, so the branch between the formats is uniform in a warp.
+// of one matrix, so the branch between the formats is uniform in a warp;
+// the wait and the norm stay outside it (a block's warps may take both).
 template <typename F, typename X, int MAX_M, int SPLIT, bool NORM = false, typename LAST = F>
 __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
+  const bool mixed = !SameFormat<F, LAST>::value;
   GemvRow r;
   bool valid = gemv_row<SPLIT>(g, &r);
-  bool last = !SameFormat<F, LAST>::value && r.matrix == (int)g.count - 1;
-  if (valid && last)
-    BlocksRow<LAST, SPLIT>(r, k).prefetch();
-  else if (valid)
-    BlocksRow<F, SPLIT>(r, k).prefetch();
+  bool last = mixed && valid && r.matrix == (int)g.count - 1;
+  BlocksRow<F, SPLIT> row(r, valid && !last, k);
+  BlocksRow<LAST, SPLIT> last_row(r, last, k);
+  row.prefetch();
+  if (mixed) last_row.prefetch();
   kiln_wait_inputs();
   if constexpr (NORM) x = X{gemv_normed_x(g.norm, m, k)};
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
-  if (valid && last)
-    BlocksRow<LAST, SPLIT>(r, k).template multiply<X, MAX_M>(x, m, k, acc);
-  else if (valid)
-    BlocksRow<F, SPLIT>(r, k).template multiply<X, MAX_M>(x, m, k, acc);
+  row.template multiply<X, MAX_M>(x, m, k, acc);
+  if (mixed) last_row.template multiply<X, MAX_M>(x, m, k, acc);
   store_rows<MAX_M, SPLIT>(acc, r, valid, m, g);
 }
 
