@@ -271,20 +271,36 @@ struct KQuant {
       minimum[h] = dmin * byte_quant_f32<0>(mn, at + h);
     }
   }
+  // A value as one fused multiply-add of its quant's float f = 8 + n /
+  // UNIT (n · 16 / UNIT, below 128, under the exponent of 8:
+  // eight_plus_byte): scale · n - minimum = UNIT · scale · f - (8 · UNIT ·
+  // scale + minimum), the offset rounded once a sub-block (16 units of n
+  // for Q4_K, 32 for Q5_K, a value's 15 or 31 at most). quant_f32's
+  // subtraction of 2^23 a value fewer: the one-row Q4_K GEMV's loop over a
+  // part of a block went from 195 to 171 instructions (sm_90 SASS).
+  static const int UNIT = FIVE_BITS ? 4 : 2;
+  static const int SHIFT = FIVE_BITS ? 2 : 3;  // n · 16 / UNIT = n << SHIFT
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     unsigned int c = (unsigned int)s / 2;
     float scale[2], minimum[2];
     factors(r, c, scale, minimum);
+    float step[2], offset[2];
+    for (int h = 0; h < 2; ++h) {
+      step[h] = (float)UNIT * scale[h];
+      offset[h] = -fmaf(8.0f * (float)UNIT, scale[h], minimum[h]);
+    }
     int first = col + 64 * (int)c + 16 * (s % 2);  // col < 0 where a block starts before qmm's stretch
 #pragma unroll
     for (int word = 0; word < 4; ++word) {
       unsigned int n_lo, n_hi;
       quants(r, c, word, &n_lo, &n_hi);
+      n_lo <<= SHIFT;
+      n_hi <<= SHIFT;
       float lo[4], hi[4];
       for (int j = 0; j < 4; ++j) {
-        lo[j] = fmaf(scale[0], byte_quant_f32<0>(n_lo, j), -minimum[0]);
-        hi[j] = fmaf(scale[1], byte_quant_f32<0>(n_hi, j), -minimum[1]);
+        lo[j] = fmaf(step[0], eight_plus_byte(n_lo, j), offset[0]);
+        hi[j] = fmaf(step[1], eight_plus_byte(n_hi, j), offset[1]);
       }
       sink(lo, 4, first + 4 * word, 1.0f);
       sink(hi, 4, first + 32 + 4 * word, 1.0f);

@@ -66,6 +66,13 @@ template <int OFFSET>
 __device__ __forceinline__ float byte_quant_f32(unsigned int word, int k) {
   return __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7540u | (unsigned int)k)) - (8388608.0f + (float)OFFSET);
 }
+// 8 + b / 16 for byte k of `word` (b < 128): one byte permute puts the byte
+// under the exponent of 8 (0x41nn0000, the byte's top bit the exponent's
+// lowest, hence b < 128). A quant's float without quant_f32's subtraction,
+// for formats whose value is a multiply-add of it anyway (KQuant).
+__device__ __forceinline__ float eight_plus_byte(unsigned int word, int k) {
+  return __uint_as_float(__byte_perm(word, 0x41000000u, 0x7054u | ((unsigned int)k << 8)));
+}
 // A signed byte's value (two's complement bits in the low 8 of `b`).
 __device__ __forceinline__ float signed_quant_f32(unsigned int b) { return quant_f32<128>((b & 0xffu) ^ 0x80u); }
 
