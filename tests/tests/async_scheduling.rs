@@ -7,7 +7,10 @@
 //! the engine decide the next picks after reading the tokens), structured
 //! output, sequences of one request, a cache small enough to preempt, and
 //! prefix caching. And the host must really have read tokens while the next
-//! step was queued, penalties and grammars included.
+//! step was queued, penalties and grammars included. A scored prompt (vLLM's
+//! `prompt_logprobs`), whose chunks run as steps of their own while another
+//! request's step is in flight, gets its tokens' log-probabilities as the
+//! model's whole-prompt logits give them.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,12 +27,18 @@ use kiln_host::tokenizer::Tokenizer;
 
 const BLOCK_SIZE: usize = 4;
 
+/// A scored prompt position: token, log-probability, rank, top ids.
+type Scored = (u32, f32, usize, Vec<u32>);
+
 /// What a request heard back.
 #[derive(Debug)]
 struct Outcome {
     tokens: Vec<u32>,
     text: String,
     logprobs: Vec<(f32, Vec<u32>)>,
+    /// The prompt's (token, log-probability, rank, top ids) per position,
+    /// when scored (before any output).
+    prompt_logprobs: Option<Vec<Option<Scored>>>,
     end: String,
 }
 
@@ -116,6 +125,7 @@ fn serve(
                 tokens: Vec::new(),
                 text: String::new(),
                 logprobs: Vec::new(),
+                prompt_logprobs: None,
                 end: String::new(),
             };
             while let Some(event) = receiver.blocking_recv() {
@@ -144,6 +154,15 @@ fn serve(
                     Event::Error(message) => {
                         outcome.end = format!("error: {message}");
                         break;
+                    }
+                    Event::PromptLogprobs(scores) => {
+                        assert!(outcome.tokens.is_empty(), "scores after output");
+                        let entry = |s: &service::PromptLogprob| {
+                            let top = s.logprob.top.iter().map(|t| t.0).collect();
+                            (s.logprob.token, s.logprob.logprob, s.rank, top)
+                        };
+                        outcome.prompt_logprobs =
+                            Some(scores.iter().map(|s| s.as_ref().map(entry)).collect());
                     }
                 }
             }
@@ -364,4 +383,60 @@ fn too_many_log_probabilities_fail_only_their_request() {
     );
     assert_eq!(outcomes[1].end, "length after 4");
     assert!(outcomes[1].logprobs.iter().all(|(_, top)| top.len() == 20));
+}
+
+/// A scored prompt three budgets long runs its chunks while another
+/// request decodes (its steps in flight with async scheduling): every
+/// position's log-probability, rank and top alternatives are those of the
+/// whole prompt's logits (a Generator's), the first position has none, and
+/// the request then generates as usual.
+#[test]
+fn scored_prompts_match_the_whole_prompts_logits() {
+    let decoding = Ask::new(prompt(1, 8), GenerationParams::greedy(40), 0);
+    let long: Vec<u32> = (0..150).map(|i| (i * 7 + 3) % VOCAB).collect();
+    let params = GenerationParams {
+        prompt_logprobs: Some(3),
+        ..GenerationParams::greedy(2)
+    };
+    let scored = Ask::new(long.clone(), params, 1);
+    let options = LoadOptions {
+        dtype: WeightDtype::Float32,
+        ..kiln_tests::models::shape_options(kiln_tests::models::cuda_test_device())
+    };
+    let model = kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, &options);
+    let mut generator = kiln_host::engine::Generator::new(&model, long.len()).unwrap();
+    let rows = generator.feed(&long, true).unwrap();
+    for async_scheduling in [false, true] {
+        let requests = [decoding.clone(), scored.clone()];
+        let (outcomes, overlapped, _) = serve(&requests, &[], async_scheduling, 128);
+        assert_eq!(
+            outcomes[1].end, "length after 2",
+            "async {async_scheduling}"
+        );
+        assert_eq!(outcomes[0].end, "length after 40");
+        assert_eq!(overlapped > 0, async_scheduling, "steps in flight");
+        let scores = outcomes[1].prompt_logprobs.as_ref().expect("scored");
+        assert_eq!(scores.len(), long.len());
+        assert!(scores[0].is_none());
+        for (p, score) in scores.iter().enumerate().skip(1) {
+            let (token, logprob, rank, top) = score.clone().expect("every later position");
+            let lp = kiln_host::runtime::sampling::log_softmax(&rows[p - 1]);
+            let want = lp[long[p] as usize];
+            let what = format!("async {async_scheduling} position {p}");
+            assert_eq!(token, long[p], "{what}");
+            assert!((logprob - want).abs() < 1e-4, "{what}: {logprob} vs {want}");
+            let more_likely = lp.iter().filter(|&&l| l > want + 1e-4).count();
+            assert!(
+                (more_likely + 1..=more_likely + 2).contains(&rank),
+                "{what}: rank {rank}"
+            );
+            let mut order: Vec<u32> = (0..lp.len() as u32).collect();
+            order.sort_by(|a, b| lp[*b as usize].total_cmp(&lp[*a as usize]));
+            assert_eq!(top.len(), 3, "{what}");
+            assert!(
+                (lp[top[2] as usize] - lp[order[2] as usize]).abs() < 1e-4,
+                "{what}: top"
+            );
+        }
+    }
 }

@@ -86,6 +86,41 @@ fn the_openai_client_works_against_smollm2_and_nothing_leaks() {
     assert!(metric(&server, "vllm:time_to_first_token_seconds_count") > 0.0);
 }
 
+/// The prompt's log-probabilities (`echo` with `logprobs`, vLLM's
+/// `prompt_logprobs`) against transformers' fp32 logits of the same
+/// prompt (`tests/fixtures/reference/smollm2_capital`), through the
+/// official client.
+#[test]
+fn prompt_log_probabilities_match_transformers() {
+    let (model, python) = requirements();
+    let reference = workspace_root().join("tests/fixtures/reference/smollm2_capital");
+    let ids: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(reference.join("capital.ids.json")).unwrap())
+            .unwrap();
+    let ids: Vec<u32> = serde_json::from_value(ids["ids"].clone()).unwrap();
+    let logits =
+        kiln_host::engine::npy::read_matrix(&reference.join("capital.logits.npy")).unwrap();
+    // Token p's log-probability under the logits of position p - 1.
+    let logprobs: Vec<f32> = (1..ids.len())
+        .map(|p| kiln_host::runtime::sampling::log_softmax(logits.row(p - 1))[ids[p] as usize])
+        .collect();
+    let expected = serde_json::json!({"ids": ids, "logprobs": logprobs}).to_string();
+    let server = Server::start(&model, &[]);
+    let report = run_client_script(
+        &server,
+        &python,
+        "prompt_logprobs.py",
+        &[&expected],
+        &[
+            "echo",
+            "prompt_logprobs",
+            "chat_prompt_logprobs",
+            "refusals",
+        ],
+    );
+    println!("{report}");
+}
+
 #[test]
 fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
     let (model, _) = requirements();

@@ -289,6 +289,7 @@ async fn run_level(
                 Event::Chunk { .. } => {
                     first_token.get_or_insert_with(|| start.elapsed());
                 }
+                Event::PromptLogprobs(_) => {}
                 Event::Done {
                     completion_tokens, ..
                 } => {

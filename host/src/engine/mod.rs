@@ -6,6 +6,7 @@ pub mod generator;
 pub mod npy;
 pub mod penalties;
 pub mod sampling;
+mod scoring;
 mod sequence;
 pub mod service;
 pub mod stats;

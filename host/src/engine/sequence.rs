@@ -8,6 +8,7 @@ use llguidance::Matcher;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::sampling::Sampler;
+use super::scoring::PromptScores;
 use super::service::{Event, FinishReason, GenerationParams, StopReason, TokenLogprob};
 use super::stop::{StopMatcher, StopOutcome};
 use super::structured;
@@ -32,6 +33,8 @@ pub(super) struct Active<'t> {
     pub awaiting: bool,
     /// The stop string or stop token that ended it.
     pub stop_reason: Option<StopReason>,
+    /// Its prompt's log-probabilities, when asked for.
+    prompt_scores: Option<PromptScores>,
 }
 
 impl<'t> Active<'t> {
@@ -44,6 +47,10 @@ impl<'t> Active<'t> {
                 request.params.stop.clone(),
                 request.params.include_stop_str_in_output,
             ),
+            prompt_scores: request.params.prompt_logprobs.map(|top| {
+                let as_ids = request.params.return_tokens_as_token_ids;
+                PromptScores::new(request.prompt.len(), top, as_ids)
+            }),
             prompt: request.prompt,
             params: request.params,
             generated: Vec::new(),
@@ -55,6 +62,32 @@ impl<'t> Active<'t> {
             awaiting: false,
             stop_reason: None,
         }
+    }
+
+    /// Records the logits rows of its prompt's positions from `start` on (a
+    /// scored chunk), and sends the prompt's log-probabilities once all are
+    /// known.
+    pub fn score_prompt(&mut self, start: usize, rows: &[Vec<f32>], tokenizer: &Tokenizer) {
+        if let Some(scores) = &mut self.prompt_scores {
+            scores.record(&self.prompt, start, rows, tokenizer);
+        }
+        self.send_prompt_logprobs_if_scored();
+    }
+
+    /// Sends the prompt's log-probabilities if they are asked for, complete
+    /// and not sent yet.
+    pub fn send_prompt_logprobs_if_scored(&mut self) {
+        let Some(scores) = self
+            .prompt_scores
+            .as_mut()
+            .filter(|s| !s.sent && s.complete())
+        else {
+            return;
+        };
+        scores.sent = true;
+        let _ = self
+            .events
+            .send(Event::PromptLogprobs(scores.entries().to_vec()));
     }
 
     /// Whether a grammar constrains its output.

@@ -15,7 +15,7 @@ use llguidance::Matcher;
 use rayon::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::batch::launch_step;
+use super::batch::{launch_step, run_step};
 use super::penalties::Penalties;
 use super::sampling::SamplingParams;
 use super::sequence::Active;
@@ -78,9 +78,23 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, String, f32)>,
 }
 
+/// A prompt token's log-probability (vLLM's `prompt_logprobs`): as a
+/// generated token's, and its rank among the vocabulary (1: the most
+/// likely).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptLogprob {
+    /// The token, its log-probability and the most likely alternatives.
+    pub logprob: TokenLogprob,
+    /// 1 + the tokens more likely than it.
+    pub rank: usize,
+}
+
 /// What a request hears back.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
+    /// The prompt's log-probabilities (when asked for, before any output):
+    /// one entry a prompt token, the first `None` (nothing precedes it).
+    PromptLogprobs(Vec<Option<PromptLogprob>>),
     /// New output: text (possibly empty while a stop string is undecided)
     /// and, when asked for, the log-probabilities of the tokens it came from.
     Chunk {
@@ -133,6 +147,9 @@ pub struct GenerationParams {
     /// Return log-probabilities with this many alternatives (`Some(0)`: just
     /// the chosen token's).
     pub logprobs: Option<usize>,
+    /// Score the prompt: each prompt token's log-probability with this many
+    /// alternatives (vLLM's `prompt_logprobs`, and `echo` with `logprobs`).
+    pub prompt_logprobs: Option<usize>,
     /// Log-probabilities name their tokens `token_id:ID` instead of by
     /// their text (vLLM's `return_tokens_as_token_ids`).
     pub return_tokens_as_token_ids: bool,
@@ -164,6 +181,7 @@ impl GenerationParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             return_tokens_as_token_ids: false,
             logit_bias: Vec::new(),
             allowed_tokens: None,
@@ -335,8 +353,12 @@ fn run(
     let blocks = BlockManager::new(config.num_blocks, config.block_size, config.prefix_caching);
     let overlap =
         config.async_scheduling && model.backend.overlaps_steps() && model.pipeline.feeds_tokens();
+    let mut scheduler = Scheduler::new(config.scheduler, blocks);
+    // A scored prompt chunk's logits come back whole: 2^26 floats (256 MB)
+    // at most.
+    scheduler.limit_scored_tokens(SCORED_LOGITS / tokenizer.vocab_size().max(1));
     let mut engine = Engine {
-        scheduler: Scheduler::new(config.scheduler, blocks),
+        scheduler,
         model,
         cache,
         tokenizer,
@@ -373,6 +395,9 @@ fn run(
         );
     }
 }
+
+/// Logits a step of scored prompt chunks brings back at most.
+const SCORED_LOGITS: usize = 1 << 26;
 
 /// A step launched on the device whose picks the host has not read yet.
 struct InFlight {
@@ -416,7 +441,41 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
             let _ = request.events.send(Event::Error(e.to_string()));
             return;
         }
-        self.active.insert(id, Active::new(request, self.tokenizer));
+        if request.params.prompt_logprobs.is_some() {
+            self.scheduler.score_prompt(id);
+        }
+        let mut state = Active::new(request, self.tokenizer);
+        // A one-token prompt has nothing to score.
+        state.send_prompt_logprobs_if_scored();
+        self.active.insert(id, state);
+    }
+
+    /// Runs a step of scored prompt chunks, every row's logits back, and
+    /// hands each sequence its rows' log-probabilities.
+    fn score(&mut self, batch: &Batch) {
+        let step = batch.step_batch();
+        let backend = self.model.backend.as_ref();
+        match run_step(backend, &self.model.pipeline, &mut self.cache, &step) {
+            Ok(rows) => {
+                self.scheduler.complete(batch);
+                let state = (
+                    self.scheduler.num_running(),
+                    self.scheduler.num_waiting(),
+                    self.scheduler.blocks().usage(),
+                );
+                self.stats.step(batch.num_tokens(), 0, state);
+                for (seq, rows) in batch.seqs.iter().zip(rows) {
+                    if let Some(state) = self.active.get_mut(&seq.id) {
+                        state.score_prompt(seq.start, &rows, self.tokenizer);
+                    }
+                }
+            }
+            Err(e) => {
+                for seq in &batch.seqs {
+                    self.fail(seq.id, format!("model step failed: {e}"));
+                }
+            }
+        }
     }
 
     /// Cancels requests whose client is gone.
@@ -452,19 +511,25 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
             }
         }
         let batch = self.scheduler.schedule();
-        if batch.seqs.is_empty() {
-            match in_flight {
-                Some(f) => self.settle(f),
-                None => report(&self.scheduler, &self.observer),
-            }
-            return None;
-        }
         let now = Instant::now();
         for seq in &batch.seqs {
             if let Some(state) = self.active.get_mut(&seq.id).filter(|s| !s.scheduled) {
                 state.scheduled = true;
                 self.observer.scheduled((now - state.arrived).as_secs_f64());
             }
+        }
+        // Scored prompt chunks run first, as a step of their own (after the
+        // step in flight, on the same stream).
+        let (scored, batch) = batch.split_scored();
+        if !scored.seqs.is_empty() {
+            self.score(&scored);
+        }
+        if batch.seqs.is_empty() {
+            match in_flight {
+                Some(f) => self.settle(f),
+                None => report(&self.scheduler, &self.observer),
+            }
+            return None;
         }
         let sampled_rows: Vec<SeqId> = batch
             .seqs

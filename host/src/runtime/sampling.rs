@@ -215,7 +215,7 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
 }
 
 /// The `n` largest log-probabilities, largest first (ties by index).
-fn top_logprobs(lp: &[f32], n: usize) -> Vec<(u32, f32)> {
+pub fn top_logprobs(lp: &[f32], n: usize) -> Vec<(u32, f32)> {
     let mut order: Vec<u32> = (0..lp.len() as u32).collect();
     let k = n.min(order.len());
     if k == 0 {

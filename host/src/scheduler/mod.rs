@@ -1,7 +1,10 @@
 //! Continuous batching: which sequences run in the next step and which of
 //! their tokens, under a token budget (chunked prefill) and the KV cache's
 //! capacity (queueing, and preemption by recomputation when decode runs out
-//! of blocks). Requests join and leave between steps.
+//! of blocks). Requests join and leave between steps. A sequence whose
+//! prompt is scored (its tokens' log-probabilities, vLLM's
+//! `prompt_logprobs`) computes every prompt position itself (no prefix-cache
+//! hits) in chunks of its own, whose every row's logits come back.
 
 pub mod blocks;
 
@@ -60,6 +63,9 @@ struct Sequence {
     /// The last token is a placeholder for a pick not yet known on the host
     /// (async scheduling: the device feeds it to the step).
     unresolved: bool,
+    /// Its prompt's positions but the last are scored (all their logits
+    /// come back): this many tokens long.
+    scored_prompt: Option<usize>,
 }
 
 /// The placeholder of a token not yet known: out of every vocabulary, so a
@@ -84,6 +90,9 @@ pub struct ScheduledSeq {
     /// The last fed token is [`UNRESOLVED_TOKEN`]: the previous step's pick,
     /// which the device feeds in.
     pub feeds_unresolved: bool,
+    /// Prompt tokens of a scored sequence, each of whose rows' logits come
+    /// back (the step's scored part, [`Batch::split_scored`]).
+    pub scored: bool,
 }
 
 /// The sequences of one step.
@@ -94,7 +103,9 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// The step as the pipeline model sees it (last-token logits only).
+    /// The step as the pipeline model sees it: last-token logits only, or,
+    /// for a batch of scored chunks ([`Batch::split_scored`]), every fed
+    /// token's.
     pub fn step_batch(&self) -> StepBatch {
         StepBatch {
             sequences: self
@@ -104,11 +115,18 @@ impl Batch {
                     tokens: s.tokens.clone(),
                     start: s.start,
                     blocks: s.blocks.clone(),
-                    wants_logits: s.wants_logits,
+                    wants_logits: s.wants_logits || s.scored,
                 })
                 .collect(),
-            all_logits: false,
+            all_logits: self.seqs.iter().any(|s| s.scored),
         }
+    }
+
+    /// The scored chunks (run as a step of their own, every row's logits
+    /// back) and the rest.
+    pub fn split_scored(self) -> (Batch, Batch) {
+        let (scored, rest) = self.seqs.into_iter().partition(|s| s.scored);
+        (Batch { seqs: scored }, Batch { seqs: rest })
     }
 
     /// Tokens in the step.
@@ -125,6 +143,8 @@ pub struct Scheduler {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     preemptions: u64,
+    /// Tokens of a scored chunk at most (its logits rows come back whole).
+    max_scored_tokens: usize,
 }
 
 impl Scheduler {
@@ -136,7 +156,26 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             preemptions: 0,
+            max_scored_tokens: usize::MAX,
         }
+    }
+
+    /// Bounds the tokens of a scored chunk (whose rows of logits come back
+    /// whole: the engine sizes it by the vocabulary).
+    pub fn limit_scored_tokens(&mut self, tokens: usize) {
+        self.max_scored_tokens = tokens.max(1);
+    }
+
+    /// Scores a queued sequence's prompt: every position but the last
+    /// computes its logits ([`ScheduledSeq::scored`]), none taken from the
+    /// prefix cache. Returns false if it is not waiting to start.
+    pub fn score_prompt(&mut self, id: SeqId) -> bool {
+        let waiting = self.waiting.iter_mut().find(|s| s.id == id);
+        let Some(seq) = waiting.filter(|s| s.computed == 0 && s.blocks.blocks.is_empty()) else {
+            return false;
+        };
+        seq.scored_prompt = Some(seq.tokens.len());
+        true
     }
 
     /// Queues a sequence that is a request of its own. `max_new` bounds its
@@ -183,6 +222,7 @@ impl Scheduler {
             computed: 0,
             blocks: SequenceBlocks::default(),
             unresolved: false,
+            scored_prompt: None,
         });
         Ok(())
     }
@@ -242,7 +282,7 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
-            let take = (seq.tokens.len() - seq.computed).min(budget);
+            let take = self.chunk(seq, budget);
             if take == 0 {
                 // Its last pick is on the way and is its last (async
                 // scheduling): nothing to feed.
@@ -275,12 +315,12 @@ impl Scheduler {
             let Some(mut seq) = self.next_waiting() else {
                 break;
             };
-            if seq.blocks.blocks.is_empty() {
+            if seq.blocks.blocks.is_empty() && seq.scored_prompt.is_none() {
                 let (blocks, cached) = self.blocks.start_sequence(&seq.tokens);
                 seq.blocks = blocks;
                 seq.computed = cached;
             }
-            let take = (seq.tokens.len() - seq.computed).min(budget);
+            let take = self.chunk(&seq, budget);
             if self
                 .blocks
                 .reserve(&mut seq.blocks, seq.computed + take)
@@ -312,14 +352,37 @@ impl Scheduler {
         self.waiting.remove(chosen)
     }
 
+    /// The end of `seq`'s scored positions (all of its prompt's but the
+    /// last), while it has some left to compute.
+    fn scoring_until(seq: &Sequence) -> Option<usize> {
+        seq.scored_prompt
+            .map(|prompt| prompt - 1)
+            .filter(|&end| seq.computed < end)
+    }
+
+    /// Tokens of `seq` to feed this step within `budget`: a scored chunk
+    /// stops at the last prompt token (which goes on as a plain step, its
+    /// logits sampled) and at the scored chunks' limit.
+    fn chunk(&self, seq: &Sequence, budget: usize) -> usize {
+        let end = Self::scoring_until(seq).unwrap_or(seq.tokens.len());
+        let most = match Self::scoring_until(seq) {
+            Some(_) => budget.min(self.max_scored_tokens),
+            None => budget,
+        };
+        (end - seq.computed).min(most)
+    }
+
     fn plan(&self, seq: &Sequence, take: usize) -> ScheduledSeq {
+        let end = seq.computed + take;
+        let scored = Self::scoring_until(seq).is_some();
         ScheduledSeq {
             id: seq.id,
             start: seq.computed,
-            tokens: seq.tokens[seq.computed..seq.computed + take].to_vec(),
+            tokens: seq.tokens[seq.computed..end].to_vec(),
             blocks: seq.blocks.blocks.clone(),
-            wants_logits: seq.computed + take == seq.tokens.len(),
-            feeds_unresolved: seq.unresolved && seq.computed + take == seq.tokens.len(),
+            wants_logits: !scored && end == seq.tokens.len(),
+            feeds_unresolved: seq.unresolved && end == seq.tokens.len(),
+            scored,
         }
     }
 
@@ -549,5 +612,52 @@ mod tests {
         ));
         s.add(1, vec![1], 1).unwrap();
         assert_eq!(s.add(1, vec![1], 1), Err(AdmissionError::Duplicate(1)));
+    }
+
+    #[test]
+    fn scored_prompts_compute_every_position_in_chunks_of_their_own() {
+        let mut s = scheduler(32, 8, 4);
+        s.limit_scored_tokens(3);
+        // A first request leaves [0..8) in the prefix cache.
+        s.add(1, (0..10).collect(), 2).unwrap();
+        for _ in 0..3 {
+            let b = s.schedule();
+            run(&mut s, &b, 99);
+        }
+        s.remove(1);
+        s.add(2, (0..10).collect(), 2).unwrap();
+        assert!(s.score_prompt(2));
+        assert!(!s.score_prompt(7), "no such sequence");
+        // Scored from position 0 despite the cache, 3 tokens at most, up to
+        // the last prompt token, which goes as a plain step.
+        let mut chunks = Vec::new();
+        loop {
+            let b = s.schedule();
+            let q = &b.seqs[0];
+            chunks.push((q.start, q.tokens.len(), q.scored, q.wants_logits));
+            let last = q.wants_logits;
+            run(&mut s, &b, 5);
+            if last {
+                break;
+            }
+        }
+        let expected = [
+            (0, 3, true, false),
+            (3, 3, true, false),
+            (6, 3, true, false),
+            (9, 1, false, true),
+        ];
+        assert_eq!(chunks, expected);
+        // Split off for their own step, with every row's logits.
+        let mut s = scheduler(32, 8, 16);
+        s.add(3, vec![4, 4, 4], 2).unwrap();
+        s.add(4, vec![6, 6], 2).unwrap();
+        assert!(s.score_prompt(4));
+        let (scored, rest) = s.schedule().split_scored();
+        let ids = |b: &Batch| b.seqs.iter().map(|q| q.id).collect::<Vec<_>>();
+        assert_eq!((ids(&scored), ids(&rest)), (vec![4], vec![3]));
+        let step = scored.step_batch();
+        assert!(step.all_logits && step.sequences[0].wants_logits);
+        assert!(!rest.step_batch().all_logits);
     }
 }

@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 use super::openai::{ApiError, ChatRequest, Usage};
 use super::tools::{self, Piece, ToolFormat, ToolSplitter};
 use super::{
-    check_model, collect, merged, new_group, now, prompt, request_id, sse, structured, submit,
-    ApiJson, AppState, Choice,
+    check_model, collect, merged, new_group, now, prompt, prompt_logprobs_json, request_id, sse,
+    structured, submit, ApiJson, AppState, Choice,
 };
 use crate::engine::service::{Event, StopReason, TokenLogprob};
 
@@ -132,10 +132,16 @@ pub async fn chat_completions(
         prompt_tokens: prompt.len(),
         ..Usage::default()
     };
+    // vLLM's `prompt_logprobs`, once for the response (its choices share the
+    // prompt).
+    let mut scored_prompt = Value::Null;
     for choice in choices {
         let index = choice.index;
         let c = collect(choice).await?;
         usage.completion_tokens += c.completion_tokens;
+        if let Some(scores) = &c.prompt_logprobs {
+            scored_prompt = prompt_logprobs_json(scores);
+        }
         let mut message = json!({"role": "assistant", "content": c.text});
         let mut finish_reason = c.finish_reason;
         if let Some(format) = format.filter(|_| tools.as_ref().is_some_and(tools::Tools::calls)) {
@@ -165,7 +171,11 @@ pub async fn chat_completions(
         }));
     }
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
-    Ok(Json(json!({"id": id, "object": "chat.completion", "created": created, "model": model, "choices": results, "usage": usage})).into_response())
+    let mut body = json!({"id": id, "object": "chat.completion", "created": created, "model": model, "choices": results, "usage": usage});
+    if request.common.prompt_logprobs.is_some() {
+        body["prompt_logprobs"] = scored_prompt;
+    }
+    Ok(Json(body).into_response())
 }
 
 /// Whether several calls may come in one message (OpenAI's default: yes).
@@ -320,6 +330,8 @@ fn stream_chat(
             (Event::Error(message), _) => {
                 vec![json!({"error": {"message": message, "type": "server_error"}})]
             }
+            // Not asked for when streaming (refused up front).
+            (Event::PromptLogprobs(_), _) => Vec::new(),
         };
         stream::iter(values)
     });

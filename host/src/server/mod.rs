@@ -34,7 +34,8 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use crate::embedding::service::EmbedderHandle;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::service::{
-    EngineHandle, Event, GenerationParams, Request as EngineRequest, StopReason, TokenLogprob,
+    EngineHandle, Event, GenerationParams, PromptLogprob, Request as EngineRequest, StopReason,
+    TokenLogprob,
 };
 use crate::engine::structured::Grammars;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
@@ -345,6 +346,8 @@ fn submit(
 struct Collected {
     text: String,
     tokens: Vec<TokenLogprob>,
+    /// The prompt's log-probabilities, when asked for.
+    prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
     finish_reason: Option<&'static str>,
     /// vLLM's `stop_reason` (the stop string or token id), as JSON.
     stop_reason: Value,
@@ -360,6 +363,7 @@ async fn collect(mut choice: Choice) -> Result<Collected, ApiError> {
                 out.text.push_str(&text);
                 out.tokens.extend(logprob);
             }
+            Event::PromptLogprobs(scores) => out.prompt_logprobs = Some(scores),
             Event::Done {
                 finish_reason,
                 stop_reason,
@@ -392,9 +396,78 @@ fn completion_logprobs(tokens: &[TokenLogprob], start_offset: usize) -> Value {
     json!({
         "tokens": tokens.iter().map(|t| t.text.clone()).collect::<Vec<_>>(),
         "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": tokens.iter().map(|t| t.top.iter().map(|(_, text, lp)| (text.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
+        "top_logprobs": tokens.iter().map(top_logprobs_json).collect::<Vec<_>>(),
         "text_offset": offsets,
     })
+}
+
+/// A token's alternatives as the legacy completions give them: text →
+/// log-probability.
+fn top_logprobs_json(t: &TokenLogprob) -> Value {
+    let top = t.top.iter().map(|(_, text, lp)| (text.clone(), json!(lp)));
+    Value::Object(top.collect())
+}
+
+/// `logprobs` of an echoed completion: the prompt's tokens (the first
+/// with no log-probability, as OpenAI gives it), then the completion's,
+/// offsets counted over their texts from 0.
+fn echoed_logprobs(
+    state: &AppState,
+    (prompt, as_ids): (&[u32], bool),
+    scores: &[Option<PromptLogprob>],
+    completion: &[TokenLogprob],
+) -> Result<Value, ApiError> {
+    let first = match prompt.first() {
+        None => String::new(),
+        Some(t) if as_ids => format!("token_id:{t}"),
+        Some(&t) => state
+            .tokenizer
+            .decode(&[t], false)
+            .map_err(|e| ApiError::internal(e.to_string()))?,
+    };
+    let mut tokens = vec![json!(first)];
+    let mut token_logprobs = vec![Value::Null];
+    let mut top = vec![Value::Null];
+    let mut texts = vec![first];
+    let scored = scores.iter().skip(1).flatten().map(|s| &s.logprob);
+    for t in scored.chain(completion) {
+        tokens.push(json!(t.text));
+        token_logprobs.push(json!(t.logprob));
+        top.push(top_logprobs_json(t));
+        texts.push(t.text.clone());
+    }
+    let offsets: Vec<usize> = texts
+        .iter()
+        .scan(0, |at, text| {
+            let start = *at;
+            *at += text.len();
+            Some(start)
+        })
+        .collect();
+    Ok(
+        json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}),
+    )
+}
+
+/// vLLM's `prompt_logprobs`: for each prompt token, null for the first,
+/// else its id's and the top alternatives' log-probability, rank and text,
+/// by id.
+fn prompt_logprobs_json(scores: &[Option<PromptLogprob>]) -> Value {
+    let position = |s: &PromptLogprob| {
+        let t = &s.logprob;
+        let mut entries = serde_json::Map::new();
+        for (rank, (id, text, lp)) in t.top.iter().enumerate() {
+            let entry = json!({"logprob": lp, "rank": rank + 1, "decoded_token": text});
+            entries.insert(id.to_string(), entry);
+        }
+        let own = json!({"logprob": t.logprob, "rank": s.rank, "decoded_token": t.text});
+        entries.insert(t.token.to_string(), own);
+        Value::Object(entries)
+    };
+    scores
+        .iter()
+        .map(|s| s.as_ref().map_or(Value::Null, position))
+        .collect()
 }
 
 fn sse(events: impl Stream<Item = Value> + Send + 'static) -> Response {
@@ -431,6 +504,11 @@ async fn completions(
             Some("logprobs"),
         ));
     }
+    // With `echo`, `logprobs` covers the prompt's tokens too (as OpenAI's
+    // legacy completions and vLLM give them): the prompt is scored.
+    let echo_scores = request.logprobs.filter(|_| request.echo);
+    request.common.check_prompt_logprobs(echo_scores, "echo")?;
+    let scored = request.common.prompt_logprobs.max(echo_scores);
     let add_special_tokens = request.add_special_tokens.unwrap_or(true);
     let n = request.common.n.unwrap_or(1);
     let prompts = prompt::completion_prompts(&state, &request.prompt, n, add_special_tokens)
@@ -447,6 +525,7 @@ async fn completions(
     for (p, prompt) in prompts.iter().enumerate() {
         let params = GenerationParams {
             bad_words: bad_words.clone(),
+            prompt_logprobs: scored,
             ..request.common.params(
                 request.common.max_tokens,
                 Some(16),
@@ -510,6 +589,8 @@ async fn completions(
                         Some(chunk(json!([{"index": index, "text": "", "logprobs": null, "finish_reason": finish_reason.as_str(), "stop_reason": stop_reason}])))
                     }
                     Event::Error(message) => Some(json!({"error": {"message": message, "type": "server_error"}})),
+                    // Not asked for when streaming (refused up front).
+                    Event::PromptLogprobs(_) => None,
                 })
             })
         };
@@ -530,17 +611,38 @@ async fn completions(
     }
     let mut results = Vec::new();
     let mut completion_tokens = 0;
-    for (choice, echo) in choices.into_iter().zip(echoes) {
+    for ((choice, echo), prompt) in choices
+        .into_iter()
+        .zip(echoes)
+        .zip(prompts.iter().flat_map(|p| std::iter::repeat_n(p, n)))
+    {
         let index = choice.index;
         let c = collect(choice).await?;
         completion_tokens += c.completion_tokens;
-        results.push(json!({
+        let logprobs = match (request.logprobs, &c.prompt_logprobs) {
+            (None, _) => Value::Null,
+            (Some(_), Some(scores)) if request.echo => echoed_logprobs(
+                &state,
+                (prompt, request.common.return_tokens_as_token_ids),
+                scores,
+                &c.tokens,
+            )?,
+            (Some(_), _) => completion_logprobs(&c.tokens, echo.len()),
+        };
+        let mut result = json!({
             "index": index,
             "text": format!("{echo}{}", c.text),
-            "logprobs": if request.logprobs.is_some() { completion_logprobs(&c.tokens, echo.len()) } else { Value::Null },
+            "logprobs": logprobs,
             "finish_reason": c.finish_reason,
             "stop_reason": c.stop_reason,
-        }));
+        });
+        if request.common.prompt_logprobs.is_some() {
+            result["prompt_logprobs"] = c
+                .prompt_logprobs
+                .as_deref()
+                .map_or(Value::Null, prompt_logprobs_json);
+        }
+        results.push(result);
     }
     let usage = Usage {
         prompt_tokens,

@@ -177,6 +177,9 @@ pub struct SamplingFields {
     /// Log-probabilities name tokens `token_id:ID` (vLLM extension).
     #[serde(default)]
     pub return_tokens_as_token_ids: bool,
+    /// Each prompt token's log-probability with this many alternatives
+    /// (vLLM extension; not with `stream`).
+    pub prompt_logprobs: Option<usize>,
     /// Words the output must not contain (vLLM extension).
     #[serde(default)]
     pub bad_words: Vec<String>,
@@ -240,6 +243,7 @@ const SAMPLING_FIELDS: &[&str] = &[
     "add_special_tokens",
     "allowed_token_ids",
     "return_tokens_as_token_ids",
+    "prompt_logprobs",
     "bad_words",
     "max_tokens",
     "user",
@@ -277,7 +281,6 @@ const NOT_IMPLEMENTED: &[(&str, Option<&str>)] = &[
     ("function_call", None),
     ("best_of", None),
     ("use_beam_search", Some("false")),
-    ("prompt_logprobs", None),
     ("store", Some("false")),
     ("audio", None),
     ("modalities", Some(r#"["text"]"#)),
@@ -522,6 +525,7 @@ impl SamplingFields {
                 Some("top_logprobs"),
             ));
         }
+        self.check_prompt_logprobs(self.prompt_logprobs, "prompt_logprobs")?;
         if let Some(k) = self.top_k.filter(|&k| k < -1) {
             return Err(ApiError::invalid(
                 format!("top_k must be -1 or 0 (off) or at least 1, got {k}"),
@@ -607,11 +611,31 @@ impl SamplingFields {
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
             logprobs,
+            prompt_logprobs: self.prompt_logprobs,
             return_tokens_as_token_ids: self.return_tokens_as_token_ids,
             logit_bias,
             allowed_tokens,
             bad_words: Vec::new(),
         })
+    }
+
+    /// Refuses prompt log-probabilities (`asked`, named by `field`) beyond
+    /// 20 alternatives or with `stream`.
+    pub fn check_prompt_logprobs(&self, asked: Option<usize>, field: &str) -> Result<(), ApiError> {
+        let Some(k) = asked else {
+            return Ok(());
+        };
+        if k > 20 {
+            let message = format!("{field}: at most 20 top log-probabilities per token, got {k}");
+            return Err(ApiError::invalid(message, Some(field)));
+        }
+        if self.stream {
+            let message = format!(
+                "{field}: the prompt's log-probabilities are not streamed; ask without stream"
+            );
+            return Err(ApiError::invalid(message, Some(field)));
+        }
+        Ok(())
     }
 
     /// `allowed_token_ids` as a mask (bit `t % 32` of word `t / 32`): ids
@@ -741,7 +765,7 @@ mod tests {
             "Unrecognized request argument supplied: frobnicate"
         );
         assert_eq!(param.as_deref(), Some("frobnicate"));
-        for field in ["best_of", "prompt_logprobs", "functions", "audio"] {
+        for field in ["best_of", "priority", "functions", "audio"] {
             let (message, param) = chat(json!({ field: {"x": 1} })).unwrap_err();
             assert!(
                 message.contains(field) && message.contains("not supported"),
