@@ -385,15 +385,19 @@ fn too_many_log_probabilities_fail_only_their_request() {
     assert!(outcomes[1].logprobs.iter().all(|(_, top)| top.len() == 20));
 }
 
-/// A scored prompt three budgets long runs its chunks while another
-/// request decodes (its steps in flight with async scheduling): every
-/// position's log-probability, rank and top alternatives are those of the
-/// whole prompt's logits (a Generator's), the first position has none, and
-/// the request then generates as usual.
+/// A scored prompt two budgets long runs its chunks while another request
+/// decodes greedily (its steps in flight with async scheduling; the last
+/// chunk, of 5 rows, has its logits product on the decode GEMV, which must
+/// not write over the greedy picks the next step is fed): every position's
+/// log-probability, rank and top alternatives are those of the whole
+/// prompt's logits (a Generator's), the first position has none, and both
+/// requests generate what they do without async scheduling.
 #[test]
 fn scored_prompts_match_the_whole_prompts_logits() {
     let decoding = Ask::new(prompt(1, 8), GenerationParams::greedy(40), 0);
-    let long: Vec<u32> = (0..150).map(|i| (i * 7 + 3) % VOCAB).collect();
+    // Chunks of 56 and 63 rows beside the other's prompt and first decode,
+    // then 5 (the budget is 64 tokens), then the last prompt token.
+    let long: Vec<u32> = (0..125).map(|i| (i * 7 + 3) % VOCAB).collect();
     let params = GenerationParams {
         prompt_logprobs: Some(3),
         ..GenerationParams::greedy(2)
@@ -406,9 +410,11 @@ fn scored_prompts_match_the_whole_prompts_logits() {
     let model = kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, &options);
     let mut generator = kiln_host::engine::Generator::new(&model, long.len()).unwrap();
     let rows = generator.feed(&long, true).unwrap();
+    let mut generated = Vec::new();
     for async_scheduling in [false, true] {
         let requests = [decoding.clone(), scored.clone()];
         let (outcomes, overlapped, _) = serve(&requests, &[], async_scheduling, 128);
+        generated.push([outcomes[0].tokens.clone(), outcomes[1].tokens.clone()]);
         assert_eq!(
             outcomes[1].end, "length after 2",
             "async {async_scheduling}"
@@ -439,4 +445,8 @@ fn scored_prompts_match_the_whole_prompts_logits() {
             );
         }
     }
+    assert_eq!(
+        generated[0], generated[1],
+        "outputs with and without async scheduling"
+    );
 }

@@ -115,7 +115,7 @@ impl Backend for CudaExecutor {
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let graph = &self.program.graph;
         // The arena stays locked until the outputs are downloaded.
-        let executed = self.execute(&inputs, cache, &[])?;
+        let executed = self.execute(&inputs, cache, &[], false)?;
         let outputs = graph
             .outputs
             .iter()
@@ -148,7 +148,7 @@ impl Backend for CudaExecutor {
         cache: Option<&mut KvCache>,
         feed: &[TokenFeed],
     ) -> Result<LaunchedStep, RuntimeError> {
-        let executed = self.execute(&inputs, cache, feed)?;
+        let executed = self.execute(&inputs, cache, feed, true)?;
         let logits = self.program.graph.outputs[0] as usize;
         let shape = &executed.output_shape(logits);
         let vocab = shape.last().copied().unwrap_or(0);

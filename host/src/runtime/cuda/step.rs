@@ -95,11 +95,17 @@ impl CudaExecutor {
     }
 
     /// Uploads the inputs and launches every step (or replays them).
+    /// `picks`: the logits' decode GEMV writes greedy's picks into the
+    /// executor's buffer, which the next step may be fed from (a sampled
+    /// step's); a step without (`Backend::run`, e.g. a scored prompt chunk
+    /// while a sampled step is in flight) leaves them as they are, and is
+    /// a binding of its own for the graph cache.
     pub(super) fn execute(
         &self,
         inputs: &[Tensor],
         cache: Option<&mut KvCache>,
         feed: &[TokenFeed],
+        picks: bool,
     ) -> Result<Executed<'_>, RuntimeError> {
         let graph = &self.program.graph;
         let symbols = bind_symbols(graph, inputs)?;
@@ -120,7 +126,10 @@ impl CudaExecutor {
             Some(padded) => (padded.as_slice(), bind_symbols(graph, padded)?),
             None => (inputs, symbols),
         };
-        let key = binding(&symbols);
+        let mut key = binding(&symbols);
+        if !picks {
+            key.push(("(no greedy picks)".to_owned(), 1));
+        }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.steps_launched += 1;
         if let Some(window) = &mut state.profile {
@@ -172,10 +181,14 @@ impl CudaExecutor {
             split_counters: arena + plan.split_counters as u64,
             cache: device_cache,
             flash_attention: self.flash_attention,
-            greedy: self.logits.zip(plan.greedy_picks).map(|(logits, at)| {
-                let picks = GreedyPicks::at(arena + at as u64, logits.tokens);
-                (logits.value, picks)
-            }),
+            greedy: self
+                .logits
+                .zip(plan.greedy_picks)
+                .filter(|_| picks)
+                .map(|(logits, at)| {
+                    let picks = GreedyPicks::at(arena + at as u64, logits.tokens);
+                    (logits.value, picks)
+                }),
         };
         let launch_all = || -> Result<(), String> {
             for (s, (step, step_plan)) in self.program.steps.iter().zip(&self.steps).enumerate() {
