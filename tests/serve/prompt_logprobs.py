@@ -1,7 +1,7 @@
 """The prompt's log-probabilities over `host serve`, with the official
 `openai` client: `echo` with `logprobs` on completions (as lm-evaluation-
 harness scores a context and its continuation), vLLM's `prompt_logprobs`
-on completions and chat, and its refusal when streaming.
+on completions and chat (completions streamed too), and what is refused.
 
 Usage: prompt_logprobs.py BASE_URL MODEL_NAME EXPECTED
 EXPECTED: JSON {"ids": prompt ids, "logprobs": each later prompt token's
@@ -66,16 +66,32 @@ assert len(chat_entries) == chat.usage.prompt_tokens and chat_entries[0] is None
 assert all(len(e) == 1 and all(v["logprob"] <= 0 for v in e.values()) for e in chat_entries[1:]), chat_entries
 report("chat_prompt_logprobs", positions=len(chat_entries))
 
-# Not streamed: refused by name, as is more than 20 alternatives.
-for body, field in [({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"), ({"prompt_logprobs": 21}, "prompt_logprobs")]:
-    try:
-        client.completions.create(model=model, prompt=ids, max_tokens=1, extra_body=body)
-        raise AssertionError(f"accepted {body}")
-    except openai.BadRequestError as e:
-        assert e.body.get("param") == field and field in e.body.get("message", ""), e.body
+# Streamed completions: the echo's chunk carries the prompt's
+# log-probabilities (and vLLM's prompt_logprobs), then the tokens follow.
+chunks = list(client.completions.create(
+    model=model, prompt=ids, max_tokens=2, temperature=0, echo=True, logprobs=1, stream=True,
+    extra_body={"prompt_logprobs": 1},
+))
+first = chunks[0].choices[0]
+assert first.text == echo.choices[0].text[: len(first.text)] and first.text.startswith(prompt_text), first.text
+assert first.logprobs.token_logprobs[0] is None and len(first.logprobs.tokens) == len(ids), first.logprobs
+worst = close(first.logprobs.token_logprobs[1:], want, "streamed echo")
+assert len(first.model_extra["prompt_logprobs"]) == len(ids), first.model_extra
+streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+assert streamed.startswith(prompt_text) and len(streamed) > len(prompt_text), streamed
+report("stream", worst=worst, chunks=len(chunks))
+
+# Refused by name: more than 20 alternatives, and a streamed chat's.
 try:
-    client.completions.create(model=model, prompt=ids, max_tokens=1, echo=True, logprobs=1, stream=True)
-    raise AssertionError("accepted a streamed echo with logprobs")
+    client.completions.create(model=model, prompt=ids, max_tokens=1, extra_body={"prompt_logprobs": 21})
+    raise AssertionError("accepted 21 alternatives")
 except openai.BadRequestError as e:
-    assert e.body.get("param") == "echo", e.body
+    assert e.body.get("param") == "prompt_logprobs" and "20" in e.body.get("message", ""), e.body
+try:
+    client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1, stream=True, extra_body={"prompt_logprobs": 1}
+    )
+    raise AssertionError("accepted a streamed chat's prompt_logprobs")
+except openai.BadRequestError as e:
+    assert e.body.get("param") == "prompt_logprobs", e.body
 report("refusals")

@@ -115,6 +115,7 @@ fn prompt_log_probabilities_match_transformers() {
             "echo",
             "prompt_logprobs",
             "chat_prompt_logprobs",
+            "stream",
             "refusals",
         ],
     );

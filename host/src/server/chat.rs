@@ -59,6 +59,12 @@ pub async fn chat_completions(
         .common
         .truncate(prompt, state.limits.max_model_len)?;
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
+    if request.common.stream && request.common.prompt_logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "prompt_logprobs: the prompt's log-probabilities of a chat are not streamed; ask without stream",
+            Some("prompt_logprobs"),
+        ));
+    }
     let mut params = request.common.params(
         request.max_completion_tokens.or(request.common.max_tokens),
         None,

@@ -507,7 +507,6 @@ async fn completions(
     // With `echo`, `logprobs` covers the prompt's tokens too (as OpenAI's
     // legacy completions and vLLM give them): the prompt is scored.
     let echo_scores = request.logprobs.filter(|_| request.echo);
-    request.common.check_prompt_logprobs(echo_scores, "echo")?;
     let scored = request.common.prompt_logprobs.max(echo_scores);
     let add_special_tokens = request.add_special_tokens.unwrap_or(true);
     let n = request.common.n.unwrap_or(1);
@@ -565,14 +564,46 @@ async fn completions(
             let (id, model) = (id.clone(), model.clone());
             move |choices: Value| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices})
         };
+        // A scored prompt's echo comes with its log-probabilities, when the
+        // engine has them; else every echo comes first.
         let first: Vec<Value> = echoes
             .iter()
             .enumerate()
-            .filter(|(_, e)| !e.is_empty())
+            .filter(|(_, e)| !e.is_empty() && scored.is_none())
             .map(|(i, e)| {
                 chunk(json!([{"index": i, "text": e, "logprobs": null, "finish_reason": null}]))
             })
             .collect();
+        let scored_chunk = {
+            let (state, chunk) = (state.clone(), chunk.clone());
+            let prompts: Vec<Vec<u32>> = prompts
+                .iter()
+                .flat_map(|p| std::iter::repeat_n(p.clone(), n))
+                .collect();
+            let (echo_logprobs, prompt_logprobs) = (
+                echo_scores.is_some(),
+                request.common.prompt_logprobs.is_some(),
+            );
+            let as_ids = request.common.return_tokens_as_token_ids;
+            let echoes = echoes.clone();
+            move |index: usize, scores: &[Option<PromptLogprob>]| {
+                let logprobs = match echo_logprobs {
+                    true => echoed_logprobs(&state, (&prompts[index], as_ids), scores, &[]),
+                    false => Ok(Value::Null),
+                };
+                let logprobs = match logprobs {
+                    Ok(logprobs) => logprobs,
+                    Err(e) => {
+                        return json!({"error": {"message": e.message, "type": "server_error"}})
+                    }
+                };
+                let mut choice = json!({"index": index, "text": echoes[index], "logprobs": logprobs, "finish_reason": null});
+                if prompt_logprobs {
+                    choice["prompt_logprobs"] = prompt_logprobs_json(scores);
+                }
+                chunk(json!([choice]))
+            }
+        };
         let completion_tokens = Arc::new(AtomicUsize::new(0));
         let body = {
             let chunk = chunk.clone();
@@ -589,8 +620,7 @@ async fn completions(
                         Some(chunk(json!([{"index": index, "text": "", "logprobs": null, "finish_reason": finish_reason.as_str(), "stop_reason": stop_reason}])))
                     }
                     Event::Error(message) => Some(json!({"error": {"message": message, "type": "server_error"}})),
-                    // Not asked for when streaming (refused up front).
-                    Event::PromptLogprobs(_) => None,
+                    Event::PromptLogprobs(scores) => Some(scored_chunk(index, &scores)),
                 })
             })
         };

@@ -525,7 +525,12 @@ impl SamplingFields {
                 Some("top_logprobs"),
             ));
         }
-        self.check_prompt_logprobs(self.prompt_logprobs, "prompt_logprobs")?;
+        if let Some(k) = self.prompt_logprobs.filter(|&k| k > 20) {
+            return Err(ApiError::invalid(
+                format!("prompt_logprobs: at most 20 top log-probabilities per token, got {k}"),
+                Some("prompt_logprobs"),
+            ));
+        }
         if let Some(k) = self.top_k.filter(|&k| k < -1) {
             return Err(ApiError::invalid(
                 format!("top_k must be -1 or 0 (off) or at least 1, got {k}"),
@@ -617,25 +622,6 @@ impl SamplingFields {
             allowed_tokens,
             bad_words: Vec::new(),
         })
-    }
-
-    /// Refuses prompt log-probabilities (`asked`, named by `field`) beyond
-    /// 20 alternatives or with `stream`.
-    pub fn check_prompt_logprobs(&self, asked: Option<usize>, field: &str) -> Result<(), ApiError> {
-        let Some(k) = asked else {
-            return Ok(());
-        };
-        if k > 20 {
-            let message = format!("{field}: at most 20 top log-probabilities per token, got {k}");
-            return Err(ApiError::invalid(message, Some(field)));
-        }
-        if self.stream {
-            let message = format!(
-                "{field}: the prompt's log-probabilities are not streamed; ask without stream"
-            );
-            return Err(ApiError::invalid(message, Some(field)));
-        }
-        Ok(())
     }
 
     /// `allowed_token_ids` as a mask (bit `t % 32` of word `t / 32`): ids
