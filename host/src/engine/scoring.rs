@@ -17,8 +17,8 @@ pub(super) struct PromptScores {
     as_ids: bool,
     /// One a prompt token; the first stays `None`.
     entries: Vec<Option<PromptLogprob>>,
-    /// Sent to the request.
-    pub sent: bool,
+    /// Handed over ([`PromptScores::take_ready`]).
+    taken: bool,
 }
 
 impl PromptScores {
@@ -28,24 +28,25 @@ impl PromptScores {
             top,
             as_ids,
             entries: vec![None; len],
-            sent: false,
+            taken: false,
         }
     }
 
-    /// Whether every token but the first has its log-probability.
-    pub fn complete(&self) -> bool {
-        self.entries.iter().skip(1).all(Option::is_some)
-    }
-
-    /// The entries, once complete.
-    pub fn entries(&self) -> &[Option<PromptLogprob>] {
-        &self.entries
+    /// The entries, the first time every token but the first has its
+    /// log-probability.
+    pub fn take_ready(&mut self) -> Option<Vec<Option<PromptLogprob>>> {
+        let complete = self.entries.iter().skip(1).all(Option::is_some);
+        if self.taken || !complete {
+            return None;
+        }
+        self.taken = true;
+        Some(self.entries.clone())
     }
 
     /// Records the logits `rows` of the positions from `start` on: row j
     /// scores prompt token `start + j + 1`. Rows past the prompt's last
-    /// token are ignored. A position scored before (the sequence was
-    /// preempted and recomputed) is scored again, the same.
+    /// token are ignored, and so are all once the entries are taken (the
+    /// sequence was preempted and recomputes its prompt).
     pub fn record(
         &mut self,
         prompt: &[u32],
@@ -53,6 +54,9 @@ impl PromptScores {
         rows: &[Vec<f32>],
         tokenizer: &Tokenizer,
     ) {
+        if self.taken {
+            return;
+        }
         let scored: Vec<(usize, PromptLogprob)> = rows
             .par_iter()
             .enumerate()
@@ -73,10 +77,7 @@ impl PromptScores {
         let lp = log_softmax(logits);
         let own = lp.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
         let rank = 1 + lp.iter().filter(|&&l| l > own).count();
-        let text = |t: u32| match self.as_ids {
-            true => format!("token_id:{t}"),
-            false => tokenizer.decode(&[t], false).unwrap_or_default(),
-        };
+        let text = |t| TokenLogprob::name(tokenizer, t, self.as_ids);
         let top = top_logprobs(&lp, self.top)
             .into_iter()
             .map(|(t, l)| (t, text(t), l))

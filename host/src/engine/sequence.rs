@@ -67,27 +67,23 @@ impl<'t> Active<'t> {
     /// Records the logits rows of its prompt's positions from `start` on (a
     /// scored chunk), and sends the prompt's log-probabilities once all are
     /// known.
-    pub fn score_prompt(&mut self, start: usize, rows: &[Vec<f32>], tokenizer: &Tokenizer) {
+    pub fn record_prompt_rows(&mut self, start: usize, rows: &[Vec<f32>], tokenizer: &Tokenizer) {
         if let Some(scores) = &mut self.prompt_scores {
             scores.record(&self.prompt, start, rows, tokenizer);
         }
-        self.send_prompt_logprobs_if_scored();
+        self.send_prompt_logprobs_when_ready();
     }
 
-    /// Sends the prompt's log-probabilities if they are asked for, complete
-    /// and not sent yet.
-    pub fn send_prompt_logprobs_if_scored(&mut self) {
-        let Some(scores) = self
+    /// Sends the prompt's log-probabilities, once, when they are asked for
+    /// and all known.
+    pub fn send_prompt_logprobs_when_ready(&mut self) {
+        if let Some(entries) = self
             .prompt_scores
             .as_mut()
-            .filter(|s| !s.sent && s.complete())
-        else {
-            return;
-        };
-        scores.sent = true;
-        let _ = self
-            .events
-            .send(Event::PromptLogprobs(scores.entries().to_vec()));
+            .and_then(PromptScores::take_ready)
+        {
+            let _ = self.events.send(Event::PromptLogprobs(entries));
+        }
     }
 
     /// Whether a grammar constrains its output.
@@ -168,10 +164,7 @@ impl<'t> Active<'t> {
         let params = &self.params;
         self.generated.push(token);
         let logprob = sampled.logprob.map(|logprob| {
-            let text = |t: u32| match params.return_tokens_as_token_ids {
-                true => format!("token_id:{t}"),
-                false => tokenizer.decode(&[t], false).unwrap_or_default(),
-            };
+            let text = |t| TokenLogprob::name(tokenizer, t, params.return_tokens_as_token_ids);
             TokenLogprob {
                 token,
                 text: text(token),

@@ -78,6 +78,17 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, String, f32)>,
 }
 
+impl TokenLogprob {
+    /// How log-probabilities name `token`: its text, or `token_id:ID` with
+    /// vLLM's `return_tokens_as_token_ids` (`as_ids`).
+    pub fn name(tokenizer: &Tokenizer, token: u32, as_ids: bool) -> String {
+        match as_ids {
+            true => format!("token_id:{token}"),
+            false => tokenizer.decode(&[token], false).unwrap_or_default(),
+        }
+    }
+}
+
 /// A prompt token's log-probability (vLLM's `prompt_logprobs`): as a
 /// generated token's, and its rank among the vocabulary (1: the most
 /// likely).
@@ -446,7 +457,7 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         }
         let mut state = Active::new(request, self.tokenizer);
         // A one-token prompt has nothing to score.
-        state.send_prompt_logprobs_if_scored();
+        state.send_prompt_logprobs_when_ready();
         self.active.insert(id, state);
     }
 
@@ -458,15 +469,11 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         match run_step(backend, &self.model.pipeline, &mut self.cache, &step) {
             Ok(rows) => {
                 self.scheduler.complete(batch);
-                let state = (
-                    self.scheduler.num_running(),
-                    self.scheduler.num_waiting(),
-                    self.scheduler.blocks().usage(),
-                );
-                self.stats.step(batch.num_tokens(), 0, state);
+                self.stats
+                    .step(batch.num_tokens(), 0, load(&self.scheduler));
                 for (seq, rows) in batch.seqs.iter().zip(rows) {
                     if let Some(state) = self.active.get_mut(&seq.id) {
-                        state.score_prompt(seq.start, &rows, self.tokenizer);
+                        state.record_prompt_rows(seq.start, &rows, self.tokenizer);
                     }
                 }
             }
@@ -579,11 +586,7 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         self.stats.step(
             fed.saturating_sub(sampled_rows.len()),
             sampled_rows.len(),
-            (
-                self.scheduler.num_running(),
-                self.scheduler.num_waiting(),
-                self.scheduler.blocks().usage(),
-            ),
+            load(&self.scheduler),
         );
         // A grammar that failed fails its sequence, after the step it was in.
         for (id, message) in failed {
@@ -713,6 +716,15 @@ fn token_feed(batch: &Batch, step: &StepBatch, previous: &[SeqId]) -> Vec<TokenF
         }
     }
     feed
+}
+
+/// Sequences running and waiting, and the KV cache's use (the stats line's).
+fn load(scheduler: &Scheduler) -> (usize, usize, f64) {
+    (
+        scheduler.num_running(),
+        scheduler.num_waiting(),
+        scheduler.blocks().usage(),
+    )
 }
 
 fn report(scheduler: &Scheduler, observer: &impl EngineObserver) {

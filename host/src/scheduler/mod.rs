@@ -364,12 +364,10 @@ impl Scheduler {
     /// stops at the last prompt token (which goes on as a plain step, its
     /// logits sampled) and at the scored chunks' limit.
     fn chunk(&self, seq: &Sequence, budget: usize) -> usize {
-        let end = Self::scoring_until(seq).unwrap_or(seq.tokens.len());
-        let most = match Self::scoring_until(seq) {
-            Some(_) => budget.min(self.max_scored_tokens),
-            None => budget,
-        };
-        (end - seq.computed).min(most)
+        match Self::scoring_until(seq) {
+            Some(end) => (end - seq.computed).min(budget.min(self.max_scored_tokens)),
+            None => (seq.tokens.len() - seq.computed).min(budget),
+        }
     }
 
     fn plan(&self, seq: &Sequence, take: usize) -> ScheduledSeq {

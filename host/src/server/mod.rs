@@ -386,67 +386,42 @@ async fn collect(mut choice: Choice) -> Result<Collected, ApiError> {
     ))
 }
 
-fn completion_logprobs(tokens: &[TokenLogprob], start_offset: usize) -> Value {
+/// `logprobs` as the legacy completions give them: each token's text,
+/// log-probability, alternatives (text → log-probability) and offset in
+/// the text, counted from `start_offset`. An echoed prompt's tokens come
+/// first (`echoed`: its first token's name, which nothing precedes and so
+/// has none, then the others' log-probabilities).
+fn completion_logprobs<'a>(
+    echoed: Option<(&str, &'a [Option<PromptLogprob>])>,
+    tokens: &'a [TokenLogprob],
+    start_offset: usize,
+) -> Value {
+    let (mut texts, mut logprobs, mut top, mut offsets) = (vec![], vec![], vec![], vec![]);
     let mut offset = start_offset;
-    let mut offsets = Vec::new();
-    for t in tokens {
+    let mut push = |text: &str, logprob: Value, alternatives: Value| {
         offsets.push(offset);
-        offset += t.text.len();
-    }
-    json!({
-        "tokens": tokens.iter().map(|t| t.text.clone()).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": tokens.iter().map(top_logprobs_json).collect::<Vec<_>>(),
-        "text_offset": offsets,
-    })
-}
-
-/// A token's alternatives as the legacy completions give them: text →
-/// log-probability.
-fn top_logprobs_json(t: &TokenLogprob) -> Value {
-    let top = t.top.iter().map(|(_, text, lp)| (text.clone(), json!(lp)));
-    Value::Object(top.collect())
-}
-
-/// `logprobs` of an echoed completion: the prompt's tokens (the first
-/// with no log-probability, as OpenAI gives it), then the completion's,
-/// offsets counted over their texts from 0.
-fn echoed_logprobs(
-    state: &AppState,
-    (prompt, as_ids): (&[u32], bool),
-    scores: &[Option<PromptLogprob>],
-    completion: &[TokenLogprob],
-) -> Result<Value, ApiError> {
-    let first = match prompt.first() {
-        None => String::new(),
-        Some(t) if as_ids => format!("token_id:{t}"),
-        Some(&t) => state
-            .tokenizer
-            .decode(&[t], false)
-            .map_err(|e| ApiError::internal(e.to_string()))?,
+        offset += text.len();
+        texts.push(text.to_owned());
+        logprobs.push(logprob);
+        top.push(alternatives);
     };
-    let mut tokens = vec![json!(first)];
-    let mut token_logprobs = vec![Value::Null];
-    let mut top = vec![Value::Null];
-    let mut texts = vec![first];
-    let scored = scores.iter().skip(1).flatten().map(|s| &s.logprob);
-    for t in scored.chain(completion) {
-        tokens.push(json!(t.text));
-        token_logprobs.push(json!(t.logprob));
-        top.push(top_logprobs_json(t));
-        texts.push(t.text.clone());
+    let prompt = match echoed {
+        Some((first, scores)) => {
+            push(first, Value::Null, Value::Null);
+            scores.get(1..).unwrap_or_default()
+        }
+        None => &[],
+    };
+    let prompt_tokens = prompt.iter().flatten().map(|s| &s.logprob);
+    for t in prompt_tokens.chain(tokens) {
+        let alternatives = t.top.iter().map(|(_, text, lp)| (text.clone(), json!(lp)));
+        push(
+            &t.text,
+            json!(t.logprob),
+            Value::Object(alternatives.collect()),
+        );
     }
-    let offsets: Vec<usize> = texts
-        .iter()
-        .scan(0, |at, text| {
-            let start = *at;
-            *at += text.len();
-            Some(start)
-        })
-        .collect();
-    Ok(
-        json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}),
-    )
+    json!({"tokens": texts, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets})
 }
 
 /// vLLM's `prompt_logprobs`: for each prompt token, null for the first,
@@ -544,13 +519,19 @@ async fn completions(
             constraint.as_ref(),
         )?);
         prompt_tokens += prompt.len();
+        // The echoed text, and its first token's name in log-probabilities.
         let echo = if request.echo {
-            state
+            let text = state
                 .tokenizer
                 .decode(prompt, false)
-                .map_err(|e| ApiError::internal(e.to_string()))?
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            let as_ids = request.common.return_tokens_as_token_ids;
+            (
+                text,
+                TokenLogprob::name(&state.tokenizer, prompt[0], as_ids),
+            )
         } else {
-            String::new()
+            Default::default()
         };
         echoes.extend(std::iter::repeat_n(echo, n));
     }
@@ -569,35 +550,25 @@ async fn completions(
         let first: Vec<Value> = echoes
             .iter()
             .enumerate()
-            .filter(|(_, e)| !e.is_empty() && scored.is_none())
-            .map(|(i, e)| {
-                chunk(json!([{"index": i, "text": e, "logprobs": null, "finish_reason": null}]))
+            .filter(|(_, (text, _))| !text.is_empty() && scored.is_none())
+            .map(|(i, (text, _))| {
+                chunk(json!([{"index": i, "text": text, "logprobs": null, "finish_reason": null}]))
             })
             .collect();
         let scored_chunk = {
-            let (state, chunk) = (state.clone(), chunk.clone());
-            let prompts: Vec<Vec<u32>> = prompts
-                .iter()
-                .flat_map(|p| std::iter::repeat_n(p.clone(), n))
-                .collect();
+            let chunk = chunk.clone();
             let (echo_logprobs, prompt_logprobs) = (
                 echo_scores.is_some(),
                 request.common.prompt_logprobs.is_some(),
             );
-            let as_ids = request.common.return_tokens_as_token_ids;
             let echoes = echoes.clone();
             move |index: usize, scores: &[Option<PromptLogprob>]| {
+                let (text, first) = &echoes[index];
                 let logprobs = match echo_logprobs {
-                    true => echoed_logprobs(&state, (&prompts[index], as_ids), scores, &[]),
-                    false => Ok(Value::Null),
+                    true => completion_logprobs(Some((first, scores)), &[], 0),
+                    false => Value::Null,
                 };
-                let logprobs = match logprobs {
-                    Ok(logprobs) => logprobs,
-                    Err(e) => {
-                        return json!({"error": {"message": e.message, "type": "server_error"}})
-                    }
-                };
-                let mut choice = json!({"index": index, "text": echoes[index], "logprobs": logprobs, "finish_reason": null});
+                let mut choice = json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": null});
                 if prompt_logprobs {
                     choice["prompt_logprobs"] = prompt_logprobs_json(scores);
                 }
@@ -611,7 +582,7 @@ async fn completions(
             merged(choices).filter_map(move |(index, event)| {
                 std::future::ready(match event {
                     Event::Chunk { text, logprob, .. } => {
-                        let lp = if logprobs { completion_logprobs(&logprob.into_iter().collect::<Vec<_>>(), 0) } else { Value::Null };
+                        let lp = if logprobs { completion_logprobs(None, &logprob.into_iter().collect::<Vec<_>>(), 0) } else { Value::Null };
                         Some(chunk(json!([{"index": index, "text": text, "logprobs": lp, "finish_reason": null}])))
                     }
                     Event::Done { finish_reason, stop_reason, completion_tokens: c, .. } => {
@@ -641,23 +612,15 @@ async fn completions(
     }
     let mut results = Vec::new();
     let mut completion_tokens = 0;
-    for ((choice, echo), prompt) in choices
-        .into_iter()
-        .zip(echoes)
-        .zip(prompts.iter().flat_map(|p| std::iter::repeat_n(p, n)))
-    {
+    for (choice, (echo, first)) in choices.into_iter().zip(echoes) {
         let index = choice.index;
         let c = collect(choice).await?;
         completion_tokens += c.completion_tokens;
-        let logprobs = match (request.logprobs, &c.prompt_logprobs) {
-            (None, _) => Value::Null,
-            (Some(_), Some(scores)) if request.echo => echoed_logprobs(
-                &state,
-                (prompt, request.common.return_tokens_as_token_ids),
-                scores,
-                &c.tokens,
-            )?,
-            (Some(_), _) => completion_logprobs(&c.tokens, echo.len()),
+        let scores = c.prompt_logprobs.as_deref().unwrap_or_default();
+        let logprobs = match request.logprobs {
+            None => Value::Null,
+            Some(_) if request.echo => completion_logprobs(Some((&first, scores)), &c.tokens, 0),
+            Some(_) => completion_logprobs(None, &c.tokens, 0),
         };
         let mut result = json!({
             "index": index,

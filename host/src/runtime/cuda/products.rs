@@ -158,26 +158,39 @@ fn run_qmm<T>(run: &[(DeviceMatrix, T)], gated: bool, m: usize) -> Option<QmmLau
     QmmLaunch::of(&matrices, gated, m)
 }
 
+/// The most any launch of a group's products past the GEMV needs (one per
+/// run of `format_runs`), over `x_elements` values of x: `launch` of a run's
+/// tensor-core launch, else the most `each` of its products one by one.
+fn most_of_its_runs(
+    members: &[(DeviceMatrix, ValueId)],
+    gated: bool,
+    x_elements: usize,
+    launch: impl Fn(&QmmLaunch, usize) -> usize,
+    each: impl Fn(&DeviceMatrix) -> usize,
+) -> usize {
+    let m = x_elements / members.first().map_or(1, |(w, _)| w.cols.max(1));
+    let run_needs = |run: &[(DeviceMatrix, ValueId)]| match run_qmm(run, gated, m) {
+        Some(q) => launch(&q, m),
+        None => run.iter().map(|(w, _)| each(w)).max().unwrap_or(0),
+    };
+    format_runs(members).map(run_needs).max().unwrap_or(0)
+}
+
 /// Scratch bytes `plan` needs when its first input has `x_elements` values
 /// (a group's products run one after another in one scratch, or as one
 /// launch per run of one format).
 pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
+    let product = |w: &DeviceMatrix, layout| product_scratch(w, layout, x_elements).1;
     match plan {
-        StepPlan::Linear(w) => product_scratch(w, WeightLayout::OutIn, x_elements).1,
-        StepPlan::MatMul(w) => product_scratch(w, WeightLayout::InOut, x_elements).1,
-        StepPlan::LinearGroup { members, gated, .. } => {
-            let m = x_elements / members.first().map_or(1, |(w, _)| w.cols.max(1));
-            let run_bytes = |run: &[(DeviceMatrix, ValueId)]| match run_qmm(run, gated.is_some(), m)
-            {
-                Some(q) => qmm_scratch(&q, x_elements, m).1,
-                None => run
-                    .iter()
-                    .map(|(w, _)| product_scratch(w, WeightLayout::OutIn, x_elements).1)
-                    .max()
-                    .unwrap_or(0),
-            };
-            format_runs(members).map(run_bytes).max().unwrap_or(0)
-        }
+        StepPlan::Linear(w) => product(w, WeightLayout::OutIn),
+        StepPlan::MatMul(w) => product(w, WeightLayout::InOut),
+        StepPlan::LinearGroup { members, gated, .. } => most_of_its_runs(
+            members,
+            gated.is_some(),
+            x_elements,
+            |q, m| qmm_scratch(q, x_elements, m).1,
+            |w| product(w, WeightLayout::OutIn),
+        ),
         _ => 0,
     }
 }
@@ -193,15 +206,13 @@ pub fn split_counter_bytes(plan: &StepPlan, x_elements: usize) -> usize {
     };
     match plan {
         StepPlan::Linear(w) => single(w),
-        StepPlan::LinearGroup { members, gated, .. } => {
-            let m = x_elements / members.first().map_or(1, |(w, _)| w.cols.max(1));
-            let run_bytes = |run: &[(DeviceMatrix, ValueId)]| match run_qmm(run, gated.is_some(), m)
-            {
-                Some(q) => q.counter_bytes(),
-                None => run.iter().map(|(w, _)| single(w)).max().unwrap_or(0),
-            };
-            format_runs(members).map(run_bytes).max().unwrap_or(0)
-        }
+        StepPlan::LinearGroup { members, gated, .. } => most_of_its_runs(
+            members,
+            gated.is_some(),
+            x_elements,
+            |q, _| q.counter_bytes(),
+            single,
+        ),
         _ => 0,
     }
 }
