@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 use crate::commands;
+use crate::engine::speculative::NgramConfig;
 pub use crate::model::synthetic::ShapeDtype;
 use crate::plugins::{PluginLoadError, RegistryError};
 
@@ -180,12 +181,21 @@ pub struct SchedulingArgs {
     /// Read each step's tokens before scheduling the next.
     #[arg(long)]
     pub no_async_scheduling: bool,
+
+    /// Speculative decoding, vLLM's JSON; only n-gram lookup, e.g.
+    /// '{"method": "ngram", "num_speculative_tokens": 4,
+    /// "prompt_lookup_max": 4, "prompt_lookup_min": 2}': greedy requests
+    /// verify the tokens that followed an earlier occurrence of their last
+    /// tokens, several a step (the output is unchanged). Steps then run one
+    /// at a time (no async scheduling).
+    #[arg(long, value_parser = NgramConfig::parse, conflicts_with = "async_scheduling")]
+    pub speculative_config: Option<NgramConfig>,
 }
 
 impl SchedulingArgs {
     /// Whether async scheduling is on.
     pub fn enabled(&self) -> bool {
-        !self.no_async_scheduling
+        !self.no_async_scheduling && self.speculative_config.is_none()
     }
 }
 

@@ -2,6 +2,7 @@
 //! third party would (separate crates, `cargo build`), and running the `host`
 //! binary.
 
+pub mod engine;
 pub mod models;
 pub mod reference;
 pub mod serve;

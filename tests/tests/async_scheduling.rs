@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_host::engine::service::{self, EngineConfig, Event, GenerationParams, Request};
+use kiln_host::engine::service::{self, EngineConfig, GenerationParams, Request};
 use kiln_host::engine::structured::{Grammar, Grammars};
 use kiln_host::engine::SamplingParams;
 use kiln_host::model::synthetic::ShapeDtype;
@@ -24,23 +24,9 @@ use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
 use kiln_host::scheduler::SchedulerConfig;
 use kiln_host::server::metrics::Metrics;
 use kiln_host::tokenizer::Tokenizer;
+use kiln_tests::engine::{metric, receive, Outcome};
 
 const BLOCK_SIZE: usize = 4;
-
-/// A scored prompt position: token, log-probability, rank, top ids.
-type Scored = (u32, f32, usize, Vec<u32>);
-
-/// What a request heard back.
-#[derive(Debug)]
-struct Outcome {
-    tokens: Vec<u32>,
-    text: String,
-    logprobs: Vec<(f32, Vec<u32>)>,
-    /// The prompt's (token, log-probability, rank, top ids) per position,
-    /// when scored (before any output).
-    prompt_logprobs: Option<Vec<Option<Scored>>>,
-    end: String,
-}
 
 /// A request to serve.
 #[derive(Clone)]
@@ -97,6 +83,7 @@ fn serve(
         },
         prefix_caching: true,
         async_scheduling,
+        speculative: None,
     };
     let metrics = Metrics::new("tiny", BLOCK_SIZE);
     let (engine, thread) =
@@ -118,65 +105,10 @@ fn serve(
             receiver
         })
         .collect();
-    let outcomes = receivers
-        .into_iter()
-        .map(|mut receiver| {
-            let mut outcome = Outcome {
-                tokens: Vec::new(),
-                text: String::new(),
-                logprobs: Vec::new(),
-                prompt_logprobs: None,
-                end: String::new(),
-            };
-            while let Some(event) = receiver.blocking_recv() {
-                match event {
-                    Event::Chunk {
-                        text,
-                        token,
-                        logprob,
-                    } => {
-                        outcome.tokens.push(token);
-                        outcome.text += &text;
-                        if let Some(lp) = logprob {
-                            let top = lp.top.iter().map(|t| t.0).collect();
-                            outcome.logprobs.push((lp.logprob, top));
-                        }
-                    }
-                    Event::Done {
-                        finish_reason,
-                        completion_tokens,
-                        ..
-                    } => {
-                        outcome.end =
-                            format!("{} after {completion_tokens}", finish_reason.as_str());
-                        break;
-                    }
-                    Event::Error(message) => {
-                        outcome.end = format!("error: {message}");
-                        break;
-                    }
-                    Event::PromptLogprobs(scores) => {
-                        assert!(outcome.tokens.is_empty(), "scores after output");
-                        let entry = |s: &service::PromptLogprob| {
-                            let top = s.logprob.top.iter().map(|t| t.0).collect();
-                            (s.logprob.token, s.logprob.logprob, s.rank, top)
-                        };
-                        outcome.prompt_logprobs =
-                            Some(scores.iter().map(|s| s.as_ref().map(entry)).collect());
-                    }
-                }
-            }
-            outcome
-        })
-        .collect();
+    let outcomes = receivers.into_iter().map(receive).collect();
     drop(engine);
     thread.join();
-    let preemptions = metrics
-        .render()
-        .lines()
-        .find(|l| l.starts_with("vllm:num_preemptions_total"))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok())
-        .expect("the preemption counter");
+    let preemptions = metric(&metrics, "vllm:num_preemptions_total") as u64;
     (
         outcomes,
         device.overlapped_waits() - overlapped_before,

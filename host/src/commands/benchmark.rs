@@ -139,6 +139,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         },
         prefix_caching: false,
         async_scheduling: args.scheduling.enabled(),
+        speculative: args.scheduling.speculative_config,
     };
     let device = model.backend.device_name();
     let roofline = model.backend.roofline()?;

@@ -261,6 +261,14 @@ fn start_engine(
         kv_memory as f64 / (1 << 20) as f64,
         if args.no_prefix_caching { "off" } else { "on" }
     );
+    if let Some(ngram) = args.scheduling.speculative_config {
+        tracing::info!(
+            "speculative decoding: n-gram lookup of {} to {} tokens, up to {} drafts a step, for greedy requests; async scheduling off",
+            ngram.prompt_lookup_min,
+            ngram.prompt_lookup_max,
+            ngram.num_speculative_tokens
+        );
+    }
     let config = EngineConfig {
         num_blocks,
         block_size: args.block_size,
@@ -271,6 +279,7 @@ fn start_engine(
         },
         prefix_caching: !args.no_prefix_caching,
         async_scheduling: args.scheduling.enabled(),
+        speculative: args.scheduling.speculative_config,
     };
     let (engine, thread) = service::spawn(
         model,

@@ -7,12 +7,13 @@ use std::time::Instant;
 use llguidance::Matcher;
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::penalties::Penalties;
 use super::sampling::Sampler;
 use super::scoring::PromptScores;
 use super::service::{Event, FinishReason, GenerationParams, StopReason, TokenLogprob};
 use super::stop::{StopMatcher, StopOutcome};
 use super::structured;
-use crate::runtime::sampling::{RowSampling, Sampled};
+use crate::runtime::sampling::{RowSampling, Sampled, MIN_TEMPERATURE};
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
 /// One running request's state.
@@ -89,6 +90,26 @@ impl<'t> Active<'t> {
     /// Whether a grammar constrains its output.
     pub fn constrained(&self) -> bool {
         self.constraint.is_some()
+    }
+
+    /// How many drafts its next step may verify (speculative decoding): as
+    /// many as it may still generate past the next token where every one
+    /// of its picks is the first largest logit alone (greedy, nothing
+    /// adjusting the logits, no mask, no log-probabilities), else none.
+    pub fn draft_room(&self) -> usize {
+        let p = &self.params;
+        let plain = p.sampling.temperature < MIN_TEMPERATURE
+            && self.constraint.is_none()
+            && p.penalties == Penalties::default()
+            && p.logit_bias.is_empty()
+            && p.allowed_tokens.is_none()
+            && p.bad_words.is_empty()
+            && p.logprobs.is_none()
+            && (p.ignore_eos || self.generated.len() >= p.min_tokens);
+        match plain && !self.awaiting {
+            true => p.max_tokens.saturating_sub(self.generated.len() + 1),
+            false => 0,
+        }
     }
 
     /// Whether the pick on the way leaves room for more (`max_tokens`).

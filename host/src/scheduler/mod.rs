@@ -66,6 +66,16 @@ struct Sequence {
     /// Its prompt's positions but the last are scored (all their logits
     /// come back): this many tokens long.
     scored_prompt: Option<usize>,
+    /// Speculative decoding: tokens proposed to follow its last one, fed
+    /// after it in its next step (then cleared).
+    drafts: Vec<u32>,
+}
+
+impl Sequence {
+    /// Whether its next step feeds its last token alone (it decodes).
+    fn decodes(&self) -> bool {
+        self.tokens.len() == self.computed + 1 && Scheduler::scoring_until(self).is_none()
+    }
 }
 
 /// The placeholder of a token not yet known: out of every vocabulary, so a
@@ -93,6 +103,9 @@ pub struct ScheduledSeq {
     /// Prompt tokens of a scored sequence, each of whose rows' logits come
     /// back (the step's scored part, [`Batch::split_scored`]).
     pub scored: bool,
+    /// The last this many fed tokens are drafts (speculative decoding):
+    /// every fed row's logits come back ([`Batch::split_drafted`]).
+    pub drafts: usize,
 }
 
 /// The sequences of one step.
@@ -104,8 +117,8 @@ pub struct Batch {
 
 impl Batch {
     /// The step as the pipeline model sees it: last-token logits only, or,
-    /// for a batch of scored chunks ([`Batch::split_scored`]), every fed
-    /// token's.
+    /// for a batch of scored chunks ([`Batch::split_scored`]) or drafted
+    /// sequences ([`Batch::split_drafted`]), every fed token's.
     pub fn step_batch(&self) -> StepBatch {
         StepBatch {
             sequences: self
@@ -118,7 +131,7 @@ impl Batch {
                     wants_logits: s.wants_logits || s.scored,
                 })
                 .collect(),
-            all_logits: self.seqs.iter().any(|s| s.scored),
+            all_logits: self.seqs.iter().any(|s| s.scored || s.drafts > 0),
         }
     }
 
@@ -127,6 +140,13 @@ impl Batch {
     pub fn split_scored(self) -> (Batch, Batch) {
         let (scored, rest) = self.seqs.into_iter().partition(|s| s.scored);
         (Batch { seqs: scored }, Batch { seqs: rest })
+    }
+
+    /// The sequences that feed drafts (run as a step of their own, every
+    /// row's logits back) and the rest.
+    pub fn split_drafted(self) -> (Batch, Batch) {
+        let (drafted, rest) = self.seqs.into_iter().partition(|s| s.drafts > 0);
+        (Batch { seqs: drafted }, Batch { seqs: rest })
     }
 
     /// Tokens in the step.
@@ -223,6 +243,7 @@ impl Scheduler {
             blocks: SequenceBlocks::default(),
             unresolved: false,
             scored_prompt: None,
+            drafts: Vec::new(),
         });
         Ok(())
     }
@@ -257,6 +278,30 @@ impl Scheduler {
         }
     }
 
+    /// Proposes `drafts` to follow a running sequence's last token in its
+    /// next step, where that step only feeds that token (it decodes, its
+    /// last token known); they go in as far as the token budget and the
+    /// cache allow. Returns false where they cannot be fed.
+    pub fn propose(&mut self, id: SeqId, drafts: Vec<u32>) -> bool {
+        let running = self.running.iter_mut().find(|s| s.id == id);
+        let Some(seq) = running.filter(|s| s.decodes() && !s.unresolved) else {
+            return false;
+        };
+        seq.drafts = drafts;
+        true
+    }
+
+    /// Records a token of a sequence that a drafted step verified: its keys
+    /// and values are in the cache (it was fed as a draft).
+    pub fn append_verified(&mut self, id: SeqId, token: u32) {
+        if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
+            seq.tokens.push(token);
+            seq.computed += 1;
+            let computed = seq.computed;
+            self.blocks.commit(&mut seq.blocks, &seq.tokens, computed);
+        }
+    }
+
     /// Removes a sequence (finished, cancelled or disconnected) and frees its
     /// blocks. Returns false if it was unknown.
     pub fn remove(&mut self, id: SeqId) -> bool {
@@ -282,18 +327,24 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
-            let take = self.chunk(seq, budget);
+            let mut take = self.chunk(seq, budget);
             if take == 0 {
                 // Its last pick is on the way and is its last (async
                 // scheduling): nothing to feed.
                 i += 1;
                 continue;
             }
-            let needed = seq.computed + take;
+            let mut needed = seq.computed + take;
             let mut seq_blocks = std::mem::take(&mut self.running[i].blocks);
             loop {
                 match self.blocks.reserve(&mut seq_blocks, needed) {
                     Ok(()) => break,
+                    // Drafts give way before any other sequence does.
+                    Err(_) if take > 1 && !self.running[i].drafts.is_empty() => {
+                        self.running[i].drafts.clear();
+                        take = 1;
+                        needed = self.running[i].computed + 1;
+                    }
                     Err(_) if self.running.len() > i + 1 => self.preempt_last(),
                     Err(_) => break,
                 }
@@ -326,6 +377,10 @@ impl Scheduler {
                 .reserve(&mut seq.blocks, seq.computed + take)
                 .is_err()
             {
+                // It waits holding nothing: blocks held by waiting sequences
+                // could leave none for any (its prefix stays cached).
+                self.blocks.release(std::mem::take(&mut seq.blocks));
+                seq.computed = 0;
                 self.waiting.push_front(seq);
                 break;
             }
@@ -366,21 +421,28 @@ impl Scheduler {
     fn chunk(&self, seq: &Sequence, budget: usize) -> usize {
         match Self::scoring_until(seq) {
             Some(end) => (end - seq.computed).min(budget.min(self.max_scored_tokens)),
-            None => (seq.tokens.len() - seq.computed).min(budget),
+            None => (seq.tokens.len() - seq.computed + seq.drafts.len()).min(budget),
         }
     }
 
+    /// `seq`'s part of the step: `take` tokens from its first not computed,
+    /// its drafts last.
     fn plan(&self, seq: &Sequence, take: usize) -> ScheduledSeq {
-        let end = seq.computed + take;
+        let known = (seq.tokens.len() - seq.computed).min(take);
+        let drafts = take - known;
+        let end = seq.computed + known;
         let scored = Self::scoring_until(seq).is_some();
+        let mut tokens = seq.tokens[seq.computed..end].to_vec();
+        tokens.extend_from_slice(&seq.drafts[..drafts]);
         ScheduledSeq {
             id: seq.id,
             start: seq.computed,
-            tokens: seq.tokens[seq.computed..end].to_vec(),
+            tokens,
             blocks: seq.blocks.blocks.clone(),
             wants_logits: !scored && end == seq.tokens.len(),
             feeds_unresolved: seq.unresolved && end == seq.tokens.len(),
             scored,
+            drafts,
         }
     }
 
@@ -395,15 +457,18 @@ impl Scheduler {
         let mut seq = self.running.remove(index);
         self.blocks.release(std::mem::take(&mut seq.blocks));
         seq.computed = 0;
+        seq.drafts.clear();
         self.preemptions += 1;
         self.waiting.push_front(seq);
     }
 
-    /// Records that `batch` ran: the fed tokens are now in the cache.
+    /// Records that `batch` ran: the fed tokens are now in the cache (a
+    /// draft's only once verified: [`Scheduler::append_verified`]).
     pub fn complete(&mut self, batch: &Batch) {
         for planned in &batch.seqs {
             if let Some(seq) = self.running.iter_mut().find(|s| s.id == planned.id) {
-                seq.computed = planned.start + planned.tokens.len();
+                seq.computed = planned.start + planned.tokens.len() - planned.drafts;
+                seq.drafts.clear();
                 // A placeholder's block is registered once the pick is known.
                 let known = seq.tokens.len() - usize::from(seq.unresolved);
                 self.blocks
@@ -434,228 +499,4 @@ impl Scheduler {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn scheduler(blocks: usize, batch: usize, budget: usize) -> Scheduler {
-        Scheduler::new(
-            SchedulerConfig {
-                max_batch_size: batch,
-                max_batch_tokens: budget,
-                max_seq_len: 1000,
-            },
-            BlockManager::new(blocks, 4, true),
-        )
-    }
-
-    fn run(s: &mut Scheduler, batch: &Batch, next: u32) {
-        s.complete(batch);
-        for seq in &batch.seqs {
-            if seq.wants_logits {
-                s.append_token(seq.id, next);
-            }
-        }
-    }
-
-    #[test]
-    fn prompts_are_chunked_under_the_token_budget_and_decodes_join() {
-        let mut s = scheduler(32, 8, 6);
-        s.add(1, (0..10).collect(), 4).unwrap();
-        let b = s.schedule();
-        assert_eq!(
-            (
-                b.seqs[0].start,
-                b.seqs[0].tokens.len(),
-                b.seqs[0].wants_logits
-            ),
-            (0, 6, false)
-        );
-        run(&mut s, &b, 99);
-        s.add(2, (50..53).collect(), 4).unwrap();
-        let b = s.schedule();
-        // The rest of 1's prompt, then 2's whole prompt within the budget of 6.
-        assert_eq!(
-            b.seqs
-                .iter()
-                .map(|q| (q.id, q.start, q.tokens.len(), q.wants_logits))
-                .collect::<Vec<_>>(),
-            [(1, 6, 4, true), (2, 0, 2, false)]
-        );
-        run(&mut s, &b, 99);
-        let b = s.schedule();
-        assert_eq!(
-            b.seqs
-                .iter()
-                .map(|q| (q.id, q.start, q.tokens.clone()))
-                .collect::<Vec<_>>(),
-            [(1, 10, vec![99]), (2, 2, vec![52])]
-        );
-    }
-
-    #[test]
-    fn requests_queue_when_the_batch_is_full_and_leave_cleanly() {
-        let mut s = scheduler(32, 1, 100);
-        s.add(1, vec![1, 2], 2).unwrap();
-        s.add(2, vec![3, 4], 2).unwrap();
-        let b = s.schedule();
-        assert_eq!(b.seqs.len(), 1);
-        assert_eq!(s.num_waiting(), 1);
-        run(&mut s, &b, 7);
-        assert!(s.remove(1));
-        let b = s.schedule();
-        assert_eq!(b.seqs[0].id, 2);
-        assert!(s.remove(2));
-        assert!(!s.remove(2));
-        assert_eq!(s.blocks().used(), 0, "no block leaks");
-    }
-
-    #[test]
-    fn a_request_with_many_sequences_shares_the_batch_with_later_ones() {
-        let mut s = scheduler(64, 2, 100);
-        for id in 0..6 {
-            s.add_to_group(id, 100, vec![1, 2], 4).unwrap();
-        }
-        s.add_to_group(6, 200, vec![3, 4], 4).unwrap();
-        // Request 200's one sequence gets the second slot, ahead of request
-        // 100's other five, although they came first.
-        let b = s.schedule();
-        assert_eq!(b.seqs.iter().map(|q| q.id).collect::<Vec<_>>(), [0, 6]);
-        run(&mut s, &b, 7);
-        s.remove(6);
-        let b = s.schedule();
-        assert_eq!(b.seqs.iter().map(|q| q.id).collect::<Vec<_>>(), [0, 1]);
-        run(&mut s, &b, 7);
-        // A third request arrives: it goes before request 100's rest.
-        s.add_to_group(7, 300, vec![5, 6], 4).unwrap();
-        s.remove(0);
-        let b = s.schedule();
-        assert_eq!(b.seqs.iter().map(|q| q.id).collect::<Vec<_>>(), [1, 7]);
-    }
-
-    #[test]
-    fn a_full_cache_preempts_the_newest_sequence_and_recomputes_it_later() {
-        // 3 blocks of 4: two sequences of 4 tokens fit, then decode needs more.
-        let mut s = scheduler(3, 8, 100);
-        s.add(1, vec![1, 2, 3, 4], 4).unwrap();
-        s.add(2, vec![5, 6, 7, 8], 4).unwrap();
-        let b = s.schedule();
-        assert_eq!(b.seqs.len(), 2);
-        run(&mut s, &b, 9);
-        // Both need a second block for position 4; only one is free.
-        let b = s.schedule();
-        assert_eq!(b.seqs.iter().map(|q| q.id).collect::<Vec<_>>(), [1]);
-        assert_eq!(s.preemptions(), 1);
-        assert_eq!(s.num_waiting(), 1);
-        run(&mut s, &b, 10);
-        s.remove(1);
-        // Sequence 2 comes back with its generated token and is recomputed
-        // (its first block still in the prefix cache).
-        let b = s.schedule();
-        assert_eq!(
-            (b.seqs[0].id, b.seqs[0].start, b.seqs[0].tokens.clone()),
-            (2, 4, vec![9])
-        );
-        s.remove(2);
-        assert_eq!(s.blocks().used(), 0);
-    }
-
-    #[test]
-    fn a_placeholder_is_fed_then_resolved_and_registered_only_once_known() {
-        let mut s = scheduler(16, 8, 100);
-        s.add(1, vec![1, 2, 3], 8).unwrap();
-        s.add(2, vec![4, 5, 6], 8).unwrap();
-        let b = s.schedule();
-        s.complete(&b);
-        // 1's pick is on the way; 2's pick on the way is its last.
-        s.append_unresolved(1);
-        let b = s.schedule();
-        assert_eq!(
-            b.seqs
-                .iter()
-                .map(|q| (q.id, q.tokens.clone(), q.feeds_unresolved))
-                .collect::<Vec<_>>(),
-            [(1, vec![UNRESOLVED_TOKEN], true)],
-            "2 has nothing to feed"
-        );
-        // The block holding the placeholder is full after this step, but is
-        // registered for prefix caching only once the pick is known.
-        s.complete(&b);
-        s.append_token(1, 7);
-        s.append_unresolved(1);
-        s.append_token(1, 8);
-        s.remove(2);
-        let b = s.schedule();
-        assert_eq!(
-            (b.seqs[0].tokens.clone(), b.seqs[0].feeds_unresolved),
-            (vec![8], false)
-        );
-        s.complete(&b);
-        // 1 waits for its last pick: nothing to feed. 3 finds [1, 2, 3, 7]
-        // cached (with the placeholder registered, it would not).
-        s.add(3, vec![1, 2, 3, 7, 8], 2).unwrap();
-        let b = s.schedule();
-        assert_eq!(
-            b.seqs.iter().map(|q| (q.id, q.start)).collect::<Vec<_>>(),
-            [(3, 4)]
-        );
-    }
-
-    #[test]
-    fn impossible_requests_are_refused_up_front() {
-        let mut s = scheduler(4, 8, 100);
-        assert_eq!(s.add(1, vec![], 1), Err(AdmissionError::EmptyPrompt));
-        assert!(matches!(
-            s.add(1, vec![1; 10], 7),
-            Err(AdmissionError::TooLong { limit: 16, .. })
-        ));
-        s.add(1, vec![1], 1).unwrap();
-        assert_eq!(s.add(1, vec![1], 1), Err(AdmissionError::Duplicate(1)));
-    }
-
-    #[test]
-    fn scored_prompts_compute_every_position_in_chunks_of_their_own() {
-        let mut s = scheduler(32, 8, 4);
-        s.limit_scored_tokens(3);
-        // A first request leaves [0..8) in the prefix cache.
-        s.add(1, (0..10).collect(), 2).unwrap();
-        for _ in 0..3 {
-            let b = s.schedule();
-            run(&mut s, &b, 99);
-        }
-        s.remove(1);
-        s.add(2, (0..10).collect(), 2).unwrap();
-        assert!(s.score_prompt(2));
-        assert!(!s.score_prompt(7), "no such sequence");
-        // Scored from position 0 despite the cache, 3 tokens at most, up to
-        // the last prompt token, which goes as a plain step.
-        let mut chunks = Vec::new();
-        loop {
-            let b = s.schedule();
-            let q = &b.seqs[0];
-            chunks.push((q.start, q.tokens.len(), q.scored, q.wants_logits));
-            let last = q.wants_logits;
-            run(&mut s, &b, 5);
-            if last {
-                break;
-            }
-        }
-        let expected = [
-            (0, 3, true, false),
-            (3, 3, true, false),
-            (6, 3, true, false),
-            (9, 1, false, true),
-        ];
-        assert_eq!(chunks, expected);
-        // Split off for their own step, with every row's logits.
-        let mut s = scheduler(32, 8, 16);
-        s.add(3, vec![4, 4, 4], 2).unwrap();
-        s.add(4, vec![6, 6], 2).unwrap();
-        assert!(s.score_prompt(4));
-        let (scored, rest) = s.schedule().split_scored();
-        let ids = |b: &Batch| b.seqs.iter().map(|q| q.id).collect::<Vec<_>>();
-        assert_eq!((ids(&scored), ids(&rest)), (vec![4], vec![3]));
-        let step = scored.step_batch();
-        assert!(step.all_logits && step.sequences[0].wants_logits);
-        assert!(!rest.step_batch().all_logits);
-    }
-}
+mod tests;

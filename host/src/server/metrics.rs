@@ -48,6 +48,9 @@ pub struct Metrics {
     steps: Family<Labels, Counter>,
     host_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     device_wait_seconds: Family<Labels, Counter<f64, AtomicU64>>,
+    spec_drafts: Family<Labels, Counter>,
+    spec_draft_tokens: Family<Labels, Counter>,
+    spec_accepted_tokens: Family<Labels, Counter>,
     /// The engine reports running totals: what was already counted.
     seen: Arc<[AtomicU64; 3]>,
 }
@@ -86,6 +89,9 @@ impl Metrics {
             steps: Family::default(),
             host_seconds: Family::default(),
             device_wait_seconds: Family::default(),
+            spec_drafts: Family::default(),
+            spec_draft_tokens: Family::default(),
+            spec_accepted_tokens: Family::default(),
             seen: Arc::default(),
         };
         let mut registry = Registry::default();
@@ -149,6 +155,21 @@ impl Metrics {
             "kiln:engine_device_wait_seconds",
             "Engine-thread time waiting for the device's picks",
             metrics.device_wait_seconds.clone(),
+        );
+        r.register(
+            "vllm:spec_decode_num_drafts",
+            "Drafts verified (speculative decoding): one a sequence a drafted step",
+            metrics.spec_drafts.clone(),
+        );
+        r.register(
+            "vllm:spec_decode_num_draft_tokens",
+            "Draft tokens verified (speculative decoding)",
+            metrics.spec_draft_tokens.clone(),
+        );
+        r.register(
+            "vllm:spec_decode_num_accepted_tokens",
+            "Draft tokens the model's picks kept (speculative decoding)",
+            metrics.spec_accepted_tokens.clone(),
         );
         r.register(
             "vllm:time_to_first_token_seconds",
@@ -241,6 +262,16 @@ impl EngineObserver for Metrics {
         self.device_wait_seconds
             .get_or_create(&self.model)
             .inc_by(device_wait);
+    }
+
+    fn speculated(&self, drafts: usize, accepted: usize) {
+        self.spec_drafts.get_or_create(&self.model).inc();
+        self.spec_draft_tokens
+            .get_or_create(&self.model)
+            .inc_by(drafts as u64);
+        self.spec_accepted_tokens
+            .get_or_create(&self.model)
+            .inc_by(accepted as u64);
     }
 
     fn state(

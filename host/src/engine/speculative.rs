@@ -1,0 +1,226 @@
+//! Speculative decoding by n-gram lookup (vLLM's `ngram` method, prompt
+//! lookup decoding): a greedy sequence whose last tokens occurred earlier in
+//! its prompt or output proposes the tokens that followed them there as
+//! drafts; one step feeds its last token and the drafts, every row's logits
+//! come back, and the drafts are kept up to the first that differs from the
+//! model's own greedy pick, which is taken in its place (or, when all are
+//! kept, the pick after the last). The output is the one greedy decoding
+//! gives, in fewer steps where text repeats (quoting, editing code,
+//! extraction): a step of a few rows reads the weights once, as a step of
+//! one does.
+
+use serde::Deserialize;
+
+/// `--speculative-config`, vLLM's JSON: `{"method": "ngram",
+/// "num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min":
+/// M}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NgramConfig {
+    /// Drafts proposed at most per step.
+    pub num_speculative_tokens: usize,
+    /// Shortest suffix of the sequence looked up.
+    pub prompt_lookup_min: usize,
+    /// Longest suffix of the sequence looked up (the longest that matches
+    /// is taken).
+    pub prompt_lookup_max: usize,
+}
+
+/// The JSON as given; fields Kiln does not implement are refused by name.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpeculativeJson {
+    method: Option<String>,
+    model: Option<String>,
+    num_speculative_tokens: Option<usize>,
+    prompt_lookup_max: Option<usize>,
+    prompt_lookup_min: Option<usize>,
+}
+
+/// vLLM's defaults when neither bound is given.
+const DEFAULT_LOOKUP: usize = 5;
+
+/// Drafts per step at most: a verifying row costs as a prompt token does.
+const MAX_SPECULATIVE_TOKENS: usize = 32;
+
+impl NgramConfig {
+    /// Parses vLLM's `--speculative-config` JSON. Only the `ngram` method
+    /// (also spelled as the `model` `ngram` or `[ngram]`) is implemented:
+    /// draft models, EAGLE and MTP are refused by name.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let json: SpeculativeJson = serde_json::from_str(text)
+            .map_err(|e| format!("--speculative-config is not valid: {e}"))?;
+        let method = json.method.as_deref().or(match json.model.as_deref() {
+            Some("ngram" | "[ngram]") => Some("ngram"),
+            other => other,
+        });
+        match method {
+            Some("ngram" | "[ngram]") => {}
+            Some(other) => {
+                return Err(format!(
+                    "--speculative-config: method {other:?} is not implemented (only \"ngram\")"
+                ))
+            }
+            None => return Err("--speculative-config needs a method (\"ngram\")".to_owned()),
+        }
+        if json.method.is_some() {
+            if let Some(model) = json.model {
+                return Err(format!(
+                    "--speculative-config: the ngram method takes no draft model ({model:?})"
+                ));
+            }
+        }
+        let k = json
+            .num_speculative_tokens
+            .ok_or("--speculative-config needs num_speculative_tokens")?;
+        if !(1..=MAX_SPECULATIVE_TOKENS).contains(&k) {
+            return Err(format!(
+                "--speculative-config: num_speculative_tokens is {k}, it must be 1 to {MAX_SPECULATIVE_TOKENS}"
+            ));
+        }
+        let (min, max) = match (json.prompt_lookup_min, json.prompt_lookup_max) {
+            (None, None) => (DEFAULT_LOOKUP, DEFAULT_LOOKUP),
+            (Some(min), None) => (min, min),
+            (None, Some(max)) => (max, max),
+            (Some(min), Some(max)) => (min, max),
+        };
+        if min < 1 || min > max {
+            return Err(format!(
+                "--speculative-config: prompt_lookup_min ({min}) must be at least 1 and at most prompt_lookup_max ({max})"
+            ));
+        }
+        Ok(Self {
+            num_speculative_tokens: k,
+            prompt_lookup_min: min,
+            prompt_lookup_max: max,
+        })
+    }
+
+    /// The drafts for a sequence of `tokens` (prompt and output), at most
+    /// `limit`: the tokens that followed the earliest earlier occurrence of
+    /// its longest suffix of `prompt_lookup_min` to `prompt_lookup_max`
+    /// tokens that has one, as vLLM's proposer takes them (they may run
+    /// into the suffix itself). Empty when nothing matches.
+    pub fn propose(&self, tokens: &[u32], limit: usize) -> Vec<u32> {
+        let k = self.num_speculative_tokens.min(limit);
+        let len = tokens.len();
+        if k == 0 {
+            return Vec::new();
+        }
+        for n in (self.prompt_lookup_min..=self.prompt_lookup_max.min(len.saturating_sub(1))).rev()
+        {
+            let suffix = &tokens[len - n..];
+            // An occurrence that ends before the last token, so a token
+            // follows it.
+            if let Some(at) = tokens[..len - 1].windows(n).position(|w| w == suffix) {
+                let from = at + n;
+                return tokens[from..(from + k).min(len)].to_vec();
+            }
+        }
+        Vec::new()
+    }
+}
+
+/// How many of `drafts` the model's greedy `picks` keep: `picks[i]` is the
+/// pick after the fed token before draft `i` (the sequence's last token for
+/// draft 0), so draft `i` is kept while every pick up to `picks[i]` equals
+/// its draft. The sequence then takes `picks[..=kept]`: the kept drafts and
+/// the model's own next token.
+pub fn accepted(drafts: &[u32], picks: &[u32]) -> usize {
+    drafts
+        .iter()
+        .zip(picks)
+        .take_while(|(draft, pick)| draft == pick)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ngram(k: usize, min: usize, max: usize) -> NgramConfig {
+        NgramConfig {
+            num_speculative_tokens: k,
+            prompt_lookup_min: min,
+            prompt_lookup_max: max,
+        }
+    }
+
+    #[test]
+    fn the_longest_suffix_with_an_earlier_occurrence_proposes_what_followed_it() {
+        // vLLM's docstring example: [4, 2, 3] has no earlier occurrence,
+        // [2, 3] has one at 1, followed by 4, 2, 3 (into the suffix).
+        assert_eq!(
+            ngram(4, 2, 3).propose(&[1, 2, 3, 4, 2, 3], 10),
+            vec![4, 2, 3]
+        );
+        // The earliest occurrence of the longest match.
+        let tokens = [7, 8, 9, 1, 7, 8, 9, 2, 5, 7, 8, 9];
+        assert_eq!(ngram(2, 1, 3).propose(&tokens, 10), vec![1, 7]);
+        // A longer match wins over an earlier, shorter one.
+        let tokens = [8, 9, 6, 7, 8, 9, 5, 7, 8, 9];
+        assert_eq!(ngram(1, 2, 3).propose(&tokens, 10), vec![5]);
+        assert_eq!(ngram(1, 2, 2).propose(&tokens, 10), vec![6]);
+    }
+
+    #[test]
+    fn no_match_or_no_room_proposes_nothing() {
+        assert!(ngram(3, 2, 4).propose(&[1, 2, 3, 4, 5], 10).is_empty());
+        assert!(ngram(3, 1, 1).propose(&[1, 2, 1], 0).is_empty());
+        assert!(ngram(3, 2, 2).propose(&[1], 10).is_empty());
+        // The limit (the tokens the sequence may still generate) caps it.
+        assert_eq!(ngram(3, 1, 1).propose(&[1, 2, 3, 1], 2), vec![2, 3]);
+        // A suffix as long as the sequence has nothing before it.
+        assert!(ngram(3, 3, 3).propose(&[1, 1, 1], 10).is_empty());
+        assert_eq!(ngram(3, 1, 3).propose(&[1, 1, 1], 10), vec![1]);
+    }
+
+    #[test]
+    fn drafts_are_kept_up_to_the_first_the_model_would_not_pick() {
+        assert_eq!(accepted(&[5, 6, 7], &[5, 6, 7, 8]), 3);
+        assert_eq!(accepted(&[5, 6, 7], &[5, 9, 7, 8]), 1);
+        assert_eq!(accepted(&[5, 6, 7], &[4, 6, 7, 8]), 0);
+        assert_eq!(accepted(&[], &[4]), 0);
+    }
+
+    #[test]
+    fn vllm_json_parses_with_its_defaults_and_refuses_what_is_not_implemented() {
+        let parsed = NgramConfig::parse(r#"{"method": "ngram", "num_speculative_tokens": 4}"#);
+        assert_eq!(parsed, Ok(ngram(4, 5, 5)));
+        let parsed = NgramConfig::parse(
+            r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}"#,
+        );
+        assert_eq!(parsed, Ok(ngram(3, 2, 4)));
+        let parsed = NgramConfig::parse(
+            r#"{"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_max": 3}"#,
+        );
+        assert_eq!(parsed, Ok(ngram(2, 3, 3)));
+        for (json, says) in [
+            (
+                r#"{"method": "eagle", "num_speculative_tokens": 2}"#,
+                "\"eagle\" is not implemented",
+            ),
+            (
+                r#"{"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 2}"#,
+                "is not implemented",
+            ),
+            (r#"{"method": "ngram"}"#, "needs num_speculative_tokens"),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": 0}"#,
+                "must be 1 to 32",
+            ),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}"#,
+                "at most prompt_lookup_max",
+            ),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}"#,
+                "draft_tensor_parallel_size",
+            ),
+            (r#"{"num_speculative_tokens": 2}"#, "needs a method"),
+            ("ngram", "not valid"),
+        ] {
+            let error = NgramConfig::parse(json).unwrap_err();
+            assert!(error.contains(says), "{json}: {error}");
+        }
+    }
+}

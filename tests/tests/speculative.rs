@@ -1,0 +1,246 @@
+//! Speculative decoding by n-gram lookup (`--speculative-config` with the
+//! `ngram` method) in the serving engine, on the CPU and on the CUDA backend
+//! (the kernel emulator, or a GPU with KILN_TEST_CUDA_DEVICE): every request
+//! ends exactly as without it (greedy ones drafted and verified; sampled
+//! ones, those with log-probabilities, penalties or `min_tokens` still to
+//! reach decoding as before beside them; stops by token, string and length
+//! inside a run of kept drafts; a cache small enough to preempt; prefix
+//! caching), while drafts were verified and kept and the requests took
+//! fewer steps.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_host::device::DeviceChoice;
+use kiln_host::engine::service::{self, EngineConfig, GenerationParams, Request};
+use kiln_host::engine::speculative::NgramConfig;
+use kiln_host::engine::SamplingParams;
+use kiln_host::model::synthetic::ShapeDtype;
+use kiln_host::model::{LoadOptions, Model};
+use kiln_host::runtime::cuda::WeightDtype;
+use kiln_host::scheduler::SchedulerConfig;
+use kiln_host::server::metrics::Metrics;
+use kiln_tests::engine::{metric, receive, Outcome};
+
+const BLOCK_SIZE: usize = 4;
+
+/// The tiny model's vocabulary.
+const VOCAB: u32 = 768;
+
+/// What a run gave: each request's outcome, and the engine's counters.
+struct Run {
+    outcomes: Vec<Outcome>,
+    metrics: Metrics,
+}
+
+impl Run {
+    fn counter(&self, name: &str) -> f64 {
+        metric(&self.metrics, &format!("{name}_total"))
+    }
+}
+
+/// The tiny Llama shape (random weights) on `device`.
+fn tiny(device: DeviceChoice) -> Model {
+    let options = LoadOptions {
+        dtype: WeightDtype::Float32,
+        ..kiln_tests::models::shape_options(device)
+    };
+    kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, &options)
+}
+
+/// Serves `requests` (all at once) on `model`.
+fn serve(
+    mut model: Model,
+    requests: &[(Vec<u32>, GenerationParams)],
+    speculative: Option<NgramConfig>,
+    num_blocks: usize,
+) -> Run {
+    let tokenizer = Arc::new(model.tokenizer.take().unwrap());
+    let config = EngineConfig {
+        num_blocks,
+        block_size: BLOCK_SIZE,
+        scheduler: SchedulerConfig {
+            max_batch_size: 8,
+            max_batch_tokens: 64,
+            max_seq_len: 512,
+        },
+        prefix_caching: true,
+        async_scheduling: false,
+        speculative,
+    };
+    let metrics = Metrics::new("tiny", BLOCK_SIZE);
+    let (engine, thread) =
+        service::spawn(model, tokenizer, Vec::new(), config, metrics.clone()).unwrap();
+    let receivers: Vec<_> = requests
+        .iter()
+        .enumerate()
+        .map(|(group, (prompt, params))| {
+            let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+            engine
+                .submit(Request {
+                    prompt: prompt.clone(),
+                    params: params.clone(),
+                    events,
+                    arrived: Instant::now(),
+                    group: group as u64,
+                    constraint: None,
+                })
+                .unwrap();
+            receiver
+        })
+        .collect();
+    let outcomes = receivers.into_iter().map(receive).collect();
+    drop(engine);
+    thread.join();
+    Run { outcomes, metrics }
+}
+
+/// A prompt that repeats a pattern of `period` ids, `len` long.
+fn repeating(seed: u32, period: u32, len: u32) -> Vec<u32> {
+    (0..len)
+        .map(|j| (seed * 97 + (j % period) * 31 + 5) % VOCAB)
+        .collect()
+}
+
+fn ngram() -> NgramConfig {
+    NgramConfig::parse(
+        r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}"#,
+    )
+    .unwrap()
+}
+
+/// The requests: greedy ones to draft, with stops inside their outputs
+/// (picked from a plain run's tokens), beside requests that decode as
+/// before.
+fn requests(device: DeviceChoice) -> Vec<(Vec<u32>, GenerationParams)> {
+    let greedy: Vec<_> = (0..4)
+        .map(|i| (repeating(i, 3 + i, 9 + 4 * i), GenerationParams::greedy(40)))
+        .collect();
+    let plain = serve(tiny(device), &greedy, None, 256).outcomes;
+    let token_at = |r: usize, i: usize| plain[r].tokens[i];
+    let mut requests = greedy.clone();
+    // The same prompt again (prefix caching), stopped by a token id, by a
+    // string (a token's text) and by length mid-output.
+    let mut stop_token = GenerationParams::greedy(40);
+    stop_token.stop_token_ids = vec![token_at(0, 13)];
+    requests.push((greedy[0].0.clone(), stop_token));
+    let mut stop_string = GenerationParams::greedy(40);
+    stop_string.stop = vec![format!("<{}>", token_at(1, 17))];
+    requests.push((greedy[1].0.clone(), stop_string));
+    requests.push((greedy[2].0.clone(), GenerationParams::greedy(11)));
+    // Seeded sampling, log-probabilities, penalties and min_tokens: no drafts
+    // (min_tokens's only once it is reached).
+    let mut sampled = GenerationParams::greedy(20);
+    sampled.sampling = SamplingParams {
+        temperature: 0.9,
+        seed: Some(7),
+        ..SamplingParams::default()
+    };
+    requests.push((repeating(5, 4, 12), sampled));
+    let mut logprobs = GenerationParams::greedy(20);
+    logprobs.logprobs = Some(2);
+    requests.push((repeating(6, 4, 12), logprobs));
+    let mut penalized = GenerationParams::greedy(20);
+    penalized.penalties.repetition = 1.3;
+    requests.push((repeating(7, 4, 12), penalized));
+    let mut min_tokens = GenerationParams::greedy(30);
+    min_tokens.min_tokens = 10;
+    requests.push((repeating(3, 6, 21), min_tokens));
+    requests
+}
+
+/// Asserts that `got` (with drafts) ended every request as `want` did, in
+/// fewer steps; returns the draft tokens kept and verified.
+fn same_outcomes_in_fewer_steps(got: &Run, want: &Run, what: &str) -> (f64, f64) {
+    for (i, (got, want)) in got.outcomes.iter().zip(&want.outcomes).enumerate() {
+        let case = format!("{what}, request {i}: {got:?} vs {want:?}");
+        assert!(!got.end.starts_with("error"), "{case}");
+        assert_eq!(
+            (&got.tokens, &got.text, &got.end),
+            (&want.tokens, &want.text, &want.end),
+            "{case}"
+        );
+        assert_eq!(got.logprobs.len(), want.logprobs.len(), "{case}");
+        for ((a, top_a), (b, top_b)) in got.logprobs.iter().zip(&want.logprobs) {
+            assert!((a - b).abs() < 1e-4 && top_a == top_b, "{case}");
+        }
+    }
+    let drafts = got.counter("vllm:spec_decode_num_draft_tokens");
+    let accepted = got.counter("vllm:spec_decode_num_accepted_tokens");
+    let (steps, plain_steps) = (
+        got.counter("kiln:engine_steps"),
+        want.counter("kiln:engine_steps"),
+    );
+    eprintln!(
+        "{what}: {accepted} of {drafts} draft tokens kept, {steps} steps against {plain_steps}"
+    );
+    assert!(
+        steps < plain_steps,
+        "{what}: {steps} steps against {plain_steps}"
+    );
+    (accepted, drafts)
+}
+
+fn drafts_change_nothing_but_the_steps(device: DeviceChoice) {
+    let requests = requests(device);
+    for num_blocks in [256, 24] {
+        let want = serve(tiny(device), &requests, None, num_blocks);
+        let got = serve(tiny(device), &requests, Some(ngram()), num_blocks);
+        let (accepted, drafts) =
+            same_outcomes_in_fewer_steps(&got, &want, &format!("{device:?}, {num_blocks} blocks"));
+        assert!(
+            accepted > 0.0 && drafts >= accepted,
+            "{accepted} of {drafts}"
+        );
+        let preempted = got.counter("vllm:num_preemptions");
+        assert_eq!(preempted > 0.0, num_blocks < 256, "{preempted} preemptions");
+    }
+    // The stops fired mid-output, so they were tested.
+    let outcomes = serve(tiny(device), &requests, Some(ngram()), 256).outcomes;
+    for stopped in &outcomes[4..6] {
+        assert!(stopped.end.starts_with("stop after"), "{}", stopped.end);
+    }
+    assert_eq!(outcomes[6].end, "length after 11");
+}
+
+#[test]
+fn drafts_on_the_cpu_change_nothing_but_the_steps() {
+    drafts_change_nothing_but_the_steps(DeviceChoice::Cpu);
+}
+
+#[test]
+fn drafts_on_cuda_change_nothing_but_the_steps() {
+    drafts_change_nothing_but_the_steps(kiln_tests::models::cuda_test_device());
+}
+
+/// SmolLM2 (real weights, on the CPU) continuing text that repeats, where
+/// some drafts are right and some are not (the tiny random model's greedy
+/// output repeats one token): its greedy output is the same with drafts.
+#[test]
+fn smollm2_keeps_its_greedy_output_with_drafts() {
+    let path = kiln_tests::models::smollm2_gguf()
+        .unwrap_or_else(|| panic!("SmolLM2 is missing: run .ci/setup (or set KILN_SMOLLM2_GGUF)"));
+    let load = || kiln_tests::models::load_model(&path);
+    let texts = [
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+        "Monday, Tuesday, Wednesday, Thursday, Friday. The days again: Monday, Tuesday,",
+        "The capital of France is Paris. The capital of Spain is Madrid. The capital of Italy is",
+    ];
+    let tokenizer = load().tokenizer.take().unwrap();
+    let requests: Vec<_> = texts
+        .iter()
+        .map(|text| {
+            (
+                tokenizer.encode(text, false).unwrap(),
+                GenerationParams::greedy(32),
+            )
+        })
+        .collect();
+    let want = serve(load(), &requests, None, 256);
+    let got = serve(load(), &requests, Some(ngram()), 256);
+    let (accepted, drafts) = same_outcomes_in_fewer_steps(&got, &want, "SmolLM2");
+    assert!(
+        0.0 < accepted && accepted < drafts,
+        "{accepted} of {drafts}: some drafts kept, some not"
+    );
+}
