@@ -787,3 +787,83 @@ fn the_online_benchmark_measures_a_running_server() {
         }
     }
 }
+
+/// `--speculative-config` (n-gram lookup) on SmolLM2: a greedy answer that
+/// repeats the prompt is the text the server gives without it, whole and
+/// streamed, with drafts kept (vLLM's counters); a method Kiln does not
+/// implement, or async scheduling asked for beside it, refuses to start.
+#[test]
+fn speculative_decoding_keeps_the_answer_and_counts_its_drafts() {
+    let (model, _) = requirements();
+    let ngram = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}"#;
+    let body = serde_json::json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog, and the lazy dog sleeps."}],
+        "temperature": 0,
+        "max_tokens": 40,
+    });
+    let answer = |server: &Server| {
+        let whole = server.post_json("/v1/chat/completions", &body);
+        whole["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let plain = answer(&Server::start(&model, &[]));
+    let server = Server::start(&model, &["--speculative-config", ngram]);
+    assert_eq!(answer(&server), plain);
+    let mut streamed = body.clone();
+    streamed["stream"] = serde_json::json!(true);
+    let events = curl(
+        &server,
+        &[
+            "-sN",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            &streamed.to_string(),
+            &server.url("/v1/chat/completions"),
+        ],
+    );
+    let streamed_text: String = events
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(streamed_text, plain);
+    let kept = metric(&server, "vllm:spec_decode_num_accepted_tokens_total");
+    let drafted = metric(&server, "vllm:spec_decode_num_draft_tokens_total");
+    assert!(
+        kept > 0.0 && drafted >= kept,
+        "{kept} of {drafted} draft tokens kept"
+    );
+    assert!(server.log().contains("speculative decoding: n-gram lookup"));
+    for (extra, says) in [
+        (
+            vec![
+                "--speculative-config",
+                r#"{"method": "eagle", "num_speculative_tokens": 2}"#,
+            ],
+            "method \"eagle\" is not implemented",
+        ),
+        (
+            vec!["--speculative-config", ngram, "--async-scheduling"],
+            "--async-scheduling",
+        ),
+    ] {
+        let mut args = vec!["serve", "--model", model.to_str().unwrap(), "--port", "0"];
+        args.extend(extra);
+        let output = run_host(args, &[]);
+        let (_, stderr) = text(&output);
+        assert!(
+            !output.status.success() && stderr.contains(says),
+            "{stderr}"
+        );
+    }
+}
