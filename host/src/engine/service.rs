@@ -335,9 +335,11 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         }
     }
 
-    /// Runs a step of drafted sequences, every row's logits back, and keeps
-    /// each sequence's drafts up to the first its greedy pick differs from,
-    /// then that pick (or the pick after the last draft).
+    /// Runs a step of drafted sequences and decoding ones beside them,
+    /// every row's logits back. A drafted sequence keeps its drafts up to
+    /// the first its greedy pick differs from, then that pick (or the pick
+    /// after the last draft); a decoding one takes its row's pick as its
+    /// sampling says, on the host (as the CPU backend picks every row).
     fn verify(&mut self, batch: &Batch) {
         let step = batch.step_batch();
         let backend = self.model.backend.as_ref();
@@ -352,22 +354,40 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
             }
         };
         self.scheduler.complete(batch);
+        let decoding: Vec<SeqId> = batch
+            .seqs
+            .iter()
+            .filter(|s| s.drafts == 0)
+            .map(|s| s.id)
+            .collect();
+        let mut failed = Vec::new();
+        let mut samplings = self.row_samplings(&decoding, &mut failed).into_iter();
         let mut generated = 0;
         for (seq, rows) in batch.seqs.iter().zip(rows) {
+            let sampling = match seq.drafts {
+                0 => samplings.next().expect("one a decoding sequence"),
+                _ => RowSampling::greedy(),
+            };
+            // A grammar that failed fails its sequence, without its pick.
+            if failed.iter().any(|(id, _)| *id == seq.id) {
+                continue;
+            }
             let drafts = &seq.tokens[seq.tokens.len() - seq.drafts..];
-            let picks: Vec<Sampled> = rows
-                .iter()
-                .map(|row| sample_row(row, &RowSampling::greedy()))
-                .collect();
+            let picks: Vec<Sampled> = rows.iter().map(|row| sample_row(row, &sampling)).collect();
             let tokens: Vec<u32> = picks.iter().map(|p| p.token).collect();
             let kept = speculative::accepted(drafts, &tokens);
-            self.observer.speculated(drafts.len(), kept);
+            if !drafts.is_empty() {
+                self.observer.speculated(drafts.len(), kept);
+            }
             for (i, pick) in picks.into_iter().take(kept + 1).enumerate() {
                 generated += 1;
                 if !self.deliver(seq.id, pick, i < kept) {
                     break;
                 }
             }
+        }
+        for (id, message) in failed {
+            self.fail(id, message);
         }
         let prompt = batch.num_tokens() - batch.seqs.iter().map(|s| s.drafts + 1).sum::<usize>();
         self.stats.step(prompt, generated, load(&self.scheduler));
@@ -421,11 +441,16 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
             self.score(&scored);
         }
         // So do drafted sequences (speculative decoding: never with async
-        // scheduling, so nothing is in flight).
+        // scheduling, so nothing is in flight), the decoding ones with them:
+        // one pass over the weights for all.
         let (drafted, batch) = batch.split_drafted();
-        if !drafted.seqs.is_empty() {
-            self.verify(&drafted);
-        }
+        let batch = if drafted.seqs.is_empty() {
+            batch
+        } else {
+            let (decoding, rest) = batch.split_decoding();
+            self.verify(&drafted.joined(decoding));
+            rest
+        };
         if batch.seqs.is_empty() {
             match in_flight {
                 Some(f) => self.settle(f),

@@ -149,6 +149,21 @@ impl Batch {
         (Batch { seqs: drafted }, Batch { seqs: rest })
     }
 
+    /// The sequences that feed their last token alone to pick the next
+    /// (they decode) and the rest.
+    pub fn split_decoding(self) -> (Batch, Batch) {
+        let (decoding, rest) = self.seqs.into_iter().partition(|s| {
+            s.wants_logits && s.tokens.len() == 1 && s.drafts == 0 && !s.feeds_unresolved
+        });
+        (Batch { seqs: decoding }, Batch { seqs: rest })
+    }
+
+    /// This batch's sequences, then `other`'s.
+    pub fn joined(mut self, other: Batch) -> Batch {
+        self.seqs.extend(other.seqs);
+        self
+    }
+
     /// Tokens in the step.
     pub fn num_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.tokens.len()).sum()
