@@ -3,11 +3,12 @@
 server with the same model, one request at a time (batch 1, where a step's
 cost is reading the weights and drafts verified in the same step come
 nearly free): tasks whose answers copy from their prompts (editing code,
-quoting, extracting), greedy, each answer compared between the two runs.
+quoting, extracting), greedy, each answer compared between the two runs;
+then all of them at once (drafted and plain rows sharing steps).
 
     bench/serve/speculative.py [--model GGUF] [--rounds 2] [--max-tokens 256]
         [--config '{"method": "ngram", "num_speculative_tokens": 4,
-                    "prompt_lookup_max": 4, "prompt_lookup_min": 2}']
+                    "prompt_lookup_max": 5, "prompt_lookup_min": 3}']
         [--out bench/results/speculative-DATE.md]
 
 Environment: HOST (default target/release/host), THREADS (2). One server at
@@ -17,6 +18,7 @@ rates, and the draft tokens verified and kept (from /metrics).
 """
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -61,6 +63,9 @@ TASKS = [
 ]
 
 
+ALL_AT_ONCE = "all four at once"
+
+
 def post(url, body):
     request = urllib.request.Request(
         url, json.dumps(body).encode(), {"Content-Type": "application/json"})
@@ -93,6 +98,15 @@ def run_server(host, model, threads, extra, rounds_results, label, max_tokens):
             "model": served, "messages": [{"role": "user", "content": content}],
             "temperature": 0, "max_tokens": n})
         chat("Hello", 8)
+        # All tasks at once: drafted and plain rows share each step.
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(len(TASKS)) as pool:
+            answers = list(pool.map(lambda task: chat(task[1], max_tokens), TASKS))
+        wall = time.perf_counter() - start
+        rounds_results.setdefault((label, ALL_AT_ONCE), []).append({
+            "wall_s": wall, "tokens": sum(a["usage"]["completion_tokens"] for a in answers),
+            "text": json.dumps([a["choices"][0]["message"]["content"] for a in answers]),
+            "drafts": 0, "accepted": 0})
         for name, prompt in TASKS:
             before = (counter(url, "vllm:spec_decode_num_draft_tokens"),
                       counter(url, "vllm:spec_decode_num_accepted_tokens"))
@@ -117,7 +131,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--config", default=json.dumps({
-        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}))
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5, "prompt_lookup_min": 3}))
     parser.add_argument("--out")
     args = parser.parse_args()
     host = os.environ.get("HOST", os.path.join(ROOT, "target/release/host"))
@@ -131,7 +145,7 @@ def main():
                             capture_output=True, text=True).stdout.strip()
     name, simd, cores = cpu_model()
     lines = [
-        "# Speculative decoding (n-gram lookup) against plain decoding, one request at a time",
+        "# Speculative decoding (n-gram lookup) against plain decoding, one request at a time and four at once",
         "",
         f"- date: {datetime.date.today()}; commit: {commit}",
         f"- machine: {name} ({cores} cores; {', '.join(simd)}), {threads} threads",
@@ -142,11 +156,11 @@ def main():
         "| task | tokens | plain tok/s | ngram tok/s | ratio | drafts kept | same text |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for task, _ in TASKS:
+    for task in [name for name, _ in TASKS] + [ALL_AT_ONCE]:
         plain, ngram = results[("plain", task)], results[("ngram", task)]
         rate = lambda runs: statistics.median(r["tokens"] / r["wall_s"] for r in runs)
         same = all(r["text"] == plain[0]["text"] for r in plain + ngram)
-        kept = f"{int(ngram[0]['accepted'])} of {int(ngram[0]['drafts'])}"
+        kept = f"{int(ngram[0]['accepted'])} of {int(ngram[0]['drafts'])}" if task != ALL_AT_ONCE else "-"
         lines.append(f"| {task} | {plain[0]['tokens']} | {rate(plain):.1f} | {rate(ngram):.1f} | "
                      f"{rate(ngram) / rate(plain):.2f}x | {kept} | {'yes' if same else 'NO'} |")
     text = "\n".join(lines) + "\n"
