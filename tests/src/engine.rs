@@ -1,9 +1,81 @@
 //! The serving engine in-process, as the server drives it: what a request
 //! hears back, collected from its events, and the engine's counters.
 
-use kiln_host::engine::service::{Event, PromptLogprob};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_host::engine::service::{
+    self, EngineConfig, Event, GenerationParams, PromptLogprob, Request,
+};
+use kiln_host::engine::speculative::NgramConfig;
+use kiln_host::model::Model;
+use kiln_host::scheduler::SchedulerConfig;
 use kiln_host::server::metrics::Metrics;
 use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Positions per KV-cache block of [`tiny_config`].
+pub const BLOCK_SIZE: usize = 4;
+
+/// An engine for the tiny models: `num_blocks` blocks of [`BLOCK_SIZE`], 8
+/// sequences and 64 tokens a step, 512 positions, prefix caching.
+pub fn tiny_config(
+    num_blocks: usize,
+    async_scheduling: bool,
+    speculative: Option<NgramConfig>,
+) -> EngineConfig {
+    EngineConfig {
+        num_blocks,
+        block_size: BLOCK_SIZE,
+        scheduler: SchedulerConfig {
+            max_batch_size: 8,
+            max_batch_tokens: 64,
+            max_seq_len: 512,
+        },
+        prefix_caching: true,
+        async_scheduling,
+        speculative,
+    }
+}
+
+/// A request of `group` for [`serve`] (which gives it its event channel).
+pub fn request(prompt: Vec<u32>, params: GenerationParams, group: u64) -> Request {
+    Request {
+        prompt,
+        params,
+        events: tokio::sync::mpsc::unbounded_channel().0,
+        arrived: Instant::now(),
+        group,
+        constraint: None,
+    }
+}
+
+/// Serves `requests` on `model` through an engine with `config`, all
+/// submitted at once, to their ends; returns each one's outcome and the
+/// engine's metrics.
+pub fn serve(
+    mut model: Model,
+    eos: &[u32],
+    config: EngineConfig,
+    requests: Vec<Request>,
+) -> (Vec<Outcome>, Metrics) {
+    let tokenizer = Arc::new(model.tokenizer.take().expect("a tokenizer"));
+    let metrics = Metrics::new("tiny", config.block_size);
+    let (engine, thread) =
+        service::spawn(model, tokenizer, eos.to_vec(), config, metrics.clone()).unwrap();
+    let receivers: Vec<_> = requests
+        .into_iter()
+        .map(|mut request| {
+            let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+            request.events = events;
+            engine.submit(request).unwrap();
+            receiver
+        })
+        .collect();
+    let outcomes = receivers.into_iter().map(receive).collect();
+    drop(engine);
+    thread.join();
+    (outcomes, metrics)
+}
 
 /// A scored prompt position: token, log-probability, rank, top ids.
 pub type Scored = (u32, f32, usize, Vec<u32>);
@@ -71,6 +143,26 @@ pub fn receive(mut receiver: UnboundedReceiver<Event>) -> Outcome {
         }
     }
     outcome
+}
+
+/// Asserts that every request of `got` ended as its counterpart of `want`:
+/// the same tokens, text and end, none an error, and log-probabilities
+/// within rounding (a preempted sequence is recomputed in other batches).
+pub fn assert_same_outcomes(got: &[Outcome], want: &[Outcome], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (got, want)) in got.iter().zip(want).enumerate() {
+        let case = format!("{what}, request {i}: {got:?} vs {want:?}");
+        assert!(!got.end.starts_with("error"), "{case}");
+        assert_eq!(
+            (&got.tokens, &got.text, &got.end),
+            (&want.tokens, &want.text, &want.end),
+            "{case}"
+        );
+        assert_eq!(got.logprobs.len(), want.logprobs.len(), "{case}");
+        for ((a, top_a), (b, top_b)) in got.logprobs.iter().zip(&want.logprobs) {
+            assert!((a - b).abs() < 1e-4 && top_a == top_b, "{case}");
+        }
+    }
 }
 
 /// The value of the metric line that starts with `name` (a counter's

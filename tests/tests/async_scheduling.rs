@@ -13,20 +13,15 @@
 //! model's whole-prompt logits give them.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use kiln_host::engine::service::{self, EngineConfig, GenerationParams, Request};
+use kiln_host::engine::service::{GenerationParams, Request};
 use kiln_host::engine::structured::{Grammar, Grammars};
 use kiln_host::engine::SamplingParams;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::LoadOptions;
 use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
-use kiln_host::scheduler::SchedulerConfig;
-use kiln_host::server::metrics::Metrics;
 use kiln_host::tokenizer::Tokenizer;
-use kiln_tests::engine::{metric, receive, Outcome};
-
-const BLOCK_SIZE: usize = 4;
+use kiln_tests::engine::{assert_same_outcomes, metric, request, tiny_config, Outcome};
 
 /// A request to serve.
 #[derive(Clone)]
@@ -63,7 +58,7 @@ fn serve(
         dtype: WeightDtype::Float32,
         ..kiln_tests::models::shape_options(kiln_tests::models::cuda_test_device())
     };
-    let mut model = kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, &options);
+    let model = kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, &options);
     let device = model
         .backend
         .as_any()
@@ -71,43 +66,16 @@ fn serve(
         .expect("the CUDA backend")
         .device();
     let overlapped_before = device.overlapped_waits();
-    let tokenizer = Arc::new(model.tokenizer.take().unwrap());
     let grammars = Grammars::new(grammar_tokenizer(), eos.to_vec(), VOCAB as usize);
-    let config = EngineConfig {
-        num_blocks,
-        block_size: BLOCK_SIZE,
-        scheduler: SchedulerConfig {
-            max_batch_size: 8,
-            max_batch_tokens: 64,
-            max_seq_len: 512,
-        },
-        prefix_caching: true,
-        async_scheduling,
-        speculative: None,
-    };
-    let metrics = Metrics::new("tiny", BLOCK_SIZE);
-    let (engine, thread) =
-        service::spawn(model, tokenizer, eos.to_vec(), config, metrics.clone()).unwrap();
-    let receivers: Vec<_> = requests
+    let config = tiny_config(num_blocks, async_scheduling, None);
+    let requests = requests
         .iter()
-        .map(|ask| {
-            let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
-            engine
-                .submit(Request {
-                    prompt: ask.prompt.clone(),
-                    params: ask.params.clone(),
-                    events,
-                    arrived: Instant::now(),
-                    group: ask.group,
-                    constraint: ask.grammar.as_ref().map(|g| grammars.matcher(g).unwrap()),
-                })
-                .unwrap();
-            receiver
+        .map(|ask| Request {
+            constraint: ask.grammar.as_ref().map(|g| grammars.matcher(g).unwrap()),
+            ..request(ask.prompt.clone(), ask.params.clone(), ask.group)
         })
         .collect();
-    let outcomes = receivers.into_iter().map(receive).collect();
-    drop(engine);
-    thread.join();
+    let (outcomes, metrics) = kiln_tests::engine::serve(model, eos, config, requests);
     let preemptions = metric(&metrics, "vllm:num_preemptions_total") as u64;
     (
         outcomes,
@@ -203,21 +171,7 @@ fn async_scheduling_ends_every_request_as_reading_each_step_first_does() {
         let (want, waited, _) = serve(&requests, &eos, false, num_blocks);
         let (got, overlapped, preempted) = serve(&requests, &eos, true, num_blocks);
         assert_eq!(preempted > 0, num_blocks < 256, "{preempted} preemptions");
-        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
-            let case = format!("request {i} with {num_blocks} blocks: {got:?} vs {want:?}");
-            assert!(!got.end.starts_with("error"), "{case}");
-            assert_eq!(
-                (&got.tokens, &got.text, &got.end),
-                (&want.tokens, &want.text, &want.end),
-                "{case}"
-            );
-            // Preemption recomputes a sequence in other batches: the same
-            // picks, log-probabilities within rounding.
-            assert_eq!(got.logprobs.len(), want.logprobs.len(), "{case}");
-            for ((a, top_a), (b, top_b)) in got.logprobs.iter().zip(&want.logprobs) {
-                assert!((a - b).abs() < 1e-4 && top_a == top_b, "{case}");
-            }
-        }
+        assert_same_outcomes(&got, &want, &format!("{num_blocks} blocks"));
         assert_eq!(waited, 0, "without async scheduling no wait overlaps");
         eprintln!("{num_blocks} blocks: {overlapped} overlapped reads");
         assert!(

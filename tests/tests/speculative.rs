@@ -8,21 +8,15 @@
 //! caching), while drafts were verified and kept and the requests took
 //! fewer steps.
 
-use std::sync::Arc;
-use std::time::Instant;
-
 use kiln_host::device::DeviceChoice;
-use kiln_host::engine::service::{self, EngineConfig, GenerationParams, Request};
+use kiln_host::engine::service::GenerationParams;
 use kiln_host::engine::speculative::NgramConfig;
 use kiln_host::engine::SamplingParams;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
 use kiln_host::runtime::cuda::WeightDtype;
-use kiln_host::scheduler::SchedulerConfig;
 use kiln_host::server::metrics::Metrics;
-use kiln_tests::engine::{metric, receive, Outcome};
-
-const BLOCK_SIZE: usize = 4;
+use kiln_tests::engine::{self, assert_same_outcomes, metric, request, tiny_config, Outcome};
 
 /// The tiny model's vocabulary.
 const VOCAB: u32 = 768;
@@ -50,48 +44,18 @@ fn tiny(device: DeviceChoice) -> Model {
 
 /// Serves `requests` (all at once) on `model`.
 fn serve(
-    mut model: Model,
+    model: Model,
     requests: &[(Vec<u32>, GenerationParams)],
     speculative: Option<NgramConfig>,
     num_blocks: usize,
 ) -> Run {
-    let tokenizer = Arc::new(model.tokenizer.take().unwrap());
-    let config = EngineConfig {
-        num_blocks,
-        block_size: BLOCK_SIZE,
-        scheduler: SchedulerConfig {
-            max_batch_size: 8,
-            max_batch_tokens: 64,
-            max_seq_len: 512,
-        },
-        prefix_caching: true,
-        async_scheduling: false,
-        speculative,
-    };
-    let metrics = Metrics::new("tiny", BLOCK_SIZE);
-    let (engine, thread) =
-        service::spawn(model, tokenizer, Vec::new(), config, metrics.clone()).unwrap();
-    let receivers: Vec<_> = requests
+    let config = tiny_config(num_blocks, false, speculative);
+    let requests = requests
         .iter()
         .enumerate()
-        .map(|(group, (prompt, params))| {
-            let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
-            engine
-                .submit(Request {
-                    prompt: prompt.clone(),
-                    params: params.clone(),
-                    events,
-                    arrived: Instant::now(),
-                    group: group as u64,
-                    constraint: None,
-                })
-                .unwrap();
-            receiver
-        })
+        .map(|(group, (prompt, params))| request(prompt.clone(), params.clone(), group as u64))
         .collect();
-    let outcomes = receivers.into_iter().map(receive).collect();
-    drop(engine);
-    thread.join();
+    let (outcomes, metrics) = engine::serve(model, &[], config, requests);
     Run { outcomes, metrics }
 }
 
@@ -152,19 +116,7 @@ fn requests(device: DeviceChoice) -> Vec<(Vec<u32>, GenerationParams)> {
 /// Asserts that `got` (with drafts) ended every request as `want` did, in
 /// fewer steps; returns the draft tokens kept and verified.
 fn same_outcomes_in_fewer_steps(got: &Run, want: &Run, what: &str) -> (f64, f64) {
-    for (i, (got, want)) in got.outcomes.iter().zip(&want.outcomes).enumerate() {
-        let case = format!("{what}, request {i}: {got:?} vs {want:?}");
-        assert!(!got.end.starts_with("error"), "{case}");
-        assert_eq!(
-            (&got.tokens, &got.text, &got.end),
-            (&want.tokens, &want.text, &want.end),
-            "{case}"
-        );
-        assert_eq!(got.logprobs.len(), want.logprobs.len(), "{case}");
-        for ((a, top_a), (b, top_b)) in got.logprobs.iter().zip(&want.logprobs) {
-            assert!((a - b).abs() < 1e-4 && top_a == top_b, "{case}");
-        }
-    }
+    assert_same_outcomes(&got.outcomes, &want.outcomes, what);
     let drafts = got.counter("vllm:spec_decode_num_draft_tokens");
     let accepted = got.counter("vllm:spec_decode_num_accepted_tokens");
     let (steps, plain_steps) = (
