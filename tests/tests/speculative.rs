@@ -1,12 +1,13 @@
 //! Speculative decoding by n-gram lookup (`--speculative-config` with the
 //! `ngram` method) in the serving engine, on the CPU and on the CUDA backend
 //! (the kernel emulator, or a GPU with KILN_TEST_CUDA_DEVICE): every request
-//! ends exactly as without it (greedy ones drafted and verified; sampled
-//! ones, those with log-probabilities, penalties or `min_tokens` still to
-//! reach decoding as before beside them; stops by token, string and length
-//! inside a run of kept drafts; a cache small enough to preempt; prefix
-//! caching), while drafts were verified and kept and the requests took
-//! fewer steps.
+//! ends exactly as without it (greedy ones drafted and verified; those with
+//! log-probabilities, penalties or `min_tokens` still to reach decoding as
+//! before beside them; stops by token, string and length inside a run of
+//! kept drafts; a cache small enough to preempt; prefix caching), while
+//! drafts were verified and kept and the requests took fewer steps. Sampled
+//! requests draft too (their drafts checked against their distribution:
+//! `runtime::sampling`'s test), reproducibly with a seed.
 
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::service::GenerationParams;
@@ -92,14 +93,15 @@ fn requests(device: DeviceChoice) -> Vec<(Vec<u32>, GenerationParams)> {
     stop_string.stop = vec![format!("<{}>", token_at(1, 17))];
     requests.push((greedy[1].0.clone(), stop_string));
     requests.push((greedy[2].0.clone(), GenerationParams::greedy(11)));
-    // Seeded sampling, log-probabilities, penalties and min_tokens: no drafts
-    // (min_tokens's only once it is reached).
+    // Log-probabilities (seeded sampling with them), penalties and
+    // min_tokens: no drafts (min_tokens's only once it is reached).
     let mut sampled = GenerationParams::greedy(20);
     sampled.sampling = SamplingParams {
         temperature: 0.9,
         seed: Some(7),
         ..SamplingParams::default()
     };
+    sampled.logprobs = Some(1);
     requests.push((repeating(5, 4, 12), sampled));
     let mut logprobs = GenerationParams::greedy(20);
     logprobs.logprobs = Some(2);
@@ -163,6 +165,31 @@ fn drafts_on_the_cpu_change_nothing_but_the_steps() {
 #[test]
 fn drafts_on_cuda_change_nothing_but_the_steps() {
     drafts_change_nothing_but_the_steps(kiln_tests::models::cuda_test_device());
+}
+
+/// A seeded sampled request drafts, and gives the same tokens every time.
+#[test]
+fn sampled_requests_draft_and_repeat_with_their_seed() {
+    let mut sampled = GenerationParams::greedy(40);
+    sampled.sampling = SamplingParams {
+        // The random tiny model's logits are close together: a low
+        // temperature makes its picks likely enough to draft and keep.
+        temperature: 0.05,
+        top_k: 40,
+        top_p: 0.95,
+        seed: Some(11),
+        ..SamplingParams::default()
+    };
+    let requests = [(repeating(2, 3, 15), sampled)];
+    let runs: Vec<Run> = (0..2)
+        .map(|_| serve(tiny(DeviceChoice::Cpu), &requests, Some(ngram()), 256))
+        .collect();
+    assert_eq!(runs[0].outcomes[0].end, "length after 40");
+    assert_eq!(runs[0].outcomes[0].tokens, runs[1].outcomes[0].tokens);
+    let drafts = runs[0].counter("vllm:spec_decode_num_draft_tokens");
+    let kept = runs[0].counter("vllm:spec_decode_num_accepted_tokens");
+    eprintln!("sampled: {kept} of {drafts} draft tokens kept");
+    assert!(drafts > 0.0 && kept > 0.0, "{kept} of {drafts}");
 }
 
 /// SmolLM2 (real weights, on the CPU) continuing text that repeats, where

@@ -13,7 +13,7 @@ use super::scoring::PromptScores;
 use super::service::{Event, FinishReason, GenerationParams, StopReason, TokenLogprob};
 use super::stop::{StopMatcher, StopOutcome};
 use super::structured;
-use crate::runtime::sampling::{RowSampling, Sampled, MIN_TEMPERATURE};
+use crate::runtime::sampling::{RowSampling, Sampled};
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
 /// One running request's state.
@@ -93,13 +93,12 @@ impl<'t> Active<'t> {
     }
 
     /// How many drafts its next step may verify (speculative decoding): as
-    /// many as it may still generate past the next token where every one
-    /// of its picks is the first largest logit alone (greedy, nothing
-    /// adjusting the logits, no mask, no log-probabilities), else none.
+    /// many as it may still generate past the next token where its picks
+    /// depend on the logits and its sampler's draws alone (nothing adjusting
+    /// the logits, no mask, no log-probabilities), else none.
     pub fn draft_room(&self) -> usize {
         let p = &self.params;
-        let plain = p.sampling.temperature < MIN_TEMPERATURE
-            && self.constraint.is_none()
+        let plain = self.constraint.is_none()
             && p.penalties == Penalties::default()
             && p.logit_bias.is_empty()
             && p.allowed_tokens.is_none()
@@ -110,6 +109,12 @@ impl<'t> Active<'t> {
             true => p.max_tokens.saturating_sub(self.generated.len() + 1),
             false => 0,
         }
+    }
+
+    /// How a drafted step's row picks (a sequence with
+    /// [`Active::draft_room`]): its sampler's filters and a fresh draw.
+    pub fn draft_sampling(&mut self) -> RowSampling {
+        self.sampler.next_row()
     }
 
     /// Whether the pick on the way leaves room for more (`max_tokens`).

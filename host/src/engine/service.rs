@@ -18,10 +18,10 @@ pub use super::request::{
     Event, FinishReason, GenerationParams, PromptLogprob, Request, StopReason, TokenLogprob,
 };
 use super::sequence::Active;
-use super::speculative::{self, NgramConfig};
+use super::speculative::NgramConfig;
 use super::stats::StatsLine;
 use crate::model::Model;
-use crate::runtime::sampling::{sample_row, RowSampling, Sampled};
+use crate::runtime::sampling::{check_draft, sample_row, RowSampling, Sampled};
 use crate::runtime::{KvCache, PendingSample, RuntimeError, TokenFeed};
 use crate::scheduler::{Batch, BlockManager, Scheduler, SchedulerConfig, SeqId};
 use crate::tokenizer::Tokenizer;
@@ -373,13 +373,14 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
                 continue;
             }
             let drafts = &seq.tokens[seq.tokens.len() - seq.drafts..];
-            let picks: Vec<Sampled> = rows.iter().map(|row| sample_row(row, &sampling)).collect();
-            let tokens: Vec<u32> = picks.iter().map(|p| p.token).collect();
-            let kept = speculative::accepted(drafts, &tokens);
+            let (picks, kept) = match drafts.is_empty() {
+                true => (vec![sample_row(&rows[0], &sampling)], 0),
+                false => self.check_drafts(seq.id, drafts, &rows),
+            };
             if !drafts.is_empty() {
                 self.observer.speculated(drafts.len(), kept);
             }
-            for (i, pick) in picks.into_iter().take(kept + 1).enumerate() {
+            for (i, pick) in picks.into_iter().enumerate() {
                 generated += 1;
                 if !self.deliver(seq.id, pick, i < kept) {
                     break;
@@ -391,6 +392,42 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         }
         let prompt = batch.num_tokens() - batch.seqs.iter().map(|s| s.drafts + 1).sum::<usize>();
         self.stats.step(prompt, generated, load(&self.scheduler));
+    }
+
+    /// A drafted sequence's picks from its rows: each draft checked in turn
+    /// (`check_draft`: kept as the row's sampling would pick it), up to the
+    /// first not kept, whose row's own token follows; when all are kept,
+    /// the last row's pick. Returns the picks and how many are drafts.
+    fn check_drafts(
+        &mut self,
+        id: SeqId,
+        drafts: &[u32],
+        rows: &[Vec<f32>],
+    ) -> (Vec<Sampled>, usize) {
+        let Some(state) = self.active.get_mut(&id) else {
+            return (Vec::new(), 0);
+        };
+        let picked = |token| Sampled {
+            token,
+            logprob: None,
+            top: Vec::new(),
+        };
+        let mut picks = Vec::new();
+        for (row, &draft) in rows.iter().zip(drafts) {
+            let sampling = state.draft_sampling();
+            let again = state.draft_sampling().uniform;
+            match check_draft(row, &sampling, draft, again) {
+                None => picks.push(picked(draft)),
+                Some(token) => {
+                    let kept = picks.len();
+                    picks.push(picked(token));
+                    return (picks, kept);
+                }
+            }
+        }
+        let last = sample_row(&rows[drafts.len()], &state.draft_sampling());
+        picks.push(last);
+        (picks, drafts.len())
     }
 
     /// Cancels requests whose client is gone.

@@ -1,13 +1,15 @@
 //! Speculative decoding by n-gram lookup (vLLM's `ngram` method, prompt
-//! lookup decoding): a greedy sequence whose last tokens occurred earlier in
-//! its prompt or output proposes the tokens that followed them there as
-//! drafts; one step feeds its last token and the drafts, every row's logits
-//! come back, and the drafts are kept up to the first that differs from the
-//! model's own greedy pick, which is taken in its place (or, when all are
-//! kept, the pick after the last). The output is the one greedy decoding
-//! gives, in fewer steps where text repeats (quoting, editing code,
-//! extraction): a step of a few rows reads the weights once, as a step of
-//! one does.
+//! lookup decoding): a sequence whose last tokens occurred earlier in its
+//! prompt or output proposes the tokens that followed them there as drafts;
+//! one step feeds its last token and the drafts, every row's logits come
+//! back, and each draft in turn is kept as the row's sampling would pick it
+//! (greedy: when it is the pick; sampled: with the probability the row
+//! gives it, else the row's token is drawn from the rest:
+//! `runtime::sampling::check_draft`), up to the first not kept, whose row's
+//! own token follows. Greedy output is the one plain decoding gives, and
+//! sampled output has the same distribution, in fewer steps where text
+//! repeats (quoting, editing code, extraction): a step of a few rows reads
+//! the weights once, as a step of one does.
 
 use serde::Deserialize;
 
@@ -120,19 +122,6 @@ impl NgramConfig {
     }
 }
 
-/// How many of `drafts` the model's greedy `picks` keep: `picks[i]` is the
-/// pick after the fed token before draft `i` (the sequence's last token for
-/// draft 0), so draft `i` is kept while every pick up to `picks[i]` equals
-/// its draft. The sequence then takes `picks[..=kept]`: the kept drafts and
-/// the model's own next token.
-pub fn accepted(drafts: &[u32], picks: &[u32]) -> usize {
-    drafts
-        .iter()
-        .zip(picks)
-        .take_while(|(draft, pick)| draft == pick)
-        .count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,14 +161,6 @@ mod tests {
         // A suffix as long as the sequence has nothing before it.
         assert!(ngram(3, 3, 3).propose(&[1, 1, 1], 10).is_empty());
         assert_eq!(ngram(3, 1, 3).propose(&[1, 1, 1], 10), vec![1]);
-    }
-
-    #[test]
-    fn drafts_are_kept_up_to_the_first_the_model_would_not_pick() {
-        assert_eq!(accepted(&[5, 6, 7], &[5, 6, 7, 8]), 3);
-        assert_eq!(accepted(&[5, 6, 7], &[5, 9, 7, 8]), 1);
-        assert_eq!(accepted(&[5, 6, 7], &[4, 6, 7, 8]), 0);
-        assert_eq!(accepted(&[], &[4]), 0);
     }
 
     #[test]

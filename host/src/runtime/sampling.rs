@@ -89,6 +89,55 @@ pub struct Sampled {
 /// Picks the token of `logits` as `row` says (the host implementation).
 pub fn sample_row(logits: &[f32], row: &RowSampling) -> Sampled {
     let raw = row.logprobs.map(|_| log_softmax(logits));
+    let token = pick(&adjusted(logits, row), row);
+    let (logprob, top) = match (raw, row.logprobs) {
+        (Some(lp), Some(n)) => (Some(lp[token as usize]), top_logprobs(&lp, n)),
+        _ => (None, Vec::new()),
+    };
+    Sampled {
+        token,
+        logprob,
+        top,
+    }
+}
+
+/// Speculative decoding's check of `draft`, a token proposed for the row
+/// `logits` (a proposal of one token, as n-gram lookup makes): kept with
+/// the probability `row`'s sampling gives it (its draw below it; greedy:
+/// when it is the pick). Else returns the row's token, drawn with `again`
+/// from the rest of that distribution, so the token comes out as
+/// [`sample_row`]'s would (vLLM's rejection sampler for such proposals).
+pub fn check_draft(logits: &[f32], row: &RowSampling, draft: u32, again: f32) -> Option<u32> {
+    let adjusted = adjusted(logits, row);
+    let Some(kept) = Kept::of(&adjusted, row) else {
+        let pick = argmax(&adjusted);
+        return (pick != draft).then_some(pick);
+    };
+    let at = kept.candidates.iter().position(|&(t, _)| t == draft);
+    let p_draft = at.map_or(0.0, |i| kept.probs[i]);
+    if row.uniform * kept.total < p_draft {
+        return None;
+    }
+    let rest = kept.total - p_draft;
+    let mut draw = again * rest;
+    let mut last = None;
+    for (i, (&(token, _), p)) in kept.candidates.iter().zip(&kept.probs).enumerate() {
+        if Some(i) == at {
+            continue;
+        }
+        last = Some(token);
+        draw -= p;
+        if draw <= 0.0 {
+            return last;
+        }
+    }
+    // Rounding left a little of the draw: the last candidate. Nothing but
+    // the draft was left only if it had all the mass, and then it was kept.
+    Some(last.unwrap_or(draft))
+}
+
+/// `logits` with `row`'s mask, penalties, bias and bans applied.
+fn adjusted(logits: &[f32], row: &RowSampling) -> Vec<f32> {
     let mut adjusted = logits.to_vec();
     if let Some(mask) = &row.allowed {
         for (w, chunk) in adjusted.chunks_mut(32).enumerate() {
@@ -103,16 +152,7 @@ pub fn sample_row(logits: &[f32], row: &RowSampling) -> Sampled {
         }
     }
     apply_adjustments(&mut adjusted, row);
-    let token = pick(&adjusted, row);
-    let (logprob, top) = match (raw, row.logprobs) {
-        (Some(lp), Some(n)) => (Some(lp[token as usize]), top_logprobs(&lp, n)),
-        _ => (None, Vec::new()),
-    };
-    Sampled {
-        token,
-        logprob,
-        top,
-    }
+    adjusted
 }
 
 /// Penalties (repetition, then frequency and presence), the logit bias and
@@ -139,60 +179,86 @@ fn apply_adjustments(logits: &mut [f32], row: &RowSampling) {
     }
 }
 
-/// Greedy, or temperature, top-k, softmax, min-p, top-p and the draw.
-fn pick(logits: &[f32], row: &RowSampling) -> u32 {
-    if row.temperature < MIN_TEMPERATURE {
-        return argmax(logits);
-    }
-    // Finite after the division (a huge logit over a small temperature is not).
-    let mut candidates: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, l / row.temperature))
-        .filter(|(_, l)| l.is_finite())
-        .collect();
-    if candidates.is_empty() {
-        return argmax(logits);
-    }
-    candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    if row.top_k > 0 {
-        candidates.truncate(row.top_k);
-    }
-    // Softmax over the survivors.
-    let max = candidates[0].1;
-    let mut probs: Vec<f32> = candidates.iter().map(|(_, l)| (l - max).exp()).collect();
-    let total: f32 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
-    let mut keep = probs.len();
-    if row.min_p > 0.0 {
-        let floor = row.min_p * probs[0];
-        keep = keep.min(
-            probs
-                .iter()
-                .position(|&p| p < floor)
-                .unwrap_or(probs.len())
-                .max(1),
-        );
-    }
-    if row.top_p < 1.0 {
-        let mut cumulative = 0.0;
-        for (i, p) in probs.iter().enumerate().take(keep) {
-            cumulative += p;
-            if cumulative >= row.top_p {
-                keep = i + 1;
-                break;
+/// The tokens a sampled row may pick: temperature, top-k, softmax, min-p
+/// and top-p applied; `probs` sum to `total` (below 1 when filtered).
+struct Kept {
+    /// Token and scaled logit, most likely first.
+    candidates: Vec<(u32, f32)>,
+    probs: Vec<f32>,
+    total: f32,
+}
+
+impl Kept {
+    /// `None` where the row is greedy (or nothing is finite after the
+    /// temperature): the pick is the argmax.
+    fn of(logits: &[f32], row: &RowSampling) -> Option<Self> {
+        if row.temperature < MIN_TEMPERATURE {
+            return None;
+        }
+        // Finite after the division (a huge logit over a small temperature is not).
+        let mut candidates: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l / row.temperature))
+            .filter(|(_, l)| l.is_finite())
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if row.top_k > 0 {
+            candidates.truncate(row.top_k);
+        }
+        // Softmax over the survivors.
+        let max = candidates[0].1;
+        let mut probs: Vec<f32> = candidates.iter().map(|(_, l)| (l - max).exp()).collect();
+        let total: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        let mut keep = probs.len();
+        if row.min_p > 0.0 {
+            let floor = row.min_p * probs[0];
+            keep = keep.min(
+                probs
+                    .iter()
+                    .position(|&p| p < floor)
+                    .unwrap_or(probs.len())
+                    .max(1),
+            );
+        }
+        if row.top_p < 1.0 {
+            let mut cumulative = 0.0;
+            for (i, p) in probs.iter().enumerate().take(keep) {
+                cumulative += p;
+                if cumulative >= row.top_p {
+                    keep = i + 1;
+                    break;
+                }
             }
         }
+        candidates.truncate(keep);
+        probs.truncate(keep);
+        let total = probs.iter().sum();
+        Some(Self {
+            candidates,
+            probs,
+            total,
+        })
     }
-    let kept: f32 = probs[..keep].iter().sum();
-    let mut draw = row.uniform * kept;
-    for (i, p) in probs[..keep].iter().enumerate() {
+}
+
+/// Greedy, or the draw among the kept tokens.
+fn pick(logits: &[f32], row: &RowSampling) -> u32 {
+    let Some(kept) = Kept::of(logits, row) else {
+        return argmax(logits);
+    };
+    let mut draw = row.uniform * kept.total;
+    for (i, p) in kept.probs.iter().enumerate() {
         draw -= p;
         if draw <= 0.0 {
-            return candidates[i].0;
+            return kept.candidates[i].0;
         }
     }
-    candidates[keep - 1].0
+    kept.candidates[kept.candidates.len() - 1].0
 }
 
 /// The index of the largest logit (the first on ties).
@@ -321,5 +387,52 @@ mod tests {
         let lp = log_softmax(&[1.0, 2.0, 3.0]);
         assert_eq!(out.logprob, Some(lp[1]));
         assert_eq!(out.top, vec![(2, lp[2]), (1, lp[1])]);
+    }
+
+    /// The distribution of a row's token over `n` evenly spaced draws.
+    fn token_frequencies(n: usize, mut token: impl FnMut(f32, f32) -> u32) -> Vec<f64> {
+        let mut counts = vec![0f64; 8];
+        for i in 0..n {
+            for j in 0..n {
+                let (u, v) = ((i as f32 + 0.5) / n as f32, (j as f32 + 0.5) / n as f32);
+                counts[token(u, v) as usize] += 1.0 / (n * n) as f64;
+            }
+        }
+        counts
+    }
+
+    #[test]
+    fn a_checked_draft_leaves_the_rows_distribution_as_it_was() {
+        let logits = [1.0, 2.5, 0.3, 2.2, -1.0, 0.9, 1.7, f32::NEG_INFINITY];
+        for (temperature, top_k, top_p, min_p) in
+            [(1.0, 0, 1.0, 0.0), (0.7, 5, 0.9, 0.0), (1.3, 0, 0.95, 0.1)]
+        {
+            let sampled =
+                |u: f32| sample_row(&logits, &row(temperature, top_k, top_p, min_p, u)).token;
+            let want = token_frequencies(400, |u, _| sampled(u));
+            for draft in 0..8 {
+                // Kept with the draft's probability, else drawn from the rest.
+                let got = token_frequencies(400, |u, v| {
+                    check_draft(&logits, &row(temperature, top_k, top_p, min_p, u), draft, v)
+                        .unwrap_or(draft)
+                });
+                for (t, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!((g - w).abs() < 0.01, "draft {draft}, token {t}: {g} vs {w} ({temperature}, {top_k}, {top_p}, {min_p})");
+                }
+                let kept = token_frequencies(400, |u, v| {
+                    let checked =
+                        check_draft(&logits, &row(temperature, top_k, top_p, min_p, u), draft, v);
+                    checked.map_or(1, |_| 0)
+                })[1];
+                assert!(
+                    (kept - want[draft as usize]).abs() < 0.01,
+                    "draft {draft} kept {kept}"
+                );
+            }
+        }
+        // Greedy: kept exactly when it is the pick, else the pick.
+        let greedy = RowSampling::greedy();
+        assert_eq!(check_draft(&logits, &greedy, 1, 0.5), None);
+        assert_eq!(check_draft(&logits, &greedy, 3, 0.5), Some(1));
     }
 }
