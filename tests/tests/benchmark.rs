@@ -231,6 +231,26 @@ fn benchmark_runs_a_shape_with_random_weights() {
             "cannot be used with",
         ),
         (vec!["--shape-dtype", "q4_k_m", "--model", shape], "--shape"),
+        (
+            vec![
+                "--url",
+                "http://127.0.0.1:9",
+                "--model",
+                "m",
+                "--speculative-config",
+                r#"{"method": "ngram", "num_speculative_tokens": 2}"#,
+            ],
+            "the server's own settings apply",
+        ),
+        (
+            vec![
+                "--speculative-config",
+                r#"{"method": "ngram"}"#,
+                "--shape",
+                shape,
+            ],
+            "needs num_speculative_tokens",
+        ),
     ] {
         let output = run_host([&["benchmark"], args.as_slice()].concat(), &[]);
         assert!(!output.status.success());

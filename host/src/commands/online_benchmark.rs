@@ -155,6 +155,13 @@ pub fn online_benchmark(args: &BenchmarkArgs, url: &str) -> anyhow::Result<()> {
         args.request_rate > 0.0,
         "--request-rate must be positive (inf: all at once)"
     );
+    let scheduling = &args.scheduling;
+    anyhow::ensure!(
+        !scheduling.async_scheduling
+            && !scheduling.no_async_scheduling
+            && scheduling.speculative_config.is_none(),
+        "--async-scheduling, --no-async-scheduling and --speculative-config set up the engine `host benchmark` runs itself; with --url the server's own settings apply"
+    );
     let url = url.trim_end_matches('/').to_owned();
     // Every request but its prompt, with the benchmark's sampling.
     let mut body = json!({"model": model, "max_tokens": args.output_len, "stream": true,
