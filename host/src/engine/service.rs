@@ -336,10 +336,10 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
     }
 
     /// Runs a step of drafted sequences and decoding ones beside them,
-    /// every row's logits back. A drafted sequence keeps its drafts up to
-    /// the first its greedy pick differs from, then that pick (or the pick
-    /// after the last draft); a decoding one takes its row's pick as its
-    /// sampling says, on the host (as the CPU backend picks every row).
+    /// every row's logits back, picked on the host (as the CPU backend
+    /// picks every row): a drafted sequence's drafts checked in turn
+    /// ([`Engine::check_drafts`]), a decoding one's row as its sampling
+    /// says.
     fn verify(&mut self, batch: &Batch) {
         let step = batch.step_batch();
         let backend = self.model.backend.as_ref();
@@ -364,22 +364,22 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         let mut samplings = self.row_samplings(&decoding, &mut failed).into_iter();
         let mut generated = 0;
         for (seq, rows) in batch.seqs.iter().zip(rows) {
-            let sampling = match seq.drafts {
-                0 => samplings.next().expect("one a decoding sequence"),
-                _ => RowSampling::greedy(),
+            let (picks, kept) = match seq.drafts {
+                0 => {
+                    let sampling = samplings.next().expect("one a decoding sequence");
+                    // A grammar that failed fails its sequence, without its pick.
+                    if failed.iter().any(|(id, _)| *id == seq.id) {
+                        continue;
+                    }
+                    (vec![sample_row(&rows[0], &sampling)], 0)
+                }
+                n => {
+                    let drafts = &seq.tokens[seq.tokens.len() - n..];
+                    let (picks, kept) = self.check_drafts(seq.id, drafts, &rows);
+                    self.observer.speculated(n, kept);
+                    (picks, kept)
+                }
             };
-            // A grammar that failed fails its sequence, without its pick.
-            if failed.iter().any(|(id, _)| *id == seq.id) {
-                continue;
-            }
-            let drafts = &seq.tokens[seq.tokens.len() - seq.drafts..];
-            let (picks, kept) = match drafts.is_empty() {
-                true => (vec![sample_row(&rows[0], &sampling)], 0),
-                false => self.check_drafts(seq.id, drafts, &rows),
-            };
-            if !drafts.is_empty() {
-                self.observer.speculated(drafts.len(), kept);
-            }
             for (i, pick) in picks.into_iter().enumerate() {
                 generated += 1;
                 if !self.deliver(seq.id, pick, i < kept) {
