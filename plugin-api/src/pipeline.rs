@@ -46,6 +46,11 @@ impl StepSequence {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepBatch {
     /// The scheduled sequences, in the order their logits come back.
+    /// Entries may share blocks: sequences with a common cached prefix, and
+    /// speculative decoding's drafts, each fed as an entry of its own one
+    /// position after the one before on the same blocks (so a graph must
+    /// write every entry's keys and values before attention reads them, as
+    /// the paged attention op does).
     pub sequences: Vec<StepSequence>,
     /// Logits of every fed token of each sequence that wants logits (scoring a
     /// prompt), instead of only the last one.

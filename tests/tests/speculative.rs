@@ -15,7 +15,7 @@ use kiln_host::engine::speculative::NgramConfig;
 use kiln_host::engine::SamplingParams;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
-use kiln_host::runtime::cuda::WeightDtype;
+use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
 use kiln_host::server::metrics::Metrics;
 use kiln_tests::engine::{self, assert_same_outcomes, metric, request, tiny_config, Outcome};
 
@@ -165,6 +165,30 @@ fn drafts_on_the_cpu_change_nothing_but_the_steps() {
 #[test]
 fn drafts_on_cuda_change_nothing_but_the_steps() {
     drafts_change_nothing_but_the_steps(kiln_tests::models::cuda_test_device());
+}
+
+/// On CUDA a greedy drafted step is a decode step whose every row the
+/// device picks: only token ids come back, a few bytes a row, where the
+/// rows' logits would be 3 KB each.
+#[test]
+fn greedy_drafts_on_cuda_bring_back_only_their_picks() {
+    let model = tiny(kiln_tests::models::cuda_test_device());
+    let executor: &CudaExecutor = model.backend.as_any().downcast_ref().unwrap();
+    let device = executor.device();
+    let requests: Vec<_> = (0..4)
+        .map(|i| (repeating(i, 3 + i, 9 + 4 * i), GenerationParams::greedy(40)))
+        .collect();
+    let run = serve(model, &requests, Some(ngram()), 256);
+    let drafts = run.counter("vllm:spec_decode_num_draft_tokens");
+    let generated: usize = run.outcomes.iter().map(|o| o.tokens.len()).sum();
+    let rows = generated as f64 + drafts;
+    let read = device.bytes_read() as f64;
+    eprintln!("{read} bytes read back for {generated} tokens and {drafts} drafts");
+    assert!(drafts > 0.0, "nothing drafted");
+    assert!(
+        read < 16.0 * rows,
+        "{read} bytes read back for {rows} rows: logits came back"
+    );
 }
 
 /// A seeded sampled request drafts, and gives the same tokens every time.

@@ -199,10 +199,16 @@ fn start_engine(
         "--gpu-memory-utilization must be in (0, 1], got {}",
         args.gpu_memory_utilization
     );
+    // A drafted sequence feeds each of its tokens as a step sequence of its
+    // own (`Batch::step_batch`).
+    let rows_per_sequence = 1 + args
+        .scheduling
+        .speculative_config
+        .map_or(0, |ngram| ngram.num_speculative_tokens);
     let worst_case = worst_case_inputs(
         &model.pipeline,
         args.max_batch_tokens,
-        args.max_batch_size,
+        args.max_batch_size.saturating_mul(rows_per_sequence),
         max_model_len.div_ceil(args.block_size),
     )?;
     let kv_memory = match model
@@ -263,7 +269,7 @@ fn start_engine(
     );
     if let Some(ngram) = args.scheduling.speculative_config {
         tracing::info!(
-            "speculative decoding: n-gram lookup of {} to {} tokens, up to {} drafts a step, for greedy requests; async scheduling off",
+            "speculative decoding: n-gram lookup of {} to {} tokens, up to {} drafts a step; async scheduling off",
             ngram.prompt_lookup_min,
             ngram.prompt_lookup_max,
             ngram.num_speculative_tokens

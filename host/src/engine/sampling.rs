@@ -35,6 +35,11 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// Whether it picks the most likely token (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < MIN_TEMPERATURE
+    }
+
     /// Checks the ranges, naming the offending parameter.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
@@ -77,7 +82,7 @@ impl Sampler {
             top_k: p.top_k,
             top_p: p.top_p,
             min_p: p.min_p,
-            uniform: if p.temperature < MIN_TEMPERATURE {
+            uniform: if p.is_greedy() {
                 0.0
             } else {
                 self.rng.random::<f32>()

@@ -21,10 +21,12 @@ use super::sequence::Active;
 use super::speculative::NgramConfig;
 use super::stats::StatsLine;
 use crate::model::Model;
-use crate::runtime::sampling::{check_draft, sample_row, RowSampling, Sampled};
+use crate::runtime::sampling::{RowSampling, Sampled};
 use crate::runtime::{KvCache, PendingSample, RuntimeError, TokenFeed};
 use crate::scheduler::{Batch, BlockManager, Scheduler, SchedulerConfig, SeqId};
 use crate::tokenizer::Tokenizer;
+
+mod drafts;
 
 /// Sizes of the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -310,124 +312,6 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
                 }
             }
         }
-    }
-
-    /// Proposes drafts for every sequence that may verify some (speculative
-    /// decoding), from its prompt and output.
-    fn propose_drafts(&mut self) {
-        let Some(ngram) = self.speculative else {
-            return;
-        };
-        for (id, state) in &self.active {
-            let room = state.draft_room();
-            if room > 0 {
-                let tokens: Vec<u32> = state
-                    .prompt
-                    .iter()
-                    .chain(&state.generated)
-                    .copied()
-                    .collect();
-                let drafts = ngram.propose(&tokens, room);
-                if !drafts.is_empty() {
-                    self.scheduler.propose(*id, drafts);
-                }
-            }
-        }
-    }
-
-    /// Runs a step of drafted sequences and decoding ones beside them,
-    /// every row's logits back, picked on the host (as the CPU backend
-    /// picks every row): a drafted sequence's drafts checked in turn
-    /// ([`Engine::check_drafts`]), a decoding one's row as its sampling
-    /// says.
-    fn verify(&mut self, batch: &Batch) {
-        let step = batch.step_batch();
-        let backend = self.model.backend.as_ref();
-        self.ran_apart = true;
-        let rows = match run_step(backend, &self.model.pipeline, &mut self.cache, &step) {
-            Ok(rows) => rows,
-            Err(e) => {
-                for seq in &batch.seqs {
-                    self.fail(seq.id, format!("model step failed: {e}"));
-                }
-                return;
-            }
-        };
-        self.scheduler.complete(batch);
-        let decoding: Vec<SeqId> = batch
-            .seqs
-            .iter()
-            .filter(|s| s.drafts == 0)
-            .map(|s| s.id)
-            .collect();
-        let mut failed = Vec::new();
-        let mut samplings = self.row_samplings(&decoding, &mut failed).into_iter();
-        let mut generated = 0;
-        for (seq, rows) in batch.seqs.iter().zip(rows) {
-            let (picks, kept) = match seq.drafts {
-                0 => {
-                    let sampling = samplings.next().expect("one a decoding sequence");
-                    // A grammar that failed fails its sequence, without its pick.
-                    if failed.iter().any(|(id, _)| *id == seq.id) {
-                        continue;
-                    }
-                    (vec![sample_row(&rows[0], &sampling)], 0)
-                }
-                n => {
-                    let drafts = &seq.tokens[seq.tokens.len() - n..];
-                    let (picks, kept) = self.check_drafts(seq.id, drafts, &rows);
-                    self.observer.speculated(n, kept);
-                    (picks, kept)
-                }
-            };
-            for (i, pick) in picks.into_iter().enumerate() {
-                generated += 1;
-                if !self.deliver(seq.id, pick, i < kept) {
-                    break;
-                }
-            }
-        }
-        for (id, message) in failed {
-            self.fail(id, message);
-        }
-        let prompt = batch.num_tokens() - batch.seqs.iter().map(|s| s.drafts + 1).sum::<usize>();
-        self.stats.step(prompt, generated, load(&self.scheduler));
-    }
-
-    /// A drafted sequence's picks from its rows: each draft checked in turn
-    /// (`check_draft`: kept as the row's sampling would pick it), up to the
-    /// first not kept, whose row's own token follows; when all are kept,
-    /// the last row's pick. Returns the picks and how many are drafts.
-    fn check_drafts(
-        &mut self,
-        id: SeqId,
-        drafts: &[u32],
-        rows: &[Vec<f32>],
-    ) -> (Vec<Sampled>, usize) {
-        let Some(state) = self.active.get_mut(&id) else {
-            return (Vec::new(), 0);
-        };
-        let picked = |token| Sampled {
-            token,
-            logprob: None,
-            top: Vec::new(),
-        };
-        let mut picks = Vec::new();
-        for (row, &draft) in rows.iter().zip(drafts) {
-            let sampling = state.draft_sampling();
-            let again = state.draft_sampling().uniform;
-            match check_draft(row, &sampling, draft, again) {
-                None => picks.push(picked(draft)),
-                Some(token) => {
-                    let kept = picks.len();
-                    picks.push(picked(token));
-                    return (picks, kept);
-                }
-            }
-        }
-        let last = sample_row(&rows[drafts.len()], &state.draft_sampling());
-        picks.push(last);
-        (picks, drafts.len())
     }
 
     /// Cancels requests whose client is gone.

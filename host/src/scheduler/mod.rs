@@ -104,7 +104,8 @@ pub struct ScheduledSeq {
     /// back (the step's scored part, [`Batch::split_scored`]).
     pub scored: bool,
     /// The last this many fed tokens are drafts (speculative decoding):
-    /// every fed row's logits come back ([`Batch::split_drafted`]).
+    /// each fed token is a sequence of its own in the step, with one
+    /// logits row ([`Batch::step_batch`], [`Batch::split_drafted`]).
     pub drafts: usize,
 }
 
@@ -117,21 +118,32 @@ pub struct Batch {
 
 impl Batch {
     /// The step as the pipeline model sees it: last-token logits only, or,
-    /// for a batch of scored chunks ([`Batch::split_scored`]) or drafted
-    /// sequences ([`Batch::split_drafted`]), every fed token's.
+    /// for a batch of scored chunks ([`Batch::split_scored`]), every fed
+    /// token's. A drafted sequence ([`Batch::split_drafted`]) feeds each of
+    /// its tokens as a sequence of its own, one position further each, on
+    /// its blocks: every row is then a decode row whose context ends at its
+    /// token (the step writes all rows' keys and values before attention
+    /// reads them), so a drafted step runs as a decode step does (captured
+    /// graphs, picks on the device) with a pick for every draft.
     pub fn step_batch(&self) -> StepBatch {
+        let sequence = |tokens: &[u32], start, s: &ScheduledSeq| StepSequence {
+            tokens: tokens.to_vec(),
+            start,
+            blocks: s.blocks.clone(),
+            wants_logits: s.wants_logits || s.scored,
+        };
         StepBatch {
             sequences: self
                 .seqs
                 .iter()
-                .map(|s| StepSequence {
-                    tokens: s.tokens.clone(),
-                    start: s.start,
-                    blocks: s.blocks.clone(),
-                    wants_logits: s.wants_logits || s.scored,
+                .flat_map(|s| match s.drafts {
+                    0 => vec![sequence(&s.tokens, s.start, s)],
+                    _ => (0..s.tokens.len())
+                        .map(|i| sequence(&s.tokens[i..=i], s.start + i, s))
+                        .collect(),
                 })
                 .collect(),
-            all_logits: self.seqs.iter().any(|s| s.scored || s.drafts > 0),
+            all_logits: self.seqs.iter().any(|s| s.scored),
         }
     }
 
@@ -142,8 +154,8 @@ impl Batch {
         (Batch { seqs: scored }, Batch { seqs: rest })
     }
 
-    /// The sequences that feed drafts (run as a step of their own, every
-    /// row's logits back) and the rest.
+    /// The sequences that feed drafts (run as a step of their own, a pick
+    /// or logits row for every fed token) and the rest.
     pub fn split_drafted(self) -> (Batch, Batch) {
         let (drafted, rest) = self.seqs.into_iter().partition(|s| s.drafts > 0);
         (Batch { seqs: drafted }, Batch { seqs: rest })
@@ -293,16 +305,18 @@ impl Scheduler {
         }
     }
 
-    /// Proposes `drafts` to follow a running sequence's last token in its
+    /// Proposes drafts to follow a running sequence's last token in its
     /// next step, where that step only feeds that token (it decodes, its
-    /// last token known); they go in as far as the token budget and the
-    /// cache allow. Returns false where they cannot be fed.
-    pub fn propose(&mut self, id: SeqId, drafts: Vec<u32>) -> bool {
+    /// last token known): `draft` makes them from the sequence's prompt and
+    /// output tokens. They go in as far as the token budget and the cache
+    /// allow. Returns false (without calling `draft`) where the sequence
+    /// cannot take drafts now.
+    pub fn propose(&mut self, id: SeqId, draft: impl FnOnce(&[u32]) -> Vec<u32>) -> bool {
         let running = self.running.iter_mut().find(|s| s.id == id);
         let Some(seq) = running.filter(|s| s.decodes() && !s.unresolved) else {
             return false;
         };
-        seq.drafts = drafts;
+        seq.drafts = draft(&seq.tokens);
         true
     }
 

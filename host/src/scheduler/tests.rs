@@ -62,18 +62,40 @@ fn drafts_follow_a_decoding_sequence_and_count_once_verified() {
     let mut s = scheduler(32, 8, 100);
     s.add(1, vec![1, 2, 3], 10).unwrap();
     // A sequence in its prompt takes no drafts.
-    assert!(!s.propose(1, vec![9]));
+    assert!(!s.propose(1, |_| vec![9]));
     let b = s.schedule();
-    assert!(!s.propose(1, vec![9]), "not before its prompt is computed");
+    assert!(
+        !s.propose(1, |_| vec![9]),
+        "not before its prompt is computed"
+    );
     run(&mut s, &b, 4);
-    assert!(s.propose(1, vec![5, 6, 7]));
+    assert!(s.propose(1, |tokens| {
+        assert_eq!(tokens, [1, 2, 3, 4], "its prompt and output");
+        vec![5, 6, 7]
+    }));
     let b = s.schedule();
     let q = &b.seqs[0];
     assert_eq!(
         (q.start, q.tokens.clone(), q.drafts, q.wants_logits),
         (3, vec![4, 5, 6, 7], 3, true)
     );
-    assert!(b.step_batch().all_logits);
+    // Each fed token is a decode row of its own, one position further, on
+    // the sequence's blocks.
+    let step = b.step_batch();
+    assert!(!step.all_logits);
+    assert_eq!(
+        step.sequences
+            .iter()
+            .map(|f| (f.tokens.clone(), f.start, f.context_len(), f.wants_logits))
+            .collect::<Vec<_>>(),
+        [
+            (vec![4], 3, 4, true),
+            (vec![5], 4, 5, true),
+            (vec![6], 5, 6, true),
+            (vec![7], 6, 7, true)
+        ]
+    );
+    assert!(step.sequences.iter().all(|f| f.blocks == q.blocks));
     let (drafted, rest) = b.clone().split_drafted();
     assert_eq!((drafted.seqs.len(), rest.seqs.len()), (1, 0));
     // Beside a decoding sequence and a prompt chunk, the drafted one and the
@@ -109,7 +131,7 @@ fn drafts_follow_a_decoding_sequence_and_count_once_verified() {
         (b.seqs[0].start, b.seqs[0].tokens.clone(), b.seqs[0].drafts),
         (5, vec![8], 0)
     );
-    assert!(!b.step_batch().all_logits, "drafts are fed once");
+    assert_eq!(b.step_batch().sequences.len(), 1, "drafts are fed once");
 }
 
 #[test]
@@ -119,7 +141,7 @@ fn drafts_fit_the_token_budget_and_give_way_to_other_sequences_in_the_cache() {
     s.add(1, vec![1, 2], 10).unwrap();
     let b = s.schedule();
     run(&mut s, &b, 3);
-    s.propose(1, vec![4, 5, 6, 7]);
+    s.propose(1, |_| vec![4, 5, 6, 7]);
     let b = s.schedule();
     assert_eq!(
         (b.seqs[0].tokens.clone(), b.seqs[0].drafts),
@@ -132,8 +154,8 @@ fn drafts_fit_the_token_budget_and_give_way_to_other_sequences_in_the_cache() {
     s.add(2, vec![1, 2], 4).unwrap();
     let b = s.schedule();
     run(&mut s, &b, 3);
-    s.propose(1, vec![4, 5]);
-    s.propose(2, vec![4]);
+    s.propose(1, |_| vec![4, 5]);
+    s.propose(2, |_| vec![4]);
     let b = s.schedule();
     assert_eq!(
         b.seqs

@@ -232,6 +232,8 @@ pub(crate) struct HostWaits<T> {
     next_readback: usize,
     pub(crate) waits: u64,
     pub(crate) overlapped: u64,
+    /// Bytes copied to the host ([`Device::bytes_read`]).
+    pub(crate) bytes_read: u64,
 }
 
 impl<T> Default for HostWaits<T> {
@@ -243,6 +245,7 @@ impl<T> Default for HostWaits<T> {
             next_readback: 0,
             waits: 0,
             overlapped: 0,
+            bytes_read: 0,
         }
     }
 }
@@ -461,4 +464,7 @@ pub trait Device: Send + Sync {
     /// capturing): launches and GEMMs, each GEMM once whatever cuBLAS
     /// launches for it. Per decode step, the launch gaps a step pays.
     fn kernels_run(&self) -> u64;
+    /// Bytes copied from the device to the host so far (downloads and
+    /// readbacks).
+    fn bytes_read(&self) -> u64;
 }

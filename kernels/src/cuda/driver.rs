@@ -60,6 +60,8 @@ struct Inner {
     overlapped: u64,
     /// Kernels queued to run ([`Device::kernels_run`]).
     kernels: u64,
+    /// Bytes copied to the host ([`Device::bytes_read`]).
+    bytes_read: u64,
     /// Kernels recorded by the capture in progress.
     captured_kernels: Option<u64>,
 }
@@ -261,6 +263,7 @@ impl CudaDevice {
                 issued: 0,
                 overlapped: 0,
                 kernels: 0,
+                bytes_read: 0,
                 captured_kernels: None,
             }),
         })
@@ -491,7 +494,10 @@ impl Device for CudaDevice {
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
         self.refuse_in_capture("a download")?;
         self.bind()?;
-        self.wait(&mut self.inner())?;
+        let mut inner = self.inner();
+        self.wait(&mut inner)?;
+        inner.bytes_read += out.len() as u64;
+        drop(inner);
         // SAFETY: the stream's work is finished before the copy.
         unsafe { result::memcpy_dtoh_sync(out, src) }.map_err(driver_error("device to host copy"))
     }
@@ -527,6 +533,7 @@ impl Device for CudaDevice {
             .map_err(driver_error("cuEventRecord"))?;
         let issued = inner.issued;
         inner.readbacks[index].in_use = Some((total, issued));
+        inner.bytes_read += total as u64;
         inner.queued();
         Ok(Readback(index))
     }
@@ -767,6 +774,10 @@ impl Device for CudaDevice {
 
     fn kernels_run(&self) -> u64 {
         self.inner().kernels
+    }
+
+    fn bytes_read(&self) -> u64 {
+        self.inner().bytes_read
     }
 }
 

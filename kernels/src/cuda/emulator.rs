@@ -440,6 +440,7 @@ impl Device for Emulator {
         state.captures.refuse("a download")?;
         state.waits.wait();
         check_range(&state, src, out.len(), "download")?;
+        state.waits.bytes_read += out.len() as u64;
         // SAFETY: the source lies inside a live allocation.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, out.as_mut_ptr(), out.len()) };
         Ok(())
@@ -456,6 +457,7 @@ impl Device for Emulator {
             // SAFETY: the source lies inside a live allocation.
             bytes.extend_from_slice(unsafe { std::slice::from_raw_parts(src as *const u8, len) });
         }
+        state.waits.bytes_read += bytes.len() as u64;
         Ok(state.waits.queue_readback(bytes))
     }
 
@@ -592,6 +594,10 @@ impl Device for Emulator {
 
     fn kernels_run(&self) -> u64 {
         self.state().kernels
+    }
+
+    fn bytes_read(&self) -> u64 {
+        self.state().waits.bytes_read
     }
 }
 

@@ -121,6 +121,7 @@ impl Device for NullDevice {
         let mut state = self.state();
         state.captures.refuse("a download")?;
         state.waits.wait();
+        state.waits.bytes_read += out.len() as u64;
         out.fill(0);
         Ok(())
     }
@@ -128,7 +129,9 @@ impl Device for NullDevice {
     fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback> {
         let mut state = self.state();
         state.captures.refuse("a download")?;
-        Ok(state.waits.queue_readback(parts.iter().map(|p| p.1).sum()))
+        let bytes: usize = parts.iter().map(|p| p.1).sum();
+        state.waits.bytes_read += bytes as u64;
+        Ok(state.waits.queue_readback(bytes))
     }
 
     fn wait_readback(&self, readback: Readback) -> DeviceResult<Vec<u8>> {
@@ -205,6 +208,10 @@ impl Device for NullDevice {
 
     fn kernels_run(&self) -> u64 {
         self.state().kernels_run
+    }
+
+    fn bytes_read(&self) -> u64 {
+        self.state().waits.bytes_read
     }
 }
 
