@@ -11,6 +11,7 @@ use super::penalties::Penalties;
 use super::sampling::Sampler;
 use super::scoring::PromptScores;
 use super::service::{Event, FinishReason, GenerationParams, StopReason, TokenLogprob};
+use super::speculative::NgramIndex;
 use super::stop::{StopMatcher, StopOutcome};
 use super::structured;
 use crate::runtime::sampling::{RowSampling, Sampled};
@@ -36,6 +37,8 @@ pub(super) struct Active<'t> {
     pub stop_reason: Option<StopReason>,
     /// Its prompt's log-probabilities, when asked for.
     prompt_scores: Option<PromptScores>,
+    /// Its n-gram lookup for drafts (speculative decoding).
+    pub ngram: NgramIndex,
 }
 
 impl<'t> Active<'t> {
@@ -55,6 +58,7 @@ impl<'t> Active<'t> {
             prompt: request.prompt,
             params: request.params,
             generated: Vec::new(),
+            ngram: NgramIndex::default(),
             events: request.events,
             arrived: request.arrived,
             last_token: None,

@@ -15,11 +15,12 @@ impl<O: EngineObserver> Engine<'_, O> {
         let Some(ngram) = self.speculative else {
             return;
         };
-        for (id, state) in &self.active {
+        for (id, state) in &mut self.active {
             let room = state.draft_room();
             if room > 0 {
+                let index = &mut state.ngram;
                 self.scheduler
-                    .propose(*id, |tokens| ngram.propose(tokens, room));
+                    .propose(*id, |tokens| index.propose(&ngram, tokens, room));
             }
         }
     }
