@@ -28,6 +28,12 @@
 #                                      repetition penalty (1.1) with and without async
 #                                      scheduling: what the device sampler costs a step,
 #                                      and what overlapping penalized picks gains, as text
+#   bench/gpu/run.sh speculative       Kiln's decode at batch 1 and 16 with and without
+#                                      n-gram drafts (4 drafts, lookup 1 to 3: random
+#                                      weights' greedy output falls into repeats, so
+#                                      this measures what a drafted step costs and
+#                                      gains as acceptance allows, not a real
+#                                      model's rate), as text
 #   bench/gpu/run.sh profile           where a decode step's time goes at batch 1, 16
 #                                      and 64 (llama3-8b bf16 and q4_k_m, q4_k_m+fast
 #                                      at batch 1), and a 2048-token prefill's: the
@@ -170,6 +176,27 @@ sampled() {
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape sampled_shape
 }
 
+# Decode with and without speculative decoding's drafts (greedy, so the
+# drafted rows are picked on the device). Text, in speculative-*.txt: the
+# drafts kept per level are in the table's last column.
+speculative_shape() {
+  local shape=$1 dtype=$2 name=$3 mode
+  local config='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+  for mode in plain ngram; do
+    echo "== kiln $shape $dtype: decode, $mode"
+    local drafts=()
+    [ "$mode" = ngram ] && drafts=(--speculative-config "$config")
+    "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
+      --input-len "$input_len" --output-len "$output_len" --concurrency 1,16 --temperature 0 \
+      "${drafts[@]}" 2>&1 | tee "$results/speculative-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype $mode"
+  done
+}
+
+speculative() {
+  . tests/gpu/env.sh
+  KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape speculative_shape
+}
+
 # Each run's kernel time against its wall time, per kernel
 # (bench/gpu/kernels.py), with whichever Nsight tool the machine has.
 profile() {
@@ -230,6 +257,7 @@ case "${1:-}" in
   pdl) pdl ;;
   dense) dense ;;
   sampled) sampled ;;
+  speculative) speculative ;;
   profile) profile ;;
   torch) torch_baseline "${2:?mode}" "${3:?shape}" ;;
   table) table ;;
@@ -239,6 +267,7 @@ case "${1:-}" in
     pdl
     dense
     sampled
+    speculative
     profile
     for shape in llama3-8b llama3.2-1b; do
       for mode in eager compiled; do torch_baseline "$mode" "$shape"; done

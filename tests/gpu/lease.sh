@@ -78,6 +78,8 @@ part dense 70 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh dense
 part sampled 80 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh sampled
 part profile-batch-1 60 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1" bench/gpu/run.sh profile
 part kiln-q4_k_m-fast 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m+fast" bench/gpu/run.sh kiln
+# Drafted decode steps (speculative decoding) against plain ones.
+part speculative 60 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench/gpu/run.sh speculative
 
 python3 bench/gpu/table.py "$results" > "$results/gpu-bench.md" 2>&1
 echo >> "$log"

@@ -92,6 +92,7 @@ suite decode-graphs "$bin/cuda_graphs" --nocapture
 suite kv-cache-bf16 "$bin/cuda_kv_cache" --nocapture
 suite latent-attention-576 "$bin/cuda_latent_attention" --nocapture
 suite async-scheduling "$bin/async_scheduling" --nocapture
+suite speculative "$bin/speculative" on_cuda --nocapture
 suite benchmark-shapes "$bin/benchmark" shape --nocapture
 if [ "$model_ok" = yes ]; then
   suite smollm2-verify "$bin/verify" smollm2 --nocapture --test-threads 1

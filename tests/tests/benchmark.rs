@@ -321,6 +321,46 @@ fn the_null_device_times_the_host_issuing_the_same_kernels() {
     assert!(err.contains("only `host benchmark` takes it"), "{err}");
 }
 
+/// With `--speculative-config` each level reports its drafts verified and
+/// kept: on the null device, whose picks are token 0 every row, the output
+/// repeats, every draft is kept, and the levels take fewer steps.
+#[test]
+fn a_level_reports_its_drafts() {
+    let shape = workspace_root().join("tests/fixtures/shapes/tiny-llama.json");
+    let levels = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let args = [
+            "benchmark",
+            "--shape",
+            shape.to_str().unwrap(),
+            "--device",
+            "cuda-null",
+            "--input-len",
+            "6",
+            "--output-len",
+            "24",
+            "--concurrency",
+            "1,2",
+            "--json",
+        ];
+        let output = run_host([&args[..], extra].concat(), &[]);
+        assert!(output.status.success(), "{}", text(&output).1);
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        report["levels"].as_array().unwrap().clone()
+    };
+    let plain = levels(&[]);
+    let drafted = levels(&[
+        "--speculative-config",
+        r#"{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}"#,
+    ]);
+    for (p, d) in plain.iter().zip(&drafted) {
+        assert_eq!(p["draft_tokens"], 0, "{p}");
+        let drafts = d["draft_tokens"].as_u64().unwrap();
+        assert!(drafts > 0 && d["accepted_tokens"] == drafts, "{d}");
+        assert_eq!(d["output_tokens"], p["output_tokens"], "{d}");
+        assert!(d["steps"].as_u64() < p["steps"].as_u64(), "{d} against {p}");
+    }
+}
+
 /// `KILN_PROFILE_STEPS` opens the profiler's range over the steps it names
 /// (here on the null device, which counts the kernels in it): two decode
 /// steps of the tiny model, then its one measured prefill; a window that

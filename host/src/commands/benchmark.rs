@@ -60,6 +60,9 @@ struct LevelResult {
     /// Kernels (launches and GEMMs) the device ran per step, on a GPU
     /// backend: each pays a launch gap.
     kernels_per_step: Option<f64>,
+    /// Draft tokens verified, and kept, with `--speculative-config`.
+    draft_tokens: u64,
+    accepted_tokens: u64,
 }
 
 /// What the benchmark prints as JSON.
@@ -174,6 +177,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     for &concurrency in &args.concurrency {
         let start = Instant::now();
         let before = metrics.engine_totals();
+        let drafts_before = metrics.draft_totals();
         let kernels_before = kernels_run();
         let timings = runtime.block_on(run_level(
             &engine,
@@ -187,6 +191,9 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         result.steps = steps;
         result.host_ms_per_step = (after.1 - before.1) * 1e3 / steps.max(1) as f64;
         result.device_wait_ms_per_step = (after.2 - before.2) * 1e3 / steps.max(1) as f64;
+        let drafts = metrics.draft_totals();
+        result.draft_tokens = drafts.0 - drafts_before.0;
+        result.accepted_tokens = drafts.1 - drafts_before.1;
         result.kernels_per_step = kernels_run()
             .zip(kernels_before)
             .map(|(after, before)| (after - before) as f64 / steps.max(1) as f64);
@@ -347,17 +354,19 @@ fn summarize(
         host_ms_per_step: 0.0,
         device_wait_ms_per_step: 0.0,
         kernels_per_step: None,
+        draft_tokens: 0,
+        accepted_tokens: 0,
     }
 }
 
 fn table(results: &[LevelResult]) -> String {
     let mut out = String::from(
-        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate  host ms/step  wait ms/step  kernels/step\n",
+        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate  host ms/step  wait ms/step  kernels/step  drafts kept\n",
     );
     let percent = |f: Option<f64>| f.map_or("-".to_owned(), |f| format!("{:.0} %", f * 100.0));
     for r in results {
         out += &format!(
-            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}  {:>12.3}  {:>12.3}  {:>12}\n",
+            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}  {:>12.3}  {:>12.3}  {:>12}  {:>11}\n",
             r.concurrency,
             r.input_len,
             r.output_len,
@@ -374,6 +383,10 @@ fn table(results: &[LevelResult]) -> String {
             r.device_wait_ms_per_step,
             r.kernels_per_step
                 .map_or("-".to_owned(), |k| format!("{k:.1}")),
+            match r.draft_tokens {
+                0 => "-".to_owned(),
+                drafts => format!("{}/{drafts}", r.accepted_tokens),
+            },
         );
     }
     out

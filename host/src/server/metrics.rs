@@ -213,6 +213,14 @@ impl Metrics {
         )
     }
 
+    /// Draft tokens verified and kept (speculative decoding), so far.
+    pub fn draft_totals(&self) -> (u64, u64) {
+        (
+            self.spec_draft_tokens.get_or_create(&self.model).get(),
+            self.spec_accepted_tokens.get_or_create(&self.model).get(),
+        )
+    }
+
     /// Adds to `counter` what `total` has beyond the total seen before.
     fn count_total(&self, counter: &Family<Labels, Counter>, slot: usize, total: u64) {
         let seen = self.seen[slot].swap(total, Ordering::Relaxed);
