@@ -8,7 +8,9 @@
 // banned tokens; greedy → the first maximum; else the finite logits divided
 // by the temperature, sorted descending (ties by index), truncated to top_k,
 // softmax over the survivors, min_p and top_p cuts, and the draw walked
-// along the kept tokens.
+// along the kept tokens (or, for a row with a draft, the draft kept when the
+// draw falls below its probability, else the second draw walked along the
+// others).
 //
 // Nothing is sorted: every "position in the sorted order" question is a
 // prefix_select, which finds by bisection over the value's bits the element
@@ -35,6 +37,10 @@ struct KilnSampleParams {
   int adjust_end;
   int mask;            // this row's allowed-token mask: its first word in
                        // `masks` (bit t % 32 of word t / 32), -1 for none
+  int draft;           // a token proposed for the row (speculative
+                       // decoding), -1 for none: a sampled row keeps it
+                       // with its probability, else draws from the rest
+  float again;         // that second draw, in [0, 1)
 };
 
 // A token the penalties, the logit bias or min_tokens touch.
@@ -416,37 +422,53 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     if (kept_end < 0) kept_end = n;
     const bool kept_inside = kept_end < n || all_survivors;
     float kept_mass = 0.0f;
-    if (!kept_inside) {
+    if (kept_inside) {
+      // Every thread, in the host's order.
+      for (int j = 0; j < kept_end; ++j) kept_mass += cand.prob[j];
+    } else {
       for (int i = threadIdx.x; i < vocab; i += blockDim.x)
         if (kept(i)) kept_mass += prob(i);
       kept_mass = block_sum(kept_mass, scratch);
     }
-    // The draw along the kept tokens; past the kept mass by rounding, the
-    // last kept token.
-    int at = kept_inside ? kept_end - 1 : -1;
+    // Speculative decoding: a draft is kept with the probability the row
+    // gives it (the draw below it), else the pick is drawn again, with the
+    // second draw, from the other kept tokens (the host's sample_row).
+    const bool drafted = p.draft >= 0;
+    const int skip = drafted && p.draft < vocab ? p.draft : -1;
+    const float p_draft = skip >= 0 && kept(skip) ? prob(skip) : 0.0f;
+    if (drafted && p.uniform * kept_mass < p_draft) return skip;
+    const float target = drafted ? p.again * (kept_mass - p_draft) : p.uniform * kept_mass;
+    auto kept_other = [&](int i) { return i != skip && kept(i); };
+    // The draw along the kept tokens; past their mass by rounding, the last
+    // of them.
+    int at = -1;
     if (threadIdx.x == 0) {
-      if (kept_inside)
-        for (int j = 0; j < kept_end; ++j) kept_mass += cand.prob[j];
-      float draw = p.uniform * kept_mass;
+      float draw = target;
+      int last = -1;
       for (int j = 0; j < kept_end; ++j) {
+        if (cand.index[j] == skip) continue;
+        last = j;
         draw -= cand.prob[j];
         if (draw <= 0.0f) {
           at = j;
           break;
         }
       }
+      if (at < 0 && kept_inside) at = last;
     }
     at = from_thread0(at, found);
     if (at >= 0) {
       token = cand.index[at];
+    } else if (kept_inside) {
+      // Nothing kept but the draft, which had all the mass and was kept.
+      token = skip;
     } else {
-      const float target = p.uniform * kept_mass;
-      token = prefix_select(w, vocab, kept, prob, target, scratch, scan, found);
+      token = prefix_select(w, vocab, kept_other, prob, target, scratch, scan, found);
       if (token < 0 && finite_count > 0) {
         float kept_count = 0.0f;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) kept_count += kept(i) ? 1.0f : 0.0f;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) kept_count += kept_other(i) ? 1.0f : 0.0f;
         kept_count = block_sum(kept_count, scratch);
-        token = prefix_select(w, vocab, kept, one, kept_count, scratch, scan, found);
+        token = prefix_select(w, vocab, kept_other, one, kept_count, scratch, scan, found);
       }
     }
   }

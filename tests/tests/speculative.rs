@@ -167,17 +167,19 @@ fn drafts_on_cuda_change_nothing_but_the_steps() {
     drafts_change_nothing_but_the_steps(kiln_tests::models::cuda_test_device());
 }
 
-/// On CUDA a greedy drafted step is a decode step whose every row the
-/// device picks: only token ids come back, a few bytes a row, where the
-/// rows' logits would be 3 KB each.
+/// On CUDA a drafted step is a decode step whose every row the device
+/// picks, greedy or sampled (the sampler checks a sampled row's draft):
+/// only token ids come back, a few bytes a row, where the rows' logits
+/// would be 3 KB each.
 #[test]
-fn greedy_drafts_on_cuda_bring_back_only_their_picks() {
+fn drafts_on_cuda_bring_back_only_their_picks() {
     let model = tiny(kiln_tests::models::cuda_test_device());
     let executor: &CudaExecutor = model.backend.as_any().downcast_ref().unwrap();
     let device = executor.device();
-    let requests: Vec<_> = (0..4)
+    let mut requests: Vec<_> = (0..3)
         .map(|i| (repeating(i, 3 + i, 9 + 4 * i), GenerationParams::greedy(40)))
         .collect();
+    requests.push((repeating(2, 3, 15), seeded_sampling()));
     let run = serve(model, &requests, Some(ngram()), 256);
     let drafts = run.counter("vllm:spec_decode_num_draft_tokens");
     let generated: usize = run.outcomes.iter().map(|o| o.tokens.len()).sum();
@@ -191,9 +193,8 @@ fn greedy_drafts_on_cuda_bring_back_only_their_picks() {
     );
 }
 
-/// A seeded sampled request drafts, and gives the same tokens every time.
-#[test]
-fn sampled_requests_draft_and_repeat_with_their_seed() {
+/// A seeded sampled request that drafts and keeps some.
+fn seeded_sampling() -> GenerationParams {
     let mut sampled = GenerationParams::greedy(40);
     sampled.sampling = SamplingParams {
         // The random tiny model's logits are close together: a low
@@ -204,7 +205,13 @@ fn sampled_requests_draft_and_repeat_with_their_seed() {
         seed: Some(11),
         ..SamplingParams::default()
     };
-    let requests = [(repeating(2, 3, 15), sampled)];
+    sampled
+}
+
+/// A seeded sampled request drafts, and gives the same tokens every time.
+#[test]
+fn sampled_requests_draft_and_repeat_with_their_seed() {
+    let requests = [(repeating(2, 3, 15), seeded_sampling())];
     let runs: Vec<Run> = (0..2)
         .map(|_| serve(tiny(DeviceChoice::Cpu), &requests, Some(ngram()), 256))
         .collect();

@@ -115,12 +115,6 @@ impl<'t> Active<'t> {
         }
     }
 
-    /// Whether its drafted rows pick greedily (so a draft is kept when it
-    /// is the pick, which the backend makes where the logits are).
-    pub fn drafts_greedily(&self) -> bool {
-        self.params.sampling.is_greedy()
-    }
-
     /// How a drafted step's row picks (a sequence with
     /// [`Active::draft_room`]): its sampler's filters and a fresh draw.
     pub fn draft_sampling(&mut self) -> RowSampling {

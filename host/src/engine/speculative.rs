@@ -1,12 +1,12 @@
 //! Speculative decoding by n-gram lookup (vLLM's `ngram` method, prompt
 //! lookup decoding): a sequence whose last tokens occurred earlier in its
 //! prompt or output proposes the tokens that followed them there as drafts;
-//! one step feeds its last token and the drafts, each as a decode row, and
-//! each draft in turn is kept as the row before it would pick it (greedy:
-//! when it is that row's pick, made where the logits are; sampled: with the
-//! probability the row gives it, else the row's token is drawn from the
-//! rest: `runtime::sampling::check_draft`), up to the first not kept, whose
-//! row's own token follows. Greedy output is the one plain decoding gives, and
+//! one step feeds its last token and the drafts, each as a decode row whose
+//! token the backend picks where the logits are, and each draft in turn is
+//! kept as the row before it would pick it (greedy: when it is that row's
+//! pick; sampled: with the probability the row gives it, else the row's
+//! token is drawn from the rest: `runtime::sampling::Draft`), up to the
+//! first not kept, whose row's own token follows. Greedy output is the one plain decoding gives, and
 //! sampled output has the same distribution, in fewer steps where text
 //! repeats (quoting, editing code, extraction): a step of a few rows reads
 //! the weights once, as a step of one does.

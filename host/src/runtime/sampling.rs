@@ -54,6 +54,23 @@ pub struct RowSampling {
     /// Structured output: only these tokens may be picked (bit `t % 32` of
     /// word `t / 32`; tokens beyond the mask are not allowed).
     pub allowed: Option<Vec<u32>>,
+    /// Speculative decoding: a token proposed for this row, which a
+    /// sampled row keeps or replaces as [`Draft`] says (a greedy row picks
+    /// as ever: the draft is kept when it is the pick).
+    pub draft: Option<Draft>,
+}
+
+/// A token proposed for a sampled row (a proposal of one token, as n-gram
+/// lookup makes): kept when the row's draw falls below the probability
+/// the row's filters give it, else the row's token is drawn with `again`
+/// from the other kept tokens, so the token comes out as it would without
+/// the draft (vLLM's rejection sampler for such proposals).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Draft {
+    /// The proposed token.
+    pub token: u32,
+    /// The second draw in [0, 1), for a draft not kept.
+    pub again: f32,
 }
 
 impl RowSampling {
@@ -71,6 +88,7 @@ impl RowSampling {
             adjustments: Vec::new(),
             logprobs: None,
             allowed: None,
+            draft: None,
         }
     }
 }
@@ -99,41 +117,6 @@ pub fn sample_row(logits: &[f32], row: &RowSampling) -> Sampled {
         logprob,
         top,
     }
-}
-
-/// Speculative decoding's check of `draft`, a token proposed for the row
-/// `logits` (a proposal of one token, as n-gram lookup makes): kept with
-/// the probability `row`'s sampling gives it (its draw below it; greedy:
-/// when it is the pick). Else returns the row's token, drawn with `again`
-/// from the rest of that distribution, so the token comes out as
-/// [`sample_row`]'s would (vLLM's rejection sampler for such proposals).
-pub fn check_draft(logits: &[f32], row: &RowSampling, draft: u32, again: f32) -> Option<u32> {
-    let adjusted = adjusted(logits, row);
-    let Some(kept) = Kept::of(&adjusted, row) else {
-        let pick = argmax(&adjusted);
-        return (pick != draft).then_some(pick);
-    };
-    let at = kept.candidates.iter().position(|&(t, _)| t == draft);
-    let p_draft = at.map_or(0.0, |i| kept.probs[i]);
-    if row.uniform * kept.total < p_draft {
-        return None;
-    }
-    let rest = kept.total - p_draft;
-    let mut draw = again * rest;
-    let mut last = None;
-    for (i, (&(token, _), p)) in kept.candidates.iter().zip(&kept.probs).enumerate() {
-        if Some(i) == at {
-            continue;
-        }
-        last = Some(token);
-        draw -= p;
-        if draw <= 0.0 {
-            return last;
-        }
-    }
-    // Rounding left a little of the draw: the last candidate. Nothing but
-    // the draft was left only if it had all the mass, and then it was kept.
-    Some(last.unwrap_or(draft))
 }
 
 /// `logits` with `row`'s mask, penalties, bias and bans applied.
@@ -246,19 +229,41 @@ impl Kept {
     }
 }
 
-/// Greedy, or the draw among the kept tokens.
+/// Greedy, or the draw among the kept tokens; for a row with a [`Draft`],
+/// the draft when the draw falls below its probability, else the second
+/// draw among the other kept tokens.
 fn pick(logits: &[f32], row: &RowSampling) -> u32 {
     let Some(kept) = Kept::of(logits, row) else {
         return argmax(logits);
     };
-    let mut draw = row.uniform * kept.total;
+    let (skip, mut draw) = match row.draft {
+        None => (None, row.uniform * kept.total),
+        Some(draft) => {
+            let at = kept.candidates.iter().position(|&(t, _)| t == draft.token);
+            let p_draft = at.map_or(0.0, |i| kept.probs[i]);
+            if row.uniform * kept.total < p_draft {
+                return draft.token;
+            }
+            (at, draft.again * (kept.total - p_draft))
+        }
+    };
+    let mut last = None;
     for (i, p) in kept.probs.iter().enumerate() {
+        if Some(i) == skip {
+            continue;
+        }
+        last = Some(i);
         draw -= p;
         if draw <= 0.0 {
             return kept.candidates[i].0;
         }
     }
-    kept.candidates[kept.candidates.len() - 1].0
+    // Rounding left a little of the draw: the last kept token. Nothing but
+    // a draft was kept only if it had all the mass, and then it was kept.
+    match (last, row.draft) {
+        (Some(i), _) => kept.candidates[i].0,
+        (None, draft) => draft.map_or(kept.candidates[0].0, |d| d.token),
+    }
 }
 
 /// The index of the largest logit (the first on ties).
@@ -402,7 +407,7 @@ mod tests {
     }
 
     #[test]
-    fn a_checked_draft_leaves_the_rows_distribution_as_it_was() {
+    fn a_drafted_row_keeps_its_distribution() {
         let logits = [1.0, 2.5, 0.3, 2.2, -1.0, 0.9, 1.7, f32::NEG_INFINITY];
         for (temperature, top_k, top_p, min_p) in
             [(1.0, 0, 1.0, 0.0), (0.7, 5, 0.9, 0.0), (1.3, 0, 0.95, 0.1)]
@@ -412,17 +417,23 @@ mod tests {
             let want = token_frequencies(400, |u, _| sampled(u));
             for draft in 0..8 {
                 // Kept with the draft's probability, else drawn from the rest.
-                let got = token_frequencies(400, |u, v| {
-                    check_draft(&logits, &row(temperature, top_k, top_p, min_p, u), draft, v)
-                        .unwrap_or(draft)
-                });
+                let drafted = |u, again| {
+                    let row = RowSampling {
+                        draft: Some(Draft {
+                            token: draft,
+                            again,
+                        }),
+                        ..row(temperature, top_k, top_p, min_p, u)
+                    };
+                    sample_row(&logits, &row).token
+                };
+                let got = token_frequencies(400, drafted);
                 for (t, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert!((g - w).abs() < 0.01, "draft {draft}, token {t}: {g} vs {w} ({temperature}, {top_k}, {top_p}, {min_p})");
                 }
-                let kept = token_frequencies(400, |u, v| {
-                    let checked =
-                        check_draft(&logits, &row(temperature, top_k, top_p, min_p, u), draft, v);
-                    checked.map_or(1, |_| 0)
+                // Kept by the first draw alone: whatever the second.
+                let kept = token_frequencies(400, |u, _| {
+                    u32::from(drafted(u, 0.0) == draft && drafted(u, 0.999) == draft)
                 })[1];
                 assert!(
                     (kept - want[draft as usize]).abs() < 0.01,
@@ -430,9 +441,13 @@ mod tests {
                 );
             }
         }
-        // Greedy: kept exactly when it is the pick, else the pick.
-        let greedy = RowSampling::greedy();
-        assert_eq!(check_draft(&logits, &greedy, 1, 0.5), None);
-        assert_eq!(check_draft(&logits, &greedy, 3, 0.5), Some(1));
+        // Greedy: the pick, whatever the draft.
+        for token in [1, 3] {
+            let greedy = RowSampling {
+                draft: Some(Draft { token, again: 0.5 }),
+                ..RowSampling::greedy()
+            };
+            assert_eq!(sample_row(&logits, &greedy).token, 1);
+        }
     }
 }

@@ -11,6 +11,10 @@ use crate::runtime::TokenFeed;
 /// Threads of a row's block: `KILN_SAMPLE_THREADS` in `sampling.cu`.
 const SAMPLE_THREADS: u32 = 512;
 
+/// Bytes of a row's `KilnSampleParams` (`sampling.cu`): 14 four-byte
+/// fields.
+const PARAMS_BYTES: usize = 56;
+
 /// Most top log-probabilities a row may ask for (OpenAI allows 20).
 pub const MAX_TOP: usize = 20;
 
@@ -73,7 +77,7 @@ impl SampleBuffers {
             let (rows, vocab) = (rows.max(self.rows), vocab.max(self.vocab));
             self.free_rows(device);
             self.work = alloc(rows * vocab * 4)?;
-            self.params = alloc(rows * 48)?;
+            self.params = alloc(rows * PARAMS_BYTES)?;
             self.tokens = alloc(rows * 4)?;
             self.logprobs = alloc(rows * 4)?;
             self.top_ids = alloc(rows * MAX_TOP * 4)?;
@@ -217,7 +221,7 @@ impl SampleBuffers {
         let mask_words = vocab.div_ceil(32);
         let masked = rows.iter().filter(|r| r.allowed.is_some()).count();
         self.reserve(device, rows.len(), vocab, adjustments.max(1))?;
-        let mut params = Vec::with_capacity(rows.len() * 48);
+        let mut params = Vec::with_capacity(rows.len() * PARAMS_BYTES);
         let mut adjust = Vec::with_capacity(adjustments * 16);
         let mut masks = Vec::with_capacity(masked * mask_words * 4);
         for row in rows {
@@ -258,10 +262,14 @@ impl SampleBuffers {
                 begin as i32,
                 end as i32,
                 mask,
+                row.draft
+                    .map_or(-1, |d| d.token.min(i32::MAX as u32) as i32),
             ] {
                 params.extend(v.to_le_bytes());
             }
+            params.extend(row.draft.map_or(0.0, |d| d.again).to_le_bytes());
         }
+        debug_assert_eq!(params.len(), rows.len() * PARAMS_BYTES);
         let fail = |e: kiln_kernels::cuda::DeviceError| e.to_string();
         device.upload(self.params, &params).map_err(fail)?;
         if !adjust.is_empty() {
@@ -390,12 +398,12 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::runtime::sampling::{sample_row, TokenAdjustment};
+    use crate::runtime::sampling::{self, sample_row, Draft, TokenAdjustment};
 
     /// The kernel picks what the host sampler picks, draw for draw: greedy
     /// and sampled rows with every filter, penalties, bans, ties, -inf
     /// logits and log-probabilities; draws and cuts among the likeliest
-    /// tokens and past them.
+    /// tokens and past them; drafts kept and not.
     #[test]
     fn the_device_sampler_picks_what_the_host_sampler_picks() {
         // The emulator, or a GPU when KILN_TEST_CUDA_DEVICE names one.
@@ -414,6 +422,8 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(5);
         let mut buffers = SampleBuffers::default();
         let mut checked = 0;
+        // Sampled rows' drafts not kept, and kept.
+        let mut drafts = [0; 2];
         for round in 0..12 {
             // Vocabularies larger than a block's threads many times over, so
             // greedy's one-pass pick meets ties across threads and within one
@@ -474,6 +484,7 @@ mod tests {
                                 })
                                 .collect()
                         }),
+                        draft: None,
                     }
                 })
                 .collect();
@@ -521,6 +532,18 @@ mod tests {
                     logits[r * vocab + 2060] = 9.0;
                 }
             }
+            // Rows 0 and 2 check a draft (speculative decoding): their
+            // likeliest token, often kept (always by row 0's draw of 0), or
+            // any token, mostly not.
+            for r in [0, 2] {
+                let row = &logits[r * vocab..(r + 1) * vocab];
+                let token = match round % 2 {
+                    0 => sampling::argmax(row),
+                    _ => rng.random_range(0..vocab as u32),
+                };
+                let again = rng.random_range(0.0..0.7);
+                rows[r].draft = Some(Draft { token, again });
+            }
             let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
             let ptr = device.alloc(bytes.len()).unwrap();
             device.upload(ptr, &bytes).unwrap();
@@ -535,6 +558,9 @@ mod tests {
             for (r, (row, got)) in rows.iter().zip(got).enumerate() {
                 let want = sample_row(&logits[r * vocab..(r + 1) * vocab], row);
                 assert_eq!(got.token, want.token, "round {round} row {r}: {row:?}");
+                if let Some(draft) = row.draft.filter(|_| row.temperature >= MIN_TEMPERATURE) {
+                    drafts[usize::from(got.token == draft.token)] += 1;
+                }
                 let (word, bit) = (got.token as usize / 32, got.token % 32);
                 assert!(
                     row.allowed
@@ -555,5 +581,10 @@ mod tests {
         }
         buffers.free(device.as_ref());
         assert_eq!(checked, 72);
+        eprintln!("drafts not kept, kept: {drafts:?}");
+        assert!(
+            drafts[0] > 2 && drafts[1] > 2,
+            "drafts not kept, kept: {drafts:?}"
+        );
     }
 }
