@@ -1,10 +1,10 @@
 //! Speculative decoding by n-gram lookup (`--speculative-config` with the
 //! `ngram` method) in the serving engine, on the CPU and on the CUDA backend
 //! (the kernel emulator, or a GPU with KILN_TEST_CUDA_DEVICE): every request
-//! ends exactly as without it (greedy ones drafted and verified; those with
-//! log-probabilities, penalties or `min_tokens` still to reach decoding as
-//! before beside them; stops by token, string and length inside a run of
-//! kept drafts; a cache small enough to preempt; prefix caching), while
+//! ends exactly as without it (greedy ones drafted and verified, with
+//! log-probabilities, penalties, a logit bias, bad words and `min_tokens`
+//! too; stops by token, string and length inside a run of kept drafts; a
+//! cache small enough to preempt; prefix caching), while
 //! drafts were verified and kept and the requests took fewer steps. Sampled
 //! requests draft too (their drafts checked against their distribution:
 //! `runtime::sampling`'s test), reproducibly with a seed.
@@ -93,25 +93,27 @@ fn requests(device: DeviceChoice) -> Vec<(Vec<u32>, GenerationParams)> {
     stop_string.stop = vec![format!("<{}>", token_at(1, 17))];
     requests.push((greedy[1].0.clone(), stop_string));
     requests.push((greedy[2].0.clone(), GenerationParams::greedy(11)));
-    // Log-probabilities (seeded sampling with them), penalties and
-    // min_tokens: no drafts (min_tokens's only once it is reached).
-    let mut sampled = GenerationParams::greedy(20);
-    sampled.sampling = SamplingParams {
-        temperature: 0.9,
-        seed: Some(7),
-        ..SamplingParams::default()
-    };
-    sampled.logprobs = Some(1);
-    requests.push((repeating(5, 4, 12), sampled));
+    // Log-probabilities, penalties, a logit bias with a bad word, and
+    // min_tokens: drafted too, each row picking as it would once the drafts
+    // before it are kept.
     let mut logprobs = GenerationParams::greedy(20);
     logprobs.logprobs = Some(2);
     requests.push((repeating(6, 4, 12), logprobs));
     let mut penalized = GenerationParams::greedy(20);
     penalized.penalties.repetition = 1.3;
+    penalized.penalties.frequency = 0.2;
     requests.push((repeating(7, 4, 12), penalized));
+    let mut biased = GenerationParams::greedy(24);
+    biased.logit_bias = vec![(token_at(3, 4), -2.0)];
+    biased.bad_words = vec![vec![token_at(3, 8), token_at(3, 9)]];
+    requests.push((greedy[3].0.clone(), biased));
+    // Its stop token, made the likeliest by a bias, is banned until the
+    // tenth token, which drafted rows cross.
     let mut min_tokens = GenerationParams::greedy(30);
     min_tokens.min_tokens = 10;
-    requests.push((repeating(3, 6, 21), min_tokens));
+    min_tokens.stop_token_ids = vec![token_at(3, 2)];
+    min_tokens.logit_bias = vec![(token_at(3, 2), 50.0)];
+    requests.push((greedy[3].0.clone(), min_tokens));
     requests
 }
 
@@ -225,7 +227,8 @@ fn sampled_requests_draft_and_repeat_with_their_seed() {
 
 /// SmolLM2 (real weights, on the CPU) continuing text that repeats, where
 /// some drafts are right and some are not (the tiny random model's greedy
-/// output repeats one token): its greedy output is the same with drafts.
+/// output repeats one token), one request with a bad word its drafts
+/// propose: its greedy output is the same with drafts.
 #[test]
 fn smollm2_keeps_its_greedy_output_with_drafts() {
     let path = kiln_tests::models::smollm2_gguf()
@@ -237,7 +240,7 @@ fn smollm2_keeps_its_greedy_output_with_drafts() {
         "The capital of France is Paris. The capital of Spain is Madrid. The capital of Italy is",
     ];
     let tokenizer = load().tokenizer.take().unwrap();
-    let requests: Vec<_> = texts
+    let mut requests: Vec<_> = texts
         .iter()
         .map(|text| {
             (
@@ -246,6 +249,12 @@ fn smollm2_keeps_its_greedy_output_with_drafts() {
             )
         })
         .collect();
+    // The days again with ", Wednesday" a bad word: the drafts that copy
+    // the days propose it after "Tuesday", and the row after a drafted ","
+    // must ban it as it would once that comma is generated.
+    let mut banned = GenerationParams::greedy(32);
+    banned.bad_words = vec![tokenizer.encode(", Wednesday", false).unwrap()];
+    requests.push((requests[1].0.clone(), banned));
     let want = serve(load(), &requests, None, 256);
     let got = serve(load(), &requests, Some(ngram()), 256);
     let (accepted, drafts) = same_outcomes_in_fewer_steps(&got, &want, "SmolLM2");

@@ -2,12 +2,12 @@
 //! token is picked, and what happens when a pick comes back (text, stop
 //! conditions, events).
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use llguidance::Matcher;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::penalties::Penalties;
 use super::sampling::Sampler;
 use super::scoring::PromptScores;
 use super::service::{Event, FinishReason, GenerationParams, StopReason, TokenLogprob};
@@ -97,28 +97,23 @@ impl<'t> Active<'t> {
     }
 
     /// How many drafts its next step may verify (speculative decoding): as
-    /// many as it may still generate past the next token where its picks
-    /// depend on the logits and its sampler's draws alone (nothing adjusting
-    /// the logits, no mask, no log-probabilities), else none.
+    /// many as it may still generate past the next token, unless a grammar
+    /// constrains it (each draft's row would need the grammar's mask after
+    /// the drafts before it) or a pick is on the way.
     pub fn draft_room(&self) -> usize {
-        let p = &self.params;
-        let plain = self.constraint.is_none()
-            && p.penalties == Penalties::default()
-            && p.logit_bias.is_empty()
-            && p.allowed_tokens.is_none()
-            && p.bad_words.is_empty()
-            && p.logprobs.is_none()
-            && (p.ignore_eos || self.generated.len() >= p.min_tokens);
-        match plain && !self.awaiting {
-            true => p.max_tokens.saturating_sub(self.generated.len() + 1),
+        match self.constraint.is_none() && !self.awaiting {
+            true => self
+                .params
+                .max_tokens
+                .saturating_sub(self.generated.len() + 1),
             false => 0,
         }
     }
 
-    /// How a drafted step's row picks (a sequence with
-    /// [`Active::draft_room`]): its sampler's filters and a fresh draw.
-    pub fn draft_sampling(&mut self) -> RowSampling {
-        self.sampler.next_row()
+    /// A fresh draw of its sampler (0 for greedy, which draws none): the
+    /// second draw of a draft's row.
+    pub fn draw(&mut self) -> f32 {
+        self.sampler.next_row().uniform
     }
 
     /// Whether the pick on the way leaves room for more (`max_tokens`).
@@ -130,6 +125,19 @@ impl<'t> Active<'t> {
     /// filters and draw, its penalties, a ban on ending before
     /// `min_tokens`, and its grammar's mask with its allowed tokens'.
     pub fn row_sampling(&mut self, eos: &[u32]) -> Result<RowSampling, String> {
+        self.row_sampling_after(eos, &[])
+    }
+
+    /// [`Active::row_sampling`] for the token after `drafted`, taken as
+    /// generated after the output (speculative decoding: the row of a
+    /// draft picks as it would once the drafts before it are kept). A
+    /// sequence with a grammar drafts nothing ([`Active::draft_room`]): its
+    /// mask would need the grammar advanced.
+    pub fn row_sampling_after(
+        &mut self,
+        eos: &[u32],
+        drafted: &[u32],
+    ) -> Result<RowSampling, String> {
         let grammar = match &mut self.constraint {
             Some(matcher) => Some(
                 structured::allowed_tokens(matcher)
@@ -143,9 +151,13 @@ impl<'t> Active<'t> {
             }
             (grammar, only) => grammar.or_else(|| only.clone()),
         };
+        let output: Cow<'_, [u32]> = match drafted {
+            [] => Cow::Borrowed(&self.generated),
+            _ => Cow::Owned([&self.generated[..], drafted].concat()),
+        };
         let params = &self.params;
         // A pick on the way counts: this row picks the token after it.
-        let generated = self.generated.len() + usize::from(self.awaiting);
+        let generated = output.len() + usize::from(self.awaiting);
         let suppress_eos = !params.ignore_eos && generated < params.min_tokens;
         let mut banned: Vec<u32> = if suppress_eos {
             eos.iter().chain(&params.stop_token_ids).copied().collect()
@@ -155,19 +167,14 @@ impl<'t> Active<'t> {
         // A bad word's last token, where the output ends with the rest.
         banned.extend(params.bad_words.iter().filter_map(|word| {
             let (last, rest) = word.split_last()?;
-            self.generated.ends_with(rest).then_some(*last)
+            output.ends_with(rest).then_some(*last)
         }));
         let penalties = params.penalties;
         Ok(RowSampling {
             repetition: penalties.repetition,
             frequency: penalties.frequency,
             presence: penalties.presence,
-            adjustments: penalties.adjustments(
-                &self.prompt,
-                &self.generated,
-                &params.logit_bias,
-                &banned,
-            ),
+            adjustments: penalties.adjustments(&self.prompt, &output, &params.logit_bias, &banned),
             logprobs: params.logprobs,
             allowed,
             ..self.sampler.next_row()

@@ -28,10 +28,10 @@ impl<O: EngineObserver> Engine<'_, O> {
     /// fed token a decode row of its own, [`Batch::step_batch`]) and hands
     /// out the picks. The backend picks every row where its logits are (on
     /// the device for CUDA: only token ids come back): a decoding row as its
-    /// sampling says; a drafted sequence's rows with its sampler's filters
-    /// and draws, each row but the last checking the draft after its token
-    /// ([`Draft`]), so a draft is kept when it is the pick of the row before
-    /// it. Its picks are the drafts up to the first not kept, then that
+    /// sampling says; a drafted sequence's rows as its next row would once
+    /// the drafts before them are kept, each but the last checking the
+    /// draft after its token ([`Draft`]), so a draft is kept when it is the
+    /// pick of the row before it. Its picks are the drafts up to the first not kept, then that
     /// row's own token (the last row's when all are kept).
     pub(super) fn verify(&mut self, batch: &Batch) {
         self.ran_apart = true;
@@ -48,7 +48,7 @@ impl<O: EngineObserver> Engine<'_, O> {
             .iter()
             .flat_map(|seq| match seq.drafts {
                 0 => vec![samplings.next().expect("one a decoding sequence")],
-                n => self.drafted_rows(seq.id, &seq.tokens[seq.tokens.len() - n..]),
+                n => self.drafted_rows(seq.id, &seq.tokens[seq.tokens.len() - n..], &mut failed),
             })
             .collect();
         let step = batch.step_batch();
@@ -96,25 +96,36 @@ impl<O: EngineObserver> Engine<'_, O> {
         self.stats.step(prompt, generated, load(&self.scheduler));
     }
 
-    /// How a drafted sequence's rows pick: its sampler's filters and a
-    /// fresh draw each, every row but the last checking the draft after
-    /// its token with a second draw.
-    fn drafted_rows(&mut self, id: SeqId, drafts: &[u32]) -> Vec<RowSampling> {
+    /// How a drafted sequence's rows pick: each as the sequence's next
+    /// row would once the drafts before it are kept (penalties, bans and
+    /// `min_tokens` counting them), every row but the last checking the
+    /// draft after its token with a second draw. A row that cannot be
+    /// decided fails the sequence (into `failed`).
+    fn drafted_rows(
+        &mut self,
+        id: SeqId,
+        drafts: &[u32],
+        failed: &mut Vec<(SeqId, String)>,
+    ) -> Vec<RowSampling> {
+        let eos = self.eos;
         let Some(state) = self.active.get_mut(&id) else {
             return vec![RowSampling::greedy(); drafts.len() + 1];
         };
-        let mut rows: Vec<RowSampling> = drafts
-            .iter()
-            .map(|&token| {
-                let row = state.draft_sampling();
-                let again = state.draft_sampling().uniform;
-                RowSampling {
-                    draft: Some(Draft { token, again }),
-                    ..row
-                }
+        (0..=drafts.len())
+            .map(|j| {
+                let row = match state.row_sampling_after(eos, &drafts[..j]) {
+                    Ok(row) => row,
+                    Err(e) => {
+                        failed.push((id, e));
+                        RowSampling::greedy()
+                    }
+                };
+                let draft = drafts.get(j).map(|&token| Draft {
+                    token,
+                    again: state.draw(),
+                });
+                RowSampling { draft, ..row }
             })
-            .collect();
-        rows.push(state.draft_sampling());
-        rows
+            .collect()
     }
 }
