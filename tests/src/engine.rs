@@ -11,6 +11,7 @@ use kiln_host::engine::speculative::NgramConfig;
 use kiln_host::model::Model;
 use kiln_host::scheduler::SchedulerConfig;
 use kiln_host::server::metrics::Metrics;
+use kiln_host::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Positions per KV-cache block of [`tiny_config`].
@@ -174,4 +175,35 @@ pub fn metric(metrics: &Metrics, name: &str) -> f64 {
         .find(|l| l.starts_with(name))
         .and_then(|l| l.split_whitespace().last()?.parse().ok())
         .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+/// A byte-level BPE vocabulary of `vocab` tokens (a tiny model's) for
+/// llguidance: token `b` < 256 is byte `b` (as GPT-2 writes bytes), the
+/// rest two zero bytes and a number (never inside a grammar's text).
+pub fn byte_tokenizer(vocab: u32) -> Arc<Tokenizer> {
+    let self_mapped = |b: u32| matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
+    let byte_char = |b: u32| match self_mapped(b) {
+        true => char::from_u32(b).unwrap(),
+        false => char::from_u32(256 + (0..b).filter(|&x| !self_mapped(x)).count() as u32).unwrap(),
+    };
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..vocab)
+        .map(|i| match i {
+            0..256 => (byte_char(i).to_string(), i.into()),
+            _ => (format!("{0}{0}{i}", byte_char(0)), i.into()),
+        })
+        .collect();
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+                                        "trim_offsets": false, "use_regex": false});
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": []},
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    Arc::new(Tokenizer::from_file(&path).unwrap())
 }

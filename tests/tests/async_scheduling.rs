@@ -12,16 +12,15 @@
 //! request's step is in flight, gets its tokens' log-probabilities as the
 //! model's whole-prompt logits give them.
 
-use std::sync::Arc;
-
 use kiln_host::engine::service::{GenerationParams, Request};
 use kiln_host::engine::structured::{Grammar, Grammars};
 use kiln_host::engine::SamplingParams;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::LoadOptions;
 use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
-use kiln_host::tokenizer::Tokenizer;
-use kiln_tests::engine::{assert_same_outcomes, metric, request, tiny_config, Outcome};
+use kiln_tests::engine::{
+    assert_same_outcomes, byte_tokenizer, metric, request, tiny_config, Outcome,
+};
 
 /// A request to serve.
 #[derive(Clone)]
@@ -66,7 +65,7 @@ fn serve(
         .expect("the CUDA backend")
         .device();
     let overlapped_before = device.overlapped_waits();
-    let grammars = Grammars::new(grammar_tokenizer(), eos.to_vec(), VOCAB as usize);
+    let grammars = Grammars::new(byte_tokenizer(VOCAB), eos.to_vec(), VOCAB as usize);
     let config = tiny_config(num_blocks, async_scheduling, None);
     let requests = requests
         .iter()
@@ -86,37 +85,6 @@ fn serve(
 
 /// The tiny model's vocabulary.
 const VOCAB: u32 = 768;
-
-/// A byte-level BPE vocabulary of the tiny model's size for llguidance:
-/// token `b` < 256 is byte `b` (as GPT-2 writes bytes), the rest two zero
-/// bytes and a number (never inside the grammars here).
-fn grammar_tokenizer() -> Arc<Tokenizer> {
-    let self_mapped = |b: u32| matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
-    let byte_char = |b: u32| match self_mapped(b) {
-        true => char::from_u32(b).unwrap(),
-        false => char::from_u32(256 + (0..b).filter(|&x| !self_mapped(x)).count() as u32).unwrap(),
-    };
-    let vocab: serde_json::Map<String, serde_json::Value> = (0..VOCAB)
-        .map(|i| match i {
-            0..256 => (byte_char(i).to_string(), i.into()),
-            _ => (format!("{0}{0}{i}", byte_char(0)), i.into()),
-        })
-        .collect();
-    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
-                                        "trim_offsets": false, "use_regex": false});
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
-        "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": null, "unk_token": null,
-                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                  "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": []},
-    });
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tokenizer.json");
-    std::fs::write(&path, json.to_string()).unwrap();
-    Arc::new(Tokenizer::from_file(&path).unwrap())
-}
 
 /// Prompt `i`: `len` ids spread over the tiny vocabulary.
 fn prompt(i: u32, len: u32) -> Vec<u32> {

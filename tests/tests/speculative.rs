@@ -2,22 +2,25 @@
 //! `ngram` method) in the serving engine, on the CPU and on the CUDA backend
 //! (the kernel emulator, or a GPU with KILN_TEST_CUDA_DEVICE): every request
 //! ends exactly as without it (greedy ones drafted and verified, with
-//! log-probabilities, penalties, a logit bias, bad words and `min_tokens`
-//! too; stops by token, string and length inside a run of kept drafts; a
-//! cache small enough to preempt; prefix caching), while
+//! log-probabilities, penalties, a logit bias, bad words, `min_tokens` and
+//! grammars too; stops by token, string and length inside a run of kept
+//! drafts; a cache small enough to preempt; prefix caching), while
 //! drafts were verified and kept and the requests took fewer steps. Sampled
 //! requests draft too (their drafts checked against their distribution:
 //! `runtime::sampling`'s test), reproducibly with a seed.
 
 use kiln_host::device::DeviceChoice;
-use kiln_host::engine::service::GenerationParams;
+use kiln_host::engine::service::{GenerationParams, Request};
 use kiln_host::engine::speculative::NgramConfig;
+use kiln_host::engine::structured::{Grammar, Grammars};
 use kiln_host::engine::SamplingParams;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
 use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
 use kiln_host::server::metrics::Metrics;
-use kiln_tests::engine::{self, assert_same_outcomes, metric, request, tiny_config, Outcome};
+use kiln_tests::engine::{
+    self, assert_same_outcomes, byte_tokenizer, metric, request, tiny_config, Outcome,
+};
 
 /// The tiny model's vocabulary.
 const VOCAB: u32 = 768;
@@ -167,6 +170,64 @@ fn drafts_on_the_cpu_change_nothing_but_the_steps() {
 #[test]
 fn drafts_on_cuda_change_nothing_but_the_steps() {
     drafts_change_nothing_but_the_steps(kiln_tests::models::cuda_test_device());
+}
+
+/// Structured output drafts too: each draft's row takes the grammar's mask
+/// after the drafts before it, drafts the grammar refuses (copied from the
+/// prompts' other bytes) are not kept, and every request ends as without
+/// drafts, inside its grammar.
+fn grammar_drafts_change_nothing_but_the_steps(device: DeviceChoice) {
+    // Pairs "ab" or "cd", 3 to 12 of them, then the end (token 7).
+    let grammar = Grammar::Regex("(ab|cd){3,12}".to_owned());
+    let eos = [7];
+    let grammars = Grammars::new(byte_tokenizer(VOCAB), eos.to_vec(), VOCAB as usize);
+    let prompts = ["abababx", "cdabcdz", "xyababab", "cdcd"];
+    let run = |speculative| {
+        let requests = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| Request {
+                constraint: Some(grammars.matcher(&grammar).unwrap()),
+                ..request(
+                    text.bytes().map(u32::from).collect(),
+                    GenerationParams::greedy(30),
+                    i as u64,
+                )
+            })
+            .collect();
+        let config = tiny_config(256, false, speculative);
+        let (outcomes, metrics) = engine::serve(tiny(device), &eos, config, requests);
+        Run { outcomes, metrics }
+    };
+    let want = run(None);
+    let got = run(Some(ngram()));
+    let what = format!("{device:?}, grammar");
+    let (accepted, drafts) = same_outcomes_in_fewer_steps(&got, &want, &what);
+    assert!(
+        0.0 < accepted && accepted < drafts,
+        "{accepted} of {drafts}"
+    );
+    for outcome in &got.outcomes {
+        let inside = outcome.tokens.strip_suffix(&eos).unwrap_or(&outcome.tokens);
+        let text: String = inside.iter().map(|&t| char::from(t as u8)).collect();
+        let pairs = text.len() / 2;
+        assert!(
+            text.len().is_multiple_of(2)
+                && (3..=12).contains(&pairs)
+                && (0..pairs).all(|i| ["ab", "cd"].contains(&&text[2 * i..2 * i + 2])),
+            "outside the grammar: {outcome:?}"
+        );
+    }
+}
+
+#[test]
+fn grammar_drafts_on_the_cpu_change_nothing_but_the_steps() {
+    grammar_drafts_change_nothing_but_the_steps(DeviceChoice::Cpu);
+}
+
+#[test]
+fn grammar_drafts_on_cuda_change_nothing_but_the_steps() {
+    grammar_drafts_change_nothing_but_the_steps(kiln_tests::models::cuda_test_device());
 }
 
 /// On CUDA a drafted step is a decode step whose every row the device

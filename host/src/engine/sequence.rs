@@ -14,7 +14,7 @@ use super::service::{Event, FinishReason, GenerationParams, StopReason, TokenLog
 use super::speculative::NgramIndex;
 use super::stop::{StopMatcher, StopOutcome};
 use super::structured;
-use crate::runtime::sampling::{RowSampling, Sampled};
+use crate::runtime::sampling::{Draft, RowSampling, Sampled};
 use crate::tokenizer::{DecodeStream, Tokenizer};
 
 /// One running request's state.
@@ -97,23 +97,16 @@ impl<'t> Active<'t> {
     }
 
     /// How many drafts its next step may verify (speculative decoding): as
-    /// many as it may still generate past the next token, unless a grammar
-    /// constrains it (each draft's row would need the grammar's mask after
-    /// the drafts before it) or a pick is on the way.
+    /// many as it may still generate past the next token, unless a pick is
+    /// on the way.
     pub fn draft_room(&self) -> usize {
-        match self.constraint.is_none() && !self.awaiting {
-            true => self
+        match self.awaiting {
+            false => self
                 .params
                 .max_tokens
                 .saturating_sub(self.generated.len() + 1),
-            false => 0,
+            true => 0,
         }
-    }
-
-    /// A fresh draw of its sampler (0 for greedy, which draws none): the
-    /// second draw of a draft's row.
-    pub fn draw(&mut self) -> f32 {
-        self.sampler.next_row().uniform
     }
 
     /// Whether the pick on the way leaves room for more (`max_tokens`).
@@ -121,23 +114,53 @@ impl<'t> Active<'t> {
         self.generated.len() + usize::from(self.awaiting) < self.params.max_tokens
     }
 
-    /// How the backend picks this sequence's next token: its sampler's
-    /// filters and draw, its penalties, a ban on ending before
-    /// `min_tokens`, and its grammar's mask with its allowed tokens'.
-    pub fn row_sampling(&mut self, eos: &[u32]) -> Result<RowSampling, String> {
-        self.row_sampling_after(eos, &[])
+    /// How a step's rows of this sequence pick: its next token's (its
+    /// sampler's filters and draw, its penalties, a ban on ending before
+    /// `min_tokens`, and its grammar's mask with its allowed tokens'), or,
+    /// when it feeds `drafts` after its
+    /// last token (speculative decoding), one row a fed token, each picking
+    /// as the sequence's next row would once the drafts before it are kept
+    /// (the grammar advanced over them, then rolled back), each but the
+    /// last checking the draft after its token with a second draw
+    /// ([`Draft`]). A row after a draft the grammar refuses, or after one
+    /// that ends it, picks greedily: an earlier row's pick ends the
+    /// sequence's picks there.
+    pub fn rows(&mut self, eos: &[u32], drafts: &[u32]) -> Result<Vec<RowSampling>, String> {
+        let mut rows = Vec::with_capacity(drafts.len() + 1);
+        // The drafts the grammar took, and whether it goes on after them.
+        let (mut taken, mut open) = (0, true);
+        for j in 0..=drafts.len() {
+            if let (Some(matcher), Some(&draft)) = (&mut self.constraint, drafts[..j].last()) {
+                if open {
+                    let took = matcher
+                        .try_consume_tokens(&[draft])
+                        .map_err(|e| format!("structured output: {e}"))?;
+                    taken += took;
+                    open = took == 1 && !matcher.is_stopped();
+                }
+            }
+            let row = match open {
+                true => self.row_sampling(eos, &drafts[..j])?,
+                false => RowSampling::greedy(),
+            };
+            let draft = drafts.get(j).map(|&token| Draft {
+                token,
+                again: self.sampler.next_row().uniform,
+            });
+            rows.push(RowSampling { draft, ..row });
+        }
+        if let Some(matcher) = &mut self.constraint {
+            matcher
+                .rollback(taken)
+                .map_err(|e| format!("structured output: {e}"))?;
+        }
+        Ok(rows)
     }
 
-    /// [`Active::row_sampling`] for the token after `drafted`, taken as
-    /// generated after the output (speculative decoding: the row of a
-    /// draft picks as it would once the drafts before it are kept). A
-    /// sequence with a grammar drafts nothing ([`Active::draft_room`]): its
-    /// mask would need the grammar advanced.
-    pub fn row_sampling_after(
-        &mut self,
-        eos: &[u32],
-        drafted: &[u32],
-    ) -> Result<RowSampling, String> {
+    /// How the backend picks this sequence's token after `drafted`, taken
+    /// as generated after the output (the grammar, if any, already advanced
+    /// over them).
+    fn row_sampling(&mut self, eos: &[u32], drafted: &[u32]) -> Result<RowSampling, String> {
         let grammar = match &mut self.constraint {
             Some(matcher) => Some(
                 structured::allowed_tokens(matcher)
@@ -325,7 +348,7 @@ mod tests {
         let (mut active, _received) = sequence(&tokenizer, params);
         let mut banned = |generated: &[u32]| {
             active.generated = generated.to_vec();
-            let row = active.row_sampling(&[]).unwrap();
+            let row = active.rows(&[], &[]).unwrap().remove(0);
             let mut banned: Vec<u32> = row
                 .adjustments
                 .iter()

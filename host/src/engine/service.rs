@@ -405,7 +405,8 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         }
         let mut failed = Vec::new();
         let launched = launched.and_then(|step| {
-            let rows = self.row_samplings(&sampled_rows, &mut failed);
+            let seqs: Vec<(SeqId, &[u32])> = sampled_rows.iter().map(|&id| (id, &[][..])).collect();
+            let rows = self.row_samplings(&seqs, &mut failed);
             Ok(self.model.backend.launch_picks(step, &rows)?)
         });
         let pending = match launched {
@@ -448,39 +449,46 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         })
     }
 
-    /// How each of `ids` picks its token, in order; a sequence gone since it
-    /// was scheduled (ended by the pick before) picks greedily, unread, and
-    /// one whose grammar fails goes to `failed`. Grammars' masks are the
-    /// costly part (tens of µs a row): with several, the rows are decided
-    /// in parallel.
+    /// How the rows of each of `seqs` (a sequence and the drafts it feeds
+    /// after its last token) pick their tokens ([`Active::rows`]: one row,
+    /// or one a fed token), in order; a sequence gone since it was
+    /// scheduled (ended by the pick before) picks greedily, unread, and one
+    /// whose grammar fails goes to `failed`. Grammars' masks are the costly
+    /// part (tens of µs a row): with several constrained sequences, they
+    /// are decided in parallel.
     fn row_samplings(
         &mut self,
-        ids: &[SeqId],
+        seqs: &[(SeqId, &[u32])],
         failed: &mut Vec<(SeqId, String)>,
     ) -> Vec<RowSampling> {
         let eos = self.eos;
         let mut states: HashMap<SeqId, &mut Active<'t>> =
             self.active.iter_mut().map(|(id, a)| (*id, a)).collect();
-        let mut rows: Vec<Option<&mut Active<'t>>> =
-            ids.iter().map(|id| states.remove(id)).collect();
-        let decide = |state: &mut Option<&mut Active<'t>>| {
-            state.as_mut().map(|state| state.row_sampling(eos))
+        let mut rows: Vec<(Option<&mut Active<'t>>, &[u32])> = seqs
+            .iter()
+            .map(|&(id, drafts)| (states.remove(&id), drafts))
+            .collect();
+        let decide = |(state, drafts): &mut (Option<&mut Active<'t>>, &[u32])| {
+            state.as_mut().map(|state| state.rows(eos, drafts))
         };
-        let constrained = rows.iter().flatten().filter(|s| s.constrained()).count();
+        let constrained = rows
+            .iter()
+            .filter(|(s, _)| s.as_ref().is_some_and(|s| s.constrained()))
+            .count();
         let decided: Vec<_> = if constrained > 1 {
             rows.par_iter_mut().map(decide).collect()
         } else {
             rows.iter_mut().map(decide).collect()
         };
-        ids.iter()
+        seqs.iter()
             .zip(decided)
-            .map(|(id, decided)| match decided {
-                Some(Ok(row)) => row,
+            .flat_map(|(&(id, drafts), decided)| match decided {
+                Some(Ok(rows)) => rows,
                 Some(Err(e)) => {
-                    failed.push((*id, e));
-                    RowSampling::greedy()
+                    failed.push((id, e));
+                    vec![RowSampling::greedy(); drafts.len() + 1]
                 }
-                None => RowSampling::greedy(),
+                None => vec![RowSampling::greedy(); drafts.len() + 1],
             })
             .collect()
     }

@@ -4,7 +4,7 @@
 
 use super::{load, Engine, EngineObserver};
 use crate::engine::batch::run_sampled_step;
-use crate::runtime::sampling::{Draft, RowSampling, Sampled};
+use crate::runtime::sampling::Sampled;
 use crate::scheduler::{Batch, SeqId};
 
 impl<O: EngineObserver> Engine<'_, O> {
@@ -30,27 +30,19 @@ impl<O: EngineObserver> Engine<'_, O> {
     /// the device for CUDA: only token ids come back): a decoding row as its
     /// sampling says; a drafted sequence's rows as its next row would once
     /// the drafts before them are kept, each but the last checking the
-    /// draft after its token ([`Draft`]), so a draft is kept when it is the
-    /// pick of the row before it. Its picks are the drafts up to the first not kept, then that
-    /// row's own token (the last row's when all are kept).
+    /// draft after its token ([`Active::rows`]), so a draft is kept when it
+    /// is the pick of the row before it. Its picks are the drafts up to the
+    /// first not kept, then that row's own token (the last row's when all
+    /// are kept).
     pub(super) fn verify(&mut self, batch: &Batch) {
         self.ran_apart = true;
-        let decoding: Vec<SeqId> = batch
+        let seqs: Vec<(SeqId, &[u32])> = batch
             .seqs
             .iter()
-            .filter(|s| s.drafts == 0)
-            .map(|s| s.id)
+            .map(|seq| (seq.id, &seq.tokens[seq.tokens.len() - seq.drafts..]))
             .collect();
         let mut failed = Vec::new();
-        let mut samplings = self.row_samplings(&decoding, &mut failed).into_iter();
-        let rows: Vec<RowSampling> = batch
-            .seqs
-            .iter()
-            .flat_map(|seq| match seq.drafts {
-                0 => vec![samplings.next().expect("one a decoding sequence")],
-                n => self.drafted_rows(seq.id, &seq.tokens[seq.tokens.len() - n..], &mut failed),
-            })
-            .collect();
+        let rows = self.row_samplings(&seqs, &mut failed);
         let step = batch.step_batch();
         let backend = self.model.backend.as_ref();
         let sampled =
@@ -94,38 +86,5 @@ impl<O: EngineObserver> Engine<'_, O> {
         }
         let prompt = batch.num_tokens() - batch.seqs.iter().map(|s| s.drafts + 1).sum::<usize>();
         self.stats.step(prompt, generated, load(&self.scheduler));
-    }
-
-    /// How a drafted sequence's rows pick: each as the sequence's next
-    /// row would once the drafts before it are kept (penalties, bans and
-    /// `min_tokens` counting them), every row but the last checking the
-    /// draft after its token with a second draw. A row that cannot be
-    /// decided fails the sequence (into `failed`).
-    fn drafted_rows(
-        &mut self,
-        id: SeqId,
-        drafts: &[u32],
-        failed: &mut Vec<(SeqId, String)>,
-    ) -> Vec<RowSampling> {
-        let eos = self.eos;
-        let Some(state) = self.active.get_mut(&id) else {
-            return vec![RowSampling::greedy(); drafts.len() + 1];
-        };
-        (0..=drafts.len())
-            .map(|j| {
-                let row = match state.row_sampling_after(eos, &drafts[..j]) {
-                    Ok(row) => row,
-                    Err(e) => {
-                        failed.push((id, e));
-                        RowSampling::greedy()
-                    }
-                };
-                let draft = drafts.get(j).map(|&token| Draft {
-                    token,
-                    again: state.draw(),
-                });
-                RowSampling { draft, ..row }
-            })
-            .collect()
     }
 }
