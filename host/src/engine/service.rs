@@ -10,7 +10,6 @@ use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use kiln_kernels::dense::attention::CacheLayout;
-use kiln_plugin_api::pipeline::StepBatch;
 use rayon::prelude::*;
 
 use super::batch::{launch_step, run_step};
@@ -25,8 +24,6 @@ use crate::runtime::sampling::{RowSampling, Sampled};
 use crate::runtime::{KvCache, PendingSample, RuntimeError, TokenFeed};
 use crate::scheduler::{Batch, BlockManager, Scheduler, SchedulerConfig, SeqId};
 use crate::tokenizer::Tokenizer;
-
-mod drafts;
 
 /// Sizes of the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,8 +232,10 @@ const SCORED_LOGITS: usize = 1 << 26;
 
 /// A step launched on the device whose picks the host has not read yet.
 struct InFlight {
-    /// The sequence of each sampled row, in row order.
-    rows: Vec<SeqId>,
+    /// The sequences whose rows were sampled, in row order, and the drafts
+    /// each fed after its last token (one row each, after the row of that
+    /// token).
+    rows: Vec<(SeqId, Vec<u32>)>,
     pending: PendingSample,
 }
 
@@ -258,7 +257,7 @@ struct Engine<'t, O> {
     /// Seconds waited for the device's picks in this turn of the loop.
     device_wait: f64,
     /// This turn ran a step apart from the sampled one (scored prompt
-    /// chunks, drafts to verify).
+    /// chunks).
     ran_apart: bool,
 }
 
@@ -314,6 +313,22 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         }
     }
 
+    /// Proposes drafts for every sequence that may verify some (speculative
+    /// decoding), from its prompt and output.
+    fn propose_drafts(&mut self) {
+        let Some(ngram) = self.speculative else {
+            return;
+        };
+        for (id, state) in &mut self.active {
+            let room = state.draft_room();
+            if room > 0 {
+                let index = &mut state.ngram;
+                self.scheduler
+                    .propose(*id, |tokens| index.propose(&ngram, tokens, room));
+            }
+        }
+    }
+
     /// Cancels requests whose client is gone.
     fn cancel_gone(&mut self) {
         let gone: Vec<SeqId> = self
@@ -361,17 +376,6 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         if !scored.seqs.is_empty() {
             self.score(&scored);
         }
-        // So do drafted sequences (speculative decoding: never with async
-        // scheduling, so nothing is in flight), the decoding ones with them:
-        // one pass over the weights for all.
-        let (drafted, batch) = batch.split_drafted();
-        let batch = if drafted.seqs.is_empty() {
-            batch
-        } else {
-            let (decoding, rest) = batch.split_decoding();
-            self.verify(&drafted.joined(decoding));
-            rest
-        };
         if batch.seqs.is_empty() {
             match in_flight {
                 Some(f) => self.settle(f),
@@ -379,15 +383,18 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
             }
             return None;
         }
-        let sampled_rows: Vec<SeqId> = batch
+        // Each sequence that wants logits, and its drafts (speculative
+        // decoding): a row for its last token and one for each draft.
+        let sampled_rows: Vec<(SeqId, Vec<u32>)> = batch
             .seqs
             .iter()
             .filter(|s| s.wants_logits)
-            .map(|s| s.id)
+            .map(|s| (s.id, s.tokens[s.tokens.len() - s.drafts..].to_vec()))
             .collect();
+        let num_rows = sampled_rows.iter().map(|(_, d)| d.len() + 1).sum();
         let step = batch.step_batch();
         let feed = match &in_flight {
-            Some(f) => token_feed(&batch, &step, &f.rows),
+            Some(f) => token_feed(&batch, &f.rows),
             None => Vec::new(),
         };
         let launched = launch_step(
@@ -395,7 +402,7 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
             &self.model.pipeline,
             &mut self.cache,
             &step,
-            sampled_rows.len(),
+            num_rows,
             &feed,
         );
         // The previous step's picks, read while this one runs: the picks
@@ -405,7 +412,10 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         }
         let mut failed = Vec::new();
         let launched = launched.and_then(|step| {
-            let seqs: Vec<(SeqId, &[u32])> = sampled_rows.iter().map(|&id| (id, &[][..])).collect();
+            let seqs: Vec<(SeqId, &[u32])> = sampled_rows
+                .iter()
+                .map(|(id, drafts)| (*id, &drafts[..]))
+                .collect();
             let rows = self.row_samplings(&seqs, &mut failed);
             Ok(self.model.backend.launch_picks(step, &rows)?)
         });
@@ -421,20 +431,17 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
             }
         };
         self.scheduler.complete(&batch);
-        // Each row that wants logits generates a token; a decode row feeds
-        // one token, so what else was fed is prompt (less the last token of
-        // each prompt, counted as generation: the line is approximate).
+        // A decode row or a draft's feeds one token, so what else was fed is
+        // prompt (less the last token of each prompt: the line is
+        // approximate); the tokens generated count once read.
         let fed = batch.num_tokens();
-        self.stats.step(
-            fed.saturating_sub(sampled_rows.len()),
-            sampled_rows.len(),
-            load(&self.scheduler),
-        );
+        self.stats
+            .step(fed.saturating_sub(num_rows), 0, load(&self.scheduler));
         // A grammar that failed fails its sequence, after the step it was in.
         for (id, message) in failed {
             self.fail(id, message);
         }
-        for id in &sampled_rows {
+        for (id, _) in &sampled_rows {
             if let Some(state) = self.active.get_mut(id) {
                 state.awaiting = true;
                 if self.overlap && state.continues_after_pick() {
@@ -494,7 +501,10 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
     }
 
     /// Reads a launched step's picks and hands each to its sequence: text
-    /// and events out, finished sequences removed.
+    /// and events out, finished sequences removed. A sequence that fed
+    /// drafts gets them up to the first its rows did not keep (a draft is
+    /// kept when it is the pick of the row before it, [`Active::rows`]),
+    /// then that row's own token (the last row's when all are kept).
     fn settle(&mut self, f: InFlight) {
         let waiting = Instant::now();
         let finished = self.model.backend.finish_sampled(f.pending);
@@ -502,15 +512,33 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
         let sampled = match finished {
             Ok(sampled) => sampled,
             Err(e) => {
-                for id in f.rows {
+                for (id, _) in f.rows {
                     self.fail(id, format!("model step failed: {e}"));
                 }
                 return;
             }
         };
-        for (id, sampled) in f.rows.into_iter().zip(sampled) {
-            self.deliver(id, sampled, false);
+        let mut sampled = sampled.into_iter();
+        let mut generated = 0;
+        for (id, drafts) in f.rows {
+            let mut picks: Vec<Sampled> = sampled.by_ref().take(drafts.len() + 1).collect();
+            let kept = drafts
+                .iter()
+                .zip(&picks)
+                .take_while(|(draft, pick)| **draft == pick.token)
+                .count();
+            picks.truncate(kept + 1);
+            if !drafts.is_empty() && self.active.contains_key(&id) {
+                self.observer.speculated(drafts.len(), kept);
+            }
+            for (i, pick) in picks.into_iter().enumerate() {
+                if !self.deliver(id, pick, i < kept) {
+                    break;
+                }
+                generated += 1;
+            }
         }
+        self.stats.step(0, generated, load(&self.scheduler));
         report(&self.scheduler, &self.observer);
     }
 
@@ -563,16 +591,28 @@ impl<'t, O: EngineObserver> Engine<'t, O> {
 }
 
 /// Where the device feeds the picks of the step in flight (whose sampled
-/// rows are `previous`) into `batch`'s token ids: each sequence whose last
-/// fed token is a placeholder gets its pick there (the decoder pipeline
-/// lays the sequences' tokens out one after another).
-fn token_feed(batch: &Batch, step: &StepBatch, previous: &[SeqId]) -> Vec<TokenFeed> {
+/// sequences and their drafts are `previous`) into `batch`'s token ids:
+/// each sequence whose last fed token is a placeholder gets its pick there
+/// (the decoder pipeline lays the sequences' tokens out one after another).
+/// A sequence that fed drafts has no one pick to feed (speculative decoding
+/// runs without async scheduling).
+fn token_feed(batch: &Batch, previous: &[(SeqId, Vec<u32>)]) -> Vec<TokenFeed> {
+    let row_of = |id: SeqId| {
+        let mut row = 0;
+        for (seq, drafts) in previous {
+            if *seq == id {
+                return drafts.is_empty().then_some(row);
+            }
+            row += drafts.len() + 1;
+        }
+        None
+    };
     let mut offset = 0;
     let mut feed = Vec::new();
-    for (seq, fed) in batch.seqs.iter().zip(&step.sequences) {
-        offset += fed.tokens.len();
+    for seq in &batch.seqs {
+        offset += seq.tokens.len();
         if seq.feeds_unresolved {
-            if let Some(row) = previous.iter().position(|&id| id == seq.id) {
+            if let Some(row) = row_of(seq.id) {
                 feed.push(TokenFeed {
                     row,
                     index: offset - 1,

@@ -105,7 +105,7 @@ pub struct ScheduledSeq {
     pub scored: bool,
     /// The last this many fed tokens are drafts (speculative decoding):
     /// each fed token is a sequence of its own in the step, with one
-    /// logits row ([`Batch::step_batch`], [`Batch::split_drafted`]).
+    /// logits row ([`Batch::step_batch`]).
     pub drafts: usize,
 }
 
@@ -119,12 +119,13 @@ pub struct Batch {
 impl Batch {
     /// The step as the pipeline model sees it: last-token logits only, or,
     /// for a batch of scored chunks ([`Batch::split_scored`]), every fed
-    /// token's. A drafted sequence ([`Batch::split_drafted`]) feeds each of
+    /// token's. A drafted sequence (speculative decoding) feeds each of
     /// its tokens as a sequence of its own, one position further each, on
     /// its blocks: every row is then a decode row whose context ends at its
     /// token (the step writes all rows' keys and values before attention
-    /// reads them), so a drafted step runs as a decode step does (captured
-    /// graphs, picks on the device) with a pick for every draft.
+    /// reads them), picked as any (on the device for CUDA), and a step of
+    /// decoding and drafted sequences alone is a decode step (captured
+    /// graphs).
     pub fn step_batch(&self) -> StepBatch {
         let sequence = |tokens: &[u32], start, s: &ScheduledSeq| StepSequence {
             tokens: tokens.to_vec(),
@@ -152,28 +153,6 @@ impl Batch {
     pub fn split_scored(self) -> (Batch, Batch) {
         let (scored, rest) = self.seqs.into_iter().partition(|s| s.scored);
         (Batch { seqs: scored }, Batch { seqs: rest })
-    }
-
-    /// The sequences that feed drafts (run as a step of their own, a pick
-    /// or logits row for every fed token) and the rest.
-    pub fn split_drafted(self) -> (Batch, Batch) {
-        let (drafted, rest) = self.seqs.into_iter().partition(|s| s.drafts > 0);
-        (Batch { seqs: drafted }, Batch { seqs: rest })
-    }
-
-    /// The sequences that feed their last token alone to pick the next
-    /// (they decode) and the rest.
-    pub fn split_decoding(self) -> (Batch, Batch) {
-        let (decoding, rest) = self.seqs.into_iter().partition(|s| {
-            s.wants_logits && s.tokens.len() == 1 && s.drafts == 0 && !s.feeds_unresolved
-        });
-        (Batch { seqs: decoding }, Batch { seqs: rest })
-    }
-
-    /// This batch's sequences, then `other`'s.
-    pub fn joined(mut self, other: Batch) -> Batch {
-        self.seqs.extend(other.seqs);
-        self
     }
 
     /// Tokens in the step.

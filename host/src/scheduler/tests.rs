@@ -96,31 +96,6 @@ fn drafts_follow_a_decoding_sequence_and_count_once_verified() {
         ]
     );
     assert!(step.sequences.iter().all(|f| f.blocks == q.blocks));
-    let (drafted, rest) = b.clone().split_drafted();
-    assert_eq!((drafted.seqs.len(), rest.seqs.len()), (1, 0));
-    // Beside a decoding sequence and a prompt chunk, the drafted one and the
-    // decoding one run together.
-    let mut mixed = b.clone();
-    let planned = |id, tokens: Vec<u32>, wants_logits| ScheduledSeq {
-        id,
-        start: 0,
-        tokens,
-        blocks: Vec::new(),
-        wants_logits,
-        feeds_unresolved: false,
-        scored: false,
-        drafts: 0,
-    };
-    mixed.seqs.push(planned(2, vec![9], true));
-    mixed.seqs.push(planned(3, vec![1, 2], true));
-    mixed.seqs.push(planned(4, vec![1, 2], false));
-    let (drafted, rest) = mixed.split_drafted();
-    let (decoding, rest) = rest.split_decoding();
-    let ids = |b: &Batch| b.seqs.iter().map(|q| q.id).collect::<Vec<_>>();
-    assert_eq!(
-        (ids(&drafted.joined(decoding)), ids(&rest)),
-        (vec![1, 2], vec![3, 4])
-    );
     // The model kept 5 and picked 8 after it: 5's cache entry counts,
     // 6's and 7's do not, and 8 is fed next.
     s.complete(&b);
