@@ -117,14 +117,13 @@ impl<'t> Active<'t> {
     /// How a step's rows of this sequence pick: its next token's (its
     /// sampler's filters and draw, its penalties, a ban on ending before
     /// `min_tokens`, and its grammar's mask with its allowed tokens'), or,
-    /// when it feeds `drafts` after its
-    /// last token (speculative decoding), one row a fed token, each picking
-    /// as the sequence's next row would once the drafts before it are kept
-    /// (the grammar advanced over them, then rolled back), each but the
-    /// last checking the draft after its token with a second draw
-    /// ([`Draft`]). A row after a draft the grammar refuses, or after one
-    /// that ends it, picks greedily: an earlier row's pick ends the
-    /// sequence's picks there.
+    /// when it feeds `drafts` after its last token (speculative decoding),
+    /// one row a fed token, each picking as the sequence's next row would
+    /// once the drafts before it are kept (the grammar advanced over them,
+    /// then rolled back), each but the last checking the draft after its
+    /// token with a second draw ([`Draft`]). A row after a draft the
+    /// grammar refuses, or after one that ends it, picks greedily: an
+    /// earlier row's pick ends the sequence's picks there.
     pub fn rows(&mut self, eos: &[u32], drafts: &[u32]) -> Result<Vec<RowSampling>, String> {
         let mut rows = Vec::with_capacity(drafts.len() + 1);
         // The drafts the grammar took, and whether it goes on after them.
