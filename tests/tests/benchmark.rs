@@ -186,9 +186,14 @@ fn benchmark_runs_a_shape_with_random_weights() {
             // the two layers runs 14 and a sampling kernel (the exact counts
             // are pinned in cuda_graphs.rs), a prefill step more.
             let kernels = level["kernels_per_step"].as_f64();
+            // Only picks come back, under a row of logits (3 KB) a step.
+            let read = level["read_bytes_per_step"].as_f64();
             match device {
-                "cpu" => assert_eq!(kernels, None, "{level}"),
-                _ => assert!((15.0..=60.0).contains(&kernels.unwrap()), "{level}"),
+                "cpu" => assert_eq!((kernels, read), (None, None), "{level}"),
+                _ => {
+                    assert!((15.0..=60.0).contains(&kernels.unwrap()), "{level}");
+                    assert!((1.0..3072.0).contains(&read.unwrap()), "{level}");
+                }
             }
         }
         if device == "cpu" {

@@ -60,6 +60,9 @@ struct LevelResult {
     /// Kernels (launches and GEMMs) the device ran per step, on a GPU
     /// backend: each pays a launch gap.
     kernels_per_step: Option<f64>,
+    /// Bytes the device copied to the host per step (picks, and logits
+    /// where a step brings them back), on a GPU backend.
+    read_bytes_per_step: Option<f64>,
     /// Draft tokens verified, and kept, with `--speculative-config`.
     draft_tokens: u64,
     accepted_tokens: u64,
@@ -147,7 +150,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     let device = model.backend.device_name();
     let roofline = model.backend.roofline()?;
     let kernels = model.backend.kernel_counter();
-    let kernels_run = || kernels.as_ref().map(|k| k.kernels_run());
+    let kernels_run = || kernels.as_ref().map(|k| (k.kernels_run(), k.bytes_read()));
     let metrics = Metrics::new("benchmark", config.block_size);
     let (engine, engine_thread) =
         service::spawn(model, tokenizer, Vec::new(), config, metrics.clone())?;
@@ -194,9 +197,11 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         let drafts = metrics.draft_totals();
         result.draft_tokens = drafts.0 - drafts_before.0;
         result.accepted_tokens = drafts.1 - drafts_before.1;
-        result.kernels_per_step = kernels_run()
-            .zip(kernels_before)
-            .map(|(after, before)| (after - before) as f64 / steps.max(1) as f64);
+        let per_step = |n: u64| n as f64 / steps.max(1) as f64;
+        if let (Some(after), Some(before)) = (kernels_run(), kernels_before) {
+            result.kernels_per_step = Some(per_step(after.0 - before.0));
+            result.read_bytes_per_step = Some(per_step(after.1 - before.1));
+        }
         results.push(result);
     }
     // The model (and its device) is released on the engine thread, before
@@ -354,6 +359,7 @@ fn summarize(
         host_ms_per_step: 0.0,
         device_wait_ms_per_step: 0.0,
         kernels_per_step: None,
+        read_bytes_per_step: None,
         draft_tokens: 0,
         accepted_tokens: 0,
     }
@@ -361,12 +367,12 @@ fn summarize(
 
 fn table(results: &[LevelResult]) -> String {
     let mut out = String::from(
-        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate  host ms/step  wait ms/step  kernels/step  drafts kept\n",
+        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate  host ms/step  wait ms/step  kernels/step  read B/step  drafts kept\n",
     );
     let percent = |f: Option<f64>| f.map_or("-".to_owned(), |f| format!("{:.0} %", f * 100.0));
     for r in results {
         out += &format!(
-            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}  {:>12.3}  {:>12.3}  {:>12}  {:>11}\n",
+            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}  {:>12.3}  {:>12.3}  {:>12}  {:>11}  {:>11}\n",
             r.concurrency,
             r.input_len,
             r.output_len,
@@ -383,6 +389,8 @@ fn table(results: &[LevelResult]) -> String {
             r.device_wait_ms_per_step,
             r.kernels_per_step
                 .map_or("-".to_owned(), |k| format!("{k:.1}")),
+            r.read_bytes_per_step
+                .map_or("-".to_owned(), |b| format!("{b:.0}")),
             match r.draft_tokens {
                 0 => "-".to_owned(),
                 drafts => format!("{}/{drafts}", r.accepted_tokens),

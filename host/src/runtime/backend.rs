@@ -11,8 +11,9 @@ use super::sampling::{sample_row, RowSampling, Sampled};
 use super::{KvCache, RuntimeError, Tensor};
 use crate::compiler::Program;
 
-/// Reads a device's count of kernels run so far ([`Device::kernels_run`]),
-/// from any thread: a benchmark's kernels per step.
+/// Reads a device's count of kernels run so far ([`Device::kernels_run`])
+/// and of bytes read back ([`Device::bytes_read`]), from any thread: a
+/// benchmark's kernels and readback per step.
 #[derive(Clone)]
 pub struct KernelCounter(pub(crate) Arc<dyn Device>);
 
@@ -20,6 +21,11 @@ impl KernelCounter {
     /// Launches and GEMMs run so far.
     pub fn kernels_run(&self) -> u64 {
         self.0.kernels_run()
+    }
+
+    /// Bytes the device copied to the host so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.0.bytes_read()
     }
 }
 
