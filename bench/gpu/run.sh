@@ -34,6 +34,10 @@
 #                                      this measures what a drafted step costs and
 #                                      gains as acceptance allows, not a real
 #                                      model's rate), as text
+#   bench/gpu/run.sh kv-fp8            Kiln's decode at batch 16 and 64 over 2048-token
+#                                      prompts with the bf16 and the fp8 (E4M3) KV cache:
+#                                      what halving attention's bytes gains where the
+#                                      cache is read as much as the weights, as text
 #   bench/gpu/run.sh profile           where a decode step's time goes at batch 1, 16
 #                                      and 64 (llama3-8b bf16 and q4_k_m, q4_k_m+fast
 #                                      at batch 1), and a 2048-token prefill's: the
@@ -197,6 +201,25 @@ speculative() {
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape speculative_shape
 }
 
+# Decode over long prompts with the bf16 and the fp8 KV cache (llama3-8b
+# bf16 unless KILN_BENCH_SHAPES says otherwise): at 64 sequences of ~2k
+# positions Llama-3-8B's cache reads ~17 GB a step in bf16 beside 16 GB of
+# weights. Text, in kv-fp8-*.txt.
+kv_fp8_shape() {
+  local shape=$1 dtype=$2 name=$3 cache
+  for cache in bfloat16 fp8; do
+    echo "== kiln $shape $dtype: decode over 2048-token prompts, $cache cache"
+    "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" --kv-cache-dtype "$cache" \
+      --input-len 2048 --output-len 64 --concurrency 16,64 --temperature 0 \
+      2>&1 | tee "$results/kv-fp8-$name-$dtype-$cache.txt" || echo "FAILED: $shape $dtype $cache"
+  done
+}
+
+kv_fp8() {
+  . tests/gpu/env.sh
+  KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16} each_shape kv_fp8_shape
+}
+
 # Each run's kernel time against its wall time, per kernel
 # (bench/gpu/kernels.py), with whichever Nsight tool the machine has.
 profile() {
@@ -258,6 +281,7 @@ case "${1:-}" in
   dense) dense ;;
   sampled) sampled ;;
   speculative) speculative ;;
+  kv-fp8) kv_fp8 ;;
   profile) profile ;;
   torch) torch_baseline "${2:?mode}" "${3:?shape}" ;;
   table) table ;;
@@ -268,13 +292,14 @@ case "${1:-}" in
     dense
     sampled
     speculative
+    kv_fp8
     profile
     for shape in llama3-8b llama3.2-1b; do
       for mode in eager compiled; do torch_baseline "$mode" "$shape"; done
     done
     table
     ;;
-  *) sed -n 2,30p "$0" >&2; exit 2 ;;
+  *) sed -n 2,48p "$0" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   [ -f "$results/gpu-bench.md" ] && cp "$results/gpu-bench.md" "$OUT/"

@@ -359,7 +359,8 @@ pub struct RuntimeArgs {
     /// `--precision fast` (llama.cpp's default, half the memory) and f32
     /// with `--precision exact`, which promises transformers' logits within
     /// 1e-4. `float16` and `q8_0` (ggml's Q8_0 blocks, 8.5 bits a number,
-    /// for heads of a multiple of 32) are for the CPU only.
+    /// for heads of a multiple of 32) are for the CPU only, `fp8` (E4M3, as
+    /// vLLM's with its default scale of 1) for CUDA only.
     #[arg(long, value_enum, default_value_t = KvCacheDtypeArg::Auto)]
     pub kv_cache_dtype: KvCacheDtypeArg,
 
@@ -457,6 +458,10 @@ pub enum KvCacheDtypeArg {
     /// only).
     #[value(name = "q8_0")]
     Q8_0,
+    /// 8-bit floats (E4M3, vLLM's `fp8`/`fp8_e4m3` with a scale of 1:
+    /// values saturate at ±448): a quarter of f32's bytes (CUDA only).
+    #[value(name = "fp8", alias = "fp8_e4m3")]
+    Fp8,
 }
 
 /// `--attention-backend`.
@@ -485,6 +490,7 @@ impl From<KvCacheDtypeArg> for crate::runtime::KvCacheDtype {
             KvCacheDtypeArg::Bfloat16 => Self::BFloat16,
             KvCacheDtypeArg::Float16 => Self::Float16,
             KvCacheDtypeArg::Q8_0 => Self::Q8_0,
+            KvCacheDtypeArg::Fp8 => Self::Fp8E4m3,
         }
     }
 }

@@ -1,7 +1,7 @@
 // Attention over the paged KV cache for a ragged batch (chunked prefill and
 // decode alike). The cache of one layer is [blocks, block_size, kv_heads,
-// head_dim], f32 or bf16 (`_bf16` kernels: half the bytes to read, computed
-// in f32); sequence b's rows are row_offsets[b]..row_offsets[b+1] of the
+// head_dim], f32, bf16 or E4M3 (`_bf16` and `_fp8` kernels: a half or a
+// quarter of the bytes to read, computed in f32; fp8_e4m3 in kiln_cuda.cuh); sequence b's rows are row_offsets[b]..row_offsets[b+1] of the
 // batch, and its last row sits at position context_lens[b] - 1. A padding
 // sequence (a decode step padded to a CUDA graph's batch size) has context
 // length 0: its row sits at position -1, nothing is written to the cache for
@@ -57,6 +57,17 @@ extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_write_kv(
 
 extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_write_kv_bf16(const float* __restrict__ k, const float* __restrict__ v,
                                               bf16_bits* __restrict__ k_cache, bf16_bits* __restrict__ v_cache,
+                                              const i64* __restrict__ row_offsets,
+                                              const i64* __restrict__ context_lens,
+                                              const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                              int block_size, int stride) {
+  kiln_wait_inputs();
+  write_kv(k, v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size,
+           stride);
+}
+
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_write_kv_fp8(const float* __restrict__ k, const float* __restrict__ v,
+                                              fp8_e4m3* __restrict__ k_cache, fp8_e4m3* __restrict__ v_cache,
                                               const i64* __restrict__ row_offsets,
                                               const i64* __restrict__ context_lens,
                                               const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
@@ -266,8 +277,8 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
 #define KILN_GQA_THREADS 128
 #define KILN_GQA_KEYS 2
 
-// Eight cached values as loaded: one aligned 32-byte (f32) or 16-byte
-// (bf16) load, widened to f32 when used.
+// Eight cached values as loaded: one aligned 32-byte (f32), 16-byte (bf16)
+// or 8-byte (E4M3) load, widened to f32 when used.
 template <typename C>
 struct Cached8 {
   Bytes16 part[sizeof(C) / 2];
@@ -291,6 +302,18 @@ __device__ __forceinline__ void widen8(const Cached8<bf16_bits>& r, float* out) 
     out[2 * j] = __uint_as_float(r.part[0].v[j] << 16);
     out[2 * j + 1] = __uint_as_float(r.part[0].v[j] & 0xffff0000u);
   }
+}
+// E4M3: one 8-byte load.
+template <>
+struct __align__(8) Cached8<fp8_e4m3> {
+  unsigned int word[2];
+};
+__device__ __forceinline__ Cached8<fp8_e4m3> load_cached8(const fp8_e4m3* p) {
+  return *reinterpret_cast<const Cached8<fp8_e4m3>*>(p);
+}
+__device__ __forceinline__ void widen8(const Cached8<fp8_e4m3>& r, float* out) {
+  e4m3x4_to_f32(r.word[0], out);
+  e4m3x4_to_f32(r.word[1], out + 4);
 }
 template <typename C>
 __device__ __forceinline__ void load8(const C* p, float* out) {
@@ -466,7 +489,7 @@ extern "C" __global__ void kiln_sequence_attention(const float* __restrict__ q, 
                                                  head / (num_heads / kv_heads), (i64)0, last, head_dim, scale, 0.0f);
 }
 
-// The entry points: f32 or bf16 cache, heads up to 256 or (`_wide`) 576.
+// The entry points: f32, bf16 or E4M3 cache, heads up to 256 or (`_wide`) 576.
 #define KILN_PAGED_ATTENTION_PARAMS(C)                                                                           \
   const float *__restrict__ q, const C *__restrict__ k_cache, const C *__restrict__ v_cache,                     \
       float *__restrict__ out, const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,        \
@@ -487,6 +510,11 @@ extern "C" __global__ void kiln_paged_attention_bf16(KILN_PAGED_ATTENTION_PARAMS
   paged_attention<KILN_ATTN_PER_LANE, KILN_ATTN_KEYS>(KILN_PAGED_ATTENTION_ARGS);
 }
 
+extern "C" __global__ void kiln_paged_attention_fp8(KILN_PAGED_ATTENTION_PARAMS(fp8_e4m3)) {
+  kiln_wait_inputs();
+  paged_attention<KILN_ATTN_PER_LANE, KILN_ATTN_KEYS>(KILN_PAGED_ATTENTION_ARGS);
+}
+
 extern "C" __global__ void kiln_paged_attention_wide(KILN_PAGED_ATTENTION_PARAMS(float)) {
   kiln_wait_inputs();
   paged_attention<KILN_ATTN_WIDE_PER_LANE, KILN_ATTN_WIDE_KEYS>(KILN_PAGED_ATTENTION_ARGS);
@@ -497,7 +525,13 @@ extern "C" __global__ void kiln_paged_attention_wide_bf16(KILN_PAGED_ATTENTION_P
   paged_attention<KILN_ATTN_WIDE_PER_LANE, KILN_ATTN_WIDE_KEYS>(KILN_PAGED_ATTENTION_ARGS);
 }
 
-// Grouped-query entry points (GROUP query heads a block): f32 or bf16 cache.
+extern "C" __global__ void kiln_paged_attention_wide_fp8(KILN_PAGED_ATTENTION_PARAMS(fp8_e4m3)) {
+  kiln_wait_inputs();
+  paged_attention<KILN_ATTN_WIDE_PER_LANE, KILN_ATTN_WIDE_KEYS>(KILN_PAGED_ATTENTION_ARGS);
+}
+
+// Grouped-query entry points (GROUP query heads a block): f32, bf16 or E4M3
+// cache.
 extern "C" __global__ void kiln_grouped_attention_g1(KILN_PAGED_ATTENTION_PARAMS(float)) {
   kiln_wait_inputs();
   grouped_attention<1>(KILN_PAGED_ATTENTION_ARGS);
@@ -524,6 +558,20 @@ extern "C" __global__ void kiln_grouped_attention_g2_bf16(KILN_PAGED_ATTENTION_P
 // one wave on 132 SMs instead of 1.3. The f32 cache's kernel would spill.
 extern "C" __global__ void __launch_bounds__(KILN_GQA_THREADS, 4)
     kiln_grouped_attention_g4_bf16(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  kiln_wait_inputs();
+  grouped_attention<4>(KILN_PAGED_ATTENTION_ARGS);
+}
+extern "C" __global__ void kiln_grouped_attention_g1_fp8(KILN_PAGED_ATTENTION_PARAMS(fp8_e4m3)) {
+  kiln_wait_inputs();
+  grouped_attention<1>(KILN_PAGED_ATTENTION_ARGS);
+}
+extern "C" __global__ void kiln_grouped_attention_g2_fp8(KILN_PAGED_ATTENTION_PARAMS(fp8_e4m3)) {
+  kiln_wait_inputs();
+  grouped_attention<2>(KILN_PAGED_ATTENTION_ARGS);
+}
+// Unbounded: within 128 registers (the bf16 kernel's four blocks an SM) the
+// widened keys and values spill.
+extern "C" __global__ void kiln_grouped_attention_g4_fp8(KILN_PAGED_ATTENTION_PARAMS(fp8_e4m3)) {
   kiln_wait_inputs();
   grouped_attention<4>(KILN_PAGED_ATTENTION_ARGS);
 }

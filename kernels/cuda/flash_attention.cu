@@ -1,7 +1,9 @@
 // Flash attention on tensor cores for prefill and chunked-prefill steps, over
-// the bf16 paged KV cache (FlashAttention-2's scheme: queries stay in
-// registers, key/value tiles pass through shared memory, the softmax is
-// online, nothing of size T × T is ever stored).
+// the bf16 or E4M3 paged KV cache (FlashAttention-2's scheme: queries stay
+// in registers, key/value tiles pass through shared memory, the softmax is
+// online, nothing of size T × T is ever stored). An E4M3 tile is widened to
+// bf16 in shared memory as it arrives (`widen_tile`), so the products are
+// the bf16 cache's.
 //
 // One block of eight warps takes 128 query rows of one sequence for one query
 // head; each warp owns 16 rows. Key/value tiles of 64 positions are gathered
@@ -66,27 +68,56 @@ __device__ __forceinline__ void find_slots(int* slots, const i64* __restrict__ b
 }
 
 // Issues this thread's share of the asynchronous copies of one kv head's
-// tile of 64 positions at `slots` into `tile` [64][D + 8] (padded rows:
+// tile of 64 positions at `slots` into `tile` [64][D + 8] bf16 (padded rows:
 // fragment loads of neighbouring rows fall in different banks); positions
 // without a slot become zeros, so masked weights never meet NaN. The tile is
-// there once the thread has waited for its copies (copy_async_wait) and the
-// block has passed a barrier.
-template <int D>
-__device__ __forceinline__ void load_tile(bf16_bits* tile, const int* slots, const bf16_bits* __restrict__ cache,
-                                          int stride, int kv_head) {
-  const int chunks = D / 8;  // 16-byte pieces per position
-  static_assert(KILN_FLASH_KEYS * (D / 8) % KILN_FLASH_THREADS == 0, "whole pieces per thread");
+// there once the thread has waited for its copies (copy_async_wait), has
+// widened them (widen_tile) and the block has passed a barrier. A bf16
+// cache's 16-byte pieces (8 values) go to the tile as they are; an E4M3
+// cache's (16 values) to `stage`, piece i at stage[i], for widen_tile.
+template <int D, typename C>
+__device__ __forceinline__ void load_tile(bf16_bits* tile, Bytes16* stage, const int* slots,
+                                          const C* __restrict__ cache, int stride, int kv_head) {
+  const int values = 16 / (int)sizeof(C), chunks = D / values, pieces = KILN_FLASH_KEYS * chunks;
 #pragma unroll
-  for (int p = 0; p < KILN_FLASH_KEYS * chunks / KILN_FLASH_THREADS; ++p) {
-    int i = threadIdx.x + p * KILN_FLASH_THREADS, key = i / chunks, chunk = i % chunks, slot = slots[key];
-    copy_async_16(tile + key * (D + 8) + chunk * 8, cache + (i64)max(slot, 0) * stride + kv_head * D + chunk * 8,
-                  slot >= 0);
+  for (int p = 0; p < (pieces + KILN_FLASH_THREADS - 1) / KILN_FLASH_THREADS; ++p) {
+    int i = threadIdx.x + p * KILN_FLASH_THREADS, key = i / chunks, chunk = i % chunks;
+    if (i >= pieces) break;
+    int slot = slots[key];
+    void* to = sizeof(C) == 1 ? (void*)(stage + i) : (void*)(tile + key * (D + 8) + chunk * 8);
+    copy_async_16(to, cache + (i64)max(slot, 0) * stride + kv_head * D + chunk * values, slot >= 0);
   }
 }
 
-template <int D>
-__device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
-                                const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
+// An E4M3 cache's tile: the pieces this thread copied to `stage` widened
+// into `tile` as bf16 (exactly: every E4M3 value is a bf16 value), after its
+// copy_async_wait and before the barrier that publishes the tile. Nothing
+// for a bf16 cache.
+template <int D, typename C>
+__device__ __forceinline__ void widen_tile(bf16_bits* tile, const Bytes16* stage) {
+  if (sizeof(C) != 1) return;
+  const int chunks = D / 16, pieces = KILN_FLASH_KEYS * chunks;
+#pragma unroll
+  for (int p = 0; p < (pieces + KILN_FLASH_THREADS - 1) / KILN_FLASH_THREADS; ++p) {
+    int i = threadIdx.x + p * KILN_FLASH_THREADS, key = i / chunks, chunk = i % chunks;
+    if (i >= pieces) break;
+    Bytes16 raw = stage[i], half[2];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      float v[4];
+      e4m3x4_to_f32(raw.v[w], v);
+      half[w / 2].v[2 * (w % 2)] = pack_bf16(v[0], v[1]);
+      half[w / 2].v[2 * (w % 2) + 1] = pack_bf16(v[2], v[3]);
+    }
+    Bytes16* to = reinterpret_cast<Bytes16*>(tile + key * (D + 8) + chunk * 16);
+    to[0] = half[0];
+    to[1] = half[1];
+  }
+}
+
+template <int D, typename C>
+__device__ void flash_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
+                                const C* __restrict__ v_cache, float* __restrict__ out,
                                 const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                 const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                 int block_size, int num_heads, int kv_heads, float scale, int window,
@@ -96,6 +127,9 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
   __shared__ Bytes16 v_raw[KILN_FLASH_KEYS * (D + 8) / 8];
   bf16_bits* k_tile = reinterpret_cast<bf16_bits*>(k_raw);
   bf16_bits* v_tile = reinterpret_cast<bf16_bits*>(v_raw);
+  // An E4M3 cache's tile as copied (one buffer for K and V: each copy into
+  // it is issued after the barrier that follows the widening of the last).
+  __shared__ Bytes16 stage[sizeof(C) == 1 ? KILN_FLASH_KEYS * D / 16 : 1];
   __shared__ int slots[2][KILN_FLASH_KEYS];  // of the tile in use and of the next
   int b;
   i64 tile_row;
@@ -143,11 +177,12 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
   int key_start = window > 0 ? max(0, tile_first_position + 1 - window) : 0;
   find_slots(slots[0], block_tables, b, blocks_per_seq, block_size, key_start, tile_last_position);
   __syncthreads();
-  load_tile<D>(k_tile, slots[0], k_cache, stride, kv_head);
+  load_tile<D>(k_tile, stage, slots[0], k_cache, stride, kv_head);
   for (int k0 = key_start, i = 0; k0 <= tile_last_position; k0 += KILN_FLASH_KEYS, ++i) {
     copy_async_wait();  // this thread's part of K_j
-    __syncthreads();    // all of K_j; every warp is done with V_{j-1}
-    load_tile<D>(v_tile, slots[i & 1], v_cache, stride, kv_head);
+    widen_tile<D, C>(k_tile, stage);
+    __syncthreads();  // all of K_j; every warp is done with V_{j-1}
+    load_tile<D>(v_tile, stage, slots[i & 1], v_cache, stride, kv_head);
     find_slots(slots[(i + 1) & 1], block_tables, b, blocks_per_seq, block_size, k0 + KILN_FLASH_KEYS,
                tile_last_position);
     bool sees = warp_active && k0 <= warp_last;  // causal: a warp's rows may see none of the tile
@@ -220,9 +255,10 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
       }
     }
     copy_async_wait();  // this thread's part of V_j
-    __syncthreads();    // all of V_j and the next tile's slots; every warp is done with K_j
+    widen_tile<D, C>(v_tile, stage);
+    __syncthreads();  // all of V_j and the next tile's slots; every warp is done with K_j
     if (k0 + KILN_FLASH_KEYS <= tile_last_position)
-      load_tile<D>(k_tile, slots[(i + 1) & 1], k_cache, stride, kv_head);
+      load_tile<D>(k_tile, stage, slots[(i + 1) & 1], k_cache, stride, kv_head);
     if (sees) {
       // P = exp2(S - m), and O += P·V: P's accumulator layout for keys
       // 16c..16c+15 is the A fragment of the second product.
@@ -277,33 +313,19 @@ __device__ void flash_attention(const float* __restrict__ q, const bf16_bits* __
   }
 }
 
-#define KILN_FLASH_KERNEL(D)                                                                                   \
-  flash_attention<D>(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, \
-                     block_size, num_heads, kv_heads, scale, window, softcap, out_type)
+#define KILN_FLASH_PARAMS(C)                                                                                  \
+  const float *__restrict__ q, const C *__restrict__ k_cache, const C *__restrict__ v_cache,                 \
+      float *__restrict__ out, const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,    \
+      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,    \
+      int kv_heads, float scale, int window, float softcap, int out_type
+#define KILN_FLASH_ARGS                                                                                          \
+  q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size, num_heads, \
+      kv_heads, scale, window, softcap, out_type
 
-extern "C" __global__ void kiln_flash_attention_bf16_d64(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
-                                  const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
-                                  const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-                                  const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
-                                  int block_size, int num_heads, int kv_heads, float scale, int window,
-                                  float softcap, int out_type) {
-  KILN_FLASH_KERNEL(64);
-}
-
-extern "C" __global__ void kiln_flash_attention_bf16_d96(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
-                                  const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
-                                  const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-                                  const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
-                                  int block_size, int num_heads, int kv_heads, float scale, int window,
-                                  float softcap, int out_type) {
-  KILN_FLASH_KERNEL(96);
-}
-
-extern "C" __global__ void kiln_flash_attention_bf16_d128(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
-                                   const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
-                                   const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-                                   const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
-                                   int block_size, int num_heads, int kv_heads, float scale, int window,
-                                   float softcap, int out_type) {
-  KILN_FLASH_KERNEL(128);
-}
+// The entry points: a bf16 or (`_fp8`) E4M3 cache, heads of 64, 96 or 128.
+extern "C" __global__ void kiln_flash_attention_bf16_d64(KILN_FLASH_PARAMS(bf16_bits)) { flash_attention<64>(KILN_FLASH_ARGS); }
+extern "C" __global__ void kiln_flash_attention_bf16_d96(KILN_FLASH_PARAMS(bf16_bits)) { flash_attention<96>(KILN_FLASH_ARGS); }
+extern "C" __global__ void kiln_flash_attention_bf16_d128(KILN_FLASH_PARAMS(bf16_bits)) { flash_attention<128>(KILN_FLASH_ARGS); }
+extern "C" __global__ void kiln_flash_attention_fp8_d64(KILN_FLASH_PARAMS(fp8_e4m3)) { flash_attention<64>(KILN_FLASH_ARGS); }
+extern "C" __global__ void kiln_flash_attention_fp8_d96(KILN_FLASH_PARAMS(fp8_e4m3)) { flash_attention<96>(KILN_FLASH_ARGS); }
+extern "C" __global__ void kiln_flash_attention_fp8_d128(KILN_FLASH_PARAMS(fp8_e4m3)) { flash_attention<128>(KILN_FLASH_ARGS); }

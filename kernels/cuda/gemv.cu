@@ -79,7 +79,7 @@ struct KilnGemvRope {
   const float* inv_freq;
   float* q_out;
   float* k_out;
-  u8* k_cache;  // bf16_bits or float, as `cache_bf16` says
+  u8* k_cache;  // float, bf16_bits or fp8_e4m3, as `cache_type` says
   u8* v_cache;
   const i64* row_offsets;
   const i64* context_lens;
@@ -87,7 +87,7 @@ struct KilnGemvRope {
   float scale;  // multiplies cos and sin (YaRN)
   int half;     // half of a head
   int interleaved;
-  int cache_bf16;
+  int cache_type;  // KILN_CACHE_*
   int batch;
   int blocks_per_seq;
   int block_size;
@@ -277,8 +277,10 @@ __device__ __forceinline__ void store_rotated(const KilnGemvGroup& g, const Gemv
   if (position < 0) return;
   i64 at = cache_slot(p.block_tables, b, p.blocks_per_seq, p.block_size, position) * r.n + r.row;
   u8* cache = matrix == 1 ? p.k_cache : p.v_cache;
-  if (p.cache_bf16)
+  if (p.cache_type == KILN_CACHE_BF16)
     cache_store(reinterpret_cast<bf16_bits*>(cache) + at, mine);
+  else if (p.cache_type == KILN_CACHE_FP8)
+    cache_store(reinterpret_cast<fp8_e4m3*>(cache) + at, mine);
   else
     cache_store(reinterpret_cast<float*>(cache) + at, mine);
 }

@@ -472,8 +472,65 @@ __device__ __forceinline__ i64 cache_slot(const i64* block_tables, int b, int bl
   return block_tables[(i64)b * blocks_per_seq + position / block_size] * block_size + position % block_size;
 }
 
-// Cache elements to and from f32.
+// Cache elements to and from f32. Kernels told the element type at run time
+// (the rotated GEMV's cache write) number them as the host's `KvElement`.
+#define KILN_CACHE_F32 0
+#define KILN_CACHE_BF16 1
+#define KILN_CACHE_FP8 2
 __device__ __forceinline__ float cache_load(const float* p) { return *p; }
 __device__ __forceinline__ float cache_load(const bf16_bits* p) { return bf16_to_f32(*p); }
 __device__ __forceinline__ void cache_store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void cache_store(bf16_bits* p, float v) { *p = f32_to_bf16(v); }
+
+// An 8-bit float of the fp8 cache (`--kv-cache-dtype fp8`): E4M3 as
+// OCP/NVIDIA's e4m3fn (bias 7, no infinities, 0x7f/0xff NaN, ±448 at
+// most), vLLM's fp8 KV cache with its default scale of 1.
+struct fp8_e4m3 {
+  unsigned char bits;
+};
+
+// Round to nearest even, saturating finite values to ±448 (cuda_fp8.h's
+// __NV_SATFINITE, as vLLM stores its cache); NaN gives 0x7f under its sign.
+// Writes are a token's row at a time, so the bit arithmetic runs on every
+// target.
+__device__ __forceinline__ unsigned int f32_to_e4m3(float v) {
+  unsigned int sign = (__float_as_uint(v) >> 24) & 0x80u;
+  if (v != v) return sign | 0x7fu;
+  float a = fminf(fabsf(v), 448.0f);
+  if (a < 0.015625f) return sign | (unsigned int)rintf(a * 512.0f);  // subnormal: units of 2^-9 (8: 2^-6)
+  unsigned int u = __float_as_uint(a);
+  u += 0x7ffffu + ((u >> 20) & 1u);  // round the mantissa to 3 bits, to nearest even
+  return sign | ((((u >> 23) - 120u) << 3) | ((u >> 20) & 7u));
+}
+
+// Exact (every E4M3 value is an f32 value); 0x7f and 0xff read as NaN.
+__device__ __forceinline__ float e4m3_to_f32(unsigned int b) {
+  unsigned int magnitude = b & 0x7fu;
+  float v = magnitude >= 8u ? __uint_as_float((magnitude << 20) + (120u << 23))  // 2^(e-7) · 1.m
+                            : quant_f32<0>(magnitude) * 0.001953125f;            // m · 2^-9
+  if (magnitude == 0x7fu) v = __uint_as_float(0x7fc00000u);
+  return __uint_as_float(__float_as_uint(v) | ((b & 0x80u) << 24));
+}
+
+// Bytes 0..3 of `word` as four E4M3 values. On sm_89+ two conversion
+// instructions to f16 pairs (cvt.rn.f16x2.e4m3x2) and four to f32, where the
+// bit arithmetic above (sm_80, the emulator) issues about eight a value;
+// both give the same values (a NaN's payload aside).
+__device__ __forceinline__ void e4m3x4_to_f32(unsigned int word, float* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(KILN_EMULATOR)
+  unsigned int lo, hi;
+  asm("{\n .reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
+  out[0] = f16_to_f32((f16_bits)(lo & 0xffffu));
+  out[1] = f16_to_f32((f16_bits)(lo >> 16));
+  out[2] = f16_to_f32((f16_bits)(hi & 0xffffu));
+  out[3] = f16_to_f32((f16_bits)(hi >> 16));
+#else
+#pragma unroll
+  for (int j = 0; j < 4; ++j) out[j] = e4m3_to_f32((word >> (8 * j)) & 0xffu);
+#endif
+}
+
+__device__ __forceinline__ float cache_load(const fp8_e4m3* p) { return e4m3_to_f32(p->bits); }
+__device__ __forceinline__ void cache_store(fp8_e4m3* p, float v) { p->bits = (unsigned char)f32_to_e4m3(v); }

@@ -100,3 +100,8 @@ extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rope_writ
   kiln_wait_inputs();
   rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
 }
+
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rope_write_kv_fp8(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(fp8_e4m3)) {
+  kiln_wait_inputs();
+  rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
+}

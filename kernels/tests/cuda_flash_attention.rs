@@ -1,18 +1,20 @@
 //! The tensor-core flash attention of `flash_attention.cu` on the kernel
 //! emulator (which runs its `mma.sync` products through a warp-level model
 //! of the same fragment layout), against the CPU's paged attention over the
-//! same bf16 cache: ragged batches of whole prompts, chunks that start
-//! mid-sequence and decode rows; several query and key tiles; GQA, sliding
-//! windows and soft caps; each head size the kernel is built for. Also the
-//! emulated tensor-core product alone against a plain matrix product.
+//! same bf16 or E4M3 cache: ragged batches of whole prompts, chunks that
+//! start mid-sequence and decode rows; several query and key tiles; GQA,
+//! sliding windows and soft caps; each head size the kernel is built for.
+//! Also the emulated tensor-core product alone against a plain matrix
+//! product.
 
 mod common;
 
 use common::ragged::RaggedBatch;
 use common::*;
+use float8::F8E4M3;
 use half::bf16;
-use kiln_kernels::cuda::sources;
 use kiln_kernels::cuda::KernelArg::{Ptr, F32};
+use kiln_kernels::cuda::{sources, DevicePtr};
 use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout};
 
 /// Largest |flash - reference|. The kernel rounds q and the softmax weights
@@ -31,18 +33,58 @@ fn rounded(values: &[f32]) -> Vec<f32> {
     values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
 }
 
+/// The cache's element type: bf16, or E4M3 (the `_fp8` kernels).
+#[derive(Clone, Copy, Debug)]
+enum Cache {
+    Bf16,
+    Fp8,
+}
+
+impl Cache {
+    /// `values` as the cache holds them, uploaded.
+    fn up(self, gpu: &Gpu, values: &[f32]) -> DevicePtr {
+        match self {
+            Cache::Bf16 => gpu.up(&to_bf16(values)),
+            Cache::Fp8 => gpu.up(&values
+                .iter()
+                .map(|&v| F8E4M3::from_f32(v).to_bits())
+                .collect::<Vec<u8>>()),
+        }
+    }
+
+    /// The values the cache holds for `values` (the float8 crate's encoding).
+    fn held(self, values: &[f32]) -> Vec<f32> {
+        match self {
+            Cache::Bf16 => rounded(values),
+            Cache::Fp8 => values
+                .iter()
+                .map(|&v| F8E4M3::from_f32(v).to_f32())
+                .collect(),
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Cache::Bf16 => "bf16",
+            Cache::Fp8 => "fp8",
+        }
+    }
+}
+
 /// One ragged batch: `shape` is (heads, kv heads, head_dim, block size),
 /// `shapes` (context after the step, rows fed) per sequence.
 fn flash_case(
     gpu: &Gpu,
+    cache: Cache,
     shape: (usize, usize, usize, usize),
     shapes: &[(usize, usize)],
     window: Option<usize>,
     cap: Option<f32>,
 ) {
     let (heads, kv_heads, d, bs) = shape;
-    let what =
-        format!("heads {heads}/{kv_heads}, d {d}, block {bs}, {shapes:?}, {window:?}, {cap:?}");
+    let what = format!(
+        "{cache:?} heads {heads}/{kv_heads}, d {d}, block {bs}, {shapes:?}, {window:?}, {cap:?}"
+    );
     let mut rng = Rng::new((heads * 1000 + d * 10 + bs) as u64);
     let layout = CacheLayout {
         block_size: bs,
@@ -52,21 +94,20 @@ fn flash_case(
     let batch = RaggedBatch::new(&mut rng, layout, shapes);
     let stride = kv_heads * d;
     let rows = batch.rows;
-    // The device cache in bf16; the CPU's holds the same values in f32.
-    let (kc, vc) = (
-        gpu.up(&to_bf16(&batch.k_cache)),
-        gpu.up(&to_bf16(&batch.v_cache)),
-    );
+    // The device cache in bf16 or E4M3; the CPU's holds the same values in
+    // f32.
+    let (kc, vc) = (cache.up(gpu, &batch.k_cache), cache.up(gpu, &batch.v_cache));
     let (k, v) = (rng.data(rows * stride, 1.0), rng.data(rows * stride, 1.0));
     let q = rng.data(rows * heads * d, 1.0);
     let metadata = batch.metadata(gpu);
     let args = [Ptr(gpu.up(&k)), Ptr(gpu.up(&v)), Ptr(kc), Ptr(vc)];
     let args = [&args[..], &metadata, &[int(stride)]].concat();
-    gpu.run("kiln_write_kv_bf16", (rows as u32, 1), 128, &args);
+    let write = format!("kiln_write_kv_{}", cache.suffix());
+    gpu.run(&write, (rows as u32, 1), 128, &args);
     let (mut kh, mut vh) = (batch.k_cache.clone(), batch.v_cache.clone());
     let seqs = batch.sequences();
     attn::write_kv(layout, &mut kh, &mut vh, &k, &v, &seqs);
-    let (kh, vh) = (rounded(&kh), rounded(&vh));
+    let (kh, vh) = (cache.held(&kh), cache.held(&vh));
 
     let scale = 1.0 / (d as f32).sqrt();
     let params = AttentionParams {
@@ -93,7 +134,7 @@ fn flash_case(
     let args = |out_type| [&args[..], &tail(out_type)].concat();
     // Blocks of 8 warps take 128 query rows of one head.
     let tiles = rows.div_ceil(128) + shapes.len();
-    let kernel = format!("kiln_flash_attention_bf16_d{d}");
+    let kernel = format!("kiln_flash_attention_{}_d{d}", cache.suffix());
     let run = |out_type| gpu.run(&kernel, (heads as u32, tiles as u32), 256, &args(out_type));
     run(0);
     let got: Vec<f32> = gpu.down(out, want.len());
@@ -116,17 +157,28 @@ fn flash_attention_matches_the_cpu_over_a_bf16_cache() {
     // a chunk whose first row (position 62) sees all but the last key of the
     // first key tile (the edge of the unmasked tiles).
     let mixed = [(330, 330), (200, 70), (91, 1), (17, 17), (100, 38)];
-    flash_case(&gpu, (4, 2, 64, 16), &mixed, None, None);
-    flash_case(&gpu, (2, 1, 128, 16), &mixed, Some(40), None);
-    flash_case(
-        &gpu,
-        (3, 3, 96, 8),
-        &[(130, 130), (100, 33)],
-        None,
-        Some(0.5),
-    );
+    let cache = Cache::Bf16;
+    flash_case(&gpu, cache, (4, 2, 64, 16), &mixed, None, None);
+    flash_case(&gpu, cache, (2, 1, 128, 16), &mixed, Some(40), None);
+    let short = [(130, 130), (100, 33)];
+    flash_case(&gpu, cache, (3, 3, 96, 8), &short, None, Some(0.5));
     // A window narrower than a key tile, over blocks of 4 positions.
-    flash_case(&gpu, (8, 2, 64, 4), &[(160, 96)], Some(5), Some(2.0));
+    flash_case(&gpu, cache, (8, 2, 64, 4), &[(160, 96)], Some(5), Some(2.0));
+}
+
+/// Over an E4M3 cache (`--kv-cache-dtype fp8`), each key/value tile is
+/// copied to a staging buffer and widened to bf16 by the thread that copied
+/// it: every head size (96: pieces that do not divide among the threads),
+/// several key tiles, a window and a cap.
+#[test]
+fn flash_attention_matches_the_cpu_over_an_fp8_cache() {
+    let gpu = Gpu::new(&[sources::ATTENTION, sources::FLASH_ATTENTION]);
+    let mixed = [(330, 330), (200, 70), (91, 1), (17, 17), (100, 38)];
+    let cache = Cache::Fp8;
+    flash_case(&gpu, cache, (4, 2, 64, 16), &mixed, None, None);
+    flash_case(&gpu, cache, (2, 1, 128, 16), &mixed, Some(40), None);
+    let short = [(130, 130), (100, 33)];
+    flash_case(&gpu, cache, (3, 3, 96, 8), &short, None, Some(0.5));
 }
 
 /// A kernel that loads A [16, 16] and B [16, 8] (bf16, row-major) into the

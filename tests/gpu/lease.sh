@@ -80,6 +80,8 @@ part profile-batch-1 60 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_
 part kiln-q4_k_m-fast 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m+fast" bench/gpu/run.sh kiln
 # Drafted decode steps (speculative decoding) against plain ones.
 part speculative 60 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench/gpu/run.sh speculative
+# The fp8 KV cache against bf16 where attention reads as much as the weights.
+part kv-fp8 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh kv-fp8
 
 python3 bench/gpu/table.py "$results" > "$results/gpu-bench.md" 2>&1
 echo >> "$log"

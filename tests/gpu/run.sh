@@ -89,7 +89,7 @@ suite packed-gguf "$bin/cuda_quantized" --nocapture
 suite dense-rows "$bin/cuda_dense_rows" --nocapture
 suite gemv-splits "$bin/cuda_gemv_splits" --nocapture
 suite decode-graphs "$bin/cuda_graphs" --nocapture
-suite kv-cache-bf16 "$bin/cuda_kv_cache" --nocapture
+suite kv-cache "$bin/cuda_kv_cache" --nocapture
 suite latent-attention-576 "$bin/cuda_latent_attention" --nocapture
 suite async-scheduling "$bin/async_scheduling" --nocapture
 suite speculative "$bin/speculative" on_cuda --nocapture

@@ -1,9 +1,9 @@
 //! The CUDA backend's bf16 KV cache (`--kv-cache-dtype`, bf16 by default
 //! with bf16 products): half the bytes of the f32 cache, logits within bf16
-//! rounding of the f32 cache's; and the tensor-core flash attention that
-//! prefill runs over it, against the portable kernels
-//! (`--attention-backend portable`). On the kernel emulator, or a GPU with
-//! KILN_TEST_CUDA_DEVICE.
+//! rounding of the f32 cache's; its fp8 (E4M3) cache, a quarter of the
+//! bytes; and the tensor-core flash attention that prefill runs over both,
+//! against the portable kernels (`--attention-backend portable`). On the
+//! kernel emulator, or a GPU with KILN_TEST_CUDA_DEVICE.
 
 use kiln_host::engine::Generator;
 use kiln_host::model::synthetic::ShapeDtype;
@@ -26,20 +26,16 @@ fn compare(a: &[f32], b: &[f32]) -> (f32, bool) {
     (kiln_tests::models::relative_difference(a, b), a != b)
 }
 
-#[test]
-fn a_bf16_cache_halves_the_bytes_and_stays_within_bf16_rounding() {
-    let portable = AttentionBackend::Portable;
-    let f32_cache = load(KvCacheDtype::Float32, portable);
-    let bf16_cache = load(KvCacheDtype::BFloat16, portable);
-    assert_eq!(f32_cache.backend.kv_bytes(1), 4);
-    assert_eq!(bf16_cache.backend.kv_bytes(1), 2);
+/// The largest relative |Δ| between the logits of `a` and `b` over a prompt
+/// and four decode steps reading it back from the cache (greedy on `a`),
+/// and whether any logit differed.
+fn logits_apart(a: &Model, b: &Model) -> (f32, bool) {
     let prompt: Vec<u32> = (0..10).map(|i| (i * 53 + 7) % 768).collect();
     let (mut a, mut b) = (
-        Generator::new(&f32_cache, 16).unwrap(),
-        Generator::new(&bf16_cache, 16).unwrap(),
+        Generator::new(a, 16).unwrap(),
+        Generator::new(b, 16).unwrap(),
     );
     let (mut worst, mut differs) = (0f32, false);
-    // The prompt, then decode steps reading it back from the cache.
     let mut step = |tokens: &[u32]| {
         let x = a.feed(tokens, false).unwrap().remove(0);
         let y = b.feed(tokens, false).unwrap().remove(0);
@@ -51,11 +47,44 @@ fn a_bf16_cache_halves_the_bytes_and_stays_within_bf16_rounding() {
     for _ in 0..4 {
         token = step(&[token]);
     }
+    (worst, differs)
+}
+
+#[test]
+fn a_bf16_cache_halves_the_bytes_and_stays_within_bf16_rounding() {
+    let portable = AttentionBackend::Portable;
+    let f32_cache = load(KvCacheDtype::Float32, portable);
+    let bf16_cache = load(KvCacheDtype::BFloat16, portable);
+    assert_eq!(f32_cache.backend.kv_bytes(1), 4);
+    assert_eq!(bf16_cache.backend.kv_bytes(1), 2);
+    let (worst, differs) = logits_apart(&f32_cache, &bf16_cache);
     assert!(
         differs,
         "the bf16 cache gave the f32 cache's logits exactly"
     );
     assert!(worst < 1e-2, "relative |Δ| {worst:.2e}");
+}
+
+/// E4M3 keeps 3 bits of mantissa (bf16: 7): a quarter of the f32 cache's
+/// bytes, logits further from the f32 cache's than the bf16 cache's but
+/// within E4M3's rounding. The prompt's cache is written by the cache-write
+/// kernel, the decode steps' by the q/k/v GEMV (`store_rotated`); either
+/// writing another type than attention reads would leave the logits far off.
+#[test]
+fn an_fp8_cache_quarters_the_bytes_and_stays_within_e4m3_rounding() {
+    let portable = AttentionBackend::Portable;
+    let f32_cache = load(KvCacheDtype::Float32, portable);
+    let bf16_cache = load(KvCacheDtype::BFloat16, portable);
+    let fp8_cache = load(KvCacheDtype::Fp8E4m3, portable);
+    assert_eq!(fp8_cache.backend.kv_bytes(1), 1);
+    let (bf16_apart, _) = logits_apart(&f32_cache, &bf16_cache);
+    let (fp8_apart, differs) = logits_apart(&f32_cache, &fp8_cache);
+    println!("relative |Δ| from the f32 cache: bf16 {bf16_apart:.2e}, fp8 {fp8_apart:.2e}");
+    assert!(
+        differs && fp8_apart > bf16_apart,
+        "the fp8 cache is no coarser than bf16"
+    );
+    assert!(fp8_apart < 6e-2, "relative |Δ| {fp8_apart:.2e}");
 }
 
 /// A prompt of 150 tokens (two query tiles of 128 rows, three key tiles),
@@ -65,8 +94,15 @@ fn a_bf16_cache_halves_the_bytes_and_stays_within_bf16_rounding() {
 /// bf16, so some logit must differ: if none did, it never ran.
 #[test]
 fn prefill_attention_on_tensor_cores_matches_the_portable_kernels() {
-    let portable = load(KvCacheDtype::BFloat16, AttentionBackend::Portable);
-    let flash = load(KvCacheDtype::BFloat16, AttentionBackend::Auto);
+    for dtype in [KvCacheDtype::BFloat16, KvCacheDtype::Fp8E4m3] {
+        flash_against_portable(dtype);
+    }
+}
+
+fn flash_against_portable(dtype: KvCacheDtype) {
+    println!("{} cache", dtype.name());
+    let portable = load(dtype, AttentionBackend::Portable);
+    let flash = load(dtype, AttentionBackend::Auto);
     let (mut a, mut b) = (
         Generator::new(&portable, 200).unwrap(),
         Generator::new(&flash, 200).unwrap(),

@@ -128,6 +128,27 @@ fn cpu_only_options_are_refused_on_a_gpu() {
     }
 }
 
+/// vLLM's `fp8` (and its `fp8_e4m3` spelling) is a GPU cache: the CPU
+/// backend refuses it by name; `--device cuda-emulated` generates with it.
+#[test]
+fn fp8_is_refused_on_the_cpu_and_served_on_cuda() {
+    let (model, _) = requirements();
+    for value in ["fp8", "fp8_e4m3"] {
+        let (code, stderr) = generate_status(&model, &["--kv-cache-dtype", value]);
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(
+            stderr.contains("--kv-cache-dtype fp8 is for the CUDA backend"),
+            "{stderr}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (config, weights) = tiny_model("tiny_llama.json");
+    write_model_dir(&config, &weights, dir.path(), false);
+    let on_cuda = ["--device", "cuda-emulated", "--kv-cache-dtype", "fp8"];
+    let (code, stderr) = generate_status(dir.path(), &on_cuda);
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
 #[test]
 fn q8_0_is_refused_for_heads_that_are_not_whole_blocks() {
     let dir = tempfile::tempdir().unwrap();

@@ -74,6 +74,8 @@ struct Report {
     device: String,
     /// The quantized products' arithmetic (`--precision`).
     precision: &'static str,
+    /// The KV cache's element type (`--kv-cache-dtype`).
+    kv_cache_dtype: &'static str,
     /// Every request's temperature (0: greedy), top-p and repetition
     /// penalty.
     temperature: f32,
@@ -208,10 +210,12 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     // the process exits.
     drop(engine);
     engine_thread.join();
+    let kv_cache_dtype = crate::runtime::KvCacheDtype::from(args.runtime.kv_cache_dtype).name();
     let text = if args.json {
         let report = Report {
             device,
             precision: args.runtime.precision.name(),
+            kv_cache_dtype,
             temperature: args.temperature,
             top_p: args.top_p,
             repetition_penalty: args.repetition_penalty,
@@ -221,7 +225,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         serde_json::to_string_pretty(&report)? + "\n"
     } else {
         let mut text = format!(
-            "device: {device}\nprecision: {}\nsampling: temperature {}, top-p {}, repetition penalty {}\n",
+            "device: {device}\nprecision: {}\nkv cache: {kv_cache_dtype}\nsampling: temperature {}, top-p {}, repetition penalty {}\n",
             args.runtime.precision.name(),
             args.temperature,
             args.top_p,

@@ -61,11 +61,9 @@ fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
 fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
     let device: crate::device::DeviceChoice = runtime.device.parse()?;
     let kv_cache_dtype: crate::runtime::KvCacheDtype = runtime.kv_cache_dtype.into();
-    anyhow::ensure!(
-        !device.is_cuda() || !kv_cache_dtype.cpu_only(),
-        "--kv-cache-dtype {} is for the CPU backend: the cache on a GPU holds bfloat16 or float32",
-        kv_cache_dtype.name()
-    );
+    if let Some(refused) = kv_cache_dtype.unsupported_on(device.is_cuda()) {
+        anyhow::bail!(refused);
+    }
     let precision: crate::runtime::Precision = runtime.precision.into();
     Ok(LoadOptions {
         max_length: runtime.max_length,

@@ -306,7 +306,10 @@ fn compile(
     let backend: Box<dyn Backend> =
         match device::open(options.device, options.compile_cache.kernels_dir())? {
             None => {
-                let kv_dtype = options.kv_cache_dtype.on_host(options.precision);
+                let kv_dtype = options
+                    .kv_cache_dtype
+                    .on_host(options.precision)
+                    .map_err(ModelError::Unsupported)?;
                 kv_dtype
                     .check_head_dim(config.kv.head_dim as usize)
                     .map_err(ModelError::Unsupported)?;

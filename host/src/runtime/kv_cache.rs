@@ -53,6 +53,10 @@ pub enum KvCacheDtype {
     /// Q8_0 blocks, 34 bytes per 32 numbers (the CPU backend only; head
     /// sizes that are multiples of 32).
     Q8_0,
+    /// 8-bit floats, E4M3 (vLLM's `fp8` with its default scale of 1: values
+    /// round to 3 bits of mantissa and saturate at ±448): a quarter of f32's
+    /// memory and bytes read (the CUDA backend only).
+    Fp8E4m3,
 }
 
 impl KvCacheDtype {
@@ -64,24 +68,46 @@ impl KvCacheDtype {
             KvCacheDtype::BFloat16 => "bfloat16",
             KvCacheDtype::Float16 => "float16",
             KvCacheDtype::Q8_0 => "q8_0",
+            KvCacheDtype::Fp8E4m3 => "fp8",
         }
     }
 
-    /// Whether only the CPU backend stores it (a GPU cache holds bf16 or
-    /// f32).
-    pub fn cpu_only(self) -> bool {
-        matches!(self, KvCacheDtype::Float16 | KvCacheDtype::Q8_0)
+    /// Why the backend (`cuda`, else the CPU's) cannot store it, if it
+    /// cannot: a GPU cache holds f32, bf16 or fp8, the CPU's f32, f16, bf16
+    /// or Q8_0.
+    pub fn unsupported_on(self, cuda: bool) -> Option<String> {
+        let refused = match self {
+            KvCacheDtype::Float16 | KvCacheDtype::Q8_0 => cuda,
+            KvCacheDtype::Fp8E4m3 => !cuda,
+            _ => false,
+        };
+        refused.then(|| match cuda {
+            true => format!(
+                "--kv-cache-dtype {} is for the CPU backend: the cache on a GPU holds \
+                 bfloat16, float32 or fp8",
+                self.name()
+            ),
+            false => format!(
+                "--kv-cache-dtype {} is for the CUDA backend: the CPU's cache holds \
+                 float32, float16, bfloat16 or q8_0",
+                self.name()
+            ),
+        })
     }
 
-    /// What the CPU backend's cache stores in `precision`.
-    pub fn on_host(self, precision: Precision) -> HostKvDtype {
-        match (self, precision) {
+    /// What the CPU backend's cache stores in `precision`; fails for the
+    /// types only a GPU stores.
+    pub fn on_host(self, precision: Precision) -> Result<HostKvDtype, String> {
+        Ok(match (self, precision) {
             (KvCacheDtype::Auto, Precision::Fast | Precision::FastResidual)
             | (KvCacheDtype::Float16, _) => HostKvDtype::F16,
             (KvCacheDtype::Auto, Precision::Exact) | (KvCacheDtype::Float32, _) => HostKvDtype::F32,
             (KvCacheDtype::BFloat16, _) => HostKvDtype::Bf16,
             (KvCacheDtype::Q8_0, _) => HostKvDtype::Q8_0,
-        }
+            (KvCacheDtype::Fp8E4m3, _) => {
+                return Err(self.unsupported_on(false).unwrap_or_default())
+            }
+        })
     }
 }
 

@@ -1,9 +1,10 @@
 //! Paged attention's launches: the KV-cache write (alone, or with the
 //! rotary embedding of q and k in one launch, as `plan.rs` pairs them),
-//! then attention on tensor cores (prefill over a bf16 cache) or on CUDA
-//! cores (a block per key/value head and its group of query heads where the
-//! head allows, else per query head), split-K (flash-decoding) for few rows
-//! over long contexts.
+//! then attention on tensor cores (prefill over a bf16 or fp8 cache) or on
+//! CUDA cores (a block per key/value head and its group of query heads where
+//! the head allows, else per query head), split-K (flash-decoding) for few
+//! rows over long contexts. Each kernel comes in one entry point per
+//! [`KvElement`].
 
 use kiln_kernels::cuda::{DevicePtr, KernelArg, LaunchConfig};
 use kiln_plugin_api::graph::{AttentionSpec, ValueId};
@@ -14,6 +15,53 @@ use super::plan::{CacheWrite, GroupRotation};
 use super::products::out_type_arg;
 use super::DeviceKvCache;
 use crate::compiler::Step;
+
+/// What the KV cache's elements are on the device (numbered as
+/// `KILN_CACHE_*` in `kiln_cuda.cuh`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvElement {
+    #[default]
+    F32 = 0,
+    Bf16 = 1,
+    /// E4M3 (`fp8_e4m3` in `kiln_cuda.cuh`).
+    Fp8 = 2,
+}
+
+impl KvElement {
+    /// Bytes an element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvElement::F32 => 4,
+            KvElement::Bf16 => 2,
+            KvElement::Fp8 => 1,
+        }
+    }
+
+    /// The cache write's kernel: alone, or with the rotary embedding.
+    fn write_kernel(self, with_rope: bool) -> &'static str {
+        match (self, with_rope) {
+            (KvElement::F32, false) => "kiln_write_kv",
+            (KvElement::Bf16, false) => "kiln_write_kv_bf16",
+            (KvElement::Fp8, false) => "kiln_write_kv_fp8",
+            (KvElement::F32, true) => "kiln_rope_write_kv",
+            (KvElement::Bf16, true) => "kiln_rope_write_kv_bf16",
+            (KvElement::Fp8, true) => "kiln_rope_write_kv_fp8",
+        }
+    }
+
+    /// The per-query-head paged-attention kernel, for heads up to
+    /// [`HEAD_DIM`] or (`wide`) [`WIDE_HEAD_DIM`].
+    fn paged_kernel(self, wide: bool) -> &'static str {
+        match (self, wide) {
+            (KvElement::F32, false) => "kiln_paged_attention",
+            (KvElement::Bf16, false) => "kiln_paged_attention_bf16",
+            (KvElement::Fp8, false) => "kiln_paged_attention_fp8",
+            (KvElement::F32, true) => "kiln_paged_attention_wide",
+            (KvElement::Bf16, true) => "kiln_paged_attention_wide_bf16",
+            (KvElement::Fp8, true) => "kiln_paged_attention_wide_fp8",
+        }
+    }
+}
 
 /// Where a rotation writes the keys and values of a layer: its caches and
 /// the batch description (the cache-write arguments of `kiln_rope_write_kv`
@@ -29,8 +77,8 @@ pub struct CacheTarget {
     pub batch: usize,
     pub blocks_per_seq: usize,
     pub block_size: usize,
-    /// The cache holds bf16 (else f32).
-    pub bf16: bool,
+    /// What the cache holds.
+    pub element: KvElement,
 }
 
 impl Frame<'_> {
@@ -103,11 +151,7 @@ impl Frame<'_> {
             KernelArg::I32(target.blocks_per_seq as i32),
             KernelArg::I32(target.block_size as i32),
         ]);
-        let name = if target.bf16 {
-            "kiln_rope_write_kv_bf16"
-        } else {
-            "kiln_rope_write_kv"
-        };
+        let name = target.element.write_kernel(true);
         let threads = row_threads(rotations.max(heads2 * dim));
         self.launch(name, LaunchConfig::linear(tokens as u32, threads), &args)
     }
@@ -138,7 +182,7 @@ impl Frame<'_> {
                 .copied()
                 .unwrap_or(0),
             block_size: cache.layout.block_size,
-            bf16: cache.bf16,
+            element: cache.element,
         })
     }
 
@@ -218,16 +262,10 @@ impl Frame<'_> {
         ];
         args.extend(metadata.iter().cloned());
         args.push(KernelArg::I32(stride as i32));
-        let wide = head_dim > HEAD_DIM;
-        let (write, attend) = match (cache.bf16, wide) {
-            (true, false) => ("kiln_write_kv_bf16", "kiln_paged_attention_bf16"),
-            (true, true) => ("kiln_write_kv_bf16", "kiln_paged_attention_wide_bf16"),
-            (false, false) => ("kiln_write_kv", "kiln_paged_attention"),
-            (false, true) => ("kiln_write_kv", "kiln_paged_attention_wide"),
-        };
+        let element = cache.element;
         if !cache_written {
             let config = LaunchConfig::linear(tokens as u32, row_threads(stride));
-            self.launch(write, config, &args)?;
+            self.launch(element.write_kernel(false), config, &args)?;
         }
         let mut args = vec![
             KernelArg::Ptr(addr(0)),
@@ -245,9 +283,8 @@ impl Frame<'_> {
         // The output's type: f32, or the half type of the output projection
         // reading it (fusion.rs, `half_product_inputs`).
         let out_type = out_type_arg(self.stored_half(step.output));
-        let flash = flash_kernel(head_dim).filter(|_| {
-            self.flash_attention && cache.bf16 && tokens >= FLASH_ROWS_PER_SEQUENCE * batch
-        });
+        let flash = flash_kernel(element, head_dim)
+            .filter(|_| self.flash_attention && tokens >= FLASH_ROWS_PER_SEQUENCE * batch);
         if let Some(flash) = flash {
             args.extend([KernelArg::F32(spec.scale), window, softcap, out_type]);
             let tiles = tokens.div_ceil(FLASH_TILE_ROWS) + batch;
@@ -263,11 +300,11 @@ impl Frame<'_> {
             window,
             softcap,
         ]);
-        let (attend, blocks_per_row) =
-            match grouped_kernel(cache.bf16, num_heads, kv_heads, head_dim) {
-                Some((name, group)) => (name, kv_heads * (num_heads / kv_heads).div_ceil(group)),
-                None => (attend, num_heads),
-            };
+        let (attend, blocks_per_row) = match grouped_kernel(element, num_heads, kv_heads, head_dim)
+        {
+            Some((name, group)) => (name, kv_heads * (num_heads / kv_heads).div_ceil(group)),
+            None => (element.paged_kernel(head_dim > HEAD_DIM), num_heads),
+        };
         let splits = attention_splits(tokens, blocks_per_seq);
         let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
         // Split: the partial results go to scratch, and the last block of
@@ -322,14 +359,18 @@ const FLASH_THREADS: u32 = 256;
 /// few) would waste most of each product.
 const FLASH_ROWS_PER_SEQUENCE: usize = 16;
 
-/// The tensor-core attention kernel for `head_dim`, where there is one.
-fn flash_kernel(head_dim: usize) -> Option<&'static str> {
-    match head_dim {
-        64 => Some("kiln_flash_attention_bf16_d64"),
-        96 => Some("kiln_flash_attention_bf16_d96"),
-        128 => Some("kiln_flash_attention_bf16_d128"),
-        _ => None,
-    }
+/// The tensor-core attention kernel for a cache of `element` and
+/// `head_dim`, where there is one (bf16 and fp8 caches).
+fn flash_kernel(element: KvElement, head_dim: usize) -> Option<&'static str> {
+    Some(match (element, head_dim) {
+        (KvElement::Bf16, 64) => "kiln_flash_attention_bf16_d64",
+        (KvElement::Bf16, 96) => "kiln_flash_attention_bf16_d96",
+        (KvElement::Bf16, 128) => "kiln_flash_attention_bf16_d128",
+        (KvElement::Fp8, 64) => "kiln_flash_attention_fp8_d64",
+        (KvElement::Fp8, 96) => "kiln_flash_attention_fp8_d96",
+        (KvElement::Fp8, 128) => "kiln_flash_attention_fp8_d128",
+        _ => return None,
+    })
 }
 
 /// The grouped-query kernel (`attention.cu`'s `grouped_attention`) and the
@@ -337,7 +378,7 @@ fn flash_kernel(head_dim: usize) -> Option<&'static str> {
 /// to 256 (16-byte loads of 8 values a lane); other heads take the
 /// per-query-head kernels.
 fn grouped_kernel(
-    bf16: bool,
+    element: KvElement,
     num_heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -345,13 +386,21 @@ fn grouped_kernel(
     if !head_dim.is_multiple_of(8) || head_dim > HEAD_DIM {
         return None;
     }
-    Some(match (num_heads / kv_heads, bf16) {
-        (1, false) => ("kiln_grouped_attention_g1", 1),
-        (1, true) => ("kiln_grouped_attention_g1_bf16", 1),
-        (2, false) => ("kiln_grouped_attention_g2", 2),
-        (2, true) => ("kiln_grouped_attention_g2_bf16", 2),
-        (_, false) => ("kiln_grouped_attention_g4", 4),
-        (_, true) => ("kiln_grouped_attention_g4_bf16", 4),
+    let group = match num_heads / kv_heads {
+        1 => 1,
+        2 => 2,
+        _ => 4,
+    };
+    Some(match (group, element) {
+        (1, KvElement::F32) => ("kiln_grouped_attention_g1", 1),
+        (1, KvElement::Bf16) => ("kiln_grouped_attention_g1_bf16", 1),
+        (1, KvElement::Fp8) => ("kiln_grouped_attention_g1_fp8", 1),
+        (2, KvElement::F32) => ("kiln_grouped_attention_g2", 2),
+        (2, KvElement::Bf16) => ("kiln_grouped_attention_g2_bf16", 2),
+        (2, KvElement::Fp8) => ("kiln_grouped_attention_g2_fp8", 2),
+        (_, KvElement::F32) => ("kiln_grouped_attention_g4", 4),
+        (_, KvElement::Bf16) => ("kiln_grouped_attention_g4_bf16", 4),
+        (_, KvElement::Fp8) => ("kiln_grouped_attention_g4_fp8", 4),
     })
 }
 
@@ -409,14 +458,19 @@ mod tests {
     #[test]
     fn grouped_kernels_take_heads_of_multiples_of_8_up_to_256() {
         // Llama-3-8B: 32 query heads over 8 of 128 values, four to a block.
-        let llama = grouped_kernel(true, 32, 8, 128);
+        let llama = grouped_kernel(KvElement::Bf16, 32, 8, 128);
         assert_eq!(llama, Some(("kiln_grouped_attention_g4_bf16", 4)));
+        let fp8 = grouped_kernel(KvElement::Fp8, 32, 8, 128);
+        assert_eq!(fp8, Some(("kiln_grouped_attention_g4_fp8", 4)));
         // Qwen2.5-7B's 7 query heads a key/value head: blocks of 4 and 3.
-        assert_eq!(grouped_kernel(false, 28, 4, 128).map(|k| k.1), Some(4));
-        assert_eq!(grouped_kernel(true, 16, 8, 64).map(|k| k.1), Some(2));
-        assert_eq!(grouped_kernel(true, 12, 12, 64).map(|k| k.1), Some(1));
+        let qwen = grouped_kernel(KvElement::F32, 28, 4, 128);
+        assert_eq!(qwen.map(|k| k.1), Some(4));
+        let pairs = grouped_kernel(KvElement::Bf16, 16, 8, 64);
+        assert_eq!(pairs.map(|k| k.1), Some(2));
+        let single = grouped_kernel(KvElement::Fp8, 12, 12, 64);
+        assert_eq!(single, Some(("kiln_grouped_attention_g1_fp8", 1)));
         // DeepSeek's latent head and heads not of whole 16-byte loads.
-        assert_eq!(grouped_kernel(true, 16, 1, 576), None);
-        assert_eq!(grouped_kernel(false, 4, 2, 36), None);
+        assert_eq!(grouped_kernel(KvElement::Bf16, 16, 1, 576), None);
+        assert_eq!(grouped_kernel(KvElement::F32, 4, 2, 36), None);
     }
 }

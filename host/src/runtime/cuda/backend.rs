@@ -30,11 +30,7 @@ impl Backend for CudaExecutor {
     }
 
     fn kv_bytes(&self, values: usize) -> usize {
-        if self.kv_bf16 {
-            2 * values
-        } else {
-            4 * values
-        }
+        self.kv_element.bytes() * values
     }
 
     fn new_kv_cache(
@@ -56,7 +52,7 @@ impl Backend for CudaExecutor {
             layer_bytes,
             num_layers,
             layout,
-            bf16: self.kv_bf16,
+            element: self.kv_element,
         };
         Ok(KvCache::on_device(num_layers, num_blocks, layout, device))
     }

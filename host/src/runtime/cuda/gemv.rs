@@ -183,7 +183,7 @@ impl GemvRotation {
             c.context_lens,
             c.block_tables,
             pair(u64::from(r.scale.to_bits()), r.half),
-            pair(u64::from(r.interleaved), usize::from(c.bf16)),
+            pair(u64::from(r.interleaved), c.element as usize),
             pair(c.batch as u64, c.blocks_per_seq),
             c.block_size as u64,
         ]

@@ -46,6 +46,7 @@ use super::tensor::{storage_of, Storage, Tensor};
 use super::{KvCache, KvCacheDtype, RuntimeError, WeightStore};
 use crate::compiler::Program;
 use arena::RunPlan;
+use attention::KvElement;
 use plan::{HandKernels, Home, StepPlan};
 use step::download;
 
@@ -86,8 +87,8 @@ pub struct DeviceKvCache {
     layer_bytes: usize,
     num_layers: usize,
     layout: CacheLayout,
-    /// Elements are bf16 (else f32).
-    bf16: bool,
+    /// What its elements are.
+    element: KvElement,
 }
 
 impl std::fmt::Debug for DeviceKvCache {
@@ -162,8 +163,8 @@ pub struct CudaExecutor {
     /// The graph takes the decoder's inputs: decode steps can be padded to
     /// buckets.
     paddable: bool,
-    /// KV caches hold bf16 (f32 with `--dtype float32`).
-    kv_bf16: bool,
+    /// What KV caches hold: bf16 unless asked (f32 with `--dtype float32`).
+    kv_element: KvElement,
     /// Prefill attention may run on tensor cores (`AttentionBackend::Auto`).
     flash_attention: bool,
     /// The value of the graph's first input, where async scheduling feeds
@@ -257,15 +258,15 @@ impl CudaExecutor {
         options: CudaOptions,
     ) -> Result<Self, RuntimeError> {
         let dtype = options.dtype;
-        let kv_bf16 = match options.kv_cache_dtype {
-            KvCacheDtype::Auto => dtype != WeightDtype::Float32,
-            KvCacheDtype::Float32 => false,
-            KvCacheDtype::BFloat16 => true,
+        let kv_element = match options.kv_cache_dtype {
+            KvCacheDtype::Auto if dtype == WeightDtype::Float32 => KvElement::F32,
+            KvCacheDtype::Auto | KvCacheDtype::BFloat16 => KvElement::Bf16,
+            KvCacheDtype::Float32 => KvElement::F32,
+            KvCacheDtype::Fp8E4m3 => KvElement::Fp8,
             cpu_only @ (KvCacheDtype::Float16 | KvCacheDtype::Q8_0) => {
-                return Err(RuntimeError::Device(format!(
-                    "--kv-cache-dtype {}: the cache on a GPU holds bfloat16 or float32",
-                    cpu_only.name()
-                )))
+                return Err(RuntimeError::Device(
+                    cpu_only.unsupported_on(true).unwrap_or_default(),
+                ))
             }
         };
         let weights = super::executor::bind_weights(&program, store)?;
@@ -333,7 +334,7 @@ impl CudaExecutor {
             owned,
             graphs,
             paddable,
-            kv_bf16,
+            kv_element,
             flash_attention: options.attention == AttentionBackend::Auto,
             token_ids,
             logits,
