@@ -115,22 +115,26 @@ impl BlockManager {
 
     /// Starts a sequence whose prompt is `prompt`: takes the cached blocks
     /// of its longest cached prefix (always leaving at least one token to
-    /// compute, for its logits). Returns the blocks and how many prompt
-    /// tokens they already hold.
-    pub fn start_sequence(&mut self, prompt: &[u32]) -> (SequenceBlocks, usize) {
+    /// compute, for its logits). Returns the blocks, how many prompt tokens
+    /// they already hold, and the lookup's blocks queried and found, which
+    /// count in [`Self::stats`] once the sequence is admitted
+    /// ([`Self::count_lookup`]): a sequence that does not fit gives its
+    /// blocks back and looks up again when it retries.
+    pub fn start_sequence(&mut self, prompt: &[u32]) -> (SequenceBlocks, usize, PrefixStats) {
         let mut seq = SequenceBlocks::default();
+        let mut lookup = PrefixStats::default();
         if !self.prefix_caching || prompt.len() <= 1 {
-            return (seq, 0);
+            return (seq, 0, lookup);
         }
         let full = (prompt.len() - 1) / self.block_size;
         let mut parent = None;
         for chunk in prompt.chunks_exact(self.block_size).take(full) {
             let hash = Self::hash_block(parent, chunk);
-            self.stats.queries += 1;
+            lookup.queries += 1;
             let Some(&block) = self.cached.get(&hash) else {
                 break;
             };
-            self.stats.hits += 1;
+            lookup.hits += 1;
             if self.ref_counts[block as usize] == 0 {
                 self.evictable.retain(|&b| b != block);
             }
@@ -140,7 +144,13 @@ impl BlockManager {
             parent = Some(hash);
         }
         let cached_tokens = seq.blocks.len() * self.block_size;
-        (seq, cached_tokens)
+        (seq, cached_tokens, lookup)
+    }
+
+    /// Counts an admitted sequence's prefix lookup in [`Self::stats`].
+    pub fn count_lookup(&mut self, lookup: PrefixStats) {
+        self.stats.queries += lookup.queries;
+        self.stats.hits += lookup.hits;
     }
 
     /// Makes room for `tokens` positions in `seq`, allocating blocks.
@@ -221,7 +231,7 @@ mod tests {
     #[test]
     fn allocation_and_release_account_for_every_block() {
         let mut blocks = BlockManager::new(8, 4, false);
-        let (mut seq, cached) = blocks.start_sequence(&tokens(10));
+        let (mut seq, cached, _) = blocks.start_sequence(&tokens(10));
         assert_eq!(cached, 0);
         blocks.reserve(&mut seq, 10).unwrap();
         assert_eq!((seq.blocks.len(), blocks.used()), (3, 3));
@@ -237,17 +247,19 @@ mod tests {
     fn a_shared_prefix_reuses_blocks_and_leaves_one_token_to_compute() {
         let mut blocks = BlockManager::new(16, 4, true);
         let prompt = tokens(10);
-        let (mut first, _) = blocks.start_sequence(&prompt);
+        let (mut first, _, lookup) = blocks.start_sequence(&prompt);
         blocks.reserve(&mut first, prompt.len()).unwrap();
+        blocks.count_lookup(lookup);
         blocks.commit(&mut first, &prompt, prompt.len());
 
         // Same first 9 tokens: two full blocks (8 tokens) are shared.
         let mut other = prompt[..9].to_vec();
         other.push(7);
-        let (mut second, cached) = blocks.start_sequence(&other);
+        let (mut second, cached, lookup) = blocks.start_sequence(&other);
         assert_eq!(cached, 8);
         assert_eq!(second.blocks, first.blocks[..2]);
         blocks.reserve(&mut second, other.len()).unwrap();
+        blocks.count_lookup(lookup);
         assert_ne!(second.blocks[2], first.blocks[2]);
         // The first request looked up one block (a miss ends the lookup).
         assert_eq!(
@@ -259,7 +271,7 @@ mod tests {
         );
 
         // An identical 8-token prompt keeps its last block to compute.
-        let (_, cached) = blocks.start_sequence(&prompt[..8]);
+        let (_, cached, _) = blocks.start_sequence(&prompt[..8]);
         assert_eq!(cached, 4);
     }
 
@@ -267,21 +279,21 @@ mod tests {
     fn released_prefixes_stay_cached_until_their_space_is_needed() {
         let mut blocks = BlockManager::new(4, 4, true);
         let prompt = tokens(9);
-        let (mut seq, _) = blocks.start_sequence(&prompt);
+        let (mut seq, _, _) = blocks.start_sequence(&prompt);
         blocks.reserve(&mut seq, 9).unwrap();
         blocks.commit(&mut seq, &prompt, 9);
         blocks.release(seq);
         assert_eq!(blocks.used(), 0);
-        let (seq, cached) = blocks.start_sequence(&prompt);
+        let (seq, cached, _) = blocks.start_sequence(&prompt);
         assert_eq!(cached, 8, "still cached after release");
         blocks.release(seq);
 
         // A different request needs all four blocks: the cache is evicted.
         let other = tokens(16).iter().map(|t| t + 1000).collect::<Vec<_>>();
-        let (mut big, _) = blocks.start_sequence(&other);
+        let (mut big, _, _) = blocks.start_sequence(&other);
         blocks.reserve(&mut big, 16).unwrap();
         blocks.release(big);
-        let (_, cached) = blocks.start_sequence(&prompt);
+        let (_, cached, _) = blocks.start_sequence(&prompt);
         assert_eq!(cached, 0, "evicted");
     }
 
@@ -289,7 +301,7 @@ mod tests {
     fn prefix_caching_can_be_turned_off() {
         let mut blocks = BlockManager::new(8, 4, false);
         let prompt = tokens(9);
-        let (mut seq, _) = blocks.start_sequence(&prompt);
+        let (mut seq, _, _) = blocks.start_sequence(&prompt);
         blocks.reserve(&mut seq, 9).unwrap();
         blocks.commit(&mut seq, &prompt, 9);
         blocks.release(seq);

@@ -374,10 +374,10 @@ impl Scheduler {
             let Some(mut seq) = self.next_waiting() else {
                 break;
             };
+            let mut lookup = PrefixStats::default();
             if seq.blocks.blocks.is_empty() && seq.scored_prompt.is_none() {
-                let (blocks, cached) = self.blocks.start_sequence(&seq.tokens);
-                seq.blocks = blocks;
-                seq.computed = cached;
+                let (blocks, cached, found) = self.blocks.start_sequence(&seq.tokens);
+                (seq.blocks, seq.computed, lookup) = (blocks, cached, found);
             }
             let take = self.chunk(&seq, budget);
             if self
@@ -386,12 +386,14 @@ impl Scheduler {
                 .is_err()
             {
                 // It waits holding nothing: blocks held by waiting sequences
-                // could leave none for any (its prefix stays cached).
+                // could leave none for any (its prefix stays cached, and its
+                // lookup counts when it is admitted).
                 self.blocks.release(std::mem::take(&mut seq.blocks));
                 seq.computed = 0;
                 self.waiting.push_front(seq);
                 break;
             }
+            self.blocks.count_lookup(lookup);
             batch.seqs.push(self.plan(&seq, take));
             budget -= take;
             self.running.push(seq);

@@ -350,3 +350,34 @@ fn scored_prompts_compute_every_position_in_chunks_of_their_own() {
     assert!(step.all_logits && step.sequences[0].wants_logits);
     assert!(!rest.step_batch().all_logits);
 }
+
+#[test]
+fn a_sequence_that_waits_for_room_counts_its_prefix_lookup_once() {
+    // 8 blocks of 4. Sequence 1 holds 5 (17 prompt tokens, then decodes).
+    let mut s = scheduler(8, 8, 64);
+    s.add(1, (0..17).collect(), 8).unwrap();
+    let b = s.schedule();
+    run(&mut s, &b, 99);
+    let before = s.blocks().stats();
+    // Sequence 2 shares its first 8 tokens (two cached blocks) and needs 6
+    // blocks, 4 of them new where 3 or fewer are free: it waits while sequence 1
+    // runs, looking its prefix up at every try.
+    let prompt: Vec<u32> = (0..8).chain(100..116).collect();
+    s.add(2, prompt, 4).unwrap();
+    for _ in 0..3 {
+        let b = s.schedule();
+        assert_eq!(b.seqs.iter().map(|q| q.id).collect::<Vec<_>>(), [1]);
+        run(&mut s, &b, 99);
+    }
+    assert_eq!(s.blocks().stats(), before, "nothing counted while it waits");
+    s.remove(1);
+    let b = s.schedule();
+    assert_eq!((b.seqs[0].id, b.seqs[0].start), (2, 8));
+    let after = s.blocks().stats();
+    // Its lookup once: the two shared blocks found, the third missed (a
+    // miss ends the lookup).
+    assert_eq!(
+        (after.queries - before.queries, after.hits - before.hits),
+        (3, 2)
+    );
+}
