@@ -1,8 +1,9 @@
 // Attention over the paged KV cache for a ragged batch (chunked prefill and
 // decode alike). The cache of one layer is [blocks, block_size, kv_heads,
 // head_dim], f32, bf16 or E4M3 (`_bf16` and `_fp8` kernels: a half or a
-// quarter of the bytes to read, computed in f32; fp8_e4m3 in kiln_cuda.cuh); sequence b's rows are row_offsets[b]..row_offsets[b+1] of the
-// batch, and its last row sits at position context_lens[b] - 1. A padding
+// quarter of the bytes to read, computed in f32; fp8_e4m3 in kiln_cuda.cuh);
+// sequence b's rows are row_offsets[b]..row_offsets[b+1] of the batch, and
+// its last row sits at position context_lens[b] - 1. A padding
 // sequence (a decode step padded to a CUDA graph's batch size) has context
 // length 0: its row sits at position -1, nothing is written to the cache for
 // it and its attention output is zero.
