@@ -149,7 +149,7 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=256, help="positions each sequence attends to")
     p.add_argument("--weights", default="bf16", choices=sorted(WEIGHT_BYTES))
-    p.add_argument("--kv-bytes", type=int, default=2, help="bytes per KV-cache element (bf16 by default, 4 with --kv-cache-dtype float32)")
+    p.add_argument("--kv-bytes", type=int, default=2, help="bytes per KV-cache element (bf16 by default, 4 with --kv-cache-dtype float32, 1 with fp8)")
     p.add_argument("--bandwidth", type=float, default=3.02e12, help="bytes/s (H100 copy, measured)")
     p.add_argument("--gap-us", type=float, default=0.96, help="µs between graph-replayed kernels (measured)")
     p.add_argument("--prefill", type=int, help="tokens of one prompt: the prefill's kernels instead")

@@ -25,19 +25,6 @@ fn bf16s(values: &[f32]) -> (Vec<u16>, Vec<f32>) {
     (bits, rounded)
 }
 
-/// `values` encoded as E4M3 by the reference: the bytes and their values.
-fn e4m3(values: &[f32]) -> (Vec<u8>, Vec<f32>) {
-    let bytes: Vec<u8> = values
-        .iter()
-        .map(|&v| F8E4M3::from_f32(v).to_bits())
-        .collect();
-    let decoded = bytes
-        .iter()
-        .map(|&b| F8E4M3::from_bits(b).to_f32())
-        .collect();
-    (bytes, decoded)
-}
-
 /// A paged-attention kernel under test: one block per (row, query head), or
 /// per (row, key/value head, group of up to `n` of its query heads).
 #[derive(Clone, Copy)]

@@ -11,7 +11,6 @@ mod common;
 
 use common::ragged::RaggedBatch;
 use common::*;
-use float8::F8E4M3;
 use half::bf16;
 use kiln_kernels::cuda::KernelArg::{Ptr, F32};
 use kiln_kernels::cuda::{sources, DevicePtr};
@@ -45,10 +44,7 @@ impl Cache {
     fn up(self, gpu: &Gpu, values: &[f32]) -> DevicePtr {
         match self {
             Cache::Bf16 => gpu.up(&to_bf16(values)),
-            Cache::Fp8 => gpu.up(&values
-                .iter()
-                .map(|&v| F8E4M3::from_f32(v).to_bits())
-                .collect::<Vec<u8>>()),
+            Cache::Fp8 => gpu.up(&e4m3(values).0),
         }
     }
 
@@ -56,10 +52,7 @@ impl Cache {
     fn held(self, values: &[f32]) -> Vec<f32> {
         match self {
             Cache::Bf16 => rounded(values),
-            Cache::Fp8 => values
-                .iter()
-                .map(|&v| F8E4M3::from_f32(v).to_f32())
-                .collect(),
+            Cache::Fp8 => e4m3(values).1,
         }
     }
 
@@ -148,37 +141,37 @@ fn flash_case(
     println!("{what}: max |Δ| {worst:.1e}");
 }
 
+/// Every head size over `cache`: a whole prompt of three query tiles of 128
+/// rows (the last one partial, six key tiles for it to stream), a chunk of
+/// 70 rows starting at position 130, a decode row with 90 keys behind it, a
+/// short prompt, and a chunk whose first row (position 62) sees all but the
+/// last key of the first key tile (the edge of the unmasked tiles); a window
+/// and a cap. Heads of 96 take pieces that do not divide among the threads
+/// (an fp8 tile's).
+fn flash_cases(gpu: &Gpu, cache: Cache) {
+    let mixed = [(330, 330), (200, 70), (91, 1), (17, 17), (100, 38)];
+    flash_case(gpu, cache, (4, 2, 64, 16), &mixed, None, None);
+    flash_case(gpu, cache, (2, 1, 128, 16), &mixed, Some(40), None);
+    let short = [(130, 130), (100, 33)];
+    flash_case(gpu, cache, (3, 3, 96, 8), &short, None, Some(0.5));
+}
+
 #[test]
 fn flash_attention_matches_the_cpu_over_a_bf16_cache() {
     let gpu = Gpu::new(&[sources::ATTENTION, sources::FLASH_ATTENTION]);
-    // A whole prompt of three query tiles of 128 rows (the last one partial,
-    // six key tiles for it to stream), a chunk of 70 rows starting at
-    // position 130, a decode row with 90 keys behind it, a short prompt, and
-    // a chunk whose first row (position 62) sees all but the last key of the
-    // first key tile (the edge of the unmasked tiles).
-    let mixed = [(330, 330), (200, 70), (91, 1), (17, 17), (100, 38)];
-    let cache = Cache::Bf16;
-    flash_case(&gpu, cache, (4, 2, 64, 16), &mixed, None, None);
-    flash_case(&gpu, cache, (2, 1, 128, 16), &mixed, Some(40), None);
-    let short = [(130, 130), (100, 33)];
-    flash_case(&gpu, cache, (3, 3, 96, 8), &short, None, Some(0.5));
+    flash_cases(&gpu, Cache::Bf16);
     // A window narrower than a key tile, over blocks of 4 positions.
+    let cache = Cache::Bf16;
     flash_case(&gpu, cache, (8, 2, 64, 4), &[(160, 96)], Some(5), Some(2.0));
 }
 
 /// Over an E4M3 cache (`--kv-cache-dtype fp8`), each key/value tile is
 /// copied to a staging buffer and widened to bf16 by the thread that copied
-/// it: every head size (96: pieces that do not divide among the threads),
-/// several key tiles, a window and a cap.
+/// it.
 #[test]
 fn flash_attention_matches_the_cpu_over_an_fp8_cache() {
     let gpu = Gpu::new(&[sources::ATTENTION, sources::FLASH_ATTENTION]);
-    let mixed = [(330, 330), (200, 70), (91, 1), (17, 17), (100, 38)];
-    let cache = Cache::Fp8;
-    flash_case(&gpu, cache, (4, 2, 64, 16), &mixed, None, None);
-    flash_case(&gpu, cache, (2, 1, 128, 16), &mixed, Some(40), None);
-    let short = [(130, 130), (100, 33)];
-    flash_case(&gpu, cache, (3, 3, 96, 8), &short, None, Some(0.5));
+    flash_cases(&gpu, Cache::Fp8);
 }
 
 /// A kernel that loads A [16, 16] and B [16, 8] (bf16, row-major) into the

@@ -221,6 +221,22 @@ pub fn random_blocks(ty: QuantType, rows: usize, cols: usize, seed: u64) -> (Vec
     (packed, values)
 }
 
+/// `values` encoded as E4M3 (the fp8 KV cache's `fp8_e4m3`) by the
+/// reference, the float8 crate (a port of cuda_fp8.hpp's conversions): the
+/// bytes and their values.
+pub fn e4m3(values: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    use float8::F8E4M3;
+    let bytes: Vec<u8> = values
+        .iter()
+        .map(|&v| F8E4M3::from_f32(v).to_bits())
+        .collect();
+    let decoded = bytes
+        .iter()
+        .map(|&b| F8E4M3::from_bits(b).to_f32())
+        .collect();
+    (bytes, decoded)
+}
+
 /// `values` as the dense GEMV kernels read them, with the values those
 /// bytes hold: (kernel name without suffixes, stored bytes, decoded) for
 /// bf16, f16 and f32 rows.
