@@ -9,21 +9,10 @@ mod common;
 use common::ragged::RaggedBatch;
 use common::*;
 use float8::F8E4M3;
-use half::bf16;
 use kiln_kernels::cuda::sources;
 use kiln_kernels::cuda::KernelArg::{Ptr, F32};
 use kiln_kernels::cuda::{Device, LaunchConfig};
 use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout};
-
-/// `values` rounded to bf16: the bits and their values.
-fn bf16s(values: &[f32]) -> (Vec<u16>, Vec<f32>) {
-    let bits: Vec<u16> = values
-        .iter()
-        .map(|&v| bf16::from_f32(v).to_bits())
-        .collect();
-    let rounded = bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect();
-    (bits, rounded)
-}
 
 /// A paged-attention kernel under test: one block per (row, query head), or
 /// per (row, key/value head, group of up to `n` of its query heads).

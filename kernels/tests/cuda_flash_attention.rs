@@ -11,7 +11,6 @@ mod common;
 
 use common::ragged::RaggedBatch;
 use common::*;
-use half::bf16;
 use kiln_kernels::cuda::KernelArg::{Ptr, F32};
 use kiln_kernels::cuda::{sources, DevicePtr};
 use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout};
@@ -20,17 +19,6 @@ use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout}
 /// to bf16 for the products; the reference takes the same rounded q, so what
 /// remains is the weights' rounding (2⁻⁹ relative each; about 1e-3 seen).
 const FLASH_TOL: f32 = 4e-3;
-
-fn to_bf16(values: &[f32]) -> Vec<u16> {
-    values
-        .iter()
-        .map(|&v| bf16::from_f32(v).to_bits())
-        .collect()
-}
-
-fn rounded(values: &[f32]) -> Vec<f32> {
-    values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
-}
 
 /// The cache's element type: bf16, or E4M3 (the `_fp8` kernels).
 #[derive(Clone, Copy, Debug)]
@@ -43,7 +31,7 @@ impl Cache {
     /// `values` as the cache holds them, uploaded.
     fn up(self, gpu: &Gpu, values: &[f32]) -> DevicePtr {
         match self {
-            Cache::Bf16 => gpu.up(&to_bf16(values)),
+            Cache::Bf16 => gpu.up(&bf16s(values).0),
             Cache::Fp8 => gpu.up(&e4m3(values).0),
         }
     }
@@ -51,7 +39,7 @@ impl Cache {
     /// The values the cache holds for `values` (the float8 crate's encoding).
     fn held(self, values: &[f32]) -> Vec<f32> {
         match self {
-            Cache::Bf16 => rounded(values),
+            Cache::Bf16 => bf16s(values).1,
             Cache::Fp8 => e4m3(values).1,
         }
     }
@@ -113,7 +101,7 @@ fn flash_case(
         layout,
         &kh,
         &vh,
-        &rounded(&q),
+        &bf16s(&q).1,
         &mut want,
         heads,
         &seqs,
@@ -200,9 +188,9 @@ fn the_emulated_tensor_core_product_is_a_matrix_product() {
     let mut gpu = Gpu::new(&[]);
     gpu.load("mma_probe.cu", MMA_PROBE);
     let mut rng = Rng::new(7);
-    let (a, b) = (rounded(&rng.data(256, 2.0)), rounded(&rng.data(128, 2.0)));
+    let ((a_bits, a), (b_bits, b)) = (bf16s(&rng.data(256, 2.0)), bf16s(&rng.data(128, 2.0)));
     let d = gpu.zeros(128 * 4);
-    let args = [Ptr(gpu.up(&to_bf16(&a))), Ptr(gpu.up(&to_bf16(&b))), Ptr(d)];
+    let args = [Ptr(gpu.up(&a_bits)), Ptr(gpu.up(&b_bits)), Ptr(d)];
     gpu.run("kiln_mma_probe", (1, 1), 32, &args);
     let want: Vec<f32> = (0..128)
         .map(|i| {

@@ -81,17 +81,22 @@ impl KvCacheDtype {
             KvCacheDtype::Fp8E4m3 => !cuda,
             _ => false,
         };
-        refused.then(|| match cuda {
-            true => format!(
-                "--kv-cache-dtype {} is for the CPU backend: the cache on a GPU holds \
-                 bfloat16, float32 or fp8",
+        let (backend, holds) = if cuda {
+            (
+                "CPU backend",
+                "the cache on a GPU holds bfloat16, float32 or fp8",
+            )
+        } else {
+            (
+                "CUDA backend",
+                "the CPU's cache holds float32, float16, bfloat16 or q8_0",
+            )
+        };
+        refused.then(|| {
+            format!(
+                "--kv-cache-dtype {} is for the {backend}: {holds}",
                 self.name()
-            ),
-            false => format!(
-                "--kv-cache-dtype {} is for the CUDA backend: the CPU's cache holds \
-                 float32, float16, bfloat16 or q8_0",
-                self.name()
-            ),
+            )
         })
     }
 

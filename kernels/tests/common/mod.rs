@@ -221,6 +221,17 @@ pub fn random_blocks(ty: QuantType, rows: usize, cols: usize, seed: u64) -> (Vec
     (packed, values)
 }
 
+/// `values` rounded to bf16 by the half crate: the bits and their values.
+pub fn bf16s(values: &[f32]) -> (Vec<u16>, Vec<f32>) {
+    use half::bf16;
+    let bits: Vec<u16> = values
+        .iter()
+        .map(|&v| bf16::from_f32(v).to_bits())
+        .collect();
+    let rounded = bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect();
+    (bits, rounded)
+}
+
 /// `values` encoded as E4M3 (the fp8 KV cache's `fp8_e4m3`) by the
 /// reference, the float8 crate (a port of cuda_fp8.hpp's conversions): the
 /// bytes and their values.
@@ -241,15 +252,8 @@ pub fn e4m3(values: &[f32]) -> (Vec<u8>, Vec<f32>) {
 /// bytes hold: (kernel name without suffixes, stored bytes, decoded) for
 /// bf16, f16 and f32 rows.
 pub fn dense_formats(values: &[f32]) -> [(&'static str, Vec<u8>, Vec<f32>); 3] {
-    use half::{bf16, f16};
-    let as_bf16: Vec<u16> = values
-        .iter()
-        .map(|&v| bf16::from_f32(v).to_bits())
-        .collect();
-    let from_bf16 = as_bf16
-        .iter()
-        .map(|&b| bf16::from_bits(b).to_f32())
-        .collect();
+    use half::f16;
+    let (as_bf16, from_bf16) = bf16s(values);
     let as_f16: Vec<u16> = values.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
     let from_f16 = as_f16.iter().map(|&b| f16::from_bits(b).to_f32()).collect();
     [
