@@ -38,13 +38,15 @@ def kernels(c, batch, context, weights, kv_bytes):
     lm = WEIGHT_BYTES["q6_k" if weights == "q4_k" else weights]
     act = 4 * batch  # f32 activations per element of a row, per sequence
     gemv = lambda rows, cols, bpe: rows * cols * bpe + act * (cols + rows)
-    # Up to 8 rows the GEMV of gate and up writes silu(gate) * up itself, and
-    # the GEMV of q, k and v writes q and k rotated and the cache's keys and
+    # Where the GEMV runs (up to 8 rows of a packed matrix, 2 of a dense
+    # one), the GEMV of gate and up writes silu(gate) * up itself, and the
+    # GEMV of q, k and v writes q and k rotated and the cache's keys and
     # values.
+    gemv_rows = 2 if weights in ("bf16", "f32") else 8
     cache_write = batch * 2 * kv_dim * kv_bytes
     rotary = ("rotary of q and k + KV-cache write (one launch)", layers,
               2 * act * (q_dim + kv_dim) + act * kv_dim + cache_write)
-    if batch <= 8:
+    if batch <= gemv_rows:
         mlp = [("gate and up projections + silu(gate) * up (one launch)", layers,
                 gemv(2 * ffn, d, w) - act * ffn)]
         qkv = [("q, k and v projections + rotary + KV-cache write (one launch)", layers,
@@ -65,23 +67,14 @@ def kernels(c, batch, context, weights, kv_bytes):
         qkv = [("q projection", layers, gemv(q_dim, d, w)),
                ("k and v projections (a launch each)", 2 * layers, gemv(kv_dim, d, w)),
                rotary]
-    # Up to 8 rows the logits' GEMV also finds greedy's picks; past it the
-    # sampler reads the logits again (a greedy row: one pass).
-    if batch <= 8:
+    # Where the GEMV runs the logits' GEMV also finds greedy's picks; past
+    # it the sampler reads the logits again (a greedy row: one pass).
+    if batch <= gemv_rows:
         head = [("lm_head + greedy's pick (one launch)", 1, gemv(vocab, d, lm))]
     else:
         head = [("lm_head", 1, gemv(vocab, d, lm)), ("greedy sampling", 1, act * vocab)]
-    # A single row of up to 4096 values: the GEMVs of q, k and v and of gate
-    # and up compute their input's RMS norm (and the residual add before
-    # it) themselves, reading a and b and writing the sum (the normalized x
-    # is not written); the last layer's add + norm, before the logits,
-    # keeps its launch.
     norms = [("embedding norm (layer 0)", 1, 2 * act * d + 4 * d),
              ("residual add + rms_norm (one launch)", 2 * layers, 4 * act * d + 4 * d)]
-    if batch == 1 and d <= 4096 and d % 4 == 0:
-        norms = [("residual add + rms_norm before the logits", 1, 4 * act * d + 4 * d)]
-        with_norm = lambda k: (k[0] + ", its input's add + norm", k[1], k[2] + 2 * act * d + 4 * d)
-        qkv[0], mlp[0] = with_norm(qkv[0]), with_norm(mlp[0])
     return [
         ("embedding rows", 1, batch * d * w + act * d),
         *norms,

@@ -17,12 +17,14 @@
 #                                      fixed to 1, 2, 4 and timed (KILN_GEMV_SPLIT)
 #   bench/gpu/run.sh pdl               Kiln's decode at batch 1, 8 and 64 with and without
 #                                      programmatic dependent launch
-#                                      (KILN_NO_PROGRAMMATIC_LAUNCH), and with the
-#                                      norms' own launches at batch 1
-#                                      (KILN_NO_GEMV_NORM), as text
+#                                      (KILN_NO_PROGRAMMATIC_LAUNCH), as text
 #   bench/gpu/run.sh dense             Kiln's decode at batch 16 and 64 (bf16 shapes),
-#                                      dense products of 9 to 64 rows on cuBLAS and on
+#                                      dense products of 3 to 64 rows on cuBLAS and on
 #                                      the tensor-core kernel (KILN_DENSE_ROWS), as text
+#   bench/gpu/run.sh dense-gemv        Kiln's decode at batch 1 to 8 and 16 (bf16 shapes)
+#                                      with dense products of up to 1, 2, 4 and 8 rows on
+#                                      the GEMV, the rest on cuBLAS
+#                                      (KILN_DENSE_GEMV_ROWS), as text
 #   bench/gpu/run.sh sampled           Kiln's decode at batch 1 and 64, greedy, sampled
 #                                      (temperature 1, top-p 0.95) and greedy with a
 #                                      repetition penalty (1.1) with and without async
@@ -114,15 +116,13 @@ splits() {
 
 # Decode with programmatic dependent launch on (the default on sm_90) and
 # off: what overlapping each kernel's start with the previous one's end
-# gains; and with each norm's own launch where the one-row GEMV computes it
-# by default (`no-gemv-norm`). Text, in pdl-*.txt.
+# gains. Text, in pdl-*.txt.
 pdl_shape() {
   local shape=$1 dtype=$2 name=$3 mode
-  for mode in on off no-gemv-norm; do
+  for mode in on off; do
     echo "== kiln $shape $dtype: decode, programmatic launch $mode"
     local switch=()
     [ "$mode" = off ] && switch=(KILN_NO_PROGRAMMATIC_LAUNCH=1)
-    [ "$mode" = no-gemv-norm ] && switch=(KILN_NO_GEMV_NORM=1)
     env "${switch[@]}" "$bin/host" benchmark --shape "$shape" "${weights[@]}" \
       --device "$device" --input-len "$input_len" --output-len 64 --concurrency 1,8,64 \
       2>&1 | tee "$results/pdl-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype pdl $mode"
@@ -134,7 +134,7 @@ pdl() {
   each_shape pdl_shape
 }
 
-# Decode at 16 and 64 streams with dense bf16 products of 9 to 64 rows on
+# Decode at 16 and 64 streams with dense bf16 products of 3 to 64 rows on
 # cuBLAS (the default) and on the tensor-core kernel of qmatmul.cu, which
 # runs the matrices that share x as one launch (llama3-8b and llama3.2-1b
 # bf16 unless KILN_BENCH_SHAPES says otherwise). Text, in dense-*.txt.
@@ -151,6 +151,26 @@ dense_shape() {
 dense() {
   . tests/gpu/env.sh
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape dense_shape
+}
+
+# Decode at batch 1 to 8 and 16 with the GEMV taking dense products of up
+# to 1, 2 (the default), 4 and 8 rows of x, cuBLAS the rest: where the
+# GEMV's reads of x (once per row of W) start to cost more than cuBLAS
+# (llama3-8b bf16 unless KILN_BENCH_SHAPES says otherwise). Text, in
+# dense-gemv-*.txt.
+dense_gemv_shape() {
+  local shape=$1 dtype=$2 name=$3 rows
+  for rows in 1 2 4 8; do
+    echo "== kiln $shape $dtype: decode, dense GEMV up to $rows rows"
+    KILN_DENSE_GEMV_ROWS=$rows "$bin/host" benchmark --shape "$shape" "${weights[@]}" \
+      --device "$device" --input-len "$input_len" --output-len 64 --concurrency 1,2,3,4,8,16 \
+      2>&1 | tee "$results/dense-gemv-$name-$dtype-$rows.txt" || echo "FAILED: $shape $dtype dense-gemv $rows"
+  done
+}
+
+dense_gemv() {
+  . tests/gpu/env.sh
+  KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16} each_shape dense_gemv_shape
 }
 
 # Decode greedy, sampled (temperature 1, top-p 0.95) and greedy with a
@@ -279,6 +299,7 @@ case "${1:-}" in
   splits) splits ;;
   pdl) pdl ;;
   dense) dense ;;
+  dense-gemv) dense_gemv ;;
   sampled) sampled ;;
   speculative) speculative ;;
   kv-fp8) kv_fp8 ;;
@@ -290,6 +311,7 @@ case "${1:-}" in
     splits
     pdl
     dense
+    dense_gemv
     sampled
     speculative
     kv_fp8
@@ -299,7 +321,7 @@ case "${1:-}" in
     done
     table
     ;;
-  *) sed -n 2,48p "$0" >&2; exit 2 ;;
+  *) sed -n 2,52p "$0" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   [ -f "$results/gpu-bench.md" ] && cp "$results/gpu-bench.md" "$OUT/"

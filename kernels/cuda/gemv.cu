@@ -107,24 +107,6 @@ struct KilnGemvArgmax {
   unsigned* tokens;
 };
 
-// An RMS norm of x computed by the launch (the one-row `_norm` kernels): x
-// is not read; each block normalizes the m rows of `a` (+ `b`, the residual add before
-// the norm) into its shared memory, norm.cu's arithmetic, and multiplies
-// those, and block 0 writes a + b to `sum` (the residual stream): the
-// norm's own launch and the round trip of its output are saved. The host
-// asks for it when m·k ≤ KILN_GEMV_NORM_VALUES, k a multiple of 4, every
-// pointer 16-byte aligned, and gives the launch m·k floats of dynamic
-// shared memory.
-#define KILN_GEMV_NORM_VALUES 4096
-struct KilnGemvNorm {
-  const float* a;
-  const float* b;  // null: no residual add
-  float* sum;      // a + b (with b)
-  const float* weight;
-  float eps;
-  float offset;  // added to the weight (Gemma's 1 + w)
-};
-
 struct KilnGemvGroup {
   i64 count;
   i64 rows_end[KILN_GEMV_MAX_GROUP];
@@ -133,64 +115,7 @@ struct KilnGemvGroup {
   i64 activation;
   KilnGemvRope rope;
   KilnGemvArgmax argmax;
-  KilnGemvNorm norm;
 };
-
-// Loads of 16 bytes of a row (and of b's) a thread has in flight in the
-// norm's first pass.
-#define KILN_GEMV_NORM_DEPTH 4
-
-// The RMS norm of the m rows of n.a (+ n.b) in the block's shared memory,
-// block 0 also writing a + b to n.sum: x as a `_norm` kernel's products
-// read it. Every thread of the block calls it, after kiln_wait_inputs().
-__device__ const float* gemv_normed_x(const KilnGemvNorm& n, int m, int k) {
-  KILN_DYNAMIC_SHARED(float, rows);
-  __shared__ float scratch[32];
-  __shared__ float inverse[KILN_GEMV_MAX_M];
-  const int quads = k / 4, step = KILN_GEMV_NORM_DEPTH * blockDim.x;
-  const bool writes_sum = n.b != nullptr && blockIdx.x == 0;
-  for (int i = 0; i < m; ++i) {
-    float sum = 0.0f;
-    for (int q0 = threadIdx.x; q0 < quads; q0 += step) {
-      // A round's loads of a and b all issued before the first is used.
-      Bytes16 v[KILN_GEMV_NORM_DEPTH], o[KILN_GEMV_NORM_DEPTH];
-#pragma unroll
-      for (int u = 0; u < KILN_GEMV_NORM_DEPTH; ++u) {
-        i64 at = (i64)i * k + 4 * (q0 + u * (int)blockDim.x);
-        v[u] = o[u] = Bytes16{};
-        if (q0 + u * (int)blockDim.x < quads) {
-          v[u] = *reinterpret_cast<const Bytes16*>(n.a + at);
-          if (n.b != nullptr) o[u] = *reinterpret_cast<const Bytes16*>(n.b + at);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < KILN_GEMV_NORM_DEPTH; ++u) {
-        int q = q0 + u * (int)blockDim.x;
-        if (q >= quads) continue;
-        if (n.b != nullptr)
-          for (int j = 0; j < 4; ++j)
-            v[u].v[j] = __float_as_uint(__uint_as_float(v[u].v[j]) + __uint_as_float(o[u].v[j]));
-        i64 at = (i64)i * k + 4 * q;
-        if (writes_sum) *reinterpret_cast<Bytes16*>(n.sum + at) = v[u];
-        *reinterpret_cast<Bytes16*>(rows + at) = v[u];
-        for (int j = 0; j < 4; ++j) sum += __uint_as_float(v[u].v[j]) * __uint_as_float(v[u].v[j]);
-      }
-    }
-    sum = block_sum(sum, scratch);
-    if (threadIdx.x == 0) inverse[i] = 1.0f / sqrtf(sum / (float)k + n.eps);
-  }
-  __syncthreads();
-  for (int q = threadIdx.x; q < m * quads; q += blockDim.x) {
-    float inv = inverse[q / quads];
-    Bytes16 v = *reinterpret_cast<const Bytes16*>(rows + 4 * q);
-    Bytes16 w = *reinterpret_cast<const Bytes16*>(n.weight + 4 * (q % quads));
-    for (int j = 0; j < 4; ++j)
-      v.v[j] = __float_as_uint(__uint_as_float(v.v[j]) * inv * (n.offset + __uint_as_float(w.v[j])));
-    *reinterpret_cast<Bytes16*>(rows + 4 * q) = v;
-  }
-  __syncthreads();
-  return rows;
-}
 
 // The warp's output row: its matrix's weights row and where its results go,
 // and which of the row's SPLIT parts the warp takes.
@@ -361,16 +286,14 @@ __device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool va
 
 // BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32; MAX_M: rows of x at
 // most (1 for batch-1 decode: fewer registers, so more warps and more loads
-// in flight per multiprocessor); SPLIT: warps per row; NORM: x is the norm
-// the launch computes (KilnGemvNorm).
-template <int BYTES, int MAX_M, int SPLIT, bool NORM = false>
+// in flight per multiprocessor); SPLIT: warps per row.
+template <int BYTES, int MAX_M, int SPLIT>
 __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k) {
   GemvRow r;
   bool valid = gemv_row<SPLIT>(g, &r);
   const u8* wr = valid ? r.w + (i64)r.row * k * (BYTES == 4 ? 4 : 2) : nullptr;
   dense_row_prefetch<BYTES, MAX_M, SPLIT>(wr, r.part, k);
   kiln_wait_inputs();
-  if constexpr (NORM) x = gemv_normed_x(g.norm, m, k);
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
   if (valid) dense_row<BYTES, MAX_M, SPLIT>(wr, r.part, x, m, k, acc);
@@ -383,29 +306,20 @@ extern "C" __global__ void kiln_gemv_bf16(KILN_GEMV_ARGS) { gemv_dense<2, KILN_G
 extern "C" __global__ void kiln_gemv_bf16_s2(KILN_GEMV_ARGS) { gemv_dense<2, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_bf16_s4(KILN_GEMV_ARGS) { gemv_dense<2, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_bf16_m1(KILN_GEMV_ARGS) { gemv_dense<2, 1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_bf16_m1_norm(KILN_GEMV_ARGS) { gemv_dense<2, 1, 1, true>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_bf16_m1_s2(KILN_GEMV_ARGS) { gemv_dense<2, 1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_bf16_m1_s2_norm(KILN_GEMV_ARGS) { gemv_dense<2, 1, 2, true>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_bf16_m1_s4(KILN_GEMV_ARGS) { gemv_dense<2, 1, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_bf16_m1_s4_norm(KILN_GEMV_ARGS) { gemv_dense<2, 1, 4, true>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f16(KILN_GEMV_ARGS) { gemv_dense<3, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f16_s2(KILN_GEMV_ARGS) { gemv_dense<3, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f16_s4(KILN_GEMV_ARGS) { gemv_dense<3, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f16_m1(KILN_GEMV_ARGS) { gemv_dense<3, 1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f16_m1_norm(KILN_GEMV_ARGS) { gemv_dense<3, 1, 1, true>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f16_m1_s2(KILN_GEMV_ARGS) { gemv_dense<3, 1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f16_m1_s2_norm(KILN_GEMV_ARGS) { gemv_dense<3, 1, 2, true>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f16_m1_s4(KILN_GEMV_ARGS) { gemv_dense<3, 1, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f16_m1_s4_norm(KILN_GEMV_ARGS) { gemv_dense<3, 1, 4, true>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f32(KILN_GEMV_ARGS) { gemv_dense<4, KILN_GEMV_MAX_M, 1>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f32_s2(KILN_GEMV_ARGS) { gemv_dense<4, KILN_GEMV_MAX_M, 2>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f32_s4(KILN_GEMV_ARGS) { gemv_dense<4, KILN_GEMV_MAX_M, 4>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f32_m1(KILN_GEMV_ARGS) { gemv_dense<4, 1, 1>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f32_m1_norm(KILN_GEMV_ARGS) { gemv_dense<4, 1, 1, true>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f32_m1_s2(KILN_GEMV_ARGS) { gemv_dense<4, 1, 2>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f32_m1_s2_norm(KILN_GEMV_ARGS) { gemv_dense<4, 1, 2, true>(g, x, m, k); }
 extern "C" __global__ void kiln_gemv_f32_m1_s4(KILN_GEMV_ARGS) { gemv_dense<4, 1, 4>(g, x, m, k); }
-extern "C" __global__ void kiln_gemv_f32_m1_s4_norm(KILN_GEMV_ARGS) { gemv_dense<4, 1, 4, true>(g, x, m, k); }
 
 // x of the GGUF GEMVs: f32 rows, each weight decoded to a float (exact
 // precision) ...
@@ -529,8 +443,8 @@ struct SameFormat<A, A> {
 // kernels: llama.cpp's *_K_M files keep some layers' v at Q6_K among Q4_K
 // or Q5_K q and k, and q, k and v still take one launch). A warp's row is
 // of one matrix, so the branch between the formats is uniform in a warp;
-// the wait and the norm stay outside it (a block's warps may take both).
-template <typename F, typename X, int MAX_M, int SPLIT, bool NORM = false, typename LAST = F>
+// the wait stays outside it (a block's warps may take both).
+template <typename F, typename X, int MAX_M, int SPLIT, typename LAST = F>
 __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
   const bool mixed = !SameFormat<F, LAST>::value;
   GemvRow r;
@@ -541,7 +455,6 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
   row.prefetch();
   if (mixed) last_row.prefetch();
   kiln_wait_inputs();
-  if constexpr (NORM) x = X{gemv_normed_x(g.norm, m, k)};
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
   row.template multiply<X, MAX_M>(x, m, k, acc);
@@ -581,11 +494,8 @@ extern "C" __global__ void kiln_gemv_q8_0(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, Fl
 extern "C" __global__ void kiln_gemv_q8_0_s2(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q8_0_s4(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q8_0_m1(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, 1, 1>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_m1_norm(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, 1, 1, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q8_0_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, 1, 2>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_m1_s2_norm(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, 1, 2, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q8_0_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, 1, 4>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q8_0_m1_s4_norm(KILN_GEMV_ARGS) { gemv_blocks<Q8_0, FloatX, 1, 4, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q8_0_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q8_0, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q8_0_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q8_0, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q8_0_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q8_0, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
@@ -601,11 +511,8 @@ extern "C" __global__ void kiln_gemv_q4_0(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, Fl
 extern "C" __global__ void kiln_gemv_q4_0_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_0_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_0_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, 1, 1>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_m1_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, 1, 1, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_0_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, 1, 2>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_m1_s2_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, 1, 2, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_0_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, 1, 4>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_0_m1_s4_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_0, FloatX, 1, 4, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_0_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_0, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q4_0_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_0, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q4_0_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_0, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
@@ -621,11 +528,8 @@ extern "C" __global__ void kiln_gemv_q5_0(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, Fl
 extern "C" __global__ void kiln_gemv_q5_0_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_0_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_0_m1(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, 1, 1>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_0_m1_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, 1, 1, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_0_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, 1, 2>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_0_m1_s2_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, 1, 2, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_0_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, 1, 4>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_0_m1_s4_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_0, FloatX, 1, 4, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_0_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_0, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q5_0_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_0, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q5_0_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_0, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
@@ -641,11 +545,8 @@ extern "C" __global__ void kiln_gemv_q4_k(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, Fl
 extern "C" __global__ void kiln_gemv_q4_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 1>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_m1_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 1, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 2>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_m1_s2_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 2, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 4>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_m1_s4_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 4, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q4_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q4_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q4_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
@@ -661,11 +562,8 @@ extern "C" __global__ void kiln_gemv_q5_k(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, Fl
 extern "C" __global__ void kiln_gemv_q5_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 1>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_m1_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 1, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 2>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_m1_s2_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 2, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 4>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_m1_s4_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 4, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q5_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q5_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
@@ -681,11 +579,8 @@ extern "C" __global__ void kiln_gemv_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, Fl
 extern "C" __global__ void kiln_gemv_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, 1, 1>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_m1_norm(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, 1, 1, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, 1, 2>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_m1_s2_norm(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, 1, 2, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, 1, 4>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q6_k_m1_s4_norm(KILN_GEMV_ARGS) { gemv_blocks<Q6_K, FloatX, 1, 4, true>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q6_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q6_K, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q6_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q6_K, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_gemv_q6_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q6_K, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
@@ -700,33 +595,27 @@ extern "C" __global__ void kiln_embedding_q6_k(const u8* table, const i64* ids, 
 
 // q and k (and more) in one K-quant format, the last matrix (v) in Q6_K:
 // the formats of llama.cpp's Q4_K_M and Q5_K_M files (gemv_blocks' LAST).
-extern "C" __global__ void kiln_gemv_q4_k_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 1, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 2, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 4, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 1, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 1, true, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 2, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s2_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 2, true, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 4, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s4_norm(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 4, true, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 1, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 2, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 4, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 1, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 2, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 4, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 1, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 2, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 4, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 1, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 1, true, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 2, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_s2_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 2, true, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 4, false, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_s4_norm(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 4, true, Q6_K>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 1, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 2, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 4, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 1, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 2, false, Q6_K>(g, Int8X(x, m, k), m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 4, false, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 1, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 2, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 4, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 1, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 2, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 4, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 1, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 2, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 4, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 1, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 2, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 4, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 1, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 2, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 4, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 1, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 2, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, 1, 4, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 1, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 2, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, KILN_GEMV_MAX_M, 4, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 1, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 2, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_q6_k_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_K, Int8X, 1, 4, Q6_K>(g, Int8X(x, m, k), m, k); }

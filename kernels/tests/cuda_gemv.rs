@@ -27,7 +27,7 @@ const SPLITS: [(&str, u32); 3] = [("", 1), ("_s2", 2), ("_s4", 4)];
 /// The `KilnGemvGroup` argument: matrices (device pointer, rows), their
 /// outputs and the gated activation (0: none).
 fn group(matrices: &[(DevicePtr, usize)], outputs: &[DevicePtr], activation: u64) -> KernelArg {
-    gemv_group(matrices, outputs, activation, [0; 5])
+    gemv_group(matrices, outputs, activation)
 }
 
 /// x as 8-bit blocks of 32, as `kiln_quantize_x8` should write them: every

@@ -29,7 +29,6 @@ fn group(w: DevicePtr, y: DevicePtr, picks: [DevicePtr; 3]) -> KernelArg {
     words.push(0); // no activation
     words.extend([0; 13]); // no rotation
     words.extend(picks);
-    words.extend([0; 5]); // no norm (`KilnGemvNorm`)
     KernelArg::Struct(words)
 }
 

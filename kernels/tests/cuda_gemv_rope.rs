@@ -35,7 +35,6 @@ fn group(matrices: [DevicePtr; 3], outputs: [DevicePtr; 3], rope: Option<[u64; 1
     words.push(0);
     words.extend(rope.unwrap_or([0; 13]));
     words.extend([0; 3]); // no greedy pick (`KilnGemvArgmax`)
-    words.extend([0; 5]); // no norm (`KilnGemvNorm`)
     KernelArg::Struct(words)
 }
 

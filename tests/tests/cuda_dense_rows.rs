@@ -1,12 +1,13 @@
-//! Dense bf16 products of 9 to 64 rows of x on the tensor-core kernel of
+//! Dense bf16 products of 3 to 64 rows of x on the tensor-core kernel of
 //! `qmatmul.cu` (`KILN_DENSE_ROWS=tensor-cores`, here `LoadOptions::
 //! dense_rows`) instead of cuBLAS, on the CUDA backend under test (the
 //! kernel emulator, or a GPU with KILN_TEST_CUDA_DEVICE): the tiny Llama
-//! shape with random bf16 weights prefills 12 and 64 tokens (q, k and v in
+//! shape with random bf16 weights prefills 3, 12 and 64 tokens (q, k and v in
 //! one launch; gate and up with their activation in one) within bf16
 //! rounding of the CPU backend, and differently from the cuBLAS route (so
 //! the other kernels ran: cuBLAS's route rounds gate and up to bf16, this
-//! one keeps them in f32); 70 tokens take cuBLAS in both.
+//! one keeps them in f32); 70 tokens take cuBLAS in both, and 2 the decode
+//! GEMV in both (`gemv::DENSE_GEMV_MAX_M`).
 
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::Generator;
@@ -37,7 +38,7 @@ fn dense_rows_on_tensor_cores_match_the_cpu_and_differ_from_cublas() {
     let cpu = load(DeviceChoice::Cpu, DenseRows::Cublas);
     let tensor_cores = load(cuda, DenseRows::TensorCores);
     let cublas = load(cuda, DenseRows::Cublas);
-    for len in [12, 64, 70] {
+    for len in [2, 3, 12, 64, 70] {
         let prompt: Vec<u32> = (0..len).map(|i| (i * 37 + 5) % 768).collect();
         let want = prefill(&cpu, &prompt);
         let got = prefill(&tensor_cores, &prompt);
@@ -50,8 +51,9 @@ fn dense_rows_on_tensor_cores_match_the_cpu_and_differ_from_cublas() {
         let same_bits = got == other;
         assert_eq!(
             same_bits,
-            len > 64,
-            "prefill of {len}: the tensor-core route ran where it applies, cuBLAS elsewhere"
+            !(3..=64).contains(&len),
+            "prefill of {len}: the tensor-core route ran where it applies, the GEMV or \
+             cuBLAS elsewhere"
         );
     }
 }

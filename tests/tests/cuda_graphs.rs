@@ -288,13 +288,11 @@ fn a_sampled_step_waits_for_the_device_once() {
 
 /// The kernels a step runs, as the device counts them (launches and GEMMs),
 /// on the tiny Llama's two layers with bf16 products: a decode step of one
-/// sequence runs 5 a layer (q/k/v GEMV computing its input's residual add
-/// and norm and writing q and k rotated and the keys and values into the
-/// cache, attention, o GEMV, gate/up GEMV computing its add and norm and
-/// writing SiLU(gate)·up, down GEMV) and 4 more (embedding, the last add +
-/// norm, the last tokens' gather, the logits' GEMV), eager, captured or
-/// replayed; a
-/// 10-token prefill runs 7 GEMMs a layer on bf16 x, which the two norms,
+/// sequence runs 7 a layer (q/k/v GEMV writing q and k rotated and the
+/// keys and values into the cache, attention, o GEMV, add + norm, gate/up
+/// GEMV writing SiLU(gate)·up, down GEMV, add + norm) and 4 more
+/// (embedding, the first norm, the last tokens' gather, the logits' GEMV),
+/// eager, captured or replayed; a 10-token prefill runs 7 GEMMs a layer on bf16 x, which the two norms,
 /// the activation and the attention write in bf16 themselves, no cast
 /// between (with rotary, its own launch past the decode GEMV: 12).
 #[test]
@@ -316,7 +314,7 @@ fn steps_run_the_kernels_their_fusions_leave() {
     assert_eq!(executor.half_product_outputs(), 2 * 2);
     for position in 5..8 {
         let decode = kernels(&[(0, vec![5], position)]);
-        assert_eq!(decode, 2 * 5 + 4, "decode at position {position}");
+        assert_eq!(decode, 2 * 7 + 4, "decode at position {position}");
     }
     assert_eq!(executor.captured_graphs(), 1);
 }

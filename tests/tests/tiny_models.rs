@@ -362,14 +362,18 @@ fn bf16_and_f16_checkpoints_are_decoded_on_use() {
     half_checkpoints_match("tiny_llama.json", DeviceChoice::Cpu, ATOL);
 }
 
-/// A gated MLP's products in bf16 and f16 on the CUDA backend: its
-/// 11-token prompt takes them past the decode GEMV to cuBLAS, which stores
-/// gate's and up's outputs in the weights' type for the generated
-/// activation that reads them (`load_as`); shorter prompts take the GEMV.
+/// A gated MLP's products in bf16 and f16 on the CUDA backend: its 5- and
+/// 11-token prompts take them past the decode GEMV (dense products of more
+/// than two rows) to cuBLAS, which reads x rounded to the weights' type and
+/// stores gate's and up's outputs in it for the generated activation that
+/// reads them (`load_as`); the 1-token prompt takes the GEMV. Rounding x
+/// to bf16's 8 bits moves the 5-token prompt's worst logit by 0.052 (0.458
+/// against 0.510; 0.012 on the GEMV, which keeps x in f32), hence 4e-2; a
+/// misread weight or a skipped activation is off by far more.
 #[test]
 fn bf16_and_f16_gated_mlps_match_transformers_on_cuda() {
     let cuda = kiln_tests::models::cuda_test_device();
-    half_checkpoints_match("tiny_llama.json", cuda, 2e-2);
+    half_checkpoints_match("tiny_llama.json", cuda, 4e-2);
 }
 
 /// The experts' bf16 and f16 kernels (the CUDA backend keeps half experts

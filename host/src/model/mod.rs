@@ -16,7 +16,7 @@ use crate::device::{self, DeviceChoice, DeviceError};
 use crate::engine::batch::Pipeline;
 use crate::plugins::{Architecture, ArchitectureRegistry, EntryPointError};
 use crate::runtime::cuda::{
-    AttentionBackend, CudaExecutor, CudaOptions, DenseRows, GemvSplits, WeightDtype,
+    AttentionBackend, CudaExecutor, CudaOptions, DenseGemvRows, DenseRows, GemvSplits, WeightDtype,
 };
 use crate::runtime::{Backend, Executor, KvCacheDtype, Precision, RuntimeError};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
@@ -89,7 +89,7 @@ pub struct LoadOptions {
     /// How the decode GEMV splits rows among warps on a CUDA device (`Auto`:
     /// `KILN_GEMV_SPLIT`, else timed on a GPU).
     pub gemv_splits: GemvSplits,
-    /// Where dense bf16 products of 9 to 64 rows run on a CUDA device
+    /// Where dense bf16 products of 3 to 64 rows run on a CUDA device
     /// (`None`: `KILN_DENSE_ROWS`, else cuBLAS).
     pub dense_rows: Option<DenseRows>,
 }
@@ -339,6 +339,7 @@ fn compile(
                         Some(chosen) => chosen,
                         None => DenseRows::from_env().map_err(ModelError::Unsupported)?,
                     },
+                    dense_gemv_rows: DenseGemvRows::from_env().map_err(ModelError::Unsupported)?,
                     gpu: matches!(options.device, DeviceChoice::Cuda(_)),
                 },
             )?),

@@ -413,6 +413,12 @@ pub trait Device: Send + Sync {
     /// Compiles `source` (CUDA C, `#include "kiln_cuda.cuh"` already inlined)
     /// and resolves `kernels` in it, in order.
     fn load(&self, name: &str, source: &str, kernels: &[&str]) -> DeviceResult<Vec<FunctionId>>;
+    /// Compiles the `(name, source)` modules that [`Device::load`] will be
+    /// asked for, side by side where compiling is slow (NVRTC: the real
+    /// device compiles them on several threads into its disk cache, so a
+    /// cold start waits for the longest module, not for all of them one
+    /// after another). Errors are left for `load` to report.
+    fn precompile(&self, _modules: &[(&str, &str)]) {}
     /// Launches a kernel.
     fn launch(
         &self,

@@ -4,6 +4,7 @@
 //! capture needs one), cudarc's event tracking off (capture fails with
 //! `CUDA_ERROR_STREAM_CAPTURE_ISOLATION` otherwise).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -151,6 +152,8 @@ pub struct CudaDevice {
     name: String,
     /// Compiled modules: `<hash of source, arch, NVRTC version>.cubin`.
     cache_dir: PathBuf,
+    /// Images `precompile` made or read, by their cache path, until loaded.
+    precompiled: Mutex<HashMap<PathBuf, Vec<u8>>>,
     inner: Mutex<Inner>,
 }
 
@@ -251,6 +254,7 @@ impl CudaDevice {
             programmatic: major >= 9,
             name: format!("{name} ({arch})"),
             cache_dir,
+            precompiled: Mutex::default(),
             workspace,
             inner: Mutex::new(Inner {
                 modules: Vec::new(),
@@ -286,6 +290,14 @@ impl CudaDevice {
     /// architecture and NVRTC's version.
     fn cubin(&self, name: &str, source: &str) -> DeviceResult<Vec<u8>> {
         let path = self.cubin_path(name, source)?;
+        let precompiled = self
+            .precompiled
+            .lock()
+            .ok()
+            .and_then(|mut p| p.remove(&path));
+        if let Some(image) = precompiled {
+            return Ok(image);
+        }
         if let Ok(image) = std::fs::read(&path) {
             return Ok(image);
         }
@@ -570,6 +582,29 @@ impl Device for CudaDevice {
         // SAFETY: both ranges belong to live allocations (the caller's plan).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(driver_error("device to device copy"))
+    }
+
+    fn precompile(&self, modules: &[(&str, &str)]) {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..threads.min(modules.len()) {
+                scope.spawn(|| {
+                    while let Some(&(name, source)) =
+                        modules.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
+                        // A failure is `load`'s to report, with its context.
+                        if let (Ok(path), Ok(image)) =
+                            (self.cubin_path(name, source), self.cubin(name, source))
+                        {
+                            if let Ok(mut precompiled) = self.precompiled.lock() {
+                                precompiled.insert(path, image);
+                            }
+                        }
+                    }
+                });
+            }
+        });
     }
 
     fn load(&self, name: &str, source: &str, kernels: &[&str]) -> DeviceResult<Vec<FunctionId>> {

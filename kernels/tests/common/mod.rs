@@ -264,14 +264,12 @@ pub fn dense_formats(values: &[f32]) -> [(&'static str, Vec<u8>, Vec<f32>); 3] {
 }
 
 /// The words of a `KilnGemvGroup` (gemv.cu) without a rotation or greedy's
-/// pick: matrices (device pointer, rows), their outputs, the gated
-/// activation (0: none), then `norm`, the `KilnGemvNorm` words (all zero:
-/// none).
+/// pick: matrices (device pointer, rows), their outputs and the gated
+/// activation (0: none).
 pub fn gemv_group(
     matrices: &[(DevicePtr, usize)],
     outputs: &[DevicePtr],
     activation: u64,
-    norm: [u64; 5],
 ) -> KernelArg {
     let pad = |mut v: Vec<u64>| {
         v.resize(4, 0);
@@ -289,7 +287,6 @@ pub fn gemv_group(
     words.push(activation);
     words.extend([0; 13]); // no rotation (`KilnGemvRope`)
     words.extend([0; 3]); // no greedy pick (`KilnGemvArgmax`)
-    words.extend(norm);
     KernelArg::Struct(words)
 }
 
@@ -305,14 +302,4 @@ pub fn reference_product(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> 
         }
     }
     y
-}
-
-/// `(offset + w) · h / sqrt(mean(h²) + eps)` of one row, in f64.
-pub fn rms_norm(h: &[f32], w: &[f32], offset: f32, eps: f32) -> Vec<f32> {
-    let mean = h.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / h.len() as f64;
-    let inv = 1.0 / (mean + f64::from(eps)).sqrt();
-    h.iter()
-        .zip(w)
-        .map(|(&v, &w)| (f64::from(v) * inv * f64::from(offset + w)) as f32)
-        .collect()
 }

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 
 use kiln_plugin_api::graph::{Op, ValueId};
 
-use super::fusion::NormInGemv;
 use super::memory::{self, Buffer};
 use super::plan::{Home, StepPlan};
 use super::{attention, element_bytes, products};
@@ -82,22 +81,12 @@ pub fn plan(
                 touch(root, *at);
             }
         }
-        // A GEMV of q, k and v writes their rotations too; one that computes
-        // x's norm at these sizes reads the norm's inputs and writes its
-        // residual sum.
-        if let StepPlan::LinearGroup { rotation, norm, .. } = plan {
-            let rotated = rotation.iter().flat_map(|r| [r.q_out, r.k_out]);
-            let x_rows = |n: &NormInGemv| {
-                shapes[step.inputs[0] as usize].iter().product::<usize>()
-                    / n.group.first.cols.max(1)
-            };
-            let norm = norm.filter(|n| n.group.takes_norm(x_rows(n)));
-            let residual = norm
-                .iter()
-                .flat_map(|n| n.residual)
-                .flat_map(|(b, sum)| [b, sum]);
-            let normed = norm.iter().map(|n| n.input);
-            for v in rotated.chain(residual).chain(normed) {
+        // A GEMV of q, k and v writes their rotations too.
+        if let StepPlan::LinearGroup {
+            rotation: Some(r), ..
+        } = plan
+        {
+            for v in [r.q_out, r.k_out] {
                 if let Home::Arena(root) = homes[v as usize] {
                     touch(root, s);
                 }

@@ -5,17 +5,13 @@
 //! the rotations of q and k in one launch that also writes the KV cache,
 //! norms, activations and attention that store their result in the half
 //! type of the products that read it, and products that store theirs in a
-//! half type for the generated kernels that read it, and an RMS norm (with
-//! its residual add) computed by the one-row GEMV of the products that alone
-//! read it. Each pass rewrites
+//! half type for the generated kernels that read it. Each pass rewrites
 //! [`StepPlan`]s in place; a step computed by an earlier launch becomes
 //! [`StepPlan::ComputedAt`].
 
 use std::collections::HashMap;
 
 use kiln_plugin_api::graph::{BinaryOp, DType, Op, UnaryOp, ValueId};
-
-use kiln_kernels::cuda::DevicePtr;
 
 use super::gemv::{GemvGroup, GEMV_MAX_GROUP};
 use super::plan::{CacheWrite, GroupRotation, Home, StepPlan};
@@ -31,11 +27,6 @@ pub fn fuse(program: &Program, homes: &[Home], steps: &mut [StepPlan]) -> HalfVa
     pair_rotations(program, steps);
     write_cache_with_rotations(program, steps);
     rotate_in_gemv(program, steps);
-    // `KILN_NO_GEMV_NORM=1` keeps every norm's own launch (to measure what
-    // computing it in the GEMV gains).
-    if std::env::var_os("KILN_NO_GEMV_NORM").is_none() {
-        norms_in_gemv(program, homes, steps);
-    }
     let mut half = half_product_inputs(program, steps);
     half.extend(half_product_outputs(program, steps));
     half
@@ -207,7 +198,6 @@ fn group_products(program: &Program, steps: &mut [StepPlan]) {
                 members: chunk.iter().map(|&(_, w, v)| (w, v)).collect(),
                 gated: None,
                 rotation: None,
-                norm: None,
             };
             for &(s, _, _) in chunk.iter().filter(|&&(s, _, _)| s != at) {
                 steps[s] = StepPlan::ComputedAt { at };
@@ -371,7 +361,6 @@ fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) 
                 offset,
                 weight,
                 norm: step.output,
-                in_gemv: None,
             };
             steps[j] = StepPlan::ComputedAt { at: i };
         }
@@ -541,7 +530,6 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
             members,
             gated: None,
             rotation: None,
-            norm: None,
         } = &steps[g]
         else {
             continue;
@@ -576,143 +564,6 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
         }
         if let StepPlan::Rope { in_gemv, .. } = &mut steps[i] {
             *in_gemv = Some(group);
-        }
-    }
-}
-
-/// An RMS norm that the one-row decode GEMV of the products reading it
-/// computes in each block (`KilnGemvNorm` in gemv.cu), with the residual add
-/// before it: at batch 1 the norm's own launch (two a layer) is saved, and
-/// its output never goes through memory.
-#[derive(Clone, Copy, Debug)]
-pub struct NormInGemv {
-    /// x, or a of x = a + b.
-    pub input: ValueId,
-    /// b and the sum a + b (the residual stream), which the launch's first
-    /// block writes.
-    pub residual: Option<(ValueId, ValueId)>,
-    /// The norm's weight, epsilon and the offset added to the weight.
-    pub weight: ValueId,
-    pub eps: f32,
-    pub offset: f32,
-    /// The products' matrices.
-    pub group: GemvGroup,
-}
-
-impl NormInGemv {
-    /// Whether the GEMV computes the norm of `m` rows, its values at
-    /// `addrs`: the norm's and the products' launches both ask.
-    pub fn applies(&self, m: usize, addrs: &[DevicePtr]) -> bool {
-        let residual = self
-            .residual
-            .map_or([None, None], |(b, sum)| [Some(b), Some(sum)]);
-        let aligned = [Some(self.input), Some(self.weight)]
-            .into_iter()
-            .chain(residual)
-            .flatten()
-            .all(|v| addrs[v as usize].is_multiple_of(16));
-        aligned && self.group.takes_norm(m)
-    }
-}
-
-/// Hands an RMS norm (fused with its residual add or not) to the
-/// [`StepPlan::LinearGroup`] that alone reads its output as x, when the norm
-/// is over f32 rows with a weight on the device and nothing reads the
-/// residual sum before that group runs: both keep their launches, and at
-/// the rows where [`NormInGemv::applies`] the norm's is skipped.
-fn norms_in_gemv(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
-    let graph = &program.graph;
-    let readers = readers(program);
-    let is_f32 = |v: ValueId| graph.nodes[v as usize].ty.dtype == DType::F32;
-    let mut moves = Vec::new();
-    for (s, plan) in steps.iter().enumerate() {
-        let step = &program.steps[s];
-        let (normed, residual, weight, eps, offset) = match *plan {
-            StepPlan::RmsNorm {
-                eps,
-                offset,
-                in_gemv: None,
-            } => (step.output, None, step.inputs[1], eps, offset),
-            StepPlan::AddRmsNorm {
-                eps,
-                offset,
-                weight,
-                norm,
-                in_gemv: None,
-            } => (
-                norm,
-                Some((step.inputs[1], step.output)),
-                weight,
-                eps,
-                offset,
-            ),
-            _ => continue,
-        };
-        let input = step.inputs[0];
-        let Some(g) = readers
-            .get(&normed)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .copied()
-            .find(|&r| {
-                matches!(steps[r], StepPlan::LinearGroup { .. })
-                    && program.steps[r].inputs[0] == normed
-            })
-        else {
-            continue;
-        };
-        let StepPlan::LinearGroup {
-            members,
-            norm: None,
-            ..
-        } = &steps[g]
-        else {
-            continue;
-        };
-        let Some(group) = GemvGroup::of(members.iter().map(|(w, _)| w)) else {
-            continue;
-        };
-        // The sum is written by the group's launch: nothing but the norm
-        // (computed at this step) may read it before.
-        let sum_ready = residual.is_none_or(|(_, sum)| {
-            readers.get(&sum).into_iter().flatten().all(|r| {
-                r.is_none_or(|r| {
-                    r > g || matches!(steps[r], StepPlan::ComputedAt { at } if at == s)
-                })
-            })
-        });
-        let values_f32 = [input, normed]
-            .into_iter()
-            .chain(residual.map(|r| r.0))
-            .all(is_f32);
-        let weight_ready = matches!(homes[weight as usize], Home::Persistent(_));
-        if g <= s
-            || !read_only_by(&readers, steps, normed, g)
-            || !sum_ready
-            || !values_f32
-            || !weight_ready
-        {
-            continue;
-        }
-        let fused = NormInGemv {
-            input,
-            residual,
-            weight,
-            eps,
-            offset,
-            group,
-        };
-        moves.push((s, g, fused));
-    }
-    for (s, g, fused) in moves {
-        if let StepPlan::LinearGroup { norm, .. } = &mut steps[g] {
-            *norm = Some(fused);
-        }
-        if let StepPlan::RmsNorm { in_gemv, .. } | StepPlan::AddRmsNorm { in_gemv, .. } =
-            &mut steps[s]
-        {
-            *in_gemv = Some(fused);
         }
     }
 }

@@ -2,7 +2,7 @@
 //! rows of x): which kernel reads a group of matrices that share x
 //! ([`GemvGroup`]), and its `KilnGemvGroup` argument with what the launch
 //! does beyond the products: a gated MLP's activation, q's and k's
-//! rotation with the cache write, greedy's picks, x's RMS norm.
+//! rotation with the cache write, greedy's picks.
 
 use kiln_kernels::cuda::{DevicePtr, GemmType, KernelArg, WeightLayout};
 
@@ -12,17 +12,70 @@ use super::weights::{DeviceMatrix, Packed};
 
 /// Most rows of x the decode GEMV takes (`KILN_GEMV_MAX_M` in gemv.cu).
 pub const GEMV_MAX_M: usize = 8;
+/// Most rows of x the decode GEMV takes for a dense (bf16, f16, f32)
+/// matrix by default ([`dense_gemv_rows`]); more go to cuBLAS. The GEMV reads every row of x for every row
+/// of W: 16 bytes of bf16 W bring m × 32 bytes of f32 x through L1, past
+/// its ~128 bytes a clock per SM from m = 4, and a down projection's x
+/// (m × 14336 × 4 bytes for Llama-3-8B) leaves L1 for L2. Measured on an
+/// H200 (`bench/results/gpu-2026-11-30`): 8 rows of Llama-3-8B took
+/// 22.4 ms a step on the GEMV against 6.1 ms for 16 rows on cuBLAS. A
+/// packed row brings fewer bytes of W per value of x, but no faster
+/// product of 2 to 8 rows reads its blocks, so it keeps the GEMV.
+pub const DENSE_GEMV_MAX_M: usize = 2;
 /// Warps per GEMV block (gated launches split four ways take twice as
 /// many: `KILN_GEMV_MAX_WARPS`).
 pub const GEMV_WARPS: usize = 4;
 /// Matrices one GEMV launch covers at most (`KILN_GEMV_MAX_GROUP`).
 pub const GEMV_MAX_GROUP: usize = 4;
 
+/// Most rows of x the decode GEMV takes for dense matrices
+/// ([`DENSE_GEMV_MAX_M`] by default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DenseGemvRows(pub usize);
+
+impl Default for DenseGemvRows {
+    fn default() -> Self {
+        Self(DENSE_GEMV_MAX_M)
+    }
+}
+
+impl DenseGemvRows {
+    /// `KILN_DENSE_GEMV_ROWS` (1 to [`GEMV_MAX_M`], to measure the GEMV
+    /// against cuBLAS, as `bench/gpu/run.sh dense-gemv` does), else the
+    /// default.
+    pub fn from_env() -> Result<Self, String> {
+        std::env::var("KILN_DENSE_GEMV_ROWS").map_or(Ok(Self::default()), |v| Self::parse(&v))
+    }
+
+    /// A row count of 1 to [`GEMV_MAX_M`].
+    fn parse(value: &str) -> Result<Self, String> {
+        value
+            .parse()
+            .ok()
+            .filter(|rows| (1..=GEMV_MAX_M).contains(rows))
+            .map(Self)
+            .ok_or_else(|| {
+                format!(
+                    "KILN_DENSE_GEMV_ROWS={value}: expected 1 to {GEMV_MAX_M} (the most rows \
+                     of x the decode GEMV takes for dense matrices)"
+                )
+            })
+    }
+}
+
+/// Most rows of x the decode GEMV takes for `w`.
+pub fn gemv_max_rows(w: &DeviceMatrix) -> usize {
+    match w.packed {
+        Some(_) => GEMV_MAX_M,
+        None => w.dense_gemv_rows,
+    }
+}
+
 /// The decode GEMV for `m` rows of x times `w` (stored `[n, k]`), where one
 /// applies: a single row has kernels of its own (fewer registers, more
 /// weight loads in flight).
 pub fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&'static str> {
-    if m > GEMV_MAX_M || layout != WeightLayout::OutIn {
+    if m > gemv_max_rows(w) || layout != WeightLayout::OutIn {
         return None;
     }
     let (many, one) = match (w.packed, w.ty) {
@@ -100,47 +153,6 @@ impl GemvGroup {
             (true, false) => many_x8,
             (true, true) => one_x8,
         })
-    }
-
-    /// Whether its GEMV over `m` rows of x computes x's RMS norm itself (the
-    /// one-row `_norm` kernels, on f32 x of a row that fits
-    /// [`GEMV_NORM_VALUES`], a multiple of 4).
-    pub fn takes_norm(&self, m: usize) -> bool {
-        let k = self.first.cols;
-        m == 1
-            && self.kernel(m).is_some()
-            && !self.first.int8_activations
-            && k.is_multiple_of(4)
-            && k <= GEMV_NORM_VALUES
-    }
-}
-
-/// Values of x (`m·k`) the decode GEMV that computes x's RMS norm itself
-/// holds at most, in its blocks' shared memory (`KILN_GEMV_NORM_VALUES`: 16
-/// KB a block).
-pub const GEMV_NORM_VALUES: usize = 4096;
-
-/// The RMS norm a one-row GEMV computes (`KilnGemvNorm` in gemv.cu): of
-/// `a` (+ `b`, whose sum goes to `sum`), times `offset + weight`.
-#[derive(Clone, Copy, Debug)]
-pub struct GemvNormArgs {
-    pub a: DevicePtr,
-    /// 0 without a residual add (then `sum` is 0 too).
-    pub b: DevicePtr,
-    pub sum: DevicePtr,
-    pub weight: DevicePtr,
-    pub eps: f32,
-    pub offset: f32,
-}
-
-impl GemvNormArgs {
-    /// Its words as `KilnGemvNorm` lays them out (none: all zero).
-    fn words(norm: Option<&Self>) -> [u64; 5] {
-        let Some(n) = norm else {
-            return [0; 5];
-        };
-        let floats = u64::from(n.eps.to_bits()) | u64::from(n.offset.to_bits()) << 32;
-        [n.a, n.b, n.sum, n.weight, floats]
     }
 }
 
@@ -236,14 +248,12 @@ pub(super) enum GemvEpilogue {
 /// grid of rows; gated (`activation`, see [`GatedActivation`]), gate and
 /// up, whose activation is written to gate's output; rotated
 /// ([`GemvRotation`]), q, k and v; with `picks`, the logits' matrix alone,
-/// greedy's picks found too; with `norm`, x's RMS norm computed by the
-/// launch (the `_norm` kernels).
+/// greedy's picks found too.
 pub fn group_arg(
     members: &[(DeviceMatrix, DevicePtr)],
     activation: Option<GatedActivation>,
     rotation: Option<&GemvRotation>,
     picks: Option<&GreedyPicks>,
-    norm: Option<&GemvNormArgs>,
 ) -> KernelArg {
     let mut rows_end = [0u64; GEMV_MAX_GROUP];
     let (mut w, mut y) = ([0u64; GEMV_MAX_GROUP], [0u64; GEMV_MAX_GROUP]);
@@ -259,7 +269,6 @@ pub fn group_arg(
     words.push(activation.map_or(0, |a| a as u64));
     words.extend(GemvRotation::words(rotation));
     words.extend(picks.map_or([0; 3], |p| [p.keys, p.counter, p.tokens]));
-    words.extend(GemvNormArgs::words(norm));
     KernelArg::Struct(words)
 }
 
@@ -289,7 +298,7 @@ mod tests {
         assert!(GemvGroup::of(&[q, DeviceMatrix::unplaced(None, 1024, 4096)]).is_none());
         let narrow = DeviceMatrix::unplaced(Some(Packed::Q6K), 1024, 2048);
         assert!(GemvGroup::of(&[q, narrow]).is_none());
-        // 8-bit x: the `_x8` kernels; x's norm only in f32.
+        // 8-bit x: the `_x8` kernels.
         let x8 = |w: DeviceMatrix| DeviceMatrix {
             int8_activations: true,
             ..w
@@ -297,10 +306,30 @@ mod tests {
         let group = GemvGroup::of(&[x8(q), x8(k), x8(v)]).unwrap();
         assert_eq!(group.kernel(1), Some("kiln_gemv_q4_k_q6_k_x8_m1"));
         assert_eq!(group.kernel(2), Some("kiln_gemv_q4_k_q6_k_x8"));
-        assert!(!group.takes_norm(1));
         assert!(GemvGroup::of(&[x8(q), v]).is_none());
-        let group = GemvGroup::of(&[q, k, v]).unwrap();
-        assert!(group.takes_norm(1) && !group.takes_norm(2));
         assert!(GemvGroup::of(&[q, k, k, k, v]).unwrap().kernel(1).is_none());
+    }
+
+    #[test]
+    fn dense_matrices_leave_the_gemv_past_two_rows_packed_past_eight() {
+        let dense = DeviceMatrix::unplaced(None, 4096, 4096);
+        let gemv = |w: &DeviceMatrix, m| gemv_kernel(w, WeightLayout::OutIn, m);
+        assert_eq!(gemv(&dense, 1), Some("kiln_gemv_bf16_m1"));
+        assert_eq!(gemv(&dense, 2), Some("kiln_gemv_bf16"));
+        assert_eq!(gemv(&dense, 3), None);
+        let packed = matrix(Packed::Q4K, 4096);
+        assert_eq!(gemv(&packed, 8), Some("kiln_gemv_q4_k"));
+        assert_eq!(gemv(&packed, 9), None);
+        // KILN_DENSE_GEMV_ROWS moves the line, within the kernels' rows.
+        let rows = DenseGemvRows::parse("8").unwrap();
+        let dense = DeviceMatrix {
+            dense_gemv_rows: rows.0,
+            ..dense
+        };
+        assert_eq!(gemv(&dense, 8), Some("kiln_gemv_bf16"));
+        for bad in ["0", "9", "two"] {
+            let err = DenseGemvRows::parse(bad).unwrap_err();
+            assert!(err.contains("expected 1 to 8"), "{err}");
+        }
     }
 }

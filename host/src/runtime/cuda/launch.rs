@@ -10,8 +10,8 @@ use kiln_plugin_api::graph::{DType, ValueId};
 
 use super::attention::HEAD_DIM;
 use super::codegen::{self, MAX_RANK};
-use super::fusion::{HalfStore, HalfValues, NormInGemv};
-use super::gemv::{GemvEpilogue, GemvNormArgs, GreedyPicks};
+use super::fusion::{HalfStore, HalfValues};
+use super::gemv::{GemvEpilogue, GreedyPicks};
 use super::plan::{HandKernels, StepPlan};
 use super::products::{out_type_arg, writes_activation, x_half_type, y_half_type};
 use super::tune::GemvChoices;
@@ -152,20 +152,6 @@ impl Frame<'_> {
         self.device
             .launch(function, config, args)
             .map_err(|e| e.to_string())
-    }
-
-    /// The arguments of a norm the GEMV computes, at this step's addresses.
-    fn gemv_norm_args(&self, n: &NormInGemv) -> GemvNormArgs {
-        let addr = |v: ValueId| self.addrs[v as usize];
-        let (b, sum) = n.residual.map_or((0, 0), |(b, sum)| (addr(b), addr(sum)));
-        GemvNormArgs {
-            a: addr(n.input),
-            b,
-            sum,
-            weight: addr(n.weight),
-            eps: n.eps,
-            offset: n.offset,
-        }
     }
 
     /// Launches `name` with one block per row, each with threads for `cols`
@@ -394,7 +380,7 @@ impl Frame<'_> {
                 if let (Some((_, picks)), StepPlan::Linear(_)) = (picks, plan) {
                     let epilogue = Some(GemvEpilogue::GreedyPick(picks));
                     let members = [(*w, out)];
-                    return self.product_group(&members, epilogue, x, elements, scratch, &[], None);
+                    return self.product_group(&members, epilogue, x, elements, scratch, &[]);
                 }
                 let x = self.product_x(w, layout, x, elements, scratch)?;
                 let out = (out, self.stored_half(step.output));
@@ -409,7 +395,6 @@ impl Frame<'_> {
                 members,
                 gated,
                 rotation,
-                norm,
             } => {
                 let out_halves: Vec<Option<GemmType>> =
                     members.iter().map(|&(_, v)| self.stored_half(v)).collect();
@@ -428,10 +413,7 @@ impl Frame<'_> {
                 };
                 let x = (input(0), self.stored_half(step.inputs[0]).is_some());
                 let elements = numel(in_shape(0));
-                let norm = norm
-                    .filter(|n| n.applies(rows_of(in_shape(0)), self.addrs))
-                    .map(|n| self.gemv_norm_args(&n));
-                self.product_group(&members, epilogue, x, elements, scratch, &out_halves, norm)
+                self.product_group(&members, epilogue, x, elements, scratch, &out_halves)
             }
             StepPlan::GatedActivation { matrix, fused, .. } => {
                 if writes_activation(matrix, rows_of(out_shape)) {
@@ -446,11 +428,7 @@ impl Frame<'_> {
                 offset,
                 weight,
                 norm,
-                in_gemv,
             } => {
-                if in_gemv.is_some_and(|n| n.applies(rows_of(out_shape), self.addrs)) {
-                    return Ok(()); // the GEMV reading the norm computes both
-                }
                 let cols = *out_shape.last().unwrap_or(&1);
                 self.launch_rms_norm(
                     ("kiln_add_rms_norm", "kiln_add_rms_norm_chunks"),
@@ -493,14 +471,7 @@ impl Frame<'_> {
                 let out_half = self.stored_half(step.output);
                 self.fused(*function, &operands(), (out, out_shape), out_half)
             }
-            StepPlan::RmsNorm {
-                eps,
-                offset,
-                in_gemv,
-            } => {
-                if in_gemv.is_some_and(|n| n.applies(rows_of(out_shape), self.addrs)) {
-                    return Ok(()); // the GEMV reading it computes it
-                }
+            StepPlan::RmsNorm { eps, offset } => {
                 let cols = *out_shape.last().unwrap_or(&1);
                 self.launch_rms_norm(
                     ("kiln_rms_norm", "kiln_rms_norm_chunks"),

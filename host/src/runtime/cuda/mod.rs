@@ -37,6 +37,7 @@ use kiln_kernels::dense::attention::CacheLayout;
 use kiln_plugin_api::graph::{DType, Op, ValueId};
 
 pub use codegen::generate as generate_fused_kernel;
+pub use gemv::DenseGemvRows;
 pub use qmm::DenseRows;
 pub use tune::GemvSplits;
 pub use weights::WeightDtype;
@@ -222,8 +223,10 @@ pub struct CudaOptions {
     pub attention: AttentionBackend,
     /// How the decode GEMV splits rows among warps.
     pub gemv_splits: GemvSplits,
-    /// Where dense bf16 products of 9 to 64 rows run.
+    /// Where dense bf16 products of 3 to 64 rows run.
     pub dense_rows: DenseRows,
+    /// Most rows of x the decode GEMV takes for dense matrices.
+    pub dense_gemv_rows: gemv::DenseGemvRows,
     /// The device is a GPU (`Auto` splits are timed there).
     pub gpu: bool,
 }
@@ -232,6 +235,8 @@ pub struct CudaOptions {
 /// that wait for their inputs (`Source::waits_for_inputs`).
 fn load_hand_kernels(device: &dyn Device) -> Result<(HandKernels, HashSet<FunctionId>), CudaError> {
     let (mut hand, mut waiting) = (HashMap::new(), HashSet::new());
+    let modules: Vec<(&str, &str)> = sources::ALL.iter().map(|s| (s.name, s.text)).collect();
+    device.precompile(&modules);
     for source in sources::ALL {
         let names = sources::kernel_names(source.text);
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -277,7 +282,7 @@ impl CudaExecutor {
             &program,
             &weights,
             (dtype, options.precision),
-            options.dense_rows,
+            (options.dense_rows, options.dense_gemv_rows),
             &hand,
         )?;
         let gemv = tune::choose(

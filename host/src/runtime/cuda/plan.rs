@@ -9,8 +9,7 @@ use kiln_kernels::cuda::{Device, FunctionId, GemmType};
 use kiln_plugin_api::graph::{AttentionSpec, DType, Op, SequenceAttentionSpec, ValueId};
 
 use super::codegen::{self, FusedInput};
-use super::fusion::NormInGemv;
-use super::gemv::GemvGroup;
+use super::gemv::{DenseGemvRows, GemvGroup};
 use super::qmm::DenseRows;
 use super::weights::{self, DeviceMatrix, WeightDtype};
 use super::CudaError;
@@ -42,9 +41,6 @@ pub enum StepPlan {
         /// q, k and v, whose rotation (and cache write) the decode GEMV
         /// applies too.
         rotation: Option<GroupRotation>,
-        /// The RMS norm (and residual add) that writes x, which the one-row
-        /// decode GEMV computes itself where [`NormInGemv::applies`].
-        norm: Option<NormInGemv>,
     },
     /// `act(gate) · up` of a gated MLP (a generated kernel), computed by the
     /// [`StepPlan::LinearGroup`] at `at` instead when that runs as the decode
@@ -69,9 +65,6 @@ pub enum StepPlan {
         weight: ValueId,
         /// The norm's output.
         norm: ValueId,
-        /// Computed by the GEMV of the products that read the norm instead
-        /// where [`NormInGemv::applies`] (the sum written there too).
-        in_gemv: Option<NormInGemv>,
     },
     /// A step computed earlier, by the step `at` (a [`StepPlan::LinearGroup`],
     /// an [`StepPlan::AddRmsNorm`] or a paired [`StepPlan::Rope`]).
@@ -89,9 +82,6 @@ pub enum StepPlan {
         eps: f32,
         /// Added to the weight.
         offset: f32,
-        /// Computed by the GEMV of the products that read it instead where
-        /// [`NormInGemv::applies`].
-        in_gemv: Option<NormInGemv>,
     },
     /// Layer normalization.
     LayerNorm(f32),
@@ -228,13 +218,14 @@ pub type HandKernels = HashMap<String, FunctionId>;
 /// decode GEMV takes x in 8 bits (`int8_activations`): those of packed
 /// matrices that `precision.rs` gives [`Precision::Fast`] (not the logits';
 /// `fast-residual`'s two-digit products keep f32 x here); `dense_rows`,
-/// where dense bf16 products of 9 to 64 rows run.
+/// where dense bf16 products of more rows than the GEMV's `dense_gemv_rows`
+/// (and at most 64) run.
 pub fn lower(
     device: &dyn Device,
     program: &Program,
     weights: &[WeightData],
     (dtype, precision): (WeightDtype, Precision),
-    dense_rows: DenseRows,
+    (dense_rows, dense_gemv_rows): (DenseRows, DenseGemvRows),
     hand: &HandKernels,
 ) -> Result<Lowered, CudaError> {
     let graph = &program.graph;
@@ -308,6 +299,7 @@ pub fn lower(
                     dense_on_tensor_cores: dense_rows == DenseRows::TensorCores
                         && m.packed.is_none()
                         && m.ty == GemmType::BF16,
+                    dense_gemv_rows: dense_gemv_rows.0,
                     ..m
                 })
             }
@@ -354,7 +346,6 @@ pub fn lower(
                 Op::RmsNorm { eps, weight_offset } => StepPlan::RmsNorm {
                     eps: *eps,
                     offset: *weight_offset,
-                    in_gemv: None,
                 },
                 Op::LayerNorm { eps } => StepPlan::LayerNorm(*eps),
                 Op::Rope { interleaved, scale } => StepPlan::Rope {
@@ -407,6 +398,7 @@ pub fn lower(
                                 cols: shape[1] as usize,
                                 int8_activations: false,
                                 dense_on_tensor_cores: false,
+                                dense_gemv_rows: dense_gemv_rows.0,
                             })
                         }
                         _ if step.inputs.iter().all(|&v| {

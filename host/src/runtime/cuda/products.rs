@@ -1,7 +1,8 @@
 //! Matrix products of a step: the route each takes by its rows of x, the
 //! scratch it needs, and its launches. Up to [`GEMV_MAX_M`] rows of x
-//! (decode), the GEMV of `kernels/cuda/gemv.cu` reads each matrix once,
-//! packed GGUF blocks included, with x in f32; matrices that share x (q, k
+//! (decode; [`DENSE_GEMV_MAX_M`] for dense matrices), the GEMV of
+//! `kernels/cuda/gemv.cu` reads each matrix once, packed GGUF blocks
+//! included, with x in f32; matrices that share x (q, k
 //! and v; gate and up) run as one launch (`gemv.rs`), in the split of rows
 //! among warps chosen at load (`tune.rs`). Packed matrices with up to
 //! [`qmm::QMM_MAX_M`] rows of x (decode of many sequences, short prompts)
@@ -14,11 +15,12 @@
 //! integer dot products.
 //!
 //! [`GEMV_MAX_M`]: super::gemv::GEMV_MAX_M
+//! [`DENSE_GEMV_MAX_M`]: super::gemv::DENSE_GEMV_MAX_M
 
 use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout};
 use kiln_plugin_api::graph::ValueId;
 
-use super::gemv::{gemv_kernel, group_arg, GemvEpilogue, GemvGroup, GemvNormArgs};
+use super::gemv::{gemv_kernel, group_arg, GemvEpilogue, GemvGroup};
 use super::launch::Frame;
 use super::plan::StepPlan;
 use super::qmm::{self, QmmLaunch};
@@ -259,7 +261,7 @@ impl Frame<'_> {
         }
         if route == Route::Gemv {
             let (members, x) = ([(*w, out)], (x, false));
-            return self.product_group(&members, None, x, x_elements, scratch, &[], None);
+            return self.product_group(&members, None, x, x_elements, scratch, &[]);
         }
         let (second_offset, bytes) = product_scratch(w, layout, x_elements);
         let scratch = match bytes {
@@ -385,10 +387,7 @@ impl Frame<'_> {
     /// and the GEMV applies their rotation (and cache write) too; or the
     /// logits' matrix, and the GEMV finds greedy's picks too. Past the GEMV
     /// none of that is done here, and member i's output is stored in
-    /// `out_halves[i]` (none: f32). With `norm` (where
-    /// [`GemvGroup::takes_norm`]), the GEMV computes x itself and `x` is
-    /// not read.
-    #[allow(clippy::too_many_arguments)]
+    /// `out_halves[i]` (none: f32).
     pub(super) fn product_group(
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
@@ -397,7 +396,6 @@ impl Frame<'_> {
         x_elements: usize,
         scratch: Option<DevicePtr>,
         out_halves: &[Option<GemmType>],
-        norm: Option<GemvNormArgs>,
     ) -> Result<(), String> {
         let Some((first, _)) = members.first() else {
             return Ok(());
@@ -408,9 +406,6 @@ impl Frame<'_> {
             return Ok(());
         }
         let group = GemvGroup::of(members.iter().map(|(w, _)| w));
-        if norm.is_some() && !group.is_some_and(|g| g.takes_norm(m)) {
-            return Err(format!("x's norm in a GEMV of {m} rows of {k}"));
-        }
         let Some(name) = group.and_then(|g| g.kernel(m)) else {
             return self.products_past_the_gemv(
                 members,
@@ -421,7 +416,7 @@ impl Frame<'_> {
                 out_halves,
             );
         };
-        let x = if first.int8_activations && norm.is_none() {
+        let x = if first.int8_activations {
             let to = scratch.ok_or("no scratch buffer planned for 8-bit x")?;
             self.launch(
                 "kiln_quantize_x8",
@@ -444,30 +439,21 @@ impl Frame<'_> {
             }
             Some(GemvEpilogue::Gated(product, out, None)) => {
                 let (gate, up) = (members[product.gate], members[1 - product.gate]);
-                let group = group_arg(
-                    &[(gate.0, *out), up],
-                    Some(product.activation),
-                    None,
-                    None,
-                    norm.as_ref(),
-                );
+                let group = group_arg(&[(gate.0, *out), up], Some(product.activation), None, None);
                 (group, RowPairs::Gated)
             }
             Some(GemvEpilogue::Rotated(rotation)) => (
-                group_arg(members, None, Some(rotation), None, norm.as_ref()),
+                group_arg(members, None, Some(rotation), None),
                 RowPairs::Rotated,
             ),
             Some(GemvEpilogue::GreedyPick(picks)) if members.len() == 1 => (
-                group_arg(members, None, None, Some(picks), norm.as_ref()),
+                group_arg(members, None, None, Some(picks)),
                 RowPairs::Unpaired,
             ),
             Some(GemvEpilogue::GreedyPick(_)) => {
                 return Err("greedy's pick in a GEMV of several matrices".into())
             }
-            None => (
-                group_arg(members, None, None, None, norm.as_ref()),
-                RowPairs::Unpaired,
-            ),
+            None => (group_arg(members, None, None, None), RowPairs::Unpaired),
         };
         let shape = GemvShape {
             kernel: name,
@@ -476,25 +462,9 @@ impl Frame<'_> {
             pairs,
         };
         let choice = self.gemv.get(&shape, self.hand);
-        let (function, config) = match norm {
-            None => (choice.function, choice.config(rows)),
-            Some(_) => {
-                let normed_name = choice.normed_kernel(name)?;
-                let normed = *self
-                    .hand
-                    .get(&normed_name)
-                    .ok_or_else(|| format!("no kernel {normed_name}"))?;
-                let bytes = (x_elements * std::mem::size_of::<f32>()) as u32;
-                let config = LaunchConfig {
-                    shared_bytes: bytes,
-                    ..choice.config(rows)
-                };
-                (normed, config)
-            }
-        };
         self.launch_function(
-            function,
-            config,
+            choice.function,
+            choice.config(rows),
             &[group, KernelArg::Ptr(x), int(m), int(k)],
         )
     }
@@ -528,12 +498,14 @@ mod tests {
         assert!(writes_activation(&up, 8) && writes_activation(&up, 9));
         assert!(writes_activation(&up, 64) && !writes_activation(&up, 65));
         let dense = matrix(None, 14336, 4096);
-        assert!(writes_activation(&dense, 8) && !writes_activation(&dense, 16));
+        // Dense rows leave the GEMV past two rows of x (cuBLAS).
+        assert!(writes_activation(&dense, 2) && !writes_activation(&dense, 3));
+        assert!(!writes_activation(&dense, 8) && !writes_activation(&dense, 16));
         let opted_in = DeviceMatrix {
             dense_on_tensor_cores: true,
             ..dense
         };
-        assert!(writes_activation(&opted_in, 16));
+        assert!(writes_activation(&opted_in, 3) && writes_activation(&opted_in, 16));
     }
 
     #[test]
@@ -578,7 +550,6 @@ mod tests {
             members,
             gated: None,
             rotation: None,
-            norm: None,
         };
         // q and k as one launch, v as another: the scratch and counters of
         // the larger.

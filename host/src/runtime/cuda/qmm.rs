@@ -10,7 +10,7 @@
 use kiln_kernels::cuda::{DevicePtr, GemmType, KernelArg, LaunchConfig, WeightLayout};
 
 use super::fusion::GatedActivation;
-use super::gemv::GEMV_MAX_M;
+use super::gemv::gemv_max_rows;
 use super::launch::Frame;
 use super::products::storage_code;
 use super::weights::DeviceMatrix;
@@ -33,7 +33,7 @@ const MAX_GROUP: usize = 4;
 /// projections) still have every SM streaming weights.
 const TARGET_BLOCKS: usize = 256;
 
-/// Which kernels multiply dense bf16 matrices with 9 to 64 rows of x.
+/// Which kernels multiply dense bf16 matrices with 3 to 64 rows of x (past the GEMV's [`DENSE_GEMV_MAX_M`](super::gemv::DENSE_GEMV_MAX_M)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DenseRows {
     /// cuBLAS, a launch per matrix (what was measured on a GPU so far).
@@ -52,7 +52,7 @@ impl DenseRows {
             Ok("tensor-cores") => Ok(Self::TensorCores),
             Ok(other) => Err(format!(
                 "KILN_DENSE_ROWS={other}: expected cublas or tensor-cores (the products of dense \
-                 bf16 matrices with 9 to 64 rows of x)"
+                 bf16 matrices with 3 to 64 rows of x)"
             )),
         }
     }
@@ -81,7 +81,8 @@ impl QmmLaunch {
             None if first.dense_on_tensor_cores && first.cols % 8 == 0 => "kiln_qmm_bf16",
             None => return None,
         };
-        let fits = members.len() <= MAX_GROUP && (GEMV_MAX_M + 1..=QMM_MAX_M).contains(&m);
+        let fits =
+            members.len() <= MAX_GROUP && (gemv_max_rows(first) + 1..=QMM_MAX_M).contains(&m);
         let kind = |w: &DeviceMatrix| (w.packed, w.ty, w.dense_on_tensor_cores, w.cols);
         let alike = members.iter().all(|w| kind(w) == kind(first));
         let paired = !gated || (members.len() == 2 && members[0].rows == members[1].rows);

@@ -14,7 +14,7 @@ use std::time::Instant;
 use kiln_kernels::cuda::{Device, DeviceError, DevicePtr, FunctionId, KernelArg, LaunchConfig};
 
 use super::fusion::GatedActivation;
-use super::gemv::{group_arg, GemvGroup, GEMV_MAX_M, GEMV_WARPS};
+use super::gemv::{gemv_max_rows, group_arg, GemvGroup, GEMV_WARPS};
 use super::measure::with_buffers;
 use super::plan::{HandKernels, StepPlan};
 use super::weights::DeviceMatrix;
@@ -105,16 +105,6 @@ impl GemvChoice {
         }
     }
 
-    /// The name of its split's kernel of `kernel` (a one-row GEMV's name
-    /// without a split suffix) that computes x's RMS norm itself.
-    pub fn normed_kernel(&self, kernel: &str) -> Result<String, String> {
-        let (_, suffix) = SPLITS
-            .iter()
-            .find(|&&(split, _)| split == self.split)
-            .ok_or_else(|| format!("no GEMV splits rows {} ways", self.split))?;
-        Ok(format!("{kernel}{suffix}_norm"))
-    }
-
     /// Its launch for `rows` rows.
     pub fn config(&self, rows: usize) -> LaunchConfig {
         let rows_per_block = self.warps / self.split;
@@ -180,7 +170,7 @@ fn launches(steps: &[StepPlan]) -> HashMap<GemvShape, ShapeLaunches> {
         let Some(group) = GemvGroup::of(&members) else {
             continue;
         };
-        for x_rows in [1, GEMV_MAX_M] {
+        for x_rows in [1, gemv_max_rows(&group.first)] {
             if let Some(kernel) = group.kernel(x_rows) {
                 let shape = GemvShape {
                     kernel,
@@ -317,7 +307,7 @@ fn time_launches(
             // valid positions here), in its paired blocks.
             let activation = (shape.pairs == RowPairs::Gated).then_some(GatedActivation::Silu);
             let args = [
-                group_arg(&group, activation, None, None, None),
+                group_arg(&group, activation, None, None),
                 KernelArg::Ptr(x),
                 KernelArg::I32(launches.x_rows as i32),
                 KernelArg::I32(shape.k as i32),

@@ -46,10 +46,13 @@ pub struct DeviceMatrix {
     /// 8 bits and take integer dot products (`--precision fast`; packed
     /// matrices only).
     pub int8_activations: bool,
-    /// Products over it (dense bf16) with 9 to 64 rows of x run on the
+    /// Products over it (dense bf16) with 3 to 64 rows of x run on the
     /// tensor-core kernel of packed blocks rather than cuBLAS
     /// (`qmm::DenseRows`).
     pub dense_on_tensor_cores: bool,
+    /// Most rows of x the decode GEMV takes for it when dense
+    /// (`gemv::DenseGemvRows`; a packed matrix's GEMV takes `GEMV_MAX_M`).
+    pub dense_gemv_rows: usize,
 }
 
 #[cfg(test)]
@@ -65,6 +68,7 @@ impl DeviceMatrix {
             cols,
             int8_activations: false,
             dense_on_tensor_cores: false,
+            dense_gemv_rows: super::gemv::DENSE_GEMV_MAX_M,
         }
     }
 }
@@ -303,6 +307,7 @@ pub fn upload_matrix(
         cols,
         int8_activations: false,
         dense_on_tensor_cores: false,
+        dense_gemv_rows: super::gemv::DENSE_GEMV_MAX_M,
     })
 }
 
