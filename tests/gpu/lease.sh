@@ -89,7 +89,7 @@ part kiln-q4_k_m-fast 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m+fast" bench/gpu
 # Drafted decode steps (speculative decoding) against plain ones.
 part speculative 60 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench/gpu/run.sh speculative
 # The fp8 KV cache against bf16 where attention reads as much as the weights.
-part kv-fp8 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh kv-fp8
+part kv-fp8 120 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh kv-fp8
 
 python3 bench/gpu/table.py "$results" > "$results/gpu-bench.md" 2>&1
 echo >> "$log"
