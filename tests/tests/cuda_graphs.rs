@@ -165,7 +165,9 @@ fn long_context_decode_splits_attention_and_matches_the_cpu() {
     let unsplit = kernels_of(&mut || {
         short.feed(&[4], false).unwrap();
     });
-    // 32 blocks of 16 positions a sequence: two splits per decode row.
+    // 32 blocks of 16 positions a sequence: a decode row's keys split 32
+    // ways (one cache block each, to fill the GPU; those past position 304
+    // empty).
     let capacity = 512;
     let (mut on_cpu, mut on_cuda) = (
         kiln_host::engine::Generator::new(&cpu, capacity).unwrap(),

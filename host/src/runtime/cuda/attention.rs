@@ -305,7 +305,7 @@ impl Frame<'_> {
             Some((name, group)) => (name, kv_heads * (num_heads / kv_heads).div_ceil(group)),
             None => (element.paged_kernel(head_dim > HEAD_DIM), num_heads),
         };
-        let splits = attention_splits(tokens, blocks_per_seq);
+        let splits = attention_splits(tokens, blocks_per_row, blocks_per_seq);
         let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
         // Split: the partial results go to scratch, and the last block of
         // each (row, block of heads) to finish merges them.
@@ -407,23 +407,38 @@ fn grouped_kernel(
 /// Rows of a step up to which attention splits each row's keys (decode
 /// batches; more rows fill the GPU without splitting).
 const SPLIT_ATTENTION_ROWS: usize = 16;
-/// Cache blocks per split, at least (4 blocks of 16 positions: 64 keys, four
-/// rounds of a block's 16 keys at a time; on an H200 a batch-1 step of 32
-/// heads at 256 positions then fills 128 multiprocessors instead of 32).
+/// Cache blocks per split where a row's keys are many (4 blocks of 16
+/// positions: 64 keys, four rounds of a block's 16 keys at a time).
 const BLOCKS_PER_SPLIT: usize = 4;
+/// Blocks a split launch aims for where the rows' keys are few: two waves
+/// of an H100's or H200's 132 multiprocessors. On the H200 a batch-1
+/// Llama-3-8B step at ~200 positions split four ways (eight blocks of
+/// heads a row, 32 blocks in all) took 31.6 µs a layer under Nsight Compute
+/// (`bench/results/gpu-2026-11-30`): a tenth of the step.
+const TARGET_BLOCKS: usize = 264;
 /// Splits per row at most.
 const MAX_SPLITS: usize = 32;
 
 /// How many parts attention splits each row's keys into, for a step of
-/// `tokens` rows over block tables `blocks_per_seq` wide (flash-decoding:
-/// few rows over long contexts would leave most of the GPU idle).
-fn attention_splits(tokens: usize, blocks_per_seq: usize) -> usize {
+/// `tokens` rows of `blocks_per_row` blocks of heads each over block tables
+/// `blocks_per_seq` wide (flash-decoding: few rows would leave most of the
+/// GPU idle): a split of [`BLOCKS_PER_SPLIT`] cache blocks, or more splits
+/// (down to one cache block each) where those leave the launch under
+/// [`TARGET_BLOCKS`].
+fn attention_splits(tokens: usize, blocks_per_row: usize, blocks_per_seq: usize) -> usize {
     if tokens > SPLIT_ATTENTION_ROWS {
         return 1;
     }
-    blocks_per_seq
-        .div_ceil(BLOCKS_PER_SPLIT)
-        .clamp(1, MAX_SPLITS)
+    let long = blocks_per_seq.div_ceil(BLOCKS_PER_SPLIT);
+    let filling = TARGET_BLOCKS.div_ceil(tokens * blocks_per_row.max(1));
+    long.max(filling).min(blocks_per_seq).clamp(1, MAX_SPLITS)
+}
+
+/// The most splits a step of `tokens` rows over block tables
+/// `blocks_per_seq` wide takes, whatever its blocks of heads (scratch and
+/// counters are sized for it).
+fn most_attention_splits(tokens: usize, blocks_per_seq: usize) -> usize {
+    attention_splits(tokens, 1, blocks_per_seq)
 }
 
 /// Bytes of the counters of finished splits an attention step whose q is
@@ -433,7 +448,7 @@ pub fn split_counter_bytes(q_shape: &[usize], tables_shape: &[usize]) -> usize {
     let (&[tokens, heads, _], Some(&width)) = (q_shape, tables_shape.get(1)) else {
         return 0;
     };
-    match attention_splits(tokens, width) {
+    match most_attention_splits(tokens, width) {
         1 => 0,
         _ => tokens * heads * 4,
     }
@@ -445,7 +460,7 @@ pub fn attention_scratch_bytes(q_shape: &[usize], tables_shape: &[usize]) -> usi
     let (&[tokens, heads, head_dim], Some(&width)) = (q_shape, tables_shape.get(1)) else {
         return 0;
     };
-    match attention_splits(tokens, width) {
+    match most_attention_splits(tokens, width) {
         1 => 0,
         splits => tokens * heads * splits * (head_dim + 2) * 4,
     }
@@ -454,6 +469,30 @@ pub fn attention_scratch_bytes(q_shape: &[usize], tables_shape: &[usize]) -> usi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn few_rows_split_their_keys_until_the_launch_fills_the_gpu() {
+        // Llama-3-8B at batch 1 (eight blocks of four query heads a row):
+        // ~200 positions (tables 16 blocks wide) split into every block,
+        // 2k positions into the most splits; a single block stays whole.
+        assert_eq!(attention_splits(1, 8, 16), 16);
+        assert_eq!(attention_splits(1, 8, 128), MAX_SPLITS);
+        assert_eq!(attention_splits(1, 8, 1), 1);
+        // Four rows: 9 splits of ~200 positions make 288 blocks.
+        assert_eq!(attention_splits(4, 8, 16), 9);
+        // Sixteen rows fill it with splits of four cache blocks; more rows
+        // are not split.
+        assert_eq!(attention_splits(16, 8, 16), 4);
+        assert_eq!(attention_splits(16, 8, 128), MAX_SPLITS);
+        assert_eq!(attention_splits(17, 8, 128), 1);
+        // Scratch and counters are sized for the most splits any blocks of
+        // heads take.
+        assert!(most_attention_splits(4, 16) >= attention_splits(4, 1, 16));
+        assert_eq!(
+            attention_scratch_bytes(&[1, 32, 128], &[1, 16]),
+            32 * 16 * 130 * 4
+        );
+    }
 
     #[test]
     fn grouped_kernels_take_heads_of_multiples_of_8_up_to_256() {
