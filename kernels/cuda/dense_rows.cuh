@@ -1,7 +1,7 @@
 // Rows of dense weights (bf16, f16 or f32) times f32 x, a warp per row
 // (or `SPLIT` warps, each taking every SPLIT-th stretch), eight elements
 // per lane and 16-byte load, a round of loads issued before the first is
-// used: the decode GEMV's rows (gemv.cu) and the experts' (moe.cu).
+// used: the decode GEMV's rows (gemv.cuh) and the experts' (moe.cu).
 // BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32. Needs kiln_cuda.cuh
 // and gguf_blocks.cuh (`accumulate`) first.
 #pragma once

@@ -1,5 +1,5 @@
 // GGUF block formats on the device, shared by the decode products
-// (gemv.cu, qmatmul.cu) and the mixture-of-experts kernels (moe.cu). Each
+// (gemv.cuh, qmatmul.cu) and the mixture-of-experts kernels (moe.cu). Each
 // format splits a block among `LANES` lanes of a warp: `load` reads a lane's
 // part, `values` decodes it, `block_dot` adds its products with up to MAX_M
 // rows of x; `dot_x8` takes a part's dot product with a row of 8-bit x

@@ -81,7 +81,7 @@ __device__ __forceinline__ float signed_quant_f32(unsigned int b) { return quant
 __device__ __forceinline__ float int_f32(int v) { return __uint_as_float(0x4b400000u + (unsigned int)v) - 12582912.0f; }
 
 // c + the four products of the signed bytes of a and b (PTX dp4a, sm_61+):
-// the integer dot products of the 8-bit activation GEMVs (gemv.cu).
+// the integer dot products of the 8-bit activation GEMVs (gemv.cuh).
 __device__ __forceinline__ int dot4_i8(unsigned int a, unsigned int b, int c) {
 #ifdef KILN_EMULATOR
   for (int i = 0; i < 4; ++i) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
@@ -298,7 +298,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // The activations of gated MLPs, as the generated element-wise kernels
 // write them (host/src/runtime/cuda/codegen.rs), shared with the GEMV that
-// applies one to the gate's row as it multiplies it with up's (gemv.cu) and
+// applies one to the gate's row as it multiplies it with up's (gemv.cuh) and
 // with the experts of a mixture (moe.cu), through `kiln_gated`.
 __device__ __forceinline__ float kiln_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float kiln_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
@@ -372,7 +372,7 @@ __device__ __forceinline__ bool last_block_done(unsigned* counter, unsigned bloc
   return last;
 }
 
-// Rotary embedding (rope.cu, and the q/k/v GEMV of gemv.cu): the cos and
+// Rotary embedding (rope.cu, and the q/k/v GEMV of gemv.cuh): the cos and
 // sin (times `scale`, YaRN's) of frequency `inv_freq` at `position`, the
 // angle in f32 as transformers computes it ...
 __device__ __forceinline__ void rope_cos_sin(float position, float inv_freq, float scale, float* c, float* s) {

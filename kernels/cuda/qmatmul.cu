@@ -1,5 +1,5 @@
 // Products of GGUF-block matrices with batches too large for the decode
-// GEMV (gemv.cu) and too small for expanding the whole matrix to bf16 for
+// GEMV (gemv.cuh) and too small for expanding the whole matrix to bf16 for
 // cuBLAS to pay off (up to 64 rows of x, a decode step of many sequences):
 // y [m, n] = x [m, k] · Wᵀ, W [n, k] read packed, x as bf16 (cast by
 // kiln_f32_to_bf16), on tensor cores with f32 accumulation.

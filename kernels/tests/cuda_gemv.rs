@@ -1,4 +1,4 @@
-//! The decode matrix products of `gemv.cu` on the kernel emulator: dense
+//! The decode matrix products of `gemv.cuh` on the kernel emulator: dense
 //! bf16/f16/f32 rows (16-byte loads and the unaligned fallback) and GGUF
 //! blocks read packed (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), against a dot product over
 //! the CPU's own decoding of the same bytes; and the expansion of those
@@ -241,7 +241,7 @@ fn dense_rows_match_the_reference() {
 
 #[test]
 fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
-    let gpu = Gpu::new(&[sources::GEMV]);
+    let gpu = Gpu::new(&sources::GEMVS);
     let n = 13;
     // Rows shorter than one round of loads, and rows of several rounds
     // whose last is partial.

@@ -1,4 +1,4 @@
-//! Greedy's pick inside the decode GEMV of the logits (`gemv.cu`'s
+//! Greedy's pick inside the decode GEMV of the logits (`gemv.cuh`'s
 //! `KilnGemvArgmax`): for every row of x, the first largest logit (NaN as
 //! -inf), as the sampler's greedy pick finds it over the logits the same
 //! launch writes, in every split of a row among warps, one and several rows
@@ -120,7 +120,7 @@ fn the_bf16_gemv_of_the_logits_picks_each_rows_first_largest() {
 
 #[test]
 fn a_packed_gemv_of_the_logits_picks_each_rows_first_largest() {
-    let gpu = Gpu::new(&[sources::GEMV]);
+    let gpu = Gpu::new(&[sources::GEMV_Q8_0]);
     let (mut packed, mut values) = random_blocks(QuantType::Q8_0, VOCAB, K, 5);
     // Rows 7 and 412 the same blocks: tied logits far apart.
     let row_bytes = packed.len() / VOCAB;

@@ -1,5 +1,5 @@
 //! The decode GEMVs of a group whose last matrix is in another GGUF format
-//! (`kiln_gemv_<format>_q6_k*`, `gemv_blocks`' LAST in `gemv.cu`): the q and
+//! (`kiln_gemv_<format>_q6_k*`, `gemv_blocks`' LAST in `gemv.cuh`): the q and
 //! k of llama.cpp's Q4_K_M and Q5_K_M files with their v at Q6_K, in one
 //! launch. On the kernel emulator against the f64 product of each matrix's
 //! CPU decoding: every split of a row among warps, one row of x and eight,
@@ -85,7 +85,11 @@ fn check(
 
 #[test]
 fn k_quant_groups_with_their_last_matrix_in_q6_k() {
-    let gpu = Gpu::new(&[sources::GEMV]);
+    let gpu = Gpu::new(&[
+        sources::GEMV,
+        sources::GEMV_Q4_K_Q6_K,
+        sources::GEMV_Q5_K_Q6_K,
+    ]);
     for (ty, format) in [(QuantType::Q4K, "q4_k"), (QuantType::Q5K, "q5_k")] {
         // One round of a row's loads, and several with a partial last one.
         for k in [256 * 3, 256 * 19] {

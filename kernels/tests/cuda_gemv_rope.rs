@@ -1,5 +1,5 @@
 //! The decode GEMV of q, k and v with the rotary embedding applied in the
-//! launch (`gemv.cu`'s rotated `KilnGemvGroup`) against the GEMV without it
+//! launch (`gemv.cuh`'s rotated `KilnGemvGroup`) against the GEMV without it
 //! followed by `kiln_rope_write_kv`: the same bits in the rotated q and k,
 //! in v and in the paged cache (f32 and bf16), for NeoX and interleaved
 //! pairs, every split of a row among warps, one and several rows of x.

@@ -1,4 +1,4 @@
-//! The decode GEMV's split of rows among warps (`kernels/cuda/gemv.cu`'s
+//! The decode GEMV's split of rows among warps (`kernels/cuda/gemv.cuh`'s
 //! `_s2`/`_s4` kernels, chosen per launch shape by `runtime/cuda/tune.rs`)
 //! on the CUDA backend under test (the kernel emulator, or a GPU with
 //! KILN_TEST_CUDA_DEVICE): each fixed split, and the splits chosen by

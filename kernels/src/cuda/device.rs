@@ -414,10 +414,11 @@ pub trait Device: Send + Sync {
     /// and resolves `kernels` in it, in order.
     fn load(&self, name: &str, source: &str, kernels: &[&str]) -> DeviceResult<Vec<FunctionId>>;
     /// Compiles the `(name, source)` modules that [`Device::load`] will be
-    /// asked for, side by side where compiling is slow (NVRTC: the real
-    /// device compiles them on several threads into its disk cache, so a
-    /// cold start waits for the longest module, not for all of them one
-    /// after another). Errors are left for `load` to report.
+    /// asked for, side by side where compiling is slow (the real device's
+    /// NVRTC, the emulator's C++ compiler: on several threads into their
+    /// disk caches, so a cold start waits for the longest module, not for
+    /// all of them one after another). Errors are left for `load` to
+    /// report.
     fn precompile(&self, _modules: &[(&str, &str)]) {}
     /// Launches a kernel.
     fn launch(
@@ -473,4 +474,22 @@ pub trait Device: Send + Sync {
     /// Bytes copied from the device to the host so far (downloads and
     /// readbacks).
     fn bytes_read(&self) -> u64;
+}
+
+/// Calls `compile` on every module of `modules`, on as many threads as the
+/// machine has (at most one a module): what [`Device::precompile`] does
+/// where compiling is slow.
+pub(crate) fn compile_side_by_side(modules: &[(&str, &str)], compile: impl Fn(&str, &str) + Sync) {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(modules.len()) {
+            scope.spawn(|| {
+                let take = || next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                while let Some(&(name, source)) = modules.get(take()) {
+                    compile(name, source);
+                }
+            });
+        }
+    });
 }

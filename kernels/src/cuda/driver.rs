@@ -14,8 +14,8 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use sha2::{Digest, Sha256};
 
 use super::device::{
-    Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId, KernelArg,
-    LaunchConfig, PackedArgs, Readback, WeightLayout,
+    compile_side_by_side, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType,
+    GraphId, KernelArg, LaunchConfig, PackedArgs, Readback, WeightLayout,
 };
 use super::{nvrtc, sources};
 
@@ -303,7 +303,10 @@ impl CudaDevice {
         }
         let image = nvrtc::compile(name, source, self.arch, false)?.image;
         // The cache is an optimization: a failure to store is not an error.
-        let partial = path.with_extension(format!("{}.tmp", std::process::id()));
+        // Unique per process and call: two threads may compile one source.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let partial = path.with_extension(format!("{}.{n}.tmp", std::process::id()));
         if std::fs::create_dir_all(&self.cache_dir).is_ok()
             && std::fs::write(&partial, &image).is_ok()
         {
@@ -585,24 +588,13 @@ impl Device for CudaDevice {
     }
 
     fn precompile(&self, modules: &[(&str, &str)]) {
-        let threads = std::thread::available_parallelism().map_or(1, usize::from);
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        std::thread::scope(|scope| {
-            for _ in 0..threads.min(modules.len()) {
-                scope.spawn(|| {
-                    while let Some(&(name, source)) =
-                        modules.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-                    {
-                        // A failure is `load`'s to report, with its context.
-                        if let (Ok(path), Ok(image)) =
-                            (self.cubin_path(name, source), self.cubin(name, source))
-                        {
-                            if let Ok(mut precompiled) = self.precompiled.lock() {
-                                precompiled.insert(path, image);
-                            }
-                        }
-                    }
-                });
+        compile_side_by_side(modules, |name, source| {
+            // A failure is `load`'s to report, with its context.
+            if let (Ok(path), Ok(image)) = (self.cubin_path(name, source), self.cubin(name, source))
+            {
+                if let Ok(mut precompiled) = self.precompiled.lock() {
+                    precompiled.insert(path, image);
+                }
             }
         });
     }

@@ -28,10 +28,10 @@ use half::{bf16, f16};
 use sha2::{Digest, Sha256};
 
 use super::device::{
-    Captures, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType, GraphId,
-    HostWaits, KernelArg, LaunchConfig, PackedArgs, Readback, WeightLayout,
+    compile_side_by_side, Captures, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm,
+    GemmType, GraphId, HostWaits, KernelArg, LaunchConfig, PackedArgs, Readback, WeightLayout,
 };
-use super::sources::{inline_common_header, EMULATOR_HEADER};
+use super::sources::{self, inline_common_header, EMULATOR_HEADER, GEMV_HEADER};
 
 /// Alignment of every allocation (as cudaMalloc's).
 const ALIGN: usize = 256;
@@ -310,22 +310,28 @@ impl Emulator {
 
 /// Whether a kernel source synchronizes its threads (barriers, shuffles,
 /// warp-wide tensor-core products, or the block and warp reductions of
-/// `kiln_cuda.cuh`). A module that does not
-/// runs its threads as plain calls, without fibers; a barrier reached anyway
-/// is reported as an error, never ignored.
+/// `kiln_cuda.cuh`), in its own text or in `gemv.cuh`, the kernel code its
+/// GEMV modules share. A module that does not runs its threads as plain
+/// calls, without fibers; a barrier reached anyway is reported as an
+/// error, never ignored.
 fn synchronizes(source: &str) -> bool {
-    [
-        "__syncthreads",
-        "__syncwarp",
-        "__shfl",
-        "block_sum",
-        "block_max",
-        "warp_sum",
-        "warp_max",
-        "mma_",
-    ]
-    .iter()
-    .any(|word| source.contains(word))
+    let shared = source
+        .contains("#include \"gemv.cuh\"")
+        .then_some(GEMV_HEADER);
+    std::iter::once(source).chain(shared).any(|text| {
+        [
+            "__syncthreads",
+            "__syncwarp",
+            "__shfl",
+            "block_sum",
+            "block_max",
+            "warp_sum",
+            "warp_max",
+            "mma_",
+        ]
+        .iter()
+        .any(|word| text.contains(word))
+    })
 }
 
 fn compile_with(compiler: &str, flags: &[&str], text: &str, out: &Path) -> Result<(), String> {
@@ -468,6 +474,15 @@ impl Device for Emulator {
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()> {
         let work = self.state().issue(Recorded::Copy(dst, src, bytes));
         work.map_or(Ok(()), |work| self.run(&work))
+    }
+
+    fn precompile(&self, modules: &[(&str, &str)]) {
+        compile_side_by_side(modules, |name, source| {
+            let names = sources::kernel_names(source);
+            let kernels: Vec<&str> = names.iter().map(String::as_str).collect();
+            // Into the disk cache; a failure is `load`'s to report.
+            let _ = self.compile(name, source, &kernels);
+        });
     }
 
     fn load(&self, name: &str, source: &str, kernels: &[&str]) -> DeviceResult<Vec<FunctionId>> {

@@ -1,7 +1,8 @@
 //! The hand-written CUDA C sources, embedded in the binary. Each is a real
 //! `.cu` file under `kernels/cuda/` that includes `kiln_cuda.cuh` (and
 //! `gguf_blocks.cuh` where it reads GGUF blocks, `dense_rows.cuh` where it
-//! streams rows of dense weights); the includes are inlined
+//! streams rows of dense weights, `gemv.cuh` for the decode GEMVs); the
+//! includes are inlined
 //! before compiling, so no CUDA toolkit headers are needed at run time.
 
 /// The shared header.
@@ -11,6 +12,8 @@ pub const COMMON_HEADER: &str = include_str!("../../cuda/kiln_cuda.cuh");
 pub const GGUF_BLOCKS_HEADER: &str = include_str!("../../cuda/gguf_blocks.cuh");
 /// Rows of dense weights times x, a warp per row (after the GGUF header).
 pub const DENSE_ROWS_HEADER: &str = include_str!("../../cuda/dense_rows.cuh");
+/// What the decode GEMVs share (after the dense rows' header).
+pub const GEMV_HEADER: &str = include_str!("../../cuda/gemv.cuh");
 /// The emulator's CUDA-to-C++ header.
 pub const EMULATOR_HEADER: &str = include_str!("../../cuda/emulator/kiln_emu.h");
 
@@ -59,13 +62,57 @@ pub const DATA: Source = Source {
     waits_for_inputs: false,
 };
 
-/// Matrix products for small batches (decode), dense and GGUF blocks, and
-/// the expansion of GGUF blocks to bf16.
-pub const GEMV: Source = Source {
-    name: "gemv.cu",
-    text: include_str!("../../cuda/gemv.cu"),
-    waits_for_inputs: true,
-};
+/// The decode GEMVs of dense rows (products of a few rows of x), and the
+/// quantization of x to 8 bits for the GGUF GEMVs' `_x8` kernels.
+pub const GEMV: Source = gemv("gemv.cu", include_str!("../../cuda/gemv.cu"));
+
+// The GGUF formats' decode GEMVs, the expansion of their blocks to bf16
+// and their embedding rows: a module per format, so that they compile side
+// by side.
+/// Q8_0's GEMVs, expansion and embedding rows.
+pub const GEMV_Q8_0: Source = gemv("gemv_q8_0.cu", include_str!("../../cuda/gemv_q8_0.cu"));
+/// Q4_0's GEMVs, expansion and embedding rows.
+pub const GEMV_Q4_0: Source = gemv("gemv_q4_0.cu", include_str!("../../cuda/gemv_q4_0.cu"));
+/// Q5_0's GEMVs, expansion and embedding rows.
+pub const GEMV_Q5_0: Source = gemv("gemv_q5_0.cu", include_str!("../../cuda/gemv_q5_0.cu"));
+/// Q4_K's GEMVs, expansion and embedding rows.
+pub const GEMV_Q4_K: Source = gemv("gemv_q4_k.cu", include_str!("../../cuda/gemv_q4_k.cu"));
+/// The GEMVs of Q4_K groups whose last matrix is Q6_K.
+pub const GEMV_Q4_K_Q6_K: Source = gemv(
+    "gemv_q4_k_q6_k.cu",
+    include_str!("../../cuda/gemv_q4_k_q6_k.cu"),
+);
+/// Q5_K's GEMVs, expansion and embedding rows.
+pub const GEMV_Q5_K: Source = gemv("gemv_q5_k.cu", include_str!("../../cuda/gemv_q5_k.cu"));
+/// The GEMVs of Q5_K groups whose last matrix is Q6_K.
+pub const GEMV_Q5_K_Q6_K: Source = gemv(
+    "gemv_q5_k_q6_k.cu",
+    include_str!("../../cuda/gemv_q5_k_q6_k.cu"),
+);
+/// Q6_K's GEMVs, expansion and embedding rows.
+pub const GEMV_Q6_K: Source = gemv("gemv_q6_k.cu", include_str!("../../cuda/gemv_q6_k.cu"));
+
+/// Every decode GEMV source.
+pub const GEMVS: [Source; 9] = [
+    GEMV,
+    GEMV_Q8_0,
+    GEMV_Q4_0,
+    GEMV_Q5_0,
+    GEMV_Q4_K,
+    GEMV_Q4_K_Q6_K,
+    GEMV_Q5_K,
+    GEMV_Q5_K_Q6_K,
+    GEMV_Q6_K,
+];
+
+/// A GEMV source: its kernels wait for their inputs.
+const fn gemv(name: &'static str, text: &'static str) -> Source {
+    Source {
+        name,
+        text,
+        waits_for_inputs: true,
+    }
+}
 
 /// Products of GGUF-block matrices with batches of up to 64 rows on tensor
 /// cores, the blocks decoded into shared memory.
@@ -97,13 +144,21 @@ pub const MATMUL: Source = Source {
 };
 
 /// Every hand-written source.
-pub const ALL: [Source; 10] = [
+pub const ALL: [Source; 18] = [
     NORM,
     ROPE,
     ATTENTION,
     FLASH_ATTENTION,
     DATA,
     GEMV,
+    GEMV_Q8_0,
+    GEMV_Q4_0,
+    GEMV_Q5_0,
+    GEMV_Q4_K,
+    GEMV_Q4_K_Q6_K,
+    GEMV_Q5_K,
+    GEMV_Q5_K_Q6_K,
+    GEMV_Q6_K,
     QMATMUL,
     SAMPLING,
     MOE,
@@ -116,7 +171,11 @@ pub const ALL: [Source; 10] = [
 /// failures) name the file and line they come from.
 pub fn inline_common_header(name: &str, text: &str) -> String {
     let mut out = String::with_capacity(
-        text.len() + COMMON_HEADER.len() + GGUF_BLOCKS_HEADER.len() + DENSE_ROWS_HEADER.len(),
+        text.len()
+            + COMMON_HEADER.len()
+            + GGUF_BLOCKS_HEADER.len()
+            + DENSE_ROWS_HEADER.len()
+            + GEMV_HEADER.len(),
     );
     out.push_str(&format!("#line 1 \"{name}\"\n"));
     for (index, line) in text.lines().enumerate() {
@@ -124,6 +183,7 @@ pub fn inline_common_header(name: &str, text: &str) -> String {
             "#include \"kiln_cuda.cuh\"" => ("kiln_cuda.cuh", COMMON_HEADER),
             "#include \"gguf_blocks.cuh\"" => ("gguf_blocks.cuh", GGUF_BLOCKS_HEADER),
             "#include \"dense_rows.cuh\"" => ("dense_rows.cuh", DENSE_ROWS_HEADER),
+            "#include \"gemv.cuh\"" => ("gemv.cuh", GEMV_HEADER),
             _ => {
                 out.push_str(without_pragma_once(line));
                 out.push('\n');
@@ -201,15 +261,16 @@ mod tests {
 
     #[test]
     fn inlined_headers_keep_every_line_attributed_to_its_file() {
-        let text = inline_common_header("gemv.cu", GEMV.text);
+        let text = inline_common_header("gemv_q4_k.cu", GEMV_Q4_K.text);
         assert!(!text.contains("#include") && !text.contains("#pragma once"));
         // Follow the #line markers: each line's (file, number) after the
         // inlining must be the one it has in its own file.
         let files = [
-            ("gemv.cu", GEMV.text),
+            ("gemv_q4_k.cu", GEMV_Q4_K.text),
             ("kiln_cuda.cuh", COMMON_HEADER),
             ("gguf_blocks.cuh", GGUF_BLOCKS_HEADER),
             ("dense_rows.cuh", DENSE_ROWS_HEADER),
+            ("gemv.cuh", GEMV_HEADER),
         ];
         let (mut file, mut number) = ("", 0usize);
         let mut checked = 0;
@@ -234,7 +295,7 @@ mod tests {
         let total: usize = files.iter().map(|f| f.1.lines().count()).sum();
         assert_eq!(
             checked,
-            total - 3 - 3,
+            total - 4 - 4,
             "every line but the includes and pragmas"
         );
     }

@@ -263,7 +263,7 @@ pub fn dense_formats(values: &[f32]) -> [(&'static str, Vec<u8>, Vec<f32>); 3] {
     ]
 }
 
-/// The words of a `KilnGemvGroup` (gemv.cu) without a rotation or greedy's
+/// The words of a `KilnGemvGroup` (gemv.cuh) without a rotation or greedy's
 /// pick: matrices (device pointer, rows), their outputs and the gated
 /// activation (0: none).
 pub fn gemv_group(

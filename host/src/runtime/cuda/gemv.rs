@@ -1,4 +1,4 @@
-//! The decode GEMV's launch (`kernels/cuda/gemv.cu`, up to [`GEMV_MAX_M`]
+//! The decode GEMV's launch (`kernels/cuda/gemv.cuh`, up to [`GEMV_MAX_M`]
 //! rows of x): which kernel reads a group of matrices that share x
 //! ([`GemvGroup`]), and its `KilnGemvGroup` argument with what the launch
 //! does beyond the products: a gated MLP's activation, q's and k's
@@ -10,7 +10,7 @@ use super::attention::CacheTarget;
 use super::fusion::{GatedActivation, GatedProduct};
 use super::weights::{DeviceMatrix, Packed};
 
-/// Most rows of x the decode GEMV takes (`KILN_GEMV_MAX_M` in gemv.cu).
+/// Most rows of x the decode GEMV takes (`KILN_GEMV_MAX_M` in gemv.cuh).
 pub const GEMV_MAX_M: usize = 8;
 /// Most rows of x the decode GEMV takes for a dense (bf16, f16, f32)
 /// matrix by default ([`dense_gemv_rows`]); more go to cuBLAS. The GEMV reads every row of x for every row
@@ -91,7 +91,7 @@ pub fn gemv_kernel(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Option<&
 /// The matrices of one decode GEMV launch as its kernel sees them: the
 /// first stands for the type, width and format of all, except that the
 /// last may be in another packed format where a kernel pairs the two
-/// (`gemv_blocks`' LAST in gemv.cu: llama.cpp's Q4_K_M and Q5_K_M files
+/// (`gemv_blocks`' LAST in gemv.cuh: llama.cpp's Q4_K_M and Q5_K_M files
 /// keep some layers' v at Q6_K among their q and k).
 #[derive(Clone, Copy, Debug)]
 pub struct GemvGroup {
@@ -158,7 +158,7 @@ impl GemvGroup {
 
 /// The rotary embedding a GEMV launch of q, k and v applies to q and k, and
 /// the paged-cache write of the rotated keys and of v (`KilnGemvRope` in
-/// gemv.cu).
+/// gemv.cuh).
 #[derive(Clone, Copy, Debug)]
 pub struct GemvRotation {
     /// The positions `[T]` and frequencies `[half]` (`kiln_rope`'s).
@@ -208,7 +208,7 @@ impl GemvRotation {
 pub const GREEDY_PICKS_BYTES: usize = 8 + 8 * GEMV_MAX_M;
 
 /// Where the GEMV of the logits leaves greedy's picks (`KilnGemvArgmax` in
-/// gemv.cu): each row's largest key so far and the count of blocks done,
+/// gemv.cuh): each row's largest key so far and the count of blocks done,
 /// both zero before the launch (in the step's upload), and the picks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GreedyPicks {

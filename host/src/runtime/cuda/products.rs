@@ -1,7 +1,7 @@
 //! Matrix products of a step: the route each takes by its rows of x, the
 //! scratch it needs, and its launches. Up to [`GEMV_MAX_M`] rows of x
 //! (decode; [`DENSE_GEMV_MAX_M`] for dense matrices), the GEMV of
-//! `kernels/cuda/gemv.cu` reads each matrix once, packed GGUF blocks
+//! `kernels/cuda/gemv.cuh` reads each matrix once, packed GGUF blocks
 //! included, with x in f32; matrices that share x (q, k
 //! and v; gate and up) run as one launch (`gemv.rs`), in the split of rows
 //! among warps chosen at load (`tune.rs`). Packed matrices with up to

@@ -1,5 +1,5 @@
 //! How the decode GEMV splits each matrix's rows among warps, chosen once
-//! at load. `kernels/cuda/gemv.cu` has every GEMV in three splits (one,
+//! at load. `kernels/cuda/gemv.cuh` has every GEMV in three splits (one,
 //! two or four warps per row); which streams a shape's weights fastest
 //! depends on the card, the rows and the row length, so on a GPU each
 //! distinct launch shape of the program is timed in every split over all of

@@ -84,7 +84,7 @@ impl DeviceMatrix {
 }
 
 /// The GGUF block formats kept packed on the device, and the kernels of
-/// `gemv.cu` and `moe.cu` that read them.
+/// `gemv.cuh` and `moe.cu` that read them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Packed {
     /// Q8_0 blocks.
@@ -227,7 +227,7 @@ impl Packed {
 
 impl Packed {
     /// The decode GEMVs of a group whose matrices are in this format but
-    /// the last, which is in `last` (`gemv_blocks`' LAST in gemv.cu: the
+    /// the last, which is in `last` (`gemv_blocks`' LAST in gemv.cuh: the
     /// K-quants with Q6_K, as llama.cpp's Q4_K_M and Q5_K_M files mix
     /// them): for several rows of x and one, then on 8-bit x likewise.
     pub fn mixed_gemv(self, last: Self) -> Option<[&'static str; 4]> {

@@ -1,0 +1,22 @@
+// The decode GEMVs of groups of Q4_K matrices whose last matrix is Q6_K
+// (gemv.cuh, `gemv_blocks`' LAST): the v that llama.cpp's Q4_K_M files
+// keep at Q6_K in half the layers, so that q, k and v still take one
+// launch. In every split, for one row of x and up to KILN_GEMV_MAX_M, on
+// f32 x and on 8-bit x (`_x8`).
+#include "kiln_cuda.cuh"
+#include "gguf_blocks.cuh"
+#include "dense_rows.cuh"
+#include "gemv.cuh"
+
+extern "C" __global__ void kiln_gemv_q4_k_q6_k(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 1, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 2, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, KILN_GEMV_MAX_M, 4, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 1, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 2, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q4_K, FloatX, 1, 4, Q6_K>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 1, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 2, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, KILN_GEMV_MAX_M, 4, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 1, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 2, Q6_K>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q4_k_q6_k_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q4_K, Int8X, 1, 4, Q6_K>(g, Int8X(x, m, k), m, k); }
