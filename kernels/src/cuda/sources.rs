@@ -144,26 +144,28 @@ pub const MATMUL: Source = Source {
 };
 
 /// Every hand-written source.
-pub const ALL: [Source; 18] = [
-    NORM,
-    ROPE,
-    ATTENTION,
-    FLASH_ATTENTION,
-    DATA,
-    GEMV,
-    GEMV_Q8_0,
-    GEMV_Q4_0,
-    GEMV_Q5_0,
-    GEMV_Q4_K,
-    GEMV_Q4_K_Q6_K,
-    GEMV_Q5_K,
-    GEMV_Q5_K_Q6_K,
-    GEMV_Q6_K,
-    QMATMUL,
-    SAMPLING,
-    MOE,
-    MATMUL,
-];
+pub const ALL: [Source; 18] = joined(&[
+    &[NORM, ROPE, ATTENTION, FLASH_ATTENTION, DATA],
+    &GEMVS,
+    &[QMATMUL, SAMPLING, MOE, MATMUL],
+]);
+
+/// The sources of `parts`, one part after another (exactly `N` of them).
+const fn joined<const N: usize>(parts: &[&[Source]]) -> [Source; N] {
+    let mut all = [NORM; N];
+    let (mut at, mut part) = (0, 0);
+    while part < parts.len() {
+        let mut i = 0;
+        while i < parts[part].len() {
+            all[at] = parts[part][i];
+            at += 1;
+            i += 1;
+        }
+        part += 1;
+    }
+    assert!(at == N, "ALL's length is the number of sources");
+    all
+}
 
 /// `text` (the source file `name`) with the `#include`s of the headers
 /// above replaced by the headers themselves, between
@@ -241,6 +243,9 @@ mod tests {
 
     #[test]
     fn kernels_are_found_in_every_source() {
+        let names: std::collections::HashSet<&str> = ALL.iter().map(|s| s.name).collect();
+        assert_eq!(names.len(), ALL.len(), "each source once");
+        assert!(GEMVS.iter().all(|g| names.contains(g.name)) && names.contains("matmul.cu"));
         for source in ALL {
             let names = kernel_names(source.text);
             assert!(!names.is_empty(), "{} defines no kernel", source.name);
