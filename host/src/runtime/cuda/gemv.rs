@@ -13,10 +13,11 @@ use super::weights::{DeviceMatrix, Packed};
 /// Most rows of x the decode GEMV takes (`KILN_GEMV_MAX_M` in gemv.cuh).
 pub const GEMV_MAX_M: usize = 8;
 /// Most rows of x the decode GEMV takes for a dense (bf16, f16, f32)
-/// matrix by default ([`dense_gemv_rows`]); more go to cuBLAS. The GEMV reads every row of x for every row
-/// of W: 16 bytes of bf16 W bring m × 32 bytes of f32 x through L1, past
-/// its ~128 bytes a clock per SM from m = 4, and a down projection's x
-/// (m × 14336 × 4 bytes for Llama-3-8B) leaves L1 for L2. Measured on an
+/// matrix by default ([`DenseGemvRows`]); more go to cuBLAS. The GEMV reads
+/// every row of x for every row of W: 16 bytes of bf16 W bring m × 32 bytes
+/// of f32 x through L1, past its ~128 bytes a clock per SM from m = 4, and
+/// a down projection's x (m × 14336 × 4 bytes for Llama-3-8B) leaves L1 for
+/// L2. Measured on an
 /// H200 (`bench/results/gpu-2026-11-30`): 8 rows of Llama-3-8B took
 /// 22.4 ms a step on the GEMV against 6.1 ms for 16 rows on cuBLAS. A
 /// packed row brings fewer bytes of W per value of x, but no faster
