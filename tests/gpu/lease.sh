@@ -9,6 +9,14 @@
 #   here:  tests/gpu/pack.sh        (.gpu/suite; SmolLM2's halves are not carried)
 #   there: carry [".gpu/suite"], timeout_s 570, command: tests/gpu/lease.sh
 #
+# On 2026-11-30 the machine stayed warm between calls (30 s) and the lease
+# ran 440 s with ~430 s of device time left: enough to stage SmolLM2 first
+# (carry [".gpu/stage1"], then [".gpu/stage2"], command tests/gpu/run.sh
+# stage: seconds each on a warm machine) so that the suite also runs its
+# real-model parts (SmolLM2 against transformers, the fp8 cache's sm_89+
+# conversion, the OpenAI server), and to follow with a second call for the
+# parts this one skipped.
+#
 # Back in $OUT: lease.md (each part, its time, or why it was skipped),
 # gpu-suite.md and its logs, gpu-bench.md (bench/gpu/table.py; PyTorch's
 # columns are the committed 2026-11-24 H200 runs, named in its header) and
