@@ -12,7 +12,7 @@
 # On 2026-11-30 the machine stayed warm between calls (30 s) and the lease
 # ran 440 s with ~430 s of device time left: enough to stage SmolLM2 first
 # (carry [".gpu/stage1"], then [".gpu/stage2"], command tests/gpu/run.sh
-# stage: seconds each on a warm machine) so that the suite also runs its
+# stage: a short call each) so that the suite also runs its
 # real-model parts (SmolLM2 against transformers, the fp8 cache's sm_89+
 # conversion, the OpenAI server), and to follow with a second call for the
 # parts this one skipped.
