@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
@@ -289,16 +289,20 @@ impl CudaDevice {
     /// compiles: the source with its headers inlined, the options, the
     /// architecture and NVRTC's version.
     fn cubin(&self, name: &str, source: &str) -> DeviceResult<Vec<u8>> {
-        let path = self.cubin_path(name, source)?;
+        self.cubin_at(&self.cubin_path(name, source)?, name, source)
+    }
+
+    /// [`CudaDevice::cubin`], its cache path `path` known.
+    fn cubin_at(&self, path: &Path, name: &str, source: &str) -> DeviceResult<Vec<u8>> {
         let precompiled = self
             .precompiled
             .lock()
             .ok()
-            .and_then(|mut p| p.remove(&path));
+            .and_then(|mut p| p.remove(path));
         if let Some(image) = precompiled {
             return Ok(image);
         }
-        if let Ok(image) = std::fs::read(&path) {
+        if let Ok(image) = std::fs::read(path) {
             return Ok(image);
         }
         let image = nvrtc::compile(name, source, self.arch, false)?.image;
@@ -310,7 +314,7 @@ impl CudaDevice {
         if std::fs::create_dir_all(&self.cache_dir).is_ok()
             && std::fs::write(&partial, &image).is_ok()
         {
-            let _ = std::fs::rename(&partial, &path);
+            let _ = std::fs::rename(&partial, path);
         }
         Ok(image)
     }
@@ -590,8 +594,10 @@ impl Device for CudaDevice {
     fn precompile(&self, modules: &[(&str, &str)]) {
         compile_side_by_side(modules, |name, source| {
             // A failure is `load`'s to report, with its context.
-            if let (Ok(path), Ok(image)) = (self.cubin_path(name, source), self.cubin(name, source))
-            {
+            let Ok(path) = self.cubin_path(name, source) else {
+                return;
+            };
+            if let Ok(image) = self.cubin_at(&path, name, source) {
                 if let Ok(mut precompiled) = self.precompiled.lock() {
                     precompiled.insert(path, image);
                 }

@@ -31,7 +31,7 @@ use super::device::{
     compile_side_by_side, Captures, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm,
     GemmType, GraphId, HostWaits, KernelArg, LaunchConfig, PackedArgs, Readback, WeightLayout,
 };
-use super::sources::{self, inline_common_header, EMULATOR_HEADER, GEMV_HEADER};
+use super::sources::{self, inline_common_header, EMULATOR_HEADER};
 
 /// Alignment of every allocation (as cudaMalloc's).
 const ALIGN: usize = 256;
@@ -310,15 +310,13 @@ impl Emulator {
 
 /// Whether a kernel source synchronizes its threads (barriers, shuffles,
 /// warp-wide tensor-core products, or the block and warp reductions of
-/// `kiln_cuda.cuh`), in its own text or in `gemv.cuh`, the kernel code its
-/// GEMV modules share. A module that does not runs its threads as plain
-/// calls, without fibers; a barrier reached anyway is reported as an
-/// error, never ignored.
+/// `kiln_cuda.cuh`), in its own text or in the kernel headers it includes
+/// (`gemv.cuh`, the code its GEMV modules share). A module that does not
+/// runs its threads as plain calls, without fibers; a barrier reached
+/// anyway is reported as an error, never ignored.
 fn synchronizes(source: &str) -> bool {
-    let shared = source
-        .contains("#include \"gemv.cuh\"")
-        .then_some(GEMV_HEADER);
-    std::iter::once(source).chain(shared).any(|text| {
+    let headers = sources::kernel_headers_of(source).map(|text| -> &str { text });
+    std::iter::once(source).chain(headers).any(|text| {
         [
             "__syncthreads",
             "__syncwarp",

@@ -172,34 +172,47 @@ const fn joined<const N: usize>(parts: &[&[Source]]) -> [Source; N] {
 /// `#line` markers, so a compiler's messages (and the emulator's alignment
 /// failures) name the file and line they come from.
 pub fn inline_common_header(name: &str, text: &str) -> String {
-    let mut out = String::with_capacity(
-        text.len()
-            + COMMON_HEADER.len()
-            + GGUF_BLOCKS_HEADER.len()
-            + DENSE_ROWS_HEADER.len()
-            + GEMV_HEADER.len(),
-    );
+    let mut out =
+        String::with_capacity(text.len() + HEADERS.iter().map(|h| h.1.len()).sum::<usize>());
     out.push_str(&format!("#line 1 \"{name}\"\n"));
     for (index, line) in text.lines().enumerate() {
-        let header = match line.trim() {
-            "#include \"kiln_cuda.cuh\"" => ("kiln_cuda.cuh", COMMON_HEADER),
-            "#include \"gguf_blocks.cuh\"" => ("gguf_blocks.cuh", GGUF_BLOCKS_HEADER),
-            "#include \"dense_rows.cuh\"" => ("dense_rows.cuh", DENSE_ROWS_HEADER),
-            "#include \"gemv.cuh\"" => ("gemv.cuh", GEMV_HEADER),
-            _ => {
-                out.push_str(without_pragma_once(line));
-                out.push('\n');
-                continue;
-            }
+        let Some(&(header, header_text)) = included(line) else {
+            out.push_str(without_pragma_once(line));
+            out.push('\n');
+            continue;
         };
-        out.push_str(&format!("#line 1 \"{}\"\n", header.0));
-        for header_line in header.1.lines() {
+        out.push_str(&format!("#line 1 \"{header}\"\n"));
+        for header_line in header_text.lines() {
             out.push_str(without_pragma_once(header_line));
             out.push('\n');
         }
         out.push_str(&format!("#line {} \"{name}\"\n", index + 2));
     }
     out
+}
+
+/// The headers sources include, by file name, the shared one first.
+const HEADERS: [(&str, &str); 4] = [
+    ("kiln_cuda.cuh", COMMON_HEADER),
+    ("gguf_blocks.cuh", GGUF_BLOCKS_HEADER),
+    ("dense_rows.cuh", DENSE_ROWS_HEADER),
+    ("gemv.cuh", GEMV_HEADER),
+];
+
+/// The header `line` includes, if it is an `#include` of one of [`HEADERS`].
+fn included(line: &str) -> Option<&'static (&'static str, &'static str)> {
+    let file = line.trim().strip_prefix("#include \"")?.strip_suffix('"')?;
+    HEADERS.iter().find(|h| h.0 == file)
+}
+
+/// The texts of the kernel headers `text` includes, the shared one
+/// (`kiln_cuda.cuh`, which defines the primitives) left out: the kernel
+/// code a module takes from others besides its own.
+pub fn kernel_headers_of(text: &str) -> impl Iterator<Item = &'static str> + '_ {
+    text.lines()
+        .filter_map(included)
+        .filter(|h| h.0 != HEADERS[0].0)
+        .map(|h| h.1)
 }
 
 /// A line, or an empty one in place of `#pragma once` (the headers are
