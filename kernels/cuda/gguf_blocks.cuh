@@ -10,6 +10,9 @@
 //   Q4_K (144 B / 256): 8 lanes, 16 bytes of nibbles each (two sub-blocks)
 //   Q5_K (176 B / 256): 8 lanes, 16 bytes of nibbles and their fifth bits
 //   Q6_K (210 B / 256): 8 lanes, 16 consecutive values in each of 2 quarters
+// The one-row GEMVs on f32 x read Q4_K, Q5_K and Q6_K in another order of
+// lanes (KQuantSpread, Q6_K_Spread), which keeps their loads of x in whole
+// lines of L1.
 // The layouts are ggml's (kernels/src/quant/format.rs decodes the same bytes
 // on the CPU). Included after kiln_cuda.cuh; the loader inlines both.
 #pragma once
@@ -250,10 +253,10 @@ struct KQuant {
   // instructions on either side of the branch on c (the GEMV's lanes take
   // different sides; qmm's threads of a stretch the same one), where
   // extracting each sub-block's bits on its own took ~25 a side.
-  __device__ __forceinline__ static void factors(const Raw& r, unsigned int c, float* scale, float* minimum) {
-    float d = f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(r.head.v[0] >> 16));
+  __device__ __forceinline__ static void factors(const Bytes16& head, unsigned int c, float* scale, float* minimum) {
+    float d = f16_to_f32((f16_bits)(head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(head.v[0] >> 16));
     // Scale bytes 0..3, 4..7 and 8..11.
-    unsigned int s0 = r.head.v[1], s1 = r.head.v[2], s2 = r.head.v[3];
+    unsigned int s0 = head.v[1], s1 = head.v[2], s2 = head.v[3];
     bool first_four = c < 2;
     // Sub-blocks 0..3: the low six bits of bytes 0..3 and 4..7; 4..7: the
     // nibbles of bytes 8..11 under the top two bits of bytes 0..3 and 4..7.
@@ -284,7 +287,7 @@ struct KQuant {
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     unsigned int c = (unsigned int)s / 2;
     float scale[2], minimum[2];
-    factors(r, c, scale, minimum);
+    factors(r.head, c, scale, minimum);
     float step[2], offset[2];
     for (int h = 0; h < 2; ++h) {
       step[h] = (float)UNIT * scale[h];
@@ -312,7 +315,7 @@ struct KQuant {
   __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
     unsigned int c = (unsigned int)s / 2;
     float factor[2], minimum[2];
-    factors(r, c, factor, minimum);
+    factors(r.head, c, factor, minimum);
     const signed char* x = q + 64 * c + 16 * (s % 2);
     Bytes16 x_lo = *reinterpret_cast<const Bytes16*>(x), x_hi = *reinterpret_cast<const Bytes16*>(x + 32);
     int sum_lo = 0, sum_hi = 0;
@@ -339,6 +342,73 @@ struct KQuant {
 };
 typedef KQuant<false> Q4_K;
 typedef KQuant<true> Q5_K;
+
+// Q4_K and Q5_K blocks as the one-row GEMVs read them against f32 x
+// (FloatX): the same bytes, lane s of a block's 8 taking word s of each of
+// the four 32-byte chunks of nibbles, values 4s .. 4s + 3 of every
+// sub-block. A 16-byte load of x then has a block's 8 lanes read 32
+// consecutive floats, one 128-byte line: 4 lines a warp's load, 32 for its
+// 1,024 weights. With KQuant's parts (16 consecutive bytes of nibbles a
+// lane) a block's lanes read four lines a load, every sector half used: 16
+// lines a load, 128 for the same weights. L1 returns at most a line a
+// cycle, so at batch 1 an 8B model's ~6e9 Q4_K weights (Q4_K_M) asked by
+// that count ~2.9 ms a step of an H200's L1s for x alone, against ~1 ms to
+// read the weights (measured: 8.4 ms a step). The price is a lane working
+// out all eight sub-blocks' factors, not two: the one-row loop over a
+// block goes from 171 to 201 instructions for Q4_K, 202 to 226 for Q5_K
+// (sm_90 SASS). The factors are KQuant's, bit for bit. The kernels for
+// more rows of x keep KQuant's parts: this layout's live factors took them
+// from 96 to 182 registers.
+template <bool FIVE_BITS>
+struct KQuantSpread {
+  typedef KQuant<FIVE_BITS> Block;
+  static const int ELEMS = 256, BYTES = Block::BYTES, LANES = 8;
+  struct Raw {
+    Bytes16 head;
+    unsigned int q[4], high;
+  };
+  __device__ static Raw load(const u8* b, int s) {
+    Raw r;
+    r.head = load_streaming(b);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) r.q[c] = load_streaming_u32(b + Block::QS + 32 * c + 4 * s);
+    r.high = FIVE_BITS ? load_streaming_u32(b + 16 + 4 * s) : 0u;
+    return r;
+  }
+  template <typename Sink>
+  __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
+    // d · scale_j · UNIT and dmin · minimum_j from each 6-bit byte b as 8 +
+    // b / 16 (eight_plus_byte): A · (8 + b / 16) - 8A in one rounding, as
+    // KQuant's d · b (times UNIT, a power of two) and dmin · b.
+    float unit_d = 16.0f * (float)Block::UNIT * f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu));
+    float unit_dmin = 16.0f * f16_to_f32((f16_bits)(r.head.v[0] >> 16));
+    unsigned int s0 = r.head.v[1], s1 = r.head.v[2], s2 = r.head.v[3];
+    // Sub-blocks 0..3 and 4..7 (KQuant::factors).
+    unsigned int sc[2] = {s0 & 0x3f3f3f3fu, (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u)};
+    unsigned int mn[2] = {s1 & 0x3f3f3f3fu, ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u)};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      unsigned int n[2] = {r.q[c] & 0x0f0f0f0fu, (r.q[c] >> 4) & 0x0f0f0f0fu};
+      if (FIVE_BITS) {
+        n[0] |= ((r.high >> (2 * c)) & 0x01010101u) << 4;
+        n[1] |= ((r.high >> (2 * c + 1)) & 0x01010101u) << 4;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int j = 2 * c + h;
+        float step = fmaf(unit_d, eight_plus_byte(sc[j / 4], j % 4), -8.0f * unit_d);
+        float minimum = fmaf(unit_dmin, eight_plus_byte(mn[j / 4], j % 4), -8.0f * unit_dmin);
+        float offset = -fmaf(8.0f, step, minimum);
+        unsigned int shifted = n[h] << Block::SHIFT;
+        float w[4];
+        for (int t = 0; t < 4; ++t) w[t] = fmaf(step, eight_plus_byte(shifted, t), offset);
+        sink(w, 4, col + 32 * j + 4 * s, 1.0f);
+      }
+    }
+  }
+};
+typedef KQuantSpread<false> Q4_K_Spread;
+typedef KQuantSpread<true> Q5_K_Spread;
 
 struct Q6_K {
   static const int ELEMS = 256, BYTES = 210, LANES = 8;
@@ -414,6 +484,54 @@ struct Q6_K {
     unsigned int high = (b[128 + 32 * h + l] >> (2 * quarter)) & 3u;
     float scale = signed_quant_f32(b[192 + 8 * h + l / 16 + 2 * quarter]);
     return load_f16(b + 208) * scale * quant_f32<32>(low | (high << 4));
+  }
+};
+
+// Q6_K blocks as the one-row GEMVs read them against f32 x (FloatX), for
+// KQuantSpread's reason: lane t of a block's 8 takes values 4t .. 4t + 3
+// of each of the eight quarters of 32 (two halves of four), so a 16-byte
+// load of x has the block's lanes read one 128-byte line (Q6_K's parts:
+// four lines, every sector half used). Its quants are the words at 4t of
+// each half's two runs of ql and of its qh; its scales bytes t / 4 + 2q of
+// each half's eight. Blocks of 210 bytes lie at 2-byte boundaries, so
+// words come in two 16-bit loads (load_u32): the one-row loop over a block
+// goes from 209 to 232 instructions, 21 to 26 of them loads (sm_90 SASS),
+// for ~104 lines of L1 a warp's 1,024 weights instead of ~158.
+struct Q6_K_Spread {
+  static const int ELEMS = 256, BYTES = 210, LANES = 8;
+  struct Raw {
+    unsigned int ql[2][2], qh[2];  // [half][run of ql]
+    unsigned int scales[2];        // each half's four (quarter q in byte q), signed
+    unsigned short d;
+  };
+  __device__ static Raw load(const u8* b, int t) {
+    Raw r;
+    Bytes16 sc = load_16_at2(b + 192);
+    unsigned int pick = (unsigned int)t / 4;
+    unsigned int select = pick | (pick + 2) << 4 | (pick + 4) << 8 | (pick + 6) << 12;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      r.ql[h][0] = load_u32(b + 64 * h + 4 * t);
+      r.ql[h][1] = load_u32(b + 64 * h + 32 + 4 * t);
+      r.qh[h] = load_u32(b + 128 + 32 * h + 4 * t);
+      r.scales[h] = __byte_perm(sc.v[2 * h], sc.v[2 * h + 1], select);
+    }
+    r.d = load_u16(b + 208);
+    return r;
+  }
+  template <typename Sink>
+  __device__ __forceinline__ static void values(const Raw& r, int t, int col, Sink sink) {
+    float d = f16_to_f32(r.d);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        unsigned int n = ((r.ql[h][q % 2] >> (4 * (q / 2))) & 0x0f0f0f0fu) | (((r.qh[h] >> (2 * q)) & 0x03030303u) << 4);
+        float v[4];
+        for (int j = 0; j < 4; ++j) v[j] = byte_quant_f32<32>(n, j);
+        sink(v, 4, col + 128 * h + 32 * q + 4 * t, d * signed_quant_f32(r.scales[h] >> (8 * q)));
+      }
+    }
   }
 };
 

@@ -204,6 +204,17 @@ __device__ __forceinline__ Bytes16 load_streaming(const void* p) {
 #endif
 }
 
+// Four bytes of weights, as load_streaming reads sixteen.
+__device__ __forceinline__ unsigned int load_streaming_u32(const void* p) {
+#ifdef KILN_EMULATOR
+  return *reinterpret_cast<const unsigned int*>(p);
+#else
+  unsigned int r;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+  return r;
+#endif
+}
+
 // One warp's tensor-core product D += A·B: A 16×16 bf16 (row-major), B 16×8
 // bf16 (column-major), D 16×8 f32, in the fragment layout of PTX's
 // mma.m16n8k16 (lane = 4·group + pair): a[0] holds A[group][2·pair, +1],

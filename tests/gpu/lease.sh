@@ -80,13 +80,16 @@ part suite 150 env KILN_GPU_SUITE_SKIP=nvrtc KILN_GPU_SUITE_TIMEOUT=60 \
 # Issue 14's table: decode at 1, 16 and 64 streams and a 2048-token prefill
 # (200 s on the H200 on 2026-11-30).
 part kiln-bf16 200 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench/gpu/run.sh kiln
+# Q4_K_M at batch 1 ran at 13 % of its roofline (117.7 tok/s, 2026-11-30);
+# its one-row GEMVs now read blocks in KQuantSpread's lane order.
+part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh kiln
+# Where a batch-1 step's time goes (Nsight), and how its GEMVs use L1 and
+# DRAM (Nsight Compute's sections).
+part profile-batch-1 60 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1" bench/gpu/run.sh profile
+part gemv-memory 90 bench/gpu/run.sh gemv-memory
 # Dense products of 2 to 8 rows on the GEMV or on cuBLAS (8 rows on the GEMV
 # took 3.7 times cuBLAS's 16 on 2026-11-30; the threshold is 2 since).
 part dense-gemv 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh dense-gemv
-part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh kiln
-# Where a batch-1 step's time goes (Nsight; Q4_K_M runs at 13 % of its
-# roofline).
-part profile-batch-1 60 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1" bench/gpu/run.sh profile
 # Where a step's time goes at 64 streams and in prefill (Nsight Systems).
 part profile 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:64 llama3-8b:bf16:1:2048:1" bench/gpu/run.sh profile
 # What programmatic launch and the tensor-core dense products gain.
