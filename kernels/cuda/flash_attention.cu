@@ -37,7 +37,6 @@
 #define KILN_FLASH_THREADS (32 * KILN_FLASH_WARPS)
 #define KILN_FLASH_ROWS (16 * KILN_FLASH_WARPS)
 #define KILN_FLASH_KEYS 64
-#define KILN_FLASH_LOG2E 1.4426950408889634f
 
 // Finds query tile `tile` of the batch: its sequence and first row; false
 // past the last tile.
@@ -152,7 +151,7 @@ __device__ void flash_attention(const float* __restrict__ q, const C* __restrict
   bool warp_active = warp_row < seq_end;
   int warp_first = first_position + (int)(warp_row - seq_start);
   int warp_last = first_position + (int)(min(seq_end, warp_row + 16) - 1 - seq_start);
-  float scale_log2 = scale * KILN_FLASH_LOG2E;
+  float scale_log2 = scale * KILN_LOG2E;
 
   // Q fragments (rows g and g + 8, 16 dims per chunk), rounded to bf16.
   unsigned qf[D / 16][4];
@@ -215,7 +214,7 @@ __device__ void flash_attention(const float* __restrict__ q, const C* __restrict
         for (int e = 0; e < 4; ++e) {
           float v;
           if (softcap > 0.0f)
-            v = softcap * tanhf(s[j][e] * scale / softcap) * KILN_FLASH_LOG2E;
+            v = softcap * tanhf(s[j][e] * scale / softcap) * KILN_LOG2E;
           else
             v = s[j][e] * scale_log2;
           if (!unmasked) {

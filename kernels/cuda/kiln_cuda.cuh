@@ -25,6 +25,9 @@ typedef unsigned short f16_bits;
 // on a GPU, which the emulator cannot show; the NVRTC test allows no spill).
 #define KILN_MAX_THREADS 1024
 #define KILN_NEG_INF __int_as_float((int)0xff800000u)
+// log2(e) and ln(2): softmax weights as powers of two (fast_exp2).
+#define KILN_LOG2E 1.4426950408889634f
+#define KILN_LN2 0.6931471805599453f
 
 __device__ __forceinline__ float bf16_to_f32(bf16_bits b) {
   return __uint_as_float(((unsigned int)b) << 16);
@@ -480,7 +483,10 @@ __device__ __forceinline__ int sequence_of(const i64* row_offsets, const i64* co
 
 __device__ __forceinline__ i64 cache_slot(const i64* block_tables, int b, int blocks_per_seq, int block_size,
                                           i64 position) {
-  return block_tables[(i64)b * blocks_per_seq + position / block_size] * block_size + position % block_size;
+  // Positions (≥ 0 here) and block sizes fit 32 bits: a 32-bit division,
+  // where a 64-bit one calls a subroutine of ~70 instructions.
+  unsigned p = (unsigned)position, size = (unsigned)block_size, block = p / size;
+  return block_tables[(i64)b * blocks_per_seq + block] * block_size + (p - block * size);
 }
 
 // Cache elements to and from f32. Kernels told the element type at run time
