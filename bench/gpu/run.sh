@@ -46,9 +46,10 @@
 #                                      kernels of two decode steps mid-run, or of the
 #                                      measured prefill (KILN_PROFILE_STEPS), by Nsight
 #                                      Systems' kernel sums, else Nsight Compute
-#   bench/gpu/run.sh gemv-memory       how the decode GEMVs of one batch-1 step use the
-#                                      memory system (llama3-8b bf16 and q4_k_m: L1
-#                                      wavefronts and sectors per request, DRAM
+#   bench/gpu/run.sh kernel-memory     how chosen kernels of a decode step use the
+#                                      memory system and issue (the GEMVs of llama3-8b
+#                                      bf16 and q4_k_m at batch 1, grouped attention at
+#                                      64: L1 wavefronts and sectors per request, DRAM
 #                                      throughput, warp stalls, occupancy), by Nsight
 #                                      Compute's sections, as CSV
 #   bench/gpu/run.sh table             the table of every JSON so far
@@ -290,25 +291,27 @@ profile() {
 }
 
 # Nsight Compute's memory, warp-state and occupancy sections for the first
-# GEMV launches of a decode step mid-run (three layers' products), at batch
-# 1: whether a GEMV waits on DRAM, on L1 (wavefronts per request: lines a
-# load touched) or on issue.
-gemv_memory() {
+# launches of chosen kernels in a decode step mid-run: whether a kernel
+# waits on DRAM, on L1 (wavefronts per request: the lines a load touched)
+# or on issue. KILN_BENCH_MEMORY: KERNEL-REGEX:DTYPE:BATCH runs on the
+# llama3-8b shape.
+kernel_memory() {
   . tests/gpu/env.sh
-  local ncu
+  local ncu run kernel dtype batch
   ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$ncu" ] || { echo "no Nsight Compute on this machine"; return 1; }
-  for dtype in ${KILN_BENCH_GEMV_DTYPES:-q4_k_m bf16}; do
+  for run in ${KILN_BENCH_MEMORY:-kiln_gemv:q4_k_m:1 kiln_gemv:bf16:1 kiln_grouped_attention:bf16:64}; do
+    IFS=: read -r kernel dtype batch <<< "$run"
     weights_of "$dtype"
-    local name=gemv-memory-llama3-8b-$dtype
+    local name=memory-$kernel-llama3-8b-$dtype-$batch
     echo "== $name"
     KILN_PROFILE_STEPS=decode:16..17 "$ncu" --csv --page details --profile-from-start off \
-      --kernel-name regex:kiln_gemv --launch-count 12 --section SpeedOfLight \
+      --kernel-name "regex:$kernel" --launch-count 12 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section Occupancy \
       "$bin/host" benchmark --shape llama3-8b "${weights[@]}" --device "$device" \
-      --input-len "$input_len" --output-len 32 --concurrency 1 --json \
+      --input-len "$input_len" --output-len 32 --concurrency "$batch" --json \
       > "$results/$name.csv" 2> "$results/$name.log" || { echo "FAILED: $name"; tail -5 "$results/$name.log"; continue; }
-    grep -c '"kiln_gemv' "$results/$name.csv" | sed 's/^/metric rows: /'
+    grep -c "\"$kernel" "$results/$name.csv" | sed 's/^/metric rows: /'
   done
 }
 
@@ -334,7 +337,7 @@ case "${1:-}" in
   speculative) speculative ;;
   kv-fp8) kv_fp8 ;;
   profile) profile ;;
-  gemv-memory) gemv_memory ;;
+  kernel-memory) kernel_memory ;;
   torch) torch_baseline "${2:?mode}" "${3:?shape}" ;;
   table) table ;;
   all)
@@ -347,13 +350,13 @@ case "${1:-}" in
     speculative
     kv_fp8
     profile
-    gemv_memory
+    kernel_memory
     for shape in llama3-8b llama3.2-1b; do
       for mode in eager compiled; do torch_baseline "$mode" "$shape"; done
     done
     table
     ;;
-  *) sed -n 2,60p "$0" >&2; exit 2 ;;
+  *) sed -n 2,61p "$0" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   [ -f "$results/gpu-bench.md" ] && cp "$results/gpu-bench.md" "$OUT/"

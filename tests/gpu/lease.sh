@@ -77,16 +77,17 @@ part() {
 # H200 on 2026-11-30, when the first three suites timed out doing it).
 part suite 150 env KILN_GPU_SUITE_SKIP=nvrtc KILN_GPU_SUITE_TIMEOUT=60 \
   KILN_GPU_SUITE_FIRST_TIMEOUT=180 tests/gpu/run.sh suite
-# Issue 14's table: decode at 1, 16 and 64 streams and a 2048-token prefill
-# (200 s on the H200 on 2026-11-30).
-part kiln-bf16 200 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench/gpu/run.sh kiln
 # Q4_K_M at batch 1 ran at 13 % of its roofline (117.7 tok/s, 2026-11-30);
 # its one-row GEMVs now read blocks in KQuantSpread's lane order.
 part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh kiln
-# Where a batch-1 step's time goes (Nsight), and how its GEMVs use L1 and
-# DRAM (Nsight Compute's sections).
+# Issue 14's table: decode at 1, 16 and 64 streams and a 2048-token prefill
+# (200 s on the H200 on 2026-11-30).
+part kiln-bf16 200 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench/gpu/run.sh kiln
+# Where a batch-1 step's time goes (Nsight), and how its GEMVs (batch 1)
+# and grouped attention (batch 64, issue-bound on 2026-11-30, its loop
+# since cut by ~40 %) use L1, DRAM and issue (Nsight Compute's sections).
 part profile-batch-1 60 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1" bench/gpu/run.sh profile
-part gemv-memory 90 bench/gpu/run.sh gemv-memory
+part kernel-memory 120 bench/gpu/run.sh kernel-memory
 # Dense products of 2 to 8 rows on the GEMV or on cuBLAS (8 rows on the GEMV
 # took 3.7 times cuBLAS's 16 on 2026-11-30; the threshold is 2 since).
 part dense-gemv 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh dense-gemv
