@@ -1,5 +1,6 @@
 // Data movement shared by every model: embedding rows, row gathers, strided
-// copies (permute, slice, broadcast, concat) and type conversions.
+// copies (permute, slice, broadcast, concat), type conversions and the
+// split of a stacked product's output.
 #include "kiln_cuda.cuh"
 
 #define KILN_MAX_RANK 8
@@ -139,4 +140,34 @@ extern "C" __global__ void kiln_bf16_to_f32(const bf16_bits* __restrict__ x, flo
 extern "C" __global__ void kiln_f16_to_f32(const f16_bits* __restrict__ x, float* __restrict__ y, i64 n) {
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
     y[i] = f16_to_f32(x[i]);
+}
+
+// A stacked product's output x [rows, cols] (matrices that share x stored
+// one after another and multiplied by one GEMM, host/src/runtime/cuda/
+// stacked.rs) to its members' outputs: member p takes the 16-byte units
+// starts[p] .. starts[p + 1] - 1 of each row into out[p] (widths in 16-byte
+// units: the host stacks only members whose outputs' rows are whole units).
+#define KILN_STACK_MAX 4
+struct KilnColumnSplit {
+  i64 count;
+  i64 starts[KILN_STACK_MAX + 1];
+  Bytes16* out[KILN_STACK_MAX];
+};
+
+// A block row per row of x (gridDim.y), its threads striding over the row.
+extern "C" __global__ void kiln_split_columns(const Bytes16* __restrict__ x, KilnColumnSplit s) {
+  i64 row = blockIdx.y, width = 0;
+  // Constant indices into the argument (a computed one would copy it to
+  // local memory).
+#pragma unroll
+  for (int p = 0; p < KILN_STACK_MAX; ++p)
+    if (p < s.count) width = s.starts[p + 1];
+  for (int unit = blockIdx.x * blockDim.x + threadIdx.x; unit < width; unit += gridDim.x * blockDim.x) {
+    Bytes16 v = x[row * width + unit];
+#pragma unroll
+    for (int p = 0; p < KILN_STACK_MAX; ++p) {
+      if (p < s.count && unit >= s.starts[p] && unit < s.starts[p + 1])
+        s.out[p][row * (s.starts[p + 1] - s.starts[p]) + unit - s.starts[p]] = v;
+    }
+  }
 }

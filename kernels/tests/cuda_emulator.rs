@@ -270,6 +270,41 @@ fn strided_copies_permute_and_slice() {
     copy_strided(&gpu, "kiln_copy_strided_b1", |i| (i * 37) as u8);
 }
 
+/// A stacked product's output [3, 40 + 8 + 24] of u32 (10, 2 and 6 units of
+/// 16 bytes a row) split to its three members' outputs, by blocks of fewer
+/// threads than a row's units (threads stride over the rest).
+#[test]
+fn a_stacked_output_splits_into_its_members_columns() {
+    let gpu = Gpu::new(&[sources::DATA]);
+    let (rows, widths) = (3, [40, 8, 24]);
+    let cols: usize = widths.iter().sum();
+    let x: Vec<u32> = (0..rows * cols)
+        .map(|i| 0x0100_0003u32.wrapping_mul(i as u32 + 1))
+        .collect();
+    let outs: Vec<DevicePtr> = widths.iter().map(|w| gpu.zeros(rows * w * 4)).collect();
+    let mut words = vec![3u64, 0, 10, 12, 18, 0];
+    words.extend(&outs);
+    words.push(0);
+    gpu.run(
+        "kiln_split_columns",
+        (1, rows as u32),
+        4,
+        &[Ptr(gpu.up(&x)), KernelArg::Struct(words)],
+    );
+    let mut first = 0;
+    for (out, width) in outs.into_iter().zip(widths) {
+        let want: Vec<u32> = (0..rows)
+            .flat_map(|r| x[r * cols + first..r * cols + first + width].to_vec())
+            .collect();
+        assert_eq!(
+            gpu.down::<u32>(out, rows * width),
+            want,
+            "member of {width} columns"
+        );
+        first += width;
+    }
+}
+
 /// A 16-bit float format through the `half` crate: (f32 → bits, bits → f32).
 type Half = (fn(f32) -> u16, fn(u16) -> f32);
 const BF16: Half = (

@@ -25,6 +25,7 @@ mod products;
 mod profile;
 mod qmm;
 mod sample;
+mod stacked;
 mod step;
 mod tune;
 mod weights;

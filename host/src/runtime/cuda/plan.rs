@@ -265,6 +265,15 @@ pub fn lower(
         };
     }
     let mut matrices: HashMap<usize, DeviceMatrix> = HashMap::new();
+    // Dense matrices that share x, stored one after another
+    // (`stacked.rs`).
+    for group in super::stacked::stacked_weights(program, weights, dtype) {
+        let members: Vec<&WeightData> = group.iter().map(|&w| &weights[w]).collect();
+        let ty = weights::product_type(members[0], dtype);
+        let (base, placed) = weights::upload_stacked(device, &members, ty)?;
+        owned.push(base);
+        matrices.extend(group.into_iter().zip(placed));
+    }
     // Bytes and elements of each product's matrix.
     let mut product_matrices: HashMap<usize, (usize, usize)> = HashMap::new();
     let mut matrix = |index: usize, owned: &mut Vec<u64>| -> Result<DeviceMatrix, CudaError> {

@@ -24,6 +24,7 @@ use super::gemv::{gemv_kernel, group_arg, GemvEpilogue, GemvGroup};
 use super::launch::Frame;
 use super::plan::StepPlan;
 use super::qmm::{self, QmmLaunch};
+use super::stacked::Stack;
 use super::tune::{GemvShape, RowPairs};
 use super::weights::DeviceMatrix;
 
@@ -51,6 +52,24 @@ fn route(w: &DeviceMatrix, layout: WeightLayout, m: usize) -> Route {
         return Route::Gemv;
     }
     qmm::single(w, layout, m).map_or(Route::Gemm, Route::Qmm)
+}
+
+/// The stack of a group's run of products over `m` rows of x that cuBLAS
+/// takes, where they run as one GEMM (`stacked.rs`; not a gated pair,
+/// whose activation its own step computes from both outputs).
+fn stack_of<T>(
+    run: &[(DeviceMatrix, T)],
+    gated: bool,
+    m: usize,
+    y_type: GemmType,
+) -> Option<Stack> {
+    let matrices: Vec<DeviceMatrix> = run.iter().map(|&(w, _)| w).collect();
+    let on_cublas = matrices
+        .iter()
+        .all(|w| route(w, WeightLayout::OutIn, m) == Route::Gemm);
+    (on_cublas && !gated)
+        .then(|| Stack::of(&matrices, m, y_type))
+        .flatten()
 }
 
 /// The half type `m` rows of x times `w` read x in: bf16 on tensor cores,
@@ -192,8 +211,33 @@ pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
             x_elements,
             |q, m| qmm_scratch(q, x_elements, m).1,
             |w| product(w, WeightLayout::OutIn),
-        ),
+        )
+        .max(stack_scratch(members, gated.is_some(), x_elements).1),
         _ => 0,
+    }
+}
+
+/// The scratch of a group's stacked product (x cast to W's type, then the
+/// product's output at the returned offset): `(offset, total bytes)`, or
+/// nothing where its products do not stack.
+fn stack_scratch<T>(
+    members: &[(DeviceMatrix, T)],
+    gated: bool,
+    x_elements: usize,
+) -> (usize, usize) {
+    let Some(first) = members.first().map(|(w, _)| w) else {
+        return (0, 0);
+    };
+    let m = x_elements / first.cols.max(1);
+    // The output type is the members' (f32 or W's half type): sized for f32.
+    match stack_of(members, gated, m, GemmType::F32) {
+        Some(stack) => {
+            let aligned =
+                |bytes: usize| bytes.div_ceil(super::memory::ALIGN) * super::memory::ALIGN;
+            let offset = aligned(x_elements * first.ty.size());
+            (offset, offset + stack.output_bytes(m))
+        }
+        None => (0, 0),
     }
 }
 
@@ -351,6 +395,20 @@ impl Frame<'_> {
         };
         let mut done = 0;
         for run in format_runs(members) {
+            let y_type = out_halves.get(done).copied().flatten();
+            let same_type =
+                (done..done + run.len()).all(|i| out_halves.get(i).copied().flatten() == y_type);
+            let y_type = y_type.unwrap_or(GemmType::F32);
+            let stack = stack_of(run, gated.is_some(), m, y_type).filter(|_| same_type);
+            if let Some(stack) = stack {
+                let (offset, _) = stack_scratch(run, false, x_elements);
+                let y = scratch.ok_or("no scratch buffer planned for a stacked product")?
+                    + offset as DevicePtr;
+                let outs: Vec<DevicePtr> = run.iter().map(|&(_, out)| out).collect();
+                self.stacked_product(&stack, &outs, (x, m), (y, y_type))?;
+                done += run.len();
+                continue;
+            }
             let Some(q) = run_qmm(run, gated.is_some(), m) else {
                 for (i, (w, out)) in run.iter().enumerate() {
                     let out = (*out, out_halves.get(done + i).copied().flatten());

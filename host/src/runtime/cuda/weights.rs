@@ -55,14 +55,18 @@ pub struct DeviceMatrix {
     pub dense_gemv_rows: usize,
 }
 
-#[cfg(test)]
 impl DeviceMatrix {
-    /// A bf16 matrix, or one `packed`, at address 0: for tests of launch
-    /// shapes and routes.
-    pub fn unplaced(packed: Option<Packed>, rows: usize, cols: usize) -> Self {
+    /// A matrix of `(rows, cols)` at `ptr`, with the load options' defaults
+    /// (the lowering sets them per product).
+    pub fn placed(
+        ptr: DevicePtr,
+        ty: GemmType,
+        packed: Option<Packed>,
+        (rows, cols): (usize, usize),
+    ) -> Self {
         Self {
-            ptr: 0,
-            ty: GemmType::BF16,
+            ptr,
+            ty,
             packed,
             rows,
             cols,
@@ -70,6 +74,15 @@ impl DeviceMatrix {
             dense_on_tensor_cores: false,
             dense_gemv_rows: super::gemv::DENSE_GEMV_MAX_M,
         }
+    }
+}
+
+#[cfg(test)]
+impl DeviceMatrix {
+    /// A bf16 matrix, or one `packed`, at address 0: for tests of launch
+    /// shapes and routes.
+    pub fn unplaced(packed: Option<Packed>, rows: usize, cols: usize) -> Self {
+        Self::placed(0, GemmType::BF16, packed, (rows, cols))
     }
 }
 
@@ -281,10 +294,60 @@ pub fn upload_matrix(
     ty: GemmType,
     packed: Option<Packed>,
 ) -> Result<DeviceMatrix, CudaError> {
-    let shape = &weight.spec.shape;
-    let cols = *shape.last().unwrap_or(&1) as usize;
-    let rows = weight.elements() / cols.max(1);
-    let bytes: Vec<u8> = match (ty, weight.spec.encoding) {
+    let ptr = upload(
+        device,
+        &matrix_bytes(weight, ty, packed)?,
+        &weight.spec.name,
+    )?;
+    Ok(DeviceMatrix::placed(ptr, ty, packed, matrix_dims(weight)))
+}
+
+/// Uploads `members` (dense matrices of one row length) as `ty` one after
+/// another in one allocation, a stacked matrix whose rows are theirs in
+/// order (`stacked.rs`): the allocation, and each member's matrix in it.
+pub fn upload_stacked(
+    device: &dyn Device,
+    members: &[&WeightData],
+    ty: GemmType,
+) -> Result<(DevicePtr, Vec<DeviceMatrix>), CudaError> {
+    let sizes: Vec<usize> = members.iter().map(|w| w.elements() * ty.size()).collect();
+    let total = sizes.iter().sum();
+    let names: Vec<&str> = members.iter().map(|w| w.spec.name.as_str()).collect();
+    let what = names.join(" + ");
+    let base = device
+        .alloc(total)
+        .map_err(|e| CudaError::Memory(format!("`{what}` ({total} bytes): {e}")))?;
+    let mut matrices = Vec::with_capacity(members.len());
+    let mut at = base;
+    for (weight, size) in members.iter().zip(sizes) {
+        let placed = matrix_bytes(weight, ty, None).and_then(|bytes| {
+            device
+                .upload(at, &bytes)
+                .map_err(|e| CudaError::Device(format!("uploading `{}`: {e}", weight.spec.name)))
+        });
+        if let Err(e) = placed {
+            device.free(base);
+            return Err(e);
+        }
+        matrices.push(DeviceMatrix::placed(at, ty, None, matrix_dims(weight)));
+        at += size as DevicePtr;
+    }
+    Ok((base, matrices))
+}
+
+/// A matrix weight's `(rows, cols)`: its last axis, and all the others.
+fn matrix_dims(weight: &WeightData) -> (usize, usize) {
+    let cols = *weight.spec.shape.last().unwrap_or(&1) as usize;
+    (weight.elements() / cols.max(1), cols)
+}
+
+/// `weight`'s bytes as a matrix of `ty`, or its blocks when `packed`.
+fn matrix_bytes(
+    weight: &WeightData,
+    ty: GemmType,
+    packed: Option<Packed>,
+) -> Result<Vec<u8>, CudaError> {
+    Ok(match (ty, weight.spec.encoding) {
         _ if packed.is_some() => weight.bytes().to_vec(),
         (GemmType::BF16, Encoding::BFloat16) | (GemmType::F16, Encoding::Float16) => {
             weight.bytes().to_vec()
@@ -292,22 +355,12 @@ pub fn upload_matrix(
         (GemmType::F32, Encoding::Float32) => weight.bytes().to_vec(),
         _ => {
             let mut values = vec![0f32; weight.elements()];
+            let rows = matrix_dims(weight).0;
             weight
                 .decode_rows(0..rows, &mut values)
                 .map_err(|e| CudaError::Weight(weight.spec.name.clone(), e))?;
             encode(&values, ty)
         }
-    };
-    let ptr = upload(device, &bytes, &weight.spec.name)?;
-    Ok(DeviceMatrix {
-        ptr,
-        ty,
-        packed,
-        rows,
-        cols,
-        int8_activations: false,
-        dense_on_tensor_cores: false,
-        dense_gemv_rows: super::gemv::DENSE_GEMV_MAX_M,
     })
 }
 
