@@ -22,6 +22,12 @@ use crate::runtime::WeightData;
 /// Most members of a stack (`KILN_STACK_MAX` in data.cu).
 pub const STACK_MAX: usize = 4;
 
+/// Most rows of x a stacked product takes: decode batches and short
+/// prompts. Past them each product fills the card on its own (a 2048-token
+/// prompt's q, k and v are ~100 GFLOP), and the split would copy an output
+/// of up to 50 MB (Llama-3-8B's q, k and v in f32) a layer.
+pub const STACK_MAX_M: usize = 256;
+
 /// The weights (indices) to store stacked, each group in program order:
 /// those of the `Linear` steps that read one value, 2 to [`STACK_MAX`] of
 /// them, dense, of one product type and row length, and read by no other
@@ -80,7 +86,7 @@ impl Stack {
     /// cuBLAS takes, not a gated pair) over `m` rows of x run as one GEMM:
     /// 2 to [`STACK_MAX`] dense matrices of one type and row length stored
     /// one after another, their output rows whole 16-byte units in `y_type`
-    /// (for the split), `m` within a grid's height.
+    /// (for the split), `m` up to [`STACK_MAX_M`].
     pub fn of(members: &[DeviceMatrix], m: usize, y_type: GemmType) -> Option<Self> {
         let first = members.first()?;
         let adjacent = members.windows(2).all(|pair| {
@@ -95,7 +101,7 @@ impl Stack {
             && members.iter().all(|w| w.packed.is_none())
             && adjacent
             && units
-            && (1..=65_535).contains(&m);
+            && (1..=STACK_MAX_M).contains(&m);
         stackable.then(|| Self {
             matrix: DeviceMatrix {
                 rows: members.iter().map(|w| w.rows).sum(),
@@ -197,6 +203,7 @@ mod tests {
         assert!(Stack::of(&[q, odd], 12, GemmType::F32).is_none());
         assert!(Stack::of(&[q, at(0x1000 + 64 * 256 * 2, 8)], 12, GemmType::BF16).is_some());
         assert!(Stack::of(&[q, k], 0, GemmType::F32).is_none());
-        assert!(Stack::of(&[q, k], 65_536, GemmType::F32).is_none());
+        assert!(Stack::of(&[q, k], STACK_MAX_M, GemmType::F32).is_some());
+        assert!(Stack::of(&[q, k], STACK_MAX_M + 1, GemmType::F32).is_none());
     }
 }
