@@ -1,23 +1,36 @@
 // Rows of dense weights (bf16, f16 or f32) times f32 x, a warp per row
-// (or `SPLIT` warps, each taking every SPLIT-th stretch), eight elements
-// per lane and 16-byte load, a round of loads issued before the first is
-// used: the decode GEMV's rows (gemv.cuh) and the experts' (moe.cu).
+// (or `SPLIT` warps, each taking every SPLIT-th stretch of 256 columns),
+// eight elements a lane and stretch (load8), a round of loads issued
+// before the first is used: the decode GEMV's rows (gemv.cuh) and the
+// experts' (moe.cu).
 // BYTES: 2 = bf16, 3 = f16 (2 bytes each), 4 = f32. Needs kiln_cuda.cuh
 // and gguf_blocks.cuh (`accumulate`) first.
 #pragma once
 
-// Eight elements of a bf16, f16 or f32 row, as loaded (one 16-byte load,
-// two for f32) and as f32.
+// A lane's eight elements of a 256-column stretch of a bf16, f16 or f32
+// row: four at `col` and four at `col + 128` (8-byte loads, 16-byte for
+// f32), so that a warp's load of x (16 bytes a lane, four columns) reads
+// 512 consecutive bytes, four lines of L1. With eight consecutive elements
+// a lane (one 16-byte load of bf16) its two loads of x each touched eight
+// lines, every sector half used: 16 lines of x a warp's 256 weights rather
+// than 8 (at a line a cycle, Llama-3-8B's batch-1 step asked ~2.4 ms of an
+// H200's L1s that way, against ~3.9 ms to read its weights).
 template <int BYTES>
 struct Raw8 {
-  Bytes16 part[BYTES == 4 ? 2 : 1];
+  Bytes16 part[BYTES == 4 ? 2 : 1];  // bf16/f16: v[0..1] at col, v[2..3] at col + 128
 };
 
 template <int BYTES>
 __device__ __forceinline__ Raw8<BYTES> load8(const u8* row, int col) {
   Raw8<BYTES> r;
-  const int size = BYTES == 4 ? 4 : 2;
-  for (int p = 0; p < (BYTES == 4 ? 2 : 1); ++p) r.part[p] = load_streaming(row + (i64)col * size + 16 * p);
+  if (BYTES == 4) {
+    r.part[0] = load_streaming(row + (i64)col * 4);
+    r.part[BYTES == 4 ? 1 : 0] = load_streaming(row + (i64)(col + 128) * 4);
+  } else {
+    unsigned long long lo = load_streaming_u64(row + (i64)col * 2);
+    unsigned long long hi = load_streaming_u64(row + (i64)(col + 128) * 2);
+    r.part[0] = Bytes16{{(unsigned)lo, (unsigned)(lo >> 32), (unsigned)hi, (unsigned)(hi >> 32)}};
+  }
   return r;
 }
 
@@ -41,9 +54,9 @@ __device__ __forceinline__ float load1(const u8* row, int col) {
   return BYTES == 2 ? bf16_to_f32(b) : f16_to_f32(b);
 }
 
-// COUNT loads of eight elements `step` apart from `col`, every one issued
-// before the first is used (a memory round trip for the round, not per
-// load); with BOUNDED, those at or past `end` are not made.
+// COUNT loads of a lane's eight elements (load8) `step` apart from `col`,
+// every one issued before the first is used (a memory round trip for the
+// round, not per load); with BOUNDED, those at or past `end` are not made.
 template <int BYTES, int MAX_M, int COUNT, bool BOUNDED>
 __device__ __forceinline__ void dense_round(const u8* wr, int col, int step, int end, const float* x, int m,
                                             int k, float* acc) {
@@ -56,10 +69,15 @@ __device__ __forceinline__ void dense_round(const u8* wr, int col, int step, int
     if (!BOUNDED || col + u * step < end) {
       float v[8];
       widen8<BYTES>(raw[u], v);
-      accumulate<MAX_M>(acc, v, 8, x, m, k, col + u * step);
+      accumulate<MAX_M>(acc, v, 4, x, m, k, col + u * step);
+      accumulate<MAX_M>(acc, v + 4, 4, x, m, k, col + u * step + 128);
     }
   }
 }
+
+// The columns read in whole stretches of 256 (load8): rows of a multiple
+// of 4 columns start at 8-byte boundaries.
+__device__ __forceinline__ int dense_vector_end(int k) { return k % 4 == 0 ? k / 256 * 256 : 0; }
 
 // Loads of the weights a lane has in flight before it uses the first: the
 // one-row kernels have the registers for more.
@@ -72,25 +90,27 @@ __device__ __forceinline__ constexpr int dense_depth() {
 // while the previous kernel finishes (nothing for a null row).
 template <int BYTES, int MAX_M, int SPLIT>
 __device__ __forceinline__ void dense_row_prefetch(const u8* wr, int part, int k) {
-  const int depth = dense_depth<MAX_M>(), step = 32 * 8 * SPLIT, size = BYTES == 4 ? 4 : 2;
-  int vector_end = (k % 8 == 0) ? k : 0;
-  for (int u = 0, c = (part * 32 + threadIdx.x % 32) * 8; wr && u < depth && c < vector_end; ++u, c += step)
+  const int depth = dense_depth<MAX_M>(), step = 256 * SPLIT, size = BYTES == 4 ? 4 : 2;
+  int vector_end = dense_vector_end(k);
+  for (int u = 0, c = part * 256 + (threadIdx.x % 32) * 4; wr && u < depth && c < vector_end; ++u, c += step) {
     prefetch_l2(wr + (i64)c * size);
+    prefetch_l2(wr + (i64)(c + 128) * size);
+  }
 }
 
 // The lane's part of row `wr [k]` (part `part` of SPLIT) times the m rows
-// of x [m, k], added to acc: whole rounds, then what is left (with one
-// warp per row one load at a time, the fewest registers; with a split,
-// whose warps have fewer loads each, one bounded round), then the columns
-// past the last multiple of 8 (all of them when a row is not 16-byte
-// aligned) one at a time.
+// of x [m, k], added to acc: whole rounds over stretches of 256 columns,
+// then what is left (with one warp per row one load at a time, the fewest
+// registers; with a split, whose warps have fewer loads each, one bounded
+// round), then the columns past the last whole stretch (all of them when a
+// row's columns are not a multiple of 4) one at a time.
 template <int BYTES, int MAX_M, int SPLIT>
 __device__ __forceinline__ void dense_row(const u8* wr, int part, const float* x, int m, int k, float* acc) {
   const int depth = dense_depth<MAX_M>();
-  const int step = 32 * 8 * SPLIT;  // elements the row's warps read per load
+  const int step = 256 * SPLIT;  // columns the row's warps cover per load
   int lane = threadIdx.x % 32;
-  int vector_end = (k % 8 == 0) ? k : 0;  // 16-byte loads need aligned rows
-  int col = (part * 32 + lane) * 8;
+  int vector_end = dense_vector_end(k);
+  int col = part * 256 + lane * 4;
   for (; col + (depth - 1) * step < vector_end; col += depth * step)
     dense_round<BYTES, MAX_M, depth, false>(wr, col, step, vector_end, x, m, k, acc);
   if (SPLIT == 1) {

@@ -207,6 +207,17 @@ __device__ __forceinline__ Bytes16 load_streaming(const void* p) {
 #endif
 }
 
+// Eight bytes of weights, as load_streaming reads sixteen.
+__device__ __forceinline__ unsigned long long load_streaming_u64(const void* p) {
+#ifdef KILN_EMULATOR
+  return *reinterpret_cast<const unsigned long long*>(p);
+#else
+  unsigned long long r;
+  asm("ld.global.nc.L1::no_allocate.u64 %0, [%1];" : "=l"(r) : "l"(p));
+  return r;
+#endif
+}
+
 // Four bytes of weights, as load_streaming reads sixteen.
 __device__ __forceinline__ unsigned int load_streaming_u32(const void* p) {
 #ifdef KILN_EMULATOR

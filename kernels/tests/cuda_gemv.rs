@@ -222,10 +222,11 @@ fn check_gated(gpu: &Gpu, kernel: &str, w: &Matrix, x8: bool) {
 fn dense_rows_match_the_reference() {
     let gpu = Gpu::new(&[sources::GEMV]);
     let n = 37; // not a multiple of the rows per block
-                // 520: 16-byte loads and a partial last sweep; 2056: full
-                // rounds of eight loads per lane (the one-row kernels) and
-                // one load past them; 37: the unaligned path.
-    for k in [520, 2056, 37] {
+                // Stretches of 256 columns (load8) and columns past them:
+                // 520, two stretches; 2056, a full round of eight (the
+                // one-row kernels); 2820, a round and three stretches more;
+                // 37, no stretch (columns not a multiple of 4).
+    for k in [520, 2056, 2820, 37] {
         let values = Rng::new(3).data(n * k, 1.0);
         for (kernel, stored, decoded) in dense_formats(&values) {
             let w = Matrix {
