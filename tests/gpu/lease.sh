@@ -83,10 +83,12 @@ part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh ki
 # Issue 14's table: decode at 1, 16 and 64 streams and a 2048-token prefill
 # (200 s on the H200 on 2026-11-30).
 part kiln-bf16 200 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench/gpu/run.sh kiln
-# Where a batch-1 step's time goes (Nsight), and how its GEMVs (batch 1)
+# Where a batch-1 step's time goes (Nsight; and Q4_K_M's at 16 streams,
+# where the tensor-core product of packed blocks took 11.8 ms a step on
+# 2026-11-30 against bf16's 6.1 ms on cuBLAS), and how its GEMVs (batch 1)
 # and grouped attention (batch 64, issue-bound on 2026-11-30, its loop
 # since cut by ~40 %) use L1, DRAM and issue (Nsight Compute's sections).
-part profile-batch-1 60 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1" bench/gpu/run.sh profile
+part profile-batch-1 80 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1 llama3-8b:q4_k_m:16" bench/gpu/run.sh profile
 part kernel-memory 120 bench/gpu/run.sh kernel-memory
 # Dense products of 2 to 8 rows on the GEMV or on cuBLAS (8 rows on the GEMV
 # took 3.7 times cuBLAS's 16 on 2026-11-30; the threshold is 2 since).
