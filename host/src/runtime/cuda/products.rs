@@ -9,10 +9,11 @@
 //! run on tensor cores reading the blocks (`qmm.rs`), x cast to bf16, again
 //! a launch for the matrices of one format that share x. More rows go to
 //! cuBLAS on x cast to the weight's half type, a packed matrix expanded to
-//! bf16 first, both in the step's scratch. With `--precision fast`, the
-//! GEMV of packed matrices reads x quantized to 8 bits in the scratch
-//! (`kiln_quantize_x8`, once for the matrices that share x) and takes
-//! integer dot products.
+//! bf16 first, both in the step's scratch; dense matrices that share x and
+//! were stored stacked (q, k and v) take one GEMM (`stacked.rs`). With
+//! `--precision fast`, the GEMV of packed matrices reads x quantized to 8
+//! bits in the scratch (`kiln_quantize_x8`, once for the matrices that share
+//! x) and takes integer dot products.
 //!
 //! [`GEMV_MAX_M`]: super::gemv::GEMV_MAX_M
 //! [`DENSE_GEMV_MAX_M`]: super::gemv::DENSE_GEMV_MAX_M
