@@ -102,6 +102,8 @@ struct RowKeys {
 // softmax, then merge. Writes the normalized output to `out_row`, or with
 // `part` set the running max, sum of weights and unnormalized output
 // ([m, l, acc...], for split-K). `softcap` > 0 applies cap·tanh(score / cap).
+// Products and sums are fused multiply-adds and weights powers of two
+// (fast_exp2), as in grouped_attention.
 // A lane holds PER_LANE values of the head (head_dim ≤ 32 · PER_LANE); a
 // warp takes KEYS keys at a time.
 template <int PER_LANE, int KEYS, typename C, typename Keys>
@@ -113,10 +115,13 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
   __shared__ float warp_acc[KILN_ATTN_WARPS][32 * PER_LANE];
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float qr[PER_LANE], acc[PER_LANE];
+  // Scores in log2 units, as grouped_attention keeps them: without a cap q
+  // is scaled once by scale · log2 e.
+  float q_scale = softcap > 0.0f ? 1.0f : scale * KILN_LOG2E;
 #pragma unroll
   for (int j = 0; j < PER_LANE; ++j) {
     int d = lane + 32 * j;
-    qr[j] = d < head_dim ? q_row[d] : 0.0f;
+    qr[j] = d < head_dim ? q_row[d] * q_scale : 0.0f;
     acc[j] = 0.0f;
   }
   // Each warp takes KEYS keys at a time: their loads are in
@@ -140,26 +145,27 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
     for (int t = 0; t < KEYS; ++t) {
       float dot = 0.0f;
 #pragma unroll
-      for (int j = 0; j < PER_LANE; ++j) dot += qr[j] * kr[t][j];
+      for (int j = 0; j < PER_LANE; ++j) dot = fmaf(qr[j], kr[t][j], dot);
       s[t] = dot;
     }
     float m_new = m;
 #pragma unroll
     for (int t = 0; t < KEYS; ++t) {
-      s[t] = warp_sum(s[t]) * scale;
-      if (softcap > 0.0f) s[t] = softcap * tanhf(s[t] / softcap);
+      s[t] = warp_sum(s[t]);
+      if (softcap > 0.0f) s[t] = softcap * tanhf(s[t] * scale / softcap) * KILN_LOG2E;
       if (key0 + t <= last) m_new = fmaxf(m_new, s[t]);
     }
-    float correction = expf(m - m_new);
+    // No key seen yet: nothing to rescale (and 2^(-inf - -inf) is NaN).
+    float correction = m_new == KILN_NEG_INF ? 1.0f : fast_exp2(m - m_new);
     l *= correction;
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) acc[j] *= correction;
 #pragma unroll
     for (int t = 0; t < KEYS; ++t) {
-      float p = key0 + t <= last ? expf(s[t] - m_new) : 0.0f;
+      float p = key0 + t <= last ? fast_exp2(s[t] - m_new) : 0.0f;
       l += p;
 #pragma unroll
-      for (int j = 0; j < PER_LANE; ++j) acc[j] += p * vr[t][j];
+      for (int j = 0; j < PER_LANE; ++j) acc[j] = fmaf(p, vr[t][j], acc[j]);
     }
     m = m_new;
   }
@@ -178,11 +184,11 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
   float total = 0.0f;
   float weight[KILN_ATTN_WARPS];
   for (int w = 0; w < KILN_ATTN_WARPS; ++w) {
-    weight[w] = warp_l[w] > 0.0f ? expf(warp_m[w] - m_all) : 0.0f;
+    weight[w] = warp_l[w] > 0.0f ? fast_exp2(warp_m[w] - m_all) : 0.0f;
     total += warp_l[w] * weight[w];
   }
   if (part != nullptr && threadIdx.x == 0) {
-    part[0] = m_all;
+    part[0] = m_all * KILN_LN2;  // merged_split's units
     part[1] = total;
   }
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
