@@ -38,10 +38,10 @@
 // with 8-bit x and 201 decoding each weight to a float: for Llama-3-8B in
 // Q4_K (~7e9 weights a decode step) 0.54 ms and 1.3 ms of an H200's issue
 // (132 SMs × 4 schedulers × 1.98 GHz), against 1.06 ms to read 4.4 GB. On
-// f32 x the one-row kernels read K-quant blocks in the lanes' order of
-// KQuantSpread and Q6_K_Spread (gguf_blocks.cuh), so that each load of x
-// takes whole lines of L1 (30 instructions more than KQuant's parts, whose
-// loads of x asked four times the lines of L1).
+// f32 x the kernels read K-quant blocks in the lanes' order of
+// KQuantSpread and Q6KSpread (gguf_blocks.cuh), so that each load of x
+// takes whole lines of L1 (30 instructions more than KQuant's parts in the
+// one-row loop, whose loads of x asked four times the lines of L1).
 //
 // This header holds what the GEMVs share; the entry points are in gemv.cu
 // (dense rows and kiln_quantize_x8), gemv_<format>.cu (one GGUF format

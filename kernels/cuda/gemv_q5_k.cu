@@ -8,9 +8,9 @@
 #include "dense_rows.cuh"
 #include "gemv.cuh"
 
-extern "C" __global__ void kiln_gemv_q5_k(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
-extern "C" __global__ void kiln_gemv_q5_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k(KILN_GEMV_ARGS) { gemv_blocks<Q5_K_SpreadRows, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K_SpreadRows, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_k_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K_SpreadRows, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_k_m1(KILN_GEMV_ARGS) { gemv_blocks<Q5_K_Spread, FloatX, 1, 1>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_k_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_K_Spread, FloatX, 1, 2>(g, FloatX{x}, m, k); }
 extern "C" __global__ void kiln_gemv_q5_k_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_K_Spread, FloatX, 1, 4>(g, FloatX{x}, m, k); }

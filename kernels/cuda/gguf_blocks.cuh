@@ -10,9 +10,9 @@
 //   Q4_K (144 B / 256): 8 lanes, 16 bytes of nibbles each (two sub-blocks)
 //   Q5_K (176 B / 256): 8 lanes, 16 bytes of nibbles and their fifth bits
 //   Q6_K (210 B / 256): 8 lanes, 16 consecutive values in each of 2 quarters
-// The one-row GEMVs on f32 x read Q4_K, Q5_K and Q6_K in another order of
-// lanes (KQuantSpread, Q6_K_Spread), which keeps their loads of x in whole
-// lines of L1.
+// The GEMVs on f32 x read Q4_K, Q5_K and Q6_K in another order of lanes
+// (KQuantSpread, Q6KSpread), which keeps their loads of x in whole lines of
+// L1.
 // The layouts are ggml's (kernels/src/quant/format.rs decodes the same bytes
 // on the CPU). Included after kiln_cuda.cuh; the loader inlines both.
 #pragma once
@@ -343,8 +343,8 @@ struct KQuant {
 typedef KQuant<false> Q4_K;
 typedef KQuant<true> Q5_K;
 
-// Q4_K and Q5_K blocks as the one-row GEMVs read them against f32 x
-// (FloatX): the same bytes, lane s of a block's 8 taking word s of each of
+// Q4_K and Q5_K blocks as the GEMVs read them against f32 x (FloatX): the
+// same bytes, lane s of a block's 8 taking word s of each of
 // the four 32-byte chunks of nibbles, values 4s .. 4s + 3 of every
 // sub-block. A 16-byte load of x then has a block's 8 lanes read 32
 // consecutive floats, one 128-byte line: 4 lines a warp's load, 32 for its
@@ -357,9 +357,13 @@ typedef KQuant<true> Q5_K;
 // out all eight sub-blocks' factors, not two: the one-row loop over a
 // block goes from 171 to 201 instructions for Q4_K, 202 to 226 for Q5_K
 // (sm_90 SASS). The factors are KQuant's, bit for bit. The kernels for
-// more rows of x keep KQuant's parts: this layout's live factors took them
-// from 96 to 182 registers.
-template <bool FIVE_BITS>
+// more rows of x, whose loads of x are m times as many (at 8 rows KQuant's
+// parts asked 1,024 lines of L1 for a warp's 1,024 weights against 684
+// instructions: the dense GEMV at 8 rows measured 3.7 times slower than
+// cuBLAS at 16), read the same order with the loop over the chunks ROLLED
+// (`_SpreadRows`): unrolled, the live factors took them from 96 to 182
+// registers; rolled, 80, and ~1,050 instructions a block.
+template <bool FIVE_BITS, bool ROLLED>
 struct KQuantSpread {
   typedef KQuant<FIVE_BITS> Block;
   static const int ELEMS = 256, BYTES = Block::BYTES, LANES = 8;
@@ -386,18 +390,20 @@ struct KQuantSpread {
     // Sub-blocks 0..3 and 4..7 (KQuant::factors).
     unsigned int sc[2] = {s0 & 0x3f3f3f3fu, (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u)};
     unsigned int mn[2] = {s1 & 0x3f3f3f3fu, ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u)};
-#pragma unroll
+#pragma unroll(ROLLED ? 1 : 4)
     for (int c = 0; c < 4; ++c) {
-      unsigned int n[2] = {r.q[c] & 0x0f0f0f0fu, (r.q[c] >> 4) & 0x0f0f0f0fu};
+      unsigned int q = c == 0 ? r.q[0] : c == 1 ? r.q[1] : c == 2 ? r.q[2] : r.q[3];
+      unsigned int n[2] = {q & 0x0f0f0f0fu, (q >> 4) & 0x0f0f0f0fu};
       if (FIVE_BITS) {
         n[0] |= ((r.high >> (2 * c)) & 0x01010101u) << 4;
         n[1] |= ((r.high >> (2 * c + 1)) & 0x01010101u) << 4;
       }
+      unsigned int sc_c = c < 2 ? sc[0] : sc[1], mn_c = c < 2 ? mn[0] : mn[1];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         int j = 2 * c + h;
-        float step = fmaf(unit_d, eight_plus_byte(sc[j / 4], j % 4), -8.0f * unit_d);
-        float minimum = fmaf(unit_dmin, eight_plus_byte(mn[j / 4], j % 4), -8.0f * unit_dmin);
+        float step = fmaf(unit_d, eight_plus_byte(sc_c, j % 4), -8.0f * unit_d);
+        float minimum = fmaf(unit_dmin, eight_plus_byte(mn_c, j % 4), -8.0f * unit_dmin);
         float offset = -fmaf(8.0f, step, minimum);
         unsigned int shifted = n[h] << Block::SHIFT;
         float w[4];
@@ -407,8 +413,10 @@ struct KQuantSpread {
     }
   }
 };
-typedef KQuantSpread<false> Q4_K_Spread;
-typedef KQuantSpread<true> Q5_K_Spread;
+typedef KQuantSpread<false, false> Q4_K_Spread;
+typedef KQuantSpread<true, false> Q5_K_Spread;
+typedef KQuantSpread<false, true> Q4_K_SpreadRows;
+typedef KQuantSpread<true, true> Q5_K_SpreadRows;
 
 struct Q6_K {
   static const int ELEMS = 256, BYTES = 210, LANES = 8;
@@ -487,7 +495,7 @@ struct Q6_K {
   }
 };
 
-// Q6_K blocks as the one-row GEMVs read them against f32 x (FloatX), for
+// Q6_K blocks as the GEMVs read them against f32 x (FloatX), for
 // KQuantSpread's reason: lane t of a block's 8 takes values 4t .. 4t + 3
 // of each of the eight quarters of 32 (two halves of four), so a 16-byte
 // load of x has the block's lanes read one 128-byte line (Q6_K's parts:
@@ -496,8 +504,11 @@ struct Q6_K {
 // each half's eight. Blocks of 210 bytes lie at 2-byte boundaries, so
 // words come in two 16-bit loads (load_u32): the one-row loop over a block
 // goes from 209 to 232 instructions, 21 to 26 of them loads (sm_90 SASS),
-// for ~104 lines of L1 a warp's 1,024 weights instead of ~158.
-struct Q6_K_Spread {
+// for ~104 lines of L1 a warp's 1,024 weights instead of ~158. ROLLED (the
+// kernels for more rows of x, `_SpreadRows`): the loop over the halves
+// rolled, 64 registers at 8 rows where unrolled took 182.
+template <bool ROLLED>
+struct Q6KSpread {
   static const int ELEMS = 256, BYTES = 210, LANES = 8;
   struct Raw {
     unsigned int ql[2][2], qh[2];  // [half][run of ql]
@@ -522,18 +533,23 @@ struct Q6_K_Spread {
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int t, int col, Sink sink) {
     float d = f16_to_f32(r.d);
-#pragma unroll
+#pragma unroll(ROLLED ? 1 : 2)
     for (int h = 0; h < 2; ++h) {
+      // Constant indices (a computed one would put Raw in local memory).
+      unsigned int ql[2] = {h == 0 ? r.ql[0][0] : r.ql[1][0], h == 0 ? r.ql[0][1] : r.ql[1][1]};
+      unsigned int qh = h == 0 ? r.qh[0] : r.qh[1], scales = h == 0 ? r.scales[0] : r.scales[1];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        unsigned int n = ((r.ql[h][q % 2] >> (4 * (q / 2))) & 0x0f0f0f0fu) | (((r.qh[h] >> (2 * q)) & 0x03030303u) << 4);
+        unsigned int n = ((ql[q % 2] >> (4 * (q / 2))) & 0x0f0f0f0fu) | (((qh >> (2 * q)) & 0x03030303u) << 4);
         float v[4];
         for (int j = 0; j < 4; ++j) v[j] = byte_quant_f32<32>(n, j);
-        sink(v, 4, col + 128 * h + 32 * q + 4 * t, d * signed_quant_f32(r.scales[h] >> (8 * q)));
+        sink(v, 4, col + 128 * h + 32 * q + 4 * t, d * signed_quant_f32(scales >> (8 * q)));
       }
     }
   }
 };
+typedef Q6KSpread<false> Q6_K_Spread;
+typedef Q6KSpread<true> Q6_K_SpreadRows;
 
 // Stores `count` (even) values scale · v[e] at `out` as bf16, two to a
 // 32-bit store.
