@@ -25,6 +25,8 @@
 #                                      with dense products of up to 1, 2, 4 and 8 rows on
 #                                      the GEMV, the rest on cuBLAS
 #                                      (KILN_DENSE_GEMV_ROWS), as text
+#   bench/gpu/run.sh small-batches     Kiln's decode at batch 1 to 8 and 16 as shipped
+#                                      (llama3-8b q4_k_m: the GGUF GEMV's rows), as text
 #   bench/gpu/run.sh sampled           Kiln's decode at batch 1 and 64, greedy, sampled
 #                                      (temperature 1, top-p 0.95) and greedy with a
 #                                      repetition penalty (1.1) with and without async
@@ -177,6 +179,23 @@ dense_gemv_shape() {
 dense_gemv() {
   . tests/gpu/env.sh
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16} each_shape dense_gemv_shape
+}
+
+# Decode at batch 1 to 8 and 16 as shipped (llama3-8b q4_k_m unless
+# KILN_BENCH_SHAPES says otherwise): a GGUF model's GEMV takes up to 8 rows
+# of x, the tensor-core product of its blocks 9 to 64. Text, in
+# small-batches-*.txt.
+small_batches_shape() {
+  local shape=$1 dtype=$2 name=$3
+  echo "== kiln $shape $dtype: decode at 1 to 8 and 16 streams"
+  "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" --input-len "$input_len" \
+    --output-len 64 --concurrency 1,2,3,4,8,16 2>&1 | tee "$results/small-batches-$name-$dtype.txt" \
+    || echo "FAILED: $shape $dtype small-batches"
+}
+
+small_batches() {
+  . tests/gpu/env.sh
+  KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:q4_k_m} each_shape small_batches_shape
 }
 
 # Decode greedy, sampled (temperature 1, top-p 0.95) and greedy with a
@@ -333,6 +352,7 @@ case "${1:-}" in
   pdl) pdl ;;
   dense) dense ;;
   dense-gemv) dense_gemv ;;
+  small-batches) small_batches ;;
   sampled) sampled ;;
   speculative) speculative ;;
   kv-fp8) kv_fp8 ;;
@@ -346,6 +366,7 @@ case "${1:-}" in
     pdl
     dense
     dense_gemv
+    small_batches
     sampled
     speculative
     kv_fp8
@@ -356,7 +377,7 @@ case "${1:-}" in
     done
     table
     ;;
-  *) sed -n 2,61p "$0" >&2; exit 2 ;;
+  *) sed -n 2,63p "$0" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   [ -f "$results/gpu-bench.md" ] && cp "$results/gpu-bench.md" "$OUT/"
