@@ -1,6 +1,7 @@
-// Rotary position embedding of x [T, heads, 2·half] at positions [T]: one
-// block per token, a thread per (head, pair) (up to 1024: a decode step's
-// single token is one block, so its pairs are read in few rounds).
+// Rotary position embedding of x [T, heads, 2·half] at positions [T]: a
+// row of blocks per token (gridDim.y of them, each taking every gridDim.y-th
+// stretch of blockDim.x (head, pair)s; one where the tokens alone fill the
+// GPU), a thread per (head, pair) (up to 1024).
 #include "kiln_cuda.cuh"
 
 // `interleaved` rotates adjacent pairs (GGUF llama), else the two halves
@@ -34,7 +35,7 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
     __syncthreads();
   }
 #pragma unroll 4
-  for (int p = threadIdx.x; p < (heads + heads2) * half; p += blockDim.x) {
+  for (int p = blockIdx.y * blockDim.x + threadIdx.x; p < (heads + heads2) * half; p += gridDim.y * blockDim.x) {
     int head = p / half, i = p % half;
     bool second = head >= heads;
     int count = second ? heads2 : heads;
@@ -82,7 +83,8 @@ __device__ void rope_write_kv(KILN_ROPE_PARAMS, const float* __restrict__ v, C* 
   i64 at = position < 0 ? -1 : cache_slot(block_tables, b, blocks_per_seq, block_size, position) * stride;
   rope_token<C>(KILN_ROPE_ARGS, at < 0 ? nullptr : k_cache + at);
   if (at < 0) return;
-  for (int i = threadIdx.x; i < stride; i += blockDim.x) cache_store(v_cache + at + i, v[row * stride + i]);
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < stride; i += gridDim.y * blockDim.x)
+    cache_store(v_cache + at + i, v[row * stride + i]);
 }
 
 #define KILN_ROPE_CACHE_PARAMS(C)                                                                             \

@@ -138,14 +138,32 @@ fn rope_case(gpu: &Gpu, half: usize) {
             let args = [Ptr(xp), Ptr(pp), Ptr(fp), Ptr(y), int(heads), int(half)];
             let args = [&args[..], &[int(interleaved), F32(scale)]].concat();
             let alone = [&args[..], &[Ptr(0), Ptr(0), int(0)]].concat();
+            let alone_into = |out| {
+                let mut a = alone.clone();
+                a[3] = Ptr(out);
+                a
+            };
             // 32 threads for 5 · half (head, pair)s: the stride loop runs
-            // several times.
-            gpu.run("kiln_rope", (positions.len() as u32, 1), 32, &alone);
+            // several times; with three blocks a row, each takes every
+            // third stretch.
             let mut want = x.clone();
             let pairs = interleaved == 1;
             rope::rope(&mut want, &positions, &inv_freq, heads, pairs, scale);
+            for blocks in [1, 3] {
+                let y = gpu.zeros(x.len() * 4);
+                gpu.run(
+                    "kiln_rope",
+                    (positions.len() as u32, blocks),
+                    32,
+                    &alone_into(y),
+                );
+                let what = format!(
+                    "half {half}, interleaved {pairs}, scale {scale}, {blocks} blocks a row"
+                );
+                gpu.check(y, &want, &what);
+            }
             let what = format!("half {half}, interleaved {pairs}, scale {scale}");
-            gpu.check(y, &want, &what);
+            gpu.run("kiln_rope", (positions.len() as u32, 1), 32, &alone);
             // With a second tensor of 2 heads (k with q) in the same launch.
             let x2 = Rng::new(3).data(positions.len() * 2 * 2 * half, 1.0);
             let (x2p, y2) = (gpu.up(&x2), gpu.zeros(x2.len() * 4));

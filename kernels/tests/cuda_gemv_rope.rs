@@ -17,7 +17,7 @@ use kiln_kernels::dense::attention::CacheLayout;
 /// Query heads, key/value heads, head size, row length of x.
 const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
-const HEAD_DIM: usize = 16;
+const HEAD_DIM: usize = 32;
 const K: usize = 64;
 
 /// The `KilnGemvGroup` of q, k and v (bf16 rows) writing `outputs`, with
@@ -155,7 +155,9 @@ fn the_rotated_gemv_writes_what_the_gemv_and_the_rotary_launch_write() {
             } else {
                 "kiln_rope_write_kv"
             };
-            gpu.run(name, (m as u32, 1), 128, &rope);
+            // Three blocks a row of 32 threads, each taking every third
+            // stretch of the rotations and of the values' copy.
+            gpu.run(name, (m as u32, 3), 32, &rope);
 
             // The rotated GEMV.
             let (k_cache2, v_cache2) = caches();
