@@ -3,8 +3,9 @@
 //! their products run as one GEMM over the stacked matrix, whose output
 //! `kiln_split_columns` (data.cu) then hands to each member. On the H200
 //! (2026-11-30) Llama-3-8B's q, k and v at 64 decode rows took 14.1, 8.3
-//! and 8.3 µs on cuBLAS (2.4, 1.0 and 1.0 TB/s) and two split-K reductions
-//! of ~4 µs more: products that small do not fill the card. A gated MLP's
+//! and 8.3 µs on cuBLAS (2.4, 1.0 and 1.0 TB/s; kernels matched to products
+//! by their shapes) and two split-K reductions of ~4 µs more: products that
+//! small do not fill the card. A gated MLP's
 //! gate and up (117 MB each, 3.4 TB/s apart) are stored stacked too (the
 //! GEMV reads them apart either way) but multiplied apart: stacking them
 //! would save no memory time and cost the split's copy.
