@@ -22,11 +22,9 @@
 #                                      dense products of 3 to 64 rows on cuBLAS and on
 #                                      the tensor-core kernel (KILN_DENSE_ROWS), as text
 #   bench/gpu/run.sh dense-gemv        Kiln's decode at batch 1 to 8 and 16 (bf16 shapes)
-#                                      with dense products of up to 1, 2, 4 and 8 rows on
-#                                      the GEMV, the rest on cuBLAS
-#                                      (KILN_DENSE_GEMV_ROWS), as text
-#   bench/gpu/run.sh small-batches     Kiln's decode at batch 1 to 8 and 16 as shipped
-#                                      (llama3-8b q4_k_m: the GGUF GEMV's rows), as text
+#                                      with dense products of up to 1, 2, 4 and 8 rows
+#                                      (KILN_BENCH_GEMV_ROWS) on the GEMV, the rest on
+#                                      cuBLAS (KILN_DENSE_GEMV_ROWS), as text
 #   bench/gpu/run.sh sampled           Kiln's decode at batch 1 and 64, greedy, sampled
 #                                      (temperature 1, top-p 0.95) and greedy with a
 #                                      repetition penalty (1.1) with and without async
@@ -162,13 +160,14 @@ dense() {
 }
 
 # Decode at batch 1 to 8 and 16 with the GEMV taking dense products of up
-# to 1, 2 (the default), 4 and 8 rows of x, cuBLAS the rest: where the
-# GEMV's reads of x (once per row of W) start to cost more than cuBLAS
-# (llama3-8b bf16 unless KILN_BENCH_SHAPES says otherwise). Text, in
+# to 1, 2 (the default), 4 and 8 rows of x (KILN_BENCH_GEMV_ROWS), cuBLAS
+# the rest: where the GEMV's reads of x (once per row of W) start to cost
+# more than cuBLAS (llama3-8b bf16 unless KILN_BENCH_SHAPES says otherwise;
+# a GGUF shape's GEMV takes up to 8 rows whatever the setting). Text, in
 # dense-gemv-*.txt.
 dense_gemv_shape() {
   local shape=$1 dtype=$2 name=$3 rows
-  for rows in 1 2 4 8; do
+  for rows in ${KILN_BENCH_GEMV_ROWS:-1 2 4 8}; do
     echo "== kiln $shape $dtype: decode, dense GEMV up to $rows rows"
     KILN_DENSE_GEMV_ROWS=$rows "$bin/host" benchmark --shape "$shape" "${weights[@]}" \
       --device "$device" --input-len "$input_len" --output-len 64 --concurrency 1,2,3,4,8,16 \
@@ -179,23 +178,6 @@ dense_gemv_shape() {
 dense_gemv() {
   . tests/gpu/env.sh
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16} each_shape dense_gemv_shape
-}
-
-# Decode at batch 1 to 8 and 16 as shipped (llama3-8b q4_k_m unless
-# KILN_BENCH_SHAPES says otherwise): a GGUF model's GEMV takes up to 8 rows
-# of x, the tensor-core product of its blocks 9 to 64. Text, in
-# small-batches-*.txt.
-small_batches_shape() {
-  local shape=$1 dtype=$2 name=$3
-  echo "== kiln $shape $dtype: decode at 1 to 8 and 16 streams"
-  "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" --input-len "$input_len" \
-    --output-len 64 --concurrency 1,2,3,4,8,16 2>&1 | tee "$results/small-batches-$name-$dtype.txt" \
-    || echo "FAILED: $shape $dtype small-batches"
-}
-
-small_batches() {
-  . tests/gpu/env.sh
-  KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:q4_k_m} each_shape small_batches_shape
 }
 
 # Decode greedy, sampled (temperature 1, top-p 0.95) and greedy with a
@@ -267,13 +249,18 @@ kv_fp8() {
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16} each_shape kv_fp8_shape
 }
 
+# Nsight Compute's command, if the machine has it.
+nsight_compute() {
+  command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1
+}
+
 # Each run's kernel time against its wall time, per kernel
 # (bench/gpu/kernels.py), with whichever Nsight tool the machine has.
 profile() {
   . tests/gpu/env.sh
   local nsys ncu
   nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  ncu=$(nsight_compute)
   # shape:dtype:batch[:prompt tokens:generated tokens]
   for run in ${KILN_BENCH_PROFILE:-llama3-8b:bf16:1 llama3-8b:bf16:16 llama3-8b:bf16:64 llama3-8b:q4_k_m:1 llama3-8b:q4_k_m+fast:1 llama3-8b:q4_k_m:16 llama3-8b:q4_k_m:64 llama3-8b:bf16:1:2048:1}; do
     IFS=: read -r shape dtype batch prompt generated <<< "$run"
@@ -317,7 +304,7 @@ profile() {
 kernel_memory() {
   . tests/gpu/env.sh
   local ncu run kernel dtype batch
-  ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  ncu=$(nsight_compute)
   [ -n "$ncu" ] || { echo "no Nsight Compute on this machine"; return 1; }
   for run in ${KILN_BENCH_MEMORY:-kiln_gemv:q4_k_m:1 kiln_gemv:bf16:1 kiln_grouped_attention:bf16:64}; do
     IFS=: read -r kernel dtype batch <<< "$run"
@@ -352,7 +339,6 @@ case "${1:-}" in
   pdl) pdl ;;
   dense) dense ;;
   dense-gemv) dense_gemv ;;
-  small-batches) small_batches ;;
   sampled) sampled ;;
   speculative) speculative ;;
   kv-fp8) kv_fp8 ;;
@@ -366,7 +352,6 @@ case "${1:-}" in
     pdl
     dense
     dense_gemv
-    small_batches
     sampled
     speculative
     kv_fp8
@@ -377,7 +362,7 @@ case "${1:-}" in
     done
     table
     ;;
-  *) sed -n 2,63p "$0" >&2; exit 2 ;;
+  *) sed -n 2,61p "$0" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   [ -f "$results/gpu-bench.md" ] && cp "$results/gpu-bench.md" "$OUT/"

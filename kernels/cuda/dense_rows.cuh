@@ -23,9 +23,9 @@ struct Raw8 {
 template <int BYTES>
 __device__ __forceinline__ Raw8<BYTES> load8(const u8* row, int col) {
   Raw8<BYTES> r;
-  if (BYTES == 4) {
+  if constexpr (BYTES == 4) {
     r.part[0] = load_streaming(row + (i64)col * 4);
-    r.part[BYTES == 4 ? 1 : 0] = load_streaming(row + (i64)(col + 128) * 4);
+    r.part[1] = load_streaming(row + (i64)(col + 128) * 4);
   } else {
     unsigned long long lo = load_streaming_u64(row + (i64)col * 2);
     unsigned long long hi = load_streaming_u64(row + (i64)(col + 128) * 2);

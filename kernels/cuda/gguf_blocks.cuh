@@ -255,23 +255,27 @@ struct KQuant {
   // extracting each sub-block's bits on its own took ~25 a side.
   __device__ __forceinline__ static void factors(const Bytes16& head, unsigned int c, float* scale, float* minimum) {
     float d = f16_to_f32((f16_bits)(head.v[0] & 0xffffu)), dmin = f16_to_f32((f16_bits)(head.v[0] >> 16));
-    // Scale bytes 0..3, 4..7 and 8..11.
-    unsigned int s0 = head.v[1], s1 = head.v[2], s2 = head.v[3];
-    bool first_four = c < 2;
-    // Sub-blocks 0..3: the low six bits of bytes 0..3 and 4..7; 4..7: the
-    // nibbles of bytes 8..11 under the top two bits of bytes 0..3 and 4..7.
     unsigned int sc, mn;
-    if (first_four) {
-      sc = s0 & 0x3f3f3f3fu;
-      mn = s1 & 0x3f3f3f3fu;
-    } else {
-      sc = (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u);
-      mn = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
-    }
+    scale_words(head, c >= 2, &sc, &mn);
     int at = 2 * (int)(c % 2);
     for (int h = 0; h < 2; ++h) {
       scale[h] = d * byte_quant_f32<0>(sc, at + h);
       minimum[h] = dmin * byte_quant_f32<0>(mn, at + h);
+    }
+  }
+  // The 6-bit scales and minimums of sub-blocks 0..3 (or with `high`
+  // 4..7), a byte each, from the head's scale bytes 0..3, 4..7 and 8..11:
+  // for 0..3 the low six bits of bytes 0..3 and 4..7; for 4..7 the nibbles
+  // of bytes 8..11 under the top two bits of bytes 0..3 and 4..7.
+  __device__ __forceinline__ static void scale_words(const Bytes16& head, bool high, unsigned int* sc,
+                                                     unsigned int* mn) {
+    unsigned int s0 = head.v[1], s1 = head.v[2], s2 = head.v[3];
+    if (!high) {
+      *sc = s0 & 0x3f3f3f3fu;
+      *mn = s1 & 0x3f3f3f3fu;
+    } else {
+      *sc = (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u);
+      *mn = ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u);
     }
   }
   // A value as one fused multiply-add of its quant's float f = 8 + n /
@@ -386,10 +390,9 @@ struct KQuantSpread {
     // KQuant's d · b (times UNIT, a power of two) and dmin · b.
     float unit_d = 16.0f * (float)Block::UNIT * f16_to_f32((f16_bits)(r.head.v[0] & 0xffffu));
     float unit_dmin = 16.0f * f16_to_f32((f16_bits)(r.head.v[0] >> 16));
-    unsigned int s0 = r.head.v[1], s1 = r.head.v[2], s2 = r.head.v[3];
-    // Sub-blocks 0..3 and 4..7 (KQuant::factors).
-    unsigned int sc[2] = {s0 & 0x3f3f3f3fu, (s2 & 0x0f0f0f0fu) | ((s0 >> 2) & 0x30303030u)};
-    unsigned int mn[2] = {s1 & 0x3f3f3f3fu, ((s2 >> 4) & 0x0f0f0f0fu) | ((s1 >> 2) & 0x30303030u)};
+    unsigned int sc[2], mn[2];  // sub-blocks 0..3 and 4..7
+    Block::scale_words(r.head, false, &sc[0], &mn[0]);
+    Block::scale_words(r.head, true, &sc[1], &mn[1]);
 #pragma unroll(ROLLED ? 1 : 4)
     for (int c = 0; c < 4; ++c) {
       unsigned int q = c == 0 ? r.q[0] : c == 1 ? r.q[1] : c == 2 ? r.q[2] : r.q[3];

@@ -92,7 +92,8 @@ part profile-batch-1 80 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_
 part kernel-memory 120 bench/gpu/run.sh kernel-memory
 # A GGUF model's GEMV at 2 to 8 rows (its loads of x in KQuantSpread's
 # order since 2026-11-30, a quarter of the lines of L1).
-part small-batches 60 bench/gpu/run.sh small-batches
+part small-batches 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" KILN_BENCH_GEMV_ROWS=2 \
+  bench/gpu/run.sh dense-gemv
 # Dense products of 2 to 8 rows on the GEMV or on cuBLAS (8 rows on the GEMV
 # took 3.7 times cuBLAS's 16 on 2026-11-30; the threshold is 2 since).
 part dense-gemv 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh dense-gemv

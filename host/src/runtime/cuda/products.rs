@@ -233,13 +233,17 @@ fn stack_scratch<T>(
     // The output type is the members' (f32 or W's half type): sized for f32.
     match stack_of(members, gated, m, GemmType::F32) {
         Some(stack) => {
-            let aligned =
-                |bytes: usize| bytes.div_ceil(super::memory::ALIGN) * super::memory::ALIGN;
-            let offset = aligned(x_elements * first.ty.size());
+            let offset = stack_output_offset(first, x_elements);
             (offset, offset + stack.output_bytes(m))
         }
         None => (0, 0),
     }
+}
+
+/// Where a stacked product's output starts in the scratch: past x cast to
+/// W's type (`x_elements` values).
+fn stack_output_offset(w: &DeviceMatrix, x_elements: usize) -> usize {
+    (x_elements * w.ty.size()).div_ceil(super::memory::ALIGN) * super::memory::ALIGN
 }
 
 /// Bytes of the zeroed split counters `plan` needs when its first input has
@@ -402,7 +406,7 @@ impl Frame<'_> {
             let y_type = y_type.unwrap_or(GemmType::F32);
             let stack = stack_of(run, gated.is_some(), m, y_type).filter(|_| same_type);
             if let Some(stack) = stack {
-                let (offset, _) = stack_scratch(run, false, x_elements);
+                let offset = stack_output_offset(&run[0].0, x_elements);
                 let y = scratch.ok_or("no scratch buffer planned for a stacked product")?
                     + offset as DevicePtr;
                 let outs: Vec<DevicePtr> = run.iter().map(|&(_, out)| out).collect();
