@@ -152,6 +152,12 @@ __device__ void flash_attention(const float* __restrict__ q, const C* __restrict
   int warp_first = first_position + (int)(warp_row - seq_start);
   int warp_last = first_position + (int)(min(seq_end, warp_row + 16) - 1 - seq_start);
   float scale_log2 = scale * KILN_LOG2E;
+  // The lane's ldmatrix rows in the key and value tiles at key 0 (the
+  // products step from them by constant offsets): keys j·8 + i % 8 at
+  // dimension 8 (i / 8) for S = Q·Kᵀ; keys 8 ((i / 8) % 2) + i % 8 at
+  // dimension 8 (i / 16) for O += P·V.
+  const bf16_bits* key_row = k_tile + (lane % 8) * (D + 8) + 8 * (lane / 8);
+  const bf16_bits* v_row = v_tile + (8 * ((lane / 8) % 2) + lane % 8) * (D + 8) + 8 * (lane / 16);
 
   // Q fragments (rows g and g + 8, 16 dims per chunk), rounded to bf16.
   unsigned qf[D / 16][4];
@@ -194,11 +200,10 @@ __device__ void flash_attention(const float* __restrict__ q, const C* __restrict
 #pragma unroll
       for (int j = 0; j < KILN_FLASH_KEYS / 8; ++j) {
         s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        const bf16_bits* key_row = k_tile + (j * 8 + lane % 8) * (D + 8) + 8 * (lane / 8);
 #pragma unroll
         for (int c = 0; c < D / 16; c += 2) {
           unsigned kb[4];
-          ldmatrix_x4<false>(kb, key_row + c * 16);
+          ldmatrix_x4<false>(kb, key_row, 2 * (j * 8 * (D + 8) + c * 16));
           mma_bf16_16816(s[j], qf[c], kb);
           mma_bf16_16816(s[j], qf[c + 1], kb + 2);
         }
@@ -277,11 +282,10 @@ __device__ void flash_attention(const float* __restrict__ q, const C* __restrict
                           pack_bf16(p[1][2], p[1][3])};
         // Lane i's transposed ldmatrix row: key 16c + 8 ((i / 8) % 2) + i % 8,
         // dimensions 8 (n + i / 16) ..: the B fragments of n and n + 1.
-        const bf16_bits* v_row = v_tile + (c * 16 + 8 * ((lane / 8) % 2) + lane % 8) * (D + 8) + 8 * (lane / 16);
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
           unsigned vb[4];
-          ldmatrix_x4<true>(vb, v_row + n * 8);
+          ldmatrix_x4<true>(vb, v_row, 2 * (c * 16 * (D + 8) + n * 8));
           mma_bf16_16816(o[n], pa, vb);
           mma_bf16_16816(o[n + 1], pa, vb + 2);
         }

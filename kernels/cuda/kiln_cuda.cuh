@@ -290,12 +290,17 @@ __device__ __forceinline__ void copy_async_wait() {
 // B's rows. One instruction where building the fragments from 32-bit (or,
 // transposed, 16-bit) shared loads took 2 (or 4 and a byte permute) per
 // register. Every lane of the warp must call it together.
+//
+// `offset` bytes past `row`: where `row` stays the same through a loop and
+// the offset steps, its shared address is worked out once (the conversion
+// is pure), and each call adds 32 bits to it, where a pointer computed per
+// call took 64-bit arithmetic and a conversion each time.
 template <bool TRANS>
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* row) {
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* row, unsigned offset = 0) {
 #ifdef KILN_EMULATOR
-  kiln_emu::ldmatrix_x4(r, row, TRANS, __LINE__);
+  kiln_emu::ldmatrix_x4(r, static_cast<const unsigned char*>(row) + offset, TRANS, __LINE__);
 #else
-  unsigned address = shared_address(row);
+  unsigned address = shared_address(row) + offset;
   if (TRANS)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -6,13 +6,30 @@
 //
 // A block of four warps takes 64 rows of W and 64 rows of x. For each
 // stretch of 128 columns it decodes its W rows' part of the blocks into
-// shared memory as bf16 and copies x's, then each warp multiplies 16 rows
-// of W with the tile's rows of x through mma_bf16_16816 (skipping groups of
-// 16 rows of x past m). The next stretch's packed bytes and x are loaded into
-// registers before the current stretch's products, so their memory round
-// trip overlaps the arithmetic. W is read once for m ≤ 64, packed: a quarter
-// (Q4_K) to a half (Q8_0) of the bytes of bf16, and none of the expanded
-// copy's writes and reads.
+// shared memory as bf16 while x's stretch is copied there by asynchronous
+// 16-byte copies (cp.async, so x holds no registers), then each warp
+// multiplies 16 rows of W with the tile's rows of x through mma_bf16_16816
+// (skipping groups of 16 rows of x past m, whose rows are not copied). The
+// next stretch's packed bytes are loaded into registers before the current
+// stretch's products, so their memory round trip overlaps the arithmetic.
+// W is read once for m ≤ 64, packed: a quarter (Q4_K) to a half (Q8_0) of
+// the bytes of bf16, and none of the expanded copy's writes and reads.
+//
+// The kernel streams W with one stretch of a block in flight, so what
+// bounds it is how many blocks each multiprocessor holds and how much of a
+// stretch's time its next stretch's loads are in flight: at 195 registers
+// a thread (x's stretch in registers too) it held two blocks, whose loads
+// overlapped the products only, and Q4_K_M at 16 rows took 11.8 ms a step
+// where cuBLAS on bf16 took 6.1 (H200, 2026-11-30). Launch bounds now hold
+// it to KILN_QMM_BLOCKS_PER_SM blocks (128 registers; host/src/runtime/
+// cuda/qmm.rs sizes its splits for as many); the fragments' shared
+// addresses are worked out once (ldmatrix_x4's offset), which keeps the
+// products unrolled within them; and the formats whose two loaded
+// stretches fit without spilling (Q4_K, Q6_K, Q4_0, bf16: EARLY) ask for
+// the next stretch before decoding this one, so its loads overlap the
+// decoding too (Q8_0, Q5_0 and Q5_K spilled doing so; Q5_K unrolls the
+// products by 4 for sm_80). In sm_90 SASS a Q4_K stretch is 692
+// instructions a thread, 698 before (unmeasured on a GPU).
 //
 // Dense bf16 matrices take the same path (`kiln_qmm_bf16`, DenseBf16: a
 // "block" of 8 values is one 16-byte load, copied to shared memory as it
@@ -37,8 +54,10 @@
 // warp's 8 rows × 4 column pairs fall in 32 different banks.
 #define KILN_QMM_STRIDE (KILN_QMM_K + 8)
 #define KILN_QMM_THREADS 128
-// 16-byte chunks of x's stretch each thread copies.
-#define KILN_QMM_X_CHUNKS (KILN_QMM_TILE * KILN_QMM_K / 8 / KILN_QMM_THREADS)
+// Blocks a multiprocessor holds (registers ≤ 65536 / (128 · 4) = 128).
+#define KILN_QMM_BLOCKS_PER_SM 4
+// 16-byte chunks of x's stretch (16 rows at a time) each thread copies.
+#define KILN_QMM_X_CHUNKS_PER_GROUP (16 * KILN_QMM_K / 8 / KILN_QMM_THREADS)
 
 // How F's lane parts cover a stretch of 128 columns of a row: PARTS parts
 // (of one block, or of 128 / ELEMS blocks), PER_THREAD of the tile's per
@@ -124,13 +143,12 @@ __device__ __forceinline__ QmmTile qmm_tile(const KilnQmmGroup& g) {
   return tile;
 }
 
-// The tile's stretch at column kc, loaded: thread t's parts t, t + 128, ...
-// of W (part q: row q / PARTS, part q % PARTS of the row's stretch) and its
-// chunks of x. What lies past n, m or k_end is zero.
+// The tile's stretch of W at column kc, loaded: thread t's parts t, t + 128,
+// ... (part q: row q / PARTS, part q % PARTS of the row's stretch). What
+// lies past n or k_end is zero.
 template <typename F>
 struct Loaded {
   typename F::Raw w[Stretch<F>::PER_THREAD];
-  Bytes16 x[KILN_QMM_X_CHUNKS];
 };
 
 // Where part `i` of a row's stretch at column kc lies: its block and which
@@ -142,8 +160,7 @@ __device__ __forceinline__ void stretch_part(int kc, int i, int* block, int* par
 }
 
 template <typename F>
-__device__ __forceinline__ void load_stretch(Loaded<F>* s, const QmmTile& tile, const bf16_bits* x, int m0, int m,
-                                             int k, int kc, int k_end) {
+__device__ __forceinline__ void load_stretch(Loaded<F>* s, const QmmTile& tile, int k, int kc, int k_end) {
   typedef Stretch<F> S;
   static_assert(32 % S::ROW_STEP == 0, "a thread's rows stay in one half of a gated tile");
   i64 row_bytes = (i64)(k / F::ELEMS) * F::BYTES;
@@ -157,29 +174,34 @@ __device__ __forceinline__ void load_stretch(Loaded<F>* s, const QmmTile& tile, 
     if (in_k && w_row < tile.n)
       s->w[j] = F::load((half ? tile.w[1] : tile.w[0]) + w_row * row_bytes + (i64)block * F::BYTES, part);
   }
+}
+
+// Issues the copies of x's stretch at column kc (rows m0 .. of the first
+// `m_groups` groups of 16) into the shared tile: zeros past m and k_end. In
+// the tile once the thread has waited for its copies and the block has
+// passed a barrier.
+__device__ __forceinline__ void copy_x_stretch(bf16_bits (*xs)[KILN_QMM_STRIDE], const bf16_bits* x, int m0, int m,
+                                               int m_groups, int k, int kc, int k_end) {
+  for (int g = 0; g < m_groups; ++g) {
 #pragma unroll
-  for (int j = 0; j < KILN_QMM_X_CHUNKS; ++j) {
-    int c = threadIdx.x + j * KILN_QMM_THREADS, row = c / (KILN_QMM_K / 8), col = kc + c % (KILN_QMM_K / 8) * 8;
-    s->x[j] = Bytes16{};
-    if (m0 + row < m && col < k_end) s->x[j] = *reinterpret_cast<const Bytes16*>(x + (i64)(m0 + row) * k + col);
+    for (int j = 0; j < KILN_QMM_X_CHUNKS_PER_GROUP; ++j) {
+      int c = threadIdx.x + j * KILN_QMM_THREADS, row = 16 * g + c / (KILN_QMM_K / 8),
+          col = kc + c % (KILN_QMM_K / 8) * 8;
+      bool valid = m0 + row < m && col < k_end;
+      copy_async_16(xs[row] + col - kc, x + (valid ? (i64)(m0 + row) * k + col : 0), valid);
+    }
   }
 }
 
-// Decodes a loaded stretch into the shared tiles.
+// Decodes a loaded stretch of W into the shared tile.
 template <typename F>
-__device__ __forceinline__ void store_stretch(const Loaded<F>& s, bf16_bits (*ws)[KILN_QMM_STRIDE],
-                                              bf16_bits (*xs)[KILN_QMM_STRIDE], int kc) {
+__device__ __forceinline__ void store_stretch(const Loaded<F>& s, bf16_bits (*ws)[KILN_QMM_STRIDE], int kc) {
   typedef Stretch<F> S;
   int row = threadIdx.x / S::PARTS, block, part;
   stretch_part<F>(kc, threadIdx.x % S::PARTS, &block, &part);
 #pragma unroll
   for (int j = 0; j < S::PER_THREAD; ++j) {
     SharedRow<F>::store(s.w[j], part, block * F::ELEMS - kc, ws[row + j * S::ROW_STEP]);
-  }
-#pragma unroll
-  for (int j = 0; j < KILN_QMM_X_CHUNKS; ++j) {
-    int c = threadIdx.x + j * KILN_QMM_THREADS;
-    *reinterpret_cast<Bytes16*>(xs[c / (KILN_QMM_K / 8)] + c % (KILN_QMM_K / 8) * 8) = s.x[j];
   }
 }
 
@@ -196,7 +218,7 @@ __device__ __forceinline__ void store_tile(const KilnQmmGroup& g, const QmmTile&
   }
 }
 
-template <typename F>
+template <typename F, bool EARLY, int UNROLL>
 __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, float* __restrict__ partials,
                     unsigned* __restrict__ counters, int m, int k, int k_split) {
   // The tiles as 16-byte units (aligned for the 16-byte stores of x).
@@ -212,33 +234,47 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
   // lane, so the warp's tensor-core products stay together).
   int m_groups = min(KILN_QMM_TILE, m - m0 + 15) / 16;
   float acc[KILN_QMM_TILE / 16][2][4] = {};
-  Loaded<F> next;
-  load_stretch<F>(&next, tile, x, m0, m, k, k_begin, k_end);
-  for (int kc = k_begin; kc < k_end; kc += KILN_QMM_K) {
-    __syncthreads();  // every warp is done with the previous stretch
-    store_stretch<F>(next, ws, xs, kc);
-    __syncthreads();
-    if (kc + KILN_QMM_K < k_end) load_stretch<F>(&next, tile, x, m0, m, k, kc + KILN_QMM_K, k_end);
+  // The lane's ldmatrix rows at a stretch's column 0 (see the products).
+  const bf16_bits* w_row = ws[16 * warp + 8 * (lane / 16) + lane % 8] + 8 * ((lane / 8) % 2);
+  const bf16_bits* x_rows[KILN_QMM_TILE / 16];
 #pragma unroll
+  for (int g = 0; g < KILN_QMM_TILE / 16; ++g) x_rows[g] = xs[16 * g + 8 * ((lane / 8) % 2) + lane % 8] + 8 * (lane / 16);
+  Loaded<F> current;
+  load_stretch<F>(&current, tile, k, k_begin, k_end);
+  for (int kc = k_begin; kc < k_end; kc += KILN_QMM_K) {
+    // The next stretch's W, asked for before this one's decoding (EARLY)
+    // or before its products only.
+    Loaded<F> next;
+    bool more = kc + KILN_QMM_K < k_end;
+    if (EARLY && more) load_stretch<F>(&next, tile, k, kc + KILN_QMM_K, k_end);
+    __syncthreads();  // every warp is done with the previous stretch
+    copy_x_stretch(xs, x, m0, m, m_groups, k, kc, k_end);  // x's copies overlap W's decoding
+    store_stretch<F>(current, ws, kc);
+    copy_async_wait();
+    __syncthreads();
+    if (!EARLY && more) load_stretch<F>(&next, tile, k, kc + KILN_QMM_K, k_end);
+#pragma unroll(UNROLL)
     for (int c = 0; c < KILN_QMM_K / 16; ++c) {
       // B fragments of the warp's two groups of 8 W rows: lane i's ldmatrix
       // row is W row 16 warp + 8 (i / 16) + i % 8 at column 16c + 8 ((i / 8)
       // % 2), giving b[t][0], b[t][1] for t = 0, 1.
       unsigned b[4];
-      ldmatrix_x4<false>(b, ws[16 * warp + 8 * (lane / 16) + lane % 8] + 16 * c + 8 * ((lane / 8) % 2));
+      ldmatrix_x4<false>(b, w_row, 32 * c);
 #pragma unroll
       for (int g = 0; g < KILN_QMM_TILE / 16; ++g) {
         // A fragment of x rows 16g ..: lane i's row 16g + 8 ((i / 8) % 2) +
         // i % 8 at column 16c + 8 (i / 16) (loaded for every group: a branch
-        // around the load costs more than the load).
+        // around the load costs more than the load; groups past m_groups,
+        // never copied, are not multiplied).
         unsigned a[4];
-        ldmatrix_x4<false>(a, xs[16 * g + 8 * ((lane / 8) % 2) + lane % 8] + 16 * c + 8 * (lane / 16));
+        ldmatrix_x4<false>(a, x_rows[g], 32 * c);
         if (g < m_groups) {
           mma_bf16_16816(acc[g][0], a, b);
           mma_bf16_16816(acc[g][1], a, b + 2);
         }
       }
     }
+    current = next;
   }
   // The sums through shared memory (the stretches' space, once every warp
   // is done with it), so the outputs are written a row at a time.
@@ -276,10 +312,10 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
   KilnQmmGroup g, const bf16_bits *__restrict__ x, float *__restrict__ partials, unsigned *__restrict__ counters, \
       int m, int k, int k_split
 
-extern "C" __global__ void kiln_qmm_q8_0(KILN_QMM_ARGS) { qmm<Q8_0>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void kiln_qmm_q4_k(KILN_QMM_ARGS) { qmm<Q4_K>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void kiln_qmm_bf16(KILN_QMM_ARGS) { qmm<DenseBf16>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q8_0(KILN_QMM_ARGS) { qmm<Q8_0, false, 8>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0, true, 8>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0, false, 8>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_k(KILN_QMM_ARGS) { qmm<Q4_K, true, 8>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K, false, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K, true, 8>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_bf16(KILN_QMM_ARGS) { qmm<DenseBf16, true, 8>(g, x, partials, counters, m, k, k_split); }

@@ -336,7 +336,7 @@ impl Frame<'_> {
         // Generated kernels wait for their inputs (codegen.rs).
         let config = LaunchConfig {
             programmatic: self.programmatic.is_some(),
-            ..LaunchConfig::elementwise(n)
+            ..LaunchConfig::elementwise(n.div_ceil(codegen::ELEMENTS_PER_THREAD))
         };
         self.device
             .launch(function, config, &args)

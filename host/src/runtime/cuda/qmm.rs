@@ -28,10 +28,16 @@ const STRETCH: usize = 128;
 const THREADS: u32 = 128;
 /// Matrices one launch covers at most (`KILN_QMM_MAX_GROUP`).
 const MAX_GROUP: usize = 4;
-/// Blocks a product is split among (along K) when its tiles are fewer: two
-/// waves of an H100's 132 SMs, so matrices with few rows (o, down, k and v
-/// projections) still have every SM streaming weights.
-const TARGET_BLOCKS: usize = 256;
+/// Blocks a multiprocessor holds (`KILN_QMM_BLOCKS_PER_SM`, the kernels'
+/// launch bounds): the kernel streams W one stretch a block at a time, so
+/// the blocks resident are the loads in flight.
+const BLOCKS_PER_SM: usize = 4;
+/// Blocks of one wave: every block resident at once on an H100's or H200's
+/// 132 multiprocessors.
+const WAVE: usize = 132 * BLOCKS_PER_SM;
+/// Parts a product's K is split into at most (each part's block writes
+/// partial sums that the tile's last block adds).
+const MAX_SPLITS: usize = 16;
 
 /// Which kernels multiply dense bf16 matrices with 3 to 64 rows of x (past the GEMV's [`DENSE_GEMV_MAX_M`](super::gemv::DENSE_GEMV_MAX_M)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -95,10 +101,7 @@ impl QmmLaunch {
         };
         let k = first.cols;
         let stretches = k.div_ceil(STRETCH);
-        let wanted = TARGET_BLOCKS
-            .div_ceil(tiles * m.div_ceil(TILE))
-            .clamp(1, stretches);
-        let k_split = stretches.div_ceil(wanted) * STRETCH;
+        let k_split = stretches.div_ceil(k_splits(tiles * m.div_ceil(TILE), stretches)) * STRETCH;
         Some(Self {
             kernel,
             grid: (
@@ -132,6 +135,27 @@ impl QmmLaunch {
             _ => (self.grid.0 * self.grid.1) as usize * 4,
         }
     }
+}
+
+/// How many parts to split K's `stretches` into for a product of `blocks`
+/// blocks a part (W's tiles times x's): the count whose launch takes the
+/// fewest stretches' time, counted as waves of [`WAVE`] blocks times the
+/// stretches each block takes, plus one (its first stretch's loads, which
+/// no arithmetic overlaps); ties to fewer parts. Matrices with few rows
+/// (o, down, k and v) split until every multiprocessor streams weights;
+/// a launch of two waves or more is not split (its tail is small, and the
+/// partial sums would cost more).
+fn k_splits(blocks: usize, stretches: usize) -> usize {
+    if blocks >= 2 * WAVE {
+        return 1;
+    }
+    let time = |parts: usize| {
+        let per_part = stretches.div_ceil(parts);
+        (blocks * stretches.div_ceil(per_part)).div_ceil(WAVE) * (per_part + 1)
+    };
+    (1..=stretches.clamp(1, MAX_SPLITS))
+        .min_by_key(|&parts| time(parts))
+        .unwrap_or(1)
 }
 
 /// How m rows of x times `w` run here, if they do.
@@ -224,16 +248,17 @@ mod tests {
         }
         assert_eq!(QmmLaunch::of(&[matrix(None, 4096, 4096)], false, 16), None);
         // Llama-3-8B's shapes at 64 sequences: K is split until a matrix
-        // with few rows has ~256 blocks; a wide one is not split.
+        // with few rows fills a wave of 528 blocks (4 on each of 132
+        // multiprocessors); a wide one is not split.
         let o = launch(&[o_proj], false, 64);
         assert_eq!(
             (o.kernel, o.grid, o.k_split),
-            ("kiln_qmm_q4_k", (64, 1, 4), 1024)
+            ("kiln_qmm_q4_k", (64, 1, 8), 512)
         );
         let k_proj = launch(&[matrix(q4k, 1024, 4096)], false, 64);
         assert_eq!((k_proj.grid, k_proj.k_split), ((16, 1, 16), 256));
         let down = launch(&[matrix(q4k, 4096, 14336)], false, 16);
-        assert_eq!((down.grid, down.k_split), ((64, 1, 4), 3584));
+        assert_eq!((down.grid, down.k_split), ((64, 1, 8), 1792));
         let head = launch(&[matrix(Some(Packed::Q6K), 128_256, 4096)], false, 9);
         assert_eq!((head.kernel, head.grid), ("kiln_qmm_q6_k", (2004, 1, 1)));
         // Splits never outnumber the matrix's stretches of 128 columns.
@@ -245,12 +270,14 @@ mod tests {
     fn a_group_is_one_grid_of_its_members_tiles() {
         let q4k = Some(Packed::Q4K);
         let (q, kv) = (matrix(q4k, 4096, 4096), matrix(q4k, 1024, 4096));
-        // q, k and v: 64 + 16 + 16 tiles, split three ways for ~256 blocks.
+        // q, k and v: 64 + 16 + 16 tiles, split five ways: one wave of
+        // 7 + 1 stretches a block (eleven ways would be two of 3 + 1).
         let qkv = launch(&[q, kv, kv], false, 16);
-        assert_eq!((qkv.grid, qkv.k_split), ((96, 1, 3), 1408));
-        assert_eq!(qkv.partial_bytes(16), 3 * 16 * 96 * 64 * 4);
+        assert_eq!((qkv.grid, qkv.k_split), ((96, 1, 5), 896));
+        assert_eq!(qkv.partial_bytes(16), 5 * 16 * 96 * 64 * 4);
         assert_eq!(qkv.counter_bytes(), 96 * 4);
-        // Gate and up: 32 pairs of rows a tile.
+        // Gate and up: 32 pairs of rows a tile, 448 tiles in one wave
+        // (split in two they would take two waves of 16 + 1 stretches).
         let up = matrix(q4k, 14336, 4096);
         let gated = launch(&[up, up], true, 64);
         assert_eq!((gated.grid, gated.splits()), ((448, 1, 1), 1));
