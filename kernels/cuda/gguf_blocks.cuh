@@ -554,11 +554,20 @@ struct Q6KSpread {
 typedef Q6KSpread<false> Q6_K_Spread;
 typedef Q6KSpread<true> Q6_K_SpreadRows;
 
-// Stores `count` (even) values scale · v[e] at `out` as bf16, two to a
-// 32-bit store.
+// Stores `count` (even) values scale · v[e] at `out` as bf16: runs of four
+// (every format's, at columns that are multiples of 4, so 8-byte aligned
+// in qmm's shared rows and in dequant's output) one 8-byte store each
+// (half the store instructions of two to a 32-bit store), a pair left
+// over in a 32-bit one.
+struct __align__(8) Bf16x4 {
+  unsigned lo, hi;
+};
 __device__ __forceinline__ void store_bf16_pairs(bf16_bits* out, const float* v, int count, float scale) {
-  for (int e = 0; e < count; e += 2)
-    *reinterpret_cast<unsigned*>(out + e) = pack_bf16(scale * v[e], scale * v[e + 1]);
+  int e = 0;
+  for (; e + 4 <= count; e += 4)
+    *reinterpret_cast<Bf16x4*>(out + e) =
+        Bf16x4{pack_bf16(scale * v[e], scale * v[e + 1]), pack_bf16(scale * v[e + 2], scale * v[e + 3])};
+  if (e < count) *reinterpret_cast<unsigned*>(out + e) = pack_bf16(scale * v[e], scale * v[e + 1]);
 }
 
 // A loaded lane part `s` of a block whose values start at column `col`

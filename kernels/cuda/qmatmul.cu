@@ -28,7 +28,7 @@
 // stretches fit without spilling (Q4_K, Q6_K, Q4_0, bf16: EARLY) ask for
 // the next stretch before decoding this one, so its loads overlap the
 // decoding too (Q8_0, Q5_0 and Q5_K spilled doing so; Q5_K unrolls the
-// products by 4 for sm_80). In sm_90 SASS a Q4_K stretch is 692
+// products by 2, where 8 spilled). In sm_90 SASS a Q4_K stretch is 676
 // instructions a thread, 698 before (unmeasured on a GPU).
 //
 // Dense bf16 matrices take the same path (`kiln_qmm_bf16`, DenseBf16: a
@@ -316,6 +316,6 @@ extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_P
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0, true, 8>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0, false, 8>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_k(KILN_QMM_ARGS) { qmm<Q4_K, true, 8>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K, false, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K, false, 2>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K, true, 8>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_bf16(KILN_QMM_ARGS) { qmm<DenseBf16, true, 8>(g, x, partials, counters, m, k, k_split); }
