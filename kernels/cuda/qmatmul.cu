@@ -4,7 +4,8 @@
 // y [m, n] = x [m, k] · Wᵀ, W [n, k] read packed, x as bf16 (cast by
 // kiln_f32_to_bf16), on tensor cores with f32 accumulation.
 //
-// A block of four warps takes 64 rows of W and 64 rows of x. For each
+// A block of four warps takes 64 rows of W and 64 rows of x (16 in the
+// `_m16` kernels, which the host takes up to 16 rows of x). For each
 // stretch of 128 columns it decodes its W rows' part of the blocks into
 // shared memory as bf16 while x's stretch is copied there by asynchronous
 // 16-byte copies (cp.async, so x holds no registers), then each warp
@@ -25,11 +26,14 @@
 // cuda/qmm.rs sizes its splits for as many); the fragments' shared
 // addresses are worked out once (ldmatrix_x4's offset), which keeps the
 // products unrolled within them; and the formats whose two loaded
-// stretches fit without spilling (Q4_K, Q6_K, Q4_0, bf16: EARLY) ask for
-// the next stretch before decoding this one, so its loads overlap the
-// decoding too (Q8_0, Q5_0 and Q5_K spilled doing so; Q5_K unrolls the
-// products by 2, where 8 spilled). In sm_90 SASS a Q4_K stretch is 676
-// instructions a thread, 698 before (unmeasured on a GPU).
+// stretches fit without spilling (Q4_K, Q6_K, Q4_0: EARLY) ask for the
+// next stretch before decoding this one, so its loads overlap the
+// decoding too (Q8_0, Q5_0, Q5_K and bf16 spilled doing so; Q5_0 and Q5_K
+// unroll the products by 2, where 8 spilled). The `_m16` kernels
+// (X_GROUPS = 1: one group's accumulators and fragments, a quarter of x's
+// tile) fit in 96 registers, so 5 blocks a multiprocessor, every format
+// EARLY but bf16. In sm_90 SASS a Q4_K stretch is 624 instructions a
+// thread (698 before), 588 in `_m16` (unmeasured on a GPU).
 //
 // Dense bf16 matrices take the same path (`kiln_qmm_bf16`, DenseBf16: a
 // "block" of 8 values is one 16-byte load, copied to shared memory as it
@@ -54,8 +58,10 @@
 // warp's 8 rows × 4 column pairs fall in 32 different banks.
 #define KILN_QMM_STRIDE (KILN_QMM_K + 8)
 #define KILN_QMM_THREADS 128
-// Blocks a multiprocessor holds (registers ≤ 65536 / (128 · 4) = 128).
+// Blocks a multiprocessor holds (registers ≤ 65536 / (128 · 4) = 128), and
+// for the `_m16` kernels (≤ 102; their shared tiles 21.8 KB a block).
 #define KILN_QMM_BLOCKS_PER_SM 4
+#define KILN_QMM_M16_BLOCKS_PER_SM 5
 // 16-byte chunks of x's stretch (16 rows at a time) each thread copies.
 #define KILN_QMM_X_CHUNKS_PER_GROUP (16 * KILN_QMM_K / 8 / KILN_QMM_THREADS)
 
@@ -166,7 +172,7 @@ __device__ __forceinline__ void load_stretch(Loaded<F>* s, const QmmTile& tile, 
   i64 row_bytes = (i64)(k / F::ELEMS) * F::BYTES;
   int row = threadIdx.x / S::PARTS, block, part;
   stretch_part<F>(kc, threadIdx.x % S::PARTS, &block, &part);
-  bool in_k = block * F::ELEMS < k_end;
+  bool in_k = kc < k_end && block * F::ELEMS < k_end;  // (a K-quant block may start before a stretch past k_end)
 #pragma unroll
   for (int j = 0; j < S::PER_THREAD; ++j) {
     int r = row + j * S::ROW_STEP, half = tile.gated && r >= 32, w_row = tile.first + (tile.gated ? r % 32 : r);
@@ -218,41 +224,44 @@ __device__ __forceinline__ void store_tile(const KilnQmmGroup& g, const QmmTile&
   }
 }
 
-template <typename F, bool EARLY, int UNROLL>
+// F: W's format; EARLY: the next stretch asked for before this one's
+// decoding; UNROLL: steps of the products unrolled; X_GROUPS: groups of 16
+// rows of x a block takes (4, or 1 for the `_m16` kernels).
+template <typename F, bool EARLY, int UNROLL, int X_GROUPS>
 __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, float* __restrict__ partials,
                     unsigned* __restrict__ counters, int m, int k, int k_split) {
   // The tiles as 16-byte units (aligned for the 16-byte stores of x).
   __shared__ Bytes16 w_raw[KILN_QMM_TILE * KILN_QMM_STRIDE / 8];
-  __shared__ Bytes16 x_raw[KILN_QMM_TILE * KILN_QMM_STRIDE / 8];
+  __shared__ Bytes16 x_raw[16 * X_GROUPS * KILN_QMM_STRIDE / 8];
   bf16_bits(*ws)[KILN_QMM_STRIDE] = reinterpret_cast<bf16_bits(*)[KILN_QMM_STRIDE]>(w_raw);
   bf16_bits(*xs)[KILN_QMM_STRIDE] = reinterpret_cast<bf16_bits(*)[KILN_QMM_STRIDE]>(x_raw);
   QmmTile tile = qmm_tile(g);
-  int m0 = blockIdx.y * KILN_QMM_TILE;
+  int m0 = blockIdx.y * 16 * X_GROUPS;
   int k_begin = blockIdx.z * k_split, k_end = min(k, k_begin + k_split);
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32, group = lane / 4, pair = lane % 4;
   // Groups of 16 rows of x that hold rows of this tile (the same in every
   // lane, so the warp's tensor-core products stay together).
-  int m_groups = min(KILN_QMM_TILE, m - m0 + 15) / 16;
-  float acc[KILN_QMM_TILE / 16][2][4] = {};
+  int m_groups = min(16 * X_GROUPS, m - m0 + 15) / 16;
+  float acc[X_GROUPS][2][4] = {};
   // The lane's ldmatrix rows at a stretch's column 0 (see the products).
   const bf16_bits* w_row = ws[16 * warp + 8 * (lane / 16) + lane % 8] + 8 * ((lane / 8) % 2);
-  const bf16_bits* x_rows[KILN_QMM_TILE / 16];
+  const bf16_bits* x_rows[X_GROUPS];
 #pragma unroll
-  for (int g = 0; g < KILN_QMM_TILE / 16; ++g) x_rows[g] = xs[16 * g + 8 * ((lane / 8) % 2) + lane % 8] + 8 * (lane / 16);
+  for (int g = 0; g < X_GROUPS; ++g) x_rows[g] = xs[16 * g + 8 * ((lane / 8) % 2) + lane % 8] + 8 * (lane / 16);
   Loaded<F> current;
   load_stretch<F>(&current, tile, k, k_begin, k_end);
   for (int kc = k_begin; kc < k_end; kc += KILN_QMM_K) {
     // The next stretch's W, asked for before this one's decoding (EARLY)
     // or before its products only.
+    // Past k_end (the last stretch's turn) it is zeros, nothing loaded.
     Loaded<F> next;
-    bool more = kc + KILN_QMM_K < k_end;
-    if (EARLY && more) load_stretch<F>(&next, tile, k, kc + KILN_QMM_K, k_end);
+    if (EARLY) load_stretch<F>(&next, tile, k, kc + KILN_QMM_K, k_end);
     __syncthreads();  // every warp is done with the previous stretch
     copy_x_stretch(xs, x, m0, m, m_groups, k, kc, k_end);  // x's copies overlap W's decoding
     store_stretch<F>(current, ws, kc);
     copy_async_wait();
     __syncthreads();
-    if (!EARLY && more) load_stretch<F>(&next, tile, k, kc + KILN_QMM_K, k_end);
+    if (!EARLY) load_stretch<F>(&next, tile, k, kc + KILN_QMM_K, k_end);
 #pragma unroll(UNROLL)
     for (int c = 0; c < KILN_QMM_K / 16; ++c) {
       // B fragments of the warp's two groups of 8 W rows: lane i's ldmatrix
@@ -261,7 +270,7 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
       unsigned b[4];
       ldmatrix_x4<false>(b, w_row, 32 * c);
 #pragma unroll
-      for (int g = 0; g < KILN_QMM_TILE / 16; ++g) {
+      for (int g = 0; g < X_GROUPS; ++g) {
         // A fragment of x rows 16g ..: lane i's row 16g + 8 ((i / 8) % 2) +
         // i % 8 at column 16c + 8 (i / 16) (loaded for every group: a branch
         // around the load costs more than the load; groups past m_groups,
@@ -281,13 +290,13 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
   __syncthreads();
   float(*sums)[KILN_QMM_TILE + 1] = reinterpret_cast<float(*)[KILN_QMM_TILE + 1]>(w_raw);
 #pragma unroll
-  for (int g = 0; g < KILN_QMM_TILE / 16; ++g)
+  for (int g = 0; g < X_GROUPS; ++g)
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) sums[16 * g + group + (e >= 2 ? 8 : 0)][16 * warp + 8 * t + 2 * pair + e % 2] = acc[g][t][e];
   __syncthreads();
-  int rows = min(KILN_QMM_TILE, m - m0);
+  int rows = min(16 * X_GROUPS, m - m0);
   if (gridDim.z > 1) {
     // partials [z][m][every tile's 64 rows]; the tile's last block adds them.
     i64 width = (i64)gridDim.x * KILN_QMM_TILE, at = (i64)blockIdx.x * KILN_QMM_TILE;
@@ -306,16 +315,24 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
   store_tile(g, tile, sums, m0, rows);
 }
 
-// Grid: (the group's tiles, x's row tiles, K's splits). `counters`: one per
-// (x row tile, tile), zero, and left so; unused without splits.
+// Grid: (the group's tiles, x's row tiles of 64 rows, or 16 for `_m16`,
+// K's splits). `counters`: one per (x row tile, tile), zero, and left so;
+// unused without splits.
 #define KILN_QMM_ARGS                                                                                        \
   KilnQmmGroup g, const bf16_bits *__restrict__ x, float *__restrict__ partials, unsigned *__restrict__ counters, \
       int m, int k, int k_split
 
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q8_0(KILN_QMM_ARGS) { qmm<Q8_0, false, 8>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0, true, 8>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0, false, 8>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_k(KILN_QMM_ARGS) { qmm<Q4_K, true, 8>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K, false, 2>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K, true, 8>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_bf16(KILN_QMM_ARGS) { qmm<DenseBf16, true, 8>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q8_0(KILN_QMM_ARGS) { qmm<Q8_0, false, 8, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q8_0_m16(KILN_QMM_ARGS) { qmm<Q8_0, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0, true, 8, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q4_0_m16(KILN_QMM_ARGS) { qmm<Q4_0, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0, false, 2, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q5_0_m16(KILN_QMM_ARGS) { qmm<Q5_0, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_k(KILN_QMM_ARGS) { qmm<Q4_K, true, 8, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q4_k_m16(KILN_QMM_ARGS) { qmm<Q4_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K, false, 2, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q5_k_m16(KILN_QMM_ARGS) { qmm<Q5_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K, true, 8, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q6_k_m16(KILN_QMM_ARGS) { qmm<Q6_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_bf16(KILN_QMM_ARGS) { qmm<DenseBf16, false, 8, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_bf16_m16(KILN_QMM_ARGS) { qmm<DenseBf16, false, 8, 1>(g, x, partials, counters, m, k, k_split); }

@@ -20,6 +20,9 @@ use kiln_kernels::quant::QuantType;
 
 /// Rows of W and of x per block (`KILN_QMM_TILE`).
 const TILE: usize = 64;
+/// Rows of x per block of the `_m16` kernels, which the host takes up to
+/// 16 rows of x.
+const M16_TILE: usize = 16;
 /// Columns per stretch (`KILN_QMM_K`).
 const STRETCH: usize = 128;
 /// Matrices a launch covers at most (`KILN_QMM_MAX_GROUP`).
@@ -48,6 +51,8 @@ fn reference(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> (Vec<f32>, V
 struct Case {
     ty: Option<QuantType>,
     kernel: String,
+    /// Rows of x per block: 16 (the `_m16` kernel) or 64.
+    x_tile: usize,
     rows: Vec<usize>,
     k: usize,
     m: usize,
@@ -91,9 +96,15 @@ impl Case {
             y.push(gpu.zeros(m * n * 4));
         }
         let tiles: usize = rows.iter().map(|n| n.div_ceil(TILE)).sum();
+        // The host's choice: the `_m16` kernel up to 16 rows of x.
+        let (kernel, x_tile) = match m <= M16_TILE {
+            true => (format!("kiln_qmm_{name}_m16"), M16_TILE),
+            false => (format!("kiln_qmm_{name}"), TILE),
+        };
         Self {
             ty,
-            kernel: format!("kiln_qmm_{name}"),
+            kernel,
+            x_tile,
             rows: rows.to_vec(),
             k,
             m,
@@ -103,8 +114,15 @@ impl Case {
             want,
             // Room for up to 8 splits.
             partials: gpu.zeros(8 * m * tiles * TILE * 4),
-            counters: gpu.zeros(tiles * m.div_ceil(TILE) * 4),
+            counters: gpu.zeros(tiles * m.div_ceil(M16_TILE) * 4),
         }
+    }
+
+    /// The same product through the kernel of 64 rows of x a block.
+    fn wide(mut self) -> Self {
+        self.kernel = self.kernel.trim_end_matches("_m16").to_owned();
+        self.x_tile = TILE;
+        self
     }
 
     /// The `KilnQmmGroup` argument: every member, or (gated) the first two
@@ -138,7 +156,7 @@ impl Case {
         let mut config = LaunchConfig::linear(1, 128);
         config.grid = (
             tiles as u32,
-            self.m.div_ceil(TILE) as u32,
+            self.m.div_ceil(self.x_tile) as u32,
             self.k.div_ceil(k_split) as u32,
         );
         let args = [
@@ -152,7 +170,7 @@ impl Case {
         ];
         let launched = gpu.dev.launch(gpu.f(&self.kernel), config, &args);
         launched.unwrap_or_else(|e| panic!("{}: {e}", self.kernel));
-        let counters: Vec<u32> = gpu.down(self.counters, tiles * self.m.div_ceil(TILE));
+        let counters: Vec<u32> = gpu.down(self.counters, tiles * self.m.div_ceil(self.x_tile));
         assert!(
             counters.iter().all(|&c| c == 0),
             "{}: counters left at zero",
@@ -205,6 +223,10 @@ fn every_format_on_tensor_cores_matches_the_reference() {
             case.run(&gpu, splits, 0, 0);
             case.check(&gpu, 0, &format!("m={m} splits={splits}"));
         }
+        // Few rows through the kernel of 64 rows of x a block too.
+        let case = Case::new(&gpu, (ty, name), &[70], k, 9).wide();
+        case.run(&gpu, 2, 0, 0);
+        case.check(&gpu, 0, "m=9 splits=2, 64 rows of x a block");
     }
 }
 

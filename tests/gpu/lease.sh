@@ -81,7 +81,8 @@ part suite 150 env KILN_GPU_SUITE_SKIP=nvrtc KILN_GPU_SUITE_TIMEOUT=60 \
 # with the GEMV's own norm since removed); its one-row GEMVs now read blocks
 # in KQuantSpread's lane order. At 16 and 64 streams the tensor-core product
 # of packed blocks (11.8 ms a step at 16) now holds 4 blocks a multiprocessor
-# where it held 2, x copied by cp.async rather than through registers.
+# where it held 2 (5 in the kernels for up to 16 rows), x copied by cp.async
+# rather than through registers.
 part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh kiln
 # Issue 14's table: decode at 1, 16 and 64 streams and a 2048-token prefill
 # (200 s on the H200 on 2026-11-30).

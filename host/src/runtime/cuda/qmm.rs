@@ -28,13 +28,17 @@ const STRETCH: usize = 128;
 const THREADS: u32 = 128;
 /// Matrices one launch covers at most (`KILN_QMM_MAX_GROUP`).
 const MAX_GROUP: usize = 4;
-/// Blocks a multiprocessor holds (`KILN_QMM_BLOCKS_PER_SM`, the kernels'
-/// launch bounds): the kernel streams W one stretch a block at a time, so
-/// the blocks resident are the loads in flight.
+/// Rows of x the `_m16` kernels take at most (their x tile: one group of 16).
+const M16: usize = 16;
+/// Blocks a multiprocessor holds (`KILN_QMM_BLOCKS_PER_SM` and
+/// `KILN_QMM_M16_BLOCKS_PER_SM`, the kernels' launch bounds): the kernel
+/// streams W one stretch a block at a time, so the blocks resident are the
+/// loads in flight.
 const BLOCKS_PER_SM: usize = 4;
-/// Blocks of one wave: every block resident at once on an H100's or H200's
-/// 132 multiprocessors.
-const WAVE: usize = 132 * BLOCKS_PER_SM;
+const M16_BLOCKS_PER_SM: usize = 5;
+/// Multiprocessors of an H100 or H200: a wave is every block resident at
+/// once on them.
+const MULTIPROCESSORS: usize = 132;
 /// Parts a product's K is split into at most (each part's block writes
 /// partial sums that the tile's last block adds).
 const MAX_SPLITS: usize = 16;
@@ -82,10 +86,19 @@ impl QmmLaunch {
     /// [`QMM_MAX_M`].
     pub fn of(members: &[DeviceMatrix], gated: bool, m: usize) -> Option<Self> {
         let first = members.first()?;
-        let kernel = match first.packed {
+        // Up to 16 rows, the kernels whose x tile is one group of 16 rows:
+        // fewer registers, so more blocks in flight, and no products of
+        // groups of x that are not there.
+        let kernels = match first.packed {
             Some(packed) => packed.kernels().qmm,
-            None if first.dense_on_tensor_cores && first.cols % 8 == 0 => "kiln_qmm_bf16",
+            None if first.dense_on_tensor_cores && first.cols % 8 == 0 => {
+                ["kiln_qmm_bf16", "kiln_qmm_bf16_m16"]
+            }
             None => return None,
+        };
+        let (kernel, x_tile, wave) = match m <= M16 {
+            true => (kernels[1], M16, MULTIPROCESSORS * M16_BLOCKS_PER_SM),
+            false => (kernels[0], TILE, MULTIPROCESSORS * BLOCKS_PER_SM),
         };
         let fits =
             members.len() <= MAX_GROUP && (gemv_max_rows(first) + 1..=QMM_MAX_M).contains(&m);
@@ -101,14 +114,11 @@ impl QmmLaunch {
         };
         let k = first.cols;
         let stretches = k.div_ceil(STRETCH);
-        let k_split = stretches.div_ceil(k_splits(tiles * m.div_ceil(TILE), stretches)) * STRETCH;
+        let x_tiles = m.div_ceil(x_tile);
+        let k_split = stretches.div_ceil(k_splits(tiles * x_tiles, stretches, wave)) * STRETCH;
         Some(Self {
             kernel,
-            grid: (
-                tiles as u32,
-                m.div_ceil(TILE) as u32,
-                k.div_ceil(k_split) as u32,
-            ),
+            grid: (tiles as u32, x_tiles as u32, k.div_ceil(k_split) as u32),
             k_split,
         })
     }
@@ -139,19 +149,19 @@ impl QmmLaunch {
 
 /// How many parts to split K's `stretches` into for a product of `blocks`
 /// blocks a part (W's tiles times x's): the count whose launch takes the
-/// fewest stretches' time, counted as waves of [`WAVE`] blocks times the
+/// fewest stretches' time, counted as waves of `wave` blocks times the
 /// stretches each block takes, plus one (its first stretch's loads, which
 /// no arithmetic overlaps); ties to fewer parts. Matrices with few rows
 /// (o, down, k and v) split until every multiprocessor streams weights;
 /// a launch of two waves or more is not split (its tail is small, and the
 /// partial sums would cost more).
-fn k_splits(blocks: usize, stretches: usize) -> usize {
-    if blocks >= 2 * WAVE {
+fn k_splits(blocks: usize, stretches: usize, wave: usize) -> usize {
+    if blocks >= 2 * wave {
         return 1;
     }
     let time = |parts: usize| {
         let per_part = stretches.div_ceil(parts);
-        (blocks * stretches.div_ceil(per_part)).div_ceil(WAVE) * (per_part + 1)
+        (blocks * stretches.div_ceil(per_part)).div_ceil(wave) * (per_part + 1)
     };
     (1..=stretches.clamp(1, MAX_SPLITS))
         .min_by_key(|&parts| time(parts))
@@ -257,10 +267,20 @@ mod tests {
         );
         let k_proj = launch(&[matrix(q4k, 1024, 4096)], false, 64);
         assert_eq!((k_proj.grid, k_proj.k_split), ((16, 1, 16), 256));
+        // Up to 16 rows the `_m16` kernel, 5 blocks a multiprocessor: waves
+        // of 660 (down: 10 parts of 12 stretches, 640 blocks).
         let down = launch(&[matrix(q4k, 4096, 14336)], false, 16);
-        assert_eq!((down.grid, down.k_split), ((64, 1, 8), 1792));
+        assert_eq!(
+            (down.kernel, down.grid, down.k_split),
+            ("kiln_qmm_q4_k_m16", (64, 1, 10), 1536)
+        );
+        let down = launch(&[matrix(q4k, 4096, 14336)], false, 17);
+        assert_eq!((down.kernel, down.grid.2), ("kiln_qmm_q4_k", 8));
         let head = launch(&[matrix(Some(Packed::Q6K), 128_256, 4096)], false, 9);
-        assert_eq!((head.kernel, head.grid), ("kiln_qmm_q6_k", (2004, 1, 1)));
+        assert_eq!(
+            (head.kernel, head.grid),
+            ("kiln_qmm_q6_k_m16", (2004, 1, 1))
+        );
         // Splits never outnumber the matrix's stretches of 128 columns.
         let short = launch(&[matrix(Some(Packed::Q8_0), 64, 288)], false, 64);
         assert_eq!((short.grid, short.k_split), ((1, 1, 3), 128));
@@ -270,11 +290,14 @@ mod tests {
     fn a_group_is_one_grid_of_its_members_tiles() {
         let q4k = Some(Packed::Q4K);
         let (q, kv) = (matrix(q4k, 4096, 4096), matrix(q4k, 1024, 4096));
-        // q, k and v: 64 + 16 + 16 tiles, split five ways: one wave of
-        // 7 + 1 stretches a block (eleven ways would be two of 3 + 1).
-        let qkv = launch(&[q, kv, kv], false, 16);
+        // q, k and v: 64 + 16 + 16 tiles, split five ways at 64 rows: one
+        // wave of 528 blocks, 7 + 1 stretches each (eleven ways would be two
+        // waves of 3 + 1); six ways at 16 rows (576 blocks, waves of 660).
+        let qkv = launch(&[q, kv, kv], false, 64);
         assert_eq!((qkv.grid, qkv.k_split), ((96, 1, 5), 896));
-        assert_eq!(qkv.partial_bytes(16), 5 * 16 * 96 * 64 * 4);
+        let qkv = launch(&[q, kv, kv], false, 16);
+        assert_eq!((qkv.grid, qkv.k_split), ((96, 1, 6), 768));
+        assert_eq!(qkv.partial_bytes(16), 6 * 16 * 96 * 64 * 4);
         assert_eq!(qkv.counter_bytes(), 96 * 4);
         // Gate and up: 32 pairs of rows a tile, 448 tiles in one wave
         // (split in two they would take two waves of 16 + 1 stretches).

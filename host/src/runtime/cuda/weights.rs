@@ -122,8 +122,9 @@ pub struct PackedKernels {
     pub gemv_m1: &'static str,
     /// The decode GEMVs on x quantized to 8 bits, for several rows and one.
     pub gemv_x8: [&'static str; 2],
-    /// The tensor-core product for batches past the GEMV's (`qmatmul.cu`).
-    pub qmm: &'static str,
+    /// The tensor-core product for batches past the GEMV's (`qmatmul.cu`):
+    /// up to 64 rows of x, and (`_m16`) up to 16.
+    pub qmm: [&'static str; 2],
     /// The expansion to bf16.
     pub dequant: &'static str,
     /// Embedding rows.
@@ -175,7 +176,7 @@ impl Packed {
                 "kiln_gemv_q8_0",
                 "kiln_gemv_q8_0_m1",
                 ["kiln_gemv_q8_0_x8", "kiln_gemv_q8_0_x8_m1"],
-                "kiln_qmm_q8_0",
+                ["kiln_qmm_q8_0", "kiln_qmm_q8_0_m16"],
                 "kiln_dequant_q8_0",
                 "kiln_embedding_q8_0",
                 ["kiln_moe_gate_up_q8_0", "kiln_moe_down_q8_0"],
@@ -184,7 +185,7 @@ impl Packed {
                 "kiln_gemv_q4_0",
                 "kiln_gemv_q4_0_m1",
                 ["kiln_gemv_q4_0_x8", "kiln_gemv_q4_0_x8_m1"],
-                "kiln_qmm_q4_0",
+                ["kiln_qmm_q4_0", "kiln_qmm_q4_0_m16"],
                 "kiln_dequant_q4_0",
                 "kiln_embedding_q4_0",
                 ["kiln_moe_gate_up_q4_0", "kiln_moe_down_q4_0"],
@@ -193,7 +194,7 @@ impl Packed {
                 "kiln_gemv_q5_0",
                 "kiln_gemv_q5_0_m1",
                 ["kiln_gemv_q5_0_x8", "kiln_gemv_q5_0_x8_m1"],
-                "kiln_qmm_q5_0",
+                ["kiln_qmm_q5_0", "kiln_qmm_q5_0_m16"],
                 "kiln_dequant_q5_0",
                 "kiln_embedding_q5_0",
                 ["kiln_moe_gate_up_q5_0", "kiln_moe_down_q5_0"],
@@ -202,7 +203,7 @@ impl Packed {
                 "kiln_gemv_q4_k",
                 "kiln_gemv_q4_k_m1",
                 ["kiln_gemv_q4_k_x8", "kiln_gemv_q4_k_x8_m1"],
-                "kiln_qmm_q4_k",
+                ["kiln_qmm_q4_k", "kiln_qmm_q4_k_m16"],
                 "kiln_dequant_q4_k",
                 "kiln_embedding_q4_k",
                 ["kiln_moe_gate_up_q4_k", "kiln_moe_down_q4_k"],
@@ -211,7 +212,7 @@ impl Packed {
                 "kiln_gemv_q5_k",
                 "kiln_gemv_q5_k_m1",
                 ["kiln_gemv_q5_k_x8", "kiln_gemv_q5_k_x8_m1"],
-                "kiln_qmm_q5_k",
+                ["kiln_qmm_q5_k", "kiln_qmm_q5_k_m16"],
                 "kiln_dequant_q5_k",
                 "kiln_embedding_q5_k",
                 ["kiln_moe_gate_up_q5_k", "kiln_moe_down_q5_k"],
@@ -220,7 +221,7 @@ impl Packed {
                 "kiln_gemv_q6_k",
                 "kiln_gemv_q6_k_m1",
                 ["kiln_gemv_q6_k_x8", "kiln_gemv_q6_k_x8_m1"],
-                "kiln_qmm_q6_k",
+                ["kiln_qmm_q6_k", "kiln_qmm_q6_k_m16"],
                 "kiln_dequant_q6_k",
                 "kiln_embedding_q6_k",
                 ["kiln_moe_gate_up_q6_k", "kiln_moe_down_q6_k"],
