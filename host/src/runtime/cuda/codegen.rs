@@ -4,9 +4,9 @@
 //! a block's width apart (every load of a warp coalesced), their inputs
 //! loaded before any is used (so a thread has them all in flight at once),
 //! each input read through its broadcast strides (or at the element's own
-//! index when its shape is the output's). The same text is compiled by NVRTC for a GPU and by the host
-//! C++ compiler for the emulator, and can be dumped for review
-//! (`KILN_DUMP_KERNELS`).
+//! index when its shape is the output's). The same text is compiled by
+//! NVRTC for a GPU and by the host C++ compiler for the emulator, and can
+//! be dumped for review (`KILN_DUMP_KERNELS`).
 
 use std::fmt::Write as _;
 
