@@ -162,13 +162,15 @@ pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Resu
          const i64 i = start + (i64)e * blockDim.x + threadIdx.x;\n      if (i < s.count) {{"
     );
     let _ = writeln!(text, "{element}");
+    // A broadcast input's offset loop stays rolled: unrolled in each of the
+    // thread's elements, NVRTC took 7.6 s for a kernel it compiled in 0.5.
     for (i, input) in inputs.iter().enumerate() {
         if input.same_shape {
             let _ = writeln!(text, "        const i64 o{i} = i;");
         } else {
             let _ = writeln!(
                 text,
-                "        i64 o{i} = 0;\n        {{\n          i64 rest = i;\n          for (int d = s.rank - 1; d >= 0; --d) {{\n            o{i} += (rest % s.shape[d]) * s.strides[{i}][d];\n            rest /= s.shape[d];\n          }}\n        }}"
+                "        i64 o{i} = 0;\n        {{\n          i64 rest = i;\n#pragma unroll 1\n          for (int d = s.rank - 1; d >= 0; --d) {{\n            o{i} += (rest % s.shape[d]) * s.strides[{i}][d];\n            rest /= s.shape[d];\n          }}\n        }}"
             );
         }
     }
