@@ -36,6 +36,8 @@
 #                                      this measures what a drafted step costs and
 #                                      gains as acceptance allows, not a real
 #                                      model's rate), as text
+#   bench/gpu/run.sh decode-attention  Kiln's decode at batch 1 and 64 with attention on
+#                                      the portable kernels and on tensor cores, as text
 #   bench/gpu/run.sh kv-fp8            Kiln's decode at batch 16 and 64 over 2048-token
 #                                      prompts with the bf16 and the fp8 (E4M3) KV cache:
 #                                      what halving attention's bytes gains where the
@@ -228,6 +230,27 @@ speculative() {
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape speculative_shape
 }
 
+# Decode at 1 and 64 streams over 512-token prompts with attention on the
+# portable CUDA-core kernels and on tensor cores (decode_attention.cu, the
+# default over a bf16 cache): at 64 streams the grouped CUDA-core kernel
+# took 57.8 µs a layer on the H200 (2026-11-30), bound by issue (llama3-8b
+# bf16 unless KILN_BENCH_SHAPES says otherwise). Text, in
+# decode-attention-*.txt.
+decode_attention_shape() {
+  local shape=$1 dtype=$2 name=$3 backend
+  for backend in portable auto; do
+    echo "== kiln $shape $dtype: decode, $backend attention"
+    "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" --attention-backend "$backend" \
+      --input-len 512 --output-len 256 --concurrency 1,64 --temperature 0 \
+      2>&1 | tee "$results/decode-attention-$name-$dtype-$backend.txt" || echo "FAILED: $shape $dtype $backend"
+  done
+}
+
+decode_attention() {
+  . tests/gpu/env.sh
+  KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16} each_shape decode_attention_shape
+}
+
 # Decode over long prompts with the bf16 and the fp8 KV cache (llama3-8b
 # bf16 unless KILN_BENCH_SHAPES says otherwise): at 64 sequences of ~2k
 # positions Llama-3-8B's cache reads ~17 GB a step in bf16 beside 16 GB of
@@ -306,7 +329,7 @@ kernel_memory() {
   local ncu run kernel dtype batch
   ncu=$(nsight_compute)
   [ -n "$ncu" ] || { echo "no Nsight Compute on this machine"; return 1; }
-  for run in ${KILN_BENCH_MEMORY:-kiln_gemv:q4_k_m:1 kiln_gemv:bf16:1 kiln_grouped_attention:bf16:64}; do
+  for run in ${KILN_BENCH_MEMORY:-kiln_gemv:q4_k_m:1 kiln_gemv:bf16:1 kiln_decode_attention:bf16:64}; do
     IFS=: read -r kernel dtype batch <<< "$run"
     weights_of "$dtype"
     local name=memory-$kernel-llama3-8b-$dtype-$batch
@@ -342,6 +365,7 @@ case "${1:-}" in
   sampled) sampled ;;
   speculative) speculative ;;
   kv-fp8) kv_fp8 ;;
+  decode-attention) decode_attention ;;
   profile) profile ;;
   kernel-memory) kernel_memory ;;
   torch) torch_baseline "${2:?mode}" "${3:?shape}" ;;
@@ -355,6 +379,7 @@ case "${1:-}" in
     sampled
     speculative
     kv_fp8
+    decode_attention
     profile
     kernel_memory
     for shape in llama3-8b llama3.2-1b; do

@@ -365,9 +365,10 @@ pub struct RuntimeArgs {
     pub kv_cache_dtype: KvCacheDtypeArg,
 
     /// On CUDA: which attention kernels run. `auto` runs prefill on tensor
-    /// cores (flash attention over the bf16 cache, head_dim 64, 96 or 128)
-    /// and the portable kernels elsewhere; `portable` runs the portable
-    /// CUDA-core kernels everywhere.
+    /// cores (flash attention over the bf16 or fp8 cache, head_dim 64, 96 or
+    /// 128), decode rows too over the bf16 cache (head_dim 64 or 128, at most
+    /// 8 query heads a key/value head), and the portable kernels elsewhere;
+    /// `portable` runs the portable CUDA-core kernels everywhere.
     #[arg(long, value_enum, default_value_t = AttentionBackendArg::Auto)]
     pub attention_backend: AttentionBackendArg,
 
@@ -467,7 +468,7 @@ pub enum KvCacheDtypeArg {
 /// `--attention-backend`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum AttentionBackendArg {
-    /// Tensor cores for prefill where the kernel applies.
+    /// Tensor cores for prefill and decode where the kernels apply.
     Auto,
     /// The portable kernels everywhere.
     Portable,

@@ -201,27 +201,6 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
   }
 }
 
-// Value d of one (row, head)'s output merged from its gridDim.z partial
-// results parts[z · (head_dim + 2)]: [m, l, acc...] (other blocks wrote them:
-// read past L1).
-__device__ __forceinline__ float merged_split(const volatile float* parts, int head_dim, int d) {
-  int splits = gridDim.z;
-  float m_all = KILN_NEG_INF;
-  for (int z = 0; z < splits; ++z)
-    if (parts[z * (head_dim + 2) + 1] > 0.0f) m_all = fmaxf(m_all, parts[z * (head_dim + 2)]);
-  float total = 0.0f, sum = 0.0f;
-  for (int z = 0; z < splits; ++z) {
-    const volatile float* part = parts + z * (head_dim + 2);
-    float l = part[1];
-    if (l > 0.0f) {
-      float weight = expf(part[0] - m_all);
-      total += l * weight;
-      sum += part[2 + d] * weight;
-    }
-  }
-  return total > 0.0f ? sum / total : 0.0f;  // no keys: padding
-}
-
 // out [T, num_heads, head_dim]: one block per (row, query head) over the
 // row's visible cached positions; query head h reads key/value head
 // h / (num_heads / kv_heads). `window` > 0 keeps the last `window` positions.
@@ -259,10 +238,7 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
   OutRow out_row{out, (row * num_heads + head) * head_dim, out_type};
   attend_keys<PER_LANE, KEYS>(q + (row * num_heads + head) * head_dim, k_cache, v_cache, out_row, part, keys,
                              head / (num_heads / kv_heads), first, last, head_dim, scale, softcap);
-  if (part != nullptr && last_block_done(split_counters + row * gridDim.y + blockIdx.y, gridDim.z)) {
-    const volatile float* parts = partials + (row * num_heads + head) * gridDim.z * (i64)(head_dim + 2);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) out_row.set(d, merged_split(parts, head_dim, d));
-  }
+  if (part != nullptr) merge_head_splits(out, partials, split_counters, row, head, 1, num_heads, head_dim, out_type);
 }
 
 // Grouped-query attention over the paged cache, for heads of a multiple of 8
@@ -479,25 +455,11 @@ __device__ void grouped_attention(const float* __restrict__ q, const C* __restri
     int h = i / head_dim, d = i % head_dim;
     float sum = 0.0f;
     for (int g = 0; g < groups; ++g) sum += group_acc[h][g * head_dim + d] * group_m[g][h];
-    i64 head_row = row * num_heads + first_head + h;
-    if (partials != nullptr) {
-      float* part = partials + (head_row * gridDim.z + blockIdx.z) * (head_dim + 2);
-      if (d == 0) {
-        part[0] = head_m[h] * KILN_LN2;  // merged_split's units
-        part[1] = head_l[h];
-      }
-      part[2 + d] = sum;
-    } else {
-      store_as(out, head_row * head_dim + d, head_l[h] > 0.0f ? sum / head_l[h] : 0.0f, out_type);  // no keys
-    }
+    write_head_value(out, partials, row * num_heads + first_head + h, head_dim, d, head_m[h], head_l[h], sum,
+                     out_type);
   }
-  if (partials != nullptr && last_block_done(split_counters + row * gridDim.y + blockIdx.y, gridDim.z)) {
-    for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
-      i64 head_row = row * num_heads + first_head + i / head_dim;
-      const volatile float* parts = partials + head_row * gridDim.z * (head_dim + 2);
-      store_as(out, head_row * head_dim + i % head_dim, merged_split(parts, head_dim, i % head_dim), out_type);
-    }
-  }
+  if (partials != nullptr)
+    merge_head_splits(out, partials, split_counters, row, first_head, heads, num_heads, head_dim, out_type);
 }
 
 // Attention within each sequence of a ragged batch over this step's own keys

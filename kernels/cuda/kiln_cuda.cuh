@@ -508,6 +508,65 @@ __device__ __forceinline__ i64 cache_slot(const i64* block_tables, int b, int bl
   return block_tables[(i64)b * blocks_per_seq + block] * block_size + (p - block * size);
 }
 
+// Value d of one (row, head)'s output merged from its gridDim.z partial
+// results parts[z · (head_dim + 2)]: [m, l, acc...] (other blocks wrote them:
+// read past L1).
+__device__ __forceinline__ float merged_split(const volatile float* parts, int head_dim, int d) {
+  int splits = gridDim.z;
+  float m_all = KILN_NEG_INF;
+  for (int z = 0; z < splits; ++z)
+    if (parts[z * (head_dim + 2) + 1] > 0.0f) m_all = fmaxf(m_all, parts[z * (head_dim + 2)]);
+  float total = 0.0f, sum = 0.0f;
+  for (int z = 0; z < splits; ++z) {
+    const volatile float* part = parts + z * (head_dim + 2);
+    float l = part[1];
+    if (l > 0.0f) {
+      float weight = expf(part[0] - m_all);
+      total += l * weight;
+      sum += part[2 + d] * weight;
+    }
+  }
+  return total > 0.0f ? sum / total : 0.0f;  // no keys: padding
+}
+
+
+// Split-K attention (flash-decoding): blockIdx.z of a launch takes a range
+// of a row's keys and writes, per query head row, its running max (log2
+// units), sum of weights and unnormalized output to
+// partials[(head_row · gridDim.z + z) · (head_dim + 2)]: [m · ln 2, l, acc...].
+//
+// Value d of query head row `head_row`: with `partials`, this split's part;
+// else the output, sum / l (zero where no key was seen: padding).
+__device__ __forceinline__ void write_head_value(float* out, float* partials, i64 head_row, int head_dim, int d,
+                                                 float m, float l, float sum, int out_type) {
+  if (partials != nullptr) {
+    float* part = partials + (head_row * gridDim.z + blockIdx.z) * (head_dim + 2);
+    if (d == 0) {
+      part[0] = m * KILN_LN2;  // merged_split's units
+      part[1] = l;
+    }
+    part[2 + d] = sum;
+  } else {
+    store_as(out, head_row * head_dim + d, l > 0.0f ? sum / l : 0.0f, out_type);
+  }
+}
+
+// After every thread of the block has written its part (write_head_value):
+// the last of the splits of (row, blockIdx.y) to finish merges the parts of
+// its `heads` query heads from `first_head` into `out`. The counters,
+// split_counters[row · gridDim.y + blockIdx.y], start at zero and are left
+// at zero.
+__device__ __forceinline__ void merge_head_splits(float* out, float* partials, unsigned* split_counters, i64 row,
+                                                  int first_head, int heads, int num_heads, int head_dim,
+                                                  int out_type) {
+  if (!last_block_done(split_counters + row * gridDim.y + blockIdx.y, gridDim.z)) return;
+  for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
+    i64 head_row = row * num_heads + first_head + i / head_dim;
+    const volatile float* parts = partials + head_row * gridDim.z * (head_dim + 2);
+    store_as(out, head_row * head_dim + i % head_dim, merged_split(parts, head_dim, i % head_dim), out_type);
+  }
+}
+
 // Cache elements to and from f32. Kernels told the element type at run time
 // (the rotated GEMV's cache write) number them as the host's `KvElement`.
 #define KILN_CACHE_F32 0

@@ -1,21 +1,33 @@
-//! The tensor-core flash attention of `flash_attention.cu` on the kernel
-//! emulator (which runs its `mma.sync` products through a warp-level model
-//! of the same fragment layout), against the CPU's paged attention over the
-//! same bf16 or E4M3 cache: ragged batches of whole prompts, chunks that
-//! start mid-sequence and decode rows; several query and key tiles; GQA,
-//! sliding windows and soft caps; each head size the kernel is built for.
-//! Also the emulated tensor-core product alone against a plain matrix
-//! product.
+//! The tensor-core attention kernels on the kernel emulator (which runs
+//! their `mma.sync` products through a warp-level model of the same fragment
+//! layout), against the CPU's paged attention over the same bf16 or E4M3
+//! cache: `flash_attention.cu` over ragged batches of whole prompts, chunks
+//! that start mid-sequence and decode rows, several query and key tiles;
+//! `decode_attention.cu` over decode rows and short chunks, whole and split
+//! (flash-decoding); GQA, sliding windows and soft caps; each head size the
+//! kernels are built for. Also the emulated tensor-core product alone
+//! against a plain matrix product.
 
 mod common;
 
 use common::ragged::RaggedBatch;
 use common::*;
 use kiln_kernels::cuda::KernelArg::{Ptr, F32};
-use kiln_kernels::cuda::{sources, DevicePtr};
+use kiln_kernels::cuda::{sources, Device, DevicePtr, LaunchConfig};
 use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout};
 
-/// Largest |flash - reference|. The kernel rounds q and the softmax weights
+/// The tensor-core kernel under test.
+#[derive(Clone, Copy, Debug)]
+enum Kernel {
+    /// `kiln_flash_attention_*`: blocks of 8 warps take 128 query rows of one
+    /// head.
+    Flash,
+    /// `kiln_decode_attention_bf16_*`: a block per (row, key/value head,
+    /// split); run whole, in two splits and in splits of one cache block.
+    Decode,
+}
+
+/// Largest |tensor cores - reference|. The kernel rounds q and the softmax weights
 /// to bf16 for the products; the reference takes the same rounded q, so what
 /// remains is the weights' rounding (2⁻⁹ relative each; about 1e-3 seen).
 const FLASH_TOL: f32 = 4e-3;
@@ -56,6 +68,7 @@ impl Cache {
 /// `shapes` (context after the step, rows fed) per sequence.
 fn flash_case(
     gpu: &Gpu,
+    kernel: Kernel,
     cache: Cache,
     shape: (usize, usize, usize, usize),
     shapes: &[(usize, usize)],
@@ -64,7 +77,7 @@ fn flash_case(
 ) {
     let (heads, kv_heads, d, bs) = shape;
     let what = format!(
-        "{cache:?} heads {heads}/{kv_heads}, d {d}, block {bs}, {shapes:?}, {window:?}, {cap:?}"
+        "{kernel:?} {cache:?} heads {heads}/{kv_heads}, d {d}, block {bs}, {shapes:?}, {window:?}, {cap:?}"
     );
     let mut rng = Rng::new((heads * 1000 + d * 10 + bs) as u64);
     let layout = CacheLayout {
@@ -107,26 +120,70 @@ fn flash_case(
         &seqs,
         params,
     );
-    let out = gpu.up(&vec![f32::NAN; q.len()]);
-    let args = [Ptr(gpu.up(&q)), Ptr(kc), Ptr(vc), Ptr(out)];
+    let q_in = gpu.up(&q);
     let (window, cap) = (int(window.unwrap_or(0)), F32(cap.unwrap_or(0.0)));
-    let args = [&args[..], &metadata, &[int(heads), int(kv_heads)]].concat();
-    let tail = |out_type| [F32(scale), window.clone(), cap.clone(), int(out_type)];
-    let args = |out_type| [&args[..], &tail(out_type)].concat();
-    // Blocks of 8 warps take 128 query rows of one head.
-    let tiles = rows.div_ceil(128) + shapes.len();
-    let kernel = format!("kiln_flash_attention_{}_d{d}", cache.suffix());
-    let run = |out_type| gpu.run(&kernel, (heads as u32, tiles as u32), 256, &args(out_type));
-    run(0);
-    let got: Vec<f32> = gpu.down(out, want.len());
-    close(&got, &want, FLASH_TOL, &what);
-    // Stored for the output projection in bf16 or f16: the f32 result rounded.
-    gpu.check_half_stores(out, &got, &what, run);
-    let worst = got
-        .iter()
-        .zip(&want)
-        .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
-    println!("{what}: max |Δ| {worst:.1e}");
+    let sizes = [int(heads), int(kv_heads)];
+    // Runs the kernel into a fresh `out` and checks it, stored in f32 and, for
+    // the output projection, in bf16 or f16 (the f32 result rounded).
+    let check = |what: &str, run: &dyn Fn(DevicePtr, usize)| {
+        let out = gpu.up(&vec![f32::NAN; q.len()]);
+        run(out, 0);
+        let got: Vec<f32> = gpu.down(out, want.len());
+        close(&got, &want, FLASH_TOL, what);
+        gpu.check_half_stores(out, &got, what, |t| run(out, t));
+        let worst = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        println!("{what}: max |Δ| {worst:.1e}");
+    };
+    let head = |out| {
+        [
+            &[Ptr(q_in), Ptr(kc), Ptr(vc), Ptr(out)][..],
+            &metadata,
+            &sizes,
+        ]
+        .concat()
+    };
+    match kernel {
+        Kernel::Flash => {
+            // Blocks of 8 warps take 128 query rows of one head.
+            let tiles = rows.div_ceil(128) + shapes.len();
+            let name = format!("kiln_flash_attention_{}_d{d}", cache.suffix());
+            check(&what, &|out, out_type| {
+                let tail = [F32(scale), window.clone(), cap.clone(), int(out_type)];
+                let args = [&head(out)[..], &tail].concat();
+                gpu.run(&name, (heads as u32, tiles as u32), 256, &args);
+            });
+        }
+        Kernel::Decode => {
+            let name = format!("kiln_decode_attention_{}_d{d}", cache.suffix());
+            let per_seq = batch.per_seq;
+            for splits in [1, 2, per_seq] {
+                let split_keys = per_seq.div_ceil(splits) * bs;
+                let partials = gpu.zeros(rows * heads * splits * (d + 2) * 4);
+                let counters = gpu.zeros(rows * kv_heads * 4);
+                let (split_keys, partials) = match splits {
+                    1 => (0, 0),
+                    _ => (split_keys, partials),
+                };
+                let what = format!("{what}, {splits} splits");
+                check(&what, &|out, out_type| {
+                    let tail = [F32(scale), window.clone(), cap.clone(), int(split_keys)];
+                    let split = [Ptr(partials), Ptr(counters), int(out_type)];
+                    let args = [&head(out)[..], &[int(d)], &tail, &split].concat();
+                    let mut config = LaunchConfig::linear(rows as u32, 128);
+                    config.grid = (rows as u32, kv_heads as u32, splits as u32);
+                    gpu.dev.launch(gpu.f(&name), config, &args).unwrap();
+                    let left: Vec<u32> = gpu.down(counters, rows * kv_heads);
+                    assert!(
+                        left.iter().all(|&c| c == 0),
+                        "{what}: counters left {left:?}"
+                    );
+                });
+            }
+        }
+    }
 }
 
 /// Every head size over `cache`: a whole prompt of three query tiles of 128
@@ -138,10 +195,34 @@ fn flash_case(
 /// (an fp8 tile's).
 fn flash_cases(gpu: &Gpu, cache: Cache) {
     let mixed = [(330, 330), (200, 70), (91, 1), (17, 17), (100, 38)];
-    flash_case(gpu, cache, (4, 2, 64, 16), &mixed, None, None);
-    flash_case(gpu, cache, (2, 1, 128, 16), &mixed, Some(40), None);
+    flash_case(
+        gpu,
+        Kernel::Flash,
+        cache,
+        (4, 2, 64, 16),
+        &mixed,
+        None,
+        None,
+    );
+    flash_case(
+        gpu,
+        Kernel::Flash,
+        cache,
+        (2, 1, 128, 16),
+        &mixed,
+        Some(40),
+        None,
+    );
     let short = [(130, 130), (100, 33)];
-    flash_case(gpu, cache, (3, 3, 96, 8), &short, None, Some(0.5));
+    flash_case(
+        gpu,
+        Kernel::Flash,
+        cache,
+        (3, 3, 96, 8),
+        &short,
+        None,
+        Some(0.5),
+    );
 }
 
 #[test]
@@ -150,7 +231,48 @@ fn flash_attention_matches_the_cpu_over_a_bf16_cache() {
     flash_cases(&gpu, Cache::Bf16);
     // A window narrower than a key tile, over blocks of 4 positions.
     let cache = Cache::Bf16;
-    flash_case(&gpu, cache, (8, 2, 64, 4), &[(160, 96)], Some(5), Some(2.0));
+    flash_case(
+        &gpu,
+        Kernel::Flash,
+        cache,
+        (8, 2, 64, 4),
+        &[(160, 96)],
+        Some(5),
+        Some(2.0),
+    );
+}
+
+/// Rows one at a time on tensor cores over a bf16 cache: decode rows with
+/// long and short contexts (one cached position), a chunk mid-sequence and
+/// a short prompt; a key/value head of 4, 8 (the most), 7 and 1 query heads;
+/// heads of 64 and 128; cache blocks of 16 positions (a chunk of keys a
+/// block), 4 and 8 (four and two); windows narrower and wider than a chunk,
+/// and caps.
+#[test]
+fn decode_attention_matches_the_cpu_over_a_bf16_cache() {
+    let gpu = Gpu::new(&[sources::ATTENTION, sources::DECODE_ATTENTION]);
+    let (decode, cache) = (Kernel::Decode, Cache::Bf16);
+    let mixed = [(330, 1), (91, 1), (40, 7), (17, 17), (2, 1)];
+    flash_case(&gpu, decode, cache, (8, 2, 64, 16), &mixed, None, None);
+    flash_case(&gpu, decode, cache, (8, 1, 128, 4), &mixed, Some(40), None);
+    flash_case(
+        &gpu,
+        decode,
+        cache,
+        (14, 2, 128, 16),
+        &mixed,
+        None,
+        Some(0.5),
+    );
+    flash_case(
+        &gpu,
+        decode,
+        cache,
+        (3, 3, 64, 8),
+        &mixed,
+        Some(5),
+        Some(2.0),
+    );
 }
 
 /// Over an E4M3 cache (`--kv-cache-dtype fp8`), each key/value tile is

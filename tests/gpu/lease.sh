@@ -87,11 +87,16 @@ part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh ki
 # Issue 14's table: decode at 1, 16 and 64 streams and a 2048-token prefill
 # (200 s on the H200 on 2026-11-30).
 part kiln-bf16 200 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench/gpu/run.sh kiln
+# Decode attention on tensor cores (decode_attention.cu, built without a
+# GPU) against the grouped CUDA-core kernel, issue-bound at 64 streams
+# (57.8 µs a layer on 2026-11-30, ~10 µs by the new kernel's arithmetic).
+part decode-attention 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh decode-attention
 # Where a batch-1 step's time goes (Nsight; and Q4_K_M's at 16 streams,
 # where the tensor-core product of packed blocks took 11.8 ms a step on
 # 2026-11-30 against bf16's 6.1 ms on cuBLAS), and how its GEMVs (batch 1)
-# and grouped attention (batch 64, issue-bound on 2026-11-30, its loop
-# since cut by ~40 %) use L1, DRAM and issue (Nsight Compute's sections).
+# and decode attention (batch 64: the grouped kernel was issue-bound on
+# 2026-11-30, tensor cores since) use L1, DRAM and issue (Nsight Compute's
+# sections).
 part profile-batch-1 80 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1 llama3-8b:q4_k_m:16" bench/gpu/run.sh profile
 part kernel-memory 120 bench/gpu/run.sh kernel-memory
 # A GGUF model's GEMV at 2 to 8 rows (its loads of x in KQuantSpread's
@@ -101,8 +106,11 @@ part small-batches 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" KILN_BENCH_GEMV_R
 # Dense products of 2 to 8 rows on the GEMV or on cuBLAS (8 rows on the GEMV
 # took 3.7 times cuBLAS's 16 on 2026-11-30; the threshold is 2 since).
 part dense-gemv 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh dense-gemv
-# Where a step's time goes at 64 streams and in prefill (Nsight Systems).
-part profile 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:64 llama3-8b:bf16:1:2048:1" bench/gpu/run.sh profile
+# Where a step's time goes at 64 streams and in prefill (Nsight Systems;
+# Q4_K_M's 2048-token prefill ran at 37 % of the GEMM rate on 2026-11-30,
+# bf16's at 63 %).
+part profile 130 env KILN_BENCH_PROFILE="llama3-8b:bf16:64 llama3-8b:bf16:1:2048:1 llama3-8b:q4_k_m:1:2048:1" \
+  bench/gpu/run.sh profile
 # What programmatic launch and the tensor-core dense products gain.
 part pdl 80 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench/gpu/run.sh pdl
 part dense 70 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh dense

@@ -2,7 +2,8 @@
 //! with bf16 products): half the bytes of the f32 cache, logits within bf16
 //! rounding of the f32 cache's; its fp8 (E4M3) cache, a quarter of the
 //! bytes; and the tensor-core flash attention that prefill runs over both,
-//! against the portable kernels (`--attention-backend portable`). On the
+//! and the tensor-core decode attention over bf16, against the portable
+//! kernels (`--attention-backend portable`). On the
 //! kernel emulator, or a GPU with KILN_TEST_CUDA_DEVICE.
 
 use kiln_host::engine::Generator;
@@ -128,7 +129,7 @@ fn flash_against_portable(dtype: KvCacheDtype) {
         );
         println!("chunk of {}: relative |Δ| {worst:.2e}", chunk.len());
     }
-    // Decode rows run the portable kernel under both backends.
+    // Decode rows: tensor cores over the bf16 cache, the portable kernel over fp8.
     for token in [5u32, 17, 400] {
         let (x, y) = (
             a.feed(&[token], false).unwrap(),
@@ -136,5 +137,44 @@ fn flash_against_portable(dtype: KvCacheDtype) {
         );
         let (delta, _) = compare(&x[0], &y[0]);
         assert!(delta < 2e-2, "decode: relative |Δ| {delta:.2e}");
+    }
+}
+
+/// Rows fed one at a time from the first, so that flash attention never
+/// runs: over the bf16 cache `auto` takes the tensor-core decode kernel
+/// (`decode_attention.cu`, q and the softmax weights rounded to bf16), its
+/// logits within bf16 rounding of the portable kernel's and not all equal
+/// (else it never ran); over fp8 both backends run the portable kernel,
+/// to the bit.
+#[test]
+fn decode_attention_on_tensor_cores_matches_the_portable_kernels() {
+    for dtype in [KvCacheDtype::BFloat16, KvCacheDtype::Fp8E4m3] {
+        let portable = load(dtype, AttentionBackend::Portable);
+        let auto = load(dtype, AttentionBackend::Auto);
+        let (mut a, mut b) = (
+            Generator::new(&portable, 64).unwrap(),
+            Generator::new(&auto, 64).unwrap(),
+        );
+        let (mut worst, mut differs) = (0f32, false);
+        for i in 0..24u32 {
+            let token = (i * 53 + 7) % 768;
+            let x = a.feed(&[token], false).unwrap().remove(0);
+            let y = b.feed(&[token], false).unwrap().remove(0);
+            let (delta, changed) = compare(&x, &y);
+            assert!(
+                delta < 2e-2,
+                "{} cache, position {i}: relative |Δ| {delta:.2e}",
+                dtype.name()
+            );
+            (worst, differs) = (worst.max(delta), differs || changed);
+        }
+        println!("{} cache: relative |Δ| {worst:.2e}", dtype.name());
+        let tensor_cores = dtype == KvCacheDtype::BFloat16;
+        assert_eq!(
+            differs,
+            tensor_cores,
+            "{} cache: logits differ",
+            dtype.name()
+        );
     }
 }

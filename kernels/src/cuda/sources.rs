@@ -55,6 +55,13 @@ pub const FLASH_ATTENTION: Source = Source {
     text: include_str!("../../cuda/flash_attention.cu"),
     waits_for_inputs: false,
 };
+/// Grouped-query attention of rows one at a time (decode) on tensor cores
+/// over the bf16 cache.
+pub const DECODE_ATTENTION: Source = Source {
+    name: "decode_attention.cu",
+    text: include_str!("../../cuda/decode_attention.cu"),
+    waits_for_inputs: true,
+};
 /// Embedding, gathers, strided copies and conversions.
 pub const DATA: Source = Source {
     name: "data.cu",
@@ -144,8 +151,15 @@ pub const MATMUL: Source = Source {
 };
 
 /// Every hand-written source.
-pub const ALL: [Source; 18] = joined(&[
-    &[NORM, ROPE, ATTENTION, FLASH_ATTENTION, DATA],
+pub const ALL: [Source; 19] = joined(&[
+    &[
+        NORM,
+        ROPE,
+        ATTENTION,
+        FLASH_ATTENTION,
+        DECODE_ATTENTION,
+        DATA,
+    ],
     &GEMVS,
     &[QMATMUL, SAMPLING, MOE, MATMUL],
 ]);

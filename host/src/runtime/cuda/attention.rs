@@ -300,10 +300,15 @@ impl Frame<'_> {
             window,
             softcap,
         ]);
-        let (attend, blocks_per_row) = match grouped_kernel(element, num_heads, kv_heads, head_dim)
-        {
-            Some((name, group)) => (name, kv_heads * (num_heads / kv_heads).div_ceil(group)),
-            None => (element.paged_kernel(head_dim > HEAD_DIM), num_heads),
+        let tensor_cores =
+            decode_kernel(element, num_heads, kv_heads, head_dim).filter(|_| self.flash_attention);
+        let grouped = grouped_kernel(element, num_heads, kv_heads, head_dim);
+        let (attend, blocks_per_row) = match (tensor_cores, grouped) {
+            (Some(name), _) => (name, kv_heads),
+            (None, Some((name, group))) => {
+                (name, kv_heads * (num_heads / kv_heads).div_ceil(group))
+            }
+            (None, None) => (element.paged_kernel(head_dim > HEAD_DIM), num_heads),
         };
         let splits = attention_splits(tokens, blocks_per_row, blocks_per_seq);
         let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
@@ -371,6 +376,29 @@ fn flash_kernel(element: KvElement, head_dim: usize) -> Option<&'static str> {
         (KvElement::Fp8, 128) => "kiln_flash_attention_fp8_d128",
         _ => return None,
     })
+}
+
+/// The tensor-core kernel for rows one at a time (`decode_attention.cu`),
+/// where there is one: a bf16 cache, heads of 64 or 128 values, at most 8
+/// query heads a key/value head (the rows of its products). At 64 decode
+/// rows of Llama-3-8B its loop issues ~350 instructions a warp for 16 keys
+/// (sm_90 SASS), the grouped kernel's ~2,300: the CUDA-core kernel was
+/// bound by issue (57.8 µs a layer on the H200 for ~42 MB of cache), this
+/// one by memory (~10 µs by arithmetic; unmeasured on a GPU).
+fn decode_kernel(
+    element: KvElement,
+    num_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Option<&'static str> {
+    if element != KvElement::Bf16 || num_heads / kv_heads > 8 {
+        return None;
+    }
+    match head_dim {
+        64 => Some("kiln_decode_attention_bf16_d64"),
+        128 => Some("kiln_decode_attention_bf16_d128"),
+        _ => None,
+    }
 }
 
 /// The grouped-query kernel (`attention.cu`'s `grouped_attention`) and the
@@ -517,6 +545,25 @@ mod tests {
             attention_scratch_bytes(&[1, 32, 128], &[1, 16]),
             32 * 16 * 130 * 4
         );
+    }
+
+    #[test]
+    fn decode_rows_take_tensor_cores_over_a_bf16_cache_of_heads_of_64_or_128() {
+        let llama = decode_kernel(KvElement::Bf16, 32, 8, 128);
+        assert_eq!(llama, Some("kiln_decode_attention_bf16_d128"));
+        let small = decode_kernel(KvElement::Bf16, 9, 3, 64);
+        assert_eq!(small, Some("kiln_decode_attention_bf16_d64"));
+        assert_eq!(
+            decode_kernel(KvElement::Bf16, 12, 12, 64),
+            Some("kiln_decode_attention_bf16_d64")
+        );
+        // Not: 16 query heads a key/value head, heads of 96 or 256, f32 or
+        // fp8 caches.
+        assert_eq!(decode_kernel(KvElement::Bf16, 32, 2, 128), None);
+        assert_eq!(decode_kernel(KvElement::Bf16, 8, 8, 96), None);
+        assert_eq!(decode_kernel(KvElement::Bf16, 8, 4, 256), None);
+        assert_eq!(decode_kernel(KvElement::Fp8, 32, 8, 128), None);
+        assert_eq!(decode_kernel(KvElement::F32, 32, 8, 128), None);
     }
 
     #[test]

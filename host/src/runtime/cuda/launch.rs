@@ -46,7 +46,7 @@ pub struct Frame<'a> {
     /// The logits' product (its output) and where its decode GEMV leaves
     /// greedy's picks.
     pub greedy: Option<(ValueId, GreedyPicks)>,
-    /// Prefill attention may run on tensor cores.
+    /// Attention may run on tensor cores (`AttentionBackend::Auto`).
     pub flash_attention: bool,
 }
 

@@ -167,7 +167,7 @@ pub struct CudaExecutor {
     paddable: bool,
     /// What KV caches hold: bf16 unless asked (f32 with `--dtype float32`).
     kv_element: KvElement,
-    /// Prefill attention may run on tensor cores (`AttentionBackend::Auto`).
+    /// Attention may run on tensor cores (`AttentionBackend::Auto`).
     flash_attention: bool,
     /// The value of the graph's first input, where async scheduling feeds
     /// token ids.
@@ -199,8 +199,10 @@ struct LogitsProduct {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AttentionBackend {
     /// Tensor-core flash attention (`flash_attention.cu`) for steps of
-    /// prefill rows over a bf16 cache with head_dim 64, 96 or 128; the
-    /// portable kernels for everything else.
+    /// prefill rows over a bf16 or fp8 cache with head_dim 64, 96 or 128,
+    /// tensor-core decode attention (`decode_attention.cu`) for other steps
+    /// over a bf16 cache with head_dim 64 or 128 and at most 8 query heads a
+    /// key/value head; the portable kernels for everything else.
     #[default]
     Auto,
     /// The portable CUDA-core kernels (`attention.cu`) for every step: the

@@ -1,0 +1,245 @@
+// Grouped-query attention on tensor cores for rows taken one at a time
+// (decode steps, and prefill chunks too short for flash_attention.cu's
+// tiles of 16 rows a warp), over the bf16 paged cache: FlashInfer's
+// tensor-core decode. The query heads that share a key/value head are the
+// rows of the products: S = Q·Kᵀ (heads × keys) and Oᵀ += Vᵀ·Pᵀ (head_dim ×
+// heads), each warp taking 16 keys at a time by mma_bf16_16816.
+//
+// Where grouped_attention (attention.cu) spends its issue on a warp's
+// shuffle sums (four a key and head for 16 lanes' parts of a dot product),
+// widening and f32 fused multiply-adds, here a chunk of 16 keys is 16
+// 16-byte loads a lane, 24 products and a softmax of four scores a lane
+// (two shuffles for a head's max): the kernel reads the cache at the
+// memory's rate, not the issue's. No shared memory but the merge: the
+// fragments are loaded straight from the cache, a product's inner order
+// being free to choose:
+// - S = Q·Kᵀ, k-step 2i + half: a lane (group g, pair p) holds key g's
+//   values 32i + 8p .. + 7 from one 16-byte load, values + 4·half, + 1 as
+//   B[2p, 2p + 1][g] and + 4·half + 2, + 3 as B[2p + 8, 2p + 9][g]; Q's
+//   fragment takes the same values of head g (rows 8..15 are zero: a key/value
+//   head has at most 8 query heads here).
+// - Oᵀ += Vᵀ·Pᵀ: S's accumulator holds head g's scores of keys 2p, 2p + 1
+//   (and 8 on), exactly Pᵀ's B fragment. Vᵀ's A fragment needs two keys'
+//   values of one dimension a register: a lane loads keys 2p, 2p + 1, 2p + 8
+//   and 2p + 9, values 64j + 8g .. + 7 of each, and pairs them by byte
+//   permutes; row g of m-tile 4j + u is value 64j + 8g + 2u, row g + 8 the
+//   one after. Oᵀ's accumulator then holds heads 2p, 2p + 1 of those values.
+//
+// q and the softmax weights are rounded to bf16 for the products, as in
+// flash_attention.cu; scores, the softmax and the output stay f32.
+//
+// One block of four warps per (row, key/value head, split); warp w takes
+// chunks w, w + 4, ... of 16 positions aligned to 16 (keys outside
+// first..last weigh nothing), and the warps' softmax states merge through
+// shared memory. Arguments, output and split-K partials are those of
+// kiln_grouped_attention_g4_bf16 (attention.cu, KILN_PAGED_ATTENTION_PARAMS);
+// the grid is (rows, kv_heads, splits), num_heads / kv_heads at most 8.
+#include "kiln_cuda.cuh"
+
+#define KILN_DECODE_WARPS 4
+#define KILN_DECODE_THREADS (32 * KILN_DECODE_WARPS)
+// Keys a warp takes at a time: two n-tiles of S, one k-step of Pᵀ.
+#define KILN_DECODE_KEYS 16
+// Query heads a key/value head may have: rows 0..7 of the products.
+#define KILN_DECODE_HEADS 8
+
+template <int D>
+__device__ void decode_attention(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
+                                 const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
+                                 const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
+                                 const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
+                                 int block_size, int num_heads, int kv_heads, float scale, int window,
+                                 float softcap, int split_keys, float* __restrict__ partials,
+                                 unsigned* __restrict__ split_counters, int out_type) {
+  constexpr int K_LOADS = D / 32;  // a key's 16-byte loads a lane, for S
+  constexpr int V_LOADS = D / 64;  // and a value's, for Oᵀ
+  __shared__ float warp_m[KILN_DECODE_WARPS][KILN_DECODE_HEADS];
+  __shared__ float warp_l[KILN_DECODE_WARPS][KILN_DECODE_HEADS];
+  __shared__ float warp_o[KILN_DECODE_WARPS][KILN_DECODE_HEADS][D];
+  __shared__ float head_m[KILN_DECODE_HEADS], head_l[KILN_DECODE_HEADS];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, p = lane % 4;
+  i64 row = blockIdx.x, position;
+  const int kv_head = blockIdx.y, heads = num_heads / kv_heads, first_head = kv_head * heads;
+  const int b = sequence_of(row_offsets, context_lens, batch, row, &position);
+  i64 first = window > 0 && position + 1 > window ? position + 1 - window : 0;
+  i64 last = position;
+  if (partials != nullptr) {
+    first = max(first, (i64)blockIdx.z * split_keys);
+    last = min(last, (i64)(blockIdx.z + 1) * split_keys - 1);
+  }
+
+  // Q's A fragments, k-step 2i + half (rows 8..15 zero).
+  unsigned qa[2 * K_LOADS][4];
+#pragma unroll
+  for (int i = 0; i < K_LOADS; ++i) {
+    Bytes16 x[2] = {};
+    if (g < heads) {
+      const float* at = q + (row * num_heads + first_head + g) * D + 32 * i + 8 * p;
+      x[0] = *reinterpret_cast<const Bytes16*>(at);
+      x[1] = *reinterpret_cast<const Bytes16*>(at + 4);
+    }
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = __uint_as_float(x[j / 4].v[j % 4]);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      unsigned* a = qa[2 * i + half];
+      a[0] = pack_bf16(v[4 * half], v[4 * half + 1]);
+      a[2] = pack_bf16(v[4 * half + 2], v[4 * half + 3]);
+      a[1] = a[3] = 0u;
+    }
+  }
+
+  const int stride = kv_heads * D;
+  // Scores in log2 units: s · scale · log2 e, or cap · tanh(s · scale / cap) · log2 e.
+  const float score_scale = softcap > 0.0f ? scale / softcap : scale * KILN_LOG2E;
+  const float cap_scale = softcap * KILN_LOG2E;
+  // Positions fit 32 bits (cache_slot takes them so).
+  const int first_key = (int)first, last_key = (int)last;
+  float o[D / 16][4] = {}, m = KILN_NEG_INF, l = 0.0f;
+  for (int base = (first_key & ~(KILN_DECODE_KEYS - 1)) + warp * KILN_DECODE_KEYS; base <= last_key;
+       base += KILN_DECODE_WARPS * KILN_DECODE_KEYS) {
+    // Lane j (and j + 16) looks up the cache slot of key base + j % 16, and
+    // hands it to the lanes that read it: one lookup a lane, not six. A key
+    // outside first..last reads one inside, weighted 0 below.
+    const unsigned slot = (unsigned)cache_slot(block_tables, b, blocks_per_seq, block_size,
+                                               min(max(base + lane % KILN_DECODE_KEYS, first_key), last_key));
+    auto at = [&](int j, int d) {
+      return (i64)__shfl_sync(KILN_FULL_MASK, slot, j) * stride + kv_head * D + d;
+    };
+    Bytes16 kw[2][K_LOADS], vw[4][V_LOADS];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const bf16_bits* k = k_cache + at(8 * t + g, 8 * p);
+#pragma unroll
+      for (int i = 0; i < K_LOADS; ++i) kw[t][i] = *reinterpret_cast<const Bytes16*>(k + 32 * i);
+    }
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const bf16_bits* v = v_cache + at(2 * p + (t & 1) + 8 * (t >> 1), 8 * g);
+#pragma unroll
+      for (int j = 0; j < V_LOADS; ++j) vw[t][j] = *reinterpret_cast<const Bytes16*>(v + 64 * j);
+    }
+
+    // S: this lane's scores of head g, keys 2p, 2p + 1, 8 + 2p, 9 + 2p.
+    float s[2][4] = {};
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int i = 0; i < K_LOADS; ++i) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          unsigned kb[2] = {kw[t][i].v[2 * half], kw[t][i].v[2 * half + 1]};
+          mma_bf16_16816(s[t], qa[2 * i + half], kb);
+        }
+      }
+    }
+    float score[4], m_chunk = KILN_NEG_INF;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float v = s[c / 2][c % 2];
+      v = softcap > 0.0f ? cap_scale * tanhf(v * score_scale) : v * score_scale;
+      const int key = base + 8 * (c / 2) + 2 * p + (c % 2);
+      score[c] = key >= first_key && key <= last_key ? v : KILN_NEG_INF;
+      m_chunk = fmaxf(m_chunk, score[c]);
+    }
+    m_chunk = fmaxf(m_chunk, __shfl_xor_sync(KILN_FULL_MASK, m_chunk, 1));
+    m_chunk = fmaxf(m_chunk, __shfl_xor_sync(KILN_FULL_MASK, m_chunk, 2));
+    const float m_new = fmaxf(m, m_chunk);
+    // No key seen yet: nothing to rescale (and 2^(-inf - -inf) is NaN).
+    const float correction = m_new == KILN_NEG_INF ? 1.0f : fast_exp2(m - m_new);
+    float weight[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) weight[c] = score[c] == KILN_NEG_INF ? 0.0f : fast_exp2(score[c] - m_new);
+    l = l * correction + (weight[0] + weight[1]) + (weight[2] + weight[3]);
+    m = m_new;
+    // Oᵀ's columns are heads 2p and 2p + 1, whose corrections lanes 8p and
+    // 8p + 4 hold.
+    const float c_even = __shfl_sync(KILN_FULL_MASK, correction, 8 * p);
+    const float c_odd = __shfl_sync(KILN_FULL_MASK, correction, 8 * p + 4);
+    const unsigned pb[2] = {pack_bf16(weight[0], weight[1]), pack_bf16(weight[2], weight[3])};
+#pragma unroll
+    for (int j = 0; j < V_LOADS; ++j) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        float* acc = o[4 * j + u];
+        acc[0] *= c_even;
+        acc[1] *= c_odd;
+        acc[2] *= c_even;
+        acc[3] *= c_odd;
+        const unsigned va[4] = {__byte_perm(vw[0][j].v[u], vw[1][j].v[u], 0x5410),
+                                __byte_perm(vw[0][j].v[u], vw[1][j].v[u], 0x7632),
+                                __byte_perm(vw[2][j].v[u], vw[3][j].v[u], 0x5410),
+                                __byte_perm(vw[2][j].v[u], vw[3][j].v[u], 0x7632)};
+        mma_bf16_16816(acc, va, pb);
+      }
+    }
+  }
+
+  // The warps' states merged per head: each lane's sum of weights over its
+  // group's four lanes, then across the warps through shared memory.
+  l += __shfl_xor_sync(KILN_FULL_MASK, l, 1);
+  l += __shfl_xor_sync(KILN_FULL_MASK, l, 2);
+  if (p == 0) {
+    warp_m[warp][g] = m;
+    warp_l[warp][g] = l;
+  }
+#pragma unroll
+  for (int j = 0; j < V_LOADS; ++j) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int d = 64 * j + 8 * g + 2 * u;
+      warp_o[warp][2 * p][d] = o[4 * j + u][0];
+      warp_o[warp][2 * p + 1][d] = o[4 * j + u][1];
+      warp_o[warp][2 * p][d + 1] = o[4 * j + u][2];
+      warp_o[warp][2 * p + 1][d + 1] = o[4 * j + u][3];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < heads) {
+    const int h = threadIdx.x;
+    float m_all = KILN_NEG_INF, total = 0.0f;
+    for (int w = 0; w < KILN_DECODE_WARPS; ++w)
+      if (warp_l[w][h] > 0.0f) m_all = fmaxf(m_all, warp_m[w][h]);
+    for (int w = 0; w < KILN_DECODE_WARPS; ++w) {
+      // Each warp's weight in the merge, in place of its max.
+      warp_m[w][h] = warp_l[w][h] > 0.0f ? fast_exp2(warp_m[w][h] - m_all) : 0.0f;
+      total += warp_l[w][h] * warp_m[w][h];
+    }
+    head_m[h] = m_all;
+    head_l[h] = total;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
+    const int h = i / D, d = i % D;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < KILN_DECODE_WARPS; ++w) sum += warp_o[w][h][d] * warp_m[w][h];
+    write_head_value(out, partials, row * num_heads + first_head + h, D, d, head_m[h], head_l[h], sum, out_type);
+  }
+  if (partials != nullptr)
+    merge_head_splits(out, partials, split_counters, row, first_head, heads, num_heads, D, out_type);
+}
+
+// The entry points, by head size; `head_dim` must be the kernel's.
+#define KILN_DECODE_ATTENTION(D)                                                                                \
+  kiln_wait_inputs();                                                                                           \
+  decode_attention<D>(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, \
+                      block_size, num_heads, kv_heads, scale, window, softcap, split_keys, partials,           \
+                      split_counters, out_type)
+#define KILN_DECODE_ATTENTION_PARAMS                                                                             \
+  const float *__restrict__ q, const bf16_bits *__restrict__ k_cache, const bf16_bits *__restrict__ v_cache,     \
+      float *__restrict__ out, const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,        \
+      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,        \
+      int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys,                         \
+      float *__restrict__ partials, unsigned *__restrict__ split_counters, int out_type
+
+extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 4)
+    kiln_decode_attention_bf16_d64(KILN_DECODE_ATTENTION_PARAMS) {
+  KILN_DECODE_ATTENTION(64);
+}
+// Three blocks an SM (168 registers): within 128 a chunk's loads spill.
+extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 3)
+    kiln_decode_attention_bf16_d128(KILN_DECODE_ATTENTION_PARAMS) {
+  KILN_DECODE_ATTENTION(128);
+}
