@@ -232,7 +232,7 @@ speculative() {
 
 # Decode at 1 and 64 streams over 512-token prompts with attention on the
 # portable CUDA-core kernels and on tensor cores (decode_attention.cu, the
-# default over a bf16 cache): at 64 streams the grouped CUDA-core kernel
+# default): at 64 streams the grouped CUDA-core kernel
 # took 57.8 µs a layer on the H200 (2026-11-30), bound by issue (llama3-8b
 # bf16 unless KILN_BENCH_SHAPES says otherwise). Text, in
 # decode-attention-*.txt.

@@ -1,9 +1,10 @@
 // Grouped-query attention on tensor cores for rows taken one at a time
 // (decode steps, and prefill chunks too short for flash_attention.cu's
-// tiles of 16 rows a warp), over the bf16 paged cache: FlashInfer's
-// tensor-core decode. The query heads that share a key/value head are the
-// rows of the products: S = Q·Kᵀ (heads × keys) and Oᵀ += Vᵀ·Pᵀ (head_dim ×
-// heads), each warp taking 16 keys at a time by mma_bf16_16816.
+// tiles of 16 rows a warp), over the bf16 or E4M3 paged cache (E4M3
+// widened to bf16 pairs in registers, exactly): FlashInfer's tensor-core
+// decode. The query heads that share a key/value head are the rows of the
+// products: S = Q·Kᵀ (heads × keys) and Oᵀ += Vᵀ·Pᵀ (head_dim × heads),
+// each warp taking 16 keys at a time by mma_bf16_16816.
 //
 // Where grouped_attention (attention.cu) spends its issue on a warp's
 // shuffle sums (four a key and head for 16 lanes' parts of a dot product),
@@ -43,9 +44,9 @@
 // Query heads a key/value head may have: rows 0..7 of the products.
 #define KILN_DECODE_HEADS 8
 
-template <int D>
-__device__ void decode_attention(const float* __restrict__ q, const bf16_bits* __restrict__ k_cache,
-                                 const bf16_bits* __restrict__ v_cache, float* __restrict__ out,
+template <int D, typename C>
+__device__ void decode_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
+                                 const C* __restrict__ v_cache, float* __restrict__ out,
                                  const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
                                  const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
                                  int block_size, int num_heads, int kv_heads, float scale, int window,
@@ -107,18 +108,30 @@ __device__ void decode_attention(const float* __restrict__ q, const bf16_bits* _
     auto at = [&](int j, int d) {
       return (i64)__shfl_sync(KILN_FULL_MASK, slot, j) * stride + kv_head * D + d;
     };
-    Bytes16 kw[2][K_LOADS], vw[4][V_LOADS];
+    Cached8<C> k_raw[2][K_LOADS], v_raw[4][V_LOADS];
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-      const bf16_bits* k = k_cache + at(8 * t + g, 8 * p);
+      const C* k = k_cache + at(8 * t + g, 8 * p);
 #pragma unroll
-      for (int i = 0; i < K_LOADS; ++i) kw[t][i] = *reinterpret_cast<const Bytes16*>(k + 32 * i);
+      for (int i = 0; i < K_LOADS; ++i) k_raw[t][i] = load_cached8(k + 32 * i);
     }
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      const bf16_bits* v = v_cache + at(2 * p + (t & 1) + 8 * (t >> 1), 8 * g);
+      const C* v = v_cache + at(2 * p + (t & 1) + 8 * (t >> 1), 8 * g);
 #pragma unroll
-      for (int j = 0; j < V_LOADS; ++j) vw[t][j] = *reinterpret_cast<const Bytes16*>(v + 64 * j);
+      for (int j = 0; j < V_LOADS; ++j) v_raw[t][j] = load_cached8(v + 64 * j);
+    }
+    // As bf16 pairs, once every load is in flight.
+    Bytes16 kw[2][K_LOADS], vw[4][V_LOADS];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int i = 0; i < K_LOADS; ++i) kw[t][i] = bf16_pairs8(k_raw[t][i]);
+    }
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+#pragma unroll
+      for (int j = 0; j < V_LOADS; ++j) vw[t][j] = bf16_pairs8(v_raw[t][j]);
     }
 
     // S: this lane's scores of head g, keys 2p, 2p + 1, 8 + 2p, 9 + 2p.
@@ -221,25 +234,41 @@ __device__ void decode_attention(const float* __restrict__ q, const bf16_bits* _
     merge_head_splits(out, partials, split_counters, row, first_head, heads, num_heads, D, out_type);
 }
 
-// The entry points, by head size; `head_dim` must be the kernel's.
+// The entry points, by cache element and head size; `head_dim` must be the
+// kernel's.
 #define KILN_DECODE_ATTENTION(D)                                                                                \
   kiln_wait_inputs();                                                                                           \
   decode_attention<D>(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, \
                       block_size, num_heads, kv_heads, scale, window, softcap, split_keys, partials,           \
                       split_counters, out_type)
-#define KILN_DECODE_ATTENTION_PARAMS                                                                             \
-  const float *__restrict__ q, const bf16_bits *__restrict__ k_cache, const bf16_bits *__restrict__ v_cache,     \
+#define KILN_DECODE_ATTENTION_PARAMS(C)                                                                          \
+  const float *__restrict__ q, const C *__restrict__ k_cache, const C *__restrict__ v_cache,                     \
       float *__restrict__ out, const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,        \
       const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,        \
       int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys,                         \
       float *__restrict__ partials, unsigned *__restrict__ split_counters, int out_type
 
+// Four blocks an SM at head 64 (at most 128 registers); three at 128 (168:
+// within 128 a chunk's loads of bf16 spill), two for E4M3 on sm_80, whose
+// conversions by bit arithmetic spill within 168.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#define KILN_DECODE_FP8_D128_BLOCKS 2
+#else
+#define KILN_DECODE_FP8_D128_BLOCKS 3
+#endif
 extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 4)
-    kiln_decode_attention_bf16_d64(KILN_DECODE_ATTENTION_PARAMS) {
+    kiln_decode_attention_bf16_d64(KILN_DECODE_ATTENTION_PARAMS(bf16_bits)) {
   KILN_DECODE_ATTENTION(64);
 }
-// Three blocks an SM (168 registers): within 128 a chunk's loads spill.
 extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 3)
-    kiln_decode_attention_bf16_d128(KILN_DECODE_ATTENTION_PARAMS) {
+    kiln_decode_attention_bf16_d128(KILN_DECODE_ATTENTION_PARAMS(bf16_bits)) {
+  KILN_DECODE_ATTENTION(128);
+}
+extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 4)
+    kiln_decode_attention_fp8_d64(KILN_DECODE_ATTENTION_PARAMS(fp8_e4m3)) {
+  KILN_DECODE_ATTENTION(64);
+}
+extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, KILN_DECODE_FP8_D128_BLOCKS)
+    kiln_decode_attention_fp8_d128(KILN_DECODE_ATTENTION_PARAMS(fp8_e4m3)) {
   KILN_DECODE_ATTENTION(128);
 }

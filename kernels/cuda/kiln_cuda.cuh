@@ -629,3 +629,59 @@ __device__ __forceinline__ void e4m3x4_to_f32(unsigned int word, float* out) {
 
 __device__ __forceinline__ float cache_load(const fp8_e4m3* p) { return e4m3_to_f32(p->bits); }
 __device__ __forceinline__ void cache_store(fp8_e4m3* p, float v) { p->bits = (unsigned char)f32_to_e4m3(v); }
+
+// Eight cached values as loaded (attention.cu, decode_attention.cu): one
+// aligned 32-byte (f32), 16-byte (bf16) or 8-byte (E4M3) load, widened to
+// f32 or to bf16 pairs when used.
+template <typename C>
+struct Cached8 {
+  Bytes16 part[sizeof(C) / 2];
+};
+__device__ __forceinline__ Cached8<float> load_cached8(const float* p) {
+  return Cached8<float>{{*reinterpret_cast<const Bytes16*>(p), *reinterpret_cast<const Bytes16*>(p + 4)}};
+}
+__device__ __forceinline__ Cached8<bf16_bits> load_cached8(const bf16_bits* p) {
+  return Cached8<bf16_bits>{{*reinterpret_cast<const Bytes16*>(p)}};
+}
+__device__ __forceinline__ void widen8(const Cached8<float>& r, float* out) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[j] = __uint_as_float(r.part[0].v[j]);
+    out[4 + j] = __uint_as_float(r.part[1].v[j]);
+  }
+}
+__device__ __forceinline__ void widen8(const Cached8<bf16_bits>& r, float* out) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    out[2 * j] = __uint_as_float(r.part[0].v[j] << 16);
+    out[2 * j + 1] = __uint_as_float(r.part[0].v[j] & 0xffff0000u);
+  }
+}
+// E4M3: one 8-byte load.
+template <>
+struct __align__(8) Cached8<fp8_e4m3> {
+  unsigned int word[2];
+};
+__device__ __forceinline__ Cached8<fp8_e4m3> load_cached8(const fp8_e4m3* p) {
+  return *reinterpret_cast<const Cached8<fp8_e4m3>*>(p);
+}
+__device__ __forceinline__ void widen8(const Cached8<fp8_e4m3>& r, float* out) {
+  e4m3x4_to_f32(r.word[0], out);
+  e4m3x4_to_f32(r.word[1], out + 4);
+}
+template <typename C>
+__device__ __forceinline__ void load8(const C* p, float* out) {
+  widen8(load_cached8(p), out);
+}
+// The eight values as four bf16 pairs (the lower index in the low half), a
+// tensor-core fragment's registers: bf16 as loaded; E4M3 widened, exactly
+// (every E4M3 value is a bf16 value).
+__device__ __forceinline__ Bytes16 bf16_pairs8(const Cached8<bf16_bits>& r) { return r.part[0]; }
+__device__ __forceinline__ Bytes16 bf16_pairs8(const Cached8<fp8_e4m3>& r) {
+  float f[8];
+  widen8(r, f);
+  Bytes16 pairs;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) pairs.v[j] = pack_bf16(f[2 * j], f[2 * j + 1]);
+  return pairs;
+}

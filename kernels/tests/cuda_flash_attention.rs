@@ -242,37 +242,50 @@ fn flash_attention_matches_the_cpu_over_a_bf16_cache() {
     );
 }
 
-/// Rows one at a time on tensor cores over a bf16 cache: decode rows with
-/// long and short contexts (one cached position), a chunk mid-sequence and
-/// a short prompt; a key/value head of 4, 8 (the most), 7 and 1 query heads;
-/// heads of 64 and 128; cache blocks of 16 positions (a chunk of keys a
-/// block), 4 and 8 (four and two); windows narrower and wider than a chunk,
-/// and caps.
-#[test]
-fn decode_attention_matches_the_cpu_over_a_bf16_cache() {
-    let gpu = Gpu::new(&[sources::ATTENTION, sources::DECODE_ATTENTION]);
-    let (decode, cache) = (Kernel::Decode, Cache::Bf16);
+/// Rows one at a time on tensor cores: decode rows with long and short
+/// contexts (one cached position), a chunk mid-sequence and a short prompt;
+/// a key/value head of 4, 8 (the most), 7 and 1 query heads; heads of 64
+/// and 128; cache blocks of 16 positions (a chunk of keys a block), 4 and 8
+/// (four and two); windows narrower and wider than a chunk, and caps.
+fn decode_cases(gpu: &Gpu, cache: Cache) {
+    let decode = Kernel::Decode;
     let mixed = [(330, 1), (91, 1), (40, 7), (17, 17), (2, 1)];
-    flash_case(&gpu, decode, cache, (8, 2, 64, 16), &mixed, None, None);
-    flash_case(&gpu, decode, cache, (8, 1, 128, 4), &mixed, Some(40), None);
+    flash_case(gpu, decode, cache, (8, 2, 64, 16), &mixed, None, None);
+    flash_case(gpu, decode, cache, (8, 1, 128, 4), &mixed, Some(40), None);
+    let capped = (None, Some(0.5));
     flash_case(
-        &gpu,
+        gpu,
         decode,
         cache,
         (14, 2, 128, 16),
         &mixed,
-        None,
-        Some(0.5),
+        capped.0,
+        capped.1,
     );
+    let narrow = (Some(5), Some(2.0));
     flash_case(
-        &gpu,
+        gpu,
         decode,
         cache,
         (3, 3, 64, 8),
         &mixed,
-        Some(5),
-        Some(2.0),
+        narrow.0,
+        narrow.1,
     );
+}
+
+#[test]
+fn decode_attention_matches_the_cpu_over_a_bf16_cache() {
+    let gpu = Gpu::new(&[sources::ATTENTION, sources::DECODE_ATTENTION]);
+    decode_cases(&gpu, Cache::Bf16);
+}
+
+/// Over an E4M3 cache each lane's loaded values are widened to bf16 pairs
+/// in registers.
+#[test]
+fn decode_attention_matches_the_cpu_over_an_fp8_cache() {
+    let gpu = Gpu::new(&[sources::ATTENTION, sources::DECODE_ATTENTION]);
+    decode_cases(&gpu, Cache::Fp8);
 }
 
 /// Over an E4M3 cache (`--kv-cache-dtype fp8`), each key/value tile is
