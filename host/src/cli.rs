@@ -46,6 +46,9 @@ pub enum Command {
     /// Write a new plugin crate that starts from a built-in family and
     /// replaces one block, with a test and a fixture generator.
     NewPlugin(NewPluginArgs),
+    /// Compile the CUDA kernels for GPU architectures into the kernel cache,
+    /// without a GPU (for images and machines that should start warm).
+    Precompile(commands::PrecompileArgs),
 }
 
 /// Options of `host new-plugin`.
@@ -765,6 +768,7 @@ pub fn run() -> ExitCode {
         Command::Verify(args) => commands::verify(args),
         Command::Benchmark(args) => commands::benchmark(args),
         Command::NewPlugin(args) => commands::new_plugin(args),
+        Command::Precompile(args) => commands::precompile(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

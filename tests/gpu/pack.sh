@@ -2,8 +2,9 @@
 # Builds the GPU suite here (no GPU needed) and packs it for the device
 # machine in three payloads under .gpu/, each small enough for one transfer
 # (64 MiB with the repository): the SmolLM2 GGUF in two halves, then the
-# stripped release binaries (host and the CUDA test suites, xz-compressed)
-# and the `openai` client's wheels. See tests/gpu/README.md.
+# stripped release binaries (host and the CUDA test suites, xz-compressed),
+# the hand-written kernels' sm_90 cubins and the `openai` client's wheels.
+# See tests/gpu/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -32,6 +33,15 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
         print("host_lib", m["executable"])
 ' >> .gpu/tests.txt
+
+echo "== kernels for sm_90 (H100, H200)"
+# Compiled here by NVRTC (host precompile), so the device machine loads them
+# instead of compiling them cold (over 60 s on the H200 on 2026-11-30).
+rm -rf .gpu/cache
+KILN_CACHE_DIR=$PWD/.gpu/cache LD_LIBRARY_PATH=$PWD/target/cuda/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+  target/release/host precompile --arch sm_90 | tail -1
+tar -C .gpu/cache -cJf .gpu/suite/kernels.tar.xz kernels
+rm -rf .gpu/cache
 
 echo "== pack"
 mkdir -p .gpu/bin

@@ -8,9 +8,9 @@ use kiln_host::device::DeviceChoice;
 use kiln_host::engine::batch::{launch_step, run_sampled_step, run_step, Pipeline};
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
-use kiln_host::runtime::cuda::{CudaExecutor, WeightDtype};
+use kiln_host::runtime::cuda::{AttentionBackend, CudaExecutor, WeightDtype};
 use kiln_host::runtime::sampling::{self, RowSampling};
-use kiln_host::runtime::{CacheLayout, KvCache};
+use kiln_host::runtime::{CacheLayout, KvCache, KvCacheDtype};
 use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
 
 const BLOCK_SIZE: usize = 4;
@@ -125,6 +125,49 @@ fn decode_batches_share_bucketed_graphs_and_match_the_cpu() {
             );
         }
     }
+}
+
+/// Padded decode steps over a bf16 cache (3 sequences in the graph of 4:
+/// its padding row has no context) on the tensor-core decode attention,
+/// against the portable kernels: within bf16 rounding, not all equal.
+#[test]
+fn padded_decode_steps_on_tensor_core_attention_match_the_portable_kernels() {
+    let load = |attention_backend| {
+        let options = LoadOptions {
+            dtype: WeightDtype::Float32,
+            kv_cache_dtype: KvCacheDtype::BFloat16,
+            attention_backend,
+            ..kiln_tests::models::shape_options(kiln_tests::models::cuda_test_device())
+        };
+        kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, &options)
+    };
+    let (portable, auto) = (
+        load(AttentionBackend::Portable),
+        load(AttentionBackend::Auto),
+    );
+    let (mut portable_cache, mut auto_cache) = (cache(&portable), cache(&auto));
+    let mut sequences: Vec<(u32, Vec<u32>, usize)> = (0..3u32)
+        .map(|i| (i, vec![i * 7 + 1, i * 3 + 2, 5], 0))
+        .collect();
+    let (mut worst, mut differs) = (0f32, false);
+    for round in 0..4 {
+        let a = step(&portable, &mut portable_cache, &sequences);
+        let b = step(&auto, &mut auto_cache, &sequences);
+        for (row, (x, y)) in a.iter().zip(&b).enumerate() {
+            let delta = kiln_tests::models::relative_difference(x, y);
+            assert!(
+                delta < 2e-2,
+                "round {round}, row {row}: relative |Δ| {delta:.2e}"
+            );
+            (worst, differs) = (worst.max(delta), differs || x != y);
+        }
+        for (i, (_, tokens, start)) in sequences.iter_mut().enumerate() {
+            *start += tokens.len();
+            *tokens = vec![kiln_host::engine::sampling::argmax(&a[i])];
+        }
+    }
+    println!("relative |Δ| {worst:.2e}");
+    assert!(differs, "the portable kernels' logits exactly");
 }
 
 fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Once;
 
 use kiln_host::runtime::cuda::CudaExecutor;
+use kiln_kernels::cuda::cubin_cache::{self, CubinCache};
 use kiln_kernels::cuda::{nvrtc, sources};
 use kiln_tests::models::{write_model_dir, DeviceChoice, WeightDtype};
 
@@ -120,4 +121,32 @@ fn generated_kernels_of_every_tiny_family_compile_for_sm80_and_sm90() {
         }
     }
     println!("{compiled} generated kernel compilations");
+}
+
+/// `host precompile`'s cache: a module's cubin lands at the path the real
+/// device looks up (the hash of its inlined text, options, architecture and
+/// NVRTC's version), is an ELF image, and is taken from there the second
+/// time; another text or architecture is another path.
+#[test]
+fn precompiled_cubins_sit_where_the_device_reads_them() {
+    load_nvrtc();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CubinCache::new(dir.path().to_owned(), "sm_90");
+    let norm = sources::NORM;
+    for cached in [false, true] {
+        let outcomes = cubin_cache::precompile(&cache, &[norm]);
+        let [outcome] = outcomes.as_slice() else {
+            panic!("one outcome a module: {outcomes:?}")
+        };
+        assert_eq!((outcome.name, outcome.cached), (norm.name, cached));
+        let path = outcome.result.as_ref().unwrap();
+        assert_eq!(path, &cache.path(norm.name, norm.text).unwrap());
+        let image = std::fs::read(path).unwrap();
+        assert!(image.starts_with(b"\x7fELF"), "not a cubin");
+    }
+    let other = cache.path(norm.name, &format!("{}\n", norm.text)).unwrap();
+    assert_ne!(other, cache.path(norm.name, norm.text).unwrap());
+    let sm80 = CubinCache::new(dir.path().to_owned(), "sm_80");
+    let sm90_path = cache.path(norm.name, norm.text).unwrap();
+    assert_ne!(sm80.path(norm.name, norm.text).unwrap(), sm90_path);
 }

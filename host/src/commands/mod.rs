@@ -13,6 +13,7 @@ mod inspect_graph;
 mod list_architectures;
 mod new_plugin;
 mod online_benchmark;
+mod precompile;
 mod serve;
 mod verify;
 
@@ -23,6 +24,7 @@ pub use inspect::inspect;
 pub use inspect_graph::inspect_graph;
 pub use list_architectures::list_architectures;
 pub use new_plugin::new_plugin;
+pub use precompile::{precompile, PrecompileArgs};
 pub use serve::serve;
 pub use verify::verify;
 

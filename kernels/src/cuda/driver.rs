@@ -11,13 +11,12 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
-use sha2::{Digest, Sha256};
 
+use super::cubin_cache::CubinCache;
 use super::device::{
     compile_side_by_side, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType,
     GraphId, KernelArg, LaunchConfig, PackedArgs, Readback, WeightLayout,
 };
-use super::{nvrtc, sources};
 
 /// Which CUDA library is missing, if any, in the order they are needed.
 pub fn missing_library() -> Option<&'static str> {
@@ -145,13 +144,11 @@ pub struct CudaDevice {
     cublas: cublas_sys::cublasHandle_t,
     /// cuBLAS's workspace (freed in `Drop`, after the handle).
     workspace: DevicePtr,
-    /// `sm_90` etc., for NVRTC.
-    arch: &'static str,
     /// Programmatic dependent launch (compute capability 9.0 and newer).
     programmatic: bool,
     name: String,
-    /// Compiled modules: `<hash of source, arch, NVRTC version>.cubin`.
-    cache_dir: PathBuf,
+    /// Compiled modules on disk.
+    cubins: CubinCache,
     /// Images `precompile` made or read, by their cache path, until loaded.
     precompiled: Mutex<HashMap<PathBuf, Vec<u8>>>,
     inner: Mutex<Inner>,
@@ -250,10 +247,9 @@ impl CudaDevice {
             context,
             stream,
             cublas: handle,
-            arch,
             programmatic: major >= 9,
             name: format!("{name} ({arch})"),
-            cache_dir,
+            cubins: CubinCache::new(cache_dir, arch),
             precompiled: Mutex::default(),
             workspace,
             inner: Mutex::new(Inner {
@@ -284,12 +280,10 @@ impl CudaDevice {
             .map_err(driver_error("binding the context"))
     }
 
-    /// The module's cubin from the disk cache, else compiled by NVRTC and
-    /// stored (a warm start compiles nothing). The key covers what NVRTC
-    /// compiles: the source with its headers inlined, the options, the
-    /// architecture and NVRTC's version.
+    /// The module's cubin: made by `precompile`, else from the disk cache,
+    /// else compiled by NVRTC and stored.
     fn cubin(&self, name: &str, source: &str) -> DeviceResult<Vec<u8>> {
-        self.cubin_at(&self.cubin_path(name, source)?, name, source)
+        self.cubin_at(&self.cubins.path(name, source)?, name, source)
     }
 
     /// [`CudaDevice::cubin`], its cache path `path` known.
@@ -299,41 +293,10 @@ impl CudaDevice {
             .lock()
             .ok()
             .and_then(|mut p| p.remove(path));
-        if let Some(image) = precompiled {
-            return Ok(image);
+        match precompiled {
+            Some(image) => Ok(image),
+            None => self.cubins.image(path, name, source),
         }
-        if let Ok(image) = std::fs::read(path) {
-            return Ok(image);
-        }
-        let image = nvrtc::compile(name, source, self.arch, false)?.image;
-        // The cache is an optimization: a failure to store is not an error.
-        // Unique per process and call: two threads may compile one source.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let partial = path.with_extension(format!("{}.{n}.tmp", std::process::id()));
-        if std::fs::create_dir_all(&self.cache_dir).is_ok()
-            && std::fs::write(&partial, &image).is_ok()
-        {
-            let _ = std::fs::rename(&partial, path);
-        }
-        Ok(image)
-    }
-
-    /// Where the disk cache keeps `source`'s cubin for this device.
-    fn cubin_path(&self, name: &str, source: &str) -> DeviceResult<PathBuf> {
-        let (major, minor) = nvrtc::version()?;
-        let mut hasher = Sha256::new();
-        hasher.update(sources::inline_common_header(name, source).as_bytes());
-        for option in nvrtc::OPTIONS {
-            hasher.update(option.as_bytes());
-        }
-        hasher.update(self.arch.as_bytes());
-        hasher.update(format!("nvrtc {major}.{minor}").as_bytes());
-        let key: String = hasher.finalize()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Ok(self.cache_dir.join(format!("{key}.cubin")))
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -594,7 +557,7 @@ impl Device for CudaDevice {
     fn precompile(&self, modules: &[(&str, &str)]) {
         compile_side_by_side(modules, |name, source| {
             // A failure is `load`'s to report, with its context.
-            let Ok(path) = self.cubin_path(name, source) else {
+            let Ok(path) = self.cubins.path(name, source) else {
                 return;
             };
             if let Ok(image) = self.cubin_at(&path, name, source) {
@@ -614,7 +577,7 @@ impl Device for CudaDevice {
             Ok(module) => module,
             // A damaged cached image: compiled again, once.
             Err(_) => {
-                let _ = std::fs::remove_file(self.cubin_path(name, source)?);
+                let _ = std::fs::remove_file(self.cubins.path(name, source)?);
                 let image = self.cubin(name, source)?;
                 // SAFETY: as above, freshly compiled.
                 unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }

@@ -5,6 +5,7 @@
 //! sources on the CPU, and the [`null`] device that runs nothing (the host's
 //! share of a step, measured alone).
 
+pub mod cubin_cache;
 pub mod device;
 pub mod driver;
 pub mod emulator;
