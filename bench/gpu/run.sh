@@ -230,6 +230,20 @@ speculative() {
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape speculative_shape
 }
 
+# `host benchmark` of one shape (SHAPE DTYPE NAME, as each_shape passes
+# them) once for each of VALUES of OPTION, ARGS after: text in
+# $results/PREFIX-NAME-DTYPE-VALUE.txt.
+#   benchmark_each SHAPE DTYPE NAME PREFIX OPTION "VALUES" ARGS...
+benchmark_each() {
+  local shape=$1 dtype=$2 name=$3 prefix=$4 option=$5 values=$6 value
+  shift 6
+  for value in $values; do
+    echo "== kiln $shape $dtype: $prefix, $option $value"
+    "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" "$option" "$value" "$@" \
+      2>&1 | tee "$results/$prefix-$name-$dtype-$value.txt" || echo "FAILED: $shape $dtype $option $value"
+  done
+}
+
 # Decode at 1 and 64 streams over 512-token prompts with attention on the
 # portable CUDA-core kernels and on tensor cores (decode_attention.cu, the
 # default): at 64 streams the grouped CUDA-core kernel
@@ -237,13 +251,8 @@ speculative() {
 # bf16 unless KILN_BENCH_SHAPES says otherwise). Text, in
 # decode-attention-*.txt.
 decode_attention_shape() {
-  local shape=$1 dtype=$2 name=$3 backend
-  for backend in portable auto; do
-    echo "== kiln $shape $dtype: decode, $backend attention"
-    "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" --attention-backend "$backend" \
-      --input-len 512 --output-len 256 --concurrency 1,64 --temperature 0 \
-      2>&1 | tee "$results/decode-attention-$name-$dtype-$backend.txt" || echo "FAILED: $shape $dtype $backend"
-  done
+  benchmark_each "$@" decode-attention --attention-backend "portable auto" \
+    --input-len 512 --output-len 256 --concurrency 1,64 --temperature 0
 }
 
 decode_attention() {
@@ -258,13 +267,8 @@ decode_attention() {
 # 2048-token prompts took most of the run and the ITL said nothing of the
 # cache. Text, in kv-fp8-*.txt.
 kv_fp8_shape() {
-  local shape=$1 dtype=$2 name=$3 cache
-  for cache in bfloat16 fp8; do
-    echo "== kiln $shape $dtype: decode over 2048-token prompts, $cache cache"
-    "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" --kv-cache-dtype "$cache" \
-      --input-len 2048 --output-len 512 --concurrency 16,64 --temperature 0 \
-      2>&1 | tee "$results/kv-fp8-$name-$dtype-$cache.txt" || echo "FAILED: $shape $dtype $cache"
-  done
+  benchmark_each "$@" kv-fp8 --kv-cache-dtype "bfloat16 fp8" \
+    --input-len 2048 --output-len 512 --concurrency 16,64 --temperature 0
 }
 
 kv_fp8() {

@@ -215,22 +215,12 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
 // `out` holds elements of type `out_type` (KILN_OUT_*: f32, or the half type
 // of the output projection reading it).
 template <int PER_LANE, int KEYS, typename C>
-__device__ void paged_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
-                                const C* __restrict__ v_cache, float* __restrict__ out,
-                                const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-                                const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
-                                int block_size, int num_heads, int kv_heads, int head_dim, float scale, int window,
-                                float softcap, int split_keys, float* __restrict__ partials,
-                                unsigned* __restrict__ split_counters, int out_type) {
-  i64 row = blockIdx.x, position;
+__device__ void paged_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
+  const i64 row = blockIdx.x;
   int head = blockIdx.y;
-  int b = sequence_of(row_offsets, context_lens, batch, row, &position);
-  i64 first = window > 0 && position + 1 > window ? position + 1 - window : 0;
-  i64 last = position;
-  if (partials != nullptr) {
-    first = max(first, (i64)blockIdx.z * split_keys);
-    last = min(last, (i64)(blockIdx.z + 1) * split_keys - 1);
-  }
+  i64 first, last;
+  const int b =
+      attended_keys(row_offsets, context_lens, batch, row, window, partials != nullptr, split_keys, &first, &last);
   float* part = partials == nullptr
                     ? nullptr
                     : partials + ((row * num_heads + head) * gridDim.z + blockIdx.z) * (head_dim + 2);
@@ -270,13 +260,7 @@ __device__ void paged_attention(const float* __restrict__ q, const C* __restrict
 #define KILN_GQA_KEYS 2
 
 template <int GROUP, typename C>
-__device__ void grouped_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
-                                  const C* __restrict__ v_cache, float* __restrict__ out,
-                                  const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-                                  const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
-                                  int block_size, int num_heads, int kv_heads, int head_dim, float scale,
-                                  int window, float softcap, int split_keys, float* __restrict__ partials,
-                                  unsigned* __restrict__ split_counters, int out_type) {
+__device__ void grouped_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
   // Per lane group: its running max and sum of weights per query head, and
   // its unnormalized outputs; then each head's merged max and sum, and each
   // lane group's weight in the merge.
@@ -284,17 +268,13 @@ __device__ void grouped_attention(const float* __restrict__ q, const C* __restri
   __shared__ float group_l[KILN_GQA_THREADS][GROUP];
   __shared__ float group_acc[GROUP][KILN_GQA_THREADS * 8];
   __shared__ float head_m[GROUP], head_l[GROUP];
-  i64 row = blockIdx.x, position;
+  const i64 row = blockIdx.x;
   int per_kv = num_heads / kv_heads, head_groups = (per_kv + GROUP - 1) / GROUP;
   int kv_head = blockIdx.y / head_groups, in_group = (blockIdx.y % head_groups) * GROUP;
   int first_head = kv_head * per_kv + in_group, heads = min(GROUP, per_kv - in_group);
-  int b = sequence_of(row_offsets, context_lens, batch, row, &position);
-  i64 first = window > 0 && position + 1 > window ? position + 1 - window : 0;
-  i64 last = position;
-  if (partials != nullptr) {
-    first = max(first, (i64)blockIdx.z * split_keys);
-    last = min(last, (i64)(blockIdx.z + 1) * split_keys - 1);
-  }
+  i64 first, last;
+  const int b =
+      attended_keys(row_offsets, context_lens, batch, row, window, partials != nullptr, split_keys, &first, &last);
   int lanes = 1;
   while (lanes * 8 < head_dim) lanes *= 2;
   int groups = blockDim.x / lanes, group = threadIdx.x / lanes, d0 = (threadIdx.x % lanes) * 8;
@@ -441,16 +421,6 @@ extern "C" __global__ void kiln_sequence_attention(const float* __restrict__ q, 
 }
 
 // The entry points: f32, bf16 or E4M3 cache, heads up to 256 or (`_wide`) 576.
-#define KILN_PAGED_ATTENTION_PARAMS(C)                                                                           \
-  const float *__restrict__ q, const C *__restrict__ k_cache, const C *__restrict__ v_cache,                     \
-      float *__restrict__ out, const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,        \
-      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,        \
-      int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys,                         \
-      float *__restrict__ partials, unsigned *__restrict__ split_counters, int out_type
-#define KILN_PAGED_ATTENTION_ARGS                                                                                 \
-  q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size, num_heads, \
-      kv_heads, head_dim, scale, window, softcap, split_keys, partials, split_counters, out_type
-
 extern "C" __global__ void kiln_paged_attention(KILN_PAGED_ATTENTION_PARAMS(float)) {
   kiln_wait_inputs();
   paged_attention<KILN_ATTN_PER_LANE, KILN_ATTN_KEYS>(KILN_PAGED_ATTENTION_ARGS);

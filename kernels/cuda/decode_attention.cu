@@ -45,13 +45,7 @@
 #define KILN_DECODE_HEADS 8
 
 template <int D, typename C>
-__device__ void decode_attention(const float* __restrict__ q, const C* __restrict__ k_cache,
-                                 const C* __restrict__ v_cache, float* __restrict__ out,
-                                 const i64* __restrict__ row_offsets, const i64* __restrict__ context_lens,
-                                 const i64* __restrict__ block_tables, int batch, int blocks_per_seq,
-                                 int block_size, int num_heads, int kv_heads, float scale, int window,
-                                 float softcap, int split_keys, float* __restrict__ partials,
-                                 unsigned* __restrict__ split_counters, int out_type) {
+__device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
   constexpr int K_LOADS = D / 32;  // a key's 16-byte loads a lane, for S
   constexpr int V_LOADS = D / 64;  // and a value's, for Oᵀ
   __shared__ float warp_m[KILN_DECODE_WARPS][KILN_DECODE_HEADS];
@@ -59,15 +53,11 @@ __device__ void decode_attention(const float* __restrict__ q, const C* __restric
   __shared__ float warp_o[KILN_DECODE_WARPS][KILN_DECODE_HEADS][D];
   __shared__ float head_m[KILN_DECODE_HEADS], head_l[KILN_DECODE_HEADS];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, p = lane % 4;
-  i64 row = blockIdx.x, position;
+  const i64 row = blockIdx.x;
   const int kv_head = blockIdx.y, heads = num_heads / kv_heads, first_head = kv_head * heads;
-  const int b = sequence_of(row_offsets, context_lens, batch, row, &position);
-  i64 first = window > 0 && position + 1 > window ? position + 1 - window : 0;
-  i64 last = position;
-  if (partials != nullptr) {
-    first = max(first, (i64)blockIdx.z * split_keys);
-    last = min(last, (i64)(blockIdx.z + 1) * split_keys - 1);
-  }
+  i64 first, last;
+  const int b =
+      attended_keys(row_offsets, context_lens, batch, row, window, partials != nullptr, split_keys, &first, &last);
 
   // Q's A fragments, k-step 2i + half (rows 8..15 zero).
   unsigned qa[2 * K_LOADS][4];
@@ -236,17 +226,9 @@ __device__ void decode_attention(const float* __restrict__ q, const C* __restric
 
 // The entry points, by cache element and head size; `head_dim` must be the
 // kernel's.
-#define KILN_DECODE_ATTENTION(D)                                                                                \
-  kiln_wait_inputs();                                                                                           \
-  decode_attention<D>(q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, \
-                      block_size, num_heads, kv_heads, scale, window, softcap, split_keys, partials,           \
-                      split_counters, out_type)
-#define KILN_DECODE_ATTENTION_PARAMS(C)                                                                          \
-  const float *__restrict__ q, const C *__restrict__ k_cache, const C *__restrict__ v_cache,                     \
-      float *__restrict__ out, const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,        \
-      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,        \
-      int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys,                         \
-      float *__restrict__ partials, unsigned *__restrict__ split_counters, int out_type
+#define KILN_DECODE_ATTENTION(D) \
+  kiln_wait_inputs();            \
+  decode_attention<D>(KILN_PAGED_ATTENTION_ARGS)
 
 // Four blocks an SM at head 64 (at most 128 registers); three at 128 (168:
 // within 128 a chunk's loads of bf16 spill), two for E4M3 on sm_80, whose
@@ -257,18 +239,18 @@ __device__ void decode_attention(const float* __restrict__ q, const C* __restric
 #define KILN_DECODE_FP8_D128_BLOCKS 3
 #endif
 extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 4)
-    kiln_decode_attention_bf16_d64(KILN_DECODE_ATTENTION_PARAMS(bf16_bits)) {
+    kiln_decode_attention_bf16_d64(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
   KILN_DECODE_ATTENTION(64);
 }
 extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 3)
-    kiln_decode_attention_bf16_d128(KILN_DECODE_ATTENTION_PARAMS(bf16_bits)) {
+    kiln_decode_attention_bf16_d128(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
   KILN_DECODE_ATTENTION(128);
 }
 extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 4)
-    kiln_decode_attention_fp8_d64(KILN_DECODE_ATTENTION_PARAMS(fp8_e4m3)) {
+    kiln_decode_attention_fp8_d64(KILN_PAGED_ATTENTION_PARAMS(fp8_e4m3)) {
   KILN_DECODE_ATTENTION(64);
 }
 extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, KILN_DECODE_FP8_D128_BLOCKS)
-    kiln_decode_attention_fp8_d128(KILN_DECODE_ATTENTION_PARAMS(fp8_e4m3)) {
+    kiln_decode_attention_fp8_d128(KILN_PAGED_ATTENTION_PARAMS(fp8_e4m3)) {
   KILN_DECODE_ATTENTION(128);
 }

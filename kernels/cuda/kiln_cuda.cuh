@@ -500,6 +500,34 @@ __device__ __forceinline__ int sequence_of(const i64* row_offsets, const i64* co
   return b;
 }
 
+// The paged-attention kernels' arguments (attention.cu, decode_attention.cu).
+#define KILN_PAGED_ATTENTION_PARAMS(C)                                                                           \
+  const float *__restrict__ q, const C *__restrict__ k_cache, const C *__restrict__ v_cache,                     \
+      float *__restrict__ out, const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,        \
+      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, int num_heads,        \
+      int kv_heads, int head_dim, float scale, int window, float softcap, int split_keys,                         \
+      float *__restrict__ partials, unsigned *__restrict__ split_counters, int out_type
+#define KILN_PAGED_ATTENTION_ARGS                                                                                 \
+  q, k_cache, v_cache, out, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size, num_heads, \
+      kv_heads, head_dim, scale, window, softcap, split_keys, partials, split_counters, out_type
+
+// The sequence of batch row `row` (returned) and the positions the row
+// attends to, first..last (none for padding): the last `window` of them
+// where window > 0, and with `split` (split-K) those of blockIdx.z's part
+// of `split_keys` positions.
+__device__ __forceinline__ int attended_keys(const i64* row_offsets, const i64* context_lens, int batch, i64 row,
+                                             int window, bool split, int split_keys, i64* first, i64* last) {
+  i64 position;
+  int b = sequence_of(row_offsets, context_lens, batch, row, &position);
+  *first = window > 0 && position + 1 > window ? position + 1 - window : 0;
+  *last = position;
+  if (split) {
+    *first = max(*first, (i64)blockIdx.z * split_keys);
+    *last = min(*last, (i64)(blockIdx.z + 1) * split_keys - 1);
+  }
+  return b;
+}
+
 __device__ __forceinline__ i64 cache_slot(const i64* block_tables, int b, int blocks_per_seq, int block_size,
                                           i64 position) {
   // Positions (≥ 0 here) and block sizes fit 32 bits: a 32-bit division,
