@@ -369,7 +369,7 @@ pub struct RuntimeArgs {
 
     /// On CUDA: which attention kernels run. `auto` runs prefill on tensor
     /// cores (flash attention over the bf16 or fp8 cache, head_dim 64, 96 or
-    /// 128), decode rows too (head_dim 64 or 128, at most 8 query heads a
+    /// 128), decode rows too (head_dim 64, 128 or 256, at most 8 query heads a
     /// key/value head), and the portable kernels elsewhere;
     /// `portable` runs the portable CUDA-core kernels everywhere.
     #[arg(long, value_enum, default_value_t = AttentionBackendArg::Auto)]

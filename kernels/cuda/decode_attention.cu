@@ -34,7 +34,8 @@
 // first..last weigh nothing), and the warps' softmax states merge through
 // shared memory. Arguments, output and split-K partials are those of
 // kiln_grouped_attention_g4_bf16 (attention.cu, KILN_PAGED_ATTENTION_PARAMS);
-// the grid is (rows, kv_heads, splits), num_heads / kv_heads at most 8.
+// the grid is (rows, kv_heads, splits), num_heads / kv_heads at most 8;
+// head_dim is the kernel's (64, 128 or 256).
 #include "kiln_cuda.cuh"
 
 #define KILN_DECODE_WARPS 4
@@ -48,6 +49,7 @@ template <int D, typename C>
 __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
   constexpr int K_LOADS = D / 32;  // a key's 16-byte loads a lane, for S
   constexpr int V_LOADS = D / 64;  // and a value's, for Oᵀ
+  constexpr bool LATE_V = D > 128;
   __shared__ float warp_m[KILN_DECODE_WARPS][KILN_DECODE_HEADS];
   __shared__ float warp_l[KILN_DECODE_WARPS][KILN_DECODE_HEADS];
   __shared__ float warp_o[KILN_DECODE_WARPS][KILN_DECODE_HEADS][D];
@@ -98,30 +100,37 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
     auto at = [&](int j, int d) {
       return (i64)__shfl_sync(KILN_FULL_MASK, slot, j) * stride + kv_head * D + d;
     };
-    Cached8<C> k_raw[2][K_LOADS], v_raw[4][V_LOADS];
+    Cached8<C> k_raw[2][K_LOADS];
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
       const C* k = k_cache + at(8 * t + g, 8 * p);
 #pragma unroll
       for (int i = 0; i < K_LOADS; ++i) k_raw[t][i] = load_cached8(k + 32 * i);
     }
+    // V as bf16 pairs: loaded with K, or at heads of 256 once S is done
+    // (K's registers free; both at once would not fit two blocks an SM).
+    Bytes16 vw[4][V_LOADS];
+    auto load_v = [&] {
+      Cached8<C> v_raw[4][V_LOADS];
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const C* v = v_cache + at(2 * p + (t & 1) + 8 * (t >> 1), 8 * g);
+      for (int t = 0; t < 4; ++t) {
+        const C* v = v_cache + at(2 * p + (t & 1) + 8 * (t >> 1), 8 * g);
 #pragma unroll
-      for (int j = 0; j < V_LOADS; ++j) v_raw[t][j] = load_cached8(v + 64 * j);
-    }
-    // As bf16 pairs, once every load is in flight.
-    Bytes16 kw[2][K_LOADS], vw[4][V_LOADS];
+        for (int j = 0; j < V_LOADS; ++j) v_raw[t][j] = load_cached8(v + 64 * j);
+      }
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+#pragma unroll
+        for (int j = 0; j < V_LOADS; ++j) vw[t][j] = bf16_pairs8(v_raw[t][j]);
+      }
+    };
+    if constexpr (!LATE_V) load_v();
+    // K as bf16 pairs, once its loads are in flight.
+    Bytes16 kw[2][K_LOADS];
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
 #pragma unroll
       for (int i = 0; i < K_LOADS; ++i) kw[t][i] = bf16_pairs8(k_raw[t][i]);
-    }
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-#pragma unroll
-      for (int j = 0; j < V_LOADS; ++j) vw[t][j] = bf16_pairs8(v_raw[t][j]);
     }
 
     // S: this lane's scores of head g, keys 2p, 2p + 1, 8 + 2p, 9 + 2p.
@@ -160,6 +169,7 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
     // 8p + 4 hold.
     const float c_even = __shfl_sync(KILN_FULL_MASK, correction, 8 * p);
     const float c_odd = __shfl_sync(KILN_FULL_MASK, correction, 8 * p + 4);
+    if constexpr (LATE_V) load_v();
     const unsigned pb[2] = {pack_bf16(weight[0], weight[1]), pack_bf16(weight[2], weight[3])};
 #pragma unroll
     for (int j = 0; j < V_LOADS; ++j) {
@@ -232,7 +242,7 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
 
 // Four blocks an SM at head 64 (at most 128 registers); three at 128 (168:
 // within 128 a chunk's loads of bf16 spill), two for E4M3 on sm_80, whose
-// conversions by bit arithmetic spill within 168.
+// conversions by bit arithmetic spill within 168; two at 256.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
 #define KILN_DECODE_FP8_D128_BLOCKS 2
 #else
@@ -246,6 +256,10 @@ extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 3)
     kiln_decode_attention_bf16_d128(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
   KILN_DECODE_ATTENTION(128);
 }
+extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 2)
+    kiln_decode_attention_bf16_d256(KILN_PAGED_ATTENTION_PARAMS(bf16_bits)) {
+  KILN_DECODE_ATTENTION(256);
+}
 extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 4)
     kiln_decode_attention_fp8_d64(KILN_PAGED_ATTENTION_PARAMS(fp8_e4m3)) {
   KILN_DECODE_ATTENTION(64);
@@ -253,4 +267,8 @@ extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 4)
 extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, KILN_DECODE_FP8_D128_BLOCKS)
     kiln_decode_attention_fp8_d128(KILN_PAGED_ATTENTION_PARAMS(fp8_e4m3)) {
   KILN_DECODE_ATTENTION(128);
+}
+extern "C" __global__ void __launch_bounds__(KILN_DECODE_THREADS, 2)
+    kiln_decode_attention_fp8_d256(KILN_PAGED_ATTENTION_PARAMS(fp8_e4m3)) {
+  KILN_DECODE_ATTENTION(256);
 }

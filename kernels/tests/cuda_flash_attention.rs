@@ -244,34 +244,24 @@ fn flash_attention_matches_the_cpu_over_a_bf16_cache() {
 
 /// Rows one at a time on tensor cores: decode rows with long and short
 /// contexts (one cached position), a chunk mid-sequence and a short prompt;
-/// a key/value head of 4, 8 (the most), 7 and 1 query heads; heads of 64
-/// and 128; cache blocks of 16 positions (a chunk of keys a block), 4 and 8
-/// (four and two); windows narrower and wider than a chunk, and caps.
+/// a key/value head of 4, 8 (the most), 7, 1 and 2 query heads; heads of
+/// 64, 128 and 256; cache blocks of 16 positions (a chunk of keys a block),
+/// 4 and 8 (four and two); windows narrower and wider than a chunk, and
+/// caps.
 fn decode_cases(gpu: &Gpu, cache: Cache) {
-    let decode = Kernel::Decode;
     let mixed = [(330, 1), (91, 1), (40, 7), (17, 17), (2, 1)];
-    flash_case(gpu, decode, cache, (8, 2, 64, 16), &mixed, None, None);
-    flash_case(gpu, decode, cache, (8, 1, 128, 4), &mixed, Some(40), None);
-    let capped = (None, Some(0.5));
-    flash_case(
-        gpu,
-        decode,
-        cache,
-        (14, 2, 128, 16),
-        &mixed,
-        capped.0,
-        capped.1,
-    );
-    let narrow = (Some(5), Some(2.0));
-    flash_case(
-        gpu,
-        decode,
-        cache,
-        (3, 3, 64, 8),
-        &mixed,
-        narrow.0,
-        narrow.1,
-    );
+    // (heads, kv heads, head_dim, block size), window, cap.
+    let cases = [
+        ((8, 2, 64, 16), None, None),
+        ((8, 1, 128, 4), Some(40), None),
+        ((14, 2, 128, 16), None, Some(0.5)),
+        ((3, 3, 64, 8), Some(5), Some(2.0)),
+        // Gemma's heads of 256 (V loaded once S is done).
+        ((8, 4, 256, 16), Some(40), Some(0.5)),
+    ];
+    for (shape, window, cap) in cases {
+        flash_case(gpu, Kernel::Decode, cache, shape, &mixed, window, cap);
+    }
 }
 
 #[test]

@@ -379,8 +379,9 @@ fn flash_kernel(element: KvElement, head_dim: usize) -> Option<&'static str> {
 }
 
 /// The tensor-core kernel for rows one at a time (`decode_attention.cu`),
-/// where there is one: a bf16 or fp8 cache, heads of 64 or 128 values, at
-/// most 8 query heads a key/value head (the rows of its products). At 64 decode
+/// where there is one: a bf16 or fp8 cache, heads of 64, 128 or 256 values
+/// (Gemma's), at most 8 query heads a key/value head (the rows of its
+/// products). At 64 decode
 /// rows of Llama-3-8B its loop issues ~350 instructions a warp for 16 keys
 /// (sm_90 SASS), the grouped kernel's ~2,300: the CUDA-core kernel was
 /// bound by issue (57.8 µs a layer on the H200 for ~42 MB of cache), this
@@ -397,8 +398,10 @@ fn decode_kernel(
     Some(match (element, head_dim) {
         (KvElement::Bf16, 64) => "kiln_decode_attention_bf16_d64",
         (KvElement::Bf16, 128) => "kiln_decode_attention_bf16_d128",
+        (KvElement::Bf16, 256) => "kiln_decode_attention_bf16_d256",
         (KvElement::Fp8, 64) => "kiln_decode_attention_fp8_d64",
         (KvElement::Fp8, 128) => "kiln_decode_attention_fp8_d128",
+        (KvElement::Fp8, 256) => "kiln_decode_attention_fp8_d256",
         _ => return None,
     })
 }
@@ -550,7 +553,7 @@ mod tests {
     }
 
     #[test]
-    fn decode_rows_take_tensor_cores_over_half_caches_of_heads_of_64_or_128() {
+    fn decode_rows_take_tensor_cores_over_half_caches_of_heads_of_64_to_256() {
         let llama = decode_kernel(KvElement::Bf16, 32, 8, 128);
         assert_eq!(llama, Some("kiln_decode_attention_bf16_d128"));
         let small = decode_kernel(KvElement::Bf16, 9, 3, 64);
@@ -559,11 +562,11 @@ mod tests {
             decode_kernel(KvElement::Bf16, 12, 12, 64),
             Some("kiln_decode_attention_bf16_d64")
         );
-        // Not: 16 query heads a key/value head, heads of 96 or 256, an f32
-        // cache.
+        let gemma = decode_kernel(KvElement::Bf16, 8, 4, 256);
+        assert_eq!(gemma, Some("kiln_decode_attention_bf16_d256"));
+        // Not: 16 query heads a key/value head, heads of 96, an f32 cache.
         assert_eq!(decode_kernel(KvElement::Bf16, 32, 2, 128), None);
         assert_eq!(decode_kernel(KvElement::Bf16, 8, 8, 96), None);
-        assert_eq!(decode_kernel(KvElement::Bf16, 8, 4, 256), None);
         assert_eq!(decode_kernel(KvElement::F32, 32, 8, 128), None);
         let fp8 = decode_kernel(KvElement::Fp8, 32, 8, 128);
         assert_eq!(fp8, Some("kiln_decode_attention_fp8_d128"));

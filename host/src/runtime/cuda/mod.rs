@@ -201,7 +201,7 @@ pub enum AttentionBackend {
     /// Tensor-core flash attention (`flash_attention.cu`) for steps of
     /// prefill rows over a bf16 or fp8 cache with head_dim 64, 96 or 128,
     /// tensor-core decode attention (`decode_attention.cu`) for other steps
-    /// over a bf16 or fp8 cache with head_dim 64 or 128 and at most 8 query
+    /// over a bf16 or fp8 cache with head_dim 64, 128 or 256 and at most 8 query
     /// heads a key/value head; the portable kernels for everything else.
     #[default]
     Auto,
