@@ -118,6 +118,7 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
   // Scores in log2 units, as grouped_attention keeps them: without a cap q
   // is scaled once by scale · log2 e.
   float q_scale = softcap > 0.0f ? 1.0f : scale * KILN_LOG2E;
+  const SoftCap cap(scale, softcap);
 #pragma unroll
   for (int j = 0; j < PER_LANE; ++j) {
     int d = lane + 32 * j;
@@ -152,7 +153,7 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
 #pragma unroll
     for (int t = 0; t < KEYS; ++t) {
       s[t] = warp_sum(s[t]);
-      if (softcap > 0.0f) s[t] = softcap * tanhf(s[t] * scale / softcap) * KILN_LOG2E;
+      if (softcap > 0.0f) s[t] = cap(s[t]);
       if (key0 + t <= last) m_new = fmaxf(m_new, s[t]);
     }
     // No key seen yet: nothing to rescale (and 2^(-inf - -inf) is NaN).
@@ -291,6 +292,7 @@ __device__ void grouped_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
     m[h] = KILN_NEG_INF;
     l[h] = 0.0f;
   }
+  const SoftCap cap(scale, softcap);
   PagedKeys keys{block_tables, b, blocks_per_seq, block_size, kv_heads * head_dim};
   const i64 step = (i64)groups * KILN_GQA_KEYS;
   // The round at `base`'s keys and values, as loaded (zeros for lanes that
@@ -341,7 +343,7 @@ __device__ void grouped_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
       float m_new = m[h];
 #pragma unroll
       for (int t = 0; t < KILN_GQA_KEYS; ++t) {
-        if (softcap > 0.0f) s[h][t] = softcap * tanhf(s[h][t] * scale / softcap) * KILN_LOG2E;
+        if (softcap > 0.0f) s[h][t] = cap(s[h][t]);
         if (base + group + t * groups <= last) m_new = fmaxf(m_new, s[h][t]);
       }
       // No key seen yet: nothing to rescale (and 2^(-inf - -inf) is NaN).

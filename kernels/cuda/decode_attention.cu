@@ -84,9 +84,9 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
   }
 
   const int stride = kv_heads * D;
-  // Scores in log2 units: s · scale · log2 e, or cap · tanh(s · scale / cap) · log2 e.
-  const float score_scale = softcap > 0.0f ? scale / softcap : scale * KILN_LOG2E;
-  const float cap_scale = softcap * KILN_LOG2E;
+  // Scores in log2 units: s · scale · log2 e, or capped.
+  const float scale_log2 = scale * KILN_LOG2E;
+  const SoftCap cap(scale, softcap);
   // Positions fit 32 bits (cache_slot takes them so).
   const int first_key = (int)first, last_key = (int)last;
   float o[D / 16][4] = {}, m = KILN_NEG_INF, l = 0.0f;
@@ -150,7 +150,7 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       float v = s[c / 2][c % 2];
-      v = softcap > 0.0f ? cap_scale * tanhf(v * score_scale) : v * score_scale;
+      v = softcap > 0.0f ? cap(v) : v * scale_log2;
       const int key = base + 8 * (c / 2) + 2 * p + (c % 2);
       score[c] = key >= first_key && key <= last_key ? v : KILN_NEG_INF;
       m_chunk = fmaxf(m_chunk, score[c]);

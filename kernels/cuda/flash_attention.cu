@@ -152,6 +152,7 @@ __device__ void flash_attention(const float* __restrict__ q, const C* __restrict
   int warp_first = first_position + (int)(warp_row - seq_start);
   int warp_last = first_position + (int)(min(seq_end, warp_row + 16) - 1 - seq_start);
   float scale_log2 = scale * KILN_LOG2E;
+  const SoftCap cap(scale, softcap);
   // The lane's ldmatrix rows in the key and value tiles at key 0 (the
   // products step from them by constant offsets): keys j·8 + i % 8 at
   // dimension 8 (i / 8) for S = Q·Kᵀ; keys 8 ((i / 8) % 2) + i % 8 at
@@ -219,7 +220,7 @@ __device__ void flash_attention(const float* __restrict__ q, const C* __restrict
         for (int e = 0; e < 4; ++e) {
           float v;
           if (softcap > 0.0f)
-            v = softcap * tanhf(s[j][e] * scale / softcap) * KILN_LOG2E;
+            v = cap(s[j][e]);
           else
             v = s[j][e] * scale_log2;
           if (!unmasked) {

@@ -500,6 +500,14 @@ __device__ __forceinline__ int sequence_of(const i64* row_offsets, const i64* co
   return b;
 }
 
+// Attention's soft cap (Gemma 2's), a score in log2 units: cap · tanh(s ·
+// scale / cap) · log2 e, its factors worked out once, not divided per score.
+struct SoftCap {
+  float in, out;
+  __device__ SoftCap(float scale, float cap) : in(cap > 0.0f ? scale / cap : 0.0f), out(cap * KILN_LOG2E) {}
+  __device__ __forceinline__ float operator()(float s) const { return out * tanhf(s * in); }
+};
+
 // The paged-attention kernels' arguments (attention.cu, decode_attention.cu).
 #define KILN_PAGED_ATTENTION_PARAMS(C)                                                                           \
   const float *__restrict__ q, const C *__restrict__ k_cache, const C *__restrict__ v_cache,                     \
