@@ -373,23 +373,7 @@ __device__ void grouped_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
     }
   }
   __syncthreads();
-  if (threadIdx.x < heads) {
-    int h = threadIdx.x;
-    float m_all = KILN_NEG_INF, total = 0.0f;
-    for (int g = 0; g < groups; ++g)
-      if (group_l[g][h] > 0.0f) m_all = fmaxf(m_all, group_m[g][h]);
-    for (int g = 0; g < groups; ++g)
-      if (group_l[g][h] > 0.0f) total += group_l[g][h] * fast_exp2(group_m[g][h] - m_all);
-    head_m[h] = m_all;
-    head_l[h] = total;
-  }
-  __syncthreads();
-  // Each lane group's weight in its head's merge, in place of its max.
-  for (int i = threadIdx.x; i < groups * heads; i += blockDim.x) {
-    int g = i / heads, h = i % heads;
-    group_m[g][h] = group_l[g][h] > 0.0f ? fast_exp2(group_m[g][h] - head_m[h]) : 0.0f;
-  }
-  __syncthreads();
+  merge_softmax_parts(&group_m[0][0], &group_l[0][0], groups, GROUP, heads, head_m, head_l);
   for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
     int h = i / head_dim, d = i % head_dim;
     float sum = 0.0f;

@@ -209,20 +209,7 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
     }
   }
   __syncthreads();
-  if (threadIdx.x < heads) {
-    const int h = threadIdx.x;
-    float m_all = KILN_NEG_INF, total = 0.0f;
-    for (int w = 0; w < KILN_DECODE_WARPS; ++w)
-      if (warp_l[w][h] > 0.0f) m_all = fmaxf(m_all, warp_m[w][h]);
-    for (int w = 0; w < KILN_DECODE_WARPS; ++w) {
-      // Each warp's weight in the merge, in place of its max.
-      warp_m[w][h] = warp_l[w][h] > 0.0f ? fast_exp2(warp_m[w][h] - m_all) : 0.0f;
-      total += warp_l[w][h] * warp_m[w][h];
-    }
-    head_m[h] = m_all;
-    head_l[h] = total;
-  }
-  __syncthreads();
+  merge_softmax_parts(&warp_m[0][0], &warp_l[0][0], KILN_DECODE_WARPS, KILN_DECODE_HEADS, heads, head_m, head_l);
   for (int i = threadIdx.x; i < heads * D; i += blockDim.x) {
     const int h = i / D, d = i % D;
     float sum = 0.0f;

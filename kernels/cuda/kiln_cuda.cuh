@@ -565,6 +565,29 @@ __device__ __forceinline__ float merged_split(const volatile float* parts, int h
   return total > 0.0f ? sum / total : 0.0f;  // no keys: padding
 }
 
+// The softmax states of a block's `parts` parts (lane groups, warps) merged
+// per query head: part i's max (log2 units) and sum of weights for head h at
+// part_m[i · stride + h] and part_l[i · stride + h] in shared memory; thread
+// h < heads writes head h's merged max and sum to head_m[h], head_l[h] and
+// each part's weight in the merge in place of its max. A part that saw no key
+// weighs 0. The block synchronizes after.
+__device__ __forceinline__ void merge_softmax_parts(float* part_m, const float* part_l, int parts, int stride,
+                                                    int heads, float* head_m, float* head_l) {
+  if (threadIdx.x < heads) {
+    const int h = threadIdx.x;
+    float m_all = KILN_NEG_INF, total = 0.0f;
+    for (int i = 0; i < parts; ++i)
+      if (part_l[i * stride + h] > 0.0f) m_all = fmaxf(m_all, part_m[i * stride + h]);
+    for (int i = 0; i < parts; ++i) {
+      const float l = part_l[i * stride + h], weight = l > 0.0f ? fast_exp2(part_m[i * stride + h] - m_all) : 0.0f;
+      part_m[i * stride + h] = weight;
+      total += l * weight;
+    }
+    head_m[h] = m_all;
+    head_l[h] = total;
+  }
+  __syncthreads();
+}
 
 // Split-K attention (flash-decoding): blockIdx.z of a launch takes a range
 // of a row's keys and writes, per query head row, its running max (log2

@@ -129,7 +129,8 @@ fn decode_batches_share_bucketed_graphs_and_match_the_cpu() {
 
 /// Padded decode steps over a bf16 cache (3 sequences in the graph of 4:
 /// its padding row has no context) on the tensor-core decode attention,
-/// against the portable kernels: within bf16 rounding, not all equal.
+/// against the portable kernels: within bf16 rounding (6e-3 relative, as
+/// `cuda_kv_cache.rs`), not all equal.
 #[test]
 fn padded_decode_steps_on_tensor_core_attention_match_the_portable_kernels() {
     let load = |attention_backend| {
@@ -156,7 +157,7 @@ fn padded_decode_steps_on_tensor_core_attention_match_the_portable_kernels() {
         for (row, (x, y)) in a.iter().zip(&b).enumerate() {
             let delta = kiln_tests::models::relative_difference(x, y);
             assert!(
-                delta < 2e-2,
+                delta < 6e-3,
                 "round {round}, row {row}: relative |Δ| {delta:.2e}"
             );
             (worst, differs) = (worst.max(delta), differs || x != y);

@@ -4,7 +4,7 @@
 //! them instead of compiling them at start. Kernels generated for a model
 //! are compiled when it loads, as before.
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
 use kiln_kernels::cuda::cubin_cache::{self, CubinCache};
 use kiln_kernels::cuda::{nvrtc, sources};
@@ -14,10 +14,10 @@ use crate::compiler::CompileCache;
 /// Options of `host precompile`.
 #[derive(Debug, Args)]
 pub struct PrecompileArgs {
-    /// A GPU architecture to compile for, as NVRTC names it (`sm_80`,
-    /// `sm_86`, `sm_89`, `sm_90`, `sm_100`, `sm_120`: the names the CUDA
-    /// backend uses for compute capabilities 8.0 to 12.x); repeatable.
-    #[arg(long = "arch", required = true, value_parser = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"])]
+    /// A GPU architecture to compile for, as NVRTC names it (the names the
+    /// CUDA backend uses for compute capabilities 8.0 to 12.x: sm_90 for an
+    /// H100 or H200); repeatable.
+    #[arg(long = "arch", required = true, value_parser = clap::builder::PossibleValuesParser::new(nvrtc::ARCHS))]
     pub archs: Vec<String>,
 }
 
@@ -25,13 +25,10 @@ pub struct PrecompileArgs {
 /// the CUDA backend reads (`$KILN_CACHE_DIR/kernels/nvrtc`, else under
 /// `$XDG_CACHE_HOME/kiln` or `~/.cache/kiln`), one line a module.
 pub fn precompile(args: &PrecompileArgs) -> anyhow::Result<()> {
-    if let Some(dir) = std::env::var_os("KILN_NVRTC_DIR") {
-        nvrtc::preload(std::path::Path::new(&dir)).context("KILN_NVRTC_DIR")?;
-    }
     if !nvrtc::available() {
         bail!(
             "NVRTC could not be loaded: pip install nvidia-cuda-nvrtc==13.0.88 and put its \
-             nvidia/cu13/lib folder on LD_LIBRARY_PATH (or in KILN_NVRTC_DIR)"
+             nvidia/cu13/lib folder on LD_LIBRARY_PATH"
         );
     }
     let (major, minor) = nvrtc::version()?;

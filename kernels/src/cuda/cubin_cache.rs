@@ -5,6 +5,7 @@
 //! hand-written kernels.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
@@ -81,27 +82,28 @@ pub struct Precompiled {
 /// `cache` for its architecture, several at a time, skipping those it
 /// holds; each module's outcome in the order of `modules`.
 pub fn precompile(cache: &CubinCache, modules: &[Source]) -> Vec<Precompiled> {
-    let outcomes = std::sync::Mutex::new(Vec::new());
+    let outcomes: Vec<Mutex<Option<Precompiled>>> =
+        modules.iter().map(|_| Mutex::new(None)).collect();
     let texts: Vec<(&str, &str)> = modules.iter().map(|s| (s.name, s.text)).collect();
     compile_side_by_side(&texts, |name, source| {
+        let Some(index) = modules.iter().position(|s| s.name == name) else {
+            return;
+        };
         let path = cache.path(name, source);
         let cached = path.as_ref().is_ok_and(|p| p.exists());
-        let result = path.and_then(|p| cache.image(&p, name, source).map(|_| p));
-        let index = modules.iter().position(|s| s.name == name);
-        let outcome = (
-            index,
-            Precompiled {
-                name: index.map_or("", |i| modules[i].name),
-                cached,
-                result,
-            },
-        );
-        outcomes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(outcome);
+        let result = match path {
+            Ok(p) if !cached => cache.image(&p, name, source).map(|_| p),
+            other => other,
+        };
+        let outcome = Precompiled {
+            name: modules[index].name,
+            cached,
+            result,
+        };
+        *outcomes[index].lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
     });
-    let mut outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
-    outcomes.sort_by_key(|(index, _)| *index);
-    outcomes.into_iter().map(|(_, outcome)| outcome).collect()
+    outcomes
+        .into_iter()
+        .filter_map(|o| o.into_inner().unwrap_or_else(|e| e.into_inner()))
+        .collect()
 }

@@ -17,6 +17,7 @@ use super::device::{
     compile_side_by_side, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType,
     GraphId, KernelArg, LaunchConfig, PackedArgs, Readback, WeightLayout,
 };
+use super::nvrtc;
 
 /// Which CUDA library is missing, if any, in the order they are needed.
 pub fn missing_library() -> Option<&'static str> {
@@ -228,19 +229,11 @@ impl CudaDevice {
         let (major, minor) = context
             .compute_capability()
             .map_err(driver_error("compute capability"))?;
-        let arch = match (major, minor) {
-            (8, 0) => "sm_80",
-            (8, 6) => "sm_86",
-            (8, 9) => "sm_89",
-            (9, _) => "sm_90",
-            (10, _) => "sm_100",
-            (12, _) => "sm_120",
-            _ => {
-                return Err(DeviceError::new(format!(
-                    "compute capability {major}.{minor} is not supported (sm_80 or newer)"
-                )))
-            }
-        };
+        let arch = nvrtc::arch_of(major, minor).ok_or_else(|| {
+            DeviceError::new(format!(
+                "compute capability {major}.{minor} is not supported (sm_80 or newer)"
+            ))
+        })?;
         let name = context.name().map_err(driver_error("device name"))?;
         let (handle, workspace) = cublas_on(&stream)?;
         Ok(Self {

@@ -57,6 +57,24 @@ pub fn version() -> Result<(i32, i32), DeviceError> {
 /// NVRTC's options besides the architecture (part of a cached cubin's key).
 pub const OPTIONS: [&str; 2] = ["--std=c++17", "--fmad=false"];
 
+/// The architectures the CUDA backend compiles for, as NVRTC names them (one
+/// per supported compute capability: [`arch_of`]).
+pub const ARCHS: [&str; 6] = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"];
+
+/// NVRTC's architecture for a GPU of compute capability `major.minor`, if
+/// the CUDA backend supports it (8.0 and newer).
+pub fn arch_of(major: i32, minor: i32) -> Option<&'static str> {
+    Some(match (major, minor) {
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 9) => "sm_89",
+        (9, _) => "sm_90",
+        (10, _) => "sm_100",
+        (12, _) => "sm_120",
+        _ => return None,
+    })
+}
+
 /// Compiles `source` for `arch` (`compute_80` gives PTX, `sm_90` a cubin).
 /// With `verbose_ptxas`, the log carries ptxas's registers and spills per
 /// kernel (cubin targets only).
@@ -164,4 +182,25 @@ pub fn parse_ptxas_log(log: &str) -> Vec<KernelStats> {
         }
     }
     stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_capability_has_one_of_the_listed_architectures() {
+        let capabilities = [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)];
+        let archs: Vec<_> = capabilities
+            .iter()
+            .map(|&(a, b)| arch_of(a, b).unwrap())
+            .collect();
+        assert_eq!(archs, ARCHS);
+        assert_eq!(
+            arch_of(7, 5),
+            None,
+            "sm_75 has no bf16 tensor-core products"
+        );
+        assert_eq!(arch_of(9, 0), arch_of(9, 1));
+    }
 }

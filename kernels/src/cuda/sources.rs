@@ -56,7 +56,7 @@ pub const FLASH_ATTENTION: Source = Source {
     waits_for_inputs: false,
 };
 /// Grouped-query attention of rows one at a time (decode) on tensor cores
-/// over the bf16 cache.
+/// over the bf16 or fp8 cache.
 pub const DECODE_ATTENTION: Source = Source {
     name: "decode_attention.cu",
     text: include_str!("../../cuda/decode_attention.cu"),

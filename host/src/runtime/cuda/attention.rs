@@ -381,11 +381,11 @@ fn flash_kernel(element: KvElement, head_dim: usize) -> Option<&'static str> {
 /// The tensor-core kernel for rows one at a time (`decode_attention.cu`),
 /// where there is one: a bf16 or fp8 cache, heads of 64, 128 or 256 values
 /// (Gemma's), at most 8 query heads a key/value head (the rows of its
-/// products). At 64 decode
-/// rows of Llama-3-8B its loop issues ~350 instructions a warp for 16 keys
-/// (sm_90 SASS), the grouped kernel's ~2,300: the CUDA-core kernel was
-/// bound by issue (57.8 µs a layer on the H200 for ~42 MB of cache), this
-/// one by memory (~10 µs by arithmetic; unmeasured on a GPU).
+/// products). Its loop issues ~350 instructions a warp for 16 keys of
+/// 128 values (sm_90 SASS), the grouped kernel's ~2,300: at 64 decode rows
+/// of Llama-3-8B the CUDA-core kernel was bound by issue (57.8 µs a layer on
+/// the H200 for ~42 MB of cache), this one by memory (~10 µs by arithmetic;
+/// unmeasured on a GPU).
 fn decode_kernel(
     element: KvElement,
     num_heads: usize,
