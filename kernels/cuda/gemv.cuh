@@ -365,13 +365,17 @@ __device__ __forceinline__ void blocks_sweep(const u8* wr, X x, int m, int k, in
 }
 
 // A row of GGUF blocks in format F: each lane takes its part of every
-// (32 / LANES)-th block among the row's warps. One warp per row reads a
-// block at a time (the fewest registers); split rows load the parts of
-// four blocks before using the first (fewer blocks per warp, so fewer
-// round trips matter more).
+// (32 / LANES)-th block among the row's warps, and loads its parts of
+// DEPTH such blocks before using the first: a warp's round is 2.3 KB of
+// Q4_K (3.4 KB of Q6_K, 1.2 KB of Q4_0 and 2.2 KB of Q8_0, whose blocks of
+// 32 take twice the depth), a Llama-3 row of 4,096 columns at one round a
+// warp. A block at a time (the depth the one-warp-per-row kernels had),
+// a warp's round was 576 bytes of Q4_K: at the ~40 warps an H200's SM then
+// held, ~23 KB in flight an SM, where its 4.16 TB/s at a microsecond's
+// latency asks ~31 KB.
 template <typename F, int SPLIT>
 struct BlocksRow {
-  static const int DEPTH = SPLIT == 1 ? 1 : 4;
+  static const int DEPTH = F::ELEMS == 32 ? 8 : 4;
   static const int STRIDE = (32 / F::LANES) * SPLIT;  // blocks the row's warps take per sweep
   bool active;  // whether the warp has this row (else nothing is read)
   const u8* w;

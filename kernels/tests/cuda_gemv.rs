@@ -245,20 +245,21 @@ fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
     let gpu = Gpu::new(&sources::GEMVS);
     let n = 13;
     // Rows shorter than one round of loads, and rows of several rounds
-    // whose last is partial.
+    // whose last is partial in every split (a round of a row's warps is
+    // 256 blocks of 32 values at four warps a row, 64 K-quant blocks).
     for (ty, name, k) in [
         (QuantType::Q8_0, "q8_0", 32 * 9),
-        (QuantType::Q8_0, "q8_0", 32 * 77),
+        (QuantType::Q8_0, "q8_0", 32 * 300),
         (QuantType::Q4_0, "q4_0", 32 * 9),
-        (QuantType::Q4_0, "q4_0", 32 * 77),
+        (QuantType::Q4_0, "q4_0", 32 * 300),
         (QuantType::Q5_0, "q5_0", 32 * 9),
-        (QuantType::Q5_0, "q5_0", 32 * 77),
+        (QuantType::Q5_0, "q5_0", 32 * 300),
         (QuantType::Q4K, "q4_k", 256 * 3),
-        (QuantType::Q4K, "q4_k", 256 * 19),
+        (QuantType::Q4K, "q4_k", 256 * 70),
         (QuantType::Q5K, "q5_k", 256 * 3),
-        (QuantType::Q5K, "q5_k", 256 * 19),
+        (QuantType::Q5K, "q5_k", 256 * 70),
         (QuantType::Q6K, "q6_k", 256 * 3),
-        (QuantType::Q6K, "q6_k", 256 * 9),
+        (QuantType::Q6K, "q6_k", 256 * 70),
     ] {
         let (packed, values) = random_blocks(ty, n, k, k as u64);
         let w = Matrix {
