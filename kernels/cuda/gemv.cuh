@@ -4,7 +4,8 @@
 // packed), multiply them with every row of x (f32, kept in L1: it is small
 // and every warp reads it) and reduce across their lanes. Each warp issues
 // a round of loads (eight per lane in the one-row `_m1` kernels, four
-// otherwise; four blocks' parts for GGUF rows) before it uses the first, so
+// otherwise; the parts of four K-quant blocks or eight of 32 values for
+// GGUF rows) before it uses the first, so
 // a round costs one memory round trip. One launch covers up to
 // KILN_GEMV_MAX_GROUP matrices that share x (q, k and v; gate and up): their
 // rows form one grid, so small matrices do not leave the card half idle and
