@@ -451,7 +451,12 @@ __device__ void embedding_blocks(const u8* table, const i64* ids, float* y, i64 
 }
 
 // Every value of `count` blocks as bf16: a thread per lane part of a block
-// (the GEMV's loads, 16 bytes at a time for Q4_K), striding over the grid.
+// (the GEMV's loads), striding over the grid. K-quant blocks are taken in
+// the spread lane order (Q4_K_Spread, Q6_K_Spread): a block's 8 lanes then
+// store 32 consecutive values (two whole 32-byte sectors) an instruction,
+// where KQuant's and Q6_K's parts of 16 consecutive values had them store
+// 8 bytes into each of 8 sectors (4 times the store transactions for the
+// ~15 GB a Llama-3-8B Q4_K_M prefill step expands).
 template <typename F>
 __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
   kiln_wait_inputs();
