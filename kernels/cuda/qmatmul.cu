@@ -29,11 +29,14 @@
 // stretches fit without spilling (Q4_K, Q6_K, Q4_0: EARLY) ask for the
 // next stretch before decoding this one, so its loads overlap the
 // decoding too (Q8_0, Q5_0, Q5_K and bf16 spilled doing so; Q5_0 and Q5_K
-// unroll the products by 2, where 8 spilled). The `_m16` kernels
+// unroll the products by 2, Q8_0 by 4, where 8 spilled). The `_m16` kernels
 // (X_GROUPS = 1: one group's accumulators and fragments, a quarter of x's
 // tile) fit in 96 registers, so 5 blocks a multiprocessor, every format
-// EARLY but bf16. In sm_90 SASS a Q4_K stretch is 624 instructions a
-// thread (698 before), 588 in `_m16` (unmeasured on a GPU).
+// EARLY but bf16. Each thread's W and x rows' addresses are worked out once
+// (StretchRows, XStretch), not again every stretch. In sm_90 SASS a Q4_K
+// stretch is 593 instructions a thread (698, then 624 before), 474 in
+// `_m16` (588 before the addresses were worked out once; unmeasured on a
+// GPU).
 //
 // Dense bf16 matrices take the same path (`kiln_qmm_bf16`, DenseBf16: a
 // "block" of 8 values is one 16-byte load, copied to shared memory as it
@@ -157,59 +160,102 @@ struct Loaded {
   typename F::Raw w[Stretch<F>::PER_THREAD];
 };
 
-// Where part `i` of a row's stretch at column kc lies: its block and which
-// of the block's lane parts it is.
+// What a thread loads and decodes of every stretch of the tile's W, worked
+// out once before the loop over stretches: its parts lie in tile rows
+// `row`, row + ROW_STEP, ... (the first half below tile row 32, the second
+// at or past it: up's rows in a gated tile), at the same place of each
+// row's stretch. A stretch's loads are then an offset from the two first
+// rows' addresses (in sm_90 SASS the stretch loop's integer arithmetic,
+// each part's row address worked out again a stretch, was ~270 of the
+// dense bf16 `_m16` kernel's 357 instructions; 243 now).
 template <typename F>
-__device__ __forceinline__ void stretch_part(int kc, int i, int* block, int* part) {
-  *block = kc / F::ELEMS + i / F::LANES;
-  *part = (F::ELEMS >= KILN_QMM_K ? (kc % F::ELEMS) / KILN_QMM_K * Stretch<F>::PARTS : 0) + i % F::LANES;
-}
-
-template <typename F>
-__device__ __forceinline__ void load_stretch(Loaded<F>* s, const QmmTile& tile, int k, int kc, int k_end) {
+struct StretchRows {
   typedef Stretch<F> S;
+  static_assert(S::PER_THREAD * S::ROW_STEP == KILN_QMM_TILE, "a thread's parts cover the tile's rows");
   static_assert(32 % S::ROW_STEP == 0, "a thread's rows stay in one half of a gated tile");
-  i64 row_bytes = (i64)(k / F::ELEMS) * F::BYTES;
-  int row = threadIdx.x / S::PARTS, block, part;
-  stretch_part<F>(kc, threadIdx.x % S::PARTS, &block, &part);
-  bool in_k = kc < k_end && block * F::ELEMS < k_end;  // (a K-quant block may start before a stretch past k_end)
-#pragma unroll
-  for (int j = 0; j < S::PER_THREAD; ++j) {
-    int r = row + j * S::ROW_STEP, half = tile.gated && r >= 32, w_row = tile.first + (tile.gated ? r % 32 : r);
-    s->w[j] = typename F::Raw{};
-    if (in_k && w_row < tile.n)
-      s->w[j] = F::load((half ? tile.w[1] : tile.w[0]) + w_row * row_bytes + (i64)block * F::BYTES, part);
-  }
-}
+  static const int HALF = S::PER_THREAD / 2;  // parts below tile row 32
+  const u8* first[2];  // the thread's first row of each half, at column 0
+  int left[2];         // W rows from each half's first to n (parts at or past them are zeros)
+  int row;             // tile row of the first part
+  int block_in, lane;  // the part: lane part `lane` of the stretch's block `block_in`
 
-// Issues the copies of x's stretch at column kc (rows m0 .. of the first
-// `m_groups` groups of 16) into the shared tile: zeros past m and k_end. In
-// the tile once the thread has waited for its copies and the block has
-// passed a barrier.
-__device__ __forceinline__ void copy_x_stretch(bf16_bits (*xs)[KILN_QMM_STRIDE], const bf16_bits* x, int m0, int m,
-                                               int m_groups, int k, int kc, int k_end) {
-  for (int g = 0; g < m_groups; ++g) {
+  __device__ StretchRows(const QmmTile& tile, int k) {
+    int part = threadIdx.x % S::PARTS;
+    row = threadIdx.x / S::PARTS;
+    block_in = part / F::LANES;
+    lane = part % F::LANES;
+    i64 row_bytes = row_bytes_of(k);
+    int low = tile.first + row, high = tile.gated ? low : low + 32;
+    first[0] = tile.w[0] + low * row_bytes;
+    first[1] = tile.w[1] + high * row_bytes;
+    left[0] = tile.n - low;
+    left[1] = tile.n - high;
+  }
+  // Bytes of a row of W (worked out again where used: in a register
+  // throughout, the 64-row kernels spilled).
+  __device__ static i64 row_bytes_of(int k) { return (i64)((unsigned)k / F::ELEMS) * F::BYTES; }
+  // The stretch's block holding the part and which lane part of it.
+  __device__ int block_of(int kc) const { return (int)((unsigned)kc / F::ELEMS) + block_in; }
+  __device__ int part_of(int kc) const {
+    return (F::ELEMS >= KILN_QMM_K ? (int)((unsigned)kc % F::ELEMS / KILN_QMM_K) * S::PARTS : 0) + lane;
+  }
+  // The parts of the stretch at column kc; zeros past n or k_end.
+  __device__ void load(Loaded<F>* s, int k, int kc, int k_end) const {
+    int block = block_of(kc), part = part_of(kc);
+    bool in_k = kc < k_end && block * F::ELEMS < k_end;  // (a K-quant block may start before a stretch past k_end)
+    i64 offset = (i64)block * F::BYTES, row_step = S::ROW_STEP * row_bytes_of(k);
 #pragma unroll
-    for (int j = 0; j < KILN_QMM_X_CHUNKS_PER_GROUP; ++j) {
-      int c = threadIdx.x + j * KILN_QMM_THREADS, row = 16 * g + c / (KILN_QMM_K / 8),
-          col = kc + c % (KILN_QMM_K / 8) * 8;
-      bool valid = m0 + row < m && col < k_end;
-      copy_async_16(xs[row] + col - kc, x + (valid ? (i64)(m0 + row) * k + col : 0), valid);
+    for (int j = 0; j < S::PER_THREAD; ++j) {
+      const int h = j / HALF, step = j % HALF;
+      s->w[j] = typename F::Raw{};
+      if (in_k && step * S::ROW_STEP < left[h]) s->w[j] = F::load(first[h] + step * row_step + offset, part);
     }
   }
-}
-
-// Decodes a loaded stretch of W into the shared tile.
-template <typename F>
-__device__ __forceinline__ void store_stretch(const Loaded<F>& s, bf16_bits (*ws)[KILN_QMM_STRIDE], int kc) {
-  typedef Stretch<F> S;
-  int row = threadIdx.x / S::PARTS, block, part;
-  stretch_part<F>(kc, threadIdx.x % S::PARTS, &block, &part);
+  // Decodes the loaded stretch at column kc into the shared tile.
+  __device__ void store(const Loaded<F>& s, bf16_bits (*ws)[KILN_QMM_STRIDE], int kc) const {
+    int column = block_of(kc) * F::ELEMS - kc, part = part_of(kc);
 #pragma unroll
-  for (int j = 0; j < S::PER_THREAD; ++j) {
-    SharedRow<F>::store(s.w[j], part, block * F::ELEMS - kc, ws[row + j * S::ROW_STEP]);
+    for (int j = 0; j < S::PER_THREAD; ++j) SharedRow<F>::store(s.w[j], part, column, ws[row + j * S::ROW_STEP]);
   }
-}
+};
+
+// A thread's copies of x's stretches into the shared tile, worked out once:
+// chunk j of group g is x row m0 + 16g + 8j + row (zeros past m and k_end)
+// at the thread's 8 columns of the stretch.
+struct XStretch {
+  const bf16_bits* from;  // x row m0 + row at the thread's column of stretch 0
+  int left;               // rows of x from m0 + row to m
+  int row, column;
+
+  __device__ XStretch(const bf16_bits* x, int m0, int m, int k) {
+    static_assert(KILN_QMM_X_CHUNKS_PER_GROUP == 2, "a group of 16 rows is two chunks of 8 a thread");
+    row = threadIdx.x / (KILN_QMM_K / 8);
+    column = threadIdx.x % (KILN_QMM_K / 8) * 8;
+    from = x + (i64)(m0 + row) * k + column;
+    left = m - m0 - row;
+  }
+  // Issues the copies of the stretch at column kc (rows of the first
+  // `m_groups` groups of 16); in the tile once the thread has waited for
+  // its copies and the block has passed a barrier. `x` stands in for the
+  // address of a copy not made.
+  template <int X_GROUPS>
+  __device__ void copy(bf16_bits (*xs)[KILN_QMM_STRIDE], const bf16_bits* x, int m_groups, int k, int kc,
+                       int k_end) const {
+    bool in_k = kc + column < k_end;
+    i64 rows8 = 8 * (i64)k;  // elements from a row of x to the one 8 on
+#pragma unroll
+    for (int g = 0; g < X_GROUPS; ++g) {
+      if (g < m_groups) {
+#pragma unroll
+        for (int j = 0; j < KILN_QMM_X_CHUNKS_PER_GROUP; ++j) {
+          const int r = 16 * g + 8 * j;
+          bool valid = in_k && r < left;
+          copy_async_16(xs[r + row] + column, valid ? from + (2 * g + j) * rows8 + kc : x, valid);
+        }
+      }
+    }
+  }
+};
 
 // The tile's sums (sums[x row][tile row], x rows m0 ..) to its outputs:
 // each row's, or, gated, act(gate)·up of each pair of rows 32 apart.
@@ -248,20 +294,22 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
   const bf16_bits* x_rows[X_GROUPS];
 #pragma unroll
   for (int g = 0; g < X_GROUPS; ++g) x_rows[g] = xs[16 * g + 8 * ((lane / 8) % 2) + lane % 8] + 8 * (lane / 16);
+  StretchRows<F> w_rows(tile, k);
+  XStretch x_rows_copy(x, m0, m, k);
   Loaded<F> current;
-  load_stretch<F>(&current, tile, k, k_begin, k_end);
+  w_rows.load(&current, k, k_begin, k_end);
   for (int kc = k_begin; kc < k_end; kc += KILN_QMM_K) {
     // The next stretch's W, asked for before this one's decoding (EARLY)
     // or before its products only.
     // Past k_end (the last stretch's turn) it is zeros, nothing loaded.
     Loaded<F> next;
-    if (EARLY) load_stretch<F>(&next, tile, k, kc + KILN_QMM_K, k_end);
+    if (EARLY) w_rows.load(&next, k, kc + KILN_QMM_K, k_end);
     __syncthreads();  // every warp is done with the previous stretch
-    copy_x_stretch(xs, x, m0, m, m_groups, k, kc, k_end);  // x's copies overlap W's decoding
-    store_stretch<F>(current, ws, kc);
+    x_rows_copy.copy<X_GROUPS>(xs, x, m_groups, k, kc, k_end);  // x's copies overlap W's decoding
+    w_rows.store(current, ws, kc);
     copy_async_wait();
     __syncthreads();
-    if (!EARLY) load_stretch<F>(&next, tile, k, kc + KILN_QMM_K, k_end);
+    if (!EARLY) w_rows.load(&next, k, kc + KILN_QMM_K, k_end);
 #pragma unroll(UNROLL)
     for (int c = 0; c < KILN_QMM_K / 16; ++c) {
       // B fragments of the warp's two groups of 8 W rows: lane i's ldmatrix
@@ -322,7 +370,7 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
   KilnQmmGroup g, const bf16_bits *__restrict__ x, float *__restrict__ partials, unsigned *__restrict__ counters, \
       int m, int k, int k_split
 
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q8_0(KILN_QMM_ARGS) { qmm<Q8_0, false, 8, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q8_0(KILN_QMM_ARGS) { qmm<Q8_0, false, 4, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q8_0_m16(KILN_QMM_ARGS) { qmm<Q8_0, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0, true, 8, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q4_0_m16(KILN_QMM_ARGS) { qmm<Q4_0, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
