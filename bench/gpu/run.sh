@@ -88,12 +88,17 @@ each_shape() {
   done
 }
 
+# The decode run also keeps the GEMV split timings made at load (every
+# launch shape in each split, as µs and TB/s over all its layers' weights:
+# the decode GEMVs' bandwidth in isolation) in kiln-*-gemv.log.
 kiln_shape() {
   local shape=$1 dtype=$2 name=$3
   echo "== kiln $shape $dtype: decode"
-  "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
+  KILN_LOG=info,kiln_host::runtime::cuda::tune=debug \
+    "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
     --input-len "$input_len" --output-len "$output_len" --concurrency 1,16,64 --json \
-    > "$results/kiln-$name-$dtype-decode.json" || echo "FAILED: $shape $dtype decode"
+    > "$results/kiln-$name-$dtype-decode.json" 2> >(tee "$results/kiln-$name-$dtype-gemv.log" >&2) ||
+    echo "FAILED: $shape $dtype decode"
   echo "== kiln $shape $dtype: prefill ${KILN_BENCH_PREFILL_LEN:-2048}"
   "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
     --input-len "${KILN_BENCH_PREFILL_LEN:-2048}" --output-len 1 --concurrency 1 --json \

@@ -261,6 +261,7 @@ fn fastest(
     candidates: &[GemvChoice],
 ) -> Result<GemvChoice, DeviceError> {
     let widest = launches.matrices.iter().flatten().map(|w| w.rows).max();
+    let weight_bytes: usize = launches.matrices.iter().flatten().map(|w| w.bytes()).sum();
     let x_rows = launches.x_rows;
     let sizes = [x_rows * shape.k * 4, x_rows * widest.unwrap_or(1) * 4];
     let (choice, report) = with_buffers(device, &sizes, |buffers| {
@@ -268,7 +269,12 @@ fn fastest(
         let mut report = Vec::new();
         for &choice in candidates {
             let seconds = time_launches(device, shape, launches, choice, buffers)?;
-            report.push(format!("{}: {:.1} µs", choice.split, seconds * 1e6));
+            let rate = weight_bytes as f64 / seconds / 1e12;
+            report.push(format!(
+                "{}: {:.1} µs, {rate:.2} TB/s",
+                choice.split,
+                seconds * 1e6
+            ));
             if best.is_none_or(|(b, _)| seconds < b) {
                 best = Some((seconds, choice));
             }
@@ -277,7 +283,7 @@ fn fastest(
         Ok((choice, report))
     })?;
     log::debug!(
-        "GEMV {} {} rows of {} ×{} launches: warps per row {} ({})",
+        "GEMV {} {} rows of {} ×{} launches ({weight_bytes} bytes of weights): warps per row {} ({})",
         shape.kernel,
         shape.rows,
         shape.k,
