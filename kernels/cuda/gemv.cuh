@@ -456,7 +456,9 @@ __device__ void embedding_blocks(const u8* table, const i64* ids, float* y, i64 
 // store 32 consecutive values (two whole 32-byte sectors) an instruction,
 // where KQuant's and Q6_K's parts of 16 consecutive values had them store
 // 8 bytes into each of 8 sectors (4 times the store transactions for the
-// ~15 GB a Llama-3-8B Q4_K_M prefill step expands).
+// ~15 GB a Llama-3-8B Q4_K_M prefill step expands). Q8_0's runs of 8
+// values (16 bytes at a 16-byte boundary of the output) take one store,
+// not two of 8 bytes that each half-filled the block's two sectors.
 template <typename F>
 __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
   kiln_wait_inputs();
@@ -464,7 +466,14 @@ __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
     i64 block = i / F::LANES;
     int part = (int)(i % F::LANES);
     bf16_bits* values = out + block * F::ELEMS;
-    F::values(F::load(w + block * F::BYTES, part), part, 0,
-              [&](const float* v, int n, int column, float scale) { store_bf16_pairs(values + column, v, n, scale); });
+    F::values(F::load(w + block * F::BYTES, part), part, 0, [&](const float* v, int n, int column, float scale) {
+      if (n == 8) {
+        Bytes16 run;
+        for (int e = 0; e < 4; ++e) run.v[e] = pack_bf16(scale * v[2 * e], scale * v[2 * e + 1]);
+        *reinterpret_cast<Bytes16*>(values + column) = run;
+      } else {
+        store_bf16_pairs(values + column, v, n, scale);
+      }
+    });
   }
 }
