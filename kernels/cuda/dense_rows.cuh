@@ -100,10 +100,11 @@ __device__ __forceinline__ void dense_row_prefetch(const u8* wr, int part, int k
 
 // The lane's part of row `wr [k]` (part `part` of SPLIT) times the m rows
 // of x [m, k], added to acc: whole rounds over stretches of 256 columns,
-// then what is left (with one warp per row one load at a time, the fewest
-// registers; with a split, whose warps have fewer loads each, one bounded
-// round), then the columns past the last whole stretch (all of them when a
-// row's columns are not a multiple of 4) one at a time.
+// then what is left as one bounded round (one warp per row took it a load
+// at a time: a Qwen2.5-1.5B row of 1,536 columns, 6 stretches, was 6
+// memory round trips, one a stretch), then the columns past the last whole
+// stretch (all of them when a row's columns are not a multiple of 4) one at
+// a time.
 template <int BYTES, int MAX_M, int SPLIT>
 __device__ __forceinline__ void dense_row(const u8* wr, int part, const float* x, int m, int k, float* acc) {
   const int depth = dense_depth<MAX_M>();
@@ -113,11 +114,7 @@ __device__ __forceinline__ void dense_row(const u8* wr, int part, const float* x
   int col = part * 256 + lane * 4;
   for (; col + (depth - 1) * step < vector_end; col += depth * step)
     dense_round<BYTES, MAX_M, depth, false>(wr, col, step, vector_end, x, m, k, acc);
-  if (SPLIT == 1) {
-    for (; col < vector_end; col += step) dense_round<BYTES, MAX_M, 1, false>(wr, col, step, vector_end, x, m, k, acc);
-  } else if (col < vector_end) {
-    dense_round<BYTES, MAX_M, depth - 1, true>(wr, col, step, vector_end, x, m, k, acc);
-  }
+  if (col < vector_end) dense_round<BYTES, MAX_M, depth - 1, true>(wr, col, step, vector_end, x, m, k, acc);
   for (int c = vector_end + part * 32 + lane; c < k; c += 32 * SPLIT) {
     float v = load1<BYTES>(wr, c);
     accumulate<MAX_M>(acc, &v, 1, x, m, k, c);
