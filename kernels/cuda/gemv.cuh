@@ -310,22 +310,7 @@ __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k)
 }
 
 
-// x of the GGUF GEMVs: f32 rows, each weight decoded to a float (exact
-// precision) ...
-struct FloatX {
-  const float* x;
-  // Whether every row of x starts at a 16-byte boundary (parts' runs of 4
-  // weights then lie at one too: GGUF columns come in multiples of 4).
-  __device__ bool rows_aligned(int k) const {
-    return (reinterpret_cast<unsigned long long>(x) & 15) == 0 && k % 4 == 0;
-  }
-  template <typename F, int MAX_M, bool X16>
-  __device__ __forceinline__ void dot(const typename F::Raw& raw, int part, int m, int k, int col,
-                                      float* acc) const {
-    dot_raw<F, MAX_M, X16>(raw, part, x, m, k, col, acc);
-  }
-};
-
+// x of the GGUF GEMVs: f32 rows (FloatX, in gguf_blocks.cuh) ...
 // ... or 8-bit rows as kiln_quantize_x8 writes them: m rows of k quants,
 // then the X8Scale of each block of 32.
 struct Int8X {
@@ -348,35 +333,13 @@ struct Int8X {
 };
 
 
-// The blocks `first`, `first + stride`, ... of row `wr` times x, added to
-// acc, DEPTH blocks' loads at a time (X16: as `accumulate`).
-template <typename F, typename X, int MAX_M, int DEPTH, bool X16>
-__device__ __forceinline__ void blocks_sweep(const u8* wr, X x, int m, int k, int first, int stride, float* acc) {
-  int blocks = k / F::ELEMS, part = threadIdx.x % F::LANES;
-  for (int blk = first; blk < blocks; blk += DEPTH * stride) {
-    typename F::Raw raw[DEPTH];
-#pragma unroll
-    for (int u = 0; u < DEPTH; ++u)
-      if (blk + u * stride < blocks) raw[u] = F::load(wr + (i64)(blk + u * stride) * F::BYTES, part);
-#pragma unroll
-    for (int u = 0; u < DEPTH; ++u)
-      if (blk + u * stride < blocks)
-        x.template dot<F, MAX_M, X16>(raw[u], part, m, k, (blk + u * stride) * F::ELEMS, acc);
-  }
-}
-
 // A row of GGUF blocks in format F: each lane takes its part of every
 // (32 / LANES)-th block among the row's warps, and loads its parts of
-// DEPTH such blocks before using the first: a warp's round is 2.3 KB of
-// Q4_K (3.4 KB of Q6_K, 1.2 KB of Q4_0 and 2.2 KB of Q8_0, whose blocks of
-// 32 take twice the depth), a Llama-3 row of 4,096 columns at one round a
-// warp. A block at a time (the depth the one-warp-per-row kernels had),
-// a warp's round was 576 bytes of Q4_K: at the ~40 warps an H200's SM then
-// held, ~23 KB in flight an SM, where its 4.16 TB/s at a microsecond's
-// latency asks ~31 KB.
+// blocks_depth such blocks before using the first (gguf_blocks.cuh): a
+// Llama-3 row of 4,096 columns in one round a warp.
 template <typename F, int SPLIT>
 struct BlocksRow {
-  static const int DEPTH = F::ELEMS == 32 ? 8 : 4;
+  static const int DEPTH = blocks_depth<F>();
   static const int STRIDE = (32 / F::LANES) * SPLIT;  // blocks the row's warps take per sweep
   bool active;  // whether the warp has this row (else nothing is read)
   const u8* w;

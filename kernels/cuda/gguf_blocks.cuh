@@ -1,8 +1,8 @@
 // GGUF block formats on the device, shared by the decode products
 // (gemv.cuh, qmatmul.cu) and the mixture-of-experts kernels (moe.cu). Each
 // format splits a block among `LANES` lanes of a warp: `load` reads a lane's
-// part, `values` decodes it, `block_dot` adds its products with up to MAX_M
-// rows of x; `dot_x8` takes a part's dot product with a row of 8-bit x
+// part, `values` decodes it, `dot_raw` adds its products with up to MAX_M
+// rows of x (`blocks_sweep` over a row's blocks); `dot_x8` takes a part's dot product with a row of 8-bit x
 // (X8Scale) in integer arithmetic; `value` decodes one value.
 //   Q8_0  (34 B / 32):  4 lanes, 8 quants each
 //   Q4_0  (18 B / 32):  4 lanes, 4 bytes of nibbles each
@@ -580,20 +580,65 @@ __device__ __forceinline__ void dot_raw(const typename F::Raw& r, int s, const f
   });
 }
 
-// Lane part `s` of the block at `b` times x, added to acc.
-template <typename F, int MAX_M>
-__device__ __forceinline__ void block_dot(const u8* b, int s, const float* x, int m, int k, int col, float* acc) {
-  dot_raw<F, MAX_M>(F::load(b, s), s, x, m, k, col, acc);
+// x of the GGUF GEMVs (gemv.cuh's, beside its 8-bit Int8X) and of the
+// experts' rows (moe.cu): f32 rows, each weight decoded to a float (exact
+// precision).
+struct FloatX {
+  const float* x;
+  // Whether every row of x starts at a 16-byte boundary (parts' runs of 4
+  // weights then lie at one too: GGUF columns come in multiples of 4).
+  __device__ bool rows_aligned(int k) const {
+    return (reinterpret_cast<unsigned long long>(x) & 15) == 0 && k % 4 == 0;
+  }
+  template <typename F, int MAX_M, bool X16>
+  __device__ __forceinline__ void dot(const typename F::Raw& raw, int part, int m, int k, int col,
+                                      float* acc) const {
+    dot_raw<F, MAX_M, X16>(raw, part, x, m, k, col, acc);
+  }
+};
+
+// Blocks of F a lane loads the parts of before it uses the first: a warp's
+// round is 2.3 KB of Q4_K (3.4 KB of Q6_K, 1.2 KB of Q4_0 and 2.2 KB of
+// Q8_0, whose blocks of 32 take twice the depth). A block at a time (the
+// one-warp-per-row GEMVs and the experts' rows until e7a6c80), a warp's
+// round was 576 bytes of Q4_K: at the ~40 warps an H200's SM held, ~23 KB
+// in flight an SM, where its 4.16 TB/s at a microsecond's latency asks
+// ~31 KB.
+template <typename F>
+__device__ __forceinline__ constexpr int blocks_depth() {
+  return F::ELEMS == 32 ? 8 : 4;
+}
+
+// The blocks `first`, `first + stride`, ... of row `wr` times x, added to
+// acc, DEPTH blocks' loads at a time (X16: as `accumulate`).
+template <typename F, typename X, int MAX_M, int DEPTH, bool X16>
+__device__ __forceinline__ void blocks_sweep(const u8* wr, X x, int m, int k, int first, int stride, float* acc) {
+  int blocks = k / F::ELEMS, part = threadIdx.x % F::LANES;
+  for (int blk = first; blk < blocks; blk += DEPTH * stride) {
+    typename F::Raw raw[DEPTH];
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u)
+      if (blk + u * stride < blocks) raw[u] = F::load(wr + (i64)(blk + u * stride) * F::BYTES, part);
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u)
+      if (blk + u * stride < blocks)
+        x.template dot<F, MAX_M, X16>(raw[u], part, m, k, (blk + u * stride) * F::ELEMS, acc);
+  }
 }
 
 // The warp's dot product of row `row` of a matrix of F blocks `w [*, k]`
-// with `x [k]` (every lane gets the sum).
+// with `x [k]` (every lane gets the sum): each lane takes its part of every
+// (32 / LANES)-th block, blocks_depth at a time.
 template <typename F>
 __device__ __forceinline__ float blocks_row_dot(const u8* w, int row, const float* x, int k) {
-  int lane = threadIdx.x % 32, blocks = k / F::ELEMS;
-  const u8* wr = w + (i64)row * blocks * F::BYTES;
+  const int depth = blocks_depth<F>(), stride = 32 / F::LANES;
+  int first = (int)(threadIdx.x % 32) / F::LANES;
+  const u8* wr = w + (i64)row * (k / F::ELEMS) * F::BYTES;
   float acc[1] = {0.0f};
-  for (int blk = lane / F::LANES; blk < blocks; blk += 32 / F::LANES)
-    block_dot<F, 1>(wr + (i64)blk * F::BYTES, lane % F::LANES, x, 1, k, blk * F::ELEMS, acc);
+  FloatX xs{x};
+  if (xs.rows_aligned(k))
+    blocks_sweep<F, FloatX, 1, depth, true>(wr, xs, 1, k, first, stride, acc);
+  else
+    blocks_sweep<F, FloatX, 1, depth, false>(wr, xs, 1, k, first, stride, acc);
   return warp_sum(acc[0]);
 }

@@ -106,7 +106,8 @@ struct DenseRows {
   }
 };
 
-// Rows of GGUF blocks of format F, read packed.
+// Rows of GGUF blocks of format F, read packed (K-quants in the GEMV's
+// spread lane order, which keeps the loads of f32 x in whole lines of L1).
 template <typename F>
 struct BlockRows {
   __device__ static float dot(unsigned long long w, int row, const float* x, int cols) {
@@ -177,13 +178,13 @@ extern "C" __global__ void kiln_moe_gate_up_q5_0(KILN_MOE_GATE_UP_PARAMS) {
   moe_gate_up<BlockRows<Q5_0>>(KILN_MOE_GATE_UP_ARGS);
 }
 extern "C" __global__ void kiln_moe_gate_up_q4_k(KILN_MOE_GATE_UP_PARAMS) {
-  moe_gate_up<BlockRows<Q4_K>>(KILN_MOE_GATE_UP_ARGS);
+  moe_gate_up<BlockRows<Q4_K_SpreadRows>>(KILN_MOE_GATE_UP_ARGS);
 }
 extern "C" __global__ void kiln_moe_gate_up_q5_k(KILN_MOE_GATE_UP_PARAMS) {
-  moe_gate_up<BlockRows<Q5_K>>(KILN_MOE_GATE_UP_ARGS);
+  moe_gate_up<BlockRows<Q5_K_SpreadRows>>(KILN_MOE_GATE_UP_ARGS);
 }
 extern "C" __global__ void kiln_moe_gate_up_q6_k(KILN_MOE_GATE_UP_PARAMS) {
-  moe_gate_up<BlockRows<Q6_K>>(KILN_MOE_GATE_UP_ARGS);
+  moe_gate_up<BlockRows<Q6_K_SpreadRows>>(KILN_MOE_GATE_UP_ARGS);
 }
 
 extern "C" __global__ void kiln_moe_down_f32(KILN_MOE_DOWN_PARAMS) {
@@ -205,11 +206,11 @@ extern "C" __global__ void kiln_moe_down_q5_0(KILN_MOE_DOWN_PARAMS) {
   moe_down<BlockRows<Q5_0>>(KILN_MOE_DOWN_ARGS);
 }
 extern "C" __global__ void kiln_moe_down_q4_k(KILN_MOE_DOWN_PARAMS) {
-  moe_down<BlockRows<Q4_K>>(KILN_MOE_DOWN_ARGS);
+  moe_down<BlockRows<Q4_K_SpreadRows>>(KILN_MOE_DOWN_ARGS);
 }
 extern "C" __global__ void kiln_moe_down_q5_k(KILN_MOE_DOWN_PARAMS) {
-  moe_down<BlockRows<Q5_K>>(KILN_MOE_DOWN_ARGS);
+  moe_down<BlockRows<Q5_K_SpreadRows>>(KILN_MOE_DOWN_ARGS);
 }
 extern "C" __global__ void kiln_moe_down_q6_k(KILN_MOE_DOWN_PARAMS) {
-  moe_down<BlockRows<Q6_K>>(KILN_MOE_DOWN_ARGS);
+  moe_down<BlockRows<Q6_K_SpreadRows>>(KILN_MOE_DOWN_ARGS);
 }
