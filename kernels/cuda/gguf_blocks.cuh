@@ -2,8 +2,9 @@
 // (gemv.cuh, qmatmul.cu) and the mixture-of-experts kernels (moe.cu). Each
 // format splits a block among `LANES` lanes of a warp: `load` reads a lane's
 // part, `values` decodes it, `dot_raw` adds its products with up to MAX_M
-// rows of x (`blocks_sweep` over a row's blocks); `dot_x8` takes a part's dot product with a row of 8-bit x
-// (X8Scale) in integer arithmetic; `value` decodes one value.
+// rows of x (`blocks_sweep` over a row's blocks); `dot_x8` takes a part's
+// dot product with a row of 8-bit x (X8Scale) in integer arithmetic;
+// `value` decodes one value.
 //   Q8_0  (34 B / 32):  4 lanes, 8 quants each
 //   Q4_0  (18 B / 32):  4 lanes, 4 bytes of nibbles each
 //   Q5_0  (22 B / 32):  4 lanes, 4 bytes of nibbles and their fifth bits
