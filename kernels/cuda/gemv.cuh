@@ -310,9 +310,9 @@ __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k)
 }
 
 
-// x of the GGUF GEMVs: f32 rows (FloatX, in gguf_blocks.cuh) ...
-// ... or 8-bit rows as kiln_quantize_x8 writes them: m rows of k quants,
-// then the X8Scale of each block of 32.
+// x of the GGUF GEMVs as 8-bit rows (`--precision fast`; f32 rows are
+// gguf_blocks.cuh's FloatX), as kiln_quantize_x8 writes them: m rows of k
+// quants, then the X8Scale of each block of 32.
 struct Int8X {
   const signed char* q;
   const X8Scale* scale;
@@ -419,8 +419,9 @@ __device__ void embedding_blocks(const u8* table, const i64* ids, float* y, i64 
 // store 32 consecutive values (two whole 32-byte sectors) an instruction,
 // where KQuant's and Q6_K's parts of 16 consecutive values had them store
 // 8 bytes into each of 8 sectors (4 times the store transactions for the
-// ~15 GB a Llama-3-8B Q4_K_M prefill step expands). Q8_0's runs of 8
-// values (16 bytes at a 16-byte boundary of the output) take one store,
+// ~15 GB a Llama-3-8B Q4_K_M prefill step expands). Runs of 8 values at a
+// multiple of 8 columns (Q8_0's: 16 bytes at a 16-byte boundary of the
+// output, whose blocks' values start at multiples of 8) take one store,
 // not two of 8 bytes that each half-filled the block's two sectors.
 template <typename F>
 __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
@@ -430,7 +431,7 @@ __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
     int part = (int)(i % F::LANES);
     bf16_bits* values = out + block * F::ELEMS;
     F::values(F::load(w + block * F::BYTES, part), part, 0, [&](const float* v, int n, int column, float scale) {
-      if (n == 8) {
+      if (n == 8 && column % 8 == 0) {
         Bytes16 run;
         for (int e = 0; e < 4; ++e) run.v[e] = pack_bf16(scale * v[2 * e], scale * v[2 * e + 1]);
         *reinterpret_cast<Bytes16*>(values + column) = run;

@@ -601,7 +601,7 @@ struct FloatX {
 // Blocks of F a lane loads the parts of before it uses the first: a warp's
 // round is 2.3 KB of Q4_K (3.4 KB of Q6_K, 1.2 KB of Q4_0 and 2.2 KB of
 // Q8_0, whose blocks of 32 take twice the depth). A block at a time (the
-// one-warp-per-row GEMVs and the experts' rows until e7a6c80), a warp's
+// one-warp-per-row GEMVs and the experts' rows until 2026-11-30), a warp's
 // round was 576 bytes of Q4_K: at the ~40 warps an H200's SM held, ~23 KB
 // in flight an SM, where its 4.16 TB/s at a microsecond's latency asks
 // ~31 KB.
