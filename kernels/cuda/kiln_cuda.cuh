@@ -544,23 +544,48 @@ __device__ __forceinline__ i64 cache_slot(const i64* block_tables, int b, int bl
   return block_tables[(i64)b * blocks_per_seq + block] * block_size + (p - block * size);
 }
 
+// Splits merged a round at a time (merged_split): every load of a round is
+// issued before the first is used.
+#define KILN_MERGE_SPLITS 8
+
 // Value d of one (row, head)'s output merged from its gridDim.z partial
-// results parts[z · (head_dim + 2)]: [m, l, acc...] (other blocks wrote them:
-// read past L1).
-__device__ __forceinline__ float merged_split(const volatile float* parts, int head_dim, int d) {
-  int splits = gridDim.z;
-  float m_all = KILN_NEG_INF;
-  for (int z = 0; z < splits; ++z)
-    if (parts[z * (head_dim + 2) + 1] > 0.0f) m_all = fmaxf(m_all, parts[z * (head_dim + 2)]);
-  float total = 0.0f, sum = 0.0f;
-  for (int z = 0; z < splits; ++z) {
-    const volatile float* part = parts + z * (head_dim + 2);
-    float l = part[1];
-    if (l > 0.0f) {
-      float weight = expf(part[0] - m_all);
-      total += l * weight;
-      sum += part[2 + d] * weight;
+// results parts[z · stride]: [m, l, acc...] (other blocks wrote them: read
+// at L2, past L1). A round's KILN_MERGE_SPLITS splits are loaded together
+// and folded into the running max and sums, so an output costs a few L2
+// round trips, not two a split (`volatile` loads, each tested before the
+// next was read, took ~38 µs a layer at 16 splits on the H200: a batch-1
+// Llama-3-8B layer's attention, bench/results/gpu-2026-11-30b). Up to
+// KILN_MERGE_SPLITS splits the sums are those of one pass in split order.
+__device__ __forceinline__ float merged_split(const float* parts, int stride, int d) {
+  const int splits = gridDim.z;
+  float m_all = KILN_NEG_INF, total = 0.0f, sum = 0.0f;
+  for (int z0 = 0; z0 < splits; z0 += KILN_MERGE_SPLITS) {
+    float m[KILN_MERGE_SPLITS], l[KILN_MERGE_SPLITS], acc[KILN_MERGE_SPLITS];
+#pragma unroll
+    for (int j = 0; j < KILN_MERGE_SPLITS; ++j) {
+      const float* part = parts + (i64)(z0 + j) * stride;
+      const bool in = z0 + j < splits;
+      m[j] = in ? __ldcg(part) : KILN_NEG_INF;
+      l[j] = in ? __ldcg(part + 1) : 0.0f;
+      acc[j] = in ? __ldcg(part + 2 + d) : 0.0f;
     }
+    float m_new = m_all;
+#pragma unroll
+    for (int j = 0; j < KILN_MERGE_SPLITS; ++j)
+      if (l[j] > 0.0f) m_new = fmaxf(m_new, m[j]);
+    // Equal maxima (none seen yet included): nothing to rescale.
+    const float correction = m_new == m_all ? 1.0f : expf(m_all - m_new);
+    total *= correction;
+    sum *= correction;
+#pragma unroll
+    for (int j = 0; j < KILN_MERGE_SPLITS; ++j) {
+      if (l[j] > 0.0f) {
+        const float weight = expf(m[j] - m_new);
+        total += l[j] * weight;
+        sum += acc[j] * weight;
+      }
+    }
+    m_all = m_new;
   }
   return total > 0.0f ? sum / total : 0.0f;  // no keys: padding
 }
@@ -621,8 +646,8 @@ __device__ __forceinline__ void merge_head_splits(float* out, float* partials, u
   if (!last_block_done(split_counters + row * gridDim.y + blockIdx.y, gridDim.z)) return;
   for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
     i64 head_row = row * num_heads + first_head + i / head_dim;
-    const volatile float* parts = partials + head_row * gridDim.z * (head_dim + 2);
-    store_as(out, head_row * head_dim + i % head_dim, merged_split(parts, head_dim, i % head_dim), out_type);
+    const float* parts = partials + head_row * gridDim.z * (head_dim + 2);
+    store_as(out, head_row * head_dim + i % head_dim, merged_split(parts, head_dim + 2, i % head_dim), out_type);
   }
 }
 

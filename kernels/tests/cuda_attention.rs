@@ -63,11 +63,12 @@ fn attention_case(
         head_dim: d,
     };
     let stride = kv_heads * d;
-    // (context after the step, rows fed): a decode row with a long context,
+    // (context after the step, rows fed): a decode row with a long context
+    // (10 cache blocks: split in one, two merge rounds of splits),
     // a chunk in mid-sequence, a context exactly at a block boundary, a
     // whole prompt one past it, and a decode row with one cached position.
     let shapes = [
-        (4 * bs + 3, 1),
+        (9 * bs + 3, 1),
         (3 * bs - 2, 5),
         (2 * bs, 3),
         (bs + 1, bs + 1),
