@@ -190,6 +190,11 @@ struct __align__(16) Bytes16 {
   unsigned int v[4];
 };
 
+// Two floats, for 64-bit stores.
+struct __align__(8) FloatPair {
+  float x, y;
+};
+
 // A 16-byte load of data read once (weights): not kept in L1, so what is
 // read again (the activations every warp reads) stays there. Only for data
 // nothing writes while the kernel chain runs (weights; a sampler's logits,
