@@ -96,13 +96,22 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
   // Positions fit 32 bits (cache_slot takes them so).
   const int first_key = (int)first, last_key = (int)last;
   float o[D / 16][4] = {}, m = KILN_NEG_INF, l = 0.0f;
-  for (int base = (first_key & ~(KILN_DECODE_KEYS - 1)) + warp * KILN_DECODE_KEYS; base <= last_key;
-       base += KILN_DECODE_WARPS * KILN_DECODE_KEYS) {
-    // Lane j (and j + 16) looks up the cache slot of key base + j % 16, and
-    // hands it to the lanes that read it: one lookup a lane, not six. A key
-    // outside first..last reads one inside, weighted 0 below.
-    const unsigned slot = (unsigned)cache_slot(block_tables, b, blocks_per_seq, block_size,
-                                               min(max(base + lane % KILN_DECODE_KEYS, first_key), last_key));
+  // Lane j (and j + 16) looks up the cache slot of key base + j % 16, and
+  // hands it to the lanes that read it: one lookup a lane, not six. A key
+  // outside first..last reads one inside, weighted 0 below. The next
+  // chunk's block-table entry is loaded at the top of a chunk and used at
+  // its end, in flight while this chunk's keys are read and used.
+  constexpr int ROUND = KILN_DECODE_WARPS * KILN_DECODE_KEYS;
+  const unsigned size = (unsigned)block_size;
+  const i64* table = block_tables + (i64)b * blocks_per_seq;
+  auto key_of = [&](int base) { return (unsigned)min(max(base + lane % KILN_DECODE_KEYS, first_key), last_key); };
+  int base = (first_key & ~(KILN_DECODE_KEYS - 1)) + warp * KILN_DECODE_KEYS;
+  // (A padding row, last_key -1, looks up nothing.)
+  unsigned slot =
+      base <= last_key ? (unsigned)cache_slot(block_tables, b, blocks_per_seq, block_size, key_of(base)) : 0u;
+  for (; base <= last_key; base += ROUND) {
+    const unsigned next_key = key_of(base + ROUND);
+    const i64 next_block = table[next_key / size];
     auto at = [&](int j, int d) {
       return (i64)__shfl_sync(KILN_FULL_MASK, slot, j) * stride + kv_head * D + d;
     };
@@ -193,6 +202,7 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
         mma_bf16_16816(acc, va, pb);
       }
     }
+    slot = (unsigned)(next_block * size + next_key % size);
   }
 
   // The warps' states merged per head: each lane's sum of weights over its
