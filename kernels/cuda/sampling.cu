@@ -56,15 +56,24 @@ struct KilnAdjust {
 // `weight` in sorted order (value descending, index ascending) first reaches
 // `target`; -1 when the members' total falls short. A target ≤ 0 selects the
 // first member. Every thread gets the result. `found` is two shared ints.
+//
+// Each element's weight in the selection (-1 for a non-member) is worked out
+// once, into the row's `selected` scratch, and every later pass reads it
+// there: the predicates and weights (an expf and a division an element for
+// probabilities) cost a pass each, and a selection makes 35 of them. A
+// thread reads back only the elements it wrote until the ties' scan, behind
+// a barrier; the sums are those the predicates gave.
 template <typename Member, typename Weight>
-__device__ int prefix_select(const float* v, int n, Member member, Weight weight, float target,
+__device__ int prefix_select(const float* v, float* selected, int n, Member member, Weight weight, float target,
                              float* scratch, float* scan, int* found) {
   const bool first_member = !(target > 0.0f);
   if (first_member) target = 1.0f;
-  auto weight_of = [&](int i) { return first_member ? 1.0f : weight(i); };
   float total = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    if (member(i)) total += weight_of(i);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float weight_i = member(i) ? (first_member ? 1.0f : weight(i)) : -1.0f;
+    selected[i] = weight_i;
+    if (weight_i >= 0.0f) total += weight_i;
+  }
   total = block_sum(total, scratch);
   if (total < target) return -1;
   // The largest key K with Σ_{key ≥ K} weight ≥ target, bit by bit.
@@ -72,23 +81,26 @@ __device__ int prefix_select(const float* v, int n, Member member, Weight weight
   for (int bit = 31; bit >= 0; --bit) {
     unsigned int candidate = k | (1u << bit);
     float sum = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-      if (member(i) && order_key(v[i]) >= candidate) sum += weight_of(i);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float weight_i = selected[i];
+      if (weight_i >= 0.0f && order_key(v[i]) >= candidate) sum += weight_i;
+    }
     if (block_sum(sum, scratch) >= target) k = candidate;
   }
   // The mass strictly above K, then the ties at K in index order: each
   // thread scans a contiguous chunk after an exclusive scan of the chunks.
   float above = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x)
-    if (member(i) && order_key(v[i]) > k) above += weight_of(i);
+    if (selected[i] >= 0.0f && order_key(v[i]) > k) above += selected[i];
   above = block_sum(above, scratch);
   int chunk = (n + blockDim.x - 1) / blockDim.x;
   int begin = min(n, (int)threadIdx.x * chunk), end = min(n, begin + chunk);
   float mine = 0.0f;
   int last_tie = -1;
+  __syncthreads();  // the chunks' elements, other threads' writes
   for (int i = begin; i < end; ++i)
-    if (member(i) && order_key(v[i]) == k) {
-      mine += weight_of(i);
+    if (selected[i] >= 0.0f && order_key(v[i]) == k) {
+      mine += selected[i];
       last_tie = i;
     }
   scan[threadIdx.x] = mine;
@@ -108,8 +120,8 @@ __device__ int prefix_select(const float* v, int n, Member member, Weight weight
   __syncthreads();
   float running = above + scan[threadIdx.x];
   for (int i = begin; i < end; ++i)
-    if (member(i) && order_key(v[i]) == k) {
-      running += weight_of(i);
+    if (selected[i] >= 0.0f && order_key(v[i]) == k) {
+      running += selected[i];
       if (running >= target) {
         atomicMin(&found[0], i);
         break;
@@ -309,8 +321,9 @@ __device__ int first_candidate(int limit, Pred pred, int* found) {
 // The pick of a row with a mask, penalties, a logit bias or bans, or
 // sampled: the adjusted logits go to `w`, then greedy takes the first
 // largest and sampling walks the draw along the sorted survivors; -1 when
-// none survives.
-__device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w, const KilnSampleParams& p,
+// none survives. `selected` is prefix_select's scratch of the row.
+__device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w, float* __restrict__ selected,
+                             const KilnSampleParams& p,
                              const KilnAdjust* __restrict__ adjust, const unsigned int* __restrict__ masks,
                              int vocab, float* scratch, float* scan, int* found, SampleCandidates& cand) {
   // The mask, then penalties, the logit bias and bans, on a copy (a masked
@@ -372,7 +385,7 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     int kth = -1;
     if (has_k)
       kth = p.top_k <= n ? cand.index[p.top_k - 1]
-                         : prefix_select(w, vocab, is_finite, one, (float)p.top_k, scratch, scan, found);
+                         : prefix_select(w, selected, vocab, is_finite, one, (float)p.top_k, scratch, scan, found);
     auto in_top_k = [&](int i) { return finite(w[i]) && (kth < 0 || not_after(w, i, kth)); };
     // Softmax over the survivors: the first of them holds the maximum.
     float best = best_all, total = total_all;
@@ -414,7 +427,7 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
       if (at >= 0)
         pth = cand.index[at];
       else if (!inside)
-        pth = prefix_select(w, vocab, above_floor, prob, p.top_p, scratch, scan, found);
+        pth = prefix_select(w, selected, vocab, above_floor, prob, p.top_p, scratch, scan, found);
     }
     auto kept = [&](int i) { return above_floor(i) && (pth < 0 || not_after(w, i, pth)); };
     // The kept tokens, a prefix too: the candidates' first `kept_end`.
@@ -463,12 +476,12 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
       // Nothing kept but the draft, which had all the mass and was kept.
       token = skip;
     } else {
-      token = prefix_select(w, vocab, kept_other, prob, target, scratch, scan, found);
+      token = prefix_select(w, selected, vocab, kept_other, prob, target, scratch, scan, found);
       if (token < 0 && finite_count > 0) {
         float kept_count = 0.0f;
         for (int i = threadIdx.x; i < vocab; i += blockDim.x) kept_count += kept_other(i) ? 1.0f : 0.0f;
         kept_count = block_sum(kept_count, scratch);
-        token = prefix_select(w, vocab, kept_other, one, kept_count, scratch, scan, found);
+        token = prefix_select(w, selected, vocab, kept_other, one, kept_count, scratch, scan, found);
       }
     }
   }
@@ -477,7 +490,8 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
 
 // logits [rows, vocab] → tokens [rows]; log-probabilities of the chosen tokens
 // [rows] and of the top `max_top` [rows, max_top] (ids and values); `work`
-// [rows, vocab] is scratch. `masks`: the rows' allowed-token masks,
+// [rows, 2, vocab] is scratch (a row's adjusted logits, then prefix_select's
+// weights). `masks`: the rows' allowed-token masks,
 // (vocab + 31) / 32 words each, where their params say.
 extern "C" __global__ void __launch_bounds__(KILN_SAMPLE_THREADS) kiln_sample(const float* __restrict__ logits, float* __restrict__ work,
                                        const KilnSampleParams* __restrict__ params,
@@ -492,7 +506,8 @@ extern "C" __global__ void __launch_bounds__(KILN_SAMPLE_THREADS) kiln_sample(co
   const int row = blockIdx.x;
   const KilnSampleParams p = params[row];
   const float* x = logits + (i64)row * vocab;
-  float* w = work + (i64)row * vocab;
+  float* w = work + (i64)row * 2 * vocab;
+  float* selected = w + vocab;
 
   // Log-probabilities of the raw row, when asked for.
   float m = KILN_NEG_INF, log_z = 0.0f;
@@ -511,7 +526,7 @@ extern "C" __global__ void __launch_bounds__(KILN_SAMPLE_THREADS) kiln_sample(co
     token = vectors ? first_largest_row(x, vocab, found)
                     : first_largest(vocab, [&](int i) { return x[i] == x[i] ? x[i] : KILN_NEG_INF; }, found);
   } else {
-    token = adjusted_pick(x, w, p, adjust, masks, vocab, scratch, scan, found, cand);
+    token = adjusted_pick(x, w, selected, p, adjust, masks, vocab, scratch, scan, found, cand);
   }
   // Nothing survived the filters (no finite logit after the temperature):
   // the first largest logit, as the host does.

@@ -76,7 +76,9 @@ impl SampleBuffers {
             }
             let (rows, vocab) = (rows.max(self.rows), vocab.max(self.vocab));
             self.free_rows(device);
-            self.work = alloc(rows * vocab * 4)?;
+            // Two f32 rows a row: the adjusted logits and the weights of
+            // a selection past the sorted candidates (`prefix_select`).
+            self.work = alloc(rows * 2 * vocab * 4)?;
             self.params = alloc(rows * PARAMS_BYTES)?;
             self.tokens = alloc(rows * 4)?;
             self.logprobs = alloc(rows * 4)?;
