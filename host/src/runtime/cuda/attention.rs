@@ -384,8 +384,8 @@ fn flash_kernel(element: KvElement, head_dim: usize) -> Option<&'static str> {
 /// products). Its loop issues ~350 instructions a warp for 16 keys of
 /// 128 values (sm_90 SASS), the grouped kernel's ~2,300: at 64 decode rows
 /// of Llama-3-8B the CUDA-core kernel was bound by issue (57.8 µs a layer on
-/// the H200 for ~42 MB of cache), this one by memory (~10 µs by arithmetic;
-/// unmeasured on a GPU).
+/// the H200 for ~42 MB of cache), this one takes 27.2 µs
+/// (`bench/results/gpu-2026-11-30b`; ~10 µs at the copy rate).
 fn decode_kernel(
     element: KvElement,
     num_heads: usize,
@@ -460,7 +460,10 @@ const BLOCKS_PER_SPLIT: usize = 4;
 /// of an H100's or H200's 132 multiprocessors. On the H200 a batch-1
 /// Llama-3-8B step at ~200 positions split four ways (eight blocks of
 /// heads a row, 32 blocks in all) took 31.6 µs a layer under Nsight Compute
-/// (`bench/results/gpu-2026-11-30`): a tenth of the step.
+/// (`bench/results/gpu-2026-11-30`): a tenth of the step; split 16 ways on
+/// tensor cores, 38.6 µs, its last block merging the splits by a chain of
+/// dependent L2 loads (since loaded a round of splits at a time:
+/// `merged_split`; unmeasured).
 const TARGET_BLOCKS: usize = 264;
 /// Splits per row at most.
 const MAX_SPLITS: usize = 32;
