@@ -60,7 +60,7 @@ struct KilnAdjust {
 // Each element's weight in the selection (-1 for a non-member) is worked out
 // once, into the row's `selected` scratch, and every later pass reads it
 // there: the predicates and weights (an expf and a division an element for
-// probabilities) cost a pass each, and a selection makes 35 of them. A
+// probabilities) cost a pass each, and a selection makes 19 of them. A
 // thread reads back only the elements it wrote until the ties' scan, behind
 // a barrier; the sums are those the predicates gave.
 template <typename Member, typename Weight>
@@ -76,16 +76,27 @@ __device__ int prefix_select(const float* v, float* selected, int n, Member memb
   }
   total = block_sum(total, scratch);
   if (total < target) return -1;
-  // The largest key K with Σ_{key ≥ K} weight ≥ target, bit by bit.
+  // The largest key K with Σ_{key ≥ K} weight ≥ target, two bits a pass:
+  // the sums at K's next two bits 01, 10 and 11 in one pass, the same sums
+  // (each thread's elements in the same order) that bisection bit by bit
+  // would take in two, and as they only shrink as the key grows, the largest
+  // digit reaching the target is the one bisection finds.
   unsigned int k = 0;
-  for (int bit = 31; bit >= 0; --bit) {
-    unsigned int candidate = k | (1u << bit);
-    float sum = 0.0f;
+  for (int low = 30; low >= 0; low -= 2) {
+    float sum[3] = {0.0f, 0.0f, 0.0f};
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const float weight_i = selected[i];
-      if (weight_i >= 0.0f && order_key(v[i]) >= candidate) sum += weight_i;
+      if (weight_i < 0.0f) continue;
+      const unsigned int key = order_key(v[i]);
+#pragma unroll
+      for (unsigned int digit = 1; digit <= 3; ++digit)
+        if (key >= (k | digit << low)) sum[digit - 1] += weight_i;
     }
-    if (block_sum(sum, scratch) >= target) k = candidate;
+    unsigned int reached = 0;
+#pragma unroll
+    for (unsigned int digit = 1; digit <= 3; ++digit)
+      if (block_sum(sum[digit - 1], scratch) >= target) reached = digit;
+    k |= reached << low;
   }
   // The mass strictly above K, then the ties at K in index order: each
   // thread scans a contiguous chunk after an exclusive scan of the chunks.
@@ -173,7 +184,7 @@ __device__ int first_largest_of(int n, Value value, Member member, int* found) {
 }
 
 // first_largest_of every element: greedy's pick in one pass, where
-// prefix_select takes 34.
+// prefix_select takes 19.
 template <typename Value>
 __device__ int first_largest(int n, Value value, int* found) {
   return first_largest_of(n, value, [](int) { return true; }, found);
@@ -230,7 +241,7 @@ __device__ __forceinline__ bool finite(float x) { return x == x && fabsf(x) <= 3
 // probabilities. They are always a prefix of the row's sorted order, so a
 // cut or a draw that lands among them is taken there by one thread walking
 // them as the host sampler walks its sorted vector (the same sums in the
-// same order), in a pass and a sort instead of prefix_select's 34 passes
+// same order), in a pass and a sort instead of prefix_select's 19 passes
 // over the row a selection.
 #define KILN_SAMPLE_CANDIDATES 2048
 // Candidates are the tokens of probability at least 1 / KILN_SAMPLE_LIKELY
