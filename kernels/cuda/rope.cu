@@ -1,8 +1,16 @@
 // Rotary position embedding of x [T, heads, 2·half] at positions [T]: a
 // row of blocks per token (gridDim.y of them, each taking every gridDim.y-th
 // stretch of blockDim.x (head, pair)s; one where the tokens alone fill the
-// GPU), a thread per (head, pair) (up to 1024).
+// GPU), a thread per (head, pair) (up to KILN_ROPE_THREADS).
 #include "kiln_cuda.cuh"
+
+// Threads of a rotary block at most: four blocks an SM (64 registers a
+// thread), each a token or part of one, so that one block's loads run while
+// another works out its cos and sin or waits for its row's position. Blocks
+// of 1024 threads held an SM each and took a token at a time: a 2048-token
+// prefill's launch took 86.7 µs a layer on the H200 for ~90 MB (2026-11-30).
+// The host's `ROPE_THREADS` (attention.rs).
+#define KILN_ROPE_THREADS 256
 
 // `interleaved` rotates adjacent pairs (GGUF llama), else the two halves
 // (NeoX / Hugging Face). `scale` multiplies cos and sin (YaRN). A second
@@ -62,7 +70,7 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
   }
 }
 
-extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rope(KILN_ROPE_PARAMS) {
+extern "C" __global__ void __launch_bounds__(KILN_ROPE_THREADS, 4) kiln_rope(KILN_ROPE_PARAMS) {
   kiln_wait_inputs();
   rope_token<float>(KILN_ROPE_ARGS, nullptr);
 }
@@ -93,17 +101,17 @@ __device__ void rope_write_kv(KILN_ROPE_PARAMS, const float* __restrict__ v, C* 
       const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size
 #define KILN_ROPE_CACHE_ARGS v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size
 
-extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rope_write_kv(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(float)) {
+extern "C" __global__ void __launch_bounds__(KILN_ROPE_THREADS, 4) kiln_rope_write_kv(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(float)) {
   kiln_wait_inputs();
   rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rope_write_kv_bf16(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(bf16_bits)) {
+extern "C" __global__ void __launch_bounds__(KILN_ROPE_THREADS, 4) kiln_rope_write_kv_bf16(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(bf16_bits)) {
   kiln_wait_inputs();
   rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
 }
 
-extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rope_write_kv_fp8(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(fp8_e4m3)) {
+extern "C" __global__ void __launch_bounds__(KILN_ROPE_THREADS, 4) kiln_rope_write_kv_fp8(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(fp8_e4m3)) {
   kiln_wait_inputs();
   rope_write_kv(KILN_ROPE_ARGS, KILN_ROPE_CACHE_ARGS);
 }

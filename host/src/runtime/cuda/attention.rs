@@ -438,17 +438,26 @@ fn grouped_kernel(
 }
 
 /// The rotary launch of `tokens` rows of `work` (head, pair)s or cached
-/// values each: a block per row and stretch of up to 1024 of them, as many
-/// stretches as a row has while the launch stays within [`TARGET_BLOCKS`] (at
-/// 64 decode rows of Llama-3-8B a block a row took 9.8 µs a layer on the
-/// H200, its 2,560 rotations in three rounds behind a chain of dependent
-/// loads, on 64 of 132 multiprocessors).
+/// values each: a block per row and stretch of up to [`ROPE_THREADS`] of
+/// them, as many stretches as a row has while the launch stays within one
+/// wave ([`ROPE_WAVE`]). At 64 decode rows of Llama-3-8B a block a row took
+/// 9.8 µs a layer on the H200, its 2,560 rotations in three rounds behind a
+/// chain of dependent loads, on 64 of 132 multiprocessors; three blocks of
+/// 1024 a row, 9.1 µs; a 2048-token prefill's block of 1024 a token, one an
+/// SM, 86.7 µs (`bench/results/gpu-2026-11-30b`).
 fn rope_config(tokens: usize, work: usize) -> LaunchConfig {
-    let threads = row_threads(work);
+    let threads = row_threads(work).min(ROPE_THREADS);
     let stretches = work.div_ceil(threads as usize);
-    let splits = stretches.min(TARGET_BLOCKS / tokens.max(1)).max(1);
+    let splits = stretches.min(ROPE_WAVE / tokens.max(1)).max(1);
     LaunchConfig::new((tokens as u32, splits as u32, 1), (threads, 1, 1))
 }
+
+/// Threads of a rotary block at most (`KILN_ROPE_THREADS` in rope.cu, its
+/// kernels' launch bound).
+const ROPE_THREADS: u32 = 256;
+/// Rotary blocks an H100's or H200's 132 multiprocessors hold at once, four
+/// each.
+const ROPE_WAVE: usize = 4 * 132;
 
 /// Rows of a step up to which attention splits each row's keys (decode
 /// batches; more rows fill the GPU without splitting).
@@ -521,13 +530,15 @@ mod tests {
 
     #[test]
     fn rotary_rows_split_into_stretches_until_the_launch_fills_the_gpu() {
-        // Llama-3-8B's q and k (40 heads of 64 pairs) at 64 rows: three
-        // stretches of 1024; at 128 rows two (256 blocks); past 132 rows
-        // one; a tiny model's 96 rotations, one stretch of 96 threads.
+        // Llama-3-8B's q and k (40 heads of 64 pairs, ten stretches of
+        // 256) at 64 rows: eight stretches a row (512 blocks, one wave of
+        // four an SM); at 128 rows four; past 264 rows one, as in a
+        // prefill; a tiny model's 96 rotations, one stretch of 96 threads.
         let shape = |c: LaunchConfig| (c.grid, c.block.0);
-        assert_eq!(shape(rope_config(64, 2560)), ((64, 3, 1), 1024));
-        assert_eq!(shape(rope_config(128, 2560)), ((128, 2, 1), 1024));
-        assert_eq!(shape(rope_config(133, 2560)), ((133, 1, 1), 1024));
+        assert_eq!(shape(rope_config(64, 2560)), ((64, 8, 1), 256));
+        assert_eq!(shape(rope_config(128, 2560)), ((128, 4, 1), 256));
+        assert_eq!(shape(rope_config(265, 2560)), ((265, 1, 1), 256));
+        assert_eq!(shape(rope_config(2048, 2560)), ((2048, 1, 1), 256));
         assert_eq!(shape(rope_config(1, 96)), ((1, 1, 1), 96));
     }
 
