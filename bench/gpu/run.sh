@@ -288,6 +288,9 @@ nsight_compute() {
 
 # Each run's kernel time against its wall time, per kernel
 # (bench/gpu/kernels.py), with whichever Nsight tool the machine has.
+# Nsight Compute runs with the clocks left alone (`--clock-control none`):
+# by default it locks them at base (1.36 GHz on the H200 on 2026-11-30,
+# against ~1.98 in a benchmark), and serializes kernels either way.
 profile() {
   . tests/gpu/env.sh
   local nsys ncu
@@ -318,7 +321,7 @@ profile() {
         | tee "$results/$name.md"
       rm -f "$results/$name.nsys-rep" "$results/$name.sqlite"
     elif [ -n "$ncu" ]; then
-      "$ncu" --csv --metrics gpu__time_duration.sum --profile-from-start off --launch-count 2000 \
+      "$ncu" --csv --clock-control none --metrics gpu__time_duration.sum --profile-from-start off --launch-count 2000 \
         "${cmd[@]}" > "$results/$name.ncu.csv" 2> "$results/$name.log" || { echo "FAILED: $name"; continue; }
       python3 bench/gpu/kernels.py ncu "$results/$name.ncu.csv" | tee "$results/$name.md"
     else
@@ -343,7 +346,7 @@ kernel_memory() {
     weights_of "$dtype"
     local name=memory-$kernel-llama3-8b-$dtype-$batch
     echo "== $name"
-    KILN_PROFILE_STEPS=decode:16..17 "$ncu" --csv --page details --profile-from-start off \
+    KILN_PROFILE_STEPS=decode:16..17 "$ncu" --csv --clock-control none --page details --profile-from-start off \
       --kernel-name "regex:$kernel" --launch-count 12 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section Occupancy \
       "$bin/host" benchmark --shape llama3-8b "${weights[@]}" --device "$device" \
