@@ -95,6 +95,12 @@ part kiln-bf16 90 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench/
 # since worked out once, not on each of its 35 passes.
 part sampled 80 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh sampled
 part decode-attention 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh decode-attention
+# Kernels written without a GPU under compute-sanitizer's memcheck (seen to
+# work on the Firecracker machines): padded decode batches through graphs
+# (split attention and its merge, the rotary launch), the KV caches, the
+# device sampler. Reported in gpu-memcheck.md.
+part memcheck 120 env KILN_GPU_SUITE_MEMCHECK=1 KILN_GPU_SUITE_ONLY="decode-graphs kv-cache device-sampler" \
+  KILN_GPU_SUITE_TIMEOUT=100 tests/gpu/run.sh suite
 # Where a batch-1 step's time goes (Nsight; and Q4_K_M's at 16 streams,
 # where the tensor-core product of packed blocks took 11.8 ms a step on
 # 2026-11-30 against bf16's 6.1 ms on cuBLAS), and how its GEMVs (batch 1)
@@ -131,7 +137,8 @@ cat "$log" "$results/gpu-bench.md"
 if [ -n "${OUT:-}" ]; then
   cp "$log" "$results/gpu-bench.md" "$OUT/"
   [ -f /tmp/kiln-gpu/out/gpu-suite.md ] && cp /tmp/kiln-gpu/out/gpu-suite.md "$OUT/"
-  tar -C /tmp/kiln-gpu -czf "$OUT/lease-logs.tar.gz" bench out 2>/dev/null
-  rm -f "$OUT/gpu-bench-json.tar.gz" "$OUT/gpu-suite-logs.tar.gz"
+  [ -f /tmp/kiln-gpu/out-memcheck/gpu-memcheck.md ] && cp /tmp/kiln-gpu/out-memcheck/gpu-memcheck.md "$OUT/"
+  tar -C /tmp/kiln-gpu -czf "$OUT/lease-logs.tar.gz" bench out out-memcheck 2>/dev/null
+  rm -f "$OUT/gpu-bench-json.tar.gz" "$OUT"/gpu-*-logs.tar.gz
 fi
 exit 0

@@ -5,6 +5,10 @@
 #                 real driver, writing $OUT/gpu-suite.md and, as the device
 #                 tool returns at most 8 files, one log per suite packed in
 #                 $OUT/gpu-suite-logs.tar.gz
+# KILN_GPU_SUITE_ONLY (names, space-separated) runs those suites alone;
+# KILN_GPU_SUITE_MEMCHECK=1 runs them under compute-sanitizer's memcheck
+# (an out-of-bounds or misaligned access fails the suite), reporting to
+# gpu-memcheck.md and its own logs instead.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = stage ]; then
@@ -16,10 +20,18 @@ fi
 [ "${1:-}" = suite ] || { echo "usage: run.sh stage|suite" >&2; exit 2; }
 
 . tests/gpu/env.sh
-out=$stage/out
+memcheck=${KILN_GPU_SUITE_MEMCHECK:-}
+sanitizer=
+if [ -n "$memcheck" ]; then
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  out=$stage/out-memcheck
+  report=$out/gpu-memcheck.md
+else
+  out=$stage/out
+  report=$out/gpu-suite.md
+fi
 rm -rf "$out"
 mkdir -p "$out"
-report=$out/gpu-suite.md
 # Each package's wheel for this Python, from the carried ones.
 packages=$(ls .gpu/suite/wheels | sed 's/-[0-9].*//' | sort -u)
 # shellcheck disable=SC2086
@@ -59,6 +71,16 @@ suite() {
   if [[ " ${KILN_GPU_SUITE_SKIP:-} " == *" $name "* ]]; then
     echo "| $name | skipped (KILN_GPU_SUITE_SKIP) | |" >> "$report"
     return
+  fi
+  if [ -n "${KILN_GPU_SUITE_ONLY:-}" ] && [[ " $KILN_GPU_SUITE_ONLY " != *" $name "* ]]; then
+    return
+  fi
+  if [ -n "$memcheck" ]; then
+    if [ -z "$sanitizer" ]; then
+      echo "| $name | not run: no compute-sanitizer on this machine | |" >> "$report"
+      return
+    fi
+    set -- "$sanitizer" --tool memcheck --error-exitcode 1 --print-limit 20 "$@"
   fi
   local started=$SECONDS limit=${SUITE_LIMIT:-${KILN_GPU_SUITE_TIMEOUT:-180}}
   # A hung suite must not take the rest of the lease with it.
@@ -121,5 +143,5 @@ fi
 cat "$report"
 if [ -n "${OUT:-}" ]; then
   cp "$report" "$OUT/"
-  tar -C "$out" -czf "$OUT/gpu-suite-logs.tar.gz" .
+  tar -C "$out" -czf "$OUT/$(basename "$report" .md)-logs.tar.gz" .
 fi
