@@ -24,25 +24,36 @@ fn load(device: DeviceChoice) -> Model {
 }
 
 fn cache(model: &Model) -> KvCache {
+    cache_of(model, 16)
+}
+
+/// A cache of `blocks` blocks of BLOCK_SIZE positions.
+fn cache_of(model: &Model, blocks: usize) -> KvCache {
     let layout = CacheLayout {
         block_size: BLOCK_SIZE,
         num_kv_heads: model.config.kv.num_kv_heads as usize,
         head_dim: model.config.kv.head_dim as usize,
     };
     let layers = model.config.kv.num_layers as usize;
-    model.backend.new_kv_cache(layers, 16, layout).unwrap()
+    model.backend.new_kv_cache(layers, blocks, layout).unwrap()
 }
 
 /// The batch of `sequences` (index, tokens, start); every sequence owns
 /// blocks 2i and 2i + 1.
 fn batch(sequences: &[(u32, Vec<u32>, usize)]) -> StepBatch {
+    batch_of(sequences, 2)
+}
+
+/// The batch of `sequences` (index, tokens, start); sequence i owns blocks
+/// `width` · i onwards, `width` of them.
+fn batch_of(sequences: &[(u32, Vec<u32>, usize)], width: u32) -> StepBatch {
     StepBatch {
         sequences: sequences
             .iter()
             .map(|(i, tokens, start)| StepSequence {
                 tokens: tokens.clone(),
                 start: *start,
-                blocks: vec![2 * i, 2 * i + 1],
+                blocks: (width * i..width * (i + 1)).collect(),
                 wants_logits: true,
             })
             .collect(),
@@ -53,11 +64,22 @@ fn batch(sequences: &[(u32, Vec<u32>, usize)]) -> StepBatch {
 /// One step of `sequences` (index, tokens, start); every sequence owns
 /// blocks 2i and 2i + 1. Returns each one's last-token logits.
 fn step(model: &Model, cache: &mut KvCache, sequences: &[(u32, Vec<u32>, usize)]) -> Vec<Vec<f32>> {
+    step_of(model, cache, sequences, 2)
+}
+
+/// One step of `sequences` as [`batch_of`] lays them out: each one's
+/// last-token logits.
+fn step_of(
+    model: &Model,
+    cache: &mut KvCache,
+    sequences: &[(u32, Vec<u32>, usize)],
+    width: u32,
+) -> Vec<Vec<f32>> {
     run_step(
         model.backend.as_ref(),
         &Pipeline::Decoder,
         cache,
-        &batch(sequences),
+        &batch_of(sequences, width),
     )
     .unwrap()
     .into_iter()
@@ -238,6 +260,44 @@ fn long_context_decode_splits_attention_and_matches_the_cpu() {
         );
         last = a;
     }
+}
+
+/// Past 16 rows, long contexts split too (`long_context_splits`): a step of
+/// 21 rows, a decode row and a 20-token chunk, over block tables 128 cache
+/// blocks wide (the f32 cache's grouped kernels) splits each row's keys two
+/// ways and gives the CPU backend's logits; so do the 100-row prefill
+/// chunks before it.
+#[test]
+fn many_rows_over_long_contexts_split_attention_and_match_the_cpu() {
+    const WIDTH: u32 = 128;
+    let (cpu, cuda) = (
+        load(DeviceChoice::Cpu),
+        load(kiln_tests::models::cuda_test_device()),
+    );
+    let blocks = 2 * WIDTH as usize;
+    let (mut cpu_cache, mut cuda_cache) = (cache_of(&cpu, blocks), cache_of(&cuda, blocks));
+    let mut both = |sequences: &[(u32, Vec<u32>, usize)], what: &str| {
+        let a = step_of(&cpu, &mut cpu_cache, sequences, WIDTH);
+        let b = step_of(&cuda, &mut cuda_cache, sequences, WIDTH);
+        assert_close(&a, &b, what);
+        a
+    };
+    let prompt =
+        |seed: u32, n: u32| -> Vec<u32> { (0..n).map(|i| (i * 31 + seed) % 768).collect() };
+    let (first, second) = (prompt(11, 500), prompt(5, 480));
+    for (i, tokens) in [(0u32, &first), (1, &second)] {
+        for (c, chunk) in tokens.chunks(100).enumerate() {
+            both(
+                &[(i, chunk.to_vec(), 100 * c)],
+                &format!("sequence {i} chunk {c}"),
+            );
+        }
+    }
+    let extra = prompt(7, 20);
+    both(
+        &[(0, vec![3], first.len()), (1, extra, second.len())],
+        "a decode row and a 20-token chunk at ~500 positions",
+    );
 }
 
 /// A token id past the vocabulary is reported by the embedding kernel (the

@@ -459,8 +459,9 @@ const ROPE_THREADS: u32 = 256;
 /// each.
 const ROPE_WAVE: usize = 4 * 132;
 
-/// Rows of a step up to which attention splits each row's keys (decode
-/// batches; more rows fill the GPU without splitting).
+/// Rows of a step up to which attention splits each row's keys to fill the
+/// GPU (decode batches; more rows split only long contexts, to even out the
+/// launch's waves: [`long_context_splits`]).
 const SPLIT_ATTENTION_ROWS: usize = 16;
 /// Cache blocks per split where a row's keys are many (4 blocks of 16
 /// positions: 64 keys, four rounds of a block's 16 keys at a time).
@@ -485,17 +486,68 @@ const MAX_SPLITS: usize = 32;
 /// [`TARGET_BLOCKS`].
 fn attention_splits(tokens: usize, blocks_per_row: usize, blocks_per_seq: usize) -> usize {
     if tokens > SPLIT_ATTENTION_ROWS {
-        return 1;
+        return long_context_splits(tokens, blocks_per_row, blocks_per_seq);
     }
     let long = blocks_per_seq.div_ceil(BLOCKS_PER_SPLIT);
     let filling = TARGET_BLOCKS.div_ceil(tokens * blocks_per_row.max(1));
     long.max(filling).min(blocks_per_seq).clamp(1, MAX_SPLITS)
 }
 
+/// Rows of a step up to which long contexts split (decode batches up to
+/// `--max-num-seqs`' default; scratch for the partial results grows with
+/// the rows).
+const LONG_SPLIT_ROWS: usize = 256;
+/// Cache blocks a split keeps at least past [`SPLIT_ATTENTION_ROWS`] rows:
+/// 64 (1,024 positions of 16), so only long contexts split there.
+const LONG_SPLIT_BLOCKS: usize = 64;
+/// Splits a row's keys take at most past [`SPLIT_ATTENTION_ROWS`] rows.
+const LONG_MAX_SPLITS: usize = 8;
+/// Blocks of decode attention 132 multiprocessors hold at once: three of
+/// the tensor-core kernel's at heads of 128 (by registers).
+const ATTENTION_WAVE: usize = 3 * 132;
+
+/// Splits of each row's long context past [`SPLIT_ATTENTION_ROWS`] rows:
+/// a launch whose blocks all take about as long runs in waves, so 64 rows
+/// of Llama-3-8B (512 blocks of heads, 396 a wave) take two blocks' time
+/// where 116 of them fill the second wave; split three ways, 1,536 blocks
+/// of a third the length in four waves take 1.33. The splits (of at least
+/// [`LONG_SPLIT_BLOCKS`] cache blocks, at most [`LONG_MAX_SPLITS`]) whose
+/// waves take the least time, where that is at least a tenth less than
+/// unsplit; else one.
+fn long_context_splits(tokens: usize, blocks_per_row: usize, blocks_per_seq: usize) -> usize {
+    if tokens > LONG_SPLIT_ROWS {
+        return 1;
+    }
+    let most = (blocks_per_seq / LONG_SPLIT_BLOCKS).min(LONG_MAX_SPLITS);
+    let blocks = tokens * blocks_per_row.max(1);
+    // The launch's time in unsplit blocks' lengths, ⌈blocks · s / wave⌉ / s,
+    // as the fraction (waves, s).
+    let waves = |s: usize| (blocks * s).div_ceil(ATTENTION_WAVE);
+    let best = (2..=most).fold(1, |best, s| {
+        if waves(s) * best < waves(best) * s {
+            s
+        } else {
+            best
+        }
+    });
+    // At least a tenth less: waves(best) / best ≤ 0.9 · waves(1).
+    if 10 * waves(best) <= 9 * waves(1) * best {
+        best
+    } else {
+        1
+    }
+}
+
 /// The most splits a step of `tokens` rows over block tables
 /// `blocks_per_seq` wide takes, whatever its blocks of heads (scratch and
 /// counters are sized for it).
 fn most_attention_splits(tokens: usize, blocks_per_seq: usize) -> usize {
+    if tokens > SPLIT_ATTENTION_ROWS {
+        return match tokens {
+            ..=LONG_SPLIT_ROWS => (blocks_per_seq / LONG_SPLIT_BLOCKS).clamp(1, LONG_MAX_SPLITS),
+            _ => 1,
+        };
+    }
     attention_splits(tokens, 1, blocks_per_seq)
 }
 
@@ -553,13 +605,34 @@ mod tests {
         // Four rows: 9 splits of ~200 positions make 288 blocks.
         assert_eq!(attention_splits(4, 8, 16), 9);
         // Sixteen rows fill it with splits of four cache blocks; more rows
-        // are not split.
+        // split only long contexts, to even out the launch's waves.
         assert_eq!(attention_splits(16, 8, 16), 4);
         assert_eq!(attention_splits(16, 8, 128), MAX_SPLITS);
-        assert_eq!(attention_splits(17, 8, 128), 1);
+        assert_eq!(attention_splits(17, 8, 32), 1);
+        assert_eq!(attention_splits(64, 8, 32), 1);
+        // 64 rows of Llama-3-8B (512 blocks, 396 a wave) at 2k positions:
+        // two splits, 1.5 blocks' time for 2; at 4k, three, 1.33.
+        assert_eq!(attention_splits(64, 8, 128), 2);
+        assert_eq!(attention_splits(64, 8, 256), 3);
+        // 32 rows (256 blocks, a wave not full): three splits at 4k in two
+        // waves; two at 2k would take as long as none.
+        assert_eq!(attention_splits(32, 8, 128), 1);
+        assert_eq!(attention_splits(32, 8, 256), 3);
+        // 256 rows: 2,048 blocks in six waves; two splits at 2k take 5.5
+        // (under a tenth less), four at 4k 5.25. Past 256 rows, none.
+        assert_eq!(attention_splits(256, 8, 128), 1);
+        assert_eq!(attention_splits(256, 8, 256), 4);
+        assert_eq!(attention_splits(257, 8, 256), 1);
         // Scratch and counters are sized for the most splits any blocks of
         // heads take.
         assert!(most_attention_splits(4, 16) >= attention_splits(4, 1, 16));
+        for (tokens, width) in [(17, 128), (64, 256), (200, 512), (256, 1024)] {
+            let most = most_attention_splits(tokens, width);
+            for blocks_per_row in [1, 2, 8, 32] {
+                assert!(most >= attention_splits(tokens, blocks_per_row, width));
+            }
+        }
+        assert_eq!(most_attention_splits(300, 1024), 1);
         assert_eq!(
             attention_scratch_bytes(&[1, 32, 128], &[1, 16]),
             32 * 16 * 130 * 4
