@@ -107,11 +107,14 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
   auto key_of = [&](int base) { return (unsigned)min(max(base + lane % KILN_DECODE_KEYS, first_key), last_key); };
   int base = (first_key & ~(KILN_DECODE_KEYS - 1)) + warp * KILN_DECODE_KEYS;
   // (A padding row, last_key -1, looks up nothing.)
-  unsigned slot =
-      base <= last_key ? (unsigned)cache_slot(block_tables, b, blocks_per_seq, block_size, key_of(base)) : 0u;
+  unsigned slot = 0u;
+  if (base <= last_key) {
+    const unsigned key = key_of(base);
+    slot = (unsigned)cache_slot_in(cache_block_of(table, key, size), key, size);
+  }
   for (; base <= last_key; base += ROUND) {
     const unsigned next_key = key_of(base + ROUND);
-    const i64 next_block = table[next_key / size];
+    const i64 next_block = cache_block_of(table, next_key, size);
     auto at = [&](int j, int d) {
       return (i64)__shfl_sync(KILN_FULL_MASK, slot, j) * stride + kv_head * D + d;
     };
@@ -202,7 +205,7 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
         mma_bf16_16816(acc, va, pb);
       }
     }
-    slot = (unsigned)(next_block * size + next_key % size);
+    slot = (unsigned)cache_slot_in(next_block, next_key, size);
   }
 
   // The warps' states merged per head: each lane's sum of weights over its

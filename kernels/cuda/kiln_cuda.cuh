@@ -541,12 +541,22 @@ __device__ __forceinline__ int attended_keys(const i64* row_offsets, const i64* 
   return b;
 }
 
+// cache_slot in two steps, for a lookup issued well before its use (decode
+// attention's next chunk): the cache block holding position `p` (its entry
+// in a sequence's row of the block tables), then the slot of `p` in it.
+// Positions (≥ 0 here) and block sizes fit 32 bits: a 32-bit division,
+// where a 64-bit one calls a subroutine of ~70 instructions.
+__device__ __forceinline__ i64 cache_block_of(const i64* table_row, unsigned p, unsigned size) {
+  return table_row[p / size];
+}
+__device__ __forceinline__ i64 cache_slot_in(i64 block, unsigned p, unsigned size) {
+  return block * size + p % size;
+}
+
 __device__ __forceinline__ i64 cache_slot(const i64* block_tables, int b, int blocks_per_seq, int block_size,
                                           i64 position) {
-  // Positions (≥ 0 here) and block sizes fit 32 bits: a 32-bit division,
-  // where a 64-bit one calls a subroutine of ~70 instructions.
-  unsigned p = (unsigned)position, size = (unsigned)block_size, block = p / size;
-  return block_tables[(i64)b * blocks_per_seq + block] * block_size + (p - block * size);
+  const unsigned p = (unsigned)position, size = (unsigned)block_size;
+  return cache_slot_in(cache_block_of(block_tables + (i64)b * blocks_per_seq, p, size), p, size);
 }
 
 // Splits merged a round at a time (merged_split): every load of a round is

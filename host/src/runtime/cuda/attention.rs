@@ -515,10 +515,7 @@ const ATTENTION_WAVE: usize = 3 * 132;
 /// waves take the least time, where that is at least a tenth less than
 /// unsplit; else one.
 fn long_context_splits(tokens: usize, blocks_per_row: usize, blocks_per_seq: usize) -> usize {
-    if tokens > LONG_SPLIT_ROWS {
-        return 1;
-    }
-    let most = (blocks_per_seq / LONG_SPLIT_BLOCKS).min(LONG_MAX_SPLITS);
+    let most = most_long_context_splits(tokens, blocks_per_seq);
     let blocks = tokens * blocks_per_row.max(1);
     // The launch's time in unsplit blocks' lengths, ⌈blocks · s / wave⌉ / s,
     // as the fraction (waves, s).
@@ -538,15 +535,22 @@ fn long_context_splits(tokens: usize, blocks_per_row: usize, blocks_per_seq: usi
     }
 }
 
+/// The most splits [`long_context_splits`] may take: splits of at least
+/// [`LONG_SPLIT_BLOCKS`] cache blocks, at most [`LONG_MAX_SPLITS`], none past
+/// [`LONG_SPLIT_ROWS`] rows.
+fn most_long_context_splits(tokens: usize, blocks_per_seq: usize) -> usize {
+    match tokens {
+        ..=LONG_SPLIT_ROWS => (blocks_per_seq / LONG_SPLIT_BLOCKS).clamp(1, LONG_MAX_SPLITS),
+        _ => 1,
+    }
+}
+
 /// The most splits a step of `tokens` rows over block tables
 /// `blocks_per_seq` wide takes, whatever its blocks of heads (scratch and
 /// counters are sized for it).
 fn most_attention_splits(tokens: usize, blocks_per_seq: usize) -> usize {
     if tokens > SPLIT_ATTENTION_ROWS {
-        return match tokens {
-            ..=LONG_SPLIT_ROWS => (blocks_per_seq / LONG_SPLIT_BLOCKS).clamp(1, LONG_MAX_SPLITS),
-            _ => 1,
-        };
+        return most_long_context_splits(tokens, blocks_per_seq);
     }
     attention_splits(tokens, 1, blocks_per_seq)
 }
