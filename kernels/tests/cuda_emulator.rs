@@ -659,7 +659,7 @@ extern "C" __global__ void kiln_test_nothing(float* y) {}
         gpu.dev.launch(f, config, &[Ptr(y)])
     };
     launch((1, 65_535, 1), (1, 1, 1), 0).expect("at the limit in y");
-    launch((1, 1, 1), (1024, 1, 1), 48 * 1024).expect("at the limits of a block");
+    launch((1, 1, 1), (1024, 1, 1), 99 * 1024).expect("at the limits of a block");
     launch((1, 1, 1), (8, 2, 64), 0).expect("at the limit in z");
     let refused = [
         ((0, 1, 1), (32, 1, 1), 0, "an empty grid"),
@@ -667,7 +667,7 @@ extern "C" __global__ void kiln_test_nothing(float* y) {}
         ((1, 1, 1), (0, 1, 1), 0, "an empty block"),
         ((1, 1, 1), (512, 4, 1), 0, "past 1,024 threads"),
         ((1, 1, 1), (1, 1, 65), 0, "64 in z"),
-        ((1, 1, 1), (32, 1, 1), 48 * 1024 + 1, "48 KiB"),
+        ((1, 1, 1), (32, 1, 1), 99 * 1024 + 1, "99 KiB"),
     ];
     for (grid, block, shared, problem) in refused {
         let err = launch(grid, block, shared).expect_err(problem).to_string();

@@ -13,13 +13,13 @@ mod common;
 use common::ragged::RaggedBatch;
 use common::*;
 use kiln_kernels::cuda::KernelArg::{Ptr, F32};
-use kiln_kernels::cuda::{sources, Device, DevicePtr, LaunchConfig};
+use kiln_kernels::cuda::{flash, sources, Device, DevicePtr, LaunchConfig};
 use kiln_kernels::dense::attention::{self as attn, AttentionParams, CacheLayout};
 
 /// The tensor-core kernel under test.
 #[derive(Clone, Copy, Debug)]
 enum Kernel {
-    /// `kiln_flash_attention_*`: blocks of 8 warps take 128 query rows of one
+    /// `kiln_flash_attention_*`: blocks of 4 warps take 128 query rows of one
     /// head.
     Flash,
     /// `kiln_decode_attention_bf16_*`: a block per (row, key/value head,
@@ -53,6 +53,14 @@ impl Cache {
         match self {
             Cache::Bf16 => bf16s(values).1,
             Cache::Fp8 => e4m3(values).1,
+        }
+    }
+
+    /// Bytes a cache element.
+    fn bytes(self) -> usize {
+        match self {
+            Cache::Bf16 => 2,
+            Cache::Fp8 => 1,
         }
     }
 
@@ -147,13 +155,17 @@ fn flash_case(
     };
     match kernel {
         Kernel::Flash => {
-            // Blocks of 8 warps take 128 query rows of one head.
-            let tiles = rows.div_ceil(128) + shapes.len();
+            // Blocks of 4 warps take 128 query rows of one head.
+            let tiles = rows.div_ceil(flash::ROWS) + shapes.len();
             let name = format!("kiln_flash_attention_{}_d{d}", cache.suffix());
+            let config = LaunchConfig {
+                shared_bytes: flash::shared_bytes(d, cache.bytes()),
+                ..LaunchConfig::new((heads as u32, tiles as u32, 1), (flash::THREADS, 1, 1))
+            };
             check(&what, &|out, out_type| {
                 let tail = [F32(scale), window.clone(), cap.clone(), int(out_type)];
                 let args = [&head(out)[..], &tail].concat();
-                gpu.run(&name, (heads as u32, tiles as u32), 256, &args);
+                gpu.dev.launch(gpu.f(&name), config, &args).unwrap();
             });
         }
         Kernel::Decode => {
@@ -191,8 +203,7 @@ fn flash_case(
 /// 70 rows starting at position 130, a decode row with 90 keys behind it, a
 /// short prompt, and a chunk whose first row (position 62) sees all but the
 /// last key of the first key tile (the edge of the unmasked tiles); a window
-/// and a cap. Heads of 96 take pieces that do not divide among the threads
-/// (an fp8 tile's).
+/// and a cap.
 fn flash_cases(gpu: &Gpu, cache: Cache) {
     let mixed = [(330, 330), (200, 70), (91, 1), (17, 17), (100, 38)];
     flash_case(

@@ -46,6 +46,10 @@ struct Inner {
     /// Loaded modules (unloaded in `Drop`) and their kernels.
     modules: Vec<sys::CUmodule>,
     functions: Vec<sys::CUfunction>,
+    /// Each function's opt-in to dynamic shared memory past 48 KiB
+    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`), by index: the
+    /// largest asked for so far (0: none).
+    shared_opt_in: Vec<u32>,
     /// Instantiated graphs and their kernels (`None` once released).
     graphs: Vec<Option<(sys::CUgraphExec, u64)>>,
     staging: Staging,
@@ -162,6 +166,39 @@ unsafe impl Send for CudaDevice {}
 // SAFETY: as above.
 unsafe impl Sync for CudaDevice {}
 
+/// Lets `f` (function `id`) take `bytes` of dynamic shared memory where that
+/// is past the 48 KiB every kernel may take without asking
+/// (`LaunchConfig::check` holds launches to what every sm_80+ card allows).
+fn opt_in_shared(
+    inner: &mut Inner,
+    id: FunctionId,
+    f: sys::CUfunction,
+    bytes: u32,
+) -> DeviceResult<()> {
+    if bytes <= 48 * 1024 {
+        return Ok(());
+    }
+    if inner.shared_opt_in[id.0] >= bytes {
+        return Ok(());
+    }
+    // SAFETY: `f` is a loaded function of this context, bound by the caller.
+    unsafe {
+        sys::cuFuncSetAttribute(
+            f,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+    }
+    .result()
+    .map_err(|e| {
+        DeviceError::new(format!(
+            "cuFuncSetAttribute (dynamic shared memory of {bytes} bytes): {e}"
+        ))
+    })?;
+    inner.shared_opt_in[id.0] = bytes;
+    Ok(())
+}
+
 fn driver_error(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ {
     move |e| DeviceError::new(format!("{what}: {e}"))
 }
@@ -248,6 +285,7 @@ impl CudaDevice {
             inner: Mutex::new(Inner {
                 modules: Vec::new(),
                 functions: Vec::new(),
+                shared_opt_in: Vec::new(),
                 graphs: Vec::new(),
                 staging: Staging::new(),
                 readbacks: Vec::new(),
@@ -588,6 +626,7 @@ impl Device for CudaDevice {
                 .map_err(|e| DeviceError::new(format!("{name}: kernel `{kernel}`: {e}")))?;
             ids.push(FunctionId(inner.functions.len()));
             inner.functions.push(function);
+            inner.shared_opt_in.push(0);
         }
         Ok(ids)
     }
@@ -602,12 +641,14 @@ impl Device for CudaDevice {
         self.bind()?;
         let f = {
             let mut inner = self.inner();
-            inner.queued();
-            inner.kernel();
-            *inner
+            let f = *inner
                 .functions
                 .get(function.0)
-                .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?
+                .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?;
+            opt_in_shared(&mut inner, function, f, config.shared_bytes)?;
+            inner.queued();
+            inner.kernel();
+            f
         };
         let mut packed = PackedArgs::new(args);
         if config.programmatic && self.programmatic {

@@ -9,6 +9,7 @@ pub mod cubin_cache;
 pub mod device;
 pub mod driver;
 pub mod emulator;
+pub mod flash;
 pub mod null;
 pub mod nvrtc;
 pub mod sources;

@@ -6,7 +6,7 @@
 //! rows over long contexts. Each kernel comes in one entry point per
 //! [`KvElement`].
 
-use kiln_kernels::cuda::{DevicePtr, KernelArg, LaunchConfig};
+use kiln_kernels::cuda::{flash, DevicePtr, KernelArg, LaunchConfig};
 use kiln_plugin_api::graph::{AttentionSpec, ValueId};
 
 use super::gemv::{GemvGroup, GemvRotation};
@@ -287,12 +287,12 @@ impl Frame<'_> {
             .filter(|_| self.flash_attention && tokens >= FLASH_ROWS_PER_SEQUENCE * batch);
         if let Some(flash) = flash {
             args.extend([KernelArg::F32(spec.scale), window, softcap, out_type]);
-            let tiles = tokens.div_ceil(FLASH_TILE_ROWS) + batch;
-            return self.launch(
-                flash,
-                LaunchConfig::new((num_heads as u32, tiles as u32, 1), (FLASH_THREADS, 1, 1)),
-                &args,
-            );
+            let tiles = tokens.div_ceil(flash::ROWS) + batch;
+            let config = LaunchConfig {
+                shared_bytes: flash::shared_bytes(head_dim, element.bytes()),
+                ..LaunchConfig::new((num_heads as u32, tiles as u32, 1), (flash::THREADS, 1, 1))
+            };
+            return self.launch(flash, config, &args);
         }
         args.extend([
             KernelArg::I32(head_dim as i32),
@@ -354,14 +354,9 @@ pub(super) const HEAD_DIM: usize = 256;
 /// latent head, 512 + 64).
 const WIDE_HEAD_DIM: usize = 576;
 
-/// Query rows per block of the tensor-core kernel (`flash_attention.cu`):
-/// 16 for each of its eight warps.
-const FLASH_TILE_ROWS: usize = 128;
-/// Threads per block of the tensor-core kernel.
-const FLASH_THREADS: u32 = 256;
 /// Rows per sequence, on average over a step, from which attention runs on
-/// tensor cores: the kernel computes 16 rows per warp, so a decode row (or a
-/// few) would waste most of each product.
+/// tensor cores (`flash_attention.cu`): the kernel computes 32 rows per
+/// warp, so a decode row (or a few) would waste most of each product.
 const FLASH_ROWS_PER_SEQUENCE: usize = 16;
 
 /// The tensor-core attention kernel for a cache of `element` and
