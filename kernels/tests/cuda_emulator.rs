@@ -547,6 +547,24 @@ fn a_readback_holds_the_bytes_of_its_place_in_the_stream() {
 }
 
 #[test]
+fn a_warp_vote_is_true_in_every_lane_when_any_lane_holds() {
+    const SOURCE: &str = r#"#include "kiln_cuda.cuh"
+extern "C" __global__ void kiln_test_any(const int* holds, int* y) {
+  y[threadIdx.x] = __any_sync(KILN_FULL_MASK, holds[threadIdx.x] != 0) ? 1 : 0;
+}
+"#;
+    let mut gpu = Gpu::new(&[]);
+    gpu.load("any.cu", SOURCE);
+    // Warp 0: only lane 17 holds; warp 1: none does.
+    let holds: Vec<i32> = (0..64).map(|i| i32::from(i == 17)).collect();
+    let y = gpu.zeros(64 * 4);
+    gpu.run("kiln_test_any", (1, 1), 64, &[Ptr(gpu.up(&holds)), Ptr(y)]);
+    let got: Vec<i32> = gpu.down(y, 64);
+    let want: Vec<i32> = (0..64).map(|i| i32::from(i < 32)).collect();
+    assert_eq!(got, want);
+}
+
+#[test]
 fn divergent_barrier_is_an_error() {
     const SOURCE: &str = r#"#include "kiln_cuda.cuh"
 extern "C" __global__ void kiln_test_divergent(float* y) {

@@ -583,6 +583,13 @@ inline T kiln_emu_shfl(T v, int src_lane, int width, long site) {
   int base = l - l % width;
   return kiln_emu::shuffle(v, base + src_lane % width, site);
 }
+// A warp vote as five exchanges (an OR across the lanes' predicates).
+inline bool kiln_emu_any(bool predicate, long site) {
+  int l = kiln_emu::lane(), any = predicate ? 1 : 0;
+  for (int o = 1; o < 32; o <<= 1) any |= kiln_emu::shuffle(any, l ^ o, site);
+  return any != 0;
+}
+#define __any_sync(mask, predicate) kiln_emu_any((predicate), __LINE__)
 #define KILN_EMU_WIDTH(w, ...) w
 #define __shfl_xor_sync(mask, v, lane_mask, ...) \
   kiln_emu_shfl_xor((v), (lane_mask), KILN_EMU_WIDTH(__VA_ARGS__ __VA_OPT__(, ) 32), __LINE__)

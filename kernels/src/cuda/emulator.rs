@@ -309,8 +309,8 @@ impl Emulator {
 }
 
 /// Whether a kernel source synchronizes its threads (barriers, shuffles,
-/// warp-wide tensor-core products, or the block and warp reductions of
-/// `kiln_cuda.cuh`), in its own text or in the kernel headers it includes
+/// votes, warp-wide tensor-core products, or the block and warp reductions
+/// of `kiln_cuda.cuh`), in its own text or in the kernel headers it includes
 /// (`gemv.cuh`, the code its GEMV modules share). A module that does not
 /// runs its threads as plain calls, without fibers; a barrier reached
 /// anyway is reported as an error, never ignored.
@@ -321,6 +321,7 @@ fn synchronizes(source: &str) -> bool {
             "__syncthreads",
             "__syncwarp",
             "__shfl",
+            "__any_sync",
             "block_sum",
             "block_max",
             "warp_sum",
