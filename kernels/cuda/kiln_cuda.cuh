@@ -190,6 +190,11 @@ struct __align__(16) Bytes16 {
   unsigned int v[4];
 };
 
+// Eight bytes, for 64-bit loads and stores.
+struct __align__(8) Bytes8 {
+  unsigned int v[2];
+};
+
 // Two floats, for 64-bit stores.
 struct __align__(8) FloatPair {
   float x, y;
@@ -457,6 +462,43 @@ __device__ __forceinline__ float load_as(const float* in, i64 i, int type) {
   if (type == KILN_OUT_BF16) return bf16_to_f32(reinterpret_cast<const bf16_bits*>(in)[i]);
   if (type == KILN_OUT_F16) return f16_to_f32(reinterpret_cast<const f16_bits*>(in)[i]);
   return in[i];
+}
+
+// Whether `p` may take a 16-byte load or store.
+__device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15) == 0; }
+
+// Elements i .. i + 3 of `in` (of type `type`, as load_as) into v in one
+// load (16 bytes of f32, 8 of a half type): i a multiple of 4, `in`
+// 16-byte aligned.
+__device__ __forceinline__ void load4_as(const float* in, i64 i, int type, float* v) {
+  if (type == KILN_OUT_F32) {
+    Bytes16 b = *reinterpret_cast<const Bytes16*>(in + i);
+    for (int j = 0; j < 4; ++j) v[j] = __uint_as_float(b.v[j]);
+    return;
+  }
+  Bytes8 b = *reinterpret_cast<const Bytes8*>(reinterpret_cast<const unsigned short*>(in) + i);
+  for (int j = 0; j < 4; ++j) {
+    unsigned short h = (unsigned short)(b.v[j / 2] >> (16 * (j % 2)));
+    v[j] = type == KILN_OUT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+  }
+}
+
+// Elements i .. i + 3 of `out` (of type `type`, as store_as) set to v in one
+// store, with load4_as's conditions.
+__device__ __forceinline__ void store4_as(float* out, i64 i, const float* v, int type) {
+  if (type == KILN_OUT_F32) {
+    Bytes16 b;
+    for (int j = 0; j < 4; ++j) b.v[j] = __float_as_uint(v[j]);
+    *reinterpret_cast<Bytes16*>(out + i) = b;
+    return;
+  }
+  Bytes8 b;
+  for (int j = 0; j < 2; ++j) {
+    unsigned lo = type == KILN_OUT_BF16 ? f32_to_bf16(v[2 * j]) : f32_to_f16(v[2 * j]);
+    unsigned hi = type == KILN_OUT_BF16 ? f32_to_bf16(v[2 * j + 1]) : f32_to_f16(v[2 * j + 1]);
+    b.v[j] = lo | (hi << 16);
+  }
+  *reinterpret_cast<Bytes8*>(reinterpret_cast<unsigned short*>(out) + i) = b;
 }
 
 // A row of `out` (elements of type `type`) starting at element `at`.

@@ -21,6 +21,11 @@ use crate::runtime::tensor::{storage_of, Storage};
 /// threads (a thread an element took 3,584 blocks, 7.06 µs on the H200).
 pub const ELEMENTS_PER_THREAD: usize = 4;
 
+/// Output elements each thread of a generated kernel's vector path takes
+/// (see `vector_path`), four groups of four: the host sizes the grid by it
+/// where the path applies ([`vector_path_applies`]).
+pub const VECTOR_ELEMENTS_PER_THREAD: usize = 16;
+
 /// Dimensions a fused kernel's shape argument holds.
 pub const MAX_RANK: usize = 8;
 
@@ -148,6 +153,9 @@ pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Resu
     );
     // Launched as a programmatic dependent: see `kiln_wait_inputs`.
     text.push_str("  kiln_wait_inputs();\n");
+    if vectorizable(inputs, output) {
+        text.push_str(&vector_path(inputs.len(), &body, last));
+    }
     let _ = writeln!(
         text,
         "  const i64 chunk = (i64)blockDim.x * {ELEMENTS_PER_THREAD};\n  \
@@ -179,6 +187,72 @@ pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Resu
     text.push_str(&body);
     let _ = writeln!(text, "        {store}\n      }}\n    }}\n  }}\n}}");
     Ok(text)
+}
+
+/// Whether a launch over `count` elements whose output and inputs are at
+/// `addresses` takes the vector path, if the kernel has one (its
+/// condition, which the kernel checks again): the host then sizes the grid
+/// by [`VECTOR_ELEMENTS_PER_THREAD`].
+pub fn vector_path_applies(count: usize, mut addresses: impl Iterator<Item = u64>) -> bool {
+    count.is_multiple_of(4) && addresses.all(|a| a % 16 == 0)
+}
+
+/// Whether a kernel over `inputs` has the vector path ([`vector_path`]):
+/// every input read at the element's own index, all of them and the output
+/// f32 values (possibly stored in a half type).
+fn vectorizable(inputs: &[FusedInput], output: DType) -> bool {
+    inputs.len() <= HALF_INPUTS
+        && storage_of(output) == Storage::F32
+        && inputs
+            .iter()
+            .all(|i| i.same_shape && storage_of(i.dtype) == Storage::F32)
+}
+
+/// The path a generated kernel takes where the element count is a multiple
+/// of 4 and every address 16-byte aligned: a thread takes
+/// [`VECTOR_ELEMENTS_PER_THREAD`] elements as groups of four consecutive
+/// ones a block's width of groups apart, each input's group in one load
+/// (16 bytes of f32, 8 of a half type) and all of them issued before any
+/// is used, the result's group in one store. The element-wise path's
+/// threads held a 2048-token Llama-3-8B prefill's activation (176 MB of
+/// bf16 a layer) to 2.1 TB/s on the H200 (84.8 µs, 28,672 blocks of 256
+/// threads, 2026-11-30): each block's four 2-byte loads a thread an input
+/// were one memory round trip, ~27 waves of blocks of one round trip each;
+/// here a wave moves four times the bytes in a quarter of the blocks.
+/// `body` computes `r{last}` from `a{i}_[e]`.
+fn vector_path(inputs: usize, body: &str, last: usize) -> String {
+    const GROUPS: usize = VECTOR_ELEMENTS_PER_THREAD / 4;
+    let mut aligned = vec!["s.count % 4 == 0".to_owned(), "aligned16(out)".to_owned()];
+    aligned.extend((0..inputs).map(|i| format!("aligned16(in{i})")));
+    let mut text = format!("  if ({}) {{\n", aligned.join(" && "));
+    let _ = writeln!(
+        text,
+        "    const i64 chunk = (i64)blockDim.x * {VECTOR_ELEMENTS_PER_THREAD};\n    \
+         for (i64 start = (i64)blockIdx.x * chunk; start < s.count; start += (i64)gridDim.x * chunk) {{"
+    );
+    for i in 0..inputs {
+        let _ = writeln!(text, "      float a{i}_[{VECTOR_ELEMENTS_PER_THREAD}];");
+    }
+    let group = format!(
+        "#pragma unroll\n      for (int g = 0; g < {GROUPS}; ++g) {{\n        \
+         const i64 i = start + 4 * ((i64)g * blockDim.x + threadIdx.x);\n        if (i < s.count) {{"
+    );
+    let _ = writeln!(text, "{group}");
+    for i in 0..inputs {
+        let _ = writeln!(
+            text,
+            "          load4_as(in{i}, i, (int)((in_types >> {}) & 3), a{i}_ + 4 * g);",
+            2 * i
+        );
+    }
+    let _ = writeln!(text, "        }}\n      }}\n{group}");
+    let _ = writeln!(
+        text,
+        "          float v_[4];\n#pragma unroll\n          for (int u = 0; u < 4; ++u) {{\n            \
+         const int e = 4 * g + u;\n{body}            v_[u] = r{last};\n          }}\n          \
+         store4_as(out, i, v_, out_type);\n        }}\n      }}\n    }}\n    return;\n  }}"
+    );
+    text
 }
 
 fn c_type(storage: Storage) -> &'static str {
@@ -323,4 +397,96 @@ fn binary_i64(f: BinaryOp, a: &str, b: &str) -> Option<String> {
         // them); the step is refused at load instead.
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+    use kiln_kernels::cuda::emulator::Emulator;
+    use kiln_kernels::cuda::{Device, DevicePtr, LaunchConfig};
+
+    use super::*;
+
+    /// The vector path and the element-wise one compute the same values:
+    /// a bf16-stored input times an f32 one, stored in bf16 and in f32, over
+    /// 4,104 elements at aligned addresses (the vector path: several groups
+    /// a thread, two chunks), 4,102 (not a multiple of 4) and 4,104 at
+    /// addresses 4 bytes past alignment (both the element-wise path), each
+    /// on the grid of either path, against the product in f32 rounded as
+    /// stored; nothing past the count is written.
+    #[test]
+    fn both_paths_of_a_generated_kernel_agree() {
+        let program = [Instr {
+            op: ElementOp::Binary { f: BinaryOp::Mul },
+            args: vec![Operand::Input(0), Operand::Input(1)],
+            dtype: DType::F32,
+        }];
+        let input = FusedInput {
+            dtype: DType::F32,
+            same_shape: true,
+        };
+        let text = generate(&program, &[input, input], DType::F32).unwrap();
+        assert!(text.contains("load4_as"), "no vector path:\n{text}");
+        let dir = std::env::temp_dir().join(format!("kiln-codegen-{}", std::process::id()));
+        let device = Emulator::new(1 << 22, dir);
+        let fused = device.load("fused.cu", &text, &[KERNEL]).unwrap()[0];
+        const MAX: usize = 4104;
+        let a: Vec<bf16> = (0..MAX)
+            .map(|i| bf16::from_f32((i % 97) as f32 * 0.37 - 2.0))
+            .collect();
+        let b: Vec<f32> = (0..MAX).map(|i| 1.5 + (i % 31) as f32 * 0.113).collect();
+        let put = |bytes: &[u8], skew: u64| {
+            let at = device.alloc(bytes.len() + 16).unwrap() + skew;
+            device.upload(at, bytes).unwrap();
+            at
+        };
+        let a_bytes: Vec<u8> = a.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let b_bytes: Vec<u8> = b.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let per_thread = [ELEMENTS_PER_THREAD, VECTOR_ELEMENTS_PER_THREAD];
+        for (n, skew) in [(MAX, 0u64), (MAX - 2, 0), (MAX, 4)] {
+            let (a_at, b_at) = (put(&a_bytes, skew), put(&b_bytes, skew));
+            for (out_half, per_thread) in [None, Some(GemmType::BF16)]
+                .into_iter()
+                .flat_map(|h| per_thread.map(|p| (h, p)))
+            {
+                let out: DevicePtr = device.alloc(4 * MAX + 16).unwrap() + skew;
+                let vector = vector_path_applies(n, [out, a_at, b_at].into_iter());
+                assert_eq!(vector, skew == 0 && n == MAX);
+                let shape = [vec![1, n as u64], vec![0; MAX_RANK - 1]].concat();
+                let strides = [vec![1], vec![0; MAX_RANK - 1]].concat();
+                let words = [shape, strides.clone(), strides, vec![n as u64]].concat();
+                let in_types = input_types_arg([Some(GemmType::BF16), None].into_iter()).unwrap();
+                let args = [
+                    KernelArg::Ptr(out),
+                    KernelArg::Ptr(a_at),
+                    KernelArg::Ptr(b_at),
+                    KernelArg::Struct(words),
+                    super::super::products::out_type_arg(out_half),
+                    in_types,
+                ];
+                let config = LaunchConfig::elementwise(n.div_ceil(per_thread));
+                device.launch(fused, config, &args).unwrap();
+                let mut got = vec![0u8; 4 * MAX];
+                device.download(out, &mut got).unwrap();
+                for i in 0..MAX {
+                    // Past n the (zeroed) output is not written.
+                    let product = if i < n { a[i].to_f32() * b[i] } else { 0.0 };
+                    let (got, want) = match out_half {
+                        None => (
+                            f32::from_le_bytes(got[4 * i..4 * i + 4].try_into().unwrap()),
+                            product,
+                        ),
+                        _ => (
+                            bf16::from_le_bytes([got[2 * i], got[2 * i + 1]]).to_f32(),
+                            bf16::from_f32(product).to_f32(),
+                        ),
+                    };
+                    assert_eq!(
+                        got, want,
+                        "n {n}, skew {skew}, {out_half:?}, {per_thread} a thread: element {i}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -333,10 +333,20 @@ impl Frame<'_> {
         args.push(KernelArg::Struct(words));
         args.push(out_type_arg(out_half));
         args.push(codegen::input_types_arg(inputs.iter().map(|i| i.half))?);
+        // Every input read at the element's own index, aligned: the vector
+        // path's grid (the kernel checks its condition itself, so a grid
+        // sized for the other path is only slower).
+        let addresses = std::iter::once(out).chain(inputs.iter().map(|i| i.ptr));
+        let vector = inputs.iter().all(|i| i.shape == out_shape)
+            && codegen::vector_path_applies(n, addresses);
+        let per_thread = match vector {
+            true => codegen::VECTOR_ELEMENTS_PER_THREAD,
+            false => codegen::ELEMENTS_PER_THREAD,
+        };
         // Generated kernels wait for their inputs (codegen.rs).
         let config = LaunchConfig {
             programmatic: self.programmatic.is_some(),
-            ..LaunchConfig::elementwise(n.div_ceil(codegen::ELEMENTS_PER_THREAD))
+            ..LaunchConfig::elementwise(n.div_ceil(per_thread))
         };
         self.device
             .launch(function, config, &args)
