@@ -48,7 +48,8 @@ def nsys(kern_sum, benchmark):
     seen = f"the steps of KILN_PROFILE_STEPS={window}" if window else "the whole run (load and warm-up included)"
     print(f"- kernel time {total / 1e6:.2f} ms over {seen}; "
           f"the level: wall time {wall_ns / 1e6:.1f} ms, {steps} steps, "
-          f"host {level.get('host_ms_per_step', 0):.3f} ms, wait {level.get('device_wait_ms_per_step', 0):.3f} ms, "
+          f"host {level.get('host_ms_per_step', 0):.3f} ms (driver {level.get('driver_ms_per_step') or 0:.3f}), "
+          f"wait {level.get('device_wait_ms_per_step', 0):.3f} ms, "
           f"{level.get('kernels_per_step') or 0:.1f} kernels a step")
     print()
     print(table(rows, total))

@@ -54,7 +54,7 @@ def main():
         print(f"- PyTorch {header.get('torch')}, transformers {header.get('transformers')}, "
               f"device {header.get('device')}, {header.get('date')}")
     print()
-    print("| shape | weights | batch | Kiln tok/s | of roofline | host / wait ms a step | PyTorch eager | PyTorch compiled | Kiln ÷ compiled |")
+    print("| shape | weights | batch | Kiln tok/s | of roofline | host (driver) / wait ms a step | PyTorch eager | PyTorch compiled | Kiln ÷ compiled |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape, dtype, run in kiln_runs(kiln, "decode"):
         for level in run["levels"]:
@@ -69,7 +69,9 @@ def main():
             fmt = lambda v: "-" if v is None else f"{v:,.1f}"
             ratio = "-" if not compiled or dtype != "bf16" else f"{ours / compiled:.2f}×"
             host, wait = level.get("host_ms_per_step"), level.get("device_wait_ms_per_step")
-            split = "-" if host is None or wait is None else f"{host:.2f} / {wait:.2f}"
+            driver = level.get("driver_ms_per_step")
+            host_cell = "-" if host is None else f"{host:.2f}" + ("" if driver is None else f" ({driver:.2f})")
+            split = "-" if host is None or wait is None else f"{host_cell} / {wait:.2f}"
             print(f"| {shape} | {dtype} | {batch} | {ours:,.1f} | "
                   f"{'-' if roof is None else f'{roof * 100:.0f} %'} | {split} | {fmt(cells[0])} | {fmt(compiled)} | {ratio} |")
     print()

@@ -54,6 +54,10 @@ struct LevelResult {
     /// The engine thread's own work per step (scheduling, launching, reading
     /// picks), in milliseconds.
     host_ms_per_step: f64,
+    /// Of the host's work, the time inside the driver's calls per step
+    /// (launches, uploads, graph replays: `Device::driver_seconds`), where a
+    /// driver is called.
+    driver_ms_per_step: Option<f64>,
     /// The engine thread's wait for the device's picks per step: near zero
     /// with async scheduling, the host sets the pace.
     device_wait_ms_per_step: f64,
@@ -153,6 +157,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     let roofline = model.backend.roofline()?;
     let kernels = model.backend.kernel_counter();
     let kernels_run = || kernels.as_ref().map(|k| (k.kernels_run(), k.bytes_read()));
+    let driver_seconds = || kernels.as_ref().and_then(|k| k.driver_seconds());
     let metrics = Metrics::new("benchmark", config.block_size);
     let (engine, engine_thread) =
         service::spawn(model, tokenizer, Vec::new(), config, metrics.clone())?;
@@ -184,6 +189,7 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         let before = metrics.engine_totals();
         let drafts_before = metrics.draft_totals();
         let kernels_before = kernels_run();
+        let driver_before = driver_seconds();
         let timings = runtime.block_on(run_level(
             &engine,
             prompts(concurrency),
@@ -200,6 +206,9 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         result.draft_tokens = drafts.0 - drafts_before.0;
         result.accepted_tokens = drafts.1 - drafts_before.1;
         let per_step = |n: u64| n as f64 / steps.max(1) as f64;
+        if let (Some(after), Some(before)) = (driver_seconds(), driver_before) {
+            result.driver_ms_per_step = Some((after - before) * 1e3 / steps.max(1) as f64);
+        }
         if let (Some(after), Some(before)) = (kernels_run(), kernels_before) {
             result.kernels_per_step = Some(per_step(after.0 - before.0));
             result.read_bytes_per_step = Some(per_step(after.1 - before.1));
@@ -361,6 +370,7 @@ fn summarize(
         prefill_gemm_fraction: roofline.map(|r| prefill_tok_per_s / r.prefill_tokens_per_s()),
         steps: 0,
         host_ms_per_step: 0.0,
+        driver_ms_per_step: None,
         device_wait_ms_per_step: 0.0,
         kernels_per_step: None,
         read_bytes_per_step: None,
@@ -371,12 +381,12 @@ fn summarize(
 
 fn table(results: &[LevelResult]) -> String {
     let mut out = String::from(
-        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate  host ms/step  wait ms/step  kernels/step  read B/step  drafts kept\n",
+        "concurrency  input  output  wall s  output tok/s  total tok/s  mean TTFT ms  max TTFT ms  mean ITL ms  of roofline  prefill tok/s  of GEMM rate  host ms/step  driver ms/step  wait ms/step  kernels/step  read B/step  drafts kept\n",
     );
     let percent = |f: Option<f64>| f.map_or("-".to_owned(), |f| format!("{:.0} %", f * 100.0));
     for r in results {
         out += &format!(
-            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}  {:>12.3}  {:>12.3}  {:>12}  {:>11}  {:>11}\n",
+            "{:>11}  {:>5}  {:>6}  {:>6.2}  {:>12.1}  {:>11.1}  {:>12.1}  {:>11.1}  {:>11.2}  {:>11}  {:>13.1}  {:>12}  {:>12.3}  {:>14}  {:>12.3}  {:>12}  {:>11}  {:>11}\n",
             r.concurrency,
             r.input_len,
             r.output_len,
@@ -390,6 +400,8 @@ fn table(results: &[LevelResult]) -> String {
             r.prefill_tok_per_s,
             percent(r.prefill_gemm_fraction),
             r.host_ms_per_step,
+            r.driver_ms_per_step
+                .map_or("-".to_owned(), |d| format!("{d:.3}")),
             r.device_wait_ms_per_step,
             r.kernels_per_step
                 .map_or("-".to_owned(), |k| format!("{k:.1}")),

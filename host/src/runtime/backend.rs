@@ -11,9 +11,10 @@ use super::sampling::{sample_row, RowSampling, Sampled};
 use super::{KvCache, RuntimeError, Tensor};
 use crate::compiler::Program;
 
-/// Reads a device's count of kernels run so far ([`Device::kernels_run`])
-/// and of bytes read back ([`Device::bytes_read`]), from any thread: a
-/// benchmark's kernels and readback per step.
+/// Reads a device's count of kernels run so far ([`Device::kernels_run`]),
+/// of bytes read back ([`Device::bytes_read`]) and of time in the driver
+/// ([`Device::driver_seconds`]), from any thread: a benchmark's kernels,
+/// readback and driver time per step.
 #[derive(Clone)]
 pub struct KernelCounter(pub(crate) Arc<dyn Device>);
 
@@ -26,6 +27,12 @@ impl KernelCounter {
     /// Bytes the device copied to the host so far.
     pub fn bytes_read(&self) -> u64 {
         self.0.bytes_read()
+    }
+
+    /// Seconds spent in the driver's calls so far, where a driver is called
+    /// ([`Device::driver_seconds`]).
+    pub fn driver_seconds(&self) -> Option<f64> {
+        self.0.driver_seconds()
     }
 }
 

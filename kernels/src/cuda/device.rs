@@ -478,6 +478,15 @@ pub trait Device: Send + Sync {
     /// Bytes copied from the device to the host so far (downloads and
     /// readbacks).
     fn bytes_read(&self) -> u64;
+    /// Seconds the host has spent so far inside the driver's calls that
+    /// queue work (launches, GEMMs, uploads, copies, graph replays,
+    /// readbacks queued, and any wait such a call makes itself, as an
+    /// upload's for a full staging buffer), not the waits the caller asks
+    /// for; `None` where no driver is called (the emulator, the null
+    /// device).
+    fn driver_seconds(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// Calls `compile` on every module of `modules`, on as many threads as the

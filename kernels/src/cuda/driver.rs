@@ -7,7 +7,9 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
@@ -157,6 +159,8 @@ pub struct CudaDevice {
     /// Images `precompile` made or read, by their cache path, until loaded.
     precompiled: Mutex<HashMap<PathBuf, Vec<u8>>>,
     inner: Mutex<Inner>,
+    /// Nanoseconds spent in calls that queue work ([`Device::driver_seconds`]).
+    driver_nanos: AtomicU64,
 }
 
 // SAFETY: the raw handles (cuBLAS handle, functions, graphs) are only used
@@ -204,6 +208,16 @@ fn driver_error(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ 
 }
 
 impl CudaDevice {
+    /// Runs `call`, a call into the driver that queues work, counting its
+    /// time ([`Device::driver_seconds`]).
+    fn timed<T>(&self, call: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let result = call();
+        let nanos = started.elapsed().as_nanos() as u64;
+        self.driver_nanos.fetch_add(nanos, Ordering::Relaxed);
+        result
+    }
+
     /// Launches `f` as a programmatic dependent of the stream's previous
     /// kernel (`cuLaunchKernelEx`): its blocks may start once every block of
     /// that kernel has called `kiln_wait_inputs()`, and their own
@@ -297,6 +311,7 @@ impl CudaDevice {
                 bytes_read: 0,
                 captured_kernels: None,
             }),
+            driver_nanos: AtomicU64::new(0),
         })
     }
 
@@ -469,39 +484,41 @@ impl Device for CudaDevice {
     }
 
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()> {
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        self.bind()?;
-        let mut inner = self.inner();
-        inner.refuse_in_capture("an upload")?;
-        inner.queued();
-        let stream = self.stream.cu_stream();
-        let len = bytes.len();
-        if len > inner.staging.capacity {
-            // On our stream, so the kernels queued after it read the new
-            // bytes; the wait keeps `bytes` alive until the copy is done.
-            // SAFETY: `dst` addresses a live allocation of at least `len`.
-            unsafe { result::memcpy_htod_async(dst, bytes, stream) }
-                .map_err(driver_error("host to device copy"))?;
-            return self.wait(&mut inner);
-        }
-        if inner.staging.used + len > inner.staging.capacity {
-            self.wait(&mut inner)?;
-        }
-        let at = inner.staging.used;
-        // SAFETY: `at + len` fits the staging buffer, whose bytes from `at`
-        // on no queued copy reads any more (they were reclaimed by a wait);
-        // `dst` addresses a live allocation of at least `len`.
-        unsafe {
-            let staged = inner.staging.base.add(at);
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), staged, len);
-            result::memcpy_htod_async(dst, std::slice::from_raw_parts(staged, len), stream)
-        }
-        .map_err(driver_error("host to device copy"))?;
-        // 256-byte aligned, as the DMA engine prefers.
-        inner.staging.used = (at + len).next_multiple_of(256);
-        Ok(())
+        self.timed(|| {
+            if bytes.is_empty() {
+                return Ok(());
+            }
+            self.bind()?;
+            let mut inner = self.inner();
+            inner.refuse_in_capture("an upload")?;
+            inner.queued();
+            let stream = self.stream.cu_stream();
+            let len = bytes.len();
+            if len > inner.staging.capacity {
+                // On our stream, so the kernels queued after it read the new
+                // bytes; the wait keeps `bytes` alive until the copy is done.
+                // SAFETY: `dst` addresses a live allocation of at least `len`.
+                unsafe { result::memcpy_htod_async(dst, bytes, stream) }
+                    .map_err(driver_error("host to device copy"))?;
+                return self.wait(&mut inner);
+            }
+            if inner.staging.used + len > inner.staging.capacity {
+                self.wait(&mut inner)?;
+            }
+            let at = inner.staging.used;
+            // SAFETY: `at + len` fits the staging buffer, whose bytes from `at`
+            // on no queued copy reads any more (they were reclaimed by a wait);
+            // `dst` addresses a live allocation of at least `len`.
+            unsafe {
+                let staged = inner.staging.base.add(at);
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), staged, len);
+                result::memcpy_htod_async(dst, std::slice::from_raw_parts(staged, len), stream)
+            }
+            .map_err(driver_error("host to device copy"))?;
+            // 256-byte aligned, as the DMA engine prefers.
+            inner.staging.used = (at + len).next_multiple_of(256);
+            Ok(())
+        })
     }
 
     fn download(&self, src: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
@@ -516,39 +533,41 @@ impl Device for CudaDevice {
     }
 
     fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback> {
-        self.bind()?;
-        let mut inner = self.inner();
-        inner.refuse_in_capture("a download")?;
-        let total: usize = parts.iter().map(|p| p.1).sum();
-        let index = Self::readback_slot(&mut inner, total)?;
-        let stream = self.stream.cu_stream();
-        let slot = &inner.readbacks[index];
-        let mut at = 0;
-        for &(src, len) in parts {
-            // SAFETY: `at + len` fits the slot's pinned memory, which no
-            // other queued copy writes (the slot is free); `src` addresses a
-            // live allocation of at least `len` (the caller's plan).
-            let copied = unsafe {
-                let dst = std::slice::from_raw_parts_mut(slot.base.add(at), len);
-                result::memcpy_dtoh_async(dst, src, stream)
-            };
-            if let Err(e) = copied {
-                // The copies queued before it write the slot, which stays
-                // free: they must be done before it is reused or freed.
-                // SAFETY: the stream is live.
-                let _ = unsafe { result::stream::synchronize(stream) };
-                return Err(driver_error("device to host copy")(e));
+        self.timed(|| {
+            self.bind()?;
+            let mut inner = self.inner();
+            inner.refuse_in_capture("a download")?;
+            let total: usize = parts.iter().map(|p| p.1).sum();
+            let index = Self::readback_slot(&mut inner, total)?;
+            let stream = self.stream.cu_stream();
+            let slot = &inner.readbacks[index];
+            let mut at = 0;
+            for &(src, len) in parts {
+                // SAFETY: `at + len` fits the slot's pinned memory, which no
+                // other queued copy writes (the slot is free); `src` addresses a
+                // live allocation of at least `len` (the caller's plan).
+                let copied = unsafe {
+                    let dst = std::slice::from_raw_parts_mut(slot.base.add(at), len);
+                    result::memcpy_dtoh_async(dst, src, stream)
+                };
+                if let Err(e) = copied {
+                    // The copies queued before it write the slot, which stays
+                    // free: they must be done before it is reused or freed.
+                    // SAFETY: the stream is live.
+                    let _ = unsafe { result::stream::synchronize(stream) };
+                    return Err(driver_error("device to host copy")(e));
+                }
+                at += len;
             }
-            at += len;
-        }
-        // SAFETY: the event and the stream are live.
-        unsafe { result::event::record(slot.event, stream) }
-            .map_err(driver_error("cuEventRecord"))?;
-        let issued = inner.issued;
-        inner.readbacks[index].in_use = Some((total, issued));
-        inner.bytes_read += total as u64;
-        inner.queued();
-        Ok(Readback(index))
+            // SAFETY: the event and the stream are live.
+            unsafe { result::event::record(slot.event, stream) }
+                .map_err(driver_error("cuEventRecord"))?;
+            let issued = inner.issued;
+            inner.readbacks[index].in_use = Some((total, issued));
+            inner.bytes_read += total as u64;
+            inner.queued();
+            Ok(Readback(index))
+        })
     }
 
     fn wait_readback(&self, readback: Readback) -> DeviceResult<Vec<u8>> {
@@ -578,11 +597,13 @@ impl Device for CudaDevice {
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()> {
-        self.bind()?;
-        self.queued();
-        // SAFETY: both ranges belong to live allocations (the caller's plan).
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
-            .map_err(driver_error("device to device copy"))
+        self.timed(|| {
+            self.bind()?;
+            self.queued();
+            // SAFETY: both ranges belong to live allocations (the caller's plan).
+            unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+                .map_err(driver_error("device to device copy"))
+        })
     }
 
     fn precompile(&self, modules: &[(&str, &str)]) {
@@ -637,84 +658,90 @@ impl Device for CudaDevice {
         config: LaunchConfig,
         args: &[KernelArg],
     ) -> DeviceResult<()> {
-        config.check()?;
-        self.bind()?;
-        let f = {
-            let mut inner = self.inner();
-            let f = *inner
-                .functions
-                .get(function.0)
-                .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?;
-            opt_in_shared(&mut inner, function, f, config.shared_bytes)?;
-            inner.queued();
-            inner.kernel();
-            f
-        };
-        let mut packed = PackedArgs::new(args);
-        if config.programmatic && self.programmatic {
-            return self.launch_programmatic(f, config, &mut packed);
-        }
-        // SAFETY: the arguments match the kernel's signature (the backend
-        // builds them from the same definitions); cuLaunchKernel copies them.
-        unsafe {
-            result::launch_kernel(
-                f,
-                config.grid,
-                config.block,
-                config.shared_bytes,
-                self.stream.cu_stream(),
-                packed.pointers(),
-            )
-        }
-        .map_err(driver_error("cuLaunchKernel"))
+        self.timed(|| {
+            config.check()?;
+            self.bind()?;
+            let f = {
+                let mut inner = self.inner();
+                let f = *inner
+                    .functions
+                    .get(function.0)
+                    .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?;
+                opt_in_shared(&mut inner, function, f, config.shared_bytes)?;
+                inner.queued();
+                inner.kernel();
+                f
+            };
+            let mut packed = PackedArgs::new(args);
+            if config.programmatic && self.programmatic {
+                return self.launch_programmatic(f, config, &mut packed);
+            }
+            // SAFETY: the arguments match the kernel's signature (the backend
+            // builds them from the same definitions); cuLaunchKernel copies them.
+            unsafe {
+                result::launch_kernel(
+                    f,
+                    config.grid,
+                    config.block,
+                    config.shared_bytes,
+                    self.stream.cu_stream(),
+                    packed.pointers(),
+                )
+            }
+            .map_err(driver_error("cuLaunchKernel"))
+        })
     }
 
     fn gemm(&self, g: &Gemm) -> DeviceResult<()> {
-        use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-        g.check()?;
-        self.bind()?;
-        let data_type = |ty: GemmType| match ty {
-            GemmType::F32 => cudaDataType::CUDA_R_32F,
-            GemmType::BF16 => cudaDataType::CUDA_R_16BF,
-            GemmType::F16 => cudaDataType::CUDA_R_16F,
-        };
-        let (ty, y_type) = (data_type(g.ty), data_type(g.y_type));
-        self.queued();
-        self.inner().kernel();
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
-        // Column-major: yᵀ [n, m] = op(W) · xᵀ [k, m]; W [n, k] row-major is
-        // column-major [k, n] (transa = T), W [k, n] is column-major [n, k].
-        let (transa, lda) = match g.layout {
-            WeightLayout::OutIn => (cublasOperation_t::CUBLAS_OP_T, k),
-            WeightLayout::InOut => (cublasOperation_t::CUBLAS_OP_N, n),
-        };
-        // SAFETY: the pointers address live allocations of the sizes the
-        // product reads and writes.
-        unsafe {
-            cublas::gemm_ex(
-                self.cublas,
-                transa,
-                cublasOperation_t::CUBLAS_OP_N,
-                n,
-                m,
-                k,
-                (&alpha as *const f32).cast(),
-                g.w as *const c_void,
-                ty,
-                lda,
-                g.x as *const c_void,
-                ty,
-                k,
-                (&beta as *const f32).cast(),
-                g.y as *mut c_void,
-                y_type,
-                n,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| DeviceError::new(format!("cublasGemmEx {m}x{n}x{k}: {e:?}")))
+        self.timed(|| {
+            use cublas_sys::{
+                cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+            };
+            g.check()?;
+            self.bind()?;
+            let data_type = |ty: GemmType| match ty {
+                GemmType::F32 => cudaDataType::CUDA_R_32F,
+                GemmType::BF16 => cudaDataType::CUDA_R_16BF,
+                GemmType::F16 => cudaDataType::CUDA_R_16F,
+            };
+            let (ty, y_type) = (data_type(g.ty), data_type(g.y_type));
+            self.queued();
+            self.inner().kernel();
+            let (alpha, beta) = (1.0f32, 0.0f32);
+            let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
+            // Column-major: yᵀ [n, m] = op(W) · xᵀ [k, m]; W [n, k] row-major is
+            // column-major [k, n] (transa = T), W [k, n] is column-major [n, k].
+            let (transa, lda) = match g.layout {
+                WeightLayout::OutIn => (cublasOperation_t::CUBLAS_OP_T, k),
+                WeightLayout::InOut => (cublasOperation_t::CUBLAS_OP_N, n),
+            };
+            // SAFETY: the pointers address live allocations of the sizes the
+            // product reads and writes.
+            unsafe {
+                cublas::gemm_ex(
+                    self.cublas,
+                    transa,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    n,
+                    m,
+                    k,
+                    (&alpha as *const f32).cast(),
+                    g.w as *const c_void,
+                    ty,
+                    lda,
+                    g.x as *const c_void,
+                    ty,
+                    k,
+                    (&beta as *const f32).cast(),
+                    g.y as *mut c_void,
+                    y_type,
+                    n,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| DeviceError::new(format!("cublasGemmEx {m}x{n}x{k}: {e:?}")))
+        })
     }
 
     fn begin_capture(&self) -> DeviceResult<()> {
@@ -748,19 +775,21 @@ impl Device for CudaDevice {
     }
 
     fn replay(&self, graph: GraphId) -> DeviceResult<()> {
-        self.bind()?;
-        self.queued();
-        let (exec, kernels) = self
-            .inner()
-            .graphs
-            .get(graph.0)
-            .copied()
-            .flatten()
-            .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
-        self.inner().kernels += kernels;
-        // SAFETY: the graph was instantiated on this context.
-        unsafe { result::graph::launch(exec, self.stream.cu_stream()) }
-            .map_err(driver_error("cuGraphLaunch"))
+        self.timed(|| {
+            self.bind()?;
+            self.queued();
+            let (exec, kernels) = self
+                .inner()
+                .graphs
+                .get(graph.0)
+                .copied()
+                .flatten()
+                .ok_or_else(|| DeviceError::new(format!("no graph {graph:?}")))?;
+            self.inner().kernels += kernels;
+            // SAFETY: the graph was instantiated on this context.
+            unsafe { result::graph::launch(exec, self.stream.cu_stream()) }
+                .map_err(driver_error("cuGraphLaunch"))
+        })
     }
 
     fn release_graph(&self, graph: GraphId) {
@@ -808,6 +837,10 @@ impl Device for CudaDevice {
 
     fn bytes_read(&self) -> u64 {
         self.inner().bytes_read
+    }
+
+    fn driver_seconds(&self) -> Option<f64> {
+        Some(self.driver_nanos.load(Ordering::Relaxed) as f64 * 1e-9)
     }
 }
 
