@@ -177,10 +177,17 @@ fn rope_case(gpu: &Gpu, half: usize) {
     }
 }
 
+/// Rows of 37 (within a thread's eight values of a block of 32 threads) and
+/// of 300 (two passes, the last partial).
 #[test]
 fn embedding_reads_rows_and_flags_bad_ids() {
     let gpu = Gpu::new(&[sources::DATA]);
-    let (rows, cols) = (6usize, 37usize);
+    for cols in [37usize, 300] {
+        embedding_case(&gpu, 6, cols);
+    }
+}
+
+fn embedding_case(gpu: &Gpu, rows: usize, cols: usize) {
     let table = Rng::new(3).data(rows * cols, 2.0);
     let (as_bf16, bf16_values) = round(&table, BF16);
     let (as_f16, f16_values) = round(&table, F16);
@@ -202,7 +209,10 @@ fn embedding_reads_rows_and_flags_bad_ids() {
             };
             let want: Vec<f32> = ids.iter().flat_map(|&id| row(id)).collect();
             let got: Vec<f32> = gpu.down(y, want.len());
-            assert!(bits(&got) == bits(&want), "{name} {ids:?}: {got:?}");
+            assert!(
+                bits(&got) == bits(&want),
+                "{name} {ids:?}, {cols} columns: {got:?}"
+            );
             assert_eq!(gpu.down::<i32>(error, 1), [bad], "{name} {ids:?}");
         }
     }
