@@ -101,23 +101,8 @@ __device__ __forceinline__ void embedding(const T* __restrict__ table, const i64
   if (!valid && threadIdx.x == 0) *error = 1;
   const T* row = table + (valid ? id : 0) * cols;
   float* out = y + (i64)blockIdx.x * cols;
-  // Eight of the row's values a thread loaded before any is stored (a
-  // store between them kept each load waiting for the one before: a
-  // Llama-3 row of 4,096 over 256 threads was sixteen memory round trips,
-  // now two).
-  for (int first = threadIdx.x; first < cols; first += 8 * blockDim.x) {
-    float v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      int c = first + u * (int)blockDim.x;
-      v[u] = valid && c < cols ? convert(row[c]) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      int c = first + u * (int)blockDim.x;
-      if (c < cols) out[c] = v[u];
-    }
-  }
+  for_each_batched<float>(
+      cols, [&](int c) { return valid ? convert(row[c]) : 0.0f; }, [&](int c, float v) { out[c] = v; });
 }
 
 __device__ __forceinline__ float f32_identity(float v) { return v; }

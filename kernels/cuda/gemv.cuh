@@ -410,21 +410,9 @@ __device__ void embedding_blocks(const u8* table, const i64* ids, float* y, i64 
   if (!valid && threadIdx.x == 0) *error = 1;
   const u8* row = table + (valid ? id : 0) * (i64)(cols / F::ELEMS) * F::BYTES;
   float* out = y + (i64)blockIdx.x * cols;
-  // Eight values a thread decoded before any is stored (data.cu's
-  // `embedding`: a store between them kept each load waiting).
-  for (int first = threadIdx.x; first < cols; first += 8 * blockDim.x) {
-    float v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      int c = first + u * (int)blockDim.x;
-      v[u] = valid && c < cols ? F::value(row + (c / F::ELEMS) * F::BYTES, c % F::ELEMS) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      int c = first + u * (int)blockDim.x;
-      if (c < cols) out[c] = v[u];
-    }
-  }
+  for_each_batched<float>(
+      cols, [&](int c) { return valid ? F::value(row + (c / F::ELEMS) * F::BYTES, c % F::ELEMS) : 0.0f; },
+      [&](int c, float v) { out[c] = v; });
 }
 
 // Every value of `count` blocks as bf16: a thread per lane part of a block

@@ -60,44 +60,39 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
       rope_cos_sin(position, inv_freq[i], scale, &cos_sin[i], &cos_sin[half + i]);
     __syncthreads();
   }
-  // The thread's (head, pair)s, KILN_ROPE_BATCH at a time: every pair of the
-  // batch loaded before any result is stored (a store between them kept
-  // each load waiting for the one before: a 2048-token Llama-3-8B prompt's
-  // ten pairs a thread were ten memory round trips).
-  const int pairs = (heads + heads2) * half, step = gridDim.y * blockDim.x;
-  for (int first = blockIdx.y * blockDim.x + threadIdx.x; first < pairs; first += KILN_ROPE_BATCH * step) {
-    float x0[KILN_ROPE_BATCH], x1[KILN_ROPE_BATCH];
-#pragma unroll
-    for (int u = 0; u < KILN_ROPE_BATCH; ++u) {
-      RopePair r(first + u * step, half, interleaved, heads);
-      if (r.p < pairs) {
-        const float* in = (r.second ? x2 : x) + (token * (r.second ? heads2 : heads) + r.head) * head_dim;
-        x0[u] = in[r.a];
-        x1[u] = in[r.b];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < KILN_ROPE_BATCH; ++u) {
-      RopePair r(first + u * step, half, interleaved, heads);
-      if (r.p >= pairs) break;
-      float* out = (r.second ? y2 : y) + (token * (r.second ? heads2 : heads) + r.head) * head_dim;
-      float c, s;
-      if (shared) {
-        c = cos_sin[r.i];
-        s = cos_sin[half + r.i];
-      } else {
-        rope_cos_sin(position, inv_freq[r.i], scale, &c, &s);
-      }
-      float r0, r1;
-      rope_rotate(x0[u], x1[u], c, s, &r0, &r1);
-      out[r.a] = r0;
-      out[r.b] = r1;
-      if (r.second && k_slot != nullptr) {
-        cache_store(k_slot + r.head * head_dim + r.a, r0);
-        cache_store(k_slot + r.head * head_dim + r.b, r1);
-      }
-    }
-  }
+  // The thread's (head, pair)s, KILN_ROPE_BATCH at a time, loaded before
+  // any result is stored (for_each_batched: a 2048-token Llama-3-8B
+  // prompt's ten pairs a thread were ten memory round trips).
+  const int pairs = (heads + heads2) * half;
+  auto input = [&](const RopePair& r) {
+    return (r.second ? x2 : x) + (token * (r.second ? heads2 : heads) + r.head) * head_dim;
+  };
+  for_each_batched<FloatPair, KILN_ROPE_BATCH>(
+      blockIdx.y * blockDim.x + threadIdx.x, pairs, gridDim.y * blockDim.x,
+      [&](int p) {
+        RopePair r(p, half, interleaved, heads);
+        const float* in = input(r);
+        return FloatPair{in[r.a], in[r.b]};
+      },
+      [&](int p, FloatPair pair) {
+        RopePair r(p, half, interleaved, heads);
+        float* out = (r.second ? y2 : y) + (token * (r.second ? heads2 : heads) + r.head) * head_dim;
+        float c, s;
+        if (shared) {
+          c = cos_sin[r.i];
+          s = cos_sin[half + r.i];
+        } else {
+          rope_cos_sin(position, inv_freq[r.i], scale, &c, &s);
+        }
+        float r0, r1;
+        rope_rotate(pair.x, pair.y, c, s, &r0, &r1);
+        out[r.a] = r0;
+        out[r.b] = r1;
+        if (r.second && k_slot != nullptr) {
+          cache_store(k_slot + r.head * head_dim + r.a, r0);
+          cache_store(k_slot + r.head * head_dim + r.b, r1);
+        }
+      });
 }
 
 extern "C" __global__ void __launch_bounds__(KILN_ROPE_THREADS, 4) kiln_rope(KILN_ROPE_PARAMS) {
@@ -122,16 +117,9 @@ __device__ void rope_write_kv(KILN_ROPE_PARAMS, const float* __restrict__ v, C* 
   rope_token<C>(KILN_ROPE_ARGS, at < 0 ? nullptr : k_cache + at);
   if (at < 0) return;
   // The token's values, KILN_ROPE_BATCH a thread loaded before any is stored.
-  const int step = gridDim.y * blockDim.x;
-  for (int first = blockIdx.y * blockDim.x + threadIdx.x; first < stride; first += KILN_ROPE_BATCH * step) {
-    float values[KILN_ROPE_BATCH];
-#pragma unroll
-    for (int u = 0; u < KILN_ROPE_BATCH; ++u)
-      if (first + u * step < stride) values[u] = v[row * stride + first + u * step];
-#pragma unroll
-    for (int u = 0; u < KILN_ROPE_BATCH; ++u)
-      if (first + u * step < stride) cache_store(v_cache + at + first + u * step, values[u]);
-  }
+  for_each_batched<float, KILN_ROPE_BATCH>(
+      blockIdx.y * blockDim.x + threadIdx.x, stride, gridDim.y * blockDim.x,
+      [&](int i) { return v[row * stride + i]; }, [&](int i, float value) { cache_store(v_cache + at + i, value); });
 }
 
 #define KILN_ROPE_CACHE_PARAMS(C)                                                                             \

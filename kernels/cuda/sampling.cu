@@ -69,11 +69,12 @@ __device__ int prefix_select(const float* v, float* selected, int n, Member memb
   const bool first_member = !(target > 0.0f);
   if (first_member) target = 1.0f;
   float total = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float weight_i = member(i) ? (first_member ? 1.0f : weight(i)) : -1.0f;
-    selected[i] = weight_i;
-    if (weight_i >= 0.0f) total += weight_i;
-  }
+  for_each_batched<float>(
+      n, [&](int i) { return member(i) ? (first_member ? 1.0f : weight(i)) : -1.0f; },
+      [&](int i, float weight_i) {
+        selected[i] = weight_i;
+        if (weight_i >= 0.0f) total += weight_i;
+      });
   total = block_sum(total, scratch);
   if (total < target) return -1;
   // The largest key K with Σ_{key ≥ K} weight ≥ target, two bits a pass:
@@ -84,6 +85,7 @@ __device__ int prefix_select(const float* v, float* selected, int n, Member memb
   unsigned int k = 0;
   for (int low = 30; low >= 0; low -= 2) {
     float sum[3] = {0.0f, 0.0f, 0.0f};
+#pragma unroll 8
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const float weight_i = selected[i];
       if (weight_i < 0.0f) continue;
@@ -101,6 +103,7 @@ __device__ int prefix_select(const float* v, float* selected, int n, Member memb
   // The mass strictly above K, then the ties at K in index order: each
   // thread scans a contiguous chunk after an exclusive scan of the chunks.
   float above = 0.0f;
+#pragma unroll 8
   for (int i = threadIdx.x; i < n; i += blockDim.x)
     if (selected[i] >= 0.0f && order_key(v[i]) > k) above += selected[i];
   above = block_sum(above, scratch);
@@ -267,14 +270,15 @@ __device__ __forceinline__ bool sorts_before(const SampleCandidates& c, int a, i
 __device__ int gather_sorted(const float* v, int n, float cut, SampleCandidates& c) {
   if (threadIdx.x == 0) c.count = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    if (v[i] >= cut) {
+  for_each_batched<float>(n, [&](int i) { return v[i]; }, [&](int i, float value) {
+    if (value >= cut) {
       int at = atomicAdd(&c.count, 1);
       if (at < KILN_SAMPLE_CANDIDATES) {
-        c.key[at] = order_key(v[i]);
+        c.key[at] = order_key(value);
         c.index[at] = i;
       }
     }
+  });
   __syncthreads();
   int count = c.count;
   __syncthreads();
@@ -340,10 +344,13 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
   // The mask, then penalties, the logit bias and bans, on a copy (a masked
   // token stays -inf through every adjustment, as on the host).
   const unsigned int* mask = p.mask >= 0 ? masks + p.mask : nullptr;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    bool allowed = mask == nullptr || (mask[i >> 5] >> (i & 31) & 1u);
-    w[i] = allowed && x[i] == x[i] ? x[i] : KILN_NEG_INF;
-  }
+  for_each_batched<float>(
+      vocab,
+      [&](int i) {
+        bool allowed = mask == nullptr || (mask[i >> 5] >> (i & 31) & 1u);
+        return allowed && x[i] == x[i] ? x[i] : KILN_NEG_INF;
+      },
+      [&](int i, float value) { w[i] = value; });
   __syncthreads();
   for (int e = p.adjust_begin + threadIdx.x; e < p.adjust_end; e += blockDim.x) {
     KilnAdjust a = adjust[e];
@@ -359,6 +366,7 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
 
   auto one = [&](int) { return 1.0f; };
   int finite_count = 0;
+#pragma unroll 8
   for (int i = threadIdx.x; i < vocab; i += blockDim.x) finite_count += finite(w[i]) ? 1 : 0;
   finite_count = (int)block_sum((float)finite_count, scratch);
 
@@ -368,12 +376,13 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     token = first_largest(vocab, [&](int i) { return w[i]; }, found);
   } else {
     // Finite after the division, as on the host.
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-      float scaled = w[i] / p.temperature;
-      w[i] = finite(w[i]) && finite(scaled) ? scaled : KILN_NEG_INF;
-    }
+    for_each_batched<float>(vocab, [&](int i) { return w[i]; }, [&](int i, float value) {
+      float scaled = value / p.temperature;
+      w[i] = finite(value) && finite(scaled) ? scaled : KILN_NEG_INF;
+    });
     __syncthreads();
     finite_count = 0;
+#pragma unroll 8
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) finite_count += finite(w[i]) ? 1 : 0;
     finite_count = (int)block_sum((float)finite_count, scratch);
     auto is_finite = [&](int i) { return finite(w[i]); };
@@ -382,10 +391,12 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     // the draw below is taken among them when it lands there, else by
     // passes over the whole row.
     float best_all = KILN_NEG_INF;
+#pragma unroll 8
     for (int i = threadIdx.x; i < vocab; i += blockDim.x)
       if (is_finite(i)) best_all = fmaxf(best_all, w[i]);
     best_all = block_max(best_all, scratch);
     float total_all = 0.0f;
+#pragma unroll 8
     for (int i = threadIdx.x; i < vocab; i += blockDim.x)
       if (is_finite(i)) total_all += expf(w[i] - best_all);
     total_all = block_sum(total_all, scratch);
@@ -402,10 +413,12 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     float best = best_all, total = total_all;
     if (has_k) {
       best = KILN_NEG_INF;
+#pragma unroll 8
       for (int i = threadIdx.x; i < vocab; i += blockDim.x)
         if (in_top_k(i)) best = fmaxf(best, w[i]);
       best = block_max(best, scratch);
       total = 0.0f;
+#pragma unroll 8
       for (int i = threadIdx.x; i < vocab; i += blockDim.x)
         if (in_top_k(i)) total += expf(w[i] - best);
       total = block_sum(total, scratch);
@@ -450,6 +463,7 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
       // Every thread, in the host's order.
       for (int j = 0; j < kept_end; ++j) kept_mass += cand.prob[j];
     } else {
+#pragma unroll 8
       for (int i = threadIdx.x; i < vocab; i += blockDim.x)
         if (kept(i)) kept_mass += prob(i);
       kept_mass = block_sum(kept_mass, scratch);
@@ -490,6 +504,7 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
       token = prefix_select(w, selected, vocab, kept_other, prob, target, scratch, scan, found);
       if (token < 0 && finite_count > 0) {
         float kept_count = 0.0f;
+#pragma unroll 8
         for (int i = threadIdx.x; i < vocab; i += blockDim.x) kept_count += kept_other(i) ? 1.0f : 0.0f;
         kept_count = block_sum(kept_count, scratch);
         token = prefix_select(w, selected, vocab, kept_other, one, kept_count, scratch, scan, found);
@@ -523,9 +538,11 @@ extern "C" __global__ void __launch_bounds__(KILN_SAMPLE_THREADS) kiln_sample(co
   // Log-probabilities of the raw row, when asked for.
   float m = KILN_NEG_INF, log_z = 0.0f;
   if (p.logprobs >= 0) {
+#pragma unroll 8
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, x[i]);
     m = block_max(m, scratch);
     float z = 0.0f;
+#pragma unroll 8
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) z += expf(x[i] - m);
     log_z = logf(block_sum(z, scratch));
   }
@@ -551,7 +568,7 @@ extern "C" __global__ void __launch_bounds__(KILN_SAMPLE_THREADS) kiln_sample(co
   // log-probability next to a huge maximum). The working copy is free now.
   if (p.logprobs <= 0) return;
   __syncthreads();
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) w[i] = (x[i] - m) - log_z;
+  for_each_batched<float>(vocab, [&](int i) { return x[i]; }, [&](int i, float value) { w[i] = (value - m) - log_z; });
   __syncthreads();
   int id = -1;
   for (int j = 0; j < p.logprobs && j < max_top && j < vocab; ++j) {
