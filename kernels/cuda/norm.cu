@@ -84,13 +84,10 @@ __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __rest
   for (int c = 0; c < KILN_NORM_CHUNKS; ++c) {
     int q = threadIdx.x + c * blockDim.x;
     if (q < quads) {
-      Bytes16 out;
+      float out[4];
       for (int j = 0; j < 4; ++j)
-        out.v[j] = __float_as_uint(__uint_as_float(v[c].v[j]) * inv * (offset + __uint_as_float(scale[c].v[j])));
-      if (out_type == KILN_OUT_F32)
-        *reinterpret_cast<Bytes16*>(y + base + 4 * q) = out;
-      else
-        for (int j = 0; j < 4; ++j) store_as(y, base + 4 * q + j, __uint_as_float(out.v[j]), out_type);
+        out[j] = __uint_as_float(v[c].v[j]) * inv * (offset + __uint_as_float(scale[c].v[j]));
+      store4_as(y, base + 4 * q, out, out_type);
     }
   }
 }
