@@ -90,6 +90,8 @@ template <int D, typename C>
 __device__ __forceinline__ void load_tile(bf16_bits* tile, Bytes16* stage, const int* slots,
                                           const C* __restrict__ cache, int stride, int kv_head) {
   const int values = 16 / (int)sizeof(C), chunks = D / values, pieces = KILN_FLASH_KEYS * chunks;
+  // Rolled: unrolled, the pieces' addresses took registers the two row
+  // tiles' scores and outputs need (ptxas spilled at heads of 128).
 #pragma unroll 1
   for (int p = 0; p < (pieces + KILN_FLASH_THREADS - 1) / KILN_FLASH_THREADS; ++p) {
     int i = threadIdx.x + p * KILN_FLASH_THREADS, key = i / chunks, chunk = i % chunks;
@@ -108,6 +110,7 @@ template <int D, typename C>
 __device__ __forceinline__ void widen_tile(bf16_bits* tile, const Bytes16* stage) {
   if (sizeof(C) != 1) return;
   const int chunks = D / 16, pieces = KILN_FLASH_KEYS * chunks;
+  // Rolled, as load_tile's loop.
 #pragma unroll 1
   for (int p = 0; p < (pieces + KILN_FLASH_THREADS - 1) / KILN_FLASH_THREADS; ++p) {
     int i = threadIdx.x + p * KILN_FLASH_THREADS, key = i / chunks, chunk = i % chunks;
@@ -223,6 +226,8 @@ __device__ void flash_attention(const float* __restrict__ q, const C* __restrict
       // S = Q·Kᵀ, a chunk of 16 dimensions at a time: each tile's A
       // fragment is loaded once for the 8 column tiles of 8 keys, each
       // B fragment (two column tiles a load) once for the warp's tiles.
+      // The chunk loop stays rolled (16 products an iteration): unrolled,
+      // ptxas hoisted fragments past the 255 registers and spilled.
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
