@@ -10,6 +10,12 @@ hot loop is judged before a GPU is lent.
 
     kernels/cuda/sass_report.py kiln_qmm_q4_k kiln_gemv_q4_k_m1 [--arch sm_80]
 
+With `--module flash_attention.cu`, only that module is compiled, here, by
+NVRTC's library (seconds, where the test takes minutes), and ptxas's
+registers and spills of its kernels are printed first:
+
+    kernels/cuda/sass_report.py --module flash_attention.cu kiln_flash_attention_bf16_d128
+
 Needs NVRTC (.ci/setup); cuobjdump and nvdisasm come from PyPI wheels,
 unpacked into target/cuda/sass on first use.
 """
@@ -61,6 +67,47 @@ def cubins(out: pathlib.Path) -> None:
     )
 
 
+def compile_module(name: str, arch: str, out: pathlib.Path) -> None:
+    """One module's cubin for `arch` into `out`, by NVRTC's library as .ci/setup
+    unpacks it (includes from kernels/cuda, as the runtime inlines them),
+    printing ptxas's registers and spills of each kernel."""
+    import ctypes
+
+    nvrtc_dir = ROOT / "target/cuda/nvidia/cu13/lib"
+    # libnvrtc loads its builtins library by name: load it first.
+    ctypes.CDLL(str(next(nvrtc_dir.glob("libnvrtc-builtins.so*"))), mode=ctypes.RTLD_GLOBAL)
+    nvrtc = ctypes.CDLL(str(nvrtc_dir / "libnvrtc.so.13"))
+    path = ROOT / "kernels/cuda" / name
+    program = ctypes.c_void_p()
+    status = nvrtc.nvrtcCreateProgram(ctypes.byref(program), path.read_bytes(), name.encode(), 0, None, None)
+    if status != 0:
+        sys.exit(f"nvrtcCreateProgram: {status}")
+    options = [f"--gpu-architecture={arch}", "--std=c++17", f"-I{ROOT / 'kernels/cuda'}", "--ptxas-options=-v"]
+    array = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+    status = nvrtc.nvrtcCompileProgram(program, len(options), array)
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(program, log)
+    lines = log.value.decode().splitlines()
+    if status != 0:
+        sys.exit("\n".join(lines))
+    for i, line in enumerate(lines):
+        if "Compiling entry function" in line:
+            after = " ".join(lines[i + 1 : i + 4])
+            registers = re.search(r"Used (\d+) registers", after)
+            spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", after)
+            print(
+                f"{line.split(chr(39))[1]} ({arch}): {registers.group(1) if registers else '?'} registers, "
+                f"spills {spills.group(1) if spills else '?'} / {spills.group(2) if spills else '?'} bytes"
+            )
+    nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(size))
+    cubin = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetCUBIN(program, cubin)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{path.stem}.{arch}.cubin").write_bytes(cubin.raw)
+
+
 def report(cubin: pathlib.Path, kernel: str, bin_dir: pathlib.Path) -> str:
     sass = subprocess.run(
         [str(bin_dir / "cuobjdump"), "-sass", "-fun", kernel, str(cubin)],
@@ -87,11 +134,17 @@ def main() -> None:
     parser.add_argument("kernels", nargs="+")
     parser.add_argument("--arch", default="sm_90", choices=["sm_80", "sm_90"])
     parser.add_argument("--cubins", type=pathlib.Path, default=ROOT / "target/cuda/cubins")
+    parser.add_argument("--module", help="compile only this module of kernels/cuda, here")
     args = parser.parse_args()
     bin_dir = tools()
-    cubins(args.cubins)
+    if args.module:
+        compile_module(args.module, args.arch, args.cubins)
+        modules = [args.cubins / f"{pathlib.Path(args.module).stem}.{args.arch}.cubin"]
+    else:
+        cubins(args.cubins)
+        modules = sorted(args.cubins.glob(f"*.{args.arch}.cubin"))
     for kernel in args.kernels:
-        found = [report(c, kernel, bin_dir) for c in sorted(args.cubins.glob(f"*.{args.arch}.cubin"))]
+        found = [report(c, kernel, bin_dir) for c in modules]
         found = [f for f in found if f]
         print("\n".join(found) if found else f"{kernel}: not in any module for {args.arch}")
 
