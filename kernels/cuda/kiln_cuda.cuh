@@ -469,23 +469,28 @@ __device__ __forceinline__ float round_f16(float v) { return f16_to_f32(f32_to_f
 #define KILN_OUT_BF16 1
 #define KILN_OUT_F16 2
 
+// v in the half type `type` (KILN_OUT_BF16 or KILN_OUT_F16), and back.
+__device__ __forceinline__ unsigned short to_half(float v, int type) {
+  return type == KILN_OUT_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+__device__ __forceinline__ float from_half(unsigned short h, int type) {
+  return type == KILN_OUT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
 // Element i of `out`, whose elements are of type `type`, set to v.
 __device__ __forceinline__ void store_as(float* out, i64 i, float v, int type) {
-  if (type == KILN_OUT_BF16)
-    reinterpret_cast<bf16_bits*>(out)[i] = f32_to_bf16(v);
-  else if (type == KILN_OUT_F16)
-    reinterpret_cast<f16_bits*>(out)[i] = f32_to_f16(v);
-  else
+  if (type == KILN_OUT_F32)
     out[i] = v;
+  else
+    reinterpret_cast<unsigned short*>(out)[i] = to_half(v, type);
 }
 
 // Element i of `in`, whose elements are of type `type` (KILN_OUT_*), as f32:
 // generated kernels reading a product's output that cuBLAS stored in a half
 // type (host/src/runtime/cuda/fusion.rs, `half_product_outputs`).
 __device__ __forceinline__ float load_as(const float* in, i64 i, int type) {
-  if (type == KILN_OUT_BF16) return bf16_to_f32(reinterpret_cast<const bf16_bits*>(in)[i]);
-  if (type == KILN_OUT_F16) return f16_to_f32(reinterpret_cast<const f16_bits*>(in)[i]);
-  return in[i];
+  if (type == KILN_OUT_F32) return in[i];
+  return from_half(reinterpret_cast<const unsigned short*>(in)[i], type);
 }
 
 // Whether `p` may take a 16-byte load or store.
@@ -501,10 +506,7 @@ __device__ __forceinline__ void load4_as(const float* in, i64 i, int type, float
     return;
   }
   Bytes8 b = *reinterpret_cast<const Bytes8*>(reinterpret_cast<const unsigned short*>(in) + i);
-  for (int j = 0; j < 4; ++j) {
-    unsigned short h = (unsigned short)(b.v[j / 2] >> (16 * (j % 2)));
-    v[j] = type == KILN_OUT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-  }
+  for (int j = 0; j < 4; ++j) v[j] = from_half((unsigned short)(b.v[j / 2] >> (16 * (j % 2))), type);
 }
 
 // Elements i .. i + 3 of `out` (of type `type`, as store_as) set to v in one
@@ -517,11 +519,7 @@ __device__ __forceinline__ void store4_as(float* out, i64 i, const float* v, int
     return;
   }
   Bytes8 b;
-  for (int j = 0; j < 2; ++j) {
-    unsigned lo = type == KILN_OUT_BF16 ? f32_to_bf16(v[2 * j]) : f32_to_f16(v[2 * j]);
-    unsigned hi = type == KILN_OUT_BF16 ? f32_to_bf16(v[2 * j + 1]) : f32_to_f16(v[2 * j + 1]);
-    b.v[j] = lo | (hi << 16);
-  }
+  for (int j = 0; j < 2; ++j) b.v[j] = (unsigned)to_half(v[2 * j], type) | (unsigned)to_half(v[2 * j + 1], type) << 16;
   *reinterpret_cast<Bytes8*>(reinterpret_cast<unsigned short*>(out) + i) = b;
 }
 

@@ -32,15 +32,19 @@
 // Pair p of a token's (head, pair)s: the head (of the second tensor, k,
 // past `heads`), the pair within it and the two elements it rotates.
 struct RopePair {
-  int p, head, i, a, b;
+  int head, i, a, b;
   bool second;
-  __device__ __forceinline__ RopePair(int p, int half, int interleaved, int heads) : p(p) {
+  __device__ __forceinline__ RopePair(int p, int half, int interleaved, int heads) {
     head = p / half;
     i = p % half;
     second = head >= heads;
     if (second) head -= heads;
     a = interleaved ? 2 * i : i;
     b = interleaved ? 2 * i + 1 : i + half;
+  }
+  // Where the pair's head of `token` starts in its tensor (x or x2, y or y2).
+  __device__ __forceinline__ i64 head_start(i64 token, int heads, int heads2, int head_dim) const {
+    return (token * (second ? heads2 : heads) + head) * head_dim;
   }
 };
 
@@ -64,19 +68,16 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
   // any result is stored (for_each_batched: a 2048-token Llama-3-8B
   // prompt's ten pairs a thread were ten memory round trips).
   const int pairs = (heads + heads2) * half;
-  auto input = [&](const RopePair& r) {
-    return (r.second ? x2 : x) + (token * (r.second ? heads2 : heads) + r.head) * head_dim;
-  };
   for_each_batched<FloatPair, KILN_ROPE_BATCH>(
       blockIdx.y * blockDim.x + threadIdx.x, pairs, gridDim.y * blockDim.x,
       [&](int p) {
         RopePair r(p, half, interleaved, heads);
-        const float* in = input(r);
+        const float* in = (r.second ? x2 : x) + r.head_start(token, heads, heads2, head_dim);
         return FloatPair{in[r.a], in[r.b]};
       },
       [&](int p, FloatPair pair) {
         RopePair r(p, half, interleaved, heads);
-        float* out = (r.second ? y2 : y) + (token * (r.second ? heads2 : heads) + r.head) * head_dim;
+        float* out = (r.second ? y2 : y) + r.head_start(token, heads, heads2, head_dim);
         float c, s;
         if (shared) {
           c = cos_sin[r.i];

@@ -722,6 +722,35 @@ extern "C" __global__ void kiln_test_row_sum(const float* x, float* y, int n) {
 "#;
 
 #[test]
+fn a_write_past_the_dynamic_shared_memory_fails_its_launch() {
+    const SOURCE: &str = r#"#include "kiln_cuda.cuh"
+extern "C" __global__ void kiln_test_shared_past(float* y, int n) {
+  KILN_DYNAMIC_SHARED(float, tile);
+  tile[threadIdx.x + n] = 1.0f;
+  __syncthreads();
+  y[threadIdx.x] = tile[threadIdx.x + n];
+}
+"#;
+    let mut gpu = Gpu::new(&[]);
+    gpu.load("shared_past.cu", SOURCE);
+    let f = gpu.f("kiln_test_shared_past");
+    let y = gpu.zeros(32 * 4);
+    let launch = |offset: usize| {
+        let config = LaunchConfig {
+            shared_bytes: 32 * 4,
+            ..LaunchConfig::linear(1, 32)
+        };
+        gpu.dev.launch(f, config, &[Ptr(y), int(offset)])
+    };
+    launch(0).expect("within its 128 bytes");
+    let err = launch(1).expect_err("one float past").to_string();
+    assert!(
+        err.contains("past its 128 bytes of dynamic shared memory"),
+        "{err}"
+    );
+}
+
+#[test]
 fn block_reduction_needs_its_barrier() {
     let (rows, n) = (3usize, 1000usize);
     // Small integers: every order of summation gives the exact sum.

@@ -52,6 +52,12 @@ namespace kiln_emu {
 
 constexpr int kWarp = 32;
 constexpr size_t kStackBytes = 128 * 1024;
+// Bytes past a launch's dynamic shared memory (as many again, and this
+// many more) held at kGuardByte and checked after each block: a write past
+// what the host asked for fails the launch (on a GPU it would land in
+// another block's memory, or fault).
+constexpr size_t kSharedGuard = 256;
+constexpr unsigned char kGuardByte = 0xa5;
 
 #if defined(__x86_64__)
 // A fiber switch of its own: the callee-saved registers, MXCSR and the x87
@@ -431,7 +437,7 @@ inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
   block.warp_barriers.resize((threads + kWarp - 1) / kWarp);
   block.exchange.assign(threads, 0);
   block.fragments.assign(threads * 6, 0);
-  block.dynamic_shared.assign(cfg->shared_bytes + 16, 0);
+  block.dynamic_shared.assign(2 * (size_t)cfg->shared_bytes + kSharedGuard, 0);
   block.body = body;
   block.body_arg = arg;
   State saved = state;
@@ -445,7 +451,9 @@ inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
         state.block_idx = uint3{bx, by, bz};
         // Dynamic shared memory starts as NaN bytes, as a GPU's starts as
         // garbage: a read before a write shows up.
-        std::fill(block.dynamic_shared.begin(), block.dynamic_shared.end(), 0xff);
+        auto guard = block.dynamic_shared.begin() + cfg->shared_bytes;
+        std::fill(block.dynamic_shared.begin(), guard, 0xff);
+        std::fill(guard, block.dynamic_shared.end(), kGuardByte);
         block.live = threads;
         block.block_barrier = Barrier{};
         for (auto& w : block.warp_barriers) w = Barrier{};
@@ -480,6 +488,10 @@ inline int run(const kiln_emu_launch* cfg, void (*body)(void*), void* arg) {
             if (block.error[0] != 0) break;
           }
         }
+        if (block.error[0] == 0 &&
+            !std::all_of(guard, block.dynamic_shared.end(), [](unsigned char b) { return b == kGuardByte; }))
+          snprintf(block.error, sizeof block.error, "a write past its %u bytes of dynamic shared memory",
+                   cfg->shared_bytes);
         for (int t = 0; cfg->programmatic && t < threads && block.error[0] == 0; ++t)
           if (!block.fibers[t].awaited)
             snprintf(block.error, sizeof block.error,

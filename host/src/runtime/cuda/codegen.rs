@@ -153,7 +153,7 @@ pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Resu
     );
     // Launched as a programmatic dependent: see `kiln_wait_inputs`.
     text.push_str("  kiln_wait_inputs();\n");
-    if vectorizable(inputs, output) {
+    if has_vector_path(inputs, output) {
         text.push_str(&vector_path(inputs.len(), &body, last));
     }
     let _ = writeln!(
@@ -190,17 +190,17 @@ pub fn generate(program: &[Instr], inputs: &[FusedInput], output: DType) -> Resu
 }
 
 /// Whether a launch over `count` elements whose output and inputs are at
-/// `addresses` takes the vector path, if the kernel has one (its
+/// `addresses` takes the vector path of a kernel that has one (its
 /// condition, which the kernel checks again): the host then sizes the grid
 /// by [`VECTOR_ELEMENTS_PER_THREAD`].
 pub fn vector_path_applies(count: usize, mut addresses: impl Iterator<Item = u64>) -> bool {
     count.is_multiple_of(4) && addresses.all(|a| a % 16 == 0)
 }
 
-/// Whether a kernel over `inputs` has the vector path ([`vector_path`]):
+/// Whether the kernel over `inputs` has the vector path ([`vector_path`]):
 /// every input read at the element's own index, all of them and the output
 /// f32 values (possibly stored in a half type).
-fn vectorizable(inputs: &[FusedInput], output: DType) -> bool {
+pub fn has_vector_path(inputs: &[FusedInput], output: DType) -> bool {
     inputs.len() <= HALF_INPUTS
         && storage_of(output) == Storage::F32
         && inputs
@@ -427,7 +427,7 @@ mod tests {
         };
         let text = generate(&program, &[input, input], DType::F32).unwrap();
         assert!(text.contains("load4_as"), "no vector path:\n{text}");
-        let dir = std::env::temp_dir().join(format!("kiln-codegen-{}", std::process::id()));
+        let dir = std::env::temp_dir().join("kiln-kernels").join("emulator");
         let device = Emulator::new(1 << 22, dir);
         let fused = device.load("fused.cu", &text, &[KERNEL]).unwrap()[0];
         const MAX: usize = 4104;

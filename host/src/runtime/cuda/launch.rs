@@ -304,9 +304,10 @@ impl Frame<'_> {
 
     /// A generated element-wise kernel over `inputs`, each broadcast to
     /// `out`'s shape; an f32 result stored in `out_half` where that is given.
+    /// `vector_path`: the kernel has one (`codegen::has_vector_path`).
     fn fused(
         &self,
-        function: FunctionId,
+        (function, vector_path): (FunctionId, bool),
         inputs: &[Operand<'_>],
         (out, out_shape): (DevicePtr, &[usize]),
         out_half: Option<GemmType>,
@@ -333,15 +334,13 @@ impl Frame<'_> {
         args.push(KernelArg::Struct(words));
         args.push(out_type_arg(out_half));
         args.push(codegen::input_types_arg(inputs.iter().map(|i| i.half))?);
-        // Every input read at the element's own index, aligned: the vector
-        // path's grid (the kernel checks its condition itself, so a grid
-        // sized for the other path is only slower).
+        // The vector path's grid where it runs (the kernel checks its
+        // condition itself: a grid sized for the other path is only slower).
         let addresses = std::iter::once(out).chain(inputs.iter().map(|i| i.ptr));
-        let vector = inputs.iter().all(|i| i.shape == out_shape)
-            && codegen::vector_path_applies(n, addresses);
-        let per_thread = match vector {
-            true => codegen::VECTOR_ELEMENTS_PER_THREAD,
-            false => codegen::ELEMENTS_PER_THREAD,
+        let per_thread = if vector_path && codegen::vector_path_applies(n, addresses) {
+            codegen::VECTOR_ELEMENTS_PER_THREAD
+        } else {
+            codegen::ELEMENTS_PER_THREAD
         };
         // Generated kernels wait for their inputs (codegen.rs).
         let config = LaunchConfig {
@@ -430,7 +429,9 @@ impl Frame<'_> {
                     return Ok(()); // written by the product
                 }
                 let out_half = self.stored_half(step.output);
-                self.fused(*fused, &operands(), (out, out_shape), out_half)
+                // Gate and up whole f32 values (`fuse_gated_activations`
+                // takes no other): the kernel has the vector path.
+                self.fused((*fused, true), &operands(), (out, out_shape), out_half)
             }
             StepPlan::ComputedAt { .. } => Ok(()),
             StepPlan::AddRmsNorm {
@@ -477,9 +478,10 @@ impl Frame<'_> {
                     )
                     .map_err(|e| e.to_string())
             }
-            StepPlan::Fused(function, _) => {
+            StepPlan::Fused(function, inputs) => {
                 let out_half = self.stored_half(step.output);
-                self.fused(*function, &operands(), (out, out_shape), out_half)
+                let kernel = (*function, codegen::has_vector_path(inputs, dtype));
+                self.fused(kernel, &operands(), (out, out_shape), out_half)
             }
             StepPlan::RmsNorm { eps, offset } => {
                 let cols = *out_shape.last().unwrap_or(&1);
