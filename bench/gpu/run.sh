@@ -21,6 +21,10 @@
 #   bench/gpu/run.sh dense             Kiln's decode at batch 16 and 64 (bf16 shapes),
 #                                      dense products of 3 to 64 rows on cuBLAS and on
 #                                      the tensor-core kernel (KILN_DENSE_ROWS), as text
+#   bench/gpu/run.sh gemm-algorithms   Kiln's decode at batch 16 and 64 (bf16 shapes) with
+#                                      cuBLAS's products in the algorithm its heuristics
+#                                      pick and in cuBLASLt's timed fastest
+#                                      (KILN_GEMM_ALGORITHM), with each timing, as text
 #   bench/gpu/run.sh dense-gemv        Kiln's decode at batch 1 to 8 and 16 (bf16 shapes)
 #                                      with dense products of up to 1, 2, 4 and 8 rows
 #                                      (KILN_BENCH_GEMV_ROWS) on the GEMV, the rest on
@@ -90,11 +94,12 @@ each_shape() {
 
 # The decode run also keeps the GEMV split timings made at load (every
 # launch shape in each split, as µs and TB/s over all its layers' weights:
-# the decode GEMVs' bandwidth in isolation) in kiln-*-gemv.log.
+# the decode GEMVs' bandwidth in isolation) and cuBLAS's products' timings
+# (gemm_algorithms.rs: each candidate algorithm's µs) in kiln-*-gemv.log.
 kiln_shape() {
   local shape=$1 dtype=$2 name=$3
   echo "== kiln $shape $dtype: decode"
-  KILN_LOG=info,kiln_host::runtime::cuda::tune=debug \
+  KILN_LOG=info,kiln_host::runtime::cuda::tune=debug,kiln_kernels::cuda::gemm_algorithms=debug \
     "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
     --input-len "$input_len" --output-len "$output_len" --concurrency 1,16,64 --json \
     > "$results/kiln-$name-$dtype-decode.json" 2> >(tee "$results/kiln-$name-$dtype-gemv.log" >&2) ||
@@ -164,6 +169,27 @@ dense_shape() {
 dense() {
   . tests/gpu/env.sh
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape dense_shape
+}
+
+# Decode at 16 and 64 streams with cuBLAS's products (more rows than the
+# GEMV takes) in the algorithm cuBLAS's heuristics pick and in the one of
+# cuBLASLt's candidates timed fastest at first use (the default), with the
+# timings (llama3-8b bf16 unless KILN_BENCH_SHAPES says otherwise). Text,
+# in gemm-algorithms-*.txt.
+gemm_algorithms_shape() {
+  local shape=$1 dtype=$2 name=$3 mode
+  for mode in heuristic timed; do
+    echo "== kiln $shape $dtype: decode, products in cuBLAS's $mode algorithm"
+    KILN_GEMM_ALGORITHM=$mode KILN_LOG=info,kiln_kernels::cuda::gemm_algorithms=debug \
+      "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
+      --input-len "$input_len" --output-len 64 --concurrency 16,64 \
+      2>&1 | tee "$results/gemm-algorithms-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype $mode"
+  done
+}
+
+gemm_algorithms() {
+  . tests/gpu/env.sh
+  KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16} each_shape gemm_algorithms_shape
 }
 
 # Decode at batch 1 to 8 and 16 with the GEMV taking dense products of up
@@ -374,6 +400,7 @@ case "${1:-}" in
   pdl) pdl ;;
   dense) dense ;;
   dense-gemv) dense_gemv ;;
+  gemm-algorithms) gemm_algorithms ;;
   sampled) sampled ;;
   speculative) speculative ;;
   kv-fp8) kv_fp8 ;;
@@ -387,6 +414,7 @@ case "${1:-}" in
     splits
     pdl
     dense
+    gemm_algorithms
     dense_gemv
     sampled
     speculative

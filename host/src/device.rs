@@ -92,6 +92,9 @@ pub enum DeviceError {
         /// The driver's error.
         message: String,
     },
+    /// `KILN_GEMM_ALGORITHM` has a value other than `timed` or `heuristic`.
+    #[error("KILN_GEMM_ALGORITHM={0}: expected timed (cuBLASLt's algorithms timed at first use, the default) or heuristic (cuBLAS's own pick)")]
+    GemmAlgorithm(String),
     /// Fewer GPUs than the index asked for.
     #[error("--device {device}: this machine has {count} CUDA device(s)")]
     NoSuchGpu {
@@ -100,6 +103,23 @@ pub enum DeviceError {
         /// GPUs present.
         count: usize,
     },
+}
+
+/// Whether a GPU's products of decode's row counts run in the cuBLASLt
+/// algorithm timed fastest at their first use (`KILN_GEMM_ALGORITHM=timed`,
+/// the default) or in the one cuBLAS's heuristics pick (`heuristic`), as a
+/// benchmark compares them.
+fn time_gemm_algorithms() -> Result<bool, DeviceError> {
+    parse_gemm_algorithm(std::env::var("KILN_GEMM_ALGORITHM").ok().as_deref())
+}
+
+/// [`time_gemm_algorithms`] of `KILN_GEMM_ALGORITHM`'s value, if set.
+fn parse_gemm_algorithm(value: Option<&str>) -> Result<bool, DeviceError> {
+    match value {
+        None | Some("timed") => Ok(true),
+        Some("heuristic") => Ok(false),
+        Some(other) => Err(DeviceError::GemmAlgorithm(other.to_owned())),
+    }
 }
 
 /// Checks without opening it that the device's libraries load (the CUDA
@@ -146,12 +166,14 @@ pub fn open(
             if index >= count {
                 return Err(DeviceError::NoSuchGpu { device, count });
             }
-            let opened = CudaDevice::open(index, kernel_cache.join("nvrtc")).map_err(|e| {
-                DeviceError::Driver {
-                    device,
-                    message: e.to_string(),
-                }
-            })?;
+            let timed = time_gemm_algorithms()?;
+            let opened =
+                CudaDevice::open(index, kernel_cache.join("nvrtc"), timed).map_err(|e| {
+                    DeviceError::Driver {
+                        device,
+                        message: e.to_string(),
+                    }
+                })?;
             Ok(Some(Arc::new(opened)))
         }
     }
@@ -160,6 +182,18 @@ pub fn open(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemm_algorithms_are_timed_unless_told_otherwise() {
+        assert!(parse_gemm_algorithm(None).unwrap());
+        assert!(parse_gemm_algorithm(Some("timed")).unwrap());
+        assert!(!parse_gemm_algorithm(Some("heuristic")).unwrap());
+        let err = parse_gemm_algorithm(Some("fast")).unwrap_err().to_string();
+        assert!(
+            err.starts_with("KILN_GEMM_ALGORITHM=fast: expected timed"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn device_names_parse() {

@@ -19,6 +19,7 @@ use super::device::{
     compile_side_by_side, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType,
     GraphId, KernelArg, LaunchConfig, PackedArgs, Readback, WeightLayout,
 };
+use super::gemm_algorithms::{GemmAlgorithms, Route};
 use super::nvrtc;
 
 /// Which CUDA library is missing, if any, in the order they are needed.
@@ -151,6 +152,9 @@ pub struct CudaDevice {
     cublas: cublas_sys::cublasHandle_t,
     /// cuBLAS's workspace (freed in `Drop`, after the handle).
     workspace: DevicePtr,
+    /// Products of decode's row counts in the cuBLASLt algorithm timed
+    /// fastest (`None`: `GemmEx` for all).
+    gemm_algorithms: Option<GemmAlgorithms>,
     /// Programmatic dependent launch (compute capability 9.0 and newer).
     programmatic: bool,
     name: String,
@@ -218,6 +222,51 @@ impl CudaDevice {
         result
     }
 
+    /// `g` by cuBLAS's `GemmEx`, in the algorithm its heuristics pick.
+    fn gemm_ex(&self, g: &Gemm) -> DeviceResult<()> {
+        use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+        let data_type = |ty: GemmType| match ty {
+            GemmType::F32 => cudaDataType::CUDA_R_32F,
+            GemmType::BF16 => cudaDataType::CUDA_R_16BF,
+            GemmType::F16 => cudaDataType::CUDA_R_16F,
+        };
+        let (ty, y_type) = (data_type(g.ty), data_type(g.y_type));
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
+        // Column-major: yᵀ [n, m] = op(W) · xᵀ [k, m]; W [n, k] row-major is
+        // column-major [k, n] (transa = T), W [k, n] is column-major [n, k].
+        let (transa, lda) = match g.layout {
+            WeightLayout::OutIn => (cublasOperation_t::CUBLAS_OP_T, k),
+            WeightLayout::InOut => (cublasOperation_t::CUBLAS_OP_N, n),
+        };
+        // SAFETY: the pointers address live allocations of the sizes the
+        // product reads and writes.
+        unsafe {
+            cublas::gemm_ex(
+                self.cublas,
+                transa,
+                cublasOperation_t::CUBLAS_OP_N,
+                n,
+                m,
+                k,
+                (&alpha as *const f32).cast(),
+                g.w as *const c_void,
+                ty,
+                lda,
+                g.x as *const c_void,
+                ty,
+                k,
+                (&beta as *const f32).cast(),
+                g.y as *mut c_void,
+                y_type,
+                n,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| DeviceError::new(format!("cublasGemmEx {m}x{n}x{k}: {e:?}")))
+    }
+
     /// Launches `f` as a programmatic dependent of the stream's previous
     /// kernel (`cuLaunchKernelEx`): its blocks may start once every block of
     /// that kernel has called `kiln_wait_inputs()`, and their own
@@ -265,8 +314,14 @@ impl CudaDevice {
     }
 
     /// Opens device `ordinal`, caching NVRTC's output under `cache_dir`;
-    /// errors name the missing library or the driver's failure.
-    pub fn open(ordinal: usize, cache_dir: PathBuf) -> DeviceResult<Self> {
+    /// with `time_gemm_algorithms`, products of decode's row counts run in
+    /// the cuBLASLt algorithm timed fastest (`gemm_algorithms.rs`), else all
+    /// by `GemmEx`. Errors name the missing library or the driver's failure.
+    pub fn open(
+        ordinal: usize,
+        cache_dir: PathBuf,
+        time_gemm_algorithms: bool,
+    ) -> DeviceResult<Self> {
         if let Some(missing) = missing_library() {
             return Err(DeviceError::new(format!("{missing} could not be loaded")));
         }
@@ -287,10 +342,15 @@ impl CudaDevice {
         })?;
         let name = context.name().map_err(driver_error("device name"))?;
         let (handle, workspace) = cublas_on(&stream)?;
+        let gemm_algorithms = match time_gemm_algorithms {
+            true => gemm_algorithms_on(&context),
+            false => None,
+        };
         Ok(Self {
             context,
             stream,
             cublas: handle,
+            gemm_algorithms,
             programmatic: major >= 9,
             name: format!("{name} ({arch})"),
             cubins: CubinCache::new(cache_dir, arch),
@@ -401,6 +461,20 @@ impl CudaDevice {
         inner.staging.used = 0;
         Ok(())
     }
+}
+
+/// cuBLASLt's timed algorithms on `context`'s card, or `None` (with a
+/// warning: every product then runs by `GemmEx`).
+fn gemm_algorithms_on(context: &CudaContext) -> Option<GemmAlgorithms> {
+    let l2_bytes = context
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        .map_err(|e| format!("the L2 cache's size: {e}"))
+        .and_then(|bytes| GemmAlgorithms::new(bytes.max(0) as usize));
+    l2_bytes
+        .map_err(|e| {
+            log::warn!("cuBLASLt's algorithms are not timed ({e}): cublasGemmEx for every product")
+        })
+        .ok()
 }
 
 /// A cuBLAS handle on `stream` with a workspace of our own (setting the
@@ -694,53 +768,26 @@ impl Device for CudaDevice {
 
     fn gemm(&self, g: &Gemm) -> DeviceResult<()> {
         self.timed(|| {
-            use cublas_sys::{
-                cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
-            };
             g.check()?;
             self.bind()?;
-            let data_type = |ty: GemmType| match ty {
-                GemmType::F32 => cudaDataType::CUDA_R_32F,
-                GemmType::BF16 => cudaDataType::CUDA_R_16BF,
-                GemmType::F16 => cudaDataType::CUDA_R_16F,
+            let capturing = {
+                let mut inner = self.inner();
+                inner.queued();
+                inner.kernel();
+                inner.captured_kernels.is_some()
             };
-            let (ty, y_type) = (data_type(g.ty), data_type(g.y_type));
-            self.queued();
-            self.inner().kernel();
-            let (alpha, beta) = (1.0f32, 0.0f32);
-            let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
-            // Column-major: yᵀ [n, m] = op(W) · xᵀ [k, m]; W [n, k] row-major is
-            // column-major [k, n] (transa = T), W [k, n] is column-major [n, k].
-            let (transa, lda) = match g.layout {
-                WeightLayout::OutIn => (cublasOperation_t::CUBLAS_OP_T, k),
-                WeightLayout::InOut => (cublasOperation_t::CUBLAS_OP_N, n),
-            };
-            // SAFETY: the pointers address live allocations of the sizes the
-            // product reads and writes.
-            unsafe {
-                cublas::gemm_ex(
-                    self.cublas,
-                    transa,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    n,
-                    m,
-                    k,
-                    (&alpha as *const f32).cast(),
-                    g.w as *const c_void,
-                    ty,
-                    lda,
-                    g.x as *const c_void,
-                    ty,
-                    k,
-                    (&beta as *const f32).cast(),
-                    g.y as *mut c_void,
-                    y_type,
-                    n,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
+            let gemm_ex = || self.gemm_ex(g);
+            match &self.gemm_algorithms {
+                Some(algorithms) => {
+                    let route = Route {
+                        stream: self.stream.cu_stream(),
+                        workspace: (self.workspace, CUBLAS_WORKSPACE),
+                        gemm_ex: &gemm_ex,
+                    };
+                    algorithms.run(g, capturing, &route)
+                }
+                None => gemm_ex(),
             }
-            .map_err(|e| DeviceError::new(format!("cublasGemmEx {m}x{n}x{k}: {e:?}")))
         })
     }
 
@@ -870,6 +917,8 @@ impl Drop for CudaDevice {
                 // SAFETY: each module was loaded here and is unloaded once.
                 let _ = unsafe { result::module::unload(module) };
             }
+            // cuBLASLt's handle, events and flush buffer, with the context bound.
+            drop(self.gemm_algorithms.take());
             // SAFETY: the handle and its workspace were created in `open`;
             // the handle goes first.
             unsafe {

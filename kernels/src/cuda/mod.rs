@@ -10,6 +10,7 @@ pub mod device;
 pub mod driver;
 pub mod emulator;
 pub mod flash;
+mod gemm_algorithms;
 pub mod null;
 pub mod nvrtc;
 pub mod sources;
