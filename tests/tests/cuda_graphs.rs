@@ -300,6 +300,33 @@ fn many_rows_over_long_contexts_split_attention_and_match_the_cpu() {
     );
 }
 
+/// Steps of more than `graphs::MAX_CAPTURED_ROWS` (512) tokens run eagerly
+/// however often their binding comes back (capturing one idles the GPU while
+/// the host records it); shorter ones are captured on their second run.
+#[test]
+fn steps_of_more_than_512_tokens_are_never_captured() {
+    let cuda = load(kiln_tests::models::cuda_test_device());
+    let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
+    let width = 44;
+    let mut cache = cache_of(&cuda, 3 * width as usize);
+    let prompts = |n: u32| -> Vec<(u32, Vec<u32>, usize)> {
+        (0..n)
+            .map(|i| (i, (0..172).map(|t| (t * 5 + i * 11) % 768).collect(), 0))
+            .collect()
+    };
+    let long = prompts(3);
+    assert!(long.iter().map(|(_, t, _)| t.len()).sum::<usize>() > 512);
+    for run in 0..3 {
+        let logits = step_of(&cuda, &mut cache, &long, width);
+        assert!(logits.iter().flatten().all(|v| v.is_finite()));
+        assert_eq!(executor.captured_graphs(), 0, "516 tokens, run {run}");
+    }
+    for run in 0..2 {
+        step_of(&cuda, &mut cache, &prompts(2), width);
+        assert_eq!(executor.captured_graphs(), run, "344 tokens, run {run}");
+    }
+}
+
 /// A token id past the vocabulary is reported by the embedding kernel (the
 /// error flag uploaded with the inputs), and the next step runs normally.
 #[test]

@@ -6,7 +6,9 @@
 //! captured the second time it runs (the first run is eager: compilation,
 //! cuBLAS's own set-up) and replayed from then on; past [`MAX_GRAPHS`]
 //! captured bindings, the cache starts over. Decode steps are padded to a
-//! few bindings first (`buckets.rs`). `--enforce-eager` turns this off.
+//! few bindings first (`buckets.rs`). Steps of more than
+//! [`MAX_CAPTURED_ROWS`] tokens always run eagerly. `--enforce-eager` turns
+//! this off.
 
 use std::collections::HashMap;
 
@@ -14,6 +16,23 @@ use kiln_kernels::cuda::{Device, GraphId};
 
 /// Bindings captured at most.
 pub const MAX_GRAPHS: usize = 256;
+
+/// Steps of more tokens than this (rows of the graph's first input, the
+/// decoder's token ids) are never captured, as vLLM captures batches of at
+/// most 512 tokens by default. Their kernels run long enough that launching
+/// them one by one costs the GPU nothing (the host queues a 2048-token
+/// Llama-3-8B prefill's 388 launches in ~1.5 ms of its ~50 ms of kernels),
+/// while capturing one keeps the GPU idle as the host records, instantiates
+/// and uploads the graph (that prefill's captured second run took 8.3 ms of
+/// host time on the H200, `bench/results/gpu-2026-11-30b`, against 0.2 ms
+/// on the null device, whose capture costs nothing), for a prompt length
+/// that may never come again.
+pub const MAX_CAPTURED_ROWS: usize = 512;
+
+/// Whether a step of `rows` tokens may be captured.
+pub fn capturable(rows: usize) -> bool {
+    rows <= MAX_CAPTURED_ROWS
+}
 
 /// What a step's binding (sorted symbol values, and the KV cache it writes)
 /// has so far.

@@ -12,7 +12,7 @@ use super::gemv::GreedyPicks;
 use super::launch::Frame;
 use super::plan::Home;
 use super::profile::StepKind;
-use super::{binding, buckets, element_bytes, weights, CudaExecutor, RunState};
+use super::{binding, buckets, element_bytes, graphs, weights, CudaExecutor, RunState};
 use crate::runtime::executor::bind_symbols;
 use crate::runtime::tensor::{storage_of, Data, Storage, Tensor};
 use crate::runtime::{KvCache, RuntimeError, TokenFeed};
@@ -200,7 +200,11 @@ impl CudaExecutor {
             }
             Ok(())
         };
-        let launched = if self.graphs {
+        let rows = inputs
+            .first()
+            .and_then(|t| t.shape.first().copied())
+            .unwrap_or(0);
+        let launched = if self.graphs && graphs::capturable(rows) {
             let cache = device_cache.map_or([0; 4], |c| {
                 [
                     c.base,
