@@ -189,7 +189,7 @@ __device__ void attend_keys(const float* __restrict__ q_row, const C* __restrict
     total += warp_l[w] * weight[w];
   }
   if (part != nullptr && threadIdx.x == 0) {
-    part[0] = m_all * KILN_LN2;  // merged_split's units
+    part[0] = m_all * KILN_LN2;  // merge_head_splits' units (natural log)
     part[1] = total;
   }
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {

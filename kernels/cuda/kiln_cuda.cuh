@@ -623,52 +623,6 @@ __device__ __forceinline__ i64 cache_slot(const i64* block_tables, int b, int bl
   return cache_slot_in(cache_block_of(block_tables + (i64)b * blocks_per_seq, p, size), p, size);
 }
 
-// Splits merged a round at a time (merged_split): every load of a round is
-// issued before the first is used.
-#define KILN_MERGE_SPLITS 8
-
-// Value d of one (row, head)'s output merged from its gridDim.z partial
-// results parts[z · stride]: [m, l, acc...] (other blocks wrote them: read
-// at L2, past L1). A round's KILN_MERGE_SPLITS splits are loaded together
-// and folded into the running max and sums, so an output costs a few L2
-// round trips, not two a split (`volatile` loads, each tested before the
-// next was read, took ~38 µs a layer at 16 splits on the H200: a batch-1
-// Llama-3-8B layer's attention, bench/results/gpu-2026-11-30b). Up to
-// KILN_MERGE_SPLITS splits the sums are those of one pass in split order.
-__device__ __forceinline__ float merged_split(const float* parts, int stride, int d) {
-  const int splits = gridDim.z;
-  float m_all = KILN_NEG_INF, total = 0.0f, sum = 0.0f;
-  for (int z0 = 0; z0 < splits; z0 += KILN_MERGE_SPLITS) {
-    float m[KILN_MERGE_SPLITS], l[KILN_MERGE_SPLITS], acc[KILN_MERGE_SPLITS];
-#pragma unroll
-    for (int j = 0; j < KILN_MERGE_SPLITS; ++j) {
-      const float* part = parts + (i64)(z0 + j) * stride;
-      const bool in = z0 + j < splits;
-      m[j] = in ? __ldcg(part) : KILN_NEG_INF;
-      l[j] = in ? __ldcg(part + 1) : 0.0f;
-      acc[j] = in ? __ldcg(part + 2 + d) : 0.0f;
-    }
-    float m_new = m_all;
-#pragma unroll
-    for (int j = 0; j < KILN_MERGE_SPLITS; ++j)
-      if (l[j] > 0.0f) m_new = fmaxf(m_new, m[j]);
-    // Equal maxima (none seen yet included): nothing to rescale.
-    const float correction = m_new == m_all ? 1.0f : expf(m_all - m_new);
-    total *= correction;
-    sum *= correction;
-#pragma unroll
-    for (int j = 0; j < KILN_MERGE_SPLITS; ++j) {
-      if (l[j] > 0.0f) {
-        const float weight = expf(m[j] - m_new);
-        total += l[j] * weight;
-        sum += acc[j] * weight;
-      }
-    }
-    m_all = m_new;
-  }
-  return total > 0.0f ? sum / total : 0.0f;  // no keys: padding
-}
-
 // The softmax states of a block's `parts` parts (lane groups, warps) merged
 // per query head: part i's max (log2 units) and sum of weights for head h at
 // part_m[i · stride + h] and part_l[i · stride + h] in shared memory; thread
@@ -705,7 +659,7 @@ __device__ __forceinline__ void write_head_value(float* out, float* partials, i6
   if (partials != nullptr) {
     float* part = partials + (head_row * gridDim.z + blockIdx.z) * (head_dim + 2);
     if (d == 0) {
-      part[0] = m * KILN_LN2;  // merged_split's units
+      part[0] = m * KILN_LN2;  // merge_head_splits' units (natural log)
       part[1] = l;
     }
     part[2 + d] = sum;
@@ -714,19 +668,94 @@ __device__ __forceinline__ void write_head_value(float* out, float* partials, i6
   }
 }
 
+// Splits a merge takes at most (the host's MAX_SPLITS, attention.rs), query
+// heads (decode_attention.cu's KILN_DECODE_HEADS), splits whose values a
+// thread loads together, and outputs a thread merges at once.
+#define KILN_MAX_SPLITS 32
+#define KILN_MERGE_HEADS 8
+#define KILN_MERGE_SPLITS 16
+#define KILN_MERGE_OUTPUTS 4
+
+// Split z's partial result for query head row `head_row` (write_head_value).
+__device__ __forceinline__ const float* split_part(const float* partials, i64 head_row, int z, int head_dim) {
+  return partials + (head_row * gridDim.z + z) * (head_dim + 2);
+}
+
 // After every thread of the block has written its part (write_head_value):
 // the last of the splits of (row, blockIdx.y) to finish merges the parts of
 // its `heads` query heads from `first_head` into `out`. The counters,
 // split_counters[row · gridDim.y + blockIdx.y], start at zero and are left
-// at zero.
-__device__ __forceinline__ void merge_head_splits(float* out, float* partials, unsigned* split_counters, i64 row,
+// at zero. First each split's weight for each head, exp(m_z − max) (a warp
+// a head, a lane a split: one round of loads for all of them, then shuffles),
+// then each output's sum of the splits' values by their weights over the
+// sum of their weighted sums, KILN_MERGE_OUTPUTS outputs a thread with
+// their loads of KILN_MERGE_SPLITS splits issued before any is used: a few
+// L2 round trips in all, where each output's own chain of them (before
+// 2026-11-30, one after another, each value tested before the next was
+// read) took ~38 µs a layer at 16 splits on the H200 (a batch-1
+// Llama-3-8B layer's attention, bench/results/gpu-2026-11-30b). The sums
+// run over the splits in order.
+__device__ __forceinline__ void merge_head_splits(float* out, const float* partials, unsigned* split_counters, i64 row,
                                                   int first_head, int heads, int num_heads, int head_dim,
                                                   int out_type) {
+  __shared__ float split_weight[KILN_MERGE_HEADS][KILN_MAX_SPLITS];
+  __shared__ float head_total[KILN_MERGE_HEADS];
   if (!last_block_done(split_counters + row * gridDim.y + blockIdx.y, gridDim.z)) return;
-  for (int i = threadIdx.x; i < heads * head_dim; i += blockDim.x) {
-    i64 head_row = row * num_heads + first_head + i / head_dim;
-    const float* parts = partials + head_row * gridDim.z * (head_dim + 2);
-    store_as(out, head_row * head_dim + i % head_dim, merged_split(parts, head_dim + 2, i % head_dim), out_type);
+  const int splits = gridDim.z, lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const i64 first_row = row * num_heads + first_head;
+  float m[KILN_MERGE_HEADS], l[KILN_MERGE_HEADS];
+#pragma unroll
+  for (int j = 0; j < KILN_MERGE_HEADS; ++j) {
+    const int h = warp + j * warps;
+    const bool in = h < heads && lane < splits;
+    m[j] = in ? __ldcg(split_part(partials, first_row + h, lane, head_dim)) : KILN_NEG_INF;
+    l[j] = in ? __ldcg(split_part(partials, first_row + h, lane, head_dim) + 1) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < KILN_MERGE_HEADS; ++j) {
+    const int h = warp + j * warps;
+    if (h >= heads) break;  // the same for the whole warp
+    // A split that saw no key (l = 0) weighs nothing.
+    float m_all = l[j] > 0.0f ? m[j] : KILN_NEG_INF;
+    for (int offset = 16; offset > 0; offset /= 2) m_all = fmaxf(m_all, __shfl_xor_sync(KILN_FULL_MASK, m_all, offset));
+    const float weight = l[j] > 0.0f ? expf(m[j] - m_all) : 0.0f;
+    float total = l[j] * weight;
+    for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(KILN_FULL_MASK, total, offset);
+    if (lane < splits) split_weight[h][lane] = weight;
+    if (lane == 0) head_total[h] = total;
+  }
+  __syncthreads();
+  const int n = heads * head_dim;
+  for (int base = threadIdx.x; base < n; base += KILN_MERGE_OUTPUTS * blockDim.x) {
+    float sum[KILN_MERGE_OUTPUTS] = {};
+    for (int z0 = 0; z0 < splits; z0 += KILN_MERGE_SPLITS) {
+      float value[KILN_MERGE_OUTPUTS][KILN_MERGE_SPLITS];
+#pragma unroll
+      for (int o = 0; o < KILN_MERGE_OUTPUTS; ++o) {
+        const int i = base + o * blockDim.x;
+#pragma unroll
+        for (int j = 0; j < KILN_MERGE_SPLITS; ++j) {
+          const bool in = i < n && z0 + j < splits;
+          const i64 head_row = first_row + i / head_dim;
+          value[o][j] = in ? __ldcg(split_part(partials, head_row, z0 + j, head_dim) + 2 + i % head_dim) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int o = 0; o < KILN_MERGE_OUTPUTS; ++o) {
+        const int h = min(base + o * (int)blockDim.x, n - 1) / head_dim;
+#pragma unroll
+        for (int j = 0; j < KILN_MERGE_SPLITS; ++j)
+          if (z0 + j < splits) sum[o] += value[o][j] * split_weight[h][z0 + j];
+      }
+    }
+#pragma unroll
+    for (int o = 0; o < KILN_MERGE_OUTPUTS; ++o) {
+      const int i = base + o * blockDim.x;
+      if (i >= n) break;
+      const float total = head_total[i / head_dim];
+      store_as(out, (first_row + i / head_dim) * head_dim + i % head_dim, total > 0.0f ? sum[o] / total : 0.0f,
+               out_type);  // no keys: padding
+    }
   }
 }
 

@@ -467,10 +467,11 @@ const BLOCKS_PER_SPLIT: usize = 4;
 /// heads a row, 32 blocks in all) took 31.6 µs a layer under Nsight Compute
 /// (`bench/results/gpu-2026-11-30`): a tenth of the step; split 16 ways on
 /// tensor cores, 38.6 µs, its last block merging the splits by a chain of
-/// dependent L2 loads (since loaded a round of splits at a time:
-/// `merged_split`; unmeasured).
+/// dependent L2 loads (since a few rounds of loads for all of them:
+/// `merge_head_splits` in kiln_cuda.cuh; unmeasured).
 const TARGET_BLOCKS: usize = 264;
-/// Splits per row at most.
+/// Splits per row at most: `KILN_MAX_SPLITS` in kiln_cuda.cuh, a split a
+/// lane of one warp when the splits are merged.
 const MAX_SPLITS: usize = 32;
 
 /// How many parts attention splits each row's keys into, for a step of
@@ -591,6 +592,22 @@ mod tests {
         assert_eq!(shape(rope_config(265, 2560)), ((265, 1, 1), 256));
         assert_eq!(shape(rope_config(2048, 2560)), ((2048, 1, 1), 256));
         assert_eq!(shape(rope_config(1, 96)), ((1, 1, 1), 96));
+    }
+
+    #[test]
+    fn no_step_splits_past_what_the_merge_takes() {
+        let kernel_most = kiln_kernels::cuda::sources::COMMON_HEADER
+            .lines()
+            .find_map(|l| l.strip_prefix("#define KILN_MAX_SPLITS "))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .expect("KILN_MAX_SPLITS in kiln_cuda.cuh");
+        assert_eq!(MAX_SPLITS, kernel_most);
+        assert!(LONG_MAX_SPLITS <= kernel_most);
+        for tokens in [1, 2, 4, 16, 17, 64, 256] {
+            for width in [1, 16, 128, 1024, 8192] {
+                assert!(most_attention_splits(tokens, width) <= kernel_most);
+            }
+        }
     }
 
     #[test]
