@@ -713,16 +713,20 @@ __device__ __forceinline__ void merge_head_splits(float* out, const float* parti
   }
 #pragma unroll
   for (int j = 0; j < KILN_MERGE_HEADS; ++j) {
+    // Bounded by what every thread sees alike (blockDim, heads), so the
+    // compiler knows the shuffles below run in whole warps.
+    if (j * warps >= heads) break;
     const int h = warp + j * warps;
-    if (h >= heads) break;  // the same for the whole warp
     // A split that saw no key (l = 0) weighs nothing.
     float m_all = l[j] > 0.0f ? m[j] : KILN_NEG_INF;
+#pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) m_all = fmaxf(m_all, __shfl_xor_sync(KILN_FULL_MASK, m_all, offset));
     const float weight = l[j] > 0.0f ? expf(m[j] - m_all) : 0.0f;
     float total = l[j] * weight;
+#pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(KILN_FULL_MASK, total, offset);
-    if (lane < splits) split_weight[h][lane] = weight;
-    if (lane == 0) head_total[h] = total;
+    if (h < heads && lane < splits) split_weight[h][lane] = weight;
+    if (h < heads && lane == 0) head_total[h] = total;
   }
   __syncthreads();
   const int n = heads * head_dim;
