@@ -95,11 +95,11 @@ each_shape() {
 # The decode run also keeps the GEMV split timings made at load (every
 # launch shape in each split, as µs and TB/s over all its layers' weights:
 # the decode GEMVs' bandwidth in isolation) and cuBLAS's products' timings
-# (gemm_algorithms.rs: each candidate algorithm's µs) in kiln-*-gemv.log.
+# (cublas.rs: each candidate algorithm's µs) in kiln-*-gemv.log.
 kiln_shape() {
   local shape=$1 dtype=$2 name=$3
   echo "== kiln $shape $dtype: decode"
-  KILN_LOG=info,kiln_host::runtime::cuda::tune=debug,kiln_kernels::cuda::gemm_algorithms=debug \
+  KILN_LOG=info,kiln_host::runtime::cuda::tune=debug,kiln_kernels::cuda::cublas=debug \
     "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
     --input-len "$input_len" --output-len "$output_len" --concurrency 1,16,64 --json \
     > "$results/kiln-$name-$dtype-decode.json" 2> >(tee "$results/kiln-$name-$dtype-gemv.log" >&2) ||
@@ -180,7 +180,7 @@ gemm_algorithms_shape() {
   local shape=$1 dtype=$2 name=$3 mode
   for mode in heuristic timed; do
     echo "== kiln $shape $dtype: decode, products in cuBLAS's $mode algorithm"
-    KILN_GEMM_ALGORITHM=$mode KILN_LOG=info,kiln_kernels::cuda::gemm_algorithms=debug \
+    KILN_GEMM_ALGORITHM=$mode KILN_LOG=info,kiln_kernels::cuda::cublas=debug \
       "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
       --input-len "$input_len" --output-len 64 --concurrency 16,64 \
       2>&1 | tee "$results/gemm-algorithms-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype $mode"

@@ -15,11 +15,11 @@ use cudarc::cublas::{result as cublas, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
 use super::cubin_cache::CubinCache;
+use super::cublas::{self as products, GemmAlgorithms, Route};
 use super::device::{
-    compile_side_by_side, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType,
-    GraphId, KernelArg, LaunchConfig, PackedArgs, Readback, WeightLayout,
+    compile_side_by_side, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GraphId,
+    KernelArg, LaunchConfig, PackedArgs, Readback,
 };
-use super::gemm_algorithms::{GemmAlgorithms, Route};
 use super::nvrtc;
 
 /// Which CUDA library is missing, if any, in the order they are needed.
@@ -38,9 +38,6 @@ pub fn missing_library() -> Option<&'static str> {
     }
     None
 }
-
-/// cuBLAS's workspace (NVIDIA recommends 32 MiB on Hopper).
-const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 /// Pinned host memory uploads are staged through.
 const STAGING_BYTES: usize = 8 << 20;
@@ -222,51 +219,6 @@ impl CudaDevice {
         result
     }
 
-    /// `g` by cuBLAS's `GemmEx`, in the algorithm its heuristics pick.
-    fn gemm_ex(&self, g: &Gemm) -> DeviceResult<()> {
-        use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-        let data_type = |ty: GemmType| match ty {
-            GemmType::F32 => cudaDataType::CUDA_R_32F,
-            GemmType::BF16 => cudaDataType::CUDA_R_16BF,
-            GemmType::F16 => cudaDataType::CUDA_R_16F,
-        };
-        let (ty, y_type) = (data_type(g.ty), data_type(g.y_type));
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
-        // Column-major: yᵀ [n, m] = op(W) · xᵀ [k, m]; W [n, k] row-major is
-        // column-major [k, n] (transa = T), W [k, n] is column-major [n, k].
-        let (transa, lda) = match g.layout {
-            WeightLayout::OutIn => (cublasOperation_t::CUBLAS_OP_T, k),
-            WeightLayout::InOut => (cublasOperation_t::CUBLAS_OP_N, n),
-        };
-        // SAFETY: the pointers address live allocations of the sizes the
-        // product reads and writes.
-        unsafe {
-            cublas::gemm_ex(
-                self.cublas,
-                transa,
-                cublasOperation_t::CUBLAS_OP_N,
-                n,
-                m,
-                k,
-                (&alpha as *const f32).cast(),
-                g.w as *const c_void,
-                ty,
-                lda,
-                g.x as *const c_void,
-                ty,
-                k,
-                (&beta as *const f32).cast(),
-                g.y as *mut c_void,
-                y_type,
-                n,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| DeviceError::new(format!("cublasGemmEx {m}x{n}x{k}: {e:?}")))
-    }
-
     /// Launches `f` as a programmatic dependent of the stream's previous
     /// kernel (`cuLaunchKernelEx`): its blocks may start once every block of
     /// that kernel has called `kiln_wait_inputs()`, and their own
@@ -315,7 +267,7 @@ impl CudaDevice {
 
     /// Opens device `ordinal`, caching NVRTC's output under `cache_dir`;
     /// with `time_gemm_algorithms`, products of decode's row counts run in
-    /// the cuBLASLt algorithm timed fastest (`gemm_algorithms.rs`), else all
+    /// the cuBLASLt algorithm timed fastest (`cublas.rs`), else all
     /// by `GemmEx`. Errors name the missing library or the driver's failure.
     pub fn open(
         ordinal: usize,
@@ -341,9 +293,9 @@ impl CudaDevice {
             ))
         })?;
         let name = context.name().map_err(driver_error("device name"))?;
-        let (handle, workspace) = cublas_on(&stream)?;
+        let (handle, workspace) = products::cublas_on(&stream)?;
         let gemm_algorithms = match time_gemm_algorithms {
-            true => gemm_algorithms_on(&context),
+            true => products::gemm_algorithms_on(&context),
             false => None,
         };
         Ok(Self {
@@ -461,58 +413,6 @@ impl CudaDevice {
         inner.staging.used = 0;
         Ok(())
     }
-}
-
-/// cuBLASLt's timed algorithms on `context`'s card, or `None` (with a
-/// warning: every product then runs by `GemmEx`).
-fn gemm_algorithms_on(context: &CudaContext) -> Option<GemmAlgorithms> {
-    let l2_bytes = context
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
-        .map_err(|e| format!("the L2 cache's size: {e}"))
-        .and_then(|bytes| GemmAlgorithms::new(bytes.max(0) as usize));
-    l2_bytes
-        .map_err(|e| {
-            log::warn!("cuBLASLt's algorithms are not timed ({e}): cublasGemmEx for every product")
-        })
-        .ok()
-}
-
-/// A cuBLAS handle on `stream` with a workspace of our own (setting the
-/// stream resets it): cuBLAS then allocates nothing while a step is
-/// captured as a CUDA graph, and the memory counts before the KV cache is
-/// sized. Nothing is left behind on failure.
-fn cublas_on(stream: &CudaStream) -> DeviceResult<(cublas_sys::cublasHandle_t, DevicePtr)> {
-    let handle =
-        cublas::create_handle().map_err(|e| DeviceError::new(format!("cublasCreate: {e:?}")))?;
-    let release = |workspace: Option<DevicePtr>, error: DeviceError| {
-        // SAFETY: the handle and the workspace were created above, and are
-        // released once.
-        unsafe {
-            let _ = cublas::destroy_handle(handle);
-            if let Some(workspace) = workspace {
-                let _ = result::free_sync(workspace);
-            }
-        }
-        error
-    };
-    // SAFETY: the handle and the stream are live.
-    unsafe { cublas::set_stream(handle, stream.cu_stream() as _) }
-        .map_err(|e| release(None, DeviceError::new(format!("cublasSetStream: {e:?}"))))?;
-    // SAFETY: a plain allocation, kept for the device's life.
-    let workspace = unsafe { result::malloc_sync(CUBLAS_WORKSPACE) }
-        .map_err(|e| release(None, driver_error("allocating the cuBLAS workspace")(e)))?;
-    // SAFETY: the handle is live; the workspace outlives it.
-    unsafe {
-        cublas_sys::cublasSetWorkspace_v2(handle, workspace as *mut c_void, CUBLAS_WORKSPACE)
-    }
-    .result()
-    .map_err(|e| {
-        release(
-            Some(workspace),
-            DeviceError::new(format!("cublasSetWorkspace: {e:?}")),
-        )
-    })?;
-    Ok((handle, workspace))
 }
 
 impl Device for CudaDevice {
@@ -776,12 +676,12 @@ impl Device for CudaDevice {
                 inner.kernel();
                 inner.captured_kernels.is_some()
             };
-            let gemm_ex = || self.gemm_ex(g);
+            let gemm_ex = || products::gemm_ex(self.cublas, g);
             match &self.gemm_algorithms {
                 Some(algorithms) => {
                     let route = Route {
                         stream: self.stream.cu_stream(),
-                        workspace: (self.workspace, CUBLAS_WORKSPACE),
+                        workspace: (self.workspace, products::CUBLAS_WORKSPACE),
                         gemm_ex: &gemm_ex,
                     };
                     algorithms.run(g, capturing, &route)

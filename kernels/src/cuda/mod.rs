@@ -6,11 +6,11 @@
 //! share of a step, measured alone).
 
 pub mod cubin_cache;
+mod cublas;
 pub mod device;
 pub mod driver;
 pub mod emulator;
 pub mod flash;
-mod gemm_algorithms;
 pub mod null;
 pub mod nvrtc;
 pub mod sources;

@@ -1,9 +1,12 @@
-//! Products of decode's row counts on cuBLASLt, in the algorithm that timing
-//! on the card found fastest (issue 14's "cuBLASLt algorithms chosen at
-//! start-up by timing"). cuBLAS's `GemmEx` picks one algorithm by its
-//! heuristics, and at 16 to 64 rows of x its picks are uneven: on the H200,
-//! Llama-3-8B's o projection at 64 rows streamed at 2.4 TB/s where gate and
-//! up reached 3.5 (`bench/results/gpu-2026-11-30b`).
+//! Matrix products on the real GPU: the cuBLAS handle and its workspace,
+//! `GemmEx`, and products of decode's row counts on cuBLASLt in the
+//! algorithm that timing on the card found fastest (issue 14's "cuBLASLt
+//! algorithms chosen at start-up by timing").
+//!
+//! `GemmEx` picks one algorithm by cuBLAS's heuristics, and at 16 to 64 rows
+//! of x its picks are uneven: on the H200, Llama-3-8B's o projection at 64
+//! rows streamed at 2.4 TB/s where gate and up reached 3.5
+//! (`bench/results/gpu-2026-11-30b`).
 //!
 //! The first time a product of a new shape runs outside a graph capture (a
 //! step's binding runs eagerly once before it is captured), `GemmEx` and up
@@ -15,8 +18,7 @@
 //! or the heuristic's earlier pick, from one run to the next). Every
 //! algorithm is deterministic, so a shape gives the same bits from then on
 //! within a process; `KILN_GEMM_ALGORITHM=heuristic` gives bits that no
-//! timing decides.
-//! Only the row counts of decode's buckets are timed (up to 256 rows, a
+//! timing decides. Only the row counts of decode's buckets are timed (up to 256 rows, a
 //! power of two or a multiple of 8): prompts of other lengths would each
 //! pay a timing.
 
@@ -26,8 +28,9 @@ use std::mem::MaybeUninit;
 use std::sync::Mutex;
 
 use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::{result as cublas, sys as cublas_sys};
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
-use cudarc::driver::{result, sys};
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
 use super::device::{DeviceError, DevicePtr, DeviceResult, Gemm, GemmType, WeightLayout};
 
@@ -167,6 +170,109 @@ impl Drop for Descriptors {
 struct Plan {
     descriptors: Descriptors,
     algo: lt_sys::cublasLtMatmulAlgo_t,
+}
+
+/// cuBLAS's workspace (NVIDIA recommends 32 MiB on Hopper).
+pub(super) const CUBLAS_WORKSPACE: usize = 32 << 20;
+
+/// cuBLASLt's timed algorithms on `context`'s card, or `None` (with a
+/// warning: every product then runs by `GemmEx`).
+pub(super) fn gemm_algorithms_on(context: &CudaContext) -> Option<GemmAlgorithms> {
+    let l2_bytes = context
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        .map_err(|e| format!("the L2 cache's size: {e}"))
+        .and_then(|bytes| GemmAlgorithms::new(bytes.max(0) as usize));
+    l2_bytes
+        .map_err(|e| {
+            log::warn!("cuBLASLt's algorithms are not timed ({e}): cublasGemmEx for every product")
+        })
+        .ok()
+}
+
+/// A cuBLAS handle on `stream` with a workspace of our own (setting the
+/// stream resets it): cuBLAS then allocates nothing while a step is
+/// captured as a CUDA graph, and the memory counts before the KV cache is
+/// sized. Nothing is left behind on failure.
+pub(super) fn cublas_on(
+    stream: &CudaStream,
+) -> DeviceResult<(cublas_sys::cublasHandle_t, DevicePtr)> {
+    let handle =
+        cublas::create_handle().map_err(|e| DeviceError::new(format!("cublasCreate: {e:?}")))?;
+    let release = |workspace: Option<DevicePtr>, error: DeviceError| {
+        // SAFETY: the handle and the workspace were created above, and are
+        // released once.
+        unsafe {
+            let _ = cublas::destroy_handle(handle);
+            if let Some(workspace) = workspace {
+                let _ = result::free_sync(workspace);
+            }
+        }
+        error
+    };
+    // SAFETY: the handle and the stream are live.
+    unsafe { cublas::set_stream(handle, stream.cu_stream() as _) }
+        .map_err(|e| release(None, DeviceError::new(format!("cublasSetStream: {e:?}"))))?;
+    // SAFETY: a plain allocation, kept for the device's life.
+    let workspace = unsafe { result::malloc_sync(CUBLAS_WORKSPACE) }
+        .map_err(|e| release(None, driver_error("allocating the cuBLAS workspace")(e)))?;
+    // SAFETY: the handle is live; the workspace outlives it.
+    unsafe {
+        cublas_sys::cublasSetWorkspace_v2(handle, workspace as *mut c_void, CUBLAS_WORKSPACE)
+    }
+    .result()
+    .map_err(|e| {
+        release(
+            Some(workspace),
+            DeviceError::new(format!("cublasSetWorkspace: {e:?}")),
+        )
+    })?;
+    Ok((handle, workspace))
+}
+
+/// `g` by cuBLAS's `GemmEx` on `handle`, in the algorithm its heuristics
+/// pick.
+pub(super) fn gemm_ex(handle: cublas_sys::cublasHandle_t, g: &Gemm) -> DeviceResult<()> {
+    use cublas_sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+    let data_type = |ty: GemmType| match ty {
+        GemmType::F32 => cudaDataType::CUDA_R_32F,
+        GemmType::BF16 => cudaDataType::CUDA_R_16BF,
+        GemmType::F16 => cudaDataType::CUDA_R_16F,
+    };
+    let (ty, y_type) = (data_type(g.ty), data_type(g.y_type));
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let (m, n, k) = (g.m as i32, g.n as i32, g.k as i32);
+    // Column-major: yᵀ [n, m] = op(W) · xᵀ [k, m]; W [n, k] row-major is
+    // column-major [k, n] (transa = T), W [k, n] is column-major [n, k].
+    let (transa, lda) = match g.layout {
+        WeightLayout::OutIn => (cublasOperation_t::CUBLAS_OP_T, k),
+        WeightLayout::InOut => (cublasOperation_t::CUBLAS_OP_N, n),
+    };
+    // SAFETY: the pointers address live allocations of the sizes the
+    // product reads and writes.
+    unsafe {
+        cublas::gemm_ex(
+            handle,
+            transa,
+            cublasOperation_t::CUBLAS_OP_N,
+            n,
+            m,
+            k,
+            (&alpha as *const f32).cast(),
+            g.w as *const c_void,
+            ty,
+            lda,
+            g.x as *const c_void,
+            ty,
+            k,
+            (&beta as *const f32).cast(),
+            g.y as *mut c_void,
+            y_type,
+            n,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| DeviceError::new(format!("cublasGemmEx {m}x{n}x{k}: {e:?}")))
 }
 
 /// What the driver needs to run a product: its stream, cuBLAS's workspace
