@@ -21,10 +21,11 @@
 #   bench/gpu/run.sh dense             Kiln's decode at batch 16 and 64 (bf16 shapes),
 #                                      dense products of 3 to 64 rows on cuBLAS and on
 #                                      the tensor-core kernel (KILN_DENSE_ROWS), as text
-#   bench/gpu/run.sh gemm-algorithms   Kiln's decode at batch 16 and 64 (bf16 shapes) with
-#                                      cuBLAS's products in the algorithm its heuristics
-#                                      pick and in cuBLASLt's timed fastest
-#                                      (KILN_GEMM_ALGORITHM), with each timing, as text
+#   bench/gpu/run.sh gemm-algorithms   Kiln's decode at batch 16 and 64 and a 2048-token
+#                                      prefill (bf16 shapes) with cuBLAS's products in
+#                                      the algorithm its heuristics pick and in
+#                                      cuBLASLt's timed fastest (KILN_GEMM_ALGORITHM),
+#                                      with each timing, as text
 #   bench/gpu/run.sh dense-gemv        Kiln's decode at batch 1 to 8 and 16 (bf16 shapes)
 #                                      with dense products of up to 1, 2, 4 and 8 rows
 #                                      (KILN_BENCH_GEMV_ROWS) on the GEMV, the rest on
@@ -171,19 +172,25 @@ dense() {
   KILN_BENCH_SHAPES=${KILN_BENCH_SHAPES:-llama3-8b:bf16 llama3.2-1b:bf16} each_shape dense_shape
 }
 
-# Decode at 16 and 64 streams with cuBLAS's products (more rows than the
-# GEMV takes) in the algorithm cuBLAS's heuristics pick and in the one of
-# cuBLASLt's candidates timed fastest at first use (the default), with the
-# timings (llama3-8b bf16 unless KILN_BENCH_SHAPES says otherwise). Text,
-# in gemm-algorithms-*.txt.
+# Decode at 16 and 64 streams and a 2048-token prefill with cuBLAS's
+# products (more rows than the GEMV takes) in the algorithm cuBLAS's
+# heuristics pick and in the one of cuBLASLt's candidates timed fastest at
+# first use (the default), with the timings (llama3-8b bf16 unless
+# KILN_BENCH_SHAPES says otherwise). Text, in gemm-algorithms-*.txt.
 gemm_algorithms_shape() {
   local shape=$1 dtype=$2 name=$3 mode
   for mode in heuristic timed; do
     echo "== kiln $shape $dtype: decode, products in cuBLAS's $mode algorithm"
+    local out=$results/gemm-algorithms-$name-$dtype-$mode.txt
     KILN_GEMM_ALGORITHM=$mode KILN_LOG=info,kiln_kernels::cuda::cublas=debug \
       "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
       --input-len "$input_len" --output-len 64 --concurrency 16,64 \
-      2>&1 | tee "$results/gemm-algorithms-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype $mode"
+      2>&1 | tee "$out" || echo "FAILED: $shape $dtype $mode"
+    echo "== kiln $shape $dtype: prefill 2048, products in cuBLAS's $mode algorithm"
+    KILN_GEMM_ALGORITHM=$mode KILN_LOG=info,kiln_kernels::cuda::cublas=debug \
+      "$bin/host" benchmark --shape "$shape" "${weights[@]}" --device "$device" \
+      --input-len 2048 --output-len 1 --concurrency 1 \
+      2>&1 | tee -a "$out" || echo "FAILED: $shape $dtype $mode prefill"
   done
 }
 

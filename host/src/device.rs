@@ -105,7 +105,8 @@ pub enum DeviceError {
     },
 }
 
-/// Whether a GPU's products of decode's row counts run in the cuBLASLt
+/// Whether a GPU's products of decode's and prefill chunks' row counts run
+/// in the cuBLASLt
 /// algorithm timed fastest at their first use (`KILN_GEMM_ALGORITHM=timed`,
 /// the default) or in the one cuBLAS's heuristics pick (`heuristic`), as a
 /// benchmark compares them.

@@ -1,5 +1,6 @@
 //! Matrix products on the real GPU: the cuBLAS handle and its workspace,
-//! `GemmEx`, and products of decode's row counts on cuBLASLt in the
+//! `GemmEx`, and products of decode's and prefill chunks' row counts on
+//! cuBLASLt in the
 //! algorithm that timing on the card found fastest (issue 14's "cuBLASLt
 //! algorithms chosen at start-up by timing").
 //!
@@ -18,8 +19,9 @@
 //! or the heuristic's earlier pick, from one run to the next). Every
 //! algorithm is deterministic, so a shape gives the same bits from then on
 //! within a process; `KILN_GEMM_ALGORITHM=heuristic` gives bits that no
-//! timing decides. Only the row counts of decode's buckets are timed (up to 256 rows, a
-//! power of two or a multiple of 8): prompts of other lengths would each
+//! timing decides. Only the row counts of decode's buckets (up to 256 rows,
+//! a power of two or a multiple of 8) and of whole prefill chunks
+//! (multiples of 1,024 rows) are timed: prompts of other lengths would each
 //! pay a timing.
 
 use std::collections::hash_map::{Entry, HashMap};
@@ -34,8 +36,12 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
 use super::device::{DeviceError, DevicePtr, DeviceResult, Gemm, GemmType, WeightLayout};
 
-/// Rows of x timed at most (decode's largest bucket by default).
-const MAX_TIMED_ROWS: usize = 256;
+/// Rows of x of decode's largest bucket by default: up to it, the buckets'
+/// row counts are timed.
+const MAX_DECODE_ROWS: usize = 256;
+/// Rows of x of prefill chunks timed at most: multiples of 1,024 up to it
+/// (`--max-num-batched-tokens`, 2,048 by default, fills whole chunks).
+const MAX_CHUNK_ROWS: usize = 16384;
 /// cuBLASLt's algorithms timed at most, in its heuristic's order.
 const CANDIDATES: usize = 8;
 /// Timed runs of each candidate (after one untimed run); their median counts.
@@ -45,9 +51,13 @@ const RUNS: usize = 5;
 const MARGIN: f64 = 0.98;
 
 /// Whether products of `m` rows of x are timed: decode's buckets
-/// (`buckets.rs` in the host: powers of two, then multiples of 8).
+/// (`buckets.rs` in the host: powers of two, then multiples of 8) and
+/// whole prefill chunks (a 2048-token prompt's products took 70 % of its
+/// kernel time on the H200, at ~640 of cuBLAS's 873 TFLOP/s for the MLP's).
 fn timed_rows(m: usize) -> bool {
-    m <= MAX_TIMED_ROWS && (m.is_power_of_two() || m.is_multiple_of(8))
+    let decode = m <= MAX_DECODE_ROWS && (m.is_power_of_two() || m.is_multiple_of(8));
+    let chunk = m <= MAX_CHUNK_ROWS && m.is_multiple_of(1024);
+    decode || chunk
 }
 
 /// The largest power of two up to 256 dividing `ptr`: an algorithm may need
@@ -612,11 +622,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn decode_buckets_are_timed_and_other_row_counts_are_not() {
-        for m in [1, 2, 4, 8, 16, 24, 64, 128, 200, 256] {
+    fn decode_buckets_and_whole_prefill_chunks_are_timed_and_other_row_counts_are_not() {
+        for m in [
+            1, 2, 4, 8, 16, 24, 64, 128, 200, 256, 1024, 2048, 8192, 16384,
+        ] {
             assert!(timed_rows(m), "{m}");
         }
-        for m in [3, 12, 70, 257, 264, 512, 2048] {
+        for m in [3, 12, 70, 257, 264, 512, 1500, 2047, 2056, 17408] {
             assert!(!timed_rows(m), "{m}");
         }
     }

@@ -149,7 +149,8 @@ pub struct CudaDevice {
     cublas: cublas_sys::cublasHandle_t,
     /// cuBLAS's workspace (freed in `Drop`, after the handle).
     workspace: DevicePtr,
-    /// Products of decode's row counts in the cuBLASLt algorithm timed
+    /// Products of decode's and prefill chunks' row counts in the cuBLASLt
+    /// algorithm timed
     /// fastest (`None`: `GemmEx` for all).
     gemm_algorithms: Option<GemmAlgorithms>,
     /// Programmatic dependent launch (compute capability 9.0 and newer).
@@ -266,7 +267,8 @@ impl CudaDevice {
     }
 
     /// Opens device `ordinal`, caching NVRTC's output under `cache_dir`;
-    /// with `time_gemm_algorithms`, products of decode's row counts run in
+    /// with `time_gemm_algorithms`, products of decode's and prefill chunks'
+    /// row counts run in
     /// the cuBLASLt algorithm timed fastest (`cublas.rs`), else all
     /// by `GemmEx`. Errors name the missing library or the driver's failure.
     pub fn open(
