@@ -106,13 +106,15 @@ part gemm-algorithms 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh 
 # device sampler. Reported in gpu-memcheck.md.
 part memcheck 120 env KILN_GPU_SUITE_MEMCHECK=1 KILN_GPU_SUITE_ONLY="decode-graphs kv-cache device-sampler" \
   KILN_GPU_SUITE_TIMEOUT=100 tests/gpu/run.sh suite
-# Where a batch-1 step's time goes (Nsight; and Q4_K_M's at 16 streams,
+# Where a batch-1 step's time goes (Nsight; the 1B's too, the furthest from
+# its target at 711 tok/s on 2026-11-30; and Q4_K_M's at 16 streams,
 # where the tensor-core product of packed blocks took 11.8 ms a step on
 # 2026-11-30 against bf16's 6.1 ms on cuBLAS), and how its GEMVs (batch 1)
 # and decode attention (batch 64: the grouped kernel was issue-bound on
 # 2026-11-30, tensor cores since) use L1, DRAM and issue (Nsight Compute's
 # sections).
-part profile-batch-1 80 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3-8b:q4_k_m:1 llama3-8b:q4_k_m:16" bench/gpu/run.sh profile
+part profile-batch-1 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3.2-1b:bf16:1 llama3-8b:q4_k_m:1 llama3-8b:q4_k_m:16" \
+  bench/gpu/run.sh profile
 part kernel-memory 120 bench/gpu/run.sh kernel-memory
 # A GGUF model's GEMV at 2 to 8 rows (its loads of x in KQuantSpread's
 # order since 2026-11-30, a quarter of the lines of L1).
