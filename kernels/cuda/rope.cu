@@ -15,7 +15,10 @@
 // `interleaved` rotates adjacent pairs (GGUF llama), else the two halves
 // (NeoX / Hugging Face). `scale` multiplies cos and sin (YaRN). A second
 // tensor of the same positions (k after q: one launch for both) has
-// `heads2` > 0 heads in x2 → y2.
+// `heads2` > 0 heads in x2 → y2. `in_stride` > 0: a token's row of x, x2
+// (and of the cache write's v) starts that many values after the one
+// before, as in the stacked output of q, k and v's one product (the host's
+// stacked.rs), rather than right after it; the outputs are dense.
 // Frequencies whose cos and sin a block computes once into shared memory
 // (half of the head); wider heads compute them per pair.
 #define KILN_ROPE_MAX_HALF 256
@@ -23,8 +26,8 @@
 #define KILN_ROPE_PARAMS                                                                                    \
   const float *__restrict__ x, const i64 *__restrict__ positions, const float *__restrict__ inv_freq,         \
       float *__restrict__ y, int heads, int half, int interleaved, float scale, const float *__restrict__ x2, \
-      float *__restrict__ y2, int heads2
-#define KILN_ROPE_ARGS x, positions, inv_freq, y, heads, half, interleaved, scale, x2, y2, heads2
+      float *__restrict__ y2, int heads2, int in_stride
+#define KILN_ROPE_ARGS x, positions, inv_freq, y, heads, half, interleaved, scale, x2, y2, heads2, in_stride
 
 // Pairs of a thread's batch loaded before any is stored.
 #define KILN_ROPE_BATCH 4
@@ -42,9 +45,11 @@ struct RopePair {
     a = interleaved ? 2 * i : i;
     b = interleaved ? 2 * i + 1 : i + half;
   }
-  // Where the pair's head of `token` starts in its tensor (x or x2, y or y2).
-  __device__ __forceinline__ i64 head_start(i64 token, int heads, int heads2, int head_dim) const {
-    return (token * (second ? heads2 : heads) + head) * head_dim;
+  // Where the pair's head of `token` starts in its tensor (x or x2, y or y2),
+  // rows of `stride` values (0: dense rows of the tensor's heads).
+  __device__ __forceinline__ i64 head_start(i64 token, int heads, int heads2, int head_dim, int stride = 0) const {
+    const i64 row = stride > 0 ? stride : (i64)(second ? heads2 : heads) * head_dim;
+    return token * row + (i64)head * head_dim;
   }
 };
 
@@ -72,7 +77,7 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
       blockIdx.y * blockDim.x + threadIdx.x, pairs, gridDim.y * blockDim.x,
       [&](int p) {
         RopePair r(p, half, interleaved, heads);
-        const float* in = (r.second ? x2 : x) + r.head_start(token, heads, heads2, head_dim);
+        const float* in = (r.second ? x2 : x) + r.head_start(token, heads, heads2, head_dim, in_stride);
         return FloatPair{in[r.a], in[r.b]};
       },
       [&](int p, FloatPair pair) {
@@ -104,30 +109,37 @@ extern "C" __global__ void __launch_bounds__(KILN_ROPE_THREADS, 4) kiln_rope(KIL
 // Rotary embedding of q (x) and k (x2) fused with paged attention's cache
 // write (attention.cu's kiln_write_kv): the rotated keys go to y2 and to the
 // token's cache slot, and the token's values v [T, heads2 · 2·half] are
-// copied to theirs; a padding row (position -1) writes nothing to the
-// cache. One launch a layer fewer, and k is not read back.
+// copied to theirs (and to v_out [T, heads2 · 2·half] where set: v read
+// from a stacked product's output, whose own value holds it then); a
+// padding row (position -1) writes nothing to the cache. One launch a
+// layer fewer, and k is not read back.
 template <typename C>
 __device__ void rope_write_kv(KILN_ROPE_PARAMS, const float* __restrict__ v, C* __restrict__ k_cache,
                               C* __restrict__ v_cache, const i64* __restrict__ row_offsets,
                               const i64* __restrict__ context_lens, const i64* __restrict__ block_tables, int batch,
-                              int blocks_per_seq, int block_size) {
+                              int blocks_per_seq, int block_size, float* __restrict__ v_out) {
   i64 row = blockIdx.x, position;
   int stride = heads2 * 2 * half;
   int b = sequence_of(row_offsets, context_lens, batch, row, &position);
   i64 at = position < 0 ? -1 : cache_slot(block_tables, b, blocks_per_seq, block_size, position) * stride;
   rope_token<C>(KILN_ROPE_ARGS, at < 0 ? nullptr : k_cache + at);
-  if (at < 0) return;
+  if (at < 0 && v_out == nullptr) return;
   // The token's values, KILN_ROPE_BATCH a thread loaded before any is stored.
+  const i64 v_row = row * (in_stride > 0 ? in_stride : stride);
   for_each_batched<float, KILN_ROPE_BATCH>(
-      blockIdx.y * blockDim.x + threadIdx.x, stride, gridDim.y * blockDim.x,
-      [&](int i) { return v[row * stride + i]; }, [&](int i, float value) { cache_store(v_cache + at + i, value); });
+      blockIdx.y * blockDim.x + threadIdx.x, stride, gridDim.y * blockDim.x, [&](int i) { return v[v_row + i]; },
+      [&](int i, float value) {
+        if (at >= 0) cache_store(v_cache + at + i, value);
+        if (v_out != nullptr) v_out[row * stride + i] = value;
+      });
 }
 
 #define KILN_ROPE_CACHE_PARAMS(C)                                                                             \
   const float *__restrict__ v, C *__restrict__ k_cache, C *__restrict__ v_cache,                              \
       const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,                              \
-      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size
-#define KILN_ROPE_CACHE_ARGS v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size
+      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, float *__restrict__ v_out
+#define KILN_ROPE_CACHE_ARGS \
+  v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size, v_out
 
 extern "C" __global__ void __launch_bounds__(KILN_ROPE_THREADS, 4) kiln_rope_write_kv(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(float)) {
   kiln_wait_inputs();

@@ -137,7 +137,7 @@ fn rope_case(gpu: &Gpu, half: usize) {
         for scale in [1.0, 0.75] {
             let args = [Ptr(xp), Ptr(pp), Ptr(fp), Ptr(y), int(heads), int(half)];
             let args = [&args[..], &[int(interleaved), F32(scale)]].concat();
-            let alone = [&args[..], &[Ptr(0), Ptr(0), int(0)]].concat();
+            let alone = [&args[..], &[Ptr(0), Ptr(0), int(0), int(0)]].concat();
             let alone_into = |out| {
                 let mut a = alone.clone();
                 a[3] = Ptr(out);
@@ -167,12 +167,32 @@ fn rope_case(gpu: &Gpu, half: usize) {
             // With a second tensor of 2 heads (k with q) in the same launch.
             let x2 = Rng::new(3).data(positions.len() * 2 * 2 * half, 1.0);
             let (x2p, y2) = (gpu.up(&x2), gpu.zeros(x2.len() * 4));
-            let paired = [&args[..], &[Ptr(x2p), Ptr(y2), int(2)]].concat();
+            let paired = [&args[..], &[Ptr(x2p), Ptr(y2), int(2), int(0)]].concat();
             gpu.run("kiln_rope", (positions.len() as u32, 1), 32, &paired);
             let mut want2 = x2.clone();
             rope::rope(&mut want2, &positions, &inv_freq, 2, pairs, scale);
             gpu.check(y, &want, &format!("{what}, paired: first"));
             gpu.check(y2, &want2, &format!("{what}, paired: second"));
+            // Both read from one stacked row a token (x's heads, x2's, then
+            // three values more), as q and k from their stacked product.
+            let (w1, w2) = (heads * 2 * half, 2 * 2 * half);
+            let stride = w1 + w2 + 3;
+            let mut stacked = vec![0.0; positions.len() * stride];
+            for t in 0..positions.len() {
+                stacked[t * stride..][..w1].copy_from_slice(&x[t * w1..][..w1]);
+                stacked[t * stride + w1..][..w2].copy_from_slice(&x2[t * w2..][..w2]);
+            }
+            let sp = gpu.up(&stacked);
+            let (ys, y2s) = (gpu.zeros(x.len() * 4), gpu.zeros(x2.len() * 4));
+            let mut strided = paired.clone();
+            strided[0] = Ptr(sp);
+            strided[3] = Ptr(ys);
+            strided[8] = Ptr(sp + (w1 * 4) as u64);
+            strided[9] = Ptr(y2s);
+            strided[11] = int(stride);
+            gpu.run("kiln_rope", (positions.len() as u32, 2), 32, &strided);
+            gpu.check(ys, &want, &format!("{what}, stacked rows: first"));
+            gpu.check(y2s, &want2, &format!("{what}, stacked rows: second"));
         }
     }
 }

@@ -143,11 +143,13 @@ fn the_rotated_gemv_writes_what_the_gemv_and_the_rotary_launch_write() {
                     Ptr(lin[1]),
                     Ptr(k_rot),
                     int(KV_HEADS),
+                    int(0),
                     Ptr(lin[2]),
                     Ptr(k_cache),
                     Ptr(v_cache),
                 ][..],
                 &metadata,
+                &[Ptr(0)],
             ]
             .concat();
             let name = if bf16_cache {

@@ -428,8 +428,10 @@ fn a_sampled_step_waits_for_the_device_once() {
 /// eager, captured or replayed; a 10-token prefill runs 5 GEMMs a layer on
 /// bf16 x, which the two norms, the activation and the attention write in
 /// bf16 themselves, no cast between: q, k and v as one over their stacked
-/// matrix, whose output one launch splits (`stacked.rs`), gate, up, o and
-/// down (with rotary, its own launch past the decode GEMV: 11).
+/// matrix, whose rows the rotary launch (its own past the decode GEMV)
+/// reads where they lie, writing the cache and v
+/// (`products::rotates_after_stack`: no split of its columns), gate, up, o
+/// and down (10).
 #[test]
 fn steps_run_the_kernels_their_fusions_leave() {
     let options = kiln_tests::models::shape_options(kiln_tests::models::cuda_test_device());
@@ -443,7 +445,7 @@ fn steps_run_the_kernels_their_fusions_leave() {
         device.kernels_run() - before
     };
     let prompts = [(0, vec![1, 2, 3, 4, 5], 0), (1, vec![6, 7, 8, 9, 10], 0)];
-    assert_eq!(kernels(&prompts), 2 * 11 + 4, "a 10-token prefill");
+    assert_eq!(kernels(&prompts), 2 * 10 + 4, "a 10-token prefill");
     // Gate's and up's products, past the GEMV, write bf16 for the
     // generated activation.
     assert_eq!(executor.half_product_outputs(), 2 * 2);

@@ -9,10 +9,10 @@
 use kiln_kernels::cuda::{flash, DevicePtr, KernelArg, LaunchConfig};
 use kiln_plugin_api::graph::{AttentionSpec, ValueId};
 
-use super::gemv::{GemvGroup, GemvRotation};
+use super::gemv::GemvRotation;
 use super::launch::{numel, row_threads, Frame};
-use super::plan::{CacheWrite, GroupRotation};
-use super::products::out_type_arg;
+use super::plan::{CacheWrite, GroupRotation, RotatingGroup};
+use super::products::{out_type_arg, rotates_after_stack};
 use super::DeviceKvCache;
 use crate::compiler::Step;
 
@@ -81,31 +81,55 @@ pub struct CacheTarget {
     pub element: KvElement,
 }
 
+/// One rotary launch: `x` → `y` ([tokens, heads, 2 · half]) and a second
+/// tensor at the same positions, `(x2, y2, heads2)` (zeros for none), their
+/// inputs' token rows `in_stride` values apart (0: dense); with `write`,
+/// the cache write of the rotated keys and of `v` (copied to its `v_out`
+/// too, where not 0) to the target.
+struct RopeLaunch {
+    x: DevicePtr,
+    positions: DevicePtr,
+    inv_freq: DevicePtr,
+    y: DevicePtr,
+    heads: usize,
+    half: usize,
+    interleaved: bool,
+    scale: f32,
+    second: (DevicePtr, DevicePtr, usize),
+    in_stride: usize,
+    tokens: usize,
+    write: Option<(DevicePtr, CacheTarget, DevicePtr)>,
+}
+
 impl Frame<'_> {
     /// Rotary embedding of q (and of k in the same launch, `with`); with
     /// `cache_write`, the launch also writes the rotated keys and the
     /// values into the layer's paged cache (`kiln_rope_write_kv`), which
-    /// the attention step then skips. Nothing when the GEMV of q, k and v
-    /// whose first matrix is `in_gemv` did it (decode rows).
+    /// the attention step then skips. Nothing when the product of q, k and
+    /// v did it (`in_group`: as the decode GEMV, or after its stacked GEMM).
     pub(super) fn rope(
         &self,
         step: &Step,
         (interleaved, scale): (bool, f32),
         with: Option<(ValueId, ValueId)>,
         cache_write: Option<CacheWrite>,
-        in_gemv: Option<GemvGroup>,
+        in_group: Option<RotatingGroup>,
     ) -> Result<(), String> {
         let addr = |v: ValueId| self.addrs[v as usize];
         let (tokens, heads, dim) = match self.shapes[step.output as usize].as_slice() {
             [t, h, d] => (*t, *h, *d),
             other => return Err(format!("rope expects [T, H, D], got {other:?}")),
         };
-        // The group (q, k and v) runs as the GEMV by its matrices and rows
-        // alone, as `product_group` decides.
-        if in_gemv.is_some_and(|group| group.kernel(tokens).is_some()) {
-            return Ok(()); // rotated (and cached) by the GEMV
+        // The group (q, k and v) rotates by its matrices and rows alone, as
+        // `product_group` decides.
+        let in_product =
+            |g: RotatingGroup| g.gemv.kernel(tokens).is_some() || rotates_after_stack(&g, tokens);
+        if in_group.is_some_and(in_product) {
+            return Ok(()); // rotated (and cached) by the product
         }
-        let half = dim / 2;
+        if tokens == 0 {
+            return Ok(());
+        }
         // The second tensor rotated in the same launch, if any.
         let (x2, y2, heads2) = match with {
             Some((x2, y2)) => (
@@ -115,33 +139,87 @@ impl Frame<'_> {
             ),
             None => (0, 0, 0),
         };
-        if tokens == 0 {
+        let write = match cache_write {
+            Some(write) if with.is_some() => {
+                Some((addr(write.v), self.cache_target(write, heads2, dim)?))
+            }
+            Some(_) => return Err("the cache write needs the keys' rotation".into()),
+            None => None,
+        };
+        self.launch_rope(&RopeLaunch {
+            x: addr(step.inputs[0]),
+            positions: addr(step.inputs[1]),
+            inv_freq: addr(step.inputs[2]),
+            y: addr(step.output),
+            heads,
+            half: dim / 2,
+            interleaved,
+            scale,
+            second: (x2, y2, heads2),
+            in_stride: 0,
+            tokens,
+            write: write.map(|(v, target)| (v, target, 0)),
+        })
+    }
+
+    /// Rotates q and k, writing the cache (`rotation`'s), from the rows of
+    /// `tokens` of q, k and v's stacked product at `y` ([tokens, q_width +
+    /// 2 · kv_width], `products::rotates_after_stack`), v copied to `v_out`.
+    pub(super) fn rope_after_stack(
+        &self,
+        rotation: &GemvRotation,
+        (y, tokens): (DevicePtr, usize),
+        (q_width, kv_width): (usize, usize),
+        v_out: DevicePtr,
+    ) -> Result<(), String> {
+        let dim = 2 * rotation.half;
+        let cache = rotation
+            .cache
+            .ok_or("a rotation after the stacked product of q, k and v writes the cache")?;
+        let at = |values: usize| y + (values * 4) as DevicePtr;
+        self.launch_rope(&RopeLaunch {
+            x: y,
+            positions: rotation.positions,
+            inv_freq: rotation.inv_freq,
+            y: rotation.q_out,
+            heads: q_width / dim,
+            half: rotation.half,
+            interleaved: rotation.interleaved,
+            scale: rotation.scale,
+            second: (at(q_width), rotation.k_out, kv_width / dim),
+            in_stride: q_width + 2 * kv_width,
+            tokens,
+            write: Some((at(q_width + kv_width), cache, v_out)),
+        })
+    }
+
+    /// `kiln_rope`, or with a cache write `kiln_rope_write_kv` (rope.cu).
+    fn launch_rope(&self, r: &RopeLaunch) -> Result<(), String> {
+        if r.tokens == 0 {
             return Ok(());
         }
+        let (x2, y2, heads2) = r.second;
         let mut args = vec![
-            KernelArg::Ptr(addr(step.inputs[0])),
-            KernelArg::Ptr(addr(step.inputs[1])),
-            KernelArg::Ptr(addr(step.inputs[2])),
-            KernelArg::Ptr(addr(step.output)),
-            KernelArg::I32(heads as i32),
-            KernelArg::I32(half as i32),
-            KernelArg::I32(i32::from(interleaved)),
-            KernelArg::F32(scale),
+            KernelArg::Ptr(r.x),
+            KernelArg::Ptr(r.positions),
+            KernelArg::Ptr(r.inv_freq),
+            KernelArg::Ptr(r.y),
+            KernelArg::I32(r.heads as i32),
+            KernelArg::I32(r.half as i32),
+            KernelArg::I32(i32::from(r.interleaved)),
+            KernelArg::F32(r.scale),
             KernelArg::Ptr(x2),
             KernelArg::Ptr(y2),
             KernelArg::I32(heads2 as i32),
+            KernelArg::I32(r.in_stride as i32),
         ];
-        let rotations = (heads + heads2) * half;
-        let Some(write) = cache_write else {
-            let config = rope_config(tokens, rotations);
+        let rotations = (r.heads + heads2) * r.half;
+        let Some((v, target, v_out)) = r.write else {
+            let config = rope_config(r.tokens, rotations);
             return self.launch("kiln_rope", config, &args);
         };
-        if with.is_none() {
-            return Err("the cache write needs the keys' rotation".into());
-        }
-        let target = self.cache_target(write, heads2, dim)?;
         args.extend([
-            KernelArg::Ptr(addr(write.v)),
+            KernelArg::Ptr(v),
             KernelArg::Ptr(target.k_cache),
             KernelArg::Ptr(target.v_cache),
             KernelArg::Ptr(target.row_offsets),
@@ -150,9 +228,10 @@ impl Frame<'_> {
             KernelArg::I32(target.batch as i32),
             KernelArg::I32(target.blocks_per_seq as i32),
             KernelArg::I32(target.block_size as i32),
+            KernelArg::Ptr(v_out),
         ]);
         let name = target.element.write_kernel(true);
-        let config = rope_config(tokens, rotations.max(heads2 * dim));
+        let config = rope_config(r.tokens, rotations.max(heads2 * 2 * r.half));
         self.launch(name, config, &args)
     }
 
@@ -207,6 +286,7 @@ impl Frame<'_> {
             half: head_dim / 2,
             interleaved: r.interleaved,
             cache,
+            stacked: r.stacked,
         })
     }
 

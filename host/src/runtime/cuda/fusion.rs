@@ -14,7 +14,8 @@ use std::collections::HashMap;
 use kiln_plugin_api::graph::{BinaryOp, DType, Op, UnaryOp, ValueId};
 
 use super::gemv::{GemvGroup, GEMV_MAX_GROUP};
-use super::plan::{CacheWrite, GroupRotation, Home, StepPlan};
+use super::plan::{CacheWrite, GroupRotation, Home, RotatingGroup, StepPlan};
+use super::stacked::Stack;
 use super::weights::DeviceMatrix;
 use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program};
 
@@ -492,7 +493,9 @@ fn write_cache_with_rotations(program: &Program, steps: &mut [StepPlan]) {
 /// members are q, k (and v) in that order, q and k reach the rotation only
 /// through a reshape each, and the cache write takes v (or a reshape of
 /// it): at decode one launch a layer fewer, q and k not written unrotated.
-/// Past the decode GEMV the rotary launch runs as before.
+/// Past the decode GEMV the rotary launch runs as before, reading the
+/// output of their one GEMM where they are stored stacked (no split of its
+/// columns).
 fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
     let computed_at = computed_at(program, steps);
     let readers = readers(program);
@@ -510,7 +513,7 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
             scale,
             with: Some((k_in, k_out)),
             cache_write,
-            in_gemv: None,
+            in_group: None,
         } = steps[i]
         else {
             continue;
@@ -547,6 +550,10 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
         let Some(group) = group else {
             continue;
         };
+        let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
+        let stacked = cache_write.is_some()
+            && matrices.len() == 3
+            && Stack::of(&matrices, 1, kiln_kernels::cuda::GemmType::F32).is_some();
         let moved = GroupRotation {
             interleaved,
             scale,
@@ -555,6 +562,11 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
             q_out: rope.output,
             k_out,
             cache_write,
+            stacked,
+        };
+        let group = RotatingGroup {
+            gemv: group,
+            stacked,
         };
         moves.push((g, i, moved, group));
     }
@@ -562,8 +574,8 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
         if let StepPlan::LinearGroup { rotation, .. } = &mut steps[g] {
             *rotation = Some(moved);
         }
-        if let StepPlan::Rope { in_gemv, .. } = &mut steps[i] {
-            *in_gemv = Some(group);
+        if let StepPlan::Rope { in_group, .. } = &mut steps[i] {
+            *in_group = Some(group);
         }
     }
 }

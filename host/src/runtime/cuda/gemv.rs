@@ -174,6 +174,9 @@ pub struct GemvRotation {
     pub interleaved: bool,
     /// The cache write of the rotated keys and of v, if any.
     pub cache: Option<CacheTarget>,
+    /// Past the GEMV, q, k and v rotate after their one stacked GEMM
+    /// ([`GroupRotation::stacked`](super::plan::GroupRotation)).
+    pub stacked: bool,
 }
 
 impl GemvRotation {

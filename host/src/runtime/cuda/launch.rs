@@ -537,8 +537,8 @@ impl Frame<'_> {
                 scale,
                 with,
                 cache_write,
-                in_gemv,
-            } => self.rope(step, (*interleaved, *scale), *with, *cache_write, *in_gemv),
+                in_group,
+            } => self.rope(step, (*interleaved, *scale), *with, *cache_write, *in_group),
             StepPlan::Attention {
                 spec,
                 cache_written,

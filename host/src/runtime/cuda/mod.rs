@@ -408,7 +408,7 @@ impl CudaExecutor {
                 matches!(
                     s,
                     StepPlan::Rope {
-                        in_gemv: Some(_),
+                        in_group: Some(_),
                         ..
                     }
                 )

@@ -97,10 +97,11 @@ pub enum StepPlan {
         /// The KV-cache write of the paged attention that reads the second
         /// rotation's output as its keys, done by this launch.
         cache_write: Option<CacheWrite>,
-        /// Done by the GEMV of q, k and v instead (a [`StepPlan::LinearGroup`]
-        /// with a [`GroupRotation`], whose matrices these are) when that
-        /// runs as the decode GEMV.
-        in_gemv: Option<GemvGroup>,
+        /// Done by the product of q, k and v instead (a
+        /// [`StepPlan::LinearGroup`] with a [`GroupRotation`]) when that runs
+        /// as the decode GEMV, or as one stacked GEMM whose output the
+        /// rotary launch then reads (`products::rotates_after_stack`).
+        in_group: Option<RotatingGroup>,
     },
     /// Softmax or log-softmax over an axis.
     Softmax {
@@ -172,6 +173,19 @@ pub struct GroupRotation {
     pub k_out: ValueId,
     /// The cache write of the rotated keys and the values.
     pub cache_write: Option<CacheWrite>,
+    /// q, k and v are stored stacked, and the cache write takes v: past the
+    /// GEMV their one product's output is rotated where it lies.
+    pub stacked: bool,
+}
+
+/// The q, k and v products a rotation moved into ([`GroupRotation`]): their
+/// GEMV, and whether they rotate after one stacked GEMM past it.
+#[derive(Clone, Copy, Debug)]
+pub struct RotatingGroup {
+    /// The group's GEMV.
+    pub gemv: GemvGroup,
+    /// [`GroupRotation::stacked`].
+    pub stacked: bool,
 }
 
 /// Where a value's bytes are.
@@ -362,7 +376,7 @@ pub fn lower(
                     scale: *scale,
                     with: None,
                     cache_write: None,
-                    in_gemv: None,
+                    in_group: None,
                 },
                 Op::Softmax { axis } | Op::LogSoftmax { axis } => StepPlan::Softmax {
                     axis: *axis,

@@ -21,11 +21,11 @@
 use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout};
 use kiln_plugin_api::graph::ValueId;
 
-use super::gemv::{gemv_kernel, group_arg, GemvEpilogue, GemvGroup};
+use super::gemv::{gemv_kernel, group_arg, GemvEpilogue, GemvGroup, GemvRotation};
 use super::launch::Frame;
-use super::plan::StepPlan;
+use super::plan::{RotatingGroup, StepPlan};
 use super::qmm::{self, QmmLaunch};
-use super::stacked::Stack;
+use super::stacked::{Stack, STACK_MAX_M};
 use super::tune::{GemvShape, RowPairs};
 use super::weights::DeviceMatrix;
 
@@ -71,6 +71,19 @@ fn stack_of<T>(
     (on_cublas && !gated)
         .then(|| Stack::of(&matrices, m, y_type))
         .flatten()
+}
+
+/// Whether q, k and v, whose rotation (and cache write) moved into their
+/// group's product ([`RotatingGroup`]), rotate after one stacked GEMM over
+/// `m` rows: past the GEMV, on cuBLAS, stored stacked. The rotary launch
+/// then reads q, k and v from the GEMM's rows (no split of its columns, a
+/// launch a layer fewer), writes the rotated q and k, the cache and v, and
+/// the group's rotation step is skipped.
+pub fn rotates_after_stack(group: &RotatingGroup, m: usize) -> bool {
+    group.stacked
+        && group.gemv.kernel(m).is_none()
+        && route(&group.gemv.first, WeightLayout::OutIn, m) == Route::Gemm
+        && (1..=STACK_MAX_M).contains(&m)
 }
 
 /// The half type `m` rows of x times `w` read x in: bf16 on tensor cores,
@@ -394,6 +407,18 @@ impl Frame<'_> {
         let (first, layout) = (members[0].0, WeightLayout::OutIn);
         let m = x_elements / first.cols.max(1);
         let x = self.product_x(&first, layout, x, x_elements, scratch)?;
+        if let Some(GemvEpilogue::Rotated(rotation)) = &epilogue {
+            let group = GemvGroup::of(members.iter().map(|(w, _)| w)).map(|gemv| RotatingGroup {
+                gemv,
+                stacked: rotation.stacked,
+            });
+            if group.is_some_and(|g| rotates_after_stack(&g, m)) {
+                if out_halves.get(2).copied().flatten().is_some() {
+                    return Err("v, written by the rotary launch, is stored in a half type".into());
+                }
+                return self.rotate_after_stack(members, rotation, (x, m), x_elements, scratch);
+            }
+        }
         let gated = match epilogue {
             Some(GemvEpilogue::Gated(product, out, half)) => Some((product, out, half)),
             _ => None,
@@ -440,6 +465,28 @@ impl Frame<'_> {
             done += run.len();
         }
         Ok(())
+    }
+
+    /// q, k and v ([`rotates_after_stack`]): their one GEMM into the scratch
+    /// in f32, then the rotary launch reading its rows, writing the rotated
+    /// q and k, the cache and v's own value (members' outputs of q and k
+    /// are left unwritten: only the skipped rotation step reads them).
+    fn rotate_after_stack(
+        &self,
+        members: &[(DeviceMatrix, DevicePtr)],
+        rotation: &GemvRotation,
+        (x, m): (DevicePtr, usize),
+        x_elements: usize,
+        scratch: Option<DevicePtr>,
+    ) -> Result<(), String> {
+        let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
+        let stack = Stack::of(&matrices, m, GemmType::F32)
+            .ok_or("q, k and v planned to rotate after one stacked product do not stack")?;
+        let y = scratch.ok_or("no scratch buffer planned for a stacked product")?
+            + stack_output_offset(&matrices[0], x_elements) as DevicePtr;
+        self.stacked_gemm(&stack, (x, m), (y, GemmType::F32))?;
+        let (q_width, kv_width) = (matrices[0].rows, matrices[1].rows);
+        self.rope_after_stack(rotation, (y, m), (q_width, kv_width), members[2].1)
     }
 
     /// `out_i = x · W_iᵀ` for matrices that share x: one GEMV launch over

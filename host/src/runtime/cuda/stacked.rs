@@ -1,7 +1,9 @@
 //! Stacked matrices: dense matrices that share x (q, k and v; gate and up)
 //! stored one after another at load, so that past the GEMV (cuBLAS's route)
 //! their products run as one GEMM over the stacked matrix, whose output
-//! `kiln_split_columns` (data.cu) then hands to each member. On the H200
+//! `kiln_split_columns` (data.cu) then hands to each member (or, for q, k
+//! and v whose rotation moved into their group, the rotary launch reads
+//! where it lies: `products::rotates_after_stack`). On the H200
 //! (2026-11-30) Llama-3-8B's q, k and v at 64 decode rows took 14.1, 8.3
 //! and 8.3 µs on cuBLAS (2.4, 1.0 and 1.0 TB/s; kernels matched to products
 //! by their shapes) and two split-K reductions of ~4 µs more: products that
@@ -135,13 +137,12 @@ impl Stack {
 }
 
 impl Frame<'_> {
-    /// `outs[i] = x · W_iᵀ` for the members of `stack`: one GEMM over the
-    /// stacked matrix into `y` (scratch of [`Stack::output_bytes`]), its
-    /// columns then split to the members' outputs, all in `y_type`.
-    pub(super) fn stacked_product(
+    /// `y = x · Wᵀ` over the stacked matrix of `stack`: its members' outputs
+    /// side by side in each row of `y` (scratch of [`Stack::output_bytes`]),
+    /// in `y_type`.
+    pub(super) fn stacked_gemm(
         &self,
         stack: &Stack,
-        outs: &[DevicePtr],
         (x, m): (DevicePtr, usize),
         (y, y_type): (DevicePtr, GemmType),
     ) -> Result<(), String> {
@@ -158,7 +159,21 @@ impl Frame<'_> {
                 y,
                 y_type,
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())
+    }
+
+    /// `outs[i] = x · W_iᵀ` for the members of `stack`: [`Self::stacked_gemm`]
+    /// into `y`, its columns then split to the members' outputs, all in
+    /// `y_type`.
+    pub(super) fn stacked_product(
+        &self,
+        stack: &Stack,
+        outs: &[DevicePtr],
+        (x, m): (DevicePtr, usize),
+        (y, y_type): (DevicePtr, GemmType),
+    ) -> Result<(), String> {
+        self.stacked_gemm(stack, (x, m), (y, y_type))?;
+        let w = &stack.matrix;
         let units = w.rows * y_type.size() / 16;
         let threads = 256;
         let config = LaunchConfig::new(
