@@ -144,6 +144,29 @@ extern "C" __global__ void kiln_f16_to_f32(const f16_bits* __restrict__ x, float
     y[i] = f16_to_f32(x[i]);
 }
 
+// act(gate) · up of a gated MLP from its stacked product (gate and up stored
+// one after another and multiplied by one GEMM, host/src/runtime/cuda/
+// products.rs, activates_after_stack): row r of y [rows, 2·n] (elements of
+// `in_type`, KILN_OUT_*) holds gate's n values from `gate_at` and up's from
+// `up_at`; out [rows, n] holds elements of `out_type`. Four values a thread
+// (`quads` = rows · n / 4 < 2^31, 32-bit divisions; n a multiple of 4), each
+// input one 8-byte (half) or 16-byte (f32) load, both issued before either
+// is used.
+extern "C" __global__ void kiln_gated_rows(const float* __restrict__ y, float* __restrict__ out, int quads, int n,
+                                           int gate_at, int up_at, int activation, int in_type, int out_type) {
+  const unsigned row_quads = (unsigned)n / 4;
+  for (unsigned q = blockIdx.x * blockDim.x + threadIdx.x; q < (unsigned)quads; q += gridDim.x * blockDim.x) {
+    const i64 row = q / row_quads;
+    const int c = (int)(q % row_quads) * 4;
+    float gate[4], up[4], value[4];
+    load4_as(y, row * 2 * n + gate_at + c, in_type, gate);
+    load4_as(y, row * 2 * n + up_at + c, in_type, up);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) value[j] = kiln_gated(activation, gate[j], up[j]);
+    store4_as(out, row * n + c, value, out_type);
+  }
+}
+
 // A stacked product's output x [rows, cols] (matrices that share x stored
 // one after another and multiplied by one GEMM, host/src/runtime/cuda/
 // stacked.rs) to its members' outputs: member p takes the 16-byte units

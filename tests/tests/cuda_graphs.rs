@@ -425,13 +425,14 @@ fn a_sampled_step_waits_for_the_device_once() {
 /// keys and values into the cache, attention, o GEMV, add + norm, gate/up
 /// GEMV writing SiLU(gate)·up, down GEMV, add + norm) and 4 more
 /// (embedding, the first norm, the last tokens' gather, the logits' GEMV),
-/// eager, captured or replayed; a 10-token prefill runs 5 GEMMs a layer on
+/// eager, captured or replayed; a 10-token prefill runs 4 GEMMs a layer on
 /// bf16 x, which the two norms, the activation and the attention write in
 /// bf16 themselves, no cast between: q, k and v as one over their stacked
 /// matrix, whose rows the rotary launch (its own past the decode GEMV)
 /// reads where they lie, writing the cache and v
-/// (`products::rotates_after_stack`: no split of its columns), gate, up, o
-/// and down (10).
+/// (`products::rotates_after_stack`: no split of its columns), gate and up
+/// as one, whose rows `kiln_gated_rows` reads for the activation
+/// (`products::activates_after_stack`), o and down (9).
 #[test]
 fn steps_run_the_kernels_their_fusions_leave() {
     let options = kiln_tests::models::shape_options(kiln_tests::models::cuda_test_device());
@@ -445,7 +446,7 @@ fn steps_run_the_kernels_their_fusions_leave() {
         device.kernels_run() - before
     };
     let prompts = [(0, vec![1, 2, 3, 4, 5], 0), (1, vec![6, 7, 8, 9, 10], 0)];
-    assert_eq!(kernels(&prompts), 2 * 10 + 4, "a 10-token prefill");
+    assert_eq!(kernels(&prompts), 2 * 9 + 4, "a 10-token prefill");
     // Gate's and up's products, past the GEMV, write bf16 for the
     // generated activation.
     assert_eq!(executor.half_product_outputs(), 2 * 2);

@@ -174,6 +174,8 @@ pub struct GatedProduct {
     pub gate: usize,
     /// The value `act(gate) · up`.
     pub output: ValueId,
+    /// Gate and up are stored stacked ([`StepPlan::GatedActivation`]'s).
+    pub stacked: bool,
 }
 
 /// Puts `Linear` steps that read the same value with matrices of one type
@@ -305,13 +307,21 @@ fn fuse_gated_activations(program: &Program, steps: &mut [StepPlan]) {
         if outputs.len() != 2 || !outputs.contains(&up) || gated.is_some() || !one_format {
             continue;
         }
+        let matrices = [members[0].0, members[1].0];
+        let stacked = Stack::of(&matrices, 1, kiln_kernels::cuda::GemmType::F32).is_some();
         *gated = Some(GatedProduct {
             activation,
             gate: gate_index,
             output: step.output,
+            stacked,
         });
         let matrix = members[0].0;
-        steps[j] = StepPlan::GatedActivation { at, matrix, fused };
+        steps[j] = StepPlan::GatedActivation {
+            at,
+            matrix,
+            fused,
+            stacked,
+        };
     }
 }
 

@@ -13,7 +13,9 @@ use super::codegen::{self, MAX_RANK};
 use super::fusion::{HalfStore, HalfValues};
 use super::gemv::{GemvEpilogue, GreedyPicks};
 use super::plan::{HandKernels, StepPlan};
-use super::products::{out_type_arg, writes_activation, x_half_type, y_half_type};
+use super::products::{
+    activates_after_stack, out_type_arg, writes_activation, x_half_type, y_half_type,
+};
 use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
 use super::DeviceKvCache;
@@ -424,8 +426,15 @@ impl Frame<'_> {
                 let elements = numel(in_shape(0));
                 self.product_group(&members, epilogue, x, elements, scratch, &out_halves)
             }
-            StepPlan::GatedActivation { matrix, fused, .. } => {
-                if writes_activation(matrix, rows_of(out_shape)) {
+            StepPlan::GatedActivation {
+                matrix,
+                fused,
+                stacked,
+                ..
+            } => {
+                let rows = rows_of(out_shape);
+                if writes_activation(matrix, rows) || activates_after_stack(matrix, *stacked, rows)
+                {
                     return Ok(()); // written by the product
                 }
                 let out_half = self.stored_half(step.output);

@@ -44,13 +44,17 @@ pub enum StepPlan {
     },
     /// `act(gate) · up` of a gated MLP (a generated kernel), computed by the
     /// [`StepPlan::LinearGroup`] at `at` instead when that runs as the decode
-    /// GEMV, which writes the products of a pair of rows of gate and up no
-    /// further than the block's shared memory.
+    /// GEMV (which writes the products of a pair of rows of gate and up no
+    /// further than the block's shared memory), as the tensor-core product
+    /// of packed blocks, or as one stacked GEMM past them.
     GatedActivation {
         /// The step of the gate and up products.
         at: usize,
         /// Their first matrix (which says whether they run as a GEMV).
         matrix: DeviceMatrix,
+        /// Gate and up are stored stacked: past the GEMV, one GEMM and
+        /// `kiln_gated_rows` write it (`products::activates_after_stack`).
+        stacked: bool,
         /// The generated kernel, for steps that do not.
         fused: FunctionId,
     },

@@ -21,6 +21,7 @@
 use kiln_kernels::cuda::{DevicePtr, Gemm, GemmType, KernelArg, LaunchConfig, WeightLayout};
 use kiln_plugin_api::graph::ValueId;
 
+use super::fusion::GatedProduct;
 use super::gemv::{gemv_kernel, group_arg, GemvEpilogue, GemvGroup, GemvRotation};
 use super::launch::Frame;
 use super::plan::{RotatingGroup, StepPlan};
@@ -83,6 +84,21 @@ pub fn rotates_after_stack(group: &RotatingGroup, m: usize) -> bool {
     group.stacked
         && group.gemv.kernel(m).is_none()
         && route(&group.gemv.first, WeightLayout::OutIn, m) == Route::Gemm
+        && (1..=STACK_MAX_M).contains(&m)
+}
+
+/// Whether a gated MLP's gate and up ([`GatedProduct`](super::fusion::GatedProduct),
+/// `gate` their first matrix) write their activation after one stacked
+/// GEMM over `m` rows: past the GEMV and the tensor-core product (which
+/// write it themselves), on cuBLAS, stored `stacked`, rows a multiple of 4.
+/// `kiln_gated_rows` (data.cu) then reads gate and up from the GEMM's rows
+/// and writes `act(gate) · up`: one GEMM where there were two, and the
+/// activation step is skipped.
+pub fn activates_after_stack(gate: &DeviceMatrix, stacked: bool, m: usize) -> bool {
+    stacked
+        && !writes_activation(gate, m)
+        && route(gate, WeightLayout::OutIn, m) == Route::Gemm
+        && gate.rows.is_multiple_of(4)
         && (1..=STACK_MAX_M).contains(&m)
 }
 
@@ -244,7 +260,16 @@ fn stack_scratch<T>(
     };
     let m = x_elements / first.cols.max(1);
     // The output type is the members' (f32 or W's half type): sized for f32.
-    match stack_of(members, gated, m, GemmType::F32) {
+    // A gated pair stacks for its activation (`activates_after_stack`).
+    let stack = match gated {
+        true => Stack::of(
+            &members.iter().map(|(w, _)| *w).collect::<Vec<_>>(),
+            m,
+            GemmType::F32,
+        ),
+        false => stack_of(members, gated, m, GemmType::F32),
+    };
+    match stack {
         Some(stack) => {
             let offset = stack_output_offset(first, x_elements);
             (offset, offset + stack.output_bytes(m))
@@ -423,6 +448,16 @@ impl Frame<'_> {
             Some(GemvEpilogue::Gated(product, out, half)) => Some((product, out, half)),
             _ => None,
         };
+        if let Some(gated) = gated.filter(|(p, ..)| activates_after_stack(&first, p.stacked, m)) {
+            let y_type = out_halves.first().copied().flatten();
+            return self.activate_after_stack(
+                members,
+                gated,
+                (x, m),
+                x_elements,
+                (scratch, y_type),
+            );
+        }
         let mut done = 0;
         for run in format_runs(members) {
             let y_type = out_halves.get(done).copied().flatten();
@@ -487,6 +522,51 @@ impl Frame<'_> {
         self.stacked_gemm(&stack, (x, m), (y, GemmType::F32))?;
         let (q_width, kv_width) = (matrices[0].rows, matrices[1].rows);
         self.rope_after_stack(rotation, (y, m), (q_width, kv_width), members[2].1)
+    }
+
+    /// A gated MLP's gate and up ([`activates_after_stack`]): their one GEMM
+    /// into the scratch (in `y_type`, the type gate's and up's outputs are
+    /// stored in: W's half type, or f32 for `None`), then `kiln_gated_rows`
+    /// writing the activation to `out` in `half` (f32 for `None`); gate's and
+    /// up's own outputs are left unwritten (only the skipped activation step
+    /// reads them).
+    fn activate_after_stack(
+        &self,
+        members: &[(DeviceMatrix, DevicePtr)],
+        (product, out, half): (GatedProduct, DevicePtr, Option<GemmType>),
+        (x, m): (DevicePtr, usize),
+        x_elements: usize,
+        (scratch, y_type): (Option<DevicePtr>, Option<GemmType>),
+    ) -> Result<(), String> {
+        let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
+        let in_type = y_type.unwrap_or(GemmType::F32);
+        let stack = Stack::of(&matrices, m, in_type)
+            .ok_or("gate and up planned to run as one stacked product do not stack")?;
+        let y = scratch.ok_or("no scratch buffer planned for a stacked product")?
+            + stack_output_offset(&matrices[0], x_elements) as DevicePtr;
+        self.stacked_gemm(&stack, (x, m), (y, in_type))?;
+        let n = matrices[0].rows;
+        // Member i's outputs start at i · n in a row (gate is member 0 or 1).
+        let (gate_at, up_at) = (product.gate * n, (1 - product.gate) * n);
+        let quads = m * n / 4;
+        let quads_arg = i32::try_from(quads)
+            .map_err(|_| format!("{m} rows of {n}: too many for kiln_gated_rows"))?;
+        let int = |v: usize| KernelArg::I32(v as i32);
+        self.launch(
+            "kiln_gated_rows",
+            LaunchConfig::elementwise(quads),
+            &[
+                KernelArg::Ptr(y),
+                KernelArg::Ptr(out),
+                KernelArg::I32(quads_arg),
+                int(n),
+                int(gate_at),
+                int(up_at),
+                KernelArg::I32(product.activation as i32),
+                out_type_arg(y_type),
+                out_type_arg(half),
+            ],
+        )
     }
 
     /// `out_i = x · W_iᵀ` for matrices that share x: one GEMV launch over
