@@ -26,7 +26,7 @@ use super::gemv::{gemv_kernel, group_arg, GemvEpilogue, GemvGroup, GemvRotation}
 use super::launch::Frame;
 use super::plan::{RotatingGroup, StepPlan};
 use super::qmm::{self, QmmLaunch};
-use super::stacked::{Stack, STACK_MAX_M};
+use super::stacked::{Stack, IN_PLACE_MAX_M};
 use super::tune::{GemvShape, RowPairs};
 use super::weights::DeviceMatrix;
 
@@ -84,7 +84,7 @@ pub fn rotates_after_stack(group: &RotatingGroup, m: usize) -> bool {
     group.stacked
         && group.gemv.kernel(m).is_none()
         && route(&group.gemv.first, WeightLayout::OutIn, m) == Route::Gemm
-        && (1..=STACK_MAX_M).contains(&m)
+        && (1..=IN_PLACE_MAX_M).contains(&m)
 }
 
 /// Whether a gated MLP's gate and up ([`GatedProduct`](super::fusion::GatedProduct),
@@ -99,7 +99,7 @@ pub fn activates_after_stack(gate: &DeviceMatrix, stacked: bool, m: usize) -> bo
         && !writes_activation(gate, m)
         && route(gate, WeightLayout::OutIn, m) == Route::Gemm
         && gate.rows.is_multiple_of(4)
-        && (1..=STACK_MAX_M).contains(&m)
+        && (1..=IN_PLACE_MAX_M).contains(&m)
 }
 
 /// The half type `m` rows of x times `w` read x in: bf16 on tensor cores,
@@ -235,24 +235,35 @@ pub fn scratch_bytes(plan: &StepPlan, x_elements: usize) -> usize {
     match plan {
         StepPlan::Linear(w) => product(w, WeightLayout::OutIn),
         StepPlan::MatMul(w) => product(w, WeightLayout::InOut),
-        StepPlan::LinearGroup { members, gated, .. } => most_of_its_runs(
+        StepPlan::LinearGroup {
             members,
-            gated.is_some(),
-            x_elements,
-            |q, m| qmm_scratch(q, x_elements, m).1,
-            |w| product(w, WeightLayout::OutIn),
-        )
-        .max(stack_scratch(members, gated.is_some(), x_elements).1),
+            gated,
+            rotation,
+        } => {
+            let in_place = gated.is_some_and(|g| g.stacked) || rotation.is_some_and(|r| r.stacked);
+            let stacked = stack_scratch(members, gated.is_some(), in_place, x_elements);
+            most_of_its_runs(
+                members,
+                gated.is_some(),
+                x_elements,
+                |q, m| qmm_scratch(q, x_elements, m).1,
+                |w| product(w, WeightLayout::OutIn),
+            )
+            .max(stacked.1)
+        }
         _ => 0,
     }
 }
 
 /// The scratch of a group's stacked product (x cast to W's type, then the
 /// product's output at the returned offset): `(offset, total bytes)`, or
-/// nothing where its products do not stack.
+/// nothing where its products do not stack. `in_place`: its output is read
+/// where it lies (gate and up's activation, q, k and v's rotation), not
+/// split.
 fn stack_scratch<T>(
     members: &[(DeviceMatrix, T)],
     gated: bool,
+    in_place: bool,
     x_elements: usize,
 ) -> (usize, usize) {
     let Some(first) = members.first().map(|(w, _)| w) else {
@@ -260,9 +271,8 @@ fn stack_scratch<T>(
     };
     let m = x_elements / first.cols.max(1);
     // The output type is the members' (f32 or W's half type): sized for f32.
-    // A gated pair stacks for its activation (`activates_after_stack`).
-    let stack = match gated {
-        true => Stack::of(
+    let stack = match in_place {
+        true => Stack::in_place(
             &members.iter().map(|(w, _)| *w).collect::<Vec<_>>(),
             m,
             GemmType::F32,
@@ -515,7 +525,7 @@ impl Frame<'_> {
         scratch: Option<DevicePtr>,
     ) -> Result<(), String> {
         let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
-        let stack = Stack::of(&matrices, m, GemmType::F32)
+        let stack = Stack::in_place(&matrices, m, GemmType::F32)
             .ok_or("q, k and v planned to rotate after one stacked product do not stack")?;
         let y = scratch.ok_or("no scratch buffer planned for a stacked product")?
             + stack_output_offset(&matrices[0], x_elements) as DevicePtr;
@@ -540,7 +550,7 @@ impl Frame<'_> {
     ) -> Result<(), String> {
         let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
         let in_type = y_type.unwrap_or(GemmType::F32);
-        let stack = Stack::of(&matrices, m, in_type)
+        let stack = Stack::in_place(&matrices, m, in_type)
             .ok_or("gate and up planned to run as one stacked product do not stack")?;
         let y = scratch.ok_or("no scratch buffer planned for a stacked product")?
             + stack_output_offset(&matrices[0], x_elements) as DevicePtr;

@@ -28,11 +28,21 @@ use crate::runtime::WeightData;
 /// Most members of a stack (`KILN_STACK_MAX` in data.cu).
 pub const STACK_MAX: usize = 4;
 
-/// Most rows of x a stacked product takes: decode batches and short
-/// prompts. Past them each product fills the card on its own (a 2048-token
-/// prompt's q, k and v are ~100 GFLOP), and the split would copy an output
-/// of up to 50 MB (Llama-3-8B's q, k and v in f32) a layer.
+/// Most rows of x a stacked product whose output is split takes: decode
+/// batches and short prompts. Past them each product fills the card on its
+/// own (a 2048-token prompt's q, k and v are ~100 GFLOP), and the split
+/// would copy an output of up to 50 MB (Llama-3-8B's q, k and v in f32) a
+/// layer.
 pub const STACK_MAX_M: usize = 256;
+
+/// Most rows of x a stacked product whose output is read where it lies
+/// takes ([`Stack::in_place`]: q, k and v's rotation, gate and up's
+/// activation): a whole prefill chunk at `--max-num-batched-tokens`'
+/// default. With nothing copied, one GEMM still saves the smaller
+/// products' tails (on the H200 a 2048-token prompt's k and v ran at 515
+/// TFLOP/s, its q at 597) and launches; the scratch holds the output in
+/// f32 (235 MB for Llama-3-8B's gate and up at 2048 rows).
+pub const IN_PLACE_MAX_M: usize = 2048;
 
 /// The weights (indices) to store stacked, each group in program order:
 /// those of the `Linear` steps that read one value, 2 to [`STACK_MAX`] of
@@ -89,11 +99,25 @@ pub struct Stack {
 
 impl Stack {
     /// Where the products of `members` (a group's run past the GEMV that
-    /// cuBLAS takes, not a gated pair) over `m` rows of x run as one GEMM:
-    /// 2 to [`STACK_MAX`] dense matrices of one type and row length stored
-    /// one after another, their output rows whole 16-byte units in `y_type`
-    /// (for the split), `m` up to [`STACK_MAX_M`].
+    /// cuBLAS takes, not a gated pair) over `m` rows of x run as one GEMM
+    /// whose output is split: 2 to [`STACK_MAX`] dense matrices of one type
+    /// and row length stored one after another, their output rows whole
+    /// 16-byte units in `y_type` (for the split), `m` up to [`STACK_MAX_M`].
     pub fn of(members: &[DeviceMatrix], m: usize, y_type: GemmType) -> Option<Self> {
+        Self::with_rows(members, (m, STACK_MAX_M), y_type)
+    }
+
+    /// [`Stack::of`] for an output read where it lies, `m` up to
+    /// [`IN_PLACE_MAX_M`].
+    pub fn in_place(members: &[DeviceMatrix], m: usize, y_type: GemmType) -> Option<Self> {
+        Self::with_rows(members, (m, IN_PLACE_MAX_M), y_type)
+    }
+
+    fn with_rows(
+        members: &[DeviceMatrix],
+        (m, most): (usize, usize),
+        y_type: GemmType,
+    ) -> Option<Self> {
         let first = members.first()?;
         let adjacent = members.windows(2).all(|pair| {
             pair[1].ptr == pair[0].ptr + pair[0].bytes() as DevicePtr
@@ -107,7 +131,7 @@ impl Stack {
             && members.iter().all(|w| w.packed.is_none())
             && adjacent
             && units
-            && (1..=STACK_MAX_M).contains(&m);
+            && (1..=most).contains(&m);
         stackable.then(|| Self {
             matrix: DeviceMatrix {
                 rows: members.iter().map(|w| w.rows).sum(),
@@ -224,5 +248,9 @@ mod tests {
         assert!(Stack::of(&[q, k], 0, GemmType::F32).is_none());
         assert!(Stack::of(&[q, k], STACK_MAX_M, GemmType::F32).is_some());
         assert!(Stack::of(&[q, k], STACK_MAX_M + 1, GemmType::F32).is_none());
+        // Read where it lies, a whole prefill chunk.
+        assert!(Stack::in_place(&[q, k], STACK_MAX_M + 1, GemmType::F32).is_some());
+        assert!(Stack::in_place(&[q, k], IN_PLACE_MAX_M, GemmType::F32).is_some());
+        assert!(Stack::in_place(&[q, k], IN_PLACE_MAX_M + 1, GemmType::F32).is_none());
     }
 }
