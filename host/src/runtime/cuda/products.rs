@@ -87,8 +87,8 @@ pub fn rotates_after_stack(group: &RotatingGroup, m: usize) -> bool {
         && (1..=IN_PLACE_MAX_M).contains(&m)
 }
 
-/// Whether a gated MLP's gate and up ([`GatedProduct`](super::fusion::GatedProduct),
-/// `gate` their first matrix) write their activation after one stacked
+/// Whether a gated MLP's gate and up ([`GatedProduct`], `gate` their first
+/// matrix) write their activation after one stacked
 /// GEMM over `m` rows: past the GEMV and the tensor-core product (which
 /// write it themselves), on cuBLAS, stored `stacked`, rows a multiple of 4.
 /// `kiln_gated_rows` (data.cu) then reads gate and up from the GEMM's rows
@@ -550,7 +550,9 @@ impl Frame<'_> {
     ) -> Result<(), String> {
         let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
         let in_type = y_type.unwrap_or(GemmType::F32);
-        let stack = Stack::in_place(&matrices, m, in_type)
+        // As planned (`GatedProduct::stacked`): whole units of f32 rows, what
+        // `activates_after_stack`'s rows of a multiple of 4 give.
+        let stack = Stack::in_place(&matrices, m, GemmType::F32)
             .ok_or("gate and up planned to run as one stacked product do not stack")?;
         let y = scratch.ok_or("no scratch buffer planned for a stacked product")?
             + stack_output_offset(&matrices[0], x_elements) as DevicePtr;
