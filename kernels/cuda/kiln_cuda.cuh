@@ -668,10 +668,10 @@ __device__ __forceinline__ void write_head_value(float* out, float* partials, i6
   }
 }
 
-// Splits a merge takes at most (the host's MAX_SPLITS, attention.rs), query
-// heads (decode_attention.cu's KILN_DECODE_HEADS), splits whose values a
-// thread loads together, and outputs a thread merges at once.
-#define KILN_MAX_SPLITS 32
+// Splits a merge takes at most (the host's MAX_SPLITS, attention.rs, is
+// 32), query heads (decode_attention.cu's KILN_DECODE_HEADS), splits whose
+// values a thread loads together, and outputs a thread merges at once.
+#define KILN_MAX_SPLITS 128
 #define KILN_MERGE_HEADS 8
 #define KILN_MERGE_SPLITS 16
 #define KILN_MERGE_OUTPUTS 4
@@ -686,7 +686,7 @@ __device__ __forceinline__ const float* split_part(const float* partials, i64 he
 // its `heads` query heads from `first_head` into `out`. The counters,
 // split_counters[row · gridDim.y + blockIdx.y], start at zero and are left
 // at zero. First each split's weight for each head, exp(m_z − max) (a warp
-// a head, a lane a split: one round of loads for all of them, then shuffles),
+// a head, a lane every 32nd split: one round of loads a head, then shuffles),
 // then each output's sum of the splits' values by their weights over the
 // sum of their weighted sums, KILN_MERGE_OUTPUTS outputs a thread with
 // their loads of KILN_MERGE_SPLITS splits issued before any is used: a few
@@ -703,29 +703,37 @@ __device__ __forceinline__ void merge_head_splits(float* out, const float* parti
   if (!last_block_done(split_counters + row * gridDim.y + blockIdx.y, gridDim.z)) return;
   const int splits = gridDim.z, lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const i64 first_row = row * num_heads + first_head;
-  float m[KILN_MERGE_HEADS], l[KILN_MERGE_HEADS];
-#pragma unroll
-  for (int j = 0; j < KILN_MERGE_HEADS; ++j) {
-    const int h = warp + j * warps;
-    const bool in = h < heads && lane < splits;
-    m[j] = in ? __ldcg(split_part(partials, first_row + h, lane, head_dim)) : KILN_NEG_INF;
-    l[j] = in ? __ldcg(split_part(partials, first_row + h, lane, head_dim) + 1) : 0.0f;
-  }
-#pragma unroll
+  constexpr int PER_LANE = KILN_MAX_SPLITS / 32;
   for (int j = 0; j < KILN_MERGE_HEADS; ++j) {
     // Bounded by what every thread sees alike (blockDim, heads), so the
     // compiler knows the shuffles below run in whole warps.
     if (j * warps >= heads) break;
     const int h = warp + j * warps;
+    float m[PER_LANE], l[PER_LANE];
+#pragma unroll
+    for (int t = 0; t < PER_LANE; ++t) {
+      const int z = lane + 32 * t;
+      const bool in = h < heads && z < splits;
+      m[t] = in ? __ldcg(split_part(partials, first_row + h, z, head_dim)) : KILN_NEG_INF;
+      l[t] = in ? __ldcg(split_part(partials, first_row + h, z, head_dim) + 1) : 0.0f;
+    }
     // A split that saw no key (l = 0) weighs nothing.
-    float m_all = l[j] > 0.0f ? m[j] : KILN_NEG_INF;
+    float m_all = KILN_NEG_INF;
+#pragma unroll
+    for (int t = 0; t < PER_LANE; ++t)
+      if (l[t] > 0.0f) m_all = fmaxf(m_all, m[t]);
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) m_all = fmaxf(m_all, __shfl_xor_sync(KILN_FULL_MASK, m_all, offset));
-    const float weight = l[j] > 0.0f ? expf(m[j] - m_all) : 0.0f;
-    float total = l[j] * weight;
+    float total = 0.0f;
+#pragma unroll
+    for (int t = 0; t < PER_LANE; ++t) {
+      const int z = lane + 32 * t;
+      const float weight = l[t] > 0.0f ? expf(m[t] - m_all) : 0.0f;
+      total += l[t] * weight;
+      if (h < heads && z < splits) split_weight[h][z] = weight;
+    }
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(KILN_FULL_MASK, total, offset);
-    if (h < heads && lane < splits) split_weight[h][lane] = weight;
     if (h < heads && lane == 0) head_total[h] = total;
   }
   __syncthreads();

@@ -550,8 +550,8 @@ const BLOCKS_PER_SPLIT: usize = 4;
 /// dependent L2 loads (since a few rounds of loads for all of them:
 /// `merge_head_splits` in kiln_cuda.cuh; unmeasured).
 const TARGET_BLOCKS: usize = 264;
-/// Splits per row at most: `KILN_MAX_SPLITS` in kiln_cuda.cuh, a split a
-/// lane of one warp when the splits are merged.
+/// Splits per row at most (`KILN_MAX_SPLITS` in kiln_cuda.cuh, what the
+/// merge of the splits takes, is more).
 const MAX_SPLITS: usize = 32;
 
 /// How many parts attention splits each row's keys into, for a step of
@@ -681,7 +681,7 @@ mod tests {
             .find_map(|l| l.strip_prefix("#define KILN_MAX_SPLITS "))
             .and_then(|n| n.trim().parse::<usize>().ok())
             .expect("KILN_MAX_SPLITS in kiln_cuda.cuh");
-        assert_eq!(MAX_SPLITS, kernel_most);
+        assert!(MAX_SPLITS <= kernel_most);
         assert!(LONG_MAX_SPLITS <= kernel_most);
         for tokens in [1, 2, 4, 16, 17, 64, 256] {
             for width in [1, 16, 128, 1024, 8192] {
