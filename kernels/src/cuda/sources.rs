@@ -62,7 +62,8 @@ pub const DECODE_ATTENTION: Source = Source {
     text: include_str!("../../cuda/decode_attention.cu"),
     waits_for_inputs: true,
 };
-/// Embedding, gathers, strided copies and conversions.
+/// Embedding, gathers, strided copies and conversions, and the gated
+/// activation over a stacked product's rows.
 pub const DATA: Source = Source {
     name: "data.cu",
     text: include_str!("../../cuda/data.cu"),

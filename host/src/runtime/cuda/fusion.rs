@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 
+use kiln_kernels::cuda::GemmType;
 use kiln_plugin_api::graph::{BinaryOp, DType, Op, UnaryOp, ValueId};
 
 use super::gemv::{GemvGroup, GEMV_MAX_GROUP};
@@ -308,7 +309,7 @@ fn fuse_gated_activations(program: &Program, steps: &mut [StepPlan]) {
             continue;
         }
         let matrices = [members[0].0, members[1].0];
-        let stacked = Stack::of(&matrices, 1, kiln_kernels::cuda::GemmType::F32).is_some();
+        let stacked = Stack::in_place(&matrices, 1, GemmType::F32).is_some();
         *gated = Some(GatedProduct {
             activation,
             gate: gate_index,
@@ -563,7 +564,7 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
         let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
         let stacked = cache_write.is_some()
             && matrices.len() == 3
-            && Stack::of(&matrices, 1, kiln_kernels::cuda::GemmType::F32).is_some();
+            && Stack::in_place(&matrices, 1, GemmType::F32).is_some();
         let moved = GroupRotation {
             interleaved,
             scale,
