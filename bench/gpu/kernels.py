@@ -9,6 +9,10 @@
     kernels.py ncu KERNELS.csv
         Nsight Compute's --csv output with gpu__time_duration.sum: each kernel
         (by name and grid) over the profiled steps.
+    kernels.py sections SECTIONS.csv
+        Nsight Compute's --csv --page details output of some sections
+        (`bench/gpu/run.sh kernel-memory`): each kernel's (by name and grid)
+        metrics, the median over its launches, section by section.
 """
 import csv
 import json
@@ -73,10 +77,41 @@ def ncu(path):
     print(table(rows, total))
 
 
+def sections(path):
+    values = defaultdict(lambda: defaultdict(list))
+    units = {}
+    with open(path, newline="") as f:
+        lines = [line for line in f if line.startswith('"')]
+    for r in csv.DictReader(lines):
+        metric, value = r.get("Metric Name"), (r.get("Metric Value") or "").replace(",", "")
+        if not metric or not value:
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        kernel = f"{r['Kernel Name'][:60]} {r['Grid Size']}x{r['Block Size']}"
+        key = (r.get("Section Name", ""), metric)
+        values[kernel][key].append(number)
+        units[key] = r.get("Metric Unit", "")
+    for kernel, metrics in values.items():
+        launches = max(len(v) for v in metrics.values())
+        print(f"### {kernel} ({launches} launches, medians)")
+        print()
+        print("| section | metric | value | unit |")
+        print("| --- | --- | --- | --- |")
+        for (section, metric), v in metrics.items():
+            median = sorted(v)[len(v) // 2]
+            print(f"| {section} | {metric} | {median:g} | {units[(section, metric)]} |")
+        print()
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "nsys":
         nsys(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 3 and sys.argv[1] == "ncu":
         ncu(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "sections":
+        sections(sys.argv[2])
     else:
         sys.exit(__doc__)

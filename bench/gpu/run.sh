@@ -56,9 +56,11 @@
 #   bench/gpu/run.sh kernel-memory     how chosen kernels of a decode step use the
 #                                      memory system and issue (the GEMVs of llama3-8b
 #                                      bf16 and q4_k_m at batch 1, grouped attention at
-#                                      64: L1 wavefronts and sectors per request, DRAM
-#                                      throughput, warp stalls, occupancy), by Nsight
-#                                      Compute's sections, as CSV
+#                                      64, q4_k_m's tensor-core products at 16: L1 and
+#                                      shared wavefronts, bank conflicts, DRAM
+#                                      throughput, warp states, occupancy, launch
+#                                      limits, pipes), by Nsight Compute's sections, as
+#                                      CSV and a Markdown table of medians a kernel
 #   bench/gpu/run.sh table             the table of every JSON so far
 # KILN_BENCH_SHAPES and KILN_BENCH_PROFILE name weights DTYPE[+PRECISION]
 # (`host benchmark --shape-dtype DTYPE --precision PRECISION`, exact unless
@@ -374,7 +376,7 @@ kernel_memory() {
   local ncu run kernel dtype batch
   ncu=$(nsight_compute)
   [ -n "$ncu" ] || { echo "no Nsight Compute on this machine"; return 1; }
-  for run in ${KILN_BENCH_MEMORY:-kiln_gemv:q4_k_m:1 kiln_gemv:bf16:1 kiln_decode_attention:bf16:64}; do
+  for run in ${KILN_BENCH_MEMORY:-kiln_gemv:q4_k_m:1 kiln_gemv:bf16:1 kiln_decode_attention:bf16:64 kiln_qmm:q4_k_m:16}; do
     IFS=: read -r kernel dtype batch <<< "$run"
     weights_of "$dtype"
     local name=memory-$kernel-llama3-8b-$dtype-$batch
@@ -382,10 +384,12 @@ kernel_memory() {
     KILN_PROFILE_STEPS=decode:16..17 "$ncu" --csv --clock-control none --page details --profile-from-start off \
       --kernel-name "regex:$kernel" --launch-count 12 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section Occupancy \
+      --section LaunchStats --section ComputeWorkloadAnalysis \
       "$bin/host" benchmark --shape llama3-8b "${weights[@]}" --device "$device" \
       --input-len "$input_len" --output-len 32 --concurrency "$batch" --json \
       > "$results/$name.csv" 2> "$results/$name.log" || { echo "FAILED: $name"; tail -5 "$results/$name.log"; continue; }
     grep -c "\"$kernel" "$results/$name.csv" | sed 's/^/metric rows: /'
+    python3 bench/gpu/kernels.py sections "$results/$name.csv" > "$results/$name.md"
   done
 }
 

@@ -299,19 +299,23 @@ struct KQuant {
       offset[h] = -fmaf(8.0f * (float)UNIT, scale[h], minimum[h]);
     }
     int first = col + 64 * (int)c + 16 * (s % 2);  // col < 0 where a block starts before qmm's stretch
+    // Runs of 8 (two words' values) at multiples of 8: qmm stores each
+    // in one 16-byte store.
 #pragma unroll
-    for (int word = 0; word < 4; ++word) {
-      unsigned int n_lo, n_hi;
-      quants(r, c, word, &n_lo, &n_hi);
-      n_lo <<= SHIFT;
-      n_hi <<= SHIFT;
-      float lo[4], hi[4];
-      for (int j = 0; j < 4; ++j) {
-        lo[j] = fmaf(step[0], eight_plus_byte(n_lo, j), offset[0]);
-        hi[j] = fmaf(step[1], eight_plus_byte(n_hi, j), offset[1]);
+    for (int word = 0; word < 4; word += 2) {
+      unsigned int n[2][2];  // [sub-block 2c + h][word]
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        quants(r, c, word + w, &n[0][w], &n[1][w]);
+        n[0][w] <<= SHIFT;
+        n[1][w] <<= SHIFT;
       }
-      sink(lo, 4, first + 4 * word, 1.0f);
-      sink(hi, 4, first + 32 + 4 * word, 1.0f);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[8];
+        for (int j = 0; j < 8; ++j) v[j] = fmaf(step[h], eight_plus_byte(n[h][j / 4], j % 4), offset[h]);
+        sink(v, 8, first + 32 * h + 4 * word, 1.0f);
+      }
     }
   }
   // The part's 16 quants of sub-block 2c against 16 of x's, its 16 of
@@ -464,12 +468,13 @@ struct Q6_K {
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
       float scale = d * signed_quant_f32(r.scales >> (8 * g));
+      // Runs of 8 at multiples of 8, as KQuant's.
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        unsigned int n = quants(r, e, g, w);
-        float v[4];
-        for (int j = 0; j < 4; ++j) v[j] = byte_quant_f32<32>(n, j);
-        sink(v, 4, first + 64 * g + 4 * w, scale);
+      for (int w = 0; w < 4; w += 2) {
+        unsigned int n[2] = {quants(r, e, g, w), quants(r, e, g, w + 1)};
+        float v[8];
+        for (int j = 0; j < 8; ++j) v[j] = byte_quant_f32<32>(n[j / 4], j % 4);
+        sink(v, 8, first + 64 * g + 4 * w, scale);
       }
     }
   }

@@ -29,7 +29,7 @@
 // stretches fit without spilling (Q4_K, Q6_K, Q4_0: EARLY) ask for the
 // next stretch before decoding this one, so its loads overlap the
 // decoding too (Q8_0, Q5_0, Q5_K and bf16 spilled doing so; Q5_0 and Q5_K
-// unroll the products by 2, Q8_0 by 4, where 8 spilled). The `_m16` kernels
+// unroll the products by 2, Q8_0 and Q6_K by 4, where 8 spilled). The `_m16` kernels
 // (X_GROUPS = 1: one group's accumulators and fragments, a quarter of x's
 // tile) fit in 96 registers, so 5 blocks a multiprocessor, every format
 // EARLY but bf16. Each thread's W and x rows' addresses are worked out once
@@ -37,6 +37,18 @@
 // stretch is 593 instructions a thread (698, then 624 before), 474 in
 // `_m16` (588 before the addresses were worked out once; unmeasured on a
 // GPU).
+//
+// The decoded runs reach the shared tile 16 bytes a store (runs of 8
+// values), K-quant rows on consecutive lanes (Stretch::ROWS_FASTEST), so
+// no two stores of a quarter-warp share a bank: a warp's Q4_K decoding a
+// stretch took 128 shared wavefronts (bank conflicts of 8-byte stores
+// 64 columns apart) where 32 carry its bytes, now 32 (Q6_K and Q8_0 64 →
+// 32; kernels/cuda/qmm_banks.py). The shared memory serves an SM one
+// wavefront a cycle: with ldmatrix's 64 and x's copies' 8, `_m16`'s 20
+// warps an SM asked ~4,000 cycles a stretch of it against ~2,400 of issue
+// (474 instructions a warp, four schedulers); now ~2,100. The H200 profile
+// measured ~5 µs a stretch at 16 rows (Q4_K gate/up 101 µs, 0.65 TB/s).
+// Unmeasured on a GPU since.
 //
 // Dense bf16 matrices take the same path (`kiln_qmm_bf16`, DenseBf16: a
 // "block" of 8 values is one 16-byte load, copied to shared memory as it
@@ -79,6 +91,18 @@ struct Stretch {
   static const int PER_THREAD = KILN_QMM_TILE * PARTS / KILN_QMM_THREADS;
   static const int ROW_STEP = KILN_QMM_THREADS / PARTS;
   static_assert(KILN_QMM_THREADS % PARTS == 0, "a thread's parts lie in rows ROW_STEP apart");
+  // Thread t's part and first row. Where a warp's parts span 8 rows (PARTS
+  // ≤ 4: the K-quants), consecutive lanes take consecutive rows, so a
+  // quarter-warp's 16-byte stores fall in 8 rows of one part, 17 units of
+  // 16 bytes apart (KILN_QMM_STRIDE): 8 different banks (a row's parts on
+  // consecutive lanes put two 64 columns apart, the same banks, in one).
+  // A warp loads the same rows and parts either way.
+  static const bool ROWS_FASTEST = PARTS <= 4;
+  static const int WARP_ROWS = 32 / PARTS;
+  __device__ static int part_of_thread(unsigned t) { return (int)(ROWS_FASTEST ? t % 32 / WARP_ROWS : t % PARTS); }
+  __device__ static int row_of_thread(unsigned t) {
+    return (int)(ROWS_FASTEST ? t / 32 * WARP_ROWS + t % WARP_ROWS : t / PARTS);
+  }
 };
 
 // Dense bf16 rows as a format of 8-value blocks: one 16-byte load each.
@@ -89,12 +113,20 @@ struct DenseBf16 {
 };
 
 // A loaded part of a W row to its place in the shared tile (`column` of
-// the stretch) as bf16: decoded by the format, or a dense row's copied.
+// the stretch) as bf16: decoded by the format (runs of 8 one 16-byte
+// store), or a dense row's copied.
 template <typename F>
 struct SharedRow {
   __device__ static void store(const typename F::Raw& raw, int part, int column, bf16_bits* row) {
     F::values(raw, part, column, [&](const float* v, int count, int at, float scale) {
-      store_bf16_pairs(row + at, v, count, scale);
+      bf16_bits* out = row + at;
+      if (count == 8) {  // at a multiple of 8 columns: 16-byte aligned
+        Bytes16 run;
+        for (int e = 0; e < 4; ++e) run.v[e] = pack_bf16(scale * v[2 * e], scale * v[2 * e + 1]);
+        *reinterpret_cast<Bytes16*>(out) = run;
+      } else {
+        store_bf16_pairs(out, v, count, scale);
+      }
     });
   }
 };
@@ -180,8 +212,8 @@ struct StretchRows {
   int block_in, lane;  // the part: lane part `lane` of the stretch's block `block_in`
 
   __device__ StretchRows(const QmmTile& tile, int k) {
-    int part = threadIdx.x % S::PARTS;
-    row = threadIdx.x / S::PARTS;
+    int part = S::part_of_thread(threadIdx.x);
+    row = S::row_of_thread(threadIdx.x);
     block_in = part / F::LANES;
     lane = part % F::LANES;
     i64 row_bytes = row_bytes_of(k);
@@ -380,7 +412,7 @@ extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_P
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q4_k_m16(KILN_QMM_ARGS) { qmm<Q4_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K, false, 2, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q5_k_m16(KILN_QMM_ARGS) { qmm<Q5_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K, true, 8, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K, true, 4, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q6_k_m16(KILN_QMM_ARGS) { qmm<Q6_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_bf16(KILN_QMM_ARGS) { qmm<DenseBf16, false, 8, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_bf16_m16(KILN_QMM_ARGS) { qmm<DenseBf16, false, 8, 1>(g, x, partials, counters, m, k, k_split); }

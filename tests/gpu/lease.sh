@@ -115,7 +115,7 @@ part memcheck 120 env KILN_GPU_SUITE_MEMCHECK=1 KILN_GPU_SUITE_ONLY="decode-grap
 # sections).
 part profile-batch-1 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3.2-1b:bf16:1 llama3-8b:q4_k_m:1 llama3-8b:q4_k_m:16" \
   bench/gpu/run.sh profile
-part kernel-memory 120 bench/gpu/run.sh kernel-memory
+part kernel-memory 150 bench/gpu/run.sh kernel-memory
 # A GGUF model's GEMV at 2 to 8 rows (its loads of x in KQuantSpread's
 # order since 2026-11-30, a quarter of the lines of L1).
 part small-batches 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" KILN_BENCH_GEMV_ROWS=2 \
