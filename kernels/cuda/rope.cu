@@ -108,38 +108,33 @@ extern "C" __global__ void __launch_bounds__(KILN_ROPE_THREADS, 4) kiln_rope(KIL
 
 // Rotary embedding of q (x) and k (x2) fused with paged attention's cache
 // write (attention.cu's kiln_write_kv): the rotated keys go to y2 and to the
-// token's cache slot, and the token's values v [T, heads2 · 2·half] are
-// copied to theirs (and to v_out [T, heads2 · 2·half] where set: v read
-// from a stacked product's output, whose own value holds it then); a
-// padding row (position -1) writes nothing to the cache. One launch a
-// layer fewer, and k is not read back.
+// token's cache slot, and the token's values v [T, heads2 · 2·half] (rows
+// `in_stride` apart where set: a stacked product's) are copied to theirs; a
+// padding row (position -1) writes nothing to the cache. One launch a layer
+// fewer, and k is not read back.
 template <typename C>
 __device__ void rope_write_kv(KILN_ROPE_PARAMS, const float* __restrict__ v, C* __restrict__ k_cache,
                               C* __restrict__ v_cache, const i64* __restrict__ row_offsets,
                               const i64* __restrict__ context_lens, const i64* __restrict__ block_tables, int batch,
-                              int blocks_per_seq, int block_size, float* __restrict__ v_out) {
+                              int blocks_per_seq, int block_size) {
   i64 row = blockIdx.x, position;
   int stride = heads2 * 2 * half;
   int b = sequence_of(row_offsets, context_lens, batch, row, &position);
   i64 at = position < 0 ? -1 : cache_slot(block_tables, b, blocks_per_seq, block_size, position) * stride;
   rope_token<C>(KILN_ROPE_ARGS, at < 0 ? nullptr : k_cache + at);
-  if (at < 0 && v_out == nullptr) return;
+  if (at < 0) return;
   // The token's values, KILN_ROPE_BATCH a thread loaded before any is stored.
   const i64 v_row = row * (in_stride > 0 ? in_stride : stride);
   for_each_batched<float, KILN_ROPE_BATCH>(
       blockIdx.y * blockDim.x + threadIdx.x, stride, gridDim.y * blockDim.x, [&](int i) { return v[v_row + i]; },
-      [&](int i, float value) {
-        if (at >= 0) cache_store(v_cache + at + i, value);
-        if (v_out != nullptr) v_out[row * stride + i] = value;
-      });
+      [&](int i, float value) { cache_store(v_cache + at + i, value); });
 }
 
 #define KILN_ROPE_CACHE_PARAMS(C)                                                                             \
   const float *__restrict__ v, C *__restrict__ k_cache, C *__restrict__ v_cache,                              \
       const i64 *__restrict__ row_offsets, const i64 *__restrict__ context_lens,                              \
-      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size, float *__restrict__ v_out
-#define KILN_ROPE_CACHE_ARGS \
-  v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size, v_out
+      const i64 *__restrict__ block_tables, int batch, int blocks_per_seq, int block_size
+#define KILN_ROPE_CACHE_ARGS v, k_cache, v_cache, row_offsets, context_lens, block_tables, batch, blocks_per_seq, block_size
 
 extern "C" __global__ void __launch_bounds__(KILN_ROPE_THREADS, 4) kiln_rope_write_kv(KILN_ROPE_PARAMS, KILN_ROPE_CACHE_PARAMS(float)) {
   kiln_wait_inputs();

@@ -149,7 +149,6 @@ fn the_rotated_gemv_writes_what_the_gemv_and_the_rotary_launch_write() {
                     Ptr(v_cache),
                 ][..],
                 &metadata,
-                &[Ptr(0)],
             ]
             .concat();
             let name = if bf16_cache {

@@ -84,8 +84,7 @@ pub struct CacheTarget {
 /// One rotary launch: `x` → `y` ([tokens, heads, 2 · half]) and a second
 /// tensor at the same positions, `(x2, y2, heads2)` (zeros for none), their
 /// inputs' token rows `in_stride` values apart (0: dense); with `write`,
-/// the cache write of the rotated keys and of `v` (copied to its `v_out`
-/// too, where not 0) to the target.
+/// the cache write of the rotated keys and of `v` to the target.
 struct RopeLaunch {
     x: DevicePtr,
     positions: DevicePtr,
@@ -98,7 +97,7 @@ struct RopeLaunch {
     second: (DevicePtr, DevicePtr, usize),
     in_stride: usize,
     tokens: usize,
-    write: Option<(DevicePtr, CacheTarget, DevicePtr)>,
+    write: Option<(DevicePtr, CacheTarget)>,
 }
 
 impl Frame<'_> {
@@ -158,19 +157,19 @@ impl Frame<'_> {
             second: (x2, y2, heads2),
             in_stride: 0,
             tokens,
-            write: write.map(|(v, target)| (v, target, 0)),
+            write,
         })
     }
 
     /// Rotates q and k, writing the cache (`rotation`'s), from the rows of
     /// `tokens` of q, k and v's stacked product at `y` ([tokens, q_width +
-    /// 2 · kv_width], `products::rotates_after_stack`), v copied to `v_out`.
+    /// 2 · kv_width], `products::rotates_after_stack`; v's own value is not
+    /// written: only the attention, which reads the cache, reads it).
     pub(super) fn rope_after_stack(
         &self,
         rotation: &GemvRotation,
         (y, tokens): (DevicePtr, usize),
         (q_width, kv_width): (usize, usize),
-        v_out: DevicePtr,
     ) -> Result<(), String> {
         let dim = 2 * rotation.half;
         let cache = rotation
@@ -189,7 +188,7 @@ impl Frame<'_> {
             second: (at(q_width), rotation.k_out, kv_width / dim),
             in_stride: q_width + 2 * kv_width,
             tokens,
-            write: Some((at(q_width + kv_width), cache, v_out)),
+            write: Some((at(q_width + kv_width), cache)),
         })
     }
 
@@ -214,7 +213,7 @@ impl Frame<'_> {
             KernelArg::I32(r.in_stride as i32),
         ];
         let rotations = (r.heads + heads2) * r.half;
-        let Some((v, target, v_out)) = r.write else {
+        let Some((v, target)) = r.write else {
             let config = rope_config(r.tokens, rotations);
             return self.launch("kiln_rope", config, &args);
         };
@@ -228,7 +227,6 @@ impl Frame<'_> {
             KernelArg::I32(target.batch as i32),
             KernelArg::I32(target.blocks_per_seq as i32),
             KernelArg::I32(target.block_size as i32),
-            KernelArg::Ptr(v_out),
         ]);
         let name = target.element.write_kernel(true);
         let config = rope_config(r.tokens, rotations.max(heads2 * 2 * r.half));

@@ -443,6 +443,28 @@ fn read_only_by(
     })
 }
 
+/// Whether only paged attentions whose cache write another launch does read
+/// `v` (so none of them reads it: they read the cache).
+fn read_only_by_cached_attention(
+    readers: &HashMap<ValueId, Vec<Option<usize>>>,
+    steps: &[StepPlan],
+    v: ValueId,
+) -> bool {
+    readers.get(&v).is_some_and(|r| {
+        r.iter().all(|&r| {
+            r.is_some_and(|r| {
+                matches!(
+                    steps[r],
+                    StepPlan::Attention {
+                        cache_written: true,
+                        ..
+                    }
+                )
+            })
+        })
+    })
+}
+
 /// The step whose launch computes each value (itself, or the step that
 /// computes it with its own: see [`StepPlan::ComputedAt`]).
 fn computed_at(program: &Program, steps: &[StepPlan]) -> HashMap<ValueId, usize> {
@@ -562,7 +584,11 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
             continue;
         };
         let matrices: Vec<DeviceMatrix> = members.iter().map(|&(w, _)| w).collect();
-        let stacked = cache_write.is_some()
+        // Past the GEMV, v's own value is not written (the rotary launch
+        // writes the cache, which the attention reads): only where nothing
+        // else reads it.
+        let stacked = cache_write
+            .is_some_and(|w| read_only_by_cached_attention(&readers, steps, w.v))
             && matrices.len() == 3
             && Stack::in_place(&matrices, 1, GemmType::F32).is_some();
         let moved = GroupRotation {
@@ -663,5 +689,31 @@ mod tests {
         );
         let five: Vec<(usize, Packed)> = (0..5).map(|s| (s, q4)).collect();
         assert_eq!(steps(&five), [vec![0, 1, 2, 3], vec![4]]);
+    }
+
+    #[test]
+    fn v_goes_unwritten_only_where_attentions_reading_the_cache_alone_read_it() {
+        let attention = |cache_written| StepPlan::Attention {
+            spec: kiln_plugin_api::graph::AttentionSpec {
+                layer: 0,
+                scale: 1.0,
+                sliding_window: None,
+                softcap: None,
+            },
+            cache_written,
+        };
+        let steps = [attention(true), attention(false), StepPlan::Alias];
+        let only = |readers: Vec<Option<usize>>| {
+            let readers = HashMap::from([(7, readers)]);
+            read_only_by_cached_attention(&readers, &steps, 7)
+        };
+        assert!(only(vec![Some(0)]));
+        // An attention writing the cache itself reads v, as does any other
+        // step, or the graph's output.
+        assert!(!only(vec![Some(0), Some(1)]));
+        assert!(!only(vec![Some(0), Some(2)]));
+        assert!(!only(vec![Some(0), None]));
+        let no_readers = HashMap::new();
+        assert!(!read_only_by_cached_attention(&no_readers, &steps, 7));
     }
 }

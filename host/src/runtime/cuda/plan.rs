@@ -177,8 +177,9 @@ pub struct GroupRotation {
     pub k_out: ValueId,
     /// The cache write of the rotated keys and the values.
     pub cache_write: Option<CacheWrite>,
-    /// q, k and v are stored stacked, and the cache write takes v: past the
-    /// GEMV their one product's output is rotated where it lies.
+    /// q, k and v are stored stacked, the cache write takes v and nothing
+    /// but attentions reading the cache reads v: past the GEMV their one
+    /// product's output is rotated where it lies (v's own value unwritten).
     pub stacked: bool,
 }
 

@@ -78,8 +78,8 @@ fn stack_of<T>(
 /// group's product ([`RotatingGroup`]), rotate after one stacked GEMM over
 /// `m` rows: past the GEMV, on cuBLAS, stored stacked. The rotary launch
 /// then reads q, k and v from the GEMM's rows (no split of its columns, a
-/// launch a layer fewer), writes the rotated q and k, the cache and v, and
-/// the group's rotation step is skipped.
+/// launch a layer fewer), writes the rotated q and k and the cache, and the
+/// group's rotation step is skipped.
 pub fn rotates_after_stack(group: &RotatingGroup, m: usize) -> bool {
     group.stacked
         && group.gemv.kernel(m).is_none()
@@ -514,8 +514,9 @@ impl Frame<'_> {
 
     /// q, k and v ([`rotates_after_stack`]): their one GEMM into the scratch
     /// in f32, then the rotary launch reading its rows, writing the rotated
-    /// q and k, the cache and v's own value (members' outputs of q and k
-    /// are left unwritten: only the skipped rotation step reads them).
+    /// q and k and the cache (the members' own outputs are left unwritten:
+    /// only the skipped rotation step reads q and k, only the attention, which
+    /// reads the cache, v).
     fn rotate_after_stack(
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
@@ -531,7 +532,7 @@ impl Frame<'_> {
             + stack_output_offset(&matrices[0], x_elements) as DevicePtr;
         self.stacked_gemm(&stack, (x, m), (y, GemmType::F32))?;
         let (q_width, kv_width) = (matrices[0].rows, matrices[1].rows);
-        self.rope_after_stack(rotation, (y, m), (q_width, kv_width), members[2].1)
+        self.rope_after_stack(rotation, (y, m), (q_width, kv_width))
     }
 
     /// A gated MLP's gate and up ([`activates_after_stack`]): their one GEMM
