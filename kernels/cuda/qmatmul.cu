@@ -9,7 +9,8 @@
 // stretch of 128 columns it decodes its W rows' part of the blocks into
 // shared memory as bf16 while x's stretch is copied there by asynchronous
 // 16-byte copies (cp.async, so x holds no registers), then each warp
-// multiplies 16 rows of W with the tile's rows of x through mma_bf16_16816
+// multiplies its share of the tile through mma_bf16_16816: 16 rows of W
+// with the 16 rows of x in `_m16`, 32 rows of W with 32 of x otherwise
 // (skipping groups of 16 rows of x past m, whose rows are not copied). The
 // next stretch's packed bytes are loaded into registers before the current
 // stretch's products, so their memory round trip overlaps the arithmetic.
@@ -28,8 +29,8 @@
 // products unrolled within them; and the formats whose two loaded
 // stretches fit without spilling (Q4_K, Q6_K, Q4_0: EARLY) ask for the
 // next stretch before decoding this one, so its loads overlap the
-// decoding too (Q8_0, Q5_0, Q5_K and bf16 spilled doing so; Q5_0 and Q5_K
-// unroll the products by 2, Q8_0 and Q6_K by 4, where 8 spilled). The `_m16` kernels
+// decoding too (Q8_0, Q5_0, Q5_K and bf16 spilled doing so; Q5_0, Q5_K and
+// Q4_0 unroll the products by 2, Q8_0 and Q6_K by 4, where 8 spilled). The `_m16` kernels
 // (X_GROUPS = 1: one group's accumulators and fragments, a quarter of x's
 // tile) fit in 96 registers, so 5 blocks a multiprocessor, every format
 // EARLY but bf16. Each thread's W and x rows' addresses are worked out once
@@ -48,6 +49,10 @@
 // warps an SM asked ~4,000 cycles a stretch of it against ~2,400 of issue
 // (474 instructions a warp, four schedulers); now ~2,100. The H200 profile
 // measured ~5 µs a stretch at 16 rows (Q4_K gate/up 101 µs, 0.65 TB/s).
+// The 64-row kernels' warps each took 16 W rows against all 64 rows of x
+// (5 ldmatrix a 16-column chunk: 160 wavefronts a warp's stretch, 224 with
+// the decoding's 32 and x's copies' 32, ~3,600 cycles an SM's 16 warps
+// against ~2,500 of issue); in 2 × 2 they take 4 (~3,100 against ~2,500).
 // Unmeasured on a GPU since.
 //
 // Dense bf16 matrices take the same path (`kiln_qmm_bf16`, DenseBf16: a
@@ -320,12 +325,27 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
   // Groups of 16 rows of x that hold rows of this tile (the same in every
   // lane, so the warp's tensor-core products stay together).
   int m_groups = min(16 * X_GROUPS, m - m0 + 15) / 16;
-  float acc[X_GROUPS][2][4] = {};
+  // The block's 4 warps over its tile of products: with 4 groups of x, 2 × 2
+  // (a warp takes 2 groups of 16 W rows and 2 groups of x: 4 ldmatrix a
+  // 16-column chunk, where 16 W rows against all 4 groups took 5); with 1,
+  // 16 W rows each.
+  const int X_SUB = X_GROUPS == 4 ? 2 : 1;  // groups of x a warp takes
+  const int W_SUB = X_GROUPS / X_SUB;       // groups of 16 W rows a warp takes
+  const int W_WARPS = 4 / W_SUB;            // warps along W's rows
+  // The warp's place, uniform in it as the compiler sees it (a shuffle from
+  // lane 0), so its products need no reconvergence around their test of
+  // m_groups.
+  int warp_w = warp % W_WARPS, warp_x = W_WARPS == 4 ? 0 : __shfl_sync(0xffffffffu, warp / W_WARPS, 0);
+  float acc[X_SUB][W_SUB][2][4] = {};
   // The lane's ldmatrix rows at a stretch's column 0 (see the products).
-  const bf16_bits* w_row = ws[16 * warp + 8 * (lane / 16) + lane % 8] + 8 * ((lane / 8) % 2);
-  const bf16_bits* x_rows[X_GROUPS];
+  const bf16_bits* w_rows_at[W_SUB];
 #pragma unroll
-  for (int g = 0; g < X_GROUPS; ++g) x_rows[g] = xs[16 * g + 8 * ((lane / 8) % 2) + lane % 8] + 8 * (lane / 16);
+  for (int s = 0; s < W_SUB; ++s)
+    w_rows_at[s] = ws[16 * (W_SUB * warp_w + s) + 8 * (lane / 16) + lane % 8] + 8 * ((lane / 8) % 2);
+  const bf16_bits* x_rows[X_SUB];
+#pragma unroll
+  for (int s = 0; s < X_SUB; ++s)
+    x_rows[s] = xs[16 * (X_SUB * warp_x + s) + 8 * ((lane / 8) % 2) + lane % 8] + 8 * (lane / 16);
   StretchRows<F> w_rows(tile, k);
   XStretch x_rows_copy(x, m0, m, k);
   Loaded<F> current;
@@ -344,22 +364,27 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
     if (!EARLY) w_rows.load(&next, k, kc + KILN_QMM_K, k_end);
 #pragma unroll(UNROLL)
     for (int c = 0; c < KILN_QMM_K / 16; ++c) {
-      // B fragments of the warp's two groups of 8 W rows: lane i's ldmatrix
-      // row is W row 16 warp + 8 (i / 16) + i % 8 at column 16c + 8 ((i / 8)
-      // % 2), giving b[t][0], b[t][1] for t = 0, 1.
-      unsigned b[4];
-      ldmatrix_x4<false>(b, w_row, 32 * c);
+      // B fragments of each of the warp's groups of 16 W rows: lane i's
+      // ldmatrix row is the group's row 8 (i / 16) + i % 8 at column 16c + 8
+      // ((i / 8) % 2), giving b[s][0..1] for its first 8 rows, b[s][2..3]
+      // for the next.
+      unsigned b[W_SUB][4];
 #pragma unroll
-      for (int g = 0; g < X_GROUPS; ++g) {
-        // A fragment of x rows 16g ..: lane i's row 16g + 8 ((i / 8) % 2) +
-        // i % 8 at column 16c + 8 (i / 16) (loaded for every group: a branch
-        // around the load costs more than the load; groups past m_groups,
-        // never copied, are not multiplied).
+      for (int s = 0; s < W_SUB; ++s) ldmatrix_x4<false>(b[s], w_rows_at[s], 32 * c);
+#pragma unroll
+      for (int s = 0; s < X_SUB; ++s) {
+        // A fragment of the warp's x group s: lane i's row 8 ((i / 8) % 2) +
+        // i % 8 of it at column 16c + 8 (i / 16) (loaded for every group: a
+        // branch around the load costs more than the load; groups past
+        // m_groups, never copied, are not multiplied).
         unsigned a[4];
-        ldmatrix_x4<false>(a, x_rows[g], 32 * c);
-        if (g < m_groups) {
-          mma_bf16_16816(acc[g][0], a, b);
-          mma_bf16_16816(acc[g][1], a, b + 2);
+        ldmatrix_x4<false>(a, x_rows[s], 32 * c);
+        if (X_SUB * warp_x + s < m_groups) {
+#pragma unroll
+          for (int t = 0; t < W_SUB; ++t) {
+            mma_bf16_16816(acc[s][t][0], a, b[t]);
+            mma_bf16_16816(acc[s][t][1], a, b[t] + 2);
+          }
         }
       }
     }
@@ -370,11 +395,15 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
   __syncthreads();
   float(*sums)[KILN_QMM_TILE + 1] = reinterpret_cast<float(*)[KILN_QMM_TILE + 1]>(w_raw);
 #pragma unroll
-  for (int g = 0; g < X_GROUPS; ++g)
+  for (int s = 0; s < X_SUB; ++s)
 #pragma unroll
-    for (int t = 0; t < 2; ++t)
+    for (int w = 0; w < W_SUB; ++w)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sums[16 * g + group + (e >= 2 ? 8 : 0)][16 * warp + 8 * t + 2 * pair + e % 2] = acc[g][t][e];
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          sums[16 * (X_SUB * warp_x + s) + group + (e >= 2 ? 8 : 0)]
+              [16 * (W_SUB * warp_w + w) + 8 * t + 2 * pair + e % 2] = acc[s][w][t][e];
   __syncthreads();
   int rows = min(16 * X_GROUPS, m - m0);
   if (gridDim.z > 1) {
@@ -404,7 +433,7 @@ __device__ void qmm(const KilnQmmGroup& g, const bf16_bits* __restrict__ x, floa
 
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q8_0(KILN_QMM_ARGS) { qmm<Q8_0, false, 4, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q8_0_m16(KILN_QMM_ARGS) { qmm<Q8_0, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
-extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0, true, 8, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_0(KILN_QMM_ARGS) { qmm<Q4_0, true, 2, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q4_0_m16(KILN_QMM_ARGS) { qmm<Q4_0, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0, false, 2, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q5_0_m16(KILN_QMM_ARGS) { qmm<Q5_0, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
