@@ -8,7 +8,10 @@ shared memory's 32 four-byte banks) of one warp's decoding stores a
 stretch, format by format, for the lane order a thread's part and row came
 in before (a row's parts on consecutive lanes, runs of 4 values stored 8
 bytes at a time) and now (K-quants: rows on consecutive lanes; runs of 8
-stored 16 bytes at a time), against the ideal (the bytes stored / 128).
+stored 16 bytes at a time), against the ideal (the bytes stored / 128);
+then, for Q4_K, a warp's whole shared traffic a stretch (with the
+fragments' ldmatrix loads, the 64-row kernel's warps before and after their
+2 x 2 layout, and x's copies) and what it asks of an SM's shared memory.
 
 The bank model: a warp's 8-byte accesses go in two half-warp phases, its
 16-byte accesses in four quarter-warp phases; a phase takes as many
@@ -88,6 +91,13 @@ def warp_wavefronts(parts, runs_of, run, rows_fastest, warp=0):
     return total, ideal
 
 
+def fragment_loads(x_groups, w_sub, x_sub):
+    """A warp's ldmatrix .x4 loads a stretch (8 chunks of 16 columns), 4
+    wavefronts each (padded rows: conflict-free): its w_sub groups of 16 W
+    rows' fragments and x_sub groups of x's."""
+    return 8 * (w_sub + x_sub) * 4
+
+
 if __name__ == "__main__":
     print("shared wavefronts of one warp's decoding stores a stretch (ideal: bytes / 128)")
     print(f"{'format':<10} {'before':>7} {'now':>5} {'ideal':>6}")
@@ -96,3 +106,16 @@ if __name__ == "__main__":
         run_now = 4 if runs_of is q4_0 else 8
         now, _ = warp_wavefronts(parts, runs_of, run_now, parts <= 4)
         print(f"{name:<10} {before:>7} {now:>5} {ideal:>6}")
+    print()
+    print("Q4_K: a warp's shared wavefronts a stretch (decoding + fragments + x's copies),")
+    print("and an SM's shared cycles a stretch at its resident warps (one wavefront a cycle)")
+    stores_before = warp_wavefronts(4, k_quant, 4, False)[0]
+    stores_now = warp_wavefronts(4, k_quant, 8, True)[0]
+    for kernel, warps, x_groups, before, now in [
+        ("_m16", 20, 1, (1, 1), (1, 1)),
+        ("64-row", 16, 4, (1, 4), (2, 2)),
+    ]:
+        copies = 16 * x_groups * 128 * 2 // 128 // 4  # x's 16-byte copies, conflict-free
+        old = stores_before + fragment_loads(x_groups, *before) + copies
+        new = stores_now + fragment_loads(x_groups, *now) + copies
+        print(f"{kernel:<7} {old} -> {new} a warp; {old * warps} -> {new * warps} cycles an SM ({warps} warps)")
