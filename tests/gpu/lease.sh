@@ -80,42 +80,44 @@ part() {
 # H200 on 2026-11-30, when the first three suites timed out doing it).
 part suite 150 env KILN_GPU_SUITE_SKIP=nvrtc KILN_GPU_SUITE_TIMEOUT=60 \
   KILN_GPU_SUITE_FIRST_TIMEOUT=180 tests/gpu/run.sh suite
-# Q4_K_M at batch 1: 179.8 tok/s on 2026-11-30 (second lease), ahead of
-# bf16's 171.5; 2,158 at 16 streams.
-part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh kiln
 # Issue 14's table: decode at 1, 16 and 64 streams and a 2048-token prefill
 # (45 s on the H200 on 2026-11-30). Batch 1's split attention took ~38 µs a
 # layer (its merge a chain of L2 loads, since a round of splits at a time).
 part kiln-bf16 90 env KILN_BENCH_SHAPES="llama3-8b:bf16 llama3.2-1b:bf16" bench/gpu/run.sh kiln
-# Decode attention on tensor cores (decode_attention.cu, built without a
-# GPU) against the grouped CUDA-core kernel, issue-bound at 64 streams
-# (57.8 µs a layer on 2026-11-30, ~10 µs by the new kernel's arithmetic).
-# Sampling at temperature 1, top-p 0.95 over flat rows: 13.2 ms a step at
-# batch 1 against greedy's 5.4 on 2026-11-30; a selection's weights are
-# since worked out once, not on each of its 35 passes.
-part sampled 80 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh sampled
-part decode-attention 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh decode-attention
+# Q4_K_M at batch 1: 179.8 tok/s on 2026-11-30 (second lease), ahead of
+# bf16's 171.5; 2,158 at 16 streams.
+part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh kiln
+# Where a batch-1 step's time goes (Nsight; the 1B's too, the furthest from
+# its target at 711 tok/s on 2026-11-30; and Q4_K_M's at 16 streams,
+# where the tensor-core product of packed blocks took 11.8 ms a step on
+# 2026-11-30 against bf16's 6.1 ms on cuBLAS).
+part profile-batch-1 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3.2-1b:bf16:1 llama3-8b:q4_k_m:1 llama3-8b:q4_k_m:16" \
+  bench/gpu/run.sh profile
 # cuBLAS's products at 16 and 64 streams and in a 2048-token prefill in its
 # heuristics' algorithm and in cuBLASLt's timed fastest (the default since
 # 2026-11-30, built without a GPU): the o projection streamed at 2.4 TB/s at
 # 64 rows on 2026-11-30.
 part gemm-algorithms 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh gemm-algorithms
+# How the GEMVs (batch 1), decode attention (batch 64: the grouped kernel
+# was issue-bound on 2026-11-30, tensor cores since) and the packed products
+# at 16 rows (Q4_K gate/up at 0.65 TB/s on 2026-11-30; their shared bank
+# conflicts removed since) use L1, shared memory, DRAM and issue (Nsight
+# Compute's sections).
+part kernel-memory 150 bench/gpu/run.sh kernel-memory
 # Kernels written without a GPU under compute-sanitizer's memcheck (seen to
 # work on the Firecracker machines): padded decode batches through graphs
 # (split attention and its merge, the rotary launch), the KV caches, the
 # device sampler. Reported in gpu-memcheck.md.
 part memcheck 120 env KILN_GPU_SUITE_MEMCHECK=1 KILN_GPU_SUITE_ONLY="decode-graphs kv-cache device-sampler" \
   KILN_GPU_SUITE_TIMEOUT=100 tests/gpu/run.sh suite
-# Where a batch-1 step's time goes (Nsight; the 1B's too, the furthest from
-# its target at 711 tok/s on 2026-11-30; and Q4_K_M's at 16 streams,
-# where the tensor-core product of packed blocks took 11.8 ms a step on
-# 2026-11-30 against bf16's 6.1 ms on cuBLAS), and how its GEMVs (batch 1)
-# and decode attention (batch 64: the grouped kernel was issue-bound on
-# 2026-11-30, tensor cores since) use L1, DRAM and issue (Nsight Compute's
-# sections).
-part profile-batch-1 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3.2-1b:bf16:1 llama3-8b:q4_k_m:1 llama3-8b:q4_k_m:16" \
-  bench/gpu/run.sh profile
-part kernel-memory 150 bench/gpu/run.sh kernel-memory
+# Sampling at temperature 1, top-p 0.95 over flat rows: 13.2 ms a step at
+# batch 1 against greedy's 5.4 on 2026-11-30; a selection's weights are
+# since worked out once, not on each of its 35 passes.
+part sampled 80 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh sampled
+# Decode attention on tensor cores (decode_attention.cu, built without a
+# GPU) against the grouped CUDA-core kernel, issue-bound at 64 streams
+# (57.8 µs a layer on 2026-11-30, ~10 µs by the new kernel's arithmetic).
+part decode-attention 90 env KILN_BENCH_SHAPES="llama3-8b:bf16" bench/gpu/run.sh decode-attention
 # A GGUF model's GEMV at 2 to 8 rows (its loads of x in KQuantSpread's
 # order since 2026-11-30, a quarter of the lines of L1).
 part small-batches 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" KILN_BENCH_GEMV_ROWS=2 \
