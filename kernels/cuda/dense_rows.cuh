@@ -54,16 +54,21 @@ __device__ __forceinline__ float load1(const u8* row, int col) {
   return BYTES == 2 ? bf16_to_f32(b) : f16_to_f32(b);
 }
 
-// COUNT loads of a lane's eight elements (load8) `step` apart from `col`,
-// every one issued before the first is used (a memory round trip for the
-// round, not per load); with BOUNDED, those at or past `end` are not made.
-template <int BYTES, int MAX_M, int COUNT, bool BOUNDED>
-__device__ __forceinline__ void dense_round(const u8* wr, int col, int step, int end, const float* x, int m,
-                                            int k, float* acc) {
-  Raw8<BYTES> raw[COUNT];
+// COUNT loads of a lane's eight elements (load8) `step` apart from `col`
+// (with BOUNDED, those at or past `end` not made), all issued before
+// use_round uses the first: a memory round trip for the round, not per
+// load.
+template <int BYTES, int COUNT, bool BOUNDED>
+__device__ __forceinline__ void load_round(Raw8<BYTES>* raw, const u8* wr, int col, int step, int end) {
 #pragma unroll
   for (int u = 0; u < COUNT; ++u)
     if (!BOUNDED || col + u * step < end) raw[u] = load8<BYTES>(wr, col + u * step);
+}
+
+// A loaded round (load_round's) times the m rows of x, added to acc.
+template <int BYTES, int MAX_M, int COUNT, bool BOUNDED>
+__device__ __forceinline__ void use_round(const Raw8<BYTES>* raw, int col, int step, int end, const float* x, int m,
+                                          int k, float* acc) {
 #pragma unroll
   for (int u = 0; u < COUNT; ++u) {
     if (!BOUNDED || col + u * step < end) {
@@ -73,6 +78,14 @@ __device__ __forceinline__ void dense_round(const u8* wr, int col, int step, int
       accumulate<MAX_M>(acc, v + 4, 4, x, m, k, col + u * step + 128);
     }
   }
+}
+
+template <int BYTES, int MAX_M, int COUNT, bool BOUNDED>
+__device__ __forceinline__ void dense_round(const u8* wr, int col, int step, int end, const float* x, int m,
+                                            int k, float* acc) {
+  Raw8<BYTES> raw[COUNT];
+  load_round<BYTES, COUNT, BOUNDED>(raw, wr, col, step, end);
+  use_round<BYTES, MAX_M, COUNT, BOUNDED>(raw, col, step, end, x, m, k, acc);
 }
 
 // The columns read in whole stretches of 256 (load8): rows of a multiple
@@ -86,37 +99,57 @@ __device__ __forceinline__ constexpr int dense_depth() {
   return MAX_M == 1 ? 8 : 4;
 }
 
-// The first round of row `wr`'s weights (part `part` of SPLIT) toward L2,
-// while the previous kernel finishes (nothing for a null row).
+// A lane's part of row `wr [k]` (part `part` of SPLIT) times the m rows of
+// x [m, k]: whole rounds over stretches of 256 columns, then what is left
+// as one bounded round (one warp per row took it a load at a time: a
+// Qwen2.5-1.5B row of 1,536 columns, 6 stretches, was 6 memory round trips,
+// one a stretch), then the columns past the last whole stretch (all of them
+// when a row's columns are not a multiple of 4) one at a time. The first
+// round is loaded when the row is made, so that a kernel launched as a
+// programmatic dependent has it in registers before it waits for its inputs
+// (weights are never written by the kernels before it): a whole row of up
+// to 2,048 columns a warp (Llama-3.2-1B's) by then, where the round asked
+// for in L2 (prefetch_l2) still took an L2 round trip after the wait. The
+// next round is asked for in L2 (`prefetch_next`).
 template <int BYTES, int MAX_M, int SPLIT>
-__device__ __forceinline__ void dense_row_prefetch(const u8* wr, int part, int k) {
-  const int depth = dense_depth<MAX_M>(), step = 256 * SPLIT, size = BYTES == 4 ? 4 : 2;
-  int vector_end = dense_vector_end(k);
-  for (int u = 0, c = part * 256 + (threadIdx.x % 32) * 4; wr && u < depth && c < vector_end; ++u, c += step) {
-    prefetch_l2(wr + (i64)c * size);
-    prefetch_l2(wr + (i64)(c + 128) * size);
-  }
-}
+struct DenseRow {
+  static const int DEPTH = dense_depth<MAX_M>();
+  static const int STEP = 256 * SPLIT;  // columns the row's warps cover per load
+  const u8* wr;                         // null: no row (nothing loaded)
+  int part, col, vector_end;
+  Raw8<BYTES> first[DEPTH];
 
-// The lane's part of row `wr [k]` (part `part` of SPLIT) times the m rows
-// of x [m, k], added to acc: whole rounds over stretches of 256 columns,
-// then what is left as one bounded round (one warp per row took it a load
-// at a time: a Qwen2.5-1.5B row of 1,536 columns, 6 stretches, was 6
-// memory round trips, one a stretch), then the columns past the last whole
-// stretch (all of them when a row's columns are not a multiple of 4) one at
-// a time.
+  __device__ DenseRow(const u8* wr, int part, int k)
+      : wr(wr), part(part), col(part * 256 + (int)(threadIdx.x % 32) * 4), vector_end(dense_vector_end(k)) {
+    if (wr) load_round<BYTES, DEPTH, true>(first, wr, col, STEP, vector_end);
+  }
+
+  // The round after the first toward L2.
+  __device__ void prefetch_next() const {
+    const int size = BYTES == 4 ? 4 : 2;
+    for (int u = 0, c = col + DEPTH * STEP; wr && u < DEPTH && c < vector_end; ++u, c += STEP) {
+      prefetch_l2(wr + (i64)c * size);
+      prefetch_l2(wr + (i64)(c + 128) * size);
+    }
+  }
+
+  // The row times x, added to acc (nothing for no row).
+  __device__ void multiply(const float* x, int m, int k, float* acc) const {
+    if (!wr) return;
+    use_round<BYTES, MAX_M, DEPTH, true>(first, col, STEP, vector_end, x, m, k, acc);
+    int c = col + DEPTH * STEP;
+    for (; c + (DEPTH - 1) * STEP < vector_end; c += DEPTH * STEP)
+      dense_round<BYTES, MAX_M, DEPTH, false>(wr, c, STEP, vector_end, x, m, k, acc);
+    if (c < vector_end) dense_round<BYTES, MAX_M, DEPTH - 1, true>(wr, c, STEP, vector_end, x, m, k, acc);
+    int lane = threadIdx.x % 32;
+    for (int t = vector_end + part * 32 + lane; t < k; t += 32 * SPLIT) {
+      float v = load1<BYTES>(wr, t);
+      accumulate<MAX_M>(acc, &v, 1, x, m, k, t);
+    }
+  }
+};
+
 template <int BYTES, int MAX_M, int SPLIT>
 __device__ __forceinline__ void dense_row(const u8* wr, int part, const float* x, int m, int k, float* acc) {
-  const int depth = dense_depth<MAX_M>();
-  const int step = 256 * SPLIT;  // columns the row's warps cover per load
-  int lane = threadIdx.x % 32;
-  int vector_end = dense_vector_end(k);
-  int col = part * 256 + lane * 4;
-  for (; col + (depth - 1) * step < vector_end; col += depth * step)
-    dense_round<BYTES, MAX_M, depth, false>(wr, col, step, vector_end, x, m, k, acc);
-  if (col < vector_end) dense_round<BYTES, MAX_M, depth - 1, true>(wr, col, step, vector_end, x, m, k, acc);
-  for (int c = vector_end + part * 32 + lane; c < k; c += 32 * SPLIT) {
-    float v = load1<BYTES>(wr, c);
-    accumulate<MAX_M>(acc, &v, 1, x, m, k, c);
-  }
+  DenseRow<BYTES, MAX_M, SPLIT>(wr, part, k).multiply(x, m, k, acc);
 }

@@ -13,8 +13,10 @@
 // up the launch also applies the activation (KilnGemvGroup's `activation`).
 // The `kiln_gemv_<format>_q6_k*` kernels read a group whose last matrix is
 // Q6_K (the v of llama.cpp's Q4_K_M and Q5_K_M files in half the layers).
-// Launched as programmatic dependents (kiln_cuda.cuh), the kernels ask for
-// their first round of weights in L2 before they wait for x.
+// Launched as programmatic dependents (kiln_cuda.cuh), the kernels load
+// their first round of dense weights into registers (DenseRow), or ask for
+// their first GGUF blocks and the next dense round in L2, before they wait
+// for x.
 //
 // Every kernel comes in three splits of a row among the warps of a block:
 // SPLIT = 1 (no suffix), a warp per row; 2 (`_s2`) and 4 (`_s4`), two or
@@ -301,11 +303,12 @@ __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k)
   GemvRow r;
   bool valid = gemv_row<SPLIT>(g, &r);
   const u8* wr = valid ? r.w + (i64)r.row * k * (BYTES == 4 ? 4 : 2) : nullptr;
-  dense_row_prefetch<BYTES, MAX_M, SPLIT>(wr, r.part, k);
+  DenseRow<BYTES, MAX_M, SPLIT> row(wr, r.part, k);  // its first round loaded
+  row.prefetch_next();
   kiln_wait_inputs();
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
-  if (valid) dense_row<BYTES, MAX_M, SPLIT>(wr, r.part, x, m, k, acc);
+  row.multiply(x, m, k, acc);
   store_rows<MAX_M, SPLIT>(acc, r, valid, m, g);
 }
 
