@@ -11,6 +11,7 @@
 //! into `target/cuda` (or from `KILN_NVRTC_DIR`).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
 
 use kiln_host::runtime::cuda::CudaExecutor;
@@ -44,32 +45,60 @@ fn load_nvrtc() {
 #[test]
 fn hand_written_kernels_compile_for_sm80_and_sm90_without_spills() {
     load_nvrtc();
+    // Every (module, architecture) on its own NVRTC program, spread over the
+    // machine's threads (minutes one after another on two cores).
+    let jobs: Vec<(&sources::Source, &str)> = sources::ALL
+        .iter()
+        .flat_map(|source| ARCHES.map(|arch| (source, arch)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut compiled: Vec<Option<nvrtc::Compiled>> = jobs.iter().map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.min(jobs.len()))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(source, arch)) = jobs.get(i) else {
+                            return done;
+                        };
+                        let result = nvrtc::compile(source.name, source.text, arch, true)
+                            .unwrap_or_else(|e| panic!("{e}"));
+                        done.push((i, result));
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            for (i, result) in worker.join().expect("a compile thread panicked") {
+                compiled[i] = Some(result);
+            }
+        }
+    });
     let mut report = String::new();
     let mut spills = Vec::new();
-    for source in sources::ALL {
-        let names = sources::kernel_names(source.text);
-        for arch in ARCHES {
-            let compiled = nvrtc::compile(source.name, source.text, arch, true)
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert!(!compiled.image.is_empty());
-            if let Some(dir) = std::env::var_os("KILN_CUBIN_DIR") {
-                let stem = source.name.trim_end_matches(".cu");
-                let path = PathBuf::from(dir).join(format!("{stem}.{arch}.cubin"));
-                std::fs::write(&path, &compiled.image)
-                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            }
-            let stats = nvrtc::parse_ptxas_log(&compiled.log);
-            for name in &names {
-                let s = stats.iter().find(|s| &s.name == name).unwrap_or_else(|| {
-                    panic!("no ptxas statistics for {name} ({arch}):\n{}", compiled.log)
-                });
-                report.push_str(&format!(
-                    "{arch} {:<28} {:>3} registers, spills {} B stored / {} B loaded\n",
-                    s.name, s.registers, s.spill_stores, s.spill_loads
-                ));
-                if s.spill_stores + s.spill_loads > 0 {
-                    spills.push(format!("{} on {arch}", s.name));
-                }
+    for (&(source, arch), compiled) in jobs.iter().zip(compiled) {
+        let compiled = compiled.expect("every module compiled");
+        assert!(!compiled.image.is_empty());
+        if let Some(dir) = std::env::var_os("KILN_CUBIN_DIR") {
+            let stem = source.name.trim_end_matches(".cu");
+            let path = PathBuf::from(dir).join(format!("{stem}.{arch}.cubin"));
+            std::fs::write(&path, &compiled.image)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        let stats = nvrtc::parse_ptxas_log(&compiled.log);
+        for name in sources::kernel_names(source.text) {
+            let s = stats.iter().find(|s| s.name == name).unwrap_or_else(|| {
+                panic!("no ptxas statistics for {name} ({arch}):\n{}", compiled.log)
+            });
+            report.push_str(&format!(
+                "{arch} {:<28} {:>3} registers, spills {} B stored / {} B loaded\n",
+                s.name, s.registers, s.spill_stores, s.spill_loads
+            ));
+            if s.spill_stores + s.spill_loads > 0 {
+                spills.push(format!("{} on {arch}", s.name));
             }
         }
     }
