@@ -436,13 +436,7 @@ __device__ void dequant(const u8* w, bf16_bits* out, i64 count) {
     int part = (int)(i % F::LANES);
     bf16_bits* values = out + block * F::ELEMS;
     F::values(F::load(w + block * F::BYTES, part), part, 0, [&](const float* v, int n, int column, float scale) {
-      if (n == 8 && column % 8 == 0) {
-        Bytes16 run;
-        for (int e = 0; e < 4; ++e) run.v[e] = pack_bf16(scale * v[2 * e], scale * v[2 * e + 1]);
-        *reinterpret_cast<Bytes16*>(values + column) = run;
-      } else {
-        store_bf16_pairs(values + column, v, n, scale);
-      }
+      store_bf16_run(values + column, v, n, scale, column % 8 == 0);
     });
   }
 }

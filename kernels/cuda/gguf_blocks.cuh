@@ -576,6 +576,20 @@ __device__ __forceinline__ void store_bf16_pairs(bf16_bits* out, const float* v,
   if (e < count) *reinterpret_cast<unsigned*>(out + e) = pack_bf16(scale * v[e], scale * v[e + 1]);
 }
 
+// A format's run (`values`' sink) stored as bf16: a run of 8 at a 16-byte
+// boundary (`aligned16`) in one 16-byte store (a warp's 8-byte stores of
+// runs 64 columns apart shared banks in qmm's tile), else store_bf16_pairs.
+__device__ __forceinline__ void store_bf16_run(bf16_bits* out, const float* v, int count, float scale,
+                                               bool aligned16) {
+  if (count == 8 && aligned16) {
+    Bytes16 run;
+    for (int e = 0; e < 4; ++e) run.v[e] = pack_bf16(scale * v[2 * e], scale * v[2 * e + 1]);
+    *reinterpret_cast<Bytes16*>(out) = run;
+  } else {
+    store_bf16_pairs(out, v, count, scale);
+  }
+}
+
 // A loaded lane part `s` of a block whose values start at column `col`
 // times x, added to acc (X16: x's rows 16-byte aligned, as `accumulate`).
 template <typename F, int MAX_M, bool X16 = false>

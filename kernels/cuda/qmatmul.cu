@@ -123,15 +123,10 @@ struct DenseBf16 {
 template <typename F>
 struct SharedRow {
   __device__ static void store(const typename F::Raw& raw, int part, int column, bf16_bits* row) {
+    // Every format's runs of 8 start at a multiple of 8 columns: 16-byte
+    // aligned in the tile's rows.
     F::values(raw, part, column, [&](const float* v, int count, int at, float scale) {
-      bf16_bits* out = row + at;
-      if (count == 8) {  // at a multiple of 8 columns: 16-byte aligned
-        Bytes16 run;
-        for (int e = 0; e < 4; ++e) run.v[e] = pack_bf16(scale * v[2 * e], scale * v[2 * e + 1]);
-        *reinterpret_cast<Bytes16*>(out) = run;
-      } else {
-        store_bf16_pairs(out, v, count, scale);
-      }
+      store_bf16_run(row + at, v, count, scale, true);
     });
   }
 };

@@ -450,19 +450,18 @@ fn read_only_by_cached_attention(
     steps: &[StepPlan],
     v: ValueId,
 ) -> bool {
-    readers.get(&v).is_some_and(|r| {
-        r.iter().all(|&r| {
-            r.is_some_and(|r| {
-                matches!(
-                    steps[r],
-                    StepPlan::Attention {
-                        cache_written: true,
-                        ..
-                    }
-                )
+    let reads_the_cache = |r: &Option<usize>| {
+        matches!(
+            r.map(|r| &steps[r]),
+            Some(StepPlan::Attention {
+                cache_written: true,
+                ..
             })
-        })
-    })
+        )
+    };
+    readers
+        .get(&v)
+        .is_some_and(|r| r.iter().all(reads_the_cache))
 }
 
 /// The step whose launch computes each value (itself, or the step that
