@@ -13,6 +13,9 @@
 // up the launch also applies the activation (KilnGemvGroup's `activation`).
 // The `kiln_gemv_<format>_q6_k*` kernels read a group whose last matrix is
 // Q6_K (the v of llama.cpp's Q4_K_M and Q5_K_M files in half the layers).
+// A residual add and the RMS norm after it, between two such launches (an
+// o or down projection and the products that read the norm), are folded
+// into them (KilnGemvNorm): the norm's own launch is saved.
 // Launched as programmatic dependents (kiln_cuda.cuh), the kernels load
 // their first round of dense weights into registers (DenseRow), or ask for
 // their first GGUF blocks and the next dense round in L2, before they wait
@@ -118,6 +121,27 @@ struct KilnGemvArgmax {
   unsigned* tokens;
 };
 
+// A residual add and the RMS norm that reads it, between two decode GEMVs,
+// folded into them by linearity: W · (h · s · g) = s · (W · (h · g)), s =
+// 1 / sqrt(mean(h²) + eps) for each row of x. The producing GEMV (`sum`
+// set: one matrix, an o or down projection) adds its products to the
+// residual, writes the sum h and h · (offset + w) (to y[0], the next
+// GEMV's x) and its block's Σh² of each row of x to `partials`; its last
+// block to finish (`counter`) adds those up in block order and writes each
+// row's s to `scales`. The consuming GEMV (KilnGemvGroup's `row_scales`)
+// multiplies each row of x's sums by s before its own epilogue. The norm's
+// launch is saved, and no block normalizes a row of its own.
+struct KilnGemvNorm {
+  const float* residual;  // [m, n]
+  float* sum;             // [m, n]: residual + products (null: no norm)
+  const float* weight;    // [n]
+  float* partials;        // [blocks, m]
+  unsigned* counter;      // zero before the launch, left at zero
+  float* scales;          // [m]
+  float offset;           // added to the weight (Gemma's 1 + w)
+  float eps;
+};
+
 struct KilnGemvGroup {
   i64 count;
   i64 rows_end[KILN_GEMV_MAX_GROUP];
@@ -126,6 +150,8 @@ struct KilnGemvGroup {
   i64 activation;
   KilnGemvRope rope;
   KilnGemvArgmax argmax;
+  KilnGemvNorm norm;
+  const float* row_scales;  // [m]: each row of x's sums times this (null: none)
 };
 
 // The warp's output row: its matrix's weights row and where its results go,
@@ -249,13 +275,69 @@ __device__ void pick_first_largest(const KilnGemvArgmax& a, const GemvRow& r, bo
   }
 }
 
-// The sums of the warps of a row to y[i, row]: each warp reduces across its
-// lanes, and with SPLIT > 1 the row's first warp adds the others' sums;
-// lane i of that warp then holds row i's. Gated or rotated, each row's
-// lanes take the paired row's sums next to theirs through shared memory;
-// with `argmax`, the block takes part in greedy's pick.
+// What a lane's row of x (lane i: row i) needs past the products in a
+// folded norm (KilnGemvNorm): the consumer's s, the producer's residual
+// and the norm's weight, loaded before the lanes' sums are reduced, so
+// that the reduction overlaps their round trip (loaded before the
+// products, they held 8 to 20 more registers through them in sm_90 SASS:
+// Q4_K's one-row kernel 80 → 88).
+struct RowInputs {
+  float scale = 1.0f, residual = 0.0f, gain = 0.0f;
+  __device__ RowInputs(const KilnGemvGroup& g, const GemvRow& r, bool valid, int m) {
+    int lane = threadIdx.x % 32;
+    if (!valid || r.part != 0 || lane >= m) return;
+    if (g.row_scales != nullptr) scale = g.row_scales[lane];
+    if (g.norm.sum != nullptr) {
+      residual = g.norm.residual[(i64)lane * r.n + r.row];
+      gain = g.norm.offset + g.norm.weight[r.row];
+    }
+  }
+};
+
+// The producer's side of a folded norm (KilnGemvNorm) for the block's rows
+// (`sum`: lane i's product of row i of x, where `writes`): h = residual +
+// sum and h · gain written, the block's Σh² of each row of x to its
+// partials; the last block writes each row's s. Every thread calls it.
 template <int MAX_M, int SPLIT>
-__device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool valid, int m, const KilnGemvGroup& g) {
+__device__ void add_norm_rows(const KilnGemvNorm& p, const GemvRow& r, bool writes, float sum, int m, int cols,
+                              const RowInputs& in) {
+  __shared__ float squares[KILN_GEMV_MAX_WARPS][MAX_M];
+  __shared__ float scratch[32];
+  int lane = threadIdx.x % 32, slot = threadIdx.x / 32 / SPLIT, rows = blockDim.x / 32 / SPLIT;
+  float h = 0.0f;
+  if (writes) {
+    i64 at = (i64)lane * r.n + r.row;
+    h = in.residual + sum;
+    p.sum[at] = h;
+    r.y[at] = h * in.gain;
+  }
+  if (r.part == 0 && lane < MAX_M) squares[slot][lane] = h * h;
+  __syncthreads();
+  if ((int)threadIdx.x < m) {
+    float block = 0.0f;
+    for (int s = 0; s < rows; ++s) block += squares[s][threadIdx.x];
+    p.partials[(i64)blockIdx.x * m + threadIdx.x] = block;
+  }
+  if (!last_block_done(p.counter, gridDim.x)) return;
+  const volatile float* partials = p.partials;
+  for (int i = 0; i < m; ++i) {
+    float total = 0.0f;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) total += partials[(i64)b * m + i];
+    total = block_sum(total, scratch);
+    if (threadIdx.x == 0) p.scales[i] = 1.0f / sqrtf(total / (float)cols + p.eps);
+  }
+}
+
+// The sums of the warps of a row to y[i, row]: each warp reduces across
+// its lanes, and with SPLIT > 1 the row's first warp adds the others'
+// sums; lane i of that warp then holds row i's, times row i's s where a
+// norm is folded in before (`in`). Gated or rotated, each row's lanes take
+// the paired row's sums next to theirs through shared memory; with
+// `argmax`, the block takes part in greedy's pick; with a norm folded in
+// after, the block adds the residual (add_norm_rows).
+template <int MAX_M, int SPLIT>
+__device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool valid, int m, const KilnGemvGroup& g,
+                                           const RowInputs& in) {
   int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float sum = 0.0f;
   if (SPLIT == 1) {
@@ -277,8 +359,13 @@ __device__ __forceinline__ void store_rows(float* acc, const GemvRow& r, bool va
     if (r.part == 0 && lane < m)
       for (int p = 0; p < SPLIT; ++p) sum += partial[warp + p][lane];
   }
+  sum *= in.scale;
   bool writes = valid && r.part == 0 && lane < m;
   bool rotated = g.rope.positions != nullptr;
+  if (g.norm.sum != nullptr) {
+    add_norm_rows<MAX_M, SPLIT>(g.norm, r, writes, sum, m, (int)g.rows_end[0], in);
+    return;
+  }
   if (g.activation == 0 && !rotated) {
     if (writes) r.y[(i64)lane * r.n + r.row] = sum;
     if (g.argmax.keys != nullptr) pick_first_largest<MAX_M, SPLIT>(g.argmax, r, writes, sum, m);
@@ -309,7 +396,7 @@ __device__ void gemv_dense(const KilnGemvGroup& g, const float* x, int m, int k)
   float acc[MAX_M];
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
   row.multiply(x, m, k, acc);
-  store_rows<MAX_M, SPLIT>(acc, r, valid, m, g);
+  store_rows<MAX_M, SPLIT>(acc, r, valid, m, g, RowInputs(g, r, valid, m));
 }
 
 
@@ -399,7 +486,7 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
   for (int i = 0; i < MAX_M; ++i) acc[i] = 0.0f;
   row.template multiply<X, MAX_M>(x, m, k, acc);
   if (mixed) last_row.template multiply<X, MAX_M>(x, m, k, acc);
-  store_rows<MAX_M, SPLIT>(acc, r, valid, m, g);
+  store_rows<MAX_M, SPLIT>(acc, r, valid, m, g, RowInputs(g, r, valid, m));
 }
 
 // Embedding rows read from a table of blocks: y[t, :] = table[ids[t], :],

@@ -29,6 +29,7 @@ fn group(w: DevicePtr, y: DevicePtr, picks: [DevicePtr; 3]) -> KernelArg {
     words.push(0); // no activation
     words.extend([0; 13]); // no rotation
     words.extend(picks);
+    words.extend([0; 8]); // no norm folded in (`KilnGemvNorm`, `row_scales`)
     KernelArg::Struct(words)
 }
 

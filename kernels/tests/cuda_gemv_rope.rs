@@ -35,6 +35,7 @@ fn group(matrices: [DevicePtr; 3], outputs: [DevicePtr; 3], rope: Option<[u64; 1
     words.push(0);
     words.extend(rope.unwrap_or([0; 13]));
     words.extend([0; 3]); // no greedy pick (`KilnGemvArgmax`)
+    words.extend([0; 8]); // no norm folded in (`KilnGemvNorm`, `row_scales`)
     KernelArg::Struct(words)
 }
 

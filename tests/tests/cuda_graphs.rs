@@ -421,11 +421,14 @@ fn a_sampled_step_waits_for_the_device_once() {
 
 /// The kernels a step runs, as the device counts them (launches and GEMMs),
 /// on the tiny Llama's two layers with bf16 products: a decode step of one
-/// sequence runs 7 a layer (q/k/v GEMV writing q and k rotated and the
-/// keys and values into the cache, attention, o GEMV, add + norm, gate/up
-/// GEMV writing SiLU(gate)·up, down GEMV, add + norm) and 4 more
-/// (embedding, the first norm, the last tokens' gather, the logits' GEMV),
-/// eager, captured or replayed; a 10-token prefill runs 4 GEMMs a layer on
+/// sequence runs 5 a layer (q/k/v GEMV writing q and k rotated and the
+/// keys and values into the cache, attention, o GEMV, gate/up GEMV writing
+/// SiLU(gate)·up, down GEMV), the o and down GEMVs adding the residual and
+/// taking the next norm's parts, whose products scale their sums
+/// (`norm_fold.rs`), except the last down's: its norm feeds the last
+/// tokens' gather, not a product, and keeps its add + norm launch; and 4
+/// more (embedding, the first norm, the gather, the logits' GEMV), eager,
+/// captured or replayed; a 10-token prefill runs 4 GEMMs a layer on
 /// bf16 x, which the two norms, the activation and the attention write in
 /// bf16 themselves, no cast between: q, k and v as one over their stacked
 /// matrix, whose rows the rotary launch (its own past the decode GEMV)
@@ -452,7 +455,7 @@ fn steps_run_the_kernels_their_fusions_leave() {
     assert_eq!(executor.half_product_outputs(), 2 * 2);
     for position in 5..8 {
         let decode = kernels(&[(0, vec![5], position)]);
-        assert_eq!(decode, 2 * 7 + 4, "decode at position {position}");
+        assert_eq!(decode, 2 * 5 + 1 + 4, "decode at position {position}");
     }
     assert_eq!(executor.captured_graphs(), 1);
 }

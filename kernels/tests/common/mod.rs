@@ -287,6 +287,7 @@ pub fn gemv_group(
     words.push(activation);
     words.extend([0; 13]); // no rotation (`KilnGemvRope`)
     words.extend([0; 3]); // no greedy pick (`KilnGemvArgmax`)
+    words.extend([0; 8]); // no norm folded in (`KilnGemvNorm`, `row_scales`)
     KernelArg::Struct(words)
 }
 

@@ -1,15 +1,17 @@
 //! The arena plan of one binding of a program's symbolic sizes: each value's
 //! concrete shape and offset, from the liveness of the lowered steps. The
-//! graph inputs, the error flag, split attention's counters and the logits
-//! GEMV's greedy keys go first, one after another, so one upload a step
-//! writes them all; then every other value and each step's scratch, placed
-//! by `memory::place`.
+//! graph inputs, the error flag, split attention's counters, the logits
+//! GEMV's greedy keys and the folded norms' counter go first, one after
+//! another, so one upload a step writes them all; then every other value,
+//! each step's scratch and the folded norms' scales and partials, placed by
+//! `memory::place`.
 
 use std::collections::HashMap;
 
 use kiln_plugin_api::graph::{Op, ValueId};
 
 use super::memory::{self, Buffer};
+use super::norm_fold::NormFolds;
 use super::plan::{Home, StepPlan};
 use super::{attention, element_bytes, products};
 use crate::compiler::Program;
@@ -37,16 +39,20 @@ pub struct RunPlan {
     /// keys (`gemv::GreedyPicks::at`), when the program has a logits
     /// product.
     pub greedy_picks: Option<usize>,
+    /// Arena offsets of the folded norms' count of blocks done (in the
+    /// upload) and of their scales and partials
+    /// (`norm_fold::FoldScratch`), where a fold applies at this binding.
+    pub folds: Option<(usize, usize)>,
     /// Bytes the arena needs.
     pub total: usize,
 }
 
-/// Plans the arena of `program` (lowered to `steps`, values living at
-/// `homes`) for the sizes of `symbols`; `greedy_picks`: the program has a
-/// logits product, whose GEMV finds greedy's picks.
+/// Plans the arena of `program` (lowered to `steps`, with `folds`, values
+/// living at `homes`) for the sizes of `symbols`; `greedy_picks`: the
+/// program has a logits product, whose GEMV finds greedy's picks.
 pub fn plan(
     program: &Program,
-    steps: &[StepPlan],
+    (steps, folds): (&[StepPlan], &NormFolds),
     homes: &[Home],
     symbols: &HashMap<String, usize>,
     greedy_picks: bool,
@@ -79,6 +85,15 @@ pub fn plan(
             // gated activation when the GEMV of its products writes it.
             if let StepPlan::ComputedAt { at } | StepPlan::GatedActivation { at, .. } = plan {
                 touch(root, *at);
+            }
+        }
+        // A product into a folded norm writes the add's and the norm's
+        // outputs.
+        if let Some(fold) = folds.of_product(step.output) {
+            for v in [fold.sum, fold.norm] {
+                if let Home::Arena(root) = homes[v as usize] {
+                    touch(root, s);
+                }
             }
         }
         // A GEMV of q, k and v writes their rotations too.
@@ -144,6 +159,18 @@ pub fn plan(
         staged = at + super::gemv::GREEDY_PICKS_BYTES;
         at
     });
+    // The folded norms' counter: zero at the start of every step, as their
+    // producers leave it; one producer uses it at a time. Their scales and
+    // partials live through the step.
+    let fold_bytes = folds.scratch_bytes(|f| {
+        let x = &shapes[program.steps[f.producer_step].inputs[0] as usize];
+        x.iter().product::<usize>() / f.producer.cols.max(1)
+    });
+    let fold_counter = (fold_bytes > 0).then(|| {
+        let at = staged.div_ceil(4) * 4;
+        staged = at + 4;
+        at
+    });
     let base = align(staged);
     let mut roots: Vec<(ValueId, (usize, usize))> = life.into_iter().collect();
     roots.sort_unstable();
@@ -183,6 +210,13 @@ pub fn plan(
             });
         }
     }
+    if fold_bytes > 0 {
+        buffers.push(Buffer {
+            bytes: fold_bytes,
+            first: 0,
+            last: end,
+        });
+    }
     let placement = memory::place(&buffers);
     for (i, &(root, _)) in roots.iter().enumerate() {
         offsets[root as usize] = Some(base + placement.offsets[i]);
@@ -191,6 +225,10 @@ pub fn plan(
     for (j, &s) in scratch_steps.iter().enumerate() {
         scratch[s] = Some(base + placement.offsets[roots.len() + j]);
     }
+    let folds = fold_counter.map(|counter| {
+        let at = roots.len() + scratch_steps.len();
+        (counter, base + placement.offsets[at])
+    });
     RunPlan {
         shapes,
         offsets,
@@ -199,6 +237,7 @@ pub fn plan(
         error_flag,
         split_counters,
         greedy_picks,
+        folds,
         total: base + placement.total,
     }
 }

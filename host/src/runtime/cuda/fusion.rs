@@ -417,7 +417,7 @@ fn pair_rotations(program: &Program, steps: &mut [StepPlan]) {
 
 /// The steps that read each value, in order; a graph output is read by the
 /// caller (`None`).
-fn readers(program: &Program) -> HashMap<ValueId, Vec<Option<usize>>> {
+pub(super) fn readers(program: &Program) -> HashMap<ValueId, Vec<Option<usize>>> {
     let mut readers: HashMap<ValueId, Vec<Option<usize>>> = HashMap::new();
     for (s, step) in program.steps.iter().enumerate() {
         for &v in &step.inputs {
@@ -432,7 +432,7 @@ fn readers(program: &Program) -> HashMap<ValueId, Vec<Option<usize>>> {
 
 /// Whether launch `s` alone reads `v` (`readers` as [`readers`] gives
 /// them): its step, or steps it computes ([`StepPlan::ComputedAt`]).
-fn read_only_by(
+pub(super) fn read_only_by(
     readers: &HashMap<ValueId, Vec<Option<usize>>>,
     steps: &[StepPlan],
     v: ValueId,
@@ -466,7 +466,7 @@ fn read_only_by_cached_attention(
 
 /// The step whose launch computes each value (itself, or the step that
 /// computes it with its own: see [`StepPlan::ComputedAt`]).
-fn computed_at(program: &Program, steps: &[StepPlan]) -> HashMap<ValueId, usize> {
+pub(super) fn computed_at(program: &Program, steps: &[StepPlan]) -> HashMap<ValueId, usize> {
     let mut at = HashMap::new();
     for (s, step) in program.steps.iter().enumerate() {
         let by = match steps[s] {

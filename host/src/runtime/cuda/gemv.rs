@@ -236,6 +236,40 @@ impl GreedyPicks {
     }
 }
 
+/// A residual add and RMS norm folded into the GEMV of the product the add
+/// reads (`KilnGemvNorm` in gemv.cuh; `norm_fold.rs`): the launch writes
+/// `residual + products` to `sum`, that times `offset + weight` to its
+/// output (the next GEMV's x), and each row of x's `1 / rms` to `scales`.
+#[derive(Clone, Copy, Debug)]
+pub struct GemvNorm {
+    /// `[m, n]` f32.
+    pub residual: DevicePtr,
+    pub sum: DevicePtr,
+    /// `[n]` f32.
+    pub weight: DevicePtr,
+    /// `[blocks, m]` f32: each block's sums of squares.
+    pub partials: DevicePtr,
+    /// A u32 count of blocks done: zero before the launch, left at zero.
+    pub counter: DevicePtr,
+    /// `[m]` f32.
+    pub scales: DevicePtr,
+    pub offset: f32,
+    pub eps: f32,
+}
+
+impl GemvNorm {
+    /// Its words as `KilnGemvNorm` lays them out (none: all zero).
+    fn words(norm: Option<&Self>) -> [u64; 7] {
+        let Some(n) = norm else {
+            return [0; 7];
+        };
+        let floats = u64::from(n.offset.to_bits()) | u64::from(n.eps.to_bits()) << 32;
+        [
+            n.residual, n.sum, n.weight, n.partials, n.counter, n.scales, floats,
+        ]
+    }
+}
+
 /// What a GEMV launch does beyond writing its products.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum GemvEpilogue {
@@ -246,18 +280,24 @@ pub(super) enum GemvEpilogue {
     Rotated(GemvRotation),
     /// The logits: each row of x's first largest value, greedy's pick.
     GreedyPick(GreedyPicks),
+    /// A residual add and RMS norm after the product (one matrix), whose
+    /// output is the norm's, unscaled.
+    AddNorm(GemvNorm),
 }
 
 /// The `KilnGemvGroup` argument: the matrices (with their outputs) as one
 /// grid of rows; gated (`activation`, see [`GatedActivation`]), gate and
 /// up, whose activation is written to gate's output; rotated
 /// ([`GemvRotation`]), q, k and v; with `picks`, the logits' matrix alone,
-/// greedy's picks found too.
+/// greedy's picks found too; with `norm`, one matrix, a residual add and
+/// norm after it; with `row_scales`, each row of x's sums times its scale
+/// (a norm folded in before).
 pub fn group_arg(
     members: &[(DeviceMatrix, DevicePtr)],
     activation: Option<GatedActivation>,
     rotation: Option<&GemvRotation>,
     picks: Option<&GreedyPicks>,
+    (norm, row_scales): (Option<&GemvNorm>, Option<DevicePtr>),
 ) -> KernelArg {
     let mut rows_end = [0u64; GEMV_MAX_GROUP];
     let (mut w, mut y) = ([0u64; GEMV_MAX_GROUP], [0u64; GEMV_MAX_GROUP]);
@@ -273,6 +313,8 @@ pub fn group_arg(
     words.push(activation.map_or(0, |a| a as u64));
     words.extend(GemvRotation::words(rotation));
     words.extend(picks.map_or([0; 3], |p| [p.keys, p.counter, p.tokens]));
+    words.extend(GemvNorm::words(norm));
+    words.push(row_scales.unwrap_or(0));
     KernelArg::Struct(words)
 }
 

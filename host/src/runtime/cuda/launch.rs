@@ -12,6 +12,7 @@ use super::attention::HEAD_DIM;
 use super::codegen::{self, MAX_RANK};
 use super::fusion::{HalfStore, HalfValues};
 use super::gemv::{GemvEpilogue, GreedyPicks};
+use super::norm_fold::{FoldScratch, NormFolds};
 use super::plan::{HandKernels, StepPlan};
 use super::products::{
     activates_after_stack, out_type_arg, writes_activation, x_half_type, y_half_type,
@@ -50,6 +51,9 @@ pub struct Frame<'a> {
     pub greedy: Option<(ValueId, GreedyPicks)>,
     /// Attention may run on tensor cores (`AttentionBackend::Auto`).
     pub flash_attention: bool,
+    /// The adds and norms folded into the products around them, and their
+    /// scratch at this step's shapes (where one applies).
+    pub folds: (&'a NormFolds, Option<FoldScratch>),
 }
 
 pub(super) fn numel(shape: &[usize]) -> usize {
@@ -387,11 +391,20 @@ impl Frame<'_> {
                 };
                 let elements = numel(in_shape(0));
                 let x = (input(0), self.stored_half(step.inputs[0]).is_some());
-                let picks = self.greedy.filter(|&(logits, _)| logits == step.output);
-                if let (Some((_, picks)), StepPlan::Linear(_)) = (picks, plan) {
-                    let epilogue = Some(GemvEpilogue::GreedyPick(picks));
-                    let members = [(*w, out)];
-                    return self.product_group(&members, epilogue, x, elements, scratch, &[]);
+                if let StepPlan::Linear(_) = plan {
+                    // The GEMV's epilogues: greedy's picks, folded norms.
+                    let m = elements / w.cols.max(1);
+                    let picks = self.greedy.filter(|&(logits, _)| logits == step.output);
+                    let row_scales = self.row_scales(step.inputs[0], m)?;
+                    let (epilogue, out) = match self.folded_norm(step.output, m)? {
+                        Some((norm, norm_out)) => (Some(GemvEpilogue::AddNorm(norm)), norm_out),
+                        None => (picks.map(|(_, p)| GemvEpilogue::GreedyPick(p)), out),
+                    };
+                    if epilogue.is_some() || row_scales.is_some() {
+                        let members = [(*w, out)];
+                        let epilogue = (epilogue, row_scales);
+                        return self.product_group(&members, epilogue, x, elements, scratch, &[]);
+                    }
                 }
                 let x = self.product_x(w, layout, x, elements, scratch)?;
                 let out = (out, self.stored_half(step.output));
@@ -424,6 +437,8 @@ impl Frame<'_> {
                 };
                 let x = (input(0), self.stored_half(step.inputs[0]).is_some());
                 let elements = numel(in_shape(0));
+                let m = members.first().map_or(0, |(w, _)| elements / w.cols.max(1));
+                let epilogue = (epilogue, self.row_scales(step.inputs[0], m)?);
                 self.product_group(&members, epilogue, x, elements, scratch, &out_halves)
             }
             StepPlan::GatedActivation {
@@ -449,6 +464,9 @@ impl Frame<'_> {
                 weight,
                 norm,
             } => {
+                if self.norm_folded(step.output, rows_of(out_shape)) {
+                    return Ok(()); // by the product it reads and those reading it
+                }
                 let cols = *out_shape.last().unwrap_or(&1);
                 self.launch_rms_norm(
                     ("kiln_add_rms_norm", "kiln_add_rms_norm_chunks"),

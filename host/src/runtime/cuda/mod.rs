@@ -20,6 +20,7 @@ mod launch;
 mod measure;
 mod memory;
 mod moe;
+mod norm_fold;
 mod plan;
 mod products;
 mod profile;
@@ -159,6 +160,8 @@ pub struct CudaExecutor {
     homes: Vec<Home>,
     /// Values stored in a half type (products' x and outputs).
     half: fusion::HalfValues,
+    /// Adds and norms folded into the decode GEMVs around them.
+    folds: norm_fold::NormFolds,
     owned: Vec<DevicePtr>,
     /// Capture and replay steps as CUDA graphs.
     graphs: bool,
@@ -339,6 +342,7 @@ impl CudaExecutor {
             steps: lowered.steps,
             homes: lowered.homes,
             half: lowered.half,
+            folds: lowered.folds,
             owned,
             graphs,
             paddable,
@@ -480,7 +484,7 @@ impl CudaExecutor {
             None => {
                 let p = Arc::new(arena::plan(
                     &self.program,
-                    &self.steps,
+                    (&self.steps, &self.folds),
                     &self.homes,
                     symbols,
                     self.logits.is_some(),

@@ -213,6 +213,8 @@ pub struct Lowered {
     pub homes: Vec<Home>,
     /// Values stored in a half type (products' x and outputs).
     pub half: super::fusion::HalfValues,
+    /// Adds and norms folded into the decode GEMVs around them.
+    pub folds: super::norm_fold::NormFolds,
     /// Persistent allocations (to free with the executor).
     pub owned: Vec<u64>,
     /// Generated kernel sources, by name, for dumps and compile checks.
@@ -470,6 +472,7 @@ pub fn lower(
         steps.push(plan);
     }
     let half = super::fusion::fuse(program, &homes, &mut steps);
+    let folds = super::norm_fold::NormFolds::find(program, &steps);
     let logits_product = logits_product(program, &steps);
     weight_bytes_per_step += product_matrices.values().map(|m| m.0).sum::<usize>();
     let product_elements: usize = product_matrices.values().map(|m| m.1).sum();
@@ -477,6 +480,7 @@ pub fn lower(
         steps,
         homes,
         half,
+        folds,
         owned,
         generated,
         weight_bytes_per_step,

@@ -358,7 +358,7 @@ impl Frame<'_> {
         }
         if route == Route::Gemv {
             let (members, x) = ([(*w, out)], (x, false));
-            return self.product_group(&members, None, x, x_elements, scratch, &[]);
+            return self.product_group(&members, (None, None), x, x_elements, scratch, &[]);
         }
         let (second_offset, bytes) = product_scratch(w, layout, x_elements);
         let scratch = match bytes {
@@ -588,13 +588,15 @@ impl Frame<'_> {
     /// `epilogue`: the members are a gated MLP's gate and up, and the GEMV
     /// writes their activation to the address given instead; or q, k and v,
     /// and the GEMV applies their rotation (and cache write) too; or the
-    /// logits' matrix, and the GEMV finds greedy's picks too. Past the GEMV
-    /// none of that is done here, and member i's output is stored in
-    /// `out_halves[i]` (none: f32).
+    /// logits' matrix, and the GEMV finds greedy's picks too; or one matrix
+    /// with a residual add and norm after it. `row_scales`: each row of x's
+    /// products times its scale (a norm folded in before). Past the GEMV
+    /// neither a folded norm nor the rest is done here, and member i's
+    /// output is stored in `out_halves[i]` (none: f32).
     pub(super) fn product_group(
         &self,
         members: &[(DeviceMatrix, DevicePtr)],
-        epilogue: Option<GemvEpilogue>,
+        (epilogue, row_scales): (Option<GemvEpilogue>, Option<DevicePtr>),
         (x, written_half): (DevicePtr, bool),
         x_elements: usize,
         scratch: Option<DevicePtr>,
@@ -610,6 +612,11 @@ impl Frame<'_> {
         }
         let group = GemvGroup::of(members.iter().map(|(w, _)| w));
         let Some(name) = group.and_then(|g| g.kernel(m)) else {
+            if row_scales.is_some() || matches!(epilogue, Some(GemvEpilogue::AddNorm(_))) {
+                return Err(format!(
+                    "a norm folded into products of {m} rows past the GEMV"
+                ));
+            }
             return self.products_past_the_gemv(
                 members,
                 epilogue,
@@ -636,27 +643,36 @@ impl Frame<'_> {
         };
         let rows: usize = members.iter().map(|(w, _)| w.rows).sum();
         let int = |v: usize| KernelArg::I32(v as i32);
+        let scaled = (None, row_scales);
         let (group, pairs) = match &epilogue {
             Some(GemvEpilogue::Gated(_, _, Some(half))) => {
                 return Err(format!("a gated GEMV's activation in {half:?}"))
             }
             Some(GemvEpilogue::Gated(product, out, None)) => {
                 let (gate, up) = (members[product.gate], members[1 - product.gate]);
-                let group = group_arg(&[(gate.0, *out), up], Some(product.activation), None, None);
+                let pair = [(gate.0, *out), up];
+                let group = group_arg(&pair, Some(product.activation), None, None, scaled);
                 (group, RowPairs::Gated)
             }
             Some(GemvEpilogue::Rotated(rotation)) => (
-                group_arg(members, None, Some(rotation), None),
+                group_arg(members, None, Some(rotation), None, scaled),
                 RowPairs::Rotated,
             ),
             Some(GemvEpilogue::GreedyPick(picks)) if members.len() == 1 => (
-                group_arg(members, None, None, Some(picks)),
+                group_arg(members, None, None, Some(picks), scaled),
                 RowPairs::Unpaired,
             ),
-            Some(GemvEpilogue::GreedyPick(_)) => {
-                return Err("greedy's pick in a GEMV of several matrices".into())
+            Some(GemvEpilogue::AddNorm(norm)) if members.len() == 1 => (
+                group_arg(members, None, None, None, (Some(norm), row_scales)),
+                RowPairs::Unpaired,
+            ),
+            Some(GemvEpilogue::GreedyPick(_) | GemvEpilogue::AddNorm(_)) => {
+                return Err("greedy's pick or a folded norm in a GEMV of several matrices".into())
             }
-            None => (group_arg(members, None, None, None), RowPairs::Unpaired),
+            None => (
+                group_arg(members, None, None, None, scaled),
+                RowPairs::Unpaired,
+            ),
         };
         let shape = GemvShape {
             kernel: name,

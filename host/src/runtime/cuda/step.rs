@@ -10,6 +10,7 @@ use kiln_plugin_api::graph::{DType, Op};
 use super::arena::RunPlan;
 use super::gemv::GreedyPicks;
 use super::launch::Frame;
+use super::norm_fold::FoldScratch;
 use super::plan::Home;
 use super::profile::StepKind;
 use super::{binding, buckets, element_bytes, graphs, weights, CudaExecutor, RunState};
@@ -181,6 +182,14 @@ impl CudaExecutor {
             split_counters: arena + plan.split_counters as u64,
             cache: device_cache,
             flash_attention: self.flash_attention,
+            folds: (
+                &self.folds,
+                plan.folds.map(|(counter, at)| FoldScratch {
+                    counter: arena + counter as u64,
+                    scales: arena + at as u64,
+                    partials: arena + (at + self.folds.partials_offset()) as u64,
+                }),
+            ),
             greedy: self
                 .logits
                 .zip(plan.greedy_picks)

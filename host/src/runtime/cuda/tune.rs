@@ -313,7 +313,7 @@ fn time_launches(
             // valid positions here), in its paired blocks.
             let activation = (shape.pairs == RowPairs::Gated).then_some(GatedActivation::Silu);
             let args = [
-                group_arg(&group, activation, None, None),
+                group_arg(&group, activation, None, None, (None, None)),
                 KernelArg::Ptr(x),
                 KernelArg::I32(launches.x_rows as i32),
                 KernelArg::I32(shape.k as i32),
