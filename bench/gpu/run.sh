@@ -18,6 +18,9 @@
 #   bench/gpu/run.sh pdl               Kiln's decode at batch 1, 8 and 64 with and without
 #                                      programmatic dependent launch
 #                                      (KILN_NO_PROGRAMMATIC_LAUNCH), as text
+#   bench/gpu/run.sh norm-fold         Kiln's decode at batch 1, 2 and 8 with the add + RMS
+#                                      norm folded into the GEMVs around it and launched
+#                                      on its own (KILN_NO_NORM_FOLD), as text
 #   bench/gpu/run.sh dense             Kiln's decode at batch 16 and 64 (bf16 shapes),
 #                                      dense products of 3 to 64 rows on cuBLAS and on
 #                                      the tensor-core kernel (KILN_DENSE_ROWS), as text
@@ -153,6 +156,27 @@ pdl_shape() {
 pdl() {
   . tests/gpu/env.sh
   each_shape pdl_shape
+}
+
+# Decode with the add + RMS norm between two GEMVs folded into them (the
+# default) and launched on its own: two launches a layer at batch 1 (and
+# 2 for dense weights; at 8 dense products run on cuBLAS, where nothing is
+# folded). Text, in norm-fold-*.txt.
+norm_fold_shape() {
+  local shape=$1 dtype=$2 name=$3 mode
+  for mode in on off; do
+    echo "== kiln $shape $dtype: decode, norm folded $mode"
+    local switch=()
+    [ "$mode" = off ] && switch=(KILN_NO_NORM_FOLD=1)
+    env "${switch[@]}" "$bin/host" benchmark --shape "$shape" "${weights[@]}" \
+      --device "$device" --input-len "$input_len" --output-len 64 --concurrency 1,2,8 \
+      2>&1 | tee "$results/norm-fold-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype norm-fold $mode"
+  done
+}
+
+norm_fold() {
+  . tests/gpu/env.sh
+  each_shape norm_fold_shape
 }
 
 # Decode at 16 and 64 streams with dense bf16 products of 3 to 64 rows on
@@ -409,6 +433,7 @@ case "${1:-}" in
   kiln) kiln ;;
   splits) splits ;;
   pdl) pdl ;;
+  norm-fold) norm_fold ;;
   dense) dense ;;
   dense-gemv) dense_gemv ;;
   gemm-algorithms) gemm_algorithms ;;
@@ -424,6 +449,7 @@ case "${1:-}" in
     kiln
     splits
     pdl
+    norm_fold
     dense
     gemm_algorithms
     dense_gemv

@@ -93,6 +93,10 @@ part kiln-q4_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m" bench/gpu/run.sh ki
 # 2026-11-30 against bf16's 6.1 ms on cuBLAS).
 part profile-batch-1 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3.2-1b:bf16:1 llama3-8b:q4_k_m:1 llama3-8b:q4_k_m:16" \
   bench/gpu/run.sh profile
+# The add + RMS norm folded into the batch-1 GEMVs around it (built without
+# a GPU: two launches a layer fewer) against its own launch, on the 1B
+# (the furthest from its target) and the 8B.
+part norm-fold 80 env KILN_BENCH_SHAPES="llama3.2-1b:bf16 llama3-8b:bf16" bench/gpu/run.sh norm-fold
 # cuBLAS's products at 16 and 64 streams and in a 2048-token prefill in its
 # heuristics' algorithm and in cuBLASLt's timed fastest (the default since
 # 2026-11-30, built without a GPU): the o projection streamed at 2.4 TB/s at

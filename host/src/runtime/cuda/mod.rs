@@ -160,7 +160,8 @@ pub struct CudaExecutor {
     homes: Vec<Home>,
     /// Values stored in a half type (products' x and outputs).
     half: fusion::HalfValues,
-    /// Adds and norms folded into the decode GEMVs around them.
+    /// Adds and norms folded into the decode GEMVs around them (none with
+    /// `KILN_NO_NORM_FOLD` set).
     folds: norm_fold::NormFolds,
     owned: Vec<DevicePtr>,
     /// Capture and replay steps as CUDA graphs.
@@ -342,7 +343,10 @@ impl CudaExecutor {
             steps: lowered.steps,
             homes: lowered.homes,
             half: lowered.half,
-            folds: lowered.folds,
+            folds: match std::env::var_os("KILN_NO_NORM_FOLD") {
+                Some(_) => norm_fold::NormFolds::default(),
+                None => lowered.folds,
+            },
             owned,
             graphs,
             paddable,
