@@ -294,6 +294,21 @@ struct RowInputs {
   }
 };
 
+// The last block's part of a folded norm: each row of x's s from the
+// blocks' partial sums, added up in block order. Not inlined: inlined, the
+// bf16 one-row kernel took 64 registers where it had 56 (sm_90; the 8-bit
+// kernels' allocation moves either way by a few).
+__device__ __noinline__ void write_norm_scales(const KilnGemvNorm& p, int m, int cols) {
+  __shared__ float scratch[32];
+  const volatile float* partials = p.partials;
+  for (int i = 0; i < m; ++i) {
+    float total = 0.0f;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) total += partials[(i64)b * m + i];
+    total = block_sum(total, scratch);
+    if (threadIdx.x == 0) p.scales[i] = 1.0f / sqrtf(total / (float)cols + p.eps);
+  }
+}
+
 // The producer's side of a folded norm (KilnGemvNorm) for the block's rows
 // (`sum`: lane i's product of row i of x, where `writes`): h = residual +
 // sum and h · gain written, the block's Σh² of each row of x to its
@@ -302,7 +317,6 @@ template <int MAX_M, int SPLIT>
 __device__ void add_norm_rows(const KilnGemvNorm& p, const GemvRow& r, bool writes, float sum, int m, int cols,
                               const RowInputs& in) {
   __shared__ float squares[KILN_GEMV_MAX_WARPS][MAX_M];
-  __shared__ float scratch[32];
   int lane = threadIdx.x % 32, slot = threadIdx.x / 32 / SPLIT, rows = blockDim.x / 32 / SPLIT;
   float h = 0.0f;
   if (writes) {
@@ -318,14 +332,7 @@ __device__ void add_norm_rows(const KilnGemvNorm& p, const GemvRow& r, bool writ
     for (int s = 0; s < rows; ++s) block += squares[s][threadIdx.x];
     p.partials[(i64)blockIdx.x * m + threadIdx.x] = block;
   }
-  if (!last_block_done(p.counter, gridDim.x)) return;
-  const volatile float* partials = p.partials;
-  for (int i = 0; i < m; ++i) {
-    float total = 0.0f;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) total += partials[(i64)b * m + i];
-    total = block_sum(total, scratch);
-    if (threadIdx.x == 0) p.scales[i] = 1.0f / sqrtf(total / (float)cols + p.eps);
-  }
+  if (last_block_done(p.counter, gridDim.x)) write_norm_scales(p, m, cols);
 }
 
 // The sums of the warps of a row to y[i, row]: each warp reduces across

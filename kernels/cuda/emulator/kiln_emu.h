@@ -552,6 +552,7 @@ extern "C" __attribute__((visibility("hidden"))) void __ubsan_handle_type_mismat
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
