@@ -63,9 +63,38 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, p = lane % 4;
   const i64 row = blockIdx.x;
   const int kv_head = blockIdx.y, heads = num_heads / kv_heads, first_head = kv_head * heads;
+  // Before the wait (kiln_cuda.cuh), what the previous kernel does not
+  // write: the keys this block attends (the step's inputs), the cache slot
+  // of the warp's first chunk (the block tables), and that chunk's keys and
+  // values asked for in L2 (all but the step's own token were written by
+  // earlier steps; a prefetch reads nothing stale, L2 being the point of
+  // coherence): at batch 1 two dependent lookups and a DRAM round trip off
+  // the path the wait leaves.
   i64 first, last;
   const int b =
       attended_keys(row_offsets, context_lens, batch, row, window, partials != nullptr, split_keys, &first, &last);
+  const int stride = kv_heads * D;
+  const int first_key = (int)first, last_key = (int)last;  // positions fit 32 bits (cache_slot takes them so)
+  // Lane j (and j + 16) looks up the cache slot of key base + j % 16, and
+  // hands it to the lanes that read it: one lookup a lane, not six. A key
+  // outside first..last reads one inside, weighted 0 below. The next
+  // chunk's block-table entry is loaded at the top of a chunk and used at
+  // its end, in flight while this chunk's keys are read and used.
+  constexpr int ROUND = KILN_DECODE_WARPS * KILN_DECODE_KEYS;
+  const unsigned size = (unsigned)block_size;
+  const i64* table = block_tables + (i64)b * blocks_per_seq;
+  auto key_of = [&](int base) { return (unsigned)min(max(base + lane % KILN_DECODE_KEYS, first_key), last_key); };
+  int base = (first_key & ~(KILN_DECODE_KEYS - 1)) + warp * KILN_DECODE_KEYS;
+  // (A padding row, last_key -1, looks up nothing.)
+  unsigned slot = 0u;
+  if (base <= last_key) {
+    const unsigned key = key_of(base);
+    slot = (unsigned)cache_slot_in(cache_block_of(table, key, size), key, size);
+    // Lanes 0..15 their key's row of K, 16..31 of V.
+    const char* kv_row = reinterpret_cast<const char*>((lane < 16 ? k_cache : v_cache) + (i64)slot * stride + kv_head * D);
+    for (int at = 0; at < D * (int)sizeof(C); at += 128) prefetch_l2(kv_row + at);
+  }
+  kiln_wait_inputs();
 
   // Q's A fragments, k-step 2i + half (rows 8..15 zero).
   unsigned qa[2 * K_LOADS][4];
@@ -89,29 +118,10 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
     }
   }
 
-  const int stride = kv_heads * D;
   // Scores in log2 units: s · scale · log2 e, or capped.
   const float scale_log2 = scale * KILN_LOG2E;
   const SoftCap cap(scale, softcap);
-  // Positions fit 32 bits (cache_slot takes them so).
-  const int first_key = (int)first, last_key = (int)last;
   float o[D / 16][4] = {}, m = KILN_NEG_INF, l = 0.0f;
-  // Lane j (and j + 16) looks up the cache slot of key base + j % 16, and
-  // hands it to the lanes that read it: one lookup a lane, not six. A key
-  // outside first..last reads one inside, weighted 0 below. The next
-  // chunk's block-table entry is loaded at the top of a chunk and used at
-  // its end, in flight while this chunk's keys are read and used.
-  constexpr int ROUND = KILN_DECODE_WARPS * KILN_DECODE_KEYS;
-  const unsigned size = (unsigned)block_size;
-  const i64* table = block_tables + (i64)b * blocks_per_seq;
-  auto key_of = [&](int base) { return (unsigned)min(max(base + lane % KILN_DECODE_KEYS, first_key), last_key); };
-  int base = (first_key & ~(KILN_DECODE_KEYS - 1)) + warp * KILN_DECODE_KEYS;
-  // (A padding row, last_key -1, looks up nothing.)
-  unsigned slot = 0u;
-  if (base <= last_key) {
-    const unsigned key = key_of(base);
-    slot = (unsigned)cache_slot_in(cache_block_of(table, key, size), key, size);
-  }
   for (; base <= last_key; base += ROUND) {
     const unsigned next_key = key_of(base + ROUND);
     const i64 next_block = cache_block_of(table, next_key, size);
@@ -240,10 +250,8 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
 }
 
 // The entry points, by cache element and head size; `head_dim` must be the
-// kernel's.
-#define KILN_DECODE_ATTENTION(D) \
-  kiln_wait_inputs();            \
-  decode_attention<D>(KILN_PAGED_ATTENTION_ARGS)
+// kernel's. decode_attention waits for its inputs itself.
+#define KILN_DECODE_ATTENTION(D) decode_attention<D>(KILN_PAGED_ATTENTION_ARGS)
 
 // Four blocks an SM at head 64 (at most 128 registers); three at 128 (168:
 // within 128 a chunk's loads of bf16 spill), two for E4M3 on sm_80, whose
