@@ -138,19 +138,26 @@ splits() {
   each_shape splits_shape
 }
 
+# Decode with a switch of Kiln's on (the default) and off (`VAR=1`), as
+# `switch_shape PREFIX VAR CONCURRENCY WHAT SHAPE DTYPE NAME`: text, in
+# PREFIX-NAME-DTYPE-{on,off}.txt.
+switch_shape() {
+  local prefix=$1 var=$2 concurrency=$3 what=$4 shape=$5 dtype=$6 name=$7 mode
+  for mode in on off; do
+    echo "== kiln $shape $dtype: decode, $what $mode"
+    local switch=()
+    [ "$mode" = off ] && switch=("$var=1")
+    env "${switch[@]}" "$bin/host" benchmark --shape "$shape" "${weights[@]}" \
+      --device "$device" --input-len "$input_len" --output-len 64 --concurrency "$concurrency" \
+      2>&1 | tee "$results/$prefix-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype $prefix $mode"
+  done
+}
+
 # Decode with programmatic dependent launch on (the default on sm_90) and
 # off: what overlapping each kernel's start with the previous one's end
 # gains. Text, in pdl-*.txt.
 pdl_shape() {
-  local shape=$1 dtype=$2 name=$3 mode
-  for mode in on off; do
-    echo "== kiln $shape $dtype: decode, programmatic launch $mode"
-    local switch=()
-    [ "$mode" = off ] && switch=(KILN_NO_PROGRAMMATIC_LAUNCH=1)
-    env "${switch[@]}" "$bin/host" benchmark --shape "$shape" "${weights[@]}" \
-      --device "$device" --input-len "$input_len" --output-len 64 --concurrency 1,8,64 \
-      2>&1 | tee "$results/pdl-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype pdl $mode"
-  done
+  switch_shape pdl KILN_NO_PROGRAMMATIC_LAUNCH 1,8,64 "programmatic launch" "$@"
 }
 
 pdl() {
@@ -163,15 +170,7 @@ pdl() {
 # 2 for dense weights; at 8 dense products run on cuBLAS, where nothing is
 # folded). Text, in norm-fold-*.txt.
 norm_fold_shape() {
-  local shape=$1 dtype=$2 name=$3 mode
-  for mode in on off; do
-    echo "== kiln $shape $dtype: decode, norm folded $mode"
-    local switch=()
-    [ "$mode" = off ] && switch=(KILN_NO_NORM_FOLD=1)
-    env "${switch[@]}" "$bin/host" benchmark --shape "$shape" "${weights[@]}" \
-      --device "$device" --input-len "$input_len" --output-len 64 --concurrency 1,2,8 \
-      2>&1 | tee "$results/norm-fold-$name-$dtype-$mode.txt" || echo "FAILED: $shape $dtype norm-fold $mode"
-  done
+  switch_shape norm-fold KILN_NO_NORM_FOLD 1,2,8 "norm folded" "$@"
 }
 
 norm_fold() {

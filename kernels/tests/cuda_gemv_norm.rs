@@ -189,20 +189,22 @@ fn check_consumer(gpu: &Gpu, kernel: &str, bytes: &[u8], values: &[f32]) {
     }
 }
 
+/// A random bf16 W [N, K]: its bytes and values.
+fn bf16_matrix(seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let (bits, values) = bf16s(&Rng::new(seed).data(N * K, 0.5));
+    (bytes(&bits), values)
+}
+
 #[test]
 fn the_bf16_gemv_adds_the_residual_and_takes_the_norms_parts() {
-    let gpu = Gpu::new(&[sources::GEMV]);
-    let values = Rng::new(1).data(N * K, 0.5);
-    let (bits, decoded) = bf16s(&values);
-    check_producer(&gpu, "kiln_gemv_bf16", &bytes(&bits), &decoded);
+    let (w, values) = bf16_matrix(1);
+    check_producer(&Gpu::new(&[sources::GEMV]), "kiln_gemv_bf16", &w, &values);
 }
 
 #[test]
 fn the_bf16_gemv_scales_its_rows_of_x() {
-    let gpu = Gpu::new(&[sources::GEMV]);
-    let values = Rng::new(2).data(N * K, 0.5);
-    let (bits, decoded) = bf16s(&values);
-    check_consumer(&gpu, "kiln_gemv_bf16", &bytes(&bits), &decoded);
+    let (w, values) = bf16_matrix(2);
+    check_consumer(&Gpu::new(&[sources::GEMV]), "kiln_gemv_bf16", &w, &values);
 }
 
 #[test]
