@@ -25,6 +25,33 @@ const N: usize = 520;
 const K: usize = 256;
 const EPS: f32 = 1e-5;
 
+/// A producer's `KilnGemvNorm`: its buffers, offset and `EPS`.
+struct Norm {
+    residual: DevicePtr,
+    sum: DevicePtr,
+    gain: DevicePtr,
+    partials: DevicePtr,
+    counter: DevicePtr,
+    scales: DevicePtr,
+    offset: f32,
+}
+
+impl Norm {
+    /// Its 7 words, as `KilnGemvNorm` lays them out.
+    fn words(&self) -> [u64; 7] {
+        let floats = u64::from(self.offset.to_bits()) | u64::from(EPS.to_bits()) << 32;
+        [
+            self.residual,
+            self.sum,
+            self.gain,
+            self.partials,
+            self.counter,
+            self.scales,
+            floats,
+        ]
+    }
+}
+
 /// `gemv_group`'s words with a folded norm's (`KilnGemvNorm`: 7 words) and
 /// the row scales in place of its zeros.
 fn group(
@@ -92,16 +119,16 @@ fn check_producer(gpu: &Gpu, kernel: &str, bytes: &[u8], values: &[f32]) {
             for round in 0..2 {
                 let (out, sum_at) = (gpu.zeros(m * N * 4), gpu.zeros(m * N * 4));
                 let (partials, scales_at) = (gpu.zeros(blocks as usize * m * 4), gpu.zeros(32));
-                let floats = u64::from(offset.to_bits()) | u64::from(EPS.to_bits()) << 32;
-                let norm = [
-                    residual_at,
-                    sum_at,
-                    gain_at,
+                let norm = Norm {
+                    residual: residual_at,
+                    sum: sum_at,
+                    gain: gain_at,
                     partials,
                     counter,
-                    scales_at,
-                    floats,
-                ];
+                    scales: scales_at,
+                    offset,
+                }
+                .words();
                 let args = [
                     group(&[(w, N)], &[out], 0, (norm, 0)),
                     Ptr(xs),
@@ -226,7 +253,6 @@ fn folded_the_norm_gives_what_its_own_launch_gives() {
     let (w1, w2) = (gpu.up(&first), gpu.up(&second));
     let (x, residual, gain) = (rng.data(K, 1.0), rng.data(N, 2.0), rng.data(N, 1.0));
     let (xs, residual_at, gain_at) = (gpu.up(&x), gpu.up(&residual), gpu.up(&gain));
-    let n_blocks = (N as u32).div_ceil(WARPS);
     // Unfused: W1·x, then the add + norm kernel, then W2 of its output.
     let (a, h, normed, y) = (
         gpu.zeros(N * 4),
@@ -234,21 +260,15 @@ fn folded_the_norm_gives_what_its_own_launch_gives() {
         gpu.zeros(N * 4),
         gpu.zeros(K * 4),
     );
-    let plain = |w: DevicePtr, rows: usize, out: DevicePtr, x: DevicePtr, k: usize| {
-        let args = [
-            group(&[(w, rows)], &[out], 0, ([0; 7], 0)),
-            Ptr(x),
-            int(1),
-            int(k),
-        ];
-        gpu.run(
-            "kiln_gemv_bf16_m1",
-            ((rows as u32).div_ceil(WARPS), 1),
-            32 * WARPS,
-            &args,
-        );
+    // W [rows, k] times one row of x, with a folded norm's words and row
+    // scales (`group`'s last argument).
+    let one_row = |(w, rows, k): (DevicePtr, usize, usize), x, out, fold: ([u64; 7], DevicePtr)| {
+        let args = [group(&[(w, rows)], &[out], 0, fold), Ptr(x), int(1), int(k)];
+        let grid = ((rows as u32).div_ceil(WARPS), 1);
+        gpu.run("kiln_gemv_bf16_m1", grid, 32 * WARPS, &args);
     };
-    plain(w1, N, a, xs, K);
+    let unfolded = ([0; 7], 0);
+    one_row((w1, N, K), xs, a, unfolded);
     let norm_args = [
         Ptr(residual_at),
         Ptr(a),
@@ -261,52 +281,33 @@ fn folded_the_norm_gives_what_its_own_launch_gives() {
         int(0),
     ];
     gpu.run("kiln_add_rms_norm", (1, 1), 256, &norm_args);
-    plain(w2, K, y, normed, N);
+    one_row((w2, K, N), normed, y, unfolded);
     // Folded: W1 writes h, h · g and s; W2 scales by s.
     let (h_folded, g_folded, y_folded) = (gpu.zeros(N * 4), gpu.zeros(N * 4), gpu.zeros(K * 4));
-    let (partials, counter, scales) =
-        (gpu.zeros(n_blocks as usize * 4), gpu.zeros(4), gpu.zeros(4));
-    let floats = u64::from(EPS.to_bits()) << 32;
-    let norm = [
-        residual_at,
-        h_folded,
-        gain_at,
+    let n_blocks = N.div_ceil(WARPS as usize);
+    let (partials, counter, scales) = (gpu.zeros(n_blocks * 4), gpu.zeros(4), gpu.zeros(4));
+    let norm = Norm {
+        residual: residual_at,
+        sum: h_folded,
+        gain: gain_at,
         partials,
         counter,
         scales,
-        floats,
+        offset: 0.0,
+    };
+    one_row((w1, N, K), xs, g_folded, (norm.words(), 0));
+    one_row((w2, K, N), g_folded, y_folded, ([0; 7], scales));
+    let pairs = [
+        ("the residual stream", h, h_folded, N, 1e-6),
+        ("the consumer's products", y, y_folded, K, 2e-6),
     ];
-    let args = [
-        group(&[(w1, N)], &[g_folded], 0, (norm, 0)),
-        Ptr(xs),
-        int(1),
-        int(K),
-    ];
-    gpu.run("kiln_gemv_bf16_m1", (n_blocks, 1), 32 * WARPS, &args);
-    let args = [
-        group(&[(w2, K)], &[y_folded], 0, ([0; 7], scales)),
-        Ptr(g_folded),
-        int(1),
-        int(N),
-    ];
-    gpu.run(
-        "kiln_gemv_bf16_m1",
-        ((K as u32).div_ceil(WARPS), 1),
-        32 * WARPS,
-        &args,
-    );
-    let want_h: Vec<f32> = gpu.down(h, N);
-    close(
-        &gpu.down(h_folded, N),
-        &want_h,
-        1e-6 * largest(&want_h),
-        "the residual stream",
-    );
-    let want: Vec<f32> = gpu.down(y, K);
-    close(
-        &gpu.down(y_folded, K),
-        &want,
-        2e-6 * largest(&want),
-        "the consumer's products",
-    );
+    for (what, unfused, folded, len, tolerance) in pairs {
+        let want: Vec<f32> = gpu.down(unfused, len);
+        close(
+            &gpu.down(folded, len),
+            &want,
+            tolerance * largest(&want),
+            what,
+        );
+    }
 }

@@ -11,13 +11,13 @@
 //! into `target/cuda` (or from `KILN_NVRTC_DIR`).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
 
 use kiln_host::runtime::cuda::CudaExecutor;
 use kiln_kernels::cuda::cubin_cache::{self, CubinCache};
 use kiln_kernels::cuda::{nvrtc, sources};
 use kiln_tests::models::{write_model_dir, DeviceChoice, WeightDtype};
+use rayon::prelude::*;
 
 const ARCHES: [&str; 2] = ["sm_80", "sm_90"];
 
@@ -51,36 +51,15 @@ fn hand_written_kernels_compile_for_sm80_and_sm90_without_spills() {
         .iter()
         .flat_map(|source| ARCHES.map(|arch| (source, arch)))
         .collect();
-    let next = AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut compiled: Vec<Option<nvrtc::Compiled>> = jobs.iter().map(|_| None).collect();
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads.min(jobs.len()))
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(source, arch)) = jobs.get(i) else {
-                            return done;
-                        };
-                        let result = nvrtc::compile(source.name, source.text, arch, true)
-                            .unwrap_or_else(|e| panic!("{e}"));
-                        done.push((i, result));
-                    }
-                })
-            })
-            .collect();
-        for worker in workers {
-            for (i, result) in worker.join().expect("a compile thread panicked") {
-                compiled[i] = Some(result);
-            }
-        }
-    });
+    let compiled: Vec<nvrtc::Compiled> = jobs
+        .par_iter()
+        .map(|&(source, arch)| {
+            nvrtc::compile(source.name, source.text, arch, true).unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
     let mut report = String::new();
     let mut spills = Vec::new();
     for (&(source, arch), compiled) in jobs.iter().zip(compiled) {
-        let compiled = compiled.expect("every module compiled");
         assert!(!compiled.image.is_empty());
         if let Some(dir) = std::env::var_os("KILN_CUBIN_DIR") {
             let stem = source.name.trim_end_matches(".cu");

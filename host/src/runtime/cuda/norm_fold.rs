@@ -195,14 +195,21 @@ fn consumer_of(
 #[derive(Clone, Copy, Debug)]
 pub struct FoldScratch {
     pub counter: DevicePtr,
-    /// The scales of fold 0; fold `slot` at `slot · GEMV_MAX_M` floats.
+    /// The scales of fold 0 ([`Self::scales_of`]).
     pub scales: DevicePtr,
     pub partials: DevicePtr,
 }
 
+impl FoldScratch {
+    /// Where `fold`'s [`GEMV_MAX_M`] row scales are.
+    fn scales_of(&self, fold: &NormFold) -> DevicePtr {
+        self.scales + (fold.slot * GEMV_MAX_M * 4) as DevicePtr
+    }
+}
+
 impl Frame<'_> {
-    /// The fold of `fold`'s rows at this step, where it applies to `m` rows
-    /// of x, with its scratch.
+    /// `fold` with this step's fold scratch, where it applies to `m` rows of
+    /// x.
     fn applying(
         &self,
         fold: Option<&NormFold>,
@@ -219,7 +226,7 @@ impl Frame<'_> {
     /// `x` is a folded norm's output at `m` rows.
     pub(super) fn row_scales(&self, x: ValueId, m: usize) -> Result<Option<DevicePtr>, String> {
         let applying = self.applying(self.folds.0.of_norm(x), m)?;
-        Ok(applying.map(|(fold, s)| s.scales + (fold.slot * GEMV_MAX_M * 4) as DevicePtr))
+        Ok(applying.map(|(fold, s)| s.scales_of(&fold)))
     }
 
     /// The add and norm the product writing `product` does at `m` rows of
@@ -240,7 +247,7 @@ impl Frame<'_> {
             weight: addr(fold.weight),
             partials: s.partials,
             counter: s.counter,
-            scales: s.scales + (fold.slot * GEMV_MAX_M * 4) as DevicePtr,
+            scales: s.scales_of(&fold),
             offset: fold.offset,
             eps: fold.eps,
         };
