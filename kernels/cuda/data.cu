@@ -93,33 +93,31 @@ extern "C" __global__ void kiln_gather_b1(const unsigned char* __restrict__ x, c
 
 // Embedding rows of a [rows, cols] table (f32, bf16 or f16) into f32: one
 // block per id; an id outside the table writes zeros and sets *error to 1.
+// `norm`: the RMS norm that reads the rows, taken with them (or none).
 template <typename T, float (*convert)(T)>
 __device__ __forceinline__ void embedding(const T* __restrict__ table, const i64* __restrict__ ids,
-                                          float* __restrict__ y, i64 rows, int cols, int* __restrict__ error) {
+                                          float* __restrict__ y, i64 rows, int cols, int* __restrict__ error,
+                                          const KilnRowNorm& norm) {
   i64 id = ids[blockIdx.x];
   bool valid = id >= 0 && id < rows;
   if (!valid && threadIdx.x == 0) *error = 1;
   const T* row = table + (valid ? id : 0) * cols;
-  float* out = y + (i64)blockIdx.x * cols;
-  for_each_batched<float>(
-      cols, [&](int c) { return valid ? convert(row[c]) : 0.0f; }, [&](int c, float v) { out[c] = v; });
+  write_row_normed(y, blockIdx.x, cols, [&](int c) { return valid ? convert(row[c]) : 0.0f; }, norm);
 }
 
 __device__ __forceinline__ float f32_identity(float v) { return v; }
 
-extern "C" __global__ void kiln_embedding_f32(const float* __restrict__ table, const i64* __restrict__ ids,
-                                              float* __restrict__ y, i64 rows, int cols, int* __restrict__ error) {
-  embedding<float, f32_identity>(table, ids, y, rows, cols, error);
+#define KILN_EMBEDDING_ARGS(T) \
+  const T *__restrict__ table, const i64 *__restrict__ ids, float *__restrict__ y, i64 rows, int cols, \
+      int *__restrict__ error, KilnRowNorm norm
+extern "C" __global__ void kiln_embedding_f32(KILN_EMBEDDING_ARGS(float)) {
+  embedding<float, f32_identity>(table, ids, y, rows, cols, error, norm);
 }
-
-extern "C" __global__ void kiln_embedding_bf16(const bf16_bits* __restrict__ table, const i64* __restrict__ ids,
-                                               float* __restrict__ y, i64 rows, int cols, int* __restrict__ error) {
-  embedding<bf16_bits, bf16_to_f32>(table, ids, y, rows, cols, error);
+extern "C" __global__ void kiln_embedding_bf16(KILN_EMBEDDING_ARGS(bf16_bits)) {
+  embedding<bf16_bits, bf16_to_f32>(table, ids, y, rows, cols, error, norm);
 }
-
-extern "C" __global__ void kiln_embedding_f16(const f16_bits* __restrict__ table, const i64* __restrict__ ids,
-                                              float* __restrict__ y, i64 rows, int cols, int* __restrict__ error) {
-  embedding<f16_bits, f16_to_f32>(table, ids, y, rows, cols, error);
+extern "C" __global__ void kiln_embedding_f16(KILN_EMBEDDING_ARGS(f16_bits)) {
+  embedding<f16_bits, f16_to_f32>(table, ids, y, rows, cols, error, norm);
 }
 
 // f32 → bf16 / f16 (activations for a half-precision weight product), and

@@ -500,16 +500,16 @@ __device__ void gemv_blocks(const KilnGemvGroup& g, X x, int m, int k) {
 // one block of threads per id (as `embedding` in data.cu; a bad id sets
 // `error` and gives zeros).
 template <typename F>
-__device__ void embedding_blocks(const u8* table, const i64* ids, float* y, i64 rows, int cols, int* error) {
+__device__ void embedding_blocks(const u8* table, const i64* ids, float* y, i64 rows, int cols, int* error,
+                                 const KilnRowNorm& norm) {
   kiln_wait_inputs();
   i64 id = ids[blockIdx.x];
   bool valid = id >= 0 && id < rows;
   if (!valid && threadIdx.x == 0) *error = 1;
   const u8* row = table + (valid ? id : 0) * (i64)(cols / F::ELEMS) * F::BYTES;
-  float* out = y + (i64)blockIdx.x * cols;
-  for_each_batched<float>(
-      cols, [&](int c) { return valid ? F::value(row + (c / F::ELEMS) * F::BYTES, c % F::ELEMS) : 0.0f; },
-      [&](int c, float v) { out[c] = v; });
+  write_row_normed(
+      y, blockIdx.x, cols,
+      [&](int c) { return valid ? F::value(row + (c / F::ELEMS) * F::BYTES, c % F::ELEMS) : 0.0f; }, norm);
 }
 
 // Every value of `count` blocks as bf16: a thread per lane part of a block

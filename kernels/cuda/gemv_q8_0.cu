@@ -22,6 +22,6 @@ extern "C" __global__ void kiln_gemv_q8_0_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blo
 extern "C" __global__ void kiln_gemv_q8_0_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q8_0, Int8X, 1, 4>(g, Int8X(x, m, k), m, k); }
 extern "C" __global__ void kiln_dequant_q8_0(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q8_0>(w, out, blocks); }
 extern "C" __global__ void kiln_embedding_q8_0(const u8* table, const i64* ids, float* y, i64 rows, int cols,
-                                             int* error) {
-  embedding_blocks<Q8_0>(table, ids, y, rows, cols, error);
+                                             int* error, KilnRowNorm norm) {
+  embedding_blocks<Q8_0>(table, ids, y, rows, cols, error, norm);
 }

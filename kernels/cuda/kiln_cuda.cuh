@@ -531,6 +531,36 @@ struct OutRow {
   __device__ __forceinline__ void set(i64 i, float v) const { store_as(out, at + i, v, type); }
 };
 
+// The RMS norm of the rows a kernel writes, taken as it writes them (the
+// embedding's rows and the first layer's norm): y [row] = x [row] · s ·
+// (offset + w), s = 1 / sqrt(mean(x [row]²) + eps), stored as `out_type`
+// says (store_as). None where w is null.
+struct KilnRowNorm {
+  const float* w;
+  float* y;
+  float eps, offset;
+  int out_type;
+};
+
+// Row `row` of out [_, cols] set to load(c) at each column c (a block a
+// row: for_each_batched's columns a thread), then its norm where `norm`
+// has one, each thread reading back the columns it wrote.
+template <typename Load>
+__device__ __forceinline__ void write_row_normed(float* out, i64 row, int cols, Load load, const KilnRowNorm& norm) {
+  __shared__ float scratch[32];
+  float* x = out + row * cols;
+  float squares = 0.0f;
+  for_each_batched<float>(cols, load, [&](int c, float v) {
+    x[c] = v;
+    squares += v * v;
+  });
+  if (norm.w == nullptr) return;
+  const float s = 1.0f / sqrtf(block_sum(squares, scratch) / (float)cols + norm.eps);
+  for_each_batched<FloatPair>(
+      cols, [&](int c) { return FloatPair{x[c], norm.w[c]}; },
+      [&](int c, FloatPair v) { store_as(norm.y, row * cols + c, v.x * s * (norm.offset + v.y), norm.out_type); });
+}
+
 // Float to integer as Rust's `as i64`: toward zero, saturating, NaN to 0.
 __device__ __forceinline__ i64 f32_to_i64(float v) {
   if (v != v) return 0;

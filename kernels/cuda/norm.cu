@@ -1,6 +1,24 @@
 // Row normalizations: one block per row of `cols` values.
 #include "kiln_cuda.cuh"
 
+// The rows a block of a norm reads (`from`) and writes (`to`): its own, or
+// for the last layer's norm the row of the token whose logits are asked for
+// (`gathered`); a row outside the input writes zeros (and sets the error
+// flag).
+struct NormRows {
+  i64 from, to;
+  bool valid;
+  __device__ static NormRows same() { return {(i64)blockIdx.x, (i64)blockIdx.x, true}; }
+  // Row ids [blockIdx.x] of `rows` (negative: from the end).
+  __device__ static NormRows gathered(const i64* __restrict__ ids, i64 rows, int* __restrict__ error) {
+    i64 id = ids[blockIdx.x];
+    if (id < 0) id += rows;
+    const bool valid = id >= 0 && id < rows;
+    if (!valid && threadIdx.x == 0) *error = 1;
+    return {valid ? id : 0, (i64)blockIdx.x, valid};
+  }
+};
+
 // y = x / sqrt(mean(x²) + eps) * (offset + w); offset is 1 for Gemma's (1 + w).
 // y is stored as `out_type` says (store_as: f32, or the half type of the
 // products that read it).
@@ -20,24 +38,32 @@ extern "C" __global__ void kiln_rms_norm(const float* __restrict__ x, const floa
 
 // x = a + b (the residual stream, written) and y = rms_norm(x) · (offset + w)
 // in one pass: a residual add fused into the norm that reads it (y stored
-// as `out_type` says).
+// as `out_type` says). Rows `rows.from` of a, b and x, `rows.to` of y; x
+// may be null (not written: a + b is read again for y).
+__device__ void add_rms_norm_loop(const float* __restrict__ a, const float* __restrict__ b,
+                                  const float* __restrict__ w, float* __restrict__ x, float* __restrict__ y,
+                                  int cols, float eps, float offset, int out_type, NormRows rows) {
+  __shared__ float scratch[32];
+  const i64 from = rows.from * cols;
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    float v = a[from + i] + b[from + i];
+    if (x) x[from + i] = v;
+    sum += v * v;
+  }
+  sum = block_sum(sum, scratch);
+  const float inv = rows.valid ? 1.0f / sqrtf(sum / (float)cols + eps) : 0.0f;
+  for_each_batched<FloatPair>(
+      cols, [&](int i) { return FloatPair{x ? x[from + i] : a[from + i] + b[from + i], w[i]}; },
+      [&](int i, FloatPair v) { store_as(y, rows.to * cols + i, v.x * inv * (offset + v.y), out_type); });
+}
+
 extern "C" __global__ void kiln_add_rms_norm(const float* __restrict__ a, const float* __restrict__ b,
                                              const float* __restrict__ w, float* __restrict__ x,
                                              float* __restrict__ y, int cols, float eps, float offset,
                                              int out_type) {
   kiln_wait_inputs();
-  __shared__ float scratch[32];
-  i64 base = (i64)blockIdx.x * cols;
-  float sum = 0.0f;
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-    float v = a[base + i] + b[base + i];
-    x[base + i] = v;
-    sum += v * v;
-  }
-  sum = block_sum(sum, scratch);
-  float inv = 1.0f / sqrtf(sum / (float)cols + eps);
-  for (int i = threadIdx.x; i < cols; i += blockDim.x)
-    store_as(y, base + i, x[base + i] * inv * (offset + w[i]), out_type);
+  add_rms_norm_loop(a, b, w, x, y, cols, eps, offset, out_type, NormRows::same());
 }
 
 // The same two norms for rows of at most 8 · blockDim.x values, a multiple
@@ -51,9 +77,9 @@ extern "C" __global__ void kiln_add_rms_norm(const float* __restrict__ a, const 
 template <bool ADD>
 __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __restrict__ b,
                                 const float* __restrict__ w, float* __restrict__ x, float* __restrict__ y,
-                                int cols, float eps, float offset, int out_type) {
+                                int cols, float eps, float offset, int out_type, NormRows rows) {
   __shared__ float scratch[32];
-  i64 base = (i64)blockIdx.x * cols;
+  const i64 from = rows.from * cols;
   int quads = cols / 4;
   Bytes16 v[KILN_NORM_CHUNKS], scale[KILN_NORM_CHUNKS];
   float sum = 0.0f;
@@ -61,10 +87,10 @@ __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __rest
   for (int c = 0; c < KILN_NORM_CHUNKS; ++c) {
     int q = threadIdx.x + c * blockDim.x;
     if (q < quads) {
-      v[c] = *reinterpret_cast<const Bytes16*>(a + base + 4 * q);
+      v[c] = *reinterpret_cast<const Bytes16*>(a + from + 4 * q);
       scale[c] = *reinterpret_cast<const Bytes16*>(w + 4 * q);
       if (ADD) {
-        Bytes16 other = *reinterpret_cast<const Bytes16*>(b + base + 4 * q);
+        Bytes16 other = *reinterpret_cast<const Bytes16*>(b + from + 4 * q);
         for (int j = 0; j < 4; ++j)
           v[c].v[j] = __float_as_uint(__uint_as_float(v[c].v[j]) + __uint_as_float(other.v[j]));
       }
@@ -74,12 +100,12 @@ __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __rest
   for (int c = 0; c < KILN_NORM_CHUNKS; ++c) {
     int q = threadIdx.x + c * blockDim.x;
     if (q < quads) {
-      if (ADD) *reinterpret_cast<Bytes16*>(x + base + 4 * q) = v[c];
+      if (x) *reinterpret_cast<Bytes16*>(x + from + 4 * q) = v[c];
       for (int j = 0; j < 4; ++j) sum += __uint_as_float(v[c].v[j]) * __uint_as_float(v[c].v[j]);
     }
   }
   sum = block_sum(sum, scratch);
-  float inv = 1.0f / sqrtf(sum / (float)cols + eps);
+  float inv = rows.valid ? 1.0f / sqrtf(sum / (float)cols + eps) : 0.0f;
 #pragma unroll
   for (int c = 0; c < KILN_NORM_CHUNKS; ++c) {
     int q = threadIdx.x + c * blockDim.x;
@@ -87,7 +113,7 @@ __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __rest
       float out[4];
       for (int j = 0; j < 4; ++j)
         out[j] = __uint_as_float(v[c].v[j]) * inv * (offset + __uint_as_float(scale[c].v[j]));
-      store4_as(y, base + 4 * q, out, out_type);
+      store4_as(y, rows.to * cols + 4 * q, out, out_type);
     }
   }
 }
@@ -96,14 +122,34 @@ extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_rms_norm_
                                                 float* __restrict__ y, int cols, float eps, float offset,
                                                 int out_type) {
   kiln_wait_inputs();
-  rms_norm_chunks<false>(x, nullptr, w, nullptr, y, cols, eps, offset, out_type);
+  rms_norm_chunks<false>(x, nullptr, w, nullptr, y, cols, eps, offset, out_type, NormRows::same());
 }
 extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_add_rms_norm_chunks(const float* __restrict__ a, const float* __restrict__ b,
                                                     const float* __restrict__ w, float* __restrict__ x,
                                                     float* __restrict__ y, int cols, float eps, float offset,
                                                     int out_type) {
   kiln_wait_inputs();
-  rms_norm_chunks<true>(a, b, w, x, y, cols, eps, offset, out_type);
+  rms_norm_chunks<true>(a, b, w, x, y, cols, eps, offset, out_type, NormRows::same());
+}
+
+// The last layer's add and norm, and the gather of the rows whose logits
+// are asked for after it, in one launch: y [i] = rms_norm(a + b) [ids [i]] ·
+// (offset + w), a block a row of y; the sum is not written (only the norm
+// reads it). A row outside a's `rows` writes zeros and sets *error to 1.
+extern "C" __global__ void kiln_add_rms_norm_rows(const float* __restrict__ a, const float* __restrict__ b,
+                                                  const float* __restrict__ w, const i64* __restrict__ ids, i64 rows,
+                                                  float* __restrict__ y, int cols, float eps, float offset,
+                                                  int out_type, int* __restrict__ error) {
+  kiln_wait_inputs();
+  add_rms_norm_loop(a, b, w, nullptr, y, cols, eps, offset, out_type, NormRows::gathered(ids, rows, error));
+}
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1)
+    kiln_add_rms_norm_rows_chunks(const float* __restrict__ a, const float* __restrict__ b,
+                                  const float* __restrict__ w, const i64* __restrict__ ids, i64 rows,
+                                  float* __restrict__ y, int cols, float eps, float offset, int out_type,
+                                  int* __restrict__ error) {
+  kiln_wait_inputs();
+  rms_norm_chunks<true>(a, b, w, nullptr, y, cols, eps, offset, out_type, NormRows::gathered(ids, rows, error));
 }
 
 // y = (x - mean) / sqrt(var + eps) * gamma + beta.

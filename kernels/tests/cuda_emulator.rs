@@ -221,7 +221,8 @@ fn embedding_case(gpu: &Gpu, rows: usize, cols: usize) {
         for (name, tp, values) in &tables {
             let (error, y) = (gpu.up(&[0i32]), gpu.up(&vec![f32::NAN; ids.len() * cols]));
             let ptrs = [Ptr(*tp), Ptr(gpu.up(&ids)), Ptr(y)];
-            let args = [&ptrs[..], &[long(rows), int(cols), Ptr(error)]].concat();
+            let tail = [long(rows), int(cols), Ptr(error), row_norm(None)];
+            let args = [&ptrs[..], &tail].concat();
             gpu.run(name, (ids.len() as u32, 1), 32, &args);
             let row = |id: i64| match usize::try_from(id) {
                 Ok(r) if r < rows => values[r * cols..(r + 1) * cols].to_vec(),

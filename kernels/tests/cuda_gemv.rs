@@ -304,6 +304,7 @@ fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
             long(n),
             int(k),
             Ptr(error),
+            row_norm(None),
         ];
         gpu.run(
             &format!("kiln_embedding_{name}"),

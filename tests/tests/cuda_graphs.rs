@@ -97,10 +97,11 @@ fn decode_batches_share_bucketed_graphs_and_match_the_cpu() {
     let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
     let captured = || executor.captured_graphs();
     // Each of the 2 layers reads q, k and v in one launch and gate and up in
-    // one (3 steps merged) and rotates q and k in one (1), and 4 of the 5
-    // RMS norms run with the residual add before them (the first reads the
-    // embedding).
-    assert_eq!(executor.merged_steps(), 2 * (3 + 1) + 4);
+    // one (3 steps merged) and rotates q and k in one (1); 4 of the 5 RMS
+    // norms run with the residual add before them, the first with the
+    // embedding, and the gather of the last tokens with the last norm
+    // (`end_norms.rs`).
+    assert_eq!(executor.merged_steps(), 2 * (3 + 1) + 4 + 1 + 1);
     // Each layer's rotation of q and k writes the keys and values into the
     // cache (kiln_rope_write_kv) instead of the attention's own write.
     assert_eq!(executor.cache_writes_with_rotary(), 2);
@@ -426,11 +427,12 @@ fn a_sampled_step_waits_for_the_device_once() {
 /// SiLU(gate)·up, down GEMV), the o and down GEMVs adding the residual and
 /// taking the next norm's parts, whose products scale their sums
 /// (`norm_fold.rs`), except the last down's: its norm feeds the last
-/// tokens' gather, not a product, and keeps its add + norm launch; and 4
-/// more (embedding, the first norm, the gather, the logits' GEMV), eager,
-/// captured or replayed; a 10-token prefill runs 4 GEMMs a layer on
-/// bf16 x, which the two norms, the activation and the attention write in
-/// bf16 themselves, no cast between: q, k and v as one over their stacked
+/// tokens' gather, not a product, and runs with that gather as one launch
+/// (`end_norms.rs`); and 2 more (the embedding with the first norm, the
+/// logits' GEMV), eager, captured or replayed; a 10-token prefill runs 4
+/// GEMMs a layer on bf16 x, which the two norms, the activation and the
+/// attention write in bf16 themselves, no cast between: q, k and v as one
+/// over their stacked
 /// matrix, whose rows the rotary launch (its own past the decode GEMV)
 /// reads where they lie, writing the cache and v
 /// (`products::rotates_after_stack`: no split of its columns), gate and up
@@ -449,13 +451,13 @@ fn steps_run_the_kernels_their_fusions_leave() {
         device.kernels_run() - before
     };
     let prompts = [(0, vec![1, 2, 3, 4, 5], 0), (1, vec![6, 7, 8, 9, 10], 0)];
-    assert_eq!(kernels(&prompts), 2 * 9 + 4, "a 10-token prefill");
+    assert_eq!(kernels(&prompts), 2 * 9 + 2, "a 10-token prefill");
     // Gate's and up's products, past the GEMV, write bf16 for the
     // generated activation.
     assert_eq!(executor.half_product_outputs(), 2 * 2);
     for position in 5..8 {
         let decode = kernels(&[(0, vec![5], position)]);
-        assert_eq!(decode, 2 * 5 + 1 + 4, "decode at position {position}");
+        assert_eq!(decode, 2 * 5 + 1 + 2, "decode at position {position}");
     }
     assert_eq!(executor.captured_graphs(), 1);
 }

@@ -310,7 +310,7 @@ impl Emulator {
 
 /// Whether a kernel source synchronizes its threads (barriers, shuffles,
 /// votes, warp-wide tensor-core products, or the block and warp reductions
-/// of `kiln_cuda.cuh`), in its own text or in the kernel headers it includes
+/// of `kiln_cuda.cuh` and its row norm), in its own text or in the kernel headers it includes
 /// (`gemv.cuh`, the code its GEMV modules share). A module that does not
 /// runs its threads as plain calls, without fibers; a barrier reached
 /// anyway is reported as an error, never ignored.
@@ -326,6 +326,7 @@ fn synchronizes(source: &str) -> bool {
             "block_max",
             "warp_sum",
             "warp_max",
+            "write_row_normed",
             "mma_",
         ]
         .iter()

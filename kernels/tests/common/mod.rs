@@ -124,6 +124,20 @@ pub fn long(v: usize) -> KernelArg {
     I64(v as i64)
 }
 
+/// A `KilnRowNorm` (kiln_cuda.cuh) of `(weight, output, eps, offset,
+/// out_type)`, or of none: the norm an embedding kernel takes with its rows.
+pub fn row_norm(norm: Option<(DevicePtr, DevicePtr, f32, f32, usize)>) -> KernelArg {
+    KernelArg::Struct(match norm {
+        Some((w, y, eps, offset, out_type)) => vec![
+            w,
+            y,
+            u64::from(eps.to_bits()) | u64::from(offset.to_bits()) << 32,
+            out_type as u64,
+        ],
+        None => vec![0; 4],
+    })
+}
+
 /// Plain values moved to and from device memory.
 pub trait Elem: Copy {
     const SIZE: usize;

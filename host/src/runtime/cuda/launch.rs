@@ -13,9 +13,9 @@ use super::codegen::{self, MAX_RANK};
 use super::fusion::{HalfStore, HalfValues};
 use super::gemv::{GemvEpilogue, GreedyPicks};
 use super::norm_fold::{FoldScratch, NormFolds};
-use super::plan::{HandKernels, StepPlan};
+use super::plan::{HandKernels, RowNorm, StepPlan};
 use super::products::{
-    activates_after_stack, out_type_arg, writes_activation, x_half_type, y_half_type,
+    activates_after_stack, out_type_arg, storage_code, writes_activation, x_half_type, y_half_type,
 };
 use super::tune::GemvChoices;
 use super::weights::DeviceMatrix;
@@ -205,6 +205,19 @@ impl Frame<'_> {
             LaunchConfig::linear(rows as u32, threads as u32),
             args,
         )
+    }
+
+    /// `KilnRowNorm` (kiln_cuda.cuh) of `norm`, or of none.
+    fn row_norm_arg(&self, norm: Option<&RowNorm>) -> KernelArg {
+        KernelArg::Struct(match norm {
+            Some(n) => vec![
+                self.addrs[n.weight as usize],
+                self.addrs[n.output as usize],
+                u64::from(n.eps.to_bits()) | u64::from(n.offset.to_bits()) << 32,
+                u64::from(storage_code(self.stored_half(n.output))),
+            ],
+            None => vec![0; 4],
+        })
     }
 
     /// `a [..., m, k] · b [..., k, n]` into `out [..., m, n]`, batched over
@@ -485,7 +498,28 @@ impl Frame<'_> {
                     ],
                 )
             }
-            StepPlan::Embedding(table, function) => {
+            StepPlan::AddRmsNormRows { norm, ids } => {
+                let cols = *out_shape.last().unwrap_or(&1);
+                self.launch_rms_norm(
+                    ("kiln_add_rms_norm_rows", "kiln_add_rms_norm_rows_chunks"),
+                    numel(&self.shapes[*ids as usize]),
+                    cols,
+                    &[
+                        KernelArg::Ptr(input(0)),
+                        KernelArg::Ptr(input(1)),
+                        KernelArg::Ptr(self.addrs[norm.weight as usize]),
+                        KernelArg::Ptr(self.addrs[*ids as usize]),
+                        KernelArg::I64(rows_of(out_shape) as i64),
+                        KernelArg::Ptr(self.addrs[norm.output as usize]),
+                        KernelArg::I32(cols as i32),
+                        KernelArg::F32(norm.eps),
+                        KernelArg::F32(norm.offset),
+                        out_type_arg(self.stored_half(norm.output)),
+                        KernelArg::Ptr(self.error_flag),
+                    ],
+                )
+            }
+            StepPlan::Embedding(table, function, norm) => {
                 let ids = numel(in_shape(0));
                 if ids == 0 {
                     return Ok(());
@@ -501,6 +535,7 @@ impl Frame<'_> {
                             KernelArg::I64(table.rows as i64),
                             KernelArg::I32(table.cols as i32),
                             KernelArg::Ptr(self.error_flag),
+                            self.row_norm_arg(norm.as_ref()),
                         ],
                     )
                     .map_err(|e| e.to_string())

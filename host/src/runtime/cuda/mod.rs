@@ -13,6 +13,7 @@ mod attention;
 mod backend;
 mod buckets;
 mod codegen;
+mod end_norms;
 mod fusion;
 mod gemv;
 mod graphs;

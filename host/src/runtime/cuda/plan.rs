@@ -18,6 +18,19 @@ use crate::runtime::precision::ProductPrecisions;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::{Precision, WeightData};
 
+/// An RMS norm taken by the launch of another step (`end_norms.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct RowNorm {
+    /// Epsilon.
+    pub eps: f32,
+    /// Added to the weight (Gemma's 1 + w).
+    pub offset: f32,
+    /// The weight, on the device.
+    pub weight: ValueId,
+    /// The value the launch writes the norm to.
+    pub output: ValueId,
+}
+
 /// What one step launches.
 #[derive(Clone, Debug)]
 pub enum StepPlan {
@@ -71,13 +84,25 @@ pub enum StepPlan {
         norm: ValueId,
     },
     /// A step computed earlier, by the step `at` (a [`StepPlan::LinearGroup`],
-    /// an [`StepPlan::AddRmsNorm`] or a paired [`StepPlan::Rope`]).
+    /// an [`StepPlan::AddRmsNorm`], a paired [`StepPlan::Rope`], or the
+    /// embedding or [`StepPlan::AddRmsNormRows`] that take a norm).
     ComputedAt {
         /// The step that computes it.
         at: usize,
     },
-    /// Rows of a table.
-    Embedding(DeviceMatrix, FunctionId),
+    /// Rows of a table, and the RMS norm that reads them where that is
+    /// fused in (`end_norms.rs`).
+    Embedding(DeviceMatrix, FunctionId, Option<RowNorm>),
+    /// The last layer's residual add and RMS norm with the gather of the
+    /// rows whose logits are asked for (`end_norms.rs`): the gathered rows
+    /// of the norm, written as the gather's output; the sum and the whole
+    /// norm are not written (nothing else reads them).
+    AddRmsNormRows {
+        /// The norm, whose output here is the gather's.
+        norm: RowNorm,
+        /// The gather's row ids.
+        ids: ValueId,
+    },
     /// A generated element-wise kernel.
     Fused(FunctionId, Vec<FusedInput>),
     /// RMS normalization.
@@ -335,7 +360,7 @@ pub fn lower(
             }
             Kernel::Embedding { weight } => {
                 let m = matrix(*weight, &mut owned)?;
-                StepPlan::Embedding(m, hand[weights::embedding_kernel(&m)])
+                StepPlan::Embedding(m, hand[weights::embedding_kernel(&m)], None)
             }
             Kernel::MixtureOfExperts { gate, up, down } => {
                 let Op::MixtureOfExperts(spec) = &node.op else {

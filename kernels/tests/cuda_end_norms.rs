@@ -1,0 +1,119 @@
+//! The RMS norms at a decoder's two ends, taken by the launches beside them
+//! (host/src/runtime/cuda/end_norms.rs), on the kernel emulator against the
+//! CPU's `rms_norm_rows`: an embedding's rows with the first layer's norm
+//! (`KilnRowNorm`), and the last layer's add and norm of the rows a gather
+//! picks (`kiln_add_rms_norm_rows` and its `_chunks` variant).
+
+mod common;
+use common::*;
+use kiln_kernels::cuda::sources;
+use kiln_kernels::cuda::KernelArg::{Ptr, F32};
+use kiln_kernels::dense::norm;
+use kiln_kernels::quant::QuantType;
+
+const EPS: f32 = 1e-6;
+
+/// Rows `ids` of `values [_, cols]` (negative ids from the end where
+/// `wrap`), zeros for an id outside.
+fn rows_of(values: &[f32], cols: usize, ids: &[i64], wrap: bool) -> Vec<f32> {
+    let rows = (values.len() / cols) as i64;
+    ids.iter()
+        .flat_map(|&id| {
+            let id = if wrap && id < 0 { id + rows } else { id };
+            match usize::try_from(id) {
+                Ok(r) if id < rows => values[r * cols..(r + 1) * cols].to_vec(),
+                _ => vec![0.0; cols],
+            }
+        })
+        .collect()
+}
+
+/// Dense tables (rows of 300 on blocks of 32: a partial second pass) and
+/// GGUF blocks (Q8_0, 256 columns on 128 threads): with the norm, the rows
+/// are the same bits as without, the norm is the CPU's of those rows
+/// (weight offsets 0 and 1) stored in f32 and in each half type, and a bad
+/// id's row is zeros and flagged.
+#[test]
+fn embeddings_take_the_norm_of_their_rows() {
+    let gpu = Gpu::new(&[sources::DATA, sources::GEMV_Q8_0]);
+    let rows = 6;
+    let mut rng = Rng::new(7);
+    let dense = rng.data(rows * 300, 2.0);
+    let (as_bf16, bf16_values) = bf16s(&dense);
+    let (q8_0, q8_0_values) = random_blocks(QuantType::Q8_0, rows, 256, 3);
+    let tables = [
+        ("kiln_embedding_f32", gpu.up(&dense), dense.clone(), 32),
+        ("kiln_embedding_bf16", gpu.up(&as_bf16), bf16_values, 32),
+        ("kiln_embedding_q8_0", gpu.up(&q8_0), q8_0_values, 128),
+    ];
+    let ids = [5i64, 0, 9, 3];
+    let idp = gpu.up(&ids);
+    for (name, table, values, block) in &tables {
+        let cols = values.len() / rows;
+        let w = rng.data(cols, 1.0);
+        let wp = gpu.up(&w);
+        let rows_want = rows_of(values, cols, &ids, false);
+        let mut want = vec![0f32; rows_want.len()];
+        for offset in [0.0, 1.0] {
+            let what = format!("{name}, weight offset {offset}");
+            let bytes = rows_want.len() * 4;
+            let (error, h, y) = (gpu.up(&[0i32]), gpu.zeros(bytes), gpu.zeros(bytes));
+            let run = |out_type| {
+                let norm = row_norm(Some((wp, y, EPS, offset, out_type)));
+                let head = [Ptr(*table), Ptr(idp), Ptr(h), long(rows), int(cols)];
+                let args = [&head[..], &[Ptr(error), norm]].concat();
+                gpu.run(name, (ids.len() as u32, 1), *block, &args);
+            };
+            run(0);
+            let got: Vec<f32> = gpu.down(h, rows_want.len());
+            assert!(bits(&got) == bits(&rows_want), "{what}: the rows");
+            norm::rms_norm_rows(&rows_want, &w, offset, EPS, &mut want);
+            gpu.check(y, &want, &what);
+            assert_eq!(gpu.down::<i32>(error, 1), [1], "{what}: id 9 flagged");
+            let exact: Vec<f32> = gpu.down(y, want.len());
+            gpu.check_half_stores(y, &exact, &what, run);
+        }
+    }
+}
+
+/// The gathered rows of `rms_norm(a + b)`: ids from the end too, a row
+/// outside zeros and flagged, in the loop kernel (rows of 300 on 32
+/// threads, 2,048 on 256) and the one holding a row in registers.
+#[test]
+fn the_last_norm_takes_only_the_gathered_rows() {
+    let gpu = Gpu::new(&[sources::NORM]);
+    let (mut rng, rows) = (Rng::new(11), 5);
+    let cases = [
+        ("kiln_add_rms_norm_rows", 32, 300),
+        ("kiln_add_rms_norm_rows", 256, 2048),
+        ("kiln_add_rms_norm_rows_chunks", 32, 200),
+        ("kiln_add_rms_norm_rows_chunks", 256, 2048),
+    ];
+    for (kernel, block, cols) in cases {
+        let (a, b) = (rng.data(rows * cols, 3.0), rng.data(rows * cols, 1.0));
+        let w = rng.data(cols, 1.0);
+        let (ap, bp, wp) = (gpu.up(&a), gpu.up(&b), gpu.up(&w));
+        let sum: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
+        let mut normed = vec![0f32; rows * cols];
+        for offset in [0.0, 1.0] {
+            norm::rms_norm_rows(&sum, &w, offset, EPS, &mut normed);
+            for (ids, bad) in [(vec![4i64, 0, -1, 2], 0), (vec![1, 5, -6], 1)] {
+                let what = format!("{kernel}, {cols} columns, offset {offset}, ids {ids:?}");
+                let want = rows_of(&normed, cols, &ids, true);
+                let (error, y) = (gpu.up(&[0i32]), gpu.up(&vec![f32::NAN; want.len()]));
+                let idp = gpu.up(&ids);
+                let run = |out_type| {
+                    let inputs = [Ptr(ap), Ptr(bp), Ptr(wp), Ptr(idp), long(rows), Ptr(y)];
+                    let tail = [int(cols), F32(EPS), F32(offset), int(out_type), Ptr(error)];
+                    let grid = (ids.len() as u32, 1);
+                    gpu.run(kernel, grid, block, &[&inputs[..], &tail].concat());
+                };
+                run(0);
+                gpu.check(y, &want, &what);
+                assert_eq!(gpu.down::<i32>(error, 1), [bad], "{what}: flag");
+                let exact: Vec<f32> = gpu.down(y, want.len());
+                gpu.check_half_stores(y, &exact, &what, run);
+            }
+        }
+    }
+}
