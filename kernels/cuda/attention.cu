@@ -8,6 +8,7 @@
 // length 0: its row sits at position -1, nothing is written to the cache for
 // it and its attention output is zero.
 #include "kiln_cuda.cuh"
+#include "paged_attention.cuh"
 
 #define KILN_ATTN_WARPS 4
 // Heads up to 256 values: 8 per lane, keys four at a time. The `_wide`

@@ -37,6 +37,7 @@
 // the grid is (rows, kv_heads, splits), num_heads / kv_heads at most 8;
 // head_dim is the kernel's (64, 128 or 256).
 #include "kiln_cuda.cuh"
+#include "paged_attention.cuh"
 
 #define KILN_DECODE_WARPS 4
 #define KILN_DECODE_THREADS (32 * KILN_DECODE_WARPS)

@@ -41,6 +41,7 @@
 // a prompt's last tiles, which see the most keys, start first, so the
 // shortest ones fill the tail of the launch.
 #include "kiln_cuda.cuh"
+#include "paged_attention.cuh"
 
 #define KILN_FLASH_WARPS 4
 #define KILN_FLASH_THREADS (32 * KILN_FLASH_WARPS)

@@ -1,7 +1,8 @@
 //! The hand-written CUDA C sources, embedded in the binary. Each is a real
 //! `.cu` file under `kernels/cuda/` that includes `kiln_cuda.cuh` (and
 //! `gguf_blocks.cuh` where it reads GGUF blocks, `dense_rows.cuh` where it
-//! streams rows of dense weights, `gemv.cuh` for the decode GEMVs); the
+//! streams rows of dense weights, `gemv.cuh` for the decode GEMVs,
+//! `paged_attention.cuh` for attention over the paged cache); the
 //! includes are inlined
 //! before compiling, so no CUDA toolkit headers are needed at run time.
 
@@ -14,6 +15,8 @@ pub const GGUF_BLOCKS_HEADER: &str = include_str!("../../cuda/gguf_blocks.cuh");
 pub const DENSE_ROWS_HEADER: &str = include_str!("../../cuda/dense_rows.cuh");
 /// What the decode GEMVs share (after the dense rows' header).
 pub const GEMV_HEADER: &str = include_str!("../../cuda/gemv.cuh");
+/// What the paged-attention kernels share (after the shared header).
+pub const PAGED_ATTENTION_HEADER: &str = include_str!("../../cuda/paged_attention.cuh");
 /// The emulator's CUDA-to-C++ header.
 pub const EMULATOR_HEADER: &str = include_str!("../../cuda/emulator/kiln_emu.h");
 
@@ -207,11 +210,12 @@ pub fn inline_common_header(name: &str, text: &str) -> String {
 }
 
 /// The headers sources include, by file name, the shared one first.
-const HEADERS: [(&str, &str); 4] = [
+const HEADERS: [(&str, &str); 5] = [
     ("kiln_cuda.cuh", COMMON_HEADER),
     ("gguf_blocks.cuh", GGUF_BLOCKS_HEADER),
     ("dense_rows.cuh", DENSE_ROWS_HEADER),
     ("gemv.cuh", GEMV_HEADER),
+    ("paged_attention.cuh", PAGED_ATTENTION_HEADER),
 ];
 
 /// The header `line` includes, if it is an `#include` of one of [`HEADERS`].

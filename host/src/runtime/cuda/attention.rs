@@ -546,9 +546,9 @@ const BLOCKS_PER_SPLIT: usize = 4;
 /// (`bench/results/gpu-2026-11-30`): a tenth of the step; split 16 ways on
 /// tensor cores, 38.6 µs, its last block merging the splits by a chain of
 /// dependent L2 loads (since a few rounds of loads for all of them:
-/// `merge_head_splits` in kiln_cuda.cuh; unmeasured).
+/// `merge_head_splits` in paged_attention.cuh; unmeasured).
 const TARGET_BLOCKS: usize = 264;
-/// Splits per row at most (`KILN_MAX_SPLITS` in kiln_cuda.cuh, what the
+/// Splits per row at most (`KILN_MAX_SPLITS` in paged_attention.cuh, what the
 /// merge of the splits takes, is more).
 const MAX_SPLITS: usize = 32;
 
@@ -674,11 +674,11 @@ mod tests {
 
     #[test]
     fn no_step_splits_past_what_the_merge_takes() {
-        let kernel_most = kiln_kernels::cuda::sources::COMMON_HEADER
+        let kernel_most = kiln_kernels::cuda::sources::PAGED_ATTENTION_HEADER
             .lines()
             .find_map(|l| l.strip_prefix("#define KILN_MAX_SPLITS "))
             .and_then(|n| n.trim().parse::<usize>().ok())
-            .expect("KILN_MAX_SPLITS in kiln_cuda.cuh");
+            .expect("KILN_MAX_SPLITS in paged_attention.cuh");
         assert!(MAX_SPLITS <= kernel_most);
         assert!(LONG_MAX_SPLITS <= kernel_most);
         for tokens in [1, 2, 4, 16, 17, 64, 256] {
