@@ -90,7 +90,7 @@ pub fn plan(
         // A product into a folded norm writes the add's and the norm's
         // outputs.
         if let Some(fold) = folds.of_product(step.output) {
-            for v in [fold.sum, fold.norm] {
+            for v in [fold.sum, fold.norm.output] {
                 if let Home::Arena(root) = homes[v as usize] {
                     touch(root, s);
                 }

@@ -6,11 +6,9 @@
 //! Two launches a step fewer at any batch; neither norm sits between two
 //! decode GEMVs, so `norm_fold.rs` leaves both.
 
-use std::collections::HashMap;
-
 use kiln_plugin_api::graph::{DType, ValueId};
 
-use super::fusion::{computed_at, read_only_by, readers};
+use super::fusion::{computed_at, norms_after_producers, read_only_by, readers};
 use super::plan::{Home, RowNorm, StepPlan};
 use crate::compiler::Program;
 
@@ -24,33 +22,13 @@ pub fn fuse_end_norms(program: &Program, homes: &[Home], steps: &mut [StepPlan])
 /// An RMS norm of an embedding's rows (its output, f32, the weight on the
 /// device) becomes part of the embedding's launch.
 fn norm_embeddings(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
-    let graph = &program.graph;
-    let producer: HashMap<ValueId, usize> = program
-        .steps
-        .iter()
-        .enumerate()
-        .map(|(s, step)| (step.output, s))
-        .collect();
-    let is_f32 = |v: ValueId| graph.nodes[v as usize].ty.dtype == DType::F32;
-    for (j, step) in program.steps.iter().enumerate() {
-        let StepPlan::RmsNorm { eps, offset } = steps[j] else {
-            continue;
-        };
-        let (x, weight) = (step.inputs[0], step.inputs[1]);
-        let Some(&i) = producer.get(&x) else {
-            continue;
-        };
-        let weight_ready = matches!(homes[weight as usize], Home::Persistent(_));
-        if !(weight_ready && is_f32(x) && is_f32(step.output)) {
+    let is_f32 = |v: ValueId| program.graph.nodes[v as usize].ty.dtype == DType::F32;
+    for (j, i, norm) in norms_after_producers(program, homes, steps) {
+        if !(is_f32(program.steps[i].output) && is_f32(norm.output)) {
             continue;
         }
-        if let StepPlan::Embedding(_, _, norm @ None) = &mut steps[i] {
-            *norm = Some(RowNorm {
-                eps,
-                offset,
-                weight,
-                output: step.output,
-            });
+        if let StepPlan::Embedding(_, _, taken @ None) = &mut steps[i] {
+            *taken = Some(norm);
             steps[j] = StepPlan::ComputedAt { at: i };
         }
     }
@@ -71,13 +49,7 @@ fn gather_last_norms(program: &Program, steps: &mut [StepPlan]) {
         let Some(&i) = computed_at.get(&data) else {
             continue;
         };
-        let StepPlan::AddRmsNorm {
-            eps,
-            offset,
-            weight,
-            norm,
-        } = steps[i]
-        else {
+        let StepPlan::AddRmsNorm(norm) = steps[i] else {
             continue;
         };
         let sum = program.steps[i].output;
@@ -85,21 +57,17 @@ fn gather_last_norms(program: &Program, steps: &mut [StepPlan]) {
             .iter()
             .all(|&v| graph.nodes[v as usize].ty.rank() == 2);
         let ids_ready = computed_at.get(&ids).is_none_or(|&at| at < i);
-        if norm == data
+        if norm.output == data
             && rows_of_rank_2
             && ids_ready
             && read_only_by(&readers, steps, sum, i)
             && read_only_by(&readers, steps, data, g)
         {
-            steps[i] = StepPlan::AddRmsNormRows {
-                norm: RowNorm {
-                    eps,
-                    offset,
-                    weight,
-                    output: step.output,
-                },
-                ids,
+            let norm = RowNorm {
+                output: step.output,
+                ..norm
             };
+            steps[i] = StepPlan::AddRmsNormRows { norm, ids };
             steps[g] = StepPlan::ComputedAt { at: i };
         }
     }

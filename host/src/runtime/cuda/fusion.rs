@@ -17,7 +17,7 @@ use kiln_kernels::cuda::GemmType;
 use kiln_plugin_api::graph::{BinaryOp, DType, Op, UnaryOp, ValueId};
 
 use super::gemv::{GemvGroup, GEMV_MAX_GROUP};
-use super::plan::{CacheWrite, GroupRotation, Home, RotatingGroup, StepPlan};
+use super::plan::{CacheWrite, GroupRotation, Home, RotatingGroup, RowNorm, StepPlan};
 use super::stacked::Stack;
 use super::weights::DeviceMatrix;
 use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program};
@@ -117,10 +117,9 @@ fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfValues {
         }
         let producer = &program.steps[p];
         let stores_half = match &steps[p] {
-            StepPlan::AddRmsNorm { norm, .. } => *norm == x,
-            StepPlan::AddRmsNormRows { norm, .. } | StepPlan::Embedding(_, _, Some(norm)) => {
-                norm.output == x
-            }
+            StepPlan::AddRmsNorm(norm)
+            | StepPlan::AddRmsNormRows { norm, .. }
+            | StepPlan::Embedding(_, _, Some(norm)) => norm.output == x,
             StepPlan::RmsNorm { .. } | StepPlan::Fused(..) | StepPlan::GatedActivation { .. } => {
                 producer.output == x
             }
@@ -332,27 +331,48 @@ fn fuse_gated_activations(program: &Program, steps: &mut [StepPlan]) {
     }
 }
 
-/// Fuses a residual add into the RMS norm that reads its sum: an f32 step
-/// `x = a + b` (two inputs of x's shape) and a later `rms_norm(x, w)` with a
-/// weight on the device become one [`StepPlan::AddRmsNorm`] at the add,
-/// writing both x and the norm.
-fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
-    let graph = &program.graph;
+/// Each RMS norm step whose weight is on the device, with the step that
+/// writes its input: (the norm's step, that step, the norm).
+pub(super) fn norms_after_producers(
+    program: &Program,
+    homes: &[Home],
+    steps: &[StepPlan],
+) -> Vec<(usize, usize, RowNorm)> {
     let producer: HashMap<ValueId, usize> = program
         .steps
         .iter()
         .enumerate()
         .map(|(s, step)| (step.output, s))
         .collect();
+    let mut found = Vec::new();
     for (j, step) in program.steps.iter().enumerate() {
-        let StepPlan::RmsNorm { eps, offset, .. } = steps[j] else {
+        let StepPlan::RmsNorm { eps, offset } = steps[j] else {
             continue;
         };
         let (x, weight) = (step.inputs[0], step.inputs[1]);
-        let Some(&i) = producer.get(&x) else {
-            continue;
-        };
+        let weight_ready = matches!(homes[weight as usize], Home::Persistent(_));
+        if let (Some(&i), true) = (producer.get(&x), weight_ready) {
+            let norm = RowNorm {
+                eps,
+                offset,
+                weight,
+                output: step.output,
+            };
+            found.push((j, i, norm));
+        }
+    }
+    found
+}
+
+/// Fuses a residual add into the RMS norm that reads its sum: an f32 step
+/// `x = a + b` (two inputs of x's shape) and a later `rms_norm(x, w)` with a
+/// weight on the device become one [`StepPlan::AddRmsNorm`] at the add,
+/// writing both x and the norm.
+fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
+    let graph = &program.graph;
+    for (j, i, norm) in norms_after_producers(program, homes, steps) {
         let add = &program.steps[i];
+        let x = add.output;
         let plain_add = match &add.kernel {
             Kernel::Fused { program: instrs } => matches!(
                 instrs.as_slice(),
@@ -372,14 +392,8 @@ fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) 
             .inputs
             .iter()
             .all(|&v| graph.nodes[v as usize].ty == graph.nodes[x as usize].ty);
-        let weight_ready = matches!(homes[weight as usize], Home::Persistent(_));
-        if plain_add && same_shape && weight_ready && matches!(steps[i], StepPlan::Fused(..)) {
-            steps[i] = StepPlan::AddRmsNorm {
-                eps,
-                offset,
-                weight,
-                norm: step.output,
-            };
+        if plain_add && same_shape && matches!(steps[i], StepPlan::Fused(..)) {
+            steps[i] = StepPlan::AddRmsNorm(norm);
             steps[j] = StepPlan::ComputedAt { at: i };
         }
     }

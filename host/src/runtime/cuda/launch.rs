@@ -471,12 +471,7 @@ impl Frame<'_> {
                 self.fused((*fused, true), &operands(), (out, out_shape), out_half)
             }
             StepPlan::ComputedAt { .. } => Ok(()),
-            StepPlan::AddRmsNorm {
-                eps,
-                offset,
-                weight,
-                norm,
-            } => {
+            StepPlan::AddRmsNorm(norm) => {
                 if self.norm_folded(step.output, rows_of(out_shape)) {
                     return Ok(()); // by the product it reads and those reading it
                 }
@@ -488,13 +483,13 @@ impl Frame<'_> {
                     &[
                         KernelArg::Ptr(input(0)),
                         KernelArg::Ptr(input(1)),
-                        KernelArg::Ptr(self.addrs[*weight as usize]),
+                        KernelArg::Ptr(self.addrs[norm.weight as usize]),
                         KernelArg::Ptr(out),
-                        KernelArg::Ptr(self.addrs[*norm as usize]),
+                        KernelArg::Ptr(self.addrs[norm.output as usize]),
                         KernelArg::I32(cols as i32),
-                        KernelArg::F32(*eps),
-                        KernelArg::F32(*offset),
-                        out_type_arg(self.stored_half(*norm)),
+                        KernelArg::F32(norm.eps),
+                        KernelArg::F32(norm.offset),
+                        out_type_arg(self.stored_half(norm.output)),
                     ],
                 )
             }

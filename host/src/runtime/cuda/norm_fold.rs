@@ -18,7 +18,7 @@ use kiln_plugin_api::graph::ValueId;
 use super::fusion::{computed_at, read_only_by, readers};
 use super::gemv::{GemvGroup, GemvNorm, GEMV_MAX_M};
 use super::launch::Frame;
-use super::plan::StepPlan;
+use super::plan::{RowNorm, StepPlan};
 use super::weights::DeviceMatrix;
 use crate::compiler::Program;
 
@@ -35,12 +35,9 @@ pub struct NormFold {
     pub residual: ValueId,
     /// The add's output: the residual stream after.
     pub sum: ValueId,
-    /// The norm's output, written as `sum · (offset + weight)` unscaled.
-    pub norm: ValueId,
-    /// The norm's weight, epsilon and offset (Gemma's 1 + w).
-    pub weight: ValueId,
-    pub eps: f32,
-    pub offset: f32,
+    /// The norm, whose output is written as `sum · (offset + weight)`
+    /// unscaled.
+    pub norm: RowNorm,
     /// Its place among the folds: where its rows' scales go.
     pub slot: usize,
 }
@@ -73,16 +70,10 @@ impl NormFolds {
         let readers = readers(program);
         let mut folds = Self::default();
         for (i, step) in program.steps.iter().enumerate() {
-            let StepPlan::AddRmsNorm {
-                eps,
-                offset,
-                weight,
-                norm,
-            } = steps[i]
-            else {
+            let StepPlan::AddRmsNorm(norm) = steps[i] else {
                 continue;
             };
-            let Some(consumer) = consumer_of(program, steps, &readers, norm) else {
+            let Some(consumer) = consumer_of(program, steps, &readers, norm.output) else {
                 continue;
             };
             // The input computed last, by a product only the add reads; the
@@ -114,7 +105,7 @@ impl NormFolds {
                 .by_product
                 .insert(program.steps[producer_step].output, slot);
             folds.by_sum.insert(step.output, slot);
-            folds.by_norm.insert(norm, slot);
+            folds.by_norm.insert(norm.output, slot);
             folds.folds.push(NormFold {
                 producer,
                 producer_step,
@@ -122,9 +113,6 @@ impl NormFolds {
                 residual,
                 sum: step.output,
                 norm,
-                weight,
-                eps,
-                offset,
                 slot,
             });
         }
@@ -244,14 +232,14 @@ impl Frame<'_> {
         let norm = GemvNorm {
             residual: addr(fold.residual),
             sum: addr(fold.sum),
-            weight: addr(fold.weight),
+            weight: addr(fold.norm.weight),
             partials: s.partials,
             counter: s.counter,
             scales: s.scales_of(&fold),
-            offset: fold.offset,
-            eps: fold.eps,
+            offset: fold.norm.offset,
+            eps: fold.norm.eps,
         };
-        Ok(Some((norm, addr(fold.norm))))
+        Ok(Some((norm, addr(fold.norm.output))))
     }
 
     /// Whether the add writing `sum` (and its norm) is done by the product

@@ -18,7 +18,8 @@ use crate::runtime::precision::ProductPrecisions;
 use crate::runtime::tensor::Tensor;
 use crate::runtime::{Precision, WeightData};
 
-/// An RMS norm taken by the launch of another step (`end_norms.rs`).
+/// An RMS norm taken by the launch of another step: the add before it, an
+/// embedding, the gather after it (`fusion.rs`, `end_norms.rs`).
 #[derive(Clone, Copy, Debug)]
 pub struct RowNorm {
     /// Epsilon.
@@ -73,16 +74,7 @@ pub enum StepPlan {
     },
     /// `x = a + b` written, and `rms_norm(x, w)` of a later step with it,
     /// in one kernel (the residual stream and the next norm's input).
-    AddRmsNorm {
-        /// The norm's epsilon.
-        eps: f32,
-        /// Added to the norm's weight.
-        offset: f32,
-        /// The norm's weight.
-        weight: ValueId,
-        /// The norm's output.
-        norm: ValueId,
-    },
+    AddRmsNorm(RowNorm),
     /// A step computed earlier, by the step `at` (a [`StepPlan::LinearGroup`],
     /// an [`StepPlan::AddRmsNorm`], a paired [`StepPlan::Rope`], or the
     /// embedding or [`StepPlan::AddRmsNormRows`] that take a norm).
