@@ -19,6 +19,14 @@ struct NormRows {
   }
 };
 
+// The RMS norm a product's output takes before it joins the residual stream
+// (Gemma 2's and 3's post-norms): p · s · (offset + w), s = 1 / sqrt(mean(p²)
+// + eps). None where w is null.
+struct PostNorm {
+  const float* w;
+  float eps, offset;
+};
+
 // y = x / sqrt(mean(x²) + eps) * (offset + w); offset is 1 for Gemma's (1 + w).
 // y is stored as `out_type` says (store_as: f32, or the half type of the
 // products that read it).
@@ -39,22 +47,33 @@ extern "C" __global__ void kiln_rms_norm(const float* __restrict__ x, const floa
 // x = a + b (the residual stream, written) and y = rms_norm(x) · (offset + w)
 // in one pass: a residual add fused into the norm that reads it (y stored
 // as `out_type` says). Rows `rows.from` of a, b and x, `rows.to` of y; x
-// may be null (not written: a + b is read again for y).
+// may be null (not written: a + b is read again for y). With a `post` norm,
+// a is normalized by it first: x = post(a) + b.
 __device__ void add_rms_norm_loop(const float* __restrict__ a, const float* __restrict__ b,
                                   const float* __restrict__ w, float* __restrict__ x, float* __restrict__ y,
-                                  int cols, float eps, float offset, int out_type, NormRows rows) {
+                                  int cols, float eps, float offset, int out_type, NormRows rows,
+                                  PostNorm post = {}) {
   __shared__ float scratch[32];
   const i64 from = rows.from * cols;
+  float post_scale = 1.0f;
+  if (post.w) {
+    float squares = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) squares += a[from + i] * a[from + i];
+    post_scale = 1.0f / sqrtf(block_sum(squares, scratch) / (float)cols + post.eps);
+  }
+  auto sum_at = [&](int i) {
+    return (post.w ? a[from + i] * post_scale * (post.offset + post.w[i]) : a[from + i]) + b[from + i];
+  };
   float sum = 0.0f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-    float v = a[from + i] + b[from + i];
+    float v = sum_at(i);
     if (x) x[from + i] = v;
     sum += v * v;
   }
   sum = block_sum(sum, scratch);
   const float inv = rows.valid ? 1.0f / sqrtf(sum / (float)cols + eps) : 0.0f;
   for_each_batched<FloatPair>(
-      cols, [&](int i) { return FloatPair{x ? x[from + i] : a[from + i] + b[from + i], w[i]}; },
+      cols, [&](int i) { return FloatPair{x ? x[from + i] : sum_at(i), w[i]}; },
       [&](int i, FloatPair v) { store_as(y, rows.to * cols + i, v.x * inv * (offset + v.y), out_type); });
 }
 
@@ -74,14 +93,15 @@ extern "C" __global__ void kiln_add_rms_norm(const float* __restrict__ a, const 
 // take ~8 µs for a decode step's single row of 2048 on an H200).
 #define KILN_NORM_CHUNKS 2
 
-template <bool ADD>
+template <bool ADD, bool POST = false>
 __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __restrict__ b,
                                 const float* __restrict__ w, float* __restrict__ x, float* __restrict__ y,
-                                int cols, float eps, float offset, int out_type, NormRows rows) {
+                                int cols, float eps, float offset, int out_type, NormRows rows,
+                                PostNorm post = {}) {
   __shared__ float scratch[32];
   const i64 from = rows.from * cols;
   int quads = cols / 4;
-  Bytes16 v[KILN_NORM_CHUNKS], scale[KILN_NORM_CHUNKS];
+  Bytes16 v[KILN_NORM_CHUNKS], scale[KILN_NORM_CHUNKS], other[KILN_NORM_CHUNKS], post_w[KILN_NORM_CHUNKS];
   float sum = 0.0f;
 #pragma unroll
   for (int c = 0; c < KILN_NORM_CHUNKS; ++c) {
@@ -89,17 +109,31 @@ __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __rest
     if (q < quads) {
       v[c] = *reinterpret_cast<const Bytes16*>(a + from + 4 * q);
       scale[c] = *reinterpret_cast<const Bytes16*>(w + 4 * q);
-      if (ADD) {
-        Bytes16 other = *reinterpret_cast<const Bytes16*>(b + from + 4 * q);
-        for (int j = 0; j < 4; ++j)
-          v[c].v[j] = __float_as_uint(__uint_as_float(v[c].v[j]) + __uint_as_float(other.v[j]));
-      }
+      if (ADD) other[c] = *reinterpret_cast<const Bytes16*>(b + from + 4 * q);
+      if (POST) post_w[c] = *reinterpret_cast<const Bytes16*>(post.w + 4 * q);
     }
+  }
+  if (POST) {
+    float squares = 0.0f;
+#pragma unroll
+    for (int c = 0; c < KILN_NORM_CHUNKS; ++c)
+      if (threadIdx.x + c * blockDim.x < quads)
+        for (int j = 0; j < 4; ++j) squares += __uint_as_float(v[c].v[j]) * __uint_as_float(v[c].v[j]);
+    const float post_scale = 1.0f / sqrtf(block_sum(squares, scratch) / (float)cols + post.eps);
+#pragma unroll
+    for (int c = 0; c < KILN_NORM_CHUNKS; ++c)
+      if (threadIdx.x + c * blockDim.x < quads)
+        for (int j = 0; j < 4; ++j)
+          v[c].v[j] = __float_as_uint(__uint_as_float(v[c].v[j]) * post_scale *
+                                      (post.offset + __uint_as_float(post_w[c].v[j])));
   }
 #pragma unroll
   for (int c = 0; c < KILN_NORM_CHUNKS; ++c) {
     int q = threadIdx.x + c * blockDim.x;
     if (q < quads) {
+      if (ADD)
+        for (int j = 0; j < 4; ++j)
+          v[c].v[j] = __float_as_uint(__uint_as_float(v[c].v[j]) + __uint_as_float(other[c].v[j]));
       if (x) *reinterpret_cast<Bytes16*>(x + from + 4 * q) = v[c];
       for (int j = 0; j < 4; ++j) sum += __uint_as_float(v[c].v[j]) * __uint_as_float(v[c].v[j]);
     }
@@ -150,6 +184,24 @@ extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1)
                                   int* __restrict__ error) {
   kiln_wait_inputs();
   rms_norm_chunks<true>(a, b, w, nullptr, y, cols, eps, offset, out_type, NormRows::gathered(ids, rows, error));
+}
+
+// x = post(p) + r (written) and y = rms_norm(x) · (offset + w): a product's
+// post-norm, the residual add after it and the norm after that (Gemma 2's
+// and 3's sandwich norms) in one launch, post(p) not written (only the add
+// reads it).
+#define KILN_NORM_ADD_NORM_PARAMS                                                                          \
+  const float *__restrict__ p, const float *__restrict__ r, const float *__restrict__ post_w, float post_eps, \
+      float post_offset, const float *__restrict__ w, float *__restrict__ x, float *__restrict__ y, int cols,  \
+      float eps, float offset, int out_type
+extern "C" __global__ void kiln_norm_add_rms_norm(KILN_NORM_ADD_NORM_PARAMS) {
+  kiln_wait_inputs();
+  add_rms_norm_loop(p, r, w, x, y, cols, eps, offset, out_type, NormRows::same(), {post_w, post_eps, post_offset});
+}
+extern "C" __global__ void __launch_bounds__(KILN_MAX_THREADS, 1) kiln_norm_add_rms_norm_chunks(KILN_NORM_ADD_NORM_PARAMS) {
+  kiln_wait_inputs();
+  rms_norm_chunks<true, true>(p, r, w, x, y, cols, eps, offset, out_type, NormRows::same(),
+                              {post_w, post_eps, post_offset});
 }
 
 // y = (x - mean) / sqrt(var + eps) * gamma + beta.

@@ -66,6 +66,11 @@ impl Engine {
         (Self::from_model(&model, sharded, device), model)
     }
 
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
     /// [`Engine::load`] of a fixture already read (and perhaps changed).
     pub fn from_model(model: &TinyModel, sharded: bool, device: DeviceChoice) -> Self {
         let dir = tempfile::tempdir().unwrap();

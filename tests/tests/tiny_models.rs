@@ -6,6 +6,7 @@
 //! decode, a ragged batch of all prompts, and greedy generation.
 
 use kiln_host::engine::batch::run_step;
+use kiln_host::runtime::cuda::CudaExecutor;
 use kiln_host::runtime::{CacheLayout, Tensor};
 use kiln_tests::models::{write_model_dir, DeviceChoice, WeightDtype};
 use kiln_tests::reference::{compare, FixtureTensor};
@@ -426,6 +427,20 @@ fn tiny_gemma3_on_the_cuda_backend_matches_transformers() {
 #[test]
 fn tiny_gemma2_on_the_cuda_backend_matches_transformers() {
     on_cuda("tiny_gemma2.json", false);
+}
+
+/// Gemma 2's post-norms run with the residual add and the norm after them,
+/// one launch for the three, twice a layer of the four but the last layer's
+/// second: that add's norm runs with the last tokens' gather.
+#[test]
+fn tiny_gemma2_sandwich_norms_take_one_launch_each_on_cuda() {
+    let (cuda, _) = Engine::load(
+        "tiny_gemma2.json",
+        false,
+        kiln_tests::models::cuda_test_device(),
+    );
+    let executor: &CudaExecutor = cuda.backend().as_any().downcast_ref().unwrap();
+    assert_eq!(executor.post_norms_fused(), 2 * 4 - 1);
 }
 
 #[test]

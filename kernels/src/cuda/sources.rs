@@ -292,6 +292,8 @@ mod tests {
                 "kiln_add_rms_norm_chunks",
                 "kiln_add_rms_norm_rows",
                 "kiln_add_rms_norm_rows_chunks",
+                "kiln_norm_add_rms_norm",
+                "kiln_norm_add_rms_norm_chunks",
                 "kiln_layer_norm",
                 "kiln_softmax"
             ]

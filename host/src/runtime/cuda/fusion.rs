@@ -3,7 +3,8 @@
 //! as one launch (q, k and v; gate and up), a gated MLP's activation inside
 //! its gate and up GEMV, a residual add with the RMS norm that reads it
 //! (and the first and last layers' norms with the launches beside them:
-//! `end_norms.rs`),
+//! `end_norms.rs`; a post-norm with the add and norm after it:
+//! `post_norms.rs`),
 //! the rotations of q and k in one launch that also writes the KV cache,
 //! norms, activations and attention that store their result in the half
 //! type of the products that read it, and products that store theirs in a
@@ -29,6 +30,7 @@ pub fn fuse(program: &Program, homes: &[Home], steps: &mut [StepPlan]) -> HalfVa
     fuse_gated_activations(program, steps);
     fuse_add_rms_norm(program, homes, steps);
     super::end_norms::fuse_end_norms(program, homes, steps);
+    super::post_norms::fuse_post_norms(program, homes, steps);
     pair_rotations(program, steps);
     write_cache_with_rotations(program, steps);
     rotate_in_gemv(program, steps);
@@ -118,6 +120,7 @@ fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfValues {
         let producer = &program.steps[p];
         let stores_half = match &steps[p] {
             StepPlan::AddRmsNorm(norm)
+            | StepPlan::NormAddRmsNorm { norm, .. }
             | StepPlan::AddRmsNormRows { norm, .. }
             | StepPlan::Embedding(_, _, Some(norm)) => norm.output == x,
             StepPlan::RmsNorm { .. } | StepPlan::Fused(..) | StepPlan::GatedActivation { .. } => {

@@ -493,6 +493,34 @@ impl Frame<'_> {
                     ],
                 )
             }
+            StepPlan::NormAddRmsNorm {
+                post,
+                residual,
+                sum,
+                norm,
+            } => {
+                let cols = *out_shape.last().unwrap_or(&1);
+                let addr = |v: ValueId| KernelArg::Ptr(self.addrs[v as usize]);
+                self.launch_rms_norm(
+                    ("kiln_norm_add_rms_norm", "kiln_norm_add_rms_norm_chunks"),
+                    rows_of(out_shape),
+                    cols,
+                    &[
+                        KernelArg::Ptr(input(0)),
+                        addr(*residual),
+                        addr(post.weight),
+                        KernelArg::F32(post.eps),
+                        KernelArg::F32(post.offset),
+                        addr(norm.weight),
+                        addr(*sum),
+                        addr(norm.output),
+                        KernelArg::I32(cols as i32),
+                        KernelArg::F32(norm.eps),
+                        KernelArg::F32(norm.offset),
+                        out_type_arg(self.stored_half(norm.output)),
+                    ],
+                )
+            }
             StepPlan::AddRmsNormRows { norm, ids } => {
                 let cols = *out_shape.last().unwrap_or(&1);
                 self.launch_rms_norm(

@@ -23,6 +23,7 @@ mod memory;
 mod moe;
 mod norm_fold;
 mod plan;
+mod post_norms;
 mod products;
 mod profile;
 mod qmm;
@@ -386,6 +387,15 @@ impl CudaExecutor {
         self.steps
             .iter()
             .filter(|s| matches!(s, StepPlan::ComputedAt { .. }))
+            .count()
+    }
+
+    /// How many products' post-norms run with the residual add and the norm
+    /// after them (`post_norms.rs`: Gemma 2's and 3's sandwich norms).
+    pub fn post_norms_fused(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| matches!(s, StepPlan::NormAddRmsNorm { .. }))
             .count()
     }
 

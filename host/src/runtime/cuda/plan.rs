@@ -19,7 +19,8 @@ use crate::runtime::tensor::Tensor;
 use crate::runtime::{Precision, WeightData};
 
 /// An RMS norm taken by the launch of another step: the add before it, an
-/// embedding, the gather after it (`fusion.rs`, `end_norms.rs`).
+/// embedding, the gather after it, a post-norm before the add
+/// (`fusion.rs`, `end_norms.rs`, `post_norms.rs`).
 #[derive(Clone, Copy, Debug)]
 pub struct RowNorm {
     /// Epsilon.
@@ -75,9 +76,23 @@ pub enum StepPlan {
     /// `x = a + b` written, and `rms_norm(x, w)` of a later step with it,
     /// in one kernel (the residual stream and the next norm's input).
     AddRmsNorm(RowNorm),
+    /// A product's post-norm, the residual add reading it and the norm of
+    /// that sum in one launch at the post-norm's step (`post_norms.rs`):
+    /// `sum = residual + post(x)` and `norm(sum)` written, `post(x)` not.
+    NormAddRmsNorm {
+        /// The post-norm (its output unwritten).
+        post: RowNorm,
+        /// The add's other input.
+        residual: ValueId,
+        /// The add's output.
+        sum: ValueId,
+        /// The norm of the sum.
+        norm: RowNorm,
+    },
     /// A step computed earlier, by the step `at` (a [`StepPlan::LinearGroup`],
     /// an [`StepPlan::AddRmsNorm`], a paired [`StepPlan::Rope`], or the
-    /// embedding or [`StepPlan::AddRmsNormRows`] that take a norm).
+    /// embedding, [`StepPlan::AddRmsNormRows`] or
+    /// [`StepPlan::NormAddRmsNorm`] that take a norm).
     ComputedAt {
         /// The step that computes it.
         at: usize,

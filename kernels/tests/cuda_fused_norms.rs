@@ -1,8 +1,10 @@
-//! The RMS norms at a decoder's two ends, taken by the launches beside them
-//! (host/src/runtime/cuda/end_norms.rs), on the kernel emulator against the
-//! CPU's `rms_norm_rows`: an embedding's rows with the first layer's norm
-//! (`KilnRowNorm`), and the last layer's add and norm of the rows a gather
-//! picks (`kiln_add_rms_norm_rows` and its `_chunks` variant).
+//! RMS norms taken by the launches beside them, on the kernel emulator
+//! against the CPU's `rms_norm_rows`: at a decoder's two ends
+//! (host/src/runtime/cuda/end_norms.rs) an embedding's rows with the first
+//! layer's norm (`KilnRowNorm`) and the last layer's add and norm of the
+//! rows a gather picks (`kiln_add_rms_norm_rows`), and a product's
+//! post-norm with the add and norm after it (`kiln_norm_add_rms_norm`,
+//! post_norms.rs); each in its loop and `_chunks` variants.
 
 mod common;
 use common::*;
@@ -114,6 +116,57 @@ fn the_last_norm_takes_only_the_gathered_rows() {
                 let exact: Vec<f32> = gpu.down(y, want.len());
                 gpu.check_half_stores(y, &exact, &what, run);
             }
+        }
+    }
+}
+
+/// `x = r + rms_norm(p) · (offset + w1)` written and the norm of x with w2
+/// (Gemma's post-norm, residual add and next norm), in the loop kernel and
+/// the one holding a row in registers, with both weight offsets.
+#[test]
+fn a_post_norm_the_add_and_the_next_norm_run_as_one() {
+    let gpu = Gpu::new(&[sources::NORM]);
+    let (mut rng, rows) = (Rng::new(13), 3);
+    let cases = [
+        ("kiln_norm_add_rms_norm", 32, 300),
+        ("kiln_norm_add_rms_norm", 256, 2048),
+        ("kiln_norm_add_rms_norm_chunks", 32, 200),
+        ("kiln_norm_add_rms_norm_chunks", 256, 2048),
+    ];
+    for (kernel, block, cols) in cases {
+        let (p, r) = (rng.data(rows * cols, 40.0), rng.data(rows * cols, 1.0));
+        let (w1, w2) = (rng.data(cols, 1.0), rng.data(cols, 1.0));
+        let (pp, rp, w1p, w2p) = (gpu.up(&p), gpu.up(&r), gpu.up(&w1), gpu.up(&w2));
+        let (mut post, mut want) = (vec![0f32; rows * cols], vec![0f32; rows * cols]);
+        for (post_offset, offset) in [(0.0, 0.0), (1.0, 1.0), (1.0, 0.0)] {
+            norm::rms_norm_rows(&p, &w1, post_offset, 1e-5, &mut post);
+            let sum: Vec<f32> = r.iter().zip(&post).map(|(r, n)| r + n).collect();
+            norm::rms_norm_rows(&sum, &w2, offset, EPS, &mut want);
+            let what = format!("{kernel}, {cols} columns, offsets {post_offset} and {offset}");
+            let (x, y) = (gpu.zeros(rows * cols * 4), gpu.zeros(rows * cols * 4));
+            let run = |out_type| {
+                let post = [Ptr(pp), Ptr(rp), Ptr(w1p), F32(1e-5), F32(post_offset)];
+                let tail = [
+                    Ptr(w2p),
+                    Ptr(x),
+                    Ptr(y),
+                    int(cols),
+                    F32(EPS),
+                    F32(offset),
+                    int(out_type),
+                ];
+                gpu.run(
+                    kernel,
+                    (rows as u32, 1),
+                    block,
+                    &[&post[..], &tail].concat(),
+                );
+            };
+            run(0);
+            gpu.check(x, &sum, &format!("{what}: the sum"));
+            gpu.check(y, &want, &what);
+            let exact: Vec<f32> = gpu.down(y, want.len());
+            gpu.check_half_stores(y, &exact, &what, run);
         }
     }
 }
