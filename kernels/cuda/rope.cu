@@ -23,11 +23,23 @@
 // (half of the head); wider heads compute them per pair.
 #define KILN_ROPE_MAX_HALF 256
 
+// Per-head RMS norms of x and x2 before they are rotated (Qwen3's and Gemma
+// 3's q_norm and k_norm): each head's values times s · (offset + w), s = 1 /
+// sqrt(mean of the head's squares + eps), w of x2's heads `w2`. None where w
+// is null. A block takes the heads of its token, at most
+// KILN_ROPE_NORMED_HEADS of them.
+struct KilnHeadNorms {
+  const float* w;
+  const float* w2;
+  float eps, offset;
+};
+#define KILN_ROPE_NORMED_HEADS 256
+
 #define KILN_ROPE_PARAMS                                                                                    \
   const float *__restrict__ x, const i64 *__restrict__ positions, const float *__restrict__ inv_freq,         \
       float *__restrict__ y, int heads, int half, int interleaved, float scale, const float *__restrict__ x2, \
-      float *__restrict__ y2, int heads2, int in_stride
-#define KILN_ROPE_ARGS x, positions, inv_freq, y, heads, half, interleaved, scale, x2, y2, heads2, in_stride
+      float *__restrict__ y2, int heads2, int in_stride, KilnHeadNorms norms
+#define KILN_ROPE_ARGS x, positions, inv_freq, y, heads, half, interleaved, scale, x2, y2, heads2, in_stride, norms
 
 // Pairs of a thread's batch loaded before any is stored.
 #define KILN_ROPE_BATCH 4
@@ -67,8 +79,21 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
   if (shared) {
     for (int i = threadIdx.x; i < half; i += blockDim.x)
       rope_cos_sin(position, inv_freq[i], scale, &cos_sin[i], &cos_sin[half + i]);
-    __syncthreads();
   }
+  // Each head's norm scale, a warp a head (x's heads, then x2's).
+  __shared__ float head_scale[KILN_ROPE_NORMED_HEADS];
+  if (norms.w) {
+    const int lane = threadIdx.x % 32;
+    for (int h = threadIdx.x / 32; h < heads + heads2; h += blockDim.x / 32) {
+      RopePair r(h * half, half, interleaved, heads);
+      const float* in = (r.second ? x2 : x) + r.head_start(token, heads, heads2, head_dim, in_stride);
+      float squares = 0.0f;
+      for (int i = lane; i < head_dim; i += 32) squares += in[i] * in[i];
+      squares = warp_sum(squares);
+      if (lane == 0) head_scale[h] = 1.0f / sqrtf(squares / (float)head_dim + norms.eps);
+    }
+  }
+  if (shared || norms.w) __syncthreads();
   // The thread's (head, pair)s, KILN_ROPE_BATCH at a time, loaded before
   // any result is stored (for_each_batched: a 2048-token Llama-3-8B
   // prompt's ten pairs a thread were ten memory round trips).
@@ -78,7 +103,14 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
       [&](int p) {
         RopePair r(p, half, interleaved, heads);
         const float* in = (r.second ? x2 : x) + r.head_start(token, heads, heads2, head_dim, in_stride);
-        return FloatPair{in[r.a], in[r.b]};
+        FloatPair v{in[r.a], in[r.b]};
+        if (norms.w) {
+          const float s = head_scale[(r.second ? heads : 0) + r.head];
+          const float* w = r.second ? norms.w2 : norms.w;
+          v.x = v.x * s * (norms.offset + w[r.a]);
+          v.y = v.y * s * (norms.offset + w[r.b]);
+        }
+        return v;
       },
       [&](int p, FloatPair pair) {
         RopePair r(p, half, interleaved, heads);

@@ -137,7 +137,11 @@ fn rope_case(gpu: &Gpu, half: usize) {
         for scale in [1.0, 0.75] {
             let args = [Ptr(xp), Ptr(pp), Ptr(fp), Ptr(y), int(heads), int(half)];
             let args = [&args[..], &[int(interleaved), F32(scale)]].concat();
-            let alone = [&args[..], &[Ptr(0), Ptr(0), int(0), int(0)]].concat();
+            let alone = [
+                &args[..],
+                &[Ptr(0), Ptr(0), int(0), int(0), head_norms(None)],
+            ]
+            .concat();
             let alone_into = |out| {
                 let mut a = alone.clone();
                 a[3] = Ptr(out);
@@ -167,7 +171,8 @@ fn rope_case(gpu: &Gpu, half: usize) {
             // With a second tensor of 2 heads (k with q) in the same launch.
             let x2 = Rng::new(3).data(positions.len() * 2 * 2 * half, 1.0);
             let (x2p, y2) = (gpu.up(&x2), gpu.zeros(x2.len() * 4));
-            let paired = [&args[..], &[Ptr(x2p), Ptr(y2), int(2), int(0)]].concat();
+            let tail = [Ptr(x2p), Ptr(y2), int(2), int(0), head_norms(None)];
+            let paired = [&args[..], &tail].concat();
             gpu.run("kiln_rope", (positions.len() as u32, 1), 32, &paired);
             let mut want2 = x2.clone();
             rope::rope(&mut want2, &positions, &inv_freq, 2, pairs, scale);

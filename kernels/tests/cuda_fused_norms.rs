@@ -4,13 +4,14 @@
 //! layer's norm (`KilnRowNorm`) and the last layer's add and norm of the
 //! rows a gather picks (`kiln_add_rms_norm_rows`), and a product's
 //! post-norm with the add and norm after it (`kiln_norm_add_rms_norm`,
-//! post_norms.rs); each in its loop and `_chunks` variants.
+//! post_norms.rs), each in its loop and `_chunks` variants; and q's and k's
+//! per-head norms in their rotary launch (`KilnHeadNorms`, head_norms.rs).
 
 mod common;
 use common::*;
 use kiln_kernels::cuda::sources;
 use kiln_kernels::cuda::KernelArg::{Ptr, F32};
-use kiln_kernels::dense::norm;
+use kiln_kernels::dense::{norm, rope};
 use kiln_kernels::quant::QuantType;
 
 const EPS: f32 = 1e-6;
@@ -167,6 +168,67 @@ fn a_post_norm_the_add_and_the_next_norm_run_as_one() {
             gpu.check(y, &want, &what);
             let exact: Vec<f32> = gpu.down(y, want.len());
             gpu.check_half_stores(y, &exact, &what, run);
+        }
+    }
+}
+
+/// `kiln_rope` with q's and k's per-head norms (Qwen3's, Gemma 3's with
+/// offset 1): each head normalized with its tensor's weight, then rotated,
+/// as the CPU's norm and rotation one after the other; heads of 16 and 128
+/// values, one block a token or three (each block works out every head's
+/// scale).
+#[test]
+fn q_and_k_take_their_head_norms_in_the_rotary_launch() {
+    let gpu = Gpu::new(&[sources::ROPE]);
+    let (positions, heads, heads2) = (vec![0i64, 5, 17], 4, 2);
+    let mut rng = Rng::new(17);
+    for half in [8usize, 64] {
+        let dim = 2 * half;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 10000f32.powf(-(i as f32) / half as f32))
+            .collect();
+        let x = rng.data(positions.len() * heads * dim, 4.0);
+        let x2 = rng.data(positions.len() * heads2 * dim, 4.0);
+        let (w, w2) = (rng.data(dim, 1.0), rng.data(dim, 1.0));
+        let up = |v: &[f32]| gpu.up(v);
+        let (xp, x2p, wp, w2p) = (up(&x), up(&x2), up(&w), up(&w2));
+        let (pp, fp) = (gpu.up(&positions), gpu.up(&inv_freq));
+        for (offset, interleaved) in [(0.0, 0), (1.0, 1)] {
+            let normed_rotated = |x: &[f32], w: &[f32], heads: usize| {
+                let mut out = vec![0f32; x.len()];
+                norm::rms_norm_rows(x, w, offset, EPS, &mut out);
+                rope::rope(
+                    &mut out,
+                    &positions,
+                    &inv_freq,
+                    heads,
+                    interleaved == 1,
+                    1.0,
+                );
+                out
+            };
+            let (want, want2) = (
+                normed_rotated(&x, &w, heads),
+                normed_rotated(&x2, &w2, heads2),
+            );
+            for blocks in [1, 3] {
+                let (y, y2) = (gpu.zeros(x.len() * 4), gpu.zeros(x2.len() * 4));
+                let norms = head_norms(Some((wp, w2p, EPS, offset)));
+                let head = [Ptr(xp), Ptr(pp), Ptr(fp), Ptr(y), int(heads), int(half)];
+                let rest = [
+                    int(interleaved),
+                    F32(1.0),
+                    Ptr(x2p),
+                    Ptr(y2),
+                    int(heads2),
+                    int(0),
+                ];
+                let args = [&head[..], &rest, &[norms]].concat();
+                gpu.run("kiln_rope", (positions.len() as u32, blocks), 32, &args);
+                let what = format!("half {half}, offset {offset}, {blocks} blocks a token");
+                gpu.check(y, &want, &format!("{what}: q"));
+                gpu.check(y2, &want2, &format!("{what}: k"));
+            }
         }
     }
 }

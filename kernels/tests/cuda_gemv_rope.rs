@@ -145,6 +145,7 @@ fn the_rotated_gemv_writes_what_the_gemv_and_the_rotary_launch_write() {
                     Ptr(k_rot),
                     int(KV_HEADS),
                     int(0),
+                    head_norms(None),
                     Ptr(lin[2]),
                     Ptr(k_cache),
                     Ptr(v_cache),

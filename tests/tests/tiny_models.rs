@@ -429,18 +429,29 @@ fn tiny_gemma2_on_the_cuda_backend_matches_transformers() {
     on_cuda("tiny_gemma2.json", false);
 }
 
-/// Gemma 2's post-norms run with the residual add and the norm after them,
-/// one launch for the three, twice a layer of the four but the last layer's
-/// second: that add's norm runs with the last tokens' gather.
+/// The norms the CUDA backend runs inside other launches, by fixture:
+/// Gemma 2's and 3's post-norms with the residual add and the norm after
+/// them (twice a layer of the four but the last layer's second: that add's
+/// norm runs with the last tokens' gather), Qwen3's and Gemma 3's q and k
+/// norms in their rotation (a layer each; Gemma 3's one key/value head is
+/// normalized before its reshape into heads).
 #[test]
-fn tiny_gemma2_sandwich_norms_take_one_launch_each_on_cuda() {
-    let (cuda, _) = Engine::load(
-        "tiny_gemma2.json",
-        false,
-        kiln_tests::models::cuda_test_device(),
-    );
-    let executor: &CudaExecutor = cuda.backend().as_any().downcast_ref().unwrap();
-    assert_eq!(executor.post_norms_fused(), 2 * 4 - 1);
+fn norms_run_inside_the_launches_beside_them_on_cuda() {
+    for (fixture, post_norms, head_norms) in [
+        ("tiny_gemma2.json", 2 * 4 - 1, 0),
+        ("tiny_gemma3.json", 2 * 4 - 1, 4),
+        ("tiny_qwen3.json", 0, 2),
+    ] {
+        let device = kiln_tests::models::cuda_test_device();
+        let (cuda, _) = Engine::load(fixture, false, device);
+        let executor: &CudaExecutor = cuda.backend().as_any().downcast_ref().unwrap();
+        assert_eq!(executor.post_norms_fused(), post_norms, "{fixture}");
+        assert_eq!(
+            executor.rotations_with_head_norms(),
+            head_norms,
+            "{fixture}"
+        );
+    }
 }
 
 #[test]

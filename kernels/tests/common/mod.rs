@@ -138,6 +138,19 @@ pub fn row_norm(norm: Option<(DevicePtr, DevicePtr, f32, f32, usize)>) -> Kernel
     })
 }
 
+/// A `KilnHeadNorms` (rope.cu) of `(w, w2, eps, offset)`, or of none: the
+/// per-head norms a rotary launch takes before it rotates.
+pub fn head_norms(norms: Option<(DevicePtr, DevicePtr, f32, f32)>) -> KernelArg {
+    KernelArg::Struct(match norms {
+        Some((w, w2, eps, offset)) => vec![
+            w,
+            w2,
+            u64::from(eps.to_bits()) | u64::from(offset.to_bits()) << 32,
+        ],
+        None => vec![0; 3],
+    })
+}
+
 /// Plain values moved to and from device memory.
 pub trait Elem: Copy {
     const SIZE: usize;

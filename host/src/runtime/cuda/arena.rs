@@ -107,9 +107,14 @@ pub fn plan(
                 }
             }
         }
+        // A step computed by another launch reads its inputs there too
+        // (later, for q's and k's norms taken by their rotation).
         for &i in &step.inputs {
             if let Home::Arena(root) = homes[i as usize] {
                 touch(root, s);
+                if let StepPlan::ComputedAt { at } = plan {
+                    touch(root, *at);
+                }
             }
         }
     }

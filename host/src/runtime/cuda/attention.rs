@@ -11,7 +11,7 @@ use kiln_plugin_api::graph::{AttentionSpec, ValueId};
 
 use super::gemv::GemvRotation;
 use super::launch::{numel, row_threads, Frame};
-use super::plan::{CacheWrite, GroupRotation, RotatingGroup};
+use super::plan::{CacheWrite, GroupRotation, HeadNorms, RotatingGroup};
 use super::products::{out_type_arg, rotates_after_stack};
 use super::DeviceKvCache;
 use crate::compiler::Step;
@@ -96,6 +96,9 @@ struct RopeLaunch {
     scale: f32,
     second: (DevicePtr, DevicePtr, usize),
     in_stride: usize,
+    /// `KilnHeadNorms` (rope.cu): the weights of q's and k's heads, epsilon
+    /// and offset.
+    norms: Option<(DevicePtr, DevicePtr, f32, f32)>,
     tokens: usize,
     write: Option<(DevicePtr, CacheTarget)>,
 }
@@ -106,13 +109,15 @@ impl Frame<'_> {
     /// values into the layer's paged cache (`kiln_rope_write_kv`), which
     /// the attention step then skips. Nothing when the product of q, k and
     /// v did it (`in_group`: as the decode GEMV, or after its stacked GEMM).
+    /// With `head_norms`, q and k are read before their norms, which the
+    /// launch takes.
     pub(super) fn rope(
         &self,
         step: &Step,
         (interleaved, scale): (bool, f32),
         with: Option<(ValueId, ValueId)>,
-        cache_write: Option<CacheWrite>,
-        in_group: Option<RotatingGroup>,
+        (cache_write, in_group): (Option<CacheWrite>, Option<RotatingGroup>),
+        head_norms: Option<HeadNorms>,
     ) -> Result<(), String> {
         let addr = |v: ValueId| self.addrs[v as usize];
         let (tokens, heads, dim) = match self.shapes[step.output as usize].as_slice() {
@@ -145,8 +150,13 @@ impl Frame<'_> {
             Some(_) => return Err("the cache write needs the keys' rotation".into()),
             None => None,
         };
+        let (x, x2) = match head_norms {
+            Some(n) => (addr(n.q_in), addr(n.k_in)),
+            None => (addr(step.inputs[0]), x2),
+        };
+        let norms = head_norms.map(|n| (addr(n.q.weight), addr(n.k.weight), n.q.eps, n.q.offset));
         self.launch_rope(&RopeLaunch {
-            x: addr(step.inputs[0]),
+            x,
             positions: addr(step.inputs[1]),
             inv_freq: addr(step.inputs[2]),
             y: addr(step.output),
@@ -156,6 +166,7 @@ impl Frame<'_> {
             scale,
             second: (x2, y2, heads2),
             in_stride: 0,
+            norms,
             tokens,
             write,
         })
@@ -187,6 +198,7 @@ impl Frame<'_> {
             scale: rotation.scale,
             second: (at(q_width), rotation.k_out, kv_width / dim),
             in_stride: q_width + 2 * kv_width,
+            norms: None,
             tokens,
             write: Some((at(q_width + kv_width), cache)),
         })
@@ -211,6 +223,16 @@ impl Frame<'_> {
             KernelArg::Ptr(y2),
             KernelArg::I32(heads2 as i32),
             KernelArg::I32(r.in_stride as i32),
+            KernelArg::Struct(match r.norms {
+                Some((w, w2, eps, offset)) => {
+                    vec![
+                        w,
+                        w2,
+                        u64::from(eps.to_bits()) | u64::from(offset.to_bits()) << 32,
+                    ]
+                }
+                None => vec![0; 3],
+            }),
         ];
         let rotations = (r.heads + heads2) * r.half;
         let Some((v, target)) = r.write else {

@@ -4,7 +4,8 @@
 //! its gate and up GEMV, a residual add with the RMS norm that reads it
 //! (and the first and last layers' norms with the launches beside them:
 //! `end_norms.rs`; a post-norm with the add and norm after it:
-//! `post_norms.rs`),
+//! `post_norms.rs`; q's and k's per-head norms with their rotation:
+//! `head_norms.rs`),
 //! the rotations of q and k in one launch that also writes the KV cache,
 //! norms, activations and attention that store their result in the half
 //! type of the products that read it, and products that store theirs in a
@@ -33,6 +34,7 @@ pub fn fuse(program: &Program, homes: &[Home], steps: &mut [StepPlan]) -> HalfVa
     super::post_norms::fuse_post_norms(program, homes, steps);
     pair_rotations(program, steps);
     write_cache_with_rotations(program, steps);
+    super::head_norms::fuse_head_norms(program, homes, steps);
     rotate_in_gemv(program, steps);
     let mut half = half_product_inputs(program, steps);
     half.extend(half_product_outputs(program, steps));
@@ -569,6 +571,7 @@ fn rotate_in_gemv(program: &Program, steps: &mut [StepPlan]) {
             with: Some((k_in, k_out)),
             cache_write,
             in_group: None,
+            head_norms: None,
         } = steps[i]
         else {
             continue;

@@ -623,7 +623,14 @@ impl Frame<'_> {
                 with,
                 cache_write,
                 in_group,
-            } => self.rope(step, (*interleaved, *scale), *with, *cache_write, *in_group),
+                head_norms,
+            } => self.rope(
+                step,
+                (*interleaved, *scale),
+                *with,
+                (*cache_write, *in_group),
+                *head_norms,
+            ),
             StepPlan::Attention {
                 spec,
                 cache_written,

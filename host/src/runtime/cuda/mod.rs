@@ -17,6 +17,7 @@ mod end_norms;
 mod fusion;
 mod gemv;
 mod graphs;
+mod head_norms;
 mod launch;
 mod measure;
 mod memory;
@@ -396,6 +397,23 @@ impl CudaExecutor {
         self.steps
             .iter()
             .filter(|s| matches!(s, StepPlan::NormAddRmsNorm { .. }))
+            .count()
+    }
+
+    /// How many rotations of q and k take their per-head norms
+    /// (`head_norms.rs`: Qwen3's and Gemma 3's q_norm and k_norm).
+    pub fn rotations_with_head_norms(&self) -> usize {
+        self.steps
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s,
+                    StepPlan::Rope {
+                        head_norms: Some(_),
+                        ..
+                    }
+                )
+            })
             .count()
     }
 

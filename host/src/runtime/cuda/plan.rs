@@ -33,6 +33,21 @@ pub struct RowNorm {
     pub output: ValueId,
 }
 
+/// The per-head RMS norms of q and k (Qwen3's and Gemma 3's `q_norm` and
+/// `k_norm`) that their paired rotation takes (`head_norms.rs`): the norms'
+/// outputs, the rotation's inputs, are not written.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadNorms {
+    /// q's norm (its output the rotation's input).
+    pub q: RowNorm,
+    /// The norm's input: q before it.
+    pub q_in: ValueId,
+    /// k's norm.
+    pub k: RowNorm,
+    /// k before it.
+    pub k_in: ValueId,
+}
+
 /// What one step launches.
 #[derive(Clone, Debug)]
 pub enum StepPlan {
@@ -138,6 +153,9 @@ pub enum StepPlan {
         /// as the decode GEMV, or as one stacked GEMM whose output the
         /// rotary launch then reads (`products::rotates_after_stack`).
         in_group: Option<RotatingGroup>,
+        /// q's and k's per-head norms, taken by this launch before it
+        /// rotates (`head_norms.rs`).
+        head_norms: Option<HeadNorms>,
     },
     /// Softmax or log-softmax over an axis.
     Softmax {
@@ -416,6 +434,7 @@ pub fn lower(
                     with: None,
                     cache_write: None,
                     in_group: None,
+                    head_norms: None,
                 },
                 Op::Softmax { axis } | Op::LogSoftmax { axis } => StepPlan::Softmax {
                     axis: *axis,
