@@ -336,6 +336,16 @@ fn fuse_gated_activations(program: &Program, steps: &mut [StepPlan]) {
     }
 }
 
+/// The program step writing each value.
+pub(super) fn step_of_output(program: &Program) -> HashMap<ValueId, usize> {
+    program
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(s, step)| (step.output, s))
+        .collect()
+}
+
 /// Each RMS norm step whose weight is on the device, with the step that
 /// writes its input: (the norm's step, that step, the norm).
 pub(super) fn norms_after_producers(
@@ -343,12 +353,7 @@ pub(super) fn norms_after_producers(
     homes: &[Home],
     steps: &[StepPlan],
 ) -> Vec<(usize, usize, RowNorm)> {
-    let producer: HashMap<ValueId, usize> = program
-        .steps
-        .iter()
-        .enumerate()
-        .map(|(s, step)| (step.output, s))
-        .collect();
+    let producer = step_of_output(program);
     let mut found = Vec::new();
     for (j, step) in program.steps.iter().enumerate() {
         let StepPlan::RmsNorm { eps, offset } = steps[j] else {

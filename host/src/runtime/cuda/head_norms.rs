@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use kiln_plugin_api::graph::ValueId;
 
-use super::fusion::{norms_after_producers, read_only_by, readers};
+use super::fusion::{norms_after_producers, read_only_by, readers, step_of_output};
 use super::plan::{HeadNorms, Home, RowNorm, StepPlan};
 use crate::compiler::Program;
 
@@ -25,12 +25,7 @@ pub fn fuse_head_norms(program: &Program, homes: &[Home], steps: &mut [StepPlan]
         .into_iter()
         .map(|(j, _, norm)| (norm.output, (j, norm)))
         .collect();
-    let producer: HashMap<ValueId, usize> = program
-        .steps
-        .iter()
-        .enumerate()
-        .map(|(s, step)| (step.output, s))
-        .collect();
+    let producer = step_of_output(program);
     let last_dim = |v: ValueId| graph.nodes[v as usize].ty.shape.last().cloned();
     // The norm whose output reaches rotation `r`'s input `v`, which only
     // `r` reads: directly, or through a reshape (a projection of one head,
