@@ -305,7 +305,7 @@ __device__ __noinline__ void write_norm_scales(const KilnGemvNorm& p, int m, int
     float total = 0.0f;
     for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) total += partials[(i64)b * m + i];
     total = block_sum(total, scratch);
-    if (threadIdx.x == 0) p.scales[i] = 1.0f / sqrtf(total / (float)cols + p.eps);
+    if (threadIdx.x == 0) p.scales[i] = inverse_root_mean(total, cols, p.eps);
   }
 }
 

@@ -410,6 +410,11 @@ __device__ __forceinline__ float block_reduce(float v, Op op, float identity, fl
 
 __device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp()); }
 __device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, SumOp(), 0.0f, scratch); }
+// 1 / sqrt(total / n + eps): the scale of an RMS norm from its row's sum of
+// squares (of a layer norm from its sum of squared deviations).
+__device__ __forceinline__ float inverse_root_mean(float total, int n, float eps) {
+  return 1.0f / sqrtf(total / (float)n + eps);
+}
 __device__ __forceinline__ float block_max(float v, float* scratch) {
   return block_reduce(v, MaxOp(), KILN_NEG_INF, scratch);
 }
@@ -555,7 +560,7 @@ __device__ __forceinline__ void write_row_normed(float* out, i64 row, int cols, 
     squares += v * v;
   });
   if (norm.w == nullptr) return;
-  const float s = 1.0f / sqrtf(block_sum(squares, scratch) / (float)cols + norm.eps);
+  const float s = inverse_root_mean(block_sum(squares, scratch), cols, norm.eps);
   for_each_batched<FloatPair>(
       cols, [&](int c) { return FloatPair{x[c], norm.w[c]}; },
       [&](int c, FloatPair v) { store_as(norm.y, row * cols + c, v.x * s * (norm.offset + v.y), norm.out_type); });

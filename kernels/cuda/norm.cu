@@ -40,7 +40,7 @@ extern "C" __global__ void kiln_rms_norm(const float* __restrict__ x, const floa
   float sum = 0.0f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) sum += row[i] * row[i];
   sum = block_sum(sum, scratch);
-  float inv = 1.0f / sqrtf(sum / (float)cols + eps);
+  float inv = inverse_root_mean(sum, cols, eps);
   for (int i = threadIdx.x; i < cols; i += blockDim.x) store_as(y, base + i, row[i] * inv * (offset + w[i]), out_type);
 }
 
@@ -59,7 +59,7 @@ __device__ void add_rms_norm_loop(const float* __restrict__ a, const float* __re
   if (post.w) {
     float squares = 0.0f;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) squares += a[from + i] * a[from + i];
-    post_scale = 1.0f / sqrtf(block_sum(squares, scratch) / (float)cols + post.eps);
+    post_scale = inverse_root_mean(block_sum(squares, scratch), cols, post.eps);
   }
   auto sum_at = [&](int i) {
     return (post.w ? a[from + i] * post_scale * (post.offset + post.w[i]) : a[from + i]) + b[from + i];
@@ -71,7 +71,7 @@ __device__ void add_rms_norm_loop(const float* __restrict__ a, const float* __re
     sum += v * v;
   }
   sum = block_sum(sum, scratch);
-  const float inv = rows.valid ? 1.0f / sqrtf(sum / (float)cols + eps) : 0.0f;
+  const float inv = rows.valid ? inverse_root_mean(sum, cols, eps) : 0.0f;
   for_each_batched<FloatPair>(
       cols, [&](int i) { return FloatPair{x ? x[from + i] : sum_at(i), w[i]}; },
       [&](int i, FloatPair v) { store_as(y, rows.to * cols + i, v.x * inv * (offset + v.y), out_type); });
@@ -119,7 +119,7 @@ __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __rest
     for (int c = 0; c < KILN_NORM_CHUNKS; ++c)
       if (threadIdx.x + c * blockDim.x < quads)
         for (int j = 0; j < 4; ++j) squares += __uint_as_float(v[c].v[j]) * __uint_as_float(v[c].v[j]);
-    const float post_scale = 1.0f / sqrtf(block_sum(squares, scratch) / (float)cols + post.eps);
+    const float post_scale = inverse_root_mean(block_sum(squares, scratch), cols, post.eps);
 #pragma unroll
     for (int c = 0; c < KILN_NORM_CHUNKS; ++c)
       if (threadIdx.x + c * blockDim.x < quads)
@@ -139,7 +139,7 @@ __device__ void rms_norm_chunks(const float* __restrict__ a, const float* __rest
     }
   }
   sum = block_sum(sum, scratch);
-  float inv = rows.valid ? 1.0f / sqrtf(sum / (float)cols + eps) : 0.0f;
+  float inv = rows.valid ? inverse_root_mean(sum, cols, eps) : 0.0f;
 #pragma unroll
   for (int c = 0; c < KILN_NORM_CHUNKS; ++c) {
     int q = threadIdx.x + c * blockDim.x;
@@ -217,7 +217,7 @@ extern "C" __global__ void kiln_layer_norm(const float* __restrict__ x, const fl
   float mean = block_sum(sum, scratch) / (float)cols;
   float sq = 0.0f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) sq += (row[i] - mean) * (row[i] - mean);
-  float inv = 1.0f / sqrtf(block_sum(sq, scratch) / (float)cols + eps);
+  float inv = inverse_root_mean(block_sum(sq, scratch), cols, eps);
   for (int i = threadIdx.x; i < cols; i += blockDim.x) out[i] = (row[i] - mean) * inv * gamma[i] + beta[i];
 }
 

@@ -90,7 +90,7 @@ __device__ __forceinline__ void rope_token(KILN_ROPE_PARAMS, C* __restrict__ k_s
       float squares = 0.0f;
       for (int i = lane; i < head_dim; i += 32) squares += in[i] * in[i];
       squares = warp_sum(squares);
-      if (lane == 0) head_scale[h] = 1.0f / sqrtf(squares / (float)head_dim + norms.eps);
+      if (lane == 0) head_scale[h] = inverse_root_mean(squares, head_dim, norms.eps);
     }
   }
   if (shared || norms.w) __syncthreads();

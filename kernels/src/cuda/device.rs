@@ -110,6 +110,12 @@ pub enum KernelArg {
     Struct(Vec<u64>),
 }
 
+/// Two floats side by side in one word of a [`KernelArg::Struct`], `first`
+/// at the lower address (a struct's `float a, b;`).
+pub fn float_pair_word(first: f32, second: f32) -> u64 {
+    u64::from(first.to_bits()) | u64::from(second.to_bits()) << 32
+}
+
 impl KernelArg {
     /// The argument's bytes as `u64` words (8-byte aligned storage).
     fn words(&self) -> Vec<u64> {

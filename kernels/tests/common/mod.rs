@@ -11,7 +11,9 @@ use std::sync::Mutex;
 use kiln_kernels::cuda::emulator::Emulator;
 use kiln_kernels::cuda::sources::{self, Source};
 use kiln_kernels::cuda::KernelArg::{self, I64};
-use kiln_kernels::cuda::{Device, DevicePtr, DeviceResult, FunctionId, LaunchConfig};
+use kiln_kernels::cuda::{
+    float_pair_word, Device, DevicePtr, DeviceResult, FunctionId, LaunchConfig,
+};
 use kiln_kernels::quant::{dequantize_row, QuantType};
 
 /// Largest |GPU - CPU| difference accepted for f32 kernels.
@@ -86,6 +88,15 @@ impl Gpu {
         close(&self.down(ptr, want.len()), want, TOL, what);
     }
 
+    /// Runs `run(0)` (f32 results) and checks `out` against `want`, then
+    /// [`Gpu::check_half_stores`] of that result.
+    pub fn check_stores(&self, out: DevicePtr, want: &[f32], what: &str, run: impl Fn(usize)) {
+        run(0);
+        self.check(out, want, what);
+        let exact: Vec<f32> = self.down(out, want.len());
+        self.check_half_stores(out, &exact, what, run);
+    }
+
     /// Checks a kernel whose last argument is `out_type` (as `store_as` in
     /// kiln_cuda.cuh numbers it), launched by `run(out_type)`: stored in
     /// bf16 (1) or f16 (2) at `out`, its result must be exactly the bits of
@@ -128,12 +139,9 @@ pub fn long(v: usize) -> KernelArg {
 /// out_type)`, or of none: the norm an embedding kernel takes with its rows.
 pub fn row_norm(norm: Option<(DevicePtr, DevicePtr, f32, f32, usize)>) -> KernelArg {
     KernelArg::Struct(match norm {
-        Some((w, y, eps, offset, out_type)) => vec![
-            w,
-            y,
-            u64::from(eps.to_bits()) | u64::from(offset.to_bits()) << 32,
-            out_type as u64,
-        ],
+        Some((w, y, eps, offset, out_type)) => {
+            vec![w, y, float_pair_word(eps, offset), out_type as u64]
+        }
         None => vec![0; 4],
     })
 }
@@ -142,11 +150,7 @@ pub fn row_norm(norm: Option<(DevicePtr, DevicePtr, f32, f32, usize)>) -> Kernel
 /// per-head norms a rotary launch takes before it rotates.
 pub fn head_norms(norms: Option<(DevicePtr, DevicePtr, f32, f32)>) -> KernelArg {
     KernelArg::Struct(match norms {
-        Some((w, w2, eps, offset)) => vec![
-            w,
-            w2,
-            u64::from(eps.to_bits()) | u64::from(offset.to_bits()) << 32,
-        ],
+        Some((w, w2, eps, offset)) => vec![w, w2, float_pair_word(eps, offset)],
         None => vec![0; 3],
     })
 }

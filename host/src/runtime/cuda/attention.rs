@@ -6,7 +6,7 @@
 //! rows over long contexts. Each kernel comes in one entry point per
 //! [`KvElement`].
 
-use kiln_kernels::cuda::{flash, DevicePtr, KernelArg, LaunchConfig};
+use kiln_kernels::cuda::{flash, float_pair_word, DevicePtr, KernelArg, LaunchConfig};
 use kiln_plugin_api::graph::{AttentionSpec, ValueId};
 
 use super::gemv::GemvRotation;
@@ -224,13 +224,7 @@ impl Frame<'_> {
             KernelArg::I32(heads2 as i32),
             KernelArg::I32(r.in_stride as i32),
             KernelArg::Struct(match r.norms {
-                Some((w, w2, eps, offset)) => {
-                    vec![
-                        w,
-                        w2,
-                        u64::from(eps.to_bits()) | u64::from(offset.to_bits()) << 32,
-                    ]
-                }
+                Some((w, w2, eps, offset)) => vec![w, w2, float_pair_word(eps, offset)],
                 None => vec![0; 3],
             }),
         ];

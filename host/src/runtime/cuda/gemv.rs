@@ -263,7 +263,7 @@ impl GemvNorm {
         let Some(n) = norm else {
             return [0; 7];
         };
-        let floats = u64::from(n.offset.to_bits()) | u64::from(n.eps.to_bits()) << 32;
+        let floats = kiln_kernels::cuda::float_pair_word(n.offset, n.eps);
         [
             n.residual, n.sum, n.weight, n.partials, n.counter, n.scales, floats,
         ]

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use kiln_kernels::cuda::{
-    Device, DevicePtr, FunctionId, GemmType, KernelArg, LaunchConfig, WeightLayout,
+    float_pair_word, Device, DevicePtr, FunctionId, GemmType, KernelArg, LaunchConfig, WeightLayout,
 };
 use kiln_plugin_api::graph::{DType, ValueId};
 
@@ -213,7 +213,7 @@ impl Frame<'_> {
             Some(n) => vec![
                 self.addrs[n.weight as usize],
                 self.addrs[n.output as usize],
-                u64::from(n.eps.to_bits()) | u64::from(n.offset.to_bits()) << 32,
+                float_pair_word(n.eps, n.offset),
                 u64::from(storage_code(self.stored_half(n.output))),
             ],
             None => vec![0; 4],

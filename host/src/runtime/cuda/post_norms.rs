@@ -6,7 +6,7 @@
 
 use kiln_plugin_api::graph::{DType, ValueId};
 
-use super::fusion::{computed_at, norms_after_producers, readers};
+use super::fusion::{computed_at, norms_after_producers, readers, step_of_output};
 use super::plan::{Home, StepPlan};
 use crate::compiler::Program;
 
@@ -17,6 +17,7 @@ use crate::compiler::Program;
 pub fn fuse_post_norms(program: &Program, homes: &[Home], steps: &mut [StepPlan]) {
     let readers = readers(program);
     let computed_at = computed_at(program, steps);
+    let step_of = step_of_output(program);
     let is_f32 = |v: ValueId| program.graph.nodes[v as usize].ty.dtype == DType::F32;
     for (k, _, post) in norms_after_producers(program, homes, steps) {
         let Some(&[Some(a)]) = readers.get(&post.output).map(Vec::as_slice) else {
@@ -40,12 +41,8 @@ pub fn fuse_post_norms(program: &Program, homes: &[Home], steps: &mut [StepPlan]
             sum: add.output,
             norm,
         };
-        // The add and the norm it took were computed at the add's step.
-        for step in steps.iter_mut() {
-            if matches!(step, StepPlan::ComputedAt { at } if *at == a) {
-                *step = StepPlan::ComputedAt { at: k };
-            }
-        }
+        // The add and the norm it took (computed at the add's step) move here.
         steps[a] = StepPlan::ComputedAt { at: k };
+        steps[step_of[&norm.output]] = StepPlan::ComputedAt { at: k };
     }
 }
