@@ -35,7 +35,9 @@ fn rows_of(values: &[f32], cols: usize, ids: &[i64], wrap: bool) -> Vec<f32> {
 /// GGUF blocks (Q8_0, 256 columns on 128 threads): with the norm, the rows
 /// are the same bits as without, the norm is the CPU's of those rows
 /// (weight offsets 0 and 1) stored in f32 and in each half type, and a bad
-/// id's row is zeros and flagged.
+/// id's row is zeros and flagged; scaled (Gemma's √hidden), with or
+/// without the norm, the rows are the bits of each value times the scale
+/// and the norm is of those.
 #[test]
 fn embeddings_take_the_norm_of_their_rows() {
     let gpu = Gpu::new(&[sources::DATA, sources::GEMV_Q8_0]);
@@ -55,23 +57,36 @@ fn embeddings_take_the_norm_of_their_rows() {
         let cols = values.len() / rows;
         let w = rng.data(cols, 1.0);
         let wp = gpu.up(&w);
-        let rows_want = rows_of(values, cols, &ids, false);
-        let mut want = vec![0f32; rows_want.len()];
-        for offset in [0.0, 1.0] {
-            let what = format!("{name}, weight offset {offset}");
+        for (offset, scale) in [(0.0, 0.0), (1.0, 0.0), (1.0, 45.254833)] {
+            let factor = if scale == 0.0 { 1.0 } else { scale };
+            let rows_want: Vec<f32> = rows_of(values, cols, &ids, false)
+                .iter()
+                .map(|v| v * factor)
+                .collect();
+            let mut want = vec![0f32; rows_want.len()];
+            let what = format!("{name}, weight offset {offset}, scale {scale}");
             let bytes = rows_want.len() * 4;
             let (error, h, y) = (gpu.up(&[0i32]), gpu.zeros(bytes), gpu.zeros(bytes));
-            let run = |out_type| {
-                let norm = row_norm(Some((wp, y, EPS, offset, out_type)));
-                let head = [Ptr(*table), Ptr(idp), Ptr(h), long(rows), int(cols)];
+            let embed = |out, norm| {
+                let head = [Ptr(*table), Ptr(idp), Ptr(out), long(rows), int(cols)];
                 let args = [&head[..], &[Ptr(error), norm]].concat();
                 gpu.run(name, (ids.len() as u32, 1), *block, &args);
             };
+            let norm = |out_type| scaled_row_norm(Some((wp, y, EPS, offset, out_type)), scale);
+            let run = |out_type| embed(h, norm(out_type));
             norm::rms_norm_rows(&rows_want, &w, offset, EPS, &mut want);
             gpu.check_stores(y, &want, &what, run);
             let got: Vec<f32> = gpu.down(h, rows_want.len());
             assert!(bits(&got) == bits(&rows_want), "{what}: the rows");
             assert_eq!(gpu.down::<i32>(error, 1), [1], "{what}: id 9 flagged");
+            // The rows alone, scaled as with the norm.
+            let alone = gpu.zeros(bytes);
+            embed(alone, scaled_row_norm(None, scale));
+            let got: Vec<f32> = gpu.down(alone, rows_want.len());
+            assert!(
+                bits(&got) == bits(&rows_want),
+                "{what}: the rows without the norm"
+            );
         }
     }
 }

@@ -434,17 +434,21 @@ fn tiny_gemma2_on_the_cuda_backend_matches_transformers() {
 /// them (twice a layer of the four but the last layer's second: that add's
 /// norm runs with the last tokens' gather), Qwen3's and Gemma 3's q and k
 /// norms in their rotation (a layer each; Gemma 3's one key/value head is
-/// normalized before its reshape into heads).
+/// normalized before its reshape into heads), and the first layer's norm
+/// in the embedding's launch, which scales the rows too where the model
+/// does (Gemma's √hidden, Granite's embedding multiplier).
 #[test]
 fn norms_run_inside_the_launches_beside_them_on_cuda() {
-    for (fixture, post_norms, head_norms) in [
-        ("tiny_gemma2.json", 2 * 4 - 1, 0),
-        ("tiny_gemma3.json", 2 * 4 - 1, 4),
-        ("tiny_qwen3.json", 0, 2),
+    for (fixture, post_norms, head_norms, scaled) in [
+        ("tiny_gemma2.json", 2 * 4 - 1, 0, 1),
+        ("tiny_gemma3.json", 2 * 4 - 1, 4, 1),
+        ("tiny_qwen3.json", 0, 2, 0),
+        ("tiny_granite.json", 0, 0, 1),
     ] {
         let device = kiln_tests::models::cuda_test_device();
         let (cuda, _) = Engine::load(fixture, false, device);
         let executor: &CudaExecutor = cuda.backend().as_any().downcast_ref().unwrap();
+        assert_eq!(executor.embeddings_fused(), (scaled, 1), "{fixture}");
         assert_eq!(executor.post_norms_fused(), post_norms, "{fixture}");
         assert_eq!(
             executor.rotations_with_head_norms(),

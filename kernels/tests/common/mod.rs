@@ -138,11 +138,25 @@ pub fn long(v: usize) -> KernelArg {
 /// A `KilnRowNorm` (kiln_cuda.cuh) of `(weight, output, eps, offset,
 /// out_type)`, or of none: the norm an embedding kernel takes with its rows.
 pub fn row_norm(norm: Option<(DevicePtr, DevicePtr, f32, f32, usize)>) -> KernelArg {
+    scaled_row_norm(norm, 0.0)
+}
+
+/// [`row_norm`] with the rows scaled by `scale` first (0: not scaled).
+pub fn scaled_row_norm(
+    norm: Option<(DevicePtr, DevicePtr, f32, f32, usize)>,
+    scale: f32,
+) -> KernelArg {
+    let scale_word = u64::from(scale.to_bits()) << 32;
     KernelArg::Struct(match norm {
         Some((w, y, eps, offset, out_type)) => {
-            vec![w, y, float_pair_word(eps, offset), out_type as u64]
+            vec![
+                w,
+                y,
+                float_pair_word(eps, offset),
+                out_type as u64 | scale_word,
+            ]
         }
-        None => vec![0; 4],
+        None => vec![0, 0, 0, scale_word],
     })
 }
 

@@ -124,7 +124,9 @@ fn half_product_inputs(program: &Program, steps: &[StepPlan]) -> HalfValues {
             StepPlan::AddRmsNorm(norm)
             | StepPlan::NormAddRmsNorm { norm, .. }
             | StepPlan::AddRmsNormRows { norm, .. }
-            | StepPlan::Embedding(_, _, Some(norm)) => norm.output == x,
+            | StepPlan::Embedding {
+                norm: Some(norm), ..
+            } => norm.output == x,
             StepPlan::RmsNorm { .. } | StepPlan::Fused(..) | StepPlan::GatedActivation { .. } => {
                 producer.output == x
             }

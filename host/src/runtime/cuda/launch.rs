@@ -207,16 +207,18 @@ impl Frame<'_> {
         )
     }
 
-    /// `KilnRowNorm` (kiln_cuda.cuh) of `norm`, or of none.
-    fn row_norm_arg(&self, norm: Option<&RowNorm>) -> KernelArg {
+    /// `KilnRowNorm` (kiln_cuda.cuh) of `norm`, or of none, with the rows'
+    /// `scale` (0: none).
+    fn row_norm_arg(&self, norm: Option<&RowNorm>, scale: f32) -> KernelArg {
+        let scale_word = u64::from(scale.to_bits()) << 32;
         KernelArg::Struct(match norm {
             Some(n) => vec![
                 self.addrs[n.weight as usize],
                 self.addrs[n.output as usize],
                 float_pair_word(n.eps, n.offset),
-                u64::from(storage_code(self.stored_half(n.output))),
+                u64::from(storage_code(self.stored_half(n.output))) | scale_word,
             ],
-            None => vec![0; 4],
+            None => vec![0, 0, 0, scale_word],
         })
     }
 
@@ -542,11 +544,20 @@ impl Frame<'_> {
                     ],
                 )
             }
-            StepPlan::Embedding(table, function, norm) => {
+            StepPlan::Embedding {
+                table,
+                function,
+                scale,
+                norm,
+            } => {
                 let ids = numel(in_shape(0));
                 if ids == 0 {
                     return Ok(());
                 }
+                let (factor, out) = match scale {
+                    Some((factor, scaled)) => (*factor, self.addrs[*scaled as usize]),
+                    None => (0.0, out),
+                };
                 self.device
                     .launch(
                         *function,
@@ -558,7 +569,7 @@ impl Frame<'_> {
                             KernelArg::I64(table.rows as i64),
                             KernelArg::I32(table.cols as i32),
                             KernelArg::Ptr(self.error_flag),
-                            self.row_norm_arg(norm.as_ref()),
+                            self.row_norm_arg(norm.as_ref(), factor),
                         ],
                     )
                     .map_err(|e| e.to_string())

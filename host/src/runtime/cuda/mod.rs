@@ -400,6 +400,16 @@ impl CudaExecutor {
             .count()
     }
 
+    /// The embeddings' launches that scale their rows and that take the
+    /// first norm (`end_norms.rs`): (scaled, normed).
+    pub fn embeddings_fused(&self) -> (usize, usize) {
+        let count = |f: fn(&StepPlan) -> bool| self.steps.iter().filter(|s| f(s)).count();
+        (
+            count(|s| matches!(s, StepPlan::Embedding { scale: Some(_), .. })),
+            count(|s| matches!(s, StepPlan::Embedding { norm: Some(_), .. })),
+        )
+    }
+
     /// How many rotations of q and k take their per-head norms
     /// (`head_norms.rs`: Qwen3's and Gemma 3's q_norm and k_norm).
     pub fn rotations_with_head_norms(&self) -> usize {

@@ -112,9 +112,21 @@ pub enum StepPlan {
         /// The step that computes it.
         at: usize,
     },
-    /// Rows of a table, and the RMS norm that reads them where that is
-    /// fused in (`end_norms.rs`).
-    Embedding(DeviceMatrix, FunctionId, Option<RowNorm>),
+    /// Rows of a table, scaled where a scaling that alone reads them is
+    /// fused in, and the RMS norm that reads them where that is
+    /// (`end_norms.rs`).
+    Embedding {
+        /// The table.
+        table: DeviceMatrix,
+        /// Its kernel (`kiln_embedding_*`).
+        function: FunctionId,
+        /// The factor (Gemma's √hidden, Granite's embedding multiplier) and
+        /// the scaling's output, which the launch writes instead of the
+        /// embedding's.
+        scale: Option<(f32, ValueId)>,
+        /// The norm.
+        norm: Option<RowNorm>,
+    },
     /// The last layer's residual add and RMS norm with the gather of the
     /// rows whose logits are asked for (`end_norms.rs`): the gathered rows
     /// of the norm, written as the gather's output; the sum and the whole
@@ -385,7 +397,12 @@ pub fn lower(
             }
             Kernel::Embedding { weight } => {
                 let m = matrix(*weight, &mut owned)?;
-                StepPlan::Embedding(m, hand[weights::embedding_kernel(&m)], None)
+                StepPlan::Embedding {
+                    table: m,
+                    function: hand[weights::embedding_kernel(&m)],
+                    scale: None,
+                    norm: None,
+                }
             }
             Kernel::MixtureOfExperts { gate, up, down } => {
                 let Op::MixtureOfExperts(spec) = &node.op else {
