@@ -405,6 +405,11 @@ impl Frame<'_> {
             (None, None) => (element.paged_kernel(head_dim > HEAD_DIM), num_heads),
         };
         let splits = attention_splits(tokens, blocks_per_row, blocks_per_seq);
+        // Tensor cores: no split of less than a block's round of keys.
+        let splits = match tensor_cores {
+            Some(_) => splits.min(whole_round_splits(blocks_per_seq, layout.block_size)),
+            None => splits,
+        };
         let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
         // Split: the partial results go to scratch, and the last block of
         // each (row, block of heads) to finish merges them.
@@ -564,6 +569,23 @@ const BLOCKS_PER_SPLIT: usize = 4;
 /// dependent L2 loads (since a few rounds of loads for all of them:
 /// `merge_head_splits` in paged_attention.cuh; unmeasured).
 const TARGET_BLOCKS: usize = 264;
+/// Keys a block of the tensor-core decode kernel takes in one round: its
+/// four warps' chunks of 16 (`KILN_DECODE_WARPS` and `KILN_DECODE_KEYS` in
+/// decode_attention.cu).
+const DECODE_ROUND_KEYS: usize = 64;
+
+/// The most splits of a row's keys (tables `blocks_per_seq` wide, cache
+/// blocks of `block_size` positions) that leave each block of the
+/// tensor-core decode kernel at least a round of keys. A split of less
+/// leaves warps idle (a split of one cache block, as [`TARGET_BLOCKS`]
+/// asks of short contexts, three of the four) and adds partial results
+/// for the merge, where its keys' loads take one memory round trip either
+/// way: at batch 1 over ~200 positions (tables 16 wide) all of a layer's
+/// keys and values are in flight at once in 32 blocks as in 128.
+fn whole_round_splits(blocks_per_seq: usize, block_size: usize) -> usize {
+    (blocks_per_seq * block_size / DECODE_ROUND_KEYS).max(1)
+}
+
 /// Splits per row at most (`KILN_MAX_SPLITS` in paged_attention.cuh, what the
 /// merge of the splits takes, is more).
 const MAX_SPLITS: usize = 32;
@@ -747,6 +769,30 @@ mod tests {
             attention_scratch_bytes(&[1, 32, 128], &[1, 16]),
             32 * 16 * 130 * 4
         );
+    }
+
+    #[test]
+    fn tensor_core_splits_keep_a_round_of_keys_a_block() {
+        let define = |name: &str| {
+            kiln_kernels::cuda::sources::DECODE_ATTENTION
+                .text
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or_else(|| panic!("{name} in decode_attention.cu"))
+        };
+        let round = define("KILN_DECODE_WARPS") * define("KILN_DECODE_KEYS");
+        assert_eq!(DECODE_ROUND_KEYS, round);
+        // Batch 1 over ~200 positions (16 blocks of 16): four splits of
+        // 64 keys, not 16 of one block; 2k positions keep the most.
+        assert_eq!(
+            attention_splits(1, 8, 16).min(whole_round_splits(16, 16)),
+            4
+        );
+        assert_eq!(whole_round_splits(128, 16), MAX_SPLITS);
+        // Blocks of 4 positions; fewer keys than a round: unsplit.
+        assert_eq!(whole_round_splits(64, 4), 4);
+        assert_eq!(whole_round_splits(3, 16), 1);
     }
 
     #[test]
