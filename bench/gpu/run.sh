@@ -21,6 +21,10 @@
 #   bench/gpu/run.sh norm-fold         Kiln's decode at batch 1, 2 and 8 with the add + RMS
 #                                      norm folded into the GEMVs around it and launched
 #                                      on its own (KILN_NO_NORM_FOLD), as text
+#   bench/gpu/run.sh attention-splits  Kiln's decode at batch 1 and 8 with tensor-core
+#                                      attention split into rounds of 64 keys at least
+#                                      and into single cache blocks as before
+#                                      (KILN_SHORT_ATTENTION_SPLITS), as text
 #   bench/gpu/run.sh dense             Kiln's decode at batch 16 and 64 (bf16 shapes),
 #                                      dense products of 3 to 64 rows on cuBLAS and on
 #                                      the tensor-core kernel (KILN_DENSE_ROWS), as text
@@ -176,6 +180,19 @@ norm_fold_shape() {
 norm_fold() {
   . tests/gpu/env.sh
   each_shape norm_fold_shape
+}
+
+# Decode at batch 1 and 8 with tensor-core attention's splits of a round of
+# 64 keys at least (the default) and of single cache blocks, as before
+# (three of a block's four warps idle at ~200 positions). Text, in
+# attention-splits-*.txt.
+attention_splits_shape() {
+  switch_shape attention-splits KILN_SHORT_ATTENTION_SPLITS 1,8 "whole-round splits" "$@"
+}
+
+attention_splits() {
+  . tests/gpu/env.sh
+  each_shape attention_splits_shape
 }
 
 # Decode at 16 and 64 streams with dense bf16 products of 3 to 64 rows on
@@ -433,6 +450,7 @@ case "${1:-}" in
   splits) splits ;;
   pdl) pdl ;;
   norm-fold) norm_fold ;;
+  attention-splits) attention_splits ;;
   dense) dense ;;
   dense-gemv) dense_gemv ;;
   gemm-algorithms) gemm_algorithms ;;
@@ -449,6 +467,7 @@ case "${1:-}" in
     splits
     pdl
     norm_fold
+    attention_splits
     dense
     gemm_algorithms
     dense_gemv
@@ -463,7 +482,7 @@ case "${1:-}" in
     done
     table
     ;;
-  *) sed -n 2,61p "$0" >&2; exit 2 ;;
+  *) sed -n 2,77p "$0" >&2; exit 2 ;;
 esac
 if [ -n "${OUT:-}" ]; then
   [ -f "$results/gpu-bench.md" ] && cp "$results/gpu-bench.md" "$OUT/"

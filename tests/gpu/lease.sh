@@ -97,6 +97,13 @@ part profile-batch-1 100 env KILN_BENCH_PROFILE="llama3-8b:bf16:1 llama3.2-1b:bf
 # a GPU: two launches a layer fewer) against its own launch, on the 1B
 # (the furthest from its target) and the 8B.
 part norm-fold 80 env KILN_BENCH_SHAPES="llama3.2-1b:bf16 llama3-8b:bf16" bench/gpu/run.sh norm-fold
+# Tensor-core decode attention split into rounds of 64 keys at least (since
+# 2026-12-01, built without a GPU) against single cache blocks as before,
+# whose merge was the suspect of batch 1's ~38 µs a layer; then Qwen3's and
+# Gemma 2's shapes, whose norms run inside other launches since 2026-12-01.
+part attention-splits 80 env KILN_BENCH_SHAPES="llama3.2-1b:bf16 llama3-8b:bf16" bench/gpu/run.sh attention-splits
+part kiln-qwen3-gemma2 60 env KILN_BENCH_SHAPES="bench/gpu/shapes/qwen3-0.6b.json:bf16 bench/gpu/shapes/gemma2-2b.json:bf16" \
+  bench/gpu/run.sh kiln
 # cuBLAS's products at 16 and 64 streams and in a 2048-token prefill in its
 # heuristics' algorithm and in cuBLASLt's timed fastest (the default since
 # 2026-11-30, built without a GPU): the o projection streamed at 2.4 TB/s at

@@ -407,8 +407,10 @@ impl Frame<'_> {
         let splits = attention_splits(tokens, blocks_per_row, blocks_per_seq);
         // Tensor cores: no split of less than a block's round of keys.
         let splits = match tensor_cores {
-            Some(_) => splits.min(whole_round_splits(blocks_per_seq, layout.block_size)),
-            None => splits,
+            Some(_) if !self.short_attention_splits => {
+                splits.min(whole_round_splits(blocks_per_seq, layout.block_size))
+            }
+            _ => splits,
         };
         let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
         // Split: the partial results go to scratch, and the last block of

@@ -51,6 +51,9 @@ pub struct Frame<'a> {
     pub greedy: Option<(ValueId, GreedyPicks)>,
     /// Attention may run on tensor cores (`AttentionBackend::Auto`).
     pub flash_attention: bool,
+    /// Tensor-core decode attention may split into less than a round of
+    /// keys (`KILN_SHORT_ATTENTION_SPLITS`).
+    pub short_attention_splits: bool,
     /// The adds and norms folded into the products around them, and their
     /// scratch at this step's shapes (where one applies).
     pub folds: (&'a NormFolds, Option<FoldScratch>),

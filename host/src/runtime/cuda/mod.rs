@@ -176,6 +176,10 @@ pub struct CudaExecutor {
     kv_element: KvElement,
     /// Attention may run on tensor cores (`AttentionBackend::Auto`).
     flash_attention: bool,
+    /// Tensor-core decode attention may split a row's keys into less than
+    /// a block's round (`KILN_SHORT_ATTENTION_SPLITS`, to time the policy
+    /// against: `attention::whole_round_splits`).
+    short_attention_splits: bool,
     /// The value of the graph's first input, where async scheduling feeds
     /// token ids.
     token_ids: Option<usize>,
@@ -355,6 +359,7 @@ impl CudaExecutor {
             paddable,
             kv_element,
             flash_attention: options.attention == AttentionBackend::Auto,
+            short_attention_splits: std::env::var_os("KILN_SHORT_ATTENTION_SPLITS").is_some(),
             token_ids,
             logits,
             weight_bytes_per_step: lowered.weight_bytes_per_step,

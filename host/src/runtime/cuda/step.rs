@@ -182,6 +182,7 @@ impl CudaExecutor {
             split_counters: arena + plan.split_counters as u64,
             cache: device_cache,
             flash_attention: self.flash_attention,
+            short_attention_splits: self.short_attention_splits,
             folds: (
                 &self.folds,
                 plan.folds.map(|(counter, at)| FoldScratch {
