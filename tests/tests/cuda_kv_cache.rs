@@ -154,8 +154,9 @@ fn flash_against_portable(shape: &str, dtype: KvCacheDtype) {
 }
 
 /// Steps of fewer rows than flash attention takes (chunks of 8, then single
-/// tokens) up to 100 positions, so that each of a block's four warps takes
-/// two chunks of 16 keys and rescales its first: over the bf16 and the fp8
+/// tokens) up to 100 positions, split in two rounds of 64 keys (a warp a
+/// chunk of 16, the second round partial; a warp's second chunk and its
+/// rescaling are `kernels/tests/cuda_flash_attention.rs`'s): over the bf16 and the fp8
 /// cache `auto` takes the tensor-core decode kernel (`decode_attention.cu`,
 /// q and the softmax weights rounded to bf16), every row's logits within
 /// bf16 rounding of the portable kernel's and not all equal (else it never
