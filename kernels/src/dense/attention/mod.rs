@@ -39,6 +39,16 @@ pub trait CacheElement: Copy + Default + Send + Sync + 'static {
     unsafe fn load_avx512(src: &[Self], dst: &mut [f32]) {
         Self::load(src, dst);
     }
+    /// [`load`](Self::load) for code compiled with AVX2 and F16C, as
+    /// [`load_avx512`](Self::load_avx512) is for AVX-512.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load_avx2(src: &[Self], dst: &mut [f32]) {
+        Self::load(src, dst);
+    }
 }
 
 impl CacheElement for f32 {
@@ -50,8 +60,8 @@ impl CacheElement for f32 {
     }
 }
 
-/// f16 and bf16: `half`'s slice conversions, and on AVX-512 the inline
-/// widening of [`avx512::widen_16bit`].
+/// f16 and bf16: `half`'s slice conversions, and on AVX-512 and AVX2 the
+/// inline widening of [`avx512::widen_16bit`] and [`avx2::widen_16bit`].
 macro_rules! half_cache_element {
     ($t:ty, bf16: $bf16:expr) => {
         impl CacheElement for $t {
@@ -66,6 +76,12 @@ macro_rules! half_cache_element {
             unsafe fn load_avx512(src: &[$t], dst: &mut [f32]) {
                 // SAFETY: the caller guarantees AVX-512F.
                 unsafe { avx512::widen_16bit::<$bf16>(src.reinterpret_cast(), dst) };
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[inline(always)]
+            unsafe fn load_avx2(src: &[$t], dst: &mut [f32]) {
+                // SAFETY: the caller guarantees AVX2 and F16C.
+                unsafe { avx2::widen_16bit::<$bf16>(src.reinterpret_cast(), dst) };
             }
         }
     };
@@ -312,6 +328,8 @@ fn softmax_visible(live: &mut [f32], softcap: Option<f32>) {
     super::norm::softmax_rows(live, live.len());
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod task;

@@ -60,9 +60,9 @@ impl Task<'_> {
                 q: &[f32],
                 out: &SharedOut,
             ) {
-                task.run_inline::<T, true>(k_cache, v_cache, q, out);
+                task.run_inline::<T, true, false>(k_cache, v_cache, q, out);
             }
-            #[target_feature(enable = "avx2,fma")]
+            #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn avx2<T: CacheElement>(
                 task: &Task<'_>,
                 k_cache: &[T],
@@ -70,7 +70,7 @@ impl Task<'_> {
                 q: &[f32],
                 out: &SharedOut,
             ) {
-                task.run_inline::<T, false>(k_cache, v_cache, q, out);
+                task.run_inline::<T, false, true>(k_cache, v_cache, q, out);
             }
             if std::arch::is_x86_feature_detected!("avx512f") {
                 // SAFETY: the CPU has AVX-512F.
@@ -78,12 +78,13 @@ impl Task<'_> {
             }
             if std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
             {
-                // SAFETY: the CPU has AVX2 and FMA.
+                // SAFETY: the CPU has AVX2, FMA and F16C.
                 return unsafe { avx2(self, k_cache, v_cache, q, out) };
             }
         }
-        self.run_inline::<T, false>(k_cache, v_cache, q, out);
+        self.run_inline::<T, false, false>(k_cache, v_cache, q, out);
     }
 
     /// The key positions row `row` (of the sequence's rows) sees.
@@ -99,10 +100,10 @@ impl Task<'_> {
         from..position + 1
     }
 
-    /// The task, with the AVX-512 row kernels when `AVX512` (the caller
-    /// checked the CPU has it).
+    /// The task, with the AVX-512 row kernels when `AVX512` and the AVX2
+    /// cache widening when `AVX2` (the caller checked the CPU has them).
     #[inline(always)]
-    fn run_inline<T: CacheElement, const AVX512: bool>(
+    fn run_inline<T: CacheElement, const AVX512: bool, const AVX2: bool>(
         &self,
         k_cache: &[T],
         v_cache: &[T],
@@ -115,7 +116,7 @@ impl Task<'_> {
         // Every key some row of the tile sees: from the first row's window
         // start to the last row's position.
         let keys = self.visible(self.rows.start).start..self.visible(self.rows.end - 1).end;
-        let (kt, v) = self.widen::<T, AVX512>(k_cache, v_cache, keys.clone());
+        let (kt, v) = self.widen::<T, AVX512, AVX2>(k_cache, v_cache, keys.clone());
         let n_keys = keys.len();
         let local = |row: usize| {
             let visible = self.visible(row);
@@ -182,7 +183,7 @@ impl Task<'_> {
     /// [`KEYS`] (`[block][d][KEYS]`, the last block zero-padded), and the
     /// values widened (`[key][d]`).
     #[inline(always)]
-    fn widen<T: CacheElement, const AVX512: bool>(
+    fn widen<T: CacheElement, const AVX512: bool, const AVX2: bool>(
         &self,
         k_cache: &[T],
         v_cache: &[T],
@@ -199,11 +200,11 @@ impl Task<'_> {
                 let at = self.layout.offset(self.seq.block_table, position) + self.kv_head * d;
                 let j = b * KEYS + lane;
                 let cached = super::elements::<T>(at, d);
-                load::<T, AVX512>(
+                load::<T, AVX512, AVX2>(
                     &k_cache[cached.clone()],
                     &mut block_keys[lane * d..(lane + 1) * d],
                 );
-                load::<T, AVX512>(&v_cache[cached], &mut v[j * d..(j + 1) * d]);
+                load::<T, AVX512, AVX2>(&v_cache[cached], &mut v[j * d..(j + 1) * d]);
             }
             block_keys[block.len() * d..].fill(0.0);
             let out = &mut kt[b * KEYS * d..(b + 1) * KEYS * d];
@@ -218,6 +219,16 @@ impl Task<'_> {
                     first += KEYS;
                 }
             }
+            #[cfg(target_arch = "x86_64")]
+            if AVX2 {
+                while first + 8 <= d {
+                    let columns = &mut out[first * KEYS..(first + 8) * KEYS];
+                    // SAFETY: `AVX2` is set only on CPUs with AVX2;
+                    // `block_keys` holds 16 rows of d ≥ first + 8 floats.
+                    unsafe { super::avx2::transpose16x8(&block_keys, d, first, columns) };
+                    first += 8;
+                }
+            }
             for c in first..d {
                 for lane in 0..KEYS {
                     out[c * KEYS + lane] = block_keys[lane * d + c];
@@ -228,14 +239,19 @@ impl Task<'_> {
     }
 }
 
-/// [`CacheElement::load`], with AVX-512 code when `AVX512` (the caller
-/// checked the CPU has it).
+/// [`CacheElement::load`], with AVX-512 code when `AVX512` and AVX2 code
+/// when `AVX2` (the caller checked the CPU has them).
 #[inline(always)]
-fn load<T: CacheElement, const AVX512: bool>(src: &[T], dst: &mut [f32]) {
+fn load<T: CacheElement, const AVX512: bool, const AVX2: bool>(src: &[T], dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if AVX512 {
         // SAFETY: `AVX512` is set only on CPUs with AVX-512F.
         return unsafe { T::load_avx512(src, dst) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: `AVX2` is set only on CPUs with AVX2 and F16C.
+        return unsafe { T::load_avx2(src, dst) };
     }
     T::load(src, dst);
 }
