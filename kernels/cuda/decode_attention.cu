@@ -85,10 +85,10 @@ __device__ void decode_attention(KILN_PAGED_ATTENTION_PARAMS(C)) {
   constexpr int ROUND = KILN_DECODE_WARPS * KILN_DECODE_KEYS;
   const unsigned size = (unsigned)block_size;
   const i64* table = block_tables + (i64)b * blocks_per_seq;
-  auto key_of = [&](int base) { return (unsigned)min(max(base + lane % KILN_DECODE_KEYS, first_key), last_key); };
+  auto key_of = [&](int chunk) { return (unsigned)min(max(chunk + lane % KILN_DECODE_KEYS, first_key), last_key); };
   int base = (first_key & ~(KILN_DECODE_KEYS - 1)) + warp * KILN_DECODE_KEYS;
-  auto slot_of = [&](int base) {
-    const unsigned key = key_of(base);
+  auto slot_of = [&](int chunk) {
+    const unsigned key = key_of(chunk);
     return (unsigned)cache_slot_in(cache_block_of(table, key, size), key, size);
   };
   // A chunk's keys and values asked for in L2 by the slot of this lane's

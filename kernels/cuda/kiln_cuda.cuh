@@ -540,8 +540,8 @@ struct OutRow {
 // embedding's rows and the first layer's norm): y [row] = x [row] · s ·
 // (offset + w), s = 1 / sqrt(mean(x [row]²) + eps), stored as `out_type`
 // says (store_as). None where w is null. The rows are scaled first, x =
-// row · scale, where scale is not 0 (Gemma's √hidden, Granite's embedding
-// multiplier), with or without a norm.
+// row · scale (Gemma's √hidden, Granite's embedding multiplier; 1 for
+// none), with or without a norm.
 struct KilnRowNorm {
   const float* w;
   float* y;
@@ -551,17 +551,16 @@ struct KilnRowNorm {
 };
 
 // Row `row` of out [_, cols] set to load(c) at each column c (a block a
-// row: for_each_batched's columns a thread), scaled where `norm` says,
-// then its norm where `norm` has one, each thread reading back the
-// columns it wrote.
+// row: for_each_batched's columns a thread), scaled by `norm.scale`, then
+// its norm where `norm` has one, each thread reading back the columns it
+// wrote.
 template <typename Load>
 __device__ __forceinline__ void write_row_normed(float* out, i64 row, int cols, Load load, const KilnRowNorm& norm) {
   __shared__ float scratch[32];
   float* x = out + row * cols;
-  const float scale = norm.scale != 0.0f ? norm.scale : 1.0f;
   float squares = 0.0f;
   for_each_batched<float>(cols, load, [&](int c, float v) {
-    v *= scale;
+    v *= norm.scale;
     x[c] = v;
     squares += v * v;
   });

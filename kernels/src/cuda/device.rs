@@ -116,6 +116,22 @@ pub fn float_pair_word(first: f32, second: f32) -> u64 {
     u64::from(first.to_bits()) | u64::from(second.to_bits()) << 32
 }
 
+/// The RMS norm an embedding launch takes with its rows: its weight, its
+/// output, eps, the weight's offset and the output's storage code.
+pub type RowNormArgs = (DevicePtr, DevicePtr, f32, f32, u32);
+
+/// A `KilnRowNorm` (kiln_cuda.cuh) of `norm`, or of none, with the rows
+/// scaled by `scale` (1: as they are).
+pub fn row_norm_arg(norm: Option<RowNormArgs>, scale: f32) -> KernelArg {
+    let (w, y, eps, offset, out_type) = norm.unwrap_or((0, 0, 0.0, 0.0, 0));
+    KernelArg::Struct(vec![
+        w,
+        y,
+        float_pair_word(eps, offset),
+        u64::from(out_type) | u64::from(scale.to_bits()) << 32,
+    ])
+}
+
 impl KernelArg {
     /// The argument's bytes as `u64` words (8-byte aligned storage).
     fn words(&self) -> Vec<u64> {

@@ -16,6 +16,6 @@ pub mod nvrtc;
 pub mod sources;
 
 pub use device::{
-    float_pair_word, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GemmType,
-    GraphId, KernelArg, LaunchConfig, Readback, WeightLayout,
+    float_pair_word, row_norm_arg, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm,
+    GemmType, GraphId, KernelArg, LaunchConfig, Readback, RowNormArgs, WeightLayout,
 };

@@ -136,28 +136,19 @@ pub fn long(v: usize) -> KernelArg {
 }
 
 /// A `KilnRowNorm` (kiln_cuda.cuh) of `(weight, output, eps, offset,
-/// out_type)`, or of none: the norm an embedding kernel takes with its rows.
+/// out_type)`, or of none: the norm an embedding kernel takes with its
+/// rows, which it leaves unscaled.
 pub fn row_norm(norm: Option<(DevicePtr, DevicePtr, f32, f32, usize)>) -> KernelArg {
-    scaled_row_norm(norm, 0.0)
+    scaled_row_norm(norm, 1.0)
 }
 
-/// [`row_norm`] with the rows scaled by `scale` first (0: not scaled).
+/// [`row_norm`] with the rows scaled by `scale` first.
 pub fn scaled_row_norm(
     norm: Option<(DevicePtr, DevicePtr, f32, f32, usize)>,
     scale: f32,
 ) -> KernelArg {
-    let scale_word = u64::from(scale.to_bits()) << 32;
-    KernelArg::Struct(match norm {
-        Some((w, y, eps, offset, out_type)) => {
-            vec![
-                w,
-                y,
-                float_pair_word(eps, offset),
-                out_type as u64 | scale_word,
-            ]
-        }
-        None => vec![0, 0, 0, scale_word],
-    })
+    let norm = norm.map(|(w, y, eps, offset, out_type)| (w, y, eps, offset, out_type as u32));
+    kiln_kernels::cuda::row_norm_arg(norm, scale)
 }
 
 /// A `KilnHeadNorms` (rope.cu) of `(w, w2, eps, offset)`, or of none: the

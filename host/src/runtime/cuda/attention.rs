@@ -404,14 +404,12 @@ impl Frame<'_> {
             }
             (None, None) => (element.paged_kernel(head_dim > HEAD_DIM), num_heads),
         };
-        let splits = attention_splits(tokens, blocks_per_row, blocks_per_seq);
-        // Tensor cores: no split of less than a block's round of keys.
-        let splits = match tensor_cores {
-            Some(_) if !self.short_attention_splits => {
-                splits.min(whole_round_splits(blocks_per_seq, layout.block_size))
-            }
-            _ => splits,
-        };
+        let whole_rounds = tensor_cores.is_some() && !self.short_attention_splits;
+        let splits = launch_splits(
+            (tokens, blocks_per_row),
+            (blocks_per_seq, layout.block_size),
+            whole_rounds,
+        );
         let split_keys = blocks_per_seq.div_ceil(splits) * layout.block_size;
         // Split: the partial results go to scratch, and the last block of
         // each (row, block of heads) to finish merges them.
@@ -588,6 +586,23 @@ fn whole_round_splits(blocks_per_seq: usize, block_size: usize) -> usize {
     (blocks_per_seq * block_size / DECODE_ROUND_KEYS).max(1)
 }
 
+/// The splits of a launch of `tokens` rows of `blocks_per_row` blocks of
+/// heads over tables `blocks_per_seq` wide of cache blocks of `block_size`:
+/// [`attention_splits`], at most [`whole_round_splits`] where
+/// `whole_rounds` (the tensor-core decode kernel's).
+fn launch_splits(
+    (tokens, blocks_per_row): (usize, usize),
+    (blocks_per_seq, block_size): (usize, usize),
+    whole_rounds: bool,
+) -> usize {
+    let splits = attention_splits(tokens, blocks_per_row, blocks_per_seq);
+    if whole_rounds {
+        splits.min(whole_round_splits(blocks_per_seq, block_size))
+    } else {
+        splits
+    }
+}
+
 /// Splits per row at most (`KILN_MAX_SPLITS` in paged_attention.cuh, what the
 /// merge of the splits takes, is more).
 const MAX_SPLITS: usize = 32;
@@ -712,13 +727,21 @@ mod tests {
         assert_eq!(shape(rope_config(1, 96)), ((1, 1, 1), 96));
     }
 
+    /// The value of `#define NAME <number>` in a kernel source.
+    fn define(source: &str, name: &str) -> usize {
+        source
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("#define {name} in the kernel source"))
+    }
+
     #[test]
     fn no_step_splits_past_what_the_merge_takes() {
-        let kernel_most = kiln_kernels::cuda::sources::PAGED_ATTENTION_HEADER
-            .lines()
-            .find_map(|l| l.strip_prefix("#define KILN_MAX_SPLITS "))
-            .and_then(|n| n.trim().parse::<usize>().ok())
-            .expect("KILN_MAX_SPLITS in paged_attention.cuh");
+        let kernel_most = define(
+            kiln_kernels::cuda::sources::PAGED_ATTENTION_HEADER,
+            "KILN_MAX_SPLITS",
+        );
         assert!(MAX_SPLITS <= kernel_most);
         assert!(LONG_MAX_SPLITS <= kernel_most);
         for tokens in [1, 2, 4, 16, 17, 64, 256] {
@@ -775,26 +798,23 @@ mod tests {
 
     #[test]
     fn tensor_core_splits_keep_a_round_of_keys_a_block() {
-        let define = |name: &str| {
-            kiln_kernels::cuda::sources::DECODE_ATTENTION
-                .text
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
-                .and_then(|n| n.trim().parse::<usize>().ok())
-                .unwrap_or_else(|| panic!("{name} in decode_attention.cu"))
-        };
-        let round = define("KILN_DECODE_WARPS") * define("KILN_DECODE_KEYS");
+        let source = kiln_kernels::cuda::sources::DECODE_ATTENTION.text;
+        let round = define(source, "KILN_DECODE_WARPS") * define(source, "KILN_DECODE_KEYS");
         assert_eq!(DECODE_ROUND_KEYS, round);
         // Batch 1 over ~200 positions (16 blocks of 16): four splits of
-        // 64 keys, not 16 of one block; 2k positions keep the most.
-        assert_eq!(
-            attention_splits(1, 8, 16).min(whole_round_splits(16, 16)),
-            4
-        );
-        assert_eq!(whole_round_splits(128, 16), MAX_SPLITS);
+        // 64 keys on tensor cores, not 16 of one block as elsewhere (and
+        // with KILN_SHORT_ATTENTION_SPLITS); 2k positions keep the most.
+        assert_eq!(launch_splits((1, 8), (16, 16), true), 4);
+        assert_eq!(launch_splits((1, 8), (16, 16), false), 16);
+        assert_eq!(launch_splits((1, 8), (128, 16), true), MAX_SPLITS);
         // Blocks of 4 positions; fewer keys than a round: unsplit.
-        assert_eq!(whole_round_splits(64, 4), 4);
-        assert_eq!(whole_round_splits(3, 16), 1);
+        assert_eq!(launch_splits((1, 8), (64, 4), true), 4);
+        assert_eq!(launch_splits((1, 8), (3, 16), true), 1);
+        // Past 16 rows the long-context splits hold rounds already.
+        assert_eq!(
+            launch_splits((64, 8), (256, 16), true),
+            attention_splits(64, 8, 256)
+        );
     }
 
     #[test]

@@ -10,9 +10,9 @@
 
 use kiln_plugin_api::graph::{BinaryOp, DType, Op, ValueId};
 
-use super::fusion::{computed_at, norms_after_producers, read_only_by, readers};
+use super::fusion::{binary_f32, computed_at, norms_after_producers, read_only_by, readers};
 use super::plan::{Home, RowNorm, StepPlan};
-use crate::compiler::{ElementOp, Instr, Kernel, Operand, Program};
+use crate::compiler::Program;
 
 /// Runs the fusions over `steps` (after the residual adds are fused into
 /// their norms).
@@ -59,28 +59,10 @@ fn scale_embeddings(program: &Program, steps: &mut [StepPlan]) {
 /// The factor of step `s` where it is `inputs[0] · c` in f32 with
 /// `inputs[1]` a one-element constant `c` other than 0.
 fn scalar_multiple(program: &Program, s: usize) -> Option<f32> {
-    let graph = &program.graph;
-    let step = &program.steps[s];
-    let (a, b) = (Operand::Input(0), Operand::Input(1));
-    let multiplies = match &step.kernel {
-        Kernel::Fused { program: instrs } => matches!(
-            instrs.as_slice(),
-            [Instr {
-                op: ElementOp::Binary { f: BinaryOp::Mul },
-                args,
-                dtype: DType::F32,
-            }] if args == &[a, b] || args == &[b, a]
-        ),
-        Kernel::Node => {
-            let node = &graph.nodes[step.output as usize];
-            matches!(node.op, Op::Binary { op: BinaryOp::Mul }) && node.ty.dtype == DType::F32
-        }
-        _ => false,
-    };
-    if !multiplies || step.inputs.len() != 2 {
+    let Some((BinaryOp::Mul, _)) = binary_f32(program, s) else {
         return None;
-    }
-    match &graph.nodes[step.inputs[1] as usize].op {
+    };
+    match &program.graph.nodes[program.steps[s].inputs[1] as usize].op {
         Op::Constant(c) if c.values.len() == 1 && c.values[0] != 0.0 => Some(c.values[0] as f32),
         _ => None,
     }

@@ -385,21 +385,7 @@ fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) 
     for (j, i, norm) in norms_after_producers(program, homes, steps) {
         let add = &program.steps[i];
         let x = add.output;
-        let plain_add = match &add.kernel {
-            Kernel::Fused { program: instrs } => matches!(
-                instrs.as_slice(),
-                [Instr {
-                    op: ElementOp::Binary { f: BinaryOp::Add },
-                    args,
-                    dtype: DType::F32,
-                }] if args == &[Operand::Input(0), Operand::Input(1)]
-            ),
-            Kernel::Node => {
-                matches!(graph.nodes[x as usize].op, Op::Binary { op: BinaryOp::Add })
-                    && graph.nodes[x as usize].ty.dtype == DType::F32
-            }
-            _ => false,
-        };
+        let plain_add = binary_f32(program, i) == Some((BinaryOp::Add, true));
         let same_shape = add
             .inputs
             .iter()
@@ -408,6 +394,35 @@ fn fuse_add_rms_norm(program: &Program, homes: &[Home], steps: &mut [StepPlan]) 
             steps[i] = StepPlan::AddRmsNorm(norm);
             steps[j] = StepPlan::ComputedAt { at: i };
         }
+    }
+}
+
+/// Step `s`'s operation where it is one f32 binary operation of its two
+/// inputs (a generated kernel of one instruction, or the graph's node), and
+/// whether it takes them in order (`inputs[0] op inputs[1]`).
+pub(super) fn binary_f32(program: &Program, s: usize) -> Option<(BinaryOp, bool)> {
+    let step = &program.steps[s];
+    if step.inputs.len() != 2 {
+        return None;
+    }
+    let (a, b) = (Operand::Input(0), Operand::Input(1));
+    match &step.kernel {
+        Kernel::Fused { program: instrs } => match instrs.as_slice() {
+            [Instr {
+                op: ElementOp::Binary { f },
+                args,
+                dtype: DType::F32,
+            }] if args == &[a, b] || args == &[b, a] => Some((*f, args == &[a, b])),
+            _ => None,
+        },
+        Kernel::Node => {
+            let node = &program.graph.nodes[step.output as usize];
+            match node.op {
+                Op::Binary { op } if node.ty.dtype == DType::F32 => Some((op, true)),
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }
 

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use kiln_kernels::cuda::{
-    float_pair_word, Device, DevicePtr, FunctionId, GemmType, KernelArg, LaunchConfig, WeightLayout,
+    Device, DevicePtr, FunctionId, GemmType, KernelArg, LaunchConfig, WeightLayout,
 };
 use kiln_plugin_api::graph::{DType, ValueId};
 
@@ -210,19 +210,15 @@ impl Frame<'_> {
         )
     }
 
-    /// `KilnRowNorm` (kiln_cuda.cuh) of `norm`, or of none, with the rows'
-    /// `scale` (0: none).
+    /// `KilnRowNorm` (kiln_cuda.cuh) of `norm`, or of none, with the rows
+    /// scaled by `scale`.
     fn row_norm_arg(&self, norm: Option<&RowNorm>, scale: f32) -> KernelArg {
-        let scale_word = u64::from(scale.to_bits()) << 32;
-        KernelArg::Struct(match norm {
-            Some(n) => vec![
-                self.addrs[n.weight as usize],
-                self.addrs[n.output as usize],
-                float_pair_word(n.eps, n.offset),
-                u64::from(storage_code(self.stored_half(n.output))) | scale_word,
-            ],
-            None => vec![0, 0, 0, scale_word],
-        })
+        let norm = norm.map(|n| {
+            let out_type = storage_code(self.stored_half(n.output));
+            let (w, y) = (self.addrs[n.weight as usize], self.addrs[n.output as usize]);
+            (w, y, n.eps, n.offset, out_type)
+        });
+        kiln_kernels::cuda::row_norm_arg(norm, scale)
     }
 
     /// `a [..., m, k] · b [..., k, n]` into `out [..., m, n]`, batched over
@@ -559,7 +555,7 @@ impl Frame<'_> {
                 }
                 let (factor, out) = match scale {
                     Some((factor, scaled)) => (*factor, self.addrs[*scaled as usize]),
-                    None => (0.0, out),
+                    None => (1.0, out),
                 };
                 self.device
                     .launch(

@@ -5,8 +5,6 @@
 
 use std::arch::x86_64::*;
 
-use half::{bf16, f16};
-
 /// `dst` = the f16 (or, with `BF16`, bf16) values `bits`, widened, eight at a
 /// time.
 ///
@@ -28,11 +26,7 @@ pub(super) unsafe fn widen_16bit<const BF16: bool>(bits: &[u16], dst: &mut [f32]
         _mm256_storeu_ps(o.as_mut_ptr(), wide);
     }
     for (&h, o) in tail.iter().zip(out_tail) {
-        *o = if BF16 {
-            bf16::from_bits(h).to_f32()
-        } else {
-            f16::from_bits(h).to_f32()
-        };
+        *o = super::widen_half::<BF16>(h);
     }
 }
 
@@ -91,6 +85,7 @@ pub(super) unsafe fn transpose16x8(rows: &[f32], stride: usize, first: usize, ou
 #[cfg(test)]
 mod tests {
     use half::slice::HalfFloatSliceExt;
+    use half::{bf16, f16};
 
     use super::*;
 

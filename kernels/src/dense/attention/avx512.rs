@@ -4,8 +4,6 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use half::{bf16, f16};
-
 use crate::quant::BlockQ8_0;
 
 use super::task::{key_blocks, KEYS};
@@ -196,11 +194,7 @@ pub(super) unsafe fn widen_16bit<const BF16: bool>(bits: &[u16], dst: &mut [f32]
         _mm512_storeu_ps(o.as_mut_ptr(), wide);
     }
     for (&h, o) in tail.iter().zip(out_tail) {
-        *o = if BF16 {
-            bf16::from_bits(h).to_f32()
-        } else {
-            f16::from_bits(h).to_f32()
-        };
+        *o = super::widen_half::<BF16>(h);
     }
 }
 

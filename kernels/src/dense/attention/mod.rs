@@ -87,6 +87,18 @@ macro_rules! half_cache_element {
     };
 }
 
+/// One f16 (or, with `BF16`, bf16) value's bits widened to f32: the tails
+/// of the SIMD widenings.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn widen_half<const BF16: bool>(bits: u16) -> f32 {
+    if BF16 {
+        bf16::from_bits(bits).to_f32()
+    } else {
+        f16::from_bits(bits).to_f32()
+    }
+}
+
 half_cache_element!(f16, bf16: false);
 half_cache_element!(bf16, bf16: true);
 
