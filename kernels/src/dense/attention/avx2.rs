@@ -1,9 +1,153 @@
-//! AVX2 widening of the half-precision caches for `task`'s AVX2 build: the
-//! same values `half`'s slice conversions give (widening f16 and bf16 to
-//! f32 is exact), by instructions that inline into the caller, where the
-//! slice conversions are a call (and a CPU-feature check) per head.
+//! AVX2 versions of `task`'s row kernels, and the widening of the
+//! half-precision caches for its AVX2 build.
+//!
+//! The row kernels run the portable kernels' FMA chains in the same order,
+//! so they compute bit for bit what those do; they hold their accumulators
+//! in AVX2's 16 registers, where the portable code's (up to 24 vectors)
+//! spill. The widening gives the values `half`'s slice conversions give
+//! (widening f16 and bf16 to f32 is exact), by instructions that inline
+//! into the caller, where the slice conversions are a call (and a
+//! CPU-feature check) per head.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::task::{key_blocks, KEYS};
+
+/// [`super::task::score`] on AVX2: `B` blocks of 16 keys per pass over the
+/// head dimension, `2·B·Q` accumulators in registers (at most 8: `B` is
+/// chosen so that enough FMA chains are in flight).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA. `q` holds `Q` vectors of at least `d`
+/// values; `kt` covers every block the ranges touch (`[block][d][KEYS]`);
+/// `scores` is `[Q, n_keys]` with every range inside `0..n_keys`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn score<const Q: usize, const B: usize>(
+    q: &[&[f32]],
+    kt: &[f32],
+    d: usize,
+    ranges: &[Range<usize>],
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let n_keys = scores.len() / Q;
+    let q: [&[f32]; Q] = std::array::from_fn(|i| &q[i][..d]);
+    let Range {
+        start: from,
+        end: to,
+    } = key_blocks(ranges);
+    assert!(to * KEYS * d <= kt.len(), "transposed keys");
+    assert!(
+        ranges.iter().all(|r| r.end <= n_keys),
+        "score ranges inside the row"
+    );
+    let scale = _mm256_set1_ps(scale);
+    let mut lanes = [0f32; 8];
+    let mut block = from;
+    while block < to {
+        // The last pass may cover fewer blocks: its missing ones re-read
+        // the first (their sums are never stored).
+        let blocks = B.min(to - block);
+        let k: [*const f32; B] = std::array::from_fn(|b| {
+            kt.as_ptr()
+                .add((block + if b < blocks { b } else { 0 }) * KEYS * d)
+        });
+        let mut acc = [[[_mm256_setzero_ps(); 2]; B]; Q];
+        for c in 0..d {
+            let x: [__m256; Q] = std::array::from_fn(|i| _mm256_set1_ps(*q[i].get_unchecked(c)));
+            for b in 0..B {
+                let keys = [
+                    _mm256_loadu_ps(k[b].add(c * KEYS)),
+                    _mm256_loadu_ps(k[b].add(c * KEYS + 8)),
+                ];
+                for i in 0..Q {
+                    for h in 0..2 {
+                        acc[i][b][h] = _mm256_fmadd_ps(x[i], keys[h], acc[i][b][h]);
+                    }
+                }
+            }
+        }
+        let span = block * KEYS..(block + blocks) * KEYS;
+        for (i, range) in ranges.iter().enumerate() {
+            let live = span.start.max(range.start)..span.end.min(range.end);
+            if live.is_empty() {
+                continue;
+            }
+            // Eight keys at a time: vector `t` of the pass holds keys
+            // `span.start + 8t ..`.
+            for t in (live.start - span.start) / 8..(live.end - span.start).div_ceil(8) {
+                _mm256_storeu_ps(
+                    lanes.as_mut_ptr(),
+                    _mm256_mul_ps(scale, acc[i][t / 2][t % 2]),
+                );
+                let first = span.start + 8 * t;
+                for j in live.start.max(first)..live.end.min(first + 8) {
+                    *scores.get_unchecked_mut(i * n_keys + j) = lanes[j - first];
+                }
+            }
+        }
+        block += blocks;
+    }
+}
+
+/// [`super::task::weigh`] on AVX2: `8·W` output elements of `H` heads per
+/// pass over the keys, `H·W` accumulators in registers; the last `d % 8`
+/// elements by the portable code.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA. `p` is `[H, n_keys]`, `v` `[n_keys, d]`,
+/// `out` `[H, d]`, and `local` lies inside `0..n_keys`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn weigh<const H: usize, const W: usize>(
+    p: &[f32],
+    v: &[f32],
+    d: usize,
+    local: &Range<usize>,
+    out: &mut [f32],
+) {
+    let n_keys = p.len() / H;
+    assert!(
+        local.end <= n_keys && v.len() >= n_keys * d && out.len() >= H * d,
+        "weigh sizes"
+    );
+    let vectors = d / 8;
+    let mut first = 0;
+    while first < vectors {
+        let width = W.min(vectors - first);
+        let mut acc = [[_mm256_setzero_ps(); W]; H];
+        for j in local.clone() {
+            let row = v.as_ptr().add(j * d + 8 * first);
+            let w: [__m256; H] =
+                std::array::from_fn(|h| _mm256_set1_ps(*p.get_unchecked(h * n_keys + j)));
+            // A narrower last pass re-reads its first vector.
+            let x: [__m256; W] = std::array::from_fn(|t| {
+                _mm256_loadu_ps(row.add(8 * if t < width { t } else { 0 }))
+            });
+            for (acc, &w) in acc.iter_mut().zip(&w) {
+                for (a, &x) in acc.iter_mut().zip(&x) {
+                    *a = _mm256_fmadd_ps(w, x, *a);
+                }
+            }
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            let dst = out.as_mut_ptr().add(h * d + 8 * first);
+            for (t, &a) in acc.iter().enumerate().take(width) {
+                _mm256_storeu_ps(dst.add(8 * t), a);
+            }
+        }
+        first += width;
+    }
+    for c in 8 * vectors..d {
+        for h in 0..H {
+            let mut a = 0f32;
+            for j in local.clone() {
+                a = p[h * n_keys + j].mul_add(v[j * d + c], a);
+            }
+            out[h * d + c] = a;
+        }
+    }
+}
 
 /// `dst` = the f16 (or, with `BF16`, bf16) values `bits`, widened, eight at a
 /// time.
@@ -128,5 +272,58 @@ mod tests {
         bf16s.convert_to_f32_slice(&mut want);
         unsafe { widen_16bit::<true>(bf16s.reinterpret_cast(), &mut got) };
         assert_eq!(got, want);
+    }
+
+    fn data(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i + seed) * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    /// `score::<Q, B>` against the portable `score::<Q>`, bit for bit, over
+    /// ranges that start and end inside blocks and passes.
+    fn check_score<const Q: usize, const B: usize>(d: usize) {
+        let n_keys: usize = 150;
+        let kt = data(n_keys.div_ceil(KEYS) * KEYS * d, 1);
+        let q: Vec<Vec<f32>> = (0..Q).map(|i| data(d, 100 + i)).collect();
+        let q: Vec<&[f32]> = q.iter().map(Vec::as_slice).collect();
+        let ranges: Vec<Range<usize>> = (0..Q).map(|i| 3 + 7 * i..n_keys - 11 * i).collect();
+        let (mut want, mut got) = (vec![0f32; Q * n_keys], vec![0f32; Q * n_keys]);
+        super::super::task::score::<Q>(&q, &kt, d, &ranges, 0.3, &mut want);
+        // SAFETY: the CPU has AVX2 and FMA; the sizes are `score`'s.
+        unsafe { score::<Q, B>(&q, &kt, d, &ranges, 0.3, &mut got) };
+        assert_eq!(got, want, "score Q={Q} B={B} d={d}");
+    }
+
+    /// `weigh::<H, W>` against the portable `weigh::<H>`, bit for bit, with
+    /// heads whose size is no multiple of the pass (nor of 8).
+    fn check_weigh<const H: usize, const W: usize>(d: usize) {
+        let n_keys: usize = 70;
+        let p = data(H * n_keys, 2);
+        let v = data(n_keys * d, 3);
+        let local = 5..n_keys - 3;
+        let (mut want, mut got) = (vec![0f32; H * d], vec![0f32; H * d]);
+        super::super::task::weigh::<H>(&p, &v, d, &local, &mut want);
+        // SAFETY: the CPU has AVX2 and FMA; the sizes are `weigh`'s.
+        unsafe { weigh::<H, W>(&p, &v, d, &local, &mut got) };
+        assert_eq!(got, want, "weigh H={H} W={W} d={d}");
+    }
+
+    #[test]
+    fn row_kernels_compute_the_portable_bits() {
+        if !has_avx2() || !is_x86_feature_detected!("fma") {
+            return;
+        }
+        for d in [8, 20, 64, 256] {
+            check_score::<1, 4>(d);
+            check_score::<2, 2>(d);
+            check_score::<3, 1>(d);
+            check_score::<4, 1>(d);
+            check_score::<3, 2>(d);
+            check_weigh::<1, 8>(d);
+            check_weigh::<2, 4>(d);
+            check_weigh::<3, 3>(d);
+            check_weigh::<4, 2>(d);
+        }
     }
 }

@@ -145,14 +145,14 @@ impl Task<'_> {
                 let s = &mut s[..chunk.len() * n_keys];
                 let scale = self.params.scale;
                 match chunk.len() {
-                    1 => score_on::<1, AVX512>(&qs, &kt, d, &ranges, scale, s),
-                    2 => score_on::<2, AVX512>(&qs, &kt, d, &ranges, scale, s),
-                    3 => score_on::<3, AVX512>(&qs, &kt, d, &ranges, scale, s),
-                    4 => score_on::<4, AVX512>(&qs, &kt, d, &ranges, scale, s),
-                    5 => score_on::<5, AVX512>(&qs, &kt, d, &ranges, scale, s),
-                    6 => score_on::<6, AVX512>(&qs, &kt, d, &ranges, scale, s),
-                    7 => score_on::<7, AVX512>(&qs, &kt, d, &ranges, scale, s),
-                    _ => score_on::<8, AVX512>(&qs, &kt, d, &ranges, scale, s),
+                    1 => score_on::<1, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
+                    2 => score_on::<2, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
+                    3 => score_on::<3, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
+                    4 => score_on::<4, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
+                    5 => score_on::<5, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
+                    6 => score_on::<6, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
+                    7 => score_on::<7, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
+                    _ => score_on::<8, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
                 }
                 for (head, range) in s.chunks_exact_mut(n_keys).zip(ranges) {
                     softmax_visible(&mut head[range], self.params.softcap);
@@ -168,10 +168,10 @@ impl Task<'_> {
                 let p = &scores[i * group * n_keys..(i + 1) * group * n_keys];
                 for (p, o) in p.chunks(HEADS * n_keys).zip(o.chunks_mut(HEADS * d)) {
                     match o.len() / d {
-                        1 => weigh_on::<1, AVX512>(p, &v, d, &local, o),
-                        2 => weigh_on::<2, AVX512>(p, &v, d, &local, o),
-                        3 => weigh_on::<3, AVX512>(p, &v, d, &local, o),
-                        _ => weigh_on::<4, AVX512>(p, &v, d, &local, o),
+                        1 => weigh_on::<1, AVX512, AVX2>(p, &v, d, &local, o),
+                        2 => weigh_on::<2, AVX512, AVX2>(p, &v, d, &local, o),
+                        3 => weigh_on::<3, AVX512, AVX2>(p, &v, d, &local, o),
+                        _ => weigh_on::<4, AVX512, AVX2>(p, &v, d, &local, o),
                     }
                 }
             }
@@ -263,9 +263,9 @@ pub(super) fn key_blocks(ranges: &[Range<usize>]) -> Range<usize> {
     from / KEYS..to.div_ceil(KEYS)
 }
 
-/// [`score`], on AVX-512 when `AVX512`.
+/// [`score`], on AVX-512 when `AVX512` and on AVX2 when `AVX2`.
 #[inline(always)]
-fn score_on<const Q: usize, const AVX512: bool>(
+fn score_on<const Q: usize, const AVX512: bool, const AVX2: bool>(
     q: &[&[f32]],
     kt: &[f32],
     d: usize,
@@ -279,12 +279,24 @@ fn score_on<const Q: usize, const AVX512: bool>(
         // those `score` takes.
         return unsafe { super::avx512::score::<Q>(q, kt, d, ranges, scale, scores) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 && Q <= QUERIES_NARROW {
+        // SAFETY: `AVX2` is set only on CPUs with AVX2 and FMA; the sizes
+        // are those `score` takes. Blocks per pass: 2·B·Q = 8 chains.
+        return unsafe {
+            match Q {
+                1 => super::avx2::score::<Q, 4>(q, kt, d, ranges, scale, scores),
+                2 => super::avx2::score::<Q, 2>(q, kt, d, ranges, scale, scores),
+                _ => super::avx2::score::<Q, 1>(q, kt, d, ranges, scale, scores),
+            }
+        };
+    }
     score::<Q>(q, kt, d, ranges, scale, scores);
 }
 
-/// [`weigh`], on AVX-512 when `AVX512`.
+/// [`weigh`], on AVX-512 when `AVX512` and on AVX2 when `AVX2`.
 #[inline(always)]
-fn weigh_on<const H: usize, const AVX512: bool>(
+fn weigh_on<const H: usize, const AVX512: bool, const AVX2: bool>(
     p: &[f32],
     v: &[f32],
     d: usize,
@@ -296,6 +308,19 @@ fn weigh_on<const H: usize, const AVX512: bool>(
         // SAFETY: as for `score_on`.
         return unsafe { super::avx512::weigh::<H>(p, v, d, local, out) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        // SAFETY: as for `score_on`. Vectors per pass: H·W accumulators
+        // and H weights within the 16 registers.
+        return unsafe {
+            match H {
+                1 => super::avx2::weigh::<H, 8>(p, v, d, local, out),
+                2 => super::avx2::weigh::<H, 4>(p, v, d, local, out),
+                3 => super::avx2::weigh::<H, 3>(p, v, d, local, out),
+                _ => super::avx2::weigh::<H, 2>(p, v, d, local, out),
+            }
+        };
+    }
     weigh::<H>(p, v, d, local, out);
 }
 
@@ -305,7 +330,7 @@ fn weigh_on<const H: usize, const AVX512: bool>(
 /// at each vector's range. Two key blocks at a time, so that `2·Q` FMA
 /// chains are in flight.
 #[inline(always)]
-fn score<const Q: usize>(
+pub(super) fn score<const Q: usize>(
     q: &[&[f32]],
     kt: &[f32],
     d: usize,
@@ -362,7 +387,13 @@ fn score<const Q: usize>(
 /// `out[h] = Σ_{j ∈ local} p[h][j] · v_j` for `H` heads (`p` is `[H,
 /// n_keys]`, `v` `[n_keys, d]`, `out` `[H, d]`).
 #[inline(always)]
-fn weigh<const H: usize>(p: &[f32], v: &[f32], d: usize, local: &Range<usize>, out: &mut [f32]) {
+pub(super) fn weigh<const H: usize>(
+    p: &[f32],
+    v: &[f32],
+    d: usize,
+    local: &Range<usize>,
+    out: &mut [f32],
+) {
     let n_keys = p.len() / H;
     let mut first = 0;
     while first < d {
