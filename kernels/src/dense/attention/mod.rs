@@ -49,6 +49,23 @@ pub trait CacheElement: Copy + Default + Send + Sync + 'static {
     unsafe fn load_avx2(src: &[Self], dst: &mut [f32]) {
         Self::load(src, dst);
     }
+    /// The cache as numbers that attention may read in place, one per
+    /// element (`None`: it widens them first).
+    fn floats(_cache: &[Self]) -> Option<CacheFloats<'_>> {
+        None
+    }
+}
+
+/// A cache whose elements are single numbers, which attention's AVX2
+/// decode kernels read in place.
+#[derive(Clone, Copy, Debug)]
+pub enum CacheFloats<'a> {
+    /// f32 numbers.
+    F32(&'a [f32]),
+    /// f16 numbers.
+    F16(&'a [f16]),
+    /// bf16 numbers.
+    Bf16(&'a [bf16]),
 }
 
 impl CacheElement for f32 {
@@ -58,13 +75,19 @@ impl CacheElement for f32 {
     fn load(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src);
     }
+    fn floats(cache: &[f32]) -> Option<CacheFloats<'_>> {
+        Some(CacheFloats::F32(cache))
+    }
 }
 
 /// f16 and bf16: `half`'s slice conversions, and on AVX-512 and AVX2 the
 /// inline widening of [`avx512::widen_16bit`] and [`avx2::widen_16bit`].
 macro_rules! half_cache_element {
-    ($t:ty, bf16: $bf16:expr) => {
+    ($t:ty, bf16: $bf16:expr, $floats:ident) => {
         impl CacheElement for $t {
+            fn floats(cache: &[$t]) -> Option<CacheFloats<'_>> {
+                Some(CacheFloats::$floats(cache))
+            }
             fn store(src: &[f32], dst: &mut [$t]) {
                 dst.convert_from_f32_slice(src);
             }
@@ -99,8 +122,8 @@ fn widen_half<const BF16: bool>(bits: u16) -> f32 {
     }
 }
 
-half_cache_element!(f16, bf16: false);
-half_cache_element!(bf16, bf16: true);
+half_cache_element!(f16, bf16: false, F16);
+half_cache_element!(bf16, bf16: true, Bf16);
 
 /// llama.cpp's `--cache-type-k/v q8_0`: ggml's Q8_0 quantizer per 32
 /// numbers of a head.

@@ -27,7 +27,7 @@ pub(super) const KEYS: usize = 16;
 /// accumulators, in AVX-512's 32 registers.
 const QUERIES: usize = 8;
 /// [`QUERIES`] for AVX2's 16 registers and the portable code.
-const QUERIES_NARROW: usize = 4;
+pub(super) const QUERIES_NARROW: usize = 4;
 /// Query heads of a row weighed together (they share every value).
 const HEADS: usize = 4;
 /// Query rows scored in one pass over the keys.
@@ -101,7 +101,7 @@ impl Task<'_> {
     }
 
     /// The task, with the AVX-512 row kernels when `AVX512` and the AVX2
-    /// cache widening when `AVX2` (the caller checked the CPU has them).
+    /// ones when `AVX2` (the caller checked the CPU has them).
     #[inline(always)]
     fn run_inline<T: CacheElement, const AVX512: bool, const AVX2: bool>(
         &self,
@@ -111,12 +111,93 @@ impl Task<'_> {
         out: &SharedOut,
     ) {
         let d = self.layout.head_dim;
-        let group = self.num_heads / self.layout.num_kv_heads;
-        let row_len = self.num_heads * d;
         // Every key some row of the tile sees: from the first row's window
         // start to the last row's position.
         let keys = self.visible(self.rows.start).start..self.visible(self.rows.end - 1).end;
+        // A task of one pass (a decode step's rows) reads each key and
+        // value once: on AVX2, in place, where widened copies would cost
+        // more than the products.
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 && self.rows.len() <= PASS_ROWS && d.is_multiple_of(8) {
+            use super::avx2::InPlace;
+            use super::CacheFloats::{Bf16, F16, F32};
+            if let (Some(k), Some(v)) = (T::floats(k_cache), T::floats(v_cache)) {
+                let heads: Vec<usize> = self.key_heads(keys.clone());
+                match (k, v) {
+                    (F32(k), F32(v)) => {
+                        return self.passes(
+                            &InPlace {
+                                k,
+                                v,
+                                heads: &heads,
+                                d,
+                            },
+                            keys,
+                            q,
+                            out,
+                        )
+                    }
+                    (F16(k), F16(v)) => {
+                        return self.passes(
+                            &InPlace {
+                                k,
+                                v,
+                                heads: &heads,
+                                d,
+                            },
+                            keys,
+                            q,
+                            out,
+                        )
+                    }
+                    (Bf16(k), Bf16(v)) => {
+                        return self.passes(
+                            &InPlace {
+                                k,
+                                v,
+                                heads: &heads,
+                                d,
+                            },
+                            keys,
+                            q,
+                            out,
+                        )
+                    }
+                    _ => {}
+                }
+            }
+        }
         let (kt, v) = self.widen::<T, AVX512, AVX2>(k_cache, v_cache, keys.clone());
+        let widened = Widened::<AVX512, AVX2> { kt: &kt, v: &v, d };
+        self.passes(&widened, keys, q, out);
+    }
+
+    /// The offset in the cache of each of `keys`' head of this task's
+    /// key/value head (one division for the first, none after).
+    #[cfg(target_arch = "x86_64")]
+    fn key_heads(&self, keys: Range<usize>) -> Vec<usize> {
+        let (block_size, stride) = (self.layout.block_size, self.layout.position_stride());
+        let head = self.kv_head * self.layout.head_dim;
+        let mut heads = Vec::with_capacity(keys.len());
+        let (mut block, mut slot) = (keys.start / block_size, keys.start % block_size);
+        for _ in keys {
+            heads.push((self.seq.block_table[block] * block_size + slot) * stride + head);
+            slot += 1;
+            if slot == block_size {
+                (block, slot) = (block + 1, 0);
+            }
+        }
+        heads
+    }
+
+    /// The task's rows, [`PASS_ROWS`] at a time: each pass scores its query
+    /// vectors (rows × heads of the group) against the keys of `keys`, takes
+    /// each one's softmax and weighs the values by it.
+    #[inline(always)]
+    fn passes<S: KeySource>(&self, source: &S, keys: Range<usize>, q: &[f32], out: &SharedOut) {
+        let d = self.layout.head_dim;
+        let group = self.num_heads / self.layout.num_kv_heads;
+        let row_len = self.num_heads * d;
         let n_keys = keys.len();
         let local = |row: usize| {
             let visible = self.visible(row);
@@ -135,24 +216,23 @@ impl Task<'_> {
                 let at = row * row_len + (self.kv_head * group + h) * d;
                 &q[at..at + d]
             };
-            let queries = if AVX512 { QUERIES } else { QUERIES_NARROW };
             for (chunk, s) in vectors
-                .chunks(queries)
-                .zip(scores.chunks_mut(queries * n_keys))
+                .chunks(S::QUERIES)
+                .zip(scores.chunks_mut(S::QUERIES * n_keys))
             {
                 let ranges: Vec<Range<usize>> = chunk.iter().map(|&(row, _)| local(row)).collect();
                 let qs: Vec<&[f32]> = chunk.iter().map(query).collect();
                 let s = &mut s[..chunk.len() * n_keys];
                 let scale = self.params.scale;
                 match chunk.len() {
-                    1 => score_on::<1, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
-                    2 => score_on::<2, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
-                    3 => score_on::<3, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
-                    4 => score_on::<4, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
-                    5 => score_on::<5, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
-                    6 => score_on::<6, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
-                    7 => score_on::<7, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
-                    _ => score_on::<8, AVX512, AVX2>(&qs, &kt, d, &ranges, scale, s),
+                    1 => source.score::<1>(&qs, &ranges, scale, s),
+                    2 => source.score::<2>(&qs, &ranges, scale, s),
+                    3 => source.score::<3>(&qs, &ranges, scale, s),
+                    4 => source.score::<4>(&qs, &ranges, scale, s),
+                    5 => source.score::<5>(&qs, &ranges, scale, s),
+                    6 => source.score::<6>(&qs, &ranges, scale, s),
+                    7 => source.score::<7>(&qs, &ranges, scale, s),
+                    _ => source.score::<8>(&qs, &ranges, scale, s),
                 }
                 for (head, range) in s.chunks_exact_mut(n_keys).zip(ranges) {
                     softmax_visible(&mut head[range], self.params.softcap);
@@ -168,10 +248,10 @@ impl Task<'_> {
                 let p = &scores[i * group * n_keys..(i + 1) * group * n_keys];
                 for (p, o) in p.chunks(HEADS * n_keys).zip(o.chunks_mut(HEADS * d)) {
                     match o.len() / d {
-                        1 => weigh_on::<1, AVX512, AVX2>(p, &v, d, &local, o),
-                        2 => weigh_on::<2, AVX512, AVX2>(p, &v, d, &local, o),
-                        3 => weigh_on::<3, AVX512, AVX2>(p, &v, d, &local, o),
-                        _ => weigh_on::<4, AVX512, AVX2>(p, &v, d, &local, o),
+                        1 => source.weigh::<1>(p, &local, o),
+                        2 => source.weigh::<2>(p, &local, o),
+                        3 => source.weigh::<3>(p, &local, o),
+                        _ => source.weigh::<4>(p, &local, o),
                     }
                 }
             }
@@ -239,6 +319,53 @@ impl Task<'_> {
     }
 }
 
+/// Where a task's passes read its keys and values: scores of `Q` query
+/// vectors (local key ranges, `scores` `[Q, n_keys]`) and the weighing of
+/// `H` heads' values (`p` `[H, n_keys]`, `out` `[H, d]`), each the portable
+/// [`score`] and [`weigh`]'s FMA chains.
+pub(super) trait KeySource {
+    /// Query vectors scored together.
+    const QUERIES: usize;
+    /// [`score`] over this source's keys.
+    fn score<const Q: usize>(
+        &self,
+        q: &[&[f32]],
+        ranges: &[Range<usize>],
+        scale: f32,
+        scores: &mut [f32],
+    );
+    /// [`weigh`] over this source's values.
+    fn weigh<const H: usize>(&self, p: &[f32], local: &Range<usize>, out: &mut [f32]);
+}
+
+/// The keys widened and transposed, the values widened ([`Task::widen`]),
+/// read by the AVX-512 kernels when `AVX512`, the AVX2 ones when `AVX2`.
+struct Widened<'a, const AVX512: bool, const AVX2: bool> {
+    kt: &'a [f32],
+    v: &'a [f32],
+    d: usize,
+}
+
+impl<const AVX512: bool, const AVX2: bool> KeySource for Widened<'_, AVX512, AVX2> {
+    const QUERIES: usize = if AVX512 { QUERIES } else { QUERIES_NARROW };
+
+    #[inline(always)]
+    fn score<const Q: usize>(
+        &self,
+        q: &[&[f32]],
+        ranges: &[Range<usize>],
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        score_on::<Q, AVX512, AVX2>(q, self.kt, self.d, ranges, scale, scores);
+    }
+
+    #[inline(always)]
+    fn weigh<const H: usize>(&self, p: &[f32], local: &Range<usize>, out: &mut [f32]) {
+        weigh_on::<H, AVX512, AVX2>(p, self.v, self.d, local, out);
+    }
+}
+
 /// [`CacheElement::load`], with AVX-512 code when `AVX512` and AVX2 code
 /// when `AVX2` (the caller checked the CPU has them).
 #[inline(always)]
@@ -282,14 +409,8 @@ fn score_on<const Q: usize, const AVX512: bool, const AVX2: bool>(
     #[cfg(target_arch = "x86_64")]
     if AVX2 && Q <= QUERIES_NARROW {
         // SAFETY: `AVX2` is set only on CPUs with AVX2 and FMA; the sizes
-        // are those `score` takes. Blocks per pass: 2·B·Q = 8 chains.
-        return unsafe {
-            match Q {
-                1 => super::avx2::score::<Q, 4>(q, kt, d, ranges, scale, scores),
-                2 => super::avx2::score::<Q, 2>(q, kt, d, ranges, scale, scores),
-                _ => super::avx2::score::<Q, 1>(q, kt, d, ranges, scale, scores),
-            }
-        };
+        // are those `score` takes.
+        return unsafe { super::avx2::score::<Q>(q, kt, d, ranges, scale, scores) };
     }
     score::<Q>(q, kt, d, ranges, scale, scores);
 }
@@ -310,16 +431,9 @@ fn weigh_on<const H: usize, const AVX512: bool, const AVX2: bool>(
     }
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
-        // SAFETY: as for `score_on`. Vectors per pass: H·W accumulators
-        // and H weights within the 16 registers.
-        return unsafe {
-            match H {
-                1 => super::avx2::weigh::<H, 8>(p, v, d, local, out),
-                2 => super::avx2::weigh::<H, 4>(p, v, d, local, out),
-                3 => super::avx2::weigh::<H, 3>(p, v, d, local, out),
-                _ => super::avx2::weigh::<H, 2>(p, v, d, local, out),
-            }
-        };
+        assert!(v.len() >= p.len() / H * d, "weigh sizes");
+        // SAFETY: as for `score_on`; the values hold every key's row.
+        return unsafe { super::avx2::weigh::<f32, H>(p, v, |j| j * d, d, local, out) };
     }
     weigh::<H>(p, v, d, local, out);
 }
