@@ -119,50 +119,12 @@ impl Task<'_> {
         // more than the products.
         #[cfg(target_arch = "x86_64")]
         if AVX2 && self.rows.len() <= PASS_ROWS && d.is_multiple_of(8) {
-            use super::avx2::InPlace;
             use super::CacheFloats::{Bf16, F16, F32};
             if let (Some(k), Some(v)) = (T::floats(k_cache), T::floats(v_cache)) {
-                let heads: Vec<usize> = self.key_heads(keys.clone());
                 match (k, v) {
-                    (F32(k), F32(v)) => {
-                        return self.passes(
-                            &InPlace {
-                                k,
-                                v,
-                                heads: &heads,
-                                d,
-                            },
-                            keys,
-                            q,
-                            out,
-                        )
-                    }
-                    (F16(k), F16(v)) => {
-                        return self.passes(
-                            &InPlace {
-                                k,
-                                v,
-                                heads: &heads,
-                                d,
-                            },
-                            keys,
-                            q,
-                            out,
-                        )
-                    }
-                    (Bf16(k), Bf16(v)) => {
-                        return self.passes(
-                            &InPlace {
-                                k,
-                                v,
-                                heads: &heads,
-                                d,
-                            },
-                            keys,
-                            q,
-                            out,
-                        )
-                    }
+                    (F32(k), F32(v)) => return self.in_place_avx2(k, v, keys, q, out),
+                    (F16(k), F16(v)) => return self.in_place_avx2(k, v, keys, q, out),
+                    (Bf16(k), Bf16(v)) => return self.in_place_avx2(k, v, keys, q, out),
                     _ => {}
                 }
             }
@@ -170,6 +132,30 @@ impl Task<'_> {
         let (kt, v) = self.widen::<T, AVX512, AVX2>(k_cache, v_cache, keys.clone());
         let widened = Widened::<AVX512, AVX2> { kt: &kt, v: &v, d };
         self.passes(&widened, keys, q, out);
+    }
+
+    /// [`Self::passes`] over the cache's keys and values read in place by
+    /// the AVX2 kernels (the caller checked the CPU has AVX2, FMA and F16C,
+    /// and that heads are a multiple of 8 long).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn in_place_avx2<E: super::avx2::Load8>(
+        &self,
+        k: &[E],
+        v: &[E],
+        keys: Range<usize>,
+        q: &[f32],
+        out: &SharedOut,
+    ) {
+        let heads = self.key_heads(keys.clone());
+        let d = self.layout.head_dim;
+        let source = super::avx2::InPlace {
+            k,
+            v,
+            heads: &heads,
+            d,
+        };
+        self.passes(&source, keys, q, out);
     }
 
     /// The offset in the cache of each of `keys`' head of this task's
@@ -203,7 +189,7 @@ impl Task<'_> {
             let visible = self.visible(row);
             visible.start - keys.start..visible.end - keys.start
         };
-        let mut scores = vec![0f32; PASS_ROWS * group * n_keys];
+        let mut scores = vec![0f32; PASS_ROWS.min(self.rows.len()) * group * n_keys];
         let mut first_row = self.rows.start;
         while first_row < self.rows.end {
             let rows = first_row..(first_row + PASS_ROWS).min(self.rows.end);
