@@ -65,7 +65,6 @@ unsafe fn score_blocks<const Q: usize, const B: usize>(
         "score ranges inside the row"
     );
     let scale = _mm256_set1_ps(scale);
-    let mut lanes = [0f32; 8];
     let mut block = from;
     while block < to {
         // The last pass may cover fewer blocks: its missing ones re-read
@@ -91,22 +90,11 @@ unsafe fn score_blocks<const Q: usize, const B: usize>(
             }
         }
         let span = block * KEYS..(block + blocks) * KEYS;
-        for (i, range) in ranges.iter().enumerate() {
-            let live = span.start.max(range.start)..span.end.min(range.end);
-            if live.is_empty() {
-                continue;
-            }
-            // Eight keys at a time: vector `t` of the pass holds keys
-            // `span.start + 8t ..`.
-            for t in (live.start - span.start) / 8..(live.end - span.start).div_ceil(8) {
-                _mm256_storeu_ps(
-                    lanes.as_mut_ptr(),
-                    _mm256_mul_ps(scale, acc[i][t / 2][t % 2]),
-                );
-                let first = span.start + 8 * t;
-                for j in live.start.max(first)..live.end.min(first + 8) {
-                    *scores.get_unchecked_mut(i * n_keys + j) = lanes[j - first];
-                }
+        for (i, (range, acc)) in ranges.iter().zip(&acc).enumerate() {
+            let row = &mut scores[i * n_keys..(i + 1) * n_keys];
+            // Vector `t` of the pass holds keys `span.start + 8t ..`.
+            for (t, &acc) in acc.iter().flatten().enumerate().take(2 * blocks) {
+                store_scores(row, span.start + 8 * t, range, _mm256_mul_ps(scale, acc));
             }
         }
         block += blocks;
@@ -224,7 +212,6 @@ unsafe fn score_in_place<E: Load8, const Q: usize>(
     let from = ranges.iter().map(|r| r.start).min().unwrap_or(0);
     let to = ranges.iter().map(|r| r.end).max().unwrap_or(0);
     let scale = _mm256_set1_ps(scale);
-    let mut lanes = [0f32; 8];
     for first in (from..to).step_by(8) {
         // Keys past `to` repeat the first (their sums are never stored).
         let rows: [*const E; 8] = std::array::from_fn(|l| {
@@ -236,19 +223,25 @@ unsafe fn score_in_place<E: Load8, const Q: usize>(
         for c in (0..d).step_by(8) {
             score_tile(&rows, c, &q, &mut acc);
         }
-        let keys = first..first + 8;
         for (i, (range, &acc)) in ranges.iter().zip(&acc).enumerate() {
-            let live = keys.start.max(range.start)..keys.end.min(range.end);
-            let row = scores.as_mut_ptr().add(i * n_keys);
-            if live == keys {
-                _mm256_storeu_ps(row.add(keys.start), _mm256_mul_ps(scale, acc));
-            } else if !live.is_empty() {
-                _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_mul_ps(scale, acc));
-                for j in live {
-                    *row.add(j) = lanes[j - keys.start];
-                }
-            }
+            let row = &mut scores[i * n_keys..(i + 1) * n_keys];
+            store_scores(row, first, range, _mm256_mul_ps(scale, acc));
         }
+    }
+}
+
+/// Writes the scores of keys `first .. first + 8` (`scores`' lanes) to
+/// `row` where they lie inside `range`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn store_scores(row: &mut [f32], first: usize, range: &Range<usize>, scores: __m256) {
+    let keys = first..first + 8;
+    let live = keys.start.max(range.start)..keys.end.min(range.end);
+    if live == keys {
+        row[keys.clone()].copy_from_slice(&std::mem::transmute::<__m256, [f32; 8]>(scores));
+    } else if !live.is_empty() {
+        let lanes: [f32; 8] = std::mem::transmute(scores);
+        row[live.clone()].copy_from_slice(&lanes[live.start - first..live.end - first]);
     }
 }
 
