@@ -7,13 +7,16 @@ use super::format::{QK, QK_K};
 use super::{QuantError, QuantType};
 
 /// 32 activations quantized like Q8_0 (but with an f32 scale), and the
-/// quants' sum (for the offsets and minimums of Q4_0/Q4_1/Q5_0/Q5_1).
+/// quants' sum (for the offsets and minimums of Q4_0/Q4_1/Q5_0/Q5_1), also
+/// as `d · sum` (what the AVX2 kernels multiply by each weight block's
+/// minimum or scale, taken once here, not once per weight row).
 #[derive(Clone, Copy, Debug)]
 #[repr(C)]
 pub(crate) struct BlockQ8 {
     pub qs: [i8; QK],
     pub d: f32,
     pub sum: i32,
+    pub ds: f32,
 }
 
 /// 256 activations quantized like ggml's Q8_K: f32 scale, quants, and the
@@ -35,6 +38,7 @@ impl Default for BlockQ8 {
             qs: [0; QK],
             d: 0.0,
             sum: 0,
+            ds: 0.0,
         }
     }
 }
@@ -66,6 +70,7 @@ impl BlockQ8 {
     pub(crate) fn finish(&mut self, d: f32) {
         self.d = d;
         self.sum = self.qs.iter().map(|&q| i32::from(q)).sum();
+        self.ds = d * self.sum as f32;
     }
 }
 

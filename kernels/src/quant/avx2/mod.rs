@@ -304,7 +304,7 @@ unsafe fn fast_32_weights<F: Format>(b: &[u8]) -> Fast32Weights {
 unsafe fn fast_32_add((acc, corr): (__m256, f32), w: &Fast32Weights, a: &BlockQ8) -> (__m256, f32) {
     let p = mul_sum_u8_i8(w.q, load32_i8(&a.qs));
     let acc = _mm256_fmadd_ps(_mm256_set1_ps(w.d * a.d), _mm256_cvtepi32_ps(p), acc);
-    (acc, w.c.mul_add(a.d * a.sum as f32, corr))
+    (acc, w.c.mul_add(a.ds, corr))
 }
 
 /// [`fast_32`]'s result from the states of the even and odd blocks.
@@ -368,7 +368,7 @@ pub(crate) unsafe fn fast_32_multi<F: Format, const R: usize>(
         for (i, a) in rows_acts.iter().enumerate() {
             let a = &a[j];
             d[i] = a.d;
-            ds[i] = a.d * a.sum as f32;
+            ds[i] = a.ds;
         }
     }
     for (r, row) in rows_prefetched(w, row_bytes).enumerate() {
