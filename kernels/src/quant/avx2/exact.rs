@@ -1,5 +1,11 @@
 //! The exact kernels (f32 activations): each block's quants widened to f32
 //! and multiplied with FMA, two accumulators over even and odd blocks.
+//!
+//! Widening is most of a single row's work (the multi-row kernels share it).
+//! Q8_0, Q4_0, Q4_1 and Q4_K widen straight from the packed bytes, eight at
+//! a time by a widening load (`vpmovsxbd`/`vpmovzxbd`), the high nibbles
+//! by a shift: no byte shuffles. The sums of the activation blocks, which
+//! the minimums (and Q4_0's offset) multiply, are taken once per product.
 
 use std::arch::x86_64::*;
 
@@ -7,7 +13,7 @@ use super::super::format::{Format, Unpacked, QK_K};
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
 use super::{
-    f16_at, fold2, hsum, k4_scales_mins_words, load32, load8, q45k_group, q5k_high_bits, q6k_half,
+    f16_at, fold2, hsum, k4_scales_mins_words, load8, q45k_group, q5k_high_bits, q6k_half,
     quant_offset, unsigned_quants,
 };
 
@@ -18,18 +24,47 @@ unsafe fn load32_f32(x: &[f32]) -> [__m256; 4] {
     [load8(x), load8(&x[8..]), load8(&x[16..]), load8(&x[24..])]
 }
 
-/// Products of 32 signed bytes with 32 f32: the first 16 summed into eight
-/// lanes, and the last 16.
+/// Products of 32 quants (as f32, values 0..8, 8..16, 16..24, 24..32) with
+/// 32 f32: the first 16 summed into eight lanes, and the last 16.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn dot_i8x32(q: __m256i, x: &[__m256; 4]) -> (__m256, __m256) {
-    let lo = _mm256_castsi256_si128(q);
-    let hi = _mm256_extracti128_si256::<1>(q);
-    let a = _mm256_mul_ps(i8x8_to_f32(lo), x[0]);
-    let a = _mm256_fmadd_ps(i8x8_to_f32(_mm_unpackhi_epi64(lo, lo)), x[1], a);
-    let b = _mm256_mul_ps(i8x8_to_f32(hi), x[2]);
-    let b = _mm256_fmadd_ps(i8x8_to_f32(_mm_unpackhi_epi64(hi, hi)), x[3], b);
+unsafe fn dot32(q: &[__m256; 4], x: &[__m256; 4]) -> (__m256, __m256) {
+    let a = _mm256_fmadd_ps(q[1], x[1], _mm256_mul_ps(q[0], x[0]));
+    let b = _mm256_fmadd_ps(q[3], x[3], _mm256_mul_ps(q[2], x[2]));
     (a, b)
+}
+
+/// 32 signed bytes as f32 (values 0..8, 8..16, 16..24, 24..32).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn i8x32_to_f32(q: __m256i) -> [__m256; 4] {
+    let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+    [
+        i8x8_to_f32(lo),
+        i8x8_to_f32(_mm_unpackhi_epi64(lo, lo)),
+        i8x8_to_f32(hi),
+        i8x8_to_f32(_mm_unpackhi_epi64(hi, hi)),
+    ]
+}
+
+/// The eight signed bytes at the start of `b` as f32 (one widening load).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn i8x8_at(b: &[u8]) -> __m256 {
+    i8x8_to_f32(_mm_loadl_epi64(b[..8].as_ptr().cast()))
+}
+
+/// 16 bytes of packed nibbles at the start of `b` (byte `i` holding value
+/// `i` and value `16 + i`) as 32 f32 (values 0..8, 8..16, 16..24, 24..32):
+/// two widening loads, no byte shuffles.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibbles_to_f32(b: &[u8]) -> [__m256; 4] {
+    let load = |at: usize| _mm256_cvtepu8_epi32(_mm_loadl_epi64(b[at..at + 8].as_ptr().cast()));
+    let (v0, v1) = (load(0), load(8));
+    let low = |v| _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xF)));
+    let high = |v| _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v));
+    [low(v0), low(v1), high(v0), high(v1)]
 }
 
 /// The low eight signed bytes of `v` as f32.
@@ -83,23 +118,53 @@ pub(crate) unsafe fn exact_any<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) 
 /// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let (x, _) = x.as_chunks::<32>();
-    by_rows!(exact_32_row::<F>, w, x.len(), x, out);
+    let acts = acts32::<F>(x.as_chunks::<32>().0);
+    by_rows!(exact_32_row::<F>, w, acts.len(), &acts, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn exact_32_row<F: Format>(row: &[u8], x: &[[f32; 32]]) -> f32 {
-    let offset = _mm256_set1_epi8(quant_offset(F::TY));
-    let acc = fold2(row, F::BYTES, x, _mm256_setzero_ps(), |acc, b, x| {
-        exact_32_add::<F>(acc, &Exact32Weights::decode::<F>(b, offset), x)
+unsafe fn exact_32_row<F: Format>(row: &[u8], acts: &[Acts32]) -> f32 {
+    let acc = fold2(row, F::BYTES, acts, _mm256_setzero_ps(), |acc, b, a| {
+        exact_32_add::<F>(acc, &Exact32Weights::decode::<F>(b), a.x, a.sum)
     });
     hsum(_mm256_add_ps(acc[0], acc[1]))
 }
 
-/// A Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block decoded for [`exact_32`]: its 32 signed
-/// quants as f32 (values 0..8, 8..16, 16..24, 24..32), its scale and its
-/// minimum (zero for the formats without one).
+/// Whether a format's products take a term of the activations' sums: its
+/// minimums, or for Q4_0 its offset (-8 × scale).
+const fn has_sum_term(ty: QuantType) -> bool {
+    ty.has_min() || matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q5K)
+}
+
+/// A block of 32 activations, with their sum in eight lanes (`sum32`) for
+/// the formats with a sum term (zero for the others): taken once for a
+/// product, not once for each weight row.
+#[derive(Clone, Copy)]
+struct Acts32<'a> {
+    x: &'a [f32; 32],
+    sum: __m256,
+}
+
+/// The blocks of an activation row as [`Acts32`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn acts32<F: Format>(x: &[[f32; 32]]) -> Vec<Acts32<'_>> {
+    x.iter()
+        .map(|x| Acts32 {
+            x,
+            sum: if has_sum_term(F::TY) {
+                sum32(&load32_f32(x))
+            } else {
+                _mm256_setzero_ps()
+            },
+        })
+        .collect()
+}
+
+/// A Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block decoded for [`exact_32`]: its 32 quants
+/// as f32 (values 0..8, 8..16, 16..24, 24..32; Q5_0's offset subtracted),
+/// its scale, and the factor of the activations' sum (the minimum, Q4_0's
+/// offset times the scale, or zero).
 struct Exact32Weights {
     q: [__m256; 4],
     scale: __m256,
@@ -109,26 +174,26 @@ struct Exact32Weights {
 impl Exact32Weights {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn decode<F: Format>(b: &[u8], offset: __m256i) -> Self {
-        let q = if F::TY == QuantType::Q8_0 {
-            load32(&b[2..])
-        } else {
-            _mm256_sub_epi8(unsigned_quants::<F>(b), offset)
+    unsafe fn decode<F: Format>(b: &[u8]) -> Self {
+        let d = f16_at(b, 0);
+        let q = match F::TY {
+            QuantType::Q8_0 => std::array::from_fn(|k| i8x8_at(&b[2 + 8 * k..])),
+            QuantType::Q4_0 => nibbles_to_f32(&b[2..18]),
+            QuantType::Q4_1 => nibbles_to_f32(&b[4..20]),
+            _ => i8x32_to_f32(_mm256_sub_epi8(
+                unsigned_quants::<F>(b),
+                _mm256_set1_epi8(quant_offset(F::TY)),
+            )),
         };
-        let (lo, hi) = (_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
+        let min = match F::TY {
+            QuantType::Q4_0 => -f32::from(quant_offset(F::TY)) * d,
+            _ if F::TY.has_min() => f16_at(b, 2),
+            _ => 0.0,
+        };
         Self {
-            q: [
-                i8x8_to_f32(lo),
-                i8x8_to_f32(_mm_unpackhi_epi64(lo, lo)),
-                i8x8_to_f32(hi),
-                i8x8_to_f32(_mm_unpackhi_epi64(hi, hi)),
-            ],
-            scale: _mm256_set1_ps(f16_at(b, 0)),
-            min: if F::TY.has_min() {
-                _mm256_set1_ps(f16_at(b, 2))
-            } else {
-                _mm256_setzero_ps()
-            },
+            q,
+            scale: _mm256_set1_ps(d),
+            min: _mm256_set1_ps(min),
         }
     }
 }
@@ -138,13 +203,16 @@ impl Exact32Weights {
 /// bit for bit.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn exact_32_add<F: Format>(acc: __m256, w: &Exact32Weights, x: &[f32; 32]) -> __m256 {
-    let xv = load32_f32(x);
-    let lo = _mm256_fmadd_ps(w.q[1], xv[1], _mm256_mul_ps(w.q[0], xv[0]));
-    let hi = _mm256_fmadd_ps(w.q[3], xv[3], _mm256_mul_ps(w.q[2], xv[2]));
+unsafe fn exact_32_add<F: Format>(
+    acc: __m256,
+    w: &Exact32Weights,
+    x: &[f32; 32],
+    sum: __m256,
+) -> __m256 {
+    let (lo, hi) = dot32(&w.q, &load32_f32(x));
     let acc = _mm256_fmadd_ps(w.scale, _mm256_add_ps(lo, hi), acc);
-    if F::TY.has_min() {
-        _mm256_fmadd_ps(w.min, sum32(&xv), acc)
+    if has_sum_term(F::TY) {
+        _mm256_fmadd_ps(w.min, sum, acc)
     } else {
         acc
     }
@@ -162,17 +230,26 @@ pub(crate) unsafe fn exact_32_multi<F: Format, const R: usize>(
     out: &mut [f32],
 ) {
     let n = out.len() / R;
-    let offset = _mm256_set1_epi8(quant_offset(F::TY));
     let xs: [&[[f32; 32]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
+    // The rows' sums, for the formats with a sum term (none for the others).
+    let sums: [Vec<__m256>; R] = std::array::from_fn(|i| {
+        let x = if has_sum_term(F::TY) { xs[i] } else { &[] };
+        x.iter().map(|x| sum32(&load32_f32(x))).collect()
+    });
     let row_bytes = (cols / 32 * F::BYTES).max(1);
     for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
         // Even and odd blocks into separate sums, as `fold2` does (a row's
         // lone last block is even).
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for (k, b) in row.chunks_exact(F::BYTES).enumerate() {
-            let weights = Exact32Weights::decode::<F>(b, offset);
-            for (acc, x) in acc.iter_mut().zip(&xs) {
-                acc[k & 1] = exact_32_add::<F>(acc[k & 1], &weights, &x[k]);
+            let weights = Exact32Weights::decode::<F>(b);
+            for (i, (acc, x)) in acc.iter_mut().zip(&xs).enumerate() {
+                let sum = if has_sum_term(F::TY) {
+                    sums[i][k]
+                } else {
+                    _mm256_setzero_ps()
+                };
+                acc[k & 1] = exact_32_add::<F>(acc[k & 1], &weights, &x[k], sum);
             }
         }
         for (i, acc) in acc.iter().enumerate() {
@@ -184,33 +261,53 @@ pub(crate) unsafe fn exact_32_multi<F: Format, const R: usize>(
 /// Q4_K and Q5_K.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn exact_q45k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let (x, _) = x.as_chunks::<QK_K>();
-    by_rows!(exact_q45k_row::<F>, w, x.len(), x, out);
+    let acts = acts32::<F>(x.as_chunks::<32>().0);
+    let (acts, _) = acts.as_chunks::<{ QK_K / 32 }>();
+    by_rows!(exact_q45k_row::<F>, w, acts.len(), acts, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn exact_q45k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
+unsafe fn exact_q45k_row<F: Format>(row: &[u8], acts: &[[Acts32; QK_K / 32]]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 2];
-    for (b, x) in row.chunks_exact(F::BYTES).zip(x) {
+    for (b, a) in row.chunks_exact(F::BYTES).zip(acts) {
         let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
         let sm = k4_scales_mins_words(&b[4..16]);
         let (sc, mn) = (words_to_bytes(sm[0], sm[1]), words_to_bytes(sm[2], sm[3]));
         let mut qh = q5k_high_bits::<F>(b);
         for p in 0..4 {
-            let (low, high) = q45k_group::<F>(b, p, &mut qh);
-            for (k, q) in [(0, low), (1, high)] {
-                let j = 2 * p + k;
-                let xv = load32_f32(&x[32 * j..]);
-                let (lo, hi) = dot_i8x32(q, &xv);
+            for (k, q) in q45k_group_f32::<F>(b, p, &mut qh).iter().enumerate() {
+                let (j, a) = (2 * p + k, &a[2 * p + k]);
+                let (lo, hi) = dot32(q, &load32_f32(a.x));
                 let scale = _mm256_set1_ps(d * f32::from(sc[j]));
                 let min = _mm256_set1_ps(-dmin * f32::from(mn[j]));
                 acc[k] = _mm256_fmadd_ps(scale, _mm256_add_ps(lo, hi), acc[k]);
-                acc[k] = _mm256_fmadd_ps(min, sum32(&xv), acc[k]);
+                acc[k] = _mm256_fmadd_ps(min, a.sum, acc[k]);
             }
         }
     }
     hsum(_mm256_add_ps(acc[0], acc[1]))
+}
+
+/// [`q45k_group`]'s two sub-blocks as f32; Q4_K's straight from the packed
+/// bytes by widening loads.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q45k_group_f32<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> [[__m256; 4]; 2] {
+    if F::TY == QuantType::Q4K {
+        let qs = &b[16 + 32 * p..][..32];
+        let v: [__m256i; 4] = std::array::from_fn(|k| {
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(qs[8 * k..8 * k + 8].as_ptr().cast()))
+        });
+        let mask = _mm256_set1_epi32(0xF);
+        [
+            v.map(|v| _mm256_cvtepi32_ps(_mm256_and_si256(v, mask))),
+            v.map(|v| _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v))),
+        ]
+    } else {
+        let (low, high) = q45k_group::<F>(b, p, qh);
+        [i8x32_to_f32(low), i8x32_to_f32(high)]
+    }
 }
 
 /// The bytes of two little-endian words.
@@ -237,7 +334,7 @@ unsafe fn exact_q6k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
             for (k, q) in q6k_half(b, h).into_iter().enumerate() {
                 let q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
                 let j = 8 * h + 2 * k;
-                let (lo, hi) = dot_i8x32(q, &load32_f32(&x[16 * j..]));
+                let (lo, hi) = dot32(&i8x32_to_f32(q), &load32_f32(&x[16 * j..]));
                 let s_lo = _mm256_set1_ps(d * f32::from(scales[j] as i8));
                 let s_hi = _mm256_set1_ps(d * f32::from(scales[j + 1] as i8));
                 acc[0] = _mm256_fmadd_ps(s_lo, lo, acc[0]);
