@@ -43,9 +43,8 @@
 //! reference the others are tested against.
 //!
 //! With several activation rows (prefill), the AVX-512 and AVX2 kernels
-//! also have multi-row (GEMM micro-) kernels (all but AVX2's exact ones
-//! and those of Q2_K/Q3_K), which decode each weight block once for 8, 4 or
-//! 2 activation rows (the rows left over take the single-row kernel). They compute exactly what the
+//! also have multi-row (GEMM micro-) kernels (all but those of Q2_K/Q3_K),
+//! which decode each weight block once for 8, 4 or 2 activation rows (the rows left over take the single-row kernel). They compute exactly what the
 //! single-row kernels compute, so a product's bits do not depend on how many
 //! rows it has. From 16 activation rows, AVX-512's exact kernels become
 //! panel kernels (weights decoded to f32 once per tile of rows) and, where

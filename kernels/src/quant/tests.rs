@@ -637,6 +637,54 @@ fn avx2_exact_multi_row_kernels_equal_the_single_row_kernel() {
     check::<m::Q5_0>(23);
     check::<m::Q5_1>(24);
     check::<m::Q8_0>(25);
+
+    // The K-quants' kernels, whose single-row kernel is their multi-row
+    // one for one row.
+    use super::avx2::{exact_q45k, exact_q45k_multi, exact_q6k, exact_q6k_multi};
+    type One = unsafe fn(&[u8], &[f32], &mut [f32]);
+    type Shapes = [(usize, MultiKernel<f32>); 4];
+    let kernels: [(QuantType, One, Shapes); 3] = [
+        (
+            QuantType::Q4K,
+            exact_q45k::<m::Q4K>,
+            [
+                (2, exact_q45k_multi::<m::Q4K, 2>),
+                (3, exact_q45k_multi::<m::Q4K, 3>),
+                (4, exact_q45k_multi::<m::Q4K, 4>),
+                (8, exact_q45k_multi::<m::Q4K, 8>),
+            ],
+        ),
+        (
+            QuantType::Q5K,
+            exact_q45k::<m::Q5K>,
+            [
+                (2, exact_q45k_multi::<m::Q5K, 2>),
+                (3, exact_q45k_multi::<m::Q5K, 3>),
+                (4, exact_q45k_multi::<m::Q5K, 4>),
+                (8, exact_q45k_multi::<m::Q5K, 8>),
+            ],
+        ),
+        (
+            QuantType::Q6K,
+            exact_q6k,
+            [
+                (2, exact_q6k_multi::<2>),
+                (3, exact_q6k_multi::<3>),
+                (4, exact_q6k_multi::<4>),
+                (8, exact_q6k_multi::<8>),
+            ],
+        ),
+    ];
+    let mut rng = Rng::new(26);
+    for (ty, one, shapes) in kernels {
+        for blocks in [1usize, 2, 3] {
+            for shape in shapes {
+                check_multi_kernel(ty, &mut rng, blocks, blocks * 256, shape, one, |x, a| {
+                    a.copy_from_slice(x)
+                });
+            }
+        }
+    }
 }
 
 /// The AVX2 multi-row kernels against the single-row ones, bit for bit.

@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::format::{Format, Unpacked, QK_K};
+use super::super::format::{marker, Format, Unpacked, QK_K};
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
 use super::{
@@ -258,35 +258,72 @@ pub(crate) unsafe fn exact_32_multi<F: Format, const R: usize>(
     }
 }
 
-/// Q4_K and Q5_K.
+/// Q4_K and Q5_K (the single-row kernel: [`exact_q45k_multi`] for one row).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn exact_q45k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let acts = acts32::<F>(x.as_chunks::<32>().0);
-    let (acts, _) = acts.as_chunks::<{ QK_K / 32 }>();
-    by_rows!(exact_q45k_row::<F>, w, acts.len(), acts, out);
+    exact_q45k_multi::<F, 1>(w, x, x.len(), out);
 }
 
+/// Q4_K and Q5_K over `R` activation rows of `cols` values each (one after
+/// another in `x`): each group of two sub-blocks is decoded once for the
+/// `R` rows. `out[i * n + r]` = weight row `r` · activation row `i`, with
+/// `n = out.len() / R` weight rows; each row's sums take the same steps
+/// whatever `R`, so every `R` gives [`exact_q45k`]'s bits.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn exact_q45k_row<F: Format>(row: &[u8], acts: &[[Acts32; QK_K / 32]]) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (b, a) in row.chunks_exact(F::BYTES).zip(acts) {
-        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-        let sm = k4_scales_mins_words(&b[4..16]);
-        let (sc, mn) = (words_to_bytes(sm[0], sm[1]), words_to_bytes(sm[2], sm[3]));
-        let mut qh = q5k_high_bits::<F>(b);
-        for p in 0..4 {
-            for (k, q) in q45k_group_f32::<F>(b, p, &mut qh).iter().enumerate() {
-                let (j, a) = (2 * p + k, &a[2 * p + k]);
-                let (lo, hi) = dot32(q, &load32_f32(a.x));
-                let scale = _mm256_set1_ps(d * f32::from(sc[j]));
-                let min = _mm256_set1_ps(-dmin * f32::from(mn[j]));
-                acc[k] = _mm256_fmadd_ps(scale, _mm256_add_ps(lo, hi), acc[k]);
-                acc[k] = _mm256_fmadd_ps(min, a.sum, acc[k]);
+pub(crate) unsafe fn exact_q45k_multi<F: Format, const R: usize>(
+    w: &[u8],
+    x: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let n = out.len() / R;
+    let xs: [&[[f32; 32]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
+    let sums: [Vec<__m256>; R] =
+        std::array::from_fn(|i| xs[i].iter().map(|x| sum32(&load32_f32(x))).collect());
+    let row_bytes = (cols / QK_K * F::BYTES).max(1);
+    for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
+        // Per activation row: the low and the high sub-blocks' sums.
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for (s, b) in row.chunks_exact(F::BYTES).enumerate() {
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let sm = k4_scales_mins_words(&b[4..16]);
+            let (sc, mn) = (words_to_bytes(sm[0], sm[1]), words_to_bytes(sm[2], sm[3]));
+            let mut qh = q5k_high_bits::<F>(b);
+            for p in 0..4 {
+                let [low, high] = q45k_group_f32::<F>(b, p, &mut qh);
+                let (j, at) = (2 * p, 8 * s + 2 * p);
+                let factors = |j: usize| {
+                    let scale = _mm256_set1_ps(d * f32::from(sc[j]));
+                    (scale, _mm256_set1_ps(-dmin * f32::from(mn[j])))
+                };
+                let (f_low, f_high) = (factors(j), factors(j + 1));
+                for ((acc, x), sums) in acc.iter_mut().zip(&xs).zip(&sums) {
+                    let [acc_low, acc_high] = acc;
+                    q45k_sub_block(acc_low, &low, &x[at], sums[at], f_low);
+                    q45k_sub_block(acc_high, &high, &x[at + 1], sums[at + 1], f_high);
+                }
             }
         }
+        for (i, acc) in acc.iter().enumerate() {
+            out[i * n + r] = hsum(_mm256_add_ps(acc[0], acc[1]));
+        }
     }
-    hsum(_mm256_add_ps(acc[0], acc[1]))
+}
+
+/// Adds a Q4_K/Q5_K sub-block (quants `q`) times 32 activations `x` (of
+/// sum `sum`) to `acc`, given the sub-block's scale and minus its minimum.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q45k_sub_block(
+    acc: &mut __m256,
+    q: &[__m256; 4],
+    x: &[f32; 32],
+    sum: __m256,
+    (scale, min): (__m256, __m256),
+) {
+    let (lo, hi) = dot32(q, &load32_f32(x));
+    *acc = _mm256_fmadd_ps(scale, _mm256_add_ps(lo, hi), *acc);
+    *acc = _mm256_fmadd_ps(min, sum, *acc);
 }
 
 /// [`q45k_group`]'s two sub-blocks as f32; Q4_K's straight from the packed
@@ -316,31 +353,48 @@ fn words_to_bytes(a: u32, b: u32) -> [u8; 8] {
     (u64::from(a) | u64::from(b) << 32).to_le_bytes()
 }
 
-/// Q6_K.
+/// Q6_K (the single-row kernel: [`exact_q6k_multi`] for one row).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn exact_q6k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let (x, _) = x.as_chunks::<QK_K>();
-    by_rows!(exact_q6k_row::<F>, w, x.len(), x, out);
+pub(crate) unsafe fn exact_q6k(w: &[u8], x: &[f32], out: &mut [f32]) {
+    exact_q6k_multi::<1>(w, x, x.len(), out);
 }
 
+/// Q6_K over `R` activation rows, as [`exact_q45k_multi`]: each 32 quants
+/// widened once for the `R` rows, every `R` giving [`exact_q6k`]'s bits.
 #[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn exact_q6k_row<F: Format>(row: &[u8], x: &[[f32; QK_K]]) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for (b, x) in row.chunks_exact(F::BYTES).zip(x) {
-        let d = f16_at(b, 208);
-        let scales = &b[192..208];
-        for h in 0..2 {
-            for (k, q) in q6k_half(b, h).into_iter().enumerate() {
-                let q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
-                let j = 8 * h + 2 * k;
-                let (lo, hi) = dot32(&i8x32_to_f32(q), &load32_f32(&x[16 * j..]));
-                let s_lo = _mm256_set1_ps(d * f32::from(scales[j] as i8));
-                let s_hi = _mm256_set1_ps(d * f32::from(scales[j + 1] as i8));
-                acc[0] = _mm256_fmadd_ps(s_lo, lo, acc[0]);
-                acc[1] = _mm256_fmadd_ps(s_hi, hi, acc[1]);
+pub(crate) unsafe fn exact_q6k_multi<const R: usize>(
+    w: &[u8],
+    x: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
+    const BYTES: usize = <marker::Q6K as Format>::BYTES;
+    let n = out.len() / R;
+    let xs: [&[[f32; 32]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
+    let row_bytes = (cols / QK_K * BYTES).max(1);
+    for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
+        // Per activation row: the sums of the even and the odd sub-blocks
+        // of 16.
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for (s, b) in row.chunks_exact(BYTES).enumerate() {
+            let d = f16_at(b, 208);
+            let scales = &b[192..208];
+            for h in 0..2 {
+                for (k, q) in q6k_half(b, h).into_iter().enumerate() {
+                    let q = i8x32_to_f32(_mm256_sub_epi8(q, _mm256_set1_epi8(32)));
+                    let j = 8 * h + 2 * k;
+                    let s_lo = _mm256_set1_ps(d * f32::from(scales[j] as i8));
+                    let s_hi = _mm256_set1_ps(d * f32::from(scales[j + 1] as i8));
+                    for (acc, x) in acc.iter_mut().zip(&xs) {
+                        let (lo, hi) = dot32(&q, &load32_f32(&x[8 * s + 4 * h + k]));
+                        acc[0] = _mm256_fmadd_ps(s_lo, lo, acc[0]);
+                        acc[1] = _mm256_fmadd_ps(s_hi, hi, acc[1]);
+                    }
+                }
             }
         }
+        for (i, acc) in acc.iter().enumerate() {
+            out[i * n + r] = hsum(_mm256_add_ps(acc[0], acc[1]));
+        }
     }
-    hsum(_mm256_add_ps(acc[0], acc[1]))
 }

@@ -132,7 +132,9 @@ macro_rules! by_rows {
 
 mod exact;
 
-pub(crate) use exact::{exact_32, exact_32_multi, exact_any, exact_q45k, exact_q6k};
+pub(crate) use exact::{
+    exact_32, exact_32_multi, exact_any, exact_q45k, exact_q45k_multi, exact_q6k, exact_q6k_multi,
+};
 
 /// Folds `step(state, block, activations)` over a row's blocks with two
 /// independent states, for even and odd blocks.
