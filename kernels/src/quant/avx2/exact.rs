@@ -161,6 +161,23 @@ unsafe fn acts32<F: Format>(x: &[[f32; 32]]) -> Vec<Acts32<'_>> {
         .collect()
 }
 
+/// The `R` activation rows of `cols` values in `x` as blocks of 32, and
+/// with `sums` each block's sum in eight lanes (`sum32`; no sums without).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn row_blocks<const R: usize>(
+    x: &[f32],
+    cols: usize,
+    sums: bool,
+) -> ([&[[f32; 32]]; R], [Vec<__m256>; R]) {
+    let xs: [&[[f32; 32]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
+    let sums = std::array::from_fn(|i| {
+        let x = if sums { xs[i] } else { &[] };
+        x.iter().map(|x| sum32(&load32_f32(x))).collect()
+    });
+    (xs, sums)
+}
+
 /// A Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block decoded for [`exact_32`]: its 32 quants
 /// as f32 (values 0..8, 8..16, 16..24, 24..32; Q5_0's offset subtracted),
 /// its scale, and the factor of the activations' sum (the minimum, Q4_0's
@@ -230,12 +247,7 @@ pub(crate) unsafe fn exact_32_multi<F: Format, const R: usize>(
     out: &mut [f32],
 ) {
     let n = out.len() / R;
-    let xs: [&[[f32; 32]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
-    // The rows' sums, for the formats with a sum term (none for the others).
-    let sums: [Vec<__m256>; R] = std::array::from_fn(|i| {
-        let x = if has_sum_term(F::TY) { xs[i] } else { &[] };
-        x.iter().map(|x| sum32(&load32_f32(x))).collect()
-    });
+    let (xs, sums) = row_blocks::<R>(x, cols, has_sum_term(F::TY));
     let row_bytes = (cols / 32 * F::BYTES).max(1);
     for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
         // Even and odd blocks into separate sums, as `fold2` does (a row's
@@ -277,9 +289,7 @@ pub(crate) unsafe fn exact_q45k_multi<F: Format, const R: usize>(
     out: &mut [f32],
 ) {
     let n = out.len() / R;
-    let xs: [&[[f32; 32]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
-    let sums: [Vec<__m256>; R] =
-        std::array::from_fn(|i| xs[i].iter().map(|x| sum32(&load32_f32(x))).collect());
+    let (xs, sums) = row_blocks::<R>(x, cols, true);
     let row_bytes = (cols / QK_K * F::BYTES).max(1);
     for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
         // Per activation row: the low and the high sub-blocks' sums.
@@ -370,7 +380,7 @@ pub(crate) unsafe fn exact_q6k_multi<const R: usize>(
 ) {
     const BYTES: usize = <marker::Q6K as Format>::BYTES;
     let n = out.len() / R;
-    let xs: [&[[f32; 32]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
+    let (xs, _) = row_blocks::<R>(x, cols, false);
     let row_bytes = (cols / QK_K * BYTES).max(1);
     for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
         // Per activation row: the sums of the even and the odd sub-blocks
