@@ -10,9 +10,10 @@
 //! consecutive blocks do not wait on each other. For several activation
 //! rows, [`fast_32_multi`] and [`exact_32_multi`] decode each block of Q4_0,
 //! Q4_1, Q5_0, Q5_1 and Q8_0 once for up to 8 of them, and
-//! [`fast_q45k_multi`] and [`fast_q6k_multi`] each block of Q4_K, Q5_K and
-//! Q6_K, giving the single-row kernels' bits. The exact kernels (f32
-//! activations) are in `exact.rs`.
+//! [`fast_q45k_multi`], [`fast_q6k_multi`], [`exact_q45k_multi`] and
+//! [`exact_q6k_multi`] each block of Q4_K, Q5_K and Q6_K, giving the
+//! single-row kernels' bits. The exact kernels (f32 activations) are in
+//! `exact.rs`.
 
 use std::arch::x86_64::*;
 
