@@ -421,6 +421,21 @@ fn exact_q45k_avx2<F: Format>() -> Kernels<f32> {
     }
 }
 
+/// The AVX2 exact kernels for Q6_K: the single-row one, and multi-row ones
+/// for 8, 4 and 2 activation rows.
+#[cfg(target_arch = "x86_64")]
+fn exact_q6k_avx2() -> Kernels<f32> {
+    use super::avx2 as k;
+    Kernels {
+        one: k::exact_q6k,
+        multi: [
+            multi(8, k::exact_q6k_multi::<8>),
+            multi(4, k::exact_q6k_multi::<4>),
+            multi(2, k::exact_q6k_multi::<2>),
+        ],
+    }
+}
+
 /// The AVX2 fast kernels for Q4_0, Q4_1, Q5_0 and Q5_1 (Q8_0 replaces the
 /// single-row one): the single-row one, and multi-row ones for 8, 4 and 2
 /// activation rows (8 measured best of 2 to 8).
@@ -481,14 +496,7 @@ fn select_avx2(ty: QuantType, precision: Arithmetic) -> Selected {
         (Exact, QuantType::Q8_0) => Selected::Exact(exact_avx2::<m::Q8_0>()),
         (Exact, QuantType::Q4K) => Selected::Exact(exact_q45k_avx2::<m::Q4K>()),
         (Exact, QuantType::Q5K) => Selected::Exact(exact_q45k_avx2::<m::Q5K>()),
-        (Exact, QuantType::Q6K) => Selected::Exact(Kernels {
-            one: k::exact_q6k,
-            multi: [
-                multi(8, k::exact_q6k_multi::<8>),
-                multi(4, k::exact_q6k_multi::<4>),
-                multi(2, k::exact_q6k_multi::<2>),
-            ],
-        }),
+        (Exact, QuantType::Q6K) => Selected::Exact(exact_q6k_avx2()),
         (Exact, _) => with_format!(ty, F => Selected::Exact(one(k::exact_any::<F>))),
         (Fast, QuantType::Q4_0) => Selected::Q8(fast_avx2::<m::Q4_0>()),
         (Fast, QuantType::Q4_1) => Selected::Q8(fast_avx2::<m::Q4_1>()),

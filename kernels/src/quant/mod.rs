@@ -44,9 +44,10 @@
 //!
 //! With several activation rows (prefill), the AVX-512 and AVX2 kernels
 //! also have multi-row (GEMM micro-) kernels (all but those of Q2_K/Q3_K),
-//! which decode each weight block once for 8, 4 or 2 activation rows (the rows left over take the single-row kernel). They compute exactly what the
-//! single-row kernels compute, so a product's bits do not depend on how many
-//! rows it has. From 16 activation rows, AVX-512's exact kernels become
+//! which decode each weight block once for 8, 4 or 2 activation rows (the
+//! rows left over take the single-row kernel). They compute exactly what
+//! the single-row kernels compute, so a product's bits do not depend on how
+//! many rows it has. From 16 activation rows, AVX-512's exact kernels become
 //! panel kernels (weights decoded to f32 once per tile of rows) and, where
 //! the CPU has AMX and Linux grants its state, the fast ones AMX tile
 //! products: again the single-row kernel's bits.

@@ -1,11 +1,12 @@
 //! The exact kernels (f32 activations): each block's quants widened to f32
-//! and multiplied with FMA, two accumulators over even and odd blocks.
+//! and multiplied with FMA, two accumulators a row (over even and odd
+//! blocks; for the K-quants, over the sub-blocks of each pair).
 //!
 //! Widening is most of a single row's work (the multi-row kernels share it).
 //! Q8_0, Q4_0, Q4_1 and Q4_K widen straight from the packed bytes, eight at
 //! a time by a widening load (`vpmovsxbd`/`vpmovzxbd`), the high nibbles
 //! by a shift: no byte shuffles. The sums of the activation blocks, which
-//! the minimums (and Q4_0's offset) multiply, are taken once per product.
+//! the minimums multiply, are taken once per product.
 
 use std::arch::x86_64::*;
 
@@ -55,15 +56,17 @@ unsafe fn i8x8_at(b: &[u8]) -> __m256 {
 }
 
 /// 16 bytes of packed nibbles at the start of `b` (byte `i` holding value
-/// `i` and value `16 + i`) as 32 f32 (values 0..8, 8..16, 16..24, 24..32):
-/// two widening loads, no byte shuffles.
+/// `i` and value `16 + i`), less `offset`, as 32 f32 (values 0..8, 8..16,
+/// 16..24, 24..32): two widening loads, no byte shuffles.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn nibbles_to_f32(b: &[u8]) -> [__m256; 4] {
+unsafe fn nibbles_to_f32(b: &[u8], offset: i8) -> [__m256; 4] {
     let load = |at: usize| _mm256_cvtepu8_epi32(_mm_loadl_epi64(b[at..at + 8].as_ptr().cast()));
     let (v0, v1) = (load(0), load(8));
-    let low = |v| _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0xF)));
-    let high = |v| _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v));
+    let offset = _mm256_set1_epi32(i32::from(offset));
+    let f32_of = |v| _mm256_cvtepi32_ps(_mm256_sub_epi32(v, offset));
+    let low = |v| f32_of(_mm256_and_si256(v, _mm256_set1_epi32(0xF)));
+    let high = |v| f32_of(_mm256_srli_epi32::<4>(v));
     [low(v0), low(v1), high(v0), high(v1)]
 }
 
@@ -118,7 +121,19 @@ pub(crate) unsafe fn exact_any<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) 
 /// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let acts = acts32::<F>(x.as_chunks::<32>().0);
+    let acts: Vec<Acts32> = x
+        .as_chunks::<32>()
+        .0
+        .iter()
+        .map(|x| Acts32 {
+            x,
+            sum: if F::TY.has_min() {
+                block_sum(x)
+            } else {
+                _mm256_setzero_ps()
+            },
+        })
+        .collect();
     by_rows!(exact_32_row::<F>, w, acts.len(), &acts, out);
 }
 
@@ -131,38 +146,25 @@ unsafe fn exact_32_row<F: Format>(row: &[u8], acts: &[Acts32]) -> f32 {
     hsum(_mm256_add_ps(acc[0], acc[1]))
 }
 
-/// Whether a format's products take a term of the activations' sums: its
-/// minimums, or for Q4_0 its offset (-8 × scale).
-const fn has_sum_term(ty: QuantType) -> bool {
-    ty.has_min() || matches!(ty, QuantType::Q4_0 | QuantType::Q4K | QuantType::Q5K)
-}
-
-/// A block of 32 activations, with their sum in eight lanes (`sum32`) for
-/// the formats with a sum term (zero for the others): taken once for a
-/// product, not once for each weight row.
+/// A block of 32 activations for [`exact_32`], with its [`block_sum`] for
+/// the formats with a minimum (zero for the others).
 #[derive(Clone, Copy)]
 struct Acts32<'a> {
     x: &'a [f32; 32],
     sum: __m256,
 }
 
-/// The blocks of an activation row as [`Acts32`].
+/// A block of activations' sum in eight lanes, which the weight blocks'
+/// minimums multiply: taken once for a product, not once for each weight
+/// row.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn acts32<F: Format>(x: &[[f32; 32]]) -> Vec<Acts32<'_>> {
-    x.iter()
-        .map(|x| Acts32 {
-            x,
-            sum: if has_sum_term(F::TY) {
-                sum32(&load32_f32(x))
-            } else {
-                _mm256_setzero_ps()
-            },
-        })
-        .collect()
+#[inline]
+unsafe fn block_sum(x: &[f32; 32]) -> __m256 {
+    sum32(&load32_f32(x))
 }
 
 /// The `R` activation rows of `cols` values in `x` as blocks of 32, and
-/// with `sums` each block's sum in eight lanes (`sum32`; no sums without).
+/// with `sums` each block's [`block_sum`] (empty without).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn row_blocks<const R: usize>(
@@ -173,15 +175,14 @@ unsafe fn row_blocks<const R: usize>(
     let xs: [&[[f32; 32]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
     let sums = std::array::from_fn(|i| {
         let x = if sums { xs[i] } else { &[] };
-        x.iter().map(|x| sum32(&load32_f32(x))).collect()
+        x.iter().map(|x| block_sum(x)).collect()
     });
     (xs, sums)
 }
 
-/// A Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block decoded for [`exact_32`]: its 32 quants
-/// as f32 (values 0..8, 8..16, 16..24, 24..32; Q5_0's offset subtracted),
-/// its scale, and the factor of the activations' sum (the minimum, Q4_0's
-/// offset times the scale, or zero).
+/// A Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block decoded for [`exact_32`]: its 32 signed
+/// quants as f32 (values 0..8, 8..16, 16..24, 24..32), its scale and its
+/// minimum (zero for the formats without one).
 struct Exact32Weights {
     q: [__m256; 4],
     scale: __m256,
@@ -192,25 +193,24 @@ impl Exact32Weights {
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn decode<F: Format>(b: &[u8]) -> Self {
-        let d = f16_at(b, 0);
+        let offset = quant_offset(F::TY);
         let q = match F::TY {
             QuantType::Q8_0 => std::array::from_fn(|k| i8x8_at(&b[2 + 8 * k..])),
-            QuantType::Q4_0 => nibbles_to_f32(&b[2..18]),
-            QuantType::Q4_1 => nibbles_to_f32(&b[4..20]),
+            QuantType::Q4_0 => nibbles_to_f32(&b[2..18], offset),
+            QuantType::Q4_1 => nibbles_to_f32(&b[4..20], offset),
             _ => i8x32_to_f32(_mm256_sub_epi8(
                 unsigned_quants::<F>(b),
-                _mm256_set1_epi8(quant_offset(F::TY)),
+                _mm256_set1_epi8(offset),
             )),
-        };
-        let min = match F::TY {
-            QuantType::Q4_0 => -f32::from(quant_offset(F::TY)) * d,
-            _ if F::TY.has_min() => f16_at(b, 2),
-            _ => 0.0,
         };
         Self {
             q,
-            scale: _mm256_set1_ps(d),
-            min: _mm256_set1_ps(min),
+            scale: _mm256_set1_ps(f16_at(b, 0)),
+            min: if F::TY.has_min() {
+                _mm256_set1_ps(f16_at(b, 2))
+            } else {
+                _mm256_setzero_ps()
+            },
         }
     }
 }
@@ -228,7 +228,7 @@ unsafe fn exact_32_add<F: Format>(
 ) -> __m256 {
     let (lo, hi) = dot32(&w.q, &load32_f32(x));
     let acc = _mm256_fmadd_ps(w.scale, _mm256_add_ps(lo, hi), acc);
-    if has_sum_term(F::TY) {
+    if F::TY.has_min() {
         _mm256_fmadd_ps(w.min, sum, acc)
     } else {
         acc
@@ -247,7 +247,7 @@ pub(crate) unsafe fn exact_32_multi<F: Format, const R: usize>(
     out: &mut [f32],
 ) {
     let n = out.len() / R;
-    let (xs, sums) = row_blocks::<R>(x, cols, has_sum_term(F::TY));
+    let (xs, sums) = row_blocks::<R>(x, cols, F::TY.has_min());
     let row_bytes = (cols / 32 * F::BYTES).max(1);
     for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
         // Even and odd blocks into separate sums, as `fold2` does (a row's
@@ -256,7 +256,7 @@ pub(crate) unsafe fn exact_32_multi<F: Format, const R: usize>(
         for (k, b) in row.chunks_exact(F::BYTES).enumerate() {
             let weights = Exact32Weights::decode::<F>(b);
             for (i, (acc, x)) in acc.iter_mut().zip(&xs).enumerate() {
-                let sum = if has_sum_term(F::TY) {
+                let sum = if F::TY.has_min() {
                     sums[i][k]
                 } else {
                     _mm256_setzero_ps()
