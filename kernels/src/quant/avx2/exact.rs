@@ -55,19 +55,30 @@ unsafe fn i8x8_at(b: &[u8]) -> __m256 {
     i8x8_to_f32(_mm_loadl_epi64(b[..8].as_ptr().cast()))
 }
 
+/// The eight bytes of packed nibbles at the start of `b`, less `offset`, as
+/// f32: the low nibbles, and the high ones. One widening load, no byte
+/// shuffles.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn nibbles8_to_f32(b: &[u8], offset: i8) -> [__m256; 2] {
+    let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b[..8].as_ptr().cast()));
+    let offset = _mm256_set1_epi32(i32::from(offset));
+    let f32_of = |v| _mm256_cvtepi32_ps(_mm256_sub_epi32(v, offset));
+    [
+        f32_of(_mm256_and_si256(v, _mm256_set1_epi32(0xF))),
+        f32_of(_mm256_srli_epi32::<4>(v)),
+    ]
+}
+
 /// 16 bytes of packed nibbles at the start of `b` (byte `i` holding value
 /// `i` and value `16 + i`), less `offset`, as 32 f32 (values 0..8, 8..16,
-/// 16..24, 24..32): two widening loads, no byte shuffles.
+/// 16..24, 24..32).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn nibbles_to_f32(b: &[u8], offset: i8) -> [__m256; 4] {
-    let load = |at: usize| _mm256_cvtepu8_epi32(_mm_loadl_epi64(b[at..at + 8].as_ptr().cast()));
-    let (v0, v1) = (load(0), load(8));
-    let offset = _mm256_set1_epi32(i32::from(offset));
-    let f32_of = |v| _mm256_cvtepi32_ps(_mm256_sub_epi32(v, offset));
-    let low = |v| f32_of(_mm256_and_si256(v, _mm256_set1_epi32(0xF)));
-    let high = |v| f32_of(_mm256_srli_epi32::<4>(v));
-    [low(v0), low(v1), high(v0), high(v1)]
+    let ([low0, high0], [low1, high1]) =
+        (nibbles8_to_f32(b, offset), nibbles8_to_f32(&b[8..], offset));
+    [low0, low1, high0, high1]
 }
 
 /// The low eight signed bytes of `v` as f32.
@@ -343,14 +354,8 @@ unsafe fn q45k_sub_block(
 unsafe fn q45k_group_f32<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> [[__m256; 4]; 2] {
     if F::TY == QuantType::Q4K {
         let qs = &b[16 + 32 * p..][..32];
-        let v: [__m256i; 4] = std::array::from_fn(|k| {
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64(qs[8 * k..8 * k + 8].as_ptr().cast()))
-        });
-        let mask = _mm256_set1_epi32(0xF);
-        [
-            v.map(|v| _mm256_cvtepi32_ps(_mm256_and_si256(v, mask))),
-            v.map(|v| _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v))),
-        ]
+        let v: [[__m256; 2]; 4] = std::array::from_fn(|k| nibbles8_to_f32(&qs[8 * k..], 0));
+        [v.map(|[low, _]| low), v.map(|[_, high]| high)]
     } else {
         let (low, high) = q45k_group::<F>(b, p, qh);
         [i8x32_to_f32(low), i8x32_to_f32(high)]
