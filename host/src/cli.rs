@@ -293,6 +293,13 @@ pub struct ServeArgs {
     #[arg(long, value_enum)]
     pub tool_call_parser: Option<crate::server::tools::ToolFormat>,
 
+    /// Return a reasoning model's thinking (`<think>` … `</think>`) apart
+    /// from its answer, as the chat message's `reasoning_content` (vLLM's
+    /// flag): `deepseek_r1` or `qwen3`. Structured output and required tool
+    /// calls then constrain the answer only.
+    #[arg(long, value_enum)]
+    pub reasoning_parser: Option<crate::server::reasoning::ReasoningFormat>,
+
     /// Refuse to start unless a tool-call format is known (vLLM's flag).
     /// Kiln reads tool calls (`tool_choice: auto`) whenever a format is
     /// known, with or without it; vLLM needs it for `auto`.

@@ -122,7 +122,7 @@ suite benchmark-shapes "$bin/benchmark" shape --nocapture
 if [ "$model_ok" = yes ]; then
   suite smollm2-verify "$bin/verify" smollm2 --nocapture --test-threads 1
   suite serve-openai "$bin/serve" serve_on_the_cuda_backend --nocapture
-  suite structured-output "$bin/serve" structured_output --nocapture
+  suite structured-output "$bin/serve_outputs" structured_output --nocapture
   suite smollm2-generate "$bin/host" generate --model "$model" --device "$device" \
     --prompt "What is the capital of France?" --chat --max-new-tokens 64
   suite smollm2-benchmark "$bin/host" benchmark --model "$model" --device "$device" \

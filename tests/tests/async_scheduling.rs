@@ -13,7 +13,7 @@
 //! model's whole-prompt logits give them.
 
 use kiln_host::engine::service::{GenerationParams, Request};
-use kiln_host::engine::structured::{Grammar, Grammars};
+use kiln_host::engine::structured::{Constraint, Grammar, Grammars};
 use kiln_host::engine::SamplingParams;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::LoadOptions;
@@ -70,7 +70,10 @@ fn serve(
     let requests = requests
         .iter()
         .map(|ask| Request {
-            constraint: ask.grammar.as_ref().map(|g| grammars.matcher(g).unwrap()),
+            constraint: ask
+                .grammar
+                .as_ref()
+                .map(|g| Constraint::new(grammars.matcher(g).unwrap())),
             ..request(ask.prompt.clone(), ask.params.clone(), ask.group)
         })
         .collect();

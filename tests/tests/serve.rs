@@ -6,9 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kiln_tests::serve::{
-    curl, metric, requirements, run_client_script, Server, STRUCTURED_OUTPUT_CHECKS,
-};
+use kiln_tests::serve::{curl, metric, requirements, run_client_script, Server};
 use kiln_tests::{run_host, text, workspace_root};
 
 #[test]
@@ -488,27 +486,6 @@ fn the_api_key_is_never_printed_and_an_unsendable_key_is_refused() {
     }
 }
 
-/// Structured output through the official client
-/// (`tests/serve/structured_output.py`): Pydantic models with
-/// `chat.completions.parse` over 22 varied prompts, greedy and sampled, `n`
-/// of 3, streaming, vLLM's regex, choice and Lark grammar, the completions
-/// endpoint, and 400s for a bad grammar or two ways of asking. On the CPU;
-/// on the GPU that KILN_TEST_CUDA_DEVICE names, in the GPU suite (the masks
-/// in the device sampler, async scheduling; too slow for the emulator).
-#[test]
-fn structured_output_parses_every_time_with_the_openai_client() {
-    let (model, python) = requirements();
-    let device = std::env::var("KILN_TEST_CUDA_DEVICE").unwrap_or_else(|_| "cpu".to_owned());
-    let server = Server::start(&model, &["--device", &device]);
-    run_client_script(
-        &server,
-        &python,
-        "structured_output.py",
-        &[],
-        &STRUCTURED_OUTPUT_CHECKS,
-    );
-}
-
 /// vLLM's spellings of the options, a chat template given on the command
 /// line (with `chat_template_kwargs` and `continue_final_message`), and the
 /// load line in the log.
@@ -672,67 +649,6 @@ fn vllm_spellings_and_a_given_chat_template_work() {
         .as_str()
         .unwrap()
         .contains("embedding model"));
-}
-
-/// `--enable-auto-tool-choice` (vLLM's flag) on a model whose tool-call
-/// format nothing names: the server refuses to start, in one line that says
-/// what to add.
-#[test]
-fn enable_auto_tool_choice_without_a_known_format_refuses_to_start() {
-    let (model, _) = requirements();
-    let output = run_host(
-        [
-            "serve",
-            "--model",
-            model.to_str().unwrap(),
-            "--enable-auto-tool-choice",
-            "--port",
-            "0",
-        ],
-        &[],
-    );
-    let (_, stderr) = text(&output);
-    assert!(!output.status.success());
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("--enable-auto-tool-choice"))
-        .unwrap_or_else(|| panic!("{stderr}"));
-    assert!(
-        line.contains("add --tool-call-parser hermes|llama3_json|mistral"),
-        "{stderr}"
-    );
-}
-
-/// Tool calls through the official client (`tests/serve/tool_calls.py`) on
-/// SmolLM2 with Qwen2.5's chat template (Hermes format): a named
-/// `tool_choice` round trip, streaming with `required`, `auto`, refusals.
-#[test]
-fn tool_calls_round_trip_with_the_openai_client() {
-    let (model, python) = requirements();
-    let template =
-        workspace_root().join("host/tests/fixtures/tokenizer/qwen2.5/chat_template.jinja");
-    let server = Server::start(
-        &model,
-        &[
-            "--chat-template",
-            template.to_str().unwrap(),
-            "--enable-auto-tool-choice",
-        ],
-    );
-    assert!(
-        server
-            .log()
-            .contains("tool calls are read in the Hermes format (from the chat template)"),
-        "{}",
-        server.log()
-    );
-    run_client_script(
-        &server,
-        &python,
-        "tool_calls.py",
-        &[],
-        &["round_trip", "stream_required", "auto", "refusals"],
-    );
 }
 
 /// `host benchmark --url`: the online load generator against a running

@@ -12,7 +12,7 @@
 use kiln_host::device::DeviceChoice;
 use kiln_host::engine::service::{GenerationParams, Request};
 use kiln_host::engine::speculative::NgramConfig;
-use kiln_host::engine::structured::{Grammar, Grammars};
+use kiln_host::engine::structured::{Constraint, Grammar, Grammars};
 use kiln_host::engine::SamplingParams;
 use kiln_host::model::synthetic::ShapeDtype;
 use kiln_host::model::{LoadOptions, Model};
@@ -187,7 +187,7 @@ fn grammar_drafts_change_nothing_but_the_steps(device: DeviceChoice) {
             .iter()
             .enumerate()
             .map(|(i, text)| Request {
-                constraint: Some(grammars.matcher(&grammar).unwrap()),
+                constraint: Some(Constraint::new(grammars.matcher(&grammar).unwrap())),
                 ..request(
                     text.bytes().map(u32::from).collect(),
                     GenerationParams::greedy(30),

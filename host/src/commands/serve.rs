@@ -15,6 +15,7 @@ use crate::engine::structured::Grammars;
 use crate::scheduler::SchedulerConfig;
 use crate::server::metrics::Metrics;
 use crate::server::openai::Limits;
+use crate::server::reasoning::Reasoning;
 use crate::server::tools::ToolFormat;
 use crate::server::{self, router, AppState, Served};
 use kiln_plugin_api::Task;
@@ -105,6 +106,14 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         defaults.eos_token_ids.clone(),
         vocab_size,
     );
+    let reasoning = match args.reasoning_parser {
+        Some(format) if !embeddings => {
+            tracing::info!("chats' thinking is returned apart ({format:?} reasoning parser)");
+            Some(Reasoning::new(format, &tokenizer).map_err(anyhow::Error::msg)?)
+        }
+        Some(_) => anyhow::bail!("--reasoning-parser: an embedding model does not generate"),
+        None => None,
+    };
     let state = Arc::new(AppState {
         served,
         tokenizer,
@@ -127,6 +136,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         metrics,
         grammars,
         tool_format,
+        reasoning,
     });
     let timeout = std::time::Duration::from_secs_f64(args.http_timeout);
     let app = router(

@@ -4,11 +4,11 @@
 
 use std::time::Instant;
 
-use llguidance::Matcher;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::penalties::Penalties;
 use super::sampling::SamplingParams;
+use super::structured::Constraint;
 use crate::tokenizer::Tokenizer;
 
 /// How a generation ended.
@@ -201,5 +201,5 @@ pub struct Request {
     pub group: u64,
     /// Structured output: the grammar's matcher, which masks each step's
     /// tokens to those that keep the output inside the grammar.
-    pub constraint: Option<Matcher>,
+    pub constraint: Option<Constraint>,
 }

@@ -31,6 +31,9 @@ pub(super) struct Active<'t> {
     /// It ran in a step (its queue time is recorded).
     pub scheduled: bool,
     constraint: Option<Matcher>,
+    /// While not empty, the tokens the output must end with before the
+    /// grammar applies (a reasoning model's end of thinking).
+    grammar_after: Vec<u32>,
     /// A launched step picks its next token; the host has not read it yet.
     pub awaiting: bool,
     /// The stop string or stop token that ended it.
@@ -44,6 +47,10 @@ pub(super) struct Active<'t> {
 impl<'t> Active<'t> {
     /// A new request's state.
     pub fn new(request: super::service::Request, tokenizer: &'t Tokenizer) -> Self {
+        let (constraint, grammar_after) = match request.constraint {
+            Some(c) => (Some(c.matcher), c.after),
+            None => (None, Vec::new()),
+        };
         Self {
             sampler: Sampler::new(request.params.sampling.clone()),
             decoder: tokenizer.decode_stream(request.params.skip_special_tokens),
@@ -63,7 +70,8 @@ impl<'t> Active<'t> {
             arrived: request.arrived,
             last_token: None,
             scheduled: false,
-            constraint: request.constraint,
+            constraint,
+            grammar_after,
             awaiting: false,
             stop_reason: None,
         }
@@ -96,11 +104,24 @@ impl<'t> Active<'t> {
         self.constraint.is_some()
     }
 
+    /// Its grammar's matcher, once the grammar applies.
+    fn grammar(&mut self) -> Option<&mut Matcher> {
+        let awake = self.grammar_after.is_empty();
+        self.constraint.as_mut().filter(|_| awake)
+    }
+
+    /// Whether its grammar waits for the end of its thinking: a draft could
+    /// end it, and the rows after would pick unconstrained, so it drafts
+    /// nothing until then.
+    fn grammar_waits(&self) -> bool {
+        self.constraint.is_some() && !self.grammar_after.is_empty()
+    }
+
     /// How many drafts its next step may verify (speculative decoding): as
     /// many as it may still generate past the next token, unless a pick is
     /// on the way.
     pub fn draft_room(&self) -> usize {
-        match self.awaiting {
+        match self.awaiting || self.grammar_waits() {
             false => self
                 .params
                 .max_tokens
@@ -129,7 +150,7 @@ impl<'t> Active<'t> {
         // The drafts the grammar took, and whether it goes on after them.
         let (mut taken, mut open) = (0, true);
         for j in 0..=drafts.len() {
-            if let (Some(matcher), Some(&draft)) = (&mut self.constraint, drafts[..j].last()) {
+            if let (Some(matcher), Some(&draft)) = (self.grammar(), drafts[..j].last()) {
                 if open {
                     let took = matcher
                         .try_consume_tokens(&[draft])
@@ -148,7 +169,7 @@ impl<'t> Active<'t> {
             });
             rows.push(RowSampling { draft, ..row });
         }
-        if let Some(matcher) = &mut self.constraint {
+        if let Some(matcher) = self.grammar() {
             matcher
                 .rollback(taken)
                 .map_err(|e| format!("structured output: {e}"))?;
@@ -160,7 +181,7 @@ impl<'t> Active<'t> {
     /// as generated after the output (the grammar, if any, already advanced
     /// over them).
     fn row_sampling(&mut self, eos: &[u32], drafted: &[u32]) -> Result<RowSampling, String> {
-        let grammar = match &mut self.constraint {
+        let grammar = match self.grammar() {
             Some(matcher) => Some(
                 structured::allowed_tokens(matcher)
                     .map_err(|e| format!("structured output: {e}"))?,
@@ -214,14 +235,17 @@ impl<'t> Active<'t> {
         self.awaiting = false;
         let token = sampled.token;
         let mut grammar_done = false;
-        if let Some(matcher) = &mut self.constraint {
+        if let Some(matcher) = self.grammar() {
             matcher
                 .consume_token(token)
                 .map_err(|e| format!("structured output: {e}"))?;
             grammar_done = matcher.is_stopped();
         }
-        let params = &self.params;
         self.generated.push(token);
+        if self.grammar_waits() && self.generated.ends_with(&self.grammar_after) {
+            self.grammar_after.clear();
+        }
+        let params = &self.params;
         let logprob = sampled.logprob.map(|logprob| {
             let text = |t| TokenLogprob::name(tokenizer, t, params.return_tokens_as_token_ids);
             TokenLogprob {
@@ -284,6 +308,7 @@ impl<'t> Active<'t> {
 #[cfg(test)]
 mod tests {
     use super::super::service::Request;
+    use super::super::structured::Constraint;
     use super::*;
 
     fn tokenizer() -> Tokenizer {
@@ -361,6 +386,48 @@ mod tests {
         assert_eq!(banned(&[1, 7, 8]), [4, 9]);
         assert_eq!(banned(&[7, 8, 1]), [4]);
         assert_eq!(banned(&[8]), [4]);
+    }
+
+    /// A grammar that waits for the end of the thinking leaves the rows
+    /// before it unconstrained (and draftless), then masks the answer.
+    #[test]
+    fn a_grammar_after_the_thinking_constrains_only_the_answer() {
+        let tokenizer = tokenizer();
+        let encode = |text: &str| tokenizer.encode(text, false).unwrap();
+        let grammars = super::super::structured::Grammars::new(
+            std::sync::Arc::new(tokenizer.clone()),
+            vec![0],
+            tokenizer.vocab_size(),
+        );
+        let grammar = super::super::structured::Grammar::Regex("[0-9]+".into());
+        let (events, _received) = tokio::sync::mpsc::unbounded_channel();
+        let request = Request {
+            prompt: vec![0],
+            params: GenerationParams::greedy(100),
+            events,
+            arrived: Instant::now(),
+            group: 0,
+            constraint: Some(Constraint {
+                matcher: grammars.matcher(&grammar).unwrap(),
+                after: encode("</think>"),
+            }),
+        };
+        let mut active = Active::new(request, &tokenizer);
+        let allows = |mask: &[u32], token: u32| mask[token as usize / 32] >> (token % 32) & 1 == 1;
+        let (letters, digit) = (encode("Hmm"), encode("7")[0]);
+        for &token in letters.iter().chain(&encode(" so</think>")) {
+            assert!(active.rows(&[0], &[]).unwrap()[0].allowed.is_none());
+            assert_eq!(active.draft_room(), 0);
+            let pick = Sampled {
+                token,
+                logprob: None,
+                top: Vec::new(),
+            };
+            active.take_pick(pick, &tokenizer, &[0]).unwrap();
+        }
+        let mask = active.rows(&[0], &[]).unwrap()[0].allowed.clone().unwrap();
+        assert!(allows(&mask, digit) && !allows(&mask, letters[0]));
+        assert!(active.draft_room() > 0);
     }
 
     /// Text held back as the possible start of a stop string is sent when

@@ -177,3 +177,30 @@ pub fn allowed_tokens(matcher: &mut Matcher) -> Result<Vec<u32>, String> {
     let words: &[u32] = mask.as_slice();
     Ok(words.to_vec())
 }
+
+/// A request's structured output: the grammar's matcher, and the tokens
+/// the output must end with before the grammar applies (a reasoning
+/// model's end of thinking: vLLM constrains only the answer); with none,
+/// from the first token.
+pub struct Constraint {
+    pub matcher: Matcher,
+    pub after: Vec<u32>,
+}
+
+impl Constraint {
+    /// `matcher` from the first token.
+    pub fn new(matcher: Matcher) -> Self {
+        Self {
+            matcher,
+            after: Vec::new(),
+        }
+    }
+
+    /// An independent copy (each choice of a request advances its own).
+    pub fn deep_clone(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+            after: self.after.clone(),
+        }
+    }
+}

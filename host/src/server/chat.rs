@@ -2,7 +2,8 @@
 //! the choices through the engine, and the answer as one message or a
 //! stream of chunks; with `tools`, the model's calls (in the server's
 //! tool-call format) become `tool_calls` (whole, or one delta per call when
-//! streaming).
+//! streaming); with `--reasoning-parser`, the thinking comes back as
+//! `reasoning_content` and only the answer is read for calls.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,12 +16,14 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
 use super::openai::{ApiError, ChatRequest, Usage};
+use super::reasoning::{self, ReasoningSplitter};
 use super::tools::{self, Piece, ToolFormat, ToolSplitter};
 use super::{
     check_model, collect, merged, new_group, now, prompt, prompt_logprobs_json, request_id, sse,
     structured, submit, ApiJson, AppState, Choice,
 };
 use crate::engine::service::{Event, StopReason, TokenLogprob};
+use crate::engine::structured::Constraint;
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -58,6 +61,14 @@ pub async fn chat_completions(
     let prompt = request
         .common
         .truncate(prompt, state.limits.max_model_len)?;
+    // With a reasoning parser: whether the output starts in its thinking.
+    let thinks = state.reasoning.as_ref().map(|r| {
+        r.thinks(
+            &prompt,
+            &state.tokenizer,
+            request.chat_template_kwargs.as_ref(),
+        )
+    });
     let logprobs = request.logprobs.then(|| request.top_logprobs.unwrap_or(0));
     if request.common.stream && request.common.prompt_logprobs.is_some() {
         return Err(ApiError::invalid(
@@ -87,7 +98,7 @@ pub async fn chat_completions(
         // Known whenever the output is read for calls.
         (_, format) => format,
     };
-    let constraint = match tools
+    let matcher = match tools
         .as_ref()
         .zip(format)
         .and_then(|(t, format)| t.grammar(format, parallel(&request)))
@@ -101,6 +112,14 @@ pub async fn chat_completions(
         Some(grammar) => Some(structured::compile(&state, grammar).await?),
         None => structured::constraint(&state, &request.common).await?,
     };
+    // The grammar constrains the answer, after the thinking.
+    let constraint = matcher.map(|matcher| Constraint {
+        matcher,
+        after: match (&state.reasoning, thinks) {
+            (Some(r), Some(true)) => r.end_ids().to_vec(),
+            _ => Vec::new(),
+        },
+    });
     let choices = submit(
         &state,
         &prompt,
@@ -120,6 +139,7 @@ pub async fn chat_completions(
             created,
             model,
             logprobs: request.logprobs,
+            thinks,
             tools: tools
                 .as_ref()
                 .filter(|t| t.calls())
@@ -148,10 +168,19 @@ pub async fn chat_completions(
         if let Some(scores) = &c.prompt_logprobs {
             scored_prompt = prompt_logprobs_json(scores);
         }
-        let mut message = json!({"role": "assistant", "content": c.text});
+        let (thinking, answer) = match thinks {
+            Some(true) => reasoning::split(&c.text),
+            _ => (None, Some(c.text)),
+        };
+        let mut message = json!({"role": "assistant", "content": answer});
+        if thinks.is_some() {
+            message["reasoning_content"] = json!(thinking);
+            message["reasoning"] = json!(thinking);
+        }
         let mut finish_reason = c.finish_reason;
         if let Some(format) = format.filter(|_| tools.as_ref().is_some_and(tools::Tools::calls)) {
-            let (content, mut calls) = tools::parse_tool_calls(format, &c.text);
+            let (content, mut calls) =
+                tools::parse_tool_calls(format, answer.as_deref().unwrap_or(""));
             if !parallel(&request) {
                 calls.truncate(1);
             }
@@ -214,6 +243,8 @@ struct ChunkMaker {
     created: u64,
     model: String,
     logprobs: bool,
+    /// With a reasoning parser: whether the output starts in its thinking.
+    thinks: Option<bool>,
     /// With tools: their format, and whether several calls may come (else
     /// at most one).
     tools: Option<(ToolFormat, bool)>,
@@ -226,6 +257,68 @@ impl ChunkMaker {
 
     fn delta(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
         self.chunk(json!([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]))
+    }
+}
+
+/// Per choice while streaming: its thinking's splitter and its tool calls',
+/// as the server and the request ask for them.
+struct ChoiceStream {
+    reasoning: Option<ReasoningSplitter>,
+    tools: Option<ToolStream>,
+}
+
+impl ChoiceStream {
+    fn new(maker: &ChunkMaker) -> Self {
+        Self {
+            reasoning: maker.thinks.map(ReasoningSplitter::new),
+            tools: maker.tools.map(|(format, _)| ToolStream {
+                splitter: ToolSplitter::new(format),
+                calls: 0,
+            }),
+        }
+    }
+
+    /// The deltas for a chunk of text (its log-probabilities with the
+    /// first), or for the end of the output (`text` `None`).
+    fn deltas(
+        &mut self,
+        maker: &ChunkMaker,
+        index: usize,
+        text: Option<&str>,
+        logprobs: Value,
+    ) -> Vec<Value> {
+        let (thinking, answer) = match (&mut self.reasoning, text) {
+            (Some(splitter), Some(text)) => splitter.push(text),
+            (Some(splitter), None) => (splitter.finish(), String::new()),
+            (None, text) => (String::new(), text.unwrap_or_default().to_owned()),
+        };
+        let mut out = Vec::new();
+        if let Some(tools) = &mut self.tools {
+            if !thinking.is_empty() {
+                let delta = json!({"reasoning_content": thinking, "reasoning": thinking});
+                out.push(maker.delta(index, delta, Value::Null, None));
+            }
+            let pieces = match text {
+                Some(_) => tools.splitter.push(&answer),
+                None => tools.splitter.finish(),
+            };
+            let parallel = maker.tools.is_some_and(|(_, parallel)| parallel);
+            out.extend(tools.deltas(maker, index, pieces, parallel));
+            return out;
+        }
+        let mut delta = json!({});
+        if !thinking.is_empty() {
+            delta["reasoning_content"] = json!(thinking);
+            delta["reasoning"] = json!(thinking);
+        }
+        // Without a reasoning parser every chunk is content, as before.
+        if !answer.is_empty() || (self.reasoning.is_none() && text.is_some()) {
+            delta["content"] = json!(answer);
+        }
+        if delta.as_object().is_some_and(|d| !d.is_empty()) || !logprobs.is_null() {
+            out.push(maker.delta(index, delta, logprobs, None));
+        }
+        out
     }
 }
 
@@ -282,49 +375,37 @@ fn stream_chat(
         .collect();
     let completion_tokens = Arc::new(AtomicUsize::new(0));
     let counter = completion_tokens.clone();
-    let mut tool_streams: HashMap<usize, ToolStream> = HashMap::new();
+    let mut streams: HashMap<usize, ChoiceStream> = HashMap::new();
     let body_maker = maker.clone();
     let body = merged(choices).flat_map(move |(index, event)| {
         let maker = &body_maker;
-        let values = match (event, maker.tools) {
-            (Event::Chunk { text, .. }, Some((format, parallel))) => {
-                let stream = tool_streams.entry(index).or_insert_with(|| ToolStream {
-                    splitter: ToolSplitter::new(format),
-                    calls: 0,
-                });
-                let pieces = stream.splitter.push(&text);
-                stream.deltas(maker, index, pieces, parallel)
-            }
-            (Event::Chunk { text, logprob, .. }, None) => {
+        let values = match event {
+            Event::Chunk { text, logprob, .. } => {
+                // Log-probabilities are refused with tools.
                 let logprobs = if maker.logprobs {
                     chat_logprobs(&logprob.into_iter().collect::<Vec<_>>())
                 } else {
                     Value::Null
                 };
-                vec![maker.delta(index, json!({"content": text}), logprobs, None)]
+                let stream = streams
+                    .entry(index)
+                    .or_insert_with(|| ChoiceStream::new(maker));
+                stream.deltas(maker, index, Some(&text), logprobs)
             }
-            (
-                Event::Done {
-                    finish_reason,
-                    stop_reason,
-                    completion_tokens: c,
-                    ..
-                },
-                tools,
-            ) => {
+            Event::Done {
+                finish_reason,
+                stop_reason,
+                completion_tokens: c,
+                ..
+            } => {
                 counter.fetch_add(c, Ordering::Relaxed);
-                let mut values = Vec::new();
+                let stream = streams
+                    .entry(index)
+                    .or_insert_with(|| ChoiceStream::new(maker));
+                let mut values = stream.deltas(maker, index, None, Value::Null);
                 let mut reason = finish_reason.as_str();
-                if let Some((format, parallel)) = tools {
-                    let stream = tool_streams.entry(index).or_insert_with(|| ToolStream {
-                        splitter: ToolSplitter::new(format),
-                        calls: 0,
-                    });
-                    let rest = stream.splitter.finish();
-                    values = stream.deltas(maker, index, rest, parallel);
-                    if stream.calls > 0 && reason == "stop" {
-                        reason = "tool_calls";
-                    }
+                if stream.tools.as_ref().is_some_and(|t| t.calls > 0) && reason == "stop" {
+                    reason = "tool_calls";
                 }
                 let mut last = maker.delta(index, json!({}), Value::Null, Some(reason));
                 last["choices"][0]["stop_reason"] = stop_reason
@@ -333,11 +414,11 @@ fn stream_chat(
                 values.push(last);
                 values
             }
-            (Event::Error(message), _) => {
+            Event::Error(message) => {
                 vec![json!({"error": {"message": message, "type": "server_error"}})]
             }
             // Not asked for when streaming (refused up front).
-            (Event::PromptLogprobs(_), _) => Vec::new(),
+            Event::PromptLogprobs(_) => Vec::new(),
         };
         stream::iter(values)
     });

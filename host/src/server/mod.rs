@@ -7,6 +7,7 @@ mod listen;
 pub mod metrics;
 pub mod openai;
 mod prompt;
+pub mod reasoning;
 mod structured;
 mod tokenize;
 pub mod tools;
@@ -25,7 +26,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream, StreamExt};
-use llguidance::Matcher;
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -37,6 +37,7 @@ use crate::engine::service::{
     EngineHandle, Event, GenerationParams, PromptLogprob, Request as EngineRequest, StopReason,
     TokenLogprob,
 };
+use crate::engine::structured::Constraint;
 use crate::engine::structured::Grammars;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 pub use listen::{raise_descriptor_limit, serve};
@@ -76,6 +77,8 @@ pub struct AppState {
     /// How the model writes tool calls; `None` when nothing names a format
     /// (requests that would read calls are then refused).
     pub tool_format: Option<tools::ToolFormat>,
+    /// `--reasoning-parser`: chats' thinking comes back apart.
+    pub reasoning: Option<reasoning::Reasoning>,
 }
 
 impl IntoResponse for ApiError {
@@ -315,7 +318,7 @@ fn submit(
     n: usize,
     first_index: usize,
     group: u64,
-    constraint: Option<&Matcher>,
+    constraint: Option<&Constraint>,
 ) -> Result<Vec<Choice>, ApiError> {
     (0..n)
         .map(|i| {
@@ -330,7 +333,7 @@ fn submit(
                     events: tx,
                     arrived: Instant::now(),
                     group,
-                    constraint: constraint.map(Matcher::deep_clone),
+                    constraint: constraint.map(Constraint::deep_clone),
                 })
                 .map_err(ApiError::internal)?;
             Ok(Choice {
@@ -491,7 +494,9 @@ async fn completions(
         .map(|p| request.common.truncate(p, state.limits.max_model_len))
         .collect::<Result<Vec<_>, _>>()?;
     let group = new_group();
-    let constraint = structured::constraint(&state, &request.common).await?;
+    let constraint = structured::constraint(&state, &request.common)
+        .await?
+        .map(Constraint::new);
     let bad_words = prompt::bad_words(&state, &request.common.bad_words).await?;
     let mut choices = Vec::new();
     let mut prompt_tokens = 0;
