@@ -9,7 +9,9 @@
 - stream: the streamed deltas add up to the same two fields;
 - cut: an output cut before `</think>` is all thinking;
 - structured: a regex that the thinking breaks constrains the answer only;
-- prompt_ended: a prompt ending with `</think>` makes the output all answer.
+- prompt_ended: a prompt ending with `</think>` makes the output all answer;
+- history: a returned message, thinking included, is taken back in the
+  conversation.
 
     reasoning.py BASE_URL MODEL
 
@@ -95,6 +97,23 @@ def main():
     thinking_e, answer_e = fields(ended.choices[0].message)
     assert thinking_e is None and answer_e, ended
     report("prompt_ended", content=answer_e)
+
+    # The answer with its thinking back in the history, as the client
+    # replays a message: accepted, and left to the template (SmolLM2's
+    # drops it: the same prompt as without it).
+    follow = [{"role": "user", "content": "And 4+4?"}]
+    replayed = client.chat.completions.create(
+        **{**ask, "max_tokens": 1, "messages": EXAMPLES + [whole.choices[0].message] + follow})
+    plain = client.chat.completions.create(
+        **{**ask, "max_tokens": 1, "messages": EXAMPLES + [{"role": "assistant", "content": answer}] + follow})
+    assert replayed.usage.prompt_tokens == plain.usage.prompt_tokens, (replayed, plain)
+    differing = {"role": "assistant", "content": answer, "reasoning_content": "a", "reasoning": "b"}
+    try:
+        client.chat.completions.create(**{**ask, "messages": EXAMPLES + [differing] + follow})
+        raise AssertionError("accepted two different thinkings")
+    except openai.BadRequestError as e:
+        assert "differ" in str(e), e
+    report("history")
 
 
 if __name__ == "__main__":

@@ -102,6 +102,13 @@ fn a_reasoning_parser_returns_the_thinking_apart() {
         &python,
         "reasoning.py",
         &[],
-        &["split", "stream", "cut", "structured", "prompt_ended"],
+        &[
+            "split",
+            "stream",
+            "cut",
+            "structured",
+            "prompt_ended",
+            "history",
+        ],
     );
 }

@@ -355,9 +355,28 @@ pub struct InMessage {
     /// A tool message's answer to this call.
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    /// An assistant message's thinking, as a reasoning parser returned it
+    /// (vLLM's): the chat template's to render or drop (Qwen3's renders
+    /// the latest turns').
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+    /// The same under vLLM's newer name (a returned message has both).
+    #[serde(default)]
+    reasoning: Option<String>,
 }
 
 impl InMessage {
+    /// Its thinking, under either name; both given must agree.
+    pub fn thinking(&self) -> Result<Option<&str>, ApiError> {
+        match (&self.reasoning_content, &self.reasoning) {
+            (Some(a), Some(b)) if a != b => Err(ApiError::invalid(
+                "a message's reasoning_content and reasoning differ",
+                Some("messages"),
+            )),
+            (a, b) => Ok(a.as_deref().or(b.as_deref())),
+        }
+    }
+
     /// The text content (`None` when the message has none).
     pub fn text(&self) -> Result<Option<String>, ApiError> {
         match &self.content {

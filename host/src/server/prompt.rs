@@ -151,9 +151,21 @@ fn conversation(
         .enumerate()
         .map(|(i, m)| checked_text(i, m))
         .collect::<Result<Vec<_>, _>>()?;
-    let contents: Vec<String> = texts.iter().flatten().cloned().collect();
+    // Every text a client wrote, in the order templates write them (an
+    // assistant's thinking before its answer), so none is read as special
+    // tokens.
+    let thinking = messages
+        .iter()
+        .map(InMessage::thinking)
+        .collect::<Result<Vec<_>, _>>()?;
+    let contents: Vec<String> = thinking
+        .iter()
+        .zip(&texts)
+        .flat_map(|(thinking, text)| thinking.map(str::to_owned).into_iter().chain(text.clone()))
+        .collect();
     let with_tools = as_json
         || tools.is_some()
+        || thinking.iter().any(Option::is_some)
         || messages
             .iter()
             .any(|m| m.tool_calls.is_some() || m.tool_call_id.is_some());
@@ -168,13 +180,17 @@ fn conversation(
     let json: Vec<Value> = messages
         .iter()
         .zip(texts)
-        .map(|(m, text)| {
+        .zip(thinking)
+        .map(|((m, text), thinking)| {
             let mut message = json!({"role": m.role, "content": text});
             if let Some(calls) = &m.tool_calls {
                 message["tool_calls"] = Value::from(calls.clone());
             }
             if let Some(id) = &m.tool_call_id {
                 message["tool_call_id"] = Value::from(id.as_str());
+            }
+            if let Some(thinking) = thinking {
+                message["reasoning_content"] = Value::from(thinking);
             }
             message
         })
