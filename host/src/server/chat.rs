@@ -15,9 +15,9 @@ use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
+use super::answer::{AnswerStream, Part, Reading};
 use super::openai::{ApiError, ChatRequest, Usage};
-use super::reasoning::{self, ReasoningSplitter};
-use super::tools::{self, Piece, ToolFormat, ToolSplitter};
+use super::tools;
 use super::{
     check_model, collect, merged, new_group, now, prompt, prompt_logprobs_json, request_id, sse,
     structured, submit, ApiJson, AppState, Choice,
@@ -29,7 +29,92 @@ pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
     ApiJson(request): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
-    check_model(&state, &request.common.model)?;
+    let submitted = submit_chat(&state, &request).await?;
+    let id = request_id("chatcmpl");
+    let created = now();
+    let model = state.model_name.clone();
+    if request.common.stream {
+        let include_usage = request.common.include_usage();
+        let chunks = ChunkMaker {
+            id,
+            created,
+            model,
+            logprobs: request.logprobs,
+            reading: submitted.reading,
+        };
+        return Ok(sse(stream_chat(
+            submitted.choices,
+            chunks,
+            submitted.prompt_tokens,
+            include_usage,
+        )));
+    }
+    let mut results = Vec::new();
+    let mut usage = Usage {
+        prompt_tokens: submitted.prompt_tokens,
+        ..Usage::default()
+    };
+    // vLLM's `prompt_logprobs`, once for the response (its choices share the
+    // prompt).
+    let mut scored_prompt = Value::Null;
+    for choice in submitted.choices {
+        let index = choice.index;
+        let c = collect(choice).await?;
+        usage.completion_tokens += c.completion_tokens;
+        if let Some(scores) = &c.prompt_logprobs {
+            scored_prompt = prompt_logprobs_json(scores);
+        }
+        let answer = submitted.reading.whole(c.text);
+        let mut message = json!({"role": "assistant", "content": answer.content});
+        if submitted.reading.thinks.is_some() {
+            message["reasoning_content"] = json!(answer.thinking);
+            message["reasoning"] = json!(answer.thinking);
+        }
+        let mut finish_reason = c.finish_reason;
+        if !answer.calls.is_empty() {
+            let ids = request_id("call");
+            message["tool_calls"] = answer
+                .calls
+                .iter()
+                .enumerate()
+                .map(|(i, call)| tool_call_json(call.to_json(i, &ids)))
+                .collect();
+            if finish_reason == Some("stop") {
+                finish_reason = Some("tool_calls");
+            }
+        }
+        results.push(json!({
+            "index": index,
+            "message": message,
+            "logprobs": if request.logprobs { chat_logprobs(&c.tokens) } else { Value::Null },
+            "finish_reason": finish_reason,
+            "stop_reason": c.stop_reason,
+        }));
+    }
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    let mut body = json!({"id": id, "object": "chat.completion", "created": created, "model": model, "choices": results, "usage": usage});
+    if request.common.prompt_logprobs.is_some() {
+        body["prompt_logprobs"] = scored_prompt;
+    }
+    Ok(Json(body).into_response())
+}
+
+/// A chat request checked, rendered and submitted to the engine.
+pub(super) struct SubmittedChat {
+    pub choices: Vec<Choice>,
+    pub prompt_tokens: usize,
+    /// How its outputs are read.
+    pub reading: Reading,
+}
+
+/// Checks a chat request, renders its conversation through the chat
+/// template and submits its choices (their grammar, if any, constraining
+/// the answer after the thinking).
+pub(super) async fn submit_chat(
+    state: &Arc<AppState>,
+    request: &ChatRequest,
+) -> Result<SubmittedChat, ApiError> {
+    check_model(state, &request.common.model)?;
     state.generator()?;
     if request.top_logprobs.is_some() && !request.logprobs {
         return Err(ApiError::invalid(
@@ -44,14 +129,14 @@ pub async fn chat_completions(
             Some("logprobs"),
         ));
     }
-    prompt::check_sequences(&state, 1, request.common.n.unwrap_or(1))?;
+    prompt::check_sequences(state, 1, request.common.n.unwrap_or(1))?;
     let options = prompt::TemplateOptions::new(
         request.add_generation_prompt,
         request.continue_final_message,
         request.chat_template_kwargs.as_ref(),
     )?;
     let prompt = prompt::chat_prompt(
-        &state,
+        state,
         &request.messages,
         tools.as_ref().map(|t| t.tools.as_slice()),
         &options,
@@ -84,7 +169,7 @@ pub async fn chat_completions(
         &state.limits,
         &state.defaults,
     )?;
-    params.bad_words = prompt::bad_words(&state, &request.common.bad_words).await?;
+    params.bad_words = prompt::bad_words(state, &request.common.bad_words).await?;
     let n = request.common.n.unwrap_or(1);
     let format = match (&tools, state.tool_format) {
         (Some(t), None) if t.calls() => {
@@ -101,7 +186,7 @@ pub async fn chat_completions(
     let matcher = match tools
         .as_ref()
         .zip(format)
-        .and_then(|(t, format)| t.grammar(format, parallel(&request)))
+        .and_then(|(t, format)| t.grammar(format, parallel(request)))
     {
         Some(_) if structured::requested_grammar(&request.common)?.is_some() => {
             return Err(ApiError::invalid(
@@ -109,8 +194,8 @@ pub async fn chat_completions(
                 Some("tool_choice"),
             ))
         }
-        Some(grammar) => Some(structured::compile(&state, grammar).await?),
-        None => structured::constraint(&state, &request.common).await?,
+        Some(grammar) => Some(structured::compile(state, grammar).await?),
+        None => structured::constraint(state, &request.common).await?,
     };
     // The grammar constrains the answer, after the thinking.
     let constraint = matcher.map(|matcher| Constraint {
@@ -121,7 +206,7 @@ pub async fn chat_completions(
         },
     });
     let choices = submit(
-        &state,
+        state,
         &prompt,
         &params,
         n,
@@ -129,88 +214,16 @@ pub async fn chat_completions(
         new_group(),
         constraint.as_ref(),
     )?;
-    let id = request_id("chatcmpl");
-    let created = now();
-    let model = state.model_name.clone();
-    if request.common.stream {
-        let include_usage = request.common.include_usage();
-        let chunks = ChunkMaker {
-            id,
-            created,
-            model,
-            logprobs: request.logprobs,
-            thinks,
-            tools: tools
-                .as_ref()
-                .filter(|t| t.calls())
-                .and(format)
-                .map(|format| (format, parallel(&request))),
-        };
-        return Ok(sse(stream_chat(
-            choices,
-            chunks,
-            prompt.len(),
-            include_usage,
-        )));
-    }
-    let mut results = Vec::new();
-    let mut usage = Usage {
+    let calls = tools
+        .as_ref()
+        .filter(|t| t.calls())
+        .and(format)
+        .map(|format| (format, parallel(request)));
+    Ok(SubmittedChat {
+        choices,
         prompt_tokens: prompt.len(),
-        ..Usage::default()
-    };
-    // vLLM's `prompt_logprobs`, once for the response (its choices share the
-    // prompt).
-    let mut scored_prompt = Value::Null;
-    for choice in choices {
-        let index = choice.index;
-        let c = collect(choice).await?;
-        usage.completion_tokens += c.completion_tokens;
-        if let Some(scores) = &c.prompt_logprobs {
-            scored_prompt = prompt_logprobs_json(scores);
-        }
-        let (thinking, answer) = match thinks {
-            Some(true) => reasoning::split(&c.text),
-            _ => (None, Some(c.text)),
-        };
-        let mut message = json!({"role": "assistant", "content": answer});
-        if thinks.is_some() {
-            message["reasoning_content"] = json!(thinking);
-            message["reasoning"] = json!(thinking);
-        }
-        let mut finish_reason = c.finish_reason;
-        if let Some(format) = format.filter(|_| tools.as_ref().is_some_and(tools::Tools::calls)) {
-            let (content, mut calls) =
-                tools::parse_tool_calls(format, answer.as_deref().unwrap_or(""));
-            if !parallel(&request) {
-                calls.truncate(1);
-            }
-            message["content"] = json!(content);
-            if !calls.is_empty() {
-                let ids = request_id("call");
-                message["tool_calls"] = calls
-                    .iter()
-                    .enumerate()
-                    .map(|(i, call)| tool_call_json(call.to_json(i, &ids)))
-                    .collect();
-                if finish_reason == Some("stop") {
-                    finish_reason = Some("tool_calls");
-                }
-            }
-        }
-        results.push(json!({
-            "index": index,
-            "message": message,
-            "logprobs": if request.logprobs { chat_logprobs(&c.tokens) } else { Value::Null },
-            "finish_reason": finish_reason,
-            "stop_reason": c.stop_reason,
-        }));
-    }
-    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
-    let mut body = json!({"id": id, "object": "chat.completion", "created": created, "model": model, "choices": results, "usage": usage});
-    if request.common.prompt_logprobs.is_some() {
-        body["prompt_logprobs"] = scored_prompt;
-    }
-    Ok(Json(body).into_response())
+        reading: Reading { thinks, calls },
+    })
 }
 
 /// Whether several calls may come in one message (OpenAI's default: yes).
@@ -243,11 +256,7 @@ struct ChunkMaker {
     created: u64,
     model: String,
     logprobs: bool,
-    /// With a reasoning parser: whether the output starts in its thinking.
-    thinks: Option<bool>,
-    /// With tools: their format, and whether several calls may come (else
-    /// at most one).
-    tools: Option<(ToolFormat, bool)>,
+    reading: Reading,
 }
 
 impl ChunkMaker {
@@ -258,98 +267,44 @@ impl ChunkMaker {
     fn delta(&self, index: usize, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
         self.chunk(json!([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]))
     }
-}
 
-/// Per choice while streaming: its thinking's splitter and its tool calls',
-/// as the server and the request ask for them.
-struct ChoiceStream {
-    reasoning: Option<ReasoningSplitter>,
-    tools: Option<ToolStream>,
-}
-
-impl ChoiceStream {
-    fn new(maker: &ChunkMaker) -> Self {
-        Self {
-            reasoning: maker.thinks.map(ReasoningSplitter::new),
-            tools: maker.tools.map(|(format, _)| ToolStream {
-                splitter: ToolSplitter::new(format),
-                calls: 0,
-            }),
-        }
-    }
-
-    /// The deltas for a chunk of text (its log-probabilities with the
-    /// first), or for the end of the output (`text` `None`).
+    /// The deltas of choice `index` for `parts` (a chunk's log-probabilities
+    /// with its last): thinking and content together, each call apart.
     fn deltas(
-        &mut self,
-        maker: &ChunkMaker,
+        &self,
+        stream: &AnswerStream,
         index: usize,
-        text: Option<&str>,
+        parts: Vec<Part>,
         logprobs: Value,
     ) -> Vec<Value> {
-        let (thinking, answer) = match (&mut self.reasoning, text) {
-            (Some(splitter), Some(text)) => splitter.push(text),
-            (Some(splitter), None) => (splitter.finish(), String::new()),
-            (None, text) => (String::new(), text.unwrap_or_default().to_owned()),
-        };
+        // The stream has counted these parts' calls.
+        let mut call_index =
+            stream.calls - parts.iter().filter(|p| matches!(p, Part::Call(_))).count();
         let mut out = Vec::new();
-        if let Some(tools) = &mut self.tools {
-            if !thinking.is_empty() {
-                let delta = json!({"reasoning_content": thinking, "reasoning": thinking});
-                out.push(maker.delta(index, delta, Value::Null, None));
-            }
-            let pieces = match text {
-                Some(_) => tools.splitter.push(&answer),
-                None => tools.splitter.finish(),
-            };
-            let parallel = maker.tools.is_some_and(|(_, parallel)| parallel);
-            out.extend(tools.deltas(maker, index, pieces, parallel));
-            return out;
-        }
         let mut delta = json!({});
-        if !thinking.is_empty() {
-            delta["reasoning_content"] = json!(thinking);
-            delta["reasoning"] = json!(thinking);
-        }
-        // Without a reasoning parser every chunk is content, as before.
-        if !answer.is_empty() || (self.reasoning.is_none() && text.is_some()) {
-            delta["content"] = json!(answer);
+        for part in parts {
+            match part {
+                Part::Thinking(text) => {
+                    delta["reasoning_content"] = json!(text);
+                    delta["reasoning"] = json!(text);
+                }
+                Part::Content(text) => {
+                    let before = delta["content"].as_str().unwrap_or_default();
+                    delta["content"] = json!(before.to_owned() + &text);
+                }
+                Part::Call(call) => {
+                    if delta.as_object().is_some_and(|d| !d.is_empty()) {
+                        out.push(self.delta(index, std::mem::take(&mut delta), Value::Null, None));
+                        delta = json!({});
+                    }
+                    let call = call.to_json(call_index, &self.id);
+                    call_index += 1;
+                    out.push(self.delta(index, json!({"tool_calls": [call]}), Value::Null, None));
+                }
+            }
         }
         if delta.as_object().is_some_and(|d| !d.is_empty()) || !logprobs.is_null() {
-            out.push(maker.delta(index, delta, logprobs, None));
-        }
-        out
-    }
-}
-
-/// Per choice while streaming with tools: the splitter and the calls so far.
-struct ToolStream {
-    splitter: ToolSplitter,
-    calls: usize,
-}
-
-impl ToolStream {
-    /// The deltas for `pieces` of choice `index`.
-    fn deltas(
-        &mut self,
-        maker: &ChunkMaker,
-        index: usize,
-        pieces: Vec<Piece>,
-        parallel: bool,
-    ) -> Vec<Value> {
-        let mut out = Vec::new();
-        for piece in pieces {
-            match piece {
-                Piece::Content(text) => {
-                    out.push(maker.delta(index, json!({"content": text}), Value::Null, None))
-                }
-                Piece::Call(call) if parallel || self.calls == 0 => {
-                    let call = call.to_json(self.calls, &maker.id);
-                    out.push(maker.delta(index, json!({"tool_calls": [call]}), Value::Null, None));
-                    self.calls += 1;
-                }
-                Piece::Call(_) => {}
-            }
+            out.push(self.delta(index, delta, logprobs, None));
         }
         out
     }
@@ -375,7 +330,7 @@ fn stream_chat(
         .collect();
     let completion_tokens = Arc::new(AtomicUsize::new(0));
     let counter = completion_tokens.clone();
-    let mut streams: HashMap<usize, ChoiceStream> = HashMap::new();
+    let mut streams: HashMap<usize, AnswerStream> = HashMap::new();
     let body_maker = maker.clone();
     let body = merged(choices).flat_map(move |(index, event)| {
         let maker = &body_maker;
@@ -389,8 +344,9 @@ fn stream_chat(
                 };
                 let stream = streams
                     .entry(index)
-                    .or_insert_with(|| ChoiceStream::new(maker));
-                stream.deltas(maker, index, Some(&text), logprobs)
+                    .or_insert_with(|| AnswerStream::new(maker.reading));
+                let parts = stream.parts(Some(&text));
+                maker.deltas(stream, index, parts, logprobs)
             }
             Event::Done {
                 finish_reason,
@@ -401,10 +357,11 @@ fn stream_chat(
                 counter.fetch_add(c, Ordering::Relaxed);
                 let stream = streams
                     .entry(index)
-                    .or_insert_with(|| ChoiceStream::new(maker));
-                let mut values = stream.deltas(maker, index, None, Value::Null);
+                    .or_insert_with(|| AnswerStream::new(maker.reading));
+                let parts = stream.parts(None);
+                let mut values = maker.deltas(stream, index, parts, Value::Null);
                 let mut reason = finish_reason.as_str();
-                if stream.tools.as_ref().is_some_and(|t| t.calls > 0) && reason == "stop" {
+                if stream.calls > 0 && reason == "stop" {
                     reason = "tool_calls";
                 }
                 let mut last = maker.delta(index, json!({}), Value::Null, Some(reason));

@@ -1,6 +1,7 @@
 //! `host serve`: an OpenAI-compatible HTTP server (axum) in front of the
 //! serving engine.
 
+mod answer;
 mod chat;
 mod embeddings;
 mod listen;
