@@ -11,7 +11,9 @@
 - structured: a regex that the thinking breaks constrains the answer only;
 - prompt_ended: a prompt ending with `</think>` makes the output all answer;
 - history: a returned message, thinking included, is taken back in the
-  conversation.
+  conversation;
+- responses: the Responses API returns the thinking as a reasoning item,
+  whole and streamed.
 
     reasoning.py BASE_URL MODEL
 
@@ -114,6 +116,19 @@ def main():
     except openai.BadRequestError as e:
         assert "differ" in str(e), e
     report("history")
+
+    # The Responses API: the thinking as a reasoning item, before the
+    # message; streamed through the SDK's helper alike.
+    response = client.responses.create(model=model, input=EXAMPLES, max_output_tokens=40, temperature=0)
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"], response
+    assert response.output[0].content[0].text == thinking and response.output_text == answer, response
+    with client.responses.stream(model=model, input=EXAMPLES, max_output_tokens=40, temperature=0) as stream:
+        streamed = "".join(e.delta for e in stream if e.type == "response.reasoning_text.delta")
+        final = stream.get_final_response()
+    assert streamed == thinking and final.output_text == answer, (streamed, final)
+    assert final.output[0].content[0].text == thinking, final
+    report("responses")
 
 
 if __name__ == "__main__":

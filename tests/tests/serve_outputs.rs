@@ -1,7 +1,7 @@
 //! What shapes a chat's answer in `host serve`, through the official
 //! `openai` client against SmolLM2-135M (GGUF): structured output, tool
-//! calls and a reasoning model's thinking. `.ci/setup` fetches the model
-//! and the client (see `serve.rs`).
+//! calls, a reasoning model's thinking, and the Responses API.
+//! `.ci/setup` fetches the model and the client (see `serve.rs`).
 
 use kiln_tests::serve::{requirements, run_client_script, Server, STRUCTURED_OUTPUT_CHECKS};
 use kiln_tests::{run_host, text, workspace_root};
@@ -85,6 +85,26 @@ fn tool_calls_round_trip_with_the_openai_client() {
         "tool_calls.py",
         &[],
         &["round_trip", "stream_required", "auto", "refusals"],
+    );
+}
+
+/// OpenAI's Responses API through the official client
+/// (`tests/serve/responses.py`) on SmolLM2 with Qwen2.5's chat template:
+/// text as the chat endpoint answers it, the SDK's stream helper over the
+/// typed events, `responses.parse` with a Pydantic model, a function call
+/// and its output back in the input, refusals.
+#[test]
+fn the_responses_api_answers_the_openai_client() {
+    let (model, python) = requirements();
+    let template =
+        workspace_root().join("host/tests/fixtures/tokenizer/qwen2.5/chat_template.jinja");
+    let server = Server::start(&model, &["--chat-template", template.to_str().unwrap()]);
+    run_client_script(
+        &server,
+        &python,
+        "responses.py",
+        &[],
+        &["text", "stream", "structured", "tools", "refusals"],
     );
 }
 

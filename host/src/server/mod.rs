@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod openai;
 mod prompt;
 pub mod reasoning;
+mod responses;
 mod structured;
 mod tokenize;
 pub mod tools;
@@ -138,6 +139,7 @@ pub fn router(
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses::create))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_card))
         .route("/v1/embeddings", post(embeddings::embeddings))

@@ -301,6 +301,13 @@ const NOT_IMPLEMENTED: &[(&str, Option<&str>)] = &[
     ("cache_salt", None),
     ("kv_transfer_params", None),
     ("vllm_xargs", None),
+    // The Responses API's: nothing is stored, no hosted tools run.
+    ("previous_response_id", None),
+    ("conversation", None),
+    ("background", None),
+    ("include", None),
+    ("max_tool_calls", None),
+    ("reasoning", None),
 ];
 
 /// Refuses a request body that sets a field Kiln does not honour: `honoured`
