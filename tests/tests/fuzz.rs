@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 use kiln_host::model::{self, LoadOptions};
 use kiln_host::plugins::ArchitectureRegistry;
 use kiln_host::server::openai::{
-    check_fields, ChatRequest, CompletionRequest, Limits, CHAT_FIELDS, COMPLETION_FIELDS,
+    check_fields, ChatRequest, CompletionRequest, EndpointFields, Limits, CHAT_FIELDS,
+    COMPLETION_FIELDS,
 };
+use kiln_host::server::responses::ResponsesRequest;
 use kiln_tests::workspace_root;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -216,6 +218,34 @@ fn fuzz_request_bodies() {
             );
         }
     });
+    let responses = json!({"model": "m", "instructions": "Be brief.", "max_output_tokens": 16,
+        "input": [{"role": "developer", "content": "x"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}]},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": "ok"}],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "function", "name": "f"}, "temperature": 0.5, "stream": true,
+        "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}}});
+    fuzz(
+        "responses request",
+        responses.to_string().as_bytes(),
+        |mutated| {
+            let Ok(body) = serde_json::from_slice::<Value>(mutated) else {
+                return;
+            };
+            if check_fields(&body, ResponsesRequest::FIELDS).is_err() {
+                return;
+            }
+            if let Ok(request) = serde_json::from_value::<ResponsesRequest>(body) {
+                if let Ok(chat) = request.to_chat() {
+                    for m in &chat.messages {
+                        let _ = m.text();
+                    }
+                }
+            }
+        },
+    );
     let completion = json!({"model": "m", "prompt": [[1, 2, 3], [4]], "echo": true, "logprobs": 2,
         "max_tokens": 8, "n": 3, "best_of": null, "temperature": 0, "stop": "x"});
     fuzz(

@@ -9,7 +9,7 @@ pub mod metrics;
 pub mod openai;
 mod prompt;
 pub mod reasoning;
-mod responses;
+pub mod responses;
 mod structured;
 mod tokenize;
 pub mod tools;
