@@ -13,7 +13,8 @@
 - history: a returned message, thinking included, is taken back in the
   conversation;
 - responses: the Responses API returns the thinking as a reasoning item,
-  whole and streamed.
+  whole and streamed;
+- messages: Anthropic's Messages API returns it as a thinking block.
 
     reasoning.py BASE_URL MODEL
 
@@ -25,6 +26,7 @@ import re
 import sys
 import urllib.request
 
+import anthropic
 import openai
 
 EXAMPLES = [
@@ -129,6 +131,19 @@ def main():
     assert streamed == thinking and final.output_text == answer, (streamed, final)
     assert final.output[0].content[0].text == thinking, final
     report("responses")
+
+    # Anthropic's Messages API: the thinking as a thinking block.
+    messages = anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key="none", max_retries=0)
+    asked = dict(model=model, system=EXAMPLES[0]["content"], messages=EXAMPLES[1:], max_tokens=40,
+                 extra_body={"temperature": 0})
+    message = messages.messages.create(**asked)
+    assert [b.type for b in message.content] == ["thinking", "text"], message
+    assert message.content[0].thinking == thinking and message.content[1].text == answer, message
+    with messages.messages.stream(**asked) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"], final
+    assert final.content[0].thinking == thinking and final.content[1].text == answer, final
+    report("messages")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use kiln_host::model::{self, LoadOptions};
 use kiln_host::plugins::ArchitectureRegistry;
+use kiln_host::server::messages::MessagesRequest;
 use kiln_host::server::openai::{
     check_fields, ChatRequest, CompletionRequest, EndpointFields, Limits, CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -238,6 +239,33 @@ fn fuzz_request_bodies() {
                 return;
             }
             if let Ok(request) = serde_json::from_value::<ResponsesRequest>(body) {
+                if let Ok(chat) = request.to_chat() {
+                    for m in &chat.messages {
+                        let _ = m.text();
+                    }
+                }
+            }
+        },
+    );
+    let messages = json!({"model": "m", "max_tokens": 16, "system": [{"type": "text", "text": "s"}],
+        "messages": [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": ""},
+                {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"},
+                {"type": "text", "text": "and?"}]}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "tool", "name": "f"}, "stop_sequences": ["x"], "stream": true});
+    fuzz(
+        "messages request",
+        messages.to_string().as_bytes(),
+        |mutated| {
+            let Ok(body) = serde_json::from_slice::<Value>(mutated) else {
+                return;
+            };
+            if check_fields(&body, MessagesRequest::FIELDS).is_err() {
+                return;
+            }
+            if let Ok(request) = serde_json::from_value::<MessagesRequest>(body) {
                 if let Ok(chat) = request.to_chat() {
                     for m in &chat.messages {
                         let _ = m.text();

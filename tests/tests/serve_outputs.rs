@@ -1,6 +1,7 @@
 //! What shapes a chat's answer in `host serve`, through the official
 //! `openai` client against SmolLM2-135M (GGUF): structured output, tool
-//! calls, a reasoning model's thinking, and the Responses API.
+//! calls, a reasoning model's thinking, the Responses API, and (through
+//! the `anthropic` client) Anthropic's Messages API.
 //! `.ci/setup` fetches the model and the client (see `serve.rs`).
 
 use kiln_tests::serve::{requirements, run_client_script, Server, STRUCTURED_OUTPUT_CHECKS};
@@ -108,6 +109,26 @@ fn the_responses_api_answers_the_openai_client() {
     );
 }
 
+/// Anthropic's Messages API through the official `anthropic` client
+/// (`tests/serve/anthropic_messages.py`) on SmolLM2 with Qwen2.5's chat
+/// template: text as the chat endpoint answers it and its stop reasons,
+/// the SDK's stream helper over the events, a named tool's `tool_use`
+/// block and its `tool_result` back in the conversation, refusals.
+#[test]
+fn the_messages_api_answers_the_anthropic_client() {
+    let (model, python) = requirements();
+    let template =
+        workspace_root().join("host/tests/fixtures/tokenizer/qwen2.5/chat_template.jinja");
+    let server = Server::start(&model, &["--chat-template", template.to_str().unwrap()]);
+    run_client_script(
+        &server,
+        &python,
+        "anthropic_messages.py",
+        &[],
+        &["text", "stream", "tools", "refusals"],
+    );
+}
+
 /// vLLM's `--reasoning-parser` through the official client
 /// (`tests/serve/reasoning.py`): SmolLM2 shown two examples thinks in
 /// `<think>` tags; the thinking comes back as `reasoning_content`, whole
@@ -129,6 +150,8 @@ fn a_reasoning_parser_returns_the_thinking_apart() {
             "structured",
             "prompt_ended",
             "history",
+            "responses",
+            "messages",
         ],
     );
 }

@@ -5,6 +5,7 @@ mod answer;
 mod chat;
 mod embeddings;
 mod listen;
+pub mod messages;
 pub mod metrics;
 pub mod openai;
 mod prompt;
@@ -140,6 +141,7 @@ pub fn router(
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(responses::create))
+        .route("/v1/messages", post(messages::create))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_card))
         .route("/v1/embeddings", post(embeddings::embeddings))
