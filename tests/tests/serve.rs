@@ -150,6 +150,15 @@ fn curl_sees_openai_errors_and_sse_and_the_server_stops_cleanly() {
             "{wrong}"
         );
     }
+    // Anthropic's header (its clients' way) holds the key itself.
+    let messages = server.url("/v1/messages");
+    for (header, code) in [("x-api-key: kk", "401"), ("x-api-key: k", "400")] {
+        assert_eq!(
+            status(&["-H", header, &messages, "-d", "{}"]),
+            code,
+            "{header}"
+        );
+    }
     assert_eq!(
         status(&[
             "-H",

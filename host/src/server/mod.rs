@@ -214,9 +214,11 @@ async fn authorize(
     next: Next,
 ) -> Response {
     if let Some(key) = &state.api_key {
+        // OpenAI's bearer token, or Anthropic's `x-api-key`.
         let given = headers
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .or_else(|| headers.get("x-api-key").map(|v| v.as_bytes()));
         // Compared in constant time: the time taken says nothing of how
         // much of a guess was right.
         let matches = given.is_some_and(|given| bool::from(given.ct_eq(key.as_bytes())));
