@@ -89,44 +89,24 @@ fn tool_calls_round_trip_with_the_openai_client() {
     );
 }
 
-/// OpenAI's Responses API through the official client
-/// (`tests/serve/responses.py`) on SmolLM2 with Qwen2.5's chat template:
-/// text as the chat endpoint answers it, the SDK's stream helper over the
-/// typed events, `responses.parse` with a Pydantic model, a function call
-/// and its output back in the input, refusals.
+/// OpenAI's Responses API and Anthropic's Messages API through their
+/// official clients, on one SmolLM2 server with Qwen2.5's chat template.
+/// `tests/serve/responses.py`: text as the chat endpoint answers it, the
+/// SDK's stream helper over the typed events, `responses.parse` with a
+/// Pydantic model, a function call and its output back in the input,
+/// refusals. `tests/serve/anthropic_messages.py`: the same text and its stop
+/// reasons, the SDK's stream helper, a named tool's `tool_use` block and its
+/// `tool_result` back in the conversation, refusals.
 #[test]
-fn the_responses_api_answers_the_openai_client() {
+fn the_responses_and_messages_apis_answer_their_clients() {
     let (model, python) = requirements();
     let template =
         workspace_root().join("host/tests/fixtures/tokenizer/qwen2.5/chat_template.jinja");
     let server = Server::start(&model, &["--chat-template", template.to_str().unwrap()]);
-    run_client_script(
-        &server,
-        &python,
-        "responses.py",
-        &[],
-        &["text", "stream", "structured", "tools", "refusals"],
-    );
-}
-
-/// Anthropic's Messages API through the official `anthropic` client
-/// (`tests/serve/anthropic_messages.py`) on SmolLM2 with Qwen2.5's chat
-/// template: text as the chat endpoint answers it and its stop reasons,
-/// the SDK's stream helper over the events, a named tool's `tool_use`
-/// block and its `tool_result` back in the conversation, refusals.
-#[test]
-fn the_messages_api_answers_the_anthropic_client() {
-    let (model, python) = requirements();
-    let template =
-        workspace_root().join("host/tests/fixtures/tokenizer/qwen2.5/chat_template.jinja");
-    let server = Server::start(&model, &["--chat-template", template.to_str().unwrap()]);
-    run_client_script(
-        &server,
-        &python,
-        "anthropic_messages.py",
-        &[],
-        &["text", "stream", "tools", "refusals"],
-    );
+    let checks = ["text", "stream", "structured", "tools", "refusals"];
+    run_client_script(&server, &python, "responses.py", &[], &checks);
+    let checks = ["text", "stream", "tools", "refusals"];
+    run_client_script(&server, &python, "anthropic_messages.py", &[], &checks);
 }
 
 /// vLLM's `--reasoning-parser` through the official client

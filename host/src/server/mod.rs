@@ -466,6 +466,18 @@ fn sse(events: impl Stream<Item = Value> + Send + 'static) -> Response {
         .into_response()
 }
 
+/// Typed events (the Responses and Messages APIs') as server-sent events,
+/// `event:` naming each one's `type`; no `[DONE]`, as those streams end.
+fn typed_sse(events: impl Stream<Item = Value> + Send + 'static) -> Response {
+    let events = events.map(|value| {
+        let kind = value["type"].as_str().unwrap_or("error").to_owned();
+        Ok::<_, Infallible>(SseEvent::default().event(kind).data(value.to_string()))
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
 /// Events of several choices, interleaved, tagged with their index.
 fn merged(choices: Vec<Choice>) -> impl Stream<Item = (usize, Event)> + Send {
     stream::select_all(choices.into_iter().map(|c| {

@@ -6,11 +6,9 @@
 
 mod request;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
@@ -20,7 +18,7 @@ use super::answer::{AnswerStream, Part};
 use super::chat::submit_chat;
 use super::openai::ApiError;
 use super::tools::ToolCall;
-use super::{collect, request_id, ApiJson, AppState};
+use super::{collect, request_id, typed_sse, ApiJson, AppState};
 use crate::engine::service::{Event, StopReason};
 pub use request::MessagesRequest;
 
@@ -41,7 +39,7 @@ pub async fn create(
         let writer = BlockWriter::new(&id, AnswerStream::new(submitted.reading));
         let start = json!({"type": "message_start", "message": message(&id, &model, Vec::new(),
             None, (input_tokens, 0))});
-        return Ok(sse(events(start, writer, choice)));
+        return Ok(typed_sse(events(start, writer, choice)));
     }
     let collected = collect(choice).await?;
     let answer = submitted.reading.whole(collected.text);
@@ -93,17 +91,6 @@ fn stop(finish_reason: &str, stop_reason: &Value, called: bool) -> (&'static str
 fn tool_use(id: &str, index: usize, call: &ToolCall) -> Value {
     let input: Value = serde_json::from_str(&call.arguments).unwrap_or(json!({}));
     json!({"type": "tool_use", "id": format!("toolu_{id}_{index}"), "name": call.name, "input": input})
-}
-
-/// Events as server-sent events, `event:` naming each type.
-fn sse(events: impl Stream<Item = Value> + Send + 'static) -> Response {
-    let events = events.map(|value| {
-        let kind = value["type"].as_str().unwrap_or("error").to_owned();
-        Ok::<_, Infallible>(SseEvent::default().event(kind).data(value.to_string()))
-    });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
 }
 
 /// The message's events as its output streams in.

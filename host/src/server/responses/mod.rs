@@ -7,11 +7,9 @@
 
 mod request;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
@@ -21,7 +19,7 @@ use super::answer::{AnswerStream, Part};
 use super::chat::submit_chat;
 use super::openai::ApiError;
 use super::tools::ToolCall;
-use super::{collect, now, request_id, ApiJson, AppState};
+use super::{collect, now, request_id, typed_sse, ApiJson, AppState};
 use crate::engine::service::Event;
 pub use request::ResponsesRequest;
 
@@ -44,7 +42,7 @@ pub async fn create(
     let prompt_tokens = submitted.prompt_tokens;
     if request.stream() {
         let writer = EventWriter::new(shape, AnswerStream::new(submitted.reading));
-        return Ok(sse(events(writer, choice, prompt_tokens)));
+        return Ok(typed_sse(events(writer, choice, prompt_tokens)));
     }
     let collected = collect(choice).await?;
     let answer = submitted.reading.whole(collected.text);
@@ -155,18 +153,6 @@ fn call_item(id: &str, index: usize, call: &ToolCall, status: &str) -> Value {
     json!({"type": "function_call", "id": format!("fc_{id}_{index}"),
         "call_id": format!("call_{id}_{index}"), "name": call.name,
         "arguments": arguments, "status": status})
-}
-
-/// Typed events as server-sent events (`event:` names the type); no
-/// `[DONE]`, as OpenAI's Responses streams end.
-fn sse(events: impl Stream<Item = Value> + Send + 'static) -> Response {
-    let events = events.map(|value| {
-        let kind = value["type"].as_str().unwrap_or("error").to_owned();
-        Ok::<_, Infallible>(SseEvent::default().event(kind).data(value.to_string()))
-    });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
 }
 
 /// The response's events as its one output streams in.
