@@ -109,7 +109,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let reasoning = match args.reasoning_parser {
         Some(format) if !embeddings => {
             tracing::info!("chats' thinking is returned apart ({format:?} reasoning parser)");
-            Some(Reasoning::new(format, &tokenizer).map_err(anyhow::Error::msg)?)
+            Some(Reasoning::new(format))
         }
         Some(_) => anyhow::bail!("--reasoning-parser: an embedding model does not generate"),
         None => None,

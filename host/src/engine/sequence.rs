@@ -31,9 +31,10 @@ pub(super) struct Active<'t> {
     /// It ran in a step (its queue time is recorded).
     pub scheduled: bool,
     constraint: Option<Matcher>,
-    /// While not empty, the tokens the output must end with before the
-    /// grammar applies (a reasoning model's end of thinking).
-    grammar_after: Vec<u32>,
+    /// While `Some`, the text the output must show before the grammar
+    /// applies (a reasoning model's end of thinking), and the output's last
+    /// text, as long as it.
+    grammar_after: Option<(String, String)>,
     /// A launched step picks its next token; the host has not read it yet.
     pub awaiting: bool,
     /// The stop string or stop token that ended it.
@@ -48,8 +49,8 @@ impl<'t> Active<'t> {
     /// A new request's state.
     pub fn new(request: super::service::Request, tokenizer: &'t Tokenizer) -> Self {
         let (constraint, grammar_after) = match request.constraint {
-            Some(c) => (Some(c.matcher), c.after),
-            None => (None, Vec::new()),
+            Some(c) => (Some(c.matcher), c.after.map(|text| (text, String::new()))),
+            None => (None, None),
         };
         Self {
             sampler: Sampler::new(request.params.sampling.clone()),
@@ -106,7 +107,7 @@ impl<'t> Active<'t> {
 
     /// Its grammar's matcher, once the grammar applies.
     fn grammar(&mut self) -> Option<&mut Matcher> {
-        let awake = self.grammar_after.is_empty();
+        let awake = self.grammar_after.is_none();
         self.constraint.as_mut().filter(|_| awake)
     }
 
@@ -114,7 +115,7 @@ impl<'t> Active<'t> {
     /// end it, and the rows after would pick unconstrained, so it drafts
     /// nothing until then.
     fn grammar_waits(&self) -> bool {
-        self.constraint.is_some() && !self.grammar_after.is_empty()
+        self.constraint.is_some() && self.grammar_after.is_some()
     }
 
     /// How many drafts its next step may verify (speculative decoding): as
@@ -242,9 +243,6 @@ impl<'t> Active<'t> {
             grammar_done = matcher.is_stopped();
         }
         self.generated.push(token);
-        if self.grammar_waits() && self.generated.ends_with(&self.grammar_after) {
-            self.grammar_after.clear();
-        }
         let params = &self.params;
         let logprob = sampled.logprob.map(|logprob| {
             let text = |t| TokenLogprob::name(tokenizer, t, params.return_tokens_as_token_ids);
@@ -268,6 +266,7 @@ impl<'t> Active<'t> {
         } else {
             self.decoder.step(token).ok().flatten()
         };
+        wake_grammar(&mut self.grammar_after, piece.as_deref().unwrap_or(""));
         let (text, stopped_by_string) = match self.stop.push(piece.as_deref().unwrap_or("")) {
             StopOutcome::Continue(text) => (text, false),
             StopOutcome::Stop(text) => (text, true),
@@ -302,6 +301,25 @@ impl<'t> Active<'t> {
             logprob,
         });
         Ok(finish)
+    }
+}
+
+/// Wakes a grammar that waits (`after`: the text it waits for, and the
+/// output's last text) once the output's text shows it, with `piece`; the
+/// grammar takes the tokens after this one.
+fn wake_grammar(after: &mut Option<(String, String)>, piece: &str) {
+    let Some((marker, tail)) = after else {
+        return;
+    };
+    tail.push_str(piece);
+    if tail.contains(marker.as_str()) {
+        *after = None;
+    } else if tail.len() > marker.len() {
+        let mut cut = tail.len() - marker.len();
+        while !tail.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        tail.drain(..cut);
     }
 }
 
@@ -409,7 +427,7 @@ mod tests {
             group: 0,
             constraint: Some(Constraint {
                 matcher: grammars.matcher(&grammar).unwrap(),
-                after: encode("</think>"),
+                after: Some("</think>".to_owned()),
             }),
         };
         let mut active = Active::new(request, &tokenizer);

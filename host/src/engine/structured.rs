@@ -178,13 +178,13 @@ pub fn allowed_tokens(matcher: &mut Matcher) -> Result<Vec<u32>, String> {
     Ok(words.to_vec())
 }
 
-/// A request's structured output: the grammar's matcher, and the tokens
-/// the output must end with before the grammar applies (a reasoning
-/// model's end of thinking: vLLM constrains only the answer); with none,
-/// from the first token.
+/// A request's structured output: the grammar's matcher, and the text the
+/// output must show before the grammar applies (a reasoning model's
+/// `</think>`: vLLM constrains only the answer), from the token after the
+/// one that completes it; with none, from the first token.
 pub struct Constraint {
     pub matcher: Matcher,
-    pub after: Vec<u32>,
+    pub after: Option<String>,
 }
 
 impl Constraint {
@@ -192,7 +192,7 @@ impl Constraint {
     pub fn new(matcher: Matcher) -> Self {
         Self {
             matcher,
-            after: Vec::new(),
+            after: None,
         }
     }
 

@@ -17,11 +17,11 @@ use serde_json::{json, Value};
 
 use super::answer::{AnswerStream, Part, Reading};
 use super::openai::{ApiError, ChatRequest, Usage};
-use super::tools;
 use super::{
     check_model, collect, merged, new_group, now, prompt, prompt_logprobs_json, request_id, sse,
     structured, submit, ApiJson, AppState, Choice,
 };
+use super::{reasoning, tools};
 use crate::engine::service::{Event, StopReason, TokenLogprob};
 use crate::engine::structured::Constraint;
 
@@ -200,10 +200,7 @@ pub(super) async fn submit_chat(
     // The grammar constrains the answer, after the thinking.
     let constraint = matcher.map(|matcher| Constraint {
         matcher,
-        after: match (&state.reasoning, thinks) {
-            (Some(r), Some(true)) => r.end_ids().to_vec(),
-            _ => Vec::new(),
-        },
+        after: (thinks == Some(true)).then(|| reasoning::END.to_owned()),
     });
     let choices = submit(
         state,

@@ -18,7 +18,7 @@ use crate::tokenizer::Tokenizer;
 /// What opens the thinking.
 const START: &str = "<think>";
 /// What closes it.
-const END: &str = "</think>";
+pub const END: &str = "</think>";
 
 /// The model family whose thinking is read (vLLM's parser names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -32,34 +32,23 @@ pub enum ReasoningFormat {
     Qwen3,
 }
 
-/// The server's reasoning parser: its format and the token ids of
-/// `</think>`.
+/// The server's reasoning parser.
 pub struct Reasoning {
     format: ReasoningFormat,
-    end_ids: Vec<u32>,
 }
 
-impl Reasoning {
-    /// The parser for `format` over `tokenizer`'s vocabulary.
-    pub fn new(format: ReasoningFormat, tokenizer: &Tokenizer) -> Result<Self, String> {
-        let end_ids = tokenizer
-            .encode(END, false)
-            .map_err(|e| format!("--reasoning-parser: encoding {END}: {e}"))?;
-        if end_ids.is_empty() {
-            return Err(format!("--reasoning-parser: {END} encodes to no tokens"));
-        }
-        Ok(Self { format, end_ids })
-    }
+/// How many of a prompt's last tokens are read for a closing `</think>`.
+const PROMPT_TAIL: usize = 16;
 
-    /// The token ids the output's thinking ends with: structured output and
-    /// required tool calls constrain only what follows them, as vLLM does.
-    pub fn end_ids(&self) -> &[u32] {
-        &self.end_ids
+impl Reasoning {
+    pub fn new(format: ReasoningFormat) -> Self {
+        Self { format }
     }
 
     /// Whether a chat's output starts in its thinking: not when its prompt
     /// ends with `</think>` (and white space), nor for Qwen3 with
-    /// `enable_thinking: false`.
+    /// `enable_thinking: false`. Read as text, so a marker the tokenizer
+    /// splits counts too.
     pub fn thinks(
         &self,
         prompt: &[u32],
@@ -72,16 +61,10 @@ impl Reasoning {
         if self.format == ReasoningFormat::Qwen3 && disabled {
             return false;
         }
-        let n = self.end_ids.len();
-        let last_end = (n..=prompt.len())
-            .rev()
-            .find(|&i| prompt[i - n..i] == self.end_ids[..]);
-        match last_end {
-            Some(i) => !tokenizer
-                .decode(&prompt[i..], false)
-                .is_ok_and(|after| after.trim().is_empty()),
-            None => true,
-        }
+        let tail = &prompt[prompt.len().saturating_sub(PROMPT_TAIL)..];
+        !tokenizer
+            .decode(tail, false)
+            .is_ok_and(|text| text.trim_end().ends_with(END))
     }
 }
 
@@ -234,7 +217,7 @@ mod tests {
         ))
         .unwrap();
         let encode = |text: &str| tokenizer.encode(text, false).unwrap();
-        let reasoning = Reasoning::new(ReasoningFormat::DeepSeekR1, &tokenizer).unwrap();
+        let reasoning = Reasoning::new(ReasoningFormat::DeepSeekR1);
         let thinks = |prompt: &str| reasoning.thinks(&encode(prompt), &tokenizer, None);
         assert!(thinks("User: hi\nAssistant: <think>\n"));
         assert!(thinks("User: hi\nAssistant:"));
@@ -243,7 +226,7 @@ mod tests {
         assert!(thinks("A: <think>x</think>y\nUser: more\nAssistant:"));
         let disabled: Map<String, Value> =
             serde_json::from_str(r#"{"enable_thinking": false}"#).unwrap();
-        let qwen3 = Reasoning::new(ReasoningFormat::Qwen3, &tokenizer).unwrap();
+        let qwen3 = Reasoning::new(ReasoningFormat::Qwen3);
         let prompt = encode("User: hi\nAssistant:");
         assert!(qwen3.thinks(&prompt, &tokenizer, None));
         assert!(!qwen3.thinks(&prompt, &tokenizer, Some(&disabled)));

@@ -108,12 +108,8 @@ fn events(
                 completion_tokens,
                 ..
             } => {
-                let mut values = writer.chunk(None);
-                values.extend(writer.close());
-                if writer.next_index == 0 {
-                    values.extend(writer.open("text"));
-                    values.extend(writer.close());
-                }
+                                let mut values = writer.chunk(None);
+                values.extend(writer.finish());
                 let stop_reason = stop_reason.as_ref().map_or(Value::Null, StopReason::to_json);
                 let (reason, sequence) = stop(finish_reason.as_str(), &stop_reason, writer.calls > 0);
                 values.push(json!({"type": "message_delta",
@@ -141,6 +137,11 @@ struct BlockWriter {
     open: Option<&'static str>,
     next_index: usize,
     calls: usize,
+    /// Whether a text block was sent.
+    texted: bool,
+    /// White space no text block holds yet: it opens none, and is dropped
+    /// if only calls follow (as the whole message then has no text block).
+    pending_space: String,
 }
 
 impl BlockWriter {
@@ -151,6 +152,8 @@ impl BlockWriter {
             open: None,
             next_index: 0,
             calls: 0,
+            texted: false,
+            pending_space: String::new(),
         }
     }
 
@@ -163,13 +166,14 @@ impl BlockWriter {
                     "thinking",
                     json!({"type": "thinking_delta", "thinking": text}),
                 ),
-                // White space around calls opens no block.
-                Part::Content(text)
-                    if self.open.is_none() && text.trim().is_empty() && self.calls > 0 =>
-                {
-                    continue
+                Part::Content(text) if self.open != Some("text") && text.trim().is_empty() => {
+                    self.pending_space.push_str(&text);
+                    continue;
                 }
-                Part::Content(text) => ("text", json!({"type": "text_delta", "text": text})),
+                Part::Content(text) => {
+                    let text = std::mem::take(&mut self.pending_space) + &text;
+                    ("text", json!({"type": "text_delta", "text": text}))
+                }
                 Part::Call(call) => {
                     events.extend(self.close());
                     events.extend(self.call(&call));
@@ -191,10 +195,27 @@ impl BlockWriter {
             _ => json!({"type": "text", "text": ""}),
         };
         self.open = Some(kind);
+        self.texted |= kind == "text";
         self.next_index += 1;
         vec![
             json!({"type": "content_block_start", "index": self.next_index - 1, "content_block": block}),
         ]
+    }
+
+    /// The end of the content: the open block closed, and without calls a
+    /// text block, empty or not, as the whole message has.
+    fn finish(&mut self) -> Vec<Value> {
+        let mut events = self.close();
+        if !self.texted && self.calls == 0 {
+            events.extend(self.open("text"));
+            let space = std::mem::take(&mut self.pending_space);
+            if !space.is_empty() {
+                let delta = json!({"type": "text_delta", "text": space});
+                events.push(json!({"type": "content_block_delta", "index": self.next_index - 1, "delta": delta}));
+            }
+            events.extend(self.close());
+        }
+        events
     }
 
     fn close(&mut self) -> Vec<Value> {

@@ -80,6 +80,13 @@ impl MessagesRequest {
             "messages".into(),
             Value::Array(messages(body.get("system"), messages_field)?),
         );
+        // A last assistant turn is a prefill the answer continues.
+        let prefill =
+            messages_field.last().and_then(|m| m.get("role")) == Some(&json!("assistant"));
+        if prefill {
+            chat.insert("continue_final_message".into(), json!(true));
+            chat.insert("add_generation_prompt".into(), json!(false));
+        }
         if let Some(tools) = body.get("tools").filter(|v| !v.is_null()) {
             chat.insert("tools".into(), chat_tools(tools)?);
         }
@@ -117,18 +124,32 @@ fn messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Value>, Ap
             }
         };
         let (mut text, mut thinking, mut calls) = (String::new(), None::<String>, Vec::new());
+        let mut results = 0;
         for block in &blocks {
             let field = |name: &str| {
                 block.get(name).ok_or_else(|| {
                     ApiError::invalid(format!("{at}: a block lacks {name}"), Some("messages"))
                 })
             };
+            let string = |name: &str| {
+                field(name)?.as_str().ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("{at}: a block's {name} must be a string"),
+                        Some("messages"),
+                    )
+                })
+            };
             match (role, block.get("type").and_then(Value::as_str)) {
-                (_, Some("text")) => text.push_str(field("text")?.as_str().unwrap_or_default()),
+                (_, Some("text")) => text.push_str(string("text")?),
                 (Some("user"), Some("tool_result")) => {
-                    let content = block
+                    results += 1;
+                    let mut content = block
                         .get("content")
                         .map_or(Ok(String::new()), |c| text_of(c, &at))?;
+                    // A failed call's result says so to the model.
+                    if block.get("is_error") == Some(&json!(true)) {
+                        content = format!("Error: {content}");
+                    }
                     out.push(json!({"role": "tool", "tool_call_id": field("tool_use_id")?, "content": content}));
                 }
                 (Some("assistant"), Some("tool_use")) => calls.push(json!({
@@ -136,7 +157,7 @@ fn messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Value>, Ap
                     "function": {"name": field("name")?, "arguments": field("input")?.to_string()},
                 })),
                 (Some("assistant"), Some("thinking")) => {
-                    thinking = Some(field("thinking")?.as_str().unwrap_or_default().to_owned())
+                    thinking = Some(string("thinking")?.to_owned())
                 }
                 (_, kind) => {
                     return Err(ApiError::invalid(
@@ -147,7 +168,8 @@ fn messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Value>, Ap
             }
         }
         let mut turn = match role {
-            Some("user") if text.is_empty() => continue,
+            // A turn of tool results only.
+            Some("user") if text.is_empty() && results > 0 => continue,
             Some("user") => json!({"role": "user", "content": text}),
             Some("assistant") => {
                 json!({"role": "assistant", "content": (!text.is_empty()).then_some(text)})
@@ -250,6 +272,7 @@ mod tests {
             ]},
             {"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "18 C"}]},
+                {"type": "tool_result", "tool_use_id": "t2", "content": "timeout", "is_error": true},
                 {"type": "text", "text": "Thanks."},
             ]},
         ]);
@@ -263,6 +286,7 @@ mod tests {
                     "tool_calls": [{"id": "t1", "type": "function",
                         "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}),
                 json!({"role": "tool", "tool_call_id": "t1", "content": "18 C"}),
+                json!({"role": "tool", "tool_call_id": "t2", "content": "Error: timeout"}),
                 json!({"role": "user", "content": "Thanks."}),
             ]
         );
@@ -289,6 +313,13 @@ mod tests {
             chat.tools.unwrap()[0]["function"]["parameters"],
             json!({"type": "object"})
         );
+        assert!(!chat.continue_final_message);
+        // A last assistant turn is continued.
+        let prefill = request(json!({"model": "m", "max_tokens": 4, "messages": [
+            {"role": "user", "content": "JSON please"}, {"role": "assistant", "content": "{"}]}))
+        .to_chat()
+        .unwrap();
+        assert!(prefill.continue_final_message && prefill.add_generation_prompt == Some(false));
         let hi = json!([{"role": "user", "content": "hi"}]);
         for (body, field) in [
             (json!({"model": "m", "messages": hi}), "max_tokens"),

@@ -48,11 +48,12 @@ pub async fn create(
     let answer = submitted.reading.whole(collected.text);
     let mut output = Vec::new();
     if let Some(thinking) = answer.thinking {
-        output.push(reasoning_item(&shape.id, &thinking));
+        output.push(reasoning_item(&item_id("rs", &shape.id, 0), &thinking));
     }
     let content = answer.content.unwrap_or_default();
     if answer.calls.is_empty() || !content.trim().is_empty() {
-        output.push(message_item(&shape.id, &content, "completed"));
+        let id = item_id("msg", &shape.id, output.len());
+        output.push(message_item(&id, &content, "completed"));
     }
     for (i, call) in answer.calls.iter().enumerate() {
         output.push(call_item(&shape.id, i, call, "completed"));
@@ -126,8 +127,14 @@ fn echoed(request: &ResponsesRequest) -> Value {
     })
 }
 
+/// An output item's id: its kind's prefix, the response's id and its place
+/// in the output (the same whole or streamed).
+fn item_id(prefix: &str, response: &str, index: usize) -> String {
+    format!("{prefix}_{response}_{index}")
+}
+
 fn reasoning_item(id: &str, thinking: &str) -> Value {
-    json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [],
+    json!({"type": "reasoning", "id": id, "summary": [],
         "content": [{"type": "reasoning_text", "text": thinking}]})
 }
 
@@ -136,7 +143,7 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
         "completed" => json!([output_text(text)]),
         _ => json!([]),
     };
-    json!({"type": "message", "id": format!("msg_{id}"), "status": status,
+    json!({"type": "message", "id": id, "status": status,
         "role": "assistant", "content": content})
 }
 
@@ -204,6 +211,9 @@ struct EventWriter {
     /// Items done so far.
     output: Vec<Value>,
     open: Option<Open>,
+    /// White space no message holds yet: it opens none, and is dropped if
+    /// only calls follow (as the whole response then has no message).
+    pending_space: String,
 }
 
 impl EventWriter {
@@ -214,6 +224,7 @@ impl EventWriter {
             sequence: 0,
             output: Vec::new(),
             open: None,
+            pending_space: String::new(),
         }
     }
 
@@ -247,17 +258,19 @@ impl EventWriter {
                     }
                     events.extend(self.delta(delta));
                 }
-                // White space around calls opens no message.
-                Part::Content(delta)
-                    if self.open.is_none() && delta.trim().is_empty() && self.reading.calls > 0 => {
-                }
                 Part::Content(delta) => {
-                    if !matches!(self.open, Some(Open::Message { .. })) {
+                    let open = matches!(self.open, Some(Open::Message { .. }));
+                    if !open && delta.trim().is_empty() {
+                        self.pending_space.push_str(&delta);
+                        continue;
+                    }
+                    if !open {
                         events.extend(self.close());
                         events.extend(self.open_item(Open::Message {
                             text: String::new(),
                         }));
                     }
+                    let delta = std::mem::take(&mut self.pending_space) + &delta;
                     events.extend(self.delta(delta));
                 }
                 Part::Call(call) => {
@@ -274,7 +287,7 @@ impl EventWriter {
     }
 
     fn item_id(&self, prefix: &str) -> String {
-        format!("{prefix}_{}_{}", self.shape.id, self.output_index())
+        item_id(prefix, &self.shape.id, self.output_index())
     }
 
     fn open_item(&mut self, open: Open) -> Vec<Value> {
@@ -285,8 +298,7 @@ impl EventWriter {
                 None,
             ),
             Open::Message { .. } => {
-                let mut item = message_item(&self.shape.id, "", "in_progress");
-                item["id"] = json!(self.item_id("msg"));
+                let item = message_item(&self.item_id("msg"), "", "in_progress");
                 (item, Some(output_text("")))
             }
         };
@@ -338,9 +350,7 @@ impl EventWriter {
                     "response.reasoning_text.done",
                     json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text}),
                 ));
-                let mut item = reasoning_item(&self.shape.id, &text);
-                item["id"] = json!(item_id);
-                item
+                reasoning_item(&item_id, &text)
             }
             Some(Open::Message { text }) => {
                 let item_id = self.item_id("msg");
@@ -352,9 +362,7 @@ impl EventWriter {
                 let mut part = fields;
                 part["part"] = output_text(&text);
                 events.push(self.event("response.content_part.done", part));
-                let mut item = message_item(&self.shape.id, &text, "completed");
-                item["id"] = json!(item_id);
-                item
+                message_item(&item_id, &text, "completed")
             }
         };
         events.push(self.event(
@@ -400,6 +408,10 @@ impl EventWriter {
             events.extend(self.open_item(Open::Message {
                 text: String::new(),
             }));
+            let space = std::mem::take(&mut self.pending_space);
+            if !space.is_empty() {
+                events.extend(self.delta(space));
+            }
             events.extend(self.close());
         }
         let response = self

@@ -43,11 +43,16 @@ impl ResponsesRequest {
                 "stream_options",
                 "a streamed response ends with its usage anyway",
             ),
+            ("prompt_logprobs", "a response has no place for them"),
+            (
+                "return_tokens_as_token_ids",
+                "a response has no log-probabilities",
+            ),
         ] {
             if self
                 .body
                 .get(field)
-                .is_some_and(|v| !v.is_null() && v != &json!(1))
+                .is_some_and(|v| !(v.is_null() || field == "n" && v == &json!(1)))
             {
                 return Err(ApiError::invalid(
                     format!("`{field}` is not part of the Responses API: {why}"),
@@ -80,7 +85,16 @@ impl ResponsesRequest {
             .body
             .get("input")
             .ok_or_else(|| ApiError::invalid("input is required", Some("input")))?;
-        let instructions = self.body.get("instructions").and_then(Value::as_str);
+        let instructions = match self.body.get("instructions") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(text)) => Some(text.as_str()),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "instructions must be a string",
+                    Some("instructions"),
+                ))
+            }
+        };
         chat.insert(
             "messages".into(),
             Value::Array(messages(instructions, input)?),
@@ -153,25 +167,25 @@ fn messages(instructions: Option<&str>, input: &Value) -> Result<Vec<Value>, Api
                 };
                 let mut message =
                     json!({"role": role, "content": text_of(item.get("content"), i)?});
-                if role == "assistant" {
-                    if let Some(text) = thinking.take() {
-                        message["reasoning_content"] = json!(text);
-                    }
+                // A reasoning item belongs to the assistant turn after it.
+                match thinking.take() {
+                    Some(text) if role == "assistant" => message["reasoning_content"] = json!(text),
+                    _ => {}
                 }
                 messages.push(message);
             }
             "function_call" => {
                 let call = json!({"id": field("call_id")?, "type": "function",
                     "function": {"name": field("name")?, "arguments": field("arguments")?}});
-                // Calls in a row are one assistant turn.
-                let last = messages.last_mut().filter(|m| {
-                    m["role"] == "assistant" && m["tool_calls"].is_array() && thinking.is_none()
-                });
+                // Calls after an assistant message (or calls) are its turn's.
+                let last = messages
+                    .last_mut()
+                    .filter(|m| m["role"] == "assistant" && thinking.is_none());
                 match last {
-                    Some(turn) => turn["tool_calls"]
-                        .as_array_mut()
-                        .expect("checked")
-                        .push(call),
+                    Some(turn) => match turn["tool_calls"].as_array_mut() {
+                        Some(calls) => calls.push(call),
+                        None => turn["tool_calls"] = json!([call]),
+                    },
                     None => {
                         let mut turn =
                             json!({"role": "assistant", "content": null, "tool_calls": [call]});
@@ -183,6 +197,7 @@ fn messages(instructions: Option<&str>, input: &Value) -> Result<Vec<Value>, Api
                 }
             }
             "function_call_output" => {
+                thinking = None;
                 let output = match item.get("output") {
                     Some(Value::String(text)) => text.clone(),
                     other => text_of(other, i)?,
@@ -335,6 +350,16 @@ mod tests {
                 json!({"role": "tool", "tool_call_id": "c1", "content": "18 C"}),
             ]
         );
+        // This server's own output replayed: one assistant turn.
+        let replayed = json!([
+            {"role": "user", "content": "hi"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me see."}]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        ]);
+        let got = messages(None, &replayed).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1]["content"], json!("Let me see."));
+        assert_eq!(got[1]["tool_calls"][0]["id"], json!("c1"));
         assert!(messages(None, &json!([{"type": "input_image", "image_url": "x"}])).is_err());
         assert!(messages(None, &json!(3)).is_err());
     }
@@ -378,6 +403,14 @@ mod tests {
                 "response_format",
             ),
             (json!({"model": "m"}), "input"),
+            (
+                json!({"model": "m", "input": "hi", "instructions": ["x"]}),
+                "instructions",
+            ),
+            (
+                json!({"model": "m", "input": "hi", "prompt_logprobs": 1}),
+                "prompt_logprobs",
+            ),
         ] {
             let error = request(body).to_chat().unwrap_err();
             assert_eq!(error.body()["error"]["param"], json!(field));
