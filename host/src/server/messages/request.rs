@@ -7,6 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::super::openai::{ApiError, ChatRequest, EndpointFields};
+use super::super::prompt::joined_text;
 
 /// `POST /v1/messages`, as sent.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -194,25 +195,12 @@ fn messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Value>, Ap
 
 /// A string, or text blocks joined.
 fn text_of(content: &Value, at: &str) -> Result<String, ApiError> {
-    match content {
-        Value::String(text) => Ok(text.clone()),
-        Value::Array(blocks) => blocks
-            .iter()
-            .map(
-                |block| match (block.get("type"), block.get("text").and_then(Value::as_str)) {
-                    (Some(kind), Some(text)) if kind == "text" => Ok(text),
-                    _ => Err(ApiError::invalid(
-                        format!("{at}: only text blocks are supported there"),
-                        Some("messages"),
-                    )),
-                },
-            )
-            .collect(),
-        _ => Err(ApiError::invalid(
-            format!("{at} must be text"),
+    joined_text(content, &["text"]).ok_or_else(|| {
+        ApiError::invalid(
+            format!("{at}: only text is supported there"),
             Some("messages"),
-        )),
-    }
+        )
+    })
 }
 
 /// Tools in the chat API's shape.

@@ -7,6 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::super::openai::{ApiError, ChatRequest, EndpointFields};
+use super::super::prompt::joined_text;
 
 /// `POST /v1/responses`, as sent.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -226,32 +227,19 @@ fn messages(instructions: Option<&str>, input: &Value) -> Result<Vec<Value>, Api
 
 /// A content's text: a string, or text parts joined.
 fn text_of(content: Option<&Value>, i: usize) -> Result<String, ApiError> {
-    match content {
-        Some(Value::String(text)) => Ok(text.clone()),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .map(|part| {
-                let kind = part.get("type").and_then(Value::as_str);
-                match (kind, part.get("text").and_then(Value::as_str)) {
-                    (
-                        Some(
-                            "input_text" | "output_text" | "text" | "reasoning_text"
-                            | "summary_text",
-                        ),
-                        Some(text),
-                    ) => Ok(text),
-                    _ => Err(ApiError::invalid(
-                        format!("input[{i}]: only text content is supported, not {kind:?}"),
-                        Some("input"),
-                    )),
-                }
-            })
-            .collect(),
-        _ => Err(ApiError::invalid(
-            format!("input[{i}].content must be a string or a list of text parts"),
+    const TEXT: &[&str] = &[
+        "input_text",
+        "output_text",
+        "text",
+        "reasoning_text",
+        "summary_text",
+    ];
+    content.and_then(|c| joined_text(c, TEXT)).ok_or_else(|| {
+        ApiError::invalid(
+            format!("input[{i}]: content must be a string or a list of text parts"),
             Some("input"),
-        )),
-    }
+        )
+    })
 }
 
 /// Function tools in the chat API's shape (`{"type", "function": {...}}`).
