@@ -15,7 +15,6 @@ use crate::engine::structured::Grammars;
 use crate::scheduler::SchedulerConfig;
 use crate::server::metrics::Metrics;
 use crate::server::openai::Limits;
-use crate::server::reasoning::Reasoning;
 use crate::server::tools::ToolFormat;
 use crate::server::{self, router, AppState, Served};
 use kiln_plugin_api::Task;
@@ -109,7 +108,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let reasoning = match args.reasoning_parser {
         Some(format) if !embeddings => {
             tracing::info!("chats' thinking is returned apart ({format:?} reasoning parser)");
-            Some(Reasoning::new(format))
+            Some(format)
         }
         Some(_) => anyhow::bail!("--reasoning-parser: an embedding model does not generate"),
         None => None,

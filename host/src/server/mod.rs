@@ -81,7 +81,7 @@ pub struct AppState {
     /// (requests that would read calls are then refused).
     pub tool_format: Option<tools::ToolFormat>,
     /// `--reasoning-parser`: chats' thinking comes back apart.
-    pub reasoning: Option<reasoning::Reasoning>,
+    pub reasoning: Option<reasoning::ReasoningFormat>,
 }
 
 impl IntoResponse for ApiError {

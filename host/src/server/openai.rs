@@ -388,28 +388,33 @@ impl InMessage {
     pub fn text(&self) -> Result<Option<String>, ApiError> {
         match &self.content {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .map(|part| {
-                    match (
-                        part.get("type").and_then(Value::as_str),
-                        part.get("text").and_then(Value::as_str),
-                    ) {
-                        (Some("text"), Some(text)) => Ok(text.to_owned()),
-                        _ => Err(ApiError::invalid(
-                            "only text content parts are supported",
-                            Some("messages"),
-                        )),
-                    }
+            Some(content @ (Value::String(_) | Value::Array(_))) => {
+                joined_text(content, &["text"]).map(Some).ok_or_else(|| {
+                    ApiError::invalid("only text content parts are supported", Some("messages"))
                 })
-                .collect::<Result<String, _>>()
-                .map(Some),
+            }
             Some(_) => Err(ApiError::invalid(
                 "message content must be a string or a list of parts",
                 Some("messages"),
             )),
         }
+    }
+}
+
+/// A content's text: a string, or the `text` of parts whose `type` is one
+/// of `kinds`, joined; `None` for anything else (the caller names it).
+pub fn joined_text(content: &Value, kinds: &[&str]) -> Option<String> {
+    match content {
+        Value::String(text) => Some(text.clone()),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|part| {
+                let kind = part.get("type").and_then(Value::as_str)?;
+                kinds.contains(&kind).then_some(())?;
+                part.get("text").and_then(Value::as_str)
+            })
+            .collect(),
+        _ => None,
     }
 }
 

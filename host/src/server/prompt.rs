@@ -371,20 +371,3 @@ pub async fn bad_words(state: &Arc<AppState>, words: &[String]) -> Result<Vec<Ve
     })
     .await
 }
-
-/// A content's text: a string, or the `text` of parts whose `type` is one
-/// of `kinds`, joined; `None` for anything else (the caller names it).
-pub fn joined_text(content: &Value, kinds: &[&str]) -> Option<String> {
-    match content {
-        Value::String(text) => Some(text.clone()),
-        Value::Array(parts) => parts
-            .iter()
-            .map(|part| {
-                let kind = part.get("type").and_then(Value::as_str)?;
-                kinds.contains(&kind).then_some(())?;
-                part.get("text").and_then(Value::as_str)
-            })
-            .collect(),
-        _ => None,
-    }
-}

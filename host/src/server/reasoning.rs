@@ -32,19 +32,10 @@ pub enum ReasoningFormat {
     Qwen3,
 }
 
-/// The server's reasoning parser.
-pub struct Reasoning {
-    format: ReasoningFormat,
-}
-
 /// How many of a prompt's last tokens are read for a closing `</think>`.
 const PROMPT_TAIL: usize = 16;
 
-impl Reasoning {
-    pub fn new(format: ReasoningFormat) -> Self {
-        Self { format }
-    }
-
+impl ReasoningFormat {
     /// Whether a chat's output starts in its thinking: not when its prompt
     /// ends with `</think>` (and white space), nor for Qwen3 with
     /// `enable_thinking: false`. Read as text, so a marker the tokenizer
@@ -58,7 +49,7 @@ impl Reasoning {
         let disabled = kwargs
             .and_then(|k| k.get("enable_thinking"))
             .is_some_and(|v| v == &Value::Bool(false));
-        if self.format == ReasoningFormat::Qwen3 && disabled {
+        if *self == ReasoningFormat::Qwen3 && disabled {
             return false;
         }
         let tail = &prompt[prompt.len().saturating_sub(PROMPT_TAIL)..];
@@ -217,7 +208,7 @@ mod tests {
         ))
         .unwrap();
         let encode = |text: &str| tokenizer.encode(text, false).unwrap();
-        let reasoning = Reasoning::new(ReasoningFormat::DeepSeekR1);
+        let reasoning = ReasoningFormat::DeepSeekR1;
         let thinks = |prompt: &str| reasoning.thinks(&encode(prompt), &tokenizer, None);
         assert!(thinks("User: hi\nAssistant: <think>\n"));
         assert!(thinks("User: hi\nAssistant:"));
@@ -226,7 +217,7 @@ mod tests {
         assert!(thinks("A: <think>x</think>y\nUser: more\nAssistant:"));
         let disabled: Map<String, Value> =
             serde_json::from_str(r#"{"enable_thinking": false}"#).unwrap();
-        let qwen3 = Reasoning::new(ReasoningFormat::Qwen3);
+        let qwen3 = ReasoningFormat::Qwen3;
         let prompt = encode("User: hi\nAssistant:");
         assert!(qwen3.thinks(&prompt, &tokenizer, None));
         assert!(!qwen3.thinks(&prompt, &tokenizer, Some(&disabled)));

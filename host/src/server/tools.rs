@@ -132,6 +132,29 @@ impl ToolCall {
     }
 }
 
+/// Another API's `tools` (the Responses or Messages API's) in the chat
+/// API's shape: `function` gives each tool's `function` object, or says why
+/// it refuses the tool.
+pub fn as_chat_tools(
+    tools: &Value,
+    function: impl Fn(&Value) -> Result<Value, String>,
+) -> Result<Value, ApiError> {
+    let Some(tools) = tools.as_array() else {
+        return Err(ApiError::invalid("tools must be a list", Some("tools")));
+    };
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| match function(tool) {
+            Ok(function) => Ok(json!({"type": "function", "function": function})),
+            Err(why) => Err(ApiError::invalid(
+                format!("tools[{i}]: {why}"),
+                Some("tools"),
+            )),
+        })
+        .collect()
+}
+
 /// The tools a chat request offers, checked, or `None` when it offers none.
 pub fn requested_tools(
     tools: Option<&[Value]>,

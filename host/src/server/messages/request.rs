@@ -6,8 +6,8 @@
 
 use serde_json::{json, Map, Value};
 
-use super::super::openai::{ApiError, ChatRequest, EndpointFields};
-use super::super::prompt::joined_text;
+use super::super::openai::{joined_text, ApiError, ChatRequest, EndpointFields};
+use super::super::tools::as_chat_tools;
 
 /// `POST /v1/messages`, as sent.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -89,7 +89,7 @@ impl MessagesRequest {
             chat.insert("add_generation_prompt".into(), json!(false));
         }
         if let Some(tools) = body.get("tools").filter(|v| !v.is_null()) {
-            chat.insert("tools".into(), chat_tools(tools)?);
+            chat.insert("tools".into(), as_chat_tools(tools, chat_function)?);
         }
         if let Some(choice) = body.get("tool_choice").filter(|v| !v.is_null()) {
             let (choice, parallel) = chat_tool_choice(choice)?;
@@ -203,27 +203,15 @@ fn text_of(content: &Value, at: &str) -> Result<String, ApiError> {
     })
 }
 
-/// Tools in the chat API's shape.
-fn chat_tools(tools: &Value) -> Result<Value, ApiError> {
-    let Some(tools) = tools.as_array() else {
-        return Err(ApiError::invalid("tools must be a list", Some("tools")));
-    };
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| {
-            let custom = tool.get("type").is_none_or(|t| t == "custom");
-            match (custom, tool.get("name"), tool.get("input_schema")) {
-                (true, Some(name), Some(schema)) => Ok(json!({"type": "function", "function": {
-                    "name": name, "description": tool.get("description"), "parameters": schema,
-                }})),
-                _ => Err(ApiError::invalid(
-                    format!("tools[{i}]: only client tools with a name and an input_schema are supported"),
-                    Some("tools"),
-                )),
-            }
-        })
-        .collect()
+/// A client tool as the chat API's function.
+fn chat_function(tool: &Value) -> Result<Value, String> {
+    let custom = tool.get("type").is_none_or(|t| t == "custom");
+    match (custom, tool.get("name"), tool.get("input_schema")) {
+        (true, Some(name), Some(schema)) => Ok(json!({
+            "name": name, "description": tool.get("description"), "parameters": schema,
+        })),
+        _ => Err("only client tools with a name and an input_schema are supported".into()),
+    }
 }
 
 /// `tool_choice` in the chat API's shape, and whether several calls may

@@ -6,8 +6,8 @@
 
 use serde_json::{json, Map, Value};
 
-use super::super::openai::{ApiError, ChatRequest, EndpointFields};
-use super::super::prompt::joined_text;
+use super::super::openai::{joined_text, ApiError, ChatRequest, EndpointFields};
+use super::super::tools::as_chat_tools;
 
 /// `POST /v1/responses`, as sent.
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -104,7 +104,7 @@ impl ResponsesRequest {
             chat.insert("max_completion_tokens".into(), max.clone());
         }
         if let Some(tools) = self.body.get("tools").filter(|v| !v.is_null()) {
-            chat.insert("tools".into(), chat_tools(tools)?);
+            chat.insert("tools".into(), as_chat_tools(tools, chat_function)?);
         }
         if let Some(choice) = self.body.get("tool_choice").filter(|v| !v.is_null()) {
             chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
@@ -242,26 +242,16 @@ fn text_of(content: Option<&Value>, i: usize) -> Result<String, ApiError> {
     })
 }
 
-/// Function tools in the chat API's shape (`{"type", "function": {...}}`).
-fn chat_tools(tools: &Value) -> Result<Value, ApiError> {
-    let Some(tools) = tools.as_array() else {
-        return Err(ApiError::invalid("tools must be a list", Some("tools")));
-    };
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| match tool.get("type").and_then(Value::as_str) {
-            Some("function") => {
-                let mut function = tool.as_object().cloned().unwrap_or_default();
-                function.remove("type");
-                Ok(json!({"type": "function", "function": function}))
-            }
-            kind => Err(ApiError::invalid(
-                format!("tools[{i}]: only function tools are supported, not {kind:?}"),
-                Some("tools"),
-            )),
-        })
-        .collect()
+/// A function tool as the chat API's function (its fields but `type`).
+fn chat_function(tool: &Value) -> Result<Value, String> {
+    match tool.get("type").and_then(Value::as_str) {
+        Some("function") => {
+            let mut function = tool.as_object().cloned().unwrap_or_default();
+            function.remove("type");
+            Ok(Value::Object(function))
+        }
+        kind => Err(format!("only function tools are supported, not {kind:?}")),
+    }
 }
 
 /// `tool_choice` in the chat API's shape.
