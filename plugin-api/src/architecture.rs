@@ -66,6 +66,9 @@ named_enum! {
         TextGeneration => "text-generation",
         /// Sentence or token embeddings.
         Embeddings => "embeddings",
+        /// A score or class logits per text or pair of texts: cross-encoder
+        /// rerankers and classifiers (since 1.7).
+        SequenceClassification => "sequence-classification",
     }
 }
 

@@ -33,6 +33,10 @@ pub struct StepSequence {
     pub blocks: Vec<u32>,
     /// Whether the host wants logits for this sequence this step.
     pub wants_logits: bool,
+    /// Each token's segment (BERT's token types: 1 for the second text of a
+    /// pair), or empty when all are 0 (since 1.7; only encoders read it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub token_types: Vec<u32>,
 }
 
 impl StepSequence {
@@ -210,10 +214,10 @@ impl PipelineModel for DecoderPipeline {
 
 /// The pipeline of encoders (since 1.4): the
 /// [`EncoderBatch`](crate::graph::EncoderBatch) inputs `tokens [T]`,
-/// `positions [T]` (from each sequence's `start`), `token_types [T]` (all 0)
-/// and `row_offsets [B+1]`. Every sequence gets all its rows of the graph's
-/// output (its hidden states), whatever `all_logits` says; blocks are
-/// ignored, since an encoder keeps no cache.
+/// `positions [T]` (from each sequence's `start`), `token_types [T]` (each
+/// sequence's, 0 where it has none) and `row_offsets [B+1]`. Every sequence
+/// gets all its rows of the graph's output (its hidden states), whatever
+/// `all_logits` says; blocks are ignored, since an encoder keeps no cache.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EncoderPipeline;
 
@@ -222,11 +226,24 @@ impl PipelineModel for EncoderPipeline {
         let tokens: usize = batch.sequences.iter().map(|s| s.tokens.len()).sum();
         let mut ids = Vec::with_capacity(tokens);
         let mut positions = Vec::with_capacity(tokens);
+        let mut types = Vec::with_capacity(tokens);
         let mut offsets = vec![0];
         let mut logit_rows = Vec::new();
         for seq in &batch.sequences {
             if seq.tokens.is_empty() {
                 return Err(Error::invalid("an encoder sequence feeds no tokens"));
+            }
+            match seq.token_types.len() {
+                0 => types.extend(std::iter::repeat_n(0, seq.tokens.len())),
+                n if n == seq.tokens.len() => {
+                    types.extend(seq.token_types.iter().map(|&t| i64::from(t)))
+                }
+                n => {
+                    return Err(Error::invalid(format!(
+                        "an encoder sequence has {n} token types for {} tokens",
+                        seq.tokens.len()
+                    )))
+                }
             }
             ids.extend(seq.tokens.iter().map(|&t| i64::from(t)));
             positions.extend((seq.start..seq.context_len()).map(|p| p as i64));
@@ -239,11 +256,43 @@ impl PipelineModel for EncoderPipeline {
             inputs: vec![
                 StepTensor::i64(vec![tokens], ids),
                 StepTensor::i64(vec![tokens], positions),
-                StepTensor::i64(vec![tokens], vec![0; tokens]),
+                StepTensor::i64(vec![tokens], types),
                 StepTensor::i64(vec![offsets.len()], offsets),
             ],
             logit_rows,
         })
+    }
+}
+
+/// The pipeline of sequence classifiers (since 1.7): the
+/// [`ClassifierBatch`](crate::graph::ClassifierBatch) inputs, the encoder's
+/// four and `first_rows [B]` (each sequence's first row, where BERT's `[CLS]`
+/// token is). The graph's output has one row per sequence (its class
+/// logits), and each sequence that wants logits gets its row.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClassifierPipeline;
+
+impl PipelineModel for ClassifierPipeline {
+    fn prepare_step(&self, batch: &StepBatch) -> Result<PreparedStep> {
+        let mut step = EncoderPipeline.prepare_step(batch)?;
+        let first_rows: Vec<i64> = batch
+            .sequences
+            .iter()
+            .scan(0, |row, seq| {
+                let first = *row;
+                *row += seq.tokens.len() as i64;
+                Some(first)
+            })
+            .collect();
+        step.inputs
+            .push(StepTensor::i64(vec![first_rows.len()], first_rows));
+        step.logit_rows = batch
+            .sequences
+            .iter()
+            .filter(|s| s.wants_logits)
+            .map(|_| 1)
+            .collect();
+        Ok(step)
     }
 }
 
@@ -303,6 +352,7 @@ mod tests {
             start,
             blocks: blocks.to_vec(),
             wants_logits,
+            token_types: Vec::new(),
         }
     }
 
@@ -342,6 +392,33 @@ mod tests {
         let step = DecoderPipeline.prepare_step(&all).unwrap();
         assert_eq!(values(&step.inputs[5]), [0, 1, 2, 3]);
         assert_eq!(step.logit_rows, [3, 1]);
+    }
+
+    #[test]
+    fn classifier_pipeline_feeds_token_types_and_first_rows() {
+        let mut pair = seq(&[1, 5, 2, 6, 2], 0, &[], true);
+        pair.token_types = vec![0, 0, 0, 1, 1];
+        let batch = StepBatch {
+            sequences: vec![seq(&[1, 4, 2], 0, &[], true), pair],
+            all_logits: false,
+        };
+        let encoder = EncoderPipeline.prepare_step(&batch).unwrap();
+        assert_eq!(values(&encoder.inputs[2]), [0, 0, 0, 0, 0, 0, 1, 1]);
+        assert_eq!(values(&encoder.inputs[3]), [0, 3, 8]);
+        assert_eq!(encoder.logit_rows, [3, 5]);
+        let step = ClassifierPipeline.prepare_step(&batch).unwrap();
+        assert_eq!(step.inputs.len(), 5);
+        assert_eq!(values(&step.inputs[4]), [0, 3]);
+        assert_eq!(step.logit_rows, [1, 1]);
+        step.validate(&batch).unwrap();
+        // Token types that do not cover the tokens are refused.
+        let mut bad = batch.clone();
+        bad.sequences[1].token_types.pop();
+        let error = ClassifierPipeline.prepare_step(&bad).unwrap_err();
+        assert!(
+            error.to_string().contains("4 token types for 5 tokens"),
+            "{error}"
+        );
     }
 
     #[test]

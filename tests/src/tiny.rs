@@ -124,6 +124,7 @@ impl Engine {
                     start: s.start,
                     blocks: to_u32(&s.blocks),
                     wants_logits: true,
+                    token_types: Vec::new(),
                 })
                 .collect(),
             all_logits: false,

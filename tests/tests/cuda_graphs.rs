@@ -55,6 +55,7 @@ fn batch_of(sequences: &[(u32, Vec<u32>, usize)], width: u32) -> StepBatch {
                 start: *start,
                 blocks: (width * i..width * (i + 1)).collect(),
                 wants_logits: true,
+                token_types: Vec::new(),
             })
             .collect(),
         all_logits: false,

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_host::embedding::{encoder_batch, Embedder, DEFAULT_BATCH_TOKENS};
+use kiln_host::embedding::{encoder_batch, Embedder, EncoderText, DEFAULT_BATCH_TOKENS};
 use kiln_host::engine::batch::run_encoder_step;
 use kiln_host::runtime::Tensor;
 use kiln_tests::models::{
@@ -102,13 +102,13 @@ fn tiny_bert_matches_transformers_on(device: DeviceChoice) {
             let rows = run_encoder_step(
                 backend,
                 &model.pipeline,
-                &encoder_batch(std::slice::from_ref(prompt)),
+                &encoder_batch(&[prompt.clone().into()]),
             )
             .unwrap();
             check(&rows[0], expected, &format!("prompt {i} alone"));
         }
-        let batched =
-            run_encoder_step(backend, &model.pipeline, &encoder_batch(&fixture.prompts)).unwrap();
+        let all: Vec<EncoderText> = fixture.prompts.iter().cloned().map(Into::into).collect();
+        let batched = run_encoder_step(backend, &model.pipeline, &encoder_batch(&all)).unwrap();
         for (i, (rows, expected)) in batched.iter().zip(&fixture.hidden).enumerate() {
             check(rows, expected, &format!("prompt {i} in the batch"));
         }

@@ -4,6 +4,7 @@
 use std::io::Read;
 
 use anyhow::Context;
+use kiln_plugin_api::Task;
 
 use crate::cli::EmbedArgs;
 use crate::embedding::{Embedder, DEFAULT_BATCH_TOKENS};
@@ -28,12 +29,20 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
         .tokenizer
         .clone()
         .context("the model has no tokenizer (tokenizer.json)")?;
+    let info = &model.architecture.info;
+    match info.task {
+        Task::Embeddings => {}
+        Task::SequenceClassification => anyhow::bail!(
+            "`{}` is a sequence classification model, not an embedding model: serve it for /v1/score, /v1/rerank and /v1/classify",
+            info.name
+        ),
+        Task::TextGeneration => anyhow::bail!(
+            "`{}` is a text-generation model, not an embedding model",
+            info.name
+        ),
+    }
     let embedder = Embedder::new(model, DEFAULT_BATCH_TOKENS).map_err(anyhow::Error::msg)?;
-    tracing::info!(
-        "pooling: {:?} from {}",
-        embedder.pooling().modes,
-        embedder.pooling().source
-    );
+    tracing::info!("{}", embedder.head());
     let ids = texts
         .iter()
         .map(|text| tokenizer.encode(text, true))

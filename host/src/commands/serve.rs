@@ -55,8 +55,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let template_source = given_template
         .as_deref()
         .or(tokenizer.chat_template_source());
-    let embeddings = model.architecture.info.task == Task::Embeddings;
-    let tool_format = if embeddings {
+    let encoder = model.architecture.info.task != Task::TextGeneration;
+    let tool_format = if encoder {
         None
     } else {
         tool_format(&model, args, template_source)?
@@ -72,13 +72,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| default_model_name(&args.load.model.model));
     let metrics = Metrics::new(&model_name, args.block_size);
-    let (served, worker, max_model_len) = if embeddings {
+    let (served, worker, max_model_len) = if encoder {
         let embedder = Embedder::new(model, args.max_batch_tokens).map_err(anyhow::Error::msg)?;
         tracing::info!(
-            "embeddings: pooling {:?} ({}), normalized: {}, at most {} tokens per text",
-            embedder.pooling().modes,
-            embedder.pooling().source,
-            embedder.pooling().normalize,
+            "{}, at most {} tokens per text",
+            embedder.head(),
             embedder.max_tokens()
         );
         let max_tokens = embedder.max_tokens();
@@ -106,11 +104,11 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         vocab_size,
     );
     let reasoning = match args.reasoning_parser {
-        Some(format) if !embeddings => {
+        Some(format) if !encoder => {
             tracing::info!("chats' thinking is returned apart ({format:?} reasoning parser)");
             Some(format)
         }
-        Some(_) => anyhow::bail!("--reasoning-parser: an embedding model does not generate"),
+        Some(_) => anyhow::bail!("--reasoning-parser: an encoder model does not generate"),
         None => None,
     };
     let state = Arc::new(AppState {

@@ -64,12 +64,17 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
         Reference::Embeddings(texts) => return verify_embeddings(args, tolerance, texts),
     };
     let model = super::load_model(&args.load)?;
-    if model.architecture.info.task == Task::Embeddings {
-        bail!(
+    match model.architecture.info.task {
+        Task::TextGeneration => {}
+        Task::Embeddings => bail!(
             "{} is an embedding model: its reference holds `<text>.ids.json` and \
              `<text>.embedding.npy` (the pooled embedding), not logits",
             model.architecture.info.name
-        );
+        ),
+        Task::SequenceClassification => bail!(
+            "{} is a sequence classification model: `host verify` checks generation logits and embeddings",
+            model.architecture.info.name
+        ),
     }
     let mut report = Report {
         model: model.resolved.name.clone(),

@@ -1,6 +1,9 @@
-//! Embeddings: an encoder's token states pooled into one vector per text
-//! (`host embed`, `/v1/embeddings`).
+//! Encoder models: an embedding model's token states pooled into one vector
+//! per text (`host embed`, `/v1/embeddings`), or a sequence classifier's
+//! class logits per text or pair of texts (`/v1/score`, `/v1/rerank`,
+//! `/v1/classify`).
 
+pub mod classes;
 pub mod pooling;
 pub mod service;
 
@@ -9,6 +12,7 @@ use kiln_plugin_api::Task;
 
 use crate::engine::batch::{run_encoder_step, StepError};
 use crate::model::Model;
+pub use classes::{Activation, Classes};
 pub use pooling::{Pooling, PoolingMode};
 
 /// Tokens per encoder step of `host embed`.
@@ -28,10 +32,56 @@ pub enum EmbedError {
     Step(#[from] StepError),
 }
 
-/// A loaded embedding model with its pooling.
+/// One text (or pair of texts) for an encoder: its token ids, and their
+/// token types (empty: all 0).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EncoderText {
+    /// Token ids.
+    pub tokens: Vec<u32>,
+    /// Segment of each token (1 for a pair's second text), or empty.
+    pub token_types: Vec<u32>,
+}
+
+impl From<Vec<u32>> for EncoderText {
+    fn from(tokens: Vec<u32>) -> Self {
+        Self {
+            tokens,
+            token_types: Vec::new(),
+        }
+    }
+}
+
+/// What an encoder model's output is made into.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Head {
+    /// An embedding model's token states, pooled.
+    Pooling(Pooling),
+    /// A sequence classifier's class logits, one row per text.
+    Classifier(Classes),
+}
+
+impl std::fmt::Display for Head {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Head::Pooling(pooling) => write!(
+                f,
+                "embeddings: pooling {:?} ({}), normalized: {}",
+                pooling.modes, pooling.source, pooling.normalize
+            ),
+            Head::Classifier(classes) => write!(
+                f,
+                "sequence classification: classes {:?}, activation {:?}",
+                classes.labels, classes.activation
+            ),
+        }
+    }
+}
+
+/// A loaded encoder model (embeddings or sequence classification) with what
+/// its output is made into.
 pub struct Embedder {
     model: Model,
-    pooling: Pooling,
+    head: Head,
     /// The longest text, in tokens.
     max_tokens: usize,
     /// Tokens per step.
@@ -39,32 +89,41 @@ pub struct Embedder {
 }
 
 impl Embedder {
-    /// Wraps `model`, reading its pooling from its directory. Refuses a
-    /// model that is not an embedding model.
+    /// Wraps `model`: an embedding model with the pooling its directory
+    /// describes, or a sequence classifier with the classes its config
+    /// names. Refuses a text generation model.
     pub fn new(model: Model, batch_tokens: usize) -> Result<Self, String> {
-        if model.architecture.info.task != Task::Embeddings {
-            return Err(format!(
-                "`{}` is a {} model, not an embedding model",
-                model.architecture.info.name, model.architecture.info.task
-            ));
-        }
-        let pooling = Pooling::from_dir(model.resolved.dir.as_deref())?;
-        let max_tokens = pooling
-            .max_seq_length
-            .map_or(model.config.max_seq_len as usize, |n| {
-                n.min(model.config.max_seq_len as usize)
-            });
+        let model_max = model.config.max_seq_len as usize;
+        let (head, max_tokens) = match model.architecture.info.task {
+            Task::Embeddings => {
+                let pooling = Pooling::from_dir(model.resolved.dir.as_deref())?;
+                let max = pooling
+                    .max_seq_length
+                    .map_or(model_max, |n| n.min(model_max));
+                (Head::Pooling(pooling), max)
+            }
+            Task::SequenceClassification => (
+                Head::Classifier(Classes::from_config(&model.config.model)?),
+                model_max,
+            ),
+            task => {
+                return Err(format!(
+                    "`{}` is a {task} model, not an embedding or sequence classification model",
+                    model.architecture.info.name
+                ))
+            }
+        };
         Ok(Self {
             model,
-            pooling,
+            head,
             max_tokens,
             batch_tokens: batch_tokens.max(max_tokens),
         })
     }
 
-    /// The pooling.
-    pub fn pooling(&self) -> &Pooling {
-        &self.pooling
+    /// What the output is made into.
+    pub fn head(&self) -> &Head {
+        &self.head
     }
 
     /// The longest text accepted, in tokens.
@@ -77,30 +136,41 @@ impl Embedder {
         self.batch_tokens
     }
 
-    /// The length of each embedding: the graph's hidden width (a static
-    /// dimension of its output) times the pooling modes concatenated.
+    /// The length of each output: for embeddings the graph's hidden width
+    /// (a static dimension of its output) times the pooling modes
+    /// concatenated, for a classifier its classes.
     pub fn dimensions(&self) -> Option<usize> {
         let graph = &self.model.backend.program().graph;
         let output = graph.outputs.first()?;
-        let hidden = graph.nodes[*output as usize].ty.shape.last()?.as_static()?;
-        Some(hidden as usize * self.pooling.modes.len())
+        let width = graph.nodes[*output as usize].ty.shape.last()?.as_static()? as usize;
+        Some(match &self.head {
+            Head::Pooling(pooling) => width * pooling.modes.len(),
+            Head::Classifier(_) => width,
+        })
     }
 
-    /// One embedding per tokenized text, in order. Texts run together in
-    /// steps of up to the batch's token budget.
+    /// One embedding per tokenized text, in order (see [`Embedder::run`]).
     pub fn embed(&self, texts: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        for (index, tokens) in texts.iter().enumerate() {
-            check_text(index, tokens, self.max_tokens)?;
+        let texts: Vec<EncoderText> = texts.iter().cloned().map(EncoderText::from).collect();
+        self.run(&texts)
+    }
+
+    /// One output per text, in order: its pooled embedding, or its class
+    /// logits (no activation). Texts run together in steps of up to the
+    /// batch's token budget.
+    pub fn run(&self, texts: &[EncoderText]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        for (index, text) in texts.iter().enumerate() {
+            check_text(index, &text.tokens, self.max_tokens)?;
         }
-        let mut embeddings = Vec::with_capacity(texts.len());
+        let mut outputs = Vec::with_capacity(texts.len());
         let mut start = 0;
         while start < texts.len() {
             let mut end = start;
             let mut tokens = 0;
             while end < texts.len()
-                && (end == start || tokens + texts[end].len() <= self.batch_tokens)
+                && (end == start || tokens + texts[end].tokens.len() <= self.batch_tokens)
             {
-                tokens += texts[end].len();
+                tokens += texts[end].tokens.len();
                 end += 1;
             }
             let states = run_encoder_step(
@@ -108,10 +178,13 @@ impl Embedder {
                 &self.model.pipeline,
                 &encoder_batch(&texts[start..end]),
             )?;
-            embeddings.extend(states.iter().map(|rows| self.pooling.pool(rows)));
+            outputs.extend(states.into_iter().map(|mut rows| match &self.head {
+                Head::Pooling(pooling) => pooling.pool(&rows),
+                Head::Classifier(_) => rows.swap_remove(0),
+            }));
             start = end;
         }
-        Ok(embeddings)
+        Ok(outputs)
     }
 }
 
@@ -128,15 +201,16 @@ pub fn check_text(index: usize, tokens: &[u32], max_tokens: usize) -> Result<(),
 }
 
 /// One encoder step over `texts`, each a whole sequence from position 0.
-pub fn encoder_batch(texts: &[Vec<u32>]) -> StepBatch {
+pub fn encoder_batch(texts: &[EncoderText]) -> StepBatch {
     StepBatch {
         sequences: texts
             .iter()
-            .map(|tokens| StepSequence {
-                tokens: tokens.clone(),
+            .map(|text| StepSequence {
+                tokens: text.tokens.clone(),
                 start: 0,
                 blocks: Vec::new(),
                 wants_logits: true,
+                token_types: text.token_types.clone(),
             })
             .collect(),
         all_logits: true,

@@ -1,16 +1,17 @@
-//! The embedding worker behind `/v1/embeddings`: one thread owns the model;
-//! requests that arrive while it works are batched into its next steps.
+//! The encoder worker behind `/v1/embeddings`, `/v1/score`, `/v1/rerank` and
+//! `/v1/classify`: one thread owns the model; requests that arrive while it
+//! works are batched into its next steps.
 
 use std::sync::mpsc;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::{EmbedError, Embedder};
+use super::{EmbedError, Embedder, EncoderText, Head};
 
-/// One request's texts and where its embeddings go.
+/// One request's texts and where their outputs go.
 struct Job {
-    texts: Vec<Vec<u32>>,
+    texts: Vec<EncoderText>,
     reply: oneshot::Sender<Result<Vec<Vec<f32>>, Arc<EmbedError>>>,
 }
 
@@ -20,6 +21,7 @@ pub struct EmbedderHandle {
     jobs: mpsc::Sender<Job>,
     max_tokens: usize,
     dimensions: Option<usize>,
+    head: Arc<Head>,
 }
 
 /// The worker thread.
@@ -41,6 +43,7 @@ pub fn spawn(embedder: Embedder) -> (EmbedderHandle, EmbedderThread) {
         jobs,
         max_tokens: embedder.max_tokens(),
         dimensions: embedder.dimensions(),
+        head: Arc::new(embedder.head().clone()),
     };
     let thread = std::thread::Builder::new()
         .name("kiln-embedder".to_owned())
@@ -55,14 +58,19 @@ impl EmbedderHandle {
         self.max_tokens
     }
 
-    /// The length of each embedding, when the graph's width is static.
+    /// The length of each output, when the graph's width is static.
     pub fn dimensions(&self) -> Option<usize> {
         self.dimensions
     }
 
-    /// The embeddings of `texts` (each checked by the caller with
-    /// [`super::check_text`]).
-    pub async fn embed(&self, texts: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, Arc<EmbedError>> {
+    /// What the model's output is made into.
+    pub fn head(&self) -> &Head {
+        &self.head
+    }
+
+    /// The outputs of `texts` (each checked by the caller with
+    /// [`super::check_text`]): embeddings, or class logits.
+    pub async fn run(&self, texts: Vec<EncoderText>) -> Result<Vec<Vec<f32>>, Arc<EmbedError>> {
         let (reply, answer) = oneshot::channel();
         let stopped = || Arc::new(EmbedError::Stopped);
         self.jobs
@@ -76,19 +84,20 @@ impl EmbedderHandle {
 /// budget), and embeds their texts together.
 fn run(embedder: &Embedder, receiver: &mpsc::Receiver<Job>) {
     while let Ok(first) = receiver.recv() {
-        let mut tokens: usize = first.texts.iter().map(Vec::len).sum();
+        let length = |texts: &[EncoderText]| texts.iter().map(|t| t.tokens.len()).sum::<usize>();
+        let mut tokens = length(&first.texts);
         let mut jobs = vec![first];
         while tokens < embedder.batch_tokens() {
             match receiver.try_recv() {
                 Ok(job) => {
-                    tokens += job.texts.iter().map(Vec::len).sum::<usize>();
+                    tokens += length(&job.texts);
                     jobs.push(job);
                 }
                 Err(_) => break,
             }
         }
-        let texts: Vec<Vec<u32>> = jobs.iter().flat_map(|j| j.texts.iter().cloned()).collect();
-        match embedder.embed(&texts) {
+        let texts: Vec<EncoderText> = jobs.iter().flat_map(|j| j.texts.iter().cloned()).collect();
+        match embedder.run(&texts) {
             Ok(embeddings) => {
                 let mut embeddings = embeddings.into_iter();
                 for job in jobs {
@@ -98,7 +107,7 @@ fn run(embedder: &Embedder, receiver: &mpsc::Receiver<Job>) {
                 }
             }
             Err(error) => {
-                tracing::error!("embedding step failed: {error}");
+                tracing::error!("encoder step failed: {error}");
                 let error = Arc::new(error);
                 for job in jobs {
                     let _ = job.reply.send(Err(error.clone()));

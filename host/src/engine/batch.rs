@@ -2,8 +2,8 @@
 //! scheduler's plan into graph inputs, and the logits come back per sequence.
 
 use kiln_plugin_api::pipeline::{
-    DecoderPipeline, EncoderPipeline, PipelineModel, PreparedStep, StepBatch, StepData,
-    StepSequence, StepTensor,
+    ClassifierPipeline, DecoderPipeline, EncoderPipeline, PipelineModel, PreparedStep, StepBatch,
+    StepData, StepSequence, StepTensor,
 };
 
 use kiln_plugin_api::Task;
@@ -19,6 +19,8 @@ pub enum Pipeline {
     Decoder,
     /// The default pipeline of embedding models (encoders), run in the host.
     Encoder,
+    /// The default pipeline of sequence classifiers, run in the host.
+    Classifier,
     /// The architecture's own pipeline model, called across the plugin boundary.
     Plugin(Architecture),
 }
@@ -29,10 +31,12 @@ impl Pipeline {
     pub fn for_architecture(architecture: &Architecture) -> Result<Self, EntryPointError> {
         Ok(if architecture.has_own_pipeline()? {
             Pipeline::Plugin(architecture.clone())
-        } else if architecture.info.task == Task::Embeddings {
-            Pipeline::Encoder
         } else {
-            Pipeline::Decoder
+            match architecture.info.task {
+                Task::Embeddings => Pipeline::Encoder,
+                Task::SequenceClassification => Pipeline::Classifier,
+                Task::TextGeneration => Pipeline::Decoder,
+            }
         })
     }
 
@@ -49,6 +53,9 @@ impl Pipeline {
                 .prepare_step(batch)
                 .map_err(|e| StepError::Batch(e.to_string())),
             Pipeline::Encoder => EncoderPipeline
+                .prepare_step(batch)
+                .map_err(|e| StepError::Batch(e.to_string())),
+            Pipeline::Classifier => ClassifierPipeline
                 .prepare_step(batch)
                 .map_err(|e| StepError::Batch(e.to_string())),
             Pipeline::Plugin(architecture) => Ok(architecture.prepare_step(batch)?),
@@ -191,6 +198,7 @@ pub fn worst_case_inputs(
                 start: 0,
                 blocks: vec![0; blocks_per_sequence.max(1)],
                 wants_logits: true,
+                token_types: Vec::new(),
             })
             .collect(),
         all_logits: false,

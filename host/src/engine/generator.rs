@@ -64,6 +64,7 @@ impl<'m> Generator<'m> {
                 start: self.position,
                 blocks: self.blocks.clone(),
                 wants_logits: true,
+                token_types: Vec::new(),
             }],
             all_logits,
         };

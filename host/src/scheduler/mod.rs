@@ -132,6 +132,7 @@ impl Batch {
             start,
             blocks: s.blocks.clone(),
             wants_logits: s.wants_logits || s.scored,
+            token_types: Vec::new(),
         };
         StepBatch {
             sequences: self

@@ -10,9 +10,9 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::openai::{ApiError, Prompt};
+use super::openai::{check_only_fields, ApiError, Prompt};
 use super::{check_model, prompt, AppState, Served};
-use crate::embedding::{check_text, EmbedError};
+use crate::embedding::{check_text, EmbedError, EncoderText, Head};
 use crate::engine::service::{EngineObserver, FinishReason};
 
 /// The fields this endpoint honours. `user` identifies the caller to the
@@ -38,28 +38,21 @@ pub async fn embeddings(
     body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let arrived = Instant::now();
-    let Served::Embedder(embedder) = &state.served else {
-        return Err(ApiError::invalid(
-            format!(
-                "`{}` is a text generation model; /v1/embeddings needs an embedding model",
-                state.model_name
-            ),
-            Some("model"),
-        ));
+    let embedder = match &state.served {
+        Served::Embedder(embedder) if matches!(embedder.head(), Head::Pooling(_)) => embedder,
+        _ => {
+            return Err(ApiError::invalid(
+                format!(
+                    "`{}` is a {} model; /v1/embeddings needs an embedding model",
+                    state.model_name,
+                    state.task()
+                ),
+                Some("model"),
+            ))
+        }
     };
     let Json(body) = body.map_err(|e| ApiError::invalid(e.body_text(), None))?;
-    if let Some(fields) = body.as_object() {
-        if let Some(name) = fields
-            .iter()
-            .find(|(name, value)| !value.is_null() && !FIELDS.contains(&name.as_str()))
-            .map(|(name, _)| name)
-        {
-            return Err(ApiError::invalid(
-                format!("Unrecognized request argument supplied: {name}"),
-                Some(name),
-            ));
-        }
-    }
+    check_only_fields(&body, FIELDS)?;
     let request: EmbeddingRequest = serde_json::from_value(body)
         .map_err(|e| ApiError::invalid(format!("invalid request: {e}"), None))?;
     check_model(&state, &request.model)?;
@@ -106,10 +99,13 @@ pub async fn embeddings(
             .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
     }
     let prompt_tokens: usize = inputs.iter().map(Vec::len).sum();
-    let vectors = embedder.embed(inputs).await.map_err(|e| match &*e {
-        EmbedError::Invalid(message) => ApiError::invalid(message.clone(), Some("input")),
-        EmbedError::Step(_) | EmbedError::Stopped => ApiError::internal(e.to_string()),
-    })?;
+    let vectors = embedder
+        .run(inputs.into_iter().map(EncoderText::from).collect())
+        .await
+        .map_err(|e| match &*e {
+            EmbedError::Invalid(message) => ApiError::invalid(message.clone(), Some("input")),
+            EmbedError::Step(_) | EmbedError::Stopped => ApiError::internal(e.to_string()),
+        })?;
     state.metrics.finished(
         FinishReason::Stop,
         arrived.elapsed().as_secs_f64(),

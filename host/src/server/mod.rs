@@ -11,6 +11,7 @@ pub mod openai;
 mod prompt;
 pub mod reasoning;
 pub mod responses;
+mod score;
 mod structured;
 mod tokenize;
 pub mod tools;
@@ -35,6 +36,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::embedding::service::EmbedderHandle;
+use crate::embedding::Head;
 use crate::engine::sampling::SamplingParams;
 use crate::engine::service::{
     EngineHandle, Event, GenerationParams, PromptLogprob, Request as EngineRequest, StopReason,
@@ -43,6 +45,7 @@ use crate::engine::service::{
 use crate::engine::structured::Constraint;
 use crate::engine::structured::Grammars;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
+use kiln_plugin_api::Task;
 pub use listen::{raise_descriptor_limit, serve};
 use metrics::Metrics;
 use openai::{ApiError, CompletionRequest, EndpointFields, Limits, Usage};
@@ -145,6 +148,13 @@ pub fn router(
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model_card))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/score", post(score::score))
+        .route("/score", post(score::score))
+        .route("/v1/rerank", post(score::rerank))
+        .route("/rerank", post(score::rerank))
+        .route("/v2/rerank", post(score::rerank))
+        .route("/v1/classify", post(score::classify))
+        .route("/classify", post(score::classify))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
@@ -279,17 +289,33 @@ async fn model_card(
 }
 
 impl AppState {
-    /// The generation engine, or a 400 for an embedding model.
+    /// The generation engine, or a 400 for an encoder model.
     fn generator(&self) -> Result<&EngineHandle, ApiError> {
         match &self.served {
             Served::Generator(engine) => Ok(engine),
-            Served::Embedder(_) => Err(ApiError::invalid(
+            Served::Embedder(handle) => Err(ApiError::invalid(
                 format!(
-                    "`{}` is an embedding model: it serves /v1/embeddings, not text generation",
-                    self.model_name
+                    "`{}` is a {} model: it serves {}, not text generation",
+                    self.model_name,
+                    self.task(),
+                    match handle.head() {
+                        Head::Pooling(_) => "/v1/embeddings, /v1/score and /v1/rerank",
+                        Head::Classifier(_) => "/v1/score, /v1/rerank and /v1/classify",
+                    }
                 ),
                 Some("model"),
             )),
+        }
+    }
+
+    /// What the served model does.
+    fn task(&self) -> Task {
+        match &self.served {
+            Served::Generator(_) => Task::TextGeneration,
+            Served::Embedder(handle) => match handle.head() {
+                Head::Pooling(_) => Task::Embeddings,
+                Head::Classifier(_) => Task::SequenceClassification,
+            },
         }
     }
 }

@@ -338,6 +338,27 @@ pub fn check_fields(body: &Value, honoured: &[&str]) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Refuses, by name, any field of `body` outside `honoured`: for the
+/// endpoints that take no sampling fields (embeddings, scoring).
+pub fn check_only_fields(body: &Value, honoured: &[&str]) -> Result<(), ApiError> {
+    let Some(fields) = body.as_object() else {
+        return Err(ApiError::invalid(
+            "the request body must be a JSON object",
+            None,
+        ));
+    };
+    match fields
+        .iter()
+        .find(|(name, value)| !value.is_null() && !honoured.contains(&name.as_str()))
+    {
+        Some((name, _)) => Err(ApiError::invalid(
+            format!("Unrecognized request argument supplied: {name}"),
+            Some(name),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// `stream_options`.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
 pub struct StreamOptions {

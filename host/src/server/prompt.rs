@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::openai::{ApiError, InMessage, Prompt};
 use super::{tools, AppState};
+use crate::embedding::EncoderText;
 use crate::tokenizer::{ChatMessage, ChatRequest, TokenizerError};
 
 /// Roles a message may have (the chat template decides what each means).
@@ -327,6 +328,34 @@ pub async fn tokenize(
                     .tokenizer
                     .encode(t, add_special_tokens)
                     .map_err(|e| ApiError::internal(e.to_string()))
+            })
+            .collect()
+    })
+    .await
+}
+
+/// Token ids and types of each pair of texts, read together as a cross-
+/// encoder reads them ([`crate::tokenizer::Tokenizer::encode_pair`]).
+pub async fn tokenize_pairs(
+    state: &Arc<AppState>,
+    pairs: Vec<(String, String)>,
+) -> Result<Vec<EncoderText>, ApiError> {
+    for (first, second) in &pairs {
+        check_size(state, first.len() + second.len(), "input")?;
+    }
+    let state = state.clone();
+    off_the_async_threads(move || {
+        pairs
+            .iter()
+            .map(|(first, second)| {
+                let (tokens, token_types) = state
+                    .tokenizer
+                    .encode_pair(first, second)
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                Ok(EncoderText {
+                    tokens,
+                    token_types,
+                })
             })
             .collect()
     })

@@ -239,6 +239,26 @@ impl Tokenizer {
             .map_err(|e| TokenizerError::backend("cannot encode text", e))
     }
 
+    /// Token ids and token types (segments) for the pair `first`, `second`,
+    /// joined as the file's post-processor says (BERT's `[CLS] a [SEP] b
+    /// [SEP]`, types 0 then 1; RoBERTa's `<s> a </s></s> b </s>`): what
+    /// cross-encoders read, as transformers' `tokenizer(a, b)`.
+    pub fn encode_pair(
+        &self,
+        first: &str,
+        second: &str,
+    ) -> Result<(Vec<u32>, Vec<u32>), TokenizerError> {
+        self.inner
+            .encode_fast((first, second), true)
+            .map(|encoding| {
+                (
+                    encoding.get_ids().to_vec(),
+                    encoding.get_type_ids().to_vec(),
+                )
+            })
+            .map_err(|e| TokenizerError::backend("cannot encode a pair of texts", e))
+    }
+
     /// The text for `ids`, optionally leaving out special tokens.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
         let text = self

@@ -36,6 +36,28 @@ impl EncoderBatch {
     }
 }
 
+/// The inputs of a sequence classifier (since 1.7): the encoder's, then
+/// each sequence's first row (`[B]`, i64), where the token the head reads
+/// (BERT's `[CLS]`) is. [`crate::pipeline::ClassifierPipeline`] feeds them.
+#[derive(Clone, Debug)]
+pub struct ClassifierBatch {
+    /// The encoder's inputs.
+    pub encoder: EncoderBatch,
+    /// Row of each sequence's first token (`[B]`, i64).
+    pub first_rows: TensorValue,
+}
+
+impl ClassifierBatch {
+    /// Declares the inputs on `graph`: [`EncoderBatch::inputs`], then
+    /// `first_rows` (symbol `B`).
+    pub fn inputs(graph: &Graph) -> Self {
+        Self {
+            encoder: EncoderBatch::inputs(graph),
+            first_rows: graph.input("first_rows", TensorType::new(DType::I64, ["B"])),
+        }
+    }
+}
+
 /// Attention of `q [T, Hq, D]` over `k, v [T, Hkv, D]` within each sequence
 /// of `row_offsets`: bidirectional, or causal when `spec.causal`.
 pub fn sequence_attention(

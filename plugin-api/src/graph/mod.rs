@@ -19,7 +19,7 @@ mod ir;
 pub mod ops;
 mod types;
 
-pub use encoder::EncoderBatch;
+pub use encoder::{ClassifierBatch, EncoderBatch};
 pub use ops::RaggedBatch;
 
 pub use builder::{Graph, GraphError, ScopeGuard, TensorValue};

@@ -5,7 +5,7 @@
 
 use super::layers::{Activation, Embedding, LayerNorm, Linear};
 use super::module::{Layer, Module, Registry};
-use crate::graph::{ops, DType, EncoderBatch, SequenceAttentionSpec, TensorValue};
+use crate::graph::{ops, ClassifierBatch, DType, EncoderBatch, SequenceAttentionSpec, TensorValue};
 
 /// The shape of an encoder.
 #[derive(Clone, Debug, PartialEq)]
@@ -200,5 +200,73 @@ impl Module for Encoder {
     fn visit(&self, registry: &mut Registry<'_>) {
         registry.module("embeddings", &self.embeddings);
         registry.list("encoder.layer", &self.layers);
+    }
+}
+
+/// A sequence classifier's head (since 1.7): `out_proj(tanh(dense(x)))` on
+/// each sequence's first token. BERT's pooler and classifier and RoBERTa's
+/// `classifier` are both this. Sub-modules: `dense`, `out_proj`.
+pub struct ClassificationHead {
+    /// The first projection (BERT's `pooler.dense`), before the tanh.
+    pub dense: Linear,
+    /// The projection to the class logits.
+    pub out_proj: Linear,
+}
+
+impl ClassificationHead {
+    /// A head from `hidden_size` to `num_labels`.
+    pub fn new(hidden_size: u64, num_labels: u64, dtype: DType) -> Self {
+        Self {
+            dense: Linear::new(hidden_size, hidden_size, dtype, true),
+            out_proj: Linear::new(hidden_size, num_labels, dtype, true),
+        }
+    }
+
+    /// The class logits `[B, num_labels]` of `hidden [T, hidden]`, read at
+    /// `first_rows [B]`.
+    pub fn forward(&self, hidden: &TensorValue, first_rows: &TensorValue) -> TensorValue {
+        let first = ops::gather(hidden, first_rows, 0);
+        self.out_proj
+            .forward(&ops::tanh(&self.dense.forward(&first)))
+    }
+}
+
+impl Module for ClassificationHead {
+    fn visit(&self, registry: &mut Registry<'_>) {
+        registry.module("dense", &self.dense);
+        registry.module("out_proj", &self.out_proj);
+    }
+}
+
+/// A BERT-style encoder with a [`ClassificationHead`] (since 1.7): cross-
+/// encoder rerankers and text classifiers. The encoder keeps its names; the
+/// head is `classifier` (RoBERTa's `classifier.dense` / `.out_proj`).
+pub struct SequenceClassifier {
+    /// The encoder.
+    pub encoder: Encoder,
+    /// The head.
+    pub head: ClassificationHead,
+}
+
+impl SequenceClassifier {
+    /// The classifier of `config` into `num_labels` classes.
+    pub fn new(config: &EncoderConfig, num_labels: u64) -> Self {
+        Self {
+            encoder: Encoder::new(config),
+            head: ClassificationHead::new(config.hidden_size, num_labels, config.dtype),
+        }
+    }
+
+    /// The class logits `[B, num_labels]` of `batch`.
+    pub fn forward(&self, batch: &ClassifierBatch) -> TensorValue {
+        self.head
+            .forward(&self.encoder.forward(&batch.encoder), &batch.first_rows)
+    }
+}
+
+impl Module for SequenceClassifier {
+    fn visit(&self, registry: &mut Registry<'_>) {
+        self.encoder.visit(registry);
+        registry.module("classifier", &self.head);
     }
 }

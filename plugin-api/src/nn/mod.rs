@@ -14,14 +14,16 @@ pub use attention::{
     rotary_attention, AttentionConfig, AttentionWithRope, Transformer, TransformerBlock,
 };
 pub use decoder::{Decoder, DecoderLayer, ParallelBlock, PreNormBlock, SelfAttention};
-pub use encoder::{Encoder, EncoderConfig, EncoderEmbeddings, EncoderLayer};
+pub use encoder::{
+    ClassificationHead, Encoder, EncoderConfig, EncoderEmbeddings, EncoderLayer, SequenceClassifier,
+};
 pub use latent::{LatentAttention, LatentAttentionConfig, QueryProjection, SplitUpProjections};
 pub use layers::{Activation, Embedding, LayerNorm, Linear, Mlp, Norm, RmsNorm};
 pub use module::{Layer, Module, Registry, Sequential, StateDict, Weight};
 pub use moe::{MixtureOfExperts, MoeBlock};
 pub use rotary::{RopeScaling, RotaryEmbedding};
 
-use crate::graph::{EncoderBatch, Graph, GraphIr, RaggedBatch, TensorValue};
+use crate::graph::{ClassifierBatch, EncoderBatch, Graph, GraphIr, RaggedBatch, TensorValue};
 
 /// Builds a decoder's graph: binds the checkpoint's weights to `model` (or,
 /// without a checkpoint, only gives every weight its full name), declares the
@@ -45,6 +47,18 @@ pub fn build_encoder_graph(
     forward: impl FnOnce(&EncoderBatch) -> TensorValue,
 ) -> crate::Result<GraphIr> {
     build_graph(name, model, state_dict, EncoderBatch::inputs, forward)
+}
+
+/// Builds a sequence classifier's graph (since 1.7): like
+/// [`build_encoder_graph`], with the [`ClassifierBatch`] inputs; `forward`
+/// returns each sequence's class logits `[B, num_labels]`.
+pub fn build_classifier_graph(
+    name: &str,
+    model: &dyn Module,
+    state_dict: Option<&StateDict>,
+    forward: impl FnOnce(&ClassifierBatch) -> TensorValue,
+) -> crate::Result<GraphIr> {
+    build_graph(name, model, state_dict, ClassifierBatch::inputs, forward)
 }
 
 /// Binds the weights, declares the inputs with `inputs`, and records

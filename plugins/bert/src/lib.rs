@@ -1,5 +1,6 @@
 //! Built-in plugin: BERT-family encoders (`BertModel`, and `RobertaModel` /
-//! `XLMRobertaModel`), for embeddings.
+//! `XLMRobertaModel`), for embeddings, and their `…ForSequenceClassification`
+//! variants: cross-encoder rerankers and text classifiers.
 //!
 //! The model is the plugin API's [`Encoder`]: word, position and token-type
 //! embeddings summed and normalized, then post-norm layers of bidirectional
@@ -13,6 +14,12 @@
 //! pooler (`pooler.*`, `cls.*`) are dropped, and the old `LayerNorm.gamma` /
 //! `.beta` spelling is read as `weight` / `bias`.
 //!
+//! A sequence classifier is the same encoder with the plugin API's
+//! [`ClassificationHead`](kiln_plugin_api::nn::ClassificationHead) on each
+//! text's first token: BERT's `pooler.dense` and `classifier` are read as
+//! the head's `classifier.dense` and `classifier.out_proj`, RoBERTa's
+//! `classifier.*` keep their names.
+//!
 //! RoBERTa is the same encoder with positions counted from
 //! `pad_token_id + 1` (its embedding rows below that are never used): the
 //! adapter hands the encoder the position table from that row on, zero-copy,
@@ -20,7 +27,10 @@
 
 use kiln_plugin_api::adapters::{self, AdaptRequest, AdaptResponse};
 use kiln_plugin_api::graph::{DType, GraphIr};
-use kiln_plugin_api::nn::{build_encoder_graph, Activation, Encoder, EncoderConfig};
+use kiln_plugin_api::nn::{
+    build_classifier_graph, build_encoder_graph, Activation, Encoder, EncoderConfig,
+    SequenceClassifier,
+};
 use kiln_plugin_api::{
     ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, KvCacheParams, Plugin,
     Result, SupportedArchitecture, Task, WeightsFormat,
@@ -139,6 +149,39 @@ fn encoder_graph(name: &str, params: &EncoderConfig, request: &GraphRequest) -> 
     })
 }
 
+/// The classes of a `…ForSequenceClassification` config: `id2label`'s
+/// length, else `num_labels`, else 2 (transformers' default).
+pub fn num_labels(raw: &Value) -> Result<u64> {
+    let labels = match raw.get("id2label") {
+        Some(Value::Object(labels)) => labels.len() as u64,
+        Some(_) => return Err(Error::invalid("config.json `id2label` must be an object")),
+        None => u64::from(HfConfig::new(raw)?.opt_u32("num_labels")?.unwrap_or(2)),
+    };
+    if labels == 0 {
+        return Err(Error::invalid(
+            "config.json has no labels (`id2label`, `num_labels`)",
+        ));
+    }
+    Ok(labels)
+}
+
+/// The BERT classifier's graph: token ids in, each text's class logits out.
+pub fn bert_classifier_graph(request: &GraphRequest) -> Result<GraphIr> {
+    classifier_graph("bert", bert_params(&request.config.model)?, request)
+}
+
+/// The RoBERTa classifier's graph.
+pub fn roberta_classifier_graph(request: &GraphRequest) -> Result<GraphIr> {
+    classifier_graph("roberta", roberta_params(&request.config.model)?, request)
+}
+
+fn classifier_graph(name: &str, params: EncoderConfig, request: &GraphRequest) -> Result<GraphIr> {
+    let model = SequenceClassifier::new(&params, num_labels(&request.config.model)?);
+    build_classifier_graph(name, &model, request.state_dict.as_ref(), |batch| {
+        model.forward(batch)
+    })
+}
+
 /// Hugging Face names as the module tree has them (see the crate docs).
 pub fn bert_hf_name(name: &str) -> Option<String> {
     let name = name.strip_prefix("bert.").unwrap_or(name);
@@ -153,12 +196,46 @@ pub fn bert_hf_name(name: &str) -> Option<String> {
     Some(name)
 }
 
+/// `BertForSequenceClassification`'s names: the pooler and the classifier
+/// become the head's `classifier.dense` and `classifier.out_proj`.
+pub fn bert_classifier_hf_name(name: &str) -> Option<String> {
+    let name = name.strip_prefix("bert.").unwrap_or(name);
+    if let Some(part) = name.strip_prefix("pooler.dense.") {
+        return Some(format!("classifier.dense.{part}"));
+    }
+    if let Some(part @ ("weight" | "bias")) = name.strip_prefix("classifier.") {
+        return Some(format!("classifier.out_proj.{part}"));
+    }
+    bert_hf_name(name)
+}
+
+/// RoBERTa classifiers' names: the encoder's as [`adapt_roberta`] has them,
+/// `classifier.*` kept.
+fn roberta_classifier_hf_name(name: &str) -> Option<String> {
+    match name.strip_prefix("classifier.") {
+        Some(_) => Some(name.to_owned()),
+        None => bert_hf_name(name),
+    }
+}
+
 /// RoBERTa's names: BERT's after the `roberta.` prefix, with the position
 /// table taken from row `pad_token_id + 1` on.
 pub fn adapt_roberta(request: &AdaptRequest) -> Result<AdaptResponse> {
+    adapt_roberta_names(request, bert_hf_name)
+}
+
+/// [`adapt_roberta`] for `…ForSequenceClassification`.
+pub fn adapt_roberta_classifier(request: &AdaptRequest) -> Result<AdaptResponse> {
+    adapt_roberta_names(request, roberta_classifier_hf_name)
+}
+
+fn adapt_roberta_names(
+    request: &AdaptRequest,
+    name_of: fn(&str) -> Option<String>,
+) -> Result<AdaptResponse> {
     let offset = roberta_position_offset(&request.config)?;
     let mut response = adapters::rename(request, |name| {
-        bert_hf_name(name.strip_prefix("roberta.").unwrap_or(name))
+        name_of(name.strip_prefix("roberta.").unwrap_or(name))
     });
     for weight in &mut response.weights {
         if weight.name == "embeddings.position_embeddings.weight" {
@@ -182,41 +259,85 @@ pub fn adapt_roberta(request: &AdaptRequest) -> Result<AdaptResponse> {
 
 /// The plugin.
 pub fn plugin() -> Plugin {
-    let encoder = |name: &str, alias: &str, example: &str| {
-        SupportedArchitecture::new(name, Task::Embeddings)
-            .with_aliases([alias])
+    let model = |name: &str, task: Task, aliases: &[&str], example: &str| {
+        SupportedArchitecture::new(name, task)
+            .with_aliases(aliases.iter().copied())
             .with_encodings(Encoding::Float32, Encoding::ALL.iter().copied())
             .with_example_repo_ids([example])
     };
-    let roberta = |name: &str, alias: &str, example: &str| {
-        encoder(name, alias, example)
-            .with_config(roberta_config)
-            .with_graph(roberta_graph)
-            .with_weight_adapter(WeightsFormat::Safetensors, adapt_roberta)
+    let bert = |name: &str, task: Task, aliases: &[&str], example: &str| {
+        model(name, task, aliases, example).with_config(bert_config)
     };
+    let roberta = |name: &str, task: Task, aliases: &[&str], example: &str| {
+        model(name, task, aliases, example).with_config(roberta_config)
+    };
+    let embeddings = Task::Embeddings;
+    let classifier = Task::SequenceClassification;
     Plugin::new("bert", env!("CARGO_PKG_VERSION"))
         .with_architecture(
-            encoder(
+            bert(
                 "BertModel",
-                "bert",
+                embeddings,
+                &["bert"],
                 "sentence-transformers/all-MiniLM-L6-v2",
             )
-            .with_config(bert_config)
             .with_graph(bert_graph)
             .with_weight_adapter(WeightsFormat::Safetensors, |r| {
                 Ok(adapters::rename(r, bert_hf_name))
             }),
         )
-        .with_architecture(roberta(
-            "RobertaModel",
-            "roberta",
-            "sentence-transformers/all-distilroberta-v1",
-        ))
-        .with_architecture(roberta(
-            "XLMRobertaModel",
-            "xlm-roberta",
-            "intfloat/multilingual-e5-small",
-        ))
+        .with_architecture(
+            roberta(
+                "RobertaModel",
+                embeddings,
+                &["roberta"],
+                "sentence-transformers/all-distilroberta-v1",
+            )
+            .with_graph(roberta_graph)
+            .with_weight_adapter(WeightsFormat::Safetensors, adapt_roberta),
+        )
+        .with_architecture(
+            roberta(
+                "XLMRobertaModel",
+                embeddings,
+                &["xlm-roberta"],
+                "intfloat/multilingual-e5-small",
+            )
+            .with_graph(roberta_graph)
+            .with_weight_adapter(WeightsFormat::Safetensors, adapt_roberta),
+        )
+        .with_architecture(
+            bert(
+                "BertForSequenceClassification",
+                classifier,
+                &[],
+                "cross-encoder/ms-marco-MiniLM-L-6-v2",
+            )
+            .with_graph(bert_classifier_graph)
+            .with_weight_adapter(WeightsFormat::Safetensors, |r| {
+                Ok(adapters::rename(r, bert_classifier_hf_name))
+            }),
+        )
+        .with_architecture(
+            roberta(
+                "RobertaForSequenceClassification",
+                classifier,
+                &[],
+                "cardiffnlp/twitter-roberta-base-sentiment-latest",
+            )
+            .with_graph(roberta_classifier_graph)
+            .with_weight_adapter(WeightsFormat::Safetensors, adapt_roberta_classifier),
+        )
+        .with_architecture(
+            roberta(
+                "XLMRobertaForSequenceClassification",
+                classifier,
+                &[],
+                "BAAI/bge-reranker-v2-m3",
+            )
+            .with_graph(roberta_classifier_graph)
+            .with_weight_adapter(WeightsFormat::Safetensors, adapt_roberta_classifier),
+        )
 }
 
 kiln_plugin_api::declare_plugin!(plugin);

@@ -1,0 +1,395 @@
+//! vLLM's scoring endpoints: `/v1/score` (pairs of texts scored),
+//! `/v1/rerank` (documents ranked by relevance to a query, in Jina's and
+//! Cohere's shape, also at `/rerank` and `/v2/rerank`) and `/v1/classify`
+//! (class probabilities of each text).
+//!
+//! A cross-encoder (a sequence classifier with one class) reads each pair
+//! together and scores it with its activation (sigmoid unless its config
+//! says otherwise; `use_activation: false` gives the raw logit). An
+//! embedding model scores a pair by the cosine similarity of the two texts'
+//! embeddings, as vLLM's bi-encoders do.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::openai::{check_only_fields, ApiError};
+use super::{check_model, now, prompt, request_id, AppState, Served};
+use crate::embedding::service::EmbedderHandle;
+use crate::embedding::{check_text, Classes, EmbedError, EncoderText, Head};
+use crate::engine::service::{EngineObserver, FinishReason};
+
+/// The most texts or pairs in one request.
+const MAX_INPUTS: usize = 2048;
+
+/// One text or several.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Texts {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Texts {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Texts::One(text) => vec![text],
+            Texts::Many(texts) => texts,
+        }
+    }
+}
+
+const SCORE_FIELDS: &[&str] = &["model", "text_1", "text_2", "use_activation", "user"];
+
+#[derive(Deserialize)]
+struct ScoreRequest {
+    #[serde(default)]
+    model: Option<String>,
+    text_1: Texts,
+    text_2: Texts,
+    #[serde(default)]
+    use_activation: Option<bool>,
+}
+
+const RERANK_FIELDS: &[&str] = &[
+    "model",
+    "query",
+    "documents",
+    "top_n",
+    "return_documents",
+    "use_activation",
+    "user",
+];
+
+#[derive(Deserialize)]
+struct RerankRequest {
+    #[serde(default)]
+    model: Option<String>,
+    query: String,
+    documents: Vec<Document>,
+    #[serde(default)]
+    top_n: Option<usize>,
+    #[serde(default)]
+    return_documents: Option<bool>,
+    #[serde(default)]
+    use_activation: Option<bool>,
+}
+
+/// A document: its text, or Cohere's `{"text": …}`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Document {
+    Text(String),
+    Object { text: String },
+}
+
+const CLASSIFY_FIELDS: &[&str] = &["model", "input", "use_activation", "user"];
+
+#[derive(Deserialize)]
+struct ClassifyRequest {
+    #[serde(default)]
+    model: Option<String>,
+    input: Texts,
+    #[serde(default)]
+    use_activation: Option<bool>,
+}
+
+/// Reads a body whose fields must all be in `fields`, and checks `model`.
+fn read<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+    fields: &[&str],
+    model: impl FnOnce(&T) -> Option<&str>,
+) -> Result<T, ApiError> {
+    let Json(body) = body.map_err(|e| ApiError::invalid(e.body_text(), None))?;
+    check_only_fields(&body, fields)?;
+    let request: T = serde_json::from_value(body)
+        .map_err(|e| ApiError::invalid(format!("invalid request: {e}"), None))?;
+    if let Some(name) = model(&request) {
+        check_model(state, name)?;
+    }
+    Ok(request)
+}
+
+/// The encoder worker, or a 400 naming what `endpoint` needs.
+fn encoder<'a>(state: &'a AppState, endpoint: &str) -> Result<&'a EmbedderHandle, ApiError> {
+    match &state.served {
+        Served::Embedder(handle) => Ok(handle),
+        Served::Generator(_) => Err(ApiError::invalid(
+            format!(
+                "`{}` is a text generation model; {endpoint} needs a cross-encoder or an embedding model",
+                state.model_name
+            ),
+            Some("model"),
+        )),
+    }
+}
+
+/// `POST /v1/score`: `text_1` against each of `text_2` (one against many),
+/// or pair by pair (lists of one length).
+pub async fn score(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let arrived = Instant::now();
+    let encoder = encoder(&state, "/v1/score")?;
+    let request: ScoreRequest = read(&state, body, SCORE_FIELDS, |r: &ScoreRequest| {
+        r.model.as_deref()
+    })?;
+    let (firsts, seconds) = (request.text_1.into_vec(), request.text_2.into_vec());
+    let pairs: Vec<(String, String)> = match (firsts.len(), seconds.len()) {
+        (1, _) => seconds
+            .into_iter()
+            .map(|second| (firsts[0].clone(), second))
+            .collect(),
+        (n, m) if n == m => firsts.into_iter().zip(seconds).collect(),
+        (n, m) => {
+            return Err(ApiError::invalid(
+                format!("`text_1` has {n} texts and `text_2` {m}: give one `text_1`, or as many as `text_2`"),
+                Some("text_1"),
+            ))
+        }
+    };
+    check_count(pairs.len(), "text_2")?;
+    let (scores, tokens) = score_pairs(&state, encoder, pairs, request.use_activation).await?;
+    finished(&state, arrived, tokens);
+    let data: Vec<Value> = scores
+        .iter()
+        .enumerate()
+        .map(|(index, score)| json!({"index": index, "object": "score", "score": score}))
+        .collect();
+    Ok(Json(json!({
+        "id": request_id("score"),
+        "object": "list",
+        "created": now(),
+        "model": state.model_name,
+        "data": data,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+    })))
+}
+
+/// `POST /v1/rerank`: the documents by relevance to the query, best first;
+/// `top_n` of them when given (0 or absent: all).
+pub async fn rerank(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let arrived = Instant::now();
+    let encoder = encoder(&state, "/v1/rerank")?;
+    let request: RerankRequest = read(&state, body, RERANK_FIELDS, |r: &RerankRequest| {
+        r.model.as_deref()
+    })?;
+    let documents: Vec<String> = request
+        .documents
+        .into_iter()
+        .map(|d| match d {
+            Document::Text(text) | Document::Object { text } => text,
+        })
+        .collect();
+    check_count(documents.len(), "documents")?;
+    let pairs = documents
+        .iter()
+        .map(|d| (request.query.clone(), d.clone()))
+        .collect();
+    let (scores, tokens) = score_pairs(&state, encoder, pairs, request.use_activation).await?;
+    finished(&state, arrived, tokens);
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    let keep = match request.top_n {
+        Some(n) if n > 0 => n.min(order.len()),
+        _ => order.len(),
+    };
+    let with_documents = request.return_documents.unwrap_or(true);
+    let results: Vec<Value> = order[..keep]
+        .iter()
+        .map(|&index| {
+            let mut result = json!({"index": index, "relevance_score": scores[index]});
+            if with_documents {
+                result["document"] = json!({"text": documents[index]});
+            }
+            result
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": request_id("rerank"),
+        "model": state.model_name,
+        "usage": {"total_tokens": tokens},
+        "results": results,
+    })))
+}
+
+/// `POST /v1/classify`: each text's class probabilities and likeliest label.
+pub async fn classify(
+    State(state): State<Arc<AppState>>,
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let arrived = Instant::now();
+    let encoder = encoder(&state, "/v1/classify")?;
+    let Head::Classifier(classes) = encoder.head() else {
+        return Err(ApiError::invalid(
+            format!(
+                "`{}` is an embedding model; /v1/classify needs a sequence classification model",
+                state.model_name
+            ),
+            Some("model"),
+        ));
+    };
+    let request: ClassifyRequest = read(&state, body, CLASSIFY_FIELDS, |r: &ClassifyRequest| {
+        r.model.as_deref()
+    })?;
+    let texts = request.input.into_vec();
+    check_count(texts.len(), "input")?;
+    let inputs: Vec<EncoderText> = prompt::tokenize(&state, texts, true)
+        .await?
+        .into_iter()
+        .map(EncoderText::from)
+        .collect();
+    let (logits, tokens) = run(&state, encoder, inputs).await?;
+    finished(&state, arrived, tokens);
+    let data: Vec<Value> = logits
+        .iter()
+        .enumerate()
+        .map(|(index, logits)| {
+            let probs = activated(classes, logits, request.use_activation);
+            let best = (0..probs.len())
+                .max_by(|&a, &b| probs[a].total_cmp(&probs[b]))
+                .unwrap_or(0);
+            json!({
+                "index": index,
+                "label": classes.labels.get(best),
+                "probs": probs,
+                "num_classes": probs.len(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": request_id("classify"),
+        "object": "list",
+        "created": now(),
+        "model": state.model_name,
+        "data": data,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
+    })))
+}
+
+/// Each pair's score and the tokens run: a cross-encoder's (activated
+/// unless `use_activation` is false) or the cosine similarity of an
+/// embedding model's two embeddings.
+async fn score_pairs(
+    state: &Arc<AppState>,
+    encoder: &EmbedderHandle,
+    pairs: Vec<(String, String)>,
+    use_activation: Option<bool>,
+) -> Result<(Vec<f32>, usize), ApiError> {
+    match encoder.head() {
+        Head::Classifier(classes) => {
+            if classes.labels.len() != 1 {
+                return Err(ApiError::invalid(
+                    format!(
+                        "`{}` classifies into {} classes; scoring needs a cross-encoder with one",
+                        state.model_name,
+                        classes.labels.len()
+                    ),
+                    Some("model"),
+                ));
+            }
+            let inputs = prompt::tokenize_pairs(state, pairs).await?;
+            let (logits, tokens) = run(state, encoder, inputs).await?;
+            let scores = logits
+                .iter()
+                .map(|l| activated(classes, l, use_activation)[0])
+                .collect();
+            Ok((scores, tokens))
+        }
+        Head::Pooling(_) => {
+            if use_activation.is_some() {
+                return Err(ApiError::invalid(
+                    "`use_activation` applies to cross-encoders; an embedding model scores by cosine similarity",
+                    Some("use_activation"),
+                ));
+            }
+            // Each distinct text is embedded once (a query against many
+            // documents is one query).
+            let mut index: HashMap<String, usize> = HashMap::new();
+            let mut texts = Vec::new();
+            let mut slot = |text: String| {
+                *index.entry(text.clone()).or_insert_with(|| {
+                    texts.push(text);
+                    texts.len() - 1
+                })
+            };
+            let slots: Vec<(usize, usize)> = pairs
+                .into_iter()
+                .map(|(first, second)| (slot(first), slot(second)))
+                .collect();
+            let inputs = prompt::tokenize(state, texts, true)
+                .await?
+                .into_iter()
+                .map(EncoderText::from)
+                .collect();
+            let (embeddings, tokens) = run(state, encoder, inputs).await?;
+            let scores = slots
+                .iter()
+                .map(|&(a, b)| cosine(&embeddings[a], &embeddings[b]))
+                .collect();
+            Ok((scores, tokens))
+        }
+    }
+}
+
+/// Runs checked inputs on the worker: the outputs and the tokens run.
+async fn run(
+    state: &AppState,
+    encoder: &EmbedderHandle,
+    inputs: Vec<EncoderText>,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    for (index, input) in inputs.iter().enumerate() {
+        prompt::check_vocabulary(state, &input.tokens, "input")?;
+        check_text(index, &input.tokens, encoder.max_tokens())
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
+    }
+    let tokens = inputs.iter().map(|i| i.tokens.len()).sum();
+    let outputs = encoder.run(inputs).await.map_err(|e| match &*e {
+        EmbedError::Invalid(message) => ApiError::invalid(message.clone(), Some("input")),
+        EmbedError::Step(_) | EmbedError::Stopped => ApiError::internal(e.to_string()),
+    })?;
+    Ok((outputs, tokens))
+}
+
+fn check_count(count: usize, param: &str) -> Result<(), ApiError> {
+    if count == 0 || count > MAX_INPUTS {
+        return Err(ApiError::invalid(
+            format!("give 1 to {MAX_INPUTS} texts, got {count}"),
+            Some(param),
+        ));
+    }
+    Ok(())
+}
+
+fn activated(classes: &Classes, logits: &[f32], use_activation: Option<bool>) -> Vec<f32> {
+    if use_activation.unwrap_or(true) {
+        classes.activation.apply(logits)
+    } else {
+        logits.to_vec()
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (norm(a) * norm(b)).max(f32::MIN_POSITIVE)
+}
+
+fn finished(state: &AppState, arrived: Instant, tokens: usize) {
+    state.metrics.finished(
+        FinishReason::Stop,
+        arrived.elapsed().as_secs_f64(),
+        tokens,
+        0,
+    );
+}

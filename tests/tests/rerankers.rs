@@ -1,0 +1,208 @@
+//! Sequence classifiers (cross-encoder rerankers and text classifiers)
+//! against references nobody here wrote: tiny random
+//! `BertForSequenceClassification` and `RobertaForSequenceClassification`
+//! checkpoint directories with their own tokenizers, against transformers'
+//! tokenizer ids and token types, its logits, and sentence-transformers'
+//! `CrossEncoder` scores; in process on the CPU and CUDA backends, and
+//! through `host serve`'s `/v1/score`, `/v1/rerank` and `/v1/classify` with
+//! the official `cohere` client and httpx. An embedding model scores by
+//! cosine similarity (checked against sentence-transformers' MiniLM
+//! embeddings). References come from
+//! `tests/fixtures/reference/gen_rerankers.py`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use kiln_host::embedding::{Embedder, EncoderText, Head, DEFAULT_BATCH_TOKENS};
+use kiln_tests::models::{cuda_test_device, load_model_on, minilm_dir, DeviceChoice, WeightDtype};
+use kiln_tests::serve::{python, run_client_script, Server};
+use kiln_tests::workspace_root;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Reference {
+    models: BTreeMap<String, ModelReference>,
+}
+
+#[derive(Deserialize)]
+struct ModelReference {
+    directory: String,
+    architecture: String,
+    labels: Vec<String>,
+    inputs: Vec<Input>,
+    cross_encoder_outputs: Vec<Vec<f32>>,
+}
+
+#[derive(Deserialize)]
+struct Input {
+    texts: Vec<String>,
+    ids: Vec<u32>,
+    token_types: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+const ATOL: f32 = 1e-4;
+
+fn reference_path() -> PathBuf {
+    workspace_root().join("tests/fixtures/reference/tiny_rerankers.json")
+}
+
+fn reference() -> Reference {
+    serde_json::from_str(&std::fs::read_to_string(reference_path()).unwrap()).unwrap()
+}
+
+fn model_dir(name: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures/reference").join(name)
+}
+
+fn close(actual: &[f32], expected: &[f32], what: &str) {
+    assert_eq!(actual.len(), expected.len(), "{what}");
+    for (a, e) in actual.iter().zip(expected) {
+        assert!((a - e).abs() <= ATOL, "{what}: {actual:?} vs {expected:?}");
+    }
+}
+
+/// Each tiny classifier, loaded from its directory like a user's: our
+/// tokenizer gives transformers' ids and token types for every pair and
+/// text, every input's logits match transformers' (all inputs in one ragged
+/// step, and each alone), and the cross-encoder's sigmoid scores match
+/// sentence-transformers' `CrossEncoder.predict`.
+#[test]
+fn tiny_classifiers_match_transformers() {
+    tiny_classifiers_match_transformers_on(DeviceChoice::Cpu);
+}
+
+/// The same on the CUDA backend (the kernel emulator in CI; a GPU with
+/// `KILN_TEST_CUDA_DEVICE`), with f32 weights.
+#[test]
+fn tiny_classifiers_match_transformers_on_cuda() {
+    tiny_classifiers_match_transformers_on(cuda_test_device());
+}
+
+fn tiny_classifiers_match_transformers_on(device: DeviceChoice) {
+    let reference = reference();
+    assert_eq!(reference.models.len(), 2);
+    for (name, expected) in &reference.models {
+        let model = load_model_on(
+            &workspace_root().join(&expected.directory),
+            device,
+            WeightDtype::Float32,
+        );
+        assert_eq!(model.architecture.info.name, expected.architecture);
+        assert!(
+            model.unused_tensors.is_empty(),
+            "{:?}",
+            model.unused_tensors
+        );
+        let tokenizer = model.tokenizer.clone().unwrap();
+        let inputs: Vec<EncoderText> = expected
+            .inputs
+            .iter()
+            .map(|input| {
+                let (tokens, token_types) = match input.texts.as_slice() {
+                    [first, second] => tokenizer.encode_pair(first, second).unwrap(),
+                    [text] => {
+                        let tokens = tokenizer.encode(text, true).unwrap();
+                        let types = vec![0; tokens.len()];
+                        (tokens, types)
+                    }
+                    other => panic!("{other:?}"),
+                };
+                assert_eq!(tokens, input.ids, "{name} {:?}", input.texts);
+                assert_eq!(token_types, input.token_types, "{name} {:?}", input.texts);
+                EncoderText {
+                    tokens,
+                    token_types,
+                }
+            })
+            .collect();
+        let embedder = Embedder::new(model, DEFAULT_BATCH_TOKENS).unwrap();
+        let Head::Classifier(classes) = embedder.head().clone() else {
+            panic!("{name} is a classifier");
+        };
+        assert_eq!(classes.labels, expected.labels);
+        assert_eq!(embedder.dimensions(), Some(expected.labels.len()));
+        let batched = embedder.run(&inputs).unwrap();
+        for (i, (input, logits)) in expected.inputs.iter().zip(&batched).enumerate() {
+            close(
+                logits,
+                &input.logits,
+                &format!("{name} input {i} in the batch"),
+            );
+            let alone = embedder.run(std::slice::from_ref(&inputs[i])).unwrap();
+            close(&alone[0], &input.logits, &format!("{name} input {i} alone"));
+        }
+        for (i, outputs) in expected.cross_encoder_outputs.iter().enumerate() {
+            let scores = if classes.labels.len() == 1 {
+                classes.activation.apply(&batched[i])
+            } else {
+                batched[i].clone()
+            };
+            close(&scores, outputs, &format!("{name} CrossEncoder output {i}"));
+        }
+    }
+}
+
+/// `host serve` of the tiny cross-encoder: `/v1/score` one-to-many and pair
+/// by pair, raw logits, `/v1/rerank` (and the Cohere SDK's v1 and v2
+/// clients), `/v1/classify`, and every refusal with its `param`.
+#[test]
+fn the_cross_encoder_scores_and_reranks_through_host_serve() {
+    let python = python().expect("the Python venv with `cohere` and `httpx` (run .ci/setup)");
+    let server = Server::start(
+        &model_dir("tiny_cross_encoder"),
+        &["--served-model-name", "reranker"],
+    );
+    run_client_script(
+        &server,
+        &python,
+        "rerank_client.py",
+        &["cross_encoder", reference_path().to_str().unwrap()],
+        &[
+            "score_one_to_many",
+            "score_pairs",
+            "raw_logits",
+            "rerank",
+            "cohere_v1",
+            "cohere_v2",
+            "concurrent",
+            "classify",
+            "errors",
+        ],
+    );
+}
+
+/// `host serve` of the tiny three-label RoBERTa classifier: `/v1/classify`
+/// gives softmax probabilities and the likeliest label; scoring refuses a
+/// model with more than one class.
+#[test]
+fn the_classifier_classifies_through_host_serve() {
+    let python = python().expect("the Python venv with `httpx` (run .ci/setup)");
+    let server = Server::start(
+        &model_dir("tiny_roberta_classifier"),
+        &["--served-model-name", "sentiment"],
+    );
+    run_client_script(
+        &server,
+        &python,
+        "rerank_client.py",
+        &["classifier", reference_path().to_str().unwrap()],
+        &["classify", "errors"],
+    );
+}
+
+/// An embedding model scores and reranks by the cosine similarity of
+/// sentence-transformers' embeddings.
+#[test]
+fn an_embedding_model_scores_by_cosine_similarity() {
+    let python = python().expect("the Python venv with `httpx` (run .ci/setup)");
+    let server = Server::start(&minilm_dir(), &["--served-model-name", "minilm"]);
+    let minilm = workspace_root().join("tests/fixtures/reference/minilm_embeddings.json");
+    run_client_script(
+        &server,
+        &python,
+        "rerank_client.py",
+        &["bi_encoder", minilm.to_str().unwrap()],
+        &["score_one_to_many", "rerank", "errors"],
+    );
+}
