@@ -80,6 +80,18 @@ def cross_encoder():
     close([d["score"] for d in reply["data"]], [inputs[(query, d)]["logits"][0] for d in documents], "logits")
     report("raw_logits")
 
+    # Pairs cut as transformers' `truncation=True, max_length=n` cuts them (longest first).
+    for cut in model["truncated"]:
+        if len(cut["texts"]) == 2:
+            reply = post("/v1/score", {"text_1": cut["texts"][0], "text_2": cut["texts"][1], "truncate_prompt_tokens": cut["max_tokens"]})
+            close([reply["data"][0]["score"]], [sigmoid(cut["logits"][0])], "truncated")
+            assert reply["usage"]["prompt_tokens"] == cut["max_tokens"], reply
+    long_query = " ".join([query] * 12)  # 84 tokens: every pair is cut to the 64 positions
+    reply = post("/v1/rerank", {"query": long_query, "documents": documents, "truncate_prompt_tokens": -1})
+    assert len(reply["results"]) == len(documents) and reply["usage"]["total_tokens"] == 64 * len(documents), reply
+    refused("/v1/rerank", {"query": long_query, "documents": documents}, "input", "tokens")
+    report("truncation")
+
     ranked = sorted(range(len(documents)), key=lambda i: -expected[i])
     reply = post("/v1/rerank", {"model": MODEL, "query": query, "documents": documents, "top_n": 3})
     assert [r["index"] for r in reply["results"]] == ranked[:3], (reply, ranked)
@@ -125,7 +137,8 @@ def cross_encoder():
     refused("/v1/rerank", {"query": query, "documents": documents, "max_tokens_per_doc": 8}, "max_tokens_per_doc", "max_tokens_per_doc")
     refused("/v1/score", {"text_1": ["a", "b"], "text_2": ["a", "b", "c"]}, "text_1", "`text_2` 3")
     refused("/v1/score", {"model": MODEL, "text_1": "a", "text_2": []}, "text_2", "got 0")
-    refused("/v1/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 4}, "truncate_prompt_tokens", "truncate_prompt_tokens")
+    for k, words in [(0, "-1 or positive"), (3, "3 special tokens"), (65, "64 tokens")]:
+        refused("/v1/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": k}, "truncate_prompt_tokens", words)
     refused("/v1/score", {"text_1": "a " * 70, "text_2": "b"}, "input", "tokens")
     refused("/v1/embeddings", {"model": MODEL, "input": "a"}, "model", "sequence-classification")
     refused("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, "model", "/v1/rerank")
@@ -149,6 +162,9 @@ def classifier():
     assert reply["usage"]["prompt_tokens"] == sum(len(t["ids"]) for t in texts), reply
     reply = post("/classify", {"input": texts[0]["texts"][0], "use_activation": False})
     close(reply["data"][0]["probs"], texts[0]["logits"], "raw logits")
+    cut = [c for c in model["truncated"] if len(c["texts"]) == 1][0]
+    reply = post("/v1/classify", {"input": cut["texts"], "truncate_prompt_tokens": cut["max_tokens"]})
+    close(reply["data"][0]["probs"], softmax(cut["logits"]), "truncated")
     report("classify")
     refused("/v1/score", {"text_1": "a", "text_2": "b"}, "model", "3 classes")
     refused("/v1/classify", {"input": "a", "temperature": 0.5}, "temperature", "temperature")

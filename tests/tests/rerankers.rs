@@ -30,12 +30,16 @@ struct ModelReference {
     architecture: String,
     labels: Vec<String>,
     inputs: Vec<Input>,
+    truncated: Vec<Input>,
     cross_encoder_outputs: Vec<Vec<f32>>,
 }
 
 #[derive(Deserialize)]
 struct Input {
     texts: Vec<String>,
+    /// Cut to this many tokens (the `truncated` inputs).
+    #[serde(default)]
+    max_tokens: Option<usize>,
     ids: Vec<u32>,
     token_types: Vec<u32>,
     logits: Vec<f32>,
@@ -64,9 +68,10 @@ fn close(actual: &[f32], expected: &[f32], what: &str) {
 
 /// Each tiny classifier, loaded from its directory like a user's: our
 /// tokenizer gives transformers' ids and token types for every pair and
-/// text, every input's logits match transformers' (all inputs in one ragged
-/// step, and each alone), and the cross-encoder's sigmoid scores match
-/// sentence-transformers' `CrossEncoder.predict`.
+/// text (whole, and cut to a number of tokens as transformers'
+/// `truncation=True` cuts them), every input's logits match transformers'
+/// (all inputs in one ragged step, and each alone), and the cross-encoder's
+/// sigmoid scores match sentence-transformers' `CrossEncoder.predict`.
 #[test]
 fn tiny_classifiers_match_transformers() {
     tiny_classifiers_match_transformers_on(DeviceChoice::Cpu);
@@ -95,18 +100,21 @@ fn tiny_classifiers_match_transformers_on(device: DeviceChoice) {
             model.unused_tensors
         );
         let tokenizer = model.tokenizer.clone().unwrap();
-        let inputs: Vec<EncoderText> = expected
-            .inputs
+        let all: Vec<&Input> = expected.inputs.iter().chain(&expected.truncated).collect();
+        let inputs: Vec<EncoderText> = all
             .iter()
             .map(|input| {
-                let (tokens, token_types) = match input.texts.as_slice() {
-                    [first, second] => tokenizer.encode_pair(first, second).unwrap(),
-                    [text] => {
+                let (tokens, token_types) = match (input.texts.as_slice(), input.max_tokens) {
+                    ([first, second], None) => tokenizer.encode_pair(first, second).unwrap(),
+                    ([text], None) => {
                         let tokens = tokenizer.encode(text, true).unwrap();
                         let types = vec![0; tokens.len()];
                         (tokens, types)
                     }
-                    other => panic!("{other:?}"),
+                    ([first, rest @ ..], Some(max)) => tokenizer
+                        .encode_truncated(first, rest.first().map(String::as_str), max)
+                        .unwrap(),
+                    (other, _) => panic!("{other:?}"),
                 };
                 assert_eq!(tokens, input.ids, "{name} {:?}", input.texts);
                 assert_eq!(token_types, input.token_types, "{name} {:?}", input.texts);
@@ -123,7 +131,8 @@ fn tiny_classifiers_match_transformers_on(device: DeviceChoice) {
         assert_eq!(classes.labels, expected.labels);
         assert_eq!(embedder.dimensions(), Some(expected.labels.len()));
         let batched = embedder.run(&inputs).unwrap();
-        for (i, (input, logits)) in expected.inputs.iter().zip(&batched).enumerate() {
+        assert_eq!(batched.len(), all.len());
+        for (i, (input, logits)) in all.iter().zip(&batched).enumerate() {
             close(
                 logits,
                 &input.logits,
@@ -162,6 +171,7 @@ fn the_cross_encoder_scores_and_reranks_through_host_serve() {
             "score_one_to_many",
             "score_pairs",
             "raw_logits",
+            "truncation",
             "rerank",
             "cohere_v1",
             "cohere_v2",

@@ -334,24 +334,35 @@ pub async fn tokenize(
     .await
 }
 
-/// Token ids and types of each pair of texts, read together as a cross-
-/// encoder reads them ([`crate::tokenizer::Tokenizer::encode_pair`]).
-pub async fn tokenize_pairs(
+/// An encoder's inputs: each a text, or a pair of texts read together as a
+/// cross-encoder reads them ([`crate::tokenizer::Tokenizer::encode_pair`]),
+/// cut to `truncate` tokens when given
+/// ([`crate::tokenizer::Tokenizer::encode_truncated`]).
+pub async fn encoder_inputs(
     state: &Arc<AppState>,
-    pairs: Vec<(String, String)>,
+    texts: Vec<(String, Option<String>)>,
+    truncate: Option<usize>,
 ) -> Result<Vec<EncoderText>, ApiError> {
-    for (first, second) in &pairs {
-        check_size(state, first.len() + second.len(), "input")?;
+    for (first, second) in &texts {
+        check_size(
+            state,
+            first.len() + second.as_ref().map_or(0, String::len),
+            "input",
+        )?;
     }
     let state = state.clone();
     off_the_async_threads(move || {
-        pairs
+        texts
             .iter()
             .map(|(first, second)| {
-                let (tokens, token_types) = state
-                    .tokenizer
-                    .encode_pair(first, second)
-                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                let tokenizer = &state.tokenizer;
+                let encoded = match (second, truncate) {
+                    (_, Some(max)) => tokenizer.encode_truncated(first, second.as_deref(), max),
+                    (Some(second), None) => tokenizer.encode_pair(first, second),
+                    (None, None) => tokenizer.encode(first, true).map(|ids| (ids, Vec::new())),
+                };
+                let (tokens, token_types) =
+                    encoded.map_err(|e| ApiError::internal(e.to_string()))?;
                 Ok(EncoderText {
                     tokens,
                     token_types,

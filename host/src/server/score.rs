@@ -44,7 +44,14 @@ impl Texts {
     }
 }
 
-const SCORE_FIELDS: &[&str] = &["model", "text_1", "text_2", "use_activation", "user"];
+const SCORE_FIELDS: &[&str] = &[
+    "model",
+    "text_1",
+    "text_2",
+    "use_activation",
+    "truncate_prompt_tokens",
+    "user",
+];
 
 #[derive(Deserialize)]
 struct ScoreRequest {
@@ -54,6 +61,8 @@ struct ScoreRequest {
     text_2: Texts,
     #[serde(default)]
     use_activation: Option<bool>,
+    #[serde(default)]
+    truncate_prompt_tokens: Option<i64>,
 }
 
 const RERANK_FIELDS: &[&str] = &[
@@ -63,6 +72,7 @@ const RERANK_FIELDS: &[&str] = &[
     "top_n",
     "return_documents",
     "use_activation",
+    "truncate_prompt_tokens",
     "user",
 ];
 
@@ -78,6 +88,8 @@ struct RerankRequest {
     return_documents: Option<bool>,
     #[serde(default)]
     use_activation: Option<bool>,
+    #[serde(default)]
+    truncate_prompt_tokens: Option<i64>,
 }
 
 /// A document: its text, or Cohere's `{"text": …}`.
@@ -88,7 +100,13 @@ enum Document {
     Object { text: String },
 }
 
-const CLASSIFY_FIELDS: &[&str] = &["model", "input", "use_activation", "user"];
+const CLASSIFY_FIELDS: &[&str] = &[
+    "model",
+    "input",
+    "use_activation",
+    "truncate_prompt_tokens",
+    "user",
+];
 
 #[derive(Deserialize)]
 struct ClassifyRequest {
@@ -97,6 +115,8 @@ struct ClassifyRequest {
     input: Texts,
     #[serde(default)]
     use_activation: Option<bool>,
+    #[serde(default)]
+    truncate_prompt_tokens: Option<i64>,
 }
 
 /// Reads a body whose fields must all be in `fields`, and checks `model`.
@@ -156,7 +176,14 @@ pub async fn score(
         }
     };
     check_count(pairs.len(), "text_2")?;
-    let (scores, tokens) = score_pairs(&state, encoder, pairs, request.use_activation).await?;
+    let (scores, tokens) = score_pairs(
+        &state,
+        encoder,
+        pairs,
+        request.use_activation,
+        request.truncate_prompt_tokens,
+    )
+    .await?;
     finished(&state, arrived, tokens);
     let data: Vec<Value> = scores
         .iter()
@@ -196,7 +223,14 @@ pub async fn rerank(
         .iter()
         .map(|d| (request.query.clone(), d.clone()))
         .collect();
-    let (scores, tokens) = score_pairs(&state, encoder, pairs, request.use_activation).await?;
+    let (scores, tokens) = score_pairs(
+        &state,
+        encoder,
+        pairs,
+        request.use_activation,
+        request.truncate_prompt_tokens,
+    )
+    .await?;
     finished(&state, arrived, tokens);
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
@@ -244,11 +278,9 @@ pub async fn classify(
     })?;
     let texts = request.input.into_vec();
     check_count(texts.len(), "input")?;
-    let inputs: Vec<EncoderText> = prompt::tokenize(&state, texts, true)
-        .await?
-        .into_iter()
-        .map(EncoderText::from)
-        .collect();
+    let truncate = truncation(&state, encoder, request.truncate_prompt_tokens, false)?;
+    let texts = texts.into_iter().map(|text| (text, None)).collect();
+    let inputs = prompt::encoder_inputs(&state, texts, truncate).await?;
     let (logits, tokens) = run(&state, encoder, inputs).await?;
     finished(&state, arrived, tokens);
     let data: Vec<Value> = logits
@@ -279,12 +311,14 @@ pub async fn classify(
 
 /// Each pair's score and the tokens run: a cross-encoder's (activated
 /// unless `use_activation` is false) or the cosine similarity of an
-/// embedding model's two embeddings.
+/// embedding model's two embeddings; inputs cut as `truncate_prompt_tokens`
+/// says.
 async fn score_pairs(
     state: &Arc<AppState>,
     encoder: &EmbedderHandle,
     pairs: Vec<(String, String)>,
     use_activation: Option<bool>,
+    truncate_prompt_tokens: Option<i64>,
 ) -> Result<(Vec<f32>, usize), ApiError> {
     match encoder.head() {
         Head::Classifier(classes) => {
@@ -298,7 +332,9 @@ async fn score_pairs(
                     Some("model"),
                 ));
             }
-            let inputs = prompt::tokenize_pairs(state, pairs).await?;
+            let truncate = truncation(state, encoder, truncate_prompt_tokens, true)?;
+            let pairs = pairs.into_iter().map(|(a, b)| (a, Some(b))).collect();
+            let inputs = prompt::encoder_inputs(state, pairs, truncate).await?;
             let (logits, tokens) = run(state, encoder, inputs).await?;
             let scores = logits
                 .iter()
@@ -327,11 +363,9 @@ async fn score_pairs(
                 .into_iter()
                 .map(|(first, second)| (slot(first), slot(second)))
                 .collect();
-            let inputs = prompt::tokenize(state, texts, true)
-                .await?
-                .into_iter()
-                .map(EncoderText::from)
-                .collect();
+            let truncate = truncation(state, encoder, truncate_prompt_tokens, false)?;
+            let texts = texts.into_iter().map(|text| (text, None)).collect();
+            let inputs = prompt::encoder_inputs(state, texts, truncate).await?;
             let (embeddings, tokens) = run(state, encoder, inputs).await?;
             let scores = slots
                 .iter()
@@ -359,6 +393,45 @@ async fn run(
         EmbedError::Step(_) | EmbedError::Stopped => ApiError::internal(e.to_string()),
     })?;
     Ok((outputs, tokens))
+}
+
+/// vLLM's `truncate_prompt_tokens` as the tokens each input is cut to:
+/// -1 is the model's length, `k` is `k` (at most the model's length, and
+/// more than the special tokens a text, or a `pair`, gets).
+fn truncation(
+    state: &AppState,
+    encoder: &EmbedderHandle,
+    requested: Option<i64>,
+    pair: bool,
+) -> Result<Option<usize>, ApiError> {
+    let Some(requested) = requested else {
+        return Ok(None);
+    };
+    let (max, special) = (
+        encoder.max_tokens(),
+        state.tokenizer.added_special_tokens(pair),
+    );
+    let refuse = |message: String| Err(ApiError::invalid(message, Some("truncate_prompt_tokens")));
+    let tokens = match requested {
+        -1 => max,
+        k if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        k => {
+            return refuse(format!(
+                "`truncate_prompt_tokens` must be -1 or positive, got {k}"
+            ))
+        }
+    };
+    if tokens > max {
+        return refuse(format!(
+            "`truncate_prompt_tokens` ({tokens}) is more than this model's {max} tokens"
+        ));
+    }
+    if tokens <= special {
+        return refuse(format!(
+            "`truncate_prompt_tokens` ({tokens}) leaves no room besides the {special} special tokens"
+        ));
+    }
+    Ok(Some(tokens))
 }
 
 fn check_count(count: usize, param: &str) -> Result<(), ApiError> {

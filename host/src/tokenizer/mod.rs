@@ -259,6 +259,48 @@ impl Tokenizer {
             .map_err(|e| TokenizerError::backend("cannot encode a pair of texts", e))
     }
 
+    /// The special tokens the post-processor adds to one text, or to a pair.
+    pub fn added_special_tokens(&self, pair: bool) -> usize {
+        use tokenizers::PostProcessor as _;
+        self.inner
+            .get_post_processor()
+            .map_or(0, |processor| processor.added_tokens(pair))
+    }
+
+    /// The ids and token types of `first` (and `second`, as a pair) with
+    /// special tokens, cut to `max_tokens` in all as transformers'
+    /// `tokenizer(a, b, truncation=True, max_length=n)` cuts them: the
+    /// longer text loses its last tokens first. `max_tokens` must leave room
+    /// for a token besides the [special ones](Self::added_special_tokens).
+    pub fn encode_truncated(
+        &self,
+        first: &str,
+        second: Option<&str>,
+        max_tokens: usize,
+    ) -> Result<(Vec<u32>, Vec<u32>), TokenizerError> {
+        use tokenizers::utils::truncation::{truncate_encodings, TruncationParams};
+        let raw = |text: &str| {
+            self.inner
+                .encode_fast(text, false)
+                .map_err(|e| TokenizerError::backend("cannot encode text", e))
+        };
+        let (first, second) = (raw(first)?, second.map(raw).transpose()?);
+        let params = TruncationParams {
+            max_length: max_tokens.saturating_sub(self.added_special_tokens(second.is_some())),
+            ..TruncationParams::default()
+        };
+        let (first, second) = truncate_encodings(first, second, &params)
+            .map_err(|e| TokenizerError::backend("cannot truncate", e))?;
+        let encoding = self
+            .inner
+            .post_process(first, second, true)
+            .map_err(|e| TokenizerError::backend("cannot add the special tokens", e))?;
+        Ok((
+            encoding.get_ids().to_vec(),
+            encoding.get_type_ids().to_vec(),
+        ))
+    }
+
     /// The text for `ids`, optionally leaving out special tokens.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
         let text = self
