@@ -386,6 +386,49 @@ mod tests {
     }
 
     #[test]
+    fn classifier_heads_take_the_head_names() {
+        assert_eq!(
+            bert_classifier_hf_name("bert.pooler.dense.weight").as_deref(),
+            Some("classifier.dense.weight")
+        );
+        assert_eq!(
+            bert_classifier_hf_name("classifier.bias").as_deref(),
+            Some("classifier.out_proj.bias")
+        );
+        assert_eq!(
+            bert_classifier_hf_name("bert.encoder.layer.1.output.dense.bias").as_deref(),
+            Some("encoder.layer.1.output.dense.bias")
+        );
+        assert_eq!(
+            roberta_classifier_hf_name("classifier.out_proj.weight").as_deref(),
+            Some("classifier.out_proj.weight")
+        );
+        let names: Vec<String> = {
+            use kiln_plugin_api::nn::Module;
+            SequenceClassifier::new(&bert_params(&minilm()).unwrap(), 1)
+                .raw_state_dict()
+                .into_keys()
+                .collect()
+        };
+        assert_eq!(names.len(), 5 + 6 * 16 + 4);
+        assert!(names.contains(&"classifier.out_proj.weight".to_owned()));
+    }
+
+    #[test]
+    fn labels_come_from_id2label_then_num_labels() {
+        let mut config = minilm();
+        assert_eq!(num_labels(&config).unwrap(), 2);
+        config["num_labels"] = json!(5);
+        assert_eq!(num_labels(&config).unwrap(), 5);
+        config["id2label"] = json!({"0": "LABEL_0"});
+        assert_eq!(num_labels(&config).unwrap(), 1);
+        config["id2label"] = json!({});
+        assert!(num_labels(&config).is_err());
+        config["id2label"] = json!(["a"]);
+        assert!(num_labels(&config).is_err());
+    }
+
+    #[test]
     fn unsupported_switches_are_refused_by_name() {
         for (key, value) in [
             ("is_decoder", json!(true)),
