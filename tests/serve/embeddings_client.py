@@ -83,6 +83,22 @@ worst = worst_cosine([r.data[0].embedding for r in replies], ref["embeddings"][:
 assert worst >= 0.9999, worst
 report("concurrent", requests=len(replies), worst_cosine=worst)
 
+# vLLM's truncate_prompt_tokens: a text cut to k tokens as transformers'
+# `truncation=True, max_length=k` cuts it (its first k - 1 ids and [SEP]),
+# and a text too long for the model cut to the model's 256 with -1.
+longest = max(range(len(ref["ids"])), key=lambda i: len(ref["ids"][i]))
+ids, k = ref["ids"][longest], 9
+reply = client.embeddings.create(
+    model=MODEL, input=ref["sentences"][longest], encoding_format="float", extra_body={"truncate_prompt_tokens": k}
+)
+assert reply.usage.prompt_tokens == k, reply.usage
+cut = client.embeddings.create(model=MODEL, input=[ids[: k - 1] + ids[-1:]], encoding_format="float")
+worst = worst_cosine([reply.data[0].embedding], [cut.data[0].embedding])
+assert worst >= 0.999999, worst
+reply = client.embeddings.create(model=MODEL, input="word " * 400, extra_body={"truncate_prompt_tokens": -1})
+assert reply.usage.prompt_tokens == 256, reply.usage
+report("truncation", worst_cosine=worst)
+
 
 def refused(param, **kwargs):
     try:
@@ -99,6 +115,8 @@ messages = {
     "format": refused("encoding_format", input="hi", encoding_format="int8"),
     "dimensions": refused("dimensions", input="hi", dimensions=16),
     "too_long": refused("input", input="word " * 400),
+    "truncate_ids": refused("truncate_prompt_tokens", input=[[101, 102]], extra_body={"truncate_prompt_tokens": 2}),
+    "truncate_past_model": refused("truncate_prompt_tokens", input="hi", extra_body={"truncate_prompt_tokens": 257}),
     "empty": refused("input", input=[]),
     "out_of_vocabulary": refused("input", input=[[1, 2, 10**6]]),
 }

@@ -223,6 +223,7 @@ fn the_openai_client_embeds_through_host_serve() {
             "client_default",
             "token_ids",
             "concurrent",
+            "truncation",
             "errors",
         ],
     );

@@ -189,7 +189,8 @@ impl Embedder {
 }
 
 /// Checks one tokenized text (input `index`): not empty, at most
-/// `max_tokens` long. Texts are refused, never truncated.
+/// `max_tokens` long. Texts are refused here, never truncated (the server
+/// cuts them first when a request asks).
 pub fn check_text(index: usize, tokens: &[u32], max_tokens: usize) -> Result<(), EmbedError> {
     if tokens.is_empty() || tokens.len() > max_tokens {
         return Err(EmbedError::Invalid(format!(

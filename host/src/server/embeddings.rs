@@ -11,13 +11,20 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::openai::{check_only_fields, ApiError, Prompt};
-use super::{check_model, prompt, AppState, Served};
+use super::{check_model, prompt, score, AppState, Served};
 use crate::embedding::{check_text, EmbedError, EncoderText, Head};
 use crate::engine::service::{EngineObserver, FinishReason};
 
 /// The fields this endpoint honours. `user` identifies the caller to the
 /// operator and changes no output.
-const FIELDS: &[&str] = &["model", "input", "encoding_format", "dimensions", "user"];
+const FIELDS: &[&str] = &[
+    "model",
+    "input",
+    "encoding_format",
+    "dimensions",
+    "truncate_prompt_tokens",
+    "user",
+];
 
 /// The most inputs in one request (OpenAI's limit).
 const MAX_INPUTS: usize = 2048;
@@ -30,6 +37,8 @@ struct EmbeddingRequest {
     encoding_format: Option<String>,
     #[serde(default)]
     dimensions: Option<usize>,
+    #[serde(default)]
+    truncate_prompt_tokens: Option<i64>,
 }
 
 /// The handler.
@@ -87,11 +96,18 @@ pub async fn embeddings(
             ));
         }
     }
+    let truncate = score::truncation(&state, embedder, request.truncate_prompt_tokens, false)?;
     let inputs = match request.input {
+        Prompt::Ids(_) | Prompt::IdLists(_) if truncate.is_some() => {
+            return Err(ApiError::invalid(
+                "`truncate_prompt_tokens` cuts texts; token ids are embedded as given",
+                Some("truncate_prompt_tokens"),
+            ))
+        }
         Prompt::Ids(ids) => vec![ids],
         Prompt::IdLists(lists) => lists,
-        Prompt::Text(text) => prompt::tokenize(&state, vec![text], true).await?,
-        Prompt::Texts(texts) => prompt::tokenize(&state, texts, true).await?,
+        Prompt::Text(text) => token_ids(&state, vec![text], truncate).await?,
+        Prompt::Texts(texts) => token_ids(&state, texts, truncate).await?,
     };
     for (index, ids) in inputs.iter().enumerate() {
         prompt::check_vocabulary(&state, ids, "input")?;
@@ -131,4 +147,19 @@ pub async fn embeddings(
         "model": state.model_name,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     })))
+}
+
+/// Each text's token ids with special tokens, cut to `truncate` tokens when
+/// given.
+async fn token_ids(
+    state: &Arc<AppState>,
+    texts: Vec<String>,
+    truncate: Option<usize>,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let texts = texts.into_iter().map(|text| (text, None)).collect();
+    Ok(prompt::encoder_inputs(state, texts, truncate)
+        .await?
+        .into_iter()
+        .map(|input| input.tokens)
+        .collect())
 }

@@ -398,7 +398,7 @@ async fn run(
 /// vLLM's `truncate_prompt_tokens` as the tokens each input is cut to:
 /// -1 is the model's length, `k` is `k` (at most the model's length, and
 /// more than the special tokens a text, or a `pair`, gets).
-fn truncation(
+pub(super) fn truncation(
     state: &AppState,
     encoder: &EmbedderHandle,
     requested: Option<i64>,
