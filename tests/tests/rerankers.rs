@@ -152,6 +152,54 @@ fn tiny_classifiers_match_transformers_on(device: DeviceChoice) {
     }
 }
 
+/// `XLMRobertaForSequenceClassification` (bge-reranker-v2-m3's
+/// architecture) is RoBERTa's classifier under another name: the tiny
+/// RoBERTa checkpoint declared as XLM-RoBERTa loads through that
+/// registration and gives transformers' logits (the generator checks that
+/// transformers' XLM-RoBERTa class gives the same).
+#[test]
+fn xlm_roberta_classifiers_load_as_roberta_ones() {
+    let reference = reference();
+    let expected = &reference.models["tiny_roberta_classifier"];
+    let dir = tempfile::tempdir().unwrap();
+    let source = workspace_root().join(&expected.directory);
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config_path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["architectures"] = serde_json::json!(["XLMRobertaForSequenceClassification"]);
+    config["model_type"] = serde_json::json!("xlm-roberta");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let model = load_model_on(dir.path(), DeviceChoice::Cpu, WeightDtype::Float32);
+    assert_eq!(
+        model.architecture.info.name,
+        "XLMRobertaForSequenceClassification"
+    );
+    assert!(
+        model.unused_tensors.is_empty(),
+        "{:?}",
+        model.unused_tensors
+    );
+    let inputs: Vec<EncoderText> = expected
+        .inputs
+        .iter()
+        .map(|input| EncoderText {
+            tokens: input.ids.clone(),
+            token_types: input.token_types.clone(),
+        })
+        .collect();
+    let logits = Embedder::new(model, DEFAULT_BATCH_TOKENS)
+        .unwrap()
+        .run(&inputs)
+        .unwrap();
+    for (i, (input, logits)) in expected.inputs.iter().zip(&logits).enumerate() {
+        close(logits, &input.logits, &format!("XLM-RoBERTa input {i}"));
+    }
+}
+
 /// `host serve` of the tiny cross-encoder: `/v1/score` one-to-many and pair
 /// by pair, raw logits, `/v1/rerank` (and the Cohere SDK's v1 and v2
 /// clients), `/v1/classify`, and every refusal with its `param`.
