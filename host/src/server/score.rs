@@ -44,52 +44,49 @@ impl Texts {
     }
 }
 
-const SCORE_FIELDS: &[&str] = &[
-    "model",
-    "text_1",
-    "text_2",
-    "use_activation",
-    "truncate_prompt_tokens",
-    "user",
-];
+/// The fields every scoring endpoint honours, besides its own.
+const COMMON_FIELDS: &[&str] = &["model", "use_activation", "truncate_prompt_tokens", "user"];
 
+/// A request: the common fields and the endpoint's own (`T`).
 #[derive(Deserialize)]
-struct ScoreRequest {
+struct Request<T> {
+    #[serde(flatten)]
+    common: Common,
+    #[serde(flatten)]
+    fields: T,
+}
+
+/// The fields every scoring endpoint shares.
+#[derive(Deserialize)]
+struct Common {
     #[serde(default)]
     model: Option<String>,
-    text_1: Texts,
-    text_2: Texts,
+    /// vLLM's: the classifier's activation (default true), else logits.
     #[serde(default)]
     use_activation: Option<bool>,
+    /// vLLM's: cut each input to this many tokens (-1: the model's length).
     #[serde(default)]
     truncate_prompt_tokens: Option<i64>,
 }
 
-const RERANK_FIELDS: &[&str] = &[
-    "model",
-    "query",
-    "documents",
-    "top_n",
-    "return_documents",
-    "use_activation",
-    "truncate_prompt_tokens",
-    "user",
-];
+const SCORE_FIELDS: &[&str] = &["text_1", "text_2"];
 
 #[derive(Deserialize)]
-struct RerankRequest {
-    #[serde(default)]
-    model: Option<String>,
+struct ScoreFields {
+    text_1: Texts,
+    text_2: Texts,
+}
+
+const RERANK_FIELDS: &[&str] = &["query", "documents", "top_n", "return_documents"];
+
+#[derive(Deserialize)]
+struct RerankFields {
     query: String,
     documents: Vec<Document>,
     #[serde(default)]
     top_n: Option<usize>,
     #[serde(default)]
     return_documents: Option<bool>,
-    #[serde(default)]
-    use_activation: Option<bool>,
-    #[serde(default)]
-    truncate_prompt_tokens: Option<i64>,
 }
 
 /// A document: its text, or Cohere's `{"text": …}`.
@@ -100,37 +97,25 @@ enum Document {
     Object { text: String },
 }
 
-const CLASSIFY_FIELDS: &[&str] = &[
-    "model",
-    "input",
-    "use_activation",
-    "truncate_prompt_tokens",
-    "user",
-];
+const CLASSIFY_FIELDS: &[&str] = &["input"];
 
 #[derive(Deserialize)]
-struct ClassifyRequest {
-    #[serde(default)]
-    model: Option<String>,
+struct ClassifyFields {
     input: Texts,
-    #[serde(default)]
-    use_activation: Option<bool>,
-    #[serde(default)]
-    truncate_prompt_tokens: Option<i64>,
 }
 
-/// Reads a body whose fields must all be in `fields`, and checks `model`.
+/// Reads a body whose fields must all be the common ones or in `fields`,
+/// and checks `model`.
 fn read<T: serde::de::DeserializeOwned>(
     state: &AppState,
     body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
     fields: &[&str],
-    model: impl FnOnce(&T) -> Option<&str>,
-) -> Result<T, ApiError> {
+) -> Result<Request<T>, ApiError> {
     let Json(body) = body.map_err(|e| ApiError::invalid(e.body_text(), None))?;
-    check_only_fields(&body, fields)?;
-    let request: T = serde_json::from_value(body)
+    check_only_fields(&body, &[fields, COMMON_FIELDS].concat())?;
+    let request: Request<T> = serde_json::from_value(body)
         .map_err(|e| ApiError::invalid(format!("invalid request: {e}"), None))?;
-    if let Some(name) = model(&request) {
+    if let Some(name) = &request.common.model {
         check_model(state, name)?;
     }
     Ok(request)
@@ -158,10 +143,11 @@ pub async fn score(
 ) -> Result<Json<Value>, ApiError> {
     let arrived = Instant::now();
     let encoder = encoder(&state, "/v1/score")?;
-    let request: ScoreRequest = read(&state, body, SCORE_FIELDS, |r: &ScoreRequest| {
-        r.model.as_deref()
-    })?;
-    let (firsts, seconds) = (request.text_1.into_vec(), request.text_2.into_vec());
+    let request: Request<ScoreFields> = read(&state, body, SCORE_FIELDS)?;
+    let (firsts, seconds) = (
+        request.fields.text_1.into_vec(),
+        request.fields.text_2.into_vec(),
+    );
     let pairs: Vec<(String, String)> = match (firsts.len(), seconds.len()) {
         (1, _) => seconds
             .into_iter()
@@ -175,16 +161,8 @@ pub async fn score(
             ))
         }
     };
-    check_count(pairs.len(), "text_2")?;
-    let (scores, tokens) = score_pairs(
-        &state,
-        encoder,
-        pairs,
-        request.use_activation,
-        request.truncate_prompt_tokens,
-    )
-    .await?;
-    finished(&state, arrived, tokens);
+    let (scores, tokens) =
+        score_pairs(&state, encoder, pairs, "text_2", &request.common, arrived).await?;
     let data: Vec<Value> = scores
         .iter()
         .enumerate()
@@ -208,37 +186,27 @@ pub async fn rerank(
 ) -> Result<Json<Value>, ApiError> {
     let arrived = Instant::now();
     let encoder = encoder(&state, "/v1/rerank")?;
-    let request: RerankRequest = read(&state, body, RERANK_FIELDS, |r: &RerankRequest| {
-        r.model.as_deref()
-    })?;
-    let documents: Vec<String> = request
+    let Request { common, fields } = read::<RerankFields>(&state, body, RERANK_FIELDS)?;
+    let documents: Vec<String> = fields
         .documents
         .into_iter()
         .map(|d| match d {
             Document::Text(text) | Document::Object { text } => text,
         })
         .collect();
-    check_count(documents.len(), "documents")?;
     let pairs = documents
         .iter()
-        .map(|d| (request.query.clone(), d.clone()))
+        .map(|d| (fields.query.clone(), d.clone()))
         .collect();
-    let (scores, tokens) = score_pairs(
-        &state,
-        encoder,
-        pairs,
-        request.use_activation,
-        request.truncate_prompt_tokens,
-    )
-    .await?;
-    finished(&state, arrived, tokens);
+    let (scores, tokens) =
+        score_pairs(&state, encoder, pairs, "documents", &common, arrived).await?;
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-    let keep = match request.top_n {
+    let keep = match fields.top_n {
         Some(n) if n > 0 => n.min(order.len()),
         _ => order.len(),
     };
-    let with_documents = request.return_documents.unwrap_or(true);
+    let with_documents = fields.return_documents.unwrap_or(true);
     let results: Vec<Value> = order[..keep]
         .iter()
         .map(|&index| {
@@ -273,12 +241,10 @@ pub async fn classify(
             Some("model"),
         ));
     };
-    let request: ClassifyRequest = read(&state, body, CLASSIFY_FIELDS, |r: &ClassifyRequest| {
-        r.model.as_deref()
-    })?;
-    let texts = request.input.into_vec();
+    let Request { common, fields } = read::<ClassifyFields>(&state, body, CLASSIFY_FIELDS)?;
+    let texts = fields.input.into_vec();
     check_count(texts.len(), "input")?;
-    let truncate = truncation(&state, encoder, request.truncate_prompt_tokens, false)?;
+    let truncate = truncation(&state, encoder, common.truncate_prompt_tokens, false)?;
     let texts = texts.into_iter().map(|text| (text, None)).collect();
     let inputs = prompt::encoder_inputs(&state, texts, truncate).await?;
     let (logits, tokens) = run(&state, encoder, inputs).await?;
@@ -287,7 +253,7 @@ pub async fn classify(
         .iter()
         .enumerate()
         .map(|(index, logits)| {
-            let probs = activated(classes, logits, request.use_activation);
+            let probs = activated(classes, logits, common.use_activation);
             let best = (0..probs.len())
                 .max_by(|&a, &b| probs[a].total_cmp(&probs[b]))
                 .unwrap_or(0);
@@ -312,15 +278,20 @@ pub async fn classify(
 /// Each pair's score and the tokens run: a cross-encoder's (activated
 /// unless `use_activation` is false) or the cosine similarity of an
 /// embedding model's two embeddings; inputs cut as `truncate_prompt_tokens`
-/// says.
+/// says. `param` names the pairs' field in errors; the request that
+/// `arrived` is counted in the metrics.
 async fn score_pairs(
     state: &Arc<AppState>,
     encoder: &EmbedderHandle,
     pairs: Vec<(String, String)>,
-    use_activation: Option<bool>,
-    truncate_prompt_tokens: Option<i64>,
+    param: &str,
+    common: &Common,
+    arrived: Instant,
 ) -> Result<(Vec<f32>, usize), ApiError> {
-    match encoder.head() {
+    check_count(pairs.len(), param)?;
+    let (use_activation, truncate_prompt_tokens) =
+        (common.use_activation, common.truncate_prompt_tokens);
+    let (scores, tokens) = match encoder.head() {
         Head::Classifier(classes) => {
             if classes.labels.len() != 1 {
                 return Err(ApiError::invalid(
@@ -340,7 +311,7 @@ async fn score_pairs(
                 .iter()
                 .map(|l| activated(classes, l, use_activation)[0])
                 .collect();
-            Ok((scores, tokens))
+            (scores, tokens)
         }
         Head::Pooling(_) => {
             if use_activation.is_some() {
@@ -371,9 +342,11 @@ async fn score_pairs(
                 .iter()
                 .map(|&(a, b)| cosine(&embeddings[a], &embeddings[b]))
                 .collect();
-            Ok((scores, tokens))
+            (scores, tokens)
         }
-    }
+    };
+    finished(state, arrived, tokens);
+    Ok((scores, tokens))
 }
 
 /// Runs checked inputs on the worker: the outputs and the tokens run.
