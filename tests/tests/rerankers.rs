@@ -264,3 +264,33 @@ fn an_embedding_model_scores_by_cosine_similarity() {
         &["score_one_to_many", "rerank", "errors"],
     );
 }
+
+/// A token type past the model's segments (a tokenizer that marks a pair's
+/// second text for a model with one segment) fails the step with an error,
+/// on the CPU and the CUDA backend, instead of reading past the table.
+#[test]
+fn token_types_past_the_model_are_an_error() {
+    let reference = reference();
+    let expected = &reference.models["tiny_roberta_classifier"];
+    for device in [DeviceChoice::Cpu, cuda_test_device()] {
+        let model = load_model_on(
+            &workspace_root().join(&expected.directory),
+            device,
+            WeightDtype::Float32,
+        );
+        let embedder = Embedder::new(model, DEFAULT_BATCH_TOKENS).unwrap();
+        let input = &expected.inputs[0];
+        let mut token_types = vec![0; input.ids.len()];
+        *token_types.last_mut().unwrap() = 1;
+        let text = EncoderText {
+            tokens: input.ids.clone(),
+            token_types,
+        };
+        let error = embedder.run(&[text]).unwrap_err().to_string();
+        let expected = match device {
+            DeviceChoice::Cpu => "token id 1 is outside the vocabulary of 1",
+            _ => "an index (a token id or a gathered row) was out of range",
+        };
+        assert!(error.contains(expected), "{device:?}: {error}");
+    }
+}

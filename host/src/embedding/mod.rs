@@ -113,12 +113,21 @@ impl Embedder {
                 ))
             }
         };
-        Ok(Self {
+        let embedder = Self {
             model,
             head,
             max_tokens,
             batch_tokens: batch_tokens.max(max_tokens),
-        })
+        };
+        if let (Head::Classifier(classes), Some(width)) = (&embedder.head, embedder.dimensions()) {
+            if classes.labels.len() != width {
+                return Err(format!(
+                    "config.json names {} labels, but the graph gives {width} logits per text",
+                    classes.labels.len()
+                ));
+            }
+        }
+        Ok(embedder)
     }
 
     /// What the output is made into.

@@ -1,5 +1,7 @@
 //! `POST /v1/embeddings` (OpenAI's shape): a text, texts, or token ids in;
-//! one vector each out, as floats or base64 little-endian float32.
+//! one vector each out, as floats or base64 little-endian float32. Also
+//! what the scoring endpoints share with it: texts to encoder inputs, vLLM's
+//! `truncate_prompt_tokens`, and checked runs on the encoder worker.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,7 +13,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::openai::{check_only_fields, ApiError, Prompt};
-use super::{check_model, prompt, score, AppState, Served};
+use super::{check_model, prompt, AppState, Served};
+use crate::embedding::service::EmbedderHandle;
 use crate::embedding::{check_text, EmbedError, EncoderText, Head};
 use crate::engine::service::{EngineObserver, FinishReason};
 
@@ -96,7 +99,7 @@ pub async fn embeddings(
             ));
         }
     }
-    let truncate = score::truncation(&state, embedder, request.truncate_prompt_tokens, false)?;
+    let truncate = truncation(&state, embedder, request.truncate_prompt_tokens, false)?;
     let inputs = match request.input {
         Prompt::Ids(_) | Prompt::IdLists(_) if truncate.is_some() => {
             return Err(ApiError::invalid(
@@ -104,30 +107,13 @@ pub async fn embeddings(
                 Some("truncate_prompt_tokens"),
             ))
         }
-        Prompt::Ids(ids) => vec![ids],
-        Prompt::IdLists(lists) => lists,
-        Prompt::Text(text) => token_ids(&state, vec![text], truncate).await?,
-        Prompt::Texts(texts) => token_ids(&state, texts, truncate).await?,
+        Prompt::Ids(ids) => vec![EncoderText::from(ids)],
+        Prompt::IdLists(lists) => lists.into_iter().map(EncoderText::from).collect(),
+        Prompt::Text(text) => text_inputs(&state, vec![text], truncate).await?,
+        Prompt::Texts(texts) => text_inputs(&state, texts, truncate).await?,
     };
-    for (index, ids) in inputs.iter().enumerate() {
-        prompt::check_vocabulary(&state, ids, "input")?;
-        check_text(index, ids, embedder.max_tokens())
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
-    }
-    let prompt_tokens: usize = inputs.iter().map(Vec::len).sum();
-    let vectors = embedder
-        .run(inputs.into_iter().map(EncoderText::from).collect())
-        .await
-        .map_err(|e| match &*e {
-            EmbedError::Invalid(message) => ApiError::invalid(message.clone(), Some("input")),
-            EmbedError::Step(_) | EmbedError::Stopped => ApiError::internal(e.to_string()),
-        })?;
-    state.metrics.finished(
-        FinishReason::Stop,
-        arrived.elapsed().as_secs_f64(),
-        prompt_tokens,
-        0,
-    );
+    let (vectors, prompt_tokens) = run_encoder(&state, embedder, inputs).await?;
+    count_finished(&state, arrived, prompt_tokens);
     let data: Vec<Value> = vectors
         .iter()
         .enumerate()
@@ -149,17 +135,82 @@ pub async fn embeddings(
     })))
 }
 
-/// Each text's token ids with special tokens, cut to `truncate` tokens when
+/// Each text's input with special tokens, cut to `truncate` tokens when
 /// given.
-async fn token_ids(
+pub(super) async fn text_inputs(
     state: &Arc<AppState>,
     texts: Vec<String>,
     truncate: Option<usize>,
-) -> Result<Vec<Vec<u32>>, ApiError> {
+) -> Result<Vec<EncoderText>, ApiError> {
     let texts = texts.into_iter().map(|text| (text, None)).collect();
-    Ok(prompt::encoder_inputs(state, texts, truncate)
-        .await?
-        .into_iter()
-        .map(|input| input.tokens)
-        .collect())
+    prompt::encoder_inputs(state, texts, truncate).await
+}
+
+/// Runs inputs on the encoder worker once each is checked (in the
+/// vocabulary, within the model's length): the outputs and the tokens run.
+pub(super) async fn run_encoder(
+    state: &AppState,
+    encoder: &EmbedderHandle,
+    inputs: Vec<EncoderText>,
+) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
+    for (index, input) in inputs.iter().enumerate() {
+        prompt::check_vocabulary(state, &input.tokens, "input")?;
+        check_text(index, &input.tokens, encoder.max_tokens())
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
+    }
+    let tokens = inputs.iter().map(|i| i.tokens.len()).sum();
+    let outputs = encoder.run(inputs).await.map_err(|e| match &*e {
+        EmbedError::Invalid(message) => ApiError::invalid(message.clone(), Some("input")),
+        EmbedError::Step(_) | EmbedError::Stopped => ApiError::internal(e.to_string()),
+    })?;
+    Ok((outputs, tokens))
+}
+
+/// Counts a request that `arrived` and ran `tokens` in the metrics.
+pub(super) fn count_finished(state: &AppState, arrived: Instant, tokens: usize) {
+    state.metrics.finished(
+        FinishReason::Stop,
+        arrived.elapsed().as_secs_f64(),
+        tokens,
+        0,
+    );
+}
+
+/// vLLM's `truncate_prompt_tokens` as the tokens each input is cut to:
+/// -1 is the model's length, `k` is `k` (at most the model's length, and
+/// more than the special tokens a text, or a `pair`, gets).
+pub(super) fn truncation(
+    state: &AppState,
+    encoder: &EmbedderHandle,
+    requested: Option<i64>,
+    pair: bool,
+) -> Result<Option<usize>, ApiError> {
+    let Some(requested) = requested else {
+        return Ok(None);
+    };
+    let (max, special) = (
+        encoder.max_tokens(),
+        state.tokenizer.added_special_tokens(pair),
+    );
+    let refuse = |message: String| Err(ApiError::invalid(message, Some("truncate_prompt_tokens")));
+    let tokens = match requested {
+        -1 => max,
+        k if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        k => {
+            return refuse(format!(
+                "`truncate_prompt_tokens` must be -1 or positive, got {k}"
+            ))
+        }
+    };
+    if tokens > max {
+        return refuse(format!(
+            "`truncate_prompt_tokens` ({tokens}) is more than this model's {max} tokens"
+        ));
+    }
+    if tokens <= special {
+        return refuse(format!(
+            "`truncate_prompt_tokens` ({tokens}) leaves no room besides the {special} special tokens"
+        ));
+    }
+    Ok(Some(tokens))
 }

@@ -18,11 +18,11 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::embeddings::{count_finished, run_encoder, text_inputs, truncation};
 use super::openai::{check_only_fields, ApiError};
 use super::{check_model, now, prompt, request_id, AppState, Served};
 use crate::embedding::service::EmbedderHandle;
-use crate::embedding::{check_text, Classes, EmbedError, EncoderText, Head};
-use crate::engine::service::{EngineObserver, FinishReason};
+use crate::embedding::{Classes, Head};
 
 /// The most texts or pairs in one request.
 const MAX_INPUTS: usize = 2048;
@@ -122,7 +122,7 @@ fn read<T: serde::de::DeserializeOwned>(
 }
 
 /// The encoder worker, or a 400 naming what `endpoint` needs.
-fn encoder<'a>(state: &'a AppState, endpoint: &str) -> Result<&'a EmbedderHandle, ApiError> {
+fn encoder_worker<'a>(state: &'a AppState, endpoint: &str) -> Result<&'a EmbedderHandle, ApiError> {
     match &state.served {
         Served::Embedder(handle) => Ok(handle),
         Served::Generator(_) => Err(ApiError::invalid(
@@ -142,7 +142,7 @@ pub async fn score(
     body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let arrived = Instant::now();
-    let encoder = encoder(&state, "/v1/score")?;
+    let encoder = encoder_worker(&state, "/v1/score")?;
     let request: Request<ScoreFields> = read(&state, body, SCORE_FIELDS)?;
     let (firsts, seconds) = (
         request.fields.text_1.into_vec(),
@@ -185,7 +185,7 @@ pub async fn rerank(
     body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let arrived = Instant::now();
-    let encoder = encoder(&state, "/v1/rerank")?;
+    let encoder = encoder_worker(&state, "/v1/rerank")?;
     let Request { common, fields } = read::<RerankFields>(&state, body, RERANK_FIELDS)?;
     let documents: Vec<String> = fields
         .documents
@@ -231,7 +231,7 @@ pub async fn classify(
     body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let arrived = Instant::now();
-    let encoder = encoder(&state, "/v1/classify")?;
+    let encoder = encoder_worker(&state, "/v1/classify")?;
     let Head::Classifier(classes) = encoder.head() else {
         return Err(ApiError::invalid(
             format!(
@@ -245,10 +245,9 @@ pub async fn classify(
     let texts = fields.input.into_vec();
     check_count(texts.len(), "input")?;
     let truncate = truncation(&state, encoder, common.truncate_prompt_tokens, false)?;
-    let texts = texts.into_iter().map(|text| (text, None)).collect();
-    let inputs = prompt::encoder_inputs(&state, texts, truncate).await?;
-    let (logits, tokens) = run(&state, encoder, inputs).await?;
-    finished(&state, arrived, tokens);
+    let inputs = text_inputs(&state, texts, truncate).await?;
+    let (logits, tokens) = run_encoder(&state, encoder, inputs).await?;
+    count_finished(&state, arrived, tokens);
     let data: Vec<Value> = logits
         .iter()
         .enumerate()
@@ -306,7 +305,7 @@ async fn score_pairs(
             let truncate = truncation(state, encoder, truncate_prompt_tokens, true)?;
             let pairs = pairs.into_iter().map(|(a, b)| (a, Some(b))).collect();
             let inputs = prompt::encoder_inputs(state, pairs, truncate).await?;
-            let (logits, tokens) = run(state, encoder, inputs).await?;
+            let (logits, tokens) = run_encoder(state, encoder, inputs).await?;
             let scores = logits
                 .iter()
                 .map(|l| activated(classes, l, use_activation)[0])
@@ -324,20 +323,21 @@ async fn score_pairs(
             // documents is one query).
             let mut index: HashMap<String, usize> = HashMap::new();
             let mut texts = Vec::new();
-            let mut slot = |text: String| {
-                *index.entry(text.clone()).or_insert_with(|| {
+            let mut slot = |text: String| match index.get(&text) {
+                Some(&slot) => slot,
+                None => {
+                    index.insert(text.clone(), texts.len());
                     texts.push(text);
                     texts.len() - 1
-                })
+                }
             };
             let slots: Vec<(usize, usize)> = pairs
                 .into_iter()
                 .map(|(first, second)| (slot(first), slot(second)))
                 .collect();
             let truncate = truncation(state, encoder, truncate_prompt_tokens, false)?;
-            let texts = texts.into_iter().map(|text| (text, None)).collect();
-            let inputs = prompt::encoder_inputs(state, texts, truncate).await?;
-            let (embeddings, tokens) = run(state, encoder, inputs).await?;
+            let inputs = text_inputs(state, texts, truncate).await?;
+            let (embeddings, tokens) = run_encoder(state, encoder, inputs).await?;
             let scores = slots
                 .iter()
                 .map(|&(a, b)| cosine(&embeddings[a], &embeddings[b]))
@@ -345,66 +345,8 @@ async fn score_pairs(
             (scores, tokens)
         }
     };
-    finished(state, arrived, tokens);
+    count_finished(state, arrived, tokens);
     Ok((scores, tokens))
-}
-
-/// Runs checked inputs on the worker: the outputs and the tokens run.
-async fn run(
-    state: &AppState,
-    encoder: &EmbedderHandle,
-    inputs: Vec<EncoderText>,
-) -> Result<(Vec<Vec<f32>>, usize), ApiError> {
-    for (index, input) in inputs.iter().enumerate() {
-        prompt::check_vocabulary(state, &input.tokens, "input")?;
-        check_text(index, &input.tokens, encoder.max_tokens())
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
-    }
-    let tokens = inputs.iter().map(|i| i.tokens.len()).sum();
-    let outputs = encoder.run(inputs).await.map_err(|e| match &*e {
-        EmbedError::Invalid(message) => ApiError::invalid(message.clone(), Some("input")),
-        EmbedError::Step(_) | EmbedError::Stopped => ApiError::internal(e.to_string()),
-    })?;
-    Ok((outputs, tokens))
-}
-
-/// vLLM's `truncate_prompt_tokens` as the tokens each input is cut to:
-/// -1 is the model's length, `k` is `k` (at most the model's length, and
-/// more than the special tokens a text, or a `pair`, gets).
-pub(super) fn truncation(
-    state: &AppState,
-    encoder: &EmbedderHandle,
-    requested: Option<i64>,
-    pair: bool,
-) -> Result<Option<usize>, ApiError> {
-    let Some(requested) = requested else {
-        return Ok(None);
-    };
-    let (max, special) = (
-        encoder.max_tokens(),
-        state.tokenizer.added_special_tokens(pair),
-    );
-    let refuse = |message: String| Err(ApiError::invalid(message, Some("truncate_prompt_tokens")));
-    let tokens = match requested {
-        -1 => max,
-        k if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
-        k => {
-            return refuse(format!(
-                "`truncate_prompt_tokens` must be -1 or positive, got {k}"
-            ))
-        }
-    };
-    if tokens > max {
-        return refuse(format!(
-            "`truncate_prompt_tokens` ({tokens}) is more than this model's {max} tokens"
-        ));
-    }
-    if tokens <= special {
-        return refuse(format!(
-            "`truncate_prompt_tokens` ({tokens}) leaves no room besides the {special} special tokens"
-        ));
-    }
-    Ok(Some(tokens))
 }
 
 fn check_count(count: usize, param: &str) -> Result<(), ApiError> {
@@ -429,13 +371,4 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
     dot / (norm(a) * norm(b)).max(f32::MIN_POSITIVE)
-}
-
-fn finished(state: &AppState, arrived: Instant, tokens: usize) {
-    state.metrics.finished(
-        FinishReason::Stop,
-        arrived.elapsed().as_secs_f64(),
-        tokens,
-        0,
-    );
 }
