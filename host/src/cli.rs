@@ -403,6 +403,14 @@ pub struct RuntimeArgs {
     /// that has any (llama.cpp's `--check-tensors`).
     #[arg(long)]
     pub check_weights: bool,
+
+    /// What the model is run as (vLLM's flag): `pooling` runs a Llama,
+    /// Mistral, Qwen2 or Qwen3 checkpoint as an embedding model (the final
+    /// hidden state of each text's last token, pooled and normalized as its
+    /// sentence-transformers files say: Qwen3-Embedding, gte-Qwen2,
+    /// e5-mistral); `host embed` implies it.
+    #[arg(long, value_enum, default_value_t = crate::model::Runner::Auto)]
+    pub runner: crate::model::Runner,
 }
 
 /// Parses sizes like `4096`, `512MiB`, `2GiB`, `1.5GB`.

@@ -224,6 +224,10 @@ pub struct SupportedArchitecture {
     pub pipeline: Option<Box<dyn PipelineModel>>,
     /// What the server should know (since 1.1); `None` lets the host decide.
     pub serving: Option<Box<ServingFn>>,
+    /// The other tasks the graph entry point builds for when a
+    /// [`GraphRequest::task`] asks (since 1.8); a request for any other task
+    /// is answered `unsupported` before the graph entry point is called.
+    pub converts_to: Vec<Task>,
 }
 
 impl SupportedArchitecture {
@@ -244,6 +248,7 @@ impl SupportedArchitecture {
             weight_adapters: Vec::new(),
             pipeline: None,
             serving: None,
+            converts_to: Vec::new(),
         }
     }
 
@@ -315,6 +320,20 @@ impl SupportedArchitecture {
         self
     }
 
+    /// Declares the other tasks its graph entry point builds for (since
+    /// 1.8), reading [`GraphRequest::task`]: e.g. [`Task::Embeddings`] for a
+    /// decoder whose graph gives hidden states when asked.
+    pub fn converts_to(mut self, tasks: impl IntoIterator<Item = Task>) -> Self {
+        self.converts_to = tasks.into_iter().collect();
+        self
+    }
+
+    /// Whether a graph request for `task` (`None`: the architecture's own)
+    /// may reach the graph entry point.
+    pub fn builds_for(&self, task: Option<Task>) -> bool {
+        task.is_none_or(|task| task == self.info.task || self.converts_to.contains(&task))
+    }
+
     /// Sets the serving-defaults entry point (since 1.1), e.g. the tool-call
     /// parser the family's models need.
     pub fn with_serving_defaults(
@@ -342,6 +361,7 @@ impl fmt::Debug for SupportedArchitecture {
             )
             .field("custom_pipeline", &self.pipeline.is_some())
             .field("serving_defaults", &self.serving.is_some())
+            .field("converts_to", &self.converts_to)
             .finish()
     }
 }

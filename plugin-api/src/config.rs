@@ -48,6 +48,22 @@ pub struct GraphRequest {
     /// declarations (for inspection without a checkpoint).
     #[serde(default)]
     pub state_dict: Option<crate::nn::StateDict>,
+    /// The task the host runs the model for, when it is not the
+    /// architecture's own (since 1.8; `None`: its own). Only a task the
+    /// architecture [converts to](crate::SupportedArchitecture::converts_to)
+    /// reaches its graph entry point: [`Task::Embeddings`](crate::Task) asks
+    /// a text-generation architecture for its final hidden states (after
+    /// the final norm) at the logits rows instead of logits, as vLLM's
+    /// `--runner pooling` turns a causal LM into an embedding model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<crate::Task>,
+}
+
+impl GraphRequest {
+    /// Whether the host asks for hidden states rather than logits.
+    pub fn wants_hidden_states(&self) -> bool {
+        self.task == Some(crate::Task::Embeddings)
+    }
 }
 
 /// The per-layer shape of the key/value cache.

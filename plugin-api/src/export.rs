@@ -180,6 +180,12 @@ fn dispatch(entry: Entry, arch: &SupportedArchitecture, request: &[u8]) -> Resul
             let build = arch.graph.as_ref().ok_or_else(unsupported)?;
             let request: GraphRequest = serde_json::from_slice(request)
                 .map_err(|e| Error::invalid(format!("malformed graph request: {e}")))?;
+            if let Some(task) = request.task.filter(|&task| !arch.builds_for(Some(task))) {
+                return Err(Error::unsupported(format!(
+                    "architecture `{}` ({}) cannot be run for {task}",
+                    arch.info.name, arch.info.task
+                )));
+            }
             Ok(build(&request)?.to_bytes())
         }
         Entry::AdaptWeights => {

@@ -138,6 +138,16 @@ pub fn load_model_on(
     device: DeviceChoice,
     dtype: WeightDtype,
 ) -> kiln_host::model::Model {
+    load_model_as(path, device, dtype, Default::default()).unwrap()
+}
+
+/// [`load_model_on`], run as `runner` says (`--runner`).
+pub fn load_model_as(
+    path: &Path,
+    device: DeviceChoice,
+    dtype: WeightDtype,
+    runner: kiln_host::model::Runner,
+) -> Result<kiln_host::model::Model, kiln_host::model::ModelError> {
     let registry = kiln_host::plugins::ArchitectureRegistry::load(&[]).unwrap();
     let resolved = kiln_host::model::resolve(path.to_str().unwrap(), None, None).unwrap();
     let options = kiln_host::model::LoadOptions {
@@ -152,8 +162,9 @@ pub fn load_model_on(
         check_weights: false,
         gemv_splits: Default::default(),
         dense_rows: None,
+        runner,
     };
-    kiln_host::model::load(&registry, resolved, &options).unwrap()
+    kiln_host::model::load(&registry, resolved, &options)
 }
 
 /// The real SmolLM2-135M GGUF that `.ci/setup` fetches (or
@@ -197,6 +208,7 @@ pub fn shape_options(device: DeviceChoice) -> kiln_host::model::LoadOptions {
         check_weights: false,
         gemv_splits: Default::default(),
         dense_rows: None,
+        runner: Default::default(),
     }
 }
 

@@ -193,10 +193,18 @@ fn host_embed_prints_sentence_transformers_vectors() {
         let c = cosine(&vector, &reference.embeddings[i]);
         assert!(c >= MIN_COSINE, "line {i}: cosine {c}");
     }
-    // A text generation model is refused with a clear message.
+    // A text generation model run as one is refused with a clear message
+    // (without `--runner generate`, `host embed` pools a decoder's states).
     let smollm2 = kiln_tests::models::smollm2_gguf().expect("SmolLM2 (run .ci/setup)");
     let output = run_host(
-        ["embed", "--model", smollm2.to_str().unwrap(), "hello"],
+        [
+            "embed",
+            "--runner",
+            "generate",
+            "--model",
+            smollm2.to_str().unwrap(),
+            "hello",
+        ],
         &[],
     );
     let (_, stderr) = kiln_tests::text(&output);

@@ -8,6 +8,7 @@ use kiln_plugin_api::Task;
 
 use crate::cli::EmbedArgs;
 use crate::embedding::{Embedder, DEFAULT_BATCH_TOKENS};
+use crate::model::Runner;
 
 /// Loads the embedding model and embeds the texts.
 pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
@@ -24,13 +25,18 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
             text.lines().map(str::to_owned).collect()
         }
     };
-    let model = super::load_model(&args.load)?;
+    // `host embed` runs a decoder as an embedding model unasked.
+    let runner = match args.load.runtime.runner {
+        Runner::Auto => Runner::Pooling,
+        chosen => chosen,
+    };
+    let model = super::load_model_as(&args.load, runner)?;
     let tokenizer = model
         .tokenizer
         .clone()
         .context("the model has no tokenizer (tokenizer.json)")?;
     let info = &model.architecture.info;
-    match info.task {
+    match model.task {
         Task::Embeddings => {}
         Task::SequenceClassification => anyhow::bail!(
             "`{}` is a sequence classification model, not an embedding model: serve it for /v1/score, /v1/rerank and /v1/classify",

@@ -118,6 +118,7 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
                     config,
                     weights_format: Some(checkpoint.format),
                     state_dict: None,
+                    task: None,
                 })?
                 .weights;
             report.expected = expected

@@ -38,6 +38,7 @@ pub fn inspect_graph(args: &InspectGraphArgs) -> anyhow::Result<()> {
         config,
         weights_format: None,
         state_dict: None,
+        task: None,
     })?;
     let mut out = format!("{graph}\n");
     if args.compiled {

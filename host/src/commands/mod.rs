@@ -39,12 +39,20 @@ fn write_stdout(text: &str) -> anyhow::Result<()> {
 
 /// Loads the model `args` names with its plugins and runtime options.
 fn load_model(args: &LoadArgs) -> anyhow::Result<Model> {
+    load_model_as(args, args.runtime.runner)
+}
+
+/// [`load_model`], run as `runner` says.
+fn load_model_as(args: &LoadArgs, runner: crate::model::Runner) -> anyhow::Result<Model> {
     let LoadArgs {
         model,
         plugins,
         runtime,
     } = args;
-    let options = load_options(runtime)?;
+    let options = LoadOptions {
+        runner,
+        ..load_options(runtime)?
+    };
     anyhow::ensure!(
         options.device != crate::device::DeviceChoice::CudaNull,
         "--device cuda-null runs no kernels, so its outputs mean nothing: only `host benchmark` \
@@ -83,5 +91,6 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
         check_weights: runtime.check_weights,
         gemv_splits: Default::default(),
         dense_rows: None,
+        runner: runtime.runner,
     })
 }

@@ -55,7 +55,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let template_source = given_template
         .as_deref()
         .or(tokenizer.chat_template_source());
-    let encoder = model.architecture.info.task != Task::TextGeneration;
+    let encoder = model.task != Task::TextGeneration;
     let tool_format = if encoder {
         None
     } else {

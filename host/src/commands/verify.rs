@@ -64,7 +64,7 @@ pub fn verify(args: &VerifyArgs) -> anyhow::Result<()> {
         Reference::Embeddings(texts) => return verify_embeddings(args, tolerance, texts),
     };
     let model = super::load_model(&args.load)?;
-    match model.architecture.info.task {
+    match model.task {
         Task::TextGeneration => {}
         Task::Embeddings => bail!(
             "{} is an embedding model: its reference holds `<text>.ids.json` and \
@@ -317,12 +317,17 @@ fn verify_embeddings(
     if let Some((flag, _)) = logits_only.iter().find(|(_, given)| *given) {
         bail!("{flag} applies to logits references; this reference holds embeddings");
     }
-    let model = super::load_model(&args.load)?;
+    // A decoder's embeddings are checked as `host embed` makes them.
+    let runner = match args.load.runtime.runner {
+        crate::model::Runner::Auto => crate::model::Runner::Pooling,
+        chosen => chosen,
+    };
+    let model = super::load_model_as(&args.load, runner)?;
     let (name, architecture) = (
         model.resolved.name.clone(),
         model.architecture.info.name.clone(),
     );
-    if model.architecture.info.task != Task::Embeddings {
+    if model.task != Task::Embeddings {
         bail!("the reference holds embeddings, but {architecture} is not an embedding model");
     }
     let embedder =

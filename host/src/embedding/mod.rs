@@ -7,12 +7,15 @@ pub mod classes;
 pub mod pooling;
 pub mod service;
 
+mod decoder;
+
 use kiln_plugin_api::pipeline::{StepBatch, StepSequence};
 use kiln_plugin_api::Task;
 
 use crate::engine::batch::{run_encoder_step, StepError};
 use crate::model::Model;
 pub use classes::{Activation, Classes};
+use decoder::DecoderCache;
 pub use pooling::{Pooling, PoolingMode};
 
 /// Tokens per encoder step of `host embed`.
@@ -77,8 +80,8 @@ impl std::fmt::Display for Head {
     }
 }
 
-/// A loaded encoder model (embeddings or sequence classification) with what
-/// its output is made into.
+/// A loaded encoder model (embeddings or sequence classification), or a
+/// decoder run as an embedding model, with what its output is made into.
 pub struct Embedder {
     model: Model,
     head: Head,
@@ -86,17 +89,32 @@ pub struct Embedder {
     max_tokens: usize,
     /// Tokens per step.
     batch_tokens: usize,
+    /// A decoder's KV cache, which its steps' attention reads.
+    decoder: Option<DecoderCache>,
 }
 
 impl Embedder {
     /// Wraps `model`: an embedding model with the pooling its directory
     /// describes, or a sequence classifier with the classes its config
     /// names. Refuses a text generation model.
+    /// A decoder (`--runner pooling`) embeds texts of at most `batch_tokens`
+    /// tokens, the size of its cache.
     pub fn new(model: Model, batch_tokens: usize) -> Result<Self, String> {
+        let is_decoder = model.architecture.info.task == Task::TextGeneration;
         let model_max = model.config.max_seq_len as usize;
-        let (head, max_tokens) = match model.architecture.info.task {
+        let model_max = if is_decoder {
+            model_max.min(batch_tokens)
+        } else {
+            model_max
+        };
+        let (head, max_tokens) = match model.task {
             Task::Embeddings => {
-                let pooling = Pooling::from_dir(model.resolved.dir.as_deref())?;
+                let default = if is_decoder {
+                    Pooling::default_for_decoders
+                } else {
+                    Pooling::default_for_encoders
+                };
+                let pooling = Pooling::from_dir(model.resolved.dir.as_deref(), default)?;
                 let max = pooling
                     .max_seq_length
                     .map_or(model_max, |n| n.min(model_max));
@@ -113,11 +131,17 @@ impl Embedder {
                 ))
             }
         };
+        let decoder = if is_decoder {
+            Some(DecoderCache::new(&model, batch_tokens).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
         let embedder = Self {
             model,
             head,
             max_tokens,
             batch_tokens: batch_tokens.max(max_tokens),
+            decoder,
         };
         if let (Head::Classifier(classes), Some(width)) = (&embedder.head, embedder.dimensions()) {
             if classes.labels.len() != width {
@@ -172,21 +196,31 @@ impl Embedder {
             check_text(index, &text.tokens, self.max_tokens)?;
         }
         let mut outputs = Vec::with_capacity(texts.len());
+        let max_texts = self
+            .decoder
+            .as_ref()
+            .map_or(usize::MAX, |_| decoder::MAX_TEXTS);
         let mut start = 0;
         while start < texts.len() {
             let mut end = start;
             let mut tokens = 0;
             while end < texts.len()
-                && (end == start || tokens + texts[end].tokens.len() <= self.batch_tokens)
+                && (end == start
+                    || (tokens + texts[end].tokens.len() <= self.batch_tokens
+                        && end - start < max_texts))
             {
                 tokens += texts[end].tokens.len();
                 end += 1;
             }
-            let states = run_encoder_step(
-                self.model.backend.as_ref(),
-                &self.model.pipeline,
-                &encoder_batch(&texts[start..end]),
-            )?;
+            let batch = &texts[start..end];
+            let states = match &self.decoder {
+                Some(cache) => cache.run(&self.model, batch, self.rows_pooled())?,
+                None => run_encoder_step(
+                    self.model.backend.as_ref(),
+                    &self.model.pipeline,
+                    &encoder_batch(batch),
+                )?,
+            };
             outputs.extend(states.into_iter().map(|mut rows| match &self.head {
                 Head::Pooling(pooling) => pooling.pool(&rows),
                 Head::Classifier(_) => rows.swap_remove(0),
@@ -194,6 +228,17 @@ impl Embedder {
             start = end;
         }
         Ok(outputs)
+    }
+}
+
+impl Embedder {
+    /// Whether pooling reads every token's state, not only the last one's
+    /// (a decoder's step then returns them all).
+    fn rows_pooled(&self) -> bool {
+        match &self.head {
+            Head::Pooling(pooling) => pooling.modes.iter().any(|m| *m != PoolingMode::LastToken),
+            Head::Classifier(_) => false,
+        }
     }
 }
 

@@ -68,12 +68,24 @@ impl Pooling {
         }
     }
 
-    /// The pooling `dir`'s sentence-transformers files describe, or the
-    /// default without them. Modules that change the vectors and are not
+    /// What a decoder run as an embedding model gets without
+    /// sentence-transformers files (a GGUF file, say): the last token,
+    /// normalized (vLLM's default for decoders, and Qwen3-Embedding's).
+    pub fn default_for_decoders() -> Self {
+        Self {
+            modes: vec![PoolingMode::LastToken],
+            normalize: true,
+            max_seq_length: None,
+            source: "default (last token, normalized; the model has no modules.json)",
+        }
+    }
+
+    /// The pooling `dir`'s sentence-transformers files describe, or
+    /// `default` without them. Modules that change the vectors and are not
     /// implemented (a `Dense` projection, say) are refused by name.
-    pub fn from_dir(dir: Option<&Path>) -> Result<Self, String> {
+    pub fn from_dir(dir: Option<&Path>, default: fn() -> Self) -> Result<Self, String> {
         let Some(dir) = dir.filter(|d| d.join("modules.json").is_file()) else {
-            return Ok(Self::default_for_encoders());
+            return Ok(default());
         };
         let modules: Value = read_json(&dir.join("modules.json"))?;
         let modules = modules
@@ -217,7 +229,7 @@ mod tests {
             "sentence_bert_config.json",
             r#"{"max_seq_length": 256}"#,
         );
-        let pooling = Pooling::from_dir(Some(dir.path())).unwrap();
+        let pooling = Pooling::from_dir(Some(dir.path()), Pooling::default_for_encoders).unwrap();
         assert_eq!(pooling.modes, [PoolingMode::Cls, PoolingMode::Mean]);
         assert!(pooling.normalize);
         assert_eq!(pooling.max_seq_length, Some(256));
@@ -268,13 +280,13 @@ mod tests {
             r#"[{"path":"","type":"sentence_transformers.models.Transformer"},
                 {"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#,
         );
-        let error = Pooling::from_dir(Some(dir.path())).unwrap_err();
+        let error = Pooling::from_dir(Some(dir.path()), Pooling::default_for_encoders).unwrap_err();
         assert!(
             error.contains("sentence_transformers.models.Dense"),
             "{error}"
         );
         assert_eq!(
-            Pooling::from_dir(None).unwrap(),
+            Pooling::from_dir(None, Pooling::default_for_encoders).unwrap(),
             Pooling::default_for_encoders()
         );
     }

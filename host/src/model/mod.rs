@@ -2,13 +2,14 @@
 //! architecture's weight adapter, its graph built, compiled and loaded.
 
 pub mod resolve;
+pub mod runner;
 pub mod sanity;
 pub mod synthetic;
 
 use std::sync::Arc;
 
 use kiln_plugin_api::graph::Device;
-use kiln_plugin_api::{ArchConfig, ConfigRequest, GraphRequest, WeightsFormat};
+use kiln_plugin_api::{ArchConfig, ConfigRequest, GraphRequest, Task, WeightsFormat};
 
 use crate::checkpoint::{self, BoundWeights, Checkpoint, CheckpointError, TensorBytes};
 use crate::compiler::{CompileCache, CompileError, CompileOutcome};
@@ -21,6 +22,7 @@ use crate::runtime::cuda::{
 use crate::runtime::{Backend, Executor, KvCacheDtype, Precision, RuntimeError};
 use crate::tokenizer::{tokenizer_from_gguf, GgufVocab, Tokenizer, TokenizerError};
 pub use resolve::{resolve, ResolvedModel};
+pub use runner::Runner;
 
 /// Why a model could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +94,8 @@ pub struct LoadOptions {
     /// Where dense bf16 products of 3 to 64 rows run on a CUDA device
     /// (`None`: `KILN_DENSE_ROWS`, else cuBLAS).
     pub dense_rows: Option<DenseRows>,
+    /// What the model is run as (`--runner`).
+    pub runner: Runner,
 }
 
 /// A loaded model.
@@ -100,6 +104,9 @@ pub struct Model {
     pub resolved: ResolvedModel,
     /// Its architecture.
     pub architecture: Architecture,
+    /// What it is run for: its architecture's own task, or embeddings for a
+    /// decoder run with `--runner pooling`.
+    pub task: Task,
     /// The Hugging Face shaped config it was built from.
     pub hf_config: serde_json::Value,
     /// The architecture's parsed config.
@@ -257,6 +264,7 @@ impl Model {
     ) -> Self {
         let Compiled {
             architecture,
+            task,
             config,
             unused_tensors,
             compile,
@@ -266,6 +274,7 @@ impl Model {
         Model {
             resolved,
             architecture,
+            task,
             hf_config,
             config,
             unused_tensors,
@@ -280,6 +289,7 @@ impl Model {
 /// What [`load`] builds from the checkpoint apart from the tokenizer.
 struct Compiled {
     architecture: Architecture,
+    task: Task,
     config: ArchConfig,
     unused_tensors: Vec<String>,
     compile: CompileOutcome,
@@ -296,11 +306,20 @@ fn compile(
     format: WeightsFormat,
     options: &LoadOptions,
 ) -> Result<Compiled, ModelError> {
+    let own = architecture.info.task;
+    let task = options
+        .runner
+        .task(&architecture.info.name, own)
+        .map_err(ModelError::Unsupported)?;
     let graph = architecture.build_graph(&GraphRequest {
         config: config.clone(),
         weights_format: Some(format),
         state_dict: Some(bound.state_dict.clone()),
+        task: (task != own).then_some(task),
     })?;
+    if task != own {
+        runner::check_hidden_output(&graph, &config.model).map_err(ModelError::Unsupported)?;
+    }
     let (program, compile) = options.compile_cache.get_or_compile(&graph, Device::Cpu)?;
     let program = Arc::new(program);
     let backend: Box<dyn Backend> =
@@ -347,6 +366,7 @@ fn compile(
     let pipeline = Pipeline::for_architecture(&architecture)?;
     Ok(Compiled {
         architecture,
+        task,
         config,
         unused_tensors: bound.unused,
         compile,

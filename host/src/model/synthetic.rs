@@ -170,6 +170,7 @@ pub fn load(
         config: config.clone(),
         weights_format: Some(format),
         state_dict: None,
+        task: None,
     })?;
     let vocab = hf_config
         .get("vocab_size")

@@ -248,17 +248,27 @@ impl Transformer {
     /// Logits `[R, vocab]` for the rows `batch.logit_rows` (usually each
     /// sequence's last token).
     pub fn forward(&self, batch: &RaggedBatch) -> TensorValue {
+        logits(
+            &final_states(&self.last_layer(batch), batch, &self.norm),
+            self.lm_head.as_ref(),
+            &self.embed_tokens,
+        )
+    }
+
+    /// The final hidden states `[R, hidden]` (after the final norm) of the
+    /// rows `batch.logit_rows`, where [`Transformer::forward`] applies the LM
+    /// head (since 1.8: an embedding model's output, with no `lm_head`).
+    pub fn hidden_states(&self, batch: &RaggedBatch) -> TensorValue {
+        final_states(&self.last_layer(batch), batch, &self.norm)
+    }
+
+    /// The residual stream after the last layer, `[T, hidden]`.
+    fn last_layer(&self, batch: &RaggedBatch) -> TensorValue {
         let mut h = embed(&self.embed_tokens, self.embedding_scale, batch);
         for layer in &self.layers {
             h = layer.forward(&h, batch);
         }
-        logits(
-            &h,
-            batch,
-            &self.norm,
-            self.lm_head.as_ref(),
-            &self.embed_tokens,
-        )
+        h
     }
 }
 
@@ -276,24 +286,26 @@ pub(super) fn embed(
     }
 }
 
-/// The logits of the rows `batch.logit_rows` of the last layer's output
-/// `h`: the final norm, then `lm_head` or the tied embeddings.
+/// The rows `batch.logit_rows` of the last layer's output `h`, after the
+/// final norm.
+pub(super) fn final_states(h: &TensorValue, batch: &RaggedBatch, norm: &Norm) -> TensorValue {
+    ops::gather(&norm.forward(h), &batch.logit_rows, 0)
+}
+
+/// The logits of the [`final_states`] `last`: `lm_head` or the tied
+/// embeddings.
 pub(super) fn logits(
-    h: &TensorValue,
-    batch: &RaggedBatch,
-    norm: &Norm,
+    last: &TensorValue,
     lm_head: Option<&Linear>,
     embed_tokens: &Embedding,
 ) -> TensorValue {
-    let h = norm.forward(h);
-    let last = ops::gather(&h, &batch.logit_rows, 0);
     match lm_head {
-        Some(head) => head.forward(&last),
+        Some(head) => head.forward(last),
         None => {
-            let graph = h.graph();
+            let graph = last.graph();
             let _scope = graph.scope("lm_head");
             ops::matmul(
-                &last,
+                last,
                 &ops::transpose(&embed_tokens.weight.value(graph), 0, 1),
             )
         }

@@ -4,7 +4,9 @@
 //! MLP, a norm, the head's scaling) while everything else stays the
 //! family's. Nothing here copies a forward pass: each piece has one.
 
-use super::attention::{embed, logits, AttentionWithRope, Transformer, TransformerBlock};
+use super::attention::{
+    embed, final_states, logits, AttentionWithRope, Transformer, TransformerBlock,
+};
 use super::layers::{Embedding, Linear, Mlp, Norm};
 use super::module::{Layer, Module, Registry};
 use crate::graph::{RaggedBatch, TensorValue};
@@ -79,24 +81,26 @@ impl Decoder {
 
     /// Logits `[R, vocab]` for the rows `batch.logit_rows`.
     pub fn forward(&self, batch: &RaggedBatch) -> TensorValue {
-        let mut h = embed(&self.embed_tokens, self.embedding_scale, batch);
-        for layer in &self.layers {
-            h = layer.forward(&h, batch);
-        }
-        let logits = logits(
-            &h,
-            batch,
-            &self.norm,
-            self.lm_head.as_ref(),
-            &self.embed_tokens,
-        );
+        let last = self.hidden_states(batch);
+        let logits = logits(&last, self.lm_head.as_ref(), &self.embed_tokens);
         match self.logit_scale {
             Some(scale) => {
-                let _scope = h.graph().scope("lm_head");
+                let _scope = last.graph().scope("lm_head");
                 &logits * f64::from(scale)
             }
             None => logits,
         }
+    }
+
+    /// The final hidden states `[R, hidden]` (after the final norm) of the
+    /// rows `batch.logit_rows`, where [`Decoder::forward`] applies the LM
+    /// head (since 1.8).
+    pub fn hidden_states(&self, batch: &RaggedBatch) -> TensorValue {
+        let mut h = embed(&self.embed_tokens, self.embedding_scale, batch);
+        for layer in &self.layers {
+            h = layer.forward(&h, batch);
+        }
+        final_states(&h, batch, &self.norm)
     }
 }
 

@@ -90,6 +90,7 @@ mod tests {
             config,
             weights_format: None,
             state_dict: None,
+            task: None,
         })
         .unwrap();
         assert!(!ir.weights.iter().any(|w| w.name.contains("q_norm")));

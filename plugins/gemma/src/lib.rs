@@ -349,6 +349,7 @@ mod tests {
             config,
             weights_format: None,
             state_dict: None,
+            task: None,
         })
         .unwrap();
         let names: Vec<&str> = ir.weights.iter().map(|w| w.name.as_str()).collect();
@@ -370,6 +371,7 @@ mod tests {
             config,
             weights_format: None,
             state_dict: None,
+            task: None,
         })
         .unwrap();
         assert!(ir.weights.iter().any(|w| w.name == "lm_head.weight"));

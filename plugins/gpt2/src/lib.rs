@@ -532,6 +532,7 @@ mod tests {
             config,
             weights_format: format,
             state_dict: None,
+            task: None,
         })
         .unwrap()
     }

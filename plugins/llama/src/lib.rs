@@ -248,11 +248,21 @@ pub fn with_decoder_adapters(arch: SupportedArchitecture) -> SupportedArchitectu
     })
 }
 
-/// The decoder graph of any Llama-shaped family, from its parameters.
+/// The decoder graph of any Llama-shaped family, from its parameters: the
+/// logits, or for an embedding model ([`GraphRequest::wants_hidden_states`])
+/// the final hidden states, with no LM head to load.
 pub fn decoder_graph(params: &LlamaParams, request: &GraphRequest) -> Result<GraphIr> {
-    let model = params.transformer(DType::F32);
+    let mut model = params.transformer(DType::F32);
+    let hidden = request.wants_hidden_states();
+    if hidden {
+        model.lm_head = None;
+    }
     build_decoder_graph("decoder", &model, request.state_dict.as_ref(), |batch| {
-        model.forward(batch)
+        if hidden {
+            model.hidden_states(batch)
+        } else {
+            model.forward(batch)
+        }
     })
 }
 
@@ -287,7 +297,9 @@ pub fn plugin() -> Plugin {
                 .with_graph(graph),
         )
     };
-    let base = |name: &str, alias: &str| variant(name, alias, llama_graph);
+    // Llama and Mistral run as embedding models too (e5-mistral, ...).
+    let base =
+        |name: &str, alias: &str| variant(name, alias, llama_graph).converts_to([Task::Embeddings]);
     Plugin::new("llama", env!("CARGO_PKG_VERSION"))
         .with_architecture(
             base("LlamaForCausalLM", "llama")
@@ -389,6 +401,7 @@ mod tests {
             config,
             weights_format: None,
             state_dict: None,
+            task: None,
         })
         .unwrap();
         let names: Vec<&str> = ir.weights.iter().map(|w| w.name.as_str()).collect();

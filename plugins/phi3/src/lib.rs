@@ -405,6 +405,7 @@ mod tests {
             config,
             weights_format: None,
             state_dict: None,
+            task: None,
         })
         .unwrap();
         let names: Vec<&str> = ir.weights.iter().map(|w| w.name.as_str()).collect();

@@ -8,7 +8,7 @@ use kiln_arch_llama::{
     LlamaParams,
 };
 use kiln_plugin_api::graph::GraphIr;
-use kiln_plugin_api::{GraphRequest, HfConfig, Plugin, Result, ServingDefaults};
+use kiln_plugin_api::{GraphRequest, HfConfig, Plugin, Result, ServingDefaults, Task};
 
 mod moe;
 
@@ -47,7 +47,11 @@ pub fn plugin() -> Plugin {
             // Qwen2.5 and Qwen3 write `<tool_call>` JSON blocks.
             .with_serving_defaults(|_| Ok(ServingDefaults::with_tool_call_parser("hermes")))
     };
-    let base = |name: &str, alias: &str| with_decoder_adapters(declared(name, alias));
+    // Qwen2 and Qwen3 also run as embedding models (gte-Qwen2,
+    // Qwen3-Embedding: the final hidden state of the last token).
+    let base = |name: &str, alias: &str| {
+        with_decoder_adapters(declared(name, alias)).converts_to([Task::Embeddings])
+    };
     let moe = |name: &str, alias: &str| with_moe_adapters(declared(name, alias));
     Plugin::new("qwen", env!("CARGO_PKG_VERSION"))
         .with_architecture(
@@ -101,6 +105,7 @@ mod tests {
             config,
             weights_format: None,
             state_dict: None,
+            task: None,
         })
         .unwrap();
         let names: Vec<&str> = ir.weights.iter().map(|w| w.name.as_str()).collect();

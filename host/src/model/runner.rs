@@ -1,0 +1,82 @@
+//! What a model is run for (vLLM's `--runner`): its architecture's own task,
+//! or a text-generation architecture run as an embedding model.
+
+use kiln_plugin_api::graph::GraphIr;
+use kiln_plugin_api::Task;
+
+/// `--runner`: which kind of model a checkpoint is run as.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Runner {
+    /// The architecture's own task.
+    #[default]
+    Auto,
+    /// Text generation; refused for an encoder.
+    Generate,
+    /// Pooling: an encoder's own task, and a decoder's final hidden state
+    /// of the last token as an embedding (Qwen3-Embedding, gte-Qwen2,
+    /// e5-mistral).
+    Pooling,
+}
+
+impl Runner {
+    /// The task a model of architecture `name`, whose own task is `own`,
+    /// is run for.
+    pub fn task(self, name: &str, own: Task) -> Result<Task, String> {
+        match (self, own) {
+            (Runner::Pooling, Task::TextGeneration) => Ok(Task::Embeddings),
+            (Runner::Generate, Task::Embeddings | Task::SequenceClassification) => Err(format!(
+                "`{name}` is a {own} model: it cannot generate text (drop --runner generate)"
+            )),
+            _ => Ok(own),
+        }
+    }
+}
+
+/// Checks that a graph built for another task than its architecture's
+/// gives rows of the config's `hidden_size` (where it names one): a plugin
+/// older than plugin-api 1.8 ignores the request's task and gives logits.
+pub fn check_hidden_output(graph: &GraphIr, config: &serde_json::Value) -> Result<(), String> {
+    let Some(hidden) = config.get("hidden_size").and_then(|v| v.as_u64()) else {
+        return Ok(());
+    };
+    let width = graph
+        .outputs
+        .first()
+        .and_then(|&output| graph.nodes.get(output as usize))
+        .and_then(|node| node.ty.shape.last())
+        .and_then(|dim| dim.as_static());
+    match width {
+        Some(width) if width == hidden => Ok(()),
+        width => Err(format!(
+            "the plugin's graph gives rows of {width:?} values, not the hidden states'              {hidden}: its plugin-api may predate 1.8, which builds decoders as embedding models"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooling_runs_a_decoder_as_an_embedding_model() {
+        let task = |runner: Runner, own| runner.task("X", own);
+        assert_eq!(
+            task(Runner::Pooling, Task::TextGeneration),
+            Ok(Task::Embeddings)
+        );
+        assert_eq!(
+            task(Runner::Pooling, Task::SequenceClassification),
+            Ok(Task::SequenceClassification)
+        );
+        assert_eq!(
+            task(Runner::Auto, Task::TextGeneration),
+            Ok(Task::TextGeneration)
+        );
+        assert_eq!(
+            task(Runner::Generate, Task::TextGeneration),
+            Ok(Task::TextGeneration)
+        );
+        let refused = task(Runner::Generate, Task::Embeddings).unwrap_err();
+        assert!(refused.contains("cannot generate text"), "{refused}");
+    }
+}
