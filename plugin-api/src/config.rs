@@ -217,6 +217,23 @@ impl<'a> HfConfig<'a> {
         Ok((theta, scaling))
     }
 
+    /// The classes of a `…ForSequenceClassification` config (since 1.8):
+    /// `id2label`'s length, else `num_labels`, else 2 (transformers'
+    /// default).
+    pub fn num_labels(&self) -> Result<u64> {
+        let labels = match self.object.get("id2label") {
+            Some(Value::Object(labels)) => labels.len() as u64,
+            Some(_) => return Err(Error::invalid("config.json `id2label` must be an object")),
+            None => u64::from(self.opt_u32("num_labels")?.unwrap_or(2)),
+        };
+        if labels == 0 {
+            return Err(Error::invalid(
+                "config.json has no labels (`id2label`, `num_labels`)",
+            ));
+        }
+        Ok(labels)
+    }
+
     /// The sequence limit: the model's `max_position_embeddings`, lowered to the
     /// user's `--max-length` when that is smaller. Asking for more than the
     /// model supports is an error rather than a silent clamp.

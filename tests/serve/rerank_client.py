@@ -4,9 +4,10 @@
 transformers and sentence-transformers (tests/fixtures/reference/
 tiny_rerankers.json, minilm_embeddings.json).
 
-Usage: rerank_client.py BASE_URL MODEL KIND REFERENCE_JSON
-KIND: cross_encoder (the tiny BERT reranker), classifier (the tiny
-three-label RoBERTa) or bi_encoder (all-MiniLM-L6-v2).
+Usage: rerank_client.py BASE_URL MODEL KIND REFERENCE_JSON [NAME]
+KIND: cross_encoder (the tiny BERT reranker, or the reference's model NAME:
+tiny_qwen3_reranker, a decoder), classifier (the tiny three-label RoBERTa)
+or bi_encoder (all-MiniLM-L6-v2).
 Prints one JSON line per check; exits non-zero on the first failure.
 """
 
@@ -17,6 +18,7 @@ import sys
 import httpx
 
 BASE_URL, MODEL, KIND, REFERENCE = sys.argv[1:5]
+NAME = sys.argv[5] if len(sys.argv) > 5 else "tiny_cross_encoder"
 ROOT = BASE_URL.removesuffix("/v1")
 ATOL = 1e-4
 with open(REFERENCE, encoding="utf-8") as f:
@@ -58,7 +60,7 @@ def softmax(xs):
 
 
 def cross_encoder():
-    model = ref["models"]["tiny_cross_encoder"]
+    model = ref["models"][NAME]
     inputs = {tuple(i["texts"]): i for i in model["inputs"]}
     query, documents = ref["query"], ref["documents"]
     expected = [o[0] for o in model["cross_encoder_outputs"][: len(documents)]]
@@ -137,7 +139,10 @@ def cross_encoder():
     refused("/v1/rerank", {"query": query, "documents": documents, "max_tokens_per_doc": 8}, "max_tokens_per_doc", "max_tokens_per_doc")
     refused("/v1/score", {"text_1": ["a", "b"], "text_2": ["a", "b", "c"]}, "text_1", "`text_2` 3")
     refused("/v1/score", {"model": MODEL, "text_1": "a", "text_2": []}, "text_2", "got 0")
-    for k, words in [(0, "-1 or positive"), (3, "3 special tokens"), (65, "64 tokens")]:
+    # BERT's pair template adds 3 special tokens, the decoder's none.
+    cuts = [(0, "-1 or positive"), (65, "64 tokens")]
+    cuts += [(3, "3 special tokens")] if NAME == "tiny_cross_encoder" else []
+    for k, words in cuts:
         refused("/v1/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": k}, "truncate_prompt_tokens", words)
     refused("/v1/score", {"text_1": "a " * 70, "text_2": "b"}, "input", "tokens")
     refused("/v1/embeddings", {"model": MODEL, "input": "a"}, "model", "sequence-classification")

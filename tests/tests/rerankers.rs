@@ -1,9 +1,9 @@
 //! Sequence classifiers (cross-encoder rerankers and text classifiers)
 //! against references nobody here wrote: tiny random
-//! `BertForSequenceClassification` and `RobertaForSequenceClassification`
-//! checkpoint directories with their own tokenizers, against transformers'
-//! tokenizer ids and token types, its logits, and sentence-transformers'
-//! `CrossEncoder` scores; in process on the CPU and CUDA backends, and
+//! `BertForSequenceClassification`, `RobertaForSequenceClassification` and
+//! `Qwen3ForSequenceClassification` (a decoder) checkpoint directories with
+//! their own tokenizers, against transformers' tokenizer ids and token
+//! types, its logits, and sentence-transformers' `CrossEncoder` scores; in process on the CPU and CUDA backends, and
 //! through `host serve`'s `/v1/score`, `/v1/rerank` and `/v1/classify` with
 //! the official `cohere` client and httpx. An embedding model scores by
 //! cosine similarity (checked against sentence-transformers' MiniLM
@@ -86,7 +86,7 @@ fn tiny_classifiers_match_transformers_on_cuda() {
 
 fn tiny_classifiers_match_transformers_on(device: DeviceChoice) {
     let reference = reference();
-    assert_eq!(reference.models.len(), 2);
+    assert_eq!(reference.models.len(), 3);
     for (name, expected) in &reference.models {
         let model = load_model_on(
             &workspace_root().join(&expected.directory),
@@ -215,6 +215,40 @@ fn the_cross_encoder_scores_and_reranks_through_host_serve() {
         &python,
         "rerank_client.py",
         &["cross_encoder", reference_path().to_str().unwrap()],
+        &[
+            "score_one_to_many",
+            "score_pairs",
+            "raw_logits",
+            "truncation",
+            "rerank",
+            "cohere_v1",
+            "cohere_v2",
+            "concurrent",
+            "classify",
+            "errors",
+        ],
+    );
+}
+
+/// The same checks of the tiny decoder reranker
+/// (`Qwen3ForSequenceClassification`, Qwen3-Reranker converted to a
+/// classifier): its steps run over the paged cache like a decoder's.
+#[test]
+fn the_decoder_reranker_scores_and_reranks_through_host_serve() {
+    let python = python().expect("the Python venv with `cohere` and `httpx` (run .ci/setup)");
+    let server = Server::start(
+        &model_dir("tiny_qwen3_reranker"),
+        &["--served-model-name", "reranker"],
+    );
+    run_client_script(
+        &server,
+        &python,
+        "rerank_client.py",
+        &[
+            "cross_encoder",
+            reference_path().to_str().unwrap(),
+            "tiny_qwen3_reranker",
+        ],
         &[
             "score_one_to_many",
             "score_pairs",

@@ -100,7 +100,7 @@ impl Embedder {
     /// A decoder (`--runner pooling`) embeds texts of at most `batch_tokens`
     /// tokens, the size of its cache.
     pub fn new(model: Model, batch_tokens: usize) -> Result<Self, String> {
-        let is_decoder = model.architecture.info.task == Task::TextGeneration;
+        let is_decoder = model.reads_cache();
         let model_max = model.config.max_seq_len as usize;
         let model_max = if is_decoder {
             model_max.min(batch_tokens)

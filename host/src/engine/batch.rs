@@ -26,11 +26,18 @@ pub enum Pipeline {
 }
 
 impl Pipeline {
-    /// The architecture's own pipeline if it has one, else the default for
-    /// its task.
-    pub fn for_architecture(architecture: &Architecture) -> Result<Self, EntryPointError> {
+    /// The architecture's own pipeline if it has one, else the decoder's
+    /// for a graph that reads the paged cache (`reads_cache`: a decoder
+    /// whatever its task, e.g. a decoder's sequence classifier), else the
+    /// default for its task.
+    pub fn for_architecture(
+        architecture: &Architecture,
+        reads_cache: bool,
+    ) -> Result<Self, EntryPointError> {
         Ok(if architecture.has_own_pipeline()? {
             Pipeline::Plugin(architecture.clone())
+        } else if reads_cache {
+            Pipeline::Decoder
         } else {
             match architecture.info.task {
                 Task::Embeddings => Pipeline::Encoder,

@@ -286,6 +286,23 @@ impl Model {
     }
 }
 
+/// Whether `graph` reads the paged KV cache (declares the ragged batch's
+/// `block_tables`): a decoder, whatever it is run for.
+fn reads_cache(graph: &kiln_plugin_api::graph::GraphIr) -> bool {
+    graph
+        .inputs
+        .iter()
+        .any(|input| input.name == "block_tables")
+}
+
+impl Model {
+    /// Whether its graph reads a paged KV cache (a decoder's does, an
+    /// encoder's does not).
+    pub fn reads_cache(&self) -> bool {
+        reads_cache(&self.backend.program().graph)
+    }
+}
+
 /// What [`load`] builds from the checkpoint apart from the tokenizer.
 struct Compiled {
     architecture: Architecture,
@@ -363,7 +380,7 @@ fn compile(
                 },
             )?),
         };
-    let pipeline = Pipeline::for_architecture(&architecture)?;
+    let pipeline = Pipeline::for_architecture(&architecture, reads_cache(&graph))?;
     Ok(Compiled {
         architecture,
         task,

@@ -104,6 +104,52 @@ impl Decoder {
     }
 }
 
+/// A decoder's final hidden states `[R, hidden]` (after the final norm) at
+/// the rows `batch.logit_rows` (since 1.8): what an embedding model pools and
+/// a [`DecoderClassifier`] scores.
+pub trait HiddenStates: Module {
+    /// The states, where the LM head would apply.
+    fn hidden_states(&self, batch: &RaggedBatch) -> TensorValue;
+}
+
+impl HiddenStates for Decoder {
+    fn hidden_states(&self, batch: &RaggedBatch) -> TensorValue {
+        Decoder::hidden_states(self, batch)
+    }
+}
+
+impl HiddenStates for Transformer {
+    fn hidden_states(&self, batch: &RaggedBatch) -> TensorValue {
+        Transformer::hidden_states(self, batch)
+    }
+}
+
+/// A decoder with transformers' `…ForSequenceClassification` head (since
+/// 1.8): a linear `score` without bias on each sequence's last token's
+/// final hidden state (rerankers such as Qwen3-Reranker converted to a
+/// classifier, reward models). Sub-modules: the decoder's (with no LM head),
+/// and `score`.
+pub struct DecoderClassifier<D> {
+    /// The decoder.
+    pub decoder: D,
+    /// The head: `hidden → num_labels`.
+    pub score: Linear,
+}
+
+impl<D: HiddenStates> DecoderClassifier<D> {
+    /// The class logits `[R, num_labels]` of the rows `batch.logit_rows`.
+    pub fn forward(&self, batch: &RaggedBatch) -> TensorValue {
+        self.score.forward(&self.decoder.hidden_states(batch))
+    }
+}
+
+impl<D: Module> Module for DecoderClassifier<D> {
+    fn visit(&self, registry: &mut Registry<'_>) {
+        self.decoder.visit(registry);
+        registry.module("score", &self.score);
+    }
+}
+
 impl Module for Decoder {
     fn visit(&self, registry: &mut Registry<'_>) {
         registry.module("embed_tokens", &self.embed_tokens);

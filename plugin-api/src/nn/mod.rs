@@ -13,7 +13,10 @@ mod rotary;
 pub use attention::{
     rotary_attention, AttentionConfig, AttentionWithRope, Transformer, TransformerBlock,
 };
-pub use decoder::{Decoder, DecoderLayer, ParallelBlock, PreNormBlock, SelfAttention};
+pub use decoder::{
+    Decoder, DecoderClassifier, DecoderLayer, HiddenStates, ParallelBlock, PreNormBlock,
+    SelfAttention,
+};
 pub use encoder::{
     ClassificationHead, Encoder, EncoderConfig, EncoderEmbeddings, EncoderLayer, SequenceClassifier,
 };

@@ -149,22 +149,6 @@ fn encoder_graph(name: &str, params: &EncoderConfig, request: &GraphRequest) -> 
     })
 }
 
-/// The classes of a `…ForSequenceClassification` config: `id2label`'s
-/// length, else `num_labels`, else 2 (transformers' default).
-pub fn num_labels(raw: &Value) -> Result<u64> {
-    let labels = match raw.get("id2label") {
-        Some(Value::Object(labels)) => labels.len() as u64,
-        Some(_) => return Err(Error::invalid("config.json `id2label` must be an object")),
-        None => u64::from(HfConfig::new(raw)?.opt_u32("num_labels")?.unwrap_or(2)),
-    };
-    if labels == 0 {
-        return Err(Error::invalid(
-            "config.json has no labels (`id2label`, `num_labels`)",
-        ));
-    }
-    Ok(labels)
-}
-
 /// The BERT classifier's graph: token ids in, each text's class logits out.
 pub fn bert_classifier_graph(request: &GraphRequest) -> Result<GraphIr> {
     classifier_graph("bert", bert_params(&request.config.model)?, request)
@@ -176,7 +160,8 @@ pub fn roberta_classifier_graph(request: &GraphRequest) -> Result<GraphIr> {
 }
 
 fn classifier_graph(name: &str, params: EncoderConfig, request: &GraphRequest) -> Result<GraphIr> {
-    let model = SequenceClassifier::new(&params, num_labels(&request.config.model)?);
+    let labels = HfConfig::new(&request.config.model)?.num_labels()?;
+    let model = SequenceClassifier::new(&params, labels);
     build_classifier_graph(name, &model, request.state_dict.as_ref(), |batch| {
         model.forward(batch)
     })
@@ -416,16 +401,17 @@ mod tests {
 
     #[test]
     fn labels_come_from_id2label_then_num_labels() {
+        let labels = |config: &Value| HfConfig::new(config)?.num_labels();
         let mut config = minilm();
-        assert_eq!(num_labels(&config).unwrap(), 2);
+        assert_eq!(labels(&config).unwrap(), 2);
         config["num_labels"] = json!(5);
-        assert_eq!(num_labels(&config).unwrap(), 5);
+        assert_eq!(labels(&config).unwrap(), 5);
         config["id2label"] = json!({"0": "LABEL_0"});
-        assert_eq!(num_labels(&config).unwrap(), 1);
+        assert_eq!(labels(&config).unwrap(), 1);
         config["id2label"] = json!({});
-        assert!(num_labels(&config).is_err());
+        assert!(labels(&config).is_err());
         config["id2label"] = json!(["a"]);
-        assert!(num_labels(&config).is_err());
+        assert!(labels(&config).is_err());
     }
 
     #[test]

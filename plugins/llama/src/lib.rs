@@ -11,8 +11,8 @@
 
 use kiln_plugin_api::graph::{DType, GraphIr};
 use kiln_plugin_api::nn::{
-    build_decoder_graph, Activation, AttentionConfig, AttentionWithRope, Embedding, Linear, Mlp,
-    Norm, RmsNorm, RotaryEmbedding, Transformer, TransformerBlock,
+    build_decoder_graph, Activation, AttentionConfig, AttentionWithRope, DecoderClassifier,
+    Embedding, Linear, Mlp, Norm, RmsNorm, RotaryEmbedding, Transformer, TransformerBlock,
 };
 use kiln_plugin_api::{
     adapters, ArchConfig, ConfigRequest, Encoding, Error, GraphRequest, HfConfig, Plugin, Result,
@@ -266,6 +266,44 @@ pub fn decoder_graph(params: &LlamaParams, request: &GraphRequest) -> Result<Gra
     })
 }
 
+/// The `…ForSequenceClassification` graph of a Llama-shaped family: the
+/// decoder (no LM head) with a `score` head on each text's last token, one
+/// row of class logits a text.
+pub fn decoder_classifier_graph(params: &LlamaParams, request: &GraphRequest) -> Result<GraphIr> {
+    let mut decoder = params.transformer(DType::F32);
+    decoder.lm_head = None;
+    let labels = HfConfig::new(&request.config.model)?.num_labels()?;
+    let model = DecoderClassifier {
+        decoder,
+        score: Linear::new(params.hidden_size, labels, DType::F32, false),
+    };
+    build_decoder_graph("classifier", &model, request.state_dict.as_ref(), |batch| {
+        model.forward(batch)
+    })
+}
+
+/// A `…ForSequenceClassification` architecture of a Llama-shaped family
+/// built by `graph`: a decoder read from Hugging Face names (`model.`
+/// stripped, `score` as it is), run over the paged cache like any decoder.
+pub fn decoder_classifier_architecture(
+    name: &str,
+    graph: fn(&GraphRequest) -> Result<GraphIr>,
+) -> SupportedArchitecture {
+    with_decoder_adapters(
+        SupportedArchitecture::new(name, Task::SequenceClassification)
+            .with_encodings(Encoding::BFloat16, Encoding::ALL.iter().copied())
+            .with_default_weights_format(WeightsFormat::Safetensors)
+            .with_config(llama_config)
+            .with_graph(graph),
+    )
+}
+
+/// Llama's classifier graph.
+fn llama_classifier_graph(request: &GraphRequest) -> Result<GraphIr> {
+    let params = LlamaParams::parse(&HfConfig::new(&request.config.model)?)?.rotated_for(request);
+    decoder_classifier_graph(&params, request)
+}
+
 /// Llama 3's tokenizer has 128,256 tokens; its models (3.1 and later) write
 /// tool calls as JSON objects (vLLM's `llama3_json`). Other Llama-shaped
 /// models (SmolLM2, Llama 2) name no format.
@@ -309,6 +347,14 @@ pub fn plugin() -> Plugin {
                 ])
                 .with_serving_defaults(llama_serving),
         )
+        .with_architecture(decoder_classifier_architecture(
+            "LlamaForSequenceClassification",
+            llama_classifier_graph,
+        ))
+        .with_architecture(decoder_classifier_architecture(
+            "MistralForSequenceClassification",
+            llama_classifier_graph,
+        ))
         .with_architecture(
             base("MistralForCausalLM", "mistral")
                 .with_example_repo_ids(["mistralai/Mistral-7B-Instruct-v0.3"])

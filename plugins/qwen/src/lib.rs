@@ -4,8 +4,8 @@
 //! Their mixture-of-experts variants (`moe.rs`) replace the MLPs.
 
 use kiln_arch_llama::{
-    decoder_architecture, decoder_graph, llama_config, with_decoder_adapters, with_moe_adapters,
-    LlamaParams,
+    decoder_architecture, decoder_classifier_architecture, decoder_classifier_graph, decoder_graph,
+    llama_config, with_decoder_adapters, with_moe_adapters, LlamaParams,
 };
 use kiln_plugin_api::graph::GraphIr;
 use kiln_plugin_api::{GraphRequest, HfConfig, Plugin, Result, ServingDefaults, Task};
@@ -24,19 +24,39 @@ pub fn qwen_params(hf: &HfConfig<'_>) -> Result<LlamaParams> {
     Ok(params)
 }
 
-/// Qwen2: Llama with biases on the q, k and v projections.
-pub fn qwen2_graph(request: &GraphRequest) -> Result<GraphIr> {
+/// Qwen2's parameters: Llama with biases on the q, k and v projections.
+fn qwen2_params(request: &GraphRequest) -> Result<LlamaParams> {
     let mut params = qwen_params(&HfConfig::new(&request.config.model)?)?;
     params.qkv_bias = true;
     params.o_bias = false;
-    decoder_graph(&params, request)
+    Ok(params)
 }
 
-/// Qwen3: Llama with per-head RMSNorm of queries and keys.
-pub fn qwen3_graph(request: &GraphRequest) -> Result<GraphIr> {
+/// Qwen3's parameters: Llama with per-head RMSNorm of queries and keys.
+fn qwen3_params(request: &GraphRequest) -> Result<LlamaParams> {
     let mut params = qwen_params(&HfConfig::new(&request.config.model)?)?;
     params.qk_norm = true;
-    decoder_graph(&params, request)
+    Ok(params)
+}
+
+/// Qwen2's graph.
+pub fn qwen2_graph(request: &GraphRequest) -> Result<GraphIr> {
+    decoder_graph(&qwen2_params(request)?, request)
+}
+
+/// Qwen3's graph.
+pub fn qwen3_graph(request: &GraphRequest) -> Result<GraphIr> {
+    decoder_graph(&qwen3_params(request)?, request)
+}
+
+/// Qwen2's sequence classifier.
+fn qwen2_classifier_graph(request: &GraphRequest) -> Result<GraphIr> {
+    decoder_classifier_graph(&qwen2_params(request)?, request)
+}
+
+/// Qwen3's sequence classifier (Qwen3-Reranker converted to one).
+fn qwen3_classifier_graph(request: &GraphRequest) -> Result<GraphIr> {
+    decoder_classifier_graph(&qwen3_params(request)?, request)
 }
 
 /// The plugin: Qwen2, Qwen3 and their mixture-of-experts variants.
@@ -67,6 +87,14 @@ pub fn plugin() -> Plugin {
                 .with_graph(qwen3_graph)
                 .with_example_repo_ids(["Qwen/Qwen3-0.6B"]),
         )
+        .with_architecture(decoder_classifier_architecture(
+            "Qwen2ForSequenceClassification",
+            qwen2_classifier_graph,
+        ))
+        .with_architecture(decoder_classifier_architecture(
+            "Qwen3ForSequenceClassification",
+            qwen3_classifier_graph,
+        ))
         .with_architecture(
             moe("Qwen2MoeForCausalLM", "qwen2moe")
                 .with_graph(qwen2_moe_graph)
