@@ -129,16 +129,61 @@ fn tiny_decoders_match_sentence_transformers_on(device: DeviceChoice) {
 }
 
 /// Without `--runner pooling` the checkpoint is the text generator its
-/// config names; `--runner generate` refuses an encoder; an architecture
-/// whose plugin does not build hidden states is refused by name.
+/// config names, unless the config names the base model (`Qwen3Model`, as
+/// e5-mistral's names `MistralModel`), which vLLM runs as an embedding
+/// model; `--runner generate` refuses an encoder; an architecture whose
+/// plugin does not build hidden states is refused by name.
 #[test]
 fn the_runner_chooses_what_a_checkpoint_is_run_as() {
     let reference = reference();
-    let qwen3 = workspace_root().join(&reference.models["tiny_qwen3_embedding"].directory);
+    let expected = &reference.models["tiny_qwen3_embedding"];
+    let qwen3 = workspace_root().join(&expected.directory);
     let model = load_model_as(&qwen3, DeviceChoice::Cpu, WeightDtype::Auto, Runner::Auto).unwrap();
     assert_eq!(model.task, Task::TextGeneration);
     let error = Embedder::new(model, 64).err().unwrap();
     assert!(error.contains("text-generation model"), "{error}");
+
+    let base = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&qwen3).unwrap() {
+        let entry = entry.unwrap();
+        // The model's files, not its sentence-transformers ones.
+        let name = entry.file_name().into_string().unwrap();
+        if [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+        .contains(&name.as_str())
+        {
+            std::fs::copy(entry.path(), base.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let config_path = base.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["architectures"] = serde_json::json!(["Qwen3Model"]);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let model = load_model_as(
+        base.path(),
+        DeviceChoice::Cpu,
+        WeightDtype::Auto,
+        Runner::Auto,
+    )
+    .unwrap();
+    assert_eq!(
+        (model.architecture.info.name.as_str(), model.task),
+        ("Qwen3ForCausalLM", Task::Embeddings)
+    );
+    // Without its sentence-transformers files: a decoder's default pooling
+    // (the last token, normalized), which is this model's own.
+    let embedder = Embedder::new(model, 64).unwrap();
+    let ids = &expected.texts[1].ids;
+    close(
+        &embedder.embed(std::slice::from_ref(ids)).unwrap()[0],
+        &expected.texts[1].embedding,
+        "Qwen3Model",
+    );
 
     let cross_encoder = workspace_root().join("tests/fixtures/reference/tiny_cross_encoder");
     let error = load_model_as(

@@ -183,7 +183,10 @@ fn find_registered<'r>(
         .get("architectures")
         .and_then(|a| a.get(0))
         .and_then(|a| a.as_str());
-    for name in declared.into_iter().chain(alias) {
+    // A base model's name (`Qwen3Model`, `MistralModel`: how embedding
+    // checkpoints such as e5-mistral name theirs) finds its causal LM.
+    let causal = declared.and_then(runner::causal_lm_of);
+    for name in declared.into_iter().chain(causal.as_deref()).chain(alias) {
         if let Some(arch) = registry.get(name) {
             return Ok(arch);
         }
@@ -238,6 +241,10 @@ pub fn load(
                 max_length: options.max_length,
             })?;
             let bound = bind_weights(arch, &checkpoint, &hf_config)?;
+            let options = &LoadOptions {
+                runner: options.runner.for_checkpoint(&hf_config, &arch.info.name),
+                ..options.clone()
+            };
             if options.check_weights {
                 sanity::check_weights(&bound.store).map_err(|message| ModelError::Implausible {
                     path: resolved.weights.clone(),

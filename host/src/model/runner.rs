@@ -18,7 +18,29 @@ pub enum Runner {
     Pooling,
 }
 
+/// The causal LM a base model's name stands for: `Qwen3Model` →
+/// `Qwen3ForCausalLM`.
+pub fn causal_lm_of(name: &str) -> Option<String> {
+    name.strip_suffix("Model")
+        .filter(|stem| !stem.is_empty())
+        .map(|stem| format!("{stem}ForCausalLM"))
+}
+
 impl Runner {
+    /// `Auto` for a checkpoint whose config names the base model of the
+    /// causal LM `registered` (`Qwen3Model` for `Qwen3ForCausalLM`) is
+    /// `Pooling`: vLLM runs a `*Model` checkpoint as an embedding model.
+    pub fn for_checkpoint(self, hf_config: &serde_json::Value, registered: &str) -> Self {
+        let declared = hf_config
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(|a| a.as_str());
+        match (self, declared.and_then(causal_lm_of)) {
+            (Runner::Auto, Some(causal)) if causal == registered => Runner::Pooling,
+            _ => self,
+        }
+    }
+
     /// The task a model of architecture `name`, whose own task is `own`,
     /// is run for.
     pub fn task(self, name: &str, own: Task) -> Result<Task, String> {
@@ -78,5 +100,27 @@ mod tests {
         );
         let refused = task(Runner::Generate, Task::Embeddings).unwrap_err();
         assert!(refused.contains("cannot generate text"), "{refused}");
+    }
+
+    #[test]
+    fn a_base_models_checkpoint_is_pooled_unless_told_otherwise() {
+        let config = |name: &str| serde_json::json!({ "architectures": [name] });
+        let qwen3 = "Qwen3ForCausalLM";
+        assert_eq!(causal_lm_of("Qwen3Model").as_deref(), Some(qwen3));
+        assert_eq!(causal_lm_of("Model"), None);
+        let base = config("Qwen3Model");
+        assert_eq!(Runner::Auto.for_checkpoint(&base, qwen3), Runner::Pooling);
+        assert_eq!(
+            Runner::Generate.for_checkpoint(&base, qwen3),
+            Runner::Generate
+        );
+        let causal = config(qwen3);
+        assert_eq!(Runner::Auto.for_checkpoint(&causal, qwen3), Runner::Auto);
+        // An encoder registered under its own `…Model` name is itself.
+        let bert = config("BertModel");
+        assert_eq!(
+            Runner::Auto.for_checkpoint(&bert, "BertModel"),
+            Runner::Auto
+        );
     }
 }
