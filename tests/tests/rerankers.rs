@@ -60,10 +60,7 @@ fn model_dir(name: &str) -> PathBuf {
 }
 
 fn close(actual: &[f32], expected: &[f32], what: &str) {
-    assert_eq!(actual.len(), expected.len(), "{what}");
-    for (a, e) in actual.iter().zip(expected) {
-        assert!((a - e).abs() <= ATOL, "{what}: {actual:?} vs {expected:?}");
-    }
+    kiln_tests::reference::assert_within(actual, expected, ATOL, what);
 }
 
 /// Each tiny classifier, loaded from its directory like a user's: our
@@ -205,29 +202,7 @@ fn xlm_roberta_classifiers_load_as_roberta_ones() {
 /// clients), `/v1/classify`, and every refusal with its `param`.
 #[test]
 fn the_cross_encoder_scores_and_reranks_through_host_serve() {
-    let python = python().expect("the Python venv with `cohere` and `httpx` (run .ci/setup)");
-    let server = Server::start(
-        &model_dir("tiny_cross_encoder"),
-        &["--served-model-name", "reranker"],
-    );
-    run_client_script(
-        &server,
-        &python,
-        "rerank_client.py",
-        &["cross_encoder", reference_path().to_str().unwrap()],
-        &[
-            "score_one_to_many",
-            "score_pairs",
-            "raw_logits",
-            "truncation",
-            "rerank",
-            "cohere_v1",
-            "cohere_v2",
-            "concurrent",
-            "classify",
-            "errors",
-        ],
-    );
+    scores_and_reranks_through_host_serve("tiny_cross_encoder");
 }
 
 /// The same checks of the tiny decoder reranker
@@ -235,20 +210,18 @@ fn the_cross_encoder_scores_and_reranks_through_host_serve() {
 /// classifier): its steps run over the paged cache like a decoder's.
 #[test]
 fn the_decoder_reranker_scores_and_reranks_through_host_serve() {
+    scores_and_reranks_through_host_serve("tiny_qwen3_reranker");
+}
+
+/// `rerank_client.py`'s reranker checks of the reference's model `name`.
+fn scores_and_reranks_through_host_serve(name: &str) {
     let python = python().expect("the Python venv with `cohere` and `httpx` (run .ci/setup)");
-    let server = Server::start(
-        &model_dir("tiny_qwen3_reranker"),
-        &["--served-model-name", "reranker"],
-    );
+    let server = Server::start(&model_dir(name), &["--served-model-name", "reranker"]);
     run_client_script(
         &server,
         &python,
         "rerank_client.py",
-        &[
-            "cross_encoder",
-            reference_path().to_str().unwrap(),
-            "tiny_qwen3_reranker",
-        ],
+        &["cross_encoder", reference_path().to_str().unwrap(), name],
         &[
             "score_one_to_many",
             "score_pairs",
