@@ -347,14 +347,6 @@ pub fn plugin() -> Plugin {
                 ])
                 .with_serving_defaults(llama_serving),
         )
-        .with_architecture(decoder_classifier_architecture(
-            "LlamaForSequenceClassification",
-            llama_classifier_graph,
-        ))
-        .with_architecture(decoder_classifier_architecture(
-            "MistralForSequenceClassification",
-            llama_classifier_graph,
-        ))
         .with_architecture(
             base("MistralForCausalLM", "mistral")
                 .with_example_repo_ids(["mistralai/Mistral-7B-Instruct-v0.3"])
@@ -399,6 +391,14 @@ pub fn plugin() -> Plugin {
                 .with_graph(mixtral_graph)
                 .with_example_repo_ids(["mistralai/Mixtral-8x7B-Instruct-v0.1"])
                 .with_serving_defaults(|_| Ok(ServingDefaults::with_tool_call_parser("mistral"))),
+        ))
+        .with_architecture(decoder_classifier_architecture(
+            "LlamaForSequenceClassification",
+            llama_classifier_graph,
+        ))
+        .with_architecture(decoder_classifier_architecture(
+            "MistralForSequenceClassification",
+            llama_classifier_graph,
         ))
 }
 

@@ -87,14 +87,6 @@ pub fn plugin() -> Plugin {
                 .with_graph(qwen3_graph)
                 .with_example_repo_ids(["Qwen/Qwen3-0.6B"]),
         )
-        .with_architecture(decoder_classifier_architecture(
-            "Qwen2ForSequenceClassification",
-            qwen2_classifier_graph,
-        ))
-        .with_architecture(decoder_classifier_architecture(
-            "Qwen3ForSequenceClassification",
-            qwen3_classifier_graph,
-        ))
         .with_architecture(
             moe("Qwen2MoeForCausalLM", "qwen2moe")
                 .with_graph(qwen2_moe_graph)
@@ -105,6 +97,14 @@ pub fn plugin() -> Plugin {
                 .with_graph(qwen3_moe_graph)
                 .with_example_repo_ids(["Qwen/Qwen3-30B-A3B"]),
         )
+        .with_architecture(decoder_classifier_architecture(
+            "Qwen2ForSequenceClassification",
+            qwen2_classifier_graph,
+        ))
+        .with_architecture(decoder_classifier_architecture(
+            "Qwen3ForSequenceClassification",
+            qwen3_classifier_graph,
+        ))
 }
 
 kiln_plugin_api::declare_plugin!(plugin);
