@@ -182,6 +182,24 @@ fn the_runner_chooses_what_a_checkpoint_is_run_as() {
         "Qwen3Model",
     );
 
+    // A causal LM's own checkpoint (an untied `lm_head.weight`) pools too:
+    // its head is left unread.
+    let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
+    let causal = tempfile::tempdir().unwrap();
+    kiln_tests::models::write_model_dir(&config, &weights, causal.path(), false);
+    let model = load_model_as(
+        causal.path(),
+        DeviceChoice::Cpu,
+        WeightDtype::Auto,
+        Runner::Pooling,
+    )
+    .unwrap();
+    assert_eq!(model.task, Task::Embeddings);
+    let embedder = Embedder::new(model, 64).unwrap();
+    let vector = embedder.embed(&[vec![1, 2, 3]]).unwrap().remove(0);
+    let norm: f32 = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+
     let cross_encoder = workspace_root().join("tests/fixtures/reference/tiny_cross_encoder");
     let error = load_model_as(
         &cross_encoder,

@@ -294,7 +294,8 @@ fn host_verify_checks_embeddings_against_sentence_transformers() {
     let (config, weights) = kiln_tests::models::tiny_model("tiny_llama.json");
     let generator = tempfile::tempdir().unwrap();
     write_model_dir(&config, &weights, generator.path(), false);
-    let (passed, _, stderr) = kiln_tests::run_verify(generator.path(), dir.path(), &[]);
+    let (passed, _, stderr) =
+        kiln_tests::run_verify(generator.path(), dir.path(), &["--runner", "generate"]);
     assert!(!passed);
     assert!(stderr.contains("is not an embedding model"), "{stderr}");
 }

@@ -250,14 +250,18 @@ pub fn with_decoder_adapters(arch: SupportedArchitecture) -> SupportedArchitectu
 
 /// The decoder graph of any Llama-shaped family, from its parameters: the
 /// logits, or for an embedding model ([`GraphRequest::wants_hidden_states`])
-/// the final hidden states, with no LM head to load.
+/// the final hidden states, with no LM head (a causal LM's is left unread).
 pub fn decoder_graph(params: &LlamaParams, request: &GraphRequest) -> Result<GraphIr> {
     let mut model = params.transformer(DType::F32);
     let hidden = request.wants_hidden_states();
+    let mut state = request.state_dict.clone();
     if hidden {
         model.lm_head = None;
+        if let Some(state) = &mut state {
+            state.remove("lm_head.weight");
+        }
     }
-    build_decoder_graph("decoder", &model, request.state_dict.as_ref(), |batch| {
+    build_decoder_graph("decoder", &model, state.as_ref(), |batch| {
         if hidden {
             model.hidden_states(batch)
         } else {
