@@ -50,7 +50,7 @@ mod tests {
         });
         let request = kiln_plugin_api::ConfigRequest { hf_config, max_length: None };
         let config = variant_config(&request, Activation::Silu).unwrap();
-        let ir = graph(&GraphRequest { config, weights_format: None, state_dict: None }).unwrap();
+        let ir = graph(&GraphRequest { config, weights_format: None, state_dict: None, task: None }).unwrap();
         let listing = ir.to_string();
         assert!(listing.contains("gelu"), "{listing}");
         assert!(!listing.contains("silu"), "{listing}");
