@@ -8,7 +8,6 @@ use kiln_plugin_api::Task;
 
 use crate::cli::EmbedArgs;
 use crate::embedding::{Embedder, DEFAULT_BATCH_TOKENS};
-use crate::model::Runner;
 
 /// Loads the embedding model and embeds the texts.
 pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
@@ -26,11 +25,7 @@ pub fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
         }
     };
     // `host embed` runs a decoder as an embedding model unasked.
-    let runner = match args.load.runtime.runner {
-        Runner::Auto => Runner::Pooling,
-        chosen => chosen,
-    };
-    let model = super::load_model_as(&args.load, runner)?;
+    let model = super::load_model_as(&args.load, args.load.runtime.runner.pooling_unless_chosen())?;
     let tokenizer = model
         .tokenizer
         .clone()

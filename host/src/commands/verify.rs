@@ -318,11 +318,7 @@ fn verify_embeddings(
         bail!("{flag} applies to logits references; this reference holds embeddings");
     }
     // A decoder's embeddings are checked as `host embed` makes them.
-    let runner = match args.load.runtime.runner {
-        crate::model::Runner::Auto => crate::model::Runner::Pooling,
-        chosen => chosen,
-    };
-    let model = super::load_model_as(&args.load, runner)?;
+    let model = super::load_model_as(&args.load, args.load.runtime.runner.pooling_unless_chosen())?;
     let (name, architecture) = (
         model.resolved.name.clone(),
         model.architecture.info.name.clone(),

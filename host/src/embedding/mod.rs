@@ -182,6 +182,15 @@ impl Embedder {
         })
     }
 
+    /// Whether pooling reads every token's state, not only the last one's
+    /// (a decoder's step then returns them all).
+    fn rows_pooled(&self) -> bool {
+        match &self.head {
+            Head::Pooling(pooling) => pooling.modes.iter().any(|m| *m != PoolingMode::LastToken),
+            Head::Classifier(_) => false,
+        }
+    }
+
     /// One embedding per tokenized text, in order (see [`Embedder::run`]).
     pub fn embed(&self, texts: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let texts: Vec<EncoderText> = texts.iter().cloned().map(EncoderText::from).collect();
@@ -228,17 +237,6 @@ impl Embedder {
             start = end;
         }
         Ok(outputs)
-    }
-}
-
-impl Embedder {
-    /// Whether pooling reads every token's state, not only the last one's
-    /// (a decoder's step then returns them all).
-    fn rows_pooled(&self) -> bool {
-        match &self.head {
-            Head::Pooling(pooling) => pooling.modes.iter().any(|m| *m != PoolingMode::LastToken),
-            Head::Classifier(_) => false,
-        }
     }
 }
 

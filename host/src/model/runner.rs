@@ -27,6 +27,15 @@ pub fn causal_lm_of(name: &str) -> Option<String> {
 }
 
 impl Runner {
+    /// `Pooling` where the user chose nothing: what `host embed` and an
+    /// embedding reference of `host verify` run a model as.
+    pub fn pooling_unless_chosen(self) -> Self {
+        match self {
+            Runner::Auto => Runner::Pooling,
+            chosen => chosen,
+        }
+    }
+
     /// `Auto` for a checkpoint whose config names the base model of the
     /// causal LM `registered` (`Qwen3Model` for `Qwen3ForCausalLM`) is
     /// `Pooling`: vLLM runs a `*Model` checkpoint as an embedding model.

@@ -254,14 +254,23 @@ pub fn with_decoder_adapters(arch: SupportedArchitecture) -> SupportedArchitectu
 pub fn decoder_graph(params: &LlamaParams, request: &GraphRequest) -> Result<GraphIr> {
     let mut model = params.transformer(DType::F32);
     let hidden = request.wants_hidden_states();
-    let mut state = request.state_dict.clone();
+    // Only an embedding run copies the state dict, to drop the head.
+    let without_head = hidden
+        .then(|| request.state_dict.clone())
+        .flatten()
+        .map(|mut state| {
+            state.remove("lm_head.weight");
+            state
+        });
     if hidden {
         model.lm_head = None;
-        if let Some(state) = &mut state {
-            state.remove("lm_head.weight");
-        }
     }
-    build_decoder_graph("decoder", &model, state.as_ref(), |batch| {
+    let state = if hidden {
+        without_head.as_ref()
+    } else {
+        request.state_dict.as_ref()
+    };
+    build_decoder_graph("decoder", &model, state, |batch| {
         if hidden {
             model.hidden_states(batch)
         } else {
