@@ -4,6 +4,7 @@
 #
 # Usage (from the repository root):
 #   bench/cpu/compare_llamacpp.sh [--rounds N] [--models "smollm2 gemma3 qwen2.5"] [--out DIR]
+#   (also smollm2-bf16: bench/cpu/make_bf16_gguf.py's bf16 copy of SmolLM2)
 # Environment:
 #   HOST            Kiln's host binary               (default target/release/host)
 #   MODELS_DIR      where the GGUF files are         (default /work/models)
@@ -90,7 +91,9 @@ model_file() {
         smollm2) echo "SmolLM2-135M-Instruct.Q4_1.gguf" ;;
         gemma3) echo "gemma-3-270m-q4_k_m.gguf" ;;
         qwen2.5) echo "qwen2.5-coder-0.5b-instruct-q5_0.gguf" ;;
-        *) echo "unknown model key $1 (smollm2, gemma3, qwen2.5)" >&2; return 1 ;;
+        # bench/cpu/make_bf16_gguf.py's bf16 copy of smollm2
+        smollm2-bf16) echo "SmolLM2-135M-Instruct.BF16.gguf" ;;
+        *) echo "unknown model key $1 (smollm2, gemma3, qwen2.5, smollm2-bf16)" >&2; return 1 ;;
     esac
 }
 

@@ -181,7 +181,10 @@ pub fn load(
             )))
         })?;
     let mix = KQuantMix::of(&declared.weights, vocab);
-    let bound = random_weights(&declared.weights, |name, shape| {
+    // The CPU backend runs on the host's bytes: shared ones would stay in
+    // its caches and overstate decode's speed.
+    let share = options.device.is_cuda();
+    let bound = random_weights(&declared.weights, share, |name, shape| {
         dtype.encoding(name, shape, &mix)
     })?;
     let compiled = super::compile(architecture, config, bound, format, options)?;
@@ -201,12 +204,13 @@ pub fn load(
 }
 
 /// Random weights for `declared`, each stored as `encoding(name, shape)`
-/// says.
-/// Weights of one shape and encoding share their bytes on the host (each is
-/// still its own copy on a device), so an 8B shape needs about one layer's
-/// worth of host memory beyond the vocabulary matrices.
+/// says. With `share`, weights of one shape and encoding share their bytes
+/// on the host (each is still its own copy on a CUDA device), so an 8B
+/// shape needs about one layer's worth of host memory beyond the vocabulary
+/// matrices; without, each weight has bytes of its own.
 fn random_weights(
     declared: &[WeightSpec],
+    share: bool,
     encoding: impl Fn(&str, &[u64]) -> Encoding,
 ) -> Result<BoundWeights, ModelError> {
     let mut shared: BTreeMap<(String, Vec<u64>), Arc<Vec<u8>>> = BTreeMap::new();
@@ -219,10 +223,15 @@ fn random_weights(
             encoding,
             ..spec.clone()
         };
-        let bytes = shared
-            .entry((encoding.to_string(), spec.shape.clone()))
-            .or_insert_with(|| Arc::new(random_bytes(&spec, index as u64)))
-            .clone();
+        let make = || Arc::new(random_bytes(&spec, index as u64));
+        let bytes = if share {
+            shared
+                .entry((encoding.to_string(), spec.shape.clone()))
+                .or_insert_with(make)
+                .clone()
+        } else {
+            make()
+        };
         let len = bytes.len();
         let spec_name = spec.name.clone();
         state_dict.insert(spec.name.clone(), spec.clone());

@@ -1,0 +1,284 @@
+//! `y = x·wᵀ` with f16 or bf16 weights `w [n, k]`, read in place.
+//!
+//! Every output is one fixed computation, whatever rows of `x` are batched
+//! with it and whatever the instruction set: eight lanes of fused
+//! multiply-adds along `k` in order (lane `l` takes elements `l`, `l + 8`,
+//! …), the eight lanes summed in order, then the `k mod 8` tail added one
+//! element at a time, fused. So a prompt's rows in prefill and the same
+//! rows in decode give the same bits, on every CPU.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// A 16-bit float weight format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfFormat {
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl HalfFormat {
+    #[inline]
+    fn to_f32(self, bits: u16) -> f32 {
+        match self {
+            HalfFormat::F16 => f16::from_bits(bits).to_f32(),
+            HalfFormat::BF16 => bf16::from_bits(bits).to_f32(),
+        }
+    }
+
+    /// Converts little-endian 16-bit values (`2 × out.len()` bytes) to f32.
+    pub fn convert(self, bytes: &[u8], out: &mut [f32]) {
+        assert_eq!(bytes.len(), 2 * out.len(), "conversion sizes");
+        let bits = bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]));
+        match self {
+            HalfFormat::BF16 => {
+                for (o, b) in out.iter_mut().zip(bits) {
+                    *o = f32::from_bits(u32::from(b) << 16);
+                }
+            }
+            HalfFormat::F16 => {
+                for (o, b) in out.iter_mut().zip(bits) {
+                    *o = self.to_f32(b);
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of weights a tile holds: a tile stays in the core's L2 while every
+/// row of `x` passes over it.
+const TILE_BYTES: usize = 192 << 10;
+
+/// The most weight rows in a tile (enough to amortize a pass over `x`).
+const MAX_TILE_ROWS: usize = 64;
+
+/// `y [m, n] = x [m, k] · wᵀ` with 16-bit `w [n, k]` (its little-endian
+/// bytes). The weight rows are split in tiles, one task each; each output
+/// is computed as the module docs say.
+pub fn linear_half(
+    x: &[f32],
+    w: &[u8],
+    format: HalfFormat,
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    assert!(
+        x.len() == m * k && w.len() == 2 * n * k && y.len() == m * n,
+        "linear_half sizes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        y.fill(0.0);
+        return;
+    }
+    let rows = tile_rows(n, k, rayon::current_num_threads());
+    // Each tile writes its own columns of y.
+    let tiles: Vec<(usize, Vec<f32>)> = (0..n)
+        .step_by(rows)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|start| {
+            let rows = rows.min(n - start);
+            let mut out = vec![0f32; m * rows];
+            multiply_tile(
+                x,
+                &w[2 * start * k..2 * (start + rows) * k],
+                format,
+                &mut out,
+                k,
+            );
+            (start, out)
+        })
+        .collect();
+    for (start, out) in tiles {
+        let rows = out.len() / m;
+        for (y_row, out_row) in y.chunks_exact_mut(n).zip(out.chunks_exact(rows)) {
+            y_row[start..start + rows].copy_from_slice(out_row);
+        }
+    }
+}
+
+/// Weight rows per tile: at most [`TILE_BYTES`] and [`MAX_TILE_ROWS`], and
+/// the tiles a multiple of the threads, so that no thread is left with one
+/// more tile than the others.
+fn tile_rows(n: usize, k: usize, threads: usize) -> usize {
+    let most = (TILE_BYTES / (2 * k)).clamp(4, MAX_TILE_ROWS);
+    let threads = threads.max(1);
+    let tiles = n.div_ceil(most).div_ceil(threads) * threads;
+    n.div_ceil(tiles).max(1)
+}
+
+/// `out [m, rows] = x [m, k] · tileᵀ` for a tile of 16-bit weight rows.
+fn multiply_tile(x: &[f32], tile: &[u8], format: HalfFormat, out: &mut [f32], k: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            // SAFETY: the CPU has AVX2, FMA and F16C.
+            return unsafe { super::half_weights_avx2::multiply_tile(x, tile, format, out, k) };
+        }
+    }
+    multiply_tile_portable(x, tile, format, out, k);
+}
+
+/// [`multiply_tile`] in plain Rust: the tile widened to f32, then four rows
+/// of `x` at a time with each weight row (each load of the tile feeds four
+/// products).
+pub(super) fn multiply_tile_portable(
+    x: &[f32],
+    tile: &[u8],
+    format: HalfFormat,
+    out: &mut [f32],
+    k: usize,
+) {
+    let mut widened = vec![0f32; tile.len() / 2];
+    format.convert(tile, &mut widened);
+    let (m, rows) = (x.len() / k, widened.len() / k);
+    let x_row = |i: usize| &x[i * k..(i + 1) * k];
+    let w_row = |r: usize| &widened[r * k..(r + 1) * k];
+    let mut i = 0;
+    while i + 4 <= m {
+        let xs: [&[f32]; 4] = std::array::from_fn(|j| x_row(i + j));
+        for r in 0..rows {
+            for (j, sum) in dots(xs, w_row(r)).into_iter().enumerate() {
+                out[(i + j) * rows + r] = sum;
+            }
+        }
+        i += 4;
+    }
+    for i in i..m {
+        for r in 0..rows {
+            out[i * rows + r] = dots([x_row(i)], w_row(r))[0];
+        }
+    }
+}
+
+/// The dot products of each of `R` rows `a` with `b`, as the module docs
+/// say, sharing the loads of `b`.
+#[inline(always)]
+fn dots<const R: usize>(a: [&[f32]; R], b: &[f32]) -> [f32; R] {
+    let mut acc = [[0f32; 8]; R];
+    let (b_chunks, b_tail) = b.as_chunks::<8>();
+    for (c, bc) in b_chunks.iter().enumerate() {
+        for i in 0..R {
+            let ac = &a[i][8 * c..8 * c + 8];
+            for l in 0..8 {
+                acc[i][l] = ac[l].mul_add(bc[l], acc[i][l]);
+            }
+        }
+    }
+    let tail = b_chunks.len() * 8;
+    std::array::from_fn(|i| {
+        let mut sum = lane_sum(acc[i]);
+        for (a, b) in a[i][tail..].iter().zip(b_tail) {
+            sum = a.mul_add(*b, sum);
+        }
+        sum
+    })
+}
+
+/// The eight lanes' sum, in lane order.
+#[inline(always)]
+pub(super) fn lane_sum(lanes: [f32; 8]) -> f32 {
+    lanes.iter().fold(0.0, |sum, lane| sum + lane)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::linear;
+    use super::super::tests::data;
+    use super::*;
+
+    fn encode(w: &[f32], format: HalfFormat) -> Vec<u8> {
+        w.iter()
+            .flat_map(|&v| match format {
+                HalfFormat::F16 => f16::from_f32(v).to_le_bytes(),
+                HalfFormat::BF16 => bf16::from_f32(v).to_le_bytes(),
+            })
+            .collect()
+    }
+
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    const SHAPES: [(usize, usize, usize); 7] = [
+        (1, 1, 1),
+        (3, 5, 7),
+        (17, 64, 33),
+        (64, 130, 65),
+        (2, 8, 5),
+        (9, 1000, 70),
+        (6, 23, 200),
+    ];
+
+    #[test]
+    fn products_agree_with_the_f32_product_of_the_widened_weights() {
+        for (m, k, n) in SHAPES {
+            let x = data(m * k, 1);
+            let w = data(n * k, 2);
+            for format in [HalfFormat::F16, HalfFormat::BF16] {
+                let bytes = encode(&w, format);
+                let mut widened = vec![0f32; n * k];
+                format.convert(&bytes, &mut widened);
+                let mut expected = vec![0f32; m * n];
+                linear(&x, &widened, &mut expected, m, k, n);
+                let mut y = vec![0f32; m * n];
+                linear_half(&x, &bytes, format, &mut y, m, k, n);
+                for (a, b) in y.iter().zip(&expected) {
+                    let tolerance = 1e-5 * (k as f32).max(1.0);
+                    assert!(
+                        (a - b).abs() < tolerance,
+                        "{format:?} {m}x{k}x{n}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_gives_the_same_bits_alone_batched_and_on_every_instruction_set() {
+        for (m, k, n) in SHAPES {
+            let x = data(m * k, 3);
+            let w = data(n * k, 4);
+            for format in [HalfFormat::F16, HalfFormat::BF16] {
+                let bytes = encode(&w, format);
+                let mut batched = vec![0f32; m * n];
+                linear_half(&x, &bytes, format, &mut batched, m, k, n);
+                let mut portable = vec![0f32; m * n];
+                multiply_tile_portable(&x, &bytes, format, &mut portable, k);
+                assert!(
+                    same_bits(&batched, &portable),
+                    "{format:?} {m}x{k}x{n}: the portable kernel differs"
+                );
+                for i in 0..m {
+                    let mut alone = vec![0f32; n];
+                    linear_half(&x[i * k..(i + 1) * k], &bytes, format, &mut alone, 1, k, n);
+                    assert!(
+                        same_bits(&alone, &batched[i * n..(i + 1) * n]),
+                        "{format:?} {m}x{k}x{n}: row {i} differs from its own product"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_are_bounded_and_shared_evenly() {
+        assert_eq!(tile_rows(576, 576, 2), 58);
+        assert_eq!(tile_rows(1, 4096, 2), 1);
+        for (n, k, threads) in [(576, 576, 2), (49152, 576, 2), (1536, 8192, 16), (7, 3, 4)] {
+            let rows = tile_rows(n, k, threads);
+            assert!(rows <= MAX_TILE_ROWS && (rows <= 4 || 2 * k * rows <= TILE_BYTES));
+            assert!(n.div_ceil(rows) % threads == 0 || n.div_ceil(rows) < threads);
+        }
+    }
+}
