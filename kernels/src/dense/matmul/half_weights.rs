@@ -56,9 +56,20 @@ const TILE_BYTES: usize = 192 << 10;
 /// The most weight rows in a tile (enough to amortize a pass over `x`).
 const MAX_TILE_ROWS: usize = 64;
 
+/// Tasks per thread, for balance.
+const TASKS_PER_THREAD: usize = 4;
+
+/// The least work (weight bytes times rows of `x`) worth a task.
+const MIN_TASK_WORK: usize = 32 << 10;
+
+/// The least work worth handing to the thread pool from a thread outside it
+/// (waking a pool thread costs tens of microseconds on a small VM; inside
+/// the pool a split costs about one).
+const MIN_WORK_FROM_OUTSIDE: usize = 2 << 20;
+
 /// `y [m, n] = x [m, k] · wᵀ` with 16-bit `w [n, k]` (its little-endian
-/// bytes). The weight rows are split in tiles, one task each; each output
-/// is computed as the module docs say.
+/// bytes). The weight rows are split in tasks, each writing its own
+/// columns of `y`; each output is computed as the module docs say.
 pub fn linear_half(
     x: &[f32],
     w: &[u8],
@@ -79,54 +90,90 @@ pub fn linear_half(
         y.fill(0.0);
         return;
     }
-    let rows = tile_rows(n, k, rayon::current_num_threads());
-    // Each tile writes its own columns of y.
-    let tiles: Vec<(usize, Vec<f32>)> = (0..n)
-        .step_by(rows)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|start| {
-            let rows = rows.min(n - start);
-            let mut out = vec![0f32; m * rows];
-            multiply_tile(
-                x,
-                &w[2 * start * k..2 * (start + rows) * k],
-                format,
-                &mut out,
-                k,
-            );
-            (start, out)
-        })
-        .collect();
-    for (start, out) in tiles {
-        let rows = out.len() / m;
-        for (y_row, out_row) in y.chunks_exact_mut(n).zip(out.chunks_exact(rows)) {
-            y_row[start..start + rows].copy_from_slice(out_row);
+    let outside = rayon::current_thread_index().is_none();
+    let rows_per_task = task_rows(m, n, k, rayon::current_num_threads(), outside);
+    let task_weights = |task: usize| &w[2 * task * rows_per_task * k..];
+    if rows_per_task == n {
+        let mut outs: Vec<&mut [f32]> = y.chunks_exact_mut(n).collect();
+        multiply_rows(x, w, format, &mut outs, k);
+    } else if m == 1 {
+        y.par_chunks_mut(rows_per_task)
+            .enumerate()
+            .for_each(|(task, out)| multiply_rows(x, task_weights(task), format, &mut [out], k));
+    } else {
+        // Task t gets columns t * rows_per_task.. of every row of y.
+        let mut tasks: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(rows_per_task))
+            .map(|_| Vec::with_capacity(m))
+            .collect();
+        for y_row in y.chunks_exact_mut(n) {
+            for (task, part) in tasks.iter_mut().zip(y_row.chunks_mut(rows_per_task)) {
+                task.push(part);
+            }
         }
+        tasks
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(task, mut outs)| {
+                multiply_rows(x, task_weights(task), format, &mut outs, k)
+            });
     }
 }
 
-/// Weight rows per tile: at most [`TILE_BYTES`] and [`MAX_TILE_ROWS`], and
-/// the tiles a multiple of the threads, so that no thread is left with one
-/// more tile than the others.
-fn tile_rows(n: usize, k: usize, threads: usize) -> usize {
-    let most = (TILE_BYTES / (2 * k)).clamp(4, MAX_TILE_ROWS);
-    let threads = threads.max(1);
-    let tiles = n.div_ceil(most).div_ceil(threads) * threads;
-    n.div_ceil(tiles).max(1)
+/// Weight rows per task: [`TASKS_PER_THREAD`] tasks a thread, a multiple of
+/// four rows (the register blocks' widths divide it), at least
+/// [`MIN_TASK_WORK`]; all `n` on the calling thread when it is outside the
+/// pool and the product is small.
+fn task_rows(m: usize, n: usize, k: usize, threads: usize, outside: bool) -> usize {
+    let work_per_row = 2 * k * m;
+    if outside && work_per_row.saturating_mul(n) < MIN_WORK_FROM_OUTSIDE {
+        return n;
+    }
+    n.div_ceil(threads.max(1) * TASKS_PER_THREAD)
+        .max(MIN_TASK_WORK.div_ceil(work_per_row))
+        .next_multiple_of(4)
+        .min(n)
 }
 
-/// `out [m, rows] = x [m, k] · tileᵀ` for a tile of 16-bit weight rows.
-fn multiply_tile(x: &[f32], tile: &[u8], format: HalfFormat, out: &mut [f32], k: usize) {
+/// One task: `outs[i][r] = x_i · w_r` for the first `outs[i].len()` weight
+/// rows of `w`, in tiles of equal size that each stay in L2 while every row
+/// of `x` passes.
+fn multiply_rows(x: &[f32], w: &[u8], format: HalfFormat, outs: &mut [&mut [f32]], k: usize) {
+    let rows = outs[0].len();
+    let most = (TILE_BYTES / (2 * k)).clamp(4, MAX_TILE_ROWS);
+    let tile = rows.div_ceil(rows.div_ceil(most));
+    for start in (0..rows).step_by(tile) {
+        let count = tile.min(rows - start);
+        multiply_tile(
+            x,
+            &w[2 * start * k..2 * (start + count) * k],
+            format,
+            outs,
+            start,
+            k,
+        );
+    }
+}
+
+/// `outs[i][col + r] = x_i · tile_r` for a tile of 16-bit weight rows.
+fn multiply_tile(
+    x: &[f32],
+    tile: &[u8],
+    format: HalfFormat,
+    outs: &mut [&mut [f32]],
+    col: usize,
+    k: usize,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
         if has!("avx2") && has!("fma") && has!("f16c") {
             // SAFETY: the CPU has AVX2, FMA and F16C.
-            return unsafe { super::half_weights_avx2::multiply_tile(x, tile, format, out, k) };
+            return unsafe {
+                super::half_weights_avx2::multiply_tile(x, tile, format, outs, col, k)
+            };
         }
     }
-    multiply_tile_portable(x, tile, format, out, k);
+    multiply_tile_portable(x, tile, format, outs, col, k);
 }
 
 /// [`multiply_tile`] in plain Rust: the tile widened to f32, then four rows
@@ -136,7 +183,8 @@ pub(super) fn multiply_tile_portable(
     x: &[f32],
     tile: &[u8],
     format: HalfFormat,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
+    col: usize,
     k: usize,
 ) {
     let mut widened = vec![0f32; tile.len() / 2];
@@ -149,14 +197,14 @@ pub(super) fn multiply_tile_portable(
         let xs: [&[f32]; 4] = std::array::from_fn(|j| x_row(i + j));
         for r in 0..rows {
             for (j, sum) in dots(xs, w_row(r)).into_iter().enumerate() {
-                out[(i + j) * rows + r] = sum;
+                outs[i + j][col + r] = sum;
             }
         }
         i += 4;
     }
     for i in i..m {
         for r in 0..rows {
-            out[i * rows + r] = dots([x_row(i)], w_row(r))[0];
+            outs[i][col + r] = dots([x_row(i)], w_row(r))[0];
         }
     }
 }
@@ -210,7 +258,8 @@ mod tests {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
     }
 
-    const SHAPES: [(usize, usize, usize); 7] = [
+    /// The last two are big enough to be split in tasks over the pool.
+    const SHAPES: [(usize, usize, usize); 9] = [
         (1, 1, 1),
         (3, 5, 7),
         (17, 64, 33),
@@ -218,6 +267,8 @@ mod tests {
         (2, 8, 5),
         (9, 1000, 70),
         (6, 23, 200),
+        (7, 1100, 300),
+        (1, 4100, 300),
     ];
 
     #[test]
@@ -254,7 +305,8 @@ mod tests {
                 let mut batched = vec![0f32; m * n];
                 linear_half(&x, &bytes, format, &mut batched, m, k, n);
                 let mut portable = vec![0f32; m * n];
-                multiply_tile_portable(&x, &bytes, format, &mut portable, k);
+                let mut outs: Vec<&mut [f32]> = portable.chunks_exact_mut(n).collect();
+                multiply_tile_portable(&x, &bytes, format, &mut outs, 0, k);
                 assert!(
                     same_bits(&batched, &portable),
                     "{format:?} {m}x{k}x{n}: the portable kernel differs"
@@ -272,13 +324,13 @@ mod tests {
     }
 
     #[test]
-    fn tiles_are_bounded_and_shared_evenly() {
-        assert_eq!(tile_rows(576, 576, 2), 58);
-        assert_eq!(tile_rows(1, 4096, 2), 1);
-        for (n, k, threads) in [(576, 576, 2), (49152, 576, 2), (1536, 8192, 16), (7, 3, 4)] {
-            let rows = tile_rows(n, k, threads);
-            assert!(rows <= MAX_TILE_ROWS && (rows <= 4 || 2 * k * rows <= TILE_BYTES));
-            assert!(n.div_ceil(rows) % threads == 0 || n.div_ceil(rows) < threads);
-        }
+    fn tasks_are_a_few_a_thread_and_small_products_stay_on_the_caller() {
+        // SmolLM2's attention projection in decode: 8 tasks on 2 threads.
+        assert_eq!(task_rows(1, 576, 576, 2, false), 72);
+        assert_eq!(task_rows(1, 576, 576, 2, true), 576);
+        // The LM head from outside the pool is worth the pool.
+        assert_eq!(task_rows(1, 49152, 576, 2, true), 6144);
+        // A task does at least MIN_TASK_WORK.
+        assert_eq!(task_rows(1, 64, 16, 8, false), 64);
     }
 }

@@ -8,7 +8,6 @@
 use std::arch::x86_64::*;
 
 use super::half_weights::{lane_sum, HalfFormat};
-use crate::prefetch::PREFETCH_AHEAD;
 
 /// The weight formats the blocks read, in place.
 const BF16: u8 = 0;
@@ -25,40 +24,48 @@ pub(super) unsafe fn multiply_tile(
     x: &[f32],
     tile: &[u8],
     format: HalfFormat,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
+    col: usize,
     k: usize,
 ) {
     let (m, rows) = (x.len() / k, tile.len() / (2 * k));
-    assert!(x.len() == m * k && tile.len() == 2 * rows * k && out.len() == m * rows);
+    assert!(x.len() == m * k && tile.len() == 2 * rows * k && outs.len() == m);
+    assert!(outs.iter().all(|out| out.len() >= col + rows));
     match format {
-        HalfFormat::BF16 => rows_of_x::<BF16>(x, tile, rows, out, k),
-        HalfFormat::F16 => rows_of_x::<F16>(x, tile, rows, out, k),
+        HalfFormat::BF16 => rows_of_x::<BF16>(x, tile, rows, outs, col, k),
+        HalfFormat::F16 => rows_of_x::<F16>(x, tile, rows, outs, col, k),
     }
 }
 
 /// All rows of `x` against the tile's `rows` weight rows (format `F`):
 /// six rows of `x` at a time, then the rest together. The first pass over
 /// the tile prefetches it (it streams from memory); the others find it in
-/// the core's L2. The block shapes
-/// fill the 16 vector registers: six by two was measured ahead of four by
-/// three (`dense_matmul` benchmark, 576 × 576 at 64 rows: 148 against 131
+/// the core's L2. The block shapes fill the 16 vector registers: six by
+/// two was measured ahead of four by three (`dense_matmul` benchmark, 576 × 576 at 64 rows: 148 against 131
 /// GFLOP/s on a 2-core Zen 3).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn rows_of_x<const F: u8>(x: &[f32], w: &[u8], rows: usize, out: &mut [f32], k: usize) {
+unsafe fn rows_of_x<const F: u8>(
+    x: &[f32],
+    w: &[u8],
+    rows: usize,
+    outs: &mut [&mut [f32]],
+    col: usize,
+    k: usize,
+) {
     let m = x.len() / k;
     let mut i = 0;
     while i + 6 <= m {
-        weight_rows::<F, 6, 2>(x, i, w, rows, out, k, i == 0);
+        weight_rows::<F, 6, 2>(x, i, w, rows, outs, col, k, i == 0);
         i += 6;
     }
     let first = i == 0;
     match m - i {
-        5 => weight_rows::<F, 5, 2>(x, i, w, rows, out, k, first),
-        4 => weight_rows::<F, 4, 3>(x, i, w, rows, out, k, first),
-        3 => weight_rows::<F, 3, 3>(x, i, w, rows, out, k, first),
-        2 => weight_rows::<F, 2, 4>(x, i, w, rows, out, k, first),
-        1 => weight_rows::<F, 1, 4>(x, i, w, rows, out, k, first),
+        5 => weight_rows::<F, 5, 2>(x, i, w, rows, outs, col, k, first),
+        4 => weight_rows::<F, 4, 3>(x, i, w, rows, outs, col, k, first),
+        3 => weight_rows::<F, 3, 3>(x, i, w, rows, outs, col, k, first),
+        2 => weight_rows::<F, 2, 4>(x, i, w, rows, outs, col, k, first),
+        1 => weight_rows::<F, 1, 4>(x, i, w, rows, outs, col, k, first),
         _ => {}
     }
 }
@@ -74,7 +81,8 @@ unsafe fn weight_rows<const F: u8, const R: usize, const C: usize>(
     i: usize,
     w: &[u8],
     rows: usize,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
+    col: usize,
     k: usize,
     prefetch: bool,
 ) {
@@ -85,31 +93,26 @@ unsafe fn weight_rows<const F: u8, const R: usize, const C: usize>(
         // C weight rows at a time, then one at a time.
         let cols = if r + C <= rows { C } else { 1 };
         let ws = w.as_ptr().add(r * row_bytes);
-        if prefetch {
-            prefetch_ahead(ws, cols * row_bytes);
-        }
         if cols == C {
-            let sums = block::<F, R, C>(xs, ws, k, row_bytes);
-            for (di, sums) in sums.iter().enumerate() {
-                out[(i + di) * rows + r..][..C].copy_from_slice(sums);
+            let sums = if prefetch {
+                block::<F, R, C, true>(xs, ws, k, row_bytes)
+            } else {
+                block::<F, R, C, false>(xs, ws, k, row_bytes)
+            };
+            for (out, sums) in outs[i..i + R].iter_mut().zip(&sums) {
+                out[col + r..col + r + C].copy_from_slice(sums);
             }
         } else {
-            let sums = block::<F, R, 1>(xs, ws, k, row_bytes);
-            for (di, sum) in sums.iter().enumerate() {
-                out[(i + di) * rows + r] = sum[0];
+            let sums = if prefetch {
+                block::<F, R, 1, true>(xs, ws, k, row_bytes)
+            } else {
+                block::<F, R, 1, false>(xs, ws, k, row_bytes)
+            };
+            for (out, sum) in outs[i..i + R].iter_mut().zip(&sums) {
+                out[col + r] = sum[0];
             }
         }
         r += cols;
-    }
-}
-
-/// Asks for the `len` bytes [`PREFETCH_AHEAD`] beyond `from`.
-#[inline(always)]
-unsafe fn prefetch_ahead(from: *const u8, len: usize) {
-    let ahead = from.wrapping_add(PREFETCH_AHEAD);
-    for line in (0..len).step_by(64) {
-        // A prefetch is a hint: it never faults, wherever it points.
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
     }
 }
 
@@ -118,7 +121,7 @@ unsafe fn prefetch_ahead(from: *const u8, len: usize) {
 /// `x` times weight row `j`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn block<const F: u8, const R: usize, const C: usize>(
+unsafe fn block<const F: u8, const R: usize, const C: usize, const PREFETCH: bool>(
     xs: *const f32,
     ws: *const u8,
     k: usize,
@@ -128,6 +131,15 @@ unsafe fn block<const F: u8, const R: usize, const C: usize>(
     let mut acc = [[_mm256_setzero_ps(); C]; R];
     let mut wv = [_mm256_setzero_ps(); C];
     for c in 0..chunks {
+        if PREFETCH && c % 4 == 0 {
+            // The same line of each row of the next block: every 64 bytes
+            // a row consumes, one line each row, one block ahead.
+            let ahead = ws.wrapping_add(C * row_bytes + 16 * c);
+            for j in 0..C {
+                // A prefetch is a hint: it never faults, wherever it points.
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * row_bytes).cast());
+            }
+        }
         for (j, wv) in wv.iter_mut().enumerate() {
             *wv = load8::<F>(ws.add(j * row_bytes), 8 * c);
         }
