@@ -202,9 +202,9 @@ pub(super) fn multiply_tile_portable(
         }
         i += 4;
     }
-    for i in i..m {
+    for (i, out) in outs.iter_mut().enumerate().skip(i) {
         for r in 0..rows {
-            outs[i][col + r] = dots([x_row(i)], w_row(r))[0];
+            out[col + r] = dots([x_row(i)], w_row(r))[0];
         }
     }
 }
