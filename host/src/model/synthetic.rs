@@ -183,8 +183,8 @@ pub fn load(
     let mix = KQuantMix::of(&declared.weights, vocab);
     // The CPU backend runs on the host's bytes: shared ones would stay in
     // its caches and overstate decode's speed.
-    let share = options.device.is_cuda();
-    let bound = random_weights(&declared.weights, share, |name, shape| {
+    let own_bytes = !options.device.is_cuda();
+    let bound = random_weights(&declared.weights, own_bytes, |name, shape| {
         dtype.encoding(name, shape, &mix)
     })?;
     let compiled = super::compile(architecture, config, bound, format, options)?;
@@ -204,13 +204,14 @@ pub fn load(
 }
 
 /// Random weights for `declared`, each stored as `encoding(name, shape)`
-/// says. With `share`, weights of one shape and encoding share their bytes
-/// on the host (each is still its own copy on a CUDA device), so an 8B
-/// shape needs about one layer's worth of host memory beyond the vocabulary
-/// matrices; without, each weight has bytes of its own.
+/// says. Weights of one shape and encoding have the same values. Unless
+/// `own_bytes`, they share their bytes on the host (each is still its own
+/// copy on a CUDA device), so an 8B shape needs about one layer's worth of
+/// host memory beyond the vocabulary matrices; with it, each weight has a
+/// copy of its own.
 fn random_weights(
     declared: &[WeightSpec],
-    share: bool,
+    own_bytes: bool,
     encoding: impl Fn(&str, &[u64]) -> Encoding,
 ) -> Result<BoundWeights, ModelError> {
     let mut shared: BTreeMap<(String, Vec<u64>), Arc<Vec<u8>>> = BTreeMap::new();
@@ -223,14 +224,13 @@ fn random_weights(
             encoding,
             ..spec.clone()
         };
-        let make = || Arc::new(random_bytes(&spec, index as u64));
-        let bytes = if share {
-            shared
-                .entry((encoding.to_string(), spec.shape.clone()))
-                .or_insert_with(make)
-                .clone()
+        let values = shared
+            .entry((encoding.to_string(), spec.shape.clone()))
+            .or_insert_with(|| Arc::new(random_bytes(&spec, index as u64)));
+        let bytes = if own_bytes {
+            Arc::new(values.as_ref().clone())
         } else {
-            make()
+            values.clone()
         };
         let len = bytes.len();
         let spec_name = spec.name.clone();
