@@ -21,7 +21,6 @@ pub mod cpu;
 pub mod cuda;
 pub mod dense;
 mod huge_pages;
-mod prefetch;
 pub mod quant;
 
 pub use huge_pages::HugePageBuffer;

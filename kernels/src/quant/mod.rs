@@ -69,6 +69,7 @@ mod avx2;
 mod avx512;
 mod format;
 mod matmul;
+mod prefetch;
 mod scalar;
 #[cfg(test)]
 mod tests;

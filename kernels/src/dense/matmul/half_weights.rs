@@ -271,56 +271,57 @@ mod tests {
         (1, 4100, 300),
     ];
 
-    #[test]
-    fn products_agree_with_the_f32_product_of_the_widened_weights() {
+    /// Runs `check(m, k, n, format, x, w as bytes)` on every shape and format.
+    fn for_each_case(check: impl Fn(usize, usize, usize, HalfFormat, &[f32], &[u8])) {
         for (m, k, n) in SHAPES {
             let x = data(m * k, 1);
             let w = data(n * k, 2);
             for format in [HalfFormat::F16, HalfFormat::BF16] {
-                let bytes = encode(&w, format);
-                let mut widened = vec![0f32; n * k];
-                format.convert(&bytes, &mut widened);
-                let mut expected = vec![0f32; m * n];
-                linear(&x, &widened, &mut expected, m, k, n);
-                let mut y = vec![0f32; m * n];
-                linear_half(&x, &bytes, format, &mut y, m, k, n);
-                for (a, b) in y.iter().zip(&expected) {
-                    let tolerance = 1e-5 * (k as f32).max(1.0);
-                    assert!(
-                        (a - b).abs() < tolerance,
-                        "{format:?} {m}x{k}x{n}: {a} vs {b}"
-                    );
-                }
+                check(m, k, n, format, &x, &encode(&w, format));
             }
         }
     }
 
     #[test]
-    fn a_row_gives_the_same_bits_alone_batched_and_on_every_instruction_set() {
-        for (m, k, n) in SHAPES {
-            let x = data(m * k, 3);
-            let w = data(n * k, 4);
-            for format in [HalfFormat::F16, HalfFormat::BF16] {
-                let bytes = encode(&w, format);
-                let mut batched = vec![0f32; m * n];
-                linear_half(&x, &bytes, format, &mut batched, m, k, n);
-                let mut portable = vec![0f32; m * n];
-                let mut outs: Vec<&mut [f32]> = portable.chunks_exact_mut(n).collect();
-                multiply_tile_portable(&x, &bytes, format, &mut outs, 0, k);
+    fn products_agree_with_the_f32_product_of_the_widened_weights() {
+        for_each_case(|m, k, n, format, x, bytes| {
+            let mut widened = vec![0f32; n * k];
+            format.convert(bytes, &mut widened);
+            let mut expected = vec![0f32; m * n];
+            linear(x, &widened, &mut expected, m, k, n);
+            let mut y = vec![0f32; m * n];
+            linear_half(x, bytes, format, &mut y, m, k, n);
+            let tolerance = 1e-5 * (k as f32).max(1.0);
+            for (a, b) in y.iter().zip(&expected) {
                 assert!(
-                    same_bits(&batched, &portable),
-                    "{format:?} {m}x{k}x{n}: the portable kernel differs"
+                    (a - b).abs() < tolerance,
+                    "{format:?} {m}x{k}x{n}: {a} vs {b}"
                 );
-                for i in 0..m {
-                    let mut alone = vec![0f32; n];
-                    linear_half(&x[i * k..(i + 1) * k], &bytes, format, &mut alone, 1, k, n);
-                    assert!(
-                        same_bits(&alone, &batched[i * n..(i + 1) * n]),
-                        "{format:?} {m}x{k}x{n}: row {i} differs from its own product"
-                    );
-                }
             }
-        }
+        });
+    }
+
+    #[test]
+    fn a_row_gives_the_same_bits_alone_batched_and_on_every_instruction_set() {
+        for_each_case(|m, k, n, format, x, bytes| {
+            let mut batched = vec![0f32; m * n];
+            linear_half(x, bytes, format, &mut batched, m, k, n);
+            let mut portable = vec![0f32; m * n];
+            let mut outs: Vec<&mut [f32]> = portable.chunks_exact_mut(n).collect();
+            multiply_tile_portable(x, bytes, format, &mut outs, 0, k);
+            assert!(
+                same_bits(&batched, &portable),
+                "{format:?} {m}x{k}x{n}: the portable kernel differs"
+            );
+            for i in 0..m {
+                let mut alone = vec![0f32; n];
+                linear_half(&x[i * k..(i + 1) * k], bytes, format, &mut alone, 1, k, n);
+                assert!(
+                    same_bits(&alone, &batched[i * n..(i + 1) * n]),
+                    "{format:?} {m}x{k}x{n}: row {i} differs from its own product"
+                );
+            }
+        });
     }
 
     #[test]

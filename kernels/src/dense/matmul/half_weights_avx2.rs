@@ -41,8 +41,8 @@ pub(super) unsafe fn multiply_tile(
 /// six rows of `x` at a time, then the rest together. The first pass over
 /// the tile prefetches it (it streams from memory); the others find it in
 /// the core's L2. The block shapes fill the 16 vector registers: six by
-/// two was measured ahead of four by three (`dense_matmul` benchmark, 576 × 576 at 64 rows: 148 against 131
-/// GFLOP/s on a 2-core Zen 3).
+/// two was measured ahead of four by three (`dense_matmul` benchmark,
+/// 576 × 576 at 64 rows: 148 against 131 GFLOP/s on a 2-core Zen 3).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows_of_x<const F: u8>(
@@ -71,8 +71,8 @@ unsafe fn rows_of_x<const F: u8>(
 }
 
 /// Rows `i..i + R` of `x` against every weight row, `C` at a time, then
-/// one at a time; with `prefetch`, the weights a few kilobytes ahead are
-/// requested as it goes (they are streaming from memory).
+/// one at a time; with `prefetch`, each block requests the next block's
+/// weights as it goes (they are streaming from memory).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]

@@ -12,12 +12,12 @@
 use std::arch::x86_64::*;
 
 use super::super::format::{marker, Format, Unpacked, QK_K};
+use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
 use super::{
     f16_at, fold2, hsum, k4_scales_mins_words, load8, q45k_group, q5k_high_bits, q6k_half,
     quant_offset, u32_at, unsigned_quants,
 };
-use crate::prefetch::rows_prefetched;
 
 /// Loads 32 f32.
 #[target_feature(enable = "avx2,fma,f16c")]

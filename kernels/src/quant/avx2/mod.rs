@@ -19,8 +19,8 @@ use std::arch::x86_64::*;
 
 use super::act::{BlockQ8, BlockQ8K};
 use super::format::{k4_scales_mins_words, Format};
+use super::prefetch::rows_prefetched;
 use super::QuantType;
-use crate::prefetch::rows_prefetched;
 
 // ---------------------------------------------------------------- helpers
 

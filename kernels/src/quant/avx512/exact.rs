@@ -17,9 +17,9 @@ use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
 use super::super::format::Format;
+use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
 use super::{hsum, hsum16, load_pair, nibble_index, qs_offset, quant_offset, unsigned_quants};
-use crate::prefetch::rows_prefetched;
 
 /// The `vpermb`/`vpermw` indexes the exact kernels decode blocks with.
 #[derive(Clone, Copy)]

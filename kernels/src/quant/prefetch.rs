@@ -1,4 +1,4 @@
-//! Software prefetch for the kernels that stream weights from memory (decode).
+//! Software prefetch for the single-row (decode) kernels.
 //!
 //! A decode step streams every weight once, row after row, from memory that
 //! is not in the core's caches. The hardware prefetchers alone left the
