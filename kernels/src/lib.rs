@@ -22,5 +22,6 @@ pub mod cuda;
 pub mod dense;
 mod huge_pages;
 pub mod quant;
+mod row_tasks;
 
 pub use huge_pages::HugePageBuffer;

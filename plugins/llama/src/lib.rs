@@ -255,17 +255,13 @@ pub fn decoder_graph(params: &LlamaParams, request: &GraphRequest) -> Result<Gra
     let mut model = params.transformer(DType::F32);
     let hidden = request.wants_hidden_states();
     // Only an embedding run copies the state dict, to drop the head.
-    let without_head = hidden
-        .then(|| request.state_dict.clone())
-        .flatten()
-        .map(|mut state| {
+    let without_head;
+    let state = if hidden {
+        model.lm_head = None;
+        without_head = request.state_dict.clone().map(|mut state| {
             state.remove("lm_head.weight");
             state
         });
-    if hidden {
-        model.lm_head = None;
-    }
-    let state = if hidden {
         without_head.as_ref()
     } else {
         request.state_dict.as_ref()

@@ -7,8 +7,8 @@
 //! element at a time, fused. So a prompt's rows in prefill and the same
 //! rows in decode give the same bits, on every CPU.
 
+use crate::row_tasks::for_each_row_task;
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 /// A 16-bit float weight format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,20 +56,10 @@ const TILE_BYTES: usize = 192 << 10;
 /// The most weight rows in a tile (enough to amortize a pass over `x`).
 const MAX_TILE_ROWS: usize = 64;
 
-/// Tasks per thread, for balance.
-const TASKS_PER_THREAD: usize = 4;
-
-/// The least work (weight bytes times rows of `x`) worth a task.
-const MIN_TASK_WORK: usize = 32 << 10;
-
-/// The least work worth handing to the thread pool from a thread outside it
-/// (waking a pool thread costs tens of microseconds on a small VM; inside
-/// the pool a split costs about one).
-const MIN_WORK_FROM_OUTSIDE: usize = 2 << 20;
-
 /// `y [m, n] = x [m, k] · wᵀ` with 16-bit `w [n, k]` (its little-endian
-/// bytes). The weight rows are split in tasks, each writing its own
-/// columns of `y`; each output is computed as the module docs say.
+/// bytes). The weight rows are split in tasks over the thread pool, each
+/// writing its own columns of `y`; each output is computed as the module
+/// docs say.
 pub fn linear_half(
     x: &[f32],
     w: &[u8],
@@ -83,55 +73,14 @@ pub fn linear_half(
         x.len() == m * k && w.len() == 2 * n * k && y.len() == m * n,
         "linear_half sizes"
     );
-    if m == 0 || n == 0 {
-        return;
-    }
     if k == 0 {
         y.fill(0.0);
         return;
     }
-    let outside = rayon::current_thread_index().is_none();
-    let rows_per_task = task_rows(m, n, k, rayon::current_num_threads(), outside);
-    let task_weights = |task: usize| &w[2 * task * rows_per_task * k..];
-    if rows_per_task == n {
-        let mut outs: Vec<&mut [f32]> = y.chunks_exact_mut(n).collect();
-        multiply_rows(x, w, format, &mut outs, k);
-    } else if m == 1 {
-        y.par_chunks_mut(rows_per_task)
-            .enumerate()
-            .for_each(|(task, out)| multiply_rows(x, task_weights(task), format, &mut [out], k));
-    } else {
-        // Task t gets columns t * rows_per_task.. of every row of y.
-        let mut tasks: Vec<Vec<&mut [f32]>> = (0..n.div_ceil(rows_per_task))
-            .map(|_| Vec::with_capacity(m))
-            .collect();
-        for y_row in y.chunks_exact_mut(n) {
-            for (task, part) in tasks.iter_mut().zip(y_row.chunks_mut(rows_per_task)) {
-                task.push(part);
-            }
-        }
-        tasks
-            .into_par_iter()
-            .enumerate()
-            .for_each(|(task, mut outs)| {
-                multiply_rows(x, task_weights(task), format, &mut outs, k)
-            });
-    }
-}
-
-/// Weight rows per task: [`TASKS_PER_THREAD`] tasks a thread, a multiple of
-/// four rows (the register blocks' widths divide it), at least
-/// [`MIN_TASK_WORK`]; all `n` on the calling thread when it is outside the
-/// pool and the product is small.
-fn task_rows(m: usize, n: usize, k: usize, threads: usize, outside: bool) -> usize {
-    let work_per_row = 2 * k * m;
-    if outside && work_per_row.saturating_mul(n) < MIN_WORK_FROM_OUTSIDE {
-        return n;
-    }
-    n.div_ceil(threads.max(1) * TASKS_PER_THREAD)
-        .max(MIN_TASK_WORK.div_ceil(work_per_row))
-        .next_multiple_of(4)
-        .min(n)
+    // Rows a multiple of 4: the register blocks' widths divide it.
+    for_each_row_task(y, n, 2 * k, 4, |first, outs| {
+        multiply_rows(x, &w[2 * first * k..], format, outs, k)
+    });
 }
 
 /// One task: `outs[i][r] = x_i · w_r` for the first `outs[i].len()` weight
@@ -322,16 +271,5 @@ mod tests {
                 );
             }
         });
-    }
-
-    #[test]
-    fn tasks_are_a_few_a_thread_and_small_products_stay_on_the_caller() {
-        // SmolLM2's attention projection in decode: 8 tasks on 2 threads.
-        assert_eq!(task_rows(1, 576, 576, 2, false), 72);
-        assert_eq!(task_rows(1, 576, 576, 2, true), 576);
-        // The LM head from outside the pool is worth the pool.
-        assert_eq!(task_rows(1, 49152, 576, 2, true), 6144);
-        // A task does at least MIN_TASK_WORK.
-        assert_eq!(task_rows(1, 64, 16, 8, false), 64);
     }
 }

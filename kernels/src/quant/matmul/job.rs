@@ -4,8 +4,6 @@
 
 use std::cell::RefCell;
 
-use rayon::prelude::*;
-
 use super::{Aligned, Kernel, MultiKernel, Panel, MAX_MULTI_KERNELS};
 #[cfg(target_arch = "x86_64")]
 use super::{AmxPanel, AmxWeights};
@@ -18,18 +16,9 @@ const ROW_TILE: usize = 8;
 /// the next group, so they stay in L2 while a group's activations stay in
 /// L1. Bigger tiles also spread the kernel's set-up over more rows.
 const MULTI_TILE_BYTES: usize = 256 << 10;
-/// The least work (weight bytes times activation rows) worth a task.
-const MIN_TASK_WORK: usize = 32 * 1024;
 /// Bytes of f32 weights a panel kernel decodes at once: they stay in L2
 /// while every activation row passes.
 const PANEL_TILE_BYTES: usize = 512 << 10;
-/// Tasks per thread, for balance.
-const TASKS_PER_THREAD: usize = 4;
-/// The least work worth handing to the thread pool from a thread outside it:
-/// waking a pool thread and being woken again costs tens of microseconds on
-/// some machines (about 40 µs on a 2-vCPU VM), so smaller products run on the
-/// calling thread. Inside the pool, splitting costs about a microsecond.
-const MIN_WORK_FROM_OUTSIDE: usize = 2 << 20;
 
 /// Values of weights the AMX kernels decode at once (a byte each, two for
 /// Q4_K and Q6_K): they stay in L2 while every activation row passes.
@@ -197,41 +186,11 @@ impl<A: Sync> Job<'_, A> {
         });
     }
 
-    /// Runs the job over all `rows`, writing `y` (`m x rows`).
+    /// Runs the job over all `rows`, writing `y` (`m x rows`), in tasks
+    /// over the thread pool.
     pub(super) fn run(&self, rows: usize, y: &mut [f32]) {
-        let m = y.len() / rows;
-        let work_per_row = (self.row_bytes * m).max(1);
-        let threads = rayon::current_num_threads();
-        let outside = rayon::current_thread_index().is_none();
-        let chunk = if outside && work_per_row.saturating_mul(rows) < MIN_WORK_FROM_OUTSIDE {
-            rows
-        } else {
-            rows.div_ceil(threads * TASKS_PER_THREAD)
-                .max(MIN_TASK_WORK.div_ceil(work_per_row))
-                .next_multiple_of(self.row_align)
-                .min(rows)
-        };
-        if chunk == rows {
-            let mut outs: Vec<&mut [f32]> = y.chunks_exact_mut(rows).collect();
-            self.rows(0, &mut outs);
-        } else if m == 1 {
-            y.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(c, out)| self.rows(c * chunk, &mut [out]));
-        } else {
-            // Task c gets columns c*chunk.. of every output row.
-            let mut tasks: Vec<Vec<&mut [f32]>> = (0..rows.div_ceil(chunk))
-                .map(|_| Vec::with_capacity(m))
-                .collect();
-            for out in y.chunks_exact_mut(rows) {
-                for (task, part) in tasks.iter_mut().zip(out.chunks_mut(chunk)) {
-                    task.push(part);
-                }
-            }
-            tasks
-                .into_par_iter()
-                .enumerate()
-                .for_each(|(c, mut outs)| self.rows(c * chunk, &mut outs));
-        }
+        crate::row_tasks::for_each_row_task(y, rows, self.row_bytes, self.row_align, |r0, outs| {
+            self.rows(r0, outs)
+        });
     }
 }
