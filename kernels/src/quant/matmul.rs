@@ -126,6 +126,12 @@ struct Panel {
     pack: fn(&[f32], usize, &mut [f32]),
     decode: unsafe fn(&[u8], usize, &mut [f32]),
     multiply: PanelMultiply,
+    /// The fewest activation rows they take (fewer go to the other
+    /// kernels).
+    min_acts: usize,
+    /// Bytes of f32 weights decoded at once: they stay in L2 while every
+    /// activation row passes.
+    tile_bytes: usize,
 }
 
 /// [`Panel`]'s `multiply`.
@@ -177,9 +183,14 @@ impl<A> Clone for Kernels<A> {
 
 impl<A> Copy for Kernels<A> {}
 
-/// The fewest activation rows the panel kernels take (fewer go to the
-/// multi-row kernels: measured, 8 rows do not repay decoding a tile, 16 do).
-const PANEL_MIN_ACTS: usize = 16;
+/// The fewest activation rows the AVX-512 panel kernels take (fewer go to
+/// the multi-row kernels: measured, 8 rows do not repay decoding a tile, 16
+/// do).
+#[cfg(target_arch = "x86_64")]
+const PANEL_MIN_ACTS_512: usize = 16;
+/// Bytes of f32 weights the AVX-512 panel kernels decode at once.
+#[cfg(target_arch = "x86_64")]
+const PANEL_TILE_BYTES_512: usize = 512 << 10;
 /// The fewest activation rows the AMX kernels take (a tile holds 16).
 #[cfg(target_arch = "x86_64")]
 const AMX_MIN_ACTS: usize = 16;
@@ -207,8 +218,8 @@ fn multi<A>(
 /// activation representation.
 enum Selected {
     Exact(Kernels<f32>),
-    /// Exact kernels, and panel kernels for [`PANEL_MIN_ACTS`] activation
-    /// rows or more.
+    /// Exact kernels, and panel kernels for the activation rows they take
+    /// (`Panel::min_acts` or more).
     ExactPanel(Kernels<f32>, Panel),
     Q8(Kernels<BlockQ8>),
     Q8K(Kernels<BlockQ8K>),
@@ -316,7 +327,7 @@ fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Sele
         // single row 10-20 % slower (measured on Zen 5 and Sapphire Rapids),
         // and Q8_0 is mostly LM heads, which prefill runs for one row only
         // (batched decode runs them for every sequence: the multi-row ones).
-        (Exact, QuantType::Q8_0) => Selected::Exact(exact_avx2::<m::Q8_0>()),
+        (Exact, QuantType::Q8_0) => exact_avx2::<m::Q8_0>(),
         (Fast, QuantType::Q4_0) => fast_512::<m::Q4_0>(amx),
         (Fast, QuantType::Q4_1) => fast_512::<m::Q4_1>(amx),
         (Fast, QuantType::Q5_0) => fast_512::<m::Q5_0>(amx),
@@ -361,6 +372,8 @@ fn exact_512<D: super::avx512::ExactRows>() -> Selected {
         pack: k::pack_acts,
         decode: k::decode_rows::<D>,
         multiply: k::panel_multiply,
+        min_acts: PANEL_MIN_ACTS_512,
+        tile_bytes: PANEL_TILE_BYTES_512,
     };
     Selected::ExactPanel(kernels, panel)
 }
@@ -391,20 +404,25 @@ fn fast_512<F: Format>(amx: bool) -> Selected {
 }
 
 /// The AVX2 exact kernels for the 32-value formats: the single-row one, and
-/// multi-row ones for 8, 4 and 2 activation rows, which decode each block
-/// once for all of them.
+/// from two activation rows on the panel kernels, which dequantize each
+/// weight once for all of them and multiply in the dense f32 register
+/// blocks.
 #[cfg(target_arch = "x86_64")]
-fn exact_avx2<F: Format>() -> Kernels<f32> {
+fn exact_avx2<F: Format>() -> Selected {
     use super::avx2 as k;
-    Kernels {
-        one: k::exact_32::<F>,
-        multi: [
-            multi(8, k::exact_32_multi::<F, 8>),
-            multi(4, k::exact_32_multi::<F, 4>),
-            multi(2, k::exact_32_multi::<F, 2>),
-        ],
-    }
+    let panel = Panel {
+        pack: k::pack_acts_32,
+        decode: k::decode_rows_32::<F>,
+        multiply: k::panel_multiply_32,
+        min_acts: 2,
+        tile_bytes: PANEL_TILE_BYTES_AVX2,
+    };
+    Selected::ExactPanel(one(k::exact_32::<F>), panel)
 }
+
+/// Bytes of f32 weights the AVX2 panel kernels decode at once.
+#[cfg(target_arch = "x86_64")]
+const PANEL_TILE_BYTES_AVX2: usize = 192 << 10;
 
 /// The AVX2 exact kernels for Q4_K and Q5_K: the single-row one, and
 /// multi-row ones for 8, 4 and 2 activation rows.
@@ -489,11 +507,11 @@ fn select_avx2(ty: QuantType, precision: Arithmetic) -> Selected {
     use marker as m;
     use Arithmetic::{Exact, Fast};
     match (precision, ty) {
-        (Exact, QuantType::Q4_0) => Selected::Exact(exact_avx2::<m::Q4_0>()),
-        (Exact, QuantType::Q4_1) => Selected::Exact(exact_avx2::<m::Q4_1>()),
-        (Exact, QuantType::Q5_0) => Selected::Exact(exact_avx2::<m::Q5_0>()),
-        (Exact, QuantType::Q5_1) => Selected::Exact(exact_avx2::<m::Q5_1>()),
-        (Exact, QuantType::Q8_0) => Selected::Exact(exact_avx2::<m::Q8_0>()),
+        (Exact, QuantType::Q4_0) => exact_avx2::<m::Q4_0>(),
+        (Exact, QuantType::Q4_1) => exact_avx2::<m::Q4_1>(),
+        (Exact, QuantType::Q5_0) => exact_avx2::<m::Q5_0>(),
+        (Exact, QuantType::Q5_1) => exact_avx2::<m::Q5_1>(),
+        (Exact, QuantType::Q8_0) => exact_avx2::<m::Q8_0>(),
         (Exact, QuantType::Q4K) => Selected::Exact(exact_q45k_avx2::<m::Q4K>()),
         (Exact, QuantType::Q5K) => Selected::Exact(exact_q45k_avx2::<m::Q5K>()),
         (Exact, QuantType::Q6K) => Selected::Exact(exact_q6k_avx2()),
@@ -717,7 +735,7 @@ impl<'a> QuantMatrix<'a> {
         #[cfg(target_arch = "x86_64")]
         let fast_rows = if residual { 2 * m } else { m };
         match select(self.ty, arithmetic, isa) {
-            Selected::ExactPanel(kernels, panel) if m >= PANEL_MIN_ACTS => {
+            Selected::ExactPanel(kernels, panel) if m >= panel.min_acts => {
                 // The panel kernels read the activations many times over:
                 // laid out, from a copy that starts on a cache line, so that
                 // no 64-byte load straddles two. By slabs of rows, so that

@@ -368,6 +368,37 @@ fn panel_products_equal_single_row_products() {
     }
 }
 
+/// The AVX2 exact panel kernels of the 32-value formats (two activation
+/// rows or more: weights dequantized once, the dense register blocks) give
+/// bit for bit what one row at a time gives (four weight rows at a time,
+/// then one): every remainder of the blocks' six activation rows and of
+/// their two to four weight rows, tasks of several decoded tiles (600 rows
+/// of 2048 values: 24 rows a tile) and several slabs of activation rows
+/// (1031).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_panel_products_equal_single_row_products() {
+    if !available_or_skip(Isa::Avx2, "avx2_panel_products_equal_single_row_products") {
+        return;
+    }
+    let mut seed = 6000;
+    for ty in BLOCK32_TYPES {
+        for (rows, blocks, ms) in [
+            (7, 2, &[2, 3, 4, 5, 6, 7, 11][..]),
+            (13, 20, &[12, 64][..]),
+            (6, 71, &[2, 23][..]),
+            (600, 64, &[8][..]),
+            // Two slabs of activation rows, the second of 7.
+            (5, 2, &[1031][..]),
+        ] {
+            for &m in ms {
+                seed += 1;
+                check_multi_row(Isa::Avx2, ty, rows, blocks * 32, m, seed);
+            }
+        }
+    }
+}
+
 /// The AMX kernels (fast products of 16 activation rows or more) give bit
 /// for bit what the AVX-512 single-row kernel gives: partial tiles of
 /// activation rows and of weight rows, odd block counts, and tasks of
@@ -597,47 +628,19 @@ fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
 }
 
 /// The AVX2 exact multi-row kernels against the single-row one, bit for bit.
+/// The AVX2 exact K-quant kernels over several activation rows give bit for
+/// bit what their single-row kernel (their multi-row one for one row)
+/// gives.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_exact_multi_row_kernels_equal_the_single_row_kernel() {
-    use super::avx2::{exact_32, exact_32_multi};
-    use super::format::{marker as m, Format};
-
-    fn check<F: Format>(seed: u64) {
-        let shapes: [(usize, MultiKernel<f32>); 4] = [
-            (2, exact_32_multi::<F, 2>),
-            (3, exact_32_multi::<F, 3>),
-            (4, exact_32_multi::<F, 4>),
-            (8, exact_32_multi::<F, 8>),
-        ];
-        let mut rng = Rng::new(seed);
-        for blocks in [1usize, 2, 3, 7, 18] {
-            for shape in shapes {
-                check_multi_kernel(
-                    F::TY,
-                    &mut rng,
-                    blocks,
-                    blocks * 32,
-                    shape,
-                    exact_32::<F>,
-                    |x: &[f32], a: &mut [f32]| a.copy_from_slice(x),
-                );
-            }
-        }
-    }
-
+    use super::format::marker as m;
     if !available_or_skip(
         Isa::Avx2,
         "avx2_exact_multi_row_kernels_equal_the_single_row_kernel",
     ) {
         return;
     }
-    check::<m::Q4_0>(21);
-    check::<m::Q4_1>(22);
-    check::<m::Q5_0>(23);
-    check::<m::Q5_1>(24);
-    check::<m::Q8_0>(25);
-
     // The K-quants' kernels, whose single-row kernel is their multi-row
     // one for one row.
     use super::avx2::{exact_q45k, exact_q45k_multi, exact_q6k, exact_q6k_multi};

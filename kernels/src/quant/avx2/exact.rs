@@ -1,23 +1,22 @@
-//! The exact kernels (f32 activations): each block's quants widened to f32
-//! and multiplied with FMA, two accumulators a row (over even and odd
-//! blocks; for the K-quants, over the sub-blocks of each pair).
+//! The exact kernels (f32 activations) of the K-quants and of any format
+//! without one of its own ([`exact_any`]), and the widening helpers they
+//! share with `exact_32` (the 32-value formats): each block's quants widened
+//! to f32 and multiplied with FMA, two accumulators a row (over the
+//! sub-blocks of each pair), each sub-block's scale applied to its sum.
 //!
 //! Widening is most of a single row's work (the multi-row kernels share it).
-//! Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and Q4_K widen straight from the packed
-//! bytes, eight at a time by a widening load (`vpmovsxbd`/`vpmovzxbd`), the
-//! high nibbles by a shift, Q5_0's and Q5_1's fifth bits (in the
-//! single-row kernel) by a variable shift of their word: no byte shuffles. The sums of the activation blocks, which
-//! the minimums multiply, are taken once per product.
+//! Q4_K's quants widen straight from the packed bytes, eight at a time by a
+//! widening load (`vpmovzxbd`), the high nibbles by a shift; Q5_0's and
+//! Q5_1's fifth bits come by a variable shift of their word: no byte
+//! shuffles. The sums of the activation blocks, which the minimums multiply,
+//! are taken once per product.
 
 use std::arch::x86_64::*;
 
 use super::super::format::{marker, Format, Unpacked, QK_K};
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
-use super::{
-    f16_at, fold2, hsum, k4_scales_mins_words, load8, q45k_group, q5k_high_bits, q6k_half,
-    quant_offset, u32_at, unsigned_quants,
-};
+use super::{f16_at, hsum, k4_scales_mins_words, load8, q45k_group, q5k_high_bits, q6k_half};
 
 /// Loads 32 f32.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -52,7 +51,7 @@ unsafe fn i8x32_to_f32(q: __m256i) -> [__m256; 4] {
 /// The eight signed bytes at the start of `b` as f32 (one widening load).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn i8x8_at(b: &[u8]) -> __m256 {
+pub(super) unsafe fn i8x8_at(b: &[u8]) -> __m256 {
     i8x8_to_f32(_mm_loadl_epi64(b[..8].as_ptr().cast()))
 }
 
@@ -78,7 +77,7 @@ unsafe fn nibbles8_to_f32(b: &[u8], fifth: [__m256i; 2], offset: i8) -> [__m256;
 /// 8..16, 16..24, 24..32).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn nibbles_to_f32(b: &[u8], qh: u32, offset: i8) -> [__m256; 4] {
+pub(super) unsafe fn nibbles_to_f32(b: &[u8], qh: u32, offset: i8) -> [__m256; 4] {
     let fifth = fifth_bits(qh);
     let ([low0, high0], [low1, high1]) = (
         nibbles8_to_f32(b, [fifth[0], fifth[2]], offset),
@@ -99,12 +98,20 @@ unsafe fn fifth_bits(qh: u32) -> [__m256i; 4] {
         _mm256_set1_epi32((qh << 4) as i32),
         _mm256_set1_epi32(qh as i32),
     );
-    let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    std::array::from_fn(|k| {
-        let (word, first) = if k < 3 { (low, 8 * k) } else { (high, 20) };
-        let counts = _mm256_add_epi32(lanes, _mm256_set1_epi32(first as i32));
+    let bit = |word, first| {
+        let counts = _mm256_setr_epi32(
+            first,
+            first + 1,
+            first + 2,
+            first + 3,
+            first + 4,
+            first + 5,
+            first + 6,
+            first + 7,
+        );
         _mm256_and_si256(_mm256_srlv_epi32(word, counts), sixteen)
-    })
+    };
+    [bit(low, 0), bit(low, 8), bit(low, 16), bit(high, 20)]
 }
 
 /// The low eight signed bytes of `v` as f32.
@@ -155,42 +162,6 @@ pub(crate) unsafe fn exact_any<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) 
     }
 }
 
-/// Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let acts: Vec<Acts32> = x
-        .as_chunks::<32>()
-        .0
-        .iter()
-        .map(|x| Acts32 {
-            x,
-            sum: if F::TY.has_min() {
-                block_sum(x)
-            } else {
-                _mm256_setzero_ps()
-            },
-        })
-        .collect();
-    by_rows!(exact_32_row::<F>, w, acts.len(), &acts, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn exact_32_row<F: Format>(row: &[u8], acts: &[Acts32]) -> f32 {
-    let acc = fold2(row, F::BYTES, acts, _mm256_setzero_ps(), |acc, b, a| {
-        exact_32_add::<F>(acc, &Exact32Weights::decode::<F, true>(b), a.x, a.sum)
-    });
-    hsum(_mm256_add_ps(acc[0], acc[1]))
-}
-
-/// A block of 32 activations for [`exact_32`], with its [`block_sum`] for
-/// the formats with a minimum (zero for the others).
-#[derive(Clone, Copy)]
-struct Acts32<'a> {
-    x: &'a [f32; 32],
-    sum: __m256,
-}
-
 /// A block of activations' sum in eight lanes, which the weight blocks'
 /// minimums multiply: taken once for a product, not once for each weight
 /// row.
@@ -215,103 +186,6 @@ unsafe fn row_blocks<const R: usize>(
         x.iter().map(|x| block_sum(x)).collect()
     });
     (xs, sums)
-}
-
-/// A Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block decoded for [`exact_32`]: its 32 signed
-/// quants as f32 (values 0..8, 8..16, 16..24, 24..32), its scale and its
-/// minimum (zero for the formats without one).
-struct Exact32Weights {
-    q: [__m256; 4],
-    scale: __m256,
-    min: __m256,
-}
-
-impl Exact32Weights {
-    /// Decodes block `b`. Q5_0's and Q5_1's quants come the same either way
-    /// (so the bits do too): by widening loads for one activation row
-    /// (`ONE_ROW`: fewer shuffles, ~10 % faster), else in bytes, then
-    /// widened (fewer instructions, ~6 % faster where 2 to 8 rows share a
-    /// decode).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn decode<F: Format, const ONE_ROW: bool>(b: &[u8]) -> Self {
-        let offset = quant_offset(F::TY);
-        let q = match F::TY {
-            QuantType::Q8_0 => std::array::from_fn(|k| i8x8_at(&b[2 + 8 * k..])),
-            QuantType::Q4_0 => nibbles_to_f32(&b[2..18], 0, offset),
-            QuantType::Q4_1 => nibbles_to_f32(&b[4..20], 0, offset),
-            QuantType::Q5_0 if ONE_ROW => nibbles_to_f32(&b[6..22], u32_at(b, 2), offset),
-            QuantType::Q5_1 if ONE_ROW => nibbles_to_f32(&b[8..24], u32_at(b, 4), offset),
-            _ => i8x32_to_f32(_mm256_sub_epi8(
-                unsigned_quants::<F>(b),
-                _mm256_set1_epi8(offset),
-            )),
-        };
-        Self {
-            q,
-            scale: _mm256_set1_ps(f16_at(b, 0)),
-            min: if F::TY.has_min() {
-                _mm256_set1_ps(f16_at(b, 2))
-            } else {
-                _mm256_setzero_ps()
-            },
-        }
-    }
-}
-
-/// [`exact_32`]'s step: adds a decoded block times 32 activations to `acc`.
-/// The single-row and multi-row kernels both go through it, so they agree
-/// bit for bit.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn exact_32_add<F: Format>(
-    acc: __m256,
-    w: &Exact32Weights,
-    x: &[f32; 32],
-    sum: __m256,
-) -> __m256 {
-    let (lo, hi) = dot32(&w.q, &load32_f32(x));
-    let acc = _mm256_fmadd_ps(w.scale, _mm256_add_ps(lo, hi), acc);
-    if F::TY.has_min() {
-        _mm256_fmadd_ps(w.min, sum, acc)
-    } else {
-        acc
-    }
-}
-
-/// [`exact_32`] over `R` activation rows of `cols` values each (one after
-/// another in `x`): each weight block is decoded once for the `R` rows.
-/// `out[i * n + r]` = weight row `r` · activation row `i`, bit for bit what
-/// [`exact_32`] gives, with `n = out.len() / R` weight rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn exact_32_multi<F: Format, const R: usize>(
-    w: &[u8],
-    x: &[f32],
-    cols: usize,
-    out: &mut [f32],
-) {
-    let n = out.len() / R;
-    let (xs, sums) = row_blocks::<R>(x, cols, F::TY.has_min());
-    let row_bytes = (cols / 32 * F::BYTES).max(1);
-    for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
-        // Even and odd blocks into separate sums, as `fold2` does (a row's
-        // lone last block is even).
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        for (k, b) in row.chunks_exact(F::BYTES).enumerate() {
-            let weights = Exact32Weights::decode::<F, false>(b);
-            for (i, (acc, x)) in acc.iter_mut().zip(&xs).enumerate() {
-                let sum = if F::TY.has_min() {
-                    sums[i][k]
-                } else {
-                    _mm256_setzero_ps()
-                };
-                acc[k & 1] = exact_32_add::<F>(acc[k & 1], &weights, &x[k], sum);
-            }
-        }
-        for (i, acc) in acc.iter().enumerate() {
-            out[i * n + r] = hsum(_mm256_add_ps(acc[0], acc[1]));
-        }
-    }
 }
 
 /// Q4_K and Q5_K (the single-row kernel: [`exact_q45k_multi`] for one row).

@@ -28,8 +28,24 @@ use super::QuantType;
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    _mm_cvtss_f32(_mm_cvtph_ps(f16_splat_bits(bytes, at)))
+}
+
+/// The little-endian f16 at `at` converted with F16C, in all eight lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16_splat(bytes: &[u8], at: usize) -> __m256 {
+    _mm256_cvtph_ps(f16_splat_bits(bytes, at))
+}
+
+/// The 16 bits at `at` in every 16-bit lane. A broadcast, so the register
+/// depends on nothing before it: inserting them into a register made
+/// LLVM merge into one an FMA chain was using (a false dependency that
+/// serialized the exact kernels' blocks).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f16_splat_bits(bytes: &[u8], at: usize) -> __m128i {
+    _mm_set1_epi16(i16::from_le_bytes([bytes[at], bytes[at + 1]]))
 }
 
 /// A Q4_K/Q5_K block's eight 6-bit scales (low half) and eight minimums
@@ -132,9 +148,12 @@ macro_rules! by_rows {
 }
 
 mod exact;
+mod exact_32;
 
-pub(crate) use exact::{
-    exact_32, exact_32_multi, exact_any, exact_q45k, exact_q45k_multi, exact_q6k, exact_q6k_multi,
+pub(crate) use exact::{exact_any, exact_q45k, exact_q45k_multi, exact_q6k, exact_q6k_multi};
+pub(crate) use exact_32::{
+    decode_rows as decode_rows_32, exact_32, pack_acts as pack_acts_32,
+    panel_multiply as panel_multiply_32,
 };
 
 /// Folds `step(state, block, activations)` over a row's blocks with two

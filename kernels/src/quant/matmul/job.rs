@@ -16,9 +16,6 @@ const ROW_TILE: usize = 8;
 /// the next group, so they stay in L2 while a group's activations stay in
 /// L1. Bigger tiles also spread the kernel's set-up over more rows.
 const MULTI_TILE_BYTES: usize = 256 << 10;
-/// Bytes of f32 weights a panel kernel decodes at once: they stay in L2
-/// while every activation row passes.
-const PANEL_TILE_BYTES: usize = 512 << 10;
 
 /// Values of weights the AMX kernels decode at once (a byte each, two for
 /// Q4_K and Q6_K): they stay in L2 while every activation row passes.
@@ -141,7 +138,7 @@ impl<A: Sync> Job<'_, A> {
         // Exact activations are f32 values: a row's `act_len` is its `cols`.
         let cols = self.act_len;
         let n = outs.first().map_or(0, |o| o.len());
-        let tile = (PANEL_TILE_BYTES / (4 * cols)).clamp(1, n.max(1));
+        let tile = (panel.tile_bytes / (4 * cols)).clamp(1, n.max(1));
         PANEL_SCRATCH.with_borrow_mut(|decoded| {
             // Grown, never shrunk: fresh pages for every task cost more
             // than the products of a small one.
