@@ -326,7 +326,7 @@ fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Sele
         // Exact Q8_0 keeps the AVX2 kernels: the AVX-512 one decodes a
         // single row 10-20 % slower (measured on Zen 5 and Sapphire Rapids),
         // and Q8_0 is mostly LM heads, which prefill runs for one row only
-        // (batched decode runs them for every sequence: the multi-row ones).
+        // (batched decode runs them for every sequence: the panel ones).
         (Exact, QuantType::Q8_0) => exact_avx2::<m::Q8_0>(),
         (Fast, QuantType::Q4_0) => fast_512::<m::Q4_0>(amx),
         (Fast, QuantType::Q4_1) => fast_512::<m::Q4_1>(amx),
@@ -405,8 +405,7 @@ fn fast_512<F: Format>(amx: bool) -> Selected {
 
 /// The AVX2 exact kernels for the 32-value formats: the single-row one, and
 /// from two activation rows on the panel kernels, which dequantize each
-/// weight once for all of them and multiply in the dense f32 register
-/// blocks.
+/// weight once for all of them and multiply in 6 × 2 register blocks.
 #[cfg(target_arch = "x86_64")]
 fn exact_avx2<F: Format>() -> Selected {
     use super::avx2 as k;
