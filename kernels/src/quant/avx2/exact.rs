@@ -57,14 +57,13 @@ pub(super) unsafe fn i8x8_at(b: &[u8]) -> __m256 {
 
 /// The eight bytes of packed nibbles at the start of `b`, each with its
 /// fifth bit from `fifth` (0 or 16 in each lane: the low nibbles', and the
-/// high ones'), less `offset`, as f32: the low nibbles, and the high ones.
-/// One widening load, no byte shuffles.
+/// high ones'), as f32: the low nibbles, and the high ones. One widening
+/// load, no byte shuffles.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn nibbles8_to_f32(b: &[u8], fifth: [__m256i; 2], offset: i8) -> [__m256; 2] {
+unsafe fn nibbles8_to_f32(b: &[u8], fifth: [__m256i; 2]) -> [__m256; 2] {
     let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(b[..8].as_ptr().cast()));
-    let offset = _mm256_set1_epi32(i32::from(offset));
-    let f32_of = |v, fifth| _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(v, fifth), offset));
+    let f32_of = |v, fifth| _mm256_cvtepi32_ps(_mm256_or_si256(v, fifth));
     [
         f32_of(_mm256_and_si256(v, _mm256_set1_epi32(0xF)), fifth[0]),
         f32_of(_mm256_srli_epi32::<4>(v), fifth[1]),
@@ -73,15 +72,15 @@ unsafe fn nibbles8_to_f32(b: &[u8], fifth: [__m256i; 2], offset: i8) -> [__m256;
 
 /// 16 bytes of packed nibbles at the start of `b` (byte `i` holding value
 /// `i` and value `16 + i`), with the fifth bits `qh` (bit `j` value `j`'s;
-/// zero for the 4-bit formats), less `offset`, as 32 f32 (values 0..8,
-/// 8..16, 16..24, 24..32).
+/// zero for the 4-bit formats), as 32 f32 (values 0..8, 8..16, 16..24,
+/// 24..32).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn nibbles_to_f32(b: &[u8], qh: u32, offset: i8) -> [__m256; 4] {
+pub(super) unsafe fn nibbles_to_f32(b: &[u8], qh: u32) -> [__m256; 4] {
     let fifth = fifth_bits(qh);
     let ([low0, high0], [low1, high1]) = (
-        nibbles8_to_f32(b, [fifth[0], fifth[2]], offset),
-        nibbles8_to_f32(&b[8..], [fifth[1], fifth[3]], offset),
+        nibbles8_to_f32(b, [fifth[0], fifth[2]]),
+        nibbles8_to_f32(&b[8..], [fifth[1], fifth[3]]),
     );
     [low0, low1, high0, high1]
 }
@@ -262,7 +261,7 @@ unsafe fn q45k_group_f32<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> [[_
     if F::TY == QuantType::Q4K {
         let qs = &b[16 + 32 * p..][..32];
         let v: [[__m256; 2]; 4] =
-            std::array::from_fn(|k| nibbles8_to_f32(&qs[8 * k..], [_mm256_setzero_si256(); 2], 0));
+            std::array::from_fn(|k| nibbles8_to_f32(&qs[8 * k..], [_mm256_setzero_si256(); 2]));
         [v.map(|[low, _]| low), v.map(|[_, high]| high)]
     } else {
         let (low, high) = q45k_group::<F>(b, p, qh);

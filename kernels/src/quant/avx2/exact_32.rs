@@ -34,10 +34,10 @@ unsafe fn dequantize<F: Format>(b: &[u8]) -> [__m256; 4] {
             i8x8_at(&b[18..]),
             i8x8_at(&b[26..]),
         ],
-        QuantType::Q4_0 => nibbles_to_f32(&b[2..18], 0, 0),
-        QuantType::Q4_1 => nibbles_to_f32(&b[4..20], 0, 0),
+        QuantType::Q4_0 => nibbles_to_f32(&b[2..18], 0),
+        QuantType::Q4_1 => nibbles_to_f32(&b[4..20], 0),
         QuantType::Q5_0 => return dequantize_q5_0(b),
-        QuantType::Q5_1 => nibbles_to_f32(&b[8..24], u32_at(b, 4), 0),
+        QuantType::Q5_1 => nibbles_to_f32(&b[8..24], u32_at(b, 4)),
         _ => unreachable!("{} is not a 32-value format", F::TY),
     };
     let scale = f16_splat(b, 0);
