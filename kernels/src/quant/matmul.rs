@@ -14,7 +14,7 @@ use super::aligned::Aligned;
 use super::avx512::amx::AmxWeights;
 #[cfg(target_arch = "x86_64")]
 use super::avx512::BlockQ8x2;
-use super::format::{marker, Format};
+use super::format::{marker, Format, QK_K};
 use super::{scalar, Precision, QuantError, QuantType};
 use crate::cpu::CpuFeatures;
 use job::{Job, Panels};
@@ -403,55 +403,31 @@ fn fast_512<F: Format>(amx: bool) -> Selected {
     }
 }
 
-/// The AVX2 exact kernels for the 32-value formats: the single-row one, and
-/// from two activation rows on the panel kernels, which dequantize each
-/// weight once for all of them and multiply in 6 × 2 register blocks.
+/// The AVX2 exact kernels of the 32-value formats and the K-quants: the
+/// single-row one, and from two activation rows on the panel kernels, which
+/// dequantize each weight once for all of them and multiply in 6 × 2
+/// register blocks.
 #[cfg(target_arch = "x86_64")]
 fn exact_avx2<F: Format>() -> Selected {
     use super::avx2 as k;
     let panel = Panel {
-        pack: k::pack_acts_32,
-        decode: k::decode_rows_32::<F>,
-        multiply: k::panel_multiply_32,
+        pack: k::pack_acts,
+        decode: k::decode_rows::<F>,
+        multiply: k::panel_multiply,
         min_acts: 2,
         tile_bytes: PANEL_TILE_BYTES_AVX2,
     };
-    Selected::ExactPanel(one(k::exact_32::<F>), panel)
+    let one_row: Kernel<f32> = if F::ELEMS == QK_K {
+        k::exact_k::<F>
+    } else {
+        k::exact_32::<F>
+    };
+    Selected::ExactPanel(one(one_row), panel)
 }
 
 /// Bytes of f32 weights the AVX2 panel kernels decode at once.
 #[cfg(target_arch = "x86_64")]
 const PANEL_TILE_BYTES_AVX2: usize = 192 << 10;
-
-/// The AVX2 exact kernels for Q4_K and Q5_K: the single-row one, and
-/// multi-row ones for 8, 4 and 2 activation rows.
-#[cfg(target_arch = "x86_64")]
-fn exact_q45k_avx2<F: Format>() -> Kernels<f32> {
-    use super::avx2 as k;
-    Kernels {
-        one: k::exact_q45k::<F>,
-        multi: [
-            multi(8, k::exact_q45k_multi::<F, 8>),
-            multi(4, k::exact_q45k_multi::<F, 4>),
-            multi(2, k::exact_q45k_multi::<F, 2>),
-        ],
-    }
-}
-
-/// The AVX2 exact kernels for Q6_K: the single-row one, and multi-row ones
-/// for 8, 4 and 2 activation rows.
-#[cfg(target_arch = "x86_64")]
-fn exact_q6k_avx2() -> Kernels<f32> {
-    use super::avx2 as k;
-    Kernels {
-        one: k::exact_q6k,
-        multi: [
-            multi(8, k::exact_q6k_multi::<8>),
-            multi(4, k::exact_q6k_multi::<4>),
-            multi(2, k::exact_q6k_multi::<2>),
-        ],
-    }
-}
 
 /// The AVX2 fast kernels for Q4_0, Q4_1, Q5_0 and Q5_1 (Q8_0 replaces the
 /// single-row one): the single-row one, and multi-row ones for 8, 4 and 2
@@ -511,9 +487,9 @@ fn select_avx2(ty: QuantType, precision: Arithmetic) -> Selected {
         (Exact, QuantType::Q5_0) => exact_avx2::<m::Q5_0>(),
         (Exact, QuantType::Q5_1) => exact_avx2::<m::Q5_1>(),
         (Exact, QuantType::Q8_0) => exact_avx2::<m::Q8_0>(),
-        (Exact, QuantType::Q4K) => Selected::Exact(exact_q45k_avx2::<m::Q4K>()),
-        (Exact, QuantType::Q5K) => Selected::Exact(exact_q45k_avx2::<m::Q5K>()),
-        (Exact, QuantType::Q6K) => Selected::Exact(exact_q6k_avx2()),
+        (Exact, QuantType::Q4K) => exact_avx2::<m::Q4K>(),
+        (Exact, QuantType::Q5K) => exact_avx2::<m::Q5K>(),
+        (Exact, QuantType::Q6K) => exact_avx2::<m::Q6K>(),
         (Exact, _) => with_format!(ty, F => Selected::Exact(one(k::exact_any::<F>))),
         (Fast, QuantType::Q4_0) => Selected::Q8(fast_avx2::<m::Q4_0>()),
         (Fast, QuantType::Q4_1) => Selected::Q8(fast_avx2::<m::Q4_1>()),

@@ -368,13 +368,13 @@ fn panel_products_equal_single_row_products() {
     }
 }
 
-/// The AVX2 exact panel kernels of the 32-value formats (two activation
-/// rows or more: weights dequantized once, the dense register blocks) give
-/// bit for bit what one row at a time gives (four weight rows at a time,
-/// then one): every remainder of the blocks' six activation rows and of
-/// their two to four weight rows, tasks of several decoded tiles (600 rows
-/// of 2048 values: 24 rows a tile) and several slabs of activation rows
-/// (1031).
+/// The AVX2 exact panel kernels (two activation rows or more: weights
+/// dequantized once, the dense register blocks) of the 32-value formats and
+/// the K-quants give bit for bit what one row at a time gives (four weight
+/// rows at a time, then one): every remainder of the blocks' six activation
+/// rows and of their two to four weight rows, tasks of several decoded tiles
+/// (600 rows of 2048 values: 24 rows a tile) and several slabs of
+/// activation rows (1031).
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_panel_products_equal_single_row_products() {
@@ -382,18 +382,21 @@ fn avx2_panel_products_equal_single_row_products() {
         return;
     }
     let mut seed = 6000;
-    for ty in BLOCK32_TYPES {
+    for ty in BLOCK32_TYPES.into_iter().chain(MULTI_K_TYPES) {
+        // Row lengths in blocks of 32, rounded up to whole super-blocks
+        // for the K-quants.
         for (rows, blocks, ms) in [
-            (7, 2, &[2, 3, 4, 5, 6, 7, 11][..]),
+            (7, 2usize, &[2, 3, 4, 5, 6, 7, 11][..]),
             (13, 20, &[12, 64][..]),
             (6, 71, &[2, 23][..]),
             (600, 64, &[8][..]),
             // Two slabs of activation rows, the second of 7.
             (5, 2, &[1031][..]),
         ] {
+            let cols = (blocks * 32).next_multiple_of(ty.block_elems());
             for &m in ms {
                 seed += 1;
-                check_multi_row(Isa::Avx2, ty, rows, blocks * 32, m, seed);
+                check_multi_row(Isa::Avx2, ty, rows, cols, m, seed);
             }
         }
     }
@@ -625,69 +628,6 @@ fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
     check::<Blocks32<m::Q8_0>>(QuantType::Q8_0, 15);
     check::<m::Q4K>(QuantType::Q4K, 16);
     check::<m::Q6K>(QuantType::Q6K, 17);
-}
-
-/// The AVX2 exact multi-row kernels against the single-row one, bit for bit.
-/// The AVX2 exact K-quant kernels over several activation rows give bit for
-/// bit what their single-row kernel (their multi-row one for one row)
-/// gives.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn avx2_exact_multi_row_kernels_equal_the_single_row_kernel() {
-    use super::format::marker as m;
-    if !available_or_skip(
-        Isa::Avx2,
-        "avx2_exact_multi_row_kernels_equal_the_single_row_kernel",
-    ) {
-        return;
-    }
-    // The K-quants' kernels, whose single-row kernel is their multi-row
-    // one for one row.
-    use super::avx2::{exact_q45k, exact_q45k_multi, exact_q6k, exact_q6k_multi};
-    type One = unsafe fn(&[u8], &[f32], &mut [f32]);
-    type Shapes = [(usize, MultiKernel<f32>); 4];
-    let kernels: [(QuantType, One, Shapes); 3] = [
-        (
-            QuantType::Q4K,
-            exact_q45k::<m::Q4K>,
-            [
-                (2, exact_q45k_multi::<m::Q4K, 2>),
-                (3, exact_q45k_multi::<m::Q4K, 3>),
-                (4, exact_q45k_multi::<m::Q4K, 4>),
-                (8, exact_q45k_multi::<m::Q4K, 8>),
-            ],
-        ),
-        (
-            QuantType::Q5K,
-            exact_q45k::<m::Q5K>,
-            [
-                (2, exact_q45k_multi::<m::Q5K, 2>),
-                (3, exact_q45k_multi::<m::Q5K, 3>),
-                (4, exact_q45k_multi::<m::Q5K, 4>),
-                (8, exact_q45k_multi::<m::Q5K, 8>),
-            ],
-        ),
-        (
-            QuantType::Q6K,
-            exact_q6k,
-            [
-                (2, exact_q6k_multi::<2>),
-                (3, exact_q6k_multi::<3>),
-                (4, exact_q6k_multi::<4>),
-                (8, exact_q6k_multi::<8>),
-            ],
-        ),
-    ];
-    let mut rng = Rng::new(26);
-    for (ty, one, shapes) in kernels {
-        for blocks in [1usize, 2, 3] {
-            for shape in shapes {
-                check_multi_kernel(ty, &mut rng, blocks, blocks * 256, shape, one, |x, a| {
-                    a.copy_from_slice(x)
-                });
-            }
-        }
-    }
 }
 
 /// The AVX2 multi-row kernels against the single-row ones, bit for bit.

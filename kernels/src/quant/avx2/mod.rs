@@ -6,14 +6,14 @@
 //!
 //! The kernels have the portable kernels' contract (see `scalar`). They
 //! stream one row at a time (interleaving rows defeats the hardware
-//! prefetchers), alternating two accumulators over the blocks of 32 so that
-//! consecutive blocks do not wait on each other. For several activation
-//! rows, [`fast_32_multi`] and [`exact_32_multi`] decode each block of Q4_0,
-//! Q4_1, Q5_0, Q5_1 and Q8_0 once for up to 8 of them, and
-//! [`fast_q45k_multi`], [`fast_q6k_multi`], [`exact_q45k_multi`] and
-//! [`exact_q6k_multi`] each block of Q4_K, Q5_K and Q6_K, giving the
-//! single-row kernels' bits. The exact kernels (f32 activations) are in
-//! `exact.rs`.
+//! prefetchers). The fast kernels (8-bit activations, here) alternate two
+//! accumulators over the blocks so that consecutive blocks do not wait on
+//! each other; for several activation rows, [`fast_32_multi`],
+//! [`fast_q45k_multi`] and [`fast_q6k_multi`] decode each block once for up
+//! to 8 of them, giving the single-row kernels' bits. The exact kernels (f32
+//! activations) dequantize each weight to f32 and sum in four chains
+//! (`panel`): one row at a time (`exact_32`, `exact_k`), or from two
+//! activation rows on from tiles of weights dequantized once (`panel`).
 
 use std::arch::x86_64::*;
 
@@ -149,12 +149,13 @@ macro_rules! by_rows {
 
 mod exact;
 mod exact_32;
+mod exact_k;
+mod panel;
 
-pub(crate) use exact::{exact_any, exact_q45k, exact_q45k_multi, exact_q6k, exact_q6k_multi};
-pub(crate) use exact_32::{
-    decode_rows as decode_rows_32, exact_32, pack_acts as pack_acts_32,
-    panel_multiply as panel_multiply_32,
-};
+pub(crate) use exact::exact_any;
+pub(crate) use exact_32::exact_32;
+pub(crate) use exact_k::exact_k;
+pub(crate) use panel::{decode_rows, pack_acts, panel_multiply};
 
 /// Folds `step(state, block, activations)` over a row's blocks with two
 /// independent states, for even and odd blocks.
@@ -244,25 +245,39 @@ unsafe fn q45k_group<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> (__m256
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(crate) unsafe fn q6k_half(b: &[u8], h: usize) -> [__m256i; 4] {
+    let ([q0, q1], [q2, q3]) = (q6k_quarter(b, 2 * h), q6k_quarter(b, 2 * h + 1));
+    [q0, q1, q2, q3]
+}
+
+/// The two 32-byte vectors of unsigned 6-bit Q6_K quants (0..64) for the 64
+/// values of quarter `p` of a block: values `64·p .. 64·p + 32`, and the
+/// next 32. Half `p / 2` takes its low four bits from the 64 bytes at
+/// `64·(p / 2)` (the first quarter the low nibbles, the second the high)
+/// and its top two from the 32 bytes at `128 + 32·(p / 2)` (bits `2·k`
+/// for the half's `k`-th 32 values).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn q6k_quarter(b: &[u8], p: usize) -> [__m256i; 2] {
+    let h = p / 2;
     let (ql, qh) = (&b[64 * h..], &b[128 + 32 * h..]);
     let mask = _mm256_set1_epi8(0xF);
     let top = _mm256_set1_epi8(0x30);
     let (l0, l1, hb) = (load32(ql), load32(&ql[32..]), load32(qh));
-    let (h0, h1) = (_mm256_srli_epi16::<4>(l0), _mm256_srli_epi16::<4>(l1));
+    // The low bits, and the top two moved to bits 4 and 5.
+    let (l0, l1, t0, t1) = if p.is_multiple_of(2) {
+        (
+            l0,
+            l1,
+            _mm256_slli_epi16::<4>(hb),
+            _mm256_slli_epi16::<2>(hb),
+        )
+    } else {
+        let (h0, h1) = (_mm256_srli_epi16::<4>(l0), _mm256_srli_epi16::<4>(l1));
+        (h0, h1, hb, _mm256_srli_epi16::<2>(hb))
+    };
     [
-        _mm256_or_si256(
-            _mm256_and_si256(l0, mask),
-            _mm256_and_si256(_mm256_slli_epi16::<4>(hb), top),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(l1, mask),
-            _mm256_and_si256(_mm256_slli_epi16::<2>(hb), top),
-        ),
-        _mm256_or_si256(_mm256_and_si256(h0, mask), _mm256_and_si256(hb, top)),
-        _mm256_or_si256(
-            _mm256_and_si256(h1, mask),
-            _mm256_and_si256(_mm256_srli_epi16::<2>(hb), top),
-        ),
+        _mm256_or_si256(_mm256_and_si256(l0, mask), _mm256_and_si256(t0, top)),
+        _mm256_or_si256(_mm256_and_si256(l1, mask), _mm256_and_si256(t1, top)),
     ]
 }
 

@@ -1,0 +1,197 @@
+//! The exact kernels (f32 activations) of the K-quants: Q4_K, Q5_K and
+//! Q6_K.
+//!
+//! Each weight is dequantized to f32 by one rounding: `q·(d·sc) − dmin·m`
+//! by a fused multiply-add for Q4_K and Q5_K, `(q − 32)·(d·sc)` by a
+//! multiply for Q6_K (the values ggml computes, and the AVX-512 kernels). The products are then summed as `panel` says, so
+//! one activation row ([`exact_k`], each super-block dequantized as it is
+//! read) and many (the panel kernels, from [`dequantize_block`]) give the
+//! same bits.
+
+use std::arch::x86_64::*;
+
+use super::super::format::{k4_scales_mins_words, Format, QK_K};
+use super::super::prefetch::rows_prefetched;
+use super::super::QuantType;
+use super::exact::{i8x32_to_f32, nibbles8_to_f32};
+use super::panel::{add_products, finish};
+use super::{f16_at, q45k_group, q5k_high_bits, q6k_quarter};
+
+/// A super-block's multipliers and addends: weight `q` of run `r` (see
+/// [`run`]) is `q · mul[r] + add[r]`, rounded once; Q6_K has no addends
+/// (its quants come with 32 taken off: `(q − 32) · mul[r]`).
+struct Scales {
+    mul: [f32; 16],
+    add: [f32; 8],
+}
+
+/// The run of [`Scales`] that values `64·p + 8·v .. 64·p + 8·v + 8` of a
+/// super-block belong to: Q6_K scales runs of 16 values, Q4_K and Q5_K runs
+/// of 32.
+#[inline(always)]
+fn run<F: Format>(p: usize, v: usize) -> usize {
+    if F::TY == QuantType::Q6K {
+        4 * p + v / 2
+    } else {
+        2 * p + v / 4
+    }
+}
+
+/// The [`Scales`] of super-block `b`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scales<F: Format>(b: &[u8]) -> Scales {
+    let mut s = Scales {
+        mul: [0.0; 16],
+        add: [0.0; 8],
+    };
+    if F::TY == QuantType::Q6K {
+        let d = f16_at(b, 208);
+        let sc = _mm_loadu_si128(b[192..208].as_ptr().cast());
+        _mm256_storeu_ps(s.mul.as_mut_ptr(), scaled_i8(sc, d));
+        _mm256_storeu_ps(
+            s.mul[8..].as_mut_ptr(),
+            scaled_i8(_mm_unpackhi_epi64(sc, sc), d),
+        );
+    } else {
+        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        let [sc0, sc1, mn0, mn1] = k4_scales_mins_words(&b[4..16]);
+        let (sc, mn) = (
+            _mm_setr_epi32(sc0 as i32, sc1 as i32, 0, 0),
+            _mm_setr_epi32(mn0 as i32, mn1 as i32, 0, 0),
+        );
+        _mm256_storeu_ps(s.mul.as_mut_ptr(), scaled_u8(sc, d));
+        _mm256_storeu_ps(s.add.as_mut_ptr(), scaled_u8(mn, -dmin));
+    }
+    s
+}
+
+/// The low eight bytes of `v` (signed), as f32, times `d`: exact (11 × 8
+/// significant bits), so the weights `(d·sc)·(q − 32)` round once, like
+/// ggml's `d·sc·(q − 32)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scaled_i8(v: __m128i, d: f32) -> __m256 {
+    _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+        _mm256_set1_ps(d),
+    )
+}
+
+/// The low eight bytes of `v` (unsigned), as f32, times `d`: exact, so the
+/// weights `q·(d·sc) − dmin·m` round once, like ggml's `d·sc·q − dmin·m`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn scaled_u8(v: __m128i, d: f32) -> __m256 {
+    _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
+        _mm256_set1_ps(d),
+    )
+}
+
+/// The quants of values `64·p .. 64·p + 64` of super-block `b` as f32, in
+/// order (eight at a time; Q6_K's less 32). For Q5_K, `qh` holds the fifth bits still to
+/// come, as `q45k_group` takes them: quarters go in order.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn quarter_quants<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> [__m256; 8] {
+    // No closures here: `array::from_fn` and `map` were not inlined into
+    // the kernels' loops.
+    let ([l0, l1, l2, l3], [h0, h1, h2, h3]) = match F::TY {
+        // Straight from the packed bytes by widening loads: the quarter's
+        // first 32 values are the low nibbles of its 32 bytes, the next 32
+        // the high ones.
+        QuantType::Q4K => {
+            let qs = &b[16 + 32 * p..][..32];
+            let zero = [_mm256_setzero_si256(); 2];
+            let ([l0, h0], [l1, h1], [l2, h2], [l3, h3]) = (
+                nibbles8_to_f32(qs, zero),
+                nibbles8_to_f32(&qs[8..], zero),
+                nibbles8_to_f32(&qs[16..], zero),
+                nibbles8_to_f32(&qs[24..], zero),
+            );
+            ([l0, l1, l2, l3], [h0, h1, h2, h3])
+        }
+        QuantType::Q5K => {
+            let (low, high) = q45k_group::<F>(b, p, qh);
+            (i8x32_to_f32(low), i8x32_to_f32(high))
+        }
+        QuantType::Q6K => {
+            let [low, high] = q6k_quarter(b, p);
+            let offset = _mm256_set1_epi8(32);
+            (
+                i8x32_to_f32(_mm256_sub_epi8(low, offset)),
+                i8x32_to_f32(_mm256_sub_epi8(high, offset)),
+            )
+        }
+        _ => unreachable!("{} is not a K-quant with exact AVX2 kernels", F::TY),
+    };
+    [l0, l1, l2, l3, h0, h1, h2, h3]
+}
+
+/// Values `64·p .. 64·p + 64` of super-block `b` dequantized (eight at a
+/// time), given its [`Scales`] and, for Q5_K, the fifth bits still to come.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn dequantize_quarter<F: Format>(
+    b: &[u8],
+    p: usize,
+    s: &Scales,
+    qh: &mut __m256i,
+) -> [__m256; 8] {
+    let mut w = quarter_quants::<F>(b, p, qh);
+    for (v, w) in w.iter_mut().enumerate() {
+        let r = run::<F>(p, v);
+        let mul = _mm256_set1_ps(s.mul[r]);
+        *w = if F::TY == QuantType::Q6K {
+            _mm256_mul_ps(*w, mul)
+        } else {
+            _mm256_fmadd_ps(*w, mul, _mm256_set1_ps(s.add[r]))
+        };
+    }
+    w
+}
+
+/// `out[r]` = weight row `r` · `x` (one activation row).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
+    let row_bytes = x.len() / QK_K * F::BYTES;
+    for (row, out) in rows_prefetched(w, row_bytes).zip(out) {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut s = Scales {
+            mul: [0.0; 16],
+            add: [0.0; 8],
+        };
+        let mut qh = _mm256_setzero_si256();
+        // One quarter of a super-block an iteration, not a super-block with
+        // its quarters unrolled: then LLVM dequantized all 256 weights
+        // first, spilling them (and the sums) to the stack.
+        for (i, x) in x.chunks_exact(64).enumerate() {
+            let (b, p) = (&row[i / 4 * F::BYTES..][..F::BYTES], i % 4);
+            if p == 0 {
+                s = scales::<F>(b);
+                qh = q5k_high_bits::<F>(b);
+            }
+            let w = dequantize_quarter::<F>(b, p, &s, &mut qh);
+            add_products(&mut acc, &w[..4], x);
+            add_products(&mut acc, &w[4..], &x[32..]);
+        }
+        *out = finish(acc);
+    }
+}
+
+/// Super-block `b` dequantized into `out` (256 values).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn dequantize_block<F: Format>(b: &[u8], out: &mut [f32]) {
+    let s = scales::<F>(b);
+    let mut qh = q5k_high_bits::<F>(b);
+    for (p, out) in out[..QK_K].chunks_exact_mut(64).enumerate() {
+        for (k, w) in dequantize_quarter::<F>(b, p, &s, &mut qh)
+            .iter()
+            .enumerate()
+        {
+            _mm256_storeu_ps(out[8 * k..].as_mut_ptr(), *w);
+        }
+    }
+}
