@@ -169,6 +169,46 @@ fn quant_prefill(c: &mut Criterion) {
     group.finish();
 }
 
+/// Batched decode: a few activation rows (one per sequence of the batch)
+/// against Qwen2.5-0.5B's MLP up projection (4864 x 896) in the 32-value
+/// formats and its down projection (896 x 4864) in the K-quants, on the
+/// pool. A step of `m` sequences should cost little more than one: the
+/// weights are read once for all of them.
+fn quant_batch_decode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("quant_batch_decode");
+    let cases = [
+        (QuantType::Q5_0, (4864, 896)),
+        (QuantType::Q8_0, (4864, 896)),
+        (QuantType::Q4K, (896, 4864)),
+        (QuantType::Q6K, (896, 4864)),
+    ];
+    for (ty, (rows, cols)) in cases {
+        let data = random_weights(ty, rows, cols);
+        let w = QuantMatrix::new(ty, rows, cols, &data).expect("valid matrix");
+        group.throughput(Throughput::Bytes(data.len() as u64));
+        for m in [1, 2, 4, 8] {
+            let x: Vec<f32> = bytes(m * cols, 7)
+                .iter()
+                .map(|&b| f32::from(b) / 128.0 - 1.0)
+                .collect();
+            let mut y = vec![0f32; m * rows];
+            for precision in [Precision::Exact, Precision::Fast] {
+                let id =
+                    BenchmarkId::new(format!("{ty}/{precision:?}/{rows}x{cols}"), format!("m{m}"));
+                group.bench_function(id, |b| {
+                    b.iter_custom(|iters| {
+                        in_pool(iters, || {
+                            w.matmul(precision, black_box(&x), m, &mut y)
+                                .expect("matmul")
+                        })
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
 /// Sum with 32 independent partial sums, so that it vectorizes and is bound
 /// by memory rather than by the latency of one chain of additions.
 fn sum(v: &[f32]) -> f32 {
@@ -320,6 +360,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1))
         .sample_size(20);
-    targets = quant_matvec, quant_prefill, quant_decode_step, quant_lm_head, quant_matvec_outside_pool, memory_bandwidth
+    targets = quant_matvec, quant_prefill, quant_batch_decode, quant_decode_step, quant_lm_head, quant_matvec_outside_pool, memory_bandwidth
 }
 criterion_main!(benches);

@@ -404,8 +404,10 @@ fn fast_512<F: Format>(amx: bool) -> Selected {
 }
 
 /// The AVX2 exact kernels of the 32-value formats and the K-quants: the
-/// single-row one, and from two activation rows on the panel kernels, which
-/// dequantize each weight once for all of them and multiply in 6 × 2
+/// single-row one, a multi-row one for two activation rows (batched decode:
+/// each weight dequantized once for both), and from
+/// [`PANEL_MIN_ACTS_AVX2`] activation rows on the panel kernels, which
+/// dequantize a tile of weights once for all of them and multiply in 6 × 2
 /// register blocks.
 #[cfg(target_arch = "x86_64")]
 fn exact_avx2<F: Format>() -> Selected {
@@ -414,16 +416,27 @@ fn exact_avx2<F: Format>() -> Selected {
         pack: k::pack_acts,
         decode: k::decode_rows::<F>,
         multiply: k::panel_multiply,
-        min_acts: 2,
+        min_acts: PANEL_MIN_ACTS_AVX2,
         tile_bytes: PANEL_TILE_BYTES_AVX2,
     };
-    let one_row: Kernel<f32> = if F::ELEMS == QK_K {
-        k::exact_k::<F>
+    let kernels = if F::ELEMS == QK_K {
+        Kernels {
+            one: k::exact_k::<F>,
+            multi: [multi(2, k::exact_k_multi::<F, 2>), None, None],
+        }
     } else {
-        k::exact_32::<F>
+        Kernels {
+            one: k::exact_32::<F>,
+            multi: [multi(2, k::exact_32_multi::<F, 2>), None, None],
+        }
     };
-    Selected::ExactPanel(one(one_row), panel)
+    Selected::ExactPanel(kernels, panel)
 }
+
+/// The fewest activation rows the AVX2 exact panel kernels take (fewer go
+/// to the multi-row and single-row kernels).
+#[cfg(target_arch = "x86_64")]
+const PANEL_MIN_ACTS_AVX2: usize = 4;
 
 /// Bytes of f32 weights the AVX2 panel kernels decode at once.
 #[cfg(target_arch = "x86_64")]

@@ -289,8 +289,9 @@ fn available_or_skip(isa: Isa, test: &str) -> bool {
 }
 
 /// `m` activation rows at once (the multi-row kernels, and the single-row
-/// kernel for the rows left over) give bit for bit what `m` products of one
-/// row each give (the single-row kernel only), in fast precision.
+/// kernel for the rows left over; the panel kernels from their fewest rows
+/// on) give bit for bit what `m` products of one row each give (the
+/// single-row kernel only), in every precision.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn multi_row_products_equal_single_row_products() {
@@ -368,7 +369,7 @@ fn panel_products_equal_single_row_products() {
     }
 }
 
-/// The AVX2 exact panel kernels (two activation rows or more: weights
+/// The AVX2 exact panel kernels (four activation rows or more: weights
 /// dequantized once, the dense register blocks) of the 32-value formats and
 /// the K-quants give bit for bit what one row at a time gives (four weight
 /// rows at a time, then one): every remainder of the blocks' six activation
@@ -386,9 +387,9 @@ fn avx2_panel_products_equal_single_row_products() {
         // Row lengths in blocks of 32, rounded up to whole super-blocks
         // for the K-quants.
         for (rows, blocks, ms) in [
-            (7, 2usize, &[2, 3, 4, 5, 6, 7, 11][..]),
+            (7, 2usize, &[4, 5, 6, 7, 8, 9, 11][..]),
             (13, 20, &[12, 64][..]),
-            (6, 71, &[2, 23][..]),
+            (6, 71, &[4, 23][..]),
             (600, 64, &[8][..]),
             // Two slabs of activation rows, the second of 7.
             (5, 2, &[1031][..]),

@@ -15,7 +15,7 @@ use super::super::format::Format;
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
 use super::exact::{i8x8_at, nibbles_to_f32};
-use super::panel::{add_products, finish};
+use super::panel::{add_products, finish, ChainRow};
 use super::{f16_splat, quant_offset, u32_at};
 
 /// Block `b` dequantized: its 32 weights as f32, in order.
@@ -107,12 +107,37 @@ pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Block `b` dequantized into `out` (32 values).
+/// `out[i * n + r]` = weight row `r` · activation row `i`, for the `R`
+/// activation rows of `cols` values in `x` (`n = out.len() / R` weight
+/// rows): each block dequantized once for the `R` rows, each row's chains
+/// those of [`exact_32`], so the bits are its bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_32_multi<F: Format, const R: usize>(
+    w: &[u8],
+    x: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let n = out.len() / R;
+    let xs: [&[[f32; 32]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
+    let row_bytes = cols / 32 * F::BYTES;
+    for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        for (j, b) in row.chunks_exact(F::BYTES).enumerate() {
+            let w = dequantize::<F>(b);
+            for (acc, x) in acc.iter_mut().zip(&xs) {
+                add_products(acc, &w, &x[j]);
+            }
+        }
+        for (i, acc) in acc.into_iter().enumerate() {
+            out[i * n + r] = finish(acc);
+        }
+    }
+}
+
+/// Block `b` dequantized into `row`, as its values `32·j .. 32·j + 32`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn dequantize_block<F: Format>(b: &[u8], out: &mut [f32]) {
-    let out = &mut out[..32];
-    for (k, w) in dequantize::<F>(b).iter().enumerate() {
-        _mm256_storeu_ps(out[8 * k..].as_mut_ptr(), *w);
-    }
+pub(super) unsafe fn dequantize_block<F: Format>(b: &[u8], row: &mut ChainRow, j: usize) {
+    row.put(j, &dequantize::<F>(b));
 }

@@ -14,7 +14,7 @@ use super::super::format::{k4_scales_mins_words, Format, QK_K};
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
 use super::exact::{i8x32_to_f32, nibbles8_to_f32};
-use super::panel::{add_products, finish};
+use super::panel::{add_products, finish, ChainRow};
 use super::{f16_at, q45k_group, q5k_high_bits, q6k_quarter};
 
 /// A super-block's multipliers and addends: weight `q` of run `r` (see
@@ -180,18 +180,56 @@ pub(crate) unsafe fn exact_k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Super-block `b` dequantized into `out` (256 values).
+/// `out[i * n + r]` = weight row `r` · activation row `i`, for the `R`
+/// activation rows of `cols` values in `x` (`n = out.len() / R` weight
+/// rows): each quarter super-block dequantized once for the `R` rows, each
+/// row's chains those of [`exact_k`], so the bits are its bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exact_k_multi<F: Format, const R: usize>(
+    w: &[u8],
+    x: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let n = out.len() / R;
+    let xs: [&[[f32; 64]]; R] = std::array::from_fn(|i| x[i * cols..][..cols].as_chunks().0);
+    let row_bytes = cols / QK_K * F::BYTES;
+    for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        let mut s = Scales {
+            mul: [0.0; 16],
+            add: [0.0; 8],
+        };
+        let mut qh = _mm256_setzero_si256();
+        // A quarter an iteration, as in `exact_k`.
+        for q in 0..cols / 64 {
+            let (b, p) = (&row[q / 4 * F::BYTES..][..F::BYTES], q % 4);
+            if p == 0 {
+                s = scales::<F>(b);
+                qh = q5k_high_bits::<F>(b);
+            }
+            let w = dequantize_quarter::<F>(b, p, &s, &mut qh);
+            for (acc, x) in acc.iter_mut().zip(&xs) {
+                add_products(acc, &w[..4], &x[q]);
+                add_products(acc, &w[4..], &x[q][32..]);
+            }
+        }
+        for (i, acc) in acc.into_iter().enumerate() {
+            out[i * n + r] = finish(acc);
+        }
+    }
+}
+
+/// Super-block `b` dequantized into `row`, as its values `32·j .. 32·j +
+/// 256`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn dequantize_block<F: Format>(b: &[u8], out: &mut [f32]) {
+pub(super) unsafe fn dequantize_block<F: Format>(b: &[u8], row: &mut ChainRow, j: usize) {
     let s = scales::<F>(b);
     let mut qh = q5k_high_bits::<F>(b);
-    for (p, out) in out[..QK_K].chunks_exact_mut(64).enumerate() {
-        for (k, w) in dequantize_quarter::<F>(b, p, &s, &mut qh)
-            .iter()
-            .enumerate()
-        {
-            _mm256_storeu_ps(out[8 * k..].as_mut_ptr(), *w);
-        }
+    for p in 0..4 {
+        let w = dequantize_quarter::<F>(b, p, &s, &mut qh);
+        row.put(j + 2 * p, &w[..4]);
+        row.put(j + 2 * p + 1, &w[4..]);
     }
 }

@@ -153,8 +153,8 @@ mod exact_k;
 mod panel;
 
 pub(crate) use exact::exact_any;
-pub(crate) use exact_32::exact_32;
-pub(crate) use exact_k::exact_k;
+pub(crate) use exact_32::{exact_32, exact_32_multi};
+pub(crate) use exact_k::{exact_k, exact_k_multi};
 pub(crate) use panel::{decode_rows, pack_acts, panel_multiply};
 
 /// Folds `step(state, block, activations)` over a row's blocks with two

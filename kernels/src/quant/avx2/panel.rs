@@ -6,10 +6,11 @@
 //! `l + 32`, … of the row in order by fused multiply-adds ([`add_products`],
 //! four eight-lane chains), and the lanes are added as [`finish`] says. The
 //! weights are dequantized to f32 first, the same way whether a kernel
-//! reads them as it goes (one activation row) or [`decode_rows`] decodes a
-//! tile of weight rows once for many activation rows ([`panel_multiply`]:
-//! register blocks of activation rows × weight rows, one chain at a time).
-//! So every number of activation rows gives the same bits.
+//! reads them as it goes (one activation row, or two: batched decode) or
+//! [`decode_rows`] decodes a tile of weight rows once for many activation
+//! rows ([`panel_multiply`]: register blocks of activation rows × weight
+//! rows, one chain at a time). So every number of activation rows gives the
+//! same bits.
 
 use std::arch::x86_64::*;
 
@@ -60,20 +61,44 @@ pub(crate) fn pack_acts(x: &[f32], cols: usize, out: &mut [f32]) {
 }
 
 /// Dequantizes `w` (whole weight rows of `cols` values) to f32 rows in
-/// `out`, laid out for [`panel_multiply`].
+/// `out`, laid out for [`panel_multiply`] as they are stored.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn decode_rows<F: Format>(w: &[u8], cols: usize, out: &mut [f32]) {
-    let mut row = vec![0f32; cols];
     let row_bytes = cols / F::ELEMS * F::BYTES;
+    let groups = F::ELEMS / 32;
     for (w, out) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(cols)) {
-        for (b, row) in w.chunks_exact(F::BYTES).zip(row.chunks_exact_mut(F::ELEMS)) {
+        let mut row = ChainRow {
+            out,
+            segment: cols / 4,
+        };
+        for (i, b) in w.chunks_exact(F::BYTES).enumerate() {
             if F::ELEMS == QK_K {
-                exact_k::dequantize_block::<F>(b, row);
+                exact_k::dequantize_block::<F>(b, &mut row, i * groups);
             } else {
-                exact_32::dequantize_block::<F>(b, row);
+                exact_32::dequantize_block::<F>(b, &mut row, i * groups);
             }
         }
-        lay_out_row(&row, out);
+    }
+}
+
+/// A weight row of the panel, written in [`lay_out_row`]'s layout as its
+/// blocks are dequantized.
+pub(super) struct ChainRow<'a> {
+    out: &'a mut [f32],
+    /// Values a chain: a quarter of the row.
+    segment: usize,
+}
+
+impl ChainRow<'_> {
+    /// Stores values `32·j .. 32·j + 32` of the row, dequantized (`w`: 0..8,
+    /// 8..16, 16..24, 24..32), each eight where its chain's run has them.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn put(&mut self, j: usize, w: &[__m256]) {
+        for (g, w) in w[..4].iter().enumerate() {
+            let at = &mut self.out[g * self.segment + 8 * j..][..8];
+            _mm256_storeu_ps(at.as_mut_ptr(), *w);
+        }
     }
 }
 
