@@ -186,7 +186,7 @@ fn quant_batch_decode(c: &mut Criterion) {
         let data = random_weights(ty, rows, cols);
         let w = QuantMatrix::new(ty, rows, cols, &data).expect("valid matrix");
         group.throughput(Throughput::Bytes(data.len() as u64));
-        for m in [1, 2, 4, 8] {
+        for m in [1, 2, 3, 4, 8] {
             let x: Vec<f32> = bytes(m * cols, 7)
                 .iter()
                 .map(|&b| f32::from(b) / 128.0 - 1.0)

@@ -404,8 +404,8 @@ fn fast_512<F: Format>(amx: bool) -> Selected {
 }
 
 /// The AVX2 exact kernels of the 32-value formats and the K-quants: the
-/// single-row one, a multi-row one for two activation rows (batched decode:
-/// each weight dequantized once for both), and from
+/// single-row one, multi-row ones for three and two activation rows
+/// (batched decode: each weight dequantized once for all of them), and from
 /// [`PANEL_MIN_ACTS_AVX2`] activation rows on the panel kernels, which
 /// dequantize a tile of weights once for all of them and multiply in 6 × 2
 /// register blocks.
@@ -422,12 +422,20 @@ fn exact_avx2<F: Format>() -> Selected {
     let kernels = if F::ELEMS == QK_K {
         Kernels {
             one: k::exact_k::<F>,
-            multi: [multi(2, k::exact_k_multi::<F, 2>), None, None],
+            multi: [
+                multi(3, k::exact_k_multi::<F, 3>),
+                multi(2, k::exact_k_multi::<F, 2>),
+                None,
+            ],
         }
     } else {
         Kernels {
             one: k::exact_32::<F>,
-            multi: [multi(2, k::exact_32_multi::<F, 2>), None, None],
+            multi: [
+                multi(3, k::exact_32_multi::<F, 3>),
+                multi(2, k::exact_32_multi::<F, 2>),
+                None,
+            ],
         }
     };
     Selected::ExactPanel(kernels, panel)

@@ -6,7 +6,7 @@
 //! `l + 32`, … of the row in order by fused multiply-adds ([`add_products`],
 //! four eight-lane chains), and the lanes are added as [`finish`] says. The
 //! weights are dequantized to f32 first, the same way whether a kernel
-//! reads them as it goes (one activation row, or two: batched decode) or
+//! reads them as it goes (one to three activation rows: batched decode) or
 //! [`decode_rows`] decodes a tile of weight rows once for many activation
 //! rows ([`panel_multiply`]: register blocks of activation rows × weight
 //! rows, one chain at a time). So every number of activation rows gives the
