@@ -5,9 +5,9 @@
 //! (`m` the block's minimum, or `−offset·d`: then the sum is `d·(q −
 //! offset)`, exact in f32), which is the value `dequantize_block` gives,
 //! and summed as `panel` says: so one activation row ([`exact_32`], blocks
-//! dequantized as they are read, four independent chains of FMAs a row)
-//! and many (the panel kernels, from [`dequantize_block`]) give the same
-//! bits.
+//! dequantized as they are read, four independent chains of FMAs a row),
+//! two or three ([`exact_32_multi`]) and many (the panel kernels, from
+//! [`dequantize_block`]) give the same bits.
 
 use std::arch::x86_64::*;
 

@@ -3,10 +3,11 @@
 //!
 //! Each weight is dequantized to f32 by one rounding: `q·(d·sc) − dmin·m`
 //! by a fused multiply-add for Q4_K and Q5_K, `(q − 32)·(d·sc)` by a
-//! multiply for Q6_K (the values ggml computes, and the AVX-512 kernels). The products are then summed as `panel` says, so
-//! one activation row ([`exact_k`], each super-block dequantized as it is
-//! read) and many (the panel kernels, from [`dequantize_block`]) give the
-//! same bits.
+//! multiply for Q6_K (the values ggml computes, and the AVX-512 kernels').
+//! The products are then summed as `panel` says, so one activation row
+//! ([`exact_k`], each quarter super-block dequantized as it is read), two
+//! or three ([`exact_k_multi`]) and many (the panel kernels, from
+//! [`dequantize_block`]) give the same bits.
 
 use std::arch::x86_64::*;
 
@@ -48,10 +49,11 @@ unsafe fn scales<F: Format>(b: &[u8]) -> Scales {
     if F::TY == QuantType::Q6K {
         let d = f16_at(b, 208);
         let sc = _mm_loadu_si128(b[192..208].as_ptr().cast());
-        _mm256_storeu_ps(s.mul.as_mut_ptr(), scaled_i8(sc, d));
+        let high = _mm_unpackhi_epi64(sc, sc);
+        _mm256_storeu_ps(s.mul.as_mut_ptr(), scaled(_mm256_cvtepi8_epi32(sc), d));
         _mm256_storeu_ps(
             s.mul[8..].as_mut_ptr(),
-            scaled_i8(_mm_unpackhi_epi64(sc, sc), d),
+            scaled(_mm256_cvtepi8_epi32(high), d),
         );
     } else {
         let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
@@ -60,38 +62,25 @@ unsafe fn scales<F: Format>(b: &[u8]) -> Scales {
             _mm_setr_epi32(sc0 as i32, sc1 as i32, 0, 0),
             _mm_setr_epi32(mn0 as i32, mn1 as i32, 0, 0),
         );
-        _mm256_storeu_ps(s.mul.as_mut_ptr(), scaled_u8(sc, d));
-        _mm256_storeu_ps(s.add.as_mut_ptr(), scaled_u8(mn, -dmin));
+        _mm256_storeu_ps(s.mul.as_mut_ptr(), scaled(_mm256_cvtepu8_epi32(sc), d));
+        _mm256_storeu_ps(s.add.as_mut_ptr(), scaled(_mm256_cvtepu8_epi32(mn), -dmin));
     }
     s
 }
 
-/// The low eight bytes of `v` (signed), as f32, times `d`: exact (11 × 8
-/// significant bits), so the weights `(d·sc)·(q − 32)` round once, like
-/// ggml's `d·sc·(q − 32)`.
+/// Eight small integers (scales or minimums, widened to i32) as f32, times
+/// `d`: exact (11 × 8 significant bits), so the weights `(d·sc)·(q − 32)`
+/// and `q·(d·sc) − dmin·m` round once, like ggml's `d·sc·(q − 32)` and
+/// `d·sc·q − dmin·m`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn scaled_i8(v: __m128i, d: f32) -> __m256 {
-    _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
-        _mm256_set1_ps(d),
-    )
-}
-
-/// The low eight bytes of `v` (unsigned), as f32, times `d`: exact, so the
-/// weights `q·(d·sc) − dmin·m` round once, like ggml's `d·sc·q − dmin·m`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn scaled_u8(v: __m128i, d: f32) -> __m256 {
-    _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
-        _mm256_set1_ps(d),
-    )
+unsafe fn scaled(v: __m256i, d: f32) -> __m256 {
+    _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d))
 }
 
 /// The quants of values `64·p .. 64·p + 64` of super-block `b` as f32, in
-/// order (eight at a time; Q6_K's less 32). For Q5_K, `qh` holds the fifth bits still to
-/// come, as `q45k_group` takes them: quarters go in order.
+/// order (eight at a time; Q6_K's less 32). For Q5_K, `qh` holds the fifth
+/// bits still to come, as `q45k_group` takes them: quarters go in order.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn quarter_quants<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> [__m256; 8] {
