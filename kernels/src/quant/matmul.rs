@@ -326,7 +326,8 @@ fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Sele
         // Exact Q8_0 keeps the AVX2 kernels: the AVX-512 one decodes a
         // single row 10-20 % slower (measured on Zen 5 and Sapphire Rapids),
         // and Q8_0 is mostly LM heads, which prefill runs for one row only
-        // (batched decode runs them for every sequence: the panel ones).
+        // (batched decode runs them for every sequence: the multi-row and
+        // panel ones).
         (Exact, QuantType::Q8_0) => exact_avx2::<m::Q8_0>(),
         (Fast, QuantType::Q4_0) => fast_512::<m::Q4_0>(amx),
         (Fast, QuantType::Q4_1) => fast_512::<m::Q4_1>(amx),

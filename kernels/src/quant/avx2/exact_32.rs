@@ -93,18 +93,11 @@ unsafe fn dequantize_q5_0(b: &[u8]) -> [__m256; 4] {
     ]
 }
 
-/// `out[r]` = weight row `r` · `x` (one activation row).
+/// `out[r]` = weight row `r` · `x` (one activation row: [`exact_32_multi`]
+/// for one row).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn exact_32<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let x = x.as_chunks::<32>().0;
-    let row_bytes = x.len() * F::BYTES;
-    for (row, out) in rows_prefetched(w, row_bytes).zip(out) {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for (b, x) in row.chunks_exact(F::BYTES).zip(x) {
-            add_products(&mut acc, &dequantize::<F>(b), x);
-        }
-        *out = finish(acc);
-    }
+    exact_32_multi::<F, 1>(w, x, x.len(), out);
 }
 
 /// `out[i * n + r]` = weight row `r` · activation row `i`, for the `R`

@@ -21,6 +21,7 @@ use super::{f16_at, q45k_group, q5k_high_bits, q6k_quarter};
 /// A super-block's multipliers and addends: weight `q` of run `r` (see
 /// [`run`]) is `q · mul[r] + add[r]`, rounded once; Q6_K has no addends
 /// (its quants come with 32 taken off: `(q − 32) · mul[r]`).
+#[derive(Default)]
 struct Scales {
     mul: [f32; 16],
     add: [f32; 8],
@@ -42,10 +43,7 @@ fn run<F: Format>(p: usize, v: usize) -> usize {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn scales<F: Format>(b: &[u8]) -> Scales {
-    let mut s = Scales {
-        mul: [0.0; 16],
-        add: [0.0; 8],
-    };
+    let mut s = Scales::default();
     if F::TY == QuantType::Q6K {
         let d = f16_at(b, 208);
         let sc = _mm_loadu_si128(b[192..208].as_ptr().cast());
@@ -141,32 +139,11 @@ unsafe fn dequantize_quarter<F: Format>(
     w
 }
 
-/// `out[r]` = weight row `r` · `x` (one activation row).
+/// `out[r]` = weight row `r` · `x` (one activation row: [`exact_k_multi`]
+/// for one row).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn exact_k<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let row_bytes = x.len() / QK_K * F::BYTES;
-    for (row, out) in rows_prefetched(w, row_bytes).zip(out) {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut s = Scales {
-            mul: [0.0; 16],
-            add: [0.0; 8],
-        };
-        let mut qh = _mm256_setzero_si256();
-        // One quarter of a super-block an iteration, not a super-block with
-        // its quarters unrolled: then LLVM dequantized all 256 weights
-        // first, spilling them (and the sums) to the stack.
-        for (i, x) in x.chunks_exact(64).enumerate() {
-            let (b, p) = (&row[i / 4 * F::BYTES..][..F::BYTES], i % 4);
-            if p == 0 {
-                s = scales::<F>(b);
-                qh = q5k_high_bits::<F>(b);
-            }
-            let w = dequantize_quarter::<F>(b, p, &s, &mut qh);
-            add_products(&mut acc, &w[..4], x);
-            add_products(&mut acc, &w[4..], &x[32..]);
-        }
-        *out = finish(acc);
-    }
+    exact_k_multi::<F, 1>(w, x, x.len(), out);
 }
 
 /// `out[i * n + r]` = weight row `r` · activation row `i`, for the `R`
@@ -185,12 +162,11 @@ pub(crate) unsafe fn exact_k_multi<F: Format, const R: usize>(
     let row_bytes = cols / QK_K * F::BYTES;
     for (r, row) in rows_prefetched(w, row_bytes).take(n).enumerate() {
         let mut acc = [[_mm256_setzero_ps(); 4]; R];
-        let mut s = Scales {
-            mul: [0.0; 16],
-            add: [0.0; 8],
-        };
+        let mut s = Scales::default();
         let mut qh = _mm256_setzero_si256();
-        // A quarter an iteration, as in `exact_k`.
+        // One quarter of a super-block an iteration, not a super-block with
+        // its quarters unrolled: then LLVM dequantized all 256 weights
+        // first, spilling them (and the sums) to the stack.
         for q in 0..cols / 64 {
             let (b, p) = (&row[q / 4 * F::BYTES..][..F::BYTES], q % 4);
             if p == 0 {

@@ -12,8 +12,9 @@
 //! [`fast_q45k_multi`] and [`fast_q6k_multi`] decode each block once for up
 //! to 8 of them, giving the single-row kernels' bits. The exact kernels (f32
 //! activations) dequantize each weight to f32 and sum in four chains
-//! (`panel`): one row at a time (`exact_32`, `exact_k`), or from two
-//! activation rows on from tiles of weights dequantized once (`panel`).
+//! (`panel`): one to three activation rows as the weights are read
+//! (`exact_32`, `exact_k`), more from tiles of weights dequantized once
+//! (`panel`).
 
 use std::arch::x86_64::*;
 
