@@ -93,6 +93,9 @@ impl ExactWeights {
         if matches!(F::TY, QuantType::Q4_0 | QuantType::Q4_1) {
             return Self::decode_4bit::<F>(v, idx);
         }
+        if F::TY == QuantType::Q5_0 {
+            return Self::decode_q5_0(b);
+        }
         let q = _mm512_sub_epi8(unsigned_quants::<F>(b, v, idx.nibbles), idx.offset);
         let lanes = [
             _mm512_castsi512_si128(q),
@@ -107,6 +110,37 @@ impl ExactWeights {
         } else {
             std::array::from_fn(|k| _mm512_mul_ps(q[k], d[k / 2]))
         };
+        Self { w }
+    }
+
+    /// [`decode`](Self::decode) for Q5_0, block by block, without byte
+    /// shuffles: the 16 quant bytes widened to 32-bit lanes straight from
+    /// memory give the low four bits of values `0..16` (low nibbles) and
+    /// `16..32` (high nibbles); `d·(q − 16)` is then `d·n − 16·d` where the
+    /// fifth bit is clear and `d·n` where it is set, the fifth bits used as
+    /// lane masks. Both sums are exact, so the weights are the values
+    /// `d·(q − 16)` (as the AVX2 kernels compute them).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn decode_q5_0(b: &[u8]) -> Self {
+        const BYTES: usize = 22;
+        let mut w = [_mm512_setzero_ps(); 4];
+        for (k, block) in b.chunks_exact(BYTES).take(2).enumerate() {
+            let bits = u16::from_le_bytes([block[0], block[1]]) as i16;
+            let scale = _mm512_cvtph_ps(_mm256_set1_epi16(bits));
+            let clear = _mm512_mul_ps(scale, _mm512_set1_ps(-16.0));
+            let fifth = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+            let quants: &[u8; 16] = block[6..22].try_into().expect("16 quant bytes");
+            let n = _mm512_cvtepu8_epi32(_mm_loadu_si128(quants.as_ptr().cast()));
+            let low = _mm512_cvtepi32_ps(_mm512_and_si512(n, _mm512_set1_epi32(0xF)));
+            let high = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(n));
+            w[2 * k] = _mm512_fmadd_ps(low, scale, _mm512_maskz_mov_ps(!fifth as u16, clear));
+            w[2 * k + 1] = _mm512_fmadd_ps(
+                high,
+                scale,
+                _mm512_maskz_mov_ps(!(fifth >> 16) as u16, clear),
+            );
+        }
         Self { w }
     }
 
