@@ -112,7 +112,7 @@ impl<A> Copy for MultiKernel<A> {}
 
 /// The most multi-row kernels a format has (for different numbers of
 /// activation rows).
-const MAX_MULTI_KERNELS: usize = 3;
+const MAX_MULTI_KERNELS: usize = 4;
 
 /// Exact products over many activation rows from weights decoded to f32
 /// once per tile of weight rows: `pack` lays out activation rows (of `cols`
@@ -355,7 +355,7 @@ fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Sele
 }
 
 /// The AVX-512 exact kernels for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K:
-/// the single-row one, multi-row ones for 8, 4 and 2 activation rows,
+/// the single-row one, multi-row ones for 8, 4, 3 and 2 activation rows,
 /// which decode each 64 weights once for all of them, and for more rows
 /// the panel kernels, which decode each weight once for all of them.
 #[cfg(target_arch = "x86_64")]
@@ -366,6 +366,7 @@ fn exact_512<D: super::avx512::ExactRows>() -> Selected {
         multi: [
             multi(8, k::exact_multi::<D, 8>),
             multi(4, k::exact_multi::<D, 4>),
+            multi(3, k::exact_multi::<D, 3>),
             multi(2, k::exact_multi::<D, 2>),
         ],
     };
@@ -391,6 +392,7 @@ fn fast_512<F: Format>(amx: bool) -> Selected {
             multi(8, k::fast_32_multi::<F, 8>),
             multi(4, k::fast_32_multi::<F, 4>),
             multi(2, k::fast_32_multi::<F, 2>),
+            None,
         ],
     };
     if amx {
@@ -427,6 +429,7 @@ fn exact_avx2<F: Format>() -> Selected {
                 multi(3, k::exact_k_multi::<F, 3>),
                 multi(2, k::exact_k_multi::<F, 2>),
                 None,
+                None,
             ],
         }
     } else {
@@ -435,6 +438,7 @@ fn exact_avx2<F: Format>() -> Selected {
             multi: [
                 multi(3, k::exact_32_multi::<F, 3>),
                 multi(2, k::exact_32_multi::<F, 2>),
+                None,
                 None,
             ],
         }
@@ -463,6 +467,7 @@ fn fast_avx2<F: Format>() -> Kernels<BlockQ8> {
             multi(8, k::fast_32_multi::<F, 8>),
             multi(4, k::fast_32_multi::<F, 4>),
             multi(2, k::fast_32_multi::<F, 2>),
+            None,
         ],
     }
 }
@@ -479,6 +484,7 @@ fn fast_q45k_avx2<F: Format>() -> Kernels<BlockQ8K> {
             multi(8, k::fast_q45k_multi::<F, 8>),
             multi(4, k::fast_q45k_multi::<F, 4>),
             multi(2, k::fast_q45k_multi::<F, 2>),
+            None,
         ],
     }
 }
@@ -494,6 +500,7 @@ fn fast_q6k_avx2() -> Kernels<BlockQ8K> {
             multi(8, k::fast_q6k_multi::<8>),
             multi(4, k::fast_q6k_multi::<4>),
             multi(2, k::fast_q6k_multi::<2>),
+            None,
         ],
     }
 }

@@ -593,8 +593,9 @@ fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
                 1e-5,
             );
         }
-        let shapes: [(usize, MultiKernel<f32>); 3] = [
+        let shapes: [(usize, MultiKernel<f32>); 4] = [
             (2, exact_multi::<D, 2>),
+            (3, exact_multi::<D, 3>),
             (4, exact_multi::<D, 4>),
             (8, exact_multi::<D, 8>),
         ];
