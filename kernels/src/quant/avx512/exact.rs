@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
-use super::super::format::Format;
+use super::super::format::{marker, Format};
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
 use super::{hsum, hsum16, load_pair, nibble_index, qs_offset, quant_offset, unsigned_quants};
@@ -123,14 +123,20 @@ impl ExactWeights {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
     unsafe fn decode_q5_0(b: &[u8]) -> Self {
-        const BYTES: usize = 22;
+        let ty = QuantType::Q5_0;
+        // The fifth bits are the 4 bytes before the packed quants.
+        let (fifth_at, quants_at) = (qs_offset(ty) - 4, qs_offset(ty));
+        let offset = -(quant_offset(ty) as f32);
         let mut w = [_mm512_setzero_ps(); 4];
-        for (k, block) in b.chunks_exact(BYTES).take(2).enumerate() {
+        for (k, block) in b.chunks_exact(marker::Q5_0::BYTES).take(2).enumerate() {
             let bits = u16::from_le_bytes([block[0], block[1]]) as i16;
             let scale = _mm512_cvtph_ps(_mm256_set1_epi16(bits));
-            let clear = _mm512_mul_ps(scale, _mm512_set1_ps(-16.0));
-            let fifth = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-            let quants: &[u8; 16] = block[6..22].try_into().expect("16 quant bytes");
+            let clear = _mm512_mul_ps(scale, _mm512_set1_ps(offset));
+            let fifth: &[u8; 4] = block[fifth_at..quants_at].try_into().expect("4 bytes");
+            let fifth = u32::from_le_bytes(*fifth);
+            let quants: &[u8; 16] = block[quants_at..quants_at + 16]
+                .try_into()
+                .expect("16 quant bytes");
             let n = _mm512_cvtepu8_epi32(_mm_loadu_si128(quants.as_ptr().cast()));
             let low = _mm512_cvtepi32_ps(_mm512_and_si512(n, _mm512_set1_epi32(0xF)));
             let high = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(n));
