@@ -494,6 +494,12 @@ impl GgufFile {
         &self.metadata
     }
 
+    /// All metadata, by key, taken from the file (the map stays with the
+    /// tensors, which hold it by [`map`](Self::map)).
+    pub fn into_metadata(self) -> BTreeMap<String, GgufValue> {
+        self.metadata
+    }
+
     /// The metadata value at `key`.
     pub fn get(&self, key: &str) -> Option<&GgufValue> {
         self.metadata.get(key)

@@ -16,6 +16,7 @@ use kiln_plugin_api::graph::{DType, Device, WeightSpec};
 use kiln_plugin_api::nn::StateDict;
 use kiln_plugin_api::{Encoding, WeightsFormat};
 
+use self::gguf::GgufValue;
 pub use self::safetensors::open_safetensors;
 pub use self::tensor_bytes::TensorBytes;
 use crate::runtime::{WeightData, WeightStore};
@@ -138,8 +139,10 @@ pub struct Checkpoint {
     pub files: Vec<PathBuf>,
     /// Tensors by name.
     pub tensors: BTreeMap<String, Tensor>,
-    /// File-level metadata (safetensors `__metadata__`, GGUF key/values).
-    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// File-level metadata in the types the file stores: GGUF key/values
+    /// (a vocabulary's arrays stay unboxed, not JSON), safetensors'
+    /// `__metadata__` strings as [`GgufValue::String`].
+    pub metadata: BTreeMap<String, GgufValue>,
 }
 
 /// A checkpoint bound to module names: the state dict for `load_state_dict`
@@ -205,8 +208,8 @@ impl Checkpoint {
 }
 
 /// Opens a GGUF file as a checkpoint (tensors from the map or a copy, as
-/// `bytes` says; metadata as JSON), with its metadata mapped to a Hugging
-/// Face shaped config.
+/// `bytes` says; metadata as the file types it), with its metadata mapped to
+/// a Hugging Face shaped config.
 pub fn open_gguf(
     path: &std::path::Path,
     bytes: TensorBytes,
@@ -235,12 +238,8 @@ pub fn open_gguf(
             )
         })
         .collect();
-    let metadata = file
-        .metadata()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.to_json()))
-        .collect();
     let config = file.hf_config().map_err(malformed)?;
+    let metadata = file.into_metadata();
     let checkpoint = Checkpoint {
         format: WeightsFormat::Gguf,
         files: vec![path.to_owned()],

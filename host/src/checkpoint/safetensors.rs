@@ -1,7 +1,7 @@
 //! safetensors checkpoints: a single file, or shards listed by
 //! `model.safetensors.index.json`; each file memory-mapped once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -10,6 +10,7 @@ use kiln_plugin_api::WeightsFormat;
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 
+use super::gguf::GgufValue;
 use super::{float_encoding, Checkpoint, CheckpointError, Tensor, TensorBytes};
 
 /// Opens a `.safetensors` file or a sharded checkpoint's index
@@ -22,7 +23,7 @@ pub fn open_safetensors(path: &Path, bytes: TensorBytes) -> Result<Checkpoint, C
         vec![path.to_owned()]
     };
     let mut tensors = BTreeMap::new();
-    let mut metadata = serde_json::Map::new();
+    let mut metadata = BTreeMap::new();
     for shard in &shards {
         let (shard_tensors, shard_metadata) = read_shard(shard, bytes)?;
         for (name, tensor) in shard_tensors {
@@ -79,10 +80,7 @@ fn read_index(path: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
     Ok(shards)
 }
 
-type Shard = (
-    Vec<(String, Tensor)>,
-    serde_json::Map<String, serde_json::Value>,
-);
+type Shard = (Vec<(String, Tensor)>, BTreeMap<String, GgufValue>);
 
 fn read_shard(path: &Path, bytes: TensorBytes) -> Result<Shard, CheckpointError> {
     let io = |source| CheckpointError::Io {
@@ -122,9 +120,7 @@ fn read_shard(path: &Path, bytes: TensorBytes) -> Result<Shard, CheckpointError>
         .metadata()
         .iter()
         .flatten()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect::<HashMap<_, _>>()
-        .into_iter()
+        .map(|(k, v)| (k.clone(), GgufValue::String(v.clone())))
         .collect();
     Ok((tensors, metadata))
 }

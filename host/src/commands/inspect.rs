@@ -9,6 +9,7 @@ use kiln_plugin_api::{ConfigRequest, GraphRequest};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::checkpoint::gguf::GgufValue;
 use crate::checkpoint::TensorBytes;
 use crate::cli::InspectArgs;
 use crate::model::{self, resolve};
@@ -172,17 +173,17 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
 }
 
 /// Long arrays (token lists) are summarized.
-fn abbreviate(value: &Value) -> Value {
+fn abbreviate(value: &GgufValue) -> Value {
     match value {
-        Value::Array(items) if items.len() > 16 => {
+        GgufValue::Array(items) if items.len() > 16 => {
             Value::String(format!("[{} values]", items.len()))
         }
-        Value::String(s) if s.len() > 200 => Value::String(format!(
+        GgufValue::String(s) if s.len() > 200 => Value::String(format!(
             "{}… ({} chars)",
             &s[..s.char_indices().nth(120).map_or(s.len(), |(i, _)| i)],
             s.len()
         )),
-        other => other.clone(),
+        other => other.to_json(),
     }
 }
 

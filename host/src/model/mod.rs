@@ -10,9 +10,8 @@ use std::sync::Arc;
 
 use kiln_plugin_api::graph::Device;
 use kiln_plugin_api::{ArchConfig, ConfigRequest, GraphRequest, Task, WeightsFormat};
-use serde::de::value::MapDeserializer;
-use serde::Deserialize;
 
+use crate::checkpoint::gguf::GgufValue;
 use crate::checkpoint::{self, BoundWeights, Checkpoint, CheckpointError, TensorBytes};
 use crate::compiler::{CompileCache, CompileError, CompileOutcome};
 use crate::device::{self, DeviceChoice, DeviceError};
@@ -170,7 +169,7 @@ pub fn find_architecture<'r>(
     let gguf = checkpoint
         .metadata
         .get("general.architecture")
-        .and_then(|a| a.as_str());
+        .and_then(GgufValue::as_str);
     find_registered(registry, hf_config, gguf)
 }
 
@@ -420,28 +419,6 @@ pub fn load_tokenizer(
     {
         return Ok(None);
     }
-    let fields = [
-        ("architecture", "general.architecture"),
-        ("model", "tokenizer.ggml.model"),
-        ("pre", "tokenizer.ggml.pre"),
-        ("tokens", "tokenizer.ggml.tokens"),
-        ("token_types", "tokenizer.ggml.token_type"),
-        ("scores", "tokenizer.ggml.scores"),
-        ("merges", "tokenizer.ggml.merges"),
-        ("bos_token_id", "tokenizer.ggml.bos_token_id"),
-        ("eos_token_id", "tokenizer.ggml.eos_token_id"),
-        ("unknown_token_id", "tokenizer.ggml.unknown_token_id"),
-        ("padding_token_id", "tokenizer.ggml.padding_token_id"),
-        ("add_bos_token", "tokenizer.ggml.add_bos_token"),
-        ("add_eos_token", "tokenizer.ggml.add_eos_token"),
-        ("chat_template", "tokenizer.chat_template"),
-    ];
-    // Deserialized from references to the metadata, not from a cloned JSON
-    // object: the arrays hold a vocabulary's worth (Gemma's 262k) of values.
-    let entries = fields
-        .iter()
-        .filter_map(|&(field, key)| checkpoint.metadata.get(key).map(|value| (field, value)));
-    let vocab = GgufVocab::deserialize(MapDeserializer::<_, serde_json::Error>::new(entries))
-        .map_err(|e| TokenizerError::InvalidVocab(e.to_string()))?;
+    let vocab = GgufVocab::from_metadata(&checkpoint.metadata)?;
     tokenizer_from_gguf(&vocab).map(Some)
 }

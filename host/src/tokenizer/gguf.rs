@@ -14,6 +14,8 @@
 //!   (type 4) plain added tokens, and the named BOS/EOS/UNK/PAD tokens are
 //!   added as special tokens.
 
+use std::collections::BTreeMap;
+
 use rayon::prelude::*;
 use serde::Deserialize;
 use tokenizers::decoders::byte_fallback::ByteFallback;
@@ -33,6 +35,7 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, Model, SplitDelimiterBehavior};
 
 use super::{SpecialTokens, Tokenizer, TokenizerError};
+use crate::checkpoint::gguf::{GgufArray, GgufValue};
 
 /// The tokenizer metadata of a GGUF file (`tokenizer.ggml.*`), as plain values.
 ///
@@ -82,6 +85,126 @@ pub struct GgufVocab {
     /// `tokenizer.chat_template`.
     #[serde(default)]
     pub chat_template: Option<String>,
+}
+
+impl GgufVocab {
+    /// The vocabulary in a GGUF file's metadata, read from its typed values
+    /// (each array copied once, never through JSON: a 262k-token vocabulary
+    /// is tens of megabytes as JSON values).
+    pub fn from_metadata(metadata: &BTreeMap<String, GgufValue>) -> Result<Self, TokenizerError> {
+        let read = Metadata(metadata);
+        let required = |key: &str| TokenizerError::InvalidVocab(format!("`{key}` is missing"));
+        Ok(Self {
+            architecture: read.string("general.architecture")?,
+            model: read
+                .string("tokenizer.ggml.model")?
+                .ok_or_else(|| required("tokenizer.ggml.model"))?,
+            pre: read.string("tokenizer.ggml.pre")?,
+            tokens: read
+                .strings("tokenizer.ggml.tokens")?
+                .ok_or_else(|| required("tokenizer.ggml.tokens"))?,
+            token_types: read.array("tokenizer.ggml.token_type", "integers", int_array)?,
+            scores: read.array("tokenizer.ggml.scores", "floats", float_array)?,
+            merges: read.strings("tokenizer.ggml.merges")?,
+            bos_token_id: read.id("tokenizer.ggml.bos_token_id")?,
+            eos_token_id: read.id("tokenizer.ggml.eos_token_id")?,
+            unknown_token_id: read.id("tokenizer.ggml.unknown_token_id")?,
+            padding_token_id: read.id("tokenizer.ggml.padding_token_id")?,
+            add_bos_token: read.value(
+                "tokenizer.ggml.add_bos_token",
+                "a bool",
+                GgufValue::as_bool,
+            )?,
+            add_eos_token: read.value(
+                "tokenizer.ggml.add_eos_token",
+                "a bool",
+                GgufValue::as_bool,
+            )?,
+            chat_template: read.string("tokenizer.chat_template")?,
+        })
+    }
+}
+
+/// Typed reads of GGUF metadata for [`GgufVocab::from_metadata`]: absent keys
+/// are `None`, values of another type an error naming the key.
+struct Metadata<'a>(&'a BTreeMap<String, GgufValue>);
+
+impl Metadata<'_> {
+    fn value<T>(
+        &self,
+        key: &str,
+        expected: &str,
+        read: impl Fn(&GgufValue) -> Option<T>,
+    ) -> Result<Option<T>, TokenizerError> {
+        let Some(value) = self.0.get(key) else {
+            return Ok(None);
+        };
+        read(value).map(Some).ok_or_else(|| {
+            let found = match value {
+                GgufValue::Array(a) => format!("an array of {}", a.element_type()),
+                other => other.type_name().to_owned(),
+            };
+            TokenizerError::InvalidVocab(format!("`{key}` is {found}, expected {expected}"))
+        })
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>, TokenizerError> {
+        self.value(key, "a string", |v| v.as_str().map(str::to_owned))
+    }
+
+    fn id(&self, key: &str) -> Result<Option<u32>, TokenizerError> {
+        self.value(key, "a token id", |v| {
+            v.as_u64().and_then(|id| u32::try_from(id).ok())
+        })
+    }
+
+    fn array<T>(
+        &self,
+        key: &str,
+        expected: &str,
+        read: impl Fn(&GgufArray) -> Option<Vec<T>>,
+    ) -> Result<Option<Vec<T>>, TokenizerError> {
+        self.value(key, &format!("an array of {expected}"), |v| {
+            v.as_array().and_then(&read)
+        })
+    }
+
+    fn strings(&self, key: &str) -> Result<Option<Vec<String>>, TokenizerError> {
+        self.array(key, "strings", |a| match a {
+            GgufArray::String(v) => Some(v.clone()),
+            _ => None,
+        })
+    }
+}
+
+/// An array of any integer type, each element within `i32`.
+fn int_array(array: &GgufArray) -> Option<Vec<i32>> {
+    fn each<T: Copy>(v: &[T]) -> Option<Vec<i32>>
+    where
+        i32: TryFrom<T>,
+    {
+        v.iter().map(|&x| i32::try_from(x).ok()).collect()
+    }
+    match array {
+        GgufArray::I32(v) => Some(v.clone()),
+        GgufArray::U8(v) => each(v),
+        GgufArray::I8(v) => each(v),
+        GgufArray::U16(v) => each(v),
+        GgufArray::I16(v) => each(v),
+        GgufArray::U32(v) => each(v),
+        GgufArray::U64(v) => each(v),
+        GgufArray::I64(v) => each(v),
+        _ => None,
+    }
+}
+
+/// An array of float32 (or float64, rounded to f32).
+fn float_array(array: &GgufArray) -> Option<Vec<f32>> {
+    match array {
+        GgufArray::F32(v) => Some(v.clone()),
+        GgufArray::F64(v) => Some(v.iter().map(|&x| x as f32).collect()),
+        _ => None,
+    }
 }
 
 const CONTROL: i32 = 3;
@@ -547,6 +670,62 @@ impl ByteAlphabet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Typed metadata reads: integer arrays of any width, absent keys as
+    /// `None`, and a value of the wrong type named in the error.
+    #[test]
+    fn vocab_from_typed_metadata() {
+        let strings = |v: &[&str]| GgufArray::String(v.iter().map(|s| s.to_string()).collect());
+        let mut metadata = BTreeMap::from([
+            (
+                "tokenizer.ggml.model".to_owned(),
+                GgufValue::String("llama".into()),
+            ),
+            (
+                "tokenizer.ggml.tokens".to_owned(),
+                GgufValue::Array(strings(&["<unk>", "a"])),
+            ),
+            (
+                "tokenizer.ggml.token_type".to_owned(),
+                GgufValue::Array(GgufArray::U8(vec![2, 1])),
+            ),
+            (
+                "tokenizer.ggml.scores".to_owned(),
+                GgufValue::Array(GgufArray::F32(vec![0.0, -1.5])),
+            ),
+            ("tokenizer.ggml.bos_token_id".to_owned(), GgufValue::U32(1)),
+            (
+                "tokenizer.ggml.add_bos_token".to_owned(),
+                GgufValue::Bool(false),
+            ),
+        ]);
+        let vocab = GgufVocab::from_metadata(&metadata).unwrap();
+        assert_eq!(vocab.model, "llama");
+        assert_eq!(vocab.tokens, ["<unk>", "a"]);
+        assert_eq!(vocab.token_types, Some(vec![2, 1]));
+        assert_eq!(vocab.scores, Some(vec![0.0, -1.5]));
+        assert_eq!((vocab.bos_token_id, vocab.eos_token_id), (Some(1), None));
+        assert_eq!(vocab.add_bos_token, Some(false));
+        assert_eq!(vocab.merges, None);
+
+        metadata.insert(
+            "tokenizer.ggml.scores".into(),
+            GgufValue::Array(strings(&["x", "y"])),
+        );
+        let error = GgufVocab::from_metadata(&metadata).unwrap_err().to_string();
+        assert!(
+            error.contains(
+                "`tokenizer.ggml.scores` is an array of string, expected an array of floats"
+            ),
+            "{error}"
+        );
+        metadata.remove("tokenizer.ggml.tokens");
+        let error = GgufVocab::from_metadata(&metadata).unwrap_err().to_string();
+        assert!(
+            error.contains("`tokenizer.ggml.tokens` is missing"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn byte_alphabet_matches_gpt2() {
