@@ -419,6 +419,13 @@ pub fn load_tokenizer(
     {
         return Ok(None);
     }
+    let started = std::time::Instant::now();
     let vocab = GgufVocab::from_metadata(&checkpoint.metadata)?;
-    tokenizer_from_gguf(&vocab).map(Some)
+    let tokenizer = tokenizer_from_gguf(&vocab)?;
+    tracing::debug!(
+        "built the tokenizer of {} tokens from the GGUF metadata in {:?}",
+        vocab.tokens.len(),
+        started.elapsed()
+    );
+    Ok(Some(tokenizer))
 }
