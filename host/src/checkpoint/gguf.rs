@@ -494,8 +494,8 @@ impl GgufFile {
         &self.metadata
     }
 
-    /// All metadata, by key, taken from the file (the map stays with the
-    /// tensors, which hold it by [`map`](Self::map)).
+    /// All metadata, by key, taken out of the file (tensors that cloned the
+    /// [`map`](Self::map) keep it alive).
     pub fn into_metadata(self) -> BTreeMap<String, GgufValue> {
         self.metadata
     }

@@ -208,8 +208,8 @@ impl Checkpoint {
 }
 
 /// Opens a GGUF file as a checkpoint (tensors from the map or a copy, as
-/// `bytes` says; metadata as the file types it), with its metadata mapped to
-/// a Hugging Face shaped config.
+/// `bytes` says; metadata in its stored types), with its metadata mapped to a
+/// Hugging Face shaped config.
 pub fn open_gguf(
     path: &std::path::Path,
     bytes: TensorBytes,

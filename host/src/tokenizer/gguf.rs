@@ -103,7 +103,7 @@ impl GgufVocab {
             tokens: read
                 .strings("tokenizer.ggml.tokens")?
                 .ok_or_else(|| required("tokenizer.ggml.tokens"))?,
-            token_types: read.array("tokenizer.ggml.token_type", "integers", int_array)?,
+            token_types: read.array("tokenizer.ggml.token_type", "32-bit integers", int_array)?,
             scores: read.array("tokenizer.ggml.scores", "floats", float_array)?,
             merges: read.strings("tokenizer.ggml.merges")?,
             bos_token_id: read.id("tokenizer.ggml.bos_token_id")?,
