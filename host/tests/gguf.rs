@@ -54,6 +54,8 @@ fn encoding_of(ggml: &str) -> Option<Encoding> {
         "Q4_K" => Encoding::Q4K,
         "Q5_K" => Encoding::Q5K,
         "Q6_K" => Encoding::Q6K,
+        "IQ4_NL" => Encoding::Iq4Nl,
+        "IQ4_XS" => Encoding::Iq4Xs,
         _ => return None,
     })
 }

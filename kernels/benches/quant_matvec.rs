@@ -10,7 +10,7 @@
 //! for the prefill cases only). The rayon pool has its
 //! default size (one thread per core) and the products are called from inside
 //! it, as a runtime does (`quant_matvec_outside_pool` shows the cost of calling
-//! from another thread). K-quants need rows of a multiple of 256 values, so
+//! from another thread). K-quants and IQ4_XS need rows of a multiple of 256 values, so
 //! they only run where `cols` is one.
 
 use std::hint::black_box;
@@ -25,13 +25,15 @@ use rayon::prelude::*;
 /// rows x cols of SmolLM2-135M's projections: attention q/o, MLP up/gate,
 /// MLP down, and the tied embedding / LM head.
 const SHAPES: [(usize, usize); 4] = [(576, 576), (1536, 576), (576, 1536), (49152, 576)];
-const TYPES: [QuantType; 6] = [
+const TYPES: [QuantType; 8] = [
     QuantType::Q4_1,
     QuantType::Q4_0,
     QuantType::Q5_0,
     QuantType::Q8_0,
     QuantType::Q4K,
     QuantType::Q6K,
+    QuantType::IQ4NL,
+    QuantType::IQ4XS,
 ];
 
 /// Activation rows of a prefill batch: enough that, as in a real prompt's
@@ -75,15 +77,8 @@ fn bytes(n: usize, mut s: u64) -> Vec<u8> {
 fn random_weights(ty: QuantType, rows: usize, cols: usize) -> Vec<u8> {
     let len = rows * ty.row_bytes(cols).expect("bench shapes are whole blocks");
     let mut data = bytes(len, 0x9E37_79B9_7F4A_7C15);
-    let fields: &[usize] = match ty {
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q2K => &[80, 82],
-        QuantType::Q3K => &[108],
-        QuantType::Q6K => &[208],
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
-    };
     for block in data.chunks_exact_mut(ty.block_bytes()) {
-        for &at in fields {
+        for &at in ty.f16_fields() {
             block[at..at + 2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
         }
     }

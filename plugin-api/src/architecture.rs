@@ -101,6 +101,10 @@ named_enum! {
         Q5K => "q5_k",
         /// GGUF Q6_K super-blocks.
         Q6K => "q6_k",
+        /// GGUF IQ4_NL blocks (since 1.9).
+        Iq4Nl => "iq4_nl",
+        /// GGUF IQ4_XS super-blocks (since 1.9).
+        Iq4Xs => "iq4_xs",
     }
 }
 

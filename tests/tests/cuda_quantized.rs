@@ -139,3 +139,33 @@ fn fast_precision_decodes_with_8_bit_activations() {
         );
     }
 }
+
+/// IQ4_XS matrices (IQ4_NL where rows do not fill super-blocks of 256) have
+/// no packed kernels on the GPU: they are expanded to bf16 at load, so the
+/// model matches the CPU's exact products on the same blocks to bf16's
+/// rounding of the weights, in decode and in prefill.
+#[test]
+fn expanded_iq4_matrices_match_the_cpu() {
+    let (cpu, cuda) = cpu_and_cuda("tiny-llama.json", ShapeDtype::Iq4Xs);
+    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
+    let mut on_cpu = Generator::new(&cpu, prompt.len()).unwrap();
+    let mut on_cuda = Generator::new(&cuda, prompt.len()).unwrap();
+    for (position, &token) in prompt.iter().enumerate() {
+        let a = on_cpu.feed(&[token], false).unwrap().remove(0);
+        let b = on_cuda.feed(&[token], false).unwrap().remove(0);
+        let d = relative_difference(&a, &b);
+        assert!(d < 1e-2, "decode {position}: relative |Δ| {d:.2e}");
+    }
+    let a = Generator::new(&cpu, prompt.len())
+        .unwrap()
+        .feed(&prompt, true)
+        .unwrap();
+    let b = Generator::new(&cuda, prompt.len())
+        .unwrap()
+        .feed(&prompt, true)
+        .unwrap();
+    for (row, (a, b)) in a.iter().zip(&b).enumerate() {
+        let d = relative_difference(a, b);
+        assert!(d < 1e-2, "prefill row {row}: relative |Δ| {d:.2e}");
+    }
+}

@@ -12,8 +12,8 @@
 //! Tensor types: every ggml type is recognised at open (an unknown type id is
 //! an error there, since its size is unknown), so every tensor's byte range is
 //! checked. F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K,
-//! Q5_K and Q6_K map to an [`Encoding`]; the others (IQ*, TQ*, integer types,
-//! ...) open fine and fail only when the tensor is used
+//! Q5_K, Q6_K, IQ4_NL and IQ4_XS map to an [`Encoding`]; the others (the
+//! other IQ types, TQ*, MXFP4, integer types, ...) open fine and fail only when the tensor is used
 //! ([`GgufTensor::encoding`], [`GgufFile::weight_data`]).
 //!
 //! Shapes are given in PyTorch / Hugging Face order: GGUF stores dimensions
@@ -331,6 +331,8 @@ impl GgmlType {
                 QuantType::Q4K => Encoding::Q4K,
                 QuantType::Q5K => Encoding::Q5K,
                 QuantType::Q6K => Encoding::Q6K,
+                QuantType::IQ4NL => Encoding::Iq4Nl,
+                QuantType::IQ4XS => Encoding::Iq4Xs,
             },
         })
     }

@@ -46,6 +46,10 @@ pub enum ShapeDtype {
     /// llama.cpp's Q5_K_M: as Q4_K_M with Q5_K for Q4_K.
     #[value(name = "q5_k_m")]
     Q5KM,
+    /// GGUF IQ4_XS blocks for every matrix whose rows fill super-blocks of
+    /// 256, IQ4_NL for the others (as `llama-quantize` falls back).
+    #[value(name = "iq4_xs")]
+    Iq4Xs,
 }
 
 /// What `llama-quantize` keeps at Q6_K in a `*_K_M` file of a dense
@@ -113,6 +117,8 @@ impl ShapeDtype {
             Self::Q4KM | Self::Q5KM if mix.keeps_six_bits(name, shape) => Encoding::Q6K,
             Self::Q4KM => Encoding::Q4K,
             Self::Q5KM => Encoding::Q5K,
+            Self::Iq4Xs if shape.get(1).is_some_and(|c| c % 256 == 0) => Encoding::Iq4Xs,
+            Self::Iq4Xs => Encoding::Iq4Nl,
         };
         let block = quant_type(quant).map_or(1, |q| q.block_elems() as u64);
         if shape.len() == 2 && shape[1].is_multiple_of(block) {
@@ -281,9 +287,9 @@ fn random_bytes(spec: &WeightSpec, seed: u64) -> Vec<u8> {
             let mut bytes: Vec<u8> = (0..blocks * ty.block_bytes())
                 .map(|_| rng.next() as u8)
                 .collect();
-            let scale = half::f16::from_f32(0.002).to_le_bytes();
+            let scale = half::f16::from_f32(block_scale(ty)).to_le_bytes();
             for block in bytes.chunks_exact_mut(ty.block_bytes()) {
-                for &offset in scale_offsets(ty) {
+                for &offset in ty.f16_fields() {
                     block[offset..offset + 2].copy_from_slice(&scale);
                 }
             }
@@ -292,16 +298,16 @@ fn random_bytes(spec: &WeightSpec, seed: u64) -> Vec<u8> {
     }
 }
 
-/// Where a block's f16 scales (and minimums) are, so that random blocks
-/// decode to finite values.
-fn scale_offsets(ty: QuantType) -> &'static [usize] {
+/// The f16 scale written into every random block: 0.002, less for the IQ4
+/// formats, whose table values reach ±127 (and IQ4_XS's sub-block scales
+/// ±32), so that their weights span about what Q4_0's do (±0.016). With
+/// 0.002, tiny IQ4_XS Llama's weights reached ±8, and rounding them to bf16
+/// (as the GPU's expansion does) moved one decode step's logits by 60 %.
+fn block_scale(ty: QuantType) -> f32 {
     match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
-        QuantType::Q4_1 | QuantType::Q5_1 => &[0, 2],
-        QuantType::Q2K => &[80, 82],
-        QuantType::Q3K => &[108],
-        QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q6K => &[208],
+        QuantType::IQ4NL => 0.002 * 8.0 / 127.0,
+        QuantType::IQ4XS => 0.002 * 8.0 / 127.0 / 16.0,
+        _ => 0.002,
     }
 }
 

@@ -167,6 +167,8 @@ pub fn quant_type(encoding: Encoding) -> Option<QuantType> {
         Encoding::Q4K => QuantType::Q4K,
         Encoding::Q5K => QuantType::Q5K,
         Encoding::Q6K => QuantType::Q6K,
+        Encoding::Iq4Nl => QuantType::IQ4NL,
+        Encoding::Iq4Xs => QuantType::IQ4XS,
     })
 }
 

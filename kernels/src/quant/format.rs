@@ -42,11 +42,23 @@ pub enum QuantType {
     Q5K,
     /// 256 values: 16 sub-blocks of 16 with 8-bit scales, 6-bit signed quants.
     Q6K,
+    /// 32 values: f16 scale, 4-bit indices into a fixed table of 16 non-uniform
+    /// values ([`IQ4_VALUES`]).
+    IQ4NL,
+    /// 256 values: 8 sub-blocks of 32 with 6-bit scales, 4-bit indices into
+    /// [`IQ4_VALUES`].
+    IQ4XS,
 }
+
+/// The 16 values a 4-bit IQ4_NL or IQ4_XS index stands for (ggml's
+/// `kvalues_iq4nl`), before the block's scale.
+pub(crate) const IQ4_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 impl QuantType {
     /// Every supported format.
-    pub const ALL: [QuantType; 10] = [
+    pub const ALL: [QuantType; 12] = [
         QuantType::Q4_0,
         QuantType::Q4_1,
         QuantType::Q5_0,
@@ -57,6 +69,8 @@ impl QuantType {
         QuantType::Q4K,
         QuantType::Q5K,
         QuantType::Q6K,
+        QuantType::IQ4NL,
+        QuantType::IQ4XS,
     ];
 
     /// Values per block: 32, or 256 for the K-quants.
@@ -66,10 +80,14 @@ impl QuantType {
             | QuantType::Q4_1
             | QuantType::Q5_0
             | QuantType::Q5_1
-            | QuantType::Q8_0 => QK,
-            QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
-                QK_K
-            }
+            | QuantType::Q8_0
+            | QuantType::IQ4NL => QK,
+            QuantType::Q2K
+            | QuantType::Q3K
+            | QuantType::Q4K
+            | QuantType::Q5K
+            | QuantType::Q6K
+            | QuantType::IQ4XS => QK_K,
         }
     }
 
@@ -86,6 +104,8 @@ impl QuantType {
             QuantType::Q4K => 4 + 12 + QK_K / 2,
             QuantType::Q5K => 4 + 12 + QK_K / 8 + QK_K / 2,
             QuantType::Q6K => QK_K / 2 + QK_K / 4 + QK_K / 16 + 2,
+            QuantType::IQ4NL => 2 + QK / 2,
+            QuantType::IQ4XS => 2 + 2 + QK_K / 64 + QK_K / 2,
         }
     }
 
@@ -102,6 +122,8 @@ impl QuantType {
             QuantType::Q4K => 12,
             QuantType::Q5K => 13,
             QuantType::Q6K => 14,
+            QuantType::IQ4NL => 20,
+            QuantType::IQ4XS => 23,
         }
     }
 
@@ -126,11 +148,31 @@ impl QuantType {
             QuantType::Q4K => "Q4_K",
             QuantType::Q5K => "Q5_K",
             QuantType::Q6K => "Q6_K",
+            QuantType::IQ4NL => "IQ4_NL",
+            QuantType::IQ4XS => "IQ4_XS",
         }
     }
 
-    /// Whether this is a 256-value K-quant (whose fast dot products use Q8_K
-    /// activations rather than Q8_0-style blocks of 32).
+    /// Byte offsets in a block of its f16 fields: the scale, and the minimum's
+    /// scale where there is one. The other bytes may hold anything (which
+    /// is how tests and benchmarks make random blocks that decode to finite
+    /// values).
+    pub const fn f16_fields(self) -> &'static [usize] {
+        match self {
+            QuantType::Q4_0
+            | QuantType::Q5_0
+            | QuantType::Q8_0
+            | QuantType::IQ4NL
+            | QuantType::IQ4XS => &[0],
+            QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+            QuantType::Q2K => &[80, 82],
+            QuantType::Q3K => &[108],
+            QuantType::Q6K => &[208],
+        }
+    }
+
+    /// Whether this is a 256-value format (a K-quant or IQ4_XS), whose fast
+    /// dot products use Q8_K activations rather than Q8_0-style blocks of 32.
     pub const fn is_k_quant(self) -> bool {
         self.block_elems() == QK_K
     }
@@ -176,7 +218,7 @@ pub(crate) mod marker {
             }
         )*};
     }
-    markers!(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K);
+    markers!(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS);
 }
 
 /// One block unpacked to integers: `value[i] = scale[s] * q[i] - offset[s]`
@@ -241,6 +283,19 @@ pub(crate) fn k4_scales_mins(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
         [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
     };
     (bytes(w[0], w[1]), bytes(w[2], w[3]))
+}
+
+/// The 8 six-bit scales of an IQ4_XS block (`b`: the whole block), already
+/// offset by -32: sub-block `j` takes its low four bits from nibble `j` of
+/// the four bytes at 4 and its top two from bits `2·j` of the word at 2.
+#[inline]
+pub(crate) fn iq4xs_scales(b: &[u8]) -> [i8; 8] {
+    let high = u16::from_le_bytes([b[2], b[3]]);
+    std::array::from_fn(|j| {
+        let low = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF;
+        let top = ((high >> (2 * j)) & 3) as u8;
+        (low | (top << 4)) as i8 - 32
+    })
 }
 
 /// The 16 signed six-bit scales of a Q3_K block (already offset by -32).
@@ -380,6 +435,27 @@ impl QuantType {
                     }
                 }
             }
+            QuantType::IQ4NL | QuantType::IQ4XS => {
+                let d = f16_at(b, 0);
+                let qs = if self == QuantType::IQ4NL {
+                    u.scale[0] = d;
+                    u.offset[0] = 0.0;
+                    &b[2..18]
+                } else {
+                    for (j, &sc) in iq4xs_scales(b).iter().enumerate() {
+                        u.scale[j] = d * f32::from(sc);
+                        u.offset[j] = 0.0;
+                    }
+                    &b[8..136]
+                };
+                // Each 16 bytes hold a sub-block of 32: low then high nibbles.
+                for (s, q16) in qs.chunks_exact(16).enumerate() {
+                    for (l, &byte) in q16.iter().enumerate() {
+                        u.q[32 * s + l] = IQ4_VALUES[usize::from(byte & 0xF)];
+                        u.q[32 * s + 16 + l] = IQ4_VALUES[usize::from(byte >> 4)];
+                    }
+                }
+            }
             QuantType::Q6K => {
                 let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
                 let d = f16_at(b, 208);
@@ -430,6 +506,8 @@ mod tests {
             (QuantType::Q4K, 256, 144),
             (QuantType::Q5K, 256, 176),
             (QuantType::Q6K, 256, 210),
+            (QuantType::IQ4NL, 32, 18),
+            (QuantType::IQ4XS, 256, 136),
         ];
         for (ty, elems, bytes) in expected {
             assert_eq!((ty.block_elems(), ty.block_bytes()), (elems, bytes), "{ty}");

@@ -280,6 +280,14 @@ macro_rules! with_format {
                 type $f = marker::Q6K;
                 $body
             }
+            QuantType::IQ4NL => {
+                type $f = marker::IQ4NL;
+                $body
+            }
+            QuantType::IQ4XS => {
+                type $f = marker::IQ4XS;
+                $body
+            }
         }
     };
 }
@@ -455,7 +463,7 @@ const PANEL_MIN_ACTS_AVX2: usize = 4;
 #[cfg(target_arch = "x86_64")]
 const PANEL_TILE_BYTES_AVX2: usize = 192 << 10;
 
-/// The AVX2 fast kernels for Q4_0, Q4_1, Q5_0 and Q5_1 (Q8_0 replaces the
+/// The AVX2 fast kernels for Q4_0, Q4_1, Q5_0 and Q5_1 (Q8_0 and IQ4_NL replace the
 /// single-row one): the single-row one, and multi-row ones for 8, 4 and 2
 /// activation rows (8 measured best of 2 to 8).
 #[cfg(target_arch = "x86_64")]
@@ -519,20 +527,27 @@ fn select_avx2(ty: QuantType, precision: Arithmetic) -> Selected {
         (Exact, QuantType::Q4K) => exact_avx2::<m::Q4K>(),
         (Exact, QuantType::Q5K) => exact_avx2::<m::Q5K>(),
         (Exact, QuantType::Q6K) => exact_avx2::<m::Q6K>(),
+        (Exact, QuantType::IQ4NL) => exact_avx2::<m::IQ4NL>(),
+        (Exact, QuantType::IQ4XS) => exact_avx2::<m::IQ4XS>(),
         (Exact, _) => with_format!(ty, F => Selected::Exact(one(k::exact_any::<F>))),
         (Fast, QuantType::Q4_0) => Selected::Q8(fast_avx2::<m::Q4_0>()),
         (Fast, QuantType::Q4_1) => Selected::Q8(fast_avx2::<m::Q4_1>()),
         (Fast, QuantType::Q5_0) => Selected::Q8(fast_avx2::<m::Q5_0>()),
         (Fast, QuantType::Q5_1) => Selected::Q8(fast_avx2::<m::Q5_1>()),
         (Fast, QuantType::Q8_0) => Selected::Q8(Kernels {
-            one: k::fast_q8_0::<m::Q8_0>,
+            one: k::fast_signed_32::<m::Q8_0>,
             ..fast_avx2::<m::Q8_0>()
+        }),
+        (Fast, QuantType::IQ4NL) => Selected::Q8(Kernels {
+            one: k::fast_signed_32::<m::IQ4NL>,
+            ..fast_avx2::<m::IQ4NL>()
         }),
         (Fast, QuantType::Q4K) => Selected::Q8K(fast_q45k_avx2::<m::Q4K>()),
         (Fast, QuantType::Q5K) => Selected::Q8K(fast_q45k_avx2::<m::Q5K>()),
         (Fast, QuantType::Q6K) => Selected::Q8K(fast_q6k_avx2()),
         (Fast, QuantType::Q2K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q2K>)),
         (Fast, QuantType::Q3K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q3K>)),
+        (Fast, QuantType::IQ4XS) => Selected::Q8K(one(k::fast_iq4xs)),
     }
 }
 

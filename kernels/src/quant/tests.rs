@@ -28,24 +28,13 @@ impl Rng {
     }
 }
 
-/// Offsets of the f16 scale (and minimum) fields in a block.
-fn f16_fields(ty: QuantType) -> &'static [usize] {
-    match ty {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
-        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q2K => &[80, 82],
-        QuantType::Q3K => &[108],
-        QuantType::Q6K => &[208],
-    }
-}
-
 /// Random blocks: random quant bytes, scales of moderate magnitude.
 fn random_blocks(ty: QuantType, blocks: usize, rng: &mut Rng) -> Vec<u8> {
     let mut data: Vec<u8> = (0..blocks * ty.block_bytes())
         .map(|_| rng.next_u64() as u8)
         .collect();
     for block in data.chunks_exact_mut(ty.block_bytes()) {
-        for &at in f16_fields(ty) {
+        for &at in ty.f16_fields() {
             let v = f16::from_f32(rng.f32() * 0.05);
             block[at..at + 2].copy_from_slice(&v.to_le_bytes());
         }
@@ -176,7 +165,7 @@ fn extreme_quants_do_not_overflow() {
     for ty in QuantType::ALL {
         let mut data = vec![0xFFu8; 4 * ty.block_bytes()];
         for block in data.chunks_exact_mut(ty.block_bytes()) {
-            for &at in f16_fields(ty) {
+            for &at in ty.f16_fields() {
                 block[at..at + 2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
             }
         }
@@ -260,17 +249,24 @@ fn bad_shapes_are_errors() {
 
 /// The 32-value formats, which have multi-row (GEMM) kernels.
 #[cfg(target_arch = "x86_64")]
-const BLOCK32_TYPES: [QuantType; 5] = [
+const BLOCK32_TYPES: [QuantType; 6] = [
     QuantType::Q4_0,
     QuantType::Q4_1,
     QuantType::Q5_0,
     QuantType::Q5_1,
     QuantType::Q8_0,
+    QuantType::IQ4NL,
 ];
 
-/// The K-quants with multi-row (GEMM) kernels (AVX2, also used on AVX-512).
+/// The 256-value formats with multi-row (GEMM) kernels (AVX2, also used on
+/// AVX-512; IQ4_XS's are exact only).
 #[cfg(target_arch = "x86_64")]
-const MULTI_K_TYPES: [QuantType; 3] = [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K];
+const MULTI_K_TYPES: [QuantType; 4] = [
+    QuantType::Q4K,
+    QuantType::Q5K,
+    QuantType::Q6K,
+    QuantType::IQ4XS,
+];
 
 /// Whether the CPU runs the kernels of `isa`; prints why a test (or part of
 /// it) is skipped if not.
@@ -637,7 +633,7 @@ fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
 #[test]
 fn avx2_multi_row_kernels_equal_the_single_row_kernel() {
     use super::act::BlockQ8;
-    use super::avx2::{fast_32, fast_32_multi, fast_q8_0};
+    use super::avx2::{fast_32, fast_32_multi, fast_signed_32};
     use super::format::{marker as m, Format};
 
     fn check<F: Format>(seed: u64) {
@@ -648,9 +644,10 @@ fn avx2_multi_row_kernels_equal_the_single_row_kernel() {
             (6, fast_32_multi::<F, 6>),
             (8, fast_32_multi::<F, 8>),
         ];
-        // Q8_0's single-row kernel is `fast_q8_0`.
-        let one: unsafe fn(&[u8], &[BlockQ8], &mut [f32]) = if F::TY == QuantType::Q8_0 {
-            fast_q8_0::<F>
+        // Q8_0's and IQ4_NL's single-row kernel is `fast_signed_32`.
+        let signed = matches!(F::TY, QuantType::Q8_0 | QuantType::IQ4NL);
+        let one: unsafe fn(&[u8], &[BlockQ8], &mut [f32]) = if signed {
+            fast_signed_32::<F>
         } else {
             fast_32::<F>
         };
@@ -679,6 +676,7 @@ fn avx2_multi_row_kernels_equal_the_single_row_kernel() {
     check::<m::Q5_0>(13);
     check::<m::Q5_1>(14);
     check::<m::Q8_0>(15);
+    check::<m::IQ4NL>(16);
 }
 
 /// The AVX2 multi-row kernels of the K-quants (Q4_K, Q5_K, Q6_K) against

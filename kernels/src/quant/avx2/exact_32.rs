@@ -1,9 +1,10 @@
 //! The exact kernels (f32 activations) of the 32-value formats: Q4_0, Q4_1,
-//! Q5_0, Q5_1 and Q8_0.
+//! Q5_0, Q5_1, Q8_0 and IQ4_NL.
 //!
 //! Each weight is dequantized to f32 as `d·q + m` by one fused multiply-add
 //! (`m` the block's minimum, or `−offset·d`: then the sum is `d·(q −
-//! offset)`, exact in f32), which is the value `dequantize_block` gives,
+//! offset)`, exact in f32; Q8_0's and IQ4_NL's signed quants by one multiply),
+//! which is the value `dequantize_block` gives,
 //! and summed as `panel` says: so one activation row ([`exact_32`], blocks
 //! dequantized as they are read, four independent chains of FMAs a row),
 //! two or three ([`exact_32_multi`]) and many (the panel kernels, from
@@ -14,9 +15,10 @@ use std::arch::x86_64::*;
 use super::super::format::Format;
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
-use super::exact::{i8x8_at, nibbles_to_f32};
+use super::exact::{i8x32_to_f32, i8x8_at, nibbles_to_f32};
+use super::iq4::iq4_values;
 use super::panel::{add_products, finish, ChainRow};
-use super::{f16_splat, quant_offset, u32_at};
+use super::{f16_splat, nibbles32, quant_offset, signed_32, u32_at};
 
 /// Block `b` dequantized: its 32 weights as f32, in order.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -35,10 +37,11 @@ unsafe fn dequantize<F: Format>(b: &[u8]) -> [__m256; 4] {
         QuantType::Q4_1 => nibbles_to_f32(&b[4..20], 0),
         QuantType::Q5_0 => return dequantize_q5_0(b),
         QuantType::Q5_1 => nibbles_to_f32(&b[8..24], u32_at(b, 4)),
+        QuantType::IQ4NL => i8x32_to_f32(iq4_values(nibbles32(&b[2..]))),
         _ => unreachable!("{} is not a 32-value format", F::TY),
     };
     let scale = f16_splat(b, 0);
-    if F::TY == QuantType::Q8_0 {
+    if signed_32(F::TY) {
         return [
             _mm256_mul_ps(q[0], scale),
             _mm256_mul_ps(q[1], scale),

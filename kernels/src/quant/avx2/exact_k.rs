@@ -1,9 +1,10 @@
-//! The exact kernels (f32 activations) of the K-quants: Q4_K, Q5_K and
-//! Q6_K.
+//! The exact kernels (f32 activations) of the 256-value formats: Q4_K, Q5_K,
+//! Q6_K and IQ4_XS.
 //!
 //! Each weight is dequantized to f32 by one rounding: `q·(d·sc) − dmin·m`
 //! by a fused multiply-add for Q4_K and Q5_K, `(q − 32)·(d·sc)` by a
-//! multiply for Q6_K (the values ggml computes, and the AVX-512 kernels').
+//! multiply for Q6_K, `v·(d·(sc − 32))` for IQ4_XS (`v` the index's table
+//! value): the values ggml computes, and the AVX-512 kernels'.
 //! The products are then summed as `panel` says, so one activation row
 //! ([`exact_k`], each quarter super-block dequantized as it is read), two
 //! or three ([`exact_k_multi`]) and many (the panel kernels, from
@@ -11,16 +12,17 @@
 
 use std::arch::x86_64::*;
 
-use super::super::format::{k4_scales_mins_words, Format, QK_K};
+use super::super::format::{iq4xs_scales, k4_scales_mins_words, Format, QK_K};
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
 use super::exact::{i8x32_to_f32, nibbles8_to_f32};
+use super::iq4::iq4_values;
 use super::panel::{add_products, finish, ChainRow};
-use super::{f16_at, q45k_group, q5k_high_bits, q6k_quarter};
+use super::{f16_at, nibbles32, q45k_group, q5k_high_bits, q6k_quarter};
 
 /// A super-block's multipliers and addends: weight `q` of run `r` (see
-/// [`run`]) is `q · mul[r] + add[r]`, rounded once; Q6_K has no addends
-/// (its quants come with 32 taken off: `(q − 32) · mul[r]`).
+/// [`run`]) is `q · mul[r] + add[r]`, rounded once; Q6_K and IQ4_XS have no
+/// addends (Q6_K's quants come with 32 taken off: `(q − 32) · mul[r]`).
 #[derive(Default)]
 struct Scales {
     mul: [f32; 16],
@@ -28,7 +30,7 @@ struct Scales {
 }
 
 /// The run of [`Scales`] that values `64·p + 8·v .. 64·p + 8·v + 8` of a
-/// super-block belong to: Q6_K scales runs of 16 values, Q4_K and Q5_K runs
+/// super-block belong to: Q6_K scales runs of 16 values, the others runs
 /// of 32.
 #[inline(always)]
 fn run<F: Format>(p: usize, v: usize) -> usize {
@@ -52,6 +54,13 @@ unsafe fn scales<F: Format>(b: &[u8]) -> Scales {
         _mm256_storeu_ps(
             s.mul[8..].as_mut_ptr(),
             scaled(_mm256_cvtepi8_epi32(high), d),
+        );
+    } else if F::TY == QuantType::IQ4XS {
+        let sc = i64::from_le_bytes(iq4xs_scales(b).map(|s| s as u8));
+        let sc = _mm_cvtsi64_si128(sc);
+        _mm256_storeu_ps(
+            s.mul.as_mut_ptr(),
+            scaled(_mm256_cvtepi8_epi32(sc), f16_at(b, 0)),
         );
     } else {
         let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
@@ -111,7 +120,15 @@ unsafe fn quarter_quants<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> [__
                 i8x32_to_f32(_mm256_sub_epi8(high, offset)),
             )
         }
-        _ => unreachable!("{} is not a K-quant with exact AVX2 kernels", F::TY),
+        QuantType::IQ4XS => {
+            // The quarter's two sub-blocks, 16 bytes each.
+            let qs = &b[8 + 32 * p..][..32];
+            (
+                i8x32_to_f32(iq4_values(nibbles32(qs))),
+                i8x32_to_f32(iq4_values(nibbles32(&qs[16..]))),
+            )
+        }
+        _ => unreachable!("{} has no exact AVX2 super-block kernels", F::TY),
     };
     [l0, l1, l2, l3, h0, h1, h2, h3]
 }
@@ -130,7 +147,7 @@ unsafe fn dequantize_quarter<F: Format>(
     for (v, w) in w.iter_mut().enumerate() {
         let r = run::<F>(p, v);
         let mul = _mm256_set1_ps(s.mul[r]);
-        *w = if F::TY == QuantType::Q6K {
+        *w = if matches!(F::TY, QuantType::Q6K | QuantType::IQ4XS) {
             _mm256_mul_ps(*w, mul)
         } else {
             _mm256_fmadd_ps(*w, mul, _mm256_set1_ps(s.add[r]))

@@ -151,11 +151,14 @@ macro_rules! by_rows {
 mod exact;
 mod exact_32;
 mod exact_k;
+mod iq4;
 mod panel;
 
 pub(crate) use exact::exact_any;
 pub(crate) use exact_32::{exact_32, exact_32_multi};
 pub(crate) use exact_k::{exact_k, exact_k_multi};
+pub(crate) use iq4::fast_iq4xs;
+use iq4::iq4_values;
 pub(crate) use panel::{decode_rows, pack_acts, panel_multiply};
 
 /// Folds `step(state, block, activations)` over a row's blocks with two
@@ -284,17 +287,37 @@ pub(crate) unsafe fn q6k_quarter(b: &[u8], p: usize) -> [__m256i; 2] {
 
 // ------------------------------------------------- fast (8-bit activations)
 
-/// Q8_0 with Q8 activations.
+/// Whether a 32-value format's quants are signed bytes once decoded
+/// ([`signed_quants`]: Q8_0, IQ4_NL) rather than unsigned ones with an
+/// offset or minimum ([`unsigned_quants`]).
+const fn signed_32(ty: QuantType) -> bool {
+    matches!(ty, QuantType::Q8_0 | QuantType::IQ4NL)
+}
+
+/// The 32 signed quants of a Q8_0 or IQ4_NL block (IQ4_NL's indices looked
+/// up in its table).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn fast_q8_0<F: Format>(w: &[u8], acts: &[BlockQ8], out: &mut [f32]) {
-    by_rows!(fast_q8_0_row::<F>, w, acts.len(), acts, out);
+#[inline]
+unsafe fn signed_quants<F: Format>(b: &[u8]) -> __m256i {
+    if F::TY == QuantType::IQ4NL {
+        iq4_values(nibbles32(&b[2..]))
+    } else {
+        load32(&b[2..])
+    }
+}
+
+/// Q8_0 and IQ4_NL with Q8 activations: signed quants times the
+/// activations, times the two scales.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn fast_signed_32<F: Format>(w: &[u8], acts: &[BlockQ8], out: &mut [f32]) {
+    by_rows!(fast_signed_32_row::<F>, w, acts.len(), acts, out);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn fast_q8_0_row<F: Format>(row: &[u8], acts: &[BlockQ8]) -> f32 {
+unsafe fn fast_signed_32_row<F: Format>(row: &[u8], acts: &[BlockQ8]) -> f32 {
     let acc = fold2(row, F::BYTES, acts, _mm256_setzero_ps(), |acc, b, a| {
-        let q = load32(&b[2..]);
+        let q = signed_quants::<F>(b);
         let x = load32_i8(&a.qs);
         // maddubs needs an unsigned operand: |q| times x with q's sign.
         let p = mul_sum_u8_i8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
@@ -370,7 +393,7 @@ unsafe fn fast_32_row<F: Format>(row: &[u8], acts: &[BlockQ8]) -> f32 {
     fast_32_finish::<F>(even, odd)
 }
 
-/// [`fast_32`] (or [`fast_q8_0`] for Q8_0) over `R` (at most 8) activation
+/// [`fast_32`] (or [`fast_signed_32`] for Q8_0 and IQ4_NL) over `R` (at most 8) activation
 /// rows at once: each weight block is decoded once for the `R` rows. `acts` holds the `R` rows of
 /// `act_len` blocks one after another, `out` the `R` output rows of
 /// `n = out.len() / R` values: `out[i * n + r]` is weight row `r` times
@@ -418,11 +441,11 @@ pub(crate) unsafe fn fast_32_multi<F: Format, const R: usize>(
             let mut j = parity;
             while j < blocks {
                 let b = &row[j * F::BYTES..(j + 1) * F::BYTES];
-                let wt = if F::TY == QuantType::Q8_0 {
-                    // As `fast_q8_0_row`: `q` holds the signed quants.
+                let wt = if signed_32(F::TY) {
+                    // As `fast_signed_32_row`: `q` holds the signed quants.
                     let d = f16_at(b, 0);
                     Fast32Weights {
-                        q: load32(&b[2..]),
+                        q: signed_quants::<F>(b),
                         d,
                         c: d,
                     }
@@ -430,13 +453,13 @@ pub(crate) unsafe fn fast_32_multi<F: Format, const R: usize>(
                     fast_32_weights::<F>(b)
                 };
                 let dd = _mm256_mul_ps(_mm256_set1_ps(wt.d), load8(&scales[j]));
-                if F::TY != QuantType::Q8_0 {
+                if !signed_32(F::TY) {
                     *corr = _mm256_fmadd_ps(_mm256_set1_ps(wt.c), load8(&sums[j]), *corr);
                 }
                 let abs = _mm256_sign_epi8(wt.q, wt.q);
                 for (i, (acc, a)) in acc.iter_mut().zip(&rows_acts).enumerate() {
                     let x = load32_i8(&a[j].qs);
-                    let p = if F::TY == QuantType::Q8_0 {
+                    let p = if signed_32(F::TY) {
                         mul_sum_u8_i8(abs, _mm256_sign_epi8(x, wt.q))
                     } else {
                         mul_sum_u8_i8(wt.q, x)
@@ -452,8 +475,8 @@ pub(crate) unsafe fn fast_32_multi<F: Format, const R: usize>(
             _mm256_storeu_ps(c.as_mut_ptr(), *v);
         }
         for i in 0..R {
-            out[i * n + r] = if F::TY == QuantType::Q8_0 {
-                // As `fast_q8_0_row`.
+            out[i * n + r] = if signed_32(F::TY) {
+                // As `fast_signed_32_row`.
                 hsum(_mm256_add_ps(acc[0][i], acc[1][i]))
             } else {
                 fast_32_finish::<F>((acc[0][i], c[0][i]), (acc[1][i], c[1][i]))
