@@ -329,8 +329,10 @@ fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Sele
         (Exact, QuantType::Q4_1) => exact_512::<Blocks32<m::Q4_1>>(),
         (Exact, QuantType::Q5_0) => exact_512::<Blocks32<m::Q5_0>>(),
         (Exact, QuantType::Q5_1) => exact_512::<Blocks32<m::Q5_1>>(),
+        (Exact, QuantType::IQ4NL) => exact_512::<Blocks32<m::IQ4NL>>(),
         (Exact, QuantType::Q4K) => exact_512::<m::Q4K>(),
         (Exact, QuantType::Q6K) => exact_512::<m::Q6K>(),
+        (Exact, QuantType::IQ4XS) => exact_512::<m::IQ4XS>(),
         // Exact Q8_0 keeps the AVX2 kernels: the AVX-512 one decodes a
         // single row 10-20 % slower (measured on Zen 5 and Sapphire Rapids),
         // and Q8_0 is mostly LM heads, which prefill runs for one row only
@@ -342,6 +344,7 @@ fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Sele
         (Fast, QuantType::Q5_0) => fast_512::<m::Q5_0>(amx),
         (Fast, QuantType::Q5_1) => fast_512::<m::Q5_1>(amx),
         (Fast, QuantType::Q8_0) => fast_512::<m::Q8_0>(amx),
+        (Fast, QuantType::IQ4NL) => fast_512::<m::IQ4NL>(amx),
         (Fast, QuantType::Q4K) if amx => {
             use super::avx512::amx as k;
             let panel = AmxPanel {
@@ -362,7 +365,8 @@ fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Sele
     })
 }
 
-/// The AVX-512 exact kernels for Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K:
+/// The AVX-512 exact kernels for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K
+/// and IQ4_XS:
 /// the single-row one, multi-row ones for 8, 4, 3 and 2 activation rows,
 /// which decode each 64 weights once for all of them, and for more rows
 /// the panel kernels, which decode each weight once for all of them.
@@ -547,7 +551,15 @@ fn select_avx2(ty: QuantType, precision: Arithmetic) -> Selected {
         (Fast, QuantType::Q6K) => Selected::Q8K(fast_q6k_avx2()),
         (Fast, QuantType::Q2K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q2K>)),
         (Fast, QuantType::Q3K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q3K>)),
-        (Fast, QuantType::IQ4XS) => Selected::Q8K(one(k::fast_iq4xs)),
+        (Fast, QuantType::IQ4XS) => Selected::Q8K(Kernels {
+            one: k::fast_iq4xs,
+            multi: [
+                multi(8, k::fast_iq4xs_multi::<8>),
+                multi(4, k::fast_iq4xs_multi::<4>),
+                multi(2, k::fast_iq4xs_multi::<2>),
+                None,
+            ],
+        }),
     }
 }
 

@@ -3,9 +3,9 @@
 //!
 //! # Formats
 //!
-//! [`QuantType`] covers ggml's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32
-//! values) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (super-blocks of 256), with
-//! ggml's exact byte layouts. [`dequantize_row`] is the reference
+//! [`QuantType`] covers ggml's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (blocks
+//! of 32 values) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of
+//! 256), with ggml's exact byte layouts. [`dequantize_row`] is the reference
 //! dequantization (bit-exact with ggml and gguf-py);
 //! [`quantize_row_q8_0`] the reference Q8_0 quantizer.
 //!
@@ -31,12 +31,12 @@
 //! The instruction set is chosen at run time ([`Isa::detect`]; tests and
 //! benchmarks can force one with [`QuantMatrix::matmul_with`]):
 //!
-//! | | Q4_0 Q4_1 Q5_0 Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K | Q2_K Q3_K |
-//! | --- | --- | --- | --- | --- | --- | --- |
-//! | AMX (int8 tiles) | fast, ≥ 16 rows | fast, ≥ 16 rows | fast, ≥ 16 rows | — | fast, ≥ 16 rows | — |
-//! | AVX-512 (VBMI, VNNI) | both | fast | exact | — | exact | — |
-//! | AVX2 + FMA + F16C | both | both | both | both | both | exact |
-//! | portable | both | both | both | both | both | both |
+//! | | Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL | Q8_0 | Q4_K | Q5_K | Q6_K | IQ4_XS | Q2_K Q3_K |
+//! | --- | --- | --- | --- | --- | --- | --- | --- |
+//! | AMX (int8 tiles) | fast, ≥ 16 rows | fast, ≥ 16 rows | fast, ≥ 16 rows | — | fast, ≥ 16 rows | — | — |
+//! | AVX-512 (VBMI, VNNI) | both | fast | exact | — | exact | exact | — |
+//! | AVX2 + FMA + F16C | both | both | both | both | both | both | exact |
+//! | portable | both | both | both | both | both | both | both |
 //!
 //! A format without a kernel for the detected instruction set uses the best
 //! one below it. The portable kernels are always compiled and are the

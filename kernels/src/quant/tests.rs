@@ -259,7 +259,7 @@ const BLOCK32_TYPES: [QuantType; 6] = [
 ];
 
 /// The 256-value formats with multi-row (GEMM) kernels (AVX2, also used on
-/// AVX-512; IQ4_XS's are exact only).
+/// AVX-512).
 #[cfg(target_arch = "x86_64")]
 const MULTI_K_TYPES: [QuantType; 4] = [
     QuantType::Q4K,
@@ -559,6 +559,7 @@ fn avx512_multi_row_kernels_equal_the_single_row_kernel() {
     check::<m::Q5_0>(3);
     check::<m::Q5_1>(4);
     check::<m::Q8_0>(5);
+    check::<m::IQ4NL>(6);
 }
 
 /// The AVX-512 exact multi-row kernels against the single-row one, bit for
@@ -626,6 +627,8 @@ fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
     check::<Blocks32<m::Q8_0>>(QuantType::Q8_0, 15);
     check::<m::Q4K>(QuantType::Q4K, 16);
     check::<m::Q6K>(QuantType::Q6K, 17);
+    check::<Blocks32<m::IQ4NL>>(QuantType::IQ4NL, 18);
+    check::<m::IQ4XS>(QuantType::IQ4XS, 19);
 }
 
 /// The AVX2 multi-row kernels against the single-row ones, bit for bit.
@@ -679,13 +682,15 @@ fn avx2_multi_row_kernels_equal_the_single_row_kernel() {
     check::<m::IQ4NL>(16);
 }
 
-/// The AVX2 multi-row kernels of the K-quants (Q4_K, Q5_K, Q6_K) against
-/// the single-row ones, bit for bit.
+/// The AVX2 multi-row kernels of the K-quants (Q4_K, Q5_K, Q6_K) and
+/// IQ4_XS against the single-row ones, bit for bit.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_k_quant_multi_row_kernels_equal_the_single_row_kernel() {
     use super::act::BlockQ8K;
-    use super::avx2::{fast_q45k, fast_q45k_multi, fast_q6k, fast_q6k_multi};
+    use super::avx2::{
+        fast_iq4xs, fast_iq4xs_multi, fast_q45k, fast_q45k_multi, fast_q6k, fast_q6k_multi,
+    };
     use super::format::{marker as m, Format};
 
     fn check<F: Format>(
@@ -736,6 +741,16 @@ fn avx2_k_quant_multi_row_kernels_equal_the_single_row_kernel() {
             (4, fast_q6k_multi::<4>),
             (6, fast_q6k_multi::<6>),
             (8, fast_q6k_multi::<8>),
+        ],
+    );
+    check::<m::IQ4XS>(
+        24,
+        fast_iq4xs,
+        &[
+            (2, fast_iq4xs_multi::<2>),
+            (3, fast_iq4xs_multi::<3>),
+            (4, fast_iq4xs_multi::<4>),
+            (8, fast_iq4xs_multi::<8>),
         ],
     );
 }

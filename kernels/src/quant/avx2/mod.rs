@@ -157,8 +157,8 @@ mod panel;
 pub(crate) use exact::exact_any;
 pub(crate) use exact_32::{exact_32, exact_32_multi};
 pub(crate) use exact_k::{exact_k, exact_k_multi};
-pub(crate) use iq4::fast_iq4xs;
 use iq4::iq4_values;
+pub(crate) use iq4::{fast_iq4xs, fast_iq4xs_multi};
 pub(crate) use panel::{decode_rows, pack_acts, panel_multiply};
 
 /// Folds `step(state, block, activations)` over a row's blocks with two

@@ -1,5 +1,5 @@
-//! AMX int8 products for the fast kernels of Q4_0, Q4_1, Q5_0, Q5_1 and
-//! Q8_0 over 16 activation rows or more (prefill); Q4_K and Q6_K in
+//! AMX int8 products for the fast kernels of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+//! and IQ4_NL over 16 activation rows or more (prefill); Q4_K and Q6_K in
 //! `k_quants`.
 //!
 //! One `tdpbssd`/`tdpbsud` multiplies 16 activation rows (the A tile, read
@@ -12,7 +12,7 @@
 //! it scales one block, the tile unit computes the next.
 //!
 //! A task first decodes a tile of its weight rows ([`decode_weights`]): the
-//! quants minus their offset as bytes (signed for Q4_0, Q5_0 and Q8_0,
+//! quants minus their offset as bytes (signed for Q4_0, Q5_0, Q8_0 and IQ4_NL,
 //! unsigned 0..16 or 0..32 for Q4_1 and Q5_1), laid out as B tiles (per 16
 //! rows and block, 8 rows of 16 weight rows × 4 bytes), and the rows'
 //! scales by groups of 16.

@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
-use super::super::format::{marker, Format};
+use super::super::format::{marker, Format, IQ4_VALUES};
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
 use super::{hsum, hsum16, load_pair, nibble_index, qs_offset, quant_offset, unsigned_quants};
@@ -90,7 +90,7 @@ impl ExactWeights {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
     unsafe fn decode_loaded<F: Format>(b: &[u8], v: __m512i, idx: &ExactIndex) -> Self {
-        if matches!(F::TY, QuantType::Q4_0 | QuantType::Q4_1) {
+        if matches!(F::TY, QuantType::Q4_0 | QuantType::Q4_1 | QuantType::IQ4NL) {
             return Self::decode_4bit::<F>(v, idx);
         }
         if F::TY == QuantType::Q5_0 {
@@ -150,12 +150,14 @@ impl ExactWeights {
         Self { w }
     }
 
-    /// [`decode`](Self::decode) for Q4_0 and Q4_1 (`v` holds the pair's
-    /// bytes), in fewer shuffles: one `vpermb` a block spreads its 16 quant
-    /// bytes over 32-bit lanes, whose low and high nibbles are its two runs
-    /// of 16 weights. Q4_0's `d·(q − 8)` is computed as `d·q − 8d`, which is
-    /// exact (both are small multiples of an f16 scale), so the weights are
-    /// the same f32 values [`decode`](Self::decode) would give.
+    /// [`decode`](Self::decode) for Q4_0, Q4_1 and IQ4_NL (`v` holds the
+    /// pair's bytes), in fewer shuffles: one `vpermb` a block spreads its 16
+    /// quant bytes over 32-bit lanes, whose low and high nibbles are its two
+    /// runs of 16 weights, looked up in the block's table of its 16 possible
+    /// weights. Q4_0's `d·(q − 8)` is computed as `d·q − 8d`, which is
+    /// exact (both are small multiples of an f16 scale), and IQ4_NL's
+    /// `d·v` is one product, so the weights are the f32 values
+    /// `dequantize_block` gives.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
     #[inline]
     unsafe fn decode_4bit<F: Format>(v: __m512i, idx: &ExactIndex) -> Self {
@@ -166,14 +168,25 @@ impl ExactWeights {
             let offset = _mm512_set1_ps(-(quant_offset(F::TY) as f32));
             [_mm512_mul_ps(d[0], offset), _mm512_mul_ps(d[1], offset)]
         };
-        let quants = _mm512_setr_ps(
-            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
-        );
+        let quants = if F::TY == QuantType::IQ4NL {
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                IQ4_VALUES.as_ptr().cast(),
+            )))
+        } else {
+            _mm512_setr_ps(
+                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
+                15.0,
+            )
+        };
         let mut w = [_mm512_setzero_ps(); 4];
         for b in 0..2 {
             // The block's 16 possible weights; `vpermps` reads only the
             // low 4 bits of an index lane, so the low nibble needs no mask.
-            let table = _mm512_fmadd_ps(quants, d[b], m[b]);
+            let table = if F::TY == QuantType::IQ4NL {
+                _mm512_mul_ps(quants, d[b])
+            } else {
+                _mm512_fmadd_ps(quants, d[b], m[b])
+            };
             let bytes = _mm512_maskz_permutexvar_epi8(0x1111_1111_1111_1111, idx.lanes[b], v);
             w[2 * b] = _mm512_permutexvar_ps(bytes, table);
             w[2 * b + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(bytes), table);

@@ -1,4 +1,4 @@
-//! The exact kernels' decoding of Q4_K and Q6_K: each super-block of 256
+//! The exact kernels' decoding of Q4_K, Q6_K and IQ4_XS: each super-block of 256
 //! values as four quarters of 64 ([`ExactWeights`]), fed to every
 //! activation row through [`ExactSums::add`] like the 32-value formats, so
 //! the single-row and multi-row kernels give the same bits.
@@ -6,13 +6,17 @@
 //! A quarter's quants are widened byte → i32 straight from memory
 //! (`vpmovzxbd`), unpacked with shifts and masks, converted to f32 and
 //! scaled with one FMA: Q4_K `d·sc·q − dmin·m`, Q6_K `d·sc·q − 32·d·sc`
-//! (which is `d·sc·(q − 32)` rounded once, as ggml computes it).
+//! (which is `d·sc·(q − 32)` rounded once, as ggml computes it). IQ4_XS's
+//! indices pick their weights from the sub-block's table of 16, `d·(sc −
+//! 32)` times each value (`vpermps`, which reads an index's low four bits).
 //!
 //! Safety: as the parent module's kernels.
 
 use std::arch::x86_64::*;
 
-use super::super::format::{f16_at, k4_scales_mins, marker, Format, QK_K};
+use super::super::format::{
+    f16_at, iq4xs_scales, k4_scales_mins, marker, Format, IQ4_VALUES, QK_K,
+};
 use super::exact::{ExactRows, ExactSums, ExactWeights};
 
 /// The 16 bytes at `b[at..at + 16]` widened to 16 unsigned i32.
@@ -77,6 +81,40 @@ impl Quarters for marker::Q4K {
                 scaled(_mm512_srli_epi32::<4>(bytes[1]), hi.0, hi.1),
             ],
         }
+    }
+}
+
+impl Quarters for marker::IQ4XS {
+    /// Per sub-block of 32: `d·(sc − 32)`.
+    type Scales = [f32; 8];
+
+    #[inline(always)]
+    fn scales(b: &[u8]) -> [f32; 8] {
+        let d = f16_at(b, 0);
+        let mut scales = [0.0; 8];
+        for (s, &sc) in scales.iter_mut().zip(&iq4xs_scales(b)) {
+            *s = d * f32::from(sc);
+        }
+        scales
+    }
+
+    /// Bytes `8 + 32·quarter ..` hold sub-block `2·quarter` (16 bytes: its
+    /// first 16 values in the low nibbles, the next 16 in the high ones),
+    /// then sub-block `2·quarter + 1`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quarter(b: &[u8], scales: &[f32; 8], quarter: usize) -> ExactWeights {
+        let values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+            IQ4_VALUES.as_ptr().cast(),
+        )));
+        let mut w = [_mm512_setzero_ps(); 4];
+        for s in 0..2 {
+            let table = _mm512_mul_ps(values, _mm512_set1_ps(scales[2 * quarter + s]));
+            let bytes = widen16(b, 8 + 32 * quarter + 16 * s);
+            w[2 * s] = _mm512_permutexvar_ps(bytes, table);
+            w[2 * s + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(bytes), table);
+        }
+        ExactWeights { w }
     }
 }
 

@@ -1,14 +1,14 @@
 //! AVX-512 fast kernels (8-bit activations, integer products) for Q4_0,
-//! Q4_1, Q5_0, Q5_1 and Q8_0, 16 weight rows at a time, one per lane.
+//! Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL, 16 weight rows at a time, one per lane.
 //!
 //! Every fast kernel of these formats on AVX-512, the AMX one (`amx`)
 //! included, computes a (weight row, activation row) product in the same
 //! arithmetic, so that a product's bits do not depend on the kernel, on how
 //! many rows it has, or on whether the CPU has AMX:
 //! - per block `b`, in order, the exact integer sum `Σ (q − offset)·a` of
-//!   its 32 products, `q` the unsigned quants (Q8_0's signed ones plus 128)
-//!   and `offset` 8, 16 or 128 for Q4_0, Q5_0, Q8_0, 0 for the formats with
-//!   a minimum;
+//!   its 32 products, `q` the unsigned quants (Q8_0's signed ones and
+//!   IQ4_NL's values plus 128) and `offset` 8, 16 or 128 for Q4_0, Q5_0,
+//!   Q8_0 and IQ4_NL, 0 for the formats with a minimum;
 //! - `acc = fma(float(sum), d_w · d_a, acc)` from `acc = 0`;
 //! - for Q4_1 and Q5_1, then `acc = fma(m_w, d_a · Σa, acc)`.
 //!

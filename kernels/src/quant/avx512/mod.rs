@@ -1,7 +1,7 @@
 //! AVX-512 kernels (F, BW, VL, VBMI, VNNI) for the 32-value formats (Q4_0,
-//! Q4_1, Q5_0, Q5_1, Q8_0), two blocks per 512-bit vector, and exact
-//! kernels for Q4_K and Q6_K (`exact_k`). The other K-quants, and fast
-//! Q4_K/Q6_K, use the AVX2 kernels on these CPUs. (VL lets the 256-bit
+//! Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), two blocks per 512-bit vector, and exact
+//! kernels for Q4_K, Q6_K and IQ4_XS (`exact_k`). The other K-quants, and
+//! fast Q4_K/Q6_K/IQ4_XS, use the AVX2 kernels on these CPUs. (VL lets the 256-bit
 //! instructions use all 32 registers, which the multi-row kernel needs.)
 //!
 //! Safety: every function here may only run on a CPU with the features above
@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::format::Format;
+use super::format::{Format, IQ4_VALUES};
 use super::QuantType;
 
 pub(crate) mod amx;
@@ -32,7 +32,7 @@ pub(crate) use fast::{fast_32, fast_32_multi, BlockQ8x2, LANES};
 /// Offset of the packed 4-bit quants in a block.
 const fn qs_offset(ty: QuantType) -> usize {
     match ty {
-        QuantType::Q4_0 => 2,
+        QuantType::Q4_0 | QuantType::IQ4NL => 2,
         QuantType::Q4_1 => 4,
         QuantType::Q5_0 => 6,
         _ => 8,
@@ -40,12 +40,13 @@ const fn qs_offset(ty: QuantType) -> usize {
 }
 
 /// The offset subtracted from the unsigned quants (0 for the formats with a
-/// minimum, 128 for Q8_0 whose signed quants are biased to unsigned).
+/// minimum, 128 for Q8_0 and IQ4_NL, whose signed values are biased to
+/// unsigned).
 const fn quant_offset(ty: QuantType) -> i32 {
     match ty {
         QuantType::Q4_0 => 8,
         QuantType::Q5_0 => 16,
-        QuantType::Q8_0 => 128,
+        QuantType::Q8_0 | QuantType::IQ4NL => 128,
         _ => 0,
     }
 }
@@ -75,7 +76,8 @@ unsafe fn load_pair<F: Format>(b: &[u8]) -> __m512i {
 
 /// Decodes one or two blocks (`v` holds their bytes) to unsigned bytes:
 /// 0..16 or 0..32 for the 4- and 5-bit formats (before their offset), the
-/// signed quants plus 128 for Q8_0.
+/// signed quants plus 128 for Q8_0, and IQ4_NL's values plus 128 (its
+/// indices looked up in the biased table, a byte shuffle).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn unsigned_quants<F: Format>(b: &[u8], v: __m512i, nibbles: __m512i) -> __m512i {
@@ -111,6 +113,11 @@ unsafe fn unsigned_quants<F: Format>(b: &[u8], v: __m512i, nibbles: __m512i) -> 
         };
         let high = _mm512_movm_epi8(bits(0) | bits(1) << 32);
         return _mm512_or_si512(q, _mm512_and_si512(high, _mm512_set1_epi8(0x10)));
+    }
+    if F::TY == QuantType::IQ4NL {
+        let biased = IQ4_VALUES.map(|v| (v as u8) ^ 0x80);
+        let table = _mm_loadu_si128(biased.as_ptr().cast());
+        return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), q);
     }
     q
 }
