@@ -11,7 +11,7 @@ mod residual;
 use super::act::{quantize_run, BlockQ8, BlockQ8K};
 use super::aligned::Aligned;
 #[cfg(target_arch = "x86_64")]
-use super::avx512::amx::AmxWeights;
+use super::avx512::amx::Int8Weights;
 #[cfg(target_arch = "x86_64")]
 use super::avx512::BlockQ8x2;
 use super::format::{marker, Format, QK_K};
@@ -137,34 +137,35 @@ struct Panel {
 /// [`Panel`]'s `multiply`.
 type PanelMultiply = unsafe fn(&[f32], &[f32], usize, &mut [&mut [f32]], usize);
 
-/// Fast products over many activation rows on AMX tiles: `decode` lays out
+/// Fast products over many activation rows from weights decoded to bytes
+/// once per tile, on AMX tiles or with AVX-512 VNNI: `decode` lays out
 /// whole weight rows (of `cols` values, the second argument) as B tiles,
 /// `multiply` takes them with the quantized activation rows (`act_len`
 /// blocks each, padded with zero blocks to a multiple of 16 rows) and
 /// writes weight row `r` (of `n`, the last argument) times activation row
 /// `i` to `outs[i][col0 + r]`. Together they must give bit for bit what
-/// the single-row kernel gives. Unsafe because they need AMX.
+/// the single-row kernel gives. Unsafe because they need AMX or AVX-512.
 #[cfg(target_arch = "x86_64")]
-struct AmxPanel<A> {
-    decode: unsafe fn(&[u8], usize, &mut AmxWeights),
-    multiply: AmxMultiply<A>,
+struct Int8Panel<A> {
+    decode: unsafe fn(&[u8], usize, &mut Int8Weights),
+    multiply: Int8Multiply<A>,
 }
 
-/// An AMX product: decoded weights, activation rows, blocks a row,
+/// An int8 panel product: decoded weights, activation rows, blocks a row,
 /// outputs, first output column, weight rows.
 #[cfg(target_arch = "x86_64")]
-type AmxMultiply<A> = unsafe fn(&AmxWeights, &[A], usize, &mut [&mut [f32]], usize, usize);
+type Int8Multiply<A> = unsafe fn(&Int8Weights, &[A], usize, &mut [&mut [f32]], usize, usize);
 
 // Not derived: that would require `A: Copy`.
 #[cfg(target_arch = "x86_64")]
-impl<A> Clone for AmxPanel<A> {
+impl<A> Clone for Int8Panel<A> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-impl<A> Copy for AmxPanel<A> {}
+impl<A> Copy for Int8Panel<A> {}
 
 /// The kernels of a format, precision and instruction set.
 struct Kernels<A> {
@@ -191,9 +192,9 @@ const PANEL_MIN_ACTS_512: usize = 16;
 /// Bytes of f32 weights the AVX-512 panel kernels decode at once.
 #[cfg(target_arch = "x86_64")]
 const PANEL_TILE_BYTES_512: usize = 512 << 10;
-/// The fewest activation rows the AMX kernels take (a tile holds 16).
+/// The fewest activation rows the int8 panel kernels take (a tile holds 16).
 #[cfg(target_arch = "x86_64")]
-const AMX_MIN_ACTS: usize = 16;
+const INT8_PANEL_MIN_ACTS: usize = 16;
 /// Activation rows the panel kernels take at once: the laid-out copy of a
 /// slab (at most 1024 rows × `cols` f32) is what they add to memory.
 const PANEL_SLAB_ROWS: usize = 1024;
@@ -224,15 +225,14 @@ enum Selected {
     Q8(Kernels<BlockQ8>),
     Q8K(Kernels<BlockQ8K>),
     #[cfg(target_arch = "x86_64")]
-    Q8x2(Kernels<BlockQ8x2>),
-    /// AVX-512 fast kernels, and AMX ones for [`AMX_MIN_ACTS`] activation
+    /// AVX-512 fast kernels, and AMX or VNNI panel ones for [`INT8_PANEL_MIN_ACTS`] activation
     /// rows or more.
     #[cfg(target_arch = "x86_64")]
-    Q8x2Amx(Kernels<BlockQ8x2>, AmxPanel<BlockQ8x2>),
-    /// Q8_K kernels, and AMX ones for [`AMX_MIN_ACTS`] activation rows or
+    Q8x2Panel(Kernels<BlockQ8x2>, Int8Panel<BlockQ8x2>),
+    /// Q8_K kernels, and AMX ones (VNNI ones for IQ4_XS) for [`INT8_PANEL_MIN_ACTS`] activation rows or
     /// more.
     #[cfg(target_arch = "x86_64")]
-    Q8KAmx(Kernels<BlockQ8K>, AmxPanel<BlockQ8K>),
+    Q8KPanel(Kernels<BlockQ8K>, Int8Panel<BlockQ8K>),
 }
 
 /// Evaluates `$body` with `$f` naming the [`Format`](super::format::Format)
@@ -347,19 +347,28 @@ fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Sele
         (Fast, QuantType::IQ4NL) => fast_512::<m::IQ4NL>(amx),
         (Fast, QuantType::Q4K) if amx => {
             use super::avx512::amx as k;
-            let panel = AmxPanel {
+            let panel = Int8Panel {
                 decode: k::decode_q4k,
                 multiply: k::multiply_q4k,
             };
-            Selected::Q8KAmx(fast_q45k_avx2::<m::Q4K>(), panel)
+            Selected::Q8KPanel(fast_q45k_avx2::<m::Q4K>(), panel)
+        }
+        // With AMX too: IQ4_XS has no AMX kernels of its own.
+        (Fast, QuantType::IQ4XS) => {
+            use super::avx512::vnni as k;
+            let panel = Int8Panel {
+                decode: k::decode_iq4xs,
+                multiply: k::multiply_iq4xs,
+            };
+            Selected::Q8KPanel(fast_iq4xs_avx2(), panel)
         }
         (Fast, QuantType::Q6K) if amx => {
             use super::avx512::amx as k;
-            let panel = AmxPanel {
+            let panel = Int8Panel {
                 decode: k::decode_q6k,
                 multiply: k::multiply_q6k,
             };
-            Selected::Q8KAmx(fast_q6k_avx2(), panel)
+            Selected::Q8KPanel(fast_q6k_avx2(), panel)
         }
         _ => return None,
     })
@@ -394,7 +403,8 @@ fn exact_512<D: super::avx512::ExactRows>() -> Selected {
 
 /// The AVX-512 fast kernels for the 32-value formats: the single-row one,
 /// and multi-row ones for 8, 4 and 2 activation rows; all take 16 weight
-/// rows at a time. With `amx`, also the AMX kernels.
+/// rows at a time; for many activation rows the AMX kernels, or without
+/// `amx` the VNNI panel kernels (`avx512::vnni`).
 #[cfg(target_arch = "x86_64")]
 fn fast_512<F: Format>(amx: bool) -> Selected {
     use super::avx512 as k;
@@ -407,15 +417,15 @@ fn fast_512<F: Format>(amx: bool) -> Selected {
             None,
         ],
     };
-    if amx {
-        let panel = AmxPanel {
-            decode: k::amx::decode_weights::<F>,
-            multiply: k::amx::multiply::<F>,
-        };
-        Selected::Q8x2Amx(kernels, panel)
-    } else {
-        Selected::Q8x2(kernels)
-    }
+    let panel = Int8Panel {
+        decode: k::amx::decode_weights::<F>,
+        multiply: if amx {
+            k::amx::multiply::<F>
+        } else {
+            k::vnni::multiply::<F>
+        },
+    };
+    Selected::Q8x2Panel(kernels, panel)
 }
 
 /// The AVX2 exact kernels of the 32-value formats and the K-quants: the
@@ -517,6 +527,22 @@ fn fast_q6k_avx2() -> Kernels<BlockQ8K> {
     }
 }
 
+/// The AVX2 fast kernels for IQ4_XS: the single-row one, and multi-row
+/// ones for 8, 4 and 2 activation rows (AVX-512 machines use them too).
+#[cfg(target_arch = "x86_64")]
+fn fast_iq4xs_avx2() -> Kernels<BlockQ8K> {
+    use super::avx2 as k;
+    Kernels {
+        one: k::fast_iq4xs,
+        multi: [
+            multi(8, k::fast_iq4xs_multi::<8>),
+            multi(4, k::fast_iq4xs_multi::<4>),
+            multi(2, k::fast_iq4xs_multi::<2>),
+            None,
+        ],
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn select_avx2(ty: QuantType, precision: Arithmetic) -> Selected {
     use super::avx2 as k;
@@ -551,15 +577,7 @@ fn select_avx2(ty: QuantType, precision: Arithmetic) -> Selected {
         (Fast, QuantType::Q6K) => Selected::Q8K(fast_q6k_avx2()),
         (Fast, QuantType::Q2K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q2K>)),
         (Fast, QuantType::Q3K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q3K>)),
-        (Fast, QuantType::IQ4XS) => Selected::Q8K(Kernels {
-            one: k::fast_iq4xs,
-            multi: [
-                multi(8, k::fast_iq4xs_multi::<8>),
-                multi(4, k::fast_iq4xs_multi::<4>),
-                multi(2, k::fast_iq4xs_multi::<2>),
-                None,
-            ],
-        }),
+        (Fast, QuantType::IQ4XS) => Selected::Q8K(fast_iq4xs_avx2()),
     }
 }
 
@@ -791,17 +809,17 @@ impl<'a> QuantMatrix<'a> {
             Selected::Q8(kernels) => self.run_quantized(isa, kernels, 1, x, residual, y),
             Selected::Q8K(kernels) => self.run_quantized(isa, kernels, 1, x, residual, y),
             #[cfg(target_arch = "x86_64")]
-            Selected::Q8KAmx(kernels, amx) if fast_rows >= AMX_MIN_ACTS => {
-                self.run_amx(isa, kernels, amx, x, residual, y)
+            Selected::Q8KPanel(kernels, amx) if fast_rows >= INT8_PANEL_MIN_ACTS => {
+                self.run_int8_panel(isa, kernels, amx, x, residual, y)
             }
             #[cfg(target_arch = "x86_64")]
-            Selected::Q8KAmx(kernels, _) => self.run_quantized(isa, kernels, 1, x, residual, y),
+            Selected::Q8KPanel(kernels, _) => self.run_quantized(isa, kernels, 1, x, residual, y),
             #[cfg(target_arch = "x86_64")]
-            Selected::Q8x2Amx(kernels, amx) if fast_rows >= AMX_MIN_ACTS => {
-                self.run_amx(isa, kernels, amx, x, residual, y)
+            Selected::Q8x2Panel(kernels, amx) if fast_rows >= INT8_PANEL_MIN_ACTS => {
+                self.run_int8_panel(isa, kernels, amx, x, residual, y)
             }
             #[cfg(target_arch = "x86_64")]
-            Selected::Q8x2(kernels) | Selected::Q8x2Amx(kernels, _) => {
+            Selected::Q8x2Panel(kernels, _) => {
                 self.run_quantized(isa, kernels, super::avx512::LANES, x, residual, y)
             }
         }
@@ -828,14 +846,14 @@ impl<'a> QuantMatrix<'a> {
         residual::run(&job, self.rows, residual, y);
     }
 
-    /// As [`run_quantized`](Self::run_quantized), every row on the AMX
+    /// As [`run_quantized`](Self::run_quantized), every row on the int8 panel
     /// kernels, the activation rows padded to a multiple of 16.
     #[cfg(target_arch = "x86_64")]
-    fn run_amx<A: ActBlock>(
+    fn run_int8_panel<A: ActBlock>(
         &self,
         isa: Isa,
         kernels: Kernels<A>,
-        amx: AmxPanel<A>,
+        amx: Int8Panel<A>,
         x: &[f32],
         residual: bool,
         y: &mut [f32],
@@ -843,7 +861,7 @@ impl<'a> QuantMatrix<'a> {
         let lanes = super::avx512::LANES;
         let (acts, per_row) = residual::quantize_rows::<A>(isa, x, self.cols, lanes, residual);
         let job = Job {
-            panel: Some(Panels::Amx(amx, self.cols)),
+            panel: Some(Panels::Int8(amx, self.cols)),
             row_align: lanes,
             ..self.job(kernels, &acts, per_row)
         };

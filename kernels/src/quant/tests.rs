@@ -399,17 +399,47 @@ fn avx2_panel_products_equal_single_row_products() {
     }
 }
 
-/// The AMX kernels (fast products of 16 activation rows or more) give bit
-/// for bit what the AVX-512 single-row kernel gives: partial tiles of
-/// activation rows and of weight rows, odd block counts, and tasks of
-/// several decoded weight tiles (50 rows of 16384 values: 16 rows a tile).
+/// The int8 panel kernels (fast products of 16 activation rows or more: AMX,
+/// and AVX-512 VNNI where AMX is not used) give bit for bit what the
+/// AVX-512 single-row kernel gives: partial tiles of activation rows and of
+/// weight rows, odd block counts, and tasks of several decoded weight tiles
+/// (50 rows of 16384 values: 16 rows a tile).
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn amx_products_equal_single_row_products() {
-    if !available_or_skip(Isa::Amx, "amx_products_equal_single_row_products") {
-        return;
-    }
+fn int8_panel_products_equal_single_row_products() {
     let mut seed = 7000;
+    for isa in [Isa::Avx512, Isa::Amx] {
+        if !available_or_skip(isa, "int8_panel_products_equal_single_row_products") {
+            continue;
+        }
+        int8_panels_of_32_value_formats(isa, &mut seed);
+        // IQ4_XS's VNNI kernels, which AMX machines use too; the K-quants'
+        // AMX ones.
+        let super_blocks: &[QuantType] = if isa == Isa::Amx {
+            &[QuantType::Q4K, QuantType::Q6K, QuantType::IQ4XS]
+        } else {
+            &[QuantType::IQ4XS]
+        };
+        for (rows, blocks, ms) in [
+            (1, 1, &[16, 17][..]),
+            (15, 2, &[16, 33][..]),
+            (33, 3, &[17, 64][..]),
+            (70, 19, &[20][..]),
+        ] {
+            for &m in ms {
+                seed += 1;
+                for &ty in super_blocks {
+                    check_multi_row(isa, ty, rows, blocks * 256, m, seed);
+                }
+            }
+        }
+    }
+}
+
+/// [`int8_panel_products_equal_single_row_products`] for the 32-value formats
+/// on `isa`'s panel kernels.
+#[cfg(target_arch = "x86_64")]
+fn int8_panels_of_32_value_formats(isa: Isa, seed: &mut u64) {
     for ty in BLOCK32_TYPES {
         for (rows, blocks, ms) in [
             (1, 1, &[16, 17][..]),
@@ -420,21 +450,8 @@ fn amx_products_equal_single_row_products() {
             (50, 512, &[17][..]),
         ] {
             for &m in ms {
-                seed += 1;
-                check_multi_row(Isa::Amx, ty, rows, blocks * 32, m, seed);
-            }
-        }
-    }
-    for (rows, blocks, ms) in [
-        (1, 1, &[16, 17][..]),
-        (15, 2, &[16, 33][..]),
-        (33, 3, &[17, 64][..]),
-        (70, 19, &[20][..]),
-    ] {
-        for &m in ms {
-            seed += 1;
-            for ty in [QuantType::Q4K, QuantType::Q6K] {
-                check_multi_row(Isa::Amx, ty, rows, blocks * 256, m, seed);
+                *seed += 1;
+                check_multi_row(isa, ty, rows, blocks * 32, m, *seed);
             }
         }
     }

@@ -83,21 +83,24 @@ fn request_tile_state() -> bool {
 /// multiple of 16 (the buffers are reused: past the rows decoded last they
 /// hold stale values, which only reach their own, dropped, lanes).
 #[derive(Default)]
-pub(crate) struct AmxWeights {
+pub(crate) struct Int8Weights {
     /// The B tiles, in the order the products read them.
-    q: Aligned,
+    pub(super) q: Aligned,
     /// 16 weight rows decoded row by row, before [`transpose_rows`] lays
     /// them out as B tiles (two such buffers for the K-quants).
-    rows: Vec<u8>,
+    pub(super) rows: Vec<u8>,
     /// Per group of 16 rows and block (super-block for the K-quants), the
     /// rows' scales.
-    d: Vec<[f32; LANES]>,
+    pub(super) d: Vec<[f32; LANES]>,
     /// The same for the rows' minimums (minimum scales for Q4_K).
-    m: Vec<[f32; LANES]>,
+    pub(super) m: Vec<[f32; LANES]>,
     /// Q4_K: per group and super-block, the rows' eight sub-block minimums,
     /// each twice as a pair of 16-bit integers (`vpdpwssd`'s layout).
     min_pairs: Vec<[u32; LANES]>,
-    cols: usize,
+    /// IQ4_XS: per group, super-block and sub-block, the rows' scales less
+    /// 32 (`vnni::decode_iq4xs`).
+    pub(super) sub_scales: Vec<[i32; LANES]>,
+    pub(super) cols: usize,
 }
 
 /// Transposes 16 rows of 16 32-bit values: `out[e]` lane `j` = `rows[j]`
@@ -145,7 +148,12 @@ unsafe fn transpose_16x16(rows: &[__m512i; LANES]) -> [__m512i; LANES] {
 /// tile rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn transpose_rows(rows: &[u8], cols: usize, out: &mut [u8], place: impl Fn(usize) -> usize) {
+pub(super) unsafe fn transpose_rows(
+    rows: &[u8],
+    cols: usize,
+    out: &mut [u8],
+    place: impl Fn(usize) -> usize,
+) {
     for c in 0..cols.div_ceil(TILE_ROW) {
         let bytes = (cols - c * TILE_ROW).min(TILE_ROW);
         let mask = if bytes == TILE_ROW {
@@ -168,7 +176,7 @@ unsafe fn transpose_rows(rows: &[u8], cols: usize, out: &mut [u8], place: impl F
 
 /// Decodes the whole rows in `w` (of `cols` values each) into `out`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn decode_weights<F: Format>(w: &[u8], cols: usize, out: &mut AmxWeights) {
+pub(crate) unsafe fn decode_weights<F: Format>(w: &[u8], cols: usize, out: &mut Int8Weights) {
     let blocks = cols / BLOCK;
     let row_bytes = blocks * F::BYTES;
     let rows = w.len() / row_bytes.max(1);
@@ -367,7 +375,7 @@ unsafe fn scale_sums<F: Format>(
 /// zero blocks to a multiple of 16; a row of `outs` for each unpadded row).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn multiply<F: Format>(
-    w: &AmxWeights,
+    w: &Int8Weights,
     acts: &[BlockQ8x2],
     act_len: usize,
     outs: &mut [&mut [f32]],
@@ -474,7 +482,12 @@ unsafe fn pipelined<A, S, G: Copy>(
 /// count) to `outs[i][col..]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn store_outputs(acc: &[__m512; LANES], outs: &mut [&mut [f32]], col: usize, rows: usize) {
+pub(super) unsafe fn store_outputs(
+    acc: &[__m512; LANES],
+    outs: &mut [&mut [f32]],
+    col: usize,
+    rows: usize,
+) {
     let rows = rows.min(LANES);
     let mask = ((1u32 << rows) - 1) as u16;
     for (out, acc) in outs.iter_mut().zip(acc) {

@@ -25,6 +25,7 @@ mod exact;
 mod exact_k;
 mod exact_panel;
 mod fast;
+pub(crate) mod vnni;
 pub(crate) use exact::{exact, exact_multi, Blocks32, ExactRows};
 pub(crate) use exact_panel::{decode_rows, pack_acts, panel_multiply};
 pub(crate) use fast::{fast_32, fast_32_multi, BlockQ8x2, LANES};

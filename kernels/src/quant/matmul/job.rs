@@ -6,7 +6,7 @@ use std::cell::RefCell;
 
 use super::{Aligned, Kernel, MultiKernel, Panel, MAX_MULTI_KERNELS};
 #[cfg(target_arch = "x86_64")]
-use super::{AmxPanel, AmxWeights};
+use super::{Int8Panel, Int8Weights};
 
 /// Rows computed for every activation row before moving on, so that they stay
 /// in L1 while the activations stream past.
@@ -17,17 +17,17 @@ const ROW_TILE: usize = 8;
 /// L1. Bigger tiles also spread the kernel's set-up over more rows.
 const MULTI_TILE_BYTES: usize = 256 << 10;
 
-/// Values of weights the AMX kernels decode at once (a byte each, two for
+/// Values of weights the int8 panel kernels decode at once (a byte each, two for
 /// Q4_K and Q6_K): they stay in L2 while every activation row passes.
 #[cfg(target_arch = "x86_64")]
-const AMX_TILE_BYTES: usize = 256 << 10;
+const INT8_TILE_BYTES: usize = 256 << 10;
 
 thread_local! {
     /// Each thread's weights decoded for the panel kernels.
     static PANEL_SCRATCH: RefCell<Aligned> = RefCell::default();
-    /// Each thread's weights decoded for the AMX kernels.
+    /// Each thread's weights decoded for the int8 panel kernels.
     #[cfg(target_arch = "x86_64")]
-    static AMX_SCRATCH: RefCell<AmxWeights> = RefCell::default();
+    static INT8_SCRATCH: RefCell<Int8Weights> = RefCell::default();
 }
 
 /// Kernels that compute every row of a product from weights decoded once
@@ -37,7 +37,7 @@ pub(super) enum Panels<'a, A> {
     /// With the values in a row; the job's activations are padded to a
     /// multiple of 16 rows.
     #[cfg(target_arch = "x86_64")]
-    Amx(AmxPanel<A>, usize),
+    Int8(Int8Panel<A>, usize),
 }
 
 /// A product to run: the kernel, the weights, and the prepared activations.
@@ -65,7 +65,7 @@ impl<A: Sync> Job<'_, A> {
         match self.panel {
             Some(Panels::Exact(panel, packed)) => return self.panel_rows(panel, packed, r0, outs),
             #[cfg(target_arch = "x86_64")]
-            Some(Panels::Amx(amx, cols)) => return self.amx_rows(amx, cols, r0, outs),
+            Some(Panels::Int8(amx, cols)) => return self.int8_rows(amx, cols, r0, outs),
             None => {}
         }
         let n = outs.first().map_or(0, |o| o.len());
@@ -159,15 +159,15 @@ impl<A: Sync> Job<'_, A> {
         });
     }
 
-    /// [`rows`](Self::rows) for all activation rows with the AMX kernels
+    /// [`rows`](Self::rows) for all activation rows with the int8 panel kernels
     /// (rows of `cols` values): each tile of weight rows is decoded once,
     /// then multiplied with every activation row.
     #[cfg(target_arch = "x86_64")]
-    fn amx_rows(&self, amx: AmxPanel<A>, cols: usize, r0: usize, outs: &mut [&mut [f32]]) {
+    fn int8_rows(&self, amx: Int8Panel<A>, cols: usize, r0: usize, outs: &mut [&mut [f32]]) {
         let n = outs.first().map_or(0, |o| o.len());
         let lanes = super::super::avx512::LANES;
-        let tile = ((AMX_TILE_BYTES / cols.max(1)) / lanes * lanes).clamp(lanes, n.max(lanes));
-        AMX_SCRATCH.with_borrow_mut(|decoded| {
+        let tile = ((INT8_TILE_BYTES / cols.max(1)) / lanes * lanes).clamp(lanes, n.max(lanes));
+        INT8_SCRATCH.with_borrow_mut(|decoded| {
             for t0 in (0..n).step_by(tile) {
                 let t1 = (t0 + tile).min(n);
                 let w = &self.weight[(r0 + t0) * self.row_bytes..(r0 + t1) * self.row_bytes];

@@ -21,7 +21,7 @@ use super::super::super::act::BlockQ8K;
 use super::super::super::aligned::grow;
 use super::super::super::avx2::q6k_half;
 use super::super::super::format::{f16_at, k4_scales_mins, QK_K};
-use super::{pipelined, transpose_rows, AmxWeights, Pipeline, Sums, Tiles, LANES, TILE_ROW};
+use super::{pipelined, transpose_rows, Int8Weights, Pipeline, Sums, Tiles, LANES, TILE_ROW};
 
 /// Bytes of B tiles a group of 16 rows has per super-block: `hi` and `lo`
 /// tiles (1 KiB each) for each 64 values.
@@ -34,7 +34,7 @@ const Q6K_SHIFT: u32 = 6;
 
 /// Sizes `out` for `rows` weight rows of `cols` values; returns the
 /// super-blocks a row.
-fn prepare(out: &mut AmxWeights, rows: usize, cols: usize) -> usize {
+fn prepare(out: &mut Int8Weights, rows: usize, cols: usize) -> usize {
     let groups = rows.div_ceil(LANES);
     let supers = cols / QK_K;
     out.cols = cols;
@@ -49,7 +49,7 @@ fn prepare(out: &mut AmxWeights, rows: usize, cols: usize) -> usize {
 /// `hi` rows first) as its B tiles: super-block k's 64 values kk as the
 /// `hi` tile at `((g · supers + k) · 4 + kk) · 2 KiB`, then the `lo` tile.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-unsafe fn place_group(out: &mut AmxWeights, g: usize, supers: usize) {
+unsafe fn place_group(out: &mut Int8Weights, g: usize, supers: usize) {
     let cols = out.cols;
     let (hi, lo) = out.rows.split_at(LANES * cols);
     let q = &mut out.q.bytes((g + 1) * supers * SUPER_TILES)[g * supers * SUPER_TILES..];
@@ -72,7 +72,7 @@ unsafe fn split<const SHIFT: u32>(w: __m512i, hi: &mut [u8], lo: &mut [u8]) {
 /// Decodes whole Q4_K rows: `sc·q` split in two bytes, each super-block's
 /// scales, the sub-block minimums as pairs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn decode_q4k(w: &[u8], cols: usize, out: &mut AmxWeights) {
+pub(crate) unsafe fn decode_q4k(w: &[u8], cols: usize, out: &mut Int8Weights) {
     const BYTES: usize = 4 + 12 + QK_K / 2;
     let row_bytes = cols / QK_K * BYTES;
     let rows = w.len() / row_bytes.max(1);
@@ -119,7 +119,7 @@ pub(crate) unsafe fn decode_q4k(w: &[u8], cols: usize, out: &mut AmxWeights) {
 /// Decodes whole Q6_K rows: `sc·(q − 32)` split in two bytes, each
 /// super-block's scale.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(crate) unsafe fn decode_q6k(w: &[u8], cols: usize, out: &mut AmxWeights) {
+pub(crate) unsafe fn decode_q6k(w: &[u8], cols: usize, out: &mut Int8Weights) {
     const BYTES: usize = QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
     let row_bytes = cols / QK_K * BYTES;
     let rows = w.len() / row_bytes.max(1);
@@ -157,7 +157,7 @@ pub(crate) unsafe fn decode_q6k(w: &[u8], cols: usize, out: &mut AmxWeights) {
 /// `amx::multiply` writes them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn multiply_q4k(
-    w: &AmxWeights,
+    w: &Int8Weights,
     acts: &[BlockQ8K],
     act_len: usize,
     outs: &mut [&mut [f32]],
@@ -171,7 +171,7 @@ pub(crate) unsafe fn multiply_q4k(
 /// `amx::multiply` writes them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 pub(crate) unsafe fn multiply_q6k(
-    w: &AmxWeights,
+    w: &Int8Weights,
     acts: &[BlockQ8K],
     act_len: usize,
     outs: &mut [&mut [f32]],
@@ -237,7 +237,7 @@ unsafe fn store_super_sums(c: &mut [Sums; 2]) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 #[inline]
 unsafe fn multiply_super<const SIGNED_HI: bool, const MINS: bool>(
-    w: &AmxWeights,
+    w: &Int8Weights,
     acts: &[BlockQ8K],
     act_len: usize,
     outs: &mut [&mut [f32]],
