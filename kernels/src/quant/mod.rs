@@ -34,7 +34,7 @@
 //! | | Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL | Q8_0 | Q4_K | Q5_K | Q6_K | IQ4_XS | Q2_K Q3_K |
 //! | --- | --- | --- | --- | --- | --- | --- | --- |
 //! | AMX (int8 tiles) | fast, ≥ 16 rows | fast, ≥ 16 rows | fast, ≥ 16 rows | — | fast, ≥ 16 rows | — | — |
-//! | AVX-512 (VBMI, VNNI) | both | fast | exact | — | exact | exact | — |
+//! | AVX-512 (VBMI, VNNI) | both | fast | exact | — | exact | exact; fast ≥ 16 rows | — |
 //! | AVX2 + FMA + F16C | both | both | both | both | both | both | exact |
 //! | portable | both | both | both | both | both | both | both |
 //!
@@ -48,9 +48,12 @@
 //! rows left over take the single-row kernel). They compute exactly what
 //! the single-row kernels compute, so a product's bits do not depend on how
 //! many rows it has. From 16 activation rows, AVX-512's exact kernels become
-//! panel kernels (weights decoded to f32 once per tile of rows) and, where
-//! the CPU has AMX and Linux grants its state, the fast ones AMX tile
-//! products: again the single-row kernel's bits.
+//! panel kernels (weights decoded to f32 once per tile of rows), and the
+//! fast ones of the 32-value formats and IQ4_XS int8 panel kernels
+//! (weights decoded to bytes once per tile of rows): AMX tile products
+//! where the CPU has AMX and Linux grants its state (also for Q4_K and
+//! Q6_K), else `vpdpbusd` (`avx512::vnni`, and IQ4_XS's everywhere): again
+//! the single-row kernel's bits.
 //!
 //! # Threads
 //!

@@ -53,13 +53,14 @@ pub(crate) unsafe fn multiply<F: Format>(
     for (t, outs) in outs.chunks_mut(LANES).enumerate() {
         let rows = outs.len();
         let acts = &acts[t * LANES * act_len..];
-        let bias = if signed { 0x80 } else { 0 };
+        let bias = _mm512_set1_epi8(if signed { -128 } else { 0 });
         for i in 0..rows {
             let row = &acts[i * act_len..(i + 1) * act_len];
-            let out = &mut tile[i * blocks * BLOCK..(i + 1) * blocks * BLOCK];
-            for (b, v) in out.iter_mut().enumerate() {
-                *v = row[b / 64].qs[b % 64] as u8 ^ bias;
-            }
+            copy_biased(
+                row.iter().map(|a| &a.qs[..]),
+                &mut tile[i * blocks * BLOCK..(i + 1) * blocks * BLOCK],
+                bias,
+            );
         }
         for g in 0..n.div_ceil(LANES) {
             let mut acc = [_mm512_setzero_ps(); LANES];
@@ -112,6 +113,27 @@ pub(crate) unsafe fn multiply<F: Format>(
                 }
             }
             store_outputs(&acc, outs, col0 + g * LANES, n - g * LANES);
+        }
+    }
+}
+
+/// Copies an activation row's quants (`runs`, each a multiple of 64 bytes)
+/// into `out` as long as it lasts, each byte XORed with `bias` (0x80 turns a
+/// signed byte `a` into the unsigned `a + 128`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn copy_biased<'a>(runs: impl Iterator<Item = &'a [i8]>, out: &mut [u8], bias: __m512i) {
+    let mut out = out.chunks_mut(64);
+    for run in runs {
+        for (v, out) in run.chunks_exact(64).zip(&mut out) {
+            let v = _mm512_xor_si512(_mm512_loadu_si512(v.as_ptr().cast()), bias);
+            let mask = if out.len() == 64 {
+                u64::MAX
+            } else {
+                (1u64 << out.len()) - 1
+            };
+            // SAFETY: the mask keeps the store inside `out`.
+            _mm512_mask_storeu_epi8(out.as_mut_ptr().cast(), mask, v);
         }
     }
 }
@@ -178,10 +200,12 @@ pub(crate) unsafe fn multiply_iq4xs(
         let acts = &acts[t * LANES * act_len..];
         for i in 0..rows {
             let row = &acts[i * act_len..i * act_len + supers];
-            let out = &mut tile[i * w.cols..(i + 1) * w.cols];
-            for (v, a) in out.iter_mut().zip(row.iter().flat_map(|a| a.qs)) {
-                *v = a as u8 ^ 0x80;
-            }
+            let bias = _mm512_set1_epi8(-128);
+            copy_biased(
+                row.iter().map(|a| &a.qs[..]),
+                &mut tile[i * w.cols..(i + 1) * w.cols],
+                bias,
+            );
         }
         for g in 0..n.div_ceil(LANES) {
             let mut acc = [_mm512_setzero_ps(); LANES];
