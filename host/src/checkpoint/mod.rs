@@ -90,8 +90,13 @@ impl Tensor {
     pub fn weight(&self, name: &str, rows: Option<(u64, u64)>) -> Result<WeightData, String> {
         let encoding = self.info.encoding.ok_or_else(|| {
             format!(
-                "`{}` is {}, not a weight type",
-                self.info.name, self.info.storage
+                "`{}` is stored as {}, which Kiln cannot read as weights (it reads F32, F16, \
+                 BF16 and the block formats {})",
+                self.info.name,
+                self.info.storage,
+                kiln_kernels::quant::QuantType::ALL
+                    .map(|t| t.name())
+                    .join(", ")
             )
         })?;
         let mut shape = self.info.shape.clone();
