@@ -1,7 +1,8 @@
 //! The fast kernels' products over many activation rows on CPUs with
 //! AVX-512 VNNI and no AMX (AMD Zen 4 and 5): weight rows decoded once per
-//! tile as the AMX kernels decode them ([`decode_weights`]: per group of
-//! 16 rows and block of 32, eight 64-byte vectors, vector `k` holding bytes
+//! tile as the AMX kernels decode them
+//! ([`decode_weights`](super::amx::decode_weights): per group of 16 rows
+//! and block of 32, eight 64-byte vectors, vector `k` holding bytes
 //! `4k..4k + 4` of each row's block in its 32-bit lanes), then for every
 //! activation row eight `vpdpbusd` a block, the row's four bytes broadcast
 //! against the vector: lane `r` accumulates weight row `r`'s block sum, no
