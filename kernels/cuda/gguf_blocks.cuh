@@ -11,9 +11,11 @@
 //   Q4_K (144 B / 256): 8 lanes, 16 bytes of nibbles each (two sub-blocks)
 //   Q5_K (176 B / 256): 8 lanes, 16 bytes of nibbles and their fifth bits
 //   Q6_K (210 B / 256): 8 lanes, 16 consecutive values in each of 2 quarters
-// The GEMVs on f32 x read Q4_K, Q5_K and Q6_K in another order of lanes
-// (KQuantSpread, Q6KSpread), which keeps their loads of x in whole lines of
-// L1.
+//   IQ4_NL (18 B / 32):  4 lanes, 4 bytes of table indices each
+//   IQ4_XS (136 B / 256): 8 lanes, a sub-block of 32 each (16 bytes)
+// The GEMVs on f32 x read Q4_K, Q5_K, Q6_K and IQ4_XS in another order of
+// lanes (KQuantSpread, Q6KSpread, IQ4_XS_Spread), which keeps their loads
+// of x in whole lines of L1.
 // The layouts are ggml's (kernels/src/quant/format.rs decodes the same bytes
 // on the CPU). Included after kiln_cuda.cuh; the loader inlines both.
 #pragma once
@@ -559,6 +561,183 @@ struct Q6KSpread {
 };
 typedef Q6KSpread<false> Q6_K_Spread;
 typedef Q6KSpread<true> Q6_K_SpreadRows;
+
+// IQ4_NL and IQ4_XS (ggml's non-linear 4-bit formats): a 4-bit index n
+// stands for the signed byte kvalues_iq4nl[n] (IQ4_VALUES in
+// kernels/src/quant/format.rs), held here as four words of table bytes
+// (XOR-ed with BIAS: 0x80808080 gives the values biased by 128, the form
+// byte_quant_f32<128> turns into floats). The four indices in the low
+// nibbles of `select`'s low 16 bits (byte permutes read three bits of each)
+// to their table bytes: the low half of the table and the high half each
+// permuted by them, then each byte taken from the half its index's top bit
+// names. Three byte permutes for four values, where a table in memory would
+// be a load per value (and divergent in constant memory).
+template <unsigned BIAS>
+__device__ __forceinline__ unsigned int iq4_bytes(unsigned int select) {
+  const unsigned int low = __byte_perm(0xbfad9881u ^ BIAS, 0xf6eaddcfu ^ BIAS, select);
+  const unsigned int high = __byte_perm(0x26190d01u ^ BIAS, 0x71594535u ^ BIAS, select);
+  return __byte_perm(low, high, 0x3210u | ((select & 0x8888u) >> 1));
+}
+// The table bytes of a word of ggml's index bytes (byte j: index j in its
+// low nibble, index j + 16 of the run in its high one): `lo` the four low
+// nibbles', `hi` the four high nibbles'.
+template <unsigned BIAS>
+__device__ __forceinline__ void iq4_word(unsigned int q, unsigned int* lo, unsigned int* hi) {
+  unsigned int pairs[2] = {iq4_bytes<BIAS>(q), iq4_bytes<BIAS>(q >> 16)};  // lo, hi, lo, hi of bytes 2h, 2h + 1
+  *lo = __byte_perm(pairs[0], pairs[1], 0x6420u);
+  *hi = __byte_perm(pairs[0], pairs[1], 0x7531u);
+}
+// The table bytes of four indices, one in each byte's low nibble: the
+// nibbles gathered into the low 16 bits first.
+template <unsigned BIAS>
+__device__ __forceinline__ unsigned int iq4_nibbles(unsigned int n) {
+  return iq4_bytes<BIAS>(__byte_perm(n | (n >> 4), 0u, 0x4420u));
+}
+// Four table bytes biased by 128 as floats (the values' own).
+__device__ __forceinline__ void iq4_floats(unsigned int biased, float* w) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) w[j] = byte_quant_f32<128>(biased, j);
+}
+
+// IQ4_NL (18 B / 32): an f16 scale d, then 16 bytes of indices laid out
+// as Q4_0's quants (low nibbles values 0..15, high 16..31); a value is
+// d · table[n].
+struct IQ4_NL {
+  static const int ELEMS = 32, BYTES = 18, LANES = 4;
+  // Lane part s: bytes 4s .. 4s+3 of the indices, values 4s.. and 16+4s..
+  // (blocks are 2-byte aligned: 16-bit loads).
+  struct Raw {
+    unsigned short d;
+    unsigned int q;
+  };
+  __device__ static Raw load(const u8* b, int s) {
+    Raw r;
+    r.d = load_u16(b);
+    r.q = load_u32(b + 2 + 4 * s);
+    return r;
+  }
+  template <typename Sink>
+  __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
+    unsigned int v[2];
+    iq4_word<0x80808080u>(r.q, &v[0], &v[1]);
+    float d = f16_to_f32(r.d);
+    for (int h = 0; h < 2; ++h) {
+      float w[4];
+      iq4_floats(v[h], w);
+      sink(w, 4, col + 16 * h + 4 * s, d);
+    }
+  }
+  __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
+    unsigned int lo, hi;
+    iq4_word<0u>(r.q, &lo, &hi);
+    int sum = dot4_i8(hi, x8_word(q + 16 + 4 * s), dot4_i8(lo, x8_word(q + 4 * s), 0));
+    return f16_to_f32(r.d) * scale->d * int_f32(sum);
+  }
+  __device__ static float value(const u8* b, int j) {
+    unsigned int byte = b[2 + j % 16];
+    return load_f16(b) * signed_quant_f32(iq4_nibbles<0u>(j < 16 ? byte & 0xfu : byte >> 4));
+  }
+};
+
+// IQ4_XS (136 B / 256): an f16 d, 16 bits of the scales' top two bits
+// (bits 2j, 2j + 1 for sub-block j), 4 bytes of their low nibbles (byte
+// j / 2, nibble j % 2), then the 128 bytes of indices: 16 a sub-block of
+// 32, laid out as IQ4_NL's. A value of sub-block j is d · (scale_j - 32) ·
+// table[n]. Blocks of 136 bytes and rows of whole blocks keep every block at
+// an 8-byte boundary: the head (d and the scales) is one 8-byte load.
+__device__ __forceinline__ float iq4_xs_scale(unsigned long long head, int j) {
+  unsigned int low = (unsigned int)(head >> (32 + 4 * j)) & 0xfu, top = (unsigned int)(head >> (16 + 2 * j)) & 3u;
+  return f16_to_f32((f16_bits)(head & 0xffffu)) * quant_f32<32>(low | top << 4);
+}
+struct IQ4_XS {
+  static const int ELEMS = 256, BYTES = 136, LANES = 8;
+  // Lane part s: sub-block s (values 32s .. 32s+31, so qmm's stretches of
+  // 128 columns take parts 0..3 and 4..7), its 16 bytes in two 8-byte
+  // loads, and the head (the same address for the block's 8 lanes).
+  struct Raw {
+    unsigned long long head, q[2];
+  };
+  __device__ static Raw load(const u8* b, int s) {
+    Raw r;
+    r.head = load_streaming_u64(b);
+    for (int h = 0; h < 2; ++h) r.q[h] = load_streaming_u64(b + 8 + 16 * s + 8 * h);
+    return r;
+  }
+  // The part's table bytes: lo[w] of values 4w.., hi[w] of 16+4w...
+  template <unsigned BIAS>
+  __device__ __forceinline__ static void bytes(const Raw& r, unsigned int* lo, unsigned int* hi) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) iq4_word<BIAS>((unsigned int)(r.q[w / 2] >> (32 * (w % 2))), &lo[w], &hi[w]);
+  }
+  // Runs of 8 (two words' values) at multiples of 8: qmm stores each in
+  // one 16-byte store.
+  template <typename Sink>
+  __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
+    unsigned int v[2][4];
+    bytes<0x80808080u>(r, v[0], v[1]);
+    float scale = iq4_xs_scale(r.head, s);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+        float w[8];
+        iq4_floats(v[h][2 * p], w);
+        iq4_floats(v[h][2 * p + 1], w + 4);
+        sink(w, 8, col + 32 * s + 16 * h + 8 * p, scale);
+      }
+    }
+  }
+  // The sub-block against x's block of 32 at the same columns (16-byte
+  // aligned: rows of 256k quants).
+  __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
+    unsigned int lo[4], hi[4];
+    bytes<0u>(r, lo, hi);
+    Bytes16 x_lo = *reinterpret_cast<const Bytes16*>(q + 32 * s), x_hi = *reinterpret_cast<const Bytes16*>(q + 32 * s + 16);
+    int sum = 0;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) sum = dot4_i8(hi[w], x_hi.v[w], dot4_i8(lo[w], x_lo.v[w], sum));
+    return iq4_xs_scale(r.head, s) * scale[s].d * int_f32(sum);
+  }
+  __device__ static float value(const u8* b, int j) {
+    unsigned int byte = b[8 + 16 * (j / 32) + j % 16];
+    unsigned long long head = 0;
+    for (int i = 0; i < 8; ++i) head |= (unsigned long long)b[i] << (8 * i);
+    return iq4_xs_scale(head, j / 32) * signed_quant_f32(iq4_nibbles<0u>(j % 32 < 16 ? byte & 0xfu : byte >> 4));
+  }
+};
+
+// IQ4_XS blocks as the GEMVs read them against f32 x (FloatX), for
+// KQuantSpread's reason: lane t of a block's 8 takes values 4 (t % 4) ..
+// +3 of each sub-block's low (t < 4) or high half, the low or high nibbles
+// of word t % 4 of its indices, so a 16-byte load of x has the block's
+// lanes read one 128-byte line (IQ4_XS's parts: 16 bytes of x a lane, 64
+// apart, eight lines a load, every sector half used). The price is eight
+// 4-byte loads a part instead of two of 8, and each sub-block's scale
+// worked out in every lane.
+struct IQ4_XS_Spread {
+  static const int ELEMS = 256, BYTES = 136, LANES = 8;
+  struct Raw {
+    unsigned long long head;
+    unsigned int q[8];
+  };
+  __device__ static Raw load(const u8* b, int t) {
+    Raw r;
+    r.head = load_streaming_u64(b);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r.q[j] = load_streaming_u32(b + 8 + 16 * j + 4 * (t % 4));
+    return r;
+  }
+  template <typename Sink>
+  __device__ __forceinline__ static void values(const Raw& r, int t, int col, Sink sink) {
+    int shift = 4 * (t / 4), first = col + 16 * (t / 4) + 4 * (t % 4);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float w[4];
+      iq4_floats(iq4_nibbles<0x80808080u>((r.q[j] >> shift) & 0x0f0f0f0fu), w);
+      sink(w, 4, first + 32 * j, iq4_xs_scale(r.head, j));
+    }
+  }
+};
 
 // Stores `count` (even) values scale · v[e] at `out` as bf16: runs of four
 // (every format's, at columns that are multiples of 4, so 8-byte aligned

@@ -14,7 +14,7 @@
 // Expert matrices are found through tables of device addresses indexed by
 // expert (uploaded once at load), so nothing here waits for the host and the
 // launches replay in a CUDA graph. The matrices are bf16, f16 or f32 rows,
-// or GGUF blocks read packed (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K: gguf_blocks.cuh); the
+// or GGUF blocks read packed (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS: gguf_blocks.cuh); the
 // gate and up matrices share one format, the down matrices may have another.
 #include "kiln_cuda.cuh"
 #include "gguf_blocks.cuh"
@@ -149,7 +149,7 @@ __device__ __forceinline__ void moe_down(const float* h, const int* experts, con
 }
 
 // The entry points, one per matrix format: `_f32`, `_bf16`, `_f16` rows,
-// `_q8_0`, `_q4_0`, `_q5_0`, `_q4_k`, `_q5_k`, `_q6_k` blocks.
+// `_q8_0`, `_q4_0`, `_q5_0`, `_q4_k`, `_q5_k`, `_q6_k`, `_iq4_nl`, `_iq4_xs` blocks.
 #define KILN_MOE_GATE_UP_PARAMS                                                                         \
   const float *x, const int *experts, const unsigned long long *gate, const unsigned long long *up, \
       float *h, int hidden, int inter, int top_k, int activation
@@ -187,6 +187,13 @@ extern "C" __global__ void kiln_moe_gate_up_q6_k(KILN_MOE_GATE_UP_PARAMS) {
   moe_gate_up<BlockRows<Q6_K_SpreadRows>>(KILN_MOE_GATE_UP_ARGS);
 }
 
+extern "C" __global__ void kiln_moe_gate_up_iq4_nl(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<BlockRows<IQ4_NL>>(KILN_MOE_GATE_UP_ARGS);
+}
+extern "C" __global__ void kiln_moe_gate_up_iq4_xs(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<BlockRows<IQ4_XS_Spread>>(KILN_MOE_GATE_UP_ARGS);
+}
+
 extern "C" __global__ void kiln_moe_down_f32(KILN_MOE_DOWN_PARAMS) {
   moe_down<DenseRows<4>>(KILN_MOE_DOWN_ARGS);
 }
@@ -213,4 +220,10 @@ extern "C" __global__ void kiln_moe_down_q5_k(KILN_MOE_DOWN_PARAMS) {
 }
 extern "C" __global__ void kiln_moe_down_q6_k(KILN_MOE_DOWN_PARAMS) {
   moe_down<BlockRows<Q6_K_SpreadRows>>(KILN_MOE_DOWN_ARGS);
+}
+extern "C" __global__ void kiln_moe_down_iq4_nl(KILN_MOE_DOWN_PARAMS) {
+  moe_down<BlockRows<IQ4_NL>>(KILN_MOE_DOWN_ARGS);
+}
+extern "C" __global__ void kiln_moe_down_iq4_xs(KILN_MOE_DOWN_PARAMS) {
+  moe_down<BlockRows<IQ4_XS_Spread>>(KILN_MOE_DOWN_ARGS);
 }

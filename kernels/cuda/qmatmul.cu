@@ -438,5 +438,9 @@ extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_P
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q5_k_m16(KILN_QMM_ARGS) { qmm<Q5_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q6_k(KILN_QMM_ARGS) { qmm<Q6_K, true, 4, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q6_k_m16(KILN_QMM_ARGS) { qmm<Q6_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_iq4_nl(KILN_QMM_ARGS) { qmm<IQ4_NL, true, 2, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_iq4_nl_m16(KILN_QMM_ARGS) { qmm<IQ4_NL, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_iq4_xs(KILN_QMM_ARGS) { qmm<IQ4_XS, true, 8, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_iq4_xs_m16(KILN_QMM_ARGS) { qmm<IQ4_XS, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_bf16(KILN_QMM_ARGS) { qmm<DenseBf16, false, 8, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_bf16_m16(KILN_QMM_ARGS) { qmm<DenseBf16, false, 8, 1>(g, x, partials, counters, m, k, k_split); }

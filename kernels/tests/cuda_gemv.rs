@@ -1,6 +1,7 @@
 //! The decode matrix products of `gemv.cuh` on the kernel emulator: dense
 //! bf16/f16/f32 rows (16-byte loads and the unaligned fallback) and GGUF
-//! blocks read packed (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), against a dot product over
+//! blocks read packed (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), against a dot
+//! product over
 //! the CPU's own decoding of the same bytes; and the expansion of those
 //! blocks to bf16 for the GEMM of larger batches, and rows of them read as
 //! an embedding table. Each launch also runs as a
@@ -260,6 +261,10 @@ fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
         (QuantType::Q5K, "q5_k", 256 * 70),
         (QuantType::Q6K, "q6_k", 256 * 3),
         (QuantType::Q6K, "q6_k", 256 * 70),
+        (QuantType::IQ4NL, "iq4_nl", 32 * 9),
+        (QuantType::IQ4NL, "iq4_nl", 32 * 300),
+        (QuantType::IQ4XS, "iq4_xs", 256 * 3),
+        (QuantType::IQ4XS, "iq4_xs", 256 * 70),
     ] {
         let (packed, values) = random_blocks(ty, n, k, k as u64);
         let w = Matrix {

@@ -201,7 +201,7 @@ impl Case {
     }
 }
 
-const FORMATS: [(Option<QuantType>, &str, usize); 7] = [
+const FORMATS: [(Option<QuantType>, &str, usize); 9] = [
     (Some(QuantType::Q8_0), "q8_0", 32 * 13),
     (Some(QuantType::Q4_0), "q4_0", 32 * 9),
     (Some(QuantType::Q5_0), "q5_0", 32 * 9),
@@ -210,6 +210,8 @@ const FORMATS: [(Option<QuantType>, &str, usize); 7] = [
     (Some(QuantType::Q6K), "q6_k", 256 * 2),
     // Rows of 424: three stretches and 5 blocks of 8 of a fourth.
     (None, "bf16", 8 * 53),
+    (Some(QuantType::IQ4NL), "iq4_nl", 32 * 9),
+    (Some(QuantType::IQ4XS), "iq4_xs", 256 * 3),
 ];
 
 #[test]

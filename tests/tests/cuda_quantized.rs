@@ -29,13 +29,16 @@ fn load_in(shape: &str, dtype: ShapeDtype, device: DeviceChoice, precision: Prec
     kiln_tests::models::shape_model(shape, dtype, &options)
 }
 
-/// Every storage of random weights whose matrices the GPU keeps packed.
-const PACKED: [ShapeDtype; 5] = [
+/// Every storage of random weights whose matrices the GPU keeps packed
+/// (IQ4_XS: the tiny shapes' rows all fill super-blocks of 256; IQ4_NL is
+/// mixed with it in `iq4_nl_and_iq4_xs_in_one_model_match_the_cpu`).
+const PACKED: [ShapeDtype; 6] = [
     ShapeDtype::Q4KM,
     ShapeDtype::Q5KM,
     ShapeDtype::Q8_0,
     ShapeDtype::Q4_0,
     ShapeDtype::Q5_0,
+    ShapeDtype::Iq4Xs,
 ];
 
 /// The shape in `dtype` on the CPU and on the CUDA backend under test.
@@ -140,32 +143,25 @@ fn fast_precision_decodes_with_8_bit_activations() {
     }
 }
 
-/// IQ4_XS matrices (IQ4_NL where rows do not fill super-blocks of 256) have
-/// no packed kernels on the GPU: they are expanded to bf16 at load, so the
-/// model matches the CPU's exact products on the same blocks to bf16's
-/// rounding of the weights, in decode and in prefill.
+/// A model in IQ4_NL and IQ4_XS at once, as llama.cpp's IQ4_XS files are
+/// where rows do not fill super-blocks of 256: at a hidden size of 192, q,
+/// k, v, o, gate, up and the logits' matrix are IQ4_NL, down IQ4_XS. Decode
+/// reads both packed in the GEMVs, a 12-token prompt on tensor cores
+/// (qmatmul.cu), a 70-token one expands them to bf16.
 #[test]
-fn expanded_iq4_matrices_match_the_cpu() {
-    let (cpu, cuda) = cpu_and_cuda("tiny-llama.json", ShapeDtype::Iq4Xs);
-    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 512).collect();
-    let mut on_cpu = Generator::new(&cpu, prompt.len()).unwrap();
-    let mut on_cuda = Generator::new(&cuda, prompt.len()).unwrap();
-    for (position, &token) in prompt.iter().enumerate() {
-        let a = on_cpu.feed(&[token], false).unwrap().remove(0);
-        let b = on_cuda.feed(&[token], false).unwrap().remove(0);
-        let d = relative_difference(&a, &b);
-        assert!(d < 1e-2, "decode {position}: relative |Δ| {d:.2e}");
-    }
-    let a = Generator::new(&cpu, prompt.len())
-        .unwrap()
-        .feed(&prompt, true)
-        .unwrap();
-    let b = Generator::new(&cuda, prompt.len())
-        .unwrap()
-        .feed(&prompt, true)
-        .unwrap();
-    for (row, (a, b)) in a.iter().zip(&b).enumerate() {
-        let d = relative_difference(a, b);
-        assert!(d < 1e-2, "prefill row {row}: relative |Δ| {d:.2e}");
+fn iq4_nl_and_iq4_xs_in_one_model_match_the_cpu() {
+    let (cpu, cuda) = cpu_and_cuda("tiny-llama-h192.json", ShapeDtype::Iq4Xs);
+    let prompt: Vec<u32> = (0..70).map(|i| (i * 37 + 5) % 512).collect();
+    // Within 1e-4 a step: read packed with f32 x (bf16 copies of the
+    // weights would be ~1e-2 away).
+    decode_agrees(&cpu, &cuda, &prompt[..12], "IQ4_NL + IQ4_XS");
+    for len in [12, 70] {
+        let prompt = &prompt[..len];
+        let a = Generator::new(&cpu, len).unwrap().feed(prompt, true);
+        let b = Generator::new(&cuda, len).unwrap().feed(prompt, true);
+        for (row, (a, b)) in a.unwrap().iter().zip(&b.unwrap()).enumerate() {
+            let d = relative_difference(a, b);
+            assert!(d < 2e-2, "prefill of {len} row {row}: relative |Δ| {d:.2e}");
+        }
     }
 }

@@ -103,8 +103,13 @@ pub const GEMV_Q5_K_Q6_K: Source = gemv(
 /// Q6_K's GEMVs, expansion and embedding rows.
 pub const GEMV_Q6_K: Source = gemv("gemv_q6_k.cu", include_str!("../../cuda/gemv_q6_k.cu"));
 
+/// IQ4_NL's GEMVs, expansion and embedding rows.
+pub const GEMV_IQ4_NL: Source = gemv("gemv_iq4_nl.cu", include_str!("../../cuda/gemv_iq4_nl.cu"));
+/// IQ4_XS's GEMVs, expansion and embedding rows.
+pub const GEMV_IQ4_XS: Source = gemv("gemv_iq4_xs.cu", include_str!("../../cuda/gemv_iq4_xs.cu"));
+
 /// Every decode GEMV source.
-pub const GEMVS: [Source; 9] = [
+pub const GEMVS: [Source; 11] = [
     GEMV,
     GEMV_Q8_0,
     GEMV_Q4_0,
@@ -114,6 +119,8 @@ pub const GEMVS: [Source; 9] = [
     GEMV_Q5_K,
     GEMV_Q5_K_Q6_K,
     GEMV_Q6_K,
+    GEMV_IQ4_NL,
+    GEMV_IQ4_XS,
 ];
 
 /// A GEMV source: its kernels wait for their inputs.
@@ -155,7 +162,7 @@ pub const MATMUL: Source = Source {
 };
 
 /// Every hand-written source.
-pub const ALL: [Source; 19] = joined(&[
+pub const ALL: [Source; 21] = joined(&[
     &[
         NORM,
         ROPE,

@@ -237,6 +237,7 @@ pub fn random_blocks(ty: QuantType, rows: usize, cols: usize, seed: u64) -> (Vec
     let mut packed: Vec<u8> = (0..rows * row_bytes).map(|_| rng.u32() as u8).collect();
     let scale_at: &[usize] = match ty {
         QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => &[0],
+        QuantType::IQ4NL | QuantType::IQ4XS => &[0],
         QuantType::Q4K | QuantType::Q5K => &[0, 2],
         QuantType::Q6K => &[208],
         other => panic!("no device kernel reads {other} blocks"),

@@ -2,7 +2,7 @@
 //!
 //! A weight read by a matrix product or an embedding is stored for the GPU's
 //! GEMM: bf16 and f16 as stored; f32 as bf16 unless `--dtype float32`. GGUF
-//! Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K matrices stay packed (the decode GEMV and the
+//! Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS matrices stay packed (the decode GEMV and the
 //! embedding read the blocks; larger batches expand them to bf16 in scratch
 //! memory first); other GGUF blocks are dequantized at load to bf16 (f32 with
 //! `--dtype float32`, bf16 with `--dtype bfloat16`). Any other
@@ -112,6 +112,10 @@ pub enum Packed {
     Q5K,
     /// Q6_K super-blocks.
     Q6K,
+    /// IQ4_NL blocks.
+    Iq4Nl,
+    /// IQ4_XS super-blocks.
+    Iq4Xs,
 }
 
 /// The kernels that read one packed format.
@@ -143,6 +147,8 @@ impl Packed {
             QuantType::Q4K => Self::Q4K,
             QuantType::Q5K => Self::Q5K,
             QuantType::Q6K => Self::Q6K,
+            QuantType::IQ4NL => Self::Iq4Nl,
+            QuantType::IQ4XS => Self::Iq4Xs,
             _ => return None,
         })
     }
@@ -151,8 +157,8 @@ impl Packed {
     /// expansion to bf16 takes a thread per lane part.
     pub fn lanes(self) -> usize {
         match self {
-            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 => 4,
-            Self::Q4K | Self::Q5K => 8,
+            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::Iq4Nl => 4,
+            Self::Q4K | Self::Q5K | Self::Iq4Xs => 8,
             Self::Q6K => 32,
         }
     }
@@ -166,6 +172,8 @@ impl Packed {
             Self::Q4K => QuantType::Q4K,
             Self::Q5K => QuantType::Q5K,
             Self::Q6K => QuantType::Q6K,
+            Self::Iq4Nl => QuantType::IQ4NL,
+            Self::Iq4Xs => QuantType::IQ4XS,
         }
     }
 
@@ -225,6 +233,24 @@ impl Packed {
                 "kiln_dequant_q6_k",
                 "kiln_embedding_q6_k",
                 ["kiln_moe_gate_up_q6_k", "kiln_moe_down_q6_k"],
+            ),
+            Self::Iq4Nl => (
+                "kiln_gemv_iq4_nl",
+                "kiln_gemv_iq4_nl_m1",
+                ["kiln_gemv_iq4_nl_x8", "kiln_gemv_iq4_nl_x8_m1"],
+                ["kiln_qmm_iq4_nl", "kiln_qmm_iq4_nl_m16"],
+                "kiln_dequant_iq4_nl",
+                "kiln_embedding_iq4_nl",
+                ["kiln_moe_gate_up_iq4_nl", "kiln_moe_down_iq4_nl"],
+            ),
+            Self::Iq4Xs => (
+                "kiln_gemv_iq4_xs",
+                "kiln_gemv_iq4_xs_m1",
+                ["kiln_gemv_iq4_xs_x8", "kiln_gemv_iq4_xs_x8_m1"],
+                ["kiln_qmm_iq4_xs", "kiln_qmm_iq4_xs_m16"],
+                "kiln_dequant_iq4_xs",
+                "kiln_embedding_iq4_xs",
+                ["kiln_moe_gate_up_iq4_xs", "kiln_moe_down_iq4_xs"],
             ),
         };
         PackedKernels {
