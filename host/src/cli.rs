@@ -358,9 +358,9 @@ pub struct RuntimeArgs {
     pub device: String,
 
     /// On CUDA: how weights are stored for matrix products. `auto` keeps
-    /// bf16 and f16 as stored and GGUF Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks
-    /// packed, and turns f32 and other GGUF blocks into bf16; `float32`
-    /// stores everything as f32 (matches the CPU backend).
+    /// bf16 and f16 as stored and GGUF blocks packed (every format Kiln
+    /// reads), and turns f32 into bf16; `float32` stores everything as f32
+    /// (matches the CPU backend).
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     pub dtype: DtypeArg,
 
@@ -388,8 +388,7 @@ pub struct RuntimeArgs {
     pub enforce_eager: bool,
 
     /// Arithmetic of quantized weights. On CUDA, `fast` gives the decode
-    /// products of the GGUF matrices kept packed (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS; up
-    /// to 8 rows of x) 8-bit activations and integer dot products, as
+    /// products of the GGUF matrices kept packed (up to 8 rows of x) 8-bit activations and integer dot products, as
     /// llama.cpp's MMVQ; `fast-residual` does the same but for the products
     /// it gives two digits, which keep f32 activations there.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
@@ -454,7 +453,7 @@ pub enum PrecisionArg {
 /// `--dtype`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DtypeArg {
-    /// bf16/f16 as stored; Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS packed; f32 and other GGUF blocks as bf16.
+    /// bf16/f16 as stored; GGUF blocks packed; f32 as bf16.
     Auto,
     /// Everything as f32.
     Float32,

@@ -8,6 +8,7 @@
 //   Q8_0  (34 B / 32):  4 lanes, 8 quants each
 //   Q4_0  (18 B / 32):  4 lanes, 4 bytes of nibbles each
 //   Q5_0  (22 B / 32):  4 lanes, 4 bytes of nibbles and their fifth bits
+//   Q4_1, Q5_1 (20, 24 B / 32): as Q4_0 and Q5_0, with a minimum
 //   Q4_K (144 B / 256): 8 lanes, 16 bytes of nibbles each (two sub-blocks)
 //   Q5_K (176 B / 256): 8 lanes, 16 bytes of nibbles and their fifth bits
 //   Q6_K (210 B / 256): 8 lanes, 16 consecutive values in each of 2 quarters
@@ -142,24 +143,35 @@ __device__ __forceinline__ unsigned int fifth_bits(unsigned int bits) {
 // Q4_0 (18 B / 32) and Q5_0 (22 B / 32): an f16 scale d, for Q5_0 the
 // values' fifth bits (32 bits at byte 2, bit j for value j), then 16 bytes
 // whose low nibbles are values 0..15 and high nibbles 16..31; a value is
-// d · (n - 8), or d · (n - 16) with the fifth bit.
-template <bool FIVE_BITS>
+// d · (n - 8), or d · (n - 16) with the fifth bit. Q4_1 (20 B / 32) and
+// Q5_1 (24 B / 32), MIN: an f16 minimum m after d, then the same; a value
+// is d · n + m.
+template <bool FIVE_BITS, bool MIN>
 struct Nibbles {
-  static const int ELEMS = 32, BYTES = FIVE_BITS ? 22 : 18, LANES = 4;
-  static const int OFFSET = FIVE_BITS ? 16 : 8, QS = FIVE_BITS ? 6 : 2;
+  static const int HEAD = MIN ? 4 : 2;  // d (and m), then the fifth bits or the quants
+  static const int ELEMS = 32, BYTES = HEAD + (FIVE_BITS ? 20 : 16), LANES = 4;
+  static const int OFFSET = MIN ? 0 : FIVE_BITS ? 16 : 8, QS = HEAD + (FIVE_BITS ? 4 : 0);
   // Lane part s: bytes 4s .. 4s+3 of the quants: values 4s.. (low nibbles)
-  // and 16+4s.. (high); blocks are 2-byte aligned: 16-bit loads.
+  // and 16+4s.. (high). Blocks of 18 or 22 bytes are 2-byte aligned (16-bit
+  // loads), of 20 or 24 bytes 4-byte aligned: 32-bit loads, d and m in one
+  // (with a 16-bit d and m each, qmm's 64-row Q5_1 kernel spilled).
+  static const bool ALIGNED4 = BYTES % 4 == 0;
   struct Raw {
-    unsigned short d;
+    unsigned int dm;       // d in the low 16 bits, m in the high
     unsigned int q, high;  // high: the fifth bits of the whole block
   };
+  __device__ static unsigned int word(const u8* p) {
+    return ALIGNED4 ? __ldg(reinterpret_cast<const unsigned int*>(p)) : load_u32(p);
+  }
   __device__ static Raw load(const u8* b, int s) {
     Raw r;
-    r.d = load_u16(b);
-    r.q = load_u32(b + QS + 4 * s);
-    r.high = FIVE_BITS ? load_u32(b + 2) : 0u;
+    r.dm = MIN ? word(b) : load_u16(b);
+    r.q = word(b + QS + 4 * s);
+    r.high = FIVE_BITS ? word(b + HEAD) : 0u;
     return r;
   }
+  __device__ __forceinline__ static float d_of(const Raw& r) { return f16_to_f32((f16_bits)(r.dm & 0xffffu)); }
+  __device__ __forceinline__ static float m_of(const Raw& r) { return f16_to_f32((f16_bits)(r.dm >> 16)); }
   // The part's quants n (a byte each): values 4s.. and 16+4s...
   __device__ __forceinline__ static void quants(const Raw& r, int s, unsigned int* lo, unsigned int* hi) {
     *lo = r.q & 0x0f0f0f0fu;
@@ -169,35 +181,41 @@ struct Nibbles {
       *hi |= fifth_bits(r.high >> (16 + 4 * s));
     }
   }
+  // With a minimum, each weight is one fused multiply-add (the run's sum
+  // then taken at scale 1); else the run's scale d multiplies its sum once.
   template <typename Sink>
   __device__ __forceinline__ static void values(const Raw& r, int s, int col, Sink sink) {
     unsigned int n[2];
     quants(r, s, &n[0], &n[1]);
-    float d = f16_to_f32(r.d);
+    float d = d_of(r), m = m_of(r);
     for (int h = 0; h < 2; ++h) {
       float w[4];
-      for (int j = 0; j < 4; ++j) w[j] = byte_quant_f32<OFFSET>(n[h], j);
-      sink(w, 4, col + 16 * h + 4 * s, d);
+      for (int j = 0; j < 4; ++j) w[j] = MIN ? fmaf(d, byte_quant_f32<0>(n[h], j), m) : byte_quant_f32<OFFSET>(n[h], j);
+      sink(w, 4, col + 16 * h + 4 * s, MIN ? 1.0f : d);
     }
   }
-  // Σ (n - OFFSET) x over the part is Σ n x less OFFSET · Σx; the block's
-  // four parts each take a quarter of the block's OFFSET · Σx (`sum`), as
-  // llama.cpp's MMVQ does.
+  // Σ (n - OFFSET) x over the part is Σ n x less OFFSET · Σx, and Σ (d · n
+  // + m) x is d · Σ n x plus m · Σx; the block's four parts each take a
+  // quarter of the block's Σx (`sum`), as llama.cpp's MMVQ does.
   __device__ static float dot_x8(const Raw& r, int s, const signed char* q, const X8Scale* scale) {
     unsigned int lo, hi;
     quants(r, s, &lo, &hi);
     int sum = dot4_i8(hi, x8_word(q + 16 + 4 * s), dot4_i8(lo, x8_word(q + 4 * s), 0));
-    return f16_to_f32(r.d) * (scale->d * int_f32(sum) - (OFFSET / 4) * scale->sum);
+    if (MIN) return d_of(r) * scale->d * int_f32(sum) + 0.25f * m_of(r) * scale->sum;
+    return d_of(r) * (scale->d * int_f32(sum) - (OFFSET / 4) * scale->sum);
   }
+  // As the CPU: d · (n - OFFSET), or d · n + m.
   __device__ static float value(const u8* b, int j) {
     unsigned int byte = b[QS + (j % 16)];
     unsigned int n = j < 16 ? byte & 0xfu : byte >> 4;
-    if (FIVE_BITS) n |= ((b[2 + j / 8] >> (j % 8)) & 1u) << 4;
-    return load_f16(b) * quant_f32<OFFSET>(n);
+    if (FIVE_BITS) n |= ((b[HEAD + j / 8] >> (j % 8)) & 1u) << 4;
+    return MIN ? load_f16(b) * quant_f32<0>(n) + load_f16(b + 2) : load_f16(b) * quant_f32<OFFSET>(n);
   }
 };
-typedef Nibbles<false> Q4_0;
-typedef Nibbles<true> Q5_0;
+typedef Nibbles<false, false> Q4_0;
+typedef Nibbles<true, false> Q5_0;
+typedef Nibbles<false, true> Q4_1;
+typedef Nibbles<true, true> Q5_1;
 
 // Scale and minimum of Q4_K sub-block `j` (ggml's get_scale_min_k4) from
 // the 12 scale bytes at `scales` (one value's decoding; a block part's

@@ -14,10 +14,13 @@
 // Expert matrices are found through tables of device addresses indexed by
 // expert (uploaded once at load), so nothing here waits for the host and the
 // launches replay in a CUDA graph. The matrices are bf16, f16 or f32 rows,
-// or GGUF blocks read packed (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS: gguf_blocks.cuh); the
+// or GGUF blocks read packed (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS:
+// gguf_blocks.cuh;
+// Q2_K, Q3_K: gguf_low_bits.cuh); the
 // gate and up matrices share one format, the down matrices may have another.
 #include "kiln_cuda.cuh"
 #include "gguf_blocks.cuh"
+#include "gguf_low_bits.cuh"
 #include "dense_rows.cuh"
 
 #define KILN_MOE_MAX_EXPERTS 512
@@ -149,7 +152,8 @@ __device__ __forceinline__ void moe_down(const float* h, const int* experts, con
 }
 
 // The entry points, one per matrix format: `_f32`, `_bf16`, `_f16` rows,
-// `_q8_0`, `_q4_0`, `_q5_0`, `_q4_k`, `_q5_k`, `_q6_k`, `_iq4_nl`, `_iq4_xs` blocks.
+// `_q8_0`, `_q4_0`, `_q5_0`, `_q4_1`, `_q5_1`, `_q4_k`, `_q5_k`, `_q6_k`, `_iq4_nl`, `_iq4_xs`, `_q2_k`,
+// `_q3_k` blocks.
 #define KILN_MOE_GATE_UP_PARAMS                                                                         \
   const float *x, const int *experts, const unsigned long long *gate, const unsigned long long *up, \
       float *h, int hidden, int inter, int top_k, int activation
@@ -177,6 +181,12 @@ extern "C" __global__ void kiln_moe_gate_up_q4_0(KILN_MOE_GATE_UP_PARAMS) {
 extern "C" __global__ void kiln_moe_gate_up_q5_0(KILN_MOE_GATE_UP_PARAMS) {
   moe_gate_up<BlockRows<Q5_0>>(KILN_MOE_GATE_UP_ARGS);
 }
+extern "C" __global__ void kiln_moe_gate_up_q4_1(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<BlockRows<Q4_1>>(KILN_MOE_GATE_UP_ARGS);
+}
+extern "C" __global__ void kiln_moe_gate_up_q5_1(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<BlockRows<Q5_1>>(KILN_MOE_GATE_UP_ARGS);
+}
 extern "C" __global__ void kiln_moe_gate_up_q4_k(KILN_MOE_GATE_UP_PARAMS) {
   moe_gate_up<BlockRows<Q4_K_SpreadRows>>(KILN_MOE_GATE_UP_ARGS);
 }
@@ -192,6 +202,12 @@ extern "C" __global__ void kiln_moe_gate_up_iq4_nl(KILN_MOE_GATE_UP_PARAMS) {
 }
 extern "C" __global__ void kiln_moe_gate_up_iq4_xs(KILN_MOE_GATE_UP_PARAMS) {
   moe_gate_up<BlockRows<IQ4_XS_Spread>>(KILN_MOE_GATE_UP_ARGS);
+}
+extern "C" __global__ void kiln_moe_gate_up_q2_k(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<BlockRows<Q2_K_SpreadRows>>(KILN_MOE_GATE_UP_ARGS);
+}
+extern "C" __global__ void kiln_moe_gate_up_q3_k(KILN_MOE_GATE_UP_PARAMS) {
+  moe_gate_up<BlockRows<Q3_K_SpreadRows>>(KILN_MOE_GATE_UP_ARGS);
 }
 
 extern "C" __global__ void kiln_moe_down_f32(KILN_MOE_DOWN_PARAMS) {
@@ -212,6 +228,12 @@ extern "C" __global__ void kiln_moe_down_q4_0(KILN_MOE_DOWN_PARAMS) {
 extern "C" __global__ void kiln_moe_down_q5_0(KILN_MOE_DOWN_PARAMS) {
   moe_down<BlockRows<Q5_0>>(KILN_MOE_DOWN_ARGS);
 }
+extern "C" __global__ void kiln_moe_down_q4_1(KILN_MOE_DOWN_PARAMS) {
+  moe_down<BlockRows<Q4_1>>(KILN_MOE_DOWN_ARGS);
+}
+extern "C" __global__ void kiln_moe_down_q5_1(KILN_MOE_DOWN_PARAMS) {
+  moe_down<BlockRows<Q5_1>>(KILN_MOE_DOWN_ARGS);
+}
 extern "C" __global__ void kiln_moe_down_q4_k(KILN_MOE_DOWN_PARAMS) {
   moe_down<BlockRows<Q4_K_SpreadRows>>(KILN_MOE_DOWN_ARGS);
 }
@@ -226,4 +248,10 @@ extern "C" __global__ void kiln_moe_down_iq4_nl(KILN_MOE_DOWN_PARAMS) {
 }
 extern "C" __global__ void kiln_moe_down_iq4_xs(KILN_MOE_DOWN_PARAMS) {
   moe_down<BlockRows<IQ4_XS_Spread>>(KILN_MOE_DOWN_ARGS);
+}
+extern "C" __global__ void kiln_moe_down_q2_k(KILN_MOE_DOWN_PARAMS) {
+  moe_down<BlockRows<Q2_K_SpreadRows>>(KILN_MOE_DOWN_ARGS);
+}
+extern "C" __global__ void kiln_moe_down_q3_k(KILN_MOE_DOWN_PARAMS) {
+  moe_down<BlockRows<Q3_K_SpreadRows>>(KILN_MOE_DOWN_ARGS);
 }

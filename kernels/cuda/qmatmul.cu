@@ -71,6 +71,7 @@
 // block writes them.
 #include "kiln_cuda.cuh"
 #include "gguf_blocks.cuh"
+#include "gguf_low_bits.cuh"
 
 #define KILN_QMM_TILE 64
 #define KILN_QMM_K 128
@@ -432,6 +433,10 @@ extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_P
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q4_0_m16(KILN_QMM_ARGS) { qmm<Q4_0, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_0(KILN_QMM_ARGS) { qmm<Q5_0, false, 2, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q5_0_m16(KILN_QMM_ARGS) { qmm<Q5_0, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_1(KILN_QMM_ARGS) { qmm<Q4_1, true, 2, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q4_1_m16(KILN_QMM_ARGS) { qmm<Q4_1, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_1(KILN_QMM_ARGS) { qmm<Q5_1, false, 2, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q5_1_m16(KILN_QMM_ARGS) { qmm<Q5_1, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q4_k(KILN_QMM_ARGS) { qmm<Q4_K, true, 8, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q4_k_m16(KILN_QMM_ARGS) { qmm<Q4_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q5_k(KILN_QMM_ARGS) { qmm<Q5_K, false, 2, 4>(g, x, partials, counters, m, k, k_split); }
@@ -442,5 +447,9 @@ extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_P
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_iq4_nl_m16(KILN_QMM_ARGS) { qmm<IQ4_NL, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_iq4_xs(KILN_QMM_ARGS) { qmm<IQ4_XS, true, 8, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_iq4_xs_m16(KILN_QMM_ARGS) { qmm<IQ4_XS, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q2_k(KILN_QMM_ARGS) { qmm<Q2_K, true, 4, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q2_k_m16(KILN_QMM_ARGS) { qmm<Q2_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_q3_k(KILN_QMM_ARGS) { qmm<Q3_K, true, 4, 4>(g, x, partials, counters, m, k, k_split); }
+extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_q3_k_m16(KILN_QMM_ARGS) { qmm<Q3_K, true, 8, 1>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_BLOCKS_PER_SM) kiln_qmm_bf16(KILN_QMM_ARGS) { qmm<DenseBf16, false, 8, 4>(g, x, partials, counters, m, k, k_split); }
 extern "C" __global__ void __launch_bounds__(KILN_QMM_THREADS, KILN_QMM_M16_BLOCKS_PER_SM) kiln_qmm_bf16_m16(KILN_QMM_ARGS) { qmm<DenseBf16, false, 8, 1>(g, x, partials, counters, m, k, k_split); }

@@ -1,15 +1,14 @@
 //! The decode matrix products of `gemv.cuh` on the kernel emulator: dense
 //! bf16/f16/f32 rows (16-byte loads and the unaligned fallback) and GGUF
-//! blocks read packed (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), against a dot
-//! product over
-//! the CPU's own decoding of the same bytes; and the expansion of those
-//! blocks to bf16 for the GEMM of larger batches, and rows of them read as
-//! an embedding table. Each launch also runs as a
-//! group of matrices sharing x (as q, k and v do), one output each, and a
-//! single row of x also through the format's `_m1` kernel. The GGUF GEMVs
-//! with 8-bit activations (`_x8`) run on x quantized by `kiln_quantize_x8`,
-//! itself checked to the bit against a quantizer written here, and are
-//! compared with the dot product over that x's values.
+//! blocks read packed (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+//! Q6_K, IQ4_NL, IQ4_XS), against a dot product over the CPU's own decoding
+//! of the same bytes; and the expansion of those blocks to bf16 for the GEMM
+//! of larger batches, and rows of them read as an embedding table. Each
+//! launch also runs as a group of matrices sharing x (as q, k and v do), one
+//! output each, and a single row of x also through the format's `_m1`
+//! kernel. The GGUF GEMVs with 8-bit activations (`_x8`) run on x quantized
+//! by `kiln_quantize_x8`, itself checked to the bit against a quantizer
+//! written here, and are compared with the dot product over that x's values.
 
 mod common;
 
@@ -255,6 +254,10 @@ fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
         (QuantType::Q4_0, "q4_0", 32 * 300),
         (QuantType::Q5_0, "q5_0", 32 * 9),
         (QuantType::Q5_0, "q5_0", 32 * 300),
+        (QuantType::Q4_1, "q4_1", 32 * 9),
+        (QuantType::Q4_1, "q4_1", 32 * 300),
+        (QuantType::Q5_1, "q5_1", 32 * 9),
+        (QuantType::Q5_1, "q5_1", 32 * 300),
         (QuantType::Q4K, "q4_k", 256 * 3),
         (QuantType::Q4K, "q4_k", 256 * 70),
         (QuantType::Q5K, "q5_k", 256 * 3),
@@ -265,6 +268,10 @@ fn gguf_blocks_are_read_packed_and_match_the_cpu_decoding() {
         (QuantType::IQ4NL, "iq4_nl", 32 * 300),
         (QuantType::IQ4XS, "iq4_xs", 256 * 3),
         (QuantType::IQ4XS, "iq4_xs", 256 * 70),
+        (QuantType::Q2K, "q2_k", 256 * 3),
+        (QuantType::Q2K, "q2_k", 256 * 70),
+        (QuantType::Q3K, "q3_k", 256 * 3),
+        (QuantType::Q3K, "q3_k", 256 * 70),
     ] {
         let (packed, values) = random_blocks(ty, n, k, k as u64);
         let w = Matrix {

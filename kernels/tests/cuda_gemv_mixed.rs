@@ -1,7 +1,7 @@
 //! The decode GEMVs of a group whose last matrix is in another GGUF format
-//! (`kiln_gemv_<format>_q6_k*`, `gemv_blocks`' LAST in `gemv.cuh`): the q and
-//! k of llama.cpp's Q4_K_M and Q5_K_M files with their v at Q6_K, in one
-//! launch. On the kernel emulator against the f64 product of each matrix's
+//! (`kiln_gemv_<format>_<last>*`, `gemv_blocks`' LAST in `gemv.cuh`): the q
+//! and k of llama.cpp's K-quant files with their v at more bits (Q4_K_M and
+//! Q5_K_M: Q6_K; Q3_K_M: Q4_K or Q5_K; Q2_K: Q3_K or Q4_K), in one launch. On the kernel emulator against the f64 product of each matrix's
 //! CPU decoding: every split of a row among warps, one row of x and eight,
 //! the one-row kernels and x in 8 bits (`_x8`).
 
@@ -19,9 +19,13 @@ const WARPS: u32 = 4;
 const SPLITS: [(&str, u32); 3] = [("", 1), ("_s2", 2), ("_s4", 4)];
 
 /// A group's matrices on the device: two in the first format (q and k),
-/// the last in Q6_K (v); each one's pointer, rows and decoded values.
-fn group_matrices(gpu: &Gpu, first: QuantType, k: usize) -> Vec<(DevicePtr, usize, Vec<f32>)> {
-    [(first, 5), (first, 7), (QuantType::Q6K, 6)]
+/// the last in `last` (v); each one's pointer, rows and decoded values.
+fn group_matrices(
+    gpu: &Gpu,
+    (first, last): (QuantType, QuantType),
+    k: usize,
+) -> Vec<(DevicePtr, usize, Vec<f32>)> {
+    [(first, 5), (first, 7), (last, 6)]
         .into_iter()
         .enumerate()
         .map(|(i, (ty, rows))| {
@@ -84,17 +88,28 @@ fn check(
 }
 
 #[test]
-fn k_quant_groups_with_their_last_matrix_in_q6_k() {
+fn k_quant_groups_with_their_last_matrix_in_more_bits() {
     let gpu = Gpu::new(&[
         sources::GEMV,
         sources::GEMV_Q4_K_Q6_K,
         sources::GEMV_Q5_K_Q6_K,
+        sources::GEMV_Q3_K_MIXED,
+        sources::GEMV_Q2_K_MIXED,
     ]);
-    for (ty, format) in [(QuantType::Q4K, "q4_k"), (QuantType::Q5K, "q5_k")] {
+    use QuantType::{Q2K, Q3K, Q4K, Q5K, Q6K};
+    let pairs = [
+        (Q4K, Q6K, "q4_k_q6_k"),
+        (Q5K, Q6K, "q5_k_q6_k"),
+        (Q3K, Q4K, "q3_k_q4_k"),
+        (Q3K, Q5K, "q3_k_q5_k"),
+        (Q2K, Q3K, "q2_k_q3_k"),
+        (Q2K, Q4K, "q2_k_q4_k"),
+    ];
+    for (first, last, formats) in pairs {
         // One round of a row's loads, and several with a partial last one.
         for k in [256 * 3, 256 * 19] {
-            let kernel = format!("kiln_gemv_{format}_q6_k");
-            let matrices = group_matrices(&gpu, ty, k);
+            let kernel = format!("kiln_gemv_{formats}");
+            let matrices = group_matrices(&gpu, (first, last), k);
             let mut rng = Rng::new(k as u64);
             for m in [1, 3, 8] {
                 let x_values = rng.data(m * k, 1.0);

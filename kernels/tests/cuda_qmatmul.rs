@@ -201,7 +201,7 @@ impl Case {
     }
 }
 
-const FORMATS: [(Option<QuantType>, &str, usize); 9] = [
+const FORMATS: [(Option<QuantType>, &str, usize); 13] = [
     (Some(QuantType::Q8_0), "q8_0", 32 * 13),
     (Some(QuantType::Q4_0), "q4_0", 32 * 9),
     (Some(QuantType::Q5_0), "q5_0", 32 * 9),
@@ -212,6 +212,10 @@ const FORMATS: [(Option<QuantType>, &str, usize); 9] = [
     (None, "bf16", 8 * 53),
     (Some(QuantType::IQ4NL), "iq4_nl", 32 * 9),
     (Some(QuantType::IQ4XS), "iq4_xs", 256 * 3),
+    (Some(QuantType::Q2K), "q2_k", 256 * 3),
+    (Some(QuantType::Q3K), "q3_k", 256 * 3),
+    (Some(QuantType::Q4_1), "q4_1", 32 * 9),
+    (Some(QuantType::Q5_1), "q5_1", 32 * 9),
 ];
 
 #[test]

@@ -148,6 +148,9 @@ part kiln-q4_k_m-fast 60 env KILN_BENCH_SHAPES="llama3-8b:q4_k_m+fast" bench/gpu
 # IQ4_XS read packed (since 2026-12-03, built without a GPU; 4.25 bits a
 # weight, Q4_K's 4.5): at batch 1 it should pass Q4_K_M's 179.8 tok/s.
 part kiln-iq4_xs 60 env KILN_BENCH_SHAPES="llama3-8b:iq4_xs" bench/gpu/run.sh kiln
+# Q3_K_M read packed (since 2026-12-04, built without a GPU; 3.44 bits a
+# weight in Q3_K, 4.5 in the Q4_K of v, o and down).
+part kiln-q3_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q3_k_m" bench/gpu/run.sh kiln
 # Drafted decode steps (speculative decoding) against plain ones.
 part speculative 60 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench/gpu/run.sh speculative
 # The fp8 KV cache against bf16 where attention reads as much as the weights.

@@ -5,7 +5,8 @@
 //! that no hand-written kernel spills to local memory. With
 //! `KILN_CUBIN_DIR` set, the hand-written modules' cubins are written there
 //! (`<source>.<arch>.cubin`) for `cuobjdump -sass`: instruction counts of a
-//! kernel's loop without a GPU.
+//! kernel's loop without a GPU. `KILN_NVRTC_SOURCES=qmatmul.cu,moe.cu`
+//! compiles only the hand-written sources named (while working on them).
 //!
 //! NVRTC comes from the `nvidia-cuda-nvrtc` wheel that `.ci/setup` unpacks
 //! into `target/cuda` (or from `KILN_NVRTC_DIR`).
@@ -47,10 +48,17 @@ fn hand_written_kernels_compile_for_sm80_and_sm90_without_spills() {
     load_nvrtc();
     // Every (module, architecture) on its own NVRTC program, spread over the
     // machine's threads (minutes one after another on two cores).
+    let only = std::env::var("KILN_NVRTC_SOURCES").ok();
+    let chosen = |s: &&sources::Source| {
+        only.as_ref()
+            .is_none_or(|o| o.split(',').any(|n| n == s.name))
+    };
     let jobs: Vec<(&sources::Source, &str)> = sources::ALL
         .iter()
+        .filter(chosen)
         .flat_map(|source| ARCHES.map(|arch| (source, arch)))
         .collect();
+    assert!(!jobs.is_empty(), "KILN_NVRTC_SOURCES names no source");
     let compiled: Vec<nvrtc::Compiled> = jobs
         .par_iter()
         .map(|&(source, arch)| {

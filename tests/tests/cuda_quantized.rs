@@ -32,12 +32,16 @@ fn load_in(shape: &str, dtype: ShapeDtype, device: DeviceChoice, precision: Prec
 /// Every storage of random weights whose matrices the GPU keeps packed
 /// (IQ4_XS: the tiny shapes' rows all fill super-blocks of 256; IQ4_NL is
 /// mixed with it in `iq4_nl_and_iq4_xs_in_one_model_match_the_cpu`).
-const PACKED: [ShapeDtype; 6] = [
+const PACKED: [ShapeDtype; 10] = [
     ShapeDtype::Q4KM,
     ShapeDtype::Q5KM,
+    ShapeDtype::Q3KM,
+    ShapeDtype::Q2K,
     ShapeDtype::Q8_0,
     ShapeDtype::Q4_0,
     ShapeDtype::Q5_0,
+    ShapeDtype::Q4_1,
+    ShapeDtype::Q5_1,
     ShapeDtype::Iq4Xs,
 ];
 
@@ -56,7 +60,8 @@ fn packed_gguf_matrices_match_the_cpu_in_prefill_and_decode() {
     for dtype in PACKED {
         let (cpu, cuda) = cpu_and_cuda("tiny-llama.json", dtype);
         // Both layers' q, k and v run as one GEMV that rotates q and k, the
-        // second's v at Q6_K in Q4_K_M and Q5_K_M (kiln_gemv_q4_k_q6_k).
+        // second's v at Q6_K in Q4_K_M and Q5_K_M (kiln_gemv_q4_k_q6_k),
+        // every v at Q5_K in Q3_K_M and at Q3_K in Q2_K.
         let executor: &CudaExecutor = cuda.backend.as_any().downcast_ref().unwrap();
         assert_eq!(executor.rotations_in_gemv(), 2, "{dtype:?}");
         // One token a step: the GEMV reads the blocks, activations in f32.

@@ -38,6 +38,12 @@ pub enum ShapeDtype {
     /// GGUF Q5_0 blocks for every matrix.
     #[value(name = "q5_0")]
     Q5_0,
+    /// GGUF Q4_1 blocks for every matrix.
+    #[value(name = "q4_1")]
+    Q4_1,
+    /// GGUF Q5_1 blocks for every matrix.
+    #[value(name = "q5_1")]
+    Q5_1,
     /// llama.cpp's Q4_K_M (`llama-quantize`'s choice per tensor, see
     /// [`KQuantMix`]): Q4_K matrices, Q6_K for the logits' and half the
     /// layers' `v_proj` and `down_proj`.
@@ -46,6 +52,17 @@ pub enum ShapeDtype {
     /// llama.cpp's Q5_K_M: as Q4_K_M with Q5_K for Q4_K.
     #[value(name = "q5_k_m")]
     Q5KM,
+    /// llama.cpp's Q3_K_M: Q3_K matrices, Q6_K for the logits', Q4_K for
+    /// `o_proj`, `v_proj` and `down_proj` (Q5_K for the first two layers'
+    /// `v_proj` and the first sixteenth's `down_proj`).
+    #[value(name = "q3_k_m")]
+    Q3KM,
+    /// llama.cpp's Q2_K: Q2_K matrices, Q6_K for the logits', Q3_K for
+    /// `o_proj`, `v_proj` and `down_proj` (`llama-quantize` raises `v_proj`
+    /// to Q4_K where a key/value head serves four query heads or more; not
+    /// modelled here).
+    #[value(name = "q2_k")]
+    Q2K,
     /// GGUF IQ4_XS blocks for every matrix whose rows fill super-blocks of
     /// 256, IQ4_NL for the others (as `llama-quantize` falls back).
     #[value(name = "iq4_xs")]
@@ -92,6 +109,45 @@ impl KQuantMix {
         let widened = name.contains(".v_proj.") || name.contains(".down_proj.");
         widened && layer_index(name).is_some_and(more_bits)
     }
+
+    /// What `llama-quantize` stores the weight `name` of `shape` as in a
+    /// Q3_K_M file (its Q3_K_M branches of `llama_tensor_get_type`).
+    fn q3_k_m(&self, name: &str, shape: &[u64]) -> Encoding {
+        let layer = layer_index(name).unwrap_or(0);
+        if shape.first() == Some(&self.vocab) && (name.starts_with("lm_head.") || self.tied) {
+            Encoding::Q6K
+        } else if name.contains(".v_proj.") {
+            if layer < 2 {
+                Encoding::Q5K
+            } else {
+                Encoding::Q4K
+            }
+        } else if name.contains(".down_proj.") {
+            if layer < self.layers / 16 {
+                Encoding::Q5K
+            } else {
+                Encoding::Q4K
+            }
+        } else if name.contains(".o_proj.") {
+            Encoding::Q4K
+        } else {
+            Encoding::Q3K
+        }
+    }
+
+    /// What `llama-quantize` stores the weight `name` of `shape` as in a
+    /// Q2_K file (where a key/value head serves fewer than four query
+    /// heads).
+    fn q2_k(&self, name: &str, shape: &[u64]) -> Encoding {
+        let widened = [".v_proj.", ".o_proj.", ".down_proj."];
+        if shape.first() == Some(&self.vocab) && (name.starts_with("lm_head.") || self.tied) {
+            Encoding::Q6K
+        } else if widened.iter().any(|w| name.contains(w)) {
+            Encoding::Q3K
+        } else {
+            Encoding::Q2K
+        }
+    }
 }
 
 /// `N` of a weight named `layers.N.…`.
@@ -114,9 +170,13 @@ impl ShapeDtype {
             Self::Q8_0 => Encoding::Q8_0,
             Self::Q4_0 => Encoding::Q4_0,
             Self::Q5_0 => Encoding::Q5_0,
+            Self::Q4_1 => Encoding::Q4_1,
+            Self::Q5_1 => Encoding::Q5_1,
             Self::Q4KM | Self::Q5KM if mix.keeps_six_bits(name, shape) => Encoding::Q6K,
             Self::Q4KM => Encoding::Q4K,
             Self::Q5KM => Encoding::Q5K,
+            Self::Q3KM => mix.q3_k_m(name, shape),
+            Self::Q2K => mix.q2_k(name, shape),
             Self::Iq4Xs if shape.get(1).is_some_and(|c| c % 256 == 0) => Encoding::Iq4Xs,
             Self::Iq4Xs => Encoding::Iq4Nl,
         };
@@ -288,9 +348,13 @@ fn random_bytes(spec: &WeightSpec, seed: u64) -> Vec<u8> {
                 .map(|_| rng.next() as u8)
                 .collect();
             let scale = half::f16::from_f32(block_scale(ty)).to_le_bytes();
+            let minimum = block_minimum(ty).map(|m| half::f16::from_f32(m).to_le_bytes());
             for block in bytes.chunks_exact_mut(ty.block_bytes()) {
                 for &offset in ty.f16_fields() {
                     block[offset..offset + 2].copy_from_slice(&scale);
+                }
+                if let Some(minimum) = minimum {
+                    block[2..4].copy_from_slice(&minimum);
                 }
             }
             bytes
@@ -300,14 +364,30 @@ fn random_bytes(spec: &WeightSpec, seed: u64) -> Vec<u8> {
 
 /// The f16 scale written into every random block: 0.002, less for the IQ4
 /// formats, whose table values reach ±127 (and IQ4_XS's sub-block scales
-/// ±32), so that their weights span about what Q4_0's do (±0.016). With
-/// 0.002, tiny IQ4_XS Llama's weights reached ±8, and rounding them to bf16
-/// (as the GPU's expansion does) moved one decode step's logits by 60 %.
+/// ±32), and for Q3_K (sub-block scales ±32, quants ±4), so that their
+/// weights span about what Q4_0's do (±0.016). With 0.002, tiny IQ4_XS
+/// Llama's weights reached ±8, and rounding them to bf16 (as the GPU's
+/// expansion does) moved one decode step's logits by 60 %; tiny Q3_K_M
+/// Llama's reached ±0.26, and rounding a prompt's activations to bf16 moved
+/// one position's logits by 9 % (2e-3 at the others, and at every position
+/// with 0.002 / 16).
 fn block_scale(ty: QuantType) -> f32 {
     match ty {
         QuantType::IQ4NL => 0.002 * 8.0 / 127.0,
         QuantType::IQ4XS => 0.002 * 8.0 / 127.0 / 16.0,
+        QuantType::Q3K => 0.002 / 16.0,
         _ => 0.002,
+    }
+}
+
+/// The f16 minimum (bytes 2..4) of a random Q4_1 or Q5_1 block, whose value
+/// is d · n + m: the middle quant's value less, so that the weights center
+/// on zero as Q4_0's and Q5_0's do.
+fn block_minimum(ty: QuantType) -> Option<f32> {
+    match ty {
+        QuantType::Q4_1 => Some(-8.0 * block_scale(ty)),
+        QuantType::Q5_1 => Some(-16.0 * block_scale(ty)),
+        _ => None,
     }
 }
 
@@ -335,6 +415,10 @@ mod tests {
             (Encoding::Q6K, 256),
             (Encoding::Q8_0, 64),
             (Encoding::Q4_0, 64),
+            (Encoding::Q4_1, 64),
+            (Encoding::Q5_1, 64),
+            (Encoding::Q2K, 256),
+            (Encoding::Q3K, 256),
             (Encoding::BFloat16, 8),
         ] {
             let spec = WeightSpec {
@@ -352,6 +436,9 @@ mod tests {
             weight.decode_rows(0..3, &mut out).unwrap();
             assert!(out.iter().all(|v| v.is_finite()), "{encoding}");
             assert!(out.iter().any(|v| *v != 0.0), "{encoding}");
+            // Weights of either sign (Q4_1's and Q5_1's minimums too).
+            assert!(out.iter().any(|v| *v < 0.0), "{encoding}");
+            assert!(out.iter().any(|v| *v > 0.0), "{encoding}");
         }
     }
 
@@ -416,5 +503,34 @@ mod tests {
             ShapeDtype::Q4KM.encoding(v, &[1024, 4096], &mix),
             Encoding::Q4K
         );
+    }
+
+    /// A 32-layer Q3_K_M file's and Q2_K file's choices per matrix.
+    #[test]
+    fn low_bit_files_mix_formats_as_llama_quantize_does() {
+        let mix = KQuantMix {
+            vocab: 100,
+            layers: 32,
+            tied: false,
+        };
+        let encoding = |dtype: ShapeDtype, name: &str| dtype.encoding(name, &[1024, 4096], &mix);
+        let q3 = |name: &str| encoding(ShapeDtype::Q3KM, name);
+        let logits = ShapeDtype::Q3KM.encoding("lm_head.weight", &[100, 4096], &mix);
+        assert_eq!(logits, Encoding::Q6K);
+        assert_eq!(q3("layers.1.self_attn.v_proj.weight"), Encoding::Q5K);
+        assert_eq!(q3("layers.2.self_attn.v_proj.weight"), Encoding::Q4K);
+        assert_eq!(q3("layers.1.mlp.down_proj.weight"), Encoding::Q5K);
+        assert_eq!(q3("layers.2.mlp.down_proj.weight"), Encoding::Q4K);
+        assert_eq!(q3("layers.5.self_attn.o_proj.weight"), Encoding::Q4K);
+        assert_eq!(q3("layers.5.self_attn.q_proj.weight"), Encoding::Q3K);
+        assert_eq!(q3("layers.5.mlp.gate_proj.weight"), Encoding::Q3K);
+        let q2 = |name: &str| encoding(ShapeDtype::Q2K, name);
+        let logits = ShapeDtype::Q2K.encoding("lm_head.weight", &[100, 4096], &mix);
+        assert_eq!(logits, Encoding::Q6K);
+        assert_eq!(q2("layers.0.self_attn.v_proj.weight"), Encoding::Q3K);
+        assert_eq!(q2("layers.9.self_attn.o_proj.weight"), Encoding::Q3K);
+        assert_eq!(q2("layers.9.mlp.down_proj.weight"), Encoding::Q3K);
+        assert_eq!(q2("layers.9.self_attn.k_proj.weight"), Encoding::Q2K);
+        assert_eq!(q2("layers.9.mlp.up_proj.weight"), Encoding::Q2K);
     }
 }

@@ -1,6 +1,7 @@
 //! The hand-written CUDA C sources, embedded in the binary. Each is a real
 //! `.cu` file under `kernels/cuda/` that includes `kiln_cuda.cuh` (and
-//! `gguf_blocks.cuh` where it reads GGUF blocks, `dense_rows.cuh` where it
+//! `gguf_blocks.cuh` where it reads GGUF blocks (and `gguf_low_bits.cuh`
+//! for Q2_K and Q3_K), `dense_rows.cuh` where it
 //! streams rows of dense weights, `gemv.cuh` for the decode GEMVs,
 //! `paged_attention.cuh` for attention over the paged cache); the
 //! includes are inlined
@@ -11,6 +12,8 @@ pub const COMMON_HEADER: &str = include_str!("../../cuda/kiln_cuda.cuh");
 /// The GGUF block formats (after the shared header in the sources that use
 /// them).
 pub const GGUF_BLOCKS_HEADER: &str = include_str!("../../cuda/gguf_blocks.cuh");
+/// GGUF's 2- and 3-bit K-quant formats (after the GGUF header).
+pub const GGUF_LOW_BITS_HEADER: &str = include_str!("../../cuda/gguf_low_bits.cuh");
 /// Rows of dense weights times x, a warp per row (after the GGUF header).
 pub const DENSE_ROWS_HEADER: &str = include_str!("../../cuda/dense_rows.cuh");
 /// What the decode GEMVs share (after the dense rows' header).
@@ -86,6 +89,10 @@ pub const GEMV_Q8_0: Source = gemv("gemv_q8_0.cu", include_str!("../../cuda/gemv
 pub const GEMV_Q4_0: Source = gemv("gemv_q4_0.cu", include_str!("../../cuda/gemv_q4_0.cu"));
 /// Q5_0's GEMVs, expansion and embedding rows.
 pub const GEMV_Q5_0: Source = gemv("gemv_q5_0.cu", include_str!("../../cuda/gemv_q5_0.cu"));
+/// Q4_1's GEMVs, expansion and embedding rows.
+pub const GEMV_Q4_1: Source = gemv("gemv_q4_1.cu", include_str!("../../cuda/gemv_q4_1.cu"));
+/// Q5_1's GEMVs, expansion and embedding rows.
+pub const GEMV_Q5_1: Source = gemv("gemv_q5_1.cu", include_str!("../../cuda/gemv_q5_1.cu"));
 /// Q4_K's GEMVs, expansion and embedding rows.
 pub const GEMV_Q4_K: Source = gemv("gemv_q4_k.cu", include_str!("../../cuda/gemv_q4_k.cu"));
 /// The GEMVs of Q4_K groups whose last matrix is Q6_K.
@@ -107,13 +114,29 @@ pub const GEMV_Q6_K: Source = gemv("gemv_q6_k.cu", include_str!("../../cuda/gemv
 pub const GEMV_IQ4_NL: Source = gemv("gemv_iq4_nl.cu", include_str!("../../cuda/gemv_iq4_nl.cu"));
 /// IQ4_XS's GEMVs, expansion and embedding rows.
 pub const GEMV_IQ4_XS: Source = gemv("gemv_iq4_xs.cu", include_str!("../../cuda/gemv_iq4_xs.cu"));
+/// Q2_K's GEMVs, expansion and embedding rows.
+pub const GEMV_Q2_K: Source = gemv("gemv_q2_k.cu", include_str!("../../cuda/gemv_q2_k.cu"));
+/// Q3_K's GEMVs, expansion and embedding rows.
+pub const GEMV_Q3_K: Source = gemv("gemv_q3_k.cu", include_str!("../../cuda/gemv_q3_k.cu"));
+/// The GEMVs of Q2_K groups whose last matrix is Q3_K or Q4_K.
+pub const GEMV_Q2_K_MIXED: Source = gemv(
+    "gemv_q2_k_mixed.cu",
+    include_str!("../../cuda/gemv_q2_k_mixed.cu"),
+);
+/// The GEMVs of Q3_K groups whose last matrix is Q4_K or Q5_K.
+pub const GEMV_Q3_K_MIXED: Source = gemv(
+    "gemv_q3_k_mixed.cu",
+    include_str!("../../cuda/gemv_q3_k_mixed.cu"),
+);
 
 /// Every decode GEMV source.
-pub const GEMVS: [Source; 11] = [
+pub const GEMVS: [Source; 17] = [
     GEMV,
     GEMV_Q8_0,
     GEMV_Q4_0,
     GEMV_Q5_0,
+    GEMV_Q4_1,
+    GEMV_Q5_1,
     GEMV_Q4_K,
     GEMV_Q4_K_Q6_K,
     GEMV_Q5_K,
@@ -121,6 +144,10 @@ pub const GEMVS: [Source; 11] = [
     GEMV_Q6_K,
     GEMV_IQ4_NL,
     GEMV_IQ4_XS,
+    GEMV_Q2_K,
+    GEMV_Q2_K_MIXED,
+    GEMV_Q3_K,
+    GEMV_Q3_K_MIXED,
 ];
 
 /// A GEMV source: its kernels wait for their inputs.
@@ -162,7 +189,7 @@ pub const MATMUL: Source = Source {
 };
 
 /// Every hand-written source.
-pub const ALL: [Source; 21] = joined(&[
+pub const ALL: [Source; 27] = joined(&[
     &[
         NORM,
         ROPE,
@@ -217,9 +244,10 @@ pub fn inline_common_header(name: &str, text: &str) -> String {
 }
 
 /// The headers sources include, by file name, the shared one first.
-const HEADERS: [(&str, &str); 5] = [
+const HEADERS: [(&str, &str); 6] = [
     ("kiln_cuda.cuh", COMMON_HEADER),
     ("gguf_blocks.cuh", GGUF_BLOCKS_HEADER),
+    ("gguf_low_bits.cuh", GGUF_LOW_BITS_HEADER),
     ("dense_rows.cuh", DENSE_ROWS_HEADER),
     ("gemv.cuh", GEMV_HEADER),
     ("paged_attention.cuh", PAGED_ATTENTION_HEADER),

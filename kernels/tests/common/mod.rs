@@ -235,15 +235,8 @@ pub fn random_blocks(ty: QuantType, rows: usize, cols: usize, seed: u64) -> (Vec
     let mut rng = Rng::new(seed);
     let row_bytes = ty.row_bytes(cols).unwrap();
     let mut packed: Vec<u8> = (0..rows * row_bytes).map(|_| rng.u32() as u8).collect();
-    let scale_at: &[usize] = match ty {
-        QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q5_0 => &[0],
-        QuantType::IQ4NL | QuantType::IQ4XS => &[0],
-        QuantType::Q4K | QuantType::Q5K => &[0, 2],
-        QuantType::Q6K => &[208],
-        other => panic!("no device kernel reads {other} blocks"),
-    };
     for (i, block) in packed.chunks_exact_mut(ty.block_bytes()).enumerate() {
-        for &at in scale_at {
+        for &at in ty.f16_fields() {
             let scale = half::f16::from_f32(0.01 + 0.001 * (i % 7) as f32);
             block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
         }

@@ -2,10 +2,11 @@
 //!
 //! A weight read by a matrix product or an embedding is stored for the GPU's
 //! GEMM: bf16 and f16 as stored; f32 as bf16 unless `--dtype float32`. GGUF
-//! Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS matrices stay packed (the decode GEMV and the
+//! matrices stay packed in every block format Kiln reads (Q8_0, Q4_0, Q4_1,
+//! Q5_0, Q5_1, Q2_K to Q6_K, IQ4_NL, IQ4_XS: the decode GEMV and the
 //! embedding read the blocks; larger batches expand them to bf16 in scratch
-//! memory first); other GGUF blocks are dequantized at load to bf16 (f32 with
-//! `--dtype float32`, bf16 with `--dtype bfloat16`). Any other
+//! memory first), dequantized at load only with `--dtype float32` (to f32)
+//! or `--dtype bfloat16`. Any other
 //! weight (norm scales, biases, inverse frequencies) is stored as f32 values.
 
 use half::{bf16, f16};
@@ -106,6 +107,14 @@ pub enum Packed {
     Q4_0,
     /// Q5_0 blocks.
     Q5_0,
+    /// Q4_1 blocks.
+    Q4_1,
+    /// Q5_1 blocks.
+    Q5_1,
+    /// Q2_K super-blocks.
+    Q2K,
+    /// Q3_K super-blocks.
+    Q3K,
     /// Q4_K super-blocks.
     Q4K,
     /// Q5_K super-blocks.
@@ -138,27 +147,31 @@ pub struct PackedKernels {
 }
 
 impl Packed {
-    /// The packed format of blocks of `ty`, if there are kernels for it.
-    pub fn of(ty: QuantType) -> Option<Self> {
-        Some(match ty {
+    /// The packed format of blocks of `ty` (every GGUF block format has
+    /// its kernels).
+    pub fn of(ty: QuantType) -> Self {
+        match ty {
             QuantType::Q8_0 => Self::Q8_0,
             QuantType::Q4_0 => Self::Q4_0,
             QuantType::Q5_0 => Self::Q5_0,
+            QuantType::Q4_1 => Self::Q4_1,
+            QuantType::Q5_1 => Self::Q5_1,
+            QuantType::Q2K => Self::Q2K,
+            QuantType::Q3K => Self::Q3K,
             QuantType::Q4K => Self::Q4K,
             QuantType::Q5K => Self::Q5K,
             QuantType::Q6K => Self::Q6K,
             QuantType::IQ4NL => Self::Iq4Nl,
             QuantType::IQ4XS => Self::Iq4Xs,
-            _ => return None,
-        })
+        }
     }
 
     /// Threads a block is split among (`LANES` in `gguf_blocks.cuh`): the
     /// expansion to bf16 takes a thread per lane part.
     pub fn lanes(self) -> usize {
         match self {
-            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::Iq4Nl => 4,
-            Self::Q4K | Self::Q5K | Self::Iq4Xs => 8,
+            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::Q4_1 | Self::Q5_1 | Self::Iq4Nl => 4,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Iq4Xs => 8,
             Self::Q6K => 32,
         }
     }
@@ -169,6 +182,10 @@ impl Packed {
             Self::Q8_0 => QuantType::Q8_0,
             Self::Q4_0 => QuantType::Q4_0,
             Self::Q5_0 => QuantType::Q5_0,
+            Self::Q4_1 => QuantType::Q4_1,
+            Self::Q5_1 => QuantType::Q5_1,
+            Self::Q2K => QuantType::Q2K,
+            Self::Q3K => QuantType::Q3K,
             Self::Q4K => QuantType::Q4K,
             Self::Q5K => QuantType::Q5K,
             Self::Q6K => QuantType::Q6K,
@@ -177,90 +194,41 @@ impl Packed {
         }
     }
 
-    /// Its kernels.
+    /// Its kernels: every name is the kind's prefix and the format's
+    /// suffix (`kiln_gemv_q4_k`, `kiln_qmm_q4_k_m16`, …).
     pub fn kernels(self) -> PackedKernels {
-        let (gemv, gemv_m1, gemv_x8, qmm, dequant, embedding, moe) = match self {
-            Self::Q8_0 => (
-                "kiln_gemv_q8_0",
-                "kiln_gemv_q8_0_m1",
-                ["kiln_gemv_q8_0_x8", "kiln_gemv_q8_0_x8_m1"],
-                ["kiln_qmm_q8_0", "kiln_qmm_q8_0_m16"],
-                "kiln_dequant_q8_0",
-                "kiln_embedding_q8_0",
-                ["kiln_moe_gate_up_q8_0", "kiln_moe_down_q8_0"],
-            ),
-            Self::Q4_0 => (
-                "kiln_gemv_q4_0",
-                "kiln_gemv_q4_0_m1",
-                ["kiln_gemv_q4_0_x8", "kiln_gemv_q4_0_x8_m1"],
-                ["kiln_qmm_q4_0", "kiln_qmm_q4_0_m16"],
-                "kiln_dequant_q4_0",
-                "kiln_embedding_q4_0",
-                ["kiln_moe_gate_up_q4_0", "kiln_moe_down_q4_0"],
-            ),
-            Self::Q5_0 => (
-                "kiln_gemv_q5_0",
-                "kiln_gemv_q5_0_m1",
-                ["kiln_gemv_q5_0_x8", "kiln_gemv_q5_0_x8_m1"],
-                ["kiln_qmm_q5_0", "kiln_qmm_q5_0_m16"],
-                "kiln_dequant_q5_0",
-                "kiln_embedding_q5_0",
-                ["kiln_moe_gate_up_q5_0", "kiln_moe_down_q5_0"],
-            ),
-            Self::Q4K => (
-                "kiln_gemv_q4_k",
-                "kiln_gemv_q4_k_m1",
-                ["kiln_gemv_q4_k_x8", "kiln_gemv_q4_k_x8_m1"],
-                ["kiln_qmm_q4_k", "kiln_qmm_q4_k_m16"],
-                "kiln_dequant_q4_k",
-                "kiln_embedding_q4_k",
-                ["kiln_moe_gate_up_q4_k", "kiln_moe_down_q4_k"],
-            ),
-            Self::Q5K => (
-                "kiln_gemv_q5_k",
-                "kiln_gemv_q5_k_m1",
-                ["kiln_gemv_q5_k_x8", "kiln_gemv_q5_k_x8_m1"],
-                ["kiln_qmm_q5_k", "kiln_qmm_q5_k_m16"],
-                "kiln_dequant_q5_k",
-                "kiln_embedding_q5_k",
-                ["kiln_moe_gate_up_q5_k", "kiln_moe_down_q5_k"],
-            ),
-            Self::Q6K => (
-                "kiln_gemv_q6_k",
-                "kiln_gemv_q6_k_m1",
-                ["kiln_gemv_q6_k_x8", "kiln_gemv_q6_k_x8_m1"],
-                ["kiln_qmm_q6_k", "kiln_qmm_q6_k_m16"],
-                "kiln_dequant_q6_k",
-                "kiln_embedding_q6_k",
-                ["kiln_moe_gate_up_q6_k", "kiln_moe_down_q6_k"],
-            ),
-            Self::Iq4Nl => (
-                "kiln_gemv_iq4_nl",
-                "kiln_gemv_iq4_nl_m1",
-                ["kiln_gemv_iq4_nl_x8", "kiln_gemv_iq4_nl_x8_m1"],
-                ["kiln_qmm_iq4_nl", "kiln_qmm_iq4_nl_m16"],
-                "kiln_dequant_iq4_nl",
-                "kiln_embedding_iq4_nl",
-                ["kiln_moe_gate_up_iq4_nl", "kiln_moe_down_iq4_nl"],
-            ),
-            Self::Iq4Xs => (
-                "kiln_gemv_iq4_xs",
-                "kiln_gemv_iq4_xs_m1",
-                ["kiln_gemv_iq4_xs_x8", "kiln_gemv_iq4_xs_x8_m1"],
-                ["kiln_qmm_iq4_xs", "kiln_qmm_iq4_xs_m16"],
-                "kiln_dequant_iq4_xs",
-                "kiln_embedding_iq4_xs",
-                ["kiln_moe_gate_up_iq4_xs", "kiln_moe_down_iq4_xs"],
-            ),
-        };
-        PackedKernels {
-            gemv,
-            qmm,
-            gemv_m1,
-            gemv_x8,
-            dequant,
-            embedding,
-            moe,
+        macro_rules! kernels_of {
+            ($f:literal) => {
+                PackedKernels {
+                    gemv: concat!("kiln_gemv_", $f),
+                    gemv_m1: concat!("kiln_gemv_", $f, "_m1"),
+                    gemv_x8: [
+                        concat!("kiln_gemv_", $f, "_x8"),
+                        concat!("kiln_gemv_", $f, "_x8_m1"),
+                    ],
+                    qmm: [concat!("kiln_qmm_", $f), concat!("kiln_qmm_", $f, "_m16")],
+                    dequant: concat!("kiln_dequant_", $f),
+                    embedding: concat!("kiln_embedding_", $f),
+                    moe: [
+                        concat!("kiln_moe_gate_up_", $f),
+                        concat!("kiln_moe_down_", $f),
+                    ],
+                }
+            };
+        }
+        match self {
+            Self::Q8_0 => kernels_of!("q8_0"),
+            Self::Q4_0 => kernels_of!("q4_0"),
+            Self::Q5_0 => kernels_of!("q5_0"),
+            Self::Q4_1 => kernels_of!("q4_1"),
+            Self::Q5_1 => kernels_of!("q5_1"),
+            Self::Q2K => kernels_of!("q2_k"),
+            Self::Q3K => kernels_of!("q3_k"),
+            Self::Q4K => kernels_of!("q4_k"),
+            Self::Q5K => kernels_of!("q5_k"),
+            Self::Q6K => kernels_of!("q6_k"),
+            Self::Iq4Nl => kernels_of!("iq4_nl"),
+            Self::Iq4Xs => kernels_of!("iq4_xs"),
         }
     }
 }
@@ -268,22 +236,27 @@ impl Packed {
 impl Packed {
     /// The decode GEMVs of a group whose matrices are in this format but
     /// the last, which is in `last` (`gemv_blocks`' LAST in gemv.cuh: the
-    /// K-quants with Q6_K, as llama.cpp's Q4_K_M and Q5_K_M files mix
-    /// them): for several rows of x and one, then on 8-bit x likewise.
+    /// K-quants with the v that llama.cpp's files keep at more bits, Q6_K
+    /// in Q4_K_M and Q5_K_M, Q4_K or Q5_K in Q3_K_M, Q3_K or Q4_K in Q2_K):
+    /// for several rows of x and one, then on 8-bit x likewise.
     pub fn mixed_gemv(self, last: Self) -> Option<[&'static str; 4]> {
+        macro_rules! mixed {
+            ($f:literal) => {
+                [
+                    concat!("kiln_gemv_", $f),
+                    concat!("kiln_gemv_", $f, "_m1"),
+                    concat!("kiln_gemv_", $f, "_x8"),
+                    concat!("kiln_gemv_", $f, "_x8_m1"),
+                ]
+            };
+        }
         Some(match (self, last) {
-            (Self::Q4K, Self::Q6K) => [
-                "kiln_gemv_q4_k_q6_k",
-                "kiln_gemv_q4_k_q6_k_m1",
-                "kiln_gemv_q4_k_q6_k_x8",
-                "kiln_gemv_q4_k_q6_k_x8_m1",
-            ],
-            (Self::Q5K, Self::Q6K) => [
-                "kiln_gemv_q5_k_q6_k",
-                "kiln_gemv_q5_k_q6_k_m1",
-                "kiln_gemv_q5_k_q6_k_x8",
-                "kiln_gemv_q5_k_q6_k_x8_m1",
-            ],
+            (Self::Q4K, Self::Q6K) => mixed!("q4_k_q6_k"),
+            (Self::Q5K, Self::Q6K) => mixed!("q5_k_q6_k"),
+            (Self::Q3K, Self::Q4K) => mixed!("q3_k_q4_k"),
+            (Self::Q3K, Self::Q5K) => mixed!("q3_k_q5_k"),
+            (Self::Q2K, Self::Q3K) => mixed!("q2_k_q3_k"),
+            (Self::Q2K, Self::Q4K) => mixed!("q2_k_q4_k"),
             _ => return None,
         })
     }
@@ -291,7 +264,8 @@ impl Packed {
 
 /// The block format `weight` keeps on the device, where `dtype` allows.
 pub fn packed_format(weight: &WeightData, dtype: WeightDtype) -> Option<Packed> {
-    Packed::of(weight.quant_type()?).filter(|_| dtype == WeightDtype::Auto)
+    let ty = weight.quant_type().filter(|_| dtype == WeightDtype::Auto)?;
+    Some(Packed::of(ty))
 }
 
 /// The kernel that reads embedding rows of `table`.

@@ -1,0 +1,27 @@
+// The decode GEMVs of Q5_1 matrices (gemv.cuh) in every split, for one
+// row of x and up to KILN_GEMV_MAX_M, on f32 x and on 8-bit x (`_x8`);
+// the expansion of Q5_1 blocks to bf16 for the GEMM of larger batches, and
+// its embedding rows (gguf_blocks.cuh has the format: Nibbles with a
+// minimum).
+#include "kiln_cuda.cuh"
+#include "gguf_blocks.cuh"
+#include "dense_rows.cuh"
+#include "gemv.cuh"
+
+extern "C" __global__ void kiln_gemv_q5_1(KILN_GEMV_ARGS) { gemv_blocks<Q5_1, FloatX, KILN_GEMV_MAX_M, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_1, FloatX, KILN_GEMV_MAX_M, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_1, FloatX, KILN_GEMV_MAX_M, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_m1(KILN_GEMV_ARGS) { gemv_blocks<Q5_1, FloatX, 1, 1>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_m1_s2(KILN_GEMV_ARGS) { gemv_blocks<Q5_1, FloatX, 1, 2>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_m1_s4(KILN_GEMV_ARGS) { gemv_blocks<Q5_1, FloatX, 1, 4>(g, FloatX{x}, m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_x8(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_1, Int8X, KILN_GEMV_MAX_M, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_x8_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_1, Int8X, KILN_GEMV_MAX_M, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_x8_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_1, Int8X, KILN_GEMV_MAX_M, 4>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_x8_m1(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_1, Int8X, 1, 1>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_x8_m1_s2(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_1, Int8X, 1, 2>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_gemv_q5_1_x8_m1_s4(KILN_GEMV_X8_ARGS) { gemv_blocks<Q5_1, Int8X, 1, 4>(g, Int8X(x, m, k), m, k); }
+extern "C" __global__ void kiln_dequant_q5_1(const u8* w, bf16_bits* out, i64 blocks) { dequant<Q5_1>(w, out, blocks); }
+extern "C" __global__ void kiln_embedding_q5_1(const u8* table, const i64* ids, float* y, i64 rows, int cols,
+                                             int* error, KilnRowNorm norm) {
+  embedding_blocks<Q5_1>(table, ids, y, rows, cols, error, norm);
+}
