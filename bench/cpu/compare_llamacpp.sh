@@ -6,7 +6,8 @@
 #   bench/cpu/compare_llamacpp.sh [--rounds N] [--models "smollm2 gemma3 qwen2.5"] [--out DIR]
 #   (also smollm2-bf16: bench/cpu/make_bf16_gguf.py's bf16 copy of SmolLM2, and
 #   smollm2-iq4_xs, qwen2.5-iq4_xs: the bf16 copies of SmolLM2 and Qwen2.5
-#   quantized to IQ4_XS by bench/cpu/quantize_gguf.py)
+#   quantized to IQ4_XS by bench/cpu/quantize_gguf.py; smollm2-q2_k likewise
+#   quantized to Q2_K: its 30 MLP down projections are Q3_K, most others Q4_0)
 # Environment:
 #   HOST            Kiln's host binary               (default target/release/host)
 #   MODELS_DIR      where the GGUF files are         (default /work/models)
@@ -98,7 +99,8 @@ model_file() {
         # its IQ4_XS (bench/cpu/quantize_gguf.py), and Qwen2.5's likewise
         smollm2-iq4_xs) echo "SmolLM2-135M-Instruct.IQ4_XS.gguf" ;;
         qwen2.5-iq4_xs) echo "qwen2.5-coder-0.5b-instruct-iq4_xs.gguf" ;;
-        *) echo "unknown model key $1 (smollm2, gemma3, qwen2.5, smollm2-bf16, smollm2-iq4_xs, qwen2.5-iq4_xs)" >&2; return 1 ;;
+        smollm2-q2_k) echo "SmolLM2-135M-Instruct.Q2_K.gguf" ;;
+        *) echo "unknown model key $1 (smollm2, gemma3, qwen2.5, smollm2-bf16, smollm2-iq4_xs, qwen2.5-iq4_xs, smollm2-q2_k)" >&2; return 1 ;;
     esac
 }
 

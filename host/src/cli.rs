@@ -388,9 +388,10 @@ pub struct RuntimeArgs {
     pub enforce_eager: bool,
 
     /// Arithmetic of quantized weights. On CUDA, `fast` gives the decode
-    /// products of the GGUF matrices kept packed (up to 8 rows of x) 8-bit activations and integer dot products, as
-    /// llama.cpp's MMVQ; `fast-residual` does the same but for the products
-    /// it gives two digits, which keep f32 activations there.
+    /// products of the GGUF matrices kept packed (up to 8 rows of x) 8-bit
+    /// activations and integer dot products, as llama.cpp's MMVQ;
+    /// `fast-residual` does the same but for the products it gives two
+    /// digits, which keep f32 activations there.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
     pub precision: PrecisionArg,
 

@@ -1,7 +1,7 @@
 //! Quantized matrix-vector products (m = 1, decode) at SmolLM2-135M's shapes,
 //! in weight bytes per second, beside the machine's memory bandwidth; and
 //! quantized matrix products with 64 activation rows (prefill) at SmolLM2's
-//! and Gemma-3-270M's shapes (and, for Q4_K and Q6_K, Gemma-3-270M's and
+//! and Gemma-3-270M's shapes (and, for the K-quants Q2_K to Q6_K, Gemma-3-270M's and
 //! Qwen2.5-0.5B's matrices with a multiple of 256 columns), in fast
 //! precision, in FLOP/s
 //! (`quant_prefill`: criterion's "elem/s" are multiply-adds × 2).
@@ -25,7 +25,7 @@ use rayon::prelude::*;
 /// rows x cols of SmolLM2-135M's projections: attention q/o, MLP up/gate,
 /// MLP down, and the tied embedding / LM head.
 const SHAPES: [(usize, usize); 4] = [(576, 576), (1536, 576), (576, 1536), (49152, 576)];
-const TYPES: [QuantType; 8] = [
+const TYPES: [QuantType; 10] = [
     QuantType::Q4_1,
     QuantType::Q4_0,
     QuantType::Q5_0,
@@ -34,6 +34,8 @@ const TYPES: [QuantType; 8] = [
     QuantType::Q6K,
     QuantType::IQ4NL,
     QuantType::IQ4XS,
+    QuantType::Q3K,
+    QuantType::Q2K,
 ];
 
 /// Activation rows of a prefill batch: enough that, as in a real prompt's
@@ -58,8 +60,14 @@ const PREFILL_TYPES: [QuantType; 3] = [QuantType::Q4_1, QuantType::Q5_0, QuantTy
 /// rows x cols of the K-quant prefill cases (`cols` a multiple of 256):
 /// Gemma-3-270M's attention o and MLP down, and Qwen2.5-0.5B's MLP down.
 const PREFILL_K_SHAPES: [(usize, usize); 3] = [(640, 1024), (640, 2048), (896, 4864)];
-/// The K-quants of the `Q4_K_M` files (Gemma-3 and Qwen2.5 use Q4_K and Q6_K).
-const PREFILL_K_TYPES: [QuantType; 2] = [QuantType::Q4K, QuantType::Q6K];
+/// The K-quants of the `Q4_K_M` files (Gemma-3 and Qwen2.5 use Q4_K and
+/// Q6_K), and of the `Q3_K_M` and `Q2_K` ones (Q3_K, Q2_K).
+const PREFILL_K_TYPES: [QuantType; 4] = [
+    QuantType::Q4K,
+    QuantType::Q6K,
+    QuantType::Q3K,
+    QuantType::Q2K,
+];
 
 /// Deterministic bytes (xorshift).
 fn bytes(n: usize, mut s: u64) -> Vec<u8> {
@@ -176,6 +184,8 @@ fn quant_batch_decode(c: &mut Criterion) {
         (QuantType::Q8_0, (4864, 896)),
         (QuantType::Q4K, (896, 4864)),
         (QuantType::Q6K, (896, 4864)),
+        (QuantType::Q3K, (896, 4864)),
+        (QuantType::Q2K, (896, 4864)),
     ];
     for (ty, (rows, cols)) in cases {
         let data = random_weights(ty, rows, cols);

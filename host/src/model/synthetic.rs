@@ -97,10 +97,16 @@ impl KQuantMix {
         }
     }
 
+    /// Whether the weight `name` of `shape` computes the logits: `lm_head`,
+    /// or the embedding table when tied to it.
+    fn is_logits(&self, name: &str, shape: &[u64]) -> bool {
+        shape.first() == Some(&self.vocab) && (name.starts_with("lm_head.") || self.tied)
+    }
+
     /// Whether `llama-quantize` stores the weight `name` of `shape` at Q6_K.
     fn keeps_six_bits(&self, name: &str, shape: &[u64]) -> bool {
-        if shape.first() == Some(&self.vocab) {
-            return name.starts_with("lm_head.") || self.tied;
+        if self.is_logits(name, shape) {
+            return true;
         }
         let more_bits = |i: u64| {
             let n = self.layers;
@@ -114,7 +120,7 @@ impl KQuantMix {
     /// Q3_K_M file (its Q3_K_M branches of `llama_tensor_get_type`).
     fn q3_k_m(&self, name: &str, shape: &[u64]) -> Encoding {
         let layer = layer_index(name).unwrap_or(0);
-        if shape.first() == Some(&self.vocab) && (name.starts_with("lm_head.") || self.tied) {
+        if self.is_logits(name, shape) {
             Encoding::Q6K
         } else if name.contains(".v_proj.") {
             if layer < 2 {
@@ -140,7 +146,7 @@ impl KQuantMix {
     /// heads).
     fn q2_k(&self, name: &str, shape: &[u64]) -> Encoding {
         let widened = [".v_proj.", ".o_proj.", ".down_proj."];
-        if shape.first() == Some(&self.vocab) && (name.starts_with("lm_head.") || self.tied) {
+        if self.is_logits(name, shape) {
             Encoding::Q6K
         } else if widened.iter().any(|w| name.contains(w)) {
             Encoding::Q3K

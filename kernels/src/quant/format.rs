@@ -298,6 +298,25 @@ pub(crate) fn iq4xs_scales(b: &[u8]) -> [i8; 8] {
     })
 }
 
+/// The 16 six-bit scales of a Q3_K block (not yet offset by -32), four a
+/// little-endian word, unpacked with ggml's word arithmetic (the SIMD
+/// kernels' form of [`q3k_scales`]): scale `j` takes its low four bits
+/// from nibble `j / 8` of byte `j % 8`, its top two from bits `2·(j / 4)`
+/// of byte `8 + j % 4`.
+#[inline]
+pub(crate) fn q3k_scales_words(packed: &[u8]) -> [u32; 4] {
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes(packed[4 * i..4 * i + 4].try_into().unwrap());
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    [
+        (w0 & LOW4) | ((w2 & LOW2) << 4),
+        (w1 & LOW4) | (((w2 >> 2) & LOW2) << 4),
+        ((w0 >> 4) & LOW4) | (((w2 >> 4) & LOW2) << 4),
+        ((w1 >> 4) & LOW4) | (((w2 >> 6) & LOW2) << 4),
+    ]
+}
+
 /// The 16 signed six-bit scales of a Q3_K block (already offset by -32).
 #[inline]
 pub(crate) fn q3k_scales(packed: &[u8]) -> [i8; 16] {
@@ -530,6 +549,22 @@ mod tests {
         assert_eq!(QuantType::Q6K.row_bytes(512).unwrap(), 420);
         assert!(QuantType::Q4K.row_bytes(32).is_err());
         assert!(QuantType::Q8_0.row_bytes(usize::MAX - 31).is_err());
+    }
+
+    #[test]
+    fn q3k_scale_words_follow_the_scales() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..100 {
+            let packed: [u8; 12] = std::array::from_fn(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            });
+            let words = q3k_scales_words(&packed).map(u32::to_le_bytes).concat();
+            let from_words: Vec<i8> = words.iter().map(|&b| b as i8 - 32).collect();
+            assert_eq!(from_words, q3k_scales(&packed));
+        }
     }
 
     #[test]

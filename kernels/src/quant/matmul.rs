@@ -332,6 +332,8 @@ fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Sele
         (Exact, QuantType::IQ4NL) => exact_512::<Blocks32<m::IQ4NL>>(),
         (Exact, QuantType::Q4K) => exact_512::<m::Q4K>(),
         (Exact, QuantType::Q6K) => exact_512::<m::Q6K>(),
+        (Exact, QuantType::Q2K) => exact_512::<m::Q2K>(),
+        (Exact, QuantType::Q3K) => exact_512::<m::Q3K>(),
         (Exact, QuantType::IQ4XS) => exact_512::<m::IQ4XS>(),
         // Exact Q8_0 keeps the AVX2 kernels: the AVX-512 one decodes a
         // single row 10-20 % slower (measured on Zen 5 and Sapphire Rapids),
@@ -368,14 +370,14 @@ fn select_avx512(ty: QuantType, precision: Arithmetic, amx: bool) -> Option<Sele
                 decode: k::decode_q6k,
                 multiply: k::multiply_q6k,
             };
-            Selected::Q8KPanel(fast_q6k_avx2(), panel)
+            Selected::Q8KPanel(fast_k16_avx2::<m::Q6K>(), panel)
         }
         _ => return None,
     })
 }
 
-/// The AVX-512 exact kernels for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K
-/// and IQ4_XS:
+/// The AVX-512 exact kernels for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K,
+/// Q4_K, Q6_K and IQ4_XS:
 /// the single-row one, multi-row ones for 8, 4, 3 and 2 activation rows,
 /// which decode each 64 weights once for all of them, and for more rows
 /// the panel kernels, which decode each weight once for all of them.
@@ -511,17 +513,18 @@ fn fast_q45k_avx2<F: Format>() -> Kernels<BlockQ8K> {
     }
 }
 
-/// The AVX2 fast kernels for Q6_K: the single-row one, and multi-row ones
-/// for 8, 4 and 2 activation rows (AVX-512 machines use them too).
+/// The AVX2 fast kernels for Q2_K, Q3_K and Q6_K (the formats whose scales
+/// cover runs of 16 values): the single-row one, and multi-row ones for 8,
+/// 4 and 2 activation rows (AVX-512 machines use them too).
 #[cfg(target_arch = "x86_64")]
-fn fast_q6k_avx2() -> Kernels<BlockQ8K> {
+fn fast_k16_avx2<F: Format>() -> Kernels<BlockQ8K> {
     use super::avx2 as k;
     Kernels {
-        one: k::fast_q6k::<marker::Q6K>,
+        one: k::fast_k16::<F>,
         multi: [
-            multi(8, k::fast_q6k_multi::<8>),
-            multi(4, k::fast_q6k_multi::<4>),
-            multi(2, k::fast_q6k_multi::<2>),
+            multi(8, k::fast_k16_multi::<F, 8>),
+            multi(4, k::fast_k16_multi::<F, 4>),
+            multi(2, k::fast_k16_multi::<F, 2>),
             None,
         ],
     }
@@ -557,9 +560,10 @@ fn select_avx2(ty: QuantType, precision: Arithmetic) -> Selected {
         (Exact, QuantType::Q4K) => exact_avx2::<m::Q4K>(),
         (Exact, QuantType::Q5K) => exact_avx2::<m::Q5K>(),
         (Exact, QuantType::Q6K) => exact_avx2::<m::Q6K>(),
+        (Exact, QuantType::Q2K) => exact_avx2::<m::Q2K>(),
+        (Exact, QuantType::Q3K) => exact_avx2::<m::Q3K>(),
         (Exact, QuantType::IQ4NL) => exact_avx2::<m::IQ4NL>(),
         (Exact, QuantType::IQ4XS) => exact_avx2::<m::IQ4XS>(),
-        (Exact, _) => with_format!(ty, F => Selected::Exact(one(k::exact_any::<F>))),
         (Fast, QuantType::Q4_0) => Selected::Q8(fast_avx2::<m::Q4_0>()),
         (Fast, QuantType::Q4_1) => Selected::Q8(fast_avx2::<m::Q4_1>()),
         (Fast, QuantType::Q5_0) => Selected::Q8(fast_avx2::<m::Q5_0>()),
@@ -574,9 +578,9 @@ fn select_avx2(ty: QuantType, precision: Arithmetic) -> Selected {
         }),
         (Fast, QuantType::Q4K) => Selected::Q8K(fast_q45k_avx2::<m::Q4K>()),
         (Fast, QuantType::Q5K) => Selected::Q8K(fast_q45k_avx2::<m::Q5K>()),
-        (Fast, QuantType::Q6K) => Selected::Q8K(fast_q6k_avx2()),
-        (Fast, QuantType::Q2K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q2K>)),
-        (Fast, QuantType::Q3K) => Selected::Q8K(one(scalar::fast_q8k::<m::Q3K>)),
+        (Fast, QuantType::Q6K) => Selected::Q8K(fast_k16_avx2::<m::Q6K>()),
+        (Fast, QuantType::Q2K) => Selected::Q8K(fast_k16_avx2::<m::Q2K>()),
+        (Fast, QuantType::Q3K) => Selected::Q8K(fast_k16_avx2::<m::Q3K>()),
         (Fast, QuantType::IQ4XS) => Selected::Q8K(fast_iq4xs_avx2()),
     }
 }

@@ -261,7 +261,9 @@ const BLOCK32_TYPES: [QuantType; 6] = [
 /// The 256-value formats with multi-row (GEMM) kernels (AVX2, also used on
 /// AVX-512).
 #[cfg(target_arch = "x86_64")]
-const MULTI_K_TYPES: [QuantType; 4] = [
+const MULTI_K_TYPES: [QuantType; 6] = [
+    QuantType::Q2K,
+    QuantType::Q3K,
     QuantType::Q4K,
     QuantType::Q5K,
     QuantType::Q6K,
@@ -357,7 +359,12 @@ fn panel_products_equal_single_row_products() {
             }
         }
     }
-    for ty in [QuantType::Q4K, QuantType::Q6K] {
+    for ty in [
+        QuantType::Q2K,
+        QuantType::Q3K,
+        QuantType::Q4K,
+        QuantType::Q6K,
+    ] {
         for (rows, blocks, m) in [(5, 1, 17), (9, 7, 19), (600, 8, 16)] {
             seed += 1;
             check_multi_row(Isa::Avx512, ty, rows, blocks * 256, m, seed);
@@ -644,6 +651,8 @@ fn avx512_exact_multi_row_kernels_equal_the_single_row_kernel() {
     check::<Blocks32<m::Q8_0>>(QuantType::Q8_0, 15);
     check::<m::Q4K>(QuantType::Q4K, 16);
     check::<m::Q6K>(QuantType::Q6K, 17);
+    check::<m::Q2K>(QuantType::Q2K, 20);
+    check::<m::Q3K>(QuantType::Q3K, 21);
     check::<Blocks32<m::IQ4NL>>(QuantType::IQ4NL, 18);
     check::<m::IQ4XS>(QuantType::IQ4XS, 19);
 }
@@ -699,14 +708,14 @@ fn avx2_multi_row_kernels_equal_the_single_row_kernel() {
     check::<m::IQ4NL>(16);
 }
 
-/// The AVX2 multi-row kernels of the K-quants (Q4_K, Q5_K, Q6_K) and
-/// IQ4_XS against the single-row ones, bit for bit.
+/// The AVX2 multi-row kernels of the K-quants (Q2_K to Q6_K) and IQ4_XS
+/// against the single-row ones, bit for bit.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_k_quant_multi_row_kernels_equal_the_single_row_kernel() {
     use super::act::BlockQ8K;
     use super::avx2::{
-        fast_iq4xs, fast_iq4xs_multi, fast_q45k, fast_q45k_multi, fast_q6k, fast_q6k_multi,
+        fast_iq4xs, fast_iq4xs_multi, fast_k16, fast_k16_multi, fast_q45k, fast_q45k_multi,
     };
     use super::format::{marker as m, Format};
 
@@ -749,17 +758,22 @@ fn avx2_k_quant_multi_row_kernels_equal_the_single_row_kernel() {
     }
     q45k::<m::Q4K>(21);
     q45k::<m::Q5K>(22);
-    check::<m::Q6K>(
-        23,
-        fast_q6k::<m::Q6K>,
-        &[
-            (2, fast_q6k_multi::<2>),
-            (3, fast_q6k_multi::<3>),
-            (4, fast_q6k_multi::<4>),
-            (6, fast_q6k_multi::<6>),
-            (8, fast_q6k_multi::<8>),
-        ],
-    );
+    fn k16<F: Format>(seed: u64) {
+        check::<F>(
+            seed,
+            fast_k16::<F>,
+            &[
+                (2, fast_k16_multi::<F, 2>),
+                (3, fast_k16_multi::<F, 3>),
+                (4, fast_k16_multi::<F, 4>),
+                (6, fast_k16_multi::<F, 6>),
+                (8, fast_k16_multi::<F, 8>),
+            ],
+        );
+    }
+    k16::<m::Q6K>(23);
+    k16::<m::Q2K>(25);
+    k16::<m::Q3K>(26);
     check::<m::IQ4XS>(
         24,
         fast_iq4xs,
@@ -790,6 +804,8 @@ fn residual_products_carry_what_8_bits_lose() {
             QuantType::Q4_1,
             QuantType::Q5_0,
             QuantType::Q8_0,
+            QuantType::Q2K,
+            QuantType::Q3K,
             QuantType::Q4K,
             QuantType::Q6K,
         ] {

@@ -1,16 +1,11 @@
-//! The widening helpers the exact kernels of known formats share (quants
-//! to f32 in eight-lane vectors: `exact_32`, `exact_k`), and the exact
-//! kernel of any format without one of its own ([`exact_any`]).
+//! The widening helpers the exact kernels share (quants to f32 in
+//! eight-lane vectors: `exact_32`, `exact_k`).
 //!
 //! Q4_K's quants widen straight from the packed bytes, eight at a time by a
 //! widening load (`vpmovzxbd`), the high nibbles by a shift; Q5_1's fifth
 //! bits come by a variable shift of their word: no byte shuffles.
 
 use std::arch::x86_64::*;
-
-use super::super::format::{Format, Unpacked, QK_K};
-use super::super::prefetch::rows_prefetched;
-use super::{hsum, load8};
 
 /// 32 signed bytes as f32 (values 0..8, 8..16, 16..24, 24..32).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -95,38 +90,4 @@ unsafe fn fifth_bits(qh: u32) -> [__m256i; 4] {
 #[inline]
 unsafe fn i8x8_to_f32(v: __m128i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
-}
-
-/// f32 dot product.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let (a32, b32) = (a.chunks_exact(32), b.chunks_exact(32));
-    let tail = super::super::scalar::dot_f32(a32.remainder(), b32.remainder());
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (x, y) in a32.zip(b32) {
-        for (k, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm256_fmadd_ps(load8(&x[8 * k..]), load8(&y[8 * k..]), *acc);
-        }
-    }
-    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    hsum(s) + tail
-}
-
-/// Any format: dequantizes one block at a time (portable code) and takes the
-/// dot product with FMA.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn exact_any<F: Format>(w: &[u8], x: &[f32], out: &mut [f32]) {
-    let row_bytes = x.len() / F::ELEMS * F::BYTES;
-    let mut u = Unpacked::default();
-    let mut buf = [0f32; QK_K];
-    let buf = &mut buf[..F::ELEMS];
-    for (row, y) in rows_prefetched(w, row_bytes).zip(out) {
-        let mut acc = 0.0;
-        for (block, xs) in row.chunks_exact(F::BYTES).zip(x.chunks_exact(F::ELEMS)) {
-            F::TY.dequantize_block(block, &mut u, buf);
-            acc += dot_f32(buf, xs);
-        }
-        *y = acc;
-    }
 }

@@ -1,10 +1,11 @@
-//! The exact kernels (f32 activations) of the 256-value formats: Q4_K, Q5_K,
+//! The exact kernels (f32 activations) of the 256-value formats: Q2_K to
 //! Q6_K and IQ4_XS.
 //!
 //! Each weight is dequantized to f32 by one rounding: `q·(d·sc) − dmin·m`
-//! by a fused multiply-add for Q4_K and Q5_K, `(q − 32)·(d·sc)` by a
-//! multiply for Q6_K, `v·(d·(sc − 32))` for IQ4_XS (`v` the index's table
-//! value): the values ggml computes, and the AVX-512 kernels'.
+//! by a fused multiply-add for Q2_K, Q4_K and Q5_K, `(q − 32)·(d·sc)` by a
+//! multiply for Q6_K (`q − 4` for Q3_K, `d·(sc − 32)` its scale),
+//! `v·(d·(sc − 32))` for IQ4_XS (`v` the index's table value): the values
+//! ggml computes, and the AVX-512 kernels'.
 //! The products are then summed as `panel` says, so one activation row
 //! ([`exact_k`], each quarter super-block dequantized as it is read), two
 //! or three ([`exact_k_multi`]) and many (the panel kernels, from
@@ -17,24 +18,36 @@ use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
 use super::exact::{i8x32_to_f32, nibbles8_to_f32};
 use super::iq4::iq4_values;
+use super::k16::{k16_d_at, k16_scales, low_bits_group, q2k_min_bytes};
 use super::panel::{add_products, finish, ChainRow};
 use super::{f16_at, nibbles32, q45k_group, q5k_high_bits, q6k_quarter};
 
 /// A super-block's multipliers and addends: weight `q` of run `r` (see
-/// [`run`]) is `q · mul[r] + add[r]`, rounded once; Q6_K and IQ4_XS have no
-/// addends (Q6_K's quants come with 32 taken off: `(q − 32) · mul[r]`).
+/// [`run`]) is `q · mul[r] + add[r]`, rounded once; Q3_K, Q6_K and IQ4_XS
+/// have no addends (their quants come with their offset taken off:
+/// `(q − 32) · mul[r]`).
 #[derive(Default)]
 struct Scales {
     mul: [f32; 16],
-    add: [f32; 8],
+    add: [f32; 16],
+}
+
+/// Whether the format's scales cover runs of 16 values (Q2_K, Q3_K,
+/// Q6_K), not 32.
+const fn runs_of_16(ty: QuantType) -> bool {
+    matches!(ty, QuantType::Q2K | QuantType::Q3K | QuantType::Q6K)
+}
+
+/// Whether the format has no minimums: its weights are `q · mul[r]`.
+const fn no_addends(ty: QuantType) -> bool {
+    matches!(ty, QuantType::Q3K | QuantType::Q6K | QuantType::IQ4XS)
 }
 
 /// The run of [`Scales`] that values `64·p + 8·v .. 64·p + 8·v + 8` of a
-/// super-block belong to: Q6_K scales runs of 16 values, the others runs
-/// of 32.
+/// super-block belong to.
 #[inline(always)]
 fn run<F: Format>(p: usize, v: usize) -> usize {
-    if F::TY == QuantType::Q6K {
+    if runs_of_16(F::TY) {
         4 * p + v / 2
     } else {
         2 * p + v / 4
@@ -46,15 +59,25 @@ fn run<F: Format>(p: usize, v: usize) -> usize {
 #[inline]
 unsafe fn scales<F: Format>(b: &[u8]) -> Scales {
     let mut s = Scales::default();
-    if F::TY == QuantType::Q6K {
-        let d = f16_at(b, 208);
-        let sc = _mm_loadu_si128(b[192..208].as_ptr().cast());
+    if runs_of_16(F::TY) {
+        let d = f16_at(b, k16_d_at(F::TY));
+        let sc = k16_scales::<F>(b);
         let high = _mm_unpackhi_epi64(sc, sc);
         _mm256_storeu_ps(s.mul.as_mut_ptr(), scaled(_mm256_cvtepi8_epi32(sc), d));
         _mm256_storeu_ps(
             s.mul[8..].as_mut_ptr(),
             scaled(_mm256_cvtepi8_epi32(high), d),
         );
+        if F::TY == QuantType::Q2K {
+            let mins = q2k_min_bytes(b);
+            let dmin = -f16_at(b, k16_d_at(F::TY) + 2);
+            let high = _mm_unpackhi_epi64(mins, mins);
+            _mm256_storeu_ps(s.add.as_mut_ptr(), scaled(_mm256_cvtepu8_epi32(mins), dmin));
+            _mm256_storeu_ps(
+                s.add[8..].as_mut_ptr(),
+                scaled(_mm256_cvtepu8_epi32(high), dmin),
+            );
+        }
     } else if F::TY == QuantType::IQ4XS {
         let sc = i64::from_le_bytes(iq4xs_scales(b).map(|s| s as u8));
         let sc = _mm_cvtsi64_si128(sc);
@@ -120,6 +143,21 @@ unsafe fn quarter_quants<F: Format>(b: &[u8], p: usize, qh: &mut __m256i) -> [__
                 i8x32_to_f32(_mm256_sub_epi8(high, offset)),
             )
         }
+        QuantType::Q2K | QuantType::Q3K => {
+            let (low, high) = (
+                low_bits_group::<F>(b, 2 * p),
+                low_bits_group::<F>(b, 2 * p + 1),
+            );
+            if F::TY == QuantType::Q3K {
+                let four = _mm256_set1_epi8(4);
+                (
+                    i8x32_to_f32(_mm256_sub_epi8(low, four)),
+                    i8x32_to_f32(_mm256_sub_epi8(high, four)),
+                )
+            } else {
+                (i8x32_to_f32(low), i8x32_to_f32(high))
+            }
+        }
         QuantType::IQ4XS => {
             // The quarter's two sub-blocks, 16 bytes each.
             let qs = &b[8 + 32 * p..][..32];
@@ -147,7 +185,7 @@ unsafe fn dequantize_quarter<F: Format>(
     for (v, w) in w.iter_mut().enumerate() {
         let r = run::<F>(p, v);
         let mul = _mm256_set1_ps(s.mul[r]);
-        *w = if matches!(F::TY, QuantType::Q6K | QuantType::IQ4XS) {
+        *w = if no_addends(F::TY) {
             _mm256_mul_ps(*w, mul)
         } else {
             _mm256_fmadd_ps(*w, mul, _mm256_set1_ps(s.add[r]))

@@ -9,8 +9,8 @@
 //! prefetchers). The fast kernels (8-bit activations, here) alternate two
 //! accumulators over the blocks so that consecutive blocks do not wait on
 //! each other; for several activation rows, [`fast_32_multi`],
-//! [`fast_q45k_multi`] and [`fast_q6k_multi`] decode each block once for up
-//! to 8 of them, giving the single-row kernels' bits. The exact kernels (f32
+//! [`fast_q45k_multi`] and [`fast_k16_multi`] (Q2_K, Q3_K, Q6_K) decode
+//! each block once for up to 8 of them, giving the single-row kernels' bits. The exact kernels (f32
 //! activations) dequantize each weight to f32 and sum in four chains
 //! (`panel`): one to three activation rows as the weights are read
 //! (`exact_32`, `exact_k`), more from tiles of weights dequantized once
@@ -152,13 +152,14 @@ mod exact;
 mod exact_32;
 mod exact_k;
 mod iq4;
+mod k16;
 mod panel;
 
-pub(crate) use exact::exact_any;
 pub(crate) use exact_32::{exact_32, exact_32_multi};
 pub(crate) use exact_k::{exact_k, exact_k_multi};
 use iq4::iq4_values;
 pub(crate) use iq4::{fast_iq4xs, fast_iq4xs_multi};
+pub(crate) use k16::{fast_k16, fast_k16_multi};
 pub(crate) use panel::{decode_rows, pack_acts, panel_multiply};
 
 /// Folds `step(state, block, activations)` over a row's blocks with two
@@ -655,107 +656,6 @@ pub(crate) unsafe fn fast_q45k_multi<F: Format, const R: usize>(
 unsafe fn scale_pick(j: usize) -> __m256i {
     let j = j as i16;
     _mm256_set1_epi16(((2 * j + 1) << 8) | (2 * j))
-}
-
-/// Q6_K with Q8_K activations: unsigned quants (0..64) times the activations,
-/// with the offset -32 applied through the block sums.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn fast_q6k<F: Format>(w: &[u8], acts: &[BlockQ8K], out: &mut [f32]) {
-    by_rows!(fast_q6k_row::<F>, w, acts.len(), acts, out);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn fast_q6k_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
-    let mut acc = 0f32;
-    for (b, a) in row.chunks_exact(F::BYTES).zip(acts) {
-        let scales = _mm_loadu_si128(b[192..208].as_ptr().cast());
-        // -32 × Σ over the 16 runs of scale × (run sum of x), in eight lanes.
-        let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
-        let offsets = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), bsums);
-        let mut sumi = _mm256_slli_epi32::<5>(_mm256_sub_epi32(_mm256_setzero_si256(), offsets));
-        for h in 0..2 {
-            for (k, q) in q6k_half(b, h).into_iter().enumerate() {
-                let j = (8 * h + 2 * k) as u8;
-                let pick =
-                    _mm_set_epi64x(i64::from_le_bytes([j + 1; 8]), i64::from_le_bytes([j; 8]));
-                let scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
-                let p = _mm256_maddubs_epi16(q, load32_i8(&a.qs[128 * h + 32 * k..]));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale));
-            }
-        }
-        acc = scale_q6k(acc, hsum_i32(sumi), b, a.d);
-    }
-    acc
-}
-
-/// Adds a Q6_K super-block's product to `acc` from its exact integer total
-/// `sum` = Σ scale·((quants − 32)·activations) over its sub-blocks (the
-/// contract of the fast Q6_K kernels, AMX's included); `b` the weight
-/// block, `d` the activations' scale.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn scale_q6k(acc: f32, sum: i32, b: &[u8], d: f32) -> f32 {
-    (sum as f32).mul_add(f16_at(b, 208) * d, acc)
-}
-
-/// [`fast_q6k`] over `R` (2, 4, 6 or 8) activation rows at once, with
-/// [`fast_q45k_multi`]'s layout of `acts` and `out`: each weight block is
-/// decoded once for the `R` rows, and the results are bit for bit what
-/// [`fast_q6k`] gives (integer totals in any order, then the same
-/// floating-point steps, `scale_q6k`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn fast_q6k_multi<const R: usize>(
-    w: &[u8],
-    acts: &[BlockQ8K],
-    act_len: usize,
-    out: &mut [f32],
-) {
-    const { assert!(R <= 8) };
-    const BYTES: usize = QuantType::Q6K.block_bytes();
-    let n = out.len() / R;
-    let Some(row_bytes) = w.len().checked_div(n) else {
-        return;
-    };
-    let blocks = (row_bytes / BYTES).min(act_len);
-    let rows_acts = multi_rows_of::<R>(acts, act_len, blocks);
-    for (r, row) in rows_prefetched(w, row_bytes).enumerate() {
-        let mut acc = [0f32; R];
-        for (j, b) in row.chunks_exact(BYTES).take(blocks).enumerate() {
-            let scales = _mm_loadu_si128(b[192..208].as_ptr().cast());
-            let scales16 = _mm256_cvtepi8_epi16(scales);
-            // The block's quants and scales are decoded once, then each
-            // activation row's sum.
-            let mut quants = [_mm256_setzero_si256(); 8];
-            let mut picks = [_mm256_setzero_si256(); 8];
-            for h in 0..2 {
-                for (k, q) in q6k_half(b, h).into_iter().enumerate() {
-                    let jj = (8 * h + 2 * k) as u8;
-                    let pick = _mm_set_epi64x(
-                        i64::from_le_bytes([jj + 1; 8]),
-                        i64::from_le_bytes([jj; 8]),
-                    );
-                    quants[4 * h + k] = q;
-                    picks[4 * h + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
-                }
-            }
-            for (acc, a) in acc.iter_mut().zip(&rows_acts) {
-                let a = &a[j];
-                let bsums = _mm256_loadu_si256(a.bsums.as_ptr().cast());
-                let offsets = _mm256_madd_epi16(scales16, bsums);
-                let mut sumi =
-                    _mm256_slli_epi32::<5>(_mm256_sub_epi32(_mm256_setzero_si256(), offsets));
-                for (t, (q, scale)) in quants.iter().zip(&picks).enumerate() {
-                    let p = _mm256_maddubs_epi16(*q, load32_i8(&a.qs[32 * t..]));
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, *scale));
-                }
-                *acc = scale_q6k(*acc, hsum_i32(sumi), b, a.d);
-            }
-        }
-        for (i, acc) in acc.iter().enumerate() {
-            out[i * n + r] = *acc;
-        }
-    }
 }
 
 // ------------------------------------------------- activation quantization

@@ -1,12 +1,13 @@
-//! The exact kernels' decoding of Q4_K, Q6_K and IQ4_XS: each super-block of 256
+//! The exact kernels' decoding of Q2_K, Q3_K, Q4_K, Q6_K and IQ4_XS: each super-block of 256
 //! values as four quarters of 64 ([`ExactWeights`]), fed to every
 //! activation row through [`ExactSums::add`] like the 32-value formats, so
 //! the single-row and multi-row kernels give the same bits.
 //!
 //! A quarter's quants are widened byte → i32 straight from memory
 //! (`vpmovzxbd`), unpacked with shifts and masks, converted to f32 and
-//! scaled with one FMA: Q4_K `d·sc·q − dmin·m`, Q6_K `d·sc·q − 32·d·sc`
-//! (which is `d·sc·(q − 32)` rounded once, as ggml computes it). IQ4_XS's
+//! scaled with one FMA: Q2_K and Q4_K `d·sc·q − dmin·m`, Q6_K `d·sc·q −
+//! 32·d·sc` (which is `d·sc·(q − 32)` rounded once, as ggml computes it),
+//! Q3_K likewise with 4. IQ4_XS's
 //! indices pick their weights from the sub-block's table of 16, `d·(sc −
 //! 32)` times each value (`vpermps`, which reads an index's low four bits).
 //!
@@ -15,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::super::format::{
-    f16_at, iq4xs_scales, k4_scales_mins, marker, Format, IQ4_VALUES, QK_K,
+    f16_at, iq4xs_scales, k4_scales_mins, marker, q3k_scales_words, Format, IQ4_VALUES, QK_K,
 };
 use super::exact::{ExactRows, ExactSums, ExactWeights};
 
@@ -156,6 +157,82 @@ impl Quarters for marker::Q6K {
             );
             let scale = scales[4 * quarter + k];
             *w = scaled(q, scale, 32.0 * scale);
+        }
+        ExactWeights { w }
+    }
+}
+
+/// Plane `k / 2 + 2·(quarter % 2)` of Q2_K's or Q3_K's quants, values `16·k
+/// ..` of `quarter`: two bits of each of the 16 bytes at `16·(k % 2)` of
+/// the half's 32 quant bytes (from `at`), widened, the plane's index.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn plane(b: &[u8], at: usize, quarter: usize, k: usize) -> (__m512i, usize) {
+    let plane = 2 * (quarter % 2) + k / 2;
+    let bytes = widen16(b, at + 32 * (quarter / 2) + 16 * (k % 2));
+    let shift = _mm_cvtsi32_si128(2 * plane as i32);
+    let two_bits = _mm512_and_si512(_mm512_srl_epi32(bytes, shift), _mm512_set1_epi32(3));
+    (two_bits, 4 * (quarter / 2) + plane)
+}
+
+impl Quarters for marker::Q2K {
+    /// Per run of 16: `d·sc` and `dmin·m`.
+    type Scales = [(f32, f32); 16];
+
+    #[inline(always)]
+    fn scales(b: &[u8]) -> [(f32, f32); 16] {
+        let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+        let mut scales = [(0.0, 0.0); 16];
+        for (s, &sc) in scales.iter_mut().zip(&b[..16]) {
+            *s = (d * f32::from(sc & 0xF), dmin * f32::from(sc >> 4));
+        }
+        scales
+    }
+
+    /// The quants at `b[16..80]`, four 2-bit planes a 32-byte half.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quarter(b: &[u8], scales: &[(f32, f32); 16], quarter: usize) -> ExactWeights {
+        let mut w = [_mm512_setzero_ps(); 4];
+        for (k, w) in w.iter_mut().enumerate() {
+            let (q, _) = plane(b, 16, quarter, k);
+            let (scale, min) = scales[4 * quarter + k];
+            *w = scaled(q, scale, min);
+        }
+        ExactWeights { w }
+    }
+}
+
+impl Quarters for marker::Q3K {
+    /// Per run of 16: `d·(sc − 32)`.
+    type Scales = [f32; 16];
+
+    #[inline(always)]
+    fn scales(b: &[u8]) -> [f32; 16] {
+        let d = f16_at(b, 108);
+        let words = q3k_scales_words(&b[96..108]);
+        let mut scales = [0.0; 16];
+        for (j, s) in scales.iter_mut().enumerate() {
+            let sc = (words[j / 4] >> (8 * (j % 4))) as u8;
+            *s = d * f32::from(sc as i8 - 32);
+        }
+        scales
+    }
+
+    /// The low two bits as Q2_K's (at `b[32..96]`), the third from bit
+    /// `plane` of the mask bytes `b[..32]`: `q = low + 4·bit`, the weight
+    /// `(q − 4)·scale`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn quarter(b: &[u8], scales: &[f32; 16], quarter: usize) -> ExactWeights {
+        let mut w = [_mm512_setzero_ps(); 4];
+        for (k, w) in w.iter_mut().enumerate() {
+            let (low, plane) = plane(b, 32, quarter, k);
+            let mask = widen16(b, 16 * (k % 2));
+            let bit = _mm512_srl_epi32(mask, _mm_cvtsi32_si128(plane as i32));
+            let high = _mm512_slli_epi32::<2>(_mm512_and_si512(bit, _mm512_set1_epi32(1)));
+            let scale = scales[4 * quarter + k];
+            *w = scaled(_mm512_or_si512(low, high), scale, 4.0 * scale);
         }
         ExactWeights { w }
     }

@@ -1,7 +1,7 @@
 //! AMX products for the fast kernels of Q4_K and Q6_K, a super-block (256
 //! values) at a time.
 //!
-//! The contract (the AVX2 kernels', `scale_q45k` and `scale_q6k`) scales
+//! The contract (the AVX2 kernels', `scale_q45k` and `scale_k16`) scales
 //! exact integer totals per super-block: `I = Σ sc·Σ q·a` over the
 //! sub-blocks, `sc` their integer scales, and for Q4_K `M = Σ m·Σ a`, `m`
 //! their integer minimums. Here the weights are decoded already multiplied
