@@ -404,6 +404,14 @@ pub struct RuntimeArgs {
     #[arg(long)]
     pub check_weights: bool,
 
+    /// Quantize the checkpoint's float matrices at load (vLLM's flag):
+    /// `q8_0` stores them as GGUF Q8_0 blocks, the bytes `llama-quantize`
+    /// would write, read by the Q8_0 kernels on every device (about half
+    /// of bf16's bytes a decode step). Vectors (norms, biases) stay as
+    /// stored. Not with `--shape` (use `--shape-dtype q8_0`).
+    #[arg(long, value_enum, default_value_t = QuantizationArg::None)]
+    pub quantization: QuantizationArg,
+
     /// What the model is run as (vLLM's flag): `pooling` runs a Llama,
     /// Mistral, Qwen2 or Qwen3 checkpoint as an embedding model (the final
     /// hidden state of each text's last token, pooled and normalized as its
@@ -449,6 +457,25 @@ pub enum PrecisionArg {
     Fast,
     /// As `fast`, but the products where 8 bits lose most, the attention projections (queries, keys, values, output) and a gated MLP's down projection, carry their activations as two 8-bit digits: on the real-model prompts, a KL divergence from exact precision 2.7x (SmolLM2) to 7x (Qwen2.5, Gemma 3) below `fast`'s and at or below llama.cpp's on every prompt, at most of `fast`'s speed.
     FastResidual,
+}
+
+/// `--quantization`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuantizationArg {
+    /// Weights as stored.
+    None,
+    /// Float matrices as GGUF Q8_0 blocks.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl From<QuantizationArg> for crate::model::LoadQuantization {
+    fn from(arg: QuantizationArg) -> Self {
+        match arg {
+            QuantizationArg::None => Self::None,
+            QuantizationArg::Q8_0 => Self::Q8_0,
+        }
+    }
 }
 
 /// `--dtype`.

@@ -163,6 +163,7 @@ pub fn load_model_as(
         gemv_splits: Default::default(),
         dense_rows: None,
         runner,
+        quantization: Default::default(),
     };
     kiln_host::model::load(&registry, resolved, &options)
 }
@@ -209,6 +210,7 @@ pub fn shape_options(device: DeviceChoice) -> kiln_host::model::LoadOptions {
         gemv_splits: Default::default(),
         dense_rows: None,
         runner: Default::default(),
+        quantization: Default::default(),
     }
 }
 

@@ -244,6 +244,10 @@ fn benchmark_runs_a_shape_with_random_weights() {
         ),
         (vec!["--shape-dtype", "q4_k_m", "--model", shape], "--shape"),
         (
+            vec!["--shape", shape, "--quantization", "q8_0"],
+            "--shape's random weights take --shape-dtype",
+        ),
+        (
             vec![
                 "--url",
                 "http://127.0.0.1:9",

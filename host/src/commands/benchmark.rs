@@ -265,6 +265,10 @@ fn load(args: &BenchmarkArgs) -> anyhow::Result<Model> {
         args.shape.is_some() || args.shape_dtype.is_none(),
         "--shape-dtype applies to --shape's random weights; --model's are stored as its checkpoint says"
     );
+    anyhow::ensure!(
+        args.shape.is_none() || options.quantization == crate::model::LoadQuantization::None,
+        "--quantization applies to a checkpoint's weights; --shape's random weights take --shape-dtype (e.g. q8_0)"
+    );
     Ok(match (&args.model, &args.shape) {
         (_, Some(shape)) => synthetic::load(
             &registry,

@@ -92,5 +92,6 @@ fn load_options(runtime: &RuntimeArgs) -> anyhow::Result<LoadOptions> {
         gemv_splits: Default::default(),
         dense_rows: None,
         runner: runtime.runner,
+        quantization: runtime.quantization.into(),
     })
 }

@@ -12,6 +12,8 @@ use kiln_plugin_api::graph::Device;
 use kiln_plugin_api::{ArchConfig, ConfigRequest, GraphRequest, Task, WeightsFormat};
 
 use crate::checkpoint::gguf::GgufValue;
+use crate::checkpoint::quantize::quantize_matrices;
+pub use crate::checkpoint::quantize::LoadQuantization;
 use crate::checkpoint::{self, BoundWeights, Checkpoint, CheckpointError, TensorBytes};
 use crate::compiler::{CompileCache, CompileError, CompileOutcome};
 use crate::device::{self, DeviceChoice, DeviceError};
@@ -97,6 +99,8 @@ pub struct LoadOptions {
     pub dense_rows: Option<DenseRows>,
     /// What the model is run as (`--runner`).
     pub runner: Runner,
+    /// How float matrices are quantized at load (`--quantization`).
+    pub quantization: LoadQuantization,
 }
 
 /// A loaded model.
@@ -241,7 +245,17 @@ pub fn load(
                 hf_config: hf_config.clone(),
                 max_length: options.max_length,
             })?;
-            let bound = bind_weights(arch, &checkpoint, &hf_config)?;
+            let mut bound = bind_weights(arch, &checkpoint, &hf_config)?;
+            let quantized = quantize_matrices(&mut bound, options.quantization)?;
+            if quantized.matrices > 0 {
+                tracing::info!(
+                    "quantized {} matrices to {:?} at load: {:.1} MiB -> {:.1} MiB",
+                    quantized.matrices,
+                    options.quantization,
+                    quantized.bytes.0 as f64 / (1 << 20) as f64,
+                    quantized.bytes.1 as f64 / (1 << 20) as f64
+                );
+            }
             let options = &LoadOptions {
                 runner: options.runner.for_checkpoint(&hf_config, &arch.info.name),
                 ..options.clone()
