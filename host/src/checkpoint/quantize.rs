@@ -36,10 +36,17 @@ pub struct Quantized {
 /// Rows a task of the thread pool quantizes.
 const ROWS_PER_TASK: usize = 64;
 
+/// Where each weight starts in the shared buffer: a cache line.
+const ALIGN: usize = 64;
+
 /// Quantizes every float weight of `bound` that `llama-quantize` would
 /// quantize to Q8_0: those of two axes or more (matrices, stacked experts)
 /// whose rows are whole blocks of 32. Vectors (norms, biases) and other
-/// encodings stay as they are. The weights' logical types do not change.
+/// encodings keep their bytes. The weights' logical types do not change.
+///
+/// Every weight, quantized or copied, ends up in one buffer (in huge pages,
+/// as the CPU backend wants its weights), so nothing refers to the
+/// checkpoint's bytes any more: they are freed with the checkpoint.
 pub fn quantize_matrices(
     bound: &mut BoundWeights,
     how: LoadQuantization,
@@ -48,28 +55,75 @@ pub fn quantize_matrices(
         LoadQuantization::None => return Ok(Quantized::default()),
         LoadQuantization::Q8_0 => QuantType::Q8_0,
     };
-    let mut chosen: Vec<WeightData> = bound
-        .store
-        .iter()
-        .filter(|w| quantizable(w, ty))
-        .cloned()
-        .collect();
-    chosen.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+    let mut weights: Vec<WeightData> = bound.store.iter().cloned().collect();
+    weights.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+    // Each weight's encoding and place in the buffer.
+    let mut plan = Vec::with_capacity(weights.len());
+    let mut total = 0;
+    for weight in &weights {
+        let (encoding, len) = if quantizable(weight, ty) {
+            let cols = *weight.spec.shape.last().expect("a matrix") as usize;
+            let rows = weight.elements() / cols;
+            let row_bytes = ty.row_bytes(cols).map_err(|e| adaptation(weight, e))?;
+            (Encoding::Q8_0, rows * row_bytes)
+        } else {
+            (weight.spec.encoding, weight.bytes().len())
+        };
+        plan.push((encoding, total..total + len));
+        total = (total + len).next_multiple_of(ALIGN);
+    }
+    let mut buffer = HugePageBuffer::new(total.max(1))
+        .map_err(|e| CheckpointError::Adaptation(e.to_string()))?;
+    // Disjoint parts of the buffer, one a weight, filled in parallel.
+    let mut parts = Vec::with_capacity(weights.len());
+    let mut rest: &mut [u8] = &mut buffer;
+    let mut at = 0;
+    for (_, range) in &plan {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(range.start - at);
+        let (part, tail) = tail.split_at_mut(range.len());
+        parts.push(part);
+        rest = tail;
+        at = range.end;
+    }
+    weights
+        .par_iter()
+        .zip(&plan)
+        .zip(parts)
+        .try_for_each(|((weight, (encoding, _)), part)| {
+            if *encoding == weight.spec.encoding {
+                part.copy_from_slice(weight.bytes());
+                Ok(())
+            } else {
+                quantize_into(weight, ty, part)
+            }
+        })
+        .map_err(CheckpointError::Adaptation)?;
+
+    let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(buffer);
     let mut done = Quantized::default();
-    for weight in chosen {
-        let quantized = quantize(&weight, ty).map_err(CheckpointError::Adaptation)?;
-        done.matrices += 1;
-        done.bytes.0 += weight.bytes().len();
-        done.bytes.1 += quantized.bytes().len();
+    for (weight, (encoding, range)) in weights.iter().zip(plan) {
+        if encoding != weight.spec.encoding {
+            done.matrices += 1;
+            done.bytes.0 += weight.bytes().len();
+            done.bytes.1 += range.len();
+        }
+        let mut spec = weight.spec.clone();
+        spec.encoding = encoding;
+        let moved = WeightData::new(spec, Arc::clone(&owner), range);
         bound
             .state_dict
-            .insert(quantized.spec.name.clone(), quantized.spec.clone());
+            .insert(moved.spec.name.clone(), moved.spec.clone());
         bound
             .store
-            .insert(quantized)
+            .insert(moved)
             .map_err(CheckpointError::Adaptation)?;
     }
     Ok(done)
+}
+
+/// A weight's error as the checkpoint's.
+fn adaptation(weight: &WeightData, error: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Adaptation(format!("`{}`: {error}", weight.spec.name))
 }
 
 /// Whether `weight` is a float tensor of two axes or more with rows of
@@ -87,13 +141,10 @@ fn quantizable(weight: &WeightData, ty: QuantType) -> bool {
             .is_some_and(|&cols| cols > 0 && (cols as usize).is_multiple_of(ty.block_elems()))
 }
 
-/// `weight` as `ty` blocks, row by row on the thread pool.
-fn quantize(weight: &WeightData, ty: QuantType) -> Result<WeightData, String> {
+/// `weight` as `ty` blocks into `out`, rows by tasks of the thread pool.
+fn quantize_into(weight: &WeightData, ty: QuantType, out: &mut [u8]) -> Result<(), String> {
     let cols = *weight.spec.shape.last().expect("a matrix") as usize;
-    let rows = weight.elements() / cols;
     let row_bytes = ty.row_bytes(cols).map_err(|e| e.to_string())?;
-    let mut out = HugePageBuffer::new(rows * row_bytes)
-        .map_err(|e| format!("`{}`: {e}", weight.spec.name))?;
     out.par_chunks_mut(ROWS_PER_TASK * row_bytes)
         .enumerate()
         .try_for_each(|(task, bytes)| {
@@ -108,13 +159,8 @@ fn quantize(weight: &WeightData, ty: QuantType) -> Result<WeightData, String> {
                 quantize_row_q8_0(x, row).map_err(|e| e.to_string())?;
             }
             Ok::<_, String>(())
-        })?;
-    let mut spec = weight.spec.clone();
-    spec.encoding = Encoding::Q8_0;
-    let len = out.len();
-    let quantized = WeightData::new(spec, Arc::new(out), 0..len);
-    quantized.validate()?;
-    Ok(quantized)
+        })
+        .map_err(|e| format!("`{}`: {e}", weight.spec.name))
 }
 
 #[cfg(test)]
@@ -171,11 +217,16 @@ mod tests {
                 assert!((got - want).abs() <= tolerance, "{got} vs {want}");
             }
         }
-        for name in ["norm.weight", "odd.weight"] {
-            assert_eq!(
-                bound.store.get(name).unwrap().spec.encoding,
-                Encoding::Float32
-            );
+        // The others keep their encoding and bytes, moved to the new buffer.
+        for (name, rows, values) in [
+            ("norm.weight", 1, &values[..64]),
+            ("odd.weight", 2, &values[..96]),
+        ] {
+            let weight = bound.store.get(name).unwrap();
+            assert_eq!(weight.spec.encoding, Encoding::Float32);
+            let mut decoded = vec![0f32; values.len()];
+            weight.decode_rows(0..rows, &mut decoded).unwrap();
+            assert_eq!(decoded, values);
         }
     }
 }

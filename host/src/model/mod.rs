@@ -229,8 +229,9 @@ pub fn load(
     options: &LoadOptions,
 ) -> Result<Model, ModelError> {
     // The CPU backend streams the weights from host memory at every decode
-    // step: best from huge pages. A CUDA backend copies them away.
-    let bytes = if options.device.is_cuda() {
+    // step: best from huge pages. A CUDA backend copies them away, and
+    // quantizing at load writes them anew (in huge pages).
+    let bytes = if options.device.is_cuda() || options.quantization != LoadQuantization::None {
         TensorBytes::Mapped
     } else {
         TensorBytes::HugePages
