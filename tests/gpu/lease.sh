@@ -151,6 +151,9 @@ part kiln-iq4_xs 60 env KILN_BENCH_SHAPES="llama3-8b:iq4_xs" bench/gpu/run.sh ki
 # Q3_K_M read packed (since 2026-12-04, built without a GPU; 3.44 bits a
 # weight in Q3_K, 4.5 in the Q4_K of v, o and down).
 part kiln-q3_k_m 60 env KILN_BENCH_SHAPES="llama3-8b:q3_k_m" bench/gpu/run.sh kiln
+# Q8_0, what `--quantization q8_0` makes of a bf16 checkpoint (8.5 bits a
+# weight: a batch-1 step reads 8.5 GB where bf16 reads 16).
+part kiln-q8_0 60 env KILN_BENCH_SHAPES="llama3-8b:q8_0" bench/gpu/run.sh kiln
 # Drafted decode steps (speculative decoding) against plain ones.
 part speculative 60 env KILN_BENCH_SHAPES="llama3.2-1b:bf16" bench/gpu/run.sh speculative
 # The fp8 KV cache against bf16 where attention reads as much as the weights.

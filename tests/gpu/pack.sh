@@ -14,7 +14,7 @@ rm -rf .gpu && mkdir -p .gpu/stage1 .gpu/stage2 .gpu/suite/wheels
 
 echo "== build (release)"
 cargo build --release --locked -p kiln-host
-tests=(tiny_models tiny_families tiny_gguf verify serve serve_outputs cuda_nvrtc cuda_quantized cuda_dense_rows cuda_gemv_splits cuda_graphs cuda_kv_cache cuda_latent_attention async_scheduling speculative benchmark)
+tests=(tiny_models tiny_families tiny_gguf verify serve serve_outputs cuda_nvrtc cuda_quantized load_quantization cuda_dense_rows cuda_gemv_splits cuda_graphs cuda_kv_cache cuda_latent_attention async_scheduling speculative benchmark)
 args=()
 for t in "${tests[@]}"; do args+=(--test "$t"); done
 cargo test --release --locked -p kiln-tests --no-run "${args[@]}" --message-format=json-render-diagnostics \

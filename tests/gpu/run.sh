@@ -111,6 +111,7 @@ suite half-checkpoints "$bin/tiny_models" bf16_and_f16 --test-threads 1
 suite tiny-families-1.5 "$bin/tiny_families" on_the_cuda_backend --test-threads 1
 suite tiny-ggufs "$bin/tiny_gguf" on_the_cuda_backend --nocapture
 suite packed-gguf "$bin/cuda_quantized" --nocapture
+suite load-quantization "$bin/load_quantization" --nocapture
 suite dense-rows "$bin/cuda_dense_rows" --nocapture
 suite gemv-splits "$bin/cuda_gemv_splits" --nocapture
 suite decode-graphs "$bin/cuda_graphs" --nocapture
