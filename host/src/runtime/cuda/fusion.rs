@@ -715,9 +715,9 @@ mod tests {
 
     #[test]
     fn products_sharing_x_launch_together_with_the_odd_format_last() {
-        use crate::runtime::cuda::weights::Packed;
-        let w = |p: Packed| DeviceMatrix::unplaced(Some(p), 1024, 4096);
-        let steps = |members: &[(usize, Packed)]| {
+        use kiln_kernels::quant::QuantType;
+        let w = |p: QuantType| DeviceMatrix::unplaced(Some(p), 1024, 4096);
+        let steps = |members: &[(usize, QuantType)]| {
             let members = members.iter().map(|&(s, p)| (s, w(p), ())).collect();
             let launches = launches_of(members);
             launches
@@ -725,7 +725,7 @@ mod tests {
                 .map(|l| l.iter().map(|&(s, _, _)| s).collect::<Vec<_>>())
                 .collect::<Vec<_>>()
         };
-        let (q4, q6, q8) = (Packed::Q4K, Packed::Q6K, Packed::Q8_0);
+        let (q4, q6, q8) = (QuantType::Q4K, QuantType::Q6K, QuantType::Q8_0);
         assert_eq!(steps(&[(0, q4), (1, q4), (2, q6)]), [vec![0, 1, 2]]);
         assert_eq!(steps(&[(0, q4), (1, q6), (2, q4)]), [vec![0, 2, 1]]);
         // No kernel pairs Q8_0 with Q6_K, nor takes three formats.
@@ -734,7 +734,7 @@ mod tests {
             steps(&[(0, q4), (1, q6), (2, q8)]),
             [vec![0], vec![1], vec![2]]
         );
-        let five: Vec<(usize, Packed)> = (0..5).map(|s| (s, q4)).collect();
+        let five: Vec<(usize, QuantType)> = (0..5).map(|s| (s, q4)).collect();
         assert_eq!(steps(&five), [vec![0, 1, 2, 3], vec![4]]);
     }
 

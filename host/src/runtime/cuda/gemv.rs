@@ -5,6 +5,7 @@
 //! rotation with the cache write, greedy's picks.
 
 use kiln_kernels::cuda::{DevicePtr, GemmType, KernelArg, WeightLayout};
+use kiln_kernels::quant::QuantType;
 
 use super::attention::CacheTarget;
 use super::fusion::{GatedActivation, GatedProduct};
@@ -101,7 +102,7 @@ pub struct GemvGroup {
     /// How many share the launch.
     pub count: usize,
     /// The last one's format, where it differs from the first's.
-    pub last: Option<Packed>,
+    pub last: Option<QuantType>,
 }
 
 impl GemvGroup {
@@ -322,14 +323,14 @@ pub fn group_arg(
 mod tests {
     use super::*;
 
-    fn matrix(packed: Packed, rows: usize) -> DeviceMatrix {
+    fn matrix(packed: QuantType, rows: usize) -> DeviceMatrix {
         DeviceMatrix::unplaced(Some(packed), rows, 4096)
     }
 
     #[test]
     fn a_group_takes_one_format_or_a_paired_last_one() {
-        let (q, k) = (matrix(Packed::Q4K, 4096), matrix(Packed::Q4K, 1024));
-        let v = matrix(Packed::Q6K, 1024);
+        let (q, k) = (matrix(QuantType::Q4K, 4096), matrix(QuantType::Q4K, 1024));
+        let v = matrix(QuantType::Q6K, 1024);
         let kernel = |members: &[DeviceMatrix], m| GemvGroup::of(members)?.kernel(m);
         assert_eq!(kernel(&[q, k, k], 1), Some("kiln_gemv_q4_k_m1"));
         assert_eq!(kernel(&[q, k, v], 1), Some("kiln_gemv_q4_k_q6_k_m1"));
@@ -338,11 +339,11 @@ mod tests {
         // The odd format only last, and only where a kernel pairs the two.
         assert!(GemvGroup::of(&[q, v, k]).is_none());
         assert!(GemvGroup::of(&[v, v, q]).is_none());
-        let q5 = matrix(Packed::Q5K, 1024);
+        let q5 = matrix(QuantType::Q5K, 1024);
         assert_eq!(kernel(&[q5, v], 8), Some("kiln_gemv_q5_k_q6_k"));
         assert!(GemvGroup::of(&[q, q5]).is_none());
         assert!(GemvGroup::of(&[q, DeviceMatrix::unplaced(None, 1024, 4096)]).is_none());
-        let narrow = DeviceMatrix::unplaced(Some(Packed::Q6K), 1024, 2048);
+        let narrow = DeviceMatrix::unplaced(Some(QuantType::Q6K), 1024, 2048);
         assert!(GemvGroup::of(&[q, narrow]).is_none());
         // 8-bit x: the `_x8` kernels.
         let x8 = |w: DeviceMatrix| DeviceMatrix {
@@ -363,7 +364,7 @@ mod tests {
         assert_eq!(gemv(&dense, 1), Some("kiln_gemv_bf16_m1"));
         assert_eq!(gemv(&dense, 2), Some("kiln_gemv_bf16"));
         assert_eq!(gemv(&dense, 3), None);
-        let packed = matrix(Packed::Q4K, 4096);
+        let packed = matrix(QuantType::Q4K, 4096);
         assert_eq!(gemv(&packed, 8), Some("kiln_gemv_q4_k"));
         assert_eq!(gemv(&packed, 9), None);
         // KILN_DENSE_GEMV_ROWS moves the line, within the kernels' rows.

@@ -10,6 +10,7 @@
 //! keeps some `ffn_down_exps` in Q6_K).
 
 use kiln_kernels::cuda::{Device, DevicePtr, GemmType, KernelArg, LaunchConfig};
+use kiln_kernels::quant::QuantType;
 use kiln_plugin_api::graph::{MoeRouting, MoeSpec};
 
 use super::fusion::GatedActivation;
@@ -117,7 +118,7 @@ pub fn plan(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Storage {
     /// GGUF blocks, read packed.
-    Packed(Packed),
+    Packed(QuantType),
     /// Rows of one element type.
     Dense(GemmType),
 }

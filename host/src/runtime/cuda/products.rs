@@ -28,7 +28,7 @@ use super::plan::{RotatingGroup, StepPlan};
 use super::qmm::{self, QmmLaunch};
 use super::stacked::{Stack, IN_PLACE_MAX_M};
 use super::tune::{GemvShape, RowPairs};
-use super::weights::DeviceMatrix;
+use super::weights::{DeviceMatrix, Packed};
 
 /// `(n, k)` of a product over `w` stored as `layout`.
 fn product_dims(w: &DeviceMatrix, layout: WeightLayout) -> (usize, usize) {
@@ -372,7 +372,7 @@ impl Frame<'_> {
         let weights = match w.packed {
             None => w.ptr,
             Some(packed) => {
-                let blocks = w.rows * w.cols / packed.quant_type().block_elems();
+                let blocks = w.rows * w.cols / packed.block_elems();
                 self.launch(
                     packed.kernels().dequant,
                     LaunchConfig::elementwise(blocks * packed.lanes()),
@@ -692,15 +692,15 @@ impl Frame<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::cuda::weights::Packed;
+    use kiln_kernels::quant::QuantType;
 
-    fn matrix(packed: Option<Packed>, rows: usize, cols: usize) -> DeviceMatrix {
+    fn matrix(packed: Option<QuantType>, rows: usize, cols: usize) -> DeviceMatrix {
         DeviceMatrix::unplaced(packed, rows, cols)
     }
 
     #[test]
     fn packed_products_between_the_gemv_and_cublas_run_on_tensor_cores() {
-        let o_proj = matrix(Some(Packed::Q4K), 4096, 4096);
+        let o_proj = matrix(Some(QuantType::Q4K), 4096, 4096);
         let route = |w: &DeviceMatrix, m| route(w, WeightLayout::OutIn, m);
         assert_eq!(route(&o_proj, 8), Route::Gemv);
         let qmm = QmmLaunch::of(&[o_proj], false, 9).map(Route::Qmm);
@@ -713,7 +713,7 @@ mod tests {
 
     #[test]
     fn gated_products_write_their_activation_on_the_gemv_and_tensor_cores() {
-        let up = matrix(Some(Packed::Q4K), 14336, 4096);
+        let up = matrix(Some(QuantType::Q4K), 14336, 4096);
         assert!(writes_activation(&up, 8) && writes_activation(&up, 9));
         assert!(writes_activation(&up, 64) && !writes_activation(&up, 65));
         let dense = matrix(None, 14336, 4096);
@@ -731,7 +731,7 @@ mod tests {
     fn gemvs_on_8_bit_x_have_their_kernels_and_scratch() {
         let w = DeviceMatrix {
             int8_activations: true,
-            ..matrix(Some(Packed::Q4K), 1024, 4096)
+            ..matrix(Some(QuantType::Q4K), 1024, 4096)
         };
         let gemv = |m| gemv_kernel(&w, WeightLayout::OutIn, m);
         assert_eq!(gemv(1), Some("kiln_gemv_q4_k_x8_m1"));
@@ -746,11 +746,11 @@ mod tests {
 
     #[test]
     fn scratch_holds_x_in_bf16_and_the_partial_sums() {
-        let w = matrix(Some(Packed::Q4K), 1024, 4096);
+        let w = matrix(Some(QuantType::Q4K), 1024, 4096);
         let (offset, total) = product_scratch(&w, WeightLayout::OutIn, 64 * 4096);
         assert_eq!(offset, 64 * 4096 * 2);
         assert_eq!(total, offset + 16 * 64 * 1024 * 4);
-        let wide = matrix(Some(Packed::Q4K), 128_256, 4096);
+        let wide = matrix(Some(QuantType::Q4K), 128_256, 4096);
         let (offset, total) = product_scratch(&wide, WeightLayout::OutIn, 16 * 4096);
         assert_eq!((offset, total), (16 * 4096 * 2, 16 * 4096 * 2));
     }
@@ -758,10 +758,10 @@ mod tests {
     #[test]
     fn a_mixed_group_past_the_gemv_runs_each_format_on_tensor_cores() {
         let (q, k) = (
-            matrix(Some(Packed::Q4K), 4096, 4096),
-            matrix(Some(Packed::Q4K), 1024, 4096),
+            matrix(Some(QuantType::Q4K), 4096, 4096),
+            matrix(Some(QuantType::Q4K), 1024, 4096),
         );
-        let v = matrix(Some(Packed::Q6K), 1024, 4096);
+        let v = matrix(Some(QuantType::Q6K), 1024, 4096);
         let members = vec![(q, 0), (k, 1), (v, 2)];
         let runs: Vec<usize> = format_runs(&members).map(<[_]>::len).collect();
         assert_eq!(runs, [2, 1]);

@@ -13,7 +13,7 @@ use super::fusion::GatedActivation;
 use super::gemv::gemv_max_rows;
 use super::launch::Frame;
 use super::products::storage_code;
-use super::weights::DeviceMatrix;
+use super::weights::{DeviceMatrix, Packed};
 
 /// Most rows of x the tensor-core product of packed blocks takes. Past it
 /// cuBLAS on the matrix expanded to bf16 wins: by arithmetic, the product
@@ -239,9 +239,9 @@ impl Frame<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::cuda::weights::Packed;
+    use kiln_kernels::quant::QuantType;
 
-    fn matrix(packed: Option<Packed>, rows: usize, cols: usize) -> DeviceMatrix {
+    fn matrix(packed: Option<QuantType>, rows: usize, cols: usize) -> DeviceMatrix {
         DeviceMatrix::unplaced(packed, rows, cols)
     }
 
@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn packed_products_between_the_gemv_and_cublas_run_here() {
-        let q4k = Some(Packed::Q4K);
+        let q4k = Some(QuantType::Q4K);
         let o_proj = matrix(q4k, 4096, 4096);
         for m in [8, 65] {
             assert_eq!(QmmLaunch::of(&[o_proj], false, m), None, "{m} rows");
@@ -276,19 +276,19 @@ mod tests {
         );
         let down = launch(&[matrix(q4k, 4096, 14336)], false, 17);
         assert_eq!((down.kernel, down.grid.2), ("kiln_qmm_q4_k", 8));
-        let head = launch(&[matrix(Some(Packed::Q6K), 128_256, 4096)], false, 9);
+        let head = launch(&[matrix(Some(QuantType::Q6K), 128_256, 4096)], false, 9);
         assert_eq!(
             (head.kernel, head.grid),
             ("kiln_qmm_q6_k_m16", (2004, 1, 1))
         );
         // Splits never outnumber the matrix's stretches of 128 columns.
-        let short = launch(&[matrix(Some(Packed::Q8_0), 64, 288)], false, 64);
+        let short = launch(&[matrix(Some(QuantType::Q8_0), 64, 288)], false, 64);
         assert_eq!((short.grid, short.k_split), ((1, 1, 3), 128));
     }
 
     #[test]
     fn a_group_is_one_grid_of_its_members_tiles() {
-        let q4k = Some(Packed::Q4K);
+        let q4k = Some(QuantType::Q4K);
         let (q, kv) = (matrix(q4k, 4096, 4096), matrix(q4k, 1024, 4096));
         // q, k and v: 64 + 16 + 16 tiles, split five ways at 64 rows: one
         // wave of 528 blocks, 7 + 1 stretches each (eleven ways would be two
@@ -307,7 +307,7 @@ mod tests {
         assert_eq!((gated.partial_bytes(64), gated.counter_bytes()), (0, 0));
         // Members of other formats or widths, or more than four, or an
         // unequal gated pair, are not one launch.
-        let q8 = matrix(Some(Packed::Q8_0), 1024, 4096);
+        let q8 = matrix(Some(QuantType::Q8_0), 1024, 4096);
         assert_eq!(QmmLaunch::of(&[q, q8], false, 16), None);
         assert_eq!(
             QmmLaunch::of(&[q, matrix(q4k, 1024, 2048)], false, 16),

@@ -238,7 +238,7 @@ mod tests {
         assert!(Stack::of(&[q, v], 12, GemmType::F32).is_none());
         assert!(Stack::of(&[k, q], 12, GemmType::F32).is_none());
         assert!(Stack::of(&[q], 12, GemmType::F32).is_none());
-        let packed = Some(weights::Packed::Q8_0);
+        let packed = Some(kiln_kernels::quant::QuantType::Q8_0);
         let packed = DeviceMatrix::placed(0x1000 + 64 * 256 * 2, GemmType::BF16, packed, (16, 256));
         assert!(Stack::of(&[q, packed], 12, GemmType::F32).is_none());
         let odd = at(0x1000 + 64 * 256 * 2, 6);

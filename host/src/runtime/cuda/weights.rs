@@ -38,7 +38,7 @@ pub struct DeviceMatrix {
     /// Element type (of the GEMM's operands, for a packed matrix).
     pub ty: GemmType,
     /// The GGUF blocks it is stored in, if packed.
-    pub packed: Option<Packed>,
+    pub packed: Option<QuantType>,
     /// Rows (the first axis).
     pub rows: usize,
     /// Columns (the last axis).
@@ -62,7 +62,7 @@ impl DeviceMatrix {
     pub fn placed(
         ptr: DevicePtr,
         ty: GemmType,
-        packed: Option<Packed>,
+        packed: Option<QuantType>,
         (rows, cols): (usize, usize),
     ) -> Self {
         Self {
@@ -82,7 +82,7 @@ impl DeviceMatrix {
 impl DeviceMatrix {
     /// A bf16 matrix, or one `packed`, at address 0: for tests of launch
     /// shapes and routes.
-    pub fn unplaced(packed: Option<Packed>, rows: usize, cols: usize) -> Self {
+    pub fn unplaced(packed: Option<QuantType>, rows: usize, cols: usize) -> Self {
         Self::placed(0, GemmType::BF16, packed, (rows, cols))
     }
 }
@@ -91,40 +91,10 @@ impl DeviceMatrix {
     /// Bytes it takes on the device.
     pub fn bytes(&self) -> usize {
         match self.packed {
-            Some(p) => p.quant_type().row_bytes(self.cols).unwrap_or(0) * self.rows,
+            Some(p) => p.row_bytes(self.cols).unwrap_or(0) * self.rows,
             None => self.rows * self.cols * self.ty.size(),
         }
     }
-}
-
-/// The GGUF block formats kept packed on the device, and the kernels of
-/// `gemv.cuh` and `moe.cu` that read them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Packed {
-    /// Q8_0 blocks.
-    Q8_0,
-    /// Q4_0 blocks.
-    Q4_0,
-    /// Q5_0 blocks.
-    Q5_0,
-    /// Q4_1 blocks.
-    Q4_1,
-    /// Q5_1 blocks.
-    Q5_1,
-    /// Q2_K super-blocks.
-    Q2K,
-    /// Q3_K super-blocks.
-    Q3K,
-    /// Q4_K super-blocks.
-    Q4K,
-    /// Q5_K super-blocks.
-    Q5K,
-    /// Q6_K super-blocks.
-    Q6K,
-    /// IQ4_NL blocks.
-    Iq4Nl,
-    /// IQ4_XS super-blocks.
-    Iq4Xs,
 }
 
 /// The kernels that read one packed format.
@@ -146,57 +116,34 @@ pub struct PackedKernels {
     pub moe: [&'static str; 2],
 }
 
-impl Packed {
-    /// The packed format of blocks of `ty` (every GGUF block format has
-    /// its kernels).
-    pub fn of(ty: QuantType) -> Self {
-        match ty {
-            QuantType::Q8_0 => Self::Q8_0,
-            QuantType::Q4_0 => Self::Q4_0,
-            QuantType::Q5_0 => Self::Q5_0,
-            QuantType::Q4_1 => Self::Q4_1,
-            QuantType::Q5_1 => Self::Q5_1,
-            QuantType::Q2K => Self::Q2K,
-            QuantType::Q3K => Self::Q3K,
-            QuantType::Q4K => Self::Q4K,
-            QuantType::Q5K => Self::Q5K,
-            QuantType::Q6K => Self::Q6K,
-            QuantType::IQ4NL => Self::Iq4Nl,
-            QuantType::IQ4XS => Self::Iq4Xs,
-        }
-    }
-
+/// A GGUF block format kept packed on the device: the kernels of
+/// `gemv.cuh`, `qmatmul.cu` and `moe.cu` that read it (every format Kiln
+/// reads has them).
+pub trait Packed: Sized {
     /// Threads a block is split among (`LANES` in `gguf_blocks.cuh`): the
     /// expansion to bf16 takes a thread per lane part.
-    pub fn lanes(self) -> usize {
+    fn lanes(self) -> usize;
+    /// Its kernels: every name is the kind's prefix and the format's
+    /// suffix (`kiln_gemv_q4_k`, `kiln_qmm_q4_k_m16`, …).
+    fn kernels(self) -> PackedKernels;
+    /// The decode GEMVs of a group whose matrices are in this format but
+    /// the last, which is in `last` (`gemv_blocks`' LAST in gemv.cuh: the
+    /// K-quants with the v that llama.cpp's files keep at more bits, Q6_K
+    /// in Q4_K_M and Q5_K_M, Q4_K or Q5_K in Q3_K_M, Q3_K or Q4_K in Q2_K):
+    /// for several rows of x and one, then on 8-bit x likewise.
+    fn mixed_gemv(self, last: Self) -> Option<[&'static str; 4]>;
+}
+
+impl Packed for QuantType {
+    fn lanes(self) -> usize {
         match self {
-            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::Q4_1 | Self::Q5_1 | Self::Iq4Nl => 4,
-            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Iq4Xs => 8,
+            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 | Self::Q4_1 | Self::Q5_1 | Self::IQ4NL => 4,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::IQ4XS => 8,
             Self::Q6K => 32,
         }
     }
 
-    /// The block format.
-    pub fn quant_type(self) -> QuantType {
-        match self {
-            Self::Q8_0 => QuantType::Q8_0,
-            Self::Q4_0 => QuantType::Q4_0,
-            Self::Q5_0 => QuantType::Q5_0,
-            Self::Q4_1 => QuantType::Q4_1,
-            Self::Q5_1 => QuantType::Q5_1,
-            Self::Q2K => QuantType::Q2K,
-            Self::Q3K => QuantType::Q3K,
-            Self::Q4K => QuantType::Q4K,
-            Self::Q5K => QuantType::Q5K,
-            Self::Q6K => QuantType::Q6K,
-            Self::Iq4Nl => QuantType::IQ4NL,
-            Self::Iq4Xs => QuantType::IQ4XS,
-        }
-    }
-
-    /// Its kernels: every name is the kind's prefix and the format's
-    /// suffix (`kiln_gemv_q4_k`, `kiln_qmm_q4_k_m16`, …).
-    pub fn kernels(self) -> PackedKernels {
+    fn kernels(self) -> PackedKernels {
         macro_rules! kernels_of {
             ($f:literal) => {
                 PackedKernels {
@@ -227,19 +174,12 @@ impl Packed {
             Self::Q4K => kernels_of!("q4_k"),
             Self::Q5K => kernels_of!("q5_k"),
             Self::Q6K => kernels_of!("q6_k"),
-            Self::Iq4Nl => kernels_of!("iq4_nl"),
-            Self::Iq4Xs => kernels_of!("iq4_xs"),
+            Self::IQ4NL => kernels_of!("iq4_nl"),
+            Self::IQ4XS => kernels_of!("iq4_xs"),
         }
     }
-}
 
-impl Packed {
-    /// The decode GEMVs of a group whose matrices are in this format but
-    /// the last, which is in `last` (`gemv_blocks`' LAST in gemv.cuh: the
-    /// K-quants with the v that llama.cpp's files keep at more bits, Q6_K
-    /// in Q4_K_M and Q5_K_M, Q4_K or Q5_K in Q3_K_M, Q3_K or Q4_K in Q2_K):
-    /// for several rows of x and one, then on 8-bit x likewise.
-    pub fn mixed_gemv(self, last: Self) -> Option<[&'static str; 4]> {
+    fn mixed_gemv(self, last: Self) -> Option<[&'static str; 4]> {
         macro_rules! mixed {
             ($f:literal) => {
                 [
@@ -263,9 +203,8 @@ impl Packed {
 }
 
 /// The block format `weight` keeps on the device, where `dtype` allows.
-pub fn packed_format(weight: &WeightData, dtype: WeightDtype) -> Option<Packed> {
-    let ty = weight.quant_type().filter(|_| dtype == WeightDtype::Auto)?;
-    Some(Packed::of(ty))
+pub fn packed_format(weight: &WeightData, dtype: WeightDtype) -> Option<QuantType> {
+    weight.quant_type().filter(|_| dtype == WeightDtype::Auto)
 }
 
 /// The kernel that reads embedding rows of `table`.
@@ -293,7 +232,7 @@ pub fn upload_matrix(
     device: &dyn Device,
     weight: &WeightData,
     ty: GemmType,
-    packed: Option<Packed>,
+    packed: Option<QuantType>,
 ) -> Result<DeviceMatrix, CudaError> {
     let ptr = upload(
         device,
@@ -346,7 +285,7 @@ fn matrix_dims(weight: &WeightData) -> (usize, usize) {
 fn matrix_bytes(
     weight: &WeightData,
     ty: GemmType,
-    packed: Option<Packed>,
+    packed: Option<QuantType>,
 ) -> Result<Vec<u8>, CudaError> {
     Ok(match (ty, weight.spec.encoding) {
         _ if packed.is_some() => weight.bytes().to_vec(),
