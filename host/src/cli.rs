@@ -407,8 +407,10 @@ pub struct RuntimeArgs {
     /// Quantize the checkpoint's float matrices at load (vLLM's flag):
     /// `q8_0` stores them as GGUF Q8_0 blocks, the bytes `llama-quantize`
     /// would write, read by the Q8_0 kernels on every device (about half
-    /// of bf16's bytes a decode step). Vectors (norms, biases) stay as
-    /// stored. Not with `--shape` (use `--shape-dtype q8_0`).
+    /// of bf16's bytes a decode step); `q4_0` as Q4_0 blocks (4.5 bits a
+    /// weight), the vocabulary's matrices (embeddings, LM head) as Q8_0.
+    /// Vectors (norms, biases) stay as stored. Not with `--shape` (use
+    /// `--shape-dtype`).
     #[arg(long, value_enum, default_value_t = QuantizationArg::None)]
     pub quantization: QuantizationArg,
 
@@ -467,6 +469,9 @@ pub enum QuantizationArg {
     /// Float matrices as GGUF Q8_0 blocks.
     #[value(name = "q8_0")]
     Q8_0,
+    /// Float matrices as GGUF Q4_0 blocks (the vocabulary's as Q8_0).
+    #[value(name = "q4_0")]
+    Q4_0,
 }
 
 impl From<QuantizationArg> for crate::model::LoadQuantization {
@@ -474,6 +479,7 @@ impl From<QuantizationArg> for crate::model::LoadQuantization {
         match arg {
             QuantizationArg::None => Self::None,
             QuantizationArg::Q8_0 => Self::Q8_0,
+            QuantizationArg::Q4_0 => Self::Q4_0,
         }
     }
 }

@@ -1,18 +1,20 @@
-//! `--quantization q8_0`: a checkpoint's float matrices quantized at load.
+//! `--quantization q8_0|q4_0`: a checkpoint's float matrices quantized at
+//! load.
 //!
 //! The exact products of the quantized model equal (up to summation order)
 //! those of the same model whose matrices were quantized and dequantized
-//! beforehand with ggml's Q8_0 rounding, and differ from the unquantized
-//! model's: the quantization happened, with ggml's blocks. The CUDA backend
-//! reads the same blocks through its packed Q8_0 kernels and agrees with the
-//! CPU step by step. A dense model and one with experts.
+//! beforehand with ggml's rounding (Q4_0's vocabulary matrices in Q8_0),
+//! and differ from the unquantized model's: the quantization happened, with
+//! ggml's blocks. The CUDA backend reads the same blocks through its packed
+//! kernels and agrees with the CPU step by step. A dense model and one with
+//! experts.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use kiln_host::engine::Generator;
 use kiln_host::model::{LoadOptions, LoadQuantization, Model};
-use kiln_kernels::quant::{dequantize_row, quantize_row_q8_0, QuantType};
+use kiln_kernels::quant::{dequantize_row, quantize_row, QuantType};
 use kiln_tests::models::{
     cuda_test_device, relative_difference, shape_options, tiny_model, write_model_dir, DeviceChoice,
 };
@@ -44,11 +46,13 @@ fn logits(model: &Model) -> Vec<Vec<f32>> {
 }
 
 /// `weights` with every matrix whose rows are whole blocks of 32 replaced
-/// by its Q8_0 blocks decoded (what the quantized model computes with).
-fn rounded_through_q8_0(
+/// by its blocks decoded (what the quantized model computes with): `ty`'s,
+/// or Q8_0's for the `vocab` rows of Q4_0's vocabulary matrices.
+fn rounded_through(
     weights: &BTreeMap<String, FixtureTensor>,
+    ty: QuantType,
+    vocab: usize,
 ) -> BTreeMap<String, FixtureTensor> {
-    let ty = QuantType::Q8_0;
     weights
         .iter()
         .map(|(name, tensor)| {
@@ -56,12 +60,17 @@ fn rounded_through_q8_0(
             if tensor.shape.len() < 2 || !cols.is_multiple_of(32) {
                 return (name.clone(), tensor.clone());
             }
+            let ty = if tensor.shape[0] == vocab {
+                QuantType::Q8_0
+            } else {
+                ty
+            };
             let values: Vec<f32> = tensor.values().iter().map(|&v| v as f32).collect();
             let mut rounded = Vec::with_capacity(values.len());
             let mut blocks = vec![0u8; ty.row_bytes(cols).unwrap()];
             let mut row = vec![0f32; cols];
             for x in values.chunks_exact(cols) {
-                quantize_row_q8_0(x, &mut blocks).unwrap();
+                quantize_row(ty, x, &mut blocks).unwrap();
                 dequantize_row(ty, &blocks, &mut row).unwrap();
                 rounded.extend(row.iter().map(|&v| f64::from(v)));
             }
@@ -75,46 +84,55 @@ fn rounded_through_q8_0(
 
 fn check(fixture: &str) {
     let (config, weights) = tiny_model(fixture);
-    let (original, rounded) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let vocab = config["vocab_size"].as_u64().unwrap() as usize;
+    let original = tempfile::tempdir().unwrap();
     write_model_dir(&config, &weights, original.path(), false);
-    write_model_dir(
-        &config,
-        &rounded_through_q8_0(&weights),
-        rounded.path(),
-        false,
-    );
-
     let cpu = DeviceChoice::Cpu;
-    let quantized = logits(&load(original.path(), cpu, LoadQuantization::Q8_0));
-    let want = logits(&load(rounded.path(), cpu, LoadQuantization::None));
     let unquantized = logits(&load(original.path(), cpu, LoadQuantization::None));
-    for (position, ((q, w), u)) in quantized.iter().zip(&want).zip(&unquantized).enumerate() {
-        let d = relative_difference(w, q);
-        assert!(
-            d < 1e-5,
-            "{fixture} {position}: Q8_0 at load vs rounded weights {d:.2e}"
+    for (how, ty) in [
+        (LoadQuantization::Q8_0, QuantType::Q8_0),
+        (LoadQuantization::Q4_0, QuantType::Q4_0),
+    ] {
+        let rounded = tempfile::tempdir().unwrap();
+        write_model_dir(
+            &config,
+            &rounded_through(&weights, ty, vocab),
+            rounded.path(),
+            false,
         );
-        let moved = relative_difference(u, q);
-        assert!(
-            moved > 1e-4,
-            "{fixture} {position}: Q8_0 at load moved the logits by only {moved:.2e}"
-        );
-    }
+        let quantized = logits(&load(original.path(), cpu, how));
+        let want = logits(&load(rounded.path(), cpu, LoadQuantization::None));
+        for (position, ((q, w), u)) in quantized.iter().zip(&want).zip(&unquantized).enumerate() {
+            let d = relative_difference(w, q);
+            assert!(
+                d < 1e-5,
+                "{fixture} {ty} {position}: at load vs rounded weights {d:.2e}"
+            );
+            let moved = relative_difference(u, q);
+            assert!(
+                moved > 1e-4,
+                "{fixture} {ty} {position}: quantizing moved the logits by only {moved:.2e}"
+            );
+        }
 
-    let device = cuda_test_device();
-    let on_cuda = logits(&load(original.path(), device, LoadQuantization::Q8_0));
-    for (position, (c, q)) in on_cuda.iter().zip(&quantized).enumerate() {
-        let d = relative_difference(q, c);
-        assert!(d < 1e-4, "{fixture} {position}: {device:?} vs CPU {d:.2e}");
+        let device = cuda_test_device();
+        let on_cuda = logits(&load(original.path(), device, how));
+        for (position, (c, q)) in on_cuda.iter().zip(&quantized).enumerate() {
+            let d = relative_difference(q, c);
+            assert!(
+                d < 1e-4,
+                "{fixture} {ty} {position}: {device:?} vs CPU {d:.2e}"
+            );
+        }
     }
 }
 
 #[test]
-fn a_dense_model_quantized_at_load_computes_with_ggml_q8_0_blocks() {
+fn a_dense_model_quantized_at_load_computes_with_ggml_blocks() {
     check("tiny_llama.json");
 }
 
 #[test]
-fn a_model_with_experts_quantized_at_load_computes_with_ggml_q8_0_blocks() {
+fn a_model_with_experts_quantized_at_load_computes_with_ggml_blocks() {
     check("tiny_qwen3_moe_step1.json");
 }

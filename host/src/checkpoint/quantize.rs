@@ -1,12 +1,13 @@
-//! Weights quantized at load (`--quantization q8_0`): a checkpoint's float
-//! matrices become GGUF Q8_0 blocks, the bytes `llama-quantize … Q8_0`
-//! would store, so that every backend reads them through the kernels of a
-//! Q8_0 GGUF file. The counterpart of vLLM's `--quantization fp8` for
-//! checkpoints stored in bf16: about half the bytes a decode step streams.
+//! Weights quantized at load (`--quantization q8_0|q4_0`): a checkpoint's
+//! float matrices become GGUF blocks, the bytes `llama-quantize` would
+//! store, so that every backend reads them through the kernels of a GGUF
+//! file. The counterpart of vLLM's `--quantization fp8` (Q8_0: about half
+//! the bytes a bf16 decode step streams) and of its 4-bit bitsandbytes
+//! quantization at load (Q4_0: 4.5 bits a weight).
 
 use std::sync::Arc;
 
-use kiln_kernels::quant::{quantize_row_q8_0, QuantType};
+use kiln_kernels::quant::{quantize_row, QuantType};
 use kiln_kernels::HugePageBuffer;
 use kiln_plugin_api::Encoding;
 use rayon::prelude::*;
@@ -22,6 +23,9 @@ pub enum LoadQuantization {
     None,
     /// Float matrices to Q8_0 blocks (32 values and an f16 scale a block).
     Q8_0,
+    /// Float matrices to Q4_0 blocks (32 four-bit values and an f16 scale),
+    /// the vocabulary's (embeddings, LM head) to Q8_0.
+    Q4_0,
 }
 
 /// What [`quantize_matrices`] did.
@@ -40,9 +44,11 @@ const ROWS_PER_TASK: usize = 64;
 const ALIGN: usize = 64;
 
 /// Quantizes every float weight of `bound` that `llama-quantize` would
-/// quantize to Q8_0: those of two axes or more (matrices, stacked experts)
-/// whose rows are whole blocks of 32. Vectors (norms, biases) and other
-/// encodings keep their bytes. The weights' logical types do not change.
+/// quantize: those of two axes or more (matrices, stacked experts) whose
+/// rows are whole blocks of 32; for Q4_0, those of `vocab` rows (the
+/// embeddings, the LM head) to Q8_0, as `llama-quantize` keeps the output
+/// matrix at more bits. Vectors (norms, biases) and other encodings keep
+/// their bytes. The weights' logical types do not change.
 ///
 /// Every weight, quantized or copied, ends up in one buffer (in huge pages,
 /// as the CPU backend wants its weights), so nothing refers to the
@@ -50,26 +56,34 @@ const ALIGN: usize = 64;
 pub fn quantize_matrices(
     bound: &mut BoundWeights,
     how: LoadQuantization,
+    vocab: Option<u64>,
 ) -> Result<Quantized, CheckpointError> {
-    let ty = match how {
-        LoadQuantization::None => return Ok(Quantized::default()),
-        LoadQuantization::Q8_0 => QuantType::Q8_0,
+    // The format of a matrix whose first axis is `rows` long.
+    let format = |rows: u64| match how {
+        LoadQuantization::None => None,
+        LoadQuantization::Q8_0 => Some(QuantType::Q8_0),
+        LoadQuantization::Q4_0 if Some(rows) == vocab => Some(QuantType::Q8_0),
+        LoadQuantization::Q4_0 => Some(QuantType::Q4_0),
     };
+    if how == LoadQuantization::None {
+        return Ok(Quantized::default());
+    }
     let mut weights: Vec<WeightData> = bound.store.iter().cloned().collect();
     weights.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
     // Each weight's encoding and place in the buffer.
     let mut plan = Vec::with_capacity(weights.len());
     let mut total = 0;
     for weight in &weights {
-        let (encoding, len) = if quantizable(weight, ty) {
-            let cols = *weight.spec.shape.last().expect("a matrix") as usize;
-            let rows = weight.elements() / cols;
-            let row_bytes = ty.row_bytes(cols).map_err(|e| adaptation(weight, e))?;
-            (Encoding::Q8_0, rows * row_bytes)
-        } else {
-            (weight.spec.encoding, weight.bytes().len())
+        let ty = format(weight.spec.shape[0]).filter(|&ty| quantizable(weight, ty));
+        let len = match ty {
+            Some(ty) => {
+                let cols = *weight.spec.shape.last().expect("a matrix") as usize;
+                let rows = weight.elements() / cols;
+                rows * ty.row_bytes(cols).map_err(|e| adaptation(weight, e))?
+            }
+            None => weight.bytes().len(),
         };
-        plan.push((encoding, total..total + len));
+        plan.push((ty, total..total + len));
         total = (total + len).next_multiple_of(ALIGN);
     }
     let mut buffer = HugePageBuffer::new(total.max(1))
@@ -89,26 +103,25 @@ pub fn quantize_matrices(
         .par_iter()
         .zip(&plan)
         .zip(parts)
-        .try_for_each(|((weight, (encoding, _)), part)| {
-            if *encoding == weight.spec.encoding {
+        .try_for_each(|((weight, (ty, _)), part)| match ty {
+            Some(ty) => quantize_into(weight, *ty, part),
+            None => {
                 part.copy_from_slice(weight.bytes());
                 Ok(())
-            } else {
-                quantize_into(weight, ty, part)
             }
         })
         .map_err(CheckpointError::Adaptation)?;
 
     let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(buffer);
     let mut done = Quantized::default();
-    for (weight, (encoding, range)) in weights.iter().zip(plan) {
-        if encoding != weight.spec.encoding {
+    for (weight, (ty, range)) in weights.iter().zip(plan) {
+        let mut spec = weight.spec.clone();
+        if let Some(ty) = ty {
             done.matrices += 1;
             done.bytes.0 += weight.bytes().len();
             done.bytes.1 += range.len();
+            spec.encoding = encoding_of(ty);
         }
-        let mut spec = weight.spec.clone();
-        spec.encoding = encoding;
         let moved = WeightData::new(spec, Arc::clone(&owner), range);
         bound
             .state_dict
@@ -119,6 +132,14 @@ pub fn quantize_matrices(
             .map_err(CheckpointError::Adaptation)?;
     }
     Ok(done)
+}
+
+/// The weight encoding of the formats written at load.
+fn encoding_of(ty: QuantType) -> Encoding {
+    match ty {
+        QuantType::Q4_0 => Encoding::Q4_0,
+        _ => Encoding::Q8_0,
+    }
 }
 
 /// A weight's error as the checkpoint's.
@@ -156,7 +177,7 @@ fn quantize_into(weight: &WeightData, ty: QuantType, out: &mut [u8]) -> Result<(
                 .chunks_exact(cols)
                 .zip(bytes.chunks_exact_mut(row_bytes))
             {
-                quantize_row_q8_0(x, row).map_err(|e| e.to_string())?;
+                quantize_row(ty, x, row).map_err(|e| e.to_string())?;
             }
             Ok::<_, String>(())
         })
@@ -200,7 +221,7 @@ mod tests {
             store,
             unused: Vec::new(),
         };
-        let done = quantize_matrices(&mut bound, LoadQuantization::Q8_0).unwrap();
+        let done = quantize_matrices(&mut bound, LoadQuantization::Q8_0, None).unwrap();
         assert_eq!(done.matrices, 1);
         assert_eq!(done.bytes, (3 * 64 * 4, 3 * 2 * 34));
         let proj = bound.store.get("proj.weight").unwrap();

@@ -247,10 +247,11 @@ pub fn load(
                 max_length: options.max_length,
             })?;
             let mut bound = bind_weights(arch, &checkpoint, &hf_config)?;
-            let quantized = quantize_matrices(&mut bound, options.quantization)?;
+            let vocab = hf_config.get("vocab_size").and_then(|v| v.as_u64());
+            let quantized = quantize_matrices(&mut bound, options.quantization, vocab)?;
             if quantized.matrices > 0 {
                 tracing::info!(
-                    "quantized {} matrices to {:?} at load: {:.1} MiB -> {:.1} MiB",
+                    "quantized {} matrices ({:?}) at load: {:.1} MiB -> {:.1} MiB",
                     quantized.matrices,
                     options.quantization,
                     quantized.bytes.0 as f64 / (1 << 20) as f64,

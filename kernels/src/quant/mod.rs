@@ -7,7 +7,7 @@
 //! of 32 values) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of
 //! 256), with ggml's exact byte layouts. [`dequantize_row`] is the reference
 //! dequantization (bit-exact with ggml and gguf-py);
-//! [`quantize_row_q8_0`] the reference Q8_0 quantizer.
+//! [`quantize_row`] the reference Q8_0 and Q4_0 quantizers.
 //!
 //! # Products
 //!
@@ -73,6 +73,7 @@ mod avx512;
 mod format;
 mod matmul;
 mod prefetch;
+mod quantize;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -80,6 +81,7 @@ mod tests;
 pub use act::{quantize_row_q8_0, BlockQ8_0};
 pub use format::QuantType;
 pub use matmul::{Isa, QuantMatrix};
+pub use quantize::quantize_row;
 
 /// Errors from the quantized kernels; they never panic on bad input.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +97,9 @@ pub enum QuantError {
         /// The requested row length.
         cols: usize,
     },
+    /// A format [`quantize_row`] cannot write.
+    #[error("no quantizer writes {0}")]
+    NoQuantizer(QuantType),
     /// A buffer of the wrong size.
     #[error("{what} buffer has {actual} elements, expected {expected}")]
     WrongLength {
