@@ -74,7 +74,8 @@ pub fn quantize_matrices(
     let mut plan = Vec::with_capacity(weights.len());
     let mut total = 0;
     for weight in &weights {
-        let ty = format(weight.spec.shape[0]).filter(|&ty| quantizable(weight, ty));
+        let rows = weight.spec.shape.first().copied().unwrap_or(0);
+        let ty = format(rows).filter(|&ty| quantizable(weight, ty));
         let len = match ty {
             Some(ty) => {
                 let cols = *weight.spec.shape.last().expect("a matrix") as usize;
@@ -212,6 +213,7 @@ mod tests {
             weight("proj.weight", &[3, 64], &values),
             weight("norm.weight", &[64], &values[..64]),
             weight("odd.weight", &[2, 48], &values[..96]),
+            weight("scale", &[], &values[..1]),
         ] {
             state_dict.insert(w.spec.name.clone(), w.spec.clone());
             store.insert(w).unwrap();
