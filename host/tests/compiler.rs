@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use kiln_host::compiler::{compile, CompileCache, CompileOutcome, Kernel};
 use kiln_host::runtime::{Backend, Executor, Precision, Tensor, WeightData, WeightStore};
-use kiln_kernels::quant::{dequantize_row, quantize_row_q8_0, QuantType};
+use kiln_kernels::quant::{dequantize_row, quantize_row, QuantType};
 use kiln_plugin_api::graph::{ops, DType, Device, Dim, Graph, GraphIr, TensorType, WeightSpec};
 use kiln_plugin_api::nn::{Embedding, Layer, Linear, Module};
 use kiln_plugin_api::Encoding;
@@ -161,7 +161,7 @@ fn linear_and_embedding_read_weights_in_their_stored_encoding() {
     let row_bytes = QuantType::Q8_0.row_bytes(cols).unwrap();
     let mut q8 = vec![0u8; rows * row_bytes];
     for (src, dst) in values.chunks(cols).zip(q8.chunks_mut(row_bytes)) {
-        quantize_row_q8_0(src, dst).unwrap();
+        quantize_row(QuantType::Q8_0, src, dst).unwrap();
     }
     let mut decoded = vec![0f32; rows * cols];
     for (src, dst) in q8.chunks(row_bytes).zip(decoded.chunks_mut(cols)) {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use kiln_kernels::quant::{
-    dequantize_row, quantize_row_q8_0, Isa, Precision, QuantError, QuantMatrix, QuantType,
+    dequantize_row, quantize_row, Isa, Precision, QuantError, QuantMatrix, QuantType,
 };
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -48,11 +48,13 @@ fn dequantization_is_bit_exact_with_gguf_py() {
 }
 
 #[test]
-fn q8_0_quantizer_is_byte_exact_with_gguf_py() {
-    let src = f32s(&fixture("Q8_0.src.f32"));
-    let mut got = vec![0u8; QuantType::Q8_0.row_bytes(src.len()).unwrap()];
-    quantize_row_q8_0(&src, &mut got).unwrap();
-    assert_eq!(got, fixture("Q8_0.q"));
+fn q8_0_and_q4_0_quantizers_are_byte_exact_with_gguf_py() {
+    for ty in [QuantType::Q8_0, QuantType::Q4_0] {
+        let src = f32s(&fixture(&format!("{ty}.src.f32")));
+        let mut got = vec![0u8; ty.row_bytes(src.len()).unwrap()];
+        quantize_row(ty, &src, &mut got).unwrap();
+        assert_eq!(got, fixture(&format!("{ty}.q")), "{ty}");
+    }
 }
 
 /// Deterministic activations in [-1, 1).
@@ -136,5 +138,5 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(matrix
         .matmul(Precision::Exact, &[0.0; 128], 2, &mut y)
         .is_err());
-    assert!(quantize_row_q8_0(&[0.0; 32], &mut [0u8; 35]).is_err());
+    assert!(quantize_row(QuantType::Q8_0, &[0.0; 32], &mut [0u8; 35]).is_err());
 }

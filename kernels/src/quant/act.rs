@@ -1,10 +1,10 @@
-//! 8-bit activation blocks for the fast (integer) dot products, and the
-//! reference Q8_0 weight quantizer.
+//! 8-bit activation blocks for the fast (integer) dot products, and ggml's
+//! Q8_0 block (the q8_0 KV cache's element; `quantize_row` writes weight
+//! rows of them).
 
 use half::f16;
 
 use super::format::{QK, QK_K};
-use super::{QuantError, QuantType};
 
 /// 32 activations quantized like Q8_0 (but with an f32 scale), and the
 /// quants' sum (for the offsets and minimums of Q4_0/Q4_1/Q5_0/Q5_1), also
@@ -127,34 +127,6 @@ impl BlockQ8_0 {
     }
 }
 
-/// Quantizes `src` to GGUF Q8_0 blocks in `dst`, exactly as ggml's
-/// `quantize_row_q8_0_ref` (and gguf-py) do ([`BlockQ8_0::quantize`]).
-///
-/// `src.len()` must be a multiple of 32 and `dst.len()` equal to
-/// [`QuantType::Q8_0`]`.row_bytes(src.len())`.
-pub fn quantize_row_q8_0(src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    let ty = QuantType::Q8_0;
-    let bytes = ty.row_bytes(src.len())?;
-    if dst.len() != bytes {
-        return Err(QuantError::WrongLength {
-            what: "Q8_0 destination",
-            expected: bytes,
-            actual: dst.len(),
-        });
-    }
-    for (x, block) in src
-        .chunks_exact(QK)
-        .zip(dst.chunks_exact_mut(ty.block_bytes()))
-    {
-        let q = BlockQ8_0::quantize(x);
-        block[..2].copy_from_slice(&q.d.to_le_bytes());
-        for (b, &v) in block[2..].iter_mut().zip(&q.qs) {
-            *b = v as u8;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,19 +152,5 @@ mod tests {
         let d = quantize_run(&[0.0; 32], &mut z.qs);
         z.finish(d);
         assert_eq!((z.d, z.sum), (0.0, 0));
-    }
-
-    #[test]
-    fn q8_0_weights_round_half_away_from_zero() {
-        let mut x = [0f32; 32];
-        x[0] = 127.0;
-        x[1] = 2.5;
-        x[2] = -2.5;
-        let mut out = [0u8; 34];
-        quantize_row_q8_0(&x, &mut out).unwrap();
-        assert_eq!(half::f16::from_le_bytes([out[0], out[1]]).to_f32(), 1.0);
-        assert_eq!((out[2] as i8, out[3] as i8, out[4] as i8), (127, 3, -3));
-        assert!(quantize_row_q8_0(&x, &mut out[..33]).is_err());
-        assert!(quantize_row_q8_0(&x[..31], &mut out).is_err());
     }
 }

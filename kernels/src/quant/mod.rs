@@ -78,7 +78,7 @@ mod scalar;
 #[cfg(test)]
 mod tests;
 
-pub use act::{quantize_row_q8_0, BlockQ8_0};
+pub use act::BlockQ8_0;
 pub use format::QuantType;
 pub use matmul::{Isa, QuantMatrix};
 pub use quantize::quantize_row;

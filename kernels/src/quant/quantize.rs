@@ -4,30 +4,27 @@
 
 use half::f16;
 
-use super::{quantize_row_q8_0, QuantError, QuantType};
+use super::{BlockQ8_0, QuantError, QuantType};
 
 /// Values a block of the 32-value formats holds.
 const QK: usize = 32;
 
-/// Quantizes `src` to `ty` blocks in `dst`: Q8_0 ([`quantize_row_q8_0`])
-/// or Q4_0 (ggml's `quantize_row_q4_0_ref`: the block's value of largest
-/// magnitude maps to −8, `d = max / −8`, each quant `min(15, trunc(x/d +
-/// 8.5))`). `src.len()` must be a multiple of 32 and `dst.len()`
+/// Quantizes `src` to `ty` blocks in `dst`: Q8_0 ([`BlockQ8_0::quantize`]:
+/// `d = max|x| / 127`, quants rounded halves away from zero) or Q4_0
+/// (ggml's `quantize_row_q4_0_ref`: the block's value of largest magnitude
+/// maps to −8, `d = max / −8`, each quant `min(15, trunc(x/d + 8.5))`).
+/// `src.len()` must be a multiple of 32 and `dst.len()`
 /// `ty.row_bytes(src.len())`.
 pub fn quantize_row(ty: QuantType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    match ty {
-        QuantType::Q8_0 => quantize_row_q8_0(src, dst),
-        QuantType::Q4_0 => quantize_row_q4_0(src, dst),
-        other => Err(QuantError::NoQuantizer(other)),
-    }
-}
-
-fn quantize_row_q4_0(src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
-    let ty = QuantType::Q4_0;
+    let quantize_block: fn(&[f32], &mut [u8]) = match ty {
+        QuantType::Q8_0 => q8_0_block,
+        QuantType::Q4_0 => q4_0_block,
+        other => return Err(QuantError::NoQuantizer(other)),
+    };
     let bytes = ty.row_bytes(src.len())?;
     if dst.len() != bytes {
         return Err(QuantError::WrongLength {
-            what: "Q4_0 destination",
+            what: "quantized row",
             expected: bytes,
             actual: dst.len(),
         });
@@ -36,23 +33,37 @@ fn quantize_row_q4_0(src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
         .chunks_exact(QK)
         .zip(dst.chunks_exact_mut(ty.block_bytes()))
     {
-        // The first value of the largest magnitude, with its sign.
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in x {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        let d = max / -8.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-        let quant = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
-        for (j, q) in block[2..].iter_mut().enumerate() {
-            *q = quant(x[j]) | (quant(x[j + QK / 2]) << 4);
-        }
+        quantize_block(x, block);
     }
     Ok(())
+}
+
+/// 32 values as a Q8_0 block's 34 bytes.
+fn q8_0_block(x: &[f32], block: &mut [u8]) {
+    let q = BlockQ8_0::quantize(x);
+    block[..2].copy_from_slice(&q.d.to_le_bytes());
+    for (b, &v) in block[2..].iter_mut().zip(&q.qs) {
+        *b = v as u8;
+    }
+}
+
+/// 32 values as a Q4_0 block's 18 bytes.
+fn q4_0_block(x: &[f32], block: &mut [u8]) {
+    // The first value of the largest magnitude, with its sign.
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let d = max / -8.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    let quant = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+    for (j, q) in block[2..].iter_mut().enumerate() {
+        *q = quant(x[j]) | (quant(x[j + QK / 2]) << 4);
+    }
 }
 
 #[cfg(test)]
@@ -77,6 +88,20 @@ mod tests {
         for (a, b) in x.iter().zip(&y) {
             assert!((a - b).abs() <= 0.65625 / 2.0 + 1e-6, "{a} vs {b}");
         }
+    }
+
+    #[test]
+    fn q8_0_weights_round_half_away_from_zero() {
+        let mut x = [0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -2.5;
+        let mut out = [0u8; 34];
+        quantize_row(QuantType::Q8_0, &x, &mut out).unwrap();
+        assert_eq!(f16::from_le_bytes([out[0], out[1]]).to_f32(), 1.0);
+        assert_eq!((out[2] as i8, out[3] as i8, out[4] as i8), (127, 3, -3));
+        assert!(quantize_row(QuantType::Q8_0, &x, &mut out[..33]).is_err());
+        assert!(quantize_row(QuantType::Q8_0, &x[..31], &mut out).is_err());
     }
 
     #[test]

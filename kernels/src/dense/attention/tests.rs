@@ -248,13 +248,13 @@ fn half_caches_attend_over_the_rounded_keys_and_values() {
 
 /// A Q8_0 cache computes exactly what the f32 cache computes over keys and
 /// values quantized and dequantized by ggml's Q8_0 quantizer (the reference
-/// `quantize_row_q8_0` and `dequantize_row`), within 1 % of the f32 cache.
+/// `quantize_row` and `dequantize_row`), within 1 % of the f32 cache.
 #[test]
 fn a_q8_0_cache_attends_over_the_dequantized_keys_and_values() {
-    use crate::quant::{dequantize_row, quantize_row_q8_0, QuantType};
+    use crate::quant::{dequantize_row, quantize_row, QuantType};
     let ggml_round_trip = |x: &[f32]| {
         let mut bytes = vec![0u8; QuantType::Q8_0.row_bytes(x.len()).unwrap()];
-        quantize_row_q8_0(x, &mut bytes).unwrap();
+        quantize_row(QuantType::Q8_0, x, &mut bytes).unwrap();
         let mut y = vec![0f32; x.len()];
         dequantize_row(QuantType::Q8_0, &bytes, &mut y).unwrap();
         y
