@@ -1,9 +1,9 @@
 //! Quantized matrix-vector products (m = 1, decode) at SmolLM2-135M's shapes,
 //! in weight bytes per second, beside the machine's memory bandwidth; and
 //! quantized matrix products with 64 activation rows (prefill) at SmolLM2's
-//! and Gemma-3-270M's shapes (and, for the K-quants Q2_K to Q6_K, Gemma-3-270M's and
-//! Qwen2.5-0.5B's matrices with a multiple of 256 columns), in fast
-//! precision, in FLOP/s
+//! and Gemma-3-270M's shapes (and, for Q2_K, Q3_K, Q4_K and Q6_K,
+//! Gemma-3-270M's and Qwen2.5-0.5B's matrices with a multiple of 256
+//! columns), in fast precision, in FLOP/s
 //! (`quant_prefill`: criterion's "elem/s" are multiply-adds × 2).
 //!
 //! `cargo bench -p kiln-kernels --bench quant_matvec` (add `-- quant_prefill`

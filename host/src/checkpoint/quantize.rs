@@ -58,16 +58,14 @@ pub fn quantize_matrices(
     how: LoadQuantization,
     vocab: Option<u64>,
 ) -> Result<Quantized, CheckpointError> {
-    // The format of a matrix whose first axis is `rows` long.
-    let format = |rows: u64| match how {
-        LoadQuantization::None => None,
-        LoadQuantization::Q8_0 => Some(QuantType::Q8_0),
-        LoadQuantization::Q4_0 if Some(rows) == vocab => Some(QuantType::Q8_0),
-        LoadQuantization::Q4_0 => Some(QuantType::Q4_0),
-    };
     if how == LoadQuantization::None {
         return Ok(Quantized::default());
     }
+    // The format of a matrix whose first axis is `rows` long.
+    let format = |rows: u64| match how {
+        LoadQuantization::Q4_0 if Some(rows) != vocab => QuantType::Q4_0,
+        _ => QuantType::Q8_0,
+    };
     let mut weights: Vec<WeightData> = bound.store.iter().cloned().collect();
     weights.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
     // Each weight's encoding and place in the buffer.
@@ -75,7 +73,7 @@ pub fn quantize_matrices(
     let mut total = 0;
     for weight in &weights {
         let rows = weight.spec.shape.first().copied().unwrap_or(0);
-        let ty = format(rows).filter(|&ty| quantizable(weight, ty));
+        let ty = Some(format(rows)).filter(|&ty| quantizable(weight, ty));
         let len = match ty {
             Some(ty) => {
                 let cols = *weight.spec.shape.last().expect("a matrix") as usize;
