@@ -408,9 +408,11 @@ pub struct RuntimeArgs {
     /// `q8_0` stores them as GGUF Q8_0 blocks, the bytes `llama-quantize`
     /// would write, read by the Q8_0 kernels on every device (about half
     /// of bf16's bytes a decode step); `q4_0` as Q4_0 blocks (4.5 bits a
-    /// weight), the vocabulary's matrices (embeddings, LM head) as Q8_0.
-    /// Vectors (norms, biases) stay as stored. Not with `--shape` (use
-    /// `--shape-dtype`).
+    /// weight), the vocabulary's matrices (embeddings, LM head) as Q8_0;
+    /// `q4_k_m` and `q5_k_m` as llama.cpp's mixes of those names, the bytes
+    /// `llama-quantize` writes without an importance matrix. Vectors (norms,
+    /// biases) and routers of experts stay as stored. Not with `--shape`
+    /// (use `--shape-dtype`).
     #[arg(long, value_enum, default_value_t = QuantizationArg::None)]
     pub quantization: QuantizationArg,
 
@@ -472,6 +474,12 @@ pub enum QuantizationArg {
     /// Float matrices as GGUF Q4_0 blocks (the vocabulary's as Q8_0).
     #[value(name = "q4_0")]
     Q4_0,
+    /// llama.cpp's Q4_K_M mix: Q4_K, Q6_K for the LM head and half of the value and down projections (Q5_0 and Q8_0 for rows that are not multiples of 256).
+    #[value(name = "q4_k_m")]
+    Q4KM,
+    /// llama.cpp's Q5_K_M mix: as q4_k_m with Q5_K (Q5_1 for rows that are not multiples of 256).
+    #[value(name = "q5_k_m")]
+    Q5KM,
 }
 
 impl From<QuantizationArg> for crate::model::LoadQuantization {
@@ -480,6 +488,8 @@ impl From<QuantizationArg> for crate::model::LoadQuantization {
             QuantizationArg::None => Self::None,
             QuantizationArg::Q8_0 => Self::Q8_0,
             QuantizationArg::Q4_0 => Self::Q4_0,
+            QuantizationArg::Q4KM => Self::Q4KM,
+            QuantizationArg::Q5KM => Self::Q5KM,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The quantized kernels against fixtures written by llama.cpp's gguf-py
-//! (`tests/fixtures/gen_quant_fixtures.py`): dequantization bit for bit, the
-//! Q8_0 quantizer byte for byte, and both matmul precisions on every
+//! (`tests/fixtures/gen_quant_fixtures.py`) and by ggml itself
+//! (`tests/fixtures/gen_ggml_quant_fixtures.py`): dequantization bit for
+//! bit, the quantizers byte for byte, and both matmul precisions on every
 //! available instruction set against a dequantize-then-f64-dot reference.
 
 use std::path::PathBuf;
@@ -48,12 +49,39 @@ fn dequantization_is_bit_exact_with_gguf_py() {
 }
 
 #[test]
-fn q8_0_and_q4_0_quantizers_are_byte_exact_with_gguf_py() {
-    for ty in [QuantType::Q8_0, QuantType::Q4_0] {
+fn the_32_value_quantizers_are_byte_exact_with_gguf_py() {
+    for ty in [
+        QuantType::Q8_0,
+        QuantType::Q4_0,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+    ] {
         let src = f32s(&fixture(&format!("{ty}.src.f32")));
         let mut got = vec![0u8; ty.row_bytes(src.len()).unwrap()];
         quantize_row(ty, &src, &mut got).unwrap();
         assert_eq!(got, fixture(&format!("{ty}.q")), "{ty}");
+    }
+}
+
+#[test]
+fn the_k_quant_quantizers_are_byte_exact_with_ggml() {
+    for ty in [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K] {
+        let src = f32s(&fixture(&format!("{ty}.ggml.src.f32")));
+        let want = fixture(&format!("{ty}.ggml.q"));
+        let mut got = vec![0u8; ty.row_bytes(src.len()).unwrap()];
+        quantize_row(ty, &src, &mut got).unwrap();
+        let differing: Vec<usize> = got
+            .chunks(ty.block_bytes())
+            .zip(want.chunks(ty.block_bytes()))
+            .enumerate()
+            .filter(|(_, (g, w))| g != w)
+            .map(|(i, _)| i)
+            .collect();
+        assert!(
+            differing.is_empty(),
+            "{ty}: blocks {differing:?} of {} differ from ggml's",
+            got.len() / ty.block_bytes()
+        );
     }
 }
 

@@ -320,20 +320,7 @@ impl GgmlType {
             0 => Encoding::Float32,
             1 => Encoding::Float16,
             30 => Encoding::BFloat16,
-            id => match QuantType::from_gguf_type_id(id).ok()? {
-                QuantType::Q4_0 => Encoding::Q4_0,
-                QuantType::Q4_1 => Encoding::Q4_1,
-                QuantType::Q5_0 => Encoding::Q5_0,
-                QuantType::Q5_1 => Encoding::Q5_1,
-                QuantType::Q8_0 => Encoding::Q8_0,
-                QuantType::Q2K => Encoding::Q2K,
-                QuantType::Q3K => Encoding::Q3K,
-                QuantType::Q4K => Encoding::Q4K,
-                QuantType::Q5K => Encoding::Q5K,
-                QuantType::Q6K => Encoding::Q6K,
-                QuantType::IQ4NL => Encoding::Iq4Nl,
-                QuantType::IQ4XS => Encoding::Iq4Xs,
-            },
+            id => crate::runtime::quant_encoding(QuantType::from_gguf_type_id(id).ok()?),
         })
     }
 

@@ -3,6 +3,7 @@
 //! names through its weight adapter.
 
 pub mod gguf;
+pub(crate) mod quant_mix;
 pub mod quantize;
 mod safetensors;
 mod tensor_bytes;

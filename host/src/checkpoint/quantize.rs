@@ -1,19 +1,21 @@
-//! Weights quantized at load (`--quantization q8_0|q4_0`): a checkpoint's
-//! float matrices become GGUF blocks, the bytes `llama-quantize` would
-//! store, so that every backend reads them through the kernels of a GGUF
-//! file. The counterpart of vLLM's `--quantization fp8` (Q8_0: about half
-//! the bytes a bf16 decode step streams) and of its 4-bit bitsandbytes
-//! quantization at load (Q4_0: 4.5 bits a weight).
+//! Weights quantized at load (`--quantization q8_0|q4_0|q4_k_m|q5_k_m`): a
+//! checkpoint's float matrices become GGUF blocks, the bytes
+//! `llama-quantize` would store, so that every backend reads them through
+//! the kernels of a GGUF file. The counterpart of vLLM's `--quantization
+//! fp8` (Q8_0: about half the bytes a bf16 decode step streams), of its
+//! 4-bit bitsandbytes quantization at load (Q4_0: 4.5 bits a weight), and of
+//! mistral.rs's in-situ K-quants (Q4_K_M, Q5_K_M: llama.cpp's mixes,
+//! [`super::quant_mix`]).
 
 use std::sync::Arc;
 
 use kiln_kernels::quant::{quantize_row, QuantType};
 use kiln_kernels::HugePageBuffer;
-use kiln_plugin_api::Encoding;
 use rayon::prelude::*;
 
+use super::quant_mix::plan_formats;
 use super::{BoundWeights, CheckpointError};
-use crate::runtime::WeightData;
+use crate::runtime::{quant_encoding, WeightData};
 
 /// How weights are quantized at load.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -26,6 +28,11 @@ pub enum LoadQuantization {
     /// Float matrices to Q4_0 blocks (32 four-bit values and an f16 scale),
     /// the vocabulary's (embeddings, LM head) to Q8_0.
     Q4_0,
+    /// llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for the LM head and half of
+    /// the value and down projections.
+    Q4KM,
+    /// llama.cpp's Q5_K_M mix: as [`Self::Q4KM`] with Q5_K.
+    Q5KM,
 }
 
 /// What [`quantize_matrices`] did.
@@ -43,12 +50,11 @@ const ROWS_PER_TASK: usize = 64;
 /// Where each weight starts in the shared buffer: a cache line.
 const ALIGN: usize = 64;
 
-/// Quantizes every float weight of `bound` that `llama-quantize` would
-/// quantize: those of two axes or more (matrices, stacked experts) whose
-/// rows are whole blocks of 32; for Q4_0, those of `vocab` rows (the
-/// embeddings, the LM head) to Q8_0, as `llama-quantize` keeps the output
-/// matrix at more bits. Vectors (norms, biases) and other encodings keep
-/// their bytes. The weights' logical types do not change.
+/// Quantizes the float weights of `bound` as `how` asks
+/// ([`super::quant_mix`] picks each one's format; `vocab` is the
+/// vocabulary's size, the rows of the embeddings and LM head). Vectors
+/// (norms, biases), routers and other encodings keep their bytes. The
+/// weights' logical types do not change.
 ///
 /// Every weight, quantized or copied, ends up in one buffer (in huge pages,
 /// as the CPU backend wants its weights), so nothing refers to the
@@ -61,19 +67,12 @@ pub fn quantize_matrices(
     if how == LoadQuantization::None {
         return Ok(Quantized::default());
     }
-    // The format of a matrix whose first axis is `rows` long.
-    let format = |rows: u64| match how {
-        LoadQuantization::Q4_0 if Some(rows) != vocab => QuantType::Q4_0,
-        _ => QuantType::Q8_0,
-    };
     let mut weights: Vec<WeightData> = bound.store.iter().cloned().collect();
     weights.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
     // Each weight's encoding and place in the buffer.
     let mut plan = Vec::with_capacity(weights.len());
     let mut total = 0;
-    for weight in &weights {
-        let rows = weight.spec.shape.first().copied().unwrap_or(0);
-        let ty = Some(format(rows)).filter(|&ty| quantizable(weight, ty));
+    for (weight, ty) in weights.iter().zip(plan_formats(&weights, how, vocab)) {
         let len = match ty {
             Some(ty) => {
                 let cols = *weight.spec.shape.last().expect("a matrix") as usize;
@@ -119,7 +118,7 @@ pub fn quantize_matrices(
             done.matrices += 1;
             done.bytes.0 += weight.bytes().len();
             done.bytes.1 += range.len();
-            spec.encoding = encoding_of(ty);
+            spec.encoding = quant_encoding(ty);
         }
         let moved = WeightData::new(spec, Arc::clone(&owner), range);
         bound
@@ -133,32 +132,9 @@ pub fn quantize_matrices(
     Ok(done)
 }
 
-/// The weight encoding of the formats written at load.
-fn encoding_of(ty: QuantType) -> Encoding {
-    match ty {
-        QuantType::Q4_0 => Encoding::Q4_0,
-        _ => Encoding::Q8_0,
-    }
-}
-
 /// A weight's error as the checkpoint's.
 fn adaptation(weight: &WeightData, error: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Adaptation(format!("`{}`: {error}", weight.spec.name))
-}
-
-/// Whether `weight` is a float tensor of two axes or more with rows of
-/// whole `ty` blocks.
-fn quantizable(weight: &WeightData, ty: QuantType) -> bool {
-    let float = matches!(
-        weight.spec.encoding,
-        Encoding::Float32 | Encoding::Float16 | Encoding::BFloat16
-    );
-    let shape = &weight.spec.shape;
-    float
-        && shape.len() >= 2
-        && shape
-            .last()
-            .is_some_and(|&cols| cols > 0 && (cols as usize).is_multiple_of(ty.block_elems()))
 }
 
 /// `weight` as `ty` blocks into `out`, rows by tasks of the thread pool.
@@ -187,6 +163,7 @@ fn quantize_into(weight: &WeightData, ty: QuantType, out: &mut [u8]) -> Result<(
 mod tests {
     use kiln_plugin_api::graph::{DType, Device, WeightSpec};
     use kiln_plugin_api::nn::StateDict;
+    use kiln_plugin_api::Encoding;
 
     use super::*;
     use crate::runtime::WeightStore;

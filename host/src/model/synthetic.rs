@@ -12,9 +12,10 @@ use kiln_plugin_api::nn::StateDict;
 use kiln_plugin_api::{ConfigRequest, Encoding, GraphRequest, WeightsFormat};
 
 use super::{ModelError, ResolvedModel};
+use crate::checkpoint::quant_mix::{FileMix, MixedModel};
 use crate::checkpoint::BoundWeights;
 use crate::plugins::ArchitectureRegistry;
-use crate::runtime::{quant_type, WeightData, WeightStore};
+use crate::runtime::{quant_encoding, quant_type, WeightData, WeightStore};
 
 /// The shapes `--shape` knows by name, with their Hugging Face configs.
 const PRESETS: [(&str, &str); 2] = [
@@ -45,8 +46,8 @@ pub enum ShapeDtype {
     #[value(name = "q5_1")]
     Q5_1,
     /// llama.cpp's Q4_K_M (`llama-quantize`'s choice per tensor, see
-    /// [`KQuantMix`]): Q4_K matrices, Q6_K for the logits' and half the
-    /// layers' `v_proj` and `down_proj`.
+    /// [`crate::checkpoint::quant_mix`]): Q4_K matrices, Q6_K for the
+    /// logits' and half the layers' `v_proj` and `down_proj`.
     #[value(name = "q4_k_m")]
     Q4KM,
     /// llama.cpp's Q5_K_M: as Q4_K_M with Q5_K for Q4_K.
@@ -69,107 +70,16 @@ pub enum ShapeDtype {
     Iq4Xs,
 }
 
-/// What `llama-quantize` keeps at Q6_K in a `*_K_M` file of a dense
-/// decoder (`llama_tensor_get_type`): the logits' matrix (the embeddings
-/// when tied to it), and `attn_v` and `ffn_down` in the layers where
-/// `use_more_bits` holds: the first and last eighth, and every third layer
-/// between.
-#[derive(Clone, Copy, Debug)]
-struct KQuantMix {
-    /// Rows of the vocabulary-sized matrices.
-    vocab: u64,
-    /// Decoder layers.
-    layers: u64,
-    /// Whether the logits reuse the embedding table (no `lm_head`).
-    tied: bool,
-}
-
-impl KQuantMix {
-    fn of(declared: &[WeightSpec], vocab: u64) -> Self {
-        Self {
-            vocab,
-            layers: declared
-                .iter()
-                .filter_map(|w| layer_index(&w.name))
-                .max()
-                .map_or(0, |last| last + 1),
-            tied: !declared.iter().any(|w| w.name.starts_with("lm_head.")),
-        }
-    }
-
-    /// Whether the weight `name` of `shape` computes the logits: `lm_head`,
-    /// or the embedding table when tied to it.
-    fn is_logits(&self, name: &str, shape: &[u64]) -> bool {
-        shape.first() == Some(&self.vocab) && (name.starts_with("lm_head.") || self.tied)
-    }
-
-    /// Whether `llama-quantize` stores the weight `name` of `shape` at Q6_K.
-    fn keeps_six_bits(&self, name: &str, shape: &[u64]) -> bool {
-        if self.is_logits(name, shape) {
-            return true;
-        }
-        let more_bits = |i: u64| {
-            let n = self.layers;
-            i < n / 8 || i >= 7 * n / 8 || (i as i64 - (n / 8) as i64).rem_euclid(3) == 2
-        };
-        let widened = name.contains(".v_proj.") || name.contains(".down_proj.");
-        widened && layer_index(name).is_some_and(more_bits)
-    }
-
-    /// What `llama-quantize` stores the weight `name` of `shape` as in a
-    /// Q3_K_M file (its Q3_K_M branches of `llama_tensor_get_type`).
-    fn q3_k_m(&self, name: &str, shape: &[u64]) -> Encoding {
-        let layer = layer_index(name).unwrap_or(0);
-        if self.is_logits(name, shape) {
-            Encoding::Q6K
-        } else if name.contains(".v_proj.") {
-            if layer < 2 {
-                Encoding::Q5K
-            } else {
-                Encoding::Q4K
-            }
-        } else if name.contains(".down_proj.") {
-            if layer < self.layers / 16 {
-                Encoding::Q5K
-            } else {
-                Encoding::Q4K
-            }
-        } else if name.contains(".o_proj.") {
-            Encoding::Q4K
-        } else {
-            Encoding::Q3K
-        }
-    }
-
-    /// What `llama-quantize` stores the weight `name` of `shape` as in a
-    /// Q2_K file (where a key/value head serves fewer than four query
-    /// heads).
-    fn q2_k(&self, name: &str, shape: &[u64]) -> Encoding {
-        let widened = [".v_proj.", ".o_proj.", ".down_proj."];
-        if self.is_logits(name, shape) {
-            Encoding::Q6K
-        } else if widened.iter().any(|w| name.contains(w)) {
-            Encoding::Q3K
-        } else {
-            Encoding::Q2K
-        }
-    }
-}
-
-/// `N` of a weight named `layers.N.…`.
-fn layer_index(name: &str) -> Option<u64> {
-    name.strip_prefix("layers.")?
-        .split('.')
-        .next()?
-        .parse()
-        .ok()
-}
-
 impl ShapeDtype {
-    /// The encoding of the weight `name` of `shape` in a model laid out as
-    /// `mix` says: quantized types apply to matrices whose rows fill whole
-    /// blocks, everything else stays f32.
-    fn encoding(self, name: &str, shape: &[u64], mix: &KQuantMix) -> Encoding {
+    /// The encoding of the weight `name` of `shape` in `model`: quantized
+    /// types apply to matrices whose rows fill whole blocks, everything else
+    /// stays f32.
+    fn encoding(self, name: &str, shape: &[u64], model: &MixedModel) -> Encoding {
+        let rows = shape.first().copied().unwrap_or(0);
+        let mixed = |file: FileMix| {
+            file.choose(name, rows, model)
+                .map_or(Encoding::Float32, quant_encoding)
+        };
         let quant = match self {
             Self::Bf16 => return Encoding::BFloat16,
             Self::F32 => return Encoding::Float32,
@@ -178,11 +88,10 @@ impl ShapeDtype {
             Self::Q5_0 => Encoding::Q5_0,
             Self::Q4_1 => Encoding::Q4_1,
             Self::Q5_1 => Encoding::Q5_1,
-            Self::Q4KM | Self::Q5KM if mix.keeps_six_bits(name, shape) => Encoding::Q6K,
-            Self::Q4KM => Encoding::Q4K,
-            Self::Q5KM => Encoding::Q5K,
-            Self::Q3KM => mix.q3_k_m(name, shape),
-            Self::Q2K => mix.q2_k(name, shape),
+            Self::Q4KM => mixed(FileMix::Q4KM),
+            Self::Q5KM => mixed(FileMix::Q5KM),
+            Self::Q3KM => mixed(FileMix::Q3KM),
+            Self::Q2K => mixed(FileMix::Q2K),
             Self::Iq4Xs if shape.get(1).is_some_and(|c| c % 256 == 0) => Encoding::Iq4Xs,
             Self::Iq4Xs => Encoding::Iq4Nl,
         };
@@ -252,7 +161,9 @@ pub fn load(
                 "--shape {name}: the config has no `vocab_size`"
             )))
         })?;
-    let mix = KQuantMix::of(&declared.weights, vocab);
+    let rows = |w: &WeightSpec| w.shape.first().copied().unwrap_or(0);
+    let names_rows = declared.weights.iter().map(|w| (w.name.as_str(), rows(w)));
+    let mix = MixedModel::of(names_rows, Some(vocab));
     // The CPU backend runs on the host's bytes: shared ones would stay in
     // its caches and overstate decode's speed.
     let own_bytes = !options.device.is_cuda();
@@ -451,15 +362,12 @@ mod tests {
     #[test]
     fn q4_k_m_keeps_vectors_and_odd_rows_in_f32() {
         let q = ShapeDtype::Q4KM;
-        let mix = KQuantMix {
-            vocab: 100,
-            layers: 32,
-            tied: false,
-        };
-        let encoding = |name: &str, shape: &[u64]| q.encoding(name, shape, &mix);
+        let last_layer = ("layers.31.mlp.down_proj.weight", 4096);
+        let model = MixedModel::of([("lm_head.weight", 100), last_layer], Some(100));
+        let encoding = |name: &str, shape: &[u64]| q.encoding(name, shape, &model);
         assert_eq!(encoding("lm_head.weight", &[100, 4096]), Encoding::Q6K);
         assert_eq!(encoding("embed_tokens.weight", &[100, 4096]), Encoding::Q4K);
-        let tied = KQuantMix { tied: true, ..mix };
+        let tied = MixedModel::of([("embed_tokens.weight", 100), last_layer], Some(100));
         let embedding = q.encoding("embed_tokens.weight", &[100, 4096], &tied);
         assert_eq!(embedding, Encoding::Q6K);
         let q_proj = "layers.0.self_attn.q_proj.weight";
@@ -474,69 +382,5 @@ mod tests {
         );
         assert!(shape_config("llama3-8b").is_ok());
         assert!(shape_config("no-such-shape").is_err());
-    }
-
-    /// The layers whose `v_proj` and `down_proj` a 32-layer Q4_K_M file
-    /// keeps at Q6_K by `use_more_bits` (layers 0-3, 28-31 and every third
-    /// from 6), and Q5_K_M by the same rule.
-    #[test]
-    fn k_m_files_widen_half_the_layers_as_llama_quantize_does() {
-        let mix = KQuantMix {
-            vocab: 100,
-            layers: 32,
-            tied: false,
-        };
-        let widened: Vec<u64> = (0..32)
-            .filter(|i| {
-                let name = format!("layers.{i}.self_attn.v_proj.weight");
-                ShapeDtype::Q4KM.encoding(&name, &[1024, 4096], &mix) == Encoding::Q6K
-            })
-            .collect();
-        let expected = [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31];
-        assert_eq!(widened, expected);
-        let down = "layers.6.mlp.down_proj.weight";
-        assert_eq!(
-            ShapeDtype::Q5KM.encoding(down, &[4096, 14336], &mix),
-            Encoding::Q6K
-        );
-        let down = "layers.7.mlp.down_proj.weight";
-        assert_eq!(
-            ShapeDtype::Q5KM.encoding(down, &[4096, 14336], &mix),
-            Encoding::Q5K
-        );
-        let v = "layers.7.self_attn.v_proj.weight";
-        assert_eq!(
-            ShapeDtype::Q4KM.encoding(v, &[1024, 4096], &mix),
-            Encoding::Q4K
-        );
-    }
-
-    /// A 32-layer Q3_K_M file's and Q2_K file's choices per matrix.
-    #[test]
-    fn low_bit_files_mix_formats_as_llama_quantize_does() {
-        let mix = KQuantMix {
-            vocab: 100,
-            layers: 32,
-            tied: false,
-        };
-        let encoding = |dtype: ShapeDtype, name: &str| dtype.encoding(name, &[1024, 4096], &mix);
-        let q3 = |name: &str| encoding(ShapeDtype::Q3KM, name);
-        let logits = ShapeDtype::Q3KM.encoding("lm_head.weight", &[100, 4096], &mix);
-        assert_eq!(logits, Encoding::Q6K);
-        assert_eq!(q3("layers.1.self_attn.v_proj.weight"), Encoding::Q5K);
-        assert_eq!(q3("layers.2.self_attn.v_proj.weight"), Encoding::Q4K);
-        assert_eq!(q3("layers.1.mlp.down_proj.weight"), Encoding::Q5K);
-        assert_eq!(q3("layers.2.mlp.down_proj.weight"), Encoding::Q4K);
-        assert_eq!(q3("layers.5.self_attn.o_proj.weight"), Encoding::Q4K);
-        assert_eq!(q3("layers.5.self_attn.q_proj.weight"), Encoding::Q3K);
-        assert_eq!(q3("layers.5.mlp.gate_proj.weight"), Encoding::Q3K);
-        let q2 = |name: &str| encoding(ShapeDtype::Q2K, name);
-        let logits = ShapeDtype::Q2K.encoding("lm_head.weight", &[100, 4096], &mix);
-        assert_eq!(logits, Encoding::Q6K);
-        assert_eq!(q2("layers.0.self_attn.v_proj.weight"), Encoding::Q3K);
-        assert_eq!(q2("layers.9.self_attn.o_proj.weight"), Encoding::Q3K);
-        assert_eq!(q2("layers.9.mlp.down_proj.weight"), Encoding::Q3K);
-        assert_eq!(q2("layers.9.self_attn.k_proj.weight"), Encoding::Q2K);
-        assert_eq!(q2("layers.9.mlp.up_proj.weight"), Encoding::Q2K);
     }
 }

@@ -25,4 +25,4 @@ pub use kiln_kernels::quant::Precision;
 pub use kv_cache::{HostKvDtype, HostLayer, KvCache, KvCacheDtype};
 pub use pool::BufferPool;
 pub use tensor::{Data, Tensor};
-pub use weights::{quant_type, WeightData, WeightStore};
+pub use weights::{quant_encoding, quant_type, WeightData, WeightStore};

@@ -172,6 +172,24 @@ pub fn quant_type(encoding: Encoding) -> Option<QuantType> {
     })
 }
 
+/// The encoding of a GGUF block format (the inverse of [`quant_type`]).
+pub fn quant_encoding(ty: QuantType) -> Encoding {
+    match ty {
+        QuantType::Q4_0 => Encoding::Q4_0,
+        QuantType::Q4_1 => Encoding::Q4_1,
+        QuantType::Q5_0 => Encoding::Q5_0,
+        QuantType::Q5_1 => Encoding::Q5_1,
+        QuantType::Q8_0 => Encoding::Q8_0,
+        QuantType::Q2K => Encoding::Q2K,
+        QuantType::Q3K => Encoding::Q3K,
+        QuantType::Q4K => Encoding::Q4K,
+        QuantType::Q5K => Encoding::Q5K,
+        QuantType::Q6K => Encoding::Q6K,
+        QuantType::IQ4NL => Encoding::Iq4Nl,
+        QuantType::IQ4XS => Encoding::Iq4Xs,
+    }
+}
+
 /// Weights by name.
 #[derive(Clone, Debug, Default)]
 pub struct WeightStore {

@@ -1,24 +1,38 @@
 //! Reference quantizers of weights: rows of f32 to GGUF blocks, exactly as
 //! ggml's `quantize_row_*_ref` (what `llama-quantize` writes without an
-//! importance matrix) and gguf-py compute them.
+//! importance matrix) and gguf-py compute them. The K-quants' searches are
+//! in [`super::quantize_k`].
 
 use half::f16;
 
+use super::quantize_k::{q4_k_block, q5_k_block, q6_k_block};
 use super::{BlockQ8_0, QuantError, QuantType};
 
 /// Values a block of the 32-value formats holds.
 const QK: usize = 32;
 
-/// Quantizes `src` to `ty` blocks in `dst`: Q8_0 ([`BlockQ8_0::quantize`]:
-/// `d = max|x| / 127`, quants rounded halves away from zero) or Q4_0
-/// (ggml's `quantize_row_q4_0_ref`: the block's value of largest magnitude
-/// maps to −8, `d = max / −8`, each quant `min(15, trunc(x/d + 8.5))`).
-/// `src.len()` must be a multiple of 32 and `dst.len()`
-/// `ty.row_bytes(src.len())`.
+/// Quantizes `src` to `ty` blocks in `dst`, as ggml's reference
+/// quantizers do:
+/// - Q8_0 ([`BlockQ8_0::quantize`]: `d = max|x| / 127`, quants rounded
+///   halves away from zero);
+/// - Q4_0 and Q5_0: the block's value of largest magnitude maps to −8
+///   (−16), each quant `trunc(x/d + 8.5)` (`+ 16.5`) at most 15 (31);
+/// - Q5_1: `d = (max − min) / 31`, quants `trunc((x − min)/d + 0.5)`;
+/// - Q4_K, Q5_K, Q6_K: each sub-block's scale (and minimum) searched for
+///   the least weighted squared error ([`super::quantize_k`]).
+///
+/// `src.len()` must be a multiple of `ty.block_elems()` and `dst.len()`
+/// `ty.row_bytes(src.len())`; other formats are
+/// [`QuantError::NoQuantizer`].
 pub fn quantize_row(ty: QuantType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
     let quantize_block: fn(&[f32], &mut [u8]) = match ty {
         QuantType::Q8_0 => q8_0_block,
         QuantType::Q4_0 => q4_0_block,
+        QuantType::Q5_0 => q5_0_block,
+        QuantType::Q5_1 => q5_1_block,
+        QuantType::Q4K => q4_k_block,
+        QuantType::Q5K => q5_k_block,
+        QuantType::Q6K => q6_k_block,
         other => return Err(QuantError::NoQuantizer(other)),
     };
     let bytes = ty.row_bytes(src.len())?;
@@ -30,7 +44,7 @@ pub fn quantize_row(ty: QuantType, src: &[f32], dst: &mut [u8]) -> Result<(), Qu
         });
     }
     for (x, block) in src
-        .chunks_exact(QK)
+        .chunks_exact(ty.block_elems())
         .zip(dst.chunks_exact_mut(ty.block_bytes()))
     {
         quantize_block(x, block);
@@ -47,9 +61,8 @@ fn q8_0_block(x: &[f32], block: &mut [u8]) {
     }
 }
 
-/// 32 values as a Q4_0 block's 18 bytes.
-fn q4_0_block(x: &[f32], block: &mut [u8]) {
-    // The first value of the largest magnitude, with its sign.
+/// The first value of the largest magnitude in `x`, with its sign.
+fn signed_max(x: &[f32]) -> f32 {
     let (mut amax, mut max) = (0f32, 0f32);
     for &v in x {
         if amax < v.abs() {
@@ -57,13 +70,62 @@ fn q4_0_block(x: &[f32], block: &mut [u8]) {
             max = v;
         }
     }
-    let d = max / -8.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    max
+}
+
+/// The f16 scale `d` at the start of `block`, and `1/d` (0 for 0).
+fn write_scale(d: f32, block: &mut [u8]) -> f32 {
     block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
+/// 32 values as a Q4_0 block's 18 bytes.
+fn q4_0_block(x: &[f32], block: &mut [u8]) {
+    let id = write_scale(signed_max(x) / -8.0, block);
     let quant = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
     for (j, q) in block[2..].iter_mut().enumerate() {
         *q = quant(x[j]) | (quant(x[j + QK / 2]) << 4);
     }
+}
+
+/// 32 five-bit quants: low nibbles into `qs` (value j and j + 16 share a
+/// byte), the fifth bits into the little-endian word `qh`.
+fn pack_five_bits(quants: impl Fn(usize) -> u8, qh: &mut [u8], qs: &mut [u8]) {
+    let mut high = 0u32;
+    for (j, q) in qs.iter_mut().enumerate() {
+        let (a, b) = (quants(j), quants(j + QK / 2));
+        *q = (a & 0xF) | ((b & 0xF) << 4);
+        high |= (u32::from(a >> 4) << j) | (u32::from(b >> 4) << (j + QK / 2));
+    }
+    qh.copy_from_slice(&high.to_le_bytes());
+}
+
+/// 32 values as a Q5_0 block's 22 bytes.
+fn q5_0_block(x: &[f32], block: &mut [u8]) {
+    let id = write_scale(signed_max(x) / -16.0, block);
+    let (qh, qs) = block[2..].split_at_mut(4);
+    pack_five_bits(|j| ((x[j] * id + 16.5) as i8).min(31) as u8, qh, qs);
+}
+
+/// 32 values as a Q5_1 block's 24 bytes.
+fn q5_1_block(x: &[f32], block: &mut [u8]) {
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    let id = write_scale((max - min) / 31.0, block);
+    block[2..4].copy_from_slice(&f16::from_f32(min).to_le_bytes());
+    let (qh, qs) = block[4..].split_at_mut(4);
+    pack_five_bits(|j| ((x[j] - min) * id + 0.5) as u8, qh, qs);
 }
 
 #[cfg(test)]
@@ -111,5 +173,46 @@ mod tests {
             quantize_row(QuantType::Q4_1, &[0.0; 32], &mut out),
             Err(QuantError::NoQuantizer(QuantType::Q4_1))
         );
+    }
+
+    /// Smooth values with an outlier and a run of zeros: every quantizer's
+    /// round trip stays within its format's error bound.
+    #[test]
+    fn round_trips_stay_within_a_step() {
+        let x: Vec<f32> = (0..512)
+            .map(|i| match i {
+                77 => 9.0,
+                300..=331 => 0.0,
+                _ => (i as f32 * 0.61).sin() * (1.0 + (i / 64) as f32),
+            })
+            .collect();
+        // The largest error allowed, as a fraction of a block's range.
+        for (ty, bound) in [
+            (QuantType::Q5_0, 1.0 / 31.0),
+            (QuantType::Q5_1, 1.0 / 31.0),
+            (QuantType::Q4K, 1.0 / 15.0),
+            (QuantType::Q5K, 1.0 / 31.0),
+            (QuantType::Q6K, 1.0 / 63.0),
+        ] {
+            let mut q = vec![0u8; ty.row_bytes(x.len()).unwrap()];
+            quantize_row(ty, &x, &mut q).unwrap();
+            let mut y = vec![0f32; x.len()];
+            dequantize_row(ty, &q, &mut y).unwrap();
+            for (xs, ys) in x.chunks(ty.block_elems()).zip(y.chunks(ty.block_elems())) {
+                let (lo, hi) = xs
+                    .iter()
+                    .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                for (a, b) in xs.iter().zip(ys) {
+                    assert!(
+                        (a - b).abs() <= bound * (hi - lo) * 1.01 + 1e-6,
+                        "{ty}: {a} vs {b}"
+                    );
+                }
+            }
+            // Symmetric formats give a run of zeros back as zeros.
+            if matches!(ty, QuantType::Q5_0 | QuantType::Q6K) {
+                assert!(y[300..332].iter().all(|&v| v == 0.0), "{ty}");
+            }
+        }
     }
 }

@@ -1,0 +1,367 @@
+//! Reference quantizers of the K-quants Kiln writes at load (Q4_K, Q5_K,
+//! Q6_K): super-blocks of 256 values, exactly as ggml's
+//! `quantize_row_q{4,5,6}_K_ref` compute them (what `llama-quantize` writes
+//! without an importance matrix). Each sub-block's scale (and minimum) is
+//! searched for the least weighted squared error, then the super-block's
+//! scales are themselves quantized and every value re-rounded against the
+//! stored ones. The float operations keep ggml's order, so the bytes match.
+
+use half::f16;
+
+use super::format::k4_scales_mins;
+
+/// Values a super-block holds.
+pub(super) const QK_K: usize = 256;
+
+/// Below this, a group of values counts as all zero (ggml's `GROUP_MAX_EPS`).
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// ggml's `nearest_int`: rounds to the nearest integer, ties to even, by
+/// adding 1.5·2²³ (exact for |v| < 2²²).
+#[inline]
+fn nearest_int(v: f32) -> i32 {
+    ((v + 12_582_912.0).to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
+}
+
+/// The f16 a block stores, and the f32 it reads back.
+#[inline]
+fn round_f16(v: f32) -> (f16, f32) {
+    let h = f16::from_f32(v);
+    (h, h.to_f32())
+}
+
+/// A scale and minimum search (ggml's `make_qkx2_quants`, squared error):
+/// levels `l` in `0..=nmax` such that `scale·l − min` approximates `x`
+/// under `weights`, trying `nstep + 1` scales from `(nmax + rmin) / range`
+/// in steps of `rdelta / range`. Writes the levels, returns
+/// `(scale, min)` with `min ≥ 0` the amount subtracted.
+fn fit_scale_min(
+    x: &[f32],
+    weights: &[f32],
+    nmax: i32,
+    (rmin, rdelta, nstep): (f32, f32, i32),
+    levels: &mut [u8],
+) -> (f32, f32) {
+    let mut min = x[0];
+    let mut max = x[0];
+    let mut sum_w = weights[0];
+    let mut sum_x = sum_w * x[0];
+    for (&v, &w) in x.iter().zip(weights).skip(1) {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+        sum_w += w;
+        sum_x += w * v;
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max == min {
+        levels.fill(0);
+        return (0.0, -min);
+    }
+    let level = |iscale: f32, min: f32, v: f32| nearest_int(iscale * (v - min)).clamp(0, nmax);
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_error = 0f32;
+    for ((l, &v), &w) in levels.iter_mut().zip(x).zip(weights) {
+        *l = level(iscale, min, v) as u8;
+        let diff = scale * *l as f32 + min - v;
+        best_error += w * (diff * diff);
+    }
+    let mut trial = [0u8; 32];
+    let trial = &mut trial[..x.len()];
+    for step in 0..=nstep {
+        iscale = (rmin + rdelta * step as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
+        for ((t, &v), &w) in trial.iter_mut().zip(x).zip(weights) {
+            let l = level(iscale, min, v);
+            *t = l as u8;
+            let l = l as f32;
+            sum_l += w * l;
+            sum_l2 += w * l * l;
+            sum_xl += w * l * v;
+        }
+        let det = sum_w * sum_l2 - sum_l * sum_l;
+        if det > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut error = 0f32;
+            for ((&t, &v), &w) in trial.iter().zip(x).zip(weights) {
+                let diff = this_scale * t as f32 + this_min - v;
+                error += w * (diff * diff);
+            }
+            if error < best_error {
+                levels.copy_from_slice(trial);
+                best_error = error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+/// A symmetric scale search (ggml's `make_qx_quants` with weights `x²`):
+/// levels `l + nmax`, `l` in `-nmax..nmax`, such that `scale·l`
+/// approximates `x`, trying 19 scales around `nmax / max`. Writes the
+/// levels, returns the scale (0 for a group of zeros).
+fn fit_scale(x: &[f32], nmax: i32, levels: &mut [u8]) -> f32 {
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        levels.fill(0);
+        return 0.0;
+    }
+    let level = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+    // Σ w·x·l and Σ w·l² at `iscale`, w = x².
+    let sums = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0f32, 0f32);
+        for &v in x {
+            let l = level(iscale, v) as f32;
+            let w = v * v;
+            sumlx += w * v * l;
+            suml2 += w * l * l;
+        }
+        (sumlx, suml2)
+    };
+    let write = |iscale: f32, levels: &mut [u8]| {
+        for (l, &v) in levels.iter_mut().zip(x) {
+            *l = (level(iscale, v) + nmax) as u8;
+        }
+    };
+    let iscale = -(nmax as f32) / max;
+    write(iscale, levels);
+    let (sumlx, suml2) = sums(iscale);
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for step in (-9..=9).filter(|&s| s != 0) {
+        let iscale = -(nmax as f32 + 0.1 * step as f32) / max;
+        let (sumlx, suml2) = sums(iscale);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            write(iscale, levels);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// The levels of a Q4_K or Q5_K super-block (`nmax` 15 or 31), written
+/// into `levels`; the f16 scale, minimum scale and 12 packed six-bit
+/// scales and minimums into `head` (the block's first 16 bytes).
+fn k4_super_block(
+    x: &[f32],
+    nmax: i32,
+    search: (f32, f32, i32),
+    head: &mut [u8],
+    levels: &mut [u8; QK_K],
+) {
+    let mut scales = [0f32; 8];
+    let mut mins = [0f32; 8];
+    let (mut max_scale, mut max_min) = (0f32, 0f32);
+    let mut weights = [0f32; 32];
+    for (j, (x, levels)) in x
+        .chunks_exact(32)
+        .zip(levels.chunks_exact_mut(32))
+        .enumerate()
+    {
+        let mut sum_x2 = 0f32;
+        for &v in x {
+            sum_x2 += v * v;
+        }
+        let av_x = (sum_x2 / 32.0).sqrt();
+        for (w, &v) in weights.iter_mut().zip(x) {
+            *w = av_x + v.abs();
+        }
+        (scales[j], mins[j]) = fit_scale_min(x, &weights, nmax, search, levels);
+        if scales[j] > max_scale {
+            max_scale = scales[j];
+        }
+        if mins[j] > max_min {
+            max_min = mins[j];
+        }
+    }
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let packed = &mut head[4..16];
+    for j in 0..8 {
+        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
+        if j < 4 {
+            packed[j] = ls;
+            packed[j + 4] = lm;
+        } else {
+            packed[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
+            packed[j - 4] |= (ls >> 4) << 6;
+            packed[j] |= (lm >> 4) << 6;
+        }
+    }
+    let (d, d_f32) = round_f16(max_scale / 63.0);
+    let (dmin, dmin_f32) = round_f16(max_min / 63.0);
+    head[..2].copy_from_slice(&d.to_le_bytes());
+    head[2..4].copy_from_slice(&dmin.to_le_bytes());
+    let (sc, m) = k4_scales_mins(&head[4..16]);
+    for (j, (x, levels)) in x
+        .chunks_exact(32)
+        .zip(levels.chunks_exact_mut(32))
+        .enumerate()
+    {
+        let d = d_f32 * sc[j] as f32;
+        if d == 0.0 {
+            continue;
+        }
+        let dm = dmin_f32 * m[j] as f32;
+        for (l, &v) in levels.iter_mut().zip(x) {
+            *l = nearest_int((v + dm) / d).clamp(0, nmax) as u8;
+        }
+    }
+}
+
+/// 256 values as a Q4_K block's 144 bytes (ggml's `quantize_row_q4_K_ref`).
+pub(super) fn q4_k_block(x: &[f32], block: &mut [u8]) {
+    let mut levels = [0u8; QK_K];
+    k4_super_block(x, 15, (-1.0, 0.1, 20), &mut block[..16], &mut levels);
+    for (q, levels) in block[16..]
+        .chunks_exact_mut(32)
+        .zip(levels.chunks_exact(64))
+    {
+        for (l, q) in q.iter_mut().enumerate() {
+            *q = levels[l] | (levels[l + 32] << 4);
+        }
+    }
+}
+
+/// 256 values as a Q5_K block's 176 bytes (ggml's `quantize_row_q5_K_ref`).
+pub(super) fn q5_k_block(x: &[f32], block: &mut [u8]) {
+    let mut levels = [0u8; QK_K];
+    k4_super_block(x, 31, (-0.5, 0.1, 15), &mut block[..16], &mut levels);
+    let (qh, qs) = block[16..].split_at_mut(32);
+    qh.fill(0);
+    for (pair, (q, levels)) in qs
+        .chunks_exact_mut(32)
+        .zip(levels.chunks_exact(64))
+        .enumerate()
+    {
+        for (l, q) in q.iter_mut().enumerate() {
+            let (low, high) = (levels[l], levels[l + 32]);
+            qh[l] |= ((low >> 4) << (2 * pair)) | ((high >> 4) << (2 * pair + 1));
+            *q = (low & 0xF) | ((high & 0xF) << 4);
+        }
+    }
+}
+
+/// 256 values as a Q6_K block's 210 bytes (ggml's `quantize_row_q6_K_ref`):
+/// 128 bytes of low nibbles, 64 of high bit pairs, 16 eight-bit scales,
+/// the f16 super-block scale.
+pub(super) fn q6_k_block(x: &[f32], block: &mut [u8]) {
+    let mut levels = [0u8; QK_K];
+    let mut scales = [0f32; 16];
+    let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
+    for (j, (x, levels)) in x
+        .chunks_exact(16)
+        .zip(levels.chunks_exact_mut(16))
+        .enumerate()
+    {
+        scales[j] = fit_scale(x, 32, levels);
+        if scales[j].abs() > max_abs_scale {
+            max_abs_scale = scales[j].abs();
+            max_scale = scales[j];
+        }
+    }
+    if max_abs_scale < GROUP_MAX_EPS {
+        block.fill(0);
+        return;
+    }
+    let iscale = -128.0 / max_scale;
+    let (d, d_f32) = round_f16(1.0 / iscale);
+    block[208..210].copy_from_slice(&d.to_le_bytes());
+    for (s, &scale) in block[192..208].iter_mut().zip(&scales) {
+        *s = nearest_int(iscale * scale).min(127) as i8 as u8;
+    }
+    for (j, (x, levels)) in x
+        .chunks_exact(16)
+        .zip(levels.chunks_exact_mut(16))
+        .enumerate()
+    {
+        let d = d_f32 * block[192 + j] as i8 as f32;
+        if d == 0.0 {
+            continue;
+        }
+        for (l, &v) in levels.iter_mut().zip(x) {
+            *l = (nearest_int(v / d).clamp(-32, 31) + 32) as u8;
+        }
+    }
+    let (ql, qh) = block[..192].split_at_mut(128);
+    for (half, levels) in levels.chunks_exact(128).enumerate() {
+        let (ql, qh) = (&mut ql[64 * half..][..64], &mut qh[32 * half..][..32]);
+        for l in 0..32 {
+            let q = |k: usize| levels[l + 32 * k];
+            ql[l] = (q(0) & 0xF) | ((q(2) & 0xF) << 4);
+            ql[l + 32] = (q(1) & 0xF) | ((q(3) & 0xF) << 4);
+            qh[l] = (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_int_rounds_ties_to_even() {
+        for (v, want) in [
+            (0.5, 0),
+            (1.5, 2),
+            (2.5, 2),
+            (-0.5, 0),
+            (-1.5, -2),
+            (3.49, 3),
+            (-7.51, -8),
+        ] {
+            assert_eq!(nearest_int(v), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn a_constant_group_has_no_scale() {
+        let mut levels = [7u8; 32];
+        assert_eq!(
+            fit_scale_min(&[0.0; 32], &[1.0; 32], 15, (-1.0, 0.1, 20), &mut levels),
+            (0.0, -0.0)
+        );
+        assert_eq!(levels, [0; 32]);
+        let mut levels = [7u8; 16];
+        assert_eq!(fit_scale(&[0.0; 16], 32, &mut levels), 0.0);
+        assert_eq!(levels, [0; 16]);
+    }
+
+    #[test]
+    fn the_scale_search_fits_a_ramp_exactly() {
+        // 0, 0.25, ..: levels 0..=15 of scale 0.25 and no minimum, which no
+        // other trial beats.
+        let x: Vec<f32> = (0..32).map(|i| (i % 16) as f32 * 0.25).collect();
+        let mut levels = [0u8; 32];
+        let (scale, min) = fit_scale_min(&x, &[1.0; 32], 15, (-1.0, 0.1, 20), &mut levels);
+        assert_eq!((scale, min), (0.25, -0.0));
+        for (i, &l) in levels.iter().enumerate() {
+            assert_eq!(l as usize, i % 16);
+        }
+    }
+}
