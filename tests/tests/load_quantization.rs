@@ -1,13 +1,15 @@
-//! `--quantization q8_0|q4_0`: a checkpoint's float matrices quantized at
-//! load.
+//! `--quantization q8_0|q4_0|q4_k_m|q5_k_m`: a checkpoint's float matrices
+//! quantized at load.
 //!
 //! The exact products of the quantized model equal (up to summation order)
 //! those of the same model whose matrices were quantized and dequantized
-//! beforehand with ggml's rounding (Q4_0's vocabulary matrices in Q8_0),
-//! and differ from the unquantized model's: the quantization happened, with
-//! ggml's blocks. The CUDA backend reads the same blocks through its packed
-//! kernels and agrees with the CPU step by step. A dense model and one with
-//! experts.
+//! beforehand with ggml's rounding, in the formats llama-quantize would
+//! pick (stated here independently for two-layer models), and differ from
+//! the unquantized model's: the quantization happened, with ggml's blocks.
+//! The CUDA backend reads the same blocks through its packed kernels and
+//! agrees with the CPU step by step. A dense model, one with experts (whose
+//! routers stay as stored), and a dense one whose rows fill the K-quants'
+//! super-blocks of 256 (the tiny ones fall back to 32-value formats).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -45,26 +47,54 @@ fn logits(model: &Model) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// `weights` with every matrix whose rows are whole blocks of 32 replaced
-/// by its blocks decoded (what the quantized model computes with): `ty`'s,
-/// or Q8_0's for the `vocab` rows of Q4_0's vocabulary matrices.
+/// The format llama-quantize stores the weight `name` of a two-layer model
+/// in, for `how` (`None`: kept as stored). Of two layers, `use_more_bits`
+/// holds for layer 1 only.
+fn expected_format(
+    how: LoadQuantization,
+    name: &str,
+    shape: &[usize],
+    vocab: usize,
+) -> Option<QuantType> {
+    let cols = *shape.last().unwrap();
+    if shape.len() < 2 || name.ends_with(".mlp.gate.weight") {
+        return None;
+    }
+    let widened =
+        (name.contains(".v_proj.") || name.contains(".down_proj.")) && name.contains(".layers.1.");
+    let wanted = match how {
+        LoadQuantization::None => return None,
+        LoadQuantization::Q8_0 => QuantType::Q8_0,
+        LoadQuantization::Q4_0 if shape[0] == vocab => QuantType::Q8_0,
+        LoadQuantization::Q4_0 => QuantType::Q4_0,
+        _ if name == "lm_head.weight" && cols % 256 != 0 => QuantType::Q8_0,
+        _ if name == "lm_head.weight" || widened => QuantType::Q6K,
+        LoadQuantization::Q4KM => QuantType::Q4K,
+        LoadQuantization::Q5KM => QuantType::Q5K,
+    };
+    let ty = match wanted {
+        QuantType::Q4K if cols % 256 != 0 => QuantType::Q5_0,
+        QuantType::Q5K if cols % 256 != 0 => QuantType::Q5_1,
+        QuantType::Q6K if cols % 256 != 0 => QuantType::Q8_0,
+        ty => ty,
+    };
+    (cols % ty.block_elems() == 0).then_some(ty)
+}
+
+/// `weights` with every matrix `how` quantizes replaced by its blocks
+/// decoded (what the quantized model computes with).
 fn rounded_through(
     weights: &BTreeMap<String, FixtureTensor>,
-    ty: QuantType,
+    how: LoadQuantization,
     vocab: usize,
 ) -> BTreeMap<String, FixtureTensor> {
     weights
         .iter()
         .map(|(name, tensor)| {
-            let cols = *tensor.shape.last().unwrap();
-            if tensor.shape.len() < 2 || !cols.is_multiple_of(32) {
+            let Some(ty) = expected_format(how, name, &tensor.shape, vocab) else {
                 return (name.clone(), tensor.clone());
-            }
-            let ty = if tensor.shape[0] == vocab {
-                QuantType::Q8_0
-            } else {
-                ty
             };
+            let cols = *tensor.shape.last().unwrap();
             let values: Vec<f32> = tensor.values().iter().map(|&v| v as f32).collect();
             let mut rounded = Vec::with_capacity(values.len());
             let mut blocks = vec![0u8; ty.row_bytes(cols).unwrap()];
@@ -82,21 +112,76 @@ fn rounded_through(
         .collect()
 }
 
+/// tiny_llama widened to rows of 256 and 512 values, random weights of
+/// matrices' scale.
+fn wide_llama() -> (serde_json::Value, BTreeMap<String, FixtureTensor>) {
+    let (mut config, weights) = tiny_model("tiny_llama.json");
+    let (hidden, inter, heads, kv_heads, head_dim) = (256, 512, 4, 2, 64);
+    config["hidden_size"] = hidden.into();
+    config["intermediate_size"] = inter.into();
+    config["num_attention_heads"] = heads.into();
+    config["num_key_value_heads"] = kv_heads.into();
+    config["head_dim"] = head_dim.into();
+    let vocab = config["vocab_size"].as_u64().unwrap() as usize;
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut random = |n: usize, scale: f64| -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    };
+    let wide = weights
+        .keys()
+        .map(|name| {
+            let shape = match name.rsplit('.').nth(1).unwrap() {
+                "lm_head" | "embed_tokens" => vec![vocab, hidden],
+                "q_proj" => vec![heads * head_dim, hidden],
+                "k_proj" | "v_proj" => vec![kv_heads * head_dim, hidden],
+                "o_proj" => vec![hidden, heads * head_dim],
+                "gate_proj" | "up_proj" => vec![inter, hidden],
+                "down_proj" => vec![hidden, inter],
+                _ => vec![hidden],
+            };
+            let values = if shape.len() == 1 {
+                vec![1.0; hidden]
+            } else {
+                random(shape.iter().product(), 1.0 / (shape[1] as f64).sqrt())
+            };
+            (name.clone(), FixtureTensor::f32(shape, &values))
+        })
+        .collect();
+    (config, wide)
+}
+
 fn check(fixture: &str) {
     let (config, weights) = tiny_model(fixture);
+    check_model(fixture, &config, &weights);
+}
+
+fn check_model(
+    fixture: &str,
+    config: &serde_json::Value,
+    weights: &BTreeMap<String, FixtureTensor>,
+) {
     let vocab = config["vocab_size"].as_u64().unwrap() as usize;
     let original = tempfile::tempdir().unwrap();
-    write_model_dir(&config, &weights, original.path(), false);
+    write_model_dir(config, weights, original.path(), false);
     let cpu = DeviceChoice::Cpu;
     let unquantized = logits(&load(original.path(), cpu, LoadQuantization::None));
-    for (how, ty) in [
-        (LoadQuantization::Q8_0, QuantType::Q8_0),
-        (LoadQuantization::Q4_0, QuantType::Q4_0),
+    for how in [
+        LoadQuantization::Q8_0,
+        LoadQuantization::Q4_0,
+        LoadQuantization::Q4KM,
+        LoadQuantization::Q5KM,
     ] {
         let rounded = tempfile::tempdir().unwrap();
         write_model_dir(
-            &config,
-            &rounded_through(&weights, ty, vocab),
+            config,
+            &rounded_through(weights, how, vocab),
             rounded.path(),
             false,
         );
@@ -106,12 +191,12 @@ fn check(fixture: &str) {
             let d = relative_difference(w, q);
             assert!(
                 d < 1e-5,
-                "{fixture} {ty} {position}: at load vs rounded weights {d:.2e}"
+                "{fixture} {how:?} {position}: at load vs rounded weights {d:.2e}"
             );
             let moved = relative_difference(u, q);
             assert!(
                 moved > 1e-4,
-                "{fixture} {ty} {position}: quantizing moved the logits by only {moved:.2e}"
+                "{fixture} {how:?} {position}: quantizing moved the logits by only {moved:.2e}"
             );
         }
 
@@ -121,7 +206,7 @@ fn check(fixture: &str) {
             let d = relative_difference(q, c);
             assert!(
                 d < 1e-4,
-                "{fixture} {ty} {position}: {device:?} vs CPU {d:.2e}"
+                "{fixture} {how:?} {position}: {device:?} vs CPU {d:.2e}"
             );
         }
     }
@@ -135,4 +220,19 @@ fn a_dense_model_quantized_at_load_computes_with_ggml_blocks() {
 #[test]
 fn a_model_with_experts_quantized_at_load_computes_with_ggml_blocks() {
     check("tiny_qwen3_moe_step1.json");
+}
+
+#[test]
+fn a_model_of_whole_super_blocks_quantized_at_load_computes_with_k_quants() {
+    let (config, weights) = wide_llama();
+    // The mixes do reach every K-quant here.
+    let vocab = config["vocab_size"].as_u64().unwrap() as usize;
+    let formats: Vec<_> = weights
+        .iter()
+        .filter_map(|(name, t)| expected_format(LoadQuantization::Q5KM, name, &t.shape, vocab))
+        .collect();
+    for ty in [QuantType::Q5K, QuantType::Q6K] {
+        assert!(formats.contains(&ty), "{ty}");
+    }
+    check_model("wide llama", &config, &weights);
 }
