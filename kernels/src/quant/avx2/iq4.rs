@@ -14,10 +14,10 @@
 
 use std::arch::x86_64::*;
 
-use super::super::act::BlockQ8K;
+use super::super::act::{rows_of, BlockQ8K};
 use super::super::format::{iq4xs_scales, marker, Format, IQ4_VALUES};
 use super::super::prefetch::rows_prefetched;
-use super::{f16_at, hsum_i32, load32_i8, multi_rows_of, nibbles32};
+use super::{f16_at, hsum_i32, load32_i8, nibbles32};
 
 /// IQ4_NL/IQ4_XS indices (bytes of 0..16) replaced by the signed values
 /// they stand for ([`IQ4_VALUES`]): one byte shuffle.
@@ -99,7 +99,7 @@ pub(crate) unsafe fn fast_iq4xs_multi<const R: usize>(
     };
     let bytes = marker::IQ4XS::BYTES;
     let blocks = (row_bytes / bytes).min(act_len);
-    let rows_acts = multi_rows_of::<R>(acts, act_len, blocks);
+    let rows_acts = rows_of::<_, R>(acts, act_len, blocks);
     for (r, row) in rows_prefetched(w, row_bytes).enumerate() {
         let mut acc = [0f32; R];
         for (j, b) in row.chunks_exact(bytes).take(blocks).enumerate() {

@@ -18,11 +18,11 @@
 
 use std::arch::x86_64::*;
 
-use super::super::act::BlockQ8K;
+use super::super::act::{rows_of, BlockQ8K};
 use super::super::format::{q3k_scales_words, Format};
 use super::super::prefetch::rows_prefetched;
 use super::super::QuantType;
-use super::{f16_at, hsum_i32, load32, load32_i8, multi_rows_of, q6k_half, sum128_i32};
+use super::{f16_at, hsum_i32, load32, load32_i8, q6k_half, sum128_i32};
 
 /// The unsigned quants of group `t` (values `32·t .. 32·t + 32`) of a
 /// Q2_K or Q3_K super-block `b`: Q2_K's quants (0..4), Q3_K's plus 4
@@ -123,15 +123,26 @@ unsafe fn offsets<F: Format>(scales16: __m256i, bsums: __m256i) -> __m256i {
     }
 }
 
-/// Σ minimum·(sum of the run's 16 activations) of a Q2_K super-block `b`
-/// (zero for the other formats).
+/// The 16 minimums of a Q2_K super-block `b` in 16-bit lanes (zero for
+/// the other formats).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q2k_mins<F: Format>(b: &[u8], bsums: __m256i) -> i32 {
+unsafe fn q2k_mins16<F: Format>(b: &[u8]) -> __m256i {
+    if F::TY != QuantType::Q2K {
+        return _mm256_setzero_si256();
+    }
+    _mm256_cvtepu8_epi16(q2k_min_bytes(b))
+}
+
+/// Σ minimum·(sum of the run's 16 activations) of a Q2_K super-block whose
+/// minimums are `mins16` ([`q2k_mins16`]; zero for the other formats).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q2k_mins<F: Format>(mins16: __m256i, bsums: __m256i) -> i32 {
     if F::TY != QuantType::Q2K {
         return 0;
     }
-    let m = _mm256_madd_epi16(_mm256_cvtepu8_epi16(q2k_min_bytes(b)), bsums);
+    let m = _mm256_madd_epi16(mins16, bsums);
     sum128_i32(_mm_add_epi32(
         _mm256_castsi256_si128(m),
         _mm256_extracti128_si256::<1>(m),
@@ -176,7 +187,8 @@ unsafe fn fast_k16_row<F: Format>(row: &[u8], acts: &[BlockQ8K]) -> f32 {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, run_scales(scales, t)));
             }
         }
-        acc = scale_k16::<F>(acc, hsum_i32(sumi), q2k_mins::<F>(b, bsums), b, a.d);
+        let mins = q2k_mins::<F>(q2k_mins16::<F>(b), bsums);
+        acc = scale_k16::<F>(acc, hsum_i32(sumi), mins, b, a.d);
     }
     acc
 }
@@ -199,7 +211,7 @@ pub(crate) unsafe fn fast_k16_multi<F: Format, const R: usize>(
         return;
     };
     let blocks = (row_bytes / F::BYTES).min(act_len);
-    let rows_acts = multi_rows_of::<R>(acts, act_len, blocks);
+    let rows_acts = rows_of::<_, R>(acts, act_len, blocks);
     for (r, row) in rows_prefetched(w, row_bytes).enumerate() {
         let mut acc = [0f32; R];
         for (j, b) in row.chunks_exact(F::BYTES).take(blocks).enumerate() {
@@ -207,6 +219,7 @@ pub(crate) unsafe fn fast_k16_multi<F: Format, const R: usize>(
             // activation row's sum.
             let scales = k16_scales::<F>(b);
             let scales16 = _mm256_cvtepi8_epi16(scales);
+            let mins16 = q2k_mins16::<F>(b);
             let mut quants = [_mm256_setzero_si256(); 8];
             let mut picks = [_mm256_setzero_si256(); 8];
             for h in 0..2 {
@@ -223,7 +236,8 @@ pub(crate) unsafe fn fast_k16_multi<F: Format, const R: usize>(
                     let p = _mm256_maddubs_epi16(*q, load32_i8(&a.qs[32 * t..]));
                     sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, *scale));
                 }
-                *acc = scale_k16::<F>(*acc, hsum_i32(sumi), q2k_mins::<F>(b, bsums), b, a.d);
+                let mins = q2k_mins::<F>(mins16, bsums);
+                *acc = scale_k16::<F>(*acc, hsum_i32(sumi), mins, b, a.d);
             }
         }
         for (i, acc) in acc.iter().enumerate() {

@@ -18,7 +18,7 @@
 
 use std::arch::x86_64::*;
 
-use super::act::{BlockQ8, BlockQ8K};
+use super::act::{rows_of, BlockQ8, BlockQ8K};
 use super::format::{k4_scales_mins_words, Format};
 use super::prefetch::rows_prefetched;
 use super::QuantType;
@@ -419,10 +419,7 @@ pub(crate) unsafe fn fast_32_multi<F: Format, const R: usize>(
         return;
     };
     let blocks = (row_bytes / F::BYTES).min(act_len);
-    let mut rows_acts = [&acts[..0]; R];
-    for (i, a) in rows_acts.iter_mut().enumerate() {
-        *a = &acts[i * act_len..i * act_len + blocks];
-    }
+    let rows_acts = rows_of::<_, R>(acts, act_len, blocks);
     // Per block: the rows' scales, and scales times sums (unused for Q8_0).
     let mut scales = vec![[0f32; 8]; blocks];
     let mut sums = vec![[0f32; 8]; blocks];
@@ -553,21 +550,6 @@ unsafe fn sum128_i32(v: __m128i) -> i32 {
     _mm_cvtsi128_si32(v)
 }
 
-/// The activation rows of a multi-row kernel's call: `R` rows of `blocks`
-/// blocks, from `acts` (rows of `act_len` blocks one after another).
-#[inline(always)]
-fn multi_rows_of<const R: usize>(
-    acts: &[BlockQ8K],
-    act_len: usize,
-    blocks: usize,
-) -> [&[BlockQ8K]; R] {
-    let mut rows = [&acts[..0]; R];
-    for (i, a) in rows.iter_mut().enumerate() {
-        *a = &acts[i * act_len..i * act_len + blocks];
-    }
-    rows
-}
-
 /// [`fast_q45k`] over `R` (2, 4, 6 or 8) activation rows at once: each
 /// weight block is decoded once for the `R` rows. `acts` holds the `R` rows
 /// of `act_len` blocks one after another, `out` the `R` output rows of
@@ -591,7 +573,7 @@ pub(crate) unsafe fn fast_q45k_multi<F: Format, const R: usize>(
         return;
     };
     let blocks = (row_bytes / F::BYTES).min(act_len);
-    let rows_acts = multi_rows_of::<R>(acts, act_len, blocks);
+    let rows_acts = rows_of::<_, R>(acts, act_len, blocks);
     // Per block and activation row: the sums of each 32 activations (as
     // `fast_q45k_row` forms them).
     let mut pair_sums = vec![[0i16; 8]; blocks * R];

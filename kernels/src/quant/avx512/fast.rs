@@ -22,6 +22,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::act::rows_of;
 use super::super::format::Format;
 use super::{load_pair, nibble_index, quant_offset, unsigned_quants};
 
@@ -104,10 +105,7 @@ pub(crate) unsafe fn fast_32_multi<F: Format, const R: usize>(
     let Some(row_bytes) = w.len().checked_div(n) else {
         return;
     };
-    let mut rows_acts = [&acts[..0]; R];
-    for (i, a) in rows_acts.iter_mut().enumerate() {
-        *a = &acts[i * act_len..(i + 1) * act_len];
-    }
+    let rows_acts = rows_of::<_, R>(acts, act_len, act_len);
     let nibbles = nibble_index::<F>();
     for g0 in (0..n).step_by(LANES) {
         let rows = (n - g0).min(LANES);

@@ -10,8 +10,9 @@
 
 use rayon::prelude::*;
 
+use super::acts::{quantize_acts, ActBlock, PAR_QUANTIZE_MIN};
 use super::job::Job;
-use super::{quantize_acts, ActBlock, Isa, PAR_QUANTIZE_MIN};
+use super::Isa;
 
 /// Output values the sum of the two products takes at a time.
 const SUM_CHUNK: usize = 4096;
