@@ -409,7 +409,7 @@ pub struct RuntimeArgs {
     /// would write, read by the Q8_0 kernels on every device (about half
     /// of bf16's bytes a decode step); `q4_0` as Q4_0 blocks (4.5 bits a
     /// weight), the vocabulary's matrices (embeddings, LM head) as Q8_0;
-    /// `q4_k_m` and `q5_k_m` as llama.cpp's mixes of those names, the bytes
+    /// `q5_k_m`, `q4_k_m`, `q3_k_m` and `q2_k` as llama.cpp's mixes of those names, the bytes
     /// `llama-quantize` writes without an importance matrix. Vectors (norms,
     /// biases) and routers of experts stay as stored. Not with `--shape`
     /// (use `--shape-dtype`).
@@ -480,6 +480,12 @@ pub enum QuantizationArg {
     /// llama.cpp's Q5_K_M mix: as q4_k_m with Q5_K (Q5_1 for rows that are not multiples of 256).
     #[value(name = "q5_k_m")]
     Q5KM,
+    /// llama.cpp's Q3_K_M mix: Q3_K, Q6_K for the LM head, Q4_K (Q5_K early) for the output, value and down projections.
+    #[value(name = "q3_k_m")]
+    Q3KM,
+    /// llama.cpp's Q2_K mix: Q2_K, Q6_K for the LM head, Q3_K (or Q4_K) for the output, value and down projections.
+    #[value(name = "q2_k")]
+    Q2K,
 }
 
 impl From<QuantizationArg> for crate::model::LoadQuantization {
@@ -490,6 +496,8 @@ impl From<QuantizationArg> for crate::model::LoadQuantization {
             QuantizationArg::Q4_0 => Self::Q4_0,
             QuantizationArg::Q4KM => Self::Q4KM,
             QuantizationArg::Q5KM => Self::Q5KM,
+            QuantizationArg::Q3KM => Self::Q3KM,
+            QuantizationArg::Q2K => Self::Q2K,
         }
     }
 }

@@ -65,7 +65,13 @@ fn the_32_value_quantizers_are_byte_exact_with_gguf_py() {
 
 #[test]
 fn the_k_quant_quantizers_are_byte_exact_with_ggml() {
-    for ty in [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K] {
+    for ty in [
+        QuantType::Q2K,
+        QuantType::Q3K,
+        QuantType::Q4K,
+        QuantType::Q5K,
+        QuantType::Q6K,
+    ] {
         let src = f32s(&fixture(&format!("{ty}.ggml.src.f32")));
         let want = fixture(&format!("{ty}.ggml.q"));
         let mut got = vec![0u8; ty.row_bytes(src.len()).unwrap()];

@@ -48,31 +48,48 @@ fn logits(model: &Model) -> Vec<Vec<f32>> {
 }
 
 /// The format llama-quantize stores the weight `name` of a two-layer model
-/// in, for `how` (`None`: kept as stored). Of two layers, `use_more_bits`
-/// holds for layer 1 only.
+/// in, for `how` (`None`: kept as stored), `gqa` query heads sharing a
+/// key/value head. Of two layers, `use_more_bits` holds for layer 1 only,
+/// and Q3_K_M's early layers are both layers for value projections and
+/// none for down projections.
 fn expected_format(
     how: LoadQuantization,
     name: &str,
     shape: &[usize],
     vocab: usize,
+    gqa: usize,
 ) -> Option<QuantType> {
+    use LoadQuantization as L;
     let cols = *shape.last().unwrap();
     if shape.len() < 2 || name.ends_with(".mlp.gate.weight") {
         return None;
     }
-    let widened =
-        (name.contains(".v_proj.") || name.contains(".down_proj.")) && name.contains(".layers.1.");
+    let lm_head = name == "lm_head.weight";
+    let (v, down, o) = (
+        name.contains(".v_proj."),
+        name.contains(".down_proj."),
+        name.contains(".o_proj."),
+    );
+    let widened = (v || down) && name.contains(".layers.1.");
     let wanted = match how {
-        LoadQuantization::None => return None,
-        LoadQuantization::Q8_0 => QuantType::Q8_0,
-        LoadQuantization::Q4_0 if shape[0] == vocab => QuantType::Q8_0,
-        LoadQuantization::Q4_0 => QuantType::Q4_0,
-        _ if name == "lm_head.weight" && cols % 256 != 0 => QuantType::Q8_0,
-        _ if name == "lm_head.weight" || widened => QuantType::Q6K,
-        LoadQuantization::Q4KM => QuantType::Q4K,
-        LoadQuantization::Q5KM => QuantType::Q5K,
+        L::None => return None,
+        L::Q8_0 => QuantType::Q8_0,
+        L::Q4_0 if shape[0] == vocab => QuantType::Q8_0,
+        L::Q4_0 => QuantType::Q4_0,
+        _ if lm_head && cols % 256 != 0 => QuantType::Q8_0,
+        _ if lm_head => QuantType::Q6K,
+        L::Q4KM | L::Q5KM if widened => QuantType::Q6K,
+        L::Q4KM => QuantType::Q4K,
+        L::Q5KM => QuantType::Q5K,
+        L::Q3KM if v => QuantType::Q5K,
+        L::Q3KM if down || o => QuantType::Q4K,
+        L::Q3KM => QuantType::Q3K,
+        L::Q2K if v && gqa >= 4 => QuantType::Q4K,
+        L::Q2K if v || down || o => QuantType::Q3K,
+        L::Q2K => QuantType::Q2K,
     };
     let ty = match wanted {
+        QuantType::Q2K | QuantType::Q3K if cols % 256 != 0 => QuantType::Q4_0,
         QuantType::Q4K if cols % 256 != 0 => QuantType::Q5_0,
         QuantType::Q5K if cols % 256 != 0 => QuantType::Q5_1,
         QuantType::Q6K if cols % 256 != 0 => QuantType::Q8_0,
@@ -81,17 +98,25 @@ fn expected_format(
     (cols % ty.block_elems() == 0).then_some(ty)
 }
 
+/// Query heads per key/value head in `config`.
+fn gqa(config: &serde_json::Value) -> usize {
+    let heads = config["num_attention_heads"].as_u64().unwrap();
+    let kv_heads = config["num_key_value_heads"].as_u64().unwrap_or(heads);
+    (heads / kv_heads) as usize
+}
+
 /// `weights` with every matrix `how` quantizes replaced by its blocks
 /// decoded (what the quantized model computes with).
 fn rounded_through(
     weights: &BTreeMap<String, FixtureTensor>,
     how: LoadQuantization,
-    vocab: usize,
+    config: &serde_json::Value,
 ) -> BTreeMap<String, FixtureTensor> {
+    let vocab = config["vocab_size"].as_u64().unwrap() as usize;
     weights
         .iter()
         .map(|(name, tensor)| {
-            let Some(ty) = expected_format(how, name, &tensor.shape, vocab) else {
+            let Some(ty) = expected_format(how, name, &tensor.shape, vocab, gqa(config)) else {
                 return (name.clone(), tensor.clone());
             };
             let cols = *tensor.shape.last().unwrap();
@@ -167,7 +192,6 @@ fn check_model(
     config: &serde_json::Value,
     weights: &BTreeMap<String, FixtureTensor>,
 ) {
-    let vocab = config["vocab_size"].as_u64().unwrap() as usize;
     let original = tempfile::tempdir().unwrap();
     write_model_dir(config, weights, original.path(), false);
     let cpu = DeviceChoice::Cpu;
@@ -175,13 +199,15 @@ fn check_model(
     for how in [
         LoadQuantization::Q8_0,
         LoadQuantization::Q4_0,
-        LoadQuantization::Q4KM,
         LoadQuantization::Q5KM,
+        LoadQuantization::Q4KM,
+        LoadQuantization::Q3KM,
+        LoadQuantization::Q2K,
     ] {
         let rounded = tempfile::tempdir().unwrap();
         write_model_dir(
             config,
-            &rounded_through(weights, how, vocab),
+            &rounded_through(weights, how, config),
             rounded.path(),
             false,
         );
@@ -227,12 +253,27 @@ fn a_model_of_whole_super_blocks_quantized_at_load_computes_with_k_quants() {
     let (config, weights) = wide_llama();
     // The mixes do reach every K-quant here.
     let vocab = config["vocab_size"].as_u64().unwrap() as usize;
-    let formats: Vec<_> = weights
-        .iter()
-        .filter_map(|(name, t)| expected_format(LoadQuantization::Q5KM, name, &t.shape, vocab))
-        .collect();
-    for ty in [QuantType::Q5K, QuantType::Q6K] {
-        assert!(formats.contains(&ty), "{ty}");
+    let mut formats = std::collections::BTreeSet::new();
+    for how in [
+        LoadQuantization::Q5KM,
+        LoadQuantization::Q4KM,
+        LoadQuantization::Q3KM,
+        LoadQuantization::Q2K,
+    ] {
+        for (name, tensor) in &weights {
+            formats.extend(
+                expected_format(how, name, &tensor.shape, vocab, gqa(&config)).map(|ty| ty.name()),
+            );
+        }
+    }
+    for ty in [
+        QuantType::Q2K,
+        QuantType::Q3K,
+        QuantType::Q4K,
+        QuantType::Q5K,
+        QuantType::Q6K,
+    ] {
+        assert!(formats.contains(ty.name()), "{ty}");
     }
     check_model("wide llama", &config, &weights);
 }

@@ -11,16 +11,16 @@
 //!   projections and down projections, Q5_K for the first two layers' value
 //!   projections and the first sixteenth's down projections;
 //! - Q2_K: Q2_K, with Q6_K for the LM head and Q3_K for the output, value
-//!   and down projections;
+//!   and down projections (Q4_K for the value projections where a key/value
+//!   head serves four query heads or more);
 //! - at load, rows that are not whole super-blocks of 256 fall back to a
-//!   32-value format as llama-quantize's do: Q4_K to Q5_0, Q5_K to Q5_1,
-//!   Q6_K to Q8_0 (the LM head straight to Q8_0).
+//!   32-value format as llama-quantize's do: Q2_K and Q3_K to Q4_0, Q4_K to
+//!   Q5_0, Q5_K to Q5_1, Q6_K to Q8_0 (the LM head straight to Q8_0).
 //!
 //! Roles come from Kiln's module paths (`lm_head`, `embed_tokens`,
 //! `layers.N.self_attn.v_proj`, `mlp.down_proj`, ...); a plugin whose
 //! modules are named otherwise gets the default format for them. Not
-//! modelled: llama.cpp's extra bits for 8-expert models, for 70B ones, and
-//! Q2_K's Q4_K values where a key/value head serves four query heads.
+//! modelled: llama.cpp's extra bits for 8-expert models and for 70B ones.
 //! Routers of mixtures of experts (`mlp.gate`) keep their floats, as
 //! llama.cpp keeps `ffn_gate_inp`.
 
@@ -93,11 +93,34 @@ pub(crate) enum FileMix {
     Q2K,
 }
 
+/// The sizes of a model's config the mixes read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelSizes {
+    /// Rows of the vocabulary's matrices (`vocab_size`).
+    pub vocab: Option<u64>,
+    /// Query heads per key/value head.
+    pub gqa: u64,
+}
+
+impl ModelSizes {
+    /// The sizes `hf_config` gives.
+    pub fn of(hf_config: &serde_json::Value) -> Self {
+        let get = |key| hf_config.get(key).and_then(serde_json::Value::as_u64);
+        let heads = get("num_attention_heads");
+        let kv_heads = get("num_key_value_heads").or(heads);
+        let gqa = heads.zip(kv_heads).and_then(|(h, kv)| h.checked_div(kv));
+        Self {
+            vocab: get("vocab_size"),
+            gqa: gqa.unwrap_or(1),
+        }
+    }
+}
+
 /// What the mixes need to know of a model beyond a weight's own name.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct MixedModel {
-    /// Rows of the vocabulary's matrices.
-    vocab: Option<u64>,
+    /// Rows of the vocabulary's matrices, query heads per key/value head.
+    sizes: ModelSizes,
     /// Decoder layers.
     layers: usize,
     /// Whether the LM head is the token embeddings (no `lm_head`).
@@ -108,7 +131,7 @@ impl MixedModel {
     /// The model of the weights `(name, rows)`.
     pub(crate) fn of<'a>(
         weights: impl IntoIterator<Item = (&'a str, u64)> + Clone,
-        vocab: Option<u64>,
+        sizes: ModelSizes,
     ) -> Self {
         let layers = weights
             .clone()
@@ -118,16 +141,16 @@ impl MixedModel {
             .map_or(0, |last| last + 1);
         let tied = !weights
             .into_iter()
-            .any(|(name, rows)| role(name, rows, vocab) == Role::Output);
+            .any(|(name, rows)| role(name, rows, sizes.vocab) == Role::Output);
         Self {
-            vocab,
+            sizes,
             layers,
             tied,
         }
     }
 
     fn role(&self, name: &str, rows: u64) -> Role {
-        match role(name, rows, self.vocab) {
+        match role(name, rows, self.sizes.vocab) {
             Role::TokenEmbeddings if self.tied => Role::Output,
             role => role,
         }
@@ -160,6 +183,7 @@ impl FileMix {
                 QuantType::Q4K
             }
             (Self::Q3KM, _) => QuantType::Q3K,
+            (Self::Q2K, Role::AttentionValues(_)) if model.sizes.gqa >= 4 => QuantType::Q4K,
             (Self::Q2K, Role::AttentionValues(_) | Role::FfnDown(_) | Role::AttentionOutput) => {
                 QuantType::Q3K
             }
@@ -173,12 +197,13 @@ impl FileMix {
 pub(super) fn plan_formats(
     weights: &[WeightData],
     how: LoadQuantization,
-    vocab: Option<u64>,
+    sizes: ModelSizes,
 ) -> Vec<Option<QuantType>> {
+    let vocab = sizes.vocab;
     let rows = |w: &WeightData| w.spec.shape.first().copied().unwrap_or(0);
     let model = MixedModel::of(
         weights.iter().map(|w| (w.spec.name.as_str(), rows(w))),
-        vocab,
+        sizes,
     );
     weights
         .iter()
@@ -196,11 +221,14 @@ pub(super) fn plan_formats(
                 _ if role == Role::Output && !cols.is_multiple_of(256) => QuantType::Q8_0,
                 LoadQuantization::Q4KM => FileMix::Q4KM.choose(name, rows, &model)?,
                 LoadQuantization::Q5KM => FileMix::Q5KM.choose(name, rows, &model)?,
+                LoadQuantization::Q3KM => FileMix::Q3KM.choose(name, rows, &model)?,
+                LoadQuantization::Q2K => FileMix::Q2K.choose(name, rows, &model)?,
             };
             let ty = if cols.is_multiple_of(wanted.block_elems()) {
                 wanted
             } else {
                 match wanted {
+                    QuantType::Q2K | QuantType::Q3K => QuantType::Q4_0,
                     QuantType::Q4K => QuantType::Q5_0,
                     QuantType::Q5K => QuantType::Q5_1,
                     QuantType::Q6K => QuantType::Q8_0,
@@ -282,7 +310,11 @@ mod tests {
     /// A 32-layer model with an LM head of its own.
     fn model() -> MixedModel {
         let last = ("layers.31.mlp.down_proj.weight", 4096);
-        MixedModel::of([("lm_head.weight", 100), last], Some(100))
+        let sizes = ModelSizes {
+            vocab: Some(100),
+            gqa: 1,
+        };
+        MixedModel::of([("lm_head.weight", 100), last], sizes)
     }
 
     /// The layers whose `v_proj` and `down_proj` a 32-layer Q4_K_M file
@@ -351,5 +383,23 @@ mod tests {
         assert_eq!(q2("layers.9.mlp.down_proj.weight"), QuantType::Q3K);
         assert_eq!(q2("layers.9.self_attn.k_proj.weight"), QuantType::Q2K);
         assert_eq!(q2("layers.9.mlp.up_proj.weight"), QuantType::Q2K);
+        let grouped = MixedModel {
+            sizes: ModelSizes {
+                gqa: 4,
+                ..model.sizes
+            },
+            ..model
+        };
+        let v = FileMix::Q2K.choose("layers.0.self_attn.v_proj.weight", 1024, &grouped);
+        assert_eq!(v, Some(QuantType::Q4K));
+        let config = serde_json::json!({"vocab_size": 7, "num_attention_heads": 32, "num_key_value_heads": 8});
+        assert_eq!(
+            ModelSizes::of(&config),
+            ModelSizes {
+                vocab: Some(7),
+                gqa: 4
+            }
+        );
+        assert_eq!(ModelSizes::of(&serde_json::json!({})).gqa, 1);
     }
 }

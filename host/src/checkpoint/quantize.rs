@@ -1,11 +1,11 @@
-//! Weights quantized at load (`--quantization q8_0|q4_0|q4_k_m|q5_k_m`): a
+//! Weights quantized at load (`--quantization q8_0|q4_0|q4_k_m|...`): a
 //! checkpoint's float matrices become GGUF blocks, the bytes
 //! `llama-quantize` would store, so that every backend reads them through
 //! the kernels of a GGUF file. The counterpart of vLLM's `--quantization
 //! fp8` (Q8_0: about half the bytes a bf16 decode step streams), of its
 //! 4-bit bitsandbytes quantization at load (Q4_0: 4.5 bits a weight), and of
-//! mistral.rs's in-situ K-quants (Q4_K_M, Q5_K_M: llama.cpp's mixes,
-//! [`super::quant_mix`]).
+//! mistral.rs's in-situ K-quants (Q5_K_M, Q4_K_M, Q3_K_M, Q2_K: llama.cpp's
+//! mixes, [`super::quant_mix`]).
 
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use kiln_kernels::quant::{quantize_row, QuantType};
 use kiln_kernels::HugePageBuffer;
 use rayon::prelude::*;
 
-use super::quant_mix::plan_formats;
+use super::quant_mix::{plan_formats, ModelSizes};
 use super::{BoundWeights, CheckpointError};
 use crate::runtime::{quant_encoding, WeightData};
 
@@ -33,6 +33,12 @@ pub enum LoadQuantization {
     Q4KM,
     /// llama.cpp's Q5_K_M mix: as [`Self::Q4KM`] with Q5_K.
     Q5KM,
+    /// llama.cpp's Q3_K_M mix: Q3_K, with Q6_K for the LM head and Q4_K or
+    /// Q5_K for the output, value and down projections.
+    Q3KM,
+    /// llama.cpp's Q2_K mix: Q2_K, with Q6_K for the LM head and Q3_K (or
+    /// Q4_K) for the output, value and down projections.
+    Q2K,
 }
 
 /// What [`quantize_matrices`] did.
@@ -51,8 +57,8 @@ const ROWS_PER_TASK: usize = 64;
 const ALIGN: usize = 64;
 
 /// Quantizes the float weights of `bound` as `how` asks
-/// ([`super::quant_mix`] picks each one's format; `vocab` is the
-/// vocabulary's size, the rows of the embeddings and LM head). Vectors
+/// ([`super::quant_mix`] picks each one's format from its name, shape and
+/// the model's `sizes`). Vectors
 /// (norms, biases), routers and other encodings keep their bytes. The
 /// weights' logical types do not change.
 ///
@@ -62,7 +68,7 @@ const ALIGN: usize = 64;
 pub fn quantize_matrices(
     bound: &mut BoundWeights,
     how: LoadQuantization,
-    vocab: Option<u64>,
+    sizes: ModelSizes,
 ) -> Result<Quantized, CheckpointError> {
     if how == LoadQuantization::None {
         return Ok(Quantized::default());
@@ -72,7 +78,7 @@ pub fn quantize_matrices(
     // Each weight's encoding and place in the buffer.
     let mut plan = Vec::with_capacity(weights.len());
     let mut total = 0;
-    for (weight, ty) in weights.iter().zip(plan_formats(&weights, how, vocab)) {
+    for (weight, ty) in weights.iter().zip(plan_formats(&weights, how, sizes)) {
         let len = match ty {
             Some(ty) => {
                 let cols = *weight.spec.shape.last().expect("a matrix") as usize;
@@ -198,7 +204,12 @@ mod tests {
             store,
             unused: Vec::new(),
         };
-        let done = quantize_matrices(&mut bound, LoadQuantization::Q8_0, None).unwrap();
+        let done = quantize_matrices(
+            &mut bound,
+            LoadQuantization::Q8_0,
+            ModelSizes::of(&serde_json::json!({})),
+        )
+        .unwrap();
         assert_eq!(done.matrices, 1);
         assert_eq!(done.bytes, (3 * 64 * 4, 3 * 2 * 34));
         let proj = bound.store.get("proj.weight").unwrap();

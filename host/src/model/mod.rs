@@ -12,6 +12,7 @@ use kiln_plugin_api::graph::Device;
 use kiln_plugin_api::{ArchConfig, ConfigRequest, GraphRequest, Task, WeightsFormat};
 
 use crate::checkpoint::gguf::GgufValue;
+use crate::checkpoint::quant_mix::ModelSizes;
 use crate::checkpoint::quantize::quantize_matrices;
 pub use crate::checkpoint::quantize::LoadQuantization;
 use crate::checkpoint::{self, BoundWeights, Checkpoint, CheckpointError, TensorBytes};
@@ -247,8 +248,8 @@ pub fn load(
                 max_length: options.max_length,
             })?;
             let mut bound = bind_weights(arch, &checkpoint, &hf_config)?;
-            let vocab = hf_config.get("vocab_size").and_then(|v| v.as_u64());
-            let quantized = quantize_matrices(&mut bound, options.quantization, vocab)?;
+            let sizes = ModelSizes::of(&hf_config);
+            let quantized = quantize_matrices(&mut bound, options.quantization, sizes)?;
             if quantized.matrices > 0 {
                 tracing::info!(
                     "quantized {} matrices ({:?}) at load: {:.1} MiB -> {:.1} MiB",

@@ -12,7 +12,7 @@ use kiln_plugin_api::nn::StateDict;
 use kiln_plugin_api::{ConfigRequest, Encoding, GraphRequest, WeightsFormat};
 
 use super::{ModelError, ResolvedModel};
-use crate::checkpoint::quant_mix::{FileMix, MixedModel};
+use crate::checkpoint::quant_mix::{FileMix, MixedModel, ModelSizes};
 use crate::checkpoint::BoundWeights;
 use crate::plugins::ArchitectureRegistry;
 use crate::runtime::{quant_encoding, quant_type, WeightData, WeightStore};
@@ -59,9 +59,8 @@ pub enum ShapeDtype {
     #[value(name = "q3_k_m")]
     Q3KM,
     /// llama.cpp's Q2_K: Q2_K matrices, Q6_K for the logits', Q3_K for
-    /// `o_proj`, `v_proj` and `down_proj` (`llama-quantize` raises `v_proj`
-    /// to Q4_K where a key/value head serves four query heads or more; not
-    /// modelled here).
+    /// `o_proj`, `v_proj` and `down_proj` (`v_proj` Q4_K where a key/value
+    /// head serves four query heads or more).
     #[value(name = "q2_k")]
     Q2K,
     /// GGUF IQ4_XS blocks for every matrix whose rows fill super-blocks of
@@ -163,7 +162,7 @@ pub fn load(
         })?;
     let rows = |w: &WeightSpec| w.shape.first().copied().unwrap_or(0);
     let names_rows = declared.weights.iter().map(|w| (w.name.as_str(), rows(w)));
-    let mix = MixedModel::of(names_rows, Some(vocab));
+    let mix = MixedModel::of(names_rows, ModelSizes::of(&hf_config));
     // The CPU backend runs on the host's bytes: shared ones would stay in
     // its caches and overstate decode's speed.
     let own_bytes = !options.device.is_cuda();
@@ -363,11 +362,12 @@ mod tests {
     fn q4_k_m_keeps_vectors_and_odd_rows_in_f32() {
         let q = ShapeDtype::Q4KM;
         let last_layer = ("layers.31.mlp.down_proj.weight", 4096);
-        let model = MixedModel::of([("lm_head.weight", 100), last_layer], Some(100));
+        let sizes = ModelSizes::of(&serde_json::json!({"vocab_size": 100}));
+        let model = MixedModel::of([("lm_head.weight", 100), last_layer], sizes);
         let encoding = |name: &str, shape: &[u64]| q.encoding(name, shape, &model);
         assert_eq!(encoding("lm_head.weight", &[100, 4096]), Encoding::Q6K);
         assert_eq!(encoding("embed_tokens.weight", &[100, 4096]), Encoding::Q4K);
-        let tied = MixedModel::of([("embed_tokens.weight", 100), last_layer], Some(100));
+        let tied = MixedModel::of([("embed_tokens.weight", 100), last_layer], sizes);
         let embedding = q.encoding("embed_tokens.weight", &[100, 4096], &tied);
         assert_eq!(embedding, Encoding::Q6K);
         let q_proj = "layers.0.self_attn.q_proj.weight";

@@ -5,7 +5,7 @@
 
 use half::f16;
 
-use super::quantize_k::{q4_k_block, q5_k_block, q6_k_block};
+use super::quantize_k::{q2_k_block, q3_k_block, q4_k_block, q5_k_block, q6_k_block};
 use super::{BlockQ8_0, QuantError, QuantType};
 
 /// Values a block of the 32-value formats holds.
@@ -18,8 +18,8 @@ const QK: usize = 32;
 /// - Q4_0 and Q5_0: the block's value of largest magnitude maps to −8
 ///   (−16), each quant `trunc(x/d + 8.5)` (`+ 16.5`) at most 15 (31);
 /// - Q5_1: `d = (max − min) / 31`, quants `trunc((x − min)/d + 0.5)`;
-/// - Q4_K, Q5_K, Q6_K: each sub-block's scale (and minimum) searched for
-///   the least weighted squared error ([`super::quantize_k`]).
+/// - Q2_K to Q6_K: each sub-block's scale (and minimum) searched for the
+///   least weighted error ([`super::quantize_k`]).
 ///
 /// `src.len()` must be a multiple of `ty.block_elems()` and `dst.len()`
 /// `ty.row_bytes(src.len())`; other formats are
@@ -30,6 +30,8 @@ pub fn quantize_row(ty: QuantType, src: &[f32], dst: &mut [u8]) -> Result<(), Qu
         QuantType::Q4_0 => q4_0_block,
         QuantType::Q5_0 => q5_0_block,
         QuantType::Q5_1 => q5_1_block,
+        QuantType::Q2K => q2_k_block,
+        QuantType::Q3K => q3_k_block,
         QuantType::Q4K => q4_k_block,
         QuantType::Q5K => q5_k_block,
         QuantType::Q6K => q6_k_block,
@@ -190,6 +192,8 @@ mod tests {
         for (ty, bound) in [
             (QuantType::Q5_0, 1.0 / 31.0),
             (QuantType::Q5_1, 1.0 / 31.0),
+            (QuantType::Q2K, 1.0 / 3.0),
+            (QuantType::Q3K, 1.0 / 7.0),
             (QuantType::Q4K, 1.0 / 15.0),
             (QuantType::Q5K, 1.0 / 31.0),
             (QuantType::Q6K, 1.0 / 63.0),
@@ -210,7 +214,7 @@ mod tests {
                 }
             }
             // Symmetric formats give a run of zeros back as zeros.
-            if matches!(ty, QuantType::Q5_0 | QuantType::Q6K) {
+            if matches!(ty, QuantType::Q5_0 | QuantType::Q3K | QuantType::Q6K) {
                 assert!(y[300..332].iter().all(|&v| v == 0.0), "{ty}");
             }
         }

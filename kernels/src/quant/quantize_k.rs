@@ -1,14 +1,13 @@
-//! Reference quantizers of the K-quants Kiln writes at load (Q4_K, Q5_K,
-//! Q6_K): super-blocks of 256 values, exactly as ggml's
-//! `quantize_row_q{4,5,6}_K_ref` compute them (what `llama-quantize` writes
-//! without an importance matrix). Each sub-block's scale (and minimum) is
+//! Reference quantizers of the K-quants (Q2_K to Q6_K): super-blocks of 256
+//! values, exactly as ggml's `quantize_row_q{2,3,4,5,6}_K_ref` compute them
+//! (what `llama-quantize` writes without an importance matrix). Each sub-block's scale (and minimum) is
 //! searched for the least weighted squared error, then the super-block's
 //! scales are themselves quantized and every value re-rounded against the
 //! stored ones. The float operations keep ggml's order, so the bytes match.
 
 use half::f16;
 
-use super::format::k4_scales_mins;
+use super::format::{k4_scales_mins, q3k_scales};
 
 /// Values a super-block holds.
 pub(super) const QK_K: usize = 256;
@@ -30,18 +29,23 @@ fn round_f16(v: f32) -> (f16, f32) {
     (h, h.to_f32())
 }
 
-/// A scale and minimum search (ggml's `make_qkx2_quants`, squared error):
-/// levels `l` in `0..=nmax` such that `scale·l − min` approximates `x`
-/// under `weights`, trying `nstep + 1` scales from `(nmax + rmin) / range`
-/// in steps of `rdelta / range`. Writes the levels, returns
-/// `(scale, min)` with `min ≥ 0` the amount subtracted.
+/// How [`fit_scale_min`] searches: `(rmin, rdelta, nstep)`, and whether
+/// it weighs absolute errors (`true`) or squared ones.
+type Search = ((f32, f32, i32), bool);
+
+/// A scale and minimum search (ggml's `make_qkx2_quants`): levels `l` in
+/// `0..=nmax` such that `scale·l − min` approximates `x` under `weights`,
+/// trying `nstep + 1` scales from `(nmax + rmin) / range` in steps of
+/// `rdelta / range`. Writes the levels, returns `(scale, min)` with
+/// `min ≥ 0` the amount subtracted.
 fn fit_scale_min(
     x: &[f32],
     weights: &[f32],
     nmax: i32,
-    (rmin, rdelta, nstep): (f32, f32, i32),
+    ((rmin, rdelta, nstep), mad): Search,
     levels: &mut [u8],
 ) -> (f32, f32) {
+    let error = |diff: f32| if mad { diff.abs() } else { diff * diff };
     let mut min = x[0];
     let mut max = x[0];
     let mut sum_w = weights[0];
@@ -69,8 +73,7 @@ fn fit_scale_min(
     let mut best_error = 0f32;
     for ((l, &v), &w) in levels.iter_mut().zip(x).zip(weights) {
         *l = level(iscale, min, v) as u8;
-        let diff = scale * *l as f32 + min - v;
-        best_error += w * (diff * diff);
+        best_error += w * error(scale * *l as f32 + min - v);
     }
     let mut trial = [0u8; 32];
     let trial = &mut trial[..x.len()];
@@ -93,14 +96,13 @@ fn fit_scale_min(
                 this_min = 0.0;
                 this_scale = sum_xl / sum_l2;
             }
-            let mut error = 0f32;
+            let mut trial_error = 0f32;
             for ((&t, &v), &w) in trial.iter().zip(x).zip(weights) {
-                let diff = this_scale * t as f32 + this_min - v;
-                error += w * (diff * diff);
+                trial_error += w * error(this_scale * t as f32 + this_min - v);
             }
-            if error < best_error {
+            if trial_error < best_error {
                 levels.copy_from_slice(trial);
-                best_error = error;
+                best_error = trial_error;
                 scale = this_scale;
                 min = this_min;
             }
@@ -159,6 +161,200 @@ fn fit_scale(x: &[f32], nmax: i32, levels: &mut [u8]) -> f32 {
     scale
 }
 
+/// A symmetric search refined level by level (ggml's `make_q3_quants`,
+/// weights `x²`): levels `l + nmax`, `l` in `-nmax..nmax`, each moved to
+/// where it best fits the others' scale, for up to five passes. Writes the
+/// levels, returns the scale (0 for a group of zeros).
+fn fit_scale_refined(x: &[f32], nmax: i32, levels: &mut [u8]) -> f32 {
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        levels.fill(0);
+        return 0.0;
+    }
+    let iscale = -(nmax as f32) / max;
+    let mut l = [0i32; 16];
+    let l = &mut l[..x.len()];
+    let (mut sumlx, mut suml2) = (0f32, 0f32);
+    for (l, &v) in l.iter_mut().zip(x) {
+        *l = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+        let w = v * v;
+        sumlx += w * v * *l as f32;
+        suml2 += w * *l as f32 * *l as f32;
+    }
+    for _ in 0..5 {
+        let mut changed = false;
+        for (l, &v) in l.iter_mut().zip(x) {
+            let w = v * v;
+            let mut slx = sumlx - w * v * *l as f32;
+            if slx > 0.0 {
+                let mut sl2 = suml2 - w * *l as f32 * *l as f32;
+                let new_l = nearest_int(v * sl2 / slx).clamp(-nmax, nmax - 1);
+                if new_l != *l {
+                    slx += w * v * new_l as f32;
+                    sl2 += w * new_l as f32 * new_l as f32;
+                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        *l = new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    for (out, &l) in levels.iter_mut().zip(l.iter()) {
+        *out = (l + nmax) as u8;
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
+/// Packs 256 two-bit levels as Q2_K and Q3_K store them: of each 128,
+/// byte `l` holds levels `l`, `l + 32`, `l + 64` and `l + 96`, two bits each.
+fn pack_two_bits(levels: &[u8; QK_K], qs: &mut [u8]) {
+    for (q, levels) in qs.chunks_exact_mut(32).zip(levels.chunks_exact(128)) {
+        for (l, q) in q.iter_mut().enumerate() {
+            *q = levels[l] | (levels[l + 32] << 2) | (levels[l + 64] << 4) | (levels[l + 96] << 6);
+        }
+    }
+}
+
+/// 256 values as a Q2_K block's 84 bytes (ggml's `quantize_row_q2_K_ref`):
+/// 16 bytes of four-bit scales and minimums, 64 of two-bit levels, the f16
+/// scale and minimum scale.
+pub(super) fn q2_k_block(x: &[f32], block: &mut [u8]) {
+    const Q4SCALE: f32 = 15.0;
+    let mut levels = [0u8; QK_K];
+    let mut scales = [0f32; 16];
+    let mut mins = [0f32; 16];
+    let (mut max_scale, mut max_min) = (0f32, 0f32);
+    let mut weights = [0f32; 16];
+    for (j, (x, levels)) in x
+        .chunks_exact(16)
+        .zip(levels.chunks_exact_mut(16))
+        .enumerate()
+    {
+        for (w, &v) in weights.iter_mut().zip(x) {
+            *w = v.abs();
+        }
+        (scales[j], mins[j]) = fit_scale_min(x, &weights, 3, ((-0.5, 0.1, 15), true), levels);
+        if scales[j] > max_scale {
+            max_scale = scales[j];
+        }
+        if mins[j] > max_min {
+            max_min = mins[j];
+        }
+    }
+    let packed = &mut block[..16];
+    packed.fill(0);
+    let (mut d, mut dmin) = (f16::ZERO, f16::ZERO);
+    if max_scale > 0.0 {
+        let iscale = Q4SCALE / max_scale;
+        for (p, &scale) in packed.iter_mut().zip(&scales) {
+            *p = nearest_int(iscale * scale) as u8;
+        }
+        d = f16::from_f32(max_scale / Q4SCALE);
+    }
+    if max_min > 0.0 {
+        let iscale = Q4SCALE / max_min;
+        for (p, &min) in packed.iter_mut().zip(&mins) {
+            *p |= (nearest_int(iscale * min) << 4) as u8;
+        }
+        dmin = f16::from_f32(max_min / Q4SCALE);
+    }
+    for (j, (x, levels)) in x
+        .chunks_exact(16)
+        .zip(levels.chunks_exact_mut(16))
+        .enumerate()
+    {
+        let scale = d.to_f32() * (packed[j] & 0xF) as f32;
+        if scale == 0.0 {
+            continue;
+        }
+        let dm = dmin.to_f32() * (packed[j] >> 4) as f32;
+        for (l, &v) in levels.iter_mut().zip(x) {
+            *l = nearest_int((v + dm) / scale).clamp(0, 3) as u8;
+        }
+    }
+    pack_two_bits(&levels, &mut block[16..80]);
+    block[80..82].copy_from_slice(&d.to_le_bytes());
+    block[82..84].copy_from_slice(&dmin.to_le_bytes());
+}
+
+/// 256 values as a Q3_K block's 110 bytes (ggml's `quantize_row_q3_K_ref`):
+/// 32 bytes of high bits, 64 of low two-bit levels, 12 of six-bit signed
+/// scales, the f16 super-block scale.
+pub(super) fn q3_k_block(x: &[f32], block: &mut [u8]) {
+    let mut levels = [0u8; QK_K];
+    let mut scales = [0f32; 16];
+    let (mut max_scale, mut amax) = (0f32, 0f32);
+    for (j, (x, levels)) in x
+        .chunks_exact(16)
+        .zip(levels.chunks_exact_mut(16))
+        .enumerate()
+    {
+        scales[j] = fit_scale_refined(x, 4, levels);
+        if scales[j].abs() > amax {
+            amax = scales[j].abs();
+            max_scale = scales[j];
+        }
+    }
+    let packed = &mut block[96..108];
+    packed.fill(0);
+    let mut d = f16::ZERO;
+    if max_scale != 0.0 {
+        let iscale = -32.0 / max_scale;
+        for (j, &scale) in scales.iter().enumerate() {
+            let l = ((nearest_int(iscale * scale) as i8).clamp(-32, 31) + 32) as u8;
+            if j < 8 {
+                packed[j] = l & 0xF;
+            } else {
+                packed[j - 8] |= (l & 0xF) << 4;
+            }
+            packed[8 + j % 4] |= (l >> 4) << (2 * (j / 4));
+        }
+        d = f16::from_f32(1.0 / iscale);
+    }
+    let sc = q3k_scales(packed);
+    for (j, (x, levels)) in x
+        .chunks_exact(16)
+        .zip(levels.chunks_exact_mut(16))
+        .enumerate()
+    {
+        let scale = d.to_f32() * sc[j] as f32;
+        if scale == 0.0 {
+            continue;
+        }
+        for (l, &v) in levels.iter_mut().zip(x) {
+            *l = (nearest_int(v / scale).clamp(-4, 3) + 4) as u8;
+        }
+    }
+    // Bit 2 of each level into the high-bit mask: level j's in bit j / 32
+    // of byte j % 32.
+    let (hmask, rest) = block.split_at_mut(32);
+    hmask.fill(0);
+    for (j, l) in levels.iter_mut().enumerate() {
+        if *l > 3 {
+            hmask[j % 32] |= 1 << (j / 32);
+            *l -= 4;
+        }
+    }
+    pack_two_bits(&levels, &mut rest[..64]);
+    block[108..110].copy_from_slice(&d.to_le_bytes());
+}
+
 /// The levels of a Q4_K or Q5_K super-block (`nmax` 15 or 31), written
 /// into `levels`; the f16 scale, minimum scale and 12 packed six-bit
 /// scales and minimums into `head` (the block's first 16 bytes).
@@ -186,7 +382,7 @@ fn k4_super_block(
         for (w, &v) in weights.iter_mut().zip(x) {
             *w = av_x + v.abs();
         }
-        (scales[j], mins[j]) = fit_scale_min(x, &weights, nmax, search, levels);
+        (scales[j], mins[j]) = fit_scale_min(x, &weights, nmax, (search, false), levels);
         if scales[j] > max_scale {
             max_scale = scales[j];
         }
@@ -343,7 +539,13 @@ mod tests {
     fn a_constant_group_has_no_scale() {
         let mut levels = [7u8; 32];
         assert_eq!(
-            fit_scale_min(&[0.0; 32], &[1.0; 32], 15, (-1.0, 0.1, 20), &mut levels),
+            fit_scale_min(
+                &[0.0; 32],
+                &[1.0; 32],
+                15,
+                ((-1.0, 0.1, 20), false),
+                &mut levels
+            ),
             (0.0, -0.0)
         );
         assert_eq!(levels, [0; 32]);
@@ -358,7 +560,7 @@ mod tests {
         // other trial beats.
         let x: Vec<f32> = (0..32).map(|i| (i % 16) as f32 * 0.25).collect();
         let mut levels = [0u8; 32];
-        let (scale, min) = fit_scale_min(&x, &[1.0; 32], 15, (-1.0, 0.1, 20), &mut levels);
+        let (scale, min) = fit_scale_min(&x, &[1.0; 32], 15, ((-1.0, 0.1, 20), false), &mut levels);
         assert_eq!((scale, min), (0.25, -0.0));
         for (i, &l) in levels.iter().enumerate() {
             assert_eq!(l as usize, i % 16);
