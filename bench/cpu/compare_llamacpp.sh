@@ -7,7 +7,9 @@
 #   (also smollm2-bf16: bench/cpu/make_bf16_gguf.py's bf16 copy of SmolLM2, and
 #   smollm2-iq4_xs, qwen2.5-iq4_xs: the bf16 copies of SmolLM2 and Qwen2.5
 #   quantized to IQ4_XS by bench/cpu/quantize_gguf.py; smollm2-q2_k likewise
-#   quantized to Q2_K: its 30 MLP down projections are Q3_K, most others Q4_0)
+#   quantized to Q2_K: its 30 MLP down projections are Q3_K, most others Q4_0;
+#   smollm2-q4_k_m to Q4_K_M: 166 Q5_0, 15 Q8_0, 14 Q6_K and 16 Q4_K, the bytes
+#   Kiln's `--quantization q4_k_m` makes of the bf16 copy)
 # Environment:
 #   HOST            Kiln's host binary               (default target/release/host)
 #   MODELS_DIR      where the GGUF files are         (default /work/models)
@@ -100,7 +102,8 @@ model_file() {
         smollm2-iq4_xs) echo "SmolLM2-135M-Instruct.IQ4_XS.gguf" ;;
         qwen2.5-iq4_xs) echo "qwen2.5-coder-0.5b-instruct-iq4_xs.gguf" ;;
         smollm2-q2_k) echo "SmolLM2-135M-Instruct.Q2_K.gguf" ;;
-        *) echo "unknown model key $1 (smollm2, gemma3, qwen2.5, smollm2-bf16, smollm2-iq4_xs, qwen2.5-iq4_xs, smollm2-q2_k)" >&2; return 1 ;;
+        smollm2-q4_k_m) echo "SmolLM2-135M-Instruct.Q4_K_M.gguf" ;;
+        *) echo "unknown model key $1 (smollm2, gemma3, qwen2.5, smollm2-bf16, smollm2-iq4_xs, qwen2.5-iq4_xs, smollm2-q2_k, smollm2-q4_k_m)" >&2; return 1 ;;
     esac
 }
 

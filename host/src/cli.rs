@@ -409,7 +409,7 @@ pub struct RuntimeArgs {
     /// would write, read by the Q8_0 kernels on every device (about half
     /// of bf16's bytes a decode step); `q4_0` as Q4_0 blocks (4.5 bits a
     /// weight), the vocabulary's matrices (embeddings, LM head) as Q8_0;
-    /// `q5_k_m`, `q4_k_m`, `q3_k_m` and `q2_k` as llama.cpp's mixes of those names, the bytes
+    /// `q5_k_m`, `q4_k_m`, `q3_k_m`, `q2_k` and `iq4_xs` as llama.cpp's mixes of those names, the bytes
     /// `llama-quantize` writes without an importance matrix. Vectors (norms,
     /// biases) and routers of experts stay as stored. Not with `--shape`
     /// (use `--shape-dtype`).
@@ -486,6 +486,9 @@ pub enum QuantizationArg {
     /// llama.cpp's Q2_K mix: Q2_K, Q6_K for the LM head, Q3_K (or Q4_K) for the output, value and down projections.
     #[value(name = "q2_k")]
     Q2K,
+    /// llama.cpp's IQ4_XS mix: IQ4_XS (IQ4_NL for rows that are not multiples of 256), Q6_K for the LM head, Q5_K for the first eighth of the down projections (and the value projections where four query heads share a key/value head).
+    #[value(name = "iq4_xs")]
+    Iq4Xs,
 }
 
 impl From<QuantizationArg> for crate::model::LoadQuantization {
@@ -498,6 +501,7 @@ impl From<QuantizationArg> for crate::model::LoadQuantization {
             QuantizationArg::Q5KM => Self::Q5KM,
             QuantizationArg::Q3KM => Self::Q3KM,
             QuantizationArg::Q2K => Self::Q2K,
+            QuantizationArg::Iq4Xs => Self::IQ4XS,
         }
     }
 }

@@ -64,7 +64,7 @@ fn the_32_value_quantizers_are_byte_exact_with_gguf_py() {
 }
 
 #[test]
-fn the_k_quant_quantizers_are_byte_exact_with_ggml() {
+fn the_k_quant_and_iq4_quantizers_are_byte_exact_with_ggml() {
     for ty in [
         QuantType::Q2K,
         QuantType::Q3K,

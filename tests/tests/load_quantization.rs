@@ -1,5 +1,5 @@
-//! `--quantization q8_0|q4_0|q4_k_m|q5_k_m`: a checkpoint's float matrices
-//! quantized at load.
+//! `--quantization q8_0|q4_0|q5_k_m|q4_k_m|q3_k_m|q2_k|iq4_xs`: a
+//! checkpoint's float matrices quantized at load.
 //!
 //! The exact products of the quantized model equal (up to summation order)
 //! those of the same model whose matrices were quantized and dequantized
@@ -87,12 +87,17 @@ fn expected_format(
         L::Q2K if v && gqa >= 4 => QuantType::Q4K,
         L::Q2K if v || down || o => QuantType::Q3K,
         L::Q2K => QuantType::Q2K,
+        // No early eighth of two layers; value projections need four
+        // query heads a key/value head.
+        L::IQ4XS if v && gqa >= 4 => QuantType::Q5K,
+        L::IQ4XS => QuantType::IQ4XS,
     };
     let ty = match wanted {
         QuantType::Q2K | QuantType::Q3K if cols % 256 != 0 => QuantType::Q4_0,
         QuantType::Q4K if cols % 256 != 0 => QuantType::Q5_0,
         QuantType::Q5K if cols % 256 != 0 => QuantType::Q5_1,
         QuantType::Q6K if cols % 256 != 0 => QuantType::Q8_0,
+        QuantType::IQ4XS if cols % 256 != 0 => QuantType::IQ4NL,
         ty => ty,
     };
     (cols % ty.block_elems() == 0).then_some(ty)
@@ -203,6 +208,7 @@ fn check_model(
         LoadQuantization::Q4KM,
         LoadQuantization::Q3KM,
         LoadQuantization::Q2K,
+        LoadQuantization::IQ4XS,
     ] {
         let rounded = tempfile::tempdir().unwrap();
         write_model_dir(
@@ -259,6 +265,7 @@ fn a_model_of_whole_super_blocks_quantized_at_load_computes_with_k_quants() {
         LoadQuantization::Q4KM,
         LoadQuantization::Q3KM,
         LoadQuantization::Q2K,
+        LoadQuantization::IQ4XS,
     ] {
         for (name, tensor) in &weights {
             formats.extend(
@@ -272,6 +279,7 @@ fn a_model_of_whole_super_blocks_quantized_at_load_computes_with_k_quants() {
         QuantType::Q4K,
         QuantType::Q5K,
         QuantType::Q6K,
+        QuantType::IQ4XS,
     ] {
         assert!(formats.contains(ty.name()), "{ty}");
     }

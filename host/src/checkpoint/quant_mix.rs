@@ -13,9 +13,13 @@
 //! - Q2_K: Q2_K, with Q6_K for the LM head and Q3_K for the output, value
 //!   and down projections (Q4_K for the value projections where a key/value
 //!   head serves four query heads or more);
+//! - IQ4_XS: IQ4_XS, with Q6_K for the LM head, Q5_K for the first eighth
+//!   of the layers' down projections and, where a key/value head serves four
+//!   query heads or more, for the value projections;
 //! - at load, rows that are not whole super-blocks of 256 fall back to a
 //!   32-value format as llama-quantize's do: Q2_K and Q3_K to Q4_0, Q4_K to
-//!   Q5_0, Q5_K to Q5_1, Q6_K to Q8_0 (the LM head straight to Q8_0).
+//!   Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, IQ4_XS to IQ4_NL (the LM head
+//!   straight to Q8_0).
 //!
 //! Roles come from Kiln's module paths (`lm_head`, `embed_tokens`,
 //! `layers.N.self_attn.v_proj`, `mlp.down_proj`, ...); a plugin whose
@@ -83,6 +87,8 @@ fn use_more_bits(layer: usize, layers: usize) -> bool {
 /// A file type of `llama-quantize` that mixes formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FileMix {
+    /// IQ4_XS.
+    IQ4XS,
     /// Q4_K_M.
     Q4KM,
     /// Q5_K_M.
@@ -162,14 +168,24 @@ impl MixedModel {
 }
 
 impl FileMix {
-    /// What `llama-quantize` stores the weight `name` of `rows` rows as
-    /// before any fallback; `None` for a router, kept as stored.
-    pub(crate) fn choose(self, name: &str, rows: u64, model: &MixedModel) -> Option<QuantType> {
+    /// What `llama-quantize` stores the weight `name` of `rows` rows of
+    /// `cols` values as, before [`fitting`]; `None` for a router, kept as
+    /// stored.
+    pub(crate) fn choose(
+        self,
+        name: &str,
+        (rows, cols): (u64, u64),
+        model: &MixedModel,
+    ) -> Option<QuantType> {
         let role = model.role(name, rows);
         let early = |layer: Option<usize>, before: usize| layer.is_some_and(|l| l < before);
         Some(match (self, role) {
             (_, Role::Router) => return None,
+            (_, Role::Output) if !cols.is_multiple_of(256) => QuantType::Q8_0,
             (_, Role::Output) => QuantType::Q6K,
+            (Self::IQ4XS, Role::AttentionValues(_)) if model.sizes.gqa >= 4 => QuantType::Q5K,
+            (Self::IQ4XS, Role::FfnDown(l)) if early(l, model.layers / 8) => QuantType::Q5K,
+            (Self::IQ4XS, _) => QuantType::IQ4XS,
             (Self::Q4KM | Self::Q5KM, Role::AttentionValues(l) | Role::FfnDown(l))
                 if model.more_bits(l) =>
             {
@@ -192,6 +208,26 @@ impl FileMix {
     }
 }
 
+/// `ty`, or the 32-value format `llama-quantize` falls back to for rows
+/// of `cols` values that are not whole blocks of `ty`; `None` where even
+/// that does not fit.
+pub(crate) fn fitting(ty: QuantType, cols: u64) -> Option<QuantType> {
+    let fits = |ty: QuantType| cols.is_multiple_of(ty.block_elems() as u64);
+    let ty = if fits(ty) {
+        ty
+    } else {
+        match ty {
+            QuantType::Q2K | QuantType::Q3K => QuantType::Q4_0,
+            QuantType::Q4K => QuantType::Q5_0,
+            QuantType::Q5K => QuantType::Q5_1,
+            QuantType::Q6K => QuantType::Q8_0,
+            QuantType::IQ4XS => QuantType::IQ4NL,
+            other => other,
+        }
+    };
+    fits(ty).then_some(ty)
+}
+
 /// The format each of `weights` is written in at load (`None`: kept as
 /// stored).
 pub(super) fn plan_formats(
@@ -199,7 +235,6 @@ pub(super) fn plan_formats(
     how: LoadQuantization,
     sizes: ModelSizes,
 ) -> Vec<Option<QuantType>> {
-    let vocab = sizes.vocab;
     let rows = |w: &WeightData| w.spec.shape.first().copied().unwrap_or(0);
     let model = MixedModel::of(
         weights.iter().map(|w| (w.spec.name.as_str(), rows(w))),
@@ -210,45 +245,33 @@ pub(super) fn plan_formats(
         .map(|weight| {
             let cols = matrix_cols(weight)?;
             let (name, rows) = (weight.spec.name.as_str(), rows(weight));
-            let role = model.role(name, rows);
+            let mixed = |mix: FileMix| mix.choose(name, (rows, cols), &model);
             let wanted = match how {
-                _ if role == Role::Router => return None,
+                _ if model.role(name, rows) == Role::Router => return None,
                 LoadQuantization::None => return None,
                 LoadQuantization::Q8_0 => QuantType::Q8_0,
-                LoadQuantization::Q4_0 if Some(rows) == vocab => QuantType::Q8_0,
+                LoadQuantization::Q4_0 if Some(rows) == sizes.vocab => QuantType::Q8_0,
                 LoadQuantization::Q4_0 => QuantType::Q4_0,
-                // llama-quantize's LM head of odd rows: straight to Q8_0.
-                _ if role == Role::Output && !cols.is_multiple_of(256) => QuantType::Q8_0,
-                LoadQuantization::Q4KM => FileMix::Q4KM.choose(name, rows, &model)?,
-                LoadQuantization::Q5KM => FileMix::Q5KM.choose(name, rows, &model)?,
-                LoadQuantization::Q3KM => FileMix::Q3KM.choose(name, rows, &model)?,
-                LoadQuantization::Q2K => FileMix::Q2K.choose(name, rows, &model)?,
+                LoadQuantization::Q5KM => mixed(FileMix::Q5KM)?,
+                LoadQuantization::Q4KM => mixed(FileMix::Q4KM)?,
+                LoadQuantization::Q3KM => mixed(FileMix::Q3KM)?,
+                LoadQuantization::Q2K => mixed(FileMix::Q2K)?,
+                LoadQuantization::IQ4XS => mixed(FileMix::IQ4XS)?,
             };
-            let ty = if cols.is_multiple_of(wanted.block_elems()) {
-                wanted
-            } else {
-                match wanted {
-                    QuantType::Q2K | QuantType::Q3K => QuantType::Q4_0,
-                    QuantType::Q4K => QuantType::Q5_0,
-                    QuantType::Q5K => QuantType::Q5_1,
-                    QuantType::Q6K => QuantType::Q8_0,
-                    other => other,
-                }
-            };
-            cols.is_multiple_of(ty.block_elems()).then_some(ty)
+            fitting(wanted, cols)
         })
         .collect()
 }
 
 /// The row length of a float tensor of two axes or more (matrices,
 /// stacked experts); `None` for vectors and other encodings.
-fn matrix_cols(weight: &WeightData) -> Option<usize> {
+fn matrix_cols(weight: &WeightData) -> Option<u64> {
     let float = matches!(
         weight.spec.encoding,
         Encoding::Float32 | Encoding::Float16 | Encoding::BFloat16
     );
     let shape = &weight.spec.shape;
-    let cols = *shape.last()? as usize;
+    let cols = *shape.last()?;
     (float && shape.len() >= 2 && cols > 0).then_some(cols)
 }
 
@@ -326,14 +349,14 @@ mod tests {
         let widened: Vec<usize> = (0..32)
             .filter(|i| {
                 let name = format!("layers.{i}.self_attn.v_proj.weight");
-                FileMix::Q4KM.choose(&name, 1024, &model) == Some(QuantType::Q6K)
+                FileMix::Q4KM.choose(&name, (1024, 4096), &model) == Some(QuantType::Q6K)
             })
             .collect();
         assert_eq!(
             widened,
             [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
         );
-        let choose = |mix: FileMix, name: &str| mix.choose(name, 4096, &model);
+        let choose = |mix: FileMix, name: &str| mix.choose(name, (4096, 14336), &model);
         assert_eq!(
             choose(FileMix::Q5KM, "layers.6.mlp.down_proj.weight"),
             Some(QuantType::Q6K)
@@ -348,11 +371,11 @@ mod tests {
         );
         assert_eq!(choose(FileMix::Q4KM, "layers.7.mlp.gate.weight"), None);
         assert_eq!(
-            FileMix::Q4KM.choose("lm_head.weight", 100, &model),
+            FileMix::Q4KM.choose("lm_head.weight", (100, 4096), &model),
             Some(QuantType::Q6K)
         );
         assert_eq!(
-            FileMix::Q4KM.choose("embed_tokens.weight", 100, &model),
+            FileMix::Q4KM.choose("embed_tokens.weight", (100, 4096), &model),
             Some(QuantType::Q4K)
         );
     }
@@ -361,9 +384,9 @@ mod tests {
     #[test]
     fn low_bit_files_mix_formats() {
         let model = model();
-        let q3 = |name: &str| FileMix::Q3KM.choose(name, 1024, &model).unwrap();
+        let q3 = |name: &str| FileMix::Q3KM.choose(name, (1024, 4096), &model).unwrap();
         assert_eq!(
-            FileMix::Q3KM.choose("lm_head.weight", 100, &model),
+            FileMix::Q3KM.choose("lm_head.weight", (100, 4096), &model),
             Some(QuantType::Q6K)
         );
         assert_eq!(q3("layers.1.self_attn.v_proj.weight"), QuantType::Q5K);
@@ -373,9 +396,9 @@ mod tests {
         assert_eq!(q3("layers.5.self_attn.o_proj.weight"), QuantType::Q4K);
         assert_eq!(q3("layers.5.self_attn.q_proj.weight"), QuantType::Q3K);
         assert_eq!(q3("layers.5.mlp.gate_proj.weight"), QuantType::Q3K);
-        let q2 = |name: &str| FileMix::Q2K.choose(name, 1024, &model).unwrap();
+        let q2 = |name: &str| FileMix::Q2K.choose(name, (1024, 4096), &model).unwrap();
         assert_eq!(
-            FileMix::Q2K.choose("lm_head.weight", 100, &model),
+            FileMix::Q2K.choose("lm_head.weight", (100, 4096), &model),
             Some(QuantType::Q6K)
         );
         assert_eq!(q2("layers.0.self_attn.v_proj.weight"), QuantType::Q3K);
@@ -390,8 +413,30 @@ mod tests {
             },
             ..model
         };
-        let v = FileMix::Q2K.choose("layers.0.self_attn.v_proj.weight", 1024, &grouped);
+        let v = FileMix::Q2K.choose("layers.0.self_attn.v_proj.weight", (1024, 4096), &grouped);
         assert_eq!(v, Some(QuantType::Q4K));
+        let iq4 = |name: &str, model: &MixedModel| FileMix::IQ4XS.choose(name, (1024, 4096), model);
+        assert_eq!(
+            iq4("layers.3.mlp.down_proj.weight", &model),
+            Some(QuantType::Q5K)
+        );
+        assert_eq!(
+            iq4("layers.4.mlp.down_proj.weight", &model),
+            Some(QuantType::IQ4XS)
+        );
+        assert_eq!(
+            iq4("layers.9.self_attn.v_proj.weight", &model),
+            Some(QuantType::IQ4XS)
+        );
+        assert_eq!(
+            iq4("layers.9.self_attn.v_proj.weight", &grouped),
+            Some(QuantType::Q5K)
+        );
+        let head = FileMix::IQ4XS.choose("lm_head.weight", (100, 576), &model);
+        assert_eq!(head, Some(QuantType::Q8_0));
+        assert_eq!(fitting(QuantType::IQ4XS, 576), Some(QuantType::IQ4NL));
+        assert_eq!(fitting(QuantType::Q6K, 576), Some(QuantType::Q8_0));
+        assert_eq!(fitting(QuantType::Q4K, 100), None);
         let config = serde_json::json!({"vocab_size": 7, "num_attention_heads": 32, "num_key_value_heads": 8});
         assert_eq!(
             ModelSizes::of(&config),

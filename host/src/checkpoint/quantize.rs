@@ -4,8 +4,8 @@
 //! the kernels of a GGUF file. The counterpart of vLLM's `--quantization
 //! fp8` (Q8_0: about half the bytes a bf16 decode step streams), of its
 //! 4-bit bitsandbytes quantization at load (Q4_0: 4.5 bits a weight), and of
-//! mistral.rs's in-situ K-quants (Q5_K_M, Q4_K_M, Q3_K_M, Q2_K: llama.cpp's
-//! mixes, [`super::quant_mix`]).
+//! mistral.rs's in-situ K-quants (Q5_K_M, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS:
+//! llama.cpp's mixes, [`super::quant_mix`]).
 
 use std::sync::Arc;
 
@@ -39,6 +39,10 @@ pub enum LoadQuantization {
     /// llama.cpp's Q2_K mix: Q2_K, with Q6_K for the LM head and Q3_K (or
     /// Q4_K) for the output, value and down projections.
     Q2K,
+    /// llama.cpp's IQ4_XS mix: IQ4_XS (IQ4_NL for rows that are not whole
+    /// super-blocks), with Q6_K for the LM head and Q5_K for early down
+    /// projections.
+    IQ4XS,
 }
 
 /// What [`quantize_matrices`] did.

@@ -12,7 +12,7 @@ use kiln_plugin_api::nn::StateDict;
 use kiln_plugin_api::{ConfigRequest, Encoding, GraphRequest, WeightsFormat};
 
 use super::{ModelError, ResolvedModel};
-use crate::checkpoint::quant_mix::{FileMix, MixedModel, ModelSizes};
+use crate::checkpoint::quant_mix::{fitting, FileMix, MixedModel, ModelSizes};
 use crate::checkpoint::BoundWeights;
 use crate::plugins::ArchitectureRegistry;
 use crate::runtime::{quant_encoding, quant_type, WeightData, WeightStore};
@@ -63,20 +63,24 @@ pub enum ShapeDtype {
     /// head serves four query heads or more).
     #[value(name = "q2_k")]
     Q2K,
-    /// GGUF IQ4_XS blocks for every matrix whose rows fill super-blocks of
-    /// 256, IQ4_NL for the others (as `llama-quantize` falls back).
+    /// llama.cpp's IQ4_XS: IQ4_XS matrices (IQ4_NL for rows that do not
+    /// fill super-blocks of 256), Q6_K for the logits', Q5_K for the first
+    /// eighth's `down_proj` (and `v_proj` where a key/value head serves four
+    /// query heads or more).
     #[value(name = "iq4_xs")]
     Iq4Xs,
 }
 
 impl ShapeDtype {
     /// The encoding of the weight `name` of `shape` in `model`: quantized
-    /// types apply to matrices whose rows fill whole blocks, everything else
-    /// stays f32.
+    /// types apply to matrices whose rows fill whole blocks (the mixes'
+    /// after `llama-quantize`'s fallbacks), everything else stays f32.
     fn encoding(self, name: &str, shape: &[u64], model: &MixedModel) -> Encoding {
         let rows = shape.first().copied().unwrap_or(0);
+        let cols = shape.last().copied().unwrap_or(0);
         let mixed = |file: FileMix| {
-            file.choose(name, rows, model)
+            file.choose(name, (rows, cols), model)
+                .and_then(|ty| fitting(ty, cols))
                 .map_or(Encoding::Float32, quant_encoding)
         };
         let quant = match self {
@@ -91,8 +95,7 @@ impl ShapeDtype {
             Self::Q5KM => mixed(FileMix::Q5KM),
             Self::Q3KM => mixed(FileMix::Q3KM),
             Self::Q2K => mixed(FileMix::Q2K),
-            Self::Iq4Xs if shape.get(1).is_some_and(|c| c % 256 == 0) => Encoding::Iq4Xs,
-            Self::Iq4Xs => Encoding::Iq4Nl,
+            Self::Iq4Xs => mixed(FileMix::IQ4XS),
         };
         let block = quant_type(quant).map_or(1, |q| q.block_elems() as u64);
         if shape.len() == 2 && shape[1].is_multiple_of(block) {
@@ -359,7 +362,7 @@ mod tests {
     }
 
     #[test]
-    fn q4_k_m_keeps_vectors_and_odd_rows_in_f32() {
+    fn q4_k_m_keeps_vectors_in_f32_and_falls_back_for_odd_rows() {
         let q = ShapeDtype::Q4KM;
         let last_layer = ("layers.31.mlp.down_proj.weight", 4096);
         let sizes = ModelSizes::of(&serde_json::json!({"vocab_size": 100}));
@@ -376,10 +379,11 @@ mod tests {
             encoding("layers.0.mlp.up_proj.bias", &[4096]),
             Encoding::Float32
         );
-        assert_eq!(
-            encoding("layers.0.mlp.up_proj.weight", &[64, 96]),
-            Encoding::Float32
-        );
+        // Odd rows: llama-quantize's fallback, or f32 where even that does
+        // not fit.
+        let up = "layers.0.mlp.up_proj.weight";
+        assert_eq!(encoding(up, &[64, 96]), Encoding::Q5_0);
+        assert_eq!(encoding(up, &[64, 100]), Encoding::Float32);
         assert!(shape_config("llama3-8b").is_ok());
         assert!(shape_config("no-such-shape").is_err());
     }

@@ -7,8 +7,8 @@
 //! of 32 values) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (super-blocks of
 //! 256), with ggml's exact byte layouts. [`dequantize_row`] is the reference
 //! dequantization (bit-exact with ggml and gguf-py);
-//! [`quantize_row`] ggml's reference quantizers of Q4_0, Q5_0, Q5_1, Q8_0,
-//! Q4_K, Q5_K and Q6_K.
+//! [`quantize_row`] ggml's quantizers of Q4_0, Q5_0, Q5_1, Q8_0, Q2_K to
+//! Q6_K, IQ4_NL and IQ4_XS, without an importance matrix.
 //!
 //! # Products
 //!
@@ -75,6 +75,7 @@ mod format;
 mod matmul;
 mod prefetch;
 mod quantize;
+mod quantize_iq4;
 mod quantize_k;
 mod scalar;
 #[cfg(test)]

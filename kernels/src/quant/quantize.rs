@@ -5,6 +5,7 @@
 
 use half::f16;
 
+use super::quantize_iq4::{iq4_nl_block, iq4_xs_block};
 use super::quantize_k::{q2_k_block, q3_k_block, q4_k_block, q5_k_block, q6_k_block};
 use super::{BlockQ8_0, QuantError, QuantType};
 
@@ -19,7 +20,9 @@ const QK: usize = 32;
 ///   (−16), each quant `trunc(x/d + 8.5)` (`+ 16.5`) at most 15 (31);
 /// - Q5_1: `d = (max − min) / 31`, quants `trunc((x − min)/d + 0.5)`;
 /// - Q2_K to Q6_K: each sub-block's scale (and minimum) searched for the
-///   least weighted error ([`super::quantize_k`]).
+///   least weighted error ([`super::quantize_k`]);
+/// - IQ4_NL, IQ4_XS: indices into the non-linear table at the best of 16
+///   trial scales a block ([`super::quantize_iq4`]).
 ///
 /// `src.len()` must be a multiple of `ty.block_elems()` and `dst.len()`
 /// `ty.row_bytes(src.len())`; other formats are
@@ -35,6 +38,8 @@ pub fn quantize_row(ty: QuantType, src: &[f32], dst: &mut [u8]) -> Result<(), Qu
         QuantType::Q4K => q4_k_block,
         QuantType::Q5K => q5_k_block,
         QuantType::Q6K => q6_k_block,
+        QuantType::IQ4NL => iq4_nl_block,
+        QuantType::IQ4XS => iq4_xs_block,
         other => return Err(QuantError::NoQuantizer(other)),
     };
     let bytes = ty.row_bytes(src.len())?;
@@ -197,6 +202,8 @@ mod tests {
             (QuantType::Q4K, 1.0 / 15.0),
             (QuantType::Q5K, 1.0 / 31.0),
             (QuantType::Q6K, 1.0 / 63.0),
+            (QuantType::IQ4NL, 1.0 / 12.0),
+            (QuantType::IQ4XS, 1.0 / 12.0),
         ] {
             let mut q = vec![0u8; ty.row_bytes(x.len()).unwrap()];
             quantize_row(ty, &x, &mut q).unwrap();

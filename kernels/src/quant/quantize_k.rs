@@ -13,12 +13,12 @@ use super::format::{k4_scales_mins, q3k_scales};
 pub(super) const QK_K: usize = 256;
 
 /// Below this, a group of values counts as all zero (ggml's `GROUP_MAX_EPS`).
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// ggml's `nearest_int`: rounds to the nearest integer, ties to even, by
 /// adding 1.5·2²³ (exact for |v| < 2²²).
 #[inline]
-fn nearest_int(v: f32) -> i32 {
+pub(super) fn nearest_int(v: f32) -> i32 {
     ((v + 12_582_912.0).to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
 }
 
