@@ -76,7 +76,7 @@ fn expected_format(
         L::Q8_0 => QuantType::Q8_0,
         L::Q4_0 if shape[0] == vocab => QuantType::Q8_0,
         L::Q4_0 => QuantType::Q4_0,
-        _ if lm_head && cols % 256 != 0 => QuantType::Q8_0,
+        _ if lm_head && !cols.is_multiple_of(256) => QuantType::Q8_0,
         _ if lm_head => QuantType::Q6K,
         L::Q4KM | L::Q5KM if widened => QuantType::Q6K,
         L::Q4KM => QuantType::Q4K,
@@ -93,14 +93,14 @@ fn expected_format(
         L::IQ4XS => QuantType::IQ4XS,
     };
     let ty = match wanted {
-        QuantType::Q2K | QuantType::Q3K if cols % 256 != 0 => QuantType::Q4_0,
-        QuantType::Q4K if cols % 256 != 0 => QuantType::Q5_0,
-        QuantType::Q5K if cols % 256 != 0 => QuantType::Q5_1,
-        QuantType::Q6K if cols % 256 != 0 => QuantType::Q8_0,
-        QuantType::IQ4XS if cols % 256 != 0 => QuantType::IQ4NL,
+        QuantType::Q2K | QuantType::Q3K if !cols.is_multiple_of(256) => QuantType::Q4_0,
+        QuantType::Q4K if !cols.is_multiple_of(256) => QuantType::Q5_0,
+        QuantType::Q5K if !cols.is_multiple_of(256) => QuantType::Q5_1,
+        QuantType::Q6K if !cols.is_multiple_of(256) => QuantType::Q8_0,
+        QuantType::IQ4XS if !cols.is_multiple_of(256) => QuantType::IQ4NL,
         ty => ty,
     };
-    (cols % ty.block_elems() == 0).then_some(ty)
+    cols.is_multiple_of(ty.block_elems()).then_some(ty)
 }
 
 /// Query heads per key/value head in `config`.

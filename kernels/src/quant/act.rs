@@ -127,6 +127,14 @@ impl BlockQ8_0 {
     }
 }
 
+/// The activation rows of a multi-row kernel's call: `R` rows of the first
+/// `blocks` blocks each, from `acts` (rows of `act_len` blocks one after
+/// another).
+#[inline(always)]
+pub(super) fn rows_of<T, const R: usize>(acts: &[T], act_len: usize, blocks: usize) -> [&[T]; R] {
+    std::array::from_fn(|i| &acts[i * act_len..i * act_len + blocks])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,12 +161,4 @@ mod tests {
         z.finish(d);
         assert_eq!((z.d, z.sum), (0.0, 0));
     }
-}
-
-/// The activation rows of a multi-row kernel's call: `R` rows of the first
-/// `blocks` blocks each, from `acts` (rows of `act_len` blocks one after
-/// another).
-#[inline(always)]
-pub(super) fn rows_of<T, const R: usize>(acts: &[T], act_len: usize, blocks: usize) -> [&[T]; R] {
-    std::array::from_fn(|i| &acts[i * act_len..i * act_len + blocks])
 }
