@@ -221,6 +221,30 @@ fn fit_scale_refined(x: &[f32], nmax: i32, levels: &mut [u8]) -> f32 {
     }
 }
 
+/// The 16 sub-block scales of a Q3_K or Q6_K super-block by `fit` (which
+/// writes each sub-block's levels), and the first of the largest magnitude,
+/// with its sign.
+fn signed_scales(
+    x: &[f32],
+    levels: &mut [u8; QK_K],
+    fit: impl Fn(&[f32], &mut [u8]) -> f32,
+) -> ([f32; 16], f32) {
+    let mut scales = [0f32; 16];
+    let (mut max_scale, mut max_abs) = (0f32, 0f32);
+    for ((scale, x), levels) in scales
+        .iter_mut()
+        .zip(x.chunks_exact(16))
+        .zip(levels.chunks_exact_mut(16))
+    {
+        *scale = fit(x, levels);
+        if scale.abs() > max_abs {
+            max_abs = scale.abs();
+            max_scale = *scale;
+        }
+    }
+    (scales, max_scale)
+}
+
 /// Packs 256 two-bit levels as Q2_K and Q3_K store them: of each 128,
 /// byte `l` holds levels `l`, `l + 32`, `l + 64` and `l + 96`, two bits each.
 fn pack_two_bits(levels: &[u8; QK_K], qs: &mut [u8]) {
@@ -298,19 +322,7 @@ pub(super) fn q2_k_block(x: &[f32], block: &mut [u8]) {
 /// scales, the f16 super-block scale.
 pub(super) fn q3_k_block(x: &[f32], block: &mut [u8]) {
     let mut levels = [0u8; QK_K];
-    let mut scales = [0f32; 16];
-    let (mut max_scale, mut amax) = (0f32, 0f32);
-    for (j, (x, levels)) in x
-        .chunks_exact(16)
-        .zip(levels.chunks_exact_mut(16))
-        .enumerate()
-    {
-        scales[j] = fit_scale_refined(x, 4, levels);
-        if scales[j].abs() > amax {
-            amax = scales[j].abs();
-            max_scale = scales[j];
-        }
-    }
+    let (scales, max_scale) = signed_scales(x, &mut levels, |x, l| fit_scale_refined(x, 4, l));
     let packed = &mut block[96..108];
     packed.fill(0);
     let mut d = f16::ZERO;
@@ -468,20 +480,8 @@ pub(super) fn q5_k_block(x: &[f32], block: &mut [u8]) {
 /// the f16 super-block scale.
 pub(super) fn q6_k_block(x: &[f32], block: &mut [u8]) {
     let mut levels = [0u8; QK_K];
-    let mut scales = [0f32; 16];
-    let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
-    for (j, (x, levels)) in x
-        .chunks_exact(16)
-        .zip(levels.chunks_exact_mut(16))
-        .enumerate()
-    {
-        scales[j] = fit_scale(x, 32, levels);
-        if scales[j].abs() > max_abs_scale {
-            max_abs_scale = scales[j].abs();
-            max_scale = scales[j];
-        }
-    }
-    if max_abs_scale < GROUP_MAX_EPS {
+    let (scales, max_scale) = signed_scales(x, &mut levels, |x, l| fit_scale(x, 32, l));
+    if max_scale.abs() < GROUP_MAX_EPS {
         block.fill(0);
         return;
     }
