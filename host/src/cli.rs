@@ -391,7 +391,9 @@ pub struct RuntimeArgs {
     /// products of the GGUF matrices kept packed (up to 8 rows of x) 8-bit
     /// activations and integer dot products, as llama.cpp's MMVQ;
     /// `fast-residual` does the same but for the products it gives two
-    /// digits, which keep f32 activations there.
+    /// digits, which keep f32 activations there. On CPUs with AVX512_BF16
+    /// (Zen 4 and later, Sapphire Rapids), `fast` also multiplies bf16
+    /// weights by activations rounded to bf16, in pairs, as llama.cpp does.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Exact)]
     pub precision: PrecisionArg,
 
@@ -457,7 +459,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
 pub enum PrecisionArg {
     /// Dequantize blocks and accumulate in f32 (matches transformers fp32).
     Exact,
-    /// Quantize activations to 8 bits and use integer dot products (llama.cpp's way).
+    /// Quantize activations to 8 bits and use integer dot products (llama.cpp's way); bf16 weights on CPUs with AVX512_BF16 take activations rounded to bf16.
     Fast,
     /// As `fast`, but the products where 8 bits lose most, the attention projections (queries, keys, values, output) and a gated MLP's down projection, carry their activations as two 8-bit digits: on the real-model prompts, a KL divergence from exact precision 2.7x (SmolLM2) to 7x (Qwen2.5, Gemma 3) below `fast`'s and at or below llama.cpp's on every prompt, at most of `fast`'s speed.
     FastResidual,

@@ -4,7 +4,7 @@
 //! kernel. Compare with `torch_matmul.py` on the same machine.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kiln_kernels::dense::matmul::{linear, linear_half, HalfFormat};
+use kiln_kernels::dense::matmul::{linear, linear_half, linear_half_fast, HalfFormat};
 
 /// (in, out) of SmolLM2's projections: attention, MLP up, MLP down, LM head.
 const SHAPES: [(usize, usize); 4] = [(576, 576), (576, 1536), (1536, 576), (576, 49152)];
@@ -47,6 +47,12 @@ fn bench(c: &mut Criterion) {
                 BenchmarkId::new(format!("m{rows}"), format!("{k}x{n}")),
                 &(),
                 |b, _| b.iter(|| linear_half(&x, &w, HalfFormat::BF16, &mut y, rows, k, n)),
+            );
+            // `--precision fast`: bf16 pairs where the CPU has AVX512_BF16.
+            group.bench_with_input(
+                BenchmarkId::new(format!("fast_m{rows}"), format!("{k}x{n}")),
+                &(),
+                |b, _| b.iter(|| linear_half_fast(&x, &w, HalfFormat::BF16, &mut y, rows, k, n)),
             );
         }
     }

@@ -320,7 +320,15 @@ impl Executor {
                 } else {
                     HalfFormat::BF16
                 };
-                matmul::linear_half(xs, weight.bytes(), format, &mut y, m, k, n);
+                // Fast products of bf16 weights round the activations to
+                // bf16 where the CPU multiplies pairs; fast-residual's keep
+                // f32 activations.
+                let product = if precision == Precision::Fast {
+                    matmul::linear_half_fast
+                } else {
+                    matmul::linear_half
+                };
+                product(xs, weight.bytes(), format, &mut y, m, k, n);
             }
             _ => {
                 let ty = weight

@@ -6,6 +6,11 @@
 //! …), the eight lanes summed in order, then the `k mod 8` tail added one
 //! element at a time, fused. So a prompt's rows in prefill and the same
 //! rows in decode give the same bits, on every CPU.
+//!
+//! [`linear_half_fast`], `--precision fast`'s product, rounds the
+//! activations to bf16 for bf16 weights on CPUs with AVX512_BF16 (as
+//! llama.cpp does) and multiplies pairs (`half_weights_bf16`); its bits
+//! still do not depend on the batch.
 
 use crate::row_tasks::for_each_row_task;
 use half::{bf16, f16};
@@ -79,27 +84,59 @@ pub fn linear_half(
     }
     // Rows a multiple of 4: the register blocks' widths divide it.
     for_each_row_task(y, n, 2 * k, 4, |first, outs| {
-        multiply_rows(x, &w[2 * first * k..], format, outs, k)
+        by_tiles(&w[2 * first * k..], outs, k, |tile, outs, col| {
+            multiply_tile(x, tile, format, outs, col, k)
+        })
     });
 }
 
-/// One task: `outs[i][r] = x_i · w_r` for the first `outs[i].len()` weight
-/// rows of `w`, in tiles of equal size that each stay in L2 while every row
-/// of `x` passes.
-fn multiply_rows(x: &[f32], w: &[u8], format: HalfFormat, outs: &mut [&mut [f32]], k: usize) {
+/// [`linear_half`] as `--precision fast` computes it: on CPUs with
+/// AVX512_BF16, bf16 weights times the activations rounded to bf16, by
+/// pairs (llama.cpp's arithmetic); otherwise, and for f16 weights,
+/// [`linear_half`] itself.
+pub fn linear_half_fast(
+    x: &[f32],
+    w: &[u8],
+    format: HalfFormat,
+    y: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if format == HalfFormat::BF16 && k > 0 && super::half_weights_bf16::available() {
+        use super::half_weights_bf16 as bf16_dots;
+        assert!(
+            x.len() == m * k && w.len() == 2 * n * k && y.len() == m * n,
+            "linear_half_fast sizes"
+        );
+        // SAFETY (both): the CPU has the extensions.
+        let xb = unsafe { bf16_dots::round_to_bf16(x) };
+        for_each_row_task(y, n, 2 * k, 4, |first, outs| {
+            by_tiles(&w[2 * first * k..], outs, k, |tile, outs, col| unsafe {
+                bf16_dots::multiply_tile(&xb, tile, outs, col, k)
+            })
+        });
+        return;
+    }
+    linear_half(x, w, format, y, m, k, n)
+}
+
+/// One task: `tile_product(tile, outs, col)` for the first `outs[i].len()`
+/// weight rows of `w`, in tiles of equal size (starting at column `col`)
+/// that each stay in L2 while every row of `x` passes.
+fn by_tiles(
+    w: &[u8],
+    outs: &mut [&mut [f32]],
+    k: usize,
+    mut tile_product: impl FnMut(&[u8], &mut [&mut [f32]], usize),
+) {
     let rows = outs[0].len();
     let most = (TILE_BYTES / (2 * k)).clamp(4, MAX_TILE_ROWS);
     let tile = rows.div_ceil(rows.div_ceil(most));
     for start in (0..rows).step_by(tile) {
         let count = tile.min(rows - start);
-        multiply_tile(
-            x,
-            &w[2 * start * k..2 * (start + count) * k],
-            format,
-            outs,
-            start,
-            k,
-        );
+        tile_product(&w[2 * start * k..2 * (start + count) * k], outs, start);
     }
 }
 
@@ -268,6 +305,56 @@ mod tests {
                 assert!(
                     same_bits(&alone, &batched[i * n..(i + 1) * n]),
                     "{format:?} {m}x{k}x{n}: row {i} differs from its own product"
+                );
+            }
+        });
+    }
+
+    /// `--precision fast`'s product: where the CPU multiplies bf16 pairs,
+    /// that of the activations rounded to bf16 (within f32 rounding of
+    /// the f64 product of the rounded values), the same bits for a row
+    /// alone and batched; elsewhere, and for f16, the exact product.
+    #[test]
+    fn fast_products_round_the_activations_to_bf16_where_the_cpu_multiplies_pairs() {
+        for_each_case(|m, k, n, format, x, bytes| {
+            let mut fast = vec![0f32; m * n];
+            linear_half_fast(x, bytes, format, &mut fast, m, k, n);
+            let mut exact = vec![0f32; m * n];
+            linear_half(x, bytes, format, &mut exact, m, k, n);
+            #[cfg(target_arch = "x86_64")]
+            let pairs = format == HalfFormat::BF16 && super::super::half_weights_bf16::available();
+            #[cfg(not(target_arch = "x86_64"))]
+            let pairs = false;
+            if !pairs {
+                assert!(same_bits(&fast, &exact), "{format:?} {m}x{k}x{n}");
+                return;
+            }
+            let mut w = vec![0f32; n * k];
+            format.convert(bytes, &mut w);
+            let rounded: Vec<f64> = x
+                .iter()
+                .map(|&v| f64::from(bf16::from_f32(v).to_f32()))
+                .collect();
+            for i in 0..m {
+                for r in 0..n {
+                    let (xs, ws) = (&rounded[i * k..(i + 1) * k], &w[r * k..(r + 1) * k]);
+                    let want: f64 = xs.iter().zip(ws).map(|(a, &b)| a * f64::from(b)).sum();
+                    let scale: f64 = xs
+                        .iter()
+                        .zip(ws)
+                        .map(|(a, &b)| (a * f64::from(b)).abs())
+                        .sum();
+                    let got = f64::from(fast[i * n + r]);
+                    assert!(
+                        (got - want).abs() <= 1e-6 * scale.max(1e-30) + 1e-30,
+                        "{m}x{k}x{n} [{i}][{r}]: {got} vs {want}"
+                    );
+                }
+                let mut alone = vec![0f32; n];
+                linear_half_fast(&x[i * k..(i + 1) * k], bytes, format, &mut alone, 1, k, n);
+                assert!(
+                    same_bits(&alone, &fast[i * n..(i + 1) * n]),
+                    "{m}x{k}x{n}: row {i} differs from its own product"
                 );
             }
         });

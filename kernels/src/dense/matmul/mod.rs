@@ -4,8 +4,10 @@
 mod half_weights;
 #[cfg(target_arch = "x86_64")]
 mod half_weights_avx2;
+#[cfg(target_arch = "x86_64")]
+mod half_weights_bf16;
 
-pub use half_weights::{linear_half, HalfFormat};
+pub use half_weights::{linear_half, linear_half_fast, HalfFormat};
 
 use gemm::Parallelism;
 
