@@ -69,7 +69,7 @@ fn q8_0_block(x: &[f32], block: &mut [u8]) {
 }
 
 /// The first value of the largest magnitude in `x`, with its sign.
-fn signed_max(x: &[f32]) -> f32 {
+pub(super) fn signed_max(x: &[f32]) -> f32 {
     let (mut amax, mut max) = (0f32, 0f32);
     for &v in x {
         if amax < v.abs() {

@@ -9,6 +9,7 @@
 use half::f16;
 
 use super::format::IQ4_VALUES;
+use super::quantize::signed_max;
 use super::quantize_k::{nearest_int, GROUP_MAX_EPS};
 
 /// Trial scales either side of the first guess (ggml's `ntry`).
@@ -47,14 +48,8 @@ fn nearest_index(x: f32) -> u8 {
 /// The scale of a block of 32 values: the best fit of 16 trials, weights
 /// `x²`; 0 for a block of zeros.
 fn block_scale(x: &[f32]) -> f32 {
-    let (mut amax, mut max) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_max(x);
+    if max.abs() < GROUP_MAX_EPS {
         return 0.0;
     }
     // Σ w·q·x and Σ w·q² with the indices nearest `id·x`.

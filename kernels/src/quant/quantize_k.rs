@@ -8,6 +8,7 @@
 use half::f16;
 
 use super::format::{k4_scales_mins, q3k_scales};
+use super::quantize::signed_max;
 
 /// Values a super-block holds.
 pub(super) const QK_K: usize = 256;
@@ -116,14 +117,8 @@ fn fit_scale_min(
 /// approximates `x`, trying 19 scales around `nmax / max`. Writes the
 /// levels, returns the scale (0 for a group of zeros).
 fn fit_scale(x: &[f32], nmax: i32, levels: &mut [u8]) -> f32 {
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_max(x);
+    if max.abs() < GROUP_MAX_EPS {
         levels.fill(0);
         return 0.0;
     }
@@ -166,14 +161,8 @@ fn fit_scale(x: &[f32], nmax: i32, levels: &mut [u8]) -> f32 {
 /// where it best fits the others' scale, for up to five passes. Writes the
 /// levels, returns the scale (0 for a group of zeros).
 fn fit_scale_refined(x: &[f32], nmax: i32, levels: &mut [u8]) -> f32 {
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let max = signed_max(x);
+    if max.abs() < GROUP_MAX_EPS {
         levels.fill(0);
         return 0.0;
     }
