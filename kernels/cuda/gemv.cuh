@@ -297,15 +297,21 @@ struct RowInputs {
 // The last block's part of a folded norm: each row of x's s from the
 // blocks' partial sums, added up in block order. Not inlined: inlined, the
 // bf16 one-row kernel took 64 registers where it had 56 (sm_90; the 8-bit
-// kernels' allocation moves either way by a few).
-__device__ __noinline__ void write_norm_scales(const KilnGemvNorm& p, int m, int cols) {
+// kernels' allocation moves either way by a few). It takes the pointers
+// and numbers it needs, never a reference into the kernel's parameters:
+// a parameter's address passed to a call made every thread copy the whole
+// KilnGemvGroup (304 bytes) to local memory at its start, more bytes than
+// the weights it reads (H200, 2026-12-04: the batch-1 GEMVs at half speed,
+// Llama-3-8B 181 -> 108 tok/s).
+__device__ __noinline__ void write_norm_scales(const float* partials_in, float* scales, float eps, int m,
+                                               int cols) {
   __shared__ float scratch[32];
-  const volatile float* partials = p.partials;
+  const volatile float* partials = partials_in;
   for (int i = 0; i < m; ++i) {
     float total = 0.0f;
     for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) total += partials[(i64)b * m + i];
     total = block_sum(total, scratch);
-    if (threadIdx.x == 0) p.scales[i] = inverse_root_mean(total, cols, p.eps);
+    if (threadIdx.x == 0) scales[i] = inverse_root_mean(total, cols, eps);
   }
 }
 
@@ -332,7 +338,7 @@ __device__ void add_norm_rows(const KilnGemvNorm& p, const GemvRow& r, bool writ
     for (int s = 0; s < rows; ++s) block += squares[s][threadIdx.x];
     p.partials[(i64)blockIdx.x * m + threadIdx.x] = block;
   }
-  if (last_block_done(p.counter, gridDim.x)) write_norm_scales(p, m, cols);
+  if (last_block_done(p.counter, gridDim.x)) write_norm_scales(p.partials, p.scales, p.eps, m, cols);
 }
 
 // The sums of the warps of a row to y[i, row]: each warp reduces across

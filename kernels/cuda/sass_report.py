@@ -70,7 +70,7 @@ def cubins(out: pathlib.Path) -> None:
 def compile_module(name: str, arch: str, out: pathlib.Path) -> None:
     """One module's cubin for `arch` into `out`, by NVRTC's library as .ci/setup
     unpacks it (includes from kernels/cuda, as the runtime inlines them),
-    printing ptxas's registers and spills of each kernel."""
+    printing ptxas's registers, spills and stack frame of each kernel."""
     import ctypes
 
     nvrtc_dir = ROOT / "target/cuda/nvidia/cu13/lib"
@@ -97,9 +97,11 @@ def compile_module(name: str, arch: str, out: pathlib.Path) -> None:
             after = " ".join(lines[i + 1 : i + 4])
             registers = re.search(r"Used (\d+) registers", after)
             spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", after)
+            stack = re.search(r"(\d+) bytes stack frame", after)
             print(
                 f"{line.split(chr(39))[1]} ({arch}): {registers.group(1) if registers else '?'} registers, "
-                f"spills {spills.group(1) if spills else '?'} / {spills.group(2) if spills else '?'} bytes"
+                f"spills {spills.group(1) if spills else '?'} / {spills.group(2) if spills else '?'} bytes, "
+                f"stack frame {stack.group(1) if stack else '?'} bytes"
             )
     nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(size))
     cubin = ctypes.create_string_buffer(size.value)

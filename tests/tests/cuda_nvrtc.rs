@@ -2,7 +2,8 @@
 //! with NVRTC, on a machine without a GPU: the hand-written sources under
 //! `kernels/cuda/` and the kernels the compiler generates for every tiny
 //! family. ptxas's statistics (through NVRTC's `--ptxas-options=-v`) show
-//! that no hand-written kernel spills to local memory. With
+//! that no hand-written kernel spills to local memory, nor keeps more than
+//! a call's saved registers on its stack (`MAX_STACK_FRAME`). With
 //! `KILN_CUBIN_DIR` set, the hand-written modules' cubins are written there
 //! (`<source>.<arch>.cubin`) for `cuobjdump -sass`: instruction counts of a
 //! kernel's loop without a GPU. `KILN_NVRTC_SOURCES=qmatmul.cu,moe.cu`
@@ -21,6 +22,20 @@ use kiln_tests::models::{write_model_dir, DeviceChoice, WeightDtype};
 use rayon::prelude::*;
 
 const ARCHES: [&str; 2] = ["sm_80", "sm_90"];
+
+/// The largest stack frame a hand-written kernel may have, in bytes a
+/// thread: room for a non-inlined call's saved registers. A kernel whose
+/// parameter's address reaches a call copies the whole parameter to its
+/// stack, every thread, at its start: the GEMVs' 336-byte frames of
+/// 2026-12-01 wrote more bytes than their weights and halved batch-1
+/// decode on the H200 (bench/results/gpu-2026-12-04).
+const MAX_STACK_FRAME: u32 = 64;
+
+/// Kernels whose frame holds a local array by design, and why.
+const LOCAL_ARRAYS: [(&str, &str); 1] = [(
+    "kiln_moe_route",
+    "a thread routes one token: its expert groups' scores and picks",
+)];
 
 /// Loads NVRTC from the unpacked wheel; fails with what to run when absent.
 fn load_nvrtc() {
@@ -67,6 +82,7 @@ fn hand_written_kernels_compile_for_sm80_and_sm90_without_spills() {
         .collect();
     let mut report = String::new();
     let mut spills = Vec::new();
+    let mut stacks = Vec::new();
     for (&(source, arch), compiled) in jobs.iter().zip(compiled) {
         assert!(!compiled.image.is_empty());
         if let Some(dir) = std::env::var_os("KILN_CUBIN_DIR") {
@@ -81,11 +97,15 @@ fn hand_written_kernels_compile_for_sm80_and_sm90_without_spills() {
                 panic!("no ptxas statistics for {name} ({arch}):\n{}", compiled.log)
             });
             report.push_str(&format!(
-                "{arch} {:<28} {:>3} registers, spills {} B stored / {} B loaded\n",
-                s.name, s.registers, s.spill_stores, s.spill_loads
+                "{arch} {:<28} {:>3} registers, spills {} B stored / {} B loaded, stack frame {} B\n",
+                s.name, s.registers, s.spill_stores, s.spill_loads, s.stack_frame
             ));
             if s.spill_stores + s.spill_loads > 0 {
                 spills.push(format!("{} on {arch}", s.name));
+            }
+            let local_array = LOCAL_ARRAYS.iter().any(|(kernel, _)| *kernel == s.name);
+            if s.stack_frame > MAX_STACK_FRAME && !local_array {
+                stacks.push(format!("{} on {arch}: {} B", s.name, s.stack_frame));
             }
         }
     }
@@ -93,6 +113,10 @@ fn hand_written_kernels_compile_for_sm80_and_sm90_without_spills() {
     assert!(
         spills.is_empty(),
         "kernels spill to local memory: {spills:?}"
+    );
+    assert!(
+        stacks.is_empty(),
+        "stack frames over {MAX_STACK_FRAME} B (a parameter's address taken by a call?): {stacks:?}"
     );
 }
 

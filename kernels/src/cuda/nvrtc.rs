@@ -150,16 +150,24 @@ pub struct KernelStats {
     pub spill_stores: u32,
     /// Bytes of spill loads.
     pub spill_loads: u32,
+    /// Bytes of each thread's stack frame (local arrays, calls' saved
+    /// registers, and any kernel parameter whose address is taken, copied).
+    pub stack_frame: u32,
 }
 
 /// Reads `ptxas info` lines: a `Compiling entry function 'K'` line names the
-/// kernel, the following lines give its spills and registers.
+/// kernel; the lines up to the next give its registers, its stack (the
+/// `Used` line's cumulative size over the calls, or its own frame) and the
+/// spills of K and of the non-inlined functions it calls, whose
+/// `Function properties` blocks follow K's.
 pub fn parse_ptxas_log(log: &str) -> Vec<KernelStats> {
     let mut stats: Vec<KernelStats> = Vec::new();
     let number_before = |line: &str, word: &str| -> Option<u32> {
         let at = line.find(word)?;
         line[..at].split_whitespace().last()?.parse().ok()
     };
+    // Whether the last `Function properties` block is the kernel's own.
+    let mut own_properties = false;
     for line in log.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let name = rest.split('\'').next().unwrap_or_default().to_owned();
@@ -168,13 +176,23 @@ pub fn parse_ptxas_log(log: &str) -> Vec<KernelStats> {
                 registers: 0,
                 spill_stores: 0,
                 spill_loads: 0,
+                stack_frame: 0,
             });
         } else if let Some(current) = stats.last_mut() {
+            if let Some(function) = line.split("Function properties for ").nth(1) {
+                own_properties = function.trim() == current.name;
+            }
             if let Some(n) = number_before(line, "bytes spill stores") {
-                current.spill_stores = n;
+                current.spill_stores += n;
             }
             if let Some(n) = number_before(line, "bytes spill loads") {
-                current.spill_loads = n;
+                current.spill_loads += n;
+            }
+            if let Some(n) = number_before(line, "bytes stack frame").filter(|_| own_properties) {
+                current.stack_frame = current.stack_frame.max(n);
+            }
+            if let Some(n) = number_before(line, "bytes cumulative stack size") {
+                current.stack_frame = current.stack_frame.max(n);
             }
             if let Some(n) = number_before(line, "registers") {
                 current.registers = n;
@@ -187,6 +205,41 @@ pub fn parse_ptxas_log(log: &str) -> Vec<KernelStats> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernels_stack_is_its_own_not_its_callees() {
+        let log = "ptxas info    : Compiling entry function 'k' for 'sm_90'
+ptxas info    : Function properties for k
+ptxas         .     336 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 56 registers, used 1 barriers, 336 bytes cumulative stack size, 264 bytes smem
+ptxas info    : Function properties for _Z17write_norm_scalesPKfPffii
+ptxas         .     0 bytes stack frame, 4 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'plain' for 'sm_90'
+ptxas info    : Function properties for plain
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 20 registers, used 0 barriers
+";
+        let stats = parse_ptxas_log(log);
+        assert_eq!(
+            stats,
+            [
+                KernelStats {
+                    name: "k".into(),
+                    registers: 56,
+                    spill_stores: 12,
+                    spill_loads: 4,
+                    stack_frame: 336,
+                },
+                KernelStats {
+                    name: "plain".into(),
+                    registers: 20,
+                    spill_stores: 0,
+                    spill_loads: 0,
+                    stack_frame: 0,
+                },
+            ]
+        );
+    }
 
     #[test]
     fn every_supported_capability_has_one_of_the_listed_architectures() {
