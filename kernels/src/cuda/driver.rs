@@ -14,6 +14,7 @@ use std::time::Instant;
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 
+use super::captures::{outside_captures, Capture};
 use super::cubin_cache::CubinCache;
 use super::cublas::{self as products, GemmAlgorithms, Route};
 use super::device::{
@@ -21,6 +22,7 @@ use super::device::{
     KernelArg, LaunchConfig, PackedArgs, Readback,
 };
 use super::nvrtc;
+use super::pinned::{self, ReadbackSlot, Staging};
 
 /// Which CUDA library is missing, if any, in the order they are needed.
 pub fn missing_library() -> Option<&'static str> {
@@ -38,9 +40,6 @@ pub fn missing_library() -> Option<&'static str> {
     }
     None
 }
-
-/// Pinned host memory uploads are staged through.
-const STAGING_BYTES: usize = 8 << 20;
 
 struct Inner {
     /// Loaded modules (unloaded in `Drop`) and their kernels.
@@ -69,6 +68,8 @@ struct Inner {
     bytes_read: u64,
     /// Kernels recorded by the capture in progress.
     captured_kernels: Option<u64>,
+    /// The capture in progress, known to the process's other threads.
+    capture: Option<Capture>,
 }
 
 impl Inner {
@@ -95,49 +96,6 @@ impl Inner {
         match &mut self.captured_kernels {
             Some(captured) => *captured += 1,
             None => self.kernels += 1,
-        }
-    }
-}
-
-/// Pinned memory one readback's copies land in, and the event recorded
-/// after them (waiting for it waits for the copies, not for later work).
-struct ReadbackSlot {
-    base: *mut u8,
-    capacity: usize,
-    event: sys::CUevent,
-    /// The readback using it: its bytes, and `Inner::issued` before it.
-    in_use: Option<(usize, u64)>,
-}
-
-/// Pinned host memory that uploads go through, so that an upload is queued
-/// without waiting: the caller's bytes are copied here and the stream copies
-/// them on by DMA. Space is handed out in order and reclaimed all at once
-/// whenever the host waits for the stream (every step ends with a wait for
-/// its sampled tokens); an upload that does not fit waits first, one larger
-/// than the whole buffer (weights at load) goes from pageable memory and is
-/// waited for.
-struct Staging {
-    base: *mut u8,
-    capacity: usize,
-    used: usize,
-}
-
-impl Staging {
-    /// `STAGING_BYTES` of pinned memory, or none (every upload then waits)
-    /// where the driver refuses to pin it.
-    fn new() -> Self {
-        // SAFETY: a plain pinned allocation, freed in `Drop`.
-        match unsafe { result::malloc_host(STAGING_BYTES, 0) } {
-            Ok(base) => Self {
-                base: base.cast(),
-                capacity: STAGING_BYTES,
-                used: 0,
-            },
-            Err(_) => Self {
-                base: std::ptr::null_mut(),
-                capacity: 0,
-                used: 0,
-            },
         }
     }
 }
@@ -205,7 +163,7 @@ fn opt_in_shared(
     Ok(())
 }
 
-fn driver_error(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ {
+pub(super) fn driver_error(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ {
     move |e| DeviceError::new(format!("{what}: {e}"))
 }
 
@@ -279,6 +237,16 @@ impl CudaDevice {
         if let Some(missing) = missing_library() {
             return Err(DeviceError::new(format!("{missing} could not be loaded")));
         }
+        // cuBLAS and the staging memory allocate (captures.rs).
+        outside_captures(|| Self::open_context(ordinal, cache_dir, time_gemm_algorithms))
+    }
+
+    /// [`CudaDevice::open`] once its libraries are known to load.
+    fn open_context(
+        ordinal: usize,
+        cache_dir: PathBuf,
+        time_gemm_algorithms: bool,
+    ) -> DeviceResult<Self> {
         let context = CudaContext::new(ordinal).map_err(driver_error("opening the device"))?;
         // Must precede every allocation, or stream capture fails.
         // SAFETY: no buffer has been allocated on this context yet.
@@ -324,6 +292,7 @@ impl CudaDevice {
                 kernels: 0,
                 bytes_read: 0,
                 captured_kernels: None,
+                capture: None,
             }),
             driver_nanos: AtomicU64::new(0),
         })
@@ -368,41 +337,6 @@ impl CudaDevice {
         self.inner().queued();
     }
 
-    /// A free readback slot of at least `bytes` (reusing or growing a free
-    /// one, else a new one).
-    fn readback_slot(inner: &mut Inner, bytes: usize) -> DeviceResult<usize> {
-        let free = |s: &ReadbackSlot| s.in_use.is_none();
-        if let Some(i) = inner
-            .readbacks
-            .iter()
-            .position(|s| free(s) && s.capacity >= bytes)
-        {
-            return Ok(i);
-        }
-        let capacity = bytes.next_power_of_two().max(4096);
-        // SAFETY: a plain pinned allocation, freed when replaced or in `Drop`.
-        let base = unsafe { result::malloc_host(capacity, 0) }
-            .map_err(driver_error("pinning readback memory"))?
-            .cast::<u8>();
-        if let Some(i) = inner.readbacks.iter().position(free) {
-            let slot = &mut inner.readbacks[i];
-            // SAFETY: no queued copy writes a free slot's memory.
-            let _ = unsafe { result::free_host(slot.base.cast()) };
-            slot.base = base;
-            slot.capacity = capacity;
-            return Ok(i);
-        }
-        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(driver_error("cuEventCreate"))?;
-        inner.readbacks.push(ReadbackSlot {
-            base,
-            capacity,
-            event,
-            in_use: None,
-        });
-        Ok(inner.readbacks.len() - 1)
-    }
-
     /// Waits for the stream (with `inner` locked, so no upload is staged
     /// meanwhile) and reclaims the staging memory.
     fn wait(&self, inner: &mut Inner) -> DeviceResult<()> {
@@ -432,14 +366,14 @@ impl Device for CudaDevice {
         self.bind()?;
         // SAFETY: a plain allocation, zeroed on our stream (so later kernels
         // on it see the zeros) before it is handed out.
-        unsafe {
+        outside_captures(|| unsafe {
             let ptr = result::malloc_sync(bytes.max(1))
                 .map_err(|e| DeviceError::new(format!("allocating {bytes} bytes: {e}")))?;
             result::memset_d8_async(ptr, 0, bytes.max(1), self.stream.cu_stream())
                 .map_err(driver_error("cuMemsetD8Async"))?;
             result::stream::synchronize(self.stream.cu_stream()).map_err(driver_error("sync"))?;
             Ok(ptr)
-        }
+        })
     }
 
     fn free(&self, ptr: DevicePtr) {
@@ -450,12 +384,12 @@ impl Device for CudaDevice {
             let capturing = self.inner().captured_kernels.is_some();
             // SAFETY: the stream is live; `ptr` came from `alloc` and is
             // freed once.
-            unsafe {
+            outside_captures(|| unsafe {
                 if !capturing {
                     let _ = result::stream::synchronize(self.stream.cu_stream());
                 }
                 let _ = result::free_sync(ptr);
-            }
+            })
         }
     }
 
@@ -514,7 +448,7 @@ impl Device for CudaDevice {
             let mut inner = self.inner();
             inner.refuse_in_capture("a download")?;
             let total: usize = parts.iter().map(|p| p.1).sum();
-            let index = Self::readback_slot(&mut inner, total)?;
+            let index = pinned::readback_slot(&mut inner.readbacks, total)?;
             let stream = self.stream.cu_stream();
             let slot = &inner.readbacks[index];
             let mut at = 0;
@@ -600,7 +534,9 @@ impl Device for CudaDevice {
         self.bind()?;
         let image = self.cubin(name, source)?;
         // SAFETY: the image is a cubin NVRTC made for this device.
-        let loaded = unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) };
+        let loaded = outside_captures(|| unsafe {
+            result::module::load_data(image.as_ptr().cast::<c_void>())
+        });
         let module = match loaded {
             Ok(module) => module,
             // A damaged cached image: compiled again, once.
@@ -608,8 +544,10 @@ impl Device for CudaDevice {
                 let _ = std::fs::remove_file(self.cubins.path(name, source)?);
                 let image = self.cubin(name, source)?;
                 // SAFETY: as above, freshly compiled.
-                unsafe { result::module::load_data(image.as_ptr().cast::<c_void>()) }
-                    .map_err(driver_error("loading a module"))?
+                outside_captures(|| unsafe {
+                    result::module::load_data(image.as_ptr().cast::<c_void>())
+                })
+                .map_err(driver_error("loading a module"))?
             }
         };
         let mut inner = self.inner();
@@ -695,6 +633,7 @@ impl Device for CudaDevice {
 
     fn begin_capture(&self) -> DeviceResult<()> {
         self.bind()?;
+        let capture = Capture::begin();
         // SAFETY: the stream is live and not the legacy default stream.
         unsafe {
             result::stream::begin_capture(
@@ -703,17 +642,26 @@ impl Device for CudaDevice {
             )
         }
         .map_err(driver_error("cuStreamBeginCapture"))?;
-        self.inner().captured_kernels = Some(0);
+        let mut inner = self.inner();
+        inner.captured_kernels = Some(0);
+        inner.capture = Some(capture);
         Ok(())
     }
 
     fn end_capture(&self) -> DeviceResult<GraphId> {
         self.bind()?;
-        let kernels = self.inner().captured_kernels.take().unwrap_or(0);
+        let (kernels, capture) = {
+            let mut inner = self.inner();
+            (
+                inner.captured_kernels.take().unwrap_or(0),
+                inner.capture.take(),
+            )
+        };
         // SAFETY: a capture is in progress on this stream.
         let exec = unsafe {
-            let graph = result::stream::end_capture(self.stream.cu_stream())
-                .map_err(driver_error("cuStreamEndCapture"))?;
+            let graph = result::stream::end_capture(self.stream.cu_stream());
+            drop(capture);
+            let graph = graph.map_err(driver_error("cuStreamEndCapture"))?;
             let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
             let _ = result::graph::destroy(graph);
             exec.map_err(driver_error("cuGraphInstantiate"))?
@@ -795,6 +743,14 @@ impl Device for CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        // Frees memory, unloads modules (captures.rs).
+        outside_captures(|| self.release());
+    }
+}
+
+impl CudaDevice {
+    /// Everything the device holds, given back to the driver.
+    fn release(&mut self) {
         if self.bind().is_ok() {
             // SAFETY: the stream is live; after this no copy reads the
             // staging memory.

@@ -5,6 +5,7 @@
 //! sources on the CPU, and the [`null`] device that runs nothing (the host's
 //! share of a step, measured alone).
 
+mod captures;
 pub mod cubin_cache;
 mod cublas;
 pub mod device;
@@ -13,6 +14,7 @@ pub mod emulator;
 pub mod flash;
 pub mod null;
 pub mod nvrtc;
+mod pinned;
 pub mod sources;
 
 pub use device::{
