@@ -255,7 +255,7 @@ fn a_model_with_experts_quantized_at_load_computes_with_ggml_blocks() {
 }
 
 #[test]
-fn a_model_of_whole_super_blocks_quantized_at_load_computes_with_k_quants() {
+fn a_model_of_whole_super_blocks_quantized_at_load_computes_with_k_quants_and_iq4_xs() {
     let (config, weights) = wide_llama();
     // The mixes do reach every K-quant here.
     let vocab = config["vocab_size"].as_u64().unwrap() as usize;

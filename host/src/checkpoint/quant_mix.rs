@@ -246,11 +246,15 @@ pub(super) fn plan_formats(
             let cols = matrix_cols(weight)?;
             let (name, rows) = (weight.spec.name.as_str(), rows(weight));
             let mixed = |mix: FileMix| mix.choose(name, (rows, cols), &model);
+            let role = model.role(name, rows);
             let wanted = match how {
-                _ if model.role(name, rows) == Role::Router => return None,
+                _ if role == Role::Router => return None,
                 LoadQuantization::None => return None,
                 LoadQuantization::Q8_0 => QuantType::Q8_0,
-                LoadQuantization::Q4_0 if Some(rows) == sizes.vocab => QuantType::Q8_0,
+                // The embeddings and the LM head keep 8 bits.
+                LoadQuantization::Q4_0 if matches!(role, Role::Output | Role::TokenEmbeddings) => {
+                    QuantType::Q8_0
+                }
                 LoadQuantization::Q4_0 => QuantType::Q4_0,
                 LoadQuantization::Q5KM => mixed(FileMix::Q5KM)?,
                 LoadQuantization::Q4KM => mixed(FileMix::Q4KM)?,
