@@ -89,65 +89,57 @@ mod tests {
     use std::sync::{mpsc, Arc};
     use std::time::Duration;
 
-    #[test]
-    fn a_free_waits_for_another_threads_capture_to_end() {
-        let (began, wait_began) = mpsc::channel();
-        let (end, wait_end) = mpsc::channel::<()>();
-        let capturer = thread::spawn(move || {
-            let capture = Capture::begin();
-            // Its own calls inside the capture run at once (no deadlock).
-            outside_captures(|| ());
-            began.send(()).unwrap();
-            wait_end.recv().unwrap();
-            drop(capture);
+    /// Runs `holder` on a thread, which calls the function it is given
+    /// while it holds what it holds (that function returns when the test
+    /// lets go), then `waiter` on another: `waiter` must not finish before
+    /// the holder lets go, and must finish after.
+    fn assert_waits(holder: fn(&dyn Fn()), waiter: fn(), what: &str) {
+        let (holding, wait_holding) = mpsc::channel();
+        let (release, wait_release) = mpsc::channel::<()>();
+        let holder = thread::spawn(move || {
+            holder(&|| {
+                holding.send(()).unwrap();
+                wait_release.recv().unwrap();
+            })
         });
-        wait_began.recv().unwrap();
-        let ran = Arc::new(AtomicBool::new(false));
-        let freer = {
-            let ran = ran.clone();
+        wait_holding.recv().unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let done = done.clone();
             thread::spawn(move || {
-                // Nested calls run inside the outer one.
-                outside_captures(|| outside_captures(|| ran.store(true, Ordering::SeqCst)))
+                waiter();
+                done.store(true, Ordering::SeqCst);
             })
         };
         thread::sleep(Duration::from_millis(100));
-        assert!(
-            !ran.load(Ordering::SeqCst),
-            "the free ran during another thread's capture"
+        assert!(!done.load(Ordering::SeqCst), "{what}");
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        waiter.join().unwrap();
+        assert!(done.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_free_waits_for_another_threads_capture_to_end() {
+        assert_waits(
+            |held| {
+                let _capture = Capture::begin();
+                // Its own calls inside the capture run at once (no deadlock).
+                outside_captures(|| ());
+                held();
+            },
+            // Nested calls run inside the outer one.
+            || outside_captures(|| outside_captures(|| ())),
+            "the free ran during another thread's capture",
         );
-        end.send(()).unwrap();
-        capturer.join().unwrap();
-        freer.join().unwrap();
-        assert!(ran.load(Ordering::SeqCst));
     }
 
     #[test]
     fn a_capture_waits_for_a_free_in_progress() {
-        let (inside, wait_inside) = mpsc::channel();
-        let (finish, wait_finish) = mpsc::channel::<()>();
-        let freer = thread::spawn(move || {
-            outside_captures(|| {
-                inside.send(()).unwrap();
-                wait_finish.recv().unwrap();
-            })
-        });
-        wait_inside.recv().unwrap();
-        let begun = Arc::new(AtomicBool::new(false));
-        let capturer = {
-            let begun = begun.clone();
-            thread::spawn(move || {
-                let _capture = Capture::begin();
-                begun.store(true, Ordering::SeqCst);
-            })
-        };
-        thread::sleep(Duration::from_millis(100));
-        assert!(
-            !begun.load(Ordering::SeqCst),
-            "a capture began during a free"
+        assert_waits(
+            |held| outside_captures(held),
+            || drop(Capture::begin()),
+            "a capture began during a free",
         );
-        finish.send(()).unwrap();
-        freer.join().unwrap();
-        capturer.join().unwrap();
-        assert!(begun.load(Ordering::SeqCst));
     }
 }

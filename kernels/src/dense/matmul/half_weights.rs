@@ -74,19 +74,8 @@ pub fn linear_half(
     k: usize,
     n: usize,
 ) {
-    assert!(
-        x.len() == m * k && w.len() == 2 * n * k && y.len() == m * n,
-        "linear_half sizes"
-    );
-    if k == 0 {
-        y.fill(0.0);
-        return;
-    }
-    // Rows a multiple of 4: the register blocks' widths divide it.
-    for_each_row_task(y, n, 2 * k, 4, |first, outs| {
-        by_tiles(&w[2 * first * k..], outs, k, |tile, outs, col| {
-            multiply_tile(x, tile, format, outs, col, k)
-        })
+    by_tasks_and_tiles(x, w, y, (m, k, n), |tile, outs, col| {
+        multiply_tile(x, tile, format, outs, col, k)
     });
 }
 
@@ -104,22 +93,39 @@ pub fn linear_half_fast(
     n: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if format == HalfFormat::BF16 && k > 0 && super::half_weights_bf16::available() {
+    if format == HalfFormat::BF16 && super::half_weights_bf16::available() {
         use super::half_weights_bf16 as bf16_dots;
-        assert!(
-            x.len() == m * k && w.len() == 2 * n * k && y.len() == m * n,
-            "linear_half_fast sizes"
-        );
         // SAFETY (both): the CPU has the extensions.
         let xb = unsafe { bf16_dots::round_to_bf16(x) };
-        for_each_row_task(y, n, 2 * k, 4, |first, outs| {
-            by_tiles(&w[2 * first * k..], outs, k, |tile, outs, col| unsafe {
-                bf16_dots::multiply_tile(&xb, tile, outs, col, k)
-            })
+        return by_tasks_and_tiles(x, w, y, (m, k, n), |tile, outs, col| unsafe {
+            bf16_dots::multiply_tile(&xb, tile, outs, col, k)
         });
-        return;
     }
     linear_half(x, w, format, y, m, k, n)
+}
+
+/// `y [m, n]` from `x [m, k]` and 16-bit `w [n, k]`, the sizes checked:
+/// the weight rows split in tasks over the thread pool, each task's rows in
+/// tiles (`by_tiles`) that `tile_product` multiplies; zeros where `k` is 0.
+fn by_tasks_and_tiles(
+    x: &[f32],
+    w: &[u8],
+    y: &mut [f32],
+    (m, k, n): (usize, usize, usize),
+    tile_product: impl Fn(&[u8], &mut [&mut [f32]], usize) + Sync,
+) {
+    assert!(
+        x.len() == m * k && w.len() == 2 * n * k && y.len() == m * n,
+        "linear_half sizes"
+    );
+    if k == 0 {
+        y.fill(0.0);
+        return;
+    }
+    // Rows a multiple of 4: the register blocks' widths divide it.
+    for_each_row_task(y, n, 2 * k, 4, |first, outs| {
+        by_tiles(&w[2 * first * k..], outs, k, &tile_product)
+    });
 }
 
 /// One task: `tile_product(tile, outs, col)` for the first `outs[i].len()`
