@@ -141,6 +141,14 @@ pub struct BenchmarkArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     pub concurrency: Vec<usize>,
 
+    /// Unmeasured runs of each concurrency level before the measured one, as
+    /// the PyTorch baseline (`bench/gpu/torch_baseline.py`) warms up: a
+    /// level's first run pays once for what the server keeps (CUDA graphs of
+    /// its step shapes); 0 measures the first run [default: 1, not with
+    /// `--url`]
+    #[arg(long)]
+    pub warmup_runs: Option<usize>,
+
     /// Sampling temperature of every request (0: greedy).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,

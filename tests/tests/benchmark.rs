@@ -46,6 +46,32 @@ fn benchmark_runs_every_concurrency_level_to_completion() {
         let ttft = level["max_ttft_ms"].as_f64().unwrap();
         assert!(ttft > 0.0 && ttft <= wall * 1e3, "{level}");
     }
+    // Warm-up runs before a level are not counted in it.
+    let steps = |warmup_runs: &str| {
+        let output = run_host(
+            [
+                "benchmark",
+                "--model",
+                model,
+                "--input-len",
+                "12",
+                "--output-len",
+                "5",
+                "--concurrency",
+                "3",
+                "--warmup-runs",
+                warmup_runs,
+                "--json",
+            ],
+            &[],
+        );
+        assert!(output.status.success(), "{}", text(&output).1);
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let level = &report["levels"][0];
+        assert_eq!(level["output_tokens"], 15, "{level}");
+        level["steps"].as_u64().unwrap()
+    };
+    assert_eq!(steps("0"), steps("2"));
 
     // On the CUDA backend it also measures the device's copy bandwidth and
     // puts decode steps against the memory roofline.
@@ -257,6 +283,17 @@ fn benchmark_runs_a_shape_with_random_weights() {
                 r#"{"method": "ngram", "num_speculative_tokens": 2}"#,
             ],
             "the server's own settings apply",
+        ),
+        (
+            vec![
+                "--url",
+                "http://127.0.0.1:9",
+                "--model",
+                "m",
+                "--warmup-runs",
+                "1",
+            ],
+            "warm the server up",
         ),
         (
             vec![

@@ -514,3 +514,35 @@ fn greedy_rows_take_the_picks_of_the_logits_gemv() {
         assert_eq!(kernels[0] + sampler, kernels[1], "{rows} rows: kernels");
     }
 }
+
+/// A server's start-up warm-up (decode steps at a few batch sizes and a
+/// prefill chunk, all in the cache's first blocks) leaves every later step
+/// as it would have been: the same bits as a backend that never warmed up,
+/// over the very blocks the warm-up wrote.
+#[test]
+fn a_warm_up_leaves_later_steps_as_they_were() {
+    let device = kiln_tests::models::cuda_test_device();
+    let (warmed, cold) = (load(device), load(device));
+    let (mut warmed_cache, mut cold_cache) = (cache(&warmed), cache(&cold));
+    let done = kiln_host::engine::warm_up::warm_up(
+        warmed.backend.as_ref(),
+        &Pipeline::Decoder,
+        &mut warmed_cache,
+        &[1, 2, 4],
+        7,
+    )
+    .unwrap();
+    assert_eq!((done.batches, done.chunk_tokens), (vec![1, 2, 4], 7));
+    let mut sequences: Vec<(u32, Vec<u32>, usize)> = (0..3u32)
+        .map(|i| (i, vec![i + 3, 2 * i + 1, 9], 0))
+        .collect();
+    for round in 0..4 {
+        let a = step(&warmed, &mut warmed_cache, &sequences);
+        let b = step(&cold, &mut cold_cache, &sequences);
+        assert_eq!(a, b, "step {round}");
+        for (s, logits) in sequences.iter_mut().zip(&a) {
+            s.2 += s.1.len();
+            s.1 = vec![kiln_host::engine::sampling::argmax(logits)];
+        }
+    }
+}

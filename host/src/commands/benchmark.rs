@@ -3,7 +3,8 @@
 //! random prompt ids arrive at once and each generates exactly
 //! `--output-len` tokens (end-of-sequence ignored; greedy unless
 //! `--temperature` is set); the engine batches them continuously, as `host
-//! serve` would.
+//! serve` would. Each level runs `--warmup-runs` times (once by default)
+//! before the run it measures.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -175,7 +176,8 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
             .collect()
     };
 
-    // Warm-up: first-use allocations and thread-pool start-up.
+    // First-use allocations and thread-pool start-up; each level then runs
+    // `--warmup-runs` times unmeasured first.
     let params = |max_tokens| GenerationParams {
         sampling: sampling.clone(),
         penalties,
@@ -185,6 +187,13 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
     runtime.block_on(run_level(&engine, prompts(1), &params(2)))?;
     let mut results = Vec::new();
     for &concurrency in &args.concurrency {
+        for _ in 0..args.warmup_runs.unwrap_or(1) {
+            runtime.block_on(run_level(
+                &engine,
+                prompts(concurrency),
+                &params(args.output_len),
+            ))?;
+        }
         let start = Instant::now();
         let before = metrics.engine_totals();
         let drafts_before = metrics.draft_totals();

@@ -155,6 +155,10 @@ pub fn online_benchmark(args: &BenchmarkArgs, url: &str) -> anyhow::Result<()> {
         args.request_rate > 0.0,
         "--request-rate must be positive (inf: all at once)"
     );
+    anyhow::ensure!(
+        args.warmup_runs.is_none(),
+        "--warmup-runs repeats the levels `host benchmark` runs itself; with --url, warm the server up by a run of its own"
+    );
     let scheduling = &args.scheduling;
     anyhow::ensure!(
         !scheduling.async_scheduling

@@ -14,6 +14,7 @@ pub mod speculative;
 pub mod stats;
 pub mod stop;
 pub mod structured;
+pub mod warm_up;
 
 pub use generator::Generator;
 pub use sampling::{Sampler, SamplingParams};

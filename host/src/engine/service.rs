@@ -19,6 +19,7 @@ pub use super::request::{
 use super::sequence::Active;
 use super::speculative::NgramConfig;
 use super::stats::StatsLine;
+use super::warm_up;
 use crate::model::Model;
 use crate::runtime::sampling::{RowSampling, Sampled};
 use crate::runtime::{KvCache, PendingSample, RuntimeError, TokenFeed};
@@ -152,9 +153,30 @@ pub fn spawn(
         num_kv_heads: kv.num_kv_heads as usize,
         head_dim: kv.head_dim as usize,
     };
-    let cache = model
+    let mut cache =
+        model
+            .backend
+            .new_kv_cache(kv.num_layers as usize, config.num_blocks, layout)?;
+    let batches = model
         .backend
-        .new_kv_cache(kv.num_layers as usize, config.num_blocks, layout)?;
+        .warm_up_batches(config.scheduler.max_batch_size);
+    if !batches.is_empty() {
+        let done = warm_up::warm_up(
+            model.backend.as_ref(),
+            &model.pipeline,
+            &mut cache,
+            &batches,
+            config.scheduler.max_batch_tokens,
+        )
+        .map_err(|e| RuntimeError::Device(format!("warming up: {e}")))?;
+        tracing::info!(
+            "warmed up in {:.2} s: decode steps of {} batch sizes (1 to {}), a prefill chunk of {} tokens",
+            done.elapsed.as_secs_f64(),
+            done.batches.len(),
+            done.batches.last().copied().unwrap_or(0),
+            done.chunk_tokens
+        );
+    }
     let (commands, receiver) = mpsc::channel();
     let thread = std::thread::Builder::new()
         .name("kiln-engine".to_owned())

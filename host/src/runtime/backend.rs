@@ -144,6 +144,16 @@ pub trait Backend: Send + Sync {
         utilization: f64,
     ) -> Result<Option<usize>, RuntimeError>;
 
+    /// The decode batch sizes (sequences of one new token each) that a
+    /// server runs once at start-up, before requests arrive, up to
+    /// `max_sequences`, where the first run of a step shape costs far more
+    /// than the next (the CUDA driver times its products' algorithms then);
+    /// none (the default) where first use costs nothing extra.
+    fn warm_up_batches(&self, max_sequences: usize) -> Vec<usize> {
+        let _ = max_sequences;
+        Vec::new()
+    }
+
     /// The decode-step memory roofline of the device, measured now (`None`
     /// on the CPU and on a device that runs nothing).
     fn roofline(&self) -> Result<Option<Roofline>, RuntimeError>;

@@ -455,6 +455,13 @@ pub trait Device: Send + Sync {
     ) -> DeviceResult<()>;
     /// A matrix product (cuBLAS, or a reference GEMM on the emulator).
     fn gemm(&self, gemm: &Gemm) -> DeviceResult<()>;
+    /// Whether the first eager product of a new shape is timed to choose its
+    /// algorithm (the driver's cuBLASLt choice), so that a step's first run
+    /// costs far more than the next: a server runs its step shapes once at
+    /// start-up. `false` (the default) where first use costs nothing extra.
+    fn times_products(&self) -> bool {
+        false
+    }
     /// Starts recording launches and copies instead of running them.
     fn begin_capture(&self) -> DeviceResult<()>;
     /// Stops recording; the recorded work becomes a graph.

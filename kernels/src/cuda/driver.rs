@@ -631,6 +631,10 @@ impl Device for CudaDevice {
         })
     }
 
+    fn times_products(&self) -> bool {
+        self.gemm_algorithms.is_some()
+    }
+
     fn begin_capture(&self) -> DeviceResult<()> {
         self.bind()?;
         let capture = Capture::begin();

@@ -6,7 +6,7 @@ use kiln_kernels::cuda::{DevicePtr, Readback};
 use kiln_kernels::dense::attention::CacheLayout;
 
 use super::step::{check_error_flag, download};
-use super::{binding, measure, sample, CudaExecutor, DeviceKvCache};
+use super::{binding, buckets, measure, sample, CudaExecutor, DeviceKvCache};
 use crate::compiler::Program;
 use crate::runtime::backend::foreign_step;
 use crate::runtime::executor::bind_symbols;
@@ -85,6 +85,14 @@ impl Backend for CudaExecutor {
 
     fn kernel_counter(&self) -> Option<KernelCounter> {
         Some(KernelCounter(self.device.clone()))
+    }
+
+    fn warm_up_batches(&self, max_sequences: usize) -> Vec<usize> {
+        if self.paddable && self.device.times_products() {
+            buckets::batch_buckets(max_sequences)
+        } else {
+            Vec::new()
+        }
     }
 
     fn roofline(&self) -> Result<Option<Roofline>, RuntimeError> {

@@ -33,6 +33,16 @@ pub fn batch_bucket(b: usize) -> usize {
     }
 }
 
+/// Every bucket up to the one of `max` sequences, smallest first.
+pub fn batch_buckets(max: usize) -> Vec<usize> {
+    let last = batch_bucket(max.max(1));
+    let mut buckets = vec![1];
+    while let Some(&b) = buckets.last().filter(|&&b| b < last) {
+        buckets.push(batch_bucket(b + 1));
+    }
+    buckets
+}
+
 /// Whether `graph` takes the decoder's inputs and returns one output of
 /// logits rows, so that its decode steps can be padded.
 pub fn paddable(graph: &GraphIr) -> bool {
@@ -108,6 +118,17 @@ mod tests {
     fn buckets_are_powers_of_two_then_multiples_of_eight() {
         let buckets: Vec<usize> = [1, 2, 3, 5, 8, 9, 16, 17, 63].map(batch_bucket).to_vec();
         assert_eq!(buckets, [1, 2, 4, 8, 8, 16, 16, 24, 64]);
+    }
+
+    #[test]
+    fn every_bucket_up_to_the_largest_batch() {
+        assert_eq!(batch_buckets(0), [1]);
+        assert_eq!(batch_buckets(1), [1]);
+        assert_eq!(batch_buckets(3), [1, 2, 4]);
+        assert_eq!(batch_buckets(20), [1, 2, 4, 8, 16, 24]);
+        let all = batch_buckets(256);
+        assert_eq!(all.len(), 4 + 31);
+        assert!(all.iter().all(|&b| batch_bucket(b) == b));
     }
 
     fn step(batch: usize, width: usize, fed: &[usize]) -> Vec<Tensor> {
