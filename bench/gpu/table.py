@@ -70,7 +70,11 @@ def main():
             ratio = "-" if not compiled or dtype != "bf16" else f"{ours / compiled:.2f}×"
             host, wait = level.get("host_ms_per_step"), level.get("device_wait_ms_per_step")
             driver = level.get("driver_ms_per_step")
-            host_cell = "-" if host is None else f"{host:.2f}" + ("" if driver is None else f" ({driver:.2f})")
+            by_call = level.get("driver_ms_per_step_by_call") or {}
+            # The driver's largest share by kind of call, where it counts.
+            top = max(by_call.items(), key=lambda kv: kv[1], default=None)
+            top_cell = "" if not top or top[1] < 0.005 else f", {top[0]} {top[1]:.2f}"
+            host_cell = "-" if host is None else f"{host:.2f}" + ("" if driver is None else f" ({driver:.2f}{top_cell})")
             split = "-" if host is None or wait is None else f"{host_cell} / {wait:.2f}"
             print(f"| {shape} | {dtype} | {batch} | {ours:,.1f} | "
                   f"{'-' if roof is None else f'{roof * 100:.0f} %'} | {split} | {fmt(cells[0])} | {fmt(compiled)} | {ratio} |")

@@ -212,7 +212,14 @@ fn benchmark_runs_a_shape_with_random_weights() {
             // The driver's share of the host's time, where a driver is
             // called (a GPU); none measured on the emulator.
             match level["driver_ms_per_step"].as_f64() {
-                Some(driver) => assert!((0.0..=host).contains(&driver), "{level}"),
+                Some(driver) => {
+                    assert!((0.0..=host).contains(&driver), "{level}");
+                    // By kind of call, adding up to it.
+                    let by_call = level["driver_ms_per_step_by_call"].as_object().unwrap();
+                    assert_eq!(by_call.len(), 8, "{level}");
+                    let sum: f64 = by_call.values().map(|v| v.as_f64().unwrap()).sum();
+                    assert!((sum - driver).abs() < 1e-9, "{level}");
+                }
                 None => assert!(level["driver_ms_per_step"].is_null(), "{level}"),
             }
             // Kernels per step, counted by a CUDA device: a decode step of

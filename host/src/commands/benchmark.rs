@@ -6,10 +6,12 @@
 //! serve` would. Each level runs `--warmup-runs` times (once by default)
 //! before the run it measures.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use kiln_kernels::cuda::DriverCall;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
@@ -59,6 +61,9 @@ struct LevelResult {
     /// (launches, uploads, graph replays: `Device::driver_seconds`), where a
     /// driver is called.
     driver_ms_per_step: Option<f64>,
+    /// That time by kind of call (launch, gemm, upload, readback, copy,
+    /// replay, capture, memory).
+    driver_ms_per_step_by_call: Option<BTreeMap<&'static str, f64>>,
     /// The engine thread's wait for the device's picks per step: near zero
     /// with async scheduling, the host sets the pace.
     device_wait_ms_per_step: f64,
@@ -216,7 +221,15 @@ pub fn benchmark(args: &BenchmarkArgs) -> anyhow::Result<()> {
         result.accepted_tokens = drafts.1 - drafts_before.1;
         let per_step = |n: u64| n as f64 / steps.max(1) as f64;
         if let (Some(after), Some(before)) = (driver_seconds(), driver_before) {
-            result.driver_ms_per_step = Some((after - before) * 1e3 / steps.max(1) as f64);
+            let by_call: BTreeMap<&'static str, f64> = DriverCall::ALL
+                .iter()
+                .map(|&call| {
+                    let seconds = after[call as usize] - before[call as usize];
+                    (call.name(), seconds * 1e3 / steps.max(1) as f64)
+                })
+                .collect();
+            result.driver_ms_per_step = Some(by_call.values().sum());
+            result.driver_ms_per_step_by_call = Some(by_call);
         }
         if let (Some(after), Some(before)) = (kernels_run(), kernels_before) {
             result.kernels_per_step = Some(per_step(after.0 - before.0));
@@ -384,6 +397,7 @@ fn summarize(
         steps: 0,
         host_ms_per_step: 0.0,
         driver_ms_per_step: None,
+        driver_ms_per_step_by_call: None,
         device_wait_ms_per_step: 0.0,
         kernels_per_step: None,
         read_bytes_per_step: None,
@@ -425,6 +439,20 @@ fn table(results: &[LevelResult]) -> String {
                 drafts => format!("{}/{drafts}", r.accepted_tokens),
             },
         );
+    }
+    for r in results {
+        if let Some(by_call) = &r.driver_ms_per_step_by_call {
+            let calls: Vec<String> = by_call
+                .iter()
+                .filter(|(_, &ms)| ms >= 0.0005)
+                .map(|(call, ms)| format!("{call} {ms:.3}"))
+                .collect();
+            out += &format!(
+                "driver ms/step at concurrency {}: {}\n",
+                r.concurrency,
+                calls.join(", ")
+            );
+        }
     }
     out
 }

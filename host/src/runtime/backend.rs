@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use kiln_kernels::cuda::Device;
+use kiln_kernels::cuda::{Device, DriverSeconds};
 use kiln_kernels::dense::attention::CacheLayout;
 
 use super::sampling::{sample_row, RowSampling, Sampled};
@@ -29,9 +29,9 @@ impl KernelCounter {
         self.0.bytes_read()
     }
 
-    /// Seconds spent in the driver's calls so far, where a driver is called
-    /// ([`Device::driver_seconds`]).
-    pub fn driver_seconds(&self) -> Option<f64> {
+    /// Seconds spent in the driver's calls so far by kind, where a driver is
+    /// called ([`Device::driver_seconds`]).
+    pub fn driver_seconds(&self) -> Option<DriverSeconds> {
         self.0.driver_seconds()
     }
 }

@@ -508,13 +508,64 @@ pub trait Device: Send + Sync {
     /// readbacks).
     fn bytes_read(&self) -> u64;
     /// Seconds the host has spent so far inside the driver's calls that
-    /// queue work (launches, GEMMs, uploads, copies, graph replays,
-    /// readbacks queued, and any wait such a call makes itself, as an
-    /// upload's for a full staging buffer), not the waits the caller asks
-    /// for; `None` where no driver is called (the emulator, the null
-    /// device).
-    fn driver_seconds(&self) -> Option<f64> {
+    /// queue or prepare work, by [`DriverCall`] (and any wait such a call
+    /// makes itself, as an upload's for a full staging buffer or a free's
+    /// for the stream), not the waits the caller asks for; `None` where no
+    /// driver is called (the emulator, the null device).
+    fn driver_seconds(&self) -> Option<DriverSeconds> {
         None
+    }
+}
+
+/// The driver's calls whose host time [`Device::driver_seconds`] counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverCall {
+    /// Kernel launches (recorded ones during a capture too).
+    Launch,
+    /// Products, with the timing of a new shape's algorithms.
+    Gemm,
+    /// Uploads.
+    Upload,
+    /// Readbacks queued.
+    Readback,
+    /// Device-to-device copies.
+    Copy,
+    /// Graph replays.
+    Replay,
+    /// Beginning and ending a capture, the graph's instantiation included.
+    Capture,
+    /// Allocations and frees, with the stream waits they make.
+    Memory,
+}
+
+/// Seconds by [`DriverCall`], in the order of [`DriverCall::ALL`].
+pub type DriverSeconds = [f64; DriverCall::ALL.len()];
+
+impl DriverCall {
+    /// Every kind, in [`DriverSeconds`]' order.
+    pub const ALL: [DriverCall; 8] = [
+        DriverCall::Launch,
+        DriverCall::Gemm,
+        DriverCall::Upload,
+        DriverCall::Readback,
+        DriverCall::Copy,
+        DriverCall::Replay,
+        DriverCall::Capture,
+        DriverCall::Memory,
+    ];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DriverCall::Launch => "launch",
+            DriverCall::Gemm => "gemm",
+            DriverCall::Upload => "upload",
+            DriverCall::Readback => "readback",
+            DriverCall::Copy => "copy",
+            DriverCall::Replay => "replay",
+            DriverCall::Capture => "capture",
+            DriverCall::Memory => "memory",
+        }
     }
 }
 

@@ -18,9 +18,10 @@ use super::captures::{outside_captures, Capture};
 use super::cubin_cache::CubinCache;
 use super::cublas::{self as products, GemmAlgorithms, Route};
 use super::device::{
-    compile_side_by_side, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm, GraphId,
-    KernelArg, LaunchConfig, PackedArgs, Readback,
+    compile_side_by_side, Device, DeviceError, DevicePtr, DeviceResult, DriverCall, DriverSeconds,
+    FunctionId, Gemm, GraphId, KernelArg, LaunchConfig, PackedArgs, Readback,
 };
+use super::driver_launch::{launch_programmatic, opt_in_shared};
 use super::nvrtc;
 use super::pinned::{self, ReadbackSlot, Staging};
 
@@ -119,8 +120,9 @@ pub struct CudaDevice {
     /// Images `precompile` made or read, by their cache path, until loaded.
     precompiled: Mutex<HashMap<PathBuf, Vec<u8>>>,
     inner: Mutex<Inner>,
-    /// Nanoseconds spent in calls that queue work ([`Device::driver_seconds`]).
-    driver_nanos: AtomicU64,
+    /// Nanoseconds spent in the driver's calls, by [`DriverCall`]
+    /// ([`Device::driver_seconds`]).
+    driver_nanos: [AtomicU64; DriverCall::ALL.len()],
 }
 
 // SAFETY: the raw handles (cuBLAS handle, functions, graphs) are only used
@@ -130,98 +132,19 @@ unsafe impl Send for CudaDevice {}
 // SAFETY: as above.
 unsafe impl Sync for CudaDevice {}
 
-/// Lets `f` (function `id`) take `bytes` of dynamic shared memory where that
-/// is past the 48 KiB every kernel may take without asking
-/// (`LaunchConfig::check` holds launches to what every sm_80+ card allows).
-fn opt_in_shared(
-    inner: &mut Inner,
-    id: FunctionId,
-    f: sys::CUfunction,
-    bytes: u32,
-) -> DeviceResult<()> {
-    if bytes <= 48 * 1024 {
-        return Ok(());
-    }
-    if inner.shared_opt_in[id.0] >= bytes {
-        return Ok(());
-    }
-    // SAFETY: `f` is a loaded function of this context, bound by the caller.
-    unsafe {
-        sys::cuFuncSetAttribute(
-            f,
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes as i32,
-        )
-    }
-    .result()
-    .map_err(|e| {
-        DeviceError::new(format!(
-            "cuFuncSetAttribute (dynamic shared memory of {bytes} bytes): {e}"
-        ))
-    })?;
-    inner.shared_opt_in[id.0] = bytes;
-    Ok(())
-}
-
 pub(super) fn driver_error(what: &str) -> impl Fn(result::DriverError) -> DeviceError + '_ {
     move |e| DeviceError::new(format!("{what}: {e}"))
 }
 
 impl CudaDevice {
-    /// Runs `call`, a call into the driver that queues work, counting its
-    /// time ([`Device::driver_seconds`]).
-    fn timed<T>(&self, call: impl FnOnce() -> T) -> T {
+    /// Runs `call`, a call into the driver of kind `kind`, counting its time
+    /// ([`Device::driver_seconds`]).
+    fn timed<T>(&self, kind: DriverCall, call: impl FnOnce() -> T) -> T {
         let started = Instant::now();
         let result = call();
         let nanos = started.elapsed().as_nanos() as u64;
-        self.driver_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.driver_nanos[kind as usize].fetch_add(nanos, Ordering::Relaxed);
         result
-    }
-
-    /// Launches `f` as a programmatic dependent of the stream's previous
-    /// kernel (`cuLaunchKernelEx`): its blocks may start once every block of
-    /// that kernel has called `kiln_wait_inputs()`, and their own
-    /// `kiln_wait_inputs()` waits for its completion. Captured into a graph,
-    /// the dependency becomes a programmatic edge.
-    fn launch_programmatic(
-        &self,
-        f: sys::CUfunction,
-        config: LaunchConfig,
-        packed: &mut PackedArgs,
-    ) -> DeviceResult<()> {
-        // SAFETY: an all-zero attribute value is a valid union state.
-        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-        value.programmaticStreamSerializationAllowed = 1;
-        let mut attribute = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value,
-        };
-        let launch = sys::CUlaunchConfig {
-            gridDimX: config.grid.0,
-            gridDimY: config.grid.1,
-            gridDimZ: config.grid.2,
-            blockDimX: config.block.0,
-            blockDimY: config.block.1,
-            blockDimZ: config.block.2,
-            sharedMemBytes: config.shared_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attribute,
-            numAttrs: 1,
-        };
-        // SAFETY: as in `launch`: the arguments match the kernel's
-        // signature; the configuration and its attribute outlive the call,
-        // which copies them.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &launch,
-                f,
-                packed.pointers().as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .map_err(driver_error("cuLaunchKernelEx"))
     }
 
     /// Opens device `ordinal`, caching NVRTC's output under `cache_dir`;
@@ -294,7 +217,7 @@ impl CudaDevice {
                 captured_kernels: None,
                 capture: None,
             }),
-            driver_nanos: AtomicU64::new(0),
+            driver_nanos: Default::default(),
         })
     }
 
@@ -362,39 +285,44 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&self, bytes: usize) -> DeviceResult<DevicePtr> {
-        self.refuse_in_capture("an allocation")?;
-        self.bind()?;
-        // SAFETY: a plain allocation, zeroed on our stream (so later kernels
-        // on it see the zeros) before it is handed out.
-        outside_captures(|| unsafe {
-            let ptr = result::malloc_sync(bytes.max(1))
-                .map_err(|e| DeviceError::new(format!("allocating {bytes} bytes: {e}")))?;
-            result::memset_d8_async(ptr, 0, bytes.max(1), self.stream.cu_stream())
-                .map_err(driver_error("cuMemsetD8Async"))?;
-            result::stream::synchronize(self.stream.cu_stream()).map_err(driver_error("sync"))?;
-            Ok(ptr)
+        self.timed(DriverCall::Memory, || {
+            self.refuse_in_capture("an allocation")?;
+            self.bind()?;
+            // SAFETY: a plain allocation, zeroed on our stream (so later kernels
+            // on it see the zeros) before it is handed out.
+            outside_captures(|| unsafe {
+                let ptr = result::malloc_sync(bytes.max(1))
+                    .map_err(|e| DeviceError::new(format!("allocating {bytes} bytes: {e}")))?;
+                result::memset_d8_async(ptr, 0, bytes.max(1), self.stream.cu_stream())
+                    .map_err(driver_error("cuMemsetD8Async"))?;
+                result::stream::synchronize(self.stream.cu_stream())
+                    .map_err(driver_error("sync"))?;
+                Ok(ptr)
+            })
         })
     }
 
     fn free(&self, ptr: DevicePtr) {
-        if self.bind().is_ok() {
-            // Queued work may still read it (frees are rare: at load, when
-            // the arena grows, at exit); a capturing stream cannot be waited
-            // for.
-            let capturing = self.inner().captured_kernels.is_some();
-            // SAFETY: the stream is live; `ptr` came from `alloc` and is
-            // freed once.
-            outside_captures(|| unsafe {
-                if !capturing {
-                    let _ = result::stream::synchronize(self.stream.cu_stream());
-                }
-                let _ = result::free_sync(ptr);
-            })
-        }
+        self.timed(DriverCall::Memory, || {
+            if self.bind().is_ok() {
+                // Queued work may still read it (frees are rare: at load, when
+                // the arena grows, at exit); a capturing stream cannot be waited
+                // for.
+                let capturing = self.inner().captured_kernels.is_some();
+                // SAFETY: the stream is live; `ptr` came from `alloc` and is
+                // freed once.
+                outside_captures(|| unsafe {
+                    if !capturing {
+                        let _ = result::stream::synchronize(self.stream.cu_stream());
+                    }
+                    let _ = result::free_sync(ptr);
+                })
+            }
+        })
     }
 
     fn upload(&self, dst: DevicePtr, bytes: &[u8]) -> DeviceResult<()> {
-        self.timed(|| {
+        self.timed(DriverCall::Upload, || {
             if bytes.is_empty() {
                 return Ok(());
             }
@@ -443,7 +371,7 @@ impl Device for CudaDevice {
     }
 
     fn download_async(&self, parts: &[(DevicePtr, usize)]) -> DeviceResult<Readback> {
-        self.timed(|| {
+        self.timed(DriverCall::Readback, || {
             self.bind()?;
             let mut inner = self.inner();
             inner.refuse_in_capture("a download")?;
@@ -507,7 +435,7 @@ impl Device for CudaDevice {
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> DeviceResult<()> {
-        self.timed(|| {
+        self.timed(DriverCall::Copy, || {
             self.bind()?;
             self.queued();
             // SAFETY: both ranges belong to live allocations (the caller's plan).
@@ -572,7 +500,7 @@ impl Device for CudaDevice {
         config: LaunchConfig,
         args: &[KernelArg],
     ) -> DeviceResult<()> {
-        self.timed(|| {
+        self.timed(DriverCall::Launch, || {
             config.check()?;
             self.bind()?;
             let f = {
@@ -581,14 +509,14 @@ impl Device for CudaDevice {
                     .functions
                     .get(function.0)
                     .ok_or_else(|| DeviceError::new(format!("no function {function:?}")))?;
-                opt_in_shared(&mut inner, function, f, config.shared_bytes)?;
+                opt_in_shared(&mut inner.shared_opt_in, function, f, config.shared_bytes)?;
                 inner.queued();
                 inner.kernel();
                 f
             };
             let mut packed = PackedArgs::new(args);
             if config.programmatic && self.programmatic {
-                return self.launch_programmatic(f, config, &mut packed);
+                return launch_programmatic(self.stream.cu_stream(), f, config, &mut packed);
             }
             // SAFETY: the arguments match the kernel's signature (the backend
             // builds them from the same definitions); cuLaunchKernel copies them.
@@ -607,7 +535,7 @@ impl Device for CudaDevice {
     }
 
     fn gemm(&self, g: &Gemm) -> DeviceResult<()> {
-        self.timed(|| {
+        self.timed(DriverCall::Gemm, || {
             g.check()?;
             self.bind()?;
             let capturing = {
@@ -636,47 +564,51 @@ impl Device for CudaDevice {
     }
 
     fn begin_capture(&self) -> DeviceResult<()> {
-        self.bind()?;
-        let capture = Capture::begin();
-        // SAFETY: the stream is live and not the legacy default stream.
-        unsafe {
-            result::stream::begin_capture(
-                self.stream.cu_stream(),
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-        }
-        .map_err(driver_error("cuStreamBeginCapture"))?;
-        let mut inner = self.inner();
-        inner.captured_kernels = Some(0);
-        inner.capture = Some(capture);
-        Ok(())
+        self.timed(DriverCall::Capture, || {
+            self.bind()?;
+            let capture = Capture::begin();
+            // SAFETY: the stream is live and not the legacy default stream.
+            unsafe {
+                result::stream::begin_capture(
+                    self.stream.cu_stream(),
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                )
+            }
+            .map_err(driver_error("cuStreamBeginCapture"))?;
+            let mut inner = self.inner();
+            inner.captured_kernels = Some(0);
+            inner.capture = Some(capture);
+            Ok(())
+        })
     }
 
     fn end_capture(&self) -> DeviceResult<GraphId> {
-        self.bind()?;
-        let (kernels, capture) = {
+        self.timed(DriverCall::Capture, || {
+            self.bind()?;
+            let (kernels, capture) = {
+                let mut inner = self.inner();
+                (
+                    inner.captured_kernels.take().unwrap_or(0),
+                    inner.capture.take(),
+                )
+            };
+            // SAFETY: a capture is in progress on this stream.
+            let exec = unsafe {
+                let graph = result::stream::end_capture(self.stream.cu_stream());
+                drop(capture);
+                let graph = graph.map_err(driver_error("cuStreamEndCapture"))?;
+                let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
+                let _ = result::graph::destroy(graph);
+                exec.map_err(driver_error("cuGraphInstantiate"))?
+            };
             let mut inner = self.inner();
-            (
-                inner.captured_kernels.take().unwrap_or(0),
-                inner.capture.take(),
-            )
-        };
-        // SAFETY: a capture is in progress on this stream.
-        let exec = unsafe {
-            let graph = result::stream::end_capture(self.stream.cu_stream());
-            drop(capture);
-            let graph = graph.map_err(driver_error("cuStreamEndCapture"))?;
-            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
-            let _ = result::graph::destroy(graph);
-            exec.map_err(driver_error("cuGraphInstantiate"))?
-        };
-        let mut inner = self.inner();
-        inner.graphs.push(Some((exec, kernels)));
-        Ok(GraphId(inner.graphs.len() - 1))
+            inner.graphs.push(Some((exec, kernels)));
+            Ok(GraphId(inner.graphs.len() - 1))
+        })
     }
 
     fn replay(&self, graph: GraphId) -> DeviceResult<()> {
-        self.timed(|| {
+        self.timed(DriverCall::Replay, || {
             self.bind()?;
             self.queued();
             let (exec, kernels) = self
@@ -740,8 +672,12 @@ impl Device for CudaDevice {
         self.inner().bytes_read
     }
 
-    fn driver_seconds(&self) -> Option<f64> {
-        Some(self.driver_nanos.load(Ordering::Relaxed) as f64 * 1e-9)
+    fn driver_seconds(&self) -> Option<DriverSeconds> {
+        Some(
+            self.driver_nanos
+                .each_ref()
+                .map(|n| n.load(Ordering::Relaxed) as f64 * 1e-9),
+        )
     }
 }
 

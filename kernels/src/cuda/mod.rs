@@ -10,6 +10,7 @@ pub mod cubin_cache;
 mod cublas;
 pub mod device;
 pub mod driver;
+mod driver_launch;
 pub mod emulator;
 pub mod flash;
 pub mod null;
@@ -18,6 +19,7 @@ mod pinned;
 pub mod sources;
 
 pub use device::{
-    float_pair_word, row_norm_arg, Device, DeviceError, DevicePtr, DeviceResult, FunctionId, Gemm,
-    GemmType, GraphId, KernelArg, LaunchConfig, Readback, RowNormArgs, WeightLayout,
+    float_pair_word, row_norm_arg, Device, DeviceError, DevicePtr, DeviceResult, DriverCall,
+    DriverSeconds, FunctionId, Gemm, GemmType, GraphId, KernelArg, LaunchConfig, Readback,
+    RowNormArgs, WeightLayout,
 };
