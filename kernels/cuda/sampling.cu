@@ -17,10 +17,16 @@
 // at which a prefix sum (of counts or probabilities) in sorted order reaches
 // a target, then settles ties by index with a block scan.
 //
-// Every pass over the vocabulary keeps loads in flight: those that write
-// through for_each_batched (kiln_cuda.cuh), those that only reduce unrolled
-// by eight (`#pragma unroll 8`): a rolled loop waits for each load, 250
-// memory round trips in a row a pass at 512 threads over 128k tokens.
+// Every pass over the vocabulary goes through for_each_batched
+// (kiln_cuda.cuh), eight loads a thread issued before the first is used,
+// its second function consuming what the first loaded (a sum, a maximum, a
+// store), and the tests of a pass take the values it loaded (`(i, v)`
+// forms), not loads of their own. A loop unrolled by `#pragma unroll 8` does
+// not keep loads in flight: NVRTC keeps each load behind the bound check
+// before it, so sm_90's SASS of such a loop was load, use, branch, eight
+// times over, a memory round trip an element: 250 in a row a pass at 512
+// threads over a 128k vocabulary, and a top-p cut past the likeliest tokens
+// makes ~20 passes (3.9 ms a step at batch 1 on the H200, 2026-12-04).
 #include "kiln_cuda.cuh"
 
 // Threads of a row's block (the host launches this many): a greedy pick is
@@ -57,10 +63,17 @@ struct KilnAdjust {
   float bias;     // added after the penalties (logit_bias)
 };
 
-// The element of `v` (restricted to `member`) at which the prefix sum of
-// `weight` in sorted order (value descending, index ascending) first reaches
-// `target`; -1 when the members' total falls short. A target ≤ 0 selects the
-// first member. Every thread gets the result. `found` is two shared ints.
+// An element's weight in a selection (-1: not a member) and its sort key.
+struct Weighed {
+  float weight;
+  unsigned int key;
+};
+
+// The element of `v` (restricted to `member(i, v[i])`) at which the prefix
+// sum of `weight(i, v[i])` in sorted order (value descending, index
+// ascending) first reaches `target`; -1 when the members' total falls short.
+// A target ≤ 0 selects the first member. Every thread gets the result.
+// `found` is two shared ints.
 //
 // Each element's weight in the selection (-1 for a non-member) is worked out
 // once, into the row's `selected` scratch, and every later pass reads it
@@ -74,12 +87,12 @@ __device__ int prefix_select(const float* v, float* selected, int n, Member memb
   const bool first_member = !(target > 0.0f);
   if (first_member) target = 1.0f;
   float total = 0.0f;
-  for_each_batched<float>(
-      n, [&](int i) { return member(i) ? (first_member ? 1.0f : weight(i)) : -1.0f; },
-      [&](int i, float weight_i) {
-        selected[i] = weight_i;
-        if (weight_i >= 0.0f) total += weight_i;
-      });
+  for_each_batched<float>(n, [&](int i) { return v[i]; }, [&](int i, float value) {
+    const float weight_i = member(i, value) ? (first_member ? 1.0f : weight(i, value)) : -1.0f;
+    selected[i] = weight_i;
+    if (weight_i >= 0.0f) total += weight_i;
+  });
+  auto weighed = [&](int i) { return Weighed{selected[i], order_key(v[i])}; };
   total = block_sum(total, scratch);
   if (total < target) return -1;
   // The largest key K with Σ_{key ≥ K} weight ≥ target, two bits a pass:
@@ -90,15 +103,12 @@ __device__ int prefix_select(const float* v, float* selected, int n, Member memb
   unsigned int k = 0;
   for (int low = 30; low >= 0; low -= 2) {
     float sum[3] = {0.0f, 0.0f, 0.0f};
-#pragma unroll 8
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float weight_i = selected[i];
-      if (weight_i < 0.0f) continue;
-      const unsigned int key = order_key(v[i]);
+    for_each_batched<Weighed>(n, weighed, [&](int, Weighed e) {
+      if (e.weight < 0.0f) return;
 #pragma unroll
       for (unsigned int digit = 1; digit <= 3; ++digit)
-        if (key >= (k | digit << low)) sum[digit - 1] += weight_i;
-    }
+        if (e.key >= (k | digit << low)) sum[digit - 1] += e.weight;
+    });
     unsigned int reached = 0;
 #pragma unroll
     for (unsigned int digit = 1; digit <= 3; ++digit)
@@ -108,20 +118,21 @@ __device__ int prefix_select(const float* v, float* selected, int n, Member memb
   // The mass strictly above K, then the ties at K in index order: each
   // thread scans a contiguous chunk after an exclusive scan of the chunks.
   float above = 0.0f;
-#pragma unroll 8
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    if (selected[i] >= 0.0f && order_key(v[i]) > k) above += selected[i];
+  for_each_batched<Weighed>(n, weighed, [&](int, Weighed e) {
+    if (e.weight >= 0.0f && e.key > k) above += e.weight;
+  });
   above = block_sum(above, scratch);
   int chunk = (n + blockDim.x - 1) / blockDim.x;
   int begin = min(n, (int)threadIdx.x * chunk), end = min(n, begin + chunk);
   float mine = 0.0f;
   int last_tie = -1;
   __syncthreads();  // the chunks' elements, other threads' writes
-  for (int i = begin; i < end; ++i)
-    if (selected[i] >= 0.0f && order_key(v[i]) == k) {
-      mine += selected[i];
+  for_each_batched<Weighed>(begin, end, 1, weighed, [&](int i, Weighed e) {
+    if (e.weight >= 0.0f && e.key == k) {
+      mine += e.weight;
       last_tie = i;
     }
+  });
   scan[threadIdx.x] = mine;
   if (threadIdx.x == 0) {
     found[0] = 0x7fffffff;
@@ -138,14 +149,15 @@ __device__ int prefix_select(const float* v, float* selected, int n, Member memb
   }
   __syncthreads();
   float running = above + scan[threadIdx.x];
-  for (int i = begin; i < end; ++i)
-    if (selected[i] >= 0.0f && order_key(v[i]) == k) {
-      running += selected[i];
-      if (running >= target) {
-        atomicMin(&found[0], i);
-        break;
-      }
+  bool crossed = false;
+  for_each_batched<Weighed>(begin, end, 1, weighed, [&](int i, Weighed e) {
+    if (crossed || e.weight < 0.0f || e.key != k) return;
+    running += e.weight;
+    if (running >= target) {
+      atomicMin(&found[0], i);
+      crossed = true;
     }
+  });
   if (last_tie >= 0) atomicMax(&found[1], last_tie);
   __syncthreads();
   // Rounding can leave the crossing unfound: then the last tie.
@@ -173,21 +185,20 @@ __device__ int block_first_largest(unsigned int best, int best_i, int* found) {
   return result;
 }
 
-// The first element i < n with member(i) in sorted order (the largest key,
-// the lowest index among equal keys), every element taken through
+// The first element i < n with member(i, key) in sorted order (the largest
+// key, the lowest index among equal keys), every element's key that of
 // `value(i)`, in one pass; 0x7fffffff for none. Every thread gets the result.
 template <typename Value, typename Member>
 __device__ int first_largest_of(int n, Value value, Member member, int* found) {
   unsigned int best = 0;
   int best_i = 0x7fffffff;
-#pragma unroll 8
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    unsigned int key = order_key(value(i));
-    if (member(i) && (key > best || best_i == 0x7fffffff)) {  // strided: a later i never wins a tie
+  for_each_batched<float>(n, value, [&](int i, float v) {
+    unsigned int key = order_key(v);
+    if (member(i, key) && (key > best || best_i == 0x7fffffff)) {  // strided: a later i never wins a tie
       best = key;
       best_i = i;
     }
-  }
+  });
   return block_first_largest(best, best_i, found);
 }
 
@@ -195,7 +206,7 @@ __device__ int first_largest_of(int n, Value value, Member member, int* found) {
 // prefix_select takes 19.
 template <typename Value>
 __device__ int first_largest(int n, Value value, int* found) {
-  return first_largest_of(n, value, [](int) { return true; }, found);
+  return first_largest_of(n, value, [](int, unsigned int) { return true; }, found);
 }
 
 // first_largest of a row of `n` floats (NaN as -inf), the row 16-byte aligned
@@ -229,17 +240,19 @@ __device__ int first_largest_row(const float* x, int n, int* found) {
   return block_first_largest(best, best_i, found);
 }
 
-// True when element i comes no later than element b in sorted order.
-__device__ __forceinline__ bool not_after(const float* v, int i, int b) {
-  unsigned int ki = order_key(v[i]), kb = order_key(v[b]);
+// True when element i, of key ki, comes no later than element b, of key
+// kb, in sorted order.
+__device__ __forceinline__ bool not_after_key(unsigned int ki, int i, unsigned int kb, int b) {
   return ki > kb || (ki == kb && i <= b);
 }
 
 // The first element of `v` after element `prev` in sorted order (the very
 // first when prev < 0), in one pass.
 __device__ int next_in_order(const float* v, int n, int prev, int* found) {
-  return first_largest_of(n, [&](int i) { return v[i]; }, [&](int i) { return prev < 0 || !not_after(v, i, prev); },
-                          found);
+  const unsigned int prev_key = prev < 0 ? 0 : order_key(v[prev]);
+  return first_largest_of(
+      n, [&](int i) { return v[i]; },
+      [&](int i, unsigned int key) { return prev < 0 || !not_after_key(key, i, prev_key, prev); }, found);
 }
 
 __device__ __forceinline__ bool finite(float x) { return x == x && fabsf(x) <= 3.402823466e38f; }
@@ -369,11 +382,14 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
   }
   __syncthreads();
 
-  auto one = [&](int) { return 1.0f; };
-  int finite_count = 0;
-#pragma unroll 8
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) finite_count += finite(w[i]) ? 1 : 0;
-  finite_count = (int)block_sum((float)finite_count, scratch);
+  auto one = [](int, float) { return 1.0f; };
+  auto w_at = [&](int i) { return w[i]; };
+  auto count_finite = [&]() {
+    int count = 0;
+    for_each_batched<float>(vocab, w_at, [&](int, float v) { count += finite(v) ? 1 : 0; });
+    return (int)block_sum((float)count, scratch);
+  };
+  int finite_count = count_finite();
 
   int token;
   // Below 1e-5 (MIN_TEMPERATURE on the host) a temperature is greedy.
@@ -386,24 +402,21 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
       w[i] = finite(value) && finite(scaled) ? scaled : KILN_NEG_INF;
     });
     __syncthreads();
-    finite_count = 0;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) finite_count += finite(w[i]) ? 1 : 0;
-    finite_count = (int)block_sum((float)finite_count, scratch);
-    auto is_finite = [&](int i) { return finite(w[i]); };
+    finite_count = count_finite();
+    auto is_finite = [](int, float v) { return finite(v); };
     // The softmax of every finite logit (the survivors' without top_k), and
     // the likeliest tokens under it, sorted (SampleCandidates): each cut and
     // the draw below is taken among them when it lands there, else by
     // passes over the whole row.
     float best_all = KILN_NEG_INF;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-      if (is_finite(i)) best_all = fmaxf(best_all, w[i]);
+    for_each_batched<float>(vocab, w_at, [&](int, float v) {
+      if (finite(v)) best_all = fmaxf(best_all, v);
+    });
     best_all = block_max(best_all, scratch);
     float total_all = 0.0f;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-      if (is_finite(i)) total_all += expf(w[i] - best_all);
+    for_each_batched<float>(vocab, w_at, [&](int, float v) {
+      if (finite(v)) total_all += expf(v - best_all);
+    });
     total_all = block_sum(total_all, scratch);
     const float cut = best_all + logf(total_all / KILN_SAMPLE_LIKELY);
     const int n = gather_sorted(w, vocab, cut, cand);
@@ -413,25 +426,32 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     if (has_k)
       kth = p.top_k <= n ? cand.index[p.top_k - 1]
                          : prefix_select(w, selected, vocab, is_finite, one, (float)p.top_k, scratch, scan, found);
-    auto in_top_k = [&](int i) { return finite(w[i]) && (kth < 0 || not_after(w, i, kth)); };
+    // The tests of a token take its value (`v`, that is w[i]), loaded by
+    // the pass; the `(int i)` forms load it themselves.
+    const unsigned int kth_key = kth >= 0 ? order_key(w[kth]) : 0;
+    auto in_top_k = [&](int i, float v) {
+      return finite(v) && (kth < 0 || not_after_key(order_key(v), i, kth_key, kth));
+    };
     // Softmax over the survivors: the first of them holds the maximum.
     float best = best_all, total = total_all;
     if (has_k) {
       best = KILN_NEG_INF;
-#pragma unroll 8
-      for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        if (in_top_k(i)) best = fmaxf(best, w[i]);
+      for_each_batched<float>(vocab, w_at, [&](int i, float v) {
+        if (in_top_k(i, v)) best = fmaxf(best, v);
+      });
       best = block_max(best, scratch);
       total = 0.0f;
-#pragma unroll 8
-      for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        if (in_top_k(i)) total += expf(w[i] - best);
+      for_each_batched<float>(vocab, w_at, [&](int i, float v) {
+        if (in_top_k(i, v)) total += expf(v - best);
+      });
       total = block_sum(total, scratch);
     }
-    auto prob = [&](int i) { return expf(w[i] - best) / total; };
+    auto prob_of = [&](int, float v) { return expf(v - best) / total; };
+    auto prob = [&](int i) { return prob_of(i, w[i]); };
     // min_p: drop what is less likely than min_p × the most likely.
     const float floor = p.min_p > 0.0f ? p.min_p * (1.0f / total) : 0.0f;
-    auto above_floor = [&](int i) { return in_top_k(i) && prob(i) >= floor; };
+    auto above_floor_at = [&](int i, float v) { return in_top_k(i, v) && prob_of(i, v) >= floor; };
+    auto above_floor = [&](int i) { return above_floor_at(i, w[i]); };
     // The survivors above the floor are a prefix of the sorted order: the
     // candidates' first `above_end`, all of them when `inside`.
     for (int j = threadIdx.x; j < n; j += blockDim.x) cand.prob[j] = prob(cand.index[j]);
@@ -456,9 +476,13 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
       if (at >= 0)
         pth = cand.index[at];
       else if (!inside)
-        pth = prefix_select(w, selected, vocab, above_floor, prob, p.top_p, scratch, scan, found);
+        pth = prefix_select(w, selected, vocab, above_floor_at, prob_of, p.top_p, scratch, scan, found);
     }
-    auto kept = [&](int i) { return above_floor(i) && (pth < 0 || not_after(w, i, pth)); };
+    const unsigned int pth_key = pth >= 0 ? order_key(w[pth]) : 0;
+    auto kept_at = [&](int i, float v) {
+      return above_floor_at(i, v) && (pth < 0 || not_after_key(order_key(v), i, pth_key, pth));
+    };
+    auto kept = [&](int i) { return kept_at(i, w[i]); };
     // The kept tokens, a prefix too: the candidates' first `kept_end`.
     int kept_end = first_candidate(n, [&](int j) { return !kept(cand.index[j]); }, found);
     if (kept_end < 0) kept_end = n;
@@ -468,9 +492,9 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
       // Every thread, in the host's order.
       for (int j = 0; j < kept_end; ++j) kept_mass += cand.prob[j];
     } else {
-#pragma unroll 8
-      for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        if (kept(i)) kept_mass += prob(i);
+      for_each_batched<float>(vocab, w_at, [&](int i, float v) {
+        if (kept_at(i, v)) kept_mass += prob_of(i, v);
+      });
       kept_mass = block_sum(kept_mass, scratch);
     }
     // Speculative decoding: a draft is kept with the probability the row
@@ -481,7 +505,7 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
     const float p_draft = skip >= 0 && kept(skip) ? prob(skip) : 0.0f;
     if (drafted && p.uniform * kept_mass < p_draft) return skip;
     const float target = drafted ? p.again * (kept_mass - p_draft) : p.uniform * kept_mass;
-    auto kept_other = [&](int i) { return i != skip && kept(i); };
+    auto kept_other = [&](int i, float v) { return i != skip && kept_at(i, v); };
     // The draw along the kept tokens; past their mass by rounding, the last
     // of them.
     int at = -1;
@@ -506,11 +530,10 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
       // Nothing kept but the draft, which had all the mass and was kept.
       token = skip;
     } else {
-      token = prefix_select(w, selected, vocab, kept_other, prob, target, scratch, scan, found);
+      token = prefix_select(w, selected, vocab, kept_other, prob_of, target, scratch, scan, found);
       if (token < 0 && finite_count > 0) {
         float kept_count = 0.0f;
-#pragma unroll 8
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) kept_count += kept_other(i) ? 1.0f : 0.0f;
+        for_each_batched<float>(vocab, w_at, [&](int i, float v) { kept_count += kept_other(i, v) ? 1.0f : 0.0f; });
         kept_count = block_sum(kept_count, scratch);
         token = prefix_select(w, selected, vocab, kept_other, one, kept_count, scratch, scan, found);
       }
@@ -543,12 +566,11 @@ extern "C" __global__ void __launch_bounds__(KILN_SAMPLE_THREADS) kiln_sample(co
   // Log-probabilities of the raw row, when asked for.
   float m = KILN_NEG_INF, log_z = 0.0f;
   if (p.logprobs >= 0) {
-#pragma unroll 8
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, x[i]);
+    auto x_at = [&](int i) { return x[i]; };
+    for_each_batched<float>(vocab, x_at, [&](int, float v) { m = fmaxf(m, v); });
     m = block_max(m, scratch);
     float z = 0.0f;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) z += expf(x[i] - m);
+    for_each_batched<float>(vocab, x_at, [&](int, float v) { z += expf(v - m); });
     log_z = logf(block_sum(z, scratch));
   }
   int token;
