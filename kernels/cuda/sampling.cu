@@ -361,14 +361,19 @@ __device__ int adjusted_pick(const float* __restrict__ x, float* __restrict__ w,
                              int vocab, float* scratch, float* scan, int* found, SampleCandidates& cand) {
   // The mask, then penalties, the logit bias and bans, on a copy (a masked
   // token stays -inf through every adjustment, as on the host).
-  const unsigned int* mask = p.mask >= 0 ? masks + p.mask : nullptr;
-  for_each_batched<float>(
-      vocab,
-      [&](int i) {
-        bool allowed = mask == nullptr || (mask[i >> 5] >> (i & 31) & 1u);
-        return allowed && x[i] == x[i] ? x[i] : KILN_NEG_INF;
-      },
-      [&](int i, float value) { w[i] = value; });
+  auto copy = [&](int i, float value) { w[i] = value == value ? value : KILN_NEG_INF; };
+  if (p.mask < 0) {
+    for_each_batched<float>(vocab, [&](int i) { return x[i]; }, copy);
+  } else {
+    // Each logit with its mask word, both loaded before either is tested.
+    struct Masked {
+      float logit;
+      unsigned int word;
+    };
+    const unsigned int* mask = masks + p.mask;
+    for_each_batched<Masked>(vocab, [&](int i) { return Masked{x[i], mask[i >> 5]}; },
+                             [&](int i, Masked e) { copy(i, e.word >> (i & 31) & 1u ? e.logit : KILN_NEG_INF); });
+  }
   __syncthreads();
   for (int e = p.adjust_begin + threadIdx.x; e < p.adjust_end; e += blockDim.x) {
     KilnAdjust a = adjust[e];

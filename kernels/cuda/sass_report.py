@@ -16,6 +16,11 @@ registers and spills of its kernels are printed first:
 
     kernels/cuda/sass_report.py --module flash_attention.cu kiln_flash_attention_bf16_d128
 
+`--serial-loads` lists the loops whose loads come one after each branch (a
+memory round trip an element), in every kernel of the modules compiled:
+
+    kernels/cuda/sass_report.py --serial-loads --module sampling.cu
+
 Needs NVRTC (.ci/setup); cuobjdump and nvdisasm come from PyPI wheels,
 unpacked into target/cuda/sass on first use.
 """
@@ -131,9 +136,46 @@ def report(cubin: pathlib.Path, kernel: str, bin_dir: pathlib.Path) -> str:
     return "\n".join(lines)
 
 
+def serial_loads(cubin: pathlib.Path, bin_dir: pathlib.Path) -> list[str]:
+    """Loops of every kernel in `cubin` whose global loads mostly come one
+    after each branch: load, use, branch, and the next load only then, a
+    memory round trip an element (NVRTC compiles a `#pragma unroll` loop
+    whose loads sit behind its bound checks so: the sampler's passes were,
+    2026-12-04). `for_each_batched` (kiln_cuda.cuh) issues a batch of loads
+    first. Nested loops are listed with their inner ones."""
+    sass = subprocess.run(
+        [str(bin_dir / "cuobjdump"), "-sass", str(cubin)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '')}"),
+    ).stdout
+    found = []
+    for function in re.split(r"\n\s+Function : ", sass)[1:]:
+        name = function.split("\n")[0].strip()
+        code = [(int(a, 16), op.split()[-1].split(".")[0], rest) for a, op, rest in INSTRUCTION.findall(function)]
+        for at, op, rest in code:
+            target = re.search(r"0x([0-9a-f]+)", rest)
+            if op != "BRA" or not target or int(target.group(1), 16) >= at:
+                continue
+            start = int(target.group(1), 16)
+            loads = after_branch = 0
+            branched = False
+            for a, o, _ in code:
+                if start <= a <= at and o == "LDG":
+                    loads += 1
+                    after_branch += branched
+                    branched = False
+                elif start <= a <= at and o == "BRA" and loads:
+                    branched = True
+            if loads >= 4 and after_branch >= loads / 2:
+                found.append(f"{name} loop {start:#x}..{at:#x}: {after_branch} of {loads} loads each after a branch")
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("kernels", nargs="+")
+    parser.add_argument("kernels", nargs="*")
+    parser.add_argument("--serial-loads", action="store_true", help="list loops that load an element a branch")
     parser.add_argument("--arch", default="sm_90", choices=["sm_80", "sm_90"])
     parser.add_argument("--cubins", type=pathlib.Path, default=ROOT / "target/cuda/cubins")
     parser.add_argument("--module", help="compile only this module of kernels/cuda, here")
@@ -145,6 +187,10 @@ def main() -> None:
     else:
         cubins(args.cubins)
         modules = sorted(args.cubins.glob(f"*.{args.arch}.cubin"))
+    if args.serial_loads:
+        for cubin in modules:
+            for line in serial_loads(cubin, bin_dir):
+                print(f"{cubin.name}: {line}")
     for kernel in args.kernels:
         found = [report(c, kernel, bin_dir) for c in modules]
         found = [f for f in found if f]
