@@ -16,8 +16,9 @@ fn smollm2() -> Option<PathBuf> {
 fn benchmark_runs_every_concurrency_level_to_completion() {
     let model = smollm2().unwrap_or_else(|| panic!("SmolLM2 is missing: run .ci/setup"));
     let model = model.to_str().unwrap();
-    let output = run_host(
-        [
+    // `host benchmark` of SmolLM2 at 12 prompt tokens, 5 generated, and `extra`.
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let args = [
             "benchmark",
             "--model",
             model,
@@ -25,14 +26,12 @@ fn benchmark_runs_every_concurrency_level_to_completion() {
             "12",
             "--output-len",
             "5",
-            "--concurrency",
-            "1,3",
-            "--json",
-        ],
-        &[],
-    );
-    assert!(output.status.success(), "{}", text(&output).1);
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        ];
+        let output = run_host([&args[..], extra, &["--json"]].concat(), &[]);
+        assert!(output.status.success(), "{}", text(&output).1);
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    let report = run(&["--concurrency", "1,3"]);
     assert_eq!(report["device"], "cpu");
     assert_eq!(report["roofline"], serde_json::Value::Null);
     let levels = report["levels"].as_array().unwrap();
@@ -48,25 +47,7 @@ fn benchmark_runs_every_concurrency_level_to_completion() {
     }
     // Warm-up runs before a level are not counted in it.
     let steps = |warmup_runs: &str| {
-        let output = run_host(
-            [
-                "benchmark",
-                "--model",
-                model,
-                "--input-len",
-                "12",
-                "--output-len",
-                "5",
-                "--concurrency",
-                "3",
-                "--warmup-runs",
-                warmup_runs,
-                "--json",
-            ],
-            &[],
-        );
-        assert!(output.status.success(), "{}", text(&output).1);
-        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let report = run(&["--concurrency", "3", "--warmup-runs", warmup_runs]);
         let level = &report["levels"][0];
         assert_eq!(level["output_tokens"], 15, "{level}");
         level["steps"].as_u64().unwrap()
