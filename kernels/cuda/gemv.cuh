@@ -303,13 +303,20 @@ struct RowInputs {
 // KilnGemvGroup (304 bytes) to local memory at its start, more bytes than
 // the weights it reads (H200, 2026-12-04: the batch-1 GEMVs at half speed,
 // Llama-3-8B 181 -> 108 tok/s).
-__device__ __noinline__ void write_norm_scales(const float* partials_in, float* scales, float eps, int m,
+//
+// The partials are read from L2 (`__ldcg`: the other blocks' fenced writes,
+// last_block_done), a batch of loads issued before the first is added: read
+// one after another, as a volatile loop compiled (sm_90's SASS: load, add,
+// branch back), the last block of a 2,048-block GEMV paid 16 L2 round trips
+// in a row at the end of the kernel.
+__device__ __noinline__ void write_norm_scales(const float* partials, float* scales, float eps, int m,
                                                int cols) {
   __shared__ float scratch[32];
-  const volatile float* partials = partials_in;
   for (int i = 0; i < m; ++i) {
     float total = 0.0f;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) total += partials[(i64)b * m + i];
+    for_each_batched<float>(
+        (int)threadIdx.x, (int)gridDim.x, (int)blockDim.x, [&](int b) { return __ldcg(partials + (i64)b * m + i); },
+        [&](int, float partial) { total += partial; });
     total = block_sum(total, scratch);
     if (threadIdx.x == 0) scales[i] = inverse_root_mean(total, cols, eps);
   }
