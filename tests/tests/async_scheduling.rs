@@ -53,18 +53,33 @@ fn serve(
     async_scheduling: bool,
     num_blocks: usize,
 ) -> (Vec<Outcome>, u64, u64) {
+    let (outcomes, overlapped, preemptions, _) =
+        serve_warmed(requests, eos, async_scheduling, num_blocks, false);
+    (outcomes, overlapped, preemptions)
+}
+
+/// [`serve`], with the engine's start-up warm-up (`engine/warm_up.rs`) run
+/// or not whatever the device; also returns the kernels the device ran.
+fn serve_warmed(
+    requests: &[Ask],
+    eos: &[u32],
+    async_scheduling: bool,
+    num_blocks: usize,
+    warm_up: bool,
+) -> (Vec<Outcome>, u64, u64, u64) {
     let options = LoadOptions {
         dtype: WeightDtype::Float32,
         ..kiln_tests::models::shape_options(kiln_tests::models::cuda_test_device())
     };
     let model = kiln_tests::models::tiny_llama_shape(ShapeDtype::F32, &options);
-    let device = model
+    let executor = model
         .backend
         .as_any()
         .downcast_ref::<CudaExecutor>()
-        .expect("the CUDA backend")
-        .device();
-    let overlapped_before = device.overlapped_waits();
+        .expect("the CUDA backend");
+    executor.warm_up_always(warm_up);
+    let device = executor.device();
+    let (overlapped_before, kernels_before) = (device.overlapped_waits(), device.kernels_run());
     let grammars = Grammars::new(byte_tokenizer(VOCAB), eos.to_vec(), VOCAB as usize);
     let config = tiny_config(num_blocks, async_scheduling, None);
     let requests = requests
@@ -83,6 +98,7 @@ fn serve(
         outcomes,
         device.overlapped_waits() - overlapped_before,
         preemptions,
+        device.kernels_run() - kernels_before,
     )
 }
 
@@ -306,4 +322,25 @@ fn scored_prompts_match_the_whole_prompts_logits() {
         generated[0], generated[1],
         "outputs with and without async scheduling"
     );
+}
+
+/// A server that runs its step shapes once at start-up, as on a GPU whose
+/// products are timed at first use (decode steps at the batch buckets up to
+/// the tiny engine's 8 sequences and a prefill chunk, in the empty cache's
+/// first blocks), serves every request as a cold one, async or not.
+#[test]
+fn a_warm_up_at_start_leaves_every_request_as_it_was() {
+    let requests: Vec<_> = (0..5)
+        .map(|i| Ask::new(prompt(i, 2 + 3 * i), GenerationParams::greedy(9), 0))
+        .collect();
+    for async_scheduling in [false, true] {
+        let (cold, _, _, cold_kernels) = serve_warmed(&requests, &[], async_scheduling, 256, false);
+        let (warm, _, _, warm_kernels) = serve_warmed(&requests, &[], async_scheduling, 256, true);
+        assert_same_outcomes(&warm, &cold, &format!("async {async_scheduling}"));
+        // The warm-up's five steps ran (each at least a dozen kernels).
+        assert!(
+            warm_kernels >= cold_kernels + 5 * 12,
+            "{warm_kernels} kernels warmed, {cold_kernels} cold"
+        );
+    }
 }

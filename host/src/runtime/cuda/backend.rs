@@ -88,7 +88,10 @@ impl Backend for CudaExecutor {
     }
 
     fn warm_up_batches(&self, max_sequences: usize) -> Vec<usize> {
-        if self.paddable && self.device.times_products() {
+        let always = self
+            .warm_up_always
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if self.paddable && (always || self.device.times_products()) {
             buckets::batch_buckets(max_sequences)
         } else {
             Vec::new()

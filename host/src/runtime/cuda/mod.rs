@@ -172,6 +172,9 @@ pub struct CudaExecutor {
     /// The graph takes the decoder's inputs: decode steps can be padded to
     /// buckets.
     paddable: bool,
+    /// A server runs its step shapes at start-up even where the device's
+    /// first use costs nothing extra ([`CudaExecutor::warm_up_always`]).
+    warm_up_always: std::sync::atomic::AtomicBool,
     /// What KV caches hold: bf16 unless asked (f32 with `--dtype float32`).
     kv_element: KvElement,
     /// Attention may run on tensor cores (`AttentionBackend::Auto`).
@@ -357,6 +360,7 @@ impl CudaExecutor {
             owned,
             graphs,
             paddable,
+            warm_up_always: Default::default(),
             kv_element,
             flash_attention: options.attention == AttentionBackend::Auto,
             short_attention_splits: std::env::var_os("KILN_SHORT_ATTENTION_SPLITS").is_some(),
@@ -495,6 +499,15 @@ impl CudaExecutor {
     /// [`Device::host_waits`]): a sampled step waits once, for its tokens.
     pub fn host_waits(&self) -> u64 {
         self.device.host_waits()
+    }
+
+    /// Has a server run its step shapes once at start-up
+    /// ([`crate::engine::warm_up`]) even where the device's first use of a
+    /// shape costs nothing extra (the emulator, the null device): to test
+    /// the warm-up, or to time its host side.
+    pub fn warm_up_always(&self, on: bool) {
+        self.warm_up_always
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The device it runs on (shared with its KV caches).
