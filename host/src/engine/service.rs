@@ -138,8 +138,10 @@ impl EngineThread {
 
 /// Starts the engine thread for `model`, with a KV cache of
 /// `config.num_blocks` blocks on the model's device (allocated here, so a
-/// cache that does not fit fails before any request). The engine stops when
-/// every handle is dropped, after finishing or cancelling what it has.
+/// cache that does not fit fails before any request). Where the backend
+/// asks ([`crate::runtime::Backend::warm_up_batches`]), its step shapes run
+/// once here first (`warm_up.rs`). The engine stops when every handle is
+/// dropped, after finishing or cancelling what it has.
 pub fn spawn(
     model: Model,
     tokenizer: Arc<Tokenizer>,
