@@ -115,24 +115,37 @@ def compile_module(name: str, arch: str, out: pathlib.Path) -> None:
     (out / f"{path.stem}.{arch}.cubin").write_bytes(cubin.raw)
 
 
-def report(cubin: pathlib.Path, kernel: str, bin_dir: pathlib.Path) -> str:
-    sass = subprocess.run(
-        [str(bin_dir / "cuobjdump"), "-sass", "-fun", kernel, str(cubin)],
+def disassemble(cubin: pathlib.Path, bin_dir: pathlib.Path, *options: str) -> str:
+    """cuobjdump's SASS of `cubin` (`options`: e.g. `-fun KERNEL`)."""
+    return subprocess.run(
+        [str(bin_dir / "cuobjdump"), "-sass", *options, str(cubin)],
         capture_output=True,
         text=True,
         env=dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '')}"),
     ).stdout
-    code = [(int(a, 16), op.split()[-1], rest) for a, op, rest in INSTRUCTION.findall(sass)]
-    if not code:
-        return ""
-    lines = [f"{kernel} ({cubin.name}): {len(code)} instructions"]
+
+
+def loops(sass: str):
+    """A function's instructions (address, opcode without modifiers) and its
+    loops: (first, last address) of each backward branch."""
+    code = [(int(a, 16), op.split()[-1].split(".")[0], rest) for a, op, rest in INSTRUCTION.findall(sass)]
+    spans = []
     for at, op, rest in code:
         target = re.search(r"0x([0-9a-f]+)", rest)
         if op == "BRA" and target and int(target.group(1), 16) < at:
-            start = int(target.group(1), 16)
-            body = [o.split(".")[0] for a, o, _ in code if start <= a <= at]
-            common = " ".join(f"{o} {n}" for o, n in collections.Counter(body).most_common(10))
-            lines.append(f"  loop {start:#x}..{at:#x}: {len(body)} | {common}")
+            spans.append((int(target.group(1), 16), at))
+    return [(a, o) for a, o, _ in code], spans
+
+
+def report(cubin: pathlib.Path, kernel: str, bin_dir: pathlib.Path) -> str:
+    code, spans = loops(disassemble(cubin, bin_dir, "-fun", kernel))
+    if not code:
+        return ""
+    lines = [f"{kernel} ({cubin.name}): {len(code)} instructions"]
+    for start, end in spans:
+        body = [o for a, o in code if start <= a <= end]
+        common = " ".join(f"{o} {n}" for o, n in collections.Counter(body).most_common(10))
+        lines.append(f"  loop {start:#x}..{end:#x}: {len(body)} | {common}")
     return "\n".join(lines)
 
 
@@ -142,33 +155,25 @@ def serial_loads(cubin: pathlib.Path, bin_dir: pathlib.Path) -> list[str]:
     memory round trip an element (NVRTC compiles a `#pragma unroll` loop
     whose loads sit behind its bound checks so: the sampler's passes were,
     2026-12-04). `for_each_batched` (kiln_cuda.cuh) issues a batch of loads
-    first. Nested loops are listed with their inner ones."""
-    sass = subprocess.run(
-        [str(bin_dir / "cuobjdump"), "-sass", str(cubin)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PATH=f"{bin_dir}:{os.environ.get('PATH', '')}"),
-    ).stdout
+    first. Nested loops are listed with their inner ones, and so are loads
+    in the arms of a branch the whole grid takes alike (kiln_gated_rows'
+    element types): read the loop before changing it."""
     found = []
-    for function in re.split(r"\n\s+Function : ", sass)[1:]:
+    for function in re.split(r"\n\s+Function : ", disassemble(cubin, bin_dir))[1:]:
         name = function.split("\n")[0].strip()
-        code = [(int(a, 16), op.split()[-1].split(".")[0], rest) for a, op, rest in INSTRUCTION.findall(function)]
-        for at, op, rest in code:
-            target = re.search(r"0x([0-9a-f]+)", rest)
-            if op != "BRA" or not target or int(target.group(1), 16) >= at:
-                continue
-            start = int(target.group(1), 16)
+        code, spans = loops(function)
+        for start, end in spans:
             loads = after_branch = 0
             branched = False
-            for a, o, _ in code:
-                if start <= a <= at and o == "LDG":
+            for o in (o for a, o in code if start <= a <= end):
+                if o == "LDG":
                     loads += 1
                     after_branch += branched
                     branched = False
-                elif start <= a <= at and o == "BRA" and loads:
+                elif o == "BRA" and loads:
                     branched = True
             if loads >= 4 and after_branch >= loads / 2:
-                found.append(f"{name} loop {start:#x}..{at:#x}: {after_branch} of {loads} loads each after a branch")
+                found.append(f"{name} loop {start:#x}..{end:#x}: {after_branch} of {loads} loads each after a branch")
     return found
 
 

@@ -174,8 +174,8 @@ pub fn spawn(
         tracing::info!(
             "warmed up in {:.2} s: decode steps of {} batch sizes (1 to {}), a prefill chunk of {} tokens",
             done.elapsed.as_secs_f64(),
-            done.batches.len(),
-            done.batches.last().copied().unwrap_or(0),
+            batches.len(),
+            batches.last().copied().unwrap_or(0),
             done.chunk_tokens
         );
     }

@@ -21,11 +21,9 @@ use super::batch::{run_sampled_step, Pipeline, StepError};
 use crate::runtime::sampling::RowSampling;
 use crate::runtime::{Backend, KvCache};
 
-/// What the warm-up ran.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// What the warm-up ran besides the decode batches it was given.
+#[derive(Clone, Copy, Debug)]
 pub struct WarmUp {
-    /// The decode batch sizes run.
-    pub batches: Vec<usize>,
     /// The prefill chunk run, in tokens (0: none).
     pub chunk_tokens: usize,
     /// How long it took.
@@ -57,7 +55,6 @@ pub fn warm_up(
             .map_err(context(format!("a prefill chunk of {chunk_tokens} tokens")))?;
     }
     Ok(WarmUp {
-        batches: batches.to_vec(),
         chunk_tokens,
         elapsed: start.elapsed(),
     })
